@@ -1,0 +1,40 @@
+# Every target sets itself up on a fresh machine: it creates .venv and installs what it needs.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.kvsim-installed
+TEST_STAMP := $(VENV)/.kvsim-test-installed
+
+.PHONY: demo test lint bench venv clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+# Tests also need CPU torch (calibration, the SGLang reference) and the real SGLang radix
+# cache, installed without its ~100 dependencies (see tests/sglang_ref.py).
+$(TEST_STAMP): $(STAMP)
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q --no-deps sglang==0.5.23
+	touch $@
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/kvsim demo
+
+test: $(TEST_STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -n 2 --dist loadfile
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+bench: $(TEST_STAMP)
+	$(BIN)/python -m benchmarks.run_all
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis build *.egg-info

@@ -1,0 +1,76 @@
+"""Derive the shipped H100 profiles from datasheet peaks and stated efficiencies.
+
+``python -m costmodel.derive`` rewrites ``costmodel/profiles/h100-*.yaml``; a test checks the
+shipped files equal what this module derives, so the numbers never drift from their reasons.
+These are *derived, not measured*: ``kvsim calibrate`` measures real ones.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .profile import DecodeCoeffs, PrefillCoeffs, Profile, TransferCoeffs
+from .specs import get_spec, model_names
+
+# NVIDIA H100 SXM5 80GB datasheet.
+H100_BF16_DENSE_FLOPS = 989.4e12
+H100_HBM_BYTES_PER_S = 3.35e12
+PCIE5_X16_BYTES_PER_S = 64e9  # per direction
+
+# Stated efficiencies (fractions of peak) -- assumptions, not measurements.
+EFF_LINEAR = 0.62  # large bf16 GEMMs in prefill
+EFF_ATTENTION = 0.60  # FlashAttention-3 causal prefill, head_dim 128
+EFF_HBM = 0.80  # decode: streaming weights and KV
+EFF_PCIE = 0.80  # pinned-memory cudaMemcpyAsync
+EFF_TP = 0.85  # tensor-parallel communication overhead on throughput when gpus > 1
+PREFILL_FIXED_S = 0.004  # scheduling, launches, sampling per prefill batch
+DECODE_FIXED_S = 0.003  # per decode step (CUDA graph replay, sampling, scheduling)
+DECODE_PER_SEQ_S = 2e-5
+TRANSFER_LATENCY_S = 2e-5
+
+# GPUs per model: enough HBM for weights plus the paper's KV caps.
+GPUS = {
+    "qwen3-8b": 1, "qwen3-32b": 2, "qwen3-235b-a22b": 8, "llama-3.1-8b": 1,
+    "llama-3.1-70b": 4, "gpt-oss-120b": 1, "gemma-3-27b": 1,
+}
+
+
+def derive(model: str) -> Profile:
+    spec = get_spec(model)
+    gpus = GPUS.get(model, 1)
+    tp = EFF_TP if gpus > 1 else 1.0
+    flops_per_unit = 2 * spec.macs_per_unit
+    lin = flops_per_unit / (gpus * H100_BF16_DENSE_FLOPS * EFF_LINEAR * tp)
+    attn = flops_per_unit / (gpus * H100_BF16_DENSE_FLOPS * EFF_ATTENTION * tp)
+    hbm = gpus * H100_HBM_BYTES_PER_S * EFF_HBM * tp
+    weights_s = spec.active_params * spec.dtype_bytes / hbm
+    per_ctx = spec.kv_bytes_per_token / hbm
+    pcie = gpus * PCIE5_X16_BYTES_PER_S * EFF_PCIE
+    return Profile(
+        name=f"h100-{model}", model=model, gpus=gpus,
+        device=f"NVIDIA H100 80GB SXM x{gpus} (datasheet)",
+        provenance="derived, not measured",
+        prefill=PrefillCoeffs(PREFILL_FIXED_S, lin, attn, 0.0),
+        decode=DecodeCoeffs(DECODE_FIXED_S, weights_s, DECODE_PER_SEQ_S, per_ctx),
+        transfer=TransferCoeffs(pcie, pcie, TRANSFER_LATENCY_S),
+        details={
+            "derived_by": "costmodel/derive.py",
+            "peak_bf16_flops_per_gpu": H100_BF16_DENSE_FLOPS,
+            "hbm_bytes_per_s_per_gpu": H100_HBM_BYTES_PER_S,
+            "pcie_bytes_per_s_per_gpu": PCIE5_X16_BYTES_PER_S,
+            "efficiency": {"linear": EFF_LINEAR, "attention": EFF_ATTENTION, "hbm": EFF_HBM,
+                           "pcie": EFF_PCIE, "tensor_parallel": tp},
+            "flops_per_unit": flops_per_unit,
+        },
+    )
+
+
+def main() -> None:
+    out = Path(__file__).parent / "profiles"
+    for model in model_names():
+        derive(model).dump(out / f"h100-{model}.yaml")
+        print(f"wrote {out / f'h100-{model}.yaml'}")
+
+
+if __name__ == "__main__":
+    main()

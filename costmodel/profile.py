@@ -1,0 +1,197 @@
+"""Time profiles: seconds from units, bytes and batch shapes. Profiles are data files.
+
+A profile is a YAML file (see ``profiles/``) made for one model spec on one device, with its
+provenance (``derived, not measured`` from datasheet peaks, or measured by ``kvsim calibrate``).
+Profiles are untrusted input: loaded with ``yaml.safe_load`` and validated field by field.
+
+    prefill batch  = fixed + per_linear_unit * linear + per_attention_unit * attention
+                     + per_chunk_token_sq * tokens**2
+    decode step    = fixed + weights + per_seq * batch + per_context_token * sum(context)
+    transfer       = latency + bytes / bytes_per_s        (h2d: CPU -> GPU, d2h: GPU -> CPU)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import MISSING, asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import ProfileError
+from .specs import ModelSpec, get_spec
+from .units import Units
+
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class PrefillCoeffs:
+    fixed_s: float
+    per_linear_unit_s: float
+    per_attention_unit_s: float
+    per_chunk_token_sq_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class DecodeCoeffs:
+    fixed_s: float
+    weights_s: float
+    per_seq_s: float
+    per_context_token_s: float
+
+
+@dataclass(frozen=True)
+class TransferCoeffs:
+    h2d_bytes_per_s: float
+    d2h_bytes_per_s: float
+    latency_s: float
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    model: str
+    device: str
+    provenance: str
+    prefill: PrefillCoeffs
+    decode: DecodeCoeffs
+    transfer: TransferCoeffs
+    gpus: int = 1
+    details: dict[str, Any] = field(default_factory=dict, compare=False)
+    path: str = field(default="", compare=False)
+
+    @property
+    def spec(self) -> ModelSpec:
+        return get_spec(self.model)
+
+    def prefill_seconds(self, units: Units) -> float:
+        """Seconds of one prefill batch doing ``units`` of work over ``units.tokens`` tokens."""
+        p = self.prefill
+        return (p.fixed_s + p.per_linear_unit_s * units.linear
+                + p.per_attention_unit_s * units.attention
+                + p.per_chunk_token_sq_s * units.tokens**2)
+
+    def decode_step_seconds(self, batch: int, context_tokens: int) -> float:
+        """Seconds of one decode step of ``batch`` sequences holding ``context_tokens`` in all."""
+        d = self.decode
+        return d.fixed_s + d.weights_s + d.per_seq_s * batch + d.per_context_token_s * context_tokens
+
+    def transfer_seconds(self, nbytes: float, direction: str) -> float:
+        """Seconds to copy ``nbytes`` one way: ``h2d`` (load from CPU) or ``d2h`` (offload)."""
+        if nbytes <= 0:
+            return 0.0
+        t = self.transfer
+        bw = t.h2d_bytes_per_s if direction == "h2d" else t.d2h_bytes_per_s
+        return t.latency_s + nbytes / bw
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kvsim_profile": FORMAT_VERSION,
+            "name": self.name,
+            "model": self.model,
+            "device": self.device,
+            "gpus": self.gpus,
+            "provenance": self.provenance,
+            "prefill": asdict(self.prefill),
+            "decode": asdict(self.decode),
+            "transfer": asdict(self.transfer),
+            "details": self.details,
+        }
+
+    def dump(self, path: str | Path) -> None:
+        """Write atomically (temporary file, then rename)."""
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+        tmp.replace(path)
+
+
+def _coeffs(cls: type, raw: Any, path: str, section: str) -> Any:
+    if not isinstance(raw, dict):
+        raise ProfileError(path, section, "must be a mapping")
+    values = {}
+    for name, f in cls.__dataclass_fields__.items():
+        if name not in raw:
+            if f.default is not MISSING:
+                continue
+            raise ProfileError(path, f"{section}.{name}", "missing")
+        v = raw[name]
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+            raise ProfileError(path, f"{section}.{name}", f"must be a finite number >= 0, got {v!r}")
+        values[name] = float(v)
+    unknown = set(raw) - set(cls.__dataclass_fields__)
+    if unknown:
+        raise ProfileError(path, f"{section}.{sorted(unknown)[0]}", "unknown field")
+    return cls(**values)
+
+
+def profile_from_dict(raw: Any, path: str = "<profile>") -> Profile:
+    if not isinstance(raw, dict):
+        raise ProfileError(path, "<root>", "a profile must be a YAML mapping")
+    if raw.get("kvsim_profile") != FORMAT_VERSION:
+        raise ProfileError(path, "kvsim_profile", f"must be {FORMAT_VERSION}")
+    for key in ("name", "model", "device", "provenance"):
+        if not isinstance(raw.get(key), str) or not raw[key]:
+            raise ProfileError(path, key, "missing or not a string")
+    try:
+        get_spec(raw["model"])
+    except KeyError as e:
+        raise ProfileError(path, "model", str(e.args[0])) from None
+    transfer = _coeffs(TransferCoeffs, raw.get("transfer"), path, "transfer")
+    if transfer.h2d_bytes_per_s <= 0 or transfer.d2h_bytes_per_s <= 0:
+        raise ProfileError(path, "transfer", "bandwidths must be > 0")
+    gpus = raw.get("gpus", 1)
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+        raise ProfileError(path, "gpus", f"must be a positive integer, got {gpus!r}")
+    details = raw.get("details", {})
+    if not isinstance(details, dict):
+        raise ProfileError(path, "details", "must be a mapping")
+    return Profile(
+        name=raw["name"], model=raw["model"], device=raw["device"],
+        provenance=raw["provenance"], gpus=gpus,
+        prefill=_coeffs(PrefillCoeffs, raw.get("prefill"), path, "prefill"),
+        decode=_coeffs(DecodeCoeffs, raw.get("decode"), path, "decode"),
+        transfer=transfer, details=details, path=path,
+    )
+
+
+def shipped_profiles() -> list[str]:
+    root = resources.files("costmodel") / "profiles"
+    return sorted(p.name[: -len(".yaml")] for p in root.iterdir() if p.name.endswith(".yaml"))
+
+
+def default_profile_name(model: str) -> str:
+    return f"h100-{model}"
+
+
+def load_profile(name_or_path: str | Path | None, model: str | None = None) -> Profile:
+    """Load a profile by shipped name (``h100-qwen3-8b``) or file path; ``None`` picks the
+    shipped default for ``model``. A profile made for another model is refused."""
+    if name_or_path is None:
+        if model is None:
+            raise ValueError("either a profile or a model is needed")
+        name_or_path = default_profile_name(model)
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml", ".json") or p.exists():
+        path = str(p)
+        try:
+            text = p.read_text()
+        except OSError as e:
+            raise ProfileError(path, "<file>", f"cannot read: {e.strerror}") from None
+    else:
+        res = resources.files("costmodel") / "profiles" / f"{name_or_path}.yaml"
+        if not res.is_file():
+            raise ProfileError(str(name_or_path), "<name>",
+                               f"no such profile; shipped: {', '.join(shipped_profiles())}")
+        path, text = f"costmodel/profiles/{name_or_path}.yaml", res.read_text()
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ProfileError(path, "<yaml>", f"not valid YAML: {e}") from None
+    prof = profile_from_dict(raw, path)
+    if model is not None and prof.model != model:
+        raise ProfileError(path, "model", f"profile is for {prof.model!r}, not {model!r}")
+    return prof

@@ -1,0 +1,24 @@
+"""The ``kvsim`` command: the one place that knows every package. Each subcommand lives in
+its own module; add one ``add_command`` line per command."""
+
+from __future__ import annotations
+
+import click
+
+from .common import KvsimGroup
+from .microbench import microbench_cmd
+from .models import models_cmd
+
+
+@click.group(cls=KvsimGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="kvsim")
+def cli() -> None:
+    """kvsim: what a KV-cache eviction policy costs on real coding-agent traffic."""
+
+
+cli.add_command(models_cmd)
+cli.add_command(microbench_cmd)
+
+
+def main() -> None:
+    cli()
