@@ -77,7 +77,8 @@ class Profile:
     def decode_step_seconds(self, batch: int, context_tokens: int) -> float:
         """Seconds of one decode step of ``batch`` sequences holding ``context_tokens`` in all."""
         d = self.decode
-        return d.fixed_s + d.weights_s + d.per_seq_s * batch + d.per_context_token_s * context_tokens
+        return (d.fixed_s + d.weights_s + d.per_seq_s * batch
+                + d.per_context_token_s * context_tokens)
 
     def transfer_seconds(self, nbytes: float, direction: str) -> float:
         """Seconds to copy ``nbytes`` one way: ``h2d`` (load from CPU) or ``d2h`` (offload)."""
@@ -120,7 +121,8 @@ def _coeffs(cls: type, raw: Any, path: str, section: str) -> Any:
             raise ProfileError(path, f"{section}.{name}", "missing")
         v = raw[name]
         if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
-            raise ProfileError(path, f"{section}.{name}", f"must be a finite number >= 0, got {v!r}")
+            raise ProfileError(path, f"{section}.{name}",
+                               f"must be a finite number >= 0, got {v!r}")
         values[name] = float(v)
     unknown = set(raw) - set(cls.__dataclass_fields__)
     if unknown:

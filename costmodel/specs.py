@@ -17,10 +17,10 @@ itself, so its position term is ``min(p, w - 1)``. All shapes are from the model
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 
-class AttentionKind(str, Enum):
+class AttentionKind(StrEnum):
     FULL = "full"
     SLIDING = "sliding"
 
@@ -74,7 +74,7 @@ class ModelSpec:
         return q + kv + o + ffn + moe
 
     @property
-    def W(self) -> float:  # noqa: N802 - the paper's symbol
+    def W(self) -> float:
         """Per-token linear+FFN work in units (exact for the shipped models)."""
         return self.linear_macs_per_token / self.macs_per_unit
 
