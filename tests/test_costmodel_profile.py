@@ -1,0 +1,84 @@
+"""Profiles: shipped files equal their derivation; bad files are refused with the field named."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from costmodel import derive
+from costmodel.errors import ProfileError
+from costmodel.profile import load_profile, shipped_profiles
+from costmodel.specs import model_names
+from costmodel.units import range_units
+
+
+def test_every_model_has_a_derived_h100_profile() -> None:
+    for m in model_names():
+        p = load_profile(None, m)
+        assert p.model == m
+        assert p.provenance == "derived, not measured"
+        assert p.to_dict() == derive.derive(m).to_dict(), "run python -m costmodel.derive"
+    assert len(shipped_profiles()) >= len(model_names())
+
+
+def test_prefill_seconds_is_linear_in_units() -> None:
+    p = load_profile("h100-qwen3-8b")
+    u = range_units(p.spec, 0, 8192)
+    t = p.prefill_seconds(u)
+    assert t == pytest.approx(p.prefill.fixed_s + p.prefill.per_linear_unit_s * u.linear
+                              + p.prefill.per_attention_unit_s * u.attention)
+    # A 100K-token prefill of an 8B model on one H100 takes seconds, not minutes.
+    assert 3 < p.prefill_seconds(range_units(p.spec, 0, 100_000)) < 15
+
+
+def test_decode_and_transfer() -> None:
+    p = load_profile("h100-qwen3-8b")
+    one = p.decode_step_seconds(1, 1000)
+    assert 0.005 < one < 0.05
+    assert p.decode_step_seconds(8, 800_000) > one
+    assert p.transfer_seconds(0, "h2d") == 0
+    assert p.transfer_seconds(51.2e9, "h2d") == pytest.approx(1 + p.transfer.latency_s)
+
+
+def test_profile_round_trip(tmp_path: Path) -> None:
+    p = load_profile("h100-qwen3-32b")
+    out = tmp_path / "p.yaml"
+    p.dump(out)
+    assert load_profile(str(out)).to_dict() == p.to_dict()
+
+
+@pytest.mark.parametrize(
+    ("mutate", "field"),
+    [
+        (lambda d: d["prefill"].pop("per_attention_unit_s"), "prefill.per_attention_unit_s"),
+        (lambda d: d["decode"].update(fixed_s="fast"), "decode.fixed_s"),
+        (lambda d: d["prefill"].update(fixed_s=float("nan")), "prefill.fixed_s"),
+        (lambda d: d["transfer"].update(latency_s=-1), "transfer.latency_s"),
+        (lambda d: d.update(model="gpt-17"), "model"),
+        (lambda d: d.update(kvsim_profile=99), "kvsim_profile"),
+        (lambda d: d["prefill"].update(bogus=1), "prefill.bogus"),
+    ],
+)
+def test_bad_profiles_name_the_field(tmp_path: Path, mutate, field: str) -> None:
+    d = load_profile("h100-qwen3-8b").to_dict()
+    mutate(d)
+    f = tmp_path / "bad.yaml"
+    f.write_text(yaml.safe_dump(d))
+    with pytest.raises(ProfileError) as e:
+        load_profile(str(f))
+    assert e.value.field == field
+    assert str(f) in str(e.value)
+
+
+def test_profile_for_another_model_is_refused() -> None:
+    with pytest.raises(ProfileError, match="not 'qwen3-8b'"):
+        load_profile("h100-qwen3-32b", "qwen3-8b")
+
+
+def test_yaml_is_safe_loaded(tmp_path: Path) -> None:
+    f = tmp_path / "evil.yaml"
+    f.write_text("!!python/object/apply:os.system ['echo pwned']\n")
+    with pytest.raises(ProfileError, match="not valid YAML"):
+        load_profile(str(f))
