@@ -1,0 +1,630 @@
+"""Cache op streams, and a replayer that runs one through SGLang's RadixCache or our cache.
+
+An op stream is what a serving engine does to its prefix cache, without timing or batching:
+
+ARRIVE r   the scheduler admits request r: match its prompt (all full blocks of the first
+           in-1 tokens, as SGLang caps a hit at len-1) and lock the matched node.
+ALLOC r    allocate r's KV: need = ceil((in+out-1)/bs) blocks (the prompt plus every decoded
+           token that gets KV) minus the hit. If free < need, evict the shortfall first (SGLang's
+           evict_to_free_tokens); if still short, r is aborted (holds nothing, inserts nothing).
+FINISH r   insert the full blocks of the first in+out-1 tokens (cache_finished_req), free the
+           request's own copies of blocks someone else inserted since its arrival (duplicates:
+           blocks [hit, already-present)), unlock the arrival node, release the allocation.
+TOUCH r    fcfs periodic refresh: match r's prompt without locking (splits and stamps only).
+
+Capacity is counted in blocks: free = capacity - blocks in the tree - blocks held by running
+requests. Block ids are chained (an id implies its prefix), int64, non-negative, < 2**56.
+
+Streams are built (a) from real cc-traces sessions, K active at a time, in a round-robin closed
+loop with a fixed number of requests in flight and (b) at random from a seed, small enough for a
+differential test to observe every op.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+ARRIVE, ALLOC, FINISH, TOUCH = 0, 1, 2, 3
+OP_NAMES = ("ARRIVE", "ALLOC", "FINISH", "TOUCH")
+
+# Synthetic block ids (output blocks no later prompt reveals) live above every trace id.
+SYNTHETIC_BASE = 1 << 52
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request of a stream, in blocks of `block_size` tokens.
+
+    match_ids: full blocks of the first in-1 prompt tokens (what ARRIVE matches);
+    finish_ids: full blocks of the first in+out-1 tokens (what FINISH inserts; starts with
+    match_ids); need_blocks: ceil((in+out-1)/bs), the KV the request holds at its end.
+    """
+
+    rid: int
+    session: int
+    match_ids: np.ndarray
+    finish_ids: np.ndarray
+    need_blocks: int
+
+
+def make_request(
+    rid: int,
+    session: int,
+    prompt_ids: np.ndarray,
+    cont_ids: np.ndarray,
+    in_tokens: int,
+    out_tokens: int,
+    block_size: int,
+) -> Request:
+    """Build a Request from the prompt's full-block ids and the ids of the blocks after them.
+
+    `cont_ids` must hold at least (in+out-1)//bs - len(prompt_ids) ids.
+    """
+    if in_tokens < 1 or out_tokens < 1:
+        raise ValueError(f"request {rid}: in and out must be >= 1 (got {in_tokens}, {out_tokens})")
+    if len(prompt_ids) != in_tokens // block_size:
+        raise ValueError(f"request {rid}: {len(prompt_ids)} prompt blocks for {in_tokens} tokens")
+    kv_tokens = in_tokens + out_tokens - 1
+    n_finish = kv_tokens // block_size
+    all_ids = np.concatenate([prompt_ids, cont_ids]).astype(np.int64, copy=False)
+    if len(all_ids) < n_finish:
+        raise ValueError(f"request {rid}: {len(all_ids)} ids for {n_finish} finished blocks")
+    finish_ids = all_ids[:n_finish].copy()
+    match_ids = finish_ids[: (in_tokens - 1) // block_size]
+    return Request(rid, session, match_ids, finish_ids, -(-kv_tokens // block_size))
+
+
+@dataclass
+class OpStream:
+    """(op, rid) pairs over requests 0..n_requests-1; TOUCH names the request whose prompt is
+    touched. Requests come from `source(rid)`, which may build them lazily (a 360-session
+    trace materialized at once would take ~400 MB of ids)."""
+
+    name: str
+    block_size: int
+    capacity_blocks: int
+    ops: list[tuple[int, int]]
+    n_requests: int
+    source: Callable[[int], Request]
+
+    def request(self, rid: int) -> Request:
+        return self.source(rid)
+
+    @classmethod
+    def of_requests(
+        cls,
+        name: str,
+        block_size: int,
+        capacity_blocks: int,
+        requests: list[Request],
+        ops: list[tuple[int, int]],
+    ) -> OpStream:
+        return cls(name, block_size, capacity_blocks, ops, len(requests), requests.__getitem__)
+
+
+# --------------------------------------------------------------------------------------------
+# Builders
+# --------------------------------------------------------------------------------------------
+
+
+def closed_loop_ops(
+    sessions: Sequence[Sequence[int]],
+    active: int,
+    in_flight: int,
+    touch_every: int = 32,
+) -> list[tuple[int, int]]:
+    """Interleave sessions (lists of rids in order) into ops, without timing.
+
+    `active` sessions take turns (round-robin); when one ends the next unused session takes its
+    place. Each turn sends the session's next request (ARRIVE, ALLOC); whenever `in_flight`
+    requests are running the oldest finishes. A session never has two requests running. Every
+    `touch_every` arrivals, the next waiting request of each active session is touched in
+    reverse order (SGLang's fcfs refresh of the waiting queue).
+    """
+    if active < 1 or in_flight < 1:
+        raise ValueError("active and in_flight must be >= 1")
+    pending = deque(deque(s) for s in sessions if len(s))
+    ring: deque[deque[int]] = deque()
+    running: deque[int] = deque()
+    running_session: dict[int, int] = {}  # rid -> id(session deque)
+    ops: list[tuple[int, int]] = []
+    arrivals = 0
+
+    def finish_oldest() -> None:
+        rid = running.popleft()
+        running_session.pop(rid)
+        ops.append((FINISH, rid))
+
+    while ring or pending:
+        while len(ring) < active and pending:
+            ring.append(pending.popleft())
+        session = ring.popleft()
+        while id(session) in running_session.values():
+            finish_oldest()
+        rid = session.popleft()
+        ops.append((ARRIVE, rid))
+        ops.append((ALLOC, rid))
+        running.append(rid)
+        running_session[rid] = id(session)
+        arrivals += 1
+        if session:
+            ring.append(session)
+        while len(running) >= in_flight:
+            finish_oldest()
+        if touch_every and arrivals % touch_every == 0:
+            ops.extend((TOUCH, s[0]) for s in reversed(ring))
+    while running:
+        finish_oldest()
+    return ops
+
+
+def random_stream(
+    seed: int,
+    n_ops: int = 400,
+    capacity_blocks: int = 48,
+    block_size: int = 64,
+    n_sessions: int = 6,
+    max_in_flight: int = 4,
+) -> OpStream:
+    """A random stream over a small id universe that stresses splits, locks and eviction.
+
+    Sessions share a random system prefix (some of them), grow by appending, sometimes edit
+    (truncate to a random block and continue with fresh ids) and sometimes repeat a prompt.
+    Prompt and output lengths are random in tokens, so partial blocks and exact multiples both
+    occur. Requests finish in random order; TOUCH hits random prompts, running or not.
+    """
+    rng = np.random.default_rng(seed)
+    next_id = 1
+
+    def fresh(n: int) -> np.ndarray:
+        nonlocal next_id
+        ids = np.arange(next_id, next_id + n, dtype=np.int64)
+        next_id += n
+        return ids
+
+    system = [fresh(int(rng.integers(1, 6))) for _ in range(2)]
+    # Per session: the token history (as full-block ids + a token length) it appends to.
+    hist_ids: list[np.ndarray] = []
+    hist_tokens: list[int] = []
+    for _ in range(n_sessions):
+        shared = rng.random() < 0.7
+        base = system[int(rng.integers(0, 2))] if shared else fresh(int(rng.integers(1, 4)))
+        hist_ids.append(base.copy())
+        hist_tokens.append(len(base) * block_size + int(rng.integers(0, block_size)))
+
+    requests: list[Request] = []
+    ops: list[tuple[int, int]] = []
+    running: list[int] = []
+    allocated: set[int] = set()
+    session_busy: set[int] = set()
+    max_prompt = max(2, capacity_blocks * 3 // 4) * block_size
+
+    def new_request(s: int) -> Request:
+        r = rng.random()
+        ids, tokens = hist_ids[s], hist_tokens[s]
+        if r < 0.1 and len(ids) > 1:  # edit: keep a prefix, continue with fresh ids
+            keep = int(rng.integers(1, len(ids)))
+            ids, tokens = ids[:keep], keep * block_size
+        elif r < 0.15:  # repeat the same prompt
+            pass
+        grow = int(rng.integers(1, 4 * block_size))
+        in_tokens = min(tokens + grow, max_prompt)
+        in_tokens = max(in_tokens, 1)
+        n_prompt = in_tokens // block_size
+        prompt = np.concatenate([ids, fresh(max(0, n_prompt - len(ids)))])[:n_prompt]
+        out_tokens = int(rng.integers(1, 2 * block_size))
+        n_fin = (in_tokens + out_tokens - 1) // block_size
+        cont = fresh(max(0, n_fin - n_prompt))
+        req = make_request(len(requests), s, prompt, cont, in_tokens, out_tokens, block_size)
+        requests.append(req)
+        # The session continues from prompt + output (append-only history).
+        if rng.random() < 0.8:
+            hist_ids[s] = req.finish_ids
+            hist_tokens[s] = in_tokens + out_tokens
+        return req
+
+    while len(ops) < n_ops:
+        roll = rng.random()
+        idle = [s for s in range(n_sessions) if s not in session_busy]
+        if roll < 0.35 and idle and len(running) < max_in_flight:
+            s = idle[int(rng.integers(0, len(idle)))]
+            req = new_request(s)
+            session_busy.add(s)
+            running.append(req.rid)
+            ops.append((ARRIVE, req.rid))
+        elif roll < 0.6 and any(r not in allocated for r in running):
+            waiting = [r for r in running if r not in allocated]
+            rid = waiting[int(rng.integers(0, len(waiting)))]
+            allocated.add(rid)
+            ops.append((ALLOC, rid))
+        elif roll < 0.9 and allocated:
+            done = sorted(allocated)
+            rid = done[int(rng.integers(0, len(done)))]
+            allocated.discard(rid)
+            running.remove(rid)
+            session_busy.discard(requests[rid].session)
+            ops.append((FINISH, rid))
+        elif requests:
+            ops.append((TOUCH, int(rng.integers(0, len(requests)))))
+    for rid in list(running):  # drain: every request finishes
+        if rid not in allocated:
+            ops.append((ALLOC, rid))
+        ops.append((FINISH, rid))
+    return OpStream.of_requests(f"random-{seed}", block_size, capacity_blocks, requests, ops)
+
+
+def _read_cc_session(path: Path) -> list[dict[str, Any]]:
+    """Main-agent requests of one cc-traces session file (sub-agent records skipped)."""
+    import gzip
+    import json
+
+    with gzip.open(path, "rt") as fh:
+        doc = json.load(fh)
+    out = []
+    for i, rec in enumerate(doc.get("requests", [])):
+        if rec.get("type") == "subagent":
+            continue
+        try:
+            out.append(
+                {
+                    "in": int(rec["in"]),
+                    "out": int(rec["out"]),
+                    "hash_ids": np.asarray([int(h) for h in rec["hash_ids"]], np.int64),
+                }
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            err = ValueError(f"{path}: request {i}: bad field ({exc})")
+            err.exit_code = 2  # type: ignore[attr-defined]
+            raise err from exc
+    return out
+
+
+class _CompactSession:
+    """One session's main-agent requests stored as (common prefix with the previous prompt,
+    new ids): memory scales with distinct blocks, not with block references."""
+
+    __slots__ = ("ins", "lcp", "new_ids", "offsets", "outs")
+
+    def __init__(self, recs: list[dict[str, Any]], id_offset: int) -> None:
+        self.ins = np.array([r["in"] for r in recs], np.int64)
+        self.outs = np.array([max(r["out"], 1) for r in recs], np.int64)
+        lcp = np.zeros(len(recs), np.int64)
+        news = []
+        prev = np.empty(0, np.int64)
+        for k, r in enumerate(recs):
+            ids = r["hash_ids"] + id_offset
+            n = min(len(prev), len(ids))
+            diff = np.flatnonzero(prev[:n] != ids[:n])
+            lcp[k] = diff[0] if diff.size else n
+            news.append(ids[lcp[k] :])
+            prev = ids
+        self.lcp = lcp
+        self.offsets = np.concatenate([[0], np.cumsum([len(x) for x in news])])
+        self.new_ids = np.concatenate(news) if news else np.empty(0, np.int64)
+
+    def __len__(self) -> int:
+        return len(self.ins)
+
+    def prompts(self) -> Iterator[np.ndarray]:
+        prev = np.empty(0, np.int64)
+        for k in range(len(self)):
+            new = self.new_ids[self.offsets[k] : self.offsets[k + 1]]
+            prev = np.concatenate([prev[: self.lcp[k]], new])
+            yield prev
+
+
+class _TraceRequests:
+    """Builds a session's Requests when one of them is first asked for; keeps a few sessions.
+
+    A request's output blocks take the next request's ids when that prompt extends this one
+    (the output is in the next prompt), otherwise fresh synthetic ids (numbered per session so
+    that rebuilding a session gives the same ids).
+    """
+
+    def __init__(self, sessions: list[_CompactSession], block_size: int, keep: int) -> None:
+        self.sessions = sessions
+        self.block_size = block_size
+        self.first = np.concatenate([[0], np.cumsum([len(s) for s in sessions])])
+        self.keep = keep
+        self._built: OrderedDict[int, list[Request]] = OrderedDict()
+
+    def __call__(self, rid: int) -> Request:
+        si = int(np.searchsorted(self.first, rid, side="right")) - 1
+        reqs = self._built.get(si)
+        if reqs is None:
+            reqs = self._build(si)
+            self._built[si] = reqs
+            if len(self._built) > self.keep:
+                self._built.popitem(last=False)
+        else:
+            self._built.move_to_end(si)
+        return reqs[rid - int(self.first[si])]
+
+    def _build(self, si: int) -> list[Request]:
+        sess, bs = self.sessions[si], self.block_size
+        prompts = list(sess.prompts())
+        synthetic = SYNTHETIC_BASE + (si << 32)
+        out = []
+        for k, prompt in enumerate(prompts):
+            in_t, out_t = int(sess.ins[k]), int(sess.outs[k])
+            if len(prompt) != in_t // bs:  # trust the ids, round the token count
+                in_t = len(prompt) * bs + in_t % bs
+            n_fin = (in_t + out_t - 1) // bs
+            extra = n_fin - len(prompt)
+            cont = np.empty(0, np.int64)
+            if extra > 0:
+                nxt = prompts[k + 1] if k + 1 < len(prompts) else None
+                if nxt is not None and len(nxt) > len(prompt) and sess.lcp[k + 1] >= len(prompt):
+                    cont = nxt[len(prompt) : n_fin]
+                if len(cont) < extra:
+                    fill = np.arange(synthetic, synthetic + extra - len(cont), dtype=np.int64)
+                    synthetic += len(fill)
+                    cont = np.concatenate([cont, fill])
+            rid = int(self.first[si]) + k
+            out.append(make_request(rid, si, prompt, cont, in_t, out_t, bs))
+        return out
+
+
+def trace_stream(
+    trace_dir: Path,
+    sessions: int | None = None,
+    active: int = 4,
+    in_flight: int = 2,
+    capacity_blocks: int = 4096,
+    block_size: int = 64,
+    max_requests_per_session: int | None = None,
+) -> OpStream:
+    """The op stream of the first `sessions` cc-traces sessions (sorted by file name).
+
+    Ids are local to a session in cc-traces, so session i's ids are offset by (i+1) << 36 (no
+    two sessions share a block).
+    """
+    files = sorted(Path(trace_dir).glob("*.json.gz"))[:sessions]
+    compact = []
+    for si, path in enumerate(files):
+        recs = _read_cc_session(path)[:max_requests_per_session]
+        compact.append(_CompactSession(recs, (si + 1) << 36))
+    source = _TraceRequests(compact, block_size, keep=active + 4)
+    firsts = source.first
+    per_session = [list(range(firsts[i], firsts[i + 1])) for i in range(len(compact))]
+    ops = closed_loop_ops(per_session, active, in_flight)
+    name = f"cc-traces-{len(files)}x{active}"
+    return OpStream(name, block_size, capacity_blocks, ops, int(firsts[-1]), source)
+
+
+# --------------------------------------------------------------------------------------------
+# Replay
+# --------------------------------------------------------------------------------------------
+
+
+class CacheSide(Protocol):
+    """One cache under test, driven op by op (all sizes in blocks)."""
+
+    name: str
+
+    def prepare(self, req: Request) -> Any: ...
+    def arrive(self, rid: int, inp: Any) -> int: ...
+    def alloc(self, rid: int, need: int) -> tuple[bool, np.ndarray]: ...
+    def finish(self, rid: int, inp: Any) -> np.ndarray: ...
+    def touch(self, inp: Any) -> None: ...
+    def observe(self) -> dict[str, Any]: ...
+
+
+@dataclass
+class Observation:
+    """What one op did, and (when observed) the cache state after it."""
+
+    index: int
+    op: int
+    rid: int
+    hit: int = -1
+    ok: bool = True
+    freed: np.ndarray | None = None
+    state: dict[str, Any] | None = None
+
+
+def _freed_ids(parts: list[np.ndarray]) -> np.ndarray:
+    if not parts:
+        return np.empty(0, np.int64)
+    return np.sort(np.concatenate(parts).astype(np.int64, copy=False))
+
+
+class SglangSide:
+    """SGLang's RadixCache with the stream's capacity accounting around it."""
+
+    def __init__(self, capacity_blocks: int, block_size: int = 64) -> None:
+        from benchmarks.sglang_ref import SglangRef
+
+        self.name = "SGLang RadixCache"
+        self.ref = SglangRef(block_size)
+        self.capacity = capacity_blocks
+        self.reserved = 0
+        self._running: dict[int, list[Any]] = {}  # rid -> [node, hit, granted]
+
+    def prepare(self, req: Request) -> Any:
+        ref = self.ref
+        value = ref.value(req.finish_ids)
+        return ref.key(req.match_ids), ref.key(req.finish_ids), value
+
+    @property
+    def free_blocks(self) -> int:
+        return self.capacity - self.ref.tree_blocks - self.reserved
+
+    def arrive(self, rid: int, inp: Any) -> int:
+        hit, node = self.ref.match(inp[0])
+        self.ref.lock(node)
+        self._running[rid] = [node, hit, 0]
+        return hit
+
+    def alloc(self, rid: int, need: int) -> tuple[bool, np.ndarray]:
+        st = self._running[rid]
+        n = need - st[1]
+        shortfall = n - self.free_blocks
+        if shortfall > 0:
+            self.ref.evict(shortfall)
+        freed = self.ref.allocator.take_freed()
+        if self.free_blocks < n:
+            st[2] = -1  # aborted
+            return False, freed
+        self.reserved += n
+        st[2] = n
+        return True, freed
+
+    def finish(self, rid: int, inp: Any) -> np.ndarray:
+        node, hit, granted = self._running.pop(rid)
+        if granted >= 0:
+            present = self.ref.insert(inp[1], inp[2])
+            self.ref.free_duplicates(inp[2], hit, present)
+            self.reserved -= granted
+        self.ref.unlock(node)
+        return self.ref.allocator.take_freed()
+
+    def touch(self, inp: Any) -> None:
+        self.ref.touch(inp[0])
+
+    def observe(self) -> dict[str, Any]:
+        ref = self.ref
+        return {
+            "tree_blocks": ref.tree_blocks,
+            "evictable": ref.evictable_blocks,
+            "protected": ref.protected_blocks,
+            "reserved": self.reserved,
+            "resident": ref.resident_block_ids(),
+        }
+
+
+class OursSide:
+    """Our RadixKVCache under one eviction preset, driven by block ids."""
+
+    def __init__(
+        self, capacity_blocks: int, preset: str = "sglang", debug: bool = False
+    ) -> None:
+        from policies.eviction import get_policy
+        from sim.kvcache import RadixKVCache
+
+        self.name = f"kvsim {preset}"
+        self.cache = RadixKVCache(capacity_blocks, get_policy(preset), debug=debug)
+        self._running: dict[int, list[Any]] = {}  # rid -> [node, hit, granted]
+
+    def prepare(self, req: Request) -> Any:
+        return req
+
+    def arrive(self, rid: int, inp: Any) -> int:
+        m = self.cache.match(inp.match_ids, touch=True)
+        self.cache.lock(m.node)
+        self._running[rid] = [m.node, m.hit_blocks, 0]
+        return m.hit_blocks
+
+    def alloc(self, rid: int, need: int) -> tuple[bool, np.ndarray]:
+        st = self._running[rid]
+        n = need - st[1]
+        cache = self.cache
+        freed: list[np.ndarray] = []
+        if n > cache.free_blocks:
+            freed = list(cache.make_room(n).freed)
+        if cache.free_blocks < n:
+            st[2] = -1
+            return False, _freed_ids(freed)
+        cache.reserve(n)
+        st[2] = n
+        return True, _freed_ids(freed)
+
+    def finish(self, rid: int, inp: Any) -> np.ndarray:
+        node, hit, granted = self._running.pop(rid)
+        freed = np.empty(0, np.int64)
+        cache = self.cache
+        if granted >= 0:
+            ins = cache.insert(inp.finish_ids)
+            present = ins.existing_blocks
+            if present > hit:
+                freed = np.sort(inp.finish_ids[hit:present])
+            cache.release(granted)
+        cache.unlock(node)
+        return freed
+
+    def touch(self, inp: Any) -> None:
+        self.cache.match(inp.match_ids, touch=True)
+
+    def observe(self) -> dict[str, Any]:
+        c = self.cache
+        return {
+            "tree_blocks": c.gpu_blocks,
+            "evictable": c.evictable_blocks,
+            "protected": c.protected_blocks,
+            "reserved": c.reserved_blocks,
+            "resident": np.sort(np.asarray(c.resident_block_ids(), np.int64)),
+        }
+
+
+def replay(stream: OpStream, side: CacheSide, observe: bool = True) -> Iterator[Observation]:
+    """Run `stream` through `side`, yielding one Observation per op (state only if `observe`)."""
+    inputs: dict[int, Any] = {}
+    get = stream.request
+    for i, (op, rid) in enumerate(stream.ops):
+        req = get(rid)
+        ob = Observation(i, op, rid)
+        if op == ARRIVE:
+            inputs[rid] = side.prepare(req)
+            ob.hit = side.arrive(rid, inputs[rid])
+        elif op == ALLOC:
+            ob.ok, ob.freed = side.alloc(rid, req.need_blocks)
+        elif op == FINISH:
+            ob.freed = side.finish(rid, inputs.pop(rid))
+        else:
+            side.touch(inputs[rid] if rid in inputs else side.prepare(req))
+        if observe:
+            ob.state = side.observe()
+        yield ob
+
+
+@dataclass
+class Timing:
+    """Replay speed of one side: seconds spent inside cache operations only."""
+
+    name: str
+    requests: int
+    ops: int
+    seconds: float
+    aborted: int
+    hit_blocks: int
+
+    @property
+    def requests_per_s(self) -> float:
+        return self.requests / self.seconds if self.seconds > 0 else float("inf")
+
+
+def timed_replay(stream: OpStream, side: CacheSide) -> Timing:
+    """Replay without observations, timing only the cache calls (input conversion excluded:
+    SGLang needs token arrays and KV tensors, we pass the stream's id arrays)."""
+    perf = time.perf_counter
+    inputs: dict[int, Any] = {}
+    get = stream.request
+    spent = 0.0
+    aborted = hits = 0
+    for op, rid in stream.ops:
+        req = get(rid)
+        if op == ARRIVE:
+            inp = inputs[rid] = side.prepare(req)
+            t0 = perf()
+            hits += side.arrive(rid, inp)
+        elif op == ALLOC:
+            t0 = perf()
+            ok, _ = side.alloc(rid, req.need_blocks)
+            aborted += not ok
+        elif op == FINISH:
+            inp = inputs.pop(rid)
+            t0 = perf()
+            side.finish(rid, inp)
+        else:
+            inp = inputs[rid] if rid in inputs else side.prepare(req)
+            t0 = perf()
+            side.touch(inp)
+        spent += perf() - t0
+    return Timing(side.name, stream.n_requests, len(stream.ops), spent, aborted, hits)
