@@ -1,0 +1,17 @@
+"""The radix KV cache over block ids: nodes with GPU / CPU / NONE (hole) state, locks, a
+logical clock, and eviction through a ``policies.eviction.EvictionPolicy``."""
+
+from .cache import CapacityError, RadixKVCache, as_block_ids
+from .node import Node, Tier
+from .results import EvictResult, InsertResult, Match
+
+__all__ = [
+    "CapacityError",
+    "EvictResult",
+    "InsertResult",
+    "Match",
+    "Node",
+    "RadixKVCache",
+    "Tier",
+    "as_block_ids",
+]

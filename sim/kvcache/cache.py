@@ -1,0 +1,456 @@
+"""The radix KV cache over block ids (GPU tier; room left for a CPU tier).
+
+Capacity accounting, in blocks::
+
+    capacity_blocks = gpu_blocks + reserved_blocks + free_blocks
+    gpu_blocks      = evictable_blocks (GPU KV in unlocked nodes)
+                    + protected_blocks (GPU KV in locked nodes)
+
+``reserved_blocks`` are owned by running requests, outside the tree (new tokens being computed,
+hole refills, decode tokens). Invariant: ``gpu_blocks + reserved_blocks <= capacity_blocks`` at
+all times, except between an ``insert`` and the caller's matching ``release`` (the caller
+reserved the blocks it then hands to the tree; see ``insert``).
+
+Matching follows SGLang's RadixCache exactly (reference/sglang-radix.md): walk down while the
+ids agree; if the match ends inside a node, split it there; stamp every node on the path --
+including the whole node the match ends in, before the split -- with one tick of a logical
+clock (the cache's own counter; never wall time). Ids are compared with numpy slices (one
+vectorized comparison per node on the path, no per-block Python loop).
+
+Counters are kept incrementally; ``debug=True`` recounts everything by DFS after every public
+operation (``sim.kvcache.invariants``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from policies.eviction import EvictionPolicy, get_policy
+
+from . import evictor
+from .invariants import recount
+from .node import Node, Tier
+from .results import EvictResult, InsertResult, Match
+
+
+class CapacityError(RuntimeError):
+    """An operation would exceed the cache's capacity (a caller bug, not bad user input)."""
+
+
+def as_block_ids(ids: np.ndarray | list[int]) -> np.ndarray:
+    """A 1-D int64 array (no copy when it already is one)."""
+    arr = np.asarray(ids, dtype=np.int64)
+    if arr.ndim != 1:
+        raise ValueError(f"block ids must be 1-D, got shape {arr.shape}")
+    return arr
+
+
+def _agree(node_ids: np.ndarray, ids: np.ndarray, pos: int, m: int) -> int:
+    """Length of the common prefix of node_ids[:m] and ids[pos:pos+m] (first ids known equal)."""
+    if m == 1:
+        return 1
+    diff = node_ids[:m] != ids[pos : pos + m]
+    i = int(diff.argmax())
+    return i if diff[i] else m
+
+
+class RadixKVCache:
+    """Radix tree of block-id runs with GPU KV, holes (NONE) and lock counts.
+
+    ``policy`` decides eviction (``policies.eviction``); everything else is mechanism.
+    """
+
+    def __init__(
+        self,
+        capacity_blocks: int,
+        policy: EvictionPolicy | str = "sglang",
+        *,
+        debug: bool = False,
+        cpu_capacity_blocks: int = 0,
+    ) -> None:
+        if capacity_blocks < 0:
+            raise ValueError(f"capacity_blocks must be >= 0, got {capacity_blocks}")
+        if cpu_capacity_blocks != 0:
+            raise NotImplementedError("the CPU tier is not built yet")
+        self.capacity_blocks = int(capacity_blocks)
+        self.cpu_capacity_blocks = int(cpu_capacity_blocks)
+        self.policy = get_policy(policy)
+        self.debug = debug
+        self._serial = 0
+        self._clock = 0
+        self.root = Node(np.empty(0, dtype=np.int64), 0, None, Tier.GPU, self._next_serial())
+        self._gpu = 0
+        self._evictable = 0
+        self._protected = 0
+        self._reserved = 0
+        self._holes = 0
+        # Evictable leaves: attached, not root, tier GPU, lock 0, no children.
+        self._leaves: set[Node] = set()
+
+    # ------------------------------------------------------------------ counters
+    @property
+    def gpu_blocks(self) -> int:
+        """GPU blocks owned by the tree."""
+        return self._gpu
+
+    @property
+    def reserved_blocks(self) -> int:
+        """GPU blocks owned by running requests outside the tree."""
+        return self._reserved
+
+    @property
+    def free_blocks(self) -> int:
+        return self.capacity_blocks - self._gpu - self._reserved
+
+    @property
+    def evictable_blocks(self) -> int:
+        """GPU blocks in unlocked nodes (all of them can be freed by repeated eviction)."""
+        return self._evictable
+
+    @property
+    def protected_blocks(self) -> int:
+        """GPU blocks in locked nodes."""
+        return self._protected
+
+    @property
+    def hole_blocks(self) -> int:
+        """Blocks in NONE nodes (ids known, KV freed)."""
+        return self._holes
+
+    @property
+    def clock(self) -> int:
+        """The logical clock: the tick of the latest stamping operation."""
+        return self._clock
+
+    def evictable_leaves(self) -> list[Node]:
+        """Current eviction candidates, in ascending serial order (deterministic)."""
+        return sorted(self._leaves, key=lambda n: n.serial)
+
+    # ------------------------------------------------------------------ public operations
+    def match(self, ids: np.ndarray, *, touch: bool = True) -> Match:
+        """Longest cached prefix of ``ids`` (block ids).
+
+        Walks through NONE nodes (only hole-making policies have them). Splits the node the
+        match ends in, so ``Match.node.end == matched_blocks``. ``touch`` stamps the path
+        (one tick; the node the match ends in is stamped whole before the split, as SGLang
+        does) and counts a hit on each path node; ``touch=False`` stamps nothing but still
+        splits.
+        """
+        ids = as_block_ids(ids)
+        n = len(ids)
+        node = self.root
+        path: list[Node] = []
+        pos = 0
+        holes_ok = self.policy.makes_holes
+        tick = self._tick() if touch else 0
+        while pos < n:
+            child = node.children.get(int(ids[pos]))
+            if child is None or (child.tier == Tier.NONE and not holes_ok):
+                break
+            length = len(child.ids)
+            k = _agree(child.ids, ids, pos, min(length, n - pos))
+            if touch:
+                child.last_access = tick
+                child.hit_count += 1
+            if k < length:
+                child = self._split(child, k)
+            path.append(child)
+            node = child
+            pos += k
+            if k < length:
+                break
+        segments: list[tuple[int, int, Tier]] = []
+        hit = 0
+        gpu_run = True
+        for nd in path:
+            tier = nd.tier
+            if gpu_run:
+                if tier == Tier.GPU:
+                    hit = nd.start + len(nd.ids)
+                else:
+                    gpu_run = False
+            if segments and segments[-1][2] == tier:
+                segments[-1] = (segments[-1][0], nd.start + len(nd.ids), tier)
+            else:
+                segments.append((nd.start, nd.start + len(nd.ids), tier))
+        if self.debug:
+            self.check()
+        return Match(node, pos, hit, tuple(segments))
+
+    def insert(self, ids: np.ndarray) -> InsertResult:
+        """Make every block of ``ids`` GPU-resident in the tree.
+
+        Blocks beyond the tree become one new leaf (splitting where the ids diverge or end
+        inside a node); NONE nodes on the path are refilled (the phantom request recomputed
+        them; a partial hole is split first); GPU blocks already there are left alone. Stamps
+        the path like ``match`` (the new leaf gets the next tick, as in SGLang).
+
+        Capacity: the tree gains ``new_blocks + filled_blocks`` GPU blocks. Insert does not
+        touch ``reserved_blocks``: the caller reserved those blocks before computing them and
+        calls ``release`` right after. Raises ``CapacityError`` (tree unchanged) if the tree
+        alone would exceed capacity.
+        """
+        ids = as_block_ids(ids)
+        n = len(ids)
+        # Plan first (no mutation), so a capacity failure leaves the tree untouched.
+        steps: list[tuple[Node, int]] = []
+        node = self.root
+        pos = 0
+        while pos < n:
+            child = node.children.get(int(ids[pos]))
+            if child is None:
+                break
+            if child.tier == Tier.CPU:
+                raise NotImplementedError("insert through CPU-tier nodes (tiering issue)")
+            length = len(child.ids)
+            k = _agree(child.ids, ids, pos, min(length, n - pos))
+            steps.append((child, k))
+            pos += k
+            if k < length:
+                break
+            node = child
+        fill = sum(k for child, k in steps if child.tier == Tier.NONE)
+        new = n - pos
+        if self._gpu + fill + new > self.capacity_blocks:
+            raise CapacityError(
+                f"insert of {fill + new} blocks exceeds capacity: gpu {self._gpu} "
+                f"+ {fill + new} > {self.capacity_blocks}"
+            )
+        tick = self._tick()
+        node = self.root
+        existing = 0
+        for child, k in steps:
+            child.last_access = tick
+            if k < len(child.ids):
+                child = self._split(child, k)
+            if child.tier == Tier.NONE:
+                self._fill(child)
+            else:
+                existing += k
+            node = child
+        if new:
+            leaf = Node(ids[pos:], pos, node, Tier.GPU, self._next_serial(), self._tick())
+            node.children[int(ids[pos])] = leaf
+            self._gpu += new
+            self._evictable += new
+            self._leaves.discard(node)
+            self._leaves.add(leaf)
+            node = leaf
+        if self.debug:
+            added = fill + new
+            assert self._gpu + max(0, self._reserved - added) <= self.capacity_blocks, (
+                f"insert exceeded capacity: gpu {self._gpu} + reserved {self._reserved} "
+                f"(of which {added} just inserted) > {self.capacity_blocks}"
+            )
+            self.check()
+        return InsertResult(node, new, fill, existing)
+
+    def lock(self, node: Node) -> None:
+        """A running request pins ``node`` and its ancestors (their GPU KV: evictable ->
+        protected). Lock the ``Match.node`` right after the match."""
+        self._require_attached(node)
+        root = self.root
+        while node is not root:
+            if node.lock == 0:
+                if node.tier == Tier.GPU:
+                    size = len(node.ids)
+                    self._evictable -= size
+                    self._protected += size
+                self._leaves.discard(node)
+            node.lock += 1
+            node = node.parent  # type: ignore[assignment]
+        if self.debug:
+            self.check()
+
+    def unlock(self, node: Node) -> None:
+        """Undo one ``lock(node)``. A NONE node left childless and unlocked is removed."""
+        self._require_attached(node)
+        root = self.root
+        while node is not root:
+            if node.lock <= 0:
+                raise ValueError(f"unlock of an unlocked node {node!r}")
+            parent = node.parent
+            node.lock -= 1
+            if node.lock == 0:
+                if node.tier == Tier.GPU:
+                    size = len(node.ids)
+                    self._evictable += size
+                    self._protected -= size
+                    if not node.children:
+                        self._leaves.add(node)
+                elif node.tier == Tier.NONE and not node.children:
+                    self._detach(node)
+            node = parent  # type: ignore[assignment]
+        if self.debug:
+            self.check()
+
+    def reserve(self, n: int) -> None:
+        """Request-owned blocks outside the tree; raises CapacityError if free_blocks < n."""
+        if n < 0:
+            raise ValueError(f"reserve({n})")
+        if n > self.free_blocks:
+            raise CapacityError(f"reserve({n}) with only {self.free_blocks} free blocks")
+        self._reserved += n
+        if self.debug:
+            self.check()
+
+    def release(self, n: int) -> None:
+        """Return request-owned blocks."""
+        if n < 0 or n > self._reserved:
+            raise ValueError(f"release({n}) with {self._reserved} reserved")
+        self._reserved -= n
+        if self.debug:
+            self.check()
+
+    def evict(self, n: int) -> EvictResult:
+        """Free at least ``n`` GPU blocks of the tree through the policy (node granularity may
+        overshoot). If less is evictable, frees all of it and returns ok=False (as SGLang)."""
+        result = evictor.evict(self, n)
+        if self.debug:
+            self.check()
+        return result
+
+    def make_room(self, n: int) -> EvictResult:
+        """Evict until ``free_blocks >= n``. If that is impossible (too much is locked or
+        reserved) nothing is evicted and ok is False."""
+        need = n - self.free_blocks
+        if need <= 0:
+            return EvictResult(ok=True)
+        if need > self._evictable:
+            return EvictResult(ok=False)
+        result = self.evict(need)
+        result.ok = self.free_blocks >= n
+        return result
+
+    def resident_block_ids(self) -> np.ndarray:
+        """All GPU-resident block ids in the tree, sorted."""
+        runs = [nd.ids for nd in self.iter_nodes() if nd.tier == Tier.GPU]
+        if not runs:
+            return np.empty(0, dtype=np.int64)
+        return np.sort(np.concatenate(runs))
+
+    def iter_nodes(self):
+        """All nodes except the root, depth first (children in key order)."""
+        stack = [self.root]
+        while stack:
+            node = stack.pop()
+            if node is not self.root:
+                yield node
+            stack.extend(node.children[k] for k in sorted(node.children, reverse=True))
+
+    def check(self) -> None:
+        """Recount everything by DFS; AssertionError with details on any mismatch."""
+        recount(self)
+
+    def dump(self) -> str:
+        """The tree as indented text (debugging, test failure messages)."""
+        lines = []
+
+        def walk(node: Node, depth: int) -> None:
+            for key in sorted(node.children):
+                child = node.children[key]
+                ids = child.ids.tolist()
+                shown = ids if len(ids) <= 6 else [*ids[:3], "...", *ids[-2:]]
+                lines.append(f"{'  ' * depth}{child!r} ids={shown}")
+                walk(child, depth + 1)
+
+        walk(self.root, 0)
+        return "\n".join(lines)
+
+    # ------------------------------------------------------------------ mutation primitives
+    # (used by evictor.py; each keeps the counters and the leaf set exact)
+    def _next_serial(self) -> int:
+        self._serial += 1
+        return self._serial
+
+    def _tick(self) -> int:
+        self._clock += 1
+        return self._clock
+
+    def _require_attached(self, node: Node) -> None:
+        if node.parent is None and node is not self.root:
+            raise ValueError(f"{node!r} is no longer in the tree")
+
+    def _split(self, node: Node, k: int) -> Node:
+        """Split ``node`` after its first k blocks; return the new PREFIX node. ``node`` keeps
+        its identity as the suffix (handles held by requests stay valid, as in SGLang)::
+
+            parent -- node[s, e)   =>   parent -- prefix[s, s+k) -- node[s+k, e)
+        """
+        prefix = Node(
+            node.ids[:k], node.start, node.parent, node.tier, self._next_serial(), node.last_access
+        )
+        prefix.lock = node.lock
+        prefix.hit_count = node.hit_count
+        parent = node.parent
+        assert parent is not None
+        parent.children[int(node.ids[0])] = prefix
+        node.ids = node.ids[k:]
+        node.start += k
+        node.parent = prefix
+        prefix.children[int(node.ids[0])] = node
+        return prefix
+
+    def _fill(self, node: Node) -> None:
+        """NONE -> GPU (a hole recomputed)."""
+        size = len(node.ids)
+        node.tier = Tier.GPU
+        self._holes -= size
+        self._gpu += size
+        if node.lock:
+            self._protected += size
+        else:
+            self._evictable += size
+            if not node.children:
+                self._leaves.add(node)
+
+    def _free(self, node: Node, result: EvictResult) -> Node | None:
+        """GPU -> NONE for a whole unlocked node; a childless one leaves the tree (cascading
+        upward). Returns the surviving ancestor when it just became an evictable leaf."""
+        size = len(node.ids)
+        self._gpu -= size
+        self._evictable -= size
+        self._holes += size
+        node.tier = Tier.NONE
+        self._leaves.discard(node)
+        result.freed.append(node.ids)
+        result.freed_blocks += size
+        if node.children:
+            return None
+        survivor = self._prune(node)
+        return survivor if survivor in self._leaves else None
+
+    def _truncate_tail(self, leaf: Node, k: int, result: EvictResult) -> None:
+        """Free the last k blocks of an unlocked leaf (no hole: nothing follows them)."""
+        keep = len(leaf.ids) - k
+        result.freed.append(leaf.ids[keep:])
+        result.freed_blocks += k
+        leaf.ids = leaf.ids[:keep]
+        self._gpu -= k
+        self._evictable -= k
+
+    def _detach(self, node: Node) -> None:
+        """Remove a childless NONE node from its parent."""
+        parent = node.parent
+        assert parent is not None and not node.children and node.tier == Tier.NONE
+        del parent.children[int(node.ids[0])]
+        node.parent = None
+        self._holes -= len(node.ids)
+        if (
+            parent is not self.root
+            and parent.tier == Tier.GPU
+            and parent.lock == 0
+            and not parent.children
+        ):
+            self._leaves.add(parent)
+
+    def _prune(self, node: Node) -> Node:
+        """Remove ``node`` and its NONE ancestors while they are childless and unlocked;
+        return the first ancestor that stays."""
+        while node is not self.root and node.tier == Tier.NONE and not node.children:
+            if node.lock:
+                return node
+            parent = node.parent
+            self._detach(node)
+            node = parent  # type: ignore[assignment]
+        return node

@@ -1,0 +1,60 @@
+"""DFS recount of every cache counter and structural invariant (SGLang's ``total_size()``
+pattern). Runs after every public operation when the cache has ``debug=True``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .node import Tier
+
+if TYPE_CHECKING:
+    from .cache import RadixKVCache
+
+
+def recount(cache: RadixKVCache) -> None:
+    """Raise AssertionError naming the first violated invariant."""
+    root = cache.root
+    gpu = evictable = protected = holes = 0
+    leaves = set()
+    serials = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        child_locks = 0
+        for key, child in node.children.items():
+            where = f"{child!r} under {node!r}"
+            assert child.parent is node, f"parent link broken: {where}"
+            assert len(child.ids) > 0, f"empty node: {where}"
+            assert key == int(child.ids[0]), f"child key {key} != first id: {where}"
+            assert child.start == node.start + len(node.ids), f"positions not contiguous: {where}"
+            assert child.lock >= 0, f"negative lock: {where}"
+            assert child.serial not in serials, f"serial reused: {where}"
+            serials.add(child.serial)
+            child_locks += child.lock
+            stack.append(child)
+        if node is root:
+            continue
+        size = len(node.ids)
+        assert node.lock >= child_locks, f"lock {node.lock} < children's {child_locks}: {node!r}"
+        assert node.last_access <= cache.clock, f"stamp from the future: {node!r}"
+        if node.tier == Tier.GPU:
+            gpu += size
+            if node.lock:
+                protected += size
+            else:
+                evictable += size
+                if not node.children:
+                    leaves.add(node)
+        elif node.tier == Tier.NONE:
+            holes += size
+            assert cache.policy.makes_holes, f"hole under non-hole policy: {node!r}"
+            assert node.children or node.lock, f"childless unlocked hole not removed: {node!r}"
+        else:
+            raise AssertionError(f"CPU tier not built yet: {node!r}")
+    got = (cache.gpu_blocks, cache.evictable_blocks, cache.protected_blocks, cache.hole_blocks)
+    want = (gpu, evictable, protected, holes)
+    assert got == want, f"counters (gpu, evictable, protected, holes) {got} != recount {want}"
+    extra, missing = cache._leaves - leaves, leaves - cache._leaves
+    assert not extra and not missing, f"leaf set wrong: extra {extra}, missing {missing}"
+    assert cache.reserved_blocks >= 0, f"negative reserved {cache.reserved_blocks}"
+    assert gpu <= cache.capacity_blocks, f"gpu {gpu} > capacity {cache.capacity_blocks}"

@@ -1,0 +1,91 @@
+"""Radix tree nodes over block ids.
+
+A node is a run of blocks at absolute block positions ``[start, end)`` with ONE KV state::
+
+    root (no blocks)
+     |-- [0, 4)  GPU   ids a0 a1 a2 a3        children keyed by the child's first block id
+     |     |-- [4, 9)  NONE  b4 .. b8         a hole: ids known, KV freed
+     |     |     `-- [9, 12) GPU c9 c10 c11   a leaf (leaves always hold KV)
+     |     `-- [4, 6)  GPU   d4 d5
+     `-- [0, 2)  GPU   e0 e1
+
+Invariants (checked by ``sim.kvcache.invariants.recount``):
+- ``child.start == parent.end``; ``parent.children[child.ids[0]] is child``;
+- a node is homogeneous: one tier for all its blocks; splits happen only at block boundaries;
+- ``lock`` = number of running requests whose matched path ends at or below this node, so
+  ``node.lock >= sum(child.lock)``; a locked node is never freed;
+- a childless, unlocked node without KV (tier NONE) does not exist: it is removed at once,
+  cascading upward through NONE ancestors that become childless.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+import numpy as np
+
+
+class Tier(IntEnum):
+    """Where a node's KV lives. CPU is reserved for the tiering issue (not produced yet)."""
+
+    NONE = 0  # a hole: block ids known, KV freed
+    GPU = 1
+    CPU = 2
+
+
+class Node:
+    """One radix node. ``ids`` is a view into the caller's array (no copy); callers must not
+    mutate arrays they pass to the cache."""
+
+    __slots__ = (
+        "children",
+        "hit_count",
+        "ids",
+        "last_access",
+        "lock",
+        "parent",
+        "serial",
+        "start",
+        "tier",
+    )
+
+    def __init__(
+        self,
+        ids: np.ndarray,
+        start: int,
+        parent: Node | None,
+        tier: Tier,
+        serial: int,
+        last_access: int = 0,
+    ) -> None:
+        self.ids = ids
+        self.start = start
+        self.parent = parent
+        self.children: dict[int, Node] = {}
+        self.tier = tier
+        self.lock = 0
+        self.last_access = last_access
+        self.hit_count = 0
+        self.serial = serial
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.ids)
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.ids)
+
+    @property
+    def is_hole(self) -> bool:
+        return self.tier == Tier.NONE
+
+    @property
+    def is_root(self) -> bool:
+        return self.parent is None and self.start == 0 and len(self.ids) == 0
+
+    def __repr__(self) -> str:
+        return (
+            f"Node(#{self.serial} [{self.start},{self.end}) {self.tier.name} lock={self.lock} "
+            f"t={self.last_access} children={len(self.children)})"
+        )
