@@ -80,6 +80,15 @@ class Profile:
         return (d.fixed_s + d.weights_s + d.per_seq_s * batch
                 + d.per_context_token_s * context_tokens)
 
+    def decode_run_seconds(self, batch: int, context_tokens: int, steps: int) -> float:
+        """Seconds of ``steps`` decode steps of ``batch`` sequences starting from
+        ``context_tokens`` in all; each step adds ``batch`` tokens (an arithmetic series)."""
+        if steps <= 0:
+            return 0.0
+        d = self.decode
+        first = self.decode_step_seconds(batch, context_tokens)
+        return steps * first + d.per_context_token_s * batch * steps * (steps - 1) / 2
+
     def transfer_seconds(self, nbytes: float, direction: str) -> float:
         """Seconds to copy ``nbytes`` one way: ``h2d`` (load from CPU) or ``d2h`` (offload)."""
         if nbytes <= 0:

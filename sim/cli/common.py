@@ -10,17 +10,17 @@ Conventions (the CLI contract in DESIGN.md):
 
 from __future__ import annotations
 
-import json
-import math
-import os
 import re
 import sys
-import tempfile
-from pathlib import Path
 from typing import Any
 
 import click
 from rich.console import Console
+
+from sim.io import atomic_write_text, dumps
+
+__all__ = ["SIZE", "KvsimGroup", "atomic_write_text", "console", "dumps", "emit_json",
+           "parse_size", "stderr"]
 
 stderr = Console(stderr=True)
 
@@ -62,39 +62,9 @@ class SizeType(click.ParamType):
 SIZE = SizeType()
 
 
-def _clean(obj: Any) -> Any:
-    """JSON has no NaN/inf: write them as null."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {str(k): _clean(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_clean(v) for v in obj]
-    if hasattr(obj, "item") and callable(obj.item):  # numpy scalars
-        return _clean(obj.item())
-    return obj
-
-
-def dumps(doc: Any) -> str:
-    return json.dumps(_clean(doc), indent=2, sort_keys=False)
-
-
 def emit_json(doc: Any) -> None:
     """Print one JSON document on stdout."""
     click.echo(dumps(doc))
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 class KvsimGroup(click.Group):

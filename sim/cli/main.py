@@ -8,6 +8,9 @@ import click
 from .common import KvsimGroup
 from .microbench import microbench_cmd
 from .models import models_cmd
+from .plot import plot_cmd
+from .run import run_cmd
+from .sweep import sweep_cmd
 
 
 @click.group(cls=KvsimGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -18,6 +21,9 @@ def cli() -> None:
 
 cli.add_command(models_cmd)
 cli.add_command(microbench_cmd)
+cli.add_command(run_cmd)
+cli.add_command(sweep_cmd)
+cli.add_command(plot_cmd)
 
 
 def main() -> None:

@@ -1,0 +1,166 @@
+"""``kvsim run``: replay one trace under one or more policies and compare them."""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import click
+from rich.table import Table
+
+from sim.config import RunConfig
+
+from .common import SIZE, atomic_write_text, console, dumps, emit_json, parse_size, stderr
+
+if TYPE_CHECKING:
+    from sim.runner import RunResult
+
+# Summary metrics shown in the table and compared against the first run (lower is better
+# except the hit rate).
+COMPARED = ("ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "jct_mean_s", "hit_rate",
+            "recomputed_tokens", "recompute_units", "queue_wait_mean_s")
+
+
+def shared_prefix_option(value: str | None) -> int | str | None:
+    if value is None or value == "auto":
+        return value
+    return parse_size(value, "--shared-prefix")
+
+
+def trace_options(f):
+    """Options every command that reads a trace takes (DESIGN CLI contract)."""
+    opts = [
+        click.option("--trace", "-t", default="synthetic:claude-code", show_default=True,
+                     help="Trace path(s) (comma-separated) or synthetic:NAME."),
+        click.option("--format", "trace_format", default=None,
+                     help="cc-traces | mooncake | tracelab | tracelab-duckdb | freeinference "
+                          "(default: detect)."),
+        click.option("--select", default=None, help="top-requests:K sessions after the cut."),
+        click.option("--shared-prefix", default=None,
+                     help="auto | TOKENS shared across sessions at the start (e.g. 15.6k)."),
+        click.option("--max-context", type=SIZE, default=None,
+                     help="End a session before its first request over this many tokens."),
+        click.option("--gaps", default="recorded", show_default=True,
+                     help="Gap model: recorded | tool | cap:SECONDS | scale:FACTOR."),
+        click.option("--block-size", type=int, default=64, show_default=True),
+        click.option("--lenient", is_flag=True, help="Skip bad trace records and count them."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def change(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or a != a or b != b or a == 0:
+        return None
+    return b / a - 1.0
+
+
+def compare_runs(results: list[RunResult]) -> list[dict[str, Any]]:
+    first = results[0].summary
+    out = []
+    for r in results:
+        c = r.config
+        out.append({
+            "preset": c.preset, "policy": c.policy_name, "order": c.order, "evict": c.evict,
+            "granularity": c.granularity, "scheduler": c.scheduler, "tiering": c.tiering,
+            "summary": r.summary,
+            "change_vs_first": {k: change(first.get(k), r.summary.get(k)) for k in COMPARED},
+        })
+    return out
+
+
+def print_table(runs: list[dict[str, Any]], title: str) -> None:
+    t = Table(title=title)
+    t.add_column("metric")
+    for r in runs:
+        t.add_column(r["policy"], justify="right")
+    fmt = {"hit_rate": "{:.1%}", "recomputed_tokens": "{:,.0f}", "recompute_units": "{:.3e}"}
+    for k in (*COMPARED, "requests", "evicted_tokens", "dropped_requests"):
+        cells = []
+        for i, r in enumerate(runs):
+            v = r["summary"].get(k)
+            s = "-" if v is None or v != v else fmt.get(k, "{:.3f}" if isinstance(v, float)
+                                                        else "{:,}").format(v)
+            ch = r["change_vs_first"].get(k)
+            if i > 0 and ch is not None:
+                s += f" ({ch:+.1%})"
+            cells.append(s)
+        t.add_row(k, *cells)
+    console().print(t)
+
+
+@click.command("run")
+@trace_options
+@click.option("--model", "-m", default="qwen3-8b", show_default=True)
+@click.option("--profile", "-p", default=None, help="Profile name or file (default h100-MODEL).")
+@click.option("--gpu-cache", type=SIZE, default="256k", show_default=True,
+              help="GPU KV capacity in tokens.")
+@click.option("--cpu-cache", type=SIZE, default="0", show_default=True,
+              help="CPU KV capacity in tokens (two tiers).")
+@click.option("--tiering", type=click.Choice(["unified", "hicache"]), default="unified",
+              show_default=True)
+@click.option("--sessions", "-n", type=int, default=4, show_default=True,
+              help="Sessions active at once (closed loop).")
+@click.option("--replay", type=click.Choice(["closed", "open"]), default="closed",
+              show_default=True)
+@click.option("--preset", default=None,
+              help="Comma-separated presets (sglang, vllm, penelope); the first is the baseline. "
+                   "Default: sglang,vllm,penelope unless --evict/--granularity are given.")
+@click.option("--evict", type=click.Choice(["tail", "leaf-head", "private-head"]), default=None)
+@click.option("--granularity", type=click.Choice(["node", "block"]), default=None)
+@click.option("--scheduler", type=click.Choice(["fcfs", "lpm", "lpm-cpu"]), default="lpm",
+              show_default=True)
+@click.option("--chunk-size", type=SIZE, default="8192", show_default=True)
+@click.option("--max-new-tokens", type=int, default=None,
+              help="Assumed max_new_tokens (default: unset, SGLang reserves up to 4096).")
+@click.option("--max-running", type=int, default=None)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--debug-cache", is_flag=True, help="Recount cache invariants after every op.")
+@click.option("--out", "-o", default=None, help="Write requests.parquet, summary.json, "
+              "config.json per run under this directory.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+def run_cmd(trace, trace_format, select, shared_prefix, max_context, gaps, block_size, lenient,
+            model, profile, gpu_cache, cpu_cache, tiering, sessions, replay, preset, evict,
+            granularity, scheduler, chunk_size, max_new_tokens, max_running, seed, debug_cache,
+            out, as_json) -> None:
+    """Replay a trace through the simulated server under each policy; report TTFT, JCT, hits."""
+    from sim.runner import run, write_result  # the engine loads only when a run is asked for
+
+    base = RunConfig(
+        trace=trace, trace_format=trace_format, select=select,
+        shared_prefix=shared_prefix_option(shared_prefix), max_context=max_context,
+        block_size=block_size, gaps=gaps, lenient=lenient, sessions=sessions, replay=replay,
+        model=model, profile=profile, gpu_cache=gpu_cache, cpu_cache=cpu_cache,
+        tiering=tiering, scheduler=scheduler, chunk_size=chunk_size,
+        max_new_tokens=max_new_tokens, max_running=max_running, seed=seed,
+        debug_cache=debug_cache)
+    if preset is None and (evict or granularity):
+        configs = [replace(base, preset=None, evict=evict or "tail",
+                           granularity=granularity or "node")]
+    else:
+        names = [p.strip() for p in (preset or "sglang,vllm,penelope").split(",") if p.strip()]
+        configs = [base.with_preset(p) for p in names]
+    results = []
+    for cfg in configs:
+        cfg.validate("command line")
+        t0 = time.perf_counter()  # wall time for the progress line only, never in results
+        res = run(cfg)
+        stderr.print(f"[dim]{cfg.policy_name}: {res.summary['requests']} requests in "
+                     f"{time.perf_counter() - t0:.1f}s[/dim]")
+        results.append(res)
+        if out:
+            write_result(res, f"{out}/{cfg.policy_name}")
+    runs = compare_runs(results)
+    if out:
+        atomic_write_text(f"{out}/runs.json", dumps({"runs": runs}) + "\n")
+    if as_json:
+        emit_json({"runs": runs})
+        return
+    s = results[0].summary
+    print_table(runs, f"{s['trace']} ({s['trace_requests']} requests), {model}, "
+                      f"GPU {gpu_cache:,} tokens, N={sessions}, {scheduler}, gaps {gaps}")
+    if out:
+        print(f"wrote {out}/", file=sys.stderr)

@@ -1,0 +1,132 @@
+"""The full, resolved configuration of one run. A run is a pure function of (trace, config, seed).
+
+Sizes are tokens. ``RunConfig.from_dict`` validates untrusted input (sweep YAML) and raises
+``ConfigError`` (exit status 2) naming the file and the field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+from policies.eviction import PRESETS, Granularity, StartPosition
+
+
+class ConfigError(ValueError):
+    exit_code = 2
+
+    def __init__(self, where: str, field: str, message: str) -> None:
+        super().__init__(f"{where}: field {field!r}: {message}")
+        self.where, self.field = where, field
+
+
+SCHEDULERS = ("fcfs", "lpm", "lpm-cpu")
+TIERINGS = ("unified", "hicache")
+REPLAYS = ("closed", "open")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    # --- traffic -------------------------------------------------------------------------
+    trace: str = "synthetic:claude-code"
+    trace_format: str | None = None
+    select: str | None = None
+    shared_prefix: int | str | None = None
+    max_context: int | None = None
+    block_size: int = 64
+    gaps: str = "recorded"  # recorded | tool | cap:S | scale:F  (see traces.Trace.gaps)
+    lenient: bool = False
+    sessions: int = 4  # N sessions active at once (closed loop)
+    replay: str = "closed"  # closed: reply + gap; open: recorded send times
+    # --- model and hardware --------------------------------------------------------------
+    model: str = "qwen3-8b"
+    profile: str | None = None  # name or file; None = h100-MODEL
+    gpu_cache: int = 262_144  # KV capacity in tokens
+    cpu_cache: int = 0
+    tiering: str = "unified"
+    # --- policies ------------------------------------------------------------------------
+    preset: str | None = "penelope"  # label when the policy fields equal a preset
+    order: str = "lru"
+    evict: str = "private-head"
+    granularity: str = "block"
+    scheduler: str = "lpm"
+    # --- SGLang engine knobs -------------------------------------------------------------
+    chunk_size: int = 8192  # chunked_prefill_size
+    max_running: int | None = None  # None = SGLang's default (large; never binds at small N)
+    max_new_tokens: int | None = None  # None: clients leave it unset -> SGLang assumes ctx - input
+    clip_max_new_tokens: int = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
+    new_token_ratio: float = 0.7
+    new_token_ratio_min: float = 0.098
+    new_token_ratio_decay_steps: int = 600
+    # --- run -----------------------------------------------------------------------------
+    seed: int = 0
+    debug_cache: bool = False
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def policy_name(self) -> str:
+        return self.preset or f"{self.order}+{self.evict}+{self.granularity}"
+
+    def with_preset(self, preset: str) -> RunConfig:
+        """The same config under a preset (``sglang``, ``vllm``, ``penelope``)."""
+        if preset not in PRESETS:
+            known = ", ".join(PRESETS)
+            raise ConfigError("--preset", "preset", f"unknown {preset!r}; known: {known}")
+        p = PRESETS[preset]
+        return replace(self, preset=preset, order=p.order, evict=p.start.value,
+                       granularity=p.granularity.value)
+
+    def validate(self, where: str = "config") -> RunConfig:
+        def bad(f: str, msg: str) -> ConfigError:
+            return ConfigError(where, f, msg)
+
+        if self.scheduler not in SCHEDULERS:
+            raise bad("scheduler", f"must be one of {SCHEDULERS}, got {self.scheduler!r}")
+        if self.tiering not in TIERINGS:
+            raise bad("tiering", f"must be one of {TIERINGS}, got {self.tiering!r}")
+        if self.replay not in REPLAYS:
+            raise bad("replay", f"must be one of {REPLAYS}, got {self.replay!r}")
+        try:
+            StartPosition(self.evict)
+        except ValueError:
+            raise bad("evict", f"must be one of {[s.value for s in StartPosition]}") from None
+        try:
+            Granularity(self.granularity)
+        except ValueError:
+            raise bad("granularity", f"must be one of {[g.value for g in Granularity]}") from None
+        for name in ("sessions", "gpu_cache", "chunk_size", "block_size"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise bad(name, f"must be a positive integer, got {v!r}")
+        if self.gpu_cache < 4 * self.block_size:
+            raise bad("gpu_cache", "must hold at least 4 blocks")
+        if self.cpu_cache < 0:
+            raise bad("cpu_cache", "must be >= 0")
+        if self.chunk_size < self.block_size:
+            raise bad("chunk_size", "must be at least one block")
+        if self.max_running is not None and self.max_running < 1:
+            raise bad("max_running", "must be >= 1")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise bad("max_new_tokens", "must be >= 1")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["policy"] = self.policy_name
+        return d
+
+    @classmethod
+    def from_dict(cls, raw: Any, where: str = "config") -> RunConfig:
+        if not isinstance(raw, dict):
+            raise ConfigError(where, "<root>", "must be a mapping")
+        known = {f.name: f for f in fields(cls)}
+        raw = dict(raw)
+        raw.pop("policy", None)
+        for k in raw:
+            if k not in known:
+                raise ConfigError(where, k, "unknown field")
+        preset = raw.get("preset")
+        cfg = cls(**raw)
+        if preset is not None and not any(k in raw for k in ("order", "evict", "granularity")):
+            cfg = cfg.with_preset(preset)
+        return cfg.validate(where)

@@ -1,0 +1,483 @@
+"""The serving engine: SimPy session processes and one SGLang-like server process.
+
+Data flow of one run::
+
+    sessions (closed loop: reply + recorded gap)  --submit-->  waiting queue
+    server loop:  [prefill pass]  scheduler orders waiting -> match (hit / hole / miss)
+                                  -> admission test (free + evictable - reservations)
+                                  -> make_room (eviction policy) -> one batch of chunks
+                                     (real new tokens + phantom hole refills) priced once
+                  [else decode]   all running requests advance k steps in ONE event, k = steps
+                                  to the first finish, cut short by an arrival (the step in
+                                  flight completes), by memory (evict, else retract)
+
+Semantics follow reference/sglang-scheduler.md: prefill pre-empts decode; one chunked request at
+a time, continued before the queue; the whole prompt plus a decode reservation must fit before
+admission; the first refused request stops the pass (head-of-line); retraction victims are the
+requests with the fewest generated tokens (ties: longest prompt) and go to the queue's tail.
+
+Simplifications (documented, not hidden): a scheduling pass runs at each event rather than at
+every decode step; memory for a decode run is reserved at its start (SGLang allocates per step);
+the overlap scheduler's one-iteration delay in freeing KV is not modelled.
+
+Determinism: time comes only from the cost model; ties in the queue break on a submission
+sequence number; SimPy breaks event ties by schedule order. No wall clock is read.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import simpy
+
+from costmodel.profile import Profile
+from costmodel.specs import ModelSpec
+from costmodel.units import Units, range_units
+from policies.scheduling import LPM_QUEUE_LIMIT, Candidate, SchedulePolicy
+from sim.config import RunConfig
+from sim.kvcache import RadixKVCache, Tier
+from sim.metrics import RequestRecord, RunRecorder
+
+# SGLang touches the prefixes of the first 128 waiting requests every 32nd fcfs pass.
+FCFS_TOUCH_EVERY = 32
+FCFS_TOUCH_COUNT = 128
+
+
+@dataclass(eq=False)
+class Req:
+    """One request in flight. Token positions are absolute; blocks are ``block_size`` tokens."""
+
+    rid: int
+    session: int
+    arrival: float
+    seq: int
+    prompt_tokens: int
+    output_tokens: int
+    ids: np.ndarray
+    done: simpy.Event
+    shared_blocks: int = 0
+    generated: int = 0  # output tokens produced so far (the first comes from prefill)
+    # set at admission
+    node: object = None
+    ranges: list[tuple[int, int]] = field(default_factory=list)  # token ranges still to compute
+    own_tokens: int = 0  # tokens this request holds outside the tree (computed, not inserted)
+    reserved: int = 0  # blocks reserved for own_tokens
+    admitted_at: float = math.nan
+    first_token_at: float = math.nan
+    record: RequestRecord | None = None
+
+    @property
+    def context_tokens(self) -> int:
+        """Tokens whose KV the request needs now: its prompt plus what it generated since."""
+        return self.prompt_tokens + max(0, self.generated - 1)
+
+
+class Server:
+    """The SGLang-like scheduler and executor over one ``RadixKVCache``."""
+
+    def __init__(self, env: simpy.Environment, cfg: RunConfig, spec: ModelSpec,
+                 profile: Profile, cache: RadixKVCache, scheduler: SchedulePolicy,
+                 recorder: RunRecorder, finish_ids: Callable[[int], np.ndarray]) -> None:
+        self.env, self.cfg, self.spec, self.profile = env, cfg, spec, profile
+        self.finish_ids = finish_ids  # trace.finish_block_ids: what SGLang inserts at finish
+        self.cache, self.scheduler, self.rec = cache, scheduler, recorder
+        self.bs = cfg.block_size
+        self.waiting: list[Req] = []
+        self.running: list[Req] = []
+        self.chunked: Req | None = None
+        self.ratio = cfg.new_token_ratio
+        self._decay = (cfg.new_token_ratio - cfg.new_token_ratio_min) / max(
+            1, cfg.new_token_ratio_decay_steps)
+        self._wake: simpy.Event = env.event()
+        self._passes = 0
+        self._seq = 0
+        self.max_running = cfg.max_running or 1 << 30
+        self.ever: set[int] = set()  # every block id ever inserted: what an infinite cache holds
+        self.process = env.process(self._loop())
+
+    # --- submission ---------------------------------------------------------------------
+    def submit(self, req: Req) -> None:
+        self._seq += 1
+        req.seq = self._seq
+        if self._never_fits(req):
+            self.rec.drop(req, self.env.now)
+            req.done.succeed()
+            return
+        self.waiting.append(req)
+        if not self._wake.triggered:
+            self._wake.succeed()
+
+    def _never_fits(self, req: Req) -> bool:
+        need = self._blocks(req.prompt_tokens) + self._blocks(self._decode_reserve(req)) + 1
+        return need >= self.cache.capacity_blocks
+
+    # --- helpers ------------------------------------------------------------------------
+    def _blocks(self, tokens: float) -> int:
+        return -(-math.ceil(tokens) // self.bs)
+
+    def _max_new(self, req: Req) -> int:
+        if self.cfg.max_new_tokens is not None:
+            return self.cfg.max_new_tokens
+        # Unset by the client: SGLang assumes everything up to the context / KV limit.
+        limit = min(self.spec.max_context - 1, self.cache.capacity_blocks * self.bs - 1)
+        return max(1, limit - req.prompt_tokens - 1)
+
+    def _decode_reserve(self, req: Req) -> int:
+        return min(max(0, self._max_new(req) - req.generated), self.cfg.clip_max_new_tokens)
+
+    def _running_offset_tokens(self) -> float:
+        return sum(self._decode_reserve(r) for r in self.running) * self.ratio
+
+    def _usable_blocks(self, req: Req) -> int:
+        # At least one token is always computed (SGLang caps the hit at len - 1).
+        return (req.context_tokens - 1) // self.bs
+
+    def _plan(self, req: Req, segments) -> tuple[list[tuple[int, int]], int, int]:
+        """Token ranges to compute for ``req`` given match segments: holes (phantom) and the
+        tail from the end of the usable match. Returns (ranges, reused_tokens, hole_tokens)."""
+        usable = min(req.ids.size, self._usable_blocks(req))
+        ranges: list[tuple[int, int]] = []
+        reused = holes = 0
+        end = 0
+        for s, e, tier in segments:
+            if s >= usable:
+                break
+            e = min(e, usable)
+            if tier == Tier.GPU:
+                reused += (e - s) * self.bs
+            else:
+                holes += (e - s) * self.bs
+                ranges.append((s * self.bs, e * self.bs))
+            end = e
+        ranges.append((end * self.bs, req.context_tokens))
+        merged: list[tuple[int, int]] = []
+        for a, b in ranges:
+            if merged and merged[-1][1] == a:
+                merged[-1] = (merged[-1][0], b)
+            elif b > a:
+                merged.append((a, b))
+        return merged, reused, holes
+
+    def _ideal_blocks(self, ids: np.ndarray) -> int:
+        """Longest prefix of ``ids`` ever inserted (chained ids: binary search on membership)."""
+        lo, hi = 0, ids.size
+        ever = self.ever
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if int(ids[mid - 1]) in ever:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    @staticmethod
+    def _take(ranges: list[tuple[int, int]], budget: int) -> tuple[list, list]:
+        """Split ``ranges`` into the first ``budget`` tokens and the rest."""
+        taken, rest = [], []
+        for a, b in ranges:
+            if budget <= 0:
+                rest.append((a, b))
+            elif b - a <= budget:
+                taken.append((a, b))
+                budget -= b - a
+            else:
+                taken.append((a, a + budget))
+                rest.append((a + budget, b))
+                budget = 0
+        return taken, rest
+
+    def _reserve_tokens(self, req: Req, tokens: int) -> bool:
+        """Hold ``tokens`` more outside the tree; evict through the policy if needed."""
+        need = self._blocks(req.own_tokens + tokens) - req.reserved
+        if need > 0:
+            if self.cache.free_blocks < need:
+                res = self.cache.make_room(need)
+                self.rec.evicted(res)
+                if not res.ok:
+                    return False
+            self.cache.reserve(need)
+            req.reserved += need
+        req.own_tokens += tokens
+        return True
+
+    def _checkpoint(self, req: Req, upto_blocks: int, final_ids: np.ndarray | None = None) -> None:
+        """Insert the request's computed full blocks into the tree and move its lock there."""
+        ids = req.ids[:upto_blocks] if final_ids is None else final_ids
+        if ids.size == 0:
+            return
+        self.cache.release(req.reserved)
+        ins = self.cache.insert(ids)
+        self.ever.update(ids.tolist())
+        if final_ids is None:
+            self.cache.lock(ins.node)
+            if req.node is not None:
+                self.cache.unlock(req.node)
+            req.node = ins.node
+        # Whatever the request computed beyond the inserted full blocks stays its own.
+        req.own_tokens = max(0, req.context_tokens - ids.size * self.bs) if final_ids is None else 0
+        req.reserved = self._blocks(req.own_tokens)
+        if req.reserved:
+            self.cache.reserve(req.reserved)
+
+    # --- scheduling ---------------------------------------------------------------------
+    def _admit(self, req: Req, budget: int) -> tuple[int, bool] | None:
+        """Try to admit ``req`` with ``budget`` prefill tokens left in this pass.
+        Returns (tokens taken, became chunked) or None when refused (head-of-line)."""
+        m = self.cache.match(req.ids, touch=True)
+        ranges, reused, holes = self._plan(req, m.segments)
+        extend = sum(b - a for a, b in ranges)
+        self.cache.lock(m.node)
+        avail = ((self.cache.free_blocks + self.cache.evictable_blocks) * self.bs
+                 - self._running_offset_tokens() - self._pass_offset)
+        need = extend + self._decode_reserve(req) + self.bs
+        if need >= avail:
+            self.cache.unlock(m.node)
+            return None
+        chunked = extend > budget
+        take = (budget // self.bs) * self.bs if chunked else extend
+        if take <= 0:
+            self.cache.unlock(m.node)
+            return None
+        req.node = m.node
+        req.ranges = ranges
+        first_admission = req.record is None
+        if first_admission:
+            ideal = min(self._ideal_blocks(req.ids), self._usable_blocks(req)) * self.bs
+            req.record = self.rec.open(req, self.env.now, reused=reused, holes=holes,
+                                       ideal=ideal, spec=self.spec, segments=m.segments,
+                                       bs=self.bs)
+        req.admitted_at = self.env.now
+        self._pass_offset += self.bs + (0 if chunked else self._decode_reserve(req))
+        return take, chunked
+
+    def _run_chunk(self, req: Req, take: int) -> list[tuple[int, int]] | None:
+        taken, rest = self._take(req.ranges, take)
+        if not self._reserve_tokens(req, sum(b - a for a, b in taken)):
+            return None
+        req.ranges = rest
+        return taken
+
+    def _schedule(self) -> list[tuple[Req, list[tuple[int, int]]]]:
+        """One prefill pass: the batch of (request, token ranges) to compute now."""
+        self._passes += 1
+        self._pass_offset = 0.0
+        budget = self.cfg.chunk_size
+        batch: list[tuple[Req, list[tuple[int, int]]]] = []
+        if self.chunked is not None:
+            req = self.chunked
+            ranges = self._run_chunk(req, min(budget, sum(b - a for a, b in req.ranges)))
+            if ranges is None:
+                return batch  # no memory even for the chunk: decode must free some first
+            batch.append((req, ranges))
+            budget -= sum(b - a for a, b in ranges)
+            if req.ranges:
+                return batch  # still chunked: it owns this pass
+            self.chunked = None
+        if budget <= 0 or not self.waiting:
+            return batch
+        order = self._order()
+        admitted: set[int] = set()
+        for req in order:
+            if len(self.running) + len(batch) >= self.max_running:
+                break
+            got = self._admit(req, budget)
+            if got is None:
+                if not self.running and not batch and self.chunked is None:
+                    # Nothing holds memory but this request: it can never fit. Count a drop.
+                    self.cache.unlock(req.node) if req.node is not None else None
+                    self.waiting.remove(req)
+                    self.rec.drop(req, self.env.now)
+                    req.done.succeed()
+                break
+            take, chunked = got
+            ranges = self._run_chunk(req, take)
+            if ranges is None:  # eviction could not cover it after all: wait
+                self.cache.unlock(req.node)
+                req.node = None
+                break
+            admitted.add(id(req))
+            batch.append((req, ranges))
+            budget -= take
+            if chunked:
+                self.chunked = req
+                break
+            if budget <= 0:
+                break
+        if admitted:
+            self.waiting = [r for r in self.waiting if id(r) not in admitted]
+        return batch
+
+    def _order(self) -> list[Req]:
+        sched = self.scheduler
+        if sched.matches_all and len(self.waiting) <= LPM_QUEUE_LIMIT:
+            cands = []
+            for pos, req in enumerate(self.waiting):
+                m = self.cache.match(req.ids, touch=True)
+                usable = self._usable_blocks(req)
+                gpu = sum(min(e, usable) - s for s, e, t in m.segments
+                          if t == Tier.GPU and s < usable)
+                cpu = sum(min(e, usable) - s for s, e, t in m.segments
+                          if t == Tier.CPU and s < usable)
+                cands.append((sched.key(Candidate(pos, gpu, cpu)), req))
+            cands.sort(key=lambda kv: kv[0])
+            self.waiting = [r for _, r in cands]
+            return list(self.waiting)
+        if not sched.matches_all and self._passes % FCFS_TOUCH_EVERY == 0:
+            for req in reversed(self.waiting[:FCFS_TOUCH_COUNT]):
+                self.cache.match(req.ids, touch=True)
+        return list(self.waiting)
+
+    # --- execution ----------------------------------------------------------------------
+    def _prefill_seconds(self, batch) -> tuple[float, list[Units]]:
+        per_req = []
+        total = Units()
+        for _req, ranges in batch:
+            u = Units()
+            for a, b in ranges:
+                u = u + range_units(self.spec, a, b)
+            per_req.append(u)
+            total = total + u
+        return self.profile.prefill_seconds(total), per_req
+
+    def _finish_prefill(self, batch, per_req: list[Units]) -> None:
+        now = self.env.now
+        for (req, _ranges), units in zip(batch, per_req, strict=True):
+            self.rec.prefill_units(req, units)
+            if req.ranges:  # chunk of an unfinished prompt: checkpoint what is contiguous
+                done_to = req.ranges[0][0] // self.bs
+                self._checkpoint(req, min(done_to, req.ids.size))
+                continue
+            self._checkpoint(req, req.ids.size)
+            if req.generated == 0:
+                req.generated = 1
+                req.first_token_at = now
+                self.rec.first_token(req, now)
+            if req.generated >= req.output_tokens:
+                self._finish(req)
+            else:
+                self.running.append(req)
+
+    def _finish(self, req: Req) -> None:
+        final = self.finish_ids(req.rid) if req.generated >= req.output_tokens else req.ids
+        self._checkpoint(req, 0, final_ids=final) if final.size else self.cache.release(
+            req.reserved)
+        if final.size == 0:
+            req.reserved = req.own_tokens = 0
+        if req.node is not None:
+            self.cache.unlock(req.node)
+            req.node = None
+        self.rec.close(req, self.env.now)
+        req.done.succeed()
+
+    def _decode_plan(self) -> int:
+        """Steps the running batch can take now: to the first finish, limited by memory."""
+        run = self.running
+        steps = min(r.output_tokens - r.generated for r in run)
+        own = np.array([r.own_tokens for r in run], dtype=np.int64)
+        have = np.array([r.reserved for r in run], dtype=np.int64)
+
+        def extra(k: int) -> int:
+            return int(np.maximum(0, -(-(own + k) // self.bs) - have).sum())
+
+        room = self.cache.free_blocks + self.cache.evictable_blocks
+        if extra(steps) <= room:
+            return steps
+        lo, hi = 0, steps  # largest k with extra(k) <= room
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if extra(mid) <= room:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def _retract(self) -> None:
+        """SGLang retract_decode: fewest generated first, ties longest prompt; keep one."""
+        victims = sorted(self.running, key=lambda r: (r.generated, -r.prompt_tokens, r.seq))
+        while len(self.running) > 1 and self._decode_plan() == 0:
+            v = victims.pop(0)
+            self.running.remove(v)
+            self.cache.release(v.reserved)
+            v.reserved = v.own_tokens = 0
+            if v.node is not None:
+                self.cache.unlock(v.node)
+                v.node = None
+            self.rec.retracted(v)
+            self._seq += 1
+            v.seq = self._seq
+            self.waiting.append(v)
+        survivors = self.running
+        out = sum(r.generated for r in survivors)
+        self.ratio = min(1.0, (out + 20 * len(survivors)) / (
+            sum(self._max_new(r) for r in survivors) + 1))
+
+    def _apply_decode(self, steps: int) -> None:
+        for r in self.running:
+            self._reserve_tokens(r, steps)
+            r.generated += steps
+        self.ratio = max(self.ratio - steps * self._decay, self.cfg.new_token_ratio_min)
+        finished = [r for r in self.running if r.generated >= r.output_tokens]
+        if finished:
+            self.running = [r for r in self.running if r.generated < r.output_tokens]
+            for r in finished:
+                self._finish(r)
+
+    def _loop(self):
+        env = self.env
+        while True:
+            if not self.waiting and not self.running and self.chunked is None:
+                self.ratio = self.cfg.new_token_ratio  # fully idle: SGLang resets the ratio
+                self._wake = env.event()
+                yield self._wake
+                continue
+            batch = self._schedule()
+            if batch:
+                seconds, per_req = self._prefill_seconds(batch)
+                self.rec.batch(seconds, len(batch))
+                yield env.timeout(seconds)
+                self._finish_prefill(batch, per_req)
+                continue
+            if not self.running:
+                # Waiting requests that cannot be admitted and nothing to decode: wait.
+                self._wake = env.event()
+                yield self._wake
+                continue
+            steps = self._decode_plan()
+            if steps == 0:
+                self._retract()
+                steps = self._decode_plan()
+                if steps == 0:  # a lone request that cannot grow: abort it (SGLang aborts)
+                    victim = self.running.pop()
+                    self.rec.aborted(victim)
+                    self._finish(victim)
+                    continue
+            batch_size = len(self.running)
+            ctx = sum(r.context_tokens for r in self.running)
+            total = self.profile.decode_run_seconds(batch_size, ctx, steps)
+            start = env.now
+            self._wake = env.event()
+            yield env.timeout(total) | self._wake
+            elapsed = env.now - start
+            if elapsed < total:  # an arrival: finish the step in flight, then reschedule
+                done = self._steps_within(batch_size, ctx, elapsed, steps)
+                rest = self.profile.decode_run_seconds(batch_size, ctx, done) - elapsed
+                if rest > 0:
+                    yield env.timeout(rest)
+                steps = done
+            self.rec.decode(self.profile.decode_run_seconds(batch_size, ctx, steps), steps)
+            self._apply_decode(steps)
+
+    def _steps_within(self, batch: int, ctx: int, elapsed: float, cap: int) -> int:
+        """Smallest k >= 1 with decode_run_seconds(k) >= elapsed (the step in flight)."""
+        lo, hi = 1, cap
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.profile.decode_run_seconds(batch, ctx, mid) >= elapsed:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+

@@ -1,0 +1,246 @@
+"""Per-request records and the run summary (DESIGN "Results").
+
+Token accounting of one request (prompt of ``P`` tokens; ``ideal`` = the prefix an unlimited
+cache would hold, i.e. the longest prefix of its block ids ever inserted by any request):
+
+    reused      tokens served from the GPU cache (every GPU segment of the match, holes
+                notwithstanding)
+    recomputed  tokens inside ``ideal`` that had to be computed again: holes restored by the
+                phantom request, plus history evicted from the tail
+    new         P - reused - recomputed (never seen before, or the always-recomputed last token)
+
+This definition is policy-neutral: tail eviction and front eviction are charged the same way,
+so their recomputation can be compared. ``private_lost`` is the fraction of the request's
+private history (``ideal`` beyond the shared prefix) that was recomputed; the paper's
+diagnostic is the share of recomputation carried by requests with ``private_lost >= 0.9``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from costmodel.specs import ModelSpec
+from costmodel.units import Units, range_units
+
+HIST_BIN_TOKENS = 8192
+HIST_BINS = 64  # up to 512K positions; the last bin collects the rest
+LOST_THRESHOLD = 0.9
+
+
+@dataclass
+class RequestRecord:
+    request: int
+    session: str
+    session_index: int
+    turn: int
+    subagent: bool
+    send_s: float
+    admit_s: float = math.nan
+    first_token_s: float = math.nan
+    end_s: float = math.nan
+    ttft_s: float = math.nan
+    queue_wait_s: float = math.nan
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    hit_gpu_tokens: int = 0
+    loaded_cpu_tokens: int = 0
+    recomputed_tokens: int = 0
+    hole_tokens: int = 0
+    new_tokens: int = 0
+    decoded_tokens: int = 0
+    ideal_hit_tokens: int = 0
+    private_lost: float = 0.0
+    prefill_units: float = 0.0
+    attention_units: int = 0
+    recompute_units: float = 0.0
+    retractions: int = 0
+    dropped: bool = False
+
+
+class RunRecorder:
+    """Collects records and counters while a run executes. Knows nothing of policies."""
+
+    def __init__(self, session_names: list[str], session_turn0: list[int],
+                 session_is_sub: list[bool], shared_blocks: list[int]) -> None:
+        self.names, self.turn0, self.is_sub = session_names, session_turn0, session_is_sub
+        self.shared_blocks = shared_blocks
+        self.records: list[RequestRecord] = []
+        self.hist = np.zeros(HIST_BINS, dtype=np.int64)
+        self.counters: dict[str, float] = {
+            "prefill_batches": 0, "prefill_seconds": 0.0, "decode_events": 0,
+            "decode_steps": 0, "decode_seconds": 0.0, "evictions": 0, "evicted_blocks": 0,
+            "holes_made_blocks": 0, "retractions": 0, "aborted": 0, "dropped": 0,
+            "bytes_h2d": 0, "bytes_d2h": 0,
+        }
+        self.session_start: dict[int, float] = {}
+        self.session_end: dict[int, float] = {}
+
+    # --- lifecycle ----------------------------------------------------------------------
+    def _record(self, req: Any) -> RequestRecord:
+        s = req.session
+        return RequestRecord(
+            request=req.rid, session=self.names[s], session_index=s,
+            turn=req.rid - self.turn0[s], subagent=self.is_sub[s], send_s=req.arrival,
+            prompt_tokens=req.prompt_tokens, output_tokens=req.output_tokens)
+
+    def open(self, req: Any, now: float, *, reused: int, holes: int, ideal: int,
+             spec: ModelSpec, segments: Any, bs: int) -> RequestRecord:
+        rec = self._record(req)
+        rec.admit_s = now
+        rec.queue_wait_s = now - req.arrival
+        rec.hit_gpu_tokens = reused
+        rec.hole_tokens = holes
+        rec.ideal_hit_tokens = ideal
+        rec.recomputed_tokens = max(0, ideal - reused)
+        rec.new_tokens = req.prompt_tokens - reused - rec.recomputed_tokens
+        # Positions recomputed inside the ideal prefix: everything there not served from GPU.
+        recomputed_ranges = []
+        pos = 0
+        for s, e, tier in segments:
+            a, b = s * bs, min(e * bs, ideal)
+            if a >= ideal:
+                break
+            if int(tier) != 1 and b > a:  # not GPU
+                recomputed_ranges.append((a, b))
+            pos = b
+        if pos < ideal:
+            recomputed_ranges.append((pos, ideal))
+        units = Units()
+        for a, b in recomputed_ranges:
+            units = units + range_units(spec, a, b)
+            self._histogram(a, b)
+        rec.recompute_units = units.total
+        shared = self.shared_blocks[req.session] * bs
+        private_ideal = max(0, ideal - shared)
+        private_lost = sum(max(0, b - max(a, shared)) for a, b in recomputed_ranges)
+        rec.private_lost = private_lost / private_ideal if private_ideal else 0.0
+        self.records.append(rec)
+        return rec
+
+    def _histogram(self, a: int, b: int) -> None:
+        edges = np.arange(HIST_BINS + 1, dtype=np.int64) * HIST_BIN_TOKENS
+        edges[-1] = np.iinfo(np.int64).max
+        lo = np.maximum(edges[:-1], a)
+        hi = np.minimum(edges[1:], b)
+        self.hist += np.maximum(0, hi - lo)
+
+    def prefill_units(self, req: Any, units: Units) -> None:
+        req.record.prefill_units += units.total
+        req.record.attention_units += units.attention
+
+    def first_token(self, req: Any, now: float) -> None:
+        rec = req.record
+        rec.first_token_s = now
+        rec.ttft_s = now - req.arrival
+
+    def close(self, req: Any, now: float) -> None:
+        rec = req.record
+        rec.end_s = now
+        rec.decoded_tokens = max(0, req.generated - 1)
+
+    def drop(self, req: Any, now: float) -> None:
+        rec = req.record or self._record(req)
+        if req.record is None:
+            self.records.append(rec)
+        rec.dropped = True
+        rec.end_s = now
+        self.counters["dropped"] += 1
+
+    def retracted(self, req: Any) -> None:
+        req.record.retractions += 1
+        self.counters["retractions"] += 1
+
+    def aborted(self, req: Any) -> None:
+        self.counters["aborted"] += 1
+
+    def evicted(self, res: Any) -> None:
+        if res.freed_blocks:
+            self.counters["evictions"] += 1
+            self.counters["evicted_blocks"] += res.freed_blocks
+            self.counters["holes_made_blocks"] += getattr(res, "holes_made", 0)
+
+    def batch(self, seconds: float, n: int) -> None:
+        self.counters["prefill_batches"] += 1
+        self.counters["prefill_seconds"] += seconds
+
+    def decode(self, seconds: float, steps: int) -> None:
+        self.counters["decode_events"] += 1
+        self.counters["decode_steps"] += steps
+        self.counters["decode_seconds"] += seconds
+
+    def session_started(self, s: int, now: float) -> None:
+        self.session_start[s] = now
+
+    def session_ended(self, s: int, now: float) -> None:
+        self.session_end[s] = now
+
+    # --- results ------------------------------------------------------------------------
+    def table(self) -> pd.DataFrame:
+        df = pd.DataFrame([asdict(r) for r in self.records])
+        if df.empty:
+            df = pd.DataFrame(columns=list(RequestRecord.__dataclass_fields__))
+        return df.sort_values(["send_s", "request"], kind="stable").reset_index(drop=True)
+
+    def summary(self, sim_end: float, block_size: int) -> dict[str, Any]:
+        df = self.table()
+        ok = df[~df["dropped"].astype(bool)] if len(df) else df
+        ttft = ok["ttft_s"].to_numpy(dtype=float) if len(ok) else np.array([])
+        ttft = ttft[np.isfinite(ttft)]
+        jct = np.array([self.session_end[s] - self.session_start[s]
+                        for s in sorted(self.session_end) if s in self.session_start])
+        prompt = float(ok["prompt_tokens"].sum()) if len(ok) else 0.0
+        recomputed = ok["recomputed_tokens"].to_numpy(dtype=float) if len(ok) else np.array([])
+        lost = ok["private_lost"].to_numpy(dtype=float) if len(ok) else np.array([])
+        rec_units = ok["recompute_units"].to_numpy(dtype=float) if len(ok) else np.array([])
+
+        def pct(q: float) -> float:
+            return float(np.percentile(ttft, q)) if ttft.size else math.nan
+
+        share_tokens = (float(recomputed[lost >= LOST_THRESHOLD].sum() / recomputed.sum())
+                        if recomputed.sum() else math.nan)
+        share_units = (float(rec_units[lost >= LOST_THRESHOLD].sum() / rec_units.sum())
+                       if rec_units.sum() else math.nan)
+        c = self.counters
+        return {
+            "requests": len(ok),
+            "sessions": len(jct),
+            "dropped_requests": int(c["dropped"]),
+            "ttft_mean_s": float(ttft.mean()) if ttft.size else math.nan,
+            "ttft_p50_s": pct(50),
+            "ttft_p90_s": pct(90),
+            "ttft_p99_s": pct(99),
+            "jct_mean_s": float(jct.mean()) if jct.size else math.nan,
+            "queue_wait_mean_s": float(ok["queue_wait_s"].mean()) if len(ok) else math.nan,
+            "hit_rate": float(ok["hit_gpu_tokens"].sum() / prompt) if prompt else math.nan,
+            "ideal_hit_rate": float(ok["ideal_hit_tokens"].sum() / prompt) if prompt else math.nan,
+            "prompt_tokens": int(prompt),
+            "recomputed_tokens": int(recomputed.sum()),
+            "hole_tokens": int(ok["hole_tokens"].sum()) if len(ok) else 0,
+            "new_tokens": int(ok["new_tokens"].sum()) if len(ok) else 0,
+            "recompute_units": float(rec_units.sum()),
+            "prefill_units": float(ok["prefill_units"].sum()) if len(ok) else 0.0,
+            "decoded_tokens": int(ok["decoded_tokens"].sum()) if len(ok) else 0,
+            "loaded_cpu_tokens": int(ok["loaded_cpu_tokens"].sum()) if len(ok) else 0,
+            "recompute_share_lost90_tokens": share_tokens,
+            "recompute_share_lost90_units": share_units,
+            "evictions": int(c["evictions"]),
+            "evicted_tokens": int(c["evicted_blocks"]) * block_size,
+            "holes_made_tokens": int(c["holes_made_blocks"]) * block_size,
+            "retractions": int(c["retractions"]),
+            "aborted": int(c["aborted"]),
+            "bytes_h2d": int(c["bytes_h2d"]),
+            "bytes_d2h": int(c["bytes_d2h"]),
+            "prefill_batches": int(c["prefill_batches"]),
+            "prefill_busy_s": float(c["prefill_seconds"]),
+            "decode_events": int(c["decode_events"]),
+            "decode_steps": int(c["decode_steps"]),
+            "decode_busy_s": float(c["decode_seconds"]),
+            "sim_end_s": float(sim_end),
+            "recompute_position_hist": {
+                "bin_tokens": HIST_BIN_TOKENS, "tokens": self.hist.tolist()},
+        }

@@ -1,0 +1,102 @@
+"""Traffic: session processes that send a trace's requests to the server.
+
+Closed loop (the paper's replay): ``N`` top-level sessions run at once; when one ends the next
+in trace order starts. Within a session each request is sent after the previous reply plus its
+gap (the run's gap model). A sub-agent starts ``start_offset_s`` after the reply of the parent
+request it follows and runs concurrently; the parent's next request waits for every sub-agent
+spawned before it. Open loop: every request is sent at its recorded send time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Generator
+
+import numpy as np
+import simpy
+
+from sim.engine import Req, Server
+
+
+class Replay:
+    def __init__(self, env: simpy.Environment, trace, server: Server, gaps: np.ndarray,
+                 sessions: int) -> None:
+        self.env, self.trace, self.server, self.gaps = env, trace, server, gaps
+        self.n = sessions
+        self.children: dict[int, list[int]] = {}  # parent request index -> sub-agent sessions
+        self.top: list[int] = []
+        for i, s in enumerate(trace.sessions):
+            if s.parent < 0:
+                self.top.append(i)
+            else:
+                self.children.setdefault(s.after_request, []).append(i)
+
+    def _req(self, r: int) -> Req:
+        t = self.trace
+        s = int(t.session[r])
+        return Req(rid=r, session=s, arrival=self.env.now, seq=0,
+                   prompt_tokens=int(t.prompt_tokens[r]), output_tokens=max(1, int(
+                       t.output_tokens[r])), ids=t.block_ids(r), done=self.env.event(),
+                   shared_blocks=t.sessions[s].shared_prefix_blocks)
+
+    def session(self, s: int, delay: float = 0.0) -> Generator:
+        env, rec = self.env, self.server.rec
+        if delay > 0:
+            yield env.timeout(delay)
+        sess = self.trace.sessions[s]
+        rec.session_started(s, env.now)
+        pending: list[simpy.Process] = [env.process(self.session(c, self.trace.sessions[c]
+                                                                  .start_offset_s))
+                                        for c in self.children.get(-1, []) if
+                                        self.trace.sessions[c].parent == s]
+        for k in range(sess.count):
+            r = sess.first + k
+            if pending:
+                yield env.all_of(pending)
+                pending = []
+            gap = float(self.gaps[r]) if k > 0 else 0.0
+            if gap > 0 and math.isfinite(gap):
+                yield env.timeout(gap)
+            req = self._req(r)
+            self.server.submit(req)
+            yield req.done
+            pending = [env.process(self.session(c, self.trace.sessions[c].start_offset_s))
+                       for c in self.children.get(r, [])]
+        if pending:
+            yield env.all_of(pending)
+        rec.session_ended(s, env.now)
+
+    def closed_loop(self) -> Generator:
+        """Keep ``n`` top-level sessions running; start the next as one ends."""
+        env = self.env
+        queue = list(self.top)
+        active: list[simpy.Process] = []
+        while queue or active:
+            while queue and len(active) < self.n:
+                active.append(env.process(self.session(queue.pop(0))))
+            yield env.any_of(active)
+            active = [p for p in active if not p.triggered]
+
+    def open_loop(self) -> Generator:
+        """Send every request at its recorded time (no waiting for replies)."""
+        env, t = self.env, self.trace
+        times = np.nan_to_num(t.send_time_s, nan=0.0)
+        order = np.argsort(times, kind="stable")
+        t0 = float(times[order[0]]) if len(order) else 0.0
+        seen: set[int] = set()
+        for r in order.tolist():
+            due = float(times[r]) - t0
+            if due > env.now:
+                yield env.timeout(due - env.now)
+            s = int(t.session[r])
+            if s not in seen:
+                seen.add(s)
+                self.server.rec.session_started(s, env.now)
+            req = self._req(r)
+            self.server.submit(req)
+            env.process(self._await_end(req, s))
+
+    def _await_end(self, req: Req, s: int) -> Generator:
+        yield req.done
+        self.server.rec.session_ended(s, max(self.env.now, self.server.rec.session_end.get(
+            s, 0.0)))

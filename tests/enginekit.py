@@ -1,0 +1,61 @@
+"""A tiny hand-built trace with the ``traces.Trace`` interface, for engine tests whose
+expected numbers are computed by hand from the cost model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class KitSession:
+    id: str
+    first: int
+    count: int
+    parent: int = -1
+    after_request: int = -1
+    start_offset_s: float = 0.0
+    shared_prefix_blocks: int = 0
+
+
+class KitTrace:
+    """Sessions of requests given as (prompt_tokens, output_tokens, gap_s). Each session's
+    prompt ``k`` extends prompt ``k-1`` (append-only); ids are unique per session, so sessions
+    share nothing unless ``shared_blocks`` gives them a common prefix."""
+
+    name = "kit"
+    block_size = 64
+
+    def __init__(self, sessions: list[list[tuple[int, int, float]]], shared_blocks: int = 0):
+        self.sessions: list[KitSession] = []
+        rows = []
+        for s, reqs in enumerate(sessions):
+            self.sessions.append(KitSession(f"s{s}", len(rows), len(reqs),
+                                            shared_prefix_blocks=shared_blocks))
+            rows += [(s, *r) for r in reqs]
+        self.session = np.array([r[0] for r in rows], dtype=np.int32)
+        self.prompt_tokens = np.array([r[1] for r in rows], dtype=np.int64)
+        self.output_tokens = np.array([r[2] for r in rows], dtype=np.int64)
+        self.gap_s = np.array([r[3] for r in rows], dtype=np.float64)
+        self.send_time_s = np.cumsum(self.gap_s)
+        self.shared_blocks = shared_blocks
+
+    def __len__(self) -> int:
+        return len(self.session)
+
+    def _ids(self, s: int, n: int) -> np.ndarray:
+        ids = np.arange(n, dtype=np.int64) + 1_000_000 * (s + 1)
+        k = min(n, self.shared_blocks)
+        ids[:k] = np.arange(k)
+        return ids
+
+    def block_ids(self, r: int) -> np.ndarray:
+        return self._ids(int(self.session[r]), int(self.prompt_tokens[r]) // 64)
+
+    def finish_block_ids(self, r: int) -> np.ndarray:
+        n = (int(self.prompt_tokens[r]) + int(self.output_tokens[r]) - 1) // 64
+        return self._ids(int(self.session[r]), n)
+
+    def gaps(self, model: str) -> np.ndarray:
+        return self.gap_s.copy()

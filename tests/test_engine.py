@@ -1,0 +1,124 @@
+"""Engine tests with hand-computed expectations from the cost model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from costmodel.profile import load_profile
+from costmodel.specs import get_spec
+from costmodel.units import range_units, ranges_units
+from sim.config import RunConfig
+from sim.runner import run
+from tests.enginekit import KitTrace
+
+SPEC = get_spec("qwen3-8b")
+PROF = load_profile("h100-qwen3-8b")
+
+
+def cfg(**kw) -> RunConfig:
+    base = dict(gpu_cache=1 << 20, sessions=4, scheduler="lpm", max_new_tokens=64,
+                debug_cache=True)
+    base.update(kw)
+    preset = base.pop("preset", "penelope")
+    return RunConfig(**base).with_preset(preset)
+
+
+def prefill(*ranges: tuple[int, int]) -> float:
+    return PROF.prefill_seconds(ranges_units(SPEC, ranges))
+
+
+def test_one_session_alone_ttft_is_its_prefill() -> None:
+    res = run(cfg(), KitTrace([[(4000, 1, 0.0)]]))
+    row = res.requests.iloc[0]
+    assert row.ttft_s == pytest.approx(prefill((0, 4000)), rel=1e-12)
+    assert row.end_s == pytest.approx(row.ttft_s)  # one output token: done at prefill
+    assert row.hit_gpu_tokens == 0 and row.new_tokens == 4000
+
+
+def test_decode_time_is_closed_form() -> None:
+    res = run(cfg(), KitTrace([[(4000, 101, 0.0)]]))
+    row = res.requests.iloc[0]
+    decode = PROF.decode_run_seconds(1, 4000, 100)
+    assert row.end_s == pytest.approx(prefill((0, 4000)) + decode, rel=1e-12)
+    assert row.decoded_tokens == 100
+    # Events do not scale with output tokens: one decode event for 100 steps.
+    assert res.summary["decode_events"] == 1 and res.summary["decode_steps"] == 100
+
+
+def test_second_turn_reuses_history_after_gap() -> None:
+    # Turn 2 extends turn 1 (4000 prompt + 200 output) to 6000 tokens after a 5 s gap.
+    res = run(cfg(), KitTrace([[(4000, 200, 0.0), (6000, 1, 5.0)]]))
+    r1, r2 = res.requests.iloc[0], res.requests.iloc[1]
+    assert r2.send_s == pytest.approx(r1.end_s + 5.0)
+    cached = (4000 + 200 - 1) // 64 * 64  # SGLang inserts prompt + output minus one token
+    assert r2.hit_gpu_tokens == cached
+    assert r2.ttft_s == pytest.approx(prefill((cached, 6000)), rel=1e-12)
+    assert res.summary["jct_mean_s"] == pytest.approx(r2.end_s)
+
+
+def test_chunked_prefill_prices_each_chunk() -> None:
+    res = run(cfg(), KitTrace([[(20000, 1, 0.0)]]))
+    want = prefill((0, 8192)) + prefill((8192, 16384)) + prefill((16384, 20000))
+    assert res.requests.iloc[0].ttft_s == pytest.approx(want, rel=1e-12)
+    assert res.summary["prefill_batches"] == 3
+
+
+def test_two_sessions_share_one_batch() -> None:
+    res = run(cfg(), KitTrace([[(3000, 1, 0.0)], [(3000, 1, 0.0)]]))
+    both = PROF.prefill_seconds(range_units(SPEC, 0, 3000) + range_units(SPEC, 0, 3000))
+    assert list(res.requests.ttft_s) == pytest.approx([both, both], rel=1e-12)
+
+
+def test_two_sessions_contend_for_the_chunk_budget() -> None:
+    # 6000 + 6000 tokens > 8192: the second request is chunked after the first.
+    res = run(cfg(), KitTrace([[(6000, 1, 0.0)], [(6000, 1, 0.0)]]))
+    first = PROF.prefill_seconds(range_units(SPEC, 0, 6000) + range_units(SPEC, 0, 2176))
+    second = first + prefill((2176, 6000))
+    assert sorted(res.requests.ttft_s) == pytest.approx([first, second], rel=1e-12)
+
+
+def test_same_config_twice_is_identical() -> None:
+    trace = KitTrace([[(3000 + 700 * k, 50, 1.0) for k in range(6)] for _ in range(3)])
+    a = run(cfg(gpu_cache=16384, sessions=2), trace)
+    b = run(cfg(gpu_cache=16384, sessions=2), trace)
+    assert a.requests.equals(b.requests)
+    assert a.summary == b.summary
+    assert a.summary["evicted_tokens"] > 0
+
+
+@pytest.mark.parametrize("preset", ["sglang", "vllm", "penelope"])
+def test_pressure_runs_keep_invariants(preset: str) -> None:
+    trace = KitTrace([[(2000 + 900 * k, 300, 2.0) for k in range(8)] for _ in range(4)],
+                     shared_blocks=16)
+    res = run(cfg(gpu_cache=20000, sessions=3, preset=preset), trace)
+    s = res.summary
+    assert s["requests"] == len(trace)
+    assert 0 < s["hit_rate"] < s["ideal_hit_rate"] <= 1
+    df = res.requests
+    assert (df.hit_gpu_tokens + df.recomputed_tokens + df.new_tokens == df.prompt_tokens).all()
+    assert np.isfinite(df.ttft_s).all()
+
+
+def test_hole_is_restored_in_the_same_batch_as_the_new_tokens() -> None:
+    # A's history (62 blocks) is cached; B's second turn needs room while A waits, so
+    # penelope frees A's history from its FRONT (A has no shared prefix: the private head is
+    # the first node under the root). A's second turn then recomputes the hole (phantom) and
+    # its new tokens in ONE prefill batch, each at its original positions.
+    trace = KitTrace([[(4000, 1, 0.0), (6000, 1, 10.0)], [(100, 1, 0.0), (5000, 1, 1.0)]])
+    res = run(cfg(gpu_cache=8192, sessions=2), trace)
+    a2 = res.requests[(res.requests.session == "s0") & (res.requests.turn == 1)].iloc[0]
+    assert a2.hole_tokens > 0
+    assert a2.hit_gpu_tokens > 0  # the kept suffix behind the hole is reused
+    hole, kept = int(a2.hole_tokens), int(a2.hit_gpu_tokens)
+    assert hole + kept == 62 * 64
+    assert a2.ttft_s == pytest.approx(prefill((0, hole), (hole + kept, 6000)), rel=1e-12)
+    assert a2.recomputed_tokens == hole
+
+
+def test_sglang_evicts_the_tail_instead() -> None:
+    trace = KitTrace([[(4000, 1, 0.0), (6000, 1, 10.0)], [(100, 1, 0.0), (5000, 1, 1.0)]])
+    res = run(cfg(gpu_cache=8192, sessions=2, preset="sglang"), trace)
+    a2 = res.requests[(res.requests.session == "s0") & (res.requests.turn == 1)].iloc[0]
+    assert a2.hole_tokens == 0
+    assert a2.ttft_s == pytest.approx(prefill((int(a2.hit_gpu_tokens), 6000)), rel=1e-12)
