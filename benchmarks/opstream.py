@@ -6,7 +6,9 @@ ARRIVE r   the scheduler admits request r: match its prompt (all full blocks of 
            in-1 tokens, as SGLang caps a hit at len-1) and lock the matched node.
 ALLOC r    allocate r's KV: need = ceil((in+out-1)/bs) blocks (the prompt plus every decoded
            token that gets KV) minus the hit. If free < need, evict the shortfall first (SGLang's
-           evict_to_free_tokens); if still short, r is aborted (holds nothing, inserts nothing).
+           evict_to_free_tokens); if free + evictable < need, nothing is evicted and r is
+           aborted (SGLang's admission check would keep it waiting): it holds nothing and
+           inserts nothing.
 FINISH r   insert the full blocks of the first in+out-1 tokens (cache_finished_req), free the
            request's own copies of blocks someone else inserted since its arrival (duplicates:
            blocks [hit, already-present)), unlock the arrival node, release the allocation.
@@ -204,7 +206,7 @@ def random_stream(
     running: list[int] = []
     allocated: set[int] = set()
     session_busy: set[int] = set()
-    max_prompt = max(2, capacity_blocks * 3 // 4) * block_size
+    max_prompt = max(2, capacity_blocks // 2) * block_size
 
     def new_request(s: int) -> Request:
         r = rng.random()
@@ -467,12 +469,14 @@ class SglangSide:
         st = self._running[rid]
         n = need - st[1]
         shortfall = n - self.free_blocks
+        if shortfall > self.ref.evictable_blocks:
+            # SGLang's admission check (free + evictable) turns the request away before any
+            # eviction; here it is aborted.
+            st[2] = -1
+            return False, np.empty(0, np.int64)
         if shortfall > 0:
             self.ref.evict(shortfall)
         freed = self.ref.allocator.take_freed()
-        if self.free_blocks < n:
-            st[2] = -1  # aborted
-            return False, freed
         self.reserved += n
         st[2] = n
         return True, freed

@@ -24,12 +24,13 @@ freed index maps back to its block id by `index // block_size`.
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib
 import importlib.util
 import sys
 import types
 from array import array
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -171,6 +172,25 @@ def sglang_available() -> bool:
     except (SglangUnavailable, ImportError):
         return False
     return True
+
+
+@contextlib.contextmanager
+def torch_single_thread() -> Iterator[None]:
+    """Run torch on one CPU thread inside the block (restored after).
+
+    The tree clones KV-index tensors on insert and split. On CPU, torch's default intra-op
+    thread pool makes each small clone ~100x slower on a busy 2-core machine (20 ms instead of
+    0.1 ms, measured); one thread is SGLang's fastest CPU configuration, so speed comparisons
+    and tests use it.
+    """
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 class RecordingAllocator:
