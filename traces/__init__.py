@@ -1,0 +1,11 @@
+"""Traces: one canonical in-memory Trace, loaders per format, synthetic generators, stats.
+
+Depends on nothing else of ours. See docs/traces.md.
+"""
+
+from .errors import OptionError, TraceFormatError
+from .load import FORMATS, detect_format, load_trace
+from .model import GAP_KINDS, KIND_NAMES, Session, Trace, parse_gap_model
+
+__all__ = ["FORMATS", "GAP_KINDS", "KIND_NAMES", "OptionError", "Session", "Trace",
+           "TraceFormatError", "detect_format", "load_trace", "parse_gap_model"]

@@ -1,0 +1,153 @@
+"""``kvsim trace stats``: characterize a trace; ``--compare`` shows two side by side.
+
+``trace_options`` is the shared set of trace-reading options (every command that reads a trace
+uses it) and ``load_from_options`` turns their values into a ``Trace``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import click
+from rich.table import Table
+
+from traces import FORMATS, load_trace, parse_gap_model
+
+from .common import SIZE, console, emit_json, parse_size
+
+
+def _shared_prefix(ctx: Any, param: Any, value: str | None) -> int | str | None:
+    if value is None or value == "auto":
+        return value
+    return parse_size(value, "--shared-prefix")
+
+
+def _gap_model(ctx: Any, param: Any, value: str) -> str:
+    try:
+        parse_gap_model(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+    return value
+
+
+TRACE_OPTIONS: list[Callable] = [
+    click.option("--format", "trace_format", type=click.Choice(FORMATS), default=None,
+                 help="Trace format (default: detected)."),
+    click.option("--block-size", type=int, default=64, show_default=True,
+                 help="The cache's block size in tokens; other trace block sizes are mapped."),
+    click.option("--shared-prefix", default=None, callback=_shared_prefix,
+                 metavar="auto|TOKENS",
+                 help="The first N tokens of every session become one prefix shared across "
+                      "sessions (auto = system + tool tokens of each session)."),
+    click.option("--max-context", type=SIZE, default=None,
+                 help="A session ends before its first request with a prompt over this."),
+    click.option("--select", default=None, metavar="top-requests:K|first:K",
+                 help="Keep the K sessions with most requests after the cut (ties: trace "
+                      "order), or the first K."),
+    click.option("--gaps", "gap_model", default="recorded", show_default=True,
+                 callback=_gap_model, metavar="recorded|tool|cap:S|scale:F",
+                 help="Client wait model: every recorded wait, tool waits only, recorded "
+                      "waits capped at S seconds, or multiplied by F."),
+    click.option("--lenient", is_flag=True, help="Skip bad records and report how many."),
+    click.option("--seed", type=int, default=0, show_default=True,
+                 help="Seed of synthetic generators."),
+    click.option("--cache-dir", default=None, type=click.Path(file_okay=False),
+                 help="Keep an npz copy of each loaded trace here for fast reloads."),
+]
+
+
+def trace_options(f: Callable) -> Callable:
+    """Decorate a click command with the shared trace-reading options."""
+    for opt in reversed(TRACE_OPTIONS):
+        f = opt(f)
+    return f
+
+
+def load_from_options(spec: str | list[str], trace_format: str | None, block_size: int,
+                      shared_prefix: int | str | None, max_context: int | None,
+                      select: str | None, lenient: bool, seed: int,
+                      cache_dir: str | None = None, **_: Any) -> Any:
+    return load_trace(spec, format=trace_format, block_size=block_size,
+                      shared_prefix=shared_prefix, max_context=max_context, select=select,
+                      seed=seed, lenient=lenient, cache_dir=cache_dir)
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        if abs(v) < 1 and v != 0:
+            return f"{v:.4f}"
+        return f"{v:,.1f}" if v != int(v) else f"{int(v):,}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return str(v)
+
+
+ROWS: list[tuple[str, tuple[str, ...]]] = [
+    ("sessions", ("sessions",)),
+    ("main-agent requests", ("requests",)),
+    ("sub-agent sessions", ("subagent_sessions",)),
+    ("sub-agent requests", ("subagent_requests",)),
+    ("skipped records", ("skipped",)),
+    ("prompt tokens median", ("prompt_tokens", "median")),
+    ("prompt tokens p90", ("prompt_tokens", "p90")),
+    ("prompt tokens max", ("prompt_tokens", "max")),
+    ("first prompt median", ("first_prompt_tokens_median",)),
+    ("output tokens median", ("output_tokens", "median")),
+    ("append-only fraction", ("append_only_fraction",)),
+    ("shrink fraction", ("shrink_fraction",)),
+    ("append tokens median", ("append_tokens_median",)),
+    ("infinite-cache block hit rate", ("infinite_cache_block_hit_rate",)),
+    ("shared prefix tokens (median)", ("shared_prefix", "tokens_median")),
+    ("system+tool tokens (median)", ("shared_prefix", "prefix_hint_tokens_median")),
+    ("tool gap median (s)", ("gap_s", "tool_median")),
+    ("human gap median (s)", ("gap_s", "human_median")),
+    ("tool-gap fraction", ("gap_s", "tool_fraction")),
+    ("requests/session median", ("requests_per_session", "median")),
+    ("requests/session mean", ("requests_per_session", "mean")),
+    ("requests/session max", ("requests_per_session", "max")),
+    ("session duration median (s)", ("session_duration_s_median",)),
+    ("distinct blocks", ("distinct_blocks",)),
+    ("block references", ("block_references",)),
+]
+
+
+def _get(d: dict, path: tuple[str, ...]) -> Any:
+    for k in path:
+        d = d.get(k) if isinstance(d, dict) else None
+    return d
+
+
+@click.group("trace")
+def trace_cmd() -> None:
+    """Trace tools: characterize real and synthetic traces."""
+
+
+@trace_cmd.command("stats")
+@click.argument("paths", nargs=-1, required=True)
+@trace_options
+@click.option("--compare", "compare", default=None, metavar="PATH2",
+              help="A second trace (same options) printed side by side.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+def stats_cmd(paths: tuple[str, ...], compare: str | None, as_json: bool,
+              gap_model: str, **opts: Any) -> None:
+    """Sessions, requests, prompt/output sizes, append-only fraction, infinite-cache hit rate,
+    shared prefix, tool and human gaps of PATH (files, a folder, or synthetic:NAME)."""
+    from traces.stats import trace_stats
+
+    traces = [load_from_options(list(paths), **opts)]
+    if compare:
+        traces.append(load_from_options(compare, **opts))
+    docs = [trace_stats(t, gap_model=gap_model) for t in traces]
+    if as_json:
+        emit_json(docs[0] if len(docs) == 1 else {"traces": docs})
+        return
+    t = Table(title=f"kvsim trace stats (gaps: {gap_model})")
+    t.add_column("")
+    for d in docs:
+        t.add_column(f"{d['name']} ({d['format']})", justify="right")
+    for label, path in ROWS:
+        t.add_row(label, *[_fmt(_get(d, path)) for d in docs])
+    console().print(t)

@@ -1,0 +1,292 @@
+"""Assemble a ``Trace`` from sessions of requests, then apply the loading options.
+
+Loaders (and generators) open sessions and add requests with their full cache-block ids in an
+id *scope* (a cc-traces file, a Mooncake trace, a FreeInference week...). The builder keeps per
+request only the number of leading blocks shared with the previous request of the session and
+the new ids, so memory scales with distinct blocks. ``build`` then applies, in this order:
+
+1. ``max_context``: a session ends before its first request with ``prompt_tokens > max_context``
+   (sub-agents spawned after a removed request go too; a sub-agent's own requests are cut the
+   same way). On ../shared/data/cc-traces at 131,072 this leaves 12,530 main-agent requests.
+2. ``select``: ``top-requests:K`` keeps the K top-level sessions with the most requests after
+   the cut (ties: trace order), in trace order, with their sub-agents; ``first:K`` the first K.
+3. ``shared_prefix``: the first N tokens (``auto``: the session's system + tool-definition
+   tokens, where the trace records them) of every top-level session's first prompt become one
+   global chain of shared ids ``0 .. N/block_size - 1``; every other id is made global by
+   offsetting its scope. Sub-agents keep their own ids (their prompts differ from the parent's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import OptionError
+from .model import GAP_FIRST, Session, Trace
+
+_EMPTY = np.zeros(0, np.int64)
+
+
+@dataclass
+class _Open:
+    id: str
+    scope: int
+    parent: int
+    after_local: int
+    start_offset_s: float
+    agent_type: str
+    prefix_hint_tokens: int
+    prompt: list[int] = field(default_factory=list)
+    output: list[int] = field(default_factory=list)
+    send: list[float] = field(default_factory=list)
+    gap: list[float] = field(default_factory=list)
+    kind: list[int] = field(default_factory=list)
+    model: list[int] = field(default_factory=list)
+    kinds: list[int] = field(default_factory=list)
+    prefix: list[int] = field(default_factory=list)
+    new: list[np.ndarray] = field(default_factory=list)
+    last: np.ndarray | None = None
+
+
+def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    """Length of the common prefix of two id arrays (vectorized)."""
+    m = min(a.shape[0], b.shape[0])
+    if m == 0:
+        return 0
+    neq = a[:m] != b[:m]
+    i = int(np.argmax(neq))
+    return m if not neq[i] else i
+
+
+def sorted_unique(a: np.ndarray) -> np.ndarray:
+    """Sorted distinct values (np.unique's hash path is slow on millions of int64)."""
+    a = np.sort(a)
+    if a.shape[0] < 2:
+        return a
+    keep = np.empty(a.shape[0], bool)
+    keep[0] = True
+    np.not_equal(a[1:], a[:-1], out=keep[1:])
+    return a[keep]
+
+
+def parse_select(select: str | None) -> tuple[str, int] | None:
+    if select is None or select == "":
+        return None
+    kind, sep, arg = str(select).partition(":")
+    if sep and kind in ("top-requests", "first") and arg.isdigit() and int(arg) > 0:
+        return kind, int(arg)
+    raise OptionError(f"bad --select {select!r}: expected top-requests:K or first:K (K >= 1)")
+
+
+class TraceBuilder:
+    def __init__(self, name: str, format: str, source: str, block_size: int):
+        if not isinstance(block_size, int) or block_size < 1:
+            raise OptionError(f"block size must be a positive integer, got {block_size!r}")
+        self.name, self.format, self.source, self.block_size = name, format, source, block_size
+        self.skipped = 0
+        self._sessions: list[_Open] = []
+        self._models: dict[str, int] = {}
+
+    # -- input ------------------------------------------------------------------------------
+    def open_session(self, id: str, *, scope: int = 0, parent: int = -1, after_local: int = -1,
+                     start_offset_s: float = 0.0, agent_type: str = "",
+                     prefix_hint_tokens: int = 0) -> int:
+        """A new session; ``after_local`` is the parent's local request index after whose reply
+        a sub-agent starts (-1 = before its first request)."""
+        self._sessions.append(_Open(id, scope, parent, after_local, float(start_offset_s),
+                                    agent_type, int(prefix_hint_tokens)))
+        return len(self._sessions) - 1
+
+    def n_requests(self, h: int) -> int:
+        return len(self._sessions[h].prompt)
+
+    def add(self, h: int, *, prompt: int, output: int, ids: np.ndarray, send_time_s: float,
+            gap_s: float, gap_kind: int, model: str = "", kinds: int = 0) -> None:
+        """Append a request; ``ids`` are its full-block ids in the session's scope."""
+        s = self._sessions[h]
+        if ids.shape[0] != prompt // self.block_size:
+            raise ValueError("ids must have prompt // block_size entries")
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        k = 0 if s.last is None else common_prefix(s.last, ids)
+        s.prefix.append(k)
+        s.new.append(ids[k:].copy() if k else ids)
+        s.last = ids
+        s.prompt.append(int(prompt))
+        s.output.append(int(output))
+        s.send.append(float(send_time_s))
+        s.gap.append(0.0 if not s.kind else max(0.0, float(gap_s)))
+        s.kind.append(GAP_FIRST if not s.kind else int(gap_kind))
+        s.model.append(self._models.setdefault(model, len(self._models)))
+        s.kinds.append(int(kinds))
+
+    def close(self, h: int) -> None:
+        """Done with a session: drop its last prompt's ids (memory)."""
+        self._sessions[h].last = None
+
+    # -- output -----------------------------------------------------------------------------
+    def build(self, *, shared_prefix: int | str | None = None, max_context: int | None = None,
+              select: str | None = None, options: dict | None = None) -> Trace:
+        bs = self.block_size
+        sel = parse_select(select)
+        ss = self._sessions
+        # 1. the context cut
+        keep_n = []
+        for s in ss:
+            n = len(s.prompt)
+            if max_context is not None:
+                over = np.flatnonzero(np.asarray(s.prompt, np.int64) > int(max_context))
+                if over.size:
+                    n = int(over[0])
+            keep_n.append(n)
+        alive = [False] * len(ss)
+        for i, s in enumerate(ss):  # parents are opened before their sub-agents
+            if keep_n[i] == 0:
+                continue
+            if s.parent < 0:
+                alive[i] = True
+            else:
+                alive[i] = alive[s.parent] and s.after_local < keep_n[s.parent]
+        # 2. selection among top-level sessions
+        tops = [i for i, s in enumerate(ss) if s.parent < 0 and alive[i]]
+        if sel is not None:
+            kind, k = sel
+            if kind == "top-requests":
+                ranked = sorted(tops, key=lambda i: (-keep_n[i], i))[:k]
+            else:
+                ranked = tops[:k]
+            chosen = set(ranked)
+            for i, s in enumerate(ss):
+                if s.parent < 0:
+                    alive[i] = i in chosen
+                else:
+                    alive[i] = alive[i] and alive[s.parent]
+            tops = [i for i in tops if i in chosen]
+        subs = [i for i, s in enumerate(ss) if s.parent >= 0 and alive[i]]
+        order = tops + subs
+        new_index = {old: j for j, old in enumerate(order)}
+
+        # 3. shared prefix and global ids
+        want: dict[int, int] = {}
+        if shared_prefix is not None:
+            for i in tops:
+                s = ss[i]
+                if shared_prefix == "auto":
+                    n_tok = s.prefix_hint_tokens
+                elif isinstance(shared_prefix, int) and shared_prefix >= 0:
+                    n_tok = shared_prefix
+                else:
+                    raise OptionError(f"bad shared prefix {shared_prefix!r}: expected auto or "
+                                      "a number of tokens")
+                want[i] = min(n_tok // bs, s.prompt[0] // bs)
+        s_max = max(want.values(), default=0)
+        mapped: dict[int, np.ndarray] = {}  # session -> its new ids, concatenated, global
+        offset = s_max
+        by_scope: dict[int, list[int]] = {}
+        for i in order:
+            by_scope.setdefault(ss[i].scope, []).append(i)
+        for _scope, members in by_scope.items():
+            cat = {i: (np.concatenate(ss[i].new[:keep_n[i]]) if keep_n[i] else _EMPTY)
+                   for i in members}
+            uniq = sorted_unique(np.concatenate(list(cat.values()))) if cat else _EMPTY
+            keys = [ss[i].new[0][:want[i]] for i in members if want.get(i, 0) > 0]
+            if keys:
+                kv = np.concatenate(keys)
+                kpos = np.concatenate([np.arange(k.shape[0], dtype=np.int64) for k in keys])
+                kv, first = np.unique(kv, return_index=True)
+                kpos = kpos[first]
+            for i in members:
+                a = cat[i]
+                g = offset + np.searchsorted(uniq, a)
+                if keys:
+                    j = np.searchsorted(kv, a)
+                    j[j >= kv.shape[0]] = 0
+                    hit = kv[j] == a if kv.shape[0] else np.zeros(a.shape, bool)
+                    g = np.where(hit, kpos[j], g)
+                mapped[i] = g.astype(np.int64, copy=False)
+            offset += int(uniq.shape[0])
+
+        # 4. columns, sessions and the compact id store
+        counts = [keep_n[i] for i in order]
+        firsts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
+        R = int(firsts[-1])
+
+        def col(name: str, dtype: type) -> np.ndarray:
+            out = np.empty(R, dtype)
+            for j, i in enumerate(order):
+                out[firsts[j]:firsts[j + 1]] = getattr(ss[i], name)[:keep_n[i]]
+            return out
+
+        prompt = col("prompt", np.int64)
+        prefix = col("prefix", np.int32)
+        sessions = []
+        for j, i in enumerate(order):
+            s = ss[i]
+            parent = new_index[s.parent] if s.parent >= 0 else -1
+            after = -1
+            if parent >= 0 and s.after_local >= 0:
+                after = int(firsts[parent]) + s.after_local
+            sessions.append(Session(
+                id=s.id, first=int(firsts[j]), count=counts[j], parent=parent,
+                after_request=after, start_offset_s=s.start_offset_s,
+                shared_prefix_blocks=want.get(i, 0), agent_type=s.agent_type,
+                prefix_hint_tokens=s.prefix_hint_tokens))
+        new_len = np.empty(R, np.int64)
+        for j, i in enumerate(order):
+            new_len[firsts[j]:firsts[j + 1]] = [a.shape[0] for a in ss[i].new[:keep_n[i]]]
+        pool = (np.concatenate([mapped[i] for i in order]) if order else _EMPTY)
+        pool.setflags(write=False)
+        new_start = np.concatenate([[0], np.cumsum(new_len)])[:-1] if R else _EMPTY
+        seg_ptr, seg_start, seg_len = _segments(firsts, prefix, new_start, new_len)
+        output = col("output", np.int64)
+        n_p = prompt // bs
+        n_f = np.maximum(n_p, (prompt + output - 1) // bs)
+        out_ptr = np.concatenate([[0], np.cumsum(n_f - n_p)]).astype(np.int64)
+        session_col = np.repeat(np.arange(len(order), dtype=np.int32), counts)
+        opts = {"block_size": bs, "shared_prefix": shared_prefix, "max_context": max_context,
+                "select": select}
+        opts.update(options or {})
+        opts["skipped"] = self.skipped
+        return Trace(
+            name=self.name, block_size=bs, format=self.format, source=self.source,
+            sessions=sessions, session=session_col, prompt_tokens=prompt, output_tokens=output,
+            send_time_s=col("send", np.float64), gap_s=col("gap", np.float64),
+            gap_kind=col("kind", np.int8), model=col("model", np.int16),
+            models=list(self._models), input_kinds=col("kinds", np.uint16),
+            prefix_blocks=prefix, skipped=self.skipped, options=opts, _pool=pool,
+            _seg_ptr=seg_ptr, _seg_start=seg_start, _seg_len=seg_len,
+            _fresh_base=int(offset), _out_ptr=out_ptr)
+
+
+def _segments(firsts: np.ndarray, prefix: np.ndarray, new_start: np.ndarray,
+              new_len: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per request, the pool segments whose concatenation is its prompt's ids.
+
+    Request r = the first ``prefix[r]`` blocks of r-1 (same session) + its new ids. New ids
+    are appended to the pool in request order, so an append-only chain stays ONE segment."""
+    ptr = [0]
+    starts: list[int] = []
+    lens: list[int] = []
+    for j in range(len(firsts) - 1):
+        prev: list[list[int]] = []
+        for r in range(int(firsts[j]), int(firsts[j + 1])):
+            k = int(prefix[r])
+            cur: list[list[int]] = []
+            for s, n in prev:
+                if k <= 0:
+                    break
+                cur.append([s, min(n, k)])
+                k -= n
+            ns, nl = int(new_start[r]), int(new_len[r])
+            if nl:
+                if cur and cur[-1][0] + cur[-1][1] == ns:
+                    cur[-1][1] += nl
+                else:
+                    cur.append([ns, nl])
+            for s, n in cur:
+                starts.append(s)
+                lens.append(n)
+            ptr.append(len(starts))
+            prev = cur
+    return (np.asarray(ptr, np.int64), np.asarray(starts, np.int64),
+            np.asarray(lens, np.int64))

@@ -1,0 +1,156 @@
+"""``load_trace``: one entry point for every format, generator and loading option."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+from .builder import TraceBuilder, parse_select
+from .errors import OptionError, TraceFormatError
+from .files import strip_gz
+from .model import Trace
+
+FORMATS = ("cc-traces", "mooncake", "tracelab", "tracelab-duckdb", "freeinference")
+
+
+def load_trace(spec: str | list[str], format: str | None = None, block_size: int = 64,
+               shared_prefix: int | str | None = None, max_context: int | None = None,
+               select: str | None = None, seed: int = 0, lenient: bool = False,
+               cache_dir: str | None = None) -> Trace:
+    """Load a trace file/folder (or several), or generate ``synthetic:NAME[?k=v&...]``.
+
+    format: cc-traces | mooncake | tracelab | tracelab-duckdb | freeinference (None = detect).
+    block_size: the cache's block size; other trace block sizes are mapped onto it.
+    shared_prefix: tokens, or "auto" (system + tool tokens of each session), None = no sharing.
+    max_context: a session ends before its first request with prompt_tokens > max_context.
+    select: "top-requests:K" (the K sessions with most requests after the cut) or "first:K".
+    seed: synthetic generators only. lenient: skip bad records, count them in trace.skipped.
+    cache_dir: reuse/write an npz copy of the loaded trace there (see traces.cache).
+    """
+    specs = [spec] if isinstance(spec, str | Path) else list(spec)
+    if not specs:
+        raise OptionError("no trace given")
+    specs = [str(s) for s in specs]
+    if shared_prefix is not None and shared_prefix != "auto" and (
+            isinstance(shared_prefix, bool) or not isinstance(shared_prefix, int)
+            or shared_prefix < 0):
+        raise OptionError(f"bad shared prefix {shared_prefix!r}: expected auto or tokens")
+    if max_context is not None and (not isinstance(max_context, int) or max_context < 1):
+        raise OptionError(f"bad max context {max_context!r}: expected a positive token count")
+    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
+        raise OptionError(f"bad block size {block_size!r}: expected a positive integer")
+    parse_select(select)
+    build = {"shared_prefix": shared_prefix, "max_context": max_context, "select": select}
+    if specs[0].startswith("synthetic:"):
+        if len(specs) > 1:
+            raise OptionError("a synthetic trace cannot be combined with files")
+        from .synthetic import generate
+
+        return generate(specs[0], block_size=block_size, seed=seed, build=build)
+    fmt = format or detect_format(specs)
+    if fmt not in FORMATS:
+        raise OptionError(f"unknown trace format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    if cache_dir is not None:
+        from .cache import cached_load
+
+        return cached_load(specs, fmt, block_size, build, lenient, cache_dir)
+    return _load_files(specs, fmt, block_size, build, lenient)
+
+
+def _load_files(specs: list[str], fmt: str, block_size: int, build: dict,
+                lenient: bool) -> Trace:
+    name = Path(specs[0].rstrip("/")).name + (f"+{len(specs) - 1}" if len(specs) > 1 else "")
+    b = TraceBuilder(name=name, format=fmt, source=";".join(specs), block_size=block_size)
+    if fmt == "cc-traces":
+        from .cctraces import load_cc_traces
+
+        load_cc_traces(specs, b, lenient)
+    elif fmt == "mooncake":
+        from .mooncake import load_mooncake
+
+        load_mooncake(specs, b, lenient)
+    elif fmt == "tracelab":
+        from .tracelab import load_tracelab_jsonl
+
+        load_tracelab_jsonl(specs, b, lenient)
+    elif fmt == "tracelab-duckdb":
+        from .tracelab import load_tracelab_duckdb
+
+        load_tracelab_duckdb(specs, b, lenient)
+    else:
+        from .freeinference import load_freeinference
+
+        load_freeinference(specs, b, lenient)
+    trace = b.build(**build, options={"format": fmt, "lenient": lenient})
+    if len(trace) == 0:
+        raise TraceFormatError(";".join(specs), None, None,
+                               "no requests" + (" left after the options" if b._sessions
+                                                else ""))
+    return trace
+
+
+def _head(path: Path) -> bytes:
+    try:
+        if path.name.endswith(".gz"):
+            with gzip.open(path, "rb") as f:
+                return f.read(1 << 16)
+        with open(path, "rb") as f:
+            return f.read(1 << 16)
+    except (OSError, EOFError) as e:
+        raise TraceFormatError(str(path), None, None, f"cannot read: {e}") from None
+
+
+def _first_record_keys(path: Path) -> set[str]:
+    head = _head(path)
+    line = head.split(b"\n", 1)[0].strip() or head.strip()
+    try:
+        obj = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        # a long first line (cc-traces .json, wide sessions): look for key names instead
+        keys = set()
+        for k in ("hash_ids", "timestamp", "input_length", "round_index", "requests",
+                  "input_tokens_total", "session_id", "block_size", "hash_id_scope", "step",
+                  "block_ids"):
+            if f'"{k}"'.encode() in head:
+                keys.add(k)
+        return keys
+    return set(obj) if isinstance(obj, dict) else set()
+
+
+def detect_format(specs: list[str]) -> str:
+    """Guess the format from names and the first record's fields."""
+    p = Path(specs[0])
+    if p.is_dir():
+        names = {f.name for f in p.iterdir()}
+        if "requests.parquet" in names or "manifest.json" in names or (p / "traces").is_dir():
+            return "freeinference"
+        if any(n.endswith((".duckdb", ".db")) for n in names):
+            return "tracelab-duckdb"
+        files = sorted(f for f in p.iterdir() if f.is_file()
+                       and strip_gz(f.name).endswith((".json", ".jsonl")))
+        if not files:
+            raise TraceFormatError(str(p), None, None,
+                                   "empty folder: no trace files (.json, .jsonl, .parquet)")
+        p = files[0]
+    elif not p.exists():
+        raise TraceFormatError(str(p), None, None, "no such file or folder")
+    name = strip_gz(p.name)
+    if name.endswith((".duckdb", ".db")):
+        return "tracelab-duckdb"
+    if name.endswith(".parquet"):
+        return "freeinference"
+    if name.endswith(".json") and name != "manifest.json":
+        return "cc-traces"
+    keys = _first_record_keys(p)
+    if "timestamp" in keys and ("input_length" in keys or "hash_ids" in keys):
+        return "mooncake"
+    if "round_index" in keys or "input_tokens_total" in keys:
+        return "tracelab"
+    if "session_id" in keys and "requests" in keys:
+        return "freeinference"
+    if "requests" in keys or "block_size" in keys or "hash_id_scope" in keys:
+        return "cc-traces"
+    if p.stat().st_size == 0:
+        raise TraceFormatError(str(p), None, None, "empty file")
+    raise TraceFormatError(str(p), 0, None, "cannot detect the trace format; pass --format")

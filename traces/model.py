@@ -1,0 +1,205 @@
+"""The canonical in-memory trace every loader and generator produces.
+
+Requests live in numpy columns (length R). Each session's requests are contiguous and in order;
+top-level sessions come first in trace order, then sub-agent sessions (linked to their parent).
+
+Token identity is by cache block (``block_size`` tokens, 64 by default): ``block_ids(r)`` are
+the ids of the FULL blocks of request r's prompt. Ids are global and chained: two prompts share
+a cached prefix exactly as far as their ids agree from the start; different sessions share ids
+only through the optional shared prefix (``--shared-prefix``); sub-agents share their parent's
+id space as in the data.
+
+Storage is compact: per request, the number of leading blocks shared with the previous request
+of its session plus the new ids (``_pool``); ``block_ids`` reassembles a prompt from a few
+contiguous pool segments (one for an append-only chain), so memory scales with distinct blocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .errors import OptionError
+
+GAP_KINDS: tuple[str, ...] = ("first", "tool", "human")
+GAP_FIRST, GAP_TOOL, GAP_HUMAN = 0, 1, 2
+
+# Content kinds of a request's new tokens (cc-traces ``input_types``; other formats map onto
+# these); bit i of ``Trace.input_kinds`` is set when kind i is present.
+KIND_NAMES: tuple[str, ...] = ("text", "tool_result", "tool_use", "thinking", "image", "other")
+
+
+def kinds_mask(kinds: list[str] | tuple[str, ...]) -> int:
+    m = 0
+    for k in kinds:
+        i = KIND_NAMES.index(k) if k in KIND_NAMES else len(KIND_NAMES) - 1
+        m |= 1 << i
+    return m
+
+
+@dataclass
+class Session:
+    """A client conversation: requests ``[first, first + count)`` of the trace columns."""
+
+    id: str
+    first: int
+    count: int
+    parent: int = -1  # index of the parent session (-1 = top level)
+    # For a sub-agent: the global index of the parent's request after whose REPLY it starts
+    # (-1 = before the parent's first request). The parent's request that follows it waits
+    # until every sub-agent spawned there has finished.
+    after_request: int = -1
+    start_offset_s: float = 0.0  # recorded delay from that reply to the sub-agent's first request
+    shared_prefix_blocks: int = 0  # leading blocks of its first prompt in the global shared prefix
+    agent_type: str = ""  # sub-agent type (cc-traces ``subagent_type``), harness, ...
+    prefix_hint_tokens: int = 0  # system + tool-definition tokens when the trace records them
+
+
+@dataclass
+class Trace:
+    name: str
+    block_size: int
+    format: str
+    source: str
+    sessions: list[Session]
+    session: np.ndarray  # int32, index into sessions
+    prompt_tokens: np.ndarray  # int64
+    output_tokens: np.ndarray  # int64
+    send_time_s: np.ndarray  # float64 s from the trace clock's start (NaN: unknown)
+    gap_s: np.ndarray  # float64, recorded wait since the session's previous reply (0 for the first)
+    gap_kind: np.ndarray  # int8, index into GAP_KINDS
+    model: np.ndarray  # int16, index into models
+    models: list[str]
+    input_kinds: np.ndarray  # uint16 bit mask over KIND_NAMES: content kinds of the new tokens
+    prefix_blocks: np.ndarray  # int32, leading blocks shared with the session's previous request
+    skipped: int = 0
+    options: dict[str, Any] = field(default_factory=dict)  # how it was loaded (recorded in results)
+    # compact ids: pool of new ids; request r = concat(pool[s:s+l] for its segments)
+    _pool: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
+    _seg_ptr: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64), repr=False)
+    _seg_start: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
+    _seg_len: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
+    _fresh_base: int = 0  # output ids no prompt uses start here
+    _out_ptr: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64), repr=False)
+
+    def __len__(self) -> int:
+        return int(self.prompt_tokens.shape[0])
+
+    # -- identity -------------------------------------------------------------------------
+    def n_blocks(self, r: int) -> int:
+        return int(self.prompt_tokens[r]) // self.block_size
+
+    def block_ids(self, r: int) -> np.ndarray:
+        """int64 ids of the full cache blocks of request r's prompt (read-only array)."""
+        a, b = int(self._seg_ptr[r]), int(self._seg_ptr[r + 1])
+        if b - a == 1:
+            s = int(self._seg_start[a])
+            return self._pool[s:s + int(self._seg_len[a])]
+        if b == a:
+            return self._pool[:0]
+        return np.concatenate([self._pool[int(s):int(s) + int(n)]
+                               for s, n in zip(self._seg_start[a:b], self._seg_len[a:b],
+                                               strict=True)])
+
+    def finish_block_ids(self, r: int) -> np.ndarray:
+        """Full blocks of prompt + output minus one token, what SGLang inserts when r finishes.
+
+        The prompt's blocks, then for the output positions the NEXT request's ids when the next
+        prompt (same session) extends this one: the reply reappears there; positions beyond the
+        next prompt (or with no extending next request) get fresh ids no prompt uses.
+        """
+        bs = self.block_size
+        p, o = int(self.prompt_tokens[r]), int(self.output_tokens[r])
+        n_p = p // bs
+        n_f = max(n_p, (p + o - 1) // bs)
+        ids = self.block_ids(r)
+        if n_f == n_p:
+            return ids
+        parts = [ids]
+        pos = n_p
+        nxt = r + 1
+        if (nxt < len(self) and self.session[nxt] == self.session[r]
+                and int(self.prefix_blocks[nxt]) >= n_p):
+            nid = self.block_ids(nxt)
+            take = nid[n_p:n_f]
+            parts.append(take)
+            pos += take.shape[0]
+        if pos < n_f:
+            base = self._fresh_base + int(self._out_ptr[r]) + (pos - n_p)
+            parts.append(np.arange(base, base + (n_f - pos), dtype=np.int64))
+        return np.concatenate(parts)
+
+    # -- gap models -----------------------------------------------------------------------
+    def gaps(self, model: str) -> np.ndarray:
+        """Client waits before each request under a gap model (see ``parse_gap_model``)."""
+        return apply_gap_model(model, self.gap_s, self.gap_kind)
+
+    def start_offsets(self, model: str) -> np.ndarray:
+        """Sub-agent start delays (one per session; 0 for top level) under a gap model.
+
+        A sub-agent is spawned by a tool call, so its delay counts as a tool wait."""
+        off = np.array([s.start_offset_s for s in self.sessions], dtype=np.float64)
+        kind = np.full(off.shape, GAP_TOOL, dtype=np.int8)
+        return apply_gap_model(model, off, kind)
+
+    # -- helpers --------------------------------------------------------------------------
+    def main_mask(self) -> np.ndarray:
+        """True for requests of top-level sessions."""
+        top = np.array([s.parent < 0 for s in self.sessions], dtype=bool)
+        return top[self.session] if len(self) else np.zeros(0, bool)
+
+    def session_requests(self, i: int) -> range:
+        s = self.sessions[i]
+        return range(s.first, s.first + s.count)
+
+    def stats(self) -> dict[str, Any]:
+        """What ``kvsim trace stats --json`` prints (see traces.stats)."""
+        from .stats import trace_stats
+
+        return trace_stats(self)
+
+    @property
+    def distinct_blocks(self) -> int:
+        a = np.sort(self._pool)
+        return int(a.shape[0] and 1 + np.count_nonzero(a[1:] != a[:-1]))
+
+    def nbytes(self) -> int:
+        """Bytes held by the numpy columns and the id store."""
+        arrs = [self.session, self.prompt_tokens, self.output_tokens, self.send_time_s,
+                self.gap_s, self.gap_kind, self.model, self.input_kinds, self.prefix_blocks,
+                self._pool, self._seg_ptr, self._seg_start, self._seg_len, self._out_ptr]
+        return int(sum(a.nbytes for a in arrs))
+
+
+def parse_gap_model(model: str) -> tuple[str, float]:
+    """``recorded`` | ``tool`` | ``cap:SECONDS`` | ``scale:FACTOR`` -> (kind, parameter).
+
+    recorded: every recorded wait; tool: the recorded wait after a tool result, none after a
+    human message; cap: recorded waits capped at SECONDS; scale: recorded waits times FACTOR.
+    """
+    text = str(model).strip()
+    if text in ("recorded", "tool"):
+        return text, 0.0
+    kind, sep, arg = text.partition(":")
+    if sep and kind in ("cap", "scale"):
+        try:
+            x = float(arg)
+        except ValueError:
+            x = float("nan")
+        if np.isfinite(x) and x >= 0:
+            return kind, x
+    raise OptionError(f"bad gap model {model!r}: expected recorded, tool, cap:SECONDS or "
+                      "scale:FACTOR with a finite non-negative number")
+
+
+def apply_gap_model(model: str, gap: np.ndarray, kind: np.ndarray) -> np.ndarray:
+    name, x = parse_gap_model(model)
+    if name == "recorded":
+        return gap.copy()
+    if name == "tool":
+        return np.where(kind == GAP_TOOL, gap, 0.0)
+    if name == "cap":
+        return np.minimum(gap, x)
+    return gap * x
