@@ -11,6 +11,7 @@ from .models import models_cmd
 from .plot import plot_cmd
 from .run import run_cmd
 from .sweep import sweep_cmd
+from .trace import trace_cmd
 
 
 @click.group(cls=KvsimGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -24,6 +25,7 @@ cli.add_command(microbench_cmd)
 cli.add_command(run_cmd)
 cli.add_command(sweep_cmd)
 cli.add_command(plot_cmd)
+cli.add_command(trace_cmd)
 
 
 def main() -> None:
