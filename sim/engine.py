@@ -61,7 +61,7 @@ class Req:
     shared_blocks: int = 0
     generated: int = 0  # output tokens produced so far (the first comes from prefill)
     # set at admission
-    node: object = None
+    locks: list = field(default_factory=list)  # cache nodes this request holds locked
     ranges: list[tuple[int, int]] = field(default_factory=list)  # token ranges still to compute
     own_tokens: int = 0  # tokens this request holds outside the tree (computed, not inserted)
     reserved: int = 0  # blocks reserved for own_tokens
@@ -203,8 +203,11 @@ class Server:
         req.own_tokens += tokens
         return True
 
-    def _checkpoint(self, req: Req, upto_blocks: int, final_ids: np.ndarray | None = None) -> None:
-        """Insert the request's computed full blocks into the tree and move its lock there."""
+    def _checkpoint(self, req: Req, upto_blocks: int, computed_to: int = 0,
+                    final_ids: np.ndarray | None = None) -> None:
+        """Insert the request's full blocks ``[0, upto_blocks)`` into the tree and move its lock
+        there; the tokens it computed in ``[upto_blocks * bs, computed_to)`` stay its own.
+        With ``final_ids`` (the request finished) everything it holds goes to the tree."""
         ids = req.ids[:upto_blocks] if final_ids is None else final_ids
         if ids.size == 0:
             return
@@ -212,15 +215,22 @@ class Server:
         ins = self.cache.insert(ids)
         self.ever.update(ids.tolist())
         if final_ids is None:
+            # A chunk checkpoint must keep the match's lock too: the kept segment behind a
+            # hole lies below the inserted prefix until the last chunk reaches it.
+            last = ins.node if ids.size == req.ids.size else None
             self.cache.lock(ins.node)
-            if req.node is not None:
-                self.cache.unlock(req.node)
-            req.node = ins.node
-        # Whatever the request computed beyond the inserted full blocks stays its own.
-        req.own_tokens = max(0, req.context_tokens - ids.size * self.bs) if final_ids is None else 0
+            if last is not None:
+                self._unlock_all(req)
+            req.locks.append(ins.node)
+        req.own_tokens = 0 if final_ids is not None else max(0, computed_to - ids.size * self.bs)
         req.reserved = self._blocks(req.own_tokens)
         if req.reserved:
             self.cache.reserve(req.reserved)
+
+    def _unlock_all(self, req: Req) -> None:
+        for node in req.locks:
+            self.cache.unlock(node)
+        req.locks = []
 
     # --- scheduling ---------------------------------------------------------------------
     def _admit(self, req: Req, budget: int) -> tuple[int, bool] | None:
@@ -241,7 +251,7 @@ class Server:
         if take <= 0:
             self.cache.unlock(m.node)
             return None
-        req.node = m.node
+        req.locks = [m.node]
         req.ranges = ranges
         first_admission = req.record is None
         if first_admission:
@@ -287,7 +297,6 @@ class Server:
             if got is None:
                 if not self.running and not batch and self.chunked is None:
                     # Nothing holds memory but this request: it can never fit. Count a drop.
-                    self.cache.unlock(req.node) if req.node is not None else None
                     self.waiting.remove(req)
                     self.rec.drop(req, self.env.now)
                     req.done.succeed()
@@ -295,8 +304,7 @@ class Server:
             take, chunked = got
             ranges = self._run_chunk(req, take)
             if ranges is None:  # eviction could not cover it after all: wait
-                self.cache.unlock(req.node)
-                req.node = None
+                self._unlock_all(req)
                 break
             admitted.add(id(req))
             batch.append((req, ranges))
@@ -347,10 +355,10 @@ class Server:
         for (req, _ranges), units in zip(batch, per_req, strict=True):
             self.rec.prefill_units(req, units)
             if req.ranges:  # chunk of an unfinished prompt: checkpoint what is contiguous
-                done_to = req.ranges[0][0] // self.bs
-                self._checkpoint(req, min(done_to, req.ids.size))
+                done_to = req.ranges[0][0]
+                self._checkpoint(req, min(done_to // self.bs, req.ids.size), done_to)
                 continue
-            self._checkpoint(req, req.ids.size)
+            self._checkpoint(req, req.ids.size, req.context_tokens)
             if req.generated == 0:
                 req.generated = 1
                 req.first_token_at = now
@@ -362,13 +370,12 @@ class Server:
 
     def _finish(self, req: Req) -> None:
         final = self.finish_ids(req.rid) if req.generated >= req.output_tokens else req.ids
-        self._checkpoint(req, 0, final_ids=final) if final.size else self.cache.release(
-            req.reserved)
-        if final.size == 0:
+        if final.size:
+            self._checkpoint(req, 0, final_ids=final)
+        else:
+            self.cache.release(req.reserved)
             req.reserved = req.own_tokens = 0
-        if req.node is not None:
-            self.cache.unlock(req.node)
-            req.node = None
+        self._unlock_all(req)
         self.rec.close(req, self.env.now)
         req.done.succeed()
 
@@ -402,9 +409,7 @@ class Server:
             self.running.remove(v)
             self.cache.release(v.reserved)
             v.reserved = v.own_tokens = 0
-            if v.node is not None:
-                self.cache.unlock(v.node)
-                v.node = None
+            self._unlock_all(v)
             self.rec.retracted(v)
             self._seq += 1
             v.seq = self._seq
