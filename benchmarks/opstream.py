@@ -25,7 +25,7 @@ differential test to observe every op.
 from __future__ import annotations
 
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,10 +35,6 @@ import numpy as np
 
 ARRIVE, ALLOC, FINISH, TOUCH = 0, 1, 2, 3
 OP_NAMES = ("ARRIVE", "ALLOC", "FINISH", "TOUCH")
-
-# Synthetic block ids (output blocks no later prompt reveals) live above every trace id.
-SYNTHETIC_BASE = 1 << 52
-
 
 @dataclass(frozen=True)
 class Request:
@@ -262,118 +258,6 @@ def random_stream(
     return OpStream.of_requests(f"random-{seed}", block_size, capacity_blocks, requests, ops)
 
 
-def _read_cc_session(path: Path) -> list[dict[str, Any]]:
-    """Main-agent requests of one cc-traces session file (sub-agent records skipped)."""
-    import gzip
-    import json
-
-    with gzip.open(path, "rt") as fh:
-        doc = json.load(fh)
-    out = []
-    for i, rec in enumerate(doc.get("requests", [])):
-        if rec.get("type") == "subagent":
-            continue
-        try:
-            out.append(
-                {
-                    "in": int(rec["in"]),
-                    "out": int(rec["out"]),
-                    "hash_ids": np.asarray([int(h) for h in rec["hash_ids"]], np.int64),
-                }
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            err = ValueError(f"{path}: request {i}: bad field ({exc})")
-            err.exit_code = 2  # type: ignore[attr-defined]
-            raise err from exc
-    return out
-
-
-class _CompactSession:
-    """One session's main-agent requests stored as (common prefix with the previous prompt,
-    new ids): memory scales with distinct blocks, not with block references."""
-
-    __slots__ = ("ins", "lcp", "new_ids", "offsets", "outs")
-
-    def __init__(self, recs: list[dict[str, Any]], id_offset: int) -> None:
-        self.ins = np.array([r["in"] for r in recs], np.int64)
-        self.outs = np.array([max(r["out"], 1) for r in recs], np.int64)
-        lcp = np.zeros(len(recs), np.int64)
-        news = []
-        prev = np.empty(0, np.int64)
-        for k, r in enumerate(recs):
-            ids = r["hash_ids"] + id_offset
-            n = min(len(prev), len(ids))
-            diff = np.flatnonzero(prev[:n] != ids[:n])
-            lcp[k] = diff[0] if diff.size else n
-            news.append(ids[lcp[k] :])
-            prev = ids
-        self.lcp = lcp
-        self.offsets = np.concatenate([[0], np.cumsum([len(x) for x in news])])
-        self.new_ids = np.concatenate(news) if news else np.empty(0, np.int64)
-
-    def __len__(self) -> int:
-        return len(self.ins)
-
-    def prompts(self) -> Iterator[np.ndarray]:
-        prev = np.empty(0, np.int64)
-        for k in range(len(self)):
-            new = self.new_ids[self.offsets[k] : self.offsets[k + 1]]
-            prev = np.concatenate([prev[: self.lcp[k]], new])
-            yield prev
-
-
-class _TraceRequests:
-    """Builds a session's Requests when one of them is first asked for; keeps a few sessions.
-
-    A request's output blocks take the next request's ids when that prompt extends this one
-    (the output is in the next prompt), otherwise fresh synthetic ids (numbered per session so
-    that rebuilding a session gives the same ids).
-    """
-
-    def __init__(self, sessions: list[_CompactSession], block_size: int, keep: int) -> None:
-        self.sessions = sessions
-        self.block_size = block_size
-        self.first = np.concatenate([[0], np.cumsum([len(s) for s in sessions])])
-        self.keep = keep
-        self._built: OrderedDict[int, list[Request]] = OrderedDict()
-
-    def __call__(self, rid: int) -> Request:
-        si = int(np.searchsorted(self.first, rid, side="right")) - 1
-        reqs = self._built.get(si)
-        if reqs is None:
-            reqs = self._build(si)
-            self._built[si] = reqs
-            if len(self._built) > self.keep:
-                self._built.popitem(last=False)
-        else:
-            self._built.move_to_end(si)
-        return reqs[rid - int(self.first[si])]
-
-    def _build(self, si: int) -> list[Request]:
-        sess, bs = self.sessions[si], self.block_size
-        prompts = list(sess.prompts())
-        synthetic = SYNTHETIC_BASE + (si << 32)
-        out = []
-        for k, prompt in enumerate(prompts):
-            in_t, out_t = int(sess.ins[k]), int(sess.outs[k])
-            if len(prompt) != in_t // bs:  # trust the ids, round the token count
-                in_t = len(prompt) * bs + in_t % bs
-            n_fin = (in_t + out_t - 1) // bs
-            extra = n_fin - len(prompt)
-            cont = np.empty(0, np.int64)
-            if extra > 0:
-                nxt = prompts[k + 1] if k + 1 < len(prompts) else None
-                if nxt is not None and len(nxt) > len(prompt) and sess.lcp[k + 1] >= len(prompt):
-                    cont = nxt[len(prompt) : n_fin]
-                if len(cont) < extra:
-                    fill = np.arange(synthetic, synthetic + extra - len(cont), dtype=np.int64)
-                    synthetic += len(fill)
-                    cont = np.concatenate([cont, fill])
-            rid = int(self.first[si]) + k
-            out.append(make_request(rid, si, prompt, cont, in_t, out_t, bs))
-        return out
-
-
 def trace_stream(
     trace_dir: Path,
     sessions: int | None = None,
@@ -382,23 +266,50 @@ def trace_stream(
     capacity_blocks: int = 4096,
     block_size: int = 64,
     max_requests_per_session: int | None = None,
+    shared_prefix: int | str | None = "auto",
 ) -> OpStream:
-    """The op stream of the first `sessions` cc-traces sessions (sorted by file name).
-
-    Ids are local to a session in cc-traces, so session i's ids are offset by (i+1) << 36 (no
-    two sessions share a block).
+    """The op stream of the top-level sessions of the first `sessions` cc-traces files (sorted
+    by name), loaded with the `traces` package (global chained ids; `shared_prefix="auto"`
+    makes every session's system + tool-definition tokens one shared chain, as in the paper).
+    Sub-agent sessions are left out (their timing depends on the parent's replies). A request's
+    FINISH inserts `Trace.finish_block_ids`. Requests are built when the replay asks for them.
     """
+    from traces import load_trace
+
     files = sorted(Path(trace_dir).glob("*.json.gz"))[:sessions]
-    compact = []
-    for si, path in enumerate(files):
-        recs = _read_cc_session(path)[:max_requests_per_session]
-        compact.append(_CompactSession(recs, (si + 1) << 36))
-    source = _TraceRequests(compact, block_size, keep=active + 4)
-    firsts = source.first
-    per_session = [list(range(firsts[i], firsts[i + 1])) for i in range(len(compact))]
-    ops = closed_loop_ops(per_session, active, in_flight)
+    if not files:
+        raise FileNotFoundError(f"{trace_dir}: no *.json.gz session files")
+    trace = load_trace(
+        [str(f) for f in files],
+        format="cc-traces",
+        block_size=block_size,
+        shared_prefix=shared_prefix,
+    )
+    per_session = []
+    for si, sess in enumerate(trace.sessions):
+        if sess.parent < 0:
+            n = sess.count if max_requests_per_session is None else min(
+                sess.count, max_requests_per_session
+            )
+            per_session.append((si, range(sess.first, sess.first + n)))
+    session_of = {r: si for si, rids in per_session for r in rids}
+
+    def source(rid: int) -> Request:
+        prompt = trace.block_ids(rid)
+        finish = trace.finish_block_ids(rid)
+        return make_request(
+            rid,
+            session_of[rid],
+            prompt,
+            finish[len(prompt) :],
+            int(trace.prompt_tokens[rid]),
+            max(int(trace.output_tokens[rid]), 1),
+            block_size,
+        )
+
+    ops = closed_loop_ops([list(rids) for _, rids in per_session], active, in_flight)
     name = f"cc-traces-{len(files)}x{active}"
-    return OpStream(name, block_size, capacity_blocks, ops, int(firsts[-1]), source)
+    return OpStream(name, block_size, capacity_blocks, ops, len(session_of), source)
 
 
 # --------------------------------------------------------------------------------------------
@@ -569,20 +480,20 @@ class OursSide:
 
 def replay(stream: OpStream, side: CacheSide, observe: bool = True) -> Iterator[Observation]:
     """Run `stream` through `side`, yielding one Observation per op (state only if `observe`)."""
-    inputs: dict[int, Any] = {}
-    get = stream.request
+    live: dict[int, tuple[Request, Any]] = {}  # running requests and their prepared inputs
     for i, (op, rid) in enumerate(stream.ops):
-        req = get(rid)
         ob = Observation(i, op, rid)
         if op == ARRIVE:
-            inputs[rid] = side.prepare(req)
-            ob.hit = side.arrive(rid, inputs[rid])
+            req = stream.request(rid)
+            inp = side.prepare(req)
+            live[rid] = (req, inp)
+            ob.hit = side.arrive(rid, inp)
         elif op == ALLOC:
-            ob.ok, ob.freed = side.alloc(rid, req.need_blocks)
+            ob.ok, ob.freed = side.alloc(rid, live[rid][0].need_blocks)
         elif op == FINISH:
-            ob.freed = side.finish(rid, inputs.pop(rid))
+            ob.freed = side.finish(rid, live.pop(rid)[1])
         else:
-            side.touch(inputs[rid] if rid in inputs else side.prepare(req))
+            side.touch(live[rid][1] if rid in live else side.prepare(stream.request(rid)))
         if observe:
             ob.state = side.observe()
         yield ob
@@ -608,26 +519,27 @@ def timed_replay(stream: OpStream, side: CacheSide) -> Timing:
     """Replay without observations, timing only the cache calls (input conversion excluded:
     SGLang needs token arrays and KV tensors, we pass the stream's id arrays)."""
     perf = time.perf_counter
-    inputs: dict[int, Any] = {}
-    get = stream.request
+    live: dict[int, tuple[Request, Any]] = {}
     spent = 0.0
     aborted = hits = 0
     for op, rid in stream.ops:
-        req = get(rid)
         if op == ARRIVE:
-            inp = inputs[rid] = side.prepare(req)
+            req = stream.request(rid)
+            inp = side.prepare(req)
+            live[rid] = (req, inp)
             t0 = perf()
             hits += side.arrive(rid, inp)
         elif op == ALLOC:
+            need = live[rid][0].need_blocks
             t0 = perf()
-            ok, _ = side.alloc(rid, req.need_blocks)
+            ok, _ = side.alloc(rid, need)
             aborted += not ok
         elif op == FINISH:
-            inp = inputs.pop(rid)
+            inp = live.pop(rid)[1]
             t0 = perf()
             side.finish(rid, inp)
         else:
-            inp = inputs[rid] if rid in inputs else side.prepare(req)
+            inp = live[rid][1] if rid in live else side.prepare(stream.request(rid))
             t0 = perf()
             side.touch(inp)
         spent += perf() - t0

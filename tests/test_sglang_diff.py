@@ -227,6 +227,26 @@ def test_random_stream_matches_sglang(seed: int) -> None:
     assert seen["ARRIVE"] and seen["FINISH"]
 
 
+@settings(max_examples=15, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    capacity=st.sampled_from([6, 16, 40, 128]),
+    sessions=st.integers(1, 8),
+    in_flight=st.integers(1, 5),
+)
+def test_random_stream_matches_sglang_any_shape(
+    seed: int, capacity: int, sessions: int, in_flight: int
+) -> None:
+    stream = random_stream(
+        seed,
+        n_ops=200,
+        capacity_blocks=capacity,
+        n_sessions=sessions,
+        max_in_flight=in_flight,
+    )
+    lockstep(stream)
+
+
 def test_random_streams_exercise_every_path() -> None:
     """The random streams are not vacuous: they evict, hit, abort, touch and free duplicates."""
     total: Counter = Counter()
@@ -239,7 +259,7 @@ def test_random_streams_exercise_every_path() -> None:
 @needs_cc_traces
 @pytest.mark.shared_data
 @pytest.mark.parametrize(
-    ("capacity", "sessions", "per_session"), [(4096, 6, 40), (2048, 8, 30)], ids=["256K", "128K"]
+    ("capacity", "sessions", "per_session"), [(4096, 12, 60), (2048, 8, 30)], ids=["256K", "128K"]
 )
 def test_cc_traces_stream_matches_sglang(capacity: int, sessions: int, per_session: int) -> None:
     """First sessions of the real traces, 4 active, 2 in flight (the benchmark's loop)."""
