@@ -68,6 +68,7 @@ class Req:
     admitted_at: float = math.nan
     first_token_at: float = math.nan
     record: RequestRecord | None = None
+    known_blocks: int = 0  # leading ids already in Server.ever (skip re-adding them)
 
     @property
     def context_tokens(self) -> int:
@@ -213,7 +214,9 @@ class Server:
             return
         self.cache.release(req.reserved)
         ins = self.cache.insert(ids)
-        self.ever.update(ids.tolist())
+        if ids.size > req.known_blocks:
+            self.ever.update(ids[req.known_blocks:].tolist())
+            req.known_blocks = ids.size
         if final_ids is None:
             # A chunk checkpoint must keep the match's lock too: the kept segment behind a
             # hole lies below the inserted prefix until the last chunk reaches it.
@@ -255,7 +258,8 @@ class Server:
         req.ranges = ranges
         first_admission = req.record is None
         if first_admission:
-            ideal = min(self._ideal_blocks(req.ids), self._usable_blocks(req)) * self.bs
+            req.known_blocks = self._ideal_blocks(req.ids)
+            ideal = min(req.known_blocks, self._usable_blocks(req)) * self.bs
             req.record = self.rec.open(req, self.env.now, reused=reused, holes=holes,
                                        ideal=ideal, spec=self.spec, segments=m.segments,
                                        bs=self.bs)

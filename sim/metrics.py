@@ -18,7 +18,7 @@ diagnostic is the share of recomputation carried by requests with ``private_lost
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -181,13 +181,15 @@ class RunRecorder:
 
     # --- results ------------------------------------------------------------------------
     def table(self) -> pd.DataFrame:
-        df = pd.DataFrame([asdict(r) for r in self.records])
+        # RequestRecord holds only scalars: its __dict__ is the row (asdict is 10x slower).
+        df = pd.DataFrame([r.__dict__ for r in self.records])
         if df.empty:
             df = pd.DataFrame(columns=list(RequestRecord.__dataclass_fields__))
         return df.sort_values(["send_s", "request"], kind="stable").reset_index(drop=True)
 
-    def summary(self, sim_end: float, block_size: int) -> dict[str, Any]:
-        df = self.table()
+    def summary(self, sim_end: float, block_size: int, df: pd.DataFrame | None = None
+                ) -> dict[str, Any]:
+        df = self.table() if df is None else df
         ok = df[~df["dropped"].astype(bool)] if len(df) else df
         ttft = ok["ttft_s"].to_numpy(dtype=float) if len(ok) else np.array([])
         ttft = ttft[np.isfinite(ttft)]

@@ -20,8 +20,9 @@ from sim.engine import Req, Server
 
 class Replay:
     def __init__(self, env: simpy.Environment, trace, server: Server, gaps: np.ndarray,
-                 sessions: int) -> None:
+                 offsets: np.ndarray, sessions: int) -> None:
         self.env, self.trace, self.server, self.gaps = env, trace, server, gaps
+        self.offsets = offsets  # sub-agent start delays under the gap model
         self.n = sessions
         self.children: dict[int, list[int]] = {}  # parent request index -> sub-agent sessions
         self.top: list[int] = []
@@ -45,10 +46,8 @@ class Replay:
             yield env.timeout(delay)
         sess = self.trace.sessions[s]
         rec.session_started(s, env.now)
-        pending: list[simpy.Process] = [env.process(self.session(c, self.trace.sessions[c]
-                                                                  .start_offset_s))
-                                        for c in self.children.get(-1, []) if
-                                        self.trace.sessions[c].parent == s]
+        pending = [env.process(self.session(c, float(self.offsets[c])))
+                   for c in self.children.get(-1, []) if self.trace.sessions[c].parent == s]
         for k in range(sess.count):
             r = sess.first + k
             if pending:
@@ -60,7 +59,7 @@ class Replay:
             req = self._req(r)
             self.server.submit(req)
             yield req.done
-            pending = [env.process(self.session(c, self.trace.sessions[c].start_offset_s))
+            pending = [env.process(self.session(c, float(self.offsets[c])))
                        for c in self.children.get(r, [])]
         if pending:
             yield env.all_of(pending)

@@ -69,20 +69,21 @@ def run(cfg: RunConfig, trace=None) -> RunResult:
     env = simpy.Environment()
     server = Server(env, cfg, spec, profile, cache, get_scheduler(cfg.scheduler), rec,
                     trace.finish_block_ids)
-    replay = Replay(env, trace, server, gaps, cfg.sessions)
+    replay = Replay(env, trace, server, gaps, trace.start_offsets(cfg.gaps), cfg.sessions)
     driver = env.process(replay.closed_loop() if cfg.replay == "closed" else replay.open_loop())
     env.run(until=driver)
     if cfg.replay == "open":  # the last replies may still be in flight
         while server.waiting or server.running or server.chunked is not None:
             env.step()
-    summary = rec.summary(env.now, cfg.block_size)
+    table = rec.table()
+    summary = rec.summary(env.now, cfg.block_size, table)
     summary.update({
         "policy": cfg.policy_name, "model": cfg.model, "profile": profile.name,
         "profile_provenance": profile.provenance, "gpu_cache_tokens": cfg.gpu_cache,
         "cpu_cache_tokens": cfg.cpu_cache, "n_sessions": cfg.sessions, "gaps": cfg.gaps,
         "scheduler": cfg.scheduler, "trace": trace.name, "trace_requests": len(trace),
     })
-    return RunResult(cfg, rec.table(), summary)
+    return RunResult(cfg, table, summary)
 
 
 def write_result(result: RunResult, out: str | Path) -> None:

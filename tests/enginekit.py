@@ -59,3 +59,6 @@ class KitTrace:
 
     def gaps(self, model: str) -> np.ndarray:
         return self.gap_s.copy()
+
+    def start_offsets(self, model: str) -> np.ndarray:
+        return np.array([s.start_offset_s for s in self.sessions], dtype=np.float64)

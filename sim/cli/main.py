@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import click
 
+from .calibrate import calibrate_cmd
 from .common import KvsimGroup
 from .microbench import microbench_cmd
 from .models import models_cmd
@@ -21,6 +22,7 @@ def cli() -> None:
 
 
 cli.add_command(models_cmd)
+cli.add_command(calibrate_cmd)
 cli.add_command(microbench_cmd)
 cli.add_command(run_cmd)
 cli.add_command(sweep_cmd)
