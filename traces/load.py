@@ -17,7 +17,7 @@ FORMATS = ("cc-traces", "mooncake", "tracelab", "tracelab-duckdb", "freeinferenc
 def load_trace(spec: str | list[str], format: str | None = None, block_size: int = 64,
                shared_prefix: int | str | None = None, max_context: int | None = None,
                select: str | None = None, seed: int = 0, lenient: bool = False,
-               cache_dir: str | None = None) -> Trace:
+               cache_dir: str | None = None, rebuild_sessions: bool = False) -> Trace:
     """Load a trace file/folder (or several), or generate ``synthetic:NAME[?k=v&...]``.
 
     format: cc-traces | mooncake | tracelab | tracelab-duckdb | freeinference (None = detect).
@@ -27,6 +27,7 @@ def load_trace(spec: str | list[str], format: str | None = None, block_size: int
     select: "top-requests:K" (the K sessions with most requests after the cut) or "first:K".
     seed: synthetic generators only. lenient: skip bad records, count them in trace.skipped.
     cache_dir: reuse/write an npz copy of the loaded trace there (see traces.cache).
+    rebuild_sessions: Mooncake only: chain requests into sessions by prefix continuation.
     """
     specs = [spec] if isinstance(spec, str | Path) else list(spec)
     if not specs:
@@ -42,6 +43,7 @@ def load_trace(spec: str | list[str], format: str | None = None, block_size: int
         raise OptionError(f"bad block size {block_size!r}: expected a positive integer")
     parse_select(select)
     build = {"shared_prefix": shared_prefix, "max_context": max_context, "select": select}
+    extra = {"rebuild_sessions": True} if rebuild_sessions else {}
     if specs[0].startswith("synthetic:"):
         if len(specs) > 1:
             raise OptionError("a synthetic trace cannot be combined with files")
@@ -54,12 +56,13 @@ def load_trace(spec: str | list[str], format: str | None = None, block_size: int
     if cache_dir is not None:
         from .cache import cached_load
 
-        return cached_load(specs, fmt, block_size, build, lenient, cache_dir)
-    return _load_files(specs, fmt, block_size, build, lenient)
+        return cached_load(specs, fmt, block_size, build, lenient, cache_dir, extra)
+    return _load_files(specs, fmt, block_size, build, lenient, extra)
 
 
-def _load_files(specs: list[str], fmt: str, block_size: int, build: dict,
-                lenient: bool) -> Trace:
+def _load_files(specs: list[str], fmt: str, block_size: int, build: dict, lenient: bool,
+                extra: dict | None = None) -> Trace:
+    extra = extra or {}
     name = Path(specs[0].rstrip("/")).name + (f"+{len(specs) - 1}" if len(specs) > 1 else "")
     b = TraceBuilder(name=name, format=fmt, source=";".join(specs), block_size=block_size)
     if fmt == "cc-traces":
@@ -69,7 +72,7 @@ def _load_files(specs: list[str], fmt: str, block_size: int, build: dict,
     elif fmt == "mooncake":
         from .mooncake import load_mooncake
 
-        load_mooncake(specs, b, lenient)
+        load_mooncake(specs, b, lenient, bool(extra.get("rebuild_sessions")))
     elif fmt == "tracelab":
         from .tracelab import load_tracelab_jsonl
 
@@ -82,7 +85,7 @@ def _load_files(specs: list[str], fmt: str, block_size: int, build: dict,
         from .freeinference import load_freeinference
 
         load_freeinference(specs, b, lenient)
-    trace = b.build(**build, options={"format": fmt, "lenient": lenient})
+    trace = b.build(**build, options={"format": fmt, "lenient": lenient, **extra})
     if len(trace) == 0:
         raise TraceFormatError(";".join(specs), None, None,
                                "no requests" + (" left after the options" if b._sessions
