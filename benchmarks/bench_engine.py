@@ -1,0 +1,72 @@
+"""Engine speed and memory (issue 5): replay all shared cc-traces sessions at N = 8 under
+penelope, one configuration per fresh subprocess so peak RSS is its own.
+
+    python -m benchmarks.bench_engine [--json] [--cases 128k,512k] [--trace DIR]
+
+Cases: ``128k`` = --max-context 128k with a 256K-token cache; ``512k`` = --max-context 512k
+with a 1M-token cache. Goal: at most 30 s each on one core, under 2 GiB peak RSS. Trace
+loading is timed separately from the simulation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_TRACE = REPO.parent / "shared" / "data" / "cc-traces"
+CASES = {"128k": (131072, 262144), "512k": (524288, 1048576)}
+
+_CHILD = """
+import json, resource, sys, time
+from sim.config import RunConfig
+from sim.runner import load_run_trace, run
+trace, max_ctx, cache, preset = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+cfg = RunConfig(trace=trace, max_context=max_ctx, gpu_cache=cache, sessions=8,
+                gaps="recorded").with_preset(preset)
+t0 = time.perf_counter(); tr = load_run_trace(cfg); t_load = time.perf_counter() - t0
+t0 = time.perf_counter(); res = run(cfg, tr); t_run = time.perf_counter() - t0
+print(json.dumps({"requests": res.summary["requests"], "load_s": t_load, "run_s": t_run,
+                  "requests_per_s": res.summary["requests"] / t_run,
+                  "ttft_mean_s": res.summary["ttft_mean_s"], "hit_rate": res.summary["hit_rate"],
+                  "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def run_case(trace: str, name: str, preset: str) -> dict:
+    max_ctx, cache = CASES[name]
+    out = subprocess.run([sys.executable, "-c", _CHILD, trace, str(max_ctx), str(cache), preset],
+                         capture_output=True, text=True, cwd=REPO, check=True)
+    row = json.loads(out.stdout.strip().splitlines()[-1])
+    row.update(case=name, preset=preset, max_context=max_ctx, gpu_cache=cache)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trace", default=str(DEFAULT_TRACE))
+    ap.add_argument("--cases", default="128k,512k")
+    ap.add_argument("--preset", default="penelope")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    if not Path(args.trace).exists():
+        print(f"skipped: {args.trace} not present")
+        return 0
+    rows = [run_case(args.trace, c, args.preset) for c in args.cases.split(",")]
+    if args.json:
+        print(json.dumps({"rows": rows}, indent=2))
+        return 0
+    print(f"{'case':>6} {'preset':>9} {'requests':>9} {'load s':>7} {'run s':>7} "
+          f"{'req/s':>7} {'peak RSS MiB':>13} {'mean TTFT s':>12} {'hit':>6}")
+    for r in rows:
+        print(f"{r['case']:>6} {r['preset']:>9} {r['requests']:>9} {r['load_s']:>7.1f} "
+              f"{r['run_s']:>7.1f} {r['requests_per_s']:>7.0f} {r['peak_rss_mib']:>13.0f} "
+              f"{r['ttft_mean_s']:>12.3f} {r['hit_rate']:>6.1%}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
