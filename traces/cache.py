@@ -1,0 +1,99 @@
+"""Optional on-disk cache of loaded traces (npz, never pickle) for fast reloads.
+
+The key hashes the source files' absolute paths, sizes and modification times, the format
+and every loading option, so a changed file or option loads afresh. A cache file that cannot
+be read back (truncated, edited, another version) is ignored and rewritten.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from .model import Session, Trace
+
+CACHE_VERSION = 1
+_ARRAYS = ("session", "prompt_tokens", "output_tokens", "send_time_s", "gap_s", "gap_kind",
+           "model", "input_kinds", "prefix_blocks", "_pool", "_seg_ptr", "_seg_start",
+           "_seg_len", "_out_ptr")
+
+
+def _fingerprint(specs: list[str]) -> list:
+    out = []
+    for s in specs:
+        p = Path(s).resolve()
+        files = sorted(p.rglob("*")) if p.is_dir() else [p]
+        for f in files:
+            if f.is_file():
+                st = f.stat()
+                out.append([str(f), st.st_size, st.st_mtime_ns])
+    return out
+
+
+def cache_key(specs: list[str], fmt: str, block_size: int, build: dict, lenient: bool,
+              extra: dict) -> str:
+    doc = {"v": CACHE_VERSION, "files": _fingerprint(specs), "format": fmt, "bs": block_size,
+           "build": build, "lenient": lenient, "extra": extra}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def save_trace(trace: Trace, path: Path) -> None:
+    meta = {"v": CACHE_VERSION, "name": trace.name, "block_size": trace.block_size,
+            "format": trace.format, "source": trace.source, "models": trace.models,
+            "skipped": trace.skipped, "options": trace.options,
+            "fresh_base": trace._fresh_base,
+            "sessions": [dataclasses.astuple(s) for s in trace.sessions]}
+    arrays = {k: getattr(trace, k) for k in _ARRAYS}
+    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **{k.lstrip("_"): v for k, v in arrays.items()})
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_trace(path: Path) -> Trace | None:
+    """The cached trace, or None when the file is missing or unusable."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            meta = json.loads(bytes(z["meta"]).decode())
+            if meta.get("v") != CACHE_VERSION:
+                return None
+            arrs = {k: z[k.lstrip("_")] for k in _ARRAYS}
+    except (OSError, ValueError, KeyError, json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    R = arrs["prompt_tokens"].shape[0]
+    if any(arrs[k].shape != (R,) for k in _ARRAYS[:9]) or arrs["_seg_ptr"].shape != (R + 1,):
+        return None
+    arrs["_pool"].setflags(write=False)
+    try:
+        sessions = [Session(*s) for s in meta["sessions"]]
+    except TypeError:
+        return None
+    return Trace(name=meta["name"], block_size=meta["block_size"], format=meta["format"],
+                 source=meta["source"], sessions=sessions, models=meta["models"],
+                 skipped=meta["skipped"], options=meta["options"],
+                 _fresh_base=meta["fresh_base"], **arrs)
+
+
+def cached_load(specs: list[str], fmt: str, block_size: int, build: dict, lenient: bool,
+                cache_dir: str, extra: dict) -> Trace:
+    from .load import _load_files
+
+    key = cache_key(specs, fmt, block_size, build, lenient, extra)
+    path = Path(cache_dir) / f"trace-{key[:24]}.npz"
+    trace = read_trace(path) if path.is_file() else None
+    if trace is None:
+        trace = _load_files(specs, fmt, block_size, build, lenient, extra)
+        save_trace(trace, path)
+    return trace
