@@ -62,3 +62,30 @@ class KitTrace:
 
     def start_offsets(self, model: str) -> np.ndarray:
         return np.array([s.start_offset_s for s in self.sessions], dtype=np.float64)
+
+
+def write_cc_traces(folder, sessions: int = 3, turns: int = 6, seed: int = 0) -> None:
+    """Write a tiny cc-traces folder (one JSON session per file, the published format):
+    append-only prompts of a few thousand tokens, tool-result gaps of a few seconds."""
+    import json
+    from pathlib import Path
+
+    rng = np.random.default_rng(seed)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for s in range(sessions):
+        prompt, t, reqs = 3000 + 500 * s, 0.0, []
+        for k in range(turns):
+            out = int(rng.integers(20, 200))
+            reqs.append({
+                "t": round(t, 3), "type": "n", "model": "claude-test", "in": prompt, "out": out,
+                "hash_ids": list(range(1, prompt // 64 + 1)),
+                "input_types": ["text"] if k == 0 else ["tool_result"],
+                "output_types": ["tool_use"], "stop": "tool_use", "api_time": 1.0,
+                "think_time": 0.0 if k == 0 else 3.0})
+            t += 4.0
+            prompt += out + int(rng.integers(300, 1500))
+        doc = {"id": f"trace_{s:04d}", "models": ["claude-test"], "block_size": 64,
+               "hash_id_scope": "local", "tool_tokens": 1000, "system_tokens": 500,
+               "requests": reqs}
+        (folder / f"trace_{s:04d}.json").write_text(json.dumps(doc))
