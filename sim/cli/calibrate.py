@@ -1,0 +1,112 @@
+"""``kvsim calibrate``: time prefill/decode/copies with torch on this machine, fit a profile."""
+
+from __future__ import annotations
+
+import sys
+from datetime import UTC, datetime
+
+import click
+import yaml
+from rich.table import Table
+
+from calibration.errors import CalibrationError
+from costmodel.profile import load_profile
+from costmodel.specs import get_spec
+
+from .common import atomic_write_text, console, emit_json
+
+
+@click.command("calibrate")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+              help="cuda: bf16, CUDA events; cpu: float32, wall clock.")
+@click.option("--model", "-m", default="qwen3-8b", show_default=True, help="Model spec.")
+@click.option("--layers", type=click.IntRange(min=1), default=None,
+              help="Layers timed per attention kind, scaled to the model's depth "
+                   "[default: 4 on cuda, 2 on cpu, 1 with --quick].")
+@click.option("--quick", is_flag=True,
+              help="Tiny stand-in shapes and a small grid (about 20 s on a 2-core CPU).")
+@click.option("--out", "-o", type=click.Path(dir_okay=False), default=None,
+              help="Write the profile here (YAML); use it with --profile PATH.")
+@click.option("--rounds", type=click.IntRange(1, 1000), default=None,
+              help="Timed rounds per point; the median is kept [default: 5].")
+@click.option("--warmup", type=click.IntRange(0, 100), default=None,
+              help="Untimed calls per point first [default: 1 quick, 2].")
+@click.option("--threads", type=click.IntRange(1, 4096), default=None,
+              help="torch CPU threads [default: 1 with --quick on cpu, else torch's].")
+@click.option("--clock", type=click.Choice(["wall", "cpu"]), default=None,
+              help="CPU timing: wall time or process CPU time [default: cpu with one "
+                   "thread, else wall]. CUDA always uses CUDA events.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Weights and visit order.")
+@click.option("--date", default=None, help="Provenance date [default: today, UTC].")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+def calibrate_cmd(device: str, model: str, layers: int | None, quick: bool, out: str | None,
+                  rounds: int | None, warmup: int | None, threads: int | None,
+                  clock: str | None, seed: int,
+                  date: str | None, as_json: bool) -> None:
+    """Time a decoder stack with MODEL's shapes (random weights) on DEVICE and fit a profile.
+
+    Prints the fit's R^2 and relative errors (training points and held-out points) and, with
+    --out, writes the profile file that every --profile option accepts."""
+    try:
+        get_spec(model)
+    except KeyError as e:
+        raise click.BadParameter(str(e.args[0]), param_hint="--model") from None
+    from calibration.run import Settings, calibrate
+
+    settings = Settings(model=model, device=device, layers=layers, quick=quick, warmup=warmup,
+                        rounds=rounds, threads=threads, clock=clock, seed=seed,
+                        date=date or datetime.now(UTC).date().isoformat())
+
+    def progress(msg: str) -> None:
+        print(f"kvsim calibrate: {msg}", file=sys.stderr, flush=True)
+
+    prof, report = calibrate(settings, progress)
+    if out:
+        try:
+            atomic_write_text(out, yaml.safe_dump(prof.to_dict(), sort_keys=False))
+        except OSError as e:
+            raise CalibrationError(f"{out}: cannot write: {e.strerror}") from None
+        prof = load_profile(out, model)  # the file must read back
+        progress(f"wrote {out}")
+    if as_json:
+        emit_json({"profile": prof.to_dict(), "out": out, "fit": report["fit"]})
+        return
+    _print(prof, report, out)
+
+
+def _print(prof, report: dict, out: str | None) -> None:
+    con = console()
+    fit, d = report["fit"], report["details"]
+    con.print(f"[bold]{prof.name}[/bold]: {prof.provenance}")
+    t = Table(title="Fit (relative error = predicted / measured - 1)")
+    for col in ("what", "R^2", "median |err|", "max |err|", "held-out median |err|", "points"):
+        t.add_column(col, justify="right")
+
+    def pct(x):
+        return "-" if x is None else f"{100 * x:.1f}%"
+
+    for name, m in (("prefill", fit), ("decode", fit["decode"]), ("copy h2d", fit["copy_h2d"]),
+                    ("copy d2h", fit["copy_d2h"])):
+        t.add_row(name, f"{m['r2']:.4f}", pct(m["median_abs_rel_error"]),
+                  pct(m["max_abs_rel_error"]), pct(m["holdout_median_abs_rel_error"]),
+                  f"{m['points']}+{m['holdout_points']}")
+    con.print(t)
+    p, dc, tr = prof.prefill, prof.decode, prof.transfer
+    con.print(f"prefill: fixed {p.fixed_s:.3g} s, {p.per_linear_unit_s:.3g} s/linear unit, "
+              f"{p.per_attention_unit_s:.3g} s/attention unit, "
+              f"{p.per_chunk_token_sq_s:.3g} s/token^2")
+    con.print(f"decode: weights {dc.weights_s:.3g} s, {dc.per_seq_s:.3g} s/seq, "
+              f"{dc.per_context_token_s:.3g} s/context token")
+    con.print(f"copies ({d['copy_measurement']}): h2d {tr.h2d_bytes_per_s / 1e9:.2f} GB/s, "
+              f"d2h {tr.d2h_bytes_per_s / 1e9:.2f} GB/s, latency {tr.latency_s:.3g} s")
+    f1 = Table(title="Figure 1 cases on this device (tail time / front time)")
+    for col in ("context", "measured", "fitted profile", "units"):
+        f1.add_column(col, justify="right")
+    for r in d["figure1_measured"]:
+        f1.add_row(f"{r['context_tokens']:,}", f"{r['measured_speedup']:.3f}",
+                   f"{r['predicted_speedup']:.3f}", f"{r['units_speedup']:.3f}")
+    con.print(f1)
+    for h in d["hole_restore"]:
+        con.print(f"hole restore {h['hole']} + new {h['new']}: batched / apart = "
+                  f"{h['batched_over_apart']:.3f}")
+    con.print(f"written to {out}" if out else "not written (no --out)")
