@@ -46,9 +46,13 @@ def as_block_ids(ids: np.ndarray | list[int]) -> np.ndarray:
 
 
 def _agree(node_ids: np.ndarray, ids: np.ndarray, pos: int, m: int) -> int:
-    """Length of the common prefix of node_ids[:m] and ids[pos:pos+m] (first ids known equal)."""
-    if m == 1:
-        return 1
+    """Length of the common prefix of node_ids[:m] and ids[pos:pos+m] (first ids known equal).
+
+    Ids are chained (DESIGN.md: an id implies the whole prefix before it), so equal ids at the
+    last compared position mean the whole run agrees: one scalar comparison on the common
+    path. Otherwise one vectorized comparison finds the first difference."""
+    if m == 1 or node_ids[m - 1] == ids[pos + m - 1]:
+        return m
     diff = node_ids[:m] != ids[pos : pos + m]
     i = int(diff.argmax())
     return i if diff[i] else m
