@@ -5,7 +5,8 @@ An op stream is what a serving engine does to its prefix cache, without timing o
 ARRIVE r   the scheduler admits request r: match its prompt (all full blocks of the first
            in-1 tokens, as SGLang caps a hit at len-1) and lock the matched node.
 ALLOC r    allocate r's KV: need = ceil((in+out-1)/bs) blocks (the prompt plus every decoded
-           token that gets KV) minus the hit. If free < need, evict the shortfall first (SGLang's
+           token that gets KV) minus the hit (for hole-making presets: minus every matched
+           GPU block; holes are recomputed). If free < need, evict the shortfall first (SGLang's
            evict_to_free_tokens); if free + evictable < need, nothing is evicted and r is
            aborted (SGLang's admission check would keep it waiting): it holds nothing and
            inserts nothing.
@@ -422,20 +423,25 @@ class OursSide:
         self, capacity_blocks: int, preset: str = "sglang", debug: bool = False
     ) -> None:
         from policies.eviction import get_policy
-        from sim.kvcache import RadixKVCache
+        from sim.kvcache import RadixKVCache, Tier
 
+        self._gpu = Tier.GPU
         self.name = f"kvsim {preset}"
         self.cache = RadixKVCache(capacity_blocks, get_policy(preset), debug=debug)
-        self._running: dict[int, list[Any]] = {}  # rid -> [node, hit, granted]
+        self._running: dict[int, list[Any]] = {}  # rid -> [node, reuse, granted, no_holes]
 
     def prepare(self, req: Request) -> Any:
         return req
 
     def arrive(self, rid: int, inp: Any) -> int:
+        """Match + lock. Returns the GPU blocks the request reuses: SGLang's hit length for
+        presets without holes; with holes, also the GPU runs after a hole (the request
+        recomputes only the holes, as a phantom prefill, and its new blocks)."""
         m = self.cache.match(inp.match_ids, touch=True)
         self.cache.lock(m.node)
-        self._running[rid] = [m.node, m.hit_blocks, 0]
-        return m.hit_blocks
+        reuse = m.hit_blocks if m.hit_blocks == m.matched_blocks else m.blocks_in(self._gpu)
+        self._running[rid] = [m.node, reuse, 0, reuse == m.hit_blocks]
+        return reuse
 
     def alloc(self, rid: int, need: int) -> tuple[bool, np.ndarray]:
         st = self._running[rid]
@@ -452,14 +458,17 @@ class OursSide:
         return True, _freed_ids(freed)
 
     def finish(self, rid: int, inp: Any) -> np.ndarray:
-        node, hit, granted = self._running.pop(rid)
+        """Insert, release, unlock. Returns the ids of the request's own copies of blocks that
+        were already GPU-resident at insert (duplicates); after a match through holes only
+        their count is known, so then it returns nothing (only `sglang` is compared)."""
+        node, reuse, granted, no_holes = self._running.pop(rid)
         freed = np.empty(0, np.int64)
         cache = self.cache
         if granted >= 0:
             ins = cache.insert(inp.finish_ids)
             present = ins.existing_blocks
-            if present > hit:
-                freed = np.sort(inp.finish_ids[hit:present])
+            if no_holes and present > reuse:
+                freed = np.sort(inp.finish_ids[reuse:present])
             cache.release(granted)
         cache.unlock(node)
         return freed

@@ -7,6 +7,7 @@ run; the exit status is 1 if any failed.
 from __future__ import annotations
 
 import importlib
+import inspect
 import sys
 import time
 import traceback
@@ -29,8 +30,12 @@ def main(argv: list[str] | None = None) -> int:
             if entry is None:
                 print("   (no main(), skipped)")
                 continue
-            rc = entry([])
+            # main(argv) gets [] (defaults, not run_all's own argv); a bare main() nothing
+            rc = entry([]) if inspect.signature(entry).parameters else entry()
             if rc:
+                failed.append(name)
+        except SystemExit as exc:
+            if exc.code:
                 failed.append(name)
         except Exception:
             traceback.print_exc()

@@ -256,6 +256,19 @@ def test_random_streams_exercise_every_path() -> None:
     assert total["TOUCH"] > 20 and total["aborted"] > 0 and total["duplicates_freed"] > 0
 
 
+@pytest.mark.parametrize("preset", ["vllm", "penelope"])
+def test_other_presets_replay_within_capacity(preset: str) -> None:
+    """The same streams drive the vllm and penelope presets (the benchmark does): debug
+    recounts after every op, capacity holds, every request ends and nothing stays locked."""
+    for seed in range(6):
+        stream = random_stream(seed, n_ops=300, capacity_blocks=(24, 48, 96)[seed % 3])
+        side = OursSide(stream.capacity_blocks, preset, debug=True)
+        for ob in replay(stream, side):
+            assert ob.state["tree_blocks"] + ob.state["reserved"] <= stream.capacity_blocks
+        assert ob.state["reserved"] == 0 and ob.state["protected"] == 0
+        assert ob.state["evictable"] == ob.state["tree_blocks"]
+
+
 @needs_cc_traces
 @pytest.mark.shared_data
 @pytest.mark.parametrize(
