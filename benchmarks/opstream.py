@@ -37,6 +37,7 @@ import numpy as np
 ARRIVE, ALLOC, FINISH, TOUCH = 0, 1, 2, 3
 OP_NAMES = ("ARRIVE", "ALLOC", "FINISH", "TOUCH")
 
+
 @dataclass(frozen=True)
 class Request:
     """One request of a stream, in blocks of `block_size` tokens.
@@ -289,8 +290,10 @@ def trace_stream(
     per_session = []
     for si, sess in enumerate(trace.sessions):
         if sess.parent < 0:
-            n = sess.count if max_requests_per_session is None else min(
-                sess.count, max_requests_per_session
+            n = (
+                sess.count
+                if max_requests_per_session is None
+                else min(sess.count, max_requests_per_session)
             )
             per_session.append((si, range(sess.first, sess.first + n)))
     session_of = {r: si for si, rids in per_session for r in rids}
@@ -419,9 +422,7 @@ class SglangSide:
 class OursSide:
     """Our RadixKVCache under one eviction preset, driven by block ids."""
 
-    def __init__(
-        self, capacity_blocks: int, preset: str = "sglang", debug: bool = False
-    ) -> None:
+    def __init__(self, capacity_blocks: int, preset: str = "sglang", debug: bool = False) -> None:
         from policies.eviction import get_policy
         from sim.kvcache import RadixKVCache, Tier
 
