@@ -6,10 +6,15 @@ global across users and chained; the last id may cover a partial block (``ceil``
 - default: every request is its own session, sent at its timestamp (open-loop replay);
 - ``rebuild_sessions``: a request continues the session whose latest request's full 512-token
   blocks are a prefix of its own (the longest such session), else starts a new one; its gap is
-  the send-to-send time (the trace has no reply times) with kind ``human``.
+  the send-to-send time (the trace has no reply times) with kind ``human``. A prompt whose last
+  full block is a branching point of the trace (followed by different blocks in different
+  requests, like the end of a shared system prompt) is never continued: that would merge
+  unrelated users.
 """
 
 from __future__ import annotations
+
+import itertools
 
 from .blocks import UniqueIds, id_array, map_block_ids
 from .builder import TraceBuilder
@@ -27,6 +32,7 @@ def load_mooncake(paths: list[str], b: TraceBuilder, lenient: bool,
         skipped = [0]
         prev_ts: float | None = None
         tails: dict[tuple[int, int], int] = {}  # (last full id, n full blocks) -> session
+        branching = _branching_ids(path) if rebuild_sessions else set()
         last_send: dict[int, float] = {}
         n = 0
         for line, obj in iter_jsonl(path, lenient, skipped):
@@ -65,8 +71,24 @@ def load_mooncake(paths: list[str], b: TraceBuilder, lenient: bool,
             b.add(h, prompt=p, output=o, ids=cache_ids, send_time_s=send, gap_s=gap,
                   gap_kind=GAP_HUMAN, model="", kinds=kinds_mask(["text"]))
             last_send[h] = send
-            if rebuild_sessions and full:
+            if rebuild_sessions and full and full[-1] not in branching:
                 tails[(full[-1], len(full))] = h
             if not rebuild_sessions:
                 b.close(h)
         b.skipped += skipped[0]
+
+
+def _branching_ids(path) -> set[int]:
+    """Full-block ids followed by two different full-block ids somewhere in the file (a first
+    pass; a trailing partial block is not a continuation)."""
+    child: dict[int, int] = {}
+    out: set[int] = set()
+    for _line, obj in iter_jsonl(path, True, [0]):
+        ids = obj.get("hash_ids") if isinstance(obj, dict) else None
+        n = obj.get("input_length") if isinstance(obj, dict) else None
+        if not isinstance(ids, list) or not isinstance(n, int):
+            continue
+        for a, b in itertools.pairwise(ids[: n // MOONCAKE_BLOCK]):
+            if child.setdefault(a, b) != b:
+                out.add(a)
+    return out
