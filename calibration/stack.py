@@ -61,20 +61,27 @@ def _init(shape, fan_in, gen, device, dtype):
     return (w / fan_in**0.5).to(dtype)
 
 
-def make_layer(spec: ModelSpec, gen, device, dtype) -> LayerWeights:
+def layer_shapes(spec: ModelSpec) -> dict[str, object]:
+    """Shapes of one layer's matrices (``(in, out)``); their sizes sum to the spec's linear
+    MACs per token (tested for every registered model)."""
     h, d = spec.hidden, spec.head_dim
-    qkv = (spec.q_heads + 2 * spec.kv_heads) * d
-    mlps = []
     widths = ([spec.ffn] if spec.ffn else []) + [spec.expert_ffn] * spec.active_experts
-    for f in widths:
-        mlps.append((_init((h, 2 * f), h, gen, device, dtype),
-                     _init((f, h), f, gen, device, dtype)))
+    return {"wqkv": (h, (spec.q_heads + 2 * spec.kv_heads) * d), "wo": (spec.q_heads * d, h),
+            "ffn": [((h, 2 * f), (f, h)) for f in widths]}
+
+
+def make_layer(spec: ModelSpec, gen, device, dtype) -> LayerWeights:
+    shapes = layer_shapes(spec)
+
+    def init(shape):
+        return _init(shape, shape[0], gen, device, dtype)
+
     return LayerWeights(
-        ln1=torch.ones(h, device=device, dtype=dtype),
-        wqkv=_init((h, qkv), h, gen, device, dtype),
-        wo=_init((spec.q_heads * d, h), spec.q_heads * d, gen, device, dtype),
-        ln2=torch.ones(h, device=device, dtype=dtype),
-        ffn=mlps,
+        ln1=torch.ones(spec.hidden, device=device, dtype=dtype),
+        wqkv=init(shapes["wqkv"]),
+        wo=init(shapes["wo"]),
+        ln2=torch.ones(spec.hidden, device=device, dtype=dtype),
+        ffn=[(init(gu), init(down)) for gu, down in shapes["ffn"]],
     )
 
 
