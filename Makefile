@@ -22,8 +22,15 @@ $(TEST_STAMP): $(STAMP)
 
 venv: $(STAMP)
 
+# The embedded default: no downloads, no ../shared/data. Compares the three presets on the
+# synthetic Claude Code trace (fitted to the real one) and writes a table and PNG plots.
+DEMO_TRACE := synthetic:claude-code?sessions=40
+
 demo: $(STAMP)
-	$(BIN)/kvsim demo
+	$(BIN)/kvsim microbench figure1
+	$(BIN)/kvsim run --trace '$(DEMO_TRACE)' --max-context 128k --gaps tool --model qwen3-8b \
+		--gpu-cache 192k --sessions 4 --preset sglang,vllm,penelope --out out/demo
+	$(BIN)/kvsim plot out/demo
 
 test: $(TEST_STAMP)
 	$(BIN)/ruff check .
