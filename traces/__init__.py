@@ -4,8 +4,9 @@ Depends on nothing else of ours. See docs/traces.md.
 """
 
 from .errors import OptionError, TraceFormatError
-from .load import FORMATS, detect_format, load_trace
+from .load import FORMATS, detect_format, load_trace, read_trace_files
 from .model import GAP_KINDS, KIND_NAMES, Session, Trace, parse_gap_model
 
 __all__ = ["FORMATS", "GAP_KINDS", "KIND_NAMES", "OptionError", "Session", "Trace",
-           "TraceFormatError", "detect_format", "load_trace", "parse_gap_model"]
+           "TraceFormatError", "detect_format", "load_trace", "parse_gap_model",
+           "read_trace_files"]

@@ -85,6 +85,7 @@ class TraceBuilder:
             raise OptionError(f"block size must be a positive integer, got {block_size!r}")
         self.name, self.format, self.source, self.block_size = name, format, source, block_size
         self.skipped = 0
+        self.base_options: dict = {}  # recorded in every built Trace's options
         self._sessions: list[_Open] = []
         self._models: dict[str, int] = {}
 
@@ -245,6 +246,7 @@ class TraceBuilder:
         session_col = np.repeat(np.arange(len(order), dtype=np.int32), counts)
         opts = {"block_size": bs, "shared_prefix": shared_prefix, "max_context": max_context,
                 "select": select}
+        opts.update(self.base_options)
         opts.update(options or {})
         opts["skipped"] = self.skipped
         return Trace(

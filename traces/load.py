@@ -60,11 +60,35 @@ def load_trace(spec: str | list[str], format: str | None = None, block_size: int
     return _load_files(specs, fmt, block_size, build, lenient, extra)
 
 
+def read_trace_files(spec: str | list[str], format: str | None = None, block_size: int = 64,
+                     lenient: bool = False, rebuild_sessions: bool = False) -> TraceBuilder:
+    """Parse trace files once into a builder; ``builder.build(max_context=..., select=...,
+    shared_prefix=...)`` then makes Traces under several option sets without re-reading."""
+    specs = [str(s) for s in ([spec] if isinstance(spec, str | Path) else spec)]
+    fmt = format or detect_format(specs)
+    if fmt not in FORMATS:
+        raise OptionError(f"unknown trace format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    extra = {"rebuild_sessions": True} if rebuild_sessions else {}
+    return _parse(specs, fmt, block_size, lenient, extra)
+
+
 def _load_files(specs: list[str], fmt: str, block_size: int, build: dict, lenient: bool,
                 extra: dict | None = None) -> Trace:
     extra = extra or {}
+    b = _parse(specs, fmt, block_size, lenient, extra)
+    trace = b.build(**build)
+    if len(trace) == 0:
+        raise TraceFormatError(";".join(specs), None, None,
+                               "no requests" + (" left after the options" if b._sessions
+                                                else ""))
+    return trace
+
+
+def _parse(specs: list[str], fmt: str, block_size: int, lenient: bool,
+           extra: dict) -> TraceBuilder:
     name = Path(specs[0].rstrip("/")).name + (f"+{len(specs) - 1}" if len(specs) > 1 else "")
     b = TraceBuilder(name=name, format=fmt, source=";".join(specs), block_size=block_size)
+    b.base_options = {"format": fmt, "lenient": lenient, **extra}
     if fmt == "cc-traces":
         from .cctraces import load_cc_traces
 
@@ -85,12 +109,7 @@ def _load_files(specs: list[str], fmt: str, block_size: int, build: dict, lenien
         from .freeinference import load_freeinference
 
         load_freeinference(specs, b, lenient)
-    trace = b.build(**build, options={"format": fmt, "lenient": lenient, **extra})
-    if len(trace) == 0:
-        raise TraceFormatError(";".join(specs), None, None,
-                               "no requests" + (" left after the options" if b._sessions
-                                                else ""))
-    return trace
+    return b
 
 
 def _head(path: Path) -> bytes:

@@ -1,0 +1,66 @@
+"""Integration with the real traces in ../shared/data (skipped when absent)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from sim.cli.main import cli
+from traces import load_trace, read_trace_files
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+CC = DATA / "cc-traces"
+pytestmark = [pytest.mark.shared_data,
+              pytest.mark.skipif(not CC.is_dir(), reason="../shared/data is absent")]
+
+
+@pytest.fixture(scope="module")
+def cc_stats():
+    r = CliRunner().invoke(cli, ["trace", "stats", str(CC), "--json"])
+    assert r.exit_code == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_cc_traces_acceptance(cc_stats):
+    s = cc_stats
+    assert (s["sessions"], s["requests"]) == (360, 23669)
+    assert (s["subagent_sessions"], s["subagent_requests"]) == (38, 439)
+    assert s["prompt_tokens"]["median"] == 107694.0
+    assert s["prompt_tokens"]["max"] == 894371
+    assert s["infinite_cache_block_hit_rate"] == pytest.approx(0.9651, abs=1e-4)
+    assert s["gap_s"]["tool_median"] == 9.0
+    assert s["distinct_blocks"] == 1705884
+
+
+def test_generator_pins_are_the_real_statistics(cc_stats):
+    from test_traces_synthetic import REAL_CC, fitted
+
+    real = fitted(cc_stats)
+    assert real == pytest.approx(REAL_CC, rel=1e-4)
+
+
+def test_context_cut_and_selection():
+    b = read_trace_files(str(CC))
+    t = b.build(max_context=131072)
+    main = t.main_mask()
+    assert int(main.sum()) == 12530  # all 360 sessions cut at 128K
+    assert int(t.prompt_tokens.max()) <= 131072
+    top = b.build(max_context=131072, select="top-requests:16", shared_prefix="auto")
+    tops = [s for s in top.sessions if s.parent < 0]
+    assert len(tops) == 16
+    counts = sorted((s.count for s in t.sessions if s.parent < 0), reverse=True)
+    assert sorted((s.count for s in tops), reverse=True) == counts[:16]
+    # shared prefix: system + tool tokens become global shared ids across sessions
+    assert all(s.shared_prefix_blocks > 0 for s in tops)
+
+
+def test_other_real_formats():
+    mc = load_trace(str(DATA / "mooncake" / "synthetic_trace.jsonl.gz")).stats()
+    assert mc["requests"] == 3993 and mc["sessions"] == 3993
+    tl = load_trace(str(DATA / "tracelab-example")).stats()
+    assert tl["requests"] == 38 and tl["sessions"] == 4
+    one = load_trace(str(DATA / "tracelab-example" / "sanitized_round_trace.jsonl")).stats()
+    assert one["requests"] == 19 and one["sessions"] == 2
