@@ -31,7 +31,8 @@ pd.set_option("display.width", 200)
 pd.set_option("display.max_columns", 30)"""
 
 RUN = """doc = reproduce({name!r}, trace=TRACE, quick=QUICK, jobs=JOBS, gaps=GAPS)
-print(f"trace: {{doc['trace']}} ({{doc['trace_kind']}}), gaps: {{doc['gaps']}}, quick: {{doc['quick']}}")
+print(f"trace: {{doc['trace']}} ({{doc['trace_kind']}}), gaps: {{doc['gaps']}}, "
+      f"quick: {{doc['quick']}}")
 df = pd.DataFrame(doc["rows"])
 df"""
 
