@@ -188,3 +188,35 @@ def test_block_size_mapping_vs_token_truth(sizes, script, seed):
             assert got <= want
             if exact and bt <= bc:
                 assert got == want
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(-(2**62), 2**62), max_size=8),
+       st.lists(st.sampled_from([",", ", ", " , ", ",,", " ", "-", ".5", "", "\n,"]),
+                min_size=8, max_size=8),
+       st.sampled_from(["hash_ids", "block_ids", "other"]))
+def test_fast_id_list_parsing_equals_json(ids, seps, key):
+    """The numpy id-list fast path accepts exactly what json accepts, with the same values."""
+    import json
+
+    from traces.blocks import id_array, parse_json_with_id_lists
+    from traces.errors import RecordReader, TraceFormatError
+
+    body = "".join(f"{x}{seps[i]}" for i, x in enumerate(ids))
+    text = f'{{"{key}": [{body}], "n": 1}}'.encode()
+    try:
+        want = json.loads(text)
+    except json.JSONDecodeError:
+        with pytest.raises(json.JSONDecodeError):
+            parse_json_with_id_lists(text)
+        return
+    got, table = parse_json_with_id_lists(text)
+    assert got["n"] == 1
+    rec = RecordReader("f", 0, got)
+    try:
+        ref = id_array(RecordReader("f", 0, want), key).tolist()
+    except TraceFormatError:
+        with pytest.raises(TraceFormatError):
+            id_array(rec, key, table)
+        return
+    assert id_array(rec, key, table).tolist() == ref

@@ -11,6 +11,7 @@ get ids unique to the request (``unique_ids``): they are never shared.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -20,8 +21,71 @@ from .errors import RecordReader
 _MAX_PACK = np.iinfo(np.int64).max // 1024
 
 
-def id_array(rec: RecordReader, field: str) -> np.ndarray:
+_KEYS = (b'"hash_ids"', b'"block_ids"')
+_MARK = "\u0000ids:"
+
+
+def _int_list(body: bytes) -> np.ndarray | None:
+    """Parse ``1, 2, 3`` (strict JSON integers) in C, or None to leave it to json."""
+    compact = body.strip().replace(b", ", b",")
+    if not compact:
+        return np.zeros(0, np.int64)
+    if compact.translate(None, b"0123456789,-") or b",," in compact or compact.startswith(
+            b",") or compact.endswith(b","):
+        return None
+    try:
+        a = np.fromstring(compact, dtype=np.int64, sep=",")
+    except ValueError:
+        return None
+    return a if a.shape[0] == compact.count(b",") + 1 else None
+
+
+def parse_json_with_id_lists(data: bytes) -> tuple[Any, list[np.ndarray]]:
+    """``json.loads`` that parses well-formed integer id lists with numpy instead of Python.
+
+    Each ``"hash_ids": [1, 2, ...]`` (strict JSON integers only) becomes a placeholder string
+    pointing into the returned table; anything else is left for the strict per-record checks.
+    Faster than plain json on cc-traces, and no Python int per id."""
+    table: list[np.ndarray] = []
+    parts: list[bytes] = []
+    pos = 0
+    nxt = {k: data.find(k) for k in _KEYS}  # next occurrence of each key (-1: none left)
+    while True:
+        for k in _KEYS:
+            if 0 <= nxt[k] < pos:
+                nxt[k] = data.find(k, pos)
+        hits = [(i, k) for k, i in nxt.items() if i >= 0]
+        if not hits:
+            break
+        i, key = min(hits)
+        j = i + len(key)
+        while j < len(data) and data[j] in b" \t\r\n:":
+            j += 1
+        if j >= len(data) or data[j] != ord("[") or b":" not in data[i + len(key):j]:
+            parts.append(data[pos:j])
+            pos = j
+            continue
+        close = data.find(b"]", j)
+        ids = _int_list(data[j + 1:close]) if close > 0 else None
+        if ids is None:
+            parts.append(data[pos:j])
+            pos = j
+            continue
+        table.append(ids)
+        parts.append(data[pos:i])
+        parts.append(b'%s: "\\u0000ids:%d"' % (key, len(table) - 1))
+        pos = close + 1
+    parts.append(data[pos:])
+    return json.loads(b"".join(parts)), table
+
+
+def id_array(rec: RecordReader, field: str, table: list[np.ndarray] | None = None) -> np.ndarray:
     """A JSON list of integer ids (or integer strings) -> int64 array, else a named error."""
+    v0 = rec.raw(field)
+    if table is not None and isinstance(v0, str) and v0.startswith(_MARK):
+        i = v0[len(_MARK):]
+        if i.isdigit() and int(i) < len(table):
+            return table[int(i)]
     v: Any = rec.id_list(field)
     if not v:
         return np.zeros(0, np.int64)

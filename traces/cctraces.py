@@ -24,7 +24,7 @@ from typing import Any
 from .blocks import UniqueIds, id_array, map_block_ids
 from .builder import TraceBuilder
 from .errors import RecordReader, TraceFormatError
-from .files import iter_jsonl, list_files, load_json, strip_gz
+from .files import iter_lines, list_files, load_json_ids, read_bytes, strip_gz
 from .model import GAP_HUMAN, GAP_TOOL, kinds_mask
 
 SUFFIXES = (".json", ".jsonl")
@@ -35,31 +35,22 @@ def load_cc_traces(paths: list[str], b: TraceBuilder, lenient: bool) -> None:
     scope = 0
     for path in list_files(paths, SUFFIXES):
         if strip_gz(path.name).endswith(".jsonl"):
-            skipped = [0]
-            for line, obj in iter_jsonl(path, lenient, skipped):
-                scope += 1
-                _session_guarded(b, str(path), f"line {line}", obj, scope, unique, lenient)
-            b.skipped += skipped[0]
+            docs = ((f"line {i}", i, line) for i, line in iter_lines(path))
         else:
+            data = read_bytes(path)
+            if not data.strip():
+                raise TraceFormatError(str(path), None, None, "empty file")
+            docs = iter([(None, 0, data)])
+        for where, record, data in docs:
+            scope += 1
             try:
-                obj = load_json(path)
+                obj, table = load_json_ids(data, str(path), record)
+                _session(b, str(path), where, obj, scope, unique, lenient,
+                         None if where else path, table)
             except TraceFormatError:
                 if not lenient:
                     raise
                 b.skipped += 1
-                continue
-            scope += 1
-            _session_guarded(b, str(path), None, obj, scope, unique, lenient, path)
-
-
-def _session_guarded(b: TraceBuilder, file: str, where: str | None, obj: Any, scope: int,
-                     unique: UniqueIds, lenient: bool, path: Path | None = None) -> None:
-    try:
-        _session(b, file, where, obj, scope, unique, lenient, path)
-    except TraceFormatError:
-        if not lenient:
-            raise
-        b.skipped += 1
 
 
 def _label(where: str | None, inner: str) -> str:
@@ -67,7 +58,7 @@ def _label(where: str | None, inner: str) -> str:
 
 
 def _session(b: TraceBuilder, file: str, where: str | None, obj: Any, scope: int,
-             unique: UniqueIds, lenient: bool, path: Path | None) -> None:
+             unique: UniqueIds, lenient: bool, path: Path | None, table: list) -> None:
     rec = RecordReader(file, where or "session", obj)
     default_id = strip_gz(path.name).rsplit(".", 1)[0] if path else str(where)
     sid = str(rec.raw("id", default_id))
@@ -79,16 +70,17 @@ def _session(b: TraceBuilder, file: str, where: str | None, obj: Any, scope: int
     if not items:
         raise rec.fail("requests", "no requests")
     h = b.open_session(sid, scope=scope, prefix_hint_tokens=hint)
-    ctx = _Ctx(b, file, bs_trace, unique, lenient)
+    ctx = _Ctx(b, file, bs_trace, unique, lenient, table)
     ctx.run(h, items, _label(where, "requests"), t0=0.0, is_main=True, sid=sid, scope=scope)
     b.close(h)
 
 
 class _Ctx:
     def __init__(self, b: TraceBuilder, file: str, bs_trace: int, unique: UniqueIds,
-                 lenient: bool):
+                 lenient: bool, table: list):
         self.b, self.file, self.bs_trace, self.unique, self.lenient = (
             b, file, bs_trace, unique, lenient)
+        self.table = table  # id lists parsed by numpy (blocks.parse_json_with_id_lists)
 
     def run(self, h: int, items: list, label: str, t0: float, is_main: bool, sid: str,
             scope: int) -> None:
@@ -128,7 +120,7 @@ class _Ctx:
                     raise rec.fail("t", f"time goes backwards ({t} < {prev_t})")
                 p = rec.count("in")
                 o = rec.count("out")
-                ids = id_array(rec, "hash_ids")
+                ids = id_array(rec, "hash_ids", self.table)
                 if ids.shape[0] != p // self.bs_trace:
                     raise rec.fail("hash_ids", f"{ids.shape[0]} ids for {p} prompt tokens "
                                    f"(expected {p // self.bs_trace} full {self.bs_trace}-token "

@@ -31,6 +31,26 @@ def load_json(path: Path) -> Any:
         raise TraceFormatError(str(path), 0, None, f"malformed JSON: {e}") from None
 
 
+def load_json_ids(data: bytes, file: str, record: int | str) -> tuple[Any, list]:
+    """Parse one JSON document whose id lists are read by numpy (see blocks)."""
+    from .blocks import parse_json_with_id_lists
+
+    try:
+        return parse_json_with_id_lists(data)
+    except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as e:
+        raise TraceFormatError(file, record, None, f"malformed JSON: {e}") from None
+
+
+def iter_lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """(line index, raw line) per non-blank line."""
+    data = read_bytes(path)
+    if not data.strip():
+        raise TraceFormatError(str(path), None, None, "empty file")
+    for i, line in enumerate(data.splitlines()):
+        if line.strip():
+            yield i, line
+
+
 def iter_jsonl(path: Path, lenient: bool, skipped: list[int]) -> Iterator[tuple[int, Any]]:
     """(line index, parsed object) per non-blank line; a malformed line raises, or is counted
     in ``skipped[0]`` when lenient."""
