@@ -75,7 +75,8 @@ def _device(torch, name: str):
 def device_name(torch, device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"
+    n = torch.get_num_threads()
+    return f"{platform.processor() or platform.machine()} CPU, {n} thread{'' if n == 1 else 's'}"
 
 
 def check_memory(torch, device, need: int, what: str) -> None:
@@ -102,15 +103,16 @@ def attention_self_check(torch, device, dtype) -> float:
     ck = torch.randn(1, hkv, length, d, generator=gen)
     cv = torch.randn(1, hkv, length, d, generator=gen)
     worst = 0.0
+    ck, cv = ck.to(dtype).float(), cv.to(dtype).float()  # the reference sees rounded inputs
     for start, n, window in ((0, 64, None), (200, 96, None), (100, 150, 40), (300, 1, None)):
-        q = torch.randn(1, hq, n, d, generator=gen)
+        q = torch.randn(1, hq, n, d, generator=gen).to(dtype).float()
         with torch.inference_mode():
             out = attend(q.to(device, dtype), ck.to(device, dtype), cv.to(device, dtype),
                          start, window)[0].float().cpu()
         ref = naive_attention(q[0], ck[0, :, :start + n], cv[0, :, :start + n],
                               torch.arange(start, start + n), torch.arange(start + n), window)
         worst = max(worst, float((out.double() - ref).abs().max()))
-    tol = 1e-4 if dtype == torch.float32 else 5e-2
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
     if worst > tol:
         raise CalibrationError(f"attention self-check failed on {device}: max error {worst:.3g}")
     return worst
