@@ -54,10 +54,10 @@ def run(
     timings: list[Timing] = []
     if with_sglang:
         with torch_single_thread():
-            side = SglangSide(capacity_blocks, stream.block_size)
+            side = SglangSide(capacity_blocks, stream.block_size, record=False)
             timings.append(timed_replay(stream, side))
     for preset in PRESETS:
-        timings.append(timed_replay(stream, OursSide(capacity_blocks, preset)))
+        timings.append(timed_replay(stream, OursSide(capacity_blocks, preset, record=False)))
     by_name = {t.name: t for t in timings}
     ours = by_name["kvsim sglang"].requests_per_s
     rows = []

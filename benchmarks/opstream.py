@@ -347,6 +347,9 @@ class Observation:
     state: dict[str, Any] | None = None
 
 
+_EMPTY = np.empty(0, np.int64)
+
+
 def _freed_ids(parts: list[np.ndarray]) -> np.ndarray:
     if not parts:
         return np.empty(0, np.int64)
@@ -354,13 +357,16 @@ def _freed_ids(parts: list[np.ndarray]) -> np.ndarray:
 
 
 class SglangSide:
-    """SGLang's RadixCache with the stream's capacity accounting around it."""
+    """SGLang's RadixCache with the stream's capacity accounting around it.
 
-    def __init__(self, capacity_blocks: int, block_size: int = 64) -> None:
+    `record=False` (speed runs): freed ids are not collected; alloc/finish return empty arrays.
+    """
+
+    def __init__(self, capacity_blocks: int, block_size: int = 64, record: bool = True) -> None:
         from benchmarks.sglang_ref import SglangRef
 
         self.name = "SGLang RadixCache"
-        self.ref = SglangRef(block_size)
+        self.ref = SglangRef(block_size, record=record)
         self.capacity = capacity_blocks
         self.reserved = 0
         self._running: dict[int, list[Any]] = {}  # rid -> [node, hit, granted]
@@ -420,13 +426,23 @@ class SglangSide:
 
 
 class OursSide:
-    """Our RadixKVCache under one eviction preset, driven by block ids."""
+    """Our RadixKVCache under one eviction preset, driven by block ids.
 
-    def __init__(self, capacity_blocks: int, preset: str = "sglang", debug: bool = False) -> None:
+    `record=False` (speed runs): freed ids are not collected; alloc/finish return empty arrays.
+    """
+
+    def __init__(
+        self,
+        capacity_blocks: int,
+        preset: str = "sglang",
+        debug: bool = False,
+        record: bool = True,
+    ) -> None:
         from policies.eviction import get_policy
         from sim.kvcache import RadixKVCache, Tier
 
         self._gpu = Tier.GPU
+        self.record = record
         self.name = f"kvsim {preset}"
         self.cache = RadixKVCache(capacity_blocks, get_policy(preset), debug=debug)
         self._running: dict[int, list[Any]] = {}  # rid -> [node, reuse, granted, no_holes]
@@ -450,13 +466,12 @@ class OursSide:
         cache = self.cache
         freed: list[np.ndarray] = []
         if n > cache.free_blocks:
-            freed = list(cache.make_room(n).freed)
-        if cache.free_blocks < n:
-            st[2] = -1
-            return False, _freed_ids(freed)
-        cache.reserve(n)
-        st[2] = n
-        return True, _freed_ids(freed)
+            freed = cache.make_room(n).freed
+        ok = cache.free_blocks >= n
+        if ok:
+            cache.reserve(n)
+        st[2] = n if ok else -1
+        return ok, _freed_ids(freed) if self.record else _EMPTY
 
     def finish(self, rid: int, inp: Any) -> np.ndarray:
         """Insert, release, unlock. Returns the ids of the request's own copies of blocks that
@@ -468,7 +483,7 @@ class OursSide:
         if granted >= 0:
             ins = cache.insert(inp.finish_ids)
             present = ins.existing_blocks
-            if no_holes and present > reuse:
+            if self.record and no_holes and present > reuse:
                 freed = np.sort(inp.finish_ids[reuse:present])
             cache.release(granted)
         cache.unlock(node)

@@ -197,16 +197,19 @@ class RecordingAllocator:
     """The allocator RadixCache needs in simulation: a `device` and `free_segment`.
 
     It records every freed KV index; `take_freed()` returns them as block ids (index // 64) and
-    clears the record.
+    clears the record. With `record=False` (speed runs) it does nothing at all.
     """
 
     device = "cpu"
 
-    def __init__(self, block_size: int) -> None:
+    def __init__(self, block_size: int, record: bool = True) -> None:
         self.block_size = block_size
+        self.record = record
         self._freed: list[np.ndarray] = []
 
     def free_segment(self, indices: Any, start_pos: int = 0) -> None:
+        if not self.record:
+            return
         arr = np.asarray(indices.numpy() if hasattr(indices, "numpy") else indices, np.int64)
         if arr.size:
             self._freed.append(arr)
@@ -236,7 +239,9 @@ class SglangRef:
     Sizes are reported in blocks (SGLang counts tokens; every tree key is page aligned).
     """
 
-    def __init__(self, block_size: int = 64, eviction_policy: str = "lru") -> None:
+    def __init__(
+        self, block_size: int = 64, eviction_policy: str = "lru", record: bool = True
+    ) -> None:
         radix = load_radix_cache_module()
         base = _MODULES["base_prefix_cache"]  # type: ignore[index]
         import torch
@@ -245,7 +250,7 @@ class SglangRef:
         self._radix = radix
         self._base = base
         self.block_size = block_size
-        self.allocator = RecordingAllocator(block_size)
+        self.allocator = RecordingAllocator(block_size, record)
         params = sys.modules["sglang.srt.mem_cache.cache_init_params"].CacheInitParams(
             disable=False,
             req_to_token_pool=None,
