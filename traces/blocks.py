@@ -12,6 +12,7 @@ get ids unique to the request (``unique_ids``): they are never shared.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,8 @@ _MAX_PACK = np.iinfo(np.int64).max // 1024
 
 _KEYS = (b'"hash_ids"', b'"block_ids"')
 _MARK = "\u0000ids:"
+_LEADING_ZERO = re.compile(rb"(?:^|,)-?0\d")  # JSON forbids 01 / -01
+_I64 = np.iinfo(np.int64)
 
 
 def _int_list(body: bytes) -> np.ndarray | None:
@@ -31,13 +34,16 @@ def _int_list(body: bytes) -> np.ndarray | None:
     if not compact:
         return np.zeros(0, np.int64)
     if compact.translate(None, b"0123456789,-") or b",," in compact or compact.startswith(
-            b",") or compact.endswith(b","):
-        return None
+            b",") or compact.endswith(b",") or _LEADING_ZERO.search(compact):
+        return None  # not plain JSON integers: json and the strict checks decide
     try:
         a = np.fromstring(compact, dtype=np.int64, sep=",")
     except ValueError:
         return None
-    return a if a.shape[0] == compact.count(b",") + 1 else None
+    if a.shape[0] != compact.count(b",") + 1 or (a.shape[0] and (
+            a.max() == _I64.max or a.min() == _I64.min)):
+        return None  # a parse stopped early, or a value may have overflowed (saturates)
+    return a
 
 
 def parse_json_with_id_lists(data: bytes) -> tuple[Any, list[np.ndarray]]:
