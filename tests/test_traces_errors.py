@@ -205,3 +205,21 @@ def test_cli_reports_bad_input_with_status_2(tmp_path):
         assert r.exit_code == 2, bad
     r = CliRunner().invoke(cli, ["trace", "stats", "synthetic:nope"])
     assert r.exit_code == 2 and "unknown synthetic trace" in r.stderr
+
+
+def test_freeinference_parquet_mistyped_block_ids(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    d = F.write_freeinference_parquet(tmp_path / "fip", S)
+    t = pq.read_table(d / "requests.parquet")
+    # ids as strings: numeric ones are accepted, request 3's are not
+    rows = [[str(x) for x in v] for v in t.column("block_ids").to_pylist()]
+    rows[3] = [x + "x" for x in rows[3]]
+    bad = pa.array(rows)
+    t = t.set_column(t.column_names.index("block_ids"), "block_ids", bad)
+    pq.write_table(t, d / "requests.parquet")
+    with pytest.raises(TraceFormatError) as e:
+        load_trace(str(d))
+    assert "requests.parquet: record 3: field 'block_ids'" in str(e.value)
+    assert load_trace(str(d), lenient=True).skipped == 1

@@ -69,6 +69,20 @@ def iter_jsonl(path: Path, lenient: bool, skipped: list[int]) -> Iterator[tuple[
             raise TraceFormatError(str(path), i, None, f"malformed JSON: {e}") from None
 
 
+def iter_jsonl_ids(path: Path, lenient: bool,
+                   skipped: list[int]) -> Iterator[tuple[int, Any, list]]:
+    """Like ``iter_jsonl`` with id lists parsed by numpy: (line, object, id table)."""
+    for i, line in iter_lines(path):
+        try:
+            obj, table = load_json_ids(line, str(path), i)
+        except TraceFormatError:
+            if lenient:
+                skipped[0] += 1
+                continue
+            raise
+        yield i, obj, table
+
+
 def strip_gz(name: str) -> str:
     return name[:-3] if name.endswith(".gz") else name
 

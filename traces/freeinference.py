@@ -23,10 +23,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .blocks import UniqueIds, id_array, map_block_ids
+import numpy as np
+
+from .blocks import _MARK, UniqueIds, id_array, map_block_ids
 from .builder import TraceBuilder
 from .errors import RecordReader, TraceFormatError
-from .files import iter_jsonl, strip_gz
+from .files import iter_jsonl_ids, strip_gz
 from .model import GAP_HUMAN, GAP_TOOL, kinds_mask
 
 FI_BLOCK = 16
@@ -39,6 +41,7 @@ class _Sess:
         self.spawned_by_step = -1
         self.requests: list[RecordReader] = []
         self.children: list[_Sess] = []
+        self.table: list = []  # id arrays the requests' block_ids markers point into
 
 
 def _files(paths: list[str]) -> list[Path]:
@@ -74,10 +77,10 @@ def load_freeinference(paths: list[str], b: TraceBuilder, lenient: bool) -> None
 
 
 def _nested(sess_obj: Any, file: str, record: str, parent: _Sess | None, step: int,
-            b: TraceBuilder, lenient: bool) -> _Sess:
+            b: TraceBuilder, lenient: bool, table: list) -> _Sess:
     rec = RecordReader(file, record, sess_obj)
     s = _Sess(str(rec.raw("session_id")), file, record, str(rec.raw("harness", "") or ""))
-    s.parent, s.spawned_by_step = parent, step
+    s.parent, s.spawned_by_step, s.table = parent, step, table
     for i, r in enumerate(rec.obj_list("requests")):
         rr = RecordReader(file, f"{record}.requests[{i}]", r)
         s.requests.append(rr)
@@ -91,7 +94,8 @@ def _nested(sess_obj: Any, file: str, record: str, parent: _Sess | None, step: i
                 where = f"{record}.requests[{i}].tool_calls[{j}]." + (
                     f"subagents[{k}]" if many else "subagent")
                 try:
-                    s.children.append(_nested(sub, file, where, s, step_i, b, lenient))
+                    s.children.append(_nested(sub, file, where, s, step_i, b, lenient,
+                                              table))
                 except TraceFormatError:
                     if not lenient:
                         raise
@@ -102,9 +106,9 @@ def _nested(sess_obj: Any, file: str, record: str, parent: _Sess | None, step: i
 def _read_jsonl(path: Path, b: TraceBuilder, lenient: bool) -> list[_Sess]:
     skipped = [0]
     tops = []
-    for line, obj in iter_jsonl(path, lenient, skipped):
+    for line, obj, table in iter_jsonl_ids(path, lenient, skipped):
         try:
-            tops.append(_nested(obj, str(path), f"line {line}", None, -1, b, lenient))
+            tops.append(_nested(obj, str(path), f"line {line}", None, -1, b, lenient, table))
         except TraceFormatError:
             if not lenient:
                 raise
@@ -114,13 +118,29 @@ def _read_jsonl(path: Path, b: TraceBuilder, lenient: bool) -> list[_Sess]:
 
 
 def _read_parquet(folder: Path, b: TraceBuilder, lenient: bool) -> list[_Sess]:
+    import pyarrow as pa
     import pyarrow.parquet as pq
+
+    ids_table: list = []
 
     def table(name: str) -> list[dict]:
         path = folder / f"{name}.parquet"
         try:
-            return pq.read_table(path).to_pylist()
-        except Exception as e:  # pyarrow raises ArrowInvalid / OSError on bad files
+            t = pq.read_table(path)
+            col = t.column("block_ids").combine_chunks() if "block_ids" in t.column_names \
+                else None
+            if col is not None and (pa.types.is_list(col.type) or pa.types.is_large_list(
+                    col.type)) and pa.types.is_integer(col.type.value_type) \
+                    and col.values.null_count == 0:  # id lists straight to numpy
+                offsets = col.offsets.to_numpy()
+                values = col.values.to_numpy(zero_copy_only=False).astype(np.int64)
+                valid = col.is_valid().to_numpy(zero_copy_only=False)
+                base = len(ids_table)
+                ids_table.extend(values[offsets[i]:offsets[i + 1]] for i in range(len(col)))
+                marks = [f"{_MARK}{base + i}" if valid[i] else None for i in range(len(col))]
+                t = t.drop_columns(["block_ids"]).append_column("block_ids", pa.array(marks))
+            return t.to_pylist()
+        except (pa.ArrowException, OSError, ValueError) as e:
             raise TraceFormatError(str(path), None, None, f"cannot read Parquet: {e}") from None
 
     sess_rows = table("sessions") if (folder / "sessions.parquet").is_file() else []
@@ -143,6 +163,7 @@ def _read_parquet(folder: Path, b: TraceBuilder, lenient: bool) -> list[_Sess]:
         if sid not in sessions:
             sessions[sid] = _Sess(sid, file_r, str(i), "")
         sessions[sid].requests.append(rec)
+        sessions[sid].table = ids_table
     tops = []
     for sid, s in sessions.items():
         parent, step = meta.get(sid, (None, -1))
@@ -202,7 +223,7 @@ def _emit(s: _Sess, b: TraceBuilder, scope: int, unique: UniqueIds, lenient: boo
                 raise rec.fail("start_ms", f"time goes backwards ({start} < {prev_start})")
             p = rec.count("prompt_tokens")
             o = rec.count("completion_tokens", 0)
-            ids = id_array(rec, "block_ids")
+            ids = id_array(rec, "block_ids", s.table)
             lo, hi = p // FI_BLOCK, -(-p // FI_BLOCK)
             if not lo <= ids.shape[0] <= hi:
                 raise rec.fail("block_ids", f"{ids.shape[0]} ids for {p} prompt tokens "

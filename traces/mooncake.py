@@ -19,7 +19,7 @@ import itertools
 from .blocks import UniqueIds, id_array, map_block_ids
 from .builder import TraceBuilder
 from .errors import RecordReader, TraceFormatError
-from .files import iter_jsonl, list_files
+from .files import iter_jsonl, iter_jsonl_ids, list_files
 from .model import GAP_HUMAN, kinds_mask
 
 MOONCAKE_BLOCK = 512
@@ -35,7 +35,7 @@ def load_mooncake(paths: list[str], b: TraceBuilder, lenient: bool,
         branching = _branching_ids(path) if rebuild_sessions else set()
         last_send: dict[int, float] = {}
         n = 0
-        for line, obj in iter_jsonl(path, lenient, skipped):
+        for line, obj, table in iter_jsonl_ids(path, lenient, skipped):
             try:
                 rec = RecordReader(str(path), line, obj)
                 ts = rec.seconds("timestamp")
@@ -43,7 +43,7 @@ def load_mooncake(paths: list[str], b: TraceBuilder, lenient: bool,
                     raise rec.fail("timestamp", f"time goes backwards ({ts} < {prev_ts})")
                 p = rec.count("input_length")
                 o = rec.count("output_length")
-                ids = id_array(rec, "hash_ids")
+                ids = id_array(rec, "hash_ids", table)
                 lo, hi = p // MOONCAKE_BLOCK, -(-p // MOONCAKE_BLOCK)
                 if not lo <= ids.shape[0] <= hi:
                     raise rec.fail("hash_ids", f"{ids.shape[0]} ids for {p} prompt tokens "
