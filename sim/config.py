@@ -52,6 +52,10 @@ class RunConfig:
     scheduler: str = "lpm"
     # --- SGLang engine knobs -------------------------------------------------------------
     chunk_size: int = 8192  # chunked_prefill_size
+    # SGLang inserts each finished chunk into the tree (cache_unfinished_req), so a long
+    # prompt becomes nodes of at most chunk_size tokens. False: insert once the prompt is
+    # done (one node per prompt), which makes whole-node eviction far coarser.
+    checkpoint_chunks: bool = True
     max_running: int | None = None  # None = SGLang's default (large; never binds at small N)
     max_new_tokens: int | None = None  # None: clients leave it unset -> SGLang assumes ctx - input
     clip_max_new_tokens: int = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION

@@ -359,8 +359,9 @@ class Server:
         for (req, _ranges), units in zip(batch, per_req, strict=True):
             self.rec.prefill_units(req, units)
             if req.ranges:  # chunk of an unfinished prompt: checkpoint what is contiguous
-                done_to = req.ranges[0][0]
-                self._checkpoint(req, min(done_to // self.bs, req.ids.size), done_to)
+                if self.cfg.checkpoint_chunks:
+                    done_to = req.ranges[0][0]
+                    self._checkpoint(req, min(done_to // self.bs, req.ids.size), done_to)
                 continue
             self._checkpoint(req, req.ids.size, req.context_tokens)
             if req.generated == 0:

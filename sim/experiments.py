@@ -57,6 +57,7 @@ class Context:
     quick: bool = False
     gaps: str = "tool"
     jobs: int = 1
+    prompt_nodes: str = "chunked"  # chunked (SGLang: a node per prefill chunk) | whole
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -68,7 +69,8 @@ class Context:
         cfg = RunConfig(trace=self.trace, model=model, gpu_cache=cache, max_context=ctx_cut,
                         shared_prefix=None if self.is_synthetic else SHARED_PREFIX,
                         select=None if self.is_synthetic else "top-requests:24",
-                        gaps=self.gaps, sessions=sessions, scheduler="lpm")
+                        gaps=self.gaps, sessions=sessions, scheduler="lpm",
+                        checkpoint_chunks=self.prompt_nodes == "chunked")
         if self.quick:
             # Seconds, not minutes: fewer sessions, shorter contexts, a proportionally
             # smaller cache so that eviction still happens.
@@ -156,26 +158,30 @@ ABLATION = [(e, g) for g in ("node", "block") for e in ("tail", "leaf-head", "pr
 
 
 def ablation(ctx: Context) -> list[dict[str, Any]]:
-    """All six start x granularity combinations against sglang (8B, 4 sessions)."""
-    base = ctx.base("qwen3-8b", 4)
-    configs = [base.with_preset("sglang")] + [
-        replace(base, preset=None, order="lru", evict=e, granularity=g) for e, g in ABLATION]
-    sums = _run_all(ctx, configs)
-    ref = sums[0]
+    """All six start x granularity combinations against sglang (8B, 4 sessions), for both
+    tree shapes: ``chunked`` (SGLang inserts every prefill chunk, so nodes hold <= 8K tokens)
+    and ``whole`` (one node per prompt). Whole-node deletion only hurts when nodes are big,
+    so the tree shape decides how much granularity matters."""
     rows = []
-    for (e, g), s in zip(ABLATION, sums[1:], strict=True):
-        paper = PAPER["ablation_ttft_change"].get((e, g))
-        change = _change(s["ttft_mean_s"], ref["ttft_mean_s"])
-        lost = PAPER["ablation_lost90_share"][g]
-        rows.append({
-            "evict": e, "granularity": g, "ttft_mean_s": s["ttft_mean_s"],
-            "ttft_change": change, "hit_rate": s["hit_rate"],
-            "paper_ttft_change": paper,
-            "paper_hit_rate": PAPER["ablation_hit_rate"].get((e, g)),
-            "difference": None if paper is None else change - paper,
-            "recompute_share_lost90": s["recompute_share_lost90_tokens"],
-            "paper_recompute_share_lost90": f"{lost[0]:.0%}..{lost[1]:.0%}",
-        })
+    for nodes in ("chunked", "whole"):
+        base = replace(ctx.base("qwen3-8b", 4), checkpoint_chunks=nodes == "chunked")
+        configs = [base.with_preset("sglang")] + [
+            replace(base, preset=None, order="lru", evict=e, granularity=g) for e, g in ABLATION]
+        sums = _run_all(ctx, configs)
+        ref = sums[0]
+        for (e, g), s in zip(ABLATION, sums[1:], strict=True):
+            paper = PAPER["ablation_ttft_change"].get((e, g))
+            change = _change(s["ttft_mean_s"], ref["ttft_mean_s"])
+            lost = PAPER["ablation_lost90_share"][g]
+            rows.append({
+                "prompt_nodes": nodes, "evict": e, "granularity": g,
+                "ttft_mean_s": s["ttft_mean_s"], "ttft_change": change,
+                "hit_rate": s["hit_rate"], "paper_ttft_change": paper,
+                "paper_hit_rate": PAPER["ablation_hit_rate"].get((e, g)),
+                "difference": None if paper is None else change - paper,
+                "recompute_share_lost90": s["recompute_share_lost90_tokens"],
+                "paper_recompute_share_lost90": f"{lost[0]:.0%}..{lost[1]:.0%}",
+            })
     return rows
 
 
@@ -235,14 +241,15 @@ def default_trace() -> tuple[str, str]:
 
 
 def reproduce(name: str, trace: str | None = None, quick: bool = False, jobs: int = 1,
-              gaps: str = "tool") -> dict[str, Any]:
+              gaps: str = "tool", prompt_nodes: str = "chunked") -> dict[str, Any]:
     if name not in EXPERIMENTS:
         raise KeyError(f"unknown experiment {name!r}; known: {', '.join(EXPERIMENTS)}")
     if trace is None:
         trace, which = default_trace()
     else:
         which = "given trace"
-    ctx = Context(trace=trace, quick=quick, gaps=gaps, jobs=jobs)
+    ctx = Context(trace=trace, quick=quick, gaps=gaps, jobs=jobs, prompt_nodes=prompt_nodes)
     rows = EXPERIMENTS[name](ctx)
     return {"experiment": name, "trace": trace, "trace_kind": which, "gaps": gaps,
+            "prompt_nodes": prompt_nodes if name != "ablation" else "both",
             "quick": quick, "rows": rows}

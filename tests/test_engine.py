@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -122,3 +124,18 @@ def test_sglang_evicts_the_tail_instead() -> None:
     a2 = res.requests[(res.requests.session == "s0") & (res.requests.turn == 1)].iloc[0]
     assert a2.hole_tokens == 0
     assert a2.ttft_s == pytest.approx(prefill((int(a2.hit_gpu_tokens), 6000)), rel=1e-12)
+
+
+def test_prompt_nodes_whole_prices_the_same_but_evicts_whole_prompts() -> None:
+    # A's 20000-token prompt is one tree node when inserted whole, ~3 nodes when chunked.
+    # B's second turn needs room while A waits: SGLang's whole-node tail eviction then frees
+    # all of A's prompt (whole) or only its last chunk nodes (chunked).
+    trace = KitTrace([[(20000, 1, 0.0), (21000, 1, 10.0)], [(100, 1, 0.0), (9000, 1, 1.0)]])
+    runs = {}
+    for chunked in (True, False):
+        c = replace(cfg(gpu_cache=28 * 1024, sessions=2, preset="sglang"),
+                    checkpoint_chunks=chunked)
+        runs[chunked] = run(c, trace).requests.set_index(["session", "turn"])
+    assert runs[True].loc[("s0", 0)].ttft_s == pytest.approx(runs[False].loc[("s0", 0)].ttft_s)
+    assert runs[False].loc[("s0", 1)].hit_gpu_tokens == 0
+    assert runs[True].loc[("s0", 1)].hit_gpu_tokens >= 8192

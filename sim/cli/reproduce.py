@@ -29,17 +29,20 @@ def _fmt(k: str, v: object) -> str:
                    "synthetic:claude-code).")
 @click.option("--gaps", default="tool", show_default=True,
               help="Gap model; the paper replays the recorded tool time.")
+@click.option("--prompt-nodes", type=click.Choice(["chunked", "whole"]), default="chunked",
+              show_default=True, help="Tree shape (see kvsim run --help); ablation runs both.")
 @click.option("--quick", is_flag=True, help="Shrink every run to seconds.")
 @click.option("-j", "--jobs", type=int, default=1, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-def reproduce_cmd(name: str, trace: str | None, gaps: str, quick: bool, jobs: int,
-                  as_json: bool) -> None:
+def reproduce_cmd(name: str, trace: str | None, gaps: str, prompt_nodes: str, quick: bool,
+                  jobs: int, as_json: bool) -> None:
     """Run a named paper experiment and print ours beside the paper's numbers."""
     from sim.experiments import EXPERIMENTS, reproduce
 
     if name not in EXPERIMENTS:
         raise click.UsageError(f"{name} needs the two-tier cache, which is not built yet")
-    doc = reproduce(name, trace=trace, quick=quick, jobs=jobs, gaps=gaps)
+    doc = reproduce(name, trace=trace, quick=quick, jobs=jobs, gaps=gaps,
+                    prompt_nodes=prompt_nodes)
     stderr.print(f"{name}: trace {doc['trace']} ({doc['trace_kind']}), gaps {doc['gaps']}"
                  + (", quick" if quick else ""))
     if as_json:

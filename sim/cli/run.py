@@ -114,6 +114,10 @@ def print_table(runs: list[dict[str, Any]], title: str) -> None:
 @click.option("--scheduler", type=click.Choice(["fcfs", "lpm", "lpm-cpu"]), default="lpm",
               show_default=True)
 @click.option("--chunk-size", type=SIZE, default="8192", show_default=True)
+@click.option("--prompt-nodes", type=click.Choice(["chunked", "whole"]), default="chunked",
+              show_default=True,
+              help="chunked: each prefill chunk enters the tree as it finishes (SGLang), so "
+                   "nodes hold <= chunk-size tokens; whole: a prompt enters once done.")
 @click.option("--max-new-tokens", type=int, default=None,
               help="Assumed max_new_tokens (default: unset, SGLang reserves up to 4096).")
 @click.option("--max-running", type=int, default=None)
@@ -124,8 +128,8 @@ def print_table(runs: list[dict[str, Any]], title: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def run_cmd(trace, trace_format, select, shared_prefix, max_context, gaps, block_size, lenient,
             model, profile, gpu_cache, cpu_cache, tiering, sessions, replay, preset, evict,
-            granularity, scheduler, chunk_size, max_new_tokens, max_running, seed, debug_cache,
-            out, as_json) -> None:
+            granularity, scheduler, chunk_size, prompt_nodes, max_new_tokens, max_running, seed,
+            debug_cache, out, as_json) -> None:
     """Replay a trace through the simulated server under each policy; report TTFT, JCT, hits."""
     from sim.runner import run, write_result  # the engine loads only when a run is asked for
 
@@ -135,6 +139,7 @@ def run_cmd(trace, trace_format, select, shared_prefix, max_context, gaps, block
         block_size=block_size, gaps=gaps, lenient=lenient, sessions=sessions, replay=replay,
         model=model, profile=profile, gpu_cache=gpu_cache, cpu_cache=cpu_cache,
         tiering=tiering, scheduler=scheduler, chunk_size=chunk_size,
+        checkpoint_chunks=prompt_nodes == "chunked",
         max_new_tokens=max_new_tokens, max_running=max_running, seed=seed,
         debug_cache=debug_cache)
     if preset is None and (evict or granularity):
