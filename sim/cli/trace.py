@@ -54,6 +54,8 @@ TRACE_OPTIONS: list[Callable] = [
                  help="Seed of synthetic generators."),
     click.option("--cache-dir", default=None, type=click.Path(file_okay=False),
                  help="Keep an npz copy of each loaded trace here for fast reloads."),
+    click.option("--rebuild-sessions", is_flag=True,
+                 help="Mooncake: chain requests into sessions by prefix continuation."),
 ]
 
 
@@ -67,10 +69,12 @@ def trace_options(f: Callable) -> Callable:
 def load_from_options(spec: str | list[str], trace_format: str | None, block_size: int,
                       shared_prefix: int | str | None, max_context: int | None,
                       select: str | None, lenient: bool, seed: int,
-                      cache_dir: str | None = None, **_: Any) -> Any:
+                      cache_dir: str | None = None, rebuild_sessions: bool = False,
+                      **_: Any) -> Any:
     return load_trace(spec, format=trace_format, block_size=block_size,
                       shared_prefix=shared_prefix, max_context=max_context, select=select,
-                      seed=seed, lenient=lenient, cache_dir=cache_dir)
+                      seed=seed, lenient=lenient, cache_dir=cache_dir,
+                      rebuild_sessions=rebuild_sessions)
 
 
 def _fmt(v: Any) -> str:
