@@ -183,3 +183,17 @@ def test_cache_roundtrip(fx, tmp_path):
     files[0].write_bytes(b"garbage")  # unusable cache files are rebuilt
     c = load_trace(str(d / "cc"), cache_dir=str(tmp_path), shared_prefix="auto")
     assert c.stats() == a.stats()
+
+
+def test_freeinference_tool_latency_when_reply_end_is_missing(tmp_path):
+    S = F.make_sessions(seed=7, n_sessions=1, subagent=False)
+    docs = F.freeinference_sessions(S)
+    docs[0]["requests"][0]["end_ms"] = None
+    docs[0]["requests"][0]["tool_calls"] = [{"call_index": 0, "name": "Bash",
+                                             "latency_ms": 4200},
+                                            {"call_index": 1, "name": "Read", "latency_ms": 800}]
+    (tmp_path / "traces").mkdir()
+    F.write_jsonl(tmp_path / "traces" / "w.jsonl", docs)
+    t = load_trace(str(tmp_path), format="freeinference")
+    assert t.gap_s[1] == pytest.approx(4.2)
+    assert t.gap_s[2] == pytest.approx(S[0].requests[2].think, abs=2e-3)

@@ -12,7 +12,8 @@ No copy is available here; this follows the published schema (../shared/data/REA
 Block ids are 16-token blocks (floor or ceil count accepted), chained, week-local: one id
 scope per file (Parquet folder or weekly JSONL). Times are milliseconds; send time = start_ms
 from the first request of the file. Gap = start_ms - previous end_ms (from the end of the
-latest sub-agent spawned at the previous step when later); kind: tool when step_trigger is
+latest sub-agent spawned at the previous step when later; when the previous end_ms is
+missing, the longest tool ``latency_ms`` of that step); kind: tool when step_trigger is
 ``tool``. A sub-agent starts after its spawning step's reply (start offset = its first
 start_ms - that step's end_ms). Shared-prefix hint: role_tokens system + tool_definitions of
 the first request.
@@ -42,6 +43,7 @@ class _Sess:
         self.requests: list[RecordReader] = []
         self.children: list[_Sess] = []
         self.table: list = []  # id arrays the requests' block_ids markers point into
+        self.latency: dict[int, float] = {}  # step -> longest tool latency_ms of its calls
 
 
 def _files(paths: list[str]) -> list[Path]:
@@ -88,6 +90,7 @@ def _nested(sess_obj: Any, file: str, record: str, parent: _Sess | None, step: i
         for j, call in enumerate(rr.obj_list("tool_calls", []) or []):
             if not isinstance(call, dict):
                 continue
+            _note_latency(s, step_i, call.get("latency_ms"))
             many = "subagents" in call
             subs = call.get("subagents") or ([call["subagent"]] if call.get("subagent") else [])
             for k, sub in enumerate(subs):
@@ -164,6 +167,11 @@ def _read_parquet(folder: Path, b: TraceBuilder, lenient: bool) -> list[_Sess]:
             sessions[sid] = _Sess(sid, file_r, str(i), "")
         sessions[sid].requests.append(rec)
         sessions[sid].table = ids_table
+    if (folder / "tool_calls.parquet").is_file():
+        for row in table("tool_calls"):
+            s = sessions.get(str(row.get("session_id")))
+            if s is not None and isinstance(row.get("step"), int):
+                _note_latency(s, row["step"], row.get("latency_ms"))
     tops = []
     for sid, s in sessions.items():
         parent, step = meta.get(sid, (None, -1))
@@ -187,6 +195,11 @@ def _read_parquet(folder: Path, b: TraceBuilder, lenient: bool) -> list[_Sess]:
     return tops
 
 
+def _note_latency(s: _Sess, step: int, ms: Any) -> None:
+    if isinstance(ms, int | float) and not isinstance(ms, bool) and ms >= 0:
+        s.latency[step] = max(s.latency.get(step, 0.0), float(ms))
+
+
 def _last_end(s: _Sess) -> float | None:
     ends = [r.number("end_ms", None) for r in s.requests]
     ends += [_last_end(c) for c in s.children]
@@ -206,6 +219,7 @@ def _emit(s: _Sess, b: TraceBuilder, scope: int, unique: UniqueIds, lenient: boo
     step_local: dict[int, int] = {}
     step_end: dict[int, float] = {}
     prev_start = prev_end = None
+    prev_end_unknown = False
     child_end: dict[int, float] = {}
     for c in s.children:
         e = _last_end(c)
@@ -239,12 +253,15 @@ def _emit(s: _Sess, b: TraceBuilder, scope: int, unique: UniqueIds, lenient: boo
         if prev_end is not None:
             ref = max(prev_end, child_end.get(prev_step, prev_end))
             gap = max(0.0, (start - ref) / 1000.0)
+        if prev_end_unknown and prev_step in s.latency:  # no reply end: the tool latency
+            gap = s.latency[prev_step] / 1000.0
         step_local[step] = b.n_requests(h)
         b.add(h, prompt=p, output=o, ids=cache_ids, send_time_s=(start - t0) / 1000.0,
               gap_s=gap, gap_kind=GAP_TOOL if trig == "tool" else GAP_HUMAN,
               model=str(rec.raw("model", "") or ""),
               kinds=kinds_mask(["tool_result"] if trig == "tool" else ["text"]))
         prev_start, prev_end, prev_step = start, (end if end is not None else start), step
+        prev_end_unknown = end is None
         step_end[step] = prev_end
     b.close(h)
     for c in s.children:
