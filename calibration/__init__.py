@@ -1,8 +1,9 @@
 """Calibration: time real prefill/decode with a pure-torch decoder stack and fit a profile.
 
 ``kvsim calibrate`` builds a decoder stack with a model spec's exact shapes and random weights
-(:mod:`calibration.stack`), times prefill of token ranges over a cached prefix, decode steps and
-host<->device copies (:mod:`calibration.measure`) on the points of a grid
+(:mod:`calibration.stack`, attention in :mod:`calibration.attention`; ``--quick`` uses the tiny
+stand-in of :mod:`calibration.tiny`), times prefill of token ranges over a cached prefix, decode
+steps and host<->device copies (:mod:`calibration.measure`) on the points of a grid
 (:mod:`calibration.grid`), fits the profile coefficients with non-negative least squares
 (:mod:`calibration.fit`, numpy/scipy only) and writes a ``costmodel`` profile
 (:mod:`calibration.run`).

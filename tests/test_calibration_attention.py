@@ -54,7 +54,7 @@ def test_attend_equals_naive(start, n, window):
     _check(start, n, window)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(start=st.integers(0, 300), n=st.integers(1, 120),
        window=st.one_of(st.none(), st.integers(1, 200)), group=st.sampled_from([1, 2, 4]))
 def test_attend_equals_naive_property(start, n, window, group):

@@ -63,7 +63,8 @@ def calibrate_cmd(device: str, model: str, layers: int | None, quick: bool, out:
     prof, report = calibrate(settings, progress)
     if out:
         try:
-            atomic_write_text(out, yaml.safe_dump(prof.to_dict(), sort_keys=False))
+            atomic_write_text(out, yaml.safe_dump(prof.to_dict(), sort_keys=False,
+                                                  default_flow_style=None))
         except OSError as e:
             raise CalibrationError(f"{out}: cannot write: {e.strerror}") from None
         prof = load_profile(out, model)  # the file must read back
