@@ -220,3 +220,12 @@ def test_fast_id_list_parsing_equals_json(ids, seps, key):
             id_array(rec, key, table)
         return
     assert id_array(rec, key, table).tolist() == ref
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(ops_strategy, min_size=1, max_size=4), st.integers(0, 4))
+def test_infinite_cache_hits_vectorized_equals_reference(ops, shared):
+    from traces.stats import infinite_cache_hits, infinite_cache_hits_reference
+
+    t = _build(_chained_sessions(ops, len(ops)), shared_prefix=shared * 4)
+    assert np.array_equal(infinite_cache_hits(t), infinite_cache_hits_reference(t))

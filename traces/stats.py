@@ -31,7 +31,32 @@ def _median(a: np.ndarray) -> float | None:
 
 
 def infinite_cache_hits(trace: Trace) -> np.ndarray:
-    """Per request, prompt blocks already sent earlier in the trace (any session)."""
+    """Per request, prompt blocks already sent earlier in the trace (any session).
+
+    Request r = the first ``prefix_blocks[r]`` blocks of its predecessor (all sent before)
+    + its new ids, stored in the pool in request order; a new id was sent before iff it
+    occurs at an earlier request's pool position. Chained ids make these a prefix."""
+    R = len(trace)
+    new_len = trace.prompt_tokens // trace.block_size - trace.prefix_blocks
+    req = np.repeat(np.arange(R, dtype=np.int64), new_len)
+    pool = trace._pool
+    if pool.shape[0] != req.shape[0]:  # not a builder-made store: use the reference
+        return infinite_cache_hits_reference(trace)
+    order = np.lexsort((req, pool))  # by id, then request
+    ids_sorted = pool[order]
+    first = np.ones(order.shape[0], bool)
+    first[1:] = ids_sorted[1:] != ids_sorted[:-1]
+    first_req = req[order][first]  # earliest request of each distinct id
+    group = np.cumsum(first) - 1
+    earliest = np.empty(order.shape[0], np.int64)
+    earliest[order] = first_req[group]
+    seen = (earliest < req).astype(np.int64)
+    return trace.prefix_blocks.astype(np.int64) + np.bincount(req, weights=seen,
+                                                              minlength=R).astype(np.int64)
+
+
+def infinite_cache_hits_reference(trace: Trace) -> np.ndarray:
+    """The same by brute force: a set of every id sent so far, per request in order."""
     seen: set[int] = set()
     hits = np.zeros(len(trace), np.int64)
     pool = trace._pool
