@@ -32,6 +32,9 @@ from .invariants import recount
 from .node import Node, Tier
 from .results import EvictResult, InsertResult, Match
 
+# Enum members are singletons: ``is`` against module constants is ~4x faster than ``==``.
+_GPU, _NONE = Tier.GPU, Tier.NONE
+
 
 class CapacityError(RuntimeError):
     """An operation would exceed the cache's capacity (a caller bug, not bad user input)."""
@@ -45,13 +48,33 @@ def as_block_ids(ids: np.ndarray | list[int]) -> np.ndarray:
     return arr
 
 
+def _segments(path: list[Node]) -> tuple[int, tuple[tuple[int, int, Tier], ...]]:
+    """(hit blocks, merged tier runs) along a matched path."""
+    segments: list[tuple[int, int, Tier]] = []
+    hit = 0
+    gpu_run = True
+    for nd in path:
+        tier = nd.tier
+        end = nd.start + len(nd.ids)
+        if gpu_run:
+            if tier is _GPU:
+                hit = end
+            else:
+                gpu_run = False
+        if segments and segments[-1][2] is tier:
+            segments[-1] = (segments[-1][0], end, tier)
+        else:
+            segments.append((nd.start, end, tier))
+    return hit, tuple(segments)
+
+
 def _agree(node_ids: np.ndarray, ids: np.ndarray, pos: int, m: int) -> int:
     """Length of the common prefix of node_ids[:m] and ids[pos:pos+m] (first ids known equal).
 
     Ids are chained (DESIGN.md: an id implies the whole prefix before it), so equal ids at the
     last compared position mean the whole run agrees: one scalar comparison on the common
     path. Otherwise one vectorized comparison finds the first difference."""
-    if m == 1 or node_ids[m - 1] == ids[pos + m - 1]:
+    if m == 1 or node_ids.item(m - 1) == ids.item(pos + m - 1):
         return m
     diff = node_ids[:m] != ids[pos : pos + m]
     i = int(diff.argmax())
@@ -141,45 +164,27 @@ class RadixKVCache:
         splits.
         """
         ids = as_block_ids(ids)
-        n = len(ids)
-        node = self.root
-        path: list[Node] = []
-        pos = 0
-        holes_ok = self.policy.makes_holes
-        tick = self._tick() if touch else 0
-        while pos < n:
-            child = node.children.get(int(ids[pos]))
-            if child is None or (child.tier == Tier.NONE and not holes_ok):
-                break
-            length = len(child.ids)
-            k = _agree(child.ids, ids, pos, min(length, n - pos))
-            if touch:
-                child.last_access = tick
-                child.hit_count += 1
-            if k < length:
-                child = self._split(child, k)
-            path.append(child)
-            node = child
-            pos += k
-            if k < length:
-                break
-        segments: list[tuple[int, int, Tier]] = []
-        hit = 0
-        gpu_run = True
-        for nd in path:
-            tier = nd.tier
-            if gpu_run:
-                if tier == Tier.GPU:
-                    hit = nd.start + len(nd.ids)
-                else:
-                    gpu_run = False
-            if segments and segments[-1][2] == tier:
-                segments[-1] = (segments[-1][0], nd.start + len(nd.ids), tier)
-            else:
-                segments.append((nd.start, nd.start + len(nd.ids), tier))
+        path, partial, k, pos = self._walk(ids, stop_at_holes=not self.policy.makes_holes)
+        if touch:
+            tick = self._tick()
+            for nd in path:
+                nd.last_access = tick
+                nd.hit_count += 1
+            if partial is not None:
+                partial.last_access = tick
+                partial.hit_count += 1
+        if partial is not None:
+            path.append(self._split(partial, k))
+        if not path:
+            node, hit, segments = self.root, 0, ()
+        elif self._holes == 0:  # no holes anywhere (and no CPU tier yet): one GPU run
+            node, hit, segments = path[-1], pos, ((0, pos, _GPU),)
+        else:
+            node = path[-1]
+            hit, segments = _segments(path)
         if self.debug:
             self.check()
-        return Match(node, pos, hit, tuple(segments))
+        return Match(node, pos, hit, segments)
 
     def insert(self, ids: np.ndarray) -> InsertResult:
         """Make every block of ``ids`` GPU-resident in the tree.
@@ -196,24 +201,13 @@ class RadixKVCache:
         """
         ids = as_block_ids(ids)
         n = len(ids)
-        # Plan first (no mutation), so a capacity failure leaves the tree untouched.
-        steps: list[tuple[Node, int]] = []
-        node = self.root
-        pos = 0
-        while pos < n:
-            child = node.children.get(int(ids[pos]))
-            if child is None:
-                break
-            if child.tier == Tier.CPU:
-                raise NotImplementedError("insert through CPU-tier nodes (tiering issue)")
-            length = len(child.ids)
-            k = _agree(child.ids, ids, pos, min(length, n - pos))
-            steps.append((child, k))
-            pos += k
-            if k < length:
-                break
-            node = child
-        fill = sum(k for child, k in steps if child.tier == Tier.NONE)
+        # Walk first (no mutation), so a capacity failure leaves the tree untouched.
+        path, partial, k, pos = self._walk(ids, stop_at_holes=False)
+        fill = 0
+        if self._holes:
+            fill = sum(len(nd.ids) for nd in path if nd.tier is _NONE)
+            if partial is not None and partial.tier is _NONE:
+                fill += k
         new = n - pos
         if self._gpu + fill + new > self.capacity_blocks:
             raise CapacityError(
@@ -221,20 +215,20 @@ class RadixKVCache:
                 f"+ {fill + new} > {self.capacity_blocks}"
             )
         tick = self._tick()
-        node = self.root
-        existing = 0
-        for child, k in steps:
-            child.last_access = tick
-            if k < len(child.ids):
-                child = self._split(child, k)
-            if child.tier == Tier.NONE:
-                self._fill(child)
-            else:
-                existing += k
-            node = child
+        for nd in path:
+            nd.last_access = tick
+        if partial is not None:
+            partial.last_access = tick
+            path.append(self._split(partial, k))
+        if fill:
+            for nd in path:
+                if nd.tier is _NONE:
+                    self._fill(nd)
+        existing = pos - fill
+        node = path[-1] if path else self.root
         if new:
-            leaf = Node(ids[pos:], pos, node, Tier.GPU, self._next_serial(), self._tick())
-            node.children[int(ids[pos])] = leaf
+            leaf = Node(ids[pos:], pos, node, _GPU, self._next_serial(), self._tick())
+            node.children[ids.item(pos)] = leaf
             self._gpu += new
             self._evictable += new
             self._leaves.discard(node)
@@ -256,7 +250,7 @@ class RadixKVCache:
         root = self.root
         while node is not root:
             if node.lock == 0:
-                if node.tier == Tier.GPU:
+                if node.tier is _GPU:
                     size = len(node.ids)
                     self._evictable -= size
                     self._protected += size
@@ -276,13 +270,13 @@ class RadixKVCache:
             parent = node.parent
             node.lock -= 1
             if node.lock == 0:
-                if node.tier == Tier.GPU:
+                if node.tier is _GPU:
                     size = len(node.ids)
                     self._evictable += size
                     self._protected -= size
                     if not node.children:
                         self._leaves.add(node)
-                elif node.tier == Tier.NONE and not node.children:
+                elif node.tier is _NONE and not node.children:
                     self._detach(node)
             node = parent  # type: ignore[assignment]
         if self.debug:
@@ -328,7 +322,7 @@ class RadixKVCache:
 
     def resident_block_ids(self) -> np.ndarray:
         """All GPU-resident block ids in the tree, sorted."""
-        runs = [nd.ids for nd in self.iter_nodes() if nd.tier == Tier.GPU]
+        runs = [nd.ids for nd in self.iter_nodes() if nd.tier is _GPU]
         if not runs:
             return np.empty(0, dtype=np.int64)
         return np.sort(np.concatenate(runs))
@@ -360,6 +354,39 @@ class RadixKVCache:
 
         walk(self.root, 0)
         return "\n".join(lines)
+
+    # ------------------------------------------------------------------ the walk
+    def _walk(
+        self, ids: np.ndarray, stop_at_holes: bool
+    ) -> tuple[list[Node], Node | None, int, int]:
+        """Follow ``ids`` down the tree without changing it.
+
+        Returns (nodes matched whole, the node the match ends inside or None, blocks of it
+        matched, total matched blocks). Ids are chained (DESIGN.md: an id implies the whole
+        prefix before it), so a node whose last id equals the prompt's id at that position
+        matches whole: one scalar comparison per node; only the node where the match ends
+        needs a vectorized comparison.
+        """
+        item = ids.item
+        n = len(ids)
+        node = self.root
+        path: list[Node] = []
+        pos = 0
+        while pos < n:
+            child = node.children.get(item(pos))
+            if child is None or (stop_at_holes and child.tier is _NONE):
+                break
+            length = len(child.ids)
+            end = pos + length
+            if end <= n and (length == 1 or child.last == item(end - 1)):
+                path.append(child)
+                node = child
+                pos = end
+                continue
+            # The match ends inside this node: where the ids diverge or the prompt ends.
+            k = _agree(child.ids, ids, pos, min(length, n - pos))
+            return path, child, k, pos + k
+        return path, None, 0, pos
 
     # ------------------------------------------------------------------ mutation primitives
     # (used by evictor.py; each keeps the counters and the leaf set exact)
@@ -430,6 +457,7 @@ class RadixKVCache:
         result.freed.append(leaf.ids[keep:])
         result.freed_blocks += k
         leaf.ids = leaf.ids[:keep]
+        leaf.last = leaf.ids.item(keep - 1)
         self._gpu -= k
         self._evictable -= k
 
@@ -451,7 +479,7 @@ class RadixKVCache:
     def _prune(self, node: Node) -> Node:
         """Remove ``node`` and its NONE ancestors while they are childless and unlocked;
         return the first ancestor that stays."""
-        while node is not self.root and node.tier == Tier.NONE and not node.children:
+        while node is not self.root and node.tier is _NONE and not node.children:
             if node.lock:
                 return node
             parent = node.parent

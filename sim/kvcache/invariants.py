@@ -25,6 +25,7 @@ def recount(cache: RadixKVCache) -> None:
             where = f"{child!r} under {node!r}"
             assert child.parent is node, f"parent link broken: {where}"
             assert len(child.ids) > 0, f"empty node: {where}"
+            assert child.last == int(child.ids[-1]), f"cached last id stale: {where}"
             assert key == int(child.ids[0]), f"child key {key} != first id: {where}"
             assert child.start == node.start + len(node.ids), f"positions not contiguous: {where}"
             assert child.lock >= 0, f"negative lock: {where}"

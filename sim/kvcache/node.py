@@ -41,6 +41,7 @@ class Node:
         "children",
         "hit_count",
         "ids",
+        "last",
         "last_access",
         "lock",
         "parent",
@@ -59,6 +60,7 @@ class Node:
         last_access: int = 0,
     ) -> None:
         self.ids = ids
+        self.last = ids.item(-1) if len(ids) else None  # ids[-1] as an int: the fast match test
         self.start = start
         self.parent = parent
         self.children: dict[int, Node] = {}
