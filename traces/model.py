@@ -154,11 +154,11 @@ class Trace:
         s = self.sessions[i]
         return range(s.first, s.first + s.count)
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self, gap_model: str = "recorded") -> dict[str, Any]:
         """What ``kvsim trace stats --json`` prints (see traces.stats)."""
         from .stats import trace_stats
 
-        return trace_stats(self)
+        return trace_stats(self, gap_model)
 
     @property
     def distinct_blocks(self) -> int:
