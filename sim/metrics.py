@@ -210,7 +210,7 @@ class RunRecorder:
         c = self.counters
         return {
             "requests": len(ok),
-            "sessions": len(jct),
+            "sessions_completed": len(jct),
             "dropped_requests": int(c["dropped"]),
             "ttft_mean_s": float(ttft.mean()) if ttft.size else math.nan,
             "ttft_p50_s": pct(50),

@@ -134,9 +134,9 @@ def tidy(points: list[tuple[dict, RunConfig]], out: str | Path,
     for values, cfg in points:
         pid = point_id(cfg)
         summary = json.loads((Path(out) / "points" / pid / "summary.json").read_text())
-        row: dict[str, Any] = {"point": pid, **{k: str(v) for k, v in values.items()},
-                               "policy": cfg.policy_name}
+        row: dict[str, Any] = {"point": pid, "policy": cfg.policy_name}
         row.update({k: v for k, v in summary.items() if not isinstance(v, dict | list)})
+        row.update({k: str(v) for k, v in values.items()})  # the grid's own values win
         rows.append(row)
     df = pd.DataFrame(rows)
     if baseline and len(df):
@@ -145,12 +145,12 @@ def tidy(points: list[tuple[dict, RunConfig]], out: str | Path,
         for k, v in baseline.items():
             base = base[base[k] == str(v)]
         for metric in ("ttft_mean_s", "jct_mean_s", "hit_rate"):
-            ref = base.set_index(keys)[metric] if keys else base[metric].iloc[0]
             if keys:
-                joined = df.join(ref.rename("_ref"), on=keys)
-                df[f"{metric}_change"] = joined[metric] / joined["_ref"] - 1
+                ref = base[[*keys, metric]].rename(columns={metric: "_ref"})
+                refs = df[keys].merge(ref, on=keys, how="left")["_ref"].to_numpy()
             else:
-                df[f"{metric}_change"] = df[metric] / ref - 1
+                refs = base[metric].iloc[0]
+            df[f"{metric}_change"] = df[metric].to_numpy() / refs - 1
     return df
 
 
