@@ -13,11 +13,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $@
 
-# Tests also need CPU torch (calibration, the SGLang reference) and the real SGLang radix
-# cache, installed without its ~100 dependencies (see tests/sglang_ref.py).
+# Tests also need CPU torch (calibration, the SGLang reference), the real SGLang radix cache
+# installed without its ~100 dependencies (see benchmarks/sglang_ref.py) and duckdb (the
+# TraceLab DuckDB loader): nothing is skipped in CI.
 $(TEST_STAMP): $(STAMP)
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q --no-deps sglang==0.5.23
+	$(BIN)/pip install -q duckdb==2.0.1
 	touch $@
 
 venv: $(STAMP)
