@@ -40,7 +40,6 @@ test: $(TEST_STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
 
 bench: $(TEST_STAMP)
 	$(BIN)/python -m benchmarks.run_all
