@@ -84,13 +84,27 @@ def check_memory(torch, device, need: int, what: str) -> None:
     if device.type == "cuda":
         free = torch.cuda.mem_get_info(device)[0]
     else:
-        try:
-            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (ValueError, OSError):  # pragma: no cover - non-POSIX
+        free = _host_available_bytes()
+        if free is None:  # pragma: no cover - neither Linux nor POSIX
             return
     if need > 0.9 * free:
         raise CalibrationError(f"{what} needs ~{need / 2**30:.1f} GiB, {device.type} has "
                                f"{free / 2**30:.1f} GiB free: try fewer --layers or --quick")
+
+
+def _host_available_bytes() -> int | None:
+    """MemAvailable (free + reclaimable page cache) on Linux, else free pages."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):  # pragma: no cover
+        return None
 
 
 def attention_self_check(torch, device, dtype) -> float:

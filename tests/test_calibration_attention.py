@@ -166,3 +166,20 @@ def test_prefill_rejects_ranges_outside_cache():
     s = _stack(SMALL, [None], capacity=10)
     with pytest.raises(ValueError, match="outside"):
         s.prefill(_x(5, SMALL.hidden), [(8, 13)])
+
+
+def test_bf16_stack_runs_and_stays_close_to_float64():
+    """The CUDA path runs bf16: the same code in bf16 on a CPU (dtype handling of RoPE, masks,
+    caches) stays close to the float64 result."""
+    p, n = 40, 24
+    x = _x(p + n, SMALL.hidden)
+    with torch.inference_mode():
+        ref = _stack(SMALL, MIXED).prefill(x, [(0, p + n)])
+        s = DecoderStack(SMALL, MIXED, 200, "cpu", torch.bfloat16, seed=7)
+        s.prefill(x[:p].to(torch.bfloat16), [(0, p)])
+        out = s.prefill(x[p:].to(torch.bfloat16), [(p, p + n)])
+        caches = [(ck[:, :, : p + n + 1], cv[:, :, : p + n + 1]) for ck, cv in s.cache]
+        step = s.decode_step(x[-1:].to(torch.bfloat16), p + n + 1, caches)
+    assert out.dtype == torch.bfloat16 and step.shape == (1, SMALL.hidden)
+    err = (out.double() - ref[p:]).abs().max().item() / ref[p:].abs().max().item()
+    assert err < 0.05

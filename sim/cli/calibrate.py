@@ -18,13 +18,13 @@ from .common import atomic_write_text, console, emit_json
 
 @click.command("calibrate")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
-              help="cuda: bf16, CUDA events; cpu: float32, wall clock.")
+              help="cuda: bf16, timed with CUDA events; cpu: float32 (see --clock).")
 @click.option("--model", "-m", default="qwen3-8b", show_default=True, help="Model spec.")
 @click.option("--layers", type=click.IntRange(min=1), default=None,
               help="Layers timed per attention kind, scaled to the model's depth "
                    "[default: 4 on cuda, 2 on cpu, 1 with --quick].")
 @click.option("--quick", is_flag=True,
-              help="Tiny stand-in shapes and a small grid (about 20 s on a 2-core CPU).")
+              help="Tiny stand-in shapes and a small grid (about 30 s on a 2-core CPU).")
 @click.option("--out", "-o", type=click.Path(dir_okay=False), default=None,
               help="Write the profile here (YAML); use it with --profile PATH.")
 @click.option("--rounds", type=click.IntRange(1, 1000), default=None,
