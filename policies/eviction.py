@@ -22,6 +22,12 @@
 3. **Granularity** -- ``node`` frees whole nodes (may overshoot the request, as SGLang does);
    ``block`` splits a node at a block boundary and frees exactly what is still needed.
 
+Node boundaries: SGLang stamps the whole node a match ends in and frees whole nodes, so for
+node granularity (and the leaf-head start, which begins at a node's first block) the tree's
+split history is part of the semantics and the cache reproduces it exactly. Block granularity
+from the tail or the private head is *block exact*: its results depend only on per-block state,
+so the cache stamps exactly the matched blocks and merges runs it no longer needs apart.
+
 Where two combinations coincide they are the same thing: ``leaf-head`` + ``node`` frees the
 whole leaf node, exactly like ``tail`` + ``node`` (pinned in tests/test_eviction_golden.py).
 
@@ -131,6 +137,14 @@ class EvictionPolicy:
     def makes_holes(self) -> bool:
         """True iff freeing can start before the end of a history (leaves NONE nodes behind)."""
         return self.start is not StartPosition.TAIL
+
+    @property
+    def block_exact(self) -> bool:
+        """True iff results do not depend on where node boundaries fall: block granularity
+        from the tail or the private head (a leaf-head start and node granularity both read
+        node boundaries). The cache then stamps exactly the matched blocks and merges
+        single-child runs of equal state; otherwise it reproduces SGLang's node semantics."""
+        return self.granularity is Granularity.BLOCK and self.start is not StartPosition.LEAF_HEAD
 
     @property
     def victim_order(self) -> VictimOrder:

@@ -99,10 +99,13 @@ class Model:
         return k
 
     def stamp_path(self, path: list[int], t: int) -> None:
-        """Stamp the path and the rest of the node it ends in; then a boundary after it."""
+        """Stamp the path and (node semantics) the rest of the node it ends in; then a
+        boundary after it."""
         for b in path:
             self.stamp[b] = t
-        if path:
+        if path and self.policy.block_exact:
+            self.split_after(path[-1])
+        elif path:
             rest = [c for c in self.node_of(path[-1]) if self.u.pos[c] > self.u.pos[path[-1]]]
             for b in rest:
                 self.stamp[b] = t
@@ -161,7 +164,8 @@ class Model:
         for b in path:
             self.state[b] = GPU
         if new:
-            self.clock += 1
+            if not self.policy.block_exact:
+                self.clock += 1  # SGLang: a new node gets a newer tick
             self.boundary.add(new[0])
             for b in new:
                 self.state[b], self.stamp[b], self.lock[b] = GPU, self.clock, 0
@@ -174,10 +178,47 @@ class Model:
             b = self.u.parent[b]
         self.prune()
 
-    def evict(self, n: int):
-        freed: list[int] = []
+    def block_exact_victims(self, leaf: int, need: int) -> list[int]:
+        """Blocks freed from the victim history without looking at node boundaries."""
+        if self.policy.start is StartPosition.TAIL:
+            return [leaf]  # one block from the tail; the loop picks the next LRU leaf
+        chain = [leaf]  # private head: walk up through private, unlocked, GPU parents
+        while True:
+            p = self.u.parent[chain[-1]]
+            if p is None or len(self.children(p)) > 1 or self.lock[p] or self.state[p] == NONE:
+                break
+            chain.append(p)
+        return chain[::-1][:need]
+
+    def node_victims(self, leaf: int, need: int) -> list[int]:
+        """Blocks freed from the victim history under node semantics (boundaries matter)."""
         whole = self.policy.granularity is Granularity.NODE
         start = self.policy.start
+        node = self.node_of(leaf)
+        if start is StartPosition.TAIL or (whole and start is StartPosition.LEAF_HEAD):
+            return node if whole or need >= len(node) else node[len(node) - need :]
+        chain = [node]
+        if start is StartPosition.PRIVATE_HEAD:
+            while True:
+                p = self.u.parent[chain[0][0]]
+                if p is None or len(self.children(p)) > 1 or self.lock[p] or self.state[p] == NONE:
+                    break
+                chain.insert(0, self.node_of(p))
+        gone: list[int] = []
+        for nd in chain:
+            if need <= 0:
+                break
+            if whole or need >= len(nd):
+                gone += nd
+                need -= len(nd)
+            else:
+                gone += nd[:need]
+                self.boundary.add(nd[need])
+                need = 0
+        return gone
+
+    def evict(self, n: int):
+        freed: list[int] = []
         while len(freed) < n:
             leaves = [
                 b
@@ -190,33 +231,10 @@ class Model:
             assert len(stamps) < 2 or stamps[0] < stamps[1], "tie between victim leaves"
             leaf = min(leaves, key=self.stamp.__getitem__)
             need = n - len(freed)
-            node = self.node_of(leaf)
-            if start is StartPosition.TAIL or (whole and start is StartPosition.LEAF_HEAD):
-                gone = node if whole or need >= len(node) else node[len(node) - need :]
+            if self.policy.block_exact:
+                gone = self.block_exact_victims(leaf, need)
             else:
-                chain = [node]
-                if start is StartPosition.PRIVATE_HEAD:
-                    while True:
-                        p = self.u.parent[chain[0][0]]
-                        if (
-                            p is None
-                            or len(self.children(p)) > 1
-                            or self.lock[p] > 0
-                            or self.state[p] == NONE
-                        ):
-                            break
-                        chain.insert(0, self.node_of(p))
-                gone = []
-                for nd in chain:
-                    if need <= 0:
-                        break
-                    if whole or need >= len(nd):
-                        gone += nd
-                        need -= len(nd)
-                    else:
-                        gone += nd[:need]
-                        self.boundary.add(nd[need])
-                        need = 0
+                gone = self.node_victims(leaf, need)
             for b in gone:
                 self.state[b] = NONE
             freed += gone
@@ -361,8 +379,9 @@ class CacheMachine(RuleBasedStateMachine):
         for node in cache.iter_nodes():
             blocks = node.ids.tolist()
             seen += len(blocks)
-            assert blocks[0] in model.boundary, (blocks, cache.dump())
-            assert not model.boundary.intersection(blocks[1:]), (blocks, cache.dump())
+            if not self.policy.block_exact:  # node semantics: the same node boundaries
+                assert blocks[0] in model.boundary, (blocks, cache.dump())
+                assert not model.boundary.intersection(blocks[1:]), (blocks, cache.dump())
             assert node.start == self.u.pos[blocks[0]]
             for b in blocks:
                 assert model.state[b] == node.tier.name

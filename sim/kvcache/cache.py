@@ -102,6 +102,8 @@ class RadixKVCache:
         self.capacity_blocks = int(capacity_blocks)
         self.cpu_capacity_blocks = int(cpu_capacity_blocks)
         self.policy = get_policy(policy)
+        self._makes_holes = self.policy.makes_holes
+        self._block_exact = self.policy.block_exact
         self.debug = debug
         self._serial = 0
         self._clock = 0
@@ -159,22 +161,22 @@ class RadixKVCache:
 
         Walks through NONE nodes (only hole-making policies have them). Splits the node the
         match ends in, so ``Match.node.end == matched_blocks``. ``touch`` stamps the path
-        (one tick; the node the match ends in is stamped whole before the split, as SGLang
-        does) and counts a hit on each path node; ``touch=False`` stamps nothing but still
-        splits.
+        with one tick and counts a hit on each path node; under node semantics the node the
+        match ends in is stamped whole before the split, as SGLang does (its unmatched suffix
+        becomes recent too); block-exact policies stamp exactly the matched blocks.
+        ``touch=False`` stamps nothing but still splits.
         """
         ids = as_block_ids(ids)
-        path, partial, k, pos = self._walk(ids, stop_at_holes=not self.policy.makes_holes)
+        path, partial, k, pos = self._walk(ids, stop_at_holes=not self._makes_holes)
+        if partial is not None:
+            if touch and not self._block_exact:
+                partial.last_access = self._clock + 1  # SGLang: the whole node, then split
+            path.append(self._split(partial, k))
         if touch:
             tick = self._tick()
             for nd in path:
                 nd.last_access = tick
                 nd.hit_count += 1
-            if partial is not None:
-                partial.last_access = tick
-                partial.hit_count += 1
-        if partial is not None:
-            path.append(self._split(partial, k))
         if not path:
             node, hit, segments = self.root, 0, ()
         elif self._holes == 0:  # no holes anywhere (and no CPU tier yet): one GPU run
@@ -192,7 +194,11 @@ class RadixKVCache:
         Blocks beyond the tree become one new leaf (splitting where the ids diverge or end
         inside a node); NONE nodes on the path are refilled (the phantom request recomputed
         them; a partial hole is split first); GPU blocks already there are left alone. Stamps
-        the path like ``match`` (the new leaf gets the next tick, as in SGLang).
+        the path like ``match`` (under node semantics the new leaf gets the next tick, as in
+        SGLang). Block-exact policies then merge each run of path nodes that are only
+        children with equal tier, lock and stamp into its deepest node (which keeps its
+        identity, so lock handles stay valid: a handle's node always has a larger lock count
+        than its only child).
 
         Capacity: the tree gains ``new_blocks + filled_blocks`` GPU blocks. Insert does not
         touch ``reserved_blocks``: the caller reserved those blocks before computing them and
@@ -215,11 +221,13 @@ class RadixKVCache:
                 f"+ {fill + new} > {self.capacity_blocks}"
             )
         tick = self._tick()
+        exact = self._block_exact
+        if partial is not None:
+            if not exact:
+                partial.last_access = tick  # SGLang: the whole node, then split
+            path.append(self._split(partial, k))
         for nd in path:
             nd.last_access = tick
-        if partial is not None:
-            partial.last_access = tick
-            path.append(self._split(partial, k))
         if fill:
             for nd in path:
                 if nd.tier is _NONE:
@@ -227,13 +235,17 @@ class RadixKVCache:
         existing = pos - fill
         node = path[-1] if path else self.root
         if new:
-            leaf = Node(ids[pos:], pos, node, _GPU, self._next_serial(), self._tick())
+            leaf_tick = tick if exact else self._tick()  # SGLang: a new node, a newer tick
+            leaf = Node(ids[pos:], pos, node, _GPU, self._next_serial(), leaf_tick)
             node.children[ids.item(pos)] = leaf
             self._gpu += new
             self._evictable += new
             self._leaves.discard(node)
             self._leaves.add(leaf)
             node = leaf
+            path.append(leaf)
+        if exact and len(path) > 1:
+            self._merge_runs(path)
         if self.debug:
             added = fill + new
             assert self._gpu + max(0, self._reserved - added) <= self.capacity_blocks, (
@@ -421,6 +433,40 @@ class RadixKVCache:
         node.parent = prefix
         prefix.children[int(node.ids[0])] = node
         return prefix
+
+    def _merge_runs(self, chain: list[Node]) -> None:
+        """Merge runs of ``chain`` (root-ward to leaf-ward, each node the parent of the next)
+        whose upper nodes have one child and equal tier, lock and stamp, into the run's
+        deepest node. Counters and the leaf set are unchanged (same tier and lock)."""
+        i = len(chain) - 1
+        while i > 0:
+            child = chain[i]
+            j = i
+            while j > 0:
+                up = chain[j - 1]
+                if (
+                    len(up.children) == 1
+                    and up.lock == child.lock
+                    and up.tier is child.tier
+                    and up.last_access == child.last_access
+                ):
+                    j -= 1
+                else:
+                    break
+            if j < i:
+                run = chain[j:i]
+                top = run[0]
+                parent = top.parent
+                assert parent is not None
+                parent.children[top.ids.item(0)] = child
+                child.ids = np.concatenate([*(nd.ids for nd in run), child.ids])
+                child.start = top.start
+                child.parent = parent
+                child.hit_count = max(child.hit_count, *(nd.hit_count for nd in run))
+                for nd in run:
+                    nd.parent = None
+                    nd.children = {}
+            i = j - 1
 
     def _fill(self, node: Node) -> None:
         """NONE -> GPU (a hole recomputed)."""
