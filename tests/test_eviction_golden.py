@@ -348,3 +348,51 @@ def test_policy_registry_and_names():
         get_policy("fifo")
     with pytest.raises(ValueError, match="bad eviction policy component"):
         get_policy("lru+middle+node")
+
+
+def test_block_exact_policies_stamp_only_matched_blocks():
+    """vllm/penelope stamp exactly the matched blocks (the unmatched suffix of the split node
+    keeps its old stamp), unlike SGLang (see test_match_splits_and_stamps_like_sglang)."""
+    cache = RadixKVCache(64, "vllm", debug=True)
+    cache.insert(ids([1, 2, 3, 4, 5]))  # t1 (block-exact: the new leaf shares the tick)
+    cache.insert(ids([7, 8]))  # t2
+    m = cache.match(ids([1, 2, 9]))  # t3
+    assert [(n.ids.tolist(), n.last_access) for n in cache.iter_nodes()] == [
+        ([1, 2], 3),
+        ([3, 4, 5], 1),
+        ([7, 8], 2),
+    ]
+    assert m.node.ids.tolist() == [1, 2]
+    assert freed(cache.evict(1)) == [[5]]  # [3, 4, 5] is the LRU history now
+
+
+def test_penelope_refill_merges_the_path_and_keeps_handles():
+    """Refilling holes merges the runs a block-exact policy no longer needs apart; the
+    request's lock handle (the deepest node) survives the merge."""
+    cache = build("penelope")
+    cache.evict(3)  # Figure 3: A | [10 11 12] hole | [13..17] | D, and E
+    m = cache.match(ids(A, B, D))
+    assert (m.matched_blocks, m.hit_blocks, m.hole_blocks) == (14, 3, 3)
+    cache.lock(m.node)
+    ins = cache.insert(ids(A, B, D))
+    assert (ins.new_blocks, ins.filled_blocks, ins.existing_blocks) == (0, 3, 11)
+    assert ins.node is m.node
+    # A has two children (stays apart); hole+rest+D were only children with lock 1: one node
+    assert shape(cache) == [(0, 3, "GPU", A), (3, 14, "GPU", B + D), (3, 5, "GPU", E)]
+    assert (cache.protected_blocks, cache.evictable_blocks) == (14, 2)
+    cache.unlock(m.node)
+    assert (cache.protected_blocks, cache.evictable_blocks) == (0, 16)
+    # A..D was just used, so E goes first; then A is private to D's history and its head
+    # (right below the root) is next
+    assert freed(cache.evict(3)) == [[30, 31], [1]]
+
+
+def test_sglang_preset_never_merges():
+    cache = RadixKVCache(64, "sglang", debug=True)
+    cache.insert(ids([1, 2, 3]))
+    cache.insert(ids([1, 2, 3, 4, 5]))  # a new leaf under [1, 2, 3]: two nodes stay
+    assert shape(cache) == [(0, 3, "GPU", [1, 2, 3]), (3, 5, "GPU", [4, 5])]
+    pen = RadixKVCache(64, "penelope", debug=True)
+    pen.insert(ids([1, 2, 3]))
+    pen.insert(ids([1, 2, 3, 4, 5]))  # same tick, one child, no lock: merged
+    assert shape(pen) == [(0, 5, "GPU", [1, 2, 3, 4, 5])]
