@@ -11,11 +11,25 @@ hole refills, decode tokens). Invariant: ``gpu_blocks + reserved_blocks <= capac
 all times, except between an ``insert`` and the caller's matching ``release`` (the caller
 reserved the blocks it then hands to the tree; see ``insert``).
 
-Matching follows SGLang's RadixCache exactly (reference/sglang-radix.md): walk down while the
-ids agree; if the match ends inside a node, split it there; stamp every node on the path --
-including the whole node the match ends in, before the split -- with one tick of a logical
-clock (the cache's own counter; never wall time). Ids are compared with numpy slices (one
-vectorized comparison per node on the path, no per-block Python loop).
+Matching follows SGLang's RadixCache (reference/sglang-radix.md): walk down while the ids
+agree; if the match ends inside a node, split it there; stamp the path with one tick of a
+logical clock (the cache's own counter; never wall time). Ids are chained (DESIGN.md), so each
+node on the path costs one scalar comparison of its last id; only the node where the match
+ends needs a vectorized comparison. No per-block Python loop.
+
+Two node semantics, chosen by the policy (``EvictionPolicy.block_exact``)::
+
+    node semantics (sglang, any node granularity, leaf-head)   block exact (vllm, penelope)
+    - the node a match ends in is stamped WHOLE, then split     - only matched blocks stamped
+      (its unmatched suffix becomes recent: SGLang exactly)     - a new leaf shares the tick
+    - a new leaf gets a newer tick                              - insert merges path runs of
+    - nodes are never merged                                      only children with equal
+                                                                  tier, lock and stamp
+
+Under node semantics the split history decides what a whole-node eviction frees, so it is kept
+exactly as SGLang keeps it. Block-exact policies free block by block from the tail or the
+private head, so boundaries carry no meaning there; merging keeps their paths short (holes and
+refills would otherwise fragment a history into one node per eviction).
 
 Counters are kept incrementally; ``debug=True`` recounts everything by DFS after every public
 operation (``sim.kvcache.invariants``).
