@@ -396,3 +396,11 @@ def test_sglang_preset_never_merges():
     pen.insert(ids([1, 2, 3]))
     pen.insert(ids([1, 2, 3, 4, 5]))  # same tick, one child, no lock: merged
     assert shape(pen) == [(0, 5, "GPU", [1, 2, 3, 4, 5])]
+
+
+def test_debug_mode_rejects_unchained_ids():
+    """Matching compares only a node's last id (ids are chained); debug mode verifies it."""
+    cache = RadixKVCache(64, "sglang", debug=True)
+    cache.insert(ids([1, 2, 3]))
+    with pytest.raises(AssertionError, match="not chained"):
+        cache.match(ids([1, 9, 3]))

@@ -411,8 +411,21 @@ class RadixKVCache:
                 continue
             # The match ends inside this node: where the ids diverge or the prompt ends.
             k = _agree(child.ids, ids, pos, min(length, n - pos))
+            if self.debug:
+                self._check_chained(path, ids)
             return path, child, k, pos + k
+        if self.debug:
+            self._check_chained(path, ids)
         return path, None, 0, pos
+
+    @staticmethod
+    def _check_chained(path: list[Node], ids: np.ndarray) -> None:
+        """Debug: the last-id shortcut was sound (the caller's ids are chained)."""
+        for nd in path:
+            seg = ids[nd.start : nd.start + len(nd.ids)]
+            assert np.array_equal(nd.ids, seg), (
+                f"ids are not chained: {nd!r} matched by its last id but differs inside"
+            )
 
     # ------------------------------------------------------------------ mutation primitives
     # (used by evictor.py; each keeps the counters and the leaf set exact)
