@@ -394,8 +394,8 @@ class CacheMachine(RuleBasedStateMachine):
 
 
 SETTINGS = settings(
-    max_examples=40,
-    stateful_step_count=40,
+    max_examples=100,
+    stateful_step_count=50,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
