@@ -404,3 +404,18 @@ def test_debug_mode_rejects_unchained_ids():
     cache.insert(ids([1, 2, 3]))
     with pytest.raises(AssertionError, match="not chained"):
         cache.match(ids([1, 9, 3]))
+
+
+def test_victim_order_is_a_pluggable_sort_key(monkeypatch):
+    """The cache only calls ``policy.victim_order.key(leaf)``: an order is one small class."""
+    from policies import ORDERS, OrderName, VictimOrder
+
+    class MostRecentFirst(VictimOrder):
+        name = OrderName.LRU  # stands in for a future registered member
+
+        def key(self, node):
+            return (-node.last_access, node.serial)
+
+    monkeypatch.setitem(ORDERS, OrderName.LRU, MostRecentFirst())
+    cache = build("sglang")
+    assert freed(cache.evict(1)) == [E]  # E (t5) is the most recent leaf
