@@ -143,7 +143,9 @@ class EvictionPolicy:
         """True iff results do not depend on where node boundaries fall: block granularity
         from the tail or the private head (a leaf-head start and node granularity both read
         node boundaries). The cache then stamps exactly the matched blocks and merges
-        single-child runs of equal state; otherwise it reproduces SGLang's node semantics."""
+        single-child runs of equal state; otherwise it reproduces SGLang's node semantics.
+        (Exact for orders that read ``last_access``; a merge keeps the larger ``hit_count``,
+        so an LFU order must decide whether that is the per-block count it wants.)"""
         return self.granularity is Granularity.BLOCK and self.start is not StartPosition.LEAF_HEAD
 
     @property
