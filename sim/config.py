@@ -23,6 +23,7 @@ class ConfigError(ValueError):
 SCHEDULERS = ("fcfs", "lpm", "lpm-cpu")
 TIERINGS = ("unified", "hicache")
 REPLAYS = ("closed", "open")
+WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,10 @@ class RunConfig:
     profile: str | None = None  # name or file; None = h100-MODEL
     gpu_cache: int = 262_144  # KV capacity in tokens
     cpu_cache: int = 0
-    tiering: str = "unified"
+    tiering: str = "unified"  # unified (Penelope: one tier per block) | hicache (SGLang)
+    swap_buffer: int = 1024  # unified: CPU swap buffer (tokens) for exchanges when both are full
+    hicache_write_policy: str = "write_through"  # | write_through_selective | write_back
+    hicache_load_threshold: int = 10  # tokens: HiCache skips smaller load-backs
     # --- policies ------------------------------------------------------------------------
     preset: str | None = "penelope"  # label when the policy fields equal a preset
     order: str = "lru"
@@ -106,6 +110,12 @@ class RunConfig:
             raise bad("gpu_cache", "must hold at least 4 blocks")
         if self.cpu_cache < 0:
             raise bad("cpu_cache", "must be >= 0")
+        if self.cpu_cache and self.cpu_cache < self.block_size:
+            raise bad("cpu_cache", "must hold at least one block (or be 0: GPU only)")
+        if self.hicache_write_policy not in WRITE_POLICIES:
+            raise bad("hicache_write_policy", f"must be one of {WRITE_POLICIES}")
+        if self.swap_buffer < self.block_size:
+            raise bad("swap_buffer", "must hold at least one block")
         if self.chunk_size < self.block_size:
             raise bad("chunk_size", "must be at least one block")
         if self.max_running is not None and self.max_running < 1:

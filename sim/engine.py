@@ -96,6 +96,13 @@ class Server:
         self._passes = 0
         self._seq = 0
         self.max_running = cfg.max_running or 1 << 30
+        self.kv_bytes = spec.kv_bytes_per_token
+        self.tiered = cfg.cpu_cache > 0
+        # Copies to the host are charged to the waiting batch when they sit on its critical
+        # path (unified demotions, HiCache write-back); HiCache write-through backs up in the
+        # background, so its copies are counted but not waited for.
+        self.charge_d2h = cfg.tiering == "unified" or cfg.hicache_write_policy == "write_back"
+        self._pending_h2d_bytes = 0
         self.ever: set[int] = set()  # every block id ever inserted: what an infinite cache holds
         self.process = env.process(self._loop())
 
@@ -136,12 +143,13 @@ class Server:
         # At least one token is always computed (SGLang caps the hit at len - 1).
         return (req.context_tokens - 1) // self.bs
 
-    def _plan(self, req: Req, segments) -> tuple[list[tuple[int, int]], int, int]:
+    def _plan(self, req: Req, segments) -> tuple[list[tuple[int, int]], int, int, int]:
         """Token ranges to compute for ``req`` given match segments: holes (phantom) and the
-        tail from the end of the usable match. Returns (ranges, reused_tokens, hole_tokens)."""
+        tail from the end of the usable match. CPU-resident segments are loaded, not computed.
+        Returns (ranges, reused_tokens, hole_tokens, cpu_tokens)."""
         usable = min(req.ids.size, self._usable_blocks(req))
         ranges: list[tuple[int, int]] = []
-        reused = holes = 0
+        reused = holes = cpu = 0
         end = 0
         for s, e, tier in segments:
             if s >= usable:
@@ -149,6 +157,8 @@ class Server:
             e = min(e, usable)
             if tier == Tier.GPU:
                 reused += (e - s) * self.bs
+            elif tier == Tier.CPU:
+                cpu += (e - s) * self.bs
             else:
                 holes += (e - s) * self.bs
                 ranges.append((s * self.bs, e * self.bs))
@@ -160,7 +170,7 @@ class Server:
                 merged[-1] = (merged[-1][0], b)
             elif b > a:
                 merged.append((a, b))
-        return merged, reused, holes
+        return merged, reused, holes, cpu
 
     def _ideal_blocks(self, ids: np.ndarray) -> int:
         """Longest prefix of ``ids`` ever inserted (chained ids: binary search on membership)."""
@@ -240,15 +250,29 @@ class Server:
         """Try to admit ``req`` with ``budget`` prefill tokens left in this pass.
         Returns (tokens taken, became chunked) or None when refused (head-of-line)."""
         m = self.cache.match(req.ids, touch=True)
-        ranges, reused, holes = self._plan(req, m.segments)
+        ranges, reused, holes, cpu = self._plan(req, m.segments)
         extend = sum(b - a for a, b in ranges)
         self.cache.lock(m.node)
         avail = ((self.cache.free_blocks + self.cache.evictable_blocks) * self.bs
                  - self._running_offset_tokens() - self._pass_offset)
-        need = extend + self._decode_reserve(req) + self.bs
+        need = extend + cpu + self._decode_reserve(req) + self.bs
         if need >= avail:
             self.cache.unlock(m.node)
             return None
+        loaded = 0
+        segments = m.segments
+        if cpu:  # bring the CPU-resident part of the prefix to the GPU before the prefill
+            ld = self.cache.load(m.node)
+            if not ld.ok:
+                self.cache.unlock(m.node)
+                return None
+            loaded = ld.loaded_blocks * self.bs
+            self.rec.loaded(ld, self.bs)
+            self._pending_h2d_bytes += loaded * self.kv_bytes
+            # What the load did not bring back (HiCache's threshold) is computed instead.
+            segments = self.cache.match(req.ids, touch=False).segments
+            ranges, _, holes, _ = self._plan(req, segments)
+            extend = sum(b - a for a, b in ranges)
         chunked = extend > budget
         take = (budget // self.bs) * self.bs if chunked else extend
         if take <= 0:
@@ -261,8 +285,8 @@ class Server:
             req.known_blocks = self._ideal_blocks(req.ids)
             ideal = min(req.known_blocks, self._usable_blocks(req)) * self.bs
             req.record = self.rec.open(req, self.env.now, reused=reused, holes=holes,
-                                       ideal=ideal, spec=self.spec, segments=m.segments,
-                                       bs=self.bs)
+                                       ideal=ideal, spec=self.spec, segments=segments,
+                                       bs=self.bs, loaded=loaded)
         req.admitted_at = self.env.now
         self._pass_offset += self.bs + (0 if chunked else self._decode_reserve(req))
         return take, chunked
@@ -435,6 +459,19 @@ class Server:
             for r in finished:
                 self._finish(r)
 
+    def _transfer_seconds(self) -> float:
+        """PCIe time the next batch waits for: pending loads (h2d) and, where they are on the
+        critical path, copies to the host (d2h). Counts every byte moved either way."""
+        if not self.tiered:
+            return 0.0
+        h2d, self._pending_h2d_bytes = self._pending_h2d_bytes, 0
+        d2h = self.cache.backup_pending() * self.bs * self.kv_bytes
+        self.rec.transferred(h2d, d2h)
+        seconds = self.profile.transfer_seconds(h2d, "h2d")
+        if self.charge_d2h:
+            seconds += self.profile.transfer_seconds(d2h, "d2h")
+        return seconds
+
     def _loop(self):
         env = self.env
         while True:
@@ -446,6 +483,7 @@ class Server:
             batch = self._schedule()
             if batch:
                 seconds, per_req = self._prefill_seconds(batch)
+                seconds += self._transfer_seconds()
                 self.rec.batch(seconds, len(batch))
                 yield env.timeout(seconds)
                 self._finish_prefill(batch, per_req)
@@ -467,6 +505,9 @@ class Server:
             batch_size = len(self.running)
             ctx = sum(r.context_tokens for r in self.running)
             total = self.profile.decode_run_seconds(batch_size, ctx, steps)
+            pause = self._transfer_seconds()  # demotions made for this run's tokens
+            if pause:
+                yield env.timeout(pause)
             start = env.now
             self._wake = env.event()
             yield env.timeout(total) | self._wake

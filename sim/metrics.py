@@ -75,7 +75,9 @@ class RunRecorder:
             "prefill_batches": 0, "prefill_seconds": 0.0, "decode_events": 0,
             "decode_steps": 0, "decode_seconds": 0.0, "evictions": 0, "evicted_blocks": 0,
             "holes_made_blocks": 0, "retractions": 0, "aborted": 0, "dropped": 0,
-            "bytes_h2d": 0, "bytes_d2h": 0,
+            "bytes_h2d": 0, "bytes_d2h": 0, "cpu_loads": 0, "loaded_blocks": 0,
+            "swap_buffer_loads": 0, "swap_buffer_blocks": 0, "swap_chunks": 0,
+            "load_demoted_blocks": 0, "load_deleted_blocks": 0,
         }
         self.session_start: dict[int, float] = {}
         self.session_end: dict[int, float] = {}
@@ -89,16 +91,16 @@ class RunRecorder:
             prompt_tokens=req.prompt_tokens, output_tokens=req.output_tokens)
 
     def open(self, req: Any, now: float, *, reused: int, holes: int, ideal: int,
-             spec: ModelSpec, segments: Any, bs: int) -> RequestRecord:
+             spec: ModelSpec, segments: Any, bs: int, loaded: int = 0) -> RequestRecord:
+        """``segments``: the match after any CPU load, so GPU runs are hit or loaded."""
         rec = self._record(req)
         rec.admit_s = now
         rec.queue_wait_s = now - req.arrival
         rec.hit_gpu_tokens = reused
+        rec.loaded_cpu_tokens = loaded
         rec.hole_tokens = holes
         rec.ideal_hit_tokens = ideal
-        rec.recomputed_tokens = max(0, ideal - reused)
-        rec.new_tokens = req.prompt_tokens - reused - rec.recomputed_tokens
-        # Positions recomputed inside the ideal prefix: everything there not served from GPU.
+        # Positions recomputed inside the ideal prefix: everything there not on the GPU.
         recomputed_ranges = []
         pos = 0
         for s, e, tier in segments:
@@ -115,6 +117,8 @@ class RunRecorder:
             units = units + range_units(spec, a, b)
             self._histogram(a, b)
         rec.recompute_units = units.total
+        rec.recomputed_tokens = sum(b - a for a, b in recomputed_ranges)
+        rec.new_tokens = req.prompt_tokens - reused - loaded - rec.recomputed_tokens
         shared = self.shared_blocks[req.session] * bs
         private_ideal = max(0, ideal - shared)
         private_lost = sum(max(0, b - max(a, shared)) for a, b in recomputed_ranges)
@@ -163,6 +167,21 @@ class RunRecorder:
             self.counters["evictions"] += 1
             self.counters["evicted_blocks"] += res.freed_blocks
             self.counters["holes_made_blocks"] += getattr(res, "holes_made", 0)
+
+    def loaded(self, ld: Any, bs: int) -> None:
+        c = self.counters
+        c["cpu_loads"] += 1
+        c["loaded_blocks"] += ld.loaded_blocks
+        c["load_demoted_blocks"] += ld.demoted_blocks
+        c["load_deleted_blocks"] += ld.deleted_blocks
+        if ld.swap_blocks:
+            c["swap_buffer_loads"] += 1
+            c["swap_buffer_blocks"] += ld.swap_blocks
+            c["swap_chunks"] += ld.swap_chunks
+
+    def transferred(self, h2d_bytes: int, d2h_bytes: int) -> None:
+        self.counters["bytes_h2d"] += h2d_bytes
+        self.counters["bytes_d2h"] += d2h_bytes
 
     def batch(self, seconds: float, n: int) -> None:
         self.counters["prefill_batches"] += 1
@@ -237,6 +256,11 @@ class RunRecorder:
             "aborted": int(c["aborted"]),
             "bytes_h2d": int(c["bytes_h2d"]),
             "bytes_d2h": int(c["bytes_d2h"]),
+            "cpu_hit_rate": float(ok["loaded_cpu_tokens"].sum() / prompt) if prompt else math.nan,
+            "cpu_loads": int(c["cpu_loads"]),
+            "swap_buffer_loads": int(c["swap_buffer_loads"]),
+            "swap_buffer_tokens": int(c["swap_buffer_blocks"]) * block_size,
+            "swap_chunks": int(c["swap_chunks"]),
             "prefill_batches": int(c["prefill_batches"]),
             "prefill_busy_s": float(c["prefill_seconds"]),
             "decode_events": int(c["decode_events"]),

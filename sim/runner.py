@@ -61,7 +61,14 @@ def run(cfg: RunConfig, trace=None) -> RunResult:
     gaps = trace.gaps(cfg.gaps)
     policy = EvictionPolicy(order=cfg.order, start=StartPosition(cfg.evict),
                             granularity=Granularity(cfg.granularity))
-    cache = RadixKVCache(cfg.gpu_cache // cfg.block_size, policy, debug=cfg.debug_cache)
+    tiers = {}
+    if cfg.cpu_cache:
+        tiers = dict(cpu_capacity_blocks=cfg.cpu_cache // cfg.block_size, tiering=cfg.tiering,
+                     swap_buffer_blocks=cfg.swap_buffer // cfg.block_size,
+                     write_policy=cfg.hicache_write_policy,
+                     load_threshold_tokens=cfg.hicache_load_threshold,
+                     block_size=cfg.block_size)
+    cache = RadixKVCache(cfg.gpu_cache // cfg.block_size, policy, debug=cfg.debug_cache, **tiers)
     sessions = trace.sessions
     rec = RunRecorder([s.id for s in sessions], [s.first for s in sessions],
                       [s.parent >= 0 for s in sessions],

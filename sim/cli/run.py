@@ -78,7 +78,10 @@ def print_table(runs: list[dict[str, Any]], title: str) -> None:
     for r in runs:
         t.add_column(r["policy"], justify="right")
     fmt = {"hit_rate": "{:.1%}", "recomputed_tokens": "{:,.0f}", "recompute_units": "{:.3e}"}
-    for k in (*COMPARED, "requests", "evicted_tokens", "dropped_requests"):
+    extra = ("cpu_hit_rate", "bytes_h2d", "bytes_d2h", "swap_buffer_loads") if any(
+        r["summary"].get("cpu_cache_tokens") for r in runs) else ()
+    fmt.update({"cpu_hit_rate": "{:.1%}", "bytes_h2d": "{:.3e}", "bytes_d2h": "{:.3e}"})
+    for k in (*COMPARED, *extra, "requests", "evicted_tokens", "dropped_requests"):
         cells = []
         for i, r in enumerate(runs):
             v = r["summary"].get(k)
@@ -102,6 +105,11 @@ def print_table(runs: list[dict[str, Any]], title: str) -> None:
               help="CPU KV capacity in tokens (two tiers).")
 @click.option("--tiering", type=click.Choice(["unified", "hicache"]), default="unified",
               show_default=True)
+@click.option("--swap-buffer", type=SIZE, default="1024", show_default=True,
+              help="unified: CPU swap buffer (tokens) used when both tiers are full.")
+@click.option("--hicache-write-policy", type=click.Choice(
+    ["write_through", "write_through_selective", "write_back"]), default="write_through",
+    show_default=True)
 @click.option("--sessions", "-n", type=int, default=4, show_default=True,
               help="Sessions active at once (closed loop).")
 @click.option("--replay", type=click.Choice(["closed", "open"]), default="closed",
@@ -127,7 +135,8 @@ def print_table(runs: list[dict[str, Any]], title: str) -> None:
               "config.json per run under this directory.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def run_cmd(trace, trace_format, select, shared_prefix, max_context, gaps, block_size, lenient,
-            model, profile, gpu_cache, cpu_cache, tiering, sessions, replay, preset, evict,
+            model, profile, gpu_cache, cpu_cache, tiering, swap_buffer, hicache_write_policy,
+            sessions, replay, preset, evict,
             granularity, scheduler, chunk_size, prompt_nodes, max_new_tokens, max_running, seed,
             debug_cache, out, as_json) -> None:
     """Replay a trace through the simulated server under each policy; report TTFT, JCT, hits."""
@@ -138,7 +147,8 @@ def run_cmd(trace, trace_format, select, shared_prefix, max_context, gaps, block
         shared_prefix=shared_prefix_option(shared_prefix), max_context=max_context,
         block_size=block_size, gaps=gaps, lenient=lenient, sessions=sessions, replay=replay,
         model=model, profile=profile, gpu_cache=gpu_cache, cpu_cache=cpu_cache,
-        tiering=tiering, scheduler=scheduler, chunk_size=chunk_size,
+        tiering=tiering, swap_buffer=swap_buffer, hicache_write_policy=hicache_write_policy,
+        scheduler=scheduler, chunk_size=chunk_size,
         checkpoint_chunks=prompt_nodes == "chunked",
         max_new_tokens=max_new_tokens, max_running=max_running, seed=seed,
         debug_cache=debug_cache)
@@ -165,7 +175,8 @@ def run_cmd(trace, trace_format, select, shared_prefix, max_context, gaps, block
         emit_json({"runs": runs})
         return
     s = results[0].summary
+    cpu = f" + CPU {cpu_cache:,} ({tiering})" if cpu_cache else ""
     print_table(runs, f"{s['trace']} ({s['trace_requests']} requests), {model}, "
-                      f"GPU {gpu_cache:,} tokens, N={sessions}, {scheduler}, gaps {gaps}")
+                      f"GPU {gpu_cache:,} tokens{cpu}, N={sessions}, {scheduler}, gaps {gaps}")
     if out:
         print(f"wrote {out}/", file=sys.stderr)
