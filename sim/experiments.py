@@ -226,11 +226,86 @@ def fcfs(ctx: Context) -> list[dict[str, Any]]:
     return rows
 
 
+def _tiered(cfg: RunConfig, system: str, scheduler: str, cpu: int) -> RunConfig:
+    """``hicache`` = SGLang (whole-node LRU tail on the device) + HiCache; ``penelope`` =
+    unified tiers under lru+private-head+block."""
+    preset, tiering = ("sglang", "hicache") if system == "hicache" else ("penelope", "unified")
+    return replace(cfg.with_preset(preset), tiering=tiering, scheduler=scheduler, cpu_cache=cpu)
+
+
+def two_tier(ctx: Context) -> list[dict[str, Any]]:
+    """A GPU tier half the GPU-only cap plus an equal CPU tier: SGLang HiCache with lpm, with
+    lpm-cpu (counts CPU-resident prefixes), and Penelope's unified tiers."""
+    models = ["qwen3-8b"] if ctx.quick else list(MODEL_SETUP)
+    ns = [4] if ctx.quick else [4, 8]
+    lo, hi = PAPER["two_tier_lpm_cpu_ttft_change"]
+    plo, phi = PAPER["two_tier_penelope_further_ttft_change"]
+    cases, configs = [], []
+    for model in models:
+        for n in ns:
+            base = ctx.base(model, n)
+            gpu = base.gpu_cache // 2
+            base = replace(base, gpu_cache=gpu)
+            cases.append((model, n, gpu))
+            configs += [_tiered(base, "hicache", "lpm", gpu),
+                        _tiered(base, "hicache", "lpm-cpu", gpu),
+                        _tiered(base, "penelope", "lpm-cpu", gpu)]
+    sums = _run_all(ctx, configs)
+    rows = []
+    for i, (model, n, gpu) in enumerate(cases):
+        lpm, lpm_cpu, pen = sums[3 * i: 3 * i + 3]
+        rows.append({
+            "model": model, "sessions": n, "gpu_tokens": gpu, "cpu_tokens": gpu,
+            "hicache_lpm_ttft_s": lpm["ttft_mean_s"],
+            "hicache_lpm_cpu_ttft_s": lpm_cpu["ttft_mean_s"],
+            "penelope_ttft_s": pen["ttft_mean_s"],
+            "lpm_cpu_change": _change(lpm_cpu["ttft_mean_s"], lpm["ttft_mean_s"]),
+            "penelope_change_vs_lpm_cpu": _change(pen["ttft_mean_s"], lpm_cpu["ttft_mean_s"]),
+            "penelope_jct_change_vs_lpm_cpu": _change(pen["jct_mean_s"], lpm_cpu["jct_mean_s"]),
+            "hicache_hit_rate": lpm_cpu["hit_rate"] + lpm_cpu["cpu_hit_rate"],
+            "penelope_hit_rate": pen["hit_rate"] + pen["cpu_hit_rate"],
+            "penelope_swap_buffer_loads": pen["swap_buffer_loads"],
+            "paper_lpm_cpu_change": f"{lo:+.0%}..{hi:+.0%}",
+            "paper_penelope_change": f"{plo:+.0%}..{phi:+.0%}",
+        })
+    return rows
+
+
+def cpu_sweep(ctx: Context) -> list[dict[str, Any]]:
+    """Qwen3-8B, 8 sessions, fcfs for both, GPU tier 128K, CPU tier 1x..4x the GPU tier."""
+    base = replace(ctx.base("qwen3-8b", 8), gpu_cache=131072)
+    if ctx.quick:
+        base = replace(ctx.base("qwen3-8b", 4), gpu_cache=16384)
+    mults = [1, 2, 4] if ctx.quick else [1, 2, 3, 4]
+    configs = []
+    for k in mults:
+        cpu = k * base.gpu_cache
+        configs += [_tiered(base, "hicache", "fcfs", cpu), _tiered(base, "penelope", "fcfs", cpu)]
+    sums = _run_all(ctx, configs)
+    rows = []
+    for i, k in enumerate(mults):
+        sg, pen = sums[2 * i], sums[2 * i + 1]
+        paper = PAPER["cpu_sweep"]["1x_ttft_change"] if k == 1 else (0.0 if k == 4 else None)
+        rows.append({
+            "cpu_over_gpu": k, "gpu_tokens": base.gpu_cache, "cpu_tokens": k * base.gpu_cache,
+            "sglang_ttft_s": sg["ttft_mean_s"], "penelope_ttft_s": pen["ttft_mean_s"],
+            "ttft_change": _change(pen["ttft_mean_s"], sg["ttft_mean_s"]),
+            "jct_change": _change(pen["jct_mean_s"], sg["jct_mean_s"]),
+            "sglang_hit_rate": sg["hit_rate"] + sg["cpu_hit_rate"],
+            "penelope_hit_rate": pen["hit_rate"] + pen["cpu_hit_rate"],
+            "paper_ttft_change": paper,
+            "paper_sglang_hit_rate": PAPER["cpu_sweep"]["4x_sglang_hit_rate"] if k == 4 else None,
+        })
+    return rows
+
+
 EXPERIMENTS: dict[str, Callable[[Context], list[dict[str, Any]]]] = {
     "figure1": figure1,
     "gpu-only": gpu_only,
     "ablation": ablation,
     "fcfs": fcfs,
+    "two-tier": two_tier,
+    "cpu-sweep": cpu_sweep,
 }
 
 
