@@ -139,3 +139,17 @@ def test_prompt_nodes_whole_prices_the_same_but_evicts_whole_prompts() -> None:
     assert runs[True].loc[("s0", 0)].ttft_s == pytest.approx(runs[False].loc[("s0", 0)].ttft_s)
     assert runs[False].loc[("s0", 1)].hit_gpu_tokens == 0
     assert runs[True].loc[("s0", 1)].hit_gpu_tokens >= 8192
+
+
+def test_decode_memory_shortfall_retracts_and_recovers() -> None:
+    # max_new_tokens=64 makes admission optimistic; decoding 3000 tokens each then outgrows
+    # an 8K cache: SGLang retracts one request (to the queue's tail) and re-prefills it later.
+    trace = KitTrace([[(3000, 3000, 0.0)], [(3000, 3000, 0.0)]])
+    res = run(cfg(gpu_cache=8192, sessions=2), trace)
+    s = res.summary
+    assert s["retractions"] >= 1 and s["aborted"] == 0 and s["dropped_requests"] == 0
+    df = res.requests
+    assert (df.decoded_tokens == 2999).all()
+    assert df.retractions.sum() == s["retractions"]
+    # The retracted request finishes after the other one.
+    assert df.sort_values("end_s").retractions.iloc[-1] >= 1
