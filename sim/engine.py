@@ -230,9 +230,8 @@ class Server:
         if final_ids is None:
             # A chunk checkpoint must keep the match's lock too: the kept segment behind a
             # hole lies below the inserted prefix until the last chunk reaches it.
-            last = ins.node if ids.size == req.ids.size else None
             self.cache.lock(ins.node)
-            if last is not None:
+            if ids.size == req.ids.size:  # the whole prompt is in: its leaf covers the path
                 self._unlock_all(req)
             req.locks.append(ins.node)
         req.own_tokens = 0 if final_ids is not None else max(0, computed_to - ids.size * self.bs)
