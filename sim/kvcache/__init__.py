@@ -3,12 +3,13 @@ logical clock, and eviction through a ``policies.eviction.EvictionPolicy``."""
 
 from .cache import CapacityError, RadixKVCache, as_block_ids
 from .node import Node, Tier
-from .results import EvictResult, InsertResult, Match
+from .results import EvictResult, InsertResult, LoadResult, Match
 
 __all__ = [
     "CapacityError",
     "EvictResult",
     "InsertResult",
+    "LoadResult",
     "Match",
     "Node",
     "RadixKVCache",

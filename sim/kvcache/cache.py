@@ -1,4 +1,4 @@
-"""The radix KV cache over block ids (GPU tier; room left for a CPU tier).
+"""The radix KV cache over block ids: a GPU tier and an optional CPU tier.
 
 Capacity accounting, in blocks::
 
@@ -31,6 +31,11 @@ exactly as SGLang keeps it. Block-exact policies free block by block from the ta
 private head, so boundaries carry no meaning there; merging keeps their paths short (holes and
 refills would otherwise fragment a history into one node per eviction).
 
+With ``cpu_capacity_blocks > 0`` a CPU tier joins the GPU tier, managed as ``tiering="unified"``
+(Penelope: one tier per block, one deletion order) or ``"hicache"`` (SGLang HiCache: device and
+host copies); the semantics live in ``sim.kvcache.tiers``. Without a CPU tier none of that code
+runs and the GPU-only behaviour is the one described above.
+
 Counters are kept incrementally; ``debug=True`` recounts everything by DFS after every public
 operation (``sim.kvcache.invariants``).
 """
@@ -41,13 +46,15 @@ import numpy as np
 
 from policies.eviction import EvictionPolicy, get_policy
 
-from . import evictor
+from . import evictor, tiers
 from .invariants import recount
 from .node import Node, Tier
-from .results import EvictResult, InsertResult, Match
+from .results import EvictResult, InsertResult, LoadResult, Match
 
 # Enum members are singletons: ``is`` against module constants is ~4x faster than ``==``.
-_GPU, _NONE = Tier.GPU, Tier.NONE
+_GPU, _NONE, _CPU = Tier.GPU, Tier.NONE, Tier.CPU
+TIERINGS = ("unified", "hicache")
+WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 
 
 class CapacityError(RuntimeError):
@@ -106,16 +113,38 @@ class RadixKVCache:
         capacity_blocks: int,
         policy: EvictionPolicy | str = "sglang",
         *,
-        debug: bool = False,
         cpu_capacity_blocks: int = 0,
+        tiering: str = "unified",
+        swap_buffer_blocks: int = 16,
+        write_policy: str = "write_through",
+        load_threshold_tokens: int = 10,
+        block_size: int = 64,
+        debug: bool = False,
     ) -> None:
         if capacity_blocks < 0:
             raise ValueError(f"capacity_blocks must be >= 0, got {capacity_blocks}")
-        if cpu_capacity_blocks != 0:
-            raise NotImplementedError("the CPU tier is not built yet")
+        if cpu_capacity_blocks < 0 or swap_buffer_blocks < 0 or block_size <= 0:
+            raise ValueError(
+                f"bad tier sizes: cpu {cpu_capacity_blocks}, swap buffer {swap_buffer_blocks}, "
+                f"block size {block_size}"
+            )
+        if tiering not in TIERINGS:
+            raise ValueError(f"tiering must be one of {TIERINGS}, got {tiering!r}")
+        if write_policy not in WRITE_POLICIES:
+            raise ValueError(f"write_policy must be one of {WRITE_POLICIES}, got {write_policy!r}")
         self.capacity_blocks = int(capacity_blocks)
         self.cpu_capacity_blocks = int(cpu_capacity_blocks)
+        self.tiering = tiering
+        self.swap_buffer_blocks = int(swap_buffer_blocks)
+        self.write_policy = write_policy
+        self.load_threshold_tokens = int(load_threshold_tokens)
+        self.block_size = int(block_size)
         self.policy = get_policy(policy)
+        # Mode flags: the GPU-only paths test one bool and run exactly as before.
+        self._tiered = self.cpu_capacity_blocks > 0
+        self._hicache = self._tiered and tiering == "hicache"
+        if self._hicache:
+            tiers.check_hicache_policy(self.policy)
         self._makes_holes = self.policy.makes_holes
         self._block_exact = self.policy.block_exact
         self.debug = debug
@@ -127,7 +156,10 @@ class RadixKVCache:
         self._protected = 0
         self._reserved = 0
         self._holes = 0
-        # Evictable leaves: attached, not root, tier GPU, lock 0, no children.
+        self._cpu = 0  # unified: blocks in CPU nodes; hicache: host copies (CPU + backed GPU)
+        self._d2h = 0  # d2h copies not yet reported by backup_pending
+        # Evictable leaves: attached, not root, holding KV (GPU, or CPU under a CPU tier),
+        # lock 0, no children. Without a CPU tier: exactly the unlocked childless GPU nodes.
         self._leaves: set[Node] = set()
 
     # ------------------------------------------------------------------ counters
@@ -154,6 +186,16 @@ class RadixKVCache:
     def protected_blocks(self) -> int:
         """GPU blocks in locked nodes."""
         return self._protected
+
+    @property
+    def cpu_blocks(self) -> int:
+        """Blocks resident on CPU: unified = blocks of CPU-only nodes; hicache = host copies
+        (host-only nodes and backed-up device nodes)."""
+        return self._cpu
+
+    @property
+    def cpu_free_blocks(self) -> int:
+        return self.cpu_capacity_blocks - self._cpu
 
     @property
     def hole_blocks(self) -> int:
@@ -191,9 +233,11 @@ class RadixKVCache:
             for nd in path:
                 nd.last_access = tick
                 nd.hit_count += 1
+            if self._hicache and path:
+                tiers.hicache_on_hit(self, path)
         if not path:
             node, hit, segments = self.root, 0, ()
-        elif self._holes == 0:  # no holes anywhere (and no CPU tier yet): one GPU run
+        elif self._holes == 0 and not self._tiered:  # no holes, no CPU tier: one GPU run
             node, hit, segments = path[-1], pos, ((0, pos, _GPU),)
         else:
             node = path[-1]
@@ -207,7 +251,9 @@ class RadixKVCache:
 
         Blocks beyond the tree become one new leaf (splitting where the ids diverge or end
         inside a node); NONE nodes on the path are refilled (the phantom request recomputed
-        them; a partial hole is split first); GPU blocks already there are left alone. Stamps
+        them; a partial hole is split first); GPU blocks already there are left alone.
+        CPU-resident path nodes (a CPU tier; the caller computed or loaded those blocks) are
+        promoted to GPU and counted as filled (hicache keeps their host copy). Stamps
         the path like ``match`` (under node semantics the new leaf gets the next tick, as in
         SGLang). Block-exact policies then merge each run of path nodes that are only
         children with equal tier, lock and stamp into its deepest node (which keeps its
@@ -224,9 +270,9 @@ class RadixKVCache:
         # Walk first (no mutation), so a capacity failure leaves the tree untouched.
         path, partial, k, pos = self._walk(ids, stop_at_holes=False)
         fill = 0
-        if self._holes:
-            fill = sum(len(nd.ids) for nd in path if nd.tier is _NONE)
-            if partial is not None and partial.tier is _NONE:
+        if self._holes or self._tiered:
+            fill = sum(len(nd.ids) for nd in path if nd.tier is not _GPU)
+            if partial is not None and partial.tier is not _GPU:
                 fill += k
         new = n - pos
         if self._gpu + fill + new > self.capacity_blocks:
@@ -246,6 +292,8 @@ class RadixKVCache:
             for nd in path:
                 if nd.tier is _NONE:
                     self._fill(nd)
+                elif nd.tier is _CPU:
+                    tiers.promote(self, nd)
         existing = pos - fill
         node = path[-1] if path else self.root
         if new:
@@ -302,8 +350,11 @@ class RadixKVCache:
                     self._protected -= size
                     if not node.children:
                         self._leaves.add(node)
-                elif node.tier is _NONE and not node.children:
-                    self._detach(node)
+                elif node.tier is _NONE:
+                    if not node.children:
+                        self._detach(node)
+                elif not node.children:  # CPU
+                    self._leaves.add(node)
             node = parent  # type: ignore[assignment]
         if self.debug:
             self.check()
@@ -328,15 +379,21 @@ class RadixKVCache:
 
     def evict(self, n: int) -> EvictResult:
         """Free at least ``n`` GPU blocks of the tree through the policy (node granularity may
-        overshoot). If less is evictable, frees all of it and returns ok=False (as SGLang)."""
-        result = evictor.evict(self, n)
+        overshoot). If less is evictable, frees all of it and returns ok=False (as SGLang).
+        Under a CPU tier GPU blocks are freed by demotion or deletion (``tiers``)."""
+        if self._tiered:
+            result = tiers.free_gpu(self, min(n, self._evictable))
+            result.ok = result.freed_blocks >= n
+        else:
+            result = evictor.evict(self, n)
         if self.debug:
             self.check()
         return result
 
     def make_room(self, n: int) -> EvictResult:
         """Evict until ``free_blocks >= n``. If that is impossible (too much is locked or
-        reserved) nothing is evicted and ok is False."""
+        reserved) nothing is evicted and ok is False. Under a CPU tier GPU blocks are demoted
+        when the CPU tier has (or can make) room and deleted per the tiering rules."""
         need = n - self.free_blocks
         if need <= 0:
             return EvictResult(ok=True)
@@ -345,6 +402,36 @@ class RadixKVCache:
         result = self.evict(need)
         result.ok = self.free_blocks >= n
         return result
+
+    def load(self, node: Node) -> LoadResult:
+        """Make the CPU-resident blocks on the path root..``node`` GPU-resident (the caller
+        locked ``node`` first, so nothing on the path moves while room is made). Unified: every
+        CPU node on the path; hicache: the host-only run below the device prefix, all or
+        nothing, skipped under ``load_threshold_tokens``. ok=False (nothing changed) when GPU
+        room cannot be made. Semantics and swap-buffer accounting: ``sim.kvcache.tiers``."""
+        self._require_attached(node)
+        if node is not self.root and node.lock <= 0:
+            raise ValueError(f"load of an unlocked node {node!r}: lock the match first")
+        if not self._tiered:
+            return LoadResult(ok=True)
+        result = tiers.load(self, node)
+        if self.debug:
+            self.check()
+        return result
+
+    def backup_pending(self) -> int:
+        """Blocks copied d2h since the last call, then reset: unified demotions, hicache
+        write-through backups and write_back copies at eviction. This is the ONLY report of
+        d2h traffic (h2d is reported only by ``LoadResult.loaded_blocks``)."""
+        n, self._d2h = self._d2h, 0
+        return n
+
+    def cpu_resident_block_ids(self) -> np.ndarray:
+        """Block ids with a CPU copy (unified: CPU nodes; hicache: host copies), sorted."""
+        runs = [nd.ids for nd in self.iter_nodes() if nd.tier is _CPU or nd.host]
+        if not runs:
+            return np.empty(0, dtype=np.int64)
+        return np.sort(np.concatenate(runs))
 
     def resident_block_ids(self) -> np.ndarray:
         """All GPU-resident block ids in the tree, sorted."""
@@ -452,6 +539,7 @@ class RadixKVCache:
         )
         prefix.lock = node.lock
         prefix.hit_count = node.hit_count
+        prefix.host = node.host
         parent = node.parent
         assert parent is not None
         parent.children[int(node.ids[0])] = prefix
@@ -476,6 +564,7 @@ class RadixKVCache:
                     and up.lock == child.lock
                     and up.tier is child.tier
                     and up.last_access == child.last_access
+                    and up.host == child.host
                 ):
                     j -= 1
                 else:
@@ -509,16 +598,25 @@ class RadixKVCache:
                 self._leaves.add(node)
 
     def _free(self, node: Node, result: EvictResult) -> Node | None:
-        """GPU -> NONE for a whole unlocked node; a childless one leaves the tree (cascading
-        upward). Returns the surviving ancestor when it just became an evictable leaf."""
+        """GPU (or CPU) -> NONE for a whole unlocked node; a childless one leaves the tree
+        (cascading upward). Returns the surviving ancestor when it just became an evictable
+        leaf."""
         size = len(node.ids)
-        self._gpu -= size
-        self._evictable -= size
+        if node.tier is _GPU:
+            self._gpu -= size
+            self._evictable -= size
+            result.freed_blocks += size
+        else:  # CPU: unified deletion, hicache host eviction
+            self._cpu -= size
+        if node.host:
+            if node.tier is _GPU:  # hicache: a backed-up node deleted from both tiers
+                self._cpu -= size
+            node.host = False
         self._holes += size
         node.tier = Tier.NONE
         self._leaves.discard(node)
         result.freed.append(node.ids)
-        result.freed_blocks += size
+        result.deleted_blocks += size
         if node.children:
             return None
         survivor = self._prune(node)
@@ -528,11 +626,17 @@ class RadixKVCache:
         """Free the last k blocks of an unlocked leaf (no hole: nothing follows them)."""
         keep = len(leaf.ids) - k
         result.freed.append(leaf.ids[keep:])
-        result.freed_blocks += k
+        result.deleted_blocks += k
         leaf.ids = leaf.ids[:keep]
         leaf.last = leaf.ids.item(keep - 1)
-        self._gpu -= k
-        self._evictable -= k
+        if leaf.tier is _GPU:
+            self._gpu -= k
+            self._evictable -= k
+            result.freed_blocks += k
+        else:
+            self._cpu -= k
+        if leaf.host:  # hicache never truncates a backed-up node (it demotes it); defensive
+            self._cpu -= k
 
     def _detach(self, node: Node) -> None:
         """Remove a childless NONE node from its parent."""
@@ -543,7 +647,7 @@ class RadixKVCache:
         self._holes -= len(node.ids)
         if (
             parent is not self.root
-            and parent.tier == Tier.GPU
+            and parent.tier is not _NONE
             and parent.lock == 0
             and not parent.children
         ):

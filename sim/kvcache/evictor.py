@@ -36,24 +36,29 @@ if TYPE_CHECKING:
     from .cache import RadixKVCache
 
 
-def evict(cache: RadixKVCache, n: int) -> EvictResult:
-    """Free at least n GPU blocks (exactly n at block granularity when possible)."""
-    result = EvictResult(ok=n <= 0)
+def evict(cache: RadixKVCache, n: int, result: EvictResult | None = None) -> EvictResult:
+    """Delete at least n blocks (exactly n at block granularity when possible). Without a CPU
+    tier every leaf is a GPU leaf: n GPU blocks freed. Under ``tiering="unified"`` the leaves
+    of both tiers compete: the one deletion order across tiers (``sim.kvcache.tiers``).
+    Counts add to ``result`` when given."""
+    if result is None:
+        result = EvictResult(ok=n <= 0)
     if n <= 0:
         return result
+    n += result.deleted_blocks
     key = cache.policy.victim_order.key
     heap = [(key(leaf), leaf) for leaf in cache._leaves]
     heapq.heapify(heap)
     made: list[Node] = []  # nodes turned into holes by this call
-    while result.freed_blocks < n and heap:
+    while result.deleted_blocks < n and heap:
         _, leaf = heapq.heappop(heap)
         if leaf not in cache._leaves:  # defensive: never happens (leaves gain no children)
             continue
-        survivor = _evict_history(cache, leaf, n - result.freed_blocks, result, made)
+        survivor = _evict_history(cache, leaf, n - result.deleted_blocks, result, made)
         if survivor is not None:
             heapq.heappush(heap, (key(survivor), survivor))
-    result.ok = result.freed_blocks >= n
-    result.holes_made = sum(
+    result.ok = result.deleted_blocks >= n
+    result.holes_made += sum(
         len(x.ids) for x in made if x.parent is not None and x.tier == Tier.NONE
     )
     return result

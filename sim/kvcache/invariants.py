@@ -14,7 +14,8 @@ if TYPE_CHECKING:
 def recount(cache: RadixKVCache) -> None:
     """Raise AssertionError naming the first violated invariant."""
     root = cache.root
-    gpu = evictable = protected = holes = 0
+    gpu = evictable = protected = holes = cpu = 0
+    hicache = cache._hicache
     leaves = set()
     serials = set()
     stack = [root]
@@ -38,6 +39,12 @@ def recount(cache: RadixKVCache) -> None:
         size = len(node.ids)
         assert node.lock >= child_locks, f"lock {node.lock} < children's {child_locks}: {node!r}"
         assert node.last_access <= cache.clock, f"stamp from the future: {node!r}"
+        parent = node.parent
+        if node.host:
+            assert hicache, f"host copy outside hicache: {node!r}"
+            assert node.tier != Tier.NONE, f"host flag on a hole: {node!r}"
+            assert parent is root or parent.host, f"backed-up nodes not a prefix: {node!r}"
+            cpu += size
         if node.tier == Tier.GPU:
             gpu += size
             if node.lock:
@@ -46,15 +53,32 @@ def recount(cache: RadixKVCache) -> None:
                 evictable += size
                 if not node.children:
                     leaves.add(node)
+            if hicache:
+                assert parent is root or parent.tier == Tier.GPU, (
+                    f"device nodes not a prefix: {node!r} under {parent!r}"
+                )
         elif node.tier == Tier.NONE:
             holes += size
             assert cache.policy.makes_holes, f"hole under non-hole policy: {node!r}"
             assert node.children or node.lock, f"childless unlocked hole not removed: {node!r}"
         else:
-            raise AssertionError(f"CPU tier not built yet: {node!r}")
-    got = (cache.gpu_blocks, cache.evictable_blocks, cache.protected_blocks, cache.hole_blocks)
-    want = (gpu, evictable, protected, holes)
-    assert got == want, f"counters (gpu, evictable, protected, holes) {got} != recount {want}"
+            assert cache._tiered, f"CPU node without a CPU tier: {node!r}"
+            if hicache:
+                assert node.host, f"host-only node without its host copy: {node!r}"
+            else:
+                cpu += size
+            if not node.lock and not node.children:
+                leaves.add(node)
+    got = (
+        cache.gpu_blocks,
+        cache.evictable_blocks,
+        cache.protected_blocks,
+        cache.hole_blocks,
+        cache.cpu_blocks,
+    )
+    want = (gpu, evictable, protected, holes, cpu)
+    assert got == want, f"counters (gpu, evictable, protected, holes, cpu) {got} != recount {want}"
+    assert cpu <= cache.cpu_capacity_blocks, f"cpu {cpu} > capacity {cache.cpu_capacity_blocks}"
     extra, missing = cache._leaves - leaves, leaves - cache._leaves
     assert not extra and not missing, f"leaf set wrong: extra {extra}, missing {missing}"
     assert cache.reserved_blocks >= 0, f"negative reserved {cache.reserved_blocks}"

@@ -26,7 +26,10 @@ import numpy as np
 
 
 class Tier(IntEnum):
-    """Where a node's KV lives. CPU is reserved for the tiering issue (not produced yet)."""
+    """Where a node's KV lives (see ``sim.kvcache.tiers`` for the two-tier semantics).
+
+    Under ``tiering="hicache"`` GPU means "has a device copy" (it may also have a host copy,
+    ``Node.host``) and CPU means "host copy only"."""
 
     NONE = 0  # a hole: block ids known, KV freed
     GPU = 1
@@ -40,6 +43,7 @@ class Node:
     __slots__ = (
         "children",
         "hit_count",
+        "host",
         "ids",
         "last",
         "last_access",
@@ -68,6 +72,7 @@ class Node:
         self.lock = 0
         self.last_access = last_access
         self.hit_count = 0
+        self.host = False  # hicache only: a host (CPU) copy exists (always True for tier CPU)
         self.serial = serial
 
     @property
@@ -88,6 +93,7 @@ class Node:
 
     def __repr__(self) -> str:
         return (
-            f"Node(#{self.serial} [{self.start},{self.end}) {self.tier.name} lock={self.lock} "
+            f"Node(#{self.serial} [{self.start},{self.end}) {self.tier.name}"
+            f"{'+host' if self.host and self.tier == Tier.GPU else ''} lock={self.lock} "
             f"t={self.last_access} children={len(self.children)})"
         )

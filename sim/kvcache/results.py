@@ -30,6 +30,12 @@ class Match:
         return sum(e - s for s, e, t in self.segments if t == tier)
 
     @property
+    def cpu_blocks(self) -> int:
+        """Matched blocks resident on CPU only (to load before the prefill): unified = every
+        CPU run on the path; hicache = the host-only part right below the device prefix."""
+        return self.blocks_in(Tier.CPU)
+
+    @property
     def hole_blocks(self) -> int:
         """Matched blocks whose KV must be recomputed (a phantom prefill)."""
         return self.blocks_in(Tier.NONE)
@@ -40,15 +46,25 @@ class EvictResult:
     """Result of ``evict``/``make_room``.
 
     ok: the request was met (``evict``: at least n freed; ``make_room``: free_blocks >= n).
-    freed_blocks: GPU blocks freed; freed: their ids, one array per freed run in the order
-      the runs were freed (each run in ascending position); holes_made: freed blocks still in
-      the tree as NONE when the call returns (the rest left the tree).
+    freed_blocks: GPU blocks freed (deleted from the GPU + demoted to the CPU).
+    deleted_blocks: blocks whose last copy was removed, either tier; freed: their ids, one
+      array per deleted run in the order deleted (each run in ascending position). Without a
+      CPU tier deleted_blocks == freed_blocks.
+    demoted_blocks: GPU blocks moved to the CPU tier (unified: a d2h copy; hicache: the device
+      copy of a backed-up node dropped, no copy, except write_back's copy at eviction);
+      demoted: their ids. Informational only: every d2h copy is reported (once) by
+      ``RadixKVCache.backup_pending``.
+    holes_made: deleted blocks still in the tree as NONE when the call returns (the rest left
+      the tree).
     """
 
     ok: bool
     freed_blocks: int = 0
     freed: list[np.ndarray] = field(default_factory=list)
     holes_made: int = 0
+    deleted_blocks: int = 0
+    demoted_blocks: int = 0
+    demoted: list[np.ndarray] = field(default_factory=list)
 
     def freed_ids(self) -> np.ndarray:
         """All freed ids, concatenated in the order freed."""
@@ -71,3 +87,30 @@ class InsertResult:
     def added_blocks(self) -> int:
         """GPU blocks the tree gained (new + filled)."""
         return self.new_blocks + self.filled_blocks
+
+
+@dataclass(slots=True)
+class LoadResult:
+    """Result of ``RadixKVCache.load`` (sizes in blocks).
+
+    ok: False when GPU room could not be made (too much locked or reserved): nothing changed.
+    loaded_blocks: blocks copied h2d (CPU -> GPU); the only place h2d traffic is reported.
+      loaded: their ids, one array per loaded run, root-ward first.
+    skipped: hicache only: the host part was under ``load_threshold_tokens`` and was not
+      loaded (ok stays True; the caller recomputes those tokens).
+    demoted_blocks / deleted_blocks: GPU room this load made (unified: demotions only, a load
+      never deletes; hicache: demoted backed-up nodes and deleted ones). The d2h copies of
+      unified demotions are reported by ``backup_pending`` (not here, to avoid double counting).
+    swap_blocks: loaded blocks that went through the CPU swap buffer because both tiers were
+      full (unified only); swap_chunks: buffer rounds, ceil(swap_blocks / swap_buffer_blocks).
+    """
+
+    ok: bool
+    loaded_blocks: int = 0
+    demoted_blocks: int = 0
+    deleted_blocks: int = 0
+    swap_blocks: int = 0
+    swap_chunks: int = 0
+    skipped: bool = False
+    loaded: list[np.ndarray] = field(default_factory=list)
+    demoted: list[np.ndarray] = field(default_factory=list)
