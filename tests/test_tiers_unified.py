@@ -254,20 +254,28 @@ class UnifiedMachine(RuleBasedStateMachine):
             assert r.deleted_blocks >= delete
         return r
 
-    @rule(data=st.data(), keep=st.sampled_from([False, False, True]))
-    def request(self, data, keep) -> None:
+    @rule(data=st.data(), keep=st.sampled_from([False, False, True]), squeeze=st.booleans())
+    def request(self, data, keep, squeeze) -> None:
+        """One request; ``squeeze`` holds every free GPU block during the load (a full GPU)."""
         cache = self.cache
         prompt = self.prompt(data)
         m = cache.match(prompt)
         cache.lock(m.node)
+        held = cache.free_blocks if squeeze else 0
+        cache.reserve(held)
         sm = None
         if self.shadow is not None:
             sm = self.shadow.match(prompt)
             self.shadow.lock(sm.node)
+        if self.shadow is not None:
+            self.shadow.reserve(held)
         g, c, load = max(cache.free_blocks, 0), cache.cpu_free_blocks, m.cpu_blocks
         kept = set(cache.resident_block_ids().tolist() + cache.cpu_resident_block_ids().tolist())
         order = deletion_order(cache) if self.exact else None
         ld = cache.load(m.node)
+        cache.release(held)
+        if self.shadow is not None:
+            self.shadow.release(held)
         need = load - min(load, g)
         swap = max(0, need - c - min(load, g))
         if ld.ok:
@@ -357,7 +365,7 @@ class UnifiedMachine(RuleBasedStateMachine):
 
 
 SETTINGS = settings(
-    max_examples=150,
+    max_examples=100,
     stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],

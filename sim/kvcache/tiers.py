@@ -294,8 +294,9 @@ def hicache_on_hit(cache: RadixKVCache, path: list[Node]) -> None:
             return  # no host room: deeper nodes cannot be backed up either
 
 
-def _backup(cache: RadixKVCache, node: Node) -> bool:
-    """Copy ``node`` (and first its unbacked ancestors) to host; False if host room ran out."""
+def _backup(cache: RadixKVCache, node: Node, result: EvictResult | None = None) -> bool:
+    """Copy ``node`` (and first its unbacked ancestors) to host; False if host room ran out.
+    Host-only nodes deleted to make host room are counted in ``result`` when given."""
     chain = []
     nd = node
     while nd is not cache.root and not nd.host:
@@ -304,7 +305,7 @@ def _backup(cache: RadixKVCache, node: Node) -> bool:
     for nd in reversed(chain):
         size = len(nd.ids)
         if cache.cpu_free_blocks < size:
-            _hicache_evict_host(cache, size)
+            _hicache_evict_host(cache, size, result)
             if cache.cpu_free_blocks < size:
                 return False
         nd.host = True
@@ -370,7 +371,7 @@ def _hicache_evict_device(cache: RadixKVCache, need: int, result: EvictResult) -
         parent = x.parent
         assert parent is not None
         if not x.host and cache.write_policy == "write_back":
-            _backup(cache, x)
+            _backup(cache, x, result)  # host eviction may delete blocks demoted just before
         if x.host:
             _demote(cache, x, result)
         else:
