@@ -26,6 +26,10 @@ from sim.config import RunConfig
 REPO = Path(__file__).resolve().parent.parent
 SHARED_CC_TRACES = REPO.parent / "shared" / "data" / "cc-traces"
 SHARED_PREFIX = 15974  # 15.6K tokens (K = 1024)
+# --quick: the 8 sessions with most requests under 64K tokens, 4 at a time, in 96K tokens.
+QUICK_SELECT = "top-requests:8"
+QUICK_CONTEXT = 65536
+QUICK_GPU_CACHE = 98304
 
 # GPU-only KV caps and context cut per model (paper: 8B/32B 128K context, 235B 256K).
 MODEL_SETUP: dict[str, tuple[int, int]] = {
@@ -74,9 +78,8 @@ class Context:
         if self.quick:
             # Seconds, not minutes: fewer sessions, shorter contexts, a proportionally
             # smaller cache so that eviction still happens.
-            cfg = replace(cfg, select=None if self.is_synthetic else "top-requests:4",
-                          max_context=min(cfg.max_context or 32768, 32768),
-                          gpu_cache=max(cfg.gpu_cache // 8, 16384))
+            cfg = replace(cfg, select=None if self.is_synthetic else QUICK_SELECT,
+                          max_context=QUICK_CONTEXT, gpu_cache=QUICK_GPU_CACHE)
             if self.is_synthetic:
                 cfg = replace(cfg, trace=_quick_synthetic(self.trace))
         return cfg
@@ -234,8 +237,9 @@ def _tiered(cfg: RunConfig, system: str, scheduler: str, cpu: int) -> RunConfig:
 
 
 def two_tier(ctx: Context) -> list[dict[str, Any]]:
-    """A GPU tier half the GPU-only cap plus an equal CPU tier: SGLang HiCache with lpm, with
-    lpm-cpu (counts CPU-resident prefixes), and Penelope's unified tiers."""
+    """A GPU tier 3/4 of the GPU-only cap (so the longest prompts still fit) plus an equal CPU
+    tier: SGLang HiCache with lpm, with lpm-cpu (counts CPU-resident prefixes), and
+    Penelope's unified tiers."""
     models = ["qwen3-8b"] if ctx.quick else list(MODEL_SETUP)
     ns = [4] if ctx.quick else [4, 8]
     lo, hi = PAPER["two_tier_lpm_cpu_ttft_change"]
@@ -244,7 +248,7 @@ def two_tier(ctx: Context) -> list[dict[str, Any]]:
     for model in models:
         for n in ns:
             base = ctx.base(model, n)
-            gpu = base.gpu_cache // 2
+            gpu = base.gpu_cache * 3 // 4
             base = replace(base, gpu_cache=gpu)
             cases.append((model, n, gpu))
             configs += [_tiered(base, "hicache", "lpm", gpu),
@@ -275,7 +279,7 @@ def cpu_sweep(ctx: Context) -> list[dict[str, Any]]:
     """Qwen3-8B, 8 sessions, fcfs for both, GPU tier 128K, CPU tier 1x..4x the GPU tier."""
     base = replace(ctx.base("qwen3-8b", 8), gpu_cache=131072)
     if ctx.quick:
-        base = replace(ctx.base("qwen3-8b", 4), gpu_cache=16384)
+        base = replace(ctx.base("qwen3-8b", 4), gpu_cache=QUICK_GPU_CACHE * 3 // 4)
     mults = [1, 2, 4] if ctx.quick else [1, 2, 3, 4]
     configs = []
     for k in mults:
@@ -293,6 +297,7 @@ def cpu_sweep(ctx: Context) -> list[dict[str, Any]]:
             "jct_change": _change(pen["jct_mean_s"], sg["jct_mean_s"]),
             "sglang_hit_rate": sg["hit_rate"] + sg["cpu_hit_rate"],
             "penelope_hit_rate": pen["hit_rate"] + pen["cpu_hit_rate"],
+            "dropped_requests": sg["dropped_requests"],
             "paper_ttft_change": paper,
             "paper_sglang_hit_rate": PAPER["cpu_sweep"]["4x_sglang_hit_rate"] if k == 4 else None,
         })
