@@ -153,3 +153,38 @@ def test_decode_memory_shortfall_retracts_and_recovers() -> None:
     assert df.retractions.sum() == s["retractions"]
     # The retracted request finishes after the other one.
     assert df.sort_values("end_s").retractions.iloc[-1] >= 1
+
+
+def test_unified_tiers_demote_instead_of_delete_and_load_back() -> None:
+    # The scenario of the hole test, with a large CPU tier: A's history is demoted to the CPU
+    # instead of deleted, and A's second turn loads it back (h2d charged to its batch).
+    trace = KitTrace([[(4000, 1, 0.0), (6000, 1, 10.0)], [(100, 1, 0.0), (5000, 1, 1.0)]])
+    res = run(replace(cfg(gpu_cache=8192, sessions=2), cpu_cache=65536, tiering="unified"),
+              trace)
+    a2 = res.requests[(res.requests.session == "s0") & (res.requests.turn == 1)].iloc[0]
+    assert a2.loaded_cpu_tokens > 0
+    assert a2.recomputed_tokens == 0 and a2.hole_tokens == 0
+    cached = 62 * 64
+    assert a2.hit_gpu_tokens + a2.loaded_cpu_tokens == cached
+    h2d = PROF.transfer_seconds(a2.loaded_cpu_tokens * SPEC.kv_bytes_per_token, "h2d")
+    assert a2.ttft_s >= prefill((cached, 6000)) + h2d - 1e-12
+    s = res.summary
+    assert s["bytes_h2d"] == a2.loaded_cpu_tokens * SPEC.kv_bytes_per_token
+    assert s["bytes_d2h"] >= s["bytes_h2d"] and s["cpu_hit_rate"] > 0
+    # Without the CPU tier the same history is recomputed.
+    gpu_only = run(cfg(gpu_cache=8192, sessions=2), trace).requests
+    assert gpu_only.recomputed_tokens.sum() > 0
+
+
+@pytest.mark.parametrize("tiering", ["unified", "hicache"])
+def test_tiered_runs_are_deterministic_and_consistent(tiering: str) -> None:
+    trace = KitTrace([[(2000 + 900 * k, 300, 2.0) for k in range(8)] for _ in range(4)],
+                     shared_blocks=16)
+    c = replace(cfg(gpu_cache=16384, sessions=3, preset="penelope" if tiering == "unified"
+                    else "sglang"), cpu_cache=16384, tiering=tiering, scheduler="lpm-cpu")
+    a, b = run(c, trace), run(c, trace)
+    assert a.requests.equals(b.requests) and a.summary == b.summary
+    df = a.requests
+    assert (df.hit_gpu_tokens + df.loaded_cpu_tokens + df.recomputed_tokens + df.new_tokens
+            == df.prompt_tokens).all()
+    assert a.summary["cpu_loads"] > 0

@@ -1,0 +1,47 @@
+"""`kvsim reproduce` as users run it: the JSON contract and the paper's numbers beside ours."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from sim.cli.main import cli
+
+
+def reproduce(*args: str) -> dict:
+    res = CliRunner().invoke(cli, ["reproduce", *args, "--json"])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout)
+
+
+def test_figure1() -> None:
+    doc = reproduce("figure1")
+    rows = {r["context_tokens"] // 1024: r for r in doc["rows"]}
+    assert rows[128]["paper_speedup"] == 2.93
+    assert abs(rows[128]["difference"]) < 0.04
+
+
+def test_ablation_quick_on_synthetic_trace() -> None:
+    doc = reproduce("ablation", "--quick", "--trace", "synthetic:claude-code")
+    assert doc["experiment"] == "ablation" and doc["trace"].startswith("synthetic:")
+    assert doc["gaps"] == "tool"
+    rows = doc["rows"]
+    assert len(rows) == 12  # 3 starts x 2 granularities x 2 tree shapes
+    for r in rows:
+        for k in ("evict", "granularity", "ttft_change", "hit_rate", "paper_ttft_change"):
+            assert k in r
+    paper = {(r["evict"], r["granularity"]): r["paper_ttft_change"] for r in rows}
+    assert paper[("private-head", "block")] == -0.63
+    assert paper[("tail", "node")] is None
+    # node + leaf-head frees the same whole leaf as node + tail: identical runs.
+    for shape in ("chunked", "whole"):
+        by = {(r["evict"], r["granularity"]): r for r in rows if r["prompt_nodes"] == shape}
+        assert by[("leaf-head", "node")]["ttft_mean_s"] == by[("tail", "node")]["ttft_mean_s"]
+        assert by[("tail", "node")]["ttft_change"] == pytest.approx(0.0)
+
+
+def test_bad_experiment_exit_2() -> None:
+    res = CliRunner().invoke(cli, ["reproduce", "table9"])
+    assert res.exit_code == 2
