@@ -306,6 +306,8 @@ class RadixKVCache:
             self._leaves.add(leaf)
             node = leaf
             path.append(leaf)
+        if self._hicache and path:
+            tiers.hicache_on_insert(self, path)
         if exact and len(path) > 1:
             self._merge_runs(path)
         if self.debug:

@@ -41,10 +41,13 @@ The swap buffer is extra CPU memory, not part of ``cpu_capacity_blocks``.
 prefix-closed set from the root (device eviction takes device leaves only) and so do backed-up
 nodes (a backup first backs up the node's unbacked ancestors).
 
-- write_through: a ``match(touch=True)`` backs up every device node of the path whose hit count
-  reached 1 (``write_through_selective``: 2), top-down; ``write_back`` backs up only at device
-  eviction. No host room: host eviction of ``size`` blocks first (as SGLang's ``evict_host
-  (len(node.value))``), and the backup is skipped if still short (deeper nodes too).
+- write_through: a hit backs up every device node of the path whose hit count reached 1
+  (``write_through_selective``: 2), top-down; ``write_back`` backs up only at device eviction.
+  Hits are counted as SGLang's ``inc_hit_count`` does: on a ``match(touch=True)`` and on an
+  ``insert`` (every path node and the new leaf, ``HiRadixCache._insert_helper``), so under
+  write_through a newly inserted node is backed up at once. No host room: host eviction of
+  ``size`` blocks first (as SGLang's ``evict_host(len(node.value))``), and the backup is
+  skipped if still short (deeper nodes too).
 - device eviction (``make_room``): SGLang LRU over device leaves (device nodes whose children
   are all host-only), whole nodes (block granularity splits the tail); a backed-up leaf is
   demoted (device copy dropped, no copy made), one not backed up is deleted; the parent is
@@ -292,6 +295,15 @@ def hicache_on_hit(cache: RadixKVCache, path: list[Node]) -> None:
             and not _backup(cache, nd)
         ):
             return  # no host room: deeper nodes cannot be backed up either
+
+
+def hicache_on_insert(cache: RadixKVCache, path: list[Node]) -> None:
+    """An insert counts a hit on every node of its path (all device-resident now)."""
+    if cache.write_policy == "write_back":
+        return
+    for nd in path:
+        nd.hit_count += 1
+    hicache_on_hit(cache, path)
 
 
 def _backup(cache: RadixKVCache, node: Node, result: EvictResult | None = None) -> bool:
