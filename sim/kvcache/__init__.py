@@ -1,5 +1,6 @@
 """The radix KV cache over block ids: nodes with GPU / CPU / NONE (hole) state, locks, a
-logical clock, and eviction through a ``policies.eviction.EvictionPolicy``."""
+logical clock, and eviction through a ``policies.eviction.EvictionPolicy``; an optional CPU
+tier, unified (Penelope) or hicache (SGLang HiCache), in ``tiers``."""
 
 from .cache import CapacityError, RadixKVCache, as_block_ids
 from .node import Node, Tier

@@ -20,6 +20,9 @@ What one victim frees (``need`` = blocks still wanted; ``|`` = block boundary)::
 
 Head-first freeing leaves NONE nodes (holes) in front of GPU nodes; a chain freed to its end
 leaves the tree, together with NONE ancestors that become childless.
+
+Under ``tiering="unified"`` the same loop is the one deletion order across both tiers: leaves
+and chains may hold CPU nodes, which are deleted like GPU ones (``sim.kvcache.tiers``).
 """
 
 from __future__ import annotations

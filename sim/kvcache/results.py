@@ -76,7 +76,8 @@ class EvictResult:
 @dataclass(frozen=True, slots=True)
 class InsertResult:
     """Result of ``insert``: node holds ids[-1] (root for empty ids); new_blocks became a new
-    leaf, filled_blocks were holes refilled, existing_blocks were GPU already."""
+    leaf, filled_blocks were holes refilled or CPU-resident nodes promoted to GPU (a CPU
+    tier), existing_blocks were GPU already."""
 
     node: Node
     new_blocks: int
