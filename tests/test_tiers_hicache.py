@@ -340,3 +340,12 @@ def test_hicache_invariants(policy: str, write_policy: str) -> None:
     )
     machine.TestCase.settings = SETTINGS
     machine.TestCase().runTest()
+
+
+def test_block_granularity_demotes_the_tail_blocks() -> None:
+    cache = hicache(6, 8, policy="vllm")
+    put(cache, ids(1, 2, 3, 4, 5, 6))
+    r = cache.make_room(2)
+    assert runs(r.demoted) == [[5, 6]] and r.freed_blocks == 2
+    m = cache.match(ids(1, 2, 3, 4, 5, 6))
+    assert m.hit_blocks == 4 and m.segments == ((0, 4, Tier.GPU), (4, 6, Tier.CPU))

@@ -380,3 +380,25 @@ def test_unified_invariants_and_one_deletion_order(name: str) -> None:
     machine = type(f"Unified_{policy.spec}", (UnifiedMachine,), {"policy": policy})
     machine.TestCase.settings = SETTINGS
     machine.TestCase().runTest()
+
+
+def test_node_granularity_demotes_whole_nodes_unless_the_cpu_room_is_smaller() -> None:
+    roomy = RadixKVCache(6, "sglang", cpu_capacity_blocks=8, debug=True)
+    admit(roomy, ids(1, 2, 3, 4, 5, 6))
+    r = roomy.make_room(1)
+    assert runs(r.demoted) == [[1, 2, 3, 4, 5, 6]] and r.freed_blocks == 6  # SGLang overshoot
+    tight = RadixKVCache(6, "sglang", cpu_capacity_blocks=2, debug=True)
+    admit(tight, ids(1, 2, 3, 4, 5, 6))
+    r = tight.make_room(1)
+    assert runs(r.demoted) == [[5, 6]] and r.deleted_blocks == 0  # only what fits moves
+    assert tight.resident_block_ids().tolist() == [1, 2, 3, 4]
+
+
+def test_evict_under_a_cpu_tier_frees_gpu_blocks_by_demotion() -> None:
+    cache = RadixKVCache(6, "penelope", cpu_capacity_blocks=2, debug=True)
+    admit(cache, ids(1, 2, 3, 4, 5, 6))
+    r = cache.evict(4)  # 2 fit on the CPU, 2 must be deleted first: the order's first 2
+    assert r.ok and runs(r.freed) == [[1, 2]] and runs(r.demoted) == [[3, 4]]
+    assert (r.freed_blocks, r.deleted_blocks, r.demoted_blocks) == (4, 2, 2)
+    assert cache.cpu_resident_block_ids().tolist() == [3, 4]
+    assert not cache.evict(10).ok
