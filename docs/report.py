@@ -1,0 +1,88 @@
+"""Render the tables of docs/reproduction.md from full-size results.
+
+    python docs/report.py [results/reproduce] > /tmp/tables.md
+
+Reads the JSON documents the notebooks write at full size (``kvsim reproduce NAME --json``
+gives the same documents) and prints one markdown table per experiment, ours beside the
+paper's numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def pct(v) -> str:
+    return "-" if v is None else f"{v:+.1%}"
+
+
+def frac(v) -> str:
+    return "-" if v is None else f"{v:.1%}"
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def main(argv: list[str]) -> None:
+    d = Path(argv[0] if argv else "results/reproduce")
+    docs = {p.stem: json.loads(p.read_text()) for p in sorted(d.glob("*.json"))}
+    if "figure1" in docs:
+        print("### Figure 1\n")
+        print(table(["context", "kvsim units", "kvsim seconds", "paper measured", "difference"],
+                    [[f"{r['context_tokens'] // 1024}K", f"{r['speedup']:.3f}",
+                      f"{r['speedup_seconds']:.3f}",
+                      "-" if r["paper_speedup"] is None else f"{r['paper_speedup']:.2f}",
+                      pct(r["difference"])] for r in docs["figure1"]["rows"]]))
+    if "gpu-only" in docs:
+        print("\n### GPU-only (gaps: tool)\n")
+        print(table(["tree", "model", "N", "policy", "TTFT change", "JCT change", "hit rate",
+                     "sglang hit rate", "paper TTFT", "paper JCT"],
+                    [[r["prompt_nodes"], r["model"], r["sessions"], r["policy"],
+                      pct(r["ttft_change"]), pct(r["jct_change"]), frac(r["hit_rate"]),
+                      frac(r["sglang_hit_rate"]), r["paper_ttft_change"] or "",
+                      r["paper_jct_change"] or ""] for r in docs["gpu-only"]["rows"]]))
+    if "ablation" in docs:
+        print("\n### Ablation (qwen3-8b, N=4, gaps: tool)\n")
+        print(table(["tree", "start", "granularity", "TTFT change", "paper", "hit rate",
+                     "paper hit", "recompute share lost>=90%", "paper share"],
+                    [[r["prompt_nodes"], r["evict"], r["granularity"], pct(r["ttft_change"]),
+                      pct(r["paper_ttft_change"]), frac(r["hit_rate"]),
+                      frac(r["paper_hit_rate"]), frac(r["recompute_share_lost90"]),
+                      r["paper_recompute_share_lost90"]] for r in docs["ablation"]["rows"]]))
+    if "fcfs" in docs:
+        print("\n### Scheduling, tool waits, sliding windows (penelope vs sglang)\n")
+        print(table(["case", "gaps", "TTFT change", "JCT change", "hit rate", "sglang hit",
+                     "paper TTFT", "paper JCT"],
+                    [[r["case"], r["gaps"], pct(r["ttft_change"]), pct(r["jct_change"]),
+                      frac(r["hit_rate"]), frac(r["sglang_hit_rate"]),
+                      pct(r["paper_ttft_change"]), pct(r["paper_jct_change"])]
+                     for r in docs["fcfs"]["rows"]]))
+    if "two-tier" in docs:
+        print("\n### Two tiers (GPU tier 3/4 of the GPU-only cap + equal CPU tier)\n")
+        print(table(["model", "N", "GPU+CPU tokens", "hicache lpm TTFT s",
+                     "lpm-cpu change", "paper", "penelope vs lpm-cpu", "paper",
+                     "hit (hicache)", "hit (penelope)", "swap-buffer loads"],
+                    [[r["model"], r["sessions"], f"{r['gpu_tokens']:,}+{r['cpu_tokens']:,}",
+                      f"{r['hicache_lpm_ttft_s']:.2f}", pct(r["lpm_cpu_change"]),
+                      r["paper_lpm_cpu_change"], pct(r["penelope_change_vs_lpm_cpu"]),
+                      r["paper_penelope_change"], frac(r["hicache_hit_rate"]),
+                      frac(r["penelope_hit_rate"]), r["penelope_swap_buffer_loads"]]
+                     for r in docs["two-tier"]["rows"]]))
+    if "cpu-sweep" in docs:
+        print("\n### CPU-tier sweep (qwen3-8b, N=8, fcfs, GPU 128K)\n")
+        print(table(["CPU/GPU", "sglang TTFT s", "penelope TTFT s", "TTFT change", "paper",
+                     "sglang hit", "paper sglang hit", "penelope hit"],
+                    [[f"{r['cpu_over_gpu']}x", f"{r['sglang_ttft_s']:.2f}",
+                      f"{r['penelope_ttft_s']:.2f}", pct(r["ttft_change"]),
+                      pct(r["paper_ttft_change"]), frac(r["sglang_hit_rate"]),
+                      frac(r["paper_sglang_hit_rate"]), frac(r["penelope_hit_rate"])]
+                     for r in docs["cpu-sweep"]["rows"]]))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
