@@ -31,6 +31,9 @@ pd.set_option("display.width", 200)
 pd.set_option("display.max_columns", 30)"""
 
 RUN = """doc = reproduce({name!r}, trace=TRACE, quick=QUICK, jobs=JOBS, gaps=GAPS)
+if not QUICK:  # full-size results feed docs/reproduction.md (python docs/report.py)
+    from sim.io import atomic_write_text, dumps
+    atomic_write_text(f"../results/reproduce/{{doc['experiment']}}.json", dumps(doc))
 print(f"trace: {{doc['trace']}} ({{doc['trace_kind']}}), gaps: {{doc['gaps']}}, "
       f"quick: {{doc['quick']}}")
 df = pd.DataFrame(doc["rows"])
@@ -57,12 +60,13 @@ ax.legend(); ax.grid(alpha=.3)"""),
         "The 24 sessions with most requests, 15.6K shared prefix tokens, lpm for every "
         "system, KV caps 256K / 192K / 384K tokens for Qwen3 8B / 32B / 235B-A22B, N = 2, 4, 8 "
         "sessions at once. The paper reports mean TTFT -36% to -60% and JCT -27% to -37% for "
-        "Penelope against stock SGLang.",
+        "Penelope against stock SGLang. Both tree shapes are run: `chunked` (SGLang inserts "
+        "every 8K prefill chunk, so whole-node eviction frees at most 8K tokens) and `whole` "
+        "(one node per prompt, where whole-node eviction frees entire prompts).",
         """fig, ax = plt.subplots(figsize=(7, 3.5))
-for policy, g in df.groupby("policy"):
+for (shape, policy), g in df.groupby(["prompt_nodes", "policy"]):
     labels = g.model.str.replace("qwen3-", "") + " N=" + g.sessions.astype(str)
-    ax.plot(labels, 100 * g.ttft_change, "o-", label=f"{policy} TTFT")
-    ax.plot(labels, 100 * g.jct_change, "x--", label=f"{policy} JCT")
+    ax.plot(labels, 100 * g.ttft_change, "o-", label=f"{policy} TTFT ({shape} nodes)")
 ax.axhspan(-60, -36, color="green", alpha=.1, label="paper TTFT range")
 ax.axhline(0, color="k", lw=.8); ax.set_ylabel("change vs sglang (%)"); ax.legend(fontsize=7)
 plt.xticks(rotation=30)"""),

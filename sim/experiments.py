@@ -126,34 +126,40 @@ def figure1(ctx: Context) -> list[dict[str, Any]]:
 
 
 def gpu_only(ctx: Context) -> list[dict[str, Any]]:
-    """Penelope and vLLM against SGLang, GPU-only, per model and N."""
+    """Penelope and vLLM against SGLang, GPU-only, per model and N, for both tree shapes
+    (``chunked``: SGLang's per-chunk inserts; ``whole``: one node per prompt)."""
     models = ["qwen3-8b"] if ctx.quick else list(MODEL_SETUP)
     ns = [4] if ctx.quick else [2, 4, 8]
+    shapes = ("chunked", "whole")
     configs, keys = [], []
-    for model in models:
-        for n in ns:
-            base = ctx.base(model, n)
-            for preset in ("sglang", "vllm", "penelope"):
-                configs.append(base.with_preset(preset))
-                keys.append((model, n, preset))
+    for shape in shapes:
+        for model in models:
+            for n in ns:
+                base = replace(ctx.base(model, n), checkpoint_chunks=shape == "chunked")
+                for preset in ("sglang", "vllm", "penelope"):
+                    configs.append(base.with_preset(preset))
+                    keys.append((shape, model, n, preset))
     sums = dict(zip(keys, _run_all(ctx, configs), strict=True))
     rows = []
     lo, hi = PAPER["gpu_only_ttft_change"]
     jlo, jhi = PAPER["gpu_only_jct_change"]
-    for model in models:
-        for n in ns:
-            ref = sums[(model, n, "sglang")]
-            for preset in ("vllm", "penelope"):
-                s = sums[(model, n, preset)]
-                rows.append({
-                    "model": model, "sessions": n, "policy": preset,
-                    "ttft_mean_s": s["ttft_mean_s"], "sglang_ttft_mean_s": ref["ttft_mean_s"],
-                    "ttft_change": _change(s["ttft_mean_s"], ref["ttft_mean_s"]),
-                    "jct_change": _change(s["jct_mean_s"], ref["jct_mean_s"]),
-                    "hit_rate": s["hit_rate"], "sglang_hit_rate": ref["hit_rate"],
-                    "paper_ttft_change": f"{lo:+.0%}..{hi:+.0%}" if preset == "penelope" else None,
-                    "paper_jct_change": f"{jlo:+.0%}..{jhi:+.0%}" if preset == "penelope" else None,
-                })
+    for shape in shapes:
+        for model in models:
+            for n in ns:
+                ref = sums[(shape, model, n, "sglang")]
+                for preset in ("vllm", "penelope"):
+                    s = sums[(shape, model, n, preset)]
+                    pen = preset == "penelope"
+                    rows.append({
+                        "prompt_nodes": shape, "model": model, "sessions": n, "policy": preset,
+                        "ttft_mean_s": s["ttft_mean_s"],
+                        "sglang_ttft_mean_s": ref["ttft_mean_s"],
+                        "ttft_change": _change(s["ttft_mean_s"], ref["ttft_mean_s"]),
+                        "jct_change": _change(s["jct_mean_s"], ref["jct_mean_s"]),
+                        "hit_rate": s["hit_rate"], "sglang_hit_rate": ref["hit_rate"],
+                        "paper_ttft_change": f"{lo:+.0%}..{hi:+.0%}" if pen else None,
+                        "paper_jct_change": f"{jlo:+.0%}..{jhi:+.0%}" if pen else None,
+                    })
     return rows
 
 
@@ -331,5 +337,5 @@ def reproduce(name: str, trace: str | None = None, quick: bool = False, jobs: in
     ctx = Context(trace=trace, quick=quick, gaps=gaps, jobs=jobs, prompt_nodes=prompt_nodes)
     rows = EXPERIMENTS[name](ctx)
     return {"experiment": name, "trace": trace, "trace_kind": which, "gaps": gaps,
-            "prompt_nodes": prompt_nodes if name != "ablation" else "both",
+            "prompt_nodes": "both" if name in ("ablation", "gpu-only") else prompt_nodes,
             "quick": quick, "rows": rows}

@@ -77,7 +77,7 @@ class RunRecorder:
             "holes_made_blocks": 0, "retractions": 0, "aborted": 0, "dropped": 0,
             "bytes_h2d": 0, "bytes_d2h": 0, "cpu_loads": 0, "loaded_blocks": 0,
             "swap_buffer_loads": 0, "swap_buffer_blocks": 0, "swap_chunks": 0,
-            "load_demoted_blocks": 0, "load_deleted_blocks": 0,
+            "load_demoted_blocks": 0, "load_deleted_blocks": 0, "demoted_blocks": 0,
         }
         self.session_start: dict[int, float] = {}
         self.session_end: dict[int, float] = {}
@@ -163,10 +163,13 @@ class RunRecorder:
         self.counters["aborted"] += 1
 
     def evicted(self, res: Any) -> None:
+        """``deleted_blocks``: last copies removed (either tier); demotions move KV to the CPU
+        tier and are counted apart."""
         if res.freed_blocks:
             self.counters["evictions"] += 1
-            self.counters["evicted_blocks"] += res.freed_blocks
-            self.counters["holes_made_blocks"] += getattr(res, "holes_made", 0)
+            self.counters["evicted_blocks"] += res.deleted_blocks
+            self.counters["demoted_blocks"] += res.demoted_blocks
+            self.counters["holes_made_blocks"] += res.holes_made
 
     def loaded(self, ld: Any, bs: int) -> None:
         c = self.counters
@@ -252,6 +255,7 @@ class RunRecorder:
             "evictions": int(c["evictions"]),
             "evicted_tokens": int(c["evicted_blocks"]) * block_size,
             "holes_made_tokens": int(c["holes_made_blocks"]) * block_size,
+            "demoted_tokens": int(c["demoted_blocks"] + c["load_demoted_blocks"]) * block_size,
             "retractions": int(c["retractions"]),
             "aborted": int(c["aborted"]),
             "bytes_h2d": int(c["bytes_h2d"]),
