@@ -37,6 +37,8 @@ class RunConfig:
     block_size: int = 64
     gaps: str = "recorded"  # recorded | tool | cap:S | scale:F  (see traces.Trace.gaps)
     lenient: bool = False
+    trace_cache_dir: str | None = None  # npz copies of loaded traces (fast reloads)
+    rebuild_sessions: bool = False  # Mooncake: chain requests into sessions
     sessions: int = 4  # N sessions active at once (closed loop)
     replay: str = "closed"  # closed: reply + gap; open: recorded send times
     # --- model and hardware --------------------------------------------------------------

@@ -36,17 +36,21 @@ class RunResult:
 
 @lru_cache(maxsize=8)
 def _load(trace: str, fmt: str | None, block_size: int, shared_prefix: Any, max_context: Any,
-          select: str | None, seed: int, lenient: bool):
+          select: str | None, seed: int, lenient: bool, cache_dir: str | None,
+          rebuild_sessions: bool):
     from traces import load_trace
 
-    return load_trace(trace, format=fmt, block_size=block_size, shared_prefix=shared_prefix,
-                      max_context=max_context, select=select, seed=seed, lenient=lenient)
+    spec = trace if trace.startswith("synthetic:") else trace.split(",")
+    return load_trace(spec, format=fmt, block_size=block_size, shared_prefix=shared_prefix,
+                      max_context=max_context, select=select, seed=seed, lenient=lenient,
+                      cache_dir=cache_dir, rebuild_sessions=rebuild_sessions)
 
 
 def load_run_trace(cfg: RunConfig):
     """The trace a config replays (memoized per process: sweeps reuse it across points)."""
     return _load(cfg.trace, cfg.trace_format, cfg.block_size, cfg.shared_prefix,
-                 cfg.max_context, cfg.select, cfg.seed, cfg.lenient)
+                 cfg.max_context, cfg.select, cfg.seed, cfg.lenient, cfg.trace_cache_dir,
+                 cfg.rebuild_sessions)
 
 
 def run(cfg: RunConfig, trace=None) -> RunResult:

@@ -12,7 +12,8 @@ from rich.table import Table
 
 from sim.config import RunConfig
 
-from .common import SIZE, atomic_write_text, console, dumps, emit_json, parse_size, stderr
+from .common import SIZE, atomic_write_text, console, dumps, emit_json, stderr
+from .trace import trace_options
 
 if TYPE_CHECKING:
     from sim.runner import RunResult
@@ -21,35 +22,6 @@ if TYPE_CHECKING:
 # except the hit rate).
 COMPARED = ("ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "jct_mean_s", "hit_rate",
             "recomputed_tokens", "recompute_units", "queue_wait_mean_s")
-
-
-def shared_prefix_option(value: str | None) -> int | str | None:
-    if value is None or value == "auto":
-        return value
-    return parse_size(value, "--shared-prefix")
-
-
-def trace_options(f):
-    """Options every command that reads a trace takes (DESIGN CLI contract)."""
-    opts = [
-        click.option("--trace", "-t", default="synthetic:claude-code", show_default=True,
-                     help="Trace path(s) (comma-separated) or synthetic:NAME."),
-        click.option("--format", "trace_format", default=None,
-                     help="cc-traces | mooncake | tracelab | tracelab-duckdb | freeinference "
-                          "(default: detect)."),
-        click.option("--select", default=None, help="top-requests:K sessions after the cut."),
-        click.option("--shared-prefix", default=None,
-                     help="auto | TOKENS shared across sessions at the start (e.g. 15.6k)."),
-        click.option("--max-context", type=SIZE, default=None,
-                     help="End a session before its first request over this many tokens."),
-        click.option("--gaps", default="recorded", show_default=True,
-                     help="Gap model: recorded | tool | cap:SECONDS | scale:FACTOR."),
-        click.option("--block-size", type=int, default=64, show_default=True),
-        click.option("--lenient", is_flag=True, help="Skip bad trace records and count them."),
-    ]
-    for o in reversed(opts):
-        f = o(f)
-    return f
 
 
 def change(a: float | None, b: float | None) -> float | None:
@@ -96,6 +68,8 @@ def print_table(runs: list[dict[str, Any]], title: str) -> None:
 
 
 @click.command("run")
+@click.option("--trace", "-t", default="synthetic:claude-code", show_default=True,
+              help="Trace path(s) (comma-separated) or synthetic:NAME[?k=v&...].")
 @trace_options
 @click.option("--model", "-m", default="qwen3-8b", show_default=True)
 @click.option("--profile", "-p", default=None, help="Profile name or file (default h100-MODEL).")
@@ -129,23 +103,23 @@ def print_table(runs: list[dict[str, Any]], title: str) -> None:
 @click.option("--max-new-tokens", type=int, default=None,
               help="Assumed max_new_tokens (default: unset, SGLang reserves up to 4096).")
 @click.option("--max-running", type=int, default=None)
-@click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--debug-cache", is_flag=True, help="Recount cache invariants after every op.")
 @click.option("--out", "-o", default=None, help="Write requests.parquet, summary.json, "
               "config.json per run under this directory.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-def run_cmd(trace, trace_format, select, shared_prefix, max_context, gaps, block_size, lenient,
-            model, profile, gpu_cache, cpu_cache, tiering, swap_buffer, hicache_write_policy,
-            sessions, replay, preset, evict,
-            granularity, scheduler, chunk_size, prompt_nodes, max_new_tokens, max_running, seed,
+def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select, gap_model,
+            lenient, seed, cache_dir, rebuild_sessions, model, profile, gpu_cache, cpu_cache,
+            tiering, swap_buffer, hicache_write_policy, sessions, replay, preset, evict,
+            granularity, scheduler, chunk_size, prompt_nodes, max_new_tokens, max_running,
             debug_cache, out, as_json) -> None:
     """Replay a trace through the simulated server under each policy; report TTFT, JCT, hits."""
     from sim.runner import run, write_result  # the engine loads only when a run is asked for
 
     base = RunConfig(
-        trace=trace, trace_format=trace_format, select=select,
-        shared_prefix=shared_prefix_option(shared_prefix), max_context=max_context,
-        block_size=block_size, gaps=gaps, lenient=lenient, sessions=sessions, replay=replay,
+        trace=trace, trace_format=trace_format, select=select, shared_prefix=shared_prefix,
+        max_context=max_context, block_size=block_size, gaps=gap_model, lenient=lenient,
+        trace_cache_dir=cache_dir, rebuild_sessions=rebuild_sessions,
+        sessions=sessions, replay=replay,
         model=model, profile=profile, gpu_cache=gpu_cache, cpu_cache=cpu_cache,
         tiering=tiering, swap_buffer=swap_buffer, hicache_write_policy=hicache_write_policy,
         scheduler=scheduler, chunk_size=chunk_size,
@@ -177,6 +151,7 @@ def run_cmd(trace, trace_format, select, shared_prefix, max_context, gaps, block
     s = results[0].summary
     cpu = f" + CPU {cpu_cache:,} ({tiering})" if cpu_cache else ""
     print_table(runs, f"{s['trace']} ({s['trace_requests']} requests), {model}, "
-                      f"GPU {gpu_cache:,} tokens{cpu}, N={sessions}, {scheduler}, gaps {gaps}")
+                      f"GPU {gpu_cache:,} tokens{cpu}, N={sessions}, {scheduler}, "
+                      f"gaps {gap_model}")
     if out:
         print(f"wrote {out}/", file=sys.stderr)
