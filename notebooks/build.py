@@ -77,13 +77,15 @@ plt.xticks(rotation=30)"""),
         "block + leaf-head -43%, block + tail -45%, block + private-head -63% TTFT vs SGLang; "
         "with whole-node deletion, requests that lost >= 90% of their private history carry "
         "90-94% of recomputation (block: 16-23%).",
-        """fig, ax = plt.subplots(figsize=(6, 3.5))
-labels = df.evict + "\\n" + df.granularity
-ax.bar(range(len(df)), 100 * df.ttft_change, label="kvsim")
-ax.scatter(range(len(df)), 100 * df.paper_ttft_change.astype(float), color="k", marker="*",
-           s=120, label="paper", zorder=3)
-ax.set_xticks(range(len(df)), labels); ax.axhline(0, color="k", lw=.8)
-ax.set_ylabel("TTFT change vs sglang (%)"); ax.legend()"""),
+        """fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
+for ax, (shape, g) in zip(axes, df.groupby("prompt_nodes", sort=False)):
+    x = range(len(g))
+    ax.bar(x, 100 * g.ttft_change, label="kvsim")
+    ax.scatter(x, 100 * g.paper_ttft_change.astype(float), color="k", marker="*", s=120,
+               label="paper", zorder=3)
+    ax.set_xticks(list(x), g.evict + " / " + g.granularity, rotation=35, ha="right")
+    ax.axhline(0, color="k", lw=.8); ax.set_title(f"tree: {shape} nodes")
+axes[0].set_ylabel("TTFT change vs sglang (%)"); axes[0].legend()"""),
     "fcfs": (
         "# Scheduling, tool waits and sliding windows\n\n"
         "Three limits the paper names: (1) under FCFS the 235B gain falls from -43% to -17%; "
