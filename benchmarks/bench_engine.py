@@ -21,7 +21,15 @@ DEFAULT_TRACE = REPO.parent / "shared" / "data" / "cc-traces"
 CASES = {"128k": (131072, 262144), "512k": (524288, 1048576)}
 
 _CHILD = """
-import json, resource, sys, time
+import json, sys, time
+
+def peak_rss_mib():
+    # VmHWM is per address space, so it restarts at exec (ru_maxrss would carry the
+    # parent's peak over a fork + exec).
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
 from sim.config import RunConfig
 from sim.runner import load_run_trace, run
 trace, max_ctx, cache, preset = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
@@ -32,7 +40,7 @@ t0 = time.perf_counter(); res = run(cfg, tr); t_run = time.perf_counter() - t0
 print(json.dumps({"requests": res.summary["requests"], "load_s": t_load, "run_s": t_run,
                   "requests_per_s": res.summary["requests"] / t_run,
                   "ttft_mean_s": res.summary["ttft_mean_s"], "hit_rate": res.summary["hit_rate"],
-                  "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                  "peak_rss_mib": peak_rss_mib()}))
 """
 
 
