@@ -41,6 +41,7 @@ class RunConfig:
     rebuild_sessions: bool = False  # Mooncake: chain requests into sessions
     sessions: int = 4  # N sessions active at once (closed loop)
     replay: str = "closed"  # closed: reply + gap; open: recorded send times
+    time_scale: float = 1.0  # open loop: multiply recorded send times (0.5 = twice the rate)
     # --- model and hardware --------------------------------------------------------------
     model: str = "qwen3-8b"
     profile: str | None = None  # name or file; None = h100-MODEL
@@ -120,6 +121,8 @@ class RunConfig:
             raise bad("swap_buffer", "must hold at least one block")
         if self.chunk_size < self.block_size:
             raise bad("chunk_size", "must be at least one block")
+        if not (isinstance(self.time_scale, int | float) and self.time_scale > 0):
+            raise bad("time_scale", f"must be a number > 0, got {self.time_scale!r}")
         if self.max_running is not None and self.max_running < 1:
             raise bad("max_running", "must be >= 1")
         if self.max_new_tokens is not None and self.max_new_tokens < 1:

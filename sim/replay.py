@@ -20,7 +20,8 @@ from sim.engine import Req, Server
 
 class Replay:
     def __init__(self, env: simpy.Environment, trace, server: Server, gaps: np.ndarray,
-                 offsets: np.ndarray, sessions: int) -> None:
+                 offsets: np.ndarray, sessions: int, time_scale: float = 1.0) -> None:
+        self.time_scale = time_scale  # open loop: recorded send times are multiplied by it
         self.env, self.trace, self.server, self.gaps = env, trace, server, gaps
         self.offsets = offsets  # sub-agent start delays under the gap model
         self.n = sessions
@@ -84,7 +85,7 @@ class Replay:
         t0 = float(times[order[0]]) if len(order) else 0.0
         seen: set[int] = set()
         for r in order.tolist():
-            due = float(times[r]) - t0
+            due = (float(times[r]) - t0) * self.time_scale
             if due > env.now:
                 yield env.timeout(due - env.now)
             s = int(t.session[r])

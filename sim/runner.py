@@ -80,7 +80,8 @@ def run(cfg: RunConfig, trace=None) -> RunResult:
     env = simpy.Environment()
     server = Server(env, cfg, spec, profile, cache, get_scheduler(cfg.scheduler), rec,
                     trace.finish_block_ids)
-    replay = Replay(env, trace, server, gaps, trace.start_offsets(cfg.gaps), cfg.sessions)
+    replay = Replay(env, trace, server, gaps, trace.start_offsets(cfg.gaps), cfg.sessions,
+                    cfg.time_scale)
     driver = env.process(replay.closed_loop() if cfg.replay == "closed" else replay.open_loop())
     env.run(until=driver)
     if cfg.replay == "open":  # the last replies may still be in flight

@@ -188,3 +188,14 @@ def test_tiered_runs_are_deterministic_and_consistent(tiering: str) -> None:
     assert (df.hit_gpu_tokens + df.loaded_cpu_tokens + df.recomputed_tokens + df.new_tokens
             == df.prompt_tokens).all()
     assert a.summary["cpu_loads"] > 0
+
+
+@pytest.mark.parametrize("scale", [1.0, 2.5])
+def test_open_loop_sends_at_recorded_times_scaled(scale: float) -> None:
+    trace = KitTrace([[(3000, 1, 0.0), (3500, 1, 40.0)], [(2000, 1, 10.0)]])
+    res = run(replace(cfg(), replay="open", time_scale=scale), trace)
+    sent = res.requests.set_index("request").send_s.sort_index().to_numpy()
+    want = (trace.send_time_s - trace.send_time_s.min()) * scale
+    assert sent == pytest.approx(want)
+    # Open loop does not wait for replies: each TTFT is its own prefill here.
+    assert res.requests.ttft_s.max() < 1.0

@@ -88,6 +88,8 @@ def print_table(runs: list[dict[str, Any]], title: str) -> None:
               help="Sessions active at once (closed loop).")
 @click.option("--replay", type=click.Choice(["closed", "open"]), default="closed",
               show_default=True)
+@click.option("--time-scale", type=float, default=1.0, show_default=True,
+              help="Open loop: multiply recorded send times (0.5 = twice the request rate).")
 @click.option("--preset", default=None,
               help="Comma-separated presets (sglang, vllm, penelope); the first is the baseline. "
                    "Default: sglang,vllm,penelope unless --evict/--granularity are given.")
@@ -109,7 +111,8 @@ def print_table(runs: list[dict[str, Any]], title: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select, gap_model,
             lenient, seed, cache_dir, rebuild_sessions, model, profile, gpu_cache, cpu_cache,
-            tiering, swap_buffer, hicache_write_policy, sessions, replay, preset, evict,
+            tiering, swap_buffer, hicache_write_policy, sessions, replay, time_scale, preset,
+            evict,
             granularity, scheduler, chunk_size, prompt_nodes, max_new_tokens, max_running,
             debug_cache, out, as_json) -> None:
     """Replay a trace through the simulated server under each policy; report TTFT, JCT, hits."""
@@ -119,7 +122,7 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
         trace=trace, trace_format=trace_format, select=select, shared_prefix=shared_prefix,
         max_context=max_context, block_size=block_size, gaps=gap_model, lenient=lenient,
         trace_cache_dir=cache_dir, rebuild_sessions=rebuild_sessions,
-        sessions=sessions, replay=replay,
+        sessions=sessions, replay=replay, time_scale=time_scale,
         model=model, profile=profile, gpu_cache=gpu_cache, cpu_cache=cpu_cache,
         tiering=tiering, swap_buffer=swap_buffer, hicache_write_policy=hicache_write_policy,
         scheduler=scheduler, chunk_size=chunk_size,
