@@ -27,30 +27,10 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from policies import EvictionPolicy, Granularity, StartPosition
 from sim.kvcache import CapacityError, Node, RadixKVCache, Tier
+from tests.chained import Universe, draw_prompt
 
 GPU, NONE = "GPU", "NONE"
 CAPACITY = 24
-
-
-class Universe:
-    """Chained block ids: the id of (path prefix) is unique, so ids agree iff prefixes do."""
-
-    def __init__(self) -> None:
-        self.ids: dict[tuple[int, ...], int] = {}
-        self.parent: dict[int, int | None] = {}
-        self.pos: dict[int, int] = {}
-
-    def prompt(self, choices: list[int]) -> np.ndarray:
-        out = []
-        for i in range(len(choices)):
-            key = tuple(choices[: i + 1])
-            if key not in self.ids:
-                bid = len(self.ids) + 1
-                self.ids[key] = bid
-                self.parent[bid] = out[-1] if out else None
-                self.pos[bid] = i
-            out.append(self.ids[key])
-        return np.array(out, dtype=np.int64)
 
 
 class Model:
@@ -264,14 +244,7 @@ class CacheMachine(RuleBasedStateMachine):
         self.history: list[list[int]] = []
 
     def prompt(self, data) -> np.ndarray:
-        """Agentic traffic: usually a previous prompt (cut somewhere) plus new blocks."""
-        choices: list[int] = []
-        if self.history and data.draw(st.integers(0, 3)) > 0:
-            base = data.draw(st.sampled_from(self.history))
-            choices = base[: data.draw(st.integers(0, len(base)))]
-        choices = (choices + data.draw(choice_lists))[:16] or [0]
-        self.history.append(choices)
-        return self.u.prompt(choices)
+        return draw_prompt(data, self.u, self.history, choice_lists, 16)
 
     def check_evict(self, result, want) -> None:
         freed, holes = want

@@ -19,6 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from policies import Granularity, PolicyError
 from sim.kvcache import RadixKVCache, Tier
+from tests.chained import Universe, draw_prompt
 
 
 def ids(*xs: int) -> np.ndarray:
@@ -166,16 +167,7 @@ def test_backups_form_a_prefix_and_policy_is_checked() -> None:
 
 
 # ---------------------------------------------------------------------------- stateful
-class Universe:
-    def __init__(self) -> None:
-        self.ids: dict[tuple[int, ...], int] = {}
-
-    def prompt(self, choices: list[int]) -> np.ndarray:
-        return np.array(
-            [self.ids.setdefault(tuple(choices[: i + 1]), len(self.ids) + 1)
-             for i in range(len(choices))],
-            dtype=np.int64,
-        )
+MORE_BLOCKS = st.lists(st.sampled_from([0, 0, 0, 1, 2]), max_size=5)
 
 
 def reference_device_evict(cache: RadixKVCache, need: int) -> tuple[set[int], set[int]]:
@@ -220,14 +212,7 @@ class HiCacheMachine(RuleBasedStateMachine):
         self.history: list[list[int]] = []
 
     def prompt(self, data) -> np.ndarray:
-        choices: list[int] = []
-        if self.history and data.draw(st.integers(0, 3)) > 0:
-            base = data.draw(st.sampled_from(self.history))
-            choices = base[: data.draw(st.integers(0, len(base)))]
-        more = data.draw(st.lists(st.sampled_from([0, 0, 0, 1, 2]), max_size=5))
-        choices = (choices + more)[:9] or [0]
-        self.history.append(choices)
-        return self.u.prompt(choices)
+        return draw_prompt(data, self.u, self.history, MORE_BLOCKS, 9)
 
     def checked_make_room(self, n: int):
         cache = self.cache

@@ -23,6 +23,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from policies import EvictionPolicy, StartPosition, get_policy
 from sim.kvcache import RadixKVCache, Tier, evictor
+from tests.chained import Universe, draw_prompt
 
 GPU_CAP, CPU_CAP, SWAP = 6, 6, 2
 
@@ -165,18 +166,7 @@ def test_gpu_only_is_unchanged_by_the_tier_options() -> None:
 
 
 # ---------------------------------------------------------------------------- stateful
-class Universe:
-    """Chained block ids: the id of (path prefix) is unique, so ids agree iff prefixes do."""
-
-    def __init__(self) -> None:
-        self.ids: dict[tuple[int, ...], int] = {}
-
-    def prompt(self, choices: list[int]) -> np.ndarray:
-        return np.array(
-            [self.ids.setdefault(tuple(choices[: i + 1]), len(self.ids) + 1)
-             for i in range(len(choices))],
-            dtype=np.int64,
-        )
+MORE_BLOCKS = st.lists(st.sampled_from([0, 0, 0, 1, 2]), max_size=5)
 
 
 def deletion_order(cache: RadixKVCache) -> list[tuple[int, Tier]]:
@@ -212,14 +202,7 @@ class UnifiedMachine(RuleBasedStateMachine):
         self.history: list[list[int]] = []
 
     def prompt(self, data) -> np.ndarray:
-        choices: list[int] = []
-        if self.history and data.draw(st.integers(0, 3)) > 0:
-            base = data.draw(st.sampled_from(self.history))
-            choices = base[: data.draw(st.integers(0, len(base)))]
-        more = data.draw(st.lists(st.sampled_from([0, 0, 0, 1, 2]), max_size=5))
-        choices = (choices + more)[:9] or [0]
-        self.history.append(choices)
-        return self.u.prompt(choices)
+        return draw_prompt(data, self.u, self.history, MORE_BLOCKS, 9)
 
     def path_tiers(self, node) -> dict[int, Tier]:
         out = {}
