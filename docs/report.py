@@ -66,11 +66,13 @@ def main(argv: list[str]) -> None:
         print("\n### Two tiers (GPU tier 3/4 of the GPU-only cap + equal CPU tier)\n")
         print(table(["model", "N", "GPU+CPU tokens", "hicache lpm TTFT s",
                      "lpm-cpu change", "paper", "penelope vs lpm-cpu", "paper",
-                     "hit (hicache)", "hit (penelope)", "swap-buffer loads"],
+                     "penelope vs write-back lpm-cpu", "hit (hicache)",
+                     "hit (write-back)", "hit (penelope)", "swap-buffer loads"],
                     [[r["model"], r["sessions"], f"{r['gpu_tokens']:,}+{r['cpu_tokens']:,}",
                       f"{r['hicache_lpm_ttft_s']:.2f}", pct(r["lpm_cpu_change"]),
                       r["paper_lpm_cpu_change"], pct(r["penelope_change_vs_lpm_cpu"]),
-                      r["paper_penelope_change"], frac(r["hicache_hit_rate"]),
+                      r["paper_penelope_change"], pct(r["penelope_change_vs_write_back"]),
+                      frac(r["hicache_hit_rate"]), frac(r["hicache_write_back_hit_rate"]),
                       frac(r["penelope_hit_rate"]), r["penelope_swap_buffer_loads"]]
                      for r in docs["two-tier"]["rows"]]))
     if "cpu-sweep" in docs:
