@@ -33,7 +33,8 @@ import yaml
 from sim.config import ConfigError, RunConfig
 from sim.io import atomic_write_parquet, atomic_write_text, dumps
 
-SIZE_FIELDS = ("gpu_cache", "cpu_cache", "max_context", "chunk_size", "shared_prefix")
+SIZE_FIELDS = ("gpu_cache", "cpu_cache", "max_context", "chunk_size", "shared_prefix",
+               "swap_buffer")
 
 
 def _size(v: Any, where: str, field: str) -> Any:
