@@ -67,6 +67,15 @@ def evict(cache: RadixKVCache, n: int, result: EvictResult | None = None) -> Evi
     return result
 
 
+def chain_from(first: Node, leaf: Node) -> list[Node]:
+    """The nodes from ``first`` (an ancestor of ``leaf``, or ``leaf``) down to ``leaf``."""
+    chain = [leaf]
+    while chain[-1] is not first:
+        chain.append(chain[-1].parent)  # type: ignore[arg-type]
+    chain.reverse()
+    return chain
+
+
 def _evict_history(
     cache: RadixKVCache, leaf: Node, need: int, result: EvictResult, made: list[Node]
 ) -> Node | None:
@@ -81,14 +90,8 @@ def _evict_history(
             return cache._free(leaf, result)
         cache._truncate_tail(leaf, need, result)
         return None
-    if start is StartPosition.LEAF_HEAD:
-        chain = [leaf]
-    else:
-        first = private_head_start(leaf)
-        chain = [leaf]
-        while chain[-1] is not first:
-            chain.append(chain[-1].parent)  # type: ignore[arg-type]
-        chain.reverse()
+    chain = ([leaf] if start is StartPosition.LEAF_HEAD
+             else chain_from(private_head_start(leaf), leaf))
     survivor = None
     for node in chain:
         if need <= 0:

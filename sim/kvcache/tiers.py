@@ -177,11 +177,7 @@ def _unified_load(cache: RadixKVCache, node: Node) -> LoadResult:
         _apply_demotions(cache, _plan_demotions(cache, need, cpu_free + total), ev)
         res.demoted_blocks = ev.demoted_blocks
         res.demoted = ev.demoted
-    for x in reversed(path):
-        promote(cache, x)
-        res.loaded.append(x.ids)
-    res.loaded_blocks = total
-    return res
+    return _promote_path(cache, path, total, res)
 
 
 def _plan_demotions(cache: RadixKVCache, need: int, room: int) -> list[tuple[Node, int, bool]]:
@@ -237,14 +233,8 @@ def _plan_demotions(cache: RadixKVCache, need: int, room: int) -> list[tuple[Nod
     heapq.heapify(heap)
     while need > 0 and heap:
         _, leaf = heapq.heappop(heap)
-        if tail or start is StartPosition.LEAF_HEAD:
-            chain = [leaf]
-        else:
-            first = head_start(leaf)
-            chain = [leaf]
-            while chain[-1] is not first:
-                chain.append(chain[-1].parent)  # type: ignore[arg-type]
-            chain.reverse()
+        chain = ([leaf] if tail or start is StartPosition.LEAF_HEAD
+                 else evictor.chain_from(head_start(leaf), leaf))
         survivor = None
         for nd in chain:
             if need <= 0:
@@ -393,6 +383,16 @@ def _hicache_evict_device(cache: RadixKVCache, need: int, result: EvictResult) -
             heapq.heappush(heap, (key(parent), parent))
 
 
+def _promote_path(cache: RadixKVCache, path: list[Node], total: int,
+                  res: LoadResult) -> LoadResult:
+    """Bring the CPU nodes of ``path`` (deepest first) to the GPU, root side first."""
+    for x in reversed(path):
+        promote(cache, x)
+        res.loaded.append(x.ids)
+    res.loaded_blocks = total
+    return res
+
+
 def _hicache_load(cache: RadixKVCache, node: Node) -> LoadResult:
     path = []
     nd = node
@@ -413,8 +413,4 @@ def _hicache_load(cache: RadixKVCache, node: Node) -> LoadResult:
         _hicache_evict_device(cache, need, ev)
         res.demoted_blocks, res.deleted_blocks = ev.demoted_blocks, ev.deleted_blocks
         res.demoted = ev.demoted
-    for x in reversed(path):
-        promote(cache, x)
-        res.loaded.append(x.ids)
-    res.loaded_blocks = total
-    return res
+    return _promote_path(cache, path, total, res)
