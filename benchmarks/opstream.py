@@ -438,7 +438,7 @@ class OursSide:
         debug: bool = False,
         record: bool = True,
     ) -> None:
-        from policies.eviction import get_policy
+        from policies import get_policy
         from sim.kvcache import RadixKVCache, Tier
 
         self._gpu = Tier.GPU

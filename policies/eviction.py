@@ -1,216 +1,303 @@
-"""Eviction policies: three independent choices, and a policy is little more than a sort key.
+"""Eviction policies: a victim order, a start position and a granularity; optional pins and
+events. Decisions only: the cache's planner (``sim.kvcache.planner``) asks, the cache applies.
 
 1. **Victim order** -- which cached history goes first. A history is identified by an
-   *evictable leaf* of the radix tree: a node with no children, lock count 0, holding GPU KV.
-   (A childless node without KV is removed from the tree, so every leaf holds KV; a GPU block in
-   an unlocked node always has an unlocked leaf below it, so repeated eviction can reach every
-   evictable block.) An order is a key function over such leaves; smaller keys go first. Keys
-   end with the node's serial number so that ties are broken explicitly and deterministically.
-2. **Start position** -- where, in the chosen history, freeing begins::
+   *evictable leaf*: a childless, unlocked node holding KV. ``key(leaf)`` sorts them, smallest
+   first (``policies.orders``; ties break on the node serial).
+2. **Start position** -- ``chain(leaf, view)``: the nodes to free, in order, for that leaf::
 
        root -- A -- B ---- C ---- D          D is the victim leaf; B has two children,
                      \\                        so A-B is shared with E's history.
                       E
-       tail          frees D from its last block backward      (SGLang, vLLM)
-       leaf-head     frees D from its first block forward
-       private-head  walks up from D while the parent is private (C: one child, unlocked,
-                     not a hole, not the root) and frees from C's first block forward,
-                     continuing into D when C is not enough                    (Penelope)
+       tail          (D,) freed from its last block backward       (SGLang, vLLM)
+       leaf-head     (D,) freed from its first block forward
+       private-head  (C, D): from the first private node forward     (Penelope)
 
-   The private-head walk stops below a parent that is (a) the root, (b) has several children,
-   (c) is locked by a running request, or (d) is already a hole.
-3. **Granularity** -- ``node`` frees whole nodes (may overshoot the request, as SGLang does);
-   ``block`` splits a node at a block boundary and frees exactly what is still needed.
-
-Node boundaries: SGLang stamps the whole node a match ends in and frees whole nodes, so for
-node granularity (and the leaf-head start, which begins at a node's first block) the tree's
-split history is part of the semantics and the cache reproduces it exactly. Block granularity
-from the tail or the private head is *block exact*: its results depend only on per-block state,
-so the cache stamps exactly the matched blocks and merges runs it no longer needs apart.
+   The private-head walk stops below a parent that is the root, has several children, is
+   locked by a running request, or is already a hole.
+3. **Granularity** -- ``take(blocks, need)``: how many blocks of a node to free when ``need``
+   are still wanted. ``node`` frees whole nodes (may overshoot, as SGLang); ``block`` splits at
+   a block boundary and frees exactly what is needed.
 
 Where two combinations coincide they are the same thing: ``leaf-head`` + ``node`` frees the
-whole leaf node, exactly like ``tail`` + ``node`` (pinned in tests/test_eviction_golden.py).
+whole leaf, exactly like ``tail`` + ``node`` (pinned in tests/test_eviction_golden.py).
 
-Adding an order (LFU, TTL pinning, cost-aware, oracle) is one class, one enum member and one
-``register_order`` line; the cache only ever calls ``order.key(node)``.
+Users write a policy as a subclass (``docs/policies.md``)::
 
-This module depends on the cache *interface* only (``EvictionNode``), never on ``sim``.
+    class RecentFirst(EvictionPolicy):
+        name = "recent-first"
+        start, granularity = PRIVATE_HEAD, BLOCK
+        def key(self, node):
+            return -node.last_access
+
+and run it with ``kvsim run --policy my_policies.py:RecentFirst --policy-param k=v``.
 """
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
-from dataclasses import dataclass
-from enum import StrEnum
-from typing import Any, Protocol
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+from .context import STANDALONE, Arrival, CacheNode, PolicyContext, PolicyError, Reply, TreeView
+from .orders import get_order
 
 
-class EvictionNode(Protocol):
-    """What eviction policies may read from a cache node (sim.kvcache.Node implements it)."""
+# ---------------------------------------------------------------------- start positions
+class StartPosition(ABC):
+    """Where freeing begins in a victim's history. ``chain`` returns the nodes to free in
+    order, ending with the leaf; each node but the leaf must have exactly one live child, and
+    all must be unlocked and hold KV (the planner checks). ``from_head``: a partial take frees
+    a node's FIRST blocks (leaving a hole in front of what follows) instead of its last."""
 
-    parent: EvictionNode | None  # None only for the root
-    children: Mapping[int, Any]
-    lock: int  # running requests whose matched path includes this node
-    last_access: int  # logical clock of the last match/insert that covered the node
-    hit_count: int
-    serial: int  # creation order, unique: the deterministic tie-break
-
-    @property
-    def is_hole(self) -> bool: ...
-
-
-class OrderName(StrEnum):
-    """Registered victim orders (one member per order)."""
-
-    LRU = "lru"
-
-
-class VictimOrder(ABC):
-    """A victim order: ``key(leaf)`` sorts evictable leaves; the smallest key is evicted first.
-
-    Keys must be totally ordered and unique per node (end them with ``node.serial``)."""
-
-    name: OrderName
+    name: ClassVar[str]
+    from_head: ClassVar[bool]
+    makes_holes: ClassVar[bool]  # freeing may leave KV-less nodes with children behind
+    reads_node_boundaries: ClassVar[bool]  # results depend on where nodes were split
 
     @abstractmethod
-    def key(self, node: EvictionNode) -> tuple[Any, ...]: ...
+    def chain(self, leaf: CacheNode, view: TreeView) -> Sequence[CacheNode]: ...
+
+    def __repr__(self) -> str:
+        return self.name
 
 
-class LRUOrder(VictimOrder):
-    """Least recently used first (SGLang ``LRUStrategy``: ``last_access_time``)."""
+class Tail(StartPosition):
+    name, from_head, makes_holes, reads_node_boundaries = "tail", False, False, False
 
-    name = OrderName.LRU
-
-    def key(self, node: EvictionNode) -> tuple[int, int]:
-        return (node.last_access, node.serial)
+    def chain(self, leaf: CacheNode, view: TreeView) -> Sequence[CacheNode]:
+        return (leaf,)
 
 
-ORDERS: dict[OrderName, VictimOrder] = {}
+class LeafHead(StartPosition):
+    name, from_head, makes_holes, reads_node_boundaries = "leaf-head", True, True, True
+
+    def chain(self, leaf: CacheNode, view: TreeView) -> Sequence[CacheNode]:
+        return (leaf,)
 
 
-def register_order(order: VictimOrder) -> VictimOrder:
-    """Add an order to the registry under ``order.name``."""
-    ORDERS[order.name] = order
-    return order
+class PrivateHead(StartPosition):
+    """Penelope: the private history above the leaf, front first."""
+
+    name, from_head, makes_holes, reads_node_boundaries = "private-head", True, True, False
+
+    def chain(self, leaf: CacheNode, view: TreeView) -> list[CacheNode]:
+        chain = [leaf]
+        node = leaf
+        while True:
+            parent = node.parent
+            if (
+                parent is None
+                or view.is_root(parent)
+                or view.live_children(parent) > 1
+                or parent.lock > 0
+                or view.is_hole(parent)
+            ):
+                break
+            chain.append(parent)
+            node = parent
+        chain.reverse()
+        return chain
 
 
-register_order(LRUOrder())
+TAIL, LEAF_HEAD, PRIVATE_HEAD = Tail(), LeafHead(), PrivateHead()
+STARTS: dict[str, StartPosition] = {s.name: s for s in (TAIL, LEAF_HEAD, PRIVATE_HEAD)}
 
 
-class StartPosition(StrEnum):
-    TAIL = "tail"
-    LEAF_HEAD = "leaf-head"
-    PRIVATE_HEAD = "private-head"
+# ---------------------------------------------------------------------- granularities
+class Granularity(ABC):
+    """How much of a node one step frees."""
+
+    name: ClassVar[str]
+    reads_node_boundaries: ClassVar[bool]
+
+    @abstractmethod
+    def take(self, blocks: int, need: int) -> int:
+        """Blocks to free from a node of ``blocks`` blocks when ``need`` (>0) are wanted."""
+
+    def __repr__(self) -> str:
+        return self.name
 
 
-class Granularity(StrEnum):
-    NODE = "node"
-    BLOCK = "block"
+class WholeNodes(Granularity):
+    name, reads_node_boundaries = "node", True
+
+    def take(self, blocks: int, need: int) -> int:
+        return blocks
 
 
-class PolicyError(ValueError):
-    """Unknown policy name or component (bad user input: exit status 2)."""
+class Blocks(Granularity):
+    name, reads_node_boundaries = "block", False
 
-    exit_code = 2
+    def take(self, blocks: int, need: int) -> int:
+        return min(blocks, need)
 
 
-@dataclass(frozen=True)
-class EvictionPolicy:
-    """One point of order x start position x granularity."""
+NODE, BLOCK = WholeNodes(), Blocks()
+GRANULARITIES: dict[str, Granularity] = {g.name: g for g in (NODE, BLOCK)}
 
-    order: str = OrderName.LRU
-    start: StartPosition = StartPosition.TAIL
-    granularity: Granularity = Granularity.NODE
 
-    def __post_init__(self) -> None:
+def _component(value: Any, table: Mapping[str, Any], base: type, what: str) -> Any:
+    if isinstance(value, str):
         try:
-            object.__setattr__(self, "order", OrderName(self.order))
-            object.__setattr__(self, "start", StartPosition(self.start))
-            object.__setattr__(self, "granularity", Granularity(self.granularity))
-        except ValueError as e:
-            raise PolicyError(f"bad eviction policy component: {e}") from None
-        if self.order not in ORDERS:
-            raise PolicyError(f"victim order {self.order!r} is not registered")
+            return table[value]
+        except KeyError:
+            raise PolicyError(f"unknown {what} {value!r}; known: {', '.join(table)}") from None
+    if not isinstance(value, base):
+        raise PolicyError(f"bad {what}: {value!r}")
+    return value
 
+
+# ---------------------------------------------------------------------- the policy
+class EvictionPolicy:
+    """One eviction policy: order x start x granularity, plus optional pins and events.
+
+    Subclass it to write a policy; override ``key`` (or set ``order``), set ``start`` and
+    ``granularity`` as class attributes, declare parameters with their defaults in ``params``
+    (read them as attributes), and opt in to what the planner and engine should ask:
+
+    - ``pins = True``: the planner calls ``pinned_until(leaf)`` (simulated seconds). A pinned
+      leaf is evicted only when every unpinned leaf is gone (memory pressure breaks pins, as in
+      Continuum); pinned leaves then go in key order. Admission counts pinned KV as evictable.
+    - ``events = {"arrival", "reply"}``: the engine calls ``on_arrival``/``on_reply``.
+    - ``clairvoyant = True``: ``Reply.next_gap_s`` carries the trace's future (bounds only).
+
+    A policy instance belongs to one run (the engine ``bind``s it to the run's context);
+    ``get_policy`` makes a fresh one each time.
+    """
+
+    name: ClassVar[str] = ""  # label of a subclass; the composed base class uses its spec
+    params: ClassVar[Mapping[str, Any]] = {}
+    pins: ClassVar[bool] = False
+    clairvoyant: ClassVar[bool] = False
+    events: ClassVar[frozenset[str]] = frozenset()
+
+    order: str = "lru"
+    start: StartPosition = TAIL
+    granularity: Granularity = NODE
+
+    def __init__(self, order: str | None = None, start: StartPosition | str | None = None,
+                 granularity: Granularity | str | None = None, **params: Any) -> None:
+        if order is not None:
+            self.order = order
+        self.start = _component(start if start is not None else self.start, STARTS,
+                                StartPosition, "start position")
+        self.granularity = _component(
+            granularity if granularity is not None else self.granularity, GRANULARITIES,
+            Granularity, "granularity")
+        unknown = sorted(set(params) - set(self.params))
+        if unknown:
+            known = ", ".join(self.params) or "none"
+            raise PolicyError(f"policy {self.label!r} has no parameter {unknown[0]!r} "
+                              f"(parameters: {known})")
+        self.values = {k: coerce_param(k, params.get(k, d), d) for k, d in self.params.items()}
+        for k, v in self.values.items():
+            setattr(self, k, v)
+        if type(self).key is EvictionPolicy.key:
+            self.sort_key = get_order(self.order)  # a registered order: no extra call
+        else:
+            self.sort_key = self.key
+        unknown_events = set(self.events) - {"arrival", "reply"}
+        if unknown_events:
+            raise PolicyError(f"policy {self.label!r}: unknown events {sorted(unknown_events)}")
+        self.context: PolicyContext = STANDALONE
+
+    # --- decisions ----------------------------------------------------------------------
+    def key(self, node: CacheNode) -> Any:
+        """Sort key of an evictable leaf; smallest is evicted first."""
+        return get_order(self.order)(node)
+
+    def pinned_until(self, node: CacheNode) -> float:
+        """Simulated time until which ``node`` should not be evicted (only if ``pins``)."""
+        return -math.inf
+
+    # --- events -------------------------------------------------------------------------
+    def bind(self, context: PolicyContext) -> None:
+        """Called once by the engine before the run starts."""
+        self.context = context
+
+    def on_arrival(self, event: Arrival) -> None:
+        """A request arrived (only if ``"arrival"`` in ``events``)."""
+
+    def on_reply(self, event: Reply) -> None:
+        """A request finished (only if ``"reply"`` in ``events``)."""
+
+    # --- derived properties ---------------------------------------------------------------
     @property
     def makes_holes(self) -> bool:
-        """True iff freeing can start before the end of a history (leaves NONE nodes behind)."""
-        return self.start is not StartPosition.TAIL
+        """Freeing may start before the end of a history (leaves NONE nodes behind)."""
+        return self.start.makes_holes
 
     @property
     def block_exact(self) -> bool:
-        """True iff results do not depend on where node boundaries fall: block granularity
-        from the tail or the private head (a leaf-head start and node granularity both read
-        node boundaries). The cache then stamps exactly the matched blocks and merges
-        single-child runs of equal state; otherwise it reproduces SGLang's node semantics.
-        (Exact for orders that read ``last_access``; a merge keeps the larger ``hit_count``,
-        so an LFU order must decide whether that is the per-block count it wants.)"""
-        return self.granularity is Granularity.BLOCK and self.start is not StartPosition.LEAF_HEAD
-
-    @property
-    def victim_order(self) -> VictimOrder:
-        return ORDERS[OrderName(self.order)]
+        """Results do not depend on where node boundaries fall: neither the start nor the
+        granularity reads them (block granularity from the tail or the private head). The
+        cache then stamps exactly the matched blocks and merges single-child runs of equal
+        state; otherwise it reproduces SGLang's node semantics exactly."""
+        return not (self.start.reads_node_boundaries or self.granularity.reads_node_boundaries)
 
     @property
     def spec(self) -> str:
-        """``order+start+granularity``, e.g. ``lru+private-head+block``."""
-        return f"{self.order}+{self.start}+{self.granularity}"
+        """``order+start+granularity`` (e.g. ``lru+private-head+block``) or the class name."""
+        if type(self) is EvictionPolicy:
+            return f"{self.order}+{self.start.name}+{self.granularity.name}"
+        return self.name or type(self).__name__
 
     @property
-    def name(self) -> str:
-        """The preset name when this is a preset, else the spec (for tables)."""
-        for preset, policy in PRESETS.items():
-            if policy == self:
-                return preset
-        return self.spec
+    def label(self) -> str:
+        """The name shown in tables: a preset's name, the spec, or the subclass name with the
+        parameters that differ from their defaults."""
+        if type(self) is EvictionPolicy:
+            for preset, parts in PRESETS.items():
+                if parts == (self.order, self.start.name, self.granularity.name):
+                    return preset
+            return self.spec
+        changed = [f"{k}={v}" for k, v in getattr(self, "values", {}).items()
+                   if v != self.params[k]]
+        return f"{self.spec}({','.join(changed)})" if changed else self.spec
+
+    def identity(self) -> tuple:
+        return (type(self), self.order, self.start.name, self.granularity.name,
+                tuple(sorted(getattr(self, "values", {}).items())))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, EvictionPolicy) and self.identity() == other.identity()
+
+    def __hash__(self) -> int:
+        return hash(self.identity())
+
+    def __repr__(self) -> str:
+        return f"<policy {self.label}>"
 
 
-PRESETS: dict[str, EvictionPolicy] = {
-    "sglang": EvictionPolicy(OrderName.LRU, StartPosition.TAIL, Granularity.NODE),
-    "vllm": EvictionPolicy(OrderName.LRU, StartPosition.TAIL, Granularity.BLOCK),
-    "penelope": EvictionPolicy(OrderName.LRU, StartPosition.PRIVATE_HEAD, Granularity.BLOCK),
+def coerce_param(name: str, value: Any, default: Any) -> Any:
+    """A parameter value (text from the CLI, or a YAML scalar) as the type of its default."""
+    if default is None:
+        return value
+    if isinstance(default, bool):
+        if isinstance(value, bool):
+            return value
+        low = str(value).strip().lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off"):
+            return False
+    elif not isinstance(value, bool):
+        if isinstance(default, float) and isinstance(value, int | float):
+            return float(value)
+        if isinstance(value, type(default)):
+            return value
+        try:
+            return type(default)(str(value).strip())
+        except ValueError:
+            pass
+    raise PolicyError(f"parameter {name!r}: {value!r} is not a {type(default).__name__}")
+
+
+# The engines' own policies and the paper's: (order, start, granularity).
+PRESETS: dict[str, tuple[str, str, str]] = {
+    "sglang": ("lru", "tail", "node"),
+    "vllm": ("lru", "tail", "block"),
+    "penelope": ("lru", "private-head", "block"),
 }
-
-
-def get_policy(name: str | EvictionPolicy) -> EvictionPolicy:
-    """A preset name (``sglang``, ``vllm``, ``penelope``) or a spec ``lru+tail+block``."""
-    if isinstance(name, EvictionPolicy):
-        return name
-    key = name.strip().lower()
-    if key in PRESETS:
-        return PRESETS[key]
-    parts = key.split("+")
-    if len(parts) != 3:
-        raise PolicyError(
-            f"unknown eviction policy {name!r}: use a preset ({', '.join(PRESETS)}) "
-            "or order+start+granularity such as lru+private-head+block"
-        )
-    return EvictionPolicy(*parts)
-
-
-def private_head_start(leaf: EvictionNode) -> EvictionNode:
-    """The first node of ``leaf``'s private history (Penelope's start position).
-
-    Walk from the leaf toward the root and stop at the node whose parent is the root, has
-    several children, is locked, or is already a hole::
-
-        root -- S -- X -- Y -- L      S: several children below? no -> keep walking
-                      \\               X has two children -> stop: start = Y
-                       Z
-
-    Every node from the returned one down to the leaf has exactly one child (except the leaf),
-    is unlocked and holds KV, so the whole chain may be freed front to back.
-    """
-    node = leaf
-    while True:
-        parent = node.parent
-        if (
-            parent is None
-            or parent.parent is None  # parent is the root
-            or len(parent.children) > 1
-            or parent.lock > 0
-            or parent.is_hole
-        ):
-            return node
-        node = parent

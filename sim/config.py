@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-from policies.eviction import PRESETS, Granularity, StartPosition
+from policies import GRANULARITIES, PRESETS, STARTS
 
 
 class ConfigError(ValueError):
@@ -83,9 +83,8 @@ class RunConfig:
         if preset not in PRESETS:
             known = ", ".join(PRESETS)
             raise ConfigError("--preset", "preset", f"unknown {preset!r}; known: {known}")
-        p = PRESETS[preset]
-        return replace(self, preset=preset, order=p.order, evict=p.start.value,
-                       granularity=p.granularity.value)
+        order, start, granularity = PRESETS[preset]
+        return replace(self, preset=preset, order=order, evict=start, granularity=granularity)
 
     def validate(self, where: str = "config") -> RunConfig:
         def bad(f: str, msg: str) -> ConfigError:
@@ -97,14 +96,10 @@ class RunConfig:
             raise bad("tiering", f"must be one of {TIERINGS}, got {self.tiering!r}")
         if self.replay not in REPLAYS:
             raise bad("replay", f"must be one of {REPLAYS}, got {self.replay!r}")
-        try:
-            StartPosition(self.evict)
-        except ValueError:
-            raise bad("evict", f"must be one of {[s.value for s in StartPosition]}") from None
-        try:
-            Granularity(self.granularity)
-        except ValueError:
-            raise bad("granularity", f"must be one of {[g.value for g in Granularity]}") from None
+        if self.evict not in STARTS:
+            raise bad("evict", f"must be one of {list(STARTS)}")
+        if self.granularity not in GRANULARITIES:
+            raise bad("granularity", f"must be one of {list(GRANULARITIES)}")
         for name in ("sessions", "gpu_cache", "chunk_size", "block_size"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:

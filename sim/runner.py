@@ -17,7 +17,7 @@ import simpy
 
 from costmodel.profile import load_profile
 from costmodel.specs import get_spec
-from policies.eviction import EvictionPolicy, Granularity, StartPosition
+from policies import EvictionPolicy
 from policies.scheduling import get_scheduler
 from sim.config import ConfigError, RunConfig
 from sim.engine import Server
@@ -63,8 +63,7 @@ def run(cfg: RunConfig, trace=None) -> RunResult:
     if trace is None:
         trace = load_run_trace(cfg)
     gaps = trace.gaps(cfg.gaps)
-    policy = EvictionPolicy(order=cfg.order, start=StartPosition(cfg.evict),
-                            granularity=Granularity(cfg.granularity))
+    policy = EvictionPolicy(cfg.order, cfg.evict, cfg.granularity)
     tiers = {}
     if cfg.cpu_cache:
         tiers = dict(cpu_capacity_blocks=cfg.cpu_cache // cfg.block_size, tiering=cfg.tiering,

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from policies import EvictionPolicy, Granularity, StartPosition
+from policies import EvictionPolicy
 
 CC_TRACES = Path(__file__).resolve().parents[2] / "shared" / "data" / "cc-traces"
 
@@ -21,7 +21,7 @@ pytestmark = [
 ]
 
 POLICIES = [
-    EvictionPolicy("lru", StartPosition(s), Granularity(g))
+    EvictionPolicy("lru", s, g)
     for s in ("tail", "leaf-head", "private-head")
     for g in ("node", "block")
 ]

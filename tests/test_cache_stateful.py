@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from policies import EvictionPolicy, Granularity, StartPosition
+from policies import LEAF_HEAD, NODE, PRIVATE_HEAD, TAIL, EvictionPolicy
 from sim.kvcache import CapacityError, Node, RadixKVCache, Tier
 from tests.chained import Universe, draw_prompt
 
@@ -160,7 +160,7 @@ class Model:
 
     def block_exact_victims(self, leaf: int, need: int) -> list[int]:
         """Blocks freed from the victim history without looking at node boundaries."""
-        if self.policy.start is StartPosition.TAIL:
+        if self.policy.start is TAIL:
             return [leaf]  # one block from the tail; the loop picks the next LRU leaf
         chain = [leaf]  # private head: walk up through private, unlocked, GPU parents
         while True:
@@ -172,13 +172,13 @@ class Model:
 
     def node_victims(self, leaf: int, need: int) -> list[int]:
         """Blocks freed from the victim history under node semantics (boundaries matter)."""
-        whole = self.policy.granularity is Granularity.NODE
+        whole = self.policy.granularity is NODE
         start = self.policy.start
         node = self.node_of(leaf)
-        if start is StartPosition.TAIL or (whole and start is StartPosition.LEAF_HEAD):
+        if start is TAIL or (whole and start is LEAF_HEAD):
             return node if whole or need >= len(node) else node[len(node) - need :]
         chain = [node]
-        if start is StartPosition.PRIVATE_HEAD:
+        if start is PRIVATE_HEAD:
             while True:
                 p = self.u.parent[chain[0][0]]
                 if p is None or len(self.children(p)) > 1 or self.lock[p] or self.state[p] == NONE:
@@ -224,7 +224,7 @@ class Model:
 
 
 POLICIES = [
-    EvictionPolicy("lru", StartPosition(s), Granularity(g))
+    EvictionPolicy("lru", s, g)
     for s in ("tail", "leaf-head", "private-head")
     for g in ("node", "block")
 ]

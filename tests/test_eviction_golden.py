@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from policies import EvictionPolicy, Granularity, StartPosition, get_policy
+from policies import BLOCK, PRIVATE_HEAD, EvictionPolicy, get_policy
 from sim.kvcache import RadixKVCache, Tier
 
 A = [1, 2, 3]
@@ -145,7 +145,7 @@ GOLDEN = {
 
 @pytest.mark.parametrize(("start", "gran", "n"), list(GOLDEN))
 def test_golden_eviction(start: str, gran: str, n: int):
-    policy = EvictionPolicy("lru", StartPosition(start), Granularity(gran))
+    policy = EvictionPolicy("lru", start, gran)
     cache = build(policy)
     want_freed, want_holes, want_shape = GOLDEN[(start, gran, n)]
     result = cache.evict(n)
@@ -337,17 +337,20 @@ def test_capacity_reserve_make_room_and_insert_errors():
 
 def test_policy_registry_and_names():
     assert get_policy("sglang") == EvictionPolicy()
-    assert get_policy("vllm").granularity is Granularity.BLOCK
+    assert get_policy("vllm").granularity is BLOCK
     pen = get_policy("penelope")
-    assert pen.start is StartPosition.PRIVATE_HEAD and pen.makes_holes
+    assert pen.start is PRIVATE_HEAD and pen.makes_holes
     assert not get_policy("sglang").makes_holes and get_policy("lru+leaf-head+node").makes_holes
     assert get_policy("lru+private-head+block") == pen
-    assert pen.name == "penelope"
-    assert get_policy("lru+leaf-head+block").name == "lru+leaf-head+block"
+    assert pen.label == "penelope" and pen.spec == "lru+private-head+block"
+    assert get_policy("lru+leaf-head+block").label == "lru+leaf-head+block"
+    assert get_policy("sglang") is not get_policy("sglang")  # fresh per run: policies keep state
     with pytest.raises(ValueError, match="unknown eviction policy"):
-        get_policy("fifo")
-    with pytest.raises(ValueError, match="bad eviction policy component"):
+        get_policy("lifo")
+    with pytest.raises(ValueError, match="unknown start position 'middle'"):
         get_policy("lru+middle+node")
+    with pytest.raises(ValueError, match="unknown victim order 'lifo'"):
+        get_policy("lifo+tail+node")
 
 
 def test_block_exact_policies_stamp_only_matched_blocks():
@@ -407,15 +410,25 @@ def test_debug_mode_rejects_unchained_ids():
 
 
 def test_victim_order_is_a_pluggable_sort_key(monkeypatch):
-    """The cache only calls ``policy.victim_order.key(leaf)``: an order is one small class."""
-    from policies import ORDERS, OrderName, VictimOrder
+    """The planner only calls the policy's sort key: an order is one registered function,
+    or a ``key`` method of a policy class."""
+    from policies import ORDERS, register_order
 
-    class MostRecentFirst(VictimOrder):
-        name = OrderName.LRU  # stands in for a future registered member
+    monkeypatch.setattr("policies.orders.ORDERS", dict(ORDERS))
+
+    @register_order("newest-first")
+    def newest_first(node):
+        return -node.last_access
+
+    cache = build(EvictionPolicy("newest-first", "tail", "node"))
+    assert freed(cache.evict(1)) == [E]  # E (t5) is the most recent leaf
+
+    class Oldest(EvictionPolicy):
+        name = "oldest-serial"
 
         def key(self, node):
-            return (-node.last_access, node.serial)
+            return node.serial  # creation order: A was created... split prefixes are newer
 
-    monkeypatch.setitem(ORDERS, OrderName.LRU, MostRecentFirst())
-    cache = build("sglang")
-    assert freed(cache.evict(1)) == [E]  # E (t5) is the most recent leaf
+    cache = build(Oldest())
+    first = min(cache.evictable_leaves(), key=lambda n: n.serial)
+    assert freed(cache.evict(1)) == [first.ids.tolist()]

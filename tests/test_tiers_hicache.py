@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from policies import Granularity, PolicyError
+from policies import NODE, PolicyError
 from sim.kvcache import RadixKVCache, Tier
 from tests.chained import Universe, draw_prompt
 
@@ -173,7 +173,7 @@ MORE_BLOCKS = st.lists(st.sampled_from([0, 0, 0, 1, 2]), max_size=5)
 def reference_device_evict(cache: RadixKVCache, need: int) -> tuple[set[int], set[int]]:
     """Brute-force SGLang device eviction on a copy: (demoted ids, deleted ids)."""
     clone = copy.deepcopy(cache)
-    key = clone.policy.victim_order.key
+    key = clone.policy.sort_key
     demoted: set[int] = set()
     deleted: set[int] = set()
     while len(demoted) + len(deleted) < need:
@@ -206,7 +206,7 @@ class HiCacheMachine(RuleBasedStateMachine):
     def setup(self) -> None:
         self.u = Universe()
         self.cache = hicache(GPU_CAP, CPU_CAP, policy=self.policy, write_policy=self.write_policy)
-        self.reference = (self.cache.policy.granularity is Granularity.NODE
+        self.reference = (self.cache.policy.granularity is NODE
                           and self.write_policy != "write_back")
         self.held: list = []
         self.history: list[list[int]] = []

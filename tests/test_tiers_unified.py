@@ -2,7 +2,7 @@
 
 References used by the stateful test:
 - the ONE deletion order, computed by brute force on a deep copy of the cache: delete every
-  evictable block through the policy (``evictor.evict``), block by block in order (tail starts
+  evictable block through the policy (``tiering.delete``), block by block in order (tail starts
   delete a run from its end). A make_room must delete exactly the first D = need - cpu_free
   blocks of that order and demote the next GPU blocks of it; a load must demote the first GPU
   blocks of it and delete nothing;
@@ -21,8 +21,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from policies import EvictionPolicy, StartPosition, get_policy
-from sim.kvcache import RadixKVCache, Tier, evictor
+from policies import TAIL, EvictionPolicy, get_policy
+from sim.kvcache import EvictResult, RadixKVCache, Tier
 from tests.chained import Universe, draw_prompt
 
 GPU_CAP, CPU_CAP, SWAP = 6, 6, 2
@@ -174,8 +174,9 @@ def deletion_order(cache: RadixKVCache) -> list[tuple[int, Tier]]:
     clone = copy.deepcopy(cache)
     clone.debug = False
     tier = tiers_of(clone)
-    result = evictor.evict(clone, 10**9)
-    tail = cache.policy.start is StartPosition.TAIL
+    result = EvictResult(ok=True)
+    clone.tiering.delete(10**9, result)
+    tail = cache.policy.start is TAIL
     out = []
     for run in result.freed:
         blocks = run.tolist()

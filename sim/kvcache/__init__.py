@@ -1,9 +1,10 @@
 """The radix KV cache over block ids: nodes with GPU / CPU / NONE (hole) state, locks, a
-logical clock, and eviction through a ``policies.eviction.EvictionPolicy``; an optional CPU
-tier, unified (Penelope) or hicache (SGLang HiCache), in ``tiers``."""
+logical clock, an optional CPU tier (unified or HiCache), and eviction planned by a
+``policies.EvictionPolicy`` (``planner``) and applied by the tree (``tree``)."""
 
 from .cache import CapacityError, RadixKVCache, as_block_ids
 from .node import Node, Tier
+from .planner import Step
 from .results import EvictResult, InsertResult, LoadResult, Match
 
 __all__ = [
@@ -14,6 +15,7 @@ __all__ = [
     "Match",
     "Node",
     "RadixKVCache",
+    "Step",
     "Tier",
     "as_block_ids",
 ]

@@ -8,14 +8,17 @@ from typing import TYPE_CHECKING
 from .node import Tier
 
 if TYPE_CHECKING:
-    from .cache import RadixKVCache
+    from .tree import RadixTree
 
 
-def recount(cache: RadixKVCache) -> None:
-    """Raise AssertionError naming the first violated invariant."""
+def recount(cache: RadixTree, *, holes_allowed: bool, cpu_tier: bool, host_copies: bool
+            ) -> None:
+    """Raise AssertionError naming the first violated invariant. ``holes_allowed``: the
+    policy makes holes; ``cpu_tier``: CPU nodes may exist; ``host_copies``: HiCache's host
+    copies beside device copies."""
     root = cache.root
     gpu = evictable = protected = holes = cpu = 0
-    hicache = cache._hicache
+    hicache = host_copies
     leaves = set()
     serials = set()
     stack = [root]
@@ -59,10 +62,10 @@ def recount(cache: RadixKVCache) -> None:
                 )
         elif node.tier == Tier.NONE:
             holes += size
-            assert cache.policy.makes_holes, f"hole under non-hole policy: {node!r}"
+            assert holes_allowed, f"hole under non-hole policy: {node!r}"
             assert node.children or node.lock, f"childless unlocked hole not removed: {node!r}"
         else:
-            assert cache._tiered, f"CPU node without a CPU tier: {node!r}"
+            assert cpu_tier, f"CPU node without a CPU tier: {node!r}"
             if hicache:
                 assert node.host, f"host-only node without its host copy: {node!r}"
             else:
@@ -79,7 +82,7 @@ def recount(cache: RadixKVCache) -> None:
     want = (gpu, evictable, protected, holes, cpu)
     assert got == want, f"counters (gpu, evictable, protected, holes, cpu) {got} != recount {want}"
     assert cpu <= cache.cpu_capacity_blocks, f"cpu {cpu} > capacity {cache.cpu_capacity_blocks}"
-    extra, missing = cache._leaves - leaves, leaves - cache._leaves
+    extra, missing = cache.leaves() - leaves, leaves - cache.leaves()
     assert not extra and not missing, f"leaf set wrong: extra {extra}, missing {missing}"
     assert cache.reserved_blocks >= 0, f"negative reserved {cache.reserved_blocks}"
     assert gpu <= cache.capacity_blocks, f"gpu {gpu} > capacity {cache.capacity_blocks}"

@@ -1,0 +1,107 @@
+"""What a policy may see: read-only cache nodes, the planner's view of the tree, the run's
+context, and the events the engine reports.
+
+Policies depend on these protocols only, never on ``sim``: the cache (``sim.kvcache.Node``)
+and the planner (``sim.kvcache.planner``) implement them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+# Node tiers as plain ints (``sim.kvcache.Tier`` is an IntEnum with these values).
+HOLE, GPU, CPU = 0, 1, 2
+
+
+class PolicyError(ValueError):
+    """Unknown policy, component or parameter (bad user input: exit status 2)."""
+
+    exit_code = 2
+
+
+class CacheNode(Protocol):
+    """A radix node as policies see it (read only). Positions and sizes are in blocks.
+
+    A node is a run of blocks ``[start, start + num_blocks)`` with one KV state (``tier``).
+    """
+
+    parent: CacheNode | None  # None only for the root
+    children: Mapping[int, Any]  # keyed by the child's first block id
+    start: int  # absolute block position of the first block
+    tier: int  # HOLE (ids known, KV freed), GPU or CPU
+    lock: int  # running requests whose matched path includes this node
+    last_access: int  # logical clock of the last match/insert that covered the node
+    hit_count: int  # matches that covered the node
+    serial: int  # creation order, unique: the deterministic tie-break
+
+    @property
+    def num_blocks(self) -> int: ...
+
+    @property
+    def end(self) -> int: ...
+
+
+class TreeView(Protocol):
+    """The tree as it will be once the steps planned so far are applied (the planner's
+    virtual state): start strategies walk it instead of the nodes' raw fields."""
+
+    def is_root(self, node: CacheNode) -> bool: ...
+
+    def live_children(self, node: CacheNode) -> int:
+        """Children still in the tree (or, for HiCache's device tier, still on the device)."""
+        ...
+
+    def is_hole(self, node: CacheNode) -> bool:
+        """No KV left: a hole already, or freed by an earlier step of this plan."""
+        ...
+
+
+@dataclass(frozen=True)
+class PolicyContext:
+    """The run a policy is bound to (``EvictionPolicy.bind``). ``now`` is simulated seconds
+    (never wall time); ``recompute_seconds(a, b)`` prices recomputing tokens ``[a, b)`` at their
+    positions with the run's model and profile (Section 2.2: W + p per token and layer)."""
+
+    now: Callable[[], float]
+    block_size: int = 64
+    seed: int = 0
+    recompute_seconds: Callable[[int, int], float] | None = None
+
+
+STANDALONE = PolicyContext(now=lambda: 0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    """A request reached the server (before it is matched or admitted)."""
+
+    time: float
+    session: int  # index of the session in the trace
+    request: int  # index of the request in the trace
+    prompt_tokens: int
+    block_ids: np.ndarray  # the prompt's full blocks (read only)
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """A request finished: its history is in the cache, unlocked.
+
+    ``leaf`` is the node holding the request's last cached block: the handle of the session's
+    history (it keeps its identity when later operations split it; ``None`` if nothing was
+    cached). ``next_gap`` says what the client does next, as the reply itself reveals it:
+    ``tool`` (the reply ends in a tool call), ``human`` (a person answers) or ``end`` (the
+    session is over). ``next_gap_s`` is the wait before the session's next request in this
+    replay: the future, given only to policies that declare ``clairvoyant = True`` (NaN
+    otherwise)."""
+
+    time: float
+    session: int
+    request: int
+    context_tokens: int
+    leaf: CacheNode | None
+    next_gap: str
+    next_gap_s: float = float("nan")

@@ -1,0 +1,212 @@
+"""The eviction planner: ONE walk over a read-only tree that turns a policy's decisions into an
+ordered plan of steps. The cache's appliers (``RadixTree.apply_*``) carry plans out; nothing
+here changes the tree.
+
+    policy.key(leaf) ----> heap of victim leaves (pinned ones after every unpinned one)
+    policy.start.chain --> nodes to free for the popped leaf, in order
+    policy.granularity --> blocks to take from each node
+                           => Step(node, blocks, head)      head: free the node's first blocks
+
+While planning, the view tracks what the steps planned so far WILL do (``TreeView``): freed
+nodes become holes or leave the tree, parents lose children and become victims themselves, so
+the plan is exactly what in-place eviction would do, step for step. A partial step (fewer
+blocks than the node holds) is always the last step of a plan: the need is met there.
+
+Views (which nodes are victims, which children count):
+
+    HistoryView  the whole tree (GPU only, and Penelope's unified tiers: every KV-holding
+                 node, either tier). A freed node with children becomes a hole; a freed
+                 childless node leaves the tree with its childless, unlocked hole ancestors.
+    DeviceView   SGLang HiCache's device tier: victims are device nodes whose children are all
+                 host-only; a freed node (demoted or deleted) just leaves the device.
+
+``plan(..., counts=...)`` plans over a view but emits steps only for nodes ``counts`` accepts
+(unified demotion: GPU nodes; CPU nodes on the way are passed over as if deleted).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from itertools import pairwise
+
+from policies import EvictionPolicy, Granularity, StartPosition
+
+from .node import Node, Tier
+
+_GPU, _NONE = Tier.GPU, Tier.NONE
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """Free ``blocks`` blocks of ``node``: its first ones (``head``) or its last ones."""
+
+    node: Node
+    blocks: int
+    head: bool
+
+
+class HistoryView:
+    """Virtual state of the whole tree during planning (implements ``policies.TreeView``)."""
+
+    __slots__ = ("gone", "kids", "root")
+
+    def __init__(self, root: Node) -> None:
+        self.root = root
+        self.gone: set[Node] = set()  # nodes freed by planned steps
+        self.kids: dict[Node, int] = {}  # live child counts that planned steps changed
+
+    def is_root(self, node: Node) -> bool:
+        return node is self.root
+
+    def live_children(self, node: Node) -> int:
+        return self.kids.get(node, len(node.children))
+
+    def is_hole(self, node: Node) -> bool:
+        return node.tier is _NONE or node in self.gone
+
+    def release(self, node: Node) -> Node | None:
+        """Plan ``node`` freed whole; return the ancestor that becomes a victim leaf, if any
+        (mirrors ``RadixTree.delete``: prune childless unlocked holes upward)."""
+        self.gone.add(node)
+        if self.live_children(node):
+            return None
+        cur, root = node, self.root
+        while cur is not root and self.is_hole(cur) and cur.lock == 0 \
+                and self.live_children(cur) == 0:
+            parent = cur.parent
+            assert parent is not None
+            self.kids[parent] = self.live_children(parent) - 1
+            cur = parent
+        if cur is not root and not self.is_hole(cur) and cur.lock == 0 \
+                and self.live_children(cur) == 0:
+            return cur
+        return None
+
+
+class DeviceView:
+    """Virtual state of HiCache's device tier: children count only while on the device."""
+
+    __slots__ = ("gone", "kids", "root")
+
+    def __init__(self, root: Node) -> None:
+        self.root = root
+        self.gone: set[Node] = set()
+        self.kids: dict[Node, int] = {}
+
+    def is_root(self, node: Node) -> bool:
+        return node is self.root
+
+    def live_children(self, node: Node) -> int:
+        n = self.kids.get(node)
+        if n is None:
+            n = sum(1 for c in node.children.values() if c.tier is _GPU)
+        return n
+
+    def is_hole(self, node: Node) -> bool:
+        return node.tier is not _GPU or node in self.gone
+
+    def release(self, node: Node) -> Node | None:
+        self.gone.add(node)
+        parent = node.parent
+        assert parent is not None
+        left = self.live_children(parent) - 1
+        self.kids[parent] = left
+        if parent is not self.root and left == 0 and parent.lock == 0 \
+                and parent.tier is _GPU:
+            return parent
+        return None
+
+    def leaves(self) -> list[Node]:
+        """Device leaves now: unlocked device nodes without device children (device nodes
+        are prefix-closed, so only the device part of the tree is walked)."""
+        out = []
+        stack = [self.root]
+        while stack:
+            nd = stack.pop()
+            device_children = False
+            for c in nd.children.values():
+                if c.tier is _GPU:
+                    device_children = True
+                    stack.append(c)
+            if nd is not self.root and nd.lock == 0 and not device_children:
+                out.append(nd)
+        return out
+
+
+View = HistoryView | DeviceView
+
+
+def plan(
+    policy: EvictionPolicy,
+    view: View,
+    victims: Iterable[Node],
+    need: int,
+    *,
+    counts: Callable[[Node], bool] | None = None,
+    eligible: Callable[[Node], bool] | None = None,
+    room: int | None = None,
+    start: StartPosition | None = None,
+    granularity: Granularity | None = None,
+    debug: bool = False,
+) -> list[Step]:
+    """Steps that free at least ``need`` blocks (exactly ``need`` at block granularity) from
+    ``victims`` (evictable leaves) and the leaves their freeing exposes, in policy order.
+
+    ``counts``: which nodes produce steps and count toward ``need`` (default: all).
+    ``eligible``: which exposed leaves may become victims (default: all).
+    ``room``: an upper bound on the blocks the plan may take (a demotion's free CPU room).
+    ``start``/``granularity`` override the policy's (HiCache's host tier frees whole nodes).
+    Fewer blocks are planned when the victims run out.
+    """
+    key = policy.sort_key
+    pinned = policy.pinned_until if policy.pins else None
+    now = policy.context.now() if pinned is not None else 0.0
+    start = start or policy.start
+    take = (granularity or policy.granularity).take
+    head = start.from_head
+
+    def entry(node: Node) -> tuple:
+        if pinned is None:
+            return (key(node), node.serial, node)
+        return (pinned(node) > now, key(node), node.serial, node)
+
+    heap = [entry(n) for n in victims]
+    heapq.heapify(heap)
+    steps: list[Step] = []
+    left = math.inf if room is None else room
+    while need > 0 and left > 0 and heap:
+        leaf = heapq.heappop(heap)[-1]
+        chain = start.chain(leaf, view)
+        if debug:
+            _check_chain(chain, leaf, view)
+        survivor = None
+        for nd in chain:
+            if need <= 0:
+                break
+            size = len(nd.ids)
+            if counts is None or counts(nd):
+                k = min(take(size, need), left)
+                if k <= 0:
+                    break
+                steps.append(Step(nd, k, head))
+                need -= k
+                left -= k
+                if k < size:
+                    break  # a partial step: the need (or the room) is used up here
+            survivor = view.release(nd)
+        if survivor is not None and need > 0 and (eligible is None or eligible(survivor)):
+            heapq.heappush(heap, entry(survivor))
+    return steps
+
+
+def _check_chain(chain, leaf: Node, view: View) -> None:
+    """A start strategy's chain must end at the leaf and climb one private node at a time."""
+    assert chain and chain[-1] is leaf, f"chain must end with the victim leaf {leaf!r}"
+    for upper, lower in pairwise(chain):
+        assert lower.parent is upper, f"chain is not a path: {upper!r} -> {lower!r}"
+        assert view.live_children(upper) == 1, f"chain node is shared: {upper!r}"
+    for nd in chain:
+        assert nd.lock == 0 and not view.is_hole(nd), f"chain node locked or empty: {nd!r}"

@@ -1,0 +1,423 @@
+"""The radix tree's state: nodes, counters, the leaf set, and every operation that changes them.
+
+This module is the only code that changes a counter or moves KV between states. The cache
+(``cache.py``) decides what to do for a request, the tiering (``tiering.py``) what to do for a
+tier, the planner (``planner.py``) what to free; all of them act through the methods here.
+
+Counters, in blocks::
+
+    capacity_blocks = gpu_blocks + reserved_blocks + free_blocks
+    gpu_blocks      = evictable_blocks (GPU KV in unlocked nodes)
+                    + protected_blocks (GPU KV in locked nodes)
+    cpu_blocks      = blocks with a CPU copy (unified: CPU nodes; hicache: host copies)
+    hole_blocks     = blocks of NONE nodes (ids known, KV freed)
+
+The leaf set holds the *evictable leaves*: attached, not the root, holding KV (GPU or CPU),
+unlocked, childless. A childless, unlocked NONE node does not exist: it leaves the tree at once,
+with its NONE ancestors that become childless (``delete``).
+
+KV moves (``Node.host``: a HiCache host copy beside the device copy)::
+
+    fill              NONE -> GPU    a hole recomputed by the phantom request
+    move_to_host      GPU  -> CPU    unified demotion (a d2h copy)
+    move_to_device    CPU  -> GPU    unified load / insert over a CPU node
+    copy_to_host      GPU  -> GPU+host   HiCache backup (a d2h copy)
+    drop_device_copy  GPU+host -> CPU    HiCache demotion (no copy)
+    copy_to_device    CPU  -> GPU+host   HiCache load
+    delete / truncate_tail  -> NONE (or out of the tree)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Set as AbstractSet
+
+import numpy as np
+
+from .node import Node, Tier
+from .planner import Step
+from .results import EvictResult
+
+_GPU, _NONE, _CPU = Tier.GPU, Tier.NONE, Tier.CPU
+
+
+class RadixTree:
+    """Nodes over block ids with exact counters (see the module docstring)."""
+
+    def __init__(self, capacity_blocks: int, cpu_capacity_blocks: int = 0) -> None:
+        self.capacity_blocks = int(capacity_blocks)
+        self.cpu_capacity_blocks = int(cpu_capacity_blocks)
+        self._serial = 0
+        self._clock = 0
+        self.root = Node(np.empty(0, dtype=np.int64), 0, None, Tier.GPU, self.next_serial())
+        self._gpu = 0
+        self._evictable = 0
+        self._protected = 0
+        self._reserved = 0
+        self._holes = 0
+        self._cpu = 0
+        self._d2h = 0  # d2h copies not yet reported by take_d2h
+        self._leaves: set[Node] = set()
+
+    # ------------------------------------------------------------------ reading
+    @property
+    def gpu_blocks(self) -> int:
+        return self._gpu
+
+    @property
+    def reserved_blocks(self) -> int:
+        return self._reserved
+
+    @property
+    def free_blocks(self) -> int:
+        return self.capacity_blocks - self._gpu - self._reserved
+
+    @property
+    def evictable_blocks(self) -> int:
+        return self._evictable
+
+    @property
+    def protected_blocks(self) -> int:
+        return self._protected
+
+    @property
+    def cpu_blocks(self) -> int:
+        return self._cpu
+
+    @property
+    def cpu_free_blocks(self) -> int:
+        return self.cpu_capacity_blocks - self._cpu
+
+    @property
+    def hole_blocks(self) -> int:
+        return self._holes
+
+    @property
+    def clock(self) -> int:
+        return self._clock
+
+    def leaves(self) -> AbstractSet[Node]:
+        """The evictable leaves: the live set, read only (iterate it before changing the
+        tree, as the planner does)."""
+        return self._leaves
+
+    def take_d2h(self) -> int:
+        """Blocks copied d2h since the last call, then reset."""
+        n, self._d2h = self._d2h, 0
+        return n
+
+    def next_serial(self) -> int:
+        self._serial += 1
+        return self._serial
+
+    def tick(self) -> int:
+        """Advance the logical clock; returns the new tick."""
+        self._clock += 1
+        return self._clock
+
+    # ------------------------------------------------------------------ the walk
+    def walk(self, ids: np.ndarray, stop_at_holes: bool
+             ) -> tuple[list[Node], Node | None, int, int]:
+        """Follow ``ids`` down without changing anything: (nodes matched whole, the node the
+        match ends inside or None, blocks of it matched, total matched blocks). Ids are chained
+        (DESIGN.md), so a node whose last id equals the prompt's id at that position matches
+        whole: one scalar comparison per node; only the last node needs a vector compare."""
+        item = ids.item
+        n = len(ids)
+        node = self.root
+        path: list[Node] = []
+        pos = 0
+        while pos < n:
+            child = node.children.get(item(pos))
+            if child is None or (stop_at_holes and child.tier is _NONE):
+                break
+            length = len(child.ids)
+            end = pos + length
+            if end <= n and (length == 1 or child.last == item(end - 1)):
+                path.append(child)
+                node = child
+                pos = end
+                continue
+            m = min(length, n - pos)
+            if m == 1 or child.ids.item(m - 1) == item(pos + m - 1):
+                k = m
+            else:
+                diff = child.ids[:m] != ids[pos : pos + m]
+                i = int(diff.argmax())
+                k = i if diff[i] else m
+            return path, child, k, pos + k
+        return path, None, 0, pos
+
+    # ------------------------------------------------------------------ structure
+    def split(self, node: Node, k: int) -> Node:
+        """Split ``node`` after its first k blocks; return the new PREFIX node. ``node`` keeps
+        its identity as the suffix (handles held by requests stay valid, as in SGLang)::
+
+            parent -- node[s, e)   =>   parent -- prefix[s, s+k) -- node[s+k, e)
+        """
+        prefix = Node(node.ids[:k], node.start, node.parent, node.tier, self.next_serial(),
+                      node.last_access)
+        prefix.lock = node.lock
+        prefix.hit_count = node.hit_count
+        prefix.host = node.host
+        parent = node.parent
+        assert parent is not None
+        parent.children[int(node.ids[0])] = prefix
+        node.ids = node.ids[k:]
+        node.start += k
+        node.parent = prefix
+        prefix.children[int(node.ids[0])] = node
+        return prefix
+
+    def add_leaf(self, parent: Node, ids: np.ndarray, start: int, tick: int) -> Node:
+        """A new GPU leaf under ``parent`` holding ``ids`` (the caller made room)."""
+        leaf = Node(ids, start, parent, _GPU, self.next_serial(), tick)
+        parent.children[ids.item(0)] = leaf
+        size = len(ids)
+        self._gpu += size
+        self._evictable += size
+        self._leaves.discard(parent)
+        self._leaves.add(leaf)
+        return leaf
+
+    def merge_runs(self, chain: list[Node]) -> None:
+        """Merge runs of ``chain`` (root-ward to leaf-ward, each the parent of the next) whose
+        upper nodes have one child and equal tier, lock, stamp and host copy, into the run's
+        deepest node (it keeps its identity, so lock handles stay valid). Counters and the leaf
+        set do not change (same tier and lock)."""
+        i = len(chain) - 1
+        while i > 0:
+            child = chain[i]
+            j = i
+            while j > 0:
+                up = chain[j - 1]
+                if (len(up.children) == 1 and up.lock == child.lock and up.tier is child.tier
+                        and up.last_access == child.last_access and up.host == child.host):
+                    j -= 1
+                else:
+                    break
+            if j < i:
+                run = chain[j:i]
+                top = run[0]
+                parent = top.parent
+                assert parent is not None
+                parent.children[top.ids.item(0)] = child
+                child.ids = np.concatenate([*(nd.ids for nd in run), child.ids])
+                child.start = top.start
+                child.parent = parent
+                child.hit_count = max(child.hit_count, *(nd.hit_count for nd in run))
+                for nd in run:
+                    nd.parent = None
+                    nd.children = {}
+            i = j - 1
+
+    # ------------------------------------------------------------------ locks and reservations
+    def lock(self, node: Node) -> None:
+        """``node`` and its ancestors gain one lock (their GPU KV: evictable -> protected)."""
+        root = self.root
+        while node is not root:
+            if node.lock == 0:
+                if node.tier is _GPU:
+                    size = len(node.ids)
+                    self._evictable -= size
+                    self._protected += size
+                self._leaves.discard(node)
+            node.lock += 1
+            node = node.parent  # type: ignore[assignment]
+
+    def unlock(self, node: Node) -> None:
+        """Undo one ``lock(node)``; a NONE node left childless and unlocked is removed."""
+        root = self.root
+        while node is not root:
+            if node.lock <= 0:
+                raise ValueError(f"unlock of an unlocked node {node!r}")
+            parent = node.parent
+            node.lock -= 1
+            if node.lock == 0:
+                if node.tier is _GPU:
+                    size = len(node.ids)
+                    self._evictable += size
+                    self._protected -= size
+                    if not node.children:
+                        self._leaves.add(node)
+                elif node.tier is _NONE:
+                    if not node.children:
+                        self._detach(node)
+                elif not node.children:  # CPU
+                    self._leaves.add(node)
+            node = parent  # type: ignore[assignment]
+
+    def reserve(self, n: int) -> None:
+        self._reserved += n
+
+    def release(self, n: int) -> None:
+        self._reserved -= n
+
+    # ------------------------------------------------------------------ KV moves
+    def _gain_gpu(self, node: Node) -> None:
+        size = len(node.ids)
+        self._gpu += size
+        if node.lock:
+            self._protected += size
+        else:
+            self._evictable += size
+
+    def fill(self, node: Node) -> None:
+        """NONE -> GPU (a hole recomputed)."""
+        node.tier = _GPU
+        self._holes -= len(node.ids)
+        self._gain_gpu(node)
+        if not node.lock and not node.children:
+            self._leaves.add(node)
+
+    def move_to_device(self, node: Node) -> None:
+        """CPU -> GPU, the CPU copy released (unified)."""
+        node.tier = _GPU
+        self._cpu -= len(node.ids)
+        self._gain_gpu(node)
+
+    def copy_to_device(self, node: Node) -> None:
+        """CPU (host only) -> GPU, the host copy kept (HiCache)."""
+        node.tier = _GPU
+        self._gain_gpu(node)
+
+    def _lose_gpu(self, node: Node, result: EvictResult) -> None:
+        size = len(node.ids)
+        self._gpu -= size
+        self._evictable -= size
+        result.demoted.append(node.ids)
+        result.demoted_blocks += size
+        result.freed_blocks += size
+
+    def move_to_host(self, node: Node, result: EvictResult) -> None:
+        """GPU -> CPU for a whole unlocked node (unified demotion: one d2h copy)."""
+        node.tier = _CPU
+        size = len(node.ids)
+        self._cpu += size
+        self._d2h += size
+        self._lose_gpu(node, result)
+
+    def drop_device_copy(self, node: Node, result: EvictResult) -> None:
+        """GPU -> host only, for a whole unlocked node backed up already (HiCache)."""
+        assert node.host, f"demoting a node without a host copy: {node!r}"
+        node.tier = _CPU
+        self._lose_gpu(node, result)
+
+    def copy_to_host(self, node: Node) -> None:
+        """Back a device node up to the host (HiCache): the caller made host room."""
+        node.host = True
+        size = len(node.ids)
+        self._cpu += size
+        self._d2h += size
+
+    def delete(self, node: Node, result: EvictResult) -> Node | None:
+        """Free a whole unlocked node's KV (either tier, and a host copy): it becomes a hole
+        if it has children, else it leaves the tree with its childless unlocked hole
+        ancestors. Returns the surviving ancestor when it just became an evictable leaf."""
+        size = len(node.ids)
+        if node.tier is _GPU:
+            self._gpu -= size
+            self._evictable -= size
+            result.freed_blocks += size
+            if node.host:  # HiCache: a backed-up node deleted from both tiers
+                self._cpu -= size
+        else:
+            self._cpu -= size
+        node.host = False
+        self._holes += size
+        node.tier = _NONE
+        self._leaves.discard(node)
+        result.freed.append(node.ids)
+        result.deleted_blocks += size
+        if node.children:
+            return None
+        survivor = self._prune(node)
+        return survivor if survivor in self._leaves else None
+
+    def truncate_tail(self, leaf: Node, k: int, result: EvictResult) -> None:
+        """Free the last k blocks of an unlocked leaf (no hole: nothing follows them)."""
+        keep = len(leaf.ids) - k
+        result.freed.append(leaf.ids[keep:])
+        result.deleted_blocks += k
+        leaf.ids = leaf.ids[:keep]
+        leaf.last = leaf.ids.item(keep - 1)
+        if leaf.tier is _GPU:
+            self._gpu -= k
+            self._evictable -= k
+            result.freed_blocks += k
+        else:
+            self._cpu -= k
+        if leaf.host and leaf.tier is _GPU:  # a backed-up tail loses its host copy too
+            self._cpu -= k
+
+    def _detach(self, node: Node) -> None:
+        """Remove a childless NONE node from its parent."""
+        parent = node.parent
+        assert parent is not None and not node.children and node.tier is _NONE
+        del parent.children[int(node.ids[0])]
+        node.parent = None
+        self._holes -= len(node.ids)
+        if (parent is not self.root and parent.tier is not _NONE and parent.lock == 0
+                and not parent.children):
+            self._leaves.add(parent)
+
+    def _prune(self, node: Node) -> Node:
+        """Remove ``node`` and its NONE ancestors while childless and unlocked; return the
+        first ancestor that stays."""
+        while node is not self.root and node.tier is _NONE and not node.children:
+            if node.lock:
+                return node
+            parent = node.parent
+            self._detach(node)
+            node = parent  # type: ignore[assignment]
+        return node
+
+    # ------------------------------------------------------------------ appliers
+    def apply_delete(self, steps: list[Step], result: EvictResult) -> None:
+        """Carry out a deletion plan (GPU-only caches; unified deletions across tiers; HiCache
+        host eviction). Holes still in the tree afterwards are counted in ``holes_made``."""
+        made: list[Node] = []
+        for step in steps:
+            node, k = step.node, step.blocks
+            if k == len(node.ids):
+                if node.children:
+                    made.append(node)
+                self.delete(node, result)
+            elif step.head:
+                hole = self.split(node, k)
+                made.append(hole)
+                self.delete(hole, result)
+            else:
+                self.truncate_tail(node, k, result)
+        result.holes_made += sum(len(x.ids) for x in made
+                                 if x.parent is not None and x.tier is _NONE)
+
+    def _whole(self, step: Step) -> Node:
+        """The node carrying exactly the step's blocks (split off when partial)."""
+        node, k = step.node, step.blocks
+        size = len(node.ids)
+        if k == size:
+            return node
+        if step.head:
+            return self.split(node, k)  # the prefix moves, node keeps its identity
+        self.split(node, size - k)  # node keeps its identity as the moving suffix
+        return node
+
+    def apply_demote(self, steps: list[Step], result: EvictResult) -> None:
+        """Carry out a unified demotion plan: each step's blocks move GPU -> CPU."""
+        for step in steps:
+            self.move_to_host(self._whole(step), result)
+
+    def apply_device_evict(self, steps: list[Step], result: EvictResult,
+                           backup=None) -> None:
+        """Carry out a HiCache device-eviction plan: a backed-up node is demoted (its device
+        copy dropped), any other is deleted. ``backup(node, result)``, when given, is called
+        first (write_back copies at eviction time)."""
+        for step in steps:
+            node = self._whole(step)
+            if backup is not None and not node.host:
+                backup(node, result)
+            if node.host:
+                self.drop_device_copy(node, result)
+            else:
+                assert not node.children, f"a device node with host children: {node!r}"
+                self.delete(node, result)

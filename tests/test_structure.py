@@ -1,0 +1,129 @@
+"""Structure the code promises: modules own their state, and packages have no import cycles.
+
+- No attribute starting with ``_`` (dunders aside) is read or written on any object but
+  ``self``/``cls`` inside ``sim/kvcache/`` and ``policies/``: the tree's counters change only
+  through its own methods (the appliers), whatever module asks.
+- No import cycle among the modules of ``sim/kvcache/``, ``policies/`` or ``traces/``
+  (imports under ``if TYPE_CHECKING:`` are for annotations only and do not count).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+OWNED = ("sim/kvcache", "policies")
+ACYCLIC = ("sim/kvcache", "policies")
+
+
+def private_accesses(source: str) -> list[tuple[int, str]]:
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if (isinstance(node, ast.Attribute) and node.attr.startswith("_")
+                and not node.attr.startswith("__")):
+            owner = node.value
+            if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
+                continue
+            out.append((node.lineno, ast.unparse(node)))
+    return out
+
+
+def _runtime_imports(tree: ast.Module) -> list[ast.stmt]:
+    """Import statements outside ``if TYPE_CHECKING:`` blocks."""
+    out: list[ast.stmt] = []
+
+    def visit(body: list[ast.stmt]) -> None:
+        for st in body:
+            if isinstance(st, ast.If) and "TYPE_CHECKING" in ast.unparse(st.test):
+                visit(st.orelse)
+                continue
+            if isinstance(st, ast.Import | ast.ImportFrom):
+                out.append(st)
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                inner = getattr(st, field, None)
+                if isinstance(inner, list):
+                    visit([x for x in inner if isinstance(x, ast.stmt)])
+                    for h in inner:
+                        if isinstance(h, ast.ExceptHandler):
+                            visit(h.body)
+
+    visit(tree.body)
+    return out
+
+
+def import_graph(package: str) -> dict[str, set[str]]:
+    """module -> modules of the same package it imports at run time."""
+    root = REPO / package
+    dotted = package.replace("/", ".")
+    mods = {p: f"{dotted}.{'.'.join(p.relative_to(root).with_suffix('').parts)}"
+            for p in root.rglob("*.py")}
+    names = {m.removesuffix(".__init__") for m in mods.values()}
+    graph: dict[str, set[str]] = {}
+    for path, mod in mods.items():
+        mod = mod.removesuffix(".__init__")
+        pkg = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        deps: set[str] = set()
+        for st in _runtime_imports(ast.parse(path.read_text())):
+            if isinstance(st, ast.ImportFrom):
+                base = st.module or ""
+                if st.level:
+                    parts = pkg.split(".")
+                    parts = parts[: len(parts) - (st.level - 1)]
+                    base = ".".join([*parts, base] if base else parts)
+                # ``from pkg import mod`` depends on the submodule, not on the package
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in names else base
+                           for a in st.names]
+            else:
+                targets = [a.name for a in st.names]
+            deps |= {t for t in targets if t in names and t != mod}
+        graph[mod] = deps
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def dfs(n: str) -> list[str] | None:
+        state[n] = 1
+        stack.append(n)
+        for m in sorted(graph.get(n, ())):
+            if state.get(m) == 1:
+                return stack[stack.index(m):] + [m]
+            if m not in state and (c := dfs(m)):
+                return c
+        stack.pop()
+        state[n] = 2
+        return None
+
+    for n in sorted(graph):
+        if n not in state and (c := dfs(n)):
+            return c
+    return None
+
+
+@pytest.mark.parametrize("package", OWNED)
+def test_no_private_member_of_another_object(package: str) -> None:
+    bad = [f"{p.relative_to(REPO)}:{line}: {expr}"
+           for p in sorted((REPO / package).rglob("*.py"))
+           for line, expr in private_accesses(p.read_text())]
+    assert not bad, "private members used from outside their object:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("package", ACYCLIC)
+def test_no_import_cycle(package: str) -> None:
+    graph = import_graph(package)
+    assert graph, f"no modules found under {package}"
+    cycle = find_cycle(graph)
+    assert cycle is None, f"import cycle in {package}: {' -> '.join(cycle)}"
+
+
+def test_the_checks_can_fail() -> None:
+    """The detectors themselves: a private access and a cycle are found."""
+    assert private_accesses("def f(cache):\n    return cache._gpu\n") == [(2, "cache._gpu")]
+    assert private_accesses("class A:\n    def f(self):\n        return self._x\n") == []
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
