@@ -35,6 +35,7 @@ and run it with ``kvsim run --policy my_policies.py:RecentFirst --policy-param k
 
 from __future__ import annotations
 
+import inspect
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -150,12 +151,17 @@ def _component(value: Any, table: Mapping[str, Any], base: type, what: str) -> A
 
 
 # ---------------------------------------------------------------------- the policy
+_RESERVED = frozenset({"name", "pins", "clairvoyant", "events", "order", "start",
+                       "granularity", "sort_key", "context", "values"})
+
+
 class EvictionPolicy:
     """One eviction policy: order x start x granularity, plus optional pins and events.
 
     Subclass it to write a policy; override ``key`` (or set ``order``), set ``start`` and
-    ``granularity`` as class attributes, declare parameters with their defaults in ``params``
-    (read them as attributes), and opt in to what the planner and engine should ask:
+    ``granularity`` as class attributes, declare parameters as annotated class attributes
+    with defaults (``hold_s: float = 10.0``, as in a dataclass; read them as attributes), and
+    opt in to what the planner and engine should ask:
 
     - ``pins = True``: the planner calls ``pinned_until(leaf)`` (simulated seconds). A pinned
       leaf is evicted only when every unpinned leaf is gone (memory pressure breaks pins, as in
@@ -168,7 +174,6 @@ class EvictionPolicy:
     """
 
     name: ClassVar[str] = ""  # label of a subclass; the composed base class uses its spec
-    params: ClassVar[Mapping[str, Any]] = {}
     pins: ClassVar[bool] = False
     clairvoyant: ClassVar[bool] = False
     events: ClassVar[frozenset[str]] = frozenset()
@@ -186,12 +191,13 @@ class EvictionPolicy:
         self.granularity = _component(
             granularity if granularity is not None else self.granularity, GRANULARITIES,
             Granularity, "granularity")
-        unknown = sorted(set(params) - set(self.params))
+        declared = self.parameters()
+        unknown = sorted(set(params) - set(declared))
         if unknown:
-            known = ", ".join(self.params) or "none"
+            known = ", ".join(declared) or "none"
             raise PolicyError(f"policy {self.label!r} has no parameter {unknown[0]!r} "
                               f"(parameters: {known})")
-        self.values = {k: coerce_param(k, params.get(k, d), d) for k, d in self.params.items()}
+        self.values = {k: coerce_param(k, params.get(k, d), d) for k, d in declared.items()}
         for k, v in self.values.items():
             setattr(self, k, v)
         if type(self).key is EvictionPolicy.key:
@@ -202,6 +208,21 @@ class EvictionPolicy:
         if unknown_events:
             raise PolicyError(f"policy {self.label!r}: unknown events {sorted(unknown_events)}")
         self.context: PolicyContext = STANDALONE
+
+    @classmethod
+    def parameters(cls) -> dict[str, Any]:
+        """Declared parameters and their defaults: the annotated class attributes with a
+        default that subclasses define (not ``ClassVar``s, not the policy's own choices)."""
+        out: dict[str, Any] = {}
+        for klass in reversed(cls.__mro__):
+            if not issubclass(klass, EvictionPolicy) or klass is EvictionPolicy:
+                continue
+            for k, ann in inspect.get_annotations(klass).items():
+                if k in _RESERVED or k.startswith("_") or "ClassVar" in str(ann):
+                    continue
+                if k in klass.__dict__:
+                    out[k] = klass.__dict__[k]
+        return out
 
     # --- decisions ----------------------------------------------------------------------
     def key(self, node: CacheNode) -> Any:
@@ -254,7 +275,7 @@ class EvictionPolicy:
                     return preset
             return self.spec
         changed = [f"{k}={v}" for k, v in getattr(self, "values", {}).items()
-                   if v != self.params[k]]
+                   if v != type(self).parameters()[k]]
         return f"{self.spec}({','.join(changed)})" if changed else self.spec
 
     def identity(self) -> tuple:

@@ -7,6 +7,9 @@
 - a registered policy class (``@register_policy``), e.g. the zoo's;
 - ``path/to/file.py:ClassName``: a subclass of ``EvictionPolicy`` defined in the user's file.
   The file is Python code and runs like any module one imports.
+
+Parameters may follow a ``?`` as ``k=v`` pairs joined by ``&`` (``ttl?tau_s=5&cold=true``),
+the same grammar as synthetic trace names, so one string names a configured policy.
 """
 
 from __future__ import annotations
@@ -45,7 +48,14 @@ def get_policy(text: str | EvictionPolicy, params: dict[str, Any] | None = None
             raise PolicyError("parameters can only be given with a policy name")
         return text
     params = dict(params or {})
-    key = text.strip()
+    key, _, query = text.strip().partition("?")
+    for item in filter(None, query.split("&")):
+        k, sep, v = item.partition("=")
+        if not sep or not k:
+            raise PolicyError(f"policy {text!r}: {item!r} is not k=v")
+        if k in params:
+            raise PolicyError(f"policy {text!r}: parameter {k!r} given twice")
+        params[k] = v
     if is_policy_file(key):
         path, _, name = key.rpartition(":")
         cls = load_policy_class(path, name)
@@ -85,14 +95,17 @@ def _load_module(path: str, mtime_ns: int):
         spec.loader.exec_module(module)
     except Exception as e:  # the user's code: report where it failed, in one line
         del sys.modules[name]
+        line, text = None, str(e)
+        if isinstance(e, SyntaxError):
+            line, text = e.lineno, e.msg
         tb = e.__traceback__
-        line = None
         while tb is not None:
             if tb.tb_frame.f_code.co_filename == path:
                 line = tb.tb_lineno
             tb = tb.tb_next
         where = f"{path}:{line}" if line else path
-        raise PolicyError(f"{where}: cannot load policy file: {type(e).__name__}: {e}") from None
+        raise PolicyError(f"{where}: cannot load policy file: {type(e).__name__}: {text}"
+                          ) from None
     return module
 
 

@@ -6,10 +6,12 @@ Sizes are tokens. ``RunConfig.from_dict`` validates untrusted input (sweep YAML)
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
 from typing import Any
 
-from policies import GRANULARITIES, PRESETS, STARTS
+from policies import GRANULARITIES, PRESETS, STARTS, EvictionPolicy, PolicyError, get_policy
 
 
 class ConfigError(ValueError):
@@ -51,11 +53,13 @@ class RunConfig:
     swap_buffer: int = 1024  # unified: CPU swap buffer (tokens) for exchanges when both are full
     hicache_write_policy: str = "write_through"  # | write_through_selective | write_back
     hicache_load_threshold: int = 10  # tokens: HiCache skips smaller load-backs
-    # --- policies ------------------------------------------------------------------------
-    preset: str | None = "penelope"  # label when the policy fields equal a preset
-    order: str = "lru"
-    evict: str = "private-head"
-    granularity: str = "block"
+    # --- policies: ONE of preset | order/evict/granularity | policy (default: penelope) -------
+    preset: str | None = None  # sglang | vllm | penelope
+    order: str | None = None  # victim order (default lru) ...
+    evict: str | None = None  # ... start position (default tail) ...
+    granularity: str | None = None  # ... and granularity (default node)
+    policy: str | None = None  # any of the above, a registered name, or FILE.py:CLASS
+    policy_params: dict[str, Any] = field(default_factory=dict, hash=False)
     scheduler: str = "lpm"
     # --- SGLang engine knobs -------------------------------------------------------------
     chunk_size: int = 8192  # chunked_prefill_size
@@ -75,16 +79,39 @@ class RunConfig:
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
-    def policy_name(self) -> str:
-        return self.preset or f"{self.order}+{self.evict}+{self.granularity}"
+    def policy_spec(self) -> str:
+        """What ``policies.get_policy`` is given: the one way this config chose a policy."""
+        if self.policy is not None:
+            return self.policy
+        if self.preset is not None:
+            return self.preset
+        if (self.order, self.evict, self.granularity) != (None, None, None):
+            return f"{self.order or 'lru'}+{self.evict or 'tail'}+{self.granularity or 'node'}"
+        return "penelope"
+
+    def make_policy(self) -> EvictionPolicy:
+        """A fresh policy instance for one run."""
+        return get_policy(self.policy_spec, self.policy_params)
+
+    @property
+    def policy_label(self) -> str:
+        """The policy's name in tables and output folders (from the fields, never a default
+        label): a preset's name, ``order+start+granularity``, or a class name with the
+        parameters that differ from their defaults."""
+        return self.make_policy().label
 
     def with_preset(self, preset: str) -> RunConfig:
         """The same config under a preset (``sglang``, ``vllm``, ``penelope``)."""
         if preset not in PRESETS:
             known = ", ".join(PRESETS)
             raise ConfigError("--preset", "preset", f"unknown {preset!r}; known: {known}")
-        order, start, granularity = PRESETS[preset]
-        return replace(self, preset=preset, order=order, evict=start, granularity=granularity)
+        return replace(self, preset=preset, order=None, evict=None, granularity=None,
+                       policy=None, policy_params={})
+
+    def with_policy(self, policy: str, params: dict[str, Any] | None = None) -> RunConfig:
+        """The same config under any policy ``get_policy`` accepts."""
+        return replace(self, preset=None, order=None, evict=None, granularity=None,
+                       policy=policy, policy_params=dict(params or {}))
 
     def validate(self, where: str = "config") -> RunConfig:
         def bad(f: str, msg: str) -> ConfigError:
@@ -96,10 +123,7 @@ class RunConfig:
             raise bad("tiering", f"must be one of {TIERINGS}, got {self.tiering!r}")
         if self.replay not in REPLAYS:
             raise bad("replay", f"must be one of {REPLAYS}, got {self.replay!r}")
-        if self.evict not in STARTS:
-            raise bad("evict", f"must be one of {list(STARTS)}")
-        if self.granularity not in GRANULARITIES:
-            raise bad("granularity", f"must be one of {list(GRANULARITIES)}")
+        self._validate_policy(bad)
         for name in ("sessions", "gpu_cache", "chunk_size", "block_size"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
@@ -124,9 +148,37 @@ class RunConfig:
             raise bad("max_new_tokens", "must be >= 1")
         return self
 
+    def _validate_policy(self, bad) -> None:
+        components = [k for k in ("order", "evict", "granularity") if getattr(self, k)]
+        chosen = [k for k, v in (("preset", self.preset), ("policy", self.policy)) if v]
+        if components:
+            chosen.append("/".join(components))
+        if len(chosen) > 1:
+            raise bad(chosen[1].split("/")[0], f"conflicts with {chosen[0]!r}: choose a policy "
+                      "one way (preset, order/evict/granularity, or policy)")
+        if self.preset is not None and self.preset not in PRESETS:
+            raise bad("preset", f"unknown {self.preset!r}; known: {', '.join(PRESETS)}")
+        if self.evict is not None and self.evict not in STARTS:
+            raise bad("evict", f"must be one of {list(STARTS)}")
+        if self.granularity is not None and self.granularity not in GRANULARITIES:
+            raise bad("granularity", f"must be one of {list(GRANULARITIES)}")
+        if not isinstance(self.policy_params, dict):
+            raise bad("policy_params", "must be a mapping of parameter names to values")
+        if self.policy_params and self.policy is None:
+            raise bad("policy_params", "only a 'policy' takes parameters")
+        try:
+            self.make_policy()
+        except PolicyError as e:
+            raise bad(chosen[0].split("/")[0] if chosen else "policy", str(e)) from None
+
     def to_dict(self) -> dict[str, Any]:
+        """Every field plus the resolved policy label (the run's identity in sweeps) and,
+        for a policy file, a digest of its source (an edited file is a different policy)."""
         d = asdict(self)
-        d["policy"] = self.policy_name
+        d["policy_label"] = self.policy_label
+        path, _, rest = self.policy_spec.partition("?")[0].rpartition(":")
+        if rest and path.endswith(".py"):
+            d["policy_source_sha1"] = hashlib.sha1(Path(path).read_bytes()).hexdigest()
         return d
 
     @classmethod
@@ -135,12 +187,9 @@ class RunConfig:
             raise ConfigError(where, "<root>", "must be a mapping")
         known = {f.name: f for f in fields(cls)}
         raw = dict(raw)
-        raw.pop("policy", None)
+        raw.pop("policy_label", None)  # written by to_dict, derived
+        raw.pop("policy_source_sha1", None)
         for k in raw:
             if k not in known:
                 raise ConfigError(where, k, "unknown field")
-        preset = raw.get("preset")
-        cfg = cls(**raw)
-        if preset is not None and not any(k in raw for k in ("order", "evict", "granularity")):
-            cfg = cfg.with_preset(preset)
-        return cfg.validate(where)
+        return cls(**raw).validate(where)

@@ -36,6 +36,7 @@ import simpy
 from costmodel.profile import Profile
 from costmodel.specs import ModelSpec
 from costmodel.units import Units, range_units
+from policies import Arrival, Reply
 from policies.scheduling import LPM_QUEUE_LIMIT, Candidate, SchedulePolicy
 from sim.config import RunConfig
 from sim.kvcache import RadixKVCache, Tier
@@ -69,6 +70,10 @@ class Req:
     first_token_at: float = math.nan
     record: RequestRecord | None = None
     known_blocks: int = 0  # leading ids already in Server.ever (skip re-adding them)
+    # What the client does after the reply (policies' Reply event): tool | human | end, and
+    # the replay's wait before its next request (closed loop; NaN when not known).
+    next_gap: str = "end"
+    next_gap_s: float = math.nan
 
     @property
     def context_tokens(self) -> int:
@@ -104,12 +109,19 @@ class Server:
         self.charge_d2h = cfg.tiering == "unified" or cfg.hicache_write_policy == "write_back"
         self._pending_h2d_bytes = 0
         self.ever: set[int] = set()  # every block id ever inserted: what an infinite cache holds
+        policy = cache.policy
+        self.policy = policy
+        self._tell_arrival = "arrival" in policy.events
+        self._tell_reply = "reply" in policy.events
         self.process = env.process(self._loop())
 
     # --- submission ---------------------------------------------------------------------
     def submit(self, req: Req) -> None:
         self._seq += 1
         req.seq = self._seq
+        if self._tell_arrival:
+            self.policy.on_arrival(Arrival(self.env.now, req.session, req.rid,
+                                           req.prompt_tokens, req.ids))
         if self._never_fits(req):
             self.rec.drop(req, self.env.now)
             req.done.succeed()
@@ -215,13 +227,13 @@ class Server:
         return True
 
     def _checkpoint(self, req: Req, upto_blocks: int, computed_to: int = 0,
-                    final_ids: np.ndarray | None = None) -> None:
+                    final_ids: np.ndarray | None = None):
         """Insert the request's full blocks ``[0, upto_blocks)`` into the tree and move its lock
         there; the tokens it computed in ``[upto_blocks * bs, computed_to)`` stay its own.
         With ``final_ids`` (the request finished) everything it holds goes to the tree."""
         ids = req.ids[:upto_blocks] if final_ids is None else final_ids
         if ids.size == 0:
-            return
+            return None
         self.cache.release(req.reserved)
         ins = self.cache.insert(ids)
         if ids.size > req.known_blocks:
@@ -238,6 +250,7 @@ class Server:
         req.reserved = self._blocks(req.own_tokens)
         if req.reserved:
             self.cache.reserve(req.reserved)
+        return ins.node
 
     def _unlock_all(self, req: Req) -> None:
         for node in req.locks:
@@ -398,13 +411,18 @@ class Server:
 
     def _finish(self, req: Req) -> None:
         final = self.finish_ids(req.rid) if req.generated >= req.output_tokens else req.ids
+        leaf = None
         if final.size:
-            self._checkpoint(req, 0, final_ids=final)
+            leaf = self._checkpoint(req, 0, final_ids=final)
         else:
             self.cache.release(req.reserved)
             req.reserved = req.own_tokens = 0
         self._unlock_all(req)
         self.rec.close(req, self.env.now)
+        if self._tell_reply:
+            gap_s = req.next_gap_s if self.policy.clairvoyant else math.nan
+            self.policy.on_reply(Reply(self.env.now, req.session, req.rid, req.context_tokens,
+                                       leaf, req.next_gap, gap_s))
         req.done.succeed()
 
     def _decode_plan(self) -> int:

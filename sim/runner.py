@@ -17,7 +17,8 @@ import simpy
 
 from costmodel.profile import load_profile
 from costmodel.specs import get_spec
-from policies import EvictionPolicy
+from costmodel.units import Units, range_units
+from policies import PolicyContext
 from policies.scheduling import get_scheduler
 from sim.config import ConfigError, RunConfig
 from sim.engine import Server
@@ -63,7 +64,7 @@ def run(cfg: RunConfig, trace=None) -> RunResult:
     if trace is None:
         trace = load_run_trace(cfg)
     gaps = trace.gaps(cfg.gaps)
-    policy = EvictionPolicy(cfg.order, cfg.evict, cfg.granularity)
+    policy = cfg.make_policy()
     tiers = {}
     if cfg.cpu_cache:
         tiers = dict(cpu_capacity_blocks=cfg.cpu_cache // cfg.block_size, tiering=cfg.tiering,
@@ -77,6 +78,14 @@ def run(cfg: RunConfig, trace=None) -> RunResult:
                       [s.parent >= 0 for s in sessions],
                       [s.shared_prefix_blocks for s in sessions])
     env = simpy.Environment()
+    base = profile.prefill_seconds(Units())
+
+    def recompute_seconds(a: int, b: int) -> float:
+        """Marginal prefill seconds of tokens [a, b) at their positions."""
+        return profile.prefill_seconds(range_units(spec, a, b)) - base
+
+    policy.bind(PolicyContext(now=lambda: env.now, block_size=cfg.block_size, seed=cfg.seed,
+                              recompute_seconds=recompute_seconds))
     server = Server(env, cfg, spec, profile, cache, get_scheduler(cfg.scheduler), rec,
                     trace.finish_block_ids)
     replay = Replay(env, trace, server, gaps, trace.start_offsets(cfg.gaps), cfg.sessions,
@@ -89,7 +98,7 @@ def run(cfg: RunConfig, trace=None) -> RunResult:
     table = rec.table()
     summary = rec.summary(env.now, cfg.block_size, table)
     summary.update({
-        "policy": cfg.policy_name, "model": cfg.model, "profile": profile.name,
+        "policy": policy.label, "model": cfg.model, "profile": profile.name,
         "profile_provenance": profile.provenance, "gpu_cache_tokens": cfg.gpu_cache,
         "cpu_cache_tokens": cfg.cpu_cache, "n_sessions": cfg.sessions, "gaps": cfg.gaps,
         "scheduler": cfg.scheduler, "trace": trace.name, "trace_requests": len(trace),

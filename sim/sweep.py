@@ -50,8 +50,23 @@ def _size(v: Any, where: str, field: str) -> Any:
         raise ConfigError(where, field, f"not a size: {v!r}") from None
 
 
-def _resolve(point: dict[str, Any], where: str) -> RunConfig:
+def _policy_path(v: Any, base_dir: Path) -> Any:
+    """A ``FILE.py:CLASS`` policy relative to the sweep file (when it exists there)."""
+    from policies.registry import is_policy_file
+
+    if not isinstance(v, str) or not is_policy_file(v.partition("?")[0]):
+        return v
+    path, _, rest = v.partition(":")
+    p = Path(path).expanduser()
+    if not p.is_absolute() and (base_dir / p).is_file():
+        return f"{base_dir / p}:{rest}"
+    return v
+
+
+def _resolve(point: dict[str, Any], where: str, base_dir: Path | None = None) -> RunConfig:
     point = {k: _size(v, where, k) if k in SIZE_FIELDS else v for k, v in point.items()}
+    if base_dir is not None and "policy" in point:
+        point["policy"] = _policy_path(point["policy"], base_dir)
     return RunConfig.from_dict(point, where)
 
 
@@ -89,7 +104,8 @@ def load_sweep(path: str | Path) -> tuple[list[tuple[dict, RunConfig]], dict | N
     keys = list(grid)
     for i, combo in enumerate(itertools.product(*(grid[k] for k in keys))):
         values = dict(zip(keys, combo, strict=True))
-        points.append((values, _resolve({**base, **values}, f"{where} point {i}")))
+        points.append((values, _resolve({**base, **values}, f"{where} point {i}",
+                                        Path(path).parent)))
     baseline = raw.get("baseline")
     if baseline is not None and not isinstance(baseline, dict):
         raise ConfigError(where, "baseline", "must be a mapping like {preset: sglang}")
@@ -129,22 +145,28 @@ def run_point(args: tuple[RunConfig, str]) -> str:
     return pid
 
 
+def _column(field: str) -> str:
+    return "policy_spec" if field == "policy" else field
+
+
 def tidy(points: list[tuple[dict, RunConfig]], out: str | Path,
          baseline: dict | None) -> pd.DataFrame:
     rows = []
     for values, cfg in points:
         pid = point_id(cfg)
         summary = json.loads((Path(out) / "points" / pid / "summary.json").read_text())
-        row: dict[str, Any] = {"point": pid, "policy": cfg.policy_name}
+        row: dict[str, Any] = {"point": pid, "policy": cfg.policy_label}
         row.update({k: v for k, v in summary.items() if not isinstance(v, dict | list)})
-        row.update({k: str(v) for k, v in values.items()})  # the grid's own values win
+        # The grid's own values win; a grid of policies keeps the label in "policy" and the
+        # spec as written in "policy_spec".
+        row.update({_column(k): str(v) for k, v in values.items()})
         rows.append(row)
     df = pd.DataFrame(rows)
     if baseline and len(df):
-        keys = [k for k in points[0][0] if k not in baseline]
+        keys = [_column(k) for k in points[0][0] if k not in baseline]
         base = df
         for k, v in baseline.items():
-            base = base[base[k] == str(v)]
+            base = base[base[_column(k)] == str(v)]
         for metric in ("ttft_mean_s", "jct_mean_s", "hit_rate"):
             if keys:
                 ref = base[[*keys, metric]].rename(columns={metric: "_ref"})

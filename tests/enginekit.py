@@ -39,6 +39,9 @@ class KitTrace:
         self.output_tokens = np.array([r[2] for r in rows], dtype=np.int64)
         self.gap_s = np.array([r[3] for r in rows], dtype=np.float64)
         self.send_time_s = np.cumsum(self.gap_s)
+        first = np.zeros(len(rows), dtype=bool)
+        first[[x.first for x in self.sessions]] = True
+        self.gap_kind = np.where(first, 0, 1).astype(np.int8)  # traces.GAP_KINDS: first, tool
         self.shared_blocks = shared_blocks
 
     def __len__(self) -> int:

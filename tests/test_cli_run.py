@@ -32,7 +32,7 @@ def test_run_json_contract_and_outputs(trace_dir: Path, tmp_path: Path) -> None:
                             "--out", tmp_path / "o", "--json")
     assert code == 0, err
     doc = json.loads(out)
-    assert [r["preset"] for r in doc["runs"]] == ["sglang", "vllm", "penelope"]
+    assert [r["policy"] for r in doc["runs"]] == ["sglang", "vllm", "penelope"]
     for r in doc["runs"]:
         s = r["summary"]
         for k in ("ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "jct_mean_s",
@@ -44,7 +44,7 @@ def test_run_json_contract_and_outputs(trace_dir: Path, tmp_path: Path) -> None:
         d = tmp_path / "o" / p
         df = pd.read_parquet(d / "requests.parquet")
         assert len(df) == 24
-        assert json.loads((d / "config.json").read_text())["policy"] == p
+        assert json.loads((d / "config.json").read_text())["policy_label"] == p
         assert json.loads((d / "summary.json").read_text())["requests"] == 24
     code, out, err = invoke("plot", tmp_path / "o")
     assert code == 0, err

@@ -32,7 +32,10 @@ GOLDENS = Path(__file__).parent / "goldens"
 REGEN = os.environ.get("KVSIM_REGEN_GOLDENS") == "1"
 
 # Fields that fixes changed on purpose: name -> why (see the issue-11 note).
-CHANGED: dict[str, str] = {}
+CHANGED: dict[str, str] = {
+    "policy": "run labels come from the policy fields (lru+tail+node IS sglang), not from a "
+              "default preset label",
+}
 
 SYNTH = dict(trace="synthetic:claude-code?sessions=12", max_context=65536, gaps="tool",
              gpu_cache=98304, sessions=4, model="qwen3-8b")

@@ -36,8 +36,8 @@ def compare_runs(results: list[RunResult]) -> list[dict[str, Any]]:
     for r in results:
         c = r.config
         out.append({
-            "preset": c.preset, "policy": c.policy_name, "order": c.order, "evict": c.evict,
-            "granularity": c.granularity, "scheduler": c.scheduler, "tiering": c.tiering,
+            "policy": c.policy_label, "policy_spec": c.policy_spec,
+            "policy_params": c.policy_params, "scheduler": c.scheduler, "tiering": c.tiering,
             "summary": r.summary,
             "change_vs_first": {k: change(first.get(k), r.summary.get(k)) for k in COMPARED},
         })
@@ -67,6 +67,48 @@ def print_table(runs: list[dict[str, Any]], title: str) -> None:
     console().print(t)
 
 
+def parse_params(items: tuple[str, ...]) -> dict[str, str]:
+    """``K=V`` items into a dict (values stay text: the policy class types them)."""
+    out: dict[str, str] = {}
+    for item in items:
+        k, sep, v = item.partition("=")
+        if not sep or not k.strip():
+            raise click.BadParameter(f"{item!r} is not K=V", param_hint="--policy-param")
+        out[k.strip()] = v.strip()
+    return out
+
+
+def policy_configs(base: RunConfig, preset: str | None, evict: str | None,
+                   granularity: str | None, order: str | None, policies: tuple[str, ...],
+                   policy_params: tuple[str, ...]) -> list[RunConfig]:
+    """The runs one ``kvsim run`` compares, the first being the baseline. A policy is chosen
+    one way: presets, a composed order/start/granularity, or --policy (after presets)."""
+    composed = evict or granularity or order
+    if composed and (preset or policies):
+        other = "--preset" if preset else "--policy"
+        raise click.UsageError(f"--evict/--granularity/--order compose one policy: they "
+                               f"cannot be combined with {other}")
+    params = parse_params(policy_params)
+    if params and not policies:
+        raise click.UsageError("--policy-param needs --policy")
+    if composed:
+        return [replace(base, evict=evict, granularity=granularity, order=order)]
+    configs = []
+    if preset is not None:
+        names = [p.strip() for p in preset.split(",")]
+        if not all(names):
+            raise click.BadParameter(f"{preset!r} has an empty name", param_hint="--preset")
+        configs += [base.with_preset(p) for p in names]
+    configs += [base.with_policy(p, params) for p in policies]
+    if not configs:
+        configs = [base.with_preset(p) for p in ("sglang", "vllm", "penelope")]
+    labels = [c.policy_label for c in configs]
+    dup = sorted({x for x in labels if labels.count(x) > 1})
+    if dup:
+        raise click.UsageError(f"policy {dup[0]!r} is given twice")
+    return configs
+
+
 @click.command("run")
 @click.option("--trace", "-t", default="synthetic:claude-code", show_default=True,
               help="Trace path(s) (comma-separated) or synthetic:NAME[?k=v&...].")
@@ -92,9 +134,20 @@ def print_table(runs: list[dict[str, Any]], title: str) -> None:
               help="Open loop: multiply recorded send times (0.5 = twice the request rate).")
 @click.option("--preset", default=None,
               help="Comma-separated presets (sglang, vllm, penelope); the first is the baseline. "
-                   "Default: sglang,vllm,penelope unless --evict/--granularity are given.")
-@click.option("--evict", type=click.Choice(["tail", "leaf-head", "private-head"]), default=None)
-@click.option("--granularity", type=click.Choice(["node", "block"]), default=None)
+                   "Default: sglang,vllm,penelope unless another policy option is given.")
+@click.option("--evict", type=click.Choice(["tail", "leaf-head", "private-head"]), default=None,
+              help="Start position of a composed policy (with --granularity, --order).")
+@click.option("--granularity", type=click.Choice(["node", "block"]), default=None,
+              help="Granularity of a composed policy: whole nodes or exact blocks.")
+@click.option("--order", default=None,
+              help="Victim order of a composed policy (lru, lfu, mru, fifo, or registered).")
+@click.option("--policy", "policies", multiple=True,
+              help="A policy by name (preset, order+start+granularity, registered) or "
+                   "FILE.py:CLASS (your own EvictionPolicy subclass); repeat to compare. "
+                   "Runs after any --preset.")
+@click.option("--policy-param", "policy_params", multiple=True, metavar="K=V",
+              help="Parameter of the --policy classes, e.g. --policy-param tau_s=5 "
+                   "(repeatable; typed like the class's default).")
 @click.option("--scheduler", type=click.Choice(["fcfs", "lpm", "lpm-cpu"]), default="lpm",
               show_default=True)
 @click.option("--chunk-size", type=SIZE, default="8192", show_default=True)
@@ -112,9 +165,8 @@ def print_table(runs: list[dict[str, Any]], title: str) -> None:
 def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select, gap_model,
             lenient, seed, cache_dir, rebuild_sessions, model, profile, gpu_cache, cpu_cache,
             tiering, swap_buffer, hicache_write_policy, sessions, replay, time_scale, preset,
-            evict,
-            granularity, scheduler, chunk_size, prompt_nodes, max_new_tokens, max_running,
-            debug_cache, out, as_json) -> None:
+            evict, granularity, order, policies, policy_params, scheduler, chunk_size,
+            prompt_nodes, max_new_tokens, max_running, debug_cache, out, as_json) -> None:
     """Replay a trace through the simulated server under each policy; report TTFT, JCT, hits."""
     from sim.runner import run, write_result  # the engine loads only when a run is asked for
 
@@ -129,22 +181,17 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
         checkpoint_chunks=prompt_nodes == "chunked",
         max_new_tokens=max_new_tokens, max_running=max_running, seed=seed,
         debug_cache=debug_cache)
-    if preset is None and (evict or granularity):
-        configs = [replace(base, preset=None, evict=evict or "tail",
-                           granularity=granularity or "node")]
-    else:
-        names = [p.strip() for p in (preset or "sglang,vllm,penelope").split(",") if p.strip()]
-        configs = [base.with_preset(p) for p in names]
+    configs = policy_configs(base, preset, evict, granularity, order, policies, policy_params)
     results = []
     for cfg in configs:
         cfg.validate("command line")
         t0 = time.perf_counter()  # wall time for the progress line only, never in results
         res = run(cfg)
-        stderr.print(f"[dim]{cfg.policy_name}: {res.summary['requests']} requests in "
+        stderr.print(f"[dim]{cfg.policy_label}: {res.summary['requests']} requests in "
                      f"{time.perf_counter() - t0:.1f}s[/dim]")
         results.append(res)
         if out:
-            write_result(res, f"{out}/{cfg.policy_name}")
+            write_result(res, f"{out}/{cfg.policy_label}")
     runs = compare_runs(results)
     if out:
         atomic_write_text(f"{out}/runs.json", dumps({"runs": runs}) + "\n")
