@@ -482,12 +482,21 @@ class Server:
         if not self.tiered:
             return 0.0
         h2d, self._pending_h2d_bytes = self._pending_h2d_bytes, 0
+        self.rec.evicted(self.cache.background_evictions())
         d2h = self.cache.backup_pending() * self.bs * self.kv_bytes
         self.rec.transferred(h2d, d2h)
         seconds = self.profile.transfer_seconds(h2d, "h2d")
         if self.charge_d2h:
             seconds += self.profile.transfer_seconds(d2h, "d2h")
         return seconds
+
+    def close(self) -> None:
+        """At the end of a run: record what the cache did after the last event (deletions
+        and d2h copies made by the final inserts), so every block and byte is counted."""
+        if self.tiered:
+            self.rec.evicted(self.cache.background_evictions())
+            h2d, self._pending_h2d_bytes = self._pending_h2d_bytes, 0
+            self.rec.transferred(h2d, self.cache.backup_pending() * self.bs * self.kv_bytes)
 
     def _loop(self):
         env = self.env

@@ -163,13 +163,15 @@ class RunRecorder:
         self.counters["aborted"] += 1
 
     def evicted(self, res: Any) -> None:
-        """``deleted_blocks``: last copies removed (either tier); demotions move KV to the CPU
-        tier and are counted apart."""
+        """``deleted_blocks``: last copies removed (either tier), whatever made them;
+        demotions move KV to the CPU tier and are counted apart. ``evictions`` counts the
+        calls that freed GPU room."""
+        c = self.counters
         if res.freed_blocks:
-            self.counters["evictions"] += 1
-            self.counters["evicted_blocks"] += res.deleted_blocks
-            self.counters["demoted_blocks"] += res.demoted_blocks
-            self.counters["holes_made_blocks"] += res.holes_made
+            c["evictions"] += 1
+        c["evicted_blocks"] += res.deleted_blocks
+        c["demoted_blocks"] += res.demoted_blocks
+        c["holes_made_blocks"] += res.holes_made
 
     def loaded(self, ld: Any, bs: int) -> None:
         c = self.counters
@@ -253,7 +255,7 @@ class RunRecorder:
             "recompute_share_lost90_tokens": share_tokens,
             "recompute_share_lost90_units": share_units,
             "evictions": int(c["evictions"]),
-            "evicted_tokens": int(c["evicted_blocks"]) * block_size,
+            "evicted_tokens": int(c["evicted_blocks"] + c["load_deleted_blocks"]) * block_size,
             "holes_made_tokens": int(c["holes_made_blocks"]) * block_size,
             "demoted_tokens": int(c["demoted_blocks"] + c["load_demoted_blocks"]) * block_size,
             "retractions": int(c["retractions"]),

@@ -95,6 +95,7 @@ def run(cfg: RunConfig, trace=None) -> RunResult:
     if cfg.replay == "open":  # the last replies may still be in flight
         while server.waiting or server.running or server.chunked is not None:
             env.step()
+    server.close()
     table = rec.table()
     summary = rec.summary(env.now, cfg.block_size, table)
     summary.update({

@@ -7,10 +7,9 @@ Two kinds of goldens under ``tests/goldens/``:
 - ``reproduce_*.json``: ``kvsim reproduce ablation``, ``gpu-only --quick`` and
   ``two-tier --quick`` on the shared cc-traces, as the issue asks (skipped without the data).
 
-A field may differ from its golden only if it is listed in ``CHANGED`` with the reason (a
-deliberate metric fix). Regenerate with
-``KVSIM_REGEN_GOLDENS=1 pytest tests/test_refactor_goldens.py``
-only when a change is meant, and say which fields moved and why in the commit.
+Regenerate with ``KVSIM_REGEN_GOLDENS=1 pytest tests/test_refactor_goldens.py`` only when a
+change is meant, and record in ``tests/goldens/CHANGES.md`` which fields moved and why (the
+goldens saved before the refactor are in git history: commit c9547e1).
 """
 
 from __future__ import annotations
@@ -31,11 +30,8 @@ from sim.runner import run
 GOLDENS = Path(__file__).parent / "goldens"
 REGEN = os.environ.get("KVSIM_REGEN_GOLDENS") == "1"
 
-# Fields that fixes changed on purpose: name -> why (see the issue-11 note).
-CHANGED: dict[str, str] = {
-    "policy": "run labels come from the policy fields (lru+tail+node IS sglang), not from a "
-              "default preset label",
-}
+# Fields ignored in every comparison (none: regenerate and record in CHANGES.md instead).
+CHANGED: dict[str, str] = {}
 
 SYNTH = dict(trace="synthetic:claude-code?sessions=12", max_context=65536, gaps="tool",
              gpu_cache=98304, sessions=4, model="qwen3-8b")

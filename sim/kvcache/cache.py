@@ -354,6 +354,12 @@ class RadixKVCache:
             self.check()
         return result
 
+    def background_evictions(self) -> EvictResult:
+        """Deletions the cache made on its own since the last call, then reset: HiCache's
+        write-through backups delete host copies to make host room. Together with
+        ``evict``/``make_room`` and ``load`` results this reports every deletion once."""
+        return self.tiering.take_background()
+
     def backup_pending(self) -> int:
         """Blocks copied d2h since the last call, then reset: unified demotions, hicache
         write-through backups and write_back copies at eviction. This is the ONLY report of

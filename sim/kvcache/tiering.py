@@ -98,6 +98,11 @@ class GpuOnly:
     def load(self, node: Node) -> LoadResult:
         return LoadResult(ok=True)
 
+    def take_background(self) -> EvictResult:
+        """Deletions made outside ``free_gpu``/``load`` since the last call (HiCache's
+        write-through backups make host room), then reset."""
+        return EvictResult(ok=True)
+
     def promote(self, node: Node) -> None:
         raise AssertionError(f"CPU node without a CPU tier: {node!r}")
 
@@ -197,6 +202,7 @@ class HiCache(GpuOnly):
         self.block_size = block_size
         self.write_policy = write_policy
         self.load_threshold_tokens = load_threshold_tokens
+        self._background = EvictResult(ok=True)
 
     # --- host tier ------------------------------------------------------------------------
     def _evict_host(self, n: int, result: EvictResult | None) -> None:
@@ -231,7 +237,7 @@ class HiCache(GpuOnly):
         threshold = 2 if self.write_policy == "write_through_selective" else 1
         for nd in path:
             if nd.tier is _GPU and not nd.host and nd.hit_count >= threshold \
-                    and not self.backup(nd):
+                    and not self.backup(nd, self._background):
                 return  # no host room: deeper nodes cannot be backed up either
 
     def on_insert(self, path: list[Node]) -> None:
@@ -240,6 +246,10 @@ class HiCache(GpuOnly):
         for nd in path:
             nd.hit_count += 1
         self.on_hit(path)
+
+    def take_background(self) -> EvictResult:
+        out, self._background = self._background, EvictResult(ok=True)
+        return out
 
     # --- device tier ----------------------------------------------------------------------
     def free_gpu(self, need: int) -> EvictResult:
