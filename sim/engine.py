@@ -274,7 +274,7 @@ class Server:
         loaded = 0
         segments = m.segments
         if cpu:  # bring the CPU-resident part of the prefix to the GPU before the prefill
-            ld = self.cache.load(m.node)
+            ld = self.cache.load(m.node, min(req.ids.size, self._usable_blocks(req)))
             if not ld.ok:
                 self.cache.unlock(m.node)
                 return None

@@ -49,3 +49,22 @@ def test_evicted_tokens_count_every_deletion(monkeypatch, tiers: dict) -> None:
                       else "lpm").with_preset(preset)).summary
     assert spy.blocks > 0
     assert s["evicted_tokens"] == spy.blocks * 64
+
+
+@pytest.mark.parametrize("tiering", ["unified", "hicache"])
+def test_a_resent_prompt_loads_only_what_it_reuses(tiering: str) -> None:
+    """The match is capped at (prompt - 1) // block blocks (one token is always computed), so a
+    resent block-aligned 6,400-token prompt whose history went to the CPU loads 99 blocks and
+    computes the last 64 tokens (it reported 6,400 loaded and 0 new)."""
+    from tests.enginekit import KitTrace
+
+    trace = KitTrace([[(6400, 1, 0.0), (6400, 1, 30.0)], [(6400, 1, 0.0)]])
+    cfg = RunConfig(gpu_cache=8192, cpu_cache=16384, tiering=tiering, sessions=2,
+                    max_new_tokens=16, scheduler="lpm-cpu").with_preset("sglang")
+    res = run(cfg, trace)
+    resend = res.requests.set_index("request").loc[1]
+    assert resend.hit_gpu_tokens == 0
+    assert resend.loaded_cpu_tokens == 99 * 64
+    assert resend.new_tokens == 64 and resend.recomputed_tokens == 0
+    kv = 147456  # qwen3-8b KV bytes per token
+    assert res.summary["bytes_h2d"] == 99 * 64 * kv

@@ -340,16 +340,19 @@ class RadixKVCache:
         result.ok = self.tree.free_blocks >= n
         return result
 
-    def load(self, node: Node) -> LoadResult:
+    def load(self, node: Node, limit_blocks: int | None = None) -> LoadResult:
         """Make the CPU-resident blocks on the path root..``node`` GPU-resident (the caller
         locked ``node`` first, so nothing on the path moves while room is made). Unified: every
         CPU node on the path; hicache: the host-only run below the device prefix, all or
-        nothing, skipped under ``load_threshold_tokens``. ok=False (nothing changed) when GPU
-        room cannot be made. Semantics and swap-buffer accounting: ``tiering``."""
+        nothing, skipped under ``load_threshold_tokens``. Only blocks before ``limit_blocks``
+        are loaded (a request reuses at most (prompt - 1) // block_size blocks; a CPU node
+        across the limit is split there). ok=False (nothing changed) when GPU room cannot be
+        made. Semantics and swap-buffer accounting: ``tiering``."""
         self._require_attached(node)
         if node is not self.root and node.lock <= 0:
             raise ValueError(f"load of an unlocked node {node!r}: lock the match first")
-        result = self.tiering.load(node)
+        limit = node.end if limit_blocks is None else min(limit_blocks, node.end)
+        result = self.tiering.load(node, limit)
         if self.debug:
             self.check()
         return result

@@ -95,8 +95,26 @@ class GpuOnly:
             result.ok = result.freed_blocks >= need
         return result
 
-    def load(self, node: Node) -> LoadResult:
+    def load(self, node: Node, limit: int) -> LoadResult:
         return LoadResult(ok=True)
+
+    def _cpu_path(self, node: Node, limit: int, contiguous: bool) -> list[Node]:
+        """CPU nodes on root..node that start before block ``limit``, deepest first; a node
+        straddling ``limit`` is split there (only its front is wanted). ``contiguous``: stop at
+        the first non-CPU node (HiCache's host-only run below the device prefix)."""
+        tree = self.tree
+        path: list[Node] = []
+        nd = node
+        while nd is not tree.root:
+            if nd.tier is _CPU:
+                if nd.start < limit:
+                    if nd.end > limit:
+                        nd = tree.split(nd, limit - nd.start)  # continue from the front part
+                    path.append(nd)
+            elif contiguous:
+                break
+            nd = nd.parent  # type: ignore[assignment]
+        return path
 
     def take_background(self) -> EvictResult:
         """Deletions made outside ``free_gpu``/``load`` since the last call (HiCache's
@@ -146,14 +164,9 @@ class Unified(GpuOnly):
         result.ok = result.freed_blocks >= need
         return result
 
-    def load(self, node: Node) -> LoadResult:
+    def load(self, node: Node, limit: int) -> LoadResult:
         tree = self.tree
-        path = []
-        nd = node
-        while nd is not tree.root:
-            if nd.tier is _CPU:
-                path.append(nd)
-            nd = nd.parent  # type: ignore[assignment]
+        path = self._cpu_path(node, limit, contiguous=False)
         total = sum(len(x.ids) for x in path)
         if total == 0:
             return LoadResult(ok=True)
@@ -263,13 +276,9 @@ class HiCache(GpuOnly):
         result.ok = result.freed_blocks >= need
         return result
 
-    def load(self, node: Node) -> LoadResult:
+    def load(self, node: Node, limit: int) -> LoadResult:
         tree = self.tree
-        path = []
-        nd = node
-        while nd is not tree.root and nd.tier is _CPU:
-            path.append(nd)
-            nd = nd.parent  # type: ignore[assignment]
+        path = self._cpu_path(node, limit, contiguous=True)
         total = sum(len(x.ids) for x in path)
         if total == 0:
             return LoadResult(ok=True)
