@@ -217,8 +217,12 @@ class RunRecorder:
         ok = df[~df["dropped"].astype(bool)] if len(df) else df
         ttft = ok["ttft_s"].to_numpy(dtype=float) if len(ok) else np.array([])
         ttft = ttft[np.isfinite(ttft)]
+        done = [s for s in sorted(self.session_end) if s in self.session_start]
+        # A job is a top-level session; its sub-agents run inside it (own fields below).
         jct = np.array([self.session_end[s] - self.session_start[s]
-                        for s in sorted(self.session_end) if s in self.session_start])
+                        for s in done if not self.is_sub[s]])
+        sub_jct = np.array([self.session_end[s] - self.session_start[s]
+                            for s in done if self.is_sub[s]])
         prompt = float(ok["prompt_tokens"].sum()) if len(ok) else 0.0
         recomputed = ok["recomputed_tokens"].to_numpy(dtype=float) if len(ok) else np.array([])
         lost = ok["private_lost"].to_numpy(dtype=float) if len(ok) else np.array([])
@@ -241,6 +245,8 @@ class RunRecorder:
             "ttft_p90_s": pct(90),
             "ttft_p99_s": pct(99),
             "jct_mean_s": float(jct.mean()) if jct.size else math.nan,
+            "subagents_completed": len(sub_jct),
+            "subagent_jct_mean_s": float(sub_jct.mean()) if sub_jct.size else math.nan,
             "queue_wait_mean_s": float(ok["queue_wait_s"].mean()) if len(ok) else math.nan,
             "hit_rate": float(ok["hit_gpu_tokens"].sum() / prompt) if prompt else math.nan,
             "ideal_hit_rate": float(ok["ideal_hit_tokens"].sum() / prompt) if prompt else math.nan,

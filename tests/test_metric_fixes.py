@@ -68,3 +68,21 @@ def test_a_resent_prompt_loads_only_what_it_reuses(tiering: str) -> None:
     assert resend.new_tokens == 64 and resend.recomputed_tokens == 0
     kv = 147456  # qwen3-8b KV bytes per token
     assert res.summary["bytes_h2d"] == 99 * 64 * kv
+
+
+def test_jobs_are_top_level_sessions() -> None:
+    """A sub-agent runs inside its parent's job: JCT and completed sessions count top-level
+    jobs only; sub-agents get their own fields (it counted 2 jobs and averaged both)."""
+    from tests.enginekit import KitTrace
+
+    trace = KitTrace([[(2000, 10, 0.0), (3000, 10, 5.0)], [(1000, 10, 0.0), (1500, 10, 1.0)]])
+    sub = trace.sessions[1]
+    sub.parent, sub.after_request, sub.start_offset_s = 0, 0, 0.5
+    res = run(RunConfig(sessions=1, gpu_cache=65536, max_new_tokens=16), trace)
+    s, df = res.summary, res.requests
+    assert s["sessions_completed"] == 1 and s["subagents_completed"] == 1
+    top_end = df[df.session_index == 0].end_s.max()
+    sub_rows = df[df.session_index == 1]
+    assert s["jct_mean_s"] == pytest.approx(top_end - 0.0)
+    assert s["subagent_jct_mean_s"] == pytest.approx(sub_rows.end_s.max() - sub_rows.send_s.min())
+    assert sub_rows.send_s.min() > df.loc[df.request == 0, "end_s"].iloc[0]  # after its parent
