@@ -88,6 +88,10 @@ def test_layout_matches_the_token_model(bs, n_tools, n_sys, reqs):
         vals, counts = lay.advance(p, o, k, bs, region)
         tokens = ref.advance(p, o, k, bs, region)
         assert np.array_equal(expand(vals, counts), majority(tokens, bs)[k:])
+        # runs: non-empty, neighbours differ, cover exactly the prompt
+        assert all(a < b for a, b in zip([0, *lay.ends], lay.ends, strict=False))
+        assert all(a != b for a, b in zip(lay.regs, lay.regs[1:], strict=False))
+        assert (lay.ends[-1] if lay.ends else 0) == p
         lo = int(frac * (p // bs))  # any block range of the current prompt
         assert np.array_equal(expand(*lay.block_runs(lo, p // bs, bs)),
                               majority(tokens, bs)[lo:])

@@ -90,6 +90,8 @@ class Layout:
 
     def __init__(self, prefix: tuple[tuple[int, int], ...] = ()):
         self.prefix = tuple((int(g), int(n)) for g, n in prefix if int(n) > 0)
+        if any(not 0 <= g < len(REGION_NAMES) for g, _ in self.prefix):
+            raise ValueError(f"bad region code in the prefix {prefix!r}")
         self.ends: list[int] = []
         self.regs: list[int] = []
         self.started = False
@@ -111,6 +113,10 @@ class Layout:
 
     def _truncate(self, x: int) -> None:
         if x >= self._end():
+            return
+        if x <= 0:
+            self.ends.clear()
+            self.regs.clear()
             return
         i = bisect_right(self.ends, x)  # run holding token x (x < end: it exists)
         if i > 0 and self.ends[i - 1] == x:
