@@ -285,7 +285,7 @@ def test_generated_regions_are_aligned_and_prefix_first(spec):
             if shared is None:
                 assert (np.diff(regs[:n].astype(int)) <= 0).all()  # tools, then system
         if spec.startswith("synthetic:chat"):
-            assert not (t._pool_region == TOOLS).any()
+            assert t.region_blocks()[1][TOOLS] == 0
 
 
 def test_every_format_has_aligned_regions(tmp_path):

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from .errors import OptionError
-from .regions import REGION_ASSISTANT, REGION_UNKNOWN
+from .regions import REGION_ASSISTANT, REGION_NAMES, REGION_UNKNOWN
 
 GAP_KINDS: tuple[str, ...] = ("first", "tool", "human")
 GAP_FIRST, GAP_TOOL, GAP_HUMAN = 0, 1, 2
@@ -200,6 +200,25 @@ class Trace:
         from .stats import trace_stats
 
         return trace_stats(self, gap_model)
+
+    def region_blocks(self) -> tuple[np.ndarray, np.ndarray]:
+        """Blocks per region (index into REGION_NAMES) over every prompt of the trace, and
+        over distinct block ids.
+
+        Every prompt is a few pool segments, so per region a prefix count over the pool sums
+        the prompts without materializing them; region is a function of the id, so the first
+        occurrence of each distinct id gives its region."""
+        G = len(REGION_NAMES)
+        reg = self._pool_region
+        starts, lens = self._seg_start, self._seg_len
+        prompts = np.zeros(G, np.int64)
+        c = np.zeros(reg.shape[0] + 1, np.int64)
+        for g in range(G):
+            np.cumsum(reg == g, out=c[1:])
+            prompts[g] = int((c[starts + lens] - c[starts]).sum())
+        _, first = np.unique(self._pool, return_index=True)
+        distinct = np.bincount(reg[first], minlength=G).astype(np.int64)
+        return prompts, distinct
 
     @property
     def distinct_blocks(self) -> int:

@@ -86,28 +86,9 @@ def infinite_cache_hits_reference(trace: Trace) -> np.ndarray:
     return hits
 
 
-def region_blocks(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
-    """Blocks per region (index into REGION_NAMES) over every prompt, and over distinct ids.
-
-    Every prompt is a few pool segments, so per region a prefix count over the pool sums the
-    prompts without materializing them; region is a function of the id, so the first
-    occurrence of each distinct id gives its region."""
-    G = len(REGION_NAMES)
-    pool, reg = trace._pool, trace._pool_region
-    starts, lens = trace._seg_start, trace._seg_len
-    prompts = np.zeros(G, np.int64)
-    for g in range(G):
-        c = np.zeros(reg.shape[0] + 1, np.int64)
-        np.cumsum(reg == g, out=c[1:])
-        prompts[g] = int((c[starts + lens] - c[starts]).sum())
-    _, first = np.unique(pool, return_index=True)
-    distinct = np.bincount(reg[first], minlength=G).astype(np.int64)
-    return prompts, distinct
-
-
 def region_stats(trace: Trace) -> dict[str, Any]:
     """Tokens (blocks x block size) and shares per region, over prompts and distinct blocks."""
-    prompts, distinct = region_blocks(trace)
+    prompts, distinct = trace.region_blocks()
     bs = trace.block_size
 
     def shares(a: np.ndarray) -> dict[str, float | None]:
