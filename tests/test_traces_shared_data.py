@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
 from sim.cli.main import cli
-from traces import load_trace, read_trace_files
+from traces import REGION_NAMES, load_trace, read_trace_files
+from traces.regions import REGION_SYSTEM, REGION_TOOLS
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 CC = DATA / "cc-traces"
@@ -64,3 +66,37 @@ def test_other_real_formats():
     assert tl["requests"] == 38 and tl["sessions"] == 4
     one = load_trace(str(DATA / "tracelab-example" / "sanitized_round_trace.jsonl")).stats()
     assert one["requests"] == 19 and one["sessions"] == 2
+
+
+@pytest.fixture(scope="module")
+def cc_builder():
+    return read_trace_files(str(CC))
+
+
+def test_cc_traces_regions(cc_builder, cc_stats):
+    t = cc_builder.build()
+    for r in range(len(t)):
+        regs = t.block_regions(r)
+        assert regs.shape == t.block_ids(r).shape
+        pre = (regs == REGION_SYSTEM) | (regs == REGION_TOOLS)
+        n = int(pre.sum())
+        assert pre[:n].all(), r  # system and tool blocks form a prefix of every prompt
+        assert (np.diff(regs[:n].astype(np.int16)) <= 0).all(), r  # tools, then system
+    for s in t.sessions:  # the first prompt: system + tool tokens, by the majority rule
+        st = s.prefix_hint_tokens
+        want = min(t.n_blocks(s.first), st // 64 + (st % 64 >= 32))
+        regs = t.block_regions(s.first)
+        assert int(((regs == REGION_SYSTEM) | (regs == REGION_TOOLS)).sum()) == want, s.id
+    doc = cc_stats["regions"]
+    for key in ("prompt_share", "distinct_share"):
+        assert list(doc[key]) == list(REGION_NAMES)
+        assert sum(doc[key].values()) == pytest.approx(1.0)
+    # measured (docs/traces.md): over all prompts and over distinct blocks
+    assert [round(doc["prompt_share"][n], 3) for n in REGION_NAMES] == [
+        0.022, 0.090, 0.069, 0.144, 0.361, 0.315]
+    assert [round(doc["distinct_share"][n], 3) for n in REGION_NAMES] == [
+        0.012, 0.042, 0.085, 0.138, 0.360, 0.363]
+    shared = cc_builder.build(shared_prefix="auto")
+    for s in shared.sessions:
+        regs = shared.block_regions(s.first)[:s.shared_prefix_blocks]
+        assert ((regs == REGION_SYSTEM) | (regs == REGION_TOOLS)).all(), s.id

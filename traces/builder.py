@@ -14,6 +14,12 @@ the new ids, so memory scales with distinct blocks. ``build`` then applies, in t
    tokens, where the trace records them) of every top-level session's first prompt become one
    global chain of shared ids ``0 .. N/block_size - 1``; every other id is made global by
    offsetting its scope. Sub-agents keep their own ids (their prompts differ from the parent's).
+
+Regions (traces.regions): each session's ``Layout`` gives the region of every id a request adds;
+they are stored beside the ids (uint8, aligned with the pool). An id added twice in a scope
+keeps the region of its first addition, and a block of the global shared prefix is ``tools``
+or ``system`` (from the first session holding it, anything else counting as ``system``), so
+a region is a function of the block id across the whole Trace.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import numpy as np
 
 from .errors import OptionError
 from .model import GAP_FIRST, Session, Trace
+from .regions import REGION_SYSTEM, REGION_TOOLS, REGION_UNKNOWN, Layout
 
 _EMPTY = np.zeros(0, np.int64)
 
@@ -47,6 +54,14 @@ class _Open:
     prefix: list[int] = field(default_factory=list)
     new: list[np.ndarray] = field(default_factory=list)
     last: np.ndarray | None = None
+    layout: Layout | None = None  # token-level regions of the current prompt
+    reg_vals: list[int] = field(default_factory=list)  # regions of the new ids, run-length
+    reg_counts: list[int] = field(default_factory=list)
+
+    def regions(self, n: int) -> np.ndarray:
+        """uint8 regions of the first ``n`` new ids (in request order)."""
+        return np.repeat(np.asarray(self.reg_vals, np.uint8),
+                         np.asarray(self.reg_counts, np.int64))[:n]
 
 
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
@@ -92,19 +107,26 @@ class TraceBuilder:
     # -- input ------------------------------------------------------------------------------
     def open_session(self, id: str, *, scope: int = 0, parent: int = -1, after_local: int = -1,
                      start_offset_s: float = 0.0, agent_type: str = "",
-                     prefix_hint_tokens: int = 0) -> int:
+                     prefix_hint_tokens: int = 0,
+                     prefix_regions: tuple[tuple[int, int], ...] = ()) -> int:
         """A new session; ``after_local`` is the parent's local request index after whose reply
-        a sub-agent starts (-1 = before its first request)."""
+        a sub-agent starts (-1 = before its first request). ``prefix_regions``: (region,
+        tokens) runs that start every prompt of the session (traces.regions)."""
         self._sessions.append(_Open(id, scope, parent, after_local, float(start_offset_s),
-                                    agent_type, int(prefix_hint_tokens)))
+                                    agent_type, int(prefix_hint_tokens),
+                                    layout=Layout(prefix_regions)))
         return len(self._sessions) - 1
 
     def n_requests(self, h: int) -> int:
         return len(self._sessions[h].prompt)
 
     def add(self, h: int, *, prompt: int, output: int, ids: np.ndarray, send_time_s: float,
-            gap_s: float, gap_kind: int, model: str = "", kinds: int = 0) -> None:
-        """Append a request; ``ids`` are its full-block ids in the session's scope."""
+            gap_s: float, gap_kind: int, model: str = "", kinds: int = 0,
+            input_region: int | None = None) -> None:
+        """Append a request; ``ids`` are its full-block ids in the session's scope.
+
+        ``input_region``: the region of its new input (traces.regions); None when the format
+        cannot tell (its new blocks are ``unknown``)."""
         s = self._sessions[h]
         if ids.shape[0] != prompt // self.block_size:
             raise ValueError("ids must have prompt // block_size entries")
@@ -112,6 +134,11 @@ class TraceBuilder:
         k = 0 if s.last is None else common_prefix(s.last, ids)
         s.prefix.append(k)
         s.new.append(ids[k:].copy() if k else ids)
+        assert s.layout is not None, "add() after close()"
+        vals, counts = s.layout.advance(int(prompt), int(output), k, self.block_size,
+                                        input_region)
+        s.reg_vals += vals
+        s.reg_counts += counts
         s.last = ids
         s.prompt.append(int(prompt))
         s.output.append(int(output))
@@ -122,8 +149,9 @@ class TraceBuilder:
         s.kinds.append(int(kinds))
 
     def close(self, h: int) -> None:
-        """Done with a session: drop its last prompt's ids (memory)."""
+        """Done with a session: drop its last prompt's ids and layout (memory)."""
         self._sessions[h].last = None
+        self._sessions[h].layout = None
 
     # -- output -----------------------------------------------------------------------------
     def build(self, *, shared_prefix: int | str | None = None, max_context: int | None = None,
@@ -182,6 +210,7 @@ class TraceBuilder:
                 want[i] = min(n_tok // bs, s.prompt[0] // bs)
         s_max = max(want.values(), default=0)
         mapped: dict[int, np.ndarray] = {}  # session -> its new ids, concatenated, global
+        regs: dict[int, np.ndarray] = {}  # session -> the regions of those ids
         offset = s_max
         by_scope: dict[int, list[int]] = {}
         for i in order:
@@ -189,7 +218,12 @@ class TraceBuilder:
         for _scope, members in by_scope.items():
             cat = {i: (np.concatenate(ss[i].new[:keep_n[i]]) if keep_n[i] else _EMPTY)
                    for i in members}
-            uniq = sorted_unique(np.concatenate(list(cat.values()))) if cat else _EMPTY
+            every = np.concatenate(list(cat.values())) if cat else _EMPTY
+            uniq = sorted_unique(every)
+            for i in members:
+                regs[i] = ss[i].regions(cat[i].shape[0])
+            canon = (_first_regions(every, uniq, np.concatenate([regs[i] for i in members]))
+                     if uniq.shape[0] < every.shape[0] else None)
             keys = [ss[i].new[0][:want[i]] for i in members if want.get(i, 0) > 0]
             if keys:
                 kv = np.concatenate(keys)
@@ -198,7 +232,10 @@ class TraceBuilder:
                 kpos = kpos[first]
             for i in members:
                 a = cat[i]
-                g = offset + np.searchsorted(uniq, a)
+                g = np.searchsorted(uniq, a)
+                if canon is not None:
+                    regs[i] = canon[g]
+                g += offset
                 if keys:
                     j = np.searchsorted(kv, a)
                     j[j >= kv.shape[0]] = 0
@@ -206,6 +243,8 @@ class TraceBuilder:
                     g = np.where(hit, kpos[j], g)
                 mapped[i] = g.astype(np.int64, copy=False)
             offset += int(uniq.shape[0])
+        if s_max:
+            _shared_regions(tops, want, s_max, mapped, regs)
 
         # 4. columns, sessions and the compact id store
         counts = [keep_n[i] for i in order]
@@ -237,6 +276,9 @@ class TraceBuilder:
             new_len[firsts[j]:firsts[j + 1]] = [a.shape[0] for a in ss[i].new[:keep_n[i]]]
         pool = (np.concatenate([mapped[i] for i in order]) if order else _EMPTY)
         pool.setflags(write=False)
+        pool_region = (np.concatenate([regs[i] for i in order]) if order
+                       else np.zeros(0, np.uint8))
+        pool_region.setflags(write=False)
         new_start = np.concatenate([[0], np.cumsum(new_len)])[:-1] if R else _EMPTY
         seg_ptr, seg_start, seg_len = _segments(firsts, prefix, new_start, new_len)
         output = col("output", np.int64)
@@ -256,6 +298,7 @@ class TraceBuilder:
             gap_kind=col("kind", np.int8), model=col("model", np.int16),
             models=list(self._models), input_kinds=col("kinds", np.uint16),
             prefix_blocks=prefix, skipped=self.skipped, options=opts, _pool=pool,
+            _pool_region=pool_region,
             _seg_ptr=seg_ptr, _seg_start=seg_start, _seg_len=seg_len,
             _fresh_base=int(offset), _out_ptr=out_ptr)
 
@@ -292,3 +335,32 @@ def _segments(firsts: np.ndarray, prefix: np.ndarray, new_start: np.ndarray,
             prev = cur
     return (np.asarray(ptr, np.int64), np.asarray(starts, np.int64),
             np.asarray(lens, np.int64))
+
+
+def _first_regions(every: np.ndarray, uniq: np.ndarray, region: np.ndarray) -> np.ndarray:
+    """Per distinct id (``uniq``, sorted), the region at its first position in ``every``."""
+    pos = np.searchsorted(uniq, every)
+    order = np.argsort(pos, kind="stable")
+    head = np.ones(order.shape[0], bool)
+    np.not_equal(pos[order][1:], pos[order][:-1], out=head[1:])
+    return region[order[head]]
+
+
+def _shared_regions(tops: list[int], want: dict[int, int], s_max: int,
+                    mapped: dict[int, np.ndarray], regs: dict[int, np.ndarray]) -> None:
+    """Shared-prefix block j takes its region from the first top-level session holding it
+    (its first prompt's block j), as tools or system: the shared prefix stands for them."""
+    shared = np.full(s_max, REGION_UNKNOWN, np.uint8)
+    filled = 0
+    for i in tops:
+        w = want.get(i, 0)
+        if w > filled:
+            shared[filled:w] = regs[i][filled:w]
+            filled = w
+    shared[(shared != REGION_TOOLS) & (shared != REGION_SYSTEM)] = REGION_SYSTEM
+    for i, g in mapped.items():
+        hit = g < s_max
+        if hit.any():
+            r = regs[i].copy()
+            r[hit] = shared[g[hit]]
+            regs[i] = r

@@ -18,10 +18,10 @@ import numpy as np
 
 from .model import Session, Trace
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: block regions (_pool_region); older files are never served
 _ARRAYS = ("session", "prompt_tokens", "output_tokens", "send_time_s", "gap_s", "gap_kind",
            "model", "input_kinds", "prefix_blocks", "_pool", "_seg_ptr", "_seg_start",
-           "_seg_len", "_out_ptr")
+           "_seg_len", "_out_ptr", "_pool_region")
 
 
 def _fingerprint(specs: list[str]) -> list:
@@ -75,7 +75,10 @@ def read_trace(path: Path) -> Trace | None:
     R = arrs["prompt_tokens"].shape[0]
     if any(arrs[k].shape != (R,) for k in _ARRAYS[:9]) or arrs["_seg_ptr"].shape != (R + 1,):
         return None
+    if arrs["_pool_region"].shape != arrs["_pool"].shape or arrs["_pool_region"].dtype != np.uint8:
+        return None
     arrs["_pool"].setflags(write=False)
+    arrs["_pool_region"].setflags(write=False)
     try:
         sessions = [Session(*s) for s in meta["sessions"]]
     except TypeError:

@@ -14,6 +14,16 @@ Semantics we derived from the data (../shared/data/cc-traces, checked on all 38 
 - ``hash_ids`` has one id per FULL block (``in // block_size``); ids are local to the file and
   shared by the parent and its sub-agents (one id scope per session object).
 Gap kind: ``tool`` when ``input_types`` contains ``tool_result``, else ``human``.
+
+Regions (traces.regions): every prompt starts with the tool definitions (``tool_tokens``), then
+the system prompt (``system_tokens``): the Messages API renders tools, then system, then
+messages, and the data agrees (non-append requests diverge right after the first
+``tool_tokens`` + a few tokens when the system prompt changes, never at ``system_tokens``; see
+docs/traces.md). Each request adds the previous reply (``assistant``, ``out`` tokens clipped to
+what was added), then its input: ``input_types`` tool_result -> ``tool_result``, text ->
+``user``, a list with tool_use/thinking: a re-sent history (traces.regions.RESENT). A first
+prompt with over 16K tokens beyond system + tools carries an undescribed history (``unknown``;
+traces.regions.FIRST_MESSAGE_MAX_TOKENS). Sub-agents use their own system and tool counts.
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ from .builder import TraceBuilder
 from .errors import RecordReader, TraceFormatError
 from .files import iter_lines, list_files, load_json_ids, read_bytes, strip_gz
 from .model import GAP_HUMAN, GAP_TOOL, kinds_mask
+from .regions import REGION_SYSTEM, REGION_TOOLS, first_input_region, input_region
 
 SUFFIXES = (".json", ".jsonl")
 
@@ -53,6 +64,12 @@ def load_cc_traces(paths: list[str], b: TraceBuilder, lenient: bool) -> None:
                 b.skipped += 1
 
 
+def _prefix_regions(rec: RecordReader) -> tuple[tuple[int, int], ...]:
+    """The session prefix: tool definitions, then the system prompt."""
+    return ((REGION_TOOLS, rec.count("tool_tokens", 0)),
+            (REGION_SYSTEM, rec.count("system_tokens", 0)))
+
+
 def _label(where: str | None, inner: str) -> str:
     return f"{where} {inner}" if where else inner
 
@@ -65,13 +82,15 @@ def _session(b: TraceBuilder, file: str, where: str | None, obj: Any, scope: int
     bs_trace = rec.count("block_size", 64)
     if bs_trace < 1:
         raise rec.fail("block_size", "must be >= 1")
-    hint = rec.count("system_tokens", 0) + rec.count("tool_tokens", 0)
+    prefix = _prefix_regions(rec)
     items = rec.obj_list("requests")
     if not items:
         raise rec.fail("requests", "no requests")
-    h = b.open_session(sid, scope=scope, prefix_hint_tokens=hint)
+    h = b.open_session(sid, scope=scope, prefix_hint_tokens=sum(n for _, n in prefix),
+                       prefix_regions=prefix)
     ctx = _Ctx(b, file, bs_trace, unique, lenient, table)
-    ctx.run(h, items, _label(where, "requests"), t0=0.0, is_main=True, sid=sid, scope=scope)
+    ctx.run(h, items, _label(where, "requests"), t0=0.0, is_main=True, sid=sid, scope=scope,
+            prefix_tokens=sum(n for _, n in prefix))
     b.close(h)
 
 
@@ -83,7 +102,7 @@ class _Ctx:
         self.table = table  # id lists parsed by numpy (blocks.parse_json_with_id_lists)
 
     def run(self, h: int, items: list, label: str, t0: float, is_main: bool, sid: str,
-            scope: int) -> None:
+            scope: int, prefix_tokens: int) -> None:
         b = self.b
         prev_t = prev_end = None  # previous accepted request: send time and reply end
         sub_end: float | None = None  # latest completion of sub-agents since that request
@@ -104,14 +123,15 @@ class _Ctx:
                         raise rec.fail("requests", "sub-agent without requests")
                     offset = max(0.0, start - prev_end) if prev_end is not None else start
                     n_sub += 1
+                    prefix = _prefix_regions(rec)
                     sh = b.open_session(
                         f"{sid}/{rec.raw('agent_id', n_sub)}", scope=scope, parent=h,
                         after_local=b.n_requests(h) - 1, start_offset_s=max(0.0, offset),
                         agent_type=str(rec.raw("subagent_type", "")),
-                        prefix_hint_tokens=rec.count("system_tokens", 0)
-                        + rec.count("tool_tokens", 0))
+                        prefix_hint_tokens=sum(n for _, n in prefix), prefix_regions=prefix)
                     self.run(sh, sub_items, f"{where}.requests", t0=t0 + max(0.0, start),
-                             is_main=False, sid=sid, scope=scope)
+                             is_main=False, sid=sid, scope=scope,
+                             prefix_tokens=sum(n for _, n in prefix))
                     b.close(sh)
                     sub_end = end if sub_end is None else max(sub_end, end)
                     continue
@@ -138,6 +158,9 @@ class _Ctx:
                 else:
                     gap = t - prev_end
                 cache_ids = map_block_ids(ids, self.bs_trace, p, b.block_size, self.unique)
+                region = input_region(types)
+                if prev_t is None:
+                    region = first_input_region(p, prefix_tokens, region)
             except TraceFormatError:
                 if not self.lenient:
                     raise
@@ -145,5 +168,5 @@ class _Ctx:
                 continue
             b.add(h, prompt=p, output=o, ids=cache_ids, send_time_s=t0 + t, gap_s=gap,
                   gap_kind=GAP_TOOL if "tool_result" in types else GAP_HUMAN,
-                  model=str(model), kinds=kinds_mask(types))
+                  model=str(model), kinds=kinds_mask(types), input_region=region)
             prev_t, prev_end, sub_end = t, t + (api or 0.0), None

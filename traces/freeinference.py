@@ -17,6 +17,12 @@ missing, the longest tool ``latency_ms`` of that step); kind: tool when step_tri
 ``tool``. A sub-agent starts after its spawning step's reply (start offset = its first
 start_ms - that step's end_ms). Shared-prefix hint: role_tokens system + tool_definitions of
 the first request.
+
+Regions (traces.regions): the session prefix is the first request's role_tokens
+tool_definitions then system for the ``claude-code`` harness (the Messages API renders tools
+first), system then tool_definitions for other harnesses (chat templates put the system
+message first); each step adds the previous completion (``assistant``) and its input:
+step_trigger tool -> ``tool_result``, user -> ``user``, anything else ``unknown``.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from .builder import TraceBuilder
 from .errors import RecordReader, TraceFormatError
 from .files import iter_jsonl_ids, strip_gz
 from .model import GAP_HUMAN, GAP_TOOL, kinds_mask
+from .regions import REGION_SYSTEM, REGION_TOOL_RESULT, REGION_TOOLS, REGION_UNKNOWN, REGION_USER
 
 FI_BLOCK = 16
 
@@ -195,6 +202,16 @@ def _read_parquet(folder: Path, b: TraceBuilder, lenient: bool) -> list[_Sess]:
     return tops
 
 
+_TRIGGER_REGION = {"tool": REGION_TOOL_RESULT, "user": REGION_USER}
+
+
+def _count(v: Any) -> int:
+    """A role token count; anything but a non-negative finite number counts as 0."""
+    if isinstance(v, int | float) and not isinstance(v, bool) and 0 < v < float("inf"):
+        return int(v)
+    return 0
+
+
 def _note_latency(s: _Sess, step: int, ms: Any) -> None:
     if isinstance(ms, int | float) and not isinstance(ms, bool) and ms >= 0:
         s.latency[step] = max(s.latency.get(step, 0.0), float(ms))
@@ -209,13 +226,16 @@ def _last_end(s: _Sess) -> float | None:
 
 def _emit(s: _Sess, b: TraceBuilder, scope: int, unique: UniqueIds, lenient: bool, t0: float,
           h_parent: int = -1, after_local: int = -1, offset_s: float = 0.0) -> None:
-    hint = 0
+    prefix: tuple[tuple[int, int], ...] = ()
     if s.requests:
         rt = s.requests[0].raw("role_tokens", None)
         if isinstance(rt, dict):
-            hint = int((rt.get("system") or 0) + (rt.get("tool_definitions") or 0))
+            tools = (REGION_TOOLS, _count(rt.get("tool_definitions")))
+            system = (REGION_SYSTEM, _count(rt.get("system")))
+            prefix = (tools, system) if s.harness == "claude-code" else (system, tools)
     h = b.open_session(s.id, scope=scope, parent=h_parent, after_local=after_local,
-                       start_offset_s=offset_s, agent_type=s.harness, prefix_hint_tokens=hint)
+                       start_offset_s=offset_s, agent_type=s.harness,
+                       prefix_hint_tokens=sum(n for _, n in prefix), prefix_regions=prefix)
     step_local: dict[int, int] = {}
     step_end: dict[int, float] = {}
     prev_start = prev_end = None
@@ -259,7 +279,8 @@ def _emit(s: _Sess, b: TraceBuilder, scope: int, unique: UniqueIds, lenient: boo
         b.add(h, prompt=p, output=o, ids=cache_ids, send_time_s=(start - t0) / 1000.0,
               gap_s=gap, gap_kind=GAP_TOOL if trig == "tool" else GAP_HUMAN,
               model=str(rec.raw("model", "") or ""),
-              kinds=kinds_mask(["tool_result"] if trig == "tool" else ["text"]))
+              kinds=kinds_mask(["tool_result"] if trig == "tool" else ["text"]),
+              input_region=_TRIGGER_REGION.get(trig, REGION_UNKNOWN))
         prev_start, prev_end, prev_step = start, (end if end is not None else start), step
         prev_end_unknown = end is None
         step_end[step] = prev_end

@@ -12,6 +12,8 @@ id space as in the data.
 Storage is compact: per request, the number of leading blocks shared with the previous request
 of its session plus the new ids (``_pool``); ``block_ids`` reassembles a prompt from a few
 contiguous pool segments (one for an append-only chain), so memory scales with distinct blocks.
+Each pool entry also has a content region (uint8 code into ``REGION_NAMES``, see traces.regions):
+``block_regions(r)`` is aligned with ``block_ids(r)``, and equal ids have equal regions.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from .errors import OptionError
+from .regions import REGION_ASSISTANT, REGION_NAMES, REGION_UNKNOWN
 
 GAP_KINDS: tuple[str, ...] = ("first", "tool", "human")
 GAP_FIRST, GAP_TOOL, GAP_HUMAN = 0, 1, 2
@@ -83,6 +86,14 @@ class Trace:
     _seg_len: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
     _fresh_base: int = 0  # output ids no prompt uses start here
     _out_ptr: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64), repr=False)
+    # region of each pool entry (uint8 into REGION_NAMES); None: every block ``unknown``
+    _pool_region: np.ndarray | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self._pool_region is None:
+            self._pool_region = np.full(self._pool.shape[0], REGION_UNKNOWN, np.uint8)
+        if self._pool_region.shape != self._pool.shape:
+            raise ValueError("one region per stored id is required")
 
     def __len__(self) -> int:
         return int(self.prompt_tokens.shape[0])
@@ -93,13 +104,21 @@ class Trace:
 
     def block_ids(self, r: int) -> np.ndarray:
         """int64 ids of the full cache blocks of request r's prompt (read-only array)."""
+        return self._gather(self._pool, r)
+
+    def block_regions(self, r: int) -> np.ndarray:
+        """uint8 region codes (index into ``REGION_NAMES``) of request r's prompt blocks,
+        aligned with ``block_ids(r)`` (read-only array)."""
+        return self._gather(self._pool_region, r)
+
+    def _gather(self, store: np.ndarray, r: int) -> np.ndarray:
         a, b = int(self._seg_ptr[r]), int(self._seg_ptr[r + 1])
         if b - a == 1:
             s = int(self._seg_start[a])
-            return self._pool[s:s + int(self._seg_len[a])]
+            return store[s:s + int(self._seg_len[a])]
         if b == a:
-            return self._pool[:0]
-        return np.concatenate([self._pool[int(s):int(s) + int(n)]
+            return store[:0]
+        return np.concatenate([store[int(s):int(s) + int(n)]
                                for s, n in zip(self._seg_start[a:b], self._seg_len[a:b],
                                                strict=True)])
 
@@ -131,6 +150,28 @@ class Trace:
             parts.append(np.arange(base, base + (n_f - pos), dtype=np.int64))
         return np.concatenate(parts)
 
+    def finish_block_regions(self, r: int) -> np.ndarray:
+        """Regions aligned with ``finish_block_ids(r)``: the prompt's, then the next prompt's
+        for the output blocks it repeats, then ``assistant`` for fresh output blocks."""
+        bs = self.block_size
+        p, o = int(self.prompt_tokens[r]), int(self.output_tokens[r])
+        n_p = p // bs
+        n_f = max(n_p, (p + o - 1) // bs)
+        regs = self.block_regions(r)
+        if n_f == n_p:
+            return regs
+        parts = [regs]
+        nxt = r + 1
+        take = 0
+        if (nxt < len(self) and self.session[nxt] == self.session[r]
+                and int(self.prefix_blocks[nxt]) >= n_p):
+            t = self.block_regions(nxt)[n_p:n_f]
+            parts.append(t)
+            take = t.shape[0]
+        if n_p + take < n_f:
+            parts.append(np.full(n_f - n_p - take, REGION_ASSISTANT, np.uint8))
+        return np.concatenate(parts)
+
     # -- gap models -----------------------------------------------------------------------
     def gaps(self, model: str) -> np.ndarray:
         """Client waits before each request under a gap model (see ``parse_gap_model``)."""
@@ -160,6 +201,25 @@ class Trace:
 
         return trace_stats(self, gap_model)
 
+    def region_blocks(self) -> tuple[np.ndarray, np.ndarray]:
+        """Blocks per region (index into REGION_NAMES) over every prompt of the trace, and
+        over distinct block ids.
+
+        Every prompt is a few pool segments, so per region a prefix count over the pool sums
+        the prompts without materializing them; region is a function of the id, so the first
+        occurrence of each distinct id gives its region."""
+        G = len(REGION_NAMES)
+        reg = self._pool_region
+        starts, lens = self._seg_start, self._seg_len
+        prompts = np.zeros(G, np.int64)
+        c = np.zeros(reg.shape[0] + 1, np.int64)
+        for g in range(G):
+            np.cumsum(reg == g, out=c[1:])
+            prompts[g] = int((c[starts + lens] - c[starts]).sum())
+        _, first = np.unique(self._pool, return_index=True)
+        distinct = np.bincount(reg[first], minlength=G).astype(np.int64)
+        return prompts, distinct
+
     @property
     def distinct_blocks(self) -> int:
         a = np.sort(self._pool)
@@ -169,7 +229,8 @@ class Trace:
         """Bytes held by the numpy columns and the id store."""
         arrs = [self.session, self.prompt_tokens, self.output_tokens, self.send_time_s,
                 self.gap_s, self.gap_kind, self.model, self.input_kinds, self.prefix_blocks,
-                self._pool, self._seg_ptr, self._seg_start, self._seg_len, self._out_ptr]
+                self._pool, self._seg_ptr, self._seg_start, self._seg_len, self._out_ptr,
+                self._pool_region]
         return int(sum(a.nbytes for a in arrs))
 
 

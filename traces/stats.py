@@ -10,7 +10,11 @@ requests are counted in their own fields. Definitions:
 - gap medians: recorded waits before main requests, by gap kind (tool result / human message);
 - shared prefix: per top-level session, the blocks of its first prompt in the global shared
   prefix (0 unless loaded with --shared-prefix); ``prefix_hint_tokens`` is system + tool tokens
-  where the trace records them.
+  where the trace records them;
+- regions (traces.regions): tokens of each region over every prompt block of the trace
+  (main agents and sub-agents, each request's full blocks, so a block held by k prompts counts
+  k times) and over distinct blocks (each block id once), as block counts x block size, with
+  their shares (each set sums to 1).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from .model import GAP_HUMAN, GAP_TOOL, Trace
+from .regions import REGION_NAMES
 
 
 def _q(a: np.ndarray, q: float) -> float | None:
@@ -79,6 +84,23 @@ def infinite_cache_hits_reference(trace: Trace) -> np.ndarray:
             s, ln = int(trace._seg_start[b - 1]), int(trace._seg_len[b - 1])
             seen.update(pool[s:s + ln].tolist())
     return hits
+
+
+def region_stats(trace: Trace) -> dict[str, Any]:
+    """Tokens (blocks x block size) and shares per region, over prompts and distinct blocks."""
+    prompts, distinct = trace.region_blocks()
+    bs = trace.block_size
+
+    def shares(a: np.ndarray) -> dict[str, float | None]:
+        tot = int(a.sum())
+        return {n: (float(a[g] / tot) if tot else None) for g, n in enumerate(REGION_NAMES)}
+
+    return {
+        "prompt_tokens": {n: int(prompts[g]) * bs for g, n in enumerate(REGION_NAMES)},
+        "prompt_share": shares(prompts),
+        "distinct_tokens": {n: int(distinct[g]) * bs for g, n in enumerate(REGION_NAMES)},
+        "distinct_share": shares(distinct),
+    }
 
 
 def trace_stats(trace: Trace, gap_model: str = "recorded") -> dict[str, Any]:
@@ -141,6 +163,7 @@ def trace_stats(trace: Trace, gap_model: str = "recorded") -> dict[str, Any]:
         "session_duration_s_median": _median(dur[np.isfinite(dur)]),
         "distinct_blocks": trace.distinct_blocks,
         "block_references": int(n_blocks.sum()),
+        "regions": region_stats(trace),
         "models": trace.models,
         "options": trace.options,
     }

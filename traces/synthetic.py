@@ -18,6 +18,11 @@ Model of one session (per request, never per token):
   their own shorter sessions; the parent's next request waits for them.
 Ids are fresh per block and chained, local to the session (its sub-agents share its scope);
 ``--shared-prefix auto`` shares each session's system + tool prefix across sessions.
+Regions (traces.regions) follow the same structure: the prefix is tool definitions then the
+system prompt (``system_share`` of it), the first message (above 16K tokens: an undescribed
+history, ``unknown``, as in cc-traces) and human turns are ``user``, tool
+waits bring ``tool_result``, a compaction summary is ``user``, replies come back as
+``assistant``. They draw no random numbers: ids and times are the same with or without them.
 """
 
 from __future__ import annotations
@@ -30,6 +35,13 @@ import numpy as np
 from .builder import TraceBuilder
 from .errors import OptionError
 from .model import GAP_HUMAN, GAP_TOOL, kinds_mask
+from .regions import (
+    REGION_SYSTEM,
+    REGION_TOOL_RESULT,
+    REGION_TOOLS,
+    REGION_USER,
+    first_input_region,
+)
 
 
 @dataclass(frozen=True)
@@ -53,6 +65,8 @@ class Profile:
     max_requests: int = 2000
     hard_limit: int = 10**9  # a compaction always happens before a prompt exceeds this
     p_subagent: float = 0.0
+    system_share: float = 0.186  # of the prefix: the system prompt (after the tool definitions)
+    sub_system_share: float = 0.11
     sub_requests: tuple[float, float] = (11.0, 0.52)
     sub_prefix: tuple[float, float] = (8684.0, 0.2)
     sub_first_message: tuple[float, float] = (1800.0, 0.6)
@@ -70,7 +84,8 @@ class Profile:
 # 9 s (1.30), human gap 131.5 s (1.79), 87.7% tool; 6.3% edits that change the last 1-3 blocks;
 # 0.39% compactions at a median 150K tokens down to ~31K (summary ~18.6K beyond the prefix);
 # the largest prompt is 894K tokens (hard limit 880K), the longest session 439 requests;
-# 38 sub-agents per 23,669 requests, median 11 requests, spawned ~0.47 s after the reply.
+# 38 sub-agents per 23,669 requests, median 11 requests, spawned ~0.47 s after the reply;
+# system_tokens / (system + tool tokens): median 0.186 (sessions), ~0.11 (sub-agents).
 CLAUDE_CODE = Profile(
     requests=(41.0, 1.19), prefix=(14893.0, 0.16), first_message=(7809.0, 2.0),
     output=(214.0, 0.88), append=(355.0, 1.77), tool_gap=(9.0, 1.30), human_gap=(131.5, 1.79),
@@ -86,7 +101,8 @@ CODEX = Profile(
     requests=(30.0, 1.0), prefix=(6900.0, 0.1), first_message=(2400.0, 1.0),
     output=(200.0, 0.8), append=(450.0, 1.5), tool_gap=(3.0, 1.2), human_gap=(60.0, 1.6),
     p_tool=0.85, p_edit=0.03, edit_drop_blocks=(1, 2), p_no_output=0.05,
-    compact_above=150_000, p_compact=0.01, summary=(8000.0, 0.4), model="synthetic-codex")
+    compact_above=150_000, p_compact=0.01, summary=(8000.0, 0.4), system_share=0.5,
+    sub_system_share=0.5, model="synthetic-codex")
 
 # Plain chat: no tools, human waits only, short sessions, a small shared system prompt.
 # Assumed shapes (illustrative), not fitted.
@@ -94,7 +110,8 @@ CHAT = Profile(
     requests=(6.0, 0.8), prefix=(1000.0, 0.3), first_message=(150.0, 1.0),
     output=(400.0, 0.9), append=(120.0, 1.0), tool_gap=(1.0, 0.5), human_gap=(45.0, 1.2),
     p_tool=0.0, p_edit=0.0, edit_drop_blocks=(1, 1), p_no_output=0.0,
-    compact_above=10**9, p_compact=0.0, summary=(1000.0, 0.5), model="synthetic-chat")
+    compact_above=10**9, p_compact=0.0, summary=(1000.0, 0.5), system_share=1.0,
+    sub_system_share=1.0, model="synthetic-chat")
 
 PROFILES = {"claude-code": CLAUDE_CODE, "codex": CODEX, "chat": CHAT}
 DEFAULT_SESSIONS = 16
@@ -149,9 +166,16 @@ class _Ids:
         return a
 
 
+def prefix_regions(prefix: int, system_share: float) -> tuple[tuple[int, int], ...]:
+    """Tool definitions, then the system prompt (``system_share`` of the prefix)."""
+    system = round(prefix * system_share)
+    return ((REGION_TOOLS, prefix - system), (REGION_SYSTEM, system))
+
+
 def _run_session(b: TraceBuilder, rng: np.random.Generator, prof: Profile, h: int, ids: _Ids,
                  n_req: int, prefix: int, first_msg: int, spawn: bool, sid: str,
-                 scope: int, t0: float) -> None:
+                 scope: int, t0: float) -> float:
+    """Generate one session's requests; returns the send time of its last request."""
     bs = b.block_size
     prompt = prefix + first_msg
     hist = ids.fresh(prompt // bs)  # ids of the current prompt's full blocks
@@ -160,6 +184,7 @@ def _run_session(b: TraceBuilder, rng: np.random.Generator, prof: Profile, h: in
     for k in range(n_req):
         gap, kind = 0.0, GAP_HUMAN
         sub_end = None
+        compacted = False
         if k > 0:
             kind = GAP_TOOL if rng.random() < prof.p_tool else GAP_HUMAN
             gap = _ln(rng, prof.tool_gap if kind == GAP_TOOL else prof.human_gap)
@@ -167,6 +192,7 @@ def _run_session(b: TraceBuilder, rng: np.random.Generator, prof: Profile, h: in
             if prompt > prof.compact_above and (u < prof.p_compact or prompt > prof.hard_limit):
                 keep = prefix // bs
                 prompt = prefix + int(_ln(rng, prof.summary))
+                compacted = True
             elif u < prof.p_compact + prof.p_edit:
                 lo, hi = prof.edit_drop_blocks
                 keep = max(0, hist.shape[0] - int(rng.integers(lo, hi + 1)))
@@ -180,27 +206,34 @@ def _run_session(b: TraceBuilder, rng: np.random.Generator, prof: Profile, h: in
             if prompt > prof.hard_limit:  # the client compacts rather than overflow
                 keep = prefix // bs
                 prompt = prefix + int(_ln(rng, prof.summary))
+                compacted = True
             n = prompt // bs
             keep = min(keep, n)
             hist = np.concatenate([hist[:keep], ids.fresh(n - keep)])
         out = max(1, int(_ln(rng, prof.output)))
         t += gap
+        last_send = t
         b.add(h, prompt=prompt, output=out, ids=hist, send_time_s=t, gap_s=gap, gap_kind=kind,
               model=prof.model, kinds=kinds_mask(["tool_result"] if kind == GAP_TOOL
-                                                 else ["text"]))
+                                                 else ["text"]),
+              input_region=first_input_region(prompt, prefix, REGION_USER) if k == 0
+              else REGION_TOOL_RESULT if kind == GAP_TOOL and not compacted else REGION_USER)
         t += prof.api_fixed_s + prof.api_s_per_output_token * out
         out_prev = out
         if spawn and k < n_req - 1 and rng.random() < prof.p_subagent:
+            sub_prefix = int(_ln(rng, prof.sub_prefix))
             sh = b.open_session(f"{sid}/sub{k}", scope=scope, parent=h, after_local=k,
                                 start_offset_s=prof.sub_offset_s, agent_type="Explore",
-                                prefix_hint_tokens=int(_ln(rng, prof.sub_prefix)))
-            sub_prefix = b._sessions[sh].prefix_hint_tokens
-            _run_session(b, rng, prof, sh, ids, max(1, int(_ln(rng, prof.sub_requests))),
-                         sub_prefix, int(_ln(rng, prof.sub_first_message)), False, sid, scope,
-                         t + prof.sub_offset_s)
+                                prefix_hint_tokens=sub_prefix,
+                                prefix_regions=prefix_regions(sub_prefix,
+                                                              prof.sub_system_share))
+            sub_last = _run_session(
+                b, rng, prof, sh, ids, max(1, int(_ln(rng, prof.sub_requests))), sub_prefix,
+                int(_ln(rng, prof.sub_first_message)), False, sid, scope, t + prof.sub_offset_s)
             b.close(sh)
-            sub_end = b._sessions[sh].send[-1] + prof.api_fixed_s
+            sub_end = sub_last + prof.api_fixed_s
             t = max(t, sub_end)
+    return last_send
 
 
 def generate(spec: str, block_size: int = 64, seed: int = 0, build: dict | None = None):
@@ -215,7 +248,8 @@ def generate(spec: str, block_size: int = 64, seed: int = 0, build: dict | None 
         n_req = int(min(prof.max_requests, max(1, round(float(n_reqs[i])))))
         prefix = int(_ln(rng, prof.prefix))
         first = max(1, min(int(firsts[i]), prof.hard_limit - prefix))
-        h = b.open_session(f"{name}-{i:05d}", scope=i, prefix_hint_tokens=prefix)
+        h = b.open_session(f"{name}-{i:05d}", scope=i, prefix_hint_tokens=prefix,
+                           prefix_regions=prefix_regions(prefix, prof.system_share))
         _run_session(b, rng, prof, h, _Ids(), n_req, prefix, first, subagents, f"{name}-{i:05d}",
                      i, 0.0)
         b.close(h)

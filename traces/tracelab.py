@@ -14,6 +14,12 @@ that shares only ``prefix_tokens`` (what the provider found cached). Timing: a r
 at its last input event (user_message / tool_result) and its reply ends at its last other
 event; the gap is send minus the previous round's reply end. Kind: tool when the first input
 event is a tool result.
+
+Regions (traces.regions): the first round's ``prefix_tokens`` (what the provider had cached
+before the session's first request: content shared with other conversations, i.e. tool
+definitions and system prompt, not split) is ``system``; each round adds the previous output
+(``assistant``) and its input events: tool results only -> ``tool_result``, user messages
+only -> ``user``, both -> ``tool_result``.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from .builder import TraceBuilder
 from .errors import RecordReader, TraceFormatError
 from .files import iter_jsonl, list_files
 from .model import GAP_HUMAN, GAP_TOOL, kinds_mask
+from .regions import REGION_SYSTEM, input_region
 
 INPUT_EVENTS = ("user_message", "tool_result")
 
@@ -48,6 +55,7 @@ class Round:
     send_s: float  # NaN when unknown
     reply_end_s: float
     kinds: int
+    region: int  # of the new input (traces.regions)
 
 
 def _ts(rec: RecordReader, field: str, v: Any) -> float:
@@ -90,9 +98,10 @@ def _round(rec: RecordReader, order: int,
     send = max(ins) if ins else (min(t for _, t in events) if events else float("nan"))
     end = max(outs) if outs else send
     kinds = [("tool_result" if k == "tool_result" else "text") for k, _ in events
-             if k in INPUT_EVENTS]
+             if k in INPUT_EVENTS] or ["text"]
     return Round(rec.file, str(rec.record), sid, idx, order, str(rec.raw("model", "") or ""),
-                 p, pre, o, first == "tool_result", send, end, kinds_mask(kinds or ["text"]))
+                 p, pre, o, first == "tool_result", send, end, kinds_mask(kinds),
+                 input_region(kinds))
 
 
 def _emit(rounds: list[Round], b: TraceBuilder, lenient: bool) -> None:
@@ -103,7 +112,7 @@ def _emit(rounds: list[Round], b: TraceBuilder, lenient: bool) -> None:
     t0 = min((r.send_s for r in rounds if np.isfinite(r.send_s)), default=0.0)
     for scope, (sid, rs) in enumerate(by.items()):
         rs.sort(key=lambda r: (r.index, r.order))
-        h = b.open_session(sid, scope=scope)
+        h = b.open_session(sid, scope=scope, prefix_regions=((REGION_SYSTEM, rs[0].prefix),))
         hist = np.zeros(0, np.int64)  # ids of the full blocks of (previous input + output)
         hist_tokens = 0
         prev: Round | None = None
@@ -132,7 +141,7 @@ def _emit(rounds: list[Round], b: TraceBuilder, lenient: bool) -> None:
                 gap = max(0.0, r.send_s - prev.reply_end_s)
             b.add(h, prompt=r.input, output=r.output, ids=ids, send_time_s=r.send_s - t0,
                   gap_s=gap, gap_kind=GAP_TOOL if r.tool else GAP_HUMAN, model=r.model,
-                  kinds=r.kinds)
+                  kinds=r.kinds, input_region=r.region)
             n_hist = (r.input + r.output) // bs
             hist = np.concatenate([ids, np.arange(nxt, nxt + n_hist - n, dtype=np.int64)])
             nxt += n_hist - n

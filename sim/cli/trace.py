@@ -12,7 +12,7 @@ from typing import Any
 import click
 from rich.table import Table
 
-from traces import FORMATS, load_trace, parse_gap_model
+from traces import FORMATS, REGION_NAMES, load_trace, parse_gap_model
 
 from .common import SIZE, console, emit_json, parse_size
 
@@ -118,6 +118,14 @@ ROWS: list[tuple[str, tuple[str, ...]]] = [
 ]
 
 
+def _region_cell(d: dict, name: str) -> str:
+    """'prompt share / distinct share' of one region."""
+    r = d.get("regions") or {}
+    a = (r.get("prompt_share") or {}).get(name)
+    b = (r.get("distinct_share") or {}).get(name)
+    return "-" if a is None or b is None else f"{a:.3f} / {b:.3f}"
+
+
 def _get(d: dict, path: tuple[str, ...]) -> Any:
     for k in path:
         d = d.get(k) if isinstance(d, dict) else None
@@ -138,7 +146,8 @@ def trace_cmd() -> None:
 def stats_cmd(paths: tuple[str, ...], compare: str | None, as_json: bool,
               gap_model: str, **opts: Any) -> None:
     """Sessions, requests, prompt/output sizes, append-only fraction, infinite-cache hit rate,
-    shared prefix, tool and human gaps of PATH (files, a folder, or synthetic:NAME)."""
+    shared prefix, tool and human gaps, and region shares (of all prompt tokens / of distinct
+    blocks) of PATH (files, a folder, or synthetic:NAME)."""
     from traces.stats import trace_stats
 
     traces = [load_from_options(list(paths), **opts)]
@@ -154,4 +163,6 @@ def stats_cmd(paths: tuple[str, ...], compare: str | None, as_json: bool,
         t.add_column(f"{d['name']} ({d['format']})", justify="right")
     for label, path in ROWS:
         t.add_row(label, *[_fmt(_get(d, path)) for d in docs])
+    for name in REGION_NAMES:  # shares of prompt tokens / of distinct blocks' tokens
+        t.add_row(f"region {name} (prompts / distinct)", *[_region_cell(d, name) for d in docs])
     console().print(t)
