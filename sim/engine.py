@@ -426,26 +426,22 @@ class Server:
         req.done.succeed()
 
     def _decode_plan(self) -> int:
-        """Steps the running batch can take now: to the first finish, limited by memory."""
-        run = self.running
-        steps = min(r.output_tokens - r.generated for r in run)
-        own = np.array([r.own_tokens for r in run], dtype=np.int64)
-        have = np.array([r.reserved for r in run], dtype=np.int64)
+        """Steps the running batch can take now: to the first finish, limited by memory
+        (free + evictable blocks)."""
+        steps = min(r.output_tokens - r.generated for r in self.running)
+        return self._steps_in(self.cache.free_blocks + self.cache.evictable_blocks, steps)
 
-        def extra(k: int) -> int:
-            return int(np.maximum(0, -(-(own + k) // self.bs) - have).sum())
-
-        room = self.cache.free_blocks + self.cache.evictable_blocks
-        if extra(steps) <= room:
-            return steps
-        lo, hi = 0, steps  # largest k with extra(k) <= room
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if extra(mid) <= room:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
+    def _steps_in(self, room: int, cap: int) -> int:
+        """Largest k <= cap such that k more tokens of every running request need at most
+        ``room`` more blocks. Request i needs a new block at steps t_i, t_i + bs, ... where
+        t_i = (its reserved blocks * bs - its tokens) + 1, so the (room+1)-th smallest of
+        these is the first step that does not fit."""
+        bs = self.bs
+        starts = sorted(r.reserved * bs - r.own_tokens + 1 for r in self.running)
+        if starts[0] < 1 or starts[-1] > bs:  # not the invariant reserved == ceil(own / bs)
+            raise AssertionError(f"decode reservations out of step: {starts}")
+        q, i = divmod(room, len(starts))
+        return max(0, min(cap, starts[i] + q * bs - 1))
 
     def _retract(self) -> None:
         """SGLang retract_decode: fewest generated first, ties longest prompt; keep one."""
@@ -465,9 +461,15 @@ class Server:
         self.ratio = min(1.0, (out + 20 * len(survivors)) / (
             sum(self._max_new(r) for r in survivors) + 1))
 
+    def _reserve_decode(self, steps: int) -> None:
+        """Hold memory for the ``steps`` tokens every running request just generated (the
+        plan made sure it exists: nothing else ran since)."""
+        for r in self.running:
+            ok = self._reserve_tokens(r, steps)
+            assert ok, f"decode plan promised room for {steps} steps of request {r.rid}"
+
     def _apply_decode(self, steps: int) -> None:
         for r in self.running:
-            self._reserve_tokens(r, steps)
             r.generated += steps
         self.ratio = max(self.ratio - steps * self._decay, self.cfg.new_token_ratio_min)
         finished = [r for r in self.running if r.generated >= r.output_tokens]
@@ -531,7 +533,7 @@ class Server:
             batch_size = len(self.running)
             ctx = sum(r.context_tokens for r in self.running)
             total = self.profile.decode_run_seconds(batch_size, ctx, steps)
-            pause = self._transfer_seconds()  # demotions made for this run's tokens
+            pause = self._transfer_seconds()  # copies pending from before the run
             if pause:
                 yield env.timeout(pause)
             start = env.now
@@ -545,6 +547,13 @@ class Server:
                     yield env.timeout(rest)
                 steps = done
             self.rec.decode(self.profile.decode_run_seconds(batch_size, ctx, steps), steps)
+            # Memory for exactly the tokens generated; the copies that made room for them
+            # (demotions to the CPU tier) happened during the run: its tokens complete after
+            # them, and the next batch does not pay for them again.
+            self._reserve_decode(steps)
+            pause = self._transfer_seconds()
+            if pause:
+                yield env.timeout(pause)
             self._apply_decode(steps)
 
     def _steps_within(self, batch: int, ctx: int, elapsed: float, cap: int) -> int:

@@ -86,3 +86,33 @@ def test_jobs_are_top_level_sessions() -> None:
     assert s["jct_mean_s"] == pytest.approx(top_end - 0.0)
     assert s["subagent_jct_mean_s"] == pytest.approx(sub_rows.end_s.max() - sub_rows.send_s.min())
     assert sub_rows.send_s.min() > df.loc[df.request == 0, "end_s"].iloc[0]  # after its parent
+
+
+def test_decode_copies_delay_the_decode_run_not_the_next_batch() -> None:
+    """A decode run that needs room demotes another history to the CPU: its tokens complete
+    after those d2h copies. They were charged to whatever batch came next, here a request
+    100 s later, contradicting docs/engine.md."""
+    from costmodel.profile import load_profile
+    from costmodel.specs import get_spec
+    from costmodel.units import range_units
+    from tests.enginekit import KitTrace
+
+    # B fills most of the GPU; A then decodes 1,999 tokens and pushes the front 16 blocks of
+    # B's history to the CPU tier. B's next turn, 100 s later, loads them back (16 h2d) after
+    # pushing 16 of A's blocks out (16 d2h), and computes one new block.
+    trace = KitTrace([[(4096, 1, 0.0), (4160, 1, 100.0)], [(1024, 2000, 0.0)]])
+    cfg = RunConfig(gpu_cache=6144, cpu_cache=8192, tiering="unified", sessions=2,
+                    max_new_tokens=16, scheduler="lpm-cpu").with_preset("penelope")
+    res = run(cfg, trace)
+    req = res.requests.set_index("request")
+    a, b1 = req.loc[2], req.loc[1]
+    profile = load_profile(None, "qwen3-8b")
+    block = 64 * get_spec("qwen3-8b").kv_bytes_per_token
+    assert res.summary["bytes_d2h"] == 32 * block and res.summary["bytes_h2d"] == 16 * block
+    pause = profile.transfer_seconds(16 * block, "d2h")
+    decode = profile.decode_run_seconds(1, 1024, 1999)
+    assert a.end_s - a.first_token_s == pytest.approx(pause + decode, rel=1e-9)
+    assert b1.loaded_cpu_tokens == 16 * 64 and b1.new_tokens == 64
+    own = (profile.prefill_seconds(range_units(get_spec("qwen3-8b"), 4096, 4160))
+           + profile.transfer_seconds(16 * block, "h2d") + pause)  # its own moves only
+    assert b1.ttft_s == pytest.approx(own, rel=1e-9)
