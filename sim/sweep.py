@@ -288,7 +288,7 @@ def run_sweep(sweep: Sweep, out: str | Path, executor: Executor,
 
 
 # --- the table ------------------------------------------------------------------------------
-def _change(value: float, ref: float) -> float:
+def relative_change(value: float, ref: float) -> float:
     """value / ref - 1; NaN (never inf) when the reference is missing, zero or NaN."""
     try:
         value, ref = float(value), float(ref)
@@ -316,6 +316,6 @@ def tidy(sweep: Sweep, out: str | Path) -> pd.DataFrame:
     if sweep.refs is not None and len(df):
         for metric in CHANGE_METRICS:
             vals = df[metric].tolist()
-            df[f"{metric}_change"] = [_change(vals[i], vals[r])
+            df[f"{metric}_change"] = [relative_change(vals[i], vals[r])
                                       for i, r in enumerate(sweep.refs)]
     return df

@@ -6,6 +6,7 @@ Kept short (one Ray start for the module, a 4-point grid on a tiny trace): CI ti
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from pathlib import Path
@@ -156,3 +157,15 @@ def test_local_pool_retries_a_dead_worker_too(setup) -> None:
     jobs = [(p.cfg, str(out)) for p in sweep.points]
     done = sorted(i for i, _ in LocalPoolExecutor(2).map(_kill_first_run, jobs))
     assert done == [0, 1, 2, 3] and (out / "killed-once").exists()
+
+
+def test_reproduce_on_ray_equals_local(setup) -> None:
+    from sim.executors import ExecutorSpec
+    from sim.experiments import reproduce
+
+    trace = str(setup["root"] / "cc")
+    local = reproduce("ablation", trace=trace, quick=True)
+    on_ray = reproduce("ablation", trace=trace, quick=True,
+                       executor=ExecutorSpec(kind="ray"))
+    assert json.dumps(on_ray, sort_keys=True) == json.dumps(local, sort_keys=True)
+    assert len(local["rows"]) == 12
