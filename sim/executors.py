@@ -1,8 +1,10 @@
 """Executors: where the runs of a sweep (or of ``kvsim reproduce``) execute.
 
-An executor maps ``fn(cfg, arg, trace)`` over jobs ``(cfg, arg)`` and yields ``(index,
-result)`` in completion order. It decides only where and when a job runs; a job's result is a
-pure function of its config and trace, so every executor gives identical results:
+An executor maps ``fn(cfg, arg, get_trace)`` over jobs ``(cfg, arg)`` and yields ``(index,
+result)`` in completion order; ``get_trace()`` returns the config's trace (loading it, or
+fetching it, the first time a worker needs it, so ``fn`` sees a load error as its own). An
+executor decides only where and when a job runs; a job's result is a pure function of its
+config and trace, so every executor gives identical results:
 
 - ``SerialExecutor``: in this process, in order;
 - ``LocalPoolExecutor(jobs)``: a pool of ``jobs`` processes on this machine;
@@ -36,7 +38,8 @@ EXECUTORS = ("local", "ray")
 DEFAULT_RETRIES = 3
 
 Job = tuple[RunConfig, Any]
-JobFn = Callable[[RunConfig, Any, Any], Any]
+GetTrace = Callable[[], Any]
+JobFn = Callable[[RunConfig, Any, GetTrace], Any]
 
 
 class WorkerLostError(RuntimeError):
@@ -67,7 +70,7 @@ class Executor(Protocol):
     name: str
 
     def map(self, fn: JobFn, jobs: list[Job]) -> Iterator[tuple[int, Any]]:
-        """``(index, fn(cfg, arg, trace))`` for every job, in completion order."""
+        """``(index, fn(cfg, arg, get_trace))`` for every job, in completion order."""
         ...
 
     def close(self) -> None: ...
@@ -80,7 +83,7 @@ def worker_id() -> str:
 def _local_call(fn: JobFn, cfg: RunConfig, arg: Any) -> Any:
     from sim.runner import load_run_trace
 
-    return fn(cfg, arg, load_run_trace(cfg))
+    return fn(cfg, arg, lambda: load_run_trace(cfg))
 
 
 class SerialExecutor:
@@ -139,13 +142,17 @@ _WORKER_LOADS = [0]  # traces this worker process fetched from the object store
 def _ray_call(fn: JobFn, cfg: RunConfig, arg: Any, key: str, box: list) -> Any:
     """Runs in a Ray worker. ``box`` holds the trace's ObjectRef inside a list, so Ray passes
     the reference instead of resolving it for every task; the worker resolves it once."""
-    import ray
 
-    trace = _WORKER_TRACES.get(key)
-    if trace is None:
-        trace = _WORKER_TRACES[key] = ray.get(box[0])
-        _WORKER_LOADS[0] += 1
-    return fn(cfg, arg, trace)
+    def get_trace() -> Any:
+        import ray
+
+        trace = _WORKER_TRACES.get(key)
+        if trace is None:
+            trace = _WORKER_TRACES[key] = ray.get(box[0])
+            _WORKER_LOADS[0] += 1
+        return trace
+
+    return fn(cfg, arg, get_trace)
 
 
 def worker_trace_loads() -> int:

@@ -107,10 +107,10 @@ def _run_all(ctx: Context, configs: list[RunConfig]) -> list[dict[str, Any]]:
     return out  # type: ignore[return-value]
 
 
-def _summary_of(cfg: RunConfig, _arg: Any, trace: Any) -> dict[str, Any]:
+def _summary_of(cfg: RunConfig, _arg: Any, get_trace: Callable[[], Any]) -> dict[str, Any]:
     from sim.runner import run
 
-    return run(cfg, trace).summary
+    return run(cfg, get_trace()).summary
 
 
 def _change(new: float, base: float) -> float:

@@ -226,16 +226,18 @@ def summary_path(out: str | Path, pid: str) -> Path:
     return Path(out) / "points" / pid / "summary.json"
 
 
-def run_point(cfg: RunConfig, out: str, trace: Any) -> dict[str, Any]:
+def run_point(cfg: RunConfig, out: str, get_trace: Callable[[], Any]) -> dict[str, Any]:
     """Run one point into ``out/points/<id>`` (any executor calls this). A user error in the
-    point (bad trace content, ...) comes back as ``error`` instead of stopping the others."""
+    point (a bad trace file, ...) comes back as ``error`` instead of stopping the others."""
     from sim.executors import worker_trace_loads
     from sim.runner import run, write_result
 
     pid = point_id(cfg)
     info: dict[str, Any] = {"point": pid, "worker": worker_id(), "error": None,
-                            "exit_code": 0, "trace_loads": worker_trace_loads()}
+                            "exit_code": 0, "trace_loads": 0}
     try:
+        trace = get_trace()
+        info["trace_loads"] = worker_trace_loads()
         write_result(run(cfg, trace), Path(out) / "points" / pid)
     except Exception as e:
         code = getattr(e, "exit_code", None)

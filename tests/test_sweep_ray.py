@@ -84,7 +84,7 @@ class _KillOnce(RayExecutor):
     def map(self, fn, jobs):
         victim, marker = self.victim, self.marker
 
-        def flaky(cfg, out, trace):
+        def flaky(cfg, out, get_trace):
             if point_id(cfg) == victim:
                 try:
                     os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
@@ -95,7 +95,7 @@ class _KillOnce(RayExecutor):
                     d.mkdir(parents=True, exist_ok=True)
                     (d / ".requests.parquet.half.tmp").write_bytes(b"PAR1 half")
                     os.kill(os.getpid(), signal.SIGKILL)
-            return fn(cfg, out, trace)
+            return fn(cfg, out, get_trace)
 
         return super().map(flaky, jobs)
 
@@ -137,7 +137,7 @@ def test_trace_is_fetched_once_per_worker_not_once_per_point(setup) -> None:
     assert len(by_worker) < len(jobs)
 
 
-def _kill_first_run(cfg, out, trace):
+def _kill_first_run(cfg, out, get_trace):
     """Local pool: the process running the first point dies once (module level: picklable)."""
     marker = Path(out) / "killed-once"
     if cfg.preset == "penelope" and cfg.gpu_cache == 8192:
@@ -147,7 +147,7 @@ def _kill_first_run(cfg, out, trace):
             pass
         else:
             os.kill(os.getpid(), signal.SIGKILL)
-    return run_point(cfg, out, trace)
+    return run_point(cfg, out, get_trace)
 
 
 def test_local_pool_retries_a_dead_worker_too(setup) -> None:
