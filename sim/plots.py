@@ -25,7 +25,6 @@ import pandas as pd
 
 from sim.io import atomic_save_figure
 
-# Columns of results.csv that are not grid fields (metrics and identity).
 _POLICY_COLORS = plt.rcParams["axes.prop_cycle"].by_key()["color"]
 
 
@@ -104,7 +103,10 @@ def _positions(values: list[str]) -> tuple[dict[str, float], bool]:
 def plot_sweep_dir(d: Path, out: Path) -> list[Path]:
     df = pd.read_csv(d / "results.csv", dtype=str, keep_default_na=False)
     grid = json.loads((d / "sweep.json").read_text())["points"]
-    fields = [k for k in (grid[0]["values"] if grid else {}) if k != "preset"]
+    from sim.sweep import COLUMN, POLICY_FIELDS
+
+    fields = [COLUMN.get(k, k) for k in (grid[0]["values"] if grid else {})
+              if k not in POLICY_FIELDS]
     varied = [k for k in fields if df[k].nunique() > 1]
     ttft = pd.to_numeric(df["ttft_mean_s"], errors="coerce")
     policies = list(dict.fromkeys(df["policy"]))

@@ -118,8 +118,8 @@ def run(cfg: RunConfig, trace=None) -> RunResult:
         "cpu_cache_tokens": cfg.cpu_cache, "n_sessions": cfg.sessions, "gaps": cfg.gaps,
         "scheduler": cfg.scheduler, "trace": trace.name, "trace_requests": len(trace),
         # --lenient: records and whole files the loader skipped
-        "trace_skipped_records": int(trace.skipped),
-        "trace_skipped_files": int(trace.options.get("skipped_files", 0)),
+        "trace_skipped_records": int(getattr(trace, "skipped", 0)),
+        "trace_skipped_files": int(getattr(trace, "options", {}).get("skipped_files", 0)),
         # replayed although a real server would refuse them (cut with --max-context)
         "over_context_requests": int(((table["prompt_tokens"] > spec.max_context)
                                       & ~table["dropped"].astype(bool)).sum())
