@@ -79,6 +79,8 @@ def _cases(f: dict[str, Path]) -> list[tuple[list[str], str]]:
         ([*run, "--profile", str(f["binary_profile"])], "profile.yaml: not a text profile"),
         ([*run, "--profile", str(f["bad_profile"])], "bad-profile.yaml: line 3, column 1: "
                                                      "not valid YAML"),
+        (["microbench", "figure1", "--profile", str(f["binary_profile"])],
+         "profile.yaml: not a text profile"),
         (["sweep", str(f["binary_sweep"]), "--out", str(f["root"] / "o1")],
          "binary.yaml: not a text sweep config"),
         (["sweep", str(f["bad_sweep"]), "--out", str(f["root"] / "o2")],
