@@ -49,7 +49,10 @@ WHEN_NONZERO = ("dropped_requests", "over_context_requests", "trace_skipped_file
                 "trace_skipped_records")
 
 
-def print_table(runs: list[dict[str, Any]], title: str) -> None:
+LENIENT_ROWS = ("trace_skipped_files", "trace_skipped_records")
+
+
+def print_table(runs: list[dict[str, Any]], title: str, lenient: bool = False) -> None:
     """Metrics in the units every table uses (``fmt_metric``: rates in percent); changes
     against the first run in signed percent."""
     t = Table(title=title)
@@ -58,7 +61,8 @@ def print_table(runs: list[dict[str, Any]], title: str) -> None:
         t.add_column(r["policy"], justify="right")
     extra = ("cpu_hit_rate", "bytes_h2d", "bytes_d2h", "swap_buffer_loads") if any(
         r["summary"].get("cpu_cache_tokens") for r in runs) else ()
-    shown = [k for k in WHEN_NONZERO if any(r["summary"].get(k) for r in runs)]
+    shown = [k for k in WHEN_NONZERO if any(r["summary"].get(k) for r in runs)
+             or (lenient and k in LENIENT_ROWS)]
     for k in (*COMPARED, *extra, "requests", "evicted_tokens", *shown):
         cells = []
         for i, r in enumerate(runs):
@@ -266,6 +270,6 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
     cpu = f" + CPU {cpu_cache:,} ({tiering})" if cpu_cache else ""
     print_table(runs, f"{s['trace']} ({s['trace_requests']} requests), {model}, "
                       f"GPU {gpu_cache:,} tokens{cpu}, N={sessions}, {scheduler}, "
-                      f"gaps {gap_model}")
+                      f"gaps {gap_model}", lenient=lenient)
     if out:
         print(f"wrote {out}/", file=sys.stderr)

@@ -18,9 +18,12 @@ WHEN_NONZERO = ("dropped_requests", "over_context_requests", "trace_skipped_file
                 "trace_skipped_records")
 
 
-def print_table(df: Any, varied: list[str], title: str) -> None:
+def print_table(df: Any, varied: list[str], title: str, lenient: bool = False) -> None:
+    """Rates and changes in percent (as kvsim run); counts of drops and --lenient skips when
+    any point has some (the skips always under lenient)."""
     cols = ["policy", *varied, *(m for m in METRICS if m in df.columns),
-            *(c for c in WHEN_NONZERO if c in df.columns and (df[c] != 0).any())]
+            *(c for c in WHEN_NONZERO if c in df.columns and (
+                (df[c] != 0).any() or (lenient and c.startswith("trace_skipped"))))]
     t = Table(title=title)
     for c in cols:
         t.add_column(c, justify="left" if c == "policy" or c in varied else "right")
@@ -95,5 +98,6 @@ def sweep_cmd(config: str, out: str, jobs: int | None, executor: str | None,
         return
     varied = [COLUMN.get(k, k) for k in (sweep.points[0].values if sweep.points else {})
               if k not in POLICY_FIELDS]
-    print_table(df, varied, f"kvsim sweep {config} ({len(df)} points)")
+    print_table(df, varied, f"kvsim sweep {config} ({len(df)} points)",
+                lenient=any(p.cfg.lenient for p in sweep.points))
     stderr.print(f"wrote {out}/results.parquet and results.csv ({len(df)} points)")
