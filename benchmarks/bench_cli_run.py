@@ -7,7 +7,9 @@ from it. Goal: at most 6 s for the second run.
 
 By default the cache folder is a fresh temporary one (``KVSIM_CACHE_DIR``), so the first run is
 cold (parses the JSON) and the second warm; ``--keep-cache`` uses the user's cache instead.
-The simulation time alone and the trace load time come from kvsim's own stderr lines.
+The simulation time alone and the trace load time come from kvsim's own stderr lines; the
+CPU time (user + sys of the command) tells what the wall time would be on an idle machine when
+other work shares the cores (the load average is printed with each run).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -35,14 +38,21 @@ def command(trace: str) -> list[str]:
             "--sessions", "8", "--preset", "penelope"]
 
 
+def _children_cpu_s() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
 def once(cmd: list[str], env: dict[str, str]) -> dict:
-    t0 = time.perf_counter()
+    cpu0, t0 = _children_cpu_s(), time.perf_counter()
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, check=True)
     wall = time.perf_counter() - t0
+    cpu = _children_cpu_s() - cpu0
     load = re.search(r"requests loaded in ([\d.]+)s", out.stderr)
     sim = re.search(r"([\d,]+) requests simulated in ([\d.]+)s", out.stderr)
     requests = int(sim.group(1).replace(",", "")) if sim else 0
-    return {"wall_s": wall, "load_s": float(load.group(1)) if load else None,
+    return {"wall_s": wall, "cpu_s": cpu, "load_average_1min": os.getloadavg()[0],
+            "load_s": float(load.group(1)) if load else None,
             "simulate_s": float(sim.group(2)) if sim else None, "requests": requests,
             "requests_per_s_end_to_end": requests / wall if wall else None}
 
@@ -70,9 +80,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(f"kvsim {doc['command']}")
         for i, r in enumerate(runs, 1):
-            print(f"  run {i}: {r['wall_s']:5.2f} s wall (trace load {r['load_s']} s, "
-                  f"simulation {r['simulate_s']} s), {r['requests']:,} requests, "
-                  f"{r['requests_per_s_end_to_end']:,.0f} requests/s end to end")
+            print(f"  run {i}: {r['wall_s']:5.2f} s wall, {r['cpu_s']:5.2f} s CPU (trace load "
+                  f"{r['load_s']} s, simulation {r['simulate_s']} s), {r['requests']:,} "
+                  f"requests, {r['requests_per_s_end_to_end']:,.0f} requests/s end to end; "
+                  f"load average {r['load_average_1min']:.1f} on {os.cpu_count()} cores")
         print(f"  second run {'within' if doc['second_run_within_goal'] else 'OVER'} the "
               f"{GOAL_S:.0f} s goal")
     return 0
