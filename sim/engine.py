@@ -123,12 +123,16 @@ class Server:
             self.policy.on_arrival(Arrival(self.env.now, req.session, req.rid,
                                            req.prompt_tokens, req.ids))
         if self._never_fits(req):
-            self.rec.drop(req, self.env.now)
+            self.rec.drop(req, self.env.now, self._drop_reason(req))
             req.done.succeed()
             return
         self.waiting.append(req)
         if not self._wake.triggered:
             self._wake.succeed()
+
+    def _drop_reason(self, req: Req) -> str:
+        """Why a request that can never fit is dropped (recorded with the drop)."""
+        return "context" if req.prompt_tokens > self.spec.max_context else "cache"
 
     def _never_fits(self, req: Req) -> bool:
         need = self._blocks(req.prompt_tokens) + self._blocks(self._decode_reserve(req)) + 1
@@ -338,7 +342,7 @@ class Server:
                 if not self.running and not batch and self.chunked is None:
                     # Nothing holds memory but this request: it can never fit. Count a drop.
                     self.waiting.remove(req)
-                    self.rec.drop(req, self.env.now)
+                    self.rec.drop(req, self.env.now, self._drop_reason(req))
                     req.done.succeed()
                 break
             take, chunked = got

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from sim.config import RunConfig
+from sim.executors import ExecutorSpec
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_CC_TRACES = REPO.parent / "shared" / "data" / "cc-traces"
@@ -63,6 +63,7 @@ class Context:
     jobs: int = 1
     prompt_nodes: str = "chunked"  # chunked (SGLang: a node per prefill chunk) | whole
     notes: list[str] = field(default_factory=list)
+    executor: ExecutorSpec | None = None  # None: local, ``jobs`` processes
 
     @property
     def is_synthetic(self) -> bool:
@@ -91,18 +92,25 @@ def _quick_synthetic(trace: str) -> str:
 
 
 def _run_all(ctx: Context, configs: list[RunConfig]) -> list[dict[str, Any]]:
+    """Summaries of ``configs`` in order, on the context's executor (identical results on
+    every executor: a run is a pure function of its config and trace)."""
+    spec = ctx.executor or ExecutorSpec(jobs=ctx.jobs)
+    if spec.kind == "local" and len(configs) < 2:
+        spec = replace(spec, jobs=1)
+    ex = spec.make()
+    out: list[dict[str, Any] | None] = [None] * len(configs)
+    try:
+        for i, summary in ex.map(_summary_of, [(c, None) for c in configs]):
+            out[i] = summary
+    finally:
+        ex.close()
+    return out  # type: ignore[return-value]
+
+
+def _summary_of(cfg: RunConfig, _arg: Any, get_trace: Callable[[], Any]) -> dict[str, Any]:
     from sim.runner import run
 
-    if ctx.jobs > 1 and len(configs) > 1:
-        with ProcessPoolExecutor(max_workers=ctx.jobs) as pool:
-            return list(pool.map(_summary_of, configs))
-    return [run(c).summary for c in configs]
-
-
-def _summary_of(cfg: RunConfig) -> dict[str, Any]:
-    from sim.runner import run
-
-    return run(cfg).summary
+    return run(cfg, get_trace()).summary
 
 
 def _change(new: float, base: float) -> float:
@@ -339,14 +347,16 @@ def default_trace() -> tuple[str, str]:
 
 
 def reproduce(name: str, trace: str | None = None, quick: bool = False, jobs: int = 1,
-              gaps: str = "tool", prompt_nodes: str = "chunked") -> dict[str, Any]:
+              gaps: str = "tool", prompt_nodes: str = "chunked",
+              executor: ExecutorSpec | None = None) -> dict[str, Any]:
     if name not in EXPERIMENTS:
         raise KeyError(f"unknown experiment {name!r}; known: {', '.join(EXPERIMENTS)}")
     if trace is None:
         trace, which = default_trace()
     else:
         which = "given trace"
-    ctx = Context(trace=trace, quick=quick, gaps=gaps, jobs=jobs, prompt_nodes=prompt_nodes)
+    ctx = Context(trace=trace, quick=quick, gaps=gaps, jobs=jobs, prompt_nodes=prompt_nodes,
+                  executor=executor)
     rows = EXPERIMENTS[name](ctx)
     return {"experiment": name, "trace": trace, "trace_kind": which, "gaps": gaps,
             "prompt_nodes": "both" if name in ("ablation", "gpu-only") else prompt_nodes,

@@ -60,6 +60,7 @@ class RequestRecord:
     recompute_units: float = 0.0
     retractions: int = 0
     dropped: bool = False
+    drop_reason: str = ""  # context: prompt above the model's context; cache: cannot fit
 
 
 class RunRecorder:
@@ -75,6 +76,7 @@ class RunRecorder:
             "prefill_batches": 0, "prefill_seconds": 0.0, "decode_events": 0,
             "decode_steps": 0, "decode_seconds": 0.0, "evictions": 0, "evicted_blocks": 0,
             "holes_made_blocks": 0, "retractions": 0, "aborted": 0, "dropped": 0,
+            "dropped_context": 0, "dropped_cache": 0,
             "bytes_h2d": 0, "bytes_d2h": 0, "cpu_loads": 0, "loaded_blocks": 0,
             "swap_buffer_loads": 0, "swap_buffer_blocks": 0, "swap_chunks": 0,
             "load_demoted_blocks": 0, "load_deleted_blocks": 0, "demoted_blocks": 0,
@@ -147,13 +149,17 @@ class RunRecorder:
         rec.end_s = now
         rec.decoded_tokens = max(0, req.generated - 1)
 
-    def drop(self, req: Any, now: float) -> None:
+    def drop(self, req: Any, now: float, reason: str = "cache") -> None:
+        """``reason``: ``context`` (prompt above the model's context) or ``cache`` (prompt and
+        decode reservation cannot fit in the cache even when it holds nothing else)."""
         rec = req.record or self._record(req)
         if req.record is None:
             self.records.append(rec)
         rec.dropped = True
+        rec.drop_reason = reason
         rec.end_s = now
         self.counters["dropped"] += 1
+        self.counters[f"dropped_{reason}"] += 1
 
     def retracted(self, req: Any) -> None:
         req.record.retractions += 1
@@ -240,6 +246,8 @@ class RunRecorder:
             "requests": len(ok),
             "sessions_completed": len(jct),
             "dropped_requests": int(c["dropped"]),
+            "dropped_over_context": int(c["dropped_context"]),
+            "dropped_cache_too_small": int(c["dropped_cache"]),
             "ttft_mean_s": float(ttft.mean()) if ttft.size else math.nan,
             "ttft_p50_s": pct(50),
             "ttft_p90_s": pct(90),

@@ -47,11 +47,25 @@ def _load(trace: str, fmt: str | None, block_size: int, shared_prefix: Any, max_
                       cache_dir=cache_dir, rebuild_sessions=rebuild_sessions)
 
 
+def trace_options(cfg: RunConfig) -> tuple:
+    """Everything that decides which trace a config replays (the key of the memo and of the
+    executors' per-worker trace store). The npz cache folder defaults to the user cache
+    (``traces.cache.resolve_cache_dir``: ``$KVSIM_CACHE_DIR`` or ``~/.cache/kvsim``)."""
+    from traces.cache import resolve_cache_dir
+
+    return (cfg.trace, cfg.trace_format, cfg.block_size, cfg.shared_prefix, cfg.max_context,
+            cfg.select, cfg.seed, cfg.lenient, resolve_cache_dir(cfg.trace_cache_dir),
+            cfg.rebuild_sessions)
+
+
 def load_run_trace(cfg: RunConfig):
     """The trace a config replays (memoized per process: sweeps reuse it across points)."""
-    return _load(cfg.trace, cfg.trace_format, cfg.block_size, cfg.shared_prefix,
-                 cfg.max_context, cfg.select, cfg.seed, cfg.lenient, cfg.trace_cache_dir,
-                 cfg.rebuild_sessions)
+    return _load(*trace_options(cfg))
+
+
+def trace_loads() -> int:
+    """Traces this process has loaded (not served from its memo) so far."""
+    return _load.cache_info().misses
 
 
 def run(cfg: RunConfig, trace=None) -> RunResult:
@@ -103,13 +117,21 @@ def run(cfg: RunConfig, trace=None) -> RunResult:
         "profile_provenance": profile.provenance, "gpu_cache_tokens": cfg.gpu_cache,
         "cpu_cache_tokens": cfg.cpu_cache, "n_sessions": cfg.sessions, "gaps": cfg.gaps,
         "scheduler": cfg.scheduler, "trace": trace.name, "trace_requests": len(trace),
+        # --lenient: records and whole files the loader skipped
+        "trace_skipped_records": int(getattr(trace, "skipped", 0)),
+        "trace_skipped_files": int(getattr(trace, "options", {}).get("skipped_files", 0)),
+        # replayed although a real server would refuse them (cut with --max-context)
+        "over_context_requests": int(((table["prompt_tokens"] > spec.max_context)
+                                      & ~table["dropped"].astype(bool)).sum())
+        if len(table) else 0,
     })
     return RunResult(cfg, table, summary)
 
 
 def write_result(result: RunResult, out: str | Path) -> None:
-    """requests.parquet, summary.json, config.json under ``out`` (each written atomically)."""
+    """requests.parquet, config.json, then summary.json under ``out`` (each atomically)."""
     out = Path(out)
     atomic_write_parquet(result.requests, out / "requests.parquet")
-    atomic_write_text(out / "summary.json", dumps(result.summary) + "\n")
     atomic_write_text(out / "config.json", json.dumps(result.config.to_dict(), indent=2) + "\n")
+    # Last: a sweep takes a folder with summary.json as a finished point.
+    atomic_write_text(out / "summary.json", dumps(result.summary) + "\n")

@@ -1,19 +1,28 @@
 """Sweeps: a grid of runs, handed to an executor, resumable, one tidy table at the end.
 
-CONFIG.yaml (``yaml.safe_load``; every key is a ``RunConfig`` field)::
+CONFIG.yaml (``yaml.safe_load``; every key of ``base`` and ``grid`` is a ``RunConfig`` field;
+docs/sweeps.md documents each)::
 
     base:                      # fields every point shares
       trace: synthetic:claude-code
       gaps: tool
-    grid:                      # cartesian product, in the order written
+    grid:                      # cartesian product, in the order written (absent: one point)
       preset: [sglang, vllm, penelope]
       gpu_cache: [128k, 256k]
       sessions: [2, 4]
-    baseline: {preset: sglang} # optional: change columns against the point that differs only here
+    baseline: {preset: sglang} # optional: *_change columns against the point that differs
+                               # only in these grid fields
+    executor: {kind: local, jobs: 2}   # optional; kvsim sweep's options win
 
-Each point's directory is named by a hash of its resolved config, so a rerun skips finished
-points (resumable) and results do not depend on the executor or on ``-j``. Every file is
-written atomically.
+Everything is checked when the file is loaded, before any point runs: fields, sizes, models,
+profiles, and that the baseline names grid fields with values that occur in the grid.
+
+Each point runs in its own folder ``points/<id>`` (``id`` hashes its resolved config) and
+writes ``requests.parquet``, ``config.json`` and, last, ``summary.json``: a folder with a
+summary is a finished point, so a rerun skips it (resume), whatever the executor or ``-j``.
+Every file is written atomically; temporary files a killed writer left are removed when a
+sweep starts and when it ends. The table (``results.parquet``/``.csv``) is built from the
+folders in grid order, so it is byte-identical on every executor.
 """
 
 from __future__ import annotations
@@ -21,20 +30,34 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ProcessPoolExecutor
-from dataclasses import fields
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import pandas as pd
-import yaml
 
 from sim.config import ConfigError, RunConfig
-from sim.io import atomic_write_parquet, atomic_write_text, dumps
+from sim.executors import DEFAULT_RETRIES, EXECUTORS, Executor, ExecutorSpec, worker_id
+from sim.io import atomic_write_parquet, atomic_write_text, dumps, read_yaml, remove_stale_tmp
 
 SIZE_FIELDS = ("gpu_cache", "cpu_cache", "max_context", "chunk_size", "shared_prefix",
                "swap_buffer")
+SECTIONS = ("base", "grid", "baseline", "executor")
+CHANGE_METRICS = ("ttft_mean_s", "jct_mean_s", "hit_rate")
+# Grid fields whose value is already the row's ``policy`` label (one policy column); a grid
+# of ``policy`` specs keeps them as written in ``policy_spec`` (a file path is not a label).
+POLICY_FIELDS = ("preset",)
+COLUMN = {"policy": "policy_spec"}
+
+
+class SweepError(RuntimeError):
+    """Points failed; the others finished and a rerun resumes."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 def _size(v: Any, where: str, field: str) -> Any:
@@ -70,26 +93,111 @@ def _resolve(point: dict[str, Any], where: str, base_dir: Path | None = None) ->
     return RunConfig.from_dict(point, where)
 
 
+def _norm(field: str, v: Any, where: str) -> str:
+    """A grid value as compared with the baseline (``128k`` equals ``131072``)."""
+    v = _size(v, where, field) if field in SIZE_FIELDS else v
+    return json.dumps(v, sort_keys=True, default=str)
+
+
 def point_id(cfg: RunConfig) -> str:
     d = cfg.to_dict()
     d.pop("extra", None)
     return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def load_sweep(path: str | Path) -> tuple[list[tuple[dict, RunConfig]], dict | None]:
-    """Parse CONFIG.yaml into (grid values, resolved config) points and the baseline."""
+@dataclass(frozen=True)
+class Point:
+    values: dict[str, Any]  # the grid's values for this point, as written
+    cfg: RunConfig
+
+    @property
+    def id(self) -> str:
+        return point_id(self.cfg)
+
+
+@dataclass
+class Sweep:
+    path: str
+    points: list[Point]
+    baseline: dict[str, Any] | None
+    refs: list[int] | None  # per point, the index of its baseline point
+    executor: ExecutorSpec
+    has_grid: bool
+
+
+def _executor_spec(raw: Any, where: str) -> ExecutorSpec:
+    if raw is None:
+        return ExecutorSpec()
+    if isinstance(raw, str):
+        raw = {"kind": raw}
+    if not isinstance(raw, dict):
+        raise ConfigError(where, "executor", "must be local, ray or a mapping "
+                          "{kind, jobs, address, max_retries}")
+    known = ("kind", "jobs", "address", "max_retries")
+    for k in raw:
+        if k not in known:
+            raise ConfigError(where, f"executor.{k}", f"unknown key ({', '.join(known)})")
+    kind = raw.get("kind", "local")
+    if kind not in EXECUTORS:
+        raise ConfigError(where, "executor.kind", f"must be one of {EXECUTORS}, got {kind!r}")
+    for k, lo in (("jobs", 0), ("max_retries", 0)):
+        v = raw.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < lo):
+            raise ConfigError(where, f"executor.{k}", f"must be an integer >= {lo}, got {v!r}")
+    address = raw.get("address")
+    if address is not None and not isinstance(address, str):
+        raise ConfigError(where, "executor.address", "must be a string like auto or "
+                          "ray://HOST:10001")
+    return ExecutorSpec(kind=kind, jobs=raw.get("jobs") or 1, address=address,
+                        max_retries=raw.get("max_retries", DEFAULT_RETRIES))
+
+
+def _baseline_refs(points: list[Point], grid: dict[str, list], baseline: Any,
+                   where: str) -> list[int]:
+    """Per point, the index of the point with the baseline's values in the baseline's fields
+    and this point's values elsewhere. Every failure names the baseline key."""
+    if not isinstance(baseline, dict) or not baseline:
+        raise ConfigError(where, "baseline", "must be a non-empty mapping like "
+                          "{preset: sglang}")
+    for k, v in baseline.items():
+        if k not in grid:
+            raise ConfigError(where, f"baseline.{k}", "not a grid field (grid: "
+                              f"{', '.join(grid) or 'none'}): the baseline must pick one "
+                              "value of a field the grid varies")
+        if _norm(k, v, where) not in {_norm(k, g, where) for g in grid[k]}:
+            raise ConfigError(where, f"baseline.{k}", f"{v!r} matches no point: the grid's "
+                              f"values are {grid[k]}")
+    keys = list(grid)
+    index: dict[tuple, int] = {}
+    for i, p in enumerate(points):
+        index.setdefault(tuple(_norm(k, p.values[k], where) for k in keys), i)
+    return [index[tuple(_norm(k, baseline[k] if k in baseline else p.values[k], where)
+                        for k in keys)] for p in points]
+
+
+def _check_inputs(points: list[Point], where: str) -> None:
+    """Models and profiles of every point, checked once each before anything runs."""
+    from sim.checks import check_model_and_profile
+
+    seen: set[tuple] = set()
+    for i, p in enumerate(points):
+        key = (p.cfg.model, p.cfg.profile)
+        if key not in seen:
+            seen.add(key)
+            check_model_and_profile(p.cfg, f"{where} point {i}")
+
+
+def load_sweep(path: str | Path) -> Sweep:
+    """Parse and validate CONFIG.yaml (``ConfigError``/``InputError``, exit status 2)."""
     where = str(path)
-    try:
-        raw = yaml.safe_load(Path(path).read_text())
-    except OSError as e:
-        raise ConfigError(where, "<file>", f"cannot read: {e.strerror}") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(where, "<yaml>", f"not valid YAML: {e}") from None
+    raw = read_yaml(path, "sweep config")
+    if raw is None:
+        raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(where, "<root>", "must be a mapping with base/grid")
     for k in raw:
-        if k not in ("base", "grid", "baseline"):
-            raise ConfigError(where, k, "unknown section (base, grid, baseline)")
+        if k not in SECTIONS:
+            raise ConfigError(where, k, f"unknown section ({', '.join(SECTIONS)})")
     base = raw.get("base") or {}
     grid = raw.get("grid") or {}
     if not isinstance(base, dict):
@@ -104,92 +212,112 @@ def load_sweep(path: str | Path) -> tuple[list[tuple[dict, RunConfig]], dict | N
     keys = list(grid)
     for i, combo in enumerate(itertools.product(*(grid[k] for k in keys))):
         values = dict(zip(keys, combo, strict=True))
-        points.append((values, _resolve({**base, **values}, f"{where} point {i}",
-                                        Path(path).parent)))
+        points.append(Point(values, _resolve({**base, **values}, f"{where} point {i}",
+                                             Path(path).parent)))
     baseline = raw.get("baseline")
-    if baseline is not None and not isinstance(baseline, dict):
-        raise ConfigError(where, "baseline", "must be a mapping like {preset: sglang}")
-    return points, baseline
+    refs = _baseline_refs(points, grid, baseline, where) if baseline is not None else None
+    _check_inputs(points, where)
+    return Sweep(where, points, baseline, refs, _executor_spec(raw.get("executor"), where),
+                 has_grid=bool(grid))
 
 
-class Executor(Protocol):
-    """Runs a function over items; results in item order. Local pool now, Ray later."""
-
-    def map(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[Any]: ...
-
-
-class SerialExecutor:
-    def map(self, fn, items):
-        return map(fn, items)
+# --- running --------------------------------------------------------------------------------
+def summary_path(out: str | Path, pid: str) -> Path:
+    return Path(out) / "points" / pid / "summary.json"
 
 
-class LocalPoolExecutor:
-    def __init__(self, workers: int) -> None:
-        self.workers = workers
-
-    def map(self, fn, items):
-        with ProcessPoolExecutor(max_workers=self.workers) as pool:
-            yield from pool.map(fn, items)
-
-
-def run_point(args: tuple[RunConfig, str]) -> str:
-    """Run one point into its directory (skipped if finished). Returns the point id."""
+def run_point(cfg: RunConfig, out: str, get_trace: Callable[[], Any]) -> dict[str, Any]:
+    """Run one point into ``out/points/<id>`` (any executor calls this). A user error in the
+    point (a bad trace file, ...) comes back as ``error`` instead of stopping the others."""
+    from sim.executors import worker_trace_loads
     from sim.runner import run, write_result
 
-    cfg, out = args
     pid = point_id(cfg)
-    d = Path(out) / "points" / pid
-    if (d / "summary.json").exists():
-        return pid
-    write_result(run(cfg), d)
-    return pid
+    info: dict[str, Any] = {"point": pid, "worker": worker_id(), "error": None,
+                            "exit_code": 0, "trace_loads": 0}
+    try:
+        trace = get_trace()
+        info["trace_loads"] = worker_trace_loads()
+        write_result(run(cfg, trace), Path(out) / "points" / pid)
+    except Exception as e:
+        code = getattr(e, "exit_code", None)
+        if not isinstance(code, int):
+            raise  # a bug: keep its traceback
+        info.update(error=" ".join(str(e).split()), exit_code=code)
+    return info
 
 
-def _column(field: str) -> str:
-    return "policy_spec" if field == "policy" else field
-
-
-def tidy(points: list[tuple[dict, RunConfig]], out: str | Path,
-         baseline: dict | None) -> pd.DataFrame:
-    rows = []
-    for values, cfg in points:
-        pid = point_id(cfg)
-        summary = json.loads((Path(out) / "points" / pid / "summary.json").read_text())
-        row: dict[str, Any] = {"point": pid, "policy": cfg.policy_label}
-        row.update({k: v for k, v in summary.items() if not isinstance(v, dict | list)})
-        # The grid's own values win; a grid of policies keeps the label in "policy" and the
-        # spec as written in "policy_spec".
-        row.update({_column(k): str(v) for k, v in values.items()})
-        rows.append(row)
-    df = pd.DataFrame(rows)
-    if baseline and len(df):
-        keys = [_column(k) for k in points[0][0] if k not in baseline]
-        base = df
-        for k, v in baseline.items():
-            base = base[base[_column(k)] == str(v)]
-        for metric in ("ttft_mean_s", "jct_mean_s", "hit_rate"):
-            if keys:
-                ref = base[[*keys, metric]].rename(columns={metric: "_ref"})
-                refs = df[keys].merge(ref, on=keys, how="left")["_ref"].to_numpy()
-            else:
-                refs = base[metric].iloc[0]
-            df[f"{metric}_change"] = df[metric].to_numpy() / refs - 1
+def run_sweep(sweep: Sweep, out: str | Path, executor: Executor,
+              progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:
+    """Run the unfinished points, then write results.parquet/.csv (all points in grid order).
+    Raises ``SweepError`` after the others finish if any point failed."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    remove_stale_tmp(out)  # a killed writer's leftovers; no writer runs in ``out`` now
+    atomic_write_text(out / "sweep.json", dumps({
+        "config": sweep.path, "points": [
+            {"point": p.id, "values": p.values, "config": p.cfg.to_dict()}
+            for p in sweep.points]}) + "\n")
+    seen: set[str] = set()
+    todo = []
+    for p in sweep.points:
+        if p.id not in seen and not summary_path(out, p.id).exists():
+            todo.append(p)
+        seen.add(p.id)
+    done = len(seen) - len(todo)
+    if progress:
+        progress(done, len(seen))
+    failed: list[dict[str, Any]] = []
+    try:
+        for _i, info in executor.map(run_point, [(p.cfg, str(out)) for p in todo]):
+            done += 1
+            if info["error"]:
+                failed.append(info)
+            if progress:
+                progress(done, len(seen))
+    finally:
+        remove_stale_tmp(out)
+    if failed:
+        first = failed[0]
+        raise SweepError(f"{len(failed)} of {len(seen)} points failed (first: point "
+                         f"{first['point']}: {first['error']}); the others are in "
+                         f"{out}/points: fix the cause and rerun to finish",
+                         max(f["exit_code"] for f in failed))
+    df = tidy(sweep, out)
+    atomic_write_parquet(df, out / "results.parquet")
+    atomic_write_text(out / "results.csv", df.to_csv(index=False))
     return df
 
 
-def run_sweep(config: str | Path, out: str | Path, executor: Executor,
-              progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:
-    points, baseline = load_sweep(config)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "sweep.json", dumps({
-        "config": str(config), "points": [
-            {"point": point_id(c), "values": v, "config": c.to_dict()} for v, c in points]}))
-    todo = [(c, str(out)) for _, c in points]
-    for i, _pid in enumerate(executor.map(run_point, todo), 1):
-        if progress:
-            progress(i, len(todo))
-    df = tidy(points, out, baseline)
-    atomic_write_parquet(df, out / "results.parquet")
-    atomic_write_text(out / "results.csv", df.to_csv(index=False))
+# --- the table ------------------------------------------------------------------------------
+def relative_change(value: float, ref: float) -> float:
+    """value / ref - 1; NaN (never inf) when the reference is missing, zero or NaN."""
+    try:
+        value, ref = float(value), float(ref)
+    except (TypeError, ValueError):
+        return math.nan
+    if not ref or math.isnan(ref) or math.isnan(value):
+        return math.nan
+    return value / ref - 1.0
+
+
+def tidy(sweep: Sweep, out: str | Path) -> pd.DataFrame:
+    """One row per point in grid order: point, policy, the grid's values (as written), then
+    every scalar of the point's summary; ``*_change`` columns against the baseline."""
+    rows = []
+    for p in sweep.points:
+        summary = json.loads(summary_path(out, p.id).read_text())
+        row: dict[str, Any] = {"point": p.id, "policy": p.cfg.policy_label}
+        row.update({COLUMN.get(k, k): str(v) for k, v in p.values.items()
+                    if k not in POLICY_FIELDS})
+        row.update({k: v for k, v in summary.items()
+                    if k not in row and k not in POLICY_FIELDS
+                    and not isinstance(v, dict | list)})
+        rows.append(row)
+    df = pd.DataFrame(rows)
+    if sweep.refs is not None and len(df):
+        for metric in CHANGE_METRICS:
+            vals = df[metric].tolist()
+            df[f"{metric}_change"] = [relative_change(vals[i], vals[r])
+                                      for i, r in enumerate(sweep.refs)]
     return df

@@ -11,3 +11,18 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 CC_TRACES = SHARED_DATA / "cc-traces"
 
 needs_cc_traces = pytest.mark.skipif(not CC_TRACES.is_dir(), reason="../shared/data absent")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _trace_cache_in_tmp(tmp_path_factory):
+    """The npz trace cache is on by default (~/.cache/kvsim): keep the tests' copies in a
+    temporary folder of their own instead of the user's cache."""
+    import os
+
+    old = os.environ.get("KVSIM_CACHE_DIR")
+    os.environ["KVSIM_CACHE_DIR"] = str(tmp_path_factory.mktemp("kvsim-cache"))
+    yield
+    if old is None:
+        os.environ.pop("KVSIM_CACHE_DIR", None)
+    else:
+        os.environ["KVSIM_CACHE_DIR"] = old

@@ -119,7 +119,7 @@ def test_sweep_parallel_equals_serial_and_resumes(trace_dir: Path, tmp_path: Pat
      ("grid: {gpu_cache: [lots]}\n", "gpu_cache"),
      ("grid: {scheduler: [random]}\n", "scheduler"),
      ("grid: [1, 2]\n", "grid"),
-     ("base: {trace: x\n", "<yaml>")],
+     ("base: {trace: x\n", "line 2, column 1: not valid YAML")],
 )
 def test_sweep_bad_config_exit_2(tmp_path: Path, text: str, field: str) -> None:
     cfg = tmp_path / "bad.yaml"

@@ -43,7 +43,7 @@ def _set(doc_i, req_i, field, value):
 _DEL = object()
 
 CC_CASES = {
-    "malformed": (lambda docs: '{"id": "x", "requests": [', "trace_0001.json", "record 0",
+    "malformed": (lambda docs: '{"id": "x", "requests": [', "trace_0001.json", ": malformed",
                   "malformed JSON"),
     "missing": (_set(1, 2, "in", _DEL), "trace_0001.json", "record requests[2]", "'in': missing"),
     "mistyped": (_set(0, 1, "out", "many"), "trace_0000.json", "record requests[1]",
@@ -75,9 +75,13 @@ def test_cc_traces_bad_input(tmp_path, case):
     msg = str(e.value)
     assert file in msg and record in msg and field in msg, msg
     assert e.value.exit_code == 2
-    # lenient: the bad record (or file) is skipped and counted
+    if "[" in record:
+        assert msg.endswith("([i] counts from 0)"), msg
+    # lenient: the bad record is skipped and counted; a file that is not JSON at all (the
+    # malformed case) is counted as a skipped file
     t = load_trace(str(d), lenient=True)
-    assert t.skipped >= 1 and len(t) > 0
+    files = t.options["skipped_files"]
+    assert (files, t.skipped) == ((1, 0) if case == "malformed" else (0, 1)) and len(t) > 0
     assert t.stats()["skipped"] == t.skipped
 
 
@@ -112,32 +116,33 @@ def _with(rows, i, **kw):
 
 
 @pytest.mark.parametrize("rows,record,field", [
-    (_with(MC, 2, input_length=_DEL), "record 2", "'input_length': missing"),
-    (_with(MC, 3, output_length=-1), "record 3", "non-negative"),
-    (_with(MC, 4, hash_ids=[1, 2]), "record 4", "'hash_ids': 2 ids for"),
-    (_with(MC, 5, timestamp=0), "record 5", "'timestamp': time goes backwards"),
-    ([*MC[:2], "{not json", *MC[3:]], "record 2", "malformed JSON"),
+    (_with(MC, 2, input_length=_DEL), "line 3", "'input_length': missing"),
+    (_with(MC, 3, output_length=-1), "line 4", "non-negative"),
+    (_with(MC, 4, hash_ids=[1, 2]), "line 5", "'hash_ids': 2 ids for"),
+    (_with(MC, 5, timestamp=0), "line 6", "'timestamp': time goes backwards"),
+    ([*MC[:2], "{not json", *MC[3:]], "line 3", "malformed JSON"),
 ])
 def test_mooncake_bad_input(tmp_path, rows, record, field):
     p = _jsonl(tmp_path, "mc.jsonl", rows)
     with pytest.raises(TraceFormatError) as e:
         load_trace(str(p), format="mooncake")
     assert "mc.jsonl" in str(e.value) and record in str(e.value) and field in str(e.value)
+    assert str(e.value).endswith("(lines count from 1)")
     t = load_trace(str(p), format="mooncake", lenient=True)
     assert t.skipped == 1 and len(t) == len(MC) - 1
 
 
 @pytest.mark.parametrize("rows,record,field", [
-    (_with(TL, 1, input_tokens_total="x"), "record 1", "'input_tokens_total'"),
-    (_with(TL, 2, newly_append_tokens=5), "record 2", "'newly_append_tokens'"),
-    (_with(TL, 2, prefix_tokens=10**9, newly_append_tokens=None), "record 2",
+    (_with(TL, 1, input_tokens_total="x"), "line 2", "'input_tokens_total'"),
+    (_with(TL, 2, newly_append_tokens=5), "line 3", "'newly_append_tokens'"),
+    (_with(TL, 2, prefix_tokens=10**9, newly_append_tokens=None), "line 3",
      "'prefix_tokens'"),
     (_with(TL, 3, timing_events=[{"event_type": "text", "timestamp": "yesterday"}]),
-     "record 3", "'timing_events[0].timestamp'"),
+     "line 4", "'timing_events[0].timestamp'"),
     (_with(TL, 4, timing_events=[{"event_type": "tool_result",
                                   "timestamp": "2026-06-01T00:00:00.000Z"}]),
-     "record 4", "'timing_events': time goes backwards"),
-    (_with(TL, 0, session_id=7), "record 0", "'session_id'"),
+     "line 5", "'timing_events': time goes backwards"),
+    (_with(TL, 0, session_id=7), "line 1", "'session_id'"),
 ])
 def test_tracelab_bad_input(tmp_path, rows, record, field):
     p = _jsonl(tmp_path, "tl.jsonl", rows)
@@ -162,14 +167,14 @@ def _fi_with(path: str, value):
 
 
 @pytest.mark.parametrize("docs,record,field", [
-    (_fi_with("0/requests/2/prompt_tokens", _DEL), "line 0.requests[2]",
+    (_fi_with("0/requests/2/prompt_tokens", _DEL), "line 1.requests[2]",
      "'prompt_tokens': missing"),
-    (_fi_with("1/requests/1/block_ids", [1, 2, 3]), "line 1.requests[1]",
+    (_fi_with("1/requests/1/block_ids", [1, 2, 3]), "line 2.requests[1]",
      "'block_ids': 3 ids for"),
-    (_fi_with("1/requests/3/start_ms", 5), "line 1.requests[3]",
+    (_fi_with("1/requests/3/start_ms", 5), "line 2.requests[3]",
      "'start_ms': time goes backwards"),
     (_fi_with("0/requests/1/tool_calls/0/subagent/requests/0/completion_tokens", -3),
-     "line 0.requests[1].tool_calls[0].subagent.requests[0]", "'completion_tokens'"),
+     "line 1.requests[1].tool_calls[0].subagent.requests[0]", "'completion_tokens'"),
 ])
 def test_freeinference_bad_input(tmp_path, docs, record, field):
     d = tmp_path / "fi"
@@ -221,5 +226,6 @@ def test_freeinference_parquet_mistyped_block_ids(tmp_path):
     pq.write_table(t, d / "requests.parquet")
     with pytest.raises(TraceFormatError) as e:
         load_trace(str(d))
-    assert "requests.parquet: record 3: field 'block_ids'" in str(e.value)
+    assert "requests.parquet: row 3: field 'block_ids'" in str(e.value)
+    assert str(e.value).endswith("(rows count from 0)")
     assert load_trace(str(d), lenient=True).skipped == 1

@@ -1,13 +1,21 @@
-"""Optional on-disk cache of loaded traces (npz, never pickle) for fast reloads.
+"""On-disk cache of loaded traces (npz, never pickle) for fast reloads.
 
-The key hashes the source files' absolute paths, sizes and modification times, the format
-and every loading option, so a changed file or option loads afresh. A cache file that cannot
-be read back (truncated, edited, another version) is ignored and rewritten.
+The key hashes the source files' absolute paths, sizes, modification and change times, the
+format, every loading option, ``CACHE_VERSION`` (the npz layout: bump it when the Trace's
+arrays change) and a hash of this package's source (a loader fix changes the traces it makes),
+so a changed file, option or loader loads afresh. A cache file that cannot be read back
+(truncated, edited, another version) is ignored and rewritten; a cache folder that cannot be
+written only costs the speed.
+
+Where: ``resolve_cache_dir`` (the CLI and ``sim.runner`` use it): an explicit folder, else
+``$KVSIM_CACHE_DIR``, else ``~/.cache/kvsim``; ``off`` (option or variable) disables it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -24,6 +32,24 @@ _ARRAYS = ("session", "prompt_tokens", "output_tokens", "send_time_s", "gap_s", 
            "_seg_len", "_out_ptr", "_pool_region")
 
 
+CACHE_OFF = "off"
+
+
+def resolve_cache_dir(cache_dir: str | None) -> str | None:
+    """The npz cache folder to use, or None for no cache (see the module docstring)."""
+    if cache_dir is None:
+        cache_dir = os.environ.get("KVSIM_CACHE_DIR") or str(Path("~/.cache/kvsim").expanduser())
+    return None if cache_dir.strip().lower() == CACHE_OFF else cache_dir
+
+
+@functools.cache
+def _code_hash() -> str:
+    h = hashlib.sha256()
+    for f in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def _fingerprint(specs: list[str]) -> list:
     out = []
     for s in specs:
@@ -32,14 +58,14 @@ def _fingerprint(specs: list[str]) -> list:
         for f in files:
             if f.is_file():
                 st = f.stat()
-                out.append([str(f), st.st_size, st.st_mtime_ns])
+                out.append([str(f), st.st_size, st.st_mtime_ns, st.st_ctime_ns])
     return out
 
 
 def cache_key(specs: list[str], fmt: str, block_size: int, build: dict, lenient: bool,
               extra: dict) -> str:
-    doc = {"v": CACHE_VERSION, "files": _fingerprint(specs), "format": fmt, "bs": block_size,
-           "build": build, "lenient": lenient, "extra": extra}
+    doc = {"v": CACHE_VERSION, "code": _code_hash(), "files": _fingerprint(specs),
+           "format": fmt, "bs": block_size, "build": build, "lenient": lenient, "extra": extra}
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -98,5 +124,7 @@ def cached_load(specs: list[str], fmt: str, block_size: int, build: dict, lenien
     trace = read_trace(path) if path.is_file() else None
     if trace is None:
         trace = _load_files(specs, fmt, block_size, build, lenient, extra)
-        save_trace(trace, path)
+        # A read-only or full cache folder costs the next load its speed, nothing else.
+        with contextlib.suppress(OSError):
+            save_trace(trace, path)
     return trace

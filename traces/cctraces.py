@@ -28,13 +28,14 @@ traces.regions.FIRST_MESSAGE_MAX_TOKENS). Sub-agents use their own system and to
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from .blocks import UniqueIds, id_array, map_block_ids
 from .builder import TraceBuilder
 from .errors import RecordReader, TraceFormatError
-from .files import iter_lines, list_files, load_json_ids, read_bytes, strip_gz
+from .files import iter_lines, list_files, load_json_ids, read_file, skip_file, strip_gz
 from .model import GAP_HUMAN, GAP_TOOL, kinds_mask
 from .regions import REGION_SYSTEM, REGION_TOOLS, first_input_region, input_region
 
@@ -46,16 +47,23 @@ def load_cc_traces(paths: list[str], b: TraceBuilder, lenient: bool) -> None:
     scope = 0
     for path in list_files(paths, SUFFIXES):
         if strip_gz(path.name).endswith(".jsonl"):
-            docs = ((f"line {i}", i, line) for i, line in iter_lines(path))
+            docs: Iterator[tuple[str | None, bytes]] = iter_lines(path, lenient)
         else:
-            data = read_bytes(path)
-            if not data.strip():
-                raise TraceFormatError(str(path), None, None, "empty file")
-            docs = iter([(None, 0, data)])
-        for where, record, data in docs:
+            data = read_file(path, lenient)  # None: skipped (lenient), counted as a file
+            docs = iter([] if data is None else [(None, data)])
+        for where, data in docs:
             scope += 1
             try:
-                obj, table = load_json_ids(data, str(path), record)
+                obj, table = load_json_ids(data, str(path), where)
+            except TraceFormatError as e:
+                if where is None:  # a .json file that is not JSON at all (truncated, binary)
+                    skip_file(path, lenient, e)
+                    continue
+                if not lenient:
+                    raise
+                b.skipped += 1
+                continue
+            try:
                 _session(b, str(path), where, obj, scope, unique, lenient,
                          None if where else path, table)
             except TraceFormatError:

@@ -11,19 +11,45 @@ import math
 from typing import Any
 
 
+def record_label(record: str | int) -> str:
+    """How a record is named in messages: ``line N`` (text files, from 1), ``row N`` (tables,
+    from 0), ``record PATH`` (a place inside a JSON document, ``[i]`` from 0)."""
+    if isinstance(record, int):
+        return f"row {record}"
+    return record if record.startswith(("line ", "row ")) else f"record {record}"
+
+
+def origin_note(label: str) -> str:
+    """Says where the numbers in a record label start, e.g. ``(lines count from 1)``."""
+    notes = []
+    if label.startswith("line "):
+        notes.append("lines count from 1")
+    if label.startswith("row "):
+        notes.append("rows count from 0")
+    if "[" in label:
+        notes.append("[i] counts from 0")
+    return f" ({', '.join(notes)})" if notes else ""
+
+
 class TraceFormatError(ValueError):
-    """Bad trace input. ``exit_code = 2`` makes the CLI print the message and exit 2."""
+    """Bad trace input. ``exit_code = 2`` makes the CLI print the message and exit 2.
+
+    The message is one line: ``FILE: RECORD: field 'F': what`` and, when the record has
+    numbers, where they start (``line 3 ... (lines count from 1)``)."""
 
     exit_code = 2
 
     def __init__(self, file: str, record: str | int | None, field: str | None, message: str):
         self.file, self.record, self.field = str(file), record, field
         where = [self.file]
+        note = ""
         if record is not None:
-            where.append(f"record {record}")
+            label = record_label(record)
+            where.append(label)
+            note = origin_note(label)
         if field is not None:
             where.append(f"field {field!r}")
-        super().__init__(f"{': '.join(where)}: {message}")
+        super().__init__(f"{': '.join(where)}: {' '.join(message.split())}{note}")
 
 
 class OptionError(ValueError):

@@ -118,7 +118,7 @@ def _read_jsonl(path: Path, b: TraceBuilder, lenient: bool) -> list[_Sess]:
     tops = []
     for line, obj, table in iter_jsonl_ids(path, lenient, skipped):
         try:
-            tops.append(_nested(obj, str(path), f"line {line}", None, -1, b, lenient, table))
+            tops.append(_nested(obj, str(path), line, None, -1, b, lenient, table))
         except TraceFormatError:
             if not lenient:
                 raise

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .builder import TraceBuilder, parse_select
 from .errors import OptionError, TraceFormatError
-from .files import strip_gz
+from .files import read_log, strip_gz
 from .model import Trace
 
 FORMATS = ("cc-traces", "mooncake", "tracelab", "tracelab-duckdb", "freeinference")
@@ -78,9 +78,11 @@ def _load_files(specs: list[str], fmt: str, block_size: int, build: dict, lenien
     b = _parse(specs, fmt, block_size, lenient, extra)
     trace = b.build(**build)
     if len(trace) == 0:
-        raise TraceFormatError(";".join(specs), None, None,
-                               "no requests" + (" left after the options" if b._sessions
-                                                else ""))
+        why = "no requests" + (" left after the options" if b._sessions else "")
+        files = b.base_options.get("skipped_files", 0)
+        if files or b.skipped:
+            why += f" ({files} files and {b.skipped} records skipped under --lenient)"
+        raise TraceFormatError(";".join(specs), None, None, why)
     return trace
 
 
@@ -89,6 +91,18 @@ def _parse(specs: list[str], fmt: str, block_size: int, lenient: bool,
     name = Path(specs[0].rstrip("/")).name + (f"+{len(specs) - 1}" if len(specs) > 1 else "")
     b = TraceBuilder(name=name, format=fmt, source=";".join(specs), block_size=block_size)
     b.base_options = {"format": fmt, "lenient": lenient, **extra}
+    with read_log() as log:
+        _read_format(specs, fmt, b, lenient, extra)
+    # Files skipped whole under --lenient (unreadable, truncated, empty); bad records inside
+    # readable files are counted apart in ``skipped``.
+    b.base_options["skipped_files"] = len(log.skipped_files)
+    if log.skipped_files:
+        b.base_options["skipped_file_names"] = log.skipped_files[:20]
+    return b
+
+
+def _read_format(specs: list[str], fmt: str, b: TraceBuilder, lenient: bool,
+                 extra: dict) -> None:
     if fmt == "cc-traces":
         from .cctraces import load_cc_traces
 
@@ -109,7 +123,6 @@ def _parse(specs: list[str], fmt: str, block_size: int, lenient: bool,
         from .freeinference import load_freeinference
 
         load_freeinference(specs, b, lenient)
-    return b
 
 
 def _head(path: Path) -> bytes:
@@ -175,4 +188,4 @@ def detect_format(specs: list[str]) -> str:
         return "cc-traces"
     if p.stat().st_size == 0:
         raise TraceFormatError(str(p), None, None, "empty file")
-    raise TraceFormatError(str(p), 0, None, "cannot detect the trace format; pass --format")
+    raise TraceFormatError(str(p), None, None, "cannot detect the trace format; pass --format")

@@ -104,14 +104,35 @@ def _round(rec: RecordReader, order: int,
                  input_region(kinds))
 
 
+def _fingerprint(rs: list[Round]) -> tuple:
+    """What a session's rounds say, without its (anonymized) ids."""
+    def t(x: float) -> float | None:
+        return None if x != x else x  # NaN != NaN would make equal sessions differ
+
+    return tuple((r.index, r.model, r.input, r.prefix, r.output, r.tool, t(r.send_s),
+                  t(r.reply_end_s)) for r in rs)
+
+
 def _emit(rounds: list[Round], b: TraceBuilder, lenient: bool) -> None:
     by: dict[str, list[Round]] = {}
     for r in rounds:
         by.setdefault(r.session, []).append(r)
+    # TraceLab publishes a session twice under different anonymized ids (the sanitized and
+    # the derived JSONL of example_sessions/): rounds, token counts and timestamps equal.
+    # Keep the first copy; count the others in options["duplicate_sessions"].
+    seen: set[tuple] = set()
+    dups = 0
+    for sid in list(by):
+        by[sid].sort(key=lambda r: (r.index, r.order))
+        fp = _fingerprint(by[sid])
+        if fp in seen:
+            del by[sid]
+            dups += 1
+        seen.add(fp)
+    b.base_options["duplicate_sessions"] = dups
     bs = b.block_size
     t0 = min((r.send_s for r in rounds if np.isfinite(r.send_s)), default=0.0)
     for scope, (sid, rs) in enumerate(by.items()):
-        rs.sort(key=lambda r: (r.index, r.order))
         h = b.open_session(sid, scope=scope, prefix_regions=((REGION_SYSTEM, rs[0].prefix),))
         hist = np.zeros(0, np.int64)  # ids of the full blocks of (previous input + output)
         hist_tokens = 0

@@ -12,17 +12,20 @@ from __future__ import annotations
 
 import re
 import sys
-from typing import Any
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, NoReturn
 
 import click
 from rich.console import Console
 
 from sim.io import atomic_write_text, dumps
 
-__all__ = ["SIZE", "KvsimGroup", "atomic_write_text", "console", "dumps", "emit_json",
-           "parse_size", "stderr"]
+__all__ = ["SIZE", "KvsimGroup", "atomic_write_text", "console", "dumps", "emit_json", "fail",
+           "fmt_metric", "one_line", "parse_size", "stderr", "trace_load_progress"]
 
-stderr = Console(stderr=True)
+# soft_wrap: a warning or progress line stays one line in logs (no wrapping at 80 columns).
+stderr = Console(stderr=True, soft_wrap=True)
 
 
 def console() -> Console:
@@ -62,22 +65,96 @@ class SizeType(click.ParamType):
 SIZE = SizeType()
 
 
+# Units shared by every table (run, sweep, reproduce): rates and shares in percent, changes
+# in signed percent, times in seconds, counts with thousands separators.
+PERCENT_KEYS = ("hit_rate", "share", "fraction")
+
+
+def fmt_metric(key: str, v: Any) -> str:
+    """One table cell in the units above; ``-`` for a missing value."""
+    if v is None or (isinstance(v, float) and v != v):
+        return "-"
+    if isinstance(v, bool | str):
+        return str(v)
+    if key.endswith("_change") or key == "difference":
+        return f"{v:+.1%}"
+    if any(p in key for p in PERCENT_KEYS):
+        return f"{v:.1%}"
+    if key.endswith("units") or key.startswith("bytes_"):
+        return f"{v:.3e}"
+    if isinstance(v, float):
+        return f"{v:,.3f}"
+    return f"{v:,}"
+
+
+@contextmanager
+def trace_load_progress(label: str = "loading trace") -> Iterator[None]:
+    """A progress bar on stderr (bytes of trace files read) while a trace is parsed inside
+    the block; nothing at all when the trace comes from a cache or a generator."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeElapsedColumn
+
+    from traces.files import report_progress
+
+    state: dict[str, Any] = {}
+
+    def update(done: int, total: int) -> None:
+        if "bar" not in state:
+            bar = Progress("[progress.description]{task.description}", BarColumn(),
+                           DownloadColumn(), TimeElapsedColumn(), console=stderr,
+                           transient=True)
+            bar.start()
+            state.update(bar=bar, task=bar.add_task(label, total=total))
+        state["bar"].update(state["task"], completed=done, total=total)
+
+    try:
+        with report_progress(update):
+            yield
+    finally:
+        if "bar" in state:
+            state["bar"].stop()
+
+
 def emit_json(doc: Any) -> None:
     """Print one JSON document on stdout."""
     click.echo(dumps(doc))
 
 
+def one_line(message: object) -> str:
+    """A message on one line (YAML and numpy errors span several)."""
+    return " ".join(str(message).split())
+
+
+def fail(message: object, code: int = 2) -> NoReturn:
+    """Print ``kvsim: error: MESSAGE`` (one line) on stderr and exit."""
+    print(f"kvsim: error: {one_line(message)}", file=sys.stderr)
+    sys.exit(code)
+
+
 class KvsimGroup(click.Group):
-    """A click group that turns input errors into one stderr line and their exit status."""
+    """A click group that turns input errors into one stderr line and their exit status.
+
+    An exception with an integer ``exit_code`` (ConfigError, TraceFormatError, ProfileError,
+    InputError, ...) is a user mistake: its message is printed on one line, as are click's own
+    usage errors (a bad option value names the option). An ``OSError`` that escapes a command
+    (a full disk, a folder removed under a running sweep) names its file the same way, exit 2.
+    Anything else is a bug and keeps its traceback.
+    """
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+        except (click.exceptions.Exit, click.exceptions.Abort):
             raise
+        except click.UsageError as e:  # click prints usage + hint + error: one line instead
+            path = e.ctx.command_path if e.ctx is not None else "kvsim"
+            fail(f"{e.format_message()} (see '{path} --help')", e.exit_code)
+        except click.ClickException as e:
+            fail(e.format_message(), e.exit_code)
         except Exception as e:
             code = getattr(e, "exit_code", None)
-            if isinstance(code, int):
-                print(f"kvsim: error: {e}", file=sys.stderr)
-                sys.exit(code)
+            if isinstance(code, int) and not isinstance(code, bool):
+                fail(e, code)
+            if isinstance(e, OSError):
+                where = f"{e.filename}: " if e.filename else ""
+                fail(f"{where}{e.strerror or e}")
             raise

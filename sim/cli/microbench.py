@@ -8,6 +8,7 @@ from rich.table import Table
 from costmodel.figure1 import figure1, illustrative_example
 from costmodel.profile import load_profile
 from costmodel.specs import get_spec
+from sim.checks import check_profile
 
 from .common import console, emit_json
 
@@ -28,6 +29,7 @@ def figure1_cmd(model: str, profile: str | None, as_json: bool) -> None:
         spec = get_spec(model)
     except KeyError as e:
         raise click.BadParameter(str(e.args[0]), param_hint="--model") from None
+    check_profile(profile, model)  # a binary or malformed file: one line naming it
     prof = load_profile(profile, model)
     rows = figure1(spec, prof)
     example = illustrative_example(spec)

@@ -1,10 +1,10 @@
-"""``kvsim plot DIR``: PNG plots of a run or sweep directory."""
+"""``kvsim plot DIR [--out DIR2]``: PNG plots of a run or sweep folder."""
 
 from __future__ import annotations
 
-import click
+from pathlib import Path
 
-from .common import stderr
+import click
 
 
 class PlotInputError(ValueError):
@@ -13,14 +13,20 @@ class PlotInputError(ValueError):
 
 @click.command("plot")
 @click.argument("directory", type=click.Path(file_okay=False))
-def plot_cmd(directory: str) -> None:
-    """TTFT CDFs per policy and bar charts of mean TTFT/JCT change (PNG)."""
+@click.option("--out", "-o", default=None,
+              help="Folder for the PNGs (checked before plotting). [default: DIRECTORY]")
+def plot_cmd(directory: str, out: str | None) -> None:
+    """TTFT CDFs and changes of a run folder (kvsim run --out); mean TTFT per grid field and
+    changes against the baseline of a sweep folder. Prints each PNG's path once."""
+    from sim.io import check_out_dir
     from sim.plots import plot_dir
 
+    if not Path(directory).is_dir():
+        raise PlotInputError(f"{directory}: no such folder")
+    check_out_dir(out or directory, "--out" if out else "DIRECTORY")
     try:
-        paths = plot_dir(directory)
+        paths = plot_dir(directory, out)
     except FileNotFoundError as e:
         raise PlotInputError(str(e)) from None
     for p in paths:
-        stderr.print(f"wrote {p}")
         click.echo(str(p))

@@ -2,24 +2,40 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 from rich.table import Table
 
-from .common import console, emit_json, stderr
+from .common import console, emit_json, fmt_metric, stderr
 
 NAMES = ["figure1", "gpu-only", "two-tier", "ablation", "fcfs", "cpu-sweep"]
 
+# figure1: (header with its unit, row key, format); fits 100 columns.
+FIGURE1_COLUMNS: list[tuple[str, str, str]] = [
+    ("context\n(tokens)", "context_tokens", "{:,}"),
+    ("deleted\n(tokens)", "deleted_tokens", "{:,}"),
+    ("front\n(units)", "front_units", "{:.3g}"),
+    ("tail\n(units)", "tail_units", "{:.3g}"),
+    ("front\n(s)", "front_seconds", "{:.3f}"),
+    ("tail\n(s)", "tail_seconds", "{:.3f}"),
+    ("speedup\n(units)", "speedup", "{:.3f}x"),
+    ("speedup\n(s)", "speedup_seconds", "{:.3f}x"),
+    ("paper\n(s)", "paper_speedup", "{:.2f}x"),
+    ("vs\npaper", "difference", "{:+.1%}"),
+]
 
-def _fmt(k: str, v: object) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        if v != v:
-            return "-"
-        if "change" in k or k == "difference" or "rate" in k or "share" in k:
-            return f"{v:+.1%}" if ("change" in k or k == "difference") else f"{v:.1%}"
-        return f"{v:.3f}"
-    return str(v)
+
+def figure1_table(rows: list[dict[str, Any]]) -> Table:
+    t = Table(title="Figure 1 (cost model, qwen3-8b, h100 profile): the next request's cost "
+                    "after deleting 30% of the context at the front or at the tail; speedup = "
+                    "tail / front", title_justify="left")
+    for head, _, _ in FIGURE1_COLUMNS:
+        t.add_column(head, justify="right")
+    for r in rows:
+        t.add_row(*("-" if r.get(k) is None else fmt.format(r[k])
+                    for _, k, fmt in FIGURE1_COLUMNS))
+    return t
 
 
 @click.command("reproduce")
@@ -32,25 +48,38 @@ def _fmt(k: str, v: object) -> str:
 @click.option("--prompt-nodes", type=click.Choice(["chunked", "whole"]), default="chunked",
               show_default=True, help="Tree shape (see kvsim run --help); ablation runs both.")
 @click.option("--quick", is_flag=True, help="Shrink every run to seconds.")
-@click.option("-j", "--jobs", type=int, default=1, show_default=True)
+@click.option("-j", "--jobs", type=click.IntRange(min=0), default=1, show_default=True,
+              help="Local: parallel processes. Ray: runs in flight (0 = no cap).")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local",
+              show_default=True, help="Where the runs execute (see kvsim sweep --help).")
+@click.option("--address", default=None, metavar="ADDR",
+              help="Ray: the cluster to join (auto, ray://HOST:10001); default: a local Ray.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def reproduce_cmd(name: str, trace: str | None, gaps: str, prompt_nodes: str, quick: bool,
-                  jobs: int, as_json: bool) -> None:
+                  jobs: int, executor: str, address: str | None, as_json: bool) -> None:
     """Run a named paper experiment and print ours beside the paper's numbers."""
+    from sim.executors import ExecutorSpec
     from sim.experiments import reproduce
 
+    if address and executor != "ray":
+        raise click.UsageError("--address is for --executor ray")
+    spec = ExecutorSpec(kind=executor, jobs=jobs, address=address)
     doc = reproduce(name, trace=trace, quick=quick, jobs=jobs, gaps=gaps,
-                    prompt_nodes=prompt_nodes)
-    stderr.print(f"{name}: trace {doc['trace']} ({doc['trace_kind']}), gaps {doc['gaps']}"
-                 + (", quick" if quick else ""))
+                    prompt_nodes=prompt_nodes, executor=spec)
+    if name != "figure1":
+        stderr.print(f"{name}: trace {doc['trace']} ({doc['trace_kind']}), gaps {doc['gaps']}"
+                     + (", quick" if quick else ""))
     if as_json:
         emit_json(doc)
         return
     rows = doc["rows"]
+    if name == "figure1":
+        console().print(figure1_table(rows))
+        return
     t = Table(title=f"kvsim reproduce {name} -- {doc['trace_kind']}, gaps {doc['gaps']}")
     cols = list(rows[0]) if rows else []
     for c in cols:
         t.add_column(c, justify="left" if isinstance(rows[0][c], str) else "right")
     for r in rows:
-        t.add_row(*(_fmt(c, r.get(c)) for c in cols))
+        t.add_row(*(fmt_metric(c, r.get(c)) for c in cols))
     console().print(t)

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from sim.config import RunConfig
 
-from .common import SIZE, atomic_write_text, console, dumps, emit_json, stderr
+from .common import SIZE, atomic_write_text, console, dumps, emit_json, fmt_metric, stderr
 from .trace import trace_options
 
 if TYPE_CHECKING:
@@ -44,21 +44,29 @@ def compare_runs(results: list[RunResult]) -> list[dict[str, Any]]:
     return out
 
 
-def print_table(runs: list[dict[str, Any]], title: str) -> None:
+# Rows shown only when some run has a non-zero value (--lenient skips, drops).
+WHEN_NONZERO = ("dropped_requests", "over_context_requests", "trace_skipped_files",
+                "trace_skipped_records")
+
+
+LENIENT_ROWS = ("trace_skipped_files", "trace_skipped_records")
+
+
+def print_table(runs: list[dict[str, Any]], title: str, lenient: bool = False) -> None:
+    """Metrics in the units every table uses (``fmt_metric``: rates in percent); changes
+    against the first run in signed percent."""
     t = Table(title=title)
     t.add_column("metric")
     for r in runs:
         t.add_column(r["policy"], justify="right")
-    fmt = {"hit_rate": "{:.1%}", "recomputed_tokens": "{:,.0f}", "recompute_units": "{:.3e}"}
     extra = ("cpu_hit_rate", "bytes_h2d", "bytes_d2h", "swap_buffer_loads") if any(
         r["summary"].get("cpu_cache_tokens") for r in runs) else ()
-    fmt.update({"cpu_hit_rate": "{:.1%}", "bytes_h2d": "{:.3e}", "bytes_d2h": "{:.3e}"})
-    for k in (*COMPARED, *extra, "requests", "evicted_tokens", "dropped_requests"):
+    shown = [k for k in WHEN_NONZERO if any(r["summary"].get(k) for r in runs)
+             or (lenient and k in LENIENT_ROWS)]
+    for k in (*COMPARED, *extra, "requests", "evicted_tokens", *shown):
         cells = []
         for i, r in enumerate(runs):
-            v = r["summary"].get(k)
-            s = "-" if v is None or v != v else fmt.get(k, "{:.3f}" if isinstance(v, float)
-                                                        else "{:,}").format(v)
+            s = fmt_metric(k, r["summary"].get(k))
             ch = r["change_vs_first"].get(k)
             if i > 0 and ch is not None:
                 s += f" ({ch:+.1%})"
@@ -109,27 +117,63 @@ def policy_configs(base: RunConfig, preset: str | None, evict: str | None,
     return configs
 
 
+def warn_quiet_surprises(res: RunResult, spec_context: int) -> None:
+    """Drops and over-long prompts, said out loud; every request dropped is an error."""
+    s, c = res.summary, res.config
+    dropped = s.get("dropped_requests") or 0
+    over = s.get("over_context_requests") or 0
+    if over:
+        stderr.print(f"[yellow]warning:[/yellow] {c.policy_label}: {over:,} requests have "
+                     f"prompts above {c.model}'s {spec_context:,}-token context; replayed "
+                     "anyway (a server would refuse them): cut the trace with --max-context")
+    if not dropped:
+        return
+    why = []
+    if s.get("dropped_over_context"):
+        why.append(f"{s['dropped_over_context']:,} with a prompt above {c.model}'s "
+                   f"{spec_context:,}-token context")
+    if s.get("dropped_cache_too_small"):
+        why.append(f"{s['dropped_cache_too_small']:,} that cannot fit a {c.gpu_cache:,}-token "
+                   "cache (prompt + decode reservation)")
+    if not s.get("requests"):
+        raise RunInputError(f"--gpu-cache {c.gpu_cache:,}: every request ({dropped:,}) was "
+                            f"dropped: {'; '.join(why)}")
+    stderr.print(f"[yellow]warning:[/yellow] {c.policy_label}: dropped {dropped:,} requests: "
+                 f"{'; '.join(why)}")
+
+
+class RunInputError(ValueError):
+    """A run that could not replay anything (exit status 2)."""
+
+    exit_code = 2
+
+
 @click.command("run")
 @click.option("--trace", "-t", default="synthetic:claude-code", show_default=True,
               help="Trace path(s) (comma-separated) or synthetic:NAME[?k=v&...].")
 @trace_options
-@click.option("--model", "-m", default="qwen3-8b", show_default=True)
+@click.option("--model", "-m", default="qwen3-8b", show_default=True,
+              help="Model spec (kvsim models lists them).")
 @click.option("--profile", "-p", default=None, help="Profile name or file (default h100-MODEL).")
 @click.option("--gpu-cache", type=SIZE, default="256k", show_default=True,
               help="GPU KV capacity in tokens.")
 @click.option("--cpu-cache", type=SIZE, default="0", show_default=True,
               help="CPU KV capacity in tokens (two tiers).")
 @click.option("--tiering", type=click.Choice(["unified", "hicache"]), default="unified",
-              show_default=True)
+              show_default=True,
+              help="Two tiers: unified (Penelope: each block in one tier) or hicache (SGLang "
+                   "HiCache: host copies, per-tier LRU).")
 @click.option("--swap-buffer", type=SIZE, default="1024", show_default=True,
               help="unified: CPU swap buffer (tokens) used when both tiers are full.")
 @click.option("--hicache-write-policy", type=click.Choice(
     ["write_through", "write_through_selective", "write_back"]), default="write_through",
-    show_default=True)
+    show_default=True, help="hicache: when device KV is copied to the host tier.")
 @click.option("--sessions", "-n", type=int, default=4, show_default=True,
               help="Sessions active at once (closed loop).")
 @click.option("--replay", type=click.Choice(["closed", "open"]), default="closed",
-              show_default=True)
+              show_default=True,
+              help="closed: a session sends after its reply + recorded gap; open: at the "
+                   "recorded send times.")
 @click.option("--time-scale", type=float, default=1.0, show_default=True,
               help="Open loop: multiply recorded send times (0.5 = twice the request rate).")
 @click.option("--preset", default=None,
@@ -149,18 +193,22 @@ def policy_configs(base: RunConfig, preset: str | None, evict: str | None,
               help="Parameter of the --policy classes, e.g. --policy-param tau_s=5 "
                    "(repeatable; typed like the class's default).")
 @click.option("--scheduler", type=click.Choice(["fcfs", "lpm", "lpm-cpu"]), default="lpm",
-              show_default=True)
-@click.option("--chunk-size", type=SIZE, default="8192", show_default=True)
+              show_default=True,
+              help="Queue order: fcfs, lpm (longest cached prefix first), lpm-cpu (counts "
+                   "the CPU-resident prefix too).")
+@click.option("--chunk-size", type=SIZE, default="8192", show_default=True,
+              help="Chunked prefill size in tokens (SGLang chunked_prefill_size).")
 @click.option("--prompt-nodes", type=click.Choice(["chunked", "whole"]), default="chunked",
               show_default=True,
               help="chunked: each prefill chunk enters the tree as it finishes (SGLang), so "
                    "nodes hold <= chunk-size tokens; whole: a prompt enters once done.")
 @click.option("--max-new-tokens", type=int, default=None,
               help="Assumed max_new_tokens (default: unset, SGLang reserves up to 4096).")
-@click.option("--max-running", type=int, default=None)
+@click.option("--max-running", type=int, default=None,
+              help="Most requests running at once (default: SGLang's, large).")
 @click.option("--debug-cache", is_flag=True, help="Recount cache invariants after every op.")
-@click.option("--out", "-o", default=None, help="Write requests.parquet, summary.json, "
-              "config.json per run under this directory.")
+@click.option("--out", "-o", default=None, help="Write requests.parquet, config.json, "
+              "summary.json per run under this folder (checked before anything runs).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select, gap_model,
             lenient, seed, cache_dir, rebuild_sessions, model, profile, gpu_cache, cpu_cache,
@@ -168,7 +216,12 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
             evict, granularity, order, policies, policy_params, scheduler, chunk_size,
             prompt_nodes, max_new_tokens, max_running, debug_cache, out, as_json) -> None:
     """Replay a trace through the simulated server under each policy; report TTFT, JCT, hits."""
-    from sim.runner import run, write_result  # the engine loads only when a run is asked for
+    from costmodel.specs import get_spec
+    from sim.checks import check_model_and_profile
+    from sim.io import check_out_dir
+    from sim.runner import load_run_trace, run, write_result  # the engine loads on demand
+
+    from .common import trace_load_progress
 
     base = RunConfig(
         trace=trace, trace_format=trace_format, select=select, shared_prefix=shared_prefix,
@@ -182,13 +235,28 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
         max_new_tokens=max_new_tokens, max_running=max_running, seed=seed,
         debug_cache=debug_cache)
     configs = policy_configs(base, preset, evict, granularity, order, policies, policy_params)
-    results = []
+    # Every input check before any work: configs, model, profile, the output folder.
     for cfg in configs:
         cfg.validate("command line")
-        t0 = time.perf_counter()  # wall time for the progress line only, never in results
-        res = run(cfg)
-        stderr.print(f"[dim]{cfg.policy_label}: {res.summary['requests']} requests in "
-                     f"{time.perf_counter() - t0:.1f}s[/dim]")
+    check_model_and_profile(configs[0], "command line")
+    if out:
+        check_out_dir(out)
+    spec_context = get_spec(model).max_context
+    t0 = time.perf_counter()  # wall time for the progress lines only, never in results
+    with trace_load_progress():
+        traces = [load_run_trace(cfg) for cfg in configs]
+    tr = traces[0]
+    stderr.print(f"[dim]trace {tr.name}: {len(tr):,} requests loaded in "
+                 f"{time.perf_counter() - t0:.1f}s[/dim]")
+    results = []
+    for cfg, trace in zip(configs, traces, strict=True):
+        t0 = time.perf_counter()
+        res = run(cfg, trace)
+        dt = time.perf_counter() - t0
+        n = res.summary["requests"]
+        stderr.print(f"[dim]{cfg.policy_label}: {n:,} requests simulated in {dt:.1f}s "
+                     f"({n / max(dt, 1e-9):,.0f} requests/s)[/dim]")
+        warn_quiet_surprises(res, spec_context)
         results.append(res)
         if out:
             write_result(res, f"{out}/{cfg.policy_label}")
@@ -202,6 +270,6 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
     cpu = f" + CPU {cpu_cache:,} ({tiering})" if cpu_cache else ""
     print_table(runs, f"{s['trace']} ({s['trace_requests']} requests), {model}, "
                       f"GPU {gpu_cache:,} tokens{cpu}, N={sessions}, {scheduler}, "
-                      f"gaps {gap_model}")
+                      f"gaps {gap_model}", lenient=lenient)
     if out:
         print(f"wrote {out}/", file=sys.stderr)

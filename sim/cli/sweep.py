@@ -1,30 +1,103 @@
-"""``kvsim sweep CONFIG.yaml --out DIR [-j N]``: a grid of runs in parallel processes."""
+"""``kvsim sweep CONFIG.yaml --out DIR``: a grid of runs on a local pool or a Ray cluster."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Any
+
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+from rich.table import Table
 
-from .common import console, stderr
+from .common import console, emit_json, fmt_metric, stderr
+
+METRICS = ("ttft_mean_s", "ttft_p90_s", "jct_mean_s", "hit_rate", "ttft_mean_s_change",
+           "jct_mean_s_change", "hit_rate_change")
+# Shown only when some point has a non-zero value.
+WHEN_NONZERO = ("dropped_requests", "over_context_requests", "trace_skipped_files",
+                "trace_skipped_records")
+
+
+def print_table(df: Any, varied: list[str], title: str, lenient: bool = False) -> None:
+    """Rates and changes in percent (as kvsim run); counts of drops and --lenient skips when
+    any point has some (the skips always under lenient)."""
+    cols = ["policy", *varied, *(m for m in METRICS if m in df.columns),
+            *(c for c in WHEN_NONZERO if c in df.columns and (
+                (df[c] != 0).any() or (lenient and c.startswith("trace_skipped"))))]
+    t = Table(title=title)
+    for c in cols:
+        t.add_column(c, justify="left" if c == "policy" or c in varied else "right")
+    for row in df.to_dict("records"):
+        t.add_row(*(fmt_metric(c, row.get(c)) for c in cols))
+    console().print(t)
+
+
+def warn_drops(df: Any) -> None:
+    """One warning line per point that dropped requests, with the reasons."""
+    for row in df.to_dict("records"):
+        n = row.get("dropped_requests") or 0
+        if not n:
+            continue
+        why = [f"{row[k]:,} {label}" for k, label in (
+            ("dropped_over_context", "with a prompt above the model's context"),
+            ("dropped_cache_too_small", "that cannot fit the cache")) if row.get(k)]
+        every = "; EVERY request was dropped" if not row.get("requests") else ""
+        stderr.print(f"[yellow]warning:[/yellow] point {row['point']} ({row['policy']}): "
+                     f"dropped {n:,} requests: {', '.join(why)}{every}")
 
 
 @click.command("sweep")
 @click.argument("config", type=click.Path(dir_okay=False))
-@click.option("--out", "-o", required=True, help="Output directory (resumable).")
-@click.option("-j", "--jobs", type=int, default=1, show_default=True, help="Parallel processes.")
-def sweep_cmd(config: str, out: str, jobs: int) -> None:
-    """Run every point of CONFIG's grid; skip finished points; write results.parquet/.csv."""
-    from sim.sweep import LocalPoolExecutor, SerialExecutor, load_sweep, run_sweep
+@click.option("--out", "-o", required=True,
+              help="Output folder: points/<id>/ per point, results.parquet/.csv; rerun the "
+                   "same command to resume.")
+@click.option("-j", "--jobs", type=click.IntRange(min=0), default=None,
+              help="Local: parallel processes (1 = in this process). Ray: tasks in flight "
+                   "(0 = no cap). [default: the config's executor.jobs, else 1]")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default=None,
+              help="Where points run: a local process pool or Ray tasks. [default: the "
+                   "config's executor.kind, else local]")
+@click.option("--address", default=None, metavar="ADDR",
+              help="Ray: the cluster to join (auto, ray://HOST:10001); default: start a "
+                   "local Ray for this sweep.")
+@click.option("--retries", type=click.IntRange(min=0), default=None,
+              help="Times a point whose worker died runs again. [default: 3]")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the results table as one JSON document.")
+def sweep_cmd(config: str, out: str, jobs: int | None, executor: str | None,
+              address: str | None, retries: int | None, as_json: bool) -> None:
+    """Run every point of CONFIG's grid; skip finished points; write results.parquet/.csv.
 
-    points, _ = load_sweep(config)  # validate before starting any process
-    executor = SerialExecutor() if jobs <= 1 else LocalPoolExecutor(jobs)
-    with Progress("[progress.description]{task.description}", BarColumn(),
-                  MofNCompleteColumn(), TimeElapsedColumn(), console=stderr) as bar:
-        task = bar.add_task("sweep", total=len(points))
-        df = run_sweep(config, out, executor,
-                       progress=lambda i, n: bar.update(task, completed=i))
-    cols = [c for c in df.columns if c in ("policy", "model", "gpu_cache", "sessions", "trace",
-                                           "gaps", "ttft_mean_s", "jct_mean_s", "hit_rate",
-                                           "ttft_mean_s_change", "jct_mean_s_change")]
-    console().print(df[cols].to_string(index=False))
+    The YAML format, resume and running on a Ray cluster: docs/sweeps.md."""
+    from sim.io import check_out_dir
+    from sim.sweep import COLUMN, POLICY_FIELDS, load_sweep, run_sweep
+
+    sweep = load_sweep(config)  # every check before any work: fields, profiles, baseline
+    check_out_dir(out)
+    spec = sweep.executor
+    spec = replace(spec, kind=executor or spec.kind, address=address or spec.address,
+                   jobs=spec.jobs if jobs is None else jobs,
+                   max_retries=spec.max_retries if retries is None else retries)
+    if spec.address and spec.kind != "ray":
+        raise click.UsageError("--address is for --executor ray")
+    if not sweep.has_grid:
+        stderr.print(f"{config} has no grid: running one point (the base config)")
+    ex = spec.make()
+    try:
+        with Progress("[progress.description]{task.description}", BarColumn(),
+                      MofNCompleteColumn(), TimeElapsedColumn(), console=stderr,
+                      transient=as_json) as bar:
+            task = bar.add_task(f"sweep ({ex.name})", total=len(sweep.points))
+            df = run_sweep(sweep, out, ex,
+                           progress=lambda i, n: bar.update(task, completed=i, total=n))
+    finally:
+        ex.close()
+    warn_drops(df)
+    if as_json:
+        emit_json({"config": config, "out": out, "rows": df.to_dict("records")})
+        return
+    varied = [COLUMN.get(k, k) for k in (sweep.points[0].values if sweep.points else {})
+              if k not in POLICY_FIELDS]
+    print_table(df, varied, f"kvsim sweep {config} ({len(df)} points)",
+                lenient=any(p.cfg.lenient for p in sweep.points))
     stderr.print(f"wrote {out}/results.parquet and results.csv ({len(df)} points)")

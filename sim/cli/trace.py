@@ -49,11 +49,15 @@ TRACE_OPTIONS: list[Callable] = [
                  callback=_gap_model, metavar="recorded|tool|cap:S|scale:F",
                  help="Client wait model: every recorded wait, tool waits only, recorded "
                       "waits capped at S seconds, or multiplied by F."),
-    click.option("--lenient", is_flag=True, help="Skip bad records and report how many."),
+    click.option("--lenient", is_flag=True,
+                 help="Skip bad records, and unreadable, truncated or empty files of a folder; "
+                      "report how many of each."),
     click.option("--seed", type=int, default=0, show_default=True,
                  help="Seed of synthetic generators."),
-    click.option("--cache-dir", default=None, type=click.Path(file_okay=False),
-                 help="Keep an npz copy of each loaded trace here for fast reloads."),
+    click.option("--cache-dir", default=None, metavar="DIR|off",
+                 help="Folder of npz copies of loaded traces (fast reloads; a changed file "
+                      "or option loads afresh). [default: $KVSIM_CACHE_DIR, else "
+                      "~/.cache/kvsim; off: no cache]"),
     click.option("--rebuild-sessions", is_flag=True,
                  help="Mooncake: chain requests into sessions by prefix continuation."),
 ]
@@ -71,10 +75,15 @@ def load_from_options(spec: str | list[str], trace_format: str | None, block_siz
                       select: str | None, lenient: bool, seed: int,
                       cache_dir: str | None = None, rebuild_sessions: bool = False,
                       **_: Any) -> Any:
-    return load_trace(spec, format=trace_format, block_size=block_size,
-                      shared_prefix=shared_prefix, max_context=max_context, select=select,
-                      seed=seed, lenient=lenient, cache_dir=cache_dir,
-                      rebuild_sessions=rebuild_sessions)
+    from traces.cache import resolve_cache_dir
+
+    from .common import trace_load_progress
+
+    with trace_load_progress():
+        return load_trace(spec, format=trace_format, block_size=block_size,
+                          shared_prefix=shared_prefix, max_context=max_context, select=select,
+                          seed=seed, lenient=lenient, cache_dir=resolve_cache_dir(cache_dir),
+                          rebuild_sessions=rebuild_sessions)
 
 
 def _fmt(v: Any) -> str:
@@ -95,6 +104,7 @@ ROWS: list[tuple[str, tuple[str, ...]]] = [
     ("sub-agent sessions", ("subagent_sessions",)),
     ("sub-agent requests", ("subagent_requests",)),
     ("skipped records", ("skipped",)),
+    ("skipped files", ("options", "skipped_files")),
     ("prompt tokens median", ("prompt_tokens", "median")),
     ("prompt tokens p90", ("prompt_tokens", "p90")),
     ("prompt tokens max", ("prompt_tokens", "max")),

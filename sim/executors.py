@@ -1,0 +1,257 @@
+"""Executors: where the runs of a sweep (or of ``kvsim reproduce``) execute.
+
+An executor maps ``fn(cfg, arg, get_trace)`` over jobs ``(cfg, arg)`` and yields ``(index,
+result)`` in completion order; ``get_trace()`` returns the config's trace (loading it, or
+fetching it, the first time a worker needs it, so ``fn`` sees a load error as its own). An
+executor decides only where and when a job runs; a job's result is a pure function of its
+config and trace, so every executor gives identical results:
+
+- ``SerialExecutor``: in this process, in order;
+- ``LocalPoolExecutor(jobs)``: a pool of ``jobs`` processes on this machine;
+- ``RayExecutor(address)``: Ray tasks on a local Ray or an existing cluster.
+
+Traces: a worker process loads each trace once and keeps it for later jobs (``sim.runner``
+memoizes by the loading options; the on-disk npz cache makes that load fast). The Ray executor
+loads each distinct trace once in the driver and puts it in Ray's object store; a worker
+fetches it the first time it runs a job on that trace and keeps it, so nodes need no copy of
+the trace files.
+
+Failures: a worker that dies (killed, out of memory) fails only the jobs it was running; they
+run again, up to ``max_retries`` times, while the other jobs go on (Ray: task retries; local
+pool: a new pool for the unfinished jobs). An exception raised BY a job is not retried (it
+would fail again): it reaches the caller.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from sim.config import RunConfig
+
+EXECUTORS = ("local", "ray")
+DEFAULT_RETRIES = 3
+
+Job = tuple[RunConfig, Any]
+GetTrace = Callable[[], Any]
+JobFn = Callable[[RunConfig, Any, GetTrace], Any]
+
+
+class WorkerLostError(RuntimeError):
+    """A job's worker died more than ``max_retries`` times."""
+
+    exit_code = 1
+
+
+@dataclass(frozen=True)
+class ExecutorSpec:
+    """What the user asked for (CLI options over the sweep YAML's ``executor:``)."""
+
+    kind: str = "local"  # local | ray
+    jobs: int = 1  # local: processes (1 = this process); ray: tasks in flight (0 = no cap)
+    address: str | None = None  # ray: None = start a local Ray; "auto" or "ray://HOST:PORT"
+    max_retries: int = DEFAULT_RETRIES
+
+    def make(self) -> Executor:
+        if self.kind == "ray":
+            return RayExecutor(self.address, max_retries=self.max_retries,
+                               max_in_flight=self.jobs if self.jobs > 1 else 0)
+        if self.jobs > 1:
+            return LocalPoolExecutor(self.jobs, max_retries=self.max_retries)
+        return SerialExecutor()
+
+
+class Executor(Protocol):
+    name: str
+
+    def map(self, fn: JobFn, jobs: list[Job]) -> Iterator[tuple[int, Any]]:
+        """``(index, fn(cfg, arg, get_trace))`` for every job, in completion order."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _local_call(fn: JobFn, cfg: RunConfig, arg: Any) -> Any:
+    from sim.runner import load_run_trace
+
+    return fn(cfg, arg, lambda: load_run_trace(cfg))
+
+
+class SerialExecutor:
+    name = "serial"
+
+    def map(self, fn: JobFn, jobs: list[Job]) -> Iterator[tuple[int, Any]]:
+        for i, (cfg, arg) in enumerate(jobs):
+            yield i, _local_call(fn, cfg, arg)
+
+    def close(self) -> None:
+        pass
+
+
+class LocalPoolExecutor:
+    """``jobs`` processes; a job whose process died runs again in a fresh pool."""
+
+    name = "local"
+
+    def __init__(self, workers: int, max_retries: int = DEFAULT_RETRIES) -> None:
+        self.workers, self.max_retries = workers, max_retries
+
+    def map(self, fn: JobFn, jobs: list[Job]) -> Iterator[tuple[int, Any]]:
+        todo = list(range(len(jobs)))
+        tries = [0] * len(jobs)
+        while todo:
+            lost: list[int] = []
+            with ProcessPoolExecutor(max_workers=min(self.workers, len(todo))) as pool:
+                futs = {pool.submit(_local_call, fn, *jobs[i]): i for i in todo}
+                pending = set(futs)
+                while pending:
+                    done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                    for f in sorted(done, key=futs.__getitem__):
+                        i = futs[f]
+                        try:
+                            res = f.result()
+                        except BrokenProcessPool:
+                            lost.append(i)
+                            continue
+                        yield i, res
+            for i in lost:
+                tries[i] += 1
+                if tries[i] > self.max_retries:
+                    raise WorkerLostError(f"job {i}: its worker process died "
+                                          f"{tries[i]} times")
+            todo = sorted(lost)
+
+    def close(self) -> None:
+        pass
+
+
+# --- Ray ----------------------------------------------------------------------------------
+_WORKER_TRACES: dict[str, Any] = {}  # per worker process: trace key -> Trace
+_WORKER_LOADS = [0]  # traces this worker process fetched from the object store
+
+
+def _ray_call(fn: JobFn, cfg: RunConfig, arg: Any, key: str, box: list) -> Any:
+    """Runs in a Ray worker. ``box`` holds the trace's ObjectRef inside a list, so Ray passes
+    the reference instead of resolving it for every task; the worker resolves it once."""
+
+    def get_trace() -> Any:
+        import ray
+
+        trace = _WORKER_TRACES.get(key)
+        if trace is None:
+            trace = _WORKER_TRACES[key] = ray.get(box[0])
+            _WORKER_LOADS[0] += 1
+        return trace
+
+    return fn(cfg, arg, get_trace)
+
+
+def worker_trace_loads() -> int:
+    """How many traces this worker process has loaded or fetched from Ray's object store
+    (once per trace, not once per job)."""
+    from sim.runner import trace_loads
+
+    return _WORKER_LOADS[0] + trace_loads()
+
+
+def trace_key(cfg: RunConfig) -> str:
+    from sim.runner import trace_options
+
+    return repr(trace_options(cfg))
+
+
+def _need_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        from sim.io import InputError
+
+        raise InputError("--executor ray: the ray package is not installed; "
+                         "pip install 'kvsim[ray]'") from None
+    return ray
+
+
+class RayExecutor:
+    """Jobs as Ray tasks (one CPU each). ``address``: None starts a local Ray for this
+    executor (shut down by ``close``); ``"auto"`` or ``"ray://HOST:10001"`` joins an existing
+    cluster. If Ray is already initialized in this process, that instance is used as is."""
+
+    name = "ray"
+
+    def __init__(self, address: str | None = None, max_retries: int = DEFAULT_RETRIES,
+                 max_in_flight: int = 0) -> None:
+        self.address, self.max_retries, self.max_in_flight = address, max_retries, max_in_flight
+        self._started = False
+
+    def _init(self) -> Any:
+        import logging
+
+        ray = _need_ray()
+        if not ray.is_initialized():
+            try:
+                ray.init(address=self.address, include_dashboard=False,
+                         logging_level=logging.WARNING, configure_logging=True)
+            except (ConnectionError, ValueError, RuntimeError) as e:
+                from sim.io import InputError
+
+                where = self.address or "a local Ray"
+                raise InputError(f"--address {where}: cannot start or reach Ray: "
+                                 f"{' '.join(str(e).split())}") from None
+            self._started = True
+        return ray
+
+    def map(self, fn: JobFn, jobs: list[Job]) -> Iterator[tuple[int, Any]]:
+        if not jobs:
+            return
+        from sim.runner import load_run_trace
+
+        ray = self._init()
+        remote = ray.remote(num_cpus=1, max_retries=self.max_retries,
+                            retry_exceptions=False)(_ray_call)
+        refs: dict[str, Any] = {}
+        for cfg, _ in jobs:  # each distinct trace is loaded once, here, into the object store
+            k = trace_key(cfg)
+            if k not in refs:
+                refs[k] = ray.put(load_run_trace(cfg))
+        cap = self.max_in_flight or len(jobs)
+        queue = list(range(len(jobs)))
+        running: dict[Any, int] = {}
+        while queue or running:
+            while queue and len(running) < cap:
+                i = queue.pop(0)
+                cfg, arg = jobs[i]
+                k = trace_key(cfg)
+                running[remote.remote(fn, cfg, arg, k, [refs[k]])] = i
+            done, _ = ray.wait(list(running), num_returns=1)
+            for ref in done:
+                i = running.pop(ref)
+                try:
+                    res = ray.get(ref)
+                except ray.exceptions.RayTaskError as e:  # the job raised: not retried
+                    cause = getattr(e, "cause", None)
+                    if isinstance(getattr(cause, "exit_code", None), int):
+                        raise cause from None  # a user error: one line, as locally
+                    raise
+                except (ray.exceptions.WorkerCrashedError,
+                        ray.exceptions.NodeDiedError) as e:
+                    raise WorkerLostError(f"job {i}: its worker died more than "
+                                          f"{self.max_retries} times ({type(e).__name__})") \
+                        from None
+                yield i, res
+
+    def close(self) -> None:
+        if self._started:
+            import ray
+
+            ray.shutdown()
+            self._started = False
+
