@@ -112,11 +112,16 @@ class Profile:
         }
 
     def dump(self, path: str | Path) -> None:
-        """Write atomically (temporary file, then rename)."""
+        """Write atomically (temporary file, then rename), after checking that
+        :func:`load_profile` will accept what is written (:func:`check_profile`)."""
         path = Path(path)
+        check_profile(self, str(path))
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+        tmp.write_text(self.to_yaml())
         tmp.replace(path)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=None)
 
 
 def _coeffs(cls: type, raw: Any, path: str, section: str) -> Any:
@@ -167,6 +172,17 @@ def profile_from_dict(raw: Any, path: str = "<profile>") -> Profile:
         decode=_coeffs(DecodeCoeffs, raw.get("decode"), path, "decode"),
         transfer=transfer, details=details, path=path,
     )
+
+
+def check_profile(profile: Profile, path: str = "<profile>") -> None:
+    """Raise :class:`ProfileError` (naming ``path`` and the field) unless the file that
+    ``profile`` would write reads back with :func:`load_profile` to the same profile. Writers
+    (``Profile.dump``, ``kvsim calibrate``) call this before writing, so no tool leaves a file
+    behind that every ``--profile`` option would then refuse (an inf bandwidth, a NaN)."""
+    raw = yaml.safe_load(profile.to_yaml())
+    back = profile_from_dict(raw, path)
+    if back.to_dict() != raw:  # pragma: no cover - a field the loader does not keep
+        raise ProfileError(path, "<root>", "does not read back unchanged")
 
 
 def shipped_profiles() -> list[str]:

@@ -6,11 +6,10 @@ import sys
 from datetime import UTC, datetime
 
 import click
-import yaml
 from rich.table import Table
 
 from calibration.errors import CalibrationError
-from costmodel.profile import load_profile
+from costmodel.profile import Profile, check_profile, load_profile
 from costmodel.specs import get_spec
 
 from .common import atomic_write_text, console, emit_json
@@ -62,17 +61,23 @@ def calibrate_cmd(device: str, model: str, layers: int | None, quick: bool, out:
 
     prof, report = calibrate(settings, progress)
     if out:
-        try:
-            atomic_write_text(out, yaml.safe_dump(prof.to_dict(), sort_keys=False,
-                                                  default_flow_style=None))
-        except OSError as e:
-            raise CalibrationError(f"{out}: cannot write: {e.strerror}") from None
-        prof = load_profile(out, model)  # the file must read back
+        prof = write_profile(prof, out, model)
         progress(f"wrote {out}")
     if as_json:
         emit_json({"profile": prof.to_dict(), "out": out, "fit": report["fit"]})
         return
     _print(prof, report, out)
+
+
+def write_profile(prof: Profile, out: str, model: str) -> Profile:
+    """Validate, then write atomically; returns the profile as read back from ``out``. A
+    profile that ``load_profile`` would refuse is never written (exit 2 naming the field)."""
+    check_profile(prof, out)
+    try:
+        atomic_write_text(out, prof.to_yaml())
+    except OSError as e:
+        raise CalibrationError(f"{out}: cannot write: {e.strerror}") from None
+    return load_profile(out, model)
 
 
 def _print(prof, report: dict, out: str | None) -> None:
