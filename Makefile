@@ -14,12 +14,14 @@ $(STAMP): pyproject.toml
 	touch $@
 
 # Tests also need CPU torch (calibration, the SGLang reference), the real SGLang radix cache
-# installed without its ~100 dependencies (see benchmarks/sglang_ref.py) and duckdb (the
-# TraceLab DuckDB loader): nothing is skipped in CI.
+# installed without its ~100 dependencies (see benchmarks/sglang_ref.py), duckdb (the
+# TraceLab DuckDB loader) and aiconfigurator-core (the measured kernel tables of
+# `kvsim calibrate --from-kernels`): nothing is skipped in CI.
 $(TEST_STAMP): $(STAMP)
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q --no-deps sglang==0.5.23
 	$(BIN)/pip install -q duckdb==2.0.1
+	$(BIN)/pip install -q aiconfigurator-core==0.12.0
 	touch $@
 
 venv: $(STAMP)
