@@ -121,3 +121,28 @@ def test_benchmark_runs_one_model(capsys) -> None:
     assert bench_kernels.main(["--models", "qwen3-8b", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["models"]["qwen3-8b"]["wall_s"] > 0
+
+
+def test_compare_tables_and_a_measured_profile(tmp_path, capsys) -> None:
+    from calibration.kernels import compare
+    from costmodel.units import ranges_units
+
+    assert compare.main([]) == 0
+    out = capsys.readouterr().out
+    assert "kernel-fitted / derived" in out and "| qwen3-8b | 1 |" in out
+    assert "| paper (measured, H100) | 1.140 |" in out
+    # A torch-harness profile (as gpu_script.sh writes on a GPU) measured 10% above the
+    # kernel profile: its kernel row reads 9.1% (= 1 - 1/1.1); the fake carries the kernel
+    # coefficients, so its "own fit" row reads the same.
+    k = load_profile("kernels-h100_sxm-qwen3-8b")
+    pts = [[(0, 2048)], [(4096, 8192)], [(2048, 4506), (8192, 8704)]]
+    meas = [1.1 * k.prefill_seconds(ranges_units(k.spec, p)) for p in pts]
+    fake = dataclasses.replace(k, name="measured-cuda-qwen3-8b", details={
+        "prefill_points": [{"point": [list(r) for r in p], "measured_s": m}
+                           for p, m in zip(pts, meas, strict=True)]})
+    path = tmp_path / "m.yaml"
+    fake.dump(path)
+    rows = {r["profile"]: r for r in compare.against_measured(path, "h100_sxm")}
+    assert rows["kernels h100_sxm"]["prefill median / max |rel|"] == "9.1% / 9.1%"
+    assert rows["torch harness (its own fit)"]["prefill median / max |rel|"] == "9.1% / 9.1%"
+    assert rows["derived H100"]["points"] == 3
