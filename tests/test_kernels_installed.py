@@ -146,3 +146,14 @@ def test_compare_tables_and_a_measured_profile(tmp_path, capsys) -> None:
     assert rows["kernels h100_sxm"]["prefill median / max |rel|"] == "9.1% / 9.1%"
     assert rows["torch harness (its own fit)"]["prefill median / max |rel|"] == "9.1% / 9.1%"
     assert rows["derived H100"]["points"] == 3
+
+
+def test_docs_tables_are_the_compare_output(capsys) -> None:
+    """docs/calibration.md's comparison tables are pasted from compare.main(): keep in step."""
+    from calibration.kernels import compare
+
+    compare.main([])
+    doc = (Path(__file__).parents[1] / "docs" / "calibration.md").read_text()
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("|")]
+    missing = [ln for ln in lines if ln not in doc]
+    assert not missing, "rerun python -m calibration.kernels.compare:\n" + "\n".join(missing)
