@@ -190,8 +190,19 @@ def shipped_profiles() -> list[str]:
     return sorted(p.name[: -len(".yaml")] for p in root.iterdir() if p.name.endswith(".yaml"))
 
 
-def default_profile_name(model: str) -> str:
-    return f"h100-{model}"
+# Shipped profile families on one H100 (what ``kvsim reproduce --profiles`` picks from).
+PROFILE_FAMILIES = {"derived": "h100-{model}", "kernels": "kernels-h100_sxm-{model}"}
+DEFAULT_FAMILY = "derived"
+
+
+def default_profile_name(model: str, family: str | None = None) -> str:
+    """The shipped profile of ``model`` in ``family`` (default: :data:`DEFAULT_FAMILY`)."""
+    try:
+        pattern = PROFILE_FAMILIES[family or DEFAULT_FAMILY]
+    except KeyError:
+        raise ValueError(f"profile family must be one of {', '.join(PROFILE_FAMILIES)}, "
+                         f"got {family!r}") from None
+    return pattern.format(model=model)
 
 
 def load_profile(name_or_path: str | Path | None, model: str | None = None) -> Profile:

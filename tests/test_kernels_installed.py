@@ -157,3 +157,16 @@ def test_docs_tables_are_the_compare_output(capsys) -> None:
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("|")]
     missing = [ln for ln in lines if ln not in doc]
     assert not missing, "rerun python -m calibration.kernels.compare:\n" + "\n".join(missing)
+
+
+def test_reproduce_prices_with_a_chosen_profile_family() -> None:
+    got = {}
+    for family in ("derived", "kernels"):
+        r = CliRunner().invoke(cli, ["reproduce", "figure1", "--profiles", family, "--json"])
+        assert r.exit_code == 0, r.output
+        doc = json.loads(r.stdout)
+        assert doc["profiles"] == family
+        got[family] = [row["speedup_seconds"] for row in doc["rows"]]
+    k = figure1(get_spec("qwen3-8b"), load_profile("kernels-h100_sxm-qwen3-8b"))
+    assert got["kernels"] == [row["speedup_seconds"] for row in k]
+    assert got["derived"] != got["kernels"]

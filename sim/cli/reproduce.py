@@ -32,15 +32,18 @@ def _fmt(k: str, v: object) -> str:
 @click.option("--prompt-nodes", type=click.Choice(["chunked", "whole"]), default="chunked",
               show_default=True, help="Tree shape (see kvsim run --help); ablation runs both.")
 @click.option("--quick", is_flag=True, help="Shrink every run to seconds.")
+@click.option("--profiles", type=click.Choice(["derived", "kernels"]), default=None,
+              help="Shipped H100 profiles to price with: derived (datasheet) or kernels "
+                   "(measured kernel tables) [default: each model's default profile].")
 @click.option("-j", "--jobs", type=int, default=1, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def reproduce_cmd(name: str, trace: str | None, gaps: str, prompt_nodes: str, quick: bool,
-                  jobs: int, as_json: bool) -> None:
+                  profiles: str | None, jobs: int, as_json: bool) -> None:
     """Run a named paper experiment and print ours beside the paper's numbers."""
     from sim.experiments import reproduce
 
     doc = reproduce(name, trace=trace, quick=quick, jobs=jobs, gaps=gaps,
-                    prompt_nodes=prompt_nodes)
+                    prompt_nodes=prompt_nodes, profiles=profiles)
     stderr.print(f"{name}: trace {doc['trace']} ({doc['trace_kind']}), gaps {doc['gaps']}"
                  + (", quick" if quick else ""))
     if as_json:
