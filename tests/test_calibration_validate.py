@@ -16,7 +16,7 @@ from sim.cli.main import cli
 
 def _inf_bandwidth_profile():
     """What ``calibrate`` made when the copy fit returned ``s_per_byte`` 0: 1/0 -> inf."""
-    good = load_profile("h100-qwen3-8b")
+    good = load_profile("derived-h100-qwen3-8b")
     return dataclasses.replace(
         good, name="measured-cpu-qwen3-8b",
         transfer=TransferCoeffs(float("inf"), 1e10, 1e-5))
@@ -25,7 +25,7 @@ def _inf_bandwidth_profile():
 def test_check_profile_names_the_bad_field() -> None:
     with pytest.raises(ProfileError, match=r"transfer\.h2d_bytes_per_s"):
         check_profile(_inf_bandwidth_profile(), "out.yaml")
-    check_profile(load_profile("h100-qwen3-8b"), "out.yaml")  # a good one passes
+    check_profile(load_profile("derived-h100-qwen3-8b"), "out.yaml")  # a good one passes
 
 
 def test_dump_refuses_an_invalid_profile(tmp_path: Path) -> None:
