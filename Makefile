@@ -15,11 +15,12 @@ $(STAMP): pyproject.toml
 
 # Tests also need CPU torch (calibration, the SGLang reference), the real SGLang radix cache
 # installed without its ~100 dependencies (see benchmarks/sglang_ref.py), duckdb (the
-# TraceLab DuckDB loader) and ray (the Ray sweep executor): nothing is skipped in CI.
+# TraceLab DuckDB loader), ray (the Ray sweep executor) and aiconfigurator-core (the
+# measured kernel tables of `kvsim calibrate --from-kernels`): nothing is skipped in CI.
 $(TEST_STAMP): $(STAMP)
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q --no-deps sglang==0.5.23
-	$(BIN)/pip install -q -e '.[duckdb,ray]'
+	$(BIN)/pip install -q -e '.[duckdb,ray,kernels]'
 	touch $@
 
 venv: $(STAMP)

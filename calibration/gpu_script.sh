@@ -10,6 +10,9 @@
 #     <gpu>-<model>.json          kvsim calibrate --json: fit quality, the profile
 #     <gpu>-<model>.figure1.json  kvsim microbench figure1 with that profile
 #     <gpu>-environment.txt       nvidia-smi, torch and CUDA versions, git commit, date
+#     <gpu>-<model>.vs-kernels.md  errors of this profile, of the kernel-table profile of the
+#                                 same system (SYSTEM, guessed from the GPU name) and of the
+#                                 derived one, on the prefill points measured here
 # Provenance (device name, torch/CUDA versions, date, model, layers timed, grid, every measured
 # point and the fit's errors) is also inside each profile under `details`.
 # Time on one H100: about 1-2 minutes per model (bf16, 4 layers timed per model, 5 rounds).
@@ -32,6 +35,13 @@ if [[ $DEVICE == cuda ]]; then
 else
   GPU=$DEVICE
 fi
+# The kernel-table system to compare with (kvsim calibrate --from-kernels names).
+case "$GPU" in
+  *gb200*) GUESS=gb200 ;; *gb300*) GUESS=gb300 ;; *b300*) GUESS=b300_sxm ;;
+  *b200*) GUESS=b200_sxm ;; *h200*) GUESS=h200_sxm ;; *a100*) GUESS=a100_sxm ;;
+  *l40s*) GUESS=l40s ;; *rtx-pro-6000*) GUESS=rtx_pro_6000_server ;; *) GUESS=h100_sxm ;;
+esac
+SYSTEM=${SYSTEM:-$GUESS}
 mkdir -p "$OUT"
 {
   echo "date: $DATE"
@@ -60,5 +70,11 @@ for r in d["figure1_measured"]:
 for h in d["hole_restore"]:
     print(f"hole {h['hole']} + new {h['new']}: batched/apart {h['batched_over_apart']:.4f}")
 PY
+  if "$PY" -c "import aiconfigurator_core" 2>/dev/null; then
+    "$PY" -m calibration.kernels.compare --measured "$base.yaml" --system "$SYSTEM" \
+      | tee "$base.vs-kernels.md"
+  else
+    echo "(pip install 'kvsim[kernels]' to compare with the $SYSTEM kernel-table profile)" >&2
+  fi
 done
 echo "profiles in $OUT" >&2

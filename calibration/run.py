@@ -360,8 +360,8 @@ def calibrate(settings: Settings, progress: Progress | None = None) -> tuple[Pro
                     + (" (quick: tiny stand-in shapes rescaled; a smoke test, not a forecast)"
                        if st.quick else "")),
         prefill=prefill, decode=decode, transfer=transfer, gpus=1,
-        details=_plain(details))
-    return prof, {"fit": _plain(fit_doc), "details": prof.details}
+        details=plain_types(details))
+    return prof, {"fit": plain_types(fit_doc), "details": prof.details}
 
 
 def _bandwidth(res: fitmod.FitResult) -> float:
@@ -401,7 +401,7 @@ def _version() -> str:
         return "unknown"
 
 
-def _plain(obj: Any) -> Any:
+def plain_types(obj: Any) -> Any:
     """YAML-safe plain types: str subclasses -> str, tuples -> lists, numpy scalars ->
     Python, inf/nan -> None."""
     import math
@@ -409,9 +409,9 @@ def _plain(obj: Any) -> Any:
     if isinstance(obj, str):
         return str(obj)  # str subclasses (torch's TorchVersion) are not safe YAML
     if isinstance(obj, dict):
-        return {str(k): _plain(v) for k, v in obj.items()}
+        return {str(k): plain_types(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
-        return [_plain(v) for v in obj]
+        return [plain_types(v) for v in obj]
     if hasattr(obj, "item") and callable(obj.item):
         obj = obj.item()
     if isinstance(obj, float) and not math.isfinite(obj):

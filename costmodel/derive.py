@@ -1,8 +1,10 @@
 """Derive the shipped H100 profiles from datasheet peaks and stated efficiencies.
 
-``python -m costmodel.derive`` rewrites ``costmodel/profiles/h100-*.yaml``; a test checks the
-shipped files equal what this module derives, so the numbers never drift from their reasons.
-These are *derived, not measured*: ``kvsim calibrate`` measures real ones.
+``python -m costmodel.derive`` rewrites ``costmodel/profiles/derived-h100-*.yaml``; a test
+checks the shipped files equal what this module derives, so the numbers never drift from their
+reasons. These are *derived, not measured*: the default profiles are the measured-kernel ones
+(``kernels-h100_sxm-*``, ``kvsim calibrate --from-kernels``); these stay for comparison
+(docs/calibration.md), and ``kvsim calibrate`` measures real ones on a GPU.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ def derive(model: str) -> Profile:
     per_ctx = spec.kv_bytes_per_token / hbm
     pcie = gpus * PCIE5_X16_BYTES_PER_S * EFF_PCIE
     return Profile(
-        name=f"h100-{model}", model=model, gpus=gpus,
+        name=f"derived-h100-{model}", model=model, gpus=gpus,
         device=f"NVIDIA H100 80GB SXM x{gpus} (datasheet)",
         provenance="derived, not measured",
         prefill=PrefillCoeffs(PREFILL_FIXED_S, lin, attn, 0.0),
@@ -68,8 +70,8 @@ def derive(model: str) -> Profile:
 def main() -> None:
     out = Path(__file__).parent / "profiles"
     for model in model_names():
-        derive(model).dump(out / f"h100-{model}.yaml")
-        print(f"wrote {out / f'h100-{model}.yaml'}")
+        derive(model).dump(out / f"derived-h100-{model}.yaml")
+        print(f"wrote {out / f'derived-h100-{model}.yaml'}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """Time profiles: seconds from units, bytes and batch shapes. Profiles are data files.
 
 A profile is a YAML file (see ``profiles/``) made for one model spec on one device, with its
-provenance (``derived, not measured`` from datasheet peaks, or measured by ``kvsim calibrate``).
+provenance: fitted to NVIDIA's measured kernel tables (``kernels-*``, the defaults; ``kvsim
+calibrate --from-kernels``), ``derived, not measured`` from datasheet peaks (``derived-*``), or
+measured on a GPU by ``kvsim calibrate``.
 Profiles are untrusted input: loaded with ``yaml.safe_load`` and validated field by field.
 
     prefill batch  = fixed + per_linear_unit * linear + per_attention_unit * attention
@@ -13,6 +15,7 @@ Profiles are untrusted input: loaded with ``yaml.safe_load`` and validated field
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import MISSING, asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -112,11 +115,16 @@ class Profile:
         }
 
     def dump(self, path: str | Path) -> None:
-        """Write atomically (temporary file, then rename)."""
+        """Write atomically (temporary file, then rename), after checking that
+        :func:`load_profile` will accept what is written (:func:`check_profile`)."""
         path = Path(path)
+        check_profile(self, str(path))
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+        tmp.write_text(self.to_yaml())
         tmp.replace(path)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=None)
 
 
 def _coeffs(cls: type, raw: Any, path: str, section: str) -> Any:
@@ -169,18 +177,44 @@ def profile_from_dict(raw: Any, path: str = "<profile>") -> Profile:
     )
 
 
+def check_profile(profile: Profile, path: str = "<profile>") -> None:
+    """Raise :class:`ProfileError` (naming ``path`` and the field) unless the file that
+    ``profile`` would write reads back with :func:`load_profile` to the same profile. Writers
+    (``Profile.dump``, ``kvsim calibrate``) call this before writing, so no tool leaves a file
+    behind that every ``--profile`` option would then refuse (an inf bandwidth, a NaN)."""
+    raw = yaml.safe_load(profile.to_yaml())
+    back = profile_from_dict(raw, path)
+    if back.to_dict() != raw:  # pragma: no cover - a field the loader does not keep
+        raise ProfileError(path, "<root>", "does not read back unchanged")
+
+
 def shipped_profiles() -> list[str]:
     root = resources.files("costmodel") / "profiles"
     return sorted(p.name[: -len(".yaml")] for p in root.iterdir() if p.name.endswith(".yaml"))
 
 
-def default_profile_name(model: str) -> str:
-    return f"h100-{model}"
+# Shipped profile families on one H100 (what ``kvsim reproduce --profiles`` picks from). The
+# default is the profile fitted to measured kernels; the datasheet-derived one was the default
+# before and keeps its numbers under its new name.
+PROFILE_FAMILIES = {"derived": "derived-h100-{model}", "kernels": "kernels-h100_sxm-{model}"}
+DEFAULT_FAMILY = "kernels"
+RENAMED = re.compile(r"^h100-(?P<model>.+)$")  # the derived profiles' names until kernels
+
+
+def default_profile_name(model: str, family: str | None = None) -> str:
+    """The shipped profile of ``model`` in ``family`` (default: :data:`DEFAULT_FAMILY`)."""
+    try:
+        pattern = PROFILE_FAMILIES[family or DEFAULT_FAMILY]
+    except KeyError:
+        raise ValueError(f"profile family must be one of {', '.join(PROFILE_FAMILIES)}, "
+                         f"got {family!r}") from None
+    return pattern.format(model=model)
 
 
 def load_profile(name_or_path: str | Path | None, model: str | None = None) -> Profile:
-    """Load a profile by shipped name (``h100-qwen3-8b``) or file path; ``None`` picks the
-    shipped default for ``model``. A profile made for another model is refused."""
+    """Load a profile by shipped name (``kernels-h100_sxm-qwen3-8b``, ``derived-h100-qwen3-8b``)
+    or file path; ``None`` picks the shipped default for ``model`` (the measured-kernel H100
+    profile). A profile made for another model is refused."""
     if name_or_path is None:
         if model is None:
             raise ValueError("either a profile or a model is needed")
@@ -194,6 +228,12 @@ def load_profile(name_or_path: str | Path | None, model: str | None = None) -> P
             raise ProfileError(path, "<file>", f"cannot read: {e.strerror}") from None
     else:
         res = resources.files("costmodel") / "profiles" / f"{name_or_path}.yaml"
+        old = RENAMED.match(str(name_or_path))
+        if not res.is_file() and old:
+            m = old["model"]
+            raise ProfileError(str(name_or_path), "<name>",
+                               f"renamed: the datasheet profile is now derived-h100-{m}; the "
+                               f"default is the measured-kernel kernels-h100_sxm-{m}")
         if not res.is_file():
             raise ProfileError(str(name_or_path), "<name>",
                                f"no such profile; shipped: {', '.join(shipped_profiles())}")

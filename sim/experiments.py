@@ -62,8 +62,14 @@ class Context:
     gaps: str = "tool"
     jobs: int = 1
     prompt_nodes: str = "chunked"  # chunked (SGLang: a node per prefill chunk) | whole
+    profiles: str | None = None  # a shipped profile family (derived, kernels); None: default
     notes: list[str] = field(default_factory=list)
     executor: ExecutorSpec | None = None  # None: local, ``jobs`` processes
+
+    def profile(self, model: str) -> str | None:
+        from costmodel.profile import default_profile_name
+
+        return None if self.profiles is None else default_profile_name(model, self.profiles)
 
     @property
     def is_synthetic(self) -> bool:
@@ -75,7 +81,8 @@ class Context:
                         shared_prefix=None if self.is_synthetic else SHARED_PREFIX,
                         select=None if self.is_synthetic else "top-requests:24",
                         gaps=self.gaps, sessions=sessions, scheduler="lpm",
-                        checkpoint_chunks=self.prompt_nodes == "chunked")
+                        checkpoint_chunks=self.prompt_nodes == "chunked",
+                        profile=self.profile(model))
         if self.quick:
             # Seconds, not minutes: fewer sessions, shorter contexts, a proportionally
             # smaller cache so that eviction still happens.
@@ -125,7 +132,7 @@ def figure1(ctx: Context) -> list[dict[str, Any]]:
     from costmodel.profile import load_profile
     from costmodel.specs import get_spec
 
-    rows = fig1(get_spec("qwen3-8b"), load_profile(None, "qwen3-8b"))
+    rows = fig1(get_spec("qwen3-8b"), load_profile(ctx.profile("qwen3-8b"), "qwen3-8b"))
     for r in rows:
         paper = r["paper_measured_speedup"]
         r["paper_speedup"] = paper
@@ -348,7 +355,8 @@ def default_trace() -> tuple[str, str]:
 
 def reproduce(name: str, trace: str | None = None, quick: bool = False, jobs: int = 1,
               gaps: str = "tool", prompt_nodes: str = "chunked",
-              executor: ExecutorSpec | None = None) -> dict[str, Any]:
+              executor: ExecutorSpec | None = None,
+              profiles: str | None = None) -> dict[str, Any]:
     if name not in EXPERIMENTS:
         raise KeyError(f"unknown experiment {name!r}; known: {', '.join(EXPERIMENTS)}")
     if trace is None:
@@ -356,8 +364,11 @@ def reproduce(name: str, trace: str | None = None, quick: bool = False, jobs: in
     else:
         which = "given trace"
     ctx = Context(trace=trace, quick=quick, gaps=gaps, jobs=jobs, prompt_nodes=prompt_nodes,
-                  executor=executor)
+                  executor=executor, profiles=profiles)
     rows = EXPERIMENTS[name](ctx)
-    return {"experiment": name, "trace": trace, "trace_kind": which, "gaps": gaps,
-            "prompt_nodes": "both" if name in ("ablation", "gpu-only") else prompt_nodes,
-            "quick": quick, "rows": rows}
+    doc = {"experiment": name, "trace": trace, "trace_kind": which, "gaps": gaps,
+           "prompt_nodes": "both" if name in ("ablation", "gpu-only") else prompt_nodes,
+           "quick": quick, "rows": rows}
+    if profiles is not None:
+        doc["profiles"] = profiles
+    return doc

@@ -16,15 +16,27 @@ from costmodel.units import range_units
 
 def test_every_model_has_a_derived_h100_profile() -> None:
     for m in model_names():
-        p = load_profile(None, m)
+        p = load_profile(f"derived-h100-{m}", m)
         assert p.model == m
         assert p.provenance == "derived, not measured"
         assert p.to_dict() == derive.derive(m).to_dict(), "run python -m costmodel.derive"
-    assert len(shipped_profiles()) >= len(model_names())
+    assert len(shipped_profiles()) >= 4 * len(model_names())
+
+
+def test_the_default_is_the_measured_kernel_h100_profile() -> None:
+    for m in model_names():
+        p = load_profile(None, m)
+        assert p.name == f"kernels-h100_sxm-{m}"
+        assert p.provenance.startswith("fitted to measured kernel tables")
+
+
+def test_the_old_derived_names_point_to_the_new_ones() -> None:
+    with pytest.raises(ProfileError, match=r"derived-h100-qwen3-8b.*kernels-h100_sxm-qwen3-8b"):
+        load_profile("h100-qwen3-8b")
 
 
 def test_prefill_seconds_is_linear_in_units() -> None:
-    p = load_profile("h100-qwen3-8b")
+    p = load_profile("derived-h100-qwen3-8b")
     u = range_units(p.spec, 0, 8192)
     t = p.prefill_seconds(u)
     assert t == pytest.approx(p.prefill.fixed_s + p.prefill.per_linear_unit_s * u.linear
@@ -34,7 +46,7 @@ def test_prefill_seconds_is_linear_in_units() -> None:
 
 
 def test_decode_and_transfer() -> None:
-    p = load_profile("h100-qwen3-8b")
+    p = load_profile("derived-h100-qwen3-8b")
     one = p.decode_step_seconds(1, 1000)
     assert 0.005 < one < 0.05
     assert p.decode_step_seconds(8, 800_000) > one
@@ -43,7 +55,7 @@ def test_decode_and_transfer() -> None:
 
 
 def test_profile_round_trip(tmp_path: Path) -> None:
-    p = load_profile("h100-qwen3-32b")
+    p = load_profile("derived-h100-qwen3-32b")
     out = tmp_path / "p.yaml"
     p.dump(out)
     assert load_profile(str(out)).to_dict() == p.to_dict()
@@ -62,7 +74,7 @@ def test_profile_round_trip(tmp_path: Path) -> None:
     ],
 )
 def test_bad_profiles_name_the_field(tmp_path: Path, mutate, field: str) -> None:
-    d = load_profile("h100-qwen3-8b").to_dict()
+    d = load_profile("derived-h100-qwen3-8b").to_dict()
     mutate(d)
     f = tmp_path / "bad.yaml"
     f.write_text(yaml.safe_dump(d))
@@ -74,7 +86,7 @@ def test_bad_profiles_name_the_field(tmp_path: Path, mutate, field: str) -> None
 
 def test_profile_for_another_model_is_refused() -> None:
     with pytest.raises(ProfileError, match="not 'qwen3-8b'"):
-        load_profile("h100-qwen3-32b", "qwen3-8b")
+        load_profile("derived-h100-qwen3-32b", "qwen3-8b")
 
 
 def test_yaml_is_safe_loaded(tmp_path: Path) -> None:

@@ -15,12 +15,12 @@ from sim.runner import run
 from tests.enginekit import KitTrace
 
 SPEC = get_spec("qwen3-8b")
-PROF = load_profile("h100-qwen3-8b")
+PROF = load_profile("derived-h100-qwen3-8b")
 
 
 def cfg(**kw) -> RunConfig:
     base = dict(gpu_cache=1 << 20, sessions=4, scheduler="lpm", max_new_tokens=64,
-                debug_cache=True)
+                debug_cache=True, profile=PROF.name)  # pinned: the expected times use PROF
     base.update(kw)
     preset = base.pop("preset", "penelope")
     return RunConfig(**base).with_preset(preset)

@@ -56,7 +56,7 @@ def test_models_json() -> None:
     doc = run_json("models", "--json")
     by = {m["name"]: m for m in doc["models"]}
     assert by["qwen3-8b"]["W"] == 23_552
-    assert by["qwen3-8b"]["default_profile"] == "h100-qwen3-8b"
+    assert by["qwen3-8b"]["default_profile"] == "kernels-h100_sxm-qwen3-8b"
     assert by["gemma-3-27b"]["sliding_attention_layers"] == 52
 
 

@@ -1,4 +1,5 @@
-"""``kvsim calibrate``: time prefill/decode/copies with torch on this machine, fit a profile."""
+"""``kvsim calibrate``: time prefill/decode/copies with torch on this machine, or compose them
+from NVIDIA's measured kernel tables (``--from-kernels SYSTEM``), and fit a profile."""
 
 from __future__ import annotations
 
@@ -6,19 +7,31 @@ import sys
 from datetime import UTC, datetime
 
 import click
-import yaml
 from rich.table import Table
 
 from calibration.errors import CalibrationError
-from costmodel.profile import load_profile
+from costmodel.profile import Profile, check_profile, load_profile
 from costmodel.specs import get_spec
 
 from .common import atomic_write_text, console, emit_json
+
+TORCH_ONLY = ("layers", "quick", "rounds", "warmup", "threads", "clock")
 
 
 @click.command("calibrate")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
               help="cuda: bf16, timed with CUDA events; cpu: float32 (see --clock).")
+@click.option("--from-kernels", "system", default=None, metavar="SYSTEM",
+              help="Instead of timing here, compose times from the measured kernel tables of "
+                   "SYSTEM (h100_sxm, h200_sxm, b200_sxm, ...; needs kvsim[kernels]).")
+@click.option("--framework", type=click.Choice(["sglang", "vllm", "trtllm"]), default=None,
+              help="With --from-kernels: whose kernels [default: sglang].")
+@click.option("--gpus", type=click.IntRange(1, 64), default=None,
+              help="With --from-kernels: tensor-parallel GPUs [default: the model's count in "
+                   "the derived profiles].")
+@click.option("--kernel-data", type=click.Path(file_okay=False), default=None,
+              help="With --from-kernels: a directory laid out like aiconfigurator-core's "
+                   "systems/ [default: the installed package].")
 @click.option("--model", "-m", default="qwen3-8b", show_default=True, help="Model spec.")
 @click.option("--layers", type=click.IntRange(min=1), default=None,
               help="Layers timed per attention kind, scaled to the model's depth "
@@ -39,11 +52,13 @@ from .common import atomic_write_text, console, emit_json
 @click.option("--seed", type=int, default=0, show_default=True, help="Weights and visit order.")
 @click.option("--date", default=None, help="Provenance date [default: today, UTC].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-def calibrate_cmd(device: str, model: str, layers: int | None, quick: bool, out: str | None,
-                  rounds: int | None, warmup: int | None, threads: int | None,
-                  clock: str | None, seed: int,
+def calibrate_cmd(device: str, system: str | None, framework: str | None, gpus: int | None,
+                  kernel_data: str | None, model: str, layers: int | None, quick: bool,
+                  out: str | None, rounds: int | None, warmup: int | None,
+                  threads: int | None, clock: str | None, seed: int,
                   date: str | None, as_json: bool) -> None:
-    """Time a decoder stack with MODEL's shapes (random weights) on DEVICE and fit a profile.
+    """Time a decoder stack with MODEL's shapes (random weights) on DEVICE and fit a profile,
+    or (--from-kernels SYSTEM) compose MODEL's times from measured GPU kernel tables and fit.
 
     Prints the fit's R^2 and relative errors (training points and held-out points) and, with
     --out, writes the profile file that every --profile option accepts."""
@@ -51,28 +66,62 @@ def calibrate_cmd(device: str, model: str, layers: int | None, quick: bool, out:
         get_spec(model)
     except KeyError as e:
         raise click.BadParameter(str(e.args[0]), param_hint="--model") from None
+
+    def progress(msg: str) -> None:
+        print(f"kvsim calibrate: {msg}", file=sys.stderr, flush=True)
+
+    if system is not None:
+        given = {"layers": layers, "quick": quick or None, "rounds": rounds, "warmup": warmup,
+                 "threads": threads, "clock": clock}
+        for name in TORCH_ONLY:
+            if given[name] is not None:
+                raise click.UsageError(f"--{name} times torch here; it does not go with "
+                                       "--from-kernels")
+        _from_kernels(system, framework or "sglang", gpus, kernel_data, model, out, as_json,
+                      progress)
+        return
+    for name, value in (("framework", framework), ("gpus", gpus), ("kernel-data", kernel_data)):
+        if value is not None:
+            raise click.UsageError(f"--{name} goes with --from-kernels SYSTEM")
     from calibration.run import Settings, calibrate
 
     settings = Settings(model=model, device=device, layers=layers, quick=quick, warmup=warmup,
                         rounds=rounds, threads=threads, clock=clock, seed=seed,
                         date=date or datetime.now(UTC).date().isoformat())
-
-    def progress(msg: str) -> None:
-        print(f"kvsim calibrate: {msg}", file=sys.stderr, flush=True)
-
     prof, report = calibrate(settings, progress)
     if out:
-        try:
-            atomic_write_text(out, yaml.safe_dump(prof.to_dict(), sort_keys=False,
-                                                  default_flow_style=None))
-        except OSError as e:
-            raise CalibrationError(f"{out}: cannot write: {e.strerror}") from None
-        prof = load_profile(out, model)  # the file must read back
+        prof = write_profile(prof, out, model)
         progress(f"wrote {out}")
     if as_json:
         emit_json({"profile": prof.to_dict(), "out": out, "fit": report["fit"]})
         return
     _print(prof, report, out)
+
+
+def _from_kernels(system: str, framework: str, gpus: int | None, kernel_data: str | None,
+                  model: str, out: str | None, as_json: bool, progress) -> None:
+    from calibration.kernels.run import calibrate_from_kernels
+
+    prof, report = calibrate_from_kernels(system, model, framework, gpus, kernel_data, progress)
+    if out:
+        prof = write_profile(prof, out, model)
+        progress(f"wrote {out}")
+    if as_json:
+        emit_json({"fit": report["fit"], "provenance": report["provenance"],
+                   "profile": prof.to_dict(), "out": out})
+        return
+    _print_kernels(prof, report, out)
+
+
+def write_profile(prof: Profile, out: str, model: str) -> Profile:
+    """Validate, then write atomically; returns the profile as read back from ``out``. A
+    profile that ``load_profile`` would refuse is never written (exit 2 naming the field)."""
+    check_profile(prof, out)
+    try:
+        atomic_write_text(out, prof.to_yaml())
+    except OSError as e:
+        raise CalibrationError(f"{out}: cannot write: {e.strerror}") from None
+    return load_profile(out, model)
 
 
 def _print(prof, report: dict, out: str | None) -> None:
@@ -110,4 +159,54 @@ def _print(prof, report: dict, out: str | None) -> None:
     for h in d["hole_restore"]:
         con.print(f"hole restore {h['hole']} + new {h['new']}: batched / apart = "
                   f"{h['batched_over_apart']:.3f}")
+    con.print(f"written to {out}" if out else "not written (no --out)")
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def _print_kernels(prof: Profile, report: dict, out: str | None) -> None:
+    con = console()
+    fit, pv = report["fit"], report["provenance"]
+    con.print(f"[bold]{prof.name}[/bold]: {prof.provenance}")
+    t = Table(title="Fit to the composed kernel times (relative error = profile / composed - 1)")
+    for col in ("points", "R^2", "median |err|", "max |err|", "n"):
+        t.add_column(col, justify="right")
+    t.add_row(f"prefill, fitted (>= {fit['min_tokens']} tokens)", f"{fit['r2']:.4f}",
+              _pct(fit["median_abs_rel_error"]), _pct(fit["max_abs_rel_error"]),
+              str(fit["points"]))
+    t.add_row("prefill, held out", "", _pct(fit["holdout_median_abs_rel_error"]),
+              _pct(fit["holdout_max_abs_rel_error"]), str(fit["holdout_points"]))
+    for label, key in (("prefill, small batches", "small_batches"),
+                       ("prefill, extrapolated", "extrapolated")):
+        m = fit[key]
+        t.add_row(label, "", _pct(m["median_abs_rel_error"]), _pct(m["max_abs_rel_error"]),
+                  str(m["points"]))
+    dc = fit["decode"]
+    t.add_row("decode, fitted", f"{dc['r2']:.4f}", _pct(dc["median_abs_rel_error"]),
+              _pct(dc["max_abs_rel_error"]), str(dc["points"]))
+    t.add_row("decode, held out", "", _pct(dc["holdout_median_abs_rel_error"]),
+              _pct(dc["holdout_max_abs_rel_error"]), str(dc["holdout_points"]))
+    t.add_row("decode, extrapolated", "", _pct(dc["extrapolated"]["median_abs_rel_error"]),
+              _pct(dc["extrapolated"]["max_abs_rel_error"]), str(dc["extrapolated"]["points"]))
+    con.print(t)
+    p, d, tr = prof.prefill, prof.decode, prof.transfer
+    con.print(f"prefill: fixed {p.fixed_s:.3g} s, {p.per_linear_unit_s:.3g} s/linear unit, "
+              f"{p.per_attention_unit_s:.3g} s/attention unit")
+    con.print(f"decode: weights {d.weights_s:.3g} s, {d.per_seq_s:.3g} s/seq, "
+              f"{d.per_context_token_s:.3g} s/context token")
+    con.print(f"transfer: {tr.h2d_bytes_per_s / 1e9:.0f} GB/s each way, latency "
+              f"{tr.latency_s:.3g} s ({pv['derived']['transfer']})")
+    src = " ".join(str(v) for v in pv["kernel_data"].values())
+    con.print(f"tables: {src}, {pv['system']}, {pv['framework']} "
+              f"{pv['framework_version']}, {pv['gpus']} GPU(s); {pv['extrapolated']['prefill']}")
+    f1 = Table(title="Figure 1 (tail / front): composed from the kernels, and the fitted profile")
+    for col in ("context", "kernels", "profile", "range"):
+        f1.add_column(col, justify="right")
+    for r in prof.details["figure1_composed"]:
+        f1.add_row(f"{r['context_tokens'] // 1024}K", f"{r['composed_speedup']:.3f}",
+                   f"{r['profile_speedup']:.3f}",
+                   "extrapolated" if r["extrapolated"] else "measured")
+    con.print(f1)
     con.print(f"written to {out}" if out else "not written (no --out)")

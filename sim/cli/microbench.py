@@ -20,7 +20,8 @@ def microbench_cmd() -> None:
 
 @microbench_cmd.command("figure1")
 @click.option("--model", "-m", default="qwen3-8b", show_default=True, help="Model spec.")
-@click.option("--profile", "-p", default=None, help="Profile name or file (default: h100-MODEL).")
+@click.option("--profile", "-p", default=None,
+              help="Profile name or file (default: kernels-h100_sxm-MODEL).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def figure1_cmd(model: str, profile: str | None, as_json: bool) -> None:
     """Delete 30% of a cached context from position 2K or from the end, append 512 tokens:

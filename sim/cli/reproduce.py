@@ -48,6 +48,9 @@ def figure1_table(rows: list[dict[str, Any]]) -> Table:
 @click.option("--prompt-nodes", type=click.Choice(["chunked", "whole"]), default="chunked",
               show_default=True, help="Tree shape (see kvsim run --help); ablation runs both.")
 @click.option("--quick", is_flag=True, help="Shrink every run to seconds.")
+@click.option("--profiles", type=click.Choice(["derived", "kernels"]), default=None,
+              help="Shipped H100 profiles to price with: derived (datasheet) or kernels "
+                   "(measured kernel tables) [default: each model's default profile].")
 @click.option("-j", "--jobs", type=click.IntRange(min=0), default=1, show_default=True,
               help="Local: parallel processes. Ray: runs in flight (0 = no cap).")
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local",
@@ -56,7 +59,8 @@ def figure1_table(rows: list[dict[str, Any]]) -> Table:
               help="Ray: the cluster to join (auto, ray://HOST:10001); default: a local Ray.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def reproduce_cmd(name: str, trace: str | None, gaps: str, prompt_nodes: str, quick: bool,
-                  jobs: int, executor: str, address: str | None, as_json: bool) -> None:
+                  profiles: str | None, jobs: int, executor: str, address: str | None,
+                  as_json: bool) -> None:
     """Run a named paper experiment and print ours beside the paper's numbers."""
     from sim.executors import ExecutorSpec
     from sim.experiments import reproduce
@@ -65,7 +69,7 @@ def reproduce_cmd(name: str, trace: str | None, gaps: str, prompt_nodes: str, qu
         raise click.UsageError("--address is for --executor ray")
     spec = ExecutorSpec(kind=executor, jobs=jobs, address=address)
     doc = reproduce(name, trace=trace, quick=quick, jobs=jobs, gaps=gaps,
-                    prompt_nodes=prompt_nodes, executor=spec)
+                    prompt_nodes=prompt_nodes, executor=spec, profiles=profiles)
     if name != "figure1":
         stderr.print(f"{name}: trace {doc['trace']} ({doc['trace_kind']}), gaps {doc['gaps']}"
                      + (", quick" if quick else ""))

@@ -154,7 +154,8 @@ class RunInputError(ValueError):
 @trace_options
 @click.option("--model", "-m", default="qwen3-8b", show_default=True,
               help="Model spec (kvsim models lists them).")
-@click.option("--profile", "-p", default=None, help="Profile name or file (default h100-MODEL).")
+@click.option("--profile", "-p", default=None,
+              help="Profile name or file (default kernels-h100_sxm-MODEL).")
 @click.option("--gpu-cache", type=SIZE, default="256k", show_default=True,
               help="GPU KV capacity in tokens.")
 @click.option("--cpu-cache", type=SIZE, default="0", show_default=True,
