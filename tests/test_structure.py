@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-OWNED = ("sim/kvcache", "policies")
-ACYCLIC = ("sim/kvcache", "policies")
+OWNED = ("sim/kvcache", "policies", "traces")
+ACYCLIC = ("sim/kvcache", "policies", "traces")
 
 
 def private_accesses(source: str) -> list[tuple[int, str]]:

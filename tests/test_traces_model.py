@@ -11,7 +11,7 @@ from traces import GAP_KINDS, OptionError, parse_gap_model
 from traces.blocks import UniqueIds, map_block_ids
 from traces.builder import TraceBuilder, common_prefix
 from traces.fixtures import TokenWorld
-from traces.model import GAP_HUMAN, GAP_TOOL
+from traces.kinds import GAP_HUMAN, GAP_TOOL
 
 
 def _chained_sessions(draw_ops, n_sessions: int) -> list[list[list[int]]]:
@@ -225,7 +225,6 @@ def test_fast_id_list_parsing_equals_json(ids, seps, key):
 @settings(max_examples=40, deadline=None)
 @given(st.lists(ops_strategy, min_size=1, max_size=4), st.integers(0, 4))
 def test_infinite_cache_hits_vectorized_equals_reference(ops, shared):
-    from traces.stats import infinite_cache_hits, infinite_cache_hits_reference
 
     t = _build(_chained_sessions(ops, len(ops)), shared_prefix=shared * 4)
-    assert np.array_equal(infinite_cache_hits(t), infinite_cache_hits_reference(t))
+    assert np.array_equal(t.infinite_cache_hits(), t.infinite_cache_hits_reference())

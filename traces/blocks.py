@@ -23,7 +23,7 @@ _MAX_PACK = np.iinfo(np.int64).max // 1024
 
 
 _KEYS = (b'"hash_ids"', b'"block_ids"')
-_MARK = "\u0000ids:"
+ID_MARK = "\u0000ids:"
 _LEADING_ZERO = re.compile(rb"(?:^|,)-?0\d")  # JSON forbids 01 / -01
 _I64 = np.iinfo(np.int64)
 
@@ -88,8 +88,8 @@ def parse_json_with_id_lists(data: bytes) -> tuple[Any, list[np.ndarray]]:
 def id_array(rec: RecordReader, field: str, table: list[np.ndarray] | None = None) -> np.ndarray:
     """A JSON list of integer ids (or integer strings) -> int64 array, else a named error."""
     v0 = rec.raw(field)
-    if table is not None and isinstance(v0, str) and v0.startswith(_MARK):
-        i = v0[len(_MARK):]
+    if table is not None and isinstance(v0, str) and v0.startswith(ID_MARK):
+        i = v0[len(ID_MARK):]
         if i.isdigit() and int(i) < len(table):
             return table[int(i)]
     v: Any = rec.id_list(field)

@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import OptionError
-from .model import GAP_FIRST, Session, Trace
+from .kinds import GAP_FIRST
+from .model import Session, Trace
 from .regions import REGION_SYSTEM, REGION_TOOLS, REGION_UNKNOWN, Layout
 
 _EMPTY = np.zeros(0, np.int64)
@@ -116,6 +117,10 @@ class TraceBuilder:
                                     agent_type, int(prefix_hint_tokens),
                                     layout=Layout(prefix_regions)))
         return len(self._sessions) - 1
+
+    @property
+    def n_sessions(self) -> int:
+        return len(self._sessions)
 
     def n_requests(self, h: int) -> int:
         return len(self._sessions[h].prompt)

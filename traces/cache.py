@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -73,9 +74,9 @@ def save_trace(trace: Trace, path: Path) -> None:
     meta = {"v": CACHE_VERSION, "name": trace.name, "block_size": trace.block_size,
             "format": trace.format, "source": trace.source, "models": trace.models,
             "skipped": trace.skipped, "options": trace.options,
-            "fresh_base": trace._fresh_base,
             "sessions": [dataclasses.astuple(s) for s in trace.sessions]}
-    arrays = {k: getattr(trace, k) for k in _ARRAYS}
+    arrays, scalars = trace.storage()
+    meta["fresh_base"] = scalars["_fresh_base"]
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -116,14 +117,13 @@ def read_trace(path: Path) -> Trace | None:
 
 
 def cached_load(specs: list[str], fmt: str, block_size: int, build: dict, lenient: bool,
-                cache_dir: str, extra: dict) -> Trace:
-    from .load import _load_files
-
+                cache_dir: str, extra: dict, parse: Callable[[], Trace]) -> Trace:
+    """The trace from the cache folder, else ``parse()`` (then cached)."""
     key = cache_key(specs, fmt, block_size, build, lenient, extra)
     path = Path(cache_dir) / f"trace-{key[:24]}.npz"
     trace = read_trace(path) if path.is_file() else None
     if trace is None:
-        trace = _load_files(specs, fmt, block_size, build, lenient, extra)
+        trace = parse()
         # A read-only or full cache folder costs the next load its speed, nothing else.
         with contextlib.suppress(OSError):
             save_trace(trace, path)

@@ -36,7 +36,7 @@ from .blocks import UniqueIds, id_array, map_block_ids
 from .builder import TraceBuilder
 from .errors import RecordReader, TraceFormatError
 from .files import iter_lines, list_files, load_json_ids, read_file, skip_file, strip_gz
-from .model import GAP_HUMAN, GAP_TOOL, kinds_mask
+from .kinds import GAP_HUMAN, GAP_TOOL, kinds_mask
 from .regions import REGION_SYSTEM, REGION_TOOLS, first_input_region, input_region
 
 SUFFIXES = (".json", ".jsonl")

@@ -32,11 +32,11 @@ from typing import Any
 
 import numpy as np
 
-from .blocks import _MARK, UniqueIds, id_array, map_block_ids
+from .blocks import ID_MARK, UniqueIds, id_array, map_block_ids
 from .builder import TraceBuilder
 from .errors import RecordReader, TraceFormatError
 from .files import iter_jsonl_ids, strip_gz
-from .model import GAP_HUMAN, GAP_TOOL, kinds_mask
+from .kinds import GAP_HUMAN, GAP_TOOL, kinds_mask
 from .regions import REGION_SYSTEM, REGION_TOOL_RESULT, REGION_TOOLS, REGION_UNKNOWN, REGION_USER
 
 FI_BLOCK = 16
@@ -147,7 +147,7 @@ def _read_parquet(folder: Path, b: TraceBuilder, lenient: bool) -> list[_Sess]:
                 valid = col.is_valid().to_numpy(zero_copy_only=False)
                 base = len(ids_table)
                 ids_table.extend(values[offsets[i]:offsets[i + 1]] for i in range(len(col)))
-                marks = [f"{_MARK}{base + i}" if valid[i] else None for i in range(len(col))]
+                marks = [f"{ID_MARK}{base + i}" if valid[i] else None for i in range(len(col))]
                 t = t.drop_columns(["block_ids"]).append_column("block_ids", pa.array(marks))
             return t.to_pylist()
         except (pa.ArrowException, OSError, ValueError) as e:

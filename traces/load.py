@@ -56,7 +56,8 @@ def load_trace(spec: str | list[str], format: str | None = None, block_size: int
     if cache_dir is not None:
         from .cache import cached_load
 
-        return cached_load(specs, fmt, block_size, build, lenient, cache_dir, extra)
+        return cached_load(specs, fmt, block_size, build, lenient, cache_dir, extra,
+                           lambda: _load_files(specs, fmt, block_size, build, lenient, extra))
     return _load_files(specs, fmt, block_size, build, lenient, extra)
 
 
@@ -78,7 +79,7 @@ def _load_files(specs: list[str], fmt: str, block_size: int, build: dict, lenien
     b = _parse(specs, fmt, block_size, lenient, extra)
     trace = b.build(**build)
     if len(trace) == 0:
-        why = "no requests" + (" left after the options" if b._sessions else "")
+        why = "no requests" + (" left after the options" if b.n_sessions else "")
         files = b.base_options.get("skipped_files", 0)
         if files or b.skipped:
             why += f" ({files} files and {b.skipped} records skipped under --lenient)"

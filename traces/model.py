@@ -24,22 +24,8 @@ from typing import Any
 import numpy as np
 
 from .errors import OptionError
+from .kinds import GAP_TOOL
 from .regions import REGION_ASSISTANT, REGION_NAMES, REGION_UNKNOWN
-
-GAP_KINDS: tuple[str, ...] = ("first", "tool", "human")
-GAP_FIRST, GAP_TOOL, GAP_HUMAN = 0, 1, 2
-
-# Content kinds of a request's new tokens (cc-traces ``input_types``; other formats map onto
-# these); bit i of ``Trace.input_kinds`` is set when kind i is present.
-KIND_NAMES: tuple[str, ...] = ("text", "tool_result", "tool_use", "thinking", "image", "other")
-
-
-def kinds_mask(kinds: list[str] | tuple[str, ...]) -> int:
-    m = 0
-    for k in kinds:
-        i = KIND_NAMES.index(k) if k in KIND_NAMES else len(KIND_NAMES) - 1
-        m |= 1 << i
-    return m
 
 
 @dataclass
@@ -88,6 +74,62 @@ class Trace:
     _out_ptr: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64), repr=False)
     # region of each pool entry (uint8 into REGION_NAMES); None: every block ``unknown``
     _pool_region: np.ndarray | None = field(default=None, repr=False)
+
+    def storage(self) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+        """The columns and compact stores as arrays (keyed by constructor argument), and the
+        scalars beside them: what a cache file holds to rebuild the trace exactly."""
+        names = ("session", "prompt_tokens", "output_tokens", "send_time_s", "gap_s",
+                 "gap_kind", "model", "input_kinds", "prefix_blocks", "_pool", "_seg_ptr",
+                 "_seg_start", "_seg_len", "_out_ptr", "_pool_region")
+        return {k: getattr(self, k) for k in names}, {"_fresh_base": self._fresh_base}
+
+    def infinite_cache_hits(self) -> np.ndarray:
+        """Per request, prompt blocks already sent earlier in the trace (any session).
+
+        Request r = the first ``prefix_blocks[r]`` blocks of its predecessor (all sent before)
+        + its new ids, stored in the pool in request order; a new id was sent before iff it
+        occurs at an earlier request's pool position. Chained ids make these a prefix."""
+        R = len(self)
+        new_len = self.prompt_tokens // self.block_size - self.prefix_blocks
+        req = np.repeat(np.arange(R, dtype=np.int64), new_len)
+        pool = self._pool
+        if pool.shape[0] != req.shape[0]:  # not a builder-made store: use the reference
+            return self.infinite_cache_hits_reference()
+        order = np.lexsort((req, pool))  # by id, then request
+        ids_sorted = pool[order]
+        first = np.ones(order.shape[0], bool)
+        first[1:] = ids_sorted[1:] != ids_sorted[:-1]
+        first_req = req[order][first]  # earliest request of each distinct id
+        group = np.cumsum(first) - 1
+        earliest = np.empty(order.shape[0], np.int64)
+        earliest[order] = first_req[group]
+        seen = (earliest < req).astype(np.int64)
+        return self.prefix_blocks.astype(np.int64) + np.bincount(
+            req, weights=seen, minlength=R).astype(np.int64)
+
+    def infinite_cache_hits_reference(self) -> np.ndarray:
+        """The same by brute force: a set of every id sent so far, per request in order."""
+        seen: set[int] = set()
+        hits = np.zeros(len(self), np.int64)
+        for r in range(len(self)):
+            ids = self.block_ids(r)
+            n = ids.shape[0]
+            lo, hi = 0, n  # largest h with ids[:h] all seen; seen-ness is prefix-closed
+            if n and int(ids[n - 1]) in seen:
+                lo = n
+            else:
+                while lo < hi:
+                    mid = (lo + hi + 1) // 2
+                    if int(ids[mid - 1]) in seen:
+                        lo = mid
+                    else:
+                        hi = mid - 1
+            hits[r] = lo
+            a, b = int(self._seg_ptr[r]), int(self._seg_ptr[r + 1])
+            if b > a:  # only the newest segment can hold ids not seen yet
+                s, ln = int(self._seg_start[b - 1]), int(self._seg_len[b - 1])
+                seen.update(self._pool[s:s + ln].tolist())
+        return hits
 
     def __post_init__(self) -> None:
         if self._pool_region is None:

@@ -20,7 +20,7 @@ from .blocks import UniqueIds, id_array, map_block_ids
 from .builder import TraceBuilder
 from .errors import RecordReader, TraceFormatError
 from .files import iter_jsonl, iter_jsonl_ids, list_files
-from .model import GAP_HUMAN, kinds_mask
+from .kinds import GAP_HUMAN, kinds_mask
 
 MOONCAKE_BLOCK = 512
 

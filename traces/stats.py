@@ -19,12 +19,15 @@ requests are counted in their own fields. Definitions:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .model import GAP_HUMAN, GAP_TOOL, Trace
+from .kinds import GAP_HUMAN, GAP_TOOL
 from .regions import REGION_NAMES
+
+if TYPE_CHECKING:
+    from .model import Trace
 
 
 def _q(a: np.ndarray, q: float) -> float | None:
@@ -33,57 +36,6 @@ def _q(a: np.ndarray, q: float) -> float | None:
 
 def _median(a: np.ndarray) -> float | None:
     return float(np.median(a)) if a.size else None
-
-
-def infinite_cache_hits(trace: Trace) -> np.ndarray:
-    """Per request, prompt blocks already sent earlier in the trace (any session).
-
-    Request r = the first ``prefix_blocks[r]`` blocks of its predecessor (all sent before)
-    + its new ids, stored in the pool in request order; a new id was sent before iff it
-    occurs at an earlier request's pool position. Chained ids make these a prefix."""
-    R = len(trace)
-    new_len = trace.prompt_tokens // trace.block_size - trace.prefix_blocks
-    req = np.repeat(np.arange(R, dtype=np.int64), new_len)
-    pool = trace._pool
-    if pool.shape[0] != req.shape[0]:  # not a builder-made store: use the reference
-        return infinite_cache_hits_reference(trace)
-    order = np.lexsort((req, pool))  # by id, then request
-    ids_sorted = pool[order]
-    first = np.ones(order.shape[0], bool)
-    first[1:] = ids_sorted[1:] != ids_sorted[:-1]
-    first_req = req[order][first]  # earliest request of each distinct id
-    group = np.cumsum(first) - 1
-    earliest = np.empty(order.shape[0], np.int64)
-    earliest[order] = first_req[group]
-    seen = (earliest < req).astype(np.int64)
-    return trace.prefix_blocks.astype(np.int64) + np.bincount(req, weights=seen,
-                                                              minlength=R).astype(np.int64)
-
-
-def infinite_cache_hits_reference(trace: Trace) -> np.ndarray:
-    """The same by brute force: a set of every id sent so far, per request in order."""
-    seen: set[int] = set()
-    hits = np.zeros(len(trace), np.int64)
-    pool = trace._pool
-    for r in range(len(trace)):
-        ids = trace.block_ids(r)
-        n = ids.shape[0]
-        lo, hi = 0, n  # largest h with ids[:h] all seen; seen-ness is prefix-closed
-        if n and int(ids[n - 1]) in seen:
-            lo = n
-        else:
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                if int(ids[mid - 1]) in seen:
-                    lo = mid
-                else:
-                    hi = mid - 1
-        hits[r] = lo
-        a, b = int(trace._seg_ptr[r]), int(trace._seg_ptr[r + 1])
-        if b > a:  # only the newest segment can hold ids not seen yet
-            s, ln = int(trace._seg_start[b - 1]), int(trace._seg_len[b - 1])
-            seen.update(pool[s:s + ln].tolist())
-    return hits
 
 
 def region_stats(trace: Trace) -> dict[str, Any]:
@@ -119,7 +71,7 @@ def trace_stats(trace: Trace, gap_model: str = "recorded") -> dict[str, Any]:
     append = trace.prefix_blocks[idx] >= n_blocks[idx - 1]
     shrink = trace.prompt_tokens[idx] < trace.prompt_tokens[idx - 1]
     grow = trace.prompt_tokens[idx] - trace.prompt_tokens[idx - 1] - trace.output_tokens[idx - 1]
-    hits = infinite_cache_hits(trace)
+    hits = trace.infinite_cache_hits()
     tot_blocks = int(n_blocks[main].sum())
     gaps = trace.gaps(gap_model)[main]
     kinds = trace.gap_kind[main]

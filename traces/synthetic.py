@@ -34,7 +34,7 @@ import numpy as np
 
 from .builder import TraceBuilder
 from .errors import OptionError
-from .model import GAP_HUMAN, GAP_TOOL, kinds_mask
+from .kinds import GAP_HUMAN, GAP_TOOL, kinds_mask
 from .regions import (
     REGION_SYSTEM,
     REGION_TOOL_RESULT,

@@ -34,7 +34,7 @@ import numpy as np
 from .builder import TraceBuilder
 from .errors import RecordReader, TraceFormatError
 from .files import iter_jsonl, list_files
-from .model import GAP_HUMAN, GAP_TOOL, kinds_mask
+from .kinds import GAP_HUMAN, GAP_TOOL, kinds_mask
 from .regions import REGION_SYSTEM, input_region
 
 INPUT_EVENTS = ("user_message", "tool_result")
