@@ -299,12 +299,14 @@ def trace_stream(
     block_size: int = 64,
     max_requests_per_session: int | None = None,
     shared_prefix: int | str | None = "auto",
+    max_context: int | None = None,
 ) -> OpStream:
     """The op stream of the top-level sessions of the first `sessions` cc-traces files (sorted
     by name), loaded with the `traces` package (global chained ids; `shared_prefix="auto"`
     makes every session's system + tool-definition tokens one shared chain, as in the paper).
     Sub-agent sessions are left out (their timing depends on the parent's replies). A request's
     FINISH inserts `Trace.finish_block_ids`. Requests are built when the replay asks for them.
+    `max_context` cuts each session before its first prompt longer than that (tokens).
     """
     from traces import load_trace
 
@@ -316,6 +318,7 @@ def trace_stream(
         format="cc-traces",
         block_size=block_size,
         shared_prefix=shared_prefix,
+        max_context=max_context,
     )
     per_session = []
     for si, sess in enumerate(trace.sessions):
