@@ -174,7 +174,7 @@ class BlockPool:
         if cap <= 0 or len(self._first) == 0:
             return 0
         x = ids[:cap]
-        inside = x < len(self._first)
+        inside = (x >= 0) & (x < len(self._first))
         hit = (self._first[np.where(inside, x, 0)] >= 0) & inside
         return cap if hit.all() else int(hit.argmin())
 
@@ -196,10 +196,12 @@ class BlockPool:
         if num_tokens < 1 or num_new_tokens < 1:
             raise ValueError(f"request {rid}: num_tokens and num_new_tokens must be >= 1")
         ids = np.asarray(ids, np.int64)
+        self._grow_ids(ids)  # validates the ids; no semantic change
         bs = self.block_size
         h = self.lookup(ids, num_tokens)
         hit_tokens = h * bs
         new = min(num_new_tokens, num_tokens - hit_tokens)
+        self._check_ids(rid, hit_tokens + new, ids)
         hits = self._first[ids[:h]] if h else np.empty(0, np.int64)
         evictable = int(np.count_nonzero(self._ref[hits] == 0))
         free = self._nu + self._nq
@@ -208,7 +210,6 @@ class BlockPool:
         n_new = max(_cdiv(hit_tokens + new, bs) - h, 0)
         if n_new + evictable > free:
             return None
-        self._grow_ids(ids)
         if evictable:  # touch: out of the free queue (their log entries go stale)
             z = hits[self._ref[hits] == 0]
             self._qpos[z] = -1
@@ -218,7 +219,7 @@ class BlockPool:
         self._ref[fresh] = 1
         seq = _Seq(ids, np.concatenate([hits, fresh]), hit_tokens + new, h)
         self._seqs[rid] = seq
-        self._cache(rid, seq)
+        self._cache(seq)
         if self.debug:
             self.check()
         return h
@@ -230,6 +231,7 @@ class BlockPool:
         seq = self._seqs[rid]
         if num_new_tokens < 1:
             raise ValueError(f"request {rid}: num_new_tokens must be >= 1")
+        self._check_ids(rid, seq.computed + num_new_tokens, seq.ids)
         need = max(_cdiv(seq.computed + num_new_tokens, self.block_size) - len(seq.table), 0)
         if need > self._nu + self._nq:
             return False
@@ -238,7 +240,7 @@ class BlockPool:
             self._ref[fresh] = 1
             seq.table = np.concatenate([seq.table, fresh])
         seq.computed += num_new_tokens
-        self._cache(rid, seq)
+        self._cache(seq)
         if self.debug:
             self.check()
         return True
@@ -346,6 +348,12 @@ class BlockPool:
         self._parent = np.concatenate([self._parent, np.full(m - n, -1, np.int64)])
         self._nchild = np.concatenate([self._nchild, np.zeros(m - n, np.int32)])
 
+    def _check_ids(self, rid: int, computed: int, ids: np.ndarray) -> None:
+        if computed // self.block_size > len(ids):
+            raise ValueError(
+                f"request {rid}: {computed} tokens computed but ids cover only {len(ids)} blocks"
+            )
+
     def _pop(self, n: int) -> np.ndarray:
         """Take ``n`` blocks from the queue front (unhashed first) and drop their hashes."""
         k = min(n, self._nu)
@@ -404,15 +412,10 @@ class BlockPool:
             if len(copies) == 1:
                 del self._dups[b]
 
-    def _cache(self, rid: int, seq: _Seq) -> None:
+    def _cache(self, seq: _Seq) -> None:
         """Hash the request's blocks that became full: [cached, computed // bs)."""
         a = seq.cached
-        b = seq.computed // self.block_size
-        if b > len(seq.ids):
-            raise ValueError(
-                f"request {rid}: {seq.computed} tokens computed but ids cover only "
-                f"{len(seq.ids)} blocks"
-            )
+        b = seq.computed // self.block_size  # <= len(ids): _check_ids ran before any change
         if b <= a:
             return
         ps = seq.table[a:b]
