@@ -73,12 +73,17 @@ def vllm_free_order(shared: np.ndarray) -> np.ndarray:
     return np.arange(len(shared) - 1, -1, -1, dtype=np.int64)
 
 
+vllm_free_order.reverse = True  # type: ignore[attr-defined]  # the pool may skip the mask
+
+
 def penelope_free_order(shared: np.ndarray) -> np.ndarray:
     """Penelope: the private history from its FRONT first, then the shared prefix tail first."""
     private = np.flatnonzero(~shared)
     return np.concatenate([private, np.flatnonzero(shared)[::-1]])
 
 
+# A free order with ``reverse = True`` ignores ``shared`` and is plain reverse order: the pool
+# then neither builds the mask nor tracks children (vLLM's own order stays cheap).
 FREE_ORDERS: dict[str, FreeOrder] = {"vllm": vllm_free_order, "penelope": penelope_free_order}
 
 
@@ -123,6 +128,7 @@ class BlockPool:
         self.capacity_blocks = int(capacity_blocks)
         self.block_size = int(block_size)
         self.free_order = get_free_order(free_order)
+        self._reverse = bool(getattr(self.free_order, "reverse", False))
         self.debug = debug
         n = self.capacity_blocks + 1
         self._bid = np.full(n, -1, np.int64)
@@ -131,8 +137,10 @@ class BlockPool:
         # Unhashed free blocks; the top (last) is the queue front. vLLM starts with 1..cap.
         self._ustack = np.arange(n - 1, 0, -1, dtype=np.int64)
         self._nu = self.capacity_blocks
-        # Hashed free blocks in queue order: _qlog[_qhead:_qtail], stale where _qpos disagrees.
+        # Hashed free blocks in queue order: _qlog[_qhead:_qtail] where _qalive (a touch
+        # takes a block out of the middle: its entry goes dead, the log is compacted later).
         self._qlog = np.zeros(4 * n + 64, np.int64)
+        self._qalive = np.zeros(4 * n + 64, bool)
         self._qhead = self._qtail = 0
         self._nq = 0
         # Per id: first cached copy, copies, parent id (-1 root), distinct cached children.
@@ -170,13 +178,27 @@ class BlockPool:
     def lookup(self, ids: np.ndarray, num_tokens: int) -> int:
         """Cached blocks at the start of ``ids``, capped at ``(num_tokens - 1) // bs`` (the
         last token is always computed). Read-only."""
+        return self._lookup(np.asarray(ids, np.int64), num_tokens)[0]
+
+    def _lookup(
+        self, ids: np.ndarray, num_tokens: int, grown: bool = False
+    ) -> tuple[int, np.ndarray]:
+        """(hit blocks, first copies of the hit blocks); ``grown``: ids known in range."""
         cap = min(len(ids), (num_tokens - 1) // self.block_size)
-        if cap <= 0 or len(self._first) == 0:
-            return 0
+        if cap <= 0:
+            return 0, ids[:0]
         x = ids[:cap]
-        inside = (x >= 0) & (x < len(self._first))
-        hit = (self._first[np.where(inside, x, 0)] >= 0) & inside
-        return cap if hit.all() else int(hit.argmin())
+        n = len(self._first)
+        if not grown and (x.min() < 0 or x.max() >= n):  # ids never cached: misses
+            x = np.where((x >= 0) & (x < n), x, n)
+            f = np.concatenate([self._first, [-1]])[x]
+        else:
+            f = self._first[x]
+        miss = f < 0
+        i = int(miss.argmax())
+        if not miss[i]:
+            return cap, f
+        return i, f[:i]
 
     def admit(
         self,
@@ -198,12 +220,13 @@ class BlockPool:
         ids = np.asarray(ids, np.int64)
         self._grow_ids(ids)  # validates the ids; no semantic change
         bs = self.block_size
-        h = self.lookup(ids, num_tokens)
+        h, hits = self._lookup(ids, num_tokens, grown=True)
         hit_tokens = h * bs
         new = min(num_new_tokens, num_tokens - hit_tokens)
         self._check_ids(rid, hit_tokens + new, ids)
-        hits = self._first[ids[:h]] if h else np.empty(0, np.int64)
-        evictable = int(np.count_nonzero(self._ref[hits] == 0))
+        refs = self._ref[hits]
+        idle = refs == 0
+        evictable = int(np.count_nonzero(idle))
         free = self._nu + self._nq
         if full_sequence_must_fit and max(_cdiv(num_tokens, bs) - h, 0) + evictable > free:
             return None
@@ -211,10 +234,11 @@ class BlockPool:
         if n_new + evictable > free:
             return None
         if evictable:  # touch: out of the free queue (their log entries go stale)
-            z = hits[self._ref[hits] == 0]
+            z = hits[idle]
+            self._qalive[self._qpos[z]] = False
             self._qpos[z] = -1
-            self._nq -= len(z)
-        self._ref[hits] += 1
+            self._nq -= evictable
+        self._ref[hits] = refs + 1  # distinct blocks: one request's chain
         fresh = self._pop(n_new)
         self._ref[fresh] = 1
         seq = _Seq(ids, np.concatenate([hits, fresh]), hit_tokens + new, h)
@@ -249,19 +273,29 @@ class BlockPool:
         """Release request ``rid`` (finished or preempted) in the pool's free order."""
         seq = self._seqs.pop(rid)
         table = seq.table
-        shared = np.zeros(len(table), bool)
-        c = seq.cached
-        if c:
-            ids = seq.ids[:c]
-            marks = (self._nchild[ids] >= 2) | (self._ref[table[:c]] >= 2)
-            if marks.any():
-                shared[: int(np.flatnonzero(marks)[-1]) + 1] = True
-        order = np.asarray(self.free_order(shared), np.int64)
+        if self._reverse:
+            # Positions >= cached are the request's own unhashed blocks (ref 1), < cached are
+            # hashed: vLLM's reversed release prepends the former and appends the latter.
+            c = seq.cached
+            head = table[c - 1 :: -1] if c else table[:0]
+            refs = self._ref[head] - 1
+            self._ref[head] = refs
+            self._append(head[refs == 0])
+            tail = table[c:]
+            if len(tail):
+                self._ref[tail] = 0
+                self._ustack[self._nu : self._nu + len(tail)] = tail
+                self._nu += len(tail)
+            if self.debug:
+                self.check()
+            return
+        order = np.asarray(self.free_order(self._shared(seq)), np.int64)
         if self.debug and not np.array_equal(np.sort(order), np.arange(len(table))):
             raise AssertionError(f"free order is not a permutation of {len(table)}: {order}")
         t = table[order]
-        self._ref[t] -= 1
-        zero = t[self._ref[t] == 0]
+        refs = self._ref[t] - 1
+        self._ref[t] = refs
+        zero = t[refs == 0]
         hashed = self._bid[zero] >= 0
         self._append(zero[hashed])
         unhashed = zero[~hashed]
@@ -271,14 +305,24 @@ class BlockPool:
         if self.debug:
             self.check()
 
+    def _shared(self, seq: _Seq) -> np.ndarray:
+        """Positions up to the deepest cached block with two or more cached continuations or
+        another holder (the request's own hold included in ref, hence >= 2)."""
+        shared = np.zeros(len(seq.table), bool)
+        c = seq.cached
+        if c:
+            marks = (self._nchild[seq.ids[:c]] >= 2) | (self._ref[seq.table[:c]] >= 2)
+            if marks.any():
+                shared[: int(np.flatnonzero(marks)[-1]) + 1] = True
+        return shared
+
     # ------------------------------------------------------------------ observation
     def is_cached(self, block_id: int) -> bool:
         return 0 <= block_id < len(self._first) and self._first[block_id] >= 0
 
     def free_queue(self) -> np.ndarray:
         """Physical blocks in the free queue, front (reused first) to back."""
-        log = self._qlog[self._qhead : self._qtail]
-        live = log[self._qpos[log] == np.arange(self._qhead, self._qtail)]
+        live = self._qlog[self._qhead : self._qtail][self._qalive[self._qhead : self._qtail]]
         return np.concatenate([self._ustack[: self._nu][::-1], live])
 
     def block_ids(self) -> np.ndarray:
@@ -308,8 +352,8 @@ class BlockPool:
         held = np.flatnonzero(self._ref[1:] > 0) + 1
         assert len(held) + len(q) == cap, f"held {len(held)} + free {len(q)} != {cap}"
         assert np.all(self._bid[self._ustack[: self._nu]] < 0), "unhashed part holds a hash"
-        log = self._qlog[self._qhead : self._qtail]
-        live = log[self._qpos[log] == np.arange(self._qhead, self._qtail)]
+        live = self._qlog[self._qhead : self._qtail][self._qalive[self._qhead : self._qtail]]
+        assert np.all(self._qpos[live] >= 0), "a live queue entry lost its position"
         assert np.all(self._bid[live] >= 0), "hashed part of the queue holds an unhashed block"
         refs = np.zeros(cap + 1, np.int64)
         for seq in self._seqs.values():
@@ -327,10 +371,11 @@ class BlockPool:
         assert np.all(self._bid[self._first[ids]] == ids), "first copy holds another id"
         for x, copies in self._dups.items():
             assert len(copies) == self._ncopy[x] >= 2 and copies[0] == self._first[x]
-        nchild = np.zeros_like(self._nchild)
-        par = self._parent[ids]
-        np.add.at(nchild, par[par >= 0], 1)
-        assert np.array_equal(nchild, self._nchild), "children counts"
+        if not self._reverse:
+            nchild = np.zeros_like(self._nchild)
+            par = self._parent[ids]
+            np.add.at(nchild, par[par >= 0], 1)
+            assert np.array_equal(nchild, self._nchild), "children counts"
 
     # ------------------------------------------------------------------ mechanism
     def _grow_ids(self, ids: np.ndarray) -> None:
@@ -367,7 +412,7 @@ class BlockPool:
         while need:
             end = min(h + w, self._qtail)
             log = self._qlog[h:end]
-            pos = np.flatnonzero(self._qpos[log] == np.arange(h, end))
+            pos = np.flatnonzero(self._qalive[h:end])
             if len(pos) >= need:
                 taken.append(log[pos[:need]])
                 h += int(pos[need - 1]) + 1
@@ -378,6 +423,7 @@ class BlockPool:
                 h, w = end, 2 * w
                 if h >= self._qtail:
                     raise AssertionError("free queue shorter than its counter")
+        self._qalive[self._qhead : h] = False
         self._qhead = h
         popped = np.concatenate(taken)
         self._qpos[popped] = -1
@@ -394,15 +440,19 @@ class BlockPool:
         xs = x[single]
         self._first[xs] = -1
         self._ncopy[xs] = 0
-        par = self._parent[xs]
-        np.subtract.at(self._nchild, par[par >= 0], 1)
+        if not self._reverse:
+            par = self._parent[xs]
+            par = par[par >= 0]
+            if len(par):
+                u, c = np.unique(par, return_counts=True)
+                self._nchild[u] -= c.astype(np.int32)
         if single.all():
             return
         for p, b in zip(ps[~single].tolist(), x[~single].tolist(), strict=True):
             if self._ncopy[b] == 1:  # its other copy was popped just before
                 self._first[b] = -1
                 self._ncopy[b] = 0
-                if self._parent[b] >= 0:
+                if not self._reverse and self._parent[b] >= 0:
                     self._nchild[self._parent[b]] -= 1
                 continue
             copies = self._dups[b]
@@ -422,12 +472,13 @@ class BlockPool:
         xs = seq.ids[a:b]
         self._bid[ps] = xs
         self._cached += b - a
-        par = seq.ids[a - 1 : b - 1] if a else np.concatenate([[-1], seq.ids[: b - 1]])
-        self._parent[xs] = par
         new = self._ncopy[xs] == 0
         self._first[xs[new]] = ps[new]
-        pn = par[new]
-        self._nchild[pn[pn >= 0]] += 1  # distinct parents: one request's chain
+        if not self._reverse:
+            par = seq.ids[a - 1 : b - 1] if a else np.concatenate([[-1], seq.ids[: b - 1]])
+            self._parent[xs] = par
+            pn = par[new]
+            self._nchild[pn[pn >= 0]] += 1  # distinct parents: one request's chain
         if not new.all():
             for p, x in zip(ps[~new].tolist(), xs[~new].tolist(), strict=True):
                 copies = self._dups.get(x)
@@ -446,15 +497,17 @@ class BlockPool:
         if self._qtail + m > len(self._qlog):
             self._compact(m)
         self._qlog[self._qtail : self._qtail + m] = ps
+        self._qalive[self._qtail : self._qtail + m] = True
         self._qpos[ps] = np.arange(self._qtail, self._qtail + m)
         self._qtail += m
         self._nq += m
 
     def _compact(self, extra: int) -> None:
-        log = self._qlog[self._qhead : self._qtail]
-        live = log[self._qpos[log] == np.arange(self._qhead, self._qtail)]
+        live = self._qlog[self._qhead : self._qtail][self._qalive[self._qhead : self._qtail]]
         size = max(len(self._qlog), 2 * (len(live) + extra) + 64)
         self._qlog = np.zeros(size, np.int64)
         self._qlog[: len(live)] = live
+        self._qalive = np.zeros(size, bool)
+        self._qalive[: len(live)] = True
         self._qpos[live] = np.arange(len(live))
         self._qhead, self._qtail = 0, len(live)
