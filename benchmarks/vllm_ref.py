@@ -26,17 +26,17 @@ observed in kvsim's terms (`observe`).
 
 from __future__ import annotations
 
-import ast
 import importlib
 import importlib.util
 import logging
 import sys
 import types
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from benchmarks.stubbing import StubModule, real_definitions
 
 VLLM_VERSION = "0.33.0"
 
@@ -65,53 +65,10 @@ _REAL = (
     ("vllm.v1.engine", "v1/engine/__init__.py", ("FINISH_REASON_STRINGS", "FinishReason")),
     ("vllm.utils.torch_utils", "utils/torch_utils.py", ("get_dtype_size",)),
 )
-# Imports the compiled definitions may use (module-level imports of these stdlib roots only).
-_STDLIB_ROOTS = frozenset({"typing", "collections", "enum", "dataclasses", "abc", "torch"})
 
 
 class VllmUnavailable(RuntimeError):
     """vllm (or torch, cbor2) is not installed, or is not the pinned version."""
-
-
-class _StubModule(types.ModuleType):
-    """A module whose every public attribute is an inert placeholder class."""
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        placeholder = type(name, (), {"__init__": lambda self, *a, **k: None})
-        setattr(self, name, placeholder)
-        return placeholder
-
-
-def _real_definitions(source: Path, names: Iterable[str]) -> dict[str, Any]:
-    """Compile only the named top-level definitions (functions, classes, assignments) of
-    `source`, with the module's own imports of a few stdlib roots (and torch) in scope."""
-    tree = ast.parse(source.read_text())
-    wanted = set(names)
-    body: list[ast.stmt] = []
-    found: set[str] = set()
-    for node in tree.body:
-        if isinstance(node, ast.Import | ast.ImportFrom):
-            mods = (
-                [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]
-            )
-            if all(m and m.split(".")[0] in _STDLIB_ROOTS for m in mods):
-                body.append(node)
-        elif isinstance(node, ast.FunctionDef | ast.ClassDef) and node.name in wanted:
-            body.append(node)
-            found.add(node.name)
-        elif isinstance(node, ast.Assign):
-            targets = {t.id for t in node.targets if isinstance(t, ast.Name)}
-            if targets & wanted:
-                body.append(node)
-                found |= targets & wanted
-    missing = wanted - found
-    if missing:
-        raise VllmUnavailable(f"{source}: definitions {sorted(missing)} not found")
-    namespace: dict[str, Any] = {"__name__": f"_vllm_real_{source.stem}"}
-    exec(compile(ast.Module(body=body, type_ignores=[]), str(source), "exec"), namespace)
-    return {name: namespace[name] for name in wanted}
 
 
 def _installed_version() -> str | None:
@@ -153,14 +110,14 @@ def load_vllm_core() -> dict[str, types.ModuleType]:
             package.__file__ = str(path / "__init__.py")
             sys.modules[name] = package
         for name in _STUBBED:
-            stub = _StubModule(name)
+            stub = StubModule(name)
             stub.__path__ = []  # a package, so stubbed submodules resolve through it
             sys.modules[name] = stub
         sys.modules["vllm.logger"].init_logger = logging.getLogger  # type: ignore[attr-defined]
         for module, rel, names in _REAL:
-            for name, value in _real_definitions(root / rel, names).items():
+            for name, value in real_definitions(root / rel, names, VllmUnavailable).items():
                 setattr(sys.modules[module], name, value)
-    elif not isinstance(sys.modules.get("vllm.config"), _StubModule):
+    elif not isinstance(sys.modules.get("vllm.config"), StubModule):
         raise VllmUnavailable("a real vllm is already imported in this process")
     mods = {
         short: importlib.import_module(f"vllm.{path}")
