@@ -4,9 +4,10 @@ Both replay the op stream of benchmarks/bench_cache.py (the 360 shared cc-traces
 active, 2 in flight, 4096 blocks of 64 tokens) with their own engine's protocol:
 
   radix (sglang)   ARRIVE match+lock, ALLOC make room+reserve, FINISH insert+unlock, TOUCH
-  block pool       ARRIVE lookup (read-only), ALLOC admit the whole prompt (refused: the
-                   request is dropped), FINISH decode the output in one extend (out - 1
-                   tokens; refused: no decode blocks) then free; TOUCH has no vLLM counterpart
+  block pool       ARRIVE nothing (vLLM looks a request up only when it schedules it), ALLOC
+                   admit the whole prompt (lookup + allocate; refused: the request is
+                   dropped), FINISH decode the output in one extend (out - 1 tokens; refused:
+                   no decode blocks) then free; TOUCH has no vLLM counterpart
 
 Only time inside cache calls counts. The target the engine must meet (issue 12) is the vLLM
 engine within 1.5x of the SGLang engine's time; this is the cache share of it. A second row
@@ -53,11 +54,9 @@ def blockpool_replay(stream: OpStream, free_order: str = "vllm") -> dict[str, An
     hits = refused = 0
     for op, rid in stream.ops:
         if op == ARRIVE:
-            req = stream.request(rid)
-            live[rid] = req
-            t0 = perf()
-            pool.lookup(req.finish_ids, req.in_tokens)
-        elif op == ALLOC:
+            live[rid] = stream.request(rid)
+            continue
+        if op == ALLOC:
             req = live[rid]
             t0 = perf()
             h = pool.admit(rid, req.finish_ids, req.in_tokens, req.in_tokens)
@@ -90,20 +89,29 @@ def run(
     sessions: int | None = None,
     capacity_blocks: int = 4096,
     with_driver: bool = True,
+    repeat: int = 1,
 ) -> dict[str, Any]:
+    """Each side replays the stream `repeat` times, interleaved; the fastest run counts (the
+    machine is shared: the minimum is the least disturbed)."""
     stream = trace_stream(
         trace_dir, sessions=sessions, active=4, in_flight=2, capacity_blocks=capacity_blocks
     )
-    radix = timed_replay(stream, OursSide(capacity_blocks, "sglang", record=False))
-    rows = [
-        {
-            "side": "kvsim radix (sglang)",
-            "seconds": radix.seconds,
-            "hit_blocks": radix.hit_blocks,
-            "refused": radix.aborted,
-        }
-    ]
-    rows += [blockpool_replay(stream, order) for order in ("vllm", "penelope")]
+    best: dict[str, dict[str, Any]] = {}
+    for _ in range(max(1, repeat)):
+        radix = timed_replay(stream, OursSide(capacity_blocks, "sglang", record=False))
+        runs = [
+            {
+                "side": "kvsim radix (sglang)",
+                "seconds": radix.seconds,
+                "hit_blocks": radix.hit_blocks,
+                "refused": radix.aborted,
+            }
+        ]
+        runs += [blockpool_replay(stream, order) for order in ("vllm", "penelope")]
+        for r in runs:
+            if r["side"] not in best or r["seconds"] < best[r["side"]]["seconds"]:
+                best[r["side"]] = r
+    rows = list(best.values())
     if with_driver:
         side = ModelSide(capacity_blocks, stream.block_size)
         t0 = time.perf_counter()
@@ -127,6 +135,7 @@ def run(
         "requests": stream.n_requests,
         "ops": len(stream.ops),
         "capacity_blocks": capacity_blocks,
+        "repeat": repeat,
         "rows": rows,
         "blockpool_vs_radix": round(ratio, 2),
         "target_met": ratio <= TARGET,
@@ -136,7 +145,7 @@ def run(
 def format_table(summary: dict[str, Any]) -> str:
     lines = [
         f"stream {summary['stream']}: {summary['requests']} requests, {summary['ops']} ops, "
-        f"{summary['capacity_blocks']} blocks",
+        f"{summary['capacity_blocks']} blocks, best of {summary['repeat']}",
         f"{'side':<28} {'seconds':>9} {'vs radix':>9} {'hit blocks':>12} {'refused':>8}",
     ]
     for r in summary["rows"]:
@@ -158,12 +167,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sessions", type=int, default=None, help="first K sessions (default all)")
     ap.add_argument("--capacity", type=int, default=4096, help="capacity in 64-token blocks")
     ap.add_argument("--no-driver", action="store_true", help="skip the V1 driver row")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per side (the fastest counts)")
     ap.add_argument("--json", action="store_true", help="one JSON document on stdout")
     args = ap.parse_args(argv)
     if not args.trace_dir.is_dir():
         print(f"bench_vllm_cache: skipped, {args.trace_dir} absent", file=sys.stderr)
         return 0
-    summary = run(args.trace_dir, args.sessions, args.capacity, not args.no_driver)
+    summary = run(args.trace_dir, args.sessions, args.capacity, not args.no_driver, args.repeat)
     print(json.dumps(summary, indent=2) if args.json else format_table(summary))
     return 0
 

@@ -189,7 +189,7 @@ class BlockPool:
             return 0, ids[:0]
         x = ids[:cap]
         n = len(self._first)
-        if not grown and (x.min() < 0 or x.max() >= n):  # ids never cached: misses
+        if not grown and int(x.view(np.uint64).max()) >= n:  # ids never cached: misses
             x = np.where((x >= 0) & (x < n), x, n)
             f = np.concatenate([self._first, [-1]])[x]
         else:
@@ -381,9 +381,10 @@ class BlockPool:
     def _grow_ids(self, ids: np.ndarray) -> None:
         if not len(ids):
             return
-        top = int(ids.max())
-        if ids.min() < 0 or top >= MAX_ID:
-            raise ValueError(f"block ids must be in [0, {MAX_ID}): got {ids.min()}..{top}")
+        # One reduction: as unsigned, a negative id is larger than any valid one.
+        top = int(ids.view(np.uint64).max())
+        if top >= MAX_ID:
+            raise ValueError(f"block ids must be in [0, {MAX_ID}): got {ids.min()}..{ids.max()}")
         n = len(self._first)
         if top < n:
             return
@@ -437,13 +438,21 @@ class BlockPool:
         self._bid[ps] = -1
         self._cached -= len(ps)
         single = self._ncopy[x] == 1
+        if self._reverse and single.all():  # the common case
+            self._first[x] = -1
+            self._ncopy[x] = 0
+            return
         xs = x[single]
         self._first[xs] = -1
         self._ncopy[xs] = 0
         if not self._reverse:
             par = self._parent[xs]
             par = par[par >= 0]
-            if len(par):
+            if len(par) <= 32:  # siblings may repeat a parent: one at a time
+                nchild = self._nchild
+                for q in par.tolist():
+                    nchild[q] -= 1
+            else:
                 u, c = np.unique(par, return_counts=True)
                 self._nchild[u] -= c.astype(np.int32)
         if single.all():
@@ -472,7 +481,13 @@ class BlockPool:
         xs = seq.ids[a:b]
         self._bid[ps] = xs
         self._cached += b - a
-        new = self._ncopy[xs] == 0
+        counts = self._ncopy[xs]
+        new = counts == 0
+        seq.cached = b
+        if self._reverse and new.all():  # the common case: no duplicate, no child counts
+            self._first[xs] = ps
+            self._ncopy[xs] = 1
+            return
         self._first[xs[new]] = ps[new]
         if not self._reverse:
             par = seq.ids[a - 1 : b - 1] if a else np.concatenate([[-1], seq.ids[: b - 1]])
@@ -486,8 +501,7 @@ class BlockPool:
                     self._dups[x] = [int(self._first[x]), p]
                 else:
                     copies.append(p)
-        self._ncopy[xs] += 1
-        seq.cached = b
+        self._ncopy[xs] = counts + 1
 
     def _append(self, ps: np.ndarray) -> None:
         """Hashed blocks join the queue tail in order."""
