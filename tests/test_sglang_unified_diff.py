@@ -41,7 +41,7 @@ def ids(*xs: int) -> np.ndarray:
 # ---- SGLang's own behaviour, pinned -------------------------------------------------------------
 
 
-def test_sglang_unified_diff_pins_split_and_whole_leaf_eviction() -> None:
+def test_sglang_diff_unified_pins_split_and_whole_leaf_eviction() -> None:
     ref = UnifiedRef(100, BS)
     hit, node = ref.match(ids(1, 2, 3))
     assert hit == 0
@@ -94,7 +94,7 @@ def lockstep(stream: OpStream, chunk: int) -> Counter:
 
 
 @pytest.mark.parametrize("seed", range(16))
-def test_sglang_unified_diff_random_stream(seed: int) -> None:
+def test_sglang_diff_unified_random_stream(seed: int) -> None:
     capacity = (24, 48, 96)[seed % 3]
     chunk = (100, 192, 40)[seed % 3]
     stream = with_chunks(random_stream(seed, n_ops=300, capacity_blocks=capacity), chunk, seed)
@@ -103,7 +103,7 @@ def test_sglang_unified_diff_random_stream(seed: int) -> None:
     assert seen["ARRIVE"] and seen["FINISH"]
 
 
-def test_sglang_unified_diff_streams_exercise_every_path() -> None:
+def test_sglang_diff_unified_streams_exercise_every_path() -> None:
     total: Counter = Counter()
     for seed in range(6):
         chunk = (100, 192, 40)[seed % 3]
@@ -115,7 +115,7 @@ def test_sglang_unified_diff_streams_exercise_every_path() -> None:
 
 @needs_cc_traces
 @pytest.mark.shared_data
-def test_sglang_unified_diff_cc_traces() -> None:
+def test_sglang_diff_unified_cc_traces() -> None:
     """First sessions of the real traces (48K-token context cut, 96K-token cache), 8192-token
     chunks (SGLang's default on an H100): eviction, chunk nodes and shared prefixes."""
     stream = trace_stream(

@@ -141,7 +141,7 @@ def test_vllm_diff_any_shape(
 @pytest.mark.shared_data
 @pytest.mark.parametrize(
     ("bs", "capacity", "sessions", "per_session", "running"),
-    [(64, 768, 16, 60, 3), (16, 2560, 8, 40, 2)],
+    [(64, 768, 32, 60, 3), (16, 2560, 12, 40, 2)],
     ids=["bs64-48K", "bs16-40K"],
 )
 def test_vllm_diff_cc_traces(
