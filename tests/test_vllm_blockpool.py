@@ -286,3 +286,39 @@ def test_matches_brute_force(data, order: str, cap: int) -> None:
         assert pool.block_ids().tolist() == ref.bid[1:]
         assert pool.ref_counts().tolist() == ref.ref[1:]
         assert pool.free_queue().tolist() == ref.queue
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["pop", "remove", "append", "prepend"]),
+                          st.integers(0, 6)), max_size=60))
+def test_free_queue_matches_a_list(steps) -> None:
+    """FreeQueue (stack + log with live flags, compaction) against vLLM's list semantics."""
+    from sim.kvcache.freequeue import FreeQueue
+
+    cap = 10
+    q, ref = FreeQueue(cap), list(range(1, cap + 1))
+    hashed: set[int] = set()
+    for op, k in steps:
+        held = [b for b in range(1, cap + 1) if b not in ref]
+        if op == "pop":
+            k = min(k, len(ref))
+            unhashed, popped = q.pop(k)
+            assert unhashed.tolist() + popped.tolist() == ref[:k]
+            del ref[:k]
+            hashed -= set(popped.tolist())
+        elif op == "remove":
+            free_hashed = [b for b in ref if b in hashed][:k]
+            q.remove(np.array(free_hashed, np.int64))
+            ref = [b for b in ref if b not in free_hashed]
+        else:
+            blocks = held[:k]
+            if op == "append":
+                hashed |= set(blocks)
+                q.append(np.array(blocks, np.int64))
+                ref = ref + blocks
+            else:
+                blocks = [b for b in blocks if b not in hashed]
+                q.prepend(np.array(blocks, np.int64))
+                ref = blocks + ref
+        q.check()
+        assert q.blocks().tolist() == ref and len(q) == len(ref)

@@ -64,6 +64,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from .freequeue import FreeQueue
+
 FreeOrder = Callable[[np.ndarray], np.ndarray]
 MAX_ID = 1 << 40  # ids index arrays: anything larger is a caller bug (use dense ids)
 
@@ -133,16 +135,7 @@ class BlockPool:
         n = self.capacity_blocks + 1
         self._bid = np.full(n, -1, np.int64)
         self._ref = np.zeros(n, np.int32)
-        self._qpos = np.full(n, -1, np.int64)  # index of p in _qlog while hashed and free
-        # Unhashed free blocks; the top (last) is the queue front. vLLM starts with 1..cap.
-        self._ustack = np.arange(n - 1, 0, -1, dtype=np.int64)
-        self._nu = self.capacity_blocks
-        # Hashed free blocks in queue order: _qlog[_qhead:_qtail] where _qalive (a touch
-        # takes a block out of the middle: its entry goes dead, the log is compacted later).
-        self._qlog = np.zeros(4 * n + 64, np.int64)
-        self._qalive = np.zeros(4 * n + 64, bool)
-        self._qhead = self._qtail = 0
-        self._nq = 0
+        self._queue = FreeQueue(self.capacity_blocks)
         # Per id: first cached copy, copies, parent id (-1 root), distinct cached children.
         self._first = np.full(0, -1, np.int64)
         self._ncopy = np.zeros(0, np.int32)
@@ -156,7 +149,7 @@ class BlockPool:
     @property
     def free_blocks(self) -> int:
         """Blocks in the free queue (unhashed + cached with ref 0): what allocation may pop."""
-        return self._nu + self._nq
+        return len(self._queue)
 
     @property
     def cached_blocks(self) -> int:
@@ -227,17 +220,14 @@ class BlockPool:
         refs = self._ref[hits]
         idle = refs == 0
         evictable = int(np.count_nonzero(idle))
-        free = self._nu + self._nq
+        free = len(self._queue)
         if full_sequence_must_fit and max(_cdiv(num_tokens, bs) - h, 0) + evictable > free:
             return None
         n_new = max(_cdiv(hit_tokens + new, bs) - h, 0)
         if n_new + evictable > free:
             return None
-        if evictable:  # touch: out of the free queue (their log entries go stale)
-            z = hits[idle]
-            self._qalive[self._qpos[z]] = False
-            self._qpos[z] = -1
-            self._nq -= evictable
+        if evictable:  # touch: out of the free queue
+            self._queue.remove(hits[idle])
         self._ref[hits] = refs + 1  # distinct blocks: one request's chain
         fresh = self._pop(n_new)
         self._ref[fresh] = 1
@@ -257,7 +247,7 @@ class BlockPool:
             raise ValueError(f"request {rid}: num_new_tokens must be >= 1")
         self._check_ids(rid, seq.computed + num_new_tokens, seq.ids)
         need = max(_cdiv(seq.computed + num_new_tokens, self.block_size) - len(seq.table), 0)
-        if need > self._nu + self._nq:
+        if need > len(self._queue):
             return False
         if need:
             fresh = self._pop(need)
@@ -280,12 +270,11 @@ class BlockPool:
             head = table[c - 1 :: -1] if c else table[:0]
             refs = self._ref[head] - 1
             self._ref[head] = refs
-            self._append(head[refs == 0])
+            self._queue.append(head[refs == 0])
             tail = table[c:]
             if len(tail):
                 self._ref[tail] = 0
-                self._ustack[self._nu : self._nu + len(tail)] = tail
-                self._nu += len(tail)
+                self._queue.prepend(tail[::-1])
             if self.debug:
                 self.check()
             return
@@ -297,11 +286,8 @@ class BlockPool:
         self._ref[t] = refs
         zero = t[refs == 0]
         hashed = self._bid[zero] >= 0
-        self._append(zero[hashed])
-        unhashed = zero[~hashed]
-        if len(unhashed):  # prepend in order: unhashed[0] ends up at the very front
-            self._ustack[self._nu : self._nu + len(unhashed)] = unhashed[::-1]
-            self._nu += len(unhashed)
+        self._queue.append(zero[hashed])
+        self._queue.prepend(zero[~hashed])
         if self.debug:
             self.check()
 
@@ -322,8 +308,7 @@ class BlockPool:
 
     def free_queue(self) -> np.ndarray:
         """Physical blocks in the free queue, front (reused first) to back."""
-        live = self._qlog[self._qhead : self._qtail][self._qalive[self._qhead : self._qtail]]
-        return np.concatenate([self._ustack[: self._nu][::-1], live])
+        return self._queue.blocks()
 
     def block_ids(self) -> np.ndarray:
         """Per physical block 1..capacity: the kvsim id it caches, -1 if none."""
@@ -345,16 +330,14 @@ class BlockPool:
     def check(self) -> None:
         """Recount every invariant from scratch; AssertionError naming the first broken one."""
         cap = self.capacity_blocks
+        self._queue.check()
         q = self.free_queue()
-        assert len(q) == self._nu + self._nq, "queue length != counters"
         assert len(np.unique(q)) == len(q) and 0 not in q, "queue holds a block twice or null"
         assert np.all(self._ref[q] == 0), "a block in the free queue is referenced"
         held = np.flatnonzero(self._ref[1:] > 0) + 1
         assert len(held) + len(q) == cap, f"held {len(held)} + free {len(q)} != {cap}"
-        assert np.all(self._bid[self._ustack[: self._nu]] < 0), "unhashed part holds a hash"
-        live = self._qlog[self._qhead : self._qtail][self._qalive[self._qhead : self._qtail]]
-        assert np.all(self._qpos[live] >= 0), "a live queue entry lost its position"
-        assert np.all(self._bid[live] >= 0), "hashed part of the queue holds an unhashed block"
+        assert np.all(self._bid[self._queue.unhashed_blocks()] < 0), "unhashed part: a hash"
+        assert np.all(self._bid[self._queue.hashed_blocks()] >= 0), "hashed part: no hash"
         refs = np.zeros(cap + 1, np.int64)
         for seq in self._seqs.values():
             np.add.at(refs, seq.table, 1)
@@ -402,35 +385,11 @@ class BlockPool:
 
     def _pop(self, n: int) -> np.ndarray:
         """Take ``n`` blocks from the queue front (unhashed first) and drop their hashes."""
-        k = min(n, self._nu)
-        out = self._ustack[self._nu - k : self._nu][::-1].copy()
-        self._nu -= k
-        need = n - k
-        if need == 0:
-            return out
-        taken: list[np.ndarray] = []
-        h, w = self._qhead, max(2 * need, 64)
-        while need:
-            end = min(h + w, self._qtail)
-            log = self._qlog[h:end]
-            pos = np.flatnonzero(self._qalive[h:end])
-            if len(pos) >= need:
-                taken.append(log[pos[:need]])
-                h += int(pos[need - 1]) + 1
-                need = 0
-            else:
-                taken.append(log[pos])
-                need -= len(pos)
-                h, w = end, 2 * w
-                if h >= self._qtail:
-                    raise AssertionError("free queue shorter than its counter")
-        self._qalive[self._qhead : h] = False
-        self._qhead = h
-        popped = np.concatenate(taken)
-        self._qpos[popped] = -1
-        self._nq -= len(popped)
-        self._evict(popped)
-        return np.concatenate([out, popped])
+        unhashed, hashed = self._queue.pop(n)
+        if not len(hashed):
+            return unhashed
+        self._evict(hashed)
+        return np.concatenate([unhashed, hashed])
 
     def _evict(self, ps: np.ndarray) -> None:
         """Drop the hashes of popped blocks ``ps`` (lazy eviction happens here)."""
@@ -502,26 +461,3 @@ class BlockPool:
                 else:
                     copies.append(p)
         self._ncopy[xs] = counts + 1
-
-    def _append(self, ps: np.ndarray) -> None:
-        """Hashed blocks join the queue tail in order."""
-        m = len(ps)
-        if not m:
-            return
-        if self._qtail + m > len(self._qlog):
-            self._compact(m)
-        self._qlog[self._qtail : self._qtail + m] = ps
-        self._qalive[self._qtail : self._qtail + m] = True
-        self._qpos[ps] = np.arange(self._qtail, self._qtail + m)
-        self._qtail += m
-        self._nq += m
-
-    def _compact(self, extra: int) -> None:
-        live = self._qlog[self._qhead : self._qtail][self._qalive[self._qhead : self._qtail]]
-        size = max(len(self._qlog), 2 * (len(live) + extra) + 64)
-        self._qlog = np.zeros(size, np.int64)
-        self._qlog[: len(live)] = live
-        self._qalive = np.zeros(size, bool)
-        self._qalive[: len(live)] = True
-        self._qpos[live] = np.arange(len(live))
-        self._qhead, self._qtail = 0, len(live)
