@@ -322,3 +322,30 @@ def test_free_queue_matches_a_list(steps) -> None:
                 ref = blocks + ref
         q.check()
         assert q.blocks().tolist() == ref and len(q) == len(ref)
+
+
+def test_bench_vllm_cache_small_run_json(capsys: pytest.CaptureFixture[str]) -> None:
+    """The speed benchmark (benchmarks/bench_vllm_cache.py) runs on 3 sessions and reports
+    every side (skips cleanly without the traces)."""
+    import json
+
+    from conftest import CC_TRACES
+
+    from benchmarks import bench_vllm_cache
+
+    if not CC_TRACES.is_dir():
+        assert bench_vllm_cache.main(["--trace-dir", str(CC_TRACES)]) == 0
+        return
+    argv = ["--trace-dir", str(CC_TRACES), "--sessions", "3", "--repeat", "1", "--json"]
+    assert bench_vllm_cache.main(argv) == 0
+    summary = json.loads(capsys.readouterr().out)
+    rows = {r["side"]: r for r in summary["rows"]}
+    assert list(rows) == [
+        "kvsim radix (sglang)",
+        "kvsim blockpool (vllm)",
+        "kvsim blockpool (penelope)",
+        "vLLM V1 driver + blockpool",
+    ]
+    assert rows["kvsim radix (sglang)"]["vs_radix"] == 1.0
+    assert rows["kvsim blockpool (vllm)"]["hit_blocks"] > 0
+    assert "blockpool (vllm) / radix (sglang)" in bench_vllm_cache.format_table(summary)
