@@ -183,6 +183,7 @@ class DriveStats:
     ops: int = 0
     by_op: dict[str, int] = field(default_factory=dict)
     hits: dict[int, int] = field(default_factory=dict)  # rid -> hit blocks at (last) admission
+    admitted: int = 0  # admissions (a preempted request is admitted again)
     dropped: int = 0
 
 
@@ -300,6 +301,7 @@ def drive(
                 waiting.popleft()
                 running.append(lv)
                 stats.hits[req.rid] = hit
+                stats.admitted += 1
                 lv.computed, lv.prefill_to = hit * bs, n
                 computed(lv, min(k, n - hit * bs))
             if waiting and not running:
