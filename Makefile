@@ -13,13 +13,18 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $@
 
-# Tests also need CPU torch (calibration, the SGLang reference), the real SGLang radix cache
-# installed without its ~100 dependencies (see benchmarks/sglang_ref.py), duckdb (the
-# TraceLab DuckDB loader), ray (the Ray sweep executor) and aiconfigurator-core (the
-# measured kernel tables of `kvsim calibrate --from-kernels`): nothing is skipped in CI.
+# Tests also need CPU torch (calibration, the SGLang reference), the real SGLang radix caches
+# installed without their ~100 dependencies (see benchmarks/sglang_ref.py; msgspec is the one
+# the default UnifiedRadixCache really uses, benchmarks/sglang_unified_ref.py), the real vLLM
+# KVCacheManager the same way plus cbor2, which its hashing module imports (see
+# benchmarks/vllm_ref.py), duckdb (the TraceLab DuckDB loader), ray (the Ray sweep executor)
+# and aiconfigurator-core (the measured kernel tables of `kvsim calibrate --from-kernels`):
+# nothing is skipped in CI.
 $(TEST_STAMP): $(STAMP)
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q --no-deps sglang==0.5.23
+	$(BIN)/pip install -q msgspec==0.23.0
+	$(BIN)/pip install -q --no-deps vllm==0.33.0 cbor2==6.3.0
 	$(BIN)/pip install -q -e '.[duckdb,ray,kernels]'
 	touch $@
 

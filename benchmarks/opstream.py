@@ -35,6 +35,7 @@ from typing import Any, Protocol
 import numpy as np
 
 ARRIVE, ALLOC, FINISH, TOUCH = 0, 1, 2, 3
+_RESENT = ("match_ids", "finish_ids", "need_blocks", "in_tokens", "out_tokens")
 OP_NAMES = ("ARRIVE", "ALLOC", "FINISH", "TOUCH")
 
 
@@ -44,7 +45,8 @@ class Request:
 
     match_ids: full blocks of the first in-1 prompt tokens (what ARRIVE matches);
     finish_ids: full blocks of the first in+out-1 tokens (what FINISH inserts; starts with
-    match_ids); need_blocks: ceil((in+out-1)/bs), the KV the request holds at its end.
+    match_ids); need_blocks: ceil((in+out-1)/bs), the KV the request holds at its end;
+    in_tokens, out_tokens: prompt and output lengths (the vLLM protocol works in tokens).
     """
 
     rid: int
@@ -52,6 +54,8 @@ class Request:
     match_ids: np.ndarray
     finish_ids: np.ndarray
     need_blocks: int
+    in_tokens: int = 0
+    out_tokens: int = 0
 
 
 def make_request(
@@ -78,14 +82,18 @@ def make_request(
         raise ValueError(f"request {rid}: {len(all_ids)} ids for {n_finish} finished blocks")
     finish_ids = all_ids[:n_finish].copy()
     match_ids = finish_ids[: (in_tokens - 1) // block_size]
-    return Request(rid, session, match_ids, finish_ids, -(-kv_tokens // block_size))
+    return Request(
+        rid, session, match_ids, finish_ids, -(-kv_tokens // block_size), in_tokens, out_tokens
+    )
 
 
 @dataclass
 class OpStream:
     """(op, rid) pairs over requests 0..n_requests-1; TOUCH names the request whose prompt is
     touched. Requests come from `source(rid)`, which may build them lazily (a 360-session
-    trace materialized at once would take ~400 MB of ids)."""
+    trace materialized at once would take ~400 MB of ids). `sessions`: the rids of each
+    session in order (what protocol drivers other than these ops replay, benchmarks/vllm_ops.py).
+    """
 
     name: str
     block_size: int
@@ -93,6 +101,7 @@ class OpStream:
     ops: list[tuple[int, int]]
     n_requests: int
     source: Callable[[int], Request]
+    sessions: list[list[int]] | None = None
 
     def request(self, rid: int) -> Request:
         return self.source(rid)
@@ -106,7 +115,13 @@ class OpStream:
         requests: list[Request],
         ops: list[tuple[int, int]],
     ) -> OpStream:
-        return cls(name, block_size, capacity_blocks, ops, len(requests), requests.__getitem__)
+        by_session: dict[int, list[int]] = {}
+        for r in requests:
+            by_session.setdefault(r.session, []).append(r.rid)
+        sessions = [by_session[s] for s in sorted(by_session)]
+        return cls(
+            name, block_size, capacity_blocks, ops, len(requests), requests.__getitem__, sessions
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -172,6 +187,8 @@ def random_stream(
     block_size: int = 64,
     n_sessions: int = 6,
     max_in_flight: int = 4,
+    aligned: float = 0.0,
+    resend: float = 0.0,
 ) -> OpStream:
     """A random stream over a small id universe that stresses splits, locks and eviction.
 
@@ -179,6 +196,9 @@ def random_stream(
     (truncate to a random block and continue with fresh ids) and sometimes repeat a prompt.
     Prompt and output lengths are random in tokens, so partial blocks and exact multiples both
     occur. Requests finish in random order; TOUCH hits random prompts, running or not.
+    With `aligned` > 0 that fraction of prompts is cut to a multiple of the block size; with
+    `resend` > 0 that fraction of requests resends a previous request of its session exactly
+    (same prompt, same output ids). Both 0 (the default) draw exactly the original streams.
     """
     rng = np.random.default_rng(seed)
     next_id = 1
@@ -206,7 +226,14 @@ def random_stream(
     session_busy: set[int] = set()
     max_prompt = max(2, capacity_blocks // 2) * block_size
 
+    sent: list[list[Request]] = [[] for _ in range(n_sessions)]
+
     def new_request(s: int) -> Request:
+        if resend and sent[s] and rng.random() < resend:
+            old = sent[s][int(rng.integers(0, len(sent[s])))]
+            req = Request(len(requests), s, *(getattr(old, f) for f in _RESENT))
+            requests.append(req)
+            return req
         r = rng.random()
         ids, tokens = hist_ids[s], hist_tokens[s]
         if r < 0.1 and len(ids) > 1:  # edit: keep a prefix, continue with fresh ids
@@ -217,6 +244,8 @@ def random_stream(
         grow = int(rng.integers(1, 4 * block_size))
         in_tokens = min(tokens + grow, max_prompt)
         in_tokens = max(in_tokens, 1)
+        if aligned and in_tokens >= block_size and rng.random() < aligned:
+            in_tokens -= in_tokens % block_size
         n_prompt = in_tokens // block_size
         prompt = np.concatenate([ids, fresh(max(0, n_prompt - len(ids)))])[:n_prompt]
         out_tokens = int(rng.integers(1, 2 * block_size))
@@ -224,6 +253,7 @@ def random_stream(
         cont = fresh(max(0, n_fin - n_prompt))
         req = make_request(len(requests), s, prompt, cont, in_tokens, out_tokens, block_size)
         requests.append(req)
+        sent[s].append(req)
         # The session continues from prompt + output (append-only history).
         if rng.random() < 0.8:
             hist_ids[s] = req.finish_ids
@@ -269,12 +299,14 @@ def trace_stream(
     block_size: int = 64,
     max_requests_per_session: int | None = None,
     shared_prefix: int | str | None = "auto",
+    max_context: int | None = None,
 ) -> OpStream:
     """The op stream of the top-level sessions of the first `sessions` cc-traces files (sorted
     by name), loaded with the `traces` package (global chained ids; `shared_prefix="auto"`
     makes every session's system + tool-definition tokens one shared chain, as in the paper).
     Sub-agent sessions are left out (their timing depends on the parent's replies). A request's
     FINISH inserts `Trace.finish_block_ids`. Requests are built when the replay asks for them.
+    `max_context` cuts each session before its first prompt longer than that (tokens).
     """
     from traces import load_trace
 
@@ -286,6 +318,7 @@ def trace_stream(
         format="cc-traces",
         block_size=block_size,
         shared_prefix=shared_prefix,
+        max_context=max_context,
     )
     per_session = []
     for si, sess in enumerate(trace.sessions):
@@ -311,9 +344,12 @@ def trace_stream(
             block_size,
         )
 
-    ops = closed_loop_ops([list(rids) for _, rids in per_session], active, in_flight)
+    sessions_rids = [list(rids) for _, rids in per_session]
+    ops = closed_loop_ops(sessions_rids, active, in_flight)
     name = f"cc-traces-{len(files)}x{active}"
-    return OpStream(name, block_size, capacity_blocks, ops, len(session_of), source)
+    return OpStream(
+        name, block_size, capacity_blocks, ops, len(session_of), source, sessions_rids
+    )
 
 
 # --------------------------------------------------------------------------------------------

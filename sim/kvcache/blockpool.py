@@ -1,0 +1,463 @@
+"""vLLM 0.33's prefix-caching block pool (one full-attention KV group), block for block.
+
+Design note for the engine integrator. This is NOT the radix tree (``cache.py``): it models
+vLLM's ``KVCacheManager`` + ``BlockPool`` (vllm/v1/core/, reference/vllm-kvcache.md) with the
+same state, so that every observable (hits, admission, which physical block is reused, the
+free-queue order) is identical to the real code, proven op by op by tests/test_vllm_diff.py.
+
+State::
+
+    physical blocks 1..capacity (0 is vLLM's null block, never used)
+      bid[p]  kvsim block id of the block's hash, -1 = unhashed;  ref[p] = requests holding p
+    free queue = [unhashed free blocks (LIFO)] + [hashed free blocks, in the order freed]
+      allocation pops the FRONT: unhashed first, then the oldest freed hashed block, whose hash
+      is dropped only then (lazy eviction: a freed cached block stays hittable until popped)
+    hash map   id -> its cached copies in insertion order (NO de-duplication: a block computed
+      again while a copy is cached becomes a second copy and takes capacity; lookup returns
+      the first copy)
+    request    block table (physical blocks by position), computed tokens, cached blocks
+
+Protocol (what vLLM's V1 scheduler does, method by method)::
+
+    lookup(ids, num_tokens)          get_computed_blocks: longest run of cached ids from the
+                                     start, capped at (num_tokens-1)//bs blocks; READ-ONLY
+    admit(rid, ids, num_tokens, k)   allocate_slots for a waiting request: check capacity first
+                                     (ref-0 hit blocks count as needing allocation; with
+                                     full_sequence_must_fit, the default, the whole prompt must
+                                     fit), then touch the hit (ref+1, out of the free queue),
+                                     pop new blocks and cache every block now full, i.e. the
+                                     prompt's blocks when its prefill is scheduled. A request
+                                     not admitted changes nothing.
+    extend(rid, k)                   allocate_slots for k more tokens of a running request (next
+                                     prefill chunk, or k decode tokens): blocks are cached as
+                                     they fill. k tokens at once = k single-token calls that
+                                     all succeed.
+    free(rid)                        finish or preemption: ref-1 in the free order; blocks
+                                     reaching 0 join the queue, hashed ones at the tail (in
+                                     order), unhashed ones at the front.
+
+Invariants (``check``): free = unhashed free + hashed free = blocks with ref 0; every cached
+copy is in the hash map once; the first copy of an id is the earliest inserted still cached;
+``nchild[id]`` = distinct cached ids whose parent is ``id``.
+
+Policy: in vLLM the only freedom an eviction policy has is the ORDER in which a finished
+request's blocks join the free queue (``free_order``: given the request's ``shared`` mask, the
+positions in release order; released first = evicted first). ``vllm`` releases tail first;
+``penelope`` releases the front of the private history first and the shared prefix last.
+``shared`` marks the positions up to the deepest block that has two or more distinct cached
+continuations (a branch point: what the radix tree calls a node with several children) or is
+still held by another request.
+
+What differs from the radix tree: the cached set is a multiset of blocks, not a tree (with a
+non-tail order it need not even be prefix-closed: blocks after an evicted one stay cached but
+unreachable until popped); there is no lock at lookup, no split, no touch without admission,
+no insert at finish; capacity is physical blocks (a request holds its partial last block too).
+
+Ids must be non-negative and dense enough to index arrays (trace ids are dense ranks; arrays
+grow to the largest id seen). Speed: every operation is a handful of numpy calls on the
+request's blocks; only duplicate copies (rare) take a Python loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from .freequeue import FreeQueue
+
+FreeOrder = Callable[[np.ndarray], np.ndarray]
+MAX_ID = 1 << 40  # ids index arrays: anything larger is a caller bug (use dense ids)
+
+
+def vllm_free_order(shared: np.ndarray) -> np.ndarray:
+    """vLLM: release the request's blocks in reverse (its tail is evicted first)."""
+    return np.arange(len(shared) - 1, -1, -1, dtype=np.int64)
+
+
+vllm_free_order.reverse = True  # type: ignore[attr-defined]  # the pool may skip the mask
+
+
+def penelope_free_order(shared: np.ndarray) -> np.ndarray:
+    """Penelope: the private history from its FRONT first, then the shared prefix tail first."""
+    private = np.flatnonzero(~shared)
+    return np.concatenate([private, np.flatnonzero(shared)[::-1]])
+
+
+# A free order with ``reverse = True`` ignores ``shared`` and is plain reverse order: the pool
+# then neither builds the mask nor tracks children (vLLM's own order stays cheap).
+FREE_ORDERS: dict[str, FreeOrder] = {"vllm": vllm_free_order, "penelope": penelope_free_order}
+
+
+def get_free_order(order: str | FreeOrder) -> FreeOrder:
+    if callable(order):
+        return order
+    if order not in FREE_ORDERS:
+        raise ValueError(f"unknown free order {order!r}: expected one of {sorted(FREE_ORDERS)}")
+    return FREE_ORDERS[order]
+
+
+class _Seq:
+    """One request's blocks: ids of every full block it will have, its block table."""
+
+    __slots__ = ("cached", "computed", "ids", "table")
+
+    def __init__(self, ids: np.ndarray, table: np.ndarray, computed: int, cached: int) -> None:
+        self.ids = ids
+        self.table = table
+        self.computed = computed
+        self.cached = cached
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class BlockPool:
+    """vLLM 0.33's KV block pool with automatic prefix caching (see the module doc)."""
+
+    def __init__(
+        self,
+        capacity_blocks: int,
+        block_size: int = 64,
+        free_order: str | FreeOrder = "vllm",
+        *,
+        debug: bool = False,
+    ) -> None:
+        if capacity_blocks < 1 or block_size < 1:
+            raise ValueError(f"capacity_blocks and block_size must be >= 1, got "
+                             f"{capacity_blocks}, {block_size}")
+        self.capacity_blocks = int(capacity_blocks)
+        self.block_size = int(block_size)
+        self.free_order = get_free_order(free_order)
+        self._reverse = bool(getattr(self.free_order, "reverse", False))
+        self.debug = debug
+        n = self.capacity_blocks + 1
+        self._bid = np.full(n, -1, np.int64)
+        self._ref = np.zeros(n, np.int32)
+        self._queue = FreeQueue(self.capacity_blocks)
+        # Per id: first cached copy, copies, parent id (-1 root), distinct cached children.
+        self._first = np.full(0, -1, np.int64)
+        self._ncopy = np.zeros(0, np.int32)
+        self._parent = np.full(0, -1, np.int64)
+        self._nchild = np.zeros(0, np.int32)
+        self._dups: dict[int, list[int]] = {}  # id -> all copies in insertion order (>= 2)
+        self._seqs: dict[int, _Seq] = {}
+        self._cached = 0
+
+    # ------------------------------------------------------------------ counters
+    @property
+    def free_blocks(self) -> int:
+        """Blocks in the free queue (unhashed + cached with ref 0): what allocation may pop."""
+        return len(self._queue)
+
+    @property
+    def cached_blocks(self) -> int:
+        """Physical blocks holding a cached (hashed) block, duplicates included."""
+        return self._cached
+
+    @property
+    def used_blocks(self) -> int:
+        """Blocks held by running requests."""
+        return self.capacity_blocks - self.free_blocks
+
+    def running(self) -> list[int]:
+        return list(self._seqs)
+
+    def computed_tokens(self, rid: int) -> int:
+        return self._seqs[rid].computed
+
+    # ------------------------------------------------------------------ protocol
+    def lookup(self, ids: np.ndarray, num_tokens: int) -> int:
+        """Cached blocks at the start of ``ids``, capped at ``(num_tokens - 1) // bs`` (the
+        last token is always computed). Read-only."""
+        return self._lookup(np.asarray(ids, np.int64), num_tokens)[0]
+
+    def _lookup(
+        self, ids: np.ndarray, num_tokens: int, grown: bool = False
+    ) -> tuple[int, np.ndarray]:
+        """(hit blocks, first copies of the hit blocks); ``grown``: ids known in range."""
+        cap = min(len(ids), (num_tokens - 1) // self.block_size)
+        if cap <= 0:
+            return 0, ids[:0]
+        x = ids[:cap]
+        n = len(self._first)
+        if not grown and int(x.view(np.uint64).max()) >= n:  # ids never cached: misses
+            x = np.where((x >= 0) & (x < n), x, n)
+            f = np.concatenate([self._first, [-1]])[x]
+        else:
+            f = self._first[x]
+        miss = f < 0
+        i = int(miss.argmax())
+        if not miss[i]:
+            return cap, f
+        return i, f[:i]
+
+    def admit(
+        self,
+        rid: int,
+        ids: np.ndarray,
+        num_tokens: int,
+        num_new_tokens: int,
+        *,
+        full_sequence_must_fit: bool = True,
+    ) -> int | None:
+        """Schedule waiting request ``rid`` (``num_tokens``: its prompt, or prompt + outputs
+        when resumed after preemption; ``ids``: every full block it will ever have): look up,
+        then allocate slots for ``num_new_tokens`` tokens after the hit (capped at what
+        remains). Returns the hit in blocks, or None when it does not fit (nothing changed)."""
+        if rid in self._seqs:
+            raise ValueError(f"request {rid} is already running")
+        if num_tokens < 1 or num_new_tokens < 1:
+            raise ValueError(f"request {rid}: num_tokens and num_new_tokens must be >= 1")
+        ids = np.asarray(ids, np.int64)
+        self._grow_ids(ids)  # validates the ids; no semantic change
+        bs = self.block_size
+        h, hits = self._lookup(ids, num_tokens, grown=True)
+        hit_tokens = h * bs
+        new = min(num_new_tokens, num_tokens - hit_tokens)
+        self._check_ids(rid, hit_tokens + new, ids)
+        refs = self._ref[hits]
+        idle = refs == 0
+        evictable = int(np.count_nonzero(idle))
+        free = len(self._queue)
+        if full_sequence_must_fit and max(_cdiv(num_tokens, bs) - h, 0) + evictable > free:
+            return None
+        n_new = max(_cdiv(hit_tokens + new, bs) - h, 0)
+        if n_new + evictable > free:
+            return None
+        if evictable:  # touch: out of the free queue
+            self._queue.remove(hits[idle])
+        self._ref[hits] = refs + 1  # distinct blocks: one request's chain
+        fresh = self._pop(n_new)
+        self._ref[fresh] = 1
+        seq = _Seq(ids, np.concatenate([hits, fresh]), hit_tokens + new, h)
+        self._seqs[rid] = seq
+        self._cache(seq)
+        if self.debug:
+            self.check()
+        return h
+
+    def extend(self, rid: int, num_new_tokens: int) -> bool:
+        """Slots for ``num_new_tokens`` more tokens of running request ``rid`` (a prefill
+        chunk, or decode tokens); blocks that become full are cached. False (nothing
+        changed) when the free queue is too short: the engine preempts or waits."""
+        seq = self._seqs[rid]
+        if num_new_tokens < 1:
+            raise ValueError(f"request {rid}: num_new_tokens must be >= 1")
+        self._check_ids(rid, seq.computed + num_new_tokens, seq.ids)
+        need = max(_cdiv(seq.computed + num_new_tokens, self.block_size) - len(seq.table), 0)
+        if need > len(self._queue):
+            return False
+        if need:
+            fresh = self._pop(need)
+            self._ref[fresh] = 1
+            seq.table = np.concatenate([seq.table, fresh])
+        seq.computed += num_new_tokens
+        self._cache(seq)
+        if self.debug:
+            self.check()
+        return True
+
+    def free(self, rid: int) -> None:
+        """Release request ``rid`` (finished or preempted) in the pool's free order."""
+        seq = self._seqs.pop(rid)
+        table = seq.table
+        if self._reverse:
+            # Positions >= cached are the request's own unhashed blocks (ref 1), < cached are
+            # hashed: vLLM's reversed release prepends the former and appends the latter.
+            c = seq.cached
+            head = table[c - 1 :: -1] if c else table[:0]
+            refs = self._ref[head] - 1
+            self._ref[head] = refs
+            self._queue.append(head[refs == 0])
+            tail = table[c:]
+            if len(tail):
+                self._ref[tail] = 0
+                self._queue.prepend(tail[::-1])
+            if self.debug:
+                self.check()
+            return
+        order = np.asarray(self.free_order(self._shared(seq)), np.int64)
+        if self.debug and not np.array_equal(np.sort(order), np.arange(len(table))):
+            raise AssertionError(f"free order is not a permutation of {len(table)}: {order}")
+        t = table[order]
+        refs = self._ref[t] - 1
+        self._ref[t] = refs
+        zero = t[refs == 0]
+        hashed = self._bid[zero] >= 0
+        self._queue.append(zero[hashed])
+        self._queue.prepend(zero[~hashed])
+        if self.debug:
+            self.check()
+
+    def _shared(self, seq: _Seq) -> np.ndarray:
+        """Positions up to the deepest cached block with two or more cached continuations or
+        another holder (the request's own hold included in ref, hence >= 2)."""
+        shared = np.zeros(len(seq.table), bool)
+        c = seq.cached
+        if c:
+            marks = (self._nchild[seq.ids[:c]] >= 2) | (self._ref[seq.table[:c]] >= 2)
+            if marks.any():
+                shared[: int(np.flatnonzero(marks)[-1]) + 1] = True
+        return shared
+
+    # ------------------------------------------------------------------ observation
+    def is_cached(self, block_id: int) -> bool:
+        return 0 <= block_id < len(self._first) and self._first[block_id] >= 0
+
+    def free_queue(self) -> np.ndarray:
+        """Physical blocks in the free queue, front (reused first) to back."""
+        return self._queue.blocks()
+
+    def block_ids(self) -> np.ndarray:
+        """Per physical block 1..capacity: the kvsim id it caches, -1 if none."""
+        return self._bid[1:].copy()
+
+    def ref_counts(self) -> np.ndarray:
+        """Per physical block 1..capacity: requests holding it."""
+        return self._ref[1:].astype(np.int64)
+
+    def cached_ids(self) -> np.ndarray:
+        """Sorted ids of every cached copy (a multiset: duplicates appear twice)."""
+        b = self._bid[1:]
+        return np.sort(b[b >= 0])
+
+    def table(self, rid: int) -> np.ndarray:
+        """Physical blocks of running request ``rid`` by position."""
+        return self._seqs[rid].table.copy()
+
+    def check(self) -> None:
+        """Recount every invariant from scratch; AssertionError naming the first broken one."""
+        cap = self.capacity_blocks
+        self._queue.check()
+        q = self.free_queue()
+        assert len(np.unique(q)) == len(q) and 0 not in q, "queue holds a block twice or null"
+        assert np.all(self._ref[q] == 0), "a block in the free queue is referenced"
+        held = np.flatnonzero(self._ref[1:] > 0) + 1
+        assert len(held) + len(q) == cap, f"held {len(held)} + free {len(q)} != {cap}"
+        assert np.all(self._bid[self._queue.unhashed_blocks()] < 0), "unhashed part: a hash"
+        assert np.all(self._bid[self._queue.hashed_blocks()] >= 0), "hashed part: no hash"
+        refs = np.zeros(cap + 1, np.int64)
+        for seq in self._seqs.values():
+            np.add.at(refs, seq.table, 1)
+            assert seq.cached <= len(seq.table) and seq.cached == min(
+                seq.computed // self.block_size, len(seq.ids)
+            ), "cached blocks != full computed blocks"
+            assert np.array_equal(self._bid[seq.table[: seq.cached]], seq.ids[: seq.cached])
+        assert np.array_equal(refs, self._ref), "ref counts != block tables"
+        cached = np.flatnonzero(self._bid >= 0)
+        assert len(cached) == self._cached, "cached counter"
+        ids, counts = np.unique(self._bid[cached], return_counts=True)
+        assert np.array_equal(np.flatnonzero(self._ncopy), ids), "ids with copies"
+        assert np.array_equal(self._ncopy[ids], counts), "copy counts"
+        assert np.all(self._bid[self._first[ids]] == ids), "first copy holds another id"
+        for x, copies in self._dups.items():
+            assert len(copies) == self._ncopy[x] >= 2 and copies[0] == self._first[x]
+        if not self._reverse:
+            nchild = np.zeros_like(self._nchild)
+            par = self._parent[ids]
+            np.add.at(nchild, par[par >= 0], 1)
+            assert np.array_equal(nchild, self._nchild), "children counts"
+
+    # ------------------------------------------------------------------ mechanism
+    def _grow_ids(self, ids: np.ndarray) -> None:
+        if not len(ids):
+            return
+        # One reduction: as unsigned, a negative id is larger than any valid one.
+        top = int(ids.view(np.uint64).max())
+        if top >= MAX_ID:
+            raise ValueError(f"block ids must be in [0, {MAX_ID}): got {ids.min()}..{ids.max()}")
+        n = len(self._first)
+        if top < n:
+            return
+        m = max(top + 1, 2 * n, 1024)
+        self._first = np.concatenate([self._first, np.full(m - n, -1, np.int64)])
+        self._ncopy = np.concatenate([self._ncopy, np.zeros(m - n, np.int32)])
+        self._parent = np.concatenate([self._parent, np.full(m - n, -1, np.int64)])
+        self._nchild = np.concatenate([self._nchild, np.zeros(m - n, np.int32)])
+
+    def _check_ids(self, rid: int, computed: int, ids: np.ndarray) -> None:
+        if computed // self.block_size > len(ids):
+            raise ValueError(
+                f"request {rid}: {computed} tokens computed but ids cover only {len(ids)} blocks"
+            )
+
+    def _pop(self, n: int) -> np.ndarray:
+        """Take ``n`` blocks from the queue front (unhashed first) and drop their hashes."""
+        unhashed, hashed = self._queue.pop(n)
+        if not len(hashed):
+            return unhashed
+        self._evict(hashed)
+        return np.concatenate([unhashed, hashed])
+
+    def _evict(self, ps: np.ndarray) -> None:
+        """Drop the hashes of popped blocks ``ps`` (lazy eviction happens here)."""
+        x = self._bid[ps]
+        self._bid[ps] = -1
+        self._cached -= len(ps)
+        single = self._ncopy[x] == 1
+        if self._reverse and single.all():  # the common case
+            self._first[x] = -1
+            self._ncopy[x] = 0
+            return
+        xs = x[single]
+        self._first[xs] = -1
+        self._ncopy[xs] = 0
+        if not self._reverse:
+            par = self._parent[xs]
+            par = par[par >= 0]
+            if len(par) <= 32:  # siblings may repeat a parent: one at a time
+                nchild = self._nchild
+                for q in par.tolist():
+                    nchild[q] -= 1
+            else:
+                u, c = np.unique(par, return_counts=True)
+                self._nchild[u] -= c.astype(np.int32)
+        if single.all():
+            return
+        for p, b in zip(ps[~single].tolist(), x[~single].tolist(), strict=True):
+            if self._ncopy[b] == 1:  # its other copy was popped just before
+                self._first[b] = -1
+                self._ncopy[b] = 0
+                if not self._reverse and self._parent[b] >= 0:
+                    self._nchild[self._parent[b]] -= 1
+                continue
+            copies = self._dups[b]
+            copies.remove(p)
+            self._ncopy[b] -= 1
+            self._first[b] = copies[0]
+            if len(copies) == 1:
+                del self._dups[b]
+
+    def _cache(self, seq: _Seq) -> None:
+        """Hash the request's blocks that became full: [cached, computed // bs)."""
+        a = seq.cached
+        b = seq.computed // self.block_size  # <= len(ids): _check_ids ran before any change
+        if b <= a:
+            return
+        ps = seq.table[a:b]
+        xs = seq.ids[a:b]
+        self._bid[ps] = xs
+        self._cached += b - a
+        counts = self._ncopy[xs]
+        new = counts == 0
+        seq.cached = b
+        if self._reverse and new.all():  # the common case: no duplicate, no child counts
+            self._first[xs] = ps
+            self._ncopy[xs] = 1
+            return
+        self._first[xs[new]] = ps[new]
+        if not self._reverse:
+            par = seq.ids[a - 1 : b - 1] if a else np.concatenate([[-1], seq.ids[: b - 1]])
+            self._parent[xs] = par
+            pn = par[new]
+            self._nchild[pn[pn >= 0]] += 1  # distinct parents: one request's chain
+        if not new.all():
+            for p, x in zip(ps[~new].tolist(), xs[~new].tolist(), strict=True):
+                copies = self._dups.get(x)
+                if copies is None:
+                    self._dups[x] = [int(self._first[x]), p]
+                else:
+                    copies.append(p)
+        self._ncopy[xs] = counts + 1
