@@ -15,12 +15,12 @@ from collections.abc import Generator
 import numpy as np
 import simpy
 
-from sim.engine import Req, Server
+from sim.engines import EngineBase, Req
 from traces import GAP_KINDS
 
 
 class Replay:
-    def __init__(self, env: simpy.Environment, trace, server: Server, gaps: np.ndarray,
+    def __init__(self, env: simpy.Environment, trace, server: EngineBase, gaps: np.ndarray,
                  offsets: np.ndarray, sessions: int, time_scale: float = 1.0) -> None:
         self.time_scale = time_scale  # open loop: recorded send times are multiplied by it
         self.env, self.trace, self.server, self.gaps = env, trace, server, gaps

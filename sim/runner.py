@@ -21,7 +21,7 @@ from costmodel.units import Units, range_units
 from policies import PolicyContext
 from policies.scheduling import get_scheduler
 from sim.config import ConfigError, RunConfig
-from sim.engine import Server
+from sim.engines import SGLangServer
 from sim.io import atomic_write_parquet, atomic_write_text, dumps
 from sim.kvcache import RadixKVCache
 from sim.metrics import RunRecorder
@@ -100,7 +100,7 @@ def run(cfg: RunConfig, trace=None) -> RunResult:
 
     policy.bind(PolicyContext(now=lambda: env.now, block_size=cfg.block_size, seed=cfg.seed,
                               recompute_seconds=recompute_seconds))
-    server = Server(env, cfg, spec, profile, cache, get_scheduler(cfg.scheduler), rec,
+    server = SGLangServer(env, cfg, spec, profile, cache, get_scheduler(cfg.scheduler), rec,
                     trace.finish_block_ids)
     replay = Replay(env, trace, server, gaps, trace.start_offsets(cfg.gaps), cfg.sessions,
                     cfg.time_scale)

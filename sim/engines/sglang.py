@@ -1,4 +1,4 @@
-"""The serving engine: SimPy session processes and one SGLang-like server process.
+"""The SGLang engine: SGLang's scheduler over a radix KV cache.
 
 Data flow of one run::
 
@@ -16,131 +16,56 @@ a time, continued before the queue; the whole prompt plus a decode reservation m
 admission; the first refused request stops the pass (head-of-line); retraction victims are the
 requests with the fewest generated tokens (ties: longest prompt) and go to the queue's tail.
 
-Simplifications (documented, not hidden): a scheduling pass runs at each event rather than at
-every decode step; memory for a decode run is reserved at its start (SGLang allocates per step);
-the overlap scheduler's one-iteration delay in freeing KV is not modelled.
-
-Determinism: time comes only from the cost model; ties in the queue break on a submission
-sequence number; SimPy breaks event ties by schedule order. No wall clock is read.
+Simplifications (documented in docs/engine.md): a scheduling pass runs at each event rather
+than at every decode step; the memory of a decode run is taken for exactly the tokens it
+generated, and the d2h copies that made room for it delay its completion; the overlap
+scheduler's one-iteration delay in freeing KV is not modelled.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import numpy as np
 import simpy
 
 from costmodel.profile import Profile
 from costmodel.specs import ModelSpec
-from costmodel.units import Units, range_units
-from policies import Arrival, Reply
+from costmodel.units import Units
 from policies.scheduling import LPM_QUEUE_LIMIT, Candidate, SchedulePolicy
 from sim.config import RunConfig
 from sim.kvcache import RadixKVCache, Tier
-from sim.metrics import RequestRecord, RunRecorder
+from sim.metrics import RunRecorder
+
+from .base import EngineBase
+from .request import Req
 
 # SGLang touches the prefixes of the first 128 waiting requests every 32nd fcfs pass.
 FCFS_TOUCH_EVERY = 32
 FCFS_TOUCH_COUNT = 128
 
 
-@dataclass(eq=False)
-class Req:
-    """One request in flight. Token positions are absolute; blocks are ``block_size`` tokens."""
-
-    rid: int
-    session: int
-    arrival: float
-    seq: int
-    prompt_tokens: int
-    output_tokens: int
-    ids: np.ndarray
-    done: simpy.Event
-    shared_blocks: int = 0
-    generated: int = 0  # output tokens produced so far (the first comes from prefill)
-    # set at admission
-    locks: list = field(default_factory=list)  # cache nodes this request holds locked
-    ranges: list[tuple[int, int]] = field(default_factory=list)  # token ranges still to compute
-    own_tokens: int = 0  # tokens this request holds outside the tree (computed, not inserted)
-    reserved: int = 0  # blocks reserved for own_tokens
-    admitted_at: float = math.nan
-    first_token_at: float = math.nan
-    record: RequestRecord | None = None
-    known_blocks: int = 0  # leading ids already in Server.ever (skip re-adding them)
-    # What the client does after the reply (policies' Reply event): tool | human | end, and
-    # the replay's wait before its next request (closed loop; NaN when not known).
-    next_gap: str = "end"
-    next_gap_s: float = math.nan
-
-    @property
-    def context_tokens(self) -> int:
-        """Tokens whose KV the request needs now: its prompt plus what it generated since."""
-        return self.prompt_tokens + max(0, self.generated - 1)
-
-
-class Server:
-    """The SGLang-like scheduler and executor over one ``RadixKVCache``."""
+class SGLangServer(EngineBase):
+    """SGLang's scheduler and memory semantics over one ``RadixKVCache``."""
 
     def __init__(self, env: simpy.Environment, cfg: RunConfig, spec: ModelSpec,
                  profile: Profile, cache: RadixKVCache, scheduler: SchedulePolicy,
                  recorder: RunRecorder, finish_ids: Callable[[int], np.ndarray]) -> None:
-        self.env, self.cfg, self.spec, self.profile = env, cfg, spec, profile
-        self.finish_ids = finish_ids  # trace.finish_block_ids: what SGLang inserts at finish
-        self.cache, self.scheduler, self.rec = cache, scheduler, recorder
-        self.bs = cfg.block_size
-        self.waiting: list[Req] = []
-        self.running: list[Req] = []
+        super().__init__(env, cfg, spec, profile, cache, cache.policy, recorder, finish_ids)
+        self.scheduler = scheduler
         self.chunked: Req | None = None
         self.ratio = cfg.new_token_ratio
         self._decay = (cfg.new_token_ratio - cfg.new_token_ratio_min) / max(
             1, cfg.new_token_ratio_decay_steps)
-        self._wake: simpy.Event = env.event()
         self._passes = 0
-        self._seq = 0
         self.max_running = cfg.max_running or 1 << 30
-        self.kv_bytes = spec.kv_bytes_per_token
-        self.tiered = cfg.cpu_cache > 0
-        # Copies to the host are charged to the waiting batch when they sit on its critical
-        # path (unified demotions, HiCache write-back); HiCache write-through backs up in the
-        # background, so its copies are counted but not waited for.
-        self.charge_d2h = cfg.tiering == "unified" or cfg.hicache_write_policy == "write_back"
-        self._pending_h2d_bytes = 0
-        self.ever: set[int] = set()  # every block id ever inserted: what an infinite cache holds
-        policy = cache.policy
-        self.policy = policy
-        self._tell_arrival = "arrival" in policy.events
-        self._tell_reply = "reply" in policy.events
-        self.process = env.process(self._loop())
-
-    # --- submission ---------------------------------------------------------------------
-    def submit(self, req: Req) -> None:
-        self._seq += 1
-        req.seq = self._seq
-        if self._tell_arrival:
-            self.policy.on_arrival(Arrival(self.env.now, req.session, req.rid,
-                                           req.prompt_tokens, req.ids))
-        if self._never_fits(req):
-            self.rec.drop(req, self.env.now, self._drop_reason(req))
-            req.done.succeed()
-            return
-        self.waiting.append(req)
-        if not self._wake.triggered:
-            self._wake.succeed()
-
-    def _drop_reason(self, req: Req) -> str:
-        """Why a request that can never fit is dropped (recorded with the drop)."""
-        return "context" if req.prompt_tokens > self.spec.max_context else "cache"
+        self.process = self.start()
 
     def _never_fits(self, req: Req) -> bool:
         need = self._blocks(req.prompt_tokens) + self._blocks(self._decode_reserve(req)) + 1
         return need >= self.cache.capacity_blocks
 
     # --- helpers ------------------------------------------------------------------------
-    def _blocks(self, tokens: float) -> int:
-        return -(-math.ceil(tokens) // self.bs)
 
     def _max_new(self, req: Req) -> int:
         if self.cfg.max_new_tokens is not None:
@@ -188,33 +113,7 @@ class Server:
                 merged.append((a, b))
         return merged, reused, holes, cpu
 
-    def _ideal_blocks(self, ids: np.ndarray) -> int:
-        """Longest prefix of ``ids`` ever inserted (chained ids: binary search on membership)."""
-        lo, hi = 0, ids.size
-        ever = self.ever
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if int(ids[mid - 1]) in ever:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
 
-    @staticmethod
-    def _take(ranges: list[tuple[int, int]], budget: int) -> tuple[list, list]:
-        """Split ``ranges`` into the first ``budget`` tokens and the rest."""
-        taken, rest = [], []
-        for a, b in ranges:
-            if budget <= 0:
-                rest.append((a, b))
-            elif b - a <= budget:
-                taken.append((a, b))
-                budget -= b - a
-            else:
-                taken.append((a, a + budget))
-                rest.append((a + budget, b))
-                budget = 0
-        return taken, rest
 
     def _reserve_tokens(self, req: Req, tokens: int) -> bool:
         """Hold ``tokens`` more outside the tree; evict through the policy if needed."""
@@ -383,16 +282,6 @@ class Server:
         return list(self.waiting)
 
     # --- execution ----------------------------------------------------------------------
-    def _prefill_seconds(self, batch) -> tuple[float, list[Units]]:
-        per_req = []
-        total = Units()
-        for _req, ranges in batch:
-            u = Units()
-            for a, b in ranges:
-                u = u + range_units(self.spec, a, b)
-            per_req.append(u)
-            total = total + u
-        return self.profile.prefill_seconds(total), per_req
 
     def _finish_prefill(self, batch, per_req: list[Units]) -> None:
         now = self.env.now
@@ -423,10 +312,7 @@ class Server:
             req.reserved = req.own_tokens = 0
         self._unlock_all(req)
         self.rec.close(req, self.env.now)
-        if self._tell_reply:
-            gap_s = req.next_gap_s if self.policy.clairvoyant else math.nan
-            self.policy.on_reply(Reply(self.env.now, req.session, req.rid, req.context_tokens,
-                                       leaf, req.next_gap, gap_s))
+        self._reply(req, leaf)
         req.done.succeed()
 
     def _decode_plan(self) -> int:
@@ -482,27 +368,7 @@ class Server:
             for r in finished:
                 self._finish(r)
 
-    def _transfer_seconds(self) -> float:
-        """PCIe time the next batch waits for: pending loads (h2d) and, where they are on the
-        critical path, copies to the host (d2h). Counts every byte moved either way."""
-        if not self.tiered:
-            return 0.0
-        h2d, self._pending_h2d_bytes = self._pending_h2d_bytes, 0
-        self.rec.evicted(self.cache.background_evictions())
-        d2h = self.cache.backup_pending() * self.bs * self.kv_bytes
-        self.rec.transferred(h2d, d2h)
-        seconds = self.profile.transfer_seconds(h2d, "h2d")
-        if self.charge_d2h:
-            seconds += self.profile.transfer_seconds(d2h, "d2h")
-        return seconds
 
-    def close(self) -> None:
-        """At the end of a run: record what the cache did after the last event (deletions
-        and d2h copies made by the final inserts), so every block and byte is counted."""
-        if self.tiered:
-            self.rec.evicted(self.cache.background_evictions())
-            h2d, self._pending_h2d_bytes = self._pending_h2d_bytes, 0
-            self.rec.transferred(h2d, self.cache.backup_pending() * self.bs * self.kv_bytes)
 
     def _loop(self):
         env = self.env
@@ -560,14 +426,4 @@ class Server:
                 yield env.timeout(pause)
             self._apply_decode(steps)
 
-    def _steps_within(self, batch: int, ctx: int, elapsed: float, cap: int) -> int:
-        """Smallest k >= 1 with decode_run_seconds(k) >= elapsed (the step in flight)."""
-        lo, hi = 1, cap
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if self.profile.decode_run_seconds(batch, ctx, mid) >= elapsed:
-                hi = mid
-            else:
-                lo = mid + 1
-        return lo
 

@@ -1,0 +1,166 @@
+"""What every engine shares: submission, the policy's events, pricing of prefill batches and
+decode runs, tier transfers, and the ``ever`` set (what an unlimited cache would hold).
+
+An engine (``sim.engines``) is the request protocol, the scheduler and the memory semantics
+of one real server. Subclasses implement ``_never_fits``/``_drop_reason`` and the server
+process ``_loop``; they call ``_reply`` when a request finishes.
+
+Determinism: time comes only from the cost model; ties in queues break on a submission
+sequence number; SimPy breaks event ties by schedule order. No wall clock is read.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+import simpy
+
+from costmodel.profile import Profile
+from costmodel.specs import ModelSpec
+from costmodel.units import Units, range_units
+from policies import Arrival, EvictionPolicy, Reply
+from sim.config import RunConfig
+from sim.metrics import RunRecorder
+
+from .request import Req
+
+
+class EngineBase:
+    """Shared state and helpers of the simulated servers."""
+
+    def __init__(self, env: simpy.Environment, cfg: RunConfig, spec: ModelSpec,
+                 profile: Profile, cache, policy: EvictionPolicy, recorder: RunRecorder,
+                 finish_ids: Callable[[int], np.ndarray]) -> None:
+        self.env, self.cfg, self.spec, self.profile = env, cfg, spec, profile
+        self.finish_ids = finish_ids  # trace.finish_block_ids: what a finish inserts
+        self.cache, self.rec, self.policy = cache, recorder, policy
+        self.bs = cfg.block_size
+        self.waiting: list[Req] = []
+        self.running: list[Req] = []
+        self._wake: simpy.Event = env.event()
+        self._seq = 0
+        self.kv_bytes = spec.kv_bytes_per_token
+        self.tiered = cfg.cpu_cache > 0
+        # Copies to the host are charged to the waiting batch when they sit on its critical
+        # path (unified demotions, HiCache write-back); HiCache write-through backs up in the
+        # background, so its copies are counted but not waited for.
+        self.charge_d2h = cfg.tiering == "unified" or cfg.hicache_write_policy == "write_back"
+        self._pending_h2d_bytes = 0
+        self.ever: set[int] = set()  # every block id ever inserted: what an infinite cache holds
+        self._tell_arrival = "arrival" in policy.events
+        self._tell_reply = "reply" in policy.events
+
+    def start(self) -> simpy.Process:
+        """Start the server process."""
+        return self.env.process(self._loop())
+
+    def _loop(self):
+        raise NotImplementedError
+
+    def _never_fits(self, req: Req) -> bool:
+        raise NotImplementedError
+
+    def _drop_reason(self, req: Req) -> str:
+        """Why a request that can never fit is dropped (recorded with the drop)."""
+        return "context" if req.prompt_tokens > self.spec.max_context else "cache"
+
+    # --- submission and events ----------------------------------------------------------
+    def submit(self, req: Req) -> None:
+        self._seq += 1
+        req.seq = self._seq
+        if self._tell_arrival:
+            self.policy.on_arrival(Arrival(self.env.now, req.session, req.rid,
+                                           req.prompt_tokens, req.ids))
+        if self._never_fits(req):
+            self.rec.drop(req, self.env.now, self._drop_reason(req))
+            req.done.succeed()
+            return
+        self.waiting.append(req)
+        if not self._wake.triggered:
+            self._wake.succeed()
+
+    def _reply(self, req: Req, leaf) -> None:
+        """Tell the policy a request finished (``leaf``: its history's handle, or None)."""
+        if self._tell_reply:
+            gap_s = req.next_gap_s if self.policy.clairvoyant else math.nan
+            self.policy.on_reply(Reply(self.env.now, req.session, req.rid, req.context_tokens,
+                                       leaf, req.next_gap, gap_s))
+
+    # --- helpers ------------------------------------------------------------------------
+    def _blocks(self, tokens: float) -> int:
+        return -(-math.ceil(tokens) // self.bs)
+
+    def _ideal_blocks(self, ids: np.ndarray) -> int:
+        """Longest prefix of ``ids`` ever inserted (chained ids: binary search on membership)."""
+        lo, hi = 0, ids.size
+        ever = self.ever
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if int(ids[mid - 1]) in ever:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    @staticmethod
+    def _take(ranges: list[tuple[int, int]], budget: int) -> tuple[list, list]:
+        """Split ``ranges`` into the first ``budget`` tokens and the rest."""
+        taken, rest = [], []
+        for a, b in ranges:
+            if budget <= 0:
+                rest.append((a, b))
+            elif b - a <= budget:
+                taken.append((a, b))
+                budget -= b - a
+            else:
+                taken.append((a, a + budget))
+                rest.append((a + budget, b))
+                budget = 0
+        return taken, rest
+
+    # --- pricing ------------------------------------------------------------------------
+    def _prefill_seconds(self, batch) -> tuple[float, list[Units]]:
+        per_req = []
+        total = Units()
+        for _req, ranges in batch:
+            u = Units()
+            for a, b in ranges:
+                u = u + range_units(self.spec, a, b)
+            per_req.append(u)
+            total = total + u
+        return self.profile.prefill_seconds(total), per_req
+
+    def _steps_within(self, batch: int, ctx: int, elapsed: float, cap: int) -> int:
+        """Smallest k >= 1 with decode_run_seconds(k) >= elapsed (the step in flight)."""
+        lo, hi = 1, cap
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.profile.decode_run_seconds(batch, ctx, mid) >= elapsed:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    def _transfer_seconds(self) -> float:
+        """PCIe time the next batch waits for: pending loads (h2d) and, where they are on the
+        critical path, copies to the host (d2h). Counts every byte moved either way."""
+        if not self.tiered:
+            return 0.0
+        h2d, self._pending_h2d_bytes = self._pending_h2d_bytes, 0
+        self.rec.evicted(self.cache.background_evictions())
+        d2h = self.cache.backup_pending() * self.bs * self.kv_bytes
+        self.rec.transferred(h2d, d2h)
+        seconds = self.profile.transfer_seconds(h2d, "h2d")
+        if self.charge_d2h:
+            seconds += self.profile.transfer_seconds(d2h, "d2h")
+        return seconds
+
+    def close(self) -> None:
+        """At the end of a run: record what the cache did after the last event (deletions
+        and d2h copies made by the final inserts), so every block and byte is counted."""
+        if self.tiered:
+            self.rec.evicted(self.cache.background_evictions())
+            h2d, self._pending_h2d_bytes = self._pending_h2d_bytes, 0
+            self.rec.transferred(h2d, self.cache.backup_pending() * self.bs * self.kv_bytes)

@@ -1,0 +1,45 @@
+"""A request in flight, as every engine sees it."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import simpy
+
+from sim.metrics import RequestRecord
+
+
+@dataclass(eq=False)
+class Req:
+    """One request in flight. Token positions are absolute; blocks are ``block_size`` tokens."""
+
+    rid: int
+    session: int
+    arrival: float
+    seq: int
+    prompt_tokens: int
+    output_tokens: int
+    ids: np.ndarray
+    done: simpy.Event
+    shared_blocks: int = 0
+    generated: int = 0  # output tokens produced so far (the first comes from prefill)
+    # set at admission
+    locks: list = field(default_factory=list)  # cache nodes this request holds locked
+    ranges: list[tuple[int, int]] = field(default_factory=list)  # token ranges still to compute
+    own_tokens: int = 0  # tokens this request holds outside the tree (computed, not inserted)
+    reserved: int = 0  # blocks reserved for own_tokens
+    admitted_at: float = math.nan
+    first_token_at: float = math.nan
+    record: RequestRecord | None = None
+    known_blocks: int = 0  # leading ids already in the engine's ``ever`` (skip re-adding them)
+    # What the client does after the reply (policies' Reply event): tool | human | end, and
+    # the replay's wait before its next request (closed loop; NaN when not known).
+    next_gap: str = "end"
+    next_gap_s: float = math.nan
+
+    @property
+    def context_tokens(self) -> int:
+        """Tokens whose KV the request needs now: its prompt plus what it generated since."""
+        return self.prompt_tokens + max(0, self.generated - 1)
