@@ -84,6 +84,9 @@ class Arrival:
     request: int  # index of the request in the trace
     prompt_tokens: int
     block_ids: np.ndarray  # the prompt's full blocks (read only)
+    # traces.REGION_NAMES code of each block (system, tools, user, assistant, tool_result,
+    # unknown), aligned with block_ids; None when the trace has no regions
+    block_regions: np.ndarray | None = None
 
 
 @dataclass(frozen=True, slots=True)

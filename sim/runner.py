@@ -101,7 +101,7 @@ def run(cfg: RunConfig, trace=None) -> RunResult:
     policy.bind(PolicyContext(now=lambda: env.now, block_size=cfg.block_size, seed=cfg.seed,
                               recompute_seconds=recompute_seconds))
     server = SGLangServer(env, cfg, spec, profile, cache, get_scheduler(cfg.scheduler), rec,
-                    trace.finish_block_ids)
+                          trace.finish_block_ids, getattr(trace, "block_regions", None))
     replay = Replay(env, trace, server, gaps, trace.start_offsets(cfg.gaps), cfg.sessions,
                     cfg.time_scale)
     driver = env.process(replay.closed_loop() if cfg.replay == "closed" else replay.open_loop())

@@ -32,8 +32,10 @@ class EngineBase:
 
     def __init__(self, env: simpy.Environment, cfg: RunConfig, spec: ModelSpec,
                  profile: Profile, cache, policy: EvictionPolicy, recorder: RunRecorder,
-                 finish_ids: Callable[[int], np.ndarray]) -> None:
+                 finish_ids: Callable[[int], np.ndarray],
+                 block_regions: Callable[[int], np.ndarray] | None = None) -> None:
         self.env, self.cfg, self.spec, self.profile = env, cfg, spec, profile
+        self.block_regions = block_regions  # trace.block_regions, for the Arrival event
         self.finish_ids = finish_ids  # trace.finish_block_ids: what a finish inserts
         self.cache, self.rec, self.policy = cache, recorder, policy
         self.bs = cfg.block_size
@@ -71,8 +73,9 @@ class EngineBase:
         self._seq += 1
         req.seq = self._seq
         if self._tell_arrival:
+            regions = self.block_regions(req.rid) if self.block_regions else None
             self.policy.on_arrival(Arrival(self.env.now, req.session, req.rid,
-                                           req.prompt_tokens, req.ids))
+                                           req.prompt_tokens, req.ids, regions))
         if self._never_fits(req):
             self.rec.drop(req, self.env.now, self._drop_reason(req))
             req.done.succeed()

@@ -50,8 +50,10 @@ class SGLangServer(EngineBase):
 
     def __init__(self, env: simpy.Environment, cfg: RunConfig, spec: ModelSpec,
                  profile: Profile, cache: RadixKVCache, scheduler: SchedulePolicy,
-                 recorder: RunRecorder, finish_ids: Callable[[int], np.ndarray]) -> None:
-        super().__init__(env, cfg, spec, profile, cache, cache.policy, recorder, finish_ids)
+                 recorder: RunRecorder, finish_ids: Callable[[int], np.ndarray],
+                 block_regions: Callable[[int], np.ndarray] | None = None) -> None:
+        super().__init__(env, cfg, spec, profile, cache, cache.policy, recorder, finish_ids,
+                         block_regions)
         self.scheduler = scheduler
         self.chunked: Req | None = None
         self.ratio = cfg.new_token_ratio
