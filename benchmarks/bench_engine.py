@@ -2,6 +2,11 @@
 penelope, one configuration per fresh subprocess so peak RSS is its own.
 
     python -m benchmarks.bench_engine [--json] [--cases 128k,512k] [--trace DIR]
+    python -m benchmarks.bench_engine --cases 128k --against c9547e1 --repeat 3
+
+``--against REV`` checks REV out in a temporary git worktree and runs the same case there,
+interleaved with this checkout's runs (the machine may be shared: interleaving exposes both to
+the same load), and reports each run and the ratio of the medians (this / REV).
 
 Cases: ``128k`` = --max-context 128k with a 256K-token cache; ``512k`` = --max-context 512k
 with a 1M-token cache. Goal: at most 30 s each on one core, under 2 GiB peak RSS. Trace
@@ -33,8 +38,9 @@ def peak_rss_mib():
 from sim.config import RunConfig
 from sim.runner import load_run_trace, run
 trace, max_ctx, cache, preset = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+profile = sys.argv[5] or None
 cfg = RunConfig(trace=trace, max_context=max_ctx, gpu_cache=cache, sessions=8,
-                gaps="recorded").with_preset(preset)
+                gaps="recorded", profile=profile).with_preset(preset)
 t0 = time.perf_counter(); tr = load_run_trace(cfg); t_load = time.perf_counter() - t0
 t0 = time.perf_counter(); res = run(cfg, tr); t_run = time.perf_counter() - t0
 print(json.dumps({"requests": res.summary["requests"], "load_s": t_load, "run_s": t_run,
@@ -44,10 +50,11 @@ print(json.dumps({"requests": res.summary["requests"], "load_s": t_load, "run_s"
 """
 
 
-def run_case(trace: str, name: str, preset: str) -> dict:
+def run_case(trace: str, name: str, preset: str, tree: Path = REPO,
+             profile: str | None = None) -> dict:
     max_ctx, cache = CASES[name]
-    out = subprocess.run([sys.executable, "-c", _CHILD, trace, str(max_ctx), str(cache), preset],
-                         capture_output=True, text=True, cwd=REPO, check=True)
+    out = subprocess.run([sys.executable, "-c", _CHILD, trace, str(max_ctx), str(cache), preset,
+                          profile or ""], capture_output=True, text=True, cwd=tree, check=True)
     row = json.loads(out.stdout.strip().splitlines()[-1])
     row.update(case=name, preset=preset, max_context=max_ctx, gpu_cache=cache)
     return row
@@ -59,11 +66,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", default="128k,512k")
     ap.add_argument("--preset", default="penelope")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--against", metavar="REV", help="also time git revision REV, interleaved")
+    ap.add_argument("--repeat", type=int, default=1, help="runs per side (with --against)")
+    ap.add_argument("--profile", default=None, help="time profile (default: the model's)")
+    ap.add_argument("--against-profile", default=None,
+                    help="profile name at REV (profiles were renamed over time)")
     args = ap.parse_args(argv)
     if not Path(args.trace).exists():
         print(f"skipped: {args.trace} not present")
         return 0
-    rows = [run_case(args.trace, c, args.preset) for c in args.cases.split(",")]
+    if args.against:
+        return compare(args)
+    rows = [run_case(args.trace, c, args.preset, profile=args.profile)
+            for c in args.cases.split(",")]
     if args.json:
         print(json.dumps({"rows": rows}, indent=2))
         return 0
@@ -73,6 +88,45 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['case']:>6} {r['preset']:>9} {r['requests']:>9} {r['load_s']:>7.1f} "
               f"{r['run_s']:>7.1f} {r['requests_per_s']:>7.0f} {r['peak_rss_mib']:>13.0f} "
               f"{r['ttft_mean_s']:>12.3f} {r['hit_rate']:>6.1%}")
+    return 0
+
+
+def compare(args: argparse.Namespace) -> int:
+    """This checkout against ``args.against``, interleaved, per case."""
+    import statistics
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="kvsim-bench-") as tmp:
+        other = Path(tmp) / "tree"
+        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(other),
+                        args.against], check=True, capture_output=True)
+        try:
+            out = []
+            for case in args.cases.split(","):
+                times: dict[str, list[float]] = {"this": [], args.against: []}
+                rows = {}
+                for _ in range(args.repeat):
+                    sides = (("this", REPO, args.profile),
+                             (args.against, other, args.against_profile or args.profile))
+                    for side, tree, profile in sides:
+                        row = run_case(args.trace, case, args.preset, tree, profile)
+                        times[side].append(row["run_s"])
+                        rows[side] = row
+                med = {k: statistics.median(v) for k, v in times.items()}
+                out.append({"case": case, "preset": args.preset, "runs_s": times,
+                            "median_s": med, "ratio": med["this"] / med[args.against],
+                            "same_ttft": rows["this"]["ttft_mean_s"]
+                            == rows[args.against]["ttft_mean_s"]})
+        finally:
+            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force",
+                            str(other)], check=False, capture_output=True)
+    if args.json:
+        print(json.dumps({"rows": out}, indent=2))
+        return 0
+    for r in out:
+        runs = " ".join(f"{k}: {', '.join(f'{t:.2f}' for t in v)}" for k, v in r["runs_s"].items())
+        print(f"{r['case']} {r['preset']}: {runs}  ratio {r['ratio']:.2f}"
+              f"  (same mean TTFT: {r['same_ttft']})")
     return 0
 
 
