@@ -23,6 +23,8 @@ class ConfigError(ValueError):
 
 
 SCHEDULERS = ("fcfs", "lpm", "lpm-cpu")
+# sim.engines.ENGINES holds the classes; named here because sim.engines imports this module.
+ENGINE_NAMES = ("sglang", "vllm")
 TIERINGS = ("unified", "hicache")
 REPLAYS = ("closed", "open")
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
@@ -53,6 +55,8 @@ class RunConfig:
     swap_buffer: int = 1024  # unified: CPU swap buffer (tokens) for exchanges when both are full
     hicache_write_policy: str = "write_through"  # | write_through_selective | write_back
     hicache_load_threshold: int = 10  # tokens: HiCache skips smaller load-backs
+    # --- engine: the server's request protocol, scheduler and memory semantics -------------
+    engine: str = "sglang"  # sglang (SGLang 0.5.23) | vllm (vLLM 0.33), see docs/engine.md
     # --- policies: ONE of preset | order/evict/granularity | policy (default: penelope) -------
     preset: str | None = None  # sglang | vllm | penelope
     order: str | None = None  # victim order (default lru) ...
@@ -60,14 +64,20 @@ class RunConfig:
     granularity: str | None = None  # ... and granularity (default node)
     policy: str | None = None  # any of the above, a registered name, or FILE.py:CLASS
     policy_params: dict[str, Any] = field(default_factory=dict, hash=False)
-    scheduler: str = "lpm"
-    # --- SGLang engine knobs -------------------------------------------------------------
-    chunk_size: int = 8192  # chunked_prefill_size
+    # fcfs: what SGLang 0.5.23 and vLLM 0.33 deploy by default (the only vLLM order kvsim
+    # models); the paper's runs (and ``kvsim reproduce``) set lpm explicitly.
+    scheduler: str = "fcfs"
+    # --- engine knobs (SGLang's unless said) ---------------------------------------------
+    # SGLang chunked_prefill_size; vllm: max_num_batched_tokens, the token budget of one
+    # step shared by decode and prefill chunks (8192 both: their H100 server defaults)
+    chunk_size: int = 8192
     # SGLang inserts each finished chunk into the tree (cache_unfinished_req), so a long
     # prompt becomes nodes of at most chunk_size tokens. False: insert once the prompt is
     # done (one node per prompt), which makes whole-node eviction far coarser.
     checkpoint_chunks: bool = True
-    max_running: int | None = None  # None = SGLang's default (large; never binds at small N)
+    # None = the engine's default: SGLang's max_running_requests (large; never binds at small
+    # N), vLLM's max_num_seqs (1024 for an API server on an H100)
+    max_running: int | None = None
     max_new_tokens: int | None = None  # None: clients leave it unset -> SGLang assumes ctx - input
     clip_max_new_tokens: int = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
     new_token_ratio: float = 0.7
@@ -124,6 +134,7 @@ class RunConfig:
         if self.replay not in REPLAYS:
             raise bad("replay", f"must be one of {REPLAYS}, got {self.replay!r}")
         self._validate_policy(bad)
+        self._validate_engine(bad)
         for name in ("sessions", "gpu_cache", "chunk_size", "block_size"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
@@ -170,6 +181,21 @@ class RunConfig:
             self.make_policy()
         except PolicyError as e:
             raise bad(chosen[0].split("/")[0] if chosen else "policy", str(e)) from None
+
+    def _validate_engine(self, bad) -> None:
+        if self.engine not in ENGINE_NAMES:
+            raise bad("engine", f"must be one of {ENGINE_NAMES}, got {self.engine!r}")
+        from sim.engines import ENGINES  # imports this module: loaded on demand
+
+        problem = ENGINES[self.engine].unsupported(self, self.make_policy())
+        if problem is not None:
+            raise bad(*problem)
+
+    @property
+    def policy_field(self) -> str:
+        """The field that chose the policy (for error messages)."""
+        return next((k for k in ("preset", "policy", "order", "evict", "granularity")
+                     if getattr(self, k)), "policy")
 
     def to_dict(self) -> dict[str, Any]:
         """Every field plus the resolved policy label (the run's identity in sweeps) and,

@@ -21,7 +21,7 @@ from costmodel.units import Units, range_units
 from policies import PolicyContext
 from policies.scheduling import get_scheduler
 from sim.config import ConfigError, RunConfig
-from sim.engines import SGLangServer
+from sim.engines import SGLangServer, VllmServer
 from sim.io import atomic_write_parquet, atomic_write_text, dumps
 from sim.kvcache import RadixKVCache
 from sim.metrics import RunRecorder
@@ -86,7 +86,6 @@ def run(cfg: RunConfig, trace=None) -> RunResult:
                      write_policy=cfg.hicache_write_policy,
                      load_threshold_tokens=cfg.hicache_load_threshold,
                      block_size=cfg.block_size)
-    cache = RadixKVCache(cfg.gpu_cache // cfg.block_size, policy, debug=cfg.debug_cache, **tiers)
     sessions = trace.sessions
     rec = RunRecorder([s.id for s in sessions], [s.first for s in sessions],
                       [s.parent >= 0 for s in sessions],
@@ -100,14 +99,19 @@ def run(cfg: RunConfig, trace=None) -> RunResult:
 
     policy.bind(PolicyContext(now=lambda: env.now, block_size=cfg.block_size, seed=cfg.seed,
                               recompute_seconds=recompute_seconds))
-    server = SGLangServer(env, cfg, spec, profile, cache, get_scheduler(cfg.scheduler), rec,
-                          trace.finish_block_ids, getattr(trace, "block_regions", None))
+    if cfg.engine == "vllm":
+        server = VllmServer.build(env, cfg, spec, profile, policy, rec, trace)
+    else:
+        cache = RadixKVCache(cfg.gpu_cache // cfg.block_size, policy, debug=cfg.debug_cache,
+                             **tiers)
+        server = SGLangServer(env, cfg, spec, profile, cache, get_scheduler(cfg.scheduler),
+                              rec, trace.finish_block_ids, getattr(trace, "block_regions", None))
     replay = Replay(env, trace, server, gaps, trace.start_offsets(cfg.gaps), cfg.sessions,
                     cfg.time_scale)
     driver = env.process(replay.closed_loop() if cfg.replay == "closed" else replay.open_loop())
     env.run(until=driver)
     if cfg.replay == "open":  # the last replies may still be in flight
-        while server.waiting or server.running or server.chunked is not None:
+        while server.busy():
             env.step()
     server.close()
     table = rec.table()
@@ -116,7 +120,8 @@ def run(cfg: RunConfig, trace=None) -> RunResult:
         "policy": policy.label, "model": cfg.model, "profile": profile.name,
         "profile_provenance": profile.provenance, "gpu_cache_tokens": cfg.gpu_cache,
         "cpu_cache_tokens": cfg.cpu_cache, "n_sessions": cfg.sessions, "gaps": cfg.gaps,
-        "scheduler": cfg.scheduler, "trace": trace.name, "trace_requests": len(trace),
+        "scheduler": cfg.scheduler, "engine": cfg.engine, "trace": trace.name,
+        "trace_requests": len(trace),
         # --lenient: records and whole files the loader skipped
         "trace_skipped_records": int(getattr(trace, "skipped", 0)),
         "trace_skipped_files": int(getattr(trace, "options", {}).get("skipped_files", 0)),

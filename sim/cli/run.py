@@ -36,7 +36,7 @@ def compare_runs(results: list[RunResult]) -> list[dict[str, Any]]:
     for r in results:
         c = r.config
         out.append({
-            "policy": c.policy_label, "policy_spec": c.policy_spec,
+            "policy": c.policy_label, "policy_spec": c.policy_spec, "engine": c.engine,
             "policy_params": c.policy_params, "scheduler": c.scheduler, "tiering": c.tiering,
             "summary": r.summary,
             "change_vs_first": {k: change(first.get(k), r.summary.get(k)) for k in COMPARED},
@@ -109,7 +109,9 @@ def policy_configs(base: RunConfig, preset: str | None, evict: str | None,
         configs += [base.with_preset(p) for p in names]
     configs += [base.with_policy(p, params) for p in policies]
     if not configs:
-        configs = [base.with_preset(p) for p in ("sglang", "vllm", "penelope")]
+        from sim.engines import ENGINES
+
+        configs = [base.with_preset(p) for p in ENGINES[base.engine].default_presets]
     labels = [c.policy_label for c in configs]
     dup = sorted({x for x in labels if labels.count(x) > 1})
     if dup:
@@ -177,9 +179,16 @@ class RunInputError(ValueError):
                    "recorded send times.")
 @click.option("--time-scale", type=float, default=1.0, show_default=True,
               help="Open loop: multiply recorded send times (0.5 = twice the request rate).")
+@click.option("--engine", type=click.Choice(["sglang", "vllm"]), default="sglang",
+              show_default=True,
+              help="The server: sglang (SGLang 0.5.23: radix tree, chunk nodes, admission "
+                   "with decode reservations) or vllm (vLLM 0.33: prefix-caching block pool, "
+                   "V1 token-budget steps, preemption by recompute; GPU only, policies vllm "
+                   "and penelope). See docs/engine.md.")
 @click.option("--preset", default=None,
               help="Comma-separated presets (sglang, vllm, penelope); the first is the baseline. "
-                   "Default: sglang,vllm,penelope unless another policy option is given.")
+                   "Default: sglang,vllm,penelope (--engine vllm: vllm,penelope) unless "
+                   "another policy option is given.")
 @click.option("--evict", type=click.Choice(["tail", "leaf-head", "private-head"]), default=None,
               help="Start position of a composed policy (with --granularity, --order).")
 @click.option("--granularity", type=click.Choice(["node", "block"]), default=None,
@@ -193,12 +202,15 @@ class RunInputError(ValueError):
 @click.option("--policy-param", "policy_params", multiple=True, metavar="K=V",
               help="Parameter of the --policy classes, e.g. --policy-param tau_s=5 "
                    "(repeatable; typed like the class's default).")
-@click.option("--scheduler", type=click.Choice(["fcfs", "lpm", "lpm-cpu"]), default="lpm",
+@click.option("--scheduler", type=click.Choice(["fcfs", "lpm", "lpm-cpu"]), default="fcfs",
               show_default=True,
-              help="Queue order: fcfs, lpm (longest cached prefix first), lpm-cpu (counts "
-                   "the CPU-resident prefix too).")
+              help="Queue order: fcfs (the default of SGLang 0.5.23 and vLLM 0.33, the only "
+                   "one vLLM has), lpm (longest cached prefix first: the paper's runs and "
+                   "kvsim reproduce), lpm-cpu (counts the CPU-resident prefix too).")
 @click.option("--chunk-size", type=SIZE, default="8192", show_default=True,
-              help="Chunked prefill size in tokens (SGLang chunked_prefill_size).")
+              help="Prefill tokens per pass: SGLang chunked_prefill_size; vllm: "
+                   "max_num_batched_tokens, one step's budget shared by decode and prefill "
+                   "chunks (8192: both servers' H100 defaults).")
 @click.option("--prompt-nodes", type=click.Choice(["chunked", "whole"]), default="chunked",
               show_default=True,
               help="chunked: each prefill chunk enters the tree as it finishes (SGLang), so "
@@ -206,15 +218,16 @@ class RunInputError(ValueError):
 @click.option("--max-new-tokens", type=int, default=None,
               help="Assumed max_new_tokens (default: unset, SGLang reserves up to 4096).")
 @click.option("--max-running", type=int, default=None,
-              help="Most requests running at once (default: SGLang's, large).")
+              help="Most requests running at once (default: the engine's: SGLang's "
+                   "max_running_requests, large; vLLM's max_num_seqs, 1024).")
 @click.option("--debug-cache", is_flag=True, help="Recount cache invariants after every op.")
 @click.option("--out", "-o", default=None, help="Write requests.parquet, config.json, "
               "summary.json per run under this folder (checked before anything runs).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select, gap_model,
             lenient, seed, cache_dir, rebuild_sessions, model, profile, gpu_cache, cpu_cache,
-            tiering, swap_buffer, hicache_write_policy, sessions, replay, time_scale, preset,
-            evict, granularity, order, policies, policy_params, scheduler, chunk_size,
+            tiering, swap_buffer, hicache_write_policy, sessions, replay, time_scale, engine,
+            preset, evict, granularity, order, policies, policy_params, scheduler, chunk_size,
             prompt_nodes, max_new_tokens, max_running, debug_cache, out, as_json) -> None:
     """Replay a trace through the simulated server under each policy; report TTFT, JCT, hits."""
     from costmodel.specs import get_spec
@@ -228,7 +241,7 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
         trace=trace, trace_format=trace_format, select=select, shared_prefix=shared_prefix,
         max_context=max_context, block_size=block_size, gaps=gap_model, lenient=lenient,
         trace_cache_dir=cache_dir, rebuild_sessions=rebuild_sessions,
-        sessions=sessions, replay=replay, time_scale=time_scale,
+        sessions=sessions, replay=replay, time_scale=time_scale, engine=engine,
         model=model, profile=profile, gpu_cache=gpu_cache, cpu_cache=cpu_cache,
         tiering=tiering, swap_buffer=swap_buffer, hicache_write_policy=hicache_write_policy,
         scheduler=scheduler, chunk_size=chunk_size,
@@ -270,7 +283,8 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
     s = results[0].summary
     cpu = f" + CPU {cpu_cache:,} ({tiering})" if cpu_cache else ""
     print_table(runs, f"{s['trace']} ({s['trace_requests']} requests), {model}, "
-                      f"GPU {gpu_cache:,} tokens{cpu}, N={sessions}, {scheduler}, "
+                      f"GPU {gpu_cache:,} tokens{cpu}, N={sessions}, {engine} engine, "
+                      f"{scheduler}, "
                       f"gaps {gap_model}", lenient=lenient)
     if out:
         print(f"wrote {out}/", file=sys.stderr)

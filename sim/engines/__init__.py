@@ -1,13 +1,16 @@
 """Engines: the request protocol, scheduler and memory semantics of a real server.
 
-``sglang``: SGLang 0.5's scheduler over the radix KV cache (``sim.kvcache``). Eviction
-policies (``policies``) are orthogonal to engines.
+``sglang``: SGLang 0.5.23's scheduler over the radix KV cache (``sim.kvcache``);
+``vllm``: vLLM 0.33's V1 scheduler over its prefix-caching block pool
+(``sim.kvcache.blockpool``). Eviction policies (``policies``) are orthogonal to engines: an
+engine says which it can express (``EngineBase.unsupported``).
 """
 
 from .base import EngineBase
 from .request import Req
 from .sglang import SGLangServer
+from .vllm import VllmServer
 
-ENGINES: dict[str, type[EngineBase]] = {"sglang": SGLangServer}
+ENGINES: dict[str, type[EngineBase]] = {"sglang": SGLangServer, "vllm": VllmServer}
 
-__all__ = ["ENGINES", "EngineBase", "Req", "SGLangServer"]
+__all__ = ["ENGINES", "EngineBase", "Req", "SGLangServer", "VllmServer"]

@@ -30,6 +30,15 @@ from .request import Req
 class EngineBase:
     """Shared state and helpers of the simulated servers."""
 
+    # Presets ``kvsim run`` compares when no policy is given (the first is the baseline).
+    default_presets: tuple[str, ...] = ("sglang", "vllm", "penelope")
+
+    @classmethod
+    def unsupported(cls, cfg: RunConfig, policy: EvictionPolicy) -> tuple[str, str] | None:
+        """(field, why) when this engine cannot run ``cfg`` with ``policy``; None if it can.
+        ``RunConfig.validate`` turns the answer into a ConfigError (exit status 2)."""
+        return None
+
     def __init__(self, env: simpy.Environment, cfg: RunConfig, spec: ModelSpec,
                  profile: Profile, cache, policy: EvictionPolicy, recorder: RunRecorder,
                  finish_ids: Callable[[int], np.ndarray],
@@ -60,6 +69,10 @@ class EngineBase:
 
     def _loop(self):
         raise NotImplementedError
+
+    def busy(self) -> bool:
+        """Requests still in the server (waiting, running or mid-prefill)."""
+        return bool(self.waiting or self.running)
 
     def _never_fits(self, req: Req) -> bool:
         raise NotImplementedError

@@ -38,6 +38,11 @@ class Req:
     # the replay's wait before its next request (closed loop; NaN when not known).
     next_gap: str = "end"
     next_gap_s: float = math.nan
+    # vLLM engine: ids of every full block the sequence will have (prompt + output - 1
+    # tokens), tokens with KV since the last (re)admission, and whether its prefill is done
+    seq_ids: np.ndarray | None = None
+    computed: int = 0
+    decoding: bool = False
 
     @property
     def context_tokens(self) -> int:

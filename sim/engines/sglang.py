@@ -63,6 +63,9 @@ class SGLangServer(EngineBase):
         self.max_running = cfg.max_running or 1 << 30
         self.process = self.start()
 
+    def busy(self) -> bool:
+        return bool(self.waiting or self.running or self.chunked is not None)
+
     def _never_fits(self, req: Req) -> bool:
         need = self._blocks(req.prompt_tokens) + self._blocks(self._decode_reserve(req)) + 1
         return need >= self.cache.capacity_blocks

@@ -144,6 +144,8 @@ class BlockPool:
         self._dups: dict[int, list[int]] = {}  # id -> all copies in insertion order (>= 2)
         self._seqs: dict[int, _Seq] = {}
         self._cached = 0
+        self._dropped = 0  # hashes dropped at allocation (lazy evictions), copies included
+        self._lost = 0  # ... of which the id's last cached copy
 
     # ------------------------------------------------------------------ counters
     @property
@@ -160,6 +162,17 @@ class BlockPool:
     def used_blocks(self) -> int:
         """Blocks held by running requests."""
         return self.capacity_blocks - self.free_blocks
+
+    @property
+    def evicted_blocks(self) -> int:
+        """Cached blocks whose hash allocation dropped so far (lazy eviction), duplicates
+        included."""
+        return self._dropped
+
+    @property
+    def lost_blocks(self) -> int:
+        """Of ``evicted_blocks``, those that were the last cached copy of their id."""
+        return self._lost
 
     def running(self) -> list[int]:
         return list(self._seqs)
@@ -396,12 +409,15 @@ class BlockPool:
         x = self._bid[ps]
         self._bid[ps] = -1
         self._cached -= len(ps)
+        self._dropped += len(ps)
         single = self._ncopy[x] == 1
         if self._reverse and single.all():  # the common case
             self._first[x] = -1
             self._ncopy[x] = 0
+            self._lost += len(ps)
             return
         xs = x[single]
+        self._lost += len(xs)
         self._first[xs] = -1
         self._ncopy[xs] = 0
         if not self._reverse:
@@ -420,6 +436,7 @@ class BlockPool:
             if self._ncopy[b] == 1:  # its other copy was popped just before
                 self._first[b] = -1
                 self._ncopy[b] = 0
+                self._lost += 1
                 if not self._reverse and self._parent[b] >= 0:
                     self._nchild[self._parent[b]] -= 1
                 continue
