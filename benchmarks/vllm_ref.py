@@ -288,6 +288,10 @@ class VllmRef:
         req.num_computed_tokens += num_new_tokens
         return True
 
+    def num_tokens(self, rid: int) -> int:
+        """Tokens of request ``rid`` so far (prompt + output tokens appended)."""
+        return self._reqs[rid].num_tokens
+
     def sample(self, rid: int) -> None:
         """The step that computed the sequence's last token sampled the next one."""
         self._append(rid, 1)

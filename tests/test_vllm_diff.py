@@ -14,6 +14,7 @@ it pins which duplicate a lookup returns and which block the next allocation evi
 from __future__ import annotations
 
 from collections import Counter
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -162,3 +163,130 @@ def test_vllm_diff_cc_traces(
     print(f"{stream.name} bs={bs}: {seen['ops']} ops compared")
     assert seen["ADMIT"] >= stream.n_requests
     assert seen["hit"] > 0 and seen["evicted"] > 0
+
+
+# --- the vLLM ENGINE against the real manager -------------------------------------------------
+class ShadowPool:
+    """kvsim's block pool with the real vLLM KVCacheManager beside it: every call the vLLM
+    engine (sim/engines/vllm.py) makes is applied to both, and their results and whole states
+    (block ids, ref counts, free queue, block tables) must be identical after every call.
+    So the engine's protocol (admission with the budget, chunk and decode allocations,
+    decode runs allocated at once, preemption and finish frees in schedule order) is what
+    the real manager accepts, op for op."""
+
+    made: ClassVar[list[ShadowPool]] = []
+
+    def __init__(self, capacity_blocks: int, block_size: int, free_order: str, *,
+                 debug: bool = False) -> None:
+        from benchmarks.vllm_ref import VllmRef
+        from sim.kvcache.blockpool import BlockPool
+
+        assert free_order == "vllm", "only vLLM's own order exists in the real code"
+        self.model = BlockPool(capacity_blocks, block_size, free_order, debug=True)
+        self.real = VllmRef(capacity_blocks, block_size)
+        self.known: set[int] = set()
+        self.ops: Counter = Counter()
+        ShadowPool.made.append(self)
+
+    def __getattr__(self, name: str):  # counters and observations: the model's
+        return getattr(self.model, name)
+
+    def admit(self, rid: int, ids: np.ndarray, num_tokens: int, k: int) -> int | None:
+        if rid not in self.known:
+            self.real.new_request(rid, ids, num_tokens)
+            self.known.add(rid)
+        else:  # resumed after preemption: its sampled tokens so far, as vLLM keeps them
+            for _ in range(num_tokens - self.real.num_tokens(rid)):
+                self.real.sample(rid)
+        got = self.model.admit(rid, ids, num_tokens, k)
+        ok, hit = self.real.admit(rid, k)
+        assert (got is not None) == ok and (not ok or got == hit), (rid, got, ok, hit)
+        self._compare("ADMIT", rid)
+        self.ops["refused" if got is None else "hit"] += 0 if got is None else got
+        return got
+
+    def extend(self, rid: int, k: int) -> bool:
+        got = self.model.extend(rid, k)
+        assert got == self.real.extend(rid, k), (rid, k, got)
+        self._compare("EXTEND", rid)
+        return got
+
+    def free(self, rid: int) -> None:
+        self.model.free(rid)
+        self.real.preempt(rid)  # the manager frees alike for finish and preemption
+        self._compare("FREE", rid)
+
+    def _compare(self, op: str, rid: int) -> None:
+        self.ops[op] += 1
+        self.ops["ops"] += 1
+        m, r = self.model, self.real
+        where = f"op {self.ops['ops']} {op} r{rid}"
+        state = r.blocks()
+        assert np.array_equal(m.block_ids(), state[:, 0]), f"{where}: cached ids differ"
+        assert np.array_equal(m.ref_counts(), state[:, 1]), f"{where}: ref counts differ"
+        queue = np.array([p for p, _ in r.free_queue()], np.int64)
+        assert np.array_equal(m.free_queue(), queue), f"{where}: free queues differ"
+        assert sorted(m.running()) == sorted(r.running()), f"{where}: running requests differ"
+        for x in m.running():
+            assert np.array_equal(m.table(x), np.array(r.table(x))), f"{where}: table r{x}"
+
+
+def engine_lockstep(monkeypatch, cfg, trace) -> Counter:
+    import sim.engines.vllm as vllm_engine
+    from sim.runner import run
+
+    ShadowPool.made = []
+    monkeypatch.setattr(vllm_engine, "BlockPool", ShadowPool)
+    res = run(cfg, trace)
+    ops = sum((p.ops for p in ShadowPool.made), Counter())
+    ops["requests"] = res.summary["requests"]
+    ops["retractions"] = res.summary["retractions"]
+    ops["evicted"] = res.summary["evicted_tokens"]
+    return ops
+
+
+def test_vllm_diff_engine_kit_trace(monkeypatch) -> None:
+    """Tight memory: chunked prefills, mixed steps, decode runs, preemptions, lazy hits."""
+    from sim.config import RunConfig
+    from tests.enginekit import KitTrace
+
+    trace = KitTrace([[(1500 + 700 * k, 400 + 150 * k, 1.0 + 0.3 * k) for k in range(6)]
+                      for _ in range(4)], shared_blocks=12)
+    for cache, budget in ((8000, 8192), (9000, 2048)):
+        cfg = RunConfig(engine="vllm", gpu_cache=cache, sessions=3, chunk_size=budget,
+                        profile="derived-h100-qwen3-8b").with_preset("vllm")
+        ops = engine_lockstep(monkeypatch, cfg, trace)
+        print(f"engine kit {cache}/{budget}: {ops['ops']} ops compared")
+        assert ops["requests"] == len(trace) and ops["retractions"] > 0 and ops["evicted"] > 0
+        assert ops["hit"] > 0
+
+
+def test_vllm_diff_engine_synthetic(monkeypatch) -> None:
+    """The synthetic Claude Code trace at N = 4 in a cache that evicts."""
+    from sim.config import RunConfig
+
+    cfg = RunConfig(engine="vllm", trace="synthetic:claude-code?sessions=6", max_context=32768,
+                    gpu_cache=49152, sessions=4, gaps="tool").with_preset("vllm")
+    ops = engine_lockstep(monkeypatch, cfg, None)
+    print(f"engine synthetic: {ops['ops']} ops compared")
+    assert ops["evicted"] > 0 and ops["hit"] > 0
+
+
+@needs_cc_traces
+@pytest.mark.shared_data
+@pytest.mark.parametrize(("decode_runs", "select"), [(True, 6), (False, 2)],
+                         ids=["runs", "steps"])
+def test_vllm_diff_engine_cc_traces(monkeypatch, decode_runs: bool, select: int) -> None:
+    """Real Claude Code sessions (15.6K shared prefix, 32K cut) through the engine, with
+    decode runs, and with one event per V1 step (every decode token an allocation)."""
+    from sim.config import RunConfig
+    from sim.engines import VllmServer
+
+    monkeypatch.setattr(VllmServer, "decode_runs", decode_runs)
+    cfg = RunConfig(engine="vllm", trace=str(CC_TRACES), select=f"top-requests:{select}",
+                    shared_prefix=15974, max_context=32768, gpu_cache=65536 // 6 * select,
+                    sessions=min(4, select), gaps="cap:10",
+                    chunk_size=4096).with_preset("vllm")
+    ops = engine_lockstep(monkeypatch, cfg, None)
+    print(f"engine cc-traces ({'runs' if decode_runs else 'steps'}): {ops['ops']} ops compared")
+    assert ops["evicted"] > 0 and ops["hit"] > 0

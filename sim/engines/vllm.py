@@ -110,6 +110,8 @@ class VllmServer(EngineBase):
     """vLLM 0.33's V1 scheduling and memory semantics over one ``BlockPool``."""
 
     default_presets = ("vllm", "penelope")
+    # False: every V1 step is its own event (slow; tests prove runs change nothing)
+    decode_runs: bool = True
 
     @classmethod
     def unsupported(cls, cfg: RunConfig, policy: EvictionPolicy) -> tuple[str, str] | None:
@@ -334,7 +336,7 @@ class VllmServer(EngineBase):
                 # of the queue now and is admitted at the next step (it always fits alone).
                 assert preempted, "a V1 step scheduled nothing and preempted nobody"
                 continue
-            if not preempted and len(rows) == len(self.running) and all(
+            if self.decode_runs and not preempted and len(rows) == len(self.running) and all(
                     r.decoding for r, _s, _n in rows):
                 yield from self._decode_run(rows, blocked)
                 continue
