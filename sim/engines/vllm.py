@@ -50,7 +50,7 @@ import simpy
 
 from costmodel.profile import Profile
 from costmodel.specs import ModelSpec
-from costmodel.units import Units, range_units
+from costmodel.units import Units, position_sum
 from policies import Blocks, EvictionPolicy, PolicyError, PrivateHead, Tail
 from sim.config import RunConfig
 from sim.kvcache import EvictResult, Tier
@@ -150,6 +150,10 @@ class VllmServer(EngineBase):
         self.token_budget = cfg.chunk_size  # max_num_batched_tokens
         self.max_seqs = cfg.max_running or VLLM_MAX_NUM_SEQS
         self._seen_evicted = (0, 0)  # the pool's (evicted, lost) blocks already recorded
+        # costmodel.units.range_units with the spec's window groups read once (every step
+        # prices every row)
+        self._groups = [(count, None if w is None else w - 1)
+                        for w, count in spec.window_groups().items()]
         self.process = self.start()
 
     def _never_fits(self, req: Req) -> bool:
@@ -232,11 +236,13 @@ class VllmServer(EngineBase):
         """What the allocations since the last call evicted (lazily, at pop): counted once
         per step or decode run that evicted (``evictions``), last copies as
         ``evicted_tokens``."""
-        now = (self.pool.evicted_blocks, self.pool.lost_blocks)
-        freed, lost = now[0] - self._seen_evicted[0], now[1] - self._seen_evicted[1]
-        if freed:
-            self._seen_evicted = now
-            self.rec.evicted(EvictResult(ok=True, freed_blocks=freed, deleted_blocks=lost))
+        evicted = self.pool.evicted_blocks
+        seen, lost = self._seen_evicted
+        if evicted != seen:
+            now_lost = self.pool.lost_blocks
+            self._seen_evicted = (evicted, now_lost)
+            self.rec.evicted(EvictResult(ok=True, freed_blocks=evicted - seen,
+                                         deleted_blocks=now_lost - lost))
 
     def _preempt(self, req: Req) -> None:
         """Preemption by recompute: free its blocks (in the policy's order; freed cached
@@ -247,20 +253,29 @@ class VllmServer(EngineBase):
         self.waiting.insert(0, req)
 
     # --- execution ----------------------------------------------------------------------
+    def _units(self, a: int, b: int) -> Units:
+        """``range_units(spec, a, b)``: tokens [a, b) at their positions."""
+        n = b - a
+        attention = 0
+        for count, cap in self._groups:
+            attention += count * position_sum(a, b, cap)
+        return Units(self.spec.layers * n * self.spec.W, attention, n)
+
     def _step_seconds(self, rows: list[tuple[Req, int, int]]) -> float:
         """Seconds of one step (module doc); records the prefill units of prefill rows."""
         n_dec = ctx = 0
-        units = Units()
-        for r, start, n in rows:
+        for r, start, _n in rows:
             if r.decoding:
                 n_dec += 1
                 ctx += start
-            u = range_units(self.spec, start, start + n)
+        if n_dec == len(rows):
+            return self.profile.decode_step_seconds(n_dec, ctx)
+        units = Units()
+        for r, start, n in rows:
+            u = self._units(start, start + n)
             units = units + u
             if not r.decoding:
                 self.rec.prefill_units(r, u)
-        if n_dec == len(rows):
-            return self.profile.decode_step_seconds(n_dec, ctx)
         seconds = self.profile.prefill_seconds(units)
         if n_dec:
             seconds = max(seconds, self.profile.decode_step_seconds(n_dec, ctx))

@@ -68,6 +68,9 @@ from .freequeue import FreeQueue
 
 FreeOrder = Callable[[np.ndarray], np.ndarray]
 MAX_ID = 1 << 40  # ids index arrays: anything larger is a caller bug (use dense ids)
+# Batches up to this many blocks are updated one by one in Python: numpy's per-call cost is
+# larger there (a decode allocation touches one block or two).
+SMALL = 8
 
 
 def vllm_free_order(shared: np.ndarray) -> np.ndarray:
@@ -141,6 +144,13 @@ class BlockPool:
         self._ncopy = np.zeros(0, np.int32)
         self._parent = np.full(0, -1, np.int64)
         self._nchild = np.zeros(0, np.int32)
+        # Child counts are read only when a request is freed (``_shared``), so the changes to
+        # them are queued and applied then, in bulk: ids that got their first cached copy
+        # with their parents, and ids whose last copy was evicted (ints or arrays).
+        self._born: list[tuple[np.ndarray, np.ndarray]] = []
+        self._born_each: list[tuple[int, int]] = []
+        self._died: list[np.ndarray] = []
+        self._died_each: list[int] = []
         self._dups: dict[int, list[int]] = {}  # id -> all copies in insertion order (>= 2)
         self._seqs: dict[int, _Seq] = {}
         self._cached = 0
@@ -258,16 +268,20 @@ class BlockPool:
         seq = self._seqs[rid]
         if num_new_tokens < 1:
             raise ValueError(f"request {rid}: num_new_tokens must be >= 1")
-        self._check_ids(rid, seq.computed + num_new_tokens, seq.ids)
-        need = max(_cdiv(seq.computed + num_new_tokens, self.block_size) - len(seq.table), 0)
-        if need > len(self._queue):
-            return False
-        if need:
+        computed = seq.computed + num_new_tokens
+        full = computed // self.block_size
+        if full > len(seq.ids):
+            self._check_ids(rid, computed, seq.ids)
+        need = -(-computed // self.block_size) - len(seq.table)
+        if need > 0:
+            if need > len(self._queue):
+                return False
             fresh = self._pop(need)
             self._ref[fresh] = 1
             seq.table = np.concatenate([seq.table, fresh])
-        seq.computed += num_new_tokens
-        self._cache(seq)
+        seq.computed = computed
+        if full > seq.cached:
+            self._cache(seq)
         if self.debug:
             self.check()
         return True
@@ -310,6 +324,7 @@ class BlockPool:
         shared = np.zeros(len(seq.table), bool)
         c = seq.cached
         if c:
+            self._count_children()
             marks = (self._nchild[seq.ids[:c]] >= 2) | (self._ref[seq.table[:c]] >= 2)
             if marks.any():
                 shared[: int(np.flatnonzero(marks)[-1]) + 1] = True
@@ -368,6 +383,7 @@ class BlockPool:
         for x, copies in self._dups.items():
             assert len(copies) == self._ncopy[x] >= 2 and copies[0] == self._first[x]
         if not self._reverse:
+            self._count_children()
             nchild = np.zeros_like(self._nchild)
             par = self._parent[ids]
             np.add.at(nchild, par[par >= 0], 1)
@@ -406,6 +422,9 @@ class BlockPool:
 
     def _evict(self, ps: np.ndarray) -> None:
         """Drop the hashes of popped blocks ``ps`` (lazy eviction happens here)."""
+        if len(ps) <= SMALL:
+            self._evict_each(ps.tolist())
+            return
         x = self._bid[ps]
         self._bid[ps] = -1
         self._cached -= len(ps)
@@ -421,15 +440,7 @@ class BlockPool:
         self._first[xs] = -1
         self._ncopy[xs] = 0
         if not self._reverse:
-            par = self._parent[xs]
-            par = par[par >= 0]
-            if len(par) <= 32:  # siblings may repeat a parent: one at a time
-                nchild = self._nchild
-                for q in par.tolist():
-                    nchild[q] -= 1
-            else:
-                u, c = np.unique(par, return_counts=True)
-                self._nchild[u] -= c.astype(np.int32)
+            self._died.append(xs)
         if single.all():
             return
         for p, b in zip(ps[~single].tolist(), x[~single].tolist(), strict=True):
@@ -437,8 +448,8 @@ class BlockPool:
                 self._first[b] = -1
                 self._ncopy[b] = 0
                 self._lost += 1
-                if not self._reverse and self._parent[b] >= 0:
-                    self._nchild[self._parent[b]] -= 1
+                if not self._reverse:
+                    self._died_each.append(b)
                 continue
             copies = self._dups[b]
             copies.remove(p)
@@ -447,11 +458,59 @@ class BlockPool:
             if len(copies) == 1:
                 del self._dups[b]
 
+    def _evict_each(self, ps: list[int]) -> None:
+        """``_evict`` one block at a time (same result, in the same order)."""
+        bid, first, ncopy = self._bid, self._first, self._ncopy
+        rev = self._reverse
+        for p in ps:
+            b = int(bid[p])
+            bid[p] = -1
+            c = int(ncopy[b])
+            if c == 1:
+                first[b] = -1
+                ncopy[b] = 0
+                self._lost += 1
+                if not rev:
+                    self._died_each.append(b)
+                continue
+            copies = self._dups[b]
+            copies.remove(p)
+            ncopy[b] = c - 1
+            first[b] = copies[0]
+            if len(copies) == 1:
+                del self._dups[b]
+        self._cached -= len(ps)
+        self._dropped += len(ps)
+
+    def _count_children(self) -> None:
+        """Apply the queued child-count changes: a parent gains a child when an id gets its
+        first cached copy and loses one when its last copy goes (an id's parent is fixed:
+        ids are chained). Counts add up, so the order of the changes does not matter."""
+        if self._born or self._born_each:
+            xs = [x for x, _ in self._born]
+            ps = [q for _, q in self._born]
+            if self._born_each:
+                each = np.array(self._born_each, np.int64)
+                xs.append(each[:, 0])
+                ps.append(each[:, 1])
+            x, q = np.concatenate(xs), np.concatenate(ps)
+            self._parent[x] = q
+            np.add.at(self._nchild, q[q >= 0], 1)
+            self._born, self._born_each = [], []
+        if self._died or self._died_each:
+            x = np.concatenate([*self._died, np.array(self._died_each, np.int64)])
+            q = self._parent[x]
+            np.subtract.at(self._nchild, q[q >= 0], 1)
+            self._died, self._died_each = [], []
+
     def _cache(self, seq: _Seq) -> None:
         """Hash the request's blocks that became full: [cached, computed // bs)."""
         a = seq.cached
         b = seq.computed // self.block_size  # <= len(ids): _check_ids ran before any change
         if b <= a:
+            return
+        if b - a <= SMALL:
+            self._cache_each(seq, a, b)
             return
         ps = seq.table[a:b]
         xs = seq.ids[a:b]
@@ -467,9 +526,7 @@ class BlockPool:
         self._first[xs[new]] = ps[new]
         if not self._reverse:
             par = seq.ids[a - 1 : b - 1] if a else np.concatenate([[-1], seq.ids[: b - 1]])
-            self._parent[xs] = par
-            pn = par[new]
-            self._nchild[pn[pn >= 0]] += 1  # distinct parents: one request's chain
+            self._born.append((xs[new], par[new]))
         if not new.all():
             for p, x in zip(ps[~new].tolist(), xs[~new].tolist(), strict=True):
                 copies = self._dups.get(x)
@@ -478,3 +535,28 @@ class BlockPool:
                 else:
                     copies.append(p)
         self._ncopy[xs] = counts + 1
+
+    def _cache_each(self, seq: _Seq, a: int, b: int) -> None:
+        """``_cache`` one block at a time (same result)."""
+        bid, first, ncopy = self._bid, self._first, self._ncopy
+        rev = self._reverse
+        table, ids = seq.table, seq.ids
+        prev = int(ids[a - 1]) if a else -1
+        for j in range(a, b):
+            p, x = int(table[j]), int(ids[j])
+            bid[p] = x
+            c = int(ncopy[x])
+            if c == 0:
+                first[x] = p
+                if not rev:
+                    self._born_each.append((x, prev))
+            else:
+                copies = self._dups.get(x)
+                if copies is None:
+                    self._dups[x] = [int(first[x]), p]
+                else:
+                    copies.append(p)
+            ncopy[x] = c + 1
+            prev = x
+        self._cached += b - a
+        seq.cached = b

@@ -50,8 +50,16 @@ class FreeQueue:
             return unhashed, unhashed[:0]
         if need > self._nq:
             raise AssertionError(f"pop({n}) from a queue of {len(self) + k}")
+        h = self._head
+        if h + need <= self._tail and self._alive[h : h + need].all():  # no dead entries
+            hashed = self._log[h : h + need].copy()
+            self._alive[h : h + need] = False
+            self._head = h + need
+            self._pos[hashed] = -1
+            self._nq -= need
+            return unhashed, hashed
         taken: list[np.ndarray] = []
-        h, w = self._head, max(2 * need, 64)
+        w = max(2 * need, 64)
         while need:
             end = min(h + w, self._tail)
             pos = np.flatnonzero(self._alive[h:end])
