@@ -43,6 +43,9 @@ from .request import Req
 # SGLang touches the prefixes of the first 128 waiting requests every 32nd fcfs pass.
 FCFS_TOUCH_EVERY = 32
 FCFS_TOUCH_COUNT = 128
+# Verdicts of a refused admission (schedule_policy.py AddReqResult): memory (NO_TOKEN) or a
+# spent pass budget (OTHER). Only NO_TOKEN sets batch_is_full.
+NO_TOKEN, OTHER = "no_token", "other"
 
 
 class SGLangServer(EngineBase):
@@ -59,8 +62,11 @@ class SGLangServer(EngineBase):
         self.ratio = cfg.new_token_ratio
         self._decay = (cfg.new_token_ratio - cfg.new_token_ratio_min) / max(
             1, cfg.new_token_ratio_decay_steps)
-        self._passes = 0
+        self._refresh_calls = 0  # fcfs passes that looked at the queue (prefix refresh)
         self.max_running = cfg.max_running or 1 << 30
+        # SGLang's running_batch.batch_is_full: set when an admission is refused for memory
+        # while requests run; no admission is tried again until the running batch shrinks.
+        self.batch_is_full = False
         self.process = self.start()
 
     def busy(self) -> bool:
@@ -166,26 +172,31 @@ class SGLangServer(EngineBase):
         req.locks = []
 
     # --- scheduling ---------------------------------------------------------------------
-    def _admit(self, req: Req, budget: int) -> tuple[int, bool] | None:
+    def _headroom(self) -> float:
+        """SGLang's remaining_total: free + evictable tokens minus the decode reservations
+        of running requests and what this pass admitted so far."""
+        return ((self.cache.free_blocks + self.cache.evictable_blocks) * self.bs
+                - self._running_offset_tokens() - self._pass_offset)
+
+    def _admit(self, req: Req, budget: int) -> tuple[int, bool] | str:
         """Try to admit ``req`` with ``budget`` prefill tokens left in this pass.
-        Returns (tokens taken, became chunked) or None when refused (head-of-line)."""
+        Returns (tokens taken, became chunked), or the verdict of a refusal (head-of-line):
+        NO_TOKEN (memory) or OTHER (no budget for even one page)."""
         m = self.cache.match(req.ids, touch=True)
         ranges, reused, holes, cpu = self._plan(req, m.segments)
         extend = sum(b - a for a, b in ranges)
         self.cache.lock(m.node)
-        avail = ((self.cache.free_blocks + self.cache.evictable_blocks) * self.bs
-                 - self._running_offset_tokens() - self._pass_offset)
         need = extend + cpu + self._decode_reserve(req) + self.bs
-        if need >= avail:
+        if need >= self._headroom():
             self.cache.unlock(m.node)
-            return None
+            return NO_TOKEN
         loaded = 0
         segments = m.segments
         if cpu:  # bring the CPU-resident part of the prefix to the GPU before the prefill
             ld = self.cache.load(m.node, min(req.ids.size, self._usable_blocks(req)))
             if not ld.ok:
                 self.cache.unlock(m.node)
-                return None
+                return NO_TOKEN
             loaded = ld.loaded_blocks * self.bs
             self.rec.loaded(ld, self.bs)
             self._pending_h2d_bytes += loaded * self.kv_bytes
@@ -197,7 +208,7 @@ class SGLangServer(EngineBase):
         take = (budget // self.bs) * self.bs if chunked else extend
         if take <= 0:
             self.cache.unlock(m.node)
-            return None
+            return OTHER
         req.locks = [m.node]
         req.ranges = ranges
         first_admission = req.record is None
@@ -219,11 +230,15 @@ class SGLangServer(EngineBase):
         return taken
 
     def _schedule(self) -> list[tuple[Req, list[tuple[int, int]]]]:
-        """One prefill pass: the batch of (request, token ranges) to compute now."""
-        self._passes += 1
+        """One prefill pass (SGLang get_new_batch_prefill): the batch of (request, token
+        ranges) to compute now. While ``batch_is_full`` only a chunk in flight continues."""
+        batch: list[tuple[Req, list[tuple[int, int]]]] = []
+        if not self.running:
+            self.batch_is_full = False  # an empty batch has no request left to clear it
+        if (self.batch_is_full or not self.waiting) and self.chunked is None:
+            return batch
         self._pass_offset = 0.0
         budget = self.cfg.chunk_size
-        batch: list[tuple[Req, list[tuple[int, int]]]] = []
         if self.chunked is not None:
             req = self.chunked
             ranges = self._run_chunk(req, min(budget, sum(b - a for a, b in req.ranges)))
@@ -240,9 +255,14 @@ class SGLangServer(EngineBase):
         admitted: set[int] = set()
         for req in order:
             if len(self.running) + len(batch) >= self.max_running:
+                self.batch_is_full = True
+            if self.batch_is_full:
                 break
             got = self._admit(req, budget)
-            if got is None:
+            if got == OTHER:
+                break
+            if got == NO_TOKEN:
+                self.batch_is_full = bool(batch or self.running)
                 if not self.running and not batch and self.chunked is None:
                     # Nothing holds memory but this request: it can never fit. Count a drop.
                     self.waiting.remove(req)
@@ -251,16 +271,20 @@ class SGLangServer(EngineBase):
                 break
             take, chunked = got
             ranges = self._run_chunk(req, take)
-            if ranges is None:  # eviction could not cover it after all: wait
+            if ranges is None:  # eviction could not cover it after all: a memory refusal
                 self._unlock_all(req)
+                self.batch_is_full = bool(batch or self.running)
                 break
             admitted.add(id(req))
             batch.append((req, ranges))
             budget -= take
             if chunked:
                 self.chunked = req
+            # The verdict for the next candidate: memory first (NO_TOKEN), then budget.
+            if self._headroom() <= 0:
+                self.batch_is_full = True
                 break
-            if budget <= 0:
+            if chunked or budget <= 0:
                 break
         if admitted:
             self.waiting = [r for r in self.waiting if id(r) not in admitted]
@@ -281,7 +305,11 @@ class SGLangServer(EngineBase):
             cands.sort(key=lambda kv: kv[0])
             self.waiting = [r for _, r in cands]
             return list(self.waiting)
-        if not sched.matches_all and self._passes % FCFS_TOUCH_EVERY == 0:
+        # fcfs (or lpm above 128 waiting: SGLang falls back to fcfs): every 32nd pass that
+        # looks at the queue, the first included, refreshes the first 128 waiting prefixes.
+        refresh = self._refresh_calls % FCFS_TOUCH_EVERY == 0
+        self._refresh_calls += 1
+        if refresh:
             for req in reversed(self.waiting[:FCFS_TOUCH_COUNT]):
                 self.cache.match(req.ids, touch=True)
         return list(self.waiting)
@@ -293,6 +321,9 @@ class SGLangServer(EngineBase):
         for (req, _ranges), units in zip(batch, per_req, strict=True):
             self.rec.prefill_units(req, units)
             if req.ranges:  # chunk of an unfinished prompt: checkpoint what is contiguous
+                # SGLang leaves the chunked request out of the batch it merges into the
+                # running batch: the batch shrank, which clears batch_is_full.
+                self.batch_is_full = False
                 if self.cfg.checkpoint_chunks:
                     done_to = req.ranges[0][0]
                     self._checkpoint(req, min(done_to // self.bs, req.ids.size), done_to)
@@ -308,6 +339,7 @@ class SGLangServer(EngineBase):
                 self.running.append(req)
 
     def _finish(self, req: Req) -> None:
+        self.batch_is_full = False  # the running batch shrank (a finish or an abort)
         final = self.finish_ids(req.rid) if req.generated >= req.output_tokens else req.ids
         leaf = None
         if final.size:
@@ -351,6 +383,7 @@ class SGLangServer(EngineBase):
             self._seq += 1
             v.seq = self._seq
             self.waiting.append(v)
+        self.batch_is_full = False  # the running batch shrank
         survivors = self.running
         out = sum(r.generated for r in survivors)
         self.ratio = min(1.0, (out + 20 * len(survivors)) / (
@@ -412,8 +445,11 @@ class SGLangServer(EngineBase):
             if pause:
                 yield env.timeout(pause)
             start = env.now
-            self._wake = env.event()
-            yield env.timeout(total) | self._wake
+            if self.batch_is_full:  # an arrival cannot be admitted before a finish
+                yield env.timeout(total)
+            else:
+                self._wake = env.event()
+                yield env.timeout(total) | self._wake
             elapsed = env.now - start
             if elapsed < total:  # an arrival: finish the step in flight, then reschedule
                 done = self._steps_within(batch_size, ctx, elapsed, steps)
