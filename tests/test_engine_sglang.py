@@ -71,3 +71,49 @@ def test_batch_is_full_holds_admission_until_the_running_batch_shrinks() -> None
     both = prefill((0, 6000), (0, 100))
     assert b2.ttft_s == pytest.approx(a_end + both - b2.send_s, rel=1e-9)
     assert c2.ttft_s == pytest.approx(a_end + both - c2.send_s, rel=1e-9)
+
+
+def test_chunk_continuation_shrinks_to_the_headroom(monkeypatch) -> None:
+    # A (12000 tokens) alone in a 32K cache: its first chunk is 8192 tokens. Then running
+    # requests hold R = 21576 tokens of decode reservations (fixed here: in a run nothing
+    # decodes between two chunk passes, so only a change of those reservations can shrink
+    # a chunk). The continuation is min(8192, headroom): free 24576 - R = 3000 tokens, so
+    # the second chunk is 8192..11192. The third pass has no headroom left (21568 - R < 0):
+    # then the chunk is the full budget, i.e. the last 808 tokens.
+    from sim.engines import SGLangServer
+
+    state = {"passes": 0}
+    schedule = SGLangServer._schedule
+
+    def spy(self):
+        state["passes"] += 1
+        return schedule(self)
+
+    def reserved(self):
+        return 21576.0 if state["passes"] > 1 else 0.0
+
+    monkeypatch.setattr(SGLangServer, "_schedule", spy)
+    monkeypatch.setattr(SGLangServer, "_running_offset_tokens", reserved)
+    res = run(cfg(gpu_cache=32768, sessions=1, max_new_tokens=4096),
+              KitTrace([[(12000, 1, 0.0)]]))
+    a = row(res, "s0", 0)
+    want = prefill((0, 8192)) + prefill((8192, 11192)) + prefill((11192, 12000))
+    assert a.ttft_s == pytest.approx(want, rel=1e-12)
+    assert res.summary["prefill_batches"] == 3
+
+
+def test_final_chunk_reserves_its_decode_tokens() -> None:
+    # 32K cache, max_new_tokens 4096. A (12000 tokens, 100 output) is chunked: 8192, then
+    # 3808 in pass 2, which also looks at B (14000 tokens, waiting since t = 0). A's final
+    # chunk charges one page and its decode reservation (64 + 4096) to the pass: B needs
+    # 14000 + 4096 + 64 = 18160, the headroom is 512 blocks - A's 188 = 20736 tokens - 4160
+    # = 16576: refused, batch_is_full (without the charge B would fit). B is admitted when
+    # A finishes.
+    trace = KitTrace([[(12000, 100, 0.0)], [(14000, 1, 0.0)]])
+    res = run(cfg(gpu_cache=32768, sessions=2, max_new_tokens=4096), trace)
+    a, b = row(res, "s0", 0), row(res, "s1", 0)
+    a_ttft = prefill((0, 8192)) + prefill((8192, 12000))
+    assert a.ttft_s == pytest.approx(a_ttft, rel=1e-12)
+    a_end = a_ttft + PROF.decode_run_seconds(1, 12000, 99)
+    assert a.end_s == pytest.approx(a_end, rel=1e-9)
+    assert b.admit_s == pytest.approx(a_end)

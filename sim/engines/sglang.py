@@ -240,12 +240,18 @@ class SGLangServer(EngineBase):
         self._pass_offset = 0.0
         budget = self.cfg.chunk_size
         if self.chunked is not None:
+            # add_chunked_req: the chunk is the budget cut to the headroom (when positive),
+            # re-evaluated each pass, so it shrinks when memory is short; the final chunk
+            # reserves the request's decode tokens for the candidates after it.
             req = self.chunked
-            ranges = self._run_chunk(req, min(budget, sum(b - a for a, b in req.ranges)))
+            room = int(self._headroom())
+            limit = min(budget, room) if room > 0 else budget
+            ranges = self._run_chunk(req, min(limit, sum(b - a for a, b in req.ranges)))
             if ranges is None:
                 return batch  # no memory even for the chunk: decode must free some first
             batch.append((req, ranges))
             budget -= sum(b - a for a, b in ranges)
+            self._pass_offset += self.bs + (0 if req.ranges else self._decode_reserve(req))
             if req.ranges:
                 return batch  # still chunked: it owns this pass
             self.chunked = None
