@@ -117,3 +117,32 @@ def test_final_chunk_reserves_its_decode_tokens() -> None:
     a_end = a_ttft + PROF.decode_run_seconds(1, 12000, 99)
     assert a.end_s == pytest.approx(a_end, rel=1e-9)
     assert b.admit_s == pytest.approx(a_end)
+
+
+def test_retraction_evicts_twenty_tokens_per_remaining_request(monkeypatch) -> None:
+    # Eight requests of 1000 tokens (15 cached blocks + 40 own tokens each) fill a cache of
+    # 8 x 16 + 8 = 136 blocks; max_new_tokens 1 makes admission optimistic. They decode 88
+    # steps together (the 8 free blocks: one each at step 25, when 64 - 40 + 1 own slots are
+    # used) until every one holds 2 full own blocks and none is free. Then SGLang retracts
+    # one: all tie on outputs and prompt, so the LAST in the running batch (session s7). Its
+    # 2 own blocks are freed and its 15 prompt blocks unlocked; release_req then evicts until
+    # 20 x 7 = 140 tokens (3 blocks) are free: 1 block is missing, and whole-node eviction
+    # (sglang) frees its 15-block prompt node: 17 blocks free before the survivors go on.
+    from sim.engines import SGLangServer
+
+    seen: list[tuple[list[str], int]] = []
+    retract = SGLangServer._retract
+
+    def spy(self):
+        before = {id(r) for r in self.running}
+        retract(self)
+        gone = [f"s{r.session}" for r in self.waiting if id(r) in before]
+        seen.append((gone, self.cache.free_blocks))
+
+    monkeypatch.setattr(SGLangServer, "_retract", spy)
+    trace = KitTrace([[(1000, 200, 0.0)] for _ in range(8)])
+    res = run(cfg(gpu_cache=136 * BS, sessions=8, max_new_tokens=1), trace)
+    assert res.summary["prefill_batches"] >= 1
+    first_ttft = prefill(*[(0, 1000)] * 8)
+    assert res.requests.ttft_s.tolist() == pytest.approx([first_ttft] * 8, rel=1e-12)
+    assert seen[0] == (["s7"], 17)

@@ -43,6 +43,9 @@ from .request import Req
 # SGLang touches the prefixes of the first 128 waiting requests every 32nd fcfs pass.
 FCFS_TOUCH_EVERY = 32
 FCFS_TOUCH_COUNT = 128
+# SGLANG_RETRACT_DECODE_STEPS: after releasing a retracted request, SGLang evicts the cache
+# until this many tokens per remaining request are free.
+RETRACT_DECODE_STEPS = 20
 # Verdicts of a refused admission (schedule_policy.py AddReqResult): memory (NO_TOKEN) or a
 # spent pass budget (OTHER). Only NO_TOKEN sets batch_is_full.
 NO_TOKEN, OTHER = "no_token", "other"
@@ -377,8 +380,13 @@ class SGLangServer(EngineBase):
         return max(0, min(cap, starts[i] + q * bs - 1))
 
     def _retract(self) -> None:
-        """SGLang retract_decode: fewest generated first, ties longest prompt; keep one."""
-        victims = sorted(self.running, key=lambda r: (r.generated, -r.prompt_tokens, r.seq))
+        """SGLang retract_decode: fewest generated first, ties longest prompt, then the last
+        in the running batch; keep one. Each release (``release_req``) frees the victim's
+        own tokens, unlocks its tree part, then evicts until 20 tokens per remaining request
+        are free."""
+        order = {id(r): i for i, r in enumerate(self.running)}
+        victims = sorted(self.running, key=lambda r: (r.generated, -r.prompt_tokens,
+                                                      -order[id(r)]))
         while len(self.running) > 1 and self._decode_plan() == 0:
             v = victims.pop(0)
             self.running.remove(v)
@@ -389,6 +397,9 @@ class SGLangServer(EngineBase):
             self._seq += 1
             v.seq = self._seq
             self.waiting.append(v)
+            short = self._blocks(RETRACT_DECODE_STEPS * len(self.running)) - self.cache.free_blocks
+            if short > 0 and self.cache.evictable_blocks:
+                self.rec.evicted(self.cache.evict(min(short, self.cache.evictable_blocks)))
         self.batch_is_full = False  # the running batch shrank
         survivors = self.running
         out = sum(r.generated for r in survivors)
