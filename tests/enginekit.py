@@ -22,17 +22,21 @@ class KitSession:
 class KitTrace:
     """Sessions of requests given as (prompt_tokens, output_tokens, gap_s). Each session's
     prompt ``k`` extends prompt ``k-1`` (append-only); ids are unique per session, so sessions
-    share nothing unless ``shared_blocks`` gives them a common prefix."""
+    share nothing unless ``shared_blocks`` gives them a common prefix (one count for every
+    session, or one per session)."""
 
     name = "kit"
     block_size = 64
 
-    def __init__(self, sessions: list[list[tuple[int, int, float]]], shared_blocks: int = 0):
+    def __init__(self, sessions: list[list[tuple[int, int, float]]],
+                 shared_blocks: int | list[int] = 0):
         self.sessions: list[KitSession] = []
         rows = []
+        if isinstance(shared_blocks, int):
+            shared_blocks = [shared_blocks] * len(sessions)
         for s, reqs in enumerate(sessions):
             self.sessions.append(KitSession(f"s{s}", len(rows), len(reqs),
-                                            shared_prefix_blocks=shared_blocks))
+                                            shared_prefix_blocks=shared_blocks[s]))
             rows += [(s, *r) for r in reqs]
         self.session = np.array([r[0] for r in rows], dtype=np.int32)
         self.prompt_tokens = np.array([r[1] for r in rows], dtype=np.int64)
@@ -49,7 +53,7 @@ class KitTrace:
 
     def _ids(self, s: int, n: int) -> np.ndarray:
         ids = np.arange(n, dtype=np.int64) + 1_000_000 * (s + 1)
-        k = min(n, self.shared_blocks)
+        k = min(n, self.shared_blocks[s])
         ids[:k] = np.arange(k)
         return ids
 

@@ -146,3 +146,28 @@ def test_retraction_evicts_twenty_tokens_per_remaining_request(monkeypatch) -> N
     first_ttft = prefill(*[(0, 1000)] * 8)
     assert res.requests.ttft_s.tolist() == pytest.approx([first_ttft] * 8, rel=1e-12)
     assert seen[0] == (["s7"], 17)
+
+
+@pytest.mark.parametrize("scheduler", ["lpm", "fcfs"])
+def test_in_batch_prefix_caching_defers_requests_sharing_an_uncached_prefix(
+        scheduler: str) -> None:
+    # Nothing cached. A and B (4000 tokens) share their first 50 blocks; D (4192 tokens)
+    # shares nothing; they arrive together in the order A, B, D. lpm sees no cached prefix
+    # anywhere, but B shares an uncached prefix with A, which is ahead of it: B goes to the
+    # back (SGLang's in-batch prefix caching). Pass 1 = A + D (8192 tokens, the budget);
+    # pass 2 = B, which now hits A's 50 blocks. fcfs has no such check: A + B (hit 0) + D's
+    # first 192 tokens in pass 1.
+    trace = KitTrace([[(4000, 1, 0.0)], [(4000, 1, 0.0)], [(4192, 1, 0.0)]],
+                     shared_blocks=[50, 50, 0])
+    res = run(cfg(sessions=3, scheduler=scheduler), trace)
+    a, b, d = row(res, "s0", 0), row(res, "s1", 0), row(res, "s2", 0)
+    if scheduler == "lpm":
+        p1 = prefill((0, 4000), (0, 4192))
+        assert a.ttft_s == pytest.approx(p1, rel=1e-12)
+        assert d.ttft_s == pytest.approx(p1, rel=1e-12)
+        assert b.hit_gpu_tokens == 50 * BS
+        assert b.ttft_s == pytest.approx(p1 + prefill((50 * BS, 4000)), rel=1e-12)
+    else:
+        p1 = prefill((0, 4000), (0, 4000), (0, 192))
+        assert b.hit_gpu_tokens == 0
+        assert b.ttft_s == pytest.approx(p1, rel=1e-12)

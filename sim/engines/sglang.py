@@ -46,6 +46,10 @@ FCFS_TOUCH_COUNT = 128
 # SGLANG_RETRACT_DECODE_STEPS: after releasing a retracted request, SGLang evicts the cache
 # until this many tokens per remaining request are free.
 RETRACT_DECODE_STEPS = 20
+# In-batch prefix caching (lpm): a waiting request whose cached prefix is at most this many
+# tokens and that shares at least as many with an earlier such waiting request goes to the
+# back of the queue (IN_BATCH_PREFIX_CACHING_CHECK / _DEPRIORITIZE_THRESHOLD, both 32).
+IN_BATCH_PREFIX_TOKENS = 32
 # Verdicts of a refused admission (schedule_policy.py AddReqResult): memory (NO_TOKEN) or a
 # spent pass budget (OTHER). Only NO_TOKEN sets batch_is_full.
 NO_TOKEN, OTHER = "no_token", "other"
@@ -303,6 +307,10 @@ class SGLangServer(EngineBase):
         sched = self.scheduler
         if sched.matches_all and len(self.waiting) <= LPM_QUEUE_LIMIT:
             cands = []
+            # In-batch prefix caching: the first blocks of the waiting prompts with nothing
+            # cached, in queue order. Sharing 32 tokens means sharing the first block here
+            # (ids name 64-token blocks; a shorter common prefix is invisible to kvsim).
+            scratch: set[int] = set()
             for pos, req in enumerate(self.waiting):
                 m = self.cache.match(req.ids, touch=True)
                 usable = self._usable_blocks(req)
@@ -310,7 +318,14 @@ class SGLangServer(EngineBase):
                           if t == Tier.GPU and s < usable)
                 cpu = sum(min(e, usable) - s for s, e, t in m.segments
                           if t == Tier.CPU and s < usable)
-                cands.append((sched.key(Candidate(pos, gpu, cpu)), req))
+                key = (0, *sched.key(Candidate(pos, gpu, cpu)))
+                if m.hit_blocks * self.bs <= IN_BATCH_PREFIX_TOKENS and req.ids.size:
+                    first = int(req.ids[0])
+                    if first in scratch:
+                        key = (1, pos)  # deprioritized: after the others, in queue order
+                    else:
+                        scratch.add(first)
+                cands.append((key, req))
             cands.sort(key=lambda kv: kv[0])
             self.waiting = [r for _, r in cands]
             return list(self.waiting)
