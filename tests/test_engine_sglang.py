@@ -171,3 +171,25 @@ def test_in_batch_prefix_caching_defers_requests_sharing_an_uncached_prefix(
         p1 = prefill((0, 4000), (0, 4000), (0, 192))
         assert b.hit_gpu_tokens == 0
         assert b.ttft_s == pytest.approx(p1, rel=1e-12)
+
+
+def test_lpm_matches_the_queue_before_the_chunk_continues() -> None:
+    # 360 blocks. Pass 1 caches X1's and Y1's 46 blocks (X's first: X is older). A2 (20000
+    # tokens, max_new_tokens 64) is chunked 8192 / 8192 / 3616; X2 (3500 tokens, extends X1)
+    # arrives during A2's first chunk and waits. SGLang's calc_priority runs before each
+    # chunk continues, so lpm matches X2 (stamping X's blocks) in every chunk pass: when A2's
+    # last chunk needs 45 more blocks, Y's history is the least recently used and goes, and
+    # X2 later hits all of X's 46 blocks. (Matching only after the chunk would evict X.)
+    g = 1.0
+    trace = KitTrace([[(3000, 1, 0.0), (3500, 1, g + 0.1)], [(3000, 1, 0.0)],
+                      [(50, 1, 0.0), (20000, 1, g)]])
+    res = run(cfg(gpu_cache=360 * BS, sessions=3, scheduler="lpm", max_new_tokens=64), trace)
+    p1 = prefill((0, 3000), (0, 3000), (0, 50))
+    chunks = prefill((0, 8192)) + prefill((8192, 16384)) + prefill((16384, 20000))
+    a2, x2 = row(res, "s2", 1), row(res, "s0", 1)
+    assert a2.ttft_s == pytest.approx(chunks, rel=1e-12)
+    assert p1 + g < x2.send_s < p1 + g + prefill((0, 8192))
+    assert x2.hit_gpu_tokens == 46 * BS
+    a2_end = p1 + g + chunks
+    assert x2.ttft_s == pytest.approx(a2_end + prefill((46 * BS, 3500)) - x2.send_s,
+                                      rel=1e-9)

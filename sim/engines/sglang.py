@@ -246,6 +246,9 @@ class SGLangServer(EngineBase):
             return batch
         self._pass_offset = 0.0
         budget = self.cfg.chunk_size
+        # calc_priority runs before the chunk continues: lpm matches (and stamps) every
+        # waiting request in each pass, chunk passes included.
+        order = self._order() if self.waiting else []
         if self.chunked is not None:
             # add_chunked_req: the chunk is the budget cut to the headroom (when positive),
             # re-evaluated each pass, so it shrinks when memory is short; the final chunk
@@ -264,7 +267,6 @@ class SGLangServer(EngineBase):
             self.chunked = None
         if budget <= 0 or not self.waiting:
             return batch
-        order = self._order()
         admitted: set[int] = set()
         for req in order:
             if len(self.running) + len(batch) >= self.max_running:
