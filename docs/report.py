@@ -40,12 +40,13 @@ def main(argv: list[str]) -> None:
                       pct(r["difference"])] for r in docs["figure1"]["rows"]]))
     if "gpu-only" in docs:
         print("\n### GPU-only (gaps: tool)\n")
-        print(table(["tree", "model", "N", "policy", "TTFT change", "JCT change", "hit rate",
-                     "sglang hit rate", "paper TTFT", "paper JCT"],
-                    [[r["prompt_nodes"], r["model"], r["sessions"], r["policy"],
-                      pct(r["ttft_change"]), pct(r["jct_change"]), frac(r["hit_rate"]),
-                      frac(r["sglang_hit_rate"]), r["paper_ttft_change"] or "",
-                      r["paper_jct_change"] or ""] for r in docs["gpu-only"]["rows"]]))
+        print(table(["engine", "tree", "model", "N", "policy", "vs", "TTFT change",
+                     "JCT change", "hit rate", "baseline hit rate", "paper TTFT", "paper JCT"],
+                    [[r["engine"], r["prompt_nodes"] or "-", r["model"], r["sessions"],
+                      r["policy"], r["baseline"], pct(r["ttft_change"]),
+                      pct(r["jct_change"]), frac(r["hit_rate"]), frac(r["baseline_hit_rate"]),
+                      r["paper_ttft_change"] or "", r["paper_jct_change"] or ""]
+                     for r in docs["gpu-only"]["rows"]]))
     if "ablation" in docs:
         print("\n### Ablation (qwen3-8b, N=4, gaps: tool)\n")
         print(table(["tree", "start", "granularity", "TTFT change", "paper", "hit rate",

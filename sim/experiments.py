@@ -141,39 +141,48 @@ def figure1(ctx: Context) -> list[dict[str, Any]]:
 
 
 def gpu_only(ctx: Context) -> list[dict[str, Any]]:
-    """Penelope and vLLM against SGLang, GPU-only, per model and N, for both tree shapes
-    (``chunked``: SGLang's per-chunk inserts; ``whole``: one node per prompt)."""
+    """Penelope (and vLLM's order) against each engine's own default policy, GPU-only, per
+    model and N: the ``sglang`` engine against ``sglang`` for both tree shapes (``chunked``:
+    SGLang's per-chunk inserts; ``whole``: one node per prompt), with lpm as in the paper; the
+    ``vllm`` engine against ``vllm`` (a block pool has no tree shape; vLLM schedules fcfs)."""
     models = ["qwen3-8b"] if ctx.quick else list(MODEL_SETUP)
     ns = [4] if ctx.quick else [2, 4, 8]
-    shapes = ("chunked", "whole")
+    # (engine, tree shape, baseline preset, compared presets)
+    cases = [("sglang", "chunked", "sglang", ("vllm", "penelope")),
+             ("sglang", "whole", "sglang", ("vllm", "penelope")),
+             ("vllm", None, "vllm", ("penelope",))]
     configs, keys = [], []
-    for shape in shapes:
+    for engine, shape, baseline, presets in cases:
         for model in models:
             for n in ns:
-                base = replace(ctx.base(model, n), checkpoint_chunks=shape == "chunked")
-                for preset in ("sglang", "vllm", "penelope"):
+                base = replace(ctx.base(model, n), engine=engine,
+                               checkpoint_chunks=shape != "whole")
+                if engine == "vllm":
+                    base = replace(base, scheduler="fcfs")
+                for preset in (baseline, *presets):
                     configs.append(base.with_preset(preset))
-                    keys.append((shape, model, n, preset))
+                    keys.append((engine, shape, model, n, preset))
     sums = dict(zip(keys, _run_all(ctx, configs), strict=True))
     rows = []
     lo, hi = PAPER["gpu_only_ttft_change"]
     jlo, jhi = PAPER["gpu_only_jct_change"]
-    for shape in shapes:
+    for engine, shape, baseline, presets in cases:
         for model in models:
             for n in ns:
-                ref = sums[(shape, model, n, "sglang")]
-                for preset in ("vllm", "penelope"):
-                    s = sums[(shape, model, n, preset)]
-                    pen = preset == "penelope"
+                ref = sums[(engine, shape, model, n, baseline)]
+                for preset in presets:
+                    s = sums[(engine, shape, model, n, preset)]
+                    paper = preset == "penelope" and engine == "sglang"
                     rows.append({
-                        "prompt_nodes": shape, "model": model, "sessions": n, "policy": preset,
-                        "ttft_mean_s": s["ttft_mean_s"],
-                        "sglang_ttft_mean_s": ref["ttft_mean_s"],
+                        "engine": engine, "prompt_nodes": shape, "model": model,
+                        "sessions": n, "scheduler": s["scheduler"], "policy": preset,
+                        "baseline": baseline, "ttft_mean_s": s["ttft_mean_s"],
+                        "baseline_ttft_mean_s": ref["ttft_mean_s"],
                         "ttft_change": _change(s["ttft_mean_s"], ref["ttft_mean_s"]),
                         "jct_change": _change(s["jct_mean_s"], ref["jct_mean_s"]),
-                        "hit_rate": s["hit_rate"], "sglang_hit_rate": ref["hit_rate"],
-                        "paper_ttft_change": f"{lo:+.0%}..{hi:+.0%}" if pen else None,
-                        "paper_jct_change": f"{jlo:+.0%}..{jhi:+.0%}" if pen else None,
+                        "hit_rate": s["hit_rate"], "baseline_hit_rate": ref["hit_rate"],
+                        "paper_ttft_change": f"{lo:+.0%}..{hi:+.0%}" if paper else None,
+                        "paper_jct_change": f"{jlo:+.0%}..{jhi:+.0%}" if paper else None,
                     })
     return rows
 
