@@ -14,7 +14,7 @@ State::
       is dropped only then (lazy eviction: a freed cached block stays hittable until popped)
     hash map   id -> its cached copies in insertion order (NO de-duplication: a block computed
       again while a copy is cached becomes a second copy and takes capacity; lookup returns
-      the first copy)
+      the first copy): ``cachedids.CachedIds``
     request    block table (physical blocks by position), computed tokens, cached blocks
 
 Protocol (what vLLM's V1 scheduler does, method by method)::
@@ -38,7 +38,7 @@ Protocol (what vLLM's V1 scheduler does, method by method)::
 
 Invariants (``check``): free = unhashed free + hashed free = blocks with ref 0; every cached
 copy is in the hash map once; the first copy of an id is the earliest inserted still cached;
-``nchild[id]`` = distinct cached ids whose parent is ``id``.
+an id's child count = distinct cached ids whose parent is that id.
 
 Policy: in vLLM the only freedom an eviction policy has is the ORDER in which a finished
 request's blocks join the free queue (``free_order``: given the request's ``shared`` mask, the
@@ -55,7 +55,9 @@ no insert at finish; capacity is physical blocks (a request holds its partial la
 
 Ids must be non-negative and dense enough to index arrays (trace ids are dense ranks; arrays
 grow to the largest id seen). Speed: every operation is a handful of numpy calls on the
-request's blocks; only duplicate copies (rare) take a Python loop.
+request's blocks (a few blocks are updated one by one in Python, cheaper than numpy there);
+child counts, read only by a non-reverse free order when a request is freed, are applied in
+bulk then.
 """
 
 from __future__ import annotations
@@ -64,13 +66,12 @@ from collections.abc import Callable
 
 import numpy as np
 
+from .cachedids import MAX_ID, CachedIds
 from .freequeue import FreeQueue
 
 FreeOrder = Callable[[np.ndarray], np.ndarray]
-MAX_ID = 1 << 40  # ids index arrays: anything larger is a caller bug (use dense ids)
-# Batches up to this many blocks are updated one by one in Python: numpy's per-call cost is
-# larger there (a decode allocation touches one block or two).
-SMALL = 8
+__all__ = ["FREE_ORDERS", "MAX_ID", "BlockPool", "get_free_order", "penelope_free_order",
+           "vllm_free_order"]
 
 
 def vllm_free_order(shared: np.ndarray) -> np.ndarray:
@@ -139,19 +140,9 @@ class BlockPool:
         self._bid = np.full(n, -1, np.int64)
         self._ref = np.zeros(n, np.int32)
         self._queue = FreeQueue(self.capacity_blocks)
-        # Per id: first cached copy, copies, parent id (-1 root), distinct cached children.
-        self._first = np.full(0, -1, np.int64)
-        self._ncopy = np.zeros(0, np.int32)
-        self._parent = np.full(0, -1, np.int64)
-        self._nchild = np.zeros(0, np.int32)
-        # Child counts are read only when a request is freed (``_shared``), so the changes to
-        # them are queued and applied then, in bulk: ids that got their first cached copy
-        # with their parents, and ids whose last copy was evicted (ints or arrays).
-        self._born: list[tuple[np.ndarray, np.ndarray]] = []
-        self._born_each: list[tuple[int, int]] = []
-        self._died: list[np.ndarray] = []
-        self._died_each: list[int] = []
-        self._dups: dict[int, list[int]] = {}  # id -> all copies in insertion order (>= 2)
+        # the hash map: cached copies per id (and child counts, which only a non-reverse
+        # free order reads)
+        self._ids = CachedIds(children=not self._reverse)
         self._seqs: dict[int, _Seq] = {}
         self._cached = 0
         self._dropped = 0  # hashes dropped at allocation (lazy evictions), copies included
@@ -203,13 +194,7 @@ class BlockPool:
         cap = min(len(ids), (num_tokens - 1) // self.block_size)
         if cap <= 0:
             return 0, ids[:0]
-        x = ids[:cap]
-        n = len(self._first)
-        if not grown and int(x.view(np.uint64).max()) >= n:  # ids never cached: misses
-            x = np.where((x >= 0) & (x < n), x, n)
-            f = np.concatenate([self._first, [-1]])[x]
-        else:
-            f = self._first[x]
+        f = self._ids.firsts(ids[:cap], grown)
         miss = f < 0
         i = int(miss.argmax())
         if not miss[i]:
@@ -234,7 +219,7 @@ class BlockPool:
         if num_tokens < 1 or num_new_tokens < 1:
             raise ValueError(f"request {rid}: num_tokens and num_new_tokens must be >= 1")
         ids = np.asarray(ids, np.int64)
-        self._grow_ids(ids)  # validates the ids; no semantic change
+        self._ids.grow(ids)  # validates the ids; no semantic change
         bs = self.block_size
         h, hits = self._lookup(ids, num_tokens, grown=True)
         hit_tokens = h * bs
@@ -324,15 +309,14 @@ class BlockPool:
         shared = np.zeros(len(seq.table), bool)
         c = seq.cached
         if c:
-            self._count_children()
-            marks = (self._nchild[seq.ids[:c]] >= 2) | (self._ref[seq.table[:c]] >= 2)
+            marks = (self._ids.children(seq.ids[:c]) >= 2) | (self._ref[seq.table[:c]] >= 2)
             if marks.any():
                 shared[: int(np.flatnonzero(marks)[-1]) + 1] = True
         return shared
 
     # ------------------------------------------------------------------ observation
     def is_cached(self, block_id: int) -> bool:
-        return 0 <= block_id < len(self._first) and self._first[block_id] >= 0
+        return self._ids.is_cached(block_id)
 
     def free_queue(self) -> np.ndarray:
         """Physical blocks in the free queue, front (reused first) to back."""
@@ -374,38 +358,10 @@ class BlockPool:
             ), "cached blocks != full computed blocks"
             assert np.array_equal(self._bid[seq.table[: seq.cached]], seq.ids[: seq.cached])
         assert np.array_equal(refs, self._ref), "ref counts != block tables"
-        cached = np.flatnonzero(self._bid >= 0)
-        assert len(cached) == self._cached, "cached counter"
-        ids, counts = np.unique(self._bid[cached], return_counts=True)
-        assert np.array_equal(np.flatnonzero(self._ncopy), ids), "ids with copies"
-        assert np.array_equal(self._ncopy[ids], counts), "copy counts"
-        assert np.all(self._bid[self._first[ids]] == ids), "first copy holds another id"
-        for x, copies in self._dups.items():
-            assert len(copies) == self._ncopy[x] >= 2 and copies[0] == self._first[x]
-        if not self._reverse:
-            self._count_children()
-            nchild = np.zeros_like(self._nchild)
-            par = self._parent[ids]
-            np.add.at(nchild, par[par >= 0], 1)
-            assert np.array_equal(nchild, self._nchild), "children counts"
+        assert np.count_nonzero(self._bid >= 0) == self._cached, "cached counter"
+        self._ids.check(self._bid)
 
     # ------------------------------------------------------------------ mechanism
-    def _grow_ids(self, ids: np.ndarray) -> None:
-        if not len(ids):
-            return
-        # One reduction: as unsigned, a negative id is larger than any valid one.
-        top = int(ids.view(np.uint64).max())
-        if top >= MAX_ID:
-            raise ValueError(f"block ids must be in [0, {MAX_ID}): got {ids.min()}..{ids.max()}")
-        n = len(self._first)
-        if top < n:
-            return
-        m = max(top + 1, 2 * n, 1024)
-        self._first = np.concatenate([self._first, np.full(m - n, -1, np.int64)])
-        self._ncopy = np.concatenate([self._ncopy, np.zeros(m - n, np.int32)])
-        self._parent = np.concatenate([self._parent, np.full(m - n, -1, np.int64)])
-        self._nchild = np.concatenate([self._nchild, np.zeros(m - n, np.int32)])
-
     def _check_ids(self, rid: int, computed: int, ids: np.ndarray) -> None:
         if computed // self.block_size > len(ids):
             raise ValueError(
@@ -422,86 +378,11 @@ class BlockPool:
 
     def _evict(self, ps: np.ndarray) -> None:
         """Drop the hashes of popped blocks ``ps`` (lazy eviction happens here)."""
-        if len(ps) <= SMALL:
-            self._evict_each(ps.tolist())
-            return
-        x = self._bid[ps]
+        xs = self._bid[ps]
         self._bid[ps] = -1
         self._cached -= len(ps)
         self._dropped += len(ps)
-        single = self._ncopy[x] == 1
-        if self._reverse and single.all():  # the common case
-            self._first[x] = -1
-            self._ncopy[x] = 0
-            self._lost += len(ps)
-            return
-        xs = x[single]
-        self._lost += len(xs)
-        self._first[xs] = -1
-        self._ncopy[xs] = 0
-        if not self._reverse:
-            self._died.append(xs)
-        if single.all():
-            return
-        for p, b in zip(ps[~single].tolist(), x[~single].tolist(), strict=True):
-            if self._ncopy[b] == 1:  # its other copy was popped just before
-                self._first[b] = -1
-                self._ncopy[b] = 0
-                self._lost += 1
-                if not self._reverse:
-                    self._died_each.append(b)
-                continue
-            copies = self._dups[b]
-            copies.remove(p)
-            self._ncopy[b] -= 1
-            self._first[b] = copies[0]
-            if len(copies) == 1:
-                del self._dups[b]
-
-    def _evict_each(self, ps: list[int]) -> None:
-        """``_evict`` one block at a time (same result, in the same order)."""
-        bid, first, ncopy = self._bid, self._first, self._ncopy
-        rev = self._reverse
-        for p in ps:
-            b = int(bid[p])
-            bid[p] = -1
-            c = int(ncopy[b])
-            if c == 1:
-                first[b] = -1
-                ncopy[b] = 0
-                self._lost += 1
-                if not rev:
-                    self._died_each.append(b)
-                continue
-            copies = self._dups[b]
-            copies.remove(p)
-            ncopy[b] = c - 1
-            first[b] = copies[0]
-            if len(copies) == 1:
-                del self._dups[b]
-        self._cached -= len(ps)
-        self._dropped += len(ps)
-
-    def _count_children(self) -> None:
-        """Apply the queued child-count changes: a parent gains a child when an id gets its
-        first cached copy and loses one when its last copy goes (an id's parent is fixed:
-        ids are chained). Counts add up, so the order of the changes does not matter."""
-        if self._born or self._born_each:
-            xs = [x for x, _ in self._born]
-            ps = [q for _, q in self._born]
-            if self._born_each:
-                each = np.array(self._born_each, np.int64)
-                xs.append(each[:, 0])
-                ps.append(each[:, 1])
-            x, q = np.concatenate(xs), np.concatenate(ps)
-            self._parent[x] = q
-            np.add.at(self._nchild, q[q >= 0], 1)
-            self._born, self._born_each = [], []
-        if self._died or self._died_each:
-            x = np.concatenate([*self._died, np.array(self._died_each, np.int64)])
-            q = self._parent[x]
-            np.subtract.at(self._nchild, q[q >= 0], 1)
-            self._died, self._died_each = [], []
+        self._lost += self._ids.drop(ps, xs)
 
     def _cache(self, seq: _Seq) -> None:
         """Hash the request's blocks that became full: [cached, computed // bs)."""
@@ -509,54 +390,8 @@ class BlockPool:
         b = seq.computed // self.block_size  # <= len(ids): _check_ids ran before any change
         if b <= a:
             return
-        if b - a <= SMALL:
-            self._cache_each(seq, a, b)
-            return
-        ps = seq.table[a:b]
-        xs = seq.ids[a:b]
+        ps, xs = seq.table[a:b], seq.ids[a:b]
         self._bid[ps] = xs
         self._cached += b - a
-        counts = self._ncopy[xs]
-        new = counts == 0
-        seq.cached = b
-        if self._reverse and new.all():  # the common case: no duplicate, no child counts
-            self._first[xs] = ps
-            self._ncopy[xs] = 1
-            return
-        self._first[xs[new]] = ps[new]
-        if not self._reverse:
-            par = seq.ids[a - 1 : b - 1] if a else np.concatenate([[-1], seq.ids[: b - 1]])
-            self._born.append((xs[new], par[new]))
-        if not new.all():
-            for p, x in zip(ps[~new].tolist(), xs[~new].tolist(), strict=True):
-                copies = self._dups.get(x)
-                if copies is None:
-                    self._dups[x] = [int(self._first[x]), p]
-                else:
-                    copies.append(p)
-        self._ncopy[xs] = counts + 1
-
-    def _cache_each(self, seq: _Seq, a: int, b: int) -> None:
-        """``_cache`` one block at a time (same result)."""
-        bid, first, ncopy = self._bid, self._first, self._ncopy
-        rev = self._reverse
-        table, ids = seq.table, seq.ids
-        prev = int(ids[a - 1]) if a else -1
-        for j in range(a, b):
-            p, x = int(table[j]), int(ids[j])
-            bid[p] = x
-            c = int(ncopy[x])
-            if c == 0:
-                first[x] = p
-                if not rev:
-                    self._born_each.append((x, prev))
-            else:
-                copies = self._dups.get(x)
-                if copies is None:
-                    self._dups[x] = [int(first[x]), p]
-                else:
-                    copies.append(p)
-            ncopy[x] = c + 1
-            prev = x
-        self._cached += b - a
+        self._ids.add(ps, xs, int(seq.ids[a - 1]) if a else -1)
         seq.cached = b
