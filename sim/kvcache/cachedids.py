@@ -159,21 +159,24 @@ class CachedIds:
     def _count_children(self) -> None:
         """Apply the queued child-count changes: a parent gains a child when an id gets its
         first cached copy and loses one when its last copy goes."""
-        if self._born or self._born_each:
-            xs = [x for x, _ in self._born]
-            ps = [q for _, q in self._born]
-            if self._born_each:
-                each = np.array(self._born_each, np.int64)
-                xs.append(each[:, 0])
-                ps.append(each[:, 1])
-            x, q = np.concatenate(xs), np.concatenate(ps)
+        for x, q in self._born:  # one chain each: distinct parents, a buffered add is exact
             self._parent[x] = q
+            self._nchild[q[q >= 0]] += 1
+        if self._born_each:  # from several chains: siblings may share a parent
+            each = np.array(self._born_each, np.int64)
+            self._parent[each[:, 0]] = each[:, 1]
+            q = each[:, 1]
             np.add.at(self._nchild, q[q >= 0], 1)
-            self._born, self._born_each = [], []
+        self._born, self._born_each = [], []
         if self._died or self._died_each:
             x = np.concatenate([*self._died, np.array(self._died_each, np.int64)])
             q = self._parent[x]
-            np.subtract.at(self._nchild, q[q >= 0], 1)
+            q = q[q >= 0]
+            if len(q) > 64:  # siblings may share a parent: count them (a sort beats ufunc.at)
+                u, c = np.unique(q, return_counts=True)
+                self._nchild[u] -= c.astype(np.int32)
+            else:
+                np.subtract.at(self._nchild, q, 1)
             self._died, self._died_each = [], []
 
     def check(self, bid: np.ndarray) -> None:
