@@ -306,7 +306,8 @@ def test_decode_runs_change_nothing(monkeypatch) -> None:
     trace = KitTrace([[(1500 + 700 * k, 400 + 150 * k, 1.0 + 0.3 * k) for k in range(6)]
                       for _ in range(4)], shared_blocks=12)
     for preset in ("vllm", "penelope"):
-        c = cfg(preset, gpu_cache=9000, sessions=3)
+        # no invariant recount after every op here: one event per step makes thousands
+        c = replace(cfg(preset, gpu_cache=9000, sessions=3), debug_cache=False)
         fast = run(c, trace)
         monkeypatch.setattr(VllmServer, "decode_runs", False)
         slow = run(c, trace)
