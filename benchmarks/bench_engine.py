@@ -3,10 +3,15 @@ penelope, one configuration per fresh subprocess so peak RSS is its own.
 
     python -m benchmarks.bench_engine [--json] [--cases 128k,512k] [--trace DIR]
     python -m benchmarks.bench_engine --cases 128k --against c9547e1 --repeat 3
+    python -m benchmarks.bench_engine --cases 128k --policy ttl,tlru,... [--scheduler S]
 
 ``--against REV`` checks REV out in a temporary git worktree and runs the same case there,
 interleaved with this checkout's runs (the machine may be shared: interleaving exposes both to
 the same load), and reports each run and the ratio of the medians (this / REV).
+
+``--policy NAME[,NAME...]`` times any registered policy (the zoo: ``ttl,tlru,greedydual,
+memdecay,clairvoyant,random``) beside ``--preset``, every run ``--repeat`` times, interleaved;
+the ``ratio`` column is each policy's median run time over the preset's.
 
 Cases: ``128k`` = --max-context 128k with a 256K-token cache; ``512k`` = --max-context 512k
 with a 1M-token cache. Goal: at most 30 s each on one core, under 2 GiB peak RSS. Trace
@@ -39,8 +44,12 @@ from sim.config import RunConfig
 from sim.runner import load_run_trace, run
 trace, max_ctx, cache, preset = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 profile = sys.argv[5] or None
+extra = {"scheduler": sys.argv[6]} if len(sys.argv) > 6 else {}
 cfg = RunConfig(trace=trace, max_context=max_ctx, gpu_cache=cache, sessions=8,
-                gaps="recorded", profile=profile).with_preset(preset)
+                gaps="recorded", profile=profile, **extra)
+# presets the old way (older revisions, --against), any other policy by name
+cfg = cfg.with_preset(preset) if preset in ("sglang", "vllm", "penelope") \
+    else cfg.with_policy(preset)
 t0 = time.perf_counter(); tr = load_run_trace(cfg); t_load = time.perf_counter() - t0
 t0 = time.perf_counter(); res = run(cfg, tr); t_run = time.perf_counter() - t0
 print(json.dumps({"requests": res.summary["requests"], "load_s": t_load, "run_s": t_run,
@@ -51,10 +60,12 @@ print(json.dumps({"requests": res.summary["requests"], "load_s": t_load, "run_s"
 
 
 def run_case(trace: str, name: str, preset: str, tree: Path = REPO,
-             profile: str | None = None) -> dict:
+             profile: str | None = None, scheduler: str | None = None) -> dict:
     max_ctx, cache = CASES[name]
+    sched = [scheduler] if scheduler else []
     out = subprocess.run([sys.executable, "-c", _CHILD, trace, str(max_ctx), str(cache), preset,
-                          profile or ""], capture_output=True, text=True, cwd=tree, check=True)
+                          profile or "", *sched], capture_output=True, text=True, cwd=tree,
+                         check=True)
     row = json.loads(out.stdout.strip().splitlines()[-1])
     row.update(case=name, preset=preset, max_context=max_ctx, gpu_cache=cache)
     return row
@@ -67,7 +78,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--preset", default="penelope")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--against", metavar="REV", help="also time git revision REV, interleaved")
-    ap.add_argument("--repeat", type=int, default=1, help="runs per side (with --against)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="runs per side (--against) or per policy (--policy), interleaved")
+    ap.add_argument("--policy", default="",
+                    help="comma-separated policies to time beside --preset")
+    ap.add_argument("--scheduler", default=None, help="scheduler of the --policy runs")
     ap.add_argument("--profile", default=None, help="time profile (default: the model's)")
     ap.add_argument("--against-profile", default=None,
                     help="profile name at REV (profiles were renamed over time)")
@@ -77,18 +92,42 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.against:
         return compare(args)
-    rows = [run_case(args.trace, c, args.preset, profile=args.profile)
-            for c in args.cases.split(",")]
+    rows = policy_rows(args)
     if args.json:
         print(json.dumps({"rows": rows}, indent=2))
         return 0
-    print(f"{'case':>6} {'preset':>9} {'requests':>9} {'load s':>7} {'run s':>7} "
-          f"{'req/s':>7} {'peak RSS MiB':>13} {'mean TTFT s':>12} {'hit':>6}")
+    print(f"{'case':>6} {'policy':>12} {'requests':>9} {'load s':>7} {'run s':>7} "
+          f"{'ratio':>6} {'req/s':>7} {'peak RSS MiB':>13} {'mean TTFT s':>12} {'hit':>6}")
     for r in rows:
-        print(f"{r['case']:>6} {r['preset']:>9} {r['requests']:>9} {r['load_s']:>7.1f} "
-              f"{r['run_s']:>7.1f} {r['requests_per_s']:>7.0f} {r['peak_rss_mib']:>13.0f} "
-              f"{r['ttft_mean_s']:>12.3f} {r['hit_rate']:>6.1%}")
+        print(f"{r['case']:>6} {r['preset']:>12} {r['requests']:>9} {r['load_s']:>7.1f} "
+              f"{r['run_s']:>7.1f} {r['ratio']:>6.2f} {r['requests_per_s']:>7.0f} "
+              f"{r['peak_rss_mib']:>13.0f} {r['ttft_mean_s']:>12.3f} {r['hit_rate']:>6.1%}")
     return 0
+
+
+def policy_rows(args: argparse.Namespace) -> list[dict]:
+    """The preset and every ``--policy``, each ``--repeat`` times, interleaved (noise hits all
+    alike); per run the median time and its ratio to the preset's median."""
+    import statistics
+
+    runs = [(args.preset, None)] + [(p, args.scheduler) for p in args.policy.split(",") if p]
+    rows = []
+    for case in args.cases.split(","):
+        times: dict[int, list[float]] = {i: [] for i in range(len(runs))}
+        last: dict[int, dict] = {}
+        for _ in range(max(1, args.repeat)):
+            for i, (policy, sched) in enumerate(runs):
+                last[i] = run_case(args.trace, case, policy, profile=args.profile,
+                                   scheduler=sched)
+                times[i].append(last[i]["run_s"])
+        base = statistics.median(times[0])
+        for i, (_, sched) in enumerate(runs):
+            row = last[i]
+            row.update(run_s=statistics.median(times[i]), runs_s=times[i],
+                       scheduler=sched or "lpm")
+            row.update(ratio=row["run_s"] / base, requests_per_s=row["requests"] / row["run_s"])
+            rows.append(row)
+    return rows
 
 
 def compare(args: argparse.Namespace) -> int:

@@ -15,6 +15,7 @@ from .eviction import (
     EvictionPolicy,
     Granularity,
     LeafHead,
+    ObservedStart,
     PrivateHead,
     StartPosition,
     Tail,
@@ -22,6 +23,8 @@ from .eviction import (
 )
 from .orders import ORDERS, get_order, register_order
 from .registry import POLICIES, get_policy, load_policy_class, register_policy
+
+from . import zoo  # last: registers the zoo's policies (policies/zoo/) by name  # isort: skip
 
 __all__ = [
     "BLOCK",
@@ -43,6 +46,7 @@ __all__ = [
     "EvictionPolicy",
     "Granularity",
     "LeafHead",
+    "ObservedStart",
     "PolicyContext",
     "PolicyError",
     "PrivateHead",
@@ -56,4 +60,5 @@ __all__ = [
     "load_policy_class",
     "register_order",
     "register_policy",
+    "zoo",
 ]

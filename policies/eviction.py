@@ -38,7 +38,7 @@ from __future__ import annotations
 import inspect
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from .context import STANDALONE, Arrival, CacheNode, PolicyContext, PolicyError, Reply, TreeView
@@ -104,6 +104,27 @@ class PrivateHead(StartPosition):
 
 TAIL, LEAF_HEAD, PRIVATE_HEAD = Tail(), LeafHead(), PrivateHead()
 STARTS: dict[str, StartPosition] = {s.name: s for s in (TAIL, LEAF_HEAD, PRIVATE_HEAD)}
+
+
+class ObservedStart(StartPosition):
+    """``base``'s chains, reporting each victim leaf to ``observe`` first.
+
+    The planner asks ``chain`` exactly once for every leaf it pops, in eviction order (the
+    smallest key first), so a policy that must know its victims -- GreedyDual's inflation sets
+    its clock to the priority of the last victim -- wraps its start in one. Freeing is
+    ``base``'s: same chains, same name, same node semantics. (HiCache's device tier accepts
+    only the plain ``TAIL`` object.)"""
+
+    def __init__(self, base: StartPosition, observe: Callable[[CacheNode], None]) -> None:
+        self.base, self.observe = base, observe
+        self.name = base.name  # type: ignore[misc]
+        self.from_head = base.from_head  # type: ignore[misc]
+        self.makes_holes = base.makes_holes  # type: ignore[misc]
+        self.reads_node_boundaries = base.reads_node_boundaries  # type: ignore[misc]
+
+    def chain(self, leaf: CacheNode, view: TreeView) -> Sequence[CacheNode]:
+        self.observe(leaf)
+        return self.base.chain(leaf, view)
 
 
 # ---------------------------------------------------------------------- granularities

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from policies import GRANULARITIES, PRESETS, STARTS, EvictionPolicy, PolicyError, get_policy
+from policies.scheduling import SCHEDULERS
 
 
 class ConfigError(ValueError):
@@ -22,7 +23,6 @@ class ConfigError(ValueError):
         self.where, self.field = where, field
 
 
-SCHEDULERS = ("fcfs", "lpm", "lpm-cpu")
 TIERINGS = ("unified", "hicache")
 REPLAYS = ("closed", "open")
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")

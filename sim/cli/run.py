@@ -193,10 +193,11 @@ class RunInputError(ValueError):
 @click.option("--policy-param", "policy_params", multiple=True, metavar="K=V",
               help="Parameter of the --policy classes, e.g. --policy-param tau_s=5 "
                    "(repeatable; typed like the class's default).")
-@click.option("--scheduler", type=click.Choice(["fcfs", "lpm", "lpm-cpu"]), default="lpm",
-              show_default=True,
+@click.option("--scheduler", type=click.Choice(["fcfs", "lpm", "lpm-cpu", "program-fcfs"]),
+              default="lpm", show_default=True,
               help="Queue order: fcfs, lpm (longest cached prefix first), lpm-cpu (counts "
-                   "the CPU-resident prefix too).")
+                   "the CPU-resident prefix too), program-fcfs (by the session's first "
+                   "arrival: Continuum).")
 @click.option("--chunk-size", type=SIZE, default="8192", show_default=True,
               help="Chunked prefill size in tokens (SGLang chunked_prefill_size).")
 @click.option("--prompt-nodes", type=click.Choice(["chunked", "whole"]), default="chunked",

@@ -61,6 +61,9 @@ class SGLangServer(EngineBase):
             1, cfg.new_token_ratio_decay_steps)
         self._passes = 0
         self.max_running = cfg.max_running or 1 << 30
+        # program-fcfs: each session's first arrival, noted the first time one of its
+        # requests waits here (sessions send one request at a time, so it is their first)
+        self._program_start: dict[int, float] = {}
         self.process = self.start()
 
     def _never_fits(self, req: Req) -> bool:
@@ -265,6 +268,7 @@ class SGLangServer(EngineBase):
 
     def _order(self) -> list[Req]:
         sched = self.scheduler
+        starts = self._program_start
         if sched.matches_all and len(self.waiting) <= LPM_QUEUE_LIMIT:
             cands = []
             for pos, req in enumerate(self.waiting):
@@ -274,13 +278,19 @@ class SGLangServer(EngineBase):
                           if t == Tier.GPU and s < usable)
                 cpu = sum(min(e, usable) - s for s, e, t in m.segments
                           if t == Tier.CPU and s < usable)
-                cands.append((sched.key(Candidate(pos, gpu, cpu)), req))
+                first = starts.setdefault(req.session, req.arrival)
+                cands.append((sched.key(Candidate(pos, gpu, cpu, first)), req))
             cands.sort(key=lambda kv: kv[0])
             self.waiting = [r for _, r in cands]
             return list(self.waiting)
         if not sched.matches_all and self._passes % FCFS_TOUCH_EVERY == 0:
             for req in reversed(self.waiting[:FCFS_TOUCH_COUNT]):
                 self.cache.match(req.ids, touch=True)
+        if not sched.matches_all and sched.sorts:  # program-fcfs: no match, a key
+            keyed = [(sched.key(Candidate(pos, program_start=starts.setdefault(
+                req.session, req.arrival))), req) for pos, req in enumerate(self.waiting)]
+            keyed.sort(key=lambda kv: kv[0])
+            self.waiting = [r for _, r in keyed]
         return list(self.waiting)
 
     # --- execution ----------------------------------------------------------------------

@@ -1,0 +1,77 @@
+"""The clairvoyant heuristic: Belady's rule over histories, with position-aware costs.
+An ORACLE -- it reads the replay's future -- shown as ``clairvoyant-oracle`` in every table.
+
+It knows when each session will next send a request in this replay (``clairvoyant = True``:
+``Reply.next_gap_s``, the wait the replay inserts after the reply). Definition:
+
+- a session's *next use* is ``reply time + next_gap_s`` after a reply, its arrival time once
+  its next request is waiting (already due: kept), and never (+inf) after its last reply;
+- a node's next use is its session's (learned from reply paths, ``HistoryOwners``); a node on
+  several sessions' paths (the shared prefix) is needed by the next request of any session:
+  kept for last; a node no live history runs through (a branch its session left, a history
+  that ended) is never used again: first;
+- victim order: the history whose next use is furthest in the future first (LRU among equal
+  ones), freed from its private head block by block -- its cheapest blocks first, since a block
+  at position p costs W + p to recompute (Penelope's start and granularity).
+
+Why it is a heuristic, not a bound. Belady's rule (furthest next use first) is optimal for
+unit-size, unit-cost pages and a fixed request sequence. Here (1) histories differ in size and
+their blocks in cost (W + p), and offline caching with sizes or costs is NP-hard in general;
+(2) the metric is TTFT, not misses: a recompute delays every request batched or queued behind
+it, so where the misses fall in time matters; (3) the closed loop makes the future depend on
+the policy: a faster reply sends the next request sooner; (4) the next request is known by
+time, not by content: a session whose next prompt diverges from its history (an edit, a
+compaction) still counts its old history as needed, and sub-agents can delay a parent's next
+request past ``next_gap_s``. It is the best *rule* kvsim knows with this oracle, and the
+experiment checks it against every policy (``kvsim reproduce policies``).
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..context import Arrival, CacheNode, Reply
+from ..eviction import BLOCK, PRIVATE_HEAD
+from ..registry import register_policy
+from .common import DEAD, SHARED, HistoryOwners, ZooPolicy
+
+
+@register_policy
+class Clairvoyant(ZooPolicy):
+    """Furthest next use first, front of the history first (see module doc). Oracle."""
+
+    name = "clairvoyant"
+    start, granularity = PRIVATE_HEAD, BLOCK
+    clairvoyant = True
+    events = frozenset({"arrival", "reply"})
+
+    def __init__(self, **params) -> None:
+        super().__init__(**params)
+        self.owners = HistoryOwners()
+        self.next_use: dict[int, float] = {}  # session -> time of its next request
+
+    @property
+    def spec(self) -> str:
+        return super().spec.replace(self.name, "clairvoyant-oracle", 1)
+
+    def on_arrival(self, event: Arrival) -> None:
+        self.next_use[event.session] = event.time
+
+    def on_reply(self, event: Reply) -> None:
+        self.owners.walk(event.session, event.leaf)
+        gap = event.next_gap_s
+        if event.next_gap == "end" or math.isnan(gap):
+            self.next_use[event.session] = math.inf
+        else:
+            self.next_use[event.session] = event.time + gap
+
+    def next_use_of(self, node: CacheNode) -> float:
+        o = self.owners.owner(node)
+        if o is None or o == DEAD:
+            return math.inf
+        if o == SHARED:
+            return -math.inf
+        return self.next_use.get(o, math.inf)
+
+    def key(self, node: CacheNode) -> tuple[float, int]:
+        return (-self.next_use_of(node), node.last_access)
