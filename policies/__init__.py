@@ -14,12 +14,14 @@ from .eviction import (
     Blocks,
     EvictionPolicy,
     Granularity,
+    KeepFront,
     LeafHead,
     ObservedStart,
     PrivateHead,
     StartPosition,
     Tail,
     WholeNodes,
+    WrappedStart,
 )
 from .orders import ORDERS, get_order, register_order
 from .registry import POLICIES, get_policy, load_policy_class, register_policy
@@ -45,6 +47,7 @@ __all__ = [
     "CacheNode",
     "EvictionPolicy",
     "Granularity",
+    "KeepFront",
     "LeafHead",
     "ObservedStart",
     "PolicyContext",
@@ -55,6 +58,7 @@ __all__ = [
     "Tail",
     "TreeView",
     "WholeNodes",
+    "WrappedStart",
     "get_order",
     "get_policy",
     "load_policy_class",

@@ -106,7 +106,41 @@ TAIL, LEAF_HEAD, PRIVATE_HEAD = Tail(), LeafHead(), PrivateHead()
 STARTS: dict[str, StartPosition] = {s.name: s for s in (TAIL, LEAF_HEAD, PRIVATE_HEAD)}
 
 
-class ObservedStart(StartPosition):
+class WrappedStart(StartPosition):
+    """A start strategy built on ``base``: same name and node semantics, and by default the
+    same chains (subclasses change ``chain``)."""
+
+    def __init__(self, base: StartPosition) -> None:
+        self.base = base
+        self.name = base.name  # type: ignore[misc]
+        self.from_head = base.from_head  # type: ignore[misc]
+        self.makes_holes = base.makes_holes  # type: ignore[misc]
+        self.reads_node_boundaries = base.reads_node_boundaries  # type: ignore[misc]
+
+    def chain(self, leaf: CacheNode, view: TreeView) -> Sequence[CacheNode]:
+        return self.base.chain(leaf, view)
+
+
+class KeepFront(WrappedStart):
+    """``base``'s chains without their leading nodes that ``keep`` says to keep (never the
+    victim leaf itself). Under ``private-head`` a shared prefix whose other histories are all
+    gone is private to the last one, and its front is the cheapest place to free; a policy
+    that knows better (the prefix is every session's) keeps it out of the chain: it then goes
+    only as a victim leaf of its own, in key order."""
+
+    def __init__(self, base: StartPosition, keep: Callable[[CacheNode], bool]) -> None:
+        super().__init__(base)
+        self.keep = keep
+
+    def chain(self, leaf: CacheNode, view: TreeView) -> Sequence[CacheNode]:
+        chain = self.base.chain(leaf, view)
+        i = 0
+        while i < len(chain) - 1 and self.keep(chain[i]):
+            i += 1
+        return chain[i:] if i else chain
+
+
+class ObservedStart(WrappedStart):
     """``base``'s chains, reporting each victim leaf to ``observe`` first.
 
     The planner asks ``chain`` exactly once for every leaf it pops, in eviction order (the
@@ -116,11 +150,8 @@ class ObservedStart(StartPosition):
     only the plain ``TAIL`` object.)"""
 
     def __init__(self, base: StartPosition, observe: Callable[[CacheNode], None]) -> None:
-        self.base, self.observe = base, observe
-        self.name = base.name  # type: ignore[misc]
-        self.from_head = base.from_head  # type: ignore[misc]
-        self.makes_holes = base.makes_holes  # type: ignore[misc]
-        self.reads_node_boundaries = base.reads_node_boundaries  # type: ignore[misc]
+        super().__init__(base)
+        self.observe = observe
 
     def chain(self, leaf: CacheNode, view: TreeView) -> Sequence[CacheNode]:
         self.observe(leaf)

@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import math
 
-from ..context import Arrival, CacheNode, Reply
-from ..eviction import BLOCK, PRIVATE_HEAD
+from ..context import HOLE, Arrival, CacheNode, Reply
+from ..eviction import BLOCK, PRIVATE_HEAD, KeepFront
 from ..registry import register_policy
 from .common import DEAD, SHARED, HistoryOwners, ZooPolicy
 
@@ -44,11 +44,14 @@ class Clairvoyant(ZooPolicy):
     start, granularity = PRIVATE_HEAD, BLOCK
     clairvoyant = True
     events = frozenset({"arrival", "reply"})
+    cost_aware: bool = True  # False: pure Belady (furthest next use first)
 
     def __init__(self, **params) -> None:
         super().__init__(**params)
+        self.start = KeepFront(self.start, self.is_shared)
         self.owners = HistoryOwners()
         self.next_use: dict[int, float] = {}  # session -> time of its next request
+        self.costs: dict[int, float] = {}  # block position -> recompute seconds
 
     @property
     def spec(self) -> str:
@@ -73,5 +76,37 @@ class Clairvoyant(ZooPolicy):
             return -math.inf
         return self.next_use.get(o, math.inf)
 
+    def is_shared(self, node: CacheNode) -> bool:
+        return self.owners.owner(node) == SHARED
+
+    def head_position(self, leaf: CacheNode) -> int:
+        """Block position where freeing ``leaf``'s history starts: the head of its private
+        run (the walk ``PRIVATE_HEAD`` makes, on the tree as it is), below any shared node."""
+        node = leaf
+        while True:
+            parent = node.parent
+            if (parent is None or parent.parent is None or len(parent.children) > 1
+                    or parent.lock > 0 or parent.tier == HOLE or self.is_shared(parent)):
+                return node.start
+            node = parent
+
+    def block_cost(self, position: int) -> float:
+        """Seconds to recompute the block at ``position`` (blocks) where it is."""
+        c = self.costs.get(position)
+        if c is None:
+            bs = self.context.block_size
+            rs = self.context.recompute_seconds
+            a = position * bs
+            c = self.costs[position] = rs(a, a + bs) if rs is not None else float(a + bs)
+        return c
+
     def key(self, node: CacheNode) -> tuple[float, int]:
-        return (-self.next_use_of(node), node.last_access)
+        nxt = self.next_use_of(node)
+        if not self.cost_aware:
+            return (-nxt, node.last_access)
+        wait = nxt - self.context.now()
+        if wait <= 0:  # due now (waiting) or the shared prefix: keep to the last
+            return (math.inf, node.last_access)
+        if wait == math.inf:
+            return (0.0, node.last_access)
+        return (self.block_cost(self.head_position(node)) / wait, node.last_access)

@@ -9,7 +9,9 @@ session used it (a request attends to its whole history, which refreshes every b
     age = now - the session's last arrival or reply (simulated seconds)
 
 and the lowest-scoring history goes first (LRU among equal scores). With ``pin_system`` a node
-holding only system and tool-definition blocks (the shared prefix) is pinned.
+holding only system and tool-definition blocks (the shared prefix) is pinned: it is freed
+only as a victim leaf of its own, after every unpinned history (``KeepFront`` keeps it out of the
+chain of the last history below it).
 
 What the sources give and what kvsim assumes (docs/policies.md):
 
@@ -35,7 +37,7 @@ import math
 import numpy as np
 
 from ..context import Arrival, CacheNode, Reply
-from ..eviction import BLOCK, PRIVATE_HEAD
+from ..eviction import BLOCK, PRIVATE_HEAD, KeepFront
 from ..registry import register_policy
 from .common import DEAD, SHARED, HistoryOwners, ZooPolicy
 
@@ -72,6 +74,8 @@ class RegionDecay(ZooPolicy):
         super().__init__(**params)
         self.base = tuple(float(getattr(self, f"base_{r}")) for r in REGIONS)
         self.half_life_s = tuple(getattr(self, f"half_life_{r}") * self.step_s for r in REGIONS)
+        if self.pin_system:
+            self.start = KeepFront(self.start, self.is_pinned)
         self.owners = HistoryOwners()
         self.regions: dict[int, np.ndarray] = {}  # session -> its latest prompt's regions
         self.used: dict[int, float] = {}  # session -> last arrival or reply
@@ -145,9 +149,12 @@ class RegionDecay(ZooPolicy):
     def key(self, node: CacheNode) -> tuple[float, int]:
         return (self.score(node), node.last_access)
 
+    def is_pinned(self, node: CacheNode) -> bool:
+        """Only system and tool-definition blocks (with ``pin_system``)."""
+        if not self.pin_system:
+            return False
+        got = self.region_counts(node)
+        return got is not None and got[2]
+
     def pinned_until(self, node: CacheNode) -> float:
-        if self.pin_system:
-            got = self.region_counts(node)
-            if got is not None and got[2]:
-                return math.inf
-        return -math.inf
+        return math.inf if self.is_pinned(node) else -math.inf

@@ -95,7 +95,7 @@ class TTLPinning(ZooPolicy):
                 self.queue_s += TQ_WEIGHT * (event.queue_s - self.queue_s)
         self._unpin(s)
         if event.next_gap == "end":
-            self._program_done(self.turns.pop(s))
+            self.program_done(self.turns.pop(s))
             return
         if event.next_gap != "tool" or event.leaf is None:
             return
@@ -149,7 +149,7 @@ class TTLPinning(ZooPolicy):
         corr = (skm / n - sk * sm / n**2) / math.sqrt(var_k * var_m)
         return min(1.0, max(0.0, -corr))
 
-    def _program_done(self, steps: int) -> None:
+    def program_done(self, steps: int) -> None:
         """Add the pairs (k, N - k), k = 1..N, of a completed program (closed-form sums)."""
         n = steps
         sk, skk = n * (n + 1) / 2, n * (n + 1) * (2 * n + 1) / 6
