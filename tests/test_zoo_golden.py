@@ -360,5 +360,7 @@ def test_clairvoyant_cost_aware_prices_the_next_block_per_second_of_wait() -> No
     assert freed(cache.evict(1)) == [A[1:2]]
     # ... and at position 4: 82,400 / 90 < 74,208 / 80 still
     assert freed(cache.evict(2)) == [A[2:]]
-    # B alone under S now: its private run starts at S, whose first block is cheapest
-    assert freed(cache.evict(1)) == [S[:1]]
+    # B alone under S now: PRIVATE_HEAD's run would start at S, but S is every session's
+    # (shared): the oracle keeps it and frees B's front
+    assert freed(cache.evict(1)) == [B[:1]]
+    assert policy.head_position(leaves[1]) == 3
