@@ -157,3 +157,43 @@ def test_clairvoyant_beats_lru_on_the_cycle(rule: str) -> None:
     mean = {p: runs[p].summary["ttft_mean_s"] for p in runs}
     assert mean[rule] < mean["penelope"] < mean["sglang"]
     assert runs[rule].summary["hit_rate"] > 2 * runs["penelope"].summary["hit_rate"]
+
+
+# ---------------------------------------------------------------------------- as users run it
+def test_zoo_by_name_from_the_cli_and_a_sweep(tmp_path) -> None:
+    import json
+
+    import pandas as pd
+
+    from tests.test_policies_api import SYNTH, invoke
+
+    code, out, err = invoke("run", *SYNTH, "--preset", "penelope", "--policy", "clairvoyant",
+                            "--policy", "ttl?tau_s=5",
+                            "--scheduler", "program-fcfs", "--json")
+    assert code == 0, err
+    runs = json.loads(out)["runs"]
+    assert [r["policy"] for r in runs] == ["penelope", "clairvoyant-oracle", "ttl(tau_s=5.0)"]
+    assert all(r["summary"]["scheduler"] == "program-fcfs" for r in runs)
+    cfg = tmp_path / "sweep.yaml"
+    cfg.write_text(
+        "base:\n  trace: synthetic:claude-code?sessions=8\n  max_context: 32k\n"
+        "  gpu_cache: 48k\n  gaps: tool\n  sessions: 4\n"
+        'grid:\n  policy: [sglang, "tlru?xi=4096", memdecay, random]\n'
+        "baseline: {policy: sglang}\n")
+    code, _, err = invoke("sweep", cfg, "--out", tmp_path / "out")
+    assert code == 0, err
+    df = pd.read_csv(tmp_path / "out" / "results.csv")
+    assert sorted(df["policy"]) == ["memdecay", "random", "sglang", "tlru(xi=4096)"]
+
+
+@pytest.mark.parametrize("spec", ["ttl", "tlru", "greedydual", "memdecay", "clairvoyant",
+                                  "random", "ttl?start=private-head&granularity=block"])
+def test_zoo_runs_are_reproducible_and_consistent(spec: str) -> None:
+    trace = KitTrace([[(2000 + 900 * k, 300, 2.0) for k in range(8)] for _ in range(4)],
+                     shared_blocks=16)
+    c = cfg(gpu_cache=20000, sessions=3).with_policy(spec)
+    a, b = run(c, trace), run(c, trace)
+    assert a.requests.equals(b.requests) and a.summary == b.summary
+    df = a.requests
+    assert (df.hit_gpu_tokens + df.recomputed_tokens + df.new_tokens == df.prompt_tokens).all()
+    assert np.isfinite(df.ttft_s).all() and a.summary["evicted_tokens"] > 0

@@ -5,25 +5,35 @@ It knows when each session will next send a request in this replay (``clairvoyan
 ``Reply.next_gap_s``, the wait the replay inserts after the reply). Definition:
 
 - a session's *next use* is ``reply time + next_gap_s`` after a reply, its arrival time once
-  its next request is waiting (already due: kept), and never (+inf) after its last reply;
+  its next request is waiting (due: kept), and never (+inf) after its last reply;
 - a node's next use is its session's (learned from reply paths, ``HistoryOwners``); a node on
-  several sessions' paths (the shared prefix) is needed by the next request of any session:
-  kept for last; a node no live history runs through (a branch its session left, a history
-  that ended) is never used again: first;
-- victim order: the history whose next use is furthest in the future first (LRU among equal
-  ones), freed from its private head block by block -- its cheapest blocks first, since a block
-  at position p costs W + p to recompute (Penelope's start and granularity).
+  several sessions' paths (the shared prefix) is needed by the next request of every session:
+  it is kept out of every chain (``KeepFront``) and, as a victim leaf, goes last; a node no
+  live history runs through (a branch its session left, a history that ended) is never used
+  again: first;
+- histories are freed from their private head, block by block: a block at position p costs
+  W + p to recompute, so a history's cheapest blocks go first (Penelope's start);
+- victim order, two rules (``cost_aware``):
+  * ``cost_aware = False`` -- Belady: the furthest next use first (LRU among equals);
+  * ``cost_aware = True`` -- the lowest recompute seconds of the history's next block (at the
+    head of its private run) per second until its next use first: a history far in the future
+    still goes first, but between histories needed at similar times the one whose next block
+    is cheaper goes, which spreads eviction over the fronts of several histories.
+  ``kvsim reproduce policies`` runs both and reports the better per configuration as the
+  oracle: neither wins everywhere (Belady on light load, the cost-aware rule on heavy load
+  and the larger model, where recomputed positions cost most).
 
-Why it is a heuristic, not a bound. Belady's rule (furthest next use first) is optimal for
-unit-size, unit-cost pages and a fixed request sequence. Here (1) histories differ in size and
-their blocks in cost (W + p), and offline caching with sizes or costs is NP-hard in general;
-(2) the metric is TTFT, not misses: a recompute delays every request batched or queued behind
-it, so where the misses fall in time matters; (3) the closed loop makes the future depend on
-the policy: a faster reply sends the next request sooner; (4) the next request is known by
-time, not by content: a session whose next prompt diverges from its history (an edit, a
-compaction) still counts its old history as needed, and sub-agents can delay a parent's next
-request past ``next_gap_s``. It is the best *rule* kvsim knows with this oracle, and the
-experiment checks it against every policy (``kvsim reproduce policies``).
+Why it is a heuristic, not a bound. Belady's rule is optimal for unit-size, unit-cost pages
+and a fixed request sequence. Here (1) histories differ in size and their blocks in cost
+(W + p), and offline caching with sizes or costs is NP-hard in general; (2) the metric is
+TTFT, not misses: a recompute delays every request batched or queued behind it, so where the
+misses fall in time matters (a rule with fewer recomputed units can still have a higher mean
+TTFT); (3) the closed loop makes the future depend on the policy: a faster reply sends the
+next request sooner; (4) the next request is known by time, not content: a session whose next
+prompt diverges from its history (an edit, a compaction) still counts that history as needed,
+and sub-agents can delay a parent's next request past ``next_gap_s``; (5) the scheduler
+(``lpm``) is the same as every other policy's: the oracle does not reorder requests. It is
+the best rule kvsim knows with this oracle, checked against every policy of the experiment.
 """
 
 from __future__ import annotations
@@ -109,4 +119,5 @@ class Clairvoyant(ZooPolicy):
             return (math.inf, node.last_access)
         if wait == math.inf:
             return (0.0, node.last_access)
-        return (self.block_cost(self.head_position(node)) / wait, node.last_access)
+        nxt_block = self.head_position(node) if self.start.from_head else node.end - 1
+        return (self.block_cost(nxt_block) / wait, node.last_access)
