@@ -33,6 +33,7 @@ What the sources give and what kvsim assumes (docs/policies.md):
 from __future__ import annotations
 
 import math
+from math import exp2
 
 import numpy as np
 
@@ -74,6 +75,7 @@ class RegionDecay(ZooPolicy):
         super().__init__(**params)
         self.base = tuple(float(getattr(self, f"base_{r}")) for r in REGIONS)
         self.half_life_s = tuple(getattr(self, f"half_life_{r}") * self.step_s for r in REGIONS)
+        self.rates = tuple(1.0 / h for h in self.half_life_s)  # halvings per second
         if self.pin_system:
             self.start = KeepFront(self.start, self.is_pinned)
         self.owners = HistoryOwners()
@@ -81,16 +83,20 @@ class RegionDecay(ZooPolicy):
         self.used: dict[int, float] = {}  # session -> last arrival or reply
         self.latest = -math.inf  # the latest use of any session (shared nodes)
         self.shared_from: dict[int, int] = {}  # shared node serial -> latest session on it
-        self.counts: dict[int, tuple[tuple, tuple]] = {}  # serial -> (shape, region_counts)
+        self.counts: dict[int, tuple] = {}  # serial -> (start, end, session, region_counts)
         self.weights: dict[int, tuple[float, tuple]] = {}  # owner -> (now, weights)
+        # (node, start, end, region_counts) of the latest pinned_until; events clear it
+        self.last: tuple = (None, 0, 0, None)
 
     # --- events -----------------------------------------------------------------------
     def on_arrival(self, event: Arrival) -> None:
+        self.last = (None, 0, 0, None)
         if event.block_regions is not None:
             self.regions[event.session] = event.block_regions
         self._used(event.session, event.time)
 
     def on_reply(self, event: Reply) -> None:
+        self.last = (None, 0, 0, None)
         for nd in self.owners.walk(event.session, event.leaf):
             if self.owners.owner(nd) == SHARED:
                 self.shared_from[nd.serial] = event.session
@@ -106,25 +112,26 @@ class RegionDecay(ZooPolicy):
         definitions), from the prompt of the session whose path runs through the node (for a
         shared node the latest one); blocks past the prompt are the model's reply
         (assistant). None for a node no live history uses. Cached per node shape."""
-        o = self.owners.owner(node)
+        serial = node.serial
+        o = self.owners.owners.get(serial)
         if o is None or o == DEAD:
             return None
-        session = self.shared_from.get(node.serial, -1) if o == SHARED else o
-        k = (node.serial, session, node.start, node.end)
-        got = self.counts.get(node.serial)
-        if got is not None and got[0] == k:
-            return got[1]
+        session = self.shared_from.get(serial, -1) if o == SHARED else o
+        start, end = node.start, node.end
+        got = self.counts.get(serial)
+        if got is not None and got[0] == start and got[1] == end and got[2] == session:
+            return got[3]
         regions = self.regions.get(session)
         c = np.zeros(len(REGIONS), dtype=np.int64)
         if regions is None:
-            c[REGIONS.index("unknown")] = node.num_blocks
+            c[REGIONS.index("unknown")] = end - start
         else:
-            seen = regions[node.start:node.end]
+            seen = regions[start:end]
             c += np.bincount(seen, minlength=len(REGIONS))[:len(REGIONS)]
-            c[_OUTPUT] += node.num_blocks - seen.size
-        share = tuple((c / max(1, node.num_blocks)).tolist())
+            c[_OUTPUT] += end - start - seen.size
+        share = tuple((c / max(1, end - start)).tolist())
         out = (o, share, not c[~_SYSTEM_REGIONS].any())
-        self.counts[node.serial] = (k, out)
+        self.counts[serial] = (start, end, session, out)
         return out
 
     def _weights(self, owner: int, now: float) -> tuple[float, ...]:
@@ -132,14 +139,20 @@ class RegionDecay(ZooPolicy):
         if cached is not None and cached[0] == now:
             return cached[1]
         last = self.latest if owner == SHARED else self.used.get(owner, now)
-        age = max(0.0, now - last)
-        w = tuple(b * 2.0 ** (-age / h) for b, h in zip(self.base, self.half_life_s, strict=True))
+        age = now - last if now > last else 0.0
+        b, r = self.base, self.rates
+        w = (b[0] * exp2(-age * r[0]), b[1] * exp2(-age * r[1]), b[2] * exp2(-age * r[2]),
+             b[3] * exp2(-age * r[3]), b[4] * exp2(-age * r[4]), b[5] * exp2(-age * r[5]))
         self.weights[owner] = (now, w)
         return w
 
     def score(self, node: CacheNode) -> float:
         """Mean retention score of the node's blocks (0 for a node no live history uses)."""
-        got = self.region_counts(node)
+        last = self.last  # the planner asks pinned_until, then key, of each victim
+        if last[0] is node and last[1] == node.start and last[2] == node.end:
+            got = last[3]
+        else:
+            got = self.region_counts(node)
         if got is None:
             return 0.0
         w = self._weights(got[0], self.context.now())
@@ -157,4 +170,6 @@ class RegionDecay(ZooPolicy):
         return got is not None and got[2]
 
     def pinned_until(self, node: CacheNode) -> float:
-        return math.inf if self.is_pinned(node) else -math.inf
+        got = self.region_counts(node)
+        self.last = (node, node.start, node.end, got)
+        return math.inf if self.pin_system and got is not None and got[2] else -math.inf
