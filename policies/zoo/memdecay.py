@@ -44,7 +44,6 @@ from .common import DEAD, SHARED, HistoryOwners, ZooPolicy
 
 # traces.REGION_NAMES (policies do not import traces; tests/test_zoo_golden.py pins them equal)
 REGIONS = ("system", "tools", "user", "assistant", "tool_result", "unknown")
-_SYSTEM_REGIONS = np.array([1, 1, 0, 0, 0, 0], dtype=bool)
 _OUTPUT = REGIONS.index("assistant")  # blocks past the prompt: the reply the model wrote
 
 
@@ -122,15 +121,15 @@ class RegionDecay(ZooPolicy):
         if got is not None and got[0] == start and got[1] == end and got[2] == session:
             return got[3]
         regions = self.regions.get(session)
-        c = np.zeros(len(REGIONS), dtype=np.int64)
+        size = end - start
         if regions is None:
-            c[REGIONS.index("unknown")] = end - start
+            c = [0, 0, 0, 0, 0, size]  # unknown
         else:
             seen = regions[start:end]
-            c += np.bincount(seen, minlength=len(REGIONS))[:len(REGIONS)]
-            c[_OUTPUT] += end - start - seen.size
-        share = tuple((c / max(1, end - start)).tolist())
-        out = (o, share, not c[~_SYSTEM_REGIONS].any())
+            c = np.bincount(seen, minlength=len(REGIONS)).tolist()
+            c[_OUTPUT] += size - seen.size
+        share = tuple(x / size for x in c) if size else (0.0,) * len(REGIONS)
+        out = (o, share, c[0] + c[1] == sum(c))
         self.counts[serial] = (start, end, session, out)
         return out
 
