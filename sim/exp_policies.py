@@ -15,7 +15,7 @@ oracle, 0 = no better than SGLang, above 1 = better than the oracle. The oracle
 (``clairvoyant-oracle``) runs both clairvoyant rules of policies/zoo/clairvoyant.py -- Belady
 (furthest next use first) and its cost-aware form (recompute seconds of the next block per
 second until its next use) -- and keeps the better per configuration, with hindsight: neither
-rule is optimal (see the module), and neither alone beats every policy everywhere.
+rule is optimal (see the module), and each is the better one somewhere.
 """
 
 from __future__ import annotations

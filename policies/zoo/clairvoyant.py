@@ -20,7 +20,7 @@ It knows when each session will next send a request in this replay (``clairvoyan
     still goes first, but between histories needed at similar times the one whose next block
     is cheaper goes, which spreads eviction over the fronts of several histories.
   ``kvsim reproduce policies`` runs both and reports the better per configuration as the
-  oracle: neither wins everywhere (Belady on light load, the cost-aware rule on heavy load
+  oracle: each is better somewhere (Belady on light load, the cost-aware rule on heavy load
   and the larger model, where recomputed positions cost most).
 
 Why it is a heuristic, not a bound. Belady's rule is optimal for unit-size, unit-cost pages
