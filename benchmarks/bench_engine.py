@@ -1,28 +1,30 @@
-"""Engine speed and memory (issue 5): replay all shared cc-traces sessions at N = 8 under
-penelope, one configuration per fresh subprocess so peak RSS is its own.
+"""Engine speed and memory: replay all shared cc-traces sessions at N = 8, one configuration
+per fresh subprocess so peak RSS is its own.
 
     python -m benchmarks.bench_engine [--json] [--cases 128k,512k] [--trace DIR]
-    python -m benchmarks.bench_engine --cases 128k --against c9547e1 --repeat 3
     python -m benchmarks.bench_engine --cases 128k --engine sglang,vllm --repeat 3
-
-``--against REV`` checks REV out in a temporary git worktree and runs the same case there,
-interleaved with this checkout's runs (the machine may be shared: interleaving exposes both to
-the same load), and reports each run and the ratio of the medians (this / REV).
-
-``--engine sglang,vllm`` runs each case on both engines (issue 12), interleaved (sglang,
-vllm, sglang, vllm, ... ``--repeat`` times each), and reports the ratio vllm / sglang of the
-median wall times and of the median CPU times of the simulation (CPU time is steadier on a
-shared machine). Issue 12's target: at most 1.5.
+    python -m benchmarks.bench_engine --cases 128k --policy ttl,tlru,... [--scheduler S]
+    python -m benchmarks.bench_engine --cases 128k --against c9547e1 --repeat 3
 
 Cases: ``128k`` = --max-context 128k with a 256K-token cache; ``512k`` = --max-context 512k
 with a 1M-token cache. Goal: at most 30 s each on one core, under 2 GiB peak RSS. Trace
 loading is timed separately from the simulation.
+
+Variants: every engine of ``--engine`` (default sglang) x (``--preset`` and every policy of
+``--policy``). Each is run ``--repeat`` times, interleaved (the machine may be shared:
+interleaving exposes all to the same load); each row reports the median wall and CPU seconds
+of the simulation and its ratio to the first variant (the first engine with ``--preset``).
+Issue targets: vllm engine / sglang engine <= 1.5; each zoo policy / penelope <= 2.
+
+``--against REV`` checks REV out in a temporary git worktree and runs the same case there,
+interleaved with this checkout's runs, and reports each run and the ratio of the medians.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -43,53 +45,63 @@ def peak_rss_mib():
     return float("nan")
 from sim.config import RunConfig
 from sim.runner import load_run_trace, run
-trace, max_ctx, cache, preset = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-profile = sys.argv[5] or None
-engine = {} if len(sys.argv) < 7 else {"engine": sys.argv[6]}  # older revisions: sglang only
-cfg = RunConfig(trace=trace, max_context=max_ctx, gpu_cache=cache, sessions=8,
-                gaps="recorded", profile=profile, **engine).with_preset(preset)
+PRESETS = ("sglang", "vllm", "penelope")
+trace, max_ctx, cache, policy, profile, engine, scheduler = sys.argv[1:8]
+extra = {}  # only what was asked: older revisions (--against) lack newer fields
+if engine:
+    extra["engine"] = engine
+if scheduler:
+    extra["scheduler"] = scheduler
+cfg = RunConfig(trace=trace, max_context=int(max_ctx), gpu_cache=int(cache), sessions=8,
+                gaps="recorded", profile=profile or None, **extra)
+cfg = cfg.with_preset(policy) if policy in PRESETS else cfg.with_policy(policy)
 t0 = time.perf_counter(); tr = load_run_trace(cfg); t_load = time.perf_counter() - t0
 c0 = time.process_time(); t0 = time.perf_counter(); res = run(cfg, tr)
 t_run = time.perf_counter() - t0; c_run = time.process_time() - c0
 print(json.dumps({"requests": res.summary["requests"], "load_s": t_load, "run_s": t_run,
-                  "run_cpu_s": c_run,
-                  "requests_per_s": res.summary["requests"] / t_run,
-                  "ttft_mean_s": res.summary["ttft_mean_s"], "hit_rate": res.summary["hit_rate"],
-                  "peak_rss_mib": peak_rss_mib()}))
+                  "run_cpu_s": c_run, "ttft_mean_s": res.summary["ttft_mean_s"],
+                  "hit_rate": res.summary["hit_rate"], "peak_rss_mib": peak_rss_mib()}))
 """
 
 
-def run_case(trace: str, name: str, preset: str, tree: Path = REPO,
-             profile: str | None = None, engine: str | None = None) -> dict:
+def run_case(trace: str, name: str, policy: str, tree: Path = REPO, profile: str | None = None,
+             engine: str | None = None, scheduler: str | None = None) -> dict:
     max_ctx, cache = CASES[name]
-    args = [trace, str(max_ctx), str(cache), preset, profile or ""] + ([engine] if engine else [])
+    args = [trace, str(max_ctx), str(cache), policy, profile or "", engine or "",
+            scheduler or ""]
     out = subprocess.run([sys.executable, "-c", _CHILD, *args], capture_output=True, text=True,
                          cwd=tree, check=True)
     row = json.loads(out.stdout.strip().splitlines()[-1])
-    row.update(case=name, preset=preset, engine=engine or "sglang", max_context=max_ctx,
-               gpu_cache=cache)
+    row.update(case=name, preset=policy, engine=engine or "sglang", max_context=max_ctx,
+               gpu_cache=cache, scheduler=scheduler or "default")
     return row
 
 
-def engine_ratios(rows: list[dict]) -> list[dict]:
-    """Per case: the median wall and CPU seconds of each engine and vllm / sglang."""
-    import statistics
-
-    out = []
-    for case in dict.fromkeys(r["case"] for r in rows):
-        wall: dict[str, list[float]] = {}
-        cpu: dict[str, list[float]] = {}
-        for r in rows:
-            if r["case"] == case:
-                wall.setdefault(r["engine"], []).append(r["run_s"])
-                cpu.setdefault(r["engine"], []).append(r["run_cpu_s"])
-        if {"sglang", "vllm"} <= wall.keys():
-            w = {e: statistics.median(v) for e, v in wall.items()}
-            c = {e: statistics.median(v) for e, v in cpu.items()}
-            out.append({"case": case, "sglang_run_s": w["sglang"], "vllm_run_s": w["vllm"],
-                        "ratio": w["vllm"] / w["sglang"], "sglang_cpu_s": c["sglang"],
-                        "vllm_cpu_s": c["vllm"], "cpu_ratio": c["vllm"] / c["sglang"]})
-    return out
+def variant_rows(args: argparse.Namespace) -> list[dict]:
+    """Every (engine, policy) variant per case, ``--repeat`` times interleaved; medians."""
+    engines = args.engine.split(",") if args.engine else [None]
+    policies = [(args.preset, None)] + [(p, args.scheduler) for p in args.policy.split(",") if p]
+    variants = [(e, p, s) for e in engines for p, s in policies]
+    rows = []
+    for case in args.cases.split(","):
+        wall: dict[int, list[float]] = {i: [] for i in range(len(variants))}
+        cpu: dict[int, list[float]] = {i: [] for i in range(len(variants))}
+        last: dict[int, dict] = {}
+        for _ in range(max(1, args.repeat)):
+            for i, (engine, policy, sched) in enumerate(variants):
+                last[i] = run_case(args.trace, case, policy, profile=args.profile,
+                                   engine=engine, scheduler=sched)
+                wall[i].append(last[i]["run_s"])
+                cpu[i].append(last[i]["run_cpu_s"])
+        base_wall, base_cpu = statistics.median(wall[0]), statistics.median(cpu[0])
+        for i in range(len(variants)):
+            row = last[i]
+            row.update(run_s=statistics.median(wall[i]), run_cpu_s=statistics.median(cpu[i]),
+                       runs_s=wall[i])
+            row.update(ratio=row["run_s"] / base_wall, cpu_ratio=row["run_cpu_s"] / base_cpu,
+                       requests_per_s=row["requests"] / row["run_s"])
+            rows.append(row)
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,11 +109,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trace", default=str(DEFAULT_TRACE))
     ap.add_argument("--cases", default="128k,512k")
     ap.add_argument("--preset", default="penelope")
+    ap.add_argument("--policy", default="",
+                    help="comma-separated policies to time beside --preset")
+    ap.add_argument("--scheduler", default=None, help="scheduler of the --policy runs")
+    ap.add_argument("--engine", default=None, help="comma-separated engines: sglang, vllm")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--against", metavar="REV", help="also time git revision REV, interleaved")
-    ap.add_argument("--repeat", type=int, default=1,
-                    help="runs per side (with --against) or per engine (with --engine)")
-    ap.add_argument("--engine", default=None, help="comma-separated engines: sglang, vllm")
+    ap.add_argument("--repeat", type=int, default=1, help="runs per variant, interleaved")
     ap.add_argument("--profile", default=None, help="time profile (default: the model's)")
     ap.add_argument("--against-profile", default=None,
                     help="profile name at REV (profiles were renamed over time)")
@@ -111,25 +125,18 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.against:
         return compare(args)
-    engines = args.engine.split(",") if args.engine else [None]
-    repeat = args.repeat if args.engine else 1
-    rows = [run_case(args.trace, c, args.preset, profile=args.profile, engine=e)
-            for c in args.cases.split(",") for _ in range(repeat) for e in engines]
-    ratios = engine_ratios(rows)
+    rows = variant_rows(args)
     if args.json:
-        print(json.dumps({"rows": rows, "engine_ratios": ratios}, indent=2))
+        print(json.dumps({"rows": rows}, indent=2))
         return 0
-    print(f"{'case':>6} {'engine':>7} {'preset':>9} {'requests':>9} {'load s':>7} {'run s':>7} "
-          f"{'cpu s':>6} {'req/s':>7} {'peak RSS MiB':>13} {'mean TTFT s':>12} {'hit':>6}")
+    print(f"{'case':>6} {'engine':>7} {'policy':>14} {'requests':>9} {'load s':>7} "
+          f"{'run s':>7} {'cpu s':>6} {'ratio':>6} {'req/s':>7} {'peak MiB':>9} "
+          f"{'TTFT s':>8} {'hit':>6}")
     for r in rows:
-        print(f"{r['case']:>6} {r['engine']:>7} {r['preset']:>9} {r['requests']:>9} "
+        print(f"{r['case']:>6} {r['engine']:>7} {r['preset'][:14]:>14} {r['requests']:>9} "
               f"{r['load_s']:>7.1f} {r['run_s']:>7.1f} {r['run_cpu_s']:>6.1f} "
-              f"{r['requests_per_s']:>7.0f} {r['peak_rss_mib']:>13.0f} "
-              f"{r['ttft_mean_s']:>12.3f} {r['hit_rate']:>6.1%}")
-    for r in ratios:
-        print(f"{r['case']}: vllm / sglang = {r['vllm_run_s']:.2f} / {r['sglang_run_s']:.2f} s "
-              f"= {r['ratio']:.2f} wall, {r['vllm_cpu_s']:.2f} / {r['sglang_cpu_s']:.2f} s = "
-              f"{r['cpu_ratio']:.2f} CPU (medians of {repeat} interleaved runs each)")
+              f"{r['ratio']:>6.2f} {r['requests_per_s']:>7.0f} {r['peak_rss_mib']:>9.0f} "
+              f"{r['ttft_mean_s']:>8.3f} {r['hit_rate']:>6.1%}")
     return 0
 
 

@@ -14,14 +14,19 @@ from .eviction import (
     Blocks,
     EvictionPolicy,
     Granularity,
+    KeepFront,
     LeafHead,
+    ObservedStart,
     PrivateHead,
     StartPosition,
     Tail,
     WholeNodes,
+    WrappedStart,
 )
 from .orders import ORDERS, get_order, register_order
 from .registry import POLICIES, get_policy, load_policy_class, register_policy
+
+from . import zoo  # last: registers the zoo's policies (policies/zoo/) by name  # isort: skip
 
 __all__ = [
     "BLOCK",
@@ -42,7 +47,9 @@ __all__ = [
     "CacheNode",
     "EvictionPolicy",
     "Granularity",
+    "KeepFront",
     "LeafHead",
+    "ObservedStart",
     "PolicyContext",
     "PolicyError",
     "PrivateHead",
@@ -51,9 +58,11 @@ __all__ = [
     "Tail",
     "TreeView",
     "WholeNodes",
+    "WrappedStart",
     "get_order",
     "get_policy",
     "load_policy_class",
     "register_order",
     "register_policy",
+    "zoo",
 ]

@@ -99,7 +99,8 @@ class Reply:
     ``tool`` (the reply ends in a tool call), ``human`` (a person answers) or ``end`` (the
     session is over). ``next_gap_s`` is the wait before the session's next request in this
     replay: the future, given only to policies that declare ``clairvoyant = True`` (NaN
-    otherwise)."""
+    otherwise). ``queue_s`` is how long the request waited between its arrival and its
+    (first) admission: what the server's queue cost it (NaN if never admitted)."""
 
     time: float
     session: int
@@ -108,3 +109,4 @@ class Reply:
     leaf: CacheNode | None
     next_gap: str
     next_gap_s: float = float("nan")
+    queue_s: float = float("nan")

@@ -38,7 +38,7 @@ from __future__ import annotations
 import inspect
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from .context import STANDALONE, Arrival, CacheNode, PolicyContext, PolicyError, Reply, TreeView
@@ -104,6 +104,58 @@ class PrivateHead(StartPosition):
 
 TAIL, LEAF_HEAD, PRIVATE_HEAD = Tail(), LeafHead(), PrivateHead()
 STARTS: dict[str, StartPosition] = {s.name: s for s in (TAIL, LEAF_HEAD, PRIVATE_HEAD)}
+
+
+class WrappedStart(StartPosition):
+    """A start strategy built on ``base``: same name and node semantics, and by default the
+    same chains (subclasses change ``chain``)."""
+
+    def __init__(self, base: StartPosition) -> None:
+        self.base = base
+        self.name = base.name  # type: ignore[misc]
+        self.from_head = base.from_head  # type: ignore[misc]
+        self.makes_holes = base.makes_holes  # type: ignore[misc]
+        self.reads_node_boundaries = base.reads_node_boundaries  # type: ignore[misc]
+
+    def chain(self, leaf: CacheNode, view: TreeView) -> Sequence[CacheNode]:
+        return self.base.chain(leaf, view)
+
+
+class KeepFront(WrappedStart):
+    """``base``'s chains without their leading nodes that ``keep`` says to keep (never the
+    victim leaf itself). Under ``private-head`` a shared prefix whose other histories are all
+    gone is private to the last one, and its front is the cheapest place to free; a policy
+    that knows better (the prefix is every session's) keeps it out of the chain: it then goes
+    only as a victim leaf of its own, in key order."""
+
+    def __init__(self, base: StartPosition, keep: Callable[[CacheNode], bool]) -> None:
+        super().__init__(base)
+        self.keep = keep
+
+    def chain(self, leaf: CacheNode, view: TreeView) -> Sequence[CacheNode]:
+        chain = self.base.chain(leaf, view)
+        i = 0
+        while i < len(chain) - 1 and self.keep(chain[i]):
+            i += 1
+        return chain[i:] if i else chain
+
+
+class ObservedStart(WrappedStart):
+    """``base``'s chains, reporting each victim leaf to ``observe`` first.
+
+    The planner asks ``chain`` exactly once for every leaf it pops, in eviction order (the
+    smallest key first), so a policy that must know its victims -- GreedyDual's inflation sets
+    its clock to the priority of the last victim -- wraps its start in one. Freeing is
+    ``base``'s: same chains, same name, same node semantics. (HiCache's device tier accepts
+    only the plain ``TAIL`` object.)"""
+
+    def __init__(self, base: StartPosition, observe: Callable[[CacheNode], None]) -> None:
+        super().__init__(base)
+        self.observe = observe
+
+    def chain(self, leaf: CacheNode, view: TreeView) -> Sequence[CacheNode]:
+        self.observe(leaf)
+        return self.base.chain(leaf, view)
 
 
 # ---------------------------------------------------------------------- granularities

@@ -8,6 +8,10 @@ sorts stably by the key, so ties keep queue order (FIFO for new arrivals).
 - ``lpm``: longest cached prefix first ("most reusable cache first"). Every waiting request is
   matched each pass; above ``LPM_QUEUE_LIMIT`` waiting requests SGLang neither matches nor sorts.
 - ``lpm-cpu``: as lpm, counting the CPU-resident part of the prefix as reusable too.
+- ``program-fcfs``: Continuum's program-level FCFS (arXiv 2511.02230): requests in order of
+  their program's first arrival (kvsim: a program is a trace session), then queue order; a
+  program that arrived first keeps its place through all of its turns, so a returning turn
+  does not queue behind programs that started after it. Matches like fcfs.
 """
 
 from __future__ import annotations
@@ -22,25 +26,31 @@ class SchedulerKind(StrEnum):
     FCFS = "fcfs"
     LPM = "lpm"
     LPM_CPU = "lpm-cpu"
+    PROGRAM_FCFS = "program-fcfs"
 
 
 @dataclass(frozen=True)
 class Candidate:
-    """What a scheduler may look at: queue position and reusable cache (blocks)."""
+    """What a scheduler may look at: queue position, reusable cache (blocks) and the first
+    arrival of the request's program (its session; simulated seconds)."""
 
     queue_pos: int
     gpu_blocks: int = 0
     cpu_blocks: int = 0
+    program_start: float = 0.0
 
 
 @dataclass(frozen=True)
 class SchedulePolicy:
     kind: SchedulerKind
     matches_all: bool  # match every waiting request each pass (and touch its prefix)
+    sorts: bool = True  # False: the queue order is the order (no key is computed)
 
-    def key(self, c: Candidate) -> tuple[int, ...]:
+    def key(self, c: Candidate) -> tuple[float, ...]:
         if self.kind is SchedulerKind.FCFS:
             return (c.queue_pos,)
+        if self.kind is SchedulerKind.PROGRAM_FCFS:
+            return (c.program_start, c.queue_pos)
         reusable = c.gpu_blocks + (c.cpu_blocks if self.kind is SchedulerKind.LPM_CPU else 0)
         return (-reusable, c.queue_pos)
 
@@ -52,9 +62,12 @@ def register(policy: SchedulePolicy) -> None:
     _REGISTRY[policy.kind] = policy
 
 
-register(SchedulePolicy(SchedulerKind.FCFS, matches_all=False))
+register(SchedulePolicy(SchedulerKind.FCFS, matches_all=False, sorts=False))
 register(SchedulePolicy(SchedulerKind.LPM, matches_all=True))
 register(SchedulePolicy(SchedulerKind.LPM_CPU, matches_all=True))
+register(SchedulePolicy(SchedulerKind.PROGRAM_FCFS, matches_all=False))
+
+SCHEDULERS: tuple[str, ...] = tuple(k.value for k in _REGISTRY)
 
 
 def get_scheduler(name: str) -> SchedulePolicy:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from policies import GRANULARITIES, PRESETS, STARTS, EvictionPolicy, PolicyError, get_policy
+from policies.scheduling import SCHEDULERS
 
 
 class ConfigError(ValueError):
@@ -22,7 +23,6 @@ class ConfigError(ValueError):
         self.where, self.field = where, field
 
 
-SCHEDULERS = ("fcfs", "lpm", "lpm-cpu")
 # sim.engines.ENGINES holds the classes; named here because sim.engines imports this module.
 ENGINE_NAMES = ("sglang", "vllm")
 TIERINGS = ("unified", "hicache")

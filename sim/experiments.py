@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from sim import exp_policies
 from sim.config import RunConfig
 from sim.executors import ExecutorSpec
 
@@ -346,6 +347,9 @@ def cpu_sweep(ctx: Context) -> list[dict[str, Any]]:
     return rows
 
 
+# For experiments in their own modules (sim/exp_*.py).
+run_all, change = _run_all, _change
+
 EXPERIMENTS: dict[str, Callable[[Context], list[dict[str, Any]]]] = {
     "figure1": figure1,
     "gpu-only": gpu_only,
@@ -353,6 +357,7 @@ EXPERIMENTS: dict[str, Callable[[Context], list[dict[str, Any]]]] = {
     "fcfs": fcfs,
     "two-tier": two_tier,
     "cpu-sweep": cpu_sweep,
+    "policies": exp_policies.policies,  # the zoo and the clairvoyant oracle
 }
 
 
@@ -375,8 +380,11 @@ def reproduce(name: str, trace: str | None = None, quick: bool = False, jobs: in
     ctx = Context(trace=trace, quick=quick, gaps=gaps, jobs=jobs, prompt_nodes=prompt_nodes,
                   executor=executor, profiles=profiles)
     rows = EXPERIMENTS[name](ctx)
+    if name == "policies":  # runs its own gap models
+        gaps = ",".join(dict.fromkeys(r["gaps"] for r in rows))
     doc = {"experiment": name, "trace": trace, "trace_kind": which, "gaps": gaps,
-           "prompt_nodes": "both" if name in ("ablation", "gpu-only") else prompt_nodes,
+           "prompt_nodes": "both" if name in ("ablation", "gpu-only", "policies")
+           else prompt_nodes,
            "quick": quick, "rows": rows}
     if profiles is not None:
         doc["profiles"] = profiles

@@ -379,3 +379,176 @@ def test_cache_matches_reference_model(policy: EvictionPolicy) -> None:
     machine = type(f"Machine_{policy.spec}", (CacheMachine,), {"policy": policy})
     machine.TestCase.settings = SETTINGS
     machine.TestCase().runTest()
+
+
+# ---------------------------------------------------------------------------- the zoo
+# The zoo's orders read events, time and prices, so no brute-force model replays them; the
+# machine below drives every zoo policy with random cache operations AND random events
+# (arrivals, replies naming a cached leaf, the clock moving) and checks after each step:
+# the DFS recount, capacity, locked histories never freed, evict's ok flag, and that the
+# first history freed is the one the policy ranks first (pins, then key, then serial).
+ZOO = ["ttl", "ttl?tau_s=3", "tlru?xi=256&q_hat=64", "greedydual", "memdecay",
+       "clairvoyant", "clairvoyant?cost_aware=false", "random",
+       "tlru?start=private-head&granularity=block", "greedydual?granularity=block",
+       "random?start=leaf-head"]
+
+
+def _price(a: int, b: int) -> float:
+    return ((b - a) * 100 + (a + b - 1) * (b - a) / 2) * 1e-6
+
+
+class ZooMachine(RuleBasedStateMachine):
+    spec: str = "random"
+
+    @initialize()
+    def setup(self) -> None:
+        from policies import PolicyContext, get_policy
+
+        self.u = Universe()
+        self.now = 0.0
+        self.policy = get_policy(self.spec)
+        self.policy.bind(PolicyContext(now=lambda: self.now, block_size=64, seed=7,
+                                       recompute_seconds=_price))
+        self.cache = RadixKVCache(CAPACITY, self.policy, debug=True)
+        self.locks: list[Node] = []
+        self.handles: list[Node] = []
+        self.history: list[list[int]] = []
+        self.reserved = 0
+
+    def prompt(self, data) -> np.ndarray:
+        return draw_prompt(data, self.u, self.history, choice_lists, 16)
+
+    def first_victim_path(self) -> set[int] | None:
+        """Block ids on the root path of the leaf the policy ranks first."""
+        p = self.policy
+        leaves = self.cache.evictable_leaves()
+        if not leaves:
+            return None
+
+        def rank(n: Node):
+            pinned = p.pins and p.pinned_until(n) > self.now
+            return (pinned, p.sort_key(n), n.serial)
+
+        leaf = min(leaves, key=rank)
+        ids: set[int] = set()
+        nd = leaf
+        while nd is not self.cache.root:
+            ids.update(nd.ids.tolist())
+            nd = nd.parent
+        return ids
+
+    @rule(dt=st.floats(0, 5))
+    def tick(self, dt) -> None:
+        self.now += dt
+
+    @rule(data=st.data(), session=st.integers(0, 3))
+    def arrival(self, data, session) -> None:
+        from policies import Arrival
+
+        ids = self.prompt(data)
+        regions = np.array(data.draw(st.lists(st.integers(0, 5), min_size=ids.size,
+                                              max_size=ids.size)), dtype=np.uint8)
+        if self.policy.events & {"arrival"}:
+            self.policy.on_arrival(Arrival(self.now, session, 0, ids.size * 64, ids, regions))
+
+    @precondition(lambda self: self.handles)
+    @rule(data=st.data(), session=st.integers(0, 3),
+          gap=st.sampled_from(["tool", "human", "end"]), gap_s=st.floats(0, 20),
+          queue_s=st.floats(0, 5))
+    def reply(self, data, session, gap, gap_s, queue_s) -> None:
+        from policies import Reply
+
+        leaf = data.draw(st.sampled_from(self.handles))
+        if leaf.parent is None or "reply" not in self.policy.events:
+            return  # evicted since: no longer a handle
+        self.policy.on_reply(Reply(self.now, session, 0, leaf.end * 64, leaf, gap,
+                                   gap_s if self.policy.clairvoyant else float("nan"),
+                                   queue_s))
+
+    @rule(data=st.data(), lock=st.booleans())
+    def match(self, data, lock) -> None:
+        m = self.cache.match(self.prompt(data))
+        if lock and m.node is not self.cache.root:
+            self.cache.lock(m.node)
+            self.locks.append(m.node)
+
+    @precondition(lambda self: self.locks)
+    @rule(data=st.data())
+    def unlock(self, data) -> None:
+        node = self.locks.pop(data.draw(st.integers(0, len(self.locks) - 1)))
+        self.cache.unlock(node)
+
+    @rule(data=st.data())
+    def insert_with_room(self, data) -> None:
+        ids = self.prompt(data)
+        m = self.cache.match(ids)
+        self.cache.lock(m.node)
+        # blocks the insert adds: new ones past the path and the holes it refills
+        path = self.cache.match(ids, touch=False)
+        need = path.hole_blocks + ids.size - path.matched_blocks
+        r = self.cache.make_room(need)
+        if r.ok:
+            self.cache.reserve(need)
+            ins = self.cache.insert(ids)
+            self.cache.release(need)
+            self.handles.append(ins.node)
+        self.cache.unlock(m.node)
+
+    @rule(n=st.integers(0, 12))
+    def evict(self, n) -> None:
+        locked = {b for nd in self.locks for b in _path_ids(self.cache, nd)}
+        before = set(self.cache.resident_block_ids().tolist())
+        evictable = self.cache.evictable_blocks
+        first = self.first_victim_path()
+        r = self.cache.evict(n)
+        got = r.freed_ids().tolist()
+        assert r.ok == (r.freed_blocks >= n)
+        assert r.freed_blocks >= min(n, evictable) or r.freed_blocks == evictable
+        assert set(got) <= before and not set(got) & locked
+        if got:
+            assert first is not None and int(r.freed[0][0]) in first, (
+                "the first history freed is not the policy's first choice")
+
+    @rule(n=st.integers(0, 6))
+    def reserve(self, n) -> None:
+        if n <= self.cache.free_blocks:
+            self.cache.reserve(n)
+            self.reserved += n
+
+    @precondition(lambda self: self.reserved > 0)
+    @rule(data=st.data())
+    def release(self, data) -> None:
+        n = data.draw(st.integers(1, self.reserved))
+        self.cache.release(n)
+        self.reserved -= n
+
+    @invariant()
+    def consistent(self) -> None:
+        c = self.cache
+        c.check()
+        assert c.gpu_blocks + c.reserved_blocks <= CAPACITY
+        assert c.reserved_blocks == self.reserved
+        for nd in self.locks:  # a running request's path is intact and resident
+            assert nd.parent is not None
+            x = nd
+            while x is not c.root:
+                assert x.lock > 0 and (x.tier == Tier.GPU or self.policy.makes_holes)
+                x = x.parent
+
+
+def _path_ids(cache: RadixKVCache, node: Node) -> list[int]:
+    out: list[int] = []
+    while node is not cache.root:
+        if node.tier == Tier.GPU:
+            out += node.ids.tolist()
+        node = node.parent
+    return out
+
+
+@pytest.mark.parametrize("spec", ZOO)
+def test_zoo_policies_keep_the_cache_invariants(spec: str) -> None:
+    machine = type(f"Zoo_{spec}", (ZooMachine,), {"spec": spec})
+    machine.TestCase.settings = settings(max_examples=60, stateful_step_count=50,
+                                         deadline=None,
+                                         suppress_health_check=[HealthCheck.too_slow])
+    machine.TestCase().runTest()

@@ -45,3 +45,38 @@ def test_ablation_quick_on_synthetic_trace() -> None:
 def test_bad_experiment_exit_2() -> None:
     res = CliRunner().invoke(cli, ["reproduce", "table9"])
     assert res.exit_code == 2
+
+
+def test_policies_quick_rows_and_oracle() -> None:
+    doc = reproduce("policies", "--quick", "--trace", "synthetic:claude-code")
+    assert doc["experiment"] == "policies" and doc["prompt_nodes"] == "both"
+    rows = doc["rows"]
+    keys = {"policy", "model", "sessions", "gaps", "tree", "ttft_change", "jct_change",
+            "hit_rate", "gap_closed"}
+    assert all(keys <= set(r) for r in rows)
+    policies = {r["policy"] for r in rows}
+    assert {"sglang", "vllm", "penelope", "continuum", "ttl", "tlru", "greedydual",
+            "memdecay", "random", "clairvoyant-oracle", "ttl@private-head+block",
+            "ttl(tau_s=0.0)", "ttl(tau_s=60.0)"} <= policies
+    assert {r["tree"] for r in rows} == {"chunked", "whole"}
+    for tree in ("chunked", "whole"):
+        by = {r["policy"]: r for r in rows if r["tree"] == tree}
+        assert len(by) == len(rows) // 2  # one row per policy and configuration
+        oracle = by["clairvoyant-oracle"]
+        assert oracle["oracle"] and oracle["oracle_rule"] in ("belady", "cost-aware")
+        assert oracle["ttft_mean_s"] == min(oracle["oracle_belady_ttft_mean_s"],
+                                            oracle["oracle_cost_aware_ttft_mean_s"])
+        assert oracle["gap_closed"] == pytest.approx(1.0)
+        assert by["sglang"]["gap_closed"] == 0.0 and by["sglang"]["ttft_change"] == 0.0
+        assert by["continuum"]["scheduler"] == "program-fcfs"
+        assert sum(r["oracle"] for r in by.values()) == 1
+        for r in by.values():  # gap closed is the TTFT change over the oracle's
+            assert r["gap_closed"] == pytest.approx(r["ttft_change"] / oracle["ttft_change"])
+
+
+def test_policies_table_marks_the_oracle() -> None:
+    res = CliRunner().invoke(cli, ["reproduce", "policies", "--quick", "--trace",
+                                   "synthetic:claude-code?sessions=4"])
+    assert res.exit_code == 0, res.output
+    assert "clairvoyant-oracle" in res.stdout and "reads the" in res.stdout
+    assert "best policy per configuration" in res.stdout

@@ -9,7 +9,7 @@ from rich.table import Table
 
 from .common import console, emit_json, fmt_metric, stderr
 
-NAMES = ["figure1", "gpu-only", "two-tier", "ablation", "fcfs", "cpu-sweep"]
+NAMES = ["figure1", "gpu-only", "two-tier", "ablation", "fcfs", "cpu-sweep", "policies"]
 
 # figure1: (header with its unit, row key, format); fits 100 columns.
 FIGURE1_COLUMNS: list[tuple[str, str, str]] = [
@@ -36,6 +36,54 @@ def figure1_table(rows: list[dict[str, Any]]) -> Table:
         t.add_row(*("-" if r.get(k) is None else fmt.format(r[k])
                     for _, k, fmt in FIGURE1_COLUMNS))
     return t
+
+
+# policies: (header, row key); the full JSON has more (p99, JCT seconds, recomputed units).
+POLICY_COLUMNS: list[tuple[str, str]] = [
+    ("policy", "policy"), ("model", "model"), ("N", "sessions"), ("gaps", "gaps"),
+    ("tree", "tree"), ("TTFT\nmean s", "ttft_mean_s"), ("TTFT\nchange", "ttft_change"),
+    ("p90\nTTFT s", "ttft_p90_s"), ("JCT\nchange", "jct_change"), ("hit\nrate", "hit_rate"),
+    ("gap\nclosed", "gap_closed"),
+]
+
+
+def policies_tables(rows: list[dict[str, Any]]) -> list[Table]:
+    """Every row, then per policy its mean change and gap closed over the grid."""
+    from sim.exp_policies import winners
+
+    full = Table(title="kvsim reproduce policies: change vs sglang; gap closed = (sglang - "
+                 "policy) / (sglang - oracle) on mean TTFT. clairvoyant-oracle reads the "
+                 "replay's future: a clairvoyant heuristic, not a deployable policy.",
+                 title_justify="left")
+    for head, _ in POLICY_COLUMNS:
+        full.add_column(head, justify="left" if head in ("policy", "model", "gaps", "tree")
+                        else "right")
+    for r in rows:
+        full.add_row(*(fmt_metric(k, r.get(k)) for _, k in POLICY_COLUMNS))
+    by: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        by.setdefault(r["policy"], []).append(r)
+    summary = Table(title="per policy over the grid", title_justify="left")
+    for head in ("policy", "configs", "mean TTFT\nchange", "best", "worst",
+                 "mean gap\nclosed", "mean\nhit rate"):
+        summary.add_column(head, justify="left" if head == "policy" else "right")
+    for name, rs in by.items():
+        ch = [r["ttft_change"] for r in rs]
+        gaps = [r["gap_closed"] for r in rs if r["gap_closed"] == r["gap_closed"]]
+        summary.add_row(name, str(len(rs)), f"{sum(ch) / len(ch):+.1%}", f"{min(ch):+.1%}",
+                        f"{max(ch):+.1%}",
+                        f"{sum(gaps) / len(gaps):.2f}" if gaps else "-",
+                        f"{sum(r['hit_rate'] for r in rs) / len(rs):.1%}")
+    best = Table(title="best policy per configuration (the oracle aside)", title_justify="left")
+    for head in ("model", "N", "gaps", "tree", "best", "its change", "oracle change",
+                 "faster than the oracle"):
+        best.add_column(head)
+    for w in winners(rows):
+        best.add_row(w["model"], str(w["sessions"]), w["gaps"], w["tree"], w["best"],
+                     f"{w['best_ttft_change']:+.1%}",
+                     fmt_metric("ttft_change", w.get("oracle_ttft_change")),
+                     ", ".join(w["beat_oracle"]) or "none")
+    return [full, summary, best]
 
 
 @click.command("reproduce")
@@ -79,6 +127,10 @@ def reproduce_cmd(name: str, trace: str | None, gaps: str, prompt_nodes: str, qu
     rows = doc["rows"]
     if name == "figure1":
         console().print(figure1_table(rows))
+        return
+    if name == "policies":
+        for table in policies_tables(rows):
+            console().print(table)
         return
     t = Table(title=f"kvsim reproduce {name} -- {doc['trace_kind']}, gaps {doc['gaps']}")
     cols = list(rows[0]) if rows else []

@@ -202,11 +202,12 @@ class RunInputError(ValueError):
 @click.option("--policy-param", "policy_params", multiple=True, metavar="K=V",
               help="Parameter of the --policy classes, e.g. --policy-param tau_s=5 "
                    "(repeatable; typed like the class's default).")
-@click.option("--scheduler", type=click.Choice(["fcfs", "lpm", "lpm-cpu"]), default="fcfs",
-              show_default=True,
+@click.option("--scheduler", type=click.Choice(["fcfs", "lpm", "lpm-cpu", "program-fcfs"]),
+              default="fcfs", show_default=True,
               help="Queue order: fcfs (the default of SGLang 0.5.23 and vLLM 0.33, the only "
                    "one vLLM has), lpm (longest cached prefix first: the paper's runs and "
-                   "kvsim reproduce), lpm-cpu (counts the CPU-resident prefix too).")
+                   "kvsim reproduce), lpm-cpu (counts the CPU-resident prefix too), "
+                   "program-fcfs (by the session's first arrival: Continuum).")
 @click.option("--chunk-size", type=SIZE, default="8192", show_default=True,
               help="Prefill tokens per pass: SGLang chunked_prefill_size; vllm: "
                    "max_num_batched_tokens, one step's budget shared by decode and prefill "

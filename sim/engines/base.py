@@ -101,8 +101,10 @@ class EngineBase:
         """Tell the policy a request finished (``leaf``: its history's handle, or None)."""
         if self._tell_reply:
             gap_s = req.next_gap_s if self.policy.clairvoyant else math.nan
+            # the queue wait of its first admission (learning policies: Continuum's T_q)
+            queue_s = req.record.queue_wait_s if req.record is not None else math.nan
             self.policy.on_reply(Reply(self.env.now, req.session, req.rid, req.context_tokens,
-                                       leaf, req.next_gap, gap_s))
+                                       leaf, req.next_gap, gap_s, queue_s))
 
     # --- helpers ------------------------------------------------------------------------
     def _blocks(self, tokens: float) -> int:

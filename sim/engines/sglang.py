@@ -74,6 +74,9 @@ class SGLangServer(EngineBase):
         # SGLang's running_batch.batch_is_full: set when an admission is refused for memory
         # while requests run; no admission is tried again until the running batch shrinks.
         self.batch_is_full = False
+        # program-fcfs: each session's first arrival, noted the first time one of its
+        # requests waits here (sessions send one request at a time, so it is their first)
+        self._program_start: dict[int, float] = {}
         self.process = self.start()
 
     def busy(self) -> bool:
@@ -307,6 +310,7 @@ class SGLangServer(EngineBase):
 
     def _order(self) -> list[Req]:
         sched = self.scheduler
+        starts = self._program_start
         if sched.matches_all and len(self.waiting) <= LPM_QUEUE_LIMIT:
             cands = []
             # In-batch prefix caching: the first blocks of the waiting prompts with nothing
@@ -320,7 +324,8 @@ class SGLangServer(EngineBase):
                           if t == Tier.GPU and s < usable)
                 cpu = sum(min(e, usable) - s for s, e, t in m.segments
                           if t == Tier.CPU and s < usable)
-                key = (0, *sched.key(Candidate(pos, gpu, cpu)))
+                first_at = starts.setdefault(req.session, req.arrival)
+                key = (0, *sched.key(Candidate(pos, gpu, cpu, first_at)))
                 if m.hit_blocks * self.bs <= IN_BATCH_PREFIX_TOKENS and req.ids.size:
                     first = int(req.ids[0])
                     if first in scratch:
@@ -338,6 +343,11 @@ class SGLangServer(EngineBase):
         if refresh:
             for req in reversed(self.waiting[:FCFS_TOUCH_COUNT]):
                 self.cache.match(req.ids, touch=True)
+        if not sched.matches_all and sched.sorts:  # program-fcfs: no match, a key
+            keyed = [(sched.key(Candidate(pos, program_start=starts.setdefault(
+                req.session, req.arrival))), req) for pos, req in enumerate(self.waiting)]
+            keyed.sort(key=lambda kv: kv[0])
+            self.waiting = [r for _, r in keyed]
         return list(self.waiting)
 
     # --- execution ----------------------------------------------------------------------
