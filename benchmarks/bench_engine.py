@@ -77,11 +77,32 @@ def run_case(trace: str, name: str, policy: str, tree: Path = REPO, profile: str
     return row
 
 
+def _supported(args: argparse.Namespace, engine: str | None, policy: str,
+               scheduler: str | None) -> bool:
+    """False (with a note on stderr) for a variant the engine refuses, e.g. a zoo policy on
+    the vllm engine."""
+    from sim.config import ConfigError, RunConfig
+
+    fields = {"engine": engine} if engine else {}
+    if scheduler:
+        fields["scheduler"] = scheduler
+    cfg = RunConfig(**fields)
+    cfg = cfg.with_preset(policy) if policy in ("sglang", "vllm", "penelope") \
+        else cfg.with_policy(policy)
+    try:
+        cfg.validate()
+    except (ConfigError, ValueError) as e:
+        print(f"skipped {engine or 'sglang'} x {policy}: {e}", file=sys.stderr)
+        return False
+    return True
+
+
 def variant_rows(args: argparse.Namespace) -> list[dict]:
     """Every (engine, policy) variant per case, ``--repeat`` times interleaved; medians."""
     engines = args.engine.split(",") if args.engine else [None]
     policies = [(args.preset, None)] + [(p, args.scheduler) for p in args.policy.split(",") if p]
-    variants = [(e, p, s) for e in engines for p, s in policies]
+    variants = [v for v in ((e, p, s) for e in engines for p, s in policies)
+                if _supported(args, *v)]
     rows = []
     for case in args.cases.split(","):
         wall: dict[int, list[float]] = {i: [] for i in range(len(variants))}
