@@ -34,6 +34,7 @@ from costmodel.specs import ModelSpec
 from costmodel.units import Units
 from policies.scheduling import LPM_QUEUE_LIMIT, Candidate, SchedulePolicy
 from sim.config import RunConfig
+from sim.context import plan_ranges
 from sim.kvcache import RadixKVCache, Tier
 from sim.metrics import RunRecorder
 
@@ -80,7 +81,7 @@ class SGLangServer(EngineBase):
         return bool(self.waiting or self.running or self.chunked is not None)
 
     def _never_fits(self, req: Req) -> bool:
-        need = self._blocks(req.prompt_tokens) + self._blocks(self._decode_reserve(req)) + 1
+        need = self._blocks(req.kv_tokens) + self._blocks(self._decode_reserve(req)) + 1
         return need >= self.cache.capacity_blocks
 
     # --- helpers ------------------------------------------------------------------------
@@ -90,7 +91,7 @@ class SGLangServer(EngineBase):
             return self.cfg.max_new_tokens
         # Unset by the client: SGLang assumes everything up to the context / KV limit.
         limit = min(self.spec.max_context - 1, self.cache.capacity_blocks * self.bs - 1)
-        return max(1, limit - req.prompt_tokens - 1)
+        return max(1, limit - req.position_tokens - 1)
 
     def _decode_reserve(self, req: Req) -> int:
         return min(max(0, self._max_new(req) - req.generated), self.cfg.clip_max_new_tokens)
@@ -106,6 +107,9 @@ class SGLangServer(EngineBase):
         """Token ranges to compute for ``req`` given match segments: holes (phantom) and the
         tail from the end of the usable match. CPU-resident segments are loaded, not computed.
         Returns (ranges, reused_tokens, hole_tokens, cpu_tokens)."""
+        if req.view is not None:  # a context strategy: dropped blocks are skipped or restored
+            return plan_ranges(req.view, segments, self._usable_blocks(req),
+                               req.context_tokens, self.bs)
         usable = min(req.ids.size, self._usable_blocks(req))
         ranges: list[tuple[int, int]] = []
         reused = holes = cpu = 0
@@ -366,7 +370,10 @@ class SGLangServer(EngineBase):
 
     def _finish(self, req: Req) -> None:
         self.batch_is_full = False  # the running batch shrank (a finish or an abort)
-        final = self.finish_ids(req.rid) if req.generated >= req.output_tokens else req.ids
+        final = self._final_ids(req) if req.generated >= req.output_tokens else req.ids
+        if req.view is not None and req.view.edit_on_finish and final is not req.ids:
+            self._unlock_all(req)  # its own locks would block the edit of its path
+            self._context_edit(req)  # a drop takes effect after the prompt (sim.context)
         leaf = None
         if final.size:
             leaf = self._checkpoint(req, 0, final_ids=final)
@@ -473,7 +480,7 @@ class SGLangServer(EngineBase):
                     self._finish(victim)
                     continue
             batch_size = len(self.running)
-            ctx = sum(r.context_tokens for r in self.running)
+            ctx = sum(r.kv_read_tokens for r in self.running)
             total = self.profile.decode_run_seconds(batch_size, ctx, steps)
             pause = self._transfer_seconds()  # copies pending from before the run
             if pause:

@@ -1,0 +1,337 @@
+"""Context strategies carried out per session: keys, edits and prices of every request.
+
+For each trace request the session state turns the recorded prompt into what the client sends
+and what the server must do (a ``RequestView``)::
+
+    trace request r (raw ids, regions) --strategy--> what to take out (strategies.py)
+        --> keys of the prompt and of its finish (versions.py: edited KV gets new keys)
+        --> the edit of the path the session cached before (drop / repos / splice), applied
+            when the request reaches the server (sim.kvcache.edits)
+        --> the dropped keys' token intervals and triggers (pricing, restore: plan.py)
+
+Coordinates: ``original`` block indices are the trace's; ``logical`` ones are the blocks the
+client sends (trim, splice and summarize remove or replace blocks, drop and budget do not).
+
+Drops (drop:K, budget:B) are events ``(trigger, dropped blocks)``: tokens at or after the
+trigger do not attend the dropped blocks, tokens before it did. The trigger is the end of the
+prompt that asked for the drop (AKV: after the trigger message), so the request's own prompt
+still sees what it drops and its output does not. A block's key names the events with their
+trigger at or before the block (its KV was made under them) and, with ``+repos``, the position
+its keys are rotated to now; a dropped block's key is negated (``versions``).
+
+Non-append transitions (an edit, a compaction in the trace): the history before the first
+changed block is kept; events that took effect after it belonged to the abandoned branch and
+are forgotten (the strategy decides again on the new prompt).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sim.kvcache.versions import VersionSpace, encode
+from traces.regions import REGION_SYSTEM, REGION_TOOLS, REGION_USER
+
+from .strategies import Strategy, budget_drops, stale_tool_mask
+
+
+@dataclass
+class Event:
+    """Blocks ``[starts, ends)`` dropped from token ``trigger`` on (block ``trigger // bs``
+    carries the new version); ``vid``: the history's version after this event."""
+
+    trigger: int
+    starts: np.ndarray
+    ends: np.ndarray
+    vid: int
+
+
+@dataclass
+class RequestView:
+    """What one request is under the run's context strategy (sizes in tokens unless named
+    blocks). The engine reads ``ids``, ``prompt_tokens``, ``finish``; applies ``edit`` on
+    arrival; prices with ``hidden``; fills the counters at the bottom."""
+
+    kind: str  # "turn" | "summary" (the summarization call before a summarized turn)
+    rid: int  # the trace request
+    ids: np.ndarray  # keys of the prompt's full blocks
+    prompt_tokens: int
+    output_tokens: int
+    finish: np.ndarray  # keys of prompt + output full blocks (what the finish inserts)
+    regions: np.ndarray | None = None  # per prompt block (policies' Arrival event)
+    edit: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # (old, new, dest)
+    # when the server applies ``edit``: on arrival (a splice: the prompt's own keys need it)
+    # or when the request finishes (a drop: it takes effect after the prompt, AKV's trigger)
+    edit_on_finish: bool = False
+    # dropped token intervals [hid_s, hid_e) and the trigger from which each is not attended
+    hid_s: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    hid_e: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    hid_t: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    freed_positions: int = 0  # positions repos gave back (the context limit counts the rest)
+    prompt_dropped_tokens: int = 0  # prompt tokens dropped before this request: no KV needed
+    # logical blocks [lo, hi) whose content the session computed before but whose keys a
+    # text edit changed now (trim, summarize): computing them again is re-prefill
+    reprefill_blocks: tuple[int, int] = (0, 0)
+    # filled by the engine
+    rerotated_tokens: int = 0
+    restored_tokens: int = 0  # dropped tokens computed again for later kept ones
+    skipped_tokens: int = 0  # dropped tokens neither reused nor computed
+    reprefill_tokens: int = 0  # prefilled again after a text edit changed their keys
+
+    def hidden_at(self, pos: int) -> tuple[np.ndarray, np.ndarray]:
+        """Dropped token intervals a token at ``pos`` does not attend."""
+        sel = self.hid_t <= pos
+        return self.hid_s[sel], self.hid_e[sel]
+
+    @property
+    def dropped_tokens(self) -> int:
+        """Tokens whose KV the history dropped by the end of this request: what its output
+        (decode) does not attend."""
+        return int((self.hid_e - self.hid_s).sum())
+
+
+def _common(a: np.ndarray, b: np.ndarray) -> int:
+    """Length of the common prefix of two id arrays."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    diff = a[:n] != b[:n]
+    i = int(diff.argmax())
+    return i if diff[i] else n
+
+
+def _runs(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    edge = np.diff(np.concatenate(([False], mask, [False])).astype(np.int8))
+    return np.flatnonzero(edge == 1).astype(np.int64), np.flatnonzero(edge == -1).astype(
+        np.int64)
+
+
+class SessionState:
+    """One session's history under a strategy (module docstring)."""
+
+    def __init__(self, strategy: Strategy, space: VersionSpace, bs: int, sid: int) -> None:
+        self.st, self.space, self.bs, self.sid = strategy, space, bs, sid
+        self.prev_raw = np.zeros(0, np.int64)  # previous finish, original raw ids
+        self.prev_keys = np.zeros(0, np.int64)  # previous finish, logical keys
+        self.prev_orig = np.zeros(0, np.int64)  # original index of each logical block
+        self.prev_prompt_blocks = 0  # previous prompt's full blocks (original)
+        self.dropped = np.zeros(0, bool)  # drop/budget: per original block
+        self.drop_event = np.zeros(0, np.int64)  # index of the event that dropped it
+        self.events: list[Event] = []
+        self.removed = np.zeros(0, bool)  # trim/splice: per original block
+        self.summary: tuple[int, int, int, int] | None = None  # (c0, vid_s, vid_c, blocks)
+        self.summaries = 0
+
+    # --- shared helpers -------------------------------------------------------------------
+    def _grow(self, arr: np.ndarray, n: int, fill) -> np.ndarray:
+        if len(arr) >= n:
+            return arr
+        return np.concatenate([arr, np.full(n - len(arr), fill, arr.dtype)])
+
+    def _forget_after(self, k: int) -> None:
+        """A non-append transition at original block ``k``: later drops/removals go."""
+        self.dropped = self.dropped[:k].copy()
+        self.drop_event = self.drop_event[:k].copy()
+        self.removed = self.removed[:k].copy()
+        bs = self.bs
+        kept = sum(1 for e in self.events if e.trigger // bs < k)  # triggers never decrease
+        if kept < len(self.events):
+            self.events = self.events[:kept]
+            self.dropped &= self.drop_event < kept
+
+    # --- drop / budget --------------------------------------------------------------------
+    def _drop_keys(self, raw: np.ndarray) -> np.ndarray:
+        n = len(raw)
+        if not self.events:
+            return raw.copy()
+        bs = self.bs
+        trig = np.array([e.trigger // bs for e in self.events], np.int64)
+        vids = np.array([0] + [e.vid for e in self.events], np.int64)
+        vid = vids[np.searchsorted(trig, np.arange(n), side="right")]
+        dropped = self._grow(self.dropped, n, False)[:n]
+        if self.st.repos:
+            shift = np.cumsum(dropped) - dropped  # dropped blocks before each block
+            moved = (shift > 0) & ~dropped
+            if moved.any():
+                pairs = np.stack([vid[moved], shift[moved]], axis=1)
+                uniq, inv = np.unique(pairs, axis=0, return_inverse=True)
+                ids = np.array([self.space.vid(("repos", int(v), int(s))) for v, s in uniq],
+                               np.int64)
+                vid = vid.copy()
+                vid[moved] = ids[inv.reshape(-1)]
+        return encode(raw, vid, dropped)
+
+    def _hidden(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if not self.events:
+            z = np.zeros(0, np.int64)
+            return z, z, z
+        bs = self.bs
+        s = np.concatenate([e.starts for e in self.events]) * bs
+        t = np.concatenate([e.ends for e in self.events]) * bs
+        trig = np.concatenate([np.full(len(e.starts), e.trigger, np.int64)
+                               for e in self.events])
+        return s, t, trig
+
+    def _new_drops(self, regions: np.ndarray, prompt_tokens: int, k: int,
+                   prefix_blocks: int) -> np.ndarray:
+        """Blocks the strategy drops now (not dropped yet), a bool mask over the prompt."""
+        n = len(regions)
+        dropped = self._grow(self.dropped, n, False)[:n]
+        if self.st.kind == "drop":
+            want = stale_tool_mask(regions, self.st.keep, n)
+        else:
+            bs = self.bs
+            pinned = np.isin(regions, (REGION_SYSTEM, REGION_TOOLS))
+            pinned[:prefix_blocks] = True
+            pinned[min(self.prev_prompt_blocks, n):] = True  # the last turn
+            want = dropped | budget_drops(
+                regions, ~dropped, pinned, self.st.budget // bs,
+                (np.arange(n, dtype=np.int64) + 1) * bs, prompt_tokens)
+        return want & ~dropped
+
+    # --- text edits (trim, splice) ------------------------------------------------------
+    def _text_layout(self, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Logical keys and original indices of the kept blocks of ``raw``."""
+        n = len(raw)
+        removed = self._grow(self.removed, n, False)[:n]
+        keep = np.flatnonzero(~removed)
+        starts, ends = _runs(removed)
+        vid = np.zeros(n, np.int64)
+        v = 0
+        for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
+            v = self.space.vid((self.st.kind, v, s, e))
+            vid[e:] = v
+        return encode(raw[keep], vid[keep]), keep
+
+    # --- the request --------------------------------------------------------------------
+    def turn(self, rid: int, raw: np.ndarray, regions: np.ndarray, finish_raw: np.ndarray,
+             finish_regions: np.ndarray, prompt_tokens: int, output_tokens: int,
+             prefix_blocks: int) -> list[RequestView]:
+        """The views of trace request ``rid`` (a summarization call first, when one is due)
+        and the session state after it."""
+        st, bs = self.st, self.bs
+        n = len(raw)
+        k = _common(self.prev_raw, raw)
+        if k < len(self.prev_raw):
+            self._forget_after(k)
+        lk = min(k, len(self.prev_raw))
+        pre: list[RequestView] = []
+        view = RequestView("turn", rid, raw, prompt_tokens, output_tokens, finish_raw)
+        forig = np.arange(len(finish_raw), dtype=np.int64)
+        if st.drops:
+            view.ids = self._drop_keys(raw)  # the prompt: under the drops made before it
+            view.prompt_dropped_tokens = int(np.count_nonzero(view.ids < 0)) * bs
+            new = self._new_drops(regions, prompt_tokens, k, prefix_blocks)
+            if new.any():
+                self.dropped = self._grow(self.dropped, n, False)
+                self.drop_event = self._grow(self.drop_event, n, -1)
+                self.dropped[:n] |= new
+                self.drop_event[:n][new] = len(self.events)
+                s, e = _runs(new)
+                parent = self.events[-1].vid if self.events else 0
+                vid = self.space.vid(("drop", parent, prompt_tokens, s.tobytes(),
+                                      e.tobytes(), st.repos))
+                self.events.append(Event(prompt_tokens, s, e, vid))
+            view.finish = self._drop_keys(finish_raw)
+            if not np.array_equal(view.ids, view.finish[:n]):  # a drop at the prompt's end
+                view.edit = (view.ids, view.finish, np.arange(n, dtype=np.int64))
+                view.edit_on_finish = True
+            view.hid_s, view.hid_e, view.hid_t = self._hidden()
+            if st.repos:
+                view.freed_positions = view.prompt_dropped_tokens
+        elif st.removes_text:
+            self.removed = self._grow(self.removed, n, False)
+            newly = stale_tool_mask(regions, st.keep, n) & ~self.removed[:n]
+            self.removed[:n] |= newly
+            view.ids, _ = self._text_layout(raw)
+            view.finish, forig = self._text_layout(finish_raw)
+            view.prompt_tokens = prompt_tokens - int(self.removed[:n].sum()) * bs
+            if newly.any() and st.kind == "trim":  # a splice serves the edit from the cache
+                lo = int(np.count_nonzero(~self.removed[:int(np.argmax(newly))]))
+                view.reprefill_blocks = (lo, int(np.count_nonzero(~self.removed[:lk])))
+            if st.kind == "splice" and len(self.prev_keys):
+                okeep = self.prev_orig < lk
+                old = self.prev_keys[okeep]
+                where = np.full(len(finish_raw), -1, np.int64)
+                where[forig] = np.arange(len(forig))
+                dest = where[self.prev_orig[okeep]]
+                if not (np.array_equal(dest, np.arange(len(dest)))
+                        and np.array_equal(old, view.finish[:len(dest)])):
+                    view.edit = (old, view.finish, dest)
+        elif st.kind == "summarize":
+            pre = self._summarize(view, raw, regions, finish_raw, k, lk, prefix_blocks)
+            forig = self._summary_orig(len(finish_raw), prefix_blocks)
+        view.regions = np.where(forig[:len(view.ids)] >= 0,
+                                finish_regions[np.maximum(forig[:len(view.ids)], 0)],
+                                REGION_USER).astype(np.uint8)
+        self.prev_raw = finish_raw
+        self.prev_keys = view.finish
+        self.prev_orig = forig
+        self.prev_prompt_blocks = n
+        return [*pre, view]
+
+    # --- summarize ----------------------------------------------------------------------
+    def _summary_layout(self, raw: np.ndarray, prefix_blocks: int) -> np.ndarray:
+        """Keys of ``raw`` under the current summary: the session prefix, the summary's
+        blocks, then the original blocks from the summary's cut on."""
+        if self.summary is None:
+            return raw
+        c0, vs, vc, nb = self.summary
+        return np.concatenate([raw[:prefix_blocks], encode(np.arange(nb, dtype=np.int64), vs),
+                               encode(raw[c0:], vc)])
+
+    def _summary_orig(self, n: int, prefix_blocks: int) -> np.ndarray:
+        """Original index of each logical block (-1: a summary block)."""
+        if self.summary is None:
+            return np.arange(n, dtype=np.int64)
+        c0, _, _, nb = self.summary
+        return np.concatenate([np.arange(prefix_blocks, dtype=np.int64),
+                               np.full(nb, -1, np.int64), np.arange(c0, n, dtype=np.int64)])
+
+    def _summary_tokens(self, prompt_tokens: int, prefix_blocks: int) -> int:
+        if self.summary is None:
+            return prompt_tokens
+        c0, _, _, nb = self.summary
+        return (prefix_blocks + nb - c0) * self.bs + prompt_tokens
+
+    def _summarize(self, view: RequestView, raw: np.ndarray, regions: np.ndarray,
+                   finish_raw: np.ndarray, k: int, lk: int, prefix_blocks: int
+                   ) -> list[RequestView]:
+        """Fill ``view`` under the session's summary; past the threshold, first a
+        summarization call (returned) and a new summary: prefix + summary + the last turn
+        (the previous reply and the new input, from the previous prompt's last full block)."""
+        st, bs = self.st, self.bs
+        p = view.prompt_tokens
+        if self.summary is not None and k < self.summary[0]:
+            self.summary = None  # the trace replaced the history the summary stood for
+        pre: list[RequestView] = []
+        cur = self._summary_tokens(p, prefix_blocks)
+        nb = -(-st.summary_tokens // bs)
+        c0 = min(self.prev_prompt_blocks, len(raw))
+        after = (prefix_blocks + nb - c0) * bs + p
+        if cur > st.threshold and c0 > prefix_blocks and after < cur:
+            ids = self._summary_layout(raw, prefix_blocks)
+            n_f = (cur + st.summary_tokens - 1) // bs
+            out = encode(np.arange(n_f - len(ids), dtype=np.int64),
+                         self.space.vid(("summary-call", self.sid, self.summaries)))
+            call = RequestView("summary", view.rid, ids, cur, st.summary_tokens,
+                               np.concatenate([ids, out]))
+            call.regions = regions[:len(ids)] if self.summary is None else None
+            pre.append(call)
+            self.summaries += 1
+            self.summary = (c0, self.space.vid(("summary", self.sid, self.summaries)),
+                            self.space.vid(("summary-cont", self.sid, self.summaries)), nb)
+            lo = prefix_blocks + nb
+            view.reprefill_blocks = (lo, lo + max(0, lk - c0))
+        view.ids = self._summary_layout(raw, prefix_blocks)
+        view.finish = self._summary_layout(finish_raw, prefix_blocks)
+        view.prompt_tokens = self._summary_tokens(p, prefix_blocks)
+        return pre
+
+
+def session_prefix_blocks(regions: np.ndarray, shared_blocks: int) -> int:
+    """Leading blocks of tool definitions and system prompt (the part summarize keeps)."""
+    lead = np.isin(regions, (REGION_SYSTEM, REGION_TOOLS))
+    n = int(lead.argmin()) if not lead.all() else len(lead)
+    return max(n, shared_blocks)

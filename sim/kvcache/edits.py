@@ -1,0 +1,198 @@
+"""Context edits on a cached path: drop, reposition and splice, planned then applied.
+
+A history that edits its KV (``versions``: AKV's drop and repos, Leyline's splice) tells the
+cache how its previous keys map onto its new ones: ``old[i]`` (the keys it cached) becomes
+``new[dest[i]]``, or is removed from the logical prefix when ``dest[i] < 0`` (a splice). Each
+old block is then one of::
+
+    kept      dest[i] == i and new[i] == old[i]        nothing to do
+    dropped   new[dest[i]] < 0 <= old[i]               DROPPED: keys negated, KV freed
+    rekeyed   any other new key or position            keys (and start) replaced: the KV
+                                                       moved, so its K is re-rotated
+    removed   dest[i] < 0                              KV freed, out of the logical prefix
+
+The plan (``plan_edit``, read only) finds the cached part of ``old`` and its kinds; the
+apply (``apply_edit``) splits nodes where the kind or the shift changes and calls the tree's
+``drop`` / ``rekey`` / ``remove_subtree``, which keep every counter. Branches hanging off a
+rekeyed node (or beyond the old path's end once it moved) hold keys no history can produce
+again (their positions moved under them), so they are removed; a dropped node keeps its
+children, whose keys stay valid (they were made while the dropped block was visible).
+
+Nothing happens (``EditResult.applied`` False) when a running request holds any node the
+edit would change: that request's keys must keep working. The history then misses at its new
+keys and computes its KV again, which is always correct.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .node import Node, Tier
+from .results import EvictResult
+from .tree import RadixTree
+
+KEPT, DROPPED, REKEYED, REMOVED = 0, 1, 2, 3
+
+
+@dataclass
+class EditResult:
+    """What an edit did (sizes in blocks). ``freed`` holds every KV release (drops, spliced
+    spans, unreachable branches): ``freed.freed_blocks`` GPU blocks, ``deleted_blocks`` in
+    either tier."""
+
+    applied: bool = True
+    matched_blocks: int = 0  # blocks of ``old`` found in the tree
+    dropped_blocks: int = 0  # blocks that became DROPPED
+    rotated_blocks: int = 0  # blocks with KV (GPU or CPU) re-keyed to new positions
+    removed_blocks: int = 0  # blocks taken out of the logical prefix (splice)
+    freed: EvictResult = field(default_factory=lambda: EvictResult(ok=True))
+
+
+@dataclass(frozen=True)
+class EditPlan:
+    path: list[Node]  # nodes covering old[:matched], root-ward first
+    partial: Node | None  # the node the match ends inside (split at ``matched``)
+    partial_blocks: int
+    matched: int
+    kinds: np.ndarray  # per old block in [0, matched)
+    first: int  # first block that changes (== matched: nothing to do)
+
+
+def kinds_of(old: np.ndarray, new: np.ndarray, dest: np.ndarray) -> np.ndarray:
+    """Per old block: KEPT, DROPPED, REKEYED or REMOVED (module docstring)."""
+    n = len(old)
+    kinds = np.full(n, REKEYED, dtype=np.int8)
+    removed = dest < 0
+    d = np.where(removed, 0, dest)
+    target = new[d] if len(new) else np.zeros(n, np.int64)
+    same = (~removed) & (d == np.arange(n)) & (target == old)
+    kinds[same] = KEPT
+    kinds[(~removed) & (target < 0) & (old >= 0)] = DROPPED
+    kinds[removed] = REMOVED
+    return kinds
+
+
+def plan_edit(tree: RadixTree, old: np.ndarray, new: np.ndarray, dest: np.ndarray) -> EditPlan:
+    """Read-only: the cached part of ``old`` and what each of its blocks becomes."""
+    path, partial, k, matched = tree.walk(old, stop_at_holes=False, exact=True)
+    # A history that no longer drops a block needs its KV: DROPPED nodes are never refilled,
+    # so the edit stops there (the history misses and computes it again).
+    d = dest[:matched]
+    undrop = (old[:matched] < 0) & (d >= 0) & (new[np.maximum(d, 0)] >= 0)
+    if undrop.any():
+        matched = int(undrop.argmax())
+        path, partial, k = _cut_path(path, partial, k, matched)
+    kinds = kinds_of(old[:matched], new, dest[:matched])
+    changed = np.flatnonzero(kinds != KEPT)
+    first = int(changed[0]) if changed.size else matched
+    return EditPlan(path, partial, k, matched, kinds, first)
+
+
+def _cut_path(path: list[Node], partial: Node | None, k: int, cut: int
+              ) -> tuple[list[Node], Node | None, int]:
+    """A walk result (whole nodes, the node it ends inside, blocks matched there) shortened
+    to its first ``cut`` blocks (``cut`` below the matched length)."""
+    whole: list[Node] = []
+    for nd in [*path, partial] if partial is not None else path:
+        end = nd.start + (k if nd is partial else len(nd.ids))
+        if end <= cut:
+            whole.append(nd)
+        elif nd.start < cut:
+            return whole, nd, cut - nd.start
+        else:
+            break
+    return whole, None, 0
+
+
+def _cuts(kinds: np.ndarray, dest: np.ndarray, first: int) -> set[int]:
+    """Block positions where a node must be cut: the first change, kind changes, and shift
+    changes inside rekeyed runs (each node moves as one piece)."""
+    n = len(kinds)
+    shift = np.where(dest[:n] < 0, -1, dest[:n] - np.arange(n))
+    edge = (kinds[1:] != kinds[:-1]) | (shift[1:] != shift[:-1])
+    return {first, *(np.flatnonzero(edge) + 1).tolist()}
+
+
+def apply_edit(tree: RadixTree, plan: EditPlan, new: np.ndarray, dest: np.ndarray
+               ) -> EditResult:
+    """Carry out ``plan`` (module docstring). The tree's counters change only in its own
+    ``drop``/``rekey``/``remove_subtree``."""
+    res = EditResult(matched_blocks=plan.matched)
+    if plan.first >= plan.matched:
+        return res
+    path = list(plan.path)
+    if plan.partial is not None:
+        path.append(plan.partial if plan.partial_blocks == len(plan.partial.ids)
+                    else tree.split(plan.partial, plan.partial_blocks))
+    holder = next(nd for nd in path if nd.end > plan.first)
+    if holder.lock:
+        res.applied = False
+        return res
+    kinds = plan.kinds
+    cuts = _cuts(kinds, dest, plan.first)
+    nodes: list[Node] = []
+    for nd in path:
+        for c in sorted(c for c in cuts if nd.start < c < nd.end):
+            nodes.append(tree.split(nd, c - nd.start))
+        nodes.append(nd)
+    moved = bool(np.any((kinds == REKEYED) | (kinds == REMOVED)))
+    parent: Node = tree.root
+    removed_top: Node | None = None
+    for i, nd in enumerate(nodes):
+        s = nd.start
+        kind = int(kinds[s])
+        nxt = nodes[i + 1] if i + 1 < len(nodes) else None
+        if kind == KEPT:
+            parent = nd
+            continue
+        if kind == REMOVED:
+            removed_top = removed_top or nd
+            res.removed_blocks += len(nd.ids)
+            continue
+        d = int(dest[s])
+        ids = new[d : d + len(nd.ids)]
+        clash = parent.children.get(ids.item(0))
+        if clash is not None and clash is not nd:
+            # The new version is cached already (made while this edit could not be
+            # applied): the old copy can never be reached again.
+            _remove(tree, nd if removed_top is None else removed_top, res.freed)
+            return res
+        if kind == REKEYED or nd.parent is not parent:
+            if kind == REKEYED and nd.has_kv:
+                res.rotated_blocks += len(nd.ids)
+            tree.rekey(nd, ids, d, parent)
+        if removed_top is not None:
+            _remove(tree, removed_top, res.freed)
+            removed_top = None
+        if kind == REKEYED and moved:
+            for child in [c for c in nd.children.values() if c is not nxt]:
+                tree.remove_subtree(child, res.freed)
+        if kind == DROPPED:
+            res.dropped_blocks += len(nd.ids)
+            tree.drop(nd, ids, res.freed)
+        parent = nd
+    if removed_top is not None:
+        _remove(tree, removed_top, res.freed)
+    return res
+
+
+def _remove(tree: RadixTree, node: Node, result: EvictResult) -> None:
+    """Remove a subtree unless moving its last child away already pruned it (KV-less)."""
+    if node.parent is not None:
+        tree.remove_subtree(node, result)
+
+
+def edit_path(tree: RadixTree, old: np.ndarray, new: np.ndarray, dest: np.ndarray
+              ) -> EditResult:
+    """Plan and apply one history's edit of its cached path (module docstring)."""
+    old = np.asarray(old, dtype=np.int64)
+    dest = np.asarray(dest, dtype=np.int64)
+    if len(dest) != len(old):
+        raise ValueError(f"dest has {len(dest)} entries for {len(old)} old keys")
+    return apply_edit(tree, plan_edit(tree, old, new, dest), np.asarray(new, np.int64), dest)
+
+
+__all__ = ["DROPPED", "KEPT", "REKEYED", "REMOVED", "EditPlan", "EditResult", "Tier",
+           "apply_edit", "edit_path", "kinds_of", "plan_edit"]
