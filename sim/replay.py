@@ -16,6 +16,7 @@ import numpy as np
 import simpy
 
 from sim.engines import EngineBase, Req
+from sim.kvcache.paths import WalkHint
 from traces import GAP_KINDS
 
 
@@ -24,6 +25,9 @@ class Replay:
                  offsets: np.ndarray, sessions: int, time_scale: float = 1.0,
                  context=None) -> None:
         self.context = context  # sim.context.ContextRun, or None under ``full``
+        # One walk hint per session: its requests are sequential and each extends the last,
+        # so the cache's walk for a request starts where the previous one ended.
+        self._hints: dict[int, WalkHint] = {}
         self.time_scale = time_scale  # open loop: recorded send times are multiplied by it
         self.env, self.trace, self.server, self.gaps = env, trace, server, gaps
         self.offsets = offsets  # sub-agent start delays under the gap model
@@ -54,11 +58,15 @@ class Replay:
     def _reqs(self, r: int) -> list[Req]:
         """What the client sends for trace request r: the request itself, or under a context
         strategy its views (a summarization call first when one is due, sent at once)."""
+        hint = self._hints.setdefault(int(self.trace.session[r]), WalkHint())
         if self.context is None:
-            return [self._req(r)]
+            req = self._req(r)
+            req.hint = hint
+            return [req]
         out = []
         for view in self.context.views(r):
             req = self._req(r)
+            req.hint = hint
             req.ids, req.prompt_tokens, req.view = view.ids, view.prompt_tokens, view
             req.output_tokens = max(1, view.output_tokens)
             if view.kind == "summary":

@@ -19,12 +19,13 @@ skips the intervals dropped before it.
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
+from functools import lru_cache
 
 import numpy as np
 
 from costmodel.specs import ModelSpec
-from costmodel.units import Units, range_units, range_units_hidden
+from costmodel.units import Units, hidden_key_sum, position_sum, range_units
 
 from .session import RequestView
 
@@ -76,7 +77,7 @@ def plan_ranges(view: RequestView, segments, usable: int, context_tokens: int, b
         end = e
     if end < n:  # the tail beyond the match: every block the history still sees
         keep = ~dropped[end:]
-        if keep.all():
+        if not view.prompt_dropped_tokens or keep.all():
             ranges.append((end * bs, n * bs))
         else:
             edge = np.diff(np.concatenate(([False], keep, [False])).astype(np.int8))
@@ -86,7 +87,10 @@ def plan_ranges(view: RequestView, segments, usable: int, context_tokens: int, b
     ranges.append((n * bs, context_tokens))
     computed = _merge(ranges)
     restored = 0
-    if len(hs):
+    # A dropped interval needs restoring only if a token computed now lies before its
+    # trigger; usually every trigger is behind everything computed (only the new tail).
+    if len(hs) and n and bool(np.any((ht > computed[0][0]) & (hs < n)
+                                      & dropped[np.minimum(hs, n - 1)])):
         starts = [a for a, _ in computed]
         for j in np.argsort(-hs, kind="stable").tolist():
             s, e = int(hs[j]), min(int(he[j]), n)
@@ -107,14 +111,40 @@ def plan_ranges(view: RequestView, segments, usable: int, context_tokens: int, b
     return computed, reused, holes, cpu
 
 
+@lru_cache(maxsize=32)
+def _groups(spec: ModelSpec) -> tuple[tuple[int | None, int], ...]:
+    return tuple(spec.window_groups().items())
+
+
 def units_of(spec: ModelSpec, view: RequestView, a: int, b: int) -> Units:
     """Units of computing tokens [a, b) of ``view``'s request: keys dropped before a token's
-    position (by an event whose trigger it is at or after) are not attended."""
+    position (by an event whose trigger it is at or after) are not attended.
+
+    The range is cut at the triggers inside it. In each piece every hidden interval lies
+    before the piece (an event drops blocks of the prompt that asked for it), so a full
+    attention layer hides their whole length from every token; a sliding-window layer only
+    the part inside its window (``costmodel.units.hidden_key_sum``, for the few near ones)."""
     if not len(view.hid_t):
         return range_units(spec, a, b)
+    trig, cum, maxend = view.pricing_index()
     total = Units()
-    cuts = sorted({int(t) for t in view.hid_t.tolist() if a < t < b})
+    lo, hi = bisect_right(trig, a), bisect_left(trig, b)
+    cuts = sorted({t for t in trig[lo:hi] if a < t < b})
     for u, v in zip([a, *cuts], [*cuts, b], strict=True):
-        s, e = view.hidden_at(u)
-        total = total + range_units_hidden(spec, u, v, s, e)
+        j = bisect_right(trig, u)
+        if j == 0:
+            total = total + range_units(spec, u, v)
+            continue
+        att = 0
+        for window, count in _groups(spec):
+            if window is None:
+                att += count * (position_sum(u, v) - (v - u) * cum[j])
+                continue
+            cap = window - 1
+            near = 0
+            if maxend[j] > u - cap:
+                near = hidden_key_sum(u, v, view.hid_s[:j], view.hid_e[:j], cap)
+            att += count * (position_sum(u, v, cap) - near)
+        n = v - u
+        total = total + Units(spec.layers * n * spec.W, att, n)
     return total

@@ -47,15 +47,15 @@ class ContextRun:
 
 
 def apply_edit(cache, view: RequestView, spec: ModelSpec, profile: Profile,
-               ever: set[int], counters: dict[str, float]) -> float:
+               counters: dict[str, float], hint=None) -> float:
     """The server applies the history's edit of its cached path (on arrival for a splice,
-    when the request finishes for a drop): dropped KV is freed, moved KV re-keyed, and the
-    new keys join what an unlimited cache would hold. Returns the re-rotation seconds (the
-    engine charges them to its next prefill batch)."""
+    when the request finishes for a drop): dropped KV is freed, moved KV re-keyed. Returns
+    the re-rotation seconds (the engine charges them to its next prefill batch). What an
+    unlimited cache would hold after the same edit is ``RequestView.ideal_blocks``."""
     if view.edit is None:
         return 0.0
     old, new, dest = view.edit
-    res = cache.edit(old, new, dest)
+    res = cache.edit(old, new, dest, view.rotates, hint)
     if not res.applied:
         counters["context_edits_blocked"] += 1
         return 0.0
@@ -67,11 +67,6 @@ def apply_edit(cache, view: RequestView, spec: ModelSpec, profile: Profile,
     view.rerotated_tokens += tokens
     counters["rerotated_tokens"] += tokens
     counters["rerotate_seconds"] += seconds
-    changed = dest >= 0
-    if changed.any():
-        idx = dest[changed]
-        edited = new[idx][new[idx] != old[changed]]
-        ever.update(edited.tolist())
     return seconds
 
 

@@ -64,12 +64,14 @@ class RequestView:
     # when the server applies ``edit``: on arrival (a splice: the prompt's own keys need it)
     # or when the request finishes (a drop: it takes effect after the prompt, AKV's trigger)
     edit_on_finish: bool = False
+    rotates: np.ndarray | None = None  # per old block of ``edit``: its position moves
     # dropped token intervals [hid_s, hid_e) and the trigger from which each is not attended
     hid_s: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     hid_e: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     hid_t: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     freed_positions: int = 0  # positions repos gave back (the context limit counts the rest)
     prompt_dropped_tokens: int = 0  # prompt tokens dropped before this request: no KV needed
+    ideal_blocks: int = 0  # leading blocks an unlimited cache holds (the edited history)
     # logical blocks [lo, hi) whose content the session computed before but whose keys a
     # text edit changed now (trim, summarize): computing them again is re-prefill
     reprefill_blocks: tuple[int, int] = (0, 0)
@@ -78,6 +80,18 @@ class RequestView:
     restored_tokens: int = 0  # dropped tokens computed again for later kept ones
     skipped_tokens: int = 0  # dropped tokens neither reused nor computed
     reprefill_tokens: int = 0  # prefilled again after a text edit changed their keys
+    _index: tuple | None = field(default=None, repr=False)
+
+    def pricing_index(self) -> tuple[list[int], list[int], list[int]]:
+        """(triggers, hidden length of the first j intervals, their largest end), as lists
+        indexed by j = intervals whose trigger is at or before a position (``hid_t`` is
+        sorted: events come in time order)."""
+        idx = self._index
+        if idx is None:
+            cum = np.concatenate(([0], np.cumsum(self.hid_e - self.hid_s)))
+            mx = np.concatenate(([-1], np.maximum.accumulate(self.hid_e)))
+            idx = self._index = (self.hid_t.tolist(), cum.tolist(), mx.tolist())
+        return idx
 
     def hidden_at(self, pos: int) -> tuple[np.ndarray, np.ndarray]:
         """Dropped token intervals a token at ``pos`` does not attend."""
@@ -122,6 +136,11 @@ class SessionState:
         self.removed = np.zeros(0, bool)  # trim/splice: per original block
         self.summary: tuple[int, int, int, int] | None = None  # (c0, vid_s, vid_c, blocks)
         self.summaries = 0
+        self._hid: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # of ``events``
+        self._hid_n = 0  # events in ``_hid``
+        self._dp: tuple[list[int], list[int], list[int]] = ([], [], [0])  # _dp_chain
+        self._runs_cache: tuple[np.ndarray, np.ndarray] | None = None  # _dropped_runs
+        self._runs_lists: tuple[list[int], list[int]] = ([], [])
 
     # --- shared helpers -------------------------------------------------------------------
     def _grow(self, arr: np.ndarray, n: int, fill) -> np.ndarray:
@@ -138,40 +157,86 @@ class SessionState:
         kept = sum(1 for e in self.events if e.trigger // bs < k)  # triggers never decrease
         if kept < len(self.events):
             self.events = self.events[:kept]
+            self._hid = None
             self.dropped &= self.drop_event < kept
+        self._runs_cache = None
 
     # --- drop / budget --------------------------------------------------------------------
-    def _drop_keys(self, raw: np.ndarray) -> np.ndarray:
+    def _drop_keys(self, raw: np.ndarray, known: np.ndarray | None = None, valid: int = 0
+                   ) -> np.ndarray:
+        """Keys of ``raw`` (original blocks) under the session's drops: block i's version
+        names the events that took effect at or before it (what its KV was made under) and
+        the blocks dropped before it (so keys stay chained: equal keys, equal prefixes;
+        with +repos that also fixes the position its keys are rotated to); dropped blocks'
+        keys are negated (``versions``). ``known[:valid]``: keys already computed for a
+        prefix under the same drops (only the rest is computed)."""
         n = len(raw)
         if not self.events:
-            return raw.copy()
+            return raw
+        valid = min(valid, n) if known is not None else 0
+        if known is not None and valid == n:
+            return known[:n]
         bs = self.bs
-        trig = np.array([e.trigger // bs for e in self.events], np.int64)
-        vids = np.array([0] + [e.vid for e in self.events], np.int64)
-        vid = vids[np.searchsorted(trig, np.arange(n), side="right")]
+        trig = np.fromiter((e.trigger // bs for e in self.events), np.int64, len(self.events))
+        pos = np.arange(valid, n)
+        ev = np.searchsorted(trig, pos, side="right")
         dropped = self._grow(self.dropped, n, False)[:n]
-        if self.st.repos:
-            shift = np.cumsum(dropped) - dropped  # dropped blocks before each block
-            moved = (shift > 0) & ~dropped
-            if moved.any():
-                pairs = np.stack([vid[moved], shift[moved]], axis=1)
-                uniq, inv = np.unique(pairs, axis=0, return_inverse=True)
-                ids = np.array([self.space.vid(("repos", int(v), int(s))) for v, s in uniq],
-                               np.int64)
-                vid = vid.copy()
-                vid[moved] = ids[inv.reshape(-1)]
-        return encode(raw, vid, dropped)
+        rs, re_ = self._dropped_runs()
+        dp = np.searchsorted(re_, pos, side="right")  # dropped runs before each block
+        code = ev * (len(rs) + 1) + dp  # nondecreasing: one version per constant run
+        firsts = np.flatnonzero(np.concatenate(([True], code[1:] != code[:-1])))
+        dp_ids = self._dp_chain(self._runs_lists[0], self._runs_lists[1])
+        space = self.space
+        ev_vids = [0] + [e.vid for e in self.events]
+        vids = [0 if not (e or d) else space.vid((ev_vids[e], dp_ids[d]))
+                for e, d in zip(ev[firsts].tolist(), dp[firsts].tolist(), strict=True)]
+        vid = np.repeat(np.array(vids, np.int64),
+                        np.diff(np.concatenate((firsts, [n - valid]))))
+        tail = encode(raw[valid:], vid, dropped[valid:], check=False)
+        return tail if not valid else np.concatenate((known[:valid], tail))
+
+    def _dropped_runs(self) -> tuple[np.ndarray, np.ndarray]:
+        """Runs of dropped blocks (kept until ``dropped`` changes)."""
+        if self._runs_cache is None:
+            rs, re_ = _runs(self.dropped)
+            self._runs_cache = (rs, re_)
+            self._runs_lists = (rs.tolist(), re_.tolist())
+        return self._runs_cache
+
+    def _dp_chain(self, starts: list[int], ends: list[int]) -> list[int]:
+        """Version ids of "these runs are dropped" for every prefix of the runs (chained;
+        the previous chain is reused as far as the runs agree)."""
+        cs, ce, ids = self._dp
+        k = 0
+        m = min(len(starts), len(cs))
+        if starts[:m] == cs[:m] and ends[:m] == ce[:m]:
+            k = m
+        else:
+            while k < m and starts[k] == cs[k] and ends[k] == ce[k]:
+                k += 1
+        ids = ids[:k + 1]
+        space, repos = self.space, self.st.repos
+        for a, b in zip(starts[k:], ends[k:], strict=True):
+            ids.append(space.vid(("dropped", repos, ids[-1], a, b)))
+        self._dp = (starts, ends, ids)
+        return ids
 
     def _hidden(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        if not self.events:
+        """Token intervals of every drop so far and their triggers (one copy per event list:
+        views share it, nobody writes it). Appending an event extends the last copy."""
+        if self._hid is None:
             z = np.zeros(0, np.int64)
-            return z, z, z
-        bs = self.bs
-        s = np.concatenate([e.starts for e in self.events]) * bs
-        t = np.concatenate([e.ends for e in self.events]) * bs
-        trig = np.concatenate([np.full(len(e.starts), e.trigger, np.int64)
-                               for e in self.events])
-        return s, t, trig
+            self._hid, self._hid_n = (z, z, z), 0
+        if self._hid_n < len(self.events):
+            bs = self.bs
+            new = self.events[self._hid_n:]
+            s, e, t = self._hid
+            self._hid = (np.concatenate([s, *(ev.starts * bs for ev in new)]),
+                         np.concatenate([e, *(ev.ends * bs for ev in new)]),
+                         np.concatenate([t, *(np.full(len(ev.starts), ev.trigger, np.int64)
+                                              for ev in new)]))
+            self._hid_n = len(self.events)
+        return self._hid
 
     def _new_drops(self, regions: np.ndarray, prompt_tokens: int, k: int,
                    prefix_blocks: int) -> np.ndarray:
@@ -213,30 +278,46 @@ class SessionState:
         st, bs = self.st, self.bs
         n = len(raw)
         k = _common(self.prev_raw, raw)
-        if k < len(self.prev_raw):
-            self._forget_after(k)
         lk = min(k, len(self.prev_raw))
+        reuse = lk  # leading blocks whose previous keys stay valid
+        if k < len(self.prev_raw):
+            events = len(self.events)
+            self._forget_after(k)
+            if len(self.events) < events:
+                reuse = 0  # forgotten drops change keys anywhere before them
         pre: list[RequestView] = []
         view = RequestView("turn", rid, raw, prompt_tokens, output_tokens, finish_raw)
         forig = np.arange(len(finish_raw), dtype=np.int64)
         if st.drops:
-            view.ids = self._drop_keys(raw)  # the prompt: under the drops made before it
-            view.prompt_dropped_tokens = int(np.count_nonzero(view.ids < 0)) * bs
             new = self._new_drops(regions, prompt_tokens, k, prefix_blocks)
-            if new.any():
+            if not new.any():
+                view.finish = self._drop_keys(finish_raw, self.prev_keys, reuse)
+                view.ids = view.finish[:n]
+            else:
+                # the prompt: under the drops made before it
+                before = self._drop_keys(raw, self.prev_keys, reuse)
                 self.dropped = self._grow(self.dropped, n, False)
                 self.drop_event = self._grow(self.drop_event, n, -1)
                 self.dropped[:n] |= new
                 self.drop_event[:n][new] = len(self.events)
+                self._runs_cache = None
                 s, e = _runs(new)
                 parent = self.events[-1].vid if self.events else 0
                 vid = self.space.vid(("drop", parent, prompt_tokens, s.tobytes(),
                                       e.tobytes(), st.repos))
                 self.events.append(Event(prompt_tokens, s, e, vid))
-            view.finish = self._drop_keys(finish_raw)
-            if not np.array_equal(view.ids, view.finish[:n]):  # a drop at the prompt's end
+                view.finish = self._drop_keys(finish_raw, before, int(s[0]))
+                view.ids = before
+                # The drop takes effect at the prompt's end (AKV: after the trigger message);
+                # with +repos the retained blocks after it move (their keys re-rotate).
                 view.edit = (view.ids, view.finish, np.arange(n, dtype=np.int64))
                 view.edit_on_finish = True
+                if st.repos:
+                    first = int(np.argmax(new))
+                    view.rotates = np.zeros(n, bool)
+                    view.rotates[first:] = ~self.dropped[first:n]
+            view.prompt_dropped_tokens = int(np.count_nonzero(view.ids < 0)) * bs
+            view.ideal_blocks = lk
             view.hid_s, view.hid_e, view.hid_t = self._hidden()
             if st.repos:
                 view.freed_positions = view.prompt_dropped_tokens
@@ -256,15 +337,20 @@ class SessionState:
                 where = np.full(len(finish_raw), -1, np.int64)
                 where[forig] = np.arange(len(forig))
                 dest = where[self.prev_orig[okeep]]
+                view.ideal_blocks = int(np.count_nonzero(dest >= 0))
                 if not (np.array_equal(dest, np.arange(len(dest)))
                         and np.array_equal(old, view.finish[:len(dest)])):
                     view.edit = (old, view.finish, dest)
+                    view.rotates = (dest >= 0) & (dest != np.arange(len(dest)))
         elif st.kind == "summarize":
             pre = self._summarize(view, raw, regions, finish_raw, k, lk, prefix_blocks)
             forig = self._summary_orig(len(finish_raw), prefix_blocks)
-        view.regions = np.where(forig[:len(view.ids)] >= 0,
-                                finish_regions[np.maximum(forig[:len(view.ids)], 0)],
-                                REGION_USER).astype(np.uint8)
+        if st.kind in ("full", "drop", "budget"):
+            view.regions = regions
+        else:
+            m = forig[:len(view.ids)]
+            view.regions = np.where(m >= 0, finish_regions[np.maximum(m, 0)],
+                                    REGION_USER).astype(np.uint8)
         self.prev_raw = finish_raw
         self.prev_keys = view.finish
         self.prev_orig = forig

@@ -178,11 +178,14 @@ def tool_spans(regions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def stale_tool_mask(regions: np.ndarray, keep: int, limit: int) -> np.ndarray:
     """Blocks of tool results older than the ``keep`` newest, among blocks ``< limit`` (the
     part of the prompt a strategy may touch); a bool mask over the prompt's blocks."""
-    mask = np.zeros(len(regions), dtype=bool)
     starts, ends = tool_spans(regions)
-    for s, e in zip(starts[:-keep].tolist(), ends[:-keep].tolist(), strict=True):
-        if s < limit:
-            mask[s:min(e, limit)] = True
+    if len(starts) <= keep:
+        return np.zeros(len(regions), dtype=bool)
+    edge = np.zeros(len(regions) + 1, dtype=np.int64)
+    np.add.at(edge, starts[:-keep], 1)
+    np.add.at(edge, ends[:-keep], -1)
+    mask = np.cumsum(edge[:-1]) > 0
+    mask[limit:] = False
     return mask
 
 

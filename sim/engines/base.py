@@ -120,13 +120,15 @@ class EngineBase:
         a splice on arrival, a drop when the request finishes, before its finish insert)."""
         if req.view.edit is not None:
             self._rerotate_s += apply_edit(self.cache, req.view, self.spec, self.profile,
-                                           self.ever, self.rec.counters)
+                                           self.rec.counters, req.hint)
 
     def _blocks(self, tokens: float) -> int:
         return -(-math.ceil(tokens) // self.bs)
 
-    def _ideal_blocks(self, ids: np.ndarray) -> int:
-        """Longest prefix of ``ids`` ever inserted (chained ids: binary search on membership)."""
+    def _ideal_blocks(self, ids: np.ndarray, view=None) -> int:
+        """Longest prefix of ``ids`` ever inserted (chained ids: binary search on membership).
+        Under a context strategy, at least the prefix the history cached before (an
+        unlimited cache applies the same edits: ``RequestView.ideal_blocks``)."""
         lo, hi = 0, ids.size
         ever = self.ever
         while lo < hi:
@@ -135,7 +137,7 @@ class EngineBase:
                 lo = mid
             else:
                 hi = mid - 1
-        return lo
+        return lo if view is None else max(lo, view.ideal_blocks)
 
     @staticmethod
     def _take(ranges: list[tuple[int, int]], budget: int) -> tuple[list, list]:

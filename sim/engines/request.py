@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import simpy
 
+from sim.kvcache.paths import WalkHint
 from sim.metrics import RequestRecord
 
 
@@ -47,6 +48,7 @@ class Req:
     # Context strategies (sim.context): the request as its strategy shapes it (keys, edit,
     # dropped keys); None under ``full``.
     view: Any = None
+    hint: WalkHint = field(default_factory=WalkHint)  # where the cache's last walk ended
 
     @property
     def context_tokens(self) -> int:

@@ -160,7 +160,7 @@ class SGLangServer(EngineBase):
         if ids.size == 0:
             return None
         self.cache.release(req.reserved)
-        ins = self.cache.insert(ids)
+        ins = self.cache.insert(ids, hint=req.hint)
         if ids.size > req.known_blocks:
             self.ever.update(ids[req.known_blocks:].tolist())
             req.known_blocks = ids.size
@@ -193,7 +193,7 @@ class SGLangServer(EngineBase):
         """Try to admit ``req`` with ``budget`` prefill tokens left in this pass.
         Returns (tokens taken, became chunked), or the verdict of a refusal (head-of-line):
         NO_TOKEN (memory) or OTHER (no budget for even one page)."""
-        m = self.cache.match(req.ids, touch=True)
+        m = self.cache.match(req.ids, touch=True, hint=req.hint)
         ranges, reused, holes, cpu = self._plan(req, m.segments)
         extend = sum(b - a for a, b in ranges)
         self.cache.lock(m.node)
@@ -212,7 +212,7 @@ class SGLangServer(EngineBase):
             self.rec.loaded(ld, self.bs)
             self._pending_h2d_bytes += loaded * self.kv_bytes
             # What the load did not bring back (HiCache's threshold) is computed instead.
-            segments = self.cache.match(req.ids, touch=False).segments
+            segments = self.cache.match(req.ids, touch=False, hint=req.hint).segments
             ranges, _, holes, _ = self._plan(req, segments)
             extend = sum(b - a for a, b in ranges)
         chunked = extend > budget
@@ -224,7 +224,7 @@ class SGLangServer(EngineBase):
         req.ranges = ranges
         first_admission = req.record is None
         if first_admission:
-            req.known_blocks = self._ideal_blocks(req.ids)
+            req.known_blocks = self._ideal_blocks(req.ids, req.view)
             ideal = min(req.known_blocks, self._usable_blocks(req)) * self.bs
             req.record = self.rec.open(req, self.env.now, reused=reused, holes=holes,
                                        ideal=ideal, spec=self.spec, segments=segments,
@@ -318,7 +318,7 @@ class SGLangServer(EngineBase):
             # (ids name 64-token blocks; a shorter common prefix is invisible to kvsim).
             scratch: set[int] = set()
             for pos, req in enumerate(self.waiting):
-                m = self.cache.match(req.ids, touch=True)
+                m = self.cache.match(req.ids, touch=True, hint=req.hint)
                 usable = self._usable_blocks(req)
                 gpu = sum(min(e, usable) - s for s, e, t in m.segments
                           if t == Tier.GPU and s < usable)
@@ -341,7 +341,7 @@ class SGLangServer(EngineBase):
         self._refresh_calls += 1
         if refresh:
             for req in reversed(self.waiting[:FCFS_TOUCH_COUNT]):
-                self.cache.match(req.ids, touch=True)
+                self.cache.match(req.ids, touch=True, hint=req.hint)
         return list(self.waiting)
 
     # --- execution ----------------------------------------------------------------------

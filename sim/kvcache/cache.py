@@ -42,6 +42,7 @@ from .edits import EditResult, edit_path
 from .inspection import Inspection
 from .invariants import recount
 from .node import Node, Tier
+from .paths import WalkHint
 from .results import EvictResult, InsertResult, LoadResult, Match
 from .tiering import GpuOnly, HiCache, Unified
 from .tree import RadixTree
@@ -89,8 +90,8 @@ class RadixKVCache(Inspection):
     ``policy`` (an ``EvictionPolicy`` or anything ``get_policy`` accepts) decides eviction;
     ``cpu_capacity_blocks > 0`` adds a CPU tier managed as ``tiering`` = ``unified``
     (Penelope) or ``hicache`` (SGLang HiCache; ``write_policy``, ``load_threshold_tokens``).
-    ``versioned=True``: prompts may hold edited keys (``versions``: dropped, repositioned,
-    spliced KV), so walks compare whole nodes and inserts make DROPPED nodes for dropped keys.
+    ``versioned=True``: prompts may hold dropped keys (``versions``): inserts make DROPPED
+    nodes for them.
     """
 
     def __init__(
@@ -138,7 +139,8 @@ class RadixKVCache(Inspection):
         return sorted(self.tree.leaves(), key=lambda n: n.serial)
 
     # ------------------------------------------------------------------ request operations
-    def match(self, ids: np.ndarray, *, touch: bool = True) -> Match:
+    def match(self, ids: np.ndarray, *, touch: bool = True, hint: WalkHint | None = None
+              ) -> Match:
         """Longest cached prefix of ``ids`` (block ids).
 
         Walks through NONE nodes (only hole-making policies have them). Splits the node the
@@ -146,18 +148,22 @@ class RadixKVCache(Inspection):
         with one tick and counts a hit on each path node; under node semantics the node the
         match ends in is stamped whole before the split, as SGLang does (its unmatched suffix
         becomes recent too); block-exact policies stamp exactly the matched blocks.
-        ``touch=False`` stamps nothing but still splits.
+        ``touch=False`` stamps nothing but still splits. ``hint`` (one per request): where
+        the caller's last walk of this prompt ended; updated (``paths.WalkHint``).
         """
         ids = as_block_ids(ids)
         tree = self.tree
         path, partial, k, pos = tree.walk(ids, stop_at_holes=not self._makes_holes,
-                                          exact=self.versioned)
+                                          hint=hint)
         if self.debug:
             self._check_chained(path, ids)
+            self._check_hinted(ids, not self._makes_holes, hint, path, partial, k, pos)
         if partial is not None:
             if touch and not self._block_exact:
                 partial.last_access = tree.clock + 1  # SGLang: the whole node, then split
             path.append(tree.split(partial, k))
+        if hint is not None and path:
+            hint.take(path[-1], tree.epoch)
         if touch:
             tick = tree.tick()
             for nd in path:
@@ -176,7 +182,7 @@ class RadixKVCache(Inspection):
             self.check()
         return Match(node, pos, hit, segments)
 
-    def insert(self, ids: np.ndarray) -> InsertResult:
+    def insert(self, ids: np.ndarray, hint: WalkHint | None = None) -> InsertResult:
         """Make every block of ``ids`` GPU-resident in the tree.
 
         Blocks beyond the tree become one new leaf (splitting where the ids diverge or end
@@ -196,10 +202,10 @@ class RadixKVCache(Inspection):
         ids = as_block_ids(ids)
         tree = self.tree
         n = len(ids)
-        path, partial, k, pos = tree.walk(ids, stop_at_holes=False,
-                                          exact=self.versioned)  # no mutation yet
+        path, partial, k, pos = tree.walk(ids, stop_at_holes=False, hint=hint)  # no change
         if self.debug:
             self._check_chained(path, ids)
+            self._check_hinted(ids, False, hint, path, partial, k, pos)
         fill = dropped = 0
         if tree.hole_blocks or self.tiering.has_cpu or tree.dropped_blocks:
             for nd in path:
@@ -246,6 +252,8 @@ class RadixKVCache(Inspection):
             self.tiering.on_insert(path)
         if exact and len(path) > 1:
             tree.merge_runs(path)
+        if hint is not None and path:
+            hint.take(path[-1], tree.epoch)
         if self.debug:
             added = fill + new
             assert tree.gpu_blocks + max(0, tree.reserved_blocks - added) \
@@ -328,12 +336,14 @@ class RadixKVCache(Inspection):
             self.check()
         return result
 
-    def edit(self, old: np.ndarray, new: np.ndarray, dest: np.ndarray) -> EditResult:
+    def edit(self, old: np.ndarray, new: np.ndarray, dest: np.ndarray,
+             rotates: np.ndarray | None = None, hint: WalkHint | None = None) -> EditResult:
         """A history's context edit of its cached path: ``old[i]`` becomes ``new[dest[i]]``
         (drops, repositions) or leaves the logical prefix (``dest[i] < 0``: a splice). Frees
-        dropped and removed KV, re-keys what moved; nothing changes when a running request
-        holds the path (``EditResult.applied`` False). See ``sim.kvcache.edits``."""
-        res = edit_path(self.tree, old, new, dest)
+        dropped and removed KV, re-keys the rest (``rotates``: the blocks whose position
+        moved); nothing changes when a running request holds the path
+        (``EditResult.applied`` False). See ``sim.kvcache.edits``."""
+        res = edit_path(self.tree, old, new, dest, rotates, hint)
         if self.debug:
             self.check()
         return res
@@ -358,6 +368,15 @@ class RadixKVCache(Inspection):
     def _require_attached(self, node: Node) -> None:
         if node.parent is None and node is not self.root:
             raise ValueError(f"{node!r} is no longer in the tree")
+
+    def _check_hinted(self, ids: np.ndarray, stop: bool, hint: WalkHint | None, path, partial,
+                      k: int, pos: int) -> None:
+        """Debug: a hinted walk found what a walk from the root finds."""
+        if hint is None:
+            return
+        fresh = self.tree.walk(ids, stop_at_holes=stop)
+        assert ([id(x) for x in fresh[0]], id(fresh[1]), fresh[2], fresh[3]) == (
+            [id(x) for x in path], id(partial), k, pos), "a walk hint led elsewhere"
 
     @staticmethod
     def _check_chained(path: list[Node], ids: np.ndarray) -> None:

@@ -7,16 +7,16 @@ old block is then one of::
 
     kept      dest[i] == i and new[i] == old[i]        nothing to do
     dropped   new[dest[i]] < 0 <= old[i]               DROPPED: keys negated, KV freed
-    rekeyed   any other new key or position            keys (and start) replaced: the KV
-                                                       moved, so its K is re-rotated
+    rekeyed   any other new key or position            keys (and start) replaced; KV the
+                                                       caller says moved (``rotates``)
+                                                       is re-rotated
     removed   dest[i] < 0                              KV freed, out of the logical prefix
 
 The plan (``plan_edit``, read only) finds the cached part of ``old`` and its kinds; the
 apply (``apply_edit``) splits nodes where the kind or the shift changes and calls the tree's
 ``drop`` / ``rekey`` / ``remove_subtree``, which keep every counter. Branches hanging off a
-rekeyed node (or beyond the old path's end once it moved) hold keys no history can produce
-again (their positions moved under them), so they are removed; a dropped node keeps its
-children, whose keys stay valid (they were made while the dropped block was visible).
+changed node (or beyond the old path's end) hold keys no history can produce again (keys
+name the drops and positions before them), so they are removed.
 
 Nothing happens (``EditResult.applied`` False) when a running request holds any node the
 edit would change: that request's keys must keep working. The history then misses at its new
@@ -25,11 +25,13 @@ keys and computes its KV again, which is always correct.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from .node import Node, Tier
+from .paths import WalkHint
 from .results import EvictResult
 from .tree import RadixTree
 
@@ -48,6 +50,7 @@ class EditResult:
     rotated_blocks: int = 0  # blocks with KV (GPU or CPU) re-keyed to new positions
     removed_blocks: int = 0  # blocks taken out of the logical prefix (splice)
     freed: EvictResult = field(default_factory=lambda: EvictResult(ok=True))
+    last: Node | None = None  # the deepest node of the edited path still in the tree
 
 
 @dataclass(frozen=True)
@@ -74,9 +77,10 @@ def kinds_of(old: np.ndarray, new: np.ndarray, dest: np.ndarray) -> np.ndarray:
     return kinds
 
 
-def plan_edit(tree: RadixTree, old: np.ndarray, new: np.ndarray, dest: np.ndarray) -> EditPlan:
+def plan_edit(tree: RadixTree, old: np.ndarray, new: np.ndarray, dest: np.ndarray,
+              hint: WalkHint | None = None) -> EditPlan:
     """Read-only: the cached part of ``old`` and what each of its blocks becomes."""
-    path, partial, k, matched = tree.walk(old, stop_at_holes=False, exact=True)
+    path, partial, k, matched = tree.walk(old, stop_at_holes=False, hint=hint)
     # A history that no longer drops a block needs its KV: DROPPED nodes are never refilled,
     # so the edit stops there (the history misses and computes it again).
     d = dest[:matched]
@@ -106,21 +110,23 @@ def _cut_path(path: list[Node], partial: Node | None, k: int, cut: int
     return whole, None, 0
 
 
-def _cuts(kinds: np.ndarray, dest: np.ndarray, first: int) -> set[int]:
-    """Block positions where a node must be cut: the first change, kind changes, and shift
-    changes inside rekeyed runs (each node moves as one piece)."""
+def _cuts(kinds: np.ndarray, dest: np.ndarray, rotates: np.ndarray, first: int) -> list[int]:
+    """Block positions where a node must be cut, sorted: the first change, kind changes,
+    shift changes (each node moves as one piece) and where re-rotation starts or stops."""
     n = len(kinds)
     shift = np.where(dest[:n] < 0, -1, dest[:n] - np.arange(n))
-    edge = (kinds[1:] != kinds[:-1]) | (shift[1:] != shift[:-1])
-    return {first, *(np.flatnonzero(edge) + 1).tolist()}
+    rot = rotates[:n]
+    edge = (kinds[1:] != kinds[:-1]) | (shift[1:] != shift[:-1]) | (rot[1:] != rot[:-1])
+    return sorted({first, *(np.flatnonzero(edge) + 1).tolist()})
 
 
-def apply_edit(tree: RadixTree, plan: EditPlan, new: np.ndarray, dest: np.ndarray
-               ) -> EditResult:
+def apply_edit(tree: RadixTree, plan: EditPlan, new: np.ndarray, dest: np.ndarray,
+               rotates: np.ndarray) -> EditResult:
     """Carry out ``plan`` (module docstring). The tree's counters change only in its own
     ``drop``/``rekey``/``remove_subtree``."""
     res = EditResult(matched_blocks=plan.matched)
     if plan.first >= plan.matched:
+        res.last = plan.path[-1] if plan.path else None
         return res
     path = list(plan.path)
     if plan.partial is not None:
@@ -131,13 +137,17 @@ def apply_edit(tree: RadixTree, plan: EditPlan, new: np.ndarray, dest: np.ndarra
         res.applied = False
         return res
     kinds = plan.kinds
-    cuts = _cuts(kinds, dest, plan.first)
+    cuts = _cuts(kinds, dest, rotates, plan.first)
     nodes: list[Node] = []
     for nd in path:
-        for c in sorted(c for c in cuts if nd.start < c < nd.end):
-            nodes.append(tree.split(nd, c - nd.start))
+        if nd.end <= plan.first:
+            nodes.append(nd)
+            continue
+        i = bisect_right(cuts, nd.start)
+        while i < len(cuts) and cuts[i] < nd.end:
+            nodes.append(tree.split(nd, cuts[i] - nd.start))
+            i += 1
         nodes.append(nd)
-    moved = bool(np.any((kinds == REKEYED) | (kinds == REMOVED)))
     parent: Node = tree.root
     removed_top: Node | None = None
     for i, nd in enumerate(nodes):
@@ -145,7 +155,7 @@ def apply_edit(tree: RadixTree, plan: EditPlan, new: np.ndarray, dest: np.ndarra
         kind = int(kinds[s])
         nxt = nodes[i + 1] if i + 1 < len(nodes) else None
         if kind == KEPT:
-            parent = nd
+            parent = res.last = nd
             continue
         if kind == REMOVED:
             removed_top = removed_top or nd
@@ -160,19 +170,20 @@ def apply_edit(tree: RadixTree, plan: EditPlan, new: np.ndarray, dest: np.ndarra
             _remove(tree, nd if removed_top is None else removed_top, res.freed)
             return res
         if kind == REKEYED or nd.parent is not parent:
-            if kind == REKEYED and nd.has_kv:
+            if kind == REKEYED and nd.has_kv and rotates[s]:
                 res.rotated_blocks += len(nd.ids)
             tree.rekey(nd, ids, d, parent)
         if removed_top is not None:
             _remove(tree, removed_top, res.freed)
             removed_top = None
-        if kind == REKEYED and moved:
-            for child in [c for c in nd.children.values() if c is not nxt]:
-                tree.remove_subtree(child, res.freed)
+        for child in [c for c in nd.children.values() if c is not nxt]:
+            tree.remove_subtree(child, res.freed)  # keys no history can produce again
         if kind == DROPPED:
             res.dropped_blocks += len(nd.ids)
             tree.drop(nd, ids, res.freed)
         parent = nd
+        if nd.parent is not None:
+            res.last = nd
     if removed_top is not None:
         _remove(tree, removed_top, res.freed)
     return res
@@ -184,14 +195,22 @@ def _remove(tree: RadixTree, node: Node, result: EvictResult) -> None:
         tree.remove_subtree(node, result)
 
 
-def edit_path(tree: RadixTree, old: np.ndarray, new: np.ndarray, dest: np.ndarray
-              ) -> EditResult:
-    """Plan and apply one history's edit of its cached path (module docstring)."""
+def edit_path(tree: RadixTree, old: np.ndarray, new: np.ndarray, dest: np.ndarray,
+              rotates: np.ndarray | None = None, hint: WalkHint | None = None) -> EditResult:
+    """Plan and apply one history's edit of its cached path (module docstring).
+    ``rotates``: per old block, its position moves (its KV is re-rotated when re-keyed;
+    default none). ``hint``: where the history's last walk of ``old`` ended; afterwards, the
+    end of its new path."""
     old = np.asarray(old, dtype=np.int64)
     dest = np.asarray(dest, dtype=np.int64)
-    if len(dest) != len(old):
-        raise ValueError(f"dest has {len(dest)} entries for {len(old)} old keys")
-    return apply_edit(tree, plan_edit(tree, old, new, dest), np.asarray(new, np.int64), dest)
+    rot = np.zeros(len(old), bool) if rotates is None else np.asarray(rotates, bool)
+    if len(dest) != len(old) or len(rot) != len(old):
+        raise ValueError(f"dest and rotates need {len(old)} entries, one per old key")
+    res = apply_edit(tree, plan_edit(tree, old, new, dest, hint), np.asarray(new, np.int64),
+                     dest, rot)
+    if hint is not None:
+        hint.take(res.last, tree.epoch)
+    return res
 
 
 __all__ = ["DROPPED", "KEPT", "REKEYED", "REMOVED", "EditPlan", "EditResult", "Tier",

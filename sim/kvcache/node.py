@@ -51,6 +51,7 @@ class Node:
         "hit_count",
         "host",
         "ids",
+        "keyed",
         "last",
         "last_access",
         "lock",
@@ -80,6 +81,7 @@ class Node:
         self.hit_count = 0
         self.host = False  # hicache only: a host (CPU) copy exists (always True for tier CPU)
         self.serial = serial
+        self.keyed = 0  # the tree's epoch when a context edit last gave the node new keys
 
     @property
     def num_blocks(self) -> int:

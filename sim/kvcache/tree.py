@@ -65,6 +65,7 @@ class RadixTree(Paths, Appliers):
         self._dropped = 0
         self._cpu = 0
         self._working_peak = 0  # most GPU blocks held by running requests (locked + reserved)
+        self.epoch = 0  # counts key changes (rekey); nodes remember theirs (walk hints)
         self._d2h = 0  # d2h copies not yet reported by take_d2h
         self._leaves: set[Node] = set()
 
@@ -337,6 +338,8 @@ class RadixTree(Paths, Appliers):
         (default: where it is). Counters do not change; the caller keeps ``start ==
         parent.end`` and makes sure no sibling already holds the first new key."""
         assert len(ids) == len(node.ids), f"rekey of {node!r} with {len(ids)} keys"
+        self.epoch += 1
+        node.keyed = self.epoch
         old = node.parent
         if old is not None and old.children.get(node.ids.item(0)) is node:
             del old.children[node.ids.item(0)]

@@ -72,14 +72,16 @@ class VersionSpace:
         return len(self._vids)
 
 
-def encode(raw: np.ndarray, vid: np.ndarray | int, dropped: np.ndarray | bool = False
-           ) -> np.ndarray:
+def encode(raw: np.ndarray, vid: np.ndarray | int, dropped: np.ndarray | bool = False,
+           check: bool = True) -> np.ndarray:
     """Keys of blocks with raw ids ``raw`` under versions ``vid`` (per block or one for all),
-    negated where ``dropped``."""
+    negated where ``dropped``. ``check=False``: the caller knows the raw ids are in range."""
     raw = np.asarray(raw, dtype=np.int64)
-    if raw.size and (int(raw.min()) < 0 or int(raw.max()) >= RAW_LIMIT):
+    if check and raw.size and (int(raw.min()) < 0 or int(raw.max()) >= RAW_LIMIT):
         raise ValueError(f"raw block ids must lie in [0, 2**{RAW_BITS})")
     keys = raw + (np.asarray(vid, dtype=np.int64) << RAW_BITS)
+    if dropped is False:
+        return keys
     return np.where(dropped, -1 - keys, keys)
 
 
@@ -101,6 +103,10 @@ def add_versioned(tree: RadixTree, parent: Node, ids: np.ndarray, pos: int, tick
     (nothing after it needs it). New nodes are appended to ``path``; returns the deepest."""
     tail = ids[pos:]
     neg = tail < 0
+    if not neg.any():
+        node = tree.add_leaf(parent, tail, pos, tick)
+        path.append(node)
+        return node
     cuts = np.flatnonzero(neg[1:] != neg[:-1]) + 1
     starts = [0, *cuts.tolist()]
     ends = [*cuts.tolist(), len(tail)]
