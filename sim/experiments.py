@@ -346,6 +346,13 @@ def cpu_sweep(ctx: Context) -> list[dict[str, Any]]:
     return rows
 
 
+def cache_engineering(ctx: Context) -> list[dict[str, Any]]:
+    """Context and cache engineering beside Penelope (sim/exp_cache_engineering.py)."""
+    from sim.exp_cache_engineering import cache_engineering as run
+
+    return run(ctx)
+
+
 EXPERIMENTS: dict[str, Callable[[Context], list[dict[str, Any]]]] = {
     "figure1": figure1,
     "gpu-only": gpu_only,
@@ -353,6 +360,7 @@ EXPERIMENTS: dict[str, Callable[[Context], list[dict[str, Any]]]] = {
     "fcfs": fcfs,
     "two-tier": two_tier,
     "cpu-sweep": cpu_sweep,
+    "cache-engineering": cache_engineering,
 }
 
 
@@ -380,4 +388,8 @@ def reproduce(name: str, trace: str | None = None, quick: bool = False, jobs: in
            "quick": quick, "rows": rows}
     if profiles is not None:
         doc["profiles"] = profiles
+    if name == "cache-engineering":  # the accuracy caveat, prices and AKV's Table 2
+        from sim.exp_cache_engineering import document_extras
+
+        doc.update(document_extras(quick))
     return doc

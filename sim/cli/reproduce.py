@@ -9,7 +9,8 @@ from rich.table import Table
 
 from .common import console, emit_json, fmt_metric, stderr
 
-NAMES = ["figure1", "gpu-only", "two-tier", "ablation", "fcfs", "cpu-sweep"]
+NAMES = ["figure1", "gpu-only", "two-tier", "ablation", "fcfs", "cpu-sweep",
+         "cache-engineering"]
 
 # figure1: (header with its unit, row key, format); fits 100 columns.
 FIGURE1_COLUMNS: list[tuple[str, str, str]] = [
@@ -36,6 +37,27 @@ def figure1_table(rows: list[dict[str, Any]]) -> Table:
         t.add_row(*("-" if r.get(k) is None else fmt.format(r[k])
                     for _, k, fmt in FIGURE1_COLUMNS))
     return t
+
+
+def cache_engineering_tables(doc: dict[str, Any]) -> None:
+    """Our rows, then AKV's Table 2 beside them; both titles carry the accuracy caveat."""
+    rows = doc["rows"]
+    t = Table(title=f"kvsim reproduce cache-engineering -- {doc['trace_kind']}, gaps "
+                    f"{doc['gaps']}. {doc['note']}", title_justify="left")
+    for c in rows[0] if rows else []:
+        t.add_column(c, justify="left" if isinstance(rows[0][c], str) else "right")
+    for r in rows:
+        t.add_row(*(fmt_metric(c, v) for c, v in r.items()))
+    console().print(t)
+    a = Table(title="AKV Table 2 (GPT-OSS-120B, its own agent traffic on 8 A800s: compare "
+                    "directions, not values). Serving only, as ours: task accuracy is AKV's "
+                    "Table 1", title_justify="left")
+    akv = doc["akv_table2"]
+    for c in akv[0]:
+        a.add_column(c, justify="left" if isinstance(akv[0][c], str) else "right")
+    for r in akv:
+        a.add_row(*(fmt_metric(c, v) for c, v in r.items()))
+    console().print(a)
 
 
 @click.command("reproduce")
@@ -79,6 +101,9 @@ def reproduce_cmd(name: str, trace: str | None, gaps: str, prompt_nodes: str, qu
     rows = doc["rows"]
     if name == "figure1":
         console().print(figure1_table(rows))
+        return
+    if name == "cache-engineering":
+        cache_engineering_tables(doc)
         return
     t = Table(title=f"kvsim reproduce {name} -- {doc['trace_kind']}, gaps {doc['gaps']}")
     cols = list(rows[0]) if rows else []

@@ -33,7 +33,7 @@ import numpy as np
 from sim.kvcache.versions import VersionSpace, encode
 from traces.regions import REGION_SYSTEM, REGION_TOOLS, REGION_USER
 
-from .strategies import Strategy, budget_drops, stale_tool_mask
+from .strategies import Strategy, budget_drops, keep_removed, stale_tool_mask
 
 
 @dataclass
@@ -323,8 +323,11 @@ class SessionState:
                 view.freed_positions = view.prompt_dropped_tokens
         elif st.removes_text:
             self.removed = self._grow(self.removed, n, False)
-            newly = stale_tool_mask(regions, st.keep, n) & ~self.removed[:n]
-            self.removed[:n] |= newly
+            stale = stale_tool_mask(regions, st.keep, n)
+            newly = stale & ~self.removed[:n]
+            # Removals stay, except where the prompt (after an edit) made a removed block
+            # part of a tool result it keeps: that text comes back.
+            self.removed[:n] = (self.removed[:n] & keep_removed(regions, st.keep, n)) | stale
             view.ids, _ = self._text_layout(raw)
             view.finish, forig = self._text_layout(finish_raw)
             view.prompt_tokens = prompt_tokens - int(self.removed[:n].sum()) * bs

@@ -189,6 +189,17 @@ def stale_tool_mask(regions: np.ndarray, keep: int, limit: int) -> np.ndarray:
     return mask
 
 
+def keep_removed(regions: np.ndarray, keep: int, limit: int) -> np.ndarray:
+    """Blocks an earlier removal may still hold out: all but the ``keep`` newest tool
+    results (a bool mask; an edited prompt can make old removed text part of them)."""
+    starts, ends = tool_spans(regions)
+    mask = np.ones(len(regions), dtype=bool)
+    for s, e in zip(starts[-keep:].tolist(), ends[-keep:].tolist(), strict=True):
+        mask[s:e] = False
+    mask[limit:] = True
+    return mask
+
+
 def budget_drops(regions: np.ndarray, visible: np.ndarray, pinned: np.ndarray,
                  budget_blocks: int, block_end_tokens: np.ndarray, now_tokens: int
                  ) -> np.ndarray:

@@ -164,6 +164,11 @@ def apply_edit(tree: RadixTree, plan: EditPlan, new: np.ndarray, dest: np.ndarra
         d = int(dest[s])
         ids = new[d : d + len(nd.ids)]
         clash = parent.children.get(ids.item(0))
+        if d != parent.start + len(parent.ids):
+            # New blocks come before it that the old path lacks (text that came back): it
+            # cannot be placed; keys no history reaches any more, so it goes.
+            _remove(tree, nd if removed_top is None else removed_top, res.freed)
+            return res
         if clash is not None and clash is not nd:
             # The new version is cached already (made while this edit could not be
             # applied): the old copy can never be reached again.
