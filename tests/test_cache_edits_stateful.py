@@ -101,7 +101,7 @@ class EditMachine(RuleBasedStateMachine):
             for j in range(p):
                 if int(view.finish_raw_ids[j]) in raw_seen:
                     assert j in reused or j in computed, f"block {p} attends {j}: no KV"
-        for p in range(n):
+        for p in range(min(n, usable)):  # (the last token is always computed: the output)
             if int(view.ids[p]) < 0 and p in computed:  # restored: someone needs it
                 assert any(int(view.finish_raw_ids[p]) in
                            requirement(state, view, q, after=False)[1]

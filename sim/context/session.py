@@ -15,7 +15,10 @@ client sends (trim, splice and summarize remove or replace blocks, drop and budg
 Drops (drop:K, budget:B) are events ``(trigger, dropped blocks)``: tokens at or after the
 trigger do not attend the dropped blocks, tokens before it did. The trigger is the end of the
 prompt that asked for the drop (AKV: after the trigger message), so the request's own prompt
-still sees what it drops and its output does not. A block's key names the events with their
+still sees what it drops and its output does not. kvsim takes a drop's effect from the start
+of the block holding the trigger (at most 63 tokens early): that block gets the new version,
+and its prompt tokens -- recomputed by the next request, since a partial block is never
+cached -- do not need the dropped KV back. A block's key names the events with their
 trigger at or before the block (its KV was made under them) and, with ``+repos``, the position
 its keys are rotated to now; a dropped block's key is negated (``versions``).
 
@@ -131,7 +134,6 @@ class SessionState:
         self.prev_orig = np.zeros(0, np.int64)  # original index of each logical block
         self.prev_prompt_blocks = 0  # previous prompt's full blocks (original)
         self.dropped = np.zeros(0, bool)  # drop/budget: per original block
-        self.drop_event = np.zeros(0, np.int64)  # index of the event that dropped it
         self.events: list[Event] = []
         self.removed = np.zeros(0, bool)  # trim/splice: per original block
         self.summary: tuple[int, int, int, int] | None = None  # (c0, vid_s, vid_c, blocks)
@@ -149,17 +151,30 @@ class SessionState:
         return np.concatenate([arr, np.full(n - len(arr), fill, arr.dtype)])
 
     def _forget_after(self, k: int) -> None:
-        """A non-append transition at original block ``k``: later drops/removals go."""
+        """A non-append transition at original block ``k``: what came after it is gone.
+        Removals and drops of later blocks go. A drop whose trigger lay after ``k`` keeps
+        the blocks before ``k`` dropped (their KV is freed; the cached blocks before ``k``
+        were made while they were visible) and now takes effect at block ``k``: the new
+        content after the edit does not see them. Keys before ``k`` do not change."""
         self.dropped = self.dropped[:k].copy()
-        self.drop_event = self.drop_event[:k].copy()
         self.removed = self.removed[:k].copy()
-        bs = self.bs
-        kept = sum(1 for e in self.events if e.trigger // bs < k)  # triggers never decrease
-        if kept < len(self.events):
-            self.events = self.events[:kept]
-            self._hid = None
-            self.dropped &= self.drop_event < kept
         self._runs_cache = None
+        bs = self.bs
+        first = next((j for j, e in enumerate(self.events) if e.trigger // bs >= k), None)
+        if first is None:
+            return
+        events = self.events[:first]
+        parent = events[-1].vid if events else 0
+        for e in self.events[first:]:
+            keep = e.starts < k
+            if not keep.any():
+                continue
+            s, t = e.starts[keep], np.minimum(e.ends[keep], k)
+            parent = self.space.vid(("drop", parent, k * bs, s.tobytes(), t.tobytes(),
+                                     self.st.repos))
+            events.append(Event(k * bs, s, t, parent))
+        self.events = events
+        self._hid = None
 
     # --- drop / budget --------------------------------------------------------------------
     def _drop_keys(self, raw: np.ndarray, known: np.ndarray | None = None, valid: int = 0
@@ -233,8 +248,8 @@ class SessionState:
             s, e, t = self._hid
             self._hid = (np.concatenate([s, *(ev.starts * bs for ev in new)]),
                          np.concatenate([e, *(ev.ends * bs for ev in new)]),
-                         np.concatenate([t, *(np.full(len(ev.starts), ev.trigger, np.int64)
-                                              for ev in new)]))
+                         np.concatenate([t, *(np.full(len(ev.starts), ev.trigger // bs * bs,
+                                                      np.int64) for ev in new)]))
             self._hid_n = len(self.events)
         return self._hid
 
@@ -279,12 +294,9 @@ class SessionState:
         n = len(raw)
         k = _common(self.prev_raw, raw)
         lk = min(k, len(self.prev_raw))
-        reuse = lk  # leading blocks whose previous keys stay valid
+        reuse = lk  # leading blocks whose previous keys stay valid (drops before k stay)
         if k < len(self.prev_raw):
-            events = len(self.events)
             self._forget_after(k)
-            if len(self.events) < events:
-                reuse = 0  # forgotten drops change keys anywhere before them
         pre: list[RequestView] = []
         view = RequestView("turn", rid, raw, prompt_tokens, output_tokens, finish_raw)
         forig = np.arange(len(finish_raw), dtype=np.int64)
@@ -297,9 +309,7 @@ class SessionState:
                 # the prompt: under the drops made before it
                 before = self._drop_keys(raw, self.prev_keys, reuse)
                 self.dropped = self._grow(self.dropped, n, False)
-                self.drop_event = self._grow(self.drop_event, n, -1)
                 self.dropped[:n] |= new
-                self.drop_event[:n][new] = len(self.events)
                 self._runs_cache = None
                 s, e = _runs(new)
                 parent = self.events[-1].vid if self.events else 0
