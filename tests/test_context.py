@@ -239,3 +239,29 @@ def test_reproduce_cache_engineering_quick_json_rows() -> None:
     code, out, err = invoke("reproduce", "cache-engineering", "--quick",
                             "--trace", "synthetic:claude-code?sessions=4")
     assert code == 0 and "task" in out and "AKV Table 2" in out
+
+
+def test_incremental_tool_results_match_a_full_rescan() -> None:
+    """drop:K keeps the previous prompt's tool results and scans only the new part: the
+    drops are those of a full rescan (``stale_tool_mask``) of every prompt."""
+    from sim.context.session import SessionState
+    from sim.kvcache.versions import VersionSpace
+    from sim.runner import load_run_trace
+
+    class Rescan(SessionState):
+        def _new_drops(self, regions, prompt_tokens, k, prefix_blocks):
+            n = len(regions)
+            return stale_tool_mask(regions, self.st.keep, n) & ~self._grow(
+                self.dropped, n, False)[:n]
+
+    tr = load_run_trace(RunConfig(**SYN))
+    for spec in ("drop:1", "drop:2+repos"):
+        st_ = parse_context(spec)
+        for i, sess in enumerate(tr.sessions):
+            a = SessionState(st_, VersionSpace(), 64, i)
+            b = Rescan(st_, VersionSpace(), 64, i)
+            for r in range(sess.first, sess.first + sess.count):
+                args = (r, tr.block_ids(r), tr.block_regions(r), tr.finish_block_ids(r),
+                        tr.finish_block_regions(r), int(tr.prompt_tokens[r]), 1, 0)
+                (va,), (vb,) = a.turn(*args), b.turn(*args)
+                assert np.array_equal(va.ids, vb.ids) and np.array_equal(va.finish, vb.finish)

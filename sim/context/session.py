@@ -29,6 +29,7 @@ are forgotten (the strategy decides again on the new prompt).
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -36,7 +37,7 @@ import numpy as np
 from sim.kvcache.versions import VersionSpace, encode
 from traces.regions import REGION_SYSTEM, REGION_TOOLS, REGION_USER
 
-from .strategies import Strategy, budget_drops, keep_removed, stale_tool_mask
+from .strategies import Strategy, budget_drops, keep_removed, stale_tool_mask, tool_spans
 
 
 @dataclass
@@ -143,6 +144,9 @@ class SessionState:
         self._dp: tuple[list[int], list[int], list[int]] = ([], [], [0])  # _dp_chain
         self._runs_cache: tuple[np.ndarray, np.ndarray] | None = None  # _dropped_runs
         self._runs_lists: tuple[list[int], list[int]] = ([], [])
+        self._events_index: tuple[list[int], list[int]] | None = None  # _event_index
+        self._spans: tuple[list[int], list[int]] = ([], [])  # tool results of the last prompt
+        self._spans_dropped = 0  # leading tool results known dropped
 
     # --- shared helpers -------------------------------------------------------------------
     def _grow(self, arr: np.ndarray, n: int, fill) -> np.ndarray:
@@ -174,7 +178,7 @@ class SessionState:
                                      self.st.repos))
             events.append(Event(k * bs, s, t, parent))
         self.events = events
-        self._hid = None
+        self._hid = self._events_index = None
 
     # --- drop / budget --------------------------------------------------------------------
     def _drop_keys(self, raw: np.ndarray, known: np.ndarray | None = None, valid: int = 0
@@ -191,24 +195,41 @@ class SessionState:
         valid = min(valid, n) if known is not None else 0
         if known is not None and valid == n:
             return known[:n]
-        bs = self.bs
-        trig = np.fromiter((e.trigger // bs for e in self.events), np.int64, len(self.events))
+        trig_l, ev_vids = self._event_index()
+        rs, re_ = self._dropped_runs()
+        rs_l, re_l = self._runs_lists
+        if valid:  # usually the tail is new blocks under one version: no arrays needed
+            ev_a, dp_a = bisect_right(trig_l, valid), bisect_right(re_l, valid)
+            j = dp_a  # the first run not ending at or before ``valid``
+            if (ev_a == bisect_right(trig_l, n - 1) and dp_a == bisect_right(re_l, n - 1)
+                    and not (j < len(rs_l) and rs_l[j] < n)):
+                dp_ids = self._dp_chain(rs_l, re_l)
+                vid = 0 if not (ev_a or dp_a) else self.space.vid((ev_vids[ev_a],
+                                                                   dp_ids[dp_a]))
+                return np.concatenate((known[:valid], encode(raw[valid:], vid, check=False)))
+        trig = np.array(trig_l, np.int64)
         pos = np.arange(valid, n)
         ev = np.searchsorted(trig, pos, side="right")
         dropped = self._grow(self.dropped, n, False)[:n]
-        rs, re_ = self._dropped_runs()
         dp = np.searchsorted(re_, pos, side="right")  # dropped runs before each block
         code = ev * (len(rs) + 1) + dp  # nondecreasing: one version per constant run
         firsts = np.flatnonzero(np.concatenate(([True], code[1:] != code[:-1])))
-        dp_ids = self._dp_chain(self._runs_lists[0], self._runs_lists[1])
+        dp_ids = self._dp_chain(rs_l, re_l)
         space = self.space
-        ev_vids = [0] + [e.vid for e in self.events]
         vids = [0 if not (e or d) else space.vid((ev_vids[e], dp_ids[d]))
                 for e, d in zip(ev[firsts].tolist(), dp[firsts].tolist(), strict=True)]
         vid = np.repeat(np.array(vids, np.int64),
                         np.diff(np.concatenate((firsts, [n - valid]))))
         tail = encode(raw[valid:], vid, dropped[valid:], check=False)
         return tail if not valid else np.concatenate((known[:valid], tail))
+
+    def _event_index(self) -> tuple[list[int], list[int]]:
+        """(trigger block of each event, the history's vid after 0, 1, ... events)."""
+        if self._events_index is None:
+            bs = self.bs
+            self._events_index = ([e.trigger // bs for e in self.events],
+                                  [0] + [e.vid for e in self.events])
+        return self._events_index
 
     def _dropped_runs(self) -> tuple[np.ndarray, np.ndarray]:
         """Runs of dropped blocks (kept until ``dropped`` changes)."""
@@ -257,18 +278,39 @@ class SessionState:
                    prefix_blocks: int) -> np.ndarray:
         """Blocks the strategy drops now (not dropped yet), a bool mask over the prompt."""
         n = len(regions)
-        dropped = self._grow(self.dropped, n, False)[:n]
         if self.st.kind == "drop":
-            want = stale_tool_mask(regions, self.st.keep, n)
-        else:
-            bs = self.bs
-            pinned = np.isin(regions, (REGION_SYSTEM, REGION_TOOLS))
-            pinned[:prefix_blocks] = True
-            pinned[min(self.prev_prompt_blocks, n):] = True  # the last turn
-            want = dropped | budget_drops(
-                regions, ~dropped, pinned, self.st.budget // bs,
-                (np.arange(n, dtype=np.int64) + 1) * bs, prompt_tokens)
-        return want & ~dropped
+            return self._stale_tools(regions, k)
+        dropped = self._grow(self.dropped, n, False)[:n]
+        bs = self.bs
+        pinned = np.isin(regions, (REGION_SYSTEM, REGION_TOOLS))
+        pinned[:prefix_blocks] = True
+        pinned[min(self.prev_prompt_blocks, n):] = True  # the last turn
+        return budget_drops(regions, ~dropped, pinned, self.st.budget // bs,
+                            (np.arange(n, dtype=np.int64) + 1) * bs, prompt_tokens)
+
+    def _stale_tools(self, regions: np.ndarray, k: int) -> np.ndarray:
+        """drop:K: tool results older than the K newest, not dropped yet (a bool mask). The
+        tool results that end before block ``k`` (shared with the previous request) are the
+        previous prompt's: only the rest of the prompt is scanned."""
+        ps, pe = self._spans
+        # tool results that end before k (shared blocks) and before the previous prompt's
+        # end (where the scan stopped) cannot change
+        j = bisect_left(pe, min(k, self.prev_prompt_blocks))
+        s0 = pe[j - 1] if j else 0
+        s, e = tool_spans(regions[s0:])
+        starts, ends = ps[:j] + (s + s0).tolist(), pe[:j] + (e + s0).tolist()
+        self._spans = (starts, ends)
+        n = len(regions)
+        dropped = self._grow(self.dropped, n, False)
+        c = min(self._spans_dropped, j)  # leading tool results all dropped already
+        while c < len(starts) and dropped[starts[c]:ends[c]].all():
+            c += 1
+        stale = max(0, len(starts) - self.st.keep)
+        new = np.zeros(n, dtype=bool)
+        for a, b in zip(starts[c:stale], ends[c:stale], strict=False):
+            new[a:b] = ~dropped[a:b]
+        self._spans_dropped = max(c, stale)
+        return new
 
     # --- text edits (trim, splice) ------------------------------------------------------
     def _text_layout(self, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -316,6 +358,7 @@ class SessionState:
                 vid = self.space.vid(("drop", parent, prompt_tokens, s.tobytes(),
                                       e.tobytes(), st.repos))
                 self.events.append(Event(prompt_tokens, s, e, vid))
+                self._events_index = None
                 view.finish = self._drop_keys(finish_raw, before, int(s[0]))
                 view.ids = before
                 # The drop takes effect at the prompt's end (AKV: after the trigger message);

@@ -182,8 +182,8 @@ def stale_tool_mask(regions: np.ndarray, keep: int, limit: int) -> np.ndarray:
     if len(starts) <= keep:
         return np.zeros(len(regions), dtype=bool)
     edge = np.zeros(len(regions) + 1, dtype=np.int64)
-    np.add.at(edge, starts[:-keep], 1)
-    np.add.at(edge, ends[:-keep], -1)
+    edge[starts[:-keep]] += 1  # tool results never touch: the indices are distinct
+    edge[ends[:-keep]] -= 1
     mask = np.cumsum(edge[:-1]) > 0
     mask[limit:] = False
     return mask
