@@ -58,7 +58,8 @@ def plan_ranges(view: RequestView, segments, usable: int, context_tokens: int, b
     request given its match ``segments`` (block runs with a tier) and ``usable`` blocks;
     sets ``view.restored_tokens``, ``skipped_tokens`` and ``reprefill_tokens``."""
     n = min(len(view.ids), usable)
-    dropped = view.ids[:n] < 0  # what the history dropped before this request
+    any_dropped = view.prompt_dropped_tokens > 0
+    dropped = view.ids[:n] < 0 if any_dropped else None  # dropped before this request
     hs, he, ht = view.hid_s // bs, view.hid_e // bs, view.hid_t
     ranges: list[tuple[int, int]] = []
     reused = holes = cpu = 0
@@ -76,8 +77,8 @@ def plan_ranges(view: RequestView, segments, usable: int, context_tokens: int, b
             ranges.append((s * bs, e * bs))
         end = e
     if end < n:  # the tail beyond the match: every block the history still sees
-        keep = ~dropped[end:]
-        if not view.prompt_dropped_tokens or keep.all():
+        keep = None if dropped is None else ~dropped[end:]
+        if keep is None or keep.all():
             ranges.append((end * bs, n * bs))
         else:
             edge = np.diff(np.concatenate(([False], keep, [False])).astype(np.int8))
@@ -89,8 +90,8 @@ def plan_ranges(view: RequestView, segments, usable: int, context_tokens: int, b
     restored = 0
     # A dropped interval needs restoring only if a token computed now lies before its
     # trigger; usually every trigger is behind everything computed (only the new tail).
-    if len(hs) and n and bool(np.any((ht > computed[0][0]) & (hs < n)
-                                      & dropped[np.minimum(hs, n - 1)])):
+    if dropped is not None and n and bool(np.any((ht > computed[0][0]) & (hs < n)
+                                                  & dropped[np.minimum(hs, n - 1)])):
         starts = [a for a, _ in computed]
         for j in np.argsort(-hs, kind="stable").tolist():
             s, e = int(hs[j]), min(int(he[j]), n)
@@ -104,7 +105,7 @@ def plan_ranges(view: RequestView, segments, usable: int, context_tokens: int, b
                 restored += piece[1] - piece[0]
         computed = _merge(computed)
     view.restored_tokens = restored
-    view.skipped_tokens = int(dropped.sum()) * bs - restored
+    view.skipped_tokens = (int(dropped.sum()) * bs if dropped is not None else 0) - restored
     lo, hi = view.reprefill_blocks
     view.reprefill_tokens = sum(max(0, min(b, hi * bs) - max(a, lo * bs))
                                 for a, b in computed) if hi > lo else 0

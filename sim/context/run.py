@@ -38,9 +38,11 @@ class ContextRun:
         if state is None:
             state = self._states[s] = SessionState(self.strategy, self.space, self.bs, s)
             self._prefix[s] = session_prefix_blocks(regions, t.sessions[s].shared_prefix_blocks)
-        views = state.turn(r, t.block_ids(r), regions, t.finish_block_ids(r),
-                           t.finish_block_regions(r), int(t.prompt_tokens[r]),
-                           max(1, int(t.output_tokens[r])), self._prefix[s])
+        # drop and budget keep the prompt's layout: the finish's regions are not needed
+        fregions = regions if self.strategy.drops else t.finish_block_regions(r)
+        views = state.turn(r, t.block_ids(r), regions, t.finish_block_ids(r), fregions,
+                           int(t.prompt_tokens[r]), max(1, int(t.output_tokens[r])),
+                           self._prefix[s])
         if r + 1 >= t.sessions[s].first + t.sessions[s].count:
             del self._states[s]  # the session's last request: its state is done
         return views

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sim.kvcache.versions import VersionSpace, encode
-from traces.regions import REGION_SYSTEM, REGION_TOOLS, REGION_USER
+from traces.regions import REGION_SYSTEM, REGION_TOOL_RESULT, REGION_TOOLS, REGION_USER
 
 from .strategies import Strategy, budget_drops, keep_removed, stale_tool_mask, tool_spans
 
@@ -110,10 +110,12 @@ class RequestView:
 
 
 def _common(a: np.ndarray, b: np.ndarray) -> int:
-    """Length of the common prefix of two id arrays."""
+    """Length of the common prefix of two arrays of chained raw ids."""
     n = min(len(a), len(b))
     if n == 0:
         return 0
+    if a.item(n - 1) == b.item(n - 1):  # chained: the whole prefix agrees
+        return n
     diff = a[:n] != b[:n]
     i = int(diff.argmax())
     return i if diff[i] else n
@@ -147,6 +149,8 @@ class SessionState:
         self._events_index: tuple[list[int], list[int]] | None = None  # _event_index
         self._spans: tuple[list[int], list[int]] = ([], [])  # tool results of the last prompt
         self._spans_dropped = 0  # leading tool results known dropped
+        self._ndropped = 0  # dropped blocks (-1: count again)
+        self._prompt_dropped = 0  # dropped blocks before the request's own drop
 
     # --- shared helpers -------------------------------------------------------------------
     def _grow(self, arr: np.ndarray, n: int, fill) -> np.ndarray:
@@ -163,6 +167,7 @@ class SessionState:
         self.dropped = self.dropped[:k].copy()
         self.removed = self.removed[:k].copy()
         self._runs_cache = None
+        self._ndropped = -1
         bs = self.bs
         first = next((j for j, e in enumerate(self.events) if e.trigger // bs >= k), None)
         if first is None:
@@ -188,40 +193,39 @@ class SessionState:
         the blocks dropped before it (so keys stay chained: equal keys, equal prefixes;
         with +repos that also fixes the position its keys are rotated to); dropped blocks'
         keys are negated (``versions``). ``known[:valid]``: keys already computed for a
-        prefix under the same drops (only the rest is computed)."""
+        prefix under the same drops (only the rest is computed).
+
+        The version is constant between trigger blocks and dropped-run boundaries, so the
+        rest is cut there (a few pieces: usually one) and each piece encoded at once."""
         n = len(raw)
         if not self.events:
             return raw
         valid = min(valid, n) if known is not None else 0
         if known is not None and valid == n:
             return known[:n]
-        trig_l, ev_vids = self._event_index()
-        rs, re_ = self._dropped_runs()
-        rs_l, re_l = self._runs_lists
-        if valid:  # usually the tail is new blocks under one version: no arrays needed
-            ev_a, dp_a = bisect_right(trig_l, valid), bisect_right(re_l, valid)
-            j = dp_a  # the first run not ending at or before ``valid``
-            if (ev_a == bisect_right(trig_l, n - 1) and dp_a == bisect_right(re_l, n - 1)
-                    and not (j < len(rs_l) and rs_l[j] < n)):
-                dp_ids = self._dp_chain(rs_l, re_l)
-                vid = 0 if not (ev_a or dp_a) else self.space.vid((ev_vids[ev_a],
-                                                                   dp_ids[dp_a]))
-                return np.concatenate((known[:valid], encode(raw[valid:], vid, check=False)))
-        trig = np.array(trig_l, np.int64)
-        pos = np.arange(valid, n)
-        ev = np.searchsorted(trig, pos, side="right")
-        dropped = self._grow(self.dropped, n, False)[:n]
-        dp = np.searchsorted(re_, pos, side="right")  # dropped runs before each block
-        code = ev * (len(rs) + 1) + dp  # nondecreasing: one version per constant run
-        firsts = np.flatnonzero(np.concatenate(([True], code[1:] != code[:-1])))
-        dp_ids = self._dp_chain(rs_l, re_l)
+        trig, ev_vids = self._event_index()
+        self._dropped_runs()
+        rs, re_ = self._runs_lists
+        dp_ids = self._dp_chain(rs, re_)
+        cuts = {valid, n}
+        cuts.update(trig[bisect_right(trig, valid):bisect_left(trig, n)])
+        cuts.update(rs[bisect_right(rs, valid):bisect_left(rs, n)])
+        cuts.update(re_[bisect_right(re_, valid):bisect_left(re_, n)])
+        edges = sorted(cuts)
         space = self.space
-        vids = [0 if not (e or d) else space.vid((ev_vids[e], dp_ids[d]))
-                for e, d in zip(ev[firsts].tolist(), dp[firsts].tolist(), strict=True)]
-        vid = np.repeat(np.array(vids, np.int64),
-                        np.diff(np.concatenate((firsts, [n - valid]))))
-        tail = encode(raw[valid:], vid, dropped[valid:], check=False)
-        return tail if not valid else np.concatenate((known[:valid], tail))
+        vids, flags = [], []
+        for a in edges[:-1]:
+            ev = bisect_right(trig, a)
+            dp = bisect_right(re_, a)  # dropped runs that end at or before a
+            flags.append(dp < len(rs) and rs[dp] <= a)
+            vids.append(space.vid((ev_vids[ev], dp_ids[dp])) if ev or dp else 0)
+        if len(vids) == 1:
+            tail = encode(raw[valid:], vids[0], flags[0], check=False)
+        else:
+            lengths = np.diff(edges)
+            tail = encode(raw[valid:], np.repeat(vids, lengths), np.repeat(flags, lengths),
+                          check=False)
+        return np.concatenate((known[:valid], tail)) if valid else tail
 
     def _event_index(self) -> tuple[list[int], list[int]]:
         """(trigger block of each event, the history's vid after 0, 1, ... events)."""
@@ -238,6 +242,23 @@ class SessionState:
             self._runs_cache = (rs, re_)
             self._runs_lists = (rs.tolist(), re_.tolist())
         return self._runs_cache
+
+    def _add_runs(self, starts: list[int], ends: list[int]) -> None:
+        """New dropped runs into the cached runs (sorted, touching runs joined)."""
+        if self._runs_cache is None:
+            return  # made again from ``dropped`` when next needed
+        pairs = sorted(zip(self._runs_lists[0] + starts, self._runs_lists[1] + ends,
+                           strict=True))
+        rs: list[int] = []
+        re_: list[int] = []
+        for a, b in pairs:
+            if re_ and a <= re_[-1]:
+                re_[-1] = max(re_[-1], b)
+            else:
+                rs.append(a)
+                re_.append(b)
+        self._runs_lists = (rs, re_)
+        self._runs_cache = (np.array(rs, np.int64), np.array(re_, np.int64))
 
     def _dp_chain(self, starts: list[int], ends: list[int]) -> list[int]:
         """Version ids of "these runs are dropped" for every prefix of the runs (chained;
@@ -275,7 +296,7 @@ class SessionState:
         return self._hid
 
     def _new_drops(self, regions: np.ndarray, prompt_tokens: int, k: int,
-                   prefix_blocks: int) -> np.ndarray:
+                   prefix_blocks: int) -> np.ndarray | None:
         """Blocks the strategy drops now (not dropped yet), a bool mask over the prompt."""
         n = len(regions)
         if self.st.kind == "drop":
@@ -288,28 +309,49 @@ class SessionState:
         return budget_drops(regions, ~dropped, pinned, self.st.budget // bs,
                             (np.arange(n, dtype=np.int64) + 1) * bs, prompt_tokens)
 
-    def _stale_tools(self, regions: np.ndarray, k: int) -> np.ndarray:
-        """drop:K: tool results older than the K newest, not dropped yet (a bool mask). The
+    def _stale_tools(self, regions: np.ndarray, k: int) -> np.ndarray | None:
+        """drop:K: tool results older than the K newest, not dropped yet (a bool mask, or
+        None when there are none). The
         tool results that end before block ``k`` (shared with the previous request) are the
         previous prompt's: only the rest of the prompt is scanned."""
         ps, pe = self._spans
-        # tool results that end before k (shared blocks) and before the previous prompt's
-        # end (where the scan stopped) cannot change
-        j = bisect_left(pe, min(k, self.prev_prompt_blocks))
-        s0 = pe[j - 1] if j else 0
-        s, e = tool_spans(regions[s0:])
-        starts, ends = ps[:j] + (s + s0).tolist(), pe[:j] + (e + s0).tolist()
-        self._spans = (starts, ends)
+        # Tool results that end before the shared blocks do (and before the previous
+        # prompt's end, where its scan stopped) cannot change: rescan from there, or from
+        # the start of a tool result that reaches it (it may grow).
+        limit = min(k, self.prev_prompt_blocks)
+        j = bisect_left(pe, limit)
+        s0 = min(ps[j], limit) if j < len(ps) else limit
         n = len(regions)
-        dropped = self._grow(self.dropped, n, False)
-        c = min(self._spans_dropped, j)  # leading tool results all dropped already
-        while c < len(starts) and dropped[starts[c]:ends[c]].all():
-            c += 1
+        starts, ends = ps[:j], pe[:j]
+        if n - s0 <= 32:  # a short new part: scanned in Python
+            run = -1
+            for i, g in enumerate(regions[s0:].tolist(), s0):
+                if g == REGION_TOOL_RESULT:
+                    if run < 0:
+                        run = i
+                elif run >= 0:
+                    starts.append(run)
+                    ends.append(i)
+                    run = -1
+            if run >= 0:
+                starts.append(run)
+                ends.append(n)
+        else:
+            s, e = tool_spans(regions[s0:])
+            starts, ends = starts + (s + s0).tolist(), ends + (e + s0).tolist()
+        self._spans = (starts, ends)
         stale = max(0, len(starts) - self.st.keep)
+        c = min(self._spans_dropped, j)  # leading tool results all dropped already
+        if c >= stale:
+            self._spans_dropped = c
+            return None
+        dropped = self._grow(self.dropped, n, False)
+        while c < stale and dropped[starts[c]:ends[c]].all():
+            c += 1
         new = np.zeros(n, dtype=bool)
-        for a, b in zip(starts[c:stale], ends[c:stale], strict=False):
+        for a, b in zip(starts[c:stale], ends[c:stale], strict=True):
             new[a:b] = ~dropped[a:b]
-        self._spans_dropped = max(c, stale)
+        self._spans_dropped = stale
         return new
 
     # --- text edits (trim, splice) ------------------------------------------------------
@@ -341,10 +383,13 @@ class SessionState:
             self._forget_after(k)
         pre: list[RequestView] = []
         view = RequestView("turn", rid, raw, prompt_tokens, output_tokens, finish_raw)
-        forig = np.arange(len(finish_raw), dtype=np.int64)
+        forig = None
         if st.drops:
+            if self._ndropped < 0:
+                self._ndropped = int(np.count_nonzero(self.dropped))
+            self._prompt_dropped = self._ndropped  # every dropped block lies in the prompt
             new = self._new_drops(regions, prompt_tokens, k, prefix_blocks)
-            if not new.any():
+            if new is None or not new.any():
                 view.finish = self._drop_keys(finish_raw, self.prev_keys, reuse)
                 view.ids = view.finish[:n]
             else:
@@ -352,8 +397,9 @@ class SessionState:
                 before = self._drop_keys(raw, self.prev_keys, reuse)
                 self.dropped = self._grow(self.dropped, n, False)
                 self.dropped[:n] |= new
-                self._runs_cache = None
+                self._ndropped = -1
                 s, e = _runs(new)
+                self._add_runs(s.tolist(), e.tolist())
                 parent = self.events[-1].vid if self.events else 0
                 vid = self.space.vid(("drop", parent, prompt_tokens, s.tobytes(),
                                       e.tobytes(), st.repos))
@@ -369,12 +415,13 @@ class SessionState:
                     first = int(np.argmax(new))
                     view.rotates = np.zeros(n, bool)
                     view.rotates[first:] = ~self.dropped[first:n]
-            view.prompt_dropped_tokens = int(np.count_nonzero(view.ids < 0)) * bs
+            view.prompt_dropped_tokens = self._prompt_dropped * bs
             view.ideal_blocks = lk
             view.hid_s, view.hid_e, view.hid_t = self._hidden()
             if st.repos:
                 view.freed_positions = view.prompt_dropped_tokens
         elif st.removes_text:
+            forig = np.arange(len(finish_raw), dtype=np.int64)
             self.removed = self._grow(self.removed, n, False)
             stale = stale_tool_mask(regions, st.keep, n)
             newly = stale & ~self.removed[:n]

@@ -209,10 +209,12 @@ class RadixKVCache(Inspection):
         fill = dropped = 0
         if tree.hole_blocks or self.tiering.has_cpu or tree.dropped_blocks:
             for nd in path:
-                if nd.tier is _DROPPED:
-                    dropped += len(nd.ids)
-                elif nd.tier is not _GPU:
-                    fill += len(nd.ids)
+                t = nd.tier
+                if t is not _GPU:
+                    if t is _DROPPED:
+                        dropped += len(nd.ids)
+                    else:
+                        fill += len(nd.ids)
             if partial is not None and partial.tier is not _GPU:
                 if partial.tier is _DROPPED:
                     dropped += k

@@ -89,8 +89,9 @@ def plan_edit(tree: RadixTree, old: np.ndarray, new: np.ndarray, dest: np.ndarra
         matched = int(undrop.argmax())
         path, partial, k = _cut_path(path, partial, k, matched)
     kinds = kinds_of(old[:matched], new, dest[:matched])
-    changed = np.flatnonzero(kinds != KEPT)
-    first = int(changed[0]) if changed.size else matched
+    first = int(np.argmax(kinds != KEPT)) if matched else 0
+    if matched and kinds[first] == KEPT:
+        first = matched
     return EditPlan(path, partial, k, matched, kinds, first)
 
 
@@ -112,12 +113,14 @@ def _cut_path(path: list[Node], partial: Node | None, k: int, cut: int
 
 def _cuts(kinds: np.ndarray, dest: np.ndarray, rotates: np.ndarray, first: int) -> list[int]:
     """Block positions where a node must be cut, sorted: the first change, kind changes,
-    shift changes (each node moves as one piece) and where re-rotation starts or stops."""
+    shift changes (each node moves as one piece) and where re-rotation starts or stops
+    (blocks before ``first`` are all kept: nothing to cut there)."""
     n = len(kinds)
-    shift = np.where(dest[:n] < 0, -1, dest[:n] - np.arange(n))
-    rot = rotates[:n]
-    edge = (kinds[1:] != kinds[:-1]) | (shift[1:] != shift[:-1]) | (rot[1:] != rot[:-1])
-    return sorted({first, *(np.flatnonzero(edge) + 1).tolist()})
+    kd = kinds[first:n]
+    shift = np.where(dest[first:n] < 0, -1, dest[first:n] - np.arange(first, n))
+    rot = rotates[first:n]
+    edge = (kd[1:] != kd[:-1]) | (shift[1:] != shift[:-1]) | (rot[1:] != rot[:-1])
+    return [first, *(np.flatnonzero(edge) + (first + 1)).tolist()]
 
 
 def apply_edit(tree: RadixTree, plan: EditPlan, new: np.ndarray, dest: np.ndarray,

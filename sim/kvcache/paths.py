@@ -50,14 +50,17 @@ class Paths:
         if end > len(ids) or node.last != ids.item(end - 1) or node.last < 0:
             return None
         chain = []
+        append = chain.append
         root = self.root
         nd = node
         epoch = hint.epoch
         while nd is not root:
-            if nd is None or nd.keyed > epoch or (stop_at_holes and nd.tier is _NONE):
+            if nd is None or nd.keyed > epoch:
                 return None
-            chain.append(nd)
+            append(nd)
             nd = nd.parent
+        if stop_at_holes and any(x.tier is _NONE for x in chain):
+            return None
         chain.reverse()
         return chain
 
