@@ -26,10 +26,11 @@ import numpy as np
 
 from costmodel.specs import ModelSpec
 from costmodel.units import Units, hidden_key_sum, position_sum, range_units
+from sim.kvcache.node import Tier
 
 from .session import RequestView
 
-GPU, CPU, NONE, DROPPED = 1, 2, 0, 3  # sim.kvcache.Tier values
+GPU, CPU, NONE = Tier.GPU, Tier.CPU, Tier.NONE
 
 
 def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -59,8 +60,6 @@ def plan_ranges(view: RequestView, segments, usable: int, context_tokens: int, b
     sets ``view.restored_tokens``, ``skipped_tokens`` and ``reprefill_tokens``."""
     n = min(len(view.ids), usable)
     any_dropped = view.prompt_dropped_tokens > 0
-    dropped = view.ids[:n] < 0 if any_dropped else None  # dropped before this request
-    hs, he, ht = view.hid_s // bs, view.hid_e // bs, view.hid_t
     ranges: list[tuple[int, int]] = []
     reused = holes = cpu = 0
     end = 0
@@ -68,16 +67,16 @@ def plan_ranges(view: RequestView, segments, usable: int, context_tokens: int, b
         if s >= n:
             break
         e = min(e, n)
-        if tier == GPU:
+        if tier is GPU:
             reused += (e - s) * bs
-        elif tier == CPU:
+        elif tier is CPU:
             cpu += (e - s) * bs
-        elif tier == NONE:
+        elif tier is NONE:
             holes += (e - s) * bs
             ranges.append((s * bs, e * bs))
         end = e
     if end < n:  # the tail beyond the match: every block the history still sees
-        keep = None if dropped is None else ~dropped[end:]
+        keep = ~(view.ids[end:n] < 0) if any_dropped else None
         if keep is None or keep.all():
             ranges.append((end * bs, n * bs))
         else:
@@ -90,8 +89,11 @@ def plan_ranges(view: RequestView, segments, usable: int, context_tokens: int, b
     restored = 0
     # A dropped interval needs restoring only if a token computed now lies before its
     # trigger; usually every trigger is behind everything computed (only the new tail).
-    if dropped is not None and n and bool(np.any((ht > computed[0][0]) & (hs < n)
-                                                  & dropped[np.minimum(hs, n - 1)])):
+    # Intervals dropped before this request come first (events are in time order).
+    prior = view.prior_intervals
+    if any_dropped and n and prior and int(view.hid_t[prior - 1]) > computed[0][0]:
+        dropped = view.ids[:n] < 0
+        hs, he, ht = view.hid_s // bs, view.hid_e // bs, view.hid_t
         starts = [a for a, _ in computed]
         for j in np.argsort(-hs, kind="stable").tolist():
             s, e = int(hs[j]), min(int(he[j]), n)
@@ -105,7 +107,9 @@ def plan_ranges(view: RequestView, segments, usable: int, context_tokens: int, b
                 restored += piece[1] - piece[0]
         computed = _merge(computed)
     view.restored_tokens = restored
-    view.skipped_tokens = (int(dropped.sum()) * bs if dropped is not None else 0) - restored
+    skipped = view.prompt_dropped_tokens if n == len(view.ids) else (
+        int(np.count_nonzero(view.ids[:n] < 0)) * bs if any_dropped else 0)
+    view.skipped_tokens = skipped - restored
     lo, hi = view.reprefill_blocks
     view.reprefill_tokens = sum(max(0, min(b, hi * bs) - max(a, lo * bs))
                                 for a, b in computed) if hi > lo else 0

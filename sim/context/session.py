@@ -75,6 +75,7 @@ class RequestView:
     hid_t: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     freed_positions: int = 0  # positions repos gave back (the context limit counts the rest)
     prompt_dropped_tokens: int = 0  # prompt tokens dropped before this request: no KV needed
+    prior_intervals: int = 0  # leading hidden intervals dropped before this request
     ideal_blocks: int = 0  # leading blocks an unlimited cache holds (the edited history)
     # logical blocks [lo, hi) whose content the session computed before but whose keys a
     # text edit changed now (trim, summarize): computing them again is re-prefill
@@ -418,6 +419,8 @@ class SessionState:
             view.prompt_dropped_tokens = self._prompt_dropped * bs
             view.ideal_blocks = lk
             view.hid_s, view.hid_e, view.hid_t = self._hidden()
+            view.prior_intervals = len(view.hid_s) - (len(self.events[-1].starts)
+                                                      if view.edit_on_finish else 0)
             if st.repos:
                 view.freed_positions = view.prompt_dropped_tokens
         elif st.removes_text:

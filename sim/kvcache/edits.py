@@ -135,27 +135,29 @@ def apply_edit(tree: RadixTree, plan: EditPlan, new: np.ndarray, dest: np.ndarra
     if plan.partial is not None:
         path.append(plan.partial if plan.partial_blocks == len(plan.partial.ids)
                     else tree.split(plan.partial, plan.partial_blocks))
-    holder = next(nd for nd in path if nd.end > plan.first)
-    if holder.lock:
+    first = plan.first
+    h = 0  # the first node holding a block that changes: the nodes before it are kept
+    while path[h].start + len(path[h].ids) <= first:
+        h += 1
+    if path[h].lock:
         res.applied = False
         return res
-    kinds = plan.kinds
-    cuts = _cuts(kinds, dest, rotates, plan.first)
+    kinds = plan.kinds.tolist()
+    cuts = _cuts(plan.kinds, dest, rotates, first)
     nodes: list[Node] = []
-    for nd in path:
-        if nd.end <= plan.first:
-            nodes.append(nd)
-            continue
+    for nd in path[h:]:
+        end = nd.start + len(nd.ids)
         i = bisect_right(cuts, nd.start)
-        while i < len(cuts) and cuts[i] < nd.end:
+        while i < len(cuts) and cuts[i] < end:
             nodes.append(tree.split(nd, cuts[i] - nd.start))
             i += 1
         nodes.append(nd)
-    parent: Node = tree.root
+    parent: Node = path[h - 1] if h else tree.root
+    res.last = path[h - 1] if h else None
     removed_top: Node | None = None
     for i, nd in enumerate(nodes):
         s = nd.start
-        kind = int(kinds[s])
+        kind = kinds[s]
         nxt = nodes[i + 1] if i + 1 < len(nodes) else None
         if kind == KEPT:
             parent = res.last = nd
