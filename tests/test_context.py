@@ -265,3 +265,30 @@ def test_incremental_tool_results_match_a_full_rescan() -> None:
                         tr.finish_block_regions(r), int(tr.prompt_tokens[r]), 1, 0)
                 (va,), (vb,) = a.turn(*args), b.turn(*args)
                 assert np.array_equal(va.ids, vb.ids) and np.array_equal(va.finish, vb.finish)
+
+
+def test_a_drop_blocked_by_another_running_request_keeps_the_cache_sound() -> None:
+    """Two sessions start with the same 40 user blocks (shared in the tree, not a shared
+    prefix: like identical sub-agents). Under a small budget the first to finish drops some
+    of them while the other still runs: the edit cannot touch a path another request holds,
+    so it is blocked, the finish inserts nothing more, and every count stays exact."""
+    from tests.enginekit import KitTrace
+
+    class Shared(KitTrace):
+        def __init__(self) -> None:
+            super().__init__([[(40 * 64 + 10, 50, 0.0), (40 * 64 + 600, 5, 1.0)],
+                              [(40 * 64 + 10, 400, 0.0), (40 * 64 + 900, 5, 1.0)]],
+                             shared_blocks=40)
+            for sess in self.sessions:
+                sess.shared_prefix_blocks = 0  # shared content, not the system prompt
+
+        def block_regions(self, r: int) -> np.ndarray:
+            return np.full(int(self.prompt_tokens[r]) // 64, U, np.uint8)
+
+        def finish_block_regions(self, r: int) -> np.ndarray:
+            return np.full(len(self.finish_block_ids(r)), U, np.uint8)
+
+    cfg = RunConfig(gpu_cache=1 << 16, sessions=2, max_new_tokens=64, debug_cache=True,
+                    context="budget:1024").with_preset("penelope")
+    s = run(cfg, Shared()).summary
+    assert s["requests"] == 4 and s["context_edits_blocked"] >= 1

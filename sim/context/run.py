@@ -49,7 +49,7 @@ class ContextRun:
 
 
 def apply_edit(cache, view: RequestView, spec: ModelSpec, profile: Profile,
-               counters: dict[str, float], hint=None) -> float:
+               counters: dict[str, float], hint=None) -> tuple[float, bool]:
     """The server applies the history's edit of its cached path (on arrival for a splice,
     when the request finishes for a drop): dropped KV is freed, moved KV re-keyed. Returns
     the re-rotation seconds (the engine charges them to its next prefill batch). What an
@@ -60,7 +60,7 @@ def apply_edit(cache, view: RequestView, spec: ModelSpec, profile: Profile,
     res = cache.edit(old, new, dest, view.rotates, hint)
     if not res.applied:
         counters["context_edits_blocked"] += 1
-        return 0.0
+        return 0.0, False
     counters["context_edits"] += 1
     counters["context_freed_blocks"] += res.freed.freed_blocks
     counters["context_dropped_blocks"] += res.dropped_blocks
@@ -69,7 +69,7 @@ def apply_edit(cache, view: RequestView, spec: ModelSpec, profile: Profile,
     view.rerotated_tokens += tokens
     counters["rerotated_tokens"] += tokens
     counters["rerotate_seconds"] += seconds
-    return seconds
+    return seconds, res.complete
 
 
 COUNTERS = ("context_edits", "context_edits_blocked", "context_freed_blocks",

@@ -115,12 +115,18 @@ class EngineBase:
         """What a finished request inserts: its prompt and output blocks."""
         return req.view.finish if req.view is not None else self.finish_ids(req.rid)
 
-    def _context_edit(self, req: Req) -> None:
+    def _context_edit(self, req: Req) -> bool:
         """Apply the edit a context strategy asks of the request's cached path (sim.context:
-        a splice on arrival, a drop when the request finishes, before its finish insert)."""
-        if req.view.edit is not None:
-            self._rerotate_s += apply_edit(self.cache, req.view, self.spec, self.profile,
-                                           self.rec.counters, req.hint)
+        a splice on arrival, a drop when the request finishes, before its finish insert).
+        False when the cached path could not all take its new keys (another running request
+        holds it): the finish then inserts nothing more (the history misses there next time
+        and computes again)."""
+        if req.view.edit is None:
+            return True
+        seconds, complete = apply_edit(self.cache, req.view, self.spec, self.profile,
+                                       self.rec.counters, req.hint)
+        self._rerotate_s += seconds
+        return complete
 
     def _blocks(self, tokens: float) -> int:
         return -(-math.ceil(tokens) // self.bs)

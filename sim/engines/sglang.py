@@ -373,7 +373,8 @@ class SGLangServer(EngineBase):
         final = self._final_ids(req) if req.generated >= req.output_tokens else req.ids
         if req.view is not None and req.view.edit_on_finish and final is not req.ids:
             self._unlock_all(req)  # its own locks would block the edit of its path
-            self._context_edit(req)  # a drop takes effect after the prompt (sim.context)
+            if not self._context_edit(req):  # a drop takes effect after the prompt
+                final = final[:0]  # its path did not all take the new keys: keep it as is
         leaf = None
         if final.size:
             leaf = self._checkpoint(req, 0, final_ids=final)

@@ -45,6 +45,7 @@ class EditResult:
     either tier."""
 
     applied: bool = True
+    complete: bool = True  # the whole cached part of ``old`` now holds its new keys
     matched_blocks: int = 0  # blocks of ``old`` found in the tree
     dropped_blocks: int = 0  # blocks that became DROPPED
     rotated_blocks: int = 0  # blocks with KV (GPU or CPU) re-keyed to new positions
@@ -140,7 +141,7 @@ def apply_edit(tree: RadixTree, plan: EditPlan, new: np.ndarray, dest: np.ndarra
     while path[h].start + len(path[h].ids) <= first:
         h += 1
     if path[h].lock:
-        res.applied = False
+        res.applied = res.complete = False
         return res
     kinds = plan.kinds.tolist()
     cuts = _cuts(plan.kinds, dest, rotates, first)
@@ -173,11 +174,13 @@ def apply_edit(tree: RadixTree, plan: EditPlan, new: np.ndarray, dest: np.ndarra
             # New blocks come before it that the old path lacks (text that came back): it
             # cannot be placed; keys no history reaches any more, so it goes.
             _remove(tree, nd if removed_top is None else removed_top, res.freed)
+            res.complete = False
             return res
         if clash is not None and clash is not nd:
             # The new version is cached already (made while this edit could not be
             # applied): the old copy can never be reached again.
             _remove(tree, nd if removed_top is None else removed_top, res.freed)
+            res.complete = False
             return res
         if kind == REKEYED or nd.parent is not parent:
             if kind == REKEYED and nd.has_kv and rotates[s]:
@@ -216,8 +219,10 @@ def edit_path(tree: RadixTree, old: np.ndarray, new: np.ndarray, dest: np.ndarra
     rot = np.zeros(len(old), bool) if rotates is None else np.asarray(rotates, bool)
     if len(dest) != len(old) or len(rot) != len(old):
         raise ValueError(f"dest and rotates need {len(old)} entries, one per old key")
-    res = apply_edit(tree, plan_edit(tree, old, new, dest, hint), np.asarray(new, np.int64),
-                     dest, rot)
+    plan = plan_edit(tree, old, new, dest, hint)
+    res = apply_edit(tree, plan, np.asarray(new, np.int64), dest, rot)
+    if plan.matched < len(old):
+        res.complete = False
     if hint is not None:
         hint.take(res.last, tree.epoch)
     return res
