@@ -36,9 +36,11 @@ MODELS = {"gpt-oss-120b": 262144, "qwen3-32b": 196608}  # GPU KV cap (tokens) pe
 CONCURRENCY = (8, 10)
 SELECT = "top-requests:80"
 KEEP = 4  # tool results kept (trim, drop, splice); AKV's README example keeps 12
-SUMMARIZE = (65536, 1024)  # past 64K tokens, a 1K-token summary
+# Summarize near the limit, as agents' auto-compaction does: past 75% of the 128K cut, a
+# 2K-token summary (Claude Code's compaction summaries run to a few thousand tokens).
+SUMMARIZE = (98304, 2048)
 BUDGET = 32768  # visible KV per session (budget)
-QUICK_SUMMARIZE = (32768, 512)
+QUICK_SUMMARIZE = (49152, 1024)  # 75% of the quick 64K cut
 QUICK_BUDGET = 16384
 EVICTIONS = ("sglang", "penelope")
 
