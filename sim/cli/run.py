@@ -238,8 +238,9 @@ class RunInputError(ValueError):
 def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select, gap_model,
             lenient, seed, cache_dir, rebuild_sessions, model, profile, gpu_cache, cpu_cache,
             tiering, swap_buffer, hicache_write_policy, sessions, replay, time_scale, engine,
-            preset, evict, granularity, order, policies, policy_params, scheduler, context, chunk_size,
-            prompt_nodes, max_new_tokens, max_running, debug_cache, out, as_json) -> None:
+            preset, evict, granularity, order, policies, policy_params, scheduler, context,
+            chunk_size, prompt_nodes, max_new_tokens, max_running, debug_cache, out,
+            as_json) -> None:
     """Replay a trace through the simulated server under each policy; report TTFT, JCT, hits."""
     from costmodel.specs import get_spec
     from sim.checks import check_model_and_profile
