@@ -9,7 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim.context.plan import plan_ranges
-from sim.context.session import RequestView, SessionState
+from sim.context.session import SessionState
+from sim.context.view import RequestView
 from sim.kvcache import RadixKVCache, Tier
 from sim.kvcache.versions import raw_of
 

@@ -21,7 +21,7 @@ from costmodel.units import (
     rerotation_seconds,
 )
 from sim.context.plan import units_of
-from sim.context.session import RequestView
+from sim.context.view import RequestView
 
 FULL2 = ModelSpec("t-full", layers=2, hidden=64, q_heads=1, kv_heads=1, head_dim=32, ffn=64)
 WIN4 = ModelSpec("t-win", layers=1, hidden=64, q_heads=1, kv_heads=1, head_dim=32, ffn=64,

@@ -7,8 +7,8 @@ a run. kvsim prices serving only: it does not model what any of them does to tas
 
 from .plan import plan_ranges, units_of
 from .run import COUNTERS, ContextRun, apply_edit, context_summary
-from .session import RequestView
 from .strategies import ACCURACY_NOTE, ContextError, Strategy, parse_context
+from .view import RequestView
 
 __all__ = ["ACCURACY_NOTE", "COUNTERS", "ContextError", "ContextRun", "RequestView",
            "Strategy", "apply_edit", "context_summary", "parse_context", "plan_ranges",

@@ -28,7 +28,7 @@ from costmodel.specs import ModelSpec
 from costmodel.units import Units, hidden_key_sum, position_sum, range_units
 from sim.kvcache.node import Tier
 
-from .session import RequestView
+from .view import RequestView
 
 GPU, CPU, NONE = Tier.GPU, Tier.CPU, Tier.NONE
 

@@ -12,8 +12,9 @@ from costmodel.specs import ModelSpec
 from costmodel.units import rerotation_seconds
 from sim.kvcache.versions import VersionSpace
 
-from .session import RequestView, SessionState, session_prefix_blocks
+from .session import SessionState, session_prefix_blocks
 from .strategies import Strategy
+from .view import RequestView
 
 
 class ContextRun:

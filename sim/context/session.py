@@ -30,7 +30,6 @@ are forgotten (the strategy decides again on the new prompt).
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -38,76 +37,8 @@ from sim.kvcache.versions import VersionSpace, encode
 from traces.regions import REGION_SYSTEM, REGION_TOOL_RESULT, REGION_TOOLS, REGION_USER
 
 from .strategies import Strategy, budget_drops, keep_removed, stale_tool_mask, tool_spans
-
-
-@dataclass
-class Event:
-    """Blocks ``[starts, ends)`` dropped from token ``trigger`` on (block ``trigger // bs``
-    carries the new version); ``vid``: the history's version after this event."""
-
-    trigger: int
-    starts: np.ndarray
-    ends: np.ndarray
-    vid: int
-
-
-@dataclass
-class RequestView:
-    """What one request is under the run's context strategy (sizes in tokens unless named
-    blocks). The engine reads ``ids``, ``prompt_tokens``, ``finish``; applies ``edit`` on
-    arrival; prices with ``hidden``; fills the counters at the bottom."""
-
-    kind: str  # "turn" | "summary" (the summarization call before a summarized turn)
-    rid: int  # the trace request
-    ids: np.ndarray  # keys of the prompt's full blocks
-    prompt_tokens: int
-    output_tokens: int
-    finish: np.ndarray  # keys of prompt + output full blocks (what the finish inserts)
-    regions: np.ndarray | None = None  # per prompt block (policies' Arrival event)
-    edit: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # (old, new, dest)
-    # when the server applies ``edit``: on arrival (a splice: the prompt's own keys need it)
-    # or when the request finishes (a drop: it takes effect after the prompt, AKV's trigger)
-    edit_on_finish: bool = False
-    rotates: np.ndarray | None = None  # per old block of ``edit``: its position moves
-    # dropped token intervals [hid_s, hid_e) and the trigger from which each is not attended
-    hid_s: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    hid_e: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    hid_t: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    freed_positions: int = 0  # positions repos gave back (the context limit counts the rest)
-    prompt_dropped_tokens: int = 0  # prompt tokens dropped before this request: no KV needed
-    prior_intervals: int = 0  # leading hidden intervals dropped before this request
-    ideal_blocks: int = 0  # leading blocks an unlimited cache holds (the edited history)
-    # logical blocks [lo, hi) whose content the session computed before but whose keys a
-    # text edit changed now (trim, summarize): computing them again is re-prefill
-    reprefill_blocks: tuple[int, int] = (0, 0)
-    # filled by the engine
-    rerotated_tokens: int = 0
-    restored_tokens: int = 0  # dropped tokens computed again for later kept ones
-    skipped_tokens: int = 0  # dropped tokens neither reused nor computed
-    reprefill_tokens: int = 0  # prefilled again after a text edit changed their keys
-    _index: tuple | None = field(default=None, repr=False)
-
-    def pricing_index(self) -> tuple[list[int], list[int], list[int]]:
-        """(triggers, hidden length of the first j intervals, their largest end), as lists
-        indexed by j = intervals whose trigger is at or before a position (``hid_t`` is
-        sorted: events come in time order)."""
-        idx = self._index
-        if idx is None:
-            cum = np.concatenate(([0], np.cumsum(self.hid_e - self.hid_s)))
-            mx = np.concatenate(([-1], np.maximum.accumulate(self.hid_e)))
-            idx = self._index = (self.hid_t.tolist(), cum.tolist(), mx.tolist())
-        return idx
-
-    def hidden_at(self, pos: int) -> tuple[np.ndarray, np.ndarray]:
-        """Dropped token intervals a token at ``pos`` does not attend."""
-        sel = self.hid_t <= pos
-        return self.hid_s[sel], self.hid_e[sel]
-
-    @property
-    def dropped_tokens(self) -> int:
-        """Tokens whose KV the history dropped by the end of this request: what its output
-        (decode) does not attend."""
-        return int((self.hid_e - self.hid_s).sum())
+from .summary import Summaries
+from .view import Event, RequestView
 
 
 def _common(a: np.ndarray, b: np.ndarray) -> int:
@@ -128,7 +59,7 @@ def _runs(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         np.int64)
 
 
-class SessionState:
+class SessionState(Summaries):
     """One session's history under a strategy (module docstring)."""
 
     def __init__(self, strategy: Strategy, space: VersionSpace, bs: int, sid: int) -> None:
@@ -462,64 +393,6 @@ class SessionState:
         self.prev_orig = forig
         self.prev_prompt_blocks = n
         return [*pre, view]
-
-    # --- summarize ----------------------------------------------------------------------
-    def _summary_layout(self, raw: np.ndarray, prefix_blocks: int) -> np.ndarray:
-        """Keys of ``raw`` under the current summary: the session prefix, the summary's
-        blocks, then the original blocks from the summary's cut on."""
-        if self.summary is None:
-            return raw
-        c0, vs, vc, nb = self.summary
-        return np.concatenate([raw[:prefix_blocks], encode(np.arange(nb, dtype=np.int64), vs),
-                               encode(raw[c0:], vc)])
-
-    def _summary_orig(self, n: int, prefix_blocks: int) -> np.ndarray:
-        """Original index of each logical block (-1: a summary block)."""
-        if self.summary is None:
-            return np.arange(n, dtype=np.int64)
-        c0, _, _, nb = self.summary
-        return np.concatenate([np.arange(prefix_blocks, dtype=np.int64),
-                               np.full(nb, -1, np.int64), np.arange(c0, n, dtype=np.int64)])
-
-    def _summary_tokens(self, prompt_tokens: int, prefix_blocks: int) -> int:
-        if self.summary is None:
-            return prompt_tokens
-        c0, _, _, nb = self.summary
-        return (prefix_blocks + nb - c0) * self.bs + prompt_tokens
-
-    def _summarize(self, view: RequestView, raw: np.ndarray, regions: np.ndarray,
-                   finish_raw: np.ndarray, k: int, lk: int, prefix_blocks: int
-                   ) -> list[RequestView]:
-        """Fill ``view`` under the session's summary; past the threshold, first a
-        summarization call (returned) and a new summary: prefix + summary + the last turn
-        (the previous reply and the new input, from the previous prompt's last full block)."""
-        st, bs = self.st, self.bs
-        p = view.prompt_tokens
-        if self.summary is not None and k < self.summary[0]:
-            self.summary = None  # the trace replaced the history the summary stood for
-        pre: list[RequestView] = []
-        cur = self._summary_tokens(p, prefix_blocks)
-        nb = -(-st.summary_tokens // bs)
-        c0 = min(self.prev_prompt_blocks, len(raw))
-        after = (prefix_blocks + nb - c0) * bs + p
-        if cur > st.threshold and c0 > prefix_blocks and after < cur:
-            ids = self._summary_layout(raw, prefix_blocks)
-            n_f = (cur + st.summary_tokens - 1) // bs
-            out = encode(np.arange(n_f - len(ids), dtype=np.int64),
-                         self.space.vid(("summary-call", self.sid, self.summaries)))
-            call = RequestView("summary", view.rid, ids, cur, st.summary_tokens,
-                               np.concatenate([ids, out]))
-            call.regions = regions[:len(ids)] if self.summary is None else None
-            pre.append(call)
-            self.summaries += 1
-            self.summary = (c0, self.space.vid(("summary", self.sid, self.summaries)),
-                            self.space.vid(("summary-cont", self.sid, self.summaries)), nb)
-            lo = prefix_blocks + nb
-            view.reprefill_blocks = (lo, lo + max(0, lk - c0))
-        view.ids = self._summary_layout(raw, prefix_blocks)
-        view.finish = self._summary_layout(finish_raw, prefix_blocks)
-        view.prompt_tokens = self._summary_tokens(p, prefix_blocks)
-        return pre
 
 
 def session_prefix_blocks(regions: np.ndarray, shared_blocks: int) -> int:
