@@ -9,14 +9,24 @@ layers::
 where ``cap_layer`` is unbounded for full attention and ``window - 1`` for a sliding window.
 A batch of ranges (a phantom request's hole plus the real request's new tokens) is priced as
 the sum of its ranges: positions are kept, so the hole costs what it originally cost.
+
+With context edits a token costs ``W + (keys it attends to)``: dropped keys are not attended
+(``attended_units``), and keys an edit moved are re-rotated in one bandwidth-bound pass
+(``rerotation_seconds``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
 
 from .specs import ModelSpec
+
+if TYPE_CHECKING:
+    from .profile import Profile
 
 
 @dataclass(frozen=True)
@@ -70,3 +80,72 @@ def ranges_units(spec: ModelSpec, ranges: Iterable[tuple[int, int]]) -> Units:
     for a, b in ranges:
         total = total + range_units(spec, a, b)
     return total
+
+
+# --- attended keys (cache engineering: dropped KV is not attended) ------------------------
+#
+# A token costs W + (keys it attends to) per layer, not W + position: keys a context edit
+# dropped (AKV ``drop``, MemDecay / SparseEngine pruning) are not read. Hidden keys are given as
+# half-open token intervals [s, e) lying before the computed range; a sliding-window layer
+# (window w, cap c = w - 1) sees keys [p - c, p) of which the hidden ones are subtracted.
+
+def _hidden_prefix(x: np.ndarray, s: np.ndarray, length: np.ndarray) -> np.ndarray:
+    """``sum(clip(q - s, 0, L) for q < x)`` per interval, in closed form: the hidden keys
+    of [s, s + L) seen by all tokens before position ``x`` under full attention."""
+    n = np.clip(x - s - 1, 0, length)
+    return n * (n + 1) // 2 + np.maximum(0, x - s - 1 - length) * length
+
+
+def hidden_key_sum(a: int, b: int, starts: np.ndarray, ends: np.ndarray,
+                   cap: int | None = None) -> int:
+    """``sum over p in [a, b) of |[max(0, p - cap), p) ∩ hidden|`` (``cap=None``: [0, p)),
+    where hidden is the union of the disjoint intervals ``[starts[i], ends[i])``: the keys a
+    token would attend to but may not. Closed form per interval, vectorized."""
+    if b <= a or len(starts) == 0:
+        return 0
+    s = np.asarray(starts, dtype=np.int64)
+    length = np.asarray(ends, dtype=np.int64) - s
+    total = _hidden_prefix(np.int64(b), s, length) - _hidden_prefix(np.int64(a), s, length)
+    if cap is not None:
+        total = total - (_hidden_prefix(np.int64(b - cap), s, length)
+                         - _hidden_prefix(np.int64(a - cap), s, length))
+    return int(total.sum())
+
+
+def attended_units(spec: ModelSpec, a: int, b: int, starts: np.ndarray, ends: np.ndarray
+                   ) -> int:
+    """Attention units of computing positions ``[a, b)`` when the keys in the disjoint
+    intervals ``[starts, ends)`` are not attended: per layer, each token counts the keys it
+    attends to (``min(p, w - 1)`` minus the hidden ones in its window)."""
+    total = 0
+    for window, count in spec.window_groups().items():
+        cap = None if window is None else window - 1
+        total += count * (position_sum(a, b, cap) - hidden_key_sum(a, b, starts, ends, cap))
+    return total
+
+
+def range_units_hidden(spec: ModelSpec, a: int, b: int, starts: np.ndarray,
+                       ends: np.ndarray) -> Units:
+    """``range_units`` with the keys in ``[starts, ends)`` not attended."""
+    if a < 0 or b < a:
+        raise ValueError(f"bad token range [{a}, {b})")
+    n = b - a
+    return Units(spec.layers * n * spec.W, attended_units(spec, a, b, starts, ends), n)
+
+
+# --- re-rotation (AKV ``repos``, Leyline splice) ----------------------------------------------
+def rerotation_bytes(spec: ModelSpec, tokens: int) -> int:
+    """HBM bytes of re-rotating ``tokens`` retained keys after an edit moved them: the K half
+    of their KV (every layer) is read and written once (V does not depend on position)."""
+    return 2 * tokens * (spec.kv_bytes_per_token // 2)
+
+
+def rerotation_seconds(spec: ModelSpec, profile: Profile, tokens: int) -> float:
+    """A bandwidth-bound pass over the moved keys: ``rerotation_bytes`` over the profile's
+    memory bandwidth, taken from its decode KV-read coefficient (``kv_bytes_per_token /
+    decode.per_context_token_s``: the bandwidth decode steps already read KV at)."""
+    per_token = profile.decode.per_context_token_s
+    if tokens <= 0 or per_token <= 0:
+        return 0.0
+    bandwidth = spec.kv_bytes_per_token / per_token
+    return rerotation_bytes(spec, tokens) / bandwidth

@@ -167,6 +167,25 @@ fig.tight_layout()
 from sim.exp_policies import winners
 display(pd.DataFrame(winners(doc["rows"])))
 df.pivot_table(index="policy", columns="config", values="gap_closed", sort=False).round(2)"""),
+    "cache-engineering": (
+        "# Cache engineering against context engineering (seed 003)\n\n"
+        "How a session's history is managed on purpose: text trimming and summarization "
+        "(context engineering, re-prefill), AKV's rolling drop with and without "
+        "repositioning, Leyline's in-place splice, a MemDecay-style region budget; each "
+        "under SGLang's and Penelope's eviction, GPT-OSS-120B and Qwen3-32B, 8 and 10 "
+        "sessions at once on the shared Claude Code traces. AKV's Table 2 (its own traffic, "
+        "8 A800s) is shown beside ours for direction only.\n\n"
+        "**kvsim prices serving only: it does not model what trimming, summarizing, dropping "
+        "or pruning does to task accuracy.**",
+        """print(doc["note"])
+display(pd.DataFrame(doc["akv_table2"]))
+fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+for ax, col in zip(axes, ["request_latency_mean_s", "api_cost_usd"]):
+    for (model, n, ev), g in df.groupby(["model", "concurrency", "eviction"], sort=False):
+        ax.plot(g.strategy, g[col], "o-", label=f"{model} N={n} {ev}")
+    ax.set_ylabel(col); ax.tick_params(axis="x", rotation=30)
+axes[0].legend(fontsize=6)
+fig.suptitle("serving cost only: task accuracy is not modelled", fontsize=9)"""),
 }
 
 

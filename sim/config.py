@@ -67,6 +67,9 @@ class RunConfig:
     # fcfs: what SGLang 0.5.23 and vLLM 0.33 deploy by default (the only vLLM order kvsim
     # models); the paper's runs (and ``kvsim reproduce``) set lpm explicitly.
     scheduler: str = "fcfs"
+    # --- context strategy (sim.context): full | trim:K | summarize:T:S | drop:K[+repos] |
+    # splice:K | budget:B -- how each session manages its history on purpose ---------------
+    context: str = "full"
     # --- engine knobs (SGLang's unless said) ---------------------------------------------
     # SGLang chunked_prefill_size; vllm: max_num_batched_tokens, the token budget of one
     # step shared by decode and prefill chunks (8192 both: their H100 server defaults)
@@ -157,7 +160,27 @@ class RunConfig:
             raise bad("max_running", "must be >= 1")
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise bad("max_new_tokens", "must be >= 1")
+        self._validate_context(bad)
         return self
+
+    def _validate_context(self, bad) -> None:
+        from sim.context.strategies import ContextError, parse_context
+
+        if not isinstance(self.context, str):
+            raise bad("context", f"must be a strategy name, got {self.context!r}")
+        try:
+            st = parse_context(self.context)
+        except ContextError as e:
+            raise bad("context", str(e)) from None
+        if not st.is_full and self.engine != "sglang":
+            raise bad("context", f"{st.label} runs on the sglang engine (its radix tree keeps "
+                      "edited and dropped KV apart by history); use --engine sglang")
+        if st.edits_kv and self.cpu_cache and self.tiering == "hicache":
+            raise bad("context", f"{st.label} edits cached KV, which is not modelled with "
+                      "HiCache host copies: use tiering unified or no CPU tier")
+        if st.kind == "summarize" and self.replay == "open":
+            raise bad("context", "summarize needs the closed loop (the turn waits for its "
+                      "summarization call)")
 
     def _validate_policy(self, bad) -> None:
         components = [k for k in ("order", "evict", "granularity") if getattr(self, k)]

@@ -347,6 +347,13 @@ def cpu_sweep(ctx: Context) -> list[dict[str, Any]]:
     return rows
 
 
+def cache_engineering(ctx: Context) -> list[dict[str, Any]]:
+    """Context and cache engineering beside Penelope (sim/exp_cache_engineering.py)."""
+    from sim.exp_cache_engineering import cache_engineering as run
+
+    return run(ctx)
+
+
 # For experiments in their own modules (sim/exp_*.py).
 run_all, change = _run_all, _change
 
@@ -358,6 +365,7 @@ EXPERIMENTS: dict[str, Callable[[Context], list[dict[str, Any]]]] = {
     "two-tier": two_tier,
     "cpu-sweep": cpu_sweep,
     "policies": exp_policies.policies,  # the zoo and the clairvoyant oracle
+    "cache-engineering": cache_engineering,
 }
 
 
@@ -388,4 +396,8 @@ def reproduce(name: str, trace: str | None = None, quick: bool = False, jobs: in
            "quick": quick, "rows": rows}
     if profiles is not None:
         doc["profiles"] = profiles
+    if name == "cache-engineering":  # the accuracy caveat, prices and AKV's Table 2
+        from sim.exp_cache_engineering import document_extras
+
+        doc.update(document_extras(quick))
     return doc

@@ -61,6 +61,12 @@ class RequestRecord:
     retractions: int = 0
     dropped: bool = False
     drop_reason: str = ""  # context: prompt above the model's context; cache: cannot fit
+    # context strategies (sim.context; zero under ``full``)
+    kind: str = "turn"  # turn | summary (the summarization call of summarize:T:S)
+    dropped_tokens: int = 0  # prompt tokens whose KV the history dropped: not computed
+    restored_tokens: int = 0  # dropped tokens computed again for later kept ones
+    reprefill_tokens: int = 0  # computed again because a text edit changed their keys
+    rerotated_tokens: int = 0  # retained keys re-rotated by repos / splice on arrival
 
 
 class RunRecorder:
@@ -80,6 +86,9 @@ class RunRecorder:
             "bytes_h2d": 0, "bytes_d2h": 0, "cpu_loads": 0, "loaded_blocks": 0,
             "swap_buffer_loads": 0, "swap_buffer_blocks": 0, "swap_chunks": 0,
             "load_demoted_blocks": 0, "load_deleted_blocks": 0, "demoted_blocks": 0,
+            # context strategies (sim.context.run): reported only when one is used
+            "context_edits": 0, "context_edits_blocked": 0, "context_freed_blocks": 0,
+            "context_dropped_blocks": 0, "rerotated_tokens": 0, "rerotate_seconds": 0.0,
         }
         self.session_start: dict[int, float] = {}
         self.session_end: dict[int, float] = {}
@@ -90,7 +99,8 @@ class RunRecorder:
         return RequestRecord(
             request=req.rid, session=self.names[s], session_index=s,
             turn=req.rid - self.turn0[s], subagent=self.is_sub[s], send_s=req.arrival,
-            prompt_tokens=req.prompt_tokens, output_tokens=req.output_tokens)
+            prompt_tokens=req.prompt_tokens, output_tokens=req.output_tokens,
+            kind=getattr(getattr(req, "view", None), "kind", "turn"))
 
     def open(self, req: Any, now: float, *, reused: int, holes: int, ideal: int,
              spec: ModelSpec, segments: Any, bs: int, loaded: int = 0) -> RequestRecord:
@@ -104,15 +114,22 @@ class RunRecorder:
         rec.ideal_hit_tokens = ideal
         # Positions recomputed inside the ideal prefix: everything there not on the GPU.
         recomputed_ranges = []
+        view = getattr(req, "view", None)
+        if view is not None:  # a context strategy: its plan knows what is computed
+            recomputed_ranges = [(a, min(b, ideal)) for a, b in req.ranges if a < ideal]
+            rec.dropped_tokens = view.skipped_tokens
+            rec.restored_tokens = view.restored_tokens
+            rec.reprefill_tokens = view.reprefill_tokens
+            rec.rerotated_tokens = view.rerotated_tokens
         pos = 0
-        for s, e, tier in segments:
+        for s, e, tier in segments if view is None else ():
             a, b = s * bs, min(e * bs, ideal)
             if a >= ideal:
                 break
             if int(tier) != 1 and b > a:  # not GPU
                 recomputed_ranges.append((a, b))
             pos = b
-        if pos < ideal:
+        if pos < ideal and view is None:
             recomputed_ranges.append((pos, ideal))
         units = Units()
         for a, b in recomputed_ranges:
@@ -120,7 +137,8 @@ class RunRecorder:
             self._histogram(a, b)
         rec.recompute_units = units.total
         rec.recomputed_tokens = sum(b - a for a, b in recomputed_ranges)
-        rec.new_tokens = req.prompt_tokens - reused - loaded - rec.recomputed_tokens
+        rec.new_tokens = (req.prompt_tokens - reused - loaded - rec.recomputed_tokens
+                          - rec.dropped_tokens)
         shared = self.shared_blocks[req.session] * bs
         private_ideal = max(0, ideal - shared)
         private_lost = sum(max(0, b - max(a, shared)) for a, b in recomputed_ranges)

@@ -16,12 +16,18 @@ import numpy as np
 import simpy
 
 from sim.engines import EngineBase, Req
+from sim.kvcache.paths import WalkHint
 from traces import GAP_KINDS
 
 
 class Replay:
     def __init__(self, env: simpy.Environment, trace, server: EngineBase, gaps: np.ndarray,
-                 offsets: np.ndarray, sessions: int, time_scale: float = 1.0) -> None:
+                 offsets: np.ndarray, sessions: int, time_scale: float = 1.0,
+                 context=None) -> None:
+        self.context = context  # sim.context.ContextRun, or None under ``full``
+        # One walk hint per session: its requests are sequential and each extends the last,
+        # so the cache's walk for a request starts where the previous one ended.
+        self._hints: dict[int, WalkHint] = {}
         self.time_scale = time_scale  # open loop: recorded send times are multiplied by it
         self.env, self.trace, self.server, self.gaps = env, trace, server, gaps
         self.offsets = offsets  # sub-agent start delays under the gap model
@@ -49,6 +55,25 @@ class Replay:
                    shared_blocks=sess.shared_prefix_blocks, next_gap=next_gap,
                    next_gap_s=next_gap_s)
 
+    def _reqs(self, r: int) -> list[Req]:
+        """What the client sends for trace request r: the request itself, or under a context
+        strategy its views (a summarization call first when one is due, sent at once)."""
+        hint = self._hints.setdefault(int(self.trace.session[r]), WalkHint())
+        if self.context is None:
+            req = self._req(r)
+            req.hint = hint
+            return [req]
+        out = []
+        for view in self.context.views(r):
+            req = self._req(r)
+            req.hint = hint
+            req.ids, req.prompt_tokens, req.view = view.ids, view.prompt_tokens, view
+            req.output_tokens = max(1, view.output_tokens)
+            if view.kind == "summary":
+                req.next_gap, req.next_gap_s = "tool", 0.0
+            out.append(req)
+        return out
+
     def session(self, s: int, delay: float = 0.0) -> Generator:
         env, rec = self.env, self.server.rec
         if delay > 0:
@@ -65,9 +90,10 @@ class Replay:
             gap = float(self.gaps[r]) if k > 0 else 0.0
             if gap > 0 and math.isfinite(gap):
                 yield env.timeout(gap)
-            req = self._req(r)
-            self.server.submit(req)
-            yield req.done
+            for req in self._reqs(r):
+                req.arrival = env.now
+                self.server.submit(req)
+                yield req.done
             pending = [env.process(self.session(c, float(self.offsets[c])))
                        for c in self.children.get(r, [])]
         if pending:
@@ -100,9 +126,9 @@ class Replay:
             if s not in seen:
                 seen.add(s)
                 self.server.rec.session_started(s, env.now)
-            req = self._req(r)
-            self.server.submit(req)
-            env.process(self._await_end(req, s))
+            for req in self._reqs(r):
+                self.server.submit(req)
+                env.process(self._await_end(req, s))
 
     def _await_end(self, req: Req, s: int) -> Generator:
         yield req.done

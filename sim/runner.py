@@ -21,6 +21,7 @@ from costmodel.units import Units, range_units
 from policies import PolicyContext
 from policies.scheduling import get_scheduler
 from sim.config import ConfigError, RunConfig
+from sim.context import ContextRun, context_summary, parse_context
 from sim.engines import SGLangServer, VllmServer
 from sim.io import atomic_write_parquet, atomic_write_text, dumps
 from sim.kvcache import RadixKVCache
@@ -86,6 +87,8 @@ def run(cfg: RunConfig, trace=None) -> RunResult:
                      write_policy=cfg.hicache_write_policy,
                      load_threshold_tokens=cfg.hicache_load_threshold,
                      block_size=cfg.block_size)
+    strategy = parse_context(cfg.context)
+    context = None if strategy.is_full else ContextRun(strategy, trace, cfg.block_size)
     sessions = trace.sessions
     rec = RunRecorder([s.id for s in sessions], [s.first for s in sessions],
                       [s.parent >= 0 for s in sessions],
@@ -103,11 +106,11 @@ def run(cfg: RunConfig, trace=None) -> RunResult:
         server = VllmServer.build(env, cfg, spec, profile, policy, rec, trace)
     else:
         cache = RadixKVCache(cfg.gpu_cache // cfg.block_size, policy, debug=cfg.debug_cache,
-                             **tiers)
+                             versioned=strategy.drops, **tiers)
         server = SGLangServer(env, cfg, spec, profile, cache, get_scheduler(cfg.scheduler),
                               rec, trace.finish_block_ids, getattr(trace, "block_regions", None))
     replay = Replay(env, trace, server, gaps, trace.start_offsets(cfg.gaps), cfg.sessions,
-                    cfg.time_scale)
+                    cfg.time_scale, context)
     driver = env.process(replay.closed_loop() if cfg.replay == "closed" else replay.open_loop())
     env.run(until=driver)
     if cfg.replay == "open":  # the last replies may still be in flight
@@ -130,6 +133,10 @@ def run(cfg: RunConfig, trace=None) -> RunResult:
                                       & ~table["dropped"].astype(bool)).sum())
         if len(table) else 0,
     })
+    if context is not None:  # only then: results under ``full`` stay exactly as they were
+        summary.update(context_summary(strategy, table, rec.counters, env.now,
+                                       cache.working_peak_blocks * cfg.block_size,
+                                       cfg.block_size))
     return RunResult(cfg, table, summary)
 
 

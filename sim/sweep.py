@@ -102,6 +102,8 @@ def _norm(field: str, v: Any, where: str) -> str:
 def point_id(cfg: RunConfig) -> str:
     d = cfg.to_dict()
     d.pop("extra", None)
+    if d.get("context") == "full":  # the default: points saved before it existed keep ids
+        d.pop("context")
     return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
 

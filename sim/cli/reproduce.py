@@ -9,7 +9,8 @@ from rich.table import Table
 
 from .common import console, emit_json, fmt_metric, stderr
 
-NAMES = ["figure1", "gpu-only", "two-tier", "ablation", "fcfs", "cpu-sweep", "policies"]
+NAMES = ["figure1", "gpu-only", "two-tier", "ablation", "fcfs", "cpu-sweep", "policies",
+         "cache-engineering"]
 
 # figure1: (header with its unit, row key, format); fits 100 columns.
 FIGURE1_COLUMNS: list[tuple[str, str, str]] = [
@@ -84,6 +85,25 @@ def policies_tables(rows: list[dict[str, Any]]) -> list[Table]:
                      fmt_metric("ttft_change", w.get("oracle_ttft_change")),
                      ", ".join(w["beat_oracle"]) or "none")
     return [full, summary, best]
+def cache_engineering_tables(doc: dict[str, Any]) -> None:
+    """Our rows, then AKV's Table 2 beside them; both titles carry the accuracy caveat."""
+    rows = doc["rows"]
+    t = Table(title=f"kvsim reproduce cache-engineering -- {doc['trace_kind']}, gaps "
+                    f"{doc['gaps']}. {doc['note']}", title_justify="left")
+    for c in rows[0] if rows else []:
+        t.add_column(c, justify="left" if isinstance(rows[0][c], str) else "right")
+    for r in rows:
+        t.add_row(*(fmt_metric(c, v) for c, v in r.items()))
+    console().print(t)
+    a = Table(title="AKV Table 2 (GPT-OSS-120B, its own agent traffic on 8 A800s: compare "
+                    "directions, not values). Serving only, as ours: task accuracy is AKV's "
+                    "Table 1", title_justify="left")
+    akv = doc["akv_table2"]
+    for c in akv[0]:
+        a.add_column(c, justify="left" if isinstance(akv[0][c], str) else "right")
+    for r in akv:
+        a.add_row(*(fmt_metric(c, v) for c, v in r.items()))
+    console().print(a)
 
 
 @click.command("reproduce")
@@ -131,6 +151,9 @@ def reproduce_cmd(name: str, trace: str | None, gaps: str, prompt_nodes: str, qu
     if name == "policies":
         for table in policies_tables(rows):
             console().print(table)
+        return
+    if name == "cache-engineering":
+        cache_engineering_tables(doc)
         return
     t = Table(title=f"kvsim reproduce {name} -- {doc['trace_kind']}, gaps {doc['gaps']}")
     cols = list(rows[0]) if rows else []

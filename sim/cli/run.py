@@ -50,6 +50,11 @@ WHEN_NONZERO = ("dropped_requests", "over_context_requests", "trace_skipped_file
 
 
 LENIENT_ROWS = ("trace_skipped_files", "trace_skipped_records")
+# Rows of runs under a context strategy (--context; absent under full).
+CONTEXT_ROWS = ("request_latency_mean_s", "request_latency_p95_s", "input_tokens_per_s",
+                "output_tokens_per_s", "kv_peak_tokens", "context_dropped_tokens",
+                "reprefill_tokens", "rerotated_tokens", "summary_calls",
+                "context_edits_blocked")
 
 
 def print_table(runs: list[dict[str, Any]], title: str, lenient: bool = False) -> None:
@@ -63,7 +68,8 @@ def print_table(runs: list[dict[str, Any]], title: str, lenient: bool = False) -
         r["summary"].get("cpu_cache_tokens") for r in runs) else ()
     shown = [k for k in WHEN_NONZERO if any(r["summary"].get(k) for r in runs)
              or (lenient and k in LENIENT_ROWS)]
-    for k in (*COMPARED, *extra, "requests", "evicted_tokens", *shown):
+    ctx = CONTEXT_ROWS if any("context" in r["summary"] for r in runs) else ()
+    for k in (*COMPARED, *extra, "requests", "evicted_tokens", *ctx, *shown):
         cells = []
         for i, r in enumerate(runs):
             s = fmt_metric(k, r["summary"].get(k))
@@ -208,6 +214,11 @@ class RunInputError(ValueError):
                    "one vLLM has), lpm (longest cached prefix first: the paper's runs and "
                    "kvsim reproduce), lpm-cpu (counts the CPU-resident prefix too), "
                    "program-fcfs (by the session's first arrival: Continuum).")
+@click.option("--context", "context", default="full", show_default=True,
+              metavar="STRATEGY",
+              help="How each session manages its history: full, trim:K, summarize:T:S, "
+                   "drop:K, drop:K+repos, splice:K, budget:B (docs/cache-engineering.md; "
+                   "sglang engine). kvsim prices serving only, not task accuracy.")
 @click.option("--chunk-size", type=SIZE, default="8192", show_default=True,
               help="Prefill tokens per pass: SGLang chunked_prefill_size; vllm: "
                    "max_num_batched_tokens, one step's budget shared by decode and prefill "
@@ -228,8 +239,9 @@ class RunInputError(ValueError):
 def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select, gap_model,
             lenient, seed, cache_dir, rebuild_sessions, model, profile, gpu_cache, cpu_cache,
             tiering, swap_buffer, hicache_write_policy, sessions, replay, time_scale, engine,
-            preset, evict, granularity, order, policies, policy_params, scheduler, chunk_size,
-            prompt_nodes, max_new_tokens, max_running, debug_cache, out, as_json) -> None:
+            preset, evict, granularity, order, policies, policy_params, scheduler, context,
+            chunk_size, prompt_nodes, max_new_tokens, max_running, debug_cache, out,
+            as_json) -> None:
     """Replay a trace through the simulated server under each policy; report TTFT, JCT, hits."""
     from costmodel.specs import get_spec
     from sim.checks import check_model_and_profile
@@ -245,7 +257,7 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
         sessions=sessions, replay=replay, time_scale=time_scale, engine=engine,
         model=model, profile=profile, gpu_cache=gpu_cache, cpu_cache=cpu_cache,
         tiering=tiering, swap_buffer=swap_buffer, hicache_write_policy=hicache_write_policy,
-        scheduler=scheduler, chunk_size=chunk_size,
+        scheduler=scheduler, context=context, chunk_size=chunk_size,
         checkpoint_chunks=prompt_nodes == "chunked",
         max_new_tokens=max_new_tokens, max_running=max_running, seed=seed,
         debug_cache=debug_cache)
@@ -283,9 +295,11 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
         return
     s = results[0].summary
     cpu = f" + CPU {cpu_cache:,} ({tiering})" if cpu_cache else ""
+    ctx = "" if context == "full" else (f", context {s['context']} (serving only: task "
+                                        "accuracy not modelled)")
     print_table(runs, f"{s['trace']} ({s['trace_requests']} requests), {model}, "
                       f"GPU {gpu_cache:,} tokens{cpu}, N={sessions}, {engine} engine, "
                       f"{scheduler}, "
-                      f"gaps {gap_model}", lenient=lenient)
+                      f"gaps {gap_model}{ctx}", lenient=lenient)
     if out:
         print(f"wrote {out}/", file=sys.stderr)

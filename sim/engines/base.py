@@ -22,6 +22,7 @@ from costmodel.specs import ModelSpec
 from costmodel.units import Units, range_units
 from policies import Arrival, EvictionPolicy, Reply
 from sim.config import RunConfig
+from sim.context import apply_edit, units_of
 from sim.metrics import RunRecorder
 
 from .request import Req
@@ -59,6 +60,7 @@ class EngineBase:
         # background, so its copies are counted but not waited for.
         self.charge_d2h = cfg.tiering == "unified" or cfg.hicache_write_policy == "write_back"
         self._pending_h2d_bytes = 0
+        self._rerotate_s = 0.0  # re-rotation passes (repos, splice) the next batch waits for
         self.ever: set[int] = set()  # every block id ever inserted: what an infinite cache holds
         self._tell_arrival = "arrival" in policy.events
         self._tell_reply = "reply" in policy.events
@@ -79,14 +81,18 @@ class EngineBase:
 
     def _drop_reason(self, req: Req) -> str:
         """Why a request that can never fit is dropped (recorded with the drop)."""
-        return "context" if req.prompt_tokens > self.spec.max_context else "cache"
+        return "context" if req.position_tokens > self.spec.max_context else "cache"
 
     # --- submission and events ----------------------------------------------------------
     def submit(self, req: Req) -> None:
         self._seq += 1
         req.seq = self._seq
+        if req.view is not None and not req.view.edit_on_finish:  # a splice, on arrival
+            self._context_edit(req)
         if self._tell_arrival:
             regions = self.block_regions(req.rid) if self.block_regions else None
+            if req.view is not None:
+                regions = req.view.regions
             self.policy.on_arrival(Arrival(self.env.now, req.session, req.rid,
                                            req.prompt_tokens, req.ids, regions))
         if self._never_fits(req):
@@ -107,11 +113,30 @@ class EngineBase:
                                        leaf, req.next_gap, gap_s, queue_s))
 
     # --- helpers ------------------------------------------------------------------------
+    def _final_ids(self, req: Req) -> np.ndarray:
+        """What a finished request inserts: its prompt and output blocks."""
+        return req.view.finish if req.view is not None else self.finish_ids(req.rid)
+
+    def _context_edit(self, req: Req) -> bool:
+        """Apply the edit a context strategy asks of the request's cached path (sim.context:
+        a splice on arrival, a drop when the request finishes, before its finish insert).
+        False when the cached path could not all take its new keys (another running request
+        holds it): the finish then inserts nothing more (the history misses there next time
+        and computes again)."""
+        if req.view.edit is None:
+            return True
+        seconds, complete = apply_edit(self.cache, req.view, self.spec, self.profile,
+                                       self.rec.counters, req.hint)
+        self._rerotate_s += seconds
+        return complete
+
     def _blocks(self, tokens: float) -> int:
         return -(-math.ceil(tokens) // self.bs)
 
-    def _ideal_blocks(self, ids: np.ndarray) -> int:
-        """Longest prefix of ``ids`` ever inserted (chained ids: binary search on membership)."""
+    def _ideal_blocks(self, ids: np.ndarray, view=None) -> int:
+        """Longest prefix of ``ids`` ever inserted (chained ids: binary search on membership).
+        Under a context strategy, at least the prefix the history cached before (an
+        unlimited cache applies the same edits: ``RequestView.ideal_blocks``)."""
         lo, hi = 0, ids.size
         ever = self.ever
         while lo < hi:
@@ -120,7 +145,7 @@ class EngineBase:
                 lo = mid
             else:
                 hi = mid - 1
-        return lo
+        return lo if view is None else max(lo, view.ideal_blocks)
 
     @staticmethod
     def _take(ranges: list[tuple[int, int]], budget: int) -> tuple[list, list]:
@@ -142,13 +167,19 @@ class EngineBase:
     def _prefill_seconds(self, batch) -> tuple[float, list[Units]]:
         per_req = []
         total = Units()
-        for _req, ranges in batch:
+        for req, ranges in batch:
             u = Units()
+            view = req.view
             for a, b in ranges:
-                u = u + range_units(self.spec, a, b)
+                u = u + (range_units(self.spec, a, b) if view is None
+                         else units_of(self.spec, view, a, b))
             per_req.append(u)
             total = total + u
-        return self.profile.prefill_seconds(total), per_req
+        seconds = self.profile.prefill_seconds(total)
+        if self._rerotate_s:  # repos / splice: the re-rotation pass runs before this batch
+            seconds += self._rerotate_s
+            self._rerotate_s = 0.0
+        return seconds, per_req
 
     def _steps_within(self, batch: int, ctx: int, elapsed: float, cap: int) -> int:
         """Smallest k >= 1 with decode_run_seconds(k) >= elapsed (the step in flight)."""

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import simpy
 
+from sim.kvcache.paths import WalkHint
 from sim.metrics import RequestRecord
 
 
@@ -43,8 +45,31 @@ class Req:
     seq_ids: np.ndarray | None = None
     computed: int = 0
     decoding: bool = False
+    # Context strategies (sim.context): the request as its strategy shapes it (keys, edit,
+    # dropped keys); None under ``full``.
+    view: Any = None
+    hint: WalkHint = field(default_factory=WalkHint)  # where the cache's last walk ended
 
     @property
     def context_tokens(self) -> int:
         """Tokens whose KV the request needs now: its prompt plus what it generated since."""
         return self.prompt_tokens + max(0, self.generated - 1)
+
+    @property
+    def kv_read_tokens(self) -> int:
+        """Keys a decode step reads: the context minus what its history dropped."""
+        v = self.view
+        return self.context_tokens - (v.dropped_tokens if v is not None else 0)
+
+    @property
+    def kv_tokens(self) -> int:
+        """Prompt tokens that need KV (dropped ones do not)."""
+        v = self.view
+        return self.prompt_tokens - (v.prompt_dropped_tokens if v is not None else 0)
+
+    @property
+    def position_tokens(self) -> int:
+        """Positions the prompt uses (what the context limit counts): repositioning gives
+        the dropped ones back."""
+        v = self.view
+        return self.prompt_tokens - (v.freed_positions if v is not None else 0)

@@ -34,6 +34,7 @@ from costmodel.specs import ModelSpec
 from costmodel.units import Units
 from policies.scheduling import LPM_QUEUE_LIMIT, Candidate, SchedulePolicy
 from sim.config import RunConfig
+from sim.context import plan_ranges
 from sim.kvcache import RadixKVCache, Tier
 from sim.metrics import RunRecorder
 
@@ -83,7 +84,7 @@ class SGLangServer(EngineBase):
         return bool(self.waiting or self.running or self.chunked is not None)
 
     def _never_fits(self, req: Req) -> bool:
-        need = self._blocks(req.prompt_tokens) + self._blocks(self._decode_reserve(req)) + 1
+        need = self._blocks(req.kv_tokens) + self._blocks(self._decode_reserve(req)) + 1
         return need >= self.cache.capacity_blocks
 
     # --- helpers ------------------------------------------------------------------------
@@ -93,7 +94,7 @@ class SGLangServer(EngineBase):
             return self.cfg.max_new_tokens
         # Unset by the client: SGLang assumes everything up to the context / KV limit.
         limit = min(self.spec.max_context - 1, self.cache.capacity_blocks * self.bs - 1)
-        return max(1, limit - req.prompt_tokens - 1)
+        return max(1, limit - req.position_tokens - 1)
 
     def _decode_reserve(self, req: Req) -> int:
         return min(max(0, self._max_new(req) - req.generated), self.cfg.clip_max_new_tokens)
@@ -109,6 +110,9 @@ class SGLangServer(EngineBase):
         """Token ranges to compute for ``req`` given match segments: holes (phantom) and the
         tail from the end of the usable match. CPU-resident segments are loaded, not computed.
         Returns (ranges, reused_tokens, hole_tokens, cpu_tokens)."""
+        if req.view is not None:  # a context strategy: dropped blocks are skipped or restored
+            return plan_ranges(req.view, segments, self._usable_blocks(req),
+                               req.context_tokens, self.bs)
         usable = min(req.ids.size, self._usable_blocks(req))
         ranges: list[tuple[int, int]] = []
         reused = holes = cpu = 0
@@ -159,7 +163,7 @@ class SGLangServer(EngineBase):
         if ids.size == 0:
             return None
         self.cache.release(req.reserved)
-        ins = self.cache.insert(ids)
+        ins = self.cache.insert(ids, hint=req.hint)
         if ids.size > req.known_blocks:
             self.ever.update(ids[req.known_blocks:].tolist())
             req.known_blocks = ids.size
@@ -192,7 +196,7 @@ class SGLangServer(EngineBase):
         """Try to admit ``req`` with ``budget`` prefill tokens left in this pass.
         Returns (tokens taken, became chunked), or the verdict of a refusal (head-of-line):
         NO_TOKEN (memory) or OTHER (no budget for even one page)."""
-        m = self.cache.match(req.ids, touch=True)
+        m = self.cache.match(req.ids, touch=True, hint=req.hint)
         ranges, reused, holes, cpu = self._plan(req, m.segments)
         extend = sum(b - a for a, b in ranges)
         self.cache.lock(m.node)
@@ -211,7 +215,7 @@ class SGLangServer(EngineBase):
             self.rec.loaded(ld, self.bs)
             self._pending_h2d_bytes += loaded * self.kv_bytes
             # What the load did not bring back (HiCache's threshold) is computed instead.
-            segments = self.cache.match(req.ids, touch=False).segments
+            segments = self.cache.match(req.ids, touch=False, hint=req.hint).segments
             ranges, _, holes, _ = self._plan(req, segments)
             extend = sum(b - a for a, b in ranges)
         chunked = extend > budget
@@ -223,7 +227,7 @@ class SGLangServer(EngineBase):
         req.ranges = ranges
         first_admission = req.record is None
         if first_admission:
-            req.known_blocks = self._ideal_blocks(req.ids)
+            req.known_blocks = self._ideal_blocks(req.ids, req.view)
             ideal = min(req.known_blocks, self._usable_blocks(req)) * self.bs
             req.record = self.rec.open(req, self.env.now, reused=reused, holes=holes,
                                        ideal=ideal, spec=self.spec, segments=segments,
@@ -318,7 +322,7 @@ class SGLangServer(EngineBase):
             # (ids name 64-token blocks; a shorter common prefix is invisible to kvsim).
             scratch: set[int] = set()
             for pos, req in enumerate(self.waiting):
-                m = self.cache.match(req.ids, touch=True)
+                m = self.cache.match(req.ids, touch=True, hint=req.hint)
                 usable = self._usable_blocks(req)
                 gpu = sum(min(e, usable) - s for s, e, t in m.segments
                           if t == Tier.GPU and s < usable)
@@ -342,7 +346,7 @@ class SGLangServer(EngineBase):
         self._refresh_calls += 1
         if refresh:
             for req in reversed(self.waiting[:FCFS_TOUCH_COUNT]):
-                self.cache.match(req.ids, touch=True)
+                self.cache.match(req.ids, touch=True, hint=req.hint)
         if not sched.matches_all and sched.sorts:  # program-fcfs: no match, a key
             keyed = [(sched.key(Candidate(pos, program_start=starts.setdefault(
                 req.session, req.arrival))), req) for pos, req in enumerate(self.waiting)]
@@ -376,7 +380,11 @@ class SGLangServer(EngineBase):
 
     def _finish(self, req: Req) -> None:
         self.batch_is_full = False  # the running batch shrank (a finish or an abort)
-        final = self.finish_ids(req.rid) if req.generated >= req.output_tokens else req.ids
+        final = self._final_ids(req) if req.generated >= req.output_tokens else req.ids
+        if req.view is not None and req.view.edit_on_finish and final is not req.ids:
+            self._unlock_all(req)  # its own locks would block the edit of its path
+            if not self._context_edit(req):  # a drop takes effect after the prompt
+                final = final[:0]  # its path did not all take the new keys: keep it as is
         leaf = None
         if final.size:
             leaf = self._checkpoint(req, 0, final_ids=final)
@@ -483,7 +491,7 @@ class SGLangServer(EngineBase):
                     self._finish(victim)
                     continue
             batch_size = len(self.running)
-            ctx = sum(r.context_tokens for r in self.running)
+            ctx = sum(r.kv_read_tokens for r in self.running)
             total = self.profile.decode_run_seconds(batch_size, ctx, steps)
             pause = self._transfer_seconds()  # copies pending from before the run
             if pause:

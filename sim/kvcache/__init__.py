@@ -1,14 +1,17 @@
-"""The radix KV cache over block ids: nodes with GPU / CPU / NONE (hole) state, locks, a
-logical clock, an optional CPU tier (unified or HiCache), and eviction planned by a
-``policies.EvictionPolicy`` (``planner``) and applied by the tree (``tree``)."""
+"""The radix KV cache over block ids: nodes with GPU / CPU / NONE (hole) / DROPPED state,
+locks, a logical clock, an optional CPU tier (unified or HiCache), eviction planned by a
+``policies.EvictionPolicy`` (``planner``) and applied by the tree (``tree``, ``appliers``), and
+context edits over a versioned key space (``versions``, ``edits``)."""
 
 from .cache import CapacityError, RadixKVCache, as_block_ids
+from .edits import EditResult
 from .node import Node, Tier
 from .planner import Step
 from .results import EvictResult, InsertResult, LoadResult, Match
 
 __all__ = [
     "CapacityError",
+    "EditResult",
     "EvictResult",
     "InsertResult",
     "LoadResult",

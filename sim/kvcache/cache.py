@@ -38,13 +38,17 @@ import numpy as np
 
 from policies import EvictionPolicy, get_policy
 
+from .edits import EditResult, edit_path
+from .inspection import Inspection
 from .invariants import recount
 from .node import Node, Tier
+from .paths import WalkHint
 from .results import EvictResult, InsertResult, LoadResult, Match
 from .tiering import GpuOnly, HiCache, Unified
 from .tree import RadixTree
+from .versions import add_versioned
 
-_GPU, _NONE, _CPU = Tier.GPU, Tier.NONE, Tier.CPU
+_GPU, _NONE, _CPU, _DROPPED = Tier.GPU, Tier.NONE, Tier.CPU, Tier.DROPPED
 TIERINGS = ("unified", "hicache")
 
 
@@ -80,12 +84,14 @@ def _segments(path: list[Node]) -> tuple[int, tuple[tuple[int, int, Tier], ...]]
     return hit, tuple(segments)
 
 
-class RadixKVCache:
+class RadixKVCache(Inspection):
     """Radix tree of block-id runs with GPU KV, holes (NONE), an optional CPU tier and locks.
 
     ``policy`` (an ``EvictionPolicy`` or anything ``get_policy`` accepts) decides eviction;
     ``cpu_capacity_blocks > 0`` adds a CPU tier managed as ``tiering`` = ``unified``
     (Penelope) or ``hicache`` (SGLang HiCache; ``write_policy``, ``load_threshold_tokens``).
+    ``versioned=True``: prompts may hold dropped keys (``versions``): inserts make DROPPED
+    nodes for them.
     """
 
     def __init__(
@@ -100,6 +106,7 @@ class RadixKVCache:
         load_threshold_tokens: int = 10,
         block_size: int = 64,
         debug: bool = False,
+        versioned: bool = False,
     ) -> None:
         if capacity_blocks < 0:
             raise ValueError(f"capacity_blocks must be >= 0, got {capacity_blocks}")
@@ -122,66 +129,18 @@ class RadixKVCache:
                                    int(load_threshold_tokens), debug)
         self._makes_holes = self.policy.makes_holes
         self._block_exact = self.policy.block_exact
-
-    # ------------------------------------------------------------------ counters (blocks)
-    @property
-    def capacity_blocks(self) -> int:
-        return self.tree.capacity_blocks
-
-    @property
-    def cpu_capacity_blocks(self) -> int:
-        return self.tree.cpu_capacity_blocks
-
-    @property
-    def gpu_blocks(self) -> int:
-        """GPU blocks owned by the tree."""
-        return self.tree.gpu_blocks
-
-    @property
-    def reserved_blocks(self) -> int:
-        """GPU blocks owned by running requests outside the tree."""
-        return self.tree.reserved_blocks
-
-    @property
-    def free_blocks(self) -> int:
-        return self.tree.free_blocks
-
-    @property
-    def evictable_blocks(self) -> int:
-        """GPU blocks in unlocked nodes (all of them can be freed by repeated eviction)."""
-        return self.tree.evictable_blocks
-
-    @property
-    def protected_blocks(self) -> int:
-        """GPU blocks in locked nodes."""
-        return self.tree.protected_blocks
-
-    @property
-    def cpu_blocks(self) -> int:
-        """Blocks resident on CPU: unified = blocks of CPU-only nodes; hicache = host copies
-        (host-only nodes and backed-up device nodes)."""
-        return self.tree.cpu_blocks
-
-    @property
-    def cpu_free_blocks(self) -> int:
-        return self.tree.cpu_free_blocks
-
-    @property
-    def hole_blocks(self) -> int:
-        """Blocks in NONE nodes (ids known, KV freed)."""
-        return self.tree.hole_blocks
-
-    @property
-    def clock(self) -> int:
-        """The logical clock: the tick of the latest stamping operation."""
-        return self.tree.clock
+        self.versioned = versioned
+        if versioned and self.tiering.host_copies:
+            raise ValueError("context edits (dropped or moved KV) are not modelled with "
+                             "HiCache host copies")
 
     def evictable_leaves(self) -> list[Node]:
         """Current eviction candidates, in ascending serial order (deterministic)."""
         return sorted(self.tree.leaves(), key=lambda n: n.serial)
 
     # ------------------------------------------------------------------ request operations
-    def match(self, ids: np.ndarray, *, touch: bool = True) -> Match:
+    def match(self, ids: np.ndarray, *, touch: bool = True, hint: WalkHint | None = None
+              ) -> Match:
         """Longest cached prefix of ``ids`` (block ids).
 
         Walks through NONE nodes (only hole-making policies have them). Splits the node the
@@ -189,17 +148,22 @@ class RadixKVCache:
         with one tick and counts a hit on each path node; under node semantics the node the
         match ends in is stamped whole before the split, as SGLang does (its unmatched suffix
         becomes recent too); block-exact policies stamp exactly the matched blocks.
-        ``touch=False`` stamps nothing but still splits.
+        ``touch=False`` stamps nothing but still splits. ``hint`` (one per request): where
+        the caller's last walk of this prompt ended; updated (``paths.WalkHint``).
         """
         ids = as_block_ids(ids)
         tree = self.tree
-        path, partial, k, pos = tree.walk(ids, stop_at_holes=not self._makes_holes)
+        path, partial, k, pos = tree.walk(ids, stop_at_holes=not self._makes_holes,
+                                          hint=hint)
         if self.debug:
             self._check_chained(path, ids)
+            self._check_hinted(ids, not self._makes_holes, hint, path, partial, k, pos)
         if partial is not None:
             if touch and not self._block_exact:
                 partial.last_access = tree.clock + 1  # SGLang: the whole node, then split
             path.append(tree.split(partial, k))
+        if hint is not None and path:
+            hint.take(path[-1], tree.epoch)
         if touch:
             tick = tree.tick()
             for nd in path:
@@ -209,7 +173,7 @@ class RadixKVCache:
                 self.tiering.on_hit(path)
         if not path:
             node, hit, segments = self.root, 0, ()
-        elif tree.hole_blocks == 0 and not self.tiering.has_cpu:  # one GPU run
+        elif tree.hole_blocks == 0 and not self.tiering.has_cpu and not tree.dropped_blocks:
             node, hit, segments = path[-1], pos, ((0, pos, _GPU),)
         else:
             node = path[-1]
@@ -218,7 +182,7 @@ class RadixKVCache:
             self.check()
         return Match(node, pos, hit, segments)
 
-    def insert(self, ids: np.ndarray) -> InsertResult:
+    def insert(self, ids: np.ndarray, hint: WalkHint | None = None) -> InsertResult:
         """Make every block of ``ids`` GPU-resident in the tree.
 
         Blocks beyond the tree become one new leaf (splitting where the ids diverge or end
@@ -238,15 +202,27 @@ class RadixKVCache:
         ids = as_block_ids(ids)
         tree = self.tree
         n = len(ids)
-        path, partial, k, pos = tree.walk(ids, stop_at_holes=False)  # no mutation yet
+        path, partial, k, pos = tree.walk(ids, stop_at_holes=False, hint=hint)  # no change
         if self.debug:
             self._check_chained(path, ids)
-        fill = 0
-        if tree.hole_blocks or self.tiering.has_cpu:
-            fill = sum(len(nd.ids) for nd in path if nd.tier is not _GPU)
+            self._check_hinted(ids, False, hint, path, partial, k, pos)
+        fill = dropped = 0
+        if tree.hole_blocks or self.tiering.has_cpu or tree.dropped_blocks:
+            for nd in path:
+                t = nd.tier
+                if t is not _GPU:
+                    if t is _DROPPED:
+                        dropped += len(nd.ids)
+                    else:
+                        fill += len(nd.ids)
             if partial is not None and partial.tier is not _GPU:
-                fill += k
+                if partial.tier is _DROPPED:
+                    dropped += k
+                else:
+                    fill += k
         new = n - pos
+        if self.versioned and new:
+            new = int(np.count_nonzero(ids[pos:] >= 0))  # dropped keys hold no KV
         if tree.gpu_blocks + fill + new > tree.capacity_blocks:
             raise CapacityError(
                 f"insert of {fill + new} blocks exceeds capacity: gpu {tree.gpu_blocks} "
@@ -265,16 +241,21 @@ class RadixKVCache:
                     tree.fill(nd)
                 elif nd.tier is _CPU:
                     self.tiering.promote(nd)
-        existing = pos - fill
+        existing = pos - fill - dropped
         node = path[-1] if path else self.root
         if new:
             leaf_tick = tick if exact else tree.tick()  # SGLang: a new node, a newer tick
-            node = tree.add_leaf(node, ids[pos:], pos, leaf_tick)
-            path.append(node)
+            if self.versioned:
+                node = add_versioned(tree, node, ids, pos, leaf_tick, path)
+            else:
+                node = tree.add_leaf(node, ids[pos:], pos, leaf_tick)
+                path.append(node)
         if path:
             self.tiering.on_insert(path)
         if exact and len(path) > 1:
             tree.merge_runs(path)
+        if hint is not None and path:
+            hint.take(path[-1], tree.epoch)
         if self.debug:
             added = fill + new
             assert tree.gpu_blocks + max(0, tree.reserved_blocks - added) \
@@ -357,6 +338,18 @@ class RadixKVCache:
             self.check()
         return result
 
+    def edit(self, old: np.ndarray, new: np.ndarray, dest: np.ndarray,
+             rotates: np.ndarray | None = None, hint: WalkHint | None = None) -> EditResult:
+        """A history's context edit of its cached path: ``old[i]`` becomes ``new[dest[i]]``
+        (drops, repositions) or leaves the logical prefix (``dest[i] < 0``: a splice). Frees
+        dropped and removed KV, re-keys the rest (``rotates``: the blocks whose position
+        moved); nothing changes when a running request holds the path
+        (``EditResult.applied`` False). See ``sim.kvcache.edits``."""
+        res = edit_path(self.tree, old, new, dest, rotates, hint)
+        if self.debug:
+            self.check()
+        return res
+
     def background_evictions(self) -> EvictResult:
         """Deletions the cache made on its own since the last call, then reset: HiCache's
         write-through backups delete host copies to make host room. Together with
@@ -369,49 +362,23 @@ class RadixKVCache:
         d2h traffic (h2d is reported only by ``LoadResult.loaded_blocks``)."""
         return self.tree.take_d2h()
 
-    # ------------------------------------------------------------------ inspection
-    def cpu_resident_block_ids(self) -> np.ndarray:
-        """Block ids with a CPU copy (unified: CPU nodes; hicache: host copies), sorted."""
-        runs = [nd.ids for nd in self.iter_nodes() if nd.tier is _CPU or nd.host]
-        return np.sort(np.concatenate(runs)) if runs else np.empty(0, dtype=np.int64)
-
-    def resident_block_ids(self) -> np.ndarray:
-        """All GPU-resident block ids in the tree, sorted."""
-        runs = [nd.ids for nd in self.iter_nodes() if nd.tier is _GPU]
-        return np.sort(np.concatenate(runs)) if runs else np.empty(0, dtype=np.int64)
-
-    def iter_nodes(self):
-        """All nodes except the root, depth first (children in key order)."""
-        stack = [self.root]
-        while stack:
-            node = stack.pop()
-            if node is not self.root:
-                yield node
-            stack.extend(node.children[k] for k in sorted(node.children, reverse=True))
-
     def check(self) -> None:
         """Recount everything by DFS; AssertionError with details on any mismatch."""
         recount(self.tree, holes_allowed=self._makes_holes, cpu_tier=self.tiering.has_cpu,
                 host_copies=self.tiering.host_copies)
 
-    def dump(self) -> str:
-        """The tree as indented text (debugging, test failure messages)."""
-        lines = []
-
-        def walk(node: Node, depth: int) -> None:
-            for key in sorted(node.children):
-                child = node.children[key]
-                ids = child.ids.tolist()
-                shown = ids if len(ids) <= 6 else [*ids[:3], "...", *ids[-2:]]
-                lines.append(f"{'  ' * depth}{child!r} ids={shown}")
-                walk(child, depth + 1)
-
-        walk(self.root, 0)
-        return "\n".join(lines)
-
     def _require_attached(self, node: Node) -> None:
         if node.parent is None and node is not self.root:
             raise ValueError(f"{node!r} is no longer in the tree")
+
+    def _check_hinted(self, ids: np.ndarray, stop: bool, hint: WalkHint | None, path, partial,
+                      k: int, pos: int) -> None:
+        """Debug: a hinted walk found what a walk from the root finds."""
+        if hint is None:
+            return
+        fresh = self.tree.walk(ids, stop_at_holes=stop)
+        assert ([id(x) for x in fresh[0]], id(fresh[1]), fresh[2], fresh[3]) == (
+            [id(x) for x in path], id(partial), k, pos), "a walk hint led elsewhere"
 
     @staticmethod
     def _check_chained(path: list[Node], ids: np.ndarray) -> None:

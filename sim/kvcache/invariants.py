@@ -17,7 +17,7 @@ def recount(cache: RadixTree, *, holes_allowed: bool, cpu_tier: bool, host_copie
     policy makes holes; ``cpu_tier``: CPU nodes may exist; ``host_copies``: HiCache's host
     copies beside device copies."""
     root = cache.root
-    gpu = evictable = protected = holes = cpu = 0
+    gpu = evictable = protected = holes = cpu = dropped = 0
     hicache = host_copies
     leaves = set()
     serials = set()
@@ -33,6 +33,10 @@ def recount(cache: RadixTree, *, holes_allowed: bool, cpu_tier: bool, host_copie
             assert key == int(child.ids[0]), f"child key {key} != first id: {where}"
             assert child.start == node.start + len(node.ids), f"positions not contiguous: {where}"
             assert child.lock >= 0, f"negative lock: {where}"
+            # A node is DROPPED exactly when its keys are dropped keys (never refilled).
+            negative = child.ids < 0
+            assert negative.all() if child.tier == Tier.DROPPED else not negative.any(), (
+                f"dropped keys and DROPPED state disagree: {where}")
             assert child.serial not in serials, f"serial reused: {where}"
             serials.add(child.serial)
             child_locks += child.lock
@@ -64,6 +68,10 @@ def recount(cache: RadixTree, *, holes_allowed: bool, cpu_tier: bool, host_copie
             holes += size
             assert holes_allowed, f"hole under non-hole policy: {node!r}"
             assert node.children or node.lock, f"childless unlocked hole not removed: {node!r}"
+        elif node.tier == Tier.DROPPED:
+            dropped += size
+            assert node.children or node.lock, f"childless unlocked DROPPED node: {node!r}"
+            assert not node.host, f"host copy of a DROPPED node: {node!r}"
         else:
             assert cpu_tier, f"CPU node without a CPU tier: {node!r}"
             if hicache:
@@ -78,9 +86,12 @@ def recount(cache: RadixTree, *, holes_allowed: bool, cpu_tier: bool, host_copie
         cache.protected_blocks,
         cache.hole_blocks,
         cache.cpu_blocks,
+        cache.dropped_blocks,
     )
-    want = (gpu, evictable, protected, holes, cpu)
-    assert got == want, f"counters (gpu, evictable, protected, holes, cpu) {got} != recount {want}"
+    want = (gpu, evictable, protected, holes, cpu, dropped)
+    assert got == want, (f"counters (gpu, evictable, protected, holes, cpu, dropped) {got} "
+                         f"!= recount {want}")
+
     assert cpu <= cache.cpu_capacity_blocks, f"cpu {cpu} > capacity {cache.cpu_capacity_blocks}"
     extra, missing = cache.leaves() - leaves, leaves - cache.leaves()
     assert not extra and not missing, f"leaf set wrong: extra {extra}, missing {missing}"

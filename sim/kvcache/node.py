@@ -6,7 +6,9 @@ A node is a run of blocks at absolute block positions ``[start, end)`` with ONE 
      |-- [0, 4)  GPU   ids a0 a1 a2 a3        children keyed by the child's first block id
      |     |-- [4, 9)  NONE  b4 .. b8         a hole: ids known, KV freed
      |     |     `-- [9, 12) GPU c9 c10 c11   a leaf (leaves always hold KV)
-     |     `-- [4, 6)  GPU   d4 d5
+     |     |-- [4, 6)  GPU   d4 d5
+     |     `-- [4, 5)  DROPPED ~f4            dropped on purpose: no KV, never refilled
+     |           `-- [5, 7) GPU g5 g6         KV made while f4 was visible (see versions.py)
      `-- [0, 2)  GPU   e0 e1
 
 Invariants (checked by ``sim.kvcache.invariants.recount``):
@@ -14,8 +16,11 @@ Invariants (checked by ``sim.kvcache.invariants.recount``):
 - a node is homogeneous: one tier for all its blocks; splits happen only at block boundaries;
 - ``lock`` = number of running requests whose matched path ends at or below this node, so
   ``node.lock >= sum(child.lock)``; a locked node is never freed;
-- a childless, unlocked node without KV (tier NONE) does not exist: it is removed at once,
-  cascading upward through NONE ancestors that become childless.
+- a childless, unlocked node without KV (tier NONE or DROPPED) does not exist: it is removed
+  at once, cascading upward through KV-less ancestors that become childless;
+- a node is DROPPED exactly when its ids are dropped keys (negative, ``versions.is_dropped``):
+  the drop is part of the key, so only a history that dropped those blocks reaches the node,
+  and no operation turns a DROPPED node back into KV.
 """
 
 from __future__ import annotations
@@ -31,9 +36,10 @@ class Tier(IntEnum):
     Under ``tiering="hicache"`` GPU means "has a device copy" (it may also have a host copy,
     ``Node.host``) and CPU means "host copy only"."""
 
-    NONE = 0  # a hole: block ids known, KV freed
+    NONE = 0  # a hole: block ids known, KV freed (the phantom request refills it)
     GPU = 1
     CPU = 2
+    DROPPED = 3  # cache engineering: KV freed on purpose, never refilled, never attended
 
 
 class Node:
@@ -45,6 +51,7 @@ class Node:
         "hit_count",
         "host",
         "ids",
+        "keyed",
         "last",
         "last_access",
         "lock",
@@ -74,6 +81,7 @@ class Node:
         self.hit_count = 0
         self.host = False  # hicache only: a host (CPU) copy exists (always True for tier CPU)
         self.serial = serial
+        self.keyed = 0  # the tree's epoch when a context edit last gave the node new keys
 
     @property
     def num_blocks(self) -> int:
@@ -86,6 +94,11 @@ class Node:
     @property
     def is_hole(self) -> bool:
         return self.tier == Tier.NONE
+
+    @property
+    def has_kv(self) -> bool:
+        """GPU or CPU KV (a hole or a dropped node holds none)."""
+        return self.tier == Tier.GPU or self.tier == Tier.CPU
 
     @property
     def is_root(self) -> bool:

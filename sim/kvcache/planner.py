@@ -36,7 +36,7 @@ from policies import EvictionPolicy, Granularity, StartPosition
 
 from .node import Node, Tier
 
-_GPU, _NONE = Tier.GPU, Tier.NONE
+_GPU, _NONE, _DROPPED = Tier.GPU, Tier.NONE, Tier.DROPPED
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +65,7 @@ class HistoryView:
         return self.kids.get(node, len(node.children))
 
     def is_hole(self, node: Node) -> bool:
-        return node.tier is _NONE or node in self.gone
+        return node.tier is _NONE or node.tier is _DROPPED or node in self.gone
 
     def release(self, node: Node) -> Node | None:
         """Plan ``node`` freed whole; return the ancestor that becomes a victim leaf, if any

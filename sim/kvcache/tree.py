@@ -11,10 +11,12 @@ Counters, in blocks::
                     + protected_blocks (GPU KV in locked nodes)
     cpu_blocks      = blocks with a CPU copy (unified: CPU nodes; hicache: host copies)
     hole_blocks     = blocks of NONE nodes (ids known, KV freed)
+    dropped_blocks  = blocks of DROPPED nodes (dropped on purpose: no KV, never refilled)
 
 The leaf set holds the *evictable leaves*: attached, not the root, holding KV (GPU or CPU),
-unlocked, childless. A childless, unlocked NONE node does not exist: it leaves the tree at once,
-with its NONE ancestors that become childless (``delete``).
+unlocked, childless. A childless, unlocked node without KV (NONE or DROPPED) does not exist: it
+leaves the tree at once, with its KV-less ancestors that become childless (``delete``). A
+DROPPED node holds no KV, so it is never a victim: eviction policies see it as a hole.
 
 KV moves (``Node.host``: a HiCache host copy beside the device copy)::
 
@@ -25,6 +27,11 @@ KV moves (``Node.host``: a HiCache host copy beside the device copy)::
     drop_device_copy  GPU+host -> CPU    HiCache demotion (no copy)
     copy_to_device    CPU  -> GPU+host   HiCache load
     delete / truncate_tail  -> NONE (or out of the tree)
+    drop              any  -> DROPPED    cache engineering (the caller re-keys it: versions.py)
+
+Context edits (``sim.kvcache.edits`` plans them) use ``rekey`` (new keys, same or shifted
+positions: a drop's keys, a repositioned or spliced run) and ``remove_subtree`` (branches no
+key can reach again). Eviction plans are carried out by the appliers (``appliers.py``).
 """
 
 from __future__ import annotations
@@ -33,14 +40,15 @@ from collections.abc import Set as AbstractSet
 
 import numpy as np
 
+from .appliers import Appliers
 from .node import Node, Tier
-from .planner import Step
+from .paths import Paths
 from .results import EvictResult
 
-_GPU, _NONE, _CPU = Tier.GPU, Tier.NONE, Tier.CPU
+_GPU, _NONE, _CPU, _DROPPED = Tier.GPU, Tier.NONE, Tier.CPU, Tier.DROPPED
 
 
-class RadixTree:
+class RadixTree(Paths, Appliers):
     """Nodes over block ids with exact counters (see the module docstring)."""
 
     def __init__(self, capacity_blocks: int, cpu_capacity_blocks: int = 0) -> None:
@@ -54,7 +62,10 @@ class RadixTree:
         self._protected = 0
         self._reserved = 0
         self._holes = 0
+        self._dropped = 0
         self._cpu = 0
+        self._working_peak = 0  # most GPU blocks held by running requests (locked + reserved)
+        self.epoch = 0  # counts key changes (rekey); nodes remember theirs (walk hints)
         self._d2h = 0  # d2h copies not yet reported by take_d2h
         self._leaves: set[Node] = set()
 
@@ -92,6 +103,16 @@ class RadixTree:
         return self._holes
 
     @property
+    def dropped_blocks(self) -> int:
+        return self._dropped
+
+    @property
+    def working_peak_blocks(self) -> int:
+        """High-water mark of ``protected + reserved`` blocks, sampled at every ``reserve``:
+        the KV running requests hold (their locked paths and their own new tokens)."""
+        return self._working_peak
+
+    @property
     def clock(self) -> int:
         return self._clock
 
@@ -114,60 +135,7 @@ class RadixTree:
         self._clock += 1
         return self._clock
 
-    # ------------------------------------------------------------------ the walk
-    def walk(self, ids: np.ndarray, stop_at_holes: bool
-             ) -> tuple[list[Node], Node | None, int, int]:
-        """Follow ``ids`` down without changing anything: (nodes matched whole, the node the
-        match ends inside or None, blocks of it matched, total matched blocks). Ids are chained
-        (DESIGN.md), so a node whose last id equals the prompt's id at that position matches
-        whole: one scalar comparison per node; only the last node needs a vector compare."""
-        item = ids.item
-        n = len(ids)
-        node = self.root
-        path: list[Node] = []
-        pos = 0
-        while pos < n:
-            child = node.children.get(item(pos))
-            if child is None or (stop_at_holes and child.tier is _NONE):
-                break
-            length = len(child.ids)
-            end = pos + length
-            if end <= n and (length == 1 or child.last == item(end - 1)):
-                path.append(child)
-                node = child
-                pos = end
-                continue
-            m = min(length, n - pos)
-            if m == 1 or child.ids.item(m - 1) == item(pos + m - 1):
-                k = m
-            else:
-                diff = child.ids[:m] != ids[pos : pos + m]
-                i = int(diff.argmax())
-                k = i if diff[i] else m
-            return path, child, k, pos + k
-        return path, None, 0, pos
-
     # ------------------------------------------------------------------ structure
-    def split(self, node: Node, k: int) -> Node:
-        """Split ``node`` after its first k blocks; return the new PREFIX node. ``node`` keeps
-        its identity as the suffix (handles held by requests stay valid, as in SGLang)::
-
-            parent -- node[s, e)   =>   parent -- prefix[s, s+k) -- node[s+k, e)
-        """
-        prefix = Node(node.ids[:k], node.start, node.parent, node.tier, self.next_serial(),
-                      node.last_access)
-        prefix.lock = node.lock
-        prefix.hit_count = node.hit_count
-        prefix.host = node.host
-        parent = node.parent
-        assert parent is not None
-        parent.children[int(node.ids[0])] = prefix
-        node.ids = node.ids[k:]
-        node.start += k
-        node.parent = prefix
-        prefix.children[int(node.ids[0])] = node
-        return prefix
-
     def add_leaf(self, parent: Node, ids: np.ndarray, start: int, tick: int) -> Node:
         """A new GPU leaf under ``parent`` holding ``ids`` (the caller made room)."""
         leaf = Node(ids, start, parent, _GPU, self.next_serial(), tick)
@@ -178,37 +146,6 @@ class RadixTree:
         self._leaves.discard(parent)
         self._leaves.add(leaf)
         return leaf
-
-    def merge_runs(self, chain: list[Node]) -> None:
-        """Merge runs of ``chain`` (root-ward to leaf-ward, each the parent of the next) whose
-        upper nodes have one child and equal tier, lock, stamp and host copy, into the run's
-        deepest node (it keeps its identity, so lock handles stay valid). Counters and the leaf
-        set do not change (same tier and lock)."""
-        i = len(chain) - 1
-        while i > 0:
-            child = chain[i]
-            j = i
-            while j > 0:
-                up = chain[j - 1]
-                if (len(up.children) == 1 and up.lock == child.lock and up.tier is child.tier
-                        and up.last_access == child.last_access and up.host == child.host):
-                    j -= 1
-                else:
-                    break
-            if j < i:
-                run = chain[j:i]
-                top = run[0]
-                parent = top.parent
-                assert parent is not None
-                parent.children[top.ids.item(0)] = child
-                child.ids = np.concatenate([*(nd.ids for nd in run), child.ids])
-                child.start = top.start
-                child.parent = parent
-                child.hit_count = max(child.hit_count, *(nd.hit_count for nd in run))
-                for nd in run:
-                    nd.parent = None
-                    nd.children = {}
-            i = j - 1
 
     # ------------------------------------------------------------------ locks and reservations
     def lock(self, node: Node) -> None:
@@ -239,7 +176,7 @@ class RadixTree:
                     self._protected -= size
                     if not node.children:
                         self._leaves.add(node)
-                elif node.tier is _NONE:
+                elif node.tier is _NONE or node.tier is _DROPPED:
                     if not node.children:
                         self._detach(node)
                 elif not node.children:  # CPU
@@ -248,6 +185,9 @@ class RadixTree:
 
     def reserve(self, n: int) -> None:
         self._reserved += n
+        working = self._protected + self._reserved
+        if working > self._working_peak:
+            self._working_peak = working
 
     def release(self, n: int) -> None:
         self._reserved -= n
@@ -349,75 +289,117 @@ class RadixTree:
         if leaf.host and leaf.tier is _GPU:  # a backed-up tail loses its host copy too
             self._cpu -= k
 
-    def _detach(self, node: Node) -> None:
-        """Remove a childless NONE node from its parent."""
+    # ------------------------------------------------------------------ context edits
+    def add_dropped(self, parent: Node, ids: np.ndarray, start: int, tick: int) -> Node:
+        """A new DROPPED node under ``parent`` (an insert of dropped keys: no KV; the caller
+        attaches a child at once, since a childless unlocked KV-less node must not exist)."""
+        node = Node(ids, start, parent, _DROPPED, self.next_serial(), tick)
+        parent.children[ids.item(0)] = node
+        self._dropped += len(ids)
+        self._leaves.discard(parent)
+        return node
+
+    def _free_kv(self, node: Node, result: EvictResult) -> None:
+        """Release an unlocked node's KV and its count (any tier); the caller sets the tier."""
+        size = len(node.ids)
+        tier = node.tier
+        if tier is _GPU:
+            self._gpu -= size
+            self._evictable -= size
+            result.freed_blocks += size
+            result.deleted_blocks += size
+            result.freed.append(node.ids)
+            if node.host:
+                self._cpu -= size
+        elif tier is _CPU:
+            self._cpu -= size
+            result.deleted_blocks += size
+            result.freed.append(node.ids)
+        elif tier is _NONE:
+            self._holes -= size
+        else:
+            self._dropped -= size
+        node.host = False
+        self._leaves.discard(node)
+
+    def drop(self, node: Node, ids: np.ndarray, result: EvictResult) -> None:
+        """Any unlocked node -> DROPPED under its dropped keys ``ids`` (KV freed, never
+        refilled). A childless one leaves the tree at once, with KV-less ancestors."""
+        assert node.lock == 0 and node.tier is not _DROPPED, f"cannot drop {node!r}"
+        self._free_kv(node, result)
+        self.rekey(node, ids, node.start)
+        node.tier = _DROPPED
+        self._dropped += len(ids)
+        self._settle(node)
+
+    def rekey(self, node: Node, ids: np.ndarray, start: int, parent: Node | None = None
+              ) -> None:
+        """Give ``node`` new keys (as many as it has) at block ``start``, under ``parent``
+        (default: where it is). Counters do not change; the caller keeps ``start ==
+        parent.end`` and makes sure no sibling already holds the first new key."""
+        assert len(ids) == len(node.ids), f"rekey of {node!r} with {len(ids)} keys"
+        self.epoch += 1
+        node.keyed = self.epoch
+        old = node.parent
+        if old is not None and old.children.get(node.ids.item(0)) is node:
+            del old.children[node.ids.item(0)]
+        dest = old if parent is None else parent
+        assert dest is not None and ids.item(0) not in dest.children, f"key taken: {node!r}"
+        node.ids = ids
+        node.last = ids.item(-1)
+        node.start = start
+        node.parent = dest
+        dest.children[ids.item(0)] = node
+        self._leaves.discard(dest)
+        if old is not None and old is not dest:
+            self._settle(old)
+
+    def remove_subtree(self, node: Node, result: EvictResult) -> None:
+        """Free every node of an unlocked subtree (branches no key can reach again) and
+        detach it; KV-less ancestors left childless go too."""
+        assert node.lock == 0, f"removing a locked subtree at {node!r}"
+        stack = [node]
+        while stack:
+            nd = stack.pop()
+            stack.extend(nd.children.values())
+            self._free_kv(nd, result)
         parent = node.parent
-        assert parent is not None and not node.children and node.tier is _NONE
+        assert parent is not None
+        del parent.children[node.ids.item(0)]
+        node.parent = None
+        self._settle(parent)
+
+    def _settle(self, node: Node) -> None:
+        """``node`` may have lost its last child: unlocked, it becomes an evictable leaf if it
+        holds KV, else it leaves the tree (with its KV-less ancestors)."""
+        if node is self.root or node.children or node.lock:
+            return
+        if node.has_kv:
+            self._leaves.add(node)
+        else:
+            self._prune(node)
+
+    def _detach(self, node: Node) -> None:
+        """Remove a childless KV-less (NONE or DROPPED) node from its parent."""
+        parent = node.parent
+        assert parent is not None and not node.children and not node.has_kv
         del parent.children[int(node.ids[0])]
         node.parent = None
-        self._holes -= len(node.ids)
-        if (parent is not self.root and parent.tier is not _NONE and parent.lock == 0
-                and not parent.children):
+        if node.tier is _NONE:
+            self._holes -= len(node.ids)
+        else:
+            self._dropped -= len(node.ids)
+        if parent is not self.root and parent.has_kv and parent.lock == 0 \
+                and not parent.children:
             self._leaves.add(parent)
 
     def _prune(self, node: Node) -> Node:
-        """Remove ``node`` and its NONE ancestors while childless and unlocked; return the
+        """Remove ``node`` and its KV-less ancestors while childless and unlocked; return the
         first ancestor that stays."""
-        while node is not self.root and node.tier is _NONE and not node.children:
+        while node is not self.root and not node.has_kv and not node.children:
             if node.lock:
                 return node
             parent = node.parent
             self._detach(node)
             node = parent  # type: ignore[assignment]
         return node
-
-    # ------------------------------------------------------------------ appliers
-    def apply_delete(self, steps: list[Step], result: EvictResult) -> None:
-        """Carry out a deletion plan (GPU-only caches; unified deletions across tiers; HiCache
-        host eviction). Holes still in the tree afterwards are counted in ``holes_made``."""
-        made: list[Node] = []
-        for step in steps:
-            node, k = step.node, step.blocks
-            if k == len(node.ids):
-                if node.children:
-                    made.append(node)
-                self.delete(node, result)
-            elif step.head:
-                hole = self.split(node, k)
-                made.append(hole)
-                self.delete(hole, result)
-            else:
-                self.truncate_tail(node, k, result)
-        result.holes_made += sum(len(x.ids) for x in made
-                                 if x.parent is not None and x.tier is _NONE)
-
-    def _whole(self, step: Step) -> Node:
-        """The node carrying exactly the step's blocks (split off when partial)."""
-        node, k = step.node, step.blocks
-        size = len(node.ids)
-        if k == size:
-            return node
-        if step.head:
-            return self.split(node, k)  # the prefix moves, node keeps its identity
-        self.split(node, size - k)  # node keeps its identity as the moving suffix
-        return node
-
-    def apply_demote(self, steps: list[Step], result: EvictResult) -> None:
-        """Carry out a unified demotion plan: each step's blocks move GPU -> CPU."""
-        for step in steps:
-            self.move_to_host(self._whole(step), result)
-
-    def apply_device_evict(self, steps: list[Step], result: EvictResult,
-                           backup=None) -> None:
-        """Carry out a HiCache device-eviction plan: a backed-up node is demoted (its device
-        copy dropped), any other is deleted. ``backup(node, result)``, when given, is called
-        first (write_back copies at eviction time)."""
-        for step in steps:
-            node = self._whole(step)
-            if backup is not None and not node.host:
-                backup(node, result)
-            if node.host:
-                self.drop_device_copy(node, result)
-            else:
-                assert not node.children, f"a device node with host children: {node!r}"
-                self.delete(node, result)

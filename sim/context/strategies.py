@@ -1,0 +1,222 @@
+"""Context strategies: how a client manages its session's history on purpose (decisions only).
+
+A strategy looks at a request's prompt (its blocks' content regions, ``traces.REGION_NAMES``)
+and decides what to take out of the history; ``sim.context.session`` carries that out on the
+keys, the cache and the bill. Nothing here knows the cache.
+
+    full            the prompt as recorded (default; results identical to no strategy)
+    trim:K          context engineering by text: tool results older than the last K are
+                    removed from the prompt; prefix caching recomputes everything after the
+                    first removed span
+    summarize:T:S   past T prompt tokens the client asks for an S-token summary (a decode of
+                    S tokens, charged) and sends the session prefix + summary + the last turn
+                    instead (a full re-prefill of everything after the prefix)
+    drop:K          AKV's rolling drop: the text is unchanged; the KV of tool results older
+                    than the last K is dropped (never attended again, memory freed)
+    drop:K+repos    the same, and the retained keys after each drop are repositioned
+                    (compacted): re-rotated in place, positions freed for the context limit
+    splice:K        Leyline's in-place splice: the text edit of trim:K, served by removing the
+                    spans' KV and re-rotating what follows instead of recomputing it
+    budget:B        MemDecay / SparseEngine pruning: at most B tokens of a session's KV stay
+                    visible, chosen by region priority with decay; system, tool definitions,
+                    the session's shared prefix and the last turn are pinned; the rest is
+                    dropped (the logical prefix, and matching, are kept)
+
+A "tool result" is a maximal run of ``tool_result`` blocks: one tool response, or the
+responses of parallel tool calls sent together. Only what the trace labels counts: blocks of
+histories the trace does not describe (``unknown``: 31.5% of cc-traces prompt tokens, the
+histories 144 sessions were recorded with) are never trimmed or dropped, so for those sessions
+every strategy removes less than a real client would.
+
+kvsim prices serving only: it does not model what trimming, summarizing or dropping does to
+the agent's task accuracy.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from traces.regions import (
+    REGION_ASSISTANT,
+    REGION_NAMES,
+    REGION_SYSTEM,
+    REGION_TOOL_RESULT,
+    REGION_TOOLS,
+    REGION_UNKNOWN,
+    REGION_USER,
+)
+
+ACCURACY_NOTE = ("kvsim prices serving only: it does not model what trimming, summarizing, "
+                 "dropping or pruning does to task accuracy")
+
+KINDS = ("full", "trim", "summarize", "drop", "splice", "budget")
+
+# budget:B (MemDecay-like): base priority and half-life (tokens appended since the block) per
+# region. Assumptions, not MemDecay's numbers (its paper gives none for these regions; it
+# measured ~10x longer attention half-lives for system text than for scratchpad): user text
+# outlives tool output, replies sit between, histories the trace does not describe (unknown)
+# are treated like user text. System prompt and tool definitions are pinned.
+BUDGET_PRIORITY = {REGION_USER: 1.0, REGION_ASSISTANT: 0.6, REGION_TOOL_RESULT: 0.5,
+                   REGION_UNKNOWN: 0.8}
+BUDGET_HALF_LIFE = {REGION_USER: 65536, REGION_ASSISTANT: 16384, REGION_TOOL_RESULT: 8192,
+                    REGION_UNKNOWN: 32768}
+PINNED_REGIONS = (REGION_SYSTEM, REGION_TOOLS)
+
+
+class ContextError(ValueError):
+    """A malformed ``--context`` value (bad user input: exit status 2)."""
+
+    exit_code = 2
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One parsed strategy. ``keep``: tool results kept (trim, drop, splice); ``threshold``
+    and ``summary_tokens`` (summarize); ``budget`` tokens; ``repos`` (drop)."""
+
+    kind: str = "full"
+    keep: int = 0
+    threshold: int = 0
+    summary_tokens: int = 0
+    budget: int = 0
+    repos: bool = False
+
+    @property
+    def label(self) -> str:
+        if self.kind == "full":
+            return "full"
+        if self.kind == "summarize":
+            return f"summarize:{self.threshold}:{self.summary_tokens}"
+        if self.kind == "budget":
+            return f"budget:{self.budget}"
+        return f"{self.kind}:{self.keep}{'+repos' if self.repos else ''}"
+
+    @property
+    def is_full(self) -> bool:
+        return self.kind == "full"
+
+    @property
+    def edits_kv(self) -> bool:
+        """Changes KV in the cache (drop, reposition, splice, prune)."""
+        return self.kind in ("drop", "splice", "budget")
+
+    @property
+    def drops(self) -> bool:
+        return self.kind in ("drop", "budget")
+
+    @property
+    def removes_text(self) -> bool:
+        """The prompt text loses the stale tool results (trim, splice)."""
+        return self.kind in ("trim", "splice")
+
+
+def _int(text: str, what: str, spec: str, minimum: int) -> int:
+    t = text.strip().lower()
+    mult = 1
+    if t.endswith("k"):
+        t, mult = t[:-1], 1024
+    try:
+        v = float(t) * mult
+    except ValueError:
+        v = math.nan
+    if not math.isfinite(v) or v != int(v) or v < minimum:
+        raise ContextError(f"bad context strategy {spec!r}: {what} must be an integer >= "
+                           f"{minimum}, got {text!r}")
+    return int(v)
+
+
+def parse_context(text: str | None) -> Strategy:
+    """``full`` | ``trim:K`` | ``summarize:T:S`` | ``drop:K`` | ``drop:K+repos`` |
+    ``splice:K`` | ``budget:B`` (sizes accept ``64k``); ContextError names what is wrong."""
+    spec = "full" if text is None else str(text).strip()
+    kind, _, rest = spec.partition(":")
+    kind = kind.strip().lower()
+    if kind == "full" and not rest:
+        return Strategy()
+    usage = ("expected full, trim:K, summarize:T:S, drop:K, drop:K+repos, splice:K or "
+             "budget:B")
+    if kind not in KINDS or not rest:
+        raise ContextError(f"bad context strategy {spec!r}: {usage}")
+    if kind in ("trim", "splice"):
+        return Strategy(kind, keep=_int(rest, "K (tool results kept)", spec, 1))
+    if kind == "drop":
+        arg, plus, extra = rest.partition("+")
+        if plus and extra.strip().lower() != "repos":
+            raise ContextError(f"bad context strategy {spec!r}: only '+repos' may follow "
+                               "drop:K")
+        return Strategy("drop", keep=_int(arg, "K (tool results kept)", spec, 1),
+                        repos=bool(plus))
+    if kind == "budget":
+        return Strategy("budget", budget=_int(rest, "B (tokens)", spec, 1))
+    parts = rest.split(":")
+    if len(parts) != 2:
+        raise ContextError(f"bad context strategy {spec!r}: summarize takes T:S (threshold "
+                           "and summary tokens)")
+    t = _int(parts[0], "T (threshold tokens)", spec, 1)
+    s = _int(parts[1], "S (summary tokens)", spec, 1)
+    if s >= t:
+        raise ContextError(f"bad context strategy {spec!r}: the summary (S = {s}) must be "
+                           f"shorter than the threshold (T = {t})")
+    return Strategy("summarize", threshold=t, summary_tokens=s)
+
+
+# --- decisions ----------------------------------------------------------------------------
+def tool_spans(regions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Block ranges [starts, ends) of the tool results (maximal ``tool_result`` runs)."""
+    is_tool = np.asarray(regions) == REGION_TOOL_RESULT
+    if not is_tool.any():
+        empty = np.zeros(0, np.int64)
+        return empty, empty
+    edge = np.diff(np.concatenate(([False], is_tool, [False])).astype(np.int8))
+    return np.flatnonzero(edge == 1).astype(np.int64), np.flatnonzero(edge == -1).astype(
+        np.int64)
+
+
+def stale_tool_mask(regions: np.ndarray, keep: int, limit: int) -> np.ndarray:
+    """Blocks of tool results older than the ``keep`` newest, among blocks ``< limit`` (the
+    part of the prompt a strategy may touch); a bool mask over the prompt's blocks."""
+    starts, ends = tool_spans(regions)
+    if len(starts) <= keep:
+        return np.zeros(len(regions), dtype=bool)
+    edge = np.zeros(len(regions) + 1, dtype=np.int64)
+    edge[starts[:-keep]] += 1  # tool results never touch: the indices are distinct
+    edge[ends[:-keep]] -= 1
+    mask = np.cumsum(edge[:-1]) > 0
+    mask[limit:] = False
+    return mask
+
+
+def keep_removed(regions: np.ndarray, keep: int, limit: int) -> np.ndarray:
+    """Blocks an earlier removal may still hold out: all but the ``keep`` newest tool
+    results (a bool mask; an edited prompt can make old removed text part of them)."""
+    starts, ends = tool_spans(regions)
+    mask = np.ones(len(regions), dtype=bool)
+    for s, e in zip(starts[-keep:].tolist(), ends[-keep:].tolist(), strict=True):
+        mask[s:e] = False
+    mask[limit:] = True
+    return mask
+
+
+def budget_drops(regions: np.ndarray, visible: np.ndarray, pinned: np.ndarray,
+                 budget_blocks: int, block_end_tokens: np.ndarray, now_tokens: int
+                 ) -> np.ndarray:
+    """Blocks to drop now so that at most ``budget_blocks`` stay visible: the lowest scores
+    among visible, unpinned blocks, score = priority(region) * 0.5 ** (age / half-life),
+    age = tokens appended since the block ended; ties: the older block first. A bool mask."""
+    out = np.zeros(len(regions), dtype=bool)
+    excess = int(visible.sum()) - budget_blocks
+    cand = np.flatnonzero(visible & ~pinned)
+    if excess <= 0 or cand.size == 0:
+        return out
+    reg = regions[cand]
+    prio = np.array([BUDGET_PRIORITY.get(int(g), 1.0) for g in range(len(REGION_NAMES))])
+    half = np.array([BUDGET_HALF_LIFE.get(int(g), 32768) for g in range(len(REGION_NAMES))],
+                    dtype=np.float64)
+    age = np.maximum(0, now_tokens - block_end_tokens[cand]).astype(np.float64)
+    score = prio[reg] * np.exp2(-age / half[reg])
+    order = np.lexsort((cand, score))  # lowest score first, then position
+    out[cand[order[:excess]]] = True
+    return out
