@@ -32,7 +32,7 @@ import simpy
 from costmodel.profile import Profile
 from costmodel.specs import ModelSpec
 from costmodel.units import Units
-from policies.scheduling import LPM_QUEUE_LIMIT, Candidate, SchedulePolicy
+from policies.scheduling import SchedulePolicy
 from sim.config import RunConfig
 from sim.context import plan_ranges
 from sim.kvcache import RadixKVCache, Tier
@@ -40,23 +40,15 @@ from sim.metrics import RunRecorder
 
 from .base import EngineBase
 from .request import Req
+from .sglang_decode import DecodeRuns
+from .sglang_queue import WaitingOrder
 
-# SGLang touches the prefixes of the first 128 waiting requests every 32nd fcfs pass.
-FCFS_TOUCH_EVERY = 32
-FCFS_TOUCH_COUNT = 128
-# SGLANG_RETRACT_DECODE_STEPS: after releasing a retracted request, SGLang evicts the cache
-# until this many tokens per remaining request are free.
-RETRACT_DECODE_STEPS = 20
-# In-batch prefix caching (lpm): a waiting request whose cached prefix is at most this many
-# tokens and that shares at least as many with an earlier such waiting request goes to the
-# back of the queue (IN_BATCH_PREFIX_CACHING_CHECK / _DEPRIORITIZE_THRESHOLD, both 32).
-IN_BATCH_PREFIX_TOKENS = 32
 # Verdicts of a refused admission (schedule_policy.py AddReqResult): memory (NO_TOKEN) or a
 # spent pass budget (OTHER). Only NO_TOKEN sets batch_is_full.
 NO_TOKEN, OTHER = "no_token", "other"
 
 
-class SGLangServer(EngineBase):
+class SGLangServer(DecodeRuns, EngineBase):
     """SGLang's scheduler and memory semantics over one ``RadixKVCache``."""
 
     def __init__(self, env: simpy.Environment, cfg: RunConfig, spec: ModelSpec,
@@ -70,14 +62,11 @@ class SGLangServer(EngineBase):
         self.ratio = cfg.new_token_ratio
         self._decay = (cfg.new_token_ratio - cfg.new_token_ratio_min) / max(
             1, cfg.new_token_ratio_decay_steps)
-        self._refresh_calls = 0  # fcfs passes that looked at the queue (prefix refresh)
         self.max_running = cfg.max_running or 1 << 30
         # SGLang's running_batch.batch_is_full: set when an admission is refused for memory
         # while requests run; no admission is tried again until the running batch shrinks.
         self.batch_is_full = False
-        # program-fcfs: each session's first arrival, noted the first time one of its
-        # requests waits here (sessions send one request at a time, so it is their first)
-        self._program_start: dict[int, float] = {}
+        self.queue = WaitingOrder(scheduler, cache, self.bs, self._usable_blocks)
         self.process = self.start()
 
     def busy(self) -> bool:
@@ -255,7 +244,9 @@ class SGLangServer(EngineBase):
         budget = self.cfg.chunk_size
         # calc_priority runs before the chunk continues: lpm matches (and stamps) every
         # waiting request in each pass, chunk passes included.
-        order = self._order() if self.waiting else []
+        if self.waiting:
+            self.waiting = self.queue.order(self.waiting)
+        order = list(self.waiting)
         if self.chunked is not None:
             # add_chunked_req: the chunk is the budget cut to the headroom (when positive),
             # re-evaluated each pass, so it shrinks when memory is short; the final chunk
@@ -312,48 +303,6 @@ class SGLangServer(EngineBase):
             self.waiting = [r for r in self.waiting if id(r) not in admitted]
         return batch
 
-    def _order(self) -> list[Req]:
-        sched = self.scheduler
-        starts = self._program_start
-        if sched.matches_all and len(self.waiting) <= LPM_QUEUE_LIMIT:
-            cands = []
-            # In-batch prefix caching: the first blocks of the waiting prompts with nothing
-            # cached, in queue order. Sharing 32 tokens means sharing the first block here
-            # (ids name 64-token blocks; a shorter common prefix is invisible to kvsim).
-            scratch: set[int] = set()
-            for pos, req in enumerate(self.waiting):
-                m = self.cache.match(req.ids, touch=True, hint=req.hint)
-                usable = self._usable_blocks(req)
-                gpu = sum(min(e, usable) - s for s, e, t in m.segments
-                          if t == Tier.GPU and s < usable)
-                cpu = sum(min(e, usable) - s for s, e, t in m.segments
-                          if t == Tier.CPU and s < usable)
-                first_at = starts.setdefault(req.session, req.arrival)
-                key = (0, *sched.key(Candidate(pos, gpu, cpu, first_at)))
-                if m.hit_blocks * self.bs <= IN_BATCH_PREFIX_TOKENS and req.ids.size:
-                    first = int(req.ids[0])
-                    if first in scratch:
-                        key = (1, pos)  # deprioritized: after the others, in queue order
-                    else:
-                        scratch.add(first)
-                cands.append((key, req))
-            cands.sort(key=lambda kv: kv[0])
-            self.waiting = [r for _, r in cands]
-            return list(self.waiting)
-        # fcfs (or lpm above 128 waiting: SGLang falls back to fcfs): every 32nd pass that
-        # looks at the queue, the first included, refreshes the first 128 waiting prefixes.
-        refresh = self._refresh_calls % FCFS_TOUCH_EVERY == 0
-        self._refresh_calls += 1
-        if refresh:
-            for req in reversed(self.waiting[:FCFS_TOUCH_COUNT]):
-                self.cache.match(req.ids, touch=True, hint=req.hint)
-        if not sched.matches_all and sched.sorts:  # program-fcfs: no match, a key
-            keyed = [(sched.key(Candidate(pos, program_start=starts.setdefault(
-                req.session, req.arrival))), req) for pos, req in enumerate(self.waiting)]
-            keyed.sort(key=lambda kv: kv[0])
-            self.waiting = [r for _, r in keyed]
-        return list(self.waiting)
-
     # --- execution ----------------------------------------------------------------------
 
     def _finish_prefill(self, batch, per_req: list[Units]) -> None:
@@ -395,70 +344,6 @@ class SGLangServer(EngineBase):
         self.rec.close(req, self.env.now)
         self._reply(req, leaf)
         req.done.succeed()
-
-    def _decode_plan(self) -> int:
-        """Steps the running batch can take now: to the first finish, limited by memory
-        (free + evictable blocks)."""
-        steps = min(r.output_tokens - r.generated for r in self.running)
-        return self._steps_in(self.cache.free_blocks + self.cache.evictable_blocks, steps)
-
-    def _steps_in(self, room: int, cap: int) -> int:
-        """Largest k <= cap such that k more tokens of every running request need at most
-        ``room`` more blocks. Request i needs a new block at steps t_i, t_i + bs, ... where
-        t_i = (its reserved blocks * bs - its tokens) + 1, so the (room+1)-th smallest of
-        these is the first step that does not fit."""
-        bs = self.bs
-        starts = sorted(r.reserved * bs - r.own_tokens + 1 for r in self.running)
-        if starts[0] < 1 or starts[-1] > bs:  # not the invariant reserved == ceil(own / bs)
-            raise AssertionError(f"decode reservations out of step: {starts}")
-        q, i = divmod(room, len(starts))
-        return max(0, min(cap, starts[i] + q * bs - 1))
-
-    def _retract(self) -> None:
-        """SGLang retract_decode: fewest generated first, ties longest prompt, then the last
-        in the running batch; keep one. Each release (``release_req``) frees the victim's
-        own tokens, unlocks its tree part, then evicts until 20 tokens per remaining request
-        are free."""
-        order = {id(r): i for i, r in enumerate(self.running)}
-        victims = sorted(self.running, key=lambda r: (r.generated, -r.prompt_tokens,
-                                                      -order[id(r)]))
-        while len(self.running) > 1 and self._decode_plan() == 0:
-            v = victims.pop(0)
-            self.running.remove(v)
-            self.cache.release(v.reserved)
-            v.reserved = v.own_tokens = 0
-            self._unlock_all(v)
-            self.rec.retracted(v)
-            self._seq += 1
-            v.seq = self._seq
-            self.waiting.append(v)
-            short = self._blocks(RETRACT_DECODE_STEPS * len(self.running)) - self.cache.free_blocks
-            if short > 0 and self.cache.evictable_blocks:
-                self.rec.evicted(self.cache.evict(min(short, self.cache.evictable_blocks)))
-        self.batch_is_full = False  # the running batch shrank
-        survivors = self.running
-        out = sum(r.generated for r in survivors)
-        self.ratio = min(1.0, (out + 20 * len(survivors)) / (
-            sum(self._max_new(r) for r in survivors) + 1))
-
-    def _reserve_decode(self, steps: int) -> None:
-        """Hold memory for the ``steps`` tokens every running request just generated (the
-        plan made sure it exists: nothing else ran since)."""
-        for r in self.running:
-            ok = self._reserve_tokens(r, steps)
-            assert ok, f"decode plan promised room for {steps} steps of request {r.rid}"
-
-    def _apply_decode(self, steps: int) -> None:
-        for r in self.running:
-            r.generated += steps
-        self.ratio = max(self.ratio - steps * self._decay, self.cfg.new_token_ratio_min)
-        finished = [r for r in self.running if r.generated >= r.output_tokens]
-        if finished:
-            self.running = [r for r in self.running if r.generated < r.output_tokens]
-            for r in finished:
-                self._finish(r)
-
-
 
     def _loop(self):
         env = self.env
