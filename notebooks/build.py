@@ -24,8 +24,9 @@ JOBS = 2
 PROFILES = {profiles!r}  # {profiles_note}"""
 
 # The profile family each notebook prices with: the one its document's tables state
-# (docs/reproduction.md: derived; docs/policies.md: the default measured-kernel profiles).
-PROFILES = {"policies": None}
+# (docs/reproduction.md: derived; docs/policies.md and docs/cache-engineering.md: the
+# default measured-kernel profiles).
+PROFILES = {"policies": None, "cache-engineering": None}
 PROFILE_NOTES = {
     "derived": "docs/reproduction.md's family (derived-h100-MODEL); None: the default",
     None: "None: the default (kernels-h100_sxm-MODEL); 'derived': derived-h100-MODEL",
