@@ -1,14 +1,17 @@
 """Render the tables of docs/reproduction.md from full-size results.
 
     python docs/report.py [results/reproduce] > /tmp/tables.md
+    python docs/report.py --sweeps results/gpu_only_qwen3-8b results/gpu_only_qwen3-32b ...
 
 Reads the JSON documents the notebooks write at full size (``kvsim reproduce NAME --json``
 gives the same documents) and prints one markdown table per experiment, ours beside the
-paper's numbers.
+paper's numbers. ``--sweeps`` instead reads the ``results.csv`` of the GPU-only sweeps
+(docs/sweeps/*.yaml) and prints the "All gap models" table.
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import sys
 from pathlib import Path
@@ -28,7 +31,42 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(out)
 
 
+GAP_ORDER = ("recorded", "tool", "cap:10")
+
+
+def sweeps(dirs: list[str]) -> None:
+    """One row per (model, gap model, N, tree shape): SGLang's absolute TTFT and hit rate,
+    vLLM's and Penelope's changes against it (the sweep's own ``*_change`` columns)."""
+    rows = []
+    for d in dirs:
+        with open(Path(d) / "results.csv", newline="") as f:
+            rows += list(csv.DictReader(f))
+    by = {(r["model"], r["gaps"], int(r["sessions"]), r["checkpoint_chunks"], r["policy"]): r
+          for r in rows}
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    out = []
+    for model in models:
+        for gaps in sorted({r["gaps"] for r in rows if r["model"] == model},
+                           key=lambda g: (GAP_ORDER.index(g) if g in GAP_ORDER else 99, g)):
+            for n in sorted({int(r["sessions"]) for r in rows if r["model"] == model}):
+                for chunks, tree in (("True", "chunked"), ("False", "whole")):
+                    ref = by[(model, gaps, n, chunks, "sglang")]
+                    vllm, pen = (by[(model, gaps, n, chunks, p)] for p in ("vllm", "penelope"))
+                    out.append([model.removeprefix("qwen3-"), gaps, tree, n,
+                                f"{float(ref['ttft_mean_s']):.2f}", frac(float(ref["hit_rate"])),
+                                *(c for r in (vllm, pen) for c in (
+                                    pct(float(r["ttft_mean_s_change"])),
+                                    pct(float(r["jct_mean_s_change"])),
+                                    frac(float(r["hit_rate"]))))])
+    print(table(["model", "gaps", "tree", "N", "sglang TTFT s", "sglang hit", "vllm TTFT",
+                 "vllm JCT", "vllm hit", "penelope TTFT", "penelope JCT", "penelope hit"],
+                out))
+
+
 def main(argv: list[str]) -> None:
+    if argv and argv[0] == "--sweeps":
+        sweeps(argv[1:])
+        return
     d = Path(argv[0] if argv else "results/reproduce")
     docs = {p.stem: json.loads(p.read_text()) for p in sorted(d.glob("*.json"))}
     if "figure1" in docs:

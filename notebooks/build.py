@@ -20,7 +20,17 @@ PARAMS = """# Parameters (tests inject QUICK = True)
 QUICK = False
 TRACE = None  # None: ../shared/data/cc-traces when present, else synthetic:claude-code
 GAPS = "tool"  # the paper replays the recorded tool time
-JOBS = 2"""
+JOBS = 2
+PROFILES = {profiles!r}  # {profiles_note}"""
+
+# The profile family each notebook prices with: the one its document's tables state
+# (docs/reproduction.md: derived; docs/policies.md and docs/cache-engineering.md: the
+# default measured-kernel profiles).
+PROFILES = {"policies": None, "cache-engineering": None}
+PROFILE_NOTES = {
+    "derived": "docs/reproduction.md's family (derived-h100-MODEL); None: the default",
+    None: "None: the default (kernels-h100_sxm-MODEL); 'derived': derived-h100-MODEL",
+}
 
 SETUP = """import sys, pathlib
 sys.path.insert(0, str(pathlib.Path.cwd().parent))  # run from notebooks/ without installing
@@ -30,12 +40,13 @@ from sim.experiments import reproduce
 pd.set_option("display.width", 200)
 pd.set_option("display.max_columns", 30)"""
 
-RUN = """doc = reproduce({name!r}, trace=TRACE, quick=QUICK, jobs=JOBS, gaps=GAPS)
+RUN = """doc = reproduce({name!r}, trace=TRACE, quick=QUICK, jobs=JOBS, gaps=GAPS,
+                profiles=PROFILES)
 if not QUICK:  # full-size results feed docs/reproduction.md (python docs/report.py)
     from sim.io import atomic_write_text, dumps
     atomic_write_text(f"../results/reproduce/{{doc['experiment']}}.json", dumps(doc))
 print(f"trace: {{doc['trace']}} ({{doc['trace_kind']}}), gaps: {{doc['gaps']}}, "
-      f"quick: {{doc['quick']}}")
+      f"profiles: {{PROFILES or 'default'}}, quick: {{doc['quick']}}")
 df = pd.DataFrame(doc["rows"])
 df"""
 
@@ -194,7 +205,9 @@ def build(name: str) -> nbformat.NotebookNode:
     nb = new_notebook()
     nb.cells = [
         new_markdown_cell(intro),
-        new_code_cell(PARAMS, metadata={"tags": ["parameters"]}),
+        new_code_cell(PARAMS.format(profiles=(profiles := PROFILES.get(name, "derived")),
+                                    profiles_note=PROFILE_NOTES[profiles]),
+                      metadata={"tags": ["parameters"]}),
         new_code_cell(SETUP),
         new_code_cell(RUN.format(name=name)),
         new_code_cell(plot),

@@ -236,9 +236,11 @@ def fcfs(ctx: Context) -> list[dict[str, Any]]:
         c = replace(ctx.base("qwen3-8b", n), trace=codex, select=None, shared_prefix=None,
                     gaps="recorded")
         cases.append((f"codex N={n}", c))
+    # The 8B's cache and context cut, priced with the model's own profile.
     for model in ("gemma-3-27b", "llama-3.1-8b"):
         cases.append((f"{model} (window)" if model.startswith("gemma") else
-                      f"{model} (full)", replace(ctx.base("qwen3-8b", 4), model=model)))
+                      f"{model} (full)", replace(ctx.base("qwen3-8b", 4), model=model,
+                                                 profile=ctx.profile(model))))
     configs = []
     for _, c in cases:
         configs += [c.with_preset("sglang"), c.with_preset("penelope")]

@@ -80,3 +80,25 @@ def test_policies_table_marks_the_oracle() -> None:
     assert res.exit_code == 0, res.output
     assert "clairvoyant-oracle" in res.stdout and "reads the" in res.stdout
     assert "best policy per configuration" in res.stdout
+
+
+@pytest.mark.parametrize("family", ["derived", "kernels"])
+def test_fcfs_prices_every_model_with_its_own_profile(family: str, monkeypatch) -> None:
+    """The window cases swap the model on the 8B's setup: the profile must follow the model
+    (a leftover 8B profile is refused at load time, mid-experiment)."""
+    from costmodel.profile import load_profile
+    from sim import experiments
+
+    seen: list = []
+
+    def configs_only(ctx, configs):
+        seen.extend(configs)
+        return [{"ttft_mean_s": 1.0, "jct_mean_s": 1.0, "hit_rate": 0.5}] * len(configs)
+
+    monkeypatch.setattr(experiments, "_run_all", configs_only)
+    experiments.reproduce("fcfs", trace="synthetic:claude-code", profiles=family)
+    assert {c.model for c in seen} >= {"gemma-3-27b", "llama-3.1-8b", "qwen3-235b-a22b"}
+    prefix = {"derived": "derived-h100", "kernels": "kernels-h100_sxm"}[family]
+    for c in seen:
+        assert c.profile == f"{prefix}-{c.model}"
+        assert load_profile(c.profile, c.model).model == c.model
