@@ -12,3 +12,7 @@ class ProfileError(ValueError):
         super().__init__(f"{path}: field {field!r}: {message}")
         self.path = path
         self.field = field
+        self._args = (path, field, message)
+
+    def __reduce__(self):  # rebuilt from its arguments when a sweep worker sends it back
+        return type(self), self._args

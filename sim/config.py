@@ -21,6 +21,10 @@ class ConfigError(ValueError):
     def __init__(self, where: str, field: str, message: str) -> None:
         super().__init__(f"{where}: field {field!r}: {message}")
         self.where, self.field = where, field
+        self._args = (where, field, message)
+
+    def __reduce__(self):  # rebuilt from its arguments when a sweep worker sends it back
+        return type(self), self._args
 
 
 # sim.engines.ENGINES holds the classes; named here because sim.engines imports this module.

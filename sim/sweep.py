@@ -58,6 +58,10 @@ class SweepError(RuntimeError):
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+        self._args = (message, exit_code)
+
+    def __reduce__(self):  # rebuilt from its arguments when a sweep worker sends it back
+        return type(self), self._args
 
 
 def _size(v: Any, where: str, field: str) -> Any:

@@ -41,6 +41,7 @@ class TraceFormatError(ValueError):
 
     def __init__(self, file: str, record: str | int | None, field: str | None, message: str):
         self.file, self.record, self.field = str(file), record, field
+        self._args = (file, record, field, message)
         where = [self.file]
         note = ""
         if record is not None:
@@ -50,6 +51,9 @@ class TraceFormatError(ValueError):
         if field is not None:
             where.append(f"field {field!r}")
         super().__init__(f"{': '.join(where)}: {' '.join(message.split())}{note}")
+
+    def __reduce__(self):  # rebuilt from its arguments when a sweep worker sends it back
+        return type(self), self._args
 
 
 class OptionError(ValueError):

@@ -55,6 +55,10 @@ class KernelTableError(ValueError):
         super().__init__(f"{path}: column {column!r}: {message}")
         self.path = str(path)
         self.column = column
+        self._args = (path, column, message)
+
+    def __reduce__(self):  # rebuilt from its arguments when a worker process sends it back
+        return type(self), self._args
 
 
 class NoRows(KernelTableError):
