@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.opstream import OursSide, SglangSide, Timing, timed_replay, trace_stream
+from benchmarks.opreplay import OursSide, SglangSide, Timing, timed_replay
+from benchmarks.opstream import trace_stream
 from benchmarks.sglang_ref import torch_single_thread
 
 REPO = Path(__file__).resolve().parent.parent

@@ -27,15 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.opstream import (
-    ALLOC,
-    ARRIVE,
-    FINISH,
-    OpStream,
-    OursSide,
-    timed_replay,
-    trace_stream,
-)
+from benchmarks.opreplay import OursSide, timed_replay
+from benchmarks.opstream import ALLOC, ARRIVE, FINISH, OpStream, trace_stream
 from benchmarks.vllm_ops import DriverConfig, ModelSide, drive
 
 REPO = Path(__file__).resolve().parent.parent

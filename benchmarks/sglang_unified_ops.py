@@ -25,14 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.opstream import (
-    ALLOC,
-    ARRIVE,
-    FINISH,
-    Observation,
-    OpStream,
-    Request,
-)
+from benchmarks.opreplay import Observation, kvsim_state, sorted_ids
+from benchmarks.opstream import ALLOC, ARRIVE, FINISH, OpStream, Request
 
 CHUNK = 4
 CHUNK_OP_NAMES = ("ARRIVE", "ALLOC", "FINISH", "TOUCH", "CHUNK")
@@ -168,7 +162,7 @@ class KvsimChunkSide:
         if ok:
             cache.reserve(n)
         st[3] = n if ok else -1
-        return ok, _sorted(freed)
+        return ok, sorted_ids(freed)
 
     def _checkpoint(self, st: list[Any], ids: np.ndarray) -> np.ndarray:
         """Insert ``ids``, hand the request's blocks to the tree, move its lock."""
@@ -209,20 +203,7 @@ class KvsimChunkSide:
         self.cache.match(req.match_ids, touch=True)
 
     def observe(self) -> dict[str, Any]:
-        c = self.cache
-        return {
-            "tree_blocks": c.gpu_blocks,
-            "evictable": c.evictable_blocks,
-            "protected": c.protected_blocks,
-            "reserved": c.reserved_blocks,
-            "resident": np.sort(np.asarray(c.resident_block_ids(), np.int64)),
-        }
-
-
-def _sorted(parts: list[np.ndarray]) -> np.ndarray:
-    if not parts:
-        return np.empty(0, np.int64)
-    return np.sort(np.concatenate(parts).astype(np.int64, copy=False))
+        return kvsim_state(self.cache)
 
 
 def replay_chunked(stream: OpStream, side: Any, observe: bool = True) -> Iterator[Observation]:

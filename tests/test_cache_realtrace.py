@@ -37,7 +37,8 @@ def stream():
 
 
 def run(stream, policy: EvictionPolicy, debug: bool = True):
-    from benchmarks.opstream import ALLOC, ARRIVE, OursSide, replay
+    from benchmarks.opreplay import OursSide, replay
+    from benchmarks.opstream import ALLOC, ARRIVE
 
     side = OursSide(1024, policy.spec, debug=debug)
     hits, freed = [], []

@@ -21,6 +21,7 @@ from conftest import CC_TRACES, needs_cc_traces
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from benchmarks.opreplay import OursSide, SglangSide, replay
 from benchmarks.opstream import (
     ALLOC,
     ARRIVE,
@@ -28,12 +29,9 @@ from benchmarks.opstream import (
     OP_NAMES,
     TOUCH,
     OpStream,
-    OursSide,
-    SglangSide,
     closed_loop_ops,
     make_request,
     random_stream,
-    replay,
     trace_stream,
 )
 from benchmarks.sglang_ref import SglangRef, block_tokens, torch_single_thread

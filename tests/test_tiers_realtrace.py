@@ -31,7 +31,7 @@ def stream():
 
 
 def run(stream, preset: str, cpu: int, tiering: str = "unified", debug: bool = True):
-    from benchmarks.opstream import OursSide, replay
+    from benchmarks.opreplay import OursSide, replay
     from sim.kvcache import RadixKVCache, Tier
 
     loads = {"loaded": 0, "swap": 0, "chunks": 0, "failed": 0, "d2h": 0}
