@@ -181,6 +181,27 @@ class EngineBase:
             self._rerotate_s = 0.0
         return seconds, per_req
 
+    def _timed_decode(self, batch: int, ctx: int, steps: int, interruptible: bool):
+        """Wait out ``steps`` decode steps of a ``batch`` reading ``ctx`` KV tokens per step, as
+        one event. When ``interruptible``, an arrival (``self._wake``) cuts the run after the
+        step in flight. A sub-process: ``steps = yield from self._timed_decode(...)`` gives
+        the steps taken."""
+        env = self.env
+        total = self.profile.decode_run_seconds(batch, ctx, steps)
+        if not interruptible:
+            yield env.timeout(total)
+            return steps
+        start = env.now
+        self._wake = env.event()
+        yield env.timeout(total) | self._wake
+        elapsed = env.now - start
+        if elapsed < total:  # an arrival: finish the step in flight, then reschedule
+            steps = self._steps_within(batch, ctx, elapsed, steps)
+            rest = self.profile.decode_run_seconds(batch, ctx, steps) - elapsed
+            if rest > 0:
+                yield env.timeout(rest)
+        return steps
+
     def _steps_within(self, batch: int, ctx: int, elapsed: float, cap: int) -> int:
         """Smallest k >= 1 with decode_run_seconds(k) >= elapsed (the step in flight)."""
         lo, hi = 1, cap

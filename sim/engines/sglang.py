@@ -377,23 +377,12 @@ class SGLangServer(DecodeRuns, EngineBase):
                     continue
             batch_size = len(self.running)
             ctx = sum(r.kv_read_tokens for r in self.running)
-            total = self.profile.decode_run_seconds(batch_size, ctx, steps)
             pause = self._transfer_seconds()  # copies pending from before the run
             if pause:
                 yield env.timeout(pause)
-            start = env.now
-            if self.batch_is_full:  # an arrival cannot be admitted before a finish
-                yield env.timeout(total)
-            else:
-                self._wake = env.event()
-                yield env.timeout(total) | self._wake
-            elapsed = env.now - start
-            if elapsed < total:  # an arrival: finish the step in flight, then reschedule
-                done = self._steps_within(batch_size, ctx, elapsed, steps)
-                rest = self.profile.decode_run_seconds(batch_size, ctx, done) - elapsed
-                if rest > 0:
-                    yield env.timeout(rest)
-                steps = done
+            # With batch_is_full an arrival cannot be admitted before a finish: no cut.
+            steps = yield from self._timed_decode(batch_size, ctx, steps,
+                                                  not self.batch_is_full)
             self.rec.decode(self.profile.decode_run_seconds(batch_size, ctx, steps), steps)
             # Memory for exactly the tokens generated; the copies that made room for them
             # (demotions to the CPU tier) happened during the run: its tokens complete after

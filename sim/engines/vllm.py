@@ -306,7 +306,7 @@ class VllmServer(EngineBase):
 
     def _decode_run(self, rows: list[tuple[Req, int, int]], blocked: bool):
         """The decode-only step just scheduled, repeated while nothing changes (module doc)."""
-        env, bs = self.env, self.bs
+        bs = self.bs
         running = self.running
         batch = len(rows)
         ctx = sum(start for _r, start, _n in rows)
@@ -314,20 +314,7 @@ class VllmServer(EngineBase):
         if cap > 1:
             starts = [-(-r.computed // bs) * bs - r.computed + 1 for r in running]
             cap = 1 + steps_fitting(starts, bs, self.pool.free_blocks, cap - 1)
-        total = self.profile.decode_run_seconds(batch, ctx, cap)
-        steps = cap
-        if blocked or cap == 1:
-            yield env.timeout(total)
-        else:
-            start = env.now
-            self._wake = env.event()
-            yield env.timeout(total) | self._wake
-            elapsed = env.now - start
-            if elapsed < total:  # an arrival: finish the step in flight, then reschedule
-                steps = self._steps_within(batch, ctx, elapsed, cap)
-                rest = self.profile.decode_run_seconds(batch, ctx, steps) - elapsed
-                if rest > 0:
-                    yield env.timeout(rest)
+        steps = yield from self._timed_decode(batch, ctx, cap, not blocked and cap > 1)
         self.rec.decode(self.profile.decode_run_seconds(batch, ctx, steps), steps)
         if steps > 1:
             for r in running:
