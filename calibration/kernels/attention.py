@@ -98,16 +98,22 @@ def _stand_in(cols, path: Path, shape: Shape, window_size: int) -> tuple[np.ndar
     return rows, info
 
 
+def _rows_with_window(cols, path: Path, shape: Shape) -> tuple[np.ndarray, dict, bool]:
+    """Rows for the layer's window; a windowed layer without rows of its own falls back to the
+    full-attention rows (``True``: the caller derives the window from them)."""
+    rows, info = _stand_in(cols, path, shape, shape.window_size)
+    if not rows.any() and shape.window is not None:
+        rows, info = _stand_in(cols, path, shape, 0)
+        return rows, info, True
+    return rows, info, False
+
+
 class ContextAttention:
     """Seconds of one layer's attention call for a batch of ranges over cached prefixes."""
 
     def __init__(self, path: Path, version: str, shape: Shape) -> None:
         cols = _table(path)
-        rows, info = _stand_in(cols, path, shape, shape.window_size)
-        derived_window = False
-        if not rows.any() and shape.window is not None:
-            rows, info = _stand_in(cols, path, shape, 0)
-            derived_window = True
+        rows, info, derived_window = _rows_with_window(cols, path, shape)
         rows &= cols["batch_size"] == 1
         if not rows.any():
             raise NoRows(path, "head_dim", f"no bfloat16 context attention rows for "
@@ -160,11 +166,7 @@ class GenerationAttention:
 
     def __init__(self, path: Path, version: str, shape: Shape) -> None:
         cols = _table(path)
-        rows, info = _stand_in(cols, path, shape, shape.window_size)
-        derived_window = False
-        if not rows.any() and shape.window is not None:
-            rows, info = _stand_in(cols, path, shape, 0)
-            derived_window = True
+        rows, info, derived_window = _rows_with_window(cols, path, shape)
         if not rows.any():
             raise NoRows(path, "head_dim", f"no bfloat16 generation attention rows "
                                    f"for head_dim {shape.head_dim}")
