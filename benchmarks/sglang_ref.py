@@ -36,6 +36,8 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.stubbing import StubModule
+
 SGLANG_VERSION = "0.5.23"
 
 # Modules radix_cache.py (and the four real modules it needs) import at load time but whose
@@ -64,17 +66,6 @@ _STUBBED = (
 
 class SglangUnavailable(RuntimeError):
     """sglang (or torch) is not installed, or is not the pinned version."""
-
-
-class _StubModule(types.ModuleType):
-    """A module whose every public attribute is an inert placeholder class."""
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        placeholder = type(name, (), {"__init__": lambda self, *a, **k: None})
-        setattr(self, name, placeholder)
-        return placeholder
 
 
 class LogicalClock:
@@ -150,10 +141,10 @@ def load_radix_cache_module() -> types.ModuleType:
         sys.modules["sglang"] = package
         for name in _STUBBED:
             if name not in sys.modules:
-                stub = _StubModule(name)
+                stub = StubModule(name)
                 stub.__path__ = []  # a package, so stubbed submodules resolve through it
                 sys.modules[name] = stub
-        common = _StubModule("sglang.srt.utils.common")
+        common = StubModule("sglang.srt.utils.common")
         for name, fn in _real_functions(
             root / "srt" / "utils" / "common.py", ("ceil_div", "ceil_align")
         ).items():
