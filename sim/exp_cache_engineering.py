@@ -30,7 +30,6 @@ import numpy as np
 
 from sim.config import RunConfig
 from sim.context import ACCURACY_NOTE
-from sim.executors import ExecutorSpec
 
 MODELS = {"gpt-oss-120b": 262144, "qwen3-32b": 196608}  # GPU KV cap (tokens) per model
 CONCURRENCY = (8, 10)
@@ -149,20 +148,12 @@ def configs(ctx) -> list[tuple[dict[str, Any], RunConfig]]:
 
 def cache_engineering(ctx) -> list[dict[str, Any]]:
     """The experiment's rows (keys: ``ROW_KEYS``), in run order."""
+    from sim.experiments import run_all
+
     runs = configs(ctx)
-    spec = ctx.executor or ExecutorSpec(jobs=ctx.jobs)
-    if spec.kind == "local" and len(runs) < 2:
-        spec = replace(spec, jobs=1)
-    ex = spec.make()
-    got: list[dict[str, Any] | None] = [None] * len(runs)
-    try:
-        for i, m in ex.map(run_metrics, [(cfg, None) for _, cfg in runs]):
-            got[i] = m
-    finally:
-        ex.close()
+    got = run_all(ctx, [cfg for _, cfg in runs], run_metrics)
     rows = []
     for (ident, _), m in zip(runs, got, strict=True):
-        assert m is not None
         rows.append({k: ident[k] if k in ident else m[k] for k in ROW_KEYS})
     return rows
 

@@ -99,16 +99,18 @@ def _quick_synthetic(trace: str) -> str:
     return trace if "sessions=" in trace else f"{trace}{sep}sessions=6"
 
 
-def _run_all(ctx: Context, configs: list[RunConfig]) -> list[dict[str, Any]]:
-    """Summaries of ``configs`` in order, on the context's executor (identical results on
-    every executor: a run is a pure function of its config and trace)."""
+def _run_all(ctx: Context, configs: list[RunConfig], job: Callable | None = None,
+             ) -> list[dict[str, Any]]:
+    """Summaries of ``configs`` in order (or what ``job(cfg, None, get_trace)`` returns for
+    each), on the context's executor (identical results on every executor: a run is a pure
+    function of its config and trace)."""
     spec = ctx.executor or ExecutorSpec(jobs=ctx.jobs)
     if spec.kind == "local" and len(configs) < 2:
         spec = replace(spec, jobs=1)
     ex = spec.make()
     out: list[dict[str, Any] | None] = [None] * len(configs)
     try:
-        for i, summary in ex.map(_summary_of, [(c, None) for c in configs]):
+        for i, summary in ex.map(job or _summary_of, [(c, None) for c in configs]):
             out[i] = summary
     finally:
         ex.close()
