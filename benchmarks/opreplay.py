@@ -56,6 +56,18 @@ def kvsim_state(c: Any) -> dict[str, Any]:
     }
 
 
+def evict_and_reserve(cache: Any, n: int) -> tuple[bool, list[np.ndarray]]:
+    """The stream's ALLOC on kvsim's cache: evict the shortfall if free < n (SGLang's
+    evict_to_free_tokens), then reserve n blocks if they are free. (ok, freed id parts)."""
+    freed: list[np.ndarray] = []
+    if n > cache.free_blocks:
+        freed = cache.make_room(n).freed
+    ok = cache.free_blocks >= n
+    if ok:
+        cache.reserve(n)
+    return ok, freed
+
+
 def sorted_ids(parts: list[np.ndarray]) -> np.ndarray:
     """The block ids of ``parts`` as one sorted int64 array (a multiset of freed ids)."""
     if not parts:
@@ -170,13 +182,7 @@ class OursSide:
     def alloc(self, rid: int, need: int) -> tuple[bool, np.ndarray]:
         st = self._running[rid]
         n = need - st[1]
-        cache = self.cache
-        freed: list[np.ndarray] = []
-        if n > cache.free_blocks:
-            freed = cache.make_room(n).freed
-        ok = cache.free_blocks >= n
-        if ok:
-            cache.reserve(n)
+        ok, freed = evict_and_reserve(self.cache, n)
         st[2] = n if ok else -1
         return ok, sorted_ids(freed) if self.record else _EMPTY
 

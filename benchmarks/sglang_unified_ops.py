@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.opreplay import Observation, kvsim_state, sorted_ids
+from benchmarks.opreplay import Observation, evict_and_reserve, kvsim_state, sorted_ids
 from benchmarks.opstream import ALLOC, ARRIVE, FINISH, OpStream, Request
 
 CHUNK = 4
@@ -154,13 +154,7 @@ class KvsimChunkSide:
     def alloc(self, rid: int, need: int) -> tuple[bool, np.ndarray]:
         st = self._st[rid]
         n = need - st[2]
-        cache = self.cache
-        freed: list[np.ndarray] = []
-        if n > cache.free_blocks:
-            freed = cache.make_room(n).freed
-        ok = cache.free_blocks >= n
-        if ok:
-            cache.reserve(n)
+        ok, freed = evict_and_reserve(self.cache, n)
         st[3] = n if ok else -1
         return ok, sorted_ids(freed)
 
