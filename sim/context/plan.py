@@ -27,6 +27,7 @@ from costmodel.specs import ModelSpec
 from costmodel.units import Units, hidden_key_sum, position_sum, range_units, window_caps
 from sim.kvcache.node import Tier
 
+from .strategies import mask_runs
 from .view import RequestView
 
 GPU, CPU, NONE = Tier.GPU, Tier.CPU, Tier.NONE
@@ -79,9 +80,8 @@ def plan_ranges(view: RequestView, segments, usable: int, context_tokens: int, b
         if keep is None or keep.all():
             ranges.append((end * bs, n * bs))
         else:
-            edge = np.diff(np.concatenate(([False], keep, [False])).astype(np.int8))
-            for a, b in zip(np.flatnonzero(edge == 1).tolist(),
-                            np.flatnonzero(edge == -1).tolist(), strict=True):
+            ks, ke = mask_runs(keep)
+            for a, b in zip(ks.tolist(), ke.tolist(), strict=True):
                 ranges.append(((end + a) * bs, (end + b) * bs))
     ranges.append((n * bs, context_tokens))
     computed = _merge(ranges)

@@ -36,7 +36,14 @@ import numpy as np
 from sim.kvcache.versions import VersionSpace, encode
 from traces.regions import REGION_SYSTEM, REGION_TOOL_RESULT, REGION_TOOLS, REGION_USER
 
-from .strategies import Strategy, budget_drops, keep_removed, stale_tool_mask, tool_spans
+from .strategies import (
+    Strategy,
+    budget_drops,
+    keep_removed,
+    mask_runs,
+    stale_tool_mask,
+    tool_spans,
+)
 from .summary import Summaries
 from .view import Event, RequestView
 
@@ -51,12 +58,6 @@ def _common(a: np.ndarray, b: np.ndarray) -> int:
     diff = a[:n] != b[:n]
     i = int(diff.argmax())
     return i if diff[i] else n
-
-
-def _runs(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    edge = np.diff(np.concatenate(([False], mask, [False])).astype(np.int8))
-    return np.flatnonzero(edge == 1).astype(np.int64), np.flatnonzero(edge == -1).astype(
-        np.int64)
 
 
 class SessionState(Summaries):
@@ -170,7 +171,7 @@ class SessionState(Summaries):
     def _dropped_runs(self) -> tuple[np.ndarray, np.ndarray]:
         """Runs of dropped blocks (kept until ``dropped`` changes)."""
         if self._runs_cache is None:
-            rs, re_ = _runs(self.dropped)
+            rs, re_ = mask_runs(self.dropped)
             self._runs_cache = (rs, re_)
             self._runs_lists = (rs.tolist(), re_.tolist())
         return self._runs_cache
@@ -292,7 +293,7 @@ class SessionState(Summaries):
         n = len(raw)
         removed = self._grow(self.removed, n, False)[:n]
         keep = np.flatnonzero(~removed)
-        starts, ends = _runs(removed)
+        starts, ends = mask_runs(removed)
         vid = np.zeros(n, np.int64)
         v = 0
         for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
@@ -330,7 +331,7 @@ class SessionState(Summaries):
                 self.dropped = self._grow(self.dropped, n, False)
                 self.dropped[:n] |= new
                 self._ndropped = -1
-                s, e = _runs(new)
+                s, e = mask_runs(new)
                 self._add_runs(s.tolist(), e.tolist())
                 parent = self.events[-1].vid if self.events else 0
                 vid = self.space.vid(("drop", parent, prompt_tokens, s.tobytes(),

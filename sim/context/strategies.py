@@ -164,15 +164,20 @@ def parse_context(text: str | None) -> Strategy:
 
 
 # --- decisions ----------------------------------------------------------------------------
+def mask_runs(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """[starts, ends) of the maximal runs of True in the bool array ``mask`` (int64)."""
+    edge = np.diff(np.concatenate(([False], mask, [False])).astype(np.int8))
+    return np.flatnonzero(edge == 1).astype(np.int64), np.flatnonzero(edge == -1).astype(
+        np.int64)
+
+
 def tool_spans(regions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Block ranges [starts, ends) of the tool results (maximal ``tool_result`` runs)."""
     is_tool = np.asarray(regions) == REGION_TOOL_RESULT
     if not is_tool.any():
         empty = np.zeros(0, np.int64)
         return empty, empty
-    edge = np.diff(np.concatenate(([False], is_tool, [False])).astype(np.int8))
-    return np.flatnonzero(edge == 1).astype(np.int64), np.flatnonzero(edge == -1).astype(
-        np.int64)
+    return mask_runs(is_tool)
 
 
 def stale_tool_mask(regions: np.ndarray, keep: int, limit: int) -> np.ndarray:
