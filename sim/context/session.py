@@ -306,7 +306,8 @@ class SessionState(Summaries):
              finish_regions: np.ndarray, prompt_tokens: int, output_tokens: int,
              prefix_blocks: int) -> list[RequestView]:
         """The views of trace request ``rid`` (a summarization call first, when one is due)
-        and the session state after it."""
+        and the session state after it. ``finish_raw`` extends ``raw`` (the trace's finish
+        blocks start with the prompt's), so the prompt's keys are a prefix of the finish's."""
         st, bs = self.st, self.bs
         n = len(raw)
         k = _common(self.prev_raw, raw)
@@ -356,16 +357,18 @@ class SessionState(Summaries):
             if st.repos:
                 view.freed_positions = view.prompt_dropped_tokens
         elif st.removes_text:
-            forig = np.arange(len(finish_raw), dtype=np.int64)
             self.removed = self._grow(self.removed, n, False)
-            stale = stale_tool_mask(regions, st.keep, n)
+            spans = tool_spans(regions)
+            stale = stale_tool_mask(regions, st.keep, n, spans)
             newly = stale & ~self.removed[:n]
             # Removals stay, except where the prompt (after an edit) made a removed block
             # part of a tool result it keeps: that text comes back.
-            self.removed[:n] = (self.removed[:n] & keep_removed(regions, st.keep, n)) | stale
-            view.ids, _ = self._text_layout(raw)
+            self.removed[:n] = (self.removed[:n] & keep_removed(regions, st.keep, n, spans)
+                                ) | stale
+            gone = int(self.removed[:n].sum())
             view.finish, forig = self._text_layout(finish_raw)
-            view.prompt_tokens = prompt_tokens - int(self.removed[:n].sum()) * bs
+            view.ids = view.finish[:n - gone]  # the finish extends the prompt
+            view.prompt_tokens = prompt_tokens - gone * bs
             if newly.any() and st.kind == "trim":  # a splice serves the edit from the cache
                 lo = int(np.count_nonzero(~self.removed[:int(np.argmax(newly))]))
                 view.reprefill_blocks = (lo, int(np.count_nonzero(~self.removed[:lk])))

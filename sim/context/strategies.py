@@ -180,10 +180,12 @@ def tool_spans(regions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return mask_runs(is_tool)
 
 
-def stale_tool_mask(regions: np.ndarray, keep: int, limit: int) -> np.ndarray:
+def stale_tool_mask(regions: np.ndarray, keep: int, limit: int,
+                    spans: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """Blocks of tool results older than the ``keep`` newest, among blocks ``< limit`` (the
-    part of the prompt a strategy may touch); a bool mask over the prompt's blocks."""
-    starts, ends = tool_spans(regions)
+    part of the prompt a strategy may touch); a bool mask over the prompt's blocks.
+    ``spans``: ``tool_spans(regions)`` when the caller has it."""
+    starts, ends = tool_spans(regions) if spans is None else spans
     if len(starts) <= keep:
         return np.zeros(len(regions), dtype=bool)
     edge = np.zeros(len(regions) + 1, dtype=np.int64)
@@ -194,10 +196,12 @@ def stale_tool_mask(regions: np.ndarray, keep: int, limit: int) -> np.ndarray:
     return mask
 
 
-def keep_removed(regions: np.ndarray, keep: int, limit: int) -> np.ndarray:
+def keep_removed(regions: np.ndarray, keep: int, limit: int,
+                 spans: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """Blocks an earlier removal may still hold out: all but the ``keep`` newest tool
-    results (a bool mask; an edited prompt can make old removed text part of them)."""
-    starts, ends = tool_spans(regions)
+    results (a bool mask; an edited prompt can make old removed text part of them).
+    ``spans``: ``tool_spans(regions)`` when the caller has it."""
+    starts, ends = tool_spans(regions) if spans is None else spans
     mask = np.ones(len(regions), dtype=bool)
     for s, e in zip(starts[-keep:].tolist(), ends[-keep:].tolist(), strict=True):
         mask[s:e] = False
