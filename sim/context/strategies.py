@@ -64,6 +64,10 @@ BUDGET_PRIORITY = {REGION_USER: 1.0, REGION_ASSISTANT: 0.6, REGION_TOOL_RESULT: 
 BUDGET_HALF_LIFE = {REGION_USER: 65536, REGION_ASSISTANT: 16384, REGION_TOOL_RESULT: 8192,
                     REGION_UNKNOWN: 32768}
 PINNED_REGIONS = (REGION_SYSTEM, REGION_TOOLS)
+# the same, indexed by region code (what ``budget_drops`` looks up per block)
+_PRIORITY_BY_REGION = np.array([BUDGET_PRIORITY.get(g, 1.0) for g in range(len(REGION_NAMES))])
+_HALF_LIFE_BY_REGION = np.array([BUDGET_HALF_LIFE.get(g, 32768)
+                                 for g in range(len(REGION_NAMES))], dtype=np.float64)
 
 
 class ContextError(ValueError):
@@ -221,11 +225,8 @@ def budget_drops(regions: np.ndarray, visible: np.ndarray, pinned: np.ndarray,
     if excess <= 0 or cand.size == 0:
         return out
     reg = regions[cand]
-    prio = np.array([BUDGET_PRIORITY.get(int(g), 1.0) for g in range(len(REGION_NAMES))])
-    half = np.array([BUDGET_HALF_LIFE.get(int(g), 32768) for g in range(len(REGION_NAMES))],
-                    dtype=np.float64)
     age = np.maximum(0, now_tokens - block_end_tokens[cand]).astype(np.float64)
-    score = prio[reg] * np.exp2(-age / half[reg])
+    score = _PRIORITY_BY_REGION[reg] * np.exp2(-age / _HALF_LIFE_BY_REGION[reg])
     order = np.lexsort((cand, score))  # lowest score first, then position
     out[cand[order[:excess]]] = True
     return out
