@@ -80,7 +80,8 @@ def configs(ctx: Context) -> tuple[list[tuple], list[RunConfig]]:
 
 
 def policies(ctx: Context) -> list[dict[str, Any]]:
-    from sim.experiments import change, run_all
+    from sim.experiments import run_all
+    from sim.sweep import relative_change as change
 
     keys, cfgs = configs(ctx)
     sums = dict(zip(keys, run_all(ctx, cfgs), strict=True))

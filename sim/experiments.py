@@ -14,7 +14,6 @@ the synthetic Claude Code trace. ``--quick`` shrinks every run to seconds (tests
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any
 from sim import exp_policies
 from sim.config import RunConfig
 from sim.executors import ExecutorSpec
+from sim.sweep import relative_change as _change
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_CC_TRACES = REPO.parent / "shared" / "data" / "cc-traces"
@@ -121,12 +121,6 @@ def _summary_of(cfg: RunConfig, _arg: Any, get_trace: Callable[[], Any]) -> dict
     from sim.runner import run
 
     return run(cfg, get_trace()).summary
-
-
-def _change(new: float, base: float) -> float:
-    if not base or math.isnan(base) or math.isnan(new):
-        return math.nan
-    return new / base - 1.0
 
 
 # --- experiments ------------------------------------------------------------------------
@@ -359,7 +353,7 @@ def cache_engineering(ctx: Context) -> list[dict[str, Any]]:
 
 
 # For experiments in their own modules (sim/exp_*.py).
-run_all, change = _run_all, _change
+run_all = _run_all
 
 EXPERIMENTS: dict[str, Callable[[Context], list[dict[str, Any]]]] = {
     "figure1": figure1,

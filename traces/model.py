@@ -164,6 +164,19 @@ class Trace:
                                for s, n in zip(self._seg_start[a:b], self._seg_len[a:b],
                                                strict=True)])
 
+    def _finish_layout(self, r: int) -> tuple[int, int, int]:
+        """(prompt blocks, finish blocks, the next request whose prompt repeats r's output or
+        -1) of request r: what ``finish_block_ids`` and ``finish_block_regions`` align on."""
+        bs = self.block_size
+        p, o = int(self.prompt_tokens[r]), int(self.output_tokens[r])
+        n_p = p // bs
+        n_f = max(n_p, (p + o - 1) // bs)
+        nxt = r + 1
+        if (n_f > n_p and nxt < len(self) and self.session[nxt] == self.session[r]
+                and int(self.prefix_blocks[nxt]) >= n_p):
+            return n_p, n_f, nxt
+        return n_p, n_f, -1
+
     def finish_block_ids(self, r: int) -> np.ndarray:
         """Full blocks of prompt + output minus one token, what SGLang inserts when r finishes.
 
@@ -171,18 +184,13 @@ class Trace:
         prompt (same session) extends this one: the reply reappears there; positions beyond the
         next prompt (or with no extending next request) get fresh ids no prompt uses.
         """
-        bs = self.block_size
-        p, o = int(self.prompt_tokens[r]), int(self.output_tokens[r])
-        n_p = p // bs
-        n_f = max(n_p, (p + o - 1) // bs)
+        n_p, n_f, nxt = self._finish_layout(r)
         ids = self.block_ids(r)
         if n_f == n_p:
             return ids
         parts = [ids]
         pos = n_p
-        nxt = r + 1
-        if (nxt < len(self) and self.session[nxt] == self.session[r]
-                and int(self.prefix_blocks[nxt]) >= n_p):
+        if nxt >= 0:
             nid = self.block_ids(nxt)
             take = nid[n_p:n_f]
             parts.append(take)
@@ -195,18 +203,13 @@ class Trace:
     def finish_block_regions(self, r: int) -> np.ndarray:
         """Regions aligned with ``finish_block_ids(r)``: the prompt's, then the next prompt's
         for the output blocks it repeats, then ``assistant`` for fresh output blocks."""
-        bs = self.block_size
-        p, o = int(self.prompt_tokens[r]), int(self.output_tokens[r])
-        n_p = p // bs
-        n_f = max(n_p, (p + o - 1) // bs)
+        n_p, n_f, nxt = self._finish_layout(r)
         regs = self.block_regions(r)
         if n_f == n_p:
             return regs
         parts = [regs]
-        nxt = r + 1
         take = 0
-        if (nxt < len(self) and self.session[nxt] == self.session[r]
-                and int(self.prefix_blocks[nxt]) >= n_p):
+        if nxt >= 0:
             t = self.block_regions(nxt)[n_p:n_f]
             parts.append(t)
             take = t.shape[0]

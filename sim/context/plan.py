@@ -20,14 +20,14 @@ skips the intervals dropped before it.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from functools import lru_cache
 
 import numpy as np
 
 from costmodel.specs import ModelSpec
-from costmodel.units import Units, hidden_key_sum, position_sum, range_units
+from costmodel.units import Units, hidden_key_sum, position_sum, range_units, window_caps
 from sim.kvcache.node import Tier
 
+from .strategies import mask_runs
 from .view import RequestView
 
 GPU, CPU, NONE = Tier.GPU, Tier.CPU, Tier.NONE
@@ -80,9 +80,8 @@ def plan_ranges(view: RequestView, segments, usable: int, context_tokens: int, b
         if keep is None or keep.all():
             ranges.append((end * bs, n * bs))
         else:
-            edge = np.diff(np.concatenate(([False], keep, [False])).astype(np.int8))
-            for a, b in zip(np.flatnonzero(edge == 1).tolist(),
-                            np.flatnonzero(edge == -1).tolist(), strict=True):
+            ks, ke = mask_runs(keep)
+            for a, b in zip(ks.tolist(), ke.tolist(), strict=True):
                 ranges.append(((end + a) * bs, (end + b) * bs))
     ranges.append((n * bs, context_tokens))
     computed = _merge(ranges)
@@ -116,11 +115,6 @@ def plan_ranges(view: RequestView, segments, usable: int, context_tokens: int, b
     return computed, reused, holes, cpu
 
 
-@lru_cache(maxsize=32)
-def _groups(spec: ModelSpec) -> tuple[tuple[int | None, int], ...]:
-    return tuple(spec.window_groups().items())
-
-
 def units_of(spec: ModelSpec, view: RequestView, a: int, b: int) -> Units:
     """Units of computing tokens [a, b) of ``view``'s request: keys dropped before a token's
     position (by an event whose trigger it is at or after) are not attended.
@@ -141,11 +135,10 @@ def units_of(spec: ModelSpec, view: RequestView, a: int, b: int) -> Units:
             total = total + range_units(spec, u, v)
             continue
         att = 0
-        for window, count in _groups(spec):
-            if window is None:
+        for cap, count in window_caps(spec):
+            if cap is None:
                 att += count * (position_sum(u, v) - (v - u) * cum[j])
                 continue
-            cap = window - 1
             near = 0
             if maxend[j] > u - cap:
                 near = hidden_key_sum(u, v, view.hid_s[:j], view.hid_e[:j], cap)

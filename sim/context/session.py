@@ -36,7 +36,14 @@ import numpy as np
 from sim.kvcache.versions import VersionSpace, encode
 from traces.regions import REGION_SYSTEM, REGION_TOOL_RESULT, REGION_TOOLS, REGION_USER
 
-from .strategies import Strategy, budget_drops, keep_removed, stale_tool_mask, tool_spans
+from .strategies import (
+    Strategy,
+    budget_drops,
+    keep_removed,
+    mask_runs,
+    stale_tool_mask,
+    tool_spans,
+)
 from .summary import Summaries
 from .view import Event, RequestView
 
@@ -51,12 +58,6 @@ def _common(a: np.ndarray, b: np.ndarray) -> int:
     diff = a[:n] != b[:n]
     i = int(diff.argmax())
     return i if diff[i] else n
-
-
-def _runs(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    edge = np.diff(np.concatenate(([False], mask, [False])).astype(np.int8))
-    return np.flatnonzero(edge == 1).astype(np.int64), np.flatnonzero(edge == -1).astype(
-        np.int64)
 
 
 class SessionState(Summaries):
@@ -170,7 +171,7 @@ class SessionState(Summaries):
     def _dropped_runs(self) -> tuple[np.ndarray, np.ndarray]:
         """Runs of dropped blocks (kept until ``dropped`` changes)."""
         if self._runs_cache is None:
-            rs, re_ = _runs(self.dropped)
+            rs, re_ = mask_runs(self.dropped)
             self._runs_cache = (rs, re_)
             self._runs_lists = (rs.tolist(), re_.tolist())
         return self._runs_cache
@@ -292,7 +293,7 @@ class SessionState(Summaries):
         n = len(raw)
         removed = self._grow(self.removed, n, False)[:n]
         keep = np.flatnonzero(~removed)
-        starts, ends = _runs(removed)
+        starts, ends = mask_runs(removed)
         vid = np.zeros(n, np.int64)
         v = 0
         for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
@@ -305,7 +306,8 @@ class SessionState(Summaries):
              finish_regions: np.ndarray, prompt_tokens: int, output_tokens: int,
              prefix_blocks: int) -> list[RequestView]:
         """The views of trace request ``rid`` (a summarization call first, when one is due)
-        and the session state after it."""
+        and the session state after it. ``finish_raw`` extends ``raw`` (the trace's finish
+        blocks start with the prompt's), so the prompt's keys are a prefix of the finish's."""
         st, bs = self.st, self.bs
         n = len(raw)
         k = _common(self.prev_raw, raw)
@@ -330,7 +332,7 @@ class SessionState(Summaries):
                 self.dropped = self._grow(self.dropped, n, False)
                 self.dropped[:n] |= new
                 self._ndropped = -1
-                s, e = _runs(new)
+                s, e = mask_runs(new)
                 self._add_runs(s.tolist(), e.tolist())
                 parent = self.events[-1].vid if self.events else 0
                 vid = self.space.vid(("drop", parent, prompt_tokens, s.tobytes(),
@@ -355,16 +357,18 @@ class SessionState(Summaries):
             if st.repos:
                 view.freed_positions = view.prompt_dropped_tokens
         elif st.removes_text:
-            forig = np.arange(len(finish_raw), dtype=np.int64)
             self.removed = self._grow(self.removed, n, False)
-            stale = stale_tool_mask(regions, st.keep, n)
+            spans = tool_spans(regions)
+            stale = stale_tool_mask(regions, st.keep, n, spans)
             newly = stale & ~self.removed[:n]
             # Removals stay, except where the prompt (after an edit) made a removed block
             # part of a tool result it keeps: that text comes back.
-            self.removed[:n] = (self.removed[:n] & keep_removed(regions, st.keep, n)) | stale
-            view.ids, _ = self._text_layout(raw)
+            self.removed[:n] = (self.removed[:n] & keep_removed(regions, st.keep, n, spans)
+                                ) | stale
+            gone = int(self.removed[:n].sum())
             view.finish, forig = self._text_layout(finish_raw)
-            view.prompt_tokens = prompt_tokens - int(self.removed[:n].sum()) * bs
+            view.ids = view.finish[:n - gone]  # the finish extends the prompt
+            view.prompt_tokens = prompt_tokens - gone * bs
             if newly.any() and st.kind == "trim":  # a splice serves the edit from the cache
                 lo = int(np.count_nonzero(~self.removed[:int(np.argmax(newly))]))
                 view.reprefill_blocks = (lo, int(np.count_nonzero(~self.removed[:lk])))

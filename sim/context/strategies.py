@@ -64,6 +64,10 @@ BUDGET_PRIORITY = {REGION_USER: 1.0, REGION_ASSISTANT: 0.6, REGION_TOOL_RESULT: 
 BUDGET_HALF_LIFE = {REGION_USER: 65536, REGION_ASSISTANT: 16384, REGION_TOOL_RESULT: 8192,
                     REGION_UNKNOWN: 32768}
 PINNED_REGIONS = (REGION_SYSTEM, REGION_TOOLS)
+# the same, indexed by region code (what ``budget_drops`` looks up per block)
+_PRIORITY_BY_REGION = np.array([BUDGET_PRIORITY.get(g, 1.0) for g in range(len(REGION_NAMES))])
+_HALF_LIFE_BY_REGION = np.array([BUDGET_HALF_LIFE.get(g, 32768)
+                                 for g in range(len(REGION_NAMES))], dtype=np.float64)
 
 
 class ContextError(ValueError):
@@ -164,21 +168,28 @@ def parse_context(text: str | None) -> Strategy:
 
 
 # --- decisions ----------------------------------------------------------------------------
+def mask_runs(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """[starts, ends) of the maximal runs of True in the bool array ``mask`` (int64)."""
+    edge = np.diff(np.concatenate(([False], mask, [False])).astype(np.int8))
+    return np.flatnonzero(edge == 1).astype(np.int64), np.flatnonzero(edge == -1).astype(
+        np.int64)
+
+
 def tool_spans(regions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Block ranges [starts, ends) of the tool results (maximal ``tool_result`` runs)."""
     is_tool = np.asarray(regions) == REGION_TOOL_RESULT
     if not is_tool.any():
         empty = np.zeros(0, np.int64)
         return empty, empty
-    edge = np.diff(np.concatenate(([False], is_tool, [False])).astype(np.int8))
-    return np.flatnonzero(edge == 1).astype(np.int64), np.flatnonzero(edge == -1).astype(
-        np.int64)
+    return mask_runs(is_tool)
 
 
-def stale_tool_mask(regions: np.ndarray, keep: int, limit: int) -> np.ndarray:
+def stale_tool_mask(regions: np.ndarray, keep: int, limit: int,
+                    spans: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """Blocks of tool results older than the ``keep`` newest, among blocks ``< limit`` (the
-    part of the prompt a strategy may touch); a bool mask over the prompt's blocks."""
-    starts, ends = tool_spans(regions)
+    part of the prompt a strategy may touch); a bool mask over the prompt's blocks.
+    ``spans``: ``tool_spans(regions)`` when the caller has it."""
+    starts, ends = tool_spans(regions) if spans is None else spans
     if len(starts) <= keep:
         return np.zeros(len(regions), dtype=bool)
     edge = np.zeros(len(regions) + 1, dtype=np.int64)
@@ -189,10 +200,12 @@ def stale_tool_mask(regions: np.ndarray, keep: int, limit: int) -> np.ndarray:
     return mask
 
 
-def keep_removed(regions: np.ndarray, keep: int, limit: int) -> np.ndarray:
+def keep_removed(regions: np.ndarray, keep: int, limit: int,
+                 spans: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """Blocks an earlier removal may still hold out: all but the ``keep`` newest tool
-    results (a bool mask; an edited prompt can make old removed text part of them)."""
-    starts, ends = tool_spans(regions)
+    results (a bool mask; an edited prompt can make old removed text part of them).
+    ``spans``: ``tool_spans(regions)`` when the caller has it."""
+    starts, ends = tool_spans(regions) if spans is None else spans
     mask = np.ones(len(regions), dtype=bool)
     for s, e in zip(starts[-keep:].tolist(), ends[-keep:].tolist(), strict=True):
         mask[s:e] = False
@@ -212,11 +225,8 @@ def budget_drops(regions: np.ndarray, visible: np.ndarray, pinned: np.ndarray,
     if excess <= 0 or cand.size == 0:
         return out
     reg = regions[cand]
-    prio = np.array([BUDGET_PRIORITY.get(int(g), 1.0) for g in range(len(REGION_NAMES))])
-    half = np.array([BUDGET_HALF_LIFE.get(int(g), 32768) for g in range(len(REGION_NAMES))],
-                    dtype=np.float64)
     age = np.maximum(0, now_tokens - block_end_tokens[cand]).astype(np.float64)
-    score = prio[reg] * np.exp2(-age / half[reg])
+    score = _PRIORITY_BY_REGION[reg] * np.exp2(-age / _HALF_LIFE_BY_REGION[reg])
     order = np.lexsort((cand, score))  # lowest score first, then position
     out[cand[order[:excess]]] = True
     return out

@@ -66,11 +66,6 @@ class RequestView:
             idx = self._index = (self.hid_t.tolist(), cum.tolist(), mx.tolist())
         return idx
 
-    def hidden_at(self, pos: int) -> tuple[np.ndarray, np.ndarray]:
-        """Dropped token intervals a token at ``pos`` does not attend."""
-        sel = self.hid_t <= pos
-        return self.hid_s[sel], self.hid_e[sel]
-
     @property
     def dropped_tokens(self) -> int:
         """Tokens whose KV the history dropped by the end of this request: what its output
