@@ -28,6 +28,18 @@ from sim.metrics import RunRecorder
 from .request import Req
 
 
+def steps_fitting(starts: list[int], bs: int, room: int, cap: int) -> int:
+    """Largest k <= cap such that k more tokens of every request need at most ``room`` new
+    blocks, where request i needs one at steps t_i, t_i + bs, ... (``starts``: the t_i,
+    each in [1, bs]): the (room+1)-th smallest of those steps is the first that does not
+    fit. A decode run of either engine is cut here."""
+    starts = sorted(starts)
+    if starts[0] < 1 or starts[-1] > bs:  # a request's next block is more than bs away
+        raise AssertionError(f"decode block steps out of [1, {bs}]: {starts}")
+    q, i = divmod(room, len(starts))
+    return max(0, min(cap, starts[i] + q * bs - 1))
+
+
 class EngineBase:
     """Shared state and helpers of the simulated servers."""
 

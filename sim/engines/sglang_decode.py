@@ -11,6 +11,7 @@ from __future__ import annotations
 from sim.kvcache import RadixKVCache
 from sim.metrics import RunRecorder
 
+from .base import steps_fitting
 from .request import Req
 
 # SGLANG_RETRACT_DECODE_STEPS: after releasing a retracted request, SGLang evicts the cache
@@ -42,11 +43,9 @@ class DecodeRuns:
         t_i = (its reserved blocks * bs - its tokens) + 1, so the (room+1)-th smallest of
         these is the first step that does not fit."""
         bs = self.bs
-        starts = sorted(r.reserved * bs - r.own_tokens + 1 for r in self.running)
-        if starts[0] < 1 or starts[-1] > bs:  # not the invariant reserved == ceil(own / bs)
-            raise AssertionError(f"decode reservations out of step: {starts}")
-        q, i = divmod(room, len(starts))
-        return max(0, min(cap, starts[i] + q * bs - 1))
+        # steps_fitting checks each t_i is in [1, bs]: the invariant reserved == ceil(own / bs)
+        return steps_fitting([r.reserved * bs - r.own_tokens + 1 for r in self.running], bs,
+                             room, cap)
 
     def _retract(self) -> None:
         """SGLang retract_decode: fewest generated first, ties longest prompt, then the last

@@ -57,7 +57,7 @@ from sim.kvcache import EvictResult, Tier
 from sim.kvcache.blockpool import BlockPool
 from sim.metrics import RunRecorder
 
-from .base import EngineBase
+from .base import EngineBase, steps_fitting
 from .request import Req
 
 # vllm/engine/arg_utils.py get_batch_defaults: OPENAI_API_SERVER, H100/H200 tier.
@@ -94,16 +94,6 @@ def free_order_name(policy: EvictionPolicy) -> str:
     raise PolicyError(f"policy {policy.label!r} cannot run on the vllm engine: {why}; "
                       "use vllm (tail first) or penelope (front of the private history "
                       "first), or --engine sglang")
-
-
-def steps_fitting(starts: list[int], bs: int, room: int, cap: int) -> int:
-    """Largest k <= cap such that k more tokens of every request need at most ``room`` new
-    blocks, where request i needs one at steps t_i, t_i + bs, ... (``starts``: the t_i,
-    each in [1, bs]): the (room+1)-th smallest of those steps is the first that does not
-    fit."""
-    starts = sorted(starts)
-    q, i = divmod(room, len(starts))
-    return max(0, min(cap, starts[i] + q * bs - 1))
 
 
 class VllmServer(EngineBase):
