@@ -61,8 +61,8 @@ def position_sum(a: int, b: int, cap: int | None = None) -> int:
 def attention_units(spec: ModelSpec, a: int, b: int) -> int:
     """Attention units of computing positions ``[a, b)`` in every layer of ``spec``."""
     total = 0
-    for window, count in spec.window_groups().items():
-        total += count * position_sum(a, b, None if window is None else window - 1)
+    for count, cap in spec.window_caps:
+        total += count * position_sum(a, b, cap)
     return total
 
 
@@ -118,8 +118,7 @@ def attended_units(spec: ModelSpec, a: int, b: int, starts: np.ndarray, ends: np
     intervals ``[starts, ends)`` are not attended: per layer, each token counts the keys it
     attends to (``min(p, w - 1)`` minus the hidden ones in its window)."""
     total = 0
-    for window, count in spec.window_groups().items():
-        cap = None if window is None else window - 1
+    for count, cap in spec.window_caps:
         total += count * (position_sum(a, b, cap) - hidden_key_sum(a, b, starts, ends, cap))
     return total
 
