@@ -102,9 +102,10 @@ class EngineBase:
         if req.view is not None and not req.view.edit_on_finish:  # a splice, on arrival
             self._context_edit(req)
         if self._tell_arrival:
-            regions = self.block_regions(req.rid) if self.block_regions else None
-            if req.view is not None:
+            if req.view is not None:  # the prompt as its context strategy shapes it
                 regions = req.view.regions
+            else:
+                regions = self.block_regions(req.rid) if self.block_regions else None
             self.policy.on_arrival(Arrival(self.env.now, req.session, req.rid,
                                            req.prompt_tokens, req.ids, regions))
         if self._never_fits(req):
