@@ -127,8 +127,6 @@ class SGLangServer(DecodeRuns, EngineBase):
                 merged.append((a, b))
         return merged, reused, holes, cpu
 
-
-
     def _reserve_tokens(self, req: Req, tokens: int) -> bool:
         """Hold ``tokens`` more outside the tree; evict through the policy if needed."""
         need = self._blocks(req.own_tokens + tokens) - req.reserved

@@ -15,7 +15,8 @@ from .base import steps_fitting
 from .request import Req
 
 # SGLANG_RETRACT_DECODE_STEPS: after releasing a retracted request, SGLang evicts the cache
-# until this many tokens per remaining request are free.
+# until this many tokens per remaining request are free; the new ratio assumes as many more
+# tokens per survivor.
 RETRACT_DECODE_STEPS = 20
 
 
@@ -71,7 +72,7 @@ class DecodeRuns:
         self.batch_is_full = False  # the running batch shrank
         survivors = self.running
         out = sum(r.generated for r in survivors)
-        self.ratio = min(1.0, (out + 20 * len(survivors)) / (
+        self.ratio = min(1.0, (out + RETRACT_DECODE_STEPS * len(survivors)) / (
             sum(self._max_new(r) for r in survivors) + 1))
 
     def _reserve_decode(self, steps: int) -> None:
