@@ -365,7 +365,8 @@ class SGLangServer(DecodeRuns, EngineBase):
                 yield self._wake
                 continue
             steps = self._decode_plan()
-            if steps == 0:
+            retracted = steps == 0
+            if retracted:
                 self._retract()
                 steps = self._decode_plan()
                 if steps == 0:  # a lone request that cannot grow: abort it (SGLang aborts)
@@ -389,6 +390,6 @@ class SGLangServer(DecodeRuns, EngineBase):
             pause = self._transfer_seconds()
             if pause:
                 yield env.timeout(pause)
-            self._apply_decode(steps)
+            self._apply_decode(steps, retracted)
 
 

@@ -82,10 +82,15 @@ class DecodeRuns:
             ok = self._reserve_tokens(r, steps)
             assert ok, f"decode plan promised room for {steps} steps of request {r.rid}"
 
-    def _apply_decode(self, steps: int) -> None:
+    def _apply_decode(self, steps: int, retracted: bool = False) -> None:
+        """After a run of ``steps`` decode steps. SGLang decays the ratio once per decode
+        iteration that did not retract: the first step of a run that began with a
+        retraction (``retracted``; it SET the ratio, perhaps below the floor) does not."""
         for r in self.running:
             r.generated += steps
-        self.ratio = max(self.ratio - steps * self._decay, self.cfg.new_token_ratio_min)
+        decays = steps - 1 if retracted else steps
+        if decays:
+            self.ratio = max(self.ratio - decays * self._decay, self.cfg.new_token_ratio_min)
         finished = [r for r in self.running if r.generated >= r.output_tokens]
         if finished:
             self.running = [r for r in self.running if r.generated < r.output_tokens]
