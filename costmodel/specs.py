@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import cached_property
 
 
 class AttentionKind(StrEnum):
@@ -90,6 +91,14 @@ class ModelSpec:
         for w in self.windows():
             groups[w] = groups.get(w, 0) + 1
         return groups
+
+    @cached_property
+    def window_caps(self) -> tuple[tuple[int, int | None], ...]:
+        """``window_groups`` as pricing reads it, once per spec: (layer count, position cap)
+        per group, the cap ``window - 1`` (None: full attention), in ``window_groups`` order.
+        Every priced range reads it, so it is not rebuilt per call."""
+        return tuple((count, None if w is None else w - 1)
+                     for w, count in self.window_groups().items())
 
     # --- memory -----------------------------------------------------------------------
     @property

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -59,18 +58,10 @@ def position_sum(a: int, b: int, cap: int | None = None) -> int:
     return (a + cap - 1) * (cap - a) // 2 + (b - cap) * cap
 
 
-@lru_cache(maxsize=32)
-def window_caps(spec: ModelSpec) -> tuple[tuple[int | None, int], ...]:
-    """``(cap, layers)`` per attention window of ``spec`` (``cap = window - 1``; None: full
-    attention), made once per spec: every priced range walks them."""
-    return tuple((None if w is None else w - 1, count)
-                 for w, count in spec.window_groups().items())
-
-
 def attention_units(spec: ModelSpec, a: int, b: int) -> int:
     """Attention units of computing positions ``[a, b)`` in every layer of ``spec``."""
     total = 0
-    for cap, count in window_caps(spec):
+    for count, cap in spec.window_caps:
         total += count * position_sum(a, b, cap)
     return total
 
@@ -127,7 +118,7 @@ def attended_units(spec: ModelSpec, a: int, b: int, starts: np.ndarray, ends: np
     intervals ``[starts, ends)`` are not attended: per layer, each token counts the keys it
     attends to (``min(p, w - 1)`` minus the hidden ones in its window)."""
     total = 0
-    for cap, count in window_caps(spec):
+    for count, cap in spec.window_caps:
         total += count * (position_sum(a, b, cap) - hidden_key_sum(a, b, starts, ends, cap))
     return total
 

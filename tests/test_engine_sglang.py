@@ -193,3 +193,31 @@ def test_lpm_matches_the_queue_before_the_chunk_continues() -> None:
     a2_end = p1 + g + chunks
     assert x2.ttft_s == pytest.approx(a2_end + prefill((46 * BS, 3500)) - x2.send_s,
                                       rel=1e-9)
+
+
+def test_the_decode_step_that_retracts_does_not_decay_the_ratio(monkeypatch) -> None:
+    # SGLang's update_running_batch either retracts (and SETS new_token_ratio) or decays it,
+    # once per decode iteration: the iteration that retracted runs its decode step without a
+    # decay, so a run of k steps that starts with a retraction decays k - 1 times.
+    from sim.engines import SGLangServer
+
+    seen: list[list[float]] = []
+    retract, apply = SGLangServer._retract, SGLangServer._apply_decode
+
+    def spy_retract(self):
+        retract(self)
+        seen.append([self.ratio])
+
+    def spy_apply(self, steps, *args):
+        apply(self, steps, *args)
+        if seen and len(seen[-1]) == 1:
+            seen[-1] += [steps, self.ratio, self._decay, self.cfg.new_token_ratio_min]
+
+    monkeypatch.setattr(SGLangServer, "_retract", spy_retract)
+    monkeypatch.setattr(SGLangServer, "_apply_decode", spy_apply)
+    trace = KitTrace([[(1000, 200, 0.0)] for _ in range(8)])
+    run(cfg(gpu_cache=136 * BS, sessions=8, max_new_tokens=1), trace)
+    assert seen and all(len(x) == 5 for x in seen)
+    for after, steps, ratio, decay, floor in seen:
+        want = after if steps == 1 else max(after - (steps - 1) * decay, floor)
+        assert ratio == pytest.approx(want, rel=1e-12, abs=1e-15)

@@ -24,7 +24,7 @@ from bisect import bisect_left, bisect_right
 import numpy as np
 
 from costmodel.specs import ModelSpec
-from costmodel.units import Units, hidden_key_sum, position_sum, range_units, window_caps
+from costmodel.units import Units, hidden_key_sum, position_sum, range_units
 from sim.kvcache.node import Tier
 
 from .strategies import mask_runs
@@ -135,7 +135,7 @@ def units_of(spec: ModelSpec, view: RequestView, a: int, b: int) -> Units:
             total = total + range_units(spec, u, v)
             continue
         att = 0
-        for cap, count in window_caps(spec):
+        for count, cap in spec.window_caps:
             if cap is None:
                 att += count * (position_sum(u, v) - (v - u) * cum[j])
                 continue

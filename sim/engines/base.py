@@ -28,6 +28,18 @@ from sim.metrics import RunRecorder
 from .request import Req
 
 
+def steps_fitting(starts: list[int], bs: int, room: int, cap: int) -> int:
+    """Largest k <= cap such that k more tokens of every request need at most ``room`` new
+    blocks, where request i needs one at steps t_i, t_i + bs, ... (``starts``: the t_i,
+    each in [1, bs]): the (room+1)-th smallest of those steps is the first that does not
+    fit. A decode run of either engine is cut here."""
+    starts = sorted(starts)
+    if starts[0] < 1 or starts[-1] > bs:  # a request's next block is more than bs away
+        raise AssertionError(f"decode block steps out of [1, {bs}]: {starts}")
+    q, i = divmod(room, len(starts))
+    return max(0, min(cap, starts[i] + q * bs - 1))
+
+
 class EngineBase:
     """Shared state and helpers of the simulated servers."""
 
@@ -90,9 +102,10 @@ class EngineBase:
         if req.view is not None and not req.view.edit_on_finish:  # a splice, on arrival
             self._context_edit(req)
         if self._tell_arrival:
-            regions = self.block_regions(req.rid) if self.block_regions else None
-            if req.view is not None:
+            if req.view is not None:  # the prompt as its context strategy shapes it
                 regions = req.view.regions
+            else:
+                regions = self.block_regions(req.rid) if self.block_regions else None
             self.policy.on_arrival(Arrival(self.env.now, req.session, req.rid,
                                            req.prompt_tokens, req.ids, regions))
         if self._never_fits(req):

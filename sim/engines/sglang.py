@@ -127,8 +127,6 @@ class SGLangServer(DecodeRuns, EngineBase):
                 merged.append((a, b))
         return merged, reused, holes, cpu
 
-
-
     def _reserve_tokens(self, req: Req, tokens: int) -> bool:
         """Hold ``tokens`` more outside the tree; evict through the policy if needed."""
         need = self._blocks(req.own_tokens + tokens) - req.reserved
@@ -367,7 +365,8 @@ class SGLangServer(DecodeRuns, EngineBase):
                 yield self._wake
                 continue
             steps = self._decode_plan()
-            if steps == 0:
+            retracted = steps == 0
+            if retracted:
                 self._retract()
                 steps = self._decode_plan()
                 if steps == 0:  # a lone request that cannot grow: abort it (SGLang aborts)
@@ -391,6 +390,6 @@ class SGLangServer(DecodeRuns, EngineBase):
             pause = self._transfer_seconds()
             if pause:
                 yield env.timeout(pause)
-            self._apply_decode(steps)
+            self._apply_decode(steps, retracted)
 
 

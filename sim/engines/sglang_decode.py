@@ -11,10 +11,12 @@ from __future__ import annotations
 from sim.kvcache import RadixKVCache
 from sim.metrics import RunRecorder
 
+from .base import steps_fitting
 from .request import Req
 
 # SGLANG_RETRACT_DECODE_STEPS: after releasing a retracted request, SGLang evicts the cache
-# until this many tokens per remaining request are free.
+# until this many tokens per remaining request are free; the new ratio assumes as many more
+# tokens per survivor.
 RETRACT_DECODE_STEPS = 20
 
 
@@ -42,11 +44,9 @@ class DecodeRuns:
         t_i = (its reserved blocks * bs - its tokens) + 1, so the (room+1)-th smallest of
         these is the first step that does not fit."""
         bs = self.bs
-        starts = sorted(r.reserved * bs - r.own_tokens + 1 for r in self.running)
-        if starts[0] < 1 or starts[-1] > bs:  # not the invariant reserved == ceil(own / bs)
-            raise AssertionError(f"decode reservations out of step: {starts}")
-        q, i = divmod(room, len(starts))
-        return max(0, min(cap, starts[i] + q * bs - 1))
+        # steps_fitting checks each t_i is in [1, bs]: the invariant reserved == ceil(own / bs)
+        return steps_fitting([r.reserved * bs - r.own_tokens + 1 for r in self.running], bs,
+                             room, cap)
 
     def _retract(self) -> None:
         """SGLang retract_decode: fewest generated first, ties longest prompt, then the last
@@ -72,7 +72,7 @@ class DecodeRuns:
         self.batch_is_full = False  # the running batch shrank
         survivors = self.running
         out = sum(r.generated for r in survivors)
-        self.ratio = min(1.0, (out + 20 * len(survivors)) / (
+        self.ratio = min(1.0, (out + RETRACT_DECODE_STEPS * len(survivors)) / (
             sum(self._max_new(r) for r in survivors) + 1))
 
     def _reserve_decode(self, steps: int) -> None:
@@ -82,10 +82,15 @@ class DecodeRuns:
             ok = self._reserve_tokens(r, steps)
             assert ok, f"decode plan promised room for {steps} steps of request {r.rid}"
 
-    def _apply_decode(self, steps: int) -> None:
+    def _apply_decode(self, steps: int, retracted: bool = False) -> None:
+        """After a run of ``steps`` decode steps. SGLang decays the ratio once per decode
+        iteration that did not retract: the first step of a run that began with a
+        retraction (``retracted``; it SET the ratio, perhaps below the floor) does not."""
         for r in self.running:
             r.generated += steps
-        self.ratio = max(self.ratio - steps * self._decay, self.cfg.new_token_ratio_min)
+        decays = steps - 1 if retracted else steps
+        if decays:
+            self.ratio = max(self.ratio - decays * self._decay, self.cfg.new_token_ratio_min)
         finished = [r for r in self.running if r.generated >= r.output_tokens]
         if finished:
             self.running = [r for r in self.running if r.generated < r.output_tokens]

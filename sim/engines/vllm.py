@@ -50,14 +50,14 @@ import simpy
 
 from costmodel.profile import Profile
 from costmodel.specs import ModelSpec
-from costmodel.units import Units, position_sum
+from costmodel.units import Units, range_units
 from policies import Blocks, EvictionPolicy, PolicyError, PrivateHead, Tail
 from sim.config import RunConfig
 from sim.kvcache import EvictResult, Tier
 from sim.kvcache.blockpool import BlockPool
 from sim.metrics import RunRecorder
 
-from .base import EngineBase
+from .base import EngineBase, steps_fitting
 from .request import Req
 
 # vllm/engine/arg_utils.py get_batch_defaults: OPENAI_API_SERVER, H100/H200 tier.
@@ -94,16 +94,6 @@ def free_order_name(policy: EvictionPolicy) -> str:
     raise PolicyError(f"policy {policy.label!r} cannot run on the vllm engine: {why}; "
                       "use vllm (tail first) or penelope (front of the private history "
                       "first), or --engine sglang")
-
-
-def steps_fitting(starts: list[int], bs: int, room: int, cap: int) -> int:
-    """Largest k <= cap such that k more tokens of every request need at most ``room`` new
-    blocks, where request i needs one at steps t_i, t_i + bs, ... (``starts``: the t_i,
-    each in [1, bs]): the (room+1)-th smallest of those steps is the first that does not
-    fit."""
-    starts = sorted(starts)
-    q, i = divmod(room, len(starts))
-    return max(0, min(cap, starts[i] + q * bs - 1))
 
 
 class VllmServer(EngineBase):
@@ -150,10 +140,6 @@ class VllmServer(EngineBase):
         self.token_budget = cfg.chunk_size  # max_num_batched_tokens
         self.max_seqs = cfg.max_running or VLLM_MAX_NUM_SEQS
         self._seen_evicted = (0, 0)  # the pool's (evicted, lost) blocks already recorded
-        # costmodel.units.range_units with the spec's window groups read once (every step
-        # prices every row)
-        self._groups = [(count, None if w is None else w - 1)
-                        for w, count in spec.window_groups().items()]
         self.process = self.start()
 
     def _never_fits(self, req: Req) -> bool:
@@ -253,14 +239,6 @@ class VllmServer(EngineBase):
         self.waiting.insert(0, req)
 
     # --- execution ----------------------------------------------------------------------
-    def _units(self, a: int, b: int) -> Units:
-        """``range_units(spec, a, b)``: tokens [a, b) at their positions."""
-        n = b - a
-        attention = 0
-        for count, cap in self._groups:
-            attention += count * position_sum(a, b, cap)
-        return Units(self.spec.layers * n * self.spec.W, attention, n)
-
     def _step_seconds(self, rows: list[tuple[Req, int, int]]) -> float:
         """Seconds of one step (module doc); records the prefill units of prefill rows."""
         n_dec = ctx = 0
@@ -272,7 +250,7 @@ class VllmServer(EngineBase):
             return self.profile.decode_step_seconds(n_dec, ctx)
         units = Units()
         for r, start, n in rows:
-            u = self._units(start, start + n)
+            u = range_units(self.spec, start, start + n)
             units = units + u
             if not r.decoding:
                 self.rec.prefill_units(r, u)

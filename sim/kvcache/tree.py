@@ -253,21 +253,9 @@ class RadixTree(Paths, Appliers):
         """Free a whole unlocked node's KV (either tier, and a host copy): it becomes a hole
         if it has children, else it leaves the tree with its childless unlocked hole
         ancestors. Returns the surviving ancestor when it just became an evictable leaf."""
-        size = len(node.ids)
-        if node.tier is _GPU:
-            self._gpu -= size
-            self._evictable -= size
-            result.freed_blocks += size
-            if node.host:  # HiCache: a backed-up node deleted from both tiers
-                self._cpu -= size
-        else:
-            self._cpu -= size
-        node.host = False
-        self._holes += size
+        self._free_kv(node, result)
+        self._holes += len(node.ids)
         node.tier = _NONE
-        self._leaves.discard(node)
-        result.freed.append(node.ids)
-        result.deleted_blocks += size
         if node.children:
             return None
         survivor = self._prune(node)
@@ -284,9 +272,9 @@ class RadixTree(Paths, Appliers):
             self._gpu -= k
             self._evictable -= k
             result.freed_blocks += k
+            if leaf.host:  # a backed-up tail loses its host copy too
+                self._cpu -= k
         else:
-            self._cpu -= k
-        if leaf.host and leaf.tier is _GPU:  # a backed-up tail loses its host copy too
             self._cpu -= k
 
     # ------------------------------------------------------------------ context edits
@@ -300,7 +288,8 @@ class RadixTree(Paths, Appliers):
         return node
 
     def _free_kv(self, node: Node, result: EvictResult) -> None:
-        """Release an unlocked node's KV and its count (any tier); the caller sets the tier."""
+        """Release an unlocked node's KV (either tier, and a HiCache host copy beside a device
+        copy) and its count (any tier); the caller sets the tier."""
         size = len(node.ids)
         tier = node.tier
         if tier is _GPU:
