@@ -26,6 +26,7 @@ from sim.engines import SGLangServer, VllmServer
 from sim.io import atomic_write_parquet, atomic_write_text, dumps
 from sim.kvcache import RadixKVCache
 from sim.metrics import RunRecorder
+from sim.progress import current as current_progress
 from sim.replay import Replay
 
 
@@ -109,8 +110,10 @@ def run(cfg: RunConfig, trace=None) -> RunResult:
                              versioned=strategy.drops, **tiers)
         server = SGLangServer(env, cfg, spec, profile, cache, get_scheduler(cfg.scheduler),
                               rec, trace.finish_block_ids, getattr(trace, "block_regions", None))
+    bar = current_progress()  # observes replies only (sim/progress.py)
     replay = Replay(env, trace, server, gaps, trace.start_offsets(cfg.gaps), cfg.sessions,
-                    cfg.time_scale, context)
+                    cfg.time_scale, context,
+                    on_reply=bar.advance if bar.counts("requests") else None)
     driver = env.process(replay.closed_loop() if cfg.replay == "closed" else replay.open_loop())
     env.run(until=driver)
     if cfg.replay == "open":  # the last replies may still be in flight

@@ -89,29 +89,25 @@ def fmt_metric(key: str, v: Any) -> str:
 
 @contextmanager
 def trace_load_progress(label: str = "loading trace") -> Iterator[None]:
-    """A progress bar on stderr (bytes of trace files read) while a trace is parsed inside
+    """Progress on stderr (MB of trace files read, with an ETA) while a trace is parsed inside
     the block; nothing at all when the trace comes from a cache or a generator."""
-    from rich.progress import BarColumn, DownloadColumn, Progress, TimeElapsedColumn
-
+    from sim.progress import Tracker
     from traces.files import report_progress
 
-    state: dict[str, Any] = {}
+    bars: list[Tracker] = []
 
     def update(done: int, total: int) -> None:
-        if "bar" not in state:
-            bar = Progress("[progress.description]{task.description}", BarColumn(),
-                           DownloadColumn(), TimeElapsedColumn(), console=stderr,
-                           transient=True)
-            bar.start()
-            state.update(bar=bar, task=bar.add_task(label, total=total))
-        state["bar"].update(state["task"], completed=done, total=total)
+        if not bars:
+            bars.append(Tracker(label, "MB", 0, stderr))
+            bars[0].start()
+        bars[0].update(round(done / 1e6, 1), round(total / 1e6, 1))
 
     try:
         with report_progress(update):
             yield
     finally:
-        if "bar" in state:
-            state["bar"].stop()
+        if bars:
+            bars[0].stop()
 
 
 def emit_json(doc: Any) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any
 
 import click
@@ -132,12 +133,15 @@ def reproduce_cmd(name: str, trace: str | None, gaps: str, prompt_nodes: str, qu
     """Run a named paper experiment and print ours beside the paper's numbers."""
     from sim.executors import ExecutorSpec
     from sim.experiments import reproduce
+    from sim.progress import progress
 
     if address and executor != "ray":
         raise click.UsageError("--address is for --executor ray")
     spec = ExecutorSpec(kind=executor, jobs=jobs, address=address)
-    doc = reproduce(name, trace=trace, quick=quick, jobs=jobs, gaps=gaps,
-                    prompt_nodes=prompt_nodes, executor=spec, profiles=profiles)
+    with progress(f"kvsim reproduce {name}", "runs", console=stderr) if name != "figure1" \
+            else nullcontext():  # figure1 prices a formula: nothing to wait for
+        doc = reproduce(name, trace=trace, quick=quick, jobs=jobs, gaps=gaps,
+                        prompt_nodes=prompt_nodes, executor=spec, profiles=profiles)
     if name != "figure1":
         stderr.print(f"{name}: trace {doc['trace']} ({doc['trace_kind']}), gaps {doc['gaps']}"
                      + (", quick" if quick else ""))

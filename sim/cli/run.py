@@ -246,6 +246,7 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
     from costmodel.specs import get_spec
     from sim.checks import check_model_and_profile
     from sim.io import check_out_dir
+    from sim.progress import progress
     from sim.runner import load_run_trace, run, write_result  # the engine loads on demand
 
     from .common import trace_load_progress
@@ -276,17 +277,19 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
     stderr.print(f"[dim]trace {tr.name}: {len(tr):,} requests loaded in "
                  f"{time.perf_counter() - t0:.1f}s[/dim]")
     results = []
-    for cfg, trace in zip(configs, traces, strict=True):
-        t0 = time.perf_counter()
-        res = run(cfg, trace)
-        dt = time.perf_counter() - t0
-        n = res.summary["requests"]
-        stderr.print(f"[dim]{cfg.policy_label}: {n:,} requests simulated in {dt:.1f}s "
-                     f"({n / max(dt, 1e-9):,.0f} requests/s)[/dim]")
-        warn_quiet_surprises(res, spec_context)
-        results.append(res)
-        if out:
-            write_result(res, f"{out}/{cfg.policy_label}")
+    with progress("kvsim run", "requests", sum(len(t) for t in traces), stderr) as bar:
+        for k, (cfg, trace) in enumerate(zip(configs, traces, strict=True)):
+            bar.describe(f"{cfg.policy_label} ({k + 1} of {len(configs)})")
+            t0 = time.perf_counter()
+            res = run(cfg, trace)
+            dt = time.perf_counter() - t0
+            n = res.summary["requests"]
+            stderr.print(f"[dim]{cfg.policy_label}: {n:,} requests simulated in {dt:.1f}s "
+                         f"({n / max(dt, 1e-9):,.0f} requests/s)[/dim]")
+            warn_quiet_surprises(res, spec_context)
+            results.append(res)
+            if out:
+                write_result(res, f"{out}/{cfg.policy_label}")
     runs = compare_runs(results)
     if out:
         atomic_write_text(f"{out}/runs.json", dumps({"runs": runs}) + "\n")

@@ -6,7 +6,6 @@ from dataclasses import replace
 from typing import Any
 
 import click
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 from rich.table import Table
 
 from .common import console, emit_json, fmt_metric, stderr
@@ -70,6 +69,7 @@ def sweep_cmd(config: str, out: str, jobs: int | None, executor: str | None,
 
     The YAML format, resume and running on a Ray cluster: docs/sweeps.md."""
     from sim.io import check_out_dir
+    from sim.progress import progress
     from sim.sweep import COLUMN, POLICY_FIELDS, load_sweep, run_sweep
 
     sweep = load_sweep(config)  # every check before any work: fields, profiles, baseline
@@ -84,12 +84,13 @@ def sweep_cmd(config: str, out: str, jobs: int | None, executor: str | None,
         stderr.print(f"{config} has no grid: running one point (the base config)")
     ex = spec.make()
     try:
-        with Progress("[progress.description]{task.description}", BarColumn(),
-                      MofNCompleteColumn(), TimeElapsedColumn(), console=stderr,
-                      transient=as_json) as bar:
-            task = bar.add_task(f"sweep ({ex.name})", total=len(sweep.points))
-            df = run_sweep(sweep, out, ex,
-                           progress=lambda i, n: bar.update(task, completed=i, total=n))
+        with progress(f"kvsim sweep ({ex.name})", "points", len(sweep.points), stderr) as bar:
+            reports = iter([bar.resume])  # the first report: points finished before this run
+
+            def report(done: int, total: int) -> None:
+                next(reports, bar.update)(done, total)
+
+            df = run_sweep(sweep, out, ex, progress=report)
     finally:
         ex.close()
     warn_drops(df)
