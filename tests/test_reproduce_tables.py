@@ -15,6 +15,7 @@ from rich.table import Table
 
 from sim.cli import reproduce as rep
 from sim.cli.main import cli
+from sim.cli.tables import cell
 from sim.experiments import reproduce
 
 GOLDENS = Path(__file__).parent / "goldens"
@@ -86,7 +87,7 @@ def test_tables_use_one_unit_convention(name: str, docs) -> None:
             elif "hit_rate" in col.key and not col.key.startswith("paper"):
                 assert col.kind == "rate", col
             for r in rows:
-                text = rep.cell(r, col)
+                text = cell(r, col)
                 if col.kind in PATTERN and text != "-":
                     assert re.fullmatch(PATTERN[col.kind], text), (col, text)
                     seen.add(col.kind)
@@ -111,3 +112,26 @@ def test_run_table_of_many_policies_fits_100_columns(monkeypatch) -> None:
     hit = [ln for ln in text.splitlines() if ln.startswith("│ hit_rate ")]
     assert len(hit) == 2  # two tables, the baseline in each
     assert all(re.search(r"\d+\.\d% \([+-]\d+\.\d pp\)", ln) for ln in hit), hit
+
+
+def test_sweep_table_fits_100_columns_with_changes_in_the_convention(tmp_path,
+                                                                     monkeypatch) -> None:
+    import sim.cli.sweep as sweep_cli
+
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text("base: {trace: 'synthetic:chat?sessions=3', gpu_cache: 16k}\n"
+                   "grid: {gaps: [recorded, tool], checkpoint_chunks: [true, false], "
+                   "sessions: [1, 2], preset: [sglang, penelope]}\n"
+                   "baseline: {preset: sglang}\n")
+    con = Console(width=100, record=True, color_system=None, file=open("/dev/null", "w"))  # noqa: SIM115
+    monkeypatch.setattr(sweep_cli, "console", lambda: con)
+    res = CliRunner().invoke(cli, ["sweep", str(cfg), "--out", str(tmp_path / "o")])
+    assert res.exit_code == 0, res.output
+    text = con.export_text()
+    assert "…" not in text
+    assert max(len(ln.rstrip()) for ln in text.splitlines()) <= 100
+    for head in ("checkpoint_chunks", "sessions", "gaps", "TTFT", "change", "hit"):
+        assert head in text, head
+    changes = [ln.split() for ln in text.splitlines() if ln.startswith("penelope")][-16:]
+    assert changes and all(re.fullmatch(r"[+-]\d+\.\d%", c[-4]) and c[-1] == "pp"
+                           for c in changes[-8:]), changes
