@@ -12,8 +12,10 @@ read here, for the elapsed time and the ETA on screen, never by the simulation: 
 same with or without a tracker.
 
 On a terminal the tracker is a ``rich`` progress bar; elsewhere (stderr to a file or a pipe,
-as under ``nohup`` or in tests) it prints one line when it starts, then at most one every
-``LOG_EVERY_S`` seconds, and one when it ends, so a log shows progress and an ETA too.
+as under ``nohup`` or in tests) it prints a line at the first report, then at most one every
+``LOG_EVERY_S`` seconds, and one when the work is done, so a log shows progress and an ETA
+too. The bar is redrawn at most every ``BAR_EVERY_S`` seconds: a run reports every reply, and
+drawing each would cost the run time.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 LOG_EVERY_S = 10.0  # plain-line mode: at most one line this often (plus the first and last)
+BAR_EVERY_S = 0.1  # terminal: the bar's numbers at most this often (plus the last)
 
 
 def _count(x: float) -> str:
@@ -112,14 +115,17 @@ class Tracker:
         return f"{self.label}: {self.detail}" if self.detail else self.label
 
     def _show(self, force: bool = False) -> None:
+        now = time.monotonic()
+        finished = self.total and self.done >= self.total and self._printed != self.done
         if self._bar is not None:
+            if not (force or finished or now - self._last_line >= BAR_EVERY_S):
+                return
+            self._last_line, self._printed = now, self.done
             eta = self.eta_s()
             self._bar.update(self._task, completed=self.done, total=max(self.total, 1),
                              description=self._heading(),
                              eta="?" if eta is None else _clock(eta))
             return
-        now = time.monotonic()
-        finished = self.total and self.done >= self.total and self._printed != self.done
         if force or finished or now - self._last_line >= LOG_EVERY_S:
             self._last_line, self._printed = now, self.done
             self.console.print(f"{self._heading()}: {self.status()}", markup=False,
@@ -136,7 +142,7 @@ class Tracker:
 
     def stop(self) -> None:
         if self._bar is not None:
-            self._show()
+            self._show(force=True)
             self._bar.stop()
             self._bar = None
         elif self.done != self._printed:
