@@ -113,6 +113,14 @@ def short_value(value: str, limit: int = 24) -> str:
     return text
 
 
+def policy_colors(n: int) -> list[Any]:
+    """``n`` distinct colours: matplotlib's default cycle, tab20 past 10, then a colormap."""
+    if n <= len(_POLICY_COLORS):
+        return _POLICY_COLORS[:n]
+    cmap = plt.get_cmap("tab20" if n <= 20 else "turbo")
+    return [cmap(i if n <= 20 else i / (n - 1)) for i in range(n)]
+
+
 # Line styles for the fields drawn as styles inside a panel: (linestyle, marker) pairs.
 _STYLES = [(ls, m) for m in ("o", "s", "^", "D", "v") for ls in ("-", "--", ":", "-.")]
 
@@ -164,8 +172,7 @@ def _facets(layout: SweepLayout, title: str, ylabel: str,
     fig, axes = plt.subplots(len(row_vals), len(col_vals), squeeze=False, sharex=True,
                              sharey="row", figsize=(3.6 * len(col_vals) + 1.8,
                                                     2.9 * len(row_vals) + 1.2))
-    color = {p: _POLICY_COLORS[i % len(_POLICY_COLORS)]
-             for i, p in enumerate(layout.policies)}
+    color = dict(zip(layout.policies, policy_colors(len(layout.policies)), strict=True))
     xvals = layout.values[layout.x] if layout.x else []
     pos, numeric = _positions(xvals) if layout.x else ({}, False)
     for r, rv in enumerate(row_vals):

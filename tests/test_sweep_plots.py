@@ -10,6 +10,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+import matplotlib.colors
 import matplotlib.pyplot as plt
 import matplotlib.text
 import pytest
@@ -116,3 +117,9 @@ def _grid_fields(sweep_dir: Path) -> set[str]:
 
     points = json.loads((sweep_dir / "sweep.json").read_text())["points"]
     return set(points[0]["values"]) - {"preset", "policy"}
+
+
+@pytest.mark.parametrize("n", [1, 3, 10, 11, 20, 33])
+def test_policy_colours_stay_distinct_past_the_default_cycle(n: int) -> None:
+    colours = [matplotlib.colors.to_hex(c) for c in plots.policy_colors(n)]
+    assert len(set(colours)) == n
