@@ -145,7 +145,7 @@ class Tracker:
             self._show(force=True)
             self._bar.stop()
             self._bar = None
-        elif self.done != self._printed:
+        elif (self.done or self.total) and self.done != self._printed:  # nothing: no line
             self._show(force=True)
 
 
