@@ -110,3 +110,16 @@ def test_no_tracker_counts_nothing() -> None:
     with progress("x", "runs"):
         assert current().counts("runs") and not current().counts("requests")
     assert not current().counts("runs")
+
+
+def test_trace_stats_shows_loading_progress_under_json(tmp_path: Path) -> None:
+    from tests.enginekit import write_cc_traces
+
+    write_cc_traces(tmp_path, sessions=3, turns=5)
+    res = CliRunner().invoke(cli, ["trace", "stats", str(tmp_path), "--cache-dir", "off",
+                                   "--json"])
+    assert res.exit_code == 0, res.output
+    json.loads(res.stdout)
+    last = [ln for ln in res.stderr.splitlines() if ln.startswith("loading trace")][-1]
+    m = re.search(r": ([\d.]+)/([\d.]+) kB \(100%\), .* ETA 0:00:00$", last)
+    assert m and m.group(1) == m.group(2), last

@@ -89,25 +89,27 @@ def fmt_metric(key: str, v: Any) -> str:
 
 @contextmanager
 def trace_load_progress(label: str = "loading trace") -> Iterator[None]:
-    """Progress on stderr (MB of trace files read, with an ETA) while a trace is parsed inside
-    the block; nothing at all when the trace comes from a cache or a generator."""
+    """Progress on stderr (kB or MB of trace files read, with an ETA) while a trace is parsed
+    inside the block; nothing at all when the trace comes from a cache or a generator."""
     from sim.progress import Tracker
     from traces.files import report_progress
 
-    bars: list[Tracker] = []
+    bars: list[tuple[Tracker, float]] = []
 
     def update(done: int, total: int) -> None:
         if not bars:
-            bars.append(Tracker(label, "MB", 0, stderr))
-            bars[0].start()
-        bars[0].update(round(done / 1e6, 1), round(total / 1e6, 1))
+            unit, scale = ("MB", 1e6) if total >= 1e6 else ("kB", 1e3)
+            bars.append((Tracker(label, unit, 0, stderr), scale))
+            bars[0][0].start()
+        bar, scale = bars[0]
+        bar.update(round(done / scale, 1), round(total / scale, 1))
 
     try:
         with report_progress(update):
             yield
     finally:
         if bars:
-            bars[0].stop()
+            bars[0][0].stop()
 
 
 def emit_json(doc: Any) -> None:
