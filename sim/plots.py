@@ -162,3 +162,35 @@ def plot_dir(d: str | Path, out: str | Path | None = None) -> list[Path]:
         return plot_run_dir(d, out)
     raise FileNotFoundError(f"{d}: neither a run folder (runs.json, from kvsim run --out) nor "
                             "a finished sweep folder (results.csv, from kvsim sweep)")
+
+
+def plot_capacity(rows: list[dict[str, Any]], title: str, path: Path) -> Path:
+    """Hit rate against cache size (log scale), one line per configuration (policy, replicas,
+    router, pool), and the infinite-cache hit rate as a dashed line."""
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    series: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        label = r["policy"]
+        if r.get("replicas", 1) > 1:
+            label += f", {r['replicas']} replicas ({r['router']})"
+        if r.get("pool_tokens"):
+            label += f", pool {r['pool_tokens']:,}"
+        series.setdefault(label, []).append(r)
+    markers = "os^vD<>p"
+    for i, (label, pts) in enumerate(series.items()):
+        pts = sorted(pts, key=lambda r: r["cache_tokens"])
+        ax.plot([r["cache_tokens"] for r in pts], [100 * r["hit_rate"] for r in pts],
+                marker=markers[i % len(markers)], color=_POLICY_COLORS[i % len(_POLICY_COLORS)],
+                label=label)
+    if rows:
+        ax.axhline(100 * rows[0]["ideal_hit_rate"], color="grey", linestyle="--",
+                   label="infinite cache")
+    ax.set_xscale("log")
+    ax.set_xlabel("cache per replica (tokens)")
+    ax.set_ylabel("hit rate (% of prompt tokens)")
+    ax.set_ylim(0, 100)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    return _save(fig, path)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import click
 
 from .calibrate import calibrate_cmd
+from .capacity import capacity_cmd
 from .common import KvsimGroup
 from .microbench import microbench_cmd
 from .models import models_cmd
@@ -30,6 +31,7 @@ cli.add_command(sweep_cmd)
 cli.add_command(plot_cmd)
 cli.add_command(reproduce_cmd)
 cli.add_command(trace_cmd)
+cli.add_command(capacity_cmd)
 
 
 def main() -> None:

@@ -114,6 +114,7 @@ ROWS: list[tuple[str, tuple[str, ...]]] = [
     ("shrink fraction", ("shrink_fraction",)),
     ("append tokens median", ("append_tokens_median",)),
     ("infinite-cache block hit rate", ("infinite_cache_block_hit_rate",)),
+    ("infinite-cache hit rate (all tokens)", ("infinite_cache_hit_rate",)),
     ("shared prefix tokens (median)", ("shared_prefix", "tokens_median")),
     ("system+tool tokens (median)", ("shared_prefix", "prefix_hint_tokens_median")),
     ("tool gap median (s)", ("gap_s", "tool_median")),
