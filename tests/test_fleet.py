@@ -22,10 +22,12 @@ from policies.routing import (
     ApproxTTL,
     KVEvents,
     PodLRU,
+    PredictedLoad,
     ReplicaView,
     Router,
     RouteRequest,
     RouterView,
+    ScrapedMetrics,
     get_router,
     register_router,
 )
@@ -50,12 +52,47 @@ def _cfg(engine: str, **kw) -> RunConfig:
     return cfg.with_preset("vllm" if engine == "vllm" else "penelope")
 
 
+class ScrapedProbe(Router):
+    """Least scraped queue; checks the scrape's staleness on every decision."""
+
+    name = "test-scraped-probe"
+    load_view = ScrapedMetrics(scrape_s=2.0)
+
+    def route(self, request, view):
+        for r in view.replicas:
+            assert r.scraped_at_s is not None and r.scraped_at_s % 2.0 == 0
+            assert 0 <= view.now - r.scraped_at_s < 2.0
+            assert 0 <= r.kv_usage <= 1 and r.queue >= 0 and r.running >= 0
+            assert r.active_blocks is None and r.overlap_blocks is None
+        return self.argmin([r.queue for r in view.replicas])
+
+
+class PredictedProbe(Router):
+    """Dynamo's shape: fewest predicted active blocks plus prefill blocks."""
+
+    name = "test-predicted-probe"
+    cache_view = ApproxTTL()
+    load_view = PredictedLoad()
+
+    def route(self, request, view):
+        for r in view.replicas:
+            assert r.active_blocks >= 0 and r.active_prefill_tokens >= 0
+            assert (r.in_flight == 0) == (r.active_blocks == 0)
+        return self.argmin([r.active_blocks + r.active_prefill_tokens / request.block_size
+                            for r in view.replicas])
+
+
+register_router(ScrapedProbe)
+register_router(PredictedProbe)
+PROBES = (ScrapedProbe.name, PredictedProbe.name)
+
+
 # --- the golden: one replica behind any router is today's single server ------------------
 @pytest.mark.parametrize("engine", ["sglang", "vllm"])
 def test_one_replica_equals_single_server_for_every_router(engine):
     single = run(_cfg(engine))
     assert "replicas" not in single.summary and "replica" not in single.requests
-    for router in (*SIMPLE, f"{EXAMPLE}:PrefixOrLeastLoad"):
+    for router in (*SIMPLE, *PROBES, f"{EXAMPLE}:PrefixOrLeastLoad"):
         fleet = run(_cfg(engine, router=router))
         for k, v in single.summary.items():
             assert fleet.summary[k] == v or (v != v and fleet.summary[k] != fleet.summary[k]), \
@@ -66,7 +103,7 @@ def test_one_replica_equals_single_server_for_every_router(engine):
 
 # --- every request once; fleet totals are the sum of the replicas' -----------------------
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(router=st.sampled_from([*SIMPLE, f"{EXAMPLE}:PrefixOrLeastLoad"]),
+@given(router=st.sampled_from([*SIMPLE, *PROBES, f"{EXAMPLE}:PrefixOrLeastLoad"]),
        replicas=st.integers(2, 4), seed=st.integers(0, 3),
        engine=st.sampled_from(["sglang", "vllm"]))
 def test_every_request_served_once_and_totals_add_up(router, replicas, seed, engine):
