@@ -314,6 +314,9 @@ def test_user_router_from_the_cli(tmp_path):
     assert s["replicas"] == 3 and s["router"] == "prefix-or-least-load(slack=2,lag_s=0.5)"
     assert not math.isnan(s["belief_error_mean_tokens"])
     assert (out / "penelope" / "load.parquet").is_file()
+    plotted = CliRunner().invoke(cli, ["plot", str(out)])
+    assert plotted.exit_code == 0, plotted.output
+    assert (out / "replica_load_penelope.png").stat().st_size > 0
     bad = CliRunner().invoke(cli, ["run", "--replicas", "2", "--router", "nope"])
     assert bad.exit_code == 2 and "router" in bad.output
 
