@@ -9,6 +9,7 @@ import json
 import math
 from dataclasses import replace
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -336,3 +337,45 @@ def test_user_router_from_a_sweep(tmp_path):
     assert list(df["replicas"]) == ["1", "2", "1", "2"]  # grid values as written
     assert list(df["router"].str.endswith("PrefixOrLeastLoad")) == [False, False, True, True]
     assert df["affinity"].notna().all() and (df["requests"] > 0).all()
+
+
+class Counting(Router):
+    """Least load; counts the hooks the fleet calls (class-level: the run makes the
+    instance)."""
+
+    name = "test-counting"
+    seen: ClassVar[dict] = {}
+
+    def bind(self, n_replicas, block_size, rng) -> None:
+        super().bind(n_replicas, block_size, rng)
+        Counting.seen = {"first": [], "finish": [], "routed": {},
+                         "cost": (self.context.prefill_seconds(8192, 0),
+                                  self.context.prefill_seconds(8192, 4096),
+                                  self.context.decode_step_seconds(4, 8192))}
+
+    def route(self, request, view):
+        r = self.argmin([x.in_flight for x in view.replicas])
+        Counting.seen["routed"][request.rid] = r
+        return r
+
+    def on_first_token(self, rid, replica, now):
+        Counting.seen["first"].append((rid, replica))
+
+    def on_finish(self, rid, replica, now):
+        Counting.seen["finish"].append((rid, replica))
+
+
+register_router(Counting)
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_router_hooks_and_cost_model(engine):
+    res = run(_cfg(engine, router="test-counting", replicas=2))
+    seen = Counting.seen
+    routed = seen["routed"]
+    assert sorted(rid for rid, _ in seen["finish"]) == sorted(routed)  # each once
+    assert all(routed[rid] == r for rid, r in seen["finish"] + seen["first"])
+    served = set(res.requests.loc[~res.requests["dropped"].astype(bool), "request"])
+    assert {rid for rid, _ in seen["first"]} == served
+    full, half, step = seen["cost"]
+    assert full > half > 0 and step > 0

@@ -17,9 +17,11 @@ from __future__ import annotations
 import simpy
 
 from policies.routing import (
+    STANDALONE_ROUTER,
     PredictedLoad,
     ReplicaView,
     Router,
+    RouterContext,
     RouteRequest,
     RouterView,
     ScrapedMetrics,
@@ -70,10 +72,11 @@ class Fleet:
     ``rec``: the recorder the replay reports sessions to."""
 
     def __init__(self, env: simpy.Environment, replicas: list, router: Router, block_size: int,
-                 rec: RunRecorder, rng) -> None:
+                 rec: RunRecorder, rng, context: RouterContext = STANDALONE_ROUTER) -> None:
         self.env, self.replicas, self.router, self.rec = env, replicas, router, rec
         self.bs = block_size
         n = len(replicas)
+        router.context = context
         router.bind(n, block_size, rng)
         self.belief = build_belief(router.cache_view, n)
         if self.belief is not None and self.belief.wants_events:
@@ -85,11 +88,9 @@ class Fleet:
         if isinstance(load, ScrapedMetrics):
             self.scraper = Scraper(env, replicas, load.scrape_s)
             self.scraper.start()
-        self.predicted: Predicted | None = None
-        if isinstance(load, PredictedLoad):
-            self.predicted = Predicted(n)
-            for i, engine in enumerate(replicas):
-                engine.rec.on_first_token = self._prefill_done_at(i)
+        self.predicted = Predicted(n) if isinstance(load, PredictedLoad) else None
+        for i, engine in enumerate(replicas):
+            engine.rec.on_first_token = self._first_token_at(i)
         self.last_replica: dict[int, int] = {}  # session -> replica of its last request
         self.decisions = Decisions()
         # per-replica load over time: sampled at every decision (the truth, for plots)
@@ -173,7 +174,9 @@ class Fleet:
             self.predicted.freed(r, req.rid, req.ids)
         self.router.on_finish(req.rid, r, self.env.now)
 
-    def _prefill_done_at(self, replica: int):
-        def done(req) -> None:
-            self.predicted.prefill_done(replica, req.rid)
-        return done
+    def _first_token_at(self, replica: int):
+        def first_token(req) -> None:
+            if self.predicted is not None:
+                self.predicted.prefill_done(replica, req.rid)
+            self.router.on_first_token(req.rid, replica, self.env.now)
+        return first_token
