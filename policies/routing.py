@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -195,30 +195,9 @@ class RouterView:
         return len(self.replicas)
 
 
-@dataclass(frozen=True)
-class RouterContext:
-    """What the run tells a router about the hardware, to estimate like Mooncake's Conductor
-    or Preble do (kvsim's own cost model: the same one the engines are priced with).
-
-    ``prefill_seconds(prompt_tokens, cached_tokens)``: one prefill pass computing tokens
-    ``[cached_tokens, prompt_tokens)`` at their positions, alone in its batch.
-    ``decode_step_seconds(batch, context_tokens)``: one decode step of ``batch`` requests
-    reading ``context_tokens`` KV tokens in all."""
-
-    prefill_seconds: Callable[[int, int], float]
-    decode_step_seconds: Callable[[int, int], float]
-
-
-def _no_costs(*_args: int) -> float:
-    raise PolicyError("this router was not bound to a run: no cost model")
-
-
-STANDALONE_ROUTER = RouterContext(_no_costs, _no_costs)
-
-
 # ---------------------------------------------------------------------- the router
 _RESERVED = frozenset({"name", "cache_view", "load_view", "values", "rng", "n_replicas",
-                       "block_size", "seed", "context"})
+                       "block_size", "seed"})
 
 
 class Router:
@@ -228,11 +207,9 @@ class Router:
     None) say which beliefs the fleet keeps for it; router-local in-flight counts are always
     there. ``bind`` gives it the fleet's size and a seeded RNG (``self.rng``, a
     ``numpy.random.Generator``): use it, and only it, for random choices and ties, so a run
-    stays a pure function of (trace, config, seed). ``self.context`` (a ``RouterContext``,
-    set before ``bind``) prices prefill and decode with the run's cost model. Optional
-    bookkeeping hooks (the fleet already keeps the in-flight counts): ``on_first_token`` when
-    a request it routed gets its first token (the prefill is done), ``on_finish`` when it
-    finishes or is dropped.
+    stays a pure function of (trace, config, seed). Optional bookkeeping hooks (the fleet
+    already keeps the in-flight counts): ``on_first_token`` when a request it routed gets its
+    first token (its prefill is done), ``on_finish`` when it finishes or is dropped.
     """
 
     name: ClassVar[str] = ""
@@ -252,7 +229,6 @@ class Router:
         self.n_replicas = 0
         self.block_size = 0
         self.rng = np.random.default_rng(0)
-        self.context: RouterContext = STANDALONE_ROUTER
 
     @classmethod
     def parameters(cls) -> dict[str, Any]:

@@ -17,11 +17,9 @@ from __future__ import annotations
 import simpy
 
 from policies.routing import (
-    STANDALONE_ROUTER,
     PredictedLoad,
     ReplicaView,
     Router,
-    RouterContext,
     RouteRequest,
     RouterView,
     ScrapedMetrics,
@@ -72,11 +70,10 @@ class Fleet:
     ``rec``: the recorder the replay reports sessions to."""
 
     def __init__(self, env: simpy.Environment, replicas: list, router: Router, block_size: int,
-                 rec: RunRecorder, rng, context: RouterContext = STANDALONE_ROUTER) -> None:
+                 rec: RunRecorder, rng) -> None:
         self.env, self.replicas, self.router, self.rec = env, replicas, router, rec
         self.bs = block_size
         n = len(replicas)
-        router.context = context
         router.bind(n, block_size, rng)
         self.belief = build_belief(router.cache_view, n)
         if self.belief is not None and self.belief.wants_events:

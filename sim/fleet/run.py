@@ -14,8 +14,6 @@ import numpy as np
 import pandas as pd
 import simpy
 
-from costmodel.units import range_units
-from policies.routing import RouterContext
 from sim.replay import Replay
 from sim.runner import RunResult, bind_policy, build_engine, recorder_for, run_fields
 
@@ -41,8 +39,7 @@ def run_fleet(cfg, trace, spec, profile) -> RunResult:
     sessions = recorder_for(trace)
     router = cfg.make_router()
     fleet = Fleet(env, engines, router, cfg.block_size, sessions,
-                  np.random.default_rng([cfg.seed, ROUTER_STREAM]),
-                  router_context(spec, profile))
+                  np.random.default_rng([cfg.seed, ROUTER_STREAM]))
     gaps = trace.gaps(cfg.gaps)
     replay = Replay(env, trace, fleet, gaps, trace.start_offsets(cfg.gaps), cfg.sessions,
                     cfg.time_scale)
@@ -69,19 +66,6 @@ def run_fleet(cfg, trace, spec, profile) -> RunResult:
     summary["replica_summaries"] = per_replica
     load = _load_table(fleet)
     return RunResult(cfg, table, summary, {"load": load})
-
-
-def router_context(spec, profile) -> RouterContext:
-    """The run's cost model for routers that estimate (``RouterContext``)."""
-
-    def prefill_seconds(prompt_tokens: int, cached_tokens: int) -> float:
-        a = max(0, min(int(cached_tokens), int(prompt_tokens)))
-        return profile.prefill_seconds(range_units(spec, a, int(prompt_tokens)))
-
-    def decode_step_seconds(batch: int, context_tokens: int) -> float:
-        return profile.decode_step_seconds(int(batch), int(context_tokens))
-
-    return RouterContext(prefill_seconds, decode_step_seconds)
 
 
 def _load_table(fleet: Fleet) -> pd.DataFrame:
