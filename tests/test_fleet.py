@@ -374,3 +374,33 @@ def test_router_hooks_are_called_once_per_request(engine):
     assert all(routed[rid] == r for rid, r in seen["finish"] + seen["first"])
     served = set(res.requests.loc[~res.requests["dropped"].astype(bool), "request"])
     assert {rid for rid, _ in seen["first"]} == served
+
+
+class NumpyChoice(Router):
+    """Returns numpy integers (np.argmin), as a user's router may."""
+
+    name = "test-numpy-choice"
+    bad: bool = False
+
+    def route(self, request, view):
+        if self.bad:
+            return len(view)
+        return np.argmin([r.in_flight for r in view.replicas])
+
+
+register_router(NumpyChoice)
+
+
+def test_a_router_may_return_numpy_integers_but_not_outside_the_fleet():
+    from sim.fleet.fleet import RoutingError
+
+    res = run(_cfg("sglang", router="test-numpy-choice", replicas=3))
+    assert set(res.requests["replica"]) == {0, 1, 2}
+    with pytest.raises(RoutingError, match="not a replica index"):
+        run(_cfg("sglang", router="test-numpy-choice", router_params={"bad": True},
+                 replicas=3))
+
+
+def test_many_replicas():
+    res = run(_cfg("sglang", router="least-load", replicas=70))
+    assert res.summary["replicas"] == 70 and len(res.summary["replica_summaries"]) == 70

@@ -14,6 +14,8 @@ blocks per replica plus one pass for the belief; no per-token work.
 
 from __future__ import annotations
 
+import numbers
+
 import simpy
 
 from policies.routing import (
@@ -106,10 +108,12 @@ class Fleet:
         sizes = self.belief.sizes() if self.belief is not None else None
         request = RouteRequest(req.rid, req.session, now, req.prompt_tokens, ids, bs)
         view = RouterView(now, tuple(self._replica_view(i, overlaps, sizes) for i in range(n)))
-        r = self.router.route(request, view)
-        if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < n:
-            raise RoutingError(f"router {self.router.label!r} returned {r!r} for request "
+        choice = self.router.route(request, view)
+        if isinstance(choice, bool) or not isinstance(choice, numbers.Integral) \
+                or not 0 <= choice < n:
+            raise RoutingError(f"router {self.router.label!r} returned {choice!r} for request "
                                f"{req.rid}: not a replica index in 0..{n - 1}")
+        r = int(choice)  # numpy integers too
         if self.belief is not None:
             self.belief.routed(ids, r, now)
         self.inflight.dispatched(r, req.prompt_tokens)
