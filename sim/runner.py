@@ -23,10 +23,8 @@ from policies.scheduling import get_scheduler
 from sim.config import ConfigError, RunConfig
 from sim.context import ContextRun, context_summary, parse_context
 from sim.engines import SGLangServer, VllmServer
-from sim.engines.vllm import free_order_name
 from sim.io import atomic_write_parquet, atomic_write_text, dumps
 from sim.kvcache import RadixKVCache
-from sim.kvcache.blockpool import BlockPool
 from sim.metrics import RunRecorder
 from sim.replay import Replay
 
@@ -85,17 +83,10 @@ def bind_policy(env: simpy.Environment, cfg: RunConfig, spec, profile, policy) -
 
 
 def build_engine(env: simpy.Environment, cfg: RunConfig, spec, profile, policy,
-                 rec: RunRecorder, trace, versioned: bool = False,
-                 cache_cls: type[RadixKVCache] = RadixKVCache,
-                 pool_cls: type[BlockPool] | None = None):
-    """One server for ``cfg`` (``cache_cls``/``pool_cls``: the fleet's observed caches)."""
+                 rec: RunRecorder, trace, versioned: bool = False):
+    """The server ``cfg`` names, with its cache (one run's, or one replica's of a fleet)."""
     if cfg.engine == "vllm":
-        if pool_cls is None:
-            return VllmServer.build(env, cfg, spec, profile, policy, rec, trace)
-        pool = pool_cls(cfg.gpu_cache // cfg.block_size, cfg.block_size,
-                        free_order_name(policy), debug=cfg.debug_cache)
-        return VllmServer(env, cfg, spec, profile, pool, policy, rec, trace.finish_block_ids,
-                          getattr(trace, "block_regions", None))
+        return VllmServer.build(env, cfg, spec, profile, policy, rec, trace)
     tiers = {}
     if cfg.cpu_cache:
         tiers = dict(cpu_capacity_blocks=cfg.cpu_cache // cfg.block_size, tiering=cfg.tiering,
@@ -103,8 +94,8 @@ def build_engine(env: simpy.Environment, cfg: RunConfig, spec, profile, policy,
                      write_policy=cfg.hicache_write_policy,
                      load_threshold_tokens=cfg.hicache_load_threshold,
                      block_size=cfg.block_size)
-    cache = cache_cls(cfg.gpu_cache // cfg.block_size, policy, debug=cfg.debug_cache,
-                      versioned=versioned, **tiers)
+    cache = RadixKVCache(cfg.gpu_cache // cfg.block_size, policy, debug=cfg.debug_cache,
+                         versioned=versioned, **tiers)
     return SGLangServer(env, cfg, spec, profile, cache, get_scheduler(cfg.scheduler),
                         rec, trace.finish_block_ids, getattr(trace, "block_regions", None))
 

@@ -19,7 +19,7 @@ from sim.runner import RunResult, bind_policy, build_engine, recorder_for, run_f
 
 from .fleet import Fleet
 from .metrics import fleet_metrics, merge_recorders
-from .replica import ObservedBlockPool, ObservedRadixKVCache, ObservedRecorder
+from .replica import ObservedRecorder, observe
 
 # The router's RNG stream: seeded by the run's seed, apart from every policy's.
 ROUTER_STREAM = 0x524F55544552  # "ROUTER"
@@ -32,9 +32,9 @@ def run_fleet(cfg, trace, spec, profile) -> RunResult:
         policy = cfg.make_policy()
         bind_policy(env, cfg, spec, profile, policy)
         rec = recorder_for(trace, ObservedRecorder)
-        engines.append(build_engine(env, cfg, spec, profile, policy, rec, trace,
-                                    cache_cls=ObservedRadixKVCache,
-                                    pool_cls=ObservedBlockPool))
+        engine = build_engine(env, cfg, spec, profile, policy, rec, trace)
+        observe(engine)
+        engines.append(engine)
         policies.append(policy)
     sessions = recorder_for(trace)
     router = cfg.make_router()
