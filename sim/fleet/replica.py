@@ -1,7 +1,7 @@
 """The small hooks that let an unchanged engine serve in a fleet.
 
 An engine never learns it is in a fleet. The fleet builds each replica exactly as a single run
-builds its server (``sim.runner.build_engine``), then ``observe`` gives it:
+builds its server (``sim.fleet.run.build_engine``), then ``observe`` gives it:
 
 - an observed cache: the engine's cache object is re-typed to its observed subclass
   (``ObservedRadixKVCache`` for the sglang engine's ``RadixKVCache``, ``ObservedBlockPool``
