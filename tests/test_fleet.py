@@ -324,7 +324,18 @@ def test_user_router_from_the_cli(tmp_path):
     s = json.loads(res.stdout)["runs"][0]["summary"]
     assert s["replicas"] == 3 and s["router"] == "prefix-or-least-load(slack=2,lag_s=0.5)"
     assert not math.isnan(s["belief_error_mean_tokens"])
-    assert (out / "penelope" / "load.parquet").is_file()
+    import pandas as pd
+
+    req = pd.read_parquet(out / "penelope" / "requests.parquet")
+    routing = pd.read_parquet(out / "penelope" / "routing.parquet")
+    load = pd.read_parquet(out / "penelope" / "load.parquet")
+    assert sorted(routing["request"]) == sorted(req["request"])
+    assert (routing.set_index("request")["replica"].sort_index()
+            == req.set_index("request")["replica"].sort_index()).all()
+    assert len(load) == 3 * len(routing) and (routing["true_tokens"] <= routing["best_tokens"]
+                                              ).all()
+    assert routing["same_replica"].sum() / routing["follow_up"].sum() == pytest.approx(
+        s["affinity"])
     plotted = CliRunner().invoke(cli, ["plot", str(out)])
     assert plotted.exit_code == 0, plotted.output
     assert (out / "replica_load_penelope.png").stat().st_size > 0

@@ -5,7 +5,8 @@ Results: the requests of every replica in one table with a ``replica`` column; t
 is computed over all of them with the same code as a single server's (so fleet totals are the
 sums of the replicas'), plus the fleet metrics (``sim.fleet.metrics``) and, under
 ``replica_summaries``, each replica's own summary; ``tables["load"]`` holds each replica's
-waiting and running requests at every routing decision (``kvsim plot`` draws it).
+waiting and running requests at every routing decision (``kvsim plot`` draws it), and
+``tables["routing"]`` every decision with the router's belief beside the truth.
 
 Each replica is built, and its summary fields are filled, as ``sim.runner.run`` does for one
 server (the helpers below mirror it); tests/test_fleet.py's ``--replicas 1`` golden fails the
@@ -74,8 +75,8 @@ def run_fleet(cfg, trace, spec, profile) -> RunResult:
                                          cfg.block_size, table)
     summary.update(metrics)
     summary["replica_summaries"] = per_replica
-    load = _load_table(fleet)
-    return RunResult(cfg, table, summary, {"load": load})
+    return RunResult(cfg, table, summary, {"load": _load_table(fleet),
+                                           "routing": _routing_table(fleet)})
 
 
 def bind_policy(env: simpy.Environment, cfg, spec, profile, policy) -> None:
@@ -122,6 +123,24 @@ def run_fields(cfg, policy, profile, spec, trace, table: pd.DataFrame) -> dict:
                                       & ~table["dropped"].astype(bool)).sum())
         if len(table) else 0,
     }
+
+
+def _routing_table(fleet: Fleet) -> pd.DataFrame:
+    """One row per routing decision, in decision order: what the router believed about the
+    chosen replica beside the truth (tokens; ``believed`` NaN without a cache view)."""
+    d = fleet.decisions
+    return pd.DataFrame({
+        "time_s": np.asarray(d.time, dtype=float),
+        "request": np.asarray(d.rid, dtype=np.int64),
+        "session": np.asarray(d.session, dtype=np.int64),
+        "replica": np.asarray(d.replica, dtype=np.int64),
+        "prompt_tokens": np.asarray(d.prompt_tokens, dtype=np.int64),
+        "believed_tokens": np.asarray(d.believed_tokens, dtype=float),
+        "true_tokens": np.asarray(d.true_tokens, dtype=np.int64),
+        "best_tokens": np.asarray(d.best_tokens, dtype=np.int64),
+        "follow_up": np.asarray(d.follow_up, dtype=bool),
+        "same_replica": np.asarray(d.same_replica, dtype=bool),
+    })
 
 
 def _load_table(fleet: Fleet) -> pd.DataFrame:
