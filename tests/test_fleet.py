@@ -425,3 +425,19 @@ def test_a_router_may_return_numpy_integers_but_not_outside_the_fleet():
 def test_many_replicas():
     res = run(_cfg("sglang", router="least-load", replicas=70))
     assert res.summary["replicas"] == 70 and len(res.summary["replica_summaries"]) == 70
+
+
+@pytest.mark.parametrize("extra", [
+    dict(replay="open", time_scale=0.05),
+    dict(cpu_cache=32768, tiering="unified", scheduler="lpm-cpu"),
+    dict(cpu_cache=32768, tiering="hicache", scheduler="lpm-cpu"),
+])
+def test_one_replica_equals_single_server_open_loop_and_tiers(extra):
+    cfg = replace(BASE, gpu_cache=49152, **extra).with_preset("sglang")
+    single = run(cfg)
+    for router in ("round-robin", EventsLongest.name, ScrapedProbe.name):
+        fleet = run(replace(cfg, router=router))
+        for k, v in single.summary.items():
+            assert fleet.summary[k] == v or (v != v and fleet.summary[k] != fleet.summary[k]), \
+                (router, k)
+        assert fleet.requests.drop(columns=["replica"]).equals(single.requests), router
