@@ -60,6 +60,18 @@ FLEET_ROWS = ("reuse_available", "reuse_captured", "reuse_delivered", "affinity"
               "load_cv_busy", "load_cv_queue", "belief_error_mean_tokens")
 
 
+def router_params(items: tuple[str, ...]) -> dict[str, str]:
+    """``--router-param K=V`` items into a dict (values stay text: the router class types
+    them)."""
+    out: dict[str, str] = {}
+    for item in items:
+        k, sep, v = item.partition("=")
+        if not sep or not k.strip():
+            raise click.BadParameter(f"{item!r} is not K=V", param_hint="--router-param")
+        out[k.strip()] = v.strip()
+    return out
+
+
 def print_table(runs: list[dict[str, Any]], title: str, lenient: bool = False) -> None:
     """Metrics in the units every table uses (``fmt_metric``: rates in percent); changes
     against the first run in signed percent."""
@@ -85,13 +97,13 @@ def print_table(runs: list[dict[str, Any]], title: str, lenient: bool = False) -
     console().print(t)
 
 
-def parse_params(items: tuple[str, ...], option: str = "--policy-param") -> dict[str, str]:
+def parse_params(items: tuple[str, ...]) -> dict[str, str]:
     """``K=V`` items into a dict (values stay text: the policy class types them)."""
     out: dict[str, str] = {}
     for item in items:
         k, sep, v = item.partition("=")
         if not sep or not k.strip():
-            raise click.BadParameter(f"{item!r} is not K=V", param_hint=option)
+            raise click.BadParameter(f"{item!r} is not K=V", param_hint="--policy-param")
         out[k.strip()] = v.strip()
     return out
 
@@ -195,7 +207,7 @@ class RunInputError(ValueError):
               help="Router of a fleet: round-robin (default with --replicas > 1), random, "
                    "least-load, power-of-two, session-affinity, the field's routers, or "
                    "FILE.py:CLASS (your own Router subclass).")
-@click.option("--router-param", "router_params", multiple=True, metavar="K=V",
+@click.option("--router-param", "router_param_items", multiple=True, metavar="K=V",
               help="Parameter of the --router class (repeatable; typed like its default).")
 @click.option("--engine", type=click.Choice(["sglang", "vllm"]), default="sglang",
               show_default=True,
@@ -251,7 +263,7 @@ class RunInputError(ValueError):
 def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select, gap_model,
             lenient, seed, cache_dir, rebuild_sessions, model, profile, gpu_cache, cpu_cache,
             tiering, swap_buffer, hicache_write_policy, sessions, replay, time_scale, engine,
-            replicas, router, router_params,
+            replicas, router, router_param_items,
             preset, evict, granularity, order, policies, policy_params, scheduler, context,
             chunk_size, prompt_nodes, max_new_tokens, max_running, debug_cache, out,
             as_json) -> None:
@@ -269,7 +281,7 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
         trace_cache_dir=cache_dir, rebuild_sessions=rebuild_sessions,
         sessions=sessions, replay=replay, time_scale=time_scale, engine=engine,
         replicas=replicas, router=router,
-        router_params=parse_params(router_params, "--router-param"),
+        router_params=router_params(router_param_items),
         model=model, profile=profile, gpu_cache=gpu_cache, cpu_cache=cpu_cache,
         tiering=tiering, swap_buffer=swap_buffer, hicache_write_policy=hicache_write_policy,
         scheduler=scheduler, context=context, chunk_size=chunk_size,
