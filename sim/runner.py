@@ -7,7 +7,7 @@ outputs (``write_result`` writes Parquet, JSON and the resolved config, each ato
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,7 @@ class RunResult:
     config: RunConfig
     requests: pd.DataFrame
     summary: dict[str, Any]
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)  # more: NAME.parquet
 
 
 @lru_cache(maxsize=8)
@@ -78,6 +79,10 @@ def run(cfg: RunConfig, trace=None) -> RunResult:
     profile = load_profile(cfg.profile, cfg.model)
     if trace is None:
         trace = load_run_trace(cfg)
+    if cfg.is_fleet:  # replicas behind a router (sim/fleet)
+        from sim.fleet.run import run_fleet
+
+        return run_fleet(cfg, trace, spec, profile)
     gaps = trace.gaps(cfg.gaps)
     policy = cfg.make_policy()
     tiers = {}
@@ -144,6 +149,8 @@ def write_result(result: RunResult, out: str | Path) -> None:
     """requests.parquet, config.json, then summary.json under ``out`` (each atomically)."""
     out = Path(out)
     atomic_write_parquet(result.requests, out / "requests.parquet")
+    for name, df in result.tables.items():  # a fleet's load.parquet
+        atomic_write_parquet(df, out / f"{name}.parquet")
     atomic_write_text(out / "config.json", json.dumps(result.config.to_dict(), indent=2) + "\n")
     # Last: a sweep takes a folder with summary.json as a finished point.
     atomic_write_text(out / "summary.json", dumps(result.summary) + "\n")

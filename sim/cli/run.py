@@ -55,6 +55,21 @@ CONTEXT_ROWS = ("request_latency_mean_s", "request_latency_p95_s", "input_tokens
                 "output_tokens_per_s", "kv_peak_tokens", "context_dropped_tokens",
                 "reprefill_tokens", "rerotated_tokens", "summary_calls",
                 "context_edits_blocked")
+# Rows of fleet runs (--replicas/--router; sim/fleet/metrics.py defines them).
+FLEET_ROWS = ("reuse_available", "reuse_captured", "reuse_delivered", "affinity",
+              "load_cv_busy", "load_cv_queue", "belief_error_mean_tokens")
+
+
+def router_params(items: tuple[str, ...]) -> dict[str, str]:
+    """``--router-param K=V`` items into a dict (values stay text: the router class types
+    them)."""
+    out: dict[str, str] = {}
+    for item in items:
+        k, sep, v = item.partition("=")
+        if not sep or not k.strip():
+            raise click.BadParameter(f"{item!r} is not K=V", param_hint="--router-param")
+        out[k.strip()] = v.strip()
+    return out
 
 
 def print_table(runs: list[dict[str, Any]], title: str, lenient: bool = False) -> None:
@@ -66,6 +81,7 @@ def print_table(runs: list[dict[str, Any]], title: str, lenient: bool = False) -
         t.add_column(r["policy"], justify="right")
     extra = ("cpu_hit_rate", "bytes_h2d", "bytes_d2h", "swap_buffer_loads") if any(
         r["summary"].get("cpu_cache_tokens") for r in runs) else ()
+    extra += FLEET_ROWS if any("replicas" in r["summary"] for r in runs) else ()
     shown = [k for k in WHEN_NONZERO if any(r["summary"].get(k) for r in runs)
              or (lenient and k in LENIENT_ROWS)]
     ctx = CONTEXT_ROWS if any("context" in r["summary"] for r in runs) else ()
@@ -185,6 +201,14 @@ class RunInputError(ValueError):
                    "recorded send times.")
 @click.option("--time-scale", type=float, default=1.0, show_default=True,
               help="Open loop: multiply recorded send times (0.5 = twice the request rate).")
+@click.option("--replicas", type=int, default=1, show_default=True,
+              help="Replicas of the engine behind a router, on one clock (docs/fleet.md).")
+@click.option("--router", default=None,
+              help="Router of a fleet: round-robin (default with --replicas > 1), random, "
+                   "least-load, power-of-two, session-affinity, the field's routers, or "
+                   "FILE.py:CLASS (your own Router subclass).")
+@click.option("--router-param", "router_param_items", multiple=True, metavar="K=V",
+              help="Parameter of the --router class (repeatable; typed like its default).")
 @click.option("--engine", type=click.Choice(["sglang", "vllm"]), default="sglang",
               show_default=True,
               help="The server: sglang (SGLang 0.5.23: radix tree, chunk nodes, admission "
@@ -239,6 +263,7 @@ class RunInputError(ValueError):
 def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select, gap_model,
             lenient, seed, cache_dir, rebuild_sessions, model, profile, gpu_cache, cpu_cache,
             tiering, swap_buffer, hicache_write_policy, sessions, replay, time_scale, engine,
+            replicas, router, router_param_items,
             preset, evict, granularity, order, policies, policy_params, scheduler, context,
             chunk_size, prompt_nodes, max_new_tokens, max_running, debug_cache, out,
             as_json) -> None:
@@ -255,6 +280,8 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
         max_context=max_context, block_size=block_size, gaps=gap_model, lenient=lenient,
         trace_cache_dir=cache_dir, rebuild_sessions=rebuild_sessions,
         sessions=sessions, replay=replay, time_scale=time_scale, engine=engine,
+        replicas=replicas, router=router,
+        router_params=router_params(router_param_items),
         model=model, profile=profile, gpu_cache=gpu_cache, cpu_cache=cpu_cache,
         tiering=tiering, swap_buffer=swap_buffer, hicache_write_policy=hicache_write_policy,
         scheduler=scheduler, context=context, chunk_size=chunk_size,
@@ -300,6 +327,8 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
     print_table(runs, f"{s['trace']} ({s['trace_requests']} requests), {model}, "
                       f"GPU {gpu_cache:,} tokens{cpu}, N={sessions}, {engine} engine, "
                       f"{scheduler}, "
+                      + (f"{replicas} replicas, router {s['router']}, " if "router" in s
+                         else "") +
                       f"gaps {gap_model}{ctx}", lenient=lenient)
     if out:
         print(f"wrote {out}/", file=sys.stderr)
