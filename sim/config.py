@@ -92,7 +92,7 @@ class RunConfig:
     new_token_ratio_decay_steps: int = 600
     # --- run -----------------------------------------------------------------------------
     seed: int = 0
-    debug_cache: bool = False
+    debug_cache: bool = False  # check cache and engine invariants as the run goes (slow)
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
