@@ -43,9 +43,8 @@ from sim.context import plan_ranges
 from sim.kvcache import RadixKVCache, Tier
 from sim.metrics import RunRecorder
 
-from .base import EngineBase
+from .base import EngineBase, steps_fitting
 from .request import Req
-from .sglang_decode import DecodeRuns
 from .sglang_queue import WaitingOrder
 
 
@@ -68,9 +67,13 @@ class Admission:
 # Verdicts of a refused admission (schedule_policy.py AddReqResult): memory (NO_TOKEN) or a
 # spent pass budget (OTHER). Only NO_TOKEN sets batch_is_full.
 NO_TOKEN, OTHER = "no_token", "other"
+# SGLANG_RETRACT_DECODE_STEPS: after releasing a retracted request, SGLang evicts the cache
+# until this many tokens per remaining request are free; the new ratio assumes as many more
+# tokens per survivor.
+RETRACT_DECODE_STEPS = 20
 
 
-class SGLangServer(DecodeRuns, EngineBase):
+class SGLangServer(EngineBase):
     """SGLang's scheduler and memory semantics over one ``RadixKVCache``."""
 
     def __init__(self, env: simpy.Environment, cfg: RunConfig, spec: ModelSpec,
@@ -338,6 +341,13 @@ class SGLangServer(DecodeRuns, EngineBase):
                 break
             if self._budget <= 0:
                 break
+        return self._commit(plan, admitted, continued)
+
+    def _commit(self, plan: list[tuple[Req, int]], admitted: list[Admission],
+                continued: Req | None) -> list[tuple[Req, list[tuple[int, int]]]]:
+        """After the adder loop: allocate the batch (``prepare_for_extend``), then take each
+        request's tokens and record the admissions. ``continued``: the chunk in flight that
+        this pass continued (already admitted, still locked)."""
         for a in admitted:  # locked and charged: these are the batch
             a.req.locks = [a.node]
             a.req.ranges = a.ranges
@@ -351,10 +361,9 @@ class SGLangServer(DecodeRuns, EngineBase):
                     self.chunked = None
         if fitted < len(plan):
             self.batch_is_full = bool(fitted or self.running)
-        plan = plan[:fitted]
         batch: list[tuple[Req, list[tuple[int, int]]]] = []
         committed: set[int] = set()
-        for req, take in plan:
+        for req, take in plan[:fitted]:
             taken, req.ranges = self._take(req.ranges, take)
             batch.append((req, taken))
             if req is not continued:
@@ -376,6 +385,75 @@ class SGLangServer(DecodeRuns, EngineBase):
                                        ideal=ideal, spec=self.spec, segments=a.segments,
                                        bs=self.bs, loaded=a.loaded)
         req.admitted_at = self.env.now
+
+    # --- decode runs: k steps of the running batch as one event ---------------------------
+    # A run of k steps is one event: k is the number of steps to the first finish, cut to what
+    # free + evictable memory holds for every running request (``_steps_in``, closed form).
+    # Memory is reserved for exactly the tokens a run generated, after the run.
+    def _decode_plan(self) -> int:
+        """Steps the running batch can take now: to the first finish, limited by memory
+        (free + evictable blocks)."""
+        steps = min(r.output_tokens - r.generated for r in self.running)
+        return self._steps_in(self.cache.free_blocks + self.cache.evictable_blocks, steps)
+
+    def _steps_in(self, room: int, cap: int) -> int:
+        """Largest k <= cap such that k more tokens of every running request need at most
+        ``room`` more blocks. Request i needs a new block at steps t_i, t_i + bs, ... where
+        t_i = (its reserved blocks * bs - its tokens) + 1, so the (room+1)-th smallest of
+        these is the first step that does not fit."""
+        bs = self.bs
+        # steps_fitting checks each t_i is in [1, bs]: the invariant reserved == ceil(own / bs)
+        return steps_fitting([r.reserved * bs - r.own_tokens + 1 for r in self.running], bs,
+                             room, cap)
+
+    def _retract(self) -> None:
+        """SGLang retract_decode: fewest generated first, ties longest prompt, then the last
+        in the running batch; keep one. Each release (``release_req``) frees the victim's
+        own tokens, unlocks its tree part, then evicts until 20 tokens per remaining request
+        are free."""
+        order = {id(r): i for i, r in enumerate(self.running)}
+        victims = sorted(self.running, key=lambda r: (r.generated, -r.prompt_tokens,
+                                                      -order[id(r)]))
+        while len(self.running) > 1 and self._decode_plan() == 0:
+            v = victims.pop(0)
+            self.running.remove(v)
+            self.cache.release(v.reserved)
+            v.reserved = v.own_tokens = 0
+            self._unlock_all(v)
+            self.rec.retracted(v)
+            self._seq += 1
+            v.seq = self._seq
+            self.waiting.append(v)
+            short = self._blocks(RETRACT_DECODE_STEPS * len(self.running)) - self.cache.free_blocks
+            if short > 0 and self.cache.evictable_blocks:
+                self.rec.evicted(self.cache.evict(min(short, self.cache.evictable_blocks)))
+        self.batch_is_full = False  # the running batch shrank
+        survivors = self.running
+        out = sum(r.generated for r in survivors)
+        self.ratio = min(1.0, (out + RETRACT_DECODE_STEPS * len(survivors)) / (
+            sum(self._max_new(r) for r in survivors) + 1))
+
+    def _reserve_decode(self, steps: int) -> None:
+        """Hold memory for the ``steps`` tokens every running request just generated (the
+        plan made sure it exists: nothing else ran since)."""
+        for r in self.running:
+            ok = self._reserve_tokens(r, steps)
+            assert ok, f"decode plan promised room for {steps} steps of request {r.rid}"
+
+    def _apply_decode(self, steps: int, retracted: bool = False) -> None:
+        """After a run of ``steps`` decode steps. SGLang decays the ratio once per decode
+        iteration that did not retract: the first step of a run that began with a
+        retraction (``retracted``; it SET the ratio, perhaps below the floor) does not."""
+        for r in self.running:
+            r.generated += steps
+        decays = steps - 1 if retracted else steps
+        if decays:
+            self.ratio = max(self.ratio - decays * self._decay, self.cfg.new_token_ratio_min)
+        finished = [r for r in self.running if r.generated >= r.output_tokens]
+        if finished:
+            self.running = [r for r in self.running if r.generated < r.output_tokens]
+            for r in finished:
+                self._finish(r)
 
     # --- execution ----------------------------------------------------------------------
 
