@@ -1,19 +1,21 @@
 """One prefill pass of SGLang 0.5.23's scheduler, for real: `PrefillAdder` and `PrefillBudget`
-(managers/schedule_policy.py, mem_cache/prefill_budget.py) and the fcfs `SchedulePolicy` over
-the real `UnifiedRadixCache` (benchmarks/sglang_unified_ref.py), loaded without SGLang's
+(managers/schedule_policy.py, mem_cache/prefill_budget.py) and the `SchedulePolicy` over the
+real `UnifiedRadixCache` (benchmarks/sglang_unified_ref.py), loaded without SGLang's
 dependencies.
 
 Real: the adder (`add_chunked_req`, `add_one_req`, `budget_state`), the budget, the policy's
-`calc_priority` (fcfs: the periodic prefix refresh), `match_kv_cache` (what a request's
-`init_next_round_input` calls) and the cache. Stand-ins: `SchedReq`, the fields of
-schedule_batch.Req those read (a text-only request with no host, storage, LoRA, Mamba or SWA
-state); `_Allocator`, whose `create_prefill_budget` builds the real `PrefillBudget` as the base
-allocator does; the runtime-context getters at their defaults (no disaggregation, no DCP, lru,
-no encoder replay; a namespace raises on any other field, so a stub cannot answer a scheduling
-question); `is_hip`/`is_gfx95_supported` False (CUDA). The pass loop is
-`Scheduler._get_new_batch_prefill_raw` for a dense model (fcfs; no LoRA, HiCache, priority or
-mixed chunk): the gate, the chunk continuation, then the waiting queue until a verdict other
-than CONTINUE. Nothing is allocated: SGLang allocates after the loop (`prepare_for_extend`).
+`calc_priority` (fcfs: the periodic prefix refresh; lpm: match, in-batch prefix caching,
+sort), `match_kv_cache` (what a request's `init_next_round_input` calls) and the cache.
+Stand-ins: `SchedReq`, the fields of schedule_batch.Req those read (a text-only request with
+no host, storage, LoRA, Mamba or SWA state); the reference allocator, whose
+`create_prefill_budget` builds the real `PrefillBudget` as the base allocator does; the
+runtime-context getters at their defaults (no disaggregation, no DCP, lru, no encoder replay;
+a namespace raises on any other field, so a stub cannot answer a scheduling question);
+`is_hip`/`is_gfx95_supported` False (CUDA). The pass loop is
+`Scheduler._get_new_batch_prefill_raw` for a dense model (fcfs or lpm; no LoRA, HiCache,
+priority or mixed chunk): the gate, the chunk continuation, then the waiting queue until a
+verdict other than CONTINUE. Nothing is allocated: SGLang allocates after the loop
+(`prepare_for_extend`).
 """
 
 from __future__ import annotations
@@ -204,19 +206,19 @@ class SglangScheduler:
     """SGLang's prefill scheduling over one real UnifiedRadixCache (page = block)."""
 
     def __init__(self, capacity_blocks: int, block_size: int, chunk_size: int,
-                 max_prefill_tokens: int = 16384) -> None:
+                 scheduler: str = "fcfs", max_prefill_tokens: int = 16384) -> None:
         mods = load_sched_modules()
         self.ref = uref.UnifiedRef(capacity_blocks, block_size)
         self.allocator = self.ref.allocator
         self.cache = self.ref.cache
         self.bs, self.chunk_size, self.max_prefill_tokens = block_size, chunk_size, \
             max_prefill_tokens
-        self.policy = mods["policy"].SchedulePolicy("fcfs", self.cache, False, False, False)
+        self.policy = mods["policy"].SchedulePolicy(scheduler, self.cache, False, False, False)
         self.running = _RunningBatch([])
         self.chunked_req: SchedReq | None = None
 
     def prefill_pass(self, waiting: list[SchedReq], ratio: float) -> PassResult:
-        """Scheduler._get_new_batch_prefill_raw (dense, fcfs), up to the new batch."""
+        """Scheduler._get_new_batch_prefill_raw (dense), up to the new batch."""
         p = load_sched_modules()["policy"]
         run = self.running
         if run.is_empty():
@@ -286,7 +288,7 @@ class KvsimScheduler:
     built through the cache's public API with the protocol of ``SglangScheduler``."""
 
     def __init__(self, capacity_blocks: int, block_size: int, chunk_size: int,
-                 max_new: int) -> None:
+                 max_new: int, scheduler: str = "fcfs") -> None:
         import simpy
 
         from costmodel.profile import load_profile
@@ -298,7 +300,7 @@ class KvsimScheduler:
         from sim.metrics import RunRecorder
 
         cfg = RunConfig(gpu_cache=capacity_blocks * block_size, block_size=block_size,
-                        chunk_size=chunk_size, max_new_tokens=max_new, scheduler="fcfs",
+                        chunk_size=chunk_size, max_new_tokens=max_new, scheduler=scheduler,
                         profile="derived-h100-qwen3-8b").with_preset("sglang")
         self.env = simpy.Environment()
         self.cache = RadixKVCache(capacity_blocks, cfg.make_policy(), debug=True,
@@ -306,7 +308,7 @@ class KvsimScheduler:
         self.rec = RunRecorder(["s"], [0], [False], [0])
         spec = get_spec(cfg.model)
         self.server = SGLangServer(self.env, cfg, spec, load_profile(cfg.profile, cfg.model),
-                                   self.cache, get_scheduler("fcfs"), self.rec,
+                                   self.cache, get_scheduler(scheduler), self.rec,
                                    lambda rid: np.empty(0, np.int64))
         self.bs = block_size
 

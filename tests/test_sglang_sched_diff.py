@@ -48,6 +48,7 @@ class State:
     running: list[Spec] = field(default_factory=list)
     chunked: Spec | None = None
     waiting: list[Spec] = field(default_factory=list)
+    scheduler: str = "fcfs"
 
 
 class _Gen:
@@ -111,8 +112,12 @@ def random_state(seed: int) -> State:
         done = int(rng.integers(1, len(ids) + 1)) if len(ids) > 1 else 1
         tail = int(rng.integers(0, BS))
         spec = Spec(ids, len(ids) * BS + tail, 0, min(done, len(ids)))
-        if spec.prompt > spec.done_blocks * BS and used + spec.done_blocks <= st.capacity:
+        rest = -(-(spec.prompt - spec.done_blocks * BS) // BS)
+        # its whole prompt fitted when it was admitted: the rest still fits in free memory
+        # (else SGLang's prepare_for_extend runs out of memory: no pass to compare)
+        if spec.prompt > spec.done_blocks * BS and used + spec.done_blocks + rest <= st.capacity:
             st.chunked = spec
+            used += spec.done_blocks
     for _ in range(int(rng.integers(1, 7))):
         ids = new_ids(150)
         gen = int(rng.integers(1, min(200, st.max_new))) if rng.random() < 0.2 else 0
@@ -153,8 +158,8 @@ def _tokens(ids: np.ndarray, prompt: int, salt: int) -> np.ndarray:
 
 def compare(st: State) -> tuple[object, object]:
     """One pass from ``st`` on both sides: (SGLang's PassResult, kvsim's)."""
-    ref = SglangScheduler(st.capacity, BS, st.chunk)
-    sim = KvsimScheduler(st.capacity, BS, st.chunk, st.max_new)
+    ref = SglangScheduler(st.capacity, BS, st.chunk, st.scheduler)
+    sim = KvsimScheduler(st.capacity, BS, st.chunk, st.max_new, st.scheduler)
     rid = 0
 
     def sched_req(s: Spec, r: int) -> SchedReq:
@@ -225,6 +230,14 @@ def test_sglang_sched_diff_pins_page_ceiled_chunk_budget() -> None:
 
 def test_sglang_sched_diff_random_passes(record_property, capsys) -> None:
     _run([random_state(seed) for seed in range(300)], "random", record_property, capsys)
+
+
+def test_sglang_sched_diff_random_passes_lpm(record_property, capsys) -> None:
+    # lpm: every waiting request matched (and stamped), in-batch prefix caching, the sort
+    states = [random_state(seed) for seed in range(1000, 1200)]
+    for st in states:
+        st.scheduler = "lpm"
+    _run(states, "random-lpm", record_property, capsys)
 
 
 def test_sglang_sched_diff_adversarial_passes(record_property, capsys) -> None:
