@@ -94,10 +94,11 @@ class EngineBase:
     def _sleep(self) -> simpy.Event:
         """The event the server process waits on until the next arrival, when it has nothing
         to run. Debug runs (``debug_cache``) check the invariant that makes the wait safe:
-        no request is waiting. With nothing running, memory is freed only by a finish, so a
-        waiting request either fits now (it must be admitted) or never (it must be dropped);
-        one left waiting would wait for an unrelated arrival, or forever."""
-        if self.cfg.debug_cache and (self.waiting or self.busy()):
+        the server holds no request (none waiting, running or mid-prefill). With nothing
+        running no memory is freed, so a waiting request either fits now (it must be
+        admitted) or never (it must be dropped); one left waiting would wait for an
+        unrelated arrival, or forever."""
+        if self.cfg.debug_cache and self.busy():
             raise AssertionError(
                 f"{type(self).__name__} idles at t={self.env.now} with "
                 f"{len(self.waiting)} waiting (first: request "
