@@ -278,3 +278,17 @@ def test_a_retracted_request_re_prefills_every_output_token_and_samples(monkeypa
         assert generated > 0
         assert end == 1000 + generated  # prompt + every output token so far
         assert sampled == 1
+
+
+def test_a_context_strategy_record_sees_the_whole_plan() -> None:
+    # Under a context strategy the record prices what the request's plan recomputes inside
+    # its ideal prefix (RunRecorder.open reads the plan). Opened after the pass took its
+    # tokens, a chunked request's record saw only the chunks left: with nothing dropped,
+    # everything between the hit and the ideal prefix is recomputed.
+    base = dict(trace="synthetic:claude-code?sessions=6&max_requests=12&seed=3", gaps="tool",
+                max_context=65536, gpu_cache=32 * 1024, sessions=4, profile=PROF.name,
+                debug_cache=True)
+    df = run(RunConfig(**base, context="drop:2").with_preset("sglang")).requests
+    kept = df[~df.dropped & (df.dropped_tokens == 0)]
+    assert (kept.ideal_hit_tokens - kept.hit_gpu_tokens > 8192).sum() >= 5  # chunked misses
+    assert (kept.recomputed_tokens == kept.ideal_hit_tokens - kept.hit_gpu_tokens).all()

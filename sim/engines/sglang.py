@@ -361,16 +361,14 @@ class SGLangServer(EngineBase):
                     self.chunked = None
         if fitted < len(plan):
             self.batch_is_full = bool(fitted or self.running)
+        committed = {id(req) for req, _take in plan[:fitted] if req is not continued}
+        for a in admitted:  # the record sees the request's whole plan (before the take)
+            if id(a.req) in committed:
+                self._open(a)
         batch: list[tuple[Req, list[tuple[int, int]]]] = []
-        committed: set[int] = set()
         for req, take in plan[:fitted]:
             taken, req.ranges = self._take(req.ranges, take)
             batch.append((req, taken))
-            if req is not continued:
-                committed.add(id(req))
-        for a in admitted:
-            if id(a.req) in committed:
-                self._open(a)
         if committed:
             self.waiting = [r for r in self.waiting if id(r) not in committed]
         return batch
