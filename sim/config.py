@@ -96,7 +96,7 @@ class RunConfig:
     router_params: dict[str, Any] = field(default_factory=dict, hash=False)
     # --- run -----------------------------------------------------------------------------
     seed: int = 0
-    debug_cache: bool = False
+    debug_cache: bool = False  # check cache and engine invariants as the run goes (slow)
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property

@@ -256,7 +256,9 @@ class RunInputError(ValueError):
 @click.option("--max-running", type=int, default=None,
               help="Most requests running at once (default: the engine's: SGLang's "
                    "max_running_requests, large; vLLM's max_num_seqs, 1024).")
-@click.option("--debug-cache", is_flag=True, help="Recount cache invariants after every op.")
+@click.option("--debug-cache", is_flag=True,
+              help="Recount cache invariants after every op; check the engine never idles "
+              "with a request waiting.")
 @click.option("--out", "-o", default=None, help="Write requests.parquet, config.json, "
               "summary.json per run under this folder (checked before anything runs).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
