@@ -160,6 +160,8 @@ class RunConfig:
             raise bad("chunk_size", "must be at least one block")
         if not (isinstance(self.time_scale, int | float) and self.time_scale > 0):
             raise bad("time_scale", f"must be a number > 0, got {self.time_scale!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise bad("seed", f"must be an integer >= 0, got {self.seed!r}")
         if self.max_running is not None and self.max_running < 1:
             raise bad("max_running", "must be >= 1")
         if self.max_new_tokens is not None and self.max_new_tokens < 1:

@@ -12,7 +12,6 @@ Every file is written atomically (``sim.io``), mode 0644.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from sim.io import atomic_save_figure
+from sim.io import atomic_save_figure, read_json, read_parquet
 
 _POLICY_COLORS = plt.rcParams["axes.prop_cycle"].by_key()["color"]
 
@@ -43,11 +42,11 @@ def _run_title(s: dict[str, Any]) -> str:
 
 def plot_run_dir(d: Path, out: Path) -> list[Path]:
     """TTFT CDF per policy, and mean TTFT / JCT change against the first policy."""
-    runs = json.loads((d / "runs.json").read_text())["runs"]
+    runs = read_json(d / "runs.json")["runs"]
     title = _run_title(runs[0]["summary"])
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for r in runs:
-        df = pd.read_parquet(d / r["policy"] / "requests.parquet", columns=["ttft_s"])
+        df = read_parquet(d / r["policy"] / "requests.parquet", columns=["ttft_s"])
         x = np.sort(df["ttft_s"].dropna().to_numpy())
         ax.step(x, np.arange(1, x.size + 1) / max(1, x.size), where="post",
                 label=f"{r['policy']} (mean {r['summary'].get('ttft_mean_s') or 0:.2f} s)")
@@ -102,7 +101,7 @@ def _positions(values: list[str]) -> tuple[dict[str, float], bool]:
 
 def plot_sweep_dir(d: Path, out: Path) -> list[Path]:
     df = pd.read_csv(d / "results.csv", dtype=str, keep_default_na=False)
-    grid = json.loads((d / "sweep.json").read_text())["points"]
+    grid = read_json(d / "sweep.json")["points"]
     from sim.sweep import COLUMN, POLICY_FIELDS
 
     fields = [COLUMN.get(k, k) for k in (grid[0]["values"] if grid else {})

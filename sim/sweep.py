@@ -19,7 +19,8 @@ profiles, and that the baseline names grid fields with values that occur in the 
 
 Each point runs in its own folder ``points/<id>`` (``id`` hashes its resolved config) and
 writes ``requests.parquet``, ``config.json`` and, last, ``summary.json``: a folder with a
-summary is a finished point, so a rerun skips it (resume), whatever the executor or ``-j``.
+summary is a finished point, so a rerun skips it (resume), whatever the executor or ``-j``;
+a summary that does not parse (truncated) is not: that point runs again, with a notice.
 Every file is written atomically; temporary files a killed writer left are removed when a
 sweep starts and when it ends. The table (``results.parquet``/``.csv``) is built from the
 folders in grid order, so it is byte-identical on every executor.
@@ -31,6 +32,7 @@ import hashlib
 import itertools
 import json
 import math
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -40,7 +42,14 @@ import pandas as pd
 
 from sim.config import ConfigError, RunConfig
 from sim.executors import DEFAULT_RETRIES, EXECUTORS, Executor, ExecutorSpec, worker_id
-from sim.io import atomic_write_parquet, atomic_write_text, dumps, read_yaml, remove_stale_tmp
+from sim.io import (
+    atomic_write_parquet,
+    atomic_write_text,
+    dumps,
+    read_json,
+    read_yaml,
+    remove_stale_tmp,
+)
 
 SIZE_FIELDS = ("gpu_cache", "cpu_cache", "max_context", "chunk_size", "shared_prefix",
                "swap_buffer")
@@ -232,6 +241,22 @@ def summary_path(out: str | Path, pid: str) -> Path:
     return Path(out) / "points" / pid / "summary.json"
 
 
+def point_done(out: str | Path, pid: str) -> bool:
+    """A point is done when its summary.json exists and parses. A summary that does not
+    parse (a truncated file, an edit) makes the point unfinished: it runs again, and a
+    notice on stderr says so."""
+    path = summary_path(out, pid)
+    if not path.exists():
+        return False
+    try:
+        json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        print(f"kvsim: notice: {path}: does not load ({' '.join(str(e).split())}): running "
+              f"point {pid} again", file=sys.stderr)
+        return False
+    return True
+
+
 def run_point(cfg: RunConfig, out: str, get_trace: Callable[[], Any]) -> dict[str, Any]:
     """Run one point into ``out/points/<id>`` (any executor calls this). A user error in the
     point (a bad trace file, ...) comes back as ``error`` instead of stopping the others."""
@@ -267,7 +292,7 @@ def run_sweep(sweep: Sweep, out: str | Path, executor: Executor,
     seen: set[str] = set()
     todo = []
     for p in sweep.points:
-        if p.id not in seen and not summary_path(out, p.id).exists():
+        if p.id not in seen and not point_done(out, p.id):
             todo.append(p)
         seen.add(p.id)
     done = len(seen) - len(todo)
@@ -312,7 +337,7 @@ def tidy(sweep: Sweep, out: str | Path) -> pd.DataFrame:
     every scalar of the point's summary; ``*_change`` columns against the baseline."""
     rows = []
     for p in sweep.points:
-        summary = json.loads(summary_path(out, p.id).read_text())
+        summary = read_json(summary_path(out, p.id), "point summary")
         row: dict[str, Any] = {"point": p.id, "policy": p.cfg.policy_label}
         row.update({COLUMN.get(k, k): str(v) for k, v in p.values.items()
                     if k not in POLICY_FIELDS})

@@ -49,7 +49,8 @@ TORCH_ONLY = ("layers", "quick", "rounds", "warmup", "threads", "clock")
 @click.option("--clock", type=click.Choice(["wall", "cpu"]), default=None,
               help="CPU timing: wall time or process CPU time [default: cpu with one "
                    "thread, else wall]. CUDA always uses CUDA events.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Weights and visit order.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Weights and visit order.")
 @click.option("--date", default=None, help="Provenance date [default: today, UTC].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def calibrate_cmd(device: str, system: str | None, framework: str | None, gpus: int | None,

@@ -52,7 +52,7 @@ TRACE_OPTIONS: list[Callable] = [
     click.option("--lenient", is_flag=True,
                  help="Skip bad records, and unreadable, truncated or empty files of a folder; "
                       "report how many of each."),
-    click.option("--seed", type=int, default=0, show_default=True,
+    click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
                  help="Seed of synthetic generators."),
     click.option("--cache-dir", default=None, metavar="DIR|off",
                  help="Folder of npz copies of loaded traces (fast reloads; a changed file "

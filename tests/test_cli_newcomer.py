@@ -1,0 +1,120 @@
+"""A newcomer's mistakes (issue 21): no traceback and no silent wrong answer. Each test
+failed before its fix (a traceback, a silent exit 0, or a wrong result)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from sim.cli.main import cli
+from tests.enginekit import write_cc_traces
+
+SYN = "synthetic:chat?sessions=3&max_requests=3"
+
+
+def one_line_error(args: list[str], needle: str) -> str:
+    """Run kvsim; assert exit 2 with ONE stderr line 'kvsim: error: ...' containing needle."""
+    res = CliRunner().invoke(cli, args)
+    shown = f"kvsim {' '.join(args)}\n--- stderr:\n{res.stderr}"
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert res.exit_code == 2, shown
+    assert isinstance(res.exception, SystemExit), shown
+    assert "Traceback" not in res.stdout + res.stderr, shown
+    assert len(lines) == 1 and lines[0].startswith("kvsim: error: "), shown
+    assert needle in lines[0], shown
+    return lines[0]
+
+
+def ok(args: list[str]):
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 0, f"kvsim {' '.join(args)}\n{res.stderr}\n{res.output}"
+    return res
+
+
+@pytest.fixture(scope="module")
+def cc(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("cc")
+    write_cc_traces(root / "cc", sessions=2, turns=4)
+    return root / "cc"
+
+
+# --- 1. negative seeds ------------------------------------------------------------------------
+@pytest.mark.parametrize("args,needle", [
+    (["run", "--trace", SYN, "--seed", "-1", "--gpu-cache", "16k"], "'--seed'"),
+    (["run", "--trace", "synthetic:chat?sessions=3&seed=-1", "--gpu-cache", "16k"], "seed=-1"),
+    (["trace", "stats", SYN, "--seed", "-2"], "'--seed'"),
+])
+def test_negative_seed_is_one_line(args, needle) -> None:
+    one_line_error(args, needle)
+
+
+def test_negative_seed_in_a_config_or_the_api() -> None:
+    from sim.config import ConfigError, RunConfig
+    from traces import load_trace
+    from traces.errors import OptionError
+
+    with pytest.raises(ConfigError, match="seed"):
+        RunConfig(seed=-3).validate()
+    with pytest.raises(OptionError, match="seed"):
+        load_trace(SYN, seed=-1)
+
+
+# --- 2. kvsim plot on truncated files ---------------------------------------------------------
+@pytest.fixture()
+def run_dir(tmp_path, cc) -> Path:
+    out = tmp_path / "run"
+    ok(["run", "--trace", str(cc), "--gpu-cache", "16k", "--sessions", "2",
+        "--preset", "sglang,penelope", "--out", str(out)])
+    return out
+
+
+def _truncate(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def test_plot_truncated_runs_json_names_the_file(run_dir) -> None:
+    _truncate(run_dir / "runs.json")
+    one_line_error(["plot", str(run_dir)], f"{run_dir / 'runs.json'}: line")
+
+
+def test_plot_truncated_parquet_names_the_file(run_dir) -> None:
+    _truncate(run_dir / "penelope" / "requests.parquet")
+    one_line_error(["plot", str(run_dir)],
+                   f"{run_dir / 'penelope' / 'requests.parquet'}: not a readable Parquet")
+
+
+# --- 3. sweep resume with a truncated summary.json -------------------------------------------
+def test_sweep_reruns_a_point_whose_summary_does_not_parse(tmp_path, cc) -> None:
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text(f"base: {{trace: {cc}, sessions: 2, gpu_cache: 16k, gaps: tool}}\n"
+                   "grid: {preset: [sglang, penelope]}\n")
+    out = tmp_path / "out"
+    ok(["sweep", str(cfg), "--out", str(out)])
+    first = (out / "results.csv").read_text()
+    summaries = sorted((out / "points").glob("*/summary.json"))
+    good = summaries[0].read_text()
+    _truncate(summaries[0])
+    res = ok(["sweep", str(cfg), "--out", str(out)])
+    assert f"{summaries[0]}: does not load" in res.stderr and "running point" in res.stderr
+    assert summaries[0].read_text() == good  # ran again, the same result
+    assert (out / "results.csv").read_text() == first
+    res = ok(["sweep", str(cfg), "--out", str(out)])  # and now it is done
+    assert "does not load" not in res.stderr
+
+
+# --- 4. a truncated npz in the trace cache ---------------------------------------------------
+def test_truncated_trace_cache_entry_is_rebuilt_with_a_notice(tmp_path, cc) -> None:
+    cache = tmp_path / "cache"
+    args = ["trace", "stats", str(cc), "--cache-dir", str(cache), "--json"]
+    want = json.loads(ok(args).stdout)
+    (npz,) = cache.glob("trace-*.npz")
+    _truncate(npz)
+    res = ok(args)
+    assert json.loads(res.stdout) == want
+    notices = [ln for ln in res.stderr.splitlines() if "notice" in ln]
+    assert len(notices) == 1 and str(npz) in notices[0] and "rebuilding" in notices[0]
+    assert "notice" not in ok(args).stderr  # rebuilt: loads again
