@@ -184,11 +184,13 @@ def _under_pseudo_fs(p: Path) -> bool:
 def check_out_dir(path: str | Path, option: str = "--out") -> Path:
     """Make sure ``path`` is (or can become) a folder we can write results into; create it.
 
-    Refused, with one line naming the option: an existing file, a folder under /proc, /sys or
-    /dev, and a folder that cannot be written. "Read-only" means no write permission bit on the
-    folder (or its nearest existing parent), even for root, who could write there anyway: a
-    folder made read-only on purpose is not a place for results.
+    Refused, with one line naming the option: an empty name, an existing file, a folder
+    under /proc, /sys or /dev, and a folder that cannot be written. "Read-only" means no
+    write permission bit on the folder (or its nearest existing parent), even for root, who
+    could write there anyway: a folder made read-only on purpose is not a place for results.
     """
+    if not str(path).strip():
+        raise InputError(f"{option} {str(path)!r}: empty folder name")
     p = Path(path).expanduser()
     ap = Path(os.path.abspath(p))
     if _under_pseudo_fs(ap):

@@ -118,3 +118,58 @@ def test_truncated_trace_cache_entry_is_rebuilt_with_a_notice(tmp_path, cc) -> N
     notices = [ln for ln in res.stderr.splitlines() if "notice" in ln]
     assert len(notices) == 1 and str(npz) in notices[0] and "rebuilding" in notices[0]
     assert "notice" not in ok(args).stderr  # rebuilt: loads again
+
+
+# --- 6. a block size that is neither a divisor nor a multiple of the trace's -----------------
+def test_block_size_that_loses_sharing_is_refused(cc) -> None:
+    one_line_error(["run", "--trace", str(cc), "--block-size", "63", "--gpu-cache", "16k"],
+                   "--block-size 63:")
+    for bs in ("32", "128"):  # divisors and multiples map without loss
+        ok(["trace", "stats", str(cc), "--block-size", bs, "--cache-dir", "off"])
+
+
+def test_block_size_check_covers_mooncake_and_freeinference() -> None:
+    from traces.blocks import check_block_sizes
+    from traces.errors import OptionError
+
+    check_block_sizes(512, 64, "m")
+    check_block_sizes(16, 64, "f")
+    with pytest.raises(OptionError, match="512-token blocks"):
+        check_block_sizes(512, 96, "m")
+
+
+# --- 7. a shared prefix longer than every first prompt ---------------------------------------
+def test_shared_prefix_longer_than_every_first_prompt_is_refused(cc) -> None:
+    one_line_error(["run", "--trace", SYN, "--shared-prefix", "10m", "--gpu-cache", "64k"],
+                   "--shared-prefix 10,485,760 tokens is longer than every session's first")
+    # cc fixture: first prompts 3000 and 3500 tokens; 3200 caps the first session only
+    res = ok(["run", "--trace", str(cc), "--shared-prefix", "3200", "--gpu-cache", "64k",
+              "--sessions", "2", "--preset", "sglang"])
+    assert "1 of 2 sessions have a shorter first prompt" in res.stderr
+
+
+# --- 8. --out '' and a reused --out folder ---------------------------------------------------
+@pytest.mark.parametrize("cmd", [["run", "--trace", SYN], ["plot", "."]])
+def test_empty_out_is_refused(cmd) -> None:
+    one_line_error([*cmd, "--out", ""], "--out '': empty folder name")
+
+
+def test_reused_out_folder_holds_only_the_new_run(tmp_path) -> None:
+    out = tmp_path / "o"
+    base = ["run", "--trace", SYN, "--gpu-cache", "64k", "--out", str(out)]
+    ok([*base, "--preset", "sglang,vllm"])
+    ok(["plot", str(out)])
+    (out / "notes.txt").write_text("mine\n")
+    (out / "mine").mkdir()
+    (out / "mine" / "summary.json").write_text("{}\n")
+    (out / "mine" / "data.csv").write_text("x\n")
+    (out / "sglang" / ".summary.json.k1ll3d.tmp").write_text("half")  # a killed run's
+    (out / ".runs.json.k1ll3d.tmp").write_text("half")
+    res = ok([*base, "--preset", "penelope"])
+    assert "removed the previous run's" in res.stderr
+    left = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
+    assert left == ["mine", "mine/data.csv", "mine/summary.json", "notes.txt", "penelope",
+                    "penelope/config.json", "penelope/requests.parquet",
+                    "penelope/summary.json", "runs.json"], left
+    runs = json.loads((out / "runs.json").read_text())["runs"]
+    assert [r["policy"] for r in runs] == ["penelope"]

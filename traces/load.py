@@ -49,16 +49,35 @@ def load_trace(spec: str | list[str], format: str | None = None, block_size: int
             raise OptionError("a synthetic trace cannot be combined with files")
         from .synthetic import generate
 
-        return generate(specs[0], block_size=block_size, seed=seed, build=build)
+        return _check_shared_prefix(
+            generate(specs[0], block_size=block_size, seed=seed, build=build), shared_prefix)
     fmt = format or detect_format(specs)
     if fmt not in FORMATS:
         raise OptionError(f"unknown trace format {fmt!r}; expected one of {', '.join(FORMATS)}")
     if cache_dir is not None:
         from .cache import cached_load
 
-        return cached_load(specs, fmt, block_size, build, lenient, cache_dir, extra,
-                           lambda: _load_files(specs, fmt, block_size, build, lenient, extra))
-    return _load_files(specs, fmt, block_size, build, lenient, extra)
+        return _check_shared_prefix(cached_load(
+            specs, fmt, block_size, build, lenient, cache_dir, extra,
+            lambda: _load_files(specs, fmt, block_size, build, lenient, extra)), shared_prefix)
+    return _check_shared_prefix(_load_files(specs, fmt, block_size, build, lenient, extra),
+                                shared_prefix)
+
+
+def _check_shared_prefix(trace: Trace, shared_prefix: int | str | None) -> Trace:
+    """Refuse a shared prefix longer than every session's first prompt: capped at each first
+    prompt, it would make every whole first prompt one global prefix, sharing across sessions
+    that the trace does not have (a typo such as 10m for 10k). A prefix longer than only some
+    first prompts shares all of those (the builder caps it)."""
+    if not isinstance(shared_prefix, int) or isinstance(shared_prefix, bool):
+        return trace
+    firsts = [int(trace.prompt_tokens[s.first]) for s in trace.sessions if s.parent < 0]
+    bs = trace.block_size
+    if firsts and shared_prefix // bs > max(firsts) // bs:
+        raise OptionError(f"--shared-prefix {shared_prefix:,} tokens is longer than every "
+                          f"session's first prompt (the longest has {max(firsts):,} tokens): "
+                          "it would share whole first prompts across sessions")
+    return trace
 
 
 def read_trace_files(spec: str | list[str], format: str | None = None, block_size: int = 64,

@@ -150,6 +150,20 @@ def warn_quiet_surprises(res: RunResult, spec_context: int) -> None:
                  f"{'; '.join(why)}")
 
 
+def warn_capped_shared_prefix(trace: Any, shared_prefix: int | str | None,
+                              block_size: int) -> None:
+    """Sessions whose first prompt is shorter than --shared-prefix share all of it: say how
+    many (a prefix longer than every first prompt is refused by the loader)."""
+    if not isinstance(shared_prefix, int):
+        return
+    tops = [s for s in trace.sessions if s.parent < 0]
+    capped = sum(s.shared_prefix_blocks < shared_prefix // block_size for s in tops)
+    if capped:
+        stderr.print(f"[yellow]warning:[/yellow] --shared-prefix {shared_prefix:,}: {capped:,} "
+                     f"of {len(tops):,} sessions have a shorter first prompt; all of it is "
+                     "shared")
+
+
 class RunInputError(ValueError):
     """A run that could not replay anything (exit status 2)."""
 
@@ -234,7 +248,9 @@ class RunInputError(ValueError):
                    "max_running_requests, large; vLLM's max_num_seqs, 1024).")
 @click.option("--debug-cache", is_flag=True, help="Recount cache invariants after every op.")
 @click.option("--out", "-o", default=None, help="Write requests.parquet, config.json, "
-              "summary.json per run under this folder (checked before anything runs).")
+              "summary.json per run under this folder (checked before anything runs); a "
+              "previous run's outputs there (runs.json, plots, policy folders) are removed "
+              "first, other files stay.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select, gap_model,
             lenient, seed, cache_dir, rebuild_sessions, model, profile, gpu_cache, cpu_cache,
@@ -266,13 +282,20 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
     for cfg in configs:
         cfg.validate("command line")
     check_model_and_profile(configs[0], "command line")
-    if out:
+    if out is not None:
         check_out_dir(out)
+    if out is not None:  # a reused folder: the previous run's outputs go (docs: --out)
+        from sim.runner import clear_run_outputs
+
+        gone = clear_run_outputs(out)
+        if gone:
+            stderr.print(f"[dim]{out}: removed the previous run's {', '.join(gone)}[/dim]")
     spec_context = get_spec(model).max_context
     t0 = time.perf_counter()  # wall time for the progress lines only, never in results
     with trace_load_progress():
         traces = [load_run_trace(cfg) for cfg in configs]
     tr = traces[0]
+    warn_capped_shared_prefix(tr, shared_prefix, block_size)
     stderr.print(f"[dim]trace {tr.name}: {len(tr):,} requests loaded in "
                  f"{time.perf_counter() - t0:.1f}s[/dim]")
     results = []
@@ -285,10 +308,10 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
                      f"({n / max(dt, 1e-9):,.0f} requests/s)[/dim]")
         warn_quiet_surprises(res, spec_context)
         results.append(res)
-        if out:
+        if out is not None:
             write_result(res, f"{out}/{cfg.policy_label}")
     runs = compare_runs(results)
-    if out:
+    if out is not None:
         atomic_write_text(f"{out}/runs.json", dumps({"runs": runs}) + "\n")
     if as_json:
         emit_json({"runs": runs})
@@ -301,5 +324,5 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
                       f"GPU {gpu_cache:,} tokens{cpu}, N={sessions}, {engine} engine, "
                       f"{scheduler}, "
                       f"gaps {gap_model}{ctx}", lenient=lenient)
-    if out:
+    if out is not None:
         print(f"wrote {out}/", file=sys.stderr)
