@@ -173,3 +173,60 @@ def test_reused_out_folder_holds_only_the_new_run(tmp_path) -> None:
                     "penelope/summary.json", "runs.json"], left
     runs = json.loads((out / "runs.json").read_text())["runs"]
     assert [r["policy"] for r in runs] == ["penelope"]
+
+
+# --- 9. timestamped traces replay open; saturation is said -----------------------------------
+def write_mooncake(path: Path, n: int = 40, every_ms: int = 100, blocks: int = 32) -> Path:
+    """n requests of ``blocks`` 512-token blocks each (no sharing), ``every_ms`` apart."""
+    lines = [json.dumps({"timestamp": i * every_ms, "input_length": blocks * 512,
+                         "output_length": 20,
+                         "hash_ids": list(range(i * blocks, (i + 1) * blocks))})
+             for i in range(n)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_mooncake_defaults_to_open_loop_and_reports_saturation(tmp_path) -> None:
+    mc = write_mooncake(tmp_path / "mc.jsonl")
+    args = ["run", "--trace", str(mc), "--preset", "sglang", "--gpu-cache", "1m", "--json"]
+    res = ok(args)
+    run = json.loads(res.stdout)["runs"][0]
+    assert "--replay open: a Mooncake trace" in res.stderr
+    warn = [ln for ln in res.stderr.splitlines() if "saturated" in ln]
+    assert len(warn) == 1 and "offers 10.26 requests/s" in warn[0], res.stderr
+    # the same arrivals, 100x slower: the server keeps up, no warning
+    slow = ok([*args, "--time-scale", "100"])
+    assert "saturated" not in slow.stderr
+    assert json.loads(slow.stdout)["runs"][0]["summary"]["ttft_mean_s"] < \
+        run["summary"]["ttft_mean_s"] / 5
+    # the closed loop stays available
+    assert "--replay open" not in ok([*args, "--replay", "closed"]).stderr
+    assert "(Mooncake)" in " ".join(CliRunner().invoke(cli, ["run", "--help"]).output.split())
+
+
+# --- 10. options that do nothing in the combination ------------------------------------------
+@pytest.mark.parametrize("extra,needle", [
+    (["--tiering", "hicache"], "--tiering does nothing here: it configures the CPU tier"),
+    (["--engine", "vllm", "--tiering", "unified"], "--tiering does nothing here: --engine vllm"),
+    (["--engine", "vllm", "--hicache-write-policy", "write_back"],
+     "--hicache-write-policy does nothing here"),
+    (["--cpu-cache", "64k", "--hicache-write-policy", "write_back"],
+     "--hicache-write-policy does nothing here: it is for --tiering hicache"),
+    (["--time-scale", "0.5"], "--time-scale does nothing here"),
+    (["--rebuild-sessions"], "--rebuild-sessions chains Mooncake requests"),
+])
+def test_idle_option_is_refused(extra, needle) -> None:
+    one_line_error(["run", "--trace", SYN, "--gpu-cache", "64k", *extra], needle)
+
+
+def test_cache_dir_that_is_a_file_and_rebuild_sessions_on_cc(tmp_path, cc) -> None:
+    f = tmp_path / "f"
+    f.write_text("x")
+    one_line_error(["trace", "stats", str(cc), "--cache-dir", str(f)], f"{f} (--cache-dir")
+    one_line_error(["trace", "stats", str(cc), "--rebuild-sessions"],
+                   "is a cc-traces trace, which carries its own sessions")
+
+
+def test_device_with_from_kernels_is_refused() -> None:
+    one_line_error(["calibrate", "--device", "cuda", "--from-kernels", "h100_sxm"],
+                   "--device times torch here")

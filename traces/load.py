@@ -42,11 +42,15 @@ def load_trace(spec: str | list[str], format: str | None = None, block_size: int
     if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
         raise OptionError(f"bad block size {block_size!r}: expected a positive integer")
     parse_select(select)
+    if cache_dir is not None and Path(cache_dir).exists() and not Path(cache_dir).is_dir():
+        raise OptionError(f"trace cache folder {cache_dir} (--cache-dir, $KVSIM_CACHE_DIR) is "
+                          "a file; give a folder, or off for no cache")
     build = {"shared_prefix": shared_prefix, "max_context": max_context, "select": select}
     extra = {"rebuild_sessions": True} if rebuild_sessions else {}
     if specs[0].startswith("synthetic:"):
         if len(specs) > 1:
             raise OptionError("a synthetic trace cannot be combined with files")
+        _check_rebuild_sessions(rebuild_sessions, "synthetic", specs)
         from .synthetic import generate
 
         return _check_shared_prefix(
@@ -54,6 +58,7 @@ def load_trace(spec: str | list[str], format: str | None = None, block_size: int
     fmt = format or detect_format(specs)
     if fmt not in FORMATS:
         raise OptionError(f"unknown trace format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    _check_rebuild_sessions(rebuild_sessions, fmt, specs)
     if cache_dir is not None:
         from .cache import cached_load
 
@@ -62,6 +67,14 @@ def load_trace(spec: str | list[str], format: str | None = None, block_size: int
             lambda: _load_files(specs, fmt, block_size, build, lenient, extra)), shared_prefix)
     return _check_shared_prefix(_load_files(specs, fmt, block_size, build, lenient, extra),
                                 shared_prefix)
+
+
+def _check_rebuild_sessions(rebuild_sessions: bool, fmt: str, specs: list[str]) -> None:
+    """--rebuild-sessions only means something for Mooncake (its requests carry no session);
+    on another format it would do nothing, silently."""
+    if rebuild_sessions and fmt != "mooncake":
+        raise OptionError(f"--rebuild-sessions chains Mooncake requests into sessions; "
+                          f"{specs[0]} is a {fmt} trace, which carries its own sessions")
 
 
 def _check_shared_prefix(trace: Trace, shared_prefix: int | str | None) -> Trace:

@@ -74,8 +74,11 @@ def calibrate_cmd(device: str, system: str | None, framework: str | None, gpus: 
     if system is not None:
         given = {"layers": layers, "quick": quick or None, "rounds": rounds, "warmup": warmup,
                  "threads": threads, "clock": clock}
-        for name in TORCH_ONLY:
-            if given[name] is not None:
+        source = click.get_current_context().get_parameter_source("device")
+        if source == click.core.ParameterSource.COMMANDLINE:  # has a default: was it given?
+            given["device"] = device
+        for name in ("device", *TORCH_ONLY):
+            if given.get(name) is not None:
                 raise click.UsageError(f"--{name} times torch here; it does not go with "
                                        "--from-kernels")
         _from_kernels(system, framework or "sglang", gpus, kernel_data, model, out, as_json,

@@ -164,6 +164,57 @@ def warn_capped_shared_prefix(trace: Any, shared_prefix: int | str | None,
                      "shared")
 
 
+def default_replay(trace: str, trace_format: str | None) -> str:
+    """open for Mooncake (each request is stamped with its arrival and carries no session, so
+    the closed loop would ignore the timestamps), closed for every other trace."""
+    if trace.startswith("synthetic:"):
+        return "closed"
+    from traces.load import detect_format
+
+    fmt = trace_format or detect_format(trace.split(","))
+    if fmt == "mooncake":
+        stderr.print("[dim]--replay open: a Mooncake trace replays at its recorded "
+                     "timestamps (--replay closed to ignore them)[/dim]")
+        return "open"
+    return "closed"
+
+
+def warn_saturation(res: RunResult) -> None:
+    """An open-loop run whose queue grew for as long as the trace lasted: say so."""
+    from sim.saturation import open_loop_saturation
+
+    if res.config.replay != "open":
+        return
+    sat = open_loop_saturation(res.requests)
+    if sat is not None:
+        stderr.print(f"[yellow]warning:[/yellow] {res.config.policy_label}: {sat.message()}")
+
+
+def refuse_idle_options(ctx: click.Context, cpu_cache: int, tiering: str, engine: str,
+                        replay: str) -> None:
+    """Options given on the command line that would do nothing in this combination: a user
+    who typed them expects an effect, so say why there is none (exit 2) instead of running."""
+    def given(name: str) -> bool:
+        return ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
+
+    idle = []
+    if engine == "vllm":
+        idle += [(f"--{n.replace('_', '-')}", "--engine vllm has no CPU tier")
+                 for n in ("tiering", "hicache_write_policy", "swap_buffer") if given(n)]
+    elif not cpu_cache:
+        idle += [(f"--{n.replace('_', '-')}", "it configures the CPU tier: add --cpu-cache")
+                 for n in ("tiering", "hicache_write_policy", "swap_buffer") if given(n)]
+    elif tiering == "unified" and given("hicache_write_policy"):
+        idle.append(("--hicache-write-policy", "it is for --tiering hicache"))
+    elif tiering == "hicache" and given("swap_buffer"):
+        idle.append(("--swap-buffer", "it is for --tiering unified"))
+    if replay != "open" and given("time_scale"):
+        idle.append(("--time-scale", "it scales recorded send times: add --replay open"))
+    if idle:
+        option, why = idle[0]
+        raise click.UsageError(f"{option} does nothing here: {why}")
+
+
 class RunInputError(ValueError):
     """A run that could not replay anything (exit status 2)."""
 
@@ -193,10 +244,10 @@ class RunInputError(ValueError):
     show_default=True, help="hicache: when device KV is copied to the host tier.")
 @click.option("--sessions", "-n", type=int, default=4, show_default=True,
               help="Sessions active at once (closed loop).")
-@click.option("--replay", type=click.Choice(["closed", "open"]), default="closed",
-              show_default=True,
+@click.option("--replay", type=click.Choice(["closed", "open"]), default=None,
               help="closed: a session sends after its reply + recorded gap; open: at the "
-                   "recorded send times.")
+                   "recorded send times. [default: open for timestamped traces without "
+                   "sessions (Mooncake), else closed]")
 @click.option("--time-scale", type=float, default=1.0, show_default=True,
               help="Open loop: multiply recorded send times (0.5 = twice the request rate).")
 @click.option("--engine", type=click.Choice(["sglang", "vllm"]), default="sglang",
@@ -266,6 +317,8 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
 
     from .common import trace_load_progress
 
+    if replay is None:
+        replay = default_replay(trace, trace_format)
     base = RunConfig(
         trace=trace, trace_format=trace_format, select=select, shared_prefix=shared_prefix,
         max_context=max_context, block_size=block_size, gaps=gap_model, lenient=lenient,
@@ -277,6 +330,7 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
         checkpoint_chunks=prompt_nodes == "chunked",
         max_new_tokens=max_new_tokens, max_running=max_running, seed=seed,
         debug_cache=debug_cache)
+    refuse_idle_options(click.get_current_context(), cpu_cache, tiering, engine, replay)
     configs = policy_configs(base, preset, evict, granularity, order, policies, policy_params)
     # Every input check before any work: configs, model, profile, the output folder.
     for cfg in configs:
@@ -307,6 +361,7 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
         stderr.print(f"[dim]{cfg.policy_label}: {n:,} requests simulated in {dt:.1f}s "
                      f"({n / max(dt, 1e-9):,.0f} requests/s)[/dim]")
         warn_quiet_surprises(res, spec_context)
+        warn_saturation(res)
         results.append(res)
         if out is not None:
             write_result(res, f"{out}/{cfg.policy_label}")
