@@ -230,3 +230,99 @@ def test_cache_dir_that_is_a_file_and_rebuild_sessions_on_cc(tmp_path, cc) -> No
 def test_device_with_from_kernels_is_refused() -> None:
     one_line_error(["calibrate", "--device", "cuda", "--from-kernels", "h100_sxm"],
                    "--device times torch here")
+
+
+# --- 5. a user's policy that raises or returns a wrong type ----------------------------------
+BAD_POLICIES = '''from policies import EvictionPolicy
+
+
+def helper(node):
+    return 1 / node.num_blocks * 0 / 0
+
+
+class Raises(EvictionPolicy):
+    def key(self, node):
+        return helper(node)
+
+
+class NoneKey(EvictionPolicy):
+    def key(self, node):
+        return None
+
+
+class StrKey(EvictionPolicy):
+    def key(self, node):
+        return str(node.last_access)
+
+
+class StrPin(EvictionPolicy):
+    pins = True
+
+    def pinned_until(self, node):
+        return "soon"
+
+
+class ReplyRaises(EvictionPolicy):
+    events = frozenset({"reply"})
+
+    def on_reply(self, event):
+        raise KeyError(event.session)
+'''
+PRESSURE = ["run", "--trace", "synthetic:chat?sessions=6", "--gpu-cache", "8k"]
+
+
+@pytest.fixture(scope="module")
+def bad_policies(tmp_path_factory) -> Path:
+    f = tmp_path_factory.mktemp("pol") / "bad.py"
+    f.write_text(BAD_POLICIES)
+    return f
+
+
+@pytest.mark.parametrize("cls,needle,line", [
+    ("Raises", "policy Raises: key() raised ZeroDivisionError: float division by zero", 5),
+    ("NoneKey", "policy NoneKey: key() returned None (NoneType); it must return a number", 14),
+    ("StrKey", "policy StrKey: key() returned '", 19),
+    ("StrPin", "policy StrPin: pinned_until() returned 'soon' (str); it must return a number",
+     26),
+    ("ReplyRaises", "policy ReplyRaises: on_reply() raised KeyError: 0", 34),
+])
+def test_user_policy_error_names_policy_method_file_and_line(bad_policies, cls, needle,
+                                                             line) -> None:
+    res = CliRunner().invoke(cli, [*PRESSURE, "--policy", f"{bad_policies}:{cls}"])
+    shown = res.stderr
+    assert res.exit_code == 2 and isinstance(res.exception, SystemExit), shown
+    errors = [ln for ln in shown.splitlines() if ln.startswith("kvsim: error: ")]
+    assert len(errors) == 1 and needle in errors[0], shown
+    # where it raised; a wrong return type: the method's def line
+    assert f"({bad_policies}:{line})" in errors[0], shown
+    after = shown[shown.index("kvsim: error: "):].splitlines()[1:]
+    frames = [ln for ln in after if ln.startswith("  File ")]
+    assert all(str(bad_policies) in ln for ln in frames), shown  # the user's frames only
+    assert "Traceback" not in shown
+    if cls == "Raises":
+        assert len(frames) == 2  # key, then helper
+
+
+@pytest.mark.parametrize("where", ["front", "back"])
+def test_debug_flag_shows_every_frame(bad_policies, where) -> None:
+    args = [*PRESSURE, "--policy", f"{bad_policies}:Raises"]
+    args = ["--debug", *args] if where == "front" else [*args, "--debug"]
+    res = CliRunner().invoke(cli, args)
+    from policies.guard import UserPolicyError
+
+    assert isinstance(res.exception, UserPolicyError)  # not turned into one line
+    chain, e = [], res.exception
+    while e is not None:  # the whole chain is kept (SimPy re-raises with a cause)
+        chain.append(type(e))
+        e = e.__cause__
+    assert ZeroDivisionError in chain
+
+
+def test_user_policy_errors_survive_pickling() -> None:
+    import pickle
+
+    from policies.guard import UserPolicyError
+
+    e = UserPolicyError("policy X: key() raised", "  File x.py")
+    back = pickle.loads(pickle.dumps(e))
+    assert (str(back), back.detail, back.exit_code) == (str(e), e.detail, 2)
