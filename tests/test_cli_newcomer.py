@@ -326,3 +326,41 @@ def test_user_policy_errors_survive_pickling() -> None:
     e = UserPolicyError("policy X: key() raised", "  File x.py")
     back = pickle.loads(pickle.dumps(e))
     assert (str(back), back.detail, back.exit_code) == (str(e), e.detail, 2)
+
+
+# --- 13. derive, report.py, figure1 for another model -----------------------------------------
+def test_costmodel_derive_does_not_write_the_repository(tmp_path, capsys) -> None:
+    import yaml
+
+    from costmodel import derive
+    from costmodel.profile import shipped_profiles
+    from costmodel.specs import model_names
+
+    shipped = Path(derive.__file__).parent / "profiles"
+    before = {p: p.stat().st_mtime_ns for p in shipped.glob("derived-h100-*.yaml")}
+    derive.main([])
+    docs = list(yaml.safe_load_all(capsys.readouterr().out))
+    assert [d["name"] for d in docs] == [f"derived-h100-{m}" for m in model_names()]
+    derive.main(["--model", "qwen3-8b", "--out", str(tmp_path / "o")])
+    assert [p.name for p in (tmp_path / "o").iterdir()] == ["derived-h100-qwen3-8b.yaml"]
+    assert {p: p.stat().st_mtime_ns for p in shipped.glob("derived-h100-*.yaml")} == before
+    assert shipped_profiles()  # untouched and still loadable
+
+
+@pytest.mark.parametrize("args", [["no-such-folder"], ["--sweeps", "no-such-sweep"], ["."]])
+def test_report_on_a_missing_folder_exits_2(tmp_path, args) -> None:
+    import subprocess
+    import sys
+
+    report = Path(__file__).resolve().parent.parent / "docs" / "report.py"
+    res = subprocess.run([sys.executable, str(report), *args], cwd=tmp_path,
+                         capture_output=True, text=True)
+    assert res.returncode == 2 and res.stdout == "", res
+    assert res.stderr.startswith("report.py: error: ") and len(res.stderr.splitlines()) == 1
+
+
+def test_figure1_prints_the_papers_measurement_only_beside_its_model() -> None:
+    doc = json.loads(ok(["microbench", "figure1", "--model", "qwen3-32b", "--json"]).stdout)
+    assert all(r["paper_measured_speedup"] is None for r in doc["rows"])
+    doc = json.loads(ok(["microbench", "figure1", "--json"]).stdout)
+    assert [r["paper_measured_speedup"] for r in doc["rows"]] == [1.14, None, None, None, 2.93]
