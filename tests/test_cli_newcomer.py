@@ -364,3 +364,109 @@ def test_figure1_prints_the_papers_measurement_only_beside_its_model() -> None:
     assert all(r["paper_measured_speedup"] is None for r in doc["rows"])
     doc = json.loads(ok(["microbench", "figure1", "--json"]).stdout)
     assert [r["paper_measured_speedup"] for r in doc["rows"]] == [1.14, None, None, None, 2.93]
+
+
+# --- 11. Ray addresses ------------------------------------------------------------------------
+def _closed_port() -> int:
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+@pytest.mark.parametrize("scheme", ["", "ray://"])
+def test_ray_address_where_nothing_listens_fails_fast(tmp_path, scheme) -> None:
+    import time
+
+    pytest.importorskip("ray")
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text(f"base: {{trace: '{SYN}', gpu_cache: 64k}}\ngrid: {{preset: [sglang]}}\n")
+    address = f"{scheme}127.0.0.1:{_closed_port()}"
+    t0 = time.monotonic()
+    one_line_error(["sweep", str(cfg), "--out", str(tmp_path / "o"), "--executor", "ray",
+                    "--address", address], f"--address {address}: cannot reach Ray at")
+    assert time.monotonic() - t0 < 30
+
+
+def test_ray_without_address_starts_a_new_local_ray(monkeypatch) -> None:
+    """docs/sweeps.md: no --address = a new local Ray, even if a cluster runs here (Ray's own
+    default, address=None, would join the latest cluster started on this machine)."""
+    import sim.executors as ex
+
+    seen = []
+
+    class FakeRay:
+        @staticmethod
+        def is_initialized() -> bool:
+            return False
+
+        @staticmethod
+        def init(address=None, **kw) -> None:
+            seen.append(address)
+
+    monkeypatch.setattr(ex, "_need_ray", lambda: FakeRay)
+    ex.RayExecutor(None)._init()
+    ex.RayExecutor("auto")._init()
+    assert seen == ["local", "auto"]
+
+
+def test_ray_extra_includes_the_client() -> None:
+    import tomllib
+
+    pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+    extra = tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"]["ray"]
+    assert any(d.startswith("ray[client]==") for d in extra), extra
+
+
+# --- 12. a killed sweep's pool workers exit ---------------------------------------------------
+SLOW_POLICY = '''import time
+
+from policies import EvictionPolicy
+
+
+class Slow(EvictionPolicy):
+    def key(self, node):
+        time.sleep(0.5)
+        return node.serial
+'''
+
+
+def test_pool_workers_exit_when_the_sweep_is_killed(tmp_path) -> None:
+    import contextlib
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    psutil = pytest.importorskip("psutil")
+    (tmp_path / "slow.py").write_text(SLOW_POLICY)
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text("base: {trace: 'synthetic:chat?sessions=8', gpu_cache: 4k, "
+                   "policy: slow.py:Slow}\ngrid: {sessions: [2, 3, 4, 5]}\n")
+    repo = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    main = subprocess.Popen(
+        [sys.executable, "-c", "from sim.cli.main import main; main()", "sweep", str(cfg),
+         "--out", str(tmp_path / "o"), "-j", "2"], env=env, cwd=tmp_path,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    workers: list = []
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(workers) < 2:
+            time.sleep(0.2)
+            workers = [c for c in psutil.Process(main.pid).children()
+                       if "python" in c.name().lower()]
+        assert len(workers) >= 2, "the pool did not start"
+        time.sleep(1.0)  # the workers are inside their points now
+        main.send_signal(signal.SIGKILL)
+        main.wait()
+        _gone, alive = psutil.wait_procs(workers, timeout=10)
+        assert not alive, f"orphaned workers still running: {alive}"
+    finally:  # the main process and any worker left (orphans are not our children)
+        for p in [*psutil.Process().children(recursive=True), *workers]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
