@@ -12,6 +12,7 @@ Every file is written atomically (``sim.io``), mode 0644.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -76,13 +77,17 @@ def _bars(labels: list[str], series: dict[str, list[float]], ylabel: str, title:
     width = 0.8 / max(1, len(series))
     x = np.arange(len(labels))
     for i, (name, vals) in enumerate(series.items()):
-        bars = ax.bar(x + i * width, vals, width, label=name)
+        bars = ax.bar(x + i * width, vals, width, label=name, color=f"C{i}")
         ax.bar_label(bars, fmt="%+.1f", fontsize=7, padding=2)
     ax.set_xticks(x + width * (len(series) - 1) / 2, labels, rotation=30, ha="right")
     ax.axhline(0, color="black", lw=0.8)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
-    ax.legend()
+    # legend entries from the series' colours: an empty series has no bar to take one from
+    # (matplotlib then gives every entry the first colour)
+    from matplotlib.patches import Patch
+
+    ax.legend(handles=[Patch(facecolor=f"C{i}", label=name) for i, name in enumerate(series)])
     ax.grid(axis="y", alpha=0.3)
     return _save(fig, path)
 
@@ -141,6 +146,10 @@ def plot_sweep_dir(d: Path, out: Path) -> list[Path]:
         change = {m: pd.to_numeric(df[f"{m}_change"], errors="coerce")
                   for m in ("ttft_mean_s", "jct_mean_s")}
         keep = change["ttft_mean_s"].abs() > 1e-12  # the baseline points themselves: 0
+        if not keep.any():  # every change is 0: a chart would be empty
+            print(f"kvsim plot: {d}: no change chart: every point's TTFT equals its "
+                  "baseline's", file=sys.stderr)
+            return paths
         labels = [" ".join([r["policy"], *(f"{k}={r[k]}" for k in varied)])
                   for _, r in df[keep].iterrows()]
         paths.append(_bars(labels, {

@@ -18,7 +18,7 @@ import simpy
 from costmodel.profile import load_profile
 from costmodel.specs import get_spec
 from costmodel.units import Units, range_units
-from policies import PolicyContext
+from policies import PolicyContext, SessionInfo
 from policies.scheduling import get_scheduler
 from sim.config import ConfigError, RunConfig
 from sim.context import ContextRun, context_summary, parse_context
@@ -101,7 +101,9 @@ def run(cfg: RunConfig, trace=None) -> RunResult:
         return profile.prefill_seconds(range_units(spec, a, b)) - base
 
     policy.bind(PolicyContext(now=lambda: env.now, block_size=cfg.block_size, seed=cfg.seed,
-                              recompute_seconds=recompute_seconds))
+                              recompute_seconds=recompute_seconds,
+                              sessions=tuple(SessionInfo(s.id, s.parent, s.agent_type)
+                                             for s in sessions)))
     if cfg.engine == "vllm":
         server = VllmServer.build(env, cfg, spec, profile, policy, rec, trace)
     else:

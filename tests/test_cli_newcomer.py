@@ -470,3 +470,107 @@ def test_pool_workers_exit_when_the_sweep_is_killed(tmp_path) -> None:
         for p in [*psutil.Process().children(recursive=True), *workers]:
             with contextlib.suppress(psutil.NoSuchProcess):
                 p.kill()
+
+
+# --- 17. sub-agents in the policy API, --policy-param POLICY.k=v, all-zero sweep charts ------
+REPO = Path(__file__).resolve().parent.parent
+SUBAGENTS = REPO / "docs" / "examples" / "subagents_first.py"
+
+
+def test_policy_context_lists_the_sessions_with_their_parents(monkeypatch) -> None:
+    from policies import EvictionPolicy
+    from sim.config import RunConfig
+    from sim.runner import load_run_trace, run
+
+    bound = []
+    monkeypatch.setattr(EvictionPolicy, "bind",
+                        lambda self, ctx: (bound.append(ctx), setattr(self, "context", ctx)))
+    cfg = RunConfig(trace="synthetic:claude-code?sessions=16", gpu_cache=256 * 1024,
+                    preset="penelope")
+    run(cfg)
+    trace = load_run_trace(cfg)
+    (ctx,) = bound
+    assert [(s.id, s.parent, s.agent_type) for s in ctx.sessions] == \
+        [(s.id, s.parent, s.agent_type) for s in trace.sessions]
+    subs = [i for i, s in enumerate(ctx.sessions) if s.is_subagent]
+    assert subs and all(not ctx.sessions[ctx.sessions[i].parent].is_subagent for i in subs)
+    with pytest.raises(AttributeError):
+        ctx.sessions[subs[0]].parent = -1  # read only
+
+
+def test_subagents_first_orders_subagent_histories_first() -> None:
+    from types import SimpleNamespace as NS
+
+    from policies import PolicyContext, Reply, SessionInfo, get_policy
+
+    p = get_policy(f"{SUBAGENTS}:SubagentsFirst")
+    p.bind(PolicyContext(now=lambda: 0.0, sessions=(SessionInfo("main"),
+                                                    SessionInfo("sub", parent=0))))
+    main, sub, unknown = (NS(serial=s, last_access=a) for s, a in ((1, 5), (2, 9), (3, 1)))
+    p.on_reply(Reply(1.0, 0, 0, 100, main, "tool"))
+    p.on_reply(Reply(2.0, 1, 1, 100, sub, "end"))
+    order = sorted([main, sub, unknown], key=p.sort_key)
+    assert [n.serial for n in order] == [2, 3, 1]  # the sub-agent's, though the newest
+
+
+def test_subagents_first_is_documented_and_runs_from_the_cli() -> None:
+    assert SUBAGENTS.read_text() in (REPO / "docs" / "policies.md").read_text()
+    res = ok(["run", "--trace", "synthetic:claude-code?sessions=16", "--gaps", "tool",
+              "--gpu-cache", "96k", "--sessions", "4", "--preset", "penelope",
+              "--policy", f"{SUBAGENTS}:SubagentsFirst", "--json"])
+    base, mine = (r["summary"] for r in json.loads(res.stdout)["runs"])
+    assert base["requests"] == mine["requests"] > 100
+    assert mine["ttft_mean_s"] != base["ttft_mean_s"]  # sub-agent histories went first
+
+
+def _labels(res) -> list[str]:
+    return [r["policy"] for r in json.loads(res.stdout)["runs"]]
+
+
+def test_policy_param_goes_to_the_policy_it_names() -> None:
+    base = ["run", "--trace", SYN, "--gpu-cache", "64k", "--json"]
+    hold = f"{REPO / 'docs' / 'examples' / 'hold_tool_calls.py'}:HoldToolCalls"
+    # unscoped: the one --policy that takes it (was: applied to both, tlru refused it)
+    assert _labels(ok([*base, "--policy", "ttl", "--policy", "tlru",
+                       "--policy-param", "tau_s=3"])) == ["ttl(tau_s=3.0)", "tlru"]
+    assert _labels(ok([*base, "--policy", "ttl", "--policy", "tlru",
+                       "--policy-param", "ttl.tau_s=3", "--policy-param", "tlru.xi=2"])
+                   ) == ["ttl(tau_s=3.0)", "tlru(xi=2)"]
+    assert _labels(ok([*base, "--policy", hold, "--policy", "ttl",
+                       "--policy-param", f"{hold}.hold_s=30",
+                       "--policy-param", "HoldToolCalls.hold_s=30"]))[0] == \
+        "hold-tool-calls(hold_s=30.0)"
+    assert _labels(ok([*base, "--policy", "ttl", "--policy-param", "tau_s=4"])) == \
+        ["ttl(tau_s=4.0)"]  # the old form, one policy
+    one_line_error([*base, "--policy", "ttl", "--policy", "tlru", "--policy-param", "zz=1"],
+                   "zz=1: no --policy takes it; name the policy")
+    one_line_error([*base, "--policy", "ttl", "--policy-param", "lru.tau_s=1"],
+                   "no --policy is named 'lru'")
+
+
+def test_sweep_whose_changes_are_all_zero_draws_no_empty_chart(tmp_path) -> None:
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text(f"base: {{trace: '{SYN}', gpu_cache: 1m}}\n"
+                   "grid: {preset: [sglang, vllm]}\nbaseline: {preset: sglang}\n")
+    ok(["sweep", str(cfg), "--out", str(tmp_path / "o")])
+    res = ok(["plot", str(tmp_path / "o")])
+    assert not (tmp_path / "o" / "sweep_change.png").exists()
+    assert "no change chart: every point's TTFT equals its baseline's" in res.stderr
+
+
+def test_bar_legend_colours_differ_even_for_an_empty_series(tmp_path) -> None:
+    import matplotlib.pyplot as plt
+
+    from sim import plots
+
+    captured = {}
+    real_save = plots._save
+    plots._save = lambda fig, path: captured.setdefault("fig", fig)
+    try:
+        plots._bars([], {"mean TTFT": [], "mean JCT": []}, "y", "t", tmp_path / "x.png")
+    finally:
+        plots._save = real_save
+    handles = captured["fig"].axes[0].get_legend().legend_handles
+    colours = [tuple(h.get_facecolor()) for h in handles]
+    assert len(set(colours)) == 2, colours
+    plt.close(captured["fig"])

@@ -53,8 +53,7 @@ def load_trace(spec: str | list[str], format: str | None = None, block_size: int
         _check_rebuild_sessions(rebuild_sessions, "synthetic", specs)
         from .synthetic import generate
 
-        return _check_shared_prefix(
-            generate(specs[0], block_size=block_size, seed=seed, build=build), shared_prefix)
+        return generate(specs[0], block_size=block_size, seed=seed, build=build)
     fmt = format or detect_format(specs)
     if fmt not in FORMATS:
         raise OptionError(f"unknown trace format {fmt!r}; expected one of {', '.join(FORMATS)}")
@@ -62,11 +61,9 @@ def load_trace(spec: str | list[str], format: str | None = None, block_size: int
     if cache_dir is not None:
         from .cache import cached_load
 
-        return _check_shared_prefix(cached_load(
-            specs, fmt, block_size, build, lenient, cache_dir, extra,
-            lambda: _load_files(specs, fmt, block_size, build, lenient, extra)), shared_prefix)
-    return _check_shared_prefix(_load_files(specs, fmt, block_size, build, lenient, extra),
-                                shared_prefix)
+        return cached_load(specs, fmt, block_size, build, lenient, cache_dir, extra,
+                           lambda: _load_files(specs, fmt, block_size, build, lenient, extra))
+    return _load_files(specs, fmt, block_size, build, lenient, extra)
 
 
 def _check_rebuild_sessions(rebuild_sessions: bool, fmt: str, specs: list[str]) -> None:
@@ -77,11 +74,13 @@ def _check_rebuild_sessions(rebuild_sessions: bool, fmt: str, specs: list[str]) 
                           f"{specs[0]} is a {fmt} trace, which carries its own sessions")
 
 
-def _check_shared_prefix(trace: Trace, shared_prefix: int | str | None) -> Trace:
+def check_shared_prefix(trace: Trace, shared_prefix: int | str | None) -> Trace:
     """Refuse a shared prefix longer than every session's first prompt: capped at each first
     prompt, it would make every whole first prompt one global prefix, sharing across sessions
     that the trace does not have (a typo such as 10m for 10k). A prefix longer than only some
-    first prompts shares all of those (the builder caps it)."""
+    first prompts shares all of those (the builder caps it). The commands call this on what
+    the user typed (``kvsim run``, ``trace stats``, sweep points); ``kvsim reproduce`` applies
+    the paper's 15.6K to any trace on purpose."""
     if not isinstance(shared_prefix, int) or isinstance(shared_prefix, bool):
         return trace
     firsts = [int(trace.prompt_tokens[s.first]) for s in trace.sessions if s.parent < 0]

@@ -81,14 +81,56 @@ def print_table(runs: list[dict[str, Any]], title: str, lenient: bool = False) -
     console().print(t)
 
 
-def parse_params(items: tuple[str, ...]) -> dict[str, str]:
-    """``K=V`` items into a dict (values stay text: the policy class types them)."""
-    out: dict[str, str] = {}
+def parse_params(items: tuple[str, ...]) -> list[tuple[str | None, str, str]]:
+    """``[POLICY.]K=V`` items as (policy or None, K, V); values stay text (the policy class
+    types them). POLICY is what follows ``--policy`` (``file.py:Class``, a registered name)
+    or the class's name; K is the text after its last dot."""
+    out: list[tuple[str | None, str, str]] = []
     for item in items:
         k, sep, v = item.partition("=")
-        if not sep or not k.strip():
-            raise click.BadParameter(f"{item!r} is not K=V", param_hint="--policy-param")
-        out[k.strip()] = v.strip()
+        scope, dot, name = k.strip().rpartition(".")
+        if not sep or not name or (dot and not scope):
+            raise click.BadParameter(f"{item!r} is not K=V or POLICY.K=V",
+                                     param_hint="--policy-param")
+        out.append((scope or None, name, v.strip()))
+    return out
+
+
+def _policy_names(spec: str) -> set[str]:
+    """Every way a --policy-param may name the policy ``spec``: as typed (with or without
+    its ``?k=v`` part), its registered name, its class name."""
+    from policies import get_policy
+
+    policy = get_policy(spec)
+    return {spec, spec.partition("?")[0], policy.name, type(policy).__name__} - {""}
+
+
+def params_per_policy(policies: tuple[str, ...], items: tuple[str, ...]
+                      ) -> dict[str, dict[str, str]]:
+    """Each --policy's parameters. ``POLICY.K=V`` goes to the policy so named; ``K=V`` to the
+    one policy that takes K (with a single --policy: to it). A K that several take, or a
+    POLICY that names none, is refused (exit 2)."""
+    from policies import get_policy
+
+    out: dict[str, dict[str, str]] = {p: {} for p in policies}
+    for scope, k, v in parse_params(items):
+        if scope is not None:
+            targets = [p for p in policies if scope in _policy_names(p)]
+            if not targets:
+                raise click.BadParameter(f"{scope}.{k}={v}: no --policy is named {scope!r} "
+                                         f"(given: {', '.join(policies)})",
+                                         param_hint="--policy-param")
+        elif len(policies) == 1:
+            targets = list(policies)
+        else:
+            targets = [p for p in policies if k in type(get_policy(p)).parameters()]
+            if len(targets) != 1:
+                why = ("several policies take it" if targets else "no --policy takes it")
+                raise click.BadParameter(f"{k}={v}: {why}; name the policy, e.g. "
+                                         f"{(targets or policies)[0]}.{k}={v}",
+                                         param_hint="--policy-param")
+        for p in targets:
+            out[p][k] = v
     return out
 
 
@@ -102,9 +144,9 @@ def policy_configs(base: RunConfig, preset: str | None, evict: str | None,
         other = "--preset" if preset else "--policy"
         raise click.UsageError(f"--evict/--granularity/--order compose one policy: they "
                                f"cannot be combined with {other}")
-    params = parse_params(policy_params)
-    if params and not policies:
+    if policy_params and not policies:
         raise click.UsageError("--policy-param needs --policy")
+    params = params_per_policy(policies, policy_params)
     if composed:
         return [replace(base, evict=evict, granularity=granularity, order=order)]
     configs = []
@@ -113,7 +155,7 @@ def policy_configs(base: RunConfig, preset: str | None, evict: str | None,
         if not all(names):
             raise click.BadParameter(f"{preset!r} has an empty name", param_hint="--preset")
         configs += [base.with_preset(p) for p in names]
-    configs += [base.with_policy(p, params) for p in policies]
+    configs += [base.with_policy(p, params[p]) for p in policies]
     if not configs:
         from sim.engines import ENGINES
 
@@ -270,9 +312,10 @@ class RunInputError(ValueError):
               help="A policy by name (preset, order+start+granularity, registered) or "
                    "FILE.py:CLASS (your own EvictionPolicy subclass); repeat to compare. "
                    "Runs after any --preset.")
-@click.option("--policy-param", "policy_params", multiple=True, metavar="K=V",
-              help="Parameter of the --policy classes, e.g. --policy-param tau_s=5 "
-                   "(repeatable; typed like the class's default).")
+@click.option("--policy-param", "policy_params", multiple=True, metavar="[POLICY.]K=V",
+              help="Parameter of a --policy class, e.g. --policy-param tau_s=5 (the one "
+                   "--policy that takes it) or ttl.tau_s=5 / FILE.py:CLASS.k=v (that policy); "
+                   "repeatable; typed like the class's default.")
 @click.option("--scheduler", type=click.Choice(["fcfs", "lpm", "lpm-cpu", "program-fcfs"]),
               default="fcfs", show_default=True,
               help="Queue order: fcfs (the default of SGLang 0.5.23 and vLLM 0.33, the only "
@@ -349,6 +392,9 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
     with trace_load_progress():
         traces = [load_run_trace(cfg) for cfg in configs]
     tr = traces[0]
+    from traces.load import check_shared_prefix
+
+    check_shared_prefix(tr, shared_prefix)
     warn_capped_shared_prefix(tr, shared_prefix, block_size)
     stderr.print(f"[dim]trace {tr.name}: {len(tr):,} requests loaded in "
                  f"{time.perf_counter() - t0:.1f}s[/dim]")
