@@ -248,3 +248,19 @@ class RunConfig:
             if k not in known:
                 raise ConfigError(where, k, "unknown field")
         return cls(**raw).validate(where)
+
+
+def default_replay(trace: str, trace_format: str | None = None) -> str:
+    """The replay a trace gets when none is given: ``open`` for Mooncake (each request is
+    stamped with its arrival and carries no session, so the closed loop would ignore the
+    timestamps), ``closed`` for every other trace. A trace that cannot be detected here gets
+    ``closed``; loading it reports the problem."""
+    if trace.startswith("synthetic:"):
+        return "closed"
+    from traces import TraceFormatError, detect_format
+
+    try:
+        fmt = trace_format or detect_format(trace.split(","))
+    except (TraceFormatError, OSError):
+        return "closed"
+    return "open" if fmt == "mooncake" else "closed"

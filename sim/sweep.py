@@ -40,7 +40,7 @@ from typing import Any
 
 import pandas as pd
 
-from sim.config import ConfigError, RunConfig
+from sim.config import ConfigError, RunConfig, default_replay
 from sim.executors import DEFAULT_RETRIES, EXECUTORS, Executor, ExecutorSpec, worker_id
 from sim.io import (
     atomic_write_parquet,
@@ -227,8 +227,10 @@ def load_sweep(path: str | Path) -> Sweep:
     keys = list(grid)
     for i, combo in enumerate(itertools.product(*(grid[k] for k in keys))):
         values = dict(zip(keys, combo, strict=True))
-        points.append(Point(values, _resolve({**base, **values}, f"{where} point {i}",
-                                             Path(path).parent)))
+        point = {**base, **values}
+        if "replay" not in point and isinstance(point.get("trace"), str):
+            point["replay"] = default_replay(point["trace"], point.get("trace_format"))
+        points.append(Point(values, _resolve(point, f"{where} point {i}", Path(path).parent)))
     baseline = raw.get("baseline")
     refs = _baseline_refs(points, grid, baseline, where) if baseline is not None else None
     _check_inputs(points, where)

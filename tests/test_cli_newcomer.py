@@ -574,3 +574,16 @@ def test_bar_legend_colours_differ_even_for_an_empty_series(tmp_path) -> None:
     colours = [tuple(h.get_facecolor()) for h in handles]
     assert len(set(colours)) == 2, colours
     plt.close(captured["fig"])
+
+
+def test_sweep_of_a_mooncake_trace_defaults_to_the_open_loop(tmp_path) -> None:
+    from sim.sweep import load_sweep
+
+    mc = write_mooncake(tmp_path / "mc.jsonl")
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text(f"base: {{trace: {mc}}}\ngrid: {{preset: [sglang]}}\n")
+    assert load_sweep(cfg).points[0].cfg.replay == "open"
+    cfg.write_text(f"base: {{trace: {mc}, replay: closed}}\ngrid: {{preset: [sglang]}}\n")
+    assert load_sweep(cfg).points[0].cfg.replay == "closed"
+    cfg.write_text(f"base: {{trace: '{SYN}'}}\ngrid: {{preset: [sglang]}}\n")
+    assert load_sweep(cfg).points[0].cfg.replay == "closed"

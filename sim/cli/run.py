@@ -207,18 +207,14 @@ def warn_capped_shared_prefix(trace: Any, shared_prefix: int | str | None,
 
 
 def default_replay(trace: str, trace_format: str | None) -> str:
-    """open for Mooncake (each request is stamped with its arrival and carries no session, so
-    the closed loop would ignore the timestamps), closed for every other trace."""
-    if trace.startswith("synthetic:"):
-        return "closed"
-    from traces.load import detect_format
+    """``sim.config.default_replay``, said on stderr when it is the open loop."""
+    from sim.config import default_replay as default
 
-    fmt = trace_format or detect_format(trace.split(","))
-    if fmt == "mooncake":
+    replay = default(trace, trace_format)
+    if replay == "open":
         stderr.print("[dim]--replay open: a Mooncake trace replays at its recorded "
                      "timestamps (--replay closed to ignore them)[/dim]")
-        return "open"
-    return "closed"
+    return replay
 
 
 def warn_saturation(res: RunResult) -> None:
