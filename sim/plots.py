@@ -107,6 +107,11 @@ def _positions(values: list[str]) -> tuple[dict[str, float], bool]:
 def plot_sweep_dir(d: Path, out: Path) -> list[Path]:
     df = pd.read_csv(d / "results.csv", dtype=str, keep_default_na=False)
     grid = read_json(d / "sweep.json")["points"]
+    if len(df) != len(grid):  # a results.csv cut short would plot part of the sweep
+        from sim.io import InputError
+
+        raise InputError(f"{d / 'results.csv'}: {len(df)} rows for the {len(grid)} points of "
+                         "sweep.json (truncated?); rerun kvsim sweep to rewrite it")
     from sim.sweep import COLUMN, POLICY_FIELDS
 
     fields = [COLUMN.get(k, k) for k in (grid[0]["values"] if grid else {})

@@ -587,3 +587,14 @@ def test_sweep_of_a_mooncake_trace_defaults_to_the_open_loop(tmp_path) -> None:
     assert load_sweep(cfg).points[0].cfg.replay == "closed"
     cfg.write_text(f"base: {{trace: '{SYN}'}}\ngrid: {{preset: [sglang]}}\n")
     assert load_sweep(cfg).points[0].cfg.replay == "closed"
+
+
+def test_plot_truncated_sweep_results_names_the_file(tmp_path) -> None:
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text(f"base: {{trace: '{SYN}', gpu_cache: 64k}}\n"
+                   "grid: {preset: [sglang, vllm, penelope]}\n")
+    out = tmp_path / "o"
+    ok(["sweep", str(cfg), "--out", str(out)])
+    lines = (out / "results.csv").read_text().splitlines(keepends=True)
+    (out / "results.csv").write_text("".join(lines[:2]))  # the header and one point
+    one_line_error(["plot", str(out)], f"{out / 'results.csv'}: 1 rows for the 3 points")
