@@ -18,12 +18,12 @@ import simpy
 from costmodel.profile import load_profile
 from costmodel.specs import get_spec
 from costmodel.units import Units, range_units
-from policies import PolicyContext
+from policies import PolicyContext, SessionInfo
 from policies.scheduling import get_scheduler
 from sim.config import ConfigError, RunConfig
 from sim.context import ContextRun, context_summary, parse_context
 from sim.engines import SGLangServer, VllmServer
-from sim.io import atomic_write_parquet, atomic_write_text, dumps
+from sim.io import atomic_write_parquet, atomic_write_text, dumps, is_tmp_name
 from sim.kvcache import RadixKVCache
 from sim.metrics import RunRecorder
 from sim.replay import Replay
@@ -106,7 +106,9 @@ def run(cfg: RunConfig, trace=None) -> RunResult:
         return profile.prefill_seconds(range_units(spec, a, b)) - base
 
     policy.bind(PolicyContext(now=lambda: env.now, block_size=cfg.block_size, seed=cfg.seed,
-                              recompute_seconds=recompute_seconds))
+                              recompute_seconds=recompute_seconds,
+                              sessions=tuple(SessionInfo(s.id, s.parent, s.agent_type)
+                                             for s in sessions)))
     if cfg.engine == "vllm":
         server = VllmServer.build(env, cfg, spec, profile, policy, rec, trace)
     else:
@@ -143,6 +145,37 @@ def run(cfg: RunConfig, trace=None) -> RunResult:
                                        cache.working_peak_blocks * cfg.block_size,
                                        cfg.block_size))
     return RunResult(cfg, table, summary)
+
+
+RESULT_FILES = ("requests.parquet", "config.json", "summary.json")
+# What ``kvsim run --out`` and ``kvsim plot`` write at the top of a run folder.
+RUN_FOLDER_FILES = ("runs.json", "ttft_cdf.png", "change_vs_first.png")
+
+
+def clear_run_outputs(out: str | Path) -> list[str]:
+    """Remove a previous ``kvsim run``'s outputs from ``out`` so that a reused folder holds
+    only the new run: its runs.json and plots, every child folder that holds nothing but
+    ``write_result`` files (a policy folder), and the temporary files of a killed run
+    (``sim.io.is_tmp_name``) in both. Anything else stays. Returns what was removed (the
+    temporary files are not named)."""
+    out = Path(out)
+    removed = []
+    for child in sorted(out.iterdir()) if out.is_dir() else []:
+        if child.is_dir() and not child.is_symlink():
+            names = [f.name for f in child.iterdir()]
+            results = [n for n in names if not is_tmp_name(n)]
+            if names and set(results) <= set(RESULT_FILES) and (
+                    not results or {"requests.parquet", "summary.json"} & set(results)):
+                for name in names:
+                    (child / name).unlink()
+                child.rmdir()
+                if results:
+                    removed.append(child.name + "/")
+        elif child.is_file() and (child.name in RUN_FOLDER_FILES or is_tmp_name(child.name)):
+            child.unlink()
+            if not is_tmp_name(child.name):
+                removed.append(child.name)
+    return removed
 
 
 def write_result(result: RunResult, out: str | Path) -> None:
