@@ -147,9 +147,11 @@ def run(cfg: RunConfig, trace=None) -> RunResult:
     return RunResult(cfg, table, summary)
 
 
-RESULT_FILES = ("requests.parquet", "config.json", "summary.json")
+RESULT_FILES = ("requests.parquet", "config.json", "summary.json", "load.parquet",
+                "routing.parquet")
 # What ``kvsim run --out`` and ``kvsim plot`` write at the top of a run folder.
 RUN_FOLDER_FILES = ("runs.json", "ttft_cdf.png", "change_vs_first.png")
+RUN_FOLDER_PLOTS = "replica_load_*.png"  # a fleet run's per-replica load, one per policy
 
 
 def clear_run_outputs(out: str | Path) -> list[str]:
@@ -171,7 +173,8 @@ def clear_run_outputs(out: str | Path) -> list[str]:
                 child.rmdir()
                 if results:
                     removed.append(child.name + "/")
-        elif child.is_file() and (child.name in RUN_FOLDER_FILES or is_tmp_name(child.name)):
+        elif child.is_file() and (child.name in RUN_FOLDER_FILES or is_tmp_name(child.name)
+                                  or child.match(RUN_FOLDER_PLOTS)):
             child.unlink()
             if not is_tmp_name(child.name):
                 removed.append(child.name)

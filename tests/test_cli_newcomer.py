@@ -175,6 +175,18 @@ def test_reused_out_folder_holds_only_the_new_run(tmp_path) -> None:
     assert [r["policy"] for r in runs] == ["penelope"]
 
 
+def test_reused_out_folder_of_a_fleet_run_holds_only_the_new_run(tmp_path) -> None:
+    out = tmp_path / "o"
+    base = ["run", "--trace", SYN, "--gpu-cache", "64k", "--out", str(out)]
+    ok([*base, "--preset", "sglang", "--replicas", "2", "--router", "round-robin"])
+    ok(["plot", str(out)])
+    assert list(out.glob("replica_load_*.png")) and (out / "sglang" / "load.parquet").exists()
+    ok([*base, "--preset", "penelope"])
+    left = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
+    assert left == ["penelope", "penelope/config.json", "penelope/requests.parquet",
+                    "penelope/summary.json", "runs.json"], left
+
+
 # --- 9. timestamped traces replay open; saturation is said -----------------------------------
 def write_mooncake(path: Path, n: int = 40, every_ms: int = 100, blocks: int = 32) -> Path:
     """n requests of ``blocks`` 512-token blocks each (no sharing), ``every_ms`` apart."""
