@@ -510,6 +510,19 @@ def test_policy_context_lists_the_sessions_with_their_parents(monkeypatch) -> No
         ctx.sessions[subs[0]].parent = -1  # read only
 
 
+def test_fleet_replicas_policies_see_the_sessions_too(monkeypatch) -> None:
+    from policies import EvictionPolicy
+    from sim.config import RunConfig
+    from sim.runner import run
+
+    bound = []
+    monkeypatch.setattr(EvictionPolicy, "bind",
+                        lambda self, ctx: (bound.append(ctx), setattr(self, "context", ctx)))
+    run(RunConfig(trace="synthetic:claude-code?sessions=8", gpu_cache=256 * 1024,
+                  preset="penelope", replicas=2, router="round-robin"))
+    assert len(bound) == 2 and all(len(ctx.sessions) > 8 for ctx in bound)
+
+
 def test_subagents_first_orders_subagent_histories_first() -> None:
     from types import SimpleNamespace as NS
 

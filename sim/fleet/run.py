@@ -20,7 +20,7 @@ import pandas as pd
 import simpy
 
 from costmodel.units import Units, range_units
-from policies import PolicyContext
+from policies import PolicyContext, SessionInfo
 from policies.scheduling import get_scheduler
 from sim.engines import SGLangServer, VllmServer
 from sim.kvcache import RadixKVCache
@@ -41,7 +41,7 @@ def run_fleet(cfg, trace, spec, profile) -> RunResult:
     engines, policies = [], []
     for _ in range(cfg.replicas):
         policy = cfg.make_policy()
-        bind_policy(env, cfg, spec, profile, policy)
+        bind_policy(env, cfg, spec, profile, policy, trace.sessions)
         rec = recorder_for(trace, ObservedRecorder)
         engine = build_engine(env, cfg, spec, profile, policy, rec, trace)
         observe(engine)
@@ -79,7 +79,7 @@ def run_fleet(cfg, trace, spec, profile) -> RunResult:
                                            "routing": _routing_table(fleet)})
 
 
-def bind_policy(env: simpy.Environment, cfg, spec, profile, policy) -> None:
+def bind_policy(env: simpy.Environment, cfg, spec, profile, policy, sessions) -> None:
     """Give a policy its run context, as ``sim.runner.run`` does."""
     base = profile.prefill_seconds(Units())
 
@@ -88,7 +88,9 @@ def bind_policy(env: simpy.Environment, cfg, spec, profile, policy) -> None:
         return profile.prefill_seconds(range_units(spec, a, b)) - base
 
     policy.bind(PolicyContext(now=lambda: env.now, block_size=cfg.block_size, seed=cfg.seed,
-                              recompute_seconds=recompute_seconds))
+                              recompute_seconds=recompute_seconds,
+                              sessions=tuple(SessionInfo(s.id, s.parent, s.agent_type)
+                                             for s in sessions)))
 
 
 def build_engine(env: simpy.Environment, cfg, spec, profile, policy, rec: RunRecorder, trace):
