@@ -14,8 +14,9 @@ same with or without a tracker.
 On a terminal the tracker is a ``rich`` progress bar; elsewhere (stderr to a file or a pipe,
 as under ``nohup`` or in tests) it prints a line at the first report, then at most one every
 ``LOG_EVERY_S`` seconds, and one when the work is done, so a log shows progress and an ETA
-too. The bar is redrawn at most every ``BAR_EVERY_S`` seconds: a run reports every reply, and
-drawing each would cost the run time.
+too (a tracker made ``quiet_s`` seconds quiet prints nothing for work done sooner; after a
+failure there is no last line: the error is the line to read). The bar is redrawn at most every
+``BAR_EVERY_S`` seconds: a run reports every reply, and drawing each would cost run time.
 """
 
 from __future__ import annotations
@@ -49,8 +50,10 @@ class Tracker:
     finished points of a resumed sweep, does not count towards the pace) times what is left.
     """
 
-    def __init__(self, label: str, unit: str, total: float, console: Console) -> None:
+    def __init__(self, label: str, unit: str, total: float, console: Console,
+                 quiet_s: float = 0.0) -> None:
         self.label, self.unit, self.total, self.done = label, unit, total, 0
+        self.quiet_s = quiet_s  # plain lines: none before this much time has passed
         self.detail = ""  # what is running now (a policy, a phase)
         self.console = console
         self._t0 = time.monotonic()
@@ -126,6 +129,8 @@ class Tracker:
                              description=self._heading(),
                              eta="?" if eta is None else _clock(eta))
             return
+        if now - self._t0 < self.quiet_s:
+            return
         if force or finished or now - self._last_line >= LOG_EVERY_S:
             self._last_line, self._printed = now, self.done
             self.console.print(f"{self._heading()}: {self.status()}", markup=False,
@@ -140,12 +145,14 @@ class Tracker:
             self._bar.start()
             self._task = self._bar.add_task(self._heading(), total=max(self.total, 1), eta="?")
 
-    def stop(self) -> None:
+    def stop(self, failed: bool = False) -> None:
+        """The last line (none after a failure: the error is the line to read)."""
         if self._bar is not None:
-            self._show(force=True)
+            if not failed:
+                self._show(force=True)
             self._bar.stop()
             self._bar = None
-        elif (self.done or self.total) and self.done != self._printed:  # nothing: no line
+        elif not failed and (self.done or self.total) and self.done != self._printed:
             self._show(force=True)
 
 
@@ -186,6 +193,9 @@ def progress(label: str, unit: str, total: int = 0,
     token = _ACTIVE.set(tracker)
     try:
         yield tracker
-    finally:
+    except BaseException:
         _ACTIVE.reset(token)
-        tracker.stop()
+        tracker.stop(failed=True)
+        raise
+    _ACTIVE.reset(token)
+    tracker.stop()

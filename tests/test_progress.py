@@ -112,8 +112,10 @@ def test_no_tracker_counts_nothing() -> None:
     assert not current().counts("runs")
 
 
-def test_trace_stats_shows_loading_progress_under_json(tmp_path: Path) -> None:
+def test_trace_stats_shows_loading_progress_under_json(tmp_path: Path, monkeypatch) -> None:
     from tests.enginekit import write_cc_traces
+
+    monkeypatch.setattr("sim.cli.common.TRACE_LOAD_QUIET_S", 0.0)  # a tiny trace loads at once
 
     write_cc_traces(tmp_path, sessions=3, turns=5)
     res = CliRunner().invoke(cli, ["trace", "stats", str(tmp_path), "--cache-dir", "off",
@@ -123,3 +125,19 @@ def test_trace_stats_shows_loading_progress_under_json(tmp_path: Path) -> None:
     last = [ln for ln in res.stderr.splitlines() if ln.startswith("loading trace")][-1]
     m = re.search(r": ([\d.]+)/([\d.]+) kB \(100%\), .* ETA 0:00:00$", last)
     assert m and m.group(1) == m.group(2), last
+
+
+def test_a_failure_leaves_no_last_line_and_a_quiet_tracker_prints_nothing_early() -> None:
+    from rich.console import Console
+
+    out = io.StringIO()
+    with pytest.raises(ValueError), progress("x", "runs", 4, Console(file=out)) as bar:
+        bar.advance()
+        raise ValueError("bad input")
+    assert out.getvalue().count("x: ") == 1  # the first report only, no last line
+    out = io.StringIO()
+    quiet = Tracker("q", "runs", 2, Console(file=out), quiet_s=60.0)
+    quiet.start()
+    quiet.advance(2)
+    quiet.stop()
+    assert out.getvalue() == ""

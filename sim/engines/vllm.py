@@ -307,8 +307,7 @@ class VllmServer(EngineBase):
         env = self.env
         while True:
             if not self.waiting and not self.running:
-                self._wake = env.event()
-                yield self._wake
+                yield self._sleep()
                 continue
             rows, preempted, blocked = self._schedule()
             if not rows:
