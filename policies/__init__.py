@@ -1,7 +1,18 @@
 """Decisions only: eviction policies (order x start x granularity, pins, events) and
 scheduling. The public API users write policies against (see docs/policies.md)."""
 
-from .context import CPU, GPU, HOLE, Arrival, CacheNode, PolicyContext, PolicyError, Reply, TreeView
+from .context import (
+    CPU,
+    GPU,
+    HOLE,
+    Arrival,
+    CacheNode,
+    Drop,
+    PolicyContext,
+    PolicyError,
+    Reply,
+    TreeView,
+)
 from .eviction import (
     BLOCK,
     GRANULARITIES,
@@ -45,6 +56,7 @@ __all__ = [
     "Arrival",
     "Blocks",
     "CacheNode",
+    "Drop",
     "EvictionPolicy",
     "Granularity",
     "KeepFront",

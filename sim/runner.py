@@ -113,9 +113,6 @@ def run(cfg: RunConfig, trace=None) -> RunResult:
                     cfg.time_scale, context)
     driver = env.process(replay.closed_loop() if cfg.replay == "closed" else replay.open_loop())
     env.run(until=driver)
-    if cfg.replay == "open":  # the last replies may still be in flight
-        while server.busy():
-            env.step()
     server.close()
     table = rec.table()
     summary = rec.summary(env.now, cfg.block_size, table)

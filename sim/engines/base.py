@@ -20,7 +20,7 @@ import simpy
 from costmodel.profile import Profile
 from costmodel.specs import ModelSpec
 from costmodel.units import Units, range_units
-from policies import Arrival, EvictionPolicy, Reply
+from policies import Arrival, Drop, EvictionPolicy, Reply
 from sim.config import RunConfig
 from sim.context import apply_edit, units_of
 from sim.metrics import RunRecorder
@@ -76,6 +76,7 @@ class EngineBase:
         self.ever: set[int] = set()  # every block id ever inserted: what an infinite cache holds
         self._tell_arrival = "arrival" in policy.events
         self._tell_reply = "reply" in policy.events
+        self._tell_drop = "drop" in policy.events
 
     def start(self) -> simpy.Process:
         """Start the server process."""
@@ -109,8 +110,7 @@ class EngineBase:
             self.policy.on_arrival(Arrival(self.env.now, req.session, req.rid,
                                            req.prompt_tokens, req.ids, regions))
         if self._never_fits(req):
-            self.rec.drop(req, self.env.now, self._drop_reason(req))
-            req.done.succeed()
+            self._drop(req)
             return
         self.waiting.append(req)
         if not self._wake.triggered:
@@ -119,11 +119,23 @@ class EngineBase:
     def _reply(self, req: Req, leaf) -> None:
         """Tell the policy a request finished (``leaf``: its history's handle, or None)."""
         if self._tell_reply:
-            gap_s = req.next_gap_s if self.policy.clairvoyant else math.nan
+            gap_s = math.nan
+            if self.policy.clairvoyant:  # the future of the replay actually running
+                gap_s = (req.next_gap_s if math.isnan(req.next_send_s)
+                         else req.next_send_s - self.env.now)
             # the queue wait of its first admission (learning policies: Continuum's T_q)
             queue_s = req.record.queue_wait_s if req.record is not None else math.nan
             self.policy.on_reply(Reply(self.env.now, req.session, req.rid, req.context_tokens,
                                        leaf, req.next_gap, gap_s, queue_s))
+
+    def _drop(self, req: Req) -> None:
+        """Refuse ``req`` for good (it can never fit): record it, tell the policy, and let
+        its client go on."""
+        reason = self._drop_reason(req)
+        self.rec.drop(req, self.env.now, reason)
+        if self._tell_drop:
+            self.policy.on_drop(Drop(self.env.now, req.session, req.rid, reason))
+        req.done.succeed()
 
     # --- helpers ------------------------------------------------------------------------
     def _final_ids(self, req: Req) -> np.ndarray:

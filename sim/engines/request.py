@@ -37,9 +37,11 @@ class Req:
     record: RequestRecord | None = None
     known_blocks: int = 0  # leading ids already in the engine's ``ever`` (skip re-adding them)
     # What the client does after the reply (policies' Reply event): tool | human | end, and
-    # the replay's wait before its next request (closed loop; NaN when not known).
+    # the replay's wait before its next request (closed loop; NaN when not known). Under the
+    # open loop the next request's send time is fixed in advance: ``next_send_s`` (NaN else).
     next_gap: str = "end"
     next_gap_s: float = math.nan
+    next_send_s: float = math.nan
     # vLLM engine: ids of every full block the sequence will have (prompt + output - 1
     # tokens), tokens with KV since the last (re)admission, and whether its prefill is done
     seq_ids: np.ndarray | None = None

@@ -277,8 +277,7 @@ class SGLangServer(DecodeRuns, EngineBase):
                 if not self.running and not batch and self.chunked is None:
                     # Nothing holds memory but this request: it can never fit. Count a drop.
                     self.waiting.remove(req)
-                    self.rec.drop(req, self.env.now, self._drop_reason(req))
-                    req.done.succeed()
+                    self._drop(req)
                 break
             take, chunked = got
             ranges = self._run_chunk(req, take)

@@ -118,7 +118,8 @@ class RadixKVCache(Inspection):
         self.policy = get_policy(policy)
         self.block_size = int(block_size)
         self.debug = debug
-        self.tree = RadixTree(capacity_blocks, cpu_capacity_blocks)
+        self.tree = RadixTree(capacity_blocks, cpu_capacity_blocks,
+                              self.policy.on_split if "split" in self.policy.events else None)
         self.root = self.tree.root
         if cpu_capacity_blocks == 0:
             self.tiering: GpuOnly = GpuOnly(self.tree, self.policy, debug)

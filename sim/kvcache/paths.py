@@ -124,6 +124,8 @@ class Paths:
         node.start += k
         node.parent = prefix
         prefix.children[int(node.ids[0])] = node
+        if self.on_split is not None:
+            self.on_split(prefix, node)
         return prefix
 
     def merge_runs(self, chain: list[Node]) -> None:

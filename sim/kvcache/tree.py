@@ -36,6 +36,7 @@ key can reach again). Eviction plans are carried out by the appliers (``appliers
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 
 import numpy as np
@@ -51,7 +52,9 @@ _GPU, _NONE, _CPU, _DROPPED = Tier.GPU, Tier.NONE, Tier.CPU, Tier.DROPPED
 class RadixTree(Paths, Appliers):
     """Nodes over block ids with exact counters (see the module docstring)."""
 
-    def __init__(self, capacity_blocks: int, cpu_capacity_blocks: int = 0) -> None:
+    def __init__(self, capacity_blocks: int, cpu_capacity_blocks: int = 0,
+                 on_split: Callable[[Node, Node], None] | None = None) -> None:
+        self.on_split = on_split  # told (prefix, node) after each split: the policy's event
         self.capacity_blocks = int(capacity_blocks)
         self.cpu_capacity_blocks = int(cpu_capacity_blocks)
         self._serial = 0
