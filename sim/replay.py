@@ -15,6 +15,7 @@ from collections.abc import Generator
 import numpy as np
 import simpy
 
+from sim.context import FullPrompt, Prompt
 from sim.engines import EngineBase, Req
 from sim.kvcache.paths import WalkHint
 from traces import GAP_KINDS
@@ -42,7 +43,7 @@ class Replay:
             else:
                 self.children.setdefault(s.after_request, []).append(i)
 
-    def _req(self, r: int) -> Req:
+    def _req(self, r: int, prompt: Prompt) -> Req:
         t = self.trace
         s = int(t.session[r])
         sess = t.sessions[s]
@@ -55,8 +56,8 @@ class Replay:
         else:
             next_gap, next_gap_s = "end", math.nan
         return Req(rid=r, session=s, arrival=self.env.now, seq=0,
-                   prompt_tokens=int(t.prompt_tokens[r]), output_tokens=max(1, int(
-                       t.output_tokens[r])), ids=t.block_ids(r), done=self.env.event(),
+                   prompt_tokens=prompt.prompt_tokens, output_tokens=max(1, prompt.output_tokens),
+                   ids=prompt.ids, done=self.env.event(), prompt=prompt,
                    shared_blocks=sess.shared_prefix_blocks, next_gap=next_gap,
                    next_gap_s=next_gap_s, next_send_s=next_send_s)
 
@@ -65,15 +66,15 @@ class Replay:
         strategy its views (a summarization call first when one is due, sent at once)."""
         hint = self._hints.setdefault(int(self.trace.session[r]), WalkHint())
         if self.context is None:
-            req = self._req(r)
-            req.hint = hint
-            return [req]
+            t = self.trace
+            prompts: list[Prompt] = [FullPrompt(t, r, t.block_ids(r), int(t.prompt_tokens[r]),
+                                                max(1, int(t.output_tokens[r])))]
+        else:
+            prompts = list(self.context.views(r))
         out = []
-        for view in self.context.views(r):
-            req = self._req(r)
+        for view in prompts:
+            req = self._req(r, view)
             req.hint = hint
-            req.ids, req.prompt_tokens, req.view = view.ids, view.prompt_tokens, view
-            req.output_tokens = max(1, view.output_tokens)
             if view.kind == "summary":  # the turn itself follows at once
                 req.next_gap, req.next_gap_s = "tool", 0.0
                 if self.send_at is not None:

@@ -19,12 +19,10 @@ from costmodel.profile import load_profile
 from costmodel.specs import get_spec
 from costmodel.units import Units, range_units
 from policies import PolicyContext
-from policies.scheduling import get_scheduler
 from sim.config import ConfigError, RunConfig
 from sim.context import ContextRun, context_summary, parse_context
-from sim.engines import SGLangServer, VllmServer
+from sim.engines import ENGINES
 from sim.io import atomic_write_parquet, atomic_write_text, dumps
-from sim.kvcache import RadixKVCache
 from sim.metrics import RunRecorder
 from sim.replay import Replay
 
@@ -80,13 +78,6 @@ def run(cfg: RunConfig, trace=None) -> RunResult:
         trace = load_run_trace(cfg)
     gaps = trace.gaps(cfg.gaps)
     policy = cfg.make_policy()
-    tiers = {}
-    if cfg.cpu_cache:
-        tiers = dict(cpu_capacity_blocks=cfg.cpu_cache // cfg.block_size, tiering=cfg.tiering,
-                     swap_buffer_blocks=cfg.swap_buffer // cfg.block_size,
-                     write_policy=cfg.hicache_write_policy,
-                     load_threshold_tokens=cfg.hicache_load_threshold,
-                     block_size=cfg.block_size)
     strategy = parse_context(cfg.context)
     context = None if strategy.is_full else ContextRun(strategy, trace, cfg.block_size)
     sessions = trace.sessions
@@ -102,13 +93,7 @@ def run(cfg: RunConfig, trace=None) -> RunResult:
 
     policy.bind(PolicyContext(now=lambda: env.now, block_size=cfg.block_size, seed=cfg.seed,
                               recompute_seconds=recompute_seconds))
-    if cfg.engine == "vllm":
-        server = VllmServer.build(env, cfg, spec, profile, policy, rec, trace)
-    else:
-        cache = RadixKVCache(cfg.gpu_cache // cfg.block_size, policy, debug=cfg.debug_cache,
-                             versioned=strategy.drops, **tiers)
-        server = SGLangServer(env, cfg, spec, profile, cache, get_scheduler(cfg.scheduler),
-                              rec, trace.finish_block_ids, getattr(trace, "block_regions", None))
+    server = ENGINES[cfg.engine].build(env, cfg, spec, profile, policy, rec)
     replay = Replay(env, trace, server, gaps, trace.start_offsets(cfg.gaps), cfg.sessions,
                     cfg.time_scale, context)
     driver = env.process(replay.closed_loop() if cfg.replay == "closed" else replay.open_loop())
@@ -123,8 +108,8 @@ def run(cfg: RunConfig, trace=None) -> RunResult:
         "scheduler": cfg.scheduler, "engine": cfg.engine, "trace": trace.name,
         "trace_requests": len(trace),
         # --lenient: records and whole files the loader skipped
-        "trace_skipped_records": int(getattr(trace, "skipped", 0)),
-        "trace_skipped_files": int(getattr(trace, "options", {}).get("skipped_files", 0)),
+        "trace_skipped_records": int(trace.skipped),
+        "trace_skipped_files": int(trace.options.get("skipped_files", 0)),
         # replayed although a real server would refuse them (cut with --max-context)
         "over_context_requests": int(((table["prompt_tokens"] > spec.max_context)
                                       & ~table["dropped"].astype(bool)).sum())
@@ -132,7 +117,7 @@ def run(cfg: RunConfig, trace=None) -> RunResult:
     })
     if context is not None:  # only then: results under ``full`` stay exactly as they were
         summary.update(context_summary(strategy, table, rec.counters, env.now,
-                                       cache.working_peak_blocks * cfg.block_size,
+                                       server.cache.working_peak_blocks * cfg.block_size,
                                        cfg.block_size))
     return RunResult(cfg, table, summary)
 

@@ -127,3 +127,16 @@ def test_the_checks_can_fail() -> None:
     assert private_accesses("class A:\n    def f(self):\n        return self._x\n") == []
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_engines_build_themselves_and_the_runner_does_not_branch_on_them() -> None:
+    """``runner.run`` takes the engine from ``sim.engines.ENGINES``; each engine class has
+    its own ``build`` (its cache and its options), so adding one touches no if/else."""
+    from sim.engines import ENGINES
+
+    for name, cls in ENGINES.items():
+        assert "build" in vars(cls), f"{name}: {cls.__name__} has no build of its own"
+    runner = ast.parse((REPO / "sim" / "runner.py").read_text())
+    branches = [ast.unparse(n) for n in ast.walk(runner) if isinstance(n, ast.Compare)
+                and "engine" in ast.unparse(n.left)]
+    assert not branches, f"sim/runner.py branches on the engine: {branches}"
