@@ -1,4 +1,4 @@
-"""Per-request records and the run summary (DESIGN "Results").
+"""Per-request records and the run summary (docs/engine.md, Metrics).
 
 Token accounting of one request (prompt of ``P`` tokens; ``ideal`` = the prefix an unlimited
 cache would hold, i.e. the longest prefix of its block ids ever inserted by any request):

@@ -11,10 +11,11 @@ Data flow of one run::
                                   to the first finish, cut short by an arrival (the step in
                                   flight completes), by memory (evict, else retract)
 
-Semantics follow reference/sglang-scheduler.md: prefill pre-empts decode; one chunked request at
-a time, continued before the queue; the whole prompt plus a decode reservation must fit before
-admission; the first refused request stops the pass (head-of-line); retraction victims are the
-requests with the fewest generated tokens (ties: longest prompt) and go to the queue's tail.
+Semantics follow SGLang 0.5.23 (docs/engine.md, SGLang engine): prefill pre-empts decode; one
+chunked request at a time, continued before the queue; the whole prompt plus a decode
+reservation must fit before admission; the first refused request stops the pass
+(head-of-line); retraction victims are the requests with the fewest generated tokens (ties:
+longest prompt) and go to the queue's tail.
 
 Simplifications (documented in docs/engine.md): a scheduling pass runs at each event rather
 than at every decode step; the memory of a decode run is taken for exactly the tokens it

@@ -12,7 +12,7 @@ between an ``insert`` and the caller's matching ``release`` (the caller reserved
 then hands to the tree; see ``insert``). ``reserved_blocks`` are owned by running requests,
 outside the tree (new tokens being computed, hole refills, decode tokens).
 
-Matching follows SGLang's RadixCache (reference/sglang-radix.md): walk down while the ids
+Matching follows SGLang's RadixCache (docs/engine.md, SGLang engine): walk down while the ids
 agree; if the match ends inside a node, split it there; stamp the path with one tick of a
 logical clock (never wall time). Two node semantics, chosen by the policy
 (``EvictionPolicy.block_exact``)::

@@ -68,7 +68,7 @@ class Paths:
              ) -> tuple[list[Node], Node | None, int, int]:
         """Follow ``ids`` down without changing anything: (nodes matched whole, the node the
         match ends inside or None, blocks of it matched, total matched blocks). Keys are
-        chained (raw trace ids: DESIGN.md; edited keys: ``versions``), so a node whose last
+        chained (raw trace ids: docs/traces.md; edited keys: ``versions``), so a node whose last
         key equals the prompt's key at that position matches whole: one scalar comparison
         per node; only the last node needs a vector compare. DROPPED nodes are walked through
         (their keys say the history dropped them). ``hint``: start below the node a walk of
