@@ -42,7 +42,7 @@ from collections.abc import Set as AbstractSet
 import numpy as np
 
 from .appliers import Appliers
-from .node import Node, Tier
+from .node import Node, Tier, free_whole, prune_upward
 from .paths import Paths
 from .results import EvictResult
 
@@ -259,10 +259,7 @@ class RadixTree(Paths, Appliers):
         self._free_kv(node, result)
         self._holes += len(node.ids)
         node.tier = _NONE
-        if node.children:
-            return None
-        survivor = self._prune(node)
-        return survivor if survivor in self._leaves else None
+        return free_whole(node, self.root, _kvless, _child_count, self._detach)
 
     def truncate_tail(self, leaf: Node, k: int, result: EvictResult) -> None:
         """Free the last k blocks of an unlocked leaf (no hole: nothing follows them)."""
@@ -388,10 +385,12 @@ class RadixTree(Paths, Appliers):
     def _prune(self, node: Node) -> Node:
         """Remove ``node`` and its KV-less ancestors while childless and unlocked; return the
         first ancestor that stays."""
-        while node is not self.root and not node.has_kv and not node.children:
-            if node.lock:
-                return node
-            parent = node.parent
-            self._detach(node)
-            node = parent  # type: ignore[assignment]
-        return node
+        return prune_upward(node, self.root, _kvless, _child_count, self._detach)
+
+
+def _kvless(node: Node) -> bool:
+    return not node.has_kv
+
+
+def _child_count(node: Node) -> int:
+    return len(node.children)
