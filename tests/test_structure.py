@@ -206,3 +206,26 @@ def test_the_shape_checks_can_fail() -> None:
     assert OUTSIDE.search("(see reference/sglang-radix.md)")
     assert OUTSIDE.search('records (DESIGN "Results")')
     assert not OUTSIDE.search("(docs/engine.md, Metrics)")
+
+
+MIXIN_FREE = ("sim/kvcache", "sim/context")
+
+
+def cross_module_bases(package: str) -> list[str]:
+    """Classes of ``package`` that inherit a class defined in another of its modules: the
+    shape of a class split into mixins across files to meet a line count."""
+    defined: dict[str, str] = {}
+    bases: list[tuple[str, str, str]] = []
+    for p in sorted((REPO / package).rglob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.ClassDef):
+                defined[node.name] = p.name
+                bases += [(p.name, node.name, ast.unparse(b)) for b in node.bases]
+    return [f"{package}/{mod}: {cls}({base})" for mod, cls, base in bases
+            if base in defined and defined[base] != mod]
+
+
+@pytest.mark.parametrize("package", MIXIN_FREE)
+def test_no_class_split_into_mixins_across_modules(package: str) -> None:
+    bad = cross_module_bases(package)
+    assert not bad, "classes assembled from other modules' mixins:\n" + "\n".join(bad)
