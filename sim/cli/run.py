@@ -340,7 +340,7 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
             bar.describe(f"{cfg.policy_label} ({k + 1} of {len(configs)})")
             t0 = time.perf_counter()
             res = run(cfg, trace)
-            bar.update(sum(len(t) for t in traces[:k + 1]))  # open loop: the last replies
+            bar.update(sum(len(t) for t in traces[:k + 1]))  # fleet runs count no replies
             dt = time.perf_counter() - t0
             n = res.summary["requests"]
             stderr.print(f"[dim]{cfg.policy_label}: {n:,} requests simulated in {dt:.1f}s "
