@@ -73,13 +73,15 @@ def test_run_counts_every_trace_request_of_every_policy(replay: str) -> None:
     assert f"{total:,}/{total:,} requests (100%)" in res.stderr
 
 
-@pytest.mark.parametrize("replay", ["closed", "open"])
-def test_progress_only_observes_a_run(replay: str) -> None:
+@pytest.mark.parametrize("replay, replicas", [("closed", 1), ("open", 1), ("closed", 3)])
+def test_progress_only_observes_a_run(replay: str, replicas: int) -> None:
+    """... and counts every reply, a fleet's too."""
     from sim.config import RunConfig
     from sim.runner import run
 
-    cfg = RunConfig(trace="synthetic:chat?sessions=4", gpu_cache=16384,
-                    replay=replay).with_preset("penelope")
+    cfg = RunConfig(trace="synthetic:chat?sessions=4", gpu_cache=16384, replay=replay,
+                    replicas=replicas, router="round-robin" if replicas > 1 else None
+                    ).with_preset("penelope")
     plain = run(cfg)
     with progress("test", "requests", 0) as bar:
         bar.add_total(len(plain.requests))
