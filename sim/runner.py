@@ -138,6 +138,8 @@ def run(cfg: RunConfig, trace=None) -> RunResult:
                                       & ~table["dropped"].astype(bool)).sum())
         if len(table) else 0,
     })
+    if cfg.vllm_patch != "none":  # only then: unpatched summaries stay as they were
+        summary["vllm_patch"] = cfg.vllm_patch
     if context is not None:  # only then: results under ``full`` stay exactly as they were
         summary.update(context_summary(strategy, table, rec.counters, env.now,
                                        cache.working_peak_blocks * cfg.block_size,

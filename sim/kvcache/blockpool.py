@@ -390,8 +390,14 @@ class BlockPool:
         b = seq.computed // self.block_size  # <= len(ids): _check_ids ran before any change
         if b <= a:
             return
-        ps, xs = seq.table[a:b], seq.ids[a:b]
-        self._bid[ps] = xs
-        self._cached += b - a
-        self._ids.add(ps, xs, int(seq.ids[a - 1]) if a else -1)
+        for x, y in self._unhashed(seq, a, b):
+            ps, xs = seq.table[x:y], seq.ids[x:y]
+            self._bid[ps] = xs
+            self._cached += y - x
+            self._ids.add(ps, xs, int(seq.ids[x - 1]) if x else -1)
         seq.cached = b
+
+    def _unhashed(self, seq: _Seq, a: int, b: int) -> list[tuple[int, int]]:
+        """Runs of the request's newly full blocks ``[a, b)`` that get their ids now (a hook:
+        ``holepool`` leaves out the blocks a request reused past a hole)."""
+        return [(a, b)]
