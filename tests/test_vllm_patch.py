@@ -258,3 +258,18 @@ def test_without_holes_the_patched_pool_is_the_stock_pool() -> None:
             b.free(rid)
         assert np.array_equal(a.free_queue(), b.free_queue())
         assert np.array_equal(a.block_ids(), b.block_ids())
+
+
+@pytest.mark.parametrize("budget", [8192, 2048, 300])
+def test_patched_runs_under_pressure_keep_every_invariant(budget: int) -> None:
+    """Tight memory, a shared prefix, chunked prefills, decode runs and preemptions: the pool's
+    invariants are recounted after every operation (``debug_cache``), every request is
+    served, holes are refilled, and each prompt's tokens add up."""
+    trace = KitTrace([[(1500 + 700 * k, 400 + 150 * k, 1.0 + 0.3 * k) for k in range(6)]
+                      for _ in range(4)], shared_blocks=12)
+    res = run(cfg(gpu_cache=8000, sessions=3, chunk_size=budget), trace)
+    s, df = res.summary, res.requests
+    assert s["requests"] == len(trace) and s["dropped_requests"] == 0
+    assert s["hole_tokens"] > 0 and s["retractions"] > 0
+    assert (df.hit_gpu_tokens + df.recomputed_tokens + df.new_tokens == df.prompt_tokens).all()
+    assert (df.hole_tokens <= df.recomputed_tokens).all()
