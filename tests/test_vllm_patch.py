@@ -31,10 +31,12 @@ from costmodel.units import ranges_units
 from sim.cli.main import cli
 from sim.config import ConfigError, RunConfig
 from sim.engines import VllmServer
-from sim.kvcache.blockpool import BlockPool
+from sim.kvcache.blockpool import BlockPool, penelope_free_order, vllm_free_order
 from sim.kvcache.holepool import HolePool, computed_ranges, reused_runs, span
 from sim.runner import run
 from tests.enginekit import KitTrace
+from tests.test_vllm_blockpool import BS as BS4
+from tests.test_vllm_blockpool import BruteForce
 
 SPEC = get_spec("qwen3-8b")
 PROF = load_profile("derived-h100-qwen3-8b")
@@ -273,3 +275,139 @@ def test_patched_runs_under_pressure_keep_every_invariant(budget: int) -> None:
     assert s["hole_tokens"] > 0 and s["retractions"] > 0
     assert (df.hit_gpu_tokens + df.recomputed_tokens + df.new_tokens == df.prompt_tokens).all()
     assert (df.hole_tokens <= df.recomputed_tokens).all()
+
+
+# --- the pool against a brute-force model ---------------------------------------------------
+class BruteHoles(BruteForce):
+    """The patched lookup and allocation over tests/test_vllm_blockpool.BruteForce (vLLM's
+    pool as plain Python): every cached block of the chain up to the cap is reused, holes
+    get fresh blocks, a step computes tokens one by one and skips reused blocks."""
+
+    def match(self, ids, n) -> list[bool]:
+        hit = [bool(self.copies.get(int(x))) for x in ids[: min(len(ids), (n - 1) // self.bs)]]
+        while hit and not hit[-1]:
+            hit.pop()
+        return hit
+
+    def lookup(self, ids, n) -> int:
+        return sum(self.match(ids, n))
+
+    def admit(self, rid, ids, n, k, full=True):
+        bs = self.bs
+        hit = self.match(ids, n)
+        h = hit.index(False) if False in hit else len(hit)
+        reused = {j for j in range(h, len(hit)) if hit[j]}
+        x, cost = h * bs, 0
+        while x < n:  # k tokens to compute; reused blocks on the way are free
+            if cost == k:
+                break
+            if x // bs in reused:
+                x = (x // bs + 1) * bs
+                continue
+            cost += 1
+            x += 1
+        hits = {j: self.copies[int(ids[j])][0] for j in range(len(hit)) if hit[j]}
+        ev = sum(self.ref[p] == 0 for p in hits.values())
+        if full and max(-(-n // bs) - len(hits), 0) + ev > len(self.queue):
+            return None
+        blocks = max(len(hit), -(-x // bs))
+        if blocks - len(hits) + ev > len(self.queue):
+            return None
+        for p in hits.values():
+            if self.ref[p] == 0:
+                self.queue.remove(p)
+            self.ref[p] += 1
+        fresh = iter(self._pop(blocks - len(hits)))
+        table = [hits[j] if j in hits else next(fresh) for j in range(blocks)]
+        seq = [ids, table, x, h, reused]
+        self.seqs[rid] = seq
+        self._cache(seq)
+        return h
+
+    def _cache(self, seq) -> None:
+        ids, table, computed, cached = seq[:4]
+        for j in range(cached, computed // self.bs):
+            if j in seq[4]:
+                continue
+            x = int(ids[j])
+            self.bid[table[j]] = x
+            self.copies.setdefault(x, []).append(table[j])
+            self.parent[x] = int(ids[j - 1]) if j else -1
+        seq[3] = max(cached, computed // self.bs)
+
+    def free(self, rid) -> None:
+        self.seqs[rid] = self.seqs[rid][:4]
+        super().free(rid)
+
+
+def _hole_pool_stream(draw, order: str, cap: int) -> int:
+    """Three sessions over a one-block shared prefix, each prompt extending its session's
+    chain (what makes Penelope's holes), with admissions, chunk extensions and frees drawn
+    by ``draw(kind, lo, hi)``: the patched pool and the brute-force model are compared
+    after every call. Returns how many admissions reused blocks past a hole."""
+    order_fn = {"vllm": vllm_free_order, "penelope": penelope_free_order}[order]
+    pool, ref = HolePool(cap, BS4, order, debug=True), BruteHoles(cap, BS4, order_fn)
+    ids: dict[tuple, int] = {}
+    length = [2, 2, 2]
+    running: list[int] = []
+    holes = 0
+    for rid in range(draw("steps", 1, 30)):
+        action = ("admit", "extend", "free", "admit")[draw("action", 0, 3)]
+        if action == "admit" or not running:
+            s = draw("session", 0, 2)
+            length[s] = min(length[s] + draw("grow", 0, 2), cap - 2)
+            chain = [ids.setdefault(key, len(ids))
+                     for key in [("shared", 0)] + [(s, i) for i in range(length[s])]]
+            n = len(chain) * BS4 - draw("short", 0, 3)
+            k = n if draw("whole", 0, 2) else draw("k", 1, n)
+            assert pool.lookup(np.array(chain, np.int64), n) == ref.lookup(chain, n)
+            a = pool.admit(rid, np.array(chain, np.int64), n, k, full_sequence_must_fit=False)
+            assert a == ref.admit(rid, chain, n, k, full=False)
+            if a is not None:
+                running.append(rid)
+                holes += bool(pool.reuse_plan(rid)[1])
+                assert pool.computed_tokens(rid) == ref.seqs[rid][2]
+                assert pool.table(rid).tolist() == ref.seqs[rid][1]
+        elif action == "extend":
+            r = running[draw("which", 0, len(running) - 1)]
+            start = pool.computed_tokens(r)
+            end = len(ref.seqs[r][0]) * BS4
+            if end > start:
+                n, cost = pool.span(r, start, end, draw("budget", 1, end - start))
+                assert sum(b - a for a, b in pool.computed_ranges(r, start, start + n)) == cost
+                assert pool.extend(r, n) == ref.extend(r, n)
+        else:
+            r = running.pop(draw("which", 0, len(running) - 1))
+            pool.free(r)
+            ref.free(r)
+        assert pool.block_ids().tolist() == ref.bid[1:]
+        assert pool.ref_counts().tolist() == ref.ref[1:]
+        assert pool.free_queue().tolist() == ref.queue
+    return holes
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=st.data(), order=st.sampled_from(["vllm", "penelope"]), cap=st.integers(6, 20))
+def test_hole_pool_matches_brute_force(data, order: str, cap: int) -> None:
+    _hole_pool_stream(lambda kind, lo, hi: data.draw(st.integers(lo, hi), label=kind),
+                      order, cap)
+
+
+def test_hole_pool_matches_brute_force_on_streams_with_holes() -> None:
+    """The same comparison on 120 seeded streams under penelope's order, which make holes."""
+    import random
+
+    def seeded(rng: random.Random):
+        def draw(kind: str, lo: int, hi: int) -> int:
+            if kind == "steps":
+                return 40
+            if kind == "action":  # admit 9, free 9, extend 2 in 20
+                return rng.choice([0] * 9 + [2] * 9 + [1] * 2)
+            return rng.randint(lo, hi)
+        return draw
+
+    holes = 0
+    for seed in range(120):
+        rng = random.Random(seed)
+        holes += _hole_pool_stream(seeded(rng), "penelope", rng.randint(8, 20))
+    assert holes >= 50
