@@ -1,5 +1,6 @@
-"""``--engine vllm --vllm-patch penelope`` (sim/engines/vllm_patch.py, sim/kvcache/holepool.py):
-the lookup continues past missing blocks, which are refilled in the request's own step.
+"""``--engine vllm --vllm-patch penelope`` (sim/engines/vllm_patch.py, ``HolePool`` in
+sim/kvcache/blockpool.py): the lookup continues past missing blocks, which are refilled in the
+request's own step.
 
 The timelines are hand-built (tests/enginekit.KitTrace, 64-token blocks) so that exactly the
 first two blocks of a session's history are evicted while it waits:
@@ -31,8 +32,15 @@ from costmodel.units import ranges_units
 from sim.cli.main import cli
 from sim.config import ConfigError, RunConfig
 from sim.engines import VllmServer
-from sim.kvcache.blockpool import BlockPool, penelope_free_order, vllm_free_order
-from sim.kvcache.holepool import HolePool, computed_ranges, reused_runs, span
+from sim.kvcache.blockpool import (
+    BlockPool,
+    HolePool,
+    computed_ranges,
+    penelope_free_order,
+    reused_runs,
+    span,
+    vllm_free_order,
+)
 from sim.runner import run
 from tests.enginekit import KitTrace
 from tests.test_vllm_blockpool import BS as BS4

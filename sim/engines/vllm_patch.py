@@ -1,7 +1,7 @@
 """Named patches of the vLLM engine: what vLLM would do if a contributor changed its code.
 
 ``penelope`` (``--vllm-patch penelope``): the Penelope paper's hole refill as a vLLM patch.
-The lookup continues past missing blocks (``sim.kvcache.holepool.HolePool``): a request
+The lookup continues past missing blocks (``sim.kvcache.blockpool.HolePool``): a request
 reuses every cached block of its chain, and the missing ones before the last cached block
 (holes) are recomputed in the same step as its new tokens, as prefill tokens of the V1 token
 budget (holes first, in position order; what does not fit is chunked like any prefill), each
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from costmodel.units import Units, range_units
 from sim.kvcache import Tier
-from sim.kvcache.holepool import HolePool
+from sim.kvcache.blockpool import HolePool
 
 from .request import Req
 from .vllm import VllmServer
