@@ -419,3 +419,23 @@ def test_hole_pool_matches_brute_force_on_streams_with_holes() -> None:
         rng = random.Random(seed)
         holes += _hole_pool_stream(seeded(rng), "penelope", rng.randint(8, 20))
     assert holes >= 50
+
+
+def test_sweep_points_keep_their_ids_and_the_patch_is_a_grid_key(tmp_path) -> None:
+    """Unpatched points keep the ids they had before the field existed (sweeps resume), and
+    ``vllm_patch`` is a grid key like any other (its rows carry the summary field)."""
+    from sim.sweep import load_sweep, point_id
+
+    # ids computed by the code before vllm_patch existed
+    assert point_id(RunConfig(engine="vllm", preset="penelope", gpu_cache=98304)) == (
+        "27ea1e0cbedf")
+    assert point_id(RunConfig()) == "90411c5a0aae"
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text("base: {engine: vllm, preset: penelope, gpu_cache: 96k}\n"
+                   "grid: {vllm_patch: [none, penelope]}\n")
+    sweep = load_sweep(cfg)
+    assert [p.cfg.vllm_patch for p in sweep.points] == ["none", "penelope"]
+    assert sweep.points[0].id == "27ea1e0cbedf" != sweep.points[1].id
+    cfg.write_text("base: {engine: sglang, preset: penelope}\ngrid: {vllm_patch: [penelope]}\n")
+    with pytest.raises(ConfigError, match="vllm_patch"):
+        load_sweep(cfg)
