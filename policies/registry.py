@@ -111,13 +111,19 @@ def _load_module(path: str, mtime_ns: int):
 
 def load_policy_class(path: str, class_name: str) -> type[EvictionPolicy]:
     """The ``EvictionPolicy`` subclass ``class_name`` defined in the file ``path``."""
+    return load_user_class(path, class_name, EvictionPolicy, "policy")
+
+
+def load_user_class(path: str, class_name: str, base: type, what: str) -> type:
+    """The subclass of ``base`` named ``class_name`` in the file ``path`` (a ``what``:
+    policy, router)."""
     file = Path(path).expanduser().resolve()
     if not file.is_file():
-        raise PolicyError(f"{path}: policy file not found")
+        raise PolicyError(f"{path}: {what} file not found")
     module = _load_module(str(file), file.stat().st_mtime_ns)
     cls = getattr(module, class_name, None)
     if cls is None:
-        raise PolicyError(f"{path}: no class {class_name!r} in the policy file")
-    if not (isinstance(cls, type) and issubclass(cls, EvictionPolicy)):
-        raise PolicyError(f"{path}: {class_name!r} is not a subclass of EvictionPolicy")
+        raise PolicyError(f"{path}: no class {class_name!r} in the {what} file")
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise PolicyError(f"{path}: {class_name!r} is not a subclass of {base.__name__}")
     return cls

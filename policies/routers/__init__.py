@@ -1,2 +1,6 @@
-"""The field's routers: each module holds one system's decision rule as pure functions of
-the router's beliefs (tested against hand-computed cases), and its router plug-in."""
+"""The built-in routers, registered by name (``policies.routing.get_router``).
+
+``simple``: round-robin, random, least-load (Vidur's lor), power-of-two, session-affinity.
+"""
+
+from . import simple  # noqa: F401  registers them
