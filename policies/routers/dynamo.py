@@ -25,11 +25,24 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..routing import (
+    ApproxTTL,
+    CacheViewSpec,
+    KVEvents,
+    PredictedLoad,
+    Router,
+    RouteRequest,
+    RouterView,
+    register_router,
+)
+
 PREFILL_LOAD_SCALE = 1.0
 OVERLAP_CREDIT = 1.0
 TEMPERATURE = 0.0
 TTL_S = 120.0
-MAX_TREE_SIZE = 1 << 20
+MAX_TREE_SIZE = 1 << 20  # blocks of Dynamo's block size
+PRUNE_RATIO = 0.8
+ENGINE_BLOCK_TOKENS = 16  # vLLM's default block: the block Dynamo's sizes count
 
 
 def costs(isl_tokens: int, block_size: int, overlap_blocks: Sequence[float],
@@ -62,3 +75,65 @@ def sample(costs_w: Sequence[float], tree_sizes: Sequence[float], temperature: f
     top = max(z)
     p = np.array([math.exp(v - top) for v in z])
     return int(rng.choice(n, p=p / p.sum()))
+
+
+@register_router
+class DynamoKV(Router):
+    """Dynamo's KV router (cost, sampler and defaults above; KvRouterConfig 2026). Cache
+    view: the engines' KV events after ``event_lag_s`` (``use_kv_events``, Dynamo's default),
+    or the approximate mode (routed blocks live ``ttl_s``; ``max_tree_size`` blocks of
+    ``engine_block_tokens`` tokens, pruned to 80%). Load: the router's prediction, as
+    Dynamo's slot manager keeps it: per worker the prefill tokens of requests whose first
+    token has not come back (the fleet's ``PredictedLoad``), and the unique blocks of its
+    active requests, which the router tracks itself to count the request's blocks already
+    active on each worker."""
+
+    name = "dynamo-kv"
+    load_view = PredictedLoad()
+    prefill_load_scale: float = PREFILL_LOAD_SCALE
+    overlap_credit: float = OVERLAP_CREDIT
+    temperature: float = TEMPERATURE
+    use_kv_events: bool = True
+    event_lag_s: float = 0.0
+    ttl_s: float = TTL_S
+    max_tree_size: int = MAX_TREE_SIZE
+    engine_block_tokens: int = ENGINE_BLOCK_TOKENS
+
+    @property
+    def cache_view(self) -> CacheViewSpec:
+        if self.use_kv_events:
+            return KVEvents(lag_s=self.event_lag_s)
+        blocks = max(1, self.max_tree_size * self.engine_block_tokens // max(1, self.block_size))
+        return ApproxTTL(ttl_s=self.ttl_s, max_blocks=blocks, prune_ratio=PRUNE_RATIO)
+
+    def bind(self, n_replicas, block_size, rng) -> None:
+        super().bind(n_replicas, block_size, rng)
+        self.active: list[dict[int, int]] = [{} for _ in range(n_replicas)]
+        self.sent: dict[int, list[int]] = {}
+
+    def route(self, request: RouteRequest, view: RouterView) -> int:
+        ids = request.block_ids.tolist()
+        decode = []
+        for r in view.replicas:
+            act = self.active[r.index]
+            decode.append(len(act) + sum(1 for b in ids if b not in act))
+        c = costs(request.prompt_tokens, request.block_size,
+                  [r.overlap_blocks or 0 for r in view.replicas],
+                  [r.active_prefill_tokens or 0 for r in view.replicas], decode,
+                  prefill_load_scale=self.prefill_load_scale,
+                  overlap_credit=self.overlap_credit)
+        w = sample(c, [r.belief_blocks or 0 for r in view.replicas], self.temperature, self.rng)
+        act = self.active[w]
+        for b in ids:
+            act[b] = act.get(b, 0) + 1
+        self.sent[request.rid] = ids
+        return w
+
+    def on_finish(self, rid: int, replica: int, now: float) -> None:
+        act = self.active[replica]
+        for b in self.sent.pop(rid, ()):
+            left = act[b] - 1
+            if left:
+                act[b] = left
+            else:
+                del act[b]

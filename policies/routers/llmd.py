@@ -20,12 +20,15 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..routing import PodLRU, Router, RouteRequest, RouterView, ScrapedMetrics, register_router
+
 PREFIX_WEIGHT = 3.0
 QUEUE_WEIGHT = 2.0
 KV_UTIL_WEIGHT = 2.0
 BLOCK_TOKENS = 16
 MAX_PREFIX_BLOCKS = 256
 LRU_CAPACITY = 31_250
+SCRAPE_S = 0.05  # GIE EPP --refresh-metrics-interval (50 ms)
 
 
 def hashed_blocks(prompt_tokens: int, block_tokens: int = BLOCK_TOKENS,
@@ -67,3 +70,40 @@ def max_score(total: Sequence[float], rng: np.random.Generator) -> int:
     top = max(total)
     best = [w for w, s in enumerate(total) if s == top]
     return best[0] if len(best) == 1 else best[int(rng.integers(len(best)))]
+
+
+@register_router
+class LLMD(Router):
+    """llm-d's default scheduler profile (rule and defaults above). The prefix index is the
+    approximate one (per-pod LRU of what it routed; sizes in 16-token blocks become kvsim
+    blocks: ``lru_capacity * block_tokens / block_size`` entries over the first
+    ``max_prefix_blocks * block_tokens`` tokens); queue and KV usage are scraped every
+    ``scrape_s`` (before the first scrape: empty queues, no usage)."""
+
+    name = "llm-d"
+    prefix_weight: float = PREFIX_WEIGHT
+    queue_weight: float = QUEUE_WEIGHT
+    kv_util_weight: float = KV_UTIL_WEIGHT
+    block_tokens: int = BLOCK_TOKENS
+    max_prefix_blocks: int = MAX_PREFIX_BLOCKS
+    lru_capacity: int = LRU_CAPACITY
+    scrape_s: float = SCRAPE_S
+
+    @property
+    def cache_view(self) -> PodLRU:
+        bs = max(1, self.block_size)
+        return PodLRU(capacity_blocks=max(1, self.lru_capacity * self.block_tokens // bs),
+                      max_prefix_blocks=max(1, self.max_prefix_blocks * self.block_tokens // bs))
+
+    @property
+    def load_view(self) -> ScrapedMetrics:
+        return ScrapedMetrics(scrape_s=self.scrape_s)
+
+    def route(self, request: RouteRequest, view: RouterView) -> int:
+        reps = view.replicas
+        prefix = [prefix_score(r.overlap_tokens(request) or 0, request.prompt_tokens,
+                               self.block_tokens, self.max_prefix_blocks) for r in reps]
+        total = scores(prefix, [r.queue or 0 for r in reps], [r.kv_usage or 0.0 for r in reps],
+                       prefix_weight=self.prefix_weight, queue_weight=self.queue_weight,
+                       kv_util_weight=self.kv_util_weight)
+        return max_score(total, self.rng)

@@ -18,12 +18,17 @@ an argmin go to the run's seeded RNG.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 
 import numpy as np
 
+from ..context import PolicyError
+from ..routing import ApproxTree, Router, RouteRequest, RouterView, register_router
+
 WINDOW_S = 180.0
 TPOT_S = 0.15
+MAX_TOKENS_GPU = 198_516  # Preble's per-GPU token budget of its mirrored LRU
 EXPLOIT, EXPLORE = "exploit", "explore"
 
 
@@ -50,3 +55,54 @@ def window_cost(prefill_s: Sequence[float], active: int, expected_output: float,
                 tpot_s: float = TPOT_S) -> float:
     """One GPU's load cost: its windowed prefill seconds plus its decode backlog."""
     return float(sum(prefill_s)) + active * expected_output * tpot_s
+
+
+@register_router
+class Preble(Router):
+    """Preble's E2 (rule above). Its global tree is the router's tree of routed prompts
+    with per-GPU holders, each GPU's part capped at ``max_tokens_gpu`` tokens and trimmed
+    LRU-leaf-first every ``eviction_interval_s`` (Preble mirrors each GPU's LRU; a short
+    interval approximates that). ``expected_output_tokens`` stands in for Preble's per-node
+    median output length (a router does not see outputs here)."""
+
+    name = "preble"
+    window_s: float = WINDOW_S
+    tpot_s: float = TPOT_S
+    expected_output_tokens: int = 256
+    max_tokens_gpu: int = MAX_TOKENS_GPU
+    eviction_interval_s: float = 1.0
+
+    @property
+    def cache_view(self) -> ApproxTree:
+        return ApproxTree(max_blocks=self.max_tokens_gpu // max(1, self.block_size),
+                          eviction_interval_s=self.eviction_interval_s)
+
+    def bind(self, n_replicas, block_size, rng) -> None:
+        super().bind(n_replicas, block_size, rng)
+        self.history: list[deque[tuple[float, float]]] = [deque() for _ in range(n_replicas)]
+        self.window_prefill = [0.0] * n_replicas
+
+    def load_costs(self, view: RouterView) -> list[float]:
+        out = []
+        for r in view.replicas:
+            h = self.history[r.index]
+            while h and h[0][0] <= view.now - self.window_s:
+                self.window_prefill[r.index] -= h.popleft()[1]
+            prefill = max(0.0, self.window_prefill[r.index]) if h else 0.0
+            out.append(prefill + r.in_flight * self.expected_output_tokens * self.tpot_s)
+        return out
+
+    def route(self, request: RouteRequest, view: RouterView) -> int:
+        price = self.prefill_seconds
+        if price is None:
+            raise PolicyError(f"router {self.name!r} needs the fleet's prefill model "
+                              "(bind_prefill_model)")
+        p = request.prompt_tokens
+        cached = [r.overlap_tokens(request) or 0 for r in view.replicas]
+        best = max(cached)
+        holders = [i for i, c in enumerate(cached) if c == best] if best else []
+        w, _branch = select(best, p, holders, self.load_costs(view), self.rng)
+        cost = price(cached[w], p)
+        self.history[w].append((view.now, cost))
+        self.window_prefill[w] += cost
+        return w
