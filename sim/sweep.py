@@ -94,6 +94,8 @@ def _resolve(point: dict[str, Any], where: str, base_dir: Path | None = None) ->
     point = {k: _size(v, where, k) if k in SIZE_FIELDS else v for k, v in point.items()}
     if base_dir is not None and "policy" in point:
         point["policy"] = _policy_path(point["policy"], base_dir)
+    if base_dir is not None and "router" in point:
+        point["router"] = _policy_path(point["router"], base_dir)
     return RunConfig.from_dict(point, where)
 
 
@@ -108,6 +110,9 @@ def point_id(cfg: RunConfig) -> str:
     d.pop("extra", None)
     if d.get("context") == "full":  # the default: points saved before it existed keep ids
         d.pop("context")
+    if not cfg.is_fleet:  # one server: ids as before fleets existed
+        for k in ("replicas", "router", "router_params"):
+            d.pop(k, None)
     return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
 

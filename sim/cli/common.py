@@ -67,7 +67,7 @@ SIZE = SizeType()
 
 # Units shared by every table (run, sweep, reproduce): rates and shares in percent, changes
 # in signed percent, times in seconds, counts with thousands separators.
-PERCENT_KEYS = ("hit_rate", "share", "fraction")
+PERCENT_KEYS = ("hit_rate", "share", "fraction", "reuse_", "affinity")
 
 
 def fmt_metric(key: str, v: Any) -> str:

@@ -57,6 +57,11 @@ CONTEXT_ROWS = ("request_latency_mean_s", "request_latency_p95_s", "input_tokens
                 "context_edits_blocked")
 
 
+# Rows of fleet runs (--replicas/--router; sim/fleet/metrics.py defines them).
+FLEET_ROWS = ("reuse_available", "reuse_captured", "reuse_delivered", "affinity",
+              "load_cv_busy", "load_cv_queue", "belief_error_mean_tokens")
+
+
 def print_table(runs: list[dict[str, Any]], title: str, lenient: bool = False) -> None:
     """Metrics in the units every table uses (``fmt_metric``: rates in percent); changes
     against the first run in signed percent."""
@@ -69,6 +74,7 @@ def print_table(runs: list[dict[str, Any]], title: str, lenient: bool = False) -
     shown = [k for k in WHEN_NONZERO if any(r["summary"].get(k) for r in runs)
              or (lenient and k in LENIENT_ROWS)]
     ctx = CONTEXT_ROWS if any("context" in r["summary"] for r in runs) else ()
+    ctx += FLEET_ROWS if any("replicas" in r["summary"] for r in runs) else ()
     for k in (*COMPARED, *extra, "requests", "evicted_tokens", *ctx, *shown):
         cells = []
         for i, r in enumerate(runs):
@@ -81,13 +87,13 @@ def print_table(runs: list[dict[str, Any]], title: str, lenient: bool = False) -
     console().print(t)
 
 
-def parse_params(items: tuple[str, ...]) -> dict[str, str]:
+def parse_params(items: tuple[str, ...], option: str = "--policy-param") -> dict[str, str]:
     """``K=V`` items into a dict (values stay text: the policy class types them)."""
     out: dict[str, str] = {}
     for item in items:
         k, sep, v = item.partition("=")
         if not sep or not k.strip():
-            raise click.BadParameter(f"{item!r} is not K=V", param_hint="--policy-param")
+            raise click.BadParameter(f"{item!r} is not K=V", param_hint=option)
         out[k.strip()] = v.strip()
     return out
 
@@ -232,6 +238,14 @@ class RunInputError(ValueError):
 @click.option("--max-running", type=int, default=None,
               help="Most requests running at once (default: the engine's: SGLang's "
                    "max_running_requests, large; vLLM's max_num_seqs, 1024).")
+@click.option("--replicas", type=int, default=1, show_default=True,
+              help="Replicas of the engine behind a router, on one clock (docs/fleet.md).")
+@click.option("--router", default=None,
+              help="Router of a fleet: round-robin (default with --replicas > 1), random, "
+                   "least-load, power-of-two, session-affinity, the field's routers, or "
+                   "FILE.py:CLASS (your own Router subclass).")
+@click.option("--router-param", "router_params", multiple=True, metavar="K=V",
+              help="Parameter of the --router class (repeatable; typed like its default).")
 @click.option("--debug-cache", is_flag=True, help="Recount cache invariants after every op.")
 @click.option("--out", "-o", default=None, help="Write requests.parquet, config.json, "
               "summary.json per run under this folder (checked before anything runs).")
@@ -240,8 +254,8 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
             lenient, seed, cache_dir, rebuild_sessions, model, profile, gpu_cache, cpu_cache,
             tiering, swap_buffer, hicache_write_policy, sessions, replay, time_scale, engine,
             preset, evict, granularity, order, policies, policy_params, scheduler, context,
-            chunk_size, prompt_nodes, max_new_tokens, max_running, debug_cache, out,
-            as_json) -> None:
+            chunk_size, prompt_nodes, max_new_tokens, max_running, replicas, router,
+            router_params, debug_cache, out, as_json) -> None:
     """Replay a trace through the simulated server under each policy; report TTFT, JCT, hits."""
     from costmodel.specs import get_spec
     from sim.checks import check_model_and_profile
@@ -260,7 +274,8 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
         scheduler=scheduler, context=context, chunk_size=chunk_size,
         checkpoint_chunks=prompt_nodes == "chunked",
         max_new_tokens=max_new_tokens, max_running=max_running, seed=seed,
-        debug_cache=debug_cache)
+        debug_cache=debug_cache, replicas=replicas, router=router,
+        router_params=parse_params(router_params, "--router-param"))
     configs = policy_configs(base, preset, evict, granularity, order, policies, policy_params)
     # Every input check before any work: configs, model, profile, the output folder.
     for cfg in configs:
@@ -300,6 +315,8 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
     print_table(runs, f"{s['trace']} ({s['trace_requests']} requests), {model}, "
                       f"GPU {gpu_cache:,} tokens{cpu}, N={sessions}, {engine} engine, "
                       f"{scheduler}, "
+                      + (f"{replicas} replicas, router {s['router']}, " if "router" in s
+                         else "") +
                       f"gaps {gap_model}{ctx}", lenient=lenient)
     if out:
         print(f"wrote {out}/", file=sys.stderr)
