@@ -10,7 +10,7 @@ from rich.table import Table
 from .common import console, emit_json, fmt_metric, stderr
 
 NAMES = ["figure1", "gpu-only", "two-tier", "ablation", "fcfs", "cpu-sweep", "policies",
-         "cache-engineering"]
+         "cache-engineering", "fleet"]
 
 # figure1: (header with its unit, row key, format); fits 100 columns.
 FIGURE1_COLUMNS: list[tuple[str, str, str]] = [
@@ -106,6 +106,26 @@ def cache_engineering_tables(doc: dict[str, Any]) -> None:
     console().print(a)
 
 
+def fleet_tables(doc: dict[str, Any]) -> list[Table]:
+    """One table per workload with the fleet experiment's columns (sim/exp_fleet.py)."""
+    from sim.exp_fleet import COLUMNS
+
+    out = []
+    notes = "; ".join(doc.get("notes", []))
+    for workload in dict.fromkeys(r["workload"] for r in doc["rows"]):
+        t = Table(title=f"kvsim reproduce fleet -- {workload}" + (f" ({notes})" if notes else ""),
+                  title_justify="left")
+        cols = [c for c in COLUMNS if c != "workload"]
+        for c in cols:
+            t.add_column(c.replace("_", " "), justify="left" if c in ("router", "policy")
+                         else "right")
+        for r in doc["rows"]:
+            if r["workload"] == workload:
+                t.add_row(*(fmt_metric(c, r.get(c)) for c in cols))
+        out.append(t)
+    return out
+
+
 @click.command("reproduce")
 @click.argument("name", type=click.Choice(NAMES))
 @click.option("--trace", "-t", default=None,
@@ -154,6 +174,10 @@ def reproduce_cmd(name: str, trace: str | None, gaps: str, prompt_nodes: str, qu
         return
     if name == "cache-engineering":
         cache_engineering_tables(doc)
+        return
+    if name == "fleet":
+        for table in fleet_tables(doc):
+            console().print(table)
         return
     t = Table(title=f"kvsim reproduce {name} -- {doc['trace_kind']}, gaps {doc['gaps']}")
     cols = list(rows[0]) if rows else []
