@@ -27,6 +27,7 @@ from .orders import ORDERS, get_order, register_order
 from .registry import POLICIES, get_policy, load_policy_class, register_policy
 
 from . import zoo  # last: registers the zoo's policies (policies/zoo/) by name  # isort: skip
+from . import routers  # registers the built-in routers (policies/routers/)  # isort: skip
 
 __all__ = [
     "BLOCK",
@@ -64,5 +65,6 @@ __all__ = [
     "load_policy_class",
     "register_order",
     "register_policy",
+    "routers",
     "zoo",
 ]

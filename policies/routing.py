@@ -316,10 +316,10 @@ def register_router(cls: type[Router]) -> type[Router]:
 
 
 def get_router(text: str | Router, params: dict[str, Any] | None = None) -> Router:
-    """A fresh router: a registered name (``policies/routers/``), or ``FILE.py:CLASS`` (a
+    """A fresh router: a registered name (``policies/routers/``, registered when ``policies``
+    is imported), or ``FILE.py:CLASS`` (a
     ``Router`` subclass in the user's file); parameters from ``params`` and/or after a ``?``
     as ``k=v`` pairs joined by ``&`` (``power-of-two?x=1``)."""
-    from . import routers  # noqa: F401  registers the built-in routers
     from .registry import is_policy_file, load_user_class
 
     if isinstance(text, Router):
