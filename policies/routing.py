@@ -207,8 +207,9 @@ class Router:
     None) say which beliefs the fleet keeps for it; router-local in-flight counts are always
     there. ``bind`` gives it the fleet's size and a seeded RNG (``self.rng``, a
     ``numpy.random.Generator``): use it, and only it, for random choices and ties, so a run
-    stays a pure function of (trace, config, seed). ``on_finish`` is called when a request it
-    routed finishes (optional bookkeeping; the fleet already updates the in-flight counts).
+    stays a pure function of (trace, config, seed). Optional bookkeeping hooks (the fleet
+    already keeps the in-flight counts): ``on_first_token`` when a request it routed gets its
+    first token (its prefill is done), ``on_finish`` when it finishes or is dropped.
     """
 
     name: ClassVar[str] = ""
@@ -260,6 +261,10 @@ class Router:
     def route(self, request: RouteRequest, view: RouterView) -> int:
         """The replica (0 .. len(view) - 1) that serves ``request``."""
         raise NotImplementedError
+
+    def on_first_token(self, rid: int, replica: int, now: float) -> None:
+        """The first token of a request this router sent to ``replica`` came back (again
+        after a retraction re-runs its prefill)."""
 
     def on_finish(self, rid: int, replica: int, now: float) -> None:
         """A request this router sent to ``replica`` finished (or was dropped)."""

@@ -187,8 +187,6 @@ class RunConfig:
         if isinstance(self.replicas, bool) or not isinstance(self.replicas, int) \
                 or self.replicas < 1:
             raise bad("replicas", f"must be a positive integer, got {self.replicas!r}")
-        if self.replicas > 62:
-            raise bad("replicas", f"at most 62 replicas, got {self.replicas}")
         if not isinstance(self.router_params, dict):
             raise bad("router_params", "must be a mapping of parameter names to values")
         if self.router_params and self.router is None:

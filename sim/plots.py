@@ -58,6 +58,10 @@ def plot_run_dir(d: Path, out: Path) -> list[Path]:
     ax.grid(alpha=0.3)
     ax.legend()
     paths = [_save(fig, out / "ttft_cdf.png")]
+    for r in runs:  # fleets (--replicas): each replica's load over time
+        if (d / r["policy"] / "load.parquet").is_file():
+            paths.append(_replica_load(d / r["policy"] / "load.parquet", r, title,
+                                       out / f"replica_load_{r['policy']}.png"))
     if len(runs) > 1:
         paths.append(_bars(
             [r["policy"] for r in runs[1:]],
@@ -69,6 +73,24 @@ def plot_run_dir(d: Path, out: Path) -> list[Path]:
             f"Mean TTFT and job completion time against {runs[0]['policy']}\n{title}",
             out / "change_vs_first.png"))
     return paths
+
+
+def _replica_load(path: Path, run: dict[str, Any], title: str, png: Path) -> Path:
+    """Requests in each replica (waiting + running), sampled at every routing decision."""
+    df = pd.read_parquet(path)
+    s = run["summary"]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for replica, g in df.groupby("replica", sort=True):
+        ax.step(g["time_s"], g["waiting"] + g["running"], where="post", lw=0.8,
+                label=f"replica {replica}")
+    ax.set_xlabel("simulated time (s)")
+    ax.set_ylabel("requests in the replica (waiting + running)")
+    ax.set_title(f"Load per replica, {run['policy']}, router {s.get('router', '?')} "
+                 f"(busy-time CV {s.get('load_cv_busy') or 0:.2f})\n{title}", fontsize=10)
+    ax.grid(alpha=0.3)
+    if df["replica"].nunique() <= 16:
+        ax.legend(fontsize=8, ncol=2)
+    return _save(fig, png)
 
 
 def _bars(labels: list[str], series: dict[str, list[float]], ylabel: str, title: str,

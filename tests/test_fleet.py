@@ -9,6 +9,7 @@ import json
 import math
 from dataclasses import replace
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -314,6 +315,9 @@ def test_user_router_from_the_cli(tmp_path):
     assert s["replicas"] == 3 and s["router"] == "prefix-or-least-load(slack=2,lag_s=0.5)"
     assert not math.isnan(s["belief_error_mean_tokens"])
     assert (out / "penelope" / "load.parquet").is_file()
+    plotted = CliRunner().invoke(cli, ["plot", str(out)])
+    assert plotted.exit_code == 0, plotted.output
+    assert (out / "replica_load_penelope.png").stat().st_size > 0
     bad = CliRunner().invoke(cli, ["run", "--replicas", "2", "--router", "nope"])
     assert bad.exit_code == 2 and "router" in bad.output
 
@@ -333,3 +337,70 @@ def test_user_router_from_a_sweep(tmp_path):
     assert list(df["replicas"]) == ["1", "2", "1", "2"]  # grid values as written
     assert list(df["router"].str.endswith("PrefixOrLeastLoad")) == [False, False, True, True]
     assert df["affinity"].notna().all() and (df["requests"] > 0).all()
+
+
+class Counting(Router):
+    """Least load; counts the hooks the fleet calls (class-level: the run makes the
+    instance)."""
+
+    name = "test-counting"
+    seen: ClassVar[dict] = {}
+
+    def bind(self, n_replicas, block_size, rng) -> None:
+        super().bind(n_replicas, block_size, rng)
+        Counting.seen = {"first": [], "finish": [], "routed": {}}
+
+    def route(self, request, view):
+        r = self.argmin([x.in_flight for x in view.replicas])
+        Counting.seen["routed"][request.rid] = r
+        return r
+
+    def on_first_token(self, rid, replica, now):
+        Counting.seen["first"].append((rid, replica))
+
+    def on_finish(self, rid, replica, now):
+        Counting.seen["finish"].append((rid, replica))
+
+
+register_router(Counting)
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_router_hooks_are_called_once_per_request(engine):
+    res = run(_cfg(engine, router="test-counting", replicas=2))
+    seen = Counting.seen
+    routed = seen["routed"]
+    assert sorted(rid for rid, _ in seen["finish"]) == sorted(routed)  # each once
+    assert all(routed[rid] == r for rid, r in seen["finish"] + seen["first"])
+    served = set(res.requests.loc[~res.requests["dropped"].astype(bool), "request"])
+    assert {rid for rid, _ in seen["first"]} == served
+
+
+class NumpyChoice(Router):
+    """Returns numpy integers (np.argmin), as a user's router may."""
+
+    name = "test-numpy-choice"
+    bad: bool = False
+
+    def route(self, request, view):
+        if self.bad:
+            return len(view)
+        return np.argmin([r.in_flight for r in view.replicas])
+
+
+register_router(NumpyChoice)
+
+
+def test_a_router_may_return_numpy_integers_but_not_outside_the_fleet():
+    from sim.fleet.fleet import RoutingError
+
+    res = run(_cfg("sglang", router="test-numpy-choice", replicas=3))
+    assert set(res.requests["replica"]) == {0, 1, 2}
+    with pytest.raises(RoutingError, match="not a replica index"):
+        run(_cfg("sglang", router="test-numpy-choice", router_params={"bad": True},
+                 replicas=3))
+
+
+def test_many_replicas():
+    res = run(_cfg("sglang", router="least-load", replicas=70))
+    assert res.summary["replicas"] == 70 and len(res.summary["replica_summaries"]) == 70

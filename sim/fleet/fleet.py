@@ -14,6 +14,8 @@ blocks per replica plus one pass for the belief; no per-token work.
 
 from __future__ import annotations
 
+import numbers
+
 import simpy
 
 from costmodel.estimate import PrefillEstimate
@@ -90,11 +92,9 @@ class Fleet:
         if isinstance(load, ScrapedMetrics):
             self.scraper = Scraper(env, replicas, load.scrape_s)
             self.scraper.start()
-        self.predicted: Predicted | None = None
-        if isinstance(load, PredictedLoad):
-            self.predicted = Predicted(n)
-            for i, engine in enumerate(replicas):
-                engine.rec.on_first_token = self._prefill_done_at(i)
+        self.predicted = Predicted(n) if isinstance(load, PredictedLoad) else None
+        for i, engine in enumerate(replicas):
+            engine.rec.on_first_token = self._first_token_at(i)
         self.last_replica: dict[int, int] = {}  # session -> replica of its last request
         self.decisions = Decisions()
         # per-replica load over time: sampled at every decision (the truth, for plots)
@@ -113,10 +113,12 @@ class Fleet:
         sizes = self.belief.sizes() if self.belief is not None else None
         request = RouteRequest(req.rid, req.session, now, req.prompt_tokens, ids, bs)
         view = RouterView(now, tuple(self._replica_view(i, overlaps, sizes) for i in range(n)))
-        r = self.router.route(request, view)
-        if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < n:
-            raise RoutingError(f"router {self.router.label!r} returned {r!r} for request "
+        choice = self.router.route(request, view)
+        if isinstance(choice, bool) or not isinstance(choice, numbers.Integral) \
+                or not 0 <= choice < n:
+            raise RoutingError(f"router {self.router.label!r} returned {choice!r} for request "
                                f"{req.rid}: not a replica index in 0..{n - 1}")
+        r = int(choice)  # numpy integers too
         if self.belief is not None:
             self.belief.routed(ids, r, now)
         self.inflight.dispatched(r, req.prompt_tokens)
@@ -178,7 +180,9 @@ class Fleet:
             self.predicted.freed(r, req.rid, req.ids)
         self.router.on_finish(req.rid, r, self.env.now)
 
-    def _prefill_done_at(self, replica: int):
-        def done(req) -> None:
-            self.predicted.prefill_done(replica, req.rid)
-        return done
+    def _first_token_at(self, replica: int):
+        def first_token(req) -> None:
+            if self.predicted is not None:
+                self.predicted.prefill_done(replica, req.rid)
+            self.router.on_first_token(req.rid, replica, self.env.now)
+        return first_token
