@@ -123,3 +123,13 @@ def test_preble_exploits_when_the_cached_part_is_longer_than_the_missed_part():
     assert preble.select(0, 1000, [], cost, rng) == (1, preble.EXPLORE)
     # load cost: windowed prefill seconds + active * expected output * TPOT
     assert preble.window_cost([1.0, 2.5], 2, 100, 0.15) == pytest.approx(33.5)
+
+
+def test_dynamo_active_prefix_counts_chained_ids_like_a_scan():
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        # active: whole chained prompts (prefixes of one id chain), then a request on it
+        chain = list(range(100, 100 + int(rng.integers(1, 40))))
+        active = {b: 1 for b in chain[: int(rng.integers(0, len(chain) + 1))]}
+        ids = chain[: int(rng.integers(0, len(chain) + 1))] + [999, 1000][: int(rng.integers(3))]
+        assert dynamo.active_prefix(ids, active) == sum(1 for b in ids if b in active)

@@ -58,6 +58,19 @@ def costs(isl_tokens: int, block_size: int, overlap_blocks: Sequence[float],
     return out
 
 
+def active_prefix(ids: Sequence[int], active: dict[int, int]) -> int:
+    """How many of ``ids`` are in ``active``. Ids are chained, so an active set made of whole
+    prompts holds a prefix of any prompt: a binary search finds its end."""
+    lo, hi = 0, len(ids)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if ids[mid - 1] in active:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 def sample(costs_w: Sequence[float], tree_sizes: Sequence[float], temperature: float,
            rng: np.random.Generator) -> int:
     """Dynamo's ``softmax_sample`` with its zero-temperature tie-break."""
@@ -113,10 +126,8 @@ class DynamoKV(Router):
 
     def route(self, request: RouteRequest, view: RouterView) -> int:
         ids = request.block_ids.tolist()
-        decode = []
-        for r in view.replicas:
-            act = self.active[r.index]
-            decode.append(len(act) + sum(1 for b in ids if b not in act))
+        decode = [len(self.active[r.index]) + len(ids) - active_prefix(ids, self.active[r.index])
+                  for r in view.replicas]
         c = costs(request.prompt_tokens, request.block_size,
                   [r.overlap_blocks or 0 for r in view.replicas],
                   [r.active_prefill_tokens or 0 for r in view.replicas], decode,
