@@ -111,3 +111,16 @@ def test_reproduce_fleet_json_prints_one_document(monkeypatch):
     assert all(set(exp_fleet.COLUMNS) <= set(r) for r in doc["rows"])
     assert {r["workload"] for r in doc["rows"]} == {"cc-traces", "prefix-groups"}
     assert any("mooncake workload left out" in n for n in doc["notes"])
+
+
+def test_reproduce_fleet_prints_a_table_per_workload(monkeypatch):
+    monkeypatch.setattr(exp_fleet, "ROUTERS", ("sglang-cache-aware",))
+    monkeypatch.setattr(exp_fleet, "POLICIES", ("sglang",))
+    monkeypatch.setattr(exp_fleet, "QUICK_REPLICAS", (2,))
+    monkeypatch.setattr(exp_fleet, "MOONCAKE", exp_fleet.MOONCAKE.with_name("absent.jsonl"))
+    res = CliRunner().invoke(cli, ["reproduce", "fleet", "--quick",
+                                   "--trace", "synthetic:claude-code"])
+    assert res.exit_code == 0, res.output
+    for workload in ("cc-traces", "prefix-groups"):
+        assert f"kvsim reproduce fleet -- {workload}" in res.stdout
+    assert "sglang-cache-aware" in res.stdout and "mooncake workload left out" in res.stdout
