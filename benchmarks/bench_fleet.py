@@ -56,15 +56,18 @@ class _Timer:
                         setattr(EngineBase, "submit", engine_submit))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", default=str(DEFAULT_TRACE))
     ap.add_argument("--replicas", type=int, default=8)
     ap.add_argument("--routers", default="round-robin,least-load,session-affinity,"
-                    "docs/examples/prefix_or_least_load.py:PrefixOrLeastLoad")
+                    f"{REPO}/docs/examples/prefix_or_least_load.py:PrefixOrLeastLoad")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    if not Path(args.trace).is_file():
+        print(f"{args.trace}: no Mooncake trace here; nothing to measure")
+        return 0
 
     from sim.config import RunConfig
     from sim.runner import load_run_trace, run
@@ -104,15 +107,16 @@ def main() -> None:
             **info[key]})
     if args.json:
         print(json.dumps({"trace": args.trace, "repeat": args.repeat, "rows": rows}))
-        return
+        return 0
     print(f"{'variant':<18}{'replicas':>9}{'wall s':>9}{'x single':>10}{'layer us/req':>14}"
           f"{'requests':>10}{'ttft s':>10}{'hit':>7}")
     for r in rows:
         us = r["fleet_layer_us_per_request"]
-        print(f"{r['variant']:<18}{r['replicas']:>9}{r['wall_s']:>9.2f}"
+        print(f"{r['variant'].rpartition('/')[2]:<18}{r['replicas']:>9}{r['wall_s']:>9.2f}"
               f"{r['ratio_to_single']:>10.2f}{'' if us is None else f'{us:.0f}':>14}"
               f"{r['requests']:>10}{r['ttft_mean_s']:>10.2f}{r['hit_rate']:>7.3f}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

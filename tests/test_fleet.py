@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from policies import PolicyError
 from policies.routing import (
+    ROUTERS,
     ApproxTree,
     ApproxTTL,
     KVEvents,
@@ -85,7 +86,6 @@ class PredictedProbe(Router):
 
 register_router(ScrapedProbe)
 register_router(PredictedProbe)
-PROBES = (ScrapedProbe.name, PredictedProbe.name)
 
 
 # --- the golden: one replica behind any router is today's single server ------------------
@@ -93,7 +93,7 @@ PROBES = (ScrapedProbe.name, PredictedProbe.name)
 def test_one_replica_equals_single_server_for_every_router(engine):
     single = run(_cfg(engine))
     assert "replicas" not in single.summary and "replica" not in single.requests
-    for router in (*SIMPLE, *PROBES, f"{EXAMPLE}:PrefixOrLeastLoad"):
+    for router in (*sorted(ROUTERS), f"{EXAMPLE}:PrefixOrLeastLoad"):  # every registered one
         fleet = run(_cfg(engine, router=router))
         for k, v in single.summary.items():
             assert fleet.summary[k] == v or (v != v and fleet.summary[k] != fleet.summary[k]), \
@@ -103,9 +103,9 @@ def test_one_replica_equals_single_server_for_every_router(engine):
 
 
 # --- every request once; fleet totals are the sum of the replicas' -----------------------
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(router=st.sampled_from([*SIMPLE, *PROBES, f"{EXAMPLE}:PrefixOrLeastLoad"]),
-       replicas=st.integers(2, 4), seed=st.integers(0, 3),
+@pytest.mark.parametrize("router", [*sorted(ROUTERS), f"{EXAMPLE}:PrefixOrLeastLoad"])
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(replicas=st.integers(2, 4), seed=st.integers(0, 3),
        engine=st.sampled_from(["sglang", "vllm"]))
 def test_every_request_served_once_and_totals_add_up(router, replicas, seed, engine):
     res = run(_cfg(engine, router=router, replicas=replicas, seed=seed))
@@ -178,6 +178,16 @@ def test_event_index_without_lag_is_the_truth(engine):
     s = _run_with(EventsLongest, engine, 65536).summary
     assert s["evicted_tokens"] > 0
     assert s["belief_error_mean_tokens"] == 0.0 and s["belief_wrong_share"] == 0.0
+
+
+@pytest.mark.parametrize("tiering,preset", [("unified", "sglang"), ("unified", "penelope"),
+                                            ("hicache", "sglang")])
+def test_event_index_follows_demotions_and_loads_of_a_cpu_tier(tiering, preset):
+    cfg = replace(BASE, router=EventsLongest.name, replicas=3, gpu_cache=49152,
+                  cpu_cache=32768, tiering=tiering, scheduler="lpm-cpu").with_preset(preset)
+    s = run(cfg).summary
+    assert s["demoted_tokens"] > 0 and s["evicted_tokens"] > 0
+    assert s["belief_error_mean_tokens"] == 0.0
 
 
 def test_lagged_events_are_wrong_sometimes():
