@@ -23,10 +23,8 @@ from policies.scheduling import get_scheduler
 from sim.config import ConfigError, RunConfig
 from sim.context import ContextRun, context_summary, parse_context
 from sim.engines import SGLangServer, VllmServer
-from sim.engines.vllm import free_order_name
 from sim.io import atomic_write_parquet, atomic_write_text, dumps
 from sim.kvcache import RadixKVCache
-from sim.kvcache.blockpool import BlockPool
 from sim.metrics import RunRecorder
 from sim.replay import Replay
 
@@ -72,8 +70,35 @@ def trace_loads() -> int:
     return _load.cache_info().misses
 
 
-def bind_policy(env: simpy.Environment, cfg: RunConfig, spec, profile, policy) -> None:
-    """Give a policy its run context (the clock, the block size, the seed, recompute cost)."""
+def run(cfg: RunConfig, trace=None) -> RunResult:
+    cfg.validate()
+    try:
+        spec = get_spec(cfg.model)
+    except KeyError as e:
+        raise ConfigError("config", "model", str(e.args[0])) from None
+    profile = load_profile(cfg.profile, cfg.model)
+    if trace is None:
+        trace = load_run_trace(cfg)
+    if cfg.is_fleet:  # replicas behind a router (sim/fleet)
+        from sim.fleet.run import run_fleet
+
+        return run_fleet(cfg, trace, spec, profile)
+    gaps = trace.gaps(cfg.gaps)
+    policy = cfg.make_policy()
+    tiers = {}
+    if cfg.cpu_cache:
+        tiers = dict(cpu_capacity_blocks=cfg.cpu_cache // cfg.block_size, tiering=cfg.tiering,
+                     swap_buffer_blocks=cfg.swap_buffer // cfg.block_size,
+                     write_policy=cfg.hicache_write_policy,
+                     load_threshold_tokens=cfg.hicache_load_threshold,
+                     block_size=cfg.block_size)
+    strategy = parse_context(cfg.context)
+    context = None if strategy.is_full else ContextRun(strategy, trace, cfg.block_size)
+    sessions = trace.sessions
+    rec = RunRecorder([s.id for s in sessions], [s.first for s in sessions],
+                      [s.parent >= 0 for s in sessions],
+                      [s.shared_prefix_blocks for s in sessions])
+    env = simpy.Environment()
     base = profile.prefill_seconds(Units())
 
     def recompute_seconds(a: int, b: int) -> float:
@@ -82,43 +107,24 @@ def bind_policy(env: simpy.Environment, cfg: RunConfig, spec, profile, policy) -
 
     policy.bind(PolicyContext(now=lambda: env.now, block_size=cfg.block_size, seed=cfg.seed,
                               recompute_seconds=recompute_seconds))
-
-
-def build_engine(env: simpy.Environment, cfg: RunConfig, spec, profile, policy,
-                 rec: RunRecorder, trace, versioned: bool = False,
-                 cache_cls: type[RadixKVCache] = RadixKVCache,
-                 pool_cls: type[BlockPool] | None = None):
-    """One server for ``cfg`` (``cache_cls``/``pool_cls``: the fleet's observed caches)."""
     if cfg.engine == "vllm":
-        if pool_cls is None:
-            return VllmServer.build(env, cfg, spec, profile, policy, rec, trace)
-        pool = pool_cls(cfg.gpu_cache // cfg.block_size, cfg.block_size,
-                        free_order_name(policy), debug=cfg.debug_cache)
-        return VllmServer(env, cfg, spec, profile, pool, policy, rec, trace.finish_block_ids,
-                          getattr(trace, "block_regions", None))
-    tiers = {}
-    if cfg.cpu_cache:
-        tiers = dict(cpu_capacity_blocks=cfg.cpu_cache // cfg.block_size, tiering=cfg.tiering,
-                     swap_buffer_blocks=cfg.swap_buffer // cfg.block_size,
-                     write_policy=cfg.hicache_write_policy,
-                     load_threshold_tokens=cfg.hicache_load_threshold,
-                     block_size=cfg.block_size)
-    cache = cache_cls(cfg.gpu_cache // cfg.block_size, policy, debug=cfg.debug_cache,
-                      versioned=versioned, **tiers)
-    return SGLangServer(env, cfg, spec, profile, cache, get_scheduler(cfg.scheduler),
-                        rec, trace.finish_block_ids, getattr(trace, "block_regions", None))
-
-
-def recorder_for(trace, cls: type[RunRecorder] = RunRecorder) -> RunRecorder:
-    sessions = trace.sessions
-    return cls([s.id for s in sessions], [s.first for s in sessions],
-               [s.parent >= 0 for s in sessions], [s.shared_prefix_blocks for s in sessions])
-
-
-def run_fields(cfg: RunConfig, policy, profile, spec, trace, table: pd.DataFrame
-               ) -> dict[str, Any]:
-    """The configuration fields every run summary carries beside its metrics."""
-    return {
+        server = VllmServer.build(env, cfg, spec, profile, policy, rec, trace)
+    else:
+        cache = RadixKVCache(cfg.gpu_cache // cfg.block_size, policy, debug=cfg.debug_cache,
+                             versioned=strategy.drops, **tiers)
+        server = SGLangServer(env, cfg, spec, profile, cache, get_scheduler(cfg.scheduler),
+                              rec, trace.finish_block_ids, getattr(trace, "block_regions", None))
+    replay = Replay(env, trace, server, gaps, trace.start_offsets(cfg.gaps), cfg.sessions,
+                    cfg.time_scale, context)
+    driver = env.process(replay.closed_loop() if cfg.replay == "closed" else replay.open_loop())
+    env.run(until=driver)
+    if cfg.replay == "open":  # the last replies may still be in flight
+        while server.busy():
+            env.step()
+    server.close()
+    table = rec.table()
+    summary = rec.summary(env.now, cfg.block_size, table)
+    summary.update({
         "policy": policy.label, "model": cfg.model, "profile": profile.name,
         "profile_provenance": profile.provenance, "gpu_cache_tokens": cfg.gpu_cache,
         "cpu_cache_tokens": cfg.cpu_cache, "n_sessions": cfg.sessions, "gaps": cfg.gaps,
@@ -131,51 +137,16 @@ def run_fields(cfg: RunConfig, policy, profile, spec, trace, table: pd.DataFrame
         "over_context_requests": int(((table["prompt_tokens"] > spec.max_context)
                                       & ~table["dropped"].astype(bool)).sum())
         if len(table) else 0,
-    }
-
-
-def run(cfg: RunConfig, trace=None) -> RunResult:
-    cfg.validate()
-    try:
-        spec = get_spec(cfg.model)
-    except KeyError as e:
-        raise ConfigError("config", "model", str(e.args[0])) from None
-    profile = load_profile(cfg.profile, cfg.model)
-    if trace is None:
-        trace = load_run_trace(cfg)
-    if cfg.is_fleet:
-        from sim.fleet.run import run_fleet
-
-        return run_fleet(cfg, trace, spec, profile)
-    gaps = trace.gaps(cfg.gaps)
-    policy = cfg.make_policy()
-    strategy = parse_context(cfg.context)
-    context = None if strategy.is_full else ContextRun(strategy, trace, cfg.block_size)
-    rec = recorder_for(trace)
-    env = simpy.Environment()
-    bind_policy(env, cfg, spec, profile, policy)
-    server = build_engine(env, cfg, spec, profile, policy, rec, trace, strategy.drops)
-    replay = Replay(env, trace, server, gaps, trace.start_offsets(cfg.gaps), cfg.sessions,
-                    cfg.time_scale, context)
-    driver = env.process(replay.closed_loop() if cfg.replay == "closed" else replay.open_loop())
-    env.run(until=driver)
-    if cfg.replay == "open":  # the last replies may still be in flight
-        while server.busy():
-            env.step()
-    server.close()
-    table = rec.table()
-    summary = rec.summary(env.now, cfg.block_size, table)
-    summary.update(run_fields(cfg, policy, profile, spec, trace, table))
+    })
     if context is not None:  # only then: results under ``full`` stay exactly as they were
         summary.update(context_summary(strategy, table, rec.counters, env.now,
-                                       server.cache.working_peak_blocks * cfg.block_size,
+                                       cache.working_peak_blocks * cfg.block_size,
                                        cfg.block_size))
     return RunResult(cfg, table, summary)
 
 
 def write_result(result: RunResult, out: str | Path) -> None:
-    """requests.parquet (and any other table), config.json, then summary.json under ``out``
-    (each atomically)."""
+    """requests.parquet, config.json, then summary.json under ``out`` (each atomically)."""
     out = Path(out)
     atomic_write_parquet(result.requests, out / "requests.parquet")
     for name, df in result.tables.items():  # a fleet's load.parquet

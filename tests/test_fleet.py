@@ -324,7 +324,18 @@ def test_user_router_from_the_cli(tmp_path):
     s = json.loads(res.stdout)["runs"][0]["summary"]
     assert s["replicas"] == 3 and s["router"] == "prefix-or-least-load(slack=2,lag_s=0.5)"
     assert not math.isnan(s["belief_error_mean_tokens"])
-    assert (out / "penelope" / "load.parquet").is_file()
+    import pandas as pd
+
+    req = pd.read_parquet(out / "penelope" / "requests.parquet")
+    routing = pd.read_parquet(out / "penelope" / "routing.parquet")
+    load = pd.read_parquet(out / "penelope" / "load.parquet")
+    assert sorted(routing["request"]) == sorted(req["request"])
+    assert (routing.set_index("request")["replica"].sort_index()
+            == req.set_index("request")["replica"].sort_index()).all()
+    assert len(load) == 3 * len(routing) and (routing["true_tokens"] <= routing["best_tokens"]
+                                              ).all()
+    assert routing["same_replica"].sum() / routing["follow_up"].sum() == pytest.approx(
+        s["affinity"])
     plotted = CliRunner().invoke(cli, ["plot", str(out)])
     assert plotted.exit_code == 0, plotted.output
     assert (out / "replica_load_penelope.png").stat().st_size > 0
@@ -414,3 +425,19 @@ def test_a_router_may_return_numpy_integers_but_not_outside_the_fleet():
 def test_many_replicas():
     res = run(_cfg("sglang", router="least-load", replicas=70))
     assert res.summary["replicas"] == 70 and len(res.summary["replica_summaries"]) == 70
+
+
+@pytest.mark.parametrize("extra", [
+    dict(replay="open", time_scale=0.05),
+    dict(cpu_cache=32768, tiering="unified", scheduler="lpm-cpu"),
+    dict(cpu_cache=32768, tiering="hicache", scheduler="lpm-cpu"),
+])
+def test_one_replica_equals_single_server_open_loop_and_tiers(extra):
+    cfg = replace(BASE, gpu_cache=49152, **extra).with_preset("sglang")
+    single = run(cfg)
+    for router in ("round-robin", EventsLongest.name, ScrapedProbe.name):
+        fleet = run(replace(cfg, router=router))
+        for k, v in single.summary.items():
+            assert fleet.summary[k] == v or (v != v and fleet.summary[k] != fleet.summary[k]), \
+                (router, k)
+        assert fleet.requests.drop(columns=["replica"]).equals(single.requests), router

@@ -55,11 +55,21 @@ CONTEXT_ROWS = ("request_latency_mean_s", "request_latency_p95_s", "input_tokens
                 "output_tokens_per_s", "kv_peak_tokens", "context_dropped_tokens",
                 "reprefill_tokens", "rerotated_tokens", "summary_calls",
                 "context_edits_blocked")
-
-
 # Rows of fleet runs (--replicas/--router; sim/fleet/metrics.py defines them).
 FLEET_ROWS = ("reuse_available", "reuse_captured", "reuse_delivered", "affinity",
               "load_cv_busy", "load_cv_queue", "belief_error_mean_tokens")
+
+
+def router_params(items: tuple[str, ...]) -> dict[str, str]:
+    """``--router-param K=V`` items into a dict (values stay text: the router class types
+    them)."""
+    out: dict[str, str] = {}
+    for item in items:
+        k, sep, v = item.partition("=")
+        if not sep or not k.strip():
+            raise click.BadParameter(f"{item!r} is not K=V", param_hint="--router-param")
+        out[k.strip()] = v.strip()
+    return out
 
 
 def print_table(runs: list[dict[str, Any]], title: str, lenient: bool = False) -> None:
@@ -71,10 +81,10 @@ def print_table(runs: list[dict[str, Any]], title: str, lenient: bool = False) -
         t.add_column(r["policy"], justify="right")
     extra = ("cpu_hit_rate", "bytes_h2d", "bytes_d2h", "swap_buffer_loads") if any(
         r["summary"].get("cpu_cache_tokens") for r in runs) else ()
+    extra += FLEET_ROWS if any("replicas" in r["summary"] for r in runs) else ()
     shown = [k for k in WHEN_NONZERO if any(r["summary"].get(k) for r in runs)
              or (lenient and k in LENIENT_ROWS)]
     ctx = CONTEXT_ROWS if any("context" in r["summary"] for r in runs) else ()
-    ctx += FLEET_ROWS if any("replicas" in r["summary"] for r in runs) else ()
     for k in (*COMPARED, *extra, "requests", "evicted_tokens", *ctx, *shown):
         cells = []
         for i, r in enumerate(runs):
@@ -87,13 +97,13 @@ def print_table(runs: list[dict[str, Any]], title: str, lenient: bool = False) -
     console().print(t)
 
 
-def parse_params(items: tuple[str, ...], option: str = "--policy-param") -> dict[str, str]:
+def parse_params(items: tuple[str, ...]) -> dict[str, str]:
     """``K=V`` items into a dict (values stay text: the policy class types them)."""
     out: dict[str, str] = {}
     for item in items:
         k, sep, v = item.partition("=")
         if not sep or not k.strip():
-            raise click.BadParameter(f"{item!r} is not K=V", param_hint=option)
+            raise click.BadParameter(f"{item!r} is not K=V", param_hint="--policy-param")
         out[k.strip()] = v.strip()
     return out
 
@@ -191,6 +201,14 @@ class RunInputError(ValueError):
                    "recorded send times.")
 @click.option("--time-scale", type=float, default=1.0, show_default=True,
               help="Open loop: multiply recorded send times (0.5 = twice the request rate).")
+@click.option("--replicas", type=int, default=1, show_default=True,
+              help="Replicas of the engine behind a router, on one clock (docs/fleet.md).")
+@click.option("--router", default=None,
+              help="Router of a fleet: round-robin (default with --replicas > 1), random, "
+                   "least-load, power-of-two, session-affinity, the field's routers, or "
+                   "FILE.py:CLASS (your own Router subclass).")
+@click.option("--router-param", "router_param_items", multiple=True, metavar="K=V",
+              help="Parameter of the --router class (repeatable; typed like its default).")
 @click.option("--engine", type=click.Choice(["sglang", "vllm"]), default="sglang",
               show_default=True,
               help="The server: sglang (SGLang 0.5.23: radix tree, chunk nodes, admission "
@@ -238,14 +256,6 @@ class RunInputError(ValueError):
 @click.option("--max-running", type=int, default=None,
               help="Most requests running at once (default: the engine's: SGLang's "
                    "max_running_requests, large; vLLM's max_num_seqs, 1024).")
-@click.option("--replicas", type=int, default=1, show_default=True,
-              help="Replicas of the engine behind a router, on one clock (docs/fleet.md).")
-@click.option("--router", default=None,
-              help="Router of a fleet: round-robin (default with --replicas > 1), random, "
-                   "least-load, power-of-two, session-affinity, the field's routers, or "
-                   "FILE.py:CLASS (your own Router subclass).")
-@click.option("--router-param", "router_params", multiple=True, metavar="K=V",
-              help="Parameter of the --router class (repeatable; typed like its default).")
 @click.option("--debug-cache", is_flag=True, help="Recount cache invariants after every op.")
 @click.option("--out", "-o", default=None, help="Write requests.parquet, config.json, "
               "summary.json per run under this folder (checked before anything runs).")
@@ -253,9 +263,10 @@ class RunInputError(ValueError):
 def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select, gap_model,
             lenient, seed, cache_dir, rebuild_sessions, model, profile, gpu_cache, cpu_cache,
             tiering, swap_buffer, hicache_write_policy, sessions, replay, time_scale, engine,
+            replicas, router, router_param_items,
             preset, evict, granularity, order, policies, policy_params, scheduler, context,
-            chunk_size, prompt_nodes, max_new_tokens, max_running, replicas, router,
-            router_params, debug_cache, out, as_json) -> None:
+            chunk_size, prompt_nodes, max_new_tokens, max_running, debug_cache, out,
+            as_json) -> None:
     """Replay a trace through the simulated server under each policy; report TTFT, JCT, hits."""
     from costmodel.specs import get_spec
     from sim.checks import check_model_and_profile
@@ -269,13 +280,14 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
         max_context=max_context, block_size=block_size, gaps=gap_model, lenient=lenient,
         trace_cache_dir=cache_dir, rebuild_sessions=rebuild_sessions,
         sessions=sessions, replay=replay, time_scale=time_scale, engine=engine,
+        replicas=replicas, router=router,
+        router_params=router_params(router_param_items),
         model=model, profile=profile, gpu_cache=gpu_cache, cpu_cache=cpu_cache,
         tiering=tiering, swap_buffer=swap_buffer, hicache_write_policy=hicache_write_policy,
         scheduler=scheduler, context=context, chunk_size=chunk_size,
         checkpoint_chunks=prompt_nodes == "chunked",
         max_new_tokens=max_new_tokens, max_running=max_running, seed=seed,
-        debug_cache=debug_cache, replicas=replicas, router=router,
-        router_params=parse_params(router_params, "--router-param"))
+        debug_cache=debug_cache)
     configs = policy_configs(base, preset, evict, granularity, order, policies, policy_params)
     # Every input check before any work: configs, model, profile, the output folder.
     for cfg in configs:

@@ -31,7 +31,13 @@ import numpy as np
 import pandas as pd
 
 from sim.metrics import RunRecorder
-from sim.runner import recorder_for
+
+
+def recorder_for(trace, cls: type[RunRecorder] = RunRecorder) -> RunRecorder:
+    """A recorder for ``trace``'s sessions (as ``sim.runner.run`` makes one)."""
+    sessions = trace.sessions
+    return cls([s.id for s in sessions], [s.first for s in sessions],
+               [s.parent >= 0 for s in sessions], [s.shared_prefix_blocks for s in sessions])
 
 
 def merge_recorders(trace, recs: list[RunRecorder], sessions: RunRecorder) -> RunRecorder:

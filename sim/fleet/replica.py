@@ -1,14 +1,18 @@
 """The small hooks that let an unchanged engine serve in a fleet.
 
-An engine never learns it is in a fleet. The fleet builds each replica with:
+An engine never learns it is in a fleet. The fleet builds each replica exactly as a single run
+builds its server (``sim.fleet.run.build_engine``), then ``observe`` gives it:
 
-- an observed cache (``ObservedRadixKVCache`` for the sglang engine, ``ObservedBlockPool``
-  for vllm): the same class with the same behaviour, which also reports KV events
+- an observed cache: the engine's cache object is re-typed to its observed subclass
+  (``ObservedRadixKVCache`` for the sglang engine's ``RadixKVCache``, ``ObservedBlockPool``
+  for vllm's ``BlockPool``): the same state and the same behaviour (the subclasses add no
+  state and change no decision), which also reports KV events
   (blocks stored on / removed from the GPU) to an optional sink, and answers a read-only
   question the fleet asks to measure its router's belief: how many leading blocks of a
   prompt are on the GPU right now (``gpu_prefix_blocks``);
-- an observed recorder (``ObservedRecorder``): the engine's ``RunRecorder``, which also tells
-  a listener when a request's first token comes back (Dynamo's prefill-complete signal).
+- an observed recorder (``ObservedRecorder``, handed to the engine when it is built): a
+  ``RunRecorder`` which also tells a listener when a request's first token comes back
+  (Dynamo's prefill-complete signal).
 
 Event coverage: every GPU gain (insert, CPU load) and every GPU loss the cache reports with
 ids (evictions, demotions, HiCache background deletions) is an event. HiCache loads that
@@ -126,3 +130,18 @@ class ObservedRecorder(RunRecorder):
         super().first_token(req, now)
         if self.on_first_token is not None:
             self.on_first_token(req)
+
+
+OBSERVED: dict[type, type] = {RadixKVCache: ObservedRadixKVCache, BlockPool: ObservedBlockPool}
+
+
+def observe(engine) -> None:
+    """Re-type ``engine``'s cache to its observed subclass (in place: every reference the
+    engine holds sees it). Re-typing, not rebuilding, keeps the fleet independent of how an
+    engine constructs its cache; the subclasses only add reports and read-only queries."""
+    cache = engine.cache
+    observed = OBSERVED.get(type(cache))
+    if observed is None:
+        raise TypeError(f"no observed variant of {type(cache).__name__}: a fleet replica "
+                        "needs RadixKVCache or BlockPool")
+    cache.__class__ = observed
