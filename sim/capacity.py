@@ -98,6 +98,16 @@ class CacheReplay:
         cache.unlock(m.node)
         return reused
 
+    def prefix_blocks(self, ids: np.ndarray) -> int:
+        """Leading blocks of ``ids`` cached now (read only): a router's exact view."""
+        from .fleet.replica import tree_prefix_blocks
+
+        return tree_prefix_blocks(self.cache, ids)
+
+    @property
+    def held_blocks(self) -> int:
+        return self.cache.tree.gpu_blocks
+
     def _fitting_prefix(self, n: int, m) -> int:
         """How many leading blocks of an ``n``-block prompt can be made resident: all of them
         when the free and evictable room holds the missing ones; else the longest prefix that
@@ -176,6 +186,25 @@ class LruReplay:
         return hit
 
 
+    def prefix_blocks(self, ids: np.ndarray) -> int:
+        """Leading blocks of ``ids`` cached now (read only): the walk of ``request`` without
+        the moves."""
+        ranges, starts = self.ranges, self.starts
+        n = ids.shape[0]
+        hit = 0
+        while hit < n:
+            tick = starts.get(int(ids[hit]))
+            if tick is None:
+                break
+            rng = ranges[tick]
+            hit = _agree(ids, rng[2], hit, min(rng[1], n))
+        return hit
+
+    @property
+    def held_blocks(self) -> int:
+        return self.size
+
+
 def _agree(a: np.ndarray, b: np.ndarray, lo: int, hi: int) -> int:
     """The end of the run where chained id arrays ``a`` and ``b`` agree, within [lo, hi):
     they agree on [lo, x) and differ from x on (chained ids), found by bisection."""
@@ -190,7 +219,7 @@ def _agree(a: np.ndarray, b: np.ndarray, lo: int, hi: int) -> int:
     return lo
 
 
-def _replay_for(capacity_blocks: int, policy: str | EvictionPolicy
+def replay_for(capacity_blocks: int, policy: str | EvictionPolicy
                 ) -> CacheReplay | LruReplay:
     """The fast LRU replay for the vllm preset, the cache itself for any other policy."""
     pol = clockless_policy(policy)
@@ -212,6 +241,7 @@ class CapacityRow:
     ideal_hit_rate: float
     prompt_tokens: int
     hit_tokens: int
+    pool_hit_rate: float = 0.0  # the part of hit_rate fetched from the shared pool
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -222,7 +252,7 @@ def replay_hits(trace, cache_tokens: int, policy: str | EvictionPolicy = DEFAULT
                 progress: Callable[[int], None] | None = None) -> np.ndarray:
     """Per request (trace index), blocks reused from one cache of ``cache_tokens``."""
     bs = trace.block_size
-    replay = _replay_for(cache_tokens // bs, policy)
+    replay = replay_for(cache_tokens // bs, policy)
     order = arrival_order(trace) if order is None else order
     hits = np.zeros(len(trace), np.int64)
     step = max(1, len(order) // 100)

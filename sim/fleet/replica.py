@@ -83,15 +83,26 @@ class ObservedRadixKVCache(RadixKVCache):
     def gpu_prefix_blocks(self, ids: np.ndarray) -> int:
         """Leading blocks of ``ids`` resident on the GPU now (read only: no stamp, no
         split); the hit an arriving request would see before any eviction."""
-        path, partial, _k, pos = self.tree.walk(ids, stop_at_holes=True)
-        hit = 0
-        for nd in path:
-            if nd.tier is not _GPU:
-                return hit
-            hit = nd.start + len(nd.ids)
-        if partial is not None and partial.tier is _GPU:
-            hit = pos
-        return hit
+        return tree_prefix_blocks(self, ids, gpu_only=True)
+
+    def resident_prefix_blocks(self, ids: np.ndarray) -> int:
+        """Leading blocks of ``ids`` held on the GPU or the CPU tier now (read only): where
+        a lookup in a pool below the replica starts."""
+        return tree_prefix_blocks(self, ids, gpu_only=False)
+
+
+def tree_prefix_blocks(cache: RadixKVCache, ids: np.ndarray, gpu_only: bool = True) -> int:
+    """Leading blocks of ``ids`` that ``cache`` holds (on the GPU only, or in any tier), read
+    only: no stamp, no split."""
+    path, partial, _k, pos = cache.tree.walk(ids, stop_at_holes=True)
+    hit = 0
+    for nd in path:
+        if gpu_only and nd.tier is not _GPU:
+            return hit
+        hit = nd.start + len(nd.ids)
+    if partial is not None and (not gpu_only or partial.tier is _GPU):
+        hit = pos
+    return hit
 
 
 class ObservedBlockPool(BlockPool):
