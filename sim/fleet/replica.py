@@ -48,15 +48,26 @@ def _concat(parts: list[np.ndarray]) -> np.ndarray:
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
+class PoolSink(Protocol):
+    def stored(self, ids: np.ndarray) -> None: ...
+
+    def dropped(self, ids: np.ndarray) -> None: ...
+
+
 class ObservedRadixKVCache(RadixKVCache):
-    """``RadixKVCache`` that reports its GPU gains and losses to ``events`` (when set)."""
+    """``RadixKVCache`` that reports its GPU gains and losses to ``events`` (when set), and
+    the blocks it writes and the blocks it drops entirely to ``pool_sink`` (when set: the
+    fleet's shared pool, sim/fleet/pooltier.py)."""
 
     events: KVEventSink | None = None
+    pool_sink: PoolSink | None = None
 
     def insert(self, ids, hint=None) -> InsertResult:
         res = super().insert(ids, hint)
         if self.events is not None:  # every block of ids is GPU-resident now
             self.events.stored(np.asarray(ids, dtype=np.int64))
+        if self.pool_sink is not None:
+            self.pool_sink.stored(np.asarray(ids, dtype=np.int64))
         return res
 
     def evict(self, n: int) -> EvictResult:  # make_room evicts through here
@@ -79,6 +90,8 @@ class ObservedRadixKVCache(RadixKVCache):
     def _report_losses(self, res: EvictResult) -> None:
         if self.events is not None:
             self.events.removed(_concat(res.freed + res.demoted))
+        if self.pool_sink is not None and res.freed:  # their last copy left the replica
+            self.pool_sink.dropped(_concat(res.freed))
 
     def gpu_prefix_blocks(self, ids: np.ndarray) -> int:
         """Leading blocks of ``ids`` resident on the GPU now (read only: no stamp, no
