@@ -81,7 +81,7 @@ def run_fleet(cfg, trace, spec, profile) -> RunResult:
     tables = {"load": _load_table(fleet), "routing": _routing_table(fleet)}
     if pool is not None:
         table = pool_columns(table, pool, cfg.block_size)
-        summary.update(pool_summary(pool, table, env.now, cfg.replicas))
+        summary.update(pool_summary(pool, table, env.now, cfg))
         tables["pool"] = pool_table(pool)
         tables["pool_transfers"] = pd.DataFrame(
             np.asarray(pool.transfers, dtype=float).reshape(-1, 3),
@@ -118,19 +118,18 @@ def pool_columns(table: pd.DataFrame, pool: FleetPool, bs: int) -> pd.DataFrame:
     return table
 
 
-def pool_summary(pool: FleetPool, table: pd.DataFrame, duration_s: float,
-                 replicas: int) -> dict:
+def pool_summary(pool: FleetPool, table: pd.DataFrame, duration_s: float, cfg) -> dict:
     prompt = int(table["prompt_tokens"].sum()) if len(table) else 0
-    fields = pool.summary(duration_s, replicas)
+    fields = pool.summary(duration_s, cfg.replicas)
     for k, col in (("reused_gpu_tokens", "local_gpu_tokens"),
                    ("reused_cpu_tokens", "loaded_cpu_tokens"),
                    ("reused_pool_tokens", "pool_tokens")):
         fields[k] = int(table[col].sum()) if len(table) else 0
     fields["pool_hit_rate"] = fields["reused_pool_tokens"] / prompt if prompt else 0.0
     fields["pool_fetch_s"] = float(table["fetch_s"].sum()) if len(table) else 0.0
-    fields["pool_write"] = pool.write_policy
-    fields["pool_bandwidth_gb_s"] = pool.bandwidth / 1e9
-    fields["pool_latency_us"] = pool.latency * 1e6
+    fields["pool_write"] = cfg.pool_write
+    fields["pool_bandwidth_gb_s"] = cfg.pool_bandwidth
+    fields["pool_latency_us"] = cfg.pool_latency_us
     return fields
 
 
