@@ -153,3 +153,61 @@ def test_plot_draws_the_pool_of_a_fleet_run(cc, tmp_path):
     res = CliRunner().invoke(cli, ["plot", str(out)])
     assert res.exit_code == 0, res.output
     assert (out / "pool_sglang.png").stat().st_size > 10_000
+
+
+def test_reproduce_pool_quick_prints_one_json_document():
+    """Local caches vs a pool, two routers, both workloads (Mooncake when present), and the
+    capacity curves of the same fleets; a pool never lowers the capacity hit rate."""
+    res = CliRunner().invoke(cli, ["reproduce", "pool", "--quick", "--json", "--trace",
+                                   "synthetic:claude-code?sessions=6"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    rows = doc["rows"]
+    assert {r["pool"] > 0 for r in rows} == {False, True}
+    assert len({r["router"] for r in rows}) == 2
+    for r in rows:
+        assert {"pool", "pool_hit_rate", "fetched_tokens", "fetch_s"} <= set(r)
+        assert (r["fetched_tokens"] > 0) == (r["pool_hit_rate"] > 0)
+        if not r["pool"]:
+            assert r["fetched_tokens"] == 0 and r["fetch_s"] == 0
+    cap = doc["capacity"]
+    key = ("workload", "router", "cache_tokens")
+    by = {(*tuple(r[k] for k in key), r["pool_tokens"] > 0): r["hit_rate"] for r in cap}
+    for k, rate in by.items():
+        if k[-1]:
+            assert rate >= by[(*k[:-1], False)] - 1e-12
+
+
+ROUTER_FILE = '''
+from policies.routing import Router
+
+
+class LogPool(Router):
+    """Round robin that logs the pool credit it is shown."""
+    log: str = ""
+
+    def bind(self, n_replicas, block_size, rng):
+        super().bind(n_replicas, block_size, rng)
+        self.count = 0
+
+    def route(self, request, view):
+        with open(self.log, "a") as f:
+            f.write(f"{request.rid} {request.blocks} {view.pool_blocks}\\n")
+        self.count += 1
+        return (self.count - 1) % len(view)
+'''
+
+
+def test_routers_see_the_pools_prefix_of_each_request(cc, tmp_path):
+    f = tmp_path / "logpool.py"
+    f.write_text(ROUTER_FILE)
+    log = tmp_path / "seen.txt"
+    res = run(config(cc, router=f"{f}:LogPool", router_params={"log": str(log)}))
+    seen = [tuple(line.split()) for line in log.read_text().splitlines()]
+    assert len(seen) == res.summary["requests"] + res.summary["dropped_requests"]
+    credits = [int(p) for _, _, p in seen]
+    assert credits[0] == 0 and max(credits) > 0  # the first prompt finds an empty pool
+    assert all(0 <= int(p) <= int(b) for _, b, p in seen)
+    log.unlink()
+    run(config(cc, pool=0, router=f"{f}:LogPool", router_params={"log": str(log)}))
+    assert {line.split()[2] for line in log.read_text().splitlines()} == {"None"}

@@ -10,7 +10,7 @@ from rich.table import Table
 from .common import console, emit_json, fmt_metric, stderr
 
 NAMES = ["figure1", "gpu-only", "two-tier", "ablation", "fcfs", "cpu-sweep", "policies",
-         "cache-engineering"]
+         "cache-engineering", "pool"]
 
 # figure1: (header with its unit, row key, format); fits 100 columns.
 FIGURE1_COLUMNS: list[tuple[str, str, str]] = [
@@ -106,6 +106,23 @@ def cache_engineering_tables(doc: dict[str, Any]) -> None:
     console().print(a)
 
 
+def pool_tables(doc: dict[str, Any]) -> None:
+    """The timed rows per workload, then the capacity curves (sim/exp_pool.py)."""
+    for title, rows, drop in (("with and without a shared pool", doc["rows"], ()),
+                              ("capacity (no clock; caches per replica)", doc["capacity"],
+                               ("prompt_tokens", "hit_tokens", "policy"))):
+        cols = [c for c in (rows[0] if rows else []) if c not in drop]
+        t = Table(title=f"kvsim reproduce pool -- {title}", title_justify="left")
+        for c in cols:
+            t.add_column(c.replace("_", " "), justify="left" if isinstance(rows[0][c], str)
+                         else "right")
+        for r in rows:
+            t.add_row(*(fmt_metric(c, r.get(c)) for c in cols))
+        console().print(t)
+    for note in doc.get("notes", []):
+        console().print(f"note: {note}")
+
+
 @click.command("reproduce")
 @click.argument("name", type=click.Choice(NAMES))
 @click.option("--trace", "-t", default=None,
@@ -154,6 +171,9 @@ def reproduce_cmd(name: str, trace: str | None, gaps: str, prompt_nodes: str, qu
         return
     if name == "cache-engineering":
         cache_engineering_tables(doc)
+        return
+    if name == "pool":
+        pool_tables(doc)
         return
     t = Table(title=f"kvsim reproduce {name} -- {doc['trace_kind']}, gaps {doc['gaps']}")
     cols = list(rows[0]) if rows else []
