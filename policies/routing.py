@@ -191,8 +191,9 @@ class RouterView:
     now: float
     replicas: tuple[ReplicaView, ...]
     # Leading blocks of this request held by the fleet's shared KV pool (``--pool``; None
-    # without one): every replica can fetch them, so a rule with a host/disk or shared-cache
-    # weight (Dynamo's) credits ``max(0, pool_blocks - overlap_blocks)`` beyond its overlap.
+    # without one, or for a router without a cache view): every replica can fetch them, so a
+    # rule with a host/disk or shared-cache weight (Dynamo's) credits
+    # ``max(0, pool_blocks - overlap_blocks)`` beyond its overlap.
     pool_blocks: int | None = None
 
     def __len__(self) -> int:

@@ -103,7 +103,8 @@ def fleet_hits(trace, cache_tokens: int, replicas: int, router: str = "round-rob
                                  caches[k].held_blocks if cache_aware else None, routed[k])
                       for k in range(replicas))
         req = RouteRequest(r, int(sessions[r]), 0.0, int(trace.prompt_tokens[r]), ids, bs)
-        view = RouterView(0.0, views, pool.prefix(ids) if pool is not None else None)
+        view = RouterView(0.0, views, pool.prefix(ids) if pool is not None and cache_aware
+                          else None)
         try:
             k = rt.route(req, view)
         except PolicyError as e:

@@ -179,11 +179,12 @@ def test_reproduce_pool_quick_prints_one_json_document():
 
 
 ROUTER_FILE = '''
-from policies.routing import Router
+from policies.routing import KVEvents, Router
 
 
 class LogPool(Router):
-    """Round robin that logs the pool credit it is shown."""
+    """Round robin that logs the pool credit it is shown (a cache view: it is shown one)."""
+    cache_view = KVEvents()
     log: str = ""
 
     def bind(self, n_replicas, block_size, rng):

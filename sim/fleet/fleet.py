@@ -109,7 +109,8 @@ class Fleet:
         sizes = self.belief.sizes() if self.belief is not None else None
         request = RouteRequest(req.rid, req.session, now, req.prompt_tokens, ids, bs)
         view = RouterView(now, tuple(self._replica_view(i, overlaps, sizes) for i in range(n)),
-                          self.pool.lookup(ids) if self.pool is not None else None)
+                          self.pool.lookup(ids) if self.pool is not None
+                          and self.router.cache_view is not None else None)
         choice = self.router.route(request, view)
         if isinstance(choice, bool) or not isinstance(choice, numbers.Integral) \
                 or not 0 <= choice < n:

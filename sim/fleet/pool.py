@@ -61,11 +61,10 @@ class SharedPool:
     def prefix(self, ids: np.ndarray, start: int = 0) -> int:
         """How many blocks of ``ids`` from ``start`` on the pool holds, contiguously."""
         blocks = self.blocks
-        n = int(ids.shape[0])
-        k = start
-        while k < n and int(ids[k]) in blocks:
-            k += 1
-        return k - start
+        for k, b in enumerate(ids[start:].tolist()):
+            if b not in blocks:
+                return k
+        return max(0, int(ids.shape[0]) - start)
 
     def lease(self, ids: np.ndarray) -> None:
         """A fetch of ``ids`` (all held) starts: they become most recent and unevictable."""
@@ -87,10 +86,13 @@ class SharedPool:
     def put(self, ids: np.ndarray) -> int:
         """Store ``ids`` (new ones only, in order); returns how many were added."""
         blocks = self.blocks
+        new = [b for b in ids.tolist() if b not in blocks]
+        if len(blocks) + len(new) <= self.high:  # no pass can start: append them at once
+            blocks.update(dict.fromkeys(new))
+            self.stored += len(new)
+            return len(new)
         added = 0
-        for b in ids.tolist():
-            if b in blocks:
-                continue
+        for b in new:
             if len(blocks) >= self.high:
                 self._evict_pass()
                 if len(blocks) >= self.capacity:
