@@ -104,7 +104,7 @@ def _pool_use(d: Path, run: dict[str, Any], title: str, png: Path) -> Path:
     moved = pd.read_parquet(d / "pool_transfers.parquet")
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
     top.step(occ["time_s"], occ["tokens"], where="post", lw=0.9, label="held")
-    top.axhline(s.get("pool_tokens", 0), color="grey", ls="--", label="pool size")
+    top.axhline(s.get("pool_size_tokens", 0), color="grey", ls="--", label="pool size")
     top.set_ylabel("pool (tokens)")
     top.legend(fontsize=8)
     top.grid(alpha=0.3)

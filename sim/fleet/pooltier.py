@@ -41,10 +41,11 @@ from .pool import SharedPool
 
 
 class PoolRecord:
-    """Per routed request: the pool's part of its prompt (lists: built into columns)."""
+    """Per routed request id: the pool's part of its prompt (built into columns at the end)."""
 
     def __init__(self) -> None:
         self.fetched: dict[int, int] = {}  # rid -> blocks fetched and landed
+        self.behind: dict[int, int] = {}  # rid -> the replica's own blocks before them
         self.fetch_s: dict[int, float] = {}  # rid -> seconds it waited for the fetch
         self.refused: dict[int, int] = {}  # rid -> blocks a slower fetch left in the pool
 
@@ -123,6 +124,7 @@ class FleetPool:
         if self._land(self.replicas[r], ids[:h + p], h):
             self.fetched_blocks += p
             self.record.fetched[req.rid] = p
+            self.record.behind[req.rid] = h
         else:
             self.wasted_blocks += p
         self._sample()
@@ -161,7 +163,7 @@ class FleetPool:
         moved_bytes = moved * self.block_bytes
         rate = moved_bytes / duration_s if duration_s > 0 else 0.0
         return {
-            "pool_tokens": self.pool.capacity * self.bs,
+            "pool_size_tokens": self.pool.capacity * self.bs,
             "pool_fetches": self.fetches,
             "pool_refused_fetches": self.refusals,
             "pool_fetched_tokens": self.fetched_blocks * self.bs,

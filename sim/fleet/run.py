@@ -105,14 +105,18 @@ def build_pool(env: simpy.Environment, cfg, spec, profile, engines) -> FleetPool
 
 def pool_columns(table: pd.DataFrame, pool: FleetPool, bs: int) -> pd.DataFrame:
     """Where each reused token came from: ``pool_tokens`` (fetched from the pool; they land on
-    the replica's GPU, so ``hit_gpu_tokens`` counts them too), ``local_gpu_tokens`` (the
-    rest of the GPU hit), ``loaded_cpu_tokens`` (the replica's CPU tier, as before);
-    ``fetch_s`` the seconds the request waited for its fetch (0: none)."""
+    the replica's GPU, so ``hit_gpu_tokens`` counts them too: the part of that hit beyond the
+    replica's own prefix at the fetch, up to what landed; landed blocks evicted before
+    admission are not counted), ``local_gpu_tokens`` (the rest of the GPU hit),
+    ``loaded_cpu_tokens`` (the replica's CPU tier, as before); ``fetch_s`` the seconds the
+    request waited for its fetch (0: none)."""
     rec = pool.record
     rid = table["request"].to_numpy()
     fetched = np.asarray([rec.fetched.get(int(r), 0) for r in rid], dtype=np.int64) * bs
+    behind = np.asarray([rec.behind.get(int(r), 0) for r in rid], dtype=np.int64) * bs
+    hit = table["hit_gpu_tokens"].to_numpy()
     table = table.copy()
-    table["pool_tokens"] = np.minimum(fetched, table["hit_gpu_tokens"].to_numpy())
+    table["pool_tokens"] = np.clip(hit - behind, 0, fetched)
     table["local_gpu_tokens"] = table["hit_gpu_tokens"].to_numpy() - table["pool_tokens"]
     table["fetch_s"] = np.asarray([rec.fetch_s.get(int(r), 0.0) for r in rid], dtype=float)
     return table
