@@ -1,7 +1,19 @@
 """Decisions only: eviction policies (order x start x granularity, pins, events) and
 scheduling. The public API users write policies against (see docs/policies.md)."""
 
-from .context import CPU, GPU, HOLE, Arrival, CacheNode, PolicyContext, PolicyError, Reply, TreeView
+from .context import (
+    CPU,
+    GPU,
+    HOLE,
+    Arrival,
+    CacheNode,
+    Drop,
+    PolicyContext,
+    PolicyError,
+    Reply,
+    SessionInfo,
+    TreeView,
+)
 from .eviction import (
     BLOCK,
     GRANULARITIES,
@@ -46,6 +58,7 @@ __all__ = [
     "Arrival",
     "Blocks",
     "CacheNode",
+    "Drop",
     "EvictionPolicy",
     "Granularity",
     "KeepFront",
@@ -55,6 +68,7 @@ __all__ = [
     "PolicyError",
     "PrivateHead",
     "Reply",
+    "SessionInfo",
     "StartPosition",
     "Tail",
     "TreeView",

@@ -23,6 +23,7 @@ from typing import Any
 
 from .context import PolicyError
 from .eviction import PRESETS, EvictionPolicy
+from .guard import guard_user_policy
 
 POLICIES: dict[str, type[EvictionPolicy]] = {}
 
@@ -60,12 +61,13 @@ def get_policy(text: str | EvictionPolicy, params: dict[str, Any] | None = None
         path, _, name = key.rpartition(":")
         cls = load_policy_class(path, name)
         try:
-            return cls(**params)
+            policy = cls(**params)
         except PolicyError:
             raise
         except Exception as e:  # the user's constructor: one line, not a traceback
             raise PolicyError(f"{key}: cannot create the policy: {type(e).__name__}: {e}"
                               ) from None
+        return guard_user_policy(policy)  # the user's methods: errors and types checked
     low = key.lower()
     if low in PRESETS or low.count("+") == 2:
         if params:

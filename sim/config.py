@@ -105,7 +105,7 @@ class RunConfig:
     pool_evict_fraction: float = 0.05
     # --- run -----------------------------------------------------------------------------
     seed: int = 0
-    debug_cache: bool = False
+    debug_cache: bool = False  # check cache and engine invariants as the run goes (slow)
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
@@ -173,6 +173,8 @@ class RunConfig:
             raise bad("chunk_size", "must be at least one block")
         if not (isinstance(self.time_scale, int | float) and self.time_scale > 0):
             raise bad("time_scale", f"must be a number > 0, got {self.time_scale!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise bad("seed", f"must be an integer >= 0, got {self.seed!r}")
         if self.max_running is not None and self.max_running < 1:
             raise bad("max_running", "must be >= 1")
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
@@ -323,3 +325,19 @@ class RunConfig:
             if k not in known:
                 raise ConfigError(where, k, "unknown field")
         return cls(**raw).validate(where)
+
+
+def default_replay(trace: str, trace_format: str | None = None) -> str:
+    """The replay a trace gets when none is given: ``open`` for Mooncake (each request is
+    stamped with its arrival and carries no session, so the closed loop would ignore the
+    timestamps), ``closed`` for every other trace. A trace that cannot be detected here gets
+    ``closed``; loading it reports the problem."""
+    if trace.startswith("synthetic:"):
+        return "closed"
+    from traces import TraceFormatError, detect_format
+
+    try:
+        fmt = trace_format or detect_format(trace.split(","))
+    except (TraceFormatError, OSError):
+        return "closed"
+    return "open" if fmt == "mooncake" else "closed"

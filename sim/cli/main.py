@@ -19,7 +19,9 @@ from .trace import trace_cmd
 
 @click.group(cls=KvsimGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="kvsim")
-def cli() -> None:
+@click.option("--debug", is_flag=True,
+              help="Show the whole traceback of an error (also accepted after the command).")
+def cli(debug: bool) -> None:
     """kvsim: what a KV-cache eviction policy costs on real coding-agent traffic."""
 
 

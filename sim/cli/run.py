@@ -13,6 +13,13 @@ from rich.table import Table
 from sim.config import RunConfig
 
 from .common import SIZE, atomic_write_text, console, dumps, emit_json, fmt_metric, stderr
+from .run_checks import (
+    default_replay,
+    params_per_policy,
+    refuse_idle_options,
+    warn_capped_shared_prefix,
+    warn_saturation,
+)
 from .trace import trace_options
 
 if TYPE_CHECKING:
@@ -101,17 +108,6 @@ def print_table(runs: list[dict[str, Any]], title: str, lenient: bool = False) -
     console().print(t)
 
 
-def parse_params(items: tuple[str, ...]) -> dict[str, str]:
-    """``K=V`` items into a dict (values stay text: the policy class types them)."""
-    out: dict[str, str] = {}
-    for item in items:
-        k, sep, v = item.partition("=")
-        if not sep or not k.strip():
-            raise click.BadParameter(f"{item!r} is not K=V", param_hint="--policy-param")
-        out[k.strip()] = v.strip()
-    return out
-
-
 def policy_configs(base: RunConfig, preset: str | None, evict: str | None,
                    granularity: str | None, order: str | None, policies: tuple[str, ...],
                    policy_params: tuple[str, ...]) -> list[RunConfig]:
@@ -122,9 +118,9 @@ def policy_configs(base: RunConfig, preset: str | None, evict: str | None,
         other = "--preset" if preset else "--policy"
         raise click.UsageError(f"--evict/--granularity/--order compose one policy: they "
                                f"cannot be combined with {other}")
-    params = parse_params(policy_params)
-    if params and not policies:
+    if policy_params and not policies:
         raise click.UsageError("--policy-param needs --policy")
+    params = params_per_policy(policies, policy_params)
     if composed:
         return [replace(base, evict=evict, granularity=granularity, order=order)]
     configs = []
@@ -133,7 +129,7 @@ def policy_configs(base: RunConfig, preset: str | None, evict: str | None,
         if not all(names):
             raise click.BadParameter(f"{preset!r} has an empty name", param_hint="--preset")
         configs += [base.with_preset(p) for p in names]
-    configs += [base.with_policy(p, params) for p in policies]
+    configs += [base.with_policy(p, params[p]) for p in policies]
     if not configs:
         from sim.engines import ENGINES
 
@@ -199,10 +195,10 @@ class RunInputError(ValueError):
     show_default=True, help="hicache: when device KV is copied to the host tier.")
 @click.option("--sessions", "-n", type=int, default=4, show_default=True,
               help="Sessions active at once (closed loop).")
-@click.option("--replay", type=click.Choice(["closed", "open"]), default="closed",
-              show_default=True,
+@click.option("--replay", type=click.Choice(["closed", "open"]), default=None,
               help="closed: a session sends after its reply + recorded gap; open: at the "
-                   "recorded send times.")
+                   "recorded send times. [default: open for timestamped traces without "
+                   "sessions (Mooncake), else closed]")
 @click.option("--time-scale", type=float, default=1.0, show_default=True,
               help="Open loop: multiply recorded send times (0.5 = twice the request rate).")
 @click.option("--replicas", type=int, default=1, show_default=True,
@@ -248,9 +244,10 @@ class RunInputError(ValueError):
               help="A policy by name (preset, order+start+granularity, registered) or "
                    "FILE.py:CLASS (your own EvictionPolicy subclass); repeat to compare. "
                    "Runs after any --preset.")
-@click.option("--policy-param", "policy_params", multiple=True, metavar="K=V",
-              help="Parameter of the --policy classes, e.g. --policy-param tau_s=5 "
-                   "(repeatable; typed like the class's default).")
+@click.option("--policy-param", "policy_params", multiple=True, metavar="[POLICY.]K=V",
+              help="Parameter of a --policy class, e.g. --policy-param tau_s=5 (the one "
+                   "--policy that takes it) or ttl.tau_s=5 / FILE.py:CLASS.k=v (that policy); "
+                   "repeatable; typed like the class's default.")
 @click.option("--scheduler", type=click.Choice(["fcfs", "lpm", "lpm-cpu", "program-fcfs"]),
               default="fcfs", show_default=True,
               help="Queue order: fcfs (the default of SGLang 0.5.23 and vLLM 0.33, the only "
@@ -275,9 +272,13 @@ class RunInputError(ValueError):
 @click.option("--max-running", type=int, default=None,
               help="Most requests running at once (default: the engine's: SGLang's "
                    "max_running_requests, large; vLLM's max_num_seqs, 1024).")
-@click.option("--debug-cache", is_flag=True, help="Recount cache invariants after every op.")
+@click.option("--debug-cache", is_flag=True,
+              help="Recount cache invariants after every op; check the engine never idles "
+              "with a request waiting.")
 @click.option("--out", "-o", default=None, help="Write requests.parquet, config.json, "
-              "summary.json per run under this folder (checked before anything runs).")
+              "summary.json per run under this folder (checked before anything runs); a "
+              "previous run's outputs there (runs.json, plots, policy folders) are removed "
+              "first, other files stay.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select, gap_model,
             lenient, seed, cache_dir, rebuild_sessions, model, profile, gpu_cache, cpu_cache,
@@ -296,6 +297,8 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
 
     from .common import trace_load_progress
 
+    if replay is None:
+        replay = default_replay(trace, trace_format)
     base = RunConfig(
         trace=trace, trace_format=trace_format, select=select, shared_prefix=shared_prefix,
         max_context=max_context, block_size=block_size, gaps=gap_model, lenient=lenient,
@@ -312,18 +315,29 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
         checkpoint_chunks=prompt_nodes == "chunked",
         max_new_tokens=max_new_tokens, max_running=max_running, seed=seed,
         debug_cache=debug_cache)
+    refuse_idle_options(click.get_current_context(), cpu_cache, tiering, engine, replay)
     configs = policy_configs(base, preset, evict, granularity, order, policies, policy_params)
     # Every input check before any work: configs, model, profile, the output folder.
     for cfg in configs:
         cfg.validate("command line")
     check_model_and_profile(configs[0], "command line")
-    if out:
+    if out is not None:
         check_out_dir(out)
+    if out is not None:  # a reused folder: the previous run's outputs go (docs: --out)
+        from sim.runner import clear_run_outputs
+
+        gone = clear_run_outputs(out)
+        if gone:
+            stderr.print(f"[dim]{out}: removed the previous run's {', '.join(gone)}[/dim]")
     spec_context = get_spec(model).max_context
     t0 = time.perf_counter()  # wall time for the progress lines only, never in results
     with trace_load_progress():
         traces = [load_run_trace(cfg) for cfg in configs]
     tr = traces[0]
+    from traces.load import check_shared_prefix
+
+    check_shared_prefix(tr, shared_prefix)
+    warn_capped_shared_prefix(tr, shared_prefix, block_size)
     stderr.print(f"[dim]trace {tr.name}: {len(tr):,} requests loaded in "
                  f"{time.perf_counter() - t0:.1f}s[/dim]")
     results = []
@@ -335,11 +349,12 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
         stderr.print(f"[dim]{cfg.policy_label}: {n:,} requests simulated in {dt:.1f}s "
                      f"({n / max(dt, 1e-9):,.0f} requests/s)[/dim]")
         warn_quiet_surprises(res, spec_context)
+        warn_saturation(res)
         results.append(res)
-        if out:
+        if out is not None:
             write_result(res, f"{out}/{cfg.policy_label}")
     runs = compare_runs(results)
-    if out:
+    if out is not None:
         atomic_write_text(f"{out}/runs.json", dumps({"runs": runs}) + "\n")
     if as_json:
         emit_json({"runs": runs})
@@ -354,5 +369,5 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
                       + (f"{replicas} replicas, router {s['router']}, " if "router" in s
                          else "") +
                       f"gaps {gap_model}{ctx}", lenient=lenient)
-    if out:
+    if out is not None:
         print(f"wrote {out}/", file=sys.stderr)
