@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 import simpy
 
+from costmodel.units import Units, range_units
 from sim.engines import ENGINES
 from sim.replay import Replay
 from sim.runner import RunResult, bind_policy, run_fields
