@@ -117,3 +117,18 @@ def test_unknown_router_and_bad_pool_fail_in_one_line():
         res = CliRunner().invoke(cli, ["capacity", SPEC, *args, "--cache-dir", "off"])
         assert res.exit_code == 2, res.output
         assert words in res.output and "Traceback" not in res.output
+
+
+def test_a_router_that_cannot_decide_without_a_clock_is_refused(tmp_path):
+    """A router that refuses to decide without the fleet's prefill model (as Mooncake's and
+    Preble's do) stops the replay with one line."""
+    f = tmp_path / "r.py"
+    f.write_text("from policies.context import PolicyError\n"
+                 "from policies.routing import Router\n"
+                 "class Timed(Router):\n"
+                 "    def route(self, request, view):\n"
+                 "        raise PolicyError('needs the prefill model')\n")
+    res = CliRunner().invoke(cli, ["capacity", SPEC, "--replicas", "2", "--router",
+                                   f"{f}:Timed", "--cache", "64k", "--cache-dir", "off"])
+    assert res.exit_code == 2, res.output
+    assert "cannot decide without a clock" in res.output and "Traceback" not in res.output
