@@ -144,3 +144,18 @@ def test_write_through_stores_what_a_replica_writes():
     rep.cache.insert(np.arange(0, 5))
     rep.cache.insert(np.arange(0, 7))
     assert list(fp.pool.blocks) == list(range(7)) and fp.pool.stored == 7
+
+
+def test_no_fetch_behind_a_prefix_in_the_replicas_cpu_tier():
+    """Blocks 0-7 were demoted to the replica's CPU tier; the pool holds 8-9. The fetched
+    blocks could not land behind a CPU-resident prefix: no fetch, the request goes at once."""
+    env, (rep,), fp = setup(per_token_s=1e-3, cpu_capacity_blocks=8, tiering="unified")
+    rep.cache.insert(np.arange(0, 8))
+    rep.cache.insert(np.arange(100, 108))
+    rep.cache.make_room(8)  # 0-7: GPU -> CPU
+    assert rep.cache.resident_prefix_blocks(np.arange(0, 10)) == 8
+    fp.pool.put(np.asarray([8, 9]))
+    fp.submit(request(7, *range(10)), 0)
+    env.run()
+    assert rep.got == [(7, 0.0)]
+    assert (fp.fetches, fp.behind_cpu, fp.wasted_blocks) == (0, 1, 0)

@@ -23,11 +23,12 @@ Entry: write-through (every block a replica writes to its cache enters the pool 
 LMCache stores the chunks of each saved sequence) or write-back (every block a replica drops
 entirely: from its CPU tier when it has one, from its GPU otherwise).
 
-Landing needs the replica's prefix before the fetched range still on its GPU; if eviction
-or a demotion took part of it meanwhile, the fetched blocks are discarded (``wasted``) and
-the engine computes what it lacks. The landed blocks are not pinned until admission (a CPU
-load's are not either once the request is queued). sglang engine only: vLLM's block pool
-has no insertion point outside a running request.
+Landing needs the replica's prefix before the fetched range on its GPU: a lookup whose
+replica holds part of that prefix in its CPU tier fetches nothing (``behind_cpu``: the
+engine loads its CPU part and computes the rest), and if eviction or a demotion took part of
+it during the fetch, the fetched blocks are discarded (``wasted``). The landed blocks are not
+pinned until admission (a CPU load's are not either once the request is queued). sglang
+engine only: vLLM's block pool has no insertion point outside a running request.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ class FleetPool:
         self.recompute_seconds = recompute_seconds
         self.link_free = [0.0] * len(replicas)
         self.record = PoolRecord()
-        self.fetches = self.refusals = 0
+        self.fetches = self.refusals = self.behind_cpu = 0
         self.fetched_blocks = self.wasted_blocks = self.refused_blocks = 0
         self.busy_s = 0.0  # link-seconds spent moving bytes (all links)
         # transfers (start, end, bytes) and occupancy samples, for plots
@@ -97,6 +98,13 @@ class FleetPool:
         usable = min(int(ids.size), (req.prompt_tokens - 1) // self.bs)
         p = self.pool.prefix(ids[:usable], h) if h < usable else 0
         if p == 0:
+            engine.submit(req)
+            return
+        if engine.cache.gpu_prefix_blocks(ids) < h:
+            # part of the replica's prefix is in its CPU tier: the fetched blocks could not
+            # land behind it (kvsim inserts only behind a GPU prefix); the engine loads its
+            # CPU part and computes the rest
+            self.behind_cpu += 1
             engine.submit(req)
             return
         start = max(env.now, self.link_free[r])
@@ -166,6 +174,7 @@ class FleetPool:
             "pool_size_tokens": self.pool.capacity * self.bs,
             "pool_fetches": self.fetches,
             "pool_refused_fetches": self.refusals,
+            "pool_behind_cpu_lookups": self.behind_cpu,
             "pool_fetched_tokens": self.fetched_blocks * self.bs,
             "pool_wasted_tokens": self.wasted_blocks * self.bs,
             "pool_refused_tokens": self.refused_blocks * self.bs,
