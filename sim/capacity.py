@@ -81,6 +81,7 @@ class CacheReplay:
     def __init__(self, capacity_blocks: int, policy: str | EvictionPolicy = DEFAULT_POLICY
                  ) -> None:
         self.cache = RadixKVCache(int(capacity_blocks), clockless_policy(policy))
+        self.evicted: list[np.ndarray] | None = None  # a list: collect what leaves the cache
 
     def request(self, ids: np.ndarray) -> int:
         """Serve one prompt (block ids): returns the blocks reused from the cache."""
@@ -91,7 +92,9 @@ class CacheReplay:
         keep = self._fitting_prefix(ids.shape[0], m)
         missing = keep - m.matched_blocks + (m.matched_blocks - reused if keep else 0)
         if keep:
-            cache.make_room(missing)
+            res = cache.make_room(missing)
+            if self.evicted is not None:
+                self.evicted.extend(res.freed)
             cache.reserve(missing)
             cache.insert(ids[:keep])
             cache.release(missing)
@@ -148,6 +151,8 @@ class LruReplay:
         self.starts: dict[int, int] = {}
         self.size = 0
         self.tick = 0
+        # a list: collect what leaves the cache, least recent first (a pool's write-back)
+        self.evicted: list[np.ndarray] | None = None
 
     def request(self, ids: np.ndarray) -> int:
         """Serve one prompt (block ids): returns the blocks reused from the cache."""
@@ -172,6 +177,8 @@ class LruReplay:
         while over > 0:  # oldest request first, from its tail
             rng = next(iter(ranges.values()))
             k = min(rng[1] - rng[0], over)
+            if self.evicted is not None:  # from the tail: the least recent block first
+                self.evicted.append(rng[2][rng[1] - k:rng[1]][::-1])
             rng[1] -= k
             self.size -= k
             over -= k
@@ -242,6 +249,7 @@ class CapacityRow:
     prompt_tokens: int
     hit_tokens: int
     pool_hit_rate: float = 0.0  # the part of hit_rate fetched from the shared pool
+    pool_write: str = ""  # with a pool: write-through | write-back
 
     def as_dict(self) -> dict:
         return asdict(self)

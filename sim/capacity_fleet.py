@@ -13,7 +13,8 @@ One request::
     route (idle view + true overlaps + pool prefix) -> replica r
     replica r serves the prompt (its replay: sim/capacity.py)      -> h blocks reused there
     pool lookup from block h, in prefix order                       -> p blocks fetched
-    write-through: the prompt's blocks enter the pool (those it lacks)
+    write-through: the prompt's blocks enter the pool (those it lacks); write-back: the
+    blocks replica r dropped serving it, least recent first
 
 The pool is ``sim.fleet.pool.SharedPool`` (watermark eviction skipping leases; a fetch's
 lease ends at once here). Hit rates are over prompt tokens; ``pool_hit_rate`` is the part the
@@ -79,7 +80,8 @@ def fleet_hits(trace, cache_tokens: int, replicas: int, router: str = "round-rob
                pool_tokens: int = 0, policy: str = DEFAULT_POLICY,
                order: np.ndarray | None = None, seed: int = 0,
                router_params: dict | None = None,
-               progress: Callable[[int], None] | None = None
+               progress: Callable[[int], None] | None = None,
+               pool_write: str = "write-through"
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per request (trace index): blocks reused from its replica, blocks fetched from the
     pool, and the replica it went to."""
@@ -88,6 +90,10 @@ def fleet_hits(trace, cache_tokens: int, replicas: int, router: str = "round-rob
     rt.bind(replicas, bs, np.random.default_rng([seed, ROUTER_STREAM]))
     caches = [replay_for(cache_tokens // bs, policy) for _ in range(replicas)]
     pool = SharedPool(pool_tokens // bs) if pool_tokens >= bs else None
+    write_back = pool is not None and pool_write == "write-back"
+    if write_back:
+        for c in caches:
+            c.evicted = []
     cache_aware = rt.cache_view is not None
     order = arrival_order(trace) if order is None else order
     local = np.zeros(len(trace), np.int64)
@@ -125,7 +131,12 @@ def fleet_hits(trace, cache_tokens: int, replicas: int, router: str = "round-rob
                 pool.lease(got)  # the fetch: most recent now; its lease ends at once
                 pool.release(got)
             fetched[r] = p
-            pool.put(ids)
+            if write_back:  # what the replica dropped serving it, least recent first
+                for gone in caches[k].evicted:
+                    pool.put(gone)
+                caches[k].evicted.clear()
+            else:
+                pool.put(ids)
         rt.on_first_token(r, k, 0.0)
         rt.on_finish(r, k, 0.0)
         if progress is not None and (i + 1) % step == 0:
@@ -138,7 +149,8 @@ def fleet_hits(trace, cache_tokens: int, replicas: int, router: str = "round-rob
 def fleet_capacity_curve(trace, caches, replicas: int, router: str = "round-robin",
                          pool_tokens: int = 0, policies=(DEFAULT_POLICY,), seed: int = 0,
                          router_params: dict | None = None,
-                         progress: Callable[[int], None] | None = None) -> list[CapacityRow]:
+                         progress: Callable[[int], None] | None = None,
+                         pool_write: str = "write-through") -> list[CapacityRow]:
     """Rows as ``capacity_curve``'s, for a fleet of ``replicas`` (capacities per replica)."""
     bs = trace.block_size
     prompt = int(trace.prompt_tokens.sum())
@@ -151,12 +163,13 @@ def fleet_capacity_curve(trace, caches, replicas: int, router: str = "round-robi
         pol = clockless_policy(name).label
         for c in caches:
             local, fetched, _ = fleet_hits(trace, c, replicas, router, pool_tokens, name,
-                                           order, seed, router_params, progress)
+                                           order, seed, router_params, progress, pool_write)
             hit = int(local.sum() + fetched.sum()) * bs
             pool_hit = int(fetched.sum()) * bs
             rows.append(CapacityRow(
                 cache_tokens=int(c), replicas=replicas, router=label, policy=pol,
                 pool_tokens=int(pool_tokens), hit_rate=hit / prompt if prompt else math.nan,
                 ideal_hit_rate=ideal_rate, prompt_tokens=prompt, hit_tokens=hit,
-                pool_hit_rate=pool_hit / prompt if prompt else math.nan))
+                pool_hit_rate=pool_hit / prompt if prompt else math.nan,
+                pool_write=pool_write if pool_tokens else ""))
     return rows

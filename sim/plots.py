@@ -247,6 +247,8 @@ def plot_capacity(rows: list[dict[str, Any]], title: str, path: Path) -> Path:
             label += f", {r['replicas']} replicas ({r['router']})"
         if r.get("pool_tokens"):
             label += f", pool {r['pool_tokens']:,}"
+            if r.get("pool_write") == "write-back":
+                label += " (write-back)"
         series.setdefault(label, []).append(r)
     markers = "os^vD<>p"
     for i, (label, pts) in enumerate(series.items()):

@@ -43,22 +43,49 @@ def test_session_affinity_equals_independent_lrus_over_each_replicas_sessions():
     assert not fetched.any()
 
 
-def brute_force_pool_fleet(prompts: list[list[int]], n: int, cache: int, pool_cap: int
-                           ) -> tuple[int, int]:
+class BruteLRU:
+    """The ordered-dict LRU of tests/test_capacity.py, one request at a time, reporting the
+    blocks it evicts (least recent first)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.cache: OrderedDict[int, None] = OrderedDict()
+        self.capacity = capacity
+
+    def request(self, ids: list[int]) -> tuple[int, list[int]]:
+        cache, capacity = self.cache, self.capacity
+        h = 0
+        while h < len(ids) and ids[h] in cache:
+            h += 1
+        for b in ids[:h]:
+            cache.move_to_end(b)
+        need = len(ids) - h
+        gone = []
+        while len(cache) + need > capacity and len(cache) > h:
+            gone.append(cache.popitem(last=False)[0])
+        fit = min(need, capacity - len(cache))
+        for b in ids[h:h + fit]:
+            cache[b] = None
+        for b in reversed(ids[:h + fit]):
+            cache.move_to_end(b)
+        return h, gone
+
+
+def brute_force_pool_fleet(prompts: list[list[int]], n: int, cache: int, pool_cap: int,
+                           write_back: bool = False) -> tuple[int, int]:
     """Round robin over ``n`` LRUs of ``cache`` blocks above a pool of ``pool_cap`` blocks:
-    watermark 0.9, drop ceil(5 %) least recent, write-through of every prompt block."""
-    caches = [[] for _ in range(n)]
+    watermark 0.9, drop ceil(5 %) least recent; write-through of every prompt block, or
+    write-back of every block a replica evicts."""
+    caches = [BruteLRU(cache) for _ in range(n)]
     pool: OrderedDict[int, None] = OrderedDict()
     local = fetched = 0
     for i, ids in enumerate(prompts):
-        caches[i % n].append(ids)
-        h = brute_force_lru(caches[i % n], cache)[-1]  # replays that replica's history
+        h, gone = caches[i % n].request(ids)
         p = 0
         while h + p < len(ids) and ids[h + p] in pool:
             pool.move_to_end(ids[h + p])
             p += 1
         local, fetched = local + h, fetched + p
-        for b in ids:
+        for b in (gone if write_back else ids):
             if b in pool:
                 continue
             if len(pool) >= 0.9 * pool_cap:
@@ -69,15 +96,25 @@ def brute_force_pool_fleet(prompts: list[list[int]], n: int, cache: int, pool_ca
     return local, fetched
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(records=chained_trace(), n=st.integers(1, 3), cache=st.integers(1, 12),
-       pool=st.integers(1, 60))
-def test_round_robin_over_a_pool_equals_brute_force(tmp_path_factory, records, n, cache, pool):
+       pool=st.integers(1, 60), write_back=st.booleans())
+def test_round_robin_over_a_pool_equals_brute_force(tmp_path_factory, records, n, cache, pool,
+                                                    write_back):
     path = write_records(tmp_path_factory.mktemp("capf") / "t.jsonl", records)
     trace = load_trace(str(path), block_size=BS, cache_dir=None)
-    local, fetched, _ = fleet_hits(trace, cache * BS, n, "round-robin", pool * BS)
-    want = brute_force_pool_fleet([ids for _, ids in prompts_in_order(trace)], n, cache, pool)
+    local, fetched, _ = fleet_hits(trace, cache * BS, n, "round-robin", pool * BS,
+                                   pool_write="write-back" if write_back else "write-through")
+    want = brute_force_pool_fleet([ids for _, ids in prompts_in_order(trace)], n, cache, pool,
+                                  write_back)
     assert (int(local.sum()), int(fetched.sum())) == want
+
+
+def test_brute_lru_is_the_capacity_tests_lru():
+    trace = load_trace(SPEC, block_size=64, cache_dir=None)
+    prompts = [ids for _, ids in prompts_in_order(trace)]
+    lru = BruteLRU(300)
+    assert [lru.request(ids)[0] for ids in prompts] == brute_force_lru(prompts, 300)
 
 
 def test_a_pool_raises_the_hit_rate_of_a_round_robin_fleet():

@@ -67,11 +67,14 @@ def _default_caches(trace) -> list[int]:
 @click.option("--pool", "pool", default=None, metavar="SIZE",
               help="A KV pool of SIZE tokens shared by the replicas, below their caches "
                    "(write-through, watermark eviction).")
+@click.option("--pool-write", type=click.Choice(["write-through", "write-back"]),
+              default="write-through", show_default=True,
+              help="When blocks enter the pool: a replica writes them, or drops them.")
 @click.option("--out", default=None, type=click.Path(file_okay=False),
               help="Folder for capacity.json and capacity.png.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document (the rows).")
 def capacity_cmd(paths: tuple[str, ...], caches: list[int] | None, policies: tuple[str, ...],
-                 replicas: int, router: str | None, pool: str | None,
+                 replicas: int, router: str | None, pool: str | None, pool_write: str,
                  out: str | None, as_json: bool, gap_model: str, **opts: Any) -> None:
     """Hit rate against cache size for PATH (files, a folder or synthetic:NAME), without
     timing: requests in arrival order, each matched then inserted (the cache-only replay of
@@ -104,7 +107,8 @@ def capacity_cmd(paths: tuple[str, ...], caches: list[int] | None, policies: tup
         task = bar.add_task("capacity", total=total)
         if fleet:
             rows = fleet_capacity_curve(trace, caches, replicas, router, pool_tokens,
-                                        policies, progress=lambda k: bar.advance(task, k))
+                                        policies, progress=lambda k: bar.advance(task, k),
+                                        pool_write=pool_write)
         else:
             rows = capacity_curve(trace, caches, policies,
                                   progress=lambda k: bar.advance(task, k))
