@@ -67,3 +67,12 @@ def test_a_put_is_refused_when_every_block_is_leased():
 def test_bad_pool_parameters(kw):
     with pytest.raises(ValueError):
         SharedPool(**kw)
+
+
+def test_a_pass_during_a_put_can_drop_a_block_of_the_same_put():
+    """One block, watermark 0.9: each new block first drops the one held. Putting [1, 2]
+    twice: 1 goes in, 2 drops it; then 1 (absent) drops 2, and 2 (absent again) drops 1."""
+    pool = SharedPool(1)
+    assert pool.put(ids(1, 2)) == 2 and list(pool.blocks) == [2]
+    assert pool.put(ids(1, 2)) == 2 and list(pool.blocks) == [2]
+    assert (pool.stored, pool.evicted, pool.passes) == (4, 3, 3)

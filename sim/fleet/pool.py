@@ -92,7 +92,9 @@ class SharedPool:
             self.stored += len(new)
             return len(new)
         added = 0
-        for b in new:
+        for b in ids.tolist():  # a pass may drop a block of ids held before: check each
+            if b in blocks:
+                continue
             if len(blocks) >= self.high:
                 self._evict_pass()
                 if len(blocks) >= self.capacity:
