@@ -423,8 +423,11 @@ def reproduce(name: str, trace: str | None = None, quick: bool = False, jobs: in
         from sim.exp_cache_engineering import document_extras
 
         doc.update(document_extras(quick))
-    if name == "pool":  # the capacity curves of the same fleets
+    if name in ("fleet", "pool"):  # the capacity curves of the pooled fleets
         from sim.exp_pool import document_extras as pool_extras
+        from sim.exp_pool import pool as pool_rows
 
+        if name == "fleet":  # local caches vs the same fleets over a shared pool
+            doc["pool_rows"] = pool_rows(ctx)
         doc.update(pool_extras(ctx))
     return doc

@@ -258,6 +258,8 @@ def fleet_tables(doc: dict[str, Any]) -> list[Table | str]:
         out.append(f"kvsim reproduce fleet -- {workload}" + (f" ({notes})" if notes else ""))
         out.extend(narrow_table(f"{workload}: {title}", [*FLEET_KEYS, *cols], rows)
                    for title, cols in FLEET_LAYOUTS)
+    if "pool_rows" in doc:  # the pool and capacity part of the experiment
+        out.extend(pool_tables({**doc, "rows": doc["pool_rows"], "notes": []}))
     return out
 
 
