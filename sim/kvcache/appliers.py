@@ -24,20 +24,20 @@ class Appliers:
         """Carry out a deletion plan (GPU-only caches; unified deletions across tiers; HiCache
         host eviction). Holes still in the tree afterwards are counted in ``holes_made``."""
         made: list[Node] = []
-        for step in steps:
-            node, k = step.node, step.blocks
+        for node, k, head in steps:
             if k == len(node.ids):
                 if node.children:
                     made.append(node)
                 self.delete(node, result)
-            elif step.head:
+            elif head:
                 hole = self.split(node, k)
                 made.append(hole)
                 self.delete(hole, result)
             else:
                 self.truncate_tail(node, k, result)
-        result.holes_made += sum(len(x.ids) for x in made
-                                 if x.parent is not None and x.tier is _NONE)
+        if made:
+            result.holes_made += sum(len(x.ids) for x in made
+                                     if x.parent is not None and x.tier is _NONE)
 
     def _whole(self, step: Step) -> Node:
         """The node carrying exactly the step's blocks (split off when partial)."""

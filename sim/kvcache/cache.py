@@ -129,6 +129,12 @@ class RadixKVCache(Inspection):
                                    int(load_threshold_tokens), debug)
         self._makes_holes = self.policy.makes_holes
         self._block_exact = self.policy.block_exact
+        self._has_cpu = self.tiering.has_cpu
+        # The tiering's insert hook, None when it does nothing (no CPU tier, unified).
+        self._insert_hook = (None if type(self.tiering).on_insert is GpuOnly.on_insert
+                             else self.tiering.on_insert)
+        self._hit_hook = (None if type(self.tiering).on_hit is GpuOnly.on_hit
+                          else self.tiering.on_hit)
         self.versioned = versioned
         if versioned and self.tiering.host_copies:
             raise ValueError("context edits (dropped or moved KV) are not modelled with "
@@ -169,11 +175,11 @@ class RadixKVCache(Inspection):
             for nd in path:
                 nd.last_access = tick
                 nd.hit_count += 1
-            if path:
-                self.tiering.on_hit(path)
+            if path and self._hit_hook is not None:
+                self._hit_hook(path)
         if not path:
             node, hit, segments = self.root, 0, ()
-        elif tree.hole_blocks == 0 and not self.tiering.has_cpu and not tree.dropped_blocks:
+        elif tree.hole_blocks == 0 and not self._has_cpu and not tree.dropped_blocks:
             node, hit, segments = path[-1], pos, ((0, pos, _GPU),)
         else:
             node = path[-1]
@@ -207,7 +213,7 @@ class RadixKVCache(Inspection):
             self._check_chained(path, ids)
             self._check_hinted(ids, False, hint, path, partial, k, pos)
         fill = dropped = 0
-        if tree.hole_blocks or self.tiering.has_cpu or tree.dropped_blocks:
+        if tree.hole_blocks or self._has_cpu or tree.dropped_blocks:
             for nd in path:
                 t = nd.tier
                 if t is not _GPU:
@@ -250,8 +256,8 @@ class RadixKVCache(Inspection):
             else:
                 node = tree.add_leaf(node, ids[pos:], pos, leaf_tick)
                 path.append(node)
-        if path:
-            self.tiering.on_insert(path)
+        if path and self._insert_hook is not None:
+            self._insert_hook(path)
         if exact and len(path) > 1:
             tree.merge_runs(path)
         if hint is not None and path:

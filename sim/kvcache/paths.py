@@ -111,19 +111,20 @@ class Paths:
 
             parent -- node[s, e)   =>   parent -- prefix[s, s+k) -- node[s+k, e)
         """
-        prefix = Node(node.ids[:k], node.start, node.parent, node.tier, self.next_serial(),
+        ids = node.ids
+        parent = node.parent
+        assert parent is not None
+        prefix = Node(ids[:k], node.start, parent, node.tier, self.next_serial(),
                       node.last_access)
         prefix.lock = node.lock
         prefix.hit_count = node.hit_count
         prefix.host = node.host
         prefix.keyed = node.keyed
-        parent = node.parent
-        assert parent is not None
-        parent.children[int(node.ids[0])] = prefix
-        node.ids = node.ids[k:]
+        parent.children[ids.item(0)] = prefix
+        node.ids = ids = ids[k:]
         node.start += k
         node.parent = prefix
-        prefix.children[int(node.ids[0])] = node
+        prefix.children[ids.item(0)] = node
         return prefix
 
     def merge_runs(self, chain: list[Node]) -> None:
@@ -134,14 +135,14 @@ class Paths:
         i = len(chain) - 1
         while i > 0:
             child = chain[i]
+            lock, tier, stamp, host = child.lock, child.tier, child.last_access, child.host
             j = i
             while j > 0:
                 up = chain[j - 1]
-                if (len(up.children) == 1 and up.lock == child.lock and up.tier is child.tier
-                        and up.last_access == child.last_access and up.host == child.host):
-                    j -= 1
-                else:
+                if (up.lock != lock or up.last_access != stamp or up.tier is not tier
+                        or up.host != host or len(up.children) != 1):
                     break
+                j -= 1
             if j < i:
                 run = chain[j:i]
                 top = run[0]

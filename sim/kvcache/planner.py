@@ -29,19 +29,19 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from itertools import pairwise
+from typing import NamedTuple
 
-from policies import EvictionPolicy, Granularity, StartPosition
+from policies import BLOCK, EvictionPolicy, Granularity, StartPosition
 
 from .node import Node, Tier
 
 _GPU, _NONE, _DROPPED = Tier.GPU, Tier.NONE, Tier.DROPPED
 
 
-@dataclass(frozen=True, slots=True)
-class Step:
-    """Free ``blocks`` blocks of ``node``: its first ones (``head``) or its last ones."""
+class Step(NamedTuple):
+    """Free ``blocks`` blocks of ``node``: its first ones (``head``) or its last ones. (A named
+    tuple: plans are made at every eviction, and a tuple is the cheapest record to build.)"""
 
     node: Node
     blocks: int
@@ -165,21 +165,24 @@ def plan(
     pinned = policy.pinned_until if policy.pins else None
     now = policy.context.now() if pinned is not None else 0.0
     start = start or policy.start
-    take = (granularity or policy.granularity).take
+    granularity = granularity or policy.granularity
+    take = granularity.take
+    exact = granularity is BLOCK  # take(size, need) is min(size, need): no call
     head = start.from_head
-
-    def entry(node: Node) -> tuple:
-        if pinned is None:
-            return (key(node), node.serial, node)
-        return (pinned(node) > now, key(node), node.serial, node)
-
-    heap = [entry(n) for n in victims]
-    heapq.heapify(heap)
+    chain_of = start.chain
+    release = view.release
+    # Entries (key, serial, node): serials are unique, so nodes are never compared.
+    if pinned is None:
+        heap = [(key(n), n.serial, n) for n in victims]
+    else:
+        heap = [(pinned(n) > now, key(n), n.serial, n) for n in victims]
+    if len(heap) > 1:
+        heapq.heapify(heap)
     steps: list[Step] = []
     left = math.inf if room is None else room
     while need > 0 and left > 0 and heap:
         leaf = heapq.heappop(heap)[-1]
-        chain = start.chain(leaf, view)
+        chain = chain_of(leaf, view)
         if debug:
             _check_chain(chain, leaf, view)
         survivor = None
@@ -188,7 +191,9 @@ def plan(
                 break
             size = len(nd.ids)
             if counts is None or counts(nd):
-                k = min(take(size, need), left)
+                k = (size if size < need else need) if exact else take(size, need)
+                if k > left:
+                    k = left
                 if k <= 0:
                     break
                 steps.append(Step(nd, k, head))
@@ -196,9 +201,13 @@ def plan(
                 left -= k
                 if k < size:
                     break  # a partial step: the need (or the room) is used up here
-            survivor = view.release(nd)
+            survivor = release(nd)
         if survivor is not None and need > 0 and (eligible is None or eligible(survivor)):
-            heapq.heappush(heap, entry(survivor))
+            if pinned is None:
+                heapq.heappush(heap, (key(survivor), survivor.serial, survivor))
+            else:
+                heapq.heappush(heap, (pinned(survivor) > now, key(survivor),
+                                      survivor.serial, survivor))
     return steps
 
 

@@ -371,21 +371,24 @@ class RadixTree(Paths, Appliers):
     def _detach(self, node: Node) -> None:
         """Remove a childless KV-less (NONE or DROPPED) node from its parent."""
         parent = node.parent
-        assert parent is not None and not node.children and not node.has_kv
-        del parent.children[int(node.ids[0])]
+        tier = node.tier
+        assert parent is not None and not node.children and (tier is _NONE or tier is _DROPPED)
+        del parent.children[node.ids.item(0)]
         node.parent = None
-        if node.tier is _NONE:
+        if tier is _NONE:
             self._holes -= len(node.ids)
         else:
             self._dropped -= len(node.ids)
-        if parent is not self.root and parent.has_kv and parent.lock == 0 \
-                and not parent.children:
+        if not parent.children and parent.lock == 0 and (
+                parent.tier is _GPU or parent.tier is _CPU) and parent is not self.root:
             self._leaves.add(parent)
 
     def _prune(self, node: Node) -> Node:
         """Remove ``node`` and its KV-less ancestors while childless and unlocked; return the
         first ancestor that stays."""
-        while node is not self.root and not node.has_kv and not node.children:
+        root = self.root
+        while node is not root and not node.children and (
+                node.tier is _NONE or node.tier is _DROPPED):  # childless, no KV
             if node.lock:
                 return node
             parent = node.parent
