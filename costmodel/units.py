@@ -41,9 +41,13 @@ class Units(NamedTuple):
     def total(self) -> float:
         return self.linear + self.attention
 
-    def __add__(self, other: Units) -> Units:
-        return Units(self.linear + other.linear, self.attention + other.attention,
-                     self.tokens + other.tokens)
+    def __add__(self, other: Units) -> Units:  # type: ignore[override]
+        linear, attention, tokens = self
+        linear2, attention2, tokens2 = other
+        return _new(Units, (linear + linear2, attention + attention2, tokens + tokens2))
+
+
+_new = tuple.__new__  # builds a Units from its three fields without the Python-level __new__
 
 
 def position_sum(a: int, b: int, cap: int | None = None) -> int:
@@ -73,7 +77,7 @@ def range_units(spec: ModelSpec, a: int, b: int) -> Units:
     attention = 0  # attention_units(spec, a, b), inlined: every prefill chunk prices ranges
     for count, cap in spec.window_caps:
         attention += count * position_sum(a, b, cap)
-    return Units(spec.layers * n * spec.W, attention, n)
+    return _new(Units, (spec.layers * n * spec.W, attention, n))
 
 
 def ranges_units(spec: ModelSpec, ranges: Iterable[tuple[int, int]]) -> Units:

@@ -139,6 +139,9 @@ class DeviceView:
 View = HistoryView | DeviceView
 
 
+_new = tuple.__new__
+
+
 def plan(
     policy: EvictionPolicy,
     view: View,
@@ -196,7 +199,7 @@ def plan(
                     k = left
                 if k <= 0:
                     break
-                steps.append(Step(nd, k, head))
+                steps.append(_new(Step, (nd, k, head)))  # Step(nd, k, head), no __new__ frame
                 need -= k
                 left -= k
                 if k < size:
