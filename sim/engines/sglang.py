@@ -364,7 +364,8 @@ class SGLangServer(DecodeRuns, EngineBase):
             batch = self._schedule()
             if batch:
                 seconds, per_req = self._prefill_seconds(batch)
-                seconds += self._transfer_seconds()
+                if self.tiered:  # (without a CPU tier nothing is ever pending)
+                    seconds += self._transfer_seconds()
                 self.rec.batch(seconds, len(batch))
                 yield env.timeout(seconds)
                 self._finish_prefill(batch, per_req)

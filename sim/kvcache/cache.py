@@ -50,6 +50,7 @@ from .versions import add_versioned
 
 _GPU, _NONE, _CPU, _DROPPED = Tier.GPU, Tier.NONE, Tier.CPU, Tier.DROPPED
 TIERINGS = ("unified", "hicache")
+_new = tuple.__new__
 
 
 class CapacityError(RuntimeError):
@@ -186,7 +187,7 @@ class RadixKVCache(Inspection):
             hit, segments = _segments(path)
         if self.debug:
             self.check()
-        return Match(node, pos, hit, segments)
+        return _new(Match, (node, pos, hit, segments))  # Match(...), no Python-level __new__
 
     def insert(self, ids: np.ndarray, hint: WalkHint | None = None) -> InsertResult:
         """Make every block of ``ids`` GPU-resident in the tree.
@@ -270,7 +271,7 @@ class RadixKVCache(Inspection):
                 f"{tree.reserved_blocks} (of which {added} just inserted) > "
                 f"{tree.capacity_blocks}")
             self.check()
-        return InsertResult(node, new, fill, existing)
+        return _new(InsertResult, (node, new, fill, existing))  # no Python-level __new__
 
     def lock(self, node: Node) -> None:
         """A running request pins ``node`` and its ancestors (their GPU KV: evictable ->

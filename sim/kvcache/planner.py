@@ -33,6 +33,7 @@ from itertools import pairwise
 from typing import NamedTuple
 
 from policies import BLOCK, EvictionPolicy, Granularity, StartPosition
+from policies.orders import lru
 
 from .node import Node, Tier
 
@@ -174,8 +175,12 @@ def plan(
     head = start.from_head
     chain_of = start.chain
     release = view.release
-    # Entries (key, serial, node): serials are unique, so nodes are never compared.
-    if pinned is None:
+    # Entries (key, serial, node): serials are unique, so nodes are never compared. LRU's key
+    # is (last_access, serial) itself: its entries (last_access, serial, node) sort the same.
+    lru_entries = key is lru and pinned is None
+    if lru_entries:
+        heap = [(n.last_access, n.serial, n) for n in victims]
+    elif pinned is None:
         heap = [(key(n), n.serial, n) for n in victims]
     else:
         heap = [(pinned(n) > now, key(n), n.serial, n) for n in victims]
@@ -206,7 +211,9 @@ def plan(
                     break  # a partial step: the need (or the room) is used up here
             survivor = release(nd)
         if survivor is not None and need > 0 and (eligible is None or eligible(survivor)):
-            if pinned is None:
+            if lru_entries:
+                heapq.heappush(heap, (survivor.last_access, survivor.serial, survivor))
+            elif pinned is None:
                 heapq.heappush(heap, (key(survivor), survivor.serial, survivor))
             else:
                 heapq.heappush(heap, (pinned(survivor) > now, key(survivor),

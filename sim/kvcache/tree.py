@@ -138,7 +138,8 @@ class RadixTree(Paths, Appliers):
     # ------------------------------------------------------------------ structure
     def add_leaf(self, parent: Node, ids: np.ndarray, start: int, tick: int) -> Node:
         """A new GPU leaf under ``parent`` holding ``ids`` (the caller made room)."""
-        leaf = Node(ids, start, parent, _GPU, self.next_serial(), tick)
+        self._serial += 1  # next_serial(), inlined: every prefill chunk adds a leaf
+        leaf = Node(ids, start, parent, _GPU, self._serial, tick)
         parent.children[ids.item(0)] = leaf
         size = len(ids)
         self._gpu += size
