@@ -42,16 +42,16 @@ class Replay:
 
     def _req(self, r: int) -> Req:
         t = self.trace
-        s = int(t.session[r])
+        s = int(t.session.item(r))  # item(): Python scalars without numpy scalar objects
         sess = t.sessions[s]
         if r + 1 < sess.first + sess.count:
-            next_gap = GAP_KINDS[int(t.gap_kind[r + 1])]
+            next_gap = GAP_KINDS[int(t.gap_kind.item(r + 1))]
             next_gap_s = float(self.gaps[r + 1])
         else:
             next_gap, next_gap_s = "end", math.nan
         return Req(rid=r, session=s, arrival=self.env.now, seq=0,
-                   prompt_tokens=int(t.prompt_tokens[r]), output_tokens=max(1, int(
-                       t.output_tokens[r])), ids=t.block_ids(r), done=self.env.event(),
+                   prompt_tokens=int(t.prompt_tokens.item(r)), output_tokens=max(1, int(
+                       t.output_tokens.item(r))), ids=t.block_ids(r), done=self.env.event(),
                    shared_blocks=sess.shared_prefix_blocks, next_gap=next_gap,
                    next_gap_s=next_gap_s)
 
