@@ -57,8 +57,13 @@ class CapacityError(RuntimeError):
     """An operation would exceed the cache's capacity (a caller bug, not bad user input)."""
 
 
+_INT64 = np.dtype(np.int64)
+
+
 def as_block_ids(ids: np.ndarray | list[int]) -> np.ndarray:
     """A 1-D int64 array (no copy when it already is one)."""
+    if type(ids) is np.ndarray and ids.dtype == _INT64 and ids.ndim == 1:
+        return ids  # what np.asarray would return: the array itself
     arr = np.asarray(ids, dtype=np.int64)
     if arr.ndim != 1:
         raise ValueError(f"block ids must be 1-D, got shape {arr.shape}")
