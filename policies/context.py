@@ -60,16 +60,32 @@ class TreeView(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    """A session of the trace as policies see it (read only): ``PolicyContext.sessions[i]``
+    describes the session that ``Arrival.session`` / ``Reply.session`` == i names."""
+
+    id: str  # the trace's session id
+    parent: int = -1  # index of the parent session (the main agent that spawned it); -1: none
+    agent_type: str = ""  # the sub-agent's type when the trace records it (cc-traces)
+
+    @property
+    def is_subagent(self) -> bool:
+        return self.parent >= 0
+
+
 @dataclass(frozen=True)
 class PolicyContext:
     """The run a policy is bound to (``EvictionPolicy.bind``). ``now`` is simulated seconds
     (never wall time); ``recompute_seconds(a, b)`` prices recomputing tokens ``[a, b)`` at their
-    positions with the run's model and profile (Section 2.2: W + p per token and layer)."""
+    positions with the run's model and profile (Section 2.2: W + p per token and layer).
+    ``sessions``: every session of the trace, by index (which are sub-agents, and of whom)."""
 
     now: Callable[[], float]
     block_size: int = 64
     seed: int = 0
     recompute_seconds: Callable[[int, int], float] | None = None
+    sessions: tuple[SessionInfo, ...] = ()
 
 
 STANDALONE = PolicyContext(now=lambda: 0.0)
@@ -90,6 +106,18 @@ class Arrival:
 
 
 @dataclass(frozen=True, slots=True)
+class Drop:
+    """The server refused a request that reached it: it will never run, so it never replies
+    (``reason``: ``context``, a prompt above the model's context, or ``cache``, a prompt that
+    cannot fit even in an empty cache). The session goes on with its next request."""
+
+    time: float
+    session: int
+    request: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class Reply:
     """A request finished: its history is in the cache, unlocked.
 
@@ -99,8 +127,10 @@ class Reply:
     ``tool`` (the reply ends in a tool call), ``human`` (a person answers) or ``end`` (the
     session is over). ``next_gap_s`` is the wait before the session's next request in this
     replay: the future, given only to policies that declare ``clairvoyant = True`` (NaN
-    otherwise). ``queue_s`` is how long the request waited between its arrival and its
-    (first) admission: what the server's queue cost it (NaN if never admitted)."""
+    otherwise). Under the open loop the next request goes at its recorded send time whatever
+    the reply: the gap is that time minus the reply's, negative when it was sent already.
+    ``queue_s`` is how long the request waited between its arrival and its (first)
+    admission: what the server's queue cost it (NaN if never admitted)."""
 
     time: float
     session: int

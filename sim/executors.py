@@ -18,7 +18,8 @@ the trace files.
 
 Failures: a worker that dies (killed, out of memory) fails only the jobs it was running; they
 run again, up to ``max_retries`` times, while the other jobs go on (Ray: task retries; local
-pool: a new pool for the unfinished jobs). An exception raised BY a job is not retried (it
+pool: the jobs a broken pool lost run again one per process, and only the job whose own
+worker died is charged). An exception raised BY a job is not retried (it
 would fail again): it reaches the caller.
 """
 
@@ -97,8 +98,32 @@ class SerialExecutor:
         pass
 
 
+PARENT_POLL_S = 0.5
+
+
+def _exit_with_parent(parent: int) -> None:
+    """Pool initializer: a daemon thread ends this worker once its parent is gone (killed
+    with SIGKILL, the parent cannot stop its pool; the worker would run on, orphaned)."""
+    import threading
+    import time
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="kvsim-parent-watch", daemon=True).start()
+
+
 class LocalPoolExecutor:
-    """``jobs`` processes; a job whose process died runs again in a fresh pool."""
+    """``jobs`` processes; a job whose process died runs again in a fresh pool. A worker
+    exits by itself when the process that made the pool dies (``_exit_with_parent``).
+
+    A dying worker breaks the whole ``ProcessPoolExecutor``: every job still pending in it
+    fails with ``BrokenProcessPool``, not only the dead worker's. So a loss in a shared pool
+    charges nobody: the lost jobs run again one per single-process pool (``jobs`` of them at
+    a time), where a broken pool names its job. Only a job whose own worker died is charged a
+    try; the others complete."""
 
     name = "local"
 
@@ -106,32 +131,63 @@ class LocalPoolExecutor:
         self.workers, self.max_retries = workers, max_retries
 
     def map(self, fn: JobFn, jobs: list[Job]) -> Iterator[tuple[int, Any]]:
-        todo = list(range(len(jobs)))
         tries = [0] * len(jobs)
+        lost: list[int] = []
+        yield from self._shared(fn, jobs, list(range(len(jobs))), lost)
+        todo = sorted(lost)
         while todo:
-            lost: list[int] = []
-            with ProcessPoolExecutor(max_workers=min(self.workers, len(todo))) as pool:
-                futs = {pool.submit(_local_call, fn, *jobs[i]): i for i in todo}
-                pending = set(futs)
-                while pending:
-                    done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                    for f in sorted(done, key=futs.__getitem__):
-                        i = futs[f]
-                        try:
-                            res = f.result()
-                        except BrokenProcessPool:
-                            lost.append(i)
-                            continue
-                        yield i, res
-            for i in lost:
+            lost = []
+            yield from self._isolated(fn, jobs, todo, lost)
+            for i in lost:  # each ran alone: its own worker died
                 tries[i] += 1
                 if tries[i] > self.max_retries:
                     raise WorkerLostError(f"job {i}: its worker process died "
                                           f"{tries[i]} times")
             todo = sorted(lost)
 
+    def _shared(self, fn: JobFn, jobs: list[Job], todo: list[int], lost: list[int]
+                ) -> Iterator[tuple[int, Any]]:
+        """Run ``todo`` in one pool; the jobs a broken pool took down go to ``lost``."""
+        if not todo:
+            return
+        with ProcessPoolExecutor(max_workers=min(self.workers, len(todo)),
+                                 initializer=_exit_with_parent,
+                                 initargs=(os.getpid(),)) as pool:
+            futs = {pool.submit(_local_call, fn, *jobs[i]): i for i in todo}
+            yield from _collect(futs, lost)
+
+    def _isolated(self, fn: JobFn, jobs: list[Job], todo: list[int], lost: list[int]
+                  ) -> Iterator[tuple[int, Any]]:
+        """Run each of ``todo`` in its own one-process pool, ``workers`` pools at a time."""
+        for k in range(0, len(todo), self.workers):
+            pools = [ProcessPoolExecutor(max_workers=1, initializer=_exit_with_parent,
+                                         initargs=(os.getpid(),))
+                     for _ in todo[k:k + self.workers]]
+            try:
+                futs = {pool.submit(_local_call, fn, *jobs[i]): i
+                        for pool, i in zip(pools, todo[k:k + self.workers], strict=True)}
+                yield from _collect(futs, lost)
+            finally:
+                for pool in pools:
+                    pool.shutdown()
+
     def close(self) -> None:
         pass
+
+
+def _collect(futs: dict, lost: list[int]) -> Iterator[tuple[int, Any]]:
+    """``(index, result)`` of each future as it completes (ties in index order); the index
+    of one that failed because its pool broke goes to ``lost``."""
+    pending = set(futs)
+    while pending:
+        done, pending = wait(pending, return_when=FIRST_COMPLETED)
+        for f in sorted(done, key=futs.__getitem__):
+            try:
+                res = f.result()
+            except BrokenProcessPool:
+                lost.append(futs[f])
+                continue
+            yield futs[f], res
 
 
 # --- Ray ----------------------------------------------------------------------------------
@@ -180,10 +236,38 @@ def _need_ray() -> Any:
     return ray
 
 
+CONNECT_TIMEOUT_S = 5.0
+
+
+def _probe(address: str) -> None:
+    """Refuse, in one line and within ``CONNECT_TIMEOUT_S``, a Ray address where nothing
+    listens: ``ray.init`` would retry for minutes with the sweep shown at 0/N."""
+    from urllib.parse import urlsplit
+
+    from sim.io import InputError
+
+    url = urlsplit(address if "://" in address else f"ray://{address}")
+    try:
+        host, port = url.hostname, url.port
+    except ValueError:
+        host, port = None, None
+    if not host or port is None:
+        raise InputError(f"--address {address}: expected auto, HOST:PORT or ray://HOST:PORT")
+    try:
+        socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as e:
+        why = (f"no answer within {CONNECT_TIMEOUT_S:.0f} s" if isinstance(e, TimeoutError)
+               else (e.strerror or str(e)).lower())
+        raise InputError(f"--address {address}: cannot reach Ray at {host}:{port} ({why}); "
+                         "start the cluster or check the address") from None
+
+
 class RayExecutor:
-    """Jobs as Ray tasks (one CPU each). ``address``: None starts a local Ray for this
-    executor (shut down by ``close``); ``"auto"`` or ``"ray://HOST:10001"`` joins an existing
-    cluster. If Ray is already initialized in this process, that instance is used as is."""
+    """Jobs as Ray tasks (one CPU each). ``address``: None starts a new local Ray for this
+    executor (shut down by ``close``), even if a cluster runs on this machine; ``"auto"``,
+    ``"HOST:6379"`` or ``"ray://HOST:10001"`` joins an existing cluster (an address where
+    nothing listens is refused within ``CONNECT_TIMEOUT_S``). If Ray is already initialized in
+    this process, that instance is used as is."""
 
     name = "ray"
 
@@ -191,6 +275,8 @@ class RayExecutor:
                  max_in_flight: int = 0) -> None:
         self.address, self.max_retries, self.max_in_flight = address, max_retries, max_in_flight
         self._started = False
+        if address not in (None, "auto", "local"):
+            _probe(address)  # before any work or progress bar
 
     def _init(self) -> Any:
         import logging
@@ -198,8 +284,15 @@ class RayExecutor:
         ray = _need_ray()
         if not ray.is_initialized():
             try:
-                ray.init(address=self.address, include_dashboard=False,
+                # None: a new local Ray, as documented ("local"); Ray's own default would
+                # join a cluster started earlier on this machine instead.
+                ray.init(address=self.address or "local", include_dashboard=False,
                          logging_level=logging.WARNING, configure_logging=True)
+            except ImportError as e:  # ray:// needs the Ray Client (ray[client]: grpcio)
+                from sim.io import InputError
+
+                raise InputError(f"--address {self.address}: the Ray Client is not installed "
+                                 f"({e.name or e}); pip install 'kvsim[ray]'") from None
             except (ConnectionError, ValueError, RuntimeError) as e:
                 from sim.io import InputError
 

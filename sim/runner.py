@@ -7,7 +7,7 @@ outputs (``write_result`` writes Parquet, JSON and the resolved config, each ato
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -18,14 +18,13 @@ import simpy
 from costmodel.profile import load_profile
 from costmodel.specs import get_spec
 from costmodel.units import Units, range_units
-from policies import PolicyContext
-from policies.scheduling import get_scheduler
+from policies import EvictionPolicy, PolicyContext, SessionInfo
 from sim.config import ConfigError, RunConfig
 from sim.context import ContextRun, context_summary, parse_context
-from sim.engines import SGLangServer, VllmServer
-from sim.io import atomic_write_parquet, atomic_write_text, dumps
-from sim.kvcache import RadixKVCache
+from sim.engines import ENGINES
+from sim.io import atomic_write_parquet, atomic_write_text, dumps, is_tmp_name
 from sim.metrics import RunRecorder
+from sim.progress import current as current_progress
 from sim.replay import Replay
 
 
@@ -34,6 +33,7 @@ class RunResult:
     config: RunConfig
     requests: pd.DataFrame
     summary: dict[str, Any]
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)  # more: NAME.parquet
 
 
 @lru_cache(maxsize=8)
@@ -69,6 +69,41 @@ def trace_loads() -> int:
     return _load.cache_info().misses
 
 
+def bind_policy(env: simpy.Environment, cfg: RunConfig, spec, profile, policy: EvictionPolicy,
+                sessions) -> None:
+    """Give a policy its run context: the simulated clock, the recompute price of a token
+    range at its positions, and the trace's sessions (read only)."""
+    base = profile.prefill_seconds(Units())
+
+    def recompute_seconds(a: int, b: int) -> float:
+        """Marginal prefill seconds of tokens [a, b) at their positions."""
+        return profile.prefill_seconds(range_units(spec, a, b)) - base
+
+    policy.bind(PolicyContext(now=lambda: env.now, block_size=cfg.block_size, seed=cfg.seed,
+                              recompute_seconds=recompute_seconds,
+                              sessions=tuple(SessionInfo(s.id, s.parent, s.agent_type)
+                                             for s in sessions)))
+
+
+def run_fields(cfg: RunConfig, policy: EvictionPolicy, profile, spec, trace,
+               table: pd.DataFrame) -> dict[str, Any]:
+    """The configuration fields a run summary carries beside its metrics."""
+    return {
+        "policy": policy.label, "model": cfg.model, "profile": profile.name,
+        "profile_provenance": profile.provenance, "gpu_cache_tokens": cfg.gpu_cache,
+        "cpu_cache_tokens": cfg.cpu_cache, "n_sessions": cfg.sessions, "gaps": cfg.gaps,
+        "scheduler": cfg.scheduler, "engine": cfg.engine, "trace": trace.name,
+        "trace_requests": len(trace),
+        # --lenient: records and whole files the loader skipped
+        "trace_skipped_records": int(trace.skipped),
+        "trace_skipped_files": int(trace.options.get("skipped_files", 0)),
+        # replayed although a real server would refuse them (cut with --max-context)
+        "over_context_requests": int(((table["prompt_tokens"] > spec.max_context)
+                                      & ~table["dropped"].astype(bool)).sum())
+        if len(table) else 0,
+    }
+
+
 def run(cfg: RunConfig, trace=None) -> RunResult:
     cfg.validate()
     try:
@@ -78,15 +113,12 @@ def run(cfg: RunConfig, trace=None) -> RunResult:
     profile = load_profile(cfg.profile, cfg.model)
     if trace is None:
         trace = load_run_trace(cfg)
+    if cfg.is_fleet:  # replicas behind a router (sim/fleet)
+        from sim.fleet.run import run_fleet
+
+        return run_fleet(cfg, trace, spec, profile)
     gaps = trace.gaps(cfg.gaps)
     policy = cfg.make_policy()
-    tiers = {}
-    if cfg.cpu_cache:
-        tiers = dict(cpu_capacity_blocks=cfg.cpu_cache // cfg.block_size, tiering=cfg.tiering,
-                     swap_buffer_blocks=cfg.swap_buffer // cfg.block_size,
-                     write_policy=cfg.hicache_write_policy,
-                     load_threshold_tokens=cfg.hicache_load_threshold,
-                     block_size=cfg.block_size)
     strategy = parse_context(cfg.context)
     context = None if strategy.is_full else ContextRun(strategy, trace, cfg.block_size)
     sessions = trace.sessions
@@ -94,56 +126,65 @@ def run(cfg: RunConfig, trace=None) -> RunResult:
                       [s.parent >= 0 for s in sessions],
                       [s.shared_prefix_blocks for s in sessions])
     env = simpy.Environment()
-    base = profile.prefill_seconds(Units())
-
-    def recompute_seconds(a: int, b: int) -> float:
-        """Marginal prefill seconds of tokens [a, b) at their positions."""
-        return profile.prefill_seconds(range_units(spec, a, b)) - base
-
-    policy.bind(PolicyContext(now=lambda: env.now, block_size=cfg.block_size, seed=cfg.seed,
-                              recompute_seconds=recompute_seconds))
-    if cfg.engine == "vllm":
-        server = VllmServer.build(env, cfg, spec, profile, policy, rec, trace)
-    else:
-        cache = RadixKVCache(cfg.gpu_cache // cfg.block_size, policy, debug=cfg.debug_cache,
-                             versioned=strategy.drops, **tiers)
-        server = SGLangServer(env, cfg, spec, profile, cache, get_scheduler(cfg.scheduler),
-                              rec, trace.finish_block_ids, getattr(trace, "block_regions", None))
+    bind_policy(env, cfg, spec, profile, policy, sessions)
+    server = ENGINES[cfg.engine].build(env, cfg, spec, profile, policy, rec)
+    bar = current_progress()  # observes replies only (sim/progress.py)
     replay = Replay(env, trace, server, gaps, trace.start_offsets(cfg.gaps), cfg.sessions,
-                    cfg.time_scale, context)
+                    cfg.time_scale, context,
+                    on_reply=bar.advance if bar.counts("requests") else None)
     driver = env.process(replay.closed_loop() if cfg.replay == "closed" else replay.open_loop())
     env.run(until=driver)
-    if cfg.replay == "open":  # the last replies may still be in flight
-        while server.busy():
-            env.step()
     server.close()
     table = rec.table()
     summary = rec.summary(env.now, cfg.block_size, table)
-    summary.update({
-        "policy": policy.label, "model": cfg.model, "profile": profile.name,
-        "profile_provenance": profile.provenance, "gpu_cache_tokens": cfg.gpu_cache,
-        "cpu_cache_tokens": cfg.cpu_cache, "n_sessions": cfg.sessions, "gaps": cfg.gaps,
-        "scheduler": cfg.scheduler, "engine": cfg.engine, "trace": trace.name,
-        "trace_requests": len(trace),
-        # --lenient: records and whole files the loader skipped
-        "trace_skipped_records": int(getattr(trace, "skipped", 0)),
-        "trace_skipped_files": int(getattr(trace, "options", {}).get("skipped_files", 0)),
-        # replayed although a real server would refuse them (cut with --max-context)
-        "over_context_requests": int(((table["prompt_tokens"] > spec.max_context)
-                                      & ~table["dropped"].astype(bool)).sum())
-        if len(table) else 0,
-    })
+    summary.update(run_fields(cfg, policy, profile, spec, trace, table))
     if context is not None:  # only then: results under ``full`` stay exactly as they were
         summary.update(context_summary(strategy, table, rec.counters, env.now,
-                                       cache.working_peak_blocks * cfg.block_size,
+                                       server.cache.working_peak_blocks * cfg.block_size,
                                        cfg.block_size))
     return RunResult(cfg, table, summary)
+
+
+RESULT_FILES = ("requests.parquet", "config.json", "summary.json", "load.parquet",
+                "routing.parquet")
+# What ``kvsim run --out`` and ``kvsim plot`` write at the top of a run folder.
+RUN_FOLDER_FILES = ("runs.json", "ttft_cdf.png", "change_vs_first.png")
+RUN_FOLDER_PLOTS = "replica_load_*.png"  # a fleet run's per-replica load, one per policy
+
+
+def clear_run_outputs(out: str | Path) -> list[str]:
+    """Remove a previous ``kvsim run``'s outputs from ``out`` so that a reused folder holds
+    only the new run: its runs.json and plots, every child folder that holds nothing but
+    ``write_result`` files (a policy folder), and the temporary files of a killed run
+    (``sim.io.is_tmp_name``) in both. Anything else stays. Returns what was removed (the
+    temporary files are not named)."""
+    out = Path(out)
+    removed = []
+    for child in sorted(out.iterdir()) if out.is_dir() else []:
+        if child.is_dir() and not child.is_symlink():
+            names = [f.name for f in child.iterdir()]
+            results = [n for n in names if not is_tmp_name(n)]
+            if names and set(results) <= set(RESULT_FILES) and (
+                    not results or {"requests.parquet", "summary.json"} & set(results)):
+                for name in names:
+                    (child / name).unlink()
+                child.rmdir()
+                if results:
+                    removed.append(child.name + "/")
+        elif child.is_file() and (child.name in RUN_FOLDER_FILES or is_tmp_name(child.name)
+                                  or child.match(RUN_FOLDER_PLOTS)):
+            child.unlink()
+            if not is_tmp_name(child.name):
+                removed.append(child.name)
+    return removed
 
 
 def write_result(result: RunResult, out: str | Path) -> None:
     """requests.parquet, config.json, then summary.json under ``out`` (each atomically)."""
     out = Path(out)
     atomic_write_parquet(result.requests, out / "requests.parquet")
+    for name, df in result.tables.items():  # a fleet's load.parquet
+        atomic_write_parquet(df, out / f"{name}.parquet")
     atomic_write_text(out / "config.json", json.dumps(result.config.to_dict(), indent=2) + "\n")
     # Last: a sweep takes a folder with summary.json as a finished point.
     atomic_write_text(out / "summary.json", dumps(result.summary) + "\n")

@@ -3,7 +3,7 @@
 One JSON object per session (``.json``/``.json.gz``) or one per line (``.jsonl(.gz)``); a folder
 holds any number of them. ``requests`` mixes requests and sub-agent records in time order.
 
-Semantics we derived from the data (../shared/data/cc-traces, checked on all 38 sub-agents):
+Semantics we derived from the published data (checked on all 38 sub-agents; docs/traces.md):
 - a request's ``t`` is its send time in seconds since the session start; ``think_time`` is the
   client's wait after the previous reply (``t_k ~ t_{k-1} + api_time_{k-1} + think_time_k``);
   when null we use ``t_k - t_{k-1} - api_time_{k-1}`` (or ``t_k - t_{k-1}``);
@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .blocks import UniqueIds, id_array, map_block_ids
+from .blocks import UniqueIds, check_block_sizes, id_array, map_block_ids
 from .builder import TraceBuilder
 from .errors import RecordReader, TraceFormatError
 from .files import iter_lines, list_files, load_json_ids, read_file, skip_file, strip_gz
@@ -90,6 +90,7 @@ def _session(b: TraceBuilder, file: str, where: str | None, obj: Any, scope: int
     bs_trace = rec.count("block_size", 64)
     if bs_trace < 1:
         raise rec.fail("block_size", "must be >= 1")
+    check_block_sizes(bs_trace, b.block_size, file)
     prefix = _prefix_regions(rec)
     items = rec.obj_list("requests")
     if not items:

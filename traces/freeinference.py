@@ -1,6 +1,6 @@
 """FreeInference agent traces (CC BY 4.0): weekly JSONL or the three Parquet tables.
 
-No copy is available here; this follows the published schema (../shared/data/README.md):
+No copy is available here; this follows the published schema (docs/traces.md):
 - Parquet: a folder with ``sessions.parquet`` (session_id, harness, parent_session_id,
   spawned_by_step, spawned_by_call_index), ``requests.parquet`` (session_id, step, start_ms,
   end_ms, model, step_trigger, waited_for, prompt_tokens, completion_tokens, transition, cause,
@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from .blocks import ID_MARK, UniqueIds, id_array, map_block_ids
+from .blocks import ID_MARK, UniqueIds, check_block_sizes, id_array, map_block_ids
 from .builder import TraceBuilder
 from .errors import RecordReader, TraceFormatError
 from .files import iter_jsonl_ids, strip_gz
@@ -75,6 +75,7 @@ def _files(paths: list[str]) -> list[Path]:
 
 
 def load_freeinference(paths: list[str], b: TraceBuilder, lenient: bool) -> None:
+    check_block_sizes(FI_BLOCK, b.block_size, "a FreeInference trace")
     unique = UniqueIds()
     for scope, f in enumerate(_files(paths)):
         tops = _read_parquet(f, b, lenient) if f.is_dir() else _read_jsonl(f, b, lenient)

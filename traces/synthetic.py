@@ -1,9 +1,9 @@
 """Synthetic agent traces, deterministic by seed: ``synthetic:NAME[?key=value&...]``.
 
-NAME: ``claude-code`` (fitted to ../shared/data/cc-traces), ``codex`` and ``chat`` (assumed
-shapes, see their profiles). Keys: ``sessions`` (default 16, the ``make demo`` size),
-``seed`` (overrides the seed argument), ``max_requests`` (cap per session), ``subagents``
-(0 disables sub-agents). Example: ``synthetic:claude-code?sessions=360&seed=3``.
+NAME: ``claude-code`` (fitted to the published cc-traces, docs/traces.md), ``codex`` and
+``chat`` (assumed shapes, see their profiles). Keys: ``sessions`` (default 16, the ``make
+demo`` size), ``seed`` (overrides the seed argument), ``max_requests`` (cap per session),
+``subagents`` (0 disables sub-agents). Example: ``synthetic:claude-code?sessions=360&seed=3``.
 
 Model of one session (per request, never per token):
 - requests per session, the first prompt (system + tool definitions + first message), outputs
@@ -76,7 +76,7 @@ class Profile:
     model: str = "synthetic"
 
 
-# Fitted on ../shared/data/cc-traces (360 sessions, 23,669 main-agent requests) with
+# Fitted on the published cc-traces (360 sessions, 23,669 main-agent requests) with
 # ``kvsim trace stats`` and the per-transition measurements in docs/traces.md:
 # requests/session median 41 (log sd 1.19); system+tool tokens median 14,893 (0.16); first
 # prompt minus that median 7,809 (2.0); output median 214 (0.88); append beyond the previous
@@ -94,7 +94,7 @@ CLAUDE_CODE = Profile(
     hard_limit=880_000, max_requests=440, p_subagent=38 / 23669, model="synthetic-claude-code")
 
 # Codex CLI: NOT fitted to a large real set (none is available here). Assumed from the two
-# TraceLab example sessions (../shared/data/tracelab-example: ~7K-token prefix, appends of a
+# TraceLab example sessions (~7K-token prefix, appends of a
 # few hundred tokens, outputs ~200, sub-second to few-second tool runs) and Codex's smaller
 # default context; treat its numbers as illustrative.
 CODEX = Profile(
@@ -131,15 +131,17 @@ def parse_spec(spec: str, seed: int) -> tuple[str, Profile, int, int, bool]:
         v = int(val)
         if key == "sessions" and 1 <= v <= 1_000_000:
             sessions = v
-        elif key == "seed":
+        elif key == "seed" and v >= 0:
             seed = v
         elif key == "max_requests" and v >= 1:
             prof = replace(prof, max_requests=v)
         elif key == "subagents" and v in (0, 1):
             subagents = bool(v)
         else:
-            raise OptionError(f"{spec}: bad parameter {key}={val} (known: sessions>=1, seed, "
+            raise OptionError(f"{spec}: bad parameter {key}={val} (known: sessions>=1, seed>=0, "
                               "max_requests>=1, subagents=0|1)")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise OptionError(f"{spec}: seed must be an integer >= 0, got {seed!r}")
     return name, prof, sessions, seed, subagents
 
 

@@ -13,7 +13,7 @@ from calibration.errors import CalibrationError
 from costmodel.profile import Profile, check_profile, load_profile
 from costmodel.specs import get_spec
 
-from .common import atomic_write_text, console, emit_json
+from .common import atomic_write_text, console, emit_json, stderr
 
 TORCH_ONLY = ("layers", "quick", "rounds", "warmup", "threads", "clock")
 
@@ -49,7 +49,8 @@ TORCH_ONLY = ("layers", "quick", "rounds", "warmup", "threads", "clock")
 @click.option("--clock", type=click.Choice(["wall", "cpu"]), default=None,
               help="CPU timing: wall time or process CPU time [default: cpu with one "
                    "thread, else wall]. CUDA always uses CUDA events.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Weights and visit order.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Weights and visit order.")
 @click.option("--date", default=None, help="Provenance date [default: today, UTC].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def calibrate_cmd(device: str, system: str | None, framework: str | None, gpus: int | None,
@@ -73,8 +74,11 @@ def calibrate_cmd(device: str, system: str | None, framework: str | None, gpus: 
     if system is not None:
         given = {"layers": layers, "quick": quick or None, "rounds": rounds, "warmup": warmup,
                  "threads": threads, "clock": clock}
-        for name in TORCH_ONLY:
-            if given[name] is not None:
+        source = click.get_current_context().get_parameter_source("device")
+        if source == click.core.ParameterSource.COMMANDLINE:  # has a default: was it given?
+            given["device"] = device
+        for name in ("device", *TORCH_ONLY):
+            if given.get(name) is not None:
                 raise click.UsageError(f"--{name} times torch here; it does not go with "
                                        "--from-kernels")
         _from_kernels(system, framework or "sglang", gpus, kernel_data, model, out, as_json,
@@ -88,7 +92,11 @@ def calibrate_cmd(device: str, system: str | None, framework: str | None, gpus: 
     settings = Settings(model=model, device=device, layers=layers, quick=quick, warmup=warmup,
                         rounds=rounds, threads=threads, clock=clock, seed=seed,
                         date=date or datetime.now(UTC).date().isoformat())
-    prof, report = calibrate(settings, progress)
+    from calibration.measure import PROGRESS_UNIT
+    from sim.progress import progress as progress_bar
+
+    with progress_bar("kvsim calibrate", PROGRESS_UNIT, console=stderr) as bar:
+        prof, report = calibrate(settings, lambda msg: bar.log(f"kvsim calibrate: {msg}"))
     if out:
         prof = write_profile(prof, out, model)
         progress(f"wrote {out}")

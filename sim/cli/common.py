@@ -1,6 +1,6 @@
 """Helpers every CLI command shares: sizes, JSON output, input errors, atomic writes.
 
-Conventions (the CLI contract in DESIGN.md):
+Conventions (the CLI contract, README.md):
 - with ``--json`` a command prints exactly one JSON document on stdout; progress and logs go to
   stderr;
 - bad input raises an exception carrying ``exit_code = 2`` (ProfileError, TraceFormatError,
@@ -67,7 +67,7 @@ SIZE = SizeType()
 
 # Units shared by every table (run, sweep, reproduce): rates and shares in percent, changes
 # in signed percent, times in seconds, counts with thousands separators.
-PERCENT_KEYS = ("hit_rate", "share", "fraction")
+PERCENT_KEYS = ("hit_rate", "share", "fraction", "reuse_", "affinity")
 
 
 def fmt_metric(key: str, v: Any) -> str:
@@ -87,31 +87,37 @@ def fmt_metric(key: str, v: Any) -> str:
     return f"{v:,}"
 
 
+# Loading a trace: no progress lines in a log for a load this short (most are; a bad trace's
+# error then stays the only line).
+TRACE_LOAD_QUIET_S = 2.0
+
+
 @contextmanager
 def trace_load_progress(label: str = "loading trace") -> Iterator[None]:
-    """A progress bar on stderr (bytes of trace files read) while a trace is parsed inside
-    the block; nothing at all when the trace comes from a cache or a generator."""
-    from rich.progress import BarColumn, DownloadColumn, Progress, TimeElapsedColumn
-
+    """Progress on stderr (kB or MB of trace files read, with an ETA) while a trace is parsed
+    inside the block; nothing at all when the trace comes from a cache or a generator."""
+    from sim.progress import Tracker
     from traces.files import report_progress
 
-    state: dict[str, Any] = {}
+    bars: list[tuple[Tracker, float]] = []
 
     def update(done: int, total: int) -> None:
-        if "bar" not in state:
-            bar = Progress("[progress.description]{task.description}", BarColumn(),
-                           DownloadColumn(), TimeElapsedColumn(), console=stderr,
-                           transient=True)
-            bar.start()
-            state.update(bar=bar, task=bar.add_task(label, total=total))
-        state["bar"].update(state["task"], completed=done, total=total)
+        if not bars:
+            unit, scale = ("MB", 1e6) if total >= 1e6 else ("kB", 1e3)
+            bars.append((Tracker(label, unit, 0, stderr, TRACE_LOAD_QUIET_S), scale))
+            bars[0][0].start()
+        bar, scale = bars[0]
+        bar.update(round(done / scale, 1), round(total / scale, 1))
 
     try:
         with report_progress(update):
             yield
-    finally:
-        if "bar" in state:
-            state["bar"].stop()
+    except BaseException:
+        if bars:
+            bars[0][0].stop(failed=True)
+        raise
+    if bars:
+        bars[0][0].stop()
 
 
 def emit_json(doc: Any) -> None:
@@ -137,8 +143,16 @@ class KvsimGroup(click.Group):
     InputError, ...) is a user mistake: its message is printed on one line, as are click's own
     usage errors (a bad option value names the option). An ``OSError`` that escapes a command
     (a full disk, a folder removed under a running sweep) names its file the same way, exit 2.
-    Anything else is a bug and keeps its traceback.
+    Anything else is a bug and keeps its traceback. ``--debug`` (the group's flag, accepted
+    anywhere on the line) keeps every traceback.
     """
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        """``--debug`` anywhere before ``--`` is the group's flag (``kvsim run ... --debug``)."""
+        end = args.index("--") if "--" in args else len(args)
+        if "--debug" in args[:end]:
+            args = ["--debug", *(a for a in args[:end] if a != "--debug"), *args[end:]]
+        return super().parse_args(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -151,9 +165,15 @@ class KvsimGroup(click.Group):
         except click.ClickException as e:
             fail(e.format_message(), e.exit_code)
         except Exception as e:
+            if ctx.params.get("debug"):
+                raise  # --debug: every frame, kvsim's included
             code = getattr(e, "exit_code", None)
             if isinstance(code, int) and not isinstance(code, bool):
-                fail(e, code)
+                # ``detail``: a user's policy's own traceback frames, under the line
+                detail = getattr(e, "detail", "")
+                print(f"kvsim: error: {one_line(e)}" + (f"\n{detail.rstrip()}" if detail
+                                                        else ""), file=sys.stderr)
+                sys.exit(code)
             if isinstance(e, OSError):
                 where = f"{e.filename}: " if e.filename else ""
                 fail(f"{where}{e.strerror or e}")

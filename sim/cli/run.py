@@ -13,6 +13,13 @@ from rich.table import Table
 from sim.config import RunConfig
 
 from .common import SIZE, atomic_write_text, console, dumps, emit_json, fmt_metric, stderr
+from .run_checks import (
+    default_replay,
+    params_per_policy,
+    refuse_idle_options,
+    warn_capped_shared_prefix,
+    warn_saturation,
+)
 from .trace import trace_options
 
 if TYPE_CHECKING:
@@ -55,41 +62,63 @@ CONTEXT_ROWS = ("request_latency_mean_s", "request_latency_p95_s", "input_tokens
                 "output_tokens_per_s", "kv_peak_tokens", "context_dropped_tokens",
                 "reprefill_tokens", "rerotated_tokens", "summary_calls",
                 "context_edits_blocked")
+# Rows of fleet runs (--replicas/--router; sim/fleet/metrics.py defines them).
+FLEET_ROWS = ("reuse_available", "reuse_captured", "reuse_delivered", "affinity",
+              "load_cv_busy", "load_cv_queue", "belief_error_mean_tokens")
 
 
-def print_table(runs: list[dict[str, Any]], title: str, lenient: bool = False) -> None:
-    """Metrics in the units every table uses (``fmt_metric``: rates in percent); changes
-    against the first run in signed percent."""
-    t = Table(title=title)
-    t.add_column("metric")
-    for r in runs:
-        t.add_column(r["policy"], justify="right")
-    extra = ("cpu_hit_rate", "bytes_h2d", "bytes_d2h", "swap_buffer_loads") if any(
-        r["summary"].get("cpu_cache_tokens") for r in runs) else ()
-    shown = [k for k in WHEN_NONZERO if any(r["summary"].get(k) for r in runs)
-             or (lenient and k in LENIENT_ROWS)]
-    ctx = CONTEXT_ROWS if any("context" in r["summary"] for r in runs) else ()
-    for k in (*COMPARED, *extra, "requests", "evicted_tokens", *ctx, *shown):
-        cells = []
-        for i, r in enumerate(runs):
-            s = fmt_metric(k, r["summary"].get(k))
-            ch = r["change_vs_first"].get(k)
-            if i > 0 and ch is not None:
-                s += f" ({ch:+.1%})"
-            cells.append(s)
-        t.add_row(k, *cells)
-    console().print(t)
-
-
-def parse_params(items: tuple[str, ...]) -> dict[str, str]:
-    """``K=V`` items into a dict (values stay text: the policy class types them)."""
+def router_params(items: tuple[str, ...]) -> dict[str, str]:
+    """``--router-param K=V`` items into a dict (values stay text: the router class types
+    them)."""
     out: dict[str, str] = {}
     for item in items:
         k, sep, v = item.partition("=")
         if not sep or not k.strip():
-            raise click.BadParameter(f"{item!r} is not K=V", param_hint="--policy-param")
+            raise click.BadParameter(f"{item!r} is not K=V", param_hint="--router-param")
         out[k.strip()] = v.strip()
     return out
+
+
+def print_table(runs: list[dict[str, Any]], title: str, lenient: bool = False) -> None:
+    """Metrics in the units every table uses (``fmt_metric``: rates in percent); changes
+    against the first run in signed percent, the hit rate's in percentage points (pp). As
+    many policies per table as the terminal's width holds, the first (the baseline) in each."""
+    extra = ("cpu_hit_rate", "bytes_h2d", "bytes_d2h", "swap_buffer_loads") if any(
+        r["summary"].get("cpu_cache_tokens") for r in runs) else ()
+    extra += FLEET_ROWS if any("replicas" in r["summary"] for r in runs) else ()
+    shown = [k for k in WHEN_NONZERO if any(r["summary"].get(k) for r in runs)
+             or (lenient and k in LENIENT_ROWS)]
+    ctx = CONTEXT_ROWS if any("context" in r["summary"] for r in runs) else ()
+    keys = (*COMPARED, *extra, "requests", "evicted_tokens", *ctx, *shown)
+    cells: list[list[str]] = []  # per run, per key
+    for i, r in enumerate(runs):
+        col = []
+        for k in keys:
+            s = fmt_metric(k, r["summary"].get(k))
+            ch = r["change_vs_first"].get(k)
+            if i > 0 and k == "hit_rate" and s != "-" and runs[0]["summary"].get(k) is not None:
+                s += f" ({100 * (r['summary'][k] - runs[0]['summary'][k]):+.1f} pp)"
+            elif i > 0 and ch is not None:
+                s += f" ({ch:+.1%})"
+            col.append(s)
+        cells.append(col)
+    con = console()
+    widths = [max(len(r["policy"]), *map(len, col)) + 3 for r, col in zip(runs, cells,
+                                                                        strict=True)]
+    room = con.width - max(map(len, ("metric", *keys))) - 4
+    groups: list[list[int]] = [[0]]
+    for i in range(1, len(runs)):
+        if len(groups[-1]) > 1 and sum(widths[j] for j in (*groups[-1], i)) > room:
+            groups.append([0])
+        groups[-1].append(i)
+    for g, group in enumerate(groups):
+        t = Table(title=title if g == 0 else None)
+        t.add_column("metric", no_wrap=True)
+        for i in group:
+            t.add_column(runs[i]["policy"], justify="right", no_wrap=True)
+        for row, k in enumerate(keys):
+            t.add_row(k, *(cells[i][row] for i in group))
+        con.print(t)
 
 
 def policy_configs(base: RunConfig, preset: str | None, evict: str | None,
@@ -102,9 +131,9 @@ def policy_configs(base: RunConfig, preset: str | None, evict: str | None,
         other = "--preset" if preset else "--policy"
         raise click.UsageError(f"--evict/--granularity/--order compose one policy: they "
                                f"cannot be combined with {other}")
-    params = parse_params(policy_params)
-    if params and not policies:
+    if policy_params and not policies:
         raise click.UsageError("--policy-param needs --policy")
+    params = params_per_policy(policies, policy_params)
     if composed:
         return [replace(base, evict=evict, granularity=granularity, order=order)]
     configs = []
@@ -113,7 +142,7 @@ def policy_configs(base: RunConfig, preset: str | None, evict: str | None,
         if not all(names):
             raise click.BadParameter(f"{preset!r} has an empty name", param_hint="--preset")
         configs += [base.with_preset(p) for p in names]
-    configs += [base.with_policy(p, params) for p in policies]
+    configs += [base.with_policy(p, params[p]) for p in policies]
     if not configs:
         from sim.engines import ENGINES
 
@@ -179,12 +208,20 @@ class RunInputError(ValueError):
     show_default=True, help="hicache: when device KV is copied to the host tier.")
 @click.option("--sessions", "-n", type=int, default=4, show_default=True,
               help="Sessions active at once (closed loop).")
-@click.option("--replay", type=click.Choice(["closed", "open"]), default="closed",
-              show_default=True,
+@click.option("--replay", type=click.Choice(["closed", "open"]), default=None,
               help="closed: a session sends after its reply + recorded gap; open: at the "
-                   "recorded send times.")
+                   "recorded send times. [default: open for timestamped traces without "
+                   "sessions (Mooncake), else closed]")
 @click.option("--time-scale", type=float, default=1.0, show_default=True,
               help="Open loop: multiply recorded send times (0.5 = twice the request rate).")
+@click.option("--replicas", type=int, default=1, show_default=True,
+              help="Replicas of the engine behind a router, on one clock (docs/fleet.md).")
+@click.option("--router", default=None,
+              help="Router of a fleet: round-robin (default with --replicas > 1), random, "
+                   "least-load, power-of-two, session-affinity, the field's routers, or "
+                   "FILE.py:CLASS (your own Router subclass).")
+@click.option("--router-param", "router_param_items", multiple=True, metavar="K=V",
+              help="Parameter of the --router class (repeatable; typed like its default).")
 @click.option("--engine", type=click.Choice(["sglang", "vllm"]), default="sglang",
               show_default=True,
               help="The server: sglang (SGLang 0.5.23: radix tree, chunk nodes, admission "
@@ -205,9 +242,10 @@ class RunInputError(ValueError):
               help="A policy by name (preset, order+start+granularity, registered) or "
                    "FILE.py:CLASS (your own EvictionPolicy subclass); repeat to compare. "
                    "Runs after any --preset.")
-@click.option("--policy-param", "policy_params", multiple=True, metavar="K=V",
-              help="Parameter of the --policy classes, e.g. --policy-param tau_s=5 "
-                   "(repeatable; typed like the class's default).")
+@click.option("--policy-param", "policy_params", multiple=True, metavar="[POLICY.]K=V",
+              help="Parameter of a --policy class, e.g. --policy-param tau_s=5 (the one "
+                   "--policy that takes it) or ttl.tau_s=5 / FILE.py:CLASS.k=v (that policy); "
+                   "repeatable; typed like the class's default.")
 @click.option("--scheduler", type=click.Choice(["fcfs", "lpm", "lpm-cpu", "program-fcfs"]),
               default="fcfs", show_default=True,
               help="Queue order: fcfs (the default of SGLang 0.5.23 and vLLM 0.33, the only "
@@ -232,13 +270,18 @@ class RunInputError(ValueError):
 @click.option("--max-running", type=int, default=None,
               help="Most requests running at once (default: the engine's: SGLang's "
                    "max_running_requests, large; vLLM's max_num_seqs, 1024).")
-@click.option("--debug-cache", is_flag=True, help="Recount cache invariants after every op.")
+@click.option("--debug-cache", is_flag=True,
+              help="Recount cache invariants after every op; check the engine never idles "
+              "with a request waiting.")
 @click.option("--out", "-o", default=None, help="Write requests.parquet, config.json, "
-              "summary.json per run under this folder (checked before anything runs).")
+              "summary.json per run under this folder (checked before anything runs); a "
+              "previous run's outputs there (runs.json, plots, policy folders) are removed "
+              "first, other files stay.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select, gap_model,
             lenient, seed, cache_dir, rebuild_sessions, model, profile, gpu_cache, cpu_cache,
             tiering, swap_buffer, hicache_write_policy, sessions, replay, time_scale, engine,
+            replicas, router, router_param_items,
             preset, evict, granularity, order, policies, policy_params, scheduler, context,
             chunk_size, prompt_nodes, max_new_tokens, max_running, debug_cache, out,
             as_json) -> None:
@@ -246,49 +289,69 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
     from costmodel.specs import get_spec
     from sim.checks import check_model_and_profile
     from sim.io import check_out_dir
+    from sim.progress import progress
     from sim.runner import load_run_trace, run, write_result  # the engine loads on demand
 
     from .common import trace_load_progress
 
+    if replay is None:
+        replay = default_replay(trace, trace_format)
     base = RunConfig(
         trace=trace, trace_format=trace_format, select=select, shared_prefix=shared_prefix,
         max_context=max_context, block_size=block_size, gaps=gap_model, lenient=lenient,
         trace_cache_dir=cache_dir, rebuild_sessions=rebuild_sessions,
         sessions=sessions, replay=replay, time_scale=time_scale, engine=engine,
+        replicas=replicas, router=router,
+        router_params=router_params(router_param_items),
         model=model, profile=profile, gpu_cache=gpu_cache, cpu_cache=cpu_cache,
         tiering=tiering, swap_buffer=swap_buffer, hicache_write_policy=hicache_write_policy,
         scheduler=scheduler, context=context, chunk_size=chunk_size,
         checkpoint_chunks=prompt_nodes == "chunked",
         max_new_tokens=max_new_tokens, max_running=max_running, seed=seed,
         debug_cache=debug_cache)
+    refuse_idle_options(click.get_current_context(), cpu_cache, tiering, engine, replay)
     configs = policy_configs(base, preset, evict, granularity, order, policies, policy_params)
     # Every input check before any work: configs, model, profile, the output folder.
     for cfg in configs:
         cfg.validate("command line")
     check_model_and_profile(configs[0], "command line")
-    if out:
+    if out is not None:
         check_out_dir(out)
+    if out is not None:  # a reused folder: the previous run's outputs go (docs: --out)
+        from sim.runner import clear_run_outputs
+
+        gone = clear_run_outputs(out)
+        if gone:
+            stderr.print(f"[dim]{out}: removed the previous run's {', '.join(gone)}[/dim]")
     spec_context = get_spec(model).max_context
     t0 = time.perf_counter()  # wall time for the progress lines only, never in results
     with trace_load_progress():
         traces = [load_run_trace(cfg) for cfg in configs]
     tr = traces[0]
+    from traces.load import check_shared_prefix
+
+    check_shared_prefix(tr, shared_prefix)
+    warn_capped_shared_prefix(tr, shared_prefix, block_size)
     stderr.print(f"[dim]trace {tr.name}: {len(tr):,} requests loaded in "
                  f"{time.perf_counter() - t0:.1f}s[/dim]")
     results = []
-    for cfg, trace in zip(configs, traces, strict=True):
-        t0 = time.perf_counter()
-        res = run(cfg, trace)
-        dt = time.perf_counter() - t0
-        n = res.summary["requests"]
-        stderr.print(f"[dim]{cfg.policy_label}: {n:,} requests simulated in {dt:.1f}s "
-                     f"({n / max(dt, 1e-9):,.0f} requests/s)[/dim]")
-        warn_quiet_surprises(res, spec_context)
-        results.append(res)
-        if out:
-            write_result(res, f"{out}/{cfg.policy_label}")
+    with progress("kvsim run", "requests", sum(len(t) for t in traces), stderr) as bar:
+        for k, (cfg, trace) in enumerate(zip(configs, traces, strict=True)):
+            bar.describe(f"{cfg.policy_label} ({k + 1} of {len(configs)})")
+            t0 = time.perf_counter()
+            res = run(cfg, trace)
+            bar.update(sum(len(t) for t in traces[:k + 1]))  # fleet runs count no replies
+            dt = time.perf_counter() - t0
+            n = res.summary["requests"]
+            stderr.print(f"[dim]{cfg.policy_label}: {n:,} requests simulated in {dt:.1f}s "
+                         f"({n / max(dt, 1e-9):,.0f} requests/s)[/dim]")
+            warn_quiet_surprises(res, spec_context)
+            warn_saturation(res)
+            results.append(res)
+            if out is not None:
+                write_result(res, f"{out}/{cfg.policy_label}")
     runs = compare_runs(results)
-    if out:
+    if out is not None:
         atomic_write_text(f"{out}/runs.json", dumps({"runs": runs}) + "\n")
     if as_json:
         emit_json({"runs": runs})
@@ -300,6 +363,8 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
     print_table(runs, f"{s['trace']} ({s['trace_requests']} requests), {model}, "
                       f"GPU {gpu_cache:,} tokens{cpu}, N={sessions}, {engine} engine, "
                       f"{scheduler}, "
+                      + (f"{replicas} replicas, router {s['router']}, " if "router" in s
+                         else "") +
                       f"gaps {gap_model}{ctx}", lenient=lenient)
-    if out:
+    if out is not None:
         print(f"wrote {out}/", file=sys.stderr)
