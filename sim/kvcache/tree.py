@@ -392,6 +392,8 @@ class RadixTree:
         self._free_kv(node, result)
         self._holes += len(node.ids)
         node.tier = _NONE
+        if node.children:  # a hole that stays: free_whole's first answer, without its calls
+            return None
         return free_whole(node, self.root, _kvless, _child_count, self._detach)
 
     def truncate_tail(self, leaf: Node, k: int, result: EvictResult) -> None:
