@@ -3,11 +3,14 @@
     python docs/report.py [results/reproduce] > /tmp/tables.md
     python docs/report.py --sweeps results/gpu_only_qwen3-8b results/gpu_only_qwen3-32b ...
     python docs/report.py --fleet results/reproduce/fleet.json   # docs/fleet.md's tables
+    python docs/report.py --moved OLD.md NEW.md   # every cell that moved between two renderings
 
 Reads the JSON documents the notebooks write at full size (``kvsim reproduce NAME --json``
 gives the same documents) and prints one markdown table per experiment, ours beside the
 paper's numbers. ``--sweeps`` instead reads the ``results.csv`` of the GPU-only sweeps
-(docs/sweeps/*.yaml) and prints the "All gap models" table.
+(docs/sweeps/*.yaml) and prints the "All gap models" table. ``--moved`` compares the tables
+of two markdown files (e.g. the published docs/reproduction.md and a fresh rendering) and
+prints one row per cell that moved, ``before -> after``, rows matched by their key columns.
 """
 
 from __future__ import annotations
@@ -92,7 +95,65 @@ def fleet(path: str) -> None:
                                      key=lambda r: r["replicas"])]))
 
 
+# Tables --moved compares: heading prefix -> how many leading columns identify a row. The
+# paper's columns never move and are left out.
+KEY_COLUMNS = {"Figure 1": 1, "GPU-only": 6, "Ablation": 3, "Scheduling": 2, "Two tiers": 2,
+               "CPU-tier sweep": 1, "All gap models": 4}
+
+
+def read_tables(path: str) -> dict[str, dict[tuple[str, ...], dict[str, str]]]:
+    """The markdown tables under each ``###``/``##`` heading that KEY_COLUMNS names: heading
+    -> row key -> {column: cell}."""
+    tables: dict[str, dict[tuple[str, ...], dict[str, str]]] = {}
+    heading, header = None, None
+    for line in Path(path).read_text().splitlines():
+        if line.startswith("#"):
+            title = line.lstrip("#").strip()
+            heading = next((h for h in KEY_COLUMNS if title.startswith(h)), None)
+            header = None
+        elif heading and line.startswith("|"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if header is None:
+                header = cells
+            elif not set(line) <= set("|-"):
+                row = dict(zip(header, cells, strict=False))
+                tables.setdefault(heading, {})[tuple(cells[:KEY_COLUMNS[heading]])] = row
+    return tables
+
+
+def moved(old_path: str, new_path: str) -> None:
+    """One row per cell that differs between the same row of the same table in the two files
+    (rows only in the new file are listed as new, rows only in the old one as gone)."""
+    for path in (old_path, new_path):
+        if not Path(path).exists():
+            print(f"report.py: error: {path}: no such file", file=sys.stderr)
+            sys.exit(2)
+    old, new = read_tables(old_path), read_tables(new_path)
+    out = []
+    for heading in KEY_COLUMNS:
+        if heading not in old or heading not in new:
+            continue
+        for key, row in new[heading].items():
+            before = old[heading].get(key)
+            if before is None:
+                out.append([heading, " / ".join(key), "(new row)", "-", "-"])
+                continue
+            out += [[heading, " / ".join(key), col, before.get(col, "-"), cell]
+                    for col, cell in list(row.items())[KEY_COLUMNS[heading]:]
+                    if not col.startswith("paper") and before.get(col) != cell]
+        out += [[heading, " / ".join(key), "(row gone)", "-", "-"]
+                for key in old[heading] if key not in new[heading]]
+    print(table(["table", "row", "column", "before", "after"], out) if out else
+          "No published cell moved.")
+
+
 def main(argv: list[str]) -> None:
+    if argv and argv[0] == "--moved":
+        if len(argv) != 3:
+            print("report.py: error: --moved needs two files, OLD.md NEW.md", file=sys.stderr)
+            sys.exit(2)
+        moved(argv[1], argv[2])
+        return
     if argv and argv[0] == "--sweeps":
         sweeps(argv[1:])
         return
