@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 # Summary metrics shown in the table and compared against the first run (lower is better
 # except the hit rate).
 COMPARED = ("ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "jct_mean_s", "hit_rate",
-            "recomputed_tokens", "recompute_units", "queue_wait_mean_s")
+            "recomputed_tokens", "recompute_units", "queue_wait_mean_s",
+            "preempted_recompute_tokens", "preempted_recompute_units")
 
 
 def change(a: float | None, b: float | None) -> float | None:
@@ -69,7 +70,7 @@ def print_table(runs: list[dict[str, Any]], title: str, lenient: bool = False) -
     shown = [k for k in WHEN_NONZERO if any(r["summary"].get(k) for r in runs)
              or (lenient and k in LENIENT_ROWS)]
     ctx = CONTEXT_ROWS if any("context" in r["summary"] for r in runs) else ()
-    for k in (*COMPARED, *extra, "requests", "evicted_tokens", *ctx, *shown):
+    for k in (*COMPARED, *extra, "requests", "retractions", "evicted_tokens", *ctx, *shown):
         cells = []
         for i, r in enumerate(runs):
             s = fmt_metric(k, r["summary"].get(k))

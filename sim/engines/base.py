@@ -177,6 +177,15 @@ class EngineBase:
         return taken, rest
 
     # --- pricing ------------------------------------------------------------------------
+    def _count_redone(self, req: Req, a: int, b: int) -> None:
+        """Record the part of prefill range [a, b) below ``req.redo_until``: positions the
+        request had computed before a preemption or retraction lost them."""
+        end = min(b, req.redo_until)
+        if end > a:
+            view = req.view
+            self.rec.redone(req, end - a, range_units(self.spec, a, end) if view is None
+                            else units_of(self.spec, view, a, end))
+
     def _prefill_seconds(self, batch) -> tuple[float, list[Units]]:
         per_req = []
         total = Units()
@@ -186,6 +195,7 @@ class EngineBase:
             for a, b in ranges:
                 u = u + (range_units(self.spec, a, b) if view is None
                          else units_of(self.spec, view, a, b))
+                self._count_redone(req, a, b)
             per_req.append(u)
             total = total + u
         seconds = self.profile.prefill_seconds(total)

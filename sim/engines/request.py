@@ -45,6 +45,9 @@ class Req:
     seq_ids: np.ndarray | None = None
     computed: int = 0
     decoding: bool = False
+    # Tokens that had KV when the request was last preempted (vLLM) or retracted (SGLang):
+    # computing a position below it again is work redone (``preempted_recompute_*``).
+    redo_until: int = 0
     # Context strategies (sim.context): the request as its strategy shapes it (keys, edit,
     # dropped keys); None under ``full``.
     view: Any = None

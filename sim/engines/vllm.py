@@ -234,6 +234,7 @@ class VllmServer(EngineBase):
         """Preemption by recompute: free its blocks (in the policy's order; freed cached
         blocks stay hittable until reused), keep its outputs, front of the queue."""
         self.pool.free(req.rid)
+        req.redo_until = max(req.redo_until, req.computed)
         req.computed, req.decoding = 0, False
         self.rec.retracted(req)
         self.waiting.insert(0, req)
@@ -254,6 +255,7 @@ class VllmServer(EngineBase):
             units = units + u
             if not r.decoding:
                 self.rec.prefill_units(r, u)
+                self._count_redone(r, start, start + n)
         seconds = self.profile.prefill_seconds(units)
         if n_dec:
             seconds = max(seconds, self.profile.decode_step_seconds(n_dec, ctx))
