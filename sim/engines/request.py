@@ -48,6 +48,12 @@ class Req:
     # Tokens that had KV when the request was last preempted (vLLM) or retracted (SGLang):
     # computing a position below it again is work redone (``preempted_recompute_*``).
     redo_until: int = 0
+    # vLLM engine, async scheduling: tokens sampled by steps whose output is not processed
+    # yet (vLLM's num_output_placeholders), tokens of its rows in such steps, and of those
+    # the ones scheduled before it was preempted (their output arrives stale)
+    placeholders: int = 0
+    in_flight: int = 0
+    stale: int = 0
     # Context strategies (sim.context): the request as its strategy shapes it (keys, edit,
     # dropped keys); None under ``full``.
     view: Any = None
