@@ -243,12 +243,14 @@ class VllmServer(EngineBase):
                     r.placeholders += 1
         return Step(rows, decode, samples, preempted, blocked)
 
-    def update(self, step: Step, steps: int = 1) -> None:
+    def update(self, step: Step, steps: int = 1) -> bool:
         """vLLM's ``update_from_output`` for ``step`` (a decode run: ``steps`` identical
         steps at once): each sampling row appends its token(s); a request that reached its
         output length finishes and frees its blocks, in schedule order. Output of a step
-        scheduled before its request was preempted (async) is still delivered."""
+        scheduled before its request was preempted (async) is still delivered. True when
+        a request finished."""
         now = self.env.now
+        finished = False
         for (r, _start, n), sampled in zip(step.rows, step.samples, strict=True):
             r.in_flight -= n
             stale = r.stale > 0
@@ -269,6 +271,8 @@ class VllmServer(EngineBase):
                 self._note_cached(r)
             if r.generated >= r.output_tokens:
                 self._finish(r)
+                finished = True
+        return finished
 
     def _finish(self, req: Req) -> None:
         if req.computed:  # running (an admitted request has computed at least one token)
@@ -422,5 +426,64 @@ class VllmServer(EngineBase):
                 continue
             if inflight.end > env.now:
                 yield env.timeout(inflight.end - env.now)
-            self.update(inflight)
+            finished = self.update(inflight)
             inflight = step
+            if (self.decode_runs and step is not None and not step.preempted
+                    and len(step.rows) == len(self.running) and all(step.decode)
+                    and (not self.waiting or (step.blocked and not finished))):
+                inflight = yield from self._async_decode_run(step)
+
+    def _async_decode_run(self, step: Step):
+        """The pipeline of decode-only steps while nothing changes, in one event: ``step``
+        (every running request decoding) is in flight, its predecessor processed. Each next
+        iteration would schedule the same step one position further and process the one in
+        flight; x such iterations are taken at once, x cut at the first step that samples
+        a request's last token (the one after it would skip that request), by memory (the
+        first step whose allocations the free queue cannot serve is scheduled alone) and,
+        when nobody waits, by an arrival (it joins the step scheduled after the step in
+        flight completes). Returns the step left in flight."""
+        env = self.env
+        bs = self.bs
+        running = self.running
+        batch = len(step.rows)
+        ctx = sum(start for _r, start, _n in step.rows) + batch  # the first extra step's
+        x = min(r.output_tokens - r.generated - r.placeholders for r in running)
+        if x > 0:
+            starts = [-(-r.computed // bs) * bs - r.computed + 1 for r in running]
+            x = steps_fitting(starts, bs, self.pool.free_blocks, x)
+        if x <= 0:
+            return step
+        interruptible = not self.waiting
+        if interruptible:  # an arrival during the step in flight: one iteration only
+            self._wake = env.event()
+            yield env.timeout(step.end - env.now) | self._wake
+            if self.waiting:
+                x = 1
+                if step.end > env.now:
+                    yield env.timeout(step.end - env.now)
+        else:
+            yield env.timeout(step.end - env.now)
+        if x > 1:
+            x = 1 + (yield from self._timed_decode(batch, ctx, x - 1, interruptible))
+        return self._apply_async_run(step, x, ctx)
+
+    def _apply_async_run(self, step: Step, x: int, ctx: int) -> Step:
+        """State after x pipeline iterations of a decode run (``_async_decode_run``): x more
+        steps scheduled (x tokens allocated per request), ``step`` and the x - 1 after it
+        processed (x tokens known and cached); the last one scheduled is in flight."""
+        rows = []
+        for r, start, _n in step.rows:
+            # known when the last one was scheduled: x - 1 outputs processed since
+            ok = self.pool.extend(r.rid, x, known=r.prompt_tokens + r.generated + x - 1)
+            assert ok, f"decode run promised {x} steps to request {r.rid}"
+            r.computed += x
+            r.generated += x
+            self.pool.cache_known(r.rid, r.computed - r.in_flight)
+            self._note_cached(r)
+            rows.append((r, start + x, 1))
+        self._record_evictions()
+        batch = len(rows)
+        seconds = self.profile.decode_run_seconds(batch, ctx, x)
+        self.rec.decode(seconds, x)
+        return Step(rows, [True] * batch, [True] * batch, [], step.blocked,
+                    step.end + seconds)
