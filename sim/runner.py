@@ -133,6 +133,8 @@ def run(cfg: RunConfig, trace=None) -> RunResult:
                                       & ~table["dropped"].astype(bool)).sum())
         if len(table) else 0,
     })
+    if cfg.engine == "vllm":
+        summary["vllm_async"] = cfg.vllm_async
     if context is not None:  # only then: results under ``full`` stay exactly as they were
         summary.update(context_summary(strategy, table, rec.counters, env.now,
                                        cache.working_peak_blocks * cfg.block_size,

@@ -233,6 +233,11 @@ class RunInputError(ValueError):
 @click.option("--max-running", type=int, default=None,
               help="Most requests running at once (default: the engine's: SGLang's "
                    "max_running_requests, large; vLLM's max_num_seqs, 1024).")
+@click.option("--vllm-async", type=click.Choice(["on", "off"]), default="on",
+              show_default=True,
+              help="--engine vllm: async scheduling, vLLM 0.33's default for an online "
+                   "server (the next step is scheduled before the step in flight is "
+                   "processed); off: the synchronous Scheduler. See docs/engine.md.")
 @click.option("--debug-cache", is_flag=True, help="Recount cache invariants after every op.")
 @click.option("--out", "-o", default=None, help="Write requests.parquet, config.json, "
               "summary.json per run under this folder (checked before anything runs).")
@@ -241,8 +246,8 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
             lenient, seed, cache_dir, rebuild_sessions, model, profile, gpu_cache, cpu_cache,
             tiering, swap_buffer, hicache_write_policy, sessions, replay, time_scale, engine,
             preset, evict, granularity, order, policies, policy_params, scheduler, context,
-            chunk_size, prompt_nodes, max_new_tokens, max_running, debug_cache, out,
-            as_json) -> None:
+            chunk_size, prompt_nodes, max_new_tokens, max_running, vllm_async, debug_cache,
+            out, as_json) -> None:
     """Replay a trace through the simulated server under each policy; report TTFT, JCT, hits."""
     from costmodel.specs import get_spec
     from sim.checks import check_model_and_profile
@@ -261,7 +266,7 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
         scheduler=scheduler, context=context, chunk_size=chunk_size,
         checkpoint_chunks=prompt_nodes == "chunked",
         max_new_tokens=max_new_tokens, max_running=max_running, seed=seed,
-        debug_cache=debug_cache)
+        vllm_async=vllm_async == "on", debug_cache=debug_cache)
     configs = policy_configs(base, preset, evict, granularity, order, policies, policy_params)
     # Every input check before any work: configs, model, profile, the output folder.
     for cfg in configs:
@@ -299,7 +304,8 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
     ctx = "" if context == "full" else (f", context {s['context']} (serving only: task "
                                         "accuracy not modelled)")
     print_table(runs, f"{s['trace']} ({s['trace_requests']} requests), {model}, "
-                      f"GPU {gpu_cache:,} tokens{cpu}, N={sessions}, {engine} engine, "
+                      f"GPU {gpu_cache:,} tokens{cpu}, N={sessions}, {engine} engine"
+                      f"{f' (async {vllm_async})' if engine == 'vllm' else ''}, "
                       f"{scheduler}, "
                       f"gaps {gap_model}{ctx}", lenient=lenient)
     if out:
