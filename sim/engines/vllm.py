@@ -15,6 +15,19 @@ Data flow of one run::
          refusal ends admission (a refused request touched nothing)
       3. the step runs (priced below); rows that reached the end of their sequence sample a
          token; finished requests free their blocks in the policy's free order
+    The step seam: ``schedule()`` is 1-2 (plus ``_update_after_schedule``), ``update(step)``
+    is 3's output processing (``update_from_output``); the server loop composes them with
+    time, and tests/test_vllm_sched_diff.py drives them beside vLLM's real scheduler.
+
+Async scheduling (``RunConfig.vllm_async``, vLLM 0.33's default for an online server:
+``AsyncScheduler`` + ``EngineCore.step_with_batch_queue``, a batch queue of 2): step n+1 is
+scheduled while step n runs, before its output is processed, and runs right after it. A token
+step n samples is a placeholder for step n+1 (the request decodes on; one whose last token is
+in flight is skipped); step n's finishes free their blocks once its output is processed, so
+step n+2 is the first to see them, and an arrival during step n joins step n+2. A block is
+cached once its tokens are known (``BlockPool.extend(known=)``, ``cache_known``): a decode
+block one output later than under the synchronous scheduler. A decode run is the pipeline of
+identical decode steps (``_async_decode_run``).
 
 Events: a step that carries prefill tokens, a preemption or an admission is one SimPy event.
 A step of decode rows only (every running request decoding, nobody admitted, nobody
