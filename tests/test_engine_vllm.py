@@ -9,6 +9,7 @@ the previous reply; all sessions start at t = 0, in order.
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import numpy as np
@@ -491,3 +492,20 @@ def test_async_decode_runs_change_nothing(monkeypatch) -> None:
             assert fast.requests[col].tolist() == slow.requests[col].tolist(), col
         for col in ("ttft_s", "end_s", "admit_s"):
             np.testing.assert_allclose(fast.requests[col], slow.requests[col], rtol=1e-9)
+
+
+def test_vllm_async_option_and_sweep_key(tmp_path) -> None:
+    import yaml
+
+    assert RunConfig.from_dict(yaml.safe_load("engine: vllm\nvllm_async: off")).vllm_async \
+        is False
+    with pytest.raises(ConfigError, match="vllm_async"):
+        RunConfig.from_dict({"engine": "vllm", "vllm_async": "sometimes"})
+    args = ["run", "--trace", "synthetic:claude-code?sessions=3", "--engine", "vllm",
+            "--preset", "vllm", "--sessions", "2", "--max-context", "32k", "--json"]
+    for flag, want in (("off", False), ("on", True)):
+        res = CliRunner().invoke(cli, [*args, "--vllm-async", flag])
+        assert res.exit_code == 0, res.output
+        assert json.loads(res.stdout)["runs"][0]["summary"]["vllm_async"] is want
+    res = CliRunner().invoke(cli, [*args, "--vllm-async", "maybe"])
+    assert res.exit_code == 2
