@@ -36,6 +36,7 @@ import importlib.util
 import sys
 import types
 from array import array
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,11 @@ _REAL = (
 )
 # Packages that must resolve to the installed directories without running their __init__.
 _BARE = ("sglang", "sglang.srt", "sglang.srt.mem_cache", "sglang.srt.session")
+# What another reference loader needs on top (``require_real``; benchmarks/sglang_sched_ref.py
+# adds the scheduler's prefill adder): real modules, bare packages, fillers of stubs.
+_EXTRA_REAL: list[str] = []
+_EXTRA_BARE: list[str] = []
+_EXTRA_FILLERS: list[Callable[[types.ModuleType, Path], None]] = []
 
 
 class SglangUnifiedUnavailable(RuntimeError):
@@ -69,7 +75,22 @@ class SglangUnifiedUnavailable(RuntimeError):
 
 
 def _is_real(name: str) -> bool:
-    return name in _BARE or any(name == p or name.startswith(p + ".") for p in _REAL)
+    if name in _BARE or name in _EXTRA_BARE:
+        return True
+    return any(name == p or name.startswith(p + ".") for p in (*_REAL, *_EXTRA_REAL))
+
+
+def require_real(modules: Iterable[str], bare: Iterable[str] = (),
+                 filler: Callable[[types.ModuleType, Path], None] | None = None) -> None:
+    """Load ``modules`` for real too, ``bare`` packages without their __init__, and let
+    ``filler`` give stubs the real pieces those modules use. Call before
+    ``load_unified_modules``; stubs already registered are dropped or filled there."""
+    global _MODULES
+    _EXTRA_REAL.extend(m for m in modules if m not in _EXTRA_REAL)
+    _EXTRA_BARE.extend(b for b in bare if b not in _EXTRA_BARE)
+    if filler is not None and filler not in _EXTRA_FILLERS:
+        _EXTRA_FILLERS.append(filler)
+    _MODULES = None  # re-run the stub pass of load_unified_modules
 
 
 class _StubLoader(importlib.abc.Loader):
@@ -100,6 +121,8 @@ class _StubFinder(importlib.abc.MetaPathFinder):
 
 def _fill_stub(module: types.ModuleType, root: Path) -> None:
     """The real pieces some stubs must carry (compiled from the installed source)."""
+    for filler in _EXTRA_FILLERS:
+        filler(module, root)
     name = module.__name__
     src = root / "srt"
     if name == "sglang.srt.utils.rank_consensus_checker":
@@ -154,7 +177,9 @@ def load_unified_modules() -> dict[str, types.ModuleType]:
         root = Path(next(iter(spec.submodule_search_locations)))
     if not any(isinstance(f, _StubFinder) for f in sys.meta_path):
         sys.meta_path.insert(0, _StubFinder(root))
-    for name in _BARE:
+    for name in (*_BARE, *_EXTRA_BARE):
+        if type(sys.modules.get(name)).__name__ in ("StubModule", "_StubModule"):
+            del sys.modules[name]  # a stub registered before this package had to be bare
         if name not in sys.modules:
             package = types.ModuleType(name)
             path = root.joinpath(*name.split(".")[1:])
@@ -169,7 +194,7 @@ def load_unified_modules() -> dict[str, types.ModuleType]:
     for name, module in list(sys.modules.items()):
         if type(module).__name__ not in ("StubModule", "_StubModule"):
             continue
-        if _is_real(name) and name not in _BARE:
+        if _is_real(name) and name not in _BARE and name not in _EXTRA_BARE:
             del sys.modules[name]
         else:
             _fill_stub(module, root)
@@ -213,6 +238,16 @@ class _Allocator:
 
     def mamba_full_cache_donor(self) -> None:
         return None
+
+    def create_prefill_budget(self, tree_cache: Any, *, num_mixed_decode_tokens: int = 0) -> Any:
+        """allocator/base.py's: the single-pool PrefillBudget (for the prefill adder of
+        benchmarks/sglang_sched_ref.py, which loads prefill_budget for real)."""
+        from sglang.srt.mem_cache.prefill_budget import PrefillBudget
+
+        return PrefillBudget(self, tree_cache, num_mixed_decode_tokens=num_mixed_decode_tokens)
+
+    def request_slot_reserve(self, *, has_req_pool_slot: bool, prefill_tokens: int = 0) -> int:
+        return 0  # allocator/base.py: no request-owned workspace
 
     def take_freed(self) -> np.ndarray:
         """Block ids of every page freed since the last call (sorted multiset)."""

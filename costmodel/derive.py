@@ -1,7 +1,9 @@
 """Derive the shipped H100 profiles from datasheet peaks and stated efficiencies.
 
-``python -m costmodel.derive`` rewrites ``costmodel/profiles/derived-h100-*.yaml``; a test
-checks the shipped files equal what this module derives, so the numbers never drift from their
+``python -m costmodel.derive`` prints the derived profiles (YAML) on stdout; ``--out DIR``
+writes them as files there; ``--update-shipped`` regenerates the shipped
+``costmodel/profiles/derived-h100-*.yaml`` (only then is the repository written). A test checks
+the shipped files equal what this module derives, so the numbers never drift from their
 reasons. These are *derived, not measured*: the default profiles are the measured-kernel ones
 (``kernels-h100_sxm-*``, ``kvsim calibrate --from-kernels``); these stay for comparison
 (docs/calibration.md), and ``kvsim calibrate`` measures real ones on a GPU.
@@ -67,11 +69,29 @@ def derive(model: str) -> Profile:
     )
 
 
-def main() -> None:
-    out = Path(__file__).parent / "profiles"
-    for model in model_names():
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m costmodel.derive", description=(
+        "Print the datasheet-derived H100 profiles (YAML), or write them as files."))
+    ap.add_argument("--model", choices=model_names(), help="one model [default: all]")
+    where = ap.add_mutually_exclusive_group()
+    where.add_argument("--out", metavar="DIR", help="write derived-h100-MODEL.yaml files here")
+    where.add_argument("--update-shipped", action="store_true",
+                       help="regenerate the shipped costmodel/profiles/derived-h100-*.yaml")
+    args = ap.parse_args(argv)
+    models = [args.model] if args.model else model_names()
+    if not args.out and not args.update_shipped:
+        sys.stdout.write("---\n".join(derive(m).to_yaml() for m in models))
+        return
+    out = Path(__file__).parent / "profiles" if args.update_shipped else Path(args.out)
+    if out.exists() and not out.is_dir():
+        ap.error(f"--out {out}: exists and is not a folder")
+    out.mkdir(parents=True, exist_ok=True)
+    for model in models:
         derive(model).dump(out / f"derived-h100-{model}.yaml")
-        print(f"wrote {out / f'derived-h100-{model}.yaml'}")
+        print(f"wrote {out / f'derived-h100-{model}.yaml'}", file=sys.stderr)
 
 
 if __name__ == "__main__":

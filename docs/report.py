@@ -39,6 +39,10 @@ def sweeps(dirs: list[str]) -> None:
     vLLM's and Penelope's changes against it (the sweep's own ``*_change`` columns)."""
     rows = []
     for d in dirs:
+        if not (Path(d) / "results.csv").is_file():
+            print(f"report.py: error: {d}: no results.csv (a finished kvsim sweep folder)",
+                  file=sys.stderr)
+            sys.exit(2)
         with open(Path(d) / "results.csv", newline="") as f:
             rows += list(csv.DictReader(f))
     by = {(r["model"], r["gaps"], int(r["sessions"]), r["checkpoint_chunks"], r["policy"]): r
@@ -68,7 +72,14 @@ def main(argv: list[str]) -> None:
         sweeps(argv[1:])
         return
     d = Path(argv[0] if argv else "results/reproduce")
+    if not d.is_dir():
+        print(f"report.py: error: {d}: no such folder (the JSON documents of kvsim reproduce "
+              "NAME --json, or the notebooks at full size)", file=sys.stderr)
+        sys.exit(2)
     docs = {p.stem: json.loads(p.read_text()) for p in sorted(d.glob("*.json"))}
+    if not docs:
+        print(f"report.py: error: {d}: no *.json results in this folder", file=sys.stderr)
+        sys.exit(2)
     if "figure1" in docs:
         print("### Figure 1\n")
         print(table(["context", "kvsim units", "kvsim seconds", "paper measured", "difference"],

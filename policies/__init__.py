@@ -1,7 +1,18 @@
 """Decisions only: eviction policies (order x start x granularity, pins, events) and
 scheduling. The public API users write policies against (see docs/policies.md)."""
 
-from .context import CPU, GPU, HOLE, Arrival, CacheNode, PolicyContext, PolicyError, Reply, TreeView
+from .context import (
+    CPU,
+    GPU,
+    HOLE,
+    Arrival,
+    CacheNode,
+    PolicyContext,
+    PolicyError,
+    Reply,
+    SessionInfo,
+    TreeView,
+)
 from .eviction import (
     BLOCK,
     GRANULARITIES,
@@ -27,6 +38,7 @@ from .orders import ORDERS, get_order, register_order
 from .registry import POLICIES, get_policy, load_policy_class, register_policy
 
 from . import zoo  # last: registers the zoo's policies (policies/zoo/) by name  # isort: skip
+from . import routers  # registers the built-in routers (policies/routers/)  # isort: skip
 
 __all__ = [
     "BLOCK",
@@ -54,6 +66,7 @@ __all__ = [
     "PolicyError",
     "PrivateHead",
     "Reply",
+    "SessionInfo",
     "StartPosition",
     "Tail",
     "TreeView",
@@ -64,5 +77,6 @@ __all__ = [
     "load_policy_class",
     "register_order",
     "register_policy",
+    "routers",
     "zoo",
 ]

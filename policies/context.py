@@ -60,16 +60,32 @@ class TreeView(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    """A session of the trace as policies see it (read only): ``PolicyContext.sessions[i]``
+    describes the session that ``Arrival.session`` / ``Reply.session`` == i names."""
+
+    id: str  # the trace's session id
+    parent: int = -1  # index of the parent session (the main agent that spawned it); -1: none
+    agent_type: str = ""  # the sub-agent's type when the trace records it (cc-traces)
+
+    @property
+    def is_subagent(self) -> bool:
+        return self.parent >= 0
+
+
 @dataclass(frozen=True)
 class PolicyContext:
     """The run a policy is bound to (``EvictionPolicy.bind``). ``now`` is simulated seconds
     (never wall time); ``recompute_seconds(a, b)`` prices recomputing tokens ``[a, b)`` at their
-    positions with the run's model and profile (Section 2.2: W + p per token and layer)."""
+    positions with the run's model and profile (Section 2.2: W + p per token and layer).
+    ``sessions``: every session of the trace, by index (which are sub-agents, and of whom)."""
 
     now: Callable[[], float]
     block_size: int = 64
     seed: int = 0
     recompute_seconds: Callable[[int, int], float] | None = None
+    sessions: tuple[SessionInfo, ...] = ()
 
 
 STANDALONE = PolicyContext(now=lambda: 0.0)

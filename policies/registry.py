@@ -23,6 +23,7 @@ from typing import Any
 
 from .context import PolicyError
 from .eviction import PRESETS, EvictionPolicy
+from .guard import guard_user_policy
 
 POLICIES: dict[str, type[EvictionPolicy]] = {}
 
@@ -60,12 +61,13 @@ def get_policy(text: str | EvictionPolicy, params: dict[str, Any] | None = None
         path, _, name = key.rpartition(":")
         cls = load_policy_class(path, name)
         try:
-            return cls(**params)
+            policy = cls(**params)
         except PolicyError:
             raise
         except Exception as e:  # the user's constructor: one line, not a traceback
             raise PolicyError(f"{key}: cannot create the policy: {type(e).__name__}: {e}"
                               ) from None
+        return guard_user_policy(policy)  # the user's methods: errors and types checked
     low = key.lower()
     if low in PRESETS or low.count("+") == 2:
         if params:
@@ -111,13 +113,19 @@ def _load_module(path: str, mtime_ns: int):
 
 def load_policy_class(path: str, class_name: str) -> type[EvictionPolicy]:
     """The ``EvictionPolicy`` subclass ``class_name`` defined in the file ``path``."""
+    return load_user_class(path, class_name, EvictionPolicy, "policy")
+
+
+def load_user_class(path: str, class_name: str, base: type, what: str) -> type:
+    """The subclass of ``base`` named ``class_name`` in the file ``path`` (a ``what``:
+    policy, router)."""
     file = Path(path).expanduser().resolve()
     if not file.is_file():
-        raise PolicyError(f"{path}: policy file not found")
+        raise PolicyError(f"{path}: {what} file not found")
     module = _load_module(str(file), file.stat().st_mtime_ns)
     cls = getattr(module, class_name, None)
     if cls is None:
-        raise PolicyError(f"{path}: no class {class_name!r} in the policy file")
-    if not (isinstance(cls, type) and issubclass(cls, EvictionPolicy)):
-        raise PolicyError(f"{path}: {class_name!r} is not a subclass of EvictionPolicy")
+        raise PolicyError(f"{path}: no class {class_name!r} in the {what} file")
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise PolicyError(f"{path}: {class_name!r} is not a subclass of {base.__name__}")
     return cls

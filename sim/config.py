@@ -93,9 +93,13 @@ class RunConfig:
     new_token_ratio: float = 0.7
     new_token_ratio_min: float = 0.098
     new_token_ratio_decay_steps: int = 600
+    # --- fleet (sim.fleet): N replicas of the engine above behind a router ----------------
+    replicas: int = 1  # 1 without a router: one server (no fleet layer at all)
+    router: str | None = None  # registered name or FILE.py:CLASS (fleet default round-robin)
+    router_params: dict[str, Any] = field(default_factory=dict, hash=False)
     # --- run -----------------------------------------------------------------------------
     seed: int = 0
-    debug_cache: bool = False
+    debug_cache: bool = False  # check cache and engine invariants as the run goes (slow)
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
@@ -163,6 +167,8 @@ class RunConfig:
             raise bad("chunk_size", "must be at least one block")
         if not (isinstance(self.time_scale, int | float) and self.time_scale > 0):
             raise bad("time_scale", f"must be a number > 0, got {self.time_scale!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise bad("seed", f"must be an integer >= 0, got {self.seed!r}")
         if self.max_running is not None and self.max_running < 1:
             raise bad("max_running", "must be >= 1")
         if not isinstance(self.vllm_async, bool):
@@ -171,7 +177,39 @@ class RunConfig:
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise bad("max_new_tokens", "must be >= 1")
         self._validate_context(bad)
+        self._validate_fleet(bad)
         return self
+
+    @property
+    def is_fleet(self) -> bool:
+        """Replicas behind a router (``sim.fleet``); False: today's single server."""
+        return self.replicas != 1 or self.router is not None
+
+    def make_router(self):
+        """A fresh router for one fleet run (``policies.routing.get_router``)."""
+        from policies.routing import get_router
+
+        return get_router(self.router or "round-robin", self.router_params)
+
+    def _validate_fleet(self, bad) -> None:
+        if isinstance(self.replicas, bool) or not isinstance(self.replicas, int) \
+                or self.replicas < 1:
+            raise bad("replicas", f"must be a positive integer, got {self.replicas!r}")
+        if not isinstance(self.router_params, dict):
+            raise bad("router_params", "must be a mapping of parameter names to values")
+        if self.router_params and self.router is None:
+            raise bad("router_params", "only a 'router' takes parameters")
+        if self.router is not None and not isinstance(self.router, str):
+            raise bad("router", f"must be a router name or FILE.py:CLASS, got {self.router!r}")
+        if not self.is_fleet:
+            return
+        if self.context != "full":
+            raise bad("context", "context strategies run on one server, not in a fleet "
+                      "(--replicas 1 without --router)")
+        try:
+            self.make_router()
+        except PolicyError as e:
+            raise bad("router", str(e)) from None
 
     def _validate_context(self, bad) -> None:
         from sim.context.strategies import ContextError, parse_context
@@ -238,6 +276,9 @@ class RunConfig:
         path, _, rest = self.policy_spec.partition("?")[0].rpartition(":")
         if rest and path.endswith(".py"):
             d["policy_source_sha1"] = hashlib.sha1(Path(path).read_bytes()).hexdigest()
+        rpath, _, rrest = (self.router or "").partition("?")[0].rpartition(":")
+        if rrest and rpath.endswith(".py"):
+            d["router_source_sha1"] = hashlib.sha1(Path(rpath).read_bytes()).hexdigest()
         return d
 
     @classmethod
@@ -248,7 +289,24 @@ class RunConfig:
         raw = dict(raw)
         raw.pop("policy_label", None)  # written by to_dict, derived
         raw.pop("policy_source_sha1", None)
+        raw.pop("router_source_sha1", None)
         for k in raw:
             if k not in known:
                 raise ConfigError(where, k, "unknown field")
         return cls(**raw).validate(where)
+
+
+def default_replay(trace: str, trace_format: str | None = None) -> str:
+    """The replay a trace gets when none is given: ``open`` for Mooncake (each request is
+    stamped with its arrival and carries no session, so the closed loop would ignore the
+    timestamps), ``closed`` for every other trace. A trace that cannot be detected here gets
+    ``closed``; loading it reports the problem."""
+    if trace.startswith("synthetic:"):
+        return "closed"
+    from traces import TraceFormatError, detect_format
+
+    try:
+        fmt = trace_format or detect_format(trace.split(","))
+    except (TraceFormatError, OSError):
+        return "closed"
+    return "open" if fmt == "mooncake" else "closed"

@@ -97,8 +97,26 @@ class SerialExecutor:
         pass
 
 
+PARENT_POLL_S = 0.5
+
+
+def _exit_with_parent(parent: int) -> None:
+    """Pool initializer: a daemon thread ends this worker once its parent is gone (killed
+    with SIGKILL, the parent cannot stop its pool; the worker would run on, orphaned)."""
+    import threading
+    import time
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="kvsim-parent-watch", daemon=True).start()
+
+
 class LocalPoolExecutor:
-    """``jobs`` processes; a job whose process died runs again in a fresh pool."""
+    """``jobs`` processes; a job whose process died runs again in a fresh pool. A worker
+    exits by itself when the process that made the pool dies (``_exit_with_parent``)."""
 
     name = "local"
 
@@ -110,7 +128,9 @@ class LocalPoolExecutor:
         tries = [0] * len(jobs)
         while todo:
             lost: list[int] = []
-            with ProcessPoolExecutor(max_workers=min(self.workers, len(todo))) as pool:
+            with ProcessPoolExecutor(max_workers=min(self.workers, len(todo)),
+                                     initializer=_exit_with_parent,
+                                     initargs=(os.getpid(),)) as pool:
                 futs = {pool.submit(_local_call, fn, *jobs[i]): i for i in todo}
                 pending = set(futs)
                 while pending:
@@ -180,10 +200,38 @@ def _need_ray() -> Any:
     return ray
 
 
+CONNECT_TIMEOUT_S = 5.0
+
+
+def _probe(address: str) -> None:
+    """Refuse, in one line and within ``CONNECT_TIMEOUT_S``, a Ray address where nothing
+    listens: ``ray.init`` would retry for minutes with the sweep shown at 0/N."""
+    from urllib.parse import urlsplit
+
+    from sim.io import InputError
+
+    url = urlsplit(address if "://" in address else f"ray://{address}")
+    try:
+        host, port = url.hostname, url.port
+    except ValueError:
+        host, port = None, None
+    if not host or port is None:
+        raise InputError(f"--address {address}: expected auto, HOST:PORT or ray://HOST:PORT")
+    try:
+        socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as e:
+        why = (f"no answer within {CONNECT_TIMEOUT_S:.0f} s" if isinstance(e, TimeoutError)
+               else (e.strerror or str(e)).lower())
+        raise InputError(f"--address {address}: cannot reach Ray at {host}:{port} ({why}); "
+                         "start the cluster or check the address") from None
+
+
 class RayExecutor:
-    """Jobs as Ray tasks (one CPU each). ``address``: None starts a local Ray for this
-    executor (shut down by ``close``); ``"auto"`` or ``"ray://HOST:10001"`` joins an existing
-    cluster. If Ray is already initialized in this process, that instance is used as is."""
+    """Jobs as Ray tasks (one CPU each). ``address``: None starts a new local Ray for this
+    executor (shut down by ``close``), even if a cluster runs on this machine; ``"auto"``,
+    ``"HOST:6379"`` or ``"ray://HOST:10001"`` joins an existing cluster (an address where
+    nothing listens is refused within ``CONNECT_TIMEOUT_S``). If Ray is already initialized in
+    this process, that instance is used as is."""
 
     name = "ray"
 
@@ -191,6 +239,8 @@ class RayExecutor:
                  max_in_flight: int = 0) -> None:
         self.address, self.max_retries, self.max_in_flight = address, max_retries, max_in_flight
         self._started = False
+        if address not in (None, "auto", "local"):
+            _probe(address)  # before any work or progress bar
 
     def _init(self) -> Any:
         import logging
@@ -198,8 +248,15 @@ class RayExecutor:
         ray = _need_ray()
         if not ray.is_initialized():
             try:
-                ray.init(address=self.address, include_dashboard=False,
+                # None: a new local Ray, as documented ("local"); Ray's own default would
+                # join a cluster started earlier on this machine instead.
+                ray.init(address=self.address or "local", include_dashboard=False,
                          logging_level=logging.WARNING, configure_logging=True)
+            except ImportError as e:  # ray:// needs the Ray Client (ray[client]: grpcio)
+                from sim.io import InputError
+
+                raise InputError(f"--address {self.address}: the Ray Client is not installed "
+                                 f"({e.name or e}); pip install 'kvsim[ray]'") from None
             except (ConnectionError, ValueError, RuntimeError) as e:
                 from sim.io import InputError
 

@@ -131,6 +131,31 @@ def read_text(path: str | Path, what: str = "file") -> str:
                          "UTF-8)") from None
 
 
+def read_json(path: str | Path, what: str = "JSON file") -> Any:
+    """A JSON document; a missing, binary, truncated or malformed file is one ``InputError``
+    line naming it (and the line and column where the JSON stops making sense)."""
+    text = read_text(path, what)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InputError(f"{path}: line {e.lineno}, column {e.colno}: not valid JSON "
+                         f"({e.msg}; truncated by a killed writer?)") from None
+
+
+def read_parquet(path: str | Path, columns: list[str] | None = None) -> Any:
+    """A Parquet table as a DataFrame; an unreadable or truncated file is one ``InputError``
+    line naming it."""
+    import pandas as pd
+
+    try:
+        return pd.read_parquet(path, columns=columns)
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
+        raise InputError(f"{path}: not a readable Parquet table ({' '.join(str(e).split())}"
+                         "; truncated by a killed writer?)") from None
+
+
 def yaml_error(path: str | Path, e: Exception) -> InputError:
     """One line for a PyYAML error: file, line and column (both from 1), the problem."""
     mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
@@ -159,11 +184,13 @@ def _under_pseudo_fs(p: Path) -> bool:
 def check_out_dir(path: str | Path, option: str = "--out") -> Path:
     """Make sure ``path`` is (or can become) a folder we can write results into; create it.
 
-    Refused, with one line naming the option: an existing file, a folder under /proc, /sys or
-    /dev, and a folder that cannot be written. "Read-only" means no write permission bit on the
-    folder (or its nearest existing parent), even for root, who could write there anyway: a
-    folder made read-only on purpose is not a place for results.
+    Refused, with one line naming the option: an empty name, an existing file, a folder
+    under /proc, /sys or /dev, and a folder that cannot be written. "Read-only" means no
+    write permission bit on the folder (or its nearest existing parent), even for root, who
+    could write there anyway: a folder made read-only on purpose is not a place for results.
     """
+    if not str(path).strip():
+        raise InputError(f"{option} {str(path)!r}: empty folder name")
     p = Path(path).expanduser()
     ap = Path(os.path.abspath(p))
     if _under_pseudo_fs(ap):

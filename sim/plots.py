@@ -12,7 +12,7 @@ Every file is written atomically (``sim.io``), mode 0644.
 
 from __future__ import annotations
 
-import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from sim.io import atomic_save_figure
+from sim.io import atomic_save_figure, read_json, read_parquet
 
 _POLICY_COLORS = plt.rcParams["axes.prop_cycle"].by_key()["color"]
 
@@ -43,11 +43,11 @@ def _run_title(s: dict[str, Any]) -> str:
 
 def plot_run_dir(d: Path, out: Path) -> list[Path]:
     """TTFT CDF per policy, and mean TTFT / JCT change against the first policy."""
-    runs = json.loads((d / "runs.json").read_text())["runs"]
+    runs = read_json(d / "runs.json")["runs"]
     title = _run_title(runs[0]["summary"])
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for r in runs:
-        df = pd.read_parquet(d / r["policy"] / "requests.parquet", columns=["ttft_s"])
+        df = read_parquet(d / r["policy"] / "requests.parquet", columns=["ttft_s"])
         x = np.sort(df["ttft_s"].dropna().to_numpy())
         ax.step(x, np.arange(1, x.size + 1) / max(1, x.size), where="post",
                 label=f"{r['policy']} (mean {r['summary'].get('ttft_mean_s') or 0:.2f} s)")
@@ -58,6 +58,10 @@ def plot_run_dir(d: Path, out: Path) -> list[Path]:
     ax.grid(alpha=0.3)
     ax.legend()
     paths = [_save(fig, out / "ttft_cdf.png")]
+    for r in runs:  # fleets (--replicas): each replica's load over time
+        if (d / r["policy"] / "load.parquet").is_file():
+            paths.append(_replica_load(d / r["policy"] / "load.parquet", r, title,
+                                       out / f"replica_load_{r['policy']}.png"))
     if len(runs) > 1:
         paths.append(_bars(
             [r["policy"] for r in runs[1:]],
@@ -71,19 +75,41 @@ def plot_run_dir(d: Path, out: Path) -> list[Path]:
     return paths
 
 
+def _replica_load(path: Path, run: dict[str, Any], title: str, png: Path) -> Path:
+    """Requests in each replica (waiting + running), sampled at every routing decision."""
+    df = pd.read_parquet(path)
+    s = run["summary"]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for replica, g in df.groupby("replica", sort=True):
+        ax.step(g["time_s"], g["waiting"] + g["running"], where="post", lw=0.8,
+                label=f"replica {replica}")
+    ax.set_xlabel("simulated time (s)")
+    ax.set_ylabel("requests in the replica (waiting + running)")
+    ax.set_title(f"Load per replica, {run['policy']}, router {s.get('router', '?')} "
+                 f"(busy-time CV {s.get('load_cv_busy') or 0:.2f})\n{title}", fontsize=10)
+    ax.grid(alpha=0.3)
+    if df["replica"].nunique() <= 16:
+        ax.legend(fontsize=8, ncol=2)
+    return _save(fig, png)
+
+
 def _bars(labels: list[str], series: dict[str, list[float]], ylabel: str, title: str,
           path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(max(5, 0.9 * len(labels) + 3), 4.5))
     width = 0.8 / max(1, len(series))
     x = np.arange(len(labels))
     for i, (name, vals) in enumerate(series.items()):
-        bars = ax.bar(x + i * width, vals, width, label=name)
+        bars = ax.bar(x + i * width, vals, width, label=name, color=f"C{i}")
         ax.bar_label(bars, fmt="%+.1f", fontsize=7, padding=2)
     ax.set_xticks(x + width * (len(series) - 1) / 2, labels, rotation=30, ha="right")
     ax.axhline(0, color="black", lw=0.8)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
-    ax.legend()
+    # legend entries from the series' colours: an empty series has no bar to take one from
+    # (matplotlib then gives every entry the first colour)
+    from matplotlib.patches import Patch
+
+    ax.legend(handles=[Patch(facecolor=f"C{i}", label=name) for i, name in enumerate(series)])
     ax.grid(axis="y", alpha=0.3)
     return _save(fig, path)
 
@@ -102,7 +128,12 @@ def _positions(values: list[str]) -> tuple[dict[str, float], bool]:
 
 def plot_sweep_dir(d: Path, out: Path) -> list[Path]:
     df = pd.read_csv(d / "results.csv", dtype=str, keep_default_na=False)
-    grid = json.loads((d / "sweep.json").read_text())["points"]
+    grid = read_json(d / "sweep.json")["points"]
+    if len(df) != len(grid):  # a results.csv cut short would plot part of the sweep
+        from sim.io import InputError
+
+        raise InputError(f"{d / 'results.csv'}: {len(df)} rows for the {len(grid)} points of "
+                         "sweep.json (truncated?); rerun kvsim sweep to rewrite it")
     from sim.sweep import COLUMN, POLICY_FIELDS
 
     fields = [COLUMN.get(k, k) for k in (grid[0]["values"] if grid else {})
@@ -142,6 +173,10 @@ def plot_sweep_dir(d: Path, out: Path) -> list[Path]:
         change = {m: pd.to_numeric(df[f"{m}_change"], errors="coerce")
                   for m in ("ttft_mean_s", "jct_mean_s")}
         keep = change["ttft_mean_s"].abs() > 1e-12  # the baseline points themselves: 0
+        if not keep.any():  # every change is 0: a chart would be empty
+            print(f"kvsim plot: {d}: no change chart: every point's TTFT equals its "
+                  "baseline's", file=sys.stderr)
+            return paths
         labels = [" ".join([r["policy"], *(f"{k}={r[k]}" for k in varied)])
                   for _, r in df[keep].iterrows()]
         paths.append(_bars(labels, {
@@ -162,3 +197,35 @@ def plot_dir(d: str | Path, out: str | Path | None = None) -> list[Path]:
         return plot_run_dir(d, out)
     raise FileNotFoundError(f"{d}: neither a run folder (runs.json, from kvsim run --out) nor "
                             "a finished sweep folder (results.csv, from kvsim sweep)")
+
+
+def plot_capacity(rows: list[dict[str, Any]], title: str, path: Path) -> Path:
+    """Hit rate against cache size (log scale), one line per configuration (policy, replicas,
+    router, pool), and the infinite-cache hit rate as a dashed line."""
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    series: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        label = r["policy"]
+        if r.get("replicas", 1) > 1:
+            label += f", {r['replicas']} replicas ({r['router']})"
+        if r.get("pool_tokens"):
+            label += f", pool {r['pool_tokens']:,}"
+        series.setdefault(label, []).append(r)
+    markers = "os^vD<>p"
+    for i, (label, pts) in enumerate(series.items()):
+        pts = sorted(pts, key=lambda r: r["cache_tokens"])
+        ax.plot([r["cache_tokens"] for r in pts], [100 * r["hit_rate"] for r in pts],
+                marker=markers[i % len(markers)], color=_POLICY_COLORS[i % len(_POLICY_COLORS)],
+                label=label)
+    if rows:
+        ax.axhline(100 * rows[0]["ideal_hit_rate"], color="grey", linestyle="--",
+                   label="infinite cache")
+    ax.set_xscale("log")
+    ax.set_xlabel("cache per replica (tokens)")
+    ax.set_ylabel("hit rate (% of prompt tokens)")
+    ax.set_ylim(0, 100)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    return _save(fig, path)

@@ -7,7 +7,7 @@ outputs (``write_result`` writes Parquet, JSON and the resolved config, each ato
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -18,12 +18,12 @@ import simpy
 from costmodel.profile import load_profile
 from costmodel.specs import get_spec
 from costmodel.units import Units, range_units
-from policies import PolicyContext
+from policies import PolicyContext, SessionInfo
 from policies.scheduling import get_scheduler
 from sim.config import ConfigError, RunConfig
 from sim.context import ContextRun, context_summary, parse_context
 from sim.engines import SGLangServer, VllmServer
-from sim.io import atomic_write_parquet, atomic_write_text, dumps
+from sim.io import atomic_write_parquet, atomic_write_text, dumps, is_tmp_name
 from sim.kvcache import RadixKVCache
 from sim.metrics import RunRecorder
 from sim.replay import Replay
@@ -34,6 +34,7 @@ class RunResult:
     config: RunConfig
     requests: pd.DataFrame
     summary: dict[str, Any]
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)  # more: NAME.parquet
 
 
 @lru_cache(maxsize=8)
@@ -78,6 +79,10 @@ def run(cfg: RunConfig, trace=None) -> RunResult:
     profile = load_profile(cfg.profile, cfg.model)
     if trace is None:
         trace = load_run_trace(cfg)
+    if cfg.is_fleet:  # replicas behind a router (sim/fleet)
+        from sim.fleet.run import run_fleet
+
+        return run_fleet(cfg, trace, spec, profile)
     gaps = trace.gaps(cfg.gaps)
     policy = cfg.make_policy()
     tiers = {}
@@ -101,7 +106,9 @@ def run(cfg: RunConfig, trace=None) -> RunResult:
         return profile.prefill_seconds(range_units(spec, a, b)) - base
 
     policy.bind(PolicyContext(now=lambda: env.now, block_size=cfg.block_size, seed=cfg.seed,
-                              recompute_seconds=recompute_seconds))
+                              recompute_seconds=recompute_seconds,
+                              sessions=tuple(SessionInfo(s.id, s.parent, s.agent_type)
+                                             for s in sessions)))
     if cfg.engine == "vllm":
         server = VllmServer.build(env, cfg, spec, profile, policy, rec, trace)
     else:
@@ -142,10 +149,46 @@ def run(cfg: RunConfig, trace=None) -> RunResult:
     return RunResult(cfg, table, summary)
 
 
+RESULT_FILES = ("requests.parquet", "config.json", "summary.json", "load.parquet",
+                "routing.parquet")
+# What ``kvsim run --out`` and ``kvsim plot`` write at the top of a run folder.
+RUN_FOLDER_FILES = ("runs.json", "ttft_cdf.png", "change_vs_first.png")
+RUN_FOLDER_PLOTS = "replica_load_*.png"  # a fleet run's per-replica load, one per policy
+
+
+def clear_run_outputs(out: str | Path) -> list[str]:
+    """Remove a previous ``kvsim run``'s outputs from ``out`` so that a reused folder holds
+    only the new run: its runs.json and plots, every child folder that holds nothing but
+    ``write_result`` files (a policy folder), and the temporary files of a killed run
+    (``sim.io.is_tmp_name``) in both. Anything else stays. Returns what was removed (the
+    temporary files are not named)."""
+    out = Path(out)
+    removed = []
+    for child in sorted(out.iterdir()) if out.is_dir() else []:
+        if child.is_dir() and not child.is_symlink():
+            names = [f.name for f in child.iterdir()]
+            results = [n for n in names if not is_tmp_name(n)]
+            if names and set(results) <= set(RESULT_FILES) and (
+                    not results or {"requests.parquet", "summary.json"} & set(results)):
+                for name in names:
+                    (child / name).unlink()
+                child.rmdir()
+                if results:
+                    removed.append(child.name + "/")
+        elif child.is_file() and (child.name in RUN_FOLDER_FILES or is_tmp_name(child.name)
+                                  or child.match(RUN_FOLDER_PLOTS)):
+            child.unlink()
+            if not is_tmp_name(child.name):
+                removed.append(child.name)
+    return removed
+
+
 def write_result(result: RunResult, out: str | Path) -> None:
     """requests.parquet, config.json, then summary.json under ``out`` (each atomically)."""
     out = Path(out)
     atomic_write_parquet(result.requests, out / "requests.parquet")
+    for name, df in result.tables.items():  # a fleet's load.parquet
+        atomic_write_parquet(df, out / f"{name}.parquet")
     atomic_write_text(out / "config.json", json.dumps(result.config.to_dict(), indent=2) + "\n")
     # Last: a sweep takes a folder with summary.json as a finished point.
     atomic_write_text(out / "summary.json", dumps(result.summary) + "\n")

@@ -19,7 +19,8 @@ profiles, and that the baseline names grid fields with values that occur in the 
 
 Each point runs in its own folder ``points/<id>`` (``id`` hashes its resolved config) and
 writes ``requests.parquet``, ``config.json`` and, last, ``summary.json``: a folder with a
-summary is a finished point, so a rerun skips it (resume), whatever the executor or ``-j``.
+summary is a finished point, so a rerun skips it (resume), whatever the executor or ``-j``;
+a summary that does not parse (truncated) is not: that point runs again, with a notice.
 Every file is written atomically; temporary files a killed writer left are removed when a
 sweep starts and when it ends. The table (``results.parquet``/``.csv``) is built from the
 folders in grid order, so it is byte-identical on every executor.
@@ -31,6 +32,7 @@ import hashlib
 import itertools
 import json
 import math
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -38,9 +40,16 @@ from typing import Any
 
 import pandas as pd
 
-from sim.config import ConfigError, RunConfig
+from sim.config import ConfigError, RunConfig, default_replay
 from sim.executors import DEFAULT_RETRIES, EXECUTORS, Executor, ExecutorSpec, worker_id
-from sim.io import atomic_write_parquet, atomic_write_text, dumps, read_yaml, remove_stale_tmp
+from sim.io import (
+    atomic_write_parquet,
+    atomic_write_text,
+    dumps,
+    read_json,
+    read_yaml,
+    remove_stale_tmp,
+)
 
 SIZE_FIELDS = ("gpu_cache", "cpu_cache", "max_context", "chunk_size", "shared_prefix",
                "swap_buffer")
@@ -94,6 +103,8 @@ def _resolve(point: dict[str, Any], where: str, base_dir: Path | None = None) ->
     point = {k: _size(v, where, k) if k in SIZE_FIELDS else v for k, v in point.items()}
     if base_dir is not None and "policy" in point:
         point["policy"] = _policy_path(point["policy"], base_dir)
+    if base_dir is not None and "router" in point:
+        point["router"] = _policy_path(point["router"], base_dir)
     return RunConfig.from_dict(point, where)
 
 
@@ -108,6 +119,9 @@ def point_id(cfg: RunConfig) -> str:
     d.pop("extra", None)
     if d.get("context") == "full":  # the default: points saved before it existed keep ids
         d.pop("context")
+    if not cfg.is_fleet:  # one server: ids as before fleets existed
+        for k in ("replicas", "router", "router_params"):
+            d.pop(k, None)
     return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -218,8 +232,10 @@ def load_sweep(path: str | Path) -> Sweep:
     keys = list(grid)
     for i, combo in enumerate(itertools.product(*(grid[k] for k in keys))):
         values = dict(zip(keys, combo, strict=True))
-        points.append(Point(values, _resolve({**base, **values}, f"{where} point {i}",
-                                             Path(path).parent)))
+        point = {**base, **values}
+        if "replay" not in point and isinstance(point.get("trace"), str):
+            point["replay"] = default_replay(point["trace"], point.get("trace_format"))
+        points.append(Point(values, _resolve(point, f"{where} point {i}", Path(path).parent)))
     baseline = raw.get("baseline")
     refs = _baseline_refs(points, grid, baseline, where) if baseline is not None else None
     _check_inputs(points, where)
@@ -230,6 +246,22 @@ def load_sweep(path: str | Path) -> Sweep:
 # --- running --------------------------------------------------------------------------------
 def summary_path(out: str | Path, pid: str) -> Path:
     return Path(out) / "points" / pid / "summary.json"
+
+
+def point_done(out: str | Path, pid: str) -> bool:
+    """A point is done when its summary.json exists and parses. A summary that does not
+    parse (a truncated file, an edit) makes the point unfinished: it runs again, and a
+    notice on stderr says so."""
+    path = summary_path(out, pid)
+    if not path.exists():
+        return False
+    try:
+        json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        print(f"kvsim: notice: {path}: does not load ({' '.join(str(e).split())}): running "
+              f"point {pid} again", file=sys.stderr)
+        return False
+    return True
 
 
 def run_point(cfg: RunConfig, out: str, get_trace: Callable[[], Any]) -> dict[str, Any]:
@@ -243,6 +275,9 @@ def run_point(cfg: RunConfig, out: str, get_trace: Callable[[], Any]) -> dict[st
                             "exit_code": 0, "trace_loads": 0}
     try:
         trace = get_trace()
+        from traces.load import check_shared_prefix
+
+        check_shared_prefix(trace, cfg.shared_prefix)  # a typo such as 10m for 10k
         info["trace_loads"] = worker_trace_loads()
         write_result(run(cfg, trace), Path(out) / "points" / pid)
     except Exception as e:
@@ -267,7 +302,7 @@ def run_sweep(sweep: Sweep, out: str | Path, executor: Executor,
     seen: set[str] = set()
     todo = []
     for p in sweep.points:
-        if p.id not in seen and not summary_path(out, p.id).exists():
+        if p.id not in seen and not point_done(out, p.id):
             todo.append(p)
         seen.add(p.id)
     done = len(seen) - len(todo)
@@ -312,7 +347,7 @@ def tidy(sweep: Sweep, out: str | Path) -> pd.DataFrame:
     every scalar of the point's summary; ``*_change`` columns against the baseline."""
     rows = []
     for p in sweep.points:
-        summary = json.loads(summary_path(out, p.id).read_text())
+        summary = read_json(summary_path(out, p.id), "point summary")
         row: dict[str, Any] = {"point": p.id, "policy": p.cfg.policy_label}
         row.update({COLUMN.get(k, k): str(v) for k, v in p.values.items()
                     if k not in POLICY_FIELDS})

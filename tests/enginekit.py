@@ -17,6 +17,7 @@ class KitSession:
     after_request: int = -1
     start_offset_s: float = 0.0
     shared_prefix_blocks: int = 0
+    agent_type: str = ""
 
 
 class KitTrace:

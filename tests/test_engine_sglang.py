@@ -154,21 +154,23 @@ def test_in_batch_prefix_caching_defers_requests_sharing_an_uncached_prefix(
     # Nothing cached. A and B (4000 tokens) share their first 50 blocks; D (4192 tokens)
     # shares nothing; they arrive together in the order A, B, D. lpm sees no cached prefix
     # anywhere, but B shares an uncached prefix with A, which is ahead of it: B goes to the
-    # back (SGLang's in-batch prefix caching). Pass 1 = A + D (8192 tokens, the budget);
-    # pass 2 = B, which now hits A's 50 blocks. fcfs has no such check: A + B (hit 0) + D's
-    # first 192 tokens in pass 1.
+    # back (SGLang's in-batch prefix caching). Pass 1 = A + D's first 4160 tokens (the chunk
+    # budget charges A's page-ceiled 4032); pass 2 = D's last 32 tokens and B, which now hits
+    # A's 50 blocks. fcfs has no such check: A + B (hit 0, 4032 charged each) + D's first
+    # 128 tokens in pass 1.
     trace = KitTrace([[(4000, 1, 0.0)], [(4000, 1, 0.0)], [(4192, 1, 0.0)]],
                      shared_blocks=[50, 50, 0])
     res = run(cfg(sessions=3, scheduler=scheduler), trace)
     a, b, d = row(res, "s0", 0), row(res, "s1", 0), row(res, "s2", 0)
     if scheduler == "lpm":
-        p1 = prefill((0, 4000), (0, 4192))
+        p1 = prefill((0, 4000), (0, 4160))
+        p2 = prefill((4160, 4192), (50 * BS, 4000))
         assert a.ttft_s == pytest.approx(p1, rel=1e-12)
-        assert d.ttft_s == pytest.approx(p1, rel=1e-12)
+        assert d.ttft_s == pytest.approx(p1 + p2, rel=1e-12)
         assert b.hit_gpu_tokens == 50 * BS
-        assert b.ttft_s == pytest.approx(p1 + prefill((50 * BS, 4000)), rel=1e-12)
+        assert b.ttft_s == pytest.approx(p1 + p2, rel=1e-12)
     else:
-        p1 = prefill((0, 4000), (0, 4000), (0, 192))
+        p1 = prefill((0, 4000), (0, 4000), (0, 128))
         assert b.hit_gpu_tokens == 0
         assert b.ttft_s == pytest.approx(p1, rel=1e-12)
 
@@ -221,3 +223,72 @@ def test_the_decode_step_that_retracts_does_not_decay_the_ratio(monkeypatch) -> 
     for after, steps, ratio, decay, floor in seen:
         want = after if steps == 1 else max(after - (steps - 1) * decay, floor)
         assert ratio == pytest.approx(want, rel=1e-12, abs=1e-15)
+
+
+def test_a_pass_matches_every_candidate_before_it_allocates() -> None:
+    # 182 blocks, max_new_tokens 64. Pass 1 (A1 50, X1 3000, Y1 3000 tokens, one output each)
+    # leaves X's and Y's 46-block histories cached, X's the least recently used (X1 finishes
+    # before Y1). A2 (7000 new tokens) and X2 (3200 tokens: X1 + 200) arrive together, A2
+    # first. SGLang's adder matches and locks both, then allocates the batch: A2 needs 110
+    # blocks, X2 4; 90 are free, so 24 are evicted from Y's history, the only unlocked one,
+    # and X2 hits all 46 blocks. Allocating A2 before matching X2 evicted X's history (the
+    # least recent) and X2 hit nothing.
+    g = 1.0
+    trace = KitTrace([[(50, 1, 0.0), (7000, 1, g)], [(3000, 1, 0.0), (3200, 1, g)],
+                      [(3000, 1, 0.0)]])
+    res = run(cfg(gpu_cache=182 * BS, sessions=3, max_new_tokens=64), trace)
+    a2, x2 = row(res, "s0", 1), row(res, "s1", 1)
+    p1 = prefill((0, 50), (0, 3000), (0, 3000))
+    assert a2.send_s == pytest.approx(p1 + g) and x2.send_s == pytest.approx(p1 + g)
+    assert x2.hit_gpu_tokens == 46 * BS
+    both = prefill((0, 7000), (46 * BS, 3200))
+    assert a2.ttft_s == pytest.approx(both, rel=1e-12)
+    assert x2.ttft_s == pytest.approx(both, rel=1e-12)
+
+
+def test_a_retracted_request_re_prefills_every_output_token_and_samples(monkeypatch) -> None:
+    # The retraction of test_retraction_evicts_twenty_tokens_per_remaining_request: SGLang
+    # re-prefills the victim's prompt AND all g outputs it kept (fill_ids = origin_input_ids +
+    # output_ids: KV for 1000 + g tokens) and the prefill samples output g + 1.
+    from sim.engines import SGLangServer
+
+    seen: list[tuple[int, int, int]] = []
+    schedule, finish = SGLangServer._schedule, SGLangServer._finish_prefill
+
+    def spy_schedule(self):
+        batch = schedule(self)
+        for req, ranges in batch:
+            if req.record is not None and req.record.retractions and not req.ranges:
+                seen.append((req.generated, ranges[-1][1], -1))
+        return batch
+
+    def spy_finish(self, batch, per_req):
+        before = [req.generated for req, _ in batch]
+        finish(self, batch, per_req)
+        for (req, _), g in zip(batch, before, strict=True):
+            if req.record.retractions and not req.ranges and seen and seen[-1][2] < 0:
+                seen[-1] = (*seen[-1][:2], req.generated - g)
+
+    monkeypatch.setattr(SGLangServer, "_schedule", spy_schedule)
+    monkeypatch.setattr(SGLangServer, "_finish_prefill", spy_finish)
+    trace = KitTrace([[(1000, 200, 0.0)] for _ in range(8)])
+    res = run(cfg(gpu_cache=136 * BS, sessions=8, max_new_tokens=1), trace)
+    assert res.summary["retractions"] >= 1 and seen
+    for generated, end, sampled in seen:
+        assert generated > 0
+        assert end == 1000 + generated  # prompt + every output token so far
+        assert sampled == 1
+
+
+def test_a_context_strategy_record_sees_the_whole_plan() -> None:
+    # Under a context strategy the record prices what the request's plan recomputes inside
+    # its ideal prefix (RunRecorder.open reads the plan). Opened after the pass took its
+    # tokens, a chunked request's record saw only the chunks left: with nothing dropped,
+    # everything between the hit and the ideal prefix is recomputed.
+    base = dict(trace="synthetic:claude-code?sessions=6&max_requests=12&seed=3", gaps="tool",
+                max_context=65536, gpu_cache=32 * 1024, sessions=4, profile=PROF.name,
+                debug_cache=True)
+    df = run(RunConfig(**base, context="drop:2").with_preset("sglang")).requests
+    kept = df[~df.dropped & (df.dropped_tokens == 0)]
+    assert (kept.ideal_hit_tokens - kept.hit_gpu_tokens > 8192).sum() >= 5  # chunked misses
+    assert (kept.recomputed_tokens == kept.ideal_hit_tokens - kept.hit_gpu_tokens).all()

@@ -4,9 +4,9 @@ Cache block k covers tokens ``[k*bs, (k+1)*bs)``; its id must identify the whole
 its last token. With chained trace ids, the trace block m that holds that last token identifies
 the prefix up to the end of m, so the cache id is the pair (id of m, offset of the last token in
 m), packed as ``id * trace_bs + offset``. This maps 16-token blocks onto 64 (every 4th id) and
-512 onto 64 (8 sub-ids per id) without loss; other ratios may miss a little sharing, never
-invent it. Cache blocks beyond the last trace id (a trailing partial trace block that has no id)
-get ids unique to the request (``unique_ids``): they are never shared.
+512 onto 64 (8 sub-ids per id) without loss; other ratios would lose sharing, so loaders
+refuse them (``check_block_sizes``). Cache blocks beyond the last trace id (a trailing partial
+trace block that has no id) get ids unique to the request (``unique_ids``): they are never shared.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import RecordReader
+from .errors import OptionError, RecordReader
 
 _MAX_PACK = np.iinfo(np.int64).max // 1024
 
@@ -126,6 +126,17 @@ class UniqueIds:
         a = np.arange(self.next, self.next - n, -1, dtype=np.int64)
         self.next -= n
         return a
+
+
+def check_block_sizes(trace_bs: int, cache_bs: int, where: str) -> None:
+    """Refuse a cache block size that is neither a divisor nor a multiple of the trace's:
+    the mapping above could then only keep the sharing of whole common blocks of both sizes,
+    so the hit rate would silently fall (64-token traces under 63-token blocks: 74% -> 45%)."""
+    if cache_bs % trace_bs and trace_bs % cache_bs:
+        fits = sorted({d for d in (trace_bs // 2, trace_bs, 2 * trace_bs) if d >= 1})
+        raise OptionError(f"--block-size {cache_bs}: {where} has {trace_bs}-token blocks; a "
+                          f"block size must divide it or be a multiple of it (e.g. "
+                          f"{', '.join(map(str, fits))}), else cached prefixes are lost")
 
 
 def map_block_ids(ids: np.ndarray, trace_bs: int, prompt_tokens: int, cache_bs: int,

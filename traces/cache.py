@@ -19,7 +19,9 @@ import functools
 import hashlib
 import json
 import os
+import sys
 import tempfile
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -97,7 +99,8 @@ def read_trace(path: Path) -> Trace | None:
             if meta.get("v") != CACHE_VERSION:
                 return None
             arrs = {k: z[k.lstrip("_")] for k in _ARRAYS}
-    except (OSError, ValueError, KeyError, json.JSONDecodeError, UnicodeDecodeError):
+    except (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile, json.JSONDecodeError,
+            UnicodeDecodeError):
         return None
     R = arrs["prompt_tokens"].shape[0]
     if any(arrs[k].shape != (R,) for k in _ARRAYS[:9]) or arrs["_seg_ptr"].shape != (R + 1,):
@@ -122,6 +125,9 @@ def cached_load(specs: list[str], fmt: str, block_size: int, build: dict, lenien
     key = cache_key(specs, fmt, block_size, build, lenient, extra)
     path = Path(cache_dir) / f"trace-{key[:24]}.npz"
     trace = read_trace(path) if path.is_file() else None
+    if trace is None and path.is_file():
+        print(f"kvsim: notice: trace cache {path}: does not load (truncated or damaged): "
+              "rebuilding it", file=sys.stderr)
     if trace is None:
         trace = parse()
         # A read-only or full cache folder costs the next load its speed, nothing else.

@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .blocks import UniqueIds, id_array, map_block_ids
+from .blocks import UniqueIds, check_block_sizes, id_array, map_block_ids
 from .builder import TraceBuilder
 from .errors import RecordReader, TraceFormatError
 from .files import iter_lines, list_files, load_json_ids, read_file, skip_file, strip_gz
@@ -90,6 +90,7 @@ def _session(b: TraceBuilder, file: str, where: str | None, obj: Any, scope: int
     bs_trace = rec.count("block_size", 64)
     if bs_trace < 1:
         raise rec.fail("block_size", "must be >= 1")
+    check_block_sizes(bs_trace, b.block_size, file)
     prefix = _prefix_regions(rec)
     items = rec.obj_list("requests")
     if not items:

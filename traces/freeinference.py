@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from .blocks import ID_MARK, UniqueIds, id_array, map_block_ids
+from .blocks import ID_MARK, UniqueIds, check_block_sizes, id_array, map_block_ids
 from .builder import TraceBuilder
 from .errors import RecordReader, TraceFormatError
 from .files import iter_jsonl_ids, strip_gz
@@ -75,6 +75,7 @@ def _files(paths: list[str]) -> list[Path]:
 
 
 def load_freeinference(paths: list[str], b: TraceBuilder, lenient: bool) -> None:
+    check_block_sizes(FI_BLOCK, b.block_size, "a FreeInference trace")
     unique = UniqueIds()
     for scope, f in enumerate(_files(paths)):
         tops = _read_parquet(f, b, lenient) if f.is_dir() else _read_jsonl(f, b, lenient)

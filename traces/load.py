@@ -42,23 +42,54 @@ def load_trace(spec: str | list[str], format: str | None = None, block_size: int
     if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
         raise OptionError(f"bad block size {block_size!r}: expected a positive integer")
     parse_select(select)
+    if cache_dir is not None and Path(cache_dir).exists() and not Path(cache_dir).is_dir():
+        raise OptionError(f"trace cache folder {cache_dir} (--cache-dir, $KVSIM_CACHE_DIR) is "
+                          "a file; give a folder, or off for no cache")
     build = {"shared_prefix": shared_prefix, "max_context": max_context, "select": select}
     extra = {"rebuild_sessions": True} if rebuild_sessions else {}
     if specs[0].startswith("synthetic:"):
         if len(specs) > 1:
             raise OptionError("a synthetic trace cannot be combined with files")
+        _check_rebuild_sessions(rebuild_sessions, "synthetic", specs)
         from .synthetic import generate
 
         return generate(specs[0], block_size=block_size, seed=seed, build=build)
     fmt = format or detect_format(specs)
     if fmt not in FORMATS:
         raise OptionError(f"unknown trace format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    _check_rebuild_sessions(rebuild_sessions, fmt, specs)
     if cache_dir is not None:
         from .cache import cached_load
 
         return cached_load(specs, fmt, block_size, build, lenient, cache_dir, extra,
                            lambda: _load_files(specs, fmt, block_size, build, lenient, extra))
     return _load_files(specs, fmt, block_size, build, lenient, extra)
+
+
+def _check_rebuild_sessions(rebuild_sessions: bool, fmt: str, specs: list[str]) -> None:
+    """--rebuild-sessions only means something for Mooncake (its requests carry no session);
+    on another format it would do nothing, silently."""
+    if rebuild_sessions and fmt != "mooncake":
+        raise OptionError(f"--rebuild-sessions chains Mooncake requests into sessions; "
+                          f"{specs[0]} is a {fmt} trace, which carries its own sessions")
+
+
+def check_shared_prefix(trace: Trace, shared_prefix: int | str | None) -> Trace:
+    """Refuse a shared prefix longer than every session's first prompt: capped at each first
+    prompt, it would make every whole first prompt one global prefix, sharing across sessions
+    that the trace does not have (a typo such as 10m for 10k). A prefix longer than only some
+    first prompts shares all of those (the builder caps it). The commands call this on what
+    the user typed (``kvsim run``, ``trace stats``, sweep points); ``kvsim reproduce`` applies
+    the paper's 15.6K to any trace on purpose."""
+    if not isinstance(shared_prefix, int) or isinstance(shared_prefix, bool):
+        return trace
+    firsts = [int(trace.prompt_tokens[s.first]) for s in trace.sessions if s.parent < 0]
+    bs = trace.block_size
+    if firsts and shared_prefix // bs > max(firsts) // bs:
+        raise OptionError(f"--shared-prefix {shared_prefix:,} tokens is longer than every "
+                          f"session's first prompt (the longest has {max(firsts):,} tokens): "
+                          "it would share whole first prompts across sessions")
+    return trace
 
 
 def read_trace_files(spec: str | list[str], format: str | None = None, block_size: int = 64,

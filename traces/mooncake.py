@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 
-from .blocks import UniqueIds, id_array, map_block_ids
+from .blocks import UniqueIds, check_block_sizes, id_array, map_block_ids
 from .builder import TraceBuilder
 from .errors import RecordReader, TraceFormatError
 from .files import iter_jsonl, iter_jsonl_ids, list_files
@@ -27,6 +27,7 @@ MOONCAKE_BLOCK = 512
 
 def load_mooncake(paths: list[str], b: TraceBuilder, lenient: bool,
                   rebuild_sessions: bool = False) -> None:
+    check_block_sizes(MOONCAKE_BLOCK, b.block_size, "a Mooncake trace")
     unique = UniqueIds()
     for scope, path in enumerate(list_files(paths, (".jsonl",))):
         skipped = [0]

@@ -101,6 +101,9 @@ def trace_stats(trace: Trace, gap_model: str = "recorded") -> dict[str, Any]:
         "append_tokens_median": _median(grow[append]) if append.size else None,
         "infinite_cache_block_hit_rate": (float(hits[main].sum() / tot_blocks)
                                           if tot_blocks else None),
+        # every request (sub-agents too), over prompt tokens: `kvsim capacity`'s ideal
+        "infinite_cache_hit_rate": (float(int(hits.sum()) * bs / int(trace.prompt_tokens.sum()))
+                                    if int(trace.prompt_tokens.sum()) else None),
         "shared_prefix": {"tokens_median": _median(shared),
                           "sessions_sharing": int((shared > 0).sum()),
                           "prefix_hint_tokens_median": _median(hints)},

@@ -131,15 +131,17 @@ def parse_spec(spec: str, seed: int) -> tuple[str, Profile, int, int, bool]:
         v = int(val)
         if key == "sessions" and 1 <= v <= 1_000_000:
             sessions = v
-        elif key == "seed":
+        elif key == "seed" and v >= 0:
             seed = v
         elif key == "max_requests" and v >= 1:
             prof = replace(prof, max_requests=v)
         elif key == "subagents" and v in (0, 1):
             subagents = bool(v)
         else:
-            raise OptionError(f"{spec}: bad parameter {key}={val} (known: sessions>=1, seed, "
+            raise OptionError(f"{spec}: bad parameter {key}={val} (known: sessions>=1, seed>=0, "
                               "max_requests>=1, subagents=0|1)")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise OptionError(f"{spec}: seed must be an integer >= 0, got {seed!r}")
     return name, prof, sessions, seed, subagents
 
 

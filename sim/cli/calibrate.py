@@ -49,7 +49,8 @@ TORCH_ONLY = ("layers", "quick", "rounds", "warmup", "threads", "clock")
 @click.option("--clock", type=click.Choice(["wall", "cpu"]), default=None,
               help="CPU timing: wall time or process CPU time [default: cpu with one "
                    "thread, else wall]. CUDA always uses CUDA events.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Weights and visit order.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Weights and visit order.")
 @click.option("--date", default=None, help="Provenance date [default: today, UTC].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def calibrate_cmd(device: str, system: str | None, framework: str | None, gpus: int | None,
@@ -73,8 +74,11 @@ def calibrate_cmd(device: str, system: str | None, framework: str | None, gpus: 
     if system is not None:
         given = {"layers": layers, "quick": quick or None, "rounds": rounds, "warmup": warmup,
                  "threads": threads, "clock": clock}
-        for name in TORCH_ONLY:
-            if given[name] is not None:
+        source = click.get_current_context().get_parameter_source("device")
+        if source == click.core.ParameterSource.COMMANDLINE:  # has a default: was it given?
+            given["device"] = device
+        for name in ("device", *TORCH_ONLY):
+            if given.get(name) is not None:
                 raise click.UsageError(f"--{name} times torch here; it does not go with "
                                        "--from-kernels")
         _from_kernels(system, framework or "sglang", gpus, kernel_data, model, out, as_json,

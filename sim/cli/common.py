@@ -67,7 +67,7 @@ SIZE = SizeType()
 
 # Units shared by every table (run, sweep, reproduce): rates and shares in percent, changes
 # in signed percent, times in seconds, counts with thousands separators.
-PERCENT_KEYS = ("hit_rate", "share", "fraction")
+PERCENT_KEYS = ("hit_rate", "share", "fraction", "reuse_", "affinity")
 
 
 def fmt_metric(key: str, v: Any) -> str:
@@ -137,8 +137,16 @@ class KvsimGroup(click.Group):
     InputError, ...) is a user mistake: its message is printed on one line, as are click's own
     usage errors (a bad option value names the option). An ``OSError`` that escapes a command
     (a full disk, a folder removed under a running sweep) names its file the same way, exit 2.
-    Anything else is a bug and keeps its traceback.
+    Anything else is a bug and keeps its traceback. ``--debug`` (the group's flag, accepted
+    anywhere on the line) keeps every traceback.
     """
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        """``--debug`` anywhere before ``--`` is the group's flag (``kvsim run ... --debug``)."""
+        end = args.index("--") if "--" in args else len(args)
+        if "--debug" in args[:end]:
+            args = ["--debug", *(a for a in args[:end] if a != "--debug"), *args[end:]]
+        return super().parse_args(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -151,9 +159,15 @@ class KvsimGroup(click.Group):
         except click.ClickException as e:
             fail(e.format_message(), e.exit_code)
         except Exception as e:
+            if ctx.params.get("debug"):
+                raise  # --debug: every frame, kvsim's included
             code = getattr(e, "exit_code", None)
             if isinstance(code, int) and not isinstance(code, bool):
-                fail(e, code)
+                # ``detail``: a user's policy's own traceback frames, under the line
+                detail = getattr(e, "detail", "")
+                print(f"kvsim: error: {one_line(e)}" + (f"\n{detail.rstrip()}" if detail
+                                                        else ""), file=sys.stderr)
+                sys.exit(code)
             if isinstance(e, OSError):
                 where = f"{e.filename}: " if e.filename else ""
                 fail(f"{where}{e.strerror or e}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import click
 
 from .calibrate import calibrate_cmd
+from .capacity import capacity_cmd
 from .common import KvsimGroup
 from .microbench import microbench_cmd
 from .models import models_cmd
@@ -18,7 +19,9 @@ from .trace import trace_cmd
 
 @click.group(cls=KvsimGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="kvsim")
-def cli() -> None:
+@click.option("--debug", is_flag=True,
+              help="Show the whole traceback of an error (also accepted after the command).")
+def cli(debug: bool) -> None:
     """kvsim: what a KV-cache eviction policy costs on real coding-agent traffic."""
 
 
@@ -30,6 +33,7 @@ cli.add_command(sweep_cmd)
 cli.add_command(plot_cmd)
 cli.add_command(reproduce_cmd)
 cli.add_command(trace_cmd)
+cli.add_command(capacity_cmd)
 
 
 def main() -> None:

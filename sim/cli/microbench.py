@@ -41,7 +41,7 @@ def figure1_cmd(model: str, profile: str | None, as_json: bool) -> None:
         return
     t = Table(title=f"Figure 1 -- {model}, profile {prof.name} ({prof.provenance})")
     for col in ("context", "deleted", "front units", "tail units", "speedup (units)",
-                "segment only", "front s", "tail s", "speedup (s)", "paper measured"):
+                "segment only", "front s", "tail s", "speedup (s)", "paper (qwen3-8b)"):
         t.add_column(col, justify="right")
     for r in rows:
         paper = r["paper_measured_speedup"]

@@ -23,7 +23,7 @@ def plot_cmd(directory: str, out: str | None) -> None:
 
     if not Path(directory).is_dir():
         raise PlotInputError(f"{directory}: no such folder")
-    check_out_dir(out or directory, "--out" if out else "DIRECTORY")
+    check_out_dir(directory if out is None else out, "DIRECTORY" if out is None else "--out")
     try:
         paths = plot_dir(directory, out)
     except FileNotFoundError as e:

@@ -13,6 +13,13 @@ from rich.table import Table
 from sim.config import RunConfig
 
 from .common import SIZE, atomic_write_text, console, dumps, emit_json, fmt_metric, stderr
+from .run_checks import (
+    default_replay,
+    params_per_policy,
+    refuse_idle_options,
+    warn_capped_shared_prefix,
+    warn_saturation,
+)
 from .trace import trace_options
 
 if TYPE_CHECKING:
@@ -56,6 +63,21 @@ CONTEXT_ROWS = ("request_latency_mean_s", "request_latency_p95_s", "input_tokens
                 "output_tokens_per_s", "kv_peak_tokens", "context_dropped_tokens",
                 "reprefill_tokens", "rerotated_tokens", "summary_calls",
                 "context_edits_blocked")
+# Rows of fleet runs (--replicas/--router; sim/fleet/metrics.py defines them).
+FLEET_ROWS = ("reuse_available", "reuse_captured", "reuse_delivered", "affinity",
+              "load_cv_busy", "load_cv_queue", "belief_error_mean_tokens")
+
+
+def router_params(items: tuple[str, ...]) -> dict[str, str]:
+    """``--router-param K=V`` items into a dict (values stay text: the router class types
+    them)."""
+    out: dict[str, str] = {}
+    for item in items:
+        k, sep, v = item.partition("=")
+        if not sep or not k.strip():
+            raise click.BadParameter(f"{item!r} is not K=V", param_hint="--router-param")
+        out[k.strip()] = v.strip()
+    return out
 
 
 def print_table(runs: list[dict[str, Any]], title: str, lenient: bool = False) -> None:
@@ -67,6 +89,7 @@ def print_table(runs: list[dict[str, Any]], title: str, lenient: bool = False) -
         t.add_column(r["policy"], justify="right")
     extra = ("cpu_hit_rate", "bytes_h2d", "bytes_d2h", "swap_buffer_loads") if any(
         r["summary"].get("cpu_cache_tokens") for r in runs) else ()
+    extra += FLEET_ROWS if any("replicas" in r["summary"] for r in runs) else ()
     shown = [k for k in WHEN_NONZERO if any(r["summary"].get(k) for r in runs)
              or (lenient and k in LENIENT_ROWS)]
     ctx = CONTEXT_ROWS if any("context" in r["summary"] for r in runs) else ()
@@ -82,17 +105,6 @@ def print_table(runs: list[dict[str, Any]], title: str, lenient: bool = False) -
     console().print(t)
 
 
-def parse_params(items: tuple[str, ...]) -> dict[str, str]:
-    """``K=V`` items into a dict (values stay text: the policy class types them)."""
-    out: dict[str, str] = {}
-    for item in items:
-        k, sep, v = item.partition("=")
-        if not sep or not k.strip():
-            raise click.BadParameter(f"{item!r} is not K=V", param_hint="--policy-param")
-        out[k.strip()] = v.strip()
-    return out
-
-
 def policy_configs(base: RunConfig, preset: str | None, evict: str | None,
                    granularity: str | None, order: str | None, policies: tuple[str, ...],
                    policy_params: tuple[str, ...]) -> list[RunConfig]:
@@ -103,9 +115,9 @@ def policy_configs(base: RunConfig, preset: str | None, evict: str | None,
         other = "--preset" if preset else "--policy"
         raise click.UsageError(f"--evict/--granularity/--order compose one policy: they "
                                f"cannot be combined with {other}")
-    params = parse_params(policy_params)
-    if params and not policies:
+    if policy_params and not policies:
         raise click.UsageError("--policy-param needs --policy")
+    params = params_per_policy(policies, policy_params)
     if composed:
         return [replace(base, evict=evict, granularity=granularity, order=order)]
     configs = []
@@ -114,7 +126,7 @@ def policy_configs(base: RunConfig, preset: str | None, evict: str | None,
         if not all(names):
             raise click.BadParameter(f"{preset!r} has an empty name", param_hint="--preset")
         configs += [base.with_preset(p) for p in names]
-    configs += [base.with_policy(p, params) for p in policies]
+    configs += [base.with_policy(p, params[p]) for p in policies]
     if not configs:
         from sim.engines import ENGINES
 
@@ -180,12 +192,20 @@ class RunInputError(ValueError):
     show_default=True, help="hicache: when device KV is copied to the host tier.")
 @click.option("--sessions", "-n", type=int, default=4, show_default=True,
               help="Sessions active at once (closed loop).")
-@click.option("--replay", type=click.Choice(["closed", "open"]), default="closed",
-              show_default=True,
+@click.option("--replay", type=click.Choice(["closed", "open"]), default=None,
               help="closed: a session sends after its reply + recorded gap; open: at the "
-                   "recorded send times.")
+                   "recorded send times. [default: open for timestamped traces without "
+                   "sessions (Mooncake), else closed]")
 @click.option("--time-scale", type=float, default=1.0, show_default=True,
               help="Open loop: multiply recorded send times (0.5 = twice the request rate).")
+@click.option("--replicas", type=int, default=1, show_default=True,
+              help="Replicas of the engine behind a router, on one clock (docs/fleet.md).")
+@click.option("--router", default=None,
+              help="Router of a fleet: round-robin (default with --replicas > 1), random, "
+                   "least-load, power-of-two, session-affinity, the field's routers, or "
+                   "FILE.py:CLASS (your own Router subclass).")
+@click.option("--router-param", "router_param_items", multiple=True, metavar="K=V",
+              help="Parameter of the --router class (repeatable; typed like its default).")
 @click.option("--engine", type=click.Choice(["sglang", "vllm"]), default="sglang",
               show_default=True,
               help="The server: sglang (SGLang 0.5.23: radix tree, chunk nodes, admission "
@@ -206,9 +226,10 @@ class RunInputError(ValueError):
               help="A policy by name (preset, order+start+granularity, registered) or "
                    "FILE.py:CLASS (your own EvictionPolicy subclass); repeat to compare. "
                    "Runs after any --preset.")
-@click.option("--policy-param", "policy_params", multiple=True, metavar="K=V",
-              help="Parameter of the --policy classes, e.g. --policy-param tau_s=5 "
-                   "(repeatable; typed like the class's default).")
+@click.option("--policy-param", "policy_params", multiple=True, metavar="[POLICY.]K=V",
+              help="Parameter of a --policy class, e.g. --policy-param tau_s=5 (the one "
+                   "--policy that takes it) or ttl.tau_s=5 / FILE.py:CLASS.k=v (that policy); "
+                   "repeatable; typed like the class's default.")
 @click.option("--scheduler", type=click.Choice(["fcfs", "lpm", "lpm-cpu", "program-fcfs"]),
               default="fcfs", show_default=True,
               help="Queue order: fcfs (the default of SGLang 0.5.23 and vLLM 0.33, the only "
@@ -238,13 +259,18 @@ class RunInputError(ValueError):
               help="--engine vllm: async scheduling, vLLM 0.33's default for an online "
                    "server (the next step is scheduled before the step in flight is "
                    "processed); off: the synchronous Scheduler. See docs/engine.md.")
-@click.option("--debug-cache", is_flag=True, help="Recount cache invariants after every op.")
+@click.option("--debug-cache", is_flag=True,
+              help="Recount cache invariants after every op; check the engine never idles "
+              "with a request waiting.")
 @click.option("--out", "-o", default=None, help="Write requests.parquet, config.json, "
-              "summary.json per run under this folder (checked before anything runs).")
+              "summary.json per run under this folder (checked before anything runs); a "
+              "previous run's outputs there (runs.json, plots, policy folders) are removed "
+              "first, other files stay.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select, gap_model,
             lenient, seed, cache_dir, rebuild_sessions, model, profile, gpu_cache, cpu_cache,
             tiering, swap_buffer, hicache_write_policy, sessions, replay, time_scale, engine,
+            replicas, router, router_param_items,
             preset, evict, granularity, order, policies, policy_params, scheduler, context,
             chunk_size, prompt_nodes, max_new_tokens, max_running, vllm_async, debug_cache,
             out, as_json) -> None:
@@ -256,29 +282,44 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
 
     from .common import trace_load_progress
 
+    if replay is None:
+        replay = default_replay(trace, trace_format)
     base = RunConfig(
         trace=trace, trace_format=trace_format, select=select, shared_prefix=shared_prefix,
         max_context=max_context, block_size=block_size, gaps=gap_model, lenient=lenient,
         trace_cache_dir=cache_dir, rebuild_sessions=rebuild_sessions,
         sessions=sessions, replay=replay, time_scale=time_scale, engine=engine,
+        replicas=replicas, router=router,
+        router_params=router_params(router_param_items),
         model=model, profile=profile, gpu_cache=gpu_cache, cpu_cache=cpu_cache,
         tiering=tiering, swap_buffer=swap_buffer, hicache_write_policy=hicache_write_policy,
         scheduler=scheduler, context=context, chunk_size=chunk_size,
         checkpoint_chunks=prompt_nodes == "chunked",
         max_new_tokens=max_new_tokens, max_running=max_running, seed=seed,
         vllm_async=vllm_async == "on", debug_cache=debug_cache)
+    refuse_idle_options(click.get_current_context(), cpu_cache, tiering, engine, replay)
     configs = policy_configs(base, preset, evict, granularity, order, policies, policy_params)
     # Every input check before any work: configs, model, profile, the output folder.
     for cfg in configs:
         cfg.validate("command line")
     check_model_and_profile(configs[0], "command line")
-    if out:
+    if out is not None:
         check_out_dir(out)
+    if out is not None:  # a reused folder: the previous run's outputs go (docs: --out)
+        from sim.runner import clear_run_outputs
+
+        gone = clear_run_outputs(out)
+        if gone:
+            stderr.print(f"[dim]{out}: removed the previous run's {', '.join(gone)}[/dim]")
     spec_context = get_spec(model).max_context
     t0 = time.perf_counter()  # wall time for the progress lines only, never in results
     with trace_load_progress():
         traces = [load_run_trace(cfg) for cfg in configs]
     tr = traces[0]
+    from traces.load import check_shared_prefix
+
+    check_shared_prefix(tr, shared_prefix)
+    warn_capped_shared_prefix(tr, shared_prefix, block_size)
     stderr.print(f"[dim]trace {tr.name}: {len(tr):,} requests loaded in "
                  f"{time.perf_counter() - t0:.1f}s[/dim]")
     results = []
@@ -290,11 +331,12 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
         stderr.print(f"[dim]{cfg.policy_label}: {n:,} requests simulated in {dt:.1f}s "
                      f"({n / max(dt, 1e-9):,.0f} requests/s)[/dim]")
         warn_quiet_surprises(res, spec_context)
+        warn_saturation(res)
         results.append(res)
-        if out:
+        if out is not None:
             write_result(res, f"{out}/{cfg.policy_label}")
     runs = compare_runs(results)
-    if out:
+    if out is not None:
         atomic_write_text(f"{out}/runs.json", dumps({"runs": runs}) + "\n")
     if as_json:
         emit_json({"runs": runs})
@@ -307,6 +349,8 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
                       f"GPU {gpu_cache:,} tokens{cpu}, N={sessions}, {engine} engine"
                       f"{f' (async {vllm_async})' if engine == 'vllm' else ''}, "
                       f"{scheduler}, "
+                      + (f"{replicas} replicas, router {s['router']}, " if "router" in s
+                         else "") +
                       f"gaps {gap_model}{ctx}", lenient=lenient)
-    if out:
+    if out is not None:
         print(f"wrote {out}/", file=sys.stderr)

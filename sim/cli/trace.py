@@ -52,7 +52,7 @@ TRACE_OPTIONS: list[Callable] = [
     click.option("--lenient", is_flag=True,
                  help="Skip bad records, and unreadable, truncated or empty files of a folder; "
                       "report how many of each."),
-    click.option("--seed", type=int, default=0, show_default=True,
+    click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
                  help="Seed of synthetic generators."),
     click.option("--cache-dir", default=None, metavar="DIR|off",
                  help="Folder of npz copies of loaded traces (fast reloads; a changed file "
@@ -76,14 +76,16 @@ def load_from_options(spec: str | list[str], trace_format: str | None, block_siz
                       cache_dir: str | None = None, rebuild_sessions: bool = False,
                       **_: Any) -> Any:
     from traces.cache import resolve_cache_dir
+    from traces.load import check_shared_prefix
 
     from .common import trace_load_progress
 
     with trace_load_progress():
-        return load_trace(spec, format=trace_format, block_size=block_size,
-                          shared_prefix=shared_prefix, max_context=max_context, select=select,
-                          seed=seed, lenient=lenient, cache_dir=resolve_cache_dir(cache_dir),
-                          rebuild_sessions=rebuild_sessions)
+        trace = load_trace(spec, format=trace_format, block_size=block_size,
+                           shared_prefix=shared_prefix, max_context=max_context, select=select,
+                           seed=seed, lenient=lenient, cache_dir=resolve_cache_dir(cache_dir),
+                           rebuild_sessions=rebuild_sessions)
+    return check_shared_prefix(trace, shared_prefix)
 
 
 def _fmt(v: Any) -> str:
@@ -114,6 +116,7 @@ ROWS: list[tuple[str, tuple[str, ...]]] = [
     ("shrink fraction", ("shrink_fraction",)),
     ("append tokens median", ("append_tokens_median",)),
     ("infinite-cache block hit rate", ("infinite_cache_block_hit_rate",)),
+    ("infinite-cache hit rate (all tokens)", ("infinite_cache_hit_rate",)),
     ("shared prefix tokens (median)", ("shared_prefix", "tokens_median")),
     ("system+tool tokens (median)", ("shared_prefix", "prefix_hint_tokens_median")),
     ("tool gap median (s)", ("gap_s", "tool_median")),

@@ -91,6 +91,22 @@ class EngineBase:
     def _never_fits(self, req: Req) -> bool:
         raise NotImplementedError
 
+    def _sleep(self) -> simpy.Event:
+        """The event the server process waits on until the next arrival, when it has nothing
+        to run. Debug runs (``debug_cache``) check the invariant that makes the wait safe:
+        the server holds no request (none waiting, running or mid-prefill). With nothing
+        running no memory is freed, so a waiting request either fits now (it must be
+        admitted) or never (it must be dropped); one left waiting would wait for an
+        unrelated arrival, or forever."""
+        if self.cfg.debug_cache and self.busy():
+            raise AssertionError(
+                f"{type(self).__name__} idles at t={self.env.now} with "
+                f"{len(self.waiting)} waiting (first: request "
+                f"{self.waiting[0].rid if self.waiting else None}) and "
+                f"{len(self.running)} running")
+        self._wake = self.env.event()
+        return self._wake
+
     def _drop_reason(self, req: Req) -> str:
         """Why a request that can never fit is dropped (recorded with the drop)."""
         return "context" if req.position_tokens > self.spec.max_context else "cache"

@@ -3,18 +3,22 @@
 Data flow of one run::
 
     sessions (closed loop: reply + recorded gap)  --submit-->  waiting queue
-    server loop:  [prefill pass]  scheduler orders waiting -> match (hit / hole / miss)
-                                  -> admission test (free + evictable - reservations)
-                                  -> make_room (eviction policy) -> one batch of chunks
-                                     (real new tokens + phantom hole refills) priced once
+    server loop:  [prefill pass]  scheduler orders waiting -> for each candidate: match and
+                                  lock (hit / hole / miss) -> admission test (free +
+                                  evictable - reservations - what the pass took)
+                                  -> after the last: make_room once (eviction policy) -> one
+                                     batch of chunks (real new tokens + phantom hole
+                                     refills) priced once
                   [else decode]   all running requests advance k steps in ONE event, k = steps
                                   to the first finish, cut short by an arrival (the step in
                                   flight completes), by memory (evict, else retract)
 
-Semantics follow reference/sglang-scheduler.md: prefill pre-empts decode; one chunked request at
+Semantics (SGLang 0.5.23, docs/engine.md): prefill pre-empts decode; one chunked request at
 a time, continued before the queue; the whole prompt plus a decode reservation must fit before
 admission; the first refused request stops the pass (head-of-line); retraction victims are the
 requests with the fewest generated tokens (ties: longest prompt) and go to the queue's tail.
+Nothing is allocated before every candidate of a pass is matched and locked, and the chunk
+budget is charged page-ceiled extends (SGLang's adder loop, then prepare_for_extend).
 
 Simplifications (documented in docs/engine.md): a scheduling pass runs at each event rather
 than at every decode step; the memory of a decode run is taken for exactly the tokens it
@@ -25,6 +29,7 @@ scheduler's one-iteration delay in freeing KV is not modelled.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import simpy
@@ -38,17 +43,37 @@ from sim.context import plan_ranges
 from sim.kvcache import RadixKVCache, Tier
 from sim.metrics import RunRecorder
 
-from .base import EngineBase
+from .base import EngineBase, steps_fitting
 from .request import Req
-from .sglang_decode import DecodeRuns
 from .sglang_queue import WaitingOrder
+
+
+@dataclass(eq=False)
+class Admission:
+    """A request the adder loop admitted: its locked match, the ranges it computes and the
+    tokens it takes in this pass, and what its match found (for its record)."""
+
+    req: Req
+    node: object
+    ranges: list[tuple[int, int]]
+    take: int
+    chunked: bool
+    reused: int
+    holes: int
+    loaded: int
+    segments: list
+
 
 # Verdicts of a refused admission (schedule_policy.py AddReqResult): memory (NO_TOKEN) or a
 # spent pass budget (OTHER). Only NO_TOKEN sets batch_is_full.
 NO_TOKEN, OTHER = "no_token", "other"
+# SGLANG_RETRACT_DECODE_STEPS: after releasing a retracted request, SGLang evicts the cache
+# until this many tokens per remaining request are free; the new ratio assumes as many more
+# tokens per survivor.
+RETRACT_DECODE_STEPS = 20
 
 
-class SGLangServer(DecodeRuns, EngineBase):
+class SGLangServer(EngineBase):
     """SGLang's scheduler and memory semantics over one ``RadixKVCache``."""
 
     def __init__(self, env: simpy.Environment, cfg: RunConfig, spec: ModelSpec,
@@ -73,8 +98,11 @@ class SGLangServer(DecodeRuns, EngineBase):
         return bool(self.waiting or self.running or self.chunked is not None)
 
     def _never_fits(self, req: Req) -> bool:
-        need = self._blocks(req.kv_tokens) + self._blocks(self._decode_reserve(req)) + 1
-        return need >= self.cache.capacity_blocks
+        """The admission test of an empty server: the whole plan over an empty cache
+        (restores of dropped keys included) plus the decode reservation and one page."""
+        ranges = self._plan(req, [])[0]
+        need = sum(b - a for a, b in ranges) + self._decode_reserve(req) + self.bs
+        return need >= self.cache.capacity_blocks * self.bs
 
     # --- helpers ------------------------------------------------------------------------
 
@@ -91,9 +119,18 @@ class SGLangServer(DecodeRuns, EngineBase):
     def _running_offset_tokens(self) -> float:
         return sum(self._decode_reserve(r) for r in self.running) * self.ratio
 
+    @staticmethod
+    def _fill_tokens(req: Req) -> int:
+        """Tokens a (re-)prefill covers: SGLang's fill_ids, the prompt plus every output token
+        so far (a retracted request re-prefills them all and samples the next one)."""
+        return req.prompt_tokens + req.generated
+
+    def _ceil_page(self, tokens: int) -> int:
+        return self._blocks(tokens) * self.bs
+
     def _usable_blocks(self, req: Req) -> int:
         # At least one token is always computed (SGLang caps the hit at len - 1).
-        return (req.context_tokens - 1) // self.bs
+        return (self._fill_tokens(req) - 1) // self.bs
 
     def _plan(self, req: Req, segments) -> tuple[list[tuple[int, int]], int, int, int]:
         """Token ranges to compute for ``req`` given match segments: holes (phantom) and the
@@ -101,7 +138,7 @@ class SGLangServer(DecodeRuns, EngineBase):
         Returns (ranges, reused_tokens, hole_tokens, cpu_tokens)."""
         if req.view is not None:  # a context strategy: dropped blocks are skipped or restored
             return plan_ranges(req.view, segments, self._usable_blocks(req),
-                               req.context_tokens, self.bs)
+                               self._fill_tokens(req), self.bs)
         usable = min(req.ids.size, self._usable_blocks(req))
         ranges: list[tuple[int, int]] = []
         reused = holes = cpu = 0
@@ -118,7 +155,7 @@ class SGLangServer(DecodeRuns, EngineBase):
                 holes += (e - s) * self.bs
                 ranges.append((s * self.bs, e * self.bs))
             end = e
-        ranges.append((end * self.bs, req.context_tokens))
+        ranges.append((end * self.bs, self._fill_tokens(req)))
         merged: list[tuple[int, int]] = []
         for a, b in ranges:
             if merged and merged[-1][1] == a:
@@ -175,13 +212,25 @@ class SGLangServer(DecodeRuns, EngineBase):
     # --- scheduling ---------------------------------------------------------------------
     def _headroom(self) -> float:
         """SGLang's remaining_total: free + evictable tokens minus the decode reservations
-        of running requests and what this pass admitted so far."""
+        of running requests and what this pass admitted so far (its page-ceiled extends, one
+        page each and the decode tokens of each completed prompt: nothing is allocated
+        before the pass ends)."""
         return ((self.cache.free_blocks + self.cache.evictable_blocks) * self.bs
                 - self._running_offset_tokens() - self._pass_offset)
 
-    def _admit(self, req: Req, budget: int) -> tuple[int, bool] | str:
-        """Try to admit ``req`` with ``budget`` prefill tokens left in this pass.
-        Returns (tokens taken, became chunked), or the verdict of a refusal (head-of-line):
+    def _charge(self, tokens: int, final: bool, req: Req) -> None:
+        """SGLang's _update_prefill_budget for ``tokens`` of ``req`` admitted in this pass:
+        the headroom loses the page-ceiled extend, one page and, when the prompt completes,
+        min(max_new, clip) decode tokens; the chunk budget loses the page-ceiled extend."""
+        paged = self._ceil_page(tokens)
+        reserve = min(self._max_new(req), self.cfg.clip_max_new_tokens) if final else 0
+        self._pass_offset += paged + self.bs + reserve
+        self._budget -= paged
+
+    def _admit(self, req: Req) -> Admission | str:
+        """Match, lock and test ``req`` against what is left of this pass (SGLang
+        add_one_req). Nothing is allocated here: the pass allocates after every candidate
+        is matched. Returns the admission, or the verdict of a refusal (head-of-line):
         NO_TOKEN (memory) or OTHER (no budget for even one page)."""
         m = self.cache.match(req.ids, touch=True, hint=req.hint)
         ranges, reused, holes, cpu = self._plan(req, m.segments)
@@ -205,101 +254,205 @@ class SGLangServer(DecodeRuns, EngineBase):
             segments = self.cache.match(req.ids, touch=False, hint=req.hint).segments
             ranges, _, holes, _ = self._plan(req, segments)
             extend = sum(b - a for a, b in ranges)
-        chunked = extend > budget
-        take = (budget // self.bs) * self.bs if chunked else extend
+        # Chunked when the page-ceiled extend exceeds the chunk budget left; the chunk is
+        # that budget floored to a page.
+        chunked = self._ceil_page(extend) > self._budget
+        take = (self._budget // self.bs) * self.bs if chunked else extend
         if take <= 0:
             self.cache.unlock(m.node)
             return OTHER
-        req.locks = [m.node]
-        req.ranges = ranges
-        first_admission = req.record is None
-        if first_admission:
-            req.known_blocks = self._ideal_blocks(req.ids, req.view)
-            ideal = min(req.known_blocks, self._usable_blocks(req)) * self.bs
-            req.record = self.rec.open(req, self.env.now, reused=reused, holes=holes,
-                                       ideal=ideal, spec=self.spec, segments=segments,
-                                       bs=self.bs, loaded=loaded)
-        req.admitted_at = self.env.now
-        self._pass_offset += self.bs + (0 if chunked else self._decode_reserve(req))
-        return take, chunked
+        self._charge(take, not chunked, req)
+        return Admission(req, m.node, ranges, take, chunked, reused, holes, loaded, segments)
 
-    def _run_chunk(self, req: Req, take: int) -> list[tuple[int, int]] | None:
-        taken, rest = self._take(req.ranges, take)
-        if not self._reserve_tokens(req, sum(b - a for a, b in taken)):
-            return None
-        req.ranges = rest
-        return taken
+    def _allocate(self, plan: list[tuple[Req, int]]) -> int:
+        """SGLang prepare_for_extend: after the adder loop, make room for the whole batch at
+        once, then hold each request's new tokens. Returns how many of ``plan`` got their
+        memory (all of them unless eviction could not cover the batch; then the first
+        ones that fit, in order)."""
+        need = sum(max(0, self._blocks(r.own_tokens + t) - r.reserved) for r, t in plan)
+        if self.cache.free_blocks < need:
+            self.rec.evicted(self.cache.make_room(need))
+        for i, (req, take) in enumerate(plan):
+            if not self._reserve_tokens(req, take):
+                return i
+        return len(plan)
 
     def _schedule(self) -> list[tuple[Req, list[tuple[int, int]]]]:
         """One prefill pass (SGLang get_new_batch_prefill): the batch of (request, token
-        ranges) to compute now. While ``batch_is_full`` only a chunk in flight continues."""
-        batch: list[tuple[Req, list[tuple[int, int]]]] = []
+        ranges) to compute now. While ``batch_is_full`` only a chunk in flight continues.
+        Every candidate is matched and locked before anything is allocated (and so
+        evicted), as SGLang's adder loop runs before prepare_for_extend."""
         if not self.running:
             self.batch_is_full = False  # an empty batch has no request left to clear it
         if (self.batch_is_full or not self.waiting) and self.chunked is None:
-            return batch
+            return []
         self._pass_offset = 0.0
-        budget = self.cfg.chunk_size
+        self._budget = self.cfg.chunk_size
         # calc_priority runs before the chunk continues: lpm matches (and stamps) every
         # waiting request in each pass, chunk passes included.
         if self.waiting:
             self.waiting = self.queue.order(self.waiting)
-        order = list(self.waiting)
-        if self.chunked is not None:
+        plan: list[tuple[Req, int]] = []  # (request, tokens to compute), in batch order
+        continued = self.chunked
+        if continued is not None:
             # add_chunked_req: the chunk is the budget cut to the headroom (when positive),
             # re-evaluated each pass, so it shrinks when memory is short; the final chunk
             # reserves the request's decode tokens for the candidates after it.
-            req = self.chunked
             room = int(self._headroom())
-            limit = min(budget, room) if room > 0 else budget
-            ranges = self._run_chunk(req, min(limit, sum(b - a for a, b in req.ranges)))
-            if ranges is None:
-                return batch  # no memory even for the chunk: decode must free some first
-            batch.append((req, ranges))
-            budget -= sum(b - a for a, b in ranges)
-            self._pass_offset += self.bs + (0 if req.ranges else self._decode_reserve(req))
-            if req.ranges:
-                return batch  # still chunked: it owns this pass
-            self.chunked = None
-        if budget <= 0 or not self.waiting:
-            return batch
-        admitted: set[int] = set()
-        for req in order:
-            if len(self.running) + len(batch) >= self.max_running:
+            limit = min(self._budget, room) if room > 0 else self._budget
+            rest = sum(b - a for a, b in continued.ranges)
+            take = min(limit, rest)
+            plan.append((continued, take))
+            self._charge(take, take == rest, continued)
+            if take == rest:
+                self.chunked = None
+        admitted: list[Admission] = []
+        for req in list(self.waiting):
+            # budget_state at the top of the loop: a spent budget stops the pass (OTHER)
+            # unless memory is spent too (NO_TOKEN: the head is still tried).
+            if self._budget <= 0 and self._headroom() > 0:
+                break
+            if len(self.running) + len(plan) >= self.max_running:
                 self.batch_is_full = True
             if self.batch_is_full:
                 break
-            got = self._admit(req, budget)
+            got = self._admit(req)
             if got == OTHER:
                 break
             if got == NO_TOKEN:
-                self.batch_is_full = bool(batch or self.running)
-                if not self.running and not batch and self.chunked is None:
-                    # Nothing holds memory but this request: it can never fit. Count a drop.
+                self.batch_is_full = bool(plan or self.running)
+                if not self.running and not plan and self.chunked is None:
+                    # Nothing holds memory but this request and it does not fit: it never
+                    # will. Drop it and try the next one (the server must not sleep).
                     self.waiting.remove(req)
                     self.rec.drop(req, self.env.now, self._drop_reason(req))
                     req.done.succeed()
+                    continue
                 break
-            take, chunked = got
-            ranges = self._run_chunk(req, take)
-            if ranges is None:  # eviction could not cover it after all: a memory refusal
-                self._unlock_all(req)
-                self.batch_is_full = bool(batch or self.running)
-                break
-            admitted.add(id(req))
-            batch.append((req, ranges))
-            budget -= take
-            if chunked:
+            admitted.append(got)
+            plan.append((req, got.take))
+            if got.chunked:
                 self.chunked = req
-            # The verdict for the next candidate: memory first (NO_TOKEN), then budget.
+            # The verdict for the next candidate: memory first (NO_TOKEN), then budget. A
+            # new chunk leaves less than a page of budget: the next candidate is matched and
+            # refused (OTHER), unless memory refuses it first.
             if self._headroom() <= 0:
                 self.batch_is_full = True
                 break
-            if chunked or budget <= 0:
+            if self._budget <= 0:
                 break
-        if admitted:
-            self.waiting = [r for r in self.waiting if id(r) not in admitted]
+        return self._commit(plan, admitted, continued)
+
+    def _commit(self, plan: list[tuple[Req, int]], admitted: list[Admission],
+                continued: Req | None) -> list[tuple[Req, list[tuple[int, int]]]]:
+        """After the adder loop: allocate the batch (``prepare_for_extend``), then take each
+        request's tokens and record the admissions. ``continued``: the chunk in flight that
+        this pass continued (already admitted, still locked)."""
+        for a in admitted:  # locked and charged: these are the batch
+            a.req.locks = [a.node]
+            a.req.ranges = a.ranges
+        fitted = self._allocate(plan)
+        for req, _take in plan[fitted:]:  # eviction could not cover them after all
+            if req is continued:
+                self.chunked = continued  # keeps its locks; decode must free memory first
+            else:
+                self._unlock_all(req)
+                if req is self.chunked:
+                    self.chunked = None
+        if fitted < len(plan):
+            self.batch_is_full = bool(fitted or self.running)
+        committed = {id(req) for req, _take in plan[:fitted] if req is not continued}
+        for a in admitted:  # the record sees the request's whole plan (before the take)
+            if id(a.req) in committed:
+                self._open(a)
+        batch: list[tuple[Req, list[tuple[int, int]]]] = []
+        for req, take in plan[:fitted]:
+            taken, req.ranges = self._take(req.ranges, take)
+            batch.append((req, taken))
+        if committed:
+            self.waiting = [r for r in self.waiting if id(r) not in committed]
         return batch
+
+    def _open(self, a: Admission) -> None:
+        """Record an admission (the first one opens the request's record)."""
+        req = a.req
+        if req.record is None:
+            req.known_blocks = self._ideal_blocks(req.ids, req.view)
+            ideal = min(req.known_blocks, self._usable_blocks(req)) * self.bs
+            req.record = self.rec.open(req, self.env.now, reused=a.reused, holes=a.holes,
+                                       ideal=ideal, spec=self.spec, segments=a.segments,
+                                       bs=self.bs, loaded=a.loaded)
+        req.admitted_at = self.env.now
+
+    # --- decode runs: k steps of the running batch as one event ---------------------------
+    # A run of k steps is one event: k is the number of steps to the first finish, cut to what
+    # free + evictable memory holds for every running request (``_steps_in``, closed form).
+    # Memory is reserved for exactly the tokens a run generated, after the run.
+    def _decode_plan(self) -> int:
+        """Steps the running batch can take now: to the first finish, limited by memory
+        (free + evictable blocks)."""
+        steps = min(r.output_tokens - r.generated for r in self.running)
+        return self._steps_in(self.cache.free_blocks + self.cache.evictable_blocks, steps)
+
+    def _steps_in(self, room: int, cap: int) -> int:
+        """Largest k <= cap such that k more tokens of every running request need at most
+        ``room`` more blocks. Request i needs a new block at steps t_i, t_i + bs, ... where
+        t_i = (its reserved blocks * bs - its tokens) + 1, so the (room+1)-th smallest of
+        these is the first step that does not fit."""
+        bs = self.bs
+        # steps_fitting checks each t_i is in [1, bs]: the invariant reserved == ceil(own / bs)
+        return steps_fitting([r.reserved * bs - r.own_tokens + 1 for r in self.running], bs,
+                             room, cap)
+
+    def _retract(self) -> None:
+        """SGLang retract_decode: fewest generated first, ties longest prompt, then the last
+        in the running batch; keep one. Each release (``release_req``) frees the victim's
+        own tokens, unlocks its tree part, then evicts until 20 tokens per remaining request
+        are free."""
+        order = {id(r): i for i, r in enumerate(self.running)}
+        victims = sorted(self.running, key=lambda r: (r.generated, -r.prompt_tokens,
+                                                      -order[id(r)]))
+        while len(self.running) > 1 and self._decode_plan() == 0:
+            v = victims.pop(0)
+            self.running.remove(v)
+            v.redo_until = max(v.redo_until, v.context_tokens)
+            self.cache.release(v.reserved)
+            v.reserved = v.own_tokens = 0
+            self._unlock_all(v)
+            self.rec.retracted(v)
+            self._seq += 1
+            v.seq = self._seq
+            self.waiting.append(v)
+            short = self._blocks(RETRACT_DECODE_STEPS * len(self.running)) - self.cache.free_blocks
+            if short > 0 and self.cache.evictable_blocks:
+                self.rec.evicted(self.cache.evict(min(short, self.cache.evictable_blocks)))
+        self.batch_is_full = False  # the running batch shrank
+        survivors = self.running
+        out = sum(r.generated for r in survivors)
+        self.ratio = min(1.0, (out + RETRACT_DECODE_STEPS * len(survivors)) / (
+            sum(self._max_new(r) for r in survivors) + 1))
+
+    def _reserve_decode(self, steps: int) -> None:
+        """Hold memory for the ``steps`` tokens every running request just generated (the
+        plan made sure it exists: nothing else ran since)."""
+        for r in self.running:
+            ok = self._reserve_tokens(r, steps)
+            assert ok, f"decode plan promised room for {steps} steps of request {r.rid}"
+
+    def _apply_decode(self, steps: int, retracted: bool = False) -> None:
+        """After a run of ``steps`` decode steps. SGLang decays the ratio once per decode
+        iteration that did not retract: the first step of a run that began with a
+        retraction (``retracted``; it SET the ratio, perhaps below the floor) does not."""
+        for r in self.running:
+            r.generated += steps
+        decays = steps - 1 if retracted else steps
+        if decays:
+            self.ratio = max(self.ratio - decays * self._decay, self.cfg.new_token_ratio_min)
+        finished = [r for r in self.running if r.generated >= r.output_tokens]
+        if finished:
+            self.running = [r for r in self.running if r.generated < r.output_tokens]
+            for r in finished:
+                self._finish(r)
 
     # --- execution ----------------------------------------------------------------------
 
@@ -315,11 +468,12 @@ class SGLangServer(DecodeRuns, EngineBase):
                     done_to = req.ranges[0][0]
                     self._checkpoint(req, min(done_to // self.bs, req.ids.size), done_to)
                 continue
-            self._checkpoint(req, req.ids.size, req.context_tokens)
+            # The prefill samples one token: the first, or the next after a retraction.
             if req.generated == 0:
-                req.generated = 1
                 req.first_token_at = now
                 self.rec.first_token(req, now)
+            req.generated += 1
+            self._checkpoint(req, req.ids.size, req.context_tokens)
             if req.generated >= req.output_tokens:
                 self._finish(req)
             else:
@@ -348,8 +502,7 @@ class SGLangServer(DecodeRuns, EngineBase):
         while True:
             if not self.waiting and not self.running and self.chunked is None:
                 self.ratio = self.cfg.new_token_ratio  # fully idle: SGLang resets the ratio
-                self._wake = env.event()
-                yield self._wake
+                yield self._sleep()
                 continue
             batch = self._schedule()
             if batch:
@@ -360,9 +513,9 @@ class SGLangServer(DecodeRuns, EngineBase):
                 self._finish_prefill(batch, per_req)
                 continue
             if not self.running:
-                # Waiting requests that cannot be admitted and nothing to decode: wait.
-                self._wake = env.event()
-                yield self._wake
+                # Nothing was admitted and nothing decodes: a waiting request that does not
+                # fit an otherwise empty server was dropped, so this wait is for an arrival.
+                yield self._sleep()
                 continue
             steps = self._decode_plan()
             retracted = steps == 0

@@ -400,8 +400,7 @@ class VllmServer(EngineBase):
         env = self.env
         while True:
             if not self.waiting and not self.running:
-                self._wake = env.event()
-                yield self._wake
+                yield self._sleep()
                 continue
             step = self.schedule()
             if not step.rows:
@@ -425,8 +424,7 @@ class VllmServer(EngineBase):
         inflight: Step | None = None
         while True:
             if inflight is None and not self.busy():
-                self._wake = env.event()
-                yield self._wake
+                yield self._sleep()
                 continue
             step = self.schedule() if self.busy() else None
             if step is not None and step.rows:

@@ -1,0 +1,349 @@
+"""Routers: which replica of a fleet serves a request. Decisions only; the fleet
+(``sim.fleet``) keeps the beliefs and executes the choice.
+
+A router decides from what a real router can know, never from the engines' true state::
+
+    request ──> RouteRequest (ids, session, prompt tokens, arrival)
+                    │
+    Router.route(request, view) ──> replica index
+                    ▲
+    RouterView: per replica (ReplicaView)
+      cache belief   what the router THINKS is cached there: the overlap of this request's
+                     prompt with the router's cache view, which the router declares
+                     (``cache_view``): ApproxTree (SGLang: what it routed, per-worker size cap,
+                     periodic LRU-leaf eviction), PodLRU (llm-d: per-pod LRU of block
+                     hashes), ApproxTTL (Dynamo --no-kv-events: routed blocks expire after a
+                     TTL), KVEvents (Dynamo / llm-d precise: the engines' stored/removed
+                     events, delivered after ``lag_s``), or None (no cache view at all)
+      load belief    router-local in-flight requests and tokens (always: every router counts
+                     what it dispatched and saw finish); engine metrics scraped every
+                     ``scrape_s`` (``ScrapedMetrics``: waiting queue, running, KV usage);
+                     predicted active blocks and prefill tokens (``PredictedLoad``: Dynamo)
+
+Granularity: beliefs are in the cache's blocks (``RunConfig.block_size`` tokens, 64 by default:
+the finest identity a kvsim trace has). A router that matches characters or 16-token pages in
+reality matches whole kvsim blocks here; sizes given in tokens are converted by the router.
+
+Write a router as a subclass: declare parameters as annotated class attributes with defaults
+(typed like the default, as eviction policies' are), the beliefs it reads, and ``route``::
+
+    class LeastTokens(Router):
+        name = "least-tokens"
+        slack: int = 0
+        def route(self, request, view):
+            loads = [r.in_flight_tokens for r in view.replicas]
+            return self.argmin(loads)        # ties: the run's seeded RNG
+
+and run it with ``kvsim run --replicas 4 --router my_router.py:LeastTokens --router-param
+slack=8``. ``cache_view``/``load_view`` may be class attributes or properties computed from the
+parameters. A router instance belongs to one run; the fleet calls ``bind`` once before it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from .context import PolicyError
+from .eviction import coerce_param
+
+
+# ---------------------------------------------------------------------- belief specs
+# A router names the beliefs it wants; the fleet (sim.fleet.beliefs) builds and updates them.
+@dataclass(frozen=True)
+class ApproxTree:
+    """SGLang's cache-aware router tree: every routed prompt is inserted for the chosen
+    worker (the router never sees engine evictions). Every ``eviction_interval_s`` each
+    worker holding more than ``max_blocks`` blocks loses its least recently routed leaves
+    until it fits (between evictions the tree is unbounded). Overlap = the longest prefix
+    of the prompt this worker's part of the tree holds."""
+
+    max_blocks: int = 1 << 20
+    eviction_interval_s: float = 120.0
+
+
+@dataclass(frozen=True)
+class PodLRU:
+    """llm-d's approximate prefix index: per pod an LRU of block hashes (``capacity_blocks``
+    entries), the whole routed prompt (its first ``max_prefix_blocks`` blocks) added for the
+    chosen pod. Overlap follows llm-d's scan: walk the prompt's blocks, stop at the first
+    block NO pod holds, and count for each pod the blocks it holds before that point (a pod
+    missing an early block still counts later ones)."""
+
+    capacity_blocks: int = 7812
+    max_prefix_blocks: int = 64
+
+
+@dataclass(frozen=True)
+class ApproxTTL:
+    """Dynamo's approximate KV index (``--no-kv-events``): routed blocks are recorded for
+    the chosen worker and expire ``ttl_s`` after their last routing; when the index holds
+    more than ``max_blocks`` blocks the least recently routed are pruned down to
+    ``prune_ratio`` of it. Overlap = consecutive blocks from the start."""
+
+    ttl_s: float = 120.0
+    max_blocks: int = 1 << 20
+    prune_ratio: float = 0.8
+
+
+@dataclass(frozen=True)
+class KVEvents:
+    """An exact index fed by the engines' KV events (blocks stored on / removed from the
+    GPU), each event applied ``lag_s`` seconds after the engine emitted it (0: the truth).
+    Overlap = consecutive blocks from the start (a hole at the front is a miss)."""
+
+    lag_s: float = 0.0
+
+
+CacheViewSpec = ApproxTree | PodLRU | ApproxTTL | KVEvents
+
+
+@dataclass(frozen=True)
+class ScrapedMetrics:
+    """Engine metrics (waiting queue, running requests, KV usage) sampled every
+    ``scrape_s`` simulated seconds, as a Prometheus scrape sees them (stale in between)."""
+
+    scrape_s: float = 1.0
+
+
+@dataclass(frozen=True)
+class PredictedLoad:
+    """Dynamo's router-predicted load: per worker the unique blocks of its active
+    (routed, unfinished) requests, and the prefill tokens (prompt minus believed overlap) of
+    those whose first token has not come back yet."""
+
+
+LoadViewSpec = ScrapedMetrics | PredictedLoad
+
+
+# ---------------------------------------------------------------------- what a router sees
+@dataclass(frozen=True, slots=True)
+class RouteRequest:
+    """The request being routed, as the router's front end sees it (no output length: a
+    router cannot know it).
+
+    ``block_ids``: the prompt's full blocks (``block_size`` tokens each), a read-only int64
+    array; ids are chained, so equal ids at a position mean an equal prefix up to there
+    (they stand for the block hashes real routers compute). ``session``: the trace's session
+    index (a session-id header / user key; sub-agents are sessions of their own)."""
+
+    rid: int
+    session: int
+    arrival_s: float
+    prompt_tokens: int
+    block_ids: np.ndarray
+    block_size: int
+
+    @property
+    def blocks(self) -> int:
+        return int(self.block_ids.size)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaView:
+    """One replica as the router believes it is, at decision time. Read only.
+
+    Cache belief (``None`` when the router declared no cache view):
+      ``overlap_blocks``  believed cached prefix of THIS request on the replica, blocks
+      ``belief_blocks``   blocks the router's view holds for the replica (SGLang's tenant
+                          size, Dynamo's tree_size)
+    Router-local load (always):
+      ``in_flight``        requests dispatched here and not finished
+      ``in_flight_tokens`` their prompt tokens
+      ``routed``           requests ever dispatched here
+    Scraped engine metrics (``ScrapedMetrics``; ``None`` otherwise, or before the first
+    scrape): ``queue`` (waiting requests), ``running``, ``kv_usage`` (0-1: KV held by running
+    requests and unevictable cache over capacity, as the engine reports it), ``scraped_at_s``.
+    Predicted load (``PredictedLoad``; ``None`` otherwise): ``active_blocks`` (unique blocks of
+    its active requests), ``active_prefill_tokens``.
+    """
+
+    index: int
+    overlap_blocks: int | None
+    belief_blocks: int | None
+    in_flight: int
+    in_flight_tokens: int
+    routed: int
+    queue: int | None = None
+    running: int | None = None
+    kv_usage: float | None = None
+    scraped_at_s: float | None = None
+    active_blocks: int | None = None
+    active_prefill_tokens: int | None = None
+
+    def overlap_tokens(self, request: RouteRequest) -> int | None:
+        """The believed cached prefix in tokens (capped at the prompt)."""
+        if self.overlap_blocks is None:
+            return None
+        return min(self.overlap_blocks * request.block_size, request.prompt_tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class RouterView:
+    """Everything a router may read at one decision: the time and one ``ReplicaView`` per
+    replica, in replica order (all replicas are healthy: kvsim models no failures)."""
+
+    now: float
+    replicas: tuple[ReplicaView, ...]
+
+    def __len__(self) -> int:
+        return len(self.replicas)
+
+
+# ---------------------------------------------------------------------- the router
+_RESERVED = frozenset({"name", "cache_view", "load_view", "values", "rng", "n_replicas",
+                       "block_size", "seed"})
+
+
+class Router:
+    """A routing policy: ``route(request, view) -> replica index`` (see the module docstring).
+
+    ``cache_view`` (a ``CacheViewSpec`` or None) and ``load_view`` (a ``LoadViewSpec`` or
+    None) say which beliefs the fleet keeps for it; router-local in-flight counts are always
+    there. ``bind`` gives it the fleet's size and a seeded RNG (``self.rng``, a
+    ``numpy.random.Generator``): use it, and only it, for random choices and ties, so a run
+    stays a pure function of (trace, config, seed). Optional bookkeeping hooks (the fleet
+    already keeps the in-flight counts): ``on_first_token`` when a request it routed gets its
+    first token (its prefill is done), ``on_finish`` when it finishes or is dropped.
+    """
+
+    name: ClassVar[str] = ""
+    cache_view: CacheViewSpec | None = None
+    load_view: LoadViewSpec | None = None
+
+    def __init__(self, **params: Any) -> None:
+        declared = self.parameters()
+        unknown = sorted(set(params) - set(declared))
+        if unknown:
+            known = ", ".join(declared) or "none"
+            raise PolicyError(f"router {self.label!r} has no parameter {unknown[0]!r} "
+                              f"(parameters: {known})")
+        self.values = {k: coerce_param(k, params.get(k, d), d) for k, d in declared.items()}
+        for k, v in self.values.items():
+            setattr(self, k, v)
+        self.n_replicas = 0
+        self.block_size = 0
+        self.rng = np.random.default_rng(0)
+
+    @classmethod
+    def parameters(cls) -> dict[str, Any]:
+        """Declared parameters and their defaults: the annotated class attributes with a
+        default that subclasses define (not ``ClassVar``s, not the belief specs)."""
+        out: dict[str, Any] = {}
+        for klass in reversed(cls.__mro__):
+            if not issubclass(klass, Router) or klass is Router:
+                continue
+            for k, ann in inspect.get_annotations(klass).items():
+                if k in _RESERVED or k.startswith("_") or "ClassVar" in str(ann):
+                    continue
+                if k in klass.__dict__:
+                    out[k] = klass.__dict__[k]
+        return out
+
+    def bind(self, n_replicas: int, block_size: int, rng: np.random.Generator) -> None:
+        """Called once by the fleet before the run: its size, the cache block size, and the
+        run's seeded RNG for this router."""
+        self.n_replicas, self.block_size, self.rng = n_replicas, block_size, rng
+
+    def route(self, request: RouteRequest, view: RouterView) -> int:
+        """The replica (0 .. len(view) - 1) that serves ``request``."""
+        raise NotImplementedError
+
+    def on_first_token(self, rid: int, replica: int, now: float) -> None:
+        """The first token of a request this router sent to ``replica`` came back (again
+        after a retraction re-runs its prefill)."""
+
+    def on_finish(self, rid: int, replica: int, now: float) -> None:
+        """A request this router sent to ``replica`` finished (or was dropped)."""
+
+    # --- helpers for deterministic ties ----------------------------------------------------
+    def pick(self, candidates: Sequence[int]) -> int:
+        """One of ``candidates`` (non-empty), uniformly with the run's RNG; a single
+        candidate costs no draw (so adding a tie-free router keeps the RNG stream)."""
+        if len(candidates) == 1:
+            return int(candidates[0])
+        return int(candidates[int(self.rng.integers(len(candidates)))])
+
+    def argmin(self, values: Sequence[float]) -> int:
+        """Index of the smallest value; ties broken uniformly with the run's RNG."""
+        best = min(values)
+        return self.pick([i for i, v in enumerate(values) if v == best])
+
+    def argmax(self, values: Sequence[float]) -> int:
+        """Index of the largest value; ties broken uniformly with the run's RNG."""
+        best = max(values)
+        return self.pick([i for i, v in enumerate(values) if v == best])
+
+    # --- identity ---------------------------------------------------------------------------
+    @property
+    def label(self) -> str:
+        """Name shown in tables: the name (or class name) with the parameters that differ
+        from their defaults."""
+        base = self.name or type(self).__name__
+        defaults = type(self).parameters()
+        changed = [f"{k}={v}" for k, v in getattr(self, "values", {}).items()
+                   if not _same(v, defaults[k])]
+        return f"{base}({','.join(changed)})" if changed else base
+
+    def __repr__(self) -> str:
+        return f"<router {self.label}>"
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return a == b
+
+
+# ---------------------------------------------------------------------- registry
+ROUTERS: dict[str, type[Router]] = {}
+
+
+def register_router(cls: type[Router]) -> type[Router]:
+    """Class decorator: make ``cls`` available under ``cls.name``."""
+    if not cls.name:
+        raise PolicyError(f"{cls.__name__}: a registered router needs a name")
+    ROUTERS[cls.name] = cls
+    return cls
+
+
+def get_router(text: str | Router, params: dict[str, Any] | None = None) -> Router:
+    """A fresh router: a registered name (``policies/routers/``, registered when ``policies``
+    is imported), or ``FILE.py:CLASS`` (a
+    ``Router`` subclass in the user's file); parameters from ``params`` and/or after a ``?``
+    as ``k=v`` pairs joined by ``&`` (``power-of-two?x=1``)."""
+    from .registry import is_policy_file, load_user_class
+
+    if isinstance(text, Router):
+        if params:
+            raise PolicyError("router parameters can only be given with a router name")
+        return text
+    params = dict(params or {})
+    key, _, query = text.strip().partition("?")
+    for item in filter(None, query.split("&")):
+        k, sep, v = item.partition("=")
+        if not sep or not k:
+            raise PolicyError(f"router {text!r}: {item!r} is not k=v")
+        if k in params:
+            raise PolicyError(f"router {text!r}: parameter {k!r} given twice")
+        params[k] = v
+    if is_policy_file(key):
+        path, _, name = key.rpartition(":")
+        cls = load_user_class(path, name, Router, "router")
+        try:
+            return cls(**params)
+        except PolicyError:
+            raise
+        except Exception as e:  # the user's constructor: one line, not a traceback
+            raise PolicyError(f"{key}: cannot create the router: {type(e).__name__}: {e}"
+                              ) from None
+    low = key.lower()
+    if low in ROUTERS:
+        return ROUTERS[low](**params)
+    raise PolicyError(f"unknown router {text!r}: use one of {', '.join(sorted(ROUTERS))}, "
+                      "or FILE.py:CLASS")

@@ -1,0 +1,256 @@
+"""Capacity analysis: the hit rate a cache of C tokens could reach on a trace, without timing.
+
+The cache-only replay Mooncake's paper draws for its traces: requests in arrival order, each
+one looked up in the cache and then inserted, no clock, no batching, no queueing. It answers
+"how much cache does this traffic need?" in seconds, before any timed run.
+
+One request against one cache (``CacheReplay.request``)::
+
+    prompt blocks   [ reused (GPU) | holes | new ............ ]
+                      match ------------->                        lock the matched path
+                                     make room for holes + new    (policy's eviction order)
+                      insert -------------------------------->    unlock
+
+Semantics, exactly those of ``sim.kvcache.RadixKVCache`` under the chosen eviction policy: the
+match stamps the path with one logical tick, the matched path is locked while room is made (a
+request never evicts what it reuses), the insert makes every block resident. A prompt longer
+than the cache keeps the longest prefix that fits. Under LRU (``lru`` = lru+tail+block, the
+vLLM preset) this is a block LRU in which a request's blocks are used tail to head: a history
+is freed from its end, oldest request first (tests/test_capacity.py checks it against an
+ordered dict). A partial trailing block is never cached, as in the engines.
+
+Arrival order: recorded send times (ties: trace order); a trace without them (closed-loop
+synthetic generators) is ordered by each session's cumulative recorded gaps from time 0, as
+if every session started at once and the server answered instantly.
+
+Hit rates are over prompt tokens. The infinite-cache hit rate does not depend on the order:
+every block's first reference misses and every later one hits (chained ids), so it equals
+``Trace.infinite_cache_hits`` (``kvsim trace stats``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from policies import EvictionPolicy, get_policy
+
+from .kvcache import RadixKVCache, Tier
+
+DEFAULT_POLICY = "vllm"  # LRU: lru+tail+block
+
+
+class CapacityOptionError(ValueError):
+    """A capacity request that cannot be answered (bad user input: exit status 2)."""
+
+    exit_code = 2
+
+
+def arrival_order(trace) -> np.ndarray:
+    """Request indices in arrival order (see the module doc)."""
+    t = np.asarray(trace.send_time_s, dtype=np.float64)
+    if len(t) and not np.isfinite(t).all():
+        gaps = np.nan_to_num(np.asarray(trace.gap_s, dtype=np.float64), nan=0.0)
+        t = np.zeros(len(trace), np.float64)
+        for s in trace.sessions:
+            lo, hi = s.first, s.first + s.count
+            t[lo:hi] = np.cumsum(gaps[lo:hi])
+    return np.lexsort((np.arange(len(trace)), t))
+
+
+def clockless_policy(policy: str | EvictionPolicy) -> EvictionPolicy:
+    """The policy, if it can decide without a clock: no pins (they expire in seconds), no
+    events (they report replies and gaps in time), no oracle (it reads the future replay)."""
+    pol = get_policy(policy)
+    why = ("pins" if pol.pins else "events" if pol.events
+           else "the replay's future" if pol.clairvoyant else "")
+    if why:
+        raise CapacityOptionError(f"--policy {pol.label}: needs {why}, which a replay without a "
+                            "clock does not have; use a policy without pins or events "
+                            "(lru, sglang, vllm, penelope, lfu, ...)")
+    return pol
+
+
+class CacheReplay:
+    """One cache of ``capacity_blocks`` blocks under ``policy``, fed prompts in order."""
+
+    def __init__(self, capacity_blocks: int, policy: str | EvictionPolicy = DEFAULT_POLICY
+                 ) -> None:
+        self.cache = RadixKVCache(int(capacity_blocks), clockless_policy(policy))
+
+    def request(self, ids: np.ndarray) -> int:
+        """Serve one prompt (block ids): returns the blocks reused from the cache."""
+        cache = self.cache
+        m = cache.match(ids)
+        reused = m.blocks_in(Tier.GPU)
+        cache.lock(m.node)
+        keep = self._fitting_prefix(ids.shape[0], m)
+        missing = keep - m.matched_blocks + (m.matched_blocks - reused if keep else 0)
+        if keep:
+            cache.make_room(missing)
+            cache.reserve(missing)
+            cache.insert(ids[:keep])
+            cache.release(missing)
+        cache.unlock(m.node)
+        return reused
+
+    def _fitting_prefix(self, n: int, m) -> int:
+        """How many leading blocks of an ``n``-block prompt can be made resident: all of them
+        when the free and evictable room holds the missing ones; else the longest prefix that
+        does (holes in the matched part count as missing)."""
+        tree = self.cache.tree
+        room = tree.free_blocks + tree.evictable_blocks
+        holes = m.matched_blocks - m.blocks_in(Tier.GPU)
+        if holes + n - m.matched_blocks <= room:
+            return n
+        if holes > room:
+            return 0  # the matched holes alone do not fit: leave the cache as it is
+        return m.matched_blocks + (room - holes)
+
+
+class LruReplay:
+    """The same replay as ``CacheReplay`` under ``vllm`` (lru+tail+block), without a tree.
+
+    Every cached block belongs to the request that touched it last, and the blocks a request
+    owns form one contiguous range of its prompt: a later request that reuses block ``j`` of
+    it reuses its blocks ``0..j`` too (chained ids), so ownership only ever moves off the
+    FRONT of a range. The cache is a queue of ranges, oldest request first::
+
+        ranges (oldest first)                  starts: first block id of a range -> tick
+        tick 3: prompt_a[12:40]  <- evict here, from the tail
+        tick 7: prompt_b[0:25]
+        tick 9: prompt_c[0:31]
+
+    A request walks its prompt run by run: the owner of a cached block at position ``j``
+    always starts its range exactly at ``j`` (the blocks before it are the earlier runs'; two
+    ranges never hold one block), so ``starts`` finds the next run or says the hit ends. It
+    cuts those runs off their owners' fronts, evicts from the oldest range's tail and appends
+    its own range. Python work is per range, never per block.
+    """
+
+    def __init__(self, capacity_blocks: int) -> None:
+        self.capacity = int(capacity_blocks)
+        self.ranges: OrderedDict[int, list] = OrderedDict()  # tick -> [lo, hi, ids]
+        self.starts: dict[int, int] = {}
+        self.size = 0
+        self.tick = 0
+
+    def request(self, ids: np.ndarray) -> int:
+        """Serve one prompt (block ids): returns the blocks reused from the cache."""
+        ranges, starts = self.ranges, self.starts
+        n = ids.shape[0]
+        hit = 0
+        while hit < n:  # the hit changes owner: cut each run off its owner's front
+            tick = starts.pop(int(ids[hit]), None)
+            if tick is None:
+                break  # ids[hit] is not cached (its owner's run would start here)
+            rng = ranges[tick]
+            end = _agree(ids, rng[2], hit, min(rng[1], n))
+            rng[0] = end
+            if end < rng[1]:
+                starts[int(rng[2][end])] = tick
+            else:
+                del ranges[tick]
+            hit = end
+        self.size -= hit
+        keep = min(n, self.capacity)
+        over = self.size + keep - self.capacity
+        while over > 0:  # oldest request first, from its tail
+            rng = next(iter(ranges.values()))
+            k = min(rng[1] - rng[0], over)
+            rng[1] -= k
+            self.size -= k
+            over -= k
+            if rng[1] == rng[0]:
+                del starts[int(rng[2][rng[0]])]
+                ranges.popitem(last=False)
+        if keep:
+            self.tick += 1
+            ranges[self.tick] = [0, keep, ids]
+            starts[int(ids[0])] = self.tick
+        self.size += keep
+        return hit
+
+
+def _agree(a: np.ndarray, b: np.ndarray, lo: int, hi: int) -> int:
+    """The end of the run where chained id arrays ``a`` and ``b`` agree, within [lo, hi):
+    they agree on [lo, x) and differ from x on (chained ids), found by bisection."""
+    if a[hi - 1] == b[hi - 1]:
+        return hi
+    while lo < hi:  # invariant: agree before lo, differ at hi - 1 or beyond
+        mid = (lo + hi) // 2
+        if a[mid] == b[mid]:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def _replay_for(capacity_blocks: int, policy: str | EvictionPolicy
+                ) -> CacheReplay | LruReplay:
+    """The fast LRU replay for the vllm preset, the cache itself for any other policy."""
+    pol = clockless_policy(policy)
+    if pol == get_policy(DEFAULT_POLICY):
+        return LruReplay(capacity_blocks)
+    return CacheReplay(capacity_blocks, pol)
+
+
+@dataclass(frozen=True)
+class CapacityRow:
+    """One point of a capacity curve (``--json`` rows). Capacities are per replica."""
+
+    cache_tokens: int
+    replicas: int
+    router: str
+    policy: str
+    pool_tokens: int
+    hit_rate: float
+    ideal_hit_rate: float
+    prompt_tokens: int
+    hit_tokens: int
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def replay_hits(trace, cache_tokens: int, policy: str | EvictionPolicy = DEFAULT_POLICY,
+                order: np.ndarray | None = None,
+                progress: Callable[[int], None] | None = None) -> np.ndarray:
+    """Per request (trace index), blocks reused from one cache of ``cache_tokens``."""
+    bs = trace.block_size
+    replay = _replay_for(cache_tokens // bs, policy)
+    order = arrival_order(trace) if order is None else order
+    hits = np.zeros(len(trace), np.int64)
+    step = max(1, len(order) // 100)
+    for i, r in enumerate(order):
+        hits[r] = replay.request(trace.block_ids(int(r)))
+        if progress is not None and (i + 1) % step == 0:
+            progress(step)
+    if progress is not None:
+        progress(len(order) % step)
+    return hits
+
+
+def capacity_curve(trace, caches: Sequence[int], policies: Sequence[str] = (DEFAULT_POLICY,),
+                   progress: Callable[[int], None] | None = None) -> list[CapacityRow]:
+    """Hit rate per (cache size, policy) with the infinite-cache rate beside it."""
+    bs = trace.block_size
+    prompt = int(trace.prompt_tokens.sum())
+    ideal = int(trace.infinite_cache_hits().sum()) * bs
+    ideal_rate = ideal / prompt if prompt else math.nan
+    order = arrival_order(trace)
+    rows = []
+    for name in policies:
+        label = clockless_policy(name).label
+        for c in caches:
+            hit = int(replay_hits(trace, c, name, order, progress).sum()) * bs
+            rows.append(CapacityRow(cache_tokens=int(c), replicas=1, router="none",
+                                    policy=label, pool_tokens=0,
+                                    hit_rate=hit / prompt if prompt else math.nan,
+                                    ideal_hit_rate=ideal_rate, prompt_tokens=prompt,
+                                    hit_tokens=hit))
+    return rows

@@ -1,0 +1,128 @@
+"""Checks and notices of ``kvsim run`` (issue 21: no silent wrong answer): which --policy a
+--policy-param belongs to, options that would do nothing in the combination given, the replay a
+trace defaults to, a shared prefix capped by short first prompts, a saturated open loop."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from .common import stderr
+
+if TYPE_CHECKING:
+    from sim.runner import RunResult
+
+
+def parse_params(items: tuple[str, ...]) -> list[tuple[str | None, str, str]]:
+    """``[POLICY.]K=V`` items as (policy or None, K, V); values stay text (the policy class
+    types them). POLICY is what follows ``--policy`` (``file.py:Class``, a registered name)
+    or the class's name; K is the text after its last dot."""
+    out: list[tuple[str | None, str, str]] = []
+    for item in items:
+        k, sep, v = item.partition("=")
+        scope, dot, name = k.strip().rpartition(".")
+        if not sep or not name or (dot and not scope):
+            raise click.BadParameter(f"{item!r} is not K=V or POLICY.K=V",
+                                     param_hint="--policy-param")
+        out.append((scope or None, name, v.strip()))
+    return out
+
+
+def _policy_names(spec: str) -> set[str]:
+    """Every way a --policy-param may name the policy ``spec``: as typed (with or without
+    its ``?k=v`` part), its registered name, its class name."""
+    from policies import get_policy
+
+    policy = get_policy(spec)
+    return {spec, spec.partition("?")[0], policy.name, type(policy).__name__} - {""}
+
+
+def params_per_policy(policies: tuple[str, ...], items: tuple[str, ...]
+                      ) -> dict[str, dict[str, str]]:
+    """Each --policy's parameters. ``POLICY.K=V`` goes to the policy so named; ``K=V`` to the
+    one policy that takes K (with a single --policy: to it). A K that several take, or a
+    POLICY that names none, is refused (exit 2)."""
+    from policies import get_policy
+
+    out: dict[str, dict[str, str]] = {p: {} for p in policies}
+    for scope, k, v in parse_params(items):
+        if scope is not None:
+            targets = [p for p in policies if scope in _policy_names(p)]
+            if not targets:
+                raise click.BadParameter(f"{scope}.{k}={v}: no --policy is named {scope!r} "
+                                         f"(given: {', '.join(policies)})",
+                                         param_hint="--policy-param")
+        elif len(policies) == 1:
+            targets = list(policies)
+        else:
+            targets = [p for p in policies if k in type(get_policy(p)).parameters()]
+            if len(targets) != 1:
+                why = ("several policies take it" if targets else "no --policy takes it")
+                raise click.BadParameter(f"{k}={v}: {why}; name the policy, e.g. "
+                                         f"{(targets or policies)[0]}.{k}={v}",
+                                         param_hint="--policy-param")
+        for p in targets:
+            out[p][k] = v
+    return out
+
+
+def warn_capped_shared_prefix(trace: Any, shared_prefix: int | str | None,
+                              block_size: int) -> None:
+    """Sessions whose first prompt is shorter than --shared-prefix share all of it: say how
+    many (a prefix longer than every first prompt is refused by the loader)."""
+    if not isinstance(shared_prefix, int):
+        return
+    tops = [s for s in trace.sessions if s.parent < 0]
+    capped = sum(s.shared_prefix_blocks < shared_prefix // block_size for s in tops)
+    if capped:
+        stderr.print(f"[yellow]warning:[/yellow] --shared-prefix {shared_prefix:,}: {capped:,} "
+                     f"of {len(tops):,} sessions have a shorter first prompt; all of it is "
+                     "shared")
+
+
+def default_replay(trace: str, trace_format: str | None) -> str:
+    """``sim.config.default_replay``, said on stderr when it is the open loop."""
+    from sim.config import default_replay as default
+
+    replay = default(trace, trace_format)
+    if replay == "open":
+        stderr.print("[dim]--replay open: a Mooncake trace replays at its recorded "
+                     "timestamps (--replay closed to ignore them)[/dim]")
+    return replay
+
+
+def warn_saturation(res: RunResult) -> None:
+    """An open-loop run whose queue grew for as long as the trace lasted: say so."""
+    from sim.saturation import open_loop_saturation
+
+    if res.config.replay != "open":
+        return
+    sat = open_loop_saturation(res.requests)
+    if sat is not None:
+        stderr.print(f"[yellow]warning:[/yellow] {res.config.policy_label}: {sat.message()}")
+
+
+def refuse_idle_options(ctx: click.Context, cpu_cache: int, tiering: str, engine: str,
+                        replay: str) -> None:
+    """Options given on the command line that would do nothing in this combination: a user
+    who typed them expects an effect, so say why there is none (exit 2) instead of running."""
+    def given(name: str) -> bool:
+        return ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
+
+    idle = []
+    if engine == "vllm":
+        idle += [(f"--{n.replace('_', '-')}", "--engine vllm has no CPU tier")
+                 for n in ("tiering", "hicache_write_policy", "swap_buffer") if given(n)]
+    elif not cpu_cache:
+        idle += [(f"--{n.replace('_', '-')}", "it configures the CPU tier: add --cpu-cache")
+                 for n in ("tiering", "hicache_write_policy", "swap_buffer") if given(n)]
+    elif tiering == "unified" and given("hicache_write_policy"):
+        idle.append(("--hicache-write-policy", "it is for --tiering hicache"))
+    elif tiering == "hicache" and given("swap_buffer"):
+        idle.append(("--swap-buffer", "it is for --tiering unified"))
+    if replay != "open" and given("time_scale"):
+        idle.append(("--time-scale", "it scales recorded send times: add --replay open"))
+    if idle:
+        option, why = idle[0]
+        raise click.UsageError(f"{option} does nothing here: {why}")

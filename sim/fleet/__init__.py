@@ -1,0 +1,19 @@
+"""A fleet: N replicas behind a router, on one SimPy clock (a layer ABOVE the engines)::
+
+    session processes (sim.replay) --submit--> Fleet --route--> Replica 0 .. N-1
+                                                 |                (each a full engine: its own
+        Router (policies/routing.py)  <- RouterView               cache, tiers, scheduler,
+          decides from BELIEFS only:       |                       eviction policy, recorder)
+          cache view  (beliefs.py)    <----+--- KV events (stored/removed), lagged  <--+
+          load view   (load.py)       <----+--- in-flight counts, scraped metrics   <--+
+
+- ``beliefs``: what the router thinks each replica caches (approximate views it updates with
+  what it routed; an exact index fed by KV events after a lag).
+- ``load``: router-local in-flight counts, scraped engine metrics, predicted active load.
+- ``replica``: the small hooks that let an unchanged engine report KV events, its true cached
+  prefix (read only) and first tokens: a cache subclass and a recorder subclass.
+- ``fleet``: routes each request, keeps the beliefs, measures belief against truth.
+- ``run``: ``run_fleet(cfg)``, the fleet counterpart of ``sim.runner.run``.
+
+Engines know nothing of fleets. ``--replicas 1`` reproduces a single-server run exactly.
+"""

@@ -1,0 +1,337 @@
+"""A router's cache beliefs: what it thinks each replica holds (``policies.routing`` names
+them: ``ApproxTree``, ``PodLRU``, ``ApproxTTL``, ``KVEvents``).
+
+Every belief answers one question per request, in one pass over the prompt's blocks
+(O(prompt blocks), whatever the number of replicas): ``overlaps(ids, now)``, the believed
+cached prefix on each replica, in blocks. Approximate beliefs learn only from
+``routed(ids, replica, now)`` (what the router itself sent); the exact one learns only from
+the engines' KV events (``stored``/``removed``), each applied ``lag_s`` after it was emitted.
+None of them ever reads an engine: the gap between belief and truth is the point
+(``sim.fleet.fleet`` measures it at every decision).
+
+Holders are kept as one bit mask per block id (bit r: replica r holds it), so a prefix scan
+costs one dict lookup per block for all replicas together.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import OrderedDict, deque
+from collections.abc import Iterable
+
+import numpy as np
+
+from policies.routing import ApproxTree, ApproxTTL, CacheViewSpec, KVEvents, PodLRU
+
+
+def _bits(mask: int) -> Iterable[int]:
+    r = 0
+    while mask:
+        if mask & 1:
+            yield r
+        mask >>= 1
+        r += 1
+
+
+def consecutive_prefixes(ids: list[int], holders: dict[int, int], n: int) -> list[int]:
+    """Per replica, how many leading ``ids`` it holds (consecutive from the start)."""
+    out = [0] * n
+    alive = (1 << n) - 1
+    get = holders.get
+    for i, b in enumerate(ids):
+        m = get(b, 0) & alive
+        if m != alive:
+            for r in _bits(alive & ~m):
+                out[r] = i
+            alive = m
+            if not alive:
+                return out
+    for r in _bits(alive):
+        out[r] = len(ids)
+    return out
+
+
+class CacheBelief:
+    """One router's cache view over ``n`` replicas (see the module docstring)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.holders: dict[int, int] = {}  # block id -> replicas believed to hold it (bits)
+
+    def overlaps(self, ids: np.ndarray, now: float) -> list[int]:
+        """Believed cached prefix of ``ids`` on each replica, in blocks."""
+        return consecutive_prefixes(ids.tolist(), self.holders, self.n)
+
+    def sizes(self) -> list[int]:
+        """Blocks the view holds per replica."""
+        raise NotImplementedError
+
+    def routed(self, ids: np.ndarray, replica: int, now: float) -> None:
+        """The router sent a prompt of these blocks to ``replica``."""
+
+    def stored(self, replica: int, ids: np.ndarray, now: float) -> None:
+        """KV event: ``replica`` made these blocks GPU-resident."""
+
+    def removed(self, replica: int, ids: np.ndarray, now: float) -> None:
+        """KV event: ``replica`` removed the last GPU copy of these blocks."""
+
+    @property
+    def wants_events(self) -> bool:
+        return False
+
+
+class TreeBelief(CacheBelief):
+    """SGLang's approximate radix tree (``ApproxTree``). Ids are chained, so a worker's
+    part of the tree is the set of block ids routed to it (closed under prefixes); a leaf is
+    a block with no child routed to that worker. Each insert stamps the whole path with one
+    epoch (SGLang's monotone counter). Every ``eviction_interval_s`` a worker above
+    ``max_blocks`` loses its oldest leaves (ties: smaller id) until it fits: SGLang's
+    ``evict_tenant_by_size``. Eviction runs lazily before the next decision after each
+    interval boundary: the tree changes only at decisions, so the result is the same."""
+
+    def __init__(self, n: int, spec: ApproxTree) -> None:
+        super().__init__(n)
+        if spec.max_blocks < 0 or not spec.eviction_interval_s > 0:
+            raise ValueError(f"bad ApproxTree {spec}")
+        self.max_blocks = spec.max_blocks
+        self.interval = float(spec.eviction_interval_s)
+        self.next_eviction = self.interval
+        self.parent: dict[int, int] = {}  # block id -> the block before it (-1: first)
+        self.stamp: list[dict[int, int]] = [{} for _ in range(n)]
+        self.children: list[dict[int, int]] = [{} for _ in range(n)]
+        self.epoch = 0
+
+    def sizes(self) -> list[int]:
+        return [len(s) for s in self.stamp]
+
+    def overlaps(self, ids: np.ndarray, now: float) -> list[int]:
+        self._evict_due(now)
+        return super().overlaps(ids, now)
+
+    def routed(self, ids: np.ndarray, replica: int, now: float) -> None:
+        self._evict_due(now)
+        self.epoch += 1
+        epoch, bit = self.epoch, 1 << replica
+        stamp, children, parent, holders = (self.stamp[replica], self.children[replica],
+                                            self.parent, self.holders)
+        prev = -1
+        for b in ids.tolist():
+            if b not in stamp:
+                holders[b] = holders.get(b, 0) | bit
+                parent.setdefault(b, prev)
+                if prev >= 0:
+                    children[prev] = children.get(prev, 0) + 1
+            stamp[b] = epoch
+            prev = b
+
+    def _evict_due(self, now: float) -> None:
+        if now < self.next_eviction:
+            return
+        self.next_eviction = (math.floor(now / self.interval) + 1) * self.interval
+        for r in range(self.n):
+            if len(self.stamp[r]) > self.max_blocks:
+                self._evict_worker(r)
+
+    def _evict_worker(self, r: int) -> None:
+        stamp, children, parent, holders = (self.stamp[r], self.children[r], self.parent,
+                                            self.holders)
+        clear = ~(1 << r)
+        heap = [(s, b) for b, s in stamp.items() if not children.get(b)]
+        heapq.heapify(heap)
+        while len(stamp) > self.max_blocks and heap:
+            _, b = heapq.heappop(heap)
+            del stamp[b]
+            children.pop(b, None)
+            m = holders[b] & clear
+            if m:
+                holders[b] = m
+            else:
+                del holders[b]
+            p = parent[b]
+            if p >= 0:
+                left = children[p] - 1
+                if left:
+                    children[p] = left
+                else:
+                    del children[p]
+                    heapq.heappush(heap, (stamp[p], p))
+
+
+class PodLRUBelief(CacheBelief):
+    """llm-d's approximate prefix index (``PodLRU``): per pod an LRU of block hashes; the
+    scan counts, per pod, the blocks it holds before the first block no pod holds."""
+
+    def __init__(self, n: int, spec: PodLRU) -> None:
+        super().__init__(n)
+        if spec.capacity_blocks < 1 or spec.max_prefix_blocks < 1:
+            raise ValueError(f"bad PodLRU {spec}")
+        self.capacity = spec.capacity_blocks
+        self.max_prefix = spec.max_prefix_blocks
+        self.lru: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(n)]
+
+    def sizes(self) -> list[int]:
+        return [len(x) for x in self.lru]
+
+    def overlaps(self, ids: np.ndarray, now: float) -> list[int]:
+        out = [0] * self.n
+        get = self.holders.get
+        for b in ids[: self.max_prefix].tolist():
+            m = get(b, 0)
+            if not m:
+                break
+            for r in _bits(m):
+                out[r] += 1
+        return out
+
+    def routed(self, ids: np.ndarray, replica: int, now: float) -> None:
+        lru, holders, bit = self.lru[replica], self.holders, 1 << replica
+        for b in ids[: self.max_prefix].tolist():
+            if b in lru:
+                lru.move_to_end(b)
+            else:
+                lru[b] = None
+                holders[b] = holders.get(b, 0) | bit
+        clear = ~bit
+        while len(lru) > self.capacity:
+            b, _ = lru.popitem(last=False)
+            m = holders[b] & clear
+            if m:
+                holders[b] = m
+            else:
+                del holders[b]
+
+
+class TTLBelief(CacheBelief):
+    """Dynamo's approximate index (``ApproxTTL``): routed blocks expire ``ttl_s`` after
+    their last routing; above ``max_blocks`` (all workers together) the entries expiring
+    first are pruned to ``prune_ratio * max_blocks``."""
+
+    def __init__(self, n: int, spec: ApproxTTL) -> None:
+        super().__init__(n)
+        if not spec.ttl_s > 0 or spec.max_blocks < 1 or not 0 < spec.prune_ratio <= 1:
+            raise ValueError(f"bad ApproxTTL {spec}")
+        self.ttl, self.max_blocks, self.ratio = spec.ttl_s, spec.max_blocks, spec.prune_ratio
+        self.expiry: list[dict[int, float]] = [{} for _ in range(n)]
+        self.heap: list[tuple[float, int, int]] = []  # (expiry, block, replica), lazy
+        self.total = 0
+
+    def sizes(self) -> list[int]:
+        return [len(x) for x in self.expiry]
+
+    def overlaps(self, ids: np.ndarray, now: float) -> list[int]:
+        self._expire(now)
+        return super().overlaps(ids, now)
+
+    def routed(self, ids: np.ndarray, replica: int, now: float) -> None:
+        self._expire(now)
+        exp, holders, bit = self.expiry[replica], self.holders, 1 << replica
+        until = now + self.ttl
+        for b in ids.tolist():
+            if b not in exp:
+                holders[b] = holders.get(b, 0) | bit
+                self.total += 1
+            exp[b] = until
+            heapq.heappush(self.heap, (until, b, replica))
+        if self.total > self.max_blocks:
+            target = int(self.ratio * self.max_blocks)
+            while self.total > target and self.heap:
+                self._pop()
+
+    def _expire(self, now: float) -> None:
+        while self.heap and self.heap[0][0] <= now:
+            self._pop()
+
+    def _pop(self) -> None:
+        t, b, r = heapq.heappop(self.heap)
+        exp = self.expiry[r]
+        if exp.get(b) != t:  # refreshed since: a stale heap entry
+            return
+        del exp[b]
+        self.total -= 1
+        m = self.holders[b] & ~(1 << r)
+        if m:
+            self.holders[b] = m
+        else:
+            del self.holders[b]
+
+
+class EventBelief(CacheBelief):
+    """An exact index fed by KV events (``KVEvents``), each applied ``lag_s`` after it was
+    emitted (in emission order). With ``lag_s = 0`` it equals the engines' GPU contents."""
+
+    def __init__(self, n: int, spec: KVEvents) -> None:
+        super().__init__(n)
+        if not spec.lag_s >= 0:
+            raise ValueError(f"bad KVEvents {spec}")
+        self.lag = float(spec.lag_s)
+        self.pending: deque[tuple[float, int, bool, list[int]]] = deque()
+        self.size = [0] * n
+
+    @property
+    def wants_events(self) -> bool:
+        return True
+
+    def sizes(self) -> list[int]:
+        return list(self.size)
+
+    def overlaps(self, ids: np.ndarray, now: float) -> list[int]:
+        self._deliver(now)
+        return super().overlaps(ids, now)
+
+    def stored(self, replica: int, ids: np.ndarray, now: float) -> None:
+        self._emit(now, replica, True, ids)
+
+    def removed(self, replica: int, ids: np.ndarray, now: float) -> None:
+        self._emit(now, replica, False, ids)
+
+    def _emit(self, now: float, replica: int, stored: bool, ids: np.ndarray) -> None:
+        if not len(ids):
+            return
+        if self.lag == 0:
+            self._apply(replica, stored, ids.tolist())
+        else:
+            self.pending.append((now + self.lag, replica, stored, ids.tolist()))
+
+    def _deliver(self, now: float) -> None:
+        pending = self.pending
+        while pending and pending[0][0] <= now:
+            _, r, stored, ids = pending.popleft()
+            self._apply(r, stored, ids)
+
+    def _apply(self, r: int, stored: bool, ids: list[int]) -> None:
+        holders, bit = self.holders, 1 << r
+        size = 0
+        if stored:
+            for b in ids:
+                m = holders.get(b, 0)
+                if not m & bit:
+                    holders[b] = m | bit
+                    size += 1
+        else:
+            clear = ~bit
+            for b in ids:
+                m = holders.get(b, 0)
+                if m & bit:
+                    size -= 1
+                    m &= clear
+                    if m:
+                        holders[b] = m
+                    else:
+                        del holders[b]
+        self.size[r] += size
+
+
+def build_belief(spec: CacheViewSpec | None, n: int) -> CacheBelief | None:
+    """The mechanism for a router's declared cache view (None: the router has none)."""
+    if spec is None:
+        return None
+    if isinstance(spec, ApproxTree):
+        return TreeBelief(n, spec)
+    if isinstance(spec, PodLRU):
+        return PodLRUBelief(n, spec)
+    if isinstance(spec, ApproxTTL):
+        return TTLBelief(n, spec)
+    if isinstance(spec, KVEvents):
+        return EventBelief(n, spec)
+    raise TypeError(f"unknown cache view {spec!r}")

@@ -1,0 +1,183 @@
+"""The fleet: receives every request the replay sends, asks the router where it goes, keeps
+the router's beliefs, and records each decision beside the truth.
+
+To the replay (``sim.replay``) a fleet looks like one server: ``submit``, ``busy``, ``close``
+and ``rec`` (the recorder that times sessions). A request goes to the replica the router
+names, whole; its session may move (its history then misses on the new replica).
+
+At each decision, for the metrics only (the router never sees them), the fleet reads every
+replica's true GPU-resident prefix of the prompt (``gpu_prefix_blocks``, read only): the
+reuse available anywhere in the fleet, the reuse captured by the router's choice, and the
+router's belief error on the chosen replica. Cost per request: one walk of the prompt's
+blocks per replica plus one pass for the belief; no per-token work.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import simpy
+
+from policies.routing import (
+    PredictedLoad,
+    ReplicaView,
+    Router,
+    RouteRequest,
+    RouterView,
+    ScrapedMetrics,
+)
+from sim.metrics import RunRecorder
+
+from .beliefs import build_belief
+from .load import InFlight, Predicted, Scraper
+
+
+class RoutingError(RuntimeError):
+    """A router returned something that is not a replica index (a bug in the router)."""
+
+
+class _EventSink:
+    """One replica's KV events into the router's exact index, stamped with the sim time."""
+
+    __slots__ = ("belief", "env", "replica")
+
+    def __init__(self, belief, replica: int, env: simpy.Environment) -> None:
+        self.belief, self.replica, self.env = belief, replica, env
+
+    def stored(self, ids) -> None:
+        self.belief.stored(self.replica, ids, self.env.now)
+
+    def removed(self, ids) -> None:
+        self.belief.removed(self.replica, ids, self.env.now)
+
+
+class Decisions:
+    """One row per routed request (columns as lists: built into a table at the end)."""
+
+    def __init__(self) -> None:
+        self.rid: list[int] = []
+        self.session: list[int] = []
+        self.time: list[float] = []
+        self.replica: list[int] = []
+        self.prompt_tokens: list[int] = []
+        self.believed_tokens: list[float] = []  # NaN: the router has no cache view
+        self.true_tokens: list[int] = []  # GPU-resident prefix on the chosen replica
+        self.best_tokens: list[int] = []  # the longest on any replica
+        self.follow_up: list[bool] = []  # the session sent a request before
+        self.same_replica: list[bool] = []  # ... and this one went where that one did
+
+
+class Fleet:
+    """``replicas``: built engines (sharing ``env``); ``router``: a fresh ``Router``;
+    ``rec``: the recorder the replay reports sessions to."""
+
+    def __init__(self, env: simpy.Environment, replicas: list, router: Router, block_size: int,
+                 rec: RunRecorder, rng) -> None:
+        self.env, self.replicas, self.router, self.rec = env, replicas, router, rec
+        self.bs = block_size
+        n = len(replicas)
+        router.bind(n, block_size, rng)
+        self.belief = build_belief(router.cache_view, n)
+        if self.belief is not None and self.belief.wants_events:
+            for i, engine in enumerate(replicas):
+                engine.cache.events = _EventSink(self.belief, i, env)
+        self.inflight = InFlight(n)
+        load = router.load_view
+        self.scraper: Scraper | None = None
+        if isinstance(load, ScrapedMetrics):
+            self.scraper = Scraper(env, replicas, load.scrape_s)
+            self.scraper.start()
+        self.predicted = Predicted(n) if isinstance(load, PredictedLoad) else None
+        for i, engine in enumerate(replicas):
+            engine.rec.on_first_token = self._first_token_at(i)
+        self.last_replica: dict[int, int] = {}  # session -> replica of its last request
+        self.decisions = Decisions()
+        # per-replica load over time: sampled at every decision (the truth, for plots)
+        self.load_time: list[float] = []
+        self.load_waiting: list[list[int]] = [[] for _ in range(n)]
+        self.load_running: list[list[int]] = [[] for _ in range(n)]
+
+    # --- the server interface the replay uses ----------------------------------------------
+    def submit(self, req) -> None:
+        env, bs = self.env, self.bs
+        now = env.now
+        ids = req.ids
+        n = len(self.replicas)
+        truth = [e.cache.gpu_prefix_blocks(ids) for e in self.replicas]
+        overlaps = self.belief.overlaps(ids, now) if self.belief is not None else None
+        sizes = self.belief.sizes() if self.belief is not None else None
+        request = RouteRequest(req.rid, req.session, now, req.prompt_tokens, ids, bs)
+        view = RouterView(now, tuple(self._replica_view(i, overlaps, sizes) for i in range(n)))
+        choice = self.router.route(request, view)
+        if isinstance(choice, bool) or not isinstance(choice, numbers.Integral) \
+                or not 0 <= choice < n:
+            raise RoutingError(f"router {self.router.label!r} returned {choice!r} for request "
+                               f"{req.rid}: not a replica index in 0..{n - 1}")
+        r = int(choice)  # numpy integers too
+        if self.belief is not None:
+            self.belief.routed(ids, r, now)
+        self.inflight.dispatched(r, req.prompt_tokens)
+        if self.predicted is not None:
+            believed = overlaps[r] if overlaps is not None else 0
+            self.predicted.added(r, req.rid, ids,
+                                 max(0, req.prompt_tokens - believed * bs))
+        self._record(req, r, now, overlaps, truth)
+        req.done.callbacks.append(lambda _ev, req=req, r=r: self._finished(req, r))
+        self.replicas[r].submit(req)
+
+    def busy(self) -> bool:
+        return any(e.busy() for e in self.replicas)
+
+    def close(self) -> None:
+        if self.scraper is not None:
+            self.scraper.stop()
+        for e in self.replicas:
+            e.close()
+
+    # --- internals --------------------------------------------------------------------------
+    def _replica_view(self, i: int, overlaps, sizes) -> ReplicaView:
+        inf = self.inflight
+        kw = {}
+        if self.scraper is not None and self.scraper.samples[i] is not None:
+            m = self.scraper.samples[i]
+            kw = dict(queue=m.queue, running=m.running, kv_usage=m.kv_usage,
+                      scraped_at_s=self.scraper.at)
+        if self.predicted is not None:
+            kw["active_blocks"] = self.predicted.active_blocks(i)
+            kw["active_prefill_tokens"] = self.predicted.prefill_total[i]
+        return ReplicaView(i, overlaps[i] if overlaps is not None else None,
+                           sizes[i] if sizes is not None else None, inf.requests[i],
+                           inf.tokens[i], inf.routed[i], **kw)
+
+    def _record(self, req, r: int, now: float, overlaps, truth: list[int]) -> None:
+        d, bs, p = self.decisions, self.bs, req.prompt_tokens
+        d.rid.append(req.rid)
+        d.session.append(req.session)
+        d.time.append(now)
+        d.replica.append(r)
+        d.prompt_tokens.append(p)
+        d.believed_tokens.append(float(min(overlaps[r] * bs, p)) if overlaps is not None
+                                 else float("nan"))
+        d.true_tokens.append(min(truth[r] * bs, p))
+        d.best_tokens.append(min(max(truth) * bs, p))
+        prev = self.last_replica.get(req.session)
+        d.follow_up.append(prev is not None)
+        d.same_replica.append(prev == r)
+        self.last_replica[req.session] = r
+        self.load_time.append(now)
+        for i, e in enumerate(self.replicas):
+            self.load_waiting[i].append(len(e.waiting))
+            self.load_running[i].append(len(e.running))
+
+    def _finished(self, req, r: int) -> None:
+        self.inflight.finished(r, req.prompt_tokens)
+        if self.predicted is not None:
+            self.predicted.freed(r, req.rid, req.ids)
+        self.router.on_finish(req.rid, r, self.env.now)
+
+    def _first_token_at(self, replica: int):
+        def first_token(req) -> None:
+            if self.predicted is not None:
+                self.predicted.prefill_done(replica, req.rid)
+            self.router.on_first_token(req.rid, replica, self.env.now)
+        return first_token

@@ -1,0 +1,120 @@
+"""Fleet metrics, beside each replica's own summary.
+
+Reuse, three numbers (fractions of the prompt tokens of the requests served, i.e. not
+dropped), measured against the TRUE caches at each routing decision:
+
+    reuse_available  the longest GPU-resident prefix of the prompt on ANY replica
+    reuse_captured   the GPU-resident prefix on the replica the router chose
+    reuse_delivered  what that replica's engine reused when it admitted the request (its
+                     hit_gpu_tokens; later than the decision, so evictions in between and
+                     prefixes stored meanwhile count here)
+
+``affinity``: of the requests whose session sent one before (follow-ups), the share routed to
+the replica of the session's previous request. Load balance, across replicas (coefficient of
+variation = population std / mean; 0 is perfectly even): ``load_cv_busy`` of busy time
+(prefill + decode seconds), ``load_cv_queue`` of the mean waiting queue sampled at every
+decision, ``load_cv_requests`` of requests served. Router belief on the chosen replica at
+decision time (NaN for a router without a cache view): ``belief_error_mean_tokens`` (mean
+|believed - true| cached prefix), ``belief_bias_mean_tokens`` (mean believed - true: positive
+= over-prediction), ``belief_wrong_share`` (share of decisions where they differ).
+
+A replica's summary counts a session's job time (JCT) at the replica that served the
+session's first request (its home).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from sim.metrics import RunRecorder
+
+
+def recorder_for(trace, cls: type[RunRecorder] = RunRecorder) -> RunRecorder:
+    """A recorder for ``trace``'s sessions (as ``sim.runner.run`` makes one)."""
+    sessions = trace.sessions
+    return cls([s.id for s in sessions], [s.first for s in sessions],
+               [s.parent >= 0 for s in sessions], [s.shared_prefix_blocks for s in sessions])
+
+
+def merge_recorders(trace, recs: list[RunRecorder], sessions: RunRecorder) -> RunRecorder:
+    """One recorder whose counters and histogram are the replicas' sums and whose sessions
+    are the fleet's (its ``summary`` then gives the fleet totals)."""
+    merged = recorder_for(trace)
+    for rec in recs:
+        merged.records.extend(rec.records)
+        merged.hist = merged.hist + rec.hist
+        for k, v in rec.counters.items():
+            merged.counters[k] = merged.counters.get(k, 0) + v
+    merged.session_start = dict(sessions.session_start)
+    merged.session_end = dict(sessions.session_end)
+    return merged
+
+
+def cv(values) -> float:
+    """Coefficient of variation (population std / mean); NaN for an empty or zero mean."""
+    a = np.asarray(values, dtype=float)
+    if not a.size or not a.mean():
+        return math.nan
+    return float(a.std() / a.mean())
+
+
+def _share(num: float, den: float) -> float:
+    return float(num / den) if den else math.nan
+
+
+def fleet_metrics(fleet, engines: list, tables: list[pd.DataFrame], sessions: RunRecorder,
+                  sim_end: float, block_size: int, table: pd.DataFrame
+                  ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    d = fleet.decisions
+    n = len(engines)
+    dec = pd.DataFrame({
+        "rid": d.rid, "replica": d.replica, "prompt": d.prompt_tokens,
+        "believed": d.believed_tokens, "true": d.true_tokens, "best": d.best_tokens,
+        "follow_up": d.follow_up, "same": d.same_replica})
+    served = table.loc[~table["dropped"].astype(bool), ["request", "hit_gpu_tokens"]]
+    ok = dec[dec["rid"].isin(served["request"])]
+    prompt = float(ok["prompt"].sum())
+    believed = dec["believed"].to_numpy(dtype=float)
+    err = believed - dec["true"].to_numpy(dtype=float)
+    has_view = fleet.belief is not None and len(dec)
+    follow = dec[dec["follow_up"]]
+
+    home: dict[int, int] = {}  # session -> replica of its first request
+    for s, r in zip(d.session, d.replica, strict=True):
+        home.setdefault(s, r)
+    per_replica = []
+    busy, queue = [], []
+    for i, (e, t) in enumerate(zip(engines, tables, strict=True)):
+        rec = e.rec
+        mine = [s for s, r in home.items() if r == i]
+        rec.session_start = {s: sessions.session_start[s] for s in mine
+                             if s in sessions.session_start}
+        rec.session_end = {s: sessions.session_end[s] for s in mine
+                           if s in sessions.session_end}
+        s = rec.summary(sim_end, block_size, t.drop(columns=["replica"]))
+        s = {k: v for k, v in s.items() if not isinstance(v, dict | list)}
+        s["replica"] = i
+        per_replica.append(s)
+        busy.append(s["prefill_busy_s"] + s["decode_busy_s"])
+        w = fleet.load_waiting[i]
+        queue.append(float(np.mean(w)) if w else 0.0)
+    metrics = {
+        "replicas": n,
+        "router": fleet.router.label,
+        "reuse_available": _share(ok["best"].sum(), prompt),
+        "reuse_captured": _share(ok["true"].sum(), prompt),
+        "reuse_delivered": _share(served["hit_gpu_tokens"].sum(), prompt),
+        "affinity": _share(float(follow["same"].sum()), len(follow)),
+        "follow_ups": len(follow),
+        "load_cv_busy": cv(busy),
+        "load_cv_queue": cv(queue),
+        "load_cv_requests": cv([s["requests"] for s in per_replica]),
+        "belief_error_mean_tokens": float(np.abs(err).mean()) if has_view else math.nan,
+        "belief_bias_mean_tokens": float(err.mean()) if has_view else math.nan,
+        "belief_wrong_share": float((err != 0).mean()) if has_view else math.nan,
+    }
+    return metrics, per_replica

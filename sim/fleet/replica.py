@@ -1,0 +1,147 @@
+"""The small hooks that let an unchanged engine serve in a fleet.
+
+An engine never learns it is in a fleet. The fleet builds each replica exactly as a single run
+builds its server (``sim.fleet.run.build_engine``), then ``observe`` gives it:
+
+- an observed cache: the engine's cache object is re-typed to its observed subclass
+  (``ObservedRadixKVCache`` for the sglang engine's ``RadixKVCache``, ``ObservedBlockPool``
+  for vllm's ``BlockPool``): the same state and the same behaviour (the subclasses add no
+  state and change no decision), which also reports KV events
+  (blocks stored on / removed from the GPU) to an optional sink, and answers a read-only
+  question the fleet asks to measure its router's belief: how many leading blocks of a
+  prompt are on the GPU right now (``gpu_prefix_blocks``);
+- an observed recorder (``ObservedRecorder``, handed to the engine when it is built): a
+  ``RunRecorder`` which also tells a listener when a request's first token comes back
+  (Dynamo's prefill-complete signal).
+
+Event coverage: every GPU gain (insert, CPU load) and every GPU loss the cache reports with
+ids (evictions, demotions, HiCache background deletions) is an event. HiCache loads that
+delete device nodes report only a count, so those removals are not events (the index then
+over-believes them until the next store); context strategies are not run in fleets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import numpy as np
+
+from sim.kvcache import RadixKVCache
+from sim.kvcache.blockpool import BlockPool
+from sim.kvcache.node import Tier
+from sim.kvcache.results import EvictResult, InsertResult, LoadResult
+from sim.metrics import RunRecorder
+
+_GPU = Tier.GPU
+
+
+class KVEventSink(Protocol):
+    def stored(self, ids: np.ndarray) -> None: ...
+
+    def removed(self, ids: np.ndarray) -> None: ...
+
+
+def _concat(parts: list[np.ndarray]) -> np.ndarray:
+    if not parts:
+        return np.empty(0, dtype=np.int64)
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+class ObservedRadixKVCache(RadixKVCache):
+    """``RadixKVCache`` that reports its GPU gains and losses to ``events`` (when set)."""
+
+    events: KVEventSink | None = None
+
+    def insert(self, ids, hint=None) -> InsertResult:
+        res = super().insert(ids, hint)
+        if self.events is not None:  # every block of ids is GPU-resident now
+            self.events.stored(np.asarray(ids, dtype=np.int64))
+        return res
+
+    def evict(self, n: int) -> EvictResult:  # make_room evicts through here
+        res = super().evict(n)
+        self._report_losses(res)
+        return res
+
+    def background_evictions(self) -> EvictResult:
+        res = super().background_evictions()
+        self._report_losses(res)
+        return res
+
+    def load(self, node, limit_blocks: int | None = None) -> LoadResult:
+        res = super().load(node, limit_blocks)
+        if self.events is not None:
+            self.events.removed(_concat(res.demoted))
+            self.events.stored(_concat(res.loaded))
+        return res
+
+    def _report_losses(self, res: EvictResult) -> None:
+        if self.events is not None:
+            self.events.removed(_concat(res.freed + res.demoted))
+
+    def gpu_prefix_blocks(self, ids: np.ndarray) -> int:
+        """Leading blocks of ``ids`` resident on the GPU now (read only: no stamp, no
+        split); the hit an arriving request would see before any eviction."""
+        path, partial, _k, pos = self.tree.walk(ids, stop_at_holes=True)
+        hit = 0
+        for nd in path:
+            if nd.tier is not _GPU:
+                return hit
+            hit = nd.start + len(nd.ids)
+        if partial is not None and partial.tier is _GPU:
+            hit = pos
+        return hit
+
+
+class ObservedBlockPool(BlockPool):
+    """vLLM's ``BlockPool`` that reports hashed (stored) blocks and the last copy of an id
+    dropped by lazy eviction (removed) to ``events`` (when set)."""
+
+    events: KVEventSink | None = None
+
+    def _cache(self, seq) -> None:
+        before = seq.cached
+        super()._cache(seq)
+        if self.events is not None and seq.cached > before:
+            self.events.stored(seq.ids[before:seq.cached])
+
+    def _evict(self, ps: np.ndarray) -> None:
+        if self.events is None:
+            super()._evict(ps)
+            return
+        xs = self._bid[ps].copy()  # the ids these physical blocks cache
+        super()._evict(ps)
+        gone = [x for x in xs.tolist() if not self.is_cached(x)]
+        if gone:
+            self.events.removed(np.asarray(gone, dtype=np.int64))
+
+    def gpu_prefix_blocks(self, ids: np.ndarray) -> int:
+        """Leading blocks of ``ids`` cached now (read only)."""
+        return self.lookup(ids, ids.size * self.block_size + 1)
+
+
+class ObservedRecorder(RunRecorder):
+    """``RunRecorder`` that also calls ``on_first_token(req)`` (when set)."""
+
+    on_first_token: Callable[[object], None] | None = None
+
+    def first_token(self, req, now: float) -> None:
+        super().first_token(req, now)
+        if self.on_first_token is not None:
+            self.on_first_token(req)
+
+
+OBSERVED: dict[type, type] = {RadixKVCache: ObservedRadixKVCache, BlockPool: ObservedBlockPool}
+
+
+def observe(engine) -> None:
+    """Re-type ``engine``'s cache to its observed subclass (in place: every reference the
+    engine holds sees it). Re-typing, not rebuilding, keeps the fleet independent of how an
+    engine constructs its cache; the subclasses only add reports and read-only queries."""
+    cache = engine.cache
+    observed = OBSERVED.get(type(cache))
+    if observed is None:
+        raise TypeError(f"no observed variant of {type(cache).__name__}: a fleet replica "
+                        "needs RadixKVCache or BlockPool")
+    cache.__class__ = observed

@@ -1,0 +1,159 @@
+"""``run_fleet``: one run of N replicas behind a router (``sim.runner.run`` calls it when
+``RunConfig.is_fleet``). A pure function of (trace, config, seed), like a single run.
+
+Results: the requests of every replica in one table with a ``replica`` column; the summary
+is computed over all of them with the same code as a single server's (so fleet totals are the
+sums of the replicas'), plus the fleet metrics (``sim.fleet.metrics``) and, under
+``replica_summaries``, each replica's own summary; ``tables["load"]`` holds each replica's
+waiting and running requests at every routing decision (``kvsim plot`` draws it), and
+``tables["routing"]`` every decision with the router's belief beside the truth.
+
+Each replica is built, and its summary fields are filled, as ``sim.runner.run`` does for one
+server (the helpers below mirror it); tests/test_fleet.py's ``--replicas 1`` golden fails the
+moment the two differ in any field.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import simpy
+
+from costmodel.units import Units, range_units
+from policies import PolicyContext, SessionInfo
+from policies.scheduling import get_scheduler
+from sim.engines import SGLangServer, VllmServer
+from sim.kvcache import RadixKVCache
+from sim.metrics import RunRecorder
+from sim.replay import Replay
+from sim.runner import RunResult
+
+from .fleet import Fleet
+from .metrics import fleet_metrics, merge_recorders, recorder_for
+from .replica import ObservedRecorder, observe
+
+# The router's RNG stream: seeded by the run's seed, apart from every policy's.
+ROUTER_STREAM = 0x524F55544552  # "ROUTER"
+
+
+def run_fleet(cfg, trace, spec, profile) -> RunResult:
+    env = simpy.Environment()
+    engines, policies = [], []
+    for _ in range(cfg.replicas):
+        policy = cfg.make_policy()
+        bind_policy(env, cfg, spec, profile, policy, trace.sessions)
+        rec = recorder_for(trace, ObservedRecorder)
+        engine = build_engine(env, cfg, spec, profile, policy, rec, trace)
+        observe(engine)
+        engines.append(engine)
+        policies.append(policy)
+    sessions = recorder_for(trace)
+    router = cfg.make_router()
+    fleet = Fleet(env, engines, router, cfg.block_size, sessions,
+                  np.random.default_rng([cfg.seed, ROUTER_STREAM]))
+    gaps = trace.gaps(cfg.gaps)
+    replay = Replay(env, trace, fleet, gaps, trace.start_offsets(cfg.gaps), cfg.sessions,
+                    cfg.time_scale)
+    driver = env.process(replay.closed_loop() if cfg.replay == "closed" else replay.open_loop())
+    env.run(until=driver)
+    if cfg.replay == "open":  # the last replies may still be in flight
+        while fleet.busy():
+            env.step()
+    fleet.close()
+
+    tables = []
+    for i, e in enumerate(engines):
+        t = e.rec.table()
+        t.insert(0, "replica", np.full(len(t), i, dtype=np.int64))
+        tables.append(t)
+    table = pd.concat(tables, ignore_index=True) if len(tables) > 1 else tables[0]
+    table = table.sort_values(["send_s", "request"], kind="stable").reset_index(drop=True)
+    merged = merge_recorders(trace, [e.rec for e in engines], sessions)
+    summary = merged.summary(env.now, cfg.block_size, table)
+    summary.update(run_fields(cfg, policies[0], profile, spec, trace, table))
+    metrics, per_replica = fleet_metrics(fleet, engines, tables, sessions, env.now,
+                                         cfg.block_size, table)
+    summary.update(metrics)
+    summary["replica_summaries"] = per_replica
+    return RunResult(cfg, table, summary, {"load": _load_table(fleet),
+                                           "routing": _routing_table(fleet)})
+
+
+def bind_policy(env: simpy.Environment, cfg, spec, profile, policy, sessions) -> None:
+    """Give a policy its run context, as ``sim.runner.run`` does."""
+    base = profile.prefill_seconds(Units())
+
+    def recompute_seconds(a: int, b: int) -> float:
+        """Marginal prefill seconds of tokens [a, b) at their positions."""
+        return profile.prefill_seconds(range_units(spec, a, b)) - base
+
+    policy.bind(PolicyContext(now=lambda: env.now, block_size=cfg.block_size, seed=cfg.seed,
+                              recompute_seconds=recompute_seconds,
+                              sessions=tuple(SessionInfo(s.id, s.parent, s.agent_type)
+                                             for s in sessions)))
+
+
+def build_engine(env: simpy.Environment, cfg, spec, profile, policy, rec: RunRecorder, trace):
+    """One replica's server with its cache, as ``sim.runner.run`` builds a single server."""
+    if cfg.engine == "vllm":
+        return VllmServer.build(env, cfg, spec, profile, policy, rec, trace)
+    tiers = {}
+    if cfg.cpu_cache:
+        tiers = dict(cpu_capacity_blocks=cfg.cpu_cache // cfg.block_size, tiering=cfg.tiering,
+                     swap_buffer_blocks=cfg.swap_buffer // cfg.block_size,
+                     write_policy=cfg.hicache_write_policy,
+                     load_threshold_tokens=cfg.hicache_load_threshold,
+                     block_size=cfg.block_size)
+    cache = RadixKVCache(cfg.gpu_cache // cfg.block_size, policy, debug=cfg.debug_cache,
+                         **tiers)
+    return SGLangServer(env, cfg, spec, profile, cache, get_scheduler(cfg.scheduler),
+                        rec, trace.finish_block_ids, getattr(trace, "block_regions", None))
+
+
+def run_fields(cfg, policy, profile, spec, trace, table: pd.DataFrame) -> dict:
+    """The configuration fields a run summary carries beside its metrics (as in
+    ``sim.runner.run``)."""
+    fields = {"vllm_async": cfg.vllm_async} if cfg.engine == "vllm" else {}
+    return fields | {
+        "policy": policy.label, "model": cfg.model, "profile": profile.name,
+        "profile_provenance": profile.provenance, "gpu_cache_tokens": cfg.gpu_cache,
+        "cpu_cache_tokens": cfg.cpu_cache, "n_sessions": cfg.sessions, "gaps": cfg.gaps,
+        "scheduler": cfg.scheduler, "engine": cfg.engine, "trace": trace.name,
+        "trace_requests": len(trace),
+        "trace_skipped_records": int(getattr(trace, "skipped", 0)),
+        "trace_skipped_files": int(getattr(trace, "options", {}).get("skipped_files", 0)),
+        "over_context_requests": int(((table["prompt_tokens"] > spec.max_context)
+                                      & ~table["dropped"].astype(bool)).sum())
+        if len(table) else 0,
+    }
+
+
+def _routing_table(fleet: Fleet) -> pd.DataFrame:
+    """One row per routing decision, in decision order: what the router believed about the
+    chosen replica beside the truth (tokens; ``believed`` NaN without a cache view)."""
+    d = fleet.decisions
+    return pd.DataFrame({
+        "time_s": np.asarray(d.time, dtype=float),
+        "request": np.asarray(d.rid, dtype=np.int64),
+        "session": np.asarray(d.session, dtype=np.int64),
+        "replica": np.asarray(d.replica, dtype=np.int64),
+        "prompt_tokens": np.asarray(d.prompt_tokens, dtype=np.int64),
+        "believed_tokens": np.asarray(d.believed_tokens, dtype=float),
+        "true_tokens": np.asarray(d.true_tokens, dtype=np.int64),
+        "best_tokens": np.asarray(d.best_tokens, dtype=np.int64),
+        "follow_up": np.asarray(d.follow_up, dtype=bool),
+        "same_replica": np.asarray(d.same_replica, dtype=bool),
+    })
+
+
+def _load_table(fleet: Fleet) -> pd.DataFrame:
+    n = len(fleet.replicas)
+    times = np.asarray(fleet.load_time, dtype=float)
+    return pd.DataFrame({
+        "time_s": np.tile(times, n),
+        "replica": np.repeat(np.arange(n, dtype=np.int64), len(times)),
+        "waiting": np.concatenate([np.asarray(w, dtype=np.int64)
+                                   for w in fleet.load_waiting]) if n else [],
+        "running": np.concatenate([np.asarray(w, dtype=np.int64)
+                                   for w in fleet.load_running]) if n else [],
+    })

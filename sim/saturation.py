@@ -1,0 +1,61 @@
+"""Is an open-loop run saturated? Offered load against what the server served.
+
+In the open loop requests arrive at their recorded send times whatever the server does. When
+the trace offers more than the server can serve, the queue grows for as long as the trace lasts
+and every latency measures that backlog (a 628 s mean TTFT on the Mooncake sample), not the
+cache. A run is called saturated when the server needed more than ``DRAIN_SHARE`` of the
+trace's span again after the last arrival to finish, and the queue wait of the last quarter of
+requests (by send time) is above the first quarter's. Read from the per-request table only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+DRAIN_SHARE = 0.1
+MIN_REQUESTS = 8
+
+
+@dataclass(frozen=True)
+class Saturation:
+    requests: int
+    span_s: float  # first to last send
+    drain_s: float  # last send to last end
+    offered_per_s: float  # requests sent per second of the trace
+    served_per_s: float  # requests finished per second, first send to last end
+    offered_tokens_per_s: float  # prompt tokens sent per second
+    wait_first_s: float  # median queue wait, first quarter of sends
+    wait_last_s: float  # ... last quarter
+
+    def message(self) -> str:
+        return (f"the server is saturated: the trace offers {self.offered_per_s:,.2f} "
+                f"requests/s ({self.offered_tokens_per_s:,.0f} prompt tokens/s) and it served "
+                f"{self.served_per_s:,.2f} requests/s; the median queue wait grew from "
+                f"{self.wait_first_s:,.1f} s (first quarter of requests) to "
+                f"{self.wait_last_s:,.1f} s (last quarter), so TTFT measures the backlog; "
+                f"slow arrivals (--time-scale "
+                f"{self.offered_per_s / max(self.served_per_s, 1e-12):.1f} or more) or add "
+                "capacity")
+
+
+def open_loop_saturation(table: pd.DataFrame) -> Saturation | None:
+    """The saturation of an open-loop run from its request table, or None when it kept up."""
+    t = table[~table["dropped"].astype(bool)] if "dropped" in table else table
+    if len(t) < MIN_REQUESTS:
+        return None
+    t = t.sort_values(["send_s", "request"], kind="stable")
+    first, last = float(t["send_s"].iloc[0]), float(t["send_s"].iloc[-1])
+    span = last - first
+    end = float(t["end_s"].max())
+    drain = end - last
+    q = max(1, len(t) // 4)
+    wait_first = float(t["queue_wait_s"].iloc[:q].median())
+    wait_last = float(t["queue_wait_s"].iloc[-q:].median())
+    if span <= 0 or drain <= DRAIN_SHARE * span or wait_last <= wait_first:
+        return None
+    return Saturation(requests=len(t), span_s=span, drain_s=drain,
+                      offered_per_s=len(t) / span, served_per_s=len(t) / (end - first),
+                      offered_tokens_per_s=float(t["prompt_tokens"].sum()) / span,
+                      wait_first_s=wait_first, wait_last_s=wait_last)
