@@ -509,3 +509,23 @@ def test_vllm_async_option_and_sweep_key(tmp_path) -> None:
         assert json.loads(res.stdout)["runs"][0]["summary"]["vllm_async"] is want
     res = CliRunner().invoke(cli, [*args, "--vllm-async", "maybe"])
     assert res.exit_code == 2
+
+
+def test_sweep_point_ids_move_only_for_async_vllm_points() -> None:
+    # Sweeps resume by point id: sglang points and sync vLLM points (byte-identical to the
+    # engine before async scheduling) keep the ids they had; async vLLM points get new ones.
+    import hashlib
+
+    from sim.sweep import point_id
+
+    def old_id(c: RunConfig) -> str:
+        d = c.to_dict()
+        for k in ("extra", "context", "replicas", "router", "router_params", "vllm_async"):
+            d.pop(k, None)
+        return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
+
+    sglang = RunConfig().with_preset("sglang")
+    sync = RunConfig(engine="vllm", vllm_async=False).with_preset("vllm")
+    asy = RunConfig(engine="vllm").with_preset("vllm")
+    assert point_id(sglang) == old_id(sglang) and point_id(sync) == old_id(sync)
+    assert point_id(asy) != old_id(asy)
