@@ -308,16 +308,18 @@ class KvsimScheduler:
         self.rec = RunRecorder(["s"], [0], [False], [0])
         spec = get_spec(cfg.model)
         self.server = SGLangServer(self.env, cfg, spec, load_profile(cfg.profile, cfg.model),
-                                   self.cache, get_scheduler(scheduler), self.rec,
-                                   lambda rid: np.empty(0, np.int64))
+                                   self.cache, get_scheduler(scheduler), self.rec)
         self.bs = block_size
 
     def request(self, rid: int, ids: np.ndarray, prompt_tokens: int, generated: int,
                 output_tokens: int) -> Any:
+        from sim.context import FullPrompt
         from sim.engines import Req
 
+        # One prefill pass never finishes a request: its prompt needs no trace behind it.
+        prompt = FullPrompt(None, rid, ids, prompt_tokens, output_tokens)
         req = Req(rid=rid, session=0, arrival=0.0, seq=rid, prompt_tokens=prompt_tokens,
-                  output_tokens=output_tokens, ids=ids, done=self.env.event())
+                  output_tokens=output_tokens, ids=ids, done=self.env.event(), prompt=prompt)
         req.generated = generated
         return req
 

@@ -316,17 +316,25 @@ class KvsimScheduler:
         self.rec = RunRecorder(["s"], [0], [False], [0])
         pool = BlockPool(capacity_blocks, block_size, "vllm", debug=True)
         self.server = VllmServer(self.env, cfg, get_spec("qwen3-8b"),
-                                 load_profile("derived-h100-qwen3-8b"), pool, policy, self.rec,
-                                 finish_ids.__getitem__)
+                                 load_profile("derived-h100-qwen3-8b"), pool, policy, self.rec)
+        self._finish = finish_ids
         self._reqs: dict[int, Any] = {}
 
+    def finish_block_ids(self, rid: int) -> np.ndarray:
+        """What a request's prompt reads of its trace: every full block id it will have."""
+        return self._finish[rid]
+
+    def block_regions(self, rid: int) -> None:
+        return None
+
     def add(self, req: Request) -> None:
+        from sim.context import FullPrompt
         from sim.engines.request import Req
 
+        ids = req.ids[: req.prompt_tokens // self.server.bs]
         r = Req(rid=req.rid, session=0, arrival=0.0, seq=0, prompt_tokens=req.prompt_tokens,
-                output_tokens=req.output_tokens,
-                ids=req.ids[: req.prompt_tokens // self.server.bs],
-                done=self.env.event())
+                output_tokens=req.output_tokens, ids=ids, done=self.env.event(),
+                prompt=FullPrompt(self, req.rid, ids, req.prompt_tokens, req.output_tokens))
         self._reqs[req.rid] = r
         self.server.submit(r)
 

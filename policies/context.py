@@ -106,6 +106,18 @@ class Arrival:
 
 
 @dataclass(frozen=True, slots=True)
+class Drop:
+    """The server refused a request that reached it: it will never run, so it never replies
+    (``reason``: ``context``, a prompt above the model's context, or ``cache``, a prompt that
+    cannot fit even in an empty cache). The session goes on with its next request."""
+
+    time: float
+    session: int
+    request: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class Reply:
     """A request finished: its history is in the cache, unlocked.
 
@@ -115,8 +127,10 @@ class Reply:
     ``tool`` (the reply ends in a tool call), ``human`` (a person answers) or ``end`` (the
     session is over). ``next_gap_s`` is the wait before the session's next request in this
     replay: the future, given only to policies that declare ``clairvoyant = True`` (NaN
-    otherwise). ``queue_s`` is how long the request waited between its arrival and its
-    (first) admission: what the server's queue cost it (NaN if never admitted)."""
+    otherwise). Under the open loop the next request goes at its recorded send time whatever
+    the reply: the gap is that time minus the reply's, negative when it was sent already.
+    ``queue_s`` is how long the request waited between its arrival and its (first)
+    admission: what the server's queue cost it (NaN if never admitted)."""
 
     time: float
     session: int

@@ -41,7 +41,16 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
-from .context import STANDALONE, Arrival, CacheNode, PolicyContext, PolicyError, Reply, TreeView
+from .context import (
+    STANDALONE,
+    Arrival,
+    CacheNode,
+    Drop,
+    PolicyContext,
+    PolicyError,
+    Reply,
+    TreeView,
+)
 from .orders import get_order
 
 
@@ -203,6 +212,8 @@ def _component(value: Any, table: Mapping[str, Any], base: type, what: str) -> A
 
 
 # ---------------------------------------------------------------------- the policy
+# What a policy may listen to (``EvictionPolicy.events``).
+EVENTS = frozenset({"arrival", "reply", "drop", "split"})
 _RESERVED = frozenset({"name", "pins", "clairvoyant", "events", "order", "start",
                        "granularity", "sort_key", "context", "values"})
 
@@ -218,7 +229,9 @@ class EvictionPolicy:
     - ``pins = True``: the planner calls ``pinned_until(leaf)`` (simulated seconds). A pinned
       leaf is evicted only when every unpinned leaf is gone (memory pressure breaks pins, as in
       Continuum); pinned leaves then go in key order. Admission counts pinned KV as evictable.
-    - ``events = {"arrival", "reply"}``: the engine calls ``on_arrival``/``on_reply``.
+    - ``events``, any of ``EVENTS``: the engine calls ``on_arrival``/``on_reply``/``on_drop``
+      for each request that arrives, finishes or is refused; the cache calls ``on_split``
+      when it cuts a node in two (state kept per node serial follows the split).
     - ``clairvoyant = True``: ``Reply.next_gap_s`` carries the trace's future (bounds only).
 
     A policy instance belongs to one run (the engine ``bind``s it to the run's context);
@@ -256,7 +269,7 @@ class EvictionPolicy:
             self.sort_key = get_order(self.order)  # a registered order: no extra call
         else:
             self.sort_key = self.key
-        unknown_events = set(self.events) - {"arrival", "reply"}
+        unknown_events = set(self.events) - EVENTS
         if unknown_events:
             raise PolicyError(f"policy {self.label!r}: unknown events {sorted(unknown_events)}")
         self.context: PolicyContext = STANDALONE
@@ -295,6 +308,15 @@ class EvictionPolicy:
 
     def on_reply(self, event: Reply) -> None:
         """A request finished (only if ``"reply"`` in ``events``)."""
+
+    def on_drop(self, event: Drop) -> None:
+        """A request was refused and will never run (only if ``"drop"`` in ``events``): it
+        arrived (``on_arrival``) but no reply will follow."""
+
+    def on_split(self, prefix: CacheNode, node: CacheNode) -> None:
+        """The cache cut ``node`` in two (only if ``"split"`` in ``events``): ``prefix`` is the
+        new node holding its first blocks, ``node`` keeps its serial as the suffix. Every
+        history through ``node`` runs through ``prefix``."""
 
     # --- derived properties ---------------------------------------------------------------
     @property

@@ -18,7 +18,8 @@ the trace files.
 
 Failures: a worker that dies (killed, out of memory) fails only the jobs it was running; they
 run again, up to ``max_retries`` times, while the other jobs go on (Ray: task retries; local
-pool: a new pool for the unfinished jobs). An exception raised BY a job is not retried (it
+pool: the jobs a broken pool lost run again one per process, and only the job whose own
+worker died is charged). An exception raised BY a job is not retried (it
 would fail again): it reaches the caller.
 """
 
@@ -116,7 +117,13 @@ def _exit_with_parent(parent: int) -> None:
 
 class LocalPoolExecutor:
     """``jobs`` processes; a job whose process died runs again in a fresh pool. A worker
-    exits by itself when the process that made the pool dies (``_exit_with_parent``)."""
+    exits by itself when the process that made the pool dies (``_exit_with_parent``).
+
+    A dying worker breaks the whole ``ProcessPoolExecutor``: every job still pending in it
+    fails with ``BrokenProcessPool``, not only the dead worker's. So a loss in a shared pool
+    charges nobody: the lost jobs run again one per single-process pool (``jobs`` of them at
+    a time), where a broken pool names its job. Only a job whose own worker died is charged a
+    try; the others complete."""
 
     name = "local"
 
@@ -124,34 +131,63 @@ class LocalPoolExecutor:
         self.workers, self.max_retries = workers, max_retries
 
     def map(self, fn: JobFn, jobs: list[Job]) -> Iterator[tuple[int, Any]]:
-        todo = list(range(len(jobs)))
         tries = [0] * len(jobs)
+        lost: list[int] = []
+        yield from self._shared(fn, jobs, list(range(len(jobs))), lost)
+        todo = sorted(lost)
         while todo:
-            lost: list[int] = []
-            with ProcessPoolExecutor(max_workers=min(self.workers, len(todo)),
-                                     initializer=_exit_with_parent,
-                                     initargs=(os.getpid(),)) as pool:
-                futs = {pool.submit(_local_call, fn, *jobs[i]): i for i in todo}
-                pending = set(futs)
-                while pending:
-                    done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                    for f in sorted(done, key=futs.__getitem__):
-                        i = futs[f]
-                        try:
-                            res = f.result()
-                        except BrokenProcessPool:
-                            lost.append(i)
-                            continue
-                        yield i, res
-            for i in lost:
+            lost = []
+            yield from self._isolated(fn, jobs, todo, lost)
+            for i in lost:  # each ran alone: its own worker died
                 tries[i] += 1
                 if tries[i] > self.max_retries:
                     raise WorkerLostError(f"job {i}: its worker process died "
                                           f"{tries[i]} times")
             todo = sorted(lost)
 
+    def _shared(self, fn: JobFn, jobs: list[Job], todo: list[int], lost: list[int]
+                ) -> Iterator[tuple[int, Any]]:
+        """Run ``todo`` in one pool; the jobs a broken pool took down go to ``lost``."""
+        if not todo:
+            return
+        with ProcessPoolExecutor(max_workers=min(self.workers, len(todo)),
+                                 initializer=_exit_with_parent,
+                                 initargs=(os.getpid(),)) as pool:
+            futs = {pool.submit(_local_call, fn, *jobs[i]): i for i in todo}
+            yield from _collect(futs, lost)
+
+    def _isolated(self, fn: JobFn, jobs: list[Job], todo: list[int], lost: list[int]
+                  ) -> Iterator[tuple[int, Any]]:
+        """Run each of ``todo`` in its own one-process pool, ``workers`` pools at a time."""
+        for k in range(0, len(todo), self.workers):
+            pools = [ProcessPoolExecutor(max_workers=1, initializer=_exit_with_parent,
+                                         initargs=(os.getpid(),))
+                     for _ in todo[k:k + self.workers]]
+            try:
+                futs = {pool.submit(_local_call, fn, *jobs[i]): i
+                        for pool, i in zip(pools, todo[k:k + self.workers], strict=True)}
+                yield from _collect(futs, lost)
+            finally:
+                for pool in pools:
+                    pool.shutdown()
+
     def close(self) -> None:
         pass
+
+
+def _collect(futs: dict, lost: list[int]) -> Iterator[tuple[int, Any]]:
+    """``(index, result)`` of each future as it completes (ties in index order); the index
+    of one that failed because its pool broke goes to ``lost``."""
+    pending = set(futs)
+    while pending:
+        done, pending = wait(pending, return_when=FIRST_COMPLETED)
+        for f in sorted(done, key=futs.__getitem__):
+            try:
+                res = f.result()
+            except BrokenProcessPool:
+                lost.append(futs[f])
+                continue
+            yield futs[f], res
 
 
 # --- Ray ----------------------------------------------------------------------------------

@@ -1,10 +1,10 @@
 """The paper's experiments by name, with its published numbers beside ours.
 
 Each experiment is a function ``(ctx) -> rows`` registered under the name users type in
-``kvsim reproduce NAME``. The numbers the paper published are in ``PAPER`` (source:
-reference/paper-numbers.md); where the seed gives no number, none is invented.
+``kvsim reproduce NAME``. The numbers the paper published are in ``PAPER`` (listed beside
+ours in docs/reproduction.md); where the seed gives no number, none is invented.
 
-Defaults follow the paper's setup (reference/paper-numbers.md "Evaluation setup"): the 24
+Defaults follow the paper's setup (docs/reproduction.md, Setup): the 24
 Claude Code sessions with most requests after the context cut, a 15.6K-token shared prefix,
 the cache-aware scheduler (lpm) for every system, GPU KV caps 256K / 192K / 384K tokens for
 Qwen3 8B / 32B / 235B-A22B, and the recorded *tool* waits as the gap model (the paper replays

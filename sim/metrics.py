@@ -1,4 +1,4 @@
-"""Per-request records and the run summary (DESIGN "Results").
+"""Per-request records and the run summary (docs/engine.md, Metrics).
 
 Token accounting of one request (prompt of ``P`` tokens; ``ideal`` = the prefix an unlimited
 cache would hold, i.e. the longest prefix of its block ids ever inserted by any request):
@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from costmodel.specs import ModelSpec
-from costmodel.units import Units, range_units
+from costmodel.units import Units
 
 HIST_BIN_TOKENS = 8192
 HIST_BINS = 64  # up to 512K positions; the last bin collects the rest
@@ -104,7 +104,7 @@ class RunRecorder:
             request=req.rid, session=self.names[s], session_index=s,
             turn=req.rid - self.turn0[s], subagent=self.is_sub[s], send_s=req.arrival,
             prompt_tokens=req.prompt_tokens, output_tokens=req.output_tokens,
-            kind=getattr(getattr(req, "view", None), "kind", "turn"))
+            kind=req.prompt.kind)
 
     def open(self, req: Any, now: float, *, reused: int, holes: int, ideal: int,
              spec: ModelSpec, segments: Any, bs: int, loaded: int = 0) -> RequestRecord:
@@ -116,28 +116,17 @@ class RunRecorder:
         rec.loaded_cpu_tokens = loaded
         rec.hole_tokens = holes
         rec.ideal_hit_tokens = ideal
-        # Positions recomputed inside the ideal prefix: everything there not on the GPU.
-        recomputed_ranges = []
-        view = getattr(req, "view", None)
-        if view is not None:  # a context strategy: its plan knows what is computed
-            recomputed_ranges = [(a, min(b, ideal)) for a, b in req.ranges if a < ideal]
-            rec.dropped_tokens = view.skipped_tokens
-            rec.restored_tokens = view.restored_tokens
-            rec.reprefill_tokens = view.reprefill_tokens
-            rec.rerotated_tokens = view.rerotated_tokens
-        pos = 0
-        for s, e, tier in segments if view is None else ():
-            a, b = s * bs, min(e * bs, ideal)
-            if a >= ideal:
-                break
-            if int(tier) != 1 and b > a:  # not GPU
-                recomputed_ranges.append((a, b))
-            pos = b
-        if pos < ideal and view is None:
-            recomputed_ranges.append((pos, ideal))
+        prompt = req.prompt
+        rec.dropped_tokens = prompt.skipped_tokens
+        rec.restored_tokens = prompt.restored_tokens
+        rec.reprefill_tokens = prompt.reprefill_tokens
+        rec.rerotated_tokens = prompt.rerotated_tokens
+        # Positions recomputed inside the ideal prefix, priced as the prefill prices them:
+        # with the keys each token attends (a dropped key is not attended).
+        recomputed_ranges = prompt.recomputed_ranges(segments, req.ranges, ideal, bs)
         units = Units()
         for a, b in recomputed_ranges:
-            units = units + range_units(spec, a, b)
+            units = units + prompt.units(spec, a, b)
             self._histogram(a, b)
         rec.recompute_units = units.total
         rec.recomputed_tokens = sum(b - a for a, b in recomputed_ranges)

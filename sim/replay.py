@@ -15,6 +15,7 @@ from collections.abc import Generator
 import numpy as np
 import simpy
 
+from sim.context import FullPrompt, Prompt
 from sim.engines import EngineBase, Req
 from sim.kvcache.paths import WalkHint
 from traces import GAP_KINDS
@@ -34,43 +35,50 @@ class Replay:
         self.n = sessions
         self.children: dict[int, list[int]] = {}  # parent request index -> sub-agent sessions
         self.top: list[int] = []
+        # open loop: each request's send time in the run (the future is fixed in advance)
+        self.send_at: np.ndarray | None = None
         for i, s in enumerate(trace.sessions):
             if s.parent < 0:
                 self.top.append(i)
             else:
                 self.children.setdefault(s.after_request, []).append(i)
 
-    def _req(self, r: int) -> Req:
+    def _req(self, r: int, prompt: Prompt) -> Req:
         t = self.trace
         s = int(t.session[r])
         sess = t.sessions[s]
+        next_send_s = math.nan
         if r + 1 < sess.first + sess.count:
             next_gap = GAP_KINDS[int(t.gap_kind[r + 1])]
             next_gap_s = float(self.gaps[r + 1])
+            if self.send_at is not None:
+                next_send_s = float(self.send_at[r + 1])
         else:
             next_gap, next_gap_s = "end", math.nan
         return Req(rid=r, session=s, arrival=self.env.now, seq=0,
-                   prompt_tokens=int(t.prompt_tokens[r]), output_tokens=max(1, int(
-                       t.output_tokens[r])), ids=t.block_ids(r), done=self.env.event(),
+                   prompt_tokens=prompt.prompt_tokens, output_tokens=max(1, prompt.output_tokens),
+                   ids=prompt.ids, done=self.env.event(), prompt=prompt,
                    shared_blocks=sess.shared_prefix_blocks, next_gap=next_gap,
-                   next_gap_s=next_gap_s)
+                   next_gap_s=next_gap_s, next_send_s=next_send_s)
 
     def _reqs(self, r: int) -> list[Req]:
         """What the client sends for trace request r: the request itself, or under a context
         strategy its views (a summarization call first when one is due, sent at once)."""
         hint = self._hints.setdefault(int(self.trace.session[r]), WalkHint())
         if self.context is None:
-            req = self._req(r)
-            req.hint = hint
-            return [req]
+            t = self.trace
+            prompts: list[Prompt] = [FullPrompt(t, r, t.block_ids(r), int(t.prompt_tokens[r]),
+                                                max(1, int(t.output_tokens[r])))]
+        else:
+            prompts = list(self.context.views(r))
         out = []
-        for view in self.context.views(r):
-            req = self._req(r)
+        for view in prompts:
+            req = self._req(r, view)
             req.hint = hint
-            req.ids, req.prompt_tokens, req.view = view.ids, view.prompt_tokens, view
-            req.output_tokens = max(1, view.output_tokens)
-            if view.kind == "summary":
+            if view.kind == "summary":  # the turn itself follows at once
                 req.next_gap, req.next_gap_s = "tool", 0.0
+                if self.send_at is not None:
+                    req.next_send_s = float(self.send_at[r])
             out.append(req)
         return out
 
@@ -112,14 +120,17 @@ class Replay:
             active = [p for p in active if not p.triggered]
 
     def open_loop(self) -> Generator:
-        """Send every request at its recorded time (no waiting for replies)."""
+        """Send every request at its recorded time (no waiting for replies); end when every
+        request has its reply."""
         env, t = self.env, self.trace
         times = np.nan_to_num(t.send_time_s, nan=0.0)
         order = np.argsort(times, kind="stable")
         t0 = float(times[order[0]]) if len(order) else 0.0
+        self.send_at = (times - t0) * self.time_scale
         seen: set[int] = set()
+        replies: list[simpy.Process] = []
         for r in order.tolist():
-            due = (float(times[r]) - t0) * self.time_scale
+            due = float(self.send_at[r])
             if due > env.now:
                 yield env.timeout(due - env.now)
             s = int(t.session[r])
@@ -128,7 +139,8 @@ class Replay:
                 self.server.rec.session_started(s, env.now)
             for req in self._reqs(r):
                 self.server.submit(req)
-                env.process(self._await_end(req, s))
+                replies.append(env.process(self._await_end(req, s)))
+        yield env.all_of(replies)  # the run ends with the last reply
 
     def _await_end(self, req: Req, s: int) -> Generator:
         yield req.done

@@ -18,13 +18,11 @@ import simpy
 from costmodel.profile import load_profile
 from costmodel.specs import get_spec
 from costmodel.units import Units, range_units
-from policies import PolicyContext, SessionInfo
-from policies.scheduling import get_scheduler
+from policies import EvictionPolicy, PolicyContext, SessionInfo
 from sim.config import ConfigError, RunConfig
 from sim.context import ContextRun, context_summary, parse_context
-from sim.engines import SGLangServer, VllmServer
+from sim.engines import ENGINES
 from sim.io import atomic_write_parquet, atomic_write_text, dumps, is_tmp_name
-from sim.kvcache import RadixKVCache
 from sim.metrics import RunRecorder
 from sim.replay import Replay
 
@@ -70,6 +68,41 @@ def trace_loads() -> int:
     return _load.cache_info().misses
 
 
+def bind_policy(env: simpy.Environment, cfg: RunConfig, spec, profile, policy: EvictionPolicy,
+                sessions) -> None:
+    """Give a policy its run context: the simulated clock, the recompute price of a token
+    range at its positions, and the trace's sessions (read only)."""
+    base = profile.prefill_seconds(Units())
+
+    def recompute_seconds(a: int, b: int) -> float:
+        """Marginal prefill seconds of tokens [a, b) at their positions."""
+        return profile.prefill_seconds(range_units(spec, a, b)) - base
+
+    policy.bind(PolicyContext(now=lambda: env.now, block_size=cfg.block_size, seed=cfg.seed,
+                              recompute_seconds=recompute_seconds,
+                              sessions=tuple(SessionInfo(s.id, s.parent, s.agent_type)
+                                             for s in sessions)))
+
+
+def run_fields(cfg: RunConfig, policy: EvictionPolicy, profile, spec, trace,
+               table: pd.DataFrame) -> dict[str, Any]:
+    """The configuration fields a run summary carries beside its metrics."""
+    return {
+        "policy": policy.label, "model": cfg.model, "profile": profile.name,
+        "profile_provenance": profile.provenance, "gpu_cache_tokens": cfg.gpu_cache,
+        "cpu_cache_tokens": cfg.cpu_cache, "n_sessions": cfg.sessions, "gaps": cfg.gaps,
+        "scheduler": cfg.scheduler, "engine": cfg.engine, "trace": trace.name,
+        "trace_requests": len(trace),
+        # --lenient: records and whole files the loader skipped
+        "trace_skipped_records": int(trace.skipped),
+        "trace_skipped_files": int(trace.options.get("skipped_files", 0)),
+        # replayed although a real server would refuse them (cut with --max-context)
+        "over_context_requests": int(((table["prompt_tokens"] > spec.max_context)
+                                      & ~table["dropped"].astype(bool)).sum())
+        if len(table) else 0,
+    } | ({"vllm_async": cfg.vllm_async} if cfg.engine == "vllm" else {})
+
+
 def run(cfg: RunConfig, trace=None) -> RunResult:
     cfg.validate()
     try:
@@ -85,13 +118,6 @@ def run(cfg: RunConfig, trace=None) -> RunResult:
         return run_fleet(cfg, trace, spec, profile)
     gaps = trace.gaps(cfg.gaps)
     policy = cfg.make_policy()
-    tiers = {}
-    if cfg.cpu_cache:
-        tiers = dict(cpu_capacity_blocks=cfg.cpu_cache // cfg.block_size, tiering=cfg.tiering,
-                     swap_buffer_blocks=cfg.swap_buffer // cfg.block_size,
-                     write_policy=cfg.hicache_write_policy,
-                     load_threshold_tokens=cfg.hicache_load_threshold,
-                     block_size=cfg.block_size)
     strategy = parse_context(cfg.context)
     context = None if strategy.is_full else ContextRun(strategy, trace, cfg.block_size)
     sessions = trace.sessions
@@ -99,52 +125,19 @@ def run(cfg: RunConfig, trace=None) -> RunResult:
                       [s.parent >= 0 for s in sessions],
                       [s.shared_prefix_blocks for s in sessions])
     env = simpy.Environment()
-    base = profile.prefill_seconds(Units())
-
-    def recompute_seconds(a: int, b: int) -> float:
-        """Marginal prefill seconds of tokens [a, b) at their positions."""
-        return profile.prefill_seconds(range_units(spec, a, b)) - base
-
-    policy.bind(PolicyContext(now=lambda: env.now, block_size=cfg.block_size, seed=cfg.seed,
-                              recompute_seconds=recompute_seconds,
-                              sessions=tuple(SessionInfo(s.id, s.parent, s.agent_type)
-                                             for s in sessions)))
-    if cfg.engine == "vllm":
-        server = VllmServer.build(env, cfg, spec, profile, policy, rec, trace)
-    else:
-        cache = RadixKVCache(cfg.gpu_cache // cfg.block_size, policy, debug=cfg.debug_cache,
-                             versioned=strategy.drops, **tiers)
-        server = SGLangServer(env, cfg, spec, profile, cache, get_scheduler(cfg.scheduler),
-                              rec, trace.finish_block_ids, getattr(trace, "block_regions", None))
+    bind_policy(env, cfg, spec, profile, policy, sessions)
+    server = ENGINES[cfg.engine].build(env, cfg, spec, profile, policy, rec)
     replay = Replay(env, trace, server, gaps, trace.start_offsets(cfg.gaps), cfg.sessions,
                     cfg.time_scale, context)
     driver = env.process(replay.closed_loop() if cfg.replay == "closed" else replay.open_loop())
     env.run(until=driver)
-    if cfg.replay == "open":  # the last replies may still be in flight
-        while server.busy():
-            env.step()
     server.close()
     table = rec.table()
     summary = rec.summary(env.now, cfg.block_size, table)
-    summary.update({
-        "policy": policy.label, "model": cfg.model, "profile": profile.name,
-        "profile_provenance": profile.provenance, "gpu_cache_tokens": cfg.gpu_cache,
-        "cpu_cache_tokens": cfg.cpu_cache, "n_sessions": cfg.sessions, "gaps": cfg.gaps,
-        "scheduler": cfg.scheduler, "engine": cfg.engine, "trace": trace.name,
-        "trace_requests": len(trace),
-        # --lenient: records and whole files the loader skipped
-        "trace_skipped_records": int(getattr(trace, "skipped", 0)),
-        "trace_skipped_files": int(getattr(trace, "options", {}).get("skipped_files", 0)),
-        # replayed although a real server would refuse them (cut with --max-context)
-        "over_context_requests": int(((table["prompt_tokens"] > spec.max_context)
-                                      & ~table["dropped"].astype(bool)).sum())
-        if len(table) else 0,
-    })
-    if cfg.engine == "vllm":
-        summary["vllm_async"] = cfg.vllm_async
+    summary.update(run_fields(cfg, policy, profile, spec, trace, table))
     if context is not None:  # only then: results under ``full`` stay exactly as they were
         summary.update(context_summary(strategy, table, rec.counters, env.now,
-                                       cache.working_peak_blocks * cfg.block_size,
+                                       server.cache.working_peak_blocks * cfg.block_size,
                                        cfg.block_size))
     return RunResult(cfg, table, summary)
 

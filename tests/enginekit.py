@@ -28,6 +28,7 @@ class KitTrace:
 
     name = "kit"
     block_size = 64
+    skipped = 0  # records a lenient load skipped (traces.Trace)
 
     def __init__(self, sessions: list[list[tuple[int, int, float]]],
                  shared_blocks: int | list[int] = 0):
@@ -48,6 +49,7 @@ class KitTrace:
         first[[x.first for x in self.sessions]] = True
         self.gap_kind = np.where(first, 0, 1).astype(np.int8)  # traces.GAP_KINDS: first, tool
         self.shared_blocks = shared_blocks
+        self.options: dict = {}
 
     def __len__(self) -> int:
         return len(self.session)
@@ -60,6 +62,10 @@ class KitTrace:
 
     def block_ids(self, r: int) -> np.ndarray:
         return self._ids(int(self.session[r]), int(self.prompt_tokens[r]) // 64)
+
+    def block_regions(self, r: int) -> None:
+        """No regions recorded (policies see ``Arrival.block_regions = None``)."""
+        return None
 
     def finish_block_ids(self, r: int) -> np.ndarray:
         n = (int(self.prompt_tokens[r]) + int(self.output_tokens[r]) - 1) // 64

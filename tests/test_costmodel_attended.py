@@ -20,7 +20,6 @@ from costmodel.units import (
     rerotation_bytes,
     rerotation_seconds,
 )
-from sim.context.plan import units_of
 from sim.context.view import RequestView
 
 FULL2 = ModelSpec("t-full", layers=2, hidden=64, q_heads=1, kv_heads=1, head_dim=32, ffn=64)
@@ -78,7 +77,7 @@ def test_units_of_cuts_at_the_trigger() -> None:
     # keys [0, 64) dropped from token 128 on: tokens 64..127 still see them, 128..191 not
     view = RequestView("turn", 0, arr(1), 192, 1, arr(1), hid_s=arr(0), hid_e=arr(64),
                        hid_t=arr(128))
-    got = units_of(FULL2, view, 64, 192)
+    got = view.units(FULL2, 64, 192)
     want = range_units(FULL2, 64, 128) + range_units_hidden(FULL2, 128, 192, arr(0), arr(64))
     assert got == want
     assert got.attention == range_units(FULL2, 64, 192).attention - 2 * 64 * 64
@@ -149,6 +148,6 @@ def test_units_of_matches_per_token_brute_force(data) -> None:
             for window, count in spec.window_groups().items():
                 lo = 0 if window is None else max(0, p - (window - 1))
                 att += count * sum(1 for q in range(lo, p) if q not in hidden)
-        got = units_of(spec, view, a, b)
+        got = view.units(spec, a, b)
         assert got.attention == att
         assert got.tokens == b - a and got == Units(spec.layers * (b - a) * spec.W, att, b - a)

@@ -3,7 +3,9 @@ the done marker written last, the table's columns, and a sweep without a grid.""
 
 from __future__ import annotations
 
+import os
 import re
+import time
 from dataclasses import fields
 from pathlib import Path
 
@@ -13,7 +15,7 @@ from click.testing import CliRunner
 
 from sim.cli.main import cli
 from sim.config import ConfigError, RunConfig
-from sim.executors import ExecutorSpec, LocalPoolExecutor, SerialExecutor
+from sim.executors import ExecutorSpec, LocalPoolExecutor, SerialExecutor, WorkerLostError
 from sim.sweep import SECTIONS, load_sweep, run_sweep
 from tests.enginekit import write_cc_traces
 
@@ -134,3 +136,23 @@ def test_failed_point_lets_the_others_finish(tmp_path, trace) -> None:
     assert "1 of 2 points failed" in lines[-1] and "trace_0000.json" in lines[-1]
     assert len(list((tmp_path / "o" / "points").glob("*/summary.json"))) == 1
     assert not (tmp_path / "o" / "results.csv").exists()
+
+
+def _job_or_exit(cfg, arg, get_trace):
+    """A job that kills its own worker when its argument says so (module level: picklable)."""
+    if arg == "kill":
+        os._exit(3)
+    time.sleep(0.2)  # still running when the other worker dies
+    return arg
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_local_pool_charges_only_the_job_whose_worker_died(workers) -> None:
+    """One job kills its worker: the broken pool takes every pending job down with it, but
+    only that job is charged; the others complete and the error names it alone."""
+    jobs = [(RunConfig(), "a"), (RunConfig(), "kill"), (RunConfig(), "b"), (RunConfig(), "c")]
+    done: dict[int, str] = {}
+    with pytest.raises(WorkerLostError, match=r"^job 1: its worker process died 2 times$"):
+        for i, res in LocalPoolExecutor(workers, max_retries=1).map(_job_or_exit, jobs):
+            done[i] = res
+    assert done == {0: "a", 2: "b", 3: "c"}

@@ -7,7 +7,7 @@ import json
 from click.testing import CliRunner
 
 from sim.cli.main import cli
-from traces import fixtures as F
+from tests import tracefixtures as F
 
 
 def test_stats_json_table_and_compare(tmp_path):

@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from sim.cli.main import cli
+from tests import tracefixtures as F
 from traces import TraceFormatError, load_trace
-from traces import fixtures as F
 
 S = F.make_sessions(seed=3, n_sessions=2)
 CC = [F.cc_session_doc(s) for s in S]

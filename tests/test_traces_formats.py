@@ -1,4 +1,4 @@
-"""Every loader on fixtures written from one token-level model (traces.fixtures)."""
+"""Every loader on fixtures written from one token-level model (tests/tracefixtures.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import importlib.util
 import numpy as np
 import pytest
 
+from tests import tracefixtures as F
 from traces import detect_format, load_trace
-from traces import fixtures as F
 from traces.builder import common_prefix
 
 HAS_DUCKDB = importlib.util.find_spec("duckdb") is not None

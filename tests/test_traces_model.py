@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.tracefixtures import TokenWorld
 from traces import GAP_KINDS, OptionError, parse_gap_model
 from traces.blocks import UniqueIds, map_block_ids
 from traces.builder import TraceBuilder, common_prefix
-from traces.fixtures import TokenWorld
 from traces.kinds import GAP_HUMAN, GAP_TOOL
 
 

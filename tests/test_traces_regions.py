@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.cli.main import cli
+from tests import tracefixtures as F
 from traces import REGION_NAMES, load_trace
-from traces import fixtures as F
 from traces.builder import TraceBuilder, common_prefix
 from traces.cache import read_trace, save_trace
 from traces.regions import RESENT, Layout, first_input_region, input_region

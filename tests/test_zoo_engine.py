@@ -94,6 +94,46 @@ def test_ttl_learned_rule_cold_start_does_not_pin_a_cheap_history() -> None:
     assert p.tau(3999) == pytest.approx(0.01 * np.log(c / 0.01))
 
 
+def test_ttl_pin_ends_when_the_request_it_holds_for_is_dropped() -> None:
+    """s0's tool-call reply pins its history for 20 s; its next request arrives 1 s later
+    (the pin now holds until admission) but can never fit, and is dropped: the pin must end
+    then, not stay forever (no reply will ever come)."""
+    made = []
+    real = RunConfig.make_policy
+
+    def spy(self):
+        made.append(real(self))
+        return made[-1]
+
+    trace = KitTrace([[(4000, 1, 0.0), (20000, 1, 1.0)], [(2000, 1, 0.0), (3000, 1, 5.0)]])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(RunConfig, "make_policy", spy)
+        res = run(cfg(gpu_cache=10240).with_policy("ttl?tau_s=20"), trace).requests
+    assert res.sort_values("request").dropped.tolist() == [False, True, False, False]
+    policy = made[-1]
+    assert policy.until == {} and policy.pinned == {}
+
+
+def test_ttl_drop_event_releases_the_pin() -> None:
+    from policies import Drop, PolicyContext
+
+    p = get_policy("ttl?tau_s=20")
+    now = [0.0]
+    p.bind(PolicyContext(now=lambda: now[0], recompute_seconds=lambda a, b: 1.0))
+
+    class Leaf:
+        serial = 7
+
+    from policies import Arrival, Reply
+
+    p.on_reply(Reply(0.0, 0, 0, 4000, Leaf(), "tool"))
+    assert p.pinned_until(Leaf()) == 20.0
+    p.on_arrival(Arrival(1.0, 0, 1, 20000, np.zeros(0, np.int64)))
+    assert p.pinned_until(Leaf()) == np.inf  # held until admission
+    p.on_drop(Drop(1.0, 0, 1, "cache"))
+    assert p.pinned_until(Leaf()) == -np.inf
+
+
 def test_program_fcfs_serves_the_earlier_program_first() -> None:
     # s0 prefills 40,000 tokens (64 cached) from 0.51 s on: four passes of 8,192 (a chunked
     # prompt owns its pass), then [32832, 40000) with 1,024 tokens of budget to spare.
@@ -197,3 +237,42 @@ def test_zoo_runs_are_reproducible_and_consistent(spec: str) -> None:
     df = a.requests
     assert (df.hit_gpu_tokens + df.recomputed_tokens + df.new_tokens == df.prompt_tokens).all()
     assert np.isfinite(df.ttft_s).all() and a.summary["evicted_tokens"] > 0
+
+
+def test_clairvoyant_reads_the_open_loop_future(monkeypatch) -> None:
+    """Under ``--replay open`` a session's next request is sent at its recorded time, not a
+    gap after the reply: the oracle's next use is that send time (before the fix it was the
+    closed loop's reply + gap). One turn of s0 is still running when its next is sent."""
+    from policies.zoo.clairvoyant import Clairvoyant
+
+    seen: dict[int, float] = {}
+    on_reply = Clairvoyant.on_reply
+
+    def spy(self, event) -> None:
+        on_reply(self, event)
+        seen[event.request] = self.next_use[event.session]
+
+    monkeypatch.setattr(Clairvoyant, "on_reply", spy)
+    trace = KitTrace([[(2560, 64, 0.0), (2624, 1, 0.05), (2688, 1, 4.0)],
+                      [(1280, 1, 1.0), (1344, 1, 2.0)]])
+    res = run(cfg(gpu_cache=6400, replay="open", time_scale=1.0).with_policy("clairvoyant"),
+              trace).requests.set_index("request")
+    assert len(seen) == len(trace)
+    for r, nxt in seen.items():
+        s = int(trace.session[r])
+        last = trace.sessions[s].first + trace.sessions[s].count - 1
+        assert nxt == (np.inf if r == last else pytest.approx(res.loc[r + 1].send_s, abs=1e-12)), r
+    assert res.loc[1].send_s < res.loc[0].end_s  # sent before the reply it follows
+
+
+def test_open_loop_runs_until_the_last_reply() -> None:
+    """The open loop ends when every request has its reply: the last request, sent alone,
+    is mid-prefill (neither waiting nor running) when the sending ends, and used to be cut
+    off unfinished."""
+    trace = KitTrace([[(2560, 64, 0.0), (2624, 1, 0.05)], [(1280, 1, 1.0), (1344, 8, 2.0)]])
+    for engine, preset in (("sglang", "sglang"), ("vllm", "vllm")):
+        res = run(cfg(gpu_cache=6400, replay="open", engine=engine, scheduler="fcfs")
+                  .with_policy(preset), trace)
+        assert np.isfinite(res.requests.end_s).all(), engine
+        assert res.summary["sim_end_s"] == res.requests.end_s.max()
+        assert res.requests.decoded_tokens.tolist() == [63, 0, 0, 7]

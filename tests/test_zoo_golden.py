@@ -249,6 +249,25 @@ def test_tlru_with_a_large_threshold_is_all_tel_safe_and_lru() -> None:
     assert [freed(cache.evict(1)) for _ in range(3)] == [[A], [B], [C]]
 
 
+def test_tlru_split_node_keeps_the_branch_high_water() -> None:
+    """A new branch splits A after its first block: the new prefix node [10] carries A's
+    high water (SGLang copies it on a split). Once A's suffix and the branch are gone, [10]
+    is a leaf at [2, 3) whose branch ran to 384 tokens: B = 184 > 128, not TEL-safe; without
+    the copy its L would be its own end (192), B = -8: TEL-safe."""
+    policy, cache, _clock = setup("tlru", xi=200, q_hat=0)
+    leaves = three_sessions(cache)
+    for s, leaf in leaves.items():
+        reply(policy, s, leaf, 1.0)
+    branch = cache.insert(arr(S, A[:1], [40])).node
+    prefix = branch.parent
+    assert (prefix.start, prefix.end) == (2, 3) and leaves[0].parent is prefix
+    assert policy.budget(prefix) == policy.budget(leaves[0]) == 384 - 200
+    assert policy.key(prefix)[0] == 1  # not TEL-safe
+    # TEL-safe first, LRU among them: C, A's suffix [3, 6), the branch; then B
+    assert [freed(cache.evict(1)) for _ in range(4)] == [[C], [A[1:]], [[40]], [B]]
+    assert policy.key(prefix)[0] == 1  # a leaf now, still judged by A's high water
+
+
 # ---------------------------------------------------------------------------- greedydual
 def test_greedydual_lowest_cost_per_block_first_then_inflation() -> None:
     policy, cache, _clock = setup("greedydual")
@@ -323,6 +342,22 @@ def test_memdecay_without_regions_counts_unknown() -> None:
         reply(policy, s, leaves[s], float(s))
     clock.t = 3.0
     assert freed(cache.evict(1)) == [A[:1]]  # equal regions: the oldest use decays most
+
+
+def test_memdecay_weight_follows_an_event_at_the_same_instant() -> None:
+    """A score taken at t, then an arrival of the same session at t: the history is fresh
+    (age 0), not the weight cached a moment before the event."""
+    policy, cache, clock = setup("memdecay")
+    leaves = three_sessions(cache)
+    for s in range(3):
+        arrival(policy, s, 0.0, arr(S, (A, B, C)[s]))
+        reply(policy, s, leaves[s], 0.0)
+    clock.t = 3.0
+    decayed = policy.score(leaves[0])
+    assert decayed < policy.base_unknown
+    arrival(policy, 0, 3.0, arr(S, A, [14]))
+    assert policy.score(leaves[0]) == pytest.approx(policy.base_unknown)
+    assert freed(cache.evict(1)) == [B[:1]]  # s1 and s2 (equal, older) before fresh s0
 
 
 # ---------------------------------------------------------------------------- clairvoyant

@@ -7,7 +7,7 @@ the new ids, so memory scales with distinct blocks. ``build`` then applies, in t
 
 1. ``max_context``: a session ends before its first request with ``prompt_tokens > max_context``
    (sub-agents spawned after a removed request go too; a sub-agent's own requests are cut the
-   same way). On ../shared/data/cc-traces at 131,072 this leaves 12,530 main-agent requests.
+   same way). On the published cc-traces at 131,072 this leaves 12,530 main-agent requests.
 2. ``select``: ``top-requests:K`` keeps the K top-level sessions with the most requests after
    the cut (ties: trace order), in trace order, with their sub-agents; ``first:K`` the first K.
 3. ``shared_prefix``: the first N tokens (``auto``: the session's system + tool-definition

@@ -3,7 +3,7 @@
 One JSON object per session (``.json``/``.json.gz``) or one per line (``.jsonl(.gz)``); a folder
 holds any number of them. ``requests`` mixes requests and sub-agent records in time order.
 
-Semantics we derived from the data (../shared/data/cc-traces, checked on all 38 sub-agents):
+Semantics we derived from the published data (checked on all 38 sub-agents; docs/traces.md):
 - a request's ``t`` is its send time in seconds since the session start; ``think_time`` is the
   client's wait after the previous reply (``t_k ~ t_{k-1} + api_time_{k-1} + think_time_k``);
   when null we use ``t_k - t_{k-1} - api_time_{k-1}`` (or ``t_k - t_{k-1}``);

@@ -1,6 +1,6 @@
 """FreeInference agent traces (CC BY 4.0): weekly JSONL or the three Parquet tables.
 
-No copy is available here; this follows the published schema (../shared/data/README.md):
+No copy is available here; this follows the published schema (docs/traces.md):
 - Parquet: a folder with ``sessions.parquet`` (session_id, harness, parent_session_id,
   spawned_by_step, spawned_by_call_index), ``requests.parquet`` (session_id, step, start_ms,
   end_ms, model, step_trigger, waited_for, prompt_tokens, completion_tokens, transition, cause,

@@ -1,9 +1,9 @@
 """Synthetic agent traces, deterministic by seed: ``synthetic:NAME[?key=value&...]``.
 
-NAME: ``claude-code`` (fitted to ../shared/data/cc-traces), ``codex`` and ``chat`` (assumed
-shapes, see their profiles). Keys: ``sessions`` (default 16, the ``make demo`` size),
-``seed`` (overrides the seed argument), ``max_requests`` (cap per session), ``subagents``
-(0 disables sub-agents). Example: ``synthetic:claude-code?sessions=360&seed=3``.
+NAME: ``claude-code`` (fitted to the published cc-traces, docs/traces.md), ``codex`` and
+``chat`` (assumed shapes, see their profiles). Keys: ``sessions`` (default 16, the ``make
+demo`` size), ``seed`` (overrides the seed argument), ``max_requests`` (cap per session),
+``subagents`` (0 disables sub-agents). Example: ``synthetic:claude-code?sessions=360&seed=3``.
 
 Model of one session (per request, never per token):
 - requests per session, the first prompt (system + tool definitions + first message), outputs
@@ -76,7 +76,7 @@ class Profile:
     model: str = "synthetic"
 
 
-# Fitted on ../shared/data/cc-traces (360 sessions, 23,669 main-agent requests) with
+# Fitted on the published cc-traces (360 sessions, 23,669 main-agent requests) with
 # ``kvsim trace stats`` and the per-transition measurements in docs/traces.md:
 # requests/session median 41 (log sd 1.19); system+tool tokens median 14,893 (0.16); first
 # prompt minus that median 7,809 (2.0); output median 214 (0.88); append beyond the previous
@@ -94,7 +94,7 @@ CLAUDE_CODE = Profile(
     hard_limit=880_000, max_requests=440, p_subagent=38 / 23669, model="synthetic-claude-code")
 
 # Codex CLI: NOT fitted to a large real set (none is available here). Assumed from the two
-# TraceLab example sessions (../shared/data/tracelab-example: ~7K-token prefix, appends of a
+# TraceLab example sessions (~7K-token prefix, appends of a
 # few hundred tokens, outputs ~200, sub-second to few-second tool runs) and Codex's smaller
 # default context; treat its numbers as illustrative.
 CODEX = Profile(

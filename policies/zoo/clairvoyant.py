@@ -2,7 +2,8 @@
 An ORACLE -- it reads the replay's future -- shown as ``clairvoyant-oracle`` in every table.
 
 It knows when each session will next send a request in this replay (``clairvoyant = True``:
-``Reply.next_gap_s``, the wait the replay inserts after the reply). Definition:
+``Reply.next_gap_s``: under the closed loop the wait the replay inserts after the reply,
+under the open loop the time left until the next request's recorded send time). Definition:
 
 - a session's *next use* is ``reply time + next_gap_s`` after a reply, its arrival time once
   its next request is waiting (due: kept), and never (+inf) after its last reply;
@@ -29,9 +30,10 @@ and a fixed request sequence. Here (1) histories differ in size and their blocks
 TTFT, not misses: a recompute delays every request batched or queued behind it, so where the
 misses fall in time matters (a rule with fewer recomputed units can still have a higher mean
 TTFT); (3) the closed loop makes the future depend on the policy: a faster reply sends the
-next request sooner; (4) the next request is known by time, not content: a session whose next
-prompt diverges from its history (an edit, a compaction) still counts that history as needed,
-and sub-agents can delay a parent's next request past ``next_gap_s``; (5) the scheduler
+next request sooner (the open loop's future is fixed); (4) the next request is known by
+time, not content: a session whose next prompt diverges from its history (an edit, a
+compaction) still counts that history as needed, and sub-agents can delay a parent's next
+request past ``next_gap_s``; (5) the scheduler
 (``lpm``) is the same as every other policy's: the oracle does not reorder requests. It is
 the best rule kvsim knows with this oracle, checked against every policy of the experiment.
 """

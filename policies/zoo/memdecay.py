@@ -83,7 +83,7 @@ class RegionDecay(ZooPolicy):
         self.latest = -math.inf  # the latest use of any session (shared nodes)
         self.shared_from: dict[int, int] = {}  # shared node serial -> latest session on it
         self.counts: dict[int, tuple] = {}  # serial -> (start, end, session, region_counts)
-        self.weights: dict[int, tuple[float, tuple]] = {}  # owner -> (now, weights)
+        self.weights: dict[int, tuple[float, float, tuple]] = {}  # owner -> (now, use, w)
         # (node, start, end, region_counts) of the latest pinned_until; events clear it
         self.last: tuple = (None, 0, 0, None)
 
@@ -134,15 +134,16 @@ class RegionDecay(ZooPolicy):
         return out
 
     def _weights(self, owner: int, now: float) -> tuple[float, ...]:
-        cached = self.weights.get(owner)
-        if cached is not None and cached[0] == now:
-            return cached[1]
+        # Cached per (now, last use): an event at this same instant refreshes the use.
         last = self.latest if owner == SHARED else self.used.get(owner, now)
+        cached = self.weights.get(owner)
+        if cached is not None and cached[0] == now and cached[1] == last:
+            return cached[2]
         age = now - last if now > last else 0.0
         b, r = self.base, self.rates
         w = (b[0] * exp2(-age * r[0]), b[1] * exp2(-age * r[1]), b[2] * exp2(-age * r[2]),
              b[3] * exp2(-age * r[3]), b[4] * exp2(-age * r[4]), b[5] * exp2(-age * r[5]))
-        self.weights[owner] = (now, w)
+        self.weights[owner] = (now, last, w)
         return w
 
     def score(self, node: CacheNode) -> float:

@@ -12,7 +12,8 @@ latency safe): evicting it cannot push the next turn over ``xi``. The rule:
 L is the branch's *high-water* length (tokens): the longest history that ever ran through the
 node, learned from replies (``Reply.context_tokens`` stamped on every node of the reply's
 path), so it does not shrink as the tail is trimmed -- T-LRU stops after trimming a
-conversation to B instead of walking it down to nothing. A node never on a reply path counts
+conversation to B instead of walking it down to nothing. A split copies it to the new prefix
+node (``on_split``), as SGLang's ``_split_node`` does. A node never on a reply path counts
 its own end as L. Positions count holes as cached (SGLang has none).
 
 Defaults: ``q_hat = 200`` tokens (vLLM PR #37825's ``--tlru-qhat-tokens``). The sources give
@@ -35,7 +36,7 @@ class TailOptimizedLRU(ZooPolicy):
 
     name = "tlru"
     start, granularity = TAIL, NODE
-    events = frozenset({"reply"})
+    events = frozenset({"reply", "split"})
     xi: int = 8192  # tokens a next turn may recompute (the tail-latency threshold)
     q_hat: int = 200  # expected tokens a next turn adds
 
@@ -50,6 +51,12 @@ class TailOptimizedLRU(ZooPolicy):
             if hw.get(nd.serial, 0) < length:
                 hw[nd.serial] = length
             nd = nd.parent
+
+    def on_split(self, prefix: CacheNode, node: CacheNode) -> None:
+        """SGLang's split copies the node's high water to the new prefix node."""
+        hw = self.high_water.get(node.serial)
+        if hw is not None:
+            self.high_water[prefix.serial] = hw
 
     def budget(self, node: CacheNode) -> int:
         """B: the tokens of the node's branch to keep cached."""

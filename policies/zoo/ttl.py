@@ -23,7 +23,8 @@ else 0. ``tau_s >= 0`` replaces the rule by a fixed tau (the sensitivity sweep).
 
 A pin ends at its deadline (``now > deadline``), unless the session's next request arrived
 before it: then the history stays pinned until that request is admitted (its lock protects the
-history from then on) and its reply sets the next pin. Under memory pressure pinned histories
+history from then on) and its reply sets the next pin; if the server refuses that request
+(``on_drop``), the pin ends then. Under memory pressure pinned histories
 are freed after every unpinned one (the planner's rule), latest program arrival first (the
 reference: Continuum unpins the latest-entered program). Unpinned histories go in LRU order.
 """
@@ -34,7 +35,7 @@ import math
 
 import numpy as np
 
-from ..context import Arrival, CacheNode, Reply
+from ..context import Arrival, CacheNode, Drop, Reply
 from ..eviction import BLOCK, TAIL
 from ..registry import register_policy
 from .common import ZooPolicy
@@ -49,7 +50,7 @@ class TTLPinning(ZooPolicy):
     name = "ttl"
     start, granularity = TAIL, BLOCK  # vLLM, where Continuum is built
     pins = True
-    events = frozenset({"arrival", "reply"})
+    events = frozenset({"arrival", "reply", "drop"})
     tau_s: float = -1.0  # < 0: the learned rule; >= 0: a fixed tau in seconds
     mu_s: float = 1.0  # cold-start prior: exponential tool durations with this mean
     cold_start: int = 100  # durations needed before the empirical CDF replaces the prior
@@ -107,6 +108,12 @@ class TTLPinning(ZooPolicy):
             self.until[serial] = event.time + tau
             self.pinned[s] = serial
             self.leaf_session[serial] = s
+
+    def on_drop(self, event: Drop) -> None:
+        """The request its history was held for will never be admitted: release the pin
+        (it would otherwise hold until the session's next reply, or forever)."""
+        self._unpin(event.session)
+        self.returned_unpinned.discard(event.session)
 
     def _unpin(self, session: int) -> None:
         serial = self.pinned.pop(session, None)

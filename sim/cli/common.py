@@ -1,6 +1,6 @@
 """Helpers every CLI command shares: sizes, JSON output, input errors, atomic writes.
 
-Conventions (the CLI contract in DESIGN.md):
+Conventions (the CLI contract, README.md):
 - with ``--json`` a command prints exactly one JSON document on stdout; progress and logs go to
   stderr;
 - bad input raises an exception carrying ``exit_code = 2`` (ProfileError, TraceFormatError,

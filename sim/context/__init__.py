@@ -5,11 +5,12 @@ turns decisions into keys and edits, ``plan`` into computed ranges and prices, `
 a run. kvsim prices serving only: it does not model what any of them does to task accuracy.
 """
 
-from .plan import plan_ranges, units_of
+from .plan import plan_ranges
+from .prompt import FullPrompt, Prompt
 from .run import COUNTERS, ContextRun, apply_edit, context_summary
 from .strategies import ACCURACY_NOTE, ContextError, Strategy, parse_context
 from .view import RequestView
 
-__all__ = ["ACCURACY_NOTE", "COUNTERS", "ContextError", "ContextRun", "RequestView",
-           "Strategy", "apply_edit", "context_summary", "parse_context", "plan_ranges",
-           "units_of"]
+__all__ = ["ACCURACY_NOTE", "COUNTERS", "ContextError", "ContextRun", "FullPrompt", "Prompt",
+           "RequestView", "Strategy", "apply_edit", "context_summary", "parse_context",
+           "plan_ranges"]

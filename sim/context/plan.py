@@ -12,19 +12,16 @@ history dropped:
   a block can need older dropped blocks in turn: intervals are visited from the last one
   back, each against everything computed above it.
 
-``range_units`` prices a computed range with the keys each token attends to (``costmodel.
-units.attended_units``): the range is cut at every drop trigger inside it, and each piece
-skips the intervals dropped before it.
+``RequestView.units`` prices a computed range with the keys each token attends to: the range
+is cut at every drop trigger inside it, and each piece skips the intervals dropped before it.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left
 
 import numpy as np
 
-from costmodel.specs import ModelSpec
-from costmodel.units import Units, hidden_key_sum, position_sum, range_units
 from sim.kvcache.node import Tier
 
 from .strategies import mask_runs
@@ -113,36 +110,3 @@ def plan_ranges(view: RequestView, segments, usable: int, context_tokens: int, b
     view.reprefill_tokens = sum(max(0, min(b, hi * bs) - max(a, lo * bs))
                                 for a, b in computed) if hi > lo else 0
     return computed, reused, holes, cpu
-
-
-def units_of(spec: ModelSpec, view: RequestView, a: int, b: int) -> Units:
-    """Units of computing tokens [a, b) of ``view``'s request: keys dropped before a token's
-    position (by an event whose trigger it is at or after) are not attended.
-
-    The range is cut at the triggers inside it. In each piece every hidden interval lies
-    before the piece (an event drops blocks of the prompt that asked for it), so a full
-    attention layer hides their whole length from every token; a sliding-window layer only
-    the part inside its window (``costmodel.units.hidden_key_sum``, for the few near ones)."""
-    if not len(view.hid_t):
-        return range_units(spec, a, b)
-    trig, cum, maxend = view.pricing_index()
-    total = Units()
-    lo, hi = bisect_right(trig, a), bisect_left(trig, b)
-    cuts = sorted({t for t in trig[lo:hi] if a < t < b})
-    for u, v in zip([a, *cuts], [*cuts, b], strict=True):
-        j = bisect_right(trig, u)
-        if j == 0:
-            total = total + range_units(spec, u, v)
-            continue
-        att = 0
-        for count, cap in spec.window_caps:
-            if cap is None:
-                att += count * (position_sum(u, v) - (v - u) * cum[j])
-                continue
-            near = 0
-            if maxend[j] > u - cap:
-                near = hidden_key_sum(u, v, view.hid_s[:j], view.hid_e[:j], cap)
-            att += count * (position_sum(u, v, cap) - near)
-        n = v - u
-        total = total + Units(spec.layers * n * spec.W, att, n)
-    return total

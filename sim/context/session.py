@@ -44,7 +44,7 @@ from .strategies import (
     stale_tool_mask,
     tool_spans,
 )
-from .summary import Summaries
+from .summary import SessionSummary
 from .view import Event, RequestView
 
 
@@ -60,7 +60,7 @@ def _common(a: np.ndarray, b: np.ndarray) -> int:
     return i if diff[i] else n
 
 
-class SessionState(Summaries):
+class SessionState:
     """One session's history under a strategy (module docstring)."""
 
     def __init__(self, strategy: Strategy, space: VersionSpace, bs: int, sid: int) -> None:
@@ -72,8 +72,7 @@ class SessionState(Summaries):
         self.dropped = np.zeros(0, bool)  # drop/budget: per original block
         self.events: list[Event] = []
         self.removed = np.zeros(0, bool)  # trim/splice: per original block
-        self.summary: tuple[int, int, int, int] | None = None  # (c0, vid_s, vid_c, blocks)
-        self.summaries = 0
+        self.summary = SessionSummary(strategy, space, bs, sid)  # summarize:T:S
         self._hid: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # of ``events``
         self._hid_n = 0  # events in ``_hid``
         self._dp: tuple[list[int], list[int], list[int]] = ([], [], [0])  # _dp_chain
@@ -384,8 +383,9 @@ class SessionState(Summaries):
                     view.edit = (old, view.finish, dest)
                     view.rotates = (dest >= 0) & (dest != np.arange(len(dest)))
         elif st.kind == "summarize":
-            pre = self._summarize(view, raw, regions, finish_raw, k, lk, prefix_blocks)
-            forig = self._summary_orig(len(finish_raw), prefix_blocks)
+            pre = self.summary.summarize(view, raw, regions, finish_raw, k, lk, prefix_blocks,
+                                         self.prev_prompt_blocks)
+            forig = self.summary.orig(len(finish_raw), prefix_blocks)
         if st.kind in ("full", "drop", "budget"):
             view.regions = regions
         else:

@@ -3,9 +3,13 @@ session's history (``Event``): plain data the session state fills and the engine
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from costmodel.specs import ModelSpec
+from costmodel.units import Units, hidden_key_sum, position_sum, range_units
 
 
 @dataclass
@@ -22,8 +26,9 @@ class Event:
 @dataclass
 class RequestView:
     """What one request is under the run's context strategy (sizes in tokens unless named
-    blocks). The engine reads ``ids``, ``prompt_tokens``, ``finish``; applies ``edit`` on
-    arrival; prices with ``hidden``; fills the counters at the bottom."""
+    blocks): a ``sim.context.prompt.Prompt``. The engine reads ``ids``, ``prompt_tokens``,
+    ``finish``; applies ``edit``; prices with ``units`` (the dropped keys ``hid_*`` are not
+    attended); the plan fills the counters at the bottom."""
 
     kind: str  # "turn" | "summary" (the summarization call before a summarized turn)
     rid: int  # the trace request
@@ -65,6 +70,44 @@ class RequestView:
             mx = np.concatenate(([-1], np.maximum.accumulate(self.hid_e)))
             idx = self._index = (self.hid_t.tolist(), cum.tolist(), mx.tolist())
         return idx
+
+    def units(self, spec: ModelSpec, a: int, b: int) -> Units:
+        """Units of computing tokens [a, b) of this request: keys dropped before a token's
+        position (by an event whose trigger it is at or after) are not attended.
+
+        The range is cut at the triggers inside it. In each piece every hidden interval lies
+        before the piece (an event drops blocks of the prompt that asked for it), so a full
+        attention layer hides their whole length from every token; a sliding-window layer only
+        the part inside its window (``costmodel.units.hidden_key_sum``, for the few near ones)."""
+        if not len(self.hid_t):
+            return range_units(spec, a, b)
+        trig, cum, maxend = self.pricing_index()
+        total = Units()
+        lo, hi = bisect_right(trig, a), bisect_left(trig, b)
+        cuts = sorted({t for t in trig[lo:hi] if a < t < b})
+        for u, v in zip([a, *cuts], [*cuts, b], strict=True):
+            j = bisect_right(trig, u)
+            if j == 0:
+                total = total + range_units(spec, u, v)
+                continue
+            att = 0
+            for count, cap in spec.window_caps:
+                if cap is None:
+                    att += count * (position_sum(u, v) - (v - u) * cum[j])
+                    continue
+                near = 0
+                if maxend[j] > u - cap:
+                    near = hidden_key_sum(u, v, self.hid_s[:j], self.hid_e[:j], cap)
+                att += count * (position_sum(u, v, cap) - near)
+            n = v - u
+            total = total + Units(spec.layers * n * spec.W, att, n)
+        return total
+
+    def recomputed_ranges(self, segments, planned: list[tuple[int, int]], ideal: int,
+                          bs: int) -> list[tuple[int, int]]:
+        """The plan knows what is computed (dropped blocks skipped, restored ones added):
+        its ranges inside ``ideal``."""
+        return [(a, min(b, ideal)) for a, b in planned if a < ideal]
 
     @property
     def dropped_tokens(self) -> int:

@@ -3,7 +3,8 @@
 ``sglang``: SGLang 0.5.23's scheduler over the radix KV cache (``sim.kvcache``);
 ``vllm``: vLLM 0.33's V1 scheduler over its prefix-caching block pool
 (``sim.kvcache.blockpool``). Eviction policies (``policies``) are orthogonal to engines: an
-engine says which it can express (``EngineBase.unsupported``).
+engine says which it can express (``EngineBase.unsupported``). ``ENGINES`` names them;
+``sim.runner`` builds the run's engine with ``ENGINES[name].build``.
 """
 
 from .base import EngineBase

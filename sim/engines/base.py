@@ -2,8 +2,11 @@
 decode runs, tier transfers, and the ``ever`` set (what an unlimited cache would hold).
 
 An engine (``sim.engines``) is the request protocol, the scheduler and the memory semantics
-of one real server. Subclasses implement ``_never_fits``/``_drop_reason`` and the server
-process ``_loop``; they call ``_reply`` when a request finishes.
+of one real server. Subclasses implement ``build`` (the engine and its cache for a run),
+``_never_fits``/``_drop_reason`` and the server process ``_loop``; they call ``_reply`` when a
+request finishes and ``_drop`` when one can never run. A request is read through its prompt
+(``Req.prompt``, ``sim.context.prompt``): its keys, the edit its history asks, and the price
+of a computed range (only the keys its tokens attend), whatever the context strategy.
 
 Determinism: time comes only from the cost model; ties in queues break on a submission
 sequence number; SimPy breaks event ties by schedule order. No wall clock is read.
@@ -12,17 +15,16 @@ sequence number; SimPy breaks event ties by schedule order. No wall clock is rea
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import numpy as np
 import simpy
 
 from costmodel.profile import Profile
 from costmodel.specs import ModelSpec
-from costmodel.units import Units, range_units
-from policies import Arrival, EvictionPolicy, Reply
+from costmodel.units import Units
+from policies import Arrival, Drop, EvictionPolicy, Reply
 from sim.config import RunConfig
-from sim.context import apply_edit, units_of
+from sim.context import apply_edit
 from sim.metrics import RunRecorder
 
 from .request import Req
@@ -52,13 +54,17 @@ class EngineBase:
         ``RunConfig.validate`` turns the answer into a ConfigError (exit status 2)."""
         return None
 
+    @classmethod
+    def build(cls, env: simpy.Environment, cfg: RunConfig, spec: ModelSpec, profile: Profile,
+              policy: EvictionPolicy, recorder: RunRecorder) -> EngineBase:
+        """The engine for one run, with its cache (``sim.runner`` calls it by name from
+        ``sim.engines.ENGINES``)."""
+        raise NotImplementedError
+
     def __init__(self, env: simpy.Environment, cfg: RunConfig, spec: ModelSpec,
-                 profile: Profile, cache, policy: EvictionPolicy, recorder: RunRecorder,
-                 finish_ids: Callable[[int], np.ndarray],
-                 block_regions: Callable[[int], np.ndarray] | None = None) -> None:
+                 profile: Profile, cache, policy: EvictionPolicy,
+                 recorder: RunRecorder) -> None:
         self.env, self.cfg, self.spec, self.profile = env, cfg, spec, profile
-        self.block_regions = block_regions  # trace.block_regions, for the Arrival event
-        self.finish_ids = finish_ids  # trace.finish_block_ids: what a finish inserts
         self.cache, self.rec, self.policy = cache, recorder, policy
         self.bs = cfg.block_size
         self.waiting: list[Req] = []
@@ -76,6 +82,7 @@ class EngineBase:
         self.ever: set[int] = set()  # every block id ever inserted: what an infinite cache holds
         self._tell_arrival = "arrival" in policy.events
         self._tell_reply = "reply" in policy.events
+        self._tell_drop = "drop" in policy.events
 
     def start(self) -> simpy.Process:
         """Start the server process."""
@@ -115,18 +122,13 @@ class EngineBase:
     def submit(self, req: Req) -> None:
         self._seq += 1
         req.seq = self._seq
-        if req.view is not None and not req.view.edit_on_finish:  # a splice, on arrival
+        if not req.prompt.edit_on_finish:  # a splice edits the cached path on arrival
             self._context_edit(req)
         if self._tell_arrival:
-            if req.view is not None:  # the prompt as its context strategy shapes it
-                regions = req.view.regions
-            else:
-                regions = self.block_regions(req.rid) if self.block_regions else None
             self.policy.on_arrival(Arrival(self.env.now, req.session, req.rid,
-                                           req.prompt_tokens, req.ids, regions))
+                                           req.prompt_tokens, req.ids, req.prompt.regions))
         if self._never_fits(req):
-            self.rec.drop(req, self.env.now, self._drop_reason(req))
-            req.done.succeed()
+            self._drop(req)
             return
         self.waiting.append(req)
         if not self._wake.triggered:
@@ -135,16 +137,28 @@ class EngineBase:
     def _reply(self, req: Req, leaf) -> None:
         """Tell the policy a request finished (``leaf``: its history's handle, or None)."""
         if self._tell_reply:
-            gap_s = req.next_gap_s if self.policy.clairvoyant else math.nan
+            gap_s = math.nan
+            if self.policy.clairvoyant:  # the future of the replay actually running
+                gap_s = (req.next_gap_s if math.isnan(req.next_send_s)
+                         else req.next_send_s - self.env.now)
             # the queue wait of its first admission (learning policies: Continuum's T_q)
             queue_s = req.record.queue_wait_s if req.record is not None else math.nan
             self.policy.on_reply(Reply(self.env.now, req.session, req.rid, req.context_tokens,
                                        leaf, req.next_gap, gap_s, queue_s))
 
+    def _drop(self, req: Req) -> None:
+        """Refuse ``req`` for good (it can never fit): record it, tell the policy, and let
+        its client go on."""
+        reason = self._drop_reason(req)
+        self.rec.drop(req, self.env.now, reason)
+        if self._tell_drop:
+            self.policy.on_drop(Drop(self.env.now, req.session, req.rid, reason))
+        req.done.succeed()
+
     # --- helpers ------------------------------------------------------------------------
     def _final_ids(self, req: Req) -> np.ndarray:
         """What a finished request inserts: its prompt and output blocks."""
-        return req.view.finish if req.view is not None else self.finish_ids(req.rid)
+        return req.prompt.finish
 
     def _context_edit(self, req: Req) -> bool:
         """Apply the edit a context strategy asks of the request's cached path (sim.context:
@@ -152,9 +166,9 @@ class EngineBase:
         False when the cached path could not all take its new keys (another running request
         holds it): the finish then inserts nothing more (the history misses there next time
         and computes again)."""
-        if req.view.edit is None:
+        if req.prompt.edit is None:
             return True
-        seconds, complete = apply_edit(self.cache, req.view, self.spec, self.profile,
+        seconds, complete = apply_edit(self.cache, req.prompt, self.spec, self.profile,
                                        self.rec.counters, req.hint)
         self._rerotate_s += seconds
         return complete
@@ -198,19 +212,16 @@ class EngineBase:
         request had computed before a preemption or retraction lost them."""
         end = min(b, req.redo_until)
         if end > a:
-            view = req.view
-            self.rec.redone(req, end - a, range_units(self.spec, a, end) if view is None
-                            else units_of(self.spec, view, a, end))
+            self.rec.redone(req, end - a, req.prompt.units(self.spec, a, end))
 
     def _prefill_seconds(self, batch) -> tuple[float, list[Units]]:
         per_req = []
         total = Units()
         for req, ranges in batch:
             u = Units()
-            view = req.view
+            prompt = req.prompt
             for a, b in ranges:
-                u = u + (range_units(self.spec, a, b) if view is None
-                         else units_of(self.spec, view, a, b))
+                u = u + prompt.units(self.spec, a, b)
                 self._count_redone(req, a, b)
             per_req.append(u)
             total = total + u

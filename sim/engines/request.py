@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import simpy
 
+from sim.context import Prompt, RequestView
 from sim.kvcache.paths import WalkHint
 from sim.metrics import RequestRecord
 
@@ -25,6 +25,9 @@ class Req:
     output_tokens: int
     ids: np.ndarray
     done: simpy.Event
+    # The prompt as the run's context strategy shapes it (keys, edit, dropped keys, pricing):
+    # a sim.context.FullPrompt under ``full``, else a sim.context.RequestView.
+    prompt: Prompt
     shared_blocks: int = 0
     generated: int = 0  # output tokens produced so far (the first comes from prefill)
     # set at admission
@@ -37,9 +40,11 @@ class Req:
     record: RequestRecord | None = None
     known_blocks: int = 0  # leading ids already in the engine's ``ever`` (skip re-adding them)
     # What the client does after the reply (policies' Reply event): tool | human | end, and
-    # the replay's wait before its next request (closed loop; NaN when not known).
+    # the replay's wait before its next request (closed loop; NaN when not known). Under the
+    # open loop the next request's send time is fixed in advance: ``next_send_s`` (NaN else).
     next_gap: str = "end"
     next_gap_s: float = math.nan
+    next_send_s: float = math.nan
     # vLLM engine: ids of every full block the sequence will have (prompt + output - 1
     # tokens), tokens with KV since the last (re)admission, and whether its prefill is done
     seq_ids: np.ndarray | None = None
@@ -54,9 +59,6 @@ class Req:
     placeholders: int = 0
     in_flight: int = 0
     stale: int = 0
-    # Context strategies (sim.context): the request as its strategy shapes it (keys, edit,
-    # dropped keys); None under ``full``.
-    view: Any = None
     hint: WalkHint = field(default_factory=WalkHint)  # where the cache's last walk ended
 
     @property
@@ -65,20 +67,24 @@ class Req:
         return self.prompt_tokens + max(0, self.generated - 1)
 
     @property
+    def view(self) -> RequestView | None:
+        """The context strategy's view of the prompt; None under ``full`` (SGLang's plan
+        of a plain prompt is its own)."""
+        p = self.prompt
+        return p if isinstance(p, RequestView) else None
+
+    @property
     def kv_read_tokens(self) -> int:
         """Keys a decode step reads: the context minus what its history dropped."""
-        v = self.view
-        return self.context_tokens - (v.dropped_tokens if v is not None else 0)
+        return self.context_tokens - self.prompt.dropped_tokens
 
     @property
     def kv_tokens(self) -> int:
         """Prompt tokens that need KV (dropped ones do not)."""
-        v = self.view
-        return self.prompt_tokens - (v.prompt_dropped_tokens if v is not None else 0)
+        return self.prompt_tokens - self.prompt.prompt_dropped_tokens
 
     @property
     def position_tokens(self) -> int:
         """Positions the prompt uses (what the context limit counts): repositioning gives
         the dropped ones back."""
-        v = self.view
-        return self.prompt_tokens - (v.freed_positions if v is not None else 0)
+        return self.prompt_tokens - self.prompt.freed_positions

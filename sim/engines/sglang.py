@@ -28,7 +28,6 @@ scheduler's one-iteration delay in freeing KV is not modelled.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,9 +36,10 @@ import simpy
 from costmodel.profile import Profile
 from costmodel.specs import ModelSpec
 from costmodel.units import Units
-from policies.scheduling import SchedulePolicy
+from policies import EvictionPolicy
+from policies.scheduling import SchedulePolicy, get_scheduler
 from sim.config import RunConfig
-from sim.context import plan_ranges
+from sim.context import parse_context, plan_ranges
 from sim.kvcache import RadixKVCache, Tier
 from sim.metrics import RunRecorder
 
@@ -76,12 +76,24 @@ RETRACT_DECODE_STEPS = 20
 class SGLangServer(EngineBase):
     """SGLang's scheduler and memory semantics over one ``RadixKVCache``."""
 
+    @classmethod
+    def build(cls, env: simpy.Environment, cfg: RunConfig, spec: ModelSpec, profile: Profile,
+              policy: EvictionPolicy, recorder: RunRecorder) -> SGLangServer:
+        tiers = {}
+        if cfg.cpu_cache:
+            tiers = dict(cpu_capacity_blocks=cfg.cpu_cache // cfg.block_size,
+                         tiering=cfg.tiering, swap_buffer_blocks=cfg.swap_buffer // cfg.block_size,
+                         write_policy=cfg.hicache_write_policy,
+                         load_threshold_tokens=cfg.hicache_load_threshold,
+                         block_size=cfg.block_size)
+        cache = RadixKVCache(cfg.gpu_cache // cfg.block_size, policy, debug=cfg.debug_cache,
+                             versioned=parse_context(cfg.context).drops, **tiers)
+        return cls(env, cfg, spec, profile, cache, get_scheduler(cfg.scheduler), recorder)
+
     def __init__(self, env: simpy.Environment, cfg: RunConfig, spec: ModelSpec,
                  profile: Profile, cache: RadixKVCache, scheduler: SchedulePolicy,
-                 recorder: RunRecorder, finish_ids: Callable[[int], np.ndarray],
-                 block_regions: Callable[[int], np.ndarray] | None = None) -> None:
-        super().__init__(env, cfg, spec, profile, cache, cache.policy, recorder, finish_ids,
-                         block_regions)
+                 recorder: RunRecorder) -> None:
+        super().__init__(env, cfg, spec, profile, cache, cache.policy, recorder)
         self.scheduler = scheduler
         self.chunked: Req | None = None
         self.ratio = cfg.new_token_ratio
@@ -325,8 +337,7 @@ class SGLangServer(EngineBase):
                     # Nothing holds memory but this request and it does not fit: it never
                     # will. Drop it and try the next one (the server must not sleep).
                     self.waiting.remove(req)
-                    self.rec.drop(req, self.env.now, self._drop_reason(req))
-                    req.done.succeed()
+                    self._drop(req)
                     continue
                 break
             admitted.append(got)

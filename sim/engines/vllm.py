@@ -57,10 +57,8 @@ Defaults for an online server on one H100 (vllm/engine/arg_utils.py ``get_batch_
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
 import simpy
 
 from costmodel.profile import Profile
@@ -155,18 +153,15 @@ class VllmServer(EngineBase):
 
     @classmethod
     def build(cls, env: simpy.Environment, cfg: RunConfig, spec: ModelSpec, profile: Profile,
-              policy: EvictionPolicy, recorder: RunRecorder, trace) -> VllmServer:
+              policy: EvictionPolicy, recorder: RunRecorder) -> VllmServer:
         pool = BlockPool(cfg.gpu_cache // cfg.block_size, cfg.block_size,
                          free_order_name(policy), debug=cfg.debug_cache)
-        return cls(env, cfg, spec, profile, pool, policy, recorder, trace.finish_block_ids,
-                   getattr(trace, "block_regions", None))
+        return cls(env, cfg, spec, profile, pool, policy, recorder)
 
     def __init__(self, env: simpy.Environment, cfg: RunConfig, spec: ModelSpec,
                  profile: Profile, pool: BlockPool, policy: EvictionPolicy,
-                 recorder: RunRecorder, finish_ids: Callable[[int], np.ndarray],
-                 block_regions: Callable[[int], np.ndarray] | None = None) -> None:
-        super().__init__(env, cfg, spec, profile, pool, policy, recorder, finish_ids,
-                         block_regions)
+                 recorder: RunRecorder) -> None:
+        super().__init__(env, cfg, spec, profile, pool, policy, recorder)
         self.pool = pool
         self.token_budget = cfg.chunk_size  # max_num_batched_tokens
         self.max_seqs = cfg.max_running or VLLM_MAX_NUM_SEQS
@@ -222,7 +217,7 @@ class VllmServer(EngineBase):
         while self.waiting and budget > 0 and len(running) < self.max_seqs:
             r = self.waiting[0]
             if r.seq_ids is None:
-                r.seq_ids = self.finish_ids(r.rid)
+                r.seq_ids = r.prompt.finish
             num_tokens = r.prompt_tokens + r.generated
             h = self.pool.admit(r.rid, r.seq_ids, num_tokens, budget)
             if h is None:

@@ -8,9 +8,9 @@ sums of the replicas'), plus the fleet metrics (``sim.fleet.metrics``) and, unde
 waiting and running requests at every routing decision (``kvsim plot`` draws it), and
 ``tables["routing"]`` every decision with the router's belief beside the truth.
 
-Each replica is built, and its summary fields are filled, as ``sim.runner.run`` does for one
-server (the helpers below mirror it); tests/test_fleet.py's ``--replicas 1`` golden fails the
-moment the two differ in any field.
+Each replica is built, bound and summarized with ``sim.runner.run``'s own steps (the engine
+registry, ``bind_policy``, ``run_fields``); tests/test_fleet.py's ``--replicas 1`` golden
+fails the moment the two differ in any field.
 """
 
 from __future__ import annotations
@@ -19,14 +19,9 @@ import numpy as np
 import pandas as pd
 import simpy
 
-from costmodel.units import Units, range_units
-from policies import PolicyContext, SessionInfo
-from policies.scheduling import get_scheduler
-from sim.engines import SGLangServer, VllmServer
-from sim.kvcache import RadixKVCache
-from sim.metrics import RunRecorder
+from sim.engines import ENGINES
 from sim.replay import Replay
-from sim.runner import RunResult
+from sim.runner import RunResult, bind_policy, run_fields
 
 from .fleet import Fleet
 from .metrics import fleet_metrics, merge_recorders, recorder_for
@@ -43,7 +38,7 @@ def run_fleet(cfg, trace, spec, profile) -> RunResult:
         policy = cfg.make_policy()
         bind_policy(env, cfg, spec, profile, policy, trace.sessions)
         rec = recorder_for(trace, ObservedRecorder)
-        engine = build_engine(env, cfg, spec, profile, policy, rec, trace)
+        engine = ENGINES[cfg.engine].build(env, cfg, spec, profile, policy, rec)
         observe(engine)
         engines.append(engine)
         policies.append(policy)
@@ -55,10 +50,7 @@ def run_fleet(cfg, trace, spec, profile) -> RunResult:
     replay = Replay(env, trace, fleet, gaps, trace.start_offsets(cfg.gaps), cfg.sessions,
                     cfg.time_scale)
     driver = env.process(replay.closed_loop() if cfg.replay == "closed" else replay.open_loop())
-    env.run(until=driver)
-    if cfg.replay == "open":  # the last replies may still be in flight
-        while fleet.busy():
-            env.step()
+    env.run(until=driver)  # both loops end with the last reply
     fleet.close()
 
     tables = []
@@ -77,55 +69,6 @@ def run_fleet(cfg, trace, spec, profile) -> RunResult:
     summary["replica_summaries"] = per_replica
     return RunResult(cfg, table, summary, {"load": _load_table(fleet),
                                            "routing": _routing_table(fleet)})
-
-
-def bind_policy(env: simpy.Environment, cfg, spec, profile, policy, sessions) -> None:
-    """Give a policy its run context, as ``sim.runner.run`` does."""
-    base = profile.prefill_seconds(Units())
-
-    def recompute_seconds(a: int, b: int) -> float:
-        """Marginal prefill seconds of tokens [a, b) at their positions."""
-        return profile.prefill_seconds(range_units(spec, a, b)) - base
-
-    policy.bind(PolicyContext(now=lambda: env.now, block_size=cfg.block_size, seed=cfg.seed,
-                              recompute_seconds=recompute_seconds,
-                              sessions=tuple(SessionInfo(s.id, s.parent, s.agent_type)
-                                             for s in sessions)))
-
-
-def build_engine(env: simpy.Environment, cfg, spec, profile, policy, rec: RunRecorder, trace):
-    """One replica's server with its cache, as ``sim.runner.run`` builds a single server."""
-    if cfg.engine == "vllm":
-        return VllmServer.build(env, cfg, spec, profile, policy, rec, trace)
-    tiers = {}
-    if cfg.cpu_cache:
-        tiers = dict(cpu_capacity_blocks=cfg.cpu_cache // cfg.block_size, tiering=cfg.tiering,
-                     swap_buffer_blocks=cfg.swap_buffer // cfg.block_size,
-                     write_policy=cfg.hicache_write_policy,
-                     load_threshold_tokens=cfg.hicache_load_threshold,
-                     block_size=cfg.block_size)
-    cache = RadixKVCache(cfg.gpu_cache // cfg.block_size, policy, debug=cfg.debug_cache,
-                         **tiers)
-    return SGLangServer(env, cfg, spec, profile, cache, get_scheduler(cfg.scheduler),
-                        rec, trace.finish_block_ids, getattr(trace, "block_regions", None))
-
-
-def run_fields(cfg, policy, profile, spec, trace, table: pd.DataFrame) -> dict:
-    """The configuration fields a run summary carries beside its metrics (as in
-    ``sim.runner.run``)."""
-    fields = {"vllm_async": cfg.vllm_async} if cfg.engine == "vllm" else {}
-    return fields | {
-        "policy": policy.label, "model": cfg.model, "profile": profile.name,
-        "profile_provenance": profile.provenance, "gpu_cache_tokens": cfg.gpu_cache,
-        "cpu_cache_tokens": cfg.cpu_cache, "n_sessions": cfg.sessions, "gaps": cfg.gaps,
-        "scheduler": cfg.scheduler, "engine": cfg.engine, "trace": trace.name,
-        "trace_requests": len(trace),
-        "trace_skipped_records": int(getattr(trace, "skipped", 0)),
-        "trace_skipped_files": int(getattr(trace, "options", {}).get("skipped_files", 0)),
-        "over_context_requests": int(((table["prompt_tokens"] > spec.max_context)
-                                      & ~table["dropped"].astype(bool)).sum())
-        if len(table) else 0,
-    }
 
 
 def _routing_table(fleet: Fleet) -> pd.DataFrame:

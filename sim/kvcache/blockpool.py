@@ -1,7 +1,7 @@
 """vLLM 0.33's prefix-caching block pool (one full-attention KV group), block for block.
 
 Design note for the engine integrator. This is NOT the radix tree (``cache.py``): it models
-vLLM's ``KVCacheManager`` + ``BlockPool`` (vllm/v1/core/, reference/vllm-kvcache.md) with the
+vLLM's ``KVCacheManager`` + ``BlockPool`` (vllm/v1/core/; docs/engine.md, vLLM engine) with the
 same state, so that every observable (hits, admission, which physical block is reused, the
 free-queue order) is identical to the real code, proven op by op by tests/test_vllm_diff.py.
 

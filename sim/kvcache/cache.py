@@ -12,7 +12,7 @@ between an ``insert`` and the caller's matching ``release`` (the caller reserved
 then hands to the tree; see ``insert``). ``reserved_blocks`` are owned by running requests,
 outside the tree (new tokens being computed, hole refills, decode tokens).
 
-Matching follows SGLang's RadixCache (reference/sglang-radix.md): walk down while the ids
+Matching follows SGLang's RadixCache (docs/engine.md, SGLang engine): walk down while the ids
 agree; if the match ends inside a node, split it there; stamp the path with one tick of a
 logical clock (never wall time). Two node semantics, chosen by the policy
 (``EvictionPolicy.block_exact``)::
@@ -34,12 +34,13 @@ and checks every chain a start strategy returns.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 
 from policies import EvictionPolicy, get_policy
 
 from .edits import EditResult, edit_path
-from .inspection import Inspection
 from .invariants import recount
 from .node import Node, Tier
 from .paths import WalkHint
@@ -84,7 +85,7 @@ def _segments(path: list[Node]) -> tuple[int, tuple[tuple[int, int, Tier], ...]]
     return hit, tuple(segments)
 
 
-class RadixKVCache(Inspection):
+class RadixKVCache:
     """Radix tree of block-id runs with GPU KV, holes (NONE), an optional CPU tier and locks.
 
     ``policy`` (an ``EvictionPolicy`` or anything ``get_policy`` accepts) decides eviction;
@@ -118,7 +119,8 @@ class RadixKVCache(Inspection):
         self.policy = get_policy(policy)
         self.block_size = int(block_size)
         self.debug = debug
-        self.tree = RadixTree(capacity_blocks, cpu_capacity_blocks)
+        self.tree = RadixTree(capacity_blocks, cpu_capacity_blocks,
+                              self.policy.on_split if "split" in self.policy.events else None)
         self.root = self.tree.root
         if cpu_capacity_blocks == 0:
             self.tiering: GpuOnly = GpuOnly(self.tree, self.policy, debug)
@@ -137,6 +139,104 @@ class RadixKVCache(Inspection):
     def evictable_leaves(self) -> list[Node]:
         """Current eviction candidates, in ascending serial order (deterministic)."""
         return sorted(self.tree.leaves(), key=lambda n: n.serial)
+
+    # ------------------------------------------------------------------ counters (blocks)
+    @property
+    def capacity_blocks(self) -> int:
+        return self.tree.capacity_blocks
+
+    @property
+    def cpu_capacity_blocks(self) -> int:
+        return self.tree.cpu_capacity_blocks
+
+    @property
+    def gpu_blocks(self) -> int:
+        """GPU blocks owned by the tree."""
+        return self.tree.gpu_blocks
+
+    @property
+    def reserved_blocks(self) -> int:
+        """GPU blocks owned by running requests outside the tree."""
+        return self.tree.reserved_blocks
+
+    @property
+    def free_blocks(self) -> int:
+        return self.tree.free_blocks
+
+    @property
+    def evictable_blocks(self) -> int:
+        """GPU blocks in unlocked nodes (all of them can be freed by repeated eviction)."""
+        return self.tree.evictable_blocks
+
+    @property
+    def protected_blocks(self) -> int:
+        """GPU blocks in locked nodes."""
+        return self.tree.protected_blocks
+
+    @property
+    def cpu_blocks(self) -> int:
+        """Blocks resident on CPU: unified = blocks of CPU-only nodes; hicache = host copies
+        (host-only nodes and backed-up device nodes)."""
+        return self.tree.cpu_blocks
+
+    @property
+    def cpu_free_blocks(self) -> int:
+        return self.tree.cpu_free_blocks
+
+    @property
+    def hole_blocks(self) -> int:
+        """Blocks in NONE nodes (ids known, KV freed)."""
+        return self.tree.hole_blocks
+
+    @property
+    def dropped_blocks(self) -> int:
+        """Blocks in DROPPED nodes (context edits: KV dropped on purpose, never refilled)."""
+        return self.tree.dropped_blocks
+
+    @property
+    def working_peak_blocks(self) -> int:
+        """Most GPU blocks running requests held at once (locked paths + reservations)."""
+        return self.tree.working_peak_blocks
+
+    @property
+    def clock(self) -> int:
+        """The logical clock: the tick of the latest stamping operation."""
+        return self.tree.clock
+
+    # ------------------------------------------------------------------ inspection
+    def cpu_resident_block_ids(self) -> np.ndarray:
+        """Block ids with a CPU copy (unified: CPU nodes; hicache: host copies), sorted."""
+        runs = [nd.ids for nd in self.iter_nodes() if nd.tier is _CPU or nd.host]
+        return np.sort(np.concatenate(runs)) if runs else np.empty(0, dtype=np.int64)
+
+    def resident_block_ids(self) -> np.ndarray:
+        """All GPU-resident block ids in the tree, sorted."""
+        runs = [nd.ids for nd in self.iter_nodes() if nd.tier is _GPU]
+        return np.sort(np.concatenate(runs)) if runs else np.empty(0, dtype=np.int64)
+
+    def iter_nodes(self) -> Iterator[Node]:
+        """All nodes except the root, depth first (children in key order)."""
+        stack = [self.root]
+        while stack:
+            node = stack.pop()
+            if node is not self.root:
+                yield node
+            stack.extend(node.children[k] for k in sorted(node.children, reverse=True))
+
+    def dump(self) -> str:
+        """The tree as indented text (debugging, test failure messages)."""
+        lines = []
+
+        def walk(node: Node, depth: int) -> None:
+            for key in sorted(node.children):
+                child = node.children[key]
+                ids = child.ids.tolist()
+                shown = ids if len(ids) <= 6 else [*ids[:3], "...", *ids[-2:]]
+                lines.append(f"{'  ' * depth}{child!r} ids={shown}")
+                walk(child, depth + 1)
+
+        walk(self.root, 0)
+        return "\n".join(lines)
 
     # ------------------------------------------------------------------ request operations
     def match(self, ids: np.ndarray, *, touch: bool = True, hint: WalkHint | None = None

@@ -34,7 +34,7 @@ from itertools import pairwise
 
 from policies import EvictionPolicy, Granularity, StartPosition
 
-from .node import Node, Tier
+from .node import Node, Tier, free_whole
 
 _GPU, _NONE, _DROPPED = Tier.GPU, Tier.NONE, Tier.DROPPED
 
@@ -69,21 +69,14 @@ class HistoryView:
 
     def release(self, node: Node) -> Node | None:
         """Plan ``node`` freed whole; return the ancestor that becomes a victim leaf, if any
-        (mirrors ``RadixTree.delete``: prune childless unlocked holes upward)."""
+        (``RadixTree.delete``'s rule, ``node.free_whole``, on the planned state)."""
         self.gone.add(node)
-        if self.live_children(node):
-            return None
-        cur, root = node, self.root
-        while cur is not root and self.is_hole(cur) and cur.lock == 0 \
-                and self.live_children(cur) == 0:
-            parent = cur.parent
-            assert parent is not None
-            self.kids[parent] = self.live_children(parent) - 1
-            cur = parent
-        if cur is not root and not self.is_hole(cur) and cur.lock == 0 \
-                and self.live_children(cur) == 0:
-            return cur
-        return None
+        return free_whole(node, self.root, self.is_hole, self.live_children, self._forget)
+
+    def _forget(self, node: Node) -> None:
+        """A planned hole leaves the tree: its parent has one live child less."""
+        parent = node.parent
+        self.kids[parent] = self.live_children(parent) - 1
 
 
 class DeviceView:

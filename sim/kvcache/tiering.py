@@ -29,7 +29,7 @@ Swap-buffer accounting, with g = gpu_free, c = cpu_free before the load::
 With ``swap_buffer_blocks == 0`` a load that needs the buffer fails (nothing changed). The swap
 buffer is extra CPU memory, not part of ``cpu_capacity_blocks``.
 
-**HiCache** (SGLang HiCache 0.5.12, reference/sglang-radix.md): a node has a device copy (tier
+**HiCache** (SGLang HiCache 0.5.12; docs/engine.md, Two tiers): a node has a device copy (tier
 GPU), a host copy (``Node.host``), or both; tier CPU means host only. Device nodes and backed-up
 nodes each form a prefix-closed set from the root.
 

@@ -31,27 +31,36 @@ KV moves (``Node.host``: a HiCache host copy beside the device copy)::
 
 Context edits (``sim.kvcache.edits`` plans them) use ``rekey`` (new keys, same or shifted
 positions: a drop's keys, a repositioned or spliced run) and ``remove_subtree`` (branches no
-key can reach again). Eviction plans are carried out by the appliers (``appliers.py``).
+key can reach again). Eviction plans (``planner.py``) are carried out here too, by the
+appliers (``apply_delete``, ``apply_demote``, ``apply_device_evict``) through the KV moves.
+The tree also walks ids (``walk``, with a ``paths.WalkHint``), splits a node and merges runs:
+none of these changes a counter.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Set as AbstractSet
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .appliers import Appliers
-from .node import Node, Tier
-from .paths import Paths
+from .node import Node, Tier, free_whole, prune_upward
+from .paths import WalkHint
 from .results import EvictResult
+
+if TYPE_CHECKING:
+    from .planner import Step
 
 _GPU, _NONE, _CPU, _DROPPED = Tier.GPU, Tier.NONE, Tier.CPU, Tier.DROPPED
 
 
-class RadixTree(Paths, Appliers):
+class RadixTree:
     """Nodes over block ids with exact counters (see the module docstring)."""
 
-    def __init__(self, capacity_blocks: int, cpu_capacity_blocks: int = 0) -> None:
+    def __init__(self, capacity_blocks: int, cpu_capacity_blocks: int = 0,
+                 on_split: Callable[[Node, Node], None] | None = None) -> None:
+        self.on_split = on_split  # told (prefix, node) after each split: the policy's event
         self.capacity_blocks = int(capacity_blocks)
         self.cpu_capacity_blocks = int(cpu_capacity_blocks)
         self._serial = 0
@@ -146,6 +155,131 @@ class RadixTree(Paths, Appliers):
         self._leaves.discard(parent)
         self._leaves.add(leaf)
         return leaf
+
+    # ------------------------------------------------------------------ walks, splits, merges
+    # Nothing here changes a counter: ``walk`` reads, ``split`` cuts a node in two of the
+    # same tier, lock and stamp, ``merge_runs`` only joins nodes of equal tier, lock, stamp
+    # and host copy (so every counter and the leaf set stay as they are).
+    def _from_hint(self, hint: WalkHint, ids: np.ndarray, stop_at_holes: bool
+                   ) -> list[Node] | None:
+        """The path root..hint.node if it is still a prefix of ``ids`` (``WalkHint``)."""
+        node = hint.node
+        if node is None or node.parent is None:
+            return None
+        end = node.start + len(node.ids)
+        # A dropped last key does not pin where its run of dropped keys starts: no hint.
+        if end > len(ids) or node.last != ids.item(end - 1) or node.last < 0:
+            return None
+        chain = []
+        append = chain.append
+        root = self.root
+        nd = node
+        epoch = hint.epoch
+        while nd is not root:
+            if nd is None or nd.keyed > epoch:
+                return None
+            append(nd)
+            nd = nd.parent
+        if stop_at_holes and any(x.tier is _NONE for x in chain):
+            return None
+        chain.reverse()
+        return chain
+
+    def walk(self, ids: np.ndarray, stop_at_holes: bool, hint: WalkHint | None = None
+             ) -> tuple[list[Node], Node | None, int, int]:
+        """Follow ``ids`` down without changing anything: (nodes matched whole, the node the
+        match ends inside or None, blocks of it matched, total matched blocks). Keys are
+        chained (raw trace ids: docs/traces.md; edited keys: ``versions``), so a node whose last
+        key equals the prompt's key at that position matches whole: one scalar comparison
+        per node; only the last node needs a vector compare. DROPPED nodes are walked through
+        (their keys say the history dropped them). ``hint``: start below the node a walk of
+        the same prompt reached before (``WalkHint``)."""
+        item = ids.item
+        n = len(ids)
+        node = self.root
+        path: list[Node] = []
+        pos = 0
+        if hint is not None:
+            chain = self._from_hint(hint, ids, stop_at_holes)
+            if chain:
+                path = chain
+                node = chain[-1]
+                pos = node.start + len(node.ids)
+        while pos < n:
+            child = node.children.get(item(pos))
+            if child is None or (stop_at_holes and child.tier is _NONE):
+                break
+            length = len(child.ids)
+            end = pos + length
+            if end <= n and (length == 1 or child.last == item(end - 1)):
+                path.append(child)
+                node = child
+                pos = end
+                continue
+            m = min(length, n - pos)
+            if m == 1 or child.ids.item(m - 1) == item(pos + m - 1):
+                k = m
+            else:
+                diff = child.ids[:m] != ids[pos : pos + m]
+                i = int(diff.argmax())
+                k = i if diff[i] else m
+            return path, child, k, pos + k
+        return path, None, 0, pos
+
+    def split(self, node: Node, k: int) -> Node:
+        """Split ``node`` after its first k blocks; return the new PREFIX node. ``node`` keeps
+        its identity as the suffix (handles held by requests stay valid, as in SGLang)::
+
+            parent -- node[s, e)   =>   parent -- prefix[s, s+k) -- node[s+k, e)
+        """
+        prefix = Node(node.ids[:k], node.start, node.parent, node.tier, self.next_serial(),
+                      node.last_access)
+        prefix.lock = node.lock
+        prefix.hit_count = node.hit_count
+        prefix.host = node.host
+        prefix.keyed = node.keyed
+        parent = node.parent
+        assert parent is not None
+        parent.children[int(node.ids[0])] = prefix
+        node.ids = node.ids[k:]
+        node.start += k
+        node.parent = prefix
+        prefix.children[int(node.ids[0])] = node
+        if self.on_split is not None:
+            self.on_split(prefix, node)
+        return prefix
+
+    def merge_runs(self, chain: list[Node]) -> None:
+        """Merge runs of ``chain`` (root-ward to leaf-ward, each the parent of the next) whose
+        upper nodes have one child and equal tier, lock, stamp and host copy, into the run's
+        deepest node (it keeps its identity, so lock handles stay valid). Counters and the leaf
+        set do not change (same tier and lock)."""
+        i = len(chain) - 1
+        while i > 0:
+            child = chain[i]
+            j = i
+            while j > 0:
+                up = chain[j - 1]
+                if (len(up.children) == 1 and up.lock == child.lock and up.tier is child.tier
+                        and up.last_access == child.last_access and up.host == child.host):
+                    j -= 1
+                else:
+                    break
+            if j < i:
+                run = chain[j:i]
+                top = run[0]
+                parent = top.parent
+                assert parent is not None
+                parent.children[top.ids.item(0)] = child
+                child.ids = np.concatenate([*(nd.ids for nd in run), child.ids])
+                child.start = top.start
+                child.parent = parent
+                child.hit_count = max(child.hit_count, *(nd.hit_count for nd in run))
+                child.keyed = max(child.keyed, *(nd.keyed for nd in run))
+                for nd in run:
+                    nd.parent = None
+                    nd.children = {}
+            i = j - 1
 
     # ------------------------------------------------------------------ locks and reservations
     def lock(self, node: Node) -> None:
@@ -256,10 +390,7 @@ class RadixTree(Paths, Appliers):
         self._free_kv(node, result)
         self._holes += len(node.ids)
         node.tier = _NONE
-        if node.children:
-            return None
-        survivor = self._prune(node)
-        return survivor if survivor in self._leaves else None
+        return free_whole(node, self.root, _kvless, _child_count, self._detach)
 
     def truncate_tail(self, leaf: Node, k: int, result: EvictResult) -> None:
         """Free the last k blocks of an unlocked leaf (no hole: nothing follows them)."""
@@ -276,6 +407,58 @@ class RadixTree(Paths, Appliers):
                 self._cpu -= k
         else:
             self._cpu -= k
+
+    # ------------------------------------------------------------------ plan appliers
+    # Carry out eviction plans (``planner.Step`` lists) through the KV moves above.
+    def apply_delete(self, steps: list[Step], result: EvictResult) -> None:
+        """Carry out a deletion plan (GPU-only caches; unified deletions across tiers; HiCache
+        host eviction). Holes still in the tree afterwards are counted in ``holes_made``."""
+        made: list[Node] = []
+        for step in steps:
+            node, k = step.node, step.blocks
+            if k == len(node.ids):
+                if node.children:
+                    made.append(node)
+                self.delete(node, result)
+            elif step.head:
+                hole = self.split(node, k)
+                made.append(hole)
+                self.delete(hole, result)
+            else:
+                self.truncate_tail(node, k, result)
+        result.holes_made += sum(len(x.ids) for x in made
+                                 if x.parent is not None and x.tier is _NONE)
+
+    def _whole(self, step: Step) -> Node:
+        """The node carrying exactly the step's blocks (split off when partial)."""
+        node, k = step.node, step.blocks
+        size = len(node.ids)
+        if k == size:
+            return node
+        if step.head:
+            return self.split(node, k)  # the prefix moves
+        self.split(node, size - k)  # node keeps its identity
+        return node
+
+    def apply_demote(self, steps: list[Step], result: EvictResult) -> None:
+        """Carry out a unified demotion plan: each step's blocks move GPU -> CPU."""
+        for step in steps:
+            self.move_to_host(self._whole(step), result)
+
+    def apply_device_evict(self, steps: list[Step], result: EvictResult,
+                           backup=None) -> None:
+        """Carry out a HiCache device-eviction plan: a backed-up node is demoted (its device
+        copy dropped), any other is deleted. ``backup(node, result)``, when given, is called
+        first (write_back copies at eviction time)."""
+        for step in steps:
+            node = self._whole(step)
+            if backup is not None and not node.host:
+                backup(node, result)
+            if node.host:
+                self.drop_device_copy(node, result)
+            else:
+                assert not node.children, f"a device node with host children: {node!r}"
+                self.delete(node, result)
 
     # ------------------------------------------------------------------ context edits
     def add_dropped(self, parent: Node, ids: np.ndarray, start: int, tick: int) -> Node:
@@ -385,10 +568,12 @@ class RadixTree(Paths, Appliers):
     def _prune(self, node: Node) -> Node:
         """Remove ``node`` and its KV-less ancestors while childless and unlocked; return the
         first ancestor that stays."""
-        while node is not self.root and not node.has_kv and not node.children:
-            if node.lock:
-                return node
-            parent = node.parent
-            self._detach(node)
-            node = parent  # type: ignore[assignment]
-        return node
+        return prune_upward(node, self.root, _kvless, _child_count, self._detach)
+
+
+def _kvless(node: Node) -> bool:
+    return not node.has_kv
+
+
+def _child_count(node: Node) -> int:
+    return len(node.children)

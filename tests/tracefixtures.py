@@ -1,8 +1,8 @@
 """Small example traces in every supported format, written from one token-level model.
 
-Used by the tests (they never copy ../shared/data) and handy for users who want to see a
-format. Sessions are token sequences, so the expected block ids at ANY block size follow from
-the tokens themselves (``TokenWorld``): a loader's output can be checked against that truth.
+The tests' traces (the real ones are never copied into the repository). Sessions are token
+sequences, so the expected block ids at ANY block size follow from the tokens themselves
+(``TokenWorld``): a loader's output can be checked against that truth.
 Each session: a system prompt shared by all sessions, a first user message, then per request
 the previous prompt + the previous output + a tool result (or a user message); request 3 is an
 edit (the last 70 prompt tokens change), request 5 a compaction (system prompt + summary).
