@@ -15,6 +15,7 @@ sequence number; SimPy breaks event ties by schedule order. No wall clock is rea
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import simpy
@@ -47,6 +48,11 @@ class EngineBase:
 
     # Presets ``kvsim run`` compares when no policy is given (the first is the baseline).
     default_presets: tuple[str, ...] = ("sglang", "vllm", "penelope")
+
+    @classmethod
+    def summary_fields(cls, cfg: RunConfig) -> dict[str, Any]:
+        """This engine's own options, reported in every run summary beside the metrics."""
+        return {}
 
     @classmethod
     def unsupported(cls, cfg: RunConfig, policy: EvictionPolicy) -> tuple[str, str] | None:

@@ -133,6 +133,10 @@ class VllmServer(EngineBase):
     decode_runs: bool = True
 
     @classmethod
+    def summary_fields(cls, cfg: RunConfig) -> dict[str, bool]:
+        return {"vllm_async": cfg.vllm_async}
+
+    @classmethod
     def unsupported(cls, cfg: RunConfig, policy: EvictionPolicy) -> tuple[str, str] | None:
         try:
             free_order_name(policy)
