@@ -13,7 +13,11 @@ import random
 import time
 from collections.abc import Callable, Sequence
 
+from sim.progress import current as current_progress
+
 from .errors import require_torch
+
+PROGRESS_UNIT = "timed calls"  # what kvsim calibrate's progress bar counts
 
 torch = require_torch()
 
@@ -61,15 +65,19 @@ def time_points(timer: Timer, fns: Sequence[Callable[[], object]], warmup: int, 
     samples: list[list[float]] = [[] for _ in fns]
     order = list(range(len(fns)))
     rng = random.Random(seed)
+    bar = current_progress()  # a progress bar on screen counts the calls; it times nothing
+    tick = bar.advance if bar.counts(PROGRESS_UNIT) else (lambda: None)
     with torch.inference_mode():
         for fn in fns:
             for _ in range(warmup):
                 fn()
+                tick()
         timer.sync()
         for _ in range(rounds):
             rng.shuffle(order)
             for i in order:
                 samples[i].append(timer(fns[i]))
+                tick()
     meds, spreads = [], []
     for s in samples:
         s.sort()

@@ -22,10 +22,12 @@ from typing import Any
 from costmodel.profile import DecodeCoeffs, PrefillCoeffs, Profile, TransferCoeffs
 from costmodel.specs import ModelSpec, get_spec
 from costmodel.units import ranges_units
+from sim.progress import current as current_progress
 
 from . import fit as fitmod
 from .errors import CalibrationError, require_torch
 from .grid import GRIDS, Grid
+from .measure import PROGRESS_UNIT
 from .tiny import rescale_factors, tiny_spec
 
 DEFAULT_LAYERS = {"cpu": 2, "cuda": 4}
@@ -270,6 +272,11 @@ def calibrate(settings: Settings, progress: Progress | None = None) -> tuple[Pro
     progress(f"calibrating {target.name} on {device_name(torch, device)} "
              f"({'quick: tiny stand-in' if st.quick else 'exact shapes'}, grid {grid.name})")
     check_err = attention_self_check(torch, device, dtype)
+    bar = current_progress()
+    if bar.counts(PROGRESS_UNIT):  # every call time_points makes, warmups included
+        groups = len(_groups(spec, st.layers))
+        bar.add_total((st.warmup + st.rounds) * (
+            groups * (len(grid.prefill) + len(grid.decode)) + 2 * len(grid.copy_bytes)))
 
     from .measure import Timer
 

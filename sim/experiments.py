@@ -22,6 +22,7 @@ from typing import Any
 from sim import exp_policies
 from sim.config import RunConfig
 from sim.executors import ExecutorSpec
+from sim.progress import current as current_progress
 from sim.sweep import relative_change as _change
 
 REPO = Path(__file__).resolve().parent.parent
@@ -109,9 +110,15 @@ def _run_all(ctx: Context, configs: list[RunConfig], job: Callable | None = None
         spec = replace(spec, jobs=1)
     ex = spec.make()
     out: list[dict[str, Any] | None] = [None] * len(configs)
+    bar = current_progress()  # counts finished runs as they arrive (from any worker)
+    runs_counted = bar.counts("runs")
+    if runs_counted:
+        bar.add_total(len(configs))
     try:
         for i, summary in ex.map(job or _summary_of, [(c, None) for c in configs]):
             out[i] = summary
+            if runs_counted:
+                bar.advance()
     finally:
         ex.close()
     return out  # type: ignore[return-value]

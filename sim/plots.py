@@ -2,17 +2,20 @@
 
 Run folder: the TTFT CDF of every policy and the mean TTFT / JCT change against the first,
 titled with the trace, model, cache and number of sessions.
-Sweep folder: one panel per grid field that varies, mean TTFT against that field's values;
-a line joins only points of one series (same policy, every other field equal), so no line
-crosses from one configuration to an unrelated one. With a baseline, a bar chart of each
-point's TTFT and JCT change against it.
+Sweep folder: small multiples, one visual encoding per grid field that varies: mean TTFT
+against one field (x), the policy as the colour, the next two fields as panel columns and
+rows, any further field as the line style; so every line of a panel is one series (same
+policy, every other field equal) and no two lines of a panel look alike. With a baseline, the
+same panels for the mean TTFT and JCT change against it (the baseline's own zeros left out).
 
 Every file is written atomically (``sim.io``), mode 0644.
 """
 
 from __future__ import annotations
 
+import itertools
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -126,7 +129,138 @@ def _positions(values: list[str]) -> tuple[dict[str, float], bool]:
         return {v: float(i) for i, v in enumerate(values)}, False
 
 
-def plot_sweep_dir(d: Path, out: Path) -> list[Path]:
+def short_value(value: str, limit: int = 24) -> str:
+    """A grid value as a label: a path by its file name, anything longer than ``limit``
+    characters cut in the middle."""
+    text = Path(value).name if "/" in value else value
+    if len(text) > limit:
+        half = (limit - 1) // 2
+        text = f"{text[:half]}~{text[-half:]}"
+    return text
+
+
+def policy_colors(n: int) -> list[Any]:
+    """``n`` distinct colours: matplotlib's default cycle, tab20 past 10, then a colormap."""
+    if n <= len(_POLICY_COLORS):
+        return _POLICY_COLORS[:n]
+    cmap = plt.get_cmap("tab20" if n <= 20 else "turbo")
+    return [cmap(i if n <= 20 else i / (n - 1)) for i in range(n)]
+
+
+# Line styles for the fields drawn as styles inside a panel: (linestyle, marker) pairs.
+_STYLES = [(ls, m) for m in ("o", "s", "^", "D", "v") for ls in ("-", "--", ":", "-.")]
+
+
+@dataclass
+class SweepLayout:
+    """How a sweep's grid fields map onto a figure, one visual encoding per field: ``x`` the
+    horizontal axis, the policy the colour, ``cols`` and ``rows`` the panels (small
+    multiples), ``styles`` the line style and marker inside a panel."""
+
+    x: str | None
+    cols: str | None
+    rows: str | None
+    styles: list[str]
+    policies: list[str]
+    values: dict[str, list[str]]
+
+    def style_of(self, row: Any) -> tuple[str, str]:
+        if not self.styles:
+            return _STYLES[0]
+        combos = list(itertools.product(*(self.values[f] for f in self.styles)))
+        return _STYLES[combos.index(tuple(row[f] for f in self.styles)) % len(_STYLES)]
+
+    def style_label(self, row: Any) -> str:
+        return ", ".join(f"{f}={short_value(row[f])}" for f in self.styles)
+
+
+def sweep_layout(df: pd.DataFrame, fields: list[str]) -> SweepLayout:
+    """x: the numeric field with most values (else the field with most values); panel
+    columns and rows: the next two fields; any others: line styles."""
+    varied = [k for k in fields if df[k].nunique() > 1]
+    values = {k: list(dict.fromkeys(df[k])) for k in varied}
+    numeric = [k for k in varied if _positions(values[k])[1]]
+    x = max(numeric or varied, key=lambda k: len(values[k]), default=None)
+    # the fields with most values become panels (columns first), the rest styles
+    others = sorted((k for k in varied if k != x), key=lambda k: -len(values[k]))
+    return SweepLayout(x=x, cols=others[0] if others else None,
+                       rows=others[1] if len(others) > 1 else None, styles=others[2:],
+                       policies=list(dict.fromkeys(df["policy"])), values=values)
+
+
+def _facets(layout: SweepLayout, title: str, ylabel: str,
+            metric: pd.Series, df: pd.DataFrame, skip: set[str],
+            zero_line: bool = False) -> Any:
+    """One panel per (rows value, cols value); in each, one line per policy (colour) and
+    style combination, ``metric`` against ``layout.x``."""
+    col_vals = layout.values[layout.cols] if layout.cols else [None]
+    row_vals = layout.values[layout.rows] if layout.rows else [None]
+    fig, axes = plt.subplots(len(row_vals), len(col_vals), squeeze=False, sharex=True,
+                             sharey="row", figsize=(3.6 * len(col_vals) + 1.8,
+                                                    2.9 * len(row_vals) + 1.2))
+    color = dict(zip(layout.policies, policy_colors(len(layout.policies)), strict=True))
+    xvals = layout.values[layout.x] if layout.x else []
+    pos, numeric = _positions(xvals) if layout.x else ({}, False)
+    for r, rv in enumerate(row_vals):
+        for c, cv in enumerate(col_vals):
+            ax = axes[r][c]
+            sel = pd.Series(True, index=df.index)
+            if layout.cols:
+                sel &= df[layout.cols] == cv
+            if layout.rows:
+                sel &= df[layout.rows] == rv
+            part = df[sel & ~df["policy"].isin(skip)]
+            for _, g in part.groupby(["policy", *layout.styles], sort=False):
+                first = g.iloc[0]
+                ls, marker = layout.style_of(first)
+                label = short_value(first["policy"], 28)
+                if layout.styles:
+                    label += f" ({layout.style_label(first)})"
+                if not layout.x:  # only the policy varies: one bar each
+                    ax.bar([layout.policies.index(first["policy"])], metric[g.index],
+                           color=color[first["policy"]], label=label)
+                    continue
+                g = g.assign(_x=g[layout.x].map(pos)).sort_values("_x")
+                ax.plot(g["_x"], metric[g.index], color=color[first["policy"]], linestyle=ls,
+                        marker=marker, lw=1.5, ms=5, label=label)
+            if zero_line:
+                ax.axhline(0, color="black", lw=0.8, gid="reference")
+            if layout.x:
+                ax.set_xticks([pos[v] for v in xvals], [short_value(v) for v in xvals])
+                if numeric and max(pos.values()) / max(min(pos.values()), 1e-9) > 8:
+                    ax.set_xscale("log")
+                    ax.set_xticks([pos[v] for v in xvals], [short_value(v) for v in xvals])
+                    ax.minorticks_off()
+                if r == len(row_vals) - 1:
+                    ax.set_xlabel(layout.x)
+            else:
+                ax.set_xticks(range(len(layout.policies)),
+                              [short_value(p, 16) for p in layout.policies], rotation=20)
+            where = [f"{f} = {short_value(v)}" for f, v in ((layout.cols, cv),
+                                                            (layout.rows, rv)) if f]
+            if where:
+                ax.set_title(", ".join(where), fontsize=9)
+            if c == 0:
+                ax.set_ylabel(ylabel)
+            ax.grid(alpha=0.3)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    for ax in axes.flat[1:]:  # every line once in the legend, whichever panel has it
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    if handles:
+        fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5),
+                   fontsize=8, title="policy" + (f" ({', '.join(layout.styles)})"
+                                                 if layout.styles else ""),
+                   title_fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def sweep_figures(d: Path) -> dict[str, Any]:
+    """The figures of a sweep folder by file name (``plot_sweep_dir`` writes them)."""
     df = pd.read_csv(d / "results.csv", dtype=str, keep_default_na=False)
     grid = read_json(d / "sweep.json")["points"]
     if len(df) != len(grid):  # a results.csv cut short would plot part of the sweep
@@ -136,55 +270,35 @@ def plot_sweep_dir(d: Path, out: Path) -> list[Path]:
                          "sweep.json (truncated?); rerun kvsim sweep to rewrite it")
     from sim.sweep import COLUMN, POLICY_FIELDS
 
+    # the policy is the colour: its spec (``policy``'s column) is not a field of its own
     fields = [COLUMN.get(k, k) for k in (grid[0]["values"] if grid else {})
-              if k not in POLICY_FIELDS]
-    varied = [k for k in fields if df[k].nunique() > 1]
-    ttft = pd.to_numeric(df["ttft_mean_s"], errors="coerce")
-    policies = list(dict.fromkeys(df["policy"]))
-    color = {p: _POLICY_COLORS[i % len(_POLICY_COLORS)] for i, p in enumerate(policies)}
-    paths = []
-    panels = varied or ["policy"]
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.2), squeeze=False)
-    for ax, field in zip(axes[0], panels, strict=True):
-        values = list(dict.fromkeys(df[field]))
-        pos, numeric = _positions(values)
-        others = [k for k in varied if k != field]
-        for keys, g in df.groupby(["policy", *others], sort=False):
-            keys = keys if isinstance(keys, tuple) else (keys,)
-            g = g.assign(_x=g[field].map(pos), _y=ttft[g.index]).sort_values("_x")
-            ax.plot(g["_x"], g["_y"], marker="o", color=color[keys[0]], alpha=0.8, lw=1.2)
-        for p in policies:
-            ax.plot([], [], marker="o", color=color[p], label=p)
-        ax.set_xticks([pos[v] for v in values], values)
-        if numeric and max(pos.values()) / max(min(pos.values()), 1e-9) > 8:
-            ax.set_xscale("log")
-            ax.set_xticks([pos[v] for v in values], values)
-            ax.minorticks_off()
-        ax.set_xlabel(field)
-        ax.set_ylabel("mean TTFT (s)")
-        ax.set_title(f"mean TTFT vs {field}" + (
-            f"\n(one line per policy x {', '.join(others)})" if others else ""), fontsize=10)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(f"{d.name}: {len(df)} points", fontsize=11)
-    fig.tight_layout()
-    paths.append(_save(fig, out / "sweep_ttft.png"))
+              if k not in POLICY_FIELDS and k != "policy"]
+    layout = sweep_layout(df, fields)
+    n = f"{d.name}: {len(df)} points"
+    figs = {"sweep_ttft.png": _facets(
+        layout, f"{n}: mean TTFT", "mean TTFT (s)",
+        pd.to_numeric(df["ttft_mean_s"], errors="coerce"), df, set())}
     if "ttft_mean_s_change" in df.columns:
-        change = {m: pd.to_numeric(df[f"{m}_change"], errors="coerce")
-                  for m in ("ttft_mean_s", "jct_mean_s")}
-        keep = change["ttft_mean_s"].abs() > 1e-12  # the baseline points themselves: 0
-        if not keep.any():  # every change is 0: a chart would be empty
+        # the baseline's own points: changes of exactly 0 everywhere; not drawn
+        changes = {m: pd.to_numeric(df[f"{m}_change"], errors="coerce")
+                   for m in ("ttft_mean_s", "jct_mean_s")}
+        base = {p for p in layout.policies
+                if (changes["ttft_mean_s"][df["policy"] == p].fillna(0).abs() < 1e-12).all()}
+        if base == set(layout.policies):  # every change is 0: the charts would be empty
             print(f"kvsim plot: {d}: no change chart: every point's TTFT equals its "
                   "baseline's", file=sys.stderr)
-            return paths
-        labels = [" ".join([r["policy"], *(f"{k}={r[k]}" for k in varied)])
-                  for _, r in df[keep].iterrows()]
-        paths.append(_bars(labels, {
-            "mean TTFT": list(100 * change["ttft_mean_s"][keep].fillna(0)),
-            "mean JCT": list(100 * change["jct_mean_s"][keep].fillna(0))},
-            "change vs baseline (%)", f"{d.name}: change against the baseline point",
-            out / "sweep_change.png"))
-    return paths
+            return figs
+        for m, name, what in (("ttft_mean_s", "sweep_change.png", "mean TTFT"),
+                              ("jct_mean_s", "sweep_jct_change.png", "mean JCT")):
+            figs[name] = _facets(
+                layout, f"{n}: {what} change against the baseline point"
+                + (f" ({', '.join(sorted(base))}: 0 by definition, not drawn)" if base else ""),
+                f"{what} change (%)", 100 * changes[m], df, base, zero_line=True)
+    return figs
+
+
+def plot_sweep_dir(d: Path, out: Path) -> list[Path]:
+    return [_save(fig, out / name) for name, fig in sweep_figures(d).items()]
 
 
 def plot_dir(d: str | Path, out: str | Path | None = None) -> list[Path]:

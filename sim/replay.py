@@ -10,7 +10,7 @@ spawned before it. Open loop: every request is sent at its recorded send time.
 from __future__ import annotations
 
 import math
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 
 import numpy as np
 import simpy
@@ -24,8 +24,11 @@ from traces import GAP_KINDS
 class Replay:
     def __init__(self, env: simpy.Environment, trace, server: EngineBase, gaps: np.ndarray,
                  offsets: np.ndarray, sessions: int, time_scale: float = 1.0,
-                 context=None) -> None:
+                 context=None, on_reply: Callable[[], None] | None = None) -> None:
         self.context = context  # sim.context.ContextRun, or None under ``full``
+        # Called once per trace request when its (last) reply is in: progress on screen only,
+        # it returns nothing to the replay.
+        self.on_reply = on_reply
         # One walk hint per session: its requests are sequential and each extends the last,
         # so the cache's walk for a request starts where the previous one ended.
         self._hints: dict[int, WalkHint] = {}
@@ -102,6 +105,8 @@ class Replay:
                 req.arrival = env.now
                 self.server.submit(req)
                 yield req.done
+            if self.on_reply is not None:
+                self.on_reply()
             pending = [env.process(self.session(c, float(self.offsets[c])))
                        for c in self.children.get(r, [])]
         if pending:
@@ -137,12 +142,16 @@ class Replay:
             if s not in seen:
                 seen.add(s)
                 self.server.rec.session_started(s, env.now)
-            for req in self._reqs(r):
+            reqs = self._reqs(r)
+            for k, req in enumerate(reqs):
                 self.server.submit(req)
-                replies.append(env.process(self._await_end(req, s)))
+                replies.append(env.process(self._await_end(req, s,
+                                                           last=k == len(reqs) - 1)))
         yield env.all_of(replies)  # the run ends with the last reply
 
-    def _await_end(self, req: Req, s: int) -> Generator:
+    def _await_end(self, req: Req, s: int, last: bool = True) -> Generator:
         yield req.done
+        if last and self.on_reply is not None:
+            self.on_reply()
         self.server.rec.session_ended(s, max(self.env.now, self.server.rec.session_end.get(
             s, 0.0)))

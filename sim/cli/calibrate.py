@@ -13,7 +13,7 @@ from calibration.errors import CalibrationError
 from costmodel.profile import Profile, check_profile, load_profile
 from costmodel.specs import get_spec
 
-from .common import atomic_write_text, console, emit_json
+from .common import atomic_write_text, console, emit_json, stderr
 
 TORCH_ONLY = ("layers", "quick", "rounds", "warmup", "threads", "clock")
 
@@ -92,7 +92,11 @@ def calibrate_cmd(device: str, system: str | None, framework: str | None, gpus: 
     settings = Settings(model=model, device=device, layers=layers, quick=quick, warmup=warmup,
                         rounds=rounds, threads=threads, clock=clock, seed=seed,
                         date=date or datetime.now(UTC).date().isoformat())
-    prof, report = calibrate(settings, progress)
+    from calibration.measure import PROGRESS_UNIT
+    from sim.progress import progress as progress_bar
+
+    with progress_bar("kvsim calibrate", PROGRESS_UNIT, console=stderr) as bar:
+        prof, report = calibrate(settings, lambda msg: bar.log(f"kvsim calibrate: {msg}"))
     if out:
         prof = write_profile(prof, out, model)
         progress(f"wrote {out}")

@@ -87,31 +87,37 @@ def fmt_metric(key: str, v: Any) -> str:
     return f"{v:,}"
 
 
+# Loading a trace: no progress lines in a log for a load this short (most are; a bad trace's
+# error then stays the only line).
+TRACE_LOAD_QUIET_S = 2.0
+
+
 @contextmanager
 def trace_load_progress(label: str = "loading trace") -> Iterator[None]:
-    """A progress bar on stderr (bytes of trace files read) while a trace is parsed inside
-    the block; nothing at all when the trace comes from a cache or a generator."""
-    from rich.progress import BarColumn, DownloadColumn, Progress, TimeElapsedColumn
-
+    """Progress on stderr (kB or MB of trace files read, with an ETA) while a trace is parsed
+    inside the block; nothing at all when the trace comes from a cache or a generator."""
+    from sim.progress import Tracker
     from traces.files import report_progress
 
-    state: dict[str, Any] = {}
+    bars: list[tuple[Tracker, float]] = []
 
     def update(done: int, total: int) -> None:
-        if "bar" not in state:
-            bar = Progress("[progress.description]{task.description}", BarColumn(),
-                           DownloadColumn(), TimeElapsedColumn(), console=stderr,
-                           transient=True)
-            bar.start()
-            state.update(bar=bar, task=bar.add_task(label, total=total))
-        state["bar"].update(state["task"], completed=done, total=total)
+        if not bars:
+            unit, scale = ("MB", 1e6) if total >= 1e6 else ("kB", 1e3)
+            bars.append((Tracker(label, unit, 0, stderr, TRACE_LOAD_QUIET_S), scale))
+            bars[0][0].start()
+        bar, scale = bars[0]
+        bar.update(round(done / scale, 1), round(total / scale, 1))
 
     try:
         with report_progress(update):
             yield
-    finally:
-        if "bar" in state:
-            state["bar"].stop()
+    except BaseException:
+        if bars:
+            bars[0][0].stop(failed=True)
+        raise
+    if bars:
+        bars[0][0].stop()
 
 
 def emit_json(doc: Any) -> None:

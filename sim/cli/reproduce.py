@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any
 
 import click
 from rich.table import Table
 
-from .common import console, emit_json, fmt_metric, stderr
+from .common import console, emit_json, stderr
+from .tables import Col, narrow_table
 
 NAMES = ["figure1", "gpu-only", "two-tier", "ablation", "fcfs", "cpu-sweep", "policies",
          "cache-engineering"]
@@ -39,71 +41,201 @@ def figure1_table(rows: list[dict[str, Any]]) -> Table:
     return t
 
 
-# policies: (header, row key); the full JSON has more (p99, JCT seconds, recomputed units).
-POLICY_COLUMNS: list[tuple[str, str]] = [
-    ("policy", "policy"), ("model", "model"), ("N", "sessions"), ("gaps", "gaps"),
-    ("tree", "tree"), ("TTFT\nmean s", "ttft_mean_s"), ("TTFT\nchange", "ttft_change"),
-    ("p90\nTTFT s", "ttft_p90_s"), ("JCT\nchange", "jct_change"), ("hit\nrate", "hit_rate"),
-    ("gap\nclosed", "gap_closed"),
-]
+TREE, MODEL, N = Col("tree", "prompt_nodes"), Col("model", "model"), Col("N", "sessions", "int")
+
+# experiment -> [(table title, columns)]
+LAYOUTS: dict[str, list[tuple[str, list[Col]]]] = {
+    "gpu-only": [
+        ("mean TTFT: each policy against its engine's own default policy (the baseline)",
+         [Col("engine", "engine"), TREE, MODEL, N, Col("policy", "policy"),
+          Col("TTFT\n(s)", "ttft_mean_s", "s"),
+          Col("baseline\nTTFT (s)", "baseline_ttft_mean_s", "s"),
+          Col("TTFT\nchange", "ttft_change", "change"),
+          Col("paper\nTTFT change", "paper_ttft_change", "paper")]),
+        ("mean JCT and hit rate against the baseline",
+         [Col("engine", "engine"), TREE, MODEL, N, Col("policy", "policy"),
+          Col("JCT\nchange", "jct_change", "change"),
+          Col("paper\nJCT change", "paper_jct_change", "paper"),
+          Col("hit\nrate", "hit_rate", "rate"),
+          Col("hit rate\nchange", "hit_rate", "pp", minus="baseline_hit_rate")]),
+        ("prompt tokens computed again after preemptions (vLLM) or retractions (SGLang)",
+         [Col("engine", "engine"), TREE, MODEL, N, Col("policy", "policy"),
+          Col("redone\n(tokens)", "preempted_recompute_tokens", "int"),
+          Col("baseline\nredone", "baseline_preempted_recompute_tokens", "int")]),
+    ],
+    "ablation": [
+        ("start x granularity against sglang: mean TTFT and hit rate",
+         [TREE, Col("evict", "evict"), Col("granularity", "granularity"),
+          Col("TTFT\n(s)", "ttft_mean_s", "s"), Col("TTFT\nchange", "ttft_change", "change"),
+          Col("paper", "paper_ttft_change", "paper"),
+          Col("vs\npaper", "difference", "pp"),
+          Col("hit\nrate", "hit_rate", "rate"),
+          Col("paper\nhit rate", "paper_hit_rate", "paper_rate")]),
+        ("share of the recomputation carried by requests that lost >= 90% of their private "
+         "history",
+         [TREE, Col("evict", "evict"), Col("granularity", "granularity"),
+          Col("share", "recompute_share_lost90", "rate"),
+          Col("paper", "paper_recompute_share_lost90", "paper_rate")]),
+    ],
+    "fcfs": [
+        ("penelope against sglang per case: mean TTFT and JCT",
+         [Col("case", "case"), Col("gaps", "gaps"),
+          Col("TTFT\nchange", "ttft_change", "change"),
+          Col("paper\nTTFT change", "paper_ttft_change", "paper"),
+          Col("JCT\nchange", "jct_change", "change"),
+          Col("paper\nJCT change", "paper_jct_change", "paper")]),
+        ("hit rate per case",
+         [Col("case", "case"), Col("gaps", "gaps"),
+          Col("sglang\nhit rate", "sglang_hit_rate", "rate"),
+          Col("penelope\nhit rate", "hit_rate", "rate"),
+          Col("hit rate\nchange", "hit_rate", "pp", minus="sglang_hit_rate")]),
+    ],
+    "two-tier": [
+        ("mean TTFT (s) with a GPU and a CPU tier",
+         [MODEL, N, Col("GPU\ntier", "gpu_tokens", "tokens"),
+          Col("CPU\ntier", "cpu_tokens", "tokens"),
+          Col("HiCache\nlpm", "hicache_lpm_ttft_s", "s"),
+          Col("HiCache\nlpm-cpu", "hicache_lpm_cpu_ttft_s", "s"),
+          Col("HiCache\nwrite-back", "hicache_write_back_ttft_s", "s"),
+          Col("Penelope", "penelope_ttft_s", "s")]),
+        ("mean TTFT changes (paper: ranges over models and N)",
+         [MODEL, N, Col("lpm-cpu\nvs lpm", "lpm_cpu_change", "change"),
+          Col("paper", "paper_lpm_cpu_change", "paper"),
+          Col("Penelope\nvs lpm-cpu", "penelope_change_vs_lpm_cpu", "change"),
+          Col("paper", "paper_penelope_change", "paper"),
+          Col("Penelope vs\nwrite-back", "penelope_change_vs_write_back", "change")]),
+        ("hit rate (GPU + CPU tier) and Penelope's mean JCT",
+         [MODEL, N, Col("HiCache\nlpm-cpu", "hicache_hit_rate", "rate"),
+          Col("HiCache\nwrite-back", "hicache_write_back_hit_rate", "rate"),
+          Col("Penelope", "penelope_hit_rate", "rate"),
+          Col("Penelope vs\nlpm-cpu", "penelope_hit_rate", "pp", minus="hicache_hit_rate"),
+          Col("swap-buffer\nloads", "penelope_swap_buffer_loads", "int"),
+          Col("JCT change\nvs lpm-cpu", "penelope_jct_change_vs_lpm_cpu", "change")]),
+    ],
+    "cpu-sweep": [
+        ("mean TTFT and JCT as the CPU tier grows (penelope against sglang + HiCache)",
+         [Col("CPU /\nGPU", "cpu_over_gpu", "int"), Col("GPU\ntier", "gpu_tokens", "tokens"),
+          Col("CPU\ntier", "cpu_tokens", "tokens"),
+          Col("sglang\nTTFT (s)", "sglang_ttft_s", "s"),
+          Col("penelope\nTTFT (s)", "penelope_ttft_s", "s"),
+          Col("TTFT\nchange", "ttft_change", "change"),
+          Col("paper", "paper_ttft_change", "paper"),
+          Col("JCT\nchange", "jct_change", "change")]),
+        ("hit rate (GPU + CPU tier)",
+         [Col("CPU /\nGPU", "cpu_over_gpu", "int"),
+          Col("sglang", "sglang_hit_rate", "rate"),
+          Col("paper\nsglang", "paper_sglang_hit_rate", "paper_rate"),
+          Col("penelope", "penelope_hit_rate", "rate"),
+          Col("change", "penelope_hit_rate", "pp", minus="sglang_hit_rate"),
+          Col("dropped\nrequests", "dropped_requests", "int")]),
+    ],
+    "cache-engineering": [
+        ("latency (s) and API-equivalent cost per context strategy and eviction",
+         [Col("strategy", "strategy"), Col("eviction", "eviction"), MODEL,
+          Col("N", "concurrency", "int"),
+          Col("latency\nmean", "request_latency_mean_s", "s"),
+          Col("latency\np95", "request_latency_p95_s", "s"),
+          Col("TTFT\nmean", "ttft_mean_s", "s"),
+          Col("cost\n(USD)", "api_cost_usd", "usd")]),
+        ("throughput (tokens/s) and KV",
+         [Col("strategy", "strategy"), Col("eviction", "eviction"), MODEL,
+          Col("N", "concurrency", "int"),
+          Col("input\ntokens/s", "input_tokens_per_s", "per_s"),
+          Col("output\ntokens/s", "output_tokens_per_s", "per_s"),
+          Col("KV peak\n(tokens)", "kv_peak_tokens", "int"),
+          Col("recomputed\n(tokens)", "recomputed_tokens", "int")]),
+    ],
+}
+AKV_COLUMNS = [Col("N", "concurrency", "int"), Col("method", "method"),
+               Col("latency\nmean (s)", "request_latency_mean_s", "ratio"),
+               Col("latency\np95 (s)", "request_latency_p95_s", "ratio"),
+               Col("TTFT\nmean (s)", "ttft_mean_s", "ratio"),
+               Col("input\ntokens/s", "input_tokens_per_s", "per_s"),
+               Col("output\ntokens/s", "output_tokens_per_s", "per_s")]
 
 
-def policies_tables(rows: list[dict[str, Any]]) -> list[Table]:
-    """Every row, then per policy its mean change and gap closed over the grid."""
+def experiment_tables(name: str, doc: dict[str, Any]) -> list[Table | str]:
+    """The heading and tables of one experiment's document (``kvsim reproduce NAME``'s
+    JSON)."""
+    rows = doc["rows"]
+    if name == "figure1":
+        return [figure1_table(rows)]
+    if name == "policies":
+        return policies_tables(rows)
+    head = f"kvsim reproduce {name} -- {doc['trace_kind']}, gaps {doc['gaps']}"
+    if name == "gpu-only":
+        scheds = ", ".join(dict.fromkeys(f"{r['engine']} engine {r['scheduler']}"
+                                         for r in rows))
+        head += f"; schedulers: {scheds}"
+    elif name == "fcfs":
+        head += "; the codex cases replay synthetic:codex with its recorded gaps"
+    elif name == "cache-engineering":
+        head += f". {doc['note']}"
+    tables: list[Table | str] = [head, *(narrow_table(title, cols, rows)
+                                         for title, cols in LAYOUTS[name])]
+    if name == "cache-engineering":
+        tables.append(narrow_table(
+            "AKV Table 2 (GPT-OSS-120B, its own agent traffic on 8 A800s: compare directions, "
+            "not values). Serving only, as ours: task accuracy is AKV's Table 1", AKV_COLUMNS,
+            doc["akv_table2"]))
+    return tables
+
+
+# policies: one table per configuration; the full JSON has more (p99, JCT seconds, units).
+POLICY_COLUMNS = [Col("policy", "policy"), Col("TTFT\n(s)", "ttft_mean_s", "s"),
+                  Col("TTFT\nchange", "ttft_change", "change"),
+                  Col("p90\nTTFT (s)", "ttft_p90_s", "s"),
+                  Col("JCT\nchange", "jct_change", "change"),
+                  Col("hit\nrate", "hit_rate", "rate"),
+                  Col("hit rate\nchange", "hit_rate", "pp", minus="sglang_hit_rate"),
+                  Col("gap\nclosed", "gap_closed", "ratio")]
+
+
+def policies_tables(rows: list[dict[str, Any]]) -> list[Table | str]:
+    """Per configuration every policy against sglang, then per policy its mean change and
+    gap closed over the grid, then the best policy per configuration."""
     from sim.exp_policies import winners
 
-    full = Table(title="kvsim reproduce policies: change vs sglang; gap closed = (sglang - "
-                 "policy) / (sglang - oracle) on mean TTFT. clairvoyant-oracle reads the "
-                 "replay's future: a clairvoyant heuristic, not a deployable policy.",
-                 title_justify="left")
-    for head, _ in POLICY_COLUMNS:
-        full.add_column(head, justify="left" if head in ("policy", "model", "gaps", "tree")
-                        else "right")
+    by_config: dict[tuple, list[dict[str, Any]]] = {}
     for r in rows:
-        full.add_row(*(fmt_metric(k, r.get(k)) for _, k in POLICY_COLUMNS))
+        by_config.setdefault((r["model"], r["sessions"], r["gaps"], r["tree"]), []).append(r)
+    tables: list[Table | str] = [
+        "kvsim reproduce policies: changes vs sglang; gap closed = (sglang - policy) / "
+        "(sglang - oracle) on mean TTFT. clairvoyant-oracle reads the replay's future: a "
+        "clairvoyant heuristic, not a deployable policy."]
+    for (model, n, gaps, tree), rs in by_config.items():
+        ref = next((r["hit_rate"] for r in rs if r["policy"] == "sglang"), None)
+        title = f"{model}, N = {n}, gaps {gaps}, tree {tree}"
+        tables.append(narrow_table(title, POLICY_COLUMNS,
+                                   [{**r, "sglang_hit_rate": ref} for r in rs]))
     by: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         by.setdefault(r["policy"], []).append(r)
-    summary = Table(title="per policy over the grid", title_justify="left")
-    for head in ("policy", "configs", "mean TTFT\nchange", "best", "worst",
-                 "mean gap\nclosed", "mean\nhit rate"):
-        summary.add_column(head, justify="left" if head == "policy" else "right")
+    summary = []
+    def known(values: list[Any]) -> list[float]:  # NaN (None once through JSON) left out
+        return [v for v in values if v is not None and v == v]
+
     for name, rs in by.items():
-        ch = [r["ttft_change"] for r in rs]
-        gaps = [r["gap_closed"] for r in rs if r["gap_closed"] == r["gap_closed"]]
-        summary.add_row(name, str(len(rs)), f"{sum(ch) / len(ch):+.1%}", f"{min(ch):+.1%}",
-                        f"{max(ch):+.1%}",
-                        f"{sum(gaps) / len(gaps):.2f}" if gaps else "-",
-                        f"{sum(r['hit_rate'] for r in rs) / len(rs):.1%}")
-    best = Table(title="best policy per configuration (the oracle aside)", title_justify="left")
-    for head in ("model", "N", "gaps", "tree", "best", "its change", "oracle change",
-                 "faster than the oracle"):
-        best.add_column(head)
-    for w in winners(rows):
-        best.add_row(w["model"], str(w["sessions"]), w["gaps"], w["tree"], w["best"],
-                     f"{w['best_ttft_change']:+.1%}",
-                     fmt_metric("ttft_change", w.get("oracle_ttft_change")),
-                     ", ".join(w["beat_oracle"]) or "none")
-    return [full, summary, best]
-def cache_engineering_tables(doc: dict[str, Any]) -> None:
-    """Our rows, then AKV's Table 2 beside them; both titles carry the accuracy caveat."""
-    rows = doc["rows"]
-    t = Table(title=f"kvsim reproduce cache-engineering -- {doc['trace_kind']}, gaps "
-                    f"{doc['gaps']}. {doc['note']}", title_justify="left")
-    for c in rows[0] if rows else []:
-        t.add_column(c, justify="left" if isinstance(rows[0][c], str) else "right")
-    for r in rows:
-        t.add_row(*(fmt_metric(c, v) for c, v in r.items()))
-    console().print(t)
-    a = Table(title="AKV Table 2 (GPT-OSS-120B, its own agent traffic on 8 A800s: compare "
-                    "directions, not values). Serving only, as ours: task accuracy is AKV's "
-                    "Table 1", title_justify="left")
-    akv = doc["akv_table2"]
-    for c in akv[0]:
-        a.add_column(c, justify="left" if isinstance(akv[0][c], str) else "right")
-    for r in akv:
-        a.add_row(*(fmt_metric(c, v) for c, v in r.items()))
-    console().print(a)
+        ch, gaps_closed = known([r["ttft_change"] for r in rs]), known(
+            [r["gap_closed"] for r in rs])
+        summary.append({"policy": name, "configs": len(rs),
+                        "mean": sum(ch) / len(ch) if ch else None,
+                        "best": min(ch, default=None), "worst": max(ch, default=None),
+                        "gap": sum(gaps_closed) / len(gaps_closed) if gaps_closed else None,
+                        "hit": sum(r["hit_rate"] for r in rs) / len(rs)})
+    tables.append(narrow_table("per policy over the grid (TTFT changes vs sglang)", [
+        Col("policy", "policy"), Col("configs", "configs", "int"),
+        Col("mean TTFT\nchange", "mean", "change"), Col("best", "best", "change"),
+        Col("worst", "worst", "change"), Col("mean gap\nclosed", "gap", "ratio"),
+        Col("mean\nhit rate", "hit", "rate")], summary))
+    best = [{**w, "sessions": w["sessions"], "beat": ", ".join(w["beat_oracle"]) or "none"}
+            for w in winners(rows)]
+    tables.append(narrow_table("best policy per configuration (the oracle aside)", [
+        MODEL, N, Col("gaps", "gaps"), Col("tree", "tree"), Col("best", "best"),
+        Col("its TTFT\nchange", "best_ttft_change", "change"),
+        Col("oracle\nchange", "oracle_ttft_change", "change"),
+        Col("faster than\nthe oracle", "beat")], best))
+    return tables
 
 
 @click.command("reproduce")
@@ -132,33 +264,23 @@ def reproduce_cmd(name: str, trace: str | None, gaps: str, prompt_nodes: str, qu
     """Run a named paper experiment and print ours beside the paper's numbers."""
     from sim.executors import ExecutorSpec
     from sim.experiments import reproduce
+    from sim.progress import progress
 
     if address and executor != "ray":
         raise click.UsageError("--address is for --executor ray")
     spec = ExecutorSpec(kind=executor, jobs=jobs, address=address)
-    doc = reproduce(name, trace=trace, quick=quick, jobs=jobs, gaps=gaps,
-                    prompt_nodes=prompt_nodes, executor=spec, profiles=profiles)
+    with progress(f"kvsim reproduce {name}", "runs", console=stderr) if name != "figure1" \
+            else nullcontext():  # figure1 prices a formula: nothing to wait for
+        doc = reproduce(name, trace=trace, quick=quick, jobs=jobs, gaps=gaps,
+                        prompt_nodes=prompt_nodes, executor=spec, profiles=profiles)
     if name != "figure1":
         stderr.print(f"{name}: trace {doc['trace']} ({doc['trace_kind']}), gaps {doc['gaps']}"
                      + (", quick" if quick else ""))
     if as_json:
         emit_json(doc)
         return
-    rows = doc["rows"]
-    if name == "figure1":
-        console().print(figure1_table(rows))
-        return
-    if name == "policies":
-        for table in policies_tables(rows):
-            console().print(table)
-        return
-    if name == "cache-engineering":
-        cache_engineering_tables(doc)
-        return
-    t = Table(title=f"kvsim reproduce {name} -- {doc['trace_kind']}, gaps {doc['gaps']}")
-    cols = list(rows[0]) if rows else []
-    for c in cols:
-        t.add_column(c, justify="left" if isinstance(rows[0][c], str) else "right")
-    for r in rows:
-        t.add_row(*(fmt_metric(c, r.get(c)) for c in cols))
-    console().print(t)
+    con = console()
+    for i, table in enumerate(experiment_tables(name, doc)):
+        if i and isinstance(table, Table):
+            con.print()
+        con.print(table)

@@ -82,27 +82,44 @@ def router_params(items: tuple[str, ...]) -> dict[str, str]:
 
 def print_table(runs: list[dict[str, Any]], title: str, lenient: bool = False) -> None:
     """Metrics in the units every table uses (``fmt_metric``: rates in percent); changes
-    against the first run in signed percent."""
-    t = Table(title=title)
-    t.add_column("metric")
-    for r in runs:
-        t.add_column(r["policy"], justify="right")
+    against the first run in signed percent, the hit rate's in percentage points (pp). As
+    many policies per table as the terminal's width holds, the first (the baseline) in each."""
     extra = ("cpu_hit_rate", "bytes_h2d", "bytes_d2h", "swap_buffer_loads") if any(
         r["summary"].get("cpu_cache_tokens") for r in runs) else ()
     extra += FLEET_ROWS if any("replicas" in r["summary"] for r in runs) else ()
     shown = [k for k in WHEN_NONZERO if any(r["summary"].get(k) for r in runs)
              or (lenient and k in LENIENT_ROWS)]
     ctx = CONTEXT_ROWS if any("context" in r["summary"] for r in runs) else ()
-    for k in (*COMPARED, *extra, "requests", "retractions", "evicted_tokens", *ctx, *shown):
-        cells = []
-        for i, r in enumerate(runs):
+    keys = (*COMPARED, *extra, "requests", "retractions", "evicted_tokens", *ctx, *shown)
+    cells: list[list[str]] = []  # per run, per key
+    for i, r in enumerate(runs):
+        col = []
+        for k in keys:
             s = fmt_metric(k, r["summary"].get(k))
             ch = r["change_vs_first"].get(k)
-            if i > 0 and ch is not None:
+            if i > 0 and k == "hit_rate" and s != "-" and runs[0]["summary"].get(k) is not None:
+                s += f" ({100 * (r['summary'][k] - runs[0]['summary'][k]):+.1f} pp)"
+            elif i > 0 and ch is not None:
                 s += f" ({ch:+.1%})"
-            cells.append(s)
-        t.add_row(k, *cells)
-    console().print(t)
+            col.append(s)
+        cells.append(col)
+    con = console()
+    widths = [max(len(r["policy"]), *map(len, col)) + 3 for r, col in zip(runs, cells,
+                                                                        strict=True)]
+    room = con.width - max(map(len, ("metric", *keys))) - 4
+    groups: list[list[int]] = [[0]]
+    for i in range(1, len(runs)):
+        if len(groups[-1]) > 1 and sum(widths[j] for j in (*groups[-1], i)) > room:
+            groups.append([0])
+        groups[-1].append(i)
+    for g, group in enumerate(groups):
+        t = Table(title=title if g == 0 else None)
+        t.add_column("metric", no_wrap=True)
+        for i in group:
+            t.add_column(runs[i]["policy"], justify="right", no_wrap=True)
+        for row, k in enumerate(keys):
+            t.add_row(k, *(cells[i][row] for i in group))
+        con.print(t)
 
 
 def policy_configs(base: RunConfig, preset: str | None, evict: str | None,
@@ -278,6 +295,7 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
     from costmodel.specs import get_spec
     from sim.checks import check_model_and_profile
     from sim.io import check_out_dir
+    from sim.progress import progress
     from sim.runner import load_run_trace, run, write_result  # the engine loads on demand
 
     from .common import trace_load_progress
@@ -323,18 +341,21 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
     stderr.print(f"[dim]trace {tr.name}: {len(tr):,} requests loaded in "
                  f"{time.perf_counter() - t0:.1f}s[/dim]")
     results = []
-    for cfg, trace in zip(configs, traces, strict=True):
-        t0 = time.perf_counter()
-        res = run(cfg, trace)
-        dt = time.perf_counter() - t0
-        n = res.summary["requests"]
-        stderr.print(f"[dim]{cfg.policy_label}: {n:,} requests simulated in {dt:.1f}s "
-                     f"({n / max(dt, 1e-9):,.0f} requests/s)[/dim]")
-        warn_quiet_surprises(res, spec_context)
-        warn_saturation(res)
-        results.append(res)
-        if out is not None:
-            write_result(res, f"{out}/{cfg.policy_label}")
+    with progress("kvsim run", "requests", sum(len(t) for t in traces), stderr) as bar:
+        for k, (cfg, trace) in enumerate(zip(configs, traces, strict=True)):
+            bar.describe(f"{cfg.policy_label} ({k + 1} of {len(configs)})")
+            t0 = time.perf_counter()
+            res = run(cfg, trace)
+            bar.update(sum(len(t) for t in traces[:k + 1]))  # fleet runs count no replies
+            dt = time.perf_counter() - t0
+            n = res.summary["requests"]
+            stderr.print(f"[dim]{cfg.policy_label}: {n:,} requests simulated in {dt:.1f}s "
+                         f"({n / max(dt, 1e-9):,.0f} requests/s)[/dim]")
+            warn_quiet_surprises(res, spec_context)
+            warn_saturation(res)
+            results.append(res)
+            if out is not None:
+                write_result(res, f"{out}/{cfg.policy_label}")
     runs = compare_runs(results)
     if out is not None:
         atomic_write_text(f"{out}/runs.json", dumps({"runs": runs}) + "\n")

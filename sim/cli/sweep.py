@@ -6,30 +6,44 @@ from dataclasses import replace
 from typing import Any
 
 import click
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-from rich.table import Table
 
-from .common import console, emit_json, fmt_metric, stderr
+from .common import console, emit_json, stderr
+from .tables import Col, narrow_table
 
-METRICS = ("ttft_mean_s", "ttft_p90_s", "jct_mean_s", "hit_rate", "ttft_mean_s_change",
-           "jct_mean_s_change", "hit_rate_change")
 # Shown only when some point has a non-zero value.
 WHEN_NONZERO = ("dropped_requests", "over_context_requests", "trace_skipped_files",
                 "trace_skipped_records")
+METRIC_COLUMNS = [Col("TTFT\nmean (s)", "ttft_mean_s", "s"),
+                  Col("TTFT\np90 (s)", "ttft_p90_s", "s"),
+                  Col("JCT\nmean (s)", "jct_mean_s", "s"), Col("hit\nrate", "hit_rate", "rate")]
+CHANGE_COLUMNS = [Col("TTFT\nchange", "ttft_mean_s_change", "change"),
+                  Col("JCT\nchange", "jct_mean_s_change", "change"),
+                  Col("hit rate\nchange", "hit_rate", "pp", minus="baseline_hit_rate")]
 
 
 def print_table(df: Any, varied: list[str], title: str, lenient: bool = False) -> None:
-    """Rates and changes in percent (as kvsim run); counts of drops and --lenient skips when
-    any point has some (the skips always under lenient)."""
-    cols = ["policy", *varied, *(m for m in METRICS if m in df.columns),
-            *(c for c in WHEN_NONZERO if c in df.columns and (
-                (df[c] != 0).any() or (lenient and c.startswith("trace_skipped"))))]
-    t = Table(title=title)
-    for c in cols:
-        t.add_column(c, justify="left" if c == "policy" or c in varied else "right")
-    for row in df.to_dict("records"):
-        t.add_row(*(fmt_metric(c, row.get(c)) for c in cols))
-    console().print(t)
+    """Per point its metrics, then (with a baseline) its changes against it: rates in
+    percent, changes in signed percent, the hit rate's in points (sim/cli/tables.py); counts
+    of drops and --lenient skips when any point has some (the skips always under lenient)."""
+    keys = [Col("policy", "policy"), *(Col(f, f) for f in varied)]
+    counts = [Col(c, c, "int") for c in WHEN_NONZERO if c in df.columns and (
+        (df[c] != 0).any() or (lenient and c.startswith("trace_skipped")))]
+    rows = df.to_dict("records")
+    con = console()
+    con.print(narrow_table(title, [*keys, *(c for c in METRIC_COLUMNS if c.key in df.columns)],
+                           rows))
+    if "ttft_mean_s_change" in df.columns:
+        for r in rows:  # the baseline point's hit rate, from the relative change tidy wrote
+            c = r.get("hit_rate_change")
+            r["baseline_hit_rate"] = (r["hit_rate"] / (1 + c) if c is not None and c == c
+                                      and c != -1 else None)
+        con.print()
+        con.print(narrow_table("change against the baseline point", [*keys, *CHANGE_COLUMNS],
+                               rows))
+    if counts:
+        con.print()
+        con.print(narrow_table("dropped requests and skipped records", [*keys, *counts],
+                               rows))
 
 
 def warn_drops(df: Any) -> None:
@@ -70,6 +84,7 @@ def sweep_cmd(config: str, out: str, jobs: int | None, executor: str | None,
 
     The YAML format, resume and running on a Ray cluster: docs/sweeps.md."""
     from sim.io import check_out_dir
+    from sim.progress import progress
     from sim.sweep import COLUMN, POLICY_FIELDS, load_sweep, run_sweep
 
     sweep = load_sweep(config)  # every check before any work: fields, profiles, baseline
@@ -84,12 +99,13 @@ def sweep_cmd(config: str, out: str, jobs: int | None, executor: str | None,
         stderr.print(f"{config} has no grid: running one point (the base config)")
     ex = spec.make()
     try:
-        with Progress("[progress.description]{task.description}", BarColumn(),
-                      MofNCompleteColumn(), TimeElapsedColumn(), console=stderr,
-                      transient=as_json) as bar:
-            task = bar.add_task(f"sweep ({ex.name})", total=len(sweep.points))
-            df = run_sweep(sweep, out, ex,
-                           progress=lambda i, n: bar.update(task, completed=i, total=n))
+        with progress(f"kvsim sweep ({ex.name})", "points", len(sweep.points), stderr) as bar:
+            reports = iter([bar.resume])  # the first report: points finished before this run
+
+            def report(done: int, total: int) -> None:
+                next(reports, bar.update)(done, total)
+
+            df = run_sweep(sweep, out, ex, progress=report)
     finally:
         ex.close()
     warn_drops(df)

@@ -20,6 +20,7 @@ import pandas as pd
 import simpy
 
 from sim.engines import ENGINES
+from sim.progress import current as current_progress
 from sim.replay import Replay
 from sim.runner import RunResult, bind_policy, run_fields
 
@@ -47,8 +48,9 @@ def run_fleet(cfg, trace, spec, profile) -> RunResult:
     fleet = Fleet(env, engines, router, cfg.block_size, sessions,
                   np.random.default_rng([cfg.seed, ROUTER_STREAM]))
     gaps = trace.gaps(cfg.gaps)
+    bar = current_progress()  # observes replies only (sim/progress.py)
     replay = Replay(env, trace, fleet, gaps, trace.start_offsets(cfg.gaps), cfg.sessions,
-                    cfg.time_scale)
+                    cfg.time_scale, on_reply=bar.advance if bar.counts("requests") else None)
     driver = env.process(replay.closed_loop() if cfg.replay == "closed" else replay.open_loop())
     env.run(until=driver)  # both loops end with the last reply
     fleet.close()

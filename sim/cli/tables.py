@@ -1,0 +1,74 @@
+"""Tables laid out for a terminal: each fits 100 columns without a truncated header.
+
+Every command's tables (``kvsim reproduce``, ``kvsim sweep``) show their rows as a few narrow
+tables, one per group of metrics, in one unit convention: times in seconds, rates in percent,
+relative changes in signed percent, hit-rate changes in signed percentage points (``pp``: a
+rate minus a rate, never a relative change of a rate). The JSON outputs have every field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rich import box
+from rich.table import Table
+
+
+@dataclass(frozen=True)
+class Col:
+    """A column: its header, the row field, and how the value reads (``KINDS``). ``minus``
+    names a second field subtracted from the first (a ``pp`` difference of two rates)."""
+
+    head: str
+    key: str
+    kind: str = "text"
+    minus: str | None = None
+
+
+def _change(v: float) -> str:
+    return f"{v:+.1%}"
+
+
+def _tokens(v: int) -> str:
+    return f"{v // 1024:,}K" if v % 1024 == 0 and v else f"{v:,}"
+
+
+KINDS: dict[str, Callable[[Any], str]] = {
+    "text": str,
+    "int": lambda v: f"{v:,}",
+    "tokens": _tokens,
+    "s": lambda v: f"{v:.3f}",
+    "rate": lambda v: f"{v:.1%}",
+    "change": _change,
+    "pp": lambda v: f"{100 * v:+.1f} pp",
+    "ratio": lambda v: f"{v:.2f}",
+    "usd": lambda v: f"{v:,.2f}",
+    "per_s": lambda v: f"{v:,.0f}",
+    # the paper's number: a relative change, or its text (a range such as "-60%..-36%")
+    "paper": lambda v: v if isinstance(v, str) else _change(v),
+    "paper_rate": lambda v: v if isinstance(v, str) else f"{v:.1%}",
+}
+
+
+def cell(row: dict[str, Any], col: Col) -> str:
+    v = row.get(col.key)
+    if col.minus is not None and v is not None:
+        ref = row.get(col.minus)
+        v = None if ref is None else v - ref
+    if v is None or (isinstance(v, float) and v != v):
+        return "-"
+    return KINDS[col.kind](v)
+
+
+def narrow_table(title: str, cols: list[Col], rows: list[dict[str, Any]]) -> Table:
+    """A table whose headers wrap on their own lines, never truncated."""
+    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
+              show_edge=False)
+    for c in cols:
+        t.add_column(c.head, justify="left" if c.kind == "text" else "right",
+                     overflow="fold")
+    for r in rows:
+        t.add_row(*(cell(r, c) for c in cols))
+    return t

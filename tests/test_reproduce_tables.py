@@ -1,0 +1,137 @@
+"""`kvsim reproduce` tables laid out for a 100-column terminal: no truncated header, no line
+over 100 columns, one unit convention (relative changes in signed percent, hit-rate changes in
+percentage points); and `kvsim run`'s table of many policies split to fit."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from rich.console import Console
+from rich.table import Table
+
+from sim.cli import reproduce as rep
+from sim.cli.main import cli
+from sim.cli.tables import cell
+from sim.experiments import reproduce
+
+GOLDENS = Path(__file__).parent / "goldens"
+TINY = "synthetic:claude-code?sessions=2"
+PATTERN = {"change": r"[+-]\d+\.\d%", "pp": r"[+-]\d+\.\d pp", "rate": r"\d+\.\d%",
+           "s": r"\d+\.\d{3}"}
+
+
+@pytest.fixture(scope="module")
+def docs() -> dict[str, dict]:
+    """One document per experiment: the goldens where there is one, else a tiny quick run."""
+    out = {"ablation": "reproduce_ablation.json", "gpu-only": "reproduce_gpu-only_quick.json",
+           "two-tier": "reproduce_two-tier_quick.json"}
+    got = {k: json.loads((GOLDENS / v).read_text()) for k, v in out.items()}
+    got["figure1"] = {"rows": json.loads(_invoke("figure1", "--json"))["rows"]}
+    for name in ("fcfs", "cpu-sweep", "cache-engineering", "policies"):
+        got[name] = reproduce(name, trace=TINY, quick=True)  # as the command renders it
+    for doc in got.values():
+        doc.setdefault("trace_kind", "given trace")
+    return got
+
+
+def _invoke(*args: str) -> str:
+    res = CliRunner().invoke(cli, ["reproduce", *args])
+    assert res.exit_code == 0, res.output
+    return res.stdout
+
+
+def _render(item) -> str:
+    con = Console(width=100, record=True, color_system=None, file=open("/dev/null", "w"))  # noqa: SIM115
+    con.print(item)
+    return con.export_text()
+
+
+@pytest.mark.parametrize("name", rep.NAMES)
+def test_tables_fit_100_columns_without_truncated_headers(name: str, docs) -> None:
+    items = rep.experiment_tables(name, docs[name])
+    assert any(isinstance(t, Table) for t in items)
+    for item in items:
+        text = _render(item)
+        assert "…" not in text, text
+        assert max(len(ln.rstrip()) for ln in text.splitlines()) <= 100, text
+        if isinstance(item, Table):  # every word of every header, whole
+            words = set(text.split())
+            for col in item.columns:
+                for word in str(col.header).split():
+                    assert word in words, (name, col.header, text)
+
+
+@pytest.mark.parametrize("name", [n for n in rep.NAMES if n != "figure1"])
+def test_tables_use_one_unit_convention(name: str, docs) -> None:
+    rows = docs[name]["rows"]
+    layouts = rep.LAYOUTS.get(name, [])
+    if name == "policies":
+        layouts = [("", rep.POLICY_COLUMNS)]
+        ref = {(r["model"], r["sessions"], r["gaps"], r["tree"]): r["hit_rate"] for r in rows
+               if r["policy"] == "sglang"}
+        rows = [{**r, "sglang_hit_rate": ref[(r["model"], r["sessions"], r["gaps"],
+                                              r["tree"])]} for r in rows]
+    seen = set()
+    for _, cols in layouts:
+        for col in cols:
+            # a difference of two rates, or of two changes, reads in points; a relative
+            # change (a key ending in _change, not a paper range) in signed percent
+            if col.minus is not None or col.key == "difference":
+                assert col.kind == "pp", col
+            elif col.key.endswith("change") and not col.key.startswith("paper"):
+                assert col.kind == "change", col
+            elif "hit_rate" in col.key and not col.key.startswith("paper"):
+                assert col.kind == "rate", col
+            for r in rows:
+                text = cell(r, col)
+                if col.kind in PATTERN and text != "-":
+                    assert re.fullmatch(PATTERN[col.kind], text), (col, text)
+                    seen.add(col.kind)
+    if name != "cache-engineering":  # its rows: seconds, tokens and dollars only
+        assert {"change", "rate", "pp"} <= seen
+
+
+def test_run_table_of_many_policies_fits_100_columns(monkeypatch) -> None:
+    import sim.cli.run as run_cli
+
+    con = Console(width=100, record=True, color_system=None, file=open("/dev/null", "w"))  # noqa: SIM115
+    monkeypatch.setattr(run_cli, "console", lambda: con)
+    res = CliRunner().invoke(cli, ["run", "--trace", "synthetic:chat?sessions=6", "--gpu-cache",
+                                   "16k", "--preset", "sglang,vllm,penelope", "--policy",
+                                   "memdecay", "--policy", "greedydual"])
+    assert res.exit_code == 0, res.output
+    text = con.export_text()
+    assert "…" not in text
+    assert max(len(ln.rstrip()) for ln in text.splitlines()) <= 100
+    for policy in ("sglang", "vllm", "penelope", "memdecay", "greedydual"):
+        assert re.search(rf"┃ +{policy} ┃", text), policy
+    hit = [ln for ln in text.splitlines() if ln.startswith("│ hit_rate ")]
+    assert len(hit) == 2  # two tables, the baseline in each
+    assert all(re.search(r"\d+\.\d% \([+-]\d+\.\d pp\)", ln) for ln in hit), hit
+
+
+def test_sweep_table_fits_100_columns_with_changes_in_the_convention(tmp_path,
+                                                                     monkeypatch) -> None:
+    import sim.cli.sweep as sweep_cli
+
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text("base: {trace: 'synthetic:chat?sessions=3', gpu_cache: 16k}\n"
+                   "grid: {gaps: [recorded, tool], checkpoint_chunks: [true, false], "
+                   "sessions: [1, 2], preset: [sglang, penelope]}\n"
+                   "baseline: {preset: sglang}\n")
+    con = Console(width=100, record=True, color_system=None, file=open("/dev/null", "w"))  # noqa: SIM115
+    monkeypatch.setattr(sweep_cli, "console", lambda: con)
+    res = CliRunner().invoke(cli, ["sweep", str(cfg), "--out", str(tmp_path / "o")])
+    assert res.exit_code == 0, res.output
+    text = con.export_text()
+    assert "…" not in text
+    assert max(len(ln.rstrip()) for ln in text.splitlines()) <= 100
+    for head in ("checkpoint_chunks", "sessions", "gaps", "TTFT", "change", "hit"):
+        assert head in text, head
+    changes = [ln.split() for ln in text.splitlines() if ln.startswith("penelope")][-16:]
+    assert changes and all(re.fullmatch(r"[+-]\d+\.\d%", c[-4]) and c[-1] == "pp"
+                           for c in changes[-8:]), changes

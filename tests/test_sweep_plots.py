@@ -1,0 +1,125 @@
+"""`kvsim plot` on a sweep folder scales past two grid fields: small multiples, one visual
+encoding per field, every line of a panel distinguishable (its own colour/style and label),
+short readable labels. Run on small versions of the README's sweeps: the paper's GPU-only grid
+(docs/sweeps/, 54 points), docs/sweeps.md's example, docs/policies.md's file-policy sweep,
+and a five-field grid."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import matplotlib.colors
+import matplotlib.pyplot as plt
+import matplotlib.text
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from sim import plots
+from sim.cli.main import cli
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+TINY_BASE = {"trace": "synthetic:chat?sessions=3", "gpu_cache": "16k"}
+
+
+def _yaml_blocks(md: Path) -> list[dict]:
+    return [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", md.read_text(), re.S)]
+
+
+def _grids() -> dict[str, dict]:
+    paper = yaml.safe_load((DOCS / "sweeps" / "gpu_only_qwen3-8b.yaml").read_text())
+    example = next(b for b in _yaml_blocks(DOCS / "sweeps.md") if b and "grid" in b)
+    policy = next(b for b in _yaml_blocks(DOCS / "policies.md")
+                  if b and "policy" in b.get("grid", {}))
+    policy["grid"]["policy"] = [p.replace("examples/", f"{DOCS}/examples/")
+                                for p in policy["grid"]["policy"]]
+    five = {"grid": {"preset": ["sglang", "penelope"], "gpu_cache": ["16k", "32k"],
+                     "sessions": [1, 2], "gaps": ["recorded", "tool"],
+                     "checkpoint_chunks": [True, False]}, "baseline": {"preset": "sglang"}}
+    return {"paper": paper, "sweeps.md": example, "policies.md": policy, "five-fields": five}
+
+
+@pytest.fixture(scope="module", params=list(_grids()))
+def sweep_dir(request, tmp_path_factory) -> Path:
+    doc = _grids()[request.param]
+    d = tmp_path_factory.mktemp(request.param.replace(".", "-"))
+    cfg = {"base": dict(TINY_BASE), "grid": doc["grid"]}  # the grid as written, a tiny trace
+    if "baseline" in doc:
+        cfg["baseline"] = doc["baseline"]
+    (d / "sweep.yaml").write_text(yaml.safe_dump(cfg))
+    res = CliRunner().invoke(cli, ["sweep", str(d / "sweep.yaml"), "--out", str(d / "out"),
+                                   "--json"])
+    assert res.exit_code == 0, res.output
+    return d / "out"
+
+
+@pytest.fixture()
+def figures(sweep_dir, monkeypatch) -> Iterator[dict]:
+    """The figures ``kvsim plot`` writes, kept open to inspect."""
+    kept: dict = {}
+
+    def keep(fig, path: Path) -> Path:
+        kept[path.name] = fig
+        return path
+
+    monkeypatch.setattr(plots, "_save", keep)
+    plots.plot_dir(sweep_dir, sweep_dir)
+    assert kept
+    yield kept
+    for fig in kept.values():
+        plt.close(fig)
+
+
+def _data_lines(ax) -> list:
+    return [ln for ln in ax.get_lines() if ln.get_gid() != "reference" and len(ln.get_xdata())]
+
+
+def test_every_line_of_a_panel_is_distinguishable(figures) -> None:
+    for name, fig in figures.items():
+        for ax in fig.axes:
+            lines = _data_lines(ax)
+            looks = [(ln.get_color(), ln.get_linestyle(), ln.get_marker()) for ln in lines]
+            labels = [ln.get_label() for ln in lines]
+            assert len(set(looks)) == len(looks), (name, ax.get_title(), looks)
+            assert len(set(labels)) == len(labels), (name, ax.get_title(), labels)
+            assert not any(lab.startswith("_") for lab in labels), (name, labels)
+
+
+def test_labels_are_short_and_readable(figures) -> None:
+    for name, fig in figures.items():
+        for t in fig.findobj(matplotlib.text.Text):
+            text = t.get_text()
+            if not text:
+                continue
+            assert t.get_fontsize() >= 8, (name, text)
+            assert ".py:" not in text, (name, text)  # a file policy by its label
+        for ax in fig.axes:
+            for tick in ax.get_xticklabels():
+                assert len(tick.get_text()) <= 24, (name, tick.get_text())
+
+
+def test_small_multiples_draw_every_point_once(figures, sweep_dir) -> None:
+    import pandas as pd
+
+    df = pd.read_csv(sweep_dir / "results.csv", dtype=str, keep_default_na=False)
+    varied = [k for k in _grid_fields(sweep_dir) if df[k].nunique() > 1]
+    fig = figures["sweep_ttft.png"]
+    assert sum(len(ln.get_xdata()) for ax in fig.axes for ln in _data_lines(ax)) == len(df)
+    if len(varied) >= 2:  # x and panels: each panel names the values it holds
+        for ax in fig.axes:
+            assert " = " in ax.get_title(), ax.get_title()
+
+
+def _grid_fields(sweep_dir: Path) -> set[str]:
+    import json
+
+    points = json.loads((sweep_dir / "sweep.json").read_text())["points"]
+    return set(points[0]["values"]) - {"preset", "policy"}
+
+
+@pytest.mark.parametrize("n", [1, 3, 10, 11, 20, 33])
+def test_policy_colours_stay_distinct_past_the_default_cycle(n: int) -> None:
+    colours = [matplotlib.colors.to_hex(c) for c in plots.policy_colors(n)]
+    assert len(set(colours)) == n
