@@ -122,6 +122,8 @@ def point_id(cfg: RunConfig) -> str:
     if cfg.engine != "vllm" or not cfg.vllm_async:
         # sglang: no such knob; vllm sync: the results points had before async existed
         d.pop("vllm_async", None)
+    if d.get("vllm_patch") == "none":  # likewise
+        d.pop("vllm_patch")
     if not cfg.is_fleet:  # one server: ids as before fleets existed
         for k in ("replicas", "router", "router_params"):
             d.pop(k, None)
