@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from sim import exp_policies
+from sim import exp_fleet, exp_policies
 from sim.config import RunConfig
 from sim.executors import ExecutorSpec
 from sim.progress import current as current_progress
@@ -369,6 +369,13 @@ def cache_engineering(ctx: Context) -> list[dict[str, Any]]:
     return run(ctx)
 
 
+def pool(ctx: Context) -> list[dict[str, Any]]:
+    """A fleet with and without a shared KV pool (sim/exp_pool.py)."""
+    from sim.exp_pool import pool as run
+
+    return run(ctx)
+
+
 # For experiments in their own modules (sim/exp_*.py).
 run_all = _run_all
 
@@ -381,6 +388,8 @@ EXPERIMENTS: dict[str, Callable[[Context], list[dict[str, Any]]]] = {
     "cpu-sweep": cpu_sweep,
     "policies": exp_policies.policies,  # the zoo and the clairvoyant oracle
     "cache-engineering": cache_engineering,
+    "fleet": exp_fleet.fleet,  # routers x eviction x replicas (sim/exp_fleet.py)
+    "pool": pool,
 }
 
 
@@ -411,8 +420,17 @@ def reproduce(name: str, trace: str | None = None, quick: bool = False, jobs: in
            "quick": quick, "rows": rows}
     if profiles is not None:
         doc["profiles"] = profiles
+    if ctx.notes:
+        doc["notes"] = ctx.notes
     if name == "cache-engineering":  # the accuracy caveat, prices and AKV's Table 2
         from sim.exp_cache_engineering import document_extras
 
         doc.update(document_extras(quick))
+    if name in ("fleet", "pool"):  # the capacity curves of the pooled fleets
+        from sim.exp_pool import document_extras as pool_extras
+        from sim.exp_pool import pool as pool_rows
+
+        if name == "fleet":  # local caches vs the same fleets over a shared pool
+            doc["pool_rows"] = pool_rows(ctx)
+        doc.update(pool_extras(ctx))
     return doc

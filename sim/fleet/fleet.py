@@ -18,6 +18,7 @@ import numbers
 
 import simpy
 
+from costmodel.estimate import PrefillEstimate
 from policies.routing import (
     PredictedLoad,
     ReplicaView,
@@ -72,11 +73,16 @@ class Fleet:
     ``rec``: the recorder the replay reports sessions to."""
 
     def __init__(self, env: simpy.Environment, replicas: list, router: Router, block_size: int,
-                 rec: RunRecorder, rng) -> None:
+                 rec: RunRecorder, rng, pool=None) -> None:
         self.env, self.replicas, self.router, self.rec = env, replicas, router, rec
+        self.pool = pool  # a FleetPool (sim/fleet/pooltier.py) or None
         self.bs = block_size
         n = len(replicas)
         router.bind(n, block_size, rng)
+        # the run's prefill model, for routers that predict time (Mooncake, Preble)
+        first = replicas[0]
+        router.bind_prefill_model(PrefillEstimate(first.spec, first.profile,
+                                                  first.cfg.chunk_size))
         self.belief = build_belief(router.cache_view, n)
         if self.belief is not None and self.belief.wants_events:
             for i, engine in enumerate(replicas):
@@ -107,7 +113,9 @@ class Fleet:
         overlaps = self.belief.overlaps(ids, now) if self.belief is not None else None
         sizes = self.belief.sizes() if self.belief is not None else None
         request = RouteRequest(req.rid, req.session, now, req.prompt_tokens, ids, bs)
-        view = RouterView(now, tuple(self._replica_view(i, overlaps, sizes) for i in range(n)))
+        view = RouterView(now, tuple(self._replica_view(i, overlaps, sizes) for i in range(n)),
+                          self.pool.lookup(ids) if self.pool is not None
+                          and self.router.cache_view is not None else None)
         choice = self.router.route(request, view)
         if isinstance(choice, bool) or not isinstance(choice, numbers.Integral) \
                 or not 0 <= choice < n:
@@ -123,7 +131,10 @@ class Fleet:
                                  max(0, req.prompt_tokens - believed * bs))
         self._record(req, r, now, overlaps, truth)
         req.done.callbacks.append(lambda _ev, req=req, r=r: self._finished(req, r))
-        self.replicas[r].submit(req)
+        if self.pool is not None:
+            self.pool.submit(req, r)  # after a fetch from the pool when one pays
+        else:
+            self.replicas[r].submit(req)
 
     def busy(self) -> bool:
         return any(e.busy() for e in self.replicas)
