@@ -6,7 +6,9 @@ Runs the 24 runs (qwen3-8b, the 24 shared Claude Code sessions, 15.6K shared pre
 context cut, 256K-token cache, the default measured-kernel profile): per gap model (tool,
 cap:10) and N (4, 8), penelope against each engine's default policy on the vllm engine (fcfs),
 the sglang engine with fcfs and with lpm. Prints the markdown table: baseline mean TTFT ->
-penelope's TTFT and JCT changes; baseline hit rate -> penelope's.
+penelope's TTFT and JCT changes; baseline hit rate -> penelope's; the prompt tokens computed
+again after preemptions or retractions (``preempted_recompute_tokens``), baseline -> penelope.
+The first row names each quantity.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sim.experiments import Context, _run_all, default_trace
 
-COLUMNS = (("vllm", "fcfs", "vllm engine (fcfs): vllm -> penelope"),
+COLUMNS = (("vllm", "fcfs", "vllm engine (fcfs, async): vllm -> penelope"),
            ("sglang", "fcfs", "sglang engine, fcfs: sglang -> penelope"),
            ("sglang", "lpm", "sglang engine, lpm: sglang -> penelope"))
 POINTS = [(gaps, n) for gaps in ("tool", "cap:10") for n in (4, 8)]
@@ -43,15 +45,17 @@ def main(argv: list[str]) -> None:
 
     print("| gaps | N | " + " | ".join(c[2] for c in COLUMNS) + " |")
     print("|" + "---|" * (2 + len(COLUMNS)))
-    for gaps, n in POINTS:
+    for row, (gaps, n) in enumerate(POINTS):
         cells = []
-        for i, (engine, sched, _) in enumerate(COLUMNS):
+        jct_label, hit_label, redone_label = ("JCT ", "hit ", "redone ") if row == 0 else ("",) * 3
+        for engine, sched, _ in COLUMNS:
             ref, pen = (sums[(gaps, n, engine, sched, p)] for p in (engine, "penelope"))
             ttft = pen["ttft_mean_s"] / ref["ttft_mean_s"] - 1
             jct = pen["jct_mean_s"] / ref["jct_mean_s"] - 1
-            jct_label, hit_label = ("JCT ", "hit ") if i == 0 else ("", "")
+            redone = (ref["preempted_recompute_tokens"], pen["preempted_recompute_tokens"])
             cells.append(f"{sec(ref['ttft_mean_s'])} -> {ttft:+.1%}, {jct_label}{jct:+.1%}; "
-                         f"{hit_label}{ref['hit_rate']:.1%} -> {pen['hit_rate']:.1%}")
+                         f"{hit_label}{ref['hit_rate']:.1%} -> {pen['hit_rate']:.1%}; "
+                         f"{redone_label}{redone[0]:,} -> {redone[1]:,}")
         print(f"| {gaps} | {n} | " + " | ".join(cells) + " |")
 
 

@@ -4,6 +4,7 @@
     python docs/report.py --sweeps results/gpu_only_qwen3-8b results/gpu_only_qwen3-32b ...
     python docs/report.py --fleet results/reproduce/fleet.json   # docs/fleet.md's tables
     python docs/report.py --moved OLD.md NEW.md   # every cell that moved between two renderings
+    python docs/report.py --moved --headlines OLD.md NEW.md   # only the change columns
 
 Reads the JSON documents the notebooks write at full size (``kvsim reproduce NAME --json``
 gives the same documents) and prints one markdown table per experiment, ours beside the
@@ -121,9 +122,15 @@ def read_tables(path: str) -> dict[str, dict[tuple[str, ...], dict[str, str]]]:
     return tables
 
 
-def moved(old_path: str, new_path: str) -> None:
+def is_headline(column: str) -> bool:
+    """A column that compares two systems (a change), not an absolute time or hit rate."""
+    return "change" in column or column.startswith("penelope vs")
+
+
+def moved(old_path: str, new_path: str, headlines: bool = False) -> None:
     """One row per cell that differs between the same row of the same table in the two files
-    (rows only in the new file are listed as new, rows only in the old one as gone)."""
+    (rows only in the new file are listed as new, rows only in the old one as gone); with
+    ``headlines`` only the change columns."""
     for path in (old_path, new_path):
         if not Path(path).exists():
             print(f"report.py: error: {path}: no such file", file=sys.stderr)
@@ -140,7 +147,8 @@ def moved(old_path: str, new_path: str) -> None:
                 continue
             out += [[heading, " / ".join(key), col, before.get(col, "-"), cell]
                     for col, cell in list(row.items())[KEY_COLUMNS[heading]:]
-                    if not col.startswith("paper") and before.get(col) != cell]
+                    if not col.startswith("paper") and before.get(col) != cell
+                    and (not headlines or is_headline(col))]
         out += [[heading, " / ".join(key), "(row gone)", "-", "-"]
                 for key in old[heading] if key not in new[heading]]
     print(table(["table", "row", "column", "before", "after"], out) if out else
@@ -149,10 +157,12 @@ def moved(old_path: str, new_path: str) -> None:
 
 def main(argv: list[str]) -> None:
     if argv and argv[0] == "--moved":
-        if len(argv) != 3:
+        headlines = "--headlines" in argv
+        files = [a for a in argv[1:] if a != "--headlines"]
+        if len(files) != 2:
             print("report.py: error: --moved needs two files, OLD.md NEW.md", file=sys.stderr)
             sys.exit(2)
-        moved(argv[1], argv[2])
+        moved(files[0], files[1], headlines)
         return
     if argv and argv[0] == "--sweeps":
         sweeps(argv[1:])

@@ -68,3 +68,14 @@ def test_moved_on_identical_tables_says_so_and_bad_arguments_exit_2(tmp_path) ->
         res = run(*args)
         assert res.returncode == 2 and res.stdout == ""
         assert res.stderr.startswith("report.py: error: ") and len(res.stderr.splitlines()) == 1
+
+
+def test_moved_headlines_keeps_only_the_change_columns(tmp_path) -> None:
+    (tmp_path / "old.md").write_text(OLD)
+    (tmp_path / "new.md").write_text(NEW)
+    res = run("--moved", "--headlines", str(tmp_path / "old.md"), str(tmp_path / "new.md"))
+    assert res.stdout.splitlines()[2:] == [
+        "| CPU-tier sweep | 1x | TTFT change | -36.3% | -35.0% |",
+        "| CPU-tier sweep | 2x | (new row) | - | - |",
+        "| CPU-tier sweep | 8x | (row gone) | - | - |",
+    ]
