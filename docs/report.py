@@ -3,6 +3,7 @@
     python docs/report.py [results/reproduce] > /tmp/tables.md
     python docs/report.py --sweeps results/gpu_only_qwen3-8b results/gpu_only_qwen3-32b ...
     python docs/report.py --fleet results/reproduce/fleet.json   # docs/fleet.md's tables
+    python docs/report.py --cache-engineering results/reproduce/cache-engineering.json
     python docs/report.py --moved OLD.md NEW.md   # every cell that moved between two renderings
     python docs/report.py --moved --headlines OLD.md NEW.md   # only the change columns
 
@@ -30,8 +31,10 @@ def frac(v) -> str:
     return "-" if v is None or v != v else f"{v:.1%}"
 
 
-def table(header: list[str], rows: list[list[str]]) -> str:
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+def table(header: list[str], rows: list[list[str]], right: set[int] = frozenset()) -> str:
+    """A markdown table; the columns numbered in ``right`` are right-aligned."""
+    out = ["| " + " | ".join(header) + " |",
+           "|" + "".join("---:|" if i in right else "---|" for i in range(len(header)))]
     out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
     return "\n".join(out)
 
@@ -96,10 +99,36 @@ def fleet(path: str) -> None:
                                      key=lambda r: r["replicas"])]))
 
 
+def cache_engineering(path: str) -> None:
+    """docs/cache-engineering.md's results table from ``kvsim reproduce cache-engineering
+    --json``: one row per model, concurrency and strategy; latency mean and TTFT for both
+    evictions (sglang / penelope), every other column SGLang's eviction."""
+    if not Path(path).is_file():
+        print(f"report.py: error: {path}: no such file (kvsim reproduce cache-engineering "
+              "--json)", file=sys.stderr)
+        sys.exit(2)
+    rows = json.loads(Path(path).read_text())["rows"]
+    by = {(r["model"], r["concurrency"], r["strategy"], r["eviction"]): r for r in rows}
+    out = []
+    for model, n, strategy in dict.fromkeys((r["model"], r["concurrency"], r["strategy"])
+                                            for r in rows):
+        ref, pen = by[(model, n, strategy, "sglang")], by[(model, n, strategy, "penelope")]
+        out.append([model, n, strategy,
+                    f"{ref['request_latency_mean_s']:.2f} / {pen['request_latency_mean_s']:.2f}",
+                    f"{ref['request_latency_p95_s']:.1f}",
+                    f"{ref['ttft_mean_s']:.2f} / {pen['ttft_mean_s']:.2f}",
+                    f"{ref['input_tokens_per_s']:,.0f}", f"{ref['output_tokens_per_s']:.1f}",
+                    f"{ref['kv_peak_tokens']:,}", f"{ref['recomputed_tokens'] / 1e6:.1f}M",
+                    f"{ref['api_cost_usd']:.2f}"])
+    print(table(["model", "N", "strategy", "latency mean s (sglang / penelope)", "latency P95 s",
+                 "TTFT s (sglang / penelope)", "input tok/s", "output tok/s", "KV peak tokens",
+                 "recomputed tokens", "API cost USD"], out, right={1, *range(3, 11)}))
+
+
 # Tables --moved compares: heading prefix -> how many leading columns identify a row. The
 # paper's columns never move and are left out.
 KEY_COLUMNS = {"Figure 1": 1, "GPU-only": 6, "Ablation": 3, "Scheduling": 2, "Two tiers": 2,
-               "CPU-tier sweep": 1, "All gap models": 4}
+               "CPU-tier sweep": 1, "All gap models": 4, "Cache engineering": 3}
 
 
 def read_tables(path: str) -> dict[str, dict[tuple[str, ...], dict[str, str]]]:
@@ -112,7 +141,9 @@ def read_tables(path: str) -> dict[str, dict[tuple[str, ...], dict[str, str]]]:
             title = line.lstrip("#").strip()
             heading = next((h for h in KEY_COLUMNS if title.startswith(h)), None)
             header = None
-        elif heading and line.startswith("|"):
+        elif not line.startswith("|"):
+            header = None  # a new table starts after any other line
+        elif heading:
             cells = [c.strip() for c in line.strip().strip("|").split("|")]
             if header is None:
                 header = cells
@@ -124,7 +155,8 @@ def read_tables(path: str) -> dict[str, dict[tuple[str, ...], dict[str, str]]]:
 
 def is_headline(column: str) -> bool:
     """A column that compares two systems (a change), not an absolute time or hit rate."""
-    return "change" in column or column.startswith("penelope vs")
+    return ("change" in column or column.startswith("penelope vs")
+            or "(sglang / penelope)" in column)
 
 
 def moved(old_path: str, new_path: str, headlines: bool = False) -> None:
@@ -156,6 +188,10 @@ def moved(old_path: str, new_path: str, headlines: bool = False) -> None:
 
 
 def main(argv: list[str]) -> None:
+    if argv and argv[0] == "--cache-engineering":
+        cache_engineering(argv[1] if len(argv) > 1 else
+                          "results/reproduce/cache-engineering.json")
+        return
     if argv and argv[0] == "--moved":
         headlines = "--headlines" in argv
         files = [a for a in argv[1:] if a != "--headlines"]
