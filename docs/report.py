@@ -4,6 +4,7 @@
     python docs/report.py --sweeps results/gpu_only_qwen3-8b results/gpu_only_qwen3-32b ...
     python docs/report.py --fleet results/reproduce/fleet.json   # docs/fleet.md's tables
     python docs/report.py --cache-engineering results/reproduce/cache-engineering.json
+    python docs/report.py --policies results/reproduce/policies.json   # docs/policies.md's
     python docs/report.py --moved OLD.md NEW.md   # every cell that moved between two renderings
     python docs/report.py --moved --headlines OLD.md NEW.md   # only the change columns
 
@@ -125,10 +126,47 @@ def cache_engineering(path: str) -> None:
                  "recomputed tokens", "API cost USD"], out, right={1, *range(3, 11)}))
 
 
+def policies(path: str) -> None:
+    """docs/policies.md's two tables from ``kvsim reproduce policies --json``: each policy's
+    mean over the configurations, and each configuration's best deployable policy against
+    the oracle."""
+    if not Path(path).is_file():
+        print(f"report.py: error: {path}: no such file (kvsim reproduce policies --json)",
+              file=sys.stderr)
+        sys.exit(2)
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from sim.exp_policies import winners
+
+    rows = json.loads(Path(path).read_text())["rows"]
+    out = []
+    for policy in dict.fromkeys(r["policy"] for r in rows):
+        mine = [r for r in rows if r["policy"] == policy]
+
+        def mean(key: str, mine=mine) -> float:
+            return sum(r[key] for r in mine) / len(mine)
+
+        changes = [r["ttft_change"] for r in mine]
+        out.append([f"`{policy}`", pct(mean("ttft_change")), pct(min(changes)),
+                    pct(max(changes)), f"{mean('gap_closed'):.2f}", pct(mean("jct_change")),
+                    frac(mean("hit_rate"))])
+    print(table(["policy", "mean TTFT change", "best", "worst", "mean gap closed",
+                 "mean JCT change", "mean hit rate"], out))
+    rules = {(r["model"], r["sessions"], r["gaps"], r["tree"]): r["oracle_rule"]
+             for r in rows if r["oracle"]}
+    print("\nThe best deployable policy of each configuration, against the oracle:\n")
+    print(table(["configuration", "best deployable", "its change", "oracle", "oracle rule"],
+                [[f"{w['model'].removeprefix('qwen3-')} N={w['sessions']} {w['gaps']} "
+                  f"{w['tree']}", f"`{w['best']}`", pct(w["best_ttft_change"]),
+                  pct(w["oracle_ttft_change"]),
+                  rules[(w["model"], w["sessions"], w["gaps"], w["tree"])]]
+                 for w in winners(rows)]))
+
+
 # Tables --moved compares: heading prefix -> how many leading columns identify a row. The
 # paper's columns never move and are left out.
 KEY_COLUMNS = {"Figure 1": 1, "GPU-only": 6, "Ablation": 3, "Scheduling": 2, "Two tiers": 2,
-               "CPU-tier sweep": 1, "All gap models": 4, "Cache engineering": 3}
+               "CPU-tier sweep": 1, "All gap models": 4, "Cache engineering": 3,
+               "Policies": 1, "Best deployable": 1}
 
 
 def read_tables(path: str) -> dict[str, dict[tuple[str, ...], dict[str, str]]]:
@@ -156,7 +194,8 @@ def read_tables(path: str) -> dict[str, dict[tuple[str, ...], dict[str, str]]]:
 def is_headline(column: str) -> bool:
     """A column that compares two systems (a change), not an absolute time or hit rate."""
     return ("change" in column or column.startswith("penelope vs")
-            or "(sglang / penelope)" in column)
+            or "(sglang / penelope)" in column or column in ("best deployable", "oracle")
+            or column.endswith((" TTFT", " JCT")))  # the sweep table's changes
 
 
 def moved(old_path: str, new_path: str, headlines: bool = False) -> None:
@@ -188,6 +227,9 @@ def moved(old_path: str, new_path: str, headlines: bool = False) -> None:
 
 
 def main(argv: list[str]) -> None:
+    if argv and argv[0] == "--policies":
+        policies(argv[1] if len(argv) > 1 else "results/reproduce/policies.json")
+        return
     if argv and argv[0] == "--cache-engineering":
         cache_engineering(argv[1] if len(argv) > 1 else
                           "results/reproduce/cache-engineering.json")
