@@ -71,7 +71,7 @@ from sim.kvcache.blockpool import BlockPool
 from sim.metrics import RunRecorder
 
 from .base import EngineBase, steps_fitting
-from .request import Req
+from .request import VllmReq
 
 # vllm/engine/arg_utils.py get_batch_defaults: OPENAI_API_SERVER, H100/H200 tier.
 VLLM_MAX_NUM_SEQS = 1024
@@ -117,10 +117,10 @@ class Step:
     preempted while scheduling it; ``blocked``: requests wait that it could not admit
     (refused, max_num_seqs, or no budget left). ``end``: when its execution ends (async)."""
 
-    rows: list[tuple[Req, int, int]]
+    rows: list[tuple[VllmReq, int, int]]
     decode: list[bool]
     samples: list[bool]
-    preempted: list[Req]
+    preempted: list[VllmReq]
     blocked: bool
     end: float = math.nan
 
@@ -129,6 +129,7 @@ class VllmServer(EngineBase):
     """vLLM 0.33's V1 scheduling and memory semantics over one ``BlockPool``."""
 
     default_presets = ("vllm", "penelope")
+    request_class = VllmReq
     # False: every V1 step is its own event (slow; tests prove runs change nothing)
     decode_runs: bool = True
 
@@ -181,7 +182,7 @@ class VllmServer(EngineBase):
         self._seen_evicted = (0, 0)  # the pool's (evicted, lost) blocks already recorded
         self.process = self.start()
 
-    def _never_fits(self, req: Req) -> bool:
+    def _never_fits(self, req: VllmReq) -> bool:
         # A sequence holds KV for prompt + output - 1 tokens at its end; more blocks than the
         # pool has can never run to completion (vLLM refuses to start such a model length).
         kv = req.prompt_tokens + req.output_tokens - 1
@@ -193,9 +194,9 @@ class VllmServer(EngineBase):
         request by recompute while an allocation fails), then, unless someone was
         preempted, waiting requests FCFS; then ``_update_after_schedule``."""
         budget = self.token_budget
-        rows: list[tuple[Req, int, int]] = []
+        rows: list[tuple[VllmReq, int, int]] = []
         decode: list[bool] = []
-        preempted: list[Req] = []
+        preempted: list[VllmReq] = []
         running = self.running
         i = 0
         while i < len(running) and budget > 0:
@@ -246,8 +247,8 @@ class VllmServer(EngineBase):
         self._record_evictions()
         return self._scheduled(rows, decode, preempted, bool(self.waiting))
 
-    def _scheduled(self, rows: list[tuple[Req, int, int]], decode: list[bool],
-                   preempted: list[Req], blocked: bool) -> Step:
+    def _scheduled(self, rows: list[tuple[VllmReq, int, int]], decode: list[bool],
+                   preempted: list[VllmReq], blocked: bool) -> Step:
         """vLLM's ``_update_after_schedule``: a row whose tokens reach the end of its
         sequence samples a token; under async scheduling that token is a placeholder until
         the step's output is processed (``AsyncScheduler``)."""
@@ -293,7 +294,7 @@ class VllmServer(EngineBase):
                 finished = True
         return finished
 
-    def _finish(self, req: Req) -> None:
+    def _finish(self, req: VllmReq) -> None:
         if req.computed:  # running (an admitted request has computed at least one token)
             self.running.remove(req)
             self.pool.free(req.rid)
@@ -304,18 +305,18 @@ class VllmServer(EngineBase):
         req.done.succeed()
 
     # --- where a patch of vLLM changes the step (sim/engines/vllm_patch.py) ---------------
-    def _chunk(self, req: Req, start: int, end: int, budget: int) -> tuple[int, int]:
+    def _chunk(self, req: VllmReq, start: int, end: int, budget: int) -> tuple[int, int]:
         """(n, cost): the request's row this step is positions ``[start, start + n)`` of its
         sequence (which ends at ``end``), costing ``cost`` tokens of the budget. Stock vLLM
         computes every position: the next ``min(end - start, budget)``."""
         n = min(end - start, budget)
         return n, n
 
-    def _row_units(self, req: Req, start: int, n: int) -> Units:
+    def _row_units(self, req: VllmReq, start: int, n: int) -> Units:
         """Prefill units of a row: its tokens at their positions."""
         return range_units(self.spec, start, start + n)
 
-    def _admitted(self, req: Req, hit_blocks: int) -> None:
+    def _admitted(self, req: VllmReq, hit_blocks: int) -> None:
         """Open the request's record at its first admission (hits are counted once)."""
         now = self.env.now
         req.admitted_at = now
@@ -327,7 +328,7 @@ class VllmServer(EngineBase):
                                    ideal=ideal, spec=self.spec,
                                    segments=((0, hit_blocks, Tier.GPU),), bs=self.bs)
 
-    def _note_cached(self, req: Req) -> None:
+    def _note_cached(self, req: VllmReq) -> None:
         """Blocks the pool just cached join ``ever`` (what an unlimited cache holds)."""
         cached = self.pool.cached_of(req.rid)
         if cached > req.known_blocks:
@@ -346,7 +347,7 @@ class VllmServer(EngineBase):
             self.rec.evicted(EvictResult(ok=True, freed_blocks=evicted - seen,
                                          deleted_blocks=now_lost - lost))
 
-    def _preempt(self, req: Req) -> None:
+    def _preempt(self, req: VllmReq) -> None:
         """Preemption by recompute: free its blocks (in the policy's order; freed cached
         blocks stay hittable until reused), keep its outputs, front of the queue. Tokens
         of its steps still in flight (async) arrive later as stale output."""
