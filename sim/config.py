@@ -29,6 +29,8 @@ class ConfigError(ValueError):
 
 # sim.engines.ENGINES holds the classes; named here because sim.engines imports this module.
 ENGINE_NAMES = ("sglang", "vllm")
+# sim.engines.vllm_patch.VLLM_PATCHES: named patches of the vllm engine (none = as deployed)
+VLLM_PATCH_NAMES = ("none", "penelope")
 TIERINGS = ("unified", "hicache")
 REPLAYS = ("closed", "open")
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
@@ -61,6 +63,9 @@ class RunConfig:
     hicache_load_threshold: int = 10  # tokens: HiCache skips smaller load-backs
     # --- engine: the server's request protocol, scheduler and memory semantics -------------
     engine: str = "sglang"  # sglang (SGLang 0.5.23) | vllm (vLLM 0.33), see docs/engine.md
+    # vllm only: a named patch of vLLM's code (penelope: the lookup continues past missing
+    # blocks, which are refilled in the request's step; docs/engine.md)
+    vllm_patch: str = "none"
     # --- policies: ONE of preset | order/evict/granularity | policy (default: penelope) -------
     preset: str | None = None  # sglang | vllm | penelope
     order: str | None = None  # victim order (default lru) ...
@@ -250,11 +255,27 @@ class RunConfig:
     def _validate_engine(self, bad) -> None:
         if self.engine not in ENGINE_NAMES:
             raise bad("engine", f"must be one of {ENGINE_NAMES}, got {self.engine!r}")
+        if self.vllm_patch not in VLLM_PATCH_NAMES:
+            raise bad("vllm_patch", f"must be one of {VLLM_PATCH_NAMES}, got "
+                      f"{self.vllm_patch!r}")
+        if self.vllm_patch != "none" and self.engine != "vllm":
+            raise bad("vllm_patch", f"{self.vllm_patch!r} patches the vllm engine, not "
+                      f"{self.engine!r}: use --engine vllm (or drop --vllm-patch)")
+        if self.vllm_patch != "none" and self.is_fleet:
+            raise bad("vllm_patch", "a patched vllm engine runs as one server, not in a "
+                      "fleet (--replicas 1 without --router)")
         from sim.engines import ENGINES  # imports this module: loaded on demand
 
         problem = ENGINES[self.engine].unsupported(self, self.make_policy())
         if problem is not None:
             raise bad(*problem)
+
+    @property
+    def engine_label(self) -> str:
+        """The engine as tables and reports name it: ``vllm+penelope-patch`` when patched."""
+        if self.vllm_patch == "none":
+            return self.engine
+        return f"{self.engine}+{self.vllm_patch}-patch"
 
     @property
     def policy_field(self) -> str:

@@ -148,37 +148,44 @@ def gpu_only(ctx: Context) -> list[dict[str, Any]]:
     """Penelope (and vLLM's order) against each engine's own default policy, GPU-only, per
     model and N: the ``sglang`` engine against ``sglang`` for both tree shapes (``chunked``:
     SGLang's per-chunk inserts; ``whole``: one node per prompt), with lpm as in the paper; the
-    ``vllm`` engine against ``vllm`` (a block pool has no tree shape; vLLM schedules fcfs)."""
+    ``vllm`` engine against ``vllm`` (a block pool has no tree shape; vLLM schedules fcfs):
+    penelope as a free order only, and penelope on vLLM with the Penelope patch (engine
+    ``vllm+penelope-patch``: holes refilled in the request's step) against stock ``vllm``."""
     models = ["qwen3-8b"] if ctx.quick else list(MODEL_SETUP)
     ns = [4] if ctx.quick else [2, 4, 8]
-    # (engine, tree shape, baseline preset, compared presets)
-    cases = [("sglang", "chunked", "sglang", ("vllm", "penelope")),
-             ("sglang", "whole", "sglang", ("vllm", "penelope")),
-             ("vllm", None, "vllm", ("penelope",))]
+    # (engine, tree shape, baseline preset, compared presets, vllm patch of the compared);
+    # a baseline always runs unpatched
+    cases = [("sglang", "chunked", "sglang", ("vllm", "penelope"), "none"),
+             ("sglang", "whole", "sglang", ("vllm", "penelope"), "none"),
+             ("vllm", None, "vllm", ("penelope",), "none"),
+             ("vllm", None, "vllm", ("penelope",), "penelope")]
     configs, keys = [], []
-    for engine, shape, baseline, presets in cases:
+    for engine, shape, baseline, presets, patch in cases:
         for model in models:
             for n in ns:
                 base = replace(ctx.base(model, n), engine=engine,
                                checkpoint_chunks=shape != "whole")
                 if engine == "vllm":
                     base = replace(base, scheduler="fcfs")
-                for preset in (baseline, *presets):
-                    configs.append(base.with_preset(preset))
-                    keys.append((engine, shape, model, n, preset))
+                for preset, p in ((baseline, "none"), *((x, patch) for x in presets)):
+                    key = (engine, shape, model, n, preset, p)
+                    if key not in keys:
+                        configs.append(replace(base.with_preset(preset), vllm_patch=p))
+                        keys.append(key)
     sums = dict(zip(keys, _run_all(ctx, configs), strict=True))
     rows = []
     lo, hi = PAPER["gpu_only_ttft_change"]
     jlo, jhi = PAPER["gpu_only_jct_change"]
-    for engine, shape, baseline, presets in cases:
+    for engine, shape, baseline, presets, patch in cases:
         for model in models:
             for n in ns:
-                ref = sums[(engine, shape, model, n, baseline)]
+                ref = sums[(engine, shape, model, n, baseline, "none")]
                 for preset in presets:
-                    s = sums[(engine, shape, model, n, preset)]
+                    s = sums[(engine, shape, model, n, preset, patch)]
                     paper = preset == "penelope" and engine == "sglang"
                     rows.append({
-                        "engine": engine, "prompt_nodes": shape, "model": model,
+                        "engine": engine if patch == "none" else f"{engine}+{patch}-patch",
+                        "prompt_nodes": shape, "model": model,
                         "sessions": n, "scheduler": s["scheduler"], "policy": preset,
                         "baseline": baseline, "ttft_mean_s": s["ttft_mean_s"],
                         "baseline_ttft_mean_s": ref["ttft_mean_s"],

@@ -138,6 +138,8 @@ def run(cfg: RunConfig, trace=None) -> RunResult:
     table = rec.table()
     summary = rec.summary(env.now, cfg.block_size, table)
     summary.update(run_fields(cfg, policy, profile, spec, trace, table))
+    if cfg.vllm_patch != "none":  # only then: unpatched summaries stay as they were
+        summary["vllm_patch"] = cfg.vllm_patch
     if context is not None:  # only then: results under ``full`` stay exactly as they were
         summary.update(context_summary(strategy, table, rec.counters, env.now,
                                        server.cache.working_peak_blocks * cfg.block_size,

@@ -119,6 +119,8 @@ def point_id(cfg: RunConfig) -> str:
     d.pop("extra", None)
     if d.get("context") == "full":  # the default: points saved before it existed keep ids
         d.pop("context")
+    if d.get("vllm_patch") == "none":  # likewise
+        d.pop("vllm_patch")
     if not cfg.is_fleet:  # one server: ids as before fleets existed
         for k in ("replicas", "router", "router_params"):
             d.pop(k, None)

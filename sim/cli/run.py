@@ -43,7 +43,7 @@ def compare_runs(results: list[RunResult]) -> list[dict[str, Any]]:
     for r in results:
         c = r.config
         out.append({
-            "policy": c.policy_label, "policy_spec": c.policy_spec, "engine": c.engine,
+            "policy": c.policy_label, "policy_spec": c.policy_spec, "engine": c.engine_label,
             "policy_params": c.policy_params, "scheduler": c.scheduler, "tiering": c.tiering,
             "summary": r.summary,
             "change_vs_first": {k: change(first.get(k), r.summary.get(k)) for k in COMPARED},
@@ -228,6 +228,11 @@ class RunInputError(ValueError):
                    "with decode reservations) or vllm (vLLM 0.33: prefix-caching block pool, "
                    "V1 token-budget steps, preemption by recompute; GPU only, policies vllm "
                    "and penelope). See docs/engine.md.")
+@click.option("--vllm-patch", type=click.Choice(["none", "penelope"]), default="none",
+              show_default=True,
+              help="--engine vllm: a named patch of vLLM's code. penelope: the lookup goes on "
+                   "past missing blocks and refills them in the request's step (Penelope's "
+                   "holes; docs/engine.md).")
 @click.option("--preset", default=None,
               help="Comma-separated presets (sglang, vllm, penelope); the first is the baseline. "
                    "Default: sglang,vllm,penelope (--engine vllm: vllm,penelope) unless "
@@ -281,7 +286,7 @@ class RunInputError(ValueError):
 def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select, gap_model,
             lenient, seed, cache_dir, rebuild_sessions, model, profile, gpu_cache, cpu_cache,
             tiering, swap_buffer, hicache_write_policy, sessions, replay, time_scale, engine,
-            replicas, router, router_param_items,
+            vllm_patch, replicas, router, router_param_items,
             preset, evict, granularity, order, policies, policy_params, scheduler, context,
             chunk_size, prompt_nodes, max_new_tokens, max_running, debug_cache, out,
             as_json) -> None:
@@ -301,7 +306,7 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
         max_context=max_context, block_size=block_size, gaps=gap_model, lenient=lenient,
         trace_cache_dir=cache_dir, rebuild_sessions=rebuild_sessions,
         sessions=sessions, replay=replay, time_scale=time_scale, engine=engine,
-        replicas=replicas, router=router,
+        vllm_patch=vllm_patch, replicas=replicas, router=router,
         router_params=router_params(router_param_items),
         model=model, profile=profile, gpu_cache=gpu_cache, cpu_cache=cpu_cache,
         tiering=tiering, swap_buffer=swap_buffer, hicache_write_policy=hicache_write_policy,
@@ -361,7 +366,8 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
     ctx = "" if context == "full" else (f", context {s['context']} (serving only: task "
                                         "accuracy not modelled)")
     print_table(runs, f"{s['trace']} ({s['trace_requests']} requests), {model}, "
-                      f"GPU {gpu_cache:,} tokens{cpu}, N={sessions}, {engine} engine, "
+                      f"GPU {gpu_cache:,} tokens{cpu}, N={sessions}, "
+                      f"{configs[0].engine_label} engine, "
                       f"{scheduler}, "
                       + (f"{replicas} replicas, router {s['router']}, " if "router" in s
                          else "") +

@@ -119,10 +119,17 @@ class VllmServer(EngineBase):
                     "caches blocks, not nodes")
         return None
 
+    pool_class: type[BlockPool] | None = None  # a patch's own pool; None: BlockPool
+
     @classmethod
     def build(cls, env: simpy.Environment, cfg: RunConfig, spec: ModelSpec, profile: Profile,
               policy: EvictionPolicy, recorder: RunRecorder) -> VllmServer:
-        pool = BlockPool(cfg.gpu_cache // cfg.block_size, cfg.block_size,
+        if cls is VllmServer and cfg.vllm_patch != "none":  # a named patch of vLLM
+            from .vllm_patch import VLLM_PATCHES
+
+            return VLLM_PATCHES[cfg.vllm_patch].build(env, cfg, spec, profile, policy,
+                                                      recorder)
+        pool = (cls.pool_class or BlockPool)(cfg.gpu_cache // cfg.block_size, cfg.block_size,
                          free_order_name(policy), debug=cfg.debug_cache)
         return cls(env, cfg, spec, profile, pool, policy, recorder)
 
@@ -154,7 +161,7 @@ class VllmServer(EngineBase):
         i = 0
         while i < len(running) and budget > 0:
             r = running[i]
-            n = min(r.prompt_tokens + r.generated - r.computed, budget)
+            n, cost = self._chunk(r, r.computed, r.prompt_tokens + r.generated, budget)
             ok = self.pool.extend(r.rid, n)
             while not ok:
                 victim = running.pop()
@@ -167,7 +174,7 @@ class VllmServer(EngineBase):
                 break
             rows.append((r, r.computed, n))
             r.computed += n
-            budget -= n
+            budget -= cost
             self._note_cached(r)
             i += 1
         if preempted:
@@ -184,14 +191,26 @@ class VllmServer(EngineBase):
             self.waiting.pop(0)
             running.append(r)
             start = h * self.bs
-            n = min(budget, num_tokens - start)
+            n, cost = self._chunk(r, start, num_tokens, budget)
             r.computed, r.decoding = start + n, False
             rows.append((r, start, n))
-            budget -= n
+            budget -= cost
             self._admitted(r, h)
             self._note_cached(r)
         self._record_evictions()
         return rows, False, bool(self.waiting)
+
+    # --- where a patch of vLLM changes the step (sim/engines/vllm_patch.py) ---------------
+    def _chunk(self, req: Req, start: int, end: int, budget: int) -> tuple[int, int]:
+        """(n, cost): the request's row this step is positions ``[start, start + n)`` of its
+        sequence (which ends at ``end``), costing ``cost`` tokens of the budget. Stock vLLM
+        computes every position: the next ``min(end - start, budget)``."""
+        n = min(end - start, budget)
+        return n, n
+
+    def _row_units(self, req: Req, start: int, n: int) -> Units:
+        """Prefill units of a row: its tokens at their positions."""
+        return range_units(self.spec, start, start + n)
 
     def _admitted(self, req: Req, hit_blocks: int) -> None:
         """Open the request's record at its first admission (hits are counted once)."""
@@ -244,7 +263,7 @@ class VllmServer(EngineBase):
             return self.profile.decode_step_seconds(n_dec, ctx)
         units = Units()
         for r, start, n in rows:
-            u = range_units(self.spec, start, start + n)
+            u = self._row_units(r, start, n)
             units = units + u
             if not r.decoding:
                 self.rec.prefill_units(r, u)
