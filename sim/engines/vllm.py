@@ -43,6 +43,8 @@ Defaults for an online server on one H100 (vllm/engine/arg_utils.py ``get_batch_
 
 from __future__ import annotations
 
+from typing import Any
+
 import simpy
 
 from costmodel.profile import Profile
@@ -212,6 +214,14 @@ class VllmServer(EngineBase):
         """Prefill units of a row: its tokens at their positions."""
         return range_units(self.spec, start, start + n)
 
+    def _release(self, req: Req) -> None:
+        """A finished request gives its blocks back (a patch may keep them: pins)."""
+        self.pool.free(req.rid)
+
+    def patch_summary(self) -> dict[str, Any]:
+        """A patch's own counters for the run summary (none in stock vLLM)."""
+        return {}
+
     def _admitted(self, req: Req, hit_blocks: int) -> None:
         """Open the request's record at its first admission (hits are counted once)."""
         now = self.env.now
@@ -290,7 +300,7 @@ class VllmServer(EngineBase):
                 finished.append(r)
         for r in finished:
             self.running.remove(r)
-            self.pool.free(r.rid)
+            self._release(r)
             self.rec.close(r, now)
             self._reply(r, None)
             r.done.succeed()
