@@ -170,3 +170,54 @@ def test_learned_ttl_on_the_engine_is_the_cold_start_rule():
     assert res.summary["continuum_tau_mean_s"] == pytest.approx(expected)
     assert res.summary["continuum_pins"]["pins"] == int(expected > 0)
     assert np.isfinite(res.summary["ttft_mean_s"])
+
+
+# --- kvsim reproduce policies --engine vllm -------------------------------------------------
+def test_reproduce_policies_on_vllm_rows_per_load_and_variant():
+    from sim.exp_continuum import QUICK_LOADS, VARIANTS, job_times
+    from sim.experiments import reproduce
+
+    doc = reproduce("policies", trace="synthetic:claude-code", quick=True, engine="vllm")
+    assert doc["engine"] == "vllm" and doc["prompt_nodes"] == "chunked"
+    rows = doc["rows"]
+    assert [(r["sessions"], r["policy"]) for r in rows] == [
+        (n, label) for n in QUICK_LOADS for label, _patch in VARIANTS]
+    for r in rows:
+        if r["policy"] == "vllm":
+            assert r["jct_change"] == 0 and r["recomputed_saved_tokens"] == 0
+            assert "pins" not in r
+        assert r["jct_p90_s"] >= r["jct_mean_s"] * 0.5 and r["ttft_p90_s"] >= 0
+        assert ("pins" in r) == (r["policy"] in ("continuum", "continuum-fixed", "pins"))
+    # the p90 is taken over the same jobs as the summary's mean
+    cfg = RunConfig(trace="synthetic:claude-code?sessions=6", engine="vllm", sessions=4,
+                    gpu_cache=98304, max_context=65536).with_preset("vllm")
+    res = run(cfg)
+    assert job_times(res.requests).mean() == pytest.approx(res.summary["jct_mean_s"])
+
+
+def test_reproduce_engine_vllm_is_for_policies_only():
+    from click.testing import CliRunner
+
+    from sim.cli.main import cli
+
+    r = CliRunner().invoke(cli, ["reproduce", "ablation", "--engine", "vllm", "--quick"])
+    assert r.exit_code == 2 and "policies experiment only" in r.output
+
+
+def test_reproduce_vllm_tables_fit_100_columns():
+    from rich.console import Console
+    from rich.table import Table
+
+    from sim.cli.reproduce import continuum_tables
+    from sim.experiments import reproduce
+
+    doc = reproduce("policies", trace="synthetic:claude-code?sessions=2", quick=True,
+                    engine="vllm")
+    items = continuum_tables(doc["rows"])
+    assert sum(isinstance(t, Table) for t in items) == 2
+    for item in items:
+        con = Console(width=100, record=True, color_system=None,
+                      file=open("/dev/null", "w"))  # noqa: SIM115
+        con.print(item)
+        text = con.export_text()
+        assert "…" not in text and max(len(ln.rstrip()) for ln in text.splitlines()) <= 100
