@@ -2,6 +2,7 @@
 
     python docs/report.py [results/reproduce] > /tmp/tables.md
     python docs/report.py --sweeps results/gpu_only_qwen3-8b results/gpu_only_qwen3-32b ...
+    python docs/report.py --fleet results/reproduce/fleet.json   # docs/fleet.md's tables
 
 Reads the JSON documents the notebooks write at full size (``kvsim reproduce NAME --json``
 gives the same documents) and prints one markdown table per experiment, ours beside the
@@ -22,7 +23,7 @@ def pct(v) -> str:
 
 
 def frac(v) -> str:
-    return "-" if v is None else f"{v:.1%}"
+    return "-" if v is None or v != v else f"{v:.1%}"
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:
@@ -67,9 +68,36 @@ def sweeps(dirs: list[str]) -> None:
                 out))
 
 
+def fleet(path: str) -> None:
+    """One table per workload of ``kvsim reproduce fleet --json`` (sim/exp_fleet.py)."""
+    doc = json.loads(Path(path).read_text())
+
+    def sec(v) -> str:
+        return "-" if v is None else f"{v:.3f}" if v < 10 else f"{v:,.1f}"
+
+    for note in doc.get("notes", []):
+        print(f"Note: {note}\n")
+    rows = doc["rows"]
+    for workload in dict.fromkeys(r["workload"] for r in rows):
+        print(f"\n#### {workload}\n")
+        print(table(["router", "eviction", "replicas", "TTFT mean s", "TTFT p90 s",
+                     "JCT mean s", "hit rate", "reuse available", "reuse captured",
+                     "affinity", "load CV"],
+                    [[r["router"], r["policy"], r["replicas"], sec(r["ttft_mean_s"]),
+                      sec(r["ttft_p90_s"]), sec(r["jct_mean_s"]), frac(r["hit_rate"]),
+                      frac(r["reuse_available"]), frac(r["reuse_captured"]),
+                      frac(r["affinity"]), "-" if r["load_cv"] is None else
+                      f"{r['load_cv']:.2f}"]
+                     for r in sorted((r for r in rows if r["workload"] == workload),
+                                     key=lambda r: r["replicas"])]))
+
+
 def main(argv: list[str]) -> None:
     if argv and argv[0] == "--sweeps":
         sweeps(argv[1:])
+        return
+    if argv and argv[0] == "--fleet":
+        fleet(argv[1] if len(argv) > 1 else "results/reproduce/fleet.json")
         return
     d = Path(argv[0] if argv else "results/reproduce")
     if not d.is_dir():

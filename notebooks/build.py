@@ -26,7 +26,7 @@ PROFILES = {profiles!r}  # {profiles_note}"""
 # The profile family each notebook prices with: the one its document's tables state
 # (docs/reproduction.md: derived; docs/policies.md and docs/cache-engineering.md: the
 # default measured-kernel profiles).
-PROFILES = {"policies": None, "cache-engineering": None}
+PROFILES = {"policies": None, "cache-engineering": None, "fleet": None}
 PROFILE_NOTES = {
     "derived": "docs/reproduction.md's family (derived-h100-MODEL); None: the default",
     None: "None: the default (kernels-h100_sxm-MODEL); 'derived': derived-h100-MODEL",
@@ -49,6 +49,24 @@ print(f"trace: {{doc['trace']}} ({{doc['trace_kind']}}), gaps: {{doc['gaps']}}, 
       f"profiles: {{PROFILES or 'default'}}, quick: {{doc['quick']}}")
 df = pd.DataFrame(doc["rows"])
 df"""
+
+# The fleet grid takes hours of CPU at full size: the notebook shows the document of a full
+# run when one is saved (``kvsim reproduce fleet --json > results/reproduce/fleet.json``, or
+# this notebook's own full-size run) and runs the experiment otherwise.
+FLEET_RUN = """import json, pathlib
+saved = pathlib.Path("../results/reproduce/fleet.json")
+if not QUICK and saved.is_file():
+    doc = json.loads(saved.read_text())
+else:
+    doc = reproduce("fleet", trace=TRACE, quick=QUICK, jobs=JOBS, gaps=GAPS, profiles=PROFILES)
+    if not QUICK:
+        from sim.io import atomic_write_text, dumps
+        atomic_write_text(str(saved), dumps(doc))
+print(f"trace: {doc['trace']} ({doc['trace_kind']}), quick: {doc['quick']}, "
+      f"rows: {len(doc['rows'])}")
+df = pd.DataFrame(doc["rows"])
+df"""
+RUNS = {"fleet": FLEET_RUN}
 
 NOTEBOOKS = {
     "figure1": (
@@ -197,6 +215,35 @@ for ax, col in zip(axes, ["request_latency_mean_s", "api_cost_usd"]):
     ax.set_ylabel(col); ax.tick_params(axis="x", rotation=30)
 axes[0].legend(fontsize=6)
 fig.suptitle("serving cost only: task accuracy is not modelled", fontsize=9)"""),
+    "fleet": (
+        "# A fleet: the field's routers x eviction x replicas\n\n"
+        "N replicas of a Qwen3-8B SGLang engine on one clock behind a router "
+        "(docs/fleet.md): every built-in router (round-robin, random, least-load, "
+        "power-of-two, session-affinity, and the field's sglang-cache-aware, dynamo-kv, "
+        "llm-d, mooncake, preble with the defaults their sources ship) under SGLang's and "
+        "Penelope's eviction, on 2, 4 and 8 replicas, for three workloads: the shared Claude "
+        "Code sessions (8 at once per replica, closed loop), the Mooncake trace at its "
+        "arrival times, and SGLang's shared-prefix benchmark shape "
+        "(`synthetic:prefix-groups`). `reuse_available`: the longest GPU-resident prefix "
+        "on any replica at decision time; `reuse_captured`: on the chosen one; `affinity`: "
+        "follow-ups routed where the session's previous request went; `load_cv`: the "
+        "coefficient of variation of busy time across replicas.",
+        """for note in doc.get("notes", []):
+    print("note:", note)
+workloads = list(dict.fromkeys(df.workload))
+fig, axes = plt.subplots(1, len(workloads), figsize=(5 * len(workloads), 4), squeeze=False)
+colors = dict(zip(dict.fromkeys(df.router), plt.cm.tab10.colors))
+for ax, w in zip(axes[0], workloads):
+    for (router, policy), g in df[df.workload == w].groupby(["router", "policy"], sort=False):
+        ax.plot(g.replicas, g.ttft_mean_s, "o-" if policy == "sglang" else "s--",
+                color=colors[router], ms=3, label=f"{router} ({policy})")
+    ax.set_yscale("log"); ax.set_title(w); ax.set_xlabel("replicas")
+    ax.set_xticks(sorted(df.replicas.unique())); ax.set_ylabel("mean TTFT (s)")
+    ax.grid(alpha=.3)
+axes[0][-1].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1))
+fig.tight_layout()
+df.pivot_table(index=["workload", "router"], columns=["policy", "replicas"],
+               values="ttft_mean_s", sort=False).round(3)"""),
 }
 
 
@@ -209,7 +256,7 @@ def build(name: str) -> nbformat.NotebookNode:
                                     profiles_note=PROFILE_NOTES[profiles]),
                       metadata={"tags": ["parameters"]}),
         new_code_cell(SETUP),
-        new_code_cell(RUN.format(name=name)),
+        new_code_cell(RUNS.get(name) or RUN.format(name=name)),
         new_code_cell(plot),
     ]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",

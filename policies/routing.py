@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -229,6 +229,7 @@ class Router:
         self.n_replicas = 0
         self.block_size = 0
         self.rng = np.random.default_rng(0)
+        self.prefill_seconds: Callable[[int, int], float] | None = None
 
     @classmethod
     def parameters(cls) -> dict[str, Any]:
@@ -249,6 +250,13 @@ class Router:
         """Called once by the fleet before the run: its size, the cache block size, and the
         run's seeded RNG for this router."""
         self.n_replicas, self.block_size, self.rng = n_replicas, block_size, rng
+
+    def bind_prefill_model(self, prefill_seconds: Callable[[int, int], float]) -> None:
+        """Called by the fleet after ``bind``: ``prefill_seconds(cached, prompt)`` estimates
+        the seconds one replica needs to prefill tokens ``[cached, prompt)`` of a prompt
+        alone (the run's cost model). Routers that predict time (Mooncake's TTFT, Preble's
+        load cost) read it as ``self.prefill_seconds``."""
+        self.prefill_seconds = prefill_seconds
 
     def route(self, request: RouteRequest, view: RouterView) -> int:
         """The replica (0 .. len(view) - 1) that serves ``request``."""

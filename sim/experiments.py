@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from sim import exp_continuum, exp_policies
+from sim import exp_continuum, exp_fleet, exp_policies
 from sim.config import RunConfig
 from sim.executors import ExecutorSpec
 from sim.progress import current as current_progress
@@ -378,6 +378,7 @@ EXPERIMENTS: dict[str, Callable[[Context], list[dict[str, Any]]]] = {
     "cpu-sweep": cpu_sweep,
     "policies": exp_policies.policies,  # the zoo and the clairvoyant oracle
     "cache-engineering": cache_engineering,
+    "fleet": exp_fleet.fleet,  # routers x eviction x replicas (sim/exp_fleet.py)
 }
 
 
@@ -419,6 +420,8 @@ def reproduce(name: str, trace: str | None = None, quick: bool = False, jobs: in
         doc["engine"] = engine
     if profiles is not None:
         doc["profiles"] = profiles
+    if ctx.notes:
+        doc["notes"] = ctx.notes
     if name == "cache-engineering":  # the accuracy caveat, prices and AKV's Table 2
         from sim.exp_cache_engineering import document_extras
 

@@ -33,6 +33,12 @@ def docs() -> dict[str, dict]:
     got["figure1"] = {"rows": json.loads(_invoke("figure1", "--json"))["rows"]}
     for name in ("fcfs", "cpu-sweep", "cache-engineering", "policies"):
         got[name] = reproduce(name, trace=TINY, quick=True)  # as the command renders it
+    fleet_row = {"workload": "cc-traces", "router": "sglang-cache-aware", "policy": "penelope",
+                 "replicas": 8, "ttft_mean_s": 3.91, "ttft_p90_s": 9.2, "jct_mean_s": 12.5,
+                 "hit_rate": 0.81, "reuse_available": 0.74, "reuse_captured": 0.52,
+                 "affinity": 0.97, "load_cv": 0.06}
+    got["fleet"] = {"rows": [fleet_row, {**fleet_row, "workload": "mooncake", "affinity": None}],
+                    "notes": []}  # rendering only: the grid runs in test_fleet_routers
     for doc in got.values():
         doc.setdefault("trace_kind", "given trace")
     return got
@@ -69,6 +75,8 @@ def test_tables_fit_100_columns_without_truncated_headers(name: str, docs) -> No
 def test_tables_use_one_unit_convention(name: str, docs) -> None:
     rows = docs[name]["rows"]
     layouts = rep.LAYOUTS.get(name, [])
+    if name == "fleet":
+        layouts = [("", rep.FLEET_KEYS + cols) for _, cols in rep.FLEET_LAYOUTS]
     if name == "policies":
         layouts = [("", rep.POLICY_COLUMNS)]
         ref = {(r["model"], r["sessions"], r["gaps"], r["tree"]): r["hit_rate"] for r in rows
@@ -91,7 +99,9 @@ def test_tables_use_one_unit_convention(name: str, docs) -> None:
                 if col.kind in PATTERN and text != "-":
                     assert re.fullmatch(PATTERN[col.kind], text), (col, text)
                     seen.add(col.kind)
-    if name != "cache-engineering":  # its rows: seconds, tokens and dollars only
+    if name == "fleet":  # absolute values only: seconds and rates
+        assert {"s", "rate"} <= seen
+    elif name != "cache-engineering":  # its rows: seconds, tokens and dollars only
         assert {"change", "rate", "pp"} <= seen
 
 

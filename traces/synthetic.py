@@ -1,9 +1,11 @@
 """Synthetic agent traces, deterministic by seed: ``synthetic:NAME[?key=value&...]``.
 
 NAME: ``claude-code`` (fitted to the published cc-traces, docs/traces.md), ``codex`` and
-``chat`` (assumed shapes, see their profiles). Keys: ``sessions`` (default 16, the ``make
-demo`` size), ``seed`` (overrides the seed argument), ``max_requests`` (cap per session),
-``subagents`` (0 disables sub-agents). Example: ``synthetic:claude-code?sessions=360&seed=3``.
+``chat`` (assumed shapes, see their profiles); ``prefix-groups`` is an open-loop shared-prefix
+workload with its own parameters (traces.prefix_groups). Keys: ``sessions`` (default 16, the
+``make demo`` size), ``seed`` (overrides the seed argument), ``max_requests`` (cap per
+session), ``subagents`` (0 disables sub-agents). Example:
+``synthetic:claude-code?sessions=360&seed=3``.
 
 Model of one session (per request, never per token):
 - requests per session, the first prompt (system + tool definitions + first message), outputs
@@ -32,6 +34,7 @@ from urllib.parse import parse_qsl
 
 import numpy as np
 
+from . import prefix_groups
 from .builder import TraceBuilder
 from .errors import OptionError
 from .kinds import GAP_HUMAN, GAP_TOOL, kinds_mask
@@ -121,8 +124,9 @@ def parse_spec(spec: str, seed: int) -> tuple[str, Profile, int, int, bool]:
     body = spec.split(":", 1)[1]
     name, _, query = body.partition("?")
     if name not in PROFILES:
+        known = [*PROFILES, prefix_groups.NAME]
         raise OptionError(f"unknown synthetic trace {name!r}; expected one of "
-                          f"{', '.join('synthetic:' + n for n in PROFILES)}")
+                          f"{', '.join('synthetic:' + n for n in known)}")
     prof = PROFILES[name]
     sessions, subagents = DEFAULT_SESSIONS, True
     for key, val in parse_qsl(query, keep_blank_values=True, strict_parsing=False):
@@ -240,6 +244,8 @@ def _run_session(b: TraceBuilder, rng: np.random.Generator, prof: Profile, h: in
 
 def generate(spec: str, block_size: int = 64, seed: int = 0, build: dict | None = None):
     """The Trace of ``synthetic:NAME[?...]`` (see the module docstring)."""
+    if spec.split(":", 1)[1].partition("?")[0] == prefix_groups.NAME:
+        return prefix_groups.generate(spec, block_size=block_size, seed=seed, build=build)
     name, prof, sessions, seed, subagents = parse_spec(spec, seed)
     rng = np.random.default_rng(seed)
     b = TraceBuilder(name=f"synthetic:{name}", format="synthetic", source=spec,

@@ -12,7 +12,7 @@ from .common import console, emit_json, stderr
 from .tables import Col, narrow_table
 
 NAMES = ["figure1", "gpu-only", "two-tier", "ablation", "fcfs", "cpu-sweep", "policies",
-         "cache-engineering"]
+         "cache-engineering", "fleet"]
 
 # figure1: (header with its unit, row key, format); fits 100 columns.
 FIGURE1_COLUMNS: list[tuple[str, str, str]] = [
@@ -160,6 +160,8 @@ def experiment_tables(name: str, doc: dict[str, Any]) -> list[Table | str]:
         return continuum_tables(rows)
     if name == "policies":
         return policies_tables(rows)
+    if name == "fleet":
+        return fleet_tables(doc)
     head = f"kvsim reproduce {name} -- {doc['trace_kind']}, gaps {doc['gaps']}"
     if name == "gpu-only":
         scheds = ", ".join(dict.fromkeys(f"{r['engine']} engine {r['scheduler']}"
@@ -261,6 +263,29 @@ def continuum_tables(rows: list[dict[str, Any]]) -> list[Table | str]:
         tables.append(narrow_table(f"{rs[0]['model']}, N = {n}, gaps {rs[0]['gaps']}",
                                    CONTINUUM_COLUMNS, rs))
     return tables
+
+
+FLEET_KEYS = [Col("router", "router"), Col("policy", "policy"), Col("N", "replicas", "int")]
+FLEET_LAYOUTS = [
+    ("time", [Col("TTFT\nmean (s)", "ttft_mean_s", "s"), Col("TTFT\np90 (s)", "ttft_p90_s", "s"),
+              Col("JCT\nmean (s)", "jct_mean_s", "s"), Col("hit\nrate", "hit_rate", "rate")]),
+    ("reuse and balance", [Col("reuse\navailable", "reuse_available", "rate"),
+                           Col("reuse\ncaptured", "reuse_captured", "rate"),
+                           Col("affinity", "affinity", "rate"),
+                           Col("load\nCV", "load_cv", "ratio")]),
+]
+
+
+def fleet_tables(doc: dict[str, Any]) -> list[Table | str]:
+    """Per workload, a heading and two narrow tables (sim/exp_fleet.py's columns)."""
+    out: list[Table | str] = []
+    notes = "; ".join(doc.get("notes", []))
+    for workload in dict.fromkeys(r["workload"] for r in doc["rows"]):
+        rows = [r for r in doc["rows"] if r["workload"] == workload]
+        out.append(f"kvsim reproduce fleet -- {workload}" + (f" ({notes})" if notes else ""))
+        out.extend(narrow_table(f"{workload}: {title}", [*FLEET_KEYS, *cols], rows)
+                   for title, cols in FLEET_LAYOUTS)
+    return out
 
 
 @click.command("reproduce")

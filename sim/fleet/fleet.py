@@ -18,6 +18,7 @@ import numbers
 
 import simpy
 
+from costmodel.estimate import PrefillEstimate
 from policies.routing import (
     PredictedLoad,
     ReplicaView,
@@ -77,6 +78,10 @@ class Fleet:
         self.bs = block_size
         n = len(replicas)
         router.bind(n, block_size, rng)
+        # the run's prefill model, for routers that predict time (Mooncake, Preble)
+        first = replicas[0]
+        router.bind_prefill_model(PrefillEstimate(first.spec, first.profile,
+                                                  first.cfg.chunk_size))
         self.belief = build_belief(router.cache_view, n)
         if self.belief is not None and self.belief.wants_events:
             for i, engine in enumerate(replicas):

@@ -1,0 +1,150 @@
+"""NVIDIA Dynamo's KV router: the cost function and its sampler.
+
+``lib/kv-router`` ``DefaultWorkerSelector`` (classic form @ccd1706e, current
+``selector/default.rs`` ``worker_logit`` @a4bdb9bf, 2026; with the defaults the two agree):
+
+    prefill_blocks_w = (active_prefill_tokens_w + ISL) / block_size
+    cost_w = prefill_load_scale * max(0, prefill_blocks_w - overlap_credit * overlap_w)
+             + decode_blocks_w
+    decode_blocks_w = active_blocks_w + request blocks not already active on w
+
+``overlap_w``: the request's leading blocks cached on w (the router's index: KV events, or
+its approximate mode: what it routed, forgotten after ``router_ttl_secs``);
+``active_*``: the router's prediction of each worker's in-flight work (prefill tokens until
+the first token, unique blocks until the request ends). Sampling: at temperature 0 the
+lowest cost wins; ties go to the smallest cached tree, then uniformly at random; above 0 a
+softmax over range-normalised costs, ``p ~ exp(-(cost / (max - min)) / T)``.
+Defaults (KvRouterConfig, 2026): prefill_load_scale 1.0, overlap_score_credit 1.0,
+router_temperature 0.0, router_ttl_secs 120 s, router_max_tree_size 2^20 blocks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..routing import (
+    ApproxTTL,
+    CacheViewSpec,
+    KVEvents,
+    PredictedLoad,
+    Router,
+    RouteRequest,
+    RouterView,
+    register_router,
+)
+
+PREFILL_LOAD_SCALE = 1.0
+OVERLAP_CREDIT = 1.0
+TEMPERATURE = 0.0
+TTL_S = 120.0
+MAX_TREE_SIZE = 1 << 20  # blocks of Dynamo's block size
+PRUNE_RATIO = 0.8
+ENGINE_BLOCK_TOKENS = 16  # vLLM's default block: the block Dynamo's sizes count
+
+
+def costs(isl_tokens: int, block_size: int, overlap_blocks: Sequence[float],
+          active_prefill_tokens: Sequence[float], decode_blocks: Sequence[float], *,
+          prefill_load_scale: float = PREFILL_LOAD_SCALE,
+          overlap_credit: float = OVERLAP_CREDIT) -> list[float]:
+    """Per worker, Dynamo's cost (lower is better); ``decode_blocks`` already includes the
+    request's blocks not active on that worker."""
+    out = []
+    for ov, pre, dec in zip(overlap_blocks, active_prefill_tokens, decode_blocks, strict=True):
+        prefill = (pre + isl_tokens) / block_size
+        out.append(prefill_load_scale * max(0.0, prefill - overlap_credit * ov) + dec)
+    return out
+
+
+def active_prefix(ids: Sequence[int], active: dict[int, int]) -> int:
+    """How many of ``ids`` are in ``active``. Ids are chained, so an active set made of whole
+    prompts holds a prefix of any prompt: a binary search finds its end."""
+    lo, hi = 0, len(ids)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if ids[mid - 1] in active:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def sample(costs_w: Sequence[float], tree_sizes: Sequence[float], temperature: float,
+           rng: np.random.Generator) -> int:
+    """Dynamo's ``softmax_sample`` with its zero-temperature tie-break."""
+    n = len(costs_w)
+    lo, hi = min(costs_w), max(costs_w)
+    if temperature <= 0.0:
+        best = [w for w in range(n) if costs_w[w] == lo]
+        if len(best) > 1:
+            small = min(tree_sizes[w] for w in best)
+            best = [w for w in best if tree_sizes[w] == small]
+        return best[0] if len(best) == 1 else best[int(rng.integers(len(best)))]
+    if hi == lo:
+        return int(rng.integers(n))
+    z = [-(c / (hi - lo)) / temperature for c in costs_w]
+    top = max(z)
+    p = np.array([math.exp(v - top) for v in z])
+    return int(rng.choice(n, p=p / p.sum()))
+
+
+@register_router
+class DynamoKV(Router):
+    """Dynamo's KV router (cost, sampler and defaults above; KvRouterConfig 2026). Cache
+    view: the engines' KV events after ``event_lag_s`` (``use_kv_events``, Dynamo's default),
+    or the approximate mode (routed blocks live ``ttl_s``; ``max_tree_size`` blocks of
+    ``engine_block_tokens`` tokens, pruned to 80%). Load: the router's prediction, as
+    Dynamo's slot manager keeps it: per worker the prefill tokens of requests whose first
+    token has not come back (the fleet's ``PredictedLoad``), and the unique blocks of its
+    active requests, which the router tracks itself to count the request's blocks already
+    active on each worker."""
+
+    name = "dynamo-kv"
+    load_view = PredictedLoad()
+    prefill_load_scale: float = PREFILL_LOAD_SCALE
+    overlap_credit: float = OVERLAP_CREDIT
+    temperature: float = TEMPERATURE
+    use_kv_events: bool = True
+    event_lag_s: float = 0.0
+    ttl_s: float = TTL_S
+    max_tree_size: int = MAX_TREE_SIZE
+    engine_block_tokens: int = ENGINE_BLOCK_TOKENS
+
+    @property
+    def cache_view(self) -> CacheViewSpec:
+        if self.use_kv_events:
+            return KVEvents(lag_s=self.event_lag_s)
+        blocks = max(1, self.max_tree_size * self.engine_block_tokens // max(1, self.block_size))
+        return ApproxTTL(ttl_s=self.ttl_s, max_blocks=blocks, prune_ratio=PRUNE_RATIO)
+
+    def bind(self, n_replicas, block_size, rng) -> None:
+        super().bind(n_replicas, block_size, rng)
+        self.active: list[dict[int, int]] = [{} for _ in range(n_replicas)]
+        self.sent: dict[int, list[int]] = {}
+
+    def route(self, request: RouteRequest, view: RouterView) -> int:
+        ids = request.block_ids.tolist()
+        decode = [len(self.active[r.index]) + len(ids) - active_prefix(ids, self.active[r.index])
+                  for r in view.replicas]
+        c = costs(request.prompt_tokens, request.block_size,
+                  [r.overlap_blocks or 0 for r in view.replicas],
+                  [r.active_prefill_tokens or 0 for r in view.replicas], decode,
+                  prefill_load_scale=self.prefill_load_scale,
+                  overlap_credit=self.overlap_credit)
+        w = sample(c, [r.belief_blocks or 0 for r in view.replicas], self.temperature, self.rng)
+        act = self.active[w]
+        for b in ids:
+            act[b] = act.get(b, 0) + 1
+        self.sent[request.rid] = ids
+        return w
+
+    def on_finish(self, rid: int, replica: int, now: float) -> None:
+        act = self.active[replica]
+        for b in self.sent.pop(rid, ()):
+            left = act[b] - 1
+            if left:
+                act[b] = left
+            else:
+                del act[b]

@@ -1,0 +1,117 @@
+"""``kvsim reproduce fleet``: every built-in router x {sglang, penelope} eviction x {2, 4, 8}
+replicas on three workloads.
+
+- ``cc-traces``: the shared Claude Code sessions (all 360; ``--trace`` overrides), closed loop
+  with ``SESSIONS_PER_REPLICA`` sessions at once per replica (the paper's pressed N for one
+  256K-token cache), the paper's 15.6K-token shared prefix and 128K cut, tool gaps, lpm;
+- ``mooncake``: the Mooncake FAST'25 synthetic trace (../shared/data/mooncake, 3,993 requests)
+  replayed open loop at its arrival times;
+- ``prefix-groups``: ``PREFIX_GROUPS`` (SGLang's shared-prefix benchmark shape, two turns per
+  user, a rate ramp), open loop, a 64K-token cache per replica so that a fleet of two cannot
+  hold every group's prefix and routing decides what is shared.
+Every replica is a Qwen3-8B SGLang engine with the model's 256K-token cache unless said. One
+row per run: ``{"workload", "router", "policy", "replicas", "ttft_mean_s", "ttft_p90_s",
+"jct_mean_s", "hit_rate", "reuse_available", "reuse_captured", "affinity", "load_cv"}``
+(``load_cv``: coefficient of variation of busy time across replicas) and a few more (reuse
+delivered, belief error, requests). ``--quick``: 2 and 4 replicas on small slices (the
+8 sessions with most requests under 64K tokens, the first 300 Mooncake requests, 16 groups of
+8 users); without ../shared/data the Claude Code workload is the synthetic one and the Mooncake
+workload is left out (a note says so).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sim.config import RunConfig
+
+if TYPE_CHECKING:
+    from sim.experiments import Context
+
+ROUTERS = ("round-robin", "random", "least-load", "power-of-two", "session-affinity",
+           "sglang-cache-aware", "dynamo-kv", "llm-d", "mooncake", "preble")
+POLICIES = ("sglang", "penelope")
+REPLICAS = (2, 4, 8)
+QUICK_REPLICAS = (2, 4)
+SESSIONS_PER_REPLICA = 8
+QUICK_SESSIONS_PER_REPLICA = 4
+MOONCAKE = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "mooncake" / \
+    "synthetic_trace.jsonl.gz"
+QUICK_MOONCAKE_SELECT = "first:300"
+PREFIX_GROUPS = ("synthetic:prefix-groups?groups=64&prefix=2048&users=16&question=128"
+                 "&turns=2&qps=4..32")
+QUICK_PREFIX_GROUPS = ("synthetic:prefix-groups?groups=16&prefix=2048&users=8&question=128"
+                       "&turns=2&qps=4..32")
+PREFIX_GROUPS_GPU_CACHE = 65536
+
+COLUMNS = ("workload", "router", "policy", "replicas", "ttft_mean_s", "ttft_p90_s",
+           "jct_mean_s", "hit_rate", "reuse_available", "reuse_captured", "affinity",
+           "load_cv")
+
+
+def workloads(ctx: Context) -> list[tuple[str, RunConfig]]:
+    """(name, base config with one replica's settings); sessions are set per replica count."""
+    out = []
+    cc = ctx.base("qwen3-8b", 1)
+    if not ctx.quick:
+        cc = replace(cc, select=None)  # all sessions, not the paper's top 24
+    out.append(("cc-traces", cc))
+    if MOONCAKE.is_file():
+        moon = RunConfig(trace=str(MOONCAKE), trace_format="mooncake", replay="open",
+                         model="qwen3-8b", gpu_cache=262144, scheduler="lpm",
+                         profile=ctx.profile("qwen3-8b"),
+                         select=QUICK_MOONCAKE_SELECT if ctx.quick else None)
+        out.append(("mooncake", moon))
+    else:
+        ctx.notes.append(f"mooncake workload left out: {MOONCAKE} is absent")
+    groups = RunConfig(trace=QUICK_PREFIX_GROUPS if ctx.quick else PREFIX_GROUPS,
+                       replay="open", model="qwen3-8b", gpu_cache=PREFIX_GROUPS_GPU_CACHE,
+                       scheduler="lpm", profile=ctx.profile("qwen3-8b"))
+    out.append(("prefix-groups", groups))
+    return out
+
+
+def configs(ctx: Context) -> tuple[list[tuple[str, str, str, int]], list[RunConfig]]:
+    per = QUICK_SESSIONS_PER_REPLICA if ctx.quick else SESSIONS_PER_REPLICA
+    keys, cfgs = [], []
+    for name, base in workloads(ctx):
+        for n in (QUICK_REPLICAS if ctx.quick else REPLICAS):
+            for policy in POLICIES:
+                for router in ROUTERS:
+                    cfg = replace(base.with_preset(policy), replicas=n, router=router,
+                                  sessions=per * n)
+                    keys.append((name, router, policy, n))
+                    cfgs.append(cfg)
+    return keys, cfgs
+
+
+def row(key: tuple[str, str, str, int], s: dict[str, Any]) -> dict[str, Any]:
+    name, router, policy, n = key
+    return {
+        "workload": name, "router": router, "policy": policy, "replicas": n,
+        "ttft_mean_s": s["ttft_mean_s"], "ttft_p90_s": s["ttft_p90_s"],
+        "jct_mean_s": s["jct_mean_s"], "hit_rate": s["hit_rate"],
+        "reuse_available": s["reuse_available"], "reuse_captured": s["reuse_captured"],
+        "affinity": s["affinity"], "load_cv": s["load_cv_busy"],
+        "reuse_delivered": s["reuse_delivered"], "load_cv_queue": s["load_cv_queue"],
+        "belief_error_mean_tokens": s["belief_error_mean_tokens"],
+        "requests": s["requests"], "dropped_requests": s["dropped_requests"],
+    }
+
+
+def _fleet_summary(cfg: RunConfig, _arg: Any, get_trace) -> dict[str, Any]:
+    """The run's summary without the per-replica list (smaller to send back)."""
+    from sim.runner import run
+
+    s = run(cfg, get_trace()).summary
+    s.pop("replica_summaries", None)
+    return s
+
+
+def fleet(ctx: Context) -> list[dict[str, Any]]:
+    from sim.experiments import run_all
+
+    keys, cfgs = configs(ctx)
+    return [row(k, s) for k, s in zip(keys, run_all(ctx, cfgs, _fleet_summary), strict=True)]

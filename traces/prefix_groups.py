@@ -1,0 +1,156 @@
+"""``synthetic:prefix-groups``: shared-prefix groups, the workload cache-aware routers are
+benchmarked on (SGLang's ``generated-shared-prefix`` dataset of ``bench_serving``).
+
+``synthetic:prefix-groups?groups=G&prefix=P&users=U&question=Q&qps=A..B[&turns=T&output=O&seed=S]``
+
+- G groups, each with its own P-token shared prefix (a system prompt);
+- U users per group; each user is a session of T turns (default 1); turn k's prompt is the
+  group's prefix, then the user's earlier questions and answers, then a fresh Q-token question
+  (the chat history a multi-turn client resends); every answer is O tokens;
+- the G * U * T requests arrive as a Poisson process whose rate ramps linearly from A to B
+  requests per second (``qps=A`` for a constant rate): given the count N, the arrival times
+  are N independent draws from the ramp's density, sorted (the conditional law of a Poisson
+  process), over ``T_end = 2 N / (A + B)`` seconds;
+- which user sends the next request is a seeded shuffle of every user's turns (each user's
+  turns stay in order), as SGLang's benchmark shuffles its prompts.
+The trace is replayed open loop (``--replay open``): every request is sent at its time.
+Defaults are SGLang 0.5.23 ``bench_serving``'s ``--gsp-*`` defaults (64 groups, 2,048-token
+system prompts, 16 prompts per group, 128-token questions, 256-token outputs, one turn); the
+rate ramp ``qps=1..16`` is kvsim's own choice.
+Ids: the prefix's full blocks are one chain per group; every other block is fresh (the block
+that straddles the prefix and a question is the user's own, as its tokens differ).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import parse_qsl
+
+import numpy as np
+
+from .builder import TraceBuilder
+from .errors import OptionError
+from .kinds import GAP_HUMAN, kinds_mask
+from .regions import REGION_SYSTEM, REGION_USER
+
+NAME = "prefix-groups"
+_INT_LIMITS = {"groups": (1, 100_000), "prefix": (0, 10_000_000), "users": (1, 1_000_000),
+               "question": (1, 10_000_000), "turns": (1, 10_000), "output": (1, 10_000_000)}
+MAX_REQUESTS = 10_000_000
+
+
+@dataclass(frozen=True)
+class PrefixGroups:
+    groups: int = 64
+    prefix: int = 2048
+    users: int = 16
+    question: int = 128
+    turns: int = 1
+    output: int = 256
+    qps_start: float = 1.0
+    qps_end: float = 16.0
+    seed: int = 0
+
+    @property
+    def requests(self) -> int:
+        return self.groups * self.users * self.turns
+
+    @property
+    def duration_s(self) -> float:
+        """The ramp's length: the expected count (A + B) / 2 * T_end equals the request count."""
+        return 2.0 * self.requests / (self.qps_start + self.qps_end)
+
+
+def _rate(spec: str, val: str) -> tuple[float, float]:
+    lo, sep, hi = val.partition("..")
+    try:
+        a = float(lo)
+        b = float(hi) if sep else a
+    except ValueError:
+        raise OptionError(f"{spec}: parameter 'qps' must be A..B or A (requests/s), "
+                          f"got {val!r}") from None
+    if not (np.isfinite(a) and np.isfinite(b) and a > 0 and b > 0):
+        raise OptionError(f"{spec}: parameter 'qps' must be positive finite rates, got {val!r}")
+    return a, b
+
+
+def parse_spec(spec: str, seed: int) -> PrefixGroups:
+    """The parameters of ``synthetic:prefix-groups?...`` (OptionError names the bad one)."""
+    query = spec.partition("?")[2]
+    vals: dict = {"seed": seed}
+    for key, val in parse_qsl(query, keep_blank_values=True, strict_parsing=False):
+        if key == "qps":
+            vals["qps_start"], vals["qps_end"] = _rate(spec, val)
+            continue
+        if key not in _INT_LIMITS and key != "seed":
+            raise OptionError(f"{spec}: unknown parameter {key!r} (known: groups, prefix, users, "
+                              "question, qps=A..B, turns, output, seed)")
+        if not val.lstrip("-").isdigit():
+            raise OptionError(f"{spec}: parameter {key!r} must be an integer, got {val!r}")
+        v = int(val)
+        if key in _INT_LIMITS:
+            lo, hi = _INT_LIMITS[key]
+            if not lo <= v <= hi:
+                raise OptionError(f"{spec}: parameter {key!r} must be in [{lo}, {hi}], got {v}")
+        vals[key] = v
+    p = PrefixGroups(**vals)
+    if p.requests > MAX_REQUESTS:
+        raise OptionError(f"{spec}: groups * users * turns = {p.requests} requests; at most "
+                          f"{MAX_REQUESTS}")
+    return p
+
+
+def ramp_arrivals(rng: np.random.Generator, n: int, qps_start: float,
+                  qps_end: float) -> np.ndarray:
+    """n sorted arrival times of a Poisson process whose rate goes linearly from qps_start to
+    qps_end over 2 n / (qps_start + qps_end) seconds, conditioned on n arrivals.
+
+    Inverse of the cumulative intensity A t + (B - A) t^2 / (2 T_end) = u n, in the form that
+    is stable when A == B: t = 2 u n / (A + sqrt(A^2 + (B^2 - A^2) u))."""
+    a, b = float(qps_start), float(qps_end)
+    u = np.sort(rng.random(n))
+    return 2.0 * u * n / (a + np.sqrt(a * a + (b * b - a * a) * u))
+
+
+def generate(spec: str, block_size: int = 64, seed: int = 0, build: dict | None = None):
+    """The Trace of ``synthetic:prefix-groups?...`` (see the module docstring)."""
+    p = parse_spec(spec, seed)
+    rng = np.random.default_rng(p.seed)
+    n_users = p.groups * p.users
+    times = ramp_arrivals(rng, p.requests, p.qps_start, p.qps_end)
+    sender = rng.permutation(np.repeat(np.arange(n_users, dtype=np.int64), p.turns))
+    # the k-th request of user j takes the k-th time among the slots the shuffle gave j
+    slot_order = np.argsort(sender, kind="stable")
+    send = times[slot_order].reshape(n_users, p.turns)
+
+    bs = block_size
+    prefix_blocks = p.prefix // bs
+    b = TraceBuilder(name=f"synthetic:{NAME}", format="synthetic", source=spec, block_size=bs)
+    # ids: G prefix chains first, then fresh ids for everything else
+    next_id = p.groups * prefix_blocks
+    mask = kinds_mask(["text"])
+    for j in range(n_users):
+        g = j // p.users
+        h = b.open_session(f"{NAME}-g{g:04d}-u{j % p.users:05d}", scope=0,
+                           prefix_hint_tokens=p.prefix,
+                           prefix_regions=((REGION_SYSTEM, p.prefix),) if p.prefix else ())
+        hist = np.arange(g * prefix_blocks, (g + 1) * prefix_blocks, dtype=np.int64)
+        prompt = p.prefix
+        prev_send = float(send[j, 0])
+        for k in range(p.turns):
+            keep = prompt // bs  # full blocks of the previous prompt (the prefix at turn 0)
+            prompt = prompt + (p.output if k else 0) + p.question
+            n = prompt // bs
+            hist = np.concatenate([hist[:keep], np.arange(next_id, next_id + n - keep,
+                                                          dtype=np.int64)])
+            next_id += n - keep
+            t = float(send[j, k])
+            b.add(h, prompt=prompt, output=p.output, ids=hist, send_time_s=t,
+                  gap_s=t - prev_send, gap_kind=GAP_HUMAN, model=f"synthetic-{NAME}",
+                  kinds=mask, input_region=REGION_USER)
+            prev_send = t
+        b.close(h)
+    return b.build(**(build or {}), options={
+        "format": "synthetic", "seed": p.seed, "generator": NAME, "groups": p.groups,
+        "prefix": p.prefix, "users": p.users, "question": p.question, "turns": p.turns,
+        "output": p.output, "qps": [p.qps_start, p.qps_end], "duration_s": p.duration_s})
