@@ -221,3 +221,26 @@ def test_reproduce_vllm_tables_fit_100_columns():
         con.print(item)
         text = con.export_text()
         assert "…" not in text and max(len(ln.rstrip()) for ln in text.splitlines()) <= 100
+
+
+@pytest.mark.parametrize("patch", ["continuum", "continuum-fixed", "continuum-pins",
+                                   "continuum-fcfs"])
+def test_patched_runs_under_pressure_keep_the_pool_invariants_and_serve_everyone(patch):
+    # A small cache and short tool waits: pins are set, handed over, expire and are broken
+    # by pressure; every pool operation is checked (debug_cache) and every request served.
+    base = dict(trace="synthetic:claude-code?sessions=8", engine="vllm", sessions=6,
+                gpu_cache=65536, max_context=32768, gaps="cap:1", debug_cache=True)
+    stock = run(RunConfig(**base).with_preset("vllm"))
+    res = run(RunConfig(**base, vllm_patch=patch).with_preset("vllm"))
+    assert res.summary["requests"] == stock.summary["requests"]
+    assert res.summary["dropped_requests"] == stock.summary["dropped_requests"]
+    assert res.summary["decoded_tokens"] == stock.summary["decoded_tokens"]
+    if patch != "continuum-fcfs":
+        pins = res.summary["continuum_pins"]
+        assert pins["pins"] > 0
+        assert pins["pins"] >= pins["handed_over"] + pins["expired"] + pins["pressure"]
+
+
+def test_ttl_on_stock_vllm_points_to_the_patch():
+    with pytest.raises(ConfigError, match="--vllm-patch continuum"):
+        RunConfig(engine="vllm", policy="ttl").validate()

@@ -90,9 +90,10 @@ def free_order_name(policy: EvictionPolicy) -> str:
     else:
         why = (f"its start position is {policy.start.name!r} (vLLM has no tree nodes: "
                "tail and private-head are the release orders it can express)")
+    pins = "; Continuum's TTL pins on vLLM: --vllm-patch continuum" if policy.pins else ""
     raise PolicyError(f"policy {policy.label!r} cannot run on the vllm engine: {why}; "
                       "use vllm (tail first) or penelope (front of the private history "
-                      "first), or --engine sglang")
+                      f"first), or --engine sglang{pins}")
 
 
 class VllmServer(EngineBase):
