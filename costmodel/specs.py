@@ -74,9 +74,10 @@ class ModelSpec:
         moe = 3 * self.hidden * self.expert_ffn * self.active_experts
         return q + kv + o + ffn + moe
 
-    @property
+    @cached_property
     def W(self) -> float:
-        """Per-token linear+FFN work in units (exact for the shipped models)."""
+        """Per-token linear+FFN work in units (exact for the shipped models); every priced
+        range reads it, so it is computed once per spec."""
         return self.linear_macs_per_token / self.macs_per_unit
 
     def windows(self) -> tuple[int | None, ...]:

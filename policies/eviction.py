@@ -94,19 +94,12 @@ class PrivateHead(StartPosition):
 
     def chain(self, leaf: CacheNode, view: TreeView) -> list[CacheNode]:
         chain = [leaf]
-        node = leaf
-        while True:
-            parent = node.parent
-            if (
-                parent is None
-                or view.is_root(parent)
-                or view.live_children(parent) > 1
-                or parent.lock > 0
-                or view.is_hole(parent)
-            ):
-                break
+        parent = leaf.parent
+        # Pure reads, cheapest first: a locked parent is the common stop.
+        while (parent is not None and parent.lock <= 0 and not view.is_root(parent)
+               and view.live_children(parent) <= 1 and not view.is_hole(parent)):
             chain.append(parent)
-            node = parent
+            parent = parent.parent
         chain.reverse()
         return chain
 

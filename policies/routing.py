@@ -190,6 +190,11 @@ class RouterView:
 
     now: float
     replicas: tuple[ReplicaView, ...]
+    # Leading blocks of this request held by the fleet's shared KV pool (``--pool``; None
+    # without one, or for a router without a cache view): every replica can fetch them, so a
+    # rule with a host/disk or shared-cache weight (Dynamo's) credits
+    # ``max(0, pool_blocks - overlap_blocks)`` beyond its overlap.
+    pool_blocks: int | None = None
 
     def __len__(self) -> int:
         return len(self.replicas)
@@ -213,6 +218,9 @@ class Router:
     """
 
     name: ClassVar[str] = ""
+    # True: the rule prices time (queue or prefill seconds), so ``kvsim capacity`` (a replay
+    # without a clock) refuses it.
+    needs_clock: ClassVar[bool] = False
     cache_view: CacheViewSpec | None = None
     load_view: LoadViewSpec | None = None
 

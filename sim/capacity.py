@@ -81,6 +81,7 @@ class CacheReplay:
     def __init__(self, capacity_blocks: int, policy: str | EvictionPolicy = DEFAULT_POLICY
                  ) -> None:
         self.cache = RadixKVCache(int(capacity_blocks), clockless_policy(policy))
+        self.evicted: list[np.ndarray] | None = None  # a list: collect what leaves the cache
 
     def request(self, ids: np.ndarray) -> int:
         """Serve one prompt (block ids): returns the blocks reused from the cache."""
@@ -91,12 +92,24 @@ class CacheReplay:
         keep = self._fitting_prefix(ids.shape[0], m)
         missing = keep - m.matched_blocks + (m.matched_blocks - reused if keep else 0)
         if keep:
-            cache.make_room(missing)
+            res = cache.make_room(missing)
+            if self.evicted is not None:
+                self.evicted.extend(res.freed)
             cache.reserve(missing)
             cache.insert(ids[:keep])
             cache.release(missing)
         cache.unlock(m.node)
         return reused
+
+    def prefix_blocks(self, ids: np.ndarray) -> int:
+        """Leading blocks of ``ids`` cached now (read only): a router's exact view."""
+        from .fleet.replica import tree_prefix_blocks
+
+        return tree_prefix_blocks(self.cache, ids)
+
+    @property
+    def held_blocks(self) -> int:
+        return self.cache.tree.gpu_blocks
 
     def _fitting_prefix(self, n: int, m) -> int:
         """How many leading blocks of an ``n``-block prompt can be made resident: all of them
@@ -138,6 +151,8 @@ class LruReplay:
         self.starts: dict[int, int] = {}
         self.size = 0
         self.tick = 0
+        # a list: collect what leaves the cache, least recent first (a pool's write-back)
+        self.evicted: list[np.ndarray] | None = None
 
     def request(self, ids: np.ndarray) -> int:
         """Serve one prompt (block ids): returns the blocks reused from the cache."""
@@ -162,6 +177,8 @@ class LruReplay:
         while over > 0:  # oldest request first, from its tail
             rng = next(iter(ranges.values()))
             k = min(rng[1] - rng[0], over)
+            if self.evicted is not None:  # from the tail: the least recent block first
+                self.evicted.append(rng[2][rng[1] - k:rng[1]][::-1])
             rng[1] -= k
             self.size -= k
             over -= k
@@ -174,6 +191,25 @@ class LruReplay:
             starts[int(ids[0])] = self.tick
         self.size += keep
         return hit
+
+
+    def prefix_blocks(self, ids: np.ndarray) -> int:
+        """Leading blocks of ``ids`` cached now (read only): the walk of ``request`` without
+        the moves."""
+        ranges, starts = self.ranges, self.starts
+        n = ids.shape[0]
+        hit = 0
+        while hit < n:
+            tick = starts.get(int(ids[hit]))
+            if tick is None:
+                break
+            rng = ranges[tick]
+            hit = _agree(ids, rng[2], hit, min(rng[1], n))
+        return hit
+
+    @property
+    def held_blocks(self) -> int:
+        return self.size
 
 
 def _agree(a: np.ndarray, b: np.ndarray, lo: int, hi: int) -> int:
@@ -190,7 +226,7 @@ def _agree(a: np.ndarray, b: np.ndarray, lo: int, hi: int) -> int:
     return lo
 
 
-def _replay_for(capacity_blocks: int, policy: str | EvictionPolicy
+def replay_for(capacity_blocks: int, policy: str | EvictionPolicy
                 ) -> CacheReplay | LruReplay:
     """The fast LRU replay for the vllm preset, the cache itself for any other policy."""
     pol = clockless_policy(policy)
@@ -212,6 +248,8 @@ class CapacityRow:
     ideal_hit_rate: float
     prompt_tokens: int
     hit_tokens: int
+    pool_hit_rate: float = 0.0  # the part of hit_rate fetched from the shared pool
+    pool_write: str = ""  # with a pool: write-through | write-back
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -222,7 +260,7 @@ def replay_hits(trace, cache_tokens: int, policy: str | EvictionPolicy = DEFAULT
                 progress: Callable[[int], None] | None = None) -> np.ndarray:
     """Per request (trace index), blocks reused from one cache of ``cache_tokens``."""
     bs = trace.block_size
-    replay = _replay_for(cache_tokens // bs, policy)
+    replay = replay_for(cache_tokens // bs, policy)
     order = arrival_order(trace) if order is None else order
     hits = np.zeros(len(trace), np.int64)
     step = max(1, len(order) // 100)

@@ -7,6 +7,7 @@ Sizes are tokens. ``RunConfig.from_dict`` validates untrusted input (sweep YAML)
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,14 @@ class RunConfig:
     replicas: int = 1  # 1 without a router: one server (no fleet layer at all)
     router: str | None = None  # registered name or FILE.py:CLASS (fleet default round-robin)
     router_params: dict[str, Any] = field(default_factory=dict, hash=False)
+    # a KV pool shared by the replicas (sim/fleet/pooltier.py; 0: none): tokens, GB/s and
+    # microseconds per fetch on each replica's link, entry policy, Mooncake Store's eviction
+    pool: int = 0
+    pool_bandwidth: float = 25.0
+    pool_latency_us: float = 50.0
+    pool_write: str = "write-through"
+    pool_watermark: float = 0.90
+    pool_evict_fraction: float = 0.05
     # --- run -----------------------------------------------------------------------------
     seed: int = 0
     debug_cache: bool = False  # check cache and engine invariants as the run goes (slow)
@@ -183,7 +192,7 @@ class RunConfig:
     @property
     def is_fleet(self) -> bool:
         """Replicas behind a router (``sim.fleet``); False: today's single server."""
-        return self.replicas != 1 or self.router is not None
+        return self.replicas != 1 or self.router is not None or bool(self.pool)
 
     def make_router(self):
         """A fresh router for one fleet run (``policies.routing.get_router``)."""
@@ -201,6 +210,7 @@ class RunConfig:
             raise bad("router_params", "only a 'router' takes parameters")
         if self.router is not None and not isinstance(self.router, str):
             raise bad("router", f"must be a router name or FILE.py:CLASS, got {self.router!r}")
+        self._validate_pool(bad)
         if not self.is_fleet:
             return
         if self.context != "full":
@@ -210,6 +220,33 @@ class RunConfig:
             self.make_router()
         except PolicyError as e:
             raise bad("router", str(e)) from None
+
+    def _validate_pool(self, bad) -> None:
+        from sim.fleet.pool import WRITE_POLICIES
+
+        if isinstance(self.pool, bool) or not isinstance(self.pool, int) or self.pool < 0:
+            raise bad("pool", f"must be a size in tokens >= 0, got {self.pool!r}")
+        if not self.pool:
+            return
+        if self.pool < self.block_size:
+            raise bad("pool", f"must hold at least one block ({self.block_size} tokens), "
+                      f"got {self.pool}")
+        if self.engine != "sglang":
+            raise bad("pool", "the shared pool runs with the sglang engine (vLLM's block "
+                      "pool has no insertion point outside a running request)")
+        for k, lo in (("pool_bandwidth", 0.0), ("pool_latency_us", None)):
+            v = getattr(self, k)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) \
+                    or (v <= 0 if lo is not None else v < 0):
+                raise bad(k, f"must be a number {'> 0' if lo is not None else '>= 0'}, "
+                          f"got {v!r}")
+        for k in ("pool_watermark", "pool_evict_fraction"):
+            v = getattr(self, k)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v <= 1:
+                raise bad(k, f"must be in (0, 1], got {v!r}")
+        if self.pool_write not in WRITE_POLICIES:
+            raise bad("pool_write", f"must be one of {', '.join(WRITE_POLICIES)}, "
+                      f"got {self.pool_write!r}")
 
     def _validate_context(self, bad) -> None:
         from sim.context.strategies import ContextError, parse_context

@@ -95,6 +95,8 @@ def row(key: tuple[str, str, str, int], s: dict[str, Any]) -> dict[str, Any]:
         "jct_mean_s": s["jct_mean_s"], "hit_rate": s["hit_rate"],
         "reuse_available": s["reuse_available"], "reuse_captured": s["reuse_captured"],
         "affinity": s["affinity"], "load_cv": s["load_cv_busy"],
+        # local caches only: the pool rows (sim/exp_pool.py) sit beside these in the document
+        "pool": 0, "pool_hit_rate": 0.0, "fetched_tokens": 0, "fetch_s": 0.0,
         "reuse_delivered": s["reuse_delivered"], "load_cv_queue": s["load_cv_queue"],
         "belief_error_mean_tokens": s["belief_error_mean_tokens"],
         "requests": s["requests"], "dropped_requests": s["dropped_requests"],

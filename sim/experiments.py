@@ -366,6 +366,13 @@ def cache_engineering(ctx: Context) -> list[dict[str, Any]]:
     return run(ctx)
 
 
+def pool(ctx: Context) -> list[dict[str, Any]]:
+    """A fleet with and without a shared KV pool (sim/exp_pool.py)."""
+    from sim.exp_pool import pool as run
+
+    return run(ctx)
+
+
 # For experiments in their own modules (sim/exp_*.py).
 run_all = _run_all
 
@@ -379,6 +386,7 @@ EXPERIMENTS: dict[str, Callable[[Context], list[dict[str, Any]]]] = {
     "policies": exp_policies.policies,  # the zoo and the clairvoyant oracle
     "cache-engineering": cache_engineering,
     "fleet": exp_fleet.fleet,  # routers x eviction x replicas (sim/exp_fleet.py)
+    "pool": pool,
 }
 
 
@@ -426,4 +434,11 @@ def reproduce(name: str, trace: str | None = None, quick: bool = False, jobs: in
         from sim.exp_cache_engineering import document_extras
 
         doc.update(document_extras(quick))
+    if name in ("fleet", "pool"):  # the capacity curves of the pooled fleets
+        from sim.exp_pool import document_extras as pool_extras
+        from sim.exp_pool import pool as pool_rows
+
+        if name == "fleet":  # local caches vs the same fleets over a shared pool
+            doc["pool_rows"] = pool_rows(ctx)
+        doc.update(pool_extras(ctx))
     return doc

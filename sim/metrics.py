@@ -29,6 +29,8 @@ from costmodel.units import Units
 
 HIST_BIN_TOKENS = 8192
 HIST_BINS = 64  # up to 512K positions; the last bin collects the rest
+_HIST_LO = np.arange(HIST_BINS, dtype=np.int64) * HIST_BIN_TOKENS  # bin edges, made once
+_HIST_HI = np.append(_HIST_LO[1:], np.iinfo(np.int64).max)
 LOST_THRESHOLD = 0.9
 
 
@@ -136,10 +138,8 @@ class RunRecorder:
         return rec
 
     def _histogram(self, a: int, b: int) -> None:
-        edges = np.arange(HIST_BINS + 1, dtype=np.int64) * HIST_BIN_TOKENS
-        edges[-1] = np.iinfo(np.int64).max
-        lo = np.maximum(edges[:-1], a)
-        hi = np.minimum(edges[1:], b)
+        lo = np.maximum(_HIST_LO, a)
+        hi = np.minimum(_HIST_HI, b)
         self.hist += np.maximum(0, hi - lo)
 
     def prefill_units(self, req: Any, units: Units) -> None:

@@ -65,6 +65,9 @@ def plot_run_dir(d: Path, out: Path) -> list[Path]:
         if (d / r["policy"] / "load.parquet").is_file():
             paths.append(_replica_load(d / r["policy"] / "load.parquet", r, title,
                                        out / f"replica_load_{r['policy']}.png"))
+    for r in runs:  # fleets with a shared pool (--pool): occupancy and bytes moved
+        if (d / r["policy"] / "pool.parquet").is_file():
+            paths.append(_pool_use(d / r["policy"], r, title, out / f"pool_{r['policy']}.png"))
     if len(runs) > 1:
         paths.append(_bars(
             [r["policy"] for r in runs[1:]],
@@ -93,6 +96,40 @@ def _replica_load(path: Path, run: dict[str, Any], title: str, png: Path) -> Pat
     ax.grid(alpha=0.3)
     if df["replica"].nunique() <= 16:
         ax.legend(fontsize=8, ncol=2)
+    return _save(fig, png)
+
+
+def _pool_use(d: Path, run: dict[str, Any], title: str, png: Path) -> Path:
+    """The shared pool over time: occupancy against its size (top), bytes fetched per second
+    in 100 bins against every replica's link at full bandwidth (bottom)."""
+    s = run["summary"]
+    occ = pd.read_parquet(d / "pool.parquet")
+    moved = pd.read_parquet(d / "pool_transfers.parquet")
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+    top.step(occ["time_s"], occ["tokens"], where="post", lw=0.9, label="held")
+    top.axhline(s.get("pool_size_tokens", 0), color="grey", ls="--", label="pool size")
+    top.set_ylabel("pool (tokens)")
+    top.legend(fontsize=8)
+    top.grid(alpha=0.3)
+    end = max(float(occ["time_s"].max()) if len(occ) else 0.0,
+              float(moved["end_s"].max()) if len(moved) else 0.0, 1e-9)
+    edges = np.linspace(0.0, end, 101)
+    rate = np.zeros(100)
+    for a, b, nbytes in moved[["start_s", "end_s", "bytes"]].itertuples(index=False):
+        # spread each transfer's bytes over the bins it spans, in proportion to the overlap
+        lo, hi = np.maximum(edges[:-1], a), np.minimum(edges[1:], b)
+        rate += np.clip(hi - lo, 0.0, None) * (nbytes / max(b - a, 1e-12))
+    bottom.step(edges[:-1], rate / np.diff(edges) / 1e9, where="post", lw=0.9,
+                label="fetched")
+    cap = s.get("pool_bandwidth_gb_s", 0) * s.get("replicas", 1)
+    bottom.axhline(cap, color="grey", ls="--", label=f"links ({cap:g} GB/s)")
+    bottom.set_xlabel("simulated time (s)")
+    bottom.set_ylabel("GB/s")
+    bottom.legend(fontsize=8)
+    bottom.grid(alpha=0.3)
+    top.set_title(f"Shared pool, {run['policy']} ({s.get('pool_write', '?')}; "
+                  f"{100 * (s.get('pool_hit_rate') or 0):.1f}% of prompt tokens from it)\n"
+                  f"{title}", fontsize=10)
     return _save(fig, png)
 
 
@@ -324,6 +361,8 @@ def plot_capacity(rows: list[dict[str, Any]], title: str, path: Path) -> Path:
             label += f", {r['replicas']} replicas ({r['router']})"
         if r.get("pool_tokens"):
             label += f", pool {r['pool_tokens']:,}"
+            if r.get("pool_write") == "write-back":
+                label += " (write-back)"
         series.setdefault(label, []).append(r)
     markers = "os^vD<>p"
     for i, (label, pts) in enumerate(series.items()):

@@ -48,11 +48,11 @@ class Replay:
 
     def _req(self, r: int, prompt: Prompt) -> Req:
         t = self.trace
-        s = int(t.session[r])
+        s = int(t.session.item(r))  # item(): Python scalars without numpy scalar objects
         sess = t.sessions[s]
         next_send_s = math.nan
         if r + 1 < sess.first + sess.count:
-            next_gap = GAP_KINDS[int(t.gap_kind[r + 1])]
+            next_gap = GAP_KINDS[int(t.gap_kind.item(r + 1))]
             next_gap_s = float(self.gaps[r + 1])
             if self.send_at is not None:
                 next_send_s = float(self.send_at[r + 1])

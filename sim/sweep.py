@@ -52,7 +52,7 @@ from sim.io import (
 )
 
 SIZE_FIELDS = ("gpu_cache", "cpu_cache", "max_context", "chunk_size", "shared_prefix",
-               "swap_buffer")
+               "swap_buffer", "pool")
 SECTIONS = ("base", "grid", "baseline", "executor")
 CHANGE_METRICS = ("ttft_mean_s", "jct_mean_s", "hit_rate")
 # Grid fields whose value is already the row's ``policy`` label (one policy column); a grid
@@ -123,6 +123,10 @@ def point_id(cfg: RunConfig) -> str:
         d.pop("vllm_patch")
     if not cfg.is_fleet:  # one server: ids as before fleets existed
         for k in ("replicas", "router", "router_params"):
+            d.pop(k, None)
+    if not cfg.pool:  # no pool: ids as before pools existed
+        for k in ("pool", "pool_bandwidth", "pool_latency_us", "pool_write", "pool_watermark",
+                  "pool_evict_fraction"):
             d.pop(k, None)
     return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 

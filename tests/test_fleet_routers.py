@@ -111,6 +111,12 @@ def test_reproduce_fleet_json_prints_one_document(monkeypatch):
     assert all(set(exp_fleet.COLUMNS) <= set(r) for r in doc["rows"])
     assert {r["workload"] for r in doc["rows"]} == {"cc-traces", "prefix-groups"}
     assert any("mooncake workload left out" in n for n in doc["notes"])
+    # local caches vs a pool, and the pooled fleets' capacity curves (sim/exp_pool.py)
+    pool_keys = {"pool", "pool_hit_rate", "fetched_tokens", "fetch_s"}
+    assert all(pool_keys <= set(r) and r["pool"] == 0 for r in doc["rows"])
+    assert {r["pool"] > 0 for r in doc["pool_rows"]} == {True, False}
+    assert any(r["fetched_tokens"] > 0 for r in doc["pool_rows"])
+    assert {r["pool_tokens"] > 0 for r in doc["capacity"]} == {True, False}
 
 
 def test_reproduce_fleet_prints_a_table_per_workload(monkeypatch):
@@ -124,3 +130,4 @@ def test_reproduce_fleet_prints_a_table_per_workload(monkeypatch):
     for workload in ("cc-traces", "prefix-groups"):
         assert f"kvsim reproduce fleet -- {workload}" in res.stdout
     assert "sglang-cache-aware" in res.stdout and "mooncake workload left out" in res.stdout
+    assert "kvsim reproduce pool -- with and without a shared pool" in res.stdout

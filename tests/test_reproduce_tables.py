@@ -39,6 +39,16 @@ def docs() -> dict[str, dict]:
                  "affinity": 0.97, "load_cv": 0.06}
     got["fleet"] = {"rows": [fleet_row, {**fleet_row, "workload": "mooncake", "affinity": None}],
                     "notes": []}  # rendering only: the grid runs in test_fleet_routers
+    pool_row = {"workload": "cc-traces", "router": "dynamo-kv", "replicas": 4, "pool": 4 << 20,
+                "ttft_mean_s": 0.96, "ttft_p90_s": 2.1, "jct_mean_s": 9.9, "hit_rate": 0.954,
+                "pool_hit_rate": 0.394, "fetched_tokens": 123_456_789, "fetch_s": 0.0123,
+                "refused_fetches": 12, "bandwidth_utilization": 0.021, "reuse_captured": 0.61}
+    got["pool"] = {"rows": [pool_row, {**pool_row, "pool": 0, "pool_hit_rate": 0.0}],
+                   "capacity": [{"workload": "cc-traces", "router": "round-robin",
+                                 "replicas": 4, "cache_tokens": 1 << 20, "pool_tokens": 0,
+                                 "hit_rate": 0.5, "pool_hit_rate": 0.0,
+                                 "ideal_hit_rate": 0.96}],
+                   "notes": ["a note"]}  # rendering only: tests/test_pool_fleet.py runs it
     for doc in got.values():
         doc.setdefault("trace_kind", "given trace")
     return got
@@ -77,6 +87,8 @@ def test_tables_use_one_unit_convention(name: str, docs) -> None:
     layouts = rep.LAYOUTS.get(name, [])
     if name == "fleet":
         layouts = [("", rep.FLEET_KEYS + cols) for _, cols in rep.FLEET_LAYOUTS]
+    if name == "pool":
+        layouts = [("", rep.POOL_KEYS + cols) for _, cols in rep.POOL_LAYOUTS]
     if name == "policies":
         layouts = [("", rep.POLICY_COLUMNS)]
         ref = {(r["model"], r["sessions"], r["gaps"], r["tree"]): r["hit_rate"] for r in rows
@@ -99,7 +111,7 @@ def test_tables_use_one_unit_convention(name: str, docs) -> None:
                 if col.kind in PATTERN and text != "-":
                     assert re.fullmatch(PATTERN[col.kind], text), (col, text)
                     seen.add(col.kind)
-    if name == "fleet":  # absolute values only: seconds and rates
+    if name in ("fleet", "pool"):  # absolute values only: seconds and rates
         assert {"s", "rate"} <= seen
     elif name != "cache-engineering":  # its rows: seconds, tokens and dollars only
         assert {"change", "rate", "pp"} <= seen

@@ -154,26 +154,28 @@ class Trace:
         return self._gather(self._pool_region, r)
 
     def _gather(self, store: np.ndarray, r: int) -> np.ndarray:
-        a, b = int(self._seg_ptr[r]), int(self._seg_ptr[r + 1])
+        # Python ints (item, tolist): the engine gathers every prompt at least twice, and
+        # numpy scalar arithmetic per segment cost more than the copy.
+        ptr = self._seg_ptr
+        a, b = ptr.item(r), ptr.item(r + 1)
         if b - a == 1:
-            s = int(self._seg_start[a])
-            return store[s:s + int(self._seg_len[a])]
+            s = self._seg_start.item(a)
+            return store[s:s + self._seg_len.item(a)]
         if b == a:
             return store[:0]
-        return np.concatenate([store[int(s):int(s) + int(n)]
-                               for s, n in zip(self._seg_start[a:b], self._seg_len[a:b],
-                                               strict=True)])
+        return np.concatenate([store[s:s + n] for s, n in zip(
+            self._seg_start[a:b].tolist(), self._seg_len[a:b].tolist(), strict=True)])
 
     def _finish_layout(self, r: int) -> tuple[int, int, int]:
         """(prompt blocks, finish blocks, the next request whose prompt repeats r's output or
         -1) of request r: what ``finish_block_ids`` and ``finish_block_regions`` align on."""
         bs = self.block_size
-        p, o = int(self.prompt_tokens[r]), int(self.output_tokens[r])
+        p, o = int(self.prompt_tokens.item(r)), int(self.output_tokens.item(r))
         n_p = p // bs
         n_f = max(n_p, (p + o - 1) // bs)
         nxt = r + 1
-        if (n_f > n_p and nxt < len(self) and self.session[nxt] == self.session[r]
-                and int(self.prefix_blocks[nxt]) >= n_p):
+        if (n_f > n_p and nxt < len(self) and self.session.item(nxt) == self.session.item(r)
+                and int(self.prefix_blocks.item(nxt)) >= n_p):
             return n_p, n_f, nxt
         return n_p, n_f, -1
 
@@ -196,7 +198,7 @@ class Trace:
             parts.append(take)
             pos += take.shape[0]
         if pos < n_f:
-            base = self._fresh_base + int(self._out_ptr[r]) + (pos - n_p)
+            base = self._fresh_base + int(self._out_ptr.item(r)) + (pos - n_p)
             parts.append(np.arange(base, base + (n_f - pos), dtype=np.int64))
         return np.concatenate(parts)
 

@@ -58,20 +58,41 @@ def _default_caches(trace) -> list[int]:
 @click.option("--policy", "policies", multiple=True, default=("vllm",), show_default=True,
               help="Eviction policy (repeatable): any that needs no clock (vllm = LRU "
                    "block by block from the tail, sglang, penelope, a spec, FILE.py:CLASS).")
+@click.option("--replicas", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Replicas behind --router, each with a cache of every --cache size.")
+@click.option("--router", default=None,
+              help="Router of the fleet view (a registered name or FILE.py:CLASS): every "
+                   "replica idle, cache views exact; one that prices time is refused. "
+                   "[default: round-robin with --replicas > 1]")
+@click.option("--pool", "pool", default=None, metavar="SIZE",
+              help="A KV pool of SIZE tokens shared by the replicas, below their caches "
+                   "(write-through, watermark eviction).")
+@click.option("--pool-write", type=click.Choice(["write-through", "write-back"]),
+              default="write-through", show_default=True,
+              help="When blocks enter the pool: a replica writes them, or drops them.")
 @click.option("--out", default=None, type=click.Path(file_okay=False),
               help="Folder for capacity.json and capacity.png.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document (the rows).")
 def capacity_cmd(paths: tuple[str, ...], caches: list[int] | None, policies: tuple[str, ...],
+                 replicas: int, router: str | None, pool: str | None, pool_write: str,
                  out: str | None, as_json: bool, gap_model: str, **opts: Any) -> None:
     """Hit rate against cache size for PATH (files, a folder or synthetic:NAME), without
     timing: requests in arrival order, each matched then inserted (the cache-only replay of
     Mooncake's capacity analysis). Rows: cache_tokens, replicas, router, policy, pool_tokens,
     hit_rate, ideal_hit_rate (hit rates over prompt tokens; ideal = an unlimited cache)."""
     from sim.capacity import capacity_curve, clockless_policy
+    from sim.capacity_fleet import clockless_router, fleet_capacity_curve
     from sim.io import atomic_write_text, check_out_dir, dumps
 
     for p in policies:
         clockless_policy(p)  # refused before the trace loads
+    fleet = replicas > 1 or router is not None or pool is not None
+    if fleet:
+        router = router or "round-robin"
+        clockless_router(router)
+    pool_tokens = parse_size(pool, "--pool") if pool is not None else 0
+    if pool is not None and pool_tokens <= 0:
+        raise click.BadParameter(f"a pool size > 0, got {pool!r}", param_hint="--pool")
     if out is not None:
         if not out.strip():
             raise click.BadParameter("an empty folder name", param_hint="--out")
@@ -84,8 +105,13 @@ def capacity_cmd(paths: tuple[str, ...], caches: list[int] | None, policies: tup
     with Progress("capacity", BarColumn(), "{task.completed:,}/{task.total:,} requests",
                   TimeRemainingColumn(), console=stderr, transient=True) as bar:
         task = bar.add_task("capacity", total=total)
-        rows = capacity_curve(trace, caches, policies,
-                              progress=lambda k: bar.advance(task, k))
+        if fleet:
+            rows = fleet_capacity_curve(trace, caches, replicas, router, pool_tokens,
+                                        policies, progress=lambda k: bar.advance(task, k),
+                                        pool_write=pool_write)
+        else:
+            rows = capacity_curve(trace, caches, policies,
+                                  progress=lambda k: bar.advance(task, k))
     docs = [r.as_dict() for r in rows]
     title = (f"{trace.name}: {len(trace):,} requests, "
              f"{int(trace.prompt_tokens.sum()):,} prompt tokens")
@@ -99,12 +125,19 @@ def capacity_cmd(paths: tuple[str, ...], caches: list[int] | None, policies: tup
         emit_json(docs)
         return
     t = Table(title=f"kvsim capacity: {title}")
-    for col in ("cache (tokens)", "policy", "hit rate", "of infinite cache"):
+    cols = ["cache (tokens)", "policy", "hit rate", "of infinite cache"]
+    if fleet:
+        cols[1:1] = ["replicas", "router", "pool (tokens)"]
+        cols.append("from pool")
+    for col in cols:
         t.add_column(col, justify="right")
     for d in docs:
         ratio = d["hit_rate"] / d["ideal_hit_rate"] if d["ideal_hit_rate"] else math.nan
-        t.add_row(f"{d['cache_tokens']:,}", d["policy"], f"{d['hit_rate']:.1%}",
-                  f"{ratio:.1%}")
+        cells = [f"{d['cache_tokens']:,}", d["policy"], f"{d['hit_rate']:.1%}", f"{ratio:.1%}"]
+        if fleet:
+            cells[1:1] = [str(d["replicas"]), d["router"], f"{d['pool_tokens']:,}"]
+            cells.append(f"{d['pool_hit_rate']:.1%}")
+        t.add_row(*cells)
     console().print(t)
     if docs:
         console().print(f"infinite cache: {docs[0]['ideal_hit_rate']:.1%} of prompt tokens")

@@ -12,7 +12,7 @@ from .common import console, emit_json, stderr
 from .tables import Col, narrow_table
 
 NAMES = ["figure1", "gpu-only", "two-tier", "ablation", "fcfs", "cpu-sweep", "policies",
-         "cache-engineering", "fleet"]
+         "cache-engineering", "fleet", "pool"]
 
 # figure1: (header with its unit, row key, format); fits 100 columns.
 FIGURE1_COLUMNS: list[tuple[str, str, str]] = [
@@ -162,6 +162,8 @@ def experiment_tables(name: str, doc: dict[str, Any]) -> list[Table | str]:
         return policies_tables(rows)
     if name == "fleet":
         return fleet_tables(doc)
+    if name == "pool":
+        return pool_tables(doc)
     head = f"kvsim reproduce {name} -- {doc['trace_kind']}, gaps {doc['gaps']}"
     if name == "gpu-only":
         scheds = ", ".join(dict.fromkeys(f"{r['engine']} engine {r['scheduler']}"
@@ -285,6 +287,40 @@ def fleet_tables(doc: dict[str, Any]) -> list[Table | str]:
         out.append(f"kvsim reproduce fleet -- {workload}" + (f" ({notes})" if notes else ""))
         out.extend(narrow_table(f"{workload}: {title}", [*FLEET_KEYS, *cols], rows)
                    for title, cols in FLEET_LAYOUTS)
+    if "pool_rows" in doc:  # the pool and capacity part of the experiment
+        out.extend(pool_tables({**doc, "rows": doc["pool_rows"], "notes": []}))
+    return out
+
+
+POOL_KEYS = [Col("workload", "workload"), Col("router", "router"),
+             Col("N", "replicas", "int"), Col("pool", "pool", "tokens")]
+POOL_LAYOUTS = [
+    ("with and without a shared pool", [
+        Col("TTFT\nmean (s)", "ttft_mean_s", "s"), Col("TTFT\np90 (s)", "ttft_p90_s", "s"),
+        Col("JCT\nmean (s)", "jct_mean_s", "s"), Col("hit\nrate", "hit_rate", "rate"),
+        Col("reuse\ncaptured", "reuse_captured", "rate")]),
+    ("what the pool served", [
+        Col("pool\nhit rate", "pool_hit_rate", "rate"),
+        Col("fetched\ntokens", "fetched_tokens", "int"), Col("fetch\n(s)", "fetch_s", "s"),
+        Col("refused\nfetches", "refused_fetches", "int"),
+        Col("link\nbusy", "bandwidth_utilization", "rate")]),
+]
+CAPACITY_COLUMNS = [Col("workload", "workload"), Col("router", "router"),
+                    Col("N", "replicas", "int"),
+                    Col("cache per\nreplica", "cache_tokens", "tokens"),
+                    Col("pool", "pool_tokens", "tokens"), Col("hit\nrate", "hit_rate", "rate"),
+                    Col("from the\npool", "pool_hit_rate", "rate"),
+                    Col("infinite\ncache", "ideal_hit_rate", "rate")]
+
+
+def pool_tables(doc: dict[str, Any]) -> list[Table | str]:
+    """The timed rows, then the capacity curves of the same fleets (sim/exp_pool.py)."""
+    out: list[Table | str] = [narrow_table(f"kvsim reproduce pool -- {title}",
+                                           [*POOL_KEYS, *cols], doc["rows"])
+                              for title, cols in POOL_LAYOUTS]
+    out.append(narrow_table("capacity (no clock; caches per replica)", CAPACITY_COLUMNS,
+                            doc.get("capacity", [])))
+    out.extend(f"note: {note}" for note in doc.get("notes", []))
     return out
 
 

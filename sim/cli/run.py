@@ -65,6 +65,9 @@ CONTEXT_ROWS = ("request_latency_mean_s", "request_latency_p95_s", "input_tokens
 # Rows of fleet runs (--replicas/--router; sim/fleet/metrics.py defines them).
 FLEET_ROWS = ("reuse_available", "reuse_captured", "reuse_delivered", "affinity",
               "load_cv_busy", "load_cv_queue", "belief_error_mean_tokens")
+# Rows of runs with a shared pool (--pool; sim/fleet/run.py pool_summary).
+POOL_ROWS = ("pool_hit_rate", "pool_fetched_tokens", "pool_refused_fetches", "pool_fetch_s",
+             "pool_bandwidth_utilization")
 
 
 def router_params(items: tuple[str, ...]) -> dict[str, str]:
@@ -86,6 +89,7 @@ def print_table(runs: list[dict[str, Any]], title: str, lenient: bool = False) -
     extra = ("cpu_hit_rate", "bytes_h2d", "bytes_d2h", "swap_buffer_loads") if any(
         r["summary"].get("cpu_cache_tokens") for r in runs) else ()
     extra += FLEET_ROWS if any("replicas" in r["summary"] for r in runs) else ()
+    extra += POOL_ROWS if any("pool_hit_rate" in r["summary"] for r in runs) else ()
     shown = [k for k in WHEN_NONZERO if any(r["summary"].get(k) for r in runs)
              or (lenient and k in LENIENT_ROWS)]
     ctx = CONTEXT_ROWS if any("context" in r["summary"] for r in runs) else ()
@@ -222,6 +226,21 @@ class RunInputError(ValueError):
                    "FILE.py:CLASS (your own Router subclass).")
 @click.option("--router-param", "router_param_items", multiple=True, metavar="K=V",
               help="Parameter of the --router class (repeatable; typed like its default).")
+@click.option("--pool", type=SIZE, default="0", show_default=True, metavar="SIZE",
+              help="A KV pool of SIZE tokens shared by the replicas (sglang engine; "
+                   "docs/fleet.md 'Shared KV pool'); 0: none.")
+@click.option("--pool-bandwidth", type=float, default=25.0, show_default=True,
+              metavar="GB/S", help="Each replica's link to the pool, GB/s.")
+@click.option("--pool-latency-us", type=float, default=50.0, show_default=True,
+              help="Latency of one pool fetch, microseconds.")
+@click.option("--pool-write", type=click.Choice(["write-through", "write-back"]),
+              default="write-through", show_default=True,
+              help="write-through: blocks enter the pool when a replica computes them; "
+                   "write-back: when a replica drops them (from its CPU tier if it has one).")
+@click.option("--pool-watermark", type=float, default=0.90, show_default=True,
+              help="Pool occupancy that starts an eviction pass.")
+@click.option("--pool-evict-fraction", type=float, default=0.05, show_default=True,
+              help="Share of the pool's blocks one eviction pass drops (LRU, leased skipped).")
 @click.option("--engine", type=click.Choice(["sglang", "vllm"]), default="sglang",
               show_default=True,
               help="The server: sglang (SGLang 0.5.23: radix tree, chunk nodes, admission "
@@ -290,6 +309,8 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
             lenient, seed, cache_dir, rebuild_sessions, model, profile, gpu_cache, cpu_cache,
             tiering, swap_buffer, hicache_write_policy, sessions, replay, time_scale, engine,
             vllm_patch, replicas, router, router_param_items,
+            pool, pool_bandwidth, pool_latency_us, pool_write, pool_watermark,
+            pool_evict_fraction,
             preset, evict, granularity, order, policies, policy_params, scheduler, context,
             chunk_size, prompt_nodes, max_new_tokens, max_running, debug_cache, out,
             as_json) -> None:
@@ -311,6 +332,9 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
         sessions=sessions, replay=replay, time_scale=time_scale, engine=engine,
         vllm_patch=vllm_patch, replicas=replicas, router=router,
         router_params=router_params(router_param_items),
+        pool=pool, pool_bandwidth=pool_bandwidth, pool_latency_us=pool_latency_us,
+        pool_write=pool_write, pool_watermark=pool_watermark,
+        pool_evict_fraction=pool_evict_fraction,
         model=model, profile=profile, gpu_cache=gpu_cache, cpu_cache=cpu_cache,
         tiering=tiering, swap_buffer=swap_buffer, hicache_write_policy=hicache_write_policy,
         scheduler=scheduler, context=context, chunk_size=chunk_size,

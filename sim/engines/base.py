@@ -184,7 +184,7 @@ class EngineBase:
         ever = self.ever
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if int(ids[mid - 1]) in ever:
+            if ids.item(mid - 1) in ever:
                 lo = mid
             else:
                 hi = mid - 1

@@ -100,6 +100,7 @@ class SGLangServer(EngineBase):
         self._decay = (cfg.new_token_ratio - cfg.new_token_ratio_min) / max(
             1, cfg.new_token_ratio_decay_steps)
         self.max_running = cfg.max_running or 1 << 30
+        self._new_limit = min(spec.max_context - 1, cache.capacity_blocks * self.bs - 1)
         # SGLang's running_batch.batch_is_full: set when an admission is refused for memory
         # while requests run; no admission is tried again until the running batch shrinks.
         self.batch_is_full = False
@@ -121,15 +122,24 @@ class SGLangServer(EngineBase):
     def _max_new(self, req: Req) -> int:
         if self.cfg.max_new_tokens is not None:
             return self.cfg.max_new_tokens
-        # Unset by the client: SGLang assumes everything up to the context / KV limit.
-        limit = min(self.spec.max_context - 1, self.cache.capacity_blocks * self.bs - 1)
-        return max(1, limit - req.position_tokens - 1)
+        # Unset by the client: SGLang assumes everything up to the context / KV limit
+        # (``_new_limit``: constant over a run, computed once).
+        return max(1, self._new_limit - req.position_tokens - 1)
 
     def _decode_reserve(self, req: Req) -> int:
         return min(max(0, self._max_new(req) - req.generated), self.cfg.clip_max_new_tokens)
 
     def _running_offset_tokens(self) -> float:
-        return sum(self._decode_reserve(r) for r in self.running) * self.ratio
+        # Every pass reads it: one loop, no call per running request (= the sum of
+        # _decode_reserve over the running batch).
+        clip = self.cfg.clip_max_new_tokens
+        fixed = self.cfg.max_new_tokens
+        limit = self._new_limit
+        total = 0
+        for r in self.running:
+            new = fixed if fixed is not None else max(1, limit - r.position_tokens - 1)
+            total += min(max(0, new - r.generated), clip)
+        return total * self.ratio
 
     @staticmethod
     def _fill_tokens(req: Req) -> int:
@@ -517,7 +527,8 @@ class SGLangServer(EngineBase):
             batch = self._schedule()
             if batch:
                 seconds, per_req = self._prefill_seconds(batch)
-                seconds += self._transfer_seconds()
+                if self.tiered:  # (without a CPU tier nothing is ever pending)
+                    seconds += self._transfer_seconds()
                 self.rec.batch(seconds, len(batch))
                 yield env.timeout(seconds)
                 self._finish_prefill(batch, per_req)

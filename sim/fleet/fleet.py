@@ -73,8 +73,9 @@ class Fleet:
     ``rec``: the recorder the replay reports sessions to."""
 
     def __init__(self, env: simpy.Environment, replicas: list, router: Router, block_size: int,
-                 rec: RunRecorder, rng) -> None:
+                 rec: RunRecorder, rng, pool=None) -> None:
         self.env, self.replicas, self.router, self.rec = env, replicas, router, rec
+        self.pool = pool  # a FleetPool (sim/fleet/pooltier.py) or None
         self.bs = block_size
         n = len(replicas)
         router.bind(n, block_size, rng)
@@ -112,7 +113,9 @@ class Fleet:
         overlaps = self.belief.overlaps(ids, now) if self.belief is not None else None
         sizes = self.belief.sizes() if self.belief is not None else None
         request = RouteRequest(req.rid, req.session, now, req.prompt_tokens, ids, bs)
-        view = RouterView(now, tuple(self._replica_view(i, overlaps, sizes) for i in range(n)))
+        view = RouterView(now, tuple(self._replica_view(i, overlaps, sizes) for i in range(n)),
+                          self.pool.lookup(ids) if self.pool is not None
+                          and self.router.cache_view is not None else None)
         choice = self.router.route(request, view)
         if isinstance(choice, bool) or not isinstance(choice, numbers.Integral) \
                 or not 0 <= choice < n:
@@ -128,7 +131,10 @@ class Fleet:
                                  max(0, req.prompt_tokens - believed * bs))
         self._record(req, r, now, overlaps, truth)
         req.done.callbacks.append(lambda _ev, req=req, r=r: self._finished(req, r))
-        self.replicas[r].submit(req)
+        if self.pool is not None:
+            self.pool.submit(req, r)  # after a fetch from the pool when one pays
+        else:
+            self.replicas[r].submit(req)
 
     def busy(self) -> bool:
         return any(e.busy() for e in self.replicas)

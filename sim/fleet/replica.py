@@ -48,15 +48,26 @@ def _concat(parts: list[np.ndarray]) -> np.ndarray:
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
+class PoolSink(Protocol):
+    def stored(self, ids: np.ndarray) -> None: ...
+
+    def dropped(self, ids: np.ndarray) -> None: ...
+
+
 class ObservedRadixKVCache(RadixKVCache):
-    """``RadixKVCache`` that reports its GPU gains and losses to ``events`` (when set)."""
+    """``RadixKVCache`` that reports its GPU gains and losses to ``events`` (when set), and
+    the blocks it writes and the blocks it drops entirely to ``pool_sink`` (when set: the
+    fleet's shared pool, sim/fleet/pooltier.py)."""
 
     events: KVEventSink | None = None
+    pool_sink: PoolSink | None = None
 
     def insert(self, ids, hint=None) -> InsertResult:
         res = super().insert(ids, hint)
         if self.events is not None:  # every block of ids is GPU-resident now
             self.events.stored(np.asarray(ids, dtype=np.int64))
+        if self.pool_sink is not None:
+            self.pool_sink.stored(np.asarray(ids, dtype=np.int64))
         return res
 
     def evict(self, n: int) -> EvictResult:  # make_room evicts through here
@@ -79,19 +90,32 @@ class ObservedRadixKVCache(RadixKVCache):
     def _report_losses(self, res: EvictResult) -> None:
         if self.events is not None:
             self.events.removed(_concat(res.freed + res.demoted))
+        if self.pool_sink is not None and res.freed:  # their last copy left the replica
+            self.pool_sink.dropped(_concat(res.freed))
 
     def gpu_prefix_blocks(self, ids: np.ndarray) -> int:
         """Leading blocks of ``ids`` resident on the GPU now (read only: no stamp, no
         split); the hit an arriving request would see before any eviction."""
-        path, partial, _k, pos = self.tree.walk(ids, stop_at_holes=True)
-        hit = 0
-        for nd in path:
-            if nd.tier is not _GPU:
-                return hit
-            hit = nd.start + len(nd.ids)
-        if partial is not None and partial.tier is _GPU:
-            hit = pos
-        return hit
+        return tree_prefix_blocks(self, ids, gpu_only=True)
+
+    def resident_prefix_blocks(self, ids: np.ndarray) -> int:
+        """Leading blocks of ``ids`` held on the GPU or the CPU tier now (read only): where
+        a lookup in a pool below the replica starts."""
+        return tree_prefix_blocks(self, ids, gpu_only=False)
+
+
+def tree_prefix_blocks(cache: RadixKVCache, ids: np.ndarray, gpu_only: bool = True) -> int:
+    """Leading blocks of ``ids`` that ``cache`` holds (on the GPU only, or in any tier), read
+    only: no stamp, no split."""
+    path, partial, _k, pos = cache.tree.walk(ids, stop_at_holes=True)
+    hit = 0
+    for nd in path:
+        if gpu_only and nd.tier is not _GPU:
+            return hit
+        hit = nd.start + len(nd.ids)
+    if partial is not None and (not gpu_only or partial.tier is _GPU):
+        hit = pos
+    return hit
 
 
 class ObservedBlockPool(BlockPool):

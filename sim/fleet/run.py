@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 import simpy
 
+from costmodel.units import Units, range_units
 from sim.engines import ENGINES
 from sim.progress import current as current_progress
 from sim.replay import Replay
@@ -26,6 +27,8 @@ from sim.runner import RunResult, bind_policy, run_fields
 
 from .fleet import Fleet
 from .metrics import fleet_metrics, merge_recorders, recorder_for
+from .pool import SharedPool
+from .pooltier import FleetPool
 from .replica import ObservedRecorder, observe
 
 # The router's RNG stream: seeded by the run's seed, apart from every policy's.
@@ -45,8 +48,9 @@ def run_fleet(cfg, trace, spec, profile) -> RunResult:
         policies.append(policy)
     sessions = recorder_for(trace)
     router = cfg.make_router()
+    pool = build_pool(env, cfg, spec, profile, engines) if cfg.pool else None
     fleet = Fleet(env, engines, router, cfg.block_size, sessions,
-                  np.random.default_rng([cfg.seed, ROUTER_STREAM]))
+                  np.random.default_rng([cfg.seed, ROUTER_STREAM]), pool)
     gaps = trace.gaps(cfg.gaps)
     bar = current_progress()  # observes replies only (sim/progress.py)
     replay = Replay(env, trace, fleet, gaps, trace.start_offsets(cfg.gaps), cfg.sessions,
@@ -69,8 +73,74 @@ def run_fleet(cfg, trace, spec, profile) -> RunResult:
                                          cfg.block_size, table)
     summary.update(metrics)
     summary["replica_summaries"] = per_replica
-    return RunResult(cfg, table, summary, {"load": _load_table(fleet),
-                                           "routing": _routing_table(fleet)})
+    tables = {"load": _load_table(fleet), "routing": _routing_table(fleet)}
+    if pool is not None:
+        table = pool_columns(table, pool, cfg.block_size)
+        summary.update(pool_summary(pool, table, env.now, cfg))
+        tables["pool"] = pool_table(pool)
+        tables["pool_transfers"] = pd.DataFrame(
+            np.asarray(pool.transfers, dtype=float).reshape(-1, 3),
+            columns=["start_s", "end_s", "bytes"])
+    return RunResult(cfg, table, summary, tables)
+
+
+def build_pool(env: simpy.Environment, cfg, spec, profile, engines) -> FleetPool:
+    """The shared pool of a fleet run, priced by the run's cost model."""
+    base = profile.prefill_seconds(Units())
+
+    def recompute_seconds(a: int, b: int) -> float:
+        return profile.prefill_seconds(range_units(spec, a, b)) - base
+
+    return FleetPool(env, SharedPool(cfg.pool // cfg.block_size, cfg.pool_watermark,
+                                     cfg.pool_evict_fraction),
+                     engines, cfg.block_size, spec.kv_bytes_per_token * cfg.block_size,
+                     cfg.pool_bandwidth * 1e9, cfg.pool_latency_us * 1e-6, cfg.pool_write,
+                     recompute_seconds)
+
+
+def pool_columns(table: pd.DataFrame, pool: FleetPool, bs: int) -> pd.DataFrame:
+    """Where each reused token came from: ``pool_tokens`` (fetched from the pool; they land on
+    the replica's GPU, so ``hit_gpu_tokens`` counts them too: the part of that hit beyond the
+    replica's own prefix at the fetch, up to what landed; landed blocks evicted before
+    admission are not counted), ``local_gpu_tokens`` (the rest of the GPU hit),
+    ``loaded_cpu_tokens`` (the replica's CPU tier, as before); ``fetch_s`` the seconds the
+    request waited for its fetch (0: none)."""
+    rec = pool.record
+    rid = table["request"].to_numpy()
+    fetched = np.asarray([rec.fetched.get(int(r), 0) for r in rid], dtype=np.int64) * bs
+    behind = np.asarray([rec.behind.get(int(r), 0) for r in rid], dtype=np.int64) * bs
+    hit = table["hit_gpu_tokens"].to_numpy()
+    table = table.copy()
+    table["pool_tokens"] = np.clip(hit - behind, 0, fetched)
+    table["local_gpu_tokens"] = table["hit_gpu_tokens"].to_numpy() - table["pool_tokens"]
+    table["fetch_s"] = np.asarray([rec.fetch_s.get(int(r), 0.0) for r in rid], dtype=float)
+    return table
+
+
+def pool_summary(pool: FleetPool, table: pd.DataFrame, duration_s: float, cfg) -> dict:
+    prompt = int(table["prompt_tokens"].sum()) if len(table) else 0
+    fields = pool.summary(duration_s, cfg.replicas)
+    for k, col in (("reused_gpu_tokens", "local_gpu_tokens"),
+                   ("reused_cpu_tokens", "loaded_cpu_tokens"),
+                   ("reused_pool_tokens", "pool_tokens")):
+        fields[k] = int(table[col].sum()) if len(table) else 0
+    fields["pool_hit_rate"] = fields["reused_pool_tokens"] / prompt if prompt else 0.0
+    fields["pool_fetch_s"] = float(table["fetch_s"].sum()) if len(table) else 0.0
+    fields["pool_write"] = cfg.pool_write
+    fields["pool_bandwidth_gb_s"] = cfg.pool_bandwidth
+    fields["pool_latency_us"] = cfg.pool_latency_us
+    return fields
+
+
+def pool_table(pool: FleetPool) -> pd.DataFrame:
+    """Pool occupancy at every routing decision and landing (``kvsim plot`` draws it with
+    the bytes moved per second)."""
+    return pd.DataFrame({
+        "time_s": np.asarray(pool.occ_time, dtype=float),
+        "blocks": np.asarray(pool.occ_blocks, dtype=np.int64),
+        "leased_blocks": np.asarray(pool.occ_leased, dtype=np.int64),
+        "tokens": np.asarray(pool.occ_blocks, dtype=np.int64) * pool.bs,
+    })
 
 
 def _routing_table(fleet: Fleet) -> pd.DataFrame:

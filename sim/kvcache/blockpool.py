@@ -374,6 +374,8 @@ class BlockPool:
         if not len(hashed):
             return unhashed
         self._evict(hashed)
+        if not len(unhashed):  # both are fresh int64 arrays: no copy needed
+            return hashed
         return np.concatenate([unhashed, hashed])
 
     def _evict(self, ps: np.ndarray) -> None:

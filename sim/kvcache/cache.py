@@ -51,14 +51,20 @@ from .versions import add_versioned
 
 _GPU, _NONE, _CPU, _DROPPED = Tier.GPU, Tier.NONE, Tier.CPU, Tier.DROPPED
 TIERINGS = ("unified", "hicache")
+_new = tuple.__new__
 
 
 class CapacityError(RuntimeError):
     """An operation would exceed the cache's capacity (a caller bug, not bad user input)."""
 
 
+_INT64 = np.dtype(np.int64)
+
+
 def as_block_ids(ids: np.ndarray | list[int]) -> np.ndarray:
     """A 1-D int64 array (no copy when it already is one)."""
+    if type(ids) is np.ndarray and ids.dtype == _INT64 and ids.ndim == 1:
+        return ids  # what np.asarray would return: the array itself
     arr = np.asarray(ids, dtype=np.int64)
     if arr.ndim != 1:
         raise ValueError(f"block ids must be 1-D, got shape {arr.shape}")
@@ -131,6 +137,12 @@ class RadixKVCache:
                                    int(load_threshold_tokens), debug)
         self._makes_holes = self.policy.makes_holes
         self._block_exact = self.policy.block_exact
+        self._has_cpu = self.tiering.has_cpu
+        # The tiering's insert hook, None when it does nothing (no CPU tier, unified).
+        self._insert_hook = (None if type(self.tiering).on_insert is GpuOnly.on_insert
+                             else self.tiering.on_insert)
+        self._hit_hook = (None if type(self.tiering).on_hit is GpuOnly.on_hit
+                          else self.tiering.on_hit)
         self.versioned = versioned
         if versioned and self.tiering.host_copies:
             raise ValueError("context edits (dropped or moved KV) are not modelled with "
@@ -269,18 +281,18 @@ class RadixKVCache:
             for nd in path:
                 nd.last_access = tick
                 nd.hit_count += 1
-            if path:
-                self.tiering.on_hit(path)
+            if path and self._hit_hook is not None:
+                self._hit_hook(path)
         if not path:
             node, hit, segments = self.root, 0, ()
-        elif tree.hole_blocks == 0 and not self.tiering.has_cpu and not tree.dropped_blocks:
+        elif tree.hole_blocks == 0 and not self._has_cpu and not tree.dropped_blocks:
             node, hit, segments = path[-1], pos, ((0, pos, _GPU),)
         else:
             node = path[-1]
             hit, segments = _segments(path)
         if self.debug:
             self.check()
-        return Match(node, pos, hit, segments)
+        return _new(Match, (node, pos, hit, segments))  # Match(...), no Python-level __new__
 
     def insert(self, ids: np.ndarray, hint: WalkHint | None = None) -> InsertResult:
         """Make every block of ``ids`` GPU-resident in the tree.
@@ -307,7 +319,7 @@ class RadixKVCache:
             self._check_chained(path, ids)
             self._check_hinted(ids, False, hint, path, partial, k, pos)
         fill = dropped = 0
-        if tree.hole_blocks or self.tiering.has_cpu or tree.dropped_blocks:
+        if tree.hole_blocks or self._has_cpu or tree.dropped_blocks:
             for nd in path:
                 t = nd.tier
                 if t is not _GPU:
@@ -350,8 +362,8 @@ class RadixKVCache:
             else:
                 node = tree.add_leaf(node, ids[pos:], pos, leaf_tick)
                 path.append(node)
-        if path:
-            self.tiering.on_insert(path)
+        if path and self._insert_hook is not None:
+            self._insert_hook(path)
         if exact and len(path) > 1:
             tree.merge_runs(path)
         if hint is not None and path:
@@ -364,7 +376,7 @@ class RadixKVCache:
                 f"{tree.reserved_blocks} (of which {added} just inserted) > "
                 f"{tree.capacity_blocks}")
             self.check()
-        return InsertResult(node, new, fill, existing)
+        return _new(InsertResult, (node, new, fill, existing))  # no Python-level __new__
 
     def lock(self, node: Node) -> None:
         """A running request pins ``node`` and its ancestors (their GPU KV: evictable ->
@@ -412,13 +424,16 @@ class RadixKVCache:
     def make_room(self, n: int) -> EvictResult:
         """Evict until ``free_blocks >= n``. If that is impossible (too much is locked or
         reserved) nothing is evicted and ok is False."""
-        need = n - self.tree.free_blocks
+        tree = self.tree
+        need = n - tree.free_blocks
         if need <= 0:
             return EvictResult(ok=True)
-        if need > self.tree.evictable_blocks:
+        if need > tree.evictable_blocks:
             return EvictResult(ok=False)
-        result = self.evict(need)
-        result.ok = self.tree.free_blocks >= n
+        result = self.tiering.free_gpu(need)  # = self.evict(need), one call less
+        if self.debug:
+            self.check()
+        result.ok = tree.free_blocks >= n
         return result
 
     def load(self, node: Node, limit_blocks: int | None = None) -> LoadResult:

@@ -85,7 +85,7 @@ class CachedIds:
             return
         counts = self._ncopy[xs]
         new = counts == 0
-        if new.all():
+        if np.count_nonzero(new) == len(new):  # new.all(), without numpy's Python wrapper
             self._first[xs] = ps
         else:
             self._first[xs[new]] = ps[new]
@@ -123,7 +123,7 @@ class CachedIds:
         if len(ps) <= SMALL:
             return self._drop_each(ps.tolist(), xs.tolist())
         single = self._ncopy[xs] == 1
-        if single.all():  # the common case
+        if np.count_nonzero(single) == len(single):  # all single copies: the common case
             self._first[xs] = -1
             self._ncopy[xs] = 0
             if self.tracks_children:

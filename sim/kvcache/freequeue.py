@@ -51,7 +51,8 @@ class FreeQueue:
         if need > self._nq:
             raise AssertionError(f"pop({n}) from a queue of {len(self) + k}")
         h = self._head
-        if h + need <= self._tail and self._alive[h : h + need].all():  # no dead entries
+        # no dead entries (count_nonzero: .all() without numpy's Python wrapper)
+        if h + need <= self._tail and np.count_nonzero(self._alive[h : h + need]) == need:
             hashed = self._log[h : h + need].copy()
             self._alive[h : h + need] = False
             self._head = h + need

@@ -29,19 +29,20 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from itertools import pairwise
+from typing import NamedTuple
 
-from policies import EvictionPolicy, Granularity, StartPosition
+from policies import BLOCK, EvictionPolicy, Granularity, StartPosition
+from policies.orders import lru
 
 from .node import Node, Tier, free_whole
 
 _GPU, _NONE, _DROPPED = Tier.GPU, Tier.NONE, Tier.DROPPED
 
 
-@dataclass(frozen=True, slots=True)
-class Step:
-    """Free ``blocks`` blocks of ``node``: its first ones (``head``) or its last ones."""
+class Step(NamedTuple):
+    """Free ``blocks`` blocks of ``node``: its first ones (``head``) or its last ones. (A named
+    tuple: plans are made at every eviction, and a tuple is the cheapest record to build.)"""
 
     node: Node
     blocks: int
@@ -132,6 +133,9 @@ class DeviceView:
 View = HistoryView | DeviceView
 
 
+_new = tuple.__new__
+
+
 def plan(
     policy: EvictionPolicy,
     view: View,
@@ -158,21 +162,28 @@ def plan(
     pinned = policy.pinned_until if policy.pins else None
     now = policy.context.now() if pinned is not None else 0.0
     start = start or policy.start
-    take = (granularity or policy.granularity).take
+    granularity = granularity or policy.granularity
+    take = granularity.take
+    exact = granularity is BLOCK  # take(size, need) is min(size, need): no call
     head = start.from_head
-
-    def entry(node: Node) -> tuple:
-        if pinned is None:
-            return (key(node), node.serial, node)
-        return (pinned(node) > now, key(node), node.serial, node)
-
-    heap = [entry(n) for n in victims]
-    heapq.heapify(heap)
+    chain_of = start.chain
+    release = view.release
+    # Entries (key, serial, node): serials are unique, so nodes are never compared. LRU's key
+    # is (last_access, serial) itself: its entries (last_access, serial, node) sort the same.
+    lru_entries = key is lru and pinned is None
+    if lru_entries:
+        heap = [(n.last_access, n.serial, n) for n in victims]
+    elif pinned is None:
+        heap = [(key(n), n.serial, n) for n in victims]
+    else:
+        heap = [(pinned(n) > now, key(n), n.serial, n) for n in victims]
+    if len(heap) > 1:
+        heapq.heapify(heap)
     steps: list[Step] = []
     left = math.inf if room is None else room
     while need > 0 and left > 0 and heap:
         leaf = heapq.heappop(heap)[-1]
-        chain = start.chain(leaf, view)
+        chain = chain_of(leaf, view)
         if debug:
             _check_chain(chain, leaf, view)
         survivor = None
@@ -181,17 +192,25 @@ def plan(
                 break
             size = len(nd.ids)
             if counts is None or counts(nd):
-                k = min(take(size, need), left)
+                k = (size if size < need else need) if exact else take(size, need)
+                if k > left:
+                    k = left
                 if k <= 0:
                     break
-                steps.append(Step(nd, k, head))
+                steps.append(_new(Step, (nd, k, head)))  # Step(nd, k, head), no __new__ frame
                 need -= k
                 left -= k
                 if k < size:
                     break  # a partial step: the need (or the room) is used up here
-            survivor = view.release(nd)
+            survivor = release(nd)
         if survivor is not None and need > 0 and (eligible is None or eligible(survivor)):
-            heapq.heappush(heap, entry(survivor))
+            if lru_entries:
+                heapq.heappush(heap, (survivor.last_access, survivor.serial, survivor))
+            elif pinned is None:
+                heapq.heappush(heap, (key(survivor), survivor.serial, survivor))
+            else:
+                heapq.heappush(heap, (pinned(survivor) > now, key(survivor),
+                                      survivor.serial, survivor))
     return steps
 
 

@@ -1,16 +1,18 @@
-"""Plain results of cache operations (all sizes in blocks)."""
+"""Plain results of cache operations (all sizes in blocks). The immutable ones (``Match``,
+``InsertResult``) are named tuples: every prefill chunk makes some, and a tuple is the cheapest
+record to build."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
 from .node import Node, Tier
 
 
-@dataclass(frozen=True, slots=True)
-class Match:
+class Match(NamedTuple):
     """Result of ``RadixKVCache.match``.
 
     node: deepest matched node, the handle to ``lock``/``unlock`` (the root when nothing
@@ -73,8 +75,7 @@ class EvictResult:
         return np.concatenate(self.freed)
 
 
-@dataclass(frozen=True, slots=True)
-class InsertResult:
+class InsertResult(NamedTuple):
     """Result of ``insert``: node holds ids[-1] (root for empty ids); new_blocks became a new
     leaf, filled_blocks were holes refilled or CPU-resident nodes promoted to GPU (a CPU
     tier), existing_blocks were GPU already."""

@@ -91,7 +91,10 @@ class GpuOnly:
         """Free ``need`` GPU blocks (fewer if less is evictable: ok=False)."""
         result = EvictResult(ok=need <= 0)
         if need > 0:
-            self.delete(need, result)
+            tree = self.tree  # self.delete(need, result), inlined: every prefill chunk evicts
+            steps = planner.plan(self.policy, planner.HistoryView(tree.root), tree.leaves(),
+                                 need, debug=self.debug)
+            tree.apply_delete(steps, result)
             result.ok = result.freed_blocks >= need
         return result
 

@@ -147,7 +147,8 @@ class RadixTree:
     # ------------------------------------------------------------------ structure
     def add_leaf(self, parent: Node, ids: np.ndarray, start: int, tick: int) -> Node:
         """A new GPU leaf under ``parent`` holding ``ids`` (the caller made room)."""
-        leaf = Node(ids, start, parent, _GPU, self.next_serial(), tick)
+        self._serial += 1  # next_serial(), inlined: every prefill chunk adds a leaf
+        leaf = Node(ids, start, parent, _GPU, self._serial, tick)
         parent.children[ids.item(0)] = leaf
         size = len(ids)
         self._gpu += size
@@ -232,19 +233,20 @@ class RadixTree:
 
             parent -- node[s, e)   =>   parent -- prefix[s, s+k) -- node[s+k, e)
         """
-        prefix = Node(node.ids[:k], node.start, node.parent, node.tier, self.next_serial(),
-                      node.last_access)
+        ids = node.ids
+        parent = node.parent
+        assert parent is not None
+        self._serial += 1  # next_serial(), inlined
+        prefix = Node(ids[:k], node.start, parent, node.tier, self._serial, node.last_access)
         prefix.lock = node.lock
         prefix.hit_count = node.hit_count
         prefix.host = node.host
         prefix.keyed = node.keyed
-        parent = node.parent
-        assert parent is not None
-        parent.children[int(node.ids[0])] = prefix
-        node.ids = node.ids[k:]
+        parent.children[ids.item(0)] = prefix
+        node.ids = ids = ids[k:]
         node.start += k
         node.parent = prefix
-        prefix.children[int(node.ids[0])] = node
+        prefix.children[ids.item(0)] = node
         if self.on_split is not None:
             self.on_split(prefix, node)
         return prefix
@@ -257,14 +259,14 @@ class RadixTree:
         i = len(chain) - 1
         while i > 0:
             child = chain[i]
+            lock, tier, stamp, host = child.lock, child.tier, child.last_access, child.host
             j = i
             while j > 0:
                 up = chain[j - 1]
-                if (len(up.children) == 1 and up.lock == child.lock and up.tier is child.tier
-                        and up.last_access == child.last_access and up.host == child.host):
-                    j -= 1
-                else:
+                if (up.lock != lock or up.last_access != stamp or up.tier is not tier
+                        or up.host != host or len(up.children) != 1):
                     break
+                j -= 1
             if j < i:
                 run = chain[j:i]
                 top = run[0]
@@ -390,6 +392,8 @@ class RadixTree:
         self._free_kv(node, result)
         self._holes += len(node.ids)
         node.tier = _NONE
+        if node.children:  # a hole that stays: free_whole's first answer, without its calls
+            return None
         return free_whole(node, self.root, _kvless, _child_count, self._detach)
 
     def truncate_tail(self, leaf: Node, k: int, result: EvictResult) -> None:
@@ -414,20 +418,20 @@ class RadixTree:
         """Carry out a deletion plan (GPU-only caches; unified deletions across tiers; HiCache
         host eviction). Holes still in the tree afterwards are counted in ``holes_made``."""
         made: list[Node] = []
-        for step in steps:
-            node, k = step.node, step.blocks
+        for node, k, head in steps:
             if k == len(node.ids):
                 if node.children:
                     made.append(node)
                 self.delete(node, result)
-            elif step.head:
+            elif head:
                 hole = self.split(node, k)
                 made.append(hole)
                 self.delete(hole, result)
             else:
                 self.truncate_tail(node, k, result)
-        result.holes_made += sum(len(x.ids) for x in made
-                                 if x.parent is not None and x.tier is _NONE)
+        if made:
+            result.holes_made += sum(len(x.ids) for x in made
+                                     if x.parent is not None and x.tier is _NONE)
 
     def _whole(self, step: Step) -> Node:
         """The node carrying exactly the step's blocks (split off when partial)."""
@@ -554,15 +558,16 @@ class RadixTree:
     def _detach(self, node: Node) -> None:
         """Remove a childless KV-less (NONE or DROPPED) node from its parent."""
         parent = node.parent
-        assert parent is not None and not node.children and not node.has_kv
-        del parent.children[int(node.ids[0])]
+        tier = node.tier
+        assert parent is not None and not node.children and (tier is _NONE or tier is _DROPPED)
+        del parent.children[node.ids.item(0)]
         node.parent = None
-        if node.tier is _NONE:
+        if tier is _NONE:
             self._holes -= len(node.ids)
         else:
             self._dropped -= len(node.ids)
-        if parent is not self.root and parent.has_kv and parent.lock == 0 \
-                and not parent.children:
+        if not parent.children and parent.lock == 0 and (
+                parent.tier is _GPU or parent.tier is _CPU) and parent is not self.root:
             self._leaves.add(parent)
 
     def _prune(self, node: Node) -> Node:

@@ -1,0 +1,142 @@
+"""``kvsim reproduce pool``: local caches only against the same fleet over a shared KV pool,
+for a cache-aware router and round robin, on the shared Claude Code traces and the Mooncake
+trace; and both traces' capacity curves (``kvsim capacity``'s fleet view).
+
+Timed runs: ``REPLICAS`` Qwen3-8B SGLang replicas (``QUICK_REPLICAS`` with ``--quick``), each
+with the model's 256K-token GPU cache; the pool holds ``POOL_PER_REPLICA`` x replicas tokens on
+``POOL_BANDWIDTH_GB_S`` links (one 200 Gb/s NIC per replica; Mooncake's nodes have four) with
+``POOL_LATENCY_US`` per fetch, write-through. Claude Code: closed loop, ``SESSIONS_PER_REPLICA``
+sessions at once per replica, the paper's shared prefix and context cut, tool gaps, lpm.
+Mooncake: open loop at its arrival times. One row per run: ``{"workload", "router",
+"replicas", "pool", "ttft_mean_s", "ttft_p90_s", "jct_mean_s", "hit_rate", "pool_hit_rate",
+"fetched_tokens", "fetch_s", "refused_fetches", "bandwidth_utilization", "reuse_captured"}``.
+
+The cache-aware router is the first of ``CACHE_AWARE`` that is registered (the field's routers,
+policies/routers/); with none registered the rows say ``session-affinity`` and a note says so.
+
+Capacity: per workload the same replicas, routers and pools, replayed without a clock over
+``CAPACITY_CACHES`` per replica (sim/capacity_fleet.py); rows as ``kvsim capacity --json``.
+``--quick``: two replicas, the 8 Claude Code sessions with most requests under 64K tokens, the
+first 300 Mooncake requests, smaller caches and pool. Without ../shared/data the Claude Code
+workload is the synthetic one and the Mooncake workload is left out (a note says so).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sim.config import RunConfig
+
+if TYPE_CHECKING:
+    from sim.experiments import Context
+
+CACHE_AWARE = ("dynamo-kv", "sglang-cache-aware", "llm-d")
+REPLICAS, QUICK_REPLICAS = 4, 2
+SESSIONS_PER_REPLICA, QUICK_SESSIONS_PER_REPLICA = 8, 4
+POOL_PER_REPLICA, QUICK_POOL_PER_REPLICA = 1 << 20, 1 << 17  # tokens
+POOL_BANDWIDTH_GB_S = 25.0
+POOL_LATENCY_US = 50.0
+CAPACITY_CACHES = (1 << 16, 1 << 18, 1 << 20, 1 << 22)
+QUICK_CAPACITY_CACHES = (1 << 14, 1 << 16)
+MOONCAKE = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "mooncake" / \
+    "synthetic_trace.jsonl.gz"
+QUICK_MOONCAKE_SELECT = "first:300"
+
+COLUMNS = ("workload", "router", "replicas", "pool", "ttft_mean_s", "ttft_p90_s",
+           "jct_mean_s", "hit_rate", "pool_hit_rate", "fetched_tokens", "fetch_s",
+           "refused_fetches", "bandwidth_utilization", "reuse_captured")
+
+
+def routers(ctx: Context) -> tuple[str, str]:
+    """Round robin and the first registered cache-aware router (see the module doc)."""
+    from policies.routing import ROUTERS
+
+    for name in CACHE_AWARE:
+        if name in ROUTERS:
+            return "round-robin", name
+    ctx.notes.append("no cache-aware router is registered: session-affinity stands in")
+    return "round-robin", "session-affinity"
+
+
+def workloads(ctx: Context) -> list[tuple[str, RunConfig]]:
+    """(name, base config of one replica); sessions are set per replica count."""
+    out = []
+    cc = ctx.base("qwen3-8b", 1)
+    out.append(("cc-traces", cc))
+    if MOONCAKE.is_file():
+        out.append(("mooncake", RunConfig(
+            trace=str(MOONCAKE), trace_format="mooncake", replay="open", model="qwen3-8b",
+            gpu_cache=cc.gpu_cache, scheduler="lpm", profile=ctx.profile("qwen3-8b"),
+            select=QUICK_MOONCAKE_SELECT if ctx.quick else None)))
+    else:
+        ctx.notes.append(f"mooncake workload left out: {MOONCAKE} is absent")
+    return out
+
+
+def configs(ctx: Context) -> tuple[list[tuple[str, str, int, int]], list[RunConfig]]:
+    n = QUICK_REPLICAS if ctx.quick else REPLICAS
+    per = QUICK_SESSIONS_PER_REPLICA if ctx.quick else SESSIONS_PER_REPLICA
+    pool = n * (QUICK_POOL_PER_REPLICA if ctx.quick else POOL_PER_REPLICA)
+    keys, cfgs = [], []
+    for name, base in workloads(ctx):
+        for router in routers(ctx):
+            for size in (0, pool):
+                cfgs.append(replace(base.with_preset("sglang"), replicas=n, router=router,
+                                    sessions=per * n, pool=size,
+                                    pool_bandwidth=POOL_BANDWIDTH_GB_S,
+                                    pool_latency_us=POOL_LATENCY_US))
+                keys.append((name, router, n, size))
+    return keys, cfgs
+
+
+def row(key: tuple[str, str, int, int], s: dict[str, Any]) -> dict[str, Any]:
+    name, router, n, pool = key
+    return {
+        "workload": name, "router": router, "replicas": n, "pool": pool,
+        "ttft_mean_s": s["ttft_mean_s"], "ttft_p90_s": s["ttft_p90_s"],
+        "jct_mean_s": s["jct_mean_s"], "hit_rate": s["hit_rate"],
+        "pool_hit_rate": s.get("pool_hit_rate", 0.0),
+        "fetched_tokens": s.get("reused_pool_tokens", 0),
+        "fetch_s": s.get("pool_fetch_s", 0.0),
+        "refused_fetches": s.get("pool_refused_fetches", 0),
+        "bandwidth_utilization": s.get("pool_bandwidth_utilization", 0.0),
+        "reuse_captured": s["reuse_captured"],
+    }
+
+
+def _summary(cfg: RunConfig, _arg: Any, get_trace) -> dict[str, Any]:
+    from sim.runner import run
+
+    s = run(cfg, get_trace()).summary
+    s.pop("replica_summaries", None)
+    return s
+
+
+def pool(ctx: Context) -> list[dict[str, Any]]:
+    """The timed rows (see the module doc)."""
+    from sim.experiments import run_all
+
+    keys, cfgs = configs(ctx)
+    return [row(k, s) for k, s in zip(keys, run_all(ctx, cfgs, _summary), strict=True)]
+
+
+def capacity(ctx: Context) -> list[dict[str, Any]]:
+    """Both traces' capacity curves for the same fleets, without a clock."""
+    from sim.capacity_fleet import fleet_capacity_curve
+    from sim.runner import load_run_trace
+
+    keys, cfgs = configs(ctx)
+    caches = QUICK_CAPACITY_CACHES if ctx.quick else CAPACITY_CACHES
+    rows = []
+    for (name, router, n, size), cfg in zip(keys, cfgs, strict=True):
+        trace = load_run_trace(cfg)
+        for r in fleet_capacity_curve(trace, caches, n, router, size):
+            rows.append({"workload": name, **r.as_dict()})
+    return rows
+
+
+def document_extras(ctx: Context) -> dict[str, Any]:
+    """What ``kvsim reproduce pool`` adds beside its rows: the capacity curves."""
+    return {"capacity": capacity(ctx), "notes": list(dict.fromkeys(ctx.notes))}

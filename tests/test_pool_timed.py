@@ -1,0 +1,161 @@
+"""The shared pool on the fleet's clock (sim/fleet/pooltier.py), hand-computed timelines.
+
+The replicas are real observed radix caches; the engine around each is a recording double
+(``Replica``: its ``submit`` notes the time), so each timeline is arithmetic: a fetch of p
+blocks takes latency + p x block bytes / bandwidth after the replica's link is free, and is
+taken only when faster than the recompute price of its tokens."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import simpy
+
+from sim.fleet.pool import SharedPool
+from sim.fleet.pooltier import FleetPool
+from sim.fleet.replica import ObservedRadixKVCache
+
+BS, BLOCK_BYTES, BANDWIDTH, LATENCY = 4, 1000, 1e6, 1e-3  # a 3-block fetch: 4 ms
+
+
+class Recorder:
+    def evicted(self, res) -> None:
+        pass
+
+
+class Replica:
+    """The engine side of the hand-off: a cache and a submit that records when."""
+
+    def __init__(self, env: simpy.Environment, cache: ObservedRadixKVCache) -> None:
+        self.env, self.cache, self.rec, self.got = env, cache, Recorder(), []
+
+    def submit(self, req) -> None:
+        self.got.append((req.rid, self.env.now))
+
+
+def setup(per_token_s: float, pool_blocks: int = 100, replicas: int = 1, write="write-through",
+          **cache_kw):
+    env = simpy.Environment()
+    engines = [Replica(env, ObservedRadixKVCache(16, "sglang", block_size=BS, **cache_kw))
+               for _ in range(replicas)]
+    pool = FleetPool(env, SharedPool(pool_blocks), engines, BS, BLOCK_BYTES, BANDWIDTH,
+                     LATENCY, write, lambda a, b: (b - a) * per_token_s)
+    return env, engines, pool
+
+
+def request(rid: int, *blocks: int):
+    ids = np.asarray(blocks, dtype=np.int64)
+    return SimpleNamespace(rid=rid, ids=ids, prompt_tokens=ids.size * BS + 1)
+
+
+def test_a_fetch_that_beats_recompute_lands_before_the_request():
+    """Blocks 1-3 in the pool, none on the replica. Fetch: 1 ms + 3,000 B / 1 MB/s = 4 ms;
+    recompute: 12 tokens x 1 ms = 12 ms: taken. The request reaches the replica at 4 ms with
+    blocks 1-3 on its GPU; the blocks stay leased until then. A second request for the same
+    blocks, routed at 0 to the same replica, waits for the link: it ends at 8 ms."""
+    env, (rep,), fp = setup(per_token_s=1e-3)
+    fp.pool.put(np.asarray([1, 2, 3]))
+    fp.submit(request(7, 1, 2, 3, 9), 0)
+    assert fp.pool.leases == {1: 1, 2: 1, 3: 1}
+    fp.submit(request(8, 1, 2, 3, 9), 0)
+    env.run()
+    assert rep.got == [(7, pytest.approx(0.004)), (8, pytest.approx(0.008))]
+    assert rep.cache.gpu_prefix_blocks(np.asarray([1, 2, 3, 9])) == 3
+    assert fp.pool.leases == {}
+    assert fp.record.fetched[7] == 3 and fp.record.fetch_s[7] == pytest.approx(0.004)
+    assert fp.record.fetch_s[8] == pytest.approx(0.008)
+    assert (fp.fetches, fp.refusals, fp.fetched_blocks) == (2, 0, 6)
+    assert fp.transfers == [(0.0, pytest.approx(0.004), 3000),
+                            (pytest.approx(0.004), pytest.approx(0.008), 3000)]
+
+
+def test_a_fetch_slower_than_recompute_is_refused():
+    """Same fetch (4 ms) against 12 tokens x 0.1 ms = 1.2 ms of recompute: refused. The
+    request reaches the replica at once and nothing lands or is leased."""
+    env, (rep,), fp = setup(per_token_s=1e-4)
+    fp.pool.put(np.asarray([1, 2, 3]))
+    fp.submit(request(7, 1, 2, 3, 9), 0)
+    assert fp.pool.leases == {}
+    env.run()
+    assert rep.got == [(7, 0.0)]
+    assert rep.cache.gpu_prefix_blocks(np.asarray([1, 2, 3])) == 0
+    assert (fp.fetches, fp.refusals, fp.refused_blocks) == (0, 1, 3)
+    assert 7 not in fp.record.fetched
+
+
+def test_the_lookup_starts_after_the_replicas_own_prefix():
+    """The replica holds block 1; the pool holds 1-3: only 2-3 are fetched (3 ms)."""
+    env, (rep,), fp = setup(per_token_s=1e-3)
+    rep.cache.insert(np.asarray([1]))
+    fp.pool.put(np.asarray([1, 2, 3]))
+    fp.submit(request(7, 1, 2, 3, 9), 0)
+    env.run()
+    assert rep.got == [(7, pytest.approx(0.003))]
+    assert fp.record.fetched[7] == 2
+
+
+def test_eviction_at_the_watermark_skips_a_block_leased_by_a_fetch_in_flight():
+    """Pool of 20 blocks (watermark 18). Replica 0 fetches blocks 1-2 (leased from 0 to
+    1 + 2 ms = 3 ms); block 3, stored and then read, is more recent, so 1, 2 are the least
+    recent. Replica 1 writes through blocks 100-114 (the pool holds 18), then 100-115: before
+    block 115 enters, a pass drops ceil(0.05 x 18) = 1 block: not the leased 1 or 2 but the
+    next least recent, 3."""
+    env, (r0, r1), fp = setup(per_token_s=1e-3, pool_blocks=20, replicas=2)
+    fp.pool.put(np.asarray([1, 2]))
+    fp.submit(request(7, 1, 2, 50), 0)  # lease 1, 2 (most recent now)
+    fp.pool.put(np.asarray([3]))  # 3 is now the most recent
+    fp.pool.lease(np.asarray([3]))
+    fp.pool.release(np.asarray([3]))
+    order = list(fp.pool.blocks)
+    assert order == [1, 2, 3]  # leased 1, 2 are the least recent
+    r1.cache.insert(np.arange(100, 115))  # write-through: 15 new blocks -> 18 held
+    assert len(fp.pool) == 18 and fp.pool.passes == 0
+    r1.cache.insert(np.arange(100, 116))  # one more: the pass runs first
+    assert fp.pool.passes == 1
+    assert 1 in fp.pool and 2 in fp.pool and 3 not in fp.pool
+    env.run()
+    assert r0.got == [(7, pytest.approx(0.003))] and fp.pool.leases == {}
+
+
+def test_write_back_stores_what_a_replica_drops_from_its_cpu_tier():
+    """Write-back, a replica with a 16-block GPU and an 8-block CPU tier (unified, LRU
+    nodes). A = blocks 0-7 and B = 100-107 fill the GPU: nothing enters the pool (computing
+    does not store under write-back). Making room for 8 demotes A to the CPU tier: still
+    nothing. C = 200-207 arrives and room for 8 more demotes B, which pushes A out of the
+    CPU tier, its last copy: exactly A enters the pool."""
+    _env, (rep,), fp = setup(per_token_s=1e-3, write="write-back", cpu_capacity_blocks=8,
+                            tiering="unified")
+    cache = rep.cache
+    cache.insert(np.arange(0, 8))
+    cache.insert(np.arange(100, 108))
+    assert len(fp.pool) == 0
+    cache.make_room(8)  # A: GPU -> CPU
+    assert len(fp.pool) == 0
+    cache.insert(np.arange(200, 208))
+    cache.make_room(8)  # B: GPU -> CPU; A: CPU -> gone
+    assert list(fp.pool.blocks) == list(range(8))
+    assert fp.pool.stored == 8
+
+
+def test_write_through_stores_what_a_replica_writes():
+    _env, (rep,), fp = setup(per_token_s=1e-3)
+    rep.cache.insert(np.arange(0, 5))
+    rep.cache.insert(np.arange(0, 7))
+    assert list(fp.pool.blocks) == list(range(7)) and fp.pool.stored == 7
+
+
+def test_no_fetch_behind_a_prefix_in_the_replicas_cpu_tier():
+    """Blocks 0-7 were demoted to the replica's CPU tier; the pool holds 8-9. The fetched
+    blocks could not land behind a CPU-resident prefix: no fetch, the request goes at once."""
+    env, (rep,), fp = setup(per_token_s=1e-3, cpu_capacity_blocks=8, tiering="unified")
+    rep.cache.insert(np.arange(0, 8))
+    rep.cache.insert(np.arange(100, 108))
+    rep.cache.make_room(8)  # 0-7: GPU -> CPU
+    assert rep.cache.resident_prefix_blocks(np.arange(0, 10)) == 8
+    fp.pool.put(np.asarray([8, 9]))
+    fp.submit(request(7, *range(10)), 0)
+    env.run()
+    assert rep.got == [(7, 0.0)]
+    assert (fp.fetches, fp.behind_cpu, fp.wasted_blocks) == (0, 1, 0)
