@@ -274,19 +274,30 @@ class VllmRef:
         )
         self._map_hashes(rid)
 
-    def extend(self, rid: int, num_new_tokens: int) -> bool:
+    def extend(self, rid: int, num_new_tokens: int, known: int | None = None) -> bool:
         """allocate_slots for the next `num_new_tokens` tokens of running request `rid`. Tokens
         past the request's current ones (k decode steps at once) are appended first, as the
         scheduler appends sampled tokens before scheduling them; they stay appended when the
-        allocation is refused."""
+        allocation is refused. `known`: only the first `known` tokens exist yet (async
+        scheduling allocates for placeholders; vLLM caches no block past num_tokens)."""
         req = self._reqs[rid]
-        append = req.num_computed_tokens + num_new_tokens - req.num_tokens
+        upto = req.num_computed_tokens + num_new_tokens if known is None else known
+        append = upto - req.num_tokens
         if append > 0:
             self._append(rid, append)
         if self.manager.allocate_slots(req, num_new_tokens) is None:
             return False
         req.num_computed_tokens += num_new_tokens
         return True
+
+    def cache_known(self, rid: int, tokens: int) -> None:
+        """A step's output was processed (async scheduling): the request's first `tokens`
+        tokens exist, and cache_blocks caches the blocks they fill."""
+        req = self._reqs[rid]
+        if tokens > req.num_tokens:
+            self._append(rid, tokens - req.num_tokens)
+        self.manager.cache_blocks(req, tokens)
+        self._map_hashes(rid)
 
     def num_tokens(self, rid: int) -> int:
         """Tokens of request ``rid`` so far (prompt + output tokens appended)."""

@@ -92,6 +92,9 @@ class RunConfig:
     # None = the engine's default: SGLang's max_running_requests (large; never binds at small
     # N), vLLM's max_num_seqs (1024 for an API server on an H100)
     max_running: int | None = None
+    # vllm: async scheduling (vLLM 0.33's default for an online server): step n+1 is
+    # scheduled before step n's output is processed. False: the synchronous Scheduler.
+    vllm_async: bool = True
     max_new_tokens: int | None = None  # None: clients leave it unset -> SGLang assumes ctx - input
     clip_max_new_tokens: int = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
     new_token_ratio: float = 0.7
@@ -183,6 +186,9 @@ class RunConfig:
             raise bad("seed", f"must be an integer >= 0, got {self.seed!r}")
         if self.max_running is not None and self.max_running < 1:
             raise bad("max_running", "must be >= 1")
+        if not isinstance(self.vllm_async, bool):
+            raise bad("vllm_async", f"must be on or off (true or false), got "
+                      f"{self.vllm_async!r}")
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise bad("max_new_tokens", "must be >= 1")
         self._validate_context(bad)

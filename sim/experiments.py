@@ -192,6 +192,9 @@ def gpu_only(ctx: Context) -> list[dict[str, Any]]:
                         "ttft_change": _change(s["ttft_mean_s"], ref["ttft_mean_s"]),
                         "jct_change": _change(s["jct_mean_s"], ref["jct_mean_s"]),
                         "hit_rate": s["hit_rate"], "baseline_hit_rate": ref["hit_rate"],
+                        "preempted_recompute_tokens": s["preempted_recompute_tokens"],
+                        "baseline_preempted_recompute_tokens":
+                            ref["preempted_recompute_tokens"],
                         "paper_ttft_change": f"{lo:+.0%}..{hi:+.0%}" if paper else None,
                         "paper_jct_change": f"{jlo:+.0%}..{jhi:+.0%}" if paper else None,
                     })

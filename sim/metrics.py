@@ -61,6 +61,10 @@ class RequestRecord:
     attention_units: int = 0
     recompute_units: float = 0.0
     retractions: int = 0
+    # prefill computed again after a preemption (vLLM) or retraction (SGLang): positions
+    # that had KV before it and were lost with it (not counted in recomputed_tokens)
+    preempted_recompute_tokens: int = 0
+    preempted_recompute_units: float = 0.0
     dropped: bool = False
     drop_reason: str = ""  # context: prompt above the model's context; cache: cannot fit
     # context strategies (sim.context; zero under ``full``)
@@ -172,6 +176,11 @@ class RunRecorder:
         req.record.retractions += 1
         self.counters["retractions"] += 1
 
+    def redone(self, req: Any, tokens: int, units: Units) -> None:
+        """Prefill of positions the request had computed before a preemption/retraction."""
+        req.record.preempted_recompute_tokens += tokens
+        req.record.preempted_recompute_units += units.total
+
     def aborted(self, req: Any) -> None:
         self.counters["aborted"] += 1
 
@@ -280,6 +289,10 @@ class RunRecorder:
             "holes_made_tokens": int(c["holes_made_blocks"]) * block_size,
             "demoted_tokens": int(c["demoted_blocks"] + c["load_demoted_blocks"]) * block_size,
             "retractions": int(c["retractions"]),
+            "preempted_recompute_tokens": (int(ok["preempted_recompute_tokens"].sum())
+                                           if len(ok) else 0),
+            "preempted_recompute_units": (float(ok["preempted_recompute_units"].sum())
+                                          if len(ok) else 0.0),
             "aborted": int(c["aborted"]),
             "bytes_h2d": int(c["bytes_h2d"]),
             "bytes_d2h": int(c["bytes_d2h"]),

@@ -101,7 +101,7 @@ def run_fields(cfg: RunConfig, policy: EvictionPolicy, profile, spec, trace,
         "over_context_requests": int(((table["prompt_tokens"] > spec.max_context)
                                       & ~table["dropped"].astype(bool)).sum())
         if len(table) else 0,
-    }
+    } | ENGINES[cfg.engine].summary_fields(cfg)
 
 
 def run(cfg: RunConfig, trace=None) -> RunResult:

@@ -119,6 +119,9 @@ def point_id(cfg: RunConfig) -> str:
     d.pop("extra", None)
     if d.get("context") == "full":  # the default: points saved before it existed keep ids
         d.pop("context")
+    if cfg.engine != "vllm" or not cfg.vllm_async:
+        # sglang: no such knob; vllm sync: the results points had before async existed
+        d.pop("vllm_async", None)
     if d.get("vllm_patch") == "none":  # likewise
         d.pop("vllm_patch")
     if not cfg.is_fleet:  # one server: ids as before fleets existed

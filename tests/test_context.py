@@ -187,7 +187,10 @@ def test_sweep_grid_over_context_keeps_full_point_ids() -> None:
 
     d.pop("extra", None)
     d.pop("context")
-    for later in ("replicas", "router", "router_params"):  # fleet fields came later still
+    # fields that came later still: the fleet's, the vLLM patch's, the pool's, vLLM's async switch
+    for later in ("replicas", "router", "router_params", "vllm_patch", "pool",
+                  "pool_bandwidth", "pool_latency_us", "pool_write", "pool_watermark",
+                  "pool_evict_fraction", "vllm_async"):
         d.pop(later)
     old = hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
     assert point_id(cfg) == old

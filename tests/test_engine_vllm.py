@@ -9,6 +9,7 @@ the previous reply; all sessions start at t = 0, in order.
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import numpy as np
@@ -31,8 +32,10 @@ BS = 64
 
 
 def cfg(preset: str = "vllm", **kw) -> RunConfig:
+    # pinned: the expected times use PROF and vLLM's synchronous Scheduler (the async
+    # batch queue has its own tests below)
     base = dict(engine="vllm", gpu_cache=1 << 20, sessions=4, debug_cache=True,
-                profile=PROF.name)  # pinned: the expected times use PROF
+                profile=PROF.name, vllm_async=False)
     base.update(kw)
     return RunConfig(**base).with_preset(preset)
 
@@ -415,3 +418,116 @@ def test_steps_fitting_matches_counting() -> None:
                 break
             want = k
         assert steps_fitting(starts, BS, room, cap) == want
+
+
+# --- admission rules only a targeted test exposes -------------------------------------------
+@pytest.mark.parametrize(("b_tokens", "admitted_early"), [(641, False), (640, True)])
+def test_full_sequence_check_counts_the_partial_last_block(b_tokens: int,
+                                                           admitted_early: bool) -> None:
+    # 40 blocks, a token budget of 512. X (1860 tokens: 29 blocks and a partial one; 60
+    # outputs end at 1919 tokens, still 30 blocks) and B arrive together; X's chunks take
+    # the whole budget for 3 steps, and its last chunk (324 tokens) leaves 188 for B, while
+    # 10 blocks are free. B's first chunk (188 tokens, 3 blocks) would fit; vLLM's
+    # full-sequence check (scheduler_reserve_full_isl) asks for its WHOLE prompt, partial
+    # last block included: 641 tokens need 11 blocks (refused until X ends), 640 need 10.
+    trace = KitTrace([[(1860, 60, 0.0)], [(b_tokens, 1, 0.0)]])
+    res = run(cfg(gpu_cache=40 * BS, sessions=2, chunk_size=512), trace)
+    x, b = row(res, "s0", 0), row(res, "s1", 0)
+    chunks = prefill((0, 512)) + prefill((512, 1024)) + prefill((1024, 1536))
+    if admitted_early:
+        assert b.admit_s == pytest.approx(chunks, rel=1e-12)
+        assert b.admit_s < x.end_s
+    else:
+        assert b.admit_s == pytest.approx(x.end_s)
+    assert b.retractions == 0 and x.retractions == 0
+
+
+# --- async scheduling (vLLM 0.33's default: --vllm-async on) ---------------------------------
+def test_async_is_the_default_and_off_is_the_sync_scheduler() -> None:
+    assert RunConfig().vllm_async is True
+    trace = KitTrace([[(640, 1000, 0.0)], [(640, 1000, 0.0)]])
+    sync = run(cfg(gpu_cache=40 * BS, sessions=2), trace)
+    assert sync.summary["vllm_async"] is False
+    asy = run(cfg(gpu_cache=40 * BS, sessions=2, vllm_async=True), trace)
+    assert asy.summary["vllm_async"] is True
+
+
+def test_async_a_finish_frees_its_blocks_one_step_later() -> None:
+    # 40 blocks. A and C (640 tokens) are admitted together; B (1600 tokens, 25 blocks)
+    # arrives while they decode and is refused until A (100 outputs) ends. Sync: the step
+    # after A's last one admits B (a mixed step with C's decode). Async: that step was
+    # scheduled before A's last output was processed: it runs C alone, and B's prefill
+    # rides along the step after it.
+    trace = KitTrace([[(640, 100, 0.0)], [(640, 1000, 0.0)], [(50, 1, 0.0), (1600, 1, 0.1)]])
+    sync = run(cfg(gpu_cache=40 * BS, sessions=3), trace)
+    asy = run(cfg(gpu_cache=40 * BS, sessions=3, vllm_async=True), trace)
+    a_end = row(sync, "s0", 0).end_s
+    assert row(asy, "s0", 0).end_s == pytest.approx(a_end, rel=1e-12)
+    p = 640 + 99  # C's next position when A ends
+    b_sync, b_async = row(sync, "s2", 1), row(asy, "s2", 1)
+    assert b_sync.admit_s == pytest.approx(a_end) and b_async.admit_s == pytest.approx(a_end)
+    mixed = max(prefill((p, p + 1), (0, 1600)), PROF.decode_step_seconds(1, p))
+    assert b_sync.first_token_s == pytest.approx(a_end + mixed, rel=1e-9)
+    later = max(prefill((p + 1, p + 2), (0, 1600)), PROF.decode_step_seconds(1, p + 1))
+    assert b_async.first_token_s == pytest.approx(
+        a_end + PROF.decode_step_seconds(1, p) + later, rel=1e-9)
+
+
+def test_async_decode_runs_change_nothing(monkeypatch) -> None:
+    # The async pipeline's decode runs (one event for many steps, cut by a last token,
+    # memory and arrivals) give the same run as one event per step.
+    trace = KitTrace([[(1500 + 700 * k, 400 + 150 * k, 1.0 + 0.3 * k) for k in range(6)]
+                      for _ in range(4)], shared_blocks=12)
+    for preset in ("vllm", "penelope"):
+        c = replace(cfg(preset, gpu_cache=9000, sessions=3, vllm_async=True),
+                    debug_cache=False)
+        fast = run(c, trace)
+        monkeypatch.setattr(VllmServer, "decode_runs", False)
+        slow = run(c, trace)
+        monkeypatch.undo()
+        assert fast.summary["retractions"] > 0 and fast.summary["evicted_tokens"] > 0
+        assert fast.summary["decode_events"] < slow.summary["decode_events"] / 10
+        for col in ("hit_gpu_tokens", "recomputed_tokens", "retractions", "decoded_tokens",
+                    "ideal_hit_tokens", "preempted_recompute_tokens"):
+            assert fast.requests[col].tolist() == slow.requests[col].tolist(), col
+        for col in ("ttft_s", "end_s", "admit_s"):
+            np.testing.assert_allclose(fast.requests[col], slow.requests[col], rtol=1e-9)
+
+
+def test_vllm_async_option_and_sweep_key(tmp_path) -> None:
+    import yaml
+
+    assert RunConfig.from_dict(yaml.safe_load("engine: vllm\nvllm_async: off")).vllm_async \
+        is False
+    with pytest.raises(ConfigError, match="vllm_async"):
+        RunConfig.from_dict({"engine": "vllm", "vllm_async": "sometimes"})
+    args = ["run", "--trace", "synthetic:claude-code?sessions=3", "--engine", "vllm",
+            "--preset", "vllm", "--sessions", "2", "--max-context", "32k", "--json"]
+    for flag, want in (("off", False), ("on", True)):
+        res = CliRunner().invoke(cli, [*args, "--vllm-async", flag])
+        assert res.exit_code == 0, res.output
+        assert json.loads(res.stdout)["runs"][0]["summary"]["vllm_async"] is want
+    res = CliRunner().invoke(cli, [*args, "--vllm-async", "maybe"])
+    assert res.exit_code == 2
+
+
+def test_sweep_point_ids_move_only_for_async_vllm_points() -> None:
+    # Sweeps resume by point id: sglang points and sync vLLM points (byte-identical to the
+    # engine before async scheduling) keep the ids they had; async vLLM points get new ones.
+    import hashlib
+
+    from sim.sweep import point_id
+
+    def old_id(c: RunConfig) -> str:
+        d = c.to_dict()
+        for k in ("extra", "context", "replicas", "router", "router_params", "vllm_async",
+                  "vllm_patch", "pool", "pool_bandwidth", "pool_latency_us", "pool_write",
+                  "pool_watermark", "pool_evict_fraction"):
+            d.pop(k, None)
+        return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
+
+    sglang = RunConfig().with_preset("sglang")
+    sync = RunConfig(engine="vllm", vllm_async=False).with_preset("vllm")
+    asy = RunConfig(engine="vllm").with_preset("vllm")
+    assert point_id(sglang) == old_id(sglang) and point_id(sync) == old_id(sync)
+    assert point_id(asy) != old_id(asy)

@@ -60,6 +60,13 @@ def _grid() -> dict[str, RunConfig]:
         for p in ("sglang", "vllm"):
             out[f"hicache/{wp}/{p}"] = RunConfig(**tier, tiering="hicache",
                                                  hicache_write_policy=wp).with_preset(p)
+    # vLLM engine (fcfs, its only order) on traffic that preempts: the synchronous Scheduler
+    # (saved as main computed it before async scheduling existed) and the async default.
+    vllm = dict(SYNTH, trace="synthetic:claude-code?sessions=16&seed=3", gaps="cap:10",
+                gpu_cache=40960, sessions=8, engine="vllm", scheduler="fcfs")
+    for p in ("vllm", "penelope"):
+        out[f"vllm/{p}/sync"] = RunConfig(**vllm, vllm_async=False).with_preset(p)
+        out[f"vllm/{p}/async"] = RunConfig(**vllm).with_preset(p)
     return out
 
 

@@ -13,6 +13,7 @@ it pins which duplicate a lookup returns and which block the next allocation evi
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from typing import ClassVar
 
@@ -205,11 +206,16 @@ class ShadowPool:
         self.ops["refused" if got is None else "hit"] += 0 if got is None else got
         return got
 
-    def extend(self, rid: int, k: int) -> bool:
-        got = self.model.extend(rid, k)
-        assert got == self.real.extend(rid, k), (rid, k, got)
+    def extend(self, rid: int, k: int, known: int | None = None) -> bool:
+        got = self.model.extend(rid, k, known=known)
+        assert got == self.real.extend(rid, k, known=known), (rid, k, got)
         self._compare("EXTEND", rid)
         return got
+
+    def cache_known(self, rid: int, tokens: int) -> None:
+        self.model.cache_known(rid, tokens)
+        self.real.cache_known(rid, tokens)
+        self._compare("CACHE", rid)
 
     def free(self, rid: int) -> None:
         self.model.free(rid)
@@ -252,11 +258,13 @@ def test_vllm_diff_engine_kit_trace(monkeypatch) -> None:
 
     trace = KitTrace([[(1500 + 700 * k, 400 + 150 * k, 1.0 + 0.3 * k) for k in range(6)]
                       for _ in range(4)], shared_blocks=12)
-    for cache, budget in ((8000, 8192), (9000, 2048)):
+    for (cache, budget), asynchronous in itertools.product(((8000, 8192), (9000, 2048)),
+                                                          (False, True)):
         cfg = RunConfig(engine="vllm", gpu_cache=cache, sessions=3, chunk_size=budget,
-                        profile="derived-h100-qwen3-8b").with_preset("vllm")
+                        profile="derived-h100-qwen3-8b",
+                        vllm_async=asynchronous).with_preset("vllm")
         ops = engine_lockstep(monkeypatch, cfg, trace)
-        print(f"engine kit {cache}/{budget}: {ops['ops']} ops compared")
+        print(f"engine kit {cache}/{budget} async {asynchronous}: {ops['ops']} ops compared")
         assert ops["requests"] == len(trace) and ops["retractions"] > 0 and ops["evicted"] > 0
         assert ops["hit"] > 0
 

@@ -59,8 +59,9 @@ def prefill(*ranges: tuple[int, int]) -> float:
 
 
 def cfg(patch: str = "penelope", preset: str = "penelope", **kw) -> RunConfig:
+    # the hand-computed timelines are the synchronous scheduler's (async has its own tests)
     base = dict(engine="vllm", vllm_patch=patch, gpu_cache=24 * BS, sessions=4,
-                debug_cache=True, profile=PROF.name)
+                debug_cache=True, profile=PROF.name, vllm_async=False)
     base.update(kw)
     return RunConfig(**base).with_preset(preset)
 
@@ -140,9 +141,10 @@ def test_the_budget_is_shared_with_decode_as_for_any_prefill(monkeypatch) -> Non
     steps: list[tuple[list, float]] = []
     seconds = VllmServer._step_seconds
 
-    def spy(self, rows):
-        t = seconds(self, rows)
-        steps.append(([(r.rid, r.decoding, s, n) for r, s, n in rows], t))
+    def spy(self, step):
+        t = seconds(self, step)
+        steps.append(([(r.rid, dec, s, n) for (r, s, n), dec in zip(step.rows, step.decode,
+                                                                       strict=True)], t))
         return t
 
     monkeypatch.setattr(VllmServer, "_step_seconds", spy)
@@ -175,7 +177,7 @@ def test_unpatched_vllm_runs_are_byte_identical_to_before_the_patch() -> None:
     want = json.loads(GOLDEN.read_text())
     synth = dict(trace="synthetic:claude-code?sessions=12", max_context=65536, gaps="tool",
                  gpu_cache=98304, sessions=4, model="qwen3-8b",
-                 profile="derived-h100-qwen3-8b", engine="vllm")
+                 profile="derived-h100-qwen3-8b", engine="vllm", vllm_async=False)
     for key, golden in want.items():
         preset, chunk = key.split("/")
         r = run(RunConfig(**synth, chunk_size=int(chunk.removeprefix("chunk")))
@@ -427,11 +429,12 @@ def test_sweep_points_keep_their_ids_and_the_patch_is_a_grid_key(tmp_path) -> No
     from sim.sweep import load_sweep, point_id
 
     # ids computed by the code before vllm_patch existed
-    assert point_id(RunConfig(engine="vllm", preset="penelope", gpu_cache=98304)) == (
-        "27ea1e0cbedf")
+    # (sync vLLM points: async ones get new ids, their results moved)
+    assert point_id(RunConfig(engine="vllm", preset="penelope", gpu_cache=98304,
+                              vllm_async=False)) == "27ea1e0cbedf"
     assert point_id(RunConfig()) == "90411c5a0aae"
     cfg = tmp_path / "s.yaml"
-    cfg.write_text("base: {engine: vllm, preset: penelope, gpu_cache: 96k}\n"
+    cfg.write_text("base: {engine: vllm, preset: penelope, gpu_cache: 96k, vllm_async: off}\n"
                    "grid: {vllm_patch: [none, penelope]}\n")
     sweep = load_sweep(cfg)
     assert [p.cfg.vllm_patch for p in sweep.points] == ["none", "penelope"]

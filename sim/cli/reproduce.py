@@ -58,6 +58,10 @@ LAYOUTS: dict[str, list[tuple[str, list[Col]]]] = {
           Col("paper\nJCT change", "paper_jct_change", "paper"),
           Col("hit\nrate", "hit_rate", "rate"),
           Col("hit rate\nchange", "hit_rate", "pp", minus="baseline_hit_rate")]),
+        ("prompt tokens computed again after preemptions (vLLM) or retractions (SGLang)",
+         [Col("engine", "engine"), TREE, MODEL, N, Col("policy", "policy"),
+          Col("redone\n(tokens)", "preempted_recompute_tokens", "int"),
+          Col("baseline\nredone", "baseline_preempted_recompute_tokens", "int")]),
     ],
     "ablation": [
         ("start x granularity against sglang: mean TTFT and hit rate",

@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 # Summary metrics shown in the table and compared against the first run (lower is better
 # except the hit rate).
 COMPARED = ("ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "jct_mean_s", "hit_rate",
-            "recomputed_tokens", "recompute_units", "queue_wait_mean_s")
+            "recomputed_tokens", "recompute_units", "queue_wait_mean_s",
+            "preempted_recompute_tokens", "preempted_recompute_units")
 
 
 def change(a: float | None, b: float | None) -> float | None:
@@ -93,7 +94,7 @@ def print_table(runs: list[dict[str, Any]], title: str, lenient: bool = False) -
     shown = [k for k in WHEN_NONZERO if any(r["summary"].get(k) for r in runs)
              or (lenient and k in LENIENT_ROWS)]
     ctx = CONTEXT_ROWS if any("context" in r["summary"] for r in runs) else ()
-    keys = (*COMPARED, *extra, "requests", "evicted_tokens", *ctx, *shown)
+    keys = (*COMPARED, *extra, "requests", "retractions", "evicted_tokens", *ctx, *shown)
     cells: list[list[str]] = []  # per run, per key
     for i, r in enumerate(runs):
         col = []
@@ -297,6 +298,11 @@ class RunInputError(ValueError):
 @click.option("--max-running", type=int, default=None,
               help="Most requests running at once (default: the engine's: SGLang's "
                    "max_running_requests, large; vLLM's max_num_seqs, 1024).")
+@click.option("--vllm-async", type=click.Choice(["on", "off"]), default="on",
+              show_default=True,
+              help="--engine vllm: async scheduling, vLLM 0.33's default for an online "
+                   "server (the next step is scheduled before the step in flight is "
+                   "processed); off: the synchronous Scheduler. See docs/engine.md.")
 @click.option("--debug-cache", is_flag=True,
               help="Recount cache invariants after every op; check the engine never idles "
               "with a request waiting.")
@@ -312,8 +318,8 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
             pool, pool_bandwidth, pool_latency_us, pool_write, pool_watermark,
             pool_evict_fraction,
             preset, evict, granularity, order, policies, policy_params, scheduler, context,
-            chunk_size, prompt_nodes, max_new_tokens, max_running, debug_cache, out,
-            as_json) -> None:
+            chunk_size, prompt_nodes, max_new_tokens, max_running, vllm_async, debug_cache,
+            out, as_json) -> None:
     """Replay a trace through the simulated server under each policy; report TTFT, JCT, hits."""
     from costmodel.specs import get_spec
     from sim.checks import check_model_and_profile
@@ -340,7 +346,7 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
         scheduler=scheduler, context=context, chunk_size=chunk_size,
         checkpoint_chunks=prompt_nodes == "chunked",
         max_new_tokens=max_new_tokens, max_running=max_running, seed=seed,
-        debug_cache=debug_cache)
+        vllm_async=vllm_async == "on", debug_cache=debug_cache)
     refuse_idle_options(click.get_current_context(), cpu_cache, tiering, engine, replay)
     configs = policy_configs(base, preset, evict, granularity, order, policies, policy_params)
     # Every input check before any work: configs, model, profile, the output folder.
@@ -394,7 +400,8 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
                                         "accuracy not modelled)")
     print_table(runs, f"{s['trace']} ({s['trace_requests']} requests), {model}, "
                       f"GPU {gpu_cache:,} tokens{cpu}, N={sessions}, "
-                      f"{configs[0].engine_label} engine, "
+                      f"{configs[0].engine_label} engine"
+                      f"{f' (async {vllm_async})' if engine == 'vllm' else ''}, "
                       f"{scheduler}, "
                       + (f"{replicas} replicas, router {s['router']}, " if "router" in s
                          else "") +

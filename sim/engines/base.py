@@ -15,6 +15,7 @@ sequence number; SimPy breaks event ties by schedule order. No wall clock is rea
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import simpy
@@ -47,6 +48,11 @@ class EngineBase:
 
     # Presets ``kvsim run`` compares when no policy is given (the first is the baseline).
     default_presets: tuple[str, ...] = ("sglang", "vllm", "penelope")
+
+    @classmethod
+    def summary_fields(cls, cfg: RunConfig) -> dict[str, Any]:
+        """This engine's own options, reported in every run summary beside the metrics."""
+        return {}
 
     @classmethod
     def unsupported(cls, cfg: RunConfig, policy: EvictionPolicy) -> tuple[str, str] | None:
@@ -207,6 +213,13 @@ class EngineBase:
         return taken, rest
 
     # --- pricing ------------------------------------------------------------------------
+    def _count_redone(self, req: Req, a: int, b: int) -> None:
+        """Record the part of prefill range [a, b) below ``req.redo_until``: positions the
+        request had computed before a preemption or retraction lost them."""
+        end = min(b, req.redo_until)
+        if end > a:
+            self.rec.redone(req, end - a, req.prompt.units(self.spec, a, end))
+
     def _prefill_seconds(self, batch) -> tuple[float, list[Units]]:
         per_req = []
         total = Units()
@@ -215,6 +228,7 @@ class EngineBase:
             prompt = req.prompt
             for a, b in ranges:
                 u = u + prompt.units(self.spec, a, b)
+                self._count_redone(req, a, b)
             per_req.append(u)
             total = total + u
         seconds = self.profile.prefill_seconds(total)

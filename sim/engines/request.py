@@ -50,6 +50,15 @@ class Req:
     seq_ids: np.ndarray | None = None
     computed: int = 0
     decoding: bool = False
+    # Tokens that had KV when the request was last preempted (vLLM) or retracted (SGLang):
+    # computing a position below it again is work redone (``preempted_recompute_*``).
+    redo_until: int = 0
+    # vLLM engine, async scheduling: tokens sampled by steps whose output is not processed
+    # yet (vLLM's num_output_placeholders), tokens of its rows in such steps, and of those
+    # the ones scheduled before it was preempted (their output arrives stale)
+    placeholders: int = 0
+    in_flight: int = 0
+    stale: int = 0
     hint: WalkHint = field(default_factory=WalkHint)  # where the cache's last walk ended
 
     @property

@@ -436,6 +436,7 @@ class SGLangServer(EngineBase):
         while len(self.running) > 1 and self._decode_plan() == 0:
             v = victims.pop(0)
             self.running.remove(v)
+            v.redo_until = max(v.redo_until, v.context_tokens)
             self.cache.release(v.reserved)
             v.reserved = v.own_tokens = 0
             self._unlock_all(v)

@@ -15,6 +15,19 @@ Data flow of one run::
          refusal ends admission (a refused request touched nothing)
       3. the step runs (priced below); rows that reached the end of their sequence sample a
          token; finished requests free their blocks in the policy's free order
+    The step seam: ``schedule()`` is 1-2 (plus ``_update_after_schedule``), ``update(step)``
+    is 3's output processing (``update_from_output``); the server loop composes them with
+    time, and tests/test_vllm_sched_diff.py drives them beside vLLM's real scheduler.
+
+Async scheduling (``RunConfig.vllm_async``, vLLM 0.33's default for an online server:
+``AsyncScheduler`` + ``EngineCore.step_with_batch_queue``, a batch queue of 2): step n+1 is
+scheduled while step n runs, before its output is processed, and runs right after it. A token
+step n samples is a placeholder for step n+1 (the request decodes on; one whose last token is
+in flight is skipped); step n's finishes free their blocks once its output is processed, so
+step n+2 is the first to see them, and an arrival during step n joins step n+2. A block is
+cached once its tokens are known (``BlockPool.extend(known=)``, ``cache_known``): a decode
+block one output later than under the synchronous scheduler. A decode run is the pipeline of
+identical decode steps (``_async_decode_run``).
 
 Events: a step that carries prefill tokens, a preemption or an admission is one SimPy event.
 A step of decode rows only (every running request decoding, nobody admitted, nobody
@@ -43,6 +56,8 @@ Defaults for an online server on one H100 (vllm/engine/arg_utils.py ``get_batch_
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Any
 
 import simpy
@@ -96,12 +111,32 @@ def free_order_name(policy: EvictionPolicy) -> str:
                       f"first), or --engine sglang{pins}")
 
 
+@dataclass(eq=False)
+class Step:
+    """One V1 step as scheduled: ``rows`` (request, first position, tokens) in schedule
+    order; per row whether it is a decode row (its request had finished its prefill) and
+    whether it samples a token (its tokens reach the end of the sequence); the requests
+    preempted while scheduling it; ``blocked``: requests wait that it could not admit
+    (refused, max_num_seqs, or no budget left). ``end``: when its execution ends (async)."""
+
+    rows: list[tuple[Req, int, int]]
+    decode: list[bool]
+    samples: list[bool]
+    preempted: list[Req]
+    blocked: bool
+    end: float = math.nan
+
+
 class VllmServer(EngineBase):
     """vLLM 0.33's V1 scheduling and memory semantics over one ``BlockPool``."""
 
     default_presets = ("vllm", "penelope")
     # False: every V1 step is its own event (slow; tests prove runs change nothing)
     decode_runs: bool = True
+
+    @classmethod
+    def summary_fields(cls, cfg: RunConfig) -> dict[str, bool]:
+        return {"vllm_async": cfg.vllm_async}
 
     @classmethod
     def unsupported(cls, cfg: RunConfig, policy: EvictionPolicy) -> tuple[str, str] | None:
@@ -143,6 +178,8 @@ class VllmServer(EngineBase):
         self.pool = pool
         self.token_budget = cfg.chunk_size  # max_num_batched_tokens
         self.max_seqs = cfg.max_running or VLLM_MAX_NUM_SEQS
+        # vLLM 0.33's default for an online server (AsyncScheduler, batch queue of 2)
+        self.async_scheduling = cfg.vllm_async
         self._seen_evicted = (0, 0)  # the pool's (evicted, lost) blocks already recorded
         self.process = self.start()
 
@@ -152,37 +189,44 @@ class VllmServer(EngineBase):
         kv = req.prompt_tokens + req.output_tokens - 1
         return -(-kv // self.bs) > self.pool.capacity_blocks
 
-    # --- scheduling ---------------------------------------------------------------------
-    def _schedule(self) -> tuple[list[tuple[Req, int, int]], bool, bool]:
-        """One V1 step's scheduling. Returns (rows, preempted, blocked): rows are (request,
-        first position, tokens) in schedule order; ``blocked``: requests wait that this
-        step could not admit (refused, max_num_seqs, or no budget left)."""
+    # --- the V1 step: schedule() then update(step) -----------------------------------------
+    def schedule(self) -> Step:
+        """One V1 ``Scheduler.schedule``: running requests first (preempting the last running
+        request by recompute while an allocation fails), then, unless someone was
+        preempted, waiting requests FCFS; then ``_update_after_schedule``."""
         budget = self.token_budget
         rows: list[tuple[Req, int, int]] = []
+        decode: list[bool] = []
+        preempted: list[Req] = []
         running = self.running
-        preempted = False
         i = 0
         while i < len(running) and budget > 0:
             r = running[i]
-            n, cost = self._chunk(r, r.computed, r.prompt_tokens + r.generated, budget)
-            ok = self.pool.extend(r.rid, n)
+            end = r.prompt_tokens + r.generated  # vLLM's num_tokens: the tokens it knows
+            if r.placeholders and r.computed + 2 - r.placeholders >= (
+                    r.prompt_tokens + r.output_tokens):
+                i += 1  # async: its last token is in flight, nothing more to schedule
+                continue
+            n, cost = self._chunk(r, r.computed, end + r.placeholders, budget)
+            ok = self.pool.extend(r.rid, n, known=end)
             while not ok:
                 victim = running.pop()
                 self._preempt(victim)
-                preempted = True
+                preempted.append(victim)
                 if victim is r:
                     break
-                ok = self.pool.extend(r.rid, n)
+                ok = self.pool.extend(r.rid, n, known=end)
             if not ok:
                 break
             rows.append((r, r.computed, n))
+            decode.append(r.decoding)
             r.computed += n
             budget -= cost
             self._note_cached(r)
             i += 1
         if preempted:
             self._record_evictions()
-            return rows, True, True
+            return self._scheduled(rows, decode, preempted, True)
         while self.waiting and budget > 0 and len(running) < self.max_seqs:
             r = self.waiting[0]
             if r.seq_ids is None:
@@ -197,11 +241,69 @@ class VllmServer(EngineBase):
             n, cost = self._chunk(r, start, num_tokens, budget)
             r.computed, r.decoding = start + n, False
             rows.append((r, start, n))
+            decode.append(False)
             budget -= cost
             self._admitted(r, h)
             self._note_cached(r)
         self._record_evictions()
-        return rows, False, bool(self.waiting)
+        return self._scheduled(rows, decode, preempted, bool(self.waiting))
+
+    def _scheduled(self, rows: list[tuple[Req, int, int]], decode: list[bool],
+                   preempted: list[Req], blocked: bool) -> Step:
+        """vLLM's ``_update_after_schedule``: a row whose tokens reach the end of its
+        sequence samples a token; under async scheduling that token is a placeholder until
+        the step's output is processed (``AsyncScheduler``)."""
+        samples = []
+        for r, _start, n in rows:
+            r.in_flight += n
+            sampled = r.computed >= r.prompt_tokens + r.generated + r.placeholders
+            samples.append(sampled)
+            if sampled:
+                r.decoding = True
+                if self.async_scheduling:
+                    r.placeholders += 1
+        return Step(rows, decode, samples, preempted, blocked)
+
+    def update(self, step: Step, steps: int = 1) -> bool:
+        """vLLM's ``update_from_output`` for ``step`` (a decode run: ``steps`` identical
+        steps at once): each sampling row appends its token(s); a request that reached its
+        output length finishes and frees its blocks, in schedule order. Output of a step
+        scheduled before its request was preempted (async) is still delivered. True when
+        a request finished."""
+        now = self.env.now
+        finished = False
+        for (r, _start, n), sampled in zip(step.rows, step.samples, strict=True):
+            r.in_flight -= n
+            stale = r.stale > 0
+            if stale:
+                r.stale -= n
+            if r.done.triggered or not sampled:
+                continue  # finished meanwhile, or a prefill chunk (no token yet)
+            placeholder = r.placeholders > 0
+            first = r.generated == 0
+            r.generated += steps
+            if first:
+                r.first_token_at = now
+                self.rec.first_token(r, now)
+            if placeholder and not stale:
+                r.placeholders -= 1
+                # the blocks its now-known tokens filled are cached (vLLM: cache_blocks)
+                self.pool.cache_known(r.rid, r.computed - r.in_flight)
+                self._note_cached(r)
+            if r.generated >= r.output_tokens:
+                self._finish(r)
+                finished = True
+        return finished
+
+    def _finish(self, req: Req) -> None:
+        if req.computed:  # running (an admitted request has computed at least one token)
+            self.running.remove(req)
+            self._release(req)
+        else:  # preempted while its last token was in flight (async): it waits, holding none
+            self.waiting.remove(req)
+        self.rec.close(req, self.env.now)
+        self._reply(req, None)
+        req.done.succeed()
 
     # --- where a patch of vLLM changes the step (sim/engines/vllm_patch.py) ---------------
     def _chunk(self, req: Req, start: int, end: int, budget: int) -> tuple[int, int]:
@@ -237,7 +339,7 @@ class VllmServer(EngineBase):
 
     def _note_cached(self, req: Req) -> None:
         """Blocks the pool just cached join ``ever`` (what an unlimited cache holds)."""
-        cached = min(req.computed // self.bs, req.seq_ids.size)
+        cached = self.pool.cached_of(req.rid)
         if cached > req.known_blocks:
             self.ever.update(req.seq_ids[req.known_blocks:cached].tolist())
             req.known_blocks = cached
@@ -256,67 +358,59 @@ class VllmServer(EngineBase):
 
     def _preempt(self, req: Req) -> None:
         """Preemption by recompute: free its blocks (in the policy's order; freed cached
-        blocks stay hittable until reused), keep its outputs, front of the queue."""
+        blocks stay hittable until reused), keep its outputs, front of the queue. Tokens
+        of its steps still in flight (async) arrive later as stale output."""
         self.pool.free(req.rid)
+        req.redo_until = max(req.redo_until, req.computed)
         req.computed, req.decoding = 0, False
+        req.stale, req.placeholders = req.in_flight, 0
         self.rec.retracted(req)
         self.waiting.insert(0, req)
 
     # --- execution ----------------------------------------------------------------------
-    def _step_seconds(self, rows: list[tuple[Req, int, int]]) -> float:
+    def _step_seconds(self, step: Step) -> float:
         """Seconds of one step (module doc); records the prefill units of prefill rows."""
+        rows = step.rows
         n_dec = ctx = 0
-        for r, start, _n in rows:
-            if r.decoding:
+        for (_r, start, _n), dec in zip(rows, step.decode, strict=True):
+            if dec:
                 n_dec += 1
                 ctx += start
         if n_dec == len(rows):
             return self.profile.decode_step_seconds(n_dec, ctx)
         units = Units()
-        for r, start, n in rows:
+        for (r, start, n), dec in zip(rows, step.decode, strict=True):
             u = self._row_units(r, start, n)
             units = units + u
-            if not r.decoding:
+            if not dec:
                 self.rec.prefill_units(r, u)
+                self._count_redone(r, start, start + n)
         seconds = self.profile.prefill_seconds(units)
         if n_dec:
             seconds = max(seconds, self.profile.decode_step_seconds(n_dec, ctx))
         return seconds
 
-    def _sample(self, rows: list[tuple[Req, int, int]], steps: int = 1) -> None:
-        """After ``steps`` steps: rows at the end of their sequence sampled a token each
-        step; finished requests free their blocks, in schedule order."""
-        now = self.env.now
-        finished = []
-        for r, _start, _n in rows:
-            if r.computed < r.prompt_tokens + r.generated:
-                continue  # a prefill chunk: no token yet
-            r.generated += steps
-            if not r.decoding:  # a prefill ended (steps == 1)
-                r.decoding = True
-                if r.generated == 1:  # the first token (a resumed request has more)
-                    r.first_token_at = now
-                    self.rec.first_token(r, now)
-            if r.generated >= r.output_tokens:
-                finished.append(r)
-        for r in finished:
-            self.running.remove(r)
-            self._release(r)
-            self.rec.close(r, now)
-            self._reply(r, None)
-            r.done.succeed()
+    def _price(self, step: Step) -> float:
+        """Seconds of ``step``, recorded as a decode step or a batch with prefill tokens."""
+        seconds = self._step_seconds(step)
+        if all(step.decode):
+            self.rec.decode(seconds, 1)
+        else:
+            self.rec.batch(seconds, len(step.rows))
+        return seconds
 
-    def _decode_run(self, rows: list[tuple[Req, int, int]], blocked: bool):
+    def _decode_run(self, step: Step):
         """The decode-only step just scheduled, repeated while nothing changes (module doc)."""
         bs = self.bs
         running = self.running
+        rows = step.rows
         batch = len(rows)
         ctx = sum(start for _r, start, _n in rows)
         cap = min(r.output_tokens - r.generated for r in running)
         if cap > 1:
             starts = [-(-r.computed // bs) * bs - r.computed + 1 for r in running]
             cap = 1 + steps_fitting(starts, bs, self.pool.free_blocks, cap - 1)
-        steps = yield from self._timed_decode(batch, ctx, cap, not blocked and cap > 1)
+        steps = yield from self._timed_decode(batch, ctx, cap, not step.blocked and cap > 1)
         self.rec.decode(self.profile.decode_run_seconds(batch, ctx, steps), steps)
         if steps > 1:
             for r in running:
@@ -325,28 +419,110 @@ class VllmServer(EngineBase):
                 r.computed += steps - 1
                 self._note_cached(r)
             self._record_evictions()
-        self._sample(rows, steps)
+        self.update(step, steps)
 
     def _loop(self):
+        if self.async_scheduling:
+            yield from self._loop_async()
+            return
         env = self.env
         while True:
             if not self.waiting and not self.running:
                 yield self._sleep()
                 continue
-            rows, preempted, blocked = self._schedule()
-            if not rows:
+            step = self.schedule()
+            if not step.rows:
                 # Only a lone request preempting itself schedules nothing: it is the head
                 # of the queue now and is admitted at the next step (it always fits alone).
-                assert preempted, "a V1 step scheduled nothing and preempted nobody"
+                assert step.preempted, "a V1 step scheduled nothing and preempted nobody"
                 continue
-            if self.decode_runs and not preempted and len(rows) == len(self.running) and all(
-                    r.decoding for r, _s, _n in rows):
-                yield from self._decode_run(rows, blocked)
+            if self.decode_runs and not step.preempted and len(step.rows) == len(
+                    self.running) and all(step.decode):
+                yield from self._decode_run(step)
                 continue
-            seconds = self._step_seconds(rows)
-            if all(r.decoding for r, _s, _n in rows):
-                self.rec.decode(seconds, 1)
-            else:
-                self.rec.batch(seconds, len(rows))
+            seconds = self._price(step)
             yield env.timeout(seconds)
-            self._sample(rows)
+            self.update(step)
+
+    def _loop_async(self):
+        """``EngineCore.step_with_batch_queue`` with a batch queue of 2: the next step is
+        scheduled while the one in flight executes, before its output is processed, and
+        runs on the GPU right after it."""
+        env = self.env
+        inflight: Step | None = None
+        while True:
+            if inflight is None and not self.busy():
+                yield self._sleep()
+                continue
+            step = self.schedule() if self.busy() else None
+            if step is not None and step.rows:
+                start = env.now if inflight is None else inflight.end
+                step.end = start + self._price(step)
+            else:
+                step = None  # an empty step: vLLM queues it and processes nothing
+            if inflight is None:
+                inflight = step  # the queue is not full: schedule the next one at once
+                continue
+            if inflight.end > env.now:
+                yield env.timeout(inflight.end - env.now)
+            finished = self.update(inflight)
+            inflight = step
+            if (self.decode_runs and step is not None and not step.preempted
+                    and len(step.rows) == len(self.running) and all(step.decode)
+                    and (not self.waiting or (step.blocked and not finished))):
+                inflight = yield from self._async_decode_run(step)
+
+    def _async_decode_run(self, step: Step):
+        """The pipeline of decode-only steps while nothing changes, in one event: ``step``
+        (every running request decoding) is in flight, its predecessor processed. Each next
+        iteration would schedule the same step one position further and process the one in
+        flight; x such iterations are taken at once, x cut at the first step that samples
+        a request's last token (the one after it would skip that request), by memory (the
+        first step whose allocations the free queue cannot serve is scheduled alone) and,
+        when nobody waits, by an arrival (it joins the step scheduled after the step in
+        flight completes). Returns the step left in flight."""
+        env = self.env
+        bs = self.bs
+        running = self.running
+        batch = len(step.rows)
+        ctx = sum(start for _r, start, _n in step.rows) + batch  # the first extra step's
+        x = min(r.output_tokens - r.generated - r.placeholders for r in running)
+        if x > 0:
+            starts = [-(-r.computed // bs) * bs - r.computed + 1 for r in running]
+            x = steps_fitting(starts, bs, self.pool.free_blocks, x)
+        if x <= 0:
+            return step
+        interruptible = not self.waiting
+        if interruptible:  # an arrival during the step in flight: one iteration only
+            self._wake = env.event()
+            yield env.timeout(step.end - env.now) | self._wake
+            if self.waiting:
+                x = 1
+                if step.end > env.now:
+                    yield env.timeout(step.end - env.now)
+        else:
+            yield env.timeout(step.end - env.now)
+        if x > 1:
+            x = 1 + (yield from self._timed_decode(batch, ctx, x - 1, interruptible))
+        return self._apply_async_run(step, x, ctx)
+
+    def _apply_async_run(self, step: Step, x: int, ctx: int) -> Step:
+        """State after x pipeline iterations of a decode run (``_async_decode_run``): x more
+        steps scheduled (x tokens allocated per request), ``step`` and the x - 1 after it
+        processed (x tokens known and cached); the last one scheduled is in flight."""
+        rows = []
+        for r, start, _n in step.rows:
+            # known when the last one was scheduled: x - 1 outputs processed since
+            ok = self.pool.extend(r.rid, x, known=r.prompt_tokens + r.generated + x - 1)
+            assert ok, f"decode run promised {x} steps to request {r.rid}"
+            r.computed += x
+            r.generated += x
+            self.pool.cache_known(r.rid, r.computed - r.in_flight)
+            self._note_cached(r)
+            rows.append((r, start + x, 1))
+        self._record_evictions()
+        batch = len(rows)
+        seconds = self.profile.decode_run_seconds(batch, ctx, x)
+        self.rec.decode(seconds, x)
+        return Step(rows, [True] * batch, [True] * batch, [], step.blocked,
+                    step.end + seconds)

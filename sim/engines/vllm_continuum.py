@@ -32,7 +32,7 @@ from policies.continuum import ContinuumPins
 from sim.kvcache.blockpool import BlockPool
 
 from .request import Req
-from .vllm import VllmServer
+from .vllm import Step, VllmServer
 
 
 class PinningPool(BlockPool):
@@ -111,11 +111,11 @@ class ContinuumVllmServer(VllmServer):
         super()._drop(req)
 
     # --- pins ------------------------------------------------------------------------------
-    def _schedule(self):
+    def schedule(self) -> Step:
         if self.pinning:
             for rid in self.pins.expired(self.env.now):
                 self.pool.free(rid)
-        return super()._schedule()
+        return super().schedule()
 
     def _release(self, req: Req) -> None:
         """A finished request: pinned (blocks kept) or freed as vLLM does."""

@@ -104,13 +104,16 @@ def get_free_order(order: str | FreeOrder) -> FreeOrder:
 class _Seq:
     """One request's blocks: ids of every full block it will have, its block table."""
 
-    __slots__ = ("cached", "computed", "ids", "table")
+    __slots__ = ("cached", "computed", "ids", "known", "table")
 
     def __init__(self, ids: np.ndarray, table: np.ndarray, computed: int, cached: int) -> None:
         self.ids = ids
         self.table = table
         self.computed = computed
         self.cached = cached
+        # tokens whose ids are final (vLLM's request.num_tokens): blocks are cached up to
+        # min(computed, known); async scheduling computes tokens before they are known
+        self.known = computed
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -246,14 +249,17 @@ class BlockPool:
             self.check()
         return h
 
-    def extend(self, rid: int, num_new_tokens: int) -> bool:
+    def extend(self, rid: int, num_new_tokens: int, known: int | None = None) -> bool:
         """Slots for ``num_new_tokens`` more tokens of running request ``rid`` (a prefill
-        chunk, or decode tokens); blocks that become full are cached. False (nothing
-        changed) when the free queue is too short: the engine preempts or waits."""
+        chunk, or decode tokens); blocks that become full are cached, up to ``known``
+        tokens when given (vLLM caches min(computed, num_tokens): under async scheduling a
+        decode token is computed before its id is known). False (nothing changed) when the
+        free queue is too short: the engine preempts or waits."""
         seq = self._seqs[rid]
         if num_new_tokens < 1:
             raise ValueError(f"request {rid}: num_new_tokens must be >= 1")
         computed = seq.computed + num_new_tokens
+        seq_known = computed if known is None else max(seq.known, min(computed, known))
         full = computed // self.block_size
         if full > len(seq.ids):
             self._check_ids(rid, computed, seq.ids)
@@ -265,11 +271,28 @@ class BlockPool:
             self._ref[fresh] = 1
             seq.table = np.concatenate([seq.table, fresh])
         seq.computed = computed
-        if full > seq.cached:
+        seq.known = seq_known
+        if seq_known // self.block_size > seq.cached:
             self._cache(seq)
         if self.debug:
             self.check()
         return True
+
+    def cache_known(self, rid: int, tokens: int) -> None:
+        """The first ``tokens`` tokens of running request ``rid`` are known now: cache the
+        blocks they fill (vLLM's ``cache_blocks`` once a step's output is processed)."""
+        seq = self._seqs[rid]
+        known = min(tokens, seq.computed)
+        if known > seq.known:
+            seq.known = known
+            if known // self.block_size > seq.cached:
+                self._cache(seq)
+            if self.debug:
+                self.check()
+
+    def cached_of(self, rid: int) -> int:
+        """Blocks of running request ``rid`` cached so far (from its first)."""
+        return self._seqs[rid].cached
 
     def free(self, rid: int) -> None:
         """Release request ``rid`` (finished or preempted) in the pool's free order."""
@@ -353,9 +376,10 @@ class BlockPool:
         refs = np.zeros(cap + 1, np.int64)
         for seq in self._seqs.values():
             np.add.at(refs, seq.table, 1)
+            assert seq.known <= seq.computed, "known tokens beyond the computed ones"
             assert seq.cached <= len(seq.table) and seq.cached == min(
-                seq.computed // self.block_size, len(seq.ids)
-            ), "cached blocks != full computed blocks"
+                seq.known // self.block_size, len(seq.ids)
+            ), "cached blocks != full known computed blocks"
             assert np.array_equal(self._bid[seq.table[: seq.cached]], seq.ids[: seq.cached])
         assert np.array_equal(refs, self._ref), "ref counts != block tables"
         assert np.count_nonzero(self._bid >= 0) == self._cached, "cached counter"
@@ -389,7 +413,7 @@ class BlockPool:
     def _cache(self, seq: _Seq) -> None:
         """Hash the request's blocks that became full: [cached, computed // bs)."""
         a = seq.cached
-        b = seq.computed // self.block_size  # <= len(ids): _check_ids ran before any change
+        b = seq.known // self.block_size  # <= len(ids): _check_ids ran before any change
         if b <= a:
             return
         for x, y in self._unhashed(seq, a, b):
