@@ -141,17 +141,6 @@ class ContinuumPins(TtlLearner):
                 best = k
         return None if best is None else self._end(best[1], "pressure")
 
-    def next_deadline(self) -> float:
-        """The earliest deadline of a pin that may expire (inf when none)."""
-        heap = self._deadlines
-        while heap:
-            deadline, rid, session = heap[0]
-            pin = self.pins.get(session)
-            if pin is not None and pin.rid == rid and pin.deadline == deadline:
-                return deadline
-            heapq.heappop(heap)  # stale: ended or held
-        return math.inf
-
     def _end(self, session: int, why: str) -> int | None:
         pin = self.pins.pop(session, None)
         if pin is None:

@@ -53,11 +53,9 @@ def test_pin_ends_strictly_after_deadline_earliest_first_unless_next_turn_waits(
     p.finished(0, 10, 1.0, "tool", 100, math.nan)  # deadline 3
     p.finished(1, 11, 0.5, "tool", 100, math.nan)  # deadline 2.5
     p.finished(2, 12, 0.8, "tool", 100, math.nan)  # deadline 2.8
-    assert p.next_deadline() == 2.5
     assert p.expired(2.5) == []  # strict: not at the deadline itself
     p.arrived(2, 2.7)  # session 2's next turn arrives in time: held until admitted
     assert p.expired(10.0) == [11, 10]
-    assert p.next_deadline() == math.inf
     assert p.admitted(2) == 12  # handed over to the admitted turn
     assert p.pin_counts == {"pins": 3, "handed_over": 1, "expired": 2, "pressure": 0,
                             "dropped": 0}

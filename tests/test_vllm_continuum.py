@@ -15,6 +15,7 @@ them from A's history (freed before C's, so popped first), Continuum's pin takes
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -73,10 +74,12 @@ def frees(monkeypatch) -> list[tuple[int, list[int]]]:
     return seen
 
 
-def test_a_pinned_history_survives_the_tool_call_and_is_handed_to_the_next_turn(frees):
+@pytest.mark.parametrize("sync", [False, True])
+def test_a_pinned_history_survives_the_tool_call_and_is_handed_to_the_next_turn(frees, sync):
+    # (async scheduling changes no timeline here: no step runs while another is in flight)
     t1 = prefill((0, 640), (0, 640), (0, 10))  # step 1: A1, C1, B1
-    stock = run(cfg("none"), trace(1.0))
-    pinned = run(cfg("continuum-fixed"), trace(1.0))
+    stock = run(cfg("none", vllm_async=not sync), trace(1.0))
+    pinned = run(cfg("continuum-fixed", vllm_async=not sync), trace(1.0))
     # B2 (t1 + 0.5) pops the 10 unhashed blocks, then 10 hashed ones: A's without the pin
     assert row(stock, "s0", 1).hit_gpu_tokens == 0
     assert row(stock, "s0", 1).ttft_s == pytest.approx(prefill((0, 704)), rel=1e-12)
@@ -101,9 +104,11 @@ def test_a_pinned_history_survives_the_tool_call_and_is_handed_to_the_next_turn(
     assert after == before[1:]
 
 
-def test_an_expired_pin_returns_its_blocks_to_the_free_queue_in_vllm_order(frees):
+@pytest.mark.parametrize("sync", [False, True])
+def test_an_expired_pin_returns_its_blocks_to_the_free_queue_in_vllm_order(frees, sync):
     t1 = prefill((0, 640), (0, 640), (0, 10))
-    res = run(cfg("continuum-fixed"), trace(3.0))  # A2 arrives 3 s after A1: pin gone
+    # A2 arrives 3 s after A1: the pin is gone
+    res = run(cfg("continuum-fixed", vllm_async=not sync), trace(3.0))
     assert res.summary["continuum_pins"]["expired"] == 1
     # The scheduler step at A2's arrival (t1 + 3 > t1 + 2) lets the pin expire first: A1's
     # 10 hashed blocks join the tail of the queue tail first, as vLLM frees a request
@@ -120,11 +125,12 @@ def test_an_expired_pin_returns_its_blocks_to_the_free_queue_in_vllm_order(frees
     assert a2.send_s == pytest.approx(t1 + 3.0, rel=1e-12)
 
 
-def test_memory_pressure_unpins_the_latest_program_first(frees):
+@pytest.mark.parametrize("sync", [False, True])
+def test_memory_pressure_unpins_the_latest_program_first(frees, sync):
     # A (s0) and D (s1) both pin at t1; B2 needs 10 blocks more than the free queue has:
     # D's program is the later one (same start, larger session), so D is unpinned, its
     # blocks freed in vLLM's order and popped by B2; A keeps its history.
-    res = run(cfg("continuum-fixed"), trace(1.0, d_session=True))
+    res = run(cfg("continuum-fixed", vllm_async=not sync), trace(1.0, d_session=True))
     assert res.summary["continuum_pins"] == {"pins": 2, "handed_over": 1, "expired": 0,
                                              "pressure": 1, "dropped": 0}
     assert row(res, "s0", 1).hit_gpu_tokens == 640
@@ -223,13 +229,15 @@ def test_reproduce_vllm_tables_fit_100_columns():
         assert "…" not in text and max(len(ln.rstrip()) for ln in text.splitlines()) <= 100
 
 
+@pytest.mark.parametrize("sync", [False, True])
 @pytest.mark.parametrize("patch", ["continuum", "continuum-fixed", "continuum-pins",
                                    "continuum-fcfs"])
-def test_patched_runs_under_pressure_keep_the_pool_invariants_and_serve_everyone(patch):
+def test_patched_runs_under_pressure_keep_the_pool_invariants_and_serve_everyone(patch, sync):
     # A small cache and short tool waits: pins are set, handed over, expire and are broken
     # by pressure; every pool operation is checked (debug_cache) and every request served.
     base = dict(trace="synthetic:claude-code?sessions=8", engine="vllm", sessions=6,
-                gpu_cache=65536, max_context=32768, gaps="cap:1", debug_cache=True)
+                gpu_cache=65536, max_context=32768, gaps="cap:1", debug_cache=True,
+                vllm_async=not sync)
     stock = run(RunConfig(**base).with_preset("vllm"))
     res = run(RunConfig(**base, vllm_patch=patch).with_preset("vllm"))
     assert res.summary["requests"] == stock.summary["requests"]
@@ -244,3 +252,51 @@ def test_patched_runs_under_pressure_keep_the_pool_invariants_and_serve_everyone
 def test_ttl_on_stock_vllm_points_to_the_patch():
     with pytest.raises(ConfigError, match="--vllm-patch continuum"):
         RunConfig(engine="vllm", policy="ttl").validate()
+
+
+@pytest.mark.parametrize("sync", [False, True])
+@pytest.mark.parametrize("patch", ["continuum-fixed", "continuum"])
+def test_decode_runs_change_nothing(monkeypatch, patch, sync):
+    # One event per decode run (cut by a finish, memory and arrivals, never at a pin
+    # deadline) gives the same run as one event per V1 step, where every step's scheduler
+    # lets pins expire: nothing inside a run sees an expiry.
+    from sim.engines.vllm import VllmServer
+
+    trace = KitTrace([[(1500 + 700 * k, 400 + 150 * k, 1.0 + 0.3 * k) for k in range(6)]
+                      for _ in range(4)], shared_blocks=12)
+    c = cfg(patch, gpu_cache=9000, debug_cache=False, vllm_async=not sync)
+    fast = run(c, trace)
+    monkeypatch.setattr(VllmServer, "decode_runs", False)
+    slow = run(c, trace)
+    monkeypatch.undo()
+    pins = fast.summary["continuum_pins"]
+    assert pins["expired"] > 0 and pins["pressure"] + pins["handed_over"] > 0
+    assert pins == slow.summary["continuum_pins"]
+    assert fast.summary["decode_events"] < slow.summary["decode_events"] / 10
+    for col in ("hit_gpu_tokens", "recomputed_tokens", "retractions", "decoded_tokens"):
+        assert fast.requests[col].tolist() == slow.requests[col].tolist(), col
+    for col in ("ttft_s", "end_s", "admit_s"):
+        np.testing.assert_allclose(fast.requests[col], slow.requests[col], rtol=1e-9)
+
+
+@pytest.mark.parametrize("sync", [False, True])
+def test_a_pin_expires_inside_a_decode_run(monkeypatch, sync):
+    # A1 (10 blocks) pins for 2 s at t1 while B (640 + 1200 tokens: 29 blocks at its end)
+    # decodes alone and outgrows the 9 unpinned free blocks at about the deadline. With one
+    # event per step the pin expires at the first step after its deadline; with decode runs
+    # the run is cut by memory and the step that ends it lets the pin expire first: the
+    # same timeline, and the pin ends by its deadline in both, not by B's pressure.
+    from sim.engines.vllm import VllmServer
+
+    trace = KitTrace([[(640, 1, 0.0), (704, 1, 9.0)], [(640, 1200, 0.0)]])
+    c = cfg("continuum-fixed", sessions=2, vllm_async=not sync)
+    fast = run(c, trace)
+    monkeypatch.setattr(VllmServer, "decode_runs", False)
+    slow = run(replace(c, debug_cache=False), trace)
+    monkeypatch.undo()
+    for res in (fast, slow):
+        assert res.summary["continuum_pins"] == {"pins": 1, "handed_over": 0, "expired": 1,
+                                                 "pressure": 0, "dropped": 0}
+    assert fast.summary["decode_events"] < slow.summary["decode_events"] / 10
+    for col in ("ttft_s", "end_s", "admit_s"):
+        np.testing.assert_allclose(fast.requests[col], slow.requests[col], rtol=1e-9)

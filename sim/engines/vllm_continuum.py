@@ -12,7 +12,9 @@ Its two changes, each a named patch here (``--vllm-patch``):
   pressure: an allocation the free queue cannot serve (a running request's next tokens,
   the waiting head's admission) first unpins whole requests, the latest program start first
   (never the admitting turn's own program unless nothing else is pinned), and only then
-  preempts or refuses as vLLM does. A decode run is cut at the next pin deadline.
+  preempts or refuses as vLLM does. A decode run needs no cut at a deadline: nothing in
+  a run sees an expiry (no request finishes or is admitted inside it), and the step that
+  ends it (a finish, an arrival, memory) is scheduled alone, expiries first.
 - **program order** (``continuum-fcfs``): a turn joins the waiting queue in the order of
   its program's first arrival (then submission), behind requests that were preempted
   (vLLM puts those at the front).
@@ -142,27 +144,6 @@ class ContinuumVllmServer(VllmServer):
             return False
         self.pool.free(victim)
         return True
-
-    def _timed_decode(self, batch: int, ctx: int, steps: int, interruptible: bool):
-        """A decode run ends at the first step scheduled after the next pin deadline (the
-        scheduler then lets the pin expire)."""
-        if self.pinning and steps > 1:
-            room = self.pins.next_deadline() - self.env.now
-            if room < math.inf:
-                steps = min(steps, self._steps_past(batch, ctx, room, steps))
-        return (yield from super()._timed_decode(batch, ctx, steps, interruptible))
-
-    def _steps_past(self, batch: int, ctx: int, room: float, cap: int) -> int:
-        """Smallest k in [1, cap] whose k steps take longer than ``room`` seconds (cap if
-        none)."""
-        lo, hi = 1, cap
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if self.profile.decode_run_seconds(batch, ctx, mid) > room:
-                hi = mid
-            else:
-                lo = mid + 1
-        return lo
 
 
 class ContinuumFixedVllmServer(ContinuumVllmServer):
