@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import simpy
 
@@ -104,9 +105,10 @@ def free_order_name(policy: EvictionPolicy) -> str:
     else:
         why = (f"its start position is {policy.start.name!r} (vLLM has no tree nodes: "
                "tail and private-head are the release orders it can express)")
+    pins = "; Continuum's TTL pins on vLLM: --vllm-patch continuum" if policy.pins else ""
     raise PolicyError(f"policy {policy.label!r} cannot run on the vllm engine: {why}; "
                       "use vllm (tail first) or penelope (front of the private history "
-                      "first), or --engine sglang")
+                      f"first), or --engine sglang{pins}")
 
 
 @dataclass(eq=False)
@@ -297,7 +299,7 @@ class VllmServer(EngineBase):
     def _finish(self, req: VllmReq) -> None:
         if req.computed:  # running (an admitted request has computed at least one token)
             self.running.remove(req)
-            self.pool.free(req.rid)
+            self._release(req)
         else:  # preempted while its last token was in flight (async): it waits, holding none
             self.waiting.remove(req)
         self.rec.close(req, self.env.now)
@@ -315,6 +317,14 @@ class VllmServer(EngineBase):
     def _row_units(self, req: VllmReq, start: int, n: int) -> Units:
         """Prefill units of a row: its tokens at their positions."""
         return range_units(self.spec, start, start + n)
+
+    def _release(self, req: VllmReq) -> None:
+        """A finished request gives its blocks back (a patch may keep them: pins)."""
+        self.pool.free(req.rid)
+
+    def patch_summary(self) -> dict[str, Any]:
+        """A patch's own counters for the run summary (none in stock vLLM)."""
+        return {}
 
     def _admitted(self, req: VllmReq, hit_blocks: int) -> None:
         """Open the request's record at its first admission (hits are counted once)."""

@@ -22,6 +22,12 @@ from sim.kvcache.blockpool import HolePool
 
 from .request import VllmReq
 from .vllm import VllmServer
+from .vllm_continuum import (
+    ContinuumFixedVllmServer,
+    ContinuumVllmServer,
+    PinsOnlyVllmServer,
+    ProgramOrderVllmServer,
+)
 
 
 class PenelopeVllmServer(VllmServer):
@@ -62,5 +68,7 @@ class PenelopeVllmServer(VllmServer):
 
 
 # --vllm-patch NAME -> the engine class (``none`` is vLLM as deployed)
-VLLM_PATCHES: dict[str, type[VllmServer]] = {"none": VllmServer,
-                                              "penelope": PenelopeVllmServer}
+VLLM_PATCHES: dict[str, type[VllmServer]] = {
+    "none": VllmServer, "penelope": PenelopeVllmServer,
+    "continuum": ContinuumVllmServer, "continuum-fixed": ContinuumFixedVllmServer,
+    "continuum-pins": PinsOnlyVllmServer, "continuum-fcfs": ProgramOrderVllmServer}
