@@ -5,7 +5,7 @@ loaded without SGLang's ~100 dependencies and driven by block ids.
 benchmarks/sglang_ref.py loads. Its tree core defaults to a compiled Rust module; the same
 logic ships in pure Python (mem_cache/unified_cache/unified_tree_core.py, policy components in
 unified_cache/components/), selected per instance with `tree_core_backend="python"`
-(reference/sglang-radix.md, last section).
+(docs/engine.md, the differential tests).
 
 Loading: an import hook (a `sys.meta_path` finder) serves every `sglang.*` module that is not
 on the real list below as an inert stub (distributed groups, HiCache controllers, memory pools,

@@ -13,8 +13,7 @@ from the installed source with `ast` (`MEDIUM_GPU`/`MEDIUM_CPU`, `ConstantList`,
 `FinishReason` + `FINISH_REASON_STRINGS`, `get_dtype_size`), so nothing of vLLM is
 re-implemented here. The full-attention manager is registered by hand, so
 `register_all_kvcache_specs` (which needs `vllm.config` and `vllm.platforms`) never runs.
-See ../shared/reference/vllm-kvcache.md for the recipe and the cross-check against a normal
-install.
+docs/engine.md (the differential tests) says what the harness covers and how it is checked.
 
 `VllmRef` drives one manager (one full-attention group, `capacity_blocks` usable blocks; block 0
 is vLLM's null block) the way vLLM's V1 scheduler does, by block ids: block `b` is token ids

@@ -329,10 +329,10 @@ class KvsimScheduler:
 
     def add(self, req: Request) -> None:
         from sim.context import FullPrompt
-        from sim.engines.request import Req
+        from sim.engines.request import VllmReq
 
         ids = req.ids[: req.prompt_tokens // self.server.bs]
-        r = Req(rid=req.rid, session=0, arrival=0.0, seq=0, prompt_tokens=req.prompt_tokens,
+        r = VllmReq(rid=req.rid, session=0, arrival=0.0, seq=0, prompt_tokens=req.prompt_tokens,
                 output_tokens=req.output_tokens, ids=ids, done=self.env.event(),
                 prompt=FullPrompt(self, req.rid, ids, req.prompt_tokens, req.output_tokens))
         self._reqs[req.rid] = r

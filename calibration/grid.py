@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from costmodel.figure1 import APPEND, DELETE_FRACTION, FRONT_START
 
 K = 1024
+PROGRESS_UNIT = "timed calls"  # what kvsim calibrate's progress bar counts (measure.py)
 
 
 @dataclass(frozen=True)

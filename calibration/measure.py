@@ -16,8 +16,7 @@ from collections.abc import Callable, Sequence
 from sim.progress import current as current_progress
 
 from .errors import require_torch
-
-PROGRESS_UNIT = "timed calls"  # what kvsim calibrate's progress bar counts
+from .grid import PROGRESS_UNIT
 
 torch = require_torch()
 

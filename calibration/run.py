@@ -26,8 +26,7 @@ from sim.progress import current as current_progress
 
 from . import fit as fitmod
 from .errors import CalibrationError, require_torch
-from .grid import GRIDS, Grid
-from .measure import PROGRESS_UNIT
+from .grid import GRIDS, PROGRESS_UNIT, Grid
 from .tiny import rescale_factors, tiny_spec
 
 DEFAULT_LAYERS = {"cpu": 2, "cuda": 4}

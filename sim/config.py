@@ -31,7 +31,8 @@ class ConfigError(ValueError):
 # sim.engines.ENGINES holds the classes; named here because sim.engines imports this module.
 ENGINE_NAMES = ("sglang", "vllm")
 # sim.engines.vllm_patch.VLLM_PATCHES: named patches of the vllm engine (none = as deployed)
-VLLM_PATCH_NAMES = ("none", "penelope")
+VLLM_PATCH_NAMES = ("none", "penelope", "continuum", "continuum-fixed", "continuum-pins",
+                    "continuum-fcfs")
 TIERINGS = ("unified", "hicache")
 REPLAYS = ("closed", "open")
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from sim import exp_fleet, exp_policies
+from sim import exp_continuum, exp_fleet, exp_policies
 from sim.config import RunConfig
 from sim.executors import ExecutorSpec
 from sim.progress import current as current_progress
@@ -393,6 +393,12 @@ EXPERIMENTS: dict[str, Callable[[Context], list[dict[str, Any]]]] = {
 }
 
 
+# --engine vllm: the experiments that have a vLLM-engine form (Continuum on its own engine)
+ENGINE_EXPERIMENTS: dict[str, Callable[[Context], list[dict[str, Any]]]] = {
+    "policies": exp_continuum.continuum,
+}
+
+
 def default_trace() -> tuple[str, str]:
     if SHARED_CC_TRACES.is_dir():
         return str(SHARED_CC_TRACES), "shared cc-traces (real Claude Code sessions)"
@@ -402,22 +408,27 @@ def default_trace() -> tuple[str, str]:
 def reproduce(name: str, trace: str | None = None, quick: bool = False, jobs: int = 1,
               gaps: str = "tool", prompt_nodes: str = "chunked",
               executor: ExecutorSpec | None = None,
-              profiles: str | None = None) -> dict[str, Any]:
+              profiles: str | None = None, engine: str = "sglang") -> dict[str, Any]:
     if name not in EXPERIMENTS:
         raise KeyError(f"unknown experiment {name!r}; known: {', '.join(EXPERIMENTS)}")
+    if engine != "sglang" and name not in ENGINE_EXPERIMENTS:
+        raise KeyError(f"experiment {name!r} runs on the sglang engine only; --engine vllm: "
+                       f"{', '.join(ENGINE_EXPERIMENTS)}")
     if trace is None:
         trace, which = default_trace()
     else:
         which = "given trace"
     ctx = Context(trace=trace, quick=quick, gaps=gaps, jobs=jobs, prompt_nodes=prompt_nodes,
                   executor=executor, profiles=profiles)
-    rows = EXPERIMENTS[name](ctx)
-    if name == "policies":  # runs its own gap models
+    rows = (ENGINE_EXPERIMENTS[name] if engine == "vllm" else EXPERIMENTS[name])(ctx)
+    if name == "policies" and engine == "sglang":  # runs its own gap models
         gaps = ",".join(dict.fromkeys(r["gaps"] for r in rows))
     doc = {"experiment": name, "trace": trace, "trace_kind": which, "gaps": gaps,
            "prompt_nodes": "both" if name in ("ablation", "gpu-only", "policies")
-           else prompt_nodes,
+           and engine == "sglang" else prompt_nodes,
            "quick": quick, "rows": rows}
+    if engine != "sglang":  # only then: documents of the sglang engine stay as they were
+        doc["engine"] = engine
     if profiles is not None:
         doc["profiles"] = profiles
     if ctx.notes:

@@ -58,11 +58,12 @@ class Replay:
                 next_send_s = float(self.send_at[r + 1])
         else:
             next_gap, next_gap_s = "end", math.nan
-        return Req(rid=r, session=s, arrival=self.env.now, seq=0,
-                   prompt_tokens=prompt.prompt_tokens, output_tokens=max(1, prompt.output_tokens),
-                   ids=prompt.ids, done=self.env.event(), prompt=prompt,
-                   shared_blocks=sess.shared_prefix_blocks, next_gap=next_gap,
-                   next_gap_s=next_gap_s, next_send_s=next_send_s)
+        return self.server.request_class(  # the engine's own record (sim/engines/request.py)
+            rid=r, session=s, arrival=self.env.now, seq=0,
+            prompt_tokens=prompt.prompt_tokens, output_tokens=max(1, prompt.output_tokens),
+            ids=prompt.ids, done=self.env.event(), prompt=prompt,
+            shared_blocks=sess.shared_prefix_blocks, next_gap=next_gap,
+            next_gap_s=next_gap_s, next_send_s=next_send_s)
 
     def _reqs(self, r: int) -> list[Req]:
         """What the client sends for trace request r: the request itself, or under a context

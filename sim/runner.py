@@ -140,6 +140,7 @@ def run(cfg: RunConfig, trace=None) -> RunResult:
     summary.update(run_fields(cfg, policy, profile, spec, trace, table))
     if cfg.vllm_patch != "none":  # only then: unpatched summaries stay as they were
         summary["vllm_patch"] = cfg.vllm_patch
+        summary.update(server.patch_summary())
     if context is not None:  # only then: results under ``full`` stay exactly as they were
         summary.update(context_summary(strategy, table, rec.counters, env.now,
                                        server.cache.working_peak_blocks * cfg.block_size,

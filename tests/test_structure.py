@@ -229,3 +229,18 @@ def cross_module_bases(package: str) -> list[str]:
 def test_no_class_split_into_mixins_across_modules(package: str) -> None:
     bad = cross_module_bases(package)
     assert not bad, "classes assembled from other modules' mixins:\n" + "\n".join(bad)
+
+
+def test_one_request_record_per_engine() -> None:
+    """A request's record holds only its engine's state: vLLM's sequence fields live in
+    ``VllmReq``, which the vLLM engine declares and the replay builds; SGLang's is ``Req``."""
+    from dataclasses import fields
+
+    from sim.engines import ENGINES
+    from sim.engines.request import Req, VllmReq
+
+    vllm_only = {"seq_ids", "computed", "decoding", "placeholders", "in_flight", "stale"}
+    assert not vllm_only & {f.name for f in fields(Req)}
+    assert vllm_only <= {f.name for f in fields(VllmReq)}
+    assert ENGINES["vllm"].request_class is VllmReq
+    assert ENGINES["sglang"].request_class is Req

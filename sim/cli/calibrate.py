@@ -92,7 +92,7 @@ def calibrate_cmd(device: str, system: str | None, framework: str | None, gpus: 
     settings = Settings(model=model, device=device, layers=layers, quick=quick, warmup=warmup,
                         rounds=rounds, threads=threads, clock=clock, seed=seed,
                         date=date or datetime.now(UTC).date().isoformat())
-    from calibration.measure import PROGRESS_UNIT
+    from calibration.grid import PROGRESS_UNIT
     from sim.progress import progress as progress_bar
 
     with progress_bar("kvsim calibrate", PROGRESS_UNIT, console=stderr) as bar:

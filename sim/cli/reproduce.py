@@ -160,6 +160,8 @@ def experiment_tables(name: str, doc: dict[str, Any]) -> list[Table | str]:
     rows = doc["rows"]
     if name == "figure1":
         return [figure1_table(rows)]
+    if name == "policies" and doc.get("engine") == "vllm":
+        return continuum_tables(rows)
     if name == "policies":
         return policies_tables(rows)
     if name == "fleet":
@@ -242,6 +244,33 @@ def policies_tables(rows: list[dict[str, Any]]) -> list[Table | str]:
     return tables
 
 
+# policies --engine vllm: Continuum's variants against vLLM, one table per load.
+CONTINUUM_COLUMNS = [Col("variant", "policy"), Col("JCT\nmean (s)", "jct_mean_s", "s"),
+                     Col("JCT\nchange", "jct_change", "change"),
+                     Col("JCT p90\n(s)", "jct_p90_s", "s"),
+                     Col("TTFT\nmean (s)", "ttft_mean_s", "s"),
+                     Col("TTFT p90\n(s)", "ttft_p90_s", "s"),
+                     Col("recomputed\nsaved", "recomputed_saved_tokens", "int"),
+                     Col("queue wait\nsaved (s)", "queue_saved_s", "s")]
+
+
+def continuum_tables(rows: list[dict[str, Any]]) -> list[Table | str]:
+    """Per load (N sessions) every variant against vllm."""
+    by_n: dict[int, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_n.setdefault(r["sessions"], []).append(r)
+    tables: list[Table | str] = [
+        "kvsim reproduce policies --engine vllm: Continuum's TTL pins and program-level FCFS "
+        "as vLLM patches, changes vs vllm; Continuum reports over 8x better mean JCT. "
+        "recomputed saved: prompt tokens vllm recomputed and the variant did not (the "
+        "pins' share); queue wait saved: mean queue wait vs vllm (the order's share). "
+        "TTFT changes, p90 changes and how the pins ended: --json."]
+    for n, rs in by_n.items():
+        tables.append(narrow_table(f"{rs[0]['model']}, N = {n}, gaps {rs[0]['gaps']}",
+                                   CONTINUUM_COLUMNS, rs))
+    return tables
+
+
 FLEET_KEYS = [Col("router", "router"), Col("policy", "policy"), Col("N", "replicas", "int")]
 FLEET_LAYOUTS = [
     ("time", [Col("TTFT\nmean (s)", "ttft_mean_s", "s"), Col("TTFT\np90 (s)", "ttft_p90_s", "s"),
@@ -318,10 +347,14 @@ def pool_tables(doc: dict[str, Any]) -> list[Table | str]:
               show_default=True, help="Where the runs execute (see kvsim sweep --help).")
 @click.option("--address", default=None, metavar="ADDR",
               help="Ray: the cluster to join (auto, ray://HOST:10001); default: a local Ray.")
+@click.option("--engine", type=click.Choice(["sglang", "vllm"]), default="sglang",
+              show_default=True,
+              help="policies only: vllm runs Continuum's patches of vLLM against vLLM at "
+                   "N = 4, 8, 16, 32 (docs/policies.md).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def reproduce_cmd(name: str, trace: str | None, gaps: str, prompt_nodes: str, quick: bool,
                   profiles: str | None, jobs: int, executor: str, address: str | None,
-                  as_json: bool) -> None:
+                  engine: str, as_json: bool) -> None:
     """Run a named paper experiment and print ours beside the paper's numbers."""
     from sim.executors import ExecutorSpec
     from sim.experiments import reproduce
@@ -329,11 +362,14 @@ def reproduce_cmd(name: str, trace: str | None, gaps: str, prompt_nodes: str, qu
 
     if address and executor != "ray":
         raise click.UsageError("--address is for --executor ray")
+    if engine != "sglang" and name != "policies":
+        raise click.UsageError(f"--engine {engine} is for the policies experiment only")
     spec = ExecutorSpec(kind=executor, jobs=jobs, address=address)
     with progress(f"kvsim reproduce {name}", "runs", console=stderr) if name != "figure1" \
             else nullcontext():  # figure1 prices a formula: nothing to wait for
         doc = reproduce(name, trace=trace, quick=quick, jobs=jobs, gaps=gaps,
-                        prompt_nodes=prompt_nodes, executor=spec, profiles=profiles)
+                        prompt_nodes=prompt_nodes, executor=spec, profiles=profiles,
+                        engine=engine)
     if name != "figure1":
         stderr.print(f"{name}: trace {doc['trace']} ({doc['trace_kind']}), gaps {doc['gaps']}"
                      + (", quick" if quick else ""))

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import click
 from rich.table import Table
 
-from sim.config import RunConfig
+from sim.config import VLLM_PATCH_NAMES, RunConfig
 
 from .common import SIZE, atomic_write_text, console, dumps, emit_json, fmt_metric, stderr
 from .run_checks import (
@@ -248,11 +248,14 @@ class RunInputError(ValueError):
                    "with decode reservations) or vllm (vLLM 0.33: prefix-caching block pool, "
                    "V1 token-budget steps, preemption by recompute; GPU only, policies vllm "
                    "and penelope). See docs/engine.md.")
-@click.option("--vllm-patch", type=click.Choice(["none", "penelope"]), default="none",
+@click.option("--vllm-patch", type=click.Choice(list(VLLM_PATCH_NAMES)), default="none",
               show_default=True,
               help="--engine vllm: a named patch of vLLM's code. penelope: the lookup goes on "
                    "past missing blocks and refills them in the request's step (Penelope's "
-                   "holes; docs/engine.md).")
+                   "holes; docs/engine.md). continuum: Continuum's TTL pins (learned TTL) and "
+                   "program-level FCFS; continuum-fixed: the same with its public code's 2 s "
+                   "threshold; continuum-pins / continuum-fcfs: either change alone "
+                   "(docs/policies.md).")
 @click.option("--preset", default=None,
               help="Comma-separated presets (sglang, vllm, penelope); the first is the baseline. "
                    "Default: sglang,vllm,penelope (--engine vllm: vllm,penelope) unless "

@@ -48,6 +48,8 @@ class EngineBase:
 
     # Presets ``kvsim run`` compares when no policy is given (the first is the baseline).
     default_presets: tuple[str, ...] = ("sglang", "vllm", "penelope")
+    # The record a request has on this engine (the replay builds it: sim/replay.py).
+    request_class: type[Req] = Req
 
     @classmethod
     def summary_fields(cls, cfg: RunConfig) -> dict[str, Any]:

@@ -45,20 +45,9 @@ class Req:
     next_gap: str = "end"
     next_gap_s: float = math.nan
     next_send_s: float = math.nan
-    # vLLM engine: ids of every full block the sequence will have (prompt + output - 1
-    # tokens), tokens with KV since the last (re)admission, and whether its prefill is done
-    seq_ids: np.ndarray | None = None
-    computed: int = 0
-    decoding: bool = False
     # Tokens that had KV when the request was last preempted (vLLM) or retracted (SGLang):
     # computing a position below it again is work redone (``preempted_recompute_*``).
     redo_until: int = 0
-    # vLLM engine, async scheduling: tokens sampled by steps whose output is not processed
-    # yet (vLLM's num_output_placeholders), tokens of its rows in such steps, and of those
-    # the ones scheduled before it was preempted (their output arrives stale)
-    placeholders: int = 0
-    in_flight: int = 0
-    stale: int = 0
     hint: WalkHint = field(default_factory=WalkHint)  # where the cache's last walk ended
 
     @property
@@ -88,3 +77,21 @@ class Req:
         """Positions the prompt uses (what the context limit counts): repositioning gives
         the dropped ones back."""
         return self.prompt_tokens - self.prompt.freed_positions
+
+
+@dataclass(eq=False)
+class VllmReq(Req):
+    """A request on the vLLM engine (``VllmServer.request_class``): the sequence state its
+    block pool and V1 scheduler keep per request."""
+
+    # ids of every full block the sequence will have (prompt + output - 1 tokens), tokens
+    # with KV since the last (re)admission, and whether its prefill is done
+    seq_ids: np.ndarray | None = None
+    computed: int = 0
+    decoding: bool = False
+    # async scheduling: tokens sampled by steps whose output is not processed yet (vLLM's
+    # num_output_placeholders), tokens of its rows in such steps, and of those the ones
+    # scheduled before it was preempted (their output arrives stale)
+    placeholders: int = 0
+    in_flight: int = 0
+    stale: int = 0

@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import simpy
 
@@ -71,7 +72,7 @@ from sim.kvcache.blockpool import BlockPool
 from sim.metrics import RunRecorder
 
 from .base import EngineBase, steps_fitting
-from .request import Req
+from .request import VllmReq
 
 # vllm/engine/arg_utils.py get_batch_defaults: OPENAI_API_SERVER, H100/H200 tier.
 VLLM_MAX_NUM_SEQS = 1024
@@ -104,9 +105,10 @@ def free_order_name(policy: EvictionPolicy) -> str:
     else:
         why = (f"its start position is {policy.start.name!r} (vLLM has no tree nodes: "
                "tail and private-head are the release orders it can express)")
+    pins = "; Continuum's TTL pins on vLLM: --vllm-patch continuum" if policy.pins else ""
     raise PolicyError(f"policy {policy.label!r} cannot run on the vllm engine: {why}; "
                       "use vllm (tail first) or penelope (front of the private history "
-                      "first), or --engine sglang")
+                      f"first), or --engine sglang{pins}")
 
 
 @dataclass(eq=False)
@@ -117,10 +119,10 @@ class Step:
     preempted while scheduling it; ``blocked``: requests wait that it could not admit
     (refused, max_num_seqs, or no budget left). ``end``: when its execution ends (async)."""
 
-    rows: list[tuple[Req, int, int]]
+    rows: list[tuple[VllmReq, int, int]]
     decode: list[bool]
     samples: list[bool]
-    preempted: list[Req]
+    preempted: list[VllmReq]
     blocked: bool
     end: float = math.nan
 
@@ -129,6 +131,7 @@ class VllmServer(EngineBase):
     """vLLM 0.33's V1 scheduling and memory semantics over one ``BlockPool``."""
 
     default_presets = ("vllm", "penelope")
+    request_class = VllmReq
     # False: every V1 step is its own event (slow; tests prove runs change nothing)
     decode_runs: bool = True
 
@@ -181,7 +184,7 @@ class VllmServer(EngineBase):
         self._seen_evicted = (0, 0)  # the pool's (evicted, lost) blocks already recorded
         self.process = self.start()
 
-    def _never_fits(self, req: Req) -> bool:
+    def _never_fits(self, req: VllmReq) -> bool:
         # A sequence holds KV for prompt + output - 1 tokens at its end; more blocks than the
         # pool has can never run to completion (vLLM refuses to start such a model length).
         kv = req.prompt_tokens + req.output_tokens - 1
@@ -193,9 +196,9 @@ class VllmServer(EngineBase):
         request by recompute while an allocation fails), then, unless someone was
         preempted, waiting requests FCFS; then ``_update_after_schedule``."""
         budget = self.token_budget
-        rows: list[tuple[Req, int, int]] = []
+        rows: list[tuple[VllmReq, int, int]] = []
         decode: list[bool] = []
-        preempted: list[Req] = []
+        preempted: list[VllmReq] = []
         running = self.running
         i = 0
         while i < len(running) and budget > 0:
@@ -246,8 +249,8 @@ class VllmServer(EngineBase):
         self._record_evictions()
         return self._scheduled(rows, decode, preempted, bool(self.waiting))
 
-    def _scheduled(self, rows: list[tuple[Req, int, int]], decode: list[bool],
-                   preempted: list[Req], blocked: bool) -> Step:
+    def _scheduled(self, rows: list[tuple[VllmReq, int, int]], decode: list[bool],
+                   preempted: list[VllmReq], blocked: bool) -> Step:
         """vLLM's ``_update_after_schedule``: a row whose tokens reach the end of its
         sequence samples a token; under async scheduling that token is a placeholder until
         the step's output is processed (``AsyncScheduler``)."""
@@ -293,10 +296,10 @@ class VllmServer(EngineBase):
                 finished = True
         return finished
 
-    def _finish(self, req: Req) -> None:
+    def _finish(self, req: VllmReq) -> None:
         if req.computed:  # running (an admitted request has computed at least one token)
             self.running.remove(req)
-            self.pool.free(req.rid)
+            self._release(req)
         else:  # preempted while its last token was in flight (async): it waits, holding none
             self.waiting.remove(req)
         self.rec.close(req, self.env.now)
@@ -304,18 +307,26 @@ class VllmServer(EngineBase):
         req.done.succeed()
 
     # --- where a patch of vLLM changes the step (sim/engines/vllm_patch.py) ---------------
-    def _chunk(self, req: Req, start: int, end: int, budget: int) -> tuple[int, int]:
+    def _chunk(self, req: VllmReq, start: int, end: int, budget: int) -> tuple[int, int]:
         """(n, cost): the request's row this step is positions ``[start, start + n)`` of its
         sequence (which ends at ``end``), costing ``cost`` tokens of the budget. Stock vLLM
         computes every position: the next ``min(end - start, budget)``."""
         n = min(end - start, budget)
         return n, n
 
-    def _row_units(self, req: Req, start: int, n: int) -> Units:
+    def _row_units(self, req: VllmReq, start: int, n: int) -> Units:
         """Prefill units of a row: its tokens at their positions."""
         return range_units(self.spec, start, start + n)
 
-    def _admitted(self, req: Req, hit_blocks: int) -> None:
+    def _release(self, req: VllmReq) -> None:
+        """A finished request gives its blocks back (a patch may keep them: pins)."""
+        self.pool.free(req.rid)
+
+    def patch_summary(self) -> dict[str, Any]:
+        """A patch's own counters for the run summary (none in stock vLLM)."""
+        return {}
+
+    def _admitted(self, req: VllmReq, hit_blocks: int) -> None:
         """Open the request's record at its first admission (hits are counted once)."""
         now = self.env.now
         req.admitted_at = now
@@ -327,7 +338,7 @@ class VllmServer(EngineBase):
                                    ideal=ideal, spec=self.spec,
                                    segments=((0, hit_blocks, Tier.GPU),), bs=self.bs)
 
-    def _note_cached(self, req: Req) -> None:
+    def _note_cached(self, req: VllmReq) -> None:
         """Blocks the pool just cached join ``ever`` (what an unlimited cache holds)."""
         cached = self.pool.cached_of(req.rid)
         if cached > req.known_blocks:
@@ -346,7 +357,7 @@ class VllmServer(EngineBase):
             self.rec.evicted(EvictResult(ok=True, freed_blocks=evicted - seen,
                                          deleted_blocks=now_lost - lost))
 
-    def _preempt(self, req: Req) -> None:
+    def _preempt(self, req: VllmReq) -> None:
         """Preemption by recompute: free its blocks (in the policy's order; freed cached
         blocks stay hittable until reused), keep its outputs, front of the queue. Tokens
         of its steps still in flight (async) arrive later as stale output."""

@@ -20,8 +20,14 @@ from costmodel.units import Units, range_units
 from sim.kvcache import Tier
 from sim.kvcache.blockpool import HolePool
 
-from .request import Req
+from .request import VllmReq
 from .vllm import VllmServer
+from .vllm_continuum import (
+    ContinuumFixedVllmServer,
+    ContinuumVllmServer,
+    PinsOnlyVllmServer,
+    ProgramOrderVllmServer,
+)
 
 
 class PenelopeVllmServer(VllmServer):
@@ -30,16 +36,16 @@ class PenelopeVllmServer(VllmServer):
     pool_class = HolePool
     pool: HolePool
 
-    def _chunk(self, req: Req, start: int, end: int, budget: int) -> tuple[int, int]:
+    def _chunk(self, req: VllmReq, start: int, end: int, budget: int) -> tuple[int, int]:
         return self.pool.span(req.rid, start, end, budget)
 
-    def _row_units(self, req: Req, start: int, n: int) -> Units:
+    def _row_units(self, req: VllmReq, start: int, n: int) -> Units:
         units = Units()
         for a, b in self.pool.computed_ranges(req.rid, start, start + n):
             units = units + range_units(self.spec, a, b)
         return units
 
-    def _admitted(self, req: Req, hit_blocks: int) -> None:
+    def _admitted(self, req: VllmReq, hit_blocks: int) -> None:
         """Open the record at the first admission: reused = the prefix and every block
         reused past a hole; holes = the blocks refilled (recomputed inside ``ideal``)."""
         now = self.env.now
@@ -62,5 +68,7 @@ class PenelopeVllmServer(VllmServer):
 
 
 # --vllm-patch NAME -> the engine class (``none`` is vLLM as deployed)
-VLLM_PATCHES: dict[str, type[VllmServer]] = {"none": VllmServer,
-                                              "penelope": PenelopeVllmServer}
+VLLM_PATCHES: dict[str, type[VllmServer]] = {
+    "none": VllmServer, "penelope": PenelopeVllmServer,
+    "continuum": ContinuumVllmServer, "continuum-fixed": ContinuumFixedVllmServer,
+    "continuum-pins": PinsOnlyVllmServer, "continuum-fcfs": ProgramOrderVllmServer}

@@ -104,6 +104,11 @@ class Fleet:
         self.load_running: list[list[int]] = [[] for _ in range(n)]
 
     # --- the server interface the replay uses ----------------------------------------------
+    @property
+    def request_class(self) -> type:
+        """The replicas' request record (one engine kind per fleet)."""
+        return self.replicas[0].request_class
+
     def submit(self, req) -> None:
         env, bs = self.env, self.bs
         now = env.now

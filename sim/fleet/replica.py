@@ -70,8 +70,13 @@ class ObservedRadixKVCache(RadixKVCache):
             self.pool_sink.stored(np.asarray(ids, dtype=np.int64))
         return res
 
-    def evict(self, n: int) -> EvictResult:  # make_room evicts through here
+    def evict(self, n: int) -> EvictResult:
         res = super().evict(n)
+        self._report_losses(res)
+        return res
+
+    def make_room(self, n: int) -> EvictResult:  # frees through the tiering, not evict
+        res = super().make_room(n)
         self._report_losses(res)
         return res
 
