@@ -271,16 +271,7 @@ class EvictionPolicy:
     def parameters(cls) -> dict[str, Any]:
         """Declared parameters and their defaults: the annotated class attributes with a
         default that subclasses define (not ``ClassVar``s, not the policy's own choices)."""
-        out: dict[str, Any] = {}
-        for klass in reversed(cls.__mro__):
-            if not issubclass(klass, EvictionPolicy) or klass is EvictionPolicy:
-                continue
-            for k, ann in inspect.get_annotations(klass).items():
-                if k in _RESERVED or k.startswith("_") or "ClassVar" in str(ann):
-                    continue
-                if k in klass.__dict__:
-                    out[k] = klass.__dict__[k]
-        return out
+        return declared_parameters(cls, EvictionPolicy, _RESERVED)
 
     # --- decisions ----------------------------------------------------------------------
     def key(self, node: CacheNode) -> Any:
@@ -357,6 +348,22 @@ class EvictionPolicy:
 
     def __repr__(self) -> str:
         return f"<policy {self.label}>"
+
+
+def declared_parameters(cls: type, base: type, reserved: frozenset[str]) -> dict[str, Any]:
+    """The typed parameters of a plug-in class (an eviction policy, a router): annotated
+    class attributes with a default, defined by ``base``'s subclasses along ``cls``'s MRO,
+    less ``ClassVar``s, private names and the ``reserved`` ones the base class owns."""
+    out: dict[str, Any] = {}
+    for klass in reversed(cls.__mro__):
+        if not issubclass(klass, base) or klass is base:
+            continue
+        for k, ann in inspect.get_annotations(klass).items():
+            if k in reserved or k.startswith("_") or "ClassVar" in str(ann):
+                continue
+            if k in klass.__dict__:
+                out[k] = klass.__dict__[k]
+    return out
 
 
 def coerce_param(name: str, value: Any, default: Any) -> Any:

@@ -41,6 +41,22 @@ def is_policy_file(text: str) -> bool:
     return bool(sep) and path.endswith(".py")
 
 
+def split_spec(text: str, params: dict[str, Any] | None, what: str
+               ) -> tuple[str, dict[str, Any]]:
+    """``NAME?k=v&k2=v2`` -> (``NAME``, its parameters merged with ``params``); a pair
+    without ``=`` or a parameter given twice is refused (``what``: policy, router)."""
+    params = dict(params or {})
+    key, _, query = text.strip().partition("?")
+    for item in filter(None, query.split("&")):
+        k, sep, v = item.partition("=")
+        if not sep or not k:
+            raise PolicyError(f"{what} {text!r}: {item!r} is not k=v")
+        if k in params:
+            raise PolicyError(f"{what} {text!r}: parameter {k!r} given twice")
+        params[k] = v
+    return key, params
+
+
 def get_policy(text: str | EvictionPolicy, params: dict[str, Any] | None = None
                ) -> EvictionPolicy:
     """A fresh policy for ``text`` (see the module docstring); ``params`` go to its class."""
@@ -48,15 +64,7 @@ def get_policy(text: str | EvictionPolicy, params: dict[str, Any] | None = None
         if params:
             raise PolicyError("parameters can only be given with a policy name")
         return text
-    params = dict(params or {})
-    key, _, query = text.strip().partition("?")
-    for item in filter(None, query.split("&")):
-        k, sep, v = item.partition("=")
-        if not sep or not k:
-            raise PolicyError(f"policy {text!r}: {item!r} is not k=v")
-        if k in params:
-            raise PolicyError(f"policy {text!r}: parameter {k!r} given twice")
-        params[k] = v
+    key, params = split_spec(text, params, "policy")
     if is_policy_file(key):
         path, _, name = key.rpartition(":")
         cls = load_policy_class(path, name)

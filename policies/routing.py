@@ -41,7 +41,6 @@ parameters. A router instance belongs to one run; the fleet calls ``bind`` once 
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -50,7 +49,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .context import PolicyError
-from .eviction import coerce_param
+from .eviction import coerce_param, declared_parameters
 
 
 # ---------------------------------------------------------------------- belief specs
@@ -243,16 +242,7 @@ class Router:
     def parameters(cls) -> dict[str, Any]:
         """Declared parameters and their defaults: the annotated class attributes with a
         default that subclasses define (not ``ClassVar``s, not the belief specs)."""
-        out: dict[str, Any] = {}
-        for klass in reversed(cls.__mro__):
-            if not issubclass(klass, Router) or klass is Router:
-                continue
-            for k, ann in inspect.get_annotations(klass).items():
-                if k in _RESERVED or k.startswith("_") or "ClassVar" in str(ann):
-                    continue
-                if k in klass.__dict__:
-                    out[k] = klass.__dict__[k]
-        return out
+        return declared_parameters(cls, Router, _RESERVED)
 
     def bind(self, n_replicas: int, block_size: int, rng: np.random.Generator) -> None:
         """Called once by the fleet before the run: its size, the cache block size, and the
@@ -333,21 +323,13 @@ def get_router(text: str | Router, params: dict[str, Any] | None = None) -> Rout
     is imported), or ``FILE.py:CLASS`` (a
     ``Router`` subclass in the user's file); parameters from ``params`` and/or after a ``?``
     as ``k=v`` pairs joined by ``&`` (``power-of-two?x=1``)."""
-    from .registry import is_policy_file, load_user_class
+    from .registry import is_policy_file, load_user_class, split_spec
 
     if isinstance(text, Router):
         if params:
             raise PolicyError("router parameters can only be given with a router name")
         return text
-    params = dict(params or {})
-    key, _, query = text.strip().partition("?")
-    for item in filter(None, query.split("&")):
-        k, sep, v = item.partition("=")
-        if not sep or not k:
-            raise PolicyError(f"router {text!r}: {item!r} is not k=v")
-        if k in params:
-            raise PolicyError(f"router {text!r}: parameter {k!r} given twice")
-        params[k] = v
+    key, params = split_spec(text, params, "router")
     if is_policy_file(key):
         path, _, name = key.rpartition(":")
         cls = load_user_class(path, name, Router, "router")
