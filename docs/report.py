@@ -3,11 +3,17 @@
     python docs/report.py [results/reproduce] > /tmp/tables.md
     python docs/report.py --sweeps results/gpu_only_qwen3-8b results/gpu_only_qwen3-32b ...
     python docs/report.py --fleet results/reproduce/fleet.json   # docs/fleet.md's tables
+    python docs/report.py --cache-engineering results/reproduce/cache-engineering.json
+    python docs/report.py --policies results/reproduce/policies.json   # docs/policies.md's
+    python docs/report.py --moved OLD.md NEW.md   # every cell that moved between two renderings
+    python docs/report.py --moved --headlines OLD.md NEW.md   # only the change columns
 
 Reads the JSON documents the notebooks write at full size (``kvsim reproduce NAME --json``
 gives the same documents) and prints one markdown table per experiment, ours beside the
 paper's numbers. ``--sweeps`` instead reads the ``results.csv`` of the GPU-only sweeps
-(docs/sweeps/*.yaml) and prints the "All gap models" table.
+(docs/sweeps/*.yaml) and prints the "All gap models" table. ``--moved`` compares the tables
+of two markdown files (e.g. the published docs/reproduction.md and a fresh rendering) and
+prints one row per cell that moved, ``before -> after``, rows matched by their key columns.
 """
 
 from __future__ import annotations
@@ -26,8 +32,10 @@ def frac(v) -> str:
     return "-" if v is None or v != v else f"{v:.1%}"
 
 
-def table(header: list[str], rows: list[list[str]]) -> str:
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+def table(header: list[str], rows: list[list[str]], right: set[int] = frozenset()) -> str:
+    """A markdown table; the columns numbered in ``right`` are right-aligned."""
+    out = ["| " + " | ".join(header) + " |",
+           "|" + "".join("---:|" if i in right else "---|" for i in range(len(header)))]
     out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
     return "\n".join(out)
 
@@ -92,7 +100,148 @@ def fleet(path: str) -> None:
                                      key=lambda r: r["replicas"])]))
 
 
+def cache_engineering(path: str) -> None:
+    """docs/cache-engineering.md's results table from ``kvsim reproduce cache-engineering
+    --json``: one row per model, concurrency and strategy; latency mean and TTFT for both
+    evictions (sglang / penelope), every other column SGLang's eviction."""
+    if not Path(path).is_file():
+        print(f"report.py: error: {path}: no such file (kvsim reproduce cache-engineering "
+              "--json)", file=sys.stderr)
+        sys.exit(2)
+    rows = json.loads(Path(path).read_text())["rows"]
+    by = {(r["model"], r["concurrency"], r["strategy"], r["eviction"]): r for r in rows}
+    out = []
+    for model, n, strategy in dict.fromkeys((r["model"], r["concurrency"], r["strategy"])
+                                            for r in rows):
+        ref, pen = by[(model, n, strategy, "sglang")], by[(model, n, strategy, "penelope")]
+        out.append([model, n, strategy,
+                    f"{ref['request_latency_mean_s']:.2f} / {pen['request_latency_mean_s']:.2f}",
+                    f"{ref['request_latency_p95_s']:.1f}",
+                    f"{ref['ttft_mean_s']:.2f} / {pen['ttft_mean_s']:.2f}",
+                    f"{ref['input_tokens_per_s']:,.0f}", f"{ref['output_tokens_per_s']:.1f}",
+                    f"{ref['kv_peak_tokens']:,}", f"{ref['recomputed_tokens'] / 1e6:.1f}M",
+                    f"{ref['api_cost_usd']:.2f}"])
+    print(table(["model", "N", "strategy", "latency mean s (sglang / penelope)", "latency P95 s",
+                 "TTFT s (sglang / penelope)", "input tok/s", "output tok/s", "KV peak tokens",
+                 "recomputed tokens", "API cost USD"], out, right={1, *range(3, 11)}))
+
+
+def policies(path: str) -> None:
+    """docs/policies.md's two tables from ``kvsim reproduce policies --json``: each policy's
+    mean over the configurations, and each configuration's best deployable policy against
+    the oracle."""
+    if not Path(path).is_file():
+        print(f"report.py: error: {path}: no such file (kvsim reproduce policies --json)",
+              file=sys.stderr)
+        sys.exit(2)
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from sim.exp_policies import winners
+
+    rows = json.loads(Path(path).read_text())["rows"]
+    out = []
+    for policy in dict.fromkeys(r["policy"] for r in rows):
+        mine = [r for r in rows if r["policy"] == policy]
+
+        def mean(key: str, mine=mine) -> float:
+            return sum(r[key] for r in mine) / len(mine)
+
+        changes = [r["ttft_change"] for r in mine]
+        out.append([f"`{policy}`", pct(mean("ttft_change")), pct(min(changes)),
+                    pct(max(changes)), f"{mean('gap_closed'):.2f}", pct(mean("jct_change")),
+                    frac(mean("hit_rate"))])
+    print(table(["policy", "mean TTFT change", "best", "worst", "mean gap closed",
+                 "mean JCT change", "mean hit rate"], out))
+    rules = {(r["model"], r["sessions"], r["gaps"], r["tree"]): r["oracle_rule"]
+             for r in rows if r["oracle"]}
+    print("\nThe best deployable policy of each configuration, against the oracle:\n")
+    print(table(["configuration", "best deployable", "its change", "oracle", "oracle rule"],
+                [[f"{w['model'].removeprefix('qwen3-')} N={w['sessions']} {w['gaps']} "
+                  f"{w['tree']}", f"`{w['best']}`", pct(w["best_ttft_change"]),
+                  pct(w["oracle_ttft_change"]),
+                  rules[(w["model"], w["sessions"], w["gaps"], w["tree"])]]
+                 for w in winners(rows)]))
+
+
+# Tables --moved compares: heading prefix -> how many leading columns identify a row. The
+# paper's columns never move and are left out.
+KEY_COLUMNS = {"Figure 1": 1, "GPU-only": 6, "Ablation": 3, "Scheduling": 2, "Two tiers": 2,
+               "CPU-tier sweep": 1, "All gap models": 4, "Cache engineering": 3,
+               "Policies": 1, "Best deployable": 1}
+
+
+def read_tables(path: str) -> dict[str, dict[tuple[str, ...], dict[str, str]]]:
+    """The markdown tables under each ``###``/``##`` heading that KEY_COLUMNS names: heading
+    -> row key -> {column: cell}."""
+    tables: dict[str, dict[tuple[str, ...], dict[str, str]]] = {}
+    heading, header = None, None
+    for line in Path(path).read_text().splitlines():
+        if line.startswith("#"):
+            title = line.lstrip("#").strip()
+            heading = next((h for h in KEY_COLUMNS if title.startswith(h)), None)
+            header = None
+        elif not line.startswith("|"):
+            header = None  # a new table starts after any other line
+        elif heading:
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if header is None:
+                header = cells
+            elif not set(line) <= set("|-"):
+                row = dict(zip(header, cells, strict=False))
+                tables.setdefault(heading, {})[tuple(cells[:KEY_COLUMNS[heading]])] = row
+    return tables
+
+
+def is_headline(column: str) -> bool:
+    """A column that compares two systems (a change), not an absolute time or hit rate."""
+    return ("change" in column or column.startswith("penelope vs")
+            or "(sglang / penelope)" in column or column in ("best deployable", "oracle")
+            or column.endswith((" TTFT", " JCT")))  # the sweep table's changes
+
+
+def moved(old_path: str, new_path: str, headlines: bool = False) -> None:
+    """One row per cell that differs between the same row of the same table in the two files
+    (rows only in the new file are listed as new, rows only in the old one as gone); with
+    ``headlines`` only the change columns."""
+    for path in (old_path, new_path):
+        if not Path(path).exists():
+            print(f"report.py: error: {path}: no such file", file=sys.stderr)
+            sys.exit(2)
+    old, new = read_tables(old_path), read_tables(new_path)
+    out = []
+    for heading in KEY_COLUMNS:
+        if heading not in old or heading not in new:
+            continue
+        for key, row in new[heading].items():
+            before = old[heading].get(key)
+            if before is None:
+                out.append([heading, " / ".join(key), "(new row)", "-", "-"])
+                continue
+            out += [[heading, " / ".join(key), col, before.get(col, "-"), cell]
+                    for col, cell in list(row.items())[KEY_COLUMNS[heading]:]
+                    if not col.startswith("paper") and before.get(col) != cell
+                    and (not headlines or is_headline(col))]
+        out += [[heading, " / ".join(key), "(row gone)", "-", "-"]
+                for key in old[heading] if key not in new[heading]]
+    print(table(["table", "row", "column", "before", "after"], out) if out else
+          "No published cell moved.")
+
+
 def main(argv: list[str]) -> None:
+    if argv and argv[0] == "--policies":
+        policies(argv[1] if len(argv) > 1 else "results/reproduce/policies.json")
+        return
+    if argv and argv[0] == "--cache-engineering":
+        cache_engineering(argv[1] if len(argv) > 1 else
+                          "results/reproduce/cache-engineering.json")
+        return
+    if argv and argv[0] == "--moved":
+        headlines = "--headlines" in argv
+        files = [a for a in argv[1:] if a != "--headlines"]
+        if len(files) != 2:
+            print("report.py: error: --moved needs two files, OLD.md NEW.md", file=sys.stderr)
+            sys.exit(2)
+        moved(files[0], files[1], headlines)
+        return
     if argv and argv[0] == "--sweeps":
         sweeps(argv[1:])
         return
