@@ -103,8 +103,9 @@ def row(key: tuple[str, str, str, int], s: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _fleet_summary(cfg: RunConfig, _arg: Any, get_trace) -> dict[str, Any]:
-    """The run's summary without the per-replica list (smaller to send back)."""
+def fleet_summary(cfg: RunConfig, _arg: Any, get_trace) -> dict[str, Any]:
+    """A fleet run's summary without the per-replica list (smaller to send back): the job
+    function of the fleet and pool experiments."""
     from sim.runner import run
 
     s = run(cfg, get_trace()).summary
@@ -116,4 +117,4 @@ def fleet(ctx: Context) -> list[dict[str, Any]]:
     from sim.experiments import run_all
 
     keys, cfgs = configs(ctx)
-    return [row(k, s) for k, s in zip(keys, run_all(ctx, cfgs, _fleet_summary), strict=True)]
+    return [row(k, s) for k, s in zip(keys, run_all(ctx, cfgs, fleet_summary), strict=True)]

@@ -106,20 +106,13 @@ def row(key: tuple[str, str, int, int], s: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _summary(cfg: RunConfig, _arg: Any, get_trace) -> dict[str, Any]:
-    from sim.runner import run
-
-    s = run(cfg, get_trace()).summary
-    s.pop("replica_summaries", None)
-    return s
-
-
 def pool(ctx: Context) -> list[dict[str, Any]]:
     """The timed rows (see the module doc)."""
+    from sim.exp_fleet import fleet_summary
     from sim.experiments import run_all
 
     keys, cfgs = configs(ctx)
-    return [row(k, s) for k, s in zip(keys, run_all(ctx, cfgs, _summary), strict=True)]
+    return [row(k, s) for k, s in zip(keys, run_all(ctx, cfgs, fleet_summary), strict=True)]
 
 
 def capacity(ctx: Context) -> list[dict[str, Any]]:
