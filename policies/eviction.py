@@ -249,15 +249,7 @@ class EvictionPolicy:
         self.granularity = _component(
             granularity if granularity is not None else self.granularity, GRANULARITIES,
             Granularity, "granularity")
-        declared = self.parameters()
-        unknown = sorted(set(params) - set(declared))
-        if unknown:
-            known = ", ".join(declared) or "none"
-            raise PolicyError(f"policy {self.label!r} has no parameter {unknown[0]!r} "
-                              f"(parameters: {known})")
-        self.values = {k: coerce_param(k, params.get(k, d), d) for k, d in declared.items()}
-        for k, v in self.values.items():
-            setattr(self, k, v)
+        self.values = set_parameters(self, params, "policy")
         if type(self).key is EvictionPolicy.key:
             self.sort_key = get_order(self.order)  # a registered order: no extra call
         else:
@@ -364,6 +356,22 @@ def declared_parameters(cls: type, base: type, reserved: frozenset[str]) -> dict
             if k in klass.__dict__:
                 out[k] = klass.__dict__[k]
     return out
+
+
+def set_parameters(plugin: Any, params: Mapping[str, Any], what: str) -> dict[str, Any]:
+    """Check ``params`` against ``plugin.parameters()``, coerce each to its default's type,
+    set them as attributes and return them (every declared one, defaults included). An
+    unknown name is refused naming the plug-in (``what``: policy, router)."""
+    declared = plugin.parameters()
+    unknown = sorted(set(params) - set(declared))
+    if unknown:
+        known = ", ".join(declared) or "none"
+        raise PolicyError(f"{what} {plugin.label!r} has no parameter {unknown[0]!r} "
+                          f"(parameters: {known})")
+    values = {k: coerce_param(k, params.get(k, d), d) for k, d in declared.items()}
+    for k, v in values.items():
+        setattr(plugin, k, v)
+    return values
 
 
 def coerce_param(name: str, value: Any, default: Any) -> Any:

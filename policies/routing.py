@@ -49,7 +49,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .context import PolicyError
-from .eviction import coerce_param, declared_parameters
+from .eviction import declared_parameters, set_parameters
 
 
 # ---------------------------------------------------------------------- belief specs
@@ -224,15 +224,7 @@ class Router:
     load_view: LoadViewSpec | None = None
 
     def __init__(self, **params: Any) -> None:
-        declared = self.parameters()
-        unknown = sorted(set(params) - set(declared))
-        if unknown:
-            known = ", ".join(declared) or "none"
-            raise PolicyError(f"router {self.label!r} has no parameter {unknown[0]!r} "
-                              f"(parameters: {known})")
-        self.values = {k: coerce_param(k, params.get(k, d), d) for k, d in declared.items()}
-        for k, v in self.values.items():
-            setattr(self, k, v)
+        self.values = set_parameters(self, params, "router")
         self.n_replicas = 0
         self.block_size = 0
         self.rng = np.random.default_rng(0)
