@@ -27,6 +27,8 @@ import math
 
 import numpy as np
 
+from costmodel import detmath
+
 TQ_WEIGHT = 0.1  # weight of the newest queue wait in T_q's moving mean
 FIXED_THRESHOLD_S = 2.0  # Continuum's public code: FIXED_THRESHOLD_CONTINUUM
 
@@ -69,7 +71,7 @@ class TtlLearner:
         if n <= self.cold_start:
             benefit = self.queue_s + c  # eta = 1 under the prior
             mu = self.mu_s
-            return mu * math.log(benefit / mu) if benefit > mu else 0.0
+            return mu * detmath.log(benefit / mu) if benefit > mu else 0.0
         benefit = self.eta() * self.queue_s + c
         if self._cdf is None:
             self._cdf = np.cumsum(self.counts) / n

@@ -34,6 +34,8 @@ from urllib.parse import parse_qsl
 
 import numpy as np
 
+from costmodel import detmath
+
 from . import prefix_groups
 from .builder import TraceBuilder
 from .errors import OptionError
@@ -151,15 +153,17 @@ def parse_spec(spec: str, seed: int) -> tuple[str, Profile, int, int, bool]:
 
 def _stratified(rng: np.random.Generator, p: tuple[float, float], n: int) -> np.ndarray:
     """n lognormal draws by stratified sampling (one per quantile stratum, shuffled): the
-    sample median matches the fitted median closely even for a few hundred sessions."""
-    from scipy.special import ndtri
-
+    sample median matches the fitted median closely even for a few hundred sessions.
+    Scalar ``detmath`` functions: the same bits on every CPU (costmodel/detmath.py)."""
     u = (np.arange(n) + rng.random(n)) / n
-    return p[0] * np.exp(p[1] * ndtri(u[rng.permutation(n)]))
+    return np.array([p[0] * detmath.exp(p[1] * detmath.ndtri(v))
+                     for v in u[rng.permutation(n)].tolist()], dtype=np.float64)
 
 
 def _ln(rng: np.random.Generator, p: tuple[float, float]) -> float:
-    return float(p[0] * np.exp(p[1] * rng.standard_normal()))
+    """One lognormal draw: the normal from 52 uniform bits through ``detmath.ndtri``."""
+    z = detmath.normal_from_bits(int(rng.integers(0, 1 << detmath.NORMAL_BITS)))
+    return p[0] * detmath.exp(p[1] * z)
 
 
 class _Ids:

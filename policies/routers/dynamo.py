@@ -20,10 +20,11 @@ router_temperature 0.0, router_ttl_secs 120 s, router_max_tree_size 2^20 blocks.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
+
+from costmodel import detmath
 
 from ..routing import (
     ApproxTTL,
@@ -86,7 +87,7 @@ def sample(costs_w: Sequence[float], tree_sizes: Sequence[float], temperature: f
         return int(rng.integers(n))
     z = [-(c / (hi - lo)) / temperature for c in costs_w]
     top = max(z)
-    p = np.array([math.exp(v - top) for v in z])
+    p = np.array([detmath.exp(v - top) for v in z])
     return int(rng.choice(n, p=p / p.sum()))
 
 

@@ -33,9 +33,10 @@ What the sources give and what kvsim assumes (docs/policies.md):
 from __future__ import annotations
 
 import math
-from math import exp2
 
 import numpy as np
+
+from costmodel.detmath import exp2
 
 from ..context import Arrival, CacheNode, Reply
 from ..eviction import BLOCK, PRIVATE_HEAD, KeepFront

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from costmodel.detmath import exp2
 from traces.regions import (
     REGION_ASSISTANT,
     REGION_NAMES,
@@ -226,7 +227,8 @@ def budget_drops(regions: np.ndarray, visible: np.ndarray, pinned: np.ndarray,
         return out
     reg = regions[cand]
     age = np.maximum(0, now_tokens - block_end_tokens[cand]).astype(np.float64)
-    score = _PRIORITY_BY_REGION[reg] * np.exp2(-age / _HALF_LIFE_BY_REGION[reg])
+    decay = np.array([exp2(v) for v in (-age / _HALF_LIFE_BY_REGION[reg]).tolist()])
+    score = _PRIORITY_BY_REGION[reg] * decay  # scalar exp2: the same bits on every CPU
     order = np.lexsort((cand, score))  # lowest score first, then position
     out[cand[order[:excess]]] = True
     return out
