@@ -93,8 +93,8 @@ def _guarded(who: str, method: str, fn: Callable) -> Callable:
     def call(*args: Any) -> Any:
         try:
             value = fn(*args)
-        except UserPolicyError:
-            raise
+        except PolicyError:
+            raise  # a refusal the plug-in words itself (or an inner guard's line)
         except Exception as e:
             frames = _user_frames(e.__traceback__)
             text = " ".join(str(e).split())

@@ -347,7 +347,7 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
         checkpoint_chunks=prompt_nodes == "chunked",
         max_new_tokens=max_new_tokens, max_running=max_running, seed=seed,
         vllm_async=vllm_async == "on", debug_cache=debug_cache)
-    refuse_idle_options(click.get_current_context(), cpu_cache, tiering, engine, replay)
+    refuse_idle_options(click.get_current_context(), base)
     configs = policy_configs(base, preset, evict, granularity, order, policies, policy_params)
     # Every input check before any work: configs, model, profile, the output folder.
     for cfg in configs:
