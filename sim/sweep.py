@@ -127,19 +127,23 @@ def _resolve(point: dict[str, Any], where: str, base_dir: Path | None = None) ->
 
 def _check_idle_fields(points: list[Point], base: dict, grid: dict, where: str) -> None:
     """A field the file sets that does nothing (``sim.config.IDLE_RULES``): varied by the
-    grid where it does nothing, it makes points that are one run; set in ``base``, it is
-    refused when it does nothing in any point."""
+    grid where it does nothing and not part of the point's identity there, it makes points
+    that are one run (one point id, identical rows); a field that does nothing in any point
+    is refused too."""
+    from collections import Counter
+
     from sim.config import idle_fields, spell_fields
 
     given = [*base, *grid]
-    inert_everywhere = {k: "" for k in base if k not in grid}
+    ids = Counter(p.id for p in points)
+    inert_everywhere = dict.fromkeys(given, "")
     for i, p in enumerate(points):
         idle = dict(idle_fields(p.cfg, given))
         for k, why in idle.items():
-            if k in grid and len(grid[k]) > 1:
+            if k in grid and ids[p.id] > 1:
                 raise ConfigError(f"{where} point {i}", k, f"does nothing here: "
                                   f"{spell_fields(why, str)}; the grid's points that differ "
-                                  "only in it would be one run")
+                                  f"only in it are one run (point {p.id})")
         for k in list(inert_everywhere):
             if k in idle:
                 inert_everywhere[k] = idle[k]
@@ -147,8 +151,8 @@ def _check_idle_fields(points: list[Point], base: dict, grid: dict, where: str) 
                 del inert_everywhere[k]
     if points and inert_everywhere:
         k, why = next(iter(inert_everywhere.items()))
-        raise ConfigError(where, f"base.{k}", f"does nothing in any point: "
-                          f"{spell_fields(why, str)}")
+        raise ConfigError(where, f"{'grid' if k in grid else 'base'}.{k}", f"does nothing in "
+                          f"any point: {spell_fields(why, str)}")
 
 
 def _check_traces(points: list[Point], where: str) -> None:

@@ -95,10 +95,11 @@ BASE = {"trace": SYN, "gpu_cache": "16k", "preset": "sglang"}
     ({"base": {**BASE, "replicas": 2}, "grid": {"pool": [0, "64k"],
                                                "pool_write": ["write-through", "write-back"]}},
      "point 0", "pool_write"),
-    ({"base": BASE, "grid": {"router": ["round-robin", "least-load"]}}, "point 0", "router"),
+    ({"base": BASE, "grid": {"vllm_async": [True, False]}}, "point 0", "vllm_async"),
+    ({"base": {**BASE, "router": "least-load"}}, "", "base.router"),
     ({"base": {**BASE, "pool_write": "write-back"}}, "", "base.pool_write"),
-    ({"base": {**BASE, "replay": "open"}, "grid": {"sessions": [2, 4]}}, "point 0",
-     "sessions"),
+    ({"base": {**BASE, "replay": "open"}, "grid": {"sessions": [2, 4]}}, "",
+     "grid.sessions"),
     ({"base": {**BASE, "vllm_async": False}}, "", "base.vllm_async"),
 ])
 def test_a_sweep_field_that_does_nothing_is_refused_naming_file_and_field(tmp_path, doc, where,
@@ -110,10 +111,14 @@ def test_a_sweep_field_that_does_nothing_is_refused_naming_file_and_field(tmp_pa
                                    "does nothing"), str(e.value)
 
 
-def test_a_base_field_that_acts_in_some_points_is_accepted(tmp_path) -> None:
+def test_a_field_that_acts_in_some_points_is_accepted(tmp_path) -> None:
     f = _sweep(tmp_path, {"base": {**BASE, "replicas": 2, "pool_write": "write-back"},
                           "grid": {"pool": [0, "64k"]}})
     assert len(load_sweep(f).points) == 2
+    # a router at 1 and 2 replicas: distinct points (a fleet of one is a fleet)
+    f = _sweep(tmp_path, {"base": BASE, "grid": {"router": ["round-robin", "least-load"],
+                                                 "replicas": [1, 2]}})
+    assert len({p.id for p in load_sweep(f).points}) == 4
 
 
 @pytest.mark.parametrize("args,needle", [

@@ -181,6 +181,11 @@ class TraceBuilder:
                 alive[i] = True
             else:
                 alive[i] = alive[s.parent] and s.after_local < keep_n[s.parent]
+        firsts = [s.prompt[0] for s in ss if s.parent < 0 and s.prompt]
+        if max_context is not None and firsts and not any(alive):
+            raise OptionError(f"--max-context {int(max_context):,}: no request is left (every "
+                              f"session's first prompt is longer; the shortest has "
+                              f"{min(firsts):,} tokens)")
         # 2. selection among top-level sessions
         tops = [i for i, s in enumerate(ss) if s.parent < 0 and alive[i]]
         if sel is not None:

@@ -18,6 +18,7 @@ from .run_checks import (
     params_per_policy,
     refuse_idle_options,
     warn_capped_shared_prefix,
+    warn_idle_replicas,
     warn_saturation,
 )
 from .trace import trace_options
@@ -65,7 +66,7 @@ CONTEXT_ROWS = ("request_latency_mean_s", "request_latency_p95_s", "input_tokens
                 "context_edits_blocked")
 # Rows of fleet runs (--replicas/--router; sim/fleet/metrics.py defines them).
 FLEET_ROWS = ("reuse_available", "reuse_captured", "reuse_delivered", "affinity",
-              "load_cv_busy", "load_cv_queue", "belief_error_mean_tokens")
+              "load_cv_busy", "load_cv_queue", "belief_error_mean_tokens", "idle_replicas")
 # Rows of runs with a shared pool (--pool; sim/fleet/run.py pool_summary).
 POOL_ROWS = ("pool_hit_rate", "pool_fetched_tokens", "pool_refused_fetches", "pool_fetch_s",
              "pool_bandwidth_utilization")
@@ -369,6 +370,10 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
     from traces.load import check_shared_prefix
 
     check_shared_prefix(tr, shared_prefix)
+    from sim.fleet.run import check_fleet_size
+
+    for cfg, trace in zip(configs, traces, strict=True):
+        check_fleet_size(cfg, trace)  # before any run: a fleet the trace cannot occupy
     warn_capped_shared_prefix(tr, shared_prefix, block_size)
     stderr.print(f"[dim]trace {tr.name}: {len(tr):,} requests loaded in "
                  f"{time.perf_counter() - t0:.1f}s[/dim]")
@@ -385,6 +390,7 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
                          f"({n / max(dt, 1e-9):,.0f} requests/s)[/dim]")
             warn_quiet_surprises(res, spec_context)
             warn_saturation(res)
+            warn_idle_replicas(res)
             results.append(res)
             if out is not None:
                 write_result(res, f"{out}/{cfg.policy_label}")

@@ -93,6 +93,15 @@ def default_replay(trace: str, trace_format: str | None) -> str:
     return replay
 
 
+def warn_idle_replicas(res: RunResult) -> None:
+    """A fleet run in which the router left replicas without a request: say how many."""
+    idle = res.summary.get("idle_replicas")
+    if idle:
+        stderr.print(f"[yellow]warning:[/yellow] {res.config.policy_label}: {idle:,} of "
+                     f"{res.summary['replicas']:,} replicas served no request (router "
+                     f"{res.summary['router']}): the fleet is smaller than it looks")
+
+
 def warn_saturation(res: RunResult) -> None:
     """An open-loop run whose queue grew for as long as the trace lasted: say so."""
     from sim.saturation import open_loop_saturation
