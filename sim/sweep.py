@@ -47,6 +47,7 @@ from sim.io import (
     atomic_write_parquet,
     atomic_write_text,
     dumps,
+    folder_lock,
     read_json,
     read_yaml,
     remove_stale_tmp,
@@ -377,6 +378,12 @@ def run_sweep(sweep: Sweep, out: str | Path, executor: Executor,
     Raises ``SweepError`` after the others finish if any point failed."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    with folder_lock(out, "kvsim sweep"):  # one sweep per folder: a second one is refused
+        return _run_locked(sweep, out, executor, progress)
+
+
+def _run_locked(sweep: Sweep, out: Path, executor: Executor,
+                progress: Callable[[int, int], None] | None) -> pd.DataFrame:
     remove_stale_tmp(out)  # a killed writer's leftovers; no writer runs in ``out`` now
     atomic_write_text(out / "sweep.json", dumps({
         "config": sweep.path, "points": [

@@ -176,6 +176,9 @@ def repeated_option(cmd: click.Command, args: list[str]) -> str | None:
     return None
 
 
+INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
+
+
 class KvsimGroup(click.Group):
     """A click group that turns input errors into one stderr line and their exit status.
 
@@ -183,8 +186,9 @@ class KvsimGroup(click.Group):
     InputError, ...) is a user mistake: its message is printed on one line, as are click's own
     usage errors (a bad option value names the option). An ``OSError`` that escapes a command
     (a full disk, a folder removed under a running sweep) names its file the same way, exit 2.
-    Anything else is a bug and keeps its traceback. ``--debug`` (the group's flag, accepted
-    anywhere on the line) keeps every traceback.
+    Anything else is a bug and keeps its traceback. Ctrl-C ends the command with status 130
+    (``INTERRUPTED``). ``--debug`` (the group's flag, accepted anywhere on the line) keeps
+    every traceback.
     """
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
@@ -209,6 +213,11 @@ class KvsimGroup(click.Group):
             return super().invoke(ctx)
         except (click.exceptions.Exit, click.exceptions.Abort):
             raise
+        except KeyboardInterrupt:  # Ctrl-C: stop now, with the shell's status for SIGINT
+            if ctx.params.get("debug"):
+                raise
+            print("kvsim: interrupted", file=sys.stderr)
+            sys.exit(INTERRUPTED)
         except click.UsageError as e:  # click prints usage + hint + error: one line instead
             path = e.ctx.command_path if e.ctx is not None else "kvsim"
             fail(f"{e.format_message()} (see '{path} --help')", e.exit_code)
