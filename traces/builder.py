@@ -158,6 +158,68 @@ class TraceBuilder:
         self._sessions[h].last = None
         self._sessions[h].layout = None
 
+    # -- storage (traces.cache) --------------------------------------------------------------
+    # per request, as int64 or float64 (exact for what ``add`` stores)
+    _REQUEST_INTS = ("prompt", "output", "kind", "model", "kinds", "prefix")
+    _REQUEST_FLOATS = ("send", "gap")
+    _SESSION_FIELDS = ("id", "scope", "parent", "after_local", "start_offset_s", "agent_type",
+                       "prefix_hint_tokens")
+
+    def storage(self) -> tuple[dict[str, np.ndarray], dict]:
+        """Everything ``build`` reads, as arrays and a JSON-able dict: what a cache file holds
+        to make the same builder again (``from_storage``), whatever ``build`` is asked later."""
+        ss = self._sessions
+        new = [a for s in ss for a in s.new]
+        arrays = {
+            "req_ptr": np.cumsum([0] + [len(s.prompt) for s in ss], dtype=np.int64),
+            "new_ptr": np.cumsum([0] + [a.shape[0] for a in new], dtype=np.int64),
+            "new_ids": np.concatenate(new).astype(np.int64, copy=False) if new else _EMPTY,
+            "reg_ptr": np.cumsum([0] + [len(s.reg_vals) for s in ss], dtype=np.int64),
+            "reg_vals": np.asarray([v for s in ss for v in s.reg_vals], np.int64),
+            "reg_counts": np.asarray([c for s in ss for c in s.reg_counts], np.int64),
+        }
+        for k in self._REQUEST_INTS:
+            arrays[k] = np.asarray([v for s in ss for v in getattr(s, k)], np.int64)
+        for k in self._REQUEST_FLOATS:
+            arrays[k] = np.asarray([v for s in ss for v in getattr(s, k)], np.float64)
+        meta = {"name": self.name, "format": self.format, "source": self.source,
+                "block_size": self.block_size, "skipped": self.skipped,
+                "base_options": self.base_options, "models": list(self._models),
+                "sessions": [[getattr(s, k) for k in self._SESSION_FIELDS] for s in ss]}
+        return arrays, meta
+
+    @classmethod
+    def from_storage(cls, arrays: dict[str, np.ndarray], meta: dict) -> TraceBuilder:
+        """The builder ``storage`` describes (lists and scalars of the same values and Python
+        types as ``add`` made, so ``build`` gives the same Trace). Raises ``ValueError`` on
+        arrays that do not fit together."""
+        b = cls(meta["name"], meta["format"], meta["source"], int(meta["block_size"]))
+        b.skipped = int(meta["skipped"])
+        b.base_options = dict(meta["base_options"])
+        b._models = {m: i for i, m in enumerate(meta["models"])}
+        req, new_ptr, reg = arrays["req_ptr"], arrays["new_ptr"], arrays["reg_ptr"]
+        R, n_s = int(req[-1]), len(meta["sessions"])
+        if (req.shape != (n_s + 1,) or reg.shape != (n_s + 1,) or new_ptr.shape != (R + 1,)
+                or int(new_ptr[-1]) != arrays["new_ids"].shape[0]
+                or any(arrays[k].shape != (R,) for k in (*cls._REQUEST_INTS,
+                                                          *cls._REQUEST_FLOATS))
+                or arrays["reg_vals"].shape != arrays["reg_counts"].shape
+                or int(reg[-1]) != arrays["reg_vals"].shape[0]):
+            raise ValueError("the stored builder's arrays do not fit together")
+        ids, ptr = arrays["new_ids"], new_ptr.tolist()
+        new = [ids[ptr[r]:ptr[r + 1]] for r in range(R)]
+        cols = {k: arrays[k].tolist() for k in (*cls._REQUEST_INTS, *cls._REQUEST_FLOATS)}
+        vals, counts = arrays["reg_vals"].tolist(), arrays["reg_counts"].tolist()
+        for h, fields in enumerate(meta["sessions"]):
+            s = _Open(*fields)
+            a, z = int(req[h]), int(req[h + 1])
+            for k, v in cols.items():
+                setattr(s, k, v[a:z])
+            s.new = new[a:z]
+            s.reg_vals, s.reg_counts = vals[reg[h]:reg[h + 1]], counts[reg[h]:reg[h + 1]]
+            b._sessions.append(s)
+        return b
+
     # -- output -----------------------------------------------------------------------------
     def build(self, *, shared_prefix: int | str | None = None, max_context: int | None = None,
               select: str | None = None, options: dict | None = None) -> Trace:
