@@ -385,10 +385,12 @@ def run_sweep(sweep: Sweep, out: str | Path, executor: Executor,
 def _run_locked(sweep: Sweep, out: Path, executor: Executor,
                 progress: Callable[[int, int], None] | None) -> pd.DataFrame:
     remove_stale_tmp(out)  # a killed writer's leftovers; no writer runs in ``out`` now
+    refs = sweep.refs or [None] * len(sweep.points)
     atomic_write_text(out / "sweep.json", dumps({
         "config": sweep.path, "points": [
-            {"point": p.id, "values": p.values, "config": p.cfg.to_dict()}
-            for p in sweep.points]}) + "\n")
+            {"point": p.id, "values": p.values, "config": p.cfg.to_dict(),
+             **({"baseline_point": sweep.points[r].id} if r is not None else {})}
+            for p, r in zip(sweep.points, refs, strict=True)]}) + "\n")
     seen: set[str] = set()
     todo = []
     for p in sweep.points:
