@@ -121,12 +121,11 @@ def guard_user_policy(policy: Any) -> Any:
     return policy
 
 
-def guard_user_router(router: Any) -> Any:
-    """``router`` with every ``ROUTER_GUARDED`` method its class overrides wrapped: an
-    exception, or a ``route`` answer that is not a replica index, is one line (see above)."""
-    from .routing import Router
-
-    return _wrap(router, Router, ROUTER_GUARDED, f"router {router.label}")
+def guard_user_router(router: Any, base: type) -> Any:
+    """``router`` with every ``ROUTER_GUARDED`` method its class overrides (from ``base``,
+    ``policies.routing.Router``) wrapped: an exception, or a ``route`` answer that is not a
+    replica index, is one line (see above)."""
+    return _wrap(router, base, ROUTER_GUARDED, f"router {router.label}")
 
 
 def _wrap(plugin: Any, base: type, methods: tuple[str, ...], who: str) -> Any:

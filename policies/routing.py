@@ -50,10 +50,9 @@ import numpy as np
 
 from .context import PolicyError
 from .eviction import Domain, Range, declared_parameters, set_parameters
-
-# re-exported: a router declares its parameter_ranges with these
-from .eviction import OneOf as OneOf
-from .eviction import ranges as ranges
+from .eviction import OneOf as OneOf  # re-exported with Range and ranges: what a router
+from .eviction import ranges as ranges  # declares its parameter_ranges with
+from .guard import guard_user_router
 
 
 # ---------------------------------------------------------------------- belief specs
@@ -352,7 +351,6 @@ def get_router(text: str | Router, params: dict[str, Any] | None = None) -> Rout
     is imported), or ``FILE.py:CLASS`` (a
     ``Router`` subclass in the user's file); parameters from ``params`` and/or after a ``?``
     as ``k=v`` pairs joined by ``&`` (``power-of-two?x=1``)."""
-    from .guard import guard_user_router
     from .registry import is_policy_file, load_user_class, split_spec
 
     if isinstance(text, Router):
@@ -370,7 +368,7 @@ def get_router(text: str | Router, params: dict[str, Any] | None = None) -> Rout
         except Exception as e:  # the user's constructor: one line, not a traceback
             raise PolicyError(f"{key}: cannot create the router: {type(e).__name__}: {e}"
                               ) from None
-        return guard_user_router(router)  # the user's methods: errors and answers checked
+        return guard_user_router(router, Router)  # the user's methods: errors, answers
     low = key.lower()
     if low in ROUTERS:
         return ROUTERS[low](**params)

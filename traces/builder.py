@@ -194,9 +194,15 @@ class TraceBuilder:
         types as ``add`` made, so ``build`` gives the same Trace). Raises ``ValueError`` on
         arrays that do not fit together."""
         b = cls(meta["name"], meta["format"], meta["source"], int(meta["block_size"]))
-        b.skipped = int(meta["skipped"])
-        b.base_options = dict(meta["base_options"])
-        b._models = {m: i for i, m in enumerate(meta["models"])}
+        b.restore(arrays, meta)
+        return b
+
+    def restore(self, arrays: dict[str, np.ndarray], meta: dict) -> None:
+        """Fill this new builder with what ``storage`` describes (see ``from_storage``)."""
+        self.skipped = int(meta["skipped"])
+        self.base_options = dict(meta["base_options"])
+        self._models = {m: i for i, m in enumerate(meta["models"])}
+        cls = type(self)
         req, new_ptr, reg = arrays["req_ptr"], arrays["new_ptr"], arrays["reg_ptr"]
         R, n_s = int(req[-1]), len(meta["sessions"])
         if (req.shape != (n_s + 1,) or reg.shape != (n_s + 1,) or new_ptr.shape != (R + 1,)
@@ -217,8 +223,7 @@ class TraceBuilder:
                 setattr(s, k, v[a:z])
             s.new = new[a:z]
             s.reg_vals, s.reg_counts = vals[reg[h]:reg[h + 1]], counts[reg[h]:reg[h + 1]]
-            b._sessions.append(s)
-        return b
+            self._sessions.append(s)
 
     # -- output -----------------------------------------------------------------------------
     def build(self, *, shared_prefix: int | str | None = None, max_context: int | None = None,
