@@ -270,12 +270,12 @@ class EvictionPolicy:
         default that subclasses define (not ``ClassVar``s, not the policy's own choices)."""
         return declared_parameters(cls, EvictionPolicy, _RESERVED)
 
-    # --- decisions ----------------------------------------------------------------------
     def idle_parameters(self) -> dict[str, str]:
         """Parameters that do nothing under the others' values, each with the reason (a
         parameter given there is refused); none by default."""
         return {}
 
+    # --- decisions ----------------------------------------------------------------------
     def key(self, node: CacheNode) -> Any:
         """Sort key of an evictable leaf; smallest is evicted first."""
         return get_order(self.order)(node)
