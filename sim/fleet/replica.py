@@ -15,9 +15,9 @@ builds its server (``sim.fleet.run.build_engine``), then ``observe`` gives it:
   (Dynamo's prefill-complete signal).
 
 Event coverage: every GPU gain (insert, CPU load) and every GPU loss the cache reports with
-ids (evictions, demotions, HiCache background deletions) is an event. HiCache loads that
-delete device nodes report only a count, so those removals are not events (the index then
-over-believes them until the next store); context strategies are not run in fleets.
+ids (evictions, demotions, HiCache background deletions, the device nodes a HiCache load
+deletes to make room) is an event; context strategies are not run in fleets. The same
+results tell a shared pool every block the replica drops entirely (write-back).
 """
 
 from __future__ import annotations
@@ -88,8 +88,10 @@ class ObservedRadixKVCache(RadixKVCache):
     def load(self, node, limit_blocks: int | None = None) -> LoadResult:
         res = super().load(node, limit_blocks)
         if self.events is not None:
-            self.events.removed(_concat(res.demoted))
+            self.events.removed(_concat(res.deleted + res.demoted))
             self.events.stored(_concat(res.loaded))
+        if self.pool_sink is not None and res.deleted:  # their last copy left the replica
+            self.pool_sink.dropped(_concat(res.deleted))
         return res
 
     def _report_losses(self, res: EvictResult) -> None:
