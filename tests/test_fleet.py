@@ -98,8 +98,13 @@ def test_one_replica_equals_single_server_for_every_router(engine):
         for k, v in single.summary.items():
             assert fleet.summary[k] == v or (v != v and fleet.summary[k] != fleet.summary[k]), \
                 (router, k)
-        assert fleet.requests.drop(columns=["replica"]).equals(single.requests), router
+        # the fleet's ideal (an unlimited cache shared by its replicas) is the server's own
+        t = fleet.requests
+        assert t["routed_ideal_hit_tokens"].equals(t["ideal_hit_tokens"]), router
+        assert t.drop(columns=["replica", "routed_ideal_hit_tokens"]).equals(
+            single.requests), router
         assert fleet.summary["replicas"] == 1 and fleet.summary["affinity"] == 1.0
+        assert fleet.summary["routed_ideal_hit_rate"] == single.summary["ideal_hit_rate"]
 
 
 # --- every request once; fleet totals are the sum of the replicas' -----------------------
@@ -453,4 +458,7 @@ def test_one_replica_equals_single_server_open_loop_and_tiers(extra):
         for k, v in single.summary.items():
             assert fleet.summary[k] == v or (v != v and fleet.summary[k] != fleet.summary[k]), \
                 (router, k)
-        assert fleet.requests.drop(columns=["replica"]).equals(single.requests), router
+        t = fleet.requests
+        assert t["routed_ideal_hit_tokens"].equals(t["ideal_hit_tokens"]), router
+        assert t.drop(columns=["replica", "routed_ideal_hit_tokens"]).equals(
+            single.requests), router
