@@ -1,6 +1,6 @@
 """What a fleet's pool moves and keeps, checked against the replicas' true caches over whole
 runs (sim/fleet/pooltier.py): a fetch moves only blocks the replica lacks, write-back keeps
-every block a replica drops entirely."""
+every block a replica drops entirely, and the run says when the pool cannot do its job."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
+from sim.cli.main import cli
 from sim.config import RunConfig
 from sim.fleet.pool import SharedPool
 from sim.fleet.pooltier import FleetPool
@@ -111,3 +113,31 @@ def test_write_back_keeps_every_block_a_replica_drops_entirely(pools, monkeypatc
     assert dropped > 0 and res.summary["pool_stored_tokens"] > 0
     if tiering == "write_back":  # device nodes without a host copy that loads deleted
         assert sum(e.rec.counters["load_deleted_blocks"] for e in fp.replicas) > 0
+
+
+# --- notes: a pool too small for a prompt, lookups that stop behind a CPU prefix --------------
+def test_a_pool_smaller_than_a_prompt_is_noted():
+    res = run(replace(BASE, pool=4096).with_preset("sglang"))
+    notes = res.summary["pool_notes"]
+    longest = int(res.requests["prompt_tokens"].max())
+    assert longest > 4096
+    assert any("smaller than" in n and f"{longest:,}" in n for n in notes), notes
+    big = run(BASE.with_preset("sglang")).summary
+    assert not any("smaller than" in n for n in big["pool_notes"])
+
+
+def test_lookups_behind_a_cpu_prefix_are_counted_and_noted():
+    res = run(replace(BASE, gpu_cache=24576, cpu_cache=32768, tiering="unified",
+                      sessions=8).with_preset("penelope"))
+    s = res.summary
+    assert s["pool_behind_cpu_lookups"] > 0 and s["pool_behind_cpu_tokens"] > 0
+    assert s["pool_lookups"] >= s["pool_behind_cpu_lookups"]
+    assert any("CPU tier" in n for n in s["pool_notes"]), s["pool_notes"]
+
+
+def test_cli_prints_the_pool_notes_as_warnings():
+    out = CliRunner().invoke(cli, ["run", "--trace", "synthetic:claude-code?sessions=8",
+                                   "--max-context", "32k", "--gpu-cache", "40k",
+                                   "--replicas", "2", "--pool", "4k", "--preset", "sglang"])
+    assert out.exit_code == 0, out.output
+    assert "warning:" in out.stderr and "smaller than" in out.stderr

@@ -77,6 +77,7 @@ def run_fleet(cfg, trace, spec, profile) -> RunResult:
     if pool is not None:
         table = pool_columns(table, pool, cfg.block_size)
         summary.update(pool_summary(pool, table, env.now, cfg))
+        summary["pool_notes"] = pool_notes(pool, table)
         tables["pool"] = pool_table(pool)
         tables["pool_transfers"] = pd.DataFrame(
             np.asarray(pool.transfers, dtype=float).reshape(-1, 3),
@@ -144,6 +145,26 @@ def pool_summary(pool: FleetPool, table: pd.DataFrame, duration_s: float, cfg) -
     fields["pool_bandwidth_gb_s"] = cfg.pool_bandwidth
     fields["pool_latency_us"] = cfg.pool_latency_us
     return fields
+
+
+def pool_notes(pool: FleetPool, table: pd.DataFrame) -> list[str]:
+    """What a user of this pool should know (``kvsim run`` prints them as warnings): prompts
+    the pool cannot hold whole, and lookups that stopped behind a CPU-resident prefix."""
+    notes = []
+    size = pool.pool.capacity * pool.bs
+    prompts = table["prompt_tokens"].to_numpy()
+    over = int((prompts > size).sum())
+    if over:
+        notes.append(f"the pool ({size:,} tokens) is smaller than {over:,} of {prompts.size:,} "
+                     f"prompts (the longest: {int(prompts.max()):,} tokens): it cannot hold "
+                     "such a prompt whole, and a lookup stops at the first block it lacks")
+    if pool.behind_cpu:
+        notes.append(f"{pool.behind_cpu:,} of {pool.lookups:,} pool lookups that found blocks "
+                     "stopped behind a prefix held partly in the replica's CPU tier "
+                     f"({pool.behind_cpu_blocks * pool.bs:,} pooled tokens not fetched): "
+                     "kvsim lands pool blocks only behind a GPU prefix, so those requests "
+                     "loaded the CPU part and computed the rest")
+    return notes
 
 
 def pool_table(pool: FleetPool) -> pd.DataFrame:
