@@ -184,6 +184,12 @@ def warn_quiet_surprises(res: RunResult, spec_context: int) -> None:
                  f"{'; '.join(why)}")
 
 
+def warn_pool_notes(res: RunResult) -> None:
+    """A fleet's pool notes (sim/fleet/run.py ``pool_notes``), said out loud."""
+    for note in res.summary.get("pool_notes", ()):
+        stderr.print(f"[yellow]warning:[/yellow] {res.config.policy_label}: {note}")
+
+
 class RunInputError(ValueError):
     """A run that could not replay anything (exit status 2)."""
 
@@ -385,6 +391,7 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
                          f"({n / max(dt, 1e-9):,.0f} requests/s)[/dim]")
             warn_quiet_surprises(res, spec_context)
             warn_saturation(res)
+            warn_pool_notes(res)
             results.append(res)
             if out is not None:
                 write_result(res, f"{out}/{cfg.policy_label}")
