@@ -166,6 +166,13 @@ class Trace:
         return np.concatenate([store[s:s + n] for s, n in zip(
             self._seg_start[a:b].tolist(), self._seg_len[a:b].tolist(), strict=True)])
 
+    def finish_blocks(self) -> np.ndarray:
+        """Per request, the length of ``finish_block_ids``: the full blocks of prompt +
+        output - 1 tokens, at least the prompt's."""
+        bs = self.block_size
+        n_p = self.prompt_tokens // bs
+        return np.maximum(n_p, (self.prompt_tokens + self.output_tokens - 1) // bs)
+
     def _finish_layout(self, r: int) -> tuple[int, int, int]:
         """(prompt blocks, finish blocks, the next request whose prompt repeats r's output or
         -1) of request r: what ``finish_block_ids`` and ``finish_block_regions`` align on."""
@@ -187,6 +194,10 @@ class Trace:
         next prompt (or with no extending next request) get fresh ids no prompt uses.
         """
         n_p, n_f, nxt = self._finish_layout(r)
+        if nxt >= 0:  # the next prompt starts with this one: its first n_f ids, no copy
+            nid = self.block_ids(nxt)
+            if nid.shape[0] >= n_f:
+                return nid[:n_f]
         ids = self.block_ids(r)
         if n_f == n_p:
             return ids
