@@ -142,18 +142,21 @@ class TraceBuilder:
         s = self._sessions[h]
         if ids.shape[0] != prompt // self.block_size:
             raise ValueError("ids must have prompt // block_size entries")
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        k = 0 if s.last is None else common_prefix(s.last, ids)
+        s.prefix.append(k)
+        s.new.append(ids[k:].copy() if k else ids)
         if hash_ids is None:
             self._without_hash_ids = True
         else:
             src = np.ascontiguousarray(hash_ids, dtype=np.int64)
             j = 0 if s.src_last is None else common_prefix(s.src_last, src)
             s.src_len.append(int(src.shape[0]))
-            s.src_new.append(src[j:].copy() if j else src)
+            if j == k and np.array_equal(src, ids):  # the cache's own blocks: share them
+                s.src_new.append(s.new[-1])
+            else:
+                s.src_new.append(src[j:].copy() if j else src)
             s.src_last = src
-        ids = np.ascontiguousarray(ids, dtype=np.int64)
-        k = 0 if s.last is None else common_prefix(s.last, ids)
-        s.prefix.append(k)
-        s.new.append(ids[k:].copy() if k else ids)
         assert s.layout is not None, "add() after close()"
         vals, counts = s.layout.advance(int(prompt), int(output), k, self.block_size,
                                         input_region)

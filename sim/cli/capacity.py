@@ -86,8 +86,9 @@ def warn_idle_replicas(rows: list) -> None:
 @trace_options
 @click.option("--cache", "caches", default=None, callback=_caches,
               metavar="SIZES|LOW..HIGH[:N]",
-              help="Cache sizes per replica: a list (300k,1m,3m,10m,50m) or a log-spaced "
-                   "range (256k..64m:8). [default: 64k to the trace's distinct footprint]")
+              help="Cache sizes per replica in tokens: a list (300k,1m,3m,10m,50m) or a "
+                   "log-spaced range (256k..64m:8); k and m are binary (3m = 3,145,728), "
+                   "3e6 is 3,000,000. [default: 64k to the trace's distinct footprint]")
 @click.option("--policy", "policies", multiple=True, default=("vllm",), show_default=True,
               help="Eviction policy (repeatable): any that needs no clock (vllm = LRU "
                    "block by block from the tail, sglang, penelope, a spec, FILE.py:CLASS).")
