@@ -284,3 +284,18 @@ def test_bad_capacity_options_fail_in_one_line(args, words):
     assert res.exit_code == 2
     assert words in res.output
     assert "Traceback" not in res.output
+
+
+@pytest.mark.parametrize("fleet", [[], ["--replicas", "2"]])
+def test_progress_is_shown_in_a_log(fleet):
+    """stderr is not a terminal here: the progress facility prints plain lines (the first
+    report, each replay as it starts, the end), and stdout stays one JSON document."""
+    res = CliRunner().invoke(cli, ["capacity", "synthetic:claude-code?sessions=4", "--cache",
+                                   "64k,1m", "--cache-dir", "off", "--json", *fleet])
+    assert res.exit_code == 0, res.output
+    json.loads(res.stdout)
+    lines = [x for x in res.stderr.splitlines() if x.startswith("kvsim capacity:")]
+    assert lines[0].startswith("kvsim capacity: unlimited cache: 0/")
+    assert any("vllm, 65,536-token cache" in x for x in lines)
+    assert any("vllm, 1,048,576-token cache" in x for x in lines)
+    assert "requests (100%)" in lines[-1]
