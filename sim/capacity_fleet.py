@@ -64,10 +64,11 @@ from .progress import current as current_progress
 ROUTER_STREAM = 0x524F55544552  # the fleet's router RNG stream (sim/fleet/run.py)
 
 
-def clockless_router(name: str, params: dict | None = None, in_flight_s: float = 0.0
-                     ) -> Router:
+def clockless_router(name: str, params: dict | None = None, in_flight_s: float = 0.0,
+                     replicas: int = 2) -> Router:
     """A fresh router, if it can decide without a clock (see the module doc): one whose rule
-    weighs a load view needs the in-flight model (``in_flight_s`` > 0)."""
+    weighs a load view needs the in-flight model (``in_flight_s`` > 0) to choose among
+    several ``replicas``."""
     try:
         router = get_router(name, params)
     except PolicyError as e:
@@ -77,7 +78,7 @@ def clockless_router(name: str, params: dict | None = None, in_flight_s: float =
                                   "prefill seconds), which a replay without a clock does not "
                                   "have; use a cache or session rule (round-robin, "
                                   "session-affinity, a cache-aware router)")
-    if router.load_view is not None and not in_flight_s > 0:
+    if router.load_view is not None and replicas > 1 and not in_flight_s > 0:
         raise CapacityOptionError(
             f"--router {router.label}: its rule weighs each replica's load, and a replay "
             "without a clock has none (every replica would look idle, and the replica "
@@ -157,7 +158,7 @@ def fleet_hits(trace, cache_tokens: int, replicas: int, router: str = "round-rob
     """Per request (trace index): prompt blocks reused from its replica, blocks fetched from
     the pool, and the replica it went to."""
     bs = trace.block_size
-    rt = clockless_router(router, router_params, in_flight_s)
+    rt = clockless_router(router, router_params, in_flight_s, replicas)
     rt.bind(replicas, bs, np.random.default_rng([seed, ROUTER_STREAM]))
     cache_blocks = cache_tokens // bs
     caches = [replay_for(cache_blocks, policy) for _ in range(replicas)]
@@ -241,7 +242,7 @@ def fleet_capacity_curve(trace, caches, replicas: int, router: str = "round-robi
     order = arrival_order(trace)
     ideal = int(ideal_hits(trace, order).sum()) * bs
     ideal_rate = ideal / prompt if prompt else math.nan
-    label = clockless_router(router, router_params, in_flight_s).label
+    label = clockless_router(router, router_params, in_flight_s, replicas).label
     rows = []
     for name in policies:
         pol = clockless_policy(name).label

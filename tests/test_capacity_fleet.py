@@ -245,6 +245,7 @@ def test_a_fleet_left_idle_is_reported(tmp_path):
 
 @pytest.mark.parametrize("args, words", [
     (["--in-flight-s", "2"], "--in-flight-s"),  # no fleet: nothing to route
+    (["--router", "dynamo-kv", "--in-flight-s", "2"], "--in-flight-s"),  # one replica
     (["--replicas", "2", "--in-flight-s", "0"], "--in-flight-s"),
     (["--replicas", "2", "--in-flight-s", "inf"], "--in-flight-s"),
     (["--gaps", "tool"], "--gaps"),

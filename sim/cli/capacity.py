@@ -134,13 +134,13 @@ def capacity_cmd(paths: tuple[str, ...], caches: list[int] | None, policies: tup
     for p in policies:
         clockless_policy(p)  # refused before the trace loads
     fleet = replicas > 1 or router is not None or pool is not None
-    if in_flight_s is not None and not fleet:
-        raise click.BadParameter("a load model for a fleet's router: give --replicas N "
-                                 "(or --router)", param_hint="--in-flight-s")
+    if in_flight_s is not None and replicas < 2:
+        raise click.BadParameter("a load model for a router choosing among replicas: give "
+                                 "--replicas N (N >= 2)", param_hint="--in-flight-s")
     hold = in_flight_s or 0.0
     if fleet:
         router = router or "round-robin"
-        clockless_router(router, None, hold)
+        clockless_router(router, None, hold, replicas)
     pool_tokens = parse_size(pool, "--pool") if pool is not None else 0
     if pool is not None and pool_tokens <= 0:
         raise click.BadParameter(f"a pool size > 0, got {pool!r}", param_hint="--pool")
