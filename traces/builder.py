@@ -58,6 +58,10 @@ class _Open:
     layout: Layout | None = None  # token-level regions of the current prompt
     reg_vals: list[int] = field(default_factory=list)  # regions of the new ids, run-length
     reg_counts: list[int] = field(default_factory=list)
+    # the trace's own hash ids (partial last block included), compact like ``new``
+    src_len: list[int] = field(default_factory=list)
+    src_new: list[np.ndarray] = field(default_factory=list)
+    src_last: np.ndarray | None = None
 
     def regions(self, n: int) -> np.ndarray:
         """uint8 regions of the first ``n`` new ids (in request order)."""
@@ -104,6 +108,7 @@ class TraceBuilder:
         self.base_options: dict = {}  # recorded in every built Trace's options
         self._sessions: list[_Open] = []
         self._models: dict[str, int] = {}
+        self._without_hash_ids = False  # a request came without the file's hash ids
 
     # -- input ------------------------------------------------------------------------------
     def open_session(self, id: str, *, scope: int = 0, parent: int = -1, after_local: int = -1,
@@ -127,11 +132,13 @@ class TraceBuilder:
 
     def add(self, h: int, *, prompt: int, output: int, ids: np.ndarray, send_time_s: float,
             gap_s: float, gap_kind: int, model: str = "", kinds: int = 0,
-            input_region: int | None = None) -> None:
+            input_region: int | None = None, hash_ids: np.ndarray | None = None) -> None:
         """Append a request; ``ids`` are its full-block ids in the session's scope.
 
         ``input_region``: the region of its new input (traces.regions); None when the format
-        cannot tell (its new blocks are ``unknown``)."""
+        cannot tell (its new blocks are ``unknown``). ``hash_ids``: the ids the trace file
+        lists for the prompt, in its own block size, a partial last block's included (what
+        its publisher counts); None for a format that has none."""
         s = self._sessions[h]
         if ids.shape[0] != prompt // self.block_size:
             raise ValueError("ids must have prompt // block_size entries")
@@ -139,6 +146,17 @@ class TraceBuilder:
         k = 0 if s.last is None else common_prefix(s.last, ids)
         s.prefix.append(k)
         s.new.append(ids[k:].copy() if k else ids)
+        if hash_ids is None:
+            self._without_hash_ids = True
+        else:
+            src = np.ascontiguousarray(hash_ids, dtype=np.int64)
+            j = 0 if s.src_last is None else common_prefix(s.src_last, src)
+            s.src_len.append(int(src.shape[0]))
+            if j == k and np.array_equal(src, ids):  # the cache's own blocks: share them
+                s.src_new.append(s.new[-1])
+            else:
+                s.src_new.append(src[j:].copy() if j else src)
+            s.src_last = src
         assert s.layout is not None, "add() after close()"
         vals, counts = s.layout.advance(int(prompt), int(output), k, self.block_size,
                                         input_region)
@@ -156,6 +174,7 @@ class TraceBuilder:
     def close(self, h: int) -> None:
         """Done with a session: drop its last prompt's ids and layout (memory)."""
         self._sessions[h].last = None
+        self._sessions[h].src_last = None
         self._sessions[h].layout = None
 
     # -- output -----------------------------------------------------------------------------
@@ -250,6 +269,8 @@ class TraceBuilder:
             offset += int(uniq.shape[0])
         if s_max:
             _shared_regions(tops, want, s_max, mapped, regs)
+        hash_refs, hash_distinct = (0, 0) if self._without_hash_ids else \
+            _hash_id_counts(ss, by_scope, keep_n)
 
         # 4. columns, sessions and the compact id store
         counts = [keep_n[i] for i in order]
@@ -305,7 +326,23 @@ class TraceBuilder:
             prefix_blocks=prefix, skipped=self.skipped, options=opts, _pool=pool,
             _pool_region=pool_region,
             _seg_ptr=seg_ptr, _seg_start=seg_start, _seg_len=seg_len,
-            _fresh_base=int(offset), _out_ptr=out_ptr)
+            _fresh_base=int(offset), _out_ptr=out_ptr, hash_id_refs=hash_refs,
+            hash_id_distinct=hash_distinct)
+
+
+def _hash_id_counts(ss: list[_Open], by_scope: dict[int, list[int]], keep_n: list[int]
+                    ) -> tuple[int, int]:
+    """References to the trace file's own hash ids over the kept requests, and the distinct
+    ids among them (per scope: ids of different scopes are unrelated). A request's ids are
+    its session predecessor's first ones plus its new ones, so the distinct ids of a scope are
+    those of its requests' new parts."""
+    refs = distinct = 0
+    for members in by_scope.values():
+        refs += sum(sum(ss[i].src_len[:keep_n[i]]) for i in members)
+        parts = [a for i in members for a in ss[i].src_new[:keep_n[i]]]
+        if parts:
+            distinct += int(sorted_unique(np.concatenate(parts)).shape[0])
+    return refs, distinct
 
 
 def _segments(firsts: np.ndarray, prefix: np.ndarray, new_start: np.ndarray,

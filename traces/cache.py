@@ -29,7 +29,7 @@ import numpy as np
 
 from .model import Session, Trace
 
-CACHE_VERSION = 2  # 2: block regions (_pool_region); older files are never served
+CACHE_VERSION = 3  # 2: block regions (_pool_region); 3: hash-id counts; older: never served
 _ARRAYS = ("session", "prompt_tokens", "output_tokens", "send_time_s", "gap_s", "gap_kind",
            "model", "input_kinds", "prefix_blocks", "_pool", "_seg_ptr", "_seg_start",
            "_seg_len", "_out_ptr", "_pool_region")
@@ -79,6 +79,7 @@ def save_trace(trace: Trace, path: Path) -> None:
             "sessions": [dataclasses.astuple(s) for s in trace.sessions]}
     arrays, scalars = trace.storage()
     meta["fresh_base"] = scalars["_fresh_base"]
+    meta["hash_ids"] = [scalars["hash_id_refs"], scalars["hash_id_distinct"]]
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -111,12 +112,14 @@ def read_trace(path: Path) -> Trace | None:
     arrs["_pool_region"].setflags(write=False)
     try:
         sessions = [Session(*s) for s in meta["sessions"]]
-    except TypeError:
+        refs, distinct = (int(x) for x in meta["hash_ids"])
+    except (TypeError, KeyError, ValueError):
         return None
     return Trace(name=meta["name"], block_size=meta["block_size"], format=meta["format"],
                  source=meta["source"], sessions=sessions, models=meta["models"],
                  skipped=meta["skipped"], options=meta["options"],
-                 _fresh_base=meta["fresh_base"], **arrs)
+                 _fresh_base=meta["fresh_base"], hash_id_refs=refs,
+                 hash_id_distinct=distinct, **arrs)
 
 
 def cached_load(specs: list[str], fmt: str, block_size: int, build: dict, lenient: bool,

@@ -196,6 +196,21 @@ class RunInputError(ValueError):
     exit_code = 2
 
 
+def size_header(cfg: RunConfig) -> str:
+    """Every size of the run in tokens, whatever its spelling (``3m`` is 3,145,728)."""
+    parts = [f"GPU cache {cfg.gpu_cache:,}"]
+    if cfg.cpu_cache:
+        parts += [f"CPU cache {cfg.cpu_cache:,}", f"swap buffer {cfg.swap_buffer:,}"]
+    if cfg.pool:
+        parts.append(f"pool {cfg.pool:,} shared")
+    if cfg.max_context is not None:
+        parts.append(f"max context {cfg.max_context:,}")
+    if isinstance(cfg.shared_prefix, int):
+        parts.append(f"shared prefix {cfg.shared_prefix:,}")
+    parts.append(f"chunk {cfg.chunk_size:,}")
+    return "sizes in tokens: " + ", ".join(parts)
+
+
 @click.command("run")
 @click.option("--trace", "-t", default="synthetic:claude-code", show_default=True,
               help="Trace path(s) (comma-separated) or synthetic:NAME[?k=v&...].")
@@ -378,6 +393,7 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
     warn_capped_shared_prefix(tr, shared_prefix, block_size)
     stderr.print(f"[dim]trace {tr.name}: {len(tr):,} requests loaded in "
                  f"{time.perf_counter() - t0:.1f}s[/dim]")
+    stderr.print(f"[dim]{size_header(base)}[/dim]")
     results = []
     with progress("kvsim run", "requests", sum(len(t) for t in traces), stderr) as bar:
         for k, (cfg, trace) in enumerate(zip(configs, traces, strict=True)):
