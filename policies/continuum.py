@@ -13,6 +13,13 @@ A program is a trace session; its start is its first arrival. ``ContinuumPins`` 
   runs, earliest deadline first) unless the program's next turn already waits (``arrived``
   holds the pin until that turn's admission); the program's turn is dropped (``dropped``);
   memory pressure (``victim``: whole pinned requests, the latest program start first).
+- **open loop**: a program's next turn can arrive, and even run, before the previous one
+  finished. A program holds at most one pin, that of its latest finished turn: a turn that
+  finishes while an earlier turn of its program is pinned ends that pin first
+  (``superseded``), whatever it decides for itself; a turn that finishes
+  after a later turn of its program did pins nothing and teaches the rule nothing (a stale
+  finish); a pin set while a later turn of its program already waits is held until that
+  turn's admission, as if the turn had arrived during the pin.
 - **waiting order** (``order_key``): program start, then submission.
 """
 
@@ -54,9 +61,11 @@ class ContinuumPins(TtlLearner):
         self.turns: dict[int, int] = {}  # session -> turns finished
         self.called_at: dict[int, float] = {}  # session -> time of its tool-call reply
         self.returned_unpinned: set[int] = set()  # sessions back from a tool, pin gone
+        self.waiting: dict[int, set[int]] = {}  # session -> its turns arrived, not admitted
+        self.latest_finished: dict[int, int] = {}  # session -> its latest finished turn
         # what the pins did (run summary): pins set, and how each ended
         self.pin_counts = {"pins": 0, "handed_over": 0, "expired": 0, "pressure": 0,
-                       "dropped": 0}
+                           "dropped": 0, "superseded": 0}
 
     def recompute_cost(self, tokens: int) -> float:
         return self._recompute(tokens)
@@ -67,9 +76,10 @@ class ContinuumPins(TtlLearner):
         return (self.program_start[session], seq)
 
     # --- events -----------------------------------------------------------------------
-    def arrived(self, session: int, now: float) -> None:
-        """A turn of ``session`` was submitted at ``now``."""
+    def arrived(self, session: int, rid: int, now: float) -> None:
+        """Turn ``rid`` of ``session`` was submitted at ``now``."""
         self.program_start.setdefault(session, now)
+        self.waiting.setdefault(session, set()).add(rid)
         called = self.called_at.pop(session, None)
         if called is not None:
             self.add_duration(now - called)
@@ -82,7 +92,16 @@ class ContinuumPins(TtlLearner):
     def finished(self, session: int, rid: int, now: float, next_gap: str,
                  context_tokens: int, queue_s: float) -> bool:
         """Request ``rid`` of ``session`` finished: True when its blocks are pinned (the
-        engine keeps them until ``rid`` is released by one of the pin-end events)."""
+        engine keeps them until ``rid`` is released by one of the pin-end events). The
+        engine ends an earlier turn's pin first (``superseded``); a stale finish (a later
+        turn of the program finished already) pins nothing and changes nothing."""
+        if rid < self.latest_finished.get(session, -1):
+            return False
+        self.latest_finished[session] = rid
+        held = self.pins.get(session)
+        if held is not None:  # a broken protocol, not a decision: never overwrite a pin
+            raise RuntimeError(f"session {session}: request {rid} finished while request "
+                               f"{held.rid} is pinned; call superseded() first")
         self.turns[session] = self.turns.get(session, 0) + 1
         if session in self.returned_unpinned:
             self.returned_unpinned.discard(session)
@@ -100,21 +119,42 @@ class ContinuumPins(TtlLearner):
         self.taus.append(tau)
         if tau <= 0:
             return False
-        assert session not in self.pins, f"session {session} pinned twice"
-        self.pins[session] = Pin(rid, session, now + tau)
-        heapq.heappush(self._deadlines, (now + tau, rid, session))
+        if self.waiting.get(session):  # a later turn waits already: held for its admission
+            self.pins[session] = Pin(rid, session, math.inf)
+        else:
+            self.pins[session] = Pin(rid, session, now + tau)
+            heapq.heappush(self._deadlines, (now + tau, rid, session))
         self.pin_counts["pins"] += 1
         return True
 
-    def admitted(self, session: int) -> int | None:
-        """A turn of ``session`` was admitted: the pinned request whose blocks it took over
-        (the engine frees it now), or None."""
+    def superseded(self, session: int, rid: int) -> int | None:
+        """Request ``rid`` of ``session`` finished: the pinned request of an earlier turn of
+        its program (free it before deciding ``rid``'s own pin), or None. A later turn's pin
+        stays (``rid``'s finish is stale)."""
+        pin = self.pins.get(session)
+        if pin is None or pin.rid > rid:
+            return None
+        return self._end(session, "superseded")
+
+    def admitted(self, session: int, rid: int) -> int | None:
+        """Turn ``rid`` of ``session`` was admitted: the pinned request whose blocks it took
+        over (the engine frees it now), or None."""
+        self._admitted_or_dropped(session, rid)
         return self._end(session, "handed_over")
 
-    def dropped(self, session: int) -> int | None:
-        """A turn of ``session`` will never run: its pinned request (free it), or None."""
+    def dropped(self, session: int, rid: int) -> int | None:
+        """Turn ``rid`` of ``session`` will never run: its pinned request (free it), or
+        None."""
+        self._admitted_or_dropped(session, rid)
         self.returned_unpinned.discard(session)
         return self._end(session, "dropped")
+
+    def _admitted_or_dropped(self, session: int, rid: int) -> None:
+        waiting = self.waiting.get(session)
+        if waiting is not None:
+            waiting.discard(rid)
+            if not waiting:
+                del self.waiting[session]
 
     def expired(self, now: float) -> list[int]:
         """Pinned requests whose deadline passed (``now > deadline``), earliest first (ties:

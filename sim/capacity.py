@@ -6,33 +6,40 @@ one looked up in the cache and then inserted, no clock, no batching, no queueing
 
 One request against one cache (``CacheReplay.request``)::
 
-    prompt blocks   [ reused (GPU) | holes | new ............ ]
-                      match ------------->                        lock the matched path
-                                     make room for holes + new    (policy's eviction order)
-                      insert -------------------------------->    unlock
+    prompt blocks   [ reused (GPU) | holes | new ............ ][ output ]
+                      match ------------->                               lock the matched path
+                                     make room for holes + new + output  (policy's eviction order)
+                      insert ----------------------------------------->  unlock
 
 Semantics, exactly those of ``sim.kvcache.RadixKVCache`` under the chosen eviction policy: the
 match stamps the path with one logical tick, the matched path is locked while room is made (a
-request never evicts what it reuses), the insert makes every block resident. A prompt longer
-than the cache keeps the longest prefix that fits. Under LRU (``lru`` = lru+tail+block, the
-vLLM preset) this is a block LRU in which a request's blocks are used tail to head: a history
-is freed from its end, oldest request first (tests/test_capacity.py checks it against an
-ordered dict). A partial trailing block is never cached, as in the engines.
+request never evicts what it reuses), the insert makes every block resident. What a request
+inserts is what an engine inserts when it finishes (``Trace.finish_block_ids``): its prompt's
+full blocks, then the blocks its decoded output completes, which the next turn of a session
+reuses where its prompt repeats the reply. The request is answered at once: its output is
+cached before the next request arrives. A sequence longer than the cache keeps the longest
+prefix that fits. A request reuses at most ``(prompt_tokens - 1) // block_size`` blocks (an
+engine computes at least one token), and a partial trailing block is never cached, as in the
+engines. Under LRU (``lru`` = lru+tail+block, the vLLM preset) this is a block LRU in which a
+request's blocks are used tail to head: a history is freed from its end, oldest request first
+(tests/test_capacity.py checks it against an ordered dict).
 
 Arrival order: recorded send times (ties: trace order); a trace without them (closed-loop
 synthetic generators) is ordered by each session's cumulative recorded gaps from time 0, as
 if every session started at once and the server answered instantly.
 
-Hit rates are over prompt tokens. The infinite-cache hit rate does not depend on the order:
-every block's first reference misses and every later one hits (chained ids), so it equals
-``Trace.infinite_cache_hits`` (``kvsim trace stats``).
+Hit rates are over prompt tokens. The ideal (``ideal_hits``) is the same replay with an
+unlimited cache, so every finite cache's hit rate is at most it; per request it is the hit of
+an engine whose cache never fills (tests/test_capacity.py). It exceeds the prompt-only
+infinite cache of ``kvsim trace stats`` (``Trace.infinite_cache_hits``) by the reply blocks
+that later prompts reuse.
 """
 
 from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -40,6 +47,7 @@ import numpy as np
 from policies import EvictionPolicy, get_policy
 
 from .kvcache import RadixKVCache, Tier
+from .progress import current as current_progress
 
 DEFAULT_POLICY = "vllm"  # LRU: lru+tail+block
 
@@ -50,8 +58,8 @@ class CapacityOptionError(ValueError):
     exit_code = 2
 
 
-def arrival_order(trace) -> np.ndarray:
-    """Request indices in arrival order (see the module doc)."""
+def arrival_times(trace) -> np.ndarray:
+    """Per request, the seconds at which it arrives (see the module doc)."""
     t = np.asarray(trace.send_time_s, dtype=np.float64)
     if len(t) and not np.isfinite(t).all():
         gaps = np.nan_to_num(np.asarray(trace.gap_s, dtype=np.float64), nan=0.0)
@@ -59,7 +67,12 @@ def arrival_order(trace) -> np.ndarray:
         for s in trace.sessions:
             lo, hi = s.first, s.first + s.count
             t[lo:hi] = np.cumsum(gaps[lo:hi])
-    return np.lexsort((np.arange(len(trace)), t))
+    return t
+
+
+def arrival_order(trace) -> np.ndarray:
+    """Request indices in arrival order: by ``arrival_times``, ties in trace order."""
+    return np.lexsort((np.arange(len(trace)), arrival_times(trace)))
 
 
 def clockless_policy(policy: str | EvictionPolicy) -> EvictionPolicy:
@@ -83,20 +96,25 @@ class CacheReplay:
         self.cache = RadixKVCache(int(capacity_blocks), clockless_policy(policy))
         self.evicted: list[np.ndarray] | None = None  # a list: collect what leaves the cache
 
-    def request(self, ids: np.ndarray) -> int:
-        """Serve one prompt (block ids): returns the blocks reused from the cache."""
+    def request(self, ids: np.ndarray, finish: np.ndarray | None = None) -> int:
+        """Serve one prompt (block ids) and cache ``finish``: its blocks then its decoded
+        output's (``Trace.finish_block_ids``; the prompt alone when None). Returns the prompt
+        blocks reused from the cache."""
         cache = self.cache
-        m = cache.match(ids)
-        reused = m.blocks_in(Tier.GPU)
+        seq = ids if finish is None else finish
+        m = cache.match(seq)
+        n = ids.shape[0]
+        reused = sum(min(e, n) - s for s, e, t in m.segments if t == Tier.GPU and s < n)
         cache.lock(m.node)
-        keep = self._fitting_prefix(ids.shape[0], m)
-        missing = keep - m.matched_blocks + (m.matched_blocks - reused if keep else 0)
+        keep = self._fitting_prefix(seq.shape[0], m)
+        holes = m.matched_blocks - m.blocks_in(Tier.GPU)
+        missing = keep - m.matched_blocks + (holes if keep else 0)
         if keep:
             res = cache.make_room(missing)
             if self.evicted is not None:
                 self.evicted.extend(res.freed)
             cache.reserve(missing)
-            cache.insert(ids[:keep])
+            cache.insert(seq[:keep])
             cache.release(missing)
         cache.unlock(m.node)
         return reused
@@ -154,17 +172,19 @@ class LruReplay:
         # a list: collect what leaves the cache, least recent first (a pool's write-back)
         self.evicted: list[np.ndarray] | None = None
 
-    def request(self, ids: np.ndarray) -> int:
-        """Serve one prompt (block ids): returns the blocks reused from the cache."""
+    def request(self, ids: np.ndarray, finish: np.ndarray | None = None) -> int:
+        """Serve one prompt (block ids) and cache ``finish`` (as ``CacheReplay.request``):
+        returns the prompt blocks reused from the cache."""
         ranges, starts = self.ranges, self.starts
-        n = ids.shape[0]
+        seq = ids if finish is None else finish
+        n = seq.shape[0]
         hit = 0
         while hit < n:  # the hit changes owner: cut each run off its owner's front
-            tick = starts.pop(int(ids[hit]), None)
+            tick = starts.pop(int(seq[hit]), None)
             if tick is None:
-                break  # ids[hit] is not cached (its owner's run would start here)
+                break  # seq[hit] is not cached (its owner's run would start here)
             rng = ranges[tick]
-            end = _agree(ids, rng[2], hit, min(rng[1], n))
+            end = _agree(seq, rng[2], hit, min(rng[1], n))
             rng[0] = end
             if end < rng[1]:
                 starts[int(rng[2][end])] = tick
@@ -187,10 +207,10 @@ class LruReplay:
                 ranges.popitem(last=False)
         if keep:
             self.tick += 1
-            ranges[self.tick] = [0, keep, ids]
-            starts[int(ids[0])] = self.tick
+            ranges[self.tick] = [0, keep, seq]
+            starts[int(seq[0])] = self.tick
         self.size += keep
-        return hit
+        return min(hit, ids.shape[0])
 
 
     def prefix_blocks(self, ids: np.ndarray) -> int:
@@ -250,42 +270,68 @@ class CapacityRow:
     hit_tokens: int
     pool_hit_rate: float = 0.0  # the part of hit_rate fetched from the shared pool
     pool_write: str = ""  # with a pool: write-through | write-back
+    in_flight_s: float = 0.0  # the fleet's load model: seconds each request stays in flight
+    idle_replicas: int = 0  # replicas that served under a tenth of an even share
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
+def reusable_blocks(trace, r: int) -> int:
+    """The most blocks request ``r`` can reuse: an engine computes at least one token of a
+    prompt, so a hit stops at ``(prompt_tokens - 1) // block_size`` blocks."""
+    return max(0, (int(trace.prompt_tokens[r]) - 1) // trace.block_size)
+
+
 def replay_hits(trace, cache_tokens: int, policy: str | EvictionPolicy = DEFAULT_POLICY,
-                order: np.ndarray | None = None,
-                progress: Callable[[int], None] | None = None) -> np.ndarray:
-    """Per request (trace index), blocks reused from one cache of ``cache_tokens``."""
-    bs = trace.block_size
-    replay = replay_for(cache_tokens // bs, policy)
+                order: np.ndarray | None = None) -> np.ndarray:
+    """Per request (trace index), prompt blocks reused from one cache of ``cache_tokens``."""
+    return serve_in_order(trace, replay_for(cache_tokens // trace.block_size, policy), order)
+
+
+def ideal_hits(trace, order: np.ndarray | None = None) -> np.ndarray:
+    """Per request, prompt blocks an unlimited cache reuses in the same replay: every block
+    an earlier request cached (its prompt's and its output's) is still there."""
+    return serve_in_order(trace, LruReplay(int(trace.finish_blocks().sum())), order)
+
+
+def serve_in_order(trace, replay: CacheReplay | LruReplay,
+                   order: np.ndarray | None = None) -> np.ndarray:
+    """Every request through ``replay`` in arrival order: its prompt is matched, then its
+    prompt and output blocks are cached (the engines' insert when a request finishes,
+    ``Trace.finish_block_ids``), as if it were answered at once. Reports the requests done
+    to the active progress tracker (sim/progress.py) when it counts requests."""
     order = arrival_order(trace) if order is None else order
     hits = np.zeros(len(trace), np.int64)
+    bar = current_progress()
+    counting = bar.counts("requests")
     step = max(1, len(order) // 100)
-    for i, r in enumerate(order):
-        hits[r] = replay.request(trace.block_ids(int(r)))
-        if progress is not None and (i + 1) % step == 0:
-            progress(step)
-    if progress is not None:
-        progress(len(order) % step)
+    for i, r in enumerate(order.tolist()):
+        finish = trace.finish_block_ids(r)  # the prompt's blocks come first
+        hits[r] = min(replay.request(finish[:trace.n_blocks(r)], finish),
+                      reusable_blocks(trace, r))
+        if counting and (i + 1) % step == 0:
+            bar.advance(step)
+    if counting:
+        bar.advance(len(order) % step)
     return hits
 
 
-def capacity_curve(trace, caches: Sequence[int], policies: Sequence[str] = (DEFAULT_POLICY,),
-                   progress: Callable[[int], None] | None = None) -> list[CapacityRow]:
-    """Hit rate per (cache size, policy) with the infinite-cache rate beside it."""
+def capacity_curve(trace, caches: Sequence[int], policies: Sequence[str] = (DEFAULT_POLICY,)
+                   ) -> list[CapacityRow]:
+    """Hit rate per (cache size, policy) with the unlimited cache's rate beside it."""
     bs = trace.block_size
     prompt = int(trace.prompt_tokens.sum())
-    ideal = int(trace.infinite_cache_hits().sum()) * bs
-    ideal_rate = ideal / prompt if prompt else math.nan
     order = arrival_order(trace)
+    ideal = int(ideal_hits(trace, order).sum()) * bs
+    ideal_rate = ideal / prompt if prompt else math.nan
     rows = []
     for name in policies:
         label = clockless_policy(name).label
         for c in caches:
-            hit = int(replay_hits(trace, c, name, order, progress).sum()) * bs
+            if current_progress().counts("requests"):
+                current_progress().describe(f"{label}, {c:,}-token cache")
+            hit = int(replay_hits(trace, c, name, order).sum()) * bs
             rows.append(CapacityRow(cache_tokens=int(c), replicas=1, router="none",
                                     policy=label, pool_tokens=0,
                                     hit_rate=hit / prompt if prompt else math.nan,

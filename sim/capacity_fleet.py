@@ -1,20 +1,27 @@
 """Capacity analysis of a fleet: N replica caches behind a router, optionally over a shared
 pool, replayed without timing (the fleet view of ``sim/capacity.py``).
 
-Without a clock every replica is idle when a request arrives: the router's load view is
-empty (no request in flight, empty queues, zero KV usage, zero predicted load) and its cache
-view is the truth (each replica's cached prefix of the prompt, as an unlagged KV-event index
-would report it), so a cache-aware router reduces to its cache rule and a load-only router to
-its tie breaking. A router whose rule prices time (``Router.needs_clock``, or one that refuses
-to decide without the fleet's prefill model) is refused with a one-line error.
+Without a clock a router's cache view is the truth (each replica's cached prefix of the
+prompt, as an unlagged KV-event index would report it) and its load view is what the
+in-flight model (``InFlightModel``) says: each request counts as in flight on its replica
+for ``in_flight_s`` seconds of the trace's own time after it arrives. With no hold (the
+default) every replica is idle at every decision, so a cache-aware router reduces to its
+cache rule and a load-only router to its tie breaking; a router with a load view (Dynamo's
+predicted load, llm-d's scraped metrics) is then refused, since the replica holding a prefix
+that every prompt shares would win every request. A router whose rule prices time
+(``Router.needs_clock``, or one that refuses to decide without the fleet's prefill model) is
+refused with a one-line error. The load model feeds the router only: each replica's cache
+serves a request at once, as in sim/capacity.py.
 
 One request::
 
-    route (idle view + true overlaps + pool prefix) -> replica r
-    replica r serves the prompt (its replay: sim/capacity.py)      -> h blocks reused there
-    pool lookup from block h, in prefix order                       -> p blocks fetched
-    write-through: the prompt's blocks enter the pool (those it lacks); write-back: the
-    blocks replica r dropped serving it, least recent first
+    end the requests whose hold is over (the router hears their first token and finish)
+    route (in-flight view + true overlaps + pool prefix)     -> replica r
+    replica r serves the prompt and caches it with its output
+    (its replay: sim/capacity.py)                              -> h blocks reused there
+    pool lookup from block h, in prefix order                  -> p blocks fetched
+    write-through: the blocks replica r cached enter the pool (those it lacks);
+    write-back: the blocks replica r dropped serving it, least recent first
 
 The pool is ``sim.fleet.pool.SharedPool`` (watermark eviction skipping leases; a fetch's
 lease ends at once here). Hit rates are over prompt tokens; ``pool_hit_rate`` is the part the
@@ -24,7 +31,7 @@ pool served.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections import deque
 
 import numpy as np
 
@@ -45,16 +52,24 @@ from .capacity import (
     CapacityOptionError,
     CapacityRow,
     arrival_order,
+    arrival_times,
     clockless_policy,
+    ideal_hits,
     replay_for,
+    reusable_blocks,
 )
+from .fleet.load import InFlight, Predicted
 from .fleet.pool import SharedPool
+from .progress import current as current_progress
 
 ROUTER_STREAM = 0x524F55544552  # the fleet's router RNG stream (sim/fleet/run.py)
 
 
-def clockless_router(name: str, params: dict | None = None) -> Router:
-    """A fresh router, if it can decide without a clock (see the module doc)."""
+def clockless_router(name: str, params: dict | None = None, in_flight_s: float = 0.0,
+                     replicas: int = 2) -> Router:
+    """A fresh router, if it can decide without a clock (see the module doc): one whose rule
+    weighs a load view needs the in-flight model (``in_flight_s`` > 0) to choose among
+    several ``replicas``."""
     try:
         router = get_router(name, params)
     except PolicyError as e:
@@ -64,53 +79,120 @@ def clockless_router(name: str, params: dict | None = None) -> Router:
                                   "prefill seconds), which a replay without a clock does not "
                                   "have; use a cache or session rule (round-robin, "
                                   "session-affinity, a cache-aware router)")
+    if router.load_view is not None and replicas > 1 and not in_flight_s > 0:
+        raise CapacityOptionError(
+            f"--router {router.label}: its rule weighs each replica's load, and a replay "
+            "without a clock has none (every replica would look idle, and the replica "
+            "holding a prefix every prompt shares would get every request); give "
+            "--in-flight-s S (each request counts as in flight on its replica for S seconds "
+            "of the trace's time, about a request's latency) or use a rule without a load "
+            "view (round-robin, session-affinity, sglang-cache-aware)")
     return router
 
 
-def _idle_view(router: Router, i: int, overlap: int | None, held: int | None,
-               routed: int) -> ReplicaView:
-    kw: dict = {}
-    if isinstance(router.load_view, ScrapedMetrics):
-        kw = dict(queue=0, running=0, kv_usage=0.0, scraped_at_s=0.0)
-    elif isinstance(router.load_view, PredictedLoad):
-        kw = dict(active_blocks=0, active_prefill_tokens=0)
-    return ReplicaView(i, overlap, held, 0, 0, routed, **kw)
+class InFlightModel:
+    """The load a clockless fleet shows its router: each request is in flight on its replica
+    from its arrival until ``hold_s`` seconds of trace time later (``arrival_times``; 0: it
+    ends as it is served, and every replica looks idle). Per replica it counts what
+    ``sim.fleet.load`` counts in a timed fleet: requests and prompt tokens in flight, and for
+    a router with a load view the unique blocks of its in-flight requests, which give
+    Dynamo's predicted active blocks (their prefill tokens count until they end: the first
+    token has no time of its own here) and the scraped KV usage (those blocks over the
+    cache). Without a service model waiting cannot be told from running: a scrape reports
+    every in-flight request as both queued and running."""
+
+    def __init__(self, n: int, hold_s: float, track_blocks: bool) -> None:
+        self.hold_s = float(hold_s)
+        self.inflight = InFlight(n)
+        self.active = Predicted(n) if track_blocks else None
+        self.queue: deque[tuple[float, int, int, int, np.ndarray]] = deque()
+
+    def release_until(self, now: float, router: Router) -> None:
+        """End every request whose hold is over by ``now`` (in arrival order)."""
+        q = self.queue
+        while q and q[0][0] <= now:
+            end, rid, k, tokens, ids = q.popleft()
+            self.inflight.finished(k, tokens)
+            if self.active is not None:
+                self.active.freed(k, rid, ids)
+            router.on_first_token(rid, k, end)
+            router.on_finish(rid, k, end)
+
+    def dispatched(self, now: float, rid: int, k: int, tokens: int, ids: np.ndarray,
+                   prefill_tokens: int) -> None:
+        self.inflight.dispatched(k, tokens)
+        if self.active is not None:
+            self.active.added(k, rid, ids, prefill_tokens)
+        self.queue.append((now + self.hold_s, rid, k, tokens, ids))
+
+    def view(self, router: Router, i: int, overlap: int | None, held: int | None,
+             capacity_blocks: int, now: float) -> ReplicaView:
+        inf, act = self.inflight, self.active
+        kw: dict = {}
+        if isinstance(router.load_view, ScrapedMetrics) and act is not None:
+            used = act.active_blocks(i) / capacity_blocks if capacity_blocks else 0.0
+            kw = dict(queue=inf.requests[i], running=inf.requests[i],
+                      kv_usage=min(1.0, used), scraped_at_s=now)
+        elif isinstance(router.load_view, PredictedLoad) and act is not None:
+            kw = dict(active_blocks=act.active_blocks(i),
+                      active_prefill_tokens=act.prefill_total[i])
+        return ReplicaView(i, overlap, held, inf.requests[i], inf.tokens[i], inf.routed[i],
+                           **kw)
+
+
+def idle_replicas(chosen: np.ndarray, replicas: int) -> int:
+    """Replicas that served under a tenth of their even share of the requests."""
+    if not chosen.shape[0]:
+        return 0
+    served = np.bincount(chosen, minlength=replicas)
+    return int((served * replicas * IDLE_SHARE < chosen.shape[0]).sum())
+
+
+IDLE_SHARE = 10  # idle: fewer than 1 / IDLE_SHARE of an even share of the requests
 
 
 def fleet_hits(trace, cache_tokens: int, replicas: int, router: str = "round-robin",
                pool_tokens: int = 0, policy: str = DEFAULT_POLICY,
                order: np.ndarray | None = None, seed: int = 0,
-               router_params: dict | None = None,
-               progress: Callable[[int], None] | None = None,
-               pool_write: str = "write-through"
-               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per request (trace index): blocks reused from its replica, blocks fetched from the
-    pool, and the replica it went to."""
+               router_params: dict | None = None, pool_write: str = "write-through",
+               in_flight_s: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per request (trace index): prompt blocks reused from its replica, blocks fetched from
+    the pool, and the replica it went to."""
     bs = trace.block_size
-    rt = clockless_router(router, router_params)
+    rt = clockless_router(router, router_params, in_flight_s, replicas)
     rt.bind(replicas, bs, np.random.default_rng([seed, ROUTER_STREAM]))
-    caches = [replay_for(cache_tokens // bs, policy) for _ in range(replicas)]
+    cache_blocks = cache_tokens // bs
+    caches = [replay_for(cache_blocks, policy) for _ in range(replicas)]
     pool = SharedPool(pool_tokens // bs) if pool_tokens >= bs else None
     write_back = pool is not None and pool_write == "write-back"
     if write_back:
         for c in caches:
             c.evicted = []
     cache_aware = rt.cache_view is not None
+    times = arrival_times(trace)
     order = arrival_order(trace) if order is None else order
+    load = InFlightModel(replicas, in_flight_s, rt.load_view is not None)
     local = np.zeros(len(trace), np.int64)
     fetched = np.zeros(len(trace), np.int64)
     chosen = np.zeros(len(trace), np.int64)
-    routed = [0] * replicas
     sessions = trace.session
+    bar = current_progress()
+    counting = bar.counts("requests")
     step = max(1, len(order) // 100)
-    for i, r in enumerate(order):
-        r = int(r)
-        ids = trace.block_ids(r)
-        views = tuple(_idle_view(rt, k, caches[k].prefix_blocks(ids) if cache_aware else None,
-                                 caches[k].held_blocks if cache_aware else None, routed[k])
+    for i, r in enumerate(order.tolist()):
+        now = float(times[r])
+        load.release_until(now, rt)
+        finish = trace.finish_block_ids(r)
+        ids = finish[:trace.n_blocks(r)]
+        overlaps = [caches[k].prefix_blocks(ids) if cache_aware else None
+                    for k in range(replicas)]
+        views = tuple(load.view(rt, k, overlaps[k],
+                                caches[k].held_blocks if cache_aware else None, cache_blocks,
+                                now)
                       for k in range(replicas))
-        req = RouteRequest(r, int(sessions[r]), 0.0, int(trace.prompt_tokens[r]), ids, bs)
-        view = RouterView(0.0, views, pool.prefix(ids) if pool is not None and cache_aware
+        prompt_tokens = int(trace.prompt_tokens[r])
+        req = RouteRequest(r, int(sessions[r]), now, prompt_tokens, ids, bs)
+        view = RouterView(now, views, pool.prefix(ids) if pool is not None and cache_aware
                           else None)
         try:
             k = rt.route(req, view)
@@ -123,12 +205,14 @@ def fleet_hits(trace, cache_tokens: int, replicas: int, router: str = "round-rob
         if not 0 <= k < replicas:
             raise CapacityOptionError(f"--router {rt.label}: returned {k!r}, not a replica "
                                       f"index in 0..{replicas - 1}")
-        routed[k] += 1
-        h = caches[k].request(ids)
+        believed = overlaps[k] or 0
+        load.dispatched(now, r, k, prompt_tokens, ids, max(0, prompt_tokens - believed * bs))
+        usable = reusable_blocks(trace, r)
+        h = min(caches[k].request(ids, finish), usable)
         local[r] = h
         chosen[r] = k
         if pool is not None:
-            p = pool.prefix(ids, h)
+            p = pool.prefix(ids[:usable], h) if h < usable else 0
             if p:
                 got = ids[h:h + p]
                 pool.lease(got)  # the fetch: most recent now; its lease ends at once
@@ -138,35 +222,39 @@ def fleet_hits(trace, cache_tokens: int, replicas: int, router: str = "round-rob
                 for gone in caches[k].evicted:
                     pool.put(gone)
                 caches[k].evicted.clear()
-            else:
-                pool.put(ids)
-        rt.on_first_token(r, k, 0.0)
-        rt.on_finish(r, k, 0.0)
-        if progress is not None and (i + 1) % step == 0:
-            progress(step)
-    if progress is not None:
-        progress(len(order) % step)
+            else:  # every block the replica wrote, its output's too
+                pool.put(finish)
+        if not in_flight_s > 0:
+            load.release_until(now, rt)  # no hold: it ends as it is served
+        if counting and (i + 1) % step == 0:
+            bar.advance(step)
+    if counting:
+        bar.advance(len(order) % step)
     return local, fetched, chosen
 
 
 def fleet_capacity_curve(trace, caches, replicas: int, router: str = "round-robin",
                          pool_tokens: int = 0, policies=(DEFAULT_POLICY,), seed: int = 0,
                          router_params: dict | None = None,
-                         progress: Callable[[int], None] | None = None,
-                         pool_write: str = "write-through") -> list[CapacityRow]:
-    """Rows as ``capacity_curve``'s, for a fleet of ``replicas`` (capacities per replica)."""
+                         pool_write: str = "write-through",
+                         in_flight_s: float = 0.0) -> list[CapacityRow]:
+    """Rows as ``capacity_curve``'s, for a fleet of ``replicas`` (capacities per replica);
+    ``ideal_hit_rate`` is the trace's own (one unlimited cache shared by the fleet)."""
     bs = trace.block_size
     prompt = int(trace.prompt_tokens.sum())
-    ideal = int(trace.infinite_cache_hits().sum()) * bs
-    ideal_rate = ideal / prompt if prompt else math.nan
     order = arrival_order(trace)
-    label = clockless_router(router, router_params).label
+    ideal = int(ideal_hits(trace, order).sum()) * bs
+    ideal_rate = ideal / prompt if prompt else math.nan
+    label = clockless_router(router, router_params, in_flight_s, replicas).label
     rows = []
     for name in policies:
         pol = clockless_policy(name).label
         for c in caches:
-            local, fetched, _ = fleet_hits(trace, c, replicas, router, pool_tokens, name,
-                                           order, seed, router_params, progress, pool_write)
+            if current_progress().counts("requests"):
+                current_progress().describe(f"{pol}, {c:,}-token caches")
+            local, fetched, chosen = fleet_hits(trace, c, replicas, router, pool_tokens, name,
+                                                order, seed, router_params, pool_write,
+                                                in_flight_s)
             hit = int(local.sum() + fetched.sum()) * bs
             pool_hit = int(fetched.sum()) * bs
             rows.append(CapacityRow(
@@ -174,5 +262,6 @@ def fleet_capacity_curve(trace, caches, replicas: int, router: str = "round-robi
                 pool_tokens=int(pool_tokens), hit_rate=hit / prompt if prompt else math.nan,
                 ideal_hit_rate=ideal_rate, prompt_tokens=prompt, hit_tokens=hit,
                 pool_hit_rate=pool_hit / prompt if prompt else math.nan,
-                pool_write=pool_write if pool_tokens else ""))
+                pool_write=pool_write if pool_tokens else "", in_flight_s=float(in_flight_s),
+                idle_replicas=idle_replicas(chosen, replicas)))
     return rows

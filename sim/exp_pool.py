@@ -15,7 +15,9 @@ The cache-aware router is the first of ``CACHE_AWARE`` that is registered (the f
 policies/routers/); with none registered the rows say ``session-affinity`` and a note says so.
 
 Capacity: per workload the same replicas, routers and pools, replayed without a clock over
-``CAPACITY_CACHES`` per replica (sim/capacity_fleet.py); rows as ``kvsim capacity --json``.
+``CAPACITY_CACHES`` per replica (sim/capacity_fleet.py), each request in flight for
+``CAPACITY_IN_FLIGHT_S`` of trace time (the load a router like dynamo-kv weighs); rows as
+``kvsim capacity --json``.
 ``--quick``: two replicas, the 8 Claude Code sessions with most requests under 64K tokens, the
 first 300 Mooncake requests, smaller caches and pool. Without ../shared/data the Claude Code
 workload is the synthetic one and the Mooncake workload is left out (a note says so).
@@ -40,6 +42,7 @@ POOL_BANDWIDTH_GB_S = 25.0
 POOL_LATENCY_US = 50.0
 CAPACITY_CACHES = (1 << 16, 1 << 18, 1 << 20, 1 << 22)
 QUICK_CAPACITY_CACHES = (1 << 14, 1 << 16)
+CAPACITY_IN_FLIGHT_S = 2.0  # about a request's latency in the timed rows (docs/fleet.md)
 MOONCAKE = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "mooncake" / \
     "synthetic_trace.jsonl.gz"
 QUICK_MOONCAKE_SELECT = "first:300"
@@ -125,7 +128,8 @@ def capacity(ctx: Context) -> list[dict[str, Any]]:
     rows = []
     for (name, router, n, size), cfg in zip(keys, cfgs, strict=True):
         trace = load_run_trace(cfg)
-        for r in fleet_capacity_curve(trace, caches, n, router, size):
+        for r in fleet_capacity_curve(trace, caches, n, router, size,
+                                      in_flight_s=CAPACITY_IN_FLIGHT_S):
             rows.append({"workload": name, **r.as_dict()})
     return rows
 

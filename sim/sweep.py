@@ -80,12 +80,13 @@ def _size(v: Any, where: str, field: str) -> Any:
         return v
     if v is None or (isinstance(v, int) and not isinstance(v, bool)):
         return v
-    from sim.cli.common import parse_size  # sizes use the CLI's grammar ("256k")
+    from sim.cli.common import SIZE_GRAMMAR, parse_size  # the CLI's grammar ("256k", "3e6")
 
     try:
         return parse_size(str(v), field)
     except Exception:
-        raise ConfigError(where, field, f"not a size: {v!r}") from None
+        raise ConfigError(where, field, f"not a size: {v!r} (sizes in tokens: "
+                          f"{SIZE_GRAMMAR})") from None
 
 
 def _policy_path(v: Any, base_dir: Path) -> Any:

@@ -1,10 +1,12 @@
 """``kvsim capacity``: the cache-only replay against an independent brute-force LRU.
 
 The brute force is an ordered dict over the trace file's own block ids (no kvsim code): a
-request reuses its leading cached blocks, makes them most recent, evicts the least recent
-blocks until its missing ones fit (a prompt longer than the cache keeps its longest prefix
-that fits), and uses its blocks from the tail to the head, so a history is evicted from its
-end, oldest request first.
+request reuses its leading cached blocks (at most ``(prompt - 1) // block`` of them: an engine
+computes one token at least), makes them most recent, evicts the least recent blocks until
+the blocks it caches fit (its prompt's, then its decoded output's, as the engines insert a
+finished request; a sequence longer than the cache keeps its longest prefix that fits), and
+uses its blocks from the tail to the head, so a history is evicted from its end, oldest
+request first.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import gzip
 import json
 from collections import OrderedDict
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -22,7 +25,7 @@ from conftest import SHARED_DATA
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.capacity import CacheReplay, LruReplay, arrival_order, capacity_curve
+from sim.capacity import CacheReplay, LruReplay, arrival_order, capacity_curve, ideal_hits
 from sim.cli.main import cli
 from traces import load_trace
 
@@ -30,15 +33,24 @@ MOONCAKE = SHARED_DATA / "mooncake" / "synthetic_trace.jsonl.gz"
 BS = 512  # Mooncake's block size: kvsim's blocks are then the file's hash ids
 
 
-def brute_force_lru(prompts: list[list[int]], capacity: int) -> list[int]:
+class Req(NamedTuple):
+    """One request as the brute force sees it."""
+
+    prompt: list  # its full blocks
+    cached: list  # what it leaves in the cache: the prompt's blocks, then its output's
+    usable: int  # the most blocks it can reuse
+
+
+def brute_force_lru(requests: list[Req], capacity: int) -> list[int]:
     """Hits (blocks) per request, in the given order."""
-    cache: OrderedDict[int, None] = OrderedDict()
+    cache: OrderedDict = OrderedDict()
     hits = []
-    for ids in prompts:
+    for req in requests:
+        ids = req.cached
         h = 0
         while h < len(ids) and ids[h] in cache:
             h += 1
-        hits.append(h)
+        hits.append(min(h, len(req.prompt), req.usable))
         for b in ids[:h]:
             cache.move_to_end(b)
         need = len(ids) - h
@@ -52,14 +64,29 @@ def brute_force_lru(prompts: list[list[int]], capacity: int) -> list[int]:
     return hits
 
 
-def read_mooncake(path: Path) -> tuple[list[list[int]], int]:
-    """The file's full blocks per request in timestamp order (stable), and prompt tokens."""
+def mooncake_request(i: int, rec: dict) -> Req:
+    """A Mooncake record: every request is its own session, so its output blocks (the full
+    blocks of prompt + output - 1 tokens past the prompt's) are new to the trace."""
+    p, o = rec["input_length"], rec["output_length"]
+    prompt = rec["hash_ids"][:p // BS]
+    out = [("out", i, j) for j in range(max(0, (p + o - 1) // BS - p // BS))]
+    return Req(prompt, prompt + out, max(0, (p - 1) // BS))
+
+
+def read_mooncake(path: Path) -> tuple[list[Req], int]:
+    """The file's requests in timestamp order (stable), and prompt tokens."""
     opener = gzip.open if path.name.endswith(".gz") else open
     with opener(path, "rt") as f:
         recs = [json.loads(line) for line in f if line.strip()]
     order = sorted(range(len(recs)), key=lambda i: (recs[i]["timestamp"], i))
-    prompts = [recs[i]["hash_ids"][:recs[i]["input_length"] // BS] for i in order]
-    return prompts, sum(r["input_length"] for r in recs)
+    return [mooncake_request(i, recs[i]) for i in order], sum(r["input_length"] for r in recs)
+
+
+def trace_requests(trace) -> list[Req]:
+    """A kvsim trace's requests in arrival order (what each caches: ``finish_block_ids``)."""
+    return [Req(trace.block_ids(int(r)).tolist(), trace.finish_block_ids(int(r)).tolist(),
+                max(0, (int(trace.prompt_tokens[r]) - 1) // trace.block_size))
+            for r in arrival_order(trace)]
 
 
 def capacity_json(path: Path, caches: str, *extra: str) -> list[dict]:
@@ -83,7 +110,8 @@ def check_against_brute_force(path: Path, caches: list[int]) -> None:
 
 @st.composite
 def chained_trace(draw) -> list[tuple[int, list[int], int]]:
-    """(timestamp ms, hash ids, input tokens) records: agentic prompts over chained ids."""
+    """(timestamp ms, hash ids, input tokens, output tokens) records: agentic prompts over
+    chained ids."""
     universe, history = Universe(), []
     records, t = [], 0
     for _ in range(draw(st.integers(1, 30))):
@@ -95,14 +123,15 @@ def chained_trace(draw) -> list[tuple[int, list[int], int]]:
         history.append(choices)
         t += draw(st.sampled_from([0, 0, 1, 5]))  # equal timestamps keep file order
         tokens = len(choices) * BS + draw(st.integers(0, BS - 1))
-        records.append((t, [int(x) for x in universe.prompt(choices)], tokens))
+        out = draw(st.sampled_from([1, 1, 0, BS // 2, 3 * BS]))
+        records.append((t, [int(x) for x in universe.prompt(choices)], tokens, out))
     return records
 
 
 def write_records(path: Path, records) -> Path:
-    lines = [json.dumps({"timestamp": t, "input_length": n, "output_length": 1,
+    lines = [json.dumps({"timestamp": t, "input_length": n, "output_length": o,
                          "hash_ids": [*ids, 10_000 + i] if n % BS else ids})  # + partial
-             for i, (t, ids, n) in enumerate(records)]
+             for i, (t, ids, n, o) in enumerate(records)]
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -123,8 +152,9 @@ def test_fast_lru_equals_the_radix_cache_replay(tmp_path_factory, records, block
     trace = load_trace(str(path), block_size=BS, cache_dir=None)
     fast, tree = LruReplay(blocks), CacheReplay(blocks, "vllm")
     order = arrival_order(trace)
-    a = [fast.request(trace.block_ids(int(r))) for r in order]
-    b = [tree.request(trace.block_ids(int(r))) for r in order]
+    reqs = [(trace.block_ids(int(r)), trace.finish_block_ids(int(r))) for r in order]
+    a = [fast.request(ids, finish) for ids, finish in reqs]
+    b = [tree.request(ids, finish) for ids, finish in reqs]
     assert a == b
 
 
@@ -134,15 +164,72 @@ def test_capacity_equals_brute_force_lru_on_the_mooncake_trace():
     check_against_brute_force(MOONCAKE, [300 * 1024, 3 * 1024 * 1024, 50 * 1024 * 1024])
 
 
-def test_ideal_hit_rate_is_the_trace_stats_value():
+def test_ideal_hit_rate_is_the_unlimited_replay_and_at_least_the_prompt_only_figure():
+    """The ideal is the same replay with an unlimited cache: above `kvsim trace stats`'s
+    prompt-only infinite cache by the output blocks the next turns reuse."""
     spec = "synthetic:claude-code?sessions=6"
     rows = capacity_json(spec, "64k,1m")
     res = CliRunner().invoke(cli, ["trace", "stats", spec, "--cache-dir", "off",
                                    "--block-size", str(BS), "--json"])
     assert res.exit_code == 0, res.output
     stats = json.loads(res.stdout)
-    assert rows[0]["ideal_hit_rate"] == stats["infinite_cache_hit_rate"]
+    trace = load_trace(spec, block_size=BS, cache_dir=None)
+    prompt = int(trace.prompt_tokens.sum())
+    assert rows[0]["ideal_hit_rate"] == int(ideal_hits(trace).sum()) * BS / prompt
+    assert rows[0]["ideal_hit_rate"] > stats["infinite_cache_hit_rate"]
     assert rows[0]["hit_rate"] < rows[1]["hit_rate"] <= rows[1]["ideal_hit_rate"]
+
+
+def two_turns(output_tokens: int):
+    """One session, 64-token blocks: a 2-block prompt [1, 2] answered with
+    ``output_tokens``, then a 328-token prompt [1, 2, 3, 4, 5] that repeats the first prompt
+    and its reply (blocks 3 and 4 hold the reply's tokens when it is 130 long)."""
+    from traces.builder import TraceBuilder
+    from traces.kinds import GAP_HUMAN
+
+    b = TraceBuilder("two-turns", "test", "test", 64)
+    h = b.open_session("s")
+    b.add(h, prompt=128, output=output_tokens, ids=np.array([1, 2]), send_time_s=0.0,
+          gap_s=0.0, gap_kind=GAP_HUMAN)
+    b.add(h, prompt=328, output=1, ids=np.array([1, 2, 3, 4, 5]), send_time_s=60.0,
+          gap_s=30.0, gap_kind=GAP_HUMAN)
+    return b.build()
+
+
+def engine_hits(trace, engine: str) -> list[int]:
+    """Per request, the GPU hit (tokens) of a timed run whose cache never fills."""
+    from sim.config import RunConfig
+    from sim.runner import run
+
+    cfg = RunConfig(trace="two-turns", gpu_cache=1 << 26, sessions=8, engine=engine,
+                    max_context=131072).with_preset("vllm")
+    res = run(cfg, trace)
+    return res.requests.sort_values("request")["hit_gpu_tokens"].tolist()
+
+
+def test_the_next_turn_reuses_the_blocks_of_the_reply_hand_computed():
+    """Turn 1 caches [1, 2] and the 2 full blocks its 130-token reply completes
+    ((128 + 130 - 1) // 64 = 4 blocks); turn 2 reuses all 4 (256 tokens), as the engines do.
+    A 60-token reply completes no block: turn 2 reuses the prompt's 2 (128 tokens)."""
+    for out, want in ((130, [0, 4]), (60, [0, 2])):
+        trace = two_turns(out)
+        assert ideal_hits(trace).tolist() == want
+        assert capacity_curve(trace, [64 * 64])[0].hit_tokens == want[1] * 64
+        for engine in ("sglang", "vllm"):
+            assert engine_hits(trace, engine) == [64 * w for w in want]
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_unlimited_cache_equals_the_engine_without_pressure_request_by_request(engine):
+    """Sessions with replies that the next prompt repeats, prompts of whole blocks included
+    (the engine computes one token of a fully cached prompt: the replay counts the same)."""
+    trace = load_trace("synthetic:claude-code?sessions=30", max_context=131072,
+                       cache_dir=None)
+    assert (trace.prompt_tokens % 64 == 0).any()
+    assert (trace.finish_blocks() > trace.prompt_tokens // 64).any()
+    want = engine_hits(trace, engine)
+    got = (ideal_hits(trace) * 64).tolist()
+    assert got == want
 
 
 def test_penelope_keeps_a_history_tail_that_a_new_prompt_cannot_reuse():
@@ -197,3 +284,18 @@ def test_bad_capacity_options_fail_in_one_line(args, words):
     assert res.exit_code == 2
     assert words in res.output
     assert "Traceback" not in res.output
+
+
+@pytest.mark.parametrize("fleet", [[], ["--replicas", "2"]])
+def test_progress_is_shown_in_a_log(fleet):
+    """stderr is not a terminal here: the progress facility prints plain lines (the first
+    report, each replay as it starts, the end), and stdout stays one JSON document."""
+    res = CliRunner().invoke(cli, ["capacity", "synthetic:claude-code?sessions=4", "--cache",
+                                   "64k,1m", "--cache-dir", "off", "--json", *fleet])
+    assert res.exit_code == 0, res.output
+    json.loads(res.stdout)
+    lines = [x for x in res.stderr.splitlines() if x.startswith("kvsim capacity:")]
+    assert lines[0].startswith("kvsim capacity: unlimited cache: 0/")
+    assert any("vllm, 65,536-token cache" in x for x in lines)
+    assert any("vllm, 1,048,576-token cache" in x for x in lines)
+    assert "requests (100%)" in lines[-1]

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import simpy
 
+from sim.engines.sglang import SGLangServer
 from sim.fleet.pool import SharedPool
 from sim.fleet.pooltier import FleetPool
 from sim.fleet.replica import ObservedRadixKVCache
@@ -26,22 +27,27 @@ class Recorder:
 
 
 class Replica:
-    """The engine side of the hand-off: a cache and a submit that records when."""
+    """The engine side of the hand-off: a cache, a submit that records when, and the sglang
+    engine's own landing of fetched blocks."""
+
+    insert_remote = SGLangServer.insert_remote
 
     def __init__(self, env: simpy.Environment, cache: ObservedRadixKVCache) -> None:
         self.env, self.cache, self.rec, self.got = env, cache, Recorder(), []
+        self.ever: set[int] = set()
 
     def submit(self, req) -> None:
         self.got.append((req.rid, self.env.now))
 
 
 def setup(per_token_s: float, pool_blocks: int = 100, replicas: int = 1, write="write-through",
-          **cache_kw):
+          policy: str = "sglang", **cache_kw):
     env = simpy.Environment()
-    engines = [Replica(env, ObservedRadixKVCache(16, "sglang", block_size=BS, **cache_kw))
+    engines = [Replica(env, ObservedRadixKVCache(16, policy, block_size=BS, **cache_kw))
                for _ in range(replicas)]
     pool = FleetPool(env, SharedPool(pool_blocks), engines, BS, BLOCK_BYTES, BANDWIDTH,
-                     LATENCY, write, lambda a, b: (b - a) * per_token_s)
+                     LATENCY, write,
+                     lambda ranges: sum(b - a for a, b in ranges) * per_token_s)
     return env, engines, pool
 
 
@@ -64,7 +70,8 @@ def test_a_fetch_that_beats_recompute_lands_before_the_request():
     assert rep.got == [(7, pytest.approx(0.004)), (8, pytest.approx(0.008))]
     assert rep.cache.gpu_prefix_blocks(np.asarray([1, 2, 3, 9])) == 3
     assert fp.pool.leases == {}
-    assert fp.record.fetched[7] == 3 and fp.record.fetch_s[7] == pytest.approx(0.004)
+    assert fp.record.landed[7] == [(0, 3)] and fp.record.fetch_s[7] == pytest.approx(0.004)
+    assert rep.ever == {1, 2, 3}  # the engine's unlimited cache holds what landed
     assert fp.record.fetch_s[8] == pytest.approx(0.008)
     assert (fp.fetches, fp.refusals, fp.fetched_blocks) == (2, 0, 6)
     assert fp.transfers == [(0.0, pytest.approx(0.004), 3000),
@@ -82,7 +89,7 @@ def test_a_fetch_slower_than_recompute_is_refused():
     assert rep.got == [(7, 0.0)]
     assert rep.cache.gpu_prefix_blocks(np.asarray([1, 2, 3])) == 0
     assert (fp.fetches, fp.refusals, fp.refused_blocks) == (0, 1, 3)
-    assert 7 not in fp.record.fetched
+    assert 7 not in fp.record.landed
 
 
 def test_the_lookup_starts_after_the_replicas_own_prefix():
@@ -93,7 +100,7 @@ def test_the_lookup_starts_after_the_replicas_own_prefix():
     fp.submit(request(7, 1, 2, 3, 9), 0)
     env.run()
     assert rep.got == [(7, pytest.approx(0.003))]
-    assert fp.record.fetched[7] == 2
+    assert fp.record.landed[7] == [(1, 3)]
 
 
 def test_eviction_at_the_watermark_skips_a_block_leased_by_a_fetch_in_flight():
@@ -159,3 +166,61 @@ def test_no_fetch_behind_a_prefix_in_the_replicas_cpu_tier():
     env.run()
     assert rep.got == [(7, 0.0)]
     assert (fp.fetches, fp.behind_cpu, fp.wasted_blocks) == (0, 1, 0)
+
+
+def holed(per_token_s: float):
+    """A Penelope replica (16 blocks) holding A = blocks 1-12 with a hole at 1-4: A and
+    B = 101-104 fill the GPU; making room for 4 frees the front of A's private history, the
+    least recent. The pool holds 1-12 (written through)."""
+    env, (rep,), fp = setup(per_token_s=per_token_s, policy="penelope")
+    rep.cache.insert(np.arange(1, 13))
+    rep.cache.insert(np.arange(101, 105))
+    assert rep.cache.make_room(4).ok
+    assert [(s, e, t.name) for s, e, t in rep.cache.tier_runs(np.arange(1, 14))] == [
+        (0, 4, "NONE"), (4, 12, "GPU")]
+    return env, rep, fp
+
+
+def test_a_fetch_behind_a_hole_moves_only_the_missing_blocks():
+    """Prompt 1-13 on the holed replica: the lookup starts at block 0 (the hole) and the pool
+    holds 1-12, but blocks 5-12 are on the replica's GPU behind the hole: only 1-4 are fetched
+    (1 ms + 4,000 B / 1 MB/s = 5 ms, against 16 tokens x 1 ms of recompute), leased and moved;
+    they fill the hole, and the whole prefix 1-12 is on the GPU when the request arrives
+    (before: all 12 blocks, 13 ms and 12,000 bytes)."""
+    env, rep, fp = holed(per_token_s=1e-3)
+    ids = np.arange(1, 14)
+    fp.submit(request(7, *ids), 0)
+    assert fp.pool.leases == {1: 1, 2: 1, 3: 1, 4: 1}
+    env.run()
+    assert rep.got == [(7, pytest.approx(0.005))]
+    assert fp.transfers == [(0.0, pytest.approx(0.005), 4000)]
+    assert (fp.fetched_blocks, fp.wasted_blocks) == (4, 0)
+    assert fp.record.landed[7] == [(0, 4)]
+    assert rep.cache.gpu_prefix_blocks(ids) == 12
+    assert set(range(1, 13)) <= rep.ever
+
+
+def test_a_hole_fetch_is_priced_against_recomputing_the_hole_only():
+    """The same lookup at 0.3 ms per token: fetching the 4 missing blocks (5 ms) is slower
+    than recomputing their 16 tokens (4.8 ms): refused, 4 blocks left in the pool (before:
+    12 blocks in 13 ms against 48 tokens, 14.4 ms, taken)."""
+    env, rep, fp = holed(per_token_s=3e-4)
+    fp.submit(request(7, *range(1, 14)), 0)
+    env.run()
+    assert rep.got == [(7, 0.0)]
+    assert (fp.fetches, fp.refusals, fp.refused_blocks) == (0, 1, 4)
+
+
+def test_a_landing_stops_where_a_block_between_the_fetched_ones_left_the_gpu():
+    """While blocks 1-4 are fetched, the replica makes room for 8 blocks (4 are free):
+    Penelope frees the front of A's GPU part (5-8, next to the hole). The landing fills 1-4
+    and stops at block 5, which is neither fetched nor on the GPU any more: nothing is
+    wasted, and the request finds 1-4 on the GPU, then a hole, then 9-12."""
+    env, rep, fp = holed(per_token_s=1e-3)
+    ids = np.arange(1, 14)
+    fp.submit(request(7, *ids), 0)
+    assert rep.cache.make_room(8).ok
+    env.run()
+    assert fp.record.landed[7] == [(0, 4)] and (fp.fetched_blocks, fp.wasted_blocks) == (4, 0)
+    assert [(s, e, t.name) for s, e, t in rep.cache.tier_runs(ids)] == [
+        (0, 4, "GPU"), (4, 8, "NONE"), (8, 12, "GPU")]

@@ -27,7 +27,8 @@ def assert_same(a, b) -> None:
     for k, v in arrays_a.items():
         assert v.dtype == arrays_b[k].dtype and np.array_equal(v, arrays_b[k]), k
     assert a.sessions == b.sessions and a.options == b.options
-    for k in ("name", "block_size", "format", "source", "models", "skipped"):
+    for k in ("name", "block_size", "format", "source", "models", "skipped", "hash_id_refs",
+              "hash_id_distinct"):
         assert getattr(a, k) == getattr(b, k), k
 
 

@@ -91,7 +91,8 @@ def test_a_pinned_history_survives_the_tool_call_and_is_handed_to_the_next_turn(
     assert a2.ttft_s == pytest.approx(prefill((640, 704)), rel=1e-12)
     assert row(pinned, "s2", 1).hit_gpu_tokens == 0
     assert pinned.summary["continuum_pins"] == {"pins": 1, "handed_over": 1, "expired": 0,
-                                                "pressure": 0, "dropped": 0}
+                                                "pressure": 0, "dropped": 0,
+                                                "superseded": 0}
     # The handover: A1 (request 0) is freed right after A2's admission (which popped the
     # queue's front block for its 11th block), and every one of A1's blocks is held by A2
     # then, so nothing joins the free queue. B2 (blocks 21-30, then C's 20-11) was freed
@@ -132,7 +133,8 @@ def test_memory_pressure_unpins_the_latest_program_first(frees, sync):
     # blocks freed in vLLM's order and popped by B2; A keeps its history.
     res = run(cfg("continuum-fixed", vllm_async=not sync), trace(1.0, d_session=True))
     assert res.summary["continuum_pins"] == {"pins": 2, "handed_over": 1, "expired": 0,
-                                             "pressure": 1, "dropped": 0}
+                                             "pressure": 1, "dropped": 0,
+                                             "superseded": 0}
     assert row(res, "s0", 1).hit_gpu_tokens == 640
     assert row(res, "s1", 1).hit_gpu_tokens == 0
     # request ids: A1 0, A2 1, D1 2, D2 3, B1 4, B2 5; B1 finished, then D1 unpinned by
@@ -155,6 +157,101 @@ def test_program_order_puts_an_older_programs_turn_first():
         order[patch] = [(r.session, r.turn) for r in df.itertuples()]
     assert order["none"] == [("s0", 0), ("s1", 0), ("s2", 0), ("s0", 1)]
     assert order["continuum-fcfs"] == [("s0", 0), ("s0", 1), ("s1", 0), ("s2", 0)]
+
+
+@pytest.fixture
+def at_close(monkeypatch) -> list[dict]:
+    """Per Continuum server, at the end of its run (after ``BlockPool.check``): the
+    requests still holding blocks, the pinned ones, and the free and total blocks."""
+    from sim.engines.vllm_continuum import ContinuumVllmServer
+
+    seen: list[dict] = []
+    close = ContinuumVllmServer.close
+
+    def spy(self):
+        close(self)
+        self.pool.check()
+        seen.append({"running": sorted(self.pool.running()),
+                     "pinned": sorted(p.rid for p in self.pins.pins.values()),
+                     "free": self.pool.free_blocks, "blocks": self.pool.capacity_blocks})
+
+    monkeypatch.setattr(ContinuumVllmServer, "close", spy)
+    return seen
+
+
+def open_loop_program(outputs: tuple[int, int]) -> KitTrace:
+    """One program, open loop: turn 1 (640 tokens) at 0, turn 2 (704) at 0.05 while turn 1
+    still runs, turn 3 (768) at 1.5; ``outputs``: the output tokens of turns 1 and 2."""
+    t = KitTrace([[(640, outputs[0], 0.0), (704, outputs[1], 0.0), (768, 1, 0.0)]])
+    t.send_time_s = np.array([0.0, 0.05, 1.5])
+    return t
+
+
+@pytest.mark.parametrize("sync", [False, True])
+def test_open_loop_a_later_turn_finishing_first_keeps_the_programs_pin(at_close, sync):
+    # Turn 1 decodes 100 tokens (to about 0.83 s); turn 2 (1 token) finishes at about
+    # 0.07 s and pins its 11 blocks for 2 s. Turn 1's finish is stale: it pins nothing
+    # (before: "session 0 pinned twice"; under python -O its blocks were never freed).
+    res = run(cfg("continuum-fixed", gpu_cache=1 << 14, sessions=1, replay="open",
+                  vllm_async=not sync), open_loop_program((100, 1)))
+    df = res.requests
+    assert df.end_s[1] < df.end_s[0] < df.send_s[2]
+    assert row(res, "s0", 2).hit_gpu_tokens == 704  # turn 2's history, handed over
+    assert res.summary["continuum_pins"] == {"pins": 1, "handed_over": 1, "expired": 0,
+                                             "pressure": 0, "dropped": 0,
+                                             "superseded": 0}
+    assert at_close == [{"running": [], "pinned": [], "free": 256, "blocks": 256}]
+
+
+@pytest.mark.parametrize("sync", [False, True])
+def test_open_loop_a_later_turn_supersedes_an_earlier_turns_pin(at_close, sync):
+    # Turn 1 (20 tokens) finishes first and pins; turn 2 (100 tokens) finishes later and
+    # ends turn 1's pin before pinning its own history, which turn 3 takes over.
+    res = run(cfg("continuum-fixed", gpu_cache=1 << 14, sessions=1, replay="open",
+                  vllm_async=not sync), open_loop_program((20, 100)))
+    df = res.requests
+    assert df.end_s[0] < df.end_s[1] < df.send_s[2]
+    assert row(res, "s0", 2).hit_gpu_tokens == 704
+    assert res.summary["continuum_pins"] == {"pins": 2, "handed_over": 1, "expired": 0,
+                                             "pressure": 0, "dropped": 0,
+                                             "superseded": 1}
+    assert at_close == [{"running": [], "pinned": [], "free": 256, "blocks": 256}]
+
+
+def test_a_pin_set_while_the_programs_next_turn_waits_is_held_until_its_admission():
+    # One running slot. B0 (t = 0, a human turn follows) starts program B first; A1 runs
+    # from 0.1; B1 (600 output tokens) and A2 arrive while it runs and wait, B1 first
+    # (program order). A1 pins for 2 s at about 0.12 while A2 waits: the pin is held
+    # through B1's 5 s decode and handed to A2 (before: it expired at about 2.12 s).
+    t = KitTrace([[(640, 1, 0.0), (704, 1, 0.0)], [(64, 1, 0.0), (640, 600, 0.0)]])
+    t.gap_kind[t.sessions[1].first + 1] = HUMAN
+    t.send_time_s = np.array([0.1, 0.11, 0.0, 0.105])  # rows: A1, A2, B0, B1
+    res = run(cfg("continuum-fixed", gpu_cache=1 << 14, replay="open", max_running=1), t)
+    a2, b1 = row(res, "s0", 1), row(res, "s1", 1)
+    assert a2.admit_s == b1.end_s and a2.admit_s - row(res, "s0", 0).end_s > 4.0
+    assert a2.hit_gpu_tokens == 640
+    assert res.summary["continuum_pins"] == {"pins": 1, "handed_over": 1, "expired": 0,
+                                             "pressure": 0, "dropped": 0,
+                                             "superseded": 0}
+
+
+@pytest.mark.parametrize("patch", ["continuum", "continuum-fixed", "continuum-pins"])
+def test_open_loop_pins_leak_no_blocks(at_close, patch):
+    # 16 synthetic programs replayed at their recorded send times on a small cache: turns
+    # overlap, pins are superseded, handed over, expired and broken by pressure. At the end
+    # every block is free or held by a pin still standing, and the pins add up.
+    base = dict(trace="synthetic:claude-code?sessions=16", engine="vllm", replay="open",
+                gpu_cache=65536, max_context=65536, debug_cache=True)
+    stock = run(RunConfig(**base).with_preset("vllm"))
+    res = run(RunConfig(**base, vllm_patch=patch).with_preset("vllm"))
+    assert res.summary["requests"] == stock.summary["requests"]
+    (end,) = at_close
+    assert end["running"] == end["pinned"]
+    pins = res.summary["continuum_pins"]
+    assert pins["pins"] > 0
+    assert pins["pins"] == sum(v for k, v in pins.items() if k != "pins") + len(end["pinned"])
+    if not end["pinned"]:
+        assert end["free"] == end["blocks"]
 
 
 def test_unpatched_vllm_has_no_continuum_fields_and_patches_need_the_vllm_engine():
@@ -296,7 +393,8 @@ def test_a_pin_expires_inside_a_decode_run(monkeypatch, sync):
     monkeypatch.undo()
     for res in (fast, slow):
         assert res.summary["continuum_pins"] == {"pins": 1, "handed_over": 0, "expired": 1,
-                                                 "pressure": 0, "dropped": 0}
+                                                 "pressure": 0, "dropped": 0,
+                                                "superseded": 0}
     assert fast.summary["decode_events"] < slow.summary["decode_events"] / 10
     for col in ("ttft_s", "end_s", "admit_s"):
         np.testing.assert_allclose(fast.requests[col], slow.requests[col], rtol=1e-9)

@@ -134,6 +134,82 @@ def test_ttl_drop_event_releases_the_pin() -> None:
     assert p.pinned_until(Leaf()) == -np.inf
 
 
+def _bound_ttl(now: list[float]):
+    from policies import PolicyContext
+
+    p = get_policy("ttl?tau_s=20")
+    p.bind(PolicyContext(now=lambda: now[0], recompute_seconds=lambda a, b: 1.0))
+    return p
+
+
+class _Leaf:
+    def __init__(self, serial: int) -> None:
+        self.serial = serial
+
+
+def test_ttl_open_loop_keeps_the_latest_replys_pin() -> None:
+    # Under the open loop request 1 of session 0 arrives and replies before request 0: the
+    # session keeps request 1's (longer) history pinned; request 0's late reply is stale
+    # (before: it replaced the pin with its own shorter history).
+    from policies import Arrival, Reply
+
+    now = [0.0]
+    p = _bound_ttl(now)
+    p.on_arrival(Arrival(0.0, 0, 0, 4000, np.zeros(0, np.int64)))
+    p.on_arrival(Arrival(0.1, 0, 1, 4100, np.zeros(0, np.int64)))
+    p.on_reply(Reply(0.5, 0, 1, 4200, _Leaf(11), "tool"))
+    p.on_reply(Reply(0.9, 0, 0, 4100, _Leaf(10), "tool"))
+    assert p.pinned == {0: 11} and p.pinned_until(_Leaf(11)) == 20.5
+    assert p.pinned_until(_Leaf(10)) == -np.inf
+    assert len(p.taus) == 1 and p.turns == {0: 1}
+
+
+def test_ttl_pin_set_while_a_later_request_is_in_the_server_holds_until_it_replies() -> None:
+    from policies import Arrival, Drop, Reply
+
+    now = [0.0]
+    p = _bound_ttl(now)
+    p.on_arrival(Arrival(0.0, 0, 0, 4000, np.zeros(0, np.int64)))
+    p.on_arrival(Arrival(0.1, 0, 1, 4100, np.zeros(0, np.int64)))
+    p.on_reply(Reply(0.5, 0, 0, 4100, _Leaf(10), "tool"))
+    assert p.pinned_until(_Leaf(10)) == np.inf  # request 1 is in the server
+    p.on_reply(Reply(30.0, 0, 1, 4200, _Leaf(11), "end"))
+    assert p.pinned == {} and p.until == {}
+    # a later request that is dropped first holds nothing
+    p.on_arrival(Arrival(31.0, 1, 2, 4000, np.zeros(0, np.int64)))
+    p.on_arrival(Arrival(31.1, 1, 3, 90000, np.zeros(0, np.int64)))
+    p.on_drop(Drop(31.1, 1, 3, "cache"))
+    p.on_reply(Reply(31.5, 1, 2, 4100, _Leaf(12), "tool"))
+    assert p.pinned_until(_Leaf(12)) == 51.5
+    assert p.in_server == {}
+
+
+def test_ttl_open_loop_pins_only_the_latest_replies(monkeypatch) -> None:
+    # 16 synthetic sessions at their recorded send times: requests of a session overlap and
+    # some reply out of order. Whenever a reply is handled, a session's pin (if any) is the
+    # history of its latest reply so far, never an older one.
+    from policies.zoo.ttl import TTLPinning
+
+    latest: dict[int, tuple[int, int]] = {}  # session -> (request, leaf serial)
+    wrong = []
+    on_reply = TTLPinning.on_reply
+
+    def spy(self, event):
+        on_reply(self, event)
+        if event.leaf is not None and event.request > latest.get(event.session, (-1, 0))[0]:
+            latest[event.session] = (event.request, event.leaf.serial)
+        for s, serial in self.pinned.items():
+            if serial != latest[s][1]:
+                wrong.append((event.time, s))
+
+    monkeypatch.setattr(TTLPinning, "on_reply", spy)
+    res = run(RunConfig(trace="synthetic:claude-code?sessions=16", policy="ttl?tau_s=5",
+                        scheduler="program-fcfs", replay="open", gpu_cache=65536,
+                        max_context=65536, debug_cache=True))
+    assert res.summary["requests"] > 0
+    assert wrong == []
+
+
 def test_program_fcfs_serves_the_earlier_program_first() -> None:
     # s0 prefills 40,000 tokens (64 cached) from 0.51 s on: four passes of 8,192 (a chunked
     # prompt owns its pass), then [32832, 40000) with 1,024 tokens of budget to spare.

@@ -58,6 +58,10 @@ class _Open:
     layout: Layout | None = None  # token-level regions of the current prompt
     reg_vals: list[int] = field(default_factory=list)  # regions of the new ids, run-length
     reg_counts: list[int] = field(default_factory=list)
+    # the trace's own hash ids (partial last block included), compact like ``new``
+    src_len: list[int] = field(default_factory=list)
+    src_new: list[np.ndarray] = field(default_factory=list)
+    src_last: np.ndarray | None = None
 
     def regions(self, n: int) -> np.ndarray:
         """uint8 regions of the first ``n`` new ids (in request order)."""
@@ -104,6 +108,7 @@ class TraceBuilder:
         self.base_options: dict = {}  # recorded in every built Trace's options
         self._sessions: list[_Open] = []
         self._models: dict[str, int] = {}
+        self._without_hash_ids = False  # a request came without the file's hash ids
 
     # -- input ------------------------------------------------------------------------------
     def open_session(self, id: str, *, scope: int = 0, parent: int = -1, after_local: int = -1,
@@ -127,11 +132,13 @@ class TraceBuilder:
 
     def add(self, h: int, *, prompt: int, output: int, ids: np.ndarray, send_time_s: float,
             gap_s: float, gap_kind: int, model: str = "", kinds: int = 0,
-            input_region: int | None = None) -> None:
+            input_region: int | None = None, hash_ids: np.ndarray | None = None) -> None:
         """Append a request; ``ids`` are its full-block ids in the session's scope.
 
         ``input_region``: the region of its new input (traces.regions); None when the format
-        cannot tell (its new blocks are ``unknown``)."""
+        cannot tell (its new blocks are ``unknown``). ``hash_ids``: the ids the trace file
+        lists for the prompt, in its own block size, a partial last block's included (what
+        its publisher counts); None for a format that has none."""
         s = self._sessions[h]
         if ids.shape[0] != prompt // self.block_size:
             raise ValueError("ids must have prompt // block_size entries")
@@ -139,6 +146,17 @@ class TraceBuilder:
         k = 0 if s.last is None else common_prefix(s.last, ids)
         s.prefix.append(k)
         s.new.append(ids[k:].copy() if k else ids)
+        if hash_ids is None:
+            self._without_hash_ids = True
+        else:
+            src = np.ascontiguousarray(hash_ids, dtype=np.int64)
+            j = 0 if s.src_last is None else common_prefix(s.src_last, src)
+            s.src_len.append(int(src.shape[0]))
+            if j == k and np.array_equal(src, ids):  # the cache's own blocks: share them
+                s.src_new.append(s.new[-1])
+            else:
+                s.src_new.append(src[j:].copy() if j else src)
+            s.src_last = src
         assert s.layout is not None, "add() after close()"
         vals, counts = s.layout.advance(int(prompt), int(output), k, self.block_size,
                                         input_region)
@@ -156,6 +174,7 @@ class TraceBuilder:
     def close(self, h: int) -> None:
         """Done with a session: drop its last prompt's ids and layout (memory)."""
         self._sessions[h].last = None
+        self._sessions[h].src_last = None
         self._sessions[h].layout = None
 
     # -- storage (traces.cache) --------------------------------------------------------------
@@ -167,9 +186,15 @@ class TraceBuilder:
 
     def storage(self) -> tuple[dict[str, np.ndarray], dict]:
         """Everything ``build`` reads, as arrays and a JSON-able dict: what a cache file holds
-        to make the same builder again (``from_storage``), whatever ``build`` is asked later."""
+        to make the same builder again (``from_storage``), whatever ``build`` is asked later.
+        The file's own hash ids are kept when every request had them (else ``build`` counts
+        none); a request's that are its cache blocks are stored once."""
         ss = self._sessions
         new = [a for s in ss for a in s.new]
+        src = [] if self._without_hash_ids else [a for s in ss for a in s.src_new]
+        shared = [a is b for s in ss for a, b in zip(s.src_new, s.new, strict=True)] \
+            if src else []
+        own = [a for a, same in zip(src, shared, strict=True) if not same]
         arrays = {
             "req_ptr": np.cumsum([0] + [len(s.prompt) for s in ss], dtype=np.int64),
             "new_ptr": np.cumsum([0] + [a.shape[0] for a in new], dtype=np.int64),
@@ -177,6 +202,10 @@ class TraceBuilder:
             "reg_ptr": np.cumsum([0] + [len(s.reg_vals) for s in ss], dtype=np.int64),
             "reg_vals": np.asarray([v for s in ss for v in s.reg_vals], np.int64),
             "reg_counts": np.asarray([c for s in ss for c in s.reg_counts], np.int64),
+            "src_len": np.asarray([n for s in ss for n in s.src_len] if src else [], np.int64),
+            "src_shared": np.asarray(shared, bool),
+            "src_ptr": np.cumsum([0] + [a.shape[0] for a in own], dtype=np.int64),
+            "src_ids": np.concatenate(own).astype(np.int64, copy=False) if own else _EMPTY,
         }
         for k in self._REQUEST_INTS:
             arrays[k] = np.asarray([v for s in ss for v in getattr(s, k)], np.int64)
@@ -185,6 +214,7 @@ class TraceBuilder:
         meta = {"name": self.name, "format": self.format, "source": self.source,
                 "block_size": self.block_size, "skipped": self.skipped,
                 "base_options": self.base_options, "models": list(self._models),
+                "without_hash_ids": self._without_hash_ids,
                 "sessions": [[getattr(s, k) for k in self._SESSION_FIELDS] for s in ss]}
         return arrays, meta
 
@@ -202,6 +232,7 @@ class TraceBuilder:
         self.skipped = int(meta["skipped"])
         self.base_options = dict(meta["base_options"])
         self._models = {m: i for i, m in enumerate(meta["models"])}
+        self._without_hash_ids = bool(meta["without_hash_ids"])
         cls = type(self)
         req, new_ptr, reg = arrays["req_ptr"], arrays["new_ptr"], arrays["reg_ptr"]
         R, n_s = int(req[-1]), len(meta["sessions"])
@@ -214,6 +245,21 @@ class TraceBuilder:
             raise ValueError("the stored builder's arrays do not fit together")
         ids, ptr = arrays["new_ids"], new_ptr.tolist()
         new = [ids[ptr[r]:ptr[r + 1]] for r in range(R)]
+        src_len, shared = arrays["src_len"].tolist(), arrays["src_shared"].tolist()
+        own_ids, own_ptr = arrays["src_ids"], arrays["src_ptr"].tolist()
+        with_src = not self._without_hash_ids
+        if with_src and (len(src_len) != R or len(shared) != R
+                         or len(own_ptr) != R - sum(shared) + 1
+                         or own_ptr[-1] != own_ids.shape[0]):
+            raise ValueError("the stored builder's hash ids do not fit its requests")
+        src: list[np.ndarray] = []
+        k = 0
+        for r in range(R if with_src else 0):
+            if shared[r]:
+                src.append(new[r])
+            else:
+                src.append(own_ids[own_ptr[k]:own_ptr[k + 1]])
+                k += 1
         cols = {k: arrays[k].tolist() for k in (*cls._REQUEST_INTS, *cls._REQUEST_FLOATS)}
         vals, counts = arrays["reg_vals"].tolist(), arrays["reg_counts"].tolist()
         for h, fields in enumerate(meta["sessions"]):
@@ -222,6 +268,8 @@ class TraceBuilder:
             for k, v in cols.items():
                 setattr(s, k, v[a:z])
             s.new = new[a:z]
+            if with_src:
+                s.src_len, s.src_new = src_len[a:z], src[a:z]
             s.reg_vals, s.reg_counts = vals[reg[h]:reg[h + 1]], counts[reg[h]:reg[h + 1]]
             self._sessions.append(s)
 
@@ -322,6 +370,8 @@ class TraceBuilder:
             offset += int(uniq.shape[0])
         if s_max:
             _shared_regions(tops, want, s_max, mapped, regs)
+        hash_refs, hash_distinct = (0, 0) if self._without_hash_ids else \
+            _hash_id_counts(ss, by_scope, keep_n)
 
         # 4. columns, sessions and the compact id store
         counts = [keep_n[i] for i in order]
@@ -377,7 +427,23 @@ class TraceBuilder:
             prefix_blocks=prefix, skipped=self.skipped, options=opts, _pool=pool,
             _pool_region=pool_region,
             _seg_ptr=seg_ptr, _seg_start=seg_start, _seg_len=seg_len,
-            _fresh_base=int(offset), _out_ptr=out_ptr)
+            _fresh_base=int(offset), _out_ptr=out_ptr, hash_id_refs=hash_refs,
+            hash_id_distinct=hash_distinct)
+
+
+def _hash_id_counts(ss: list[_Open], by_scope: dict[int, list[int]], keep_n: list[int]
+                    ) -> tuple[int, int]:
+    """References to the trace file's own hash ids over the kept requests, and the distinct
+    ids among them (per scope: ids of different scopes are unrelated). A request's ids are
+    its session predecessor's first ones plus its new ones, so the distinct ids of a scope are
+    those of its requests' new parts."""
+    refs = distinct = 0
+    for members in by_scope.values():
+        refs += sum(sum(ss[i].src_len[:keep_n[i]]) for i in members)
+        parts = [a for i in members for a in ss[i].src_new[:keep_n[i]]]
+        if parts:
+            distinct += int(sorted_unique(np.concatenate(parts)).shape[0])
+    return refs, distinct
 
 
 def _segments(firsts: np.ndarray, prefix: np.ndarray, new_start: np.ndarray,

@@ -34,9 +34,10 @@ import numpy as np
 
 from .builder import TraceBuilder
 
-CACHE_VERSION = 3  # 3: the parsed builder (any build options); older files are never served
+CACHE_VERSION = 4  # 4: the parsed builder (any build options); older files are never served
 _ARRAYS = ("req_ptr", "new_ptr", "new_ids", "reg_ptr", "reg_vals", "reg_counts", "prompt",
-           "output", "kind", "model", "kinds", "prefix", "send", "gap")
+           "output", "kind", "model", "kinds", "prefix", "send", "gap", "src_len", "src_shared",
+           "src_ptr", "src_ids")
 
 
 CACHE_OFF = "off"

@@ -177,5 +177,6 @@ class _Ctx:
                 continue
             b.add(h, prompt=p, output=o, ids=cache_ids, send_time_s=t0 + t, gap_s=gap,
                   gap_kind=GAP_TOOL if "tool_result" in types else GAP_HUMAN,
-                  model=str(model), kinds=kinds_mask(types), input_region=region)
+                  model=str(model), kinds=kinds_mask(types), input_region=region,
+                  hash_ids=ids)
             prev_t, prev_end, sub_end = t, t + (api or 0.0), None

@@ -281,7 +281,7 @@ def _emit(s: _Sess, b: TraceBuilder, scope: int, unique: UniqueIds, lenient: boo
               gap_s=gap, gap_kind=GAP_TOOL if trig == "tool" else GAP_HUMAN,
               model=str(rec.raw("model", "") or ""),
               kinds=kinds_mask(["tool_result"] if trig == "tool" else ["text"]),
-              input_region=_TRIGGER_REGION.get(trig, REGION_UNKNOWN))
+              input_region=_TRIGGER_REGION.get(trig, REGION_UNKNOWN), hash_ids=ids)
         prev_start, prev_end, prev_step = start, (end if end is not None else start), step
         prev_end_unknown = end is None
         step_end[step] = prev_end

@@ -74,14 +74,25 @@ class Trace:
     _out_ptr: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64), repr=False)
     # region of each pool entry (uint8 into REGION_NAMES); None: every block ``unknown``
     _pool_region: np.ndarray | None = field(default=None, repr=False)
+    # the trace file's own hash ids over every request, a partial last block's included (as
+    # its publisher counts them; 0 refs: the format has none): references and distinct ids
+    hash_id_refs: int = 0
+    hash_id_distinct: int = 0
 
     def storage(self) -> tuple[dict[str, np.ndarray], dict[str, int]]:
         """The columns and compact stores as arrays (keyed by constructor argument), and the
-        scalars beside them: what a cache file holds to rebuild the trace exactly."""
+        scalars beside them: everything two traces must share to be the same trace."""
         names = ("session", "prompt_tokens", "output_tokens", "send_time_s", "gap_s",
                  "gap_kind", "model", "input_kinds", "prefix_blocks", "_pool", "_seg_ptr",
                  "_seg_start", "_seg_len", "_out_ptr", "_pool_region")
-        return {k: getattr(self, k) for k in names}, {"_fresh_base": self._fresh_base}
+        return {k: getattr(self, k) for k in names}, {
+            "_fresh_base": self._fresh_base, "hash_id_refs": self.hash_id_refs,
+            "hash_id_distinct": self.hash_id_distinct}
+
+    def hash_id_hits(self) -> int | None:
+        """Hash-id references an unbounded cache of the file's own blocks hits (each
+        distinct id misses once, at its first reference); None for a format without them."""
+        return self.hash_id_refs - self.hash_id_distinct if self.hash_id_refs else None
 
     def infinite_cache_hits(self) -> np.ndarray:
         """Per request, prompt blocks already sent earlier in the trace (any session).
@@ -166,6 +177,13 @@ class Trace:
         return np.concatenate([store[s:s + n] for s, n in zip(
             self._seg_start[a:b].tolist(), self._seg_len[a:b].tolist(), strict=True)])
 
+    def finish_blocks(self) -> np.ndarray:
+        """Per request, the length of ``finish_block_ids``: the full blocks of prompt +
+        output - 1 tokens, at least the prompt's."""
+        bs = self.block_size
+        n_p = self.prompt_tokens // bs
+        return np.maximum(n_p, (self.prompt_tokens + self.output_tokens - 1) // bs)
+
     def _finish_layout(self, r: int) -> tuple[int, int, int]:
         """(prompt blocks, finish blocks, the next request whose prompt repeats r's output or
         -1) of request r: what ``finish_block_ids`` and ``finish_block_regions`` align on."""
@@ -187,6 +205,10 @@ class Trace:
         next prompt (or with no extending next request) get fresh ids no prompt uses.
         """
         n_p, n_f, nxt = self._finish_layout(r)
+        if nxt >= 0:  # the next prompt starts with this one: its first n_f ids, no copy
+            nid = self.block_ids(nxt)
+            if nid.shape[0] >= n_f:
+                return nid[:n_f]
         ids = self.block_ids(r)
         if n_f == n_p:
             return ids

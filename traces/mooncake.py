@@ -70,7 +70,7 @@ def load_mooncake(paths: list[str], b: TraceBuilder, lenient: bool,
                 n += 1
             gap = send - last_send.get(h, send)
             b.add(h, prompt=p, output=o, ids=cache_ids, send_time_s=send, gap_s=gap,
-                  gap_kind=GAP_HUMAN, model="", kinds=kinds_mask(["text"]))
+                  gap_kind=GAP_HUMAN, model="", kinds=kinds_mask(["text"]), hash_ids=ids)
             last_send[h] = send
             if rebuild_sessions and full and full[-1] not in branching:
                 tails[(full[-1], len(full))] = h

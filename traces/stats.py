@@ -4,9 +4,15 @@ Request-level figures are over MAIN-agent requests (top-level sessions); sub-age
 requests are counted in their own fields. Definitions:
 - append-only fraction: among main requests that have a previous request in their session, the
   share whose prompt starts with ALL full blocks of the previous prompt;
-- infinite-cache block hit rate: an unbounded cache that keeps every prompt block ever sent (in
-  trace order, all sessions, sub-agents included) hits this share of main-agent prompt blocks;
-  with chained ids a prompt's cached blocks form a prefix, found by binary search;
+- infinite-cache block hit rate (kvsim's, as the engines cache): an unbounded cache that keeps
+  every FULL prompt block ever sent (in trace order, all sessions, sub-agents included) hits
+  this share of main-agent prompt blocks; a prompt's partial last block is never cached, and
+  the blocks of decoded output are not counted (``kvsim capacity``'s ideal adds them); with
+  chained ids a prompt's cached blocks form a prefix, found by binary search;
+- hash-id hit rate (the publisher's): the same unbounded cache over the ids the trace file
+  lists, in its own block size, a partial last block's included, over every request: each
+  distinct id misses once. Mooncake's and Dynamo's docs quote this figure for their traces;
+  None for a format without ids (synthetic, TraceLab);
 - gap medians: recorded waits before main requests, by gap kind (tool result / human message);
 - shared prefix: per top-level session, the blocks of its first prompt in the global shared
   prefix (0 unless loaded with --shared-prefix); ``prefix_hint_tokens`` is system + tool tokens
@@ -101,6 +107,9 @@ def trace_stats(trace: Trace, gap_model: str = "recorded") -> dict[str, Any]:
         "append_tokens_median": _median(grow[append]) if append.size else None,
         "infinite_cache_block_hit_rate": (float(hits[main].sum() / tot_blocks)
                                           if tot_blocks else None),
+        "hash_id_hit_rate": (float(trace.hash_id_hits() / trace.hash_id_refs)
+                             if trace.hash_id_refs else None),
+        "hash_id_references": trace.hash_id_refs,
         # every request (sub-agents too), over prompt tokens: `kvsim capacity`'s ideal
         "infinite_cache_hit_rate": (float(int(hits.sum()) * bs / int(trace.prompt_tokens.sum()))
                                     if int(trace.prompt_tokens.sum()) else None),

@@ -24,7 +24,12 @@ else 0. ``tau_s >= 0`` replaces the rule by a fixed tau (the sensitivity sweep).
 A pin ends at its deadline (``now > deadline``), unless the session's next request arrived
 before it: then the history stays pinned until that request is admitted (its lock protects the
 history from then on) and its reply sets the next pin; if the server refuses that request
-(``on_drop``), the pin ends then. Under memory pressure pinned histories
+(``on_drop``), the pin ends then. Under the open loop a session's next request can arrive,
+and even reply, before the previous one replied: a session keeps one pin, that of its latest
+reply; a reply older than the session's latest (a later request replied first) is stale and
+pins, unpins and learns nothing; a pin set while a later request of the session is in the
+server already is held until that request replies, as if it had arrived during the pin.
+Under memory pressure pinned histories
 are freed after every unpinned one (the planner's rule), latest program arrival first (the
 reference: Continuum unpins the latest-entered program). Unpinned histories go in LRU order.
 """
@@ -65,12 +70,15 @@ class TTLPinning(ZooPolicy, TtlLearner):
         self.called_at: dict[int, float] = {}  # session -> time of its tool-call reply
         self.returned_unpinned: set[int] = set()  # sessions back from a tool, pin gone
         self.turns: dict[int, int] = {}  # session -> replies so far
+        self.latest_reply: dict[int, int] = {}  # session -> its latest replied request
+        self.in_server: dict[int, set[int]] = {}  # session -> its requests not replied yet
         self.init_learner()
 
     # --- events -----------------------------------------------------------------------
     def on_arrival(self, event: Arrival) -> None:
         s, now = event.session, event.time
         self.program.setdefault(s, now)
+        self.in_server.setdefault(s, set()).add(event.request)
         called = self.called_at.pop(s, None)
         if called is not None:
             self.add_duration(now - called)
@@ -84,6 +92,10 @@ class TTLPinning(ZooPolicy, TtlLearner):
 
     def on_reply(self, event: Reply) -> None:
         s = event.session
+        self._left(s, event.request)
+        if event.request < self.latest_reply.get(s, -1):
+            return  # stale: the later request's reply set (or ended) the session's pin
+        self.latest_reply[s] = event.request
         self.turns[s] = self.turns.get(s, 0) + 1
         if s in self.returned_unpinned:
             self.returned_unpinned.discard(s)
@@ -99,15 +111,25 @@ class TTLPinning(ZooPolicy, TtlLearner):
         self.taus.append(tau)
         if tau > 0:
             serial = event.leaf.serial
-            self.until[serial] = event.time + tau
+            later = any(r > event.request for r in self.in_server.get(s, ()))
+            self.until[serial] = math.inf if later else event.time + tau
             self.pinned[s] = serial
             self.leaf_session[serial] = s
 
     def on_drop(self, event: Drop) -> None:
         """The request its history was held for will never be admitted: release the pin
         (it would otherwise hold until the session's next reply, or forever)."""
+        self._left(event.session, event.request)
         self._unpin(event.session)
         self.returned_unpinned.discard(event.session)
+
+    def _left(self, session: int, request: int) -> None:
+        """``request`` left the server (replied or dropped)."""
+        mine = self.in_server.get(session)
+        if mine is not None:
+            mine.discard(request)
+            if not mine:
+                del self.in_server[session]
 
     def _unpin(self, session: int) -> None:
         serial = self.pinned.pop(session, None)

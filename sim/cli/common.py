@@ -14,6 +14,7 @@ import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from decimal import Decimal
 from typing import Any, NoReturn
 
 import click
@@ -22,7 +23,7 @@ from rich.console import Console
 from sim.io import atomic_write_text, dumps
 
 __all__ = ["SIZE", "KvsimGroup", "atomic_write_text", "console", "dumps", "emit_json", "fail",
-           "fmt_metric", "one_line", "parse_size", "stderr", "trace_load_progress"]
+           "fmt_metric", "one_line", "parse_size", "stderr", "tokens", "trace_load_progress"]
 
 # soft_wrap: a warning or progress line stays one line in logs (no wrapping at 80 columns).
 stderr = Console(stderr=True, soft_wrap=True)
@@ -31,33 +32,54 @@ stderr = Console(stderr=True, soft_wrap=True)
 def console() -> Console:
     """Stdout console; wide when piped so tables are not truncated in logs and notes."""
     return Console() if sys.stdout.isatty() else Console(width=200)
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmM]?)\s*$")
+# A size in tokens: a number (digits with optional ``_`` grouping and a fraction, or an
+# exponent) and an optional unit. Units: ``Ki``/``Mi``/``Gi`` (binary, explicit) and ``k``/``m``
+# (binary too, either case: kvsim's spelling from the start; the papers' "3 M" is ``3e6``).
+_SIZE = re.compile(r"^\s*(?:(?P<exp>\d(?:_?\d)*(?:\.\d+)?[eE]\d+)"
+                   r"|(?P<num>\d(?:_?\d)*(?:\.\d+)?)\s*(?P<unit>[kmg]i|[km])?)\s*$",
+                   re.IGNORECASE)
+SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "ki": 1 << 10, "mi": 1 << 20, "gi": 1 << 30}
+MAX_SIZE = 1 << 50  # tokens: far beyond any cache, well inside int64 block arithmetic
+SIZE_GRAMMAR = ("3000000, 3_000_000 or 3e6 (decimal); 256Ki, 3Mi or 1Gi (binary, Ki = 1,024), "
+                "which 256k and 3m also mean")
 
 
 def parse_size(text: str | int, what: str = "size") -> int:
-    """``256k`` = 262,144 tokens (K = 1024), ``1m`` = 1,048,576, ``15.6k`` = 15,974, or a plain
-    integer. Raises ``click.BadParameter`` (exit 2) on anything else."""
-    if isinstance(text, int):
+    """A size in tokens. Decimal: ``3000000``, ``3_000_000``, ``3e6``, ``1.5e6``. Binary:
+    ``256Ki`` = 262,144, ``3Mi`` = 3,145,728, ``1Gi``; ``256k`` and ``3m`` (either case)
+    mean ``256Ki`` and ``3Mi``. A fraction rounds to the nearest token (``15.6k`` =
+    15,974). Raises ``click.BadParameter`` (exit 2) naming ``what`` on anything else."""
+    if isinstance(text, int) and not isinstance(text, bool):
         value = text
     else:
         m = _SIZE.match(str(text))
-        if not m:
-            raise click.BadParameter(f"{what} must look like 256k, 1m or 262144, got {text!r}")
-        mult = {"": 1, "k": 1024, "m": 1024 * 1024}[m.group(2).lower()]
-        value = round(float(m.group(1)) * mult)
+        if m is None or isinstance(text, bool):
+            if str(text).strip().startswith("-"):
+                raise click.BadParameter(f"{what} must be >= 0, got {text!r}")
+            raise click.BadParameter(f"{what}: expected a size in tokens: {SIZE_GRAMMAR}; "
+                                     f"got {text!r}")
+        number = (m.group("exp") or m.group("num")).replace("_", "")
+        value = round(Decimal(number) * SIZE_UNITS[(m.group("unit") or "").lower()])
     if value < 0:
         raise click.BadParameter(f"{what} must be >= 0, got {text!r}")
+    if value > MAX_SIZE:
+        raise click.BadParameter(f"{what}: {text!r} is more than {MAX_SIZE:,} tokens")
     return value
+
+
+def tokens(n: int) -> str:
+    """A size as it is echoed back: whole tokens with thousands separators."""
+    return f"{n:,} tokens"
 
 
 class SizeType(click.ParamType):
     name = "TOKENS"
 
     def convert(self, value: Any, param: Any, ctx: Any) -> int:
-        if isinstance(value, int):
+        if isinstance(value, int) and not isinstance(value, bool):
             return value
         try:
-            return parse_size(value, param.name if param else "size")
+            return parse_size(value, param.opts[0] if param and param.opts else "size")
         except click.BadParameter as e:
             self.fail(e.message, param, ctx)
 

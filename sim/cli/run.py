@@ -185,10 +185,31 @@ def warn_quiet_surprises(res: RunResult, spec_context: int) -> None:
                  f"{'; '.join(why)}")
 
 
+def warn_pool_notes(res: RunResult) -> None:
+    """A fleet's pool notes (sim/fleet/run.py ``pool_notes``), said out loud."""
+    for note in res.summary.get("pool_notes", ()):
+        stderr.print(f"[yellow]warning:[/yellow] {res.config.policy_label}: {note}")
+
+
 class RunInputError(ValueError):
     """A run that could not replay anything (exit status 2)."""
 
     exit_code = 2
+
+
+def size_header(cfg: RunConfig) -> str:
+    """Every size of the run in tokens, whatever its spelling (``3m`` is 3,145,728)."""
+    parts = [f"GPU cache {cfg.gpu_cache:,}"]
+    if cfg.cpu_cache:
+        parts += [f"CPU cache {cfg.cpu_cache:,}", f"swap buffer {cfg.swap_buffer:,}"]
+    if cfg.pool:
+        parts.append(f"pool {cfg.pool:,} shared")
+    if cfg.max_context is not None:
+        parts.append(f"max context {cfg.max_context:,}")
+    if isinstance(cfg.shared_prefix, int):
+        parts.append(f"shared prefix {cfg.shared_prefix:,}")
+    parts.append(f"chunk {cfg.chunk_size:,}")
+    return "sizes in tokens: " + ", ".join(parts)
 
 
 @click.command("run")
@@ -377,6 +398,7 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
     warn_capped_shared_prefix(tr, shared_prefix, block_size)
     stderr.print(f"[dim]trace {tr.name}: {len(tr):,} requests loaded in "
                  f"{time.perf_counter() - t0:.1f}s[/dim]")
+    stderr.print(f"[dim]{size_header(base)}[/dim]")
     results = []
     with progress("kvsim run", "requests", sum(len(t) for t in traces), stderr) as bar:
         for k, (cfg, trace) in enumerate(zip(configs, traces, strict=True)):
@@ -390,6 +412,7 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
                          f"({n / max(dt, 1e-9):,.0f} requests/s)[/dim]")
             warn_quiet_surprises(res, spec_context)
             warn_saturation(res)
+            warn_pool_notes(res)
             warn_idle_replicas(res)
             results.append(res)
             if out is not None:

@@ -115,8 +115,9 @@ ROWS: list[tuple[str, tuple[str, ...]]] = [
     ("append-only fraction", ("append_only_fraction",)),
     ("shrink fraction", ("shrink_fraction",)),
     ("append tokens median", ("append_tokens_median",)),
-    ("infinite-cache block hit rate", ("infinite_cache_block_hit_rate",)),
-    ("infinite-cache hit rate (all tokens)", ("infinite_cache_hit_rate",)),
+    ("infinite-cache hit, full blocks (kvsim)", ("infinite_cache_block_hit_rate",)),
+    ("infinite-cache hit, full blocks, all tokens", ("infinite_cache_hit_rate",)),
+    ("infinite-cache hit, file's hash ids", ("hash_id_hit_rate",)),
     ("shared prefix tokens (median)", ("shared_prefix", "tokens_median")),
     ("system+tool tokens (median)", ("shared_prefix", "prefix_hint_tokens_median")),
     ("tool gap median (s)", ("gap_s", "tool_median")),
@@ -158,9 +159,13 @@ def trace_cmd() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def stats_cmd(paths: tuple[str, ...], compare: str | None, as_json: bool,
               gap_model: str, **opts: Any) -> None:
-    """Sessions, requests, prompt/output sizes, append-only fraction, infinite-cache hit rate,
+    """Sessions, requests, prompt/output sizes, append-only fraction, infinite-cache hit rates,
     shared prefix, tool and human gaps, and region shares (of all prompt tokens / of distinct
-    blocks) of PATH (files, a folder, or synthetic:NAME)."""
+    blocks) of PATH (files, a folder, or synthetic:NAME).
+
+    Two infinite-cache figures: kvsim's over full prompt blocks at --block-size (what the
+    engines can cache: a partial last block never is), and the file's own over every hash id
+    it lists, partial last blocks included (what Mooncake and Dynamo quote for their traces)."""
     from traces.stats import trace_stats
 
     traces = [load_from_options(list(paths), **opts)]

@@ -184,10 +184,10 @@ class EngineBase:
     def _blocks(self, tokens: float) -> int:
         return -(-math.ceil(tokens) // self.bs)
 
-    def _ideal_blocks(self, ids: np.ndarray, view=None) -> int:
-        """Longest prefix of ``ids`` ever inserted (chained ids: binary search on membership).
-        Under a context strategy, at least the prefix the history cached before (an
-        unlimited cache applies the same edits: ``RequestView.ideal_blocks``)."""
+    def known_prefix_blocks(self, ids: np.ndarray) -> int:
+        """Leading blocks of ``ids`` ever inserted into this server's cache: what an
+        unlimited cache of this server would hold now (chained ids make ``ever``
+        prefix-closed: a binary search on membership). Read only."""
         lo, hi = 0, ids.size
         ever = self.ever
         while lo < hi:
@@ -196,6 +196,13 @@ class EngineBase:
                 lo = mid
             else:
                 hi = mid - 1
+        return lo
+
+    def _ideal_blocks(self, ids: np.ndarray, view=None) -> int:
+        """Longest prefix of ``ids`` ever inserted (``known_prefix_blocks``). Under a context
+        strategy, at least the prefix the history cached before (an unlimited cache applies
+        the same edits: ``RequestView.ideal_blocks``)."""
+        lo = self.known_prefix_blocks(ids)
         return lo if view is None else max(lo, view.ideal_blocks)
 
     @staticmethod

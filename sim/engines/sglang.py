@@ -226,6 +226,30 @@ class SGLangServer(EngineBase):
             self.cache.reserve(req.reserved)
         return ins.node
 
+    def insert_remote(self, ids: np.ndarray) -> bool:
+        """Make the prefix ``ids`` GPU-resident where its KV was computed elsewhere (a fleet's
+        shared pool, sim/fleet/pooltier.py, fetched the blocks this cache lacks): the matched
+        path is locked while the policy makes room for the blocks not on the GPU (evictions
+        recorded as this server's), then the blocks are inserted and join ``ever``, what an
+        unlimited cache of this server holds. False when the room cannot be made (nothing
+        inserted). The blocks are not pinned: admission locks them, as a CPU load's."""
+        cache = self.cache
+        m = cache.match(ids, touch=False)
+        missing = int(ids.size) - m.blocks_in(Tier.GPU)
+        cache.lock(m.node)
+        ok = True
+        if cache.free_blocks < missing:
+            res = cache.make_room(missing)
+            self.rec.evicted(res)
+            ok = res.ok
+        if ok:
+            cache.reserve(missing)
+            cache.insert(ids)
+            cache.release(missing)
+            self.ever.update(ids.tolist())
+        cache.unlock(m.node)
+        return ok
+
     def _unlock_all(self, req: Req) -> None:
         for node in req.locks:
             self.cache.unlock(node)

@@ -12,7 +12,9 @@ Its two changes, each a named patch here (``--vllm-patch``):
   pressure: an allocation the free queue cannot serve (a running request's next tokens,
   the waiting head's admission) first unpins whole requests, the latest program start first
   (never the admitting turn's own program unless nothing else is pinned), and only then
-  preempts or refuses as vLLM does. A decode run needs no cut at a deadline: nothing in
+  preempts or refuses as vLLM does. Under the open loop a program holds one pin, that of
+  its latest finished turn (``policies.continuum``: an earlier turn's pin is superseded, a
+  stale finish pins nothing). A decode run needs no cut at a deadline: nothing in
   a run sees an expiry (no request finishes or is admitted inside it), and the step that
   ends it (a finish, an arrival, memory) is scheduled alone, expiries first.
 - **program order** (``continuum-fcfs``): a turn joins the waiting queue in the order of
@@ -87,7 +89,7 @@ class ContinuumVllmServer(VllmServer):
 
     # --- arrivals: program order, pins held for a waiting turn --------------------------
     def submit(self, req: VllmReq) -> None:
-        self.pins.arrived(req.session, self.env.now)
+        self.pins.arrived(req.session, req.rid, self.env.now)
         self.session_of[req.rid] = req.session
         super().submit(req)
         if self.program_order and self.waiting and self.waiting[-1] is req:
@@ -106,7 +108,7 @@ class ContinuumVllmServer(VllmServer):
         w.insert(i, req)
 
     def _drop(self, req: VllmReq) -> None:
-        rid = self.pins.dropped(req.session)
+        rid = self.pins.dropped(req.session, req.rid)
         if rid is not None:
             self.pool.free(rid)
         self.session_of.pop(req.rid, None)
@@ -120,17 +122,22 @@ class ContinuumVllmServer(VllmServer):
         return super().schedule()
 
     def _release(self, req: VllmReq) -> None:
-        """A finished request: pinned (blocks kept) or freed as vLLM does."""
+        """A finished request: pinned (blocks kept) or freed as vLLM does. An earlier turn's
+        pin of its program ends first (the open loop: policies.continuum)."""
         self.session_of.pop(req.rid, None)
-        queue_s = req.record.queue_wait_s if req.record is not None else math.nan
-        if self.pinning and self.pins.finished(req.session, req.rid, self.env.now,
-                                               req.next_gap, req.context_tokens, queue_s):
-            return
+        if self.pinning:
+            old = self.pins.superseded(req.session, req.rid)
+            if old is not None:
+                self.pool.free(old)
+            queue_s = req.record.queue_wait_s if req.record is not None else math.nan
+            if self.pins.finished(req.session, req.rid, self.env.now, req.next_gap,
+                                  req.context_tokens, queue_s):
+                return
         super()._release(req)
 
     def _admitted(self, req: VllmReq, hit_blocks: int) -> None:
         super()._admitted(req, hit_blocks)
-        rid = self.pins.admitted(req.session)
+        rid = self.pins.admitted(req.session, req.rid)
         if rid is not None:  # the turn holds what it reused; the rest joins the free queue
             self.pool.free(rid)
 

@@ -9,7 +9,9 @@ At each decision, for the metrics only (the router never sees them), the fleet r
 replica's true GPU-resident prefix of the prompt (``gpu_prefix_blocks``, read only): the
 reuse available anywhere in the fleet, the reuse captured by the router's choice, and the
 router's belief error on the chosen replica. Cost per request: one walk of the prompt's
-blocks per replica plus one pass for the belief; no per-token work.
+blocks per replica plus one pass for the belief; no per-token work. At a request's first
+admission it records the fleet's ideal: the prefix an unlimited cache shared by every replica
+would hold then (a binary search per replica).
 """
 
 from __future__ import annotations
@@ -96,6 +98,9 @@ class Fleet:
         self.predicted = Predicted(n) if isinstance(load, PredictedLoad) else None
         for i, engine in enumerate(replicas):
             engine.rec.on_first_token = self._first_token_at(i)
+            engine.rec.on_open = self._opened
+        # rid -> the fleet's unlimited-cache prefix at its admission (blocks, capped as a hit)
+        self.ideal_blocks: dict[int, int] = {}
         self.last_replica: dict[int, int] = {}  # session -> replica of its last request
         self.decisions = Decisions()
         # per-replica load over time: sampled at every decision (the truth, for plots)
@@ -190,6 +195,16 @@ class Fleet:
         if self.predicted is not None:
             self.predicted.freed(r, req.rid, req.ids)
         self.router.on_finish(req.rid, r, self.env.now)
+
+    def _opened(self, req, segments) -> None:
+        """A request's first admission: the prefix an unlimited cache shared by the fleet
+        holds (every replica's cache ever held that replica's ``known_prefix_blocks``; with
+        chained ids the union's prefix is the longest of them), capped where the engines
+        cap a hit; then the pool's part of what it reused."""
+        known = max(e.known_prefix_blocks(req.ids) for e in self.replicas)
+        self.ideal_blocks[req.rid] = min(known, (req.prompt_tokens - 1) // self.bs)
+        if self.pool is not None:
+            self.pool.admitted(req, segments)
 
     def _first_token_at(self, replica: int):
         def first_token(req) -> None:

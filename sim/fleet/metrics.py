@@ -1,5 +1,11 @@
 """Fleet metrics, beside each replica's own summary.
 
+Ideal, two numbers (fractions of the served prompt tokens): ``ideal_hit_rate`` (the run
+summary's own field) is the hit of an unlimited cache shared by the fleet, at each request's
+admission: the trace's ideal, the same under every router; ``routed_ideal_hit_rate`` is the
+hit of each replica's own unlimited cache (what the routing left; a replica counts its
+``recomputed_tokens`` against it). ``hit_rate <= routed_ideal_hit_rate <= ideal_hit_rate``.
+
 Reuse, three numbers (fractions of the prompt tokens of the requests served, i.e. not
 dropped), measured against the TRUE caches at each routing decision:
 
@@ -68,6 +74,12 @@ def _share(num: float, den: float) -> float:
     return float(num / den) if den else math.nan
 
 
+def routed_ideal_rate(table: pd.DataFrame) -> float:
+    """The replicas' own unlimited caches' hit over the served requests' prompt tokens."""
+    ok = table[~table["dropped"].astype(bool)]
+    return _share(float(ok["routed_ideal_hit_tokens"].sum()), float(ok["prompt_tokens"].sum()))
+
+
 def fleet_metrics(fleet, engines: list, tables: list[pd.DataFrame], sessions: RunRecorder,
                   sim_end: float, block_size: int, table: pd.DataFrame
                   ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -105,8 +117,10 @@ def fleet_metrics(fleet, engines: list, tables: list[pd.DataFrame], sessions: Ru
                                  if s in sessions.session_start}
             rec.session_end = {s: sessions.session_end[s] for s in mine
                                if s in sessions.session_end}
-            s = rec.summary(sim_end, block_size, t.drop(columns=["replica"]))
+            own = t.drop(columns=["replica"])
+            s = rec.summary(sim_end, block_size, own)
             s = {k: v for k, v in s.items() if not isinstance(v, dict | list)}
+            s["routed_ideal_hit_rate"] = routed_ideal_rate(own)
             if not len(t) and not mine and idle is None:
                 idle = (dict(rec.counters), rec.hist.copy(), dict(s))
         s["replica"] = i
@@ -121,6 +135,7 @@ def fleet_metrics(fleet, engines: list, tables: list[pd.DataFrame], sessions: Ru
         "reuse_available": _share(ok["best"].sum(), prompt),
         "reuse_captured": _share(ok["true"].sum(), prompt),
         "reuse_delivered": _share(served["hit_gpu_tokens"].sum(), prompt),
+        "routed_ideal_hit_rate": routed_ideal_rate(table),
         "affinity": _share(float(follow["same"].sum()), len(follow)),
         "follow_ups": len(follow),
         "load_cv_busy": cv(busy),

@@ -5,12 +5,15 @@ Engines know nothing of the pool. The fleet stands between the router and the ch
 
     route -> replica r
     r's resident prefix h (GPU + CPU tier, read only) -> pool lookup from block h, in prefix
-    order, capped where the engine caps a hit (one token is always computed): p blocks
-    fetch_s = wait for r's pool link + latency + p x block bytes / bandwidth
-    recompute_s = the cost model's prefill seconds of tokens [h, h + p) at their positions
-    fetch_s < recompute_s: lease the p blocks, and after fetch_s land them in r's cache
+    order, capped where the engine caps a hit (one token is always computed): [h, h + p)
+    the blocks of [h, h + p) that r lacks (holes and blocks past its tree; blocks r holds
+    on its GPU behind a hole are not fetched), up to r's first CPU-resident block there: m
+    fetch_s = wait for r's pool link + latency + m x block bytes / bandwidth
+    recompute_s = the cost model's prefill seconds of those m blocks' tokens at their positions
+    fetch_s < recompute_s: lease the m blocks, and after fetch_s land them in r's cache
                            (inserted behind its prefix, as a CPU-tier load inserts loaded
-                           blocks), release the lease, then hand r the request
+                           blocks: ``insert_remote``), release the lease, then hand r the
+                           request
     otherwise:             the fetch is refused; r gets the request now and recomputes
 
 Overlap: none with the request's own prefill, as the engines' CPU-tier loads (their h2d
@@ -21,14 +24,18 @@ it in order (a fetch's wait counts in its fetch_s and in the refusal test).
 
 Entry: write-through (every block a replica writes to its cache enters the pool if absent, as
 LMCache stores the chunks of each saved sequence) or write-back (every block a replica drops
-entirely: from its CPU tier when it has one, from its GPU otherwise).
+entirely: from its CPU tier when it has one, from its GPU otherwise; evictions, HiCache
+background deletions and the device nodes a HiCache load deletes).
 
-Landing needs the replica's prefix before the fetched range on its GPU: a lookup whose
+Landing needs the replica's prefix before the fetched blocks on its GPU: a lookup whose
 replica holds part of that prefix in its CPU tier fetches nothing (``behind_cpu``: the
 engine loads its CPU part and computes the rest), and if eviction or a demotion took part of
-it during the fetch, the fetched blocks are discarded (``wasted``). The landed blocks are not
-pinned until admission (a CPU load's are not either once the request is queued). sglang
-engine only: vLLM's block pool has no insertion point outside a running request.
+it during the fetch, the fetched blocks are discarded (``wasted``); a block between fetched
+ones that left the GPU during the fetch cuts the landing there (the fetched blocks after it
+are wasted). The landed blocks are not pinned until admission (a CPU load's are not either
+once the request is queued). A request's ``pool_tokens`` are the blocks its fetch landed that
+its admission reused (``admitted``). sglang engine only: vLLM's block pool has no insertion
+point outside a running request.
 """
 
 from __future__ import annotations
@@ -38,17 +45,49 @@ from collections.abc import Callable
 import numpy as np
 import simpy
 
+from sim.kvcache.node import Tier
+
 from .pool import SharedPool
+
+_GPU, _CPU = Tier.GPU, Tier.CPU
 
 
 class PoolRecord:
     """Per routed request id: the pool's part of its prompt (built into columns at the end)."""
 
     def __init__(self) -> None:
-        self.fetched: dict[int, int] = {}  # rid -> blocks fetched and landed
-        self.behind: dict[int, int] = {}  # rid -> the replica's own blocks before them
+        self.landed: dict[int, list[tuple[int, int]]] = {}  # rid -> block runs it landed
+        self.reused: dict[int, int] = {}  # rid -> landed blocks its admission reused
         self.fetch_s: dict[int, float] = {}  # rid -> seconds it waited for the fetch
         self.refused: dict[int, int] = {}  # rid -> blocks a slower fetch left in the pool
+
+
+def _gpu_mask(runs, a: int, b: int) -> np.ndarray:
+    """Per block of [a, b): on the GPU (``runs``: ``tier_runs`` of the prompt)."""
+    mask = np.zeros(b - a, dtype=bool)
+    for s, e, tier in runs:
+        if tier is _GPU and e > a and s < b:
+            mask[max(s, a) - a:min(e, b) - a] = True
+    return mask
+
+
+def _first_cpu(runs, a: int, b: int) -> int:
+    """The first block of [a, b) on the CPU tier (``b`` if none)."""
+    for s, e, tier in runs:
+        if tier is _CPU and e > a and s < b:
+            return max(s, a)
+    return b
+
+
+def _runs(mask: np.ndarray, offset: int) -> list[tuple[int, int]]:
+    """The runs of True in ``mask`` as block ranges (``offset``: the block of mask[0])."""
+    edges = np.flatnonzero(np.diff(np.concatenate(([0], mask.astype(np.int8), [0]))))
+    return [(offset + int(s), offset + int(e)) for s, e in zip(edges[::2], edges[1::2],
+                                                                 strict=True)]
+
+
+def _take(ids: np.ndarray, runs: list[tuple[int, int]]) -> np.ndarray:
+    return np.concatenate([ids[a:b] for a, b in runs])
 
 
 class FleetPool:
@@ -57,16 +96,18 @@ class FleetPool:
     def __init__(self, env: simpy.Environment, pool: SharedPool, replicas: list,
                  block_size: int, block_bytes: int, bandwidth_bytes_per_s: float,
                  latency_s: float, write_policy: str,
-                 recompute_seconds: Callable[[int, int], float]) -> None:
+                 recompute_seconds: Callable[[list[tuple[int, int]]], float]) -> None:
         self.env, self.pool, self.replicas = env, pool, replicas
         self.bs, self.block_bytes = block_size, block_bytes
         self.bandwidth, self.latency = bandwidth_bytes_per_s, latency_s
         self.write_policy = write_policy
-        self.recompute_seconds = recompute_seconds
+        self.recompute_seconds = recompute_seconds  # token ranges -> prefill seconds
         self.link_free = [0.0] * len(replicas)
         self.record = PoolRecord()
+        self.lookups = 0  # lookups that found blocks in the pool
         self.fetches = self.refusals = self.behind_cpu = 0
         self.fetched_blocks = self.wasted_blocks = self.refused_blocks = 0
+        self.behind_cpu_blocks = 0  # pool blocks those lookups left behind a CPU prefix
         self.busy_s = 0.0  # link-seconds spent moving bytes (all links)
         # transfers (start, end, bytes) and occupancy samples, for plots
         self.transfers: list[tuple[float, float, int]] = []
@@ -94,71 +135,88 @@ class FleetPool:
         """Hand ``req`` to replica ``r``, after a fetch from the pool when one pays."""
         env, engine, ids = self.env, self.replicas[r], req.ids
         self._sample()
-        h = engine.cache.resident_prefix_blocks(ids)
+        cache = engine.cache
+        h = cache.resident_prefix_blocks(ids)
         usable = min(int(ids.size), (req.prompt_tokens - 1) // self.bs)
         p = self.pool.prefix(ids[:usable], h) if h < usable else 0
         if p == 0:
             engine.submit(req)
             return
-        if engine.cache.gpu_prefix_blocks(ids) < h:
+        self.lookups += 1
+        if cache.gpu_prefix_blocks(ids) < h:
             # part of the replica's prefix is in its CPU tier: the fetched blocks could not
             # land behind it (kvsim inserts only behind a GPU prefix); the engine loads its
             # CPU part and computes the rest
             self.behind_cpu += 1
+            self.behind_cpu_blocks += p
             engine.submit(req)
             return
+        tiers = cache.tier_runs(ids[:h + p])
+        end = _first_cpu(tiers, h, h + p)  # a CPU block is loaded by the engine, not fetched
+        missing = _runs(~_gpu_mask(tiers, h, end), h)  # block h itself is always missing
+        m = sum(b - a for a, b in missing)
         start = max(env.now, self.link_free[r])
-        move_s = self.latency + p * self.block_bytes / self.bandwidth
+        move_s = self.latency + m * self.block_bytes / self.bandwidth
         fetch_s = start + move_s - env.now
-        if fetch_s >= self.recompute_seconds(h * self.bs, (h + p) * self.bs):
+        if fetch_s >= self.recompute_seconds([(a * self.bs, b * self.bs) for a, b in missing]):
             self.refusals += 1
-            self.refused_blocks += p
-            self.record.refused[req.rid] = p
+            self.refused_blocks += m
+            self.record.refused[req.rid] = m
             engine.submit(req)
             return
-        got = ids[h:h + p]
-        self.pool.lease(got)
+        self.pool.lease(_take(ids, missing))
         self.link_free[r] = start + move_s
         self.fetches += 1
         self.busy_s += move_s
-        self.transfers.append((start, start + move_s, p * self.block_bytes))
+        self.transfers.append((start, start + move_s, m * self.block_bytes))
         self.record.fetch_s[req.rid] = fetch_s
-        env.process(self._fetch(req, r, h, p, fetch_s))
+        env.process(self._fetch(req, r, h, end, missing, fetch_s))
 
-    def _fetch(self, req, r: int, h: int, p: int, fetch_s: float):
+    def _fetch(self, req, r: int, h: int, end: int, missing: list[tuple[int, int]],
+               fetch_s: float):
         yield self.env.timeout(fetch_s)
-        ids = req.ids
-        self.pool.release(ids[h:h + p])
-        if self._land(self.replicas[r], ids[:h + p], h):
-            self.fetched_blocks += p
-            self.record.fetched[req.rid] = p
-            self.record.behind[req.rid] = h
-        else:
-            self.wasted_blocks += p
+        self.pool.release(_take(req.ids, missing))
+        landed = self._land(self.replicas[r], req.ids, h, end, missing)
+        n = sum(b - a for a, b in landed)
+        self.fetched_blocks += n
+        self.wasted_blocks += sum(b - a for a, b in missing) - n
+        if landed:
+            self.record.landed[req.rid] = landed
         self._sample()
         self.replicas[r].submit(req)
 
-    def _land(self, engine, ids: np.ndarray, h: int) -> bool:
-        """Insert ``ids`` (the prefix ``[0, h)`` already on the GPU) into the replica's cache
-        as resident blocks, making room through its eviction policy; False when the prefix
-        is no longer on the GPU or the room cannot be made."""
+    def _land(self, engine, ids: np.ndarray, h: int, end: int,
+              fetched: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Land the ``fetched`` runs of ``ids[h:end]`` in the replica's cache behind its GPU
+        prefix ``[0, h)``, up to the first block that is neither fetched nor on the GPU now
+        (eviction or a demotion took it during the fetch); the runs landed (none when the
+        prefix left the GPU or the room cannot be made)."""
         cache = engine.cache
         if cache.gpu_prefix_blocks(ids) < h:
-            return False
-        new = int(ids.size) - cache.gpu_prefix_blocks(ids)
-        m = cache.match(ids, touch=False)
-        cache.lock(m.node)
-        ok = True
-        if cache.free_blocks < new:
-            res = cache.make_room(new)
-            engine.rec.evicted(res)
-            ok = res.ok
-        if ok:
-            cache.reserve(new)
-            cache.insert(ids)
-            cache.release(new)
-        cache.unlock(m.node)
-        return ok
+            return []
+        have = _gpu_mask(cache.tier_runs(ids[:end]), h, end)
+        for a, b in fetched:
+            have[a - h:b - h] = True
+        stop = h + int(np.argmin(have)) if not have.all() else end
+        landed = [(a, min(b, stop)) for a, b in fetched if a < stop]
+        if not landed or not engine.insert_remote(ids[:stop]):
+            return []
+        return landed
+
+    def admitted(self, req, segments) -> None:
+        """``req``'s record opened (its first admission) with match ``segments``: how many of
+        the blocks its fetch landed its admission reused (GPU runs, up to the engine's cap)."""
+        landed = self.record.landed.get(req.rid)
+        if landed is None:
+            return
+        usable = min(int(req.ids.size), (req.prompt_tokens - 1) // self.bs)
+        n = 0
+        for s, e, tier in segments:
+            if tier != _GPU:
+                continue
+            e = min(e, usable)
+            n += sum(max(0, min(b, e) - max(a, s)) for a, b in landed)
+        self.record.reused[req.rid] = n
 
     def _sample(self) -> None:
         self.occ_time.append(self.env.now)
@@ -174,7 +232,9 @@ class FleetPool:
             "pool_size_tokens": self.pool.capacity * self.bs,
             "pool_fetches": self.fetches,
             "pool_refused_fetches": self.refusals,
+            "pool_lookups": self.lookups,
             "pool_behind_cpu_lookups": self.behind_cpu,
+            "pool_behind_cpu_tokens": self.behind_cpu_blocks * self.bs,
             "pool_fetched_tokens": self.fetched_blocks * self.bs,
             "pool_wasted_tokens": self.wasted_blocks * self.bs,
             "pool_refused_tokens": self.refused_blocks * self.bs,

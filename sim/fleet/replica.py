@@ -15,9 +15,9 @@ builds its server (``sim.fleet.run.build_engine``), then ``observe`` gives it:
   (Dynamo's prefill-complete signal).
 
 Event coverage: every GPU gain (insert, CPU load) and every GPU loss the cache reports with
-ids (evictions, demotions, HiCache background deletions) is an event. HiCache loads that
-delete device nodes report only a count, so those removals are not events (the index then
-over-believes them until the next store); context strategies are not run in fleets.
+ids (evictions, demotions, HiCache background deletions, the device nodes a HiCache load
+deletes to make room) is an event; context strategies are not run in fleets. The same
+results tell a shared pool every block the replica drops entirely (write-back).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from sim.kvcache import RadixKVCache
 from sim.kvcache.blockpool import BlockPool
 from sim.kvcache.node import Tier
 from sim.kvcache.results import EvictResult, InsertResult, LoadResult
-from sim.metrics import RunRecorder
+from sim.metrics import RequestRecord, RunRecorder
 
 _GPU = Tier.GPU
 
@@ -88,8 +88,10 @@ class ObservedRadixKVCache(RadixKVCache):
     def load(self, node, limit_blocks: int | None = None) -> LoadResult:
         res = super().load(node, limit_blocks)
         if self.events is not None:
-            self.events.removed(_concat(res.demoted))
+            self.events.removed(_concat(res.deleted + res.demoted))
             self.events.stored(_concat(res.loaded))
+        if self.pool_sink is not None and res.deleted:  # their last copy left the replica
+            self.pool_sink.dropped(_concat(res.deleted))
         return res
 
     def _report_losses(self, res: EvictResult) -> None:
@@ -107,6 +109,16 @@ class ObservedRadixKVCache(RadixKVCache):
         """Leading blocks of ``ids`` held on the GPU or the CPU tier now (read only): where
         a lookup in a pool below the replica starts."""
         return tree_prefix_blocks(self, ids, gpu_only=False)
+
+    def tier_runs(self, ids: np.ndarray) -> list[tuple[int, int, Tier]]:
+        """Where the blocks of ``ids`` are now, read only (no stamp, no split): runs
+        ``(start, end, tier)`` of the tree's path for ``ids``, through holes (tier NONE),
+        in prefix order; blocks past the last run are not in the tree."""
+        path, partial, k, _pos = self.tree.walk(ids, stop_at_holes=False)
+        runs = [(nd.start, nd.start + len(nd.ids), nd.tier) for nd in path]
+        if partial is not None:
+            runs.append((partial.start, partial.start + k, partial.tier))
+        return runs
 
 
 def tree_prefix_blocks(cache: RadixKVCache, ids: np.ndarray, gpu_only: bool = True) -> int:
@@ -151,9 +163,18 @@ class ObservedBlockPool(BlockPool):
 
 
 class ObservedRecorder(RunRecorder):
-    """``RunRecorder`` that also calls ``on_first_token(req)`` (when set)."""
+    """``RunRecorder`` that also calls ``on_open(req, segments)`` when a request's record
+    opens at its first admission (``segments``: its match then, as the engine read it) and
+    ``on_first_token(req)`` (each when set)."""
 
+    on_open: Callable[[object, object], None] | None = None
     on_first_token: Callable[[object], None] | None = None
+
+    def open(self, req, now: float, *, segments, **kw) -> RequestRecord:
+        rec = super().open(req, now, segments=segments, **kw)
+        if self.on_open is not None:
+            self.on_open(req, segments)
+        return rec
 
     def first_token(self, req, now: float) -> None:
         super().first_token(req, now)

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 import simpy
 
-from costmodel.units import Units, range_units
+from costmodel.units import Units, ranges_units
 from sim.engines import ENGINES
 from sim.progress import current as current_progress
 from sim.replay import Replay
@@ -77,7 +77,7 @@ def run_fleet(cfg, trace, spec, profile) -> RunResult:
 
     tables = []
     for i, e in enumerate(engines):
-        t = e.rec.table()
+        t = ideal_columns(e.rec.table(), fleet, cfg.block_size)
         t.insert(0, "replica", np.full(len(t), i, dtype=np.int64))
         tables.append(t)
     served = [t for t in tables if len(t)] or tables[:1]  # idle replicas add no rows
@@ -94,6 +94,7 @@ def run_fleet(cfg, trace, spec, profile) -> RunResult:
     if pool is not None:
         table = pool_columns(table, pool, cfg.block_size)
         summary.update(pool_summary(pool, table, env.now, cfg))
+        summary["pool_notes"] = pool_notes(pool, table)
         tables["pool"] = pool_table(pool)
         tables["pool_transfers"] = pd.DataFrame(
             np.asarray(pool.transfers, dtype=float).reshape(-1, 3),
@@ -101,12 +102,28 @@ def run_fleet(cfg, trace, spec, profile) -> RunResult:
     return RunResult(cfg, table, summary, tables)
 
 
+def ideal_columns(table: pd.DataFrame, fleet: Fleet, bs: int) -> pd.DataFrame:
+    """A replica's requests with the fleet's ideal: ``ideal_hit_tokens`` becomes the prefix an
+    unlimited cache shared by the fleet held at the request's admission (the trace's own
+    ideal, whatever the router), ``routed_ideal_hit_tokens`` the replica's own unlimited
+    cache's (what the routing left it; the engine's ideal, against which it counts
+    ``recomputed_tokens``). A dropped request has neither (0)."""
+    t = table.copy()
+    at = t.columns.get_loc("ideal_hit_tokens")
+    routed = t["ideal_hit_tokens"].to_numpy()
+    ideal = fleet.ideal_blocks
+    t["ideal_hit_tokens"] = np.asarray([ideal.get(int(r), 0) for r in t["request"]],
+                                       dtype=np.int64) * bs
+    t.insert(at + 1, "routed_ideal_hit_tokens", routed)
+    return t
+
+
 def build_pool(env: simpy.Environment, cfg, spec, profile, engines) -> FleetPool:
     """The shared pool of a fleet run, priced by the run's cost model."""
     base = profile.prefill_seconds(Units())
 
-    def recompute_seconds(a: int, b: int) -> float:
-        return profile.prefill_seconds(range_units(spec, a, b)) - base
+    def recompute_seconds(ranges: list[tuple[int, int]]) -> float:
+        return profile.prefill_seconds(ranges_units(spec, ranges)) - base
 
     return FleetPool(env, SharedPool(cfg.pool // cfg.block_size, cfg.pool_watermark,
                                      cfg.pool_evict_fraction),
@@ -117,18 +134,16 @@ def build_pool(env: simpy.Environment, cfg, spec, profile, engines) -> FleetPool
 
 def pool_columns(table: pd.DataFrame, pool: FleetPool, bs: int) -> pd.DataFrame:
     """Where each reused token came from: ``pool_tokens`` (fetched from the pool; they land on
-    the replica's GPU, so ``hit_gpu_tokens`` counts them too: the part of that hit beyond the
-    replica's own prefix at the fetch, up to what landed; landed blocks evicted before
-    admission are not counted), ``local_gpu_tokens`` (the rest of the GPU hit),
-    ``loaded_cpu_tokens`` (the replica's CPU tier, as before); ``fetch_s`` the seconds the
-    request waited for its fetch (0: none)."""
+    the replica's GPU, so ``hit_gpu_tokens`` counts them too: the blocks the request's fetch
+    landed that its admission reused; landed blocks evicted before admission are not
+    counted), ``local_gpu_tokens`` (the rest of the GPU hit), ``loaded_cpu_tokens`` (the
+    replica's CPU tier, as before); ``fetch_s`` the seconds the request waited for its fetch
+    (0: none)."""
     rec = pool.record
     rid = table["request"].to_numpy()
-    fetched = np.asarray([rec.fetched.get(int(r), 0) for r in rid], dtype=np.int64) * bs
-    behind = np.asarray([rec.behind.get(int(r), 0) for r in rid], dtype=np.int64) * bs
-    hit = table["hit_gpu_tokens"].to_numpy()
     table = table.copy()
-    table["pool_tokens"] = np.clip(hit - behind, 0, fetched)
+    table["pool_tokens"] = np.asarray([rec.reused.get(int(r), 0) for r in rid],
+                                      dtype=np.int64) * bs
     table["local_gpu_tokens"] = table["hit_gpu_tokens"].to_numpy() - table["pool_tokens"]
     table["fetch_s"] = np.asarray([rec.fetch_s.get(int(r), 0.0) for r in rid], dtype=float)
     return table
@@ -147,6 +162,26 @@ def pool_summary(pool: FleetPool, table: pd.DataFrame, duration_s: float, cfg) -
     fields["pool_bandwidth_gb_s"] = cfg.pool_bandwidth
     fields["pool_latency_us"] = cfg.pool_latency_us
     return fields
+
+
+def pool_notes(pool: FleetPool, table: pd.DataFrame) -> list[str]:
+    """What a user of this pool should know (``kvsim run`` prints them as warnings): prompts
+    the pool cannot hold whole, and lookups that stopped behind a CPU-resident prefix."""
+    notes = []
+    size = pool.pool.capacity * pool.bs
+    prompts = table["prompt_tokens"].to_numpy()
+    over = int((prompts > size).sum())
+    if over:
+        notes.append(f"the pool ({size:,} tokens) is smaller than {over:,} of {prompts.size:,} "
+                     f"prompts (the longest: {int(prompts.max()):,} tokens): it cannot hold "
+                     "such a prompt whole, and a lookup stops at the first block it lacks")
+    if pool.behind_cpu:
+        notes.append(f"{pool.behind_cpu:,} of {pool.lookups:,} pool lookups that found blocks "
+                     "stopped behind a prefix held partly in the replica's CPU tier "
+                     f"({pool.behind_cpu_blocks * pool.bs:,} pooled tokens not fetched): "
+                     "kvsim lands pool blocks only behind a GPU prefix, so those requests "
+                     "loaded the CPU part and computed the rest")
+    return notes
 
 
 def pool_table(pool: FleetPool) -> pd.DataFrame:

@@ -103,6 +103,8 @@ class LoadResult:
     demoted_blocks / deleted_blocks: GPU room this load made (unified: demotions only, a load
       never deletes; hicache: demoted backed-up nodes and deleted ones). The d2h copies of
       unified demotions are reported by ``backup_pending`` (not here, to avoid double counting).
+      demoted / deleted: their ids, one array per run (deleted: blocks whose last copy the
+      load removed, either tier, in the order deleted).
     swap_blocks: loaded blocks that went through the CPU swap buffer because both tiers were
       full (unified only); swap_chunks: buffer rounds, ceil(swap_blocks / swap_buffer_blocks).
     """
@@ -116,3 +118,4 @@ class LoadResult:
     skipped: bool = False
     loaded: list[np.ndarray] = field(default_factory=list)
     demoted: list[np.ndarray] = field(default_factory=list)
+    deleted: list[np.ndarray] = field(default_factory=list)

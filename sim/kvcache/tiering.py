@@ -294,7 +294,7 @@ class HiCache(GpuOnly):
                 return LoadResult(ok=False)
             ev = self.free_gpu(need)
             res.demoted_blocks, res.deleted_blocks = ev.demoted_blocks, ev.deleted_blocks
-            res.demoted = ev.demoted
+            res.demoted, res.deleted = ev.demoted, ev.freed
         for x in reversed(path):
             tree.copy_to_device(x)
             res.loaded.append(x.ids)
