@@ -10,7 +10,6 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from policies.routing import Router, register_router
 from sim.cli.main import cli
 from sim.config import RunConfig
 from sim.fleet.run import FleetSizeError
@@ -21,14 +20,22 @@ SYN = "synthetic:chat?sessions=3&max_requests=3"
 BASE = RunConfig(trace=SYN, gpu_cache=16384, preset="sglang")
 
 
-@register_router
+# Every request to replica 0: the rest of the fleet sits idle. A file, not a registered
+# router, so that tests enumerating the registry do not meet it.
+FIRST_REPLICA = """from policies.routing import Router
+
+
 class FirstReplica(Router):
-    """Every request to replica 0 (the rest of the fleet sits idle)."""
-
-    name = "test-first-replica"
-
     def route(self, request, view):
         return 0
+"""
+
+
+@pytest.fixture(scope="module")
+def first(tmp_path_factory) -> str:
+    f = tmp_path_factory.mktemp("router") / "first.py"
+    f.write_text(FIRST_REPLICA)
+    return f"{f}:FirstReplica"
 
 
 def test_more_replicas_than_requests_is_refused_before_the_run() -> None:
@@ -45,22 +52,21 @@ def test_more_replicas_than_requests_is_refused_before_the_run() -> None:
     assert "requests (0%)" not in res.stderr  # refused before the progress of the runs
 
 
-def test_idle_replicas_are_counted_and_warned_about(tmp_path) -> None:
-    s = run(replace(BASE, replicas=4, router="test-first-replica")).summary
+def test_idle_replicas_are_counted_and_warned_about(tmp_path, first) -> None:
+    s = run(replace(BASE, replicas=4, router=first)).summary
     assert s["idle_replicas"] == 3
     assert [p["requests"] for p in s["replica_summaries"]][1:] == [0, 0, 0]
     assert run(replace(BASE, replicas=2, router="round-robin")).summary["idle_replicas"] == 0
     res = CliRunner().invoke(cli, ["run", "--trace", SYN, "--gpu-cache", "16k", "--preset",
-                                   "sglang", "--replicas", "4", "--router",
-                                   "test-first-replica"])
+                                   "sglang", "--replicas", "4", "--router", first])
     assert res.exit_code == 0, res.stderr
-    assert ("warning: sglang: 3 of 4 replicas served no request (router test-first-replica)"
+    assert ("warning: sglang: 3 of 4 replicas served no request (router FirstReplica)"
             in res.stderr)
     assert "idle_replicas" in res.stdout
     cfg = tmp_path / "s.yaml"
     cfg.write_text(yaml.safe_dump({"base": {"trace": SYN, "gpu_cache": "16k", "preset": "sglang",
                                             "replicas": 3},
-                                   "grid": {"router": ["round-robin", "test-first-replica"]}}))
+                                   "grid": {"router": ["round-robin", first]}}))
     res = CliRunner().invoke(cli, ["sweep", str(cfg), "--out", str(tmp_path / "out")])
     assert res.exit_code == 0, res.stderr
     warned = [ln for ln in res.stderr.splitlines() if "replicas served no request" in ln]
@@ -85,7 +91,8 @@ def test_reproduce_fleet_tables_show_idle_replicas() -> None:
     assert max(len(ln.rstrip()) for ln in text.splitlines()) <= 100
 
 
-def test_idle_replicas_add_no_end_of_run_summaries_and_change_no_dtype(monkeypatch) -> None:
+def test_idle_replicas_add_no_end_of_run_summaries_and_change_no_dtype(monkeypatch,
+                                                                      first) -> None:
     calls = []
     real = RunRecorder.summary
 
@@ -94,10 +101,10 @@ def test_idle_replicas_add_no_end_of_run_summaries_and_change_no_dtype(monkeypat
         return real(self, *a, **k)
 
     monkeypatch.setattr(RunRecorder, "summary", counting)
-    many = run(replace(BASE, replicas=8, router="test-first-replica"))
+    many = run(replace(BASE, replicas=8, router=first))
     # the fleet's, replica 0's, and one idle replica's: not one per idle replica
     assert len(calls) == 3, calls
-    few = run(replace(BASE, replicas=1, router="test-first-replica"))
+    few = run(replace(BASE, replicas=1, router=first))
     assert dict(many.requests.dtypes) == dict(few.requests.dtypes)
     assert many.requests.drop(columns=["replica"]).equals(few.requests.drop(columns=["replica"]))
     idle = many.summary["replica_summaries"][1:]

@@ -52,16 +52,20 @@ def _context(name: str, k: str) -> dict[str, str]:
     raise AssertionError(f"{name}.{k} does nothing under every flag")
 
 
-PARAMS = [(name, k) for name, cls in sorted(ROUTERS.items()) for k in cls.parameters()]
+# the shipped routers (other tests register routers of their own)
+SHIPPED = {name: cls for name, cls in ROUTERS.items()
+           if cls.__module__.startswith("policies.routers.")}
+PARAMS = [(name, k) for name, cls in sorted(SHIPPED.items()) for k in cls.parameters()]
 
 
 def test_every_router_parameter_has_a_range() -> None:
-    assert PARAMS, "no router parameters found"
+    assert {"sglang-cache-aware", "dynamo-kv", "llm-d", "mooncake", "preble",
+            "session-affinity"} <= set(SHIPPED)
     missing = [f"{name}.{k}" for name, k in PARAMS
                if not isinstance(ROUTERS[name].parameters()[k], bool)
                and k not in ROUTERS[name].parameter_ranges]
     assert not missing, f"parameters without a declared range: {missing}"
-    for name, cls in ROUTERS.items():
+    for name, cls in SHIPPED.items():
         for k, default in cls.parameters().items():
             domain = cls.parameter_ranges.get(k)
             assert domain is None or default in domain, f"{name}.{k} default {default!r}"
