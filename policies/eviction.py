@@ -37,8 +37,11 @@ from __future__ import annotations
 
 import inspect
 import math
+import numbers
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 from .context import (
@@ -235,6 +238,8 @@ class EvictionPolicy:
     pins: ClassVar[bool] = False
     clairvoyant: ClassVar[bool] = False
     events: ClassVar[frozenset[str]] = frozenset()
+    # The values each parameter may take (``Range``, ``OneOf``), checked when it is set.
+    parameter_ranges: ClassVar[Mapping[str, Domain]] = {}
 
     order: str = "lru"
     start: StartPosition = TAIL
@@ -264,6 +269,11 @@ class EvictionPolicy:
         """Declared parameters and their defaults: the annotated class attributes with a
         default that subclasses define (not ``ClassVar``s, not the policy's own choices)."""
         return declared_parameters(cls, EvictionPolicy, _RESERVED)
+
+    def idle_parameters(self) -> dict[str, str]:
+        """Parameters that do nothing under the others' values, each with the reason (a
+        parameter given there is refused); none by default."""
+        return {}
 
     # --- decisions ----------------------------------------------------------------------
     def key(self, node: CacheNode) -> Any:
@@ -358,24 +368,96 @@ def declared_parameters(cls: type, base: type, reserved: frozenset[str]) -> dict
     return out
 
 
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric parameter may take: from ``lo`` to ``hi``, each end included
+    unless ``lo_open``/``hi_open``. NaN is in no range; an infinite end is open."""
+
+    lo: float = -math.inf
+    hi: float = math.inf
+    lo_open: bool = False
+    hi_open: bool = False
+
+    def __contains__(self, v: Any) -> bool:
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or math.isnan(v):
+            return False
+        above = v > self.lo if self.lo_open or math.isinf(self.lo) else v >= self.lo
+        below = v < self.hi if self.hi_open or math.isinf(self.hi) else v <= self.hi
+        return above and below
+
+    def __str__(self) -> str:
+        lo_inf, hi_inf = math.isinf(self.lo), math.isinf(self.hi)
+        if lo_inf and hi_inf:
+            return "a finite number"
+        if hi_inf:
+            return f"finite and {'>' if self.lo_open else '>='} {self.lo:g}"
+        if lo_inf:
+            return f"finite and {'<' if self.hi_open else '<='} {self.hi:g}"
+        return (f"in {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}"
+                f"{')' if self.hi_open else ']'}")
+
+
+@dataclass(frozen=True)
+class OneOf:
+    """The values a text (or flag) parameter may take."""
+
+    values: tuple[Any, ...]
+
+    def __contains__(self, v: Any) -> bool:
+        return any(v == x and type(v) is type(x) for x in self.values)
+
+    def __str__(self) -> str:
+        return "one of " + ", ".join(map(str, self.values))
+
+
+# ``parameter_ranges`` of a plug-in class: one entry per declared parameter.
+Domain = Range | OneOf
+
+
+def ranges(**domains: Domain) -> Mapping[str, Domain]:
+    """A class's ``parameter_ranges`` (read only): ``ranges(tau_s=Range(0.0), ...)``."""
+    return MappingProxyType(domains)
+
+
 def set_parameters(plugin: Any, params: Mapping[str, Any], what: str) -> dict[str, Any]:
     """Check ``params`` against ``plugin.parameters()``, coerce each to its default's type,
-    set them as attributes and return them (every declared one, defaults included). An
-    unknown name is refused naming the plug-in (``what``: policy, router)."""
+    check it against its declared range (``plugin.parameter_ranges``), set them as
+    attributes and return them (every declared one, defaults included). An unknown name, a
+    value outside its range, or a parameter given where the others' values make it do
+    nothing (``plugin.idle_parameters()``) is refused naming the plug-in (``what``: policy,
+    router)."""
     declared = plugin.parameters()
     unknown = sorted(set(params) - set(declared))
     if unknown:
         known = ", ".join(declared) or "none"
         raise PolicyError(f"{what} {plugin.label!r} has no parameter {unknown[0]!r} "
                           f"(parameters: {known})")
-    values = {k: coerce_param(k, params.get(k, d), d) for k, d in declared.items()}
+    ranges = type(plugin).parameter_ranges
+    stray = sorted(set(ranges) - set(declared))
+    if stray:
+        raise PolicyError(f"{what} {plugin.label!r}: parameter_ranges names {stray[0]!r}, "
+                          "which is not a parameter")
+    try:
+        values = {k: coerce_param(k, params.get(k, d), d) for k, d in declared.items()}
+    except PolicyError as e:
+        raise PolicyError(f"{what} {plugin.label!r}: {e}") from None
+    for k, v in values.items():
+        if k in ranges and v not in ranges[k]:
+            raise PolicyError(f"{what} {plugin.label!r}: parameter {k!r} must be "
+                              f"{ranges[k]}, got {v!r}")
     for k, v in values.items():
         setattr(plugin, k, v)
+    idle = plugin.idle_parameters()
+    given = [k for k in params if k in idle]
+    if given:
+        raise PolicyError(f"{what} {plugin.label!r}: parameter {given[0]!r} does nothing "
+                          f"here: {idle[given[0]]}")
     return values
 
 
 def coerce_param(name: str, value: Any, default: Any) -> Any:
-    """A parameter value (text from the CLI, or a YAML scalar) as the type of its default."""
+    """A parameter value (text from the CLI, or a YAML scalar) as the type of its default.
+    NaN is refused (it compares false with everything, so no rule can use it)."""
     if default is None:
         return value
     if isinstance(default, bool):
@@ -387,14 +469,18 @@ def coerce_param(name: str, value: Any, default: Any) -> Any:
         if low in ("0", "false", "no", "off"):
             return False
     elif not isinstance(value, bool):
+        typed = value
         if isinstance(default, float) and isinstance(value, int | float):
-            return float(value)
-        if isinstance(value, type(default)):
-            return value
-        try:
-            return type(default)(str(value).strip())
-        except ValueError:
-            pass
+            typed = float(value)
+        elif not isinstance(value, type(default)):
+            try:
+                typed = type(default)(str(value).strip())
+            except ValueError:
+                typed = None
+        if isinstance(typed, float) and math.isnan(typed):
+            raise PolicyError(f"parameter {name!r}: {value!r} is not a number (NaN)")
+        if typed is not None:
+            return typed
     raise PolicyError(f"parameter {name!r}: {value!r} is not a {type(default).__name__}")
 
 

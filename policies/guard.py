@@ -1,14 +1,16 @@
-"""The boundary between kvsim and a policy the user wrote in their own file.
+"""The boundary between kvsim and a policy or router the user wrote in their own file.
 
-A policy from ``FILE.py:CLASS`` runs the user's code inside the planner and the engine. Two
-things go wrong there: the code raises, or it returns a value of the wrong type (a ``key``
-returning ``None`` or a str used to run silently in creation order; ``pinned_until`` returning
-a str failed deep inside the planner). ``guard_user_policy`` wraps the methods the class
-overrides so that both become a ``UserPolicyError``: one line naming the policy, the method and
-the user's file and line, and, as ``detail``, the traceback frames of the user's own code only
-(the CLI prints them under the line; ``kvsim --debug`` shows every frame instead).
+A policy from ``FILE.py:CLASS`` runs the user's code inside the planner and the engine, a
+router inside the fleet. Two things go wrong there: the code raises, or it returns a value of
+the wrong type (a ``key`` returning ``None`` or a str used to run silently in creation order;
+``pinned_until`` returning a str failed deep inside the planner; a ``route`` returning
+``None`` or ``"1"``). ``guard_user_policy`` and ``guard_user_router`` wrap the methods the
+class overrides so that both become a ``UserPolicyError``: one line naming the policy or
+router, the method and the user's file and line, and, as ``detail``, the traceback frames of
+the user's own code only (the CLI prints them under the line; ``kvsim --debug`` shows every
+frame instead).
 
-Only policies loaded from files are wrapped: the shipped ones stay direct calls (speed).
+Only plug-ins loaded from files are wrapped: the shipped ones stay direct calls (speed).
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ from typing import Any
 
 from .context import PolicyError
 
-# Methods of EvictionPolicy that the planner and the engine call, and what each must return.
+# Methods of EvictionPolicy that the planner and the engine call, and of Router that the
+# fleet calls (what each must return: ``CHECKS``).
 GUARDED = ("key", "pinned_until", "on_arrival", "on_reply")
+ROUTER_GUARDED = ("bind", "bind_prefill_model", "route", "on_first_token", "on_finish")
 _KVSIM_PACKAGES = tuple(str(Path(__file__).resolve().parent.parent / p) + "/" for p in (
     "sim", "policies", "traces", "costmodel", "calibration"))
 
@@ -52,9 +56,19 @@ def _is_key(v: Any) -> bool:
     return _is_number(v)
 
 
-CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "key": (_is_key, "a number or a tuple of numbers (the smallest is evicted first)"),
-    "pinned_until": (_is_number, "a number of simulated seconds (-inf: not pinned)"),
+def _is_replica(v: Any, args: tuple) -> bool:
+    """``route(request, view)``'s answer: an index into ``view``'s replicas."""
+    return (isinstance(v, numbers.Integral) and not isinstance(v, bool)
+            and 0 <= v < len(args[1]))
+
+
+# method -> (is the value right, given the call's arguments; what it must be)
+CHECKS: dict[str, tuple[Callable[[Any, tuple], bool], Callable[[tuple], str]]] = {
+    "key": (lambda v, _: _is_key(v),
+            lambda _: "a number or a tuple of numbers (the smallest is evicted first)"),
+    "pinned_until": (lambda v, _: _is_number(v),
+                     lambda _: "a number of simulated seconds (-inf: not pinned)"),
+    "route": (_is_replica, lambda args: f"a replica index, an int in 0..{len(args[1]) - 1}"),
 }
 
 
@@ -71,25 +85,27 @@ def _where(fn: Callable, frames: list[traceback.FrameSummary]) -> str:
     return f"{code.co_filename}:{code.co_firstlineno}" if code else "?"
 
 
-def _guarded(label: str, method: str, fn: Callable) -> Callable:
+def _guarded(who: str, method: str, fn: Callable) -> Callable:
+    """``fn`` (``who``'s ``method``: ``policy NAME``, ``router NAME``) with its errors and
+    its answer checked."""
     check = CHECKS.get(method)
 
     def call(*args: Any) -> Any:
         try:
             value = fn(*args)
-        except UserPolicyError:
-            raise
+        except PolicyError:
+            raise  # a refusal the plug-in words itself (or an inner guard's line)
         except Exception as e:
             frames = _user_frames(e.__traceback__)
             text = " ".join(str(e).split())
             raise UserPolicyError(
-                f"policy {label}: {method}() raised {type(e).__name__}"
+                f"{who}: {method}() raised {type(e).__name__}"
                 f"{': ' + text if text else ''} ({_where(fn, frames)})",
                 "".join(traceback.format_list(frames))) from e
-        if check is not None and not check[0](value):
+        if check is not None and not check[0](value, args):
             raise UserPolicyError(
-                f"policy {label}: {method}() returned {value!r} ({type(value).__name__}); it "
-                f"must return {check[1]} ({_where(fn, [])})")
+                f"{who}: {method}() returned {value!r} ({type(value).__name__}); it "
+                f"must return {check[1](args)} ({_where(fn, [])})")
         return value
 
     return call
@@ -99,11 +115,22 @@ def guard_user_policy(policy: Any) -> Any:
     """``policy`` with every ``GUARDED`` method its class overrides wrapped (see above)."""
     from .eviction import EvictionPolicy
 
-    label = policy.label
-    for method in GUARDED:
-        if getattr(type(policy), method) is getattr(EvictionPolicy, method):
-            continue  # not the user's code
-        setattr(policy, method, _guarded(label, method, getattr(policy, method)))
+    _wrap(policy, EvictionPolicy, GUARDED, f"policy {policy.label}")
     if type(policy).key is not EvictionPolicy.key:
         policy.sort_key = policy.key
     return policy
+
+
+def guard_user_router(router: Any, base: type) -> Any:
+    """``router`` with every ``ROUTER_GUARDED`` method its class overrides (from ``base``,
+    ``policies.routing.Router``) wrapped: an exception, or a ``route`` answer that is not a
+    replica index, is one line (see above)."""
+    return _wrap(router, base, ROUTER_GUARDED, f"router {router.label}")
+
+
+def _wrap(plugin: Any, base: type, methods: tuple[str, ...], who: str) -> Any:
+    for method in methods:
+        if getattr(type(plugin), method) is getattr(base, method):
+            continue  # not the user's code
+        setattr(plugin, method, _guarded(who, method, getattr(plugin, method)))
+    return plugin

@@ -42,18 +42,30 @@ parameters. A router instance belongs to one run; the fleet calls ``bind`` once 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
 from .context import PolicyError
-from .eviction import declared_parameters, set_parameters
+from .eviction import Domain, Range, declared_parameters, set_parameters
+from .eviction import OneOf as OneOf  # re-exported with Range and ranges: what a router
+from .eviction import ranges as ranges  # declares its parameter_ranges with
+from .guard import guard_user_router
 
 
 # ---------------------------------------------------------------------- belief specs
 # A router names the beliefs it wants; the fleet (sim.fleet.beliefs) builds and updates them.
+# Each spec checks its own fields when it is made (a PolicyError naming the field), so a
+# router whose parameters make a bad spec is refused before any run.
+def _check_spec(spec: Any, ranges: Mapping[str, Range]) -> None:
+    for k, domain in ranges.items():
+        v = getattr(spec, k)
+        if v not in domain:
+            raise PolicyError(f"{type(spec).__name__}: {k} must be {domain}, got {v!r}")
+
+
 @dataclass(frozen=True)
 class ApproxTree:
     """SGLang's cache-aware router tree: every routed prompt is inserted for the chosen
@@ -64,6 +76,9 @@ class ApproxTree:
 
     max_blocks: int = 1 << 20
     eviction_interval_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        _check_spec(self, {"max_blocks": Range(0), "eviction_interval_s": Range(0, lo_open=True)})
 
 
 @dataclass(frozen=True)
@@ -77,6 +92,9 @@ class PodLRU:
     capacity_blocks: int = 7812
     max_prefix_blocks: int = 64
 
+    def __post_init__(self) -> None:
+        _check_spec(self, {"capacity_blocks": Range(1), "max_prefix_blocks": Range(1)})
+
 
 @dataclass(frozen=True)
 class ApproxTTL:
@@ -89,6 +107,10 @@ class ApproxTTL:
     max_blocks: int = 1 << 20
     prune_ratio: float = 0.8
 
+    def __post_init__(self) -> None:
+        _check_spec(self, {"ttl_s": Range(0, lo_open=True), "max_blocks": Range(1),
+                           "prune_ratio": Range(0, 1, lo_open=True)})
+
 
 @dataclass(frozen=True)
 class KVEvents:
@@ -97,6 +119,9 @@ class KVEvents:
     Overlap = consecutive blocks from the start (a hole at the front is a miss)."""
 
     lag_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check_spec(self, {"lag_s": Range(0)})
 
 
 CacheViewSpec = ApproxTree | PodLRU | ApproxTTL | KVEvents
@@ -108,6 +133,9 @@ class ScrapedMetrics:
     ``scrape_s`` simulated seconds, as a Prometheus scrape sees them (stale in between)."""
 
     scrape_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        _check_spec(self, {"scrape_s": Range(0, lo_open=True)})
 
 
 @dataclass(frozen=True)
@@ -222,6 +250,9 @@ class Router:
     needs_clock: ClassVar[bool] = False
     cache_view: CacheViewSpec | None = None
     load_view: LoadViewSpec | None = None
+    # The values each parameter may take (``Range``, ``OneOf``), checked when it is set:
+    # every parameter of a registered router has one (tests/test_router_params.py).
+    parameter_ranges: ClassVar[Mapping[str, Domain]] = {}
 
     def __init__(self, **params: Any) -> None:
         self.values = set_parameters(self, params, "router")
@@ -235,6 +266,11 @@ class Router:
         """Declared parameters and their defaults: the annotated class attributes with a
         default that subclasses define (not ``ClassVar``s, not the belief specs)."""
         return declared_parameters(cls, Router, _RESERVED)
+
+    def idle_parameters(self) -> dict[str, str]:
+        """Parameters that do nothing under the others' values, each with the reason (a
+        parameter given there is refused); none by default."""
+        return {}
 
     def bind(self, n_replicas: int, block_size: int, rng: np.random.Generator) -> None:
         """Called once by the fleet before the run: its size, the cache block size, and the
@@ -326,12 +362,13 @@ def get_router(text: str | Router, params: dict[str, Any] | None = None) -> Rout
         path, _, name = key.rpartition(":")
         cls = load_user_class(path, name, Router, "router")
         try:
-            return cls(**params)
+            router = cls(**params)
         except PolicyError:
             raise
         except Exception as e:  # the user's constructor: one line, not a traceback
             raise PolicyError(f"{key}: cannot create the router: {type(e).__name__}: {e}"
                               ) from None
+        return guard_user_router(router, Router)  # the user's methods: errors, answers
     low = key.lower()
     if low in ROUTERS:
         return ROUTERS[low](**params)

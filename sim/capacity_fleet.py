@@ -36,6 +36,7 @@ from collections import deque
 import numpy as np
 
 from policies.context import PolicyError
+from policies.guard import UserPolicyError
 from policies.routing import (
     PredictedLoad,
     ReplicaView,
@@ -195,6 +196,8 @@ def fleet_hits(trace, cache_tokens: int, replicas: int, router: str = "round-rob
                           else None)
         try:
             k = rt.route(req, view)
+        except UserPolicyError:
+            raise  # the user's router failed: its own one-line message
         except PolicyError as e:
             raise CapacityOptionError(f"--router {rt.label}: cannot decide without a clock "
                                       f"({e})") from None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -353,6 +354,59 @@ class RunConfig:
             if k not in known:
                 raise ConfigError(where, k, "unknown field")
         return cls(**raw).validate(where)
+
+
+@dataclass(frozen=True)
+class IdleRule:
+    """Fields that do nothing in a run where ``idle(cfg)`` holds. ``why`` says so, naming
+    other fields as ``{field}`` (spelt as the caller names options: ``--cpu-cache`` on the
+    command line, ``cpu_cache`` in a sweep file)."""
+
+    fields: tuple[str, ...]
+    idle: Callable[[RunConfig], bool]
+    why: str
+
+
+_CPU_TIER = ("tiering", "hicache_write_policy", "swap_buffer")
+_POOL = ("pool_bandwidth", "pool_latency_us", "pool_write", "pool_watermark",
+         "pool_evict_fraction")
+# One rule per way an option can do nothing; the first rule that names a field decides.
+IDLE_RULES: tuple[IdleRule, ...] = (
+    IdleRule(_CPU_TIER, lambda c: c.engine == "vllm", "{engine} vllm has no CPU tier"),
+    IdleRule(_CPU_TIER, lambda c: not c.cpu_cache, "it configures the CPU tier: add {cpu_cache}"),
+    IdleRule(("hicache_write_policy",), lambda c: c.tiering != "hicache",
+             "it is for {tiering} hicache"),
+    IdleRule(("swap_buffer",), lambda c: c.tiering != "unified", "it is for {tiering} unified"),
+    IdleRule(("time_scale",), lambda c: c.replay != "open",
+             "it scales recorded send times: add {replay} open"),
+    IdleRule(("sessions", "gaps"), lambda c: c.replay == "open",
+             "the open loop sends every request at its recorded time (no sessions at once, "
+             "no gaps): add {replay} closed"),
+    IdleRule(_POOL, lambda c: not c.pool, "it configures the shared KV pool: add {pool}"),
+    IdleRule(("router",), lambda c: c.replicas == 1,
+             "one replica has nothing to route between: add {replicas} N"),
+    IdleRule(("vllm_async",), lambda c: c.engine != "vllm",
+             "it is a mode of vLLM's scheduler: add {engine} vllm"),
+)
+
+
+def idle_fields(cfg: RunConfig, given: Iterable[str]) -> list[tuple[str, str]]:
+    """``(field, why)`` for every field in ``given`` (the ones a user set) that does nothing
+    in ``cfg``, in ``IDLE_RULES`` order; ``why`` keeps its ``{field}`` placeholders."""
+    given = set(given)
+    out: list[tuple[str, str]] = []
+    named: set[str] = set()
+    for rule in IDLE_RULES:
+        hits = [f for f in rule.fields if f in given and f not in named]
+        if hits and rule.idle(cfg):
+            out += [(f, rule.why) for f in hits]
+            named.update(hits)
+    return out
+
+
+def spell_fields(why: str, spell: Callable[[str], str]) -> str:
+    """``why`` with each ``{field}`` written as ``spell(field)``."""
+    return why.format_map({f.name: spell(f.name) for f in fields(RunConfig)})
 
 
 def default_replay(trace: str, trace_format: str | None = None) -> str:

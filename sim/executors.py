@@ -103,9 +103,15 @@ PARENT_POLL_S = 0.5
 
 def _exit_with_parent(parent: int) -> None:
     """Pool initializer: a daemon thread ends this worker once its parent is gone (killed
-    with SIGKILL, the parent cannot stop its pool; the worker would run on, orphaned)."""
+    with SIGKILL, the parent cannot stop its pool; the worker would run on, orphaned). Ctrl-C
+    (SIGINT to the terminal's whole process group) is the parent's to handle: it stops the
+    workers itself (``_stop_workers``), so a worker ignores it rather than die mid-point and
+    have its points run again."""
+    import signal
     import threading
     import time
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def watch() -> None:
         while os.getppid() == parent:
@@ -113,6 +119,18 @@ def _exit_with_parent(parent: int) -> None:
         os._exit(1)
 
     threading.Thread(target=watch, name="kvsim-parent-watch", daemon=True).start()
+
+
+def _stop_workers(pools: list[ProcessPoolExecutor]) -> None:
+    """Interrupted (Ctrl-C, or the caller stopped iterating): drop the queued jobs and end
+    the running ones now, instead of waiting for them as leaving a pool does. The pools'
+    workers are this process's only multiprocessing children."""
+    import multiprocessing
+
+    for pool in pools:
+        pool.shutdown(wait=False, cancel_futures=True)
+    for child in multiprocessing.active_children():
+        child.terminate()
 
 
 class LocalPoolExecutor:
@@ -154,7 +172,11 @@ class LocalPoolExecutor:
                                  initializer=_exit_with_parent,
                                  initargs=(os.getpid(),)) as pool:
             futs = {pool.submit(_local_call, fn, *jobs[i]): i for i in todo}
-            yield from _collect(futs, lost)
+            try:
+                yield from _collect(futs, lost)
+            except BaseException:  # Ctrl-C, or the caller stopped early: end the workers now
+                _stop_workers([pool])
+                raise
 
     def _isolated(self, fn: JobFn, jobs: list[Job], todo: list[int], lost: list[int]
                   ) -> Iterator[tuple[int, Any]]:
@@ -167,6 +189,9 @@ class LocalPoolExecutor:
                 futs = {pool.submit(_local_call, fn, *jobs[i]): i
                         for pool, i in zip(pools, todo[k:k + self.workers], strict=True)}
                 yield from _collect(futs, lost)
+            except BaseException:  # Ctrl-C, or the caller stopped early: end the workers now
+                _stop_workers(pools)
+                raise
             finally:
                 for pool in pools:
                     pool.shutdown()

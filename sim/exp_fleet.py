@@ -100,6 +100,7 @@ def row(key: tuple[str, str, str, int], s: dict[str, Any]) -> dict[str, Any]:
         "reuse_delivered": s["reuse_delivered"], "load_cv_queue": s["load_cv_queue"],
         "belief_error_mean_tokens": s["belief_error_mean_tokens"],
         "requests": s["requests"], "dropped_requests": s["dropped_requests"],
+        "idle_replicas": s["idle_replicas"],
     }
 
 

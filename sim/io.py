@@ -13,11 +13,17 @@ folder that cannot be written BEFORE any work starts.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import math
 import os
+import socket
 import stat
+import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -177,6 +183,39 @@ def read_yaml(path: str | Path, what: str = "YAML file") -> Any:
 
 
 # --- output folders ---------------------------------------------------------------------
+LOCK_NAME = "sweep.lock"
+
+
+@contextmanager
+def folder_lock(folder: str | Path, what: str) -> Iterator[None]:
+    """Hold ``folder``'s lock file while the block runs: one writer (``what``, e.g. ``kvsim
+    sweep``) per folder. The file holds the owner's pid and host; the lock itself is the
+    kernel's (``flock``), so a killed owner releases it and its file is taken over. A lock
+    held by a live process is refused (``InputError``, exit status 2)."""
+    path = Path(folder) / LOCK_NAME
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        owner = " ".join(os.read(fd, 200).decode(errors="replace").split()) or "unknown"
+        os.close(fd)
+        raise InputError(f"{folder}: another {what} is writing here (pid and host: {owner}; "
+                         f"{path}); wait for it to end or use another --out") from None
+    try:
+        stale = " ".join(os.read(fd, 200).decode(errors="replace").split())
+        if stale:  # its owner died without removing it
+            print(f"kvsim: notice: {path}: taken over from {stale} (no longer running)",
+                  file=sys.stderr)
+        os.ftruncate(fd, 0)
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            path.unlink()
+        os.close(fd)  # releases the lock after the file is gone
+
+
 def _under_pseudo_fs(p: Path) -> bool:
     return any(p == root or root in p.parents for root in _PSEUDO_FS)
 

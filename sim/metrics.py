@@ -17,6 +17,7 @@ diagnostic is the share of recomputation carried by requests with ``private_lost
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -73,6 +74,17 @@ class RequestRecord:
     restored_tokens: int = 0  # dropped tokens computed again for later kept ones
     reprefill_tokens: int = 0  # computed again because a text edit changed their keys
     rerotated_tokens: int = 0  # retained keys re-rotated by repos / splice on arrival
+
+
+def empty_table() -> pd.DataFrame:
+    """A request table without rows, with the columns and dtypes of one with rows (so that
+    joining it to others changes no dtype)."""
+    return _empty_table().copy()
+
+
+@functools.cache
+def _empty_table() -> pd.DataFrame:
+    return pd.DataFrame([RequestRecord(0, "", 0, 0, False, 0.0).__dict__]).iloc[:0]
 
 
 class RunRecorder:
@@ -227,10 +239,10 @@ class RunRecorder:
 
     # --- results ------------------------------------------------------------------------
     def table(self) -> pd.DataFrame:
+        if not self.records:  # a fleet replica that served nothing: no rows, the same dtypes
+            return empty_table()
         # RequestRecord holds only scalars: its __dict__ is the row (asdict is 10x slower).
         df = pd.DataFrame([r.__dict__ for r in self.records])
-        if df.empty:
-            df = pd.DataFrame(columns=list(RequestRecord.__dataclass_fields__))
         return df.sort_values(["send_s", "request"], kind="stable").reset_index(drop=True)
 
     def summary(self, sim_end: float, block_size: int, df: pd.DataFrame | None = None

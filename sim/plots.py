@@ -226,10 +226,11 @@ def sweep_layout(df: pd.DataFrame, fields: list[str]) -> SweepLayout:
 
 
 def _facets(layout: SweepLayout, title: str, ylabel: str,
-            metric: pd.Series, df: pd.DataFrame, skip: set[str],
+            metric: pd.Series, df: pd.DataFrame, skip: pd.Series | None = None,
             zero_line: bool = False) -> Any:
     """One panel per (rows value, cols value); in each, one line per policy (colour) and
-    style combination, ``metric`` against ``layout.x``."""
+    style combination, ``metric`` against ``layout.x``; rows where ``skip`` is true are not
+    drawn."""
     col_vals = layout.values[layout.cols] if layout.cols else [None]
     row_vals = layout.values[layout.rows] if layout.rows else [None]
     fig, axes = plt.subplots(len(row_vals), len(col_vals), squeeze=False, sharex=True,
@@ -246,7 +247,7 @@ def _facets(layout: SweepLayout, title: str, ylabel: str,
                 sel &= df[layout.cols] == cv
             if layout.rows:
                 sel &= df[layout.rows] == rv
-            part = df[sel & ~df["policy"].isin(skip)]
+            part = df[sel & ~skip] if skip is not None else df[sel]
             for _, g in part.groupby(["policy", *layout.styles], sort=False):
                 first = g.iloc[0]
                 ls, marker = layout.style_of(first)
@@ -314,23 +315,29 @@ def sweep_figures(d: Path) -> dict[str, Any]:
     n = f"{d.name}: {len(df)} points"
     figs = {"sweep_ttft.png": _facets(
         layout, f"{n}: mean TTFT", "mean TTFT (s)",
-        pd.to_numeric(df["ttft_mean_s"], errors="coerce"), df, set())}
+        pd.to_numeric(df["ttft_mean_s"], errors="coerce"), df)}
     if "ttft_mean_s_change" in df.columns:
-        # the baseline's own points: changes of exactly 0 everywhere; not drawn
         changes = {m: pd.to_numeric(df[f"{m}_change"], errors="coerce")
                    for m in ("ttft_mean_s", "jct_mean_s")}
-        base = {p for p in layout.policies
-                if (changes["ttft_mean_s"][df["policy"] == p].fillna(0).abs() < 1e-12).all()}
-        if base == set(layout.policies):  # every change is 0: the charts would be empty
+        # the baseline's own points (their changes are 0 by definition) are not drawn
+        if all("baseline_point" in p for p in grid):
+            own = df["point"].isin([p["point"] for p in grid
+                                    if p["baseline_point"] == p["point"]])
+        else:  # a folder of an older kvsim: the policies whose changes are all 0
+            own = df["policy"].isin([p for p in layout.policies if (
+                changes["ttft_mean_s"][df["policy"] == p].fillna(0).abs() < 1e-12).all()])
+        if own.all() or (changes["ttft_mean_s"][~own].fillna(0).abs() < 1e-12).all():
             print(f"kvsim plot: {d}: no change chart: every point's TTFT equals its "
                   "baseline's", file=sys.stderr)
             return figs
+        base = sorted({p for p in layout.policies if own[df["policy"] == p].all()})
+        which = ", ".join(base) if base else "the baseline points"
         for m, name, what in (("ttft_mean_s", "sweep_change.png", "mean TTFT"),
                               ("jct_mean_s", "sweep_jct_change.png", "mean JCT")):
             figs[name] = _facets(
-                layout, f"{n}: {what} change against the baseline point"
-                + (f" ({', '.join(sorted(base))}: 0 by definition, not drawn)" if base else ""),
-                f"{what} change (%)", 100 * changes[m], df, base, zero_line=True)
+                layout, f"{n}: {what} change against the baseline point ({which}: 0 by "
+                "definition, not drawn)", f"{what} change (%)", 100 * changes[m], df, own,
+                zero_line=True)
     return figs
 
 

@@ -32,6 +32,7 @@ import hashlib
 import itertools
 import json
 import math
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, fields
@@ -46,6 +47,7 @@ from sim.io import (
     atomic_write_parquet,
     atomic_write_text,
     dumps,
+    folder_lock,
     read_json,
     read_yaml,
     remove_stale_tmp,
@@ -100,13 +102,84 @@ def _policy_path(v: Any, base_dir: Path) -> Any:
     return v
 
 
+def _trace_path(v: Any, base_dir: Path) -> Any:
+    """Trace path(s) relative to the sweep file (each where it exists there); absolute paths
+    and ``synthetic:`` names stay as written."""
+    if not isinstance(v, str) or v.startswith("synthetic:"):
+        return v
+    parts = []
+    for part in v.split(","):
+        p = Path(part).expanduser()
+        if not p.is_absolute() and (base_dir / p).exists():
+            part = os.path.normpath(base_dir / p)
+        parts.append(part)
+    return ",".join(parts)
+
+
 def _resolve(point: dict[str, Any], where: str, base_dir: Path | None = None) -> RunConfig:
     point = {k: _size(v, where, k) if k in SIZE_FIELDS else v for k, v in point.items()}
     if base_dir is not None and "policy" in point:
         point["policy"] = _policy_path(point["policy"], base_dir)
     if base_dir is not None and "router" in point:
         point["router"] = _policy_path(point["router"], base_dir)
+    if base_dir is not None and "trace" in point:
+        point["trace"] = _trace_path(point["trace"], base_dir)
     return RunConfig.from_dict(point, where)
+
+
+def _check_idle_fields(points: list[Point], base: dict, grid: dict, where: str) -> None:
+    """A field the file sets that does nothing (``sim.config.IDLE_RULES``): varied by the
+    grid where it does nothing and not part of the point's identity there, it makes points
+    that are one run (one point id, identical rows); a field that does nothing in any point
+    is refused too."""
+    from collections import Counter
+
+    from sim.config import idle_fields, spell_fields
+
+    given = [*base, *grid]
+    ids = Counter(p.id for p in points)
+    inert_everywhere = dict.fromkeys(given, "")
+    for i, p in enumerate(points):
+        idle = dict(idle_fields(p.cfg, given))
+        for k, why in idle.items():
+            if k in grid and ids[p.id] > 1:
+                raise ConfigError(f"{where} point {i}", k, f"does nothing here: "
+                                  f"{spell_fields(why, str)}; the grid's points that differ "
+                                  f"only in it are one run (point {p.id})")
+        for k in list(inert_everywhere):
+            if k in idle:
+                inert_everywhere[k] = idle[k]
+            else:
+                del inert_everywhere[k]
+    if points and inert_everywhere:
+        k, why = next(iter(inert_everywhere.items()))
+        raise ConfigError(where, f"{'grid' if k in grid else 'base'}.{k}", f"does nothing in "
+                          f"any point: {spell_fields(why, str)}")
+
+
+def _check_traces(points: list[Point], where: str) -> None:
+    """Every point's trace files exist and have a format, checked once each before any
+    point runs (a relative path is read from the sweep file's folder where it exists
+    there, else from the working folder)."""
+    from traces import TraceFormatError, detect_format
+
+    seen: set[tuple] = set()
+    for i, p in enumerate(points):
+        key = (p.cfg.trace, p.cfg.trace_format)
+        if key in seen or p.cfg.trace.startswith("synthetic:"):
+            continue
+        seen.add(key)
+        parts = p.cfg.trace.split(",")
+        for part in parts:
+            if not Path(part).expanduser().exists():
+                raise ConfigError(f"{where} point {i}", "trace", f"{part}: no such file or "
+                                  "folder (relative paths are read from the sweep file's "
+                                  "folder, then the working folder)")
+        if p.cfg.trace_format is None:
+            try:
+                detect_format(parts)
+            except TraceFormatError as e:
+                raise ConfigError(f"{where} point {i}", "trace", str(e)) from None
 
 
 def _norm(field: str, v: Any, where: str) -> str:
@@ -246,9 +319,11 @@ def load_sweep(path: str | Path) -> Sweep:
         if "replay" not in point and isinstance(point.get("trace"), str):
             point["replay"] = default_replay(point["trace"], point.get("trace_format"))
         points.append(Point(values, _resolve(point, f"{where} point {i}", Path(path).parent)))
+    _check_idle_fields(points, base, grid, where)
     baseline = raw.get("baseline")
     refs = _baseline_refs(points, grid, baseline, where) if baseline is not None else None
     _check_inputs(points, where)
+    _check_traces(points, where)
     return Sweep(where, points, baseline, refs, _executor_spec(raw.get("executor"), where),
                  has_grid=bool(grid))
 
@@ -304,11 +379,19 @@ def run_sweep(sweep: Sweep, out: str | Path, executor: Executor,
     Raises ``SweepError`` after the others finish if any point failed."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    with folder_lock(out, "kvsim sweep"):  # one sweep per folder: a second one is refused
+        return _run_locked(sweep, out, executor, progress)
+
+
+def _run_locked(sweep: Sweep, out: Path, executor: Executor,
+                progress: Callable[[int, int], None] | None) -> pd.DataFrame:
     remove_stale_tmp(out)  # a killed writer's leftovers; no writer runs in ``out`` now
+    refs = sweep.refs or [None] * len(sweep.points)
     atomic_write_text(out / "sweep.json", dumps({
         "config": sweep.path, "points": [
-            {"point": p.id, "values": p.values, "config": p.cfg.to_dict()}
-            for p in sweep.points]}) + "\n")
+            {"point": p.id, "values": p.values, "config": p.cfg.to_dict(),
+             **({"baseline_point": sweep.points[r].id} if r is not None else {})}
+            for p, r in zip(sweep.points, refs, strict=True)]}) + "\n")
     seen: set[str] = set()
     todo = []
     for p in sweep.points:

@@ -91,7 +91,7 @@ def _cases(f: dict[str, Path]) -> list[tuple[list[str], str]]:
          "field 'baseline.preset': 'penelope' matches no point"),
         (["sweep", str(f["not_grid"]), "--out", str(f["root"] / "o5")],
          "field 'baseline.gaps': not a grid field"),
-        ([*run, "--gpu-cache", "lots"], "Invalid value for '--gpu-cache'"),
+        ([*run[:3], "--gpu-cache", "lots"], "Invalid value for '--gpu-cache'"),
     ])
     return cases
 

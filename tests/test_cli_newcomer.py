@@ -111,7 +111,7 @@ def test_truncated_trace_cache_entry_is_rebuilt_with_a_notice(tmp_path, cc) -> N
     cache = tmp_path / "cache"
     args = ["trace", "stats", str(cc), "--cache-dir", str(cache), "--json"]
     want = json.loads(ok(args).stdout)
-    (npz,) = cache.glob("trace-*.npz")
+    (npz,) = cache.glob("parsed-*.npz")
     _truncate(npz)
     res = ok(args)
     assert json.loads(res.stdout) == want

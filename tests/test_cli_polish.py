@@ -114,15 +114,15 @@ def test_trace_cache_is_on_by_default_and_never_stale(tmp_path, monkeypatch) -> 
     monkeypatch.setenv("KVSIM_CACHE_DIR", str(tmp_path / "kc"))
     res = invoke("trace", "stats", src, "--json")
     assert res.exit_code == 0, res.stderr
-    assert len(list((tmp_path / "kc").glob("trace-*.npz"))) == 1
+    assert len(list((tmp_path / "kc").glob("parsed-*.npz"))) == 1
     before = json.loads(res.stdout)["requests"]
     write_cc_traces(src, sessions=2, turns=5)  # the files change: never served stale
     after = json.loads(invoke("trace", "stats", src, "--json").stdout)["requests"]
     assert (before, after) == (6, 10)
-    assert len(list((tmp_path / "kc").glob("trace-*.npz"))) == 2
-    key = cache.cache_key([str(src)], "cc-traces", 64, {}, False, {})
+    assert len(list((tmp_path / "kc").glob("parsed-*.npz"))) == 2
+    key = cache.cache_key([str(src)], "cc-traces", 64, False, {})
     monkeypatch.setattr(cache, "CACHE_VERSION", cache.CACHE_VERSION + 1)
-    assert cache.cache_key([str(src)], "cc-traces", 64, {}, False, {}) != key
+    assert cache.cache_key([str(src)], "cc-traces", 64, False, {}) != key
     monkeypatch.setenv("KVSIM_CACHE_DIR", "off")
     assert cache.resolve_cache_dir(None) is None
     assert cache.resolve_cache_dir(str(tmp_path / "x")) == str(tmp_path / "x")

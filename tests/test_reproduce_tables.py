@@ -157,3 +157,29 @@ def test_sweep_table_fits_100_columns_with_changes_in_the_convention(tmp_path,
     changes = [ln.split() for ln in text.splitlines() if ln.startswith("penelope")][-16:]
     assert changes and all(re.fullmatch(r"[+-]\d+\.\d%", c[-4]) and c[-1] == "pp"
                            for c in changes[-8:]), changes
+
+
+@pytest.mark.parametrize("module,args", [
+    ("models", ["models"]),
+    ("microbench", ["microbench", "figure1"]),
+    ("capacity", ["capacity", TINY, "--replicas", "2", "--router", "sglang-cache-aware",
+                  "--pool", "1m", "--cache", "64k,128k"]),
+    ("capacity", ["capacity", TINY, "--cache", "64k,128k"]),
+    ("trace", ["trace", "stats", TINY]),
+    ("run", ["run", "--trace", TINY, "--gpu-cache", "64k", "--replicas", "2", "--pool", "256k",
+             "--preset", "sglang,penelope", "--router", "sglang-cache-aware"]),
+])
+def test_every_command_table_fits_100_columns_as_laid_out(module, args, monkeypatch) -> None:
+    """Laid out on a wide console, so that the table's own width shows (a 100-column console
+    would fold it instead)."""
+    import importlib
+
+    mod = importlib.import_module(f"sim.cli.{module}")
+    con = Console(width=200, record=True, color_system=None, file=open("/dev/null", "w"))  # noqa: SIM115
+    monkeypatch.setattr(mod, "console", lambda: con)
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 0, res.output
+    text = con.export_text()
+    assert text.strip() and "…" not in text
+    widest = max(text.splitlines(), key=lambda ln: len(ln.rstrip()))
+    assert len(widest.rstrip()) <= 100, widest

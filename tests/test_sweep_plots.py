@@ -123,3 +123,28 @@ def _grid_fields(sweep_dir: Path) -> set[str]:
 def test_policy_colours_stay_distinct_past_the_default_cycle(n: int) -> None:
     colours = [matplotlib.colors.to_hex(c) for c in plots.policy_colors(n)]
     assert len(set(colours)) == n
+
+
+def test_the_baseline_points_are_not_drawn_whatever_field_the_baseline_names(tmp_path,
+                                                                            monkeypatch) -> None:
+    cfg = {"base": {"trace": "synthetic:claude-code?sessions=6", "max_context": "64k",
+                    "preset": "sglang"},
+           "grid": {"gpu_cache": ["64k", "96k", "128k"], "sessions": [2, 4]},
+           "baseline": {"gpu_cache": "64k"}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(cfg))
+    res = CliRunner().invoke(cli, ["sweep", str(tmp_path / "s.yaml"), "--out",
+                                   str(tmp_path / "o"), "--json"])
+    assert res.exit_code == 0, res.output
+    figs = plots.sweep_figures(tmp_path / "o")
+    try:
+        for name in ("sweep_change.png", "sweep_jct_change.png"):
+            xs = sorted({float(x) for ax in figs[name].axes for ln in _data_lines(ax)
+                         for x in ln.get_xdata()})
+            assert xs == [98304.0, 131072.0], (name, xs)  # 64k: the baseline, 0 by definition
+            assert "not drawn" in figs[name]._suptitle.get_text()
+        ttft = {float(x) for ax in figs["sweep_ttft.png"].axes for ln in _data_lines(ax)
+                for x in ln.get_xdata()}
+        assert 65536.0 in ttft  # the values themselves are drawn
+    finally:
+        for fig in figs.values():
+            plt.close(fig)

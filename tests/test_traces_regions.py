@@ -15,7 +15,8 @@ from sim.cli.main import cli
 from tests import tracefixtures as F
 from traces import REGION_NAMES, load_trace
 from traces.builder import TraceBuilder, common_prefix
-from traces.cache import read_trace, save_trace
+from traces.cache import read_parsed, save_parsed
+from traces.load import read_trace_files
 from traces.regions import RESENT, Layout, first_input_region, input_region
 from traces.stats import region_stats
 
@@ -310,25 +311,27 @@ def test_every_format_has_aligned_regions(tmp_path):
 
 # -- npz cache and stats ----------------------------------------------------------------------
 def test_npz_round_trip_keeps_regions_and_refuses_old_files(hand, tmp_path):
-    t = load_trace(str(hand), shared_prefix="auto")
+    parsed = read_trace_files(str(hand))
+    t = parsed.build(shared_prefix="auto")
     path = tmp_path / "t.npz"
-    save_trace(t, path)
-    u = read_trace(path)
-    assert u is not None and np.array_equal(u._pool_region, t._pool_region)
+    save_parsed(parsed, path)
+    back = read_parsed(path)
+    assert back is not None
+    u = back.build(shared_prefix="auto")
+    assert np.array_equal(u._pool_region, t._pool_region)
     for r in range(len(t)):
         assert np.array_equal(u.block_regions(r), t.block_regions(r))
     with np.load(path, allow_pickle=False) as z:
         arrays = {k: z[k] for k in z.files}
     meta = json.loads(bytes(arrays["meta"]).decode())
-    for change in ("v1", "short"):
+    for change in ("v2", "short"):
         a = dict(arrays)
-        if change == "v1":  # a version-1 file has no regions: never served
-            a.pop("pool_region")
-            a["meta"] = np.frombuffer(json.dumps({**meta, "v": 1}).encode(), np.uint8)
+        if change == "v2":  # a version-2 file holds a built trace: never served
+            a["meta"] = np.frombuffer(json.dumps({**meta, "v": 2}).encode(), np.uint8)
         else:
-            a["pool_region"] = a["pool_region"][:-1]
+            a["reg_counts"] = a["reg_counts"][:-1]
         np.savez(tmp_path / f"{change}.npz", **a)
-        assert read_trace(tmp_path / f"{change}.npz") is None
+        assert read_parsed(tmp_path / f"{change}.npz") is None
 
 
 def test_region_stats_equal_brute_force_and_the_cli(hand):

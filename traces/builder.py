@@ -177,6 +177,102 @@ class TraceBuilder:
         self._sessions[h].src_last = None
         self._sessions[h].layout = None
 
+    # -- storage (traces.cache) --------------------------------------------------------------
+    # per request, as int64 or float64 (exact for what ``add`` stores)
+    _REQUEST_INTS = ("prompt", "output", "kind", "model", "kinds", "prefix")
+    _REQUEST_FLOATS = ("send", "gap")
+    _SESSION_FIELDS = ("id", "scope", "parent", "after_local", "start_offset_s", "agent_type",
+                       "prefix_hint_tokens")
+
+    def storage(self) -> tuple[dict[str, np.ndarray], dict]:
+        """Everything ``build`` reads, as arrays and a JSON-able dict: what a cache file holds
+        to make the same builder again (``from_storage``), whatever ``build`` is asked later.
+        The file's own hash ids are kept when every request had them (else ``build`` counts
+        none); a request's that are its cache blocks are stored once."""
+        ss = self._sessions
+        new = [a for s in ss for a in s.new]
+        src = [] if self._without_hash_ids else [a for s in ss for a in s.src_new]
+        shared = [a is b for s in ss for a, b in zip(s.src_new, s.new, strict=True)] \
+            if src else []
+        own = [a for a, same in zip(src, shared, strict=True) if not same]
+        arrays = {
+            "req_ptr": np.cumsum([0] + [len(s.prompt) for s in ss], dtype=np.int64),
+            "new_ptr": np.cumsum([0] + [a.shape[0] for a in new], dtype=np.int64),
+            "new_ids": np.concatenate(new).astype(np.int64, copy=False) if new else _EMPTY,
+            "reg_ptr": np.cumsum([0] + [len(s.reg_vals) for s in ss], dtype=np.int64),
+            "reg_vals": np.asarray([v for s in ss for v in s.reg_vals], np.int64),
+            "reg_counts": np.asarray([c for s in ss for c in s.reg_counts], np.int64),
+            "src_len": np.asarray([n for s in ss for n in s.src_len] if src else [], np.int64),
+            "src_shared": np.asarray(shared, bool),
+            "src_ptr": np.cumsum([0] + [a.shape[0] for a in own], dtype=np.int64),
+            "src_ids": np.concatenate(own).astype(np.int64, copy=False) if own else _EMPTY,
+        }
+        for k in self._REQUEST_INTS:
+            arrays[k] = np.asarray([v for s in ss for v in getattr(s, k)], np.int64)
+        for k in self._REQUEST_FLOATS:
+            arrays[k] = np.asarray([v for s in ss for v in getattr(s, k)], np.float64)
+        meta = {"name": self.name, "format": self.format, "source": self.source,
+                "block_size": self.block_size, "skipped": self.skipped,
+                "base_options": self.base_options, "models": list(self._models),
+                "without_hash_ids": self._without_hash_ids,
+                "sessions": [[getattr(s, k) for k in self._SESSION_FIELDS] for s in ss]}
+        return arrays, meta
+
+    @classmethod
+    def from_storage(cls, arrays: dict[str, np.ndarray], meta: dict) -> TraceBuilder:
+        """The builder ``storage`` describes (lists and scalars of the same values and Python
+        types as ``add`` made, so ``build`` gives the same Trace). Raises ``ValueError`` on
+        arrays that do not fit together."""
+        b = cls(meta["name"], meta["format"], meta["source"], int(meta["block_size"]))
+        b.restore(arrays, meta)
+        return b
+
+    def restore(self, arrays: dict[str, np.ndarray], meta: dict) -> None:
+        """Fill this new builder with what ``storage`` describes (see ``from_storage``)."""
+        self.skipped = int(meta["skipped"])
+        self.base_options = dict(meta["base_options"])
+        self._models = {m: i for i, m in enumerate(meta["models"])}
+        self._without_hash_ids = bool(meta["without_hash_ids"])
+        cls = type(self)
+        req, new_ptr, reg = arrays["req_ptr"], arrays["new_ptr"], arrays["reg_ptr"]
+        R, n_s = int(req[-1]), len(meta["sessions"])
+        if (req.shape != (n_s + 1,) or reg.shape != (n_s + 1,) or new_ptr.shape != (R + 1,)
+                or int(new_ptr[-1]) != arrays["new_ids"].shape[0]
+                or any(arrays[k].shape != (R,) for k in (*cls._REQUEST_INTS,
+                                                          *cls._REQUEST_FLOATS))
+                or arrays["reg_vals"].shape != arrays["reg_counts"].shape
+                or int(reg[-1]) != arrays["reg_vals"].shape[0]):
+            raise ValueError("the stored builder's arrays do not fit together")
+        ids, ptr = arrays["new_ids"], new_ptr.tolist()
+        new = [ids[ptr[r]:ptr[r + 1]] for r in range(R)]
+        src_len, shared = arrays["src_len"].tolist(), arrays["src_shared"].tolist()
+        own_ids, own_ptr = arrays["src_ids"], arrays["src_ptr"].tolist()
+        with_src = not self._without_hash_ids
+        if with_src and (len(src_len) != R or len(shared) != R
+                         or len(own_ptr) != R - sum(shared) + 1
+                         or own_ptr[-1] != own_ids.shape[0]):
+            raise ValueError("the stored builder's hash ids do not fit its requests")
+        src: list[np.ndarray] = []
+        k = 0
+        for r in range(R if with_src else 0):
+            if shared[r]:
+                src.append(new[r])
+            else:
+                src.append(own_ids[own_ptr[k]:own_ptr[k + 1]])
+                k += 1
+        cols = {k: arrays[k].tolist() for k in (*cls._REQUEST_INTS, *cls._REQUEST_FLOATS)}
+        vals, counts = arrays["reg_vals"].tolist(), arrays["reg_counts"].tolist()
+        for h, fields in enumerate(meta["sessions"]):
+            s = _Open(*fields)
+            a, z = int(req[h]), int(req[h + 1])
+            for k, v in cols.items():
+                setattr(s, k, v[a:z])
+            s.new = new[a:z]
+            if with_src:
+                s.src_len, s.src_new = src_len[a:z], src[a:z]
+            s.reg_vals, s.reg_counts = vals[reg[h]:reg[h + 1]], counts[reg[h]:reg[h + 1]]
+            self._sessions.append(s)
+
     # -- output -----------------------------------------------------------------------------
     def build(self, *, shared_prefix: int | str | None = None, max_context: int | None = None,
               select: str | None = None, options: dict | None = None) -> Trace:
@@ -200,6 +296,11 @@ class TraceBuilder:
                 alive[i] = True
             else:
                 alive[i] = alive[s.parent] and s.after_local < keep_n[s.parent]
+        firsts = [s.prompt[0] for s in ss if s.parent < 0 and s.prompt]
+        if max_context is not None and firsts and not any(alive):
+            raise OptionError(f"--max-context {int(max_context):,}: no request is left (every "
+                              f"session's first prompt is longer; the shortest has "
+                              f"{min(firsts):,} tokens)")
         # 2. selection among top-level sessions
         tops = [i for i, s in enumerate(ss) if s.parent < 0 and alive[i]]
         if sel is not None:

@@ -1,11 +1,17 @@
-"""On-disk cache of loaded traces (npz, never pickle) for fast reloads.
+"""On-disk cache of parsed traces (npz, never pickle) for fast reloads.
+
+What is cached is the parse: the ``TraceBuilder`` a loader filled from the files, before
+``max_context``, ``select`` and ``shared_prefix`` are applied (``TraceBuilder.storage``).
+Those options are applied after every load by the same ``build`` as after a parse, so one
+cached parse serves every combination of them, and a trace loaded from the cache is identical
+to one parsed afresh (tests/test_trace_cache.py).
 
 The key hashes the source files' absolute paths, sizes, modification and change times, the
-format, every loading option, ``CACHE_VERSION`` (the npz layout: bump it when the Trace's
-arrays change) and a hash of this package's source (a loader fix changes the traces it makes),
-so a changed file, option or loader loads afresh. A cache file that cannot be read back
-(truncated, edited, another version) is ignored and rewritten; a cache folder that cannot be
-written only costs the speed.
+format, the block size, ``lenient``, the loader's extra options (``rebuild_sessions``),
+``CACHE_VERSION`` (the npz layout: bump it when the builder's storage changes) and a hash of
+this package's source (a loader fix changes the traces it makes), so a changed file, option or
+loader loads afresh. A cache file that cannot be read back (truncated, edited, another
+version) is ignored and rewritten; a cache folder that cannot be written only costs the speed.
 
 Where: ``resolve_cache_dir`` (the CLI and ``sim.runner`` use it): an explicit folder, else
 ``$KVSIM_CACHE_DIR``, else ``~/.cache/kvsim``; ``off`` (option or variable) disables it.
@@ -14,7 +20,6 @@ Where: ``resolve_cache_dir`` (the CLI and ``sim.runner`` use it): an explicit fo
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import hashlib
 import json
@@ -27,12 +32,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .model import Session, Trace
+from .builder import TraceBuilder
 
-CACHE_VERSION = 3  # 2: block regions (_pool_region); 3: hash-id counts; older: never served
-_ARRAYS = ("session", "prompt_tokens", "output_tokens", "send_time_s", "gap_s", "gap_kind",
-           "model", "input_kinds", "prefix_blocks", "_pool", "_seg_ptr", "_seg_start",
-           "_seg_len", "_out_ptr", "_pool_region")
+CACHE_VERSION = 4  # 4: the parsed builder (any build options); older files are never served
+_ARRAYS = ("req_ptr", "new_ptr", "new_ids", "reg_ptr", "reg_vals", "reg_counts", "prompt",
+           "output", "kind", "model", "kinds", "prefix", "send", "gap", "src_len", "src_shared",
+           "src_ptr", "src_ids")
 
 
 CACHE_OFF = "off"
@@ -65,75 +70,53 @@ def _fingerprint(specs: list[str]) -> list:
     return out
 
 
-def cache_key(specs: list[str], fmt: str, block_size: int, build: dict, lenient: bool,
-              extra: dict) -> str:
+def cache_key(specs: list[str], fmt: str, block_size: int, lenient: bool, extra: dict) -> str:
     doc = {"v": CACHE_VERSION, "code": _code_hash(), "files": _fingerprint(specs),
-           "format": fmt, "bs": block_size, "build": build, "lenient": lenient, "extra": extra}
+           "format": fmt, "bs": block_size, "lenient": lenient, "extra": extra}
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def save_trace(trace: Trace, path: Path) -> None:
-    meta = {"v": CACHE_VERSION, "name": trace.name, "block_size": trace.block_size,
-            "format": trace.format, "source": trace.source, "models": trace.models,
-            "skipped": trace.skipped, "options": trace.options,
-            "sessions": [dataclasses.astuple(s) for s in trace.sessions]}
-    arrays, scalars = trace.storage()
-    meta["fresh_base"] = scalars["_fresh_base"]
-    meta["hash_ids"] = [scalars["hash_id_refs"], scalars["hash_id_distinct"]]
-    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+def save_parsed(builder: TraceBuilder, path: Path) -> None:
+    arrays, meta = builder.storage()
+    arrays["meta"] = np.frombuffer(json.dumps({"v": CACHE_VERSION, **meta}).encode(),
+                                   dtype=np.uint8)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            np.savez(f, **{k.lstrip("_"): v for k, v in arrays.items()})
+            np.savez(f, **arrays)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
-def read_trace(path: Path) -> Trace | None:
-    """The cached trace, or None when the file is missing or unusable."""
+def read_parsed(path: Path) -> TraceBuilder | None:
+    """The cached parse, or None when the file is missing or unusable."""
     try:
         with np.load(path, allow_pickle=False) as z:
             meta = json.loads(bytes(z["meta"]).decode())
             if meta.get("v") != CACHE_VERSION:
                 return None
-            arrs = {k: z[k.lstrip("_")] for k in _ARRAYS}
-    except (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile, json.JSONDecodeError,
-            UnicodeDecodeError):
+            arrays = {k: z[k] for k in _ARRAYS}
+        return TraceBuilder.from_storage(arrays, meta)
+    except (OSError, EOFError, ValueError, KeyError, TypeError, IndexError,
+            zipfile.BadZipFile, json.JSONDecodeError, UnicodeDecodeError):
         return None
-    R = arrs["prompt_tokens"].shape[0]
-    if any(arrs[k].shape != (R,) for k in _ARRAYS[:9]) or arrs["_seg_ptr"].shape != (R + 1,):
-        return None
-    if arrs["_pool_region"].shape != arrs["_pool"].shape or arrs["_pool_region"].dtype != np.uint8:
-        return None
-    arrs["_pool"].setflags(write=False)
-    arrs["_pool_region"].setflags(write=False)
-    try:
-        sessions = [Session(*s) for s in meta["sessions"]]
-        refs, distinct = (int(x) for x in meta["hash_ids"])
-    except (TypeError, KeyError, ValueError):
-        return None
-    return Trace(name=meta["name"], block_size=meta["block_size"], format=meta["format"],
-                 source=meta["source"], sessions=sessions, models=meta["models"],
-                 skipped=meta["skipped"], options=meta["options"],
-                 _fresh_base=meta["fresh_base"], hash_id_refs=refs,
-                 hash_id_distinct=distinct, **arrs)
 
 
-def cached_load(specs: list[str], fmt: str, block_size: int, build: dict, lenient: bool,
-                cache_dir: str, extra: dict, parse: Callable[[], Trace]) -> Trace:
-    """The trace from the cache folder, else ``parse()`` (then cached)."""
-    key = cache_key(specs, fmt, block_size, build, lenient, extra)
-    path = Path(cache_dir) / f"trace-{key[:24]}.npz"
-    trace = read_trace(path) if path.is_file() else None
-    if trace is None and path.is_file():
+def cached_parse(specs: list[str], fmt: str, block_size: int, lenient: bool, cache_dir: str,
+                 extra: dict, parse: Callable[[], TraceBuilder]) -> TraceBuilder:
+    """The parse from the cache folder, else ``parse()`` (then cached)."""
+    key = cache_key(specs, fmt, block_size, lenient, extra)
+    path = Path(cache_dir) / f"parsed-{key[:24]}.npz"
+    builder = read_parsed(path) if path.is_file() else None
+    if builder is None and path.is_file():
         print(f"kvsim: notice: trace cache {path}: does not load (truncated or damaged): "
               "rebuilding it", file=sys.stderr)
-    if trace is None:
-        trace = parse()
+    if builder is None:
+        builder = parse()
         # A read-only or full cache folder costs the next load its speed, nothing else.
         with contextlib.suppress(OSError):
-            save_trace(trace, path)
-    return trace
+            save_parsed(builder, path)
+    return builder

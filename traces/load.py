@@ -26,7 +26,8 @@ def load_trace(spec: str | list[str], format: str | None = None, block_size: int
     max_context: a session ends before its first request with prompt_tokens > max_context.
     select: "top-requests:K" (the K sessions with most requests after the cut) or "first:K".
     seed: synthetic generators only. lenient: skip bad records, count them in trace.skipped.
-    cache_dir: reuse/write an npz copy of the loaded trace there (see traces.cache).
+    cache_dir: reuse/write an npz copy of the parsed files there (see traces.cache): one
+    copy serves every max_context, select and shared_prefix.
     rebuild_sessions: Mooncake only: chain requests into sessions by prefix continuation.
     """
     specs = [spec] if isinstance(spec, str | Path) else list(spec)
@@ -59,11 +60,13 @@ def load_trace(spec: str | list[str], format: str | None = None, block_size: int
         raise OptionError(f"unknown trace format {fmt!r}; expected one of {', '.join(FORMATS)}")
     _check_rebuild_sessions(rebuild_sessions, fmt, specs)
     if cache_dir is not None:
-        from .cache import cached_load
+        from .cache import cached_parse
 
-        return cached_load(specs, fmt, block_size, build, lenient, cache_dir, extra,
-                           lambda: _load_files(specs, fmt, block_size, build, lenient, extra))
-    return _load_files(specs, fmt, block_size, build, lenient, extra)
+        b = cached_parse(specs, fmt, block_size, lenient, cache_dir, extra,
+                         lambda: _parse(specs, fmt, block_size, lenient, extra))
+    else:
+        b = _parse(specs, fmt, block_size, lenient, extra)
+    return _build(b, build, specs)
 
 
 def _check_rebuild_sessions(rebuild_sessions: bool, fmt: str, specs: list[str]) -> None:
@@ -104,10 +107,8 @@ def read_trace_files(spec: str | list[str], format: str | None = None, block_siz
     return _parse(specs, fmt, block_size, lenient, extra)
 
 
-def _load_files(specs: list[str], fmt: str, block_size: int, build: dict, lenient: bool,
-                extra: dict | None = None) -> Trace:
-    extra = extra or {}
-    b = _parse(specs, fmt, block_size, lenient, extra)
+def _build(b: TraceBuilder, build: dict, specs: list[str]) -> Trace:
+    """The trace ``build`` makes of a parse; one without requests is refused."""
     trace = b.build(**build)
     if len(trace) == 0:
         why = "no requests" + (" left after the options" if b.n_sessions else "")

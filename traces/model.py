@@ -81,7 +81,7 @@ class Trace:
 
     def storage(self) -> tuple[dict[str, np.ndarray], dict[str, int]]:
         """The columns and compact stores as arrays (keyed by constructor argument), and the
-        scalars beside them: what a cache file holds to rebuild the trace exactly."""
+        scalars beside them: everything two traces must share to be the same trace."""
         names = ("session", "prompt_tokens", "output_tokens", "send_time_s", "gap_s",
                  "gap_kind", "model", "input_kinds", "prefix_blocks", "_pool", "_seg_ptr",
                  "_seg_start", "_seg_len", "_out_ptr", "_pool_region")

@@ -31,9 +31,11 @@ from ..routing import (
     CacheViewSpec,
     KVEvents,
     PredictedLoad,
+    Range,
     Router,
     RouteRequest,
     RouterView,
+    ranges,
     register_router,
 )
 
@@ -112,6 +114,16 @@ class DynamoKV(Router):
     ttl_s: float = TTL_S
     max_tree_size: int = MAX_TREE_SIZE
     engine_block_tokens: int = ENGINE_BLOCK_TOKENS
+    parameter_ranges = ranges(prefill_load_scale=Range(0.0), overlap_credit=Range(0.0),
+                              temperature=Range(0.0), event_lag_s=Range(0.0),
+                              ttl_s=Range(0.0, lo_open=True), max_tree_size=Range(1),
+                              engine_block_tokens=Range(1))
+
+    def idle_parameters(self) -> dict[str, str]:
+        if self.use_kv_events:
+            why = "it sizes the approximate index, used only with use_kv_events=false"
+            return {k: why for k in ("ttl_s", "max_tree_size", "engine_block_tokens")}
+        return {"event_lag_s": "it delays KV events, which use_kv_events=false turns off"}
 
     @property
     def cache_view(self) -> CacheViewSpec:

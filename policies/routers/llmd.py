@@ -20,7 +20,16 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..routing import PodLRU, Router, RouteRequest, RouterView, ScrapedMetrics, register_router
+from ..routing import (
+    PodLRU,
+    Range,
+    Router,
+    RouteRequest,
+    RouterView,
+    ScrapedMetrics,
+    ranges,
+    register_router,
+)
 
 PREFIX_WEIGHT = 3.0
 QUEUE_WEIGHT = 2.0
@@ -88,6 +97,10 @@ class LLMD(Router):
     max_prefix_blocks: int = MAX_PREFIX_BLOCKS
     lru_capacity: int = LRU_CAPACITY
     scrape_s: float = SCRAPE_S
+    parameter_ranges = ranges(prefix_weight=Range(0.0), queue_weight=Range(0.0),
+                              kv_util_weight=Range(0.0), block_tokens=Range(1),
+                              max_prefix_blocks=Range(1), lru_capacity=Range(1),
+                              scrape_s=Range(0.0, lo_open=True))
 
     @property
     def cache_view(self) -> PodLRU:

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..context import PolicyError
-from ..routing import KVEvents, Router, RouteRequest, RouterView, register_router
+from ..routing import KVEvents, Range, Router, RouteRequest, RouterView, ranges, register_router
 
 
 def ttft(queue_s: Sequence[float], prefill_s: Sequence[float]) -> list[float]:
@@ -48,6 +48,7 @@ class Mooncake(Router):
 
     name = "mooncake"
     event_lag_s: float = 0.0
+    parameter_ranges = ranges(event_lag_s=Range(0.0))
 
     @property
     def cache_view(self) -> KVEvents:

@@ -24,7 +24,15 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..context import PolicyError
-from ..routing import ApproxTree, Router, RouteRequest, RouterView, register_router
+from ..routing import (
+    ApproxTree,
+    Range,
+    Router,
+    RouteRequest,
+    RouterView,
+    ranges,
+    register_router,
+)
 
 WINDOW_S = 180.0
 TPOT_S = 0.15
@@ -71,6 +79,9 @@ class Preble(Router):
     expected_output_tokens: int = 256
     max_tokens_gpu: int = MAX_TOKENS_GPU
     eviction_interval_s: float = 1.0
+    parameter_ranges = ranges(window_s=Range(0.0, lo_open=True), tpot_s=Range(0.0),
+                              expected_output_tokens=Range(0), max_tokens_gpu=Range(0),
+                              eviction_interval_s=Range(0.0, lo_open=True))
 
     @property
     def cache_view(self) -> ApproxTree:

@@ -21,8 +21,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..context import PolicyError
-from ..routing import ApproxTree, Router, RouteRequest, RouterView, register_router
+from ..routing import (
+    ApproxTree,
+    OneOf,
+    Range,
+    Router,
+    RouteRequest,
+    RouterView,
+    ranges,
+    register_router,
+)
 
 MIN_LOAD = "min-load"
 SMALLEST_TREE = "smallest-tree"
@@ -93,16 +101,16 @@ class SGLangCacheAware(Router):
     max_tree_size: int = MAX_TREE_SIZE
     chars_per_token: float = CHARS_PER_TOKEN
     miss_branch: str = MIN_LOAD
+    # a match rate is a ratio; a relative imbalance threshold below 1 acts as 1 (max_load
+    # is never below min_load)
+    parameter_ranges = ranges(cache_threshold=Range(0.0, 1.0), balance_abs_threshold=Range(0),
+                              balance_rel_threshold=Range(1.0),
+                              eviction_interval_s=Range(0.0, lo_open=True), max_tree_size=Range(0),
+                              chars_per_token=Range(0.0, lo_open=True),
+                              miss_branch=OneOf(MISS_BRANCHES))
 
     def __init__(self, **params) -> None:
         super().__init__(**params)
-        if self.miss_branch not in MISS_BRANCHES:
-            raise PolicyError(f"router {self.name!r}: miss_branch must be one of "
-                              f"{', '.join(MISS_BRANCHES)}, got {self.miss_branch!r}")
-        if not (self.chars_per_token > 0 and self.eviction_interval_s > 0
-                and self.max_tree_size >= 0):
-            raise PolicyError(f"router {self.name!r}: chars_per_token and "
-                              "eviction_interval_s must be > 0, max_tree_size >= 0")
         self.branches = {IMBALANCED: 0, HIT: 0, MISS: 0}
 
     @property

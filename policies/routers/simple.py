@@ -17,7 +17,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 
-from ..routing import Router, RouteRequest, RouterView, register_router
+from ..routing import Range, Router, RouteRequest, RouterView, ranges, register_router
 
 
 @register_router
@@ -71,13 +71,10 @@ def _hash64(text: str) -> int:
 class SessionAffinity(Router):
     name = "session-affinity"
     vnodes: int = 64
+    parameter_ranges = ranges(vnodes=Range(1))
 
     def bind(self, n_replicas, block_size, rng) -> None:
         super().bind(n_replicas, block_size, rng)
-        if self.vnodes < 1:
-            from ..context import PolicyError
-
-            raise PolicyError(f"router {self.name!r}: vnodes must be >= 1, got {self.vnodes}")
         ring = sorted((_hash64(f"replica-{r}-{v}"), r) for r in range(n_replicas)
                       for v in range(self.vnodes))
         self.points = [p for p, _ in ring]

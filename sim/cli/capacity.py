@@ -9,9 +9,9 @@ from typing import Any
 
 import click
 import numpy as np
-from rich.table import Table
 
 from .common import console, emit_json, parse_size, stderr
+from .tables import Col, narrow_table
 from .trace import load_from_options, trace_options
 
 _RANGE = re.compile(r"^\s*([^:]+?)\.\.([^:]+?)(?::(\d+))?\s*$")
@@ -173,20 +173,14 @@ def capacity_cmd(paths: tuple[str, ...], caches: list[int] | None, policies: tup
     if as_json:
         emit_json(docs)
         return
-    t = Table(title=f"kvsim capacity: {title}")
-    cols = ["cache (tokens)", "policy", "hit rate", "of infinite cache"]
+    cols = [Col("cache\n(tokens)", "cache_tokens", "int"), Col("policy", "policy"),
+            Col("hit\nrate", "hit_rate", "rate"), Col("of infinite\ncache", "of_ideal", "rate")]
     if fleet:
-        cols[1:1] = ["replicas", "router", "pool (tokens)"]
-        cols.append("from pool")
-    for col in cols:
-        t.add_column(col, justify="right")
-    for d in docs:
-        ratio = d["hit_rate"] / d["ideal_hit_rate"] if d["ideal_hit_rate"] else math.nan
-        cells = [f"{d['cache_tokens']:,}", d["policy"], f"{d['hit_rate']:.1%}", f"{ratio:.1%}"]
-        if fleet:
-            cells[1:1] = [str(d["replicas"]), d["router"], f"{d['pool_tokens']:,}"]
-            cells.append(f"{d['pool_hit_rate']:.1%}")
-        t.add_row(*cells)
-    console().print(t)
+        cols[1:1] = [Col("N", "replicas", "int"), Col("router", "router"),
+                     Col("pool\n(tokens)", "pool_tokens", "int")]
+        cols.append(Col("from\npool", "pool_hit_rate", "rate"))
+    rows = [{**d, "of_ideal": d["hit_rate"] / d["ideal_hit_rate"] if d["ideal_hit_rate"]
+             else math.nan} for d in docs]
+    console().print(narrow_table(f"kvsim capacity: {title}", cols, rows))
     if docs:
         console().print(f"infinite cache: {docs[0]['ideal_hit_rate']:.1%} of prompt tokens")

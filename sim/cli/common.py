@@ -158,6 +158,49 @@ def fail(message: object, code: int = 2) -> NoReturn:
     sys.exit(code)
 
 
+def repeated_option(cmd: click.Command, args: list[str]) -> str | None:
+    """A message for the first option that ``args`` give twice although it takes one value
+    (click would keep the last one silently), or None. Options that collect every value
+    (``multiple``) and flags may repeat. Nested groups are followed to their subcommand."""
+    while isinstance(cmd, click.Group):
+        at = next((i for i, a in enumerate(args) if not a.startswith("-")), None)
+        if at is None:
+            return None
+        sub = cmd.get_command(click.Context(cmd), args[at])
+        if sub is None:
+            return None
+        cmd, args = sub, args[at + 1:]
+    opts: dict[str, click.Option] = {}
+    for p in cmd.params:
+        if isinstance(p, click.Option):
+            for o in (*p.opts, *p.secondary_opts):
+                opts[o] = p
+    seen: dict[str, str] = {}  # parameter name -> how it was first given
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a == "--":
+            break
+        name, value = (a.partition("=")[0], a) if a.startswith("--") else (a, a)
+        p = opts.get(name)
+        if p is None and len(a) > 2 and a[0] == "-" and a[1] != "-":
+            p = opts.get(a[:2])  # -n4: a short option with its value attached
+            name = a[:2] if p is not None else name
+        elif p is not None and not p.is_flag and "=" not in a and i + 1 < len(args):
+            i += 1  # the option's value is the next word
+            value = f"{a} {args[i]}"
+        if p is not None and not p.multiple and not p.is_flag and p.name is not None:
+            if p.name in seen:
+                return (f"{name} is given twice ({seen[p.name]}, then {value}): it takes one "
+                        "value, and the last would win silently")
+            seen[p.name] = value
+        i += 1
+    return None
+
+
+INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
+
+
 class KvsimGroup(click.Group):
     """A click group that turns input errors into one stderr line and their exit status.
 
@@ -165,8 +208,9 @@ class KvsimGroup(click.Group):
     InputError, ...) is a user mistake: its message is printed on one line, as are click's own
     usage errors (a bad option value names the option). An ``OSError`` that escapes a command
     (a full disk, a folder removed under a running sweep) names its file the same way, exit 2.
-    Anything else is a bug and keeps its traceback. ``--debug`` (the group's flag, accepted
-    anywhere on the line) keeps every traceback.
+    Anything else is a bug and keeps its traceback. Ctrl-C ends the command with status 130
+    (``INTERRUPTED``). ``--debug`` (the group's flag, accepted anywhere on the line) keeps
+    every traceback.
     """
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
@@ -176,11 +220,26 @@ class KvsimGroup(click.Group):
             args = ["--debug", *(a for a in args[:end] if a != "--debug"), *args[end:]]
         return super().parse_args(ctx, args)
 
+    def resolve_command(self, ctx: click.Context, args: list[str]
+                        ) -> tuple[str | None, click.Command | None, list[str]]:
+        """The subcommand, after refusing an option it takes once given twice."""
+        name, cmd, rest = super().resolve_command(ctx, args)
+        if cmd is not None:
+            problem = repeated_option(cmd, rest)
+            if problem is not None:
+                raise click.UsageError(problem, click.Context(cmd, info_name=name, parent=ctx))
+        return name, cmd, rest
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except (click.exceptions.Exit, click.exceptions.Abort):
             raise
+        except KeyboardInterrupt:  # Ctrl-C: stop now, with the shell's status for SIGINT
+            if ctx.params.get("debug"):
+                raise
+            print("kvsim: interrupted", file=sys.stderr)
+            sys.exit(INTERRUPTED)
         except click.UsageError as e:  # click prints usage + hint + error: one line instead
             path = e.ctx.command_path if e.ctx is not None else "kvsim"
             fail(f"{e.format_message()} (see '{path} --help')", e.exit_code)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import click
-from rich.table import Table
 
 from costmodel.figure1 import figure1, illustrative_example
 from costmodel.profile import load_profile
@@ -11,6 +10,17 @@ from costmodel.specs import get_spec
 from sim.checks import check_profile
 
 from .common import console, emit_json
+from .tables import Col, narrow_table
+
+COLUMNS = [Col("context", "context_tokens", "tokens"),
+           Col("deleted\n(tokens)", "deleted_tokens", "int"),
+           Col("front\n(units)", "front_units", "units"),
+           Col("tail\n(units)", "tail_units", "units"),
+           Col("speedup\n(units)", "speedup", "x"),
+           Col("segment\nonly", "segment_speedup", "x"),
+           Col("front\n(s)", "front_seconds", "s"), Col("tail\n(s)", "tail_seconds", "s"),
+           Col("speedup\n(s)", "speedup_seconds", "x"),
+           Col("paper\n(8b)", "paper_measured_speedup", "ratio")]
 
 
 @click.group("microbench")
@@ -39,18 +49,8 @@ def figure1_cmd(model: str, profile: str | None, as_json: bool) -> None:
     if as_json:
         emit_json(doc)
         return
-    t = Table(title=f"Figure 1 -- {model}, profile {prof.name} ({prof.provenance})")
-    for col in ("context", "deleted", "front units", "tail units", "speedup (units)",
-                "segment only", "front s", "tail s", "speedup (s)", "paper (qwen3-8b)"):
-        t.add_column(col, justify="right")
-    for r in rows:
-        paper = r["paper_measured_speedup"]
-        t.add_row(f"{r['context_tokens'] // 1024}K", f"{r['deleted_tokens']:,}",
-                  f"{r['front_units']:.3e}", f"{r['tail_units']:.3e}", f"{r['speedup']:.3f}",
-                  f"{r['segment_speedup']:.3f}", f"{r['front_seconds']:.3f}",
-                  f"{r['tail_seconds']:.3f}", f"{r['speedup_seconds']:.3f}",
-                  "-" if paper is None else f"{paper:.2f}")
     con = console()
-    con.print(t)
+    con.print(narrow_table(f"Figure 1 -- {model}, profile {prof.name} ({prof.provenance})",
+                           COLUMNS, rows))
     con.print(f"Illustrative example (16K shared + 100K private, free 30K): tail costs "
               f"{example['speedup']:.2f}x front (seed: ~2.3x).")

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import click
-from rich.table import Table
 
 from costmodel.profile import default_profile_name, shipped_profiles
 from costmodel.specs import get_spec, model_names
 
 from .common import console, emit_json
+from .tables import Col, narrow_table
+
+COLUMNS = [Col("model", "name"), Col("layers", "layers", "int"),
+           Col("q/kv\nheads", "heads", "text"), Col("head\ndim", "head_dim", "int"),
+           Col("FFN", "ffn_shape"), Col("W", "W", "int"),
+           Col("KV bytes\nper token", "kv_bytes_per_token", "int"),
+           Col("sliding\nlayers", "sliding"), Col("max\ncontext", "max_context", "int")]
 
 
 @click.command("models")
@@ -25,17 +31,12 @@ def models_cmd(as_json: bool) -> None:
     if as_json:
         emit_json({"models": rows})
         return
-    t = Table(title="kvsim models (W = per-token linear+FFN work in query-key-pair units)")
-    for col in ("model", "layers", "q/kv heads", "head_dim", "FFN", "W", "KV bytes/token",
-                "attention", "max context"):
-        t.add_column(col, justify="left" if col in ("model", "attention", "FFN") else "right")
-    for s in rows:
-        ffn = (f"{s['experts']}x{s['expert_ffn']} (top-{s['active_experts']})" if s["experts"]
-               else str(s["ffn"]))
-        attn = "full" if not s["sliding_attention_layers"] else (
-            f"{s['full_attention_layers']} full + {s['sliding_attention_layers']} "
-            f"sliding ({', '.join(map(str, s['windows']))})")
-        t.add_row(s["name"], str(s["layers"]), f"{s['q_heads']}/{s['kv_heads']}",
-                  str(s["head_dim"]), ffn, f"{s['W']:,.0f}", f"{s['kv_bytes_per_token']:,}",
-                  attn, f"{s['max_context']:,}")
-    console().print(t)
+    shown = [{**s, "heads": f"{s['q_heads']}/{s['kv_heads']}", "W": round(s["W"]),
+              "ffn_shape": (f"{s['experts']}x{s['expert_ffn']} top-{s['active_experts']}"
+                            if s["experts"] else str(s["ffn"])),
+              "sliding": (f"{s['sliding_attention_layers']} "
+                          f"({', '.join(map(str, s['windows']))})"
+                          if s["sliding_attention_layers"] else "-")} for s in rows]
+    console().print(narrow_table("kvsim models (W = per-token linear+FFN work in query-key-pair "
+                                 "units; sliding layers with their window in tokens, the others "
+                                 "attend in full)", COLUMNS, shown))

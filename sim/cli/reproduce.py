@@ -154,6 +154,18 @@ AKV_COLUMNS = [Col("N", "concurrency", "int"), Col("method", "method"),
                Col("output\ntokens/s", "output_tokens_per_s", "per_s")]
 
 
+def warn_idle_fleets(rows: list[dict[str, Any]]) -> None:
+    """One warning line when fleet runs left replicas without a request (their rows' column
+    ``idle replicas`` says which)."""
+    idle = [r for r in rows if r.get("idle_replicas")]
+    if idle:
+        r = max(idle, key=lambda r: r["idle_replicas"])
+        stderr.print(f"[yellow]warning:[/yellow] {len(idle)} of {len(rows)} fleet runs left "
+                     f"replicas without a request (column 'idle replicas'; the most: "
+                     f"{r['router']}, {r['policy']}, {r['idle_replicas']} of "
+                     f"{r['replicas']} idle on {r['workload']})")
+
+
 def experiment_tables(name: str, doc: dict[str, Any]) -> list[Table | str]:
     """The heading and tables of one experiment's document (``kvsim reproduce NAME``'s
     JSON)."""
@@ -278,7 +290,8 @@ FLEET_LAYOUTS = [
     ("reuse and balance", [Col("reuse\navailable", "reuse_available", "rate"),
                            Col("reuse\ncaptured", "reuse_captured", "rate"),
                            Col("affinity", "affinity", "rate"),
-                           Col("load\nCV", "load_cv", "ratio")]),
+                           Col("load\nCV", "load_cv", "ratio"),
+                           Col("idle\nreplicas", "idle_replicas", "int")]),
 ]
 
 
@@ -373,6 +386,7 @@ def reproduce_cmd(name: str, trace: str | None, gaps: str, prompt_nodes: str, qu
     if name != "figure1":
         stderr.print(f"{name}: trace {doc['trace']} ({doc['trace_kind']}), gaps {doc['gaps']}"
                      + (", quick" if quick else ""))
+    warn_idle_fleets(doc.get("rows", []))
     if as_json:
         emit_json(doc)
         return

@@ -18,6 +18,7 @@ from .run_checks import (
     params_per_policy,
     refuse_idle_options,
     warn_capped_shared_prefix,
+    warn_idle_replicas,
     warn_saturation,
 )
 from .trace import trace_options
@@ -65,7 +66,7 @@ CONTEXT_ROWS = ("request_latency_mean_s", "request_latency_p95_s", "input_tokens
                 "context_edits_blocked")
 # Rows of fleet runs (--replicas/--router; sim/fleet/metrics.py defines them).
 FLEET_ROWS = ("reuse_available", "reuse_captured", "reuse_delivered", "affinity",
-              "load_cv_busy", "load_cv_queue", "belief_error_mean_tokens")
+              "load_cv_busy", "load_cv_queue", "belief_error_mean_tokens", "idle_replicas")
 # Rows of runs with a shared pool (--pool; sim/fleet/run.py pool_summary).
 POOL_ROWS = ("pool_hit_rate", "pool_fetched_tokens", "pool_refused_fetches", "pool_fetch_s",
              "pool_bandwidth_utilization")
@@ -368,7 +369,7 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
         checkpoint_chunks=prompt_nodes == "chunked",
         max_new_tokens=max_new_tokens, max_running=max_running, seed=seed,
         vllm_async=vllm_async == "on", debug_cache=debug_cache)
-    refuse_idle_options(click.get_current_context(), cpu_cache, tiering, engine, replay)
+    refuse_idle_options(click.get_current_context(), base)
     configs = policy_configs(base, preset, evict, granularity, order, policies, policy_params)
     # Every input check before any work: configs, model, profile, the output folder.
     for cfg in configs:
@@ -390,6 +391,10 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
     from traces.load import check_shared_prefix
 
     check_shared_prefix(tr, shared_prefix)
+    from sim.fleet.run import check_fleet_size
+
+    for cfg, trace in zip(configs, traces, strict=True):
+        check_fleet_size(cfg, trace)  # before any run: a fleet the trace cannot occupy
     warn_capped_shared_prefix(tr, shared_prefix, block_size)
     stderr.print(f"[dim]trace {tr.name}: {len(tr):,} requests loaded in "
                  f"{time.perf_counter() - t0:.1f}s[/dim]")
@@ -408,6 +413,7 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
             warn_quiet_surprises(res, spec_context)
             warn_saturation(res)
             warn_pool_notes(res)
+            warn_idle_replicas(res)
             results.append(res)
             if out is not None:
                 write_result(res, f"{out}/{cfg.policy_label}")

@@ -11,6 +11,7 @@ import click
 from .common import stderr
 
 if TYPE_CHECKING:
+    from sim.config import RunConfig
     from sim.runner import RunResult
 
 
@@ -92,6 +93,15 @@ def default_replay(trace: str, trace_format: str | None) -> str:
     return replay
 
 
+def warn_idle_replicas(res: RunResult) -> None:
+    """A fleet run in which the router left replicas without a request: say how many."""
+    idle = res.summary.get("idle_replicas")
+    if idle:
+        stderr.print(f"[yellow]warning:[/yellow] {res.config.policy_label}: {idle:,} of "
+                     f"{res.summary['replicas']:,} replicas served no request (router "
+                     f"{res.summary['router']}): the fleet is smaller than it looks")
+
+
 def warn_saturation(res: RunResult) -> None:
     """An open-loop run whose queue grew for as long as the trace lasted: say so."""
     from sim.saturation import open_loop_saturation
@@ -103,26 +113,23 @@ def warn_saturation(res: RunResult) -> None:
         stderr.print(f"[yellow]warning:[/yellow] {res.config.policy_label}: {sat.message()}")
 
 
-def refuse_idle_options(ctx: click.Context, cpu_cache: int, tiering: str, engine: str,
-                        replay: str) -> None:
-    """Options given on the command line that would do nothing in this combination: a user
-    who typed them expects an effect, so say why there is none (exit 2) instead of running."""
-    def given(name: str) -> bool:
-        return ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
+# ``kvsim run``'s parameters whose RunConfig field has another name.
+CLI_FIELDS = {"gap_model": "gaps", "cache_dir": "trace_cache_dir",
+              "router_param_items": "router_params"}
 
-    idle = []
-    if engine == "vllm":
-        idle += [(f"--{n.replace('_', '-')}", "--engine vllm has no CPU tier")
-                 for n in ("tiering", "hicache_write_policy", "swap_buffer") if given(n)]
-    elif not cpu_cache:
-        idle += [(f"--{n.replace('_', '-')}", "it configures the CPU tier: add --cpu-cache")
-                 for n in ("tiering", "hicache_write_policy", "swap_buffer") if given(n)]
-    elif tiering == "unified" and given("hicache_write_policy"):
-        idle.append(("--hicache-write-policy", "it is for --tiering hicache"))
-    elif tiering == "hicache" and given("swap_buffer"):
-        idle.append(("--swap-buffer", "it is for --tiering unified"))
-    if replay != "open" and given("time_scale"):
-        idle.append(("--time-scale", "it scales recorded send times: add --replay open"))
+
+def refuse_idle_options(ctx: click.Context, cfg: RunConfig) -> None:
+    """Options given on the command line that would do nothing in this combination
+    (``sim.config.IDLE_RULES``): a user who typed them expects an effect, so say why there is
+    none (exit 2) instead of running."""
+    from sim.config import idle_fields, spell_fields
+
+    options = {CLI_FIELDS.get(p.name, p.name): max(p.opts, key=len) for p in ctx.command.params
+               if isinstance(p, click.Option) and p.name}
+    given = [CLI_FIELDS.get(name, name) for name in ctx.params
+             if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE]
+    idle = idle_fields(cfg, given)
     if idle:
-        option, why = idle[0]
-        raise click.UsageError(f"{option} does nothing here: {why}")
+        field, why = idle[0]
+        spell = lambda f: options.get(f, "--" + f.replace("_", "-"))  # noqa: E731
+        raise click.UsageError(f"{spell(field)} does nothing here: {spell_fields(why, spell)}")

@@ -12,7 +12,7 @@ from .tables import Col, narrow_table
 
 # Shown only when some point has a non-zero value.
 WHEN_NONZERO = ("dropped_requests", "over_context_requests", "trace_skipped_files",
-                "trace_skipped_records")
+                "trace_skipped_records", "idle_replicas")
 METRIC_COLUMNS = [Col("TTFT\nmean (s)", "ttft_mean_s", "s"),
                   Col("TTFT\np90 (s)", "ttft_p90_s", "s"),
                   Col("JCT\nmean (s)", "jct_mean_s", "s"), Col("hit\nrate", "hit_rate", "rate")]
@@ -27,7 +27,7 @@ def print_table(df: Any, varied: list[str], title: str, lenient: bool = False) -
     of drops and --lenient skips when any point has some (the skips always under lenient)."""
     keys = [Col("policy", "policy"), *(Col(f, f) for f in varied)]
     counts = [Col(c, c, "int") for c in WHEN_NONZERO if c in df.columns and (
-        (df[c] != 0).any() or (lenient and c.startswith("trace_skipped")))]
+        (df[c].fillna(0) != 0).any() or (lenient and c.startswith("trace_skipped")))]
     rows = df.to_dict("records")
     con = console()
     con.print(narrow_table(title, [*keys, *(c for c in METRIC_COLUMNS if c.key in df.columns)],
@@ -42,13 +42,19 @@ def print_table(df: Any, varied: list[str], title: str, lenient: bool = False) -
                                rows))
     if counts:
         con.print()
-        con.print(narrow_table("dropped requests and skipped records", [*keys, *counts],
-                               rows))
+        con.print(narrow_table("dropped requests, skipped records, idle replicas",
+                               [*keys, *counts], rows))
 
 
 def warn_drops(df: Any) -> None:
-    """One warning line per point that dropped requests, with the reasons."""
+    """One warning line per point that dropped requests, with the reasons, and per fleet
+    point that left replicas without a request."""
     for row in df.to_dict("records"):
+        idle = row.get("idle_replicas")
+        if idle and idle == idle:
+            stderr.print(f"[yellow]warning:[/yellow] point {row['point']} ({row['policy']}): "
+                         f"{int(idle):,} of {int(row['replicas']):,} replicas served no "
+                         f"request (router {row['router']})")
         n = row.get("dropped_requests") or 0
         if not n:
             continue

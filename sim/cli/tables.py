@@ -44,6 +44,8 @@ KINDS: dict[str, Callable[[Any], str]] = {
     "change": _change,
     "pp": lambda v: f"{100 * v:+.1f} pp",
     "ratio": lambda v: f"{v:.2f}",
+    "x": lambda v: f"{v:.3f}x",  # a speedup
+    "units": lambda v: f"{v:.3e}",  # attention-aware work units (Section 2.2)
     "usd": lambda v: f"{v:,.2f}",
     "per_s": lambda v: f"{v:,.0f}",
     # the paper's number: a relative change, or its text (a range such as "-60%..-36%")

@@ -92,8 +92,6 @@ class TreeBelief(CacheBelief):
 
     def __init__(self, n: int, spec: ApproxTree) -> None:
         super().__init__(n)
-        if spec.max_blocks < 0 or not spec.eviction_interval_s > 0:
-            raise ValueError(f"bad ApproxTree {spec}")
         self.max_blocks = spec.max_blocks
         self.interval = float(spec.eviction_interval_s)
         self.next_eviction = self.interval
@@ -164,8 +162,6 @@ class PodLRUBelief(CacheBelief):
 
     def __init__(self, n: int, spec: PodLRU) -> None:
         super().__init__(n)
-        if spec.capacity_blocks < 1 or spec.max_prefix_blocks < 1:
-            raise ValueError(f"bad PodLRU {spec}")
         self.capacity = spec.capacity_blocks
         self.max_prefix = spec.max_prefix_blocks
         self.lru: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(n)]
@@ -209,8 +205,6 @@ class TTLBelief(CacheBelief):
 
     def __init__(self, n: int, spec: ApproxTTL) -> None:
         super().__init__(n)
-        if not spec.ttl_s > 0 or spec.max_blocks < 1 or not 0 < spec.prune_ratio <= 1:
-            raise ValueError(f"bad ApproxTTL {spec}")
         self.ttl, self.max_blocks, self.ratio = spec.ttl_s, spec.max_blocks, spec.prune_ratio
         self.expiry: list[dict[int, float]] = [{} for _ in range(n)]
         self.heap: list[tuple[float, int, int]] = []  # (expiry, block, replica), lazy
@@ -262,8 +256,6 @@ class EventBelief(CacheBelief):
 
     def __init__(self, n: int, spec: KVEvents) -> None:
         super().__init__(n)
-        if not spec.lag_s >= 0:
-            raise ValueError(f"bad KVEvents {spec}")
         self.lag = float(spec.lag_s)
         self.pending: deque[tuple[float, int, bool, list[int]]] = deque()
         self.size = [0] * n

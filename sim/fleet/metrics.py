@@ -23,6 +23,8 @@ decision, ``load_cv_requests`` of requests served. Router belief on the chosen r
 decision time (NaN for a router without a cache view): ``belief_error_mean_tokens`` (mean
 |believed - true| cached prefix), ``belief_bias_mean_tokens`` (mean believed - true: positive
 = over-prediction), ``belief_wrong_share`` (share of decisions where they differ).
+``idle_replicas``: replicas the router sent no request to (the fleet is smaller than it looks;
+the commands warn).
 
 A replica's summary counts a session's job time (JCT) at the replica that served the
 session's first request (its home).
@@ -100,17 +102,27 @@ def fleet_metrics(fleet, engines: list, tables: list[pd.DataFrame], sessions: Ru
         home.setdefault(s, r)
     per_replica = []
     busy, queue = [], []
+    homes: dict[int, list[int]] = {}
+    for s, r in home.items():
+        homes.setdefault(r, []).append(s)
+    idle: tuple | None = None  # (counters, summary) of the first replica that served nothing
     for i, (e, t) in enumerate(zip(engines, tables, strict=True)):
         rec = e.rec
-        mine = [s for s, r in home.items() if r == i]
-        rec.session_start = {s: sessions.session_start[s] for s in mine
-                             if s in sessions.session_start}
-        rec.session_end = {s: sessions.session_end[s] for s in mine
-                           if s in sessions.session_end}
-        mine = t.drop(columns=["replica"])
-        s = rec.summary(sim_end, block_size, mine)
-        s = {k: v for k, v in s.items() if not isinstance(v, dict | list)}
-        s["routed_ideal_hit_rate"] = routed_ideal_rate(mine)
+        if not len(t) and idle is not None and rec.counters == idle[0] \
+                and np.array_equal(rec.hist, idle[1]):
+            s = dict(idle[2])  # an idle replica's summary is every idle replica's
+        else:
+            mine = homes.get(i, [])
+            rec.session_start = {s: sessions.session_start[s] for s in mine
+                                 if s in sessions.session_start}
+            rec.session_end = {s: sessions.session_end[s] for s in mine
+                               if s in sessions.session_end}
+            own = t.drop(columns=["replica"])
+            s = rec.summary(sim_end, block_size, own)
+            s = {k: v for k, v in s.items() if not isinstance(v, dict | list)}
+            s["routed_ideal_hit_rate"] = routed_ideal_rate(own)
+            if not len(t) and not mine and idle is None:
+                idle = (dict(rec.counters), rec.hist.copy(), dict(s))
         s["replica"] = i
         per_replica.append(s)
         busy.append(s["prefill_busy_s"] + s["decode_busy_s"])
@@ -119,6 +131,7 @@ def fleet_metrics(fleet, engines: list, tables: list[pd.DataFrame], sessions: Ru
     metrics = {
         "replicas": n,
         "router": fleet.router.label,
+        "idle_replicas": sum(1 for k in fleet.inflight.routed if k == 0),
         "reuse_available": _share(ok["best"].sum(), prompt),
         "reuse_captured": _share(ok["true"].sum(), prompt),
         "reuse_delivered": _share(served["hit_gpu_tokens"].sum(), prompt),

@@ -35,7 +35,23 @@ from .replica import ObservedRecorder, observe
 ROUTER_STREAM = 0x524F55544552  # "ROUTER"
 
 
+class FleetSizeError(ValueError):
+    """More replicas than the trace has requests (exit status 2)."""
+
+    exit_code = 2
+
+
+def check_fleet_size(cfg, trace) -> None:
+    """Refuse a fleet that the trace cannot occupy: with more replicas than requests, some
+    replicas serve nothing whatever the router does (and each costs its engine)."""
+    if cfg.is_fleet and cfg.replicas > len(trace):
+        raise FleetSizeError(f"--replicas {cfg.replicas:,}: the trace has {len(trace):,} "
+                             f"requests, so {cfg.replicas - len(trace):,} replicas or more "
+                             f"could never serve one; use at most {len(trace):,}")
+
+
 def run_fleet(cfg, trace, spec, profile) -> RunResult:
+    check_fleet_size(cfg, trace)
     env = simpy.Environment()
     engines, policies = [], []
     for _ in range(cfg.replicas):
@@ -64,7 +80,8 @@ def run_fleet(cfg, trace, spec, profile) -> RunResult:
         t = ideal_columns(e.rec.table(), fleet, cfg.block_size)
         t.insert(0, "replica", np.full(len(t), i, dtype=np.int64))
         tables.append(t)
-    table = pd.concat(tables, ignore_index=True) if len(tables) > 1 else tables[0]
+    served = [t for t in tables if len(t)] or tables[:1]  # idle replicas add no rows
+    table = pd.concat(served, ignore_index=True) if len(served) > 1 else served[0]
     table = table.sort_values(["send_s", "request"], kind="stable").reset_index(drop=True)
     merged = merge_recorders(trace, [e.rec for e in engines], sessions)
     summary = merged.summary(env.now, cfg.block_size, table)
