@@ -10,8 +10,9 @@ A router decides from what a real router can know, never from the engines' true 
     RouterView: per replica (ReplicaView)
       cache belief   what the router THINKS is cached there: the overlap of this request's
                      prompt with the router's cache view, which the router declares
-                     (``cache_view``): ApproxTree (SGLang: what it routed, per-worker size cap,
-                     periodic LRU-leaf eviction), PodLRU (llm-d: per-pod LRU of block
+                     (``cache_view``): ApproxRadix (SMG 1.13: what it routed, one budget
+                     for all workers, LRU leaf nodes), ApproxTree (SMG 1.9: per-worker size
+                     cap, periodic LRU-leaf eviction), PodLRU (llm-d: per-pod LRU of block
                      hashes), ApproxTTL (Dynamo --no-kv-events: routed blocks expire after a
                      TTL), KVEvents (Dynamo / llm-d precise: the engines' stored/removed
                      events, delivered after ``lag_s``), or None (no cache view at all)
@@ -67,6 +68,22 @@ class ApproxTree:
 
 
 @dataclass(frozen=True)
+class ApproxRadix:
+    """SMG 1.13's tree (``crates/kv_index`` ``string_tree.rs``): a radix tree of the routed
+    prompts, nodes split where prompts diverge, each node stamped per worker. An insert stamps
+    only the node the prompt ends in (nodes it passes through keep their stamp, or 0 when the
+    worker is new there); a match refreshes its deepest node's stamp for that node's first
+    holder when the tree's epoch (one tick per match, one per insert, one per worker at start)
+    is a multiple of ``refresh_every``. Every ``eviction_interval_s``, while the blocks of all
+    workers together exceed ``max_blocks``, the least recently stamped (worker, leaf node) loses
+    that worker from the whole node. Overlap = the longest prefix this worker's part holds."""
+
+    max_blocks: int = 1 << 18
+    eviction_interval_s: float = 60.0
+    refresh_every: int = 8
+
+
+@dataclass(frozen=True)
 class PodLRU:
     """llm-d's approximate prefix index: per pod an LRU of block hashes (``capacity_blocks``
     entries), the whole routed prompt (its first ``max_prefix_blocks`` blocks) added for the
@@ -82,8 +99,8 @@ class PodLRU:
 class ApproxTTL:
     """Dynamo's approximate KV index (``--no-kv-events``): routed blocks are recorded for
     the chosen worker and expire ``ttl_s`` after their last routing; when the index holds
-    more than ``max_blocks`` blocks the least recently routed are pruned down to
-    ``prune_ratio`` of it. Overlap = consecutive blocks from the start."""
+    more than ``max_blocks`` blocks (0: no bound) the least recently routed are pruned down
+    to ``prune_ratio`` of it. Overlap = consecutive blocks from the start."""
 
     ttl_s: float = 120.0
     max_blocks: int = 1 << 20
@@ -94,12 +111,16 @@ class ApproxTTL:
 class KVEvents:
     """An exact index fed by the engines' KV events (blocks stored on / removed from the
     GPU), each event applied ``lag_s`` seconds after the engine emitted it (0: the truth).
-    Overlap = consecutive blocks from the start (a hole at the front is a miss)."""
+    Overlap = consecutive blocks from the start (a hole at the front is a miss).
+    ``drop_orphans``: the index is a tree linked by parent hashes, as Dynamo 1.6's: a stored
+    block whose parent the index does not hold for that worker is dropped, and removing a
+    block leaves its descendants unreachable (they are forgotten for that worker)."""
 
     lag_s: float = 0.0
+    drop_orphans: bool = False
 
 
-CacheViewSpec = ApproxTree | PodLRU | ApproxTTL | KVEvents
+CacheViewSpec = ApproxTree | ApproxRadix | PodLRU | ApproxTTL | KVEvents
 
 
 @dataclass(frozen=True)

@@ -45,8 +45,8 @@ class _EventSink:
     def __init__(self, belief, replica: int, env: simpy.Environment) -> None:
         self.belief, self.replica, self.env = belief, replica, env
 
-    def stored(self, ids) -> None:
-        self.belief.stored(self.replica, ids, self.env.now)
+    def stored(self, ids, parent=None) -> None:
+        self.belief.stored(self.replica, ids, self.env.now, parent)
 
     def removed(self, ids) -> None:
         self.belief.removed(self.replica, ids, self.env.now)
