@@ -123,6 +123,9 @@ def refuse_idle_options(ctx: click.Context, cpu_cache: int, tiering: str, engine
         idle.append(("--swap-buffer", "it is for --tiering unified"))
     if replay != "open" and given("time_scale"):
         idle.append(("--time-scale", "it scales recorded send times: add --replay open"))
+    if replay != "open" and given("max_concurrency"):
+        idle.append(("--max-concurrency", "it caps the open loop's requests in flight (a "
+                     "closed loop is capped by --sessions): add --replay open"))
     if idle:
         option, why = idle[0]
         raise click.UsageError(f"{option} does nothing here: {why}")
