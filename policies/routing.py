@@ -87,12 +87,15 @@ class ApproxRadix:
 class PodLRU:
     """llm-d's approximate prefix index: per pod an LRU of block hashes (``capacity_blocks``
     entries), the whole routed prompt (its first ``max_prefix_blocks`` blocks) added for the
-    chosen pod. Overlap follows llm-d's scan: walk the prompt's blocks, stop at the first
+    chosen pod. With ``capacity_per_cache_block`` > 0 (llm-d's autoTune) a pod's capacity is
+    that many entries per block of the replica's own cache instead (``capacity_blocks`` is
+    then unused). Overlap follows llm-d's scan: walk the prompt's blocks, stop at the first
     block NO pod holds, and count for each pod the blocks it holds before that point (a pod
     missing an early block still counts later ones)."""
 
     capacity_blocks: int = 7812
     max_prefix_blocks: int = 64
+    capacity_per_cache_block: float = 0.0
 
 
 @dataclass(frozen=True)

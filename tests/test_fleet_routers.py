@@ -52,10 +52,22 @@ def test_approximate_views_overpredict_once_engines_evict(router):
     assert s["belief_bias_mean_tokens"] > 0 and s["belief_wrong_share"] > 0
 
 
+def test_llmd_index_sized_by_the_engines_believes_evicted_blocks():
+    # autoTune: each pod's LRU holds as many 64-token hashes as the engine has 16-token
+    # blocks (4x its tokens), and never hears of evictions: once engines evict, it believes
+    # prefixes they no longer hold; the precise (KV-event) scorer sees the truth
+    cfg = replace(GROUPS, gpu_cache=8192, router="llm-d")
+    s = run(cfg).summary
+    assert s["evicted_tokens"] > 0 and s["belief_bias_mean_tokens"] > 0
+    exact = run(replace(cfg, router_params={"precise": True})).summary
+    assert exact["evicted_tokens"] > 0 and exact["belief_error_mean_tokens"] == 0.0
+
+
 def test_llmd_believes_at_most_its_hashed_prefix():
-    # llm-d hashes only the first 256 x 16 = 4,096 tokens: on long agent prompts its
-    # belief falls short of the truth, and it is wrong on most decisions
-    res = run(replace(BASE, router="llm-d", gpu_cache=32768))
+    # without autoTune llm-d hashes only the first 256 x 16 = 4,096 tokens: on long agent
+    # prompts its belief falls short of the truth, and it is wrong on most decisions
+    res = run(replace(BASE, router="llm-d", gpu_cache=32768,
+                      router_params={"auto_tune": False}))
     s = res.summary
     assert s["evicted_tokens"] > 0
     assert s["belief_bias_mean_tokens"] < 0 and s["belief_wrong_share"] > 0.5

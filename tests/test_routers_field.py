@@ -155,7 +155,7 @@ def test_dynamo_router_counts_active_blocks_once_and_frees_them():
 
 
 def test_llmd_router_weighs_prefix_queue_and_kv_usage():
-    r = bound("llm-d", 3)
+    r = bound("llm-d?auto_tune=false", 3)
     assert r.cache_view == PodLRU(capacity_blocks=31_250 * 16 // BS,
                                   max_prefix_blocks=256 * 16 // BS)
     assert r.load_view == ScrapedMetrics(scrape_s=0.05)
@@ -167,6 +167,28 @@ def test_llmd_router_weighs_prefix_queue_and_kv_usage():
     # with no scrape yet: every queue and usage counts as zero, the prefix decides
     v = view(overlap_blocks=[0, 3, 0])
     assert r.route(request(1, 1000), v) == 1
+
+
+def test_llmd_auto_tune_sizes_its_index_by_the_engines_report():
+    r = bound("llm-d", 3)
+    # hash blocks of max(64, 16) tokens; as many hashes per pod as the engine has 16-token
+    # blocks: 4 kvsim blocks of index per kvsim block of cache; the first 256 x 64 tokens
+    assert r.hash_tokens == 64
+    assert r.cache_view == PodLRU(capacity_blocks=0, max_prefix_blocks=256,
+                                  capacity_per_cache_block=4.0)
+    # 1,000 tokens = ceil(1000 / 64) = 16 hash blocks (the partial last one too); 8 kvsim
+    # blocks = 8 of them; the whole prompt's 15 full blocks = 15
+    assert r.prefix_scores(request(0, 1000), view(overlap_blocks=[8, 0, 15])) == [
+        pytest.approx(0.5), 0.0, pytest.approx(15 / 16)]
+    precise = bound("llm-d?precise=true&event_lag_s=0.5", 3)
+    assert precise.cache_view == KVEvents(lag_s=0.5)
+    # the precise scorer: leading blocks held / the prompt's 15 full blocks
+    assert precise.prefix_scores(request(1, 1000), view(overlap_blocks=[5, 0, 15])) == [
+        pytest.approx(5 / 15), 0.0, 1.0]
+    for bad in ("precise=true&lru_capacity=10", "block_tokens=64", "event_lag_s=1",
+                "auto_tune=false&engine_block_tokens=32", "max_prefix_blocks=0"):
+        with pytest.raises(PolicyError):
+            get_router(f"llm-d?{bad}")
 
 
 def test_mooncake_router_queues_its_own_estimates():

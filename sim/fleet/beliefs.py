@@ -164,11 +164,15 @@ class PodLRUBelief(CacheBelief):
     """llm-d's approximate prefix index (``PodLRU``): per pod an LRU of block hashes; the
     scan counts, per pod, the blocks it holds before the first block no pod holds."""
 
-    def __init__(self, n: int, spec: PodLRU) -> None:
+    def __init__(self, n: int, spec: PodLRU, cache_blocks: list[int] | None = None) -> None:
         super().__init__(n)
-        if spec.capacity_blocks < 1 or spec.max_prefix_blocks < 1:
+        per = spec.capacity_per_cache_block
+        if spec.max_prefix_blocks < 1 or per < 0 or (not per and spec.capacity_blocks < 1):
             raise ValueError(f"bad PodLRU {spec}")
-        self.capacity = spec.capacity_blocks
+        if per and (cache_blocks is None or len(cache_blocks) != n):
+            raise ValueError("PodLRU sized by the replicas' caches needs their sizes")
+        self.capacity = ([max(1, int(per * c)) for c in cache_blocks] if per
+                         else [spec.capacity_blocks] * n)
         self.max_prefix = spec.max_prefix_blocks
         self.lru: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(n)]
 
@@ -195,7 +199,7 @@ class PodLRUBelief(CacheBelief):
                 lru[b] = None
                 holders[b] = holders.get(b, 0) | bit
         clear = ~bit
-        while len(lru) > self.capacity:
+        while len(lru) > self.capacity[replica]:
             b, _ = lru.popitem(last=False)
             m = holders[b] & clear
             if m:
@@ -370,8 +374,11 @@ class EventBelief(CacheBelief):
             stack.extend(children.pop(x, ()))
 
 
-def build_belief(spec: CacheViewSpec | None, n: int) -> CacheBelief | None:
-    """The mechanism for a router's declared cache view (None: the router has none)."""
+def build_belief(spec: CacheViewSpec | None, n: int,
+                 cache_blocks: list[int] | None = None) -> CacheBelief | None:
+    """The mechanism for a router's declared cache view (None: the router has none);
+    ``cache_blocks``: each replica's cache capacity in blocks, as its engine reports it (a
+    view sized by it reads it)."""
     if spec is None:
         return None
     if isinstance(spec, ApproxTree):
@@ -381,7 +388,7 @@ def build_belief(spec: CacheViewSpec | None, n: int) -> CacheBelief | None:
 
         return RadixBelief(n, spec)
     if isinstance(spec, PodLRU):
-        return PodLRUBelief(n, spec)
+        return PodLRUBelief(n, spec, cache_blocks)
     if isinstance(spec, ApproxTTL):
         return TTLBelief(n, spec)
     if isinstance(spec, KVEvents):

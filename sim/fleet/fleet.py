@@ -83,7 +83,8 @@ class Fleet:
         first = replicas[0]
         router.bind_prefill_model(PrefillEstimate(first.spec, first.profile,
                                                   first.cfg.chunk_size))
-        self.belief = build_belief(router.cache_view, n)
+        self.belief = build_belief(router.cache_view, n,
+                                   [e.cache.capacity_blocks for e in replicas])
         if self.belief is not None and self.belief.wants_events:
             for i, engine in enumerate(replicas):
                 engine.cache.events = _EventSink(self.belief, i, env)
