@@ -249,14 +249,25 @@ class SGLangCacheAware(Router):
                                        and (r.kv_usage or 0.0) < self.overload_kv_usage)]
 
     def candidates(self, request: RouteRequest, view: RouterView) -> tuple[list[int], str]:
-        """1.13: the workers the gateway draws among, and the branch."""
+        """The workers the rule draws among, and the branch (1.9: the holders of a hit, else
+        the one least-loaded worker)."""
         reps = view.replicas
         overlaps = [r.overlap_blocks or 0 for r in reps]
         best = max(overlaps)
         holders = [i for i, o in enumerate(overlaps) if o == best] if best else []
         matched = min(best * request.block_size, request.prompt_tokens)
-        return candidates_113([r.in_flight for r in reps], holders, matched,
-                              request.prompt_tokens, self.eligible(view),
+        loads = [r.in_flight for r in reps]
+        if self.version == V19:
+            w, branch = select(loads, [r.routed for r in reps], matched, request.prompt_tokens,
+                               holders[0] if holders else None,
+                               [r.belief_blocks or 0 for r in reps],
+                               cache_threshold=self.cache_threshold,
+                               balance_abs_threshold=self.balance_abs_threshold,
+                               balance_rel_threshold=self.balance_rel_threshold,
+                               miss_branch=self.miss_branch)
+            return (holders if branch == HIT else [w]), branch
+        return candidates_113(loads, holders, matched, request.prompt_tokens,
+                              self.eligible(view),
                               cache_threshold=self.cache_threshold,
                               balance_abs_threshold=self.balance_abs_threshold,
                               balance_rel_threshold=self.balance_rel_threshold)
