@@ -14,6 +14,7 @@ an index that kept or dropped different blocks fails here too.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections import Counter
 
 import numpy as np
@@ -28,6 +29,9 @@ from tests import routerstreams as rs
 
 N = 4
 BLOCK = 16
+# the selector's Rust tracing logs at INFO from its own threads, some after a test returns
+# (read when dynamo is first imported, inside the tests)
+os.environ.setdefault("DYN_LOG", "error")
 
 
 async def _until(what: str, check, timeout: float = rr.WAIT_S):
