@@ -74,7 +74,7 @@ def test_prefix_groups_orders():
     # rounds: every user once (one random order), then every user again, same order
     r = senders("rounds")
     assert sorted(r[:6]) == list(range(6)) and r[6:] == r[:6]
-    # shuffle (the default) is the same trace as before the option existed
+    # shuffle is the default order
     s = senders("shuffle")
     assert sorted(s) == sorted(r) and s != r
     default = generate("synthetic:prefix-groups?groups=3&users=2&turns=2&prefix=128")

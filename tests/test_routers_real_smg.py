@@ -65,8 +65,8 @@ class Kvsim:
 
 def drive(gateway: rr.Gateway, ops, params: dict, tick=None):
     """Run ``ops`` through the gateway and both kvsim views; returns the decisions:
-    (real pick, block candidates, token candidates, loads, branch, candidates of the 1.9
-    rule kvsim ran before, fed the same history)."""
+    (real pick, block candidates, token candidates, loads, branch, candidates of the
+    ``version=1.9`` rule fed the same history)."""
     block, token = Kvsim(BS, params), Kvsim(1, params)
     old = Kvsim(BS, {"version": "1.9", "eviction_interval_s": 3600.0})
     routed = [0] * N
@@ -101,8 +101,8 @@ def drive(gateway: rr.Gateway, ops, params: dict, tick=None):
 
 
 def classify(decisions) -> Counter:
-    """agree / granularity / divergence of kvsim's 1.13 rule, and how often the 1.9 rule
-    (kvsim before) named a worker set without the gateway's pick (``old``)."""
+    """agree / granularity / divergence of kvsim's 1.13 rule, and how often the
+    ``version=1.9`` rule named a worker set without the gateway's pick (``old``)."""
     c = Counter()
     for real, b_among, t_among, _, _, o_among in decisions:
         c["old"] += real not in o_among
