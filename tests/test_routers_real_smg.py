@@ -29,7 +29,7 @@ from tests import routerstreams as rs
 N = 4
 BS = 64
 MAX_TREE_CHARS = rr.CHARS_PER_TOKEN * BS * 24  # the evicting stream's budget: 24 blocks
-EVICT_SECS = 2
+EVICT_SECS = 4  # a phase of the evicting stream must fit between two passes
 
 
 def record(stream: str, counts: Counter) -> None:
@@ -193,6 +193,7 @@ def _ticks(gateway: rr.Gateway):
 
     def tick() -> None:
         start = seen[0]
+        assert count() == start, "an eviction pass ran in the middle of a phase"
         rr.wait_until(lambda: count() > start, "an eviction pass", timeout=3 * EVICT_SECS)
         seen[0] = count()
 
