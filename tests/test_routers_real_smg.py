@@ -132,7 +132,7 @@ def gateway(tmp_path, request):
 STREAMS = {
     # name: (ops, most granularity cases allowed)
     "agent-sessions": (rs.agent_sessions, 4),
-    "many-in-flight": (rs.many_in_flight, 6),
+    "many-in-flight": (rs.many_in_flight, 8),
     "shared-document": (rs.shared_document, 24),
 }
 
