@@ -22,8 +22,9 @@ $(STAMP): pyproject.toml
 # and the real routers the differential tests run beside kvsim's (tests/realrouters.py): the
 # SGLang Model Gateway binary (smg, a Rust wheel; its launcher needs setproctitle) and
 # Dynamo's selector (ai-dynamo + ai-dynamo-runtime without their serving stack, plus the few
-# modules `dynamo.llm` imports): nothing is skipped in CI.
-$(TEST_STAMP): $(STAMP)
+# modules `dynamo.llm` imports): nothing is skipped in CI. A change to this list (the Makefile)
+# reinstalls it in an existing .venv.
+$(TEST_STAMP): $(STAMP) Makefile
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q --no-deps sglang==0.5.23
 	$(BIN)/pip install -q msgspec==0.23.0
