@@ -18,14 +18,22 @@ $(STAMP): pyproject.toml
 # the default UnifiedRadixCache really uses, benchmarks/sglang_unified_ref.py), the real vLLM
 # KVCacheManager the same way plus cbor2, which its hashing module imports (see
 # benchmarks/vllm_ref.py), duckdb (the TraceLab DuckDB loader), ray (the Ray sweep executor)
-# and aiconfigurator-core (the measured kernel tables of `kvsim calibrate --from-kernels`):
-# nothing is skipped in CI.
-$(TEST_STAMP): $(STAMP)
+# and aiconfigurator-core (the measured kernel tables of `kvsim calibrate --from-kernels`),
+# and the real routers the differential tests run beside kvsim's (tests/realrouters.py): the
+# SGLang Model Gateway binary (smg, a Rust wheel; its launcher needs setproctitle) and
+# Dynamo's selector (ai-dynamo + ai-dynamo-runtime without their serving stack, plus the few
+# modules `dynamo.llm` imports): nothing is skipped in CI. A change to this list (the Makefile)
+# reinstalls it in an existing .venv.
+$(TEST_STAMP): $(STAMP) Makefile
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q --no-deps sglang==0.5.23
 	$(BIN)/pip install -q msgspec==0.23.0
 	$(BIN)/pip install -q --no-deps vllm==0.33.0 cbor2==6.3.0
 	$(BIN)/pip install -q -e '.[duckdb,ray,kernels]'
+	$(BIN)/pip install -q --no-deps smg==1.13.0 setproctitle==1.3.8
+	$(BIN)/pip install -q --no-deps ai-dynamo==1.6.1 ai-dynamo-runtime==1.6.1 \
+		pydantic==2.13.5 pydantic-core==2.46.5 annotated-types==0.8.0 \
+		typing-inspection==0.4.5 uvloop==0.23.0 pyzmq==27.3.0
 	touch $@
 
 venv: $(STAMP)

@@ -10,8 +10,9 @@ A router decides from what a real router can know, never from the engines' true 
     RouterView: per replica (ReplicaView)
       cache belief   what the router THINKS is cached there: the overlap of this request's
                      prompt with the router's cache view, which the router declares
-                     (``cache_view``): ApproxTree (SGLang: what it routed, per-worker size cap,
-                     periodic LRU-leaf eviction), PodLRU (llm-d: per-pod LRU of block
+                     (``cache_view``): ApproxRadix (SMG 1.13: what it routed, one budget
+                     for all workers, LRU leaf nodes), ApproxTree (SMG 1.9: per-worker size
+                     cap, periodic LRU-leaf eviction), PodLRU (llm-d: per-pod LRU of block
                      hashes), ApproxTTL (Dynamo --no-kv-events: routed blocks expire after a
                      TTL), KVEvents (Dynamo / llm-d precise: the engines' stored/removed
                      events, delivered after ``lag_s``), or None (no cache view at all)
@@ -82,33 +83,53 @@ class ApproxTree:
 
 
 @dataclass(frozen=True)
+class ApproxRadix:
+    """SMG 1.13's tree (``crates/kv_index`` ``string_tree.rs``): a radix tree of the routed
+    prompts, nodes split where prompts diverge, each node stamped per worker. An insert stamps
+    only the node the prompt ends in (nodes it passes through keep their stamp, or 0 when the
+    worker is new there); a match refreshes its deepest node's stamp for that node's first
+    holder when the tree's epoch (one tick per match, one per insert, one per worker at start)
+    is a multiple of ``refresh_every``. Every ``eviction_interval_s``, while the blocks of all
+    workers together exceed ``max_blocks``, the least recently stamped (worker, leaf node) loses
+    that worker from the whole node. Overlap = the longest prefix this worker's part holds."""
+
+    max_blocks: int = 1 << 18
+    eviction_interval_s: float = 60.0
+    refresh_every: int = 8
+
+
+@dataclass(frozen=True)
 class PodLRU:
     """llm-d's approximate prefix index: per pod an LRU of block hashes (``capacity_blocks``
     entries), the whole routed prompt (its first ``max_prefix_blocks`` blocks) added for the
-    chosen pod. Overlap follows llm-d's scan: walk the prompt's blocks, stop at the first
+    chosen pod. With ``capacity_per_cache_block`` > 0 (llm-d's autoTune) a pod's capacity is
+    that many entries per block of the replica's own cache instead (``capacity_blocks`` is
+    then unused). Overlap follows llm-d's scan: walk the prompt's blocks, stop at the first
     block NO pod holds, and count for each pod the blocks it holds before that point (a pod
     missing an early block still counts later ones)."""
 
     capacity_blocks: int = 7812
     max_prefix_blocks: int = 64
+    capacity_per_cache_block: float = 0.0
 
     def __post_init__(self) -> None:
-        _check_spec(self, {"capacity_blocks": Range(1), "max_prefix_blocks": Range(1)})
+        _check_spec(self, {"capacity_blocks": Range(0 if self.capacity_per_cache_block else 1),
+                           "max_prefix_blocks": Range(1), "capacity_per_cache_block": Range(0)})
 
 
 @dataclass(frozen=True)
 class ApproxTTL:
     """Dynamo's approximate KV index (``--no-kv-events``): routed blocks are recorded for
     the chosen worker and expire ``ttl_s`` after their last routing; when the index holds
-    more than ``max_blocks`` blocks the least recently routed are pruned down to
-    ``prune_ratio`` of it. Overlap = consecutive blocks from the start."""
+    more than ``max_blocks`` blocks (0: no bound) the least recently routed are pruned down
+    to ``prune_ratio`` of it. Overlap = consecutive blocks from the start."""
 
     ttl_s: float = 120.0
     max_blocks: int = 1 << 20
     prune_ratio: float = 0.8
 
     def __post_init__(self) -> None:
-        _check_spec(self, {"ttl_s": Range(0, lo_open=True), "max_blocks": Range(1),
+        _check_spec(self, {"ttl_s": Range(0, lo_open=True), "max_blocks": Range(0),
                            "prune_ratio": Range(0, 1, lo_open=True)})
 
 
@@ -116,15 +137,19 @@ class ApproxTTL:
 class KVEvents:
     """An exact index fed by the engines' KV events (blocks stored on / removed from the
     GPU), each event applied ``lag_s`` seconds after the engine emitted it (0: the truth).
-    Overlap = consecutive blocks from the start (a hole at the front is a miss)."""
+    Overlap = consecutive blocks from the start (a hole at the front is a miss).
+    ``drop_orphans``: the index is a tree linked by parent hashes, as Dynamo 1.6's: a stored
+    block whose parent the index does not hold for that worker is dropped, and removing a
+    block leaves its descendants unreachable (they are forgotten for that worker)."""
 
     lag_s: float = 0.0
+    drop_orphans: bool = False
 
     def __post_init__(self) -> None:
         _check_spec(self, {"lag_s": Range(0)})
 
 
-CacheViewSpec = ApproxTree | PodLRU | ApproxTTL | KVEvents
+CacheViewSpec = ApproxTree | ApproxRadix | PodLRU | ApproxTTL | KVEvents
 
 
 @dataclass(frozen=True)

@@ -86,7 +86,8 @@ def clockless_router(name: str, params: dict | None = None, in_flight_s: float =
             "holding a prefix every prompt shares would get every request); give "
             "--in-flight-s S (each request counts as in flight on its replica for S seconds "
             "of the trace's time, about a request's latency) or use a rule without a load "
-            "view (round-robin, session-affinity, sglang-cache-aware)")
+            "view (round-robin, session-affinity, "
+            "sglang-cache-aware?overload_protection=false)")
     return router
 
 

@@ -55,6 +55,9 @@ class RunConfig:
     sessions: int = 4  # N sessions active at once (closed loop)
     replay: str = "closed"  # closed: reply + gap; open: recorded send times
     time_scale: float = 1.0  # open loop: multiply recorded send times (0.5 = twice the rate)
+    # open loop: at most this many requests in flight; a request due while the limit is
+    # reached waits for a reply (vllm bench serve --max-concurrency); 0: no limit
+    max_concurrency: int = 0
     # --- model and hardware --------------------------------------------------------------
     model: str = "qwen3-8b"
     profile: str | None = None  # name or file; None = h100-MODEL
@@ -163,6 +166,12 @@ class RunConfig:
             raise bad("tiering", f"must be one of {TIERINGS}, got {self.tiering!r}")
         if self.replay not in REPLAYS:
             raise bad("replay", f"must be one of {REPLAYS}, got {self.replay!r}")
+        mc = self.max_concurrency
+        if isinstance(mc, bool) or not isinstance(mc, int) or mc < 0:
+            raise bad("max_concurrency", f"must be an integer >= 0 (0: no limit), got {mc!r}")
+        if mc and self.replay != "open":
+            raise bad("max_concurrency", "caps the open loop's requests in flight: use "
+                      "replay: open (a closed loop is capped by sessions)")
         self._validate_policy(bad)
         self._validate_engine(bad)
         for name in ("sessions", "gpu_cache", "chunk_size", "block_size"):
@@ -379,6 +388,9 @@ IDLE_RULES: tuple[IdleRule, ...] = (
     IdleRule(("swap_buffer",), lambda c: c.tiering != "unified", "it is for {tiering} unified"),
     IdleRule(("time_scale",), lambda c: c.replay != "open",
              "it scales recorded send times: add {replay} open"),
+    IdleRule(("max_concurrency",), lambda c: c.replay != "open",
+             "it caps the open loop's requests in flight (a closed loop is capped by "
+             "{sessions}): add {replay} open"),
     IdleRule(("sessions", "gaps"), lambda c: c.replay == "open",
              "the open loop sends every request at its recorded time (no sessions at once, "
              "no gaps): add {replay} closed"),

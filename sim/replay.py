@@ -4,7 +4,10 @@ Closed loop (the paper's replay): ``N`` top-level sessions run at once; when one
 in trace order starts. Within a session each request is sent after the previous reply plus its
 gap (the run's gap model). A sub-agent starts ``start_offset_s`` after the reply of the parent
 request it follows and runs concurrently; the parent's next request waits for every sub-agent
-spawned before it. Open loop: every request is sent at its recorded send time.
+spawned before it. Open loop: every request is sent at its recorded send time; with
+``max_concurrency`` C a request due while C are in flight waits for the next reply, then goes
+(first due, first sent), as load generators with a concurrency cap send (inference-perf's
+workers, ``vllm bench serve --max-concurrency``, the llm-d benchmark harness).
 """
 
 from __future__ import annotations
@@ -24,8 +27,12 @@ from traces import GAP_KINDS
 class Replay:
     def __init__(self, env: simpy.Environment, trace, server: EngineBase, gaps: np.ndarray,
                  offsets: np.ndarray, sessions: int, time_scale: float = 1.0,
-                 context=None, on_reply: Callable[[], None] | None = None) -> None:
+                 context=None, on_reply: Callable[[], None] | None = None,
+                 max_concurrency: int = 0) -> None:
         self.context = context  # sim.context.ContextRun, or None under ``full``
+        self.max_concurrency = max_concurrency  # open loop: 0 = no limit
+        self.in_flight = 0
+        self._slot: simpy.Event | None = None  # triggered when a reply frees a slot
         # Called once per trace request when its (last) reply is in: progress on screen only,
         # it returns nothing to the replay.
         self.on_reply = on_reply
@@ -145,6 +152,12 @@ class Replay:
                 self.server.rec.session_started(s, env.now)
             reqs = self._reqs(r)
             for k, req in enumerate(reqs):
+                if self.max_concurrency:
+                    while self.in_flight >= self.max_concurrency:
+                        self._slot = env.event()
+                        yield self._slot
+                    req.arrival = env.now
+                    self.in_flight += 1
                 self.server.submit(req)
                 replies.append(env.process(self._await_end(req, s,
                                                            last=k == len(reqs) - 1)))
@@ -152,6 +165,10 @@ class Replay:
 
     def _await_end(self, req: Req, s: int, last: bool = True) -> Generator:
         yield req.done
+        if self.max_concurrency:
+            self.in_flight -= 1
+            if self._slot is not None and not self._slot.triggered:
+                self._slot.succeed()
         if last and self.on_reply is not None:
             self.on_reply()
         self.server.rec.session_ended(s, max(self.env.now, self.server.rec.session_end.get(

@@ -131,7 +131,8 @@ def run(cfg: RunConfig, trace=None) -> RunResult:
     bar = current_progress()  # observes replies only (sim/progress.py)
     replay = Replay(env, trace, server, gaps, trace.start_offsets(cfg.gaps), cfg.sessions,
                     cfg.time_scale, context,
-                    on_reply=bar.advance if bar.counts("requests") else None)
+                    on_reply=bar.advance if bar.counts("requests") else None,
+                    max_concurrency=cfg.max_concurrency)
     driver = env.process(replay.closed_loop() if cfg.replay == "closed" else replay.open_loop())
     env.run(until=driver)
     server.close()

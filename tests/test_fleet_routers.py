@@ -52,16 +52,28 @@ def test_approximate_views_overpredict_once_engines_evict(router):
     assert s["belief_bias_mean_tokens"] > 0 and s["belief_wrong_share"] > 0
 
 
+def test_llmd_index_sized_by_the_engines_believes_evicted_blocks():
+    # autoTune: each pod's LRU holds as many 64-token hashes as the engine has 16-token
+    # blocks (4x its tokens), and never hears of evictions: once engines evict, it believes
+    # prefixes they no longer hold; the precise (KV-event) scorer sees the truth
+    cfg = replace(GROUPS, gpu_cache=8192, router="llm-d")
+    s = run(cfg).summary
+    assert s["evicted_tokens"] > 0 and s["belief_bias_mean_tokens"] > 0
+    exact = run(replace(cfg, router_params={"precise": True})).summary
+    assert exact["evicted_tokens"] > 0 and exact["belief_error_mean_tokens"] == 0.0
+
+
 def test_llmd_believes_at_most_its_hashed_prefix():
-    # llm-d hashes only the first 256 x 16 = 4,096 tokens: on long agent prompts its
-    # belief falls short of the truth, and it is wrong on most decisions
-    res = run(replace(BASE, router="llm-d", gpu_cache=32768))
+    # without autoTune llm-d hashes only the first 256 x 16 = 4,096 tokens: on long agent
+    # prompts its belief falls short of the truth, and it is wrong on most decisions
+    res = run(replace(BASE, router="llm-d", gpu_cache=32768,
+                      router_params={"auto_tune": False}))
     s = res.summary
     assert s["evicted_tokens"] > 0
     assert s["belief_bias_mean_tokens"] < 0 and s["belief_wrong_share"] > 0.5
 
 
-@pytest.mark.parametrize("router", ["dynamo-kv", "mooncake"])
+@pytest.mark.parametrize("router", ["dynamo-kv?version=classic", "mooncake"])
 def test_kv_event_routers_see_the_truth_without_lag(router):
     s = run(replace(BASE, router=router, gpu_cache=32768)).summary
     assert s["evicted_tokens"] > 0 and s["belief_error_mean_tokens"] == 0.0
@@ -70,19 +82,33 @@ def test_kv_event_routers_see_the_truth_without_lag(router):
     assert lagged["belief_wrong_share"] > 0
 
 
-def test_sglang_cache_aware_piles_a_shared_prefix_fleet_on_few_workers():
+def test_dynamo_16_index_loses_what_follows_a_freed_head():
+    # Penelope frees a history from its head: Dynamo 1.6's index forgets every block after
+    # a removed one (they are unreachable), while the engine keeps them, so it believes less
+    # than is cached; with SGLang's tail-first eviction nothing is orphaned
+    s = run(replace(BASE, router="dynamo-kv", gpu_cache=32768)).summary
+    assert s["evicted_tokens"] > 0 and s["belief_bias_mean_tokens"] < 0
+    tail = run(replace(BASE.with_preset("sglang"), router="dynamo-kv",
+                       gpu_cache=32768)).summary
+    assert tail["evicted_tokens"] > 0 and tail["belief_error_mean_tokens"] == 0.0
+
+
+def test_sglang_cache_aware_113_spreads_a_shared_prefix_fleet_the_19_rule_piles():
     # Every session starts with the same system + tool prefix: once worker 0 holds it, the
-    # tree matches > 30% of most new prompts there (only a first prompt more than twice as
-    # long as the prefix misses and goes to the least loaded), and 6 sessions never make the
-    # 64 in-flight requests of imbalance, so one worker stays idle. A balance threshold of 1
-    # spreads them.
+    # tree matches > 30% of most new prompts there. The 1.9 rule sends every such hit to a
+    # holder whatever its load (only a first prompt more than twice as long as the prefix
+    # misses), and 6 sessions never make the 64 in-flight requests of imbalance, so one worker
+    # stays idle. 1.13 sends a hit to the least-loaded holder and spills a holder past the
+    # natural swing of the mean: every worker serves.
     cfg = replace(BASE, shared_prefix="auto", router="sglang-cache-aware")
-    s = run(cfg).summary
-    assert min(p["requests"] for p in s["replica_summaries"]) == 0
-    low = run(replace(cfg, router_params={"balance_abs_threshold": 1,
+    old = run(replace(cfg, router_params={"version": "1.9"})).summary
+    assert min(p["requests"] for p in old["replica_summaries"]) == 0
+    new = run(cfg).summary
+    assert min(p["requests"] for p in new["replica_summaries"]) > 0
+    assert new["load_cv_requests"] < old["load_cv_requests"]
+    low = run(replace(cfg, router_params={"version": "1.9", "balance_abs_threshold": 1,
                                           "balance_rel_threshold": 1.0})).summary
     assert min(p["requests"] for p in low["replica_summaries"]) > 0
-    assert low["load_cv_requests"] < s["load_cv_requests"]
 
 
 def test_reproduce_fleet_grid_and_rows():

@@ -43,11 +43,22 @@ def _outside(domain, default) -> list:
 
 
 def _context(name: str, k: str) -> dict[str, str]:
-    """Flag values under which parameter ``k`` of router ``name`` is not inert."""
-    flags = [f for f, d in ROUTERS[name].parameters().items() if isinstance(d, bool)]
-    for bits in itertools.product(("true", "false"), repeat=len(flags)):
-        ctx = dict(zip(flags, bits, strict=True))
-        if k not in get_router(name, ctx).idle_parameters():
+    """Values of the flags and choices (``OneOf`` parameters such as ``version``) under
+    which parameter ``k`` of router ``name`` is not inert."""
+    cls = ROUTERS[name]
+    choices = {f: ("true", "false") for f, d in cls.parameters().items() if isinstance(d, bool)}
+    choices |= {f: tuple(map(str, dom.values)) for f, dom in cls.parameter_ranges.items()
+                if isinstance(dom, OneOf) and f != k}
+    defaults = {f: str(d).lower() if isinstance(d, bool) else str(d)
+                for f, d in cls.parameters().items()}
+    for picked in itertools.product(*choices.values()):
+        # only the choices that differ from their defaults are given
+        ctx = {f: v for f, v in zip(choices, picked, strict=True) if v != defaults[f]}
+        try:
+            router = get_router(name, ctx)
+        except PolicyError:  # a combination whose choices idle one another
+            continue
+        if k not in router.idle_parameters():
             return ctx
     raise AssertionError(f"{name}.{k} does nothing under every flag")
 

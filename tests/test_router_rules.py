@@ -59,8 +59,12 @@ def test_dynamo_cost_reproduces_the_documented_example():
     assert dynamo.costs(128, 16, [6], [0], [9], overlap_credit=0.5) == [14.0]
 
 
-def test_dynamo_zero_temperature_ties_go_to_the_smallest_tree_then_random():
+def test_dynamo_zero_temperature_ties_uniform_or_classic_smallest_tree():
     rng = np.random.default_rng(0)
+    # 1.6.1: a tie is drawn whatever the trees (a tree of 50 blocks against one of 20)
+    assert {dynamo.sample([10, 10, 12], None, 0.0, rng) for _ in range(50)} == {0, 1}
+    assert dynamo.lowest([10, 10, 12]) == [0, 1]
+    # the classic selector: the smallest tree first, then at random
     assert dynamo.sample([10, 10, 12], [50, 20, 0], 0.0, rng) == 1
     picks = {dynamo.sample([10, 10, 12], [20, 20, 0], 0.0, rng) for _ in range(50)}
     assert picks == {0, 1}

@@ -1,7 +1,7 @@
 """``synthetic:prefix-groups``: shared-prefix groups, the workload cache-aware routers are
 benchmarked on (SGLang's ``generated-shared-prefix`` dataset of ``bench_serving``).
 
-``synthetic:prefix-groups?groups=G&prefix=P&users=U&question=Q&qps=A..B[&turns=T&output=O&seed=S]``
+``synthetic:prefix-groups?groups=G&prefix=P&users=U&question=Q&qps=A..B[&turns=T&output=O&order=R&seed=S]``
 
 - G groups, each with its own P-token shared prefix (a system prompt);
 - U users per group; each user is a session of T turns (default 1); turn k's prompt is the
@@ -11,8 +11,12 @@ benchmarked on (SGLang's ``generated-shared-prefix`` dataset of ``bench_serving`
   requests per second (``qps=A`` for a constant rate): given the count N, the arrival times
   are N independent draws from the ramp's density, sorted (the conditional law of a Poisson
   process), over ``T_end = 2 N / (A + B)`` seconds;
-- which user sends the next request is a seeded shuffle of every user's turns (each user's
-  turns stay in order), as SGLang's benchmark shuffles its prompts.
+- which user sends the next request (``order``): ``shuffle`` (default) a seeded shuffle of
+  every user's turns (each user's turns stay in order), as SGLang's benchmark shuffles its
+  prompts; ``grouped`` group by group, user by user, turn by turn (``bench_serving
+  --gsp-ordered``); ``rounds`` every user's first turn, then every user's second turn, ...,
+  the users in one seeded random order (inference-perf's shared-prefix data with
+  ``enable_multi_turn_chat``: request i goes to user i mod U at round i div U).
 The trace is replayed open loop (``--replay open``): every request is sent at its time.
 Defaults are SGLang 0.5.23 ``bench_serving``'s ``--gsp-*`` defaults (64 groups, 2,048-token
 system prompts, 16 prompts per group, 128-token questions, 256-token outputs, one turn); the
@@ -34,6 +38,7 @@ from .kinds import GAP_HUMAN, kinds_mask
 from .regions import REGION_SYSTEM, REGION_USER
 
 NAME = "prefix-groups"
+ORDERS = ("shuffle", "grouped", "rounds")
 _INT_LIMITS = {"groups": (1, 100_000), "prefix": (0, 10_000_000), "users": (1, 1_000_000),
                "question": (1, 10_000_000), "turns": (1, 10_000), "output": (1, 10_000_000)}
 MAX_REQUESTS = 10_000_000
@@ -49,6 +54,7 @@ class PrefixGroups:
     output: int = 256
     qps_start: float = 1.0
     qps_end: float = 16.0
+    order: str = "shuffle"
     seed: int = 0
 
     @property
@@ -82,9 +88,15 @@ def parse_spec(spec: str, seed: int) -> PrefixGroups:
         if key == "qps":
             vals["qps_start"], vals["qps_end"] = _rate(spec, val)
             continue
+        if key == "order":
+            if val not in ORDERS:
+                raise OptionError(f"{spec}: parameter 'order' must be one of "
+                                  f"{', '.join(ORDERS)}, got {val!r}")
+            vals["order"] = val
+            continue
         if key not in _INT_LIMITS and key != "seed":
             raise OptionError(f"{spec}: unknown parameter {key!r} (known: groups, prefix, users, "
-                              "question, qps=A..B, turns, output, seed)")
+                              "question, qps=A..B, turns, output, order, seed)")
         if not val.lstrip("-").isdigit():
             raise OptionError(f"{spec}: parameter {key!r} must be an integer, got {val!r}")
         v = int(val)
@@ -112,13 +124,24 @@ def ramp_arrivals(rng: np.random.Generator, n: int, qps_start: float,
     return 2.0 * u * n / (a + np.sqrt(a * a + (b * b - a * a) * u))
 
 
+def _senders(p: PrefixGroups, rng: np.random.Generator) -> np.ndarray:
+    """The user of each arrival slot, in slot order (``order``; users are numbered group by
+    group)."""
+    n_users = p.groups * p.users
+    if p.order == "shuffle":
+        return rng.permutation(np.repeat(np.arange(n_users, dtype=np.int64), p.turns))
+    if p.order == "rounds":
+        return np.tile(rng.permutation(n_users).astype(np.int64), p.turns)
+    return np.repeat(np.arange(n_users, dtype=np.int64), p.turns)
+
+
 def generate(spec: str, block_size: int = 64, seed: int = 0, build: dict | None = None):
     """The Trace of ``synthetic:prefix-groups?...`` (see the module docstring)."""
     p = parse_spec(spec, seed)
     rng = np.random.default_rng(p.seed)
     n_users = p.groups * p.users
     times = ramp_arrivals(rng, p.requests, p.qps_start, p.qps_end)
-    sender = rng.permutation(np.repeat(np.arange(n_users, dtype=np.int64), p.turns))
+    sender = _senders(p, rng)
     # the k-th request of user j takes the k-th time among the slots the shuffle gave j
     slot_order = np.argsort(sender, kind="stable")
     send = times[slot_order].reshape(n_users, p.turns)
@@ -150,7 +173,10 @@ def generate(spec: str, block_size: int = 64, seed: int = 0, build: dict | None 
                   kinds=mask, input_region=REGION_USER)
             prev_send = t
         b.close(h)
-    return b.build(**(build or {}), options={
+    options = {
         "format": "synthetic", "seed": p.seed, "generator": NAME, "groups": p.groups,
         "prefix": p.prefix, "users": p.users, "question": p.question, "turns": p.turns,
-        "output": p.output, "qps": [p.qps_start, p.qps_end], "duration_s": p.duration_s})
+        "output": p.output, "qps": [p.qps_start, p.qps_end], "duration_s": p.duration_s}
+    if p.order != "shuffle":
+        options["order"] = p.order
+    return b.build(**(build or {}), options=options)

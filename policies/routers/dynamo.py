@@ -1,7 +1,7 @@
 """NVIDIA Dynamo's KV router: the cost function and its sampler.
 
 ``lib/kv-router`` ``DefaultWorkerSelector`` (classic form @ccd1706e, current
-``selector/default.rs`` ``worker_logit`` @a4bdb9bf, 2026; with the defaults the two agree):
+``selector/default.rs`` ``worker_logit``; with the defaults the two agree):
 
     prefill_blocks_w = (active_prefill_tokens_w + ISL) / block_size
     cost_w = prefill_load_scale * max(0, prefill_blocks_w - overlap_credit * overlap_w)
@@ -11,11 +11,17 @@
 ``overlap_w``: the request's leading blocks cached on w (the router's index: KV events, or
 its approximate mode: what it routed, forgotten after ``router_ttl_secs``);
 ``active_*``: the router's prediction of each worker's in-flight work (prefill tokens until
-the first token, unique blocks until the request ends). Sampling: at temperature 0 the
-lowest cost wins; ties go to the smallest cached tree, then uniformly at random; above 0 a
-softmax over range-normalised costs, ``p ~ exp(-(cost / (max - min)) / T)``.
-Defaults (KvRouterConfig, 2026): prefill_load_scale 1.0, overlap_score_credit 1.0,
-router_temperature 0.0, router_ttl_secs 120 s, router_max_tree_size 2^20 blocks.
+the first token, unique blocks until the request ends). Sampling at temperature 0: the
+lowest cost wins, ties drawn uniformly (Dynamo 1.6.1, ``version="1.6"``: reservoir sampling in
+``pick_default_worker``); ``version="classic"``: the selector @ccd1706e, ties to the smallest
+cached tree first, then at random. Above 0 a softmax over range-normalised costs,
+``p ~ exp(-(cost / (max - min)) / T)``.
+Defaults as Dynamo 1.6.1 logs them at startup (``KvRouterConfig initialized``):
+overlap_score_credit 1.0, prefill_load_scale 1.0, router_temperature 0.0, use_kv_events true,
+router_ttl_secs 120, router_approximate_cache_policy ttl (no tree-size bound: 1.6.1 has no
+``router_max_tree_size``). 1.6's event index drops a stored block whose parent it does not
+hold, and a removed block takes its descendants (``KVEvents.drop_orphans``). Proven against
+``dynamo.llm.SelectionService`` 1.6.1 in tests/test_routers_real_dynamo.py.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from ..routing import (
     ApproxTTL,
     CacheViewSpec,
     KVEvents,
+    OneOf,
     PredictedLoad,
     Range,
     Router,
@@ -43,8 +50,10 @@ PREFILL_LOAD_SCALE = 1.0
 OVERLAP_CREDIT = 1.0
 TEMPERATURE = 0.0
 TTL_S = 120.0
-MAX_TREE_SIZE = 1 << 20  # blocks of Dynamo's block size
+MAX_TREE_SIZE = 0  # blocks of Dynamo's block size; 0: no bound (1.6.1); classic: 2^20
 PRUNE_RATIO = 0.8
+V16, CLASSIC = "1.6", "classic"
+VERSIONS = (V16, CLASSIC)
 ENGINE_BLOCK_TOKENS = 16  # vLLM's default block: the block Dynamo's sizes count
 
 
@@ -74,14 +83,21 @@ def active_prefix(ids: Sequence[int], active: dict[int, int]) -> int:
     return lo
 
 
-def sample(costs_w: Sequence[float], tree_sizes: Sequence[float], temperature: float,
+def lowest(costs_w: Sequence[float]) -> list[int]:
+    """The workers of lowest cost (Dynamo 1.6 draws one uniformly at temperature 0)."""
+    lo = min(costs_w)
+    return [w for w, c in enumerate(costs_w) if c == lo]
+
+
+def sample(costs_w: Sequence[float], tree_sizes: Sequence[float] | None, temperature: float,
            rng: np.random.Generator) -> int:
-    """Dynamo's ``softmax_sample`` with its zero-temperature tie-break."""
+    """Dynamo's sampler. At temperature 0: the lowest cost, ties uniformly (1.6) or, given
+    ``tree_sizes`` (classic), to the smallest tree first."""
     n = len(costs_w)
     lo, hi = min(costs_w), max(costs_w)
     if temperature <= 0.0:
-        best = [w for w in range(n) if costs_w[w] == lo]
-        if len(best) > 1:
+        best = lowest(costs_w)
+        if len(best) > 1 and tree_sizes is not None:
             small = min(tree_sizes[w] for w in best)
             best = [w for w in best if tree_sizes[w] == small]
         return best[0] if len(best) == 1 else best[int(rng.integers(len(best)))]
@@ -106,6 +122,7 @@ class DynamoKV(Router):
 
     name = "dynamo-kv"
     load_view = PredictedLoad()
+    version: str = V16
     prefill_load_scale: float = PREFILL_LOAD_SCALE
     overlap_credit: float = OVERLAP_CREDIT
     temperature: float = TEMPERATURE
@@ -116,8 +133,8 @@ class DynamoKV(Router):
     engine_block_tokens: int = ENGINE_BLOCK_TOKENS
     parameter_ranges = ranges(prefill_load_scale=Range(0.0), overlap_credit=Range(0.0),
                               temperature=Range(0.0), event_lag_s=Range(0.0),
-                              ttl_s=Range(0.0, lo_open=True), max_tree_size=Range(1),
-                              engine_block_tokens=Range(1))
+                              ttl_s=Range(0.0, lo_open=True), max_tree_size=Range(0),
+                              engine_block_tokens=Range(1), version=OneOf(VERSIONS))
 
     def idle_parameters(self) -> dict[str, str]:
         if self.use_kv_events:
@@ -128,9 +145,21 @@ class DynamoKV(Router):
     @property
     def cache_view(self) -> CacheViewSpec:
         if self.use_kv_events:
-            return KVEvents(lag_s=self.event_lag_s)
-        blocks = max(1, self.max_tree_size * self.engine_block_tokens // max(1, self.block_size))
-        return ApproxTTL(ttl_s=self.ttl_s, max_blocks=blocks, prune_ratio=PRUNE_RATIO)
+            return KVEvents(lag_s=self.event_lag_s, drop_orphans=self.version == V16)
+        blocks = self.max_tree_size * self.engine_block_tokens // max(1, self.block_size)
+        return ApproxTTL(ttl_s=self.ttl_s, max_blocks=max(1, blocks) if blocks else 0,
+                         prune_ratio=PRUNE_RATIO)
+
+    def costs(self, request: RouteRequest, view: RouterView) -> list[float]:
+        """Every worker's cost for ``request`` (lower is better)."""
+        ids = request.block_ids.tolist()
+        decode = [len(self.active[r.index]) + len(ids) - active_prefix(ids, self.active[r.index])
+                  for r in view.replicas]
+        return costs(request.prompt_tokens, request.block_size,
+                     [r.overlap_blocks or 0 for r in view.replicas],
+                     [r.active_prefill_tokens or 0 for r in view.replicas], decode,
+                     prefill_load_scale=self.prefill_load_scale,
+                     overlap_credit=self.overlap_credit)
 
     def bind(self, n_replicas, block_size, rng) -> None:
         super().bind(n_replicas, block_size, rng)
@@ -138,20 +167,19 @@ class DynamoKV(Router):
         self.sent: dict[int, list[int]] = {}
 
     def route(self, request: RouteRequest, view: RouterView) -> int:
+        sizes = ([r.belief_blocks or 0 for r in view.replicas] if self.version == CLASSIC
+                 else None)
+        w = sample(self.costs(request, view), sizes, self.temperature, self.rng)
+        self.dispatched(request, w)
+        return w
+
+    def dispatched(self, request: RouteRequest, worker: int) -> None:
+        """Book ``request``'s blocks as active on ``worker`` until it finishes."""
         ids = request.block_ids.tolist()
-        decode = [len(self.active[r.index]) + len(ids) - active_prefix(ids, self.active[r.index])
-                  for r in view.replicas]
-        c = costs(request.prompt_tokens, request.block_size,
-                  [r.overlap_blocks or 0 for r in view.replicas],
-                  [r.active_prefill_tokens or 0 for r in view.replicas], decode,
-                  prefill_load_scale=self.prefill_load_scale,
-                  overlap_credit=self.overlap_credit)
-        w = sample(c, [r.belief_blocks or 0 for r in view.replicas], self.temperature, self.rng)
-        act = self.active[w]
+        act = self.active[worker]
         for b in ids:
             act[b] = act.get(b, 0) + 1
         self.sent[request.rid] = ids
-        return w
 
     def on_finish(self, rid: int, replica: int, now: float) -> None:
         act = self.active[replica]

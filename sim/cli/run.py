@@ -241,6 +241,9 @@ def size_header(cfg: RunConfig) -> str:
                    "sessions (Mooncake), else closed]")
 @click.option("--time-scale", type=float, default=1.0, show_default=True,
               help="Open loop: multiply recorded send times (0.5 = twice the request rate).")
+@click.option("--max-concurrency", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Open loop: at most this many requests in flight; one due at the limit "
+                   "waits for a reply (vllm bench serve --max-concurrency); 0: no limit.")
 @click.option("--replicas", type=int, default=1, show_default=True,
               help="Replicas of the engine behind a router, on one clock (docs/fleet.md).")
 @click.option("--router", default=None,
@@ -335,8 +338,8 @@ def size_header(cfg: RunConfig) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select, gap_model,
             lenient, seed, cache_dir, rebuild_sessions, model, profile, gpu_cache, cpu_cache,
-            tiering, swap_buffer, hicache_write_policy, sessions, replay, time_scale, engine,
-            vllm_patch, replicas, router, router_param_items,
+            tiering, swap_buffer, hicache_write_policy, sessions, replay, time_scale,
+            max_concurrency, engine, vllm_patch, replicas, router, router_param_items,
             pool, pool_bandwidth, pool_latency_us, pool_write, pool_watermark,
             pool_evict_fraction,
             preset, evict, granularity, order, policies, policy_params, scheduler, context,
@@ -357,7 +360,8 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
         trace=trace, trace_format=trace_format, select=select, shared_prefix=shared_prefix,
         max_context=max_context, block_size=block_size, gaps=gap_model, lenient=lenient,
         trace_cache_dir=cache_dir, rebuild_sessions=rebuild_sessions,
-        sessions=sessions, replay=replay, time_scale=time_scale, engine=engine,
+        sessions=sessions, replay=replay, time_scale=time_scale,
+        max_concurrency=max_concurrency, engine=engine,
         vllm_patch=vllm_patch, replicas=replicas, router=router,
         router_params=router_params(router_param_items),
         pool=pool, pool_bandwidth=pool_bandwidth, pool_latency_us=pool_latency_us,

@@ -8,7 +8,7 @@
           load view   (load.py)       <----+--- in-flight counts, scraped metrics   <--+
 
 - ``beliefs``: what the router thinks each replica caches (approximate views it updates with
-  what it routed; an exact index fed by KV events after a lag).
+  what it routed; an exact index fed by KV events after a lag); ``radix``: SMG 1.13's tree.
 - ``load``: router-local in-flight counts, scraped engine metrics, predicted active load.
 - ``replica``: the small hooks that let an unchanged engine report KV events, its true cached
   prefix (read only) and first tokens: a cache subclass and a recorder subclass.

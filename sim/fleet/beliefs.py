@@ -22,7 +22,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from policies.routing import ApproxTree, ApproxTTL, CacheViewSpec, KVEvents, PodLRU
+from policies.routing import ApproxRadix, ApproxTree, ApproxTTL, CacheViewSpec, KVEvents, PodLRU
 
 
 def _bits(mask: int) -> Iterable[int]:
@@ -70,8 +70,10 @@ class CacheBelief:
     def routed(self, ids: np.ndarray, replica: int, now: float) -> None:
         """The router sent a prompt of these blocks to ``replica``."""
 
-    def stored(self, replica: int, ids: np.ndarray, now: float) -> None:
-        """KV event: ``replica`` made these blocks GPU-resident."""
+    def stored(self, replica: int, ids: np.ndarray, now: float,
+               parent: int | None = None) -> None:
+        """KV event: ``replica`` made these blocks (a chain) GPU-resident; ``parent`` is the
+        block before the first (-1: the root; None: not said)."""
 
     def removed(self, replica: int, ids: np.ndarray, now: float) -> None:
         """KV event: ``replica`` removed the last GPU copy of these blocks."""
@@ -160,9 +162,13 @@ class PodLRUBelief(CacheBelief):
     """llm-d's approximate prefix index (``PodLRU``): per pod an LRU of block hashes; the
     scan counts, per pod, the blocks it holds before the first block no pod holds."""
 
-    def __init__(self, n: int, spec: PodLRU) -> None:
+    def __init__(self, n: int, spec: PodLRU, cache_blocks: list[int] | None = None) -> None:
         super().__init__(n)
-        self.capacity = spec.capacity_blocks
+        per = spec.capacity_per_cache_block  # the spec checked its own fields
+        if per and (cache_blocks is None or len(cache_blocks) != n):
+            raise ValueError("PodLRU sized by the replicas' caches needs their sizes")
+        self.capacity = ([max(1, int(per * c)) for c in cache_blocks] if per
+                         else [spec.capacity_blocks] * n)
         self.max_prefix = spec.max_prefix_blocks
         self.lru: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(n)]
 
@@ -189,7 +195,7 @@ class PodLRUBelief(CacheBelief):
                 lru[b] = None
                 holders[b] = holders.get(b, 0) | bit
         clear = ~bit
-        while len(lru) > self.capacity:
+        while len(lru) > self.capacity[replica]:
             b, _ = lru.popitem(last=False)
             m = holders[b] & clear
             if m:
@@ -200,8 +206,8 @@ class PodLRUBelief(CacheBelief):
 
 class TTLBelief(CacheBelief):
     """Dynamo's approximate index (``ApproxTTL``): routed blocks expire ``ttl_s`` after
-    their last routing; above ``max_blocks`` (all workers together) the entries expiring
-    first are pruned to ``prune_ratio * max_blocks``."""
+    their last routing; above ``max_blocks`` (all workers together; 0: no bound) the entries
+    expiring first are pruned to ``prune_ratio * max_blocks``."""
 
     def __init__(self, n: int, spec: ApproxTTL) -> None:
         super().__init__(n)
@@ -227,7 +233,7 @@ class TTLBelief(CacheBelief):
                 self.total += 1
             exp[b] = until
             heapq.heappush(self.heap, (until, b, replica))
-        if self.total > self.max_blocks:
+        if self.max_blocks and self.total > self.max_blocks:
             target = int(self.ratio * self.max_blocks)
             while self.total > target and self.heap:
                 self._pop()
@@ -252,13 +258,20 @@ class TTLBelief(CacheBelief):
 
 class EventBelief(CacheBelief):
     """An exact index fed by KV events (``KVEvents``), each applied ``lag_s`` after it was
-    emitted (in emission order). With ``lag_s = 0`` it equals the engines' GPU contents."""
+    emitted (in emission order). With ``lag_s = 0`` it equals the engines' GPU contents.
+    ``drop_orphans`` (Dynamo 1.6's radix index): a stored chain whose parent the index does
+    not hold for that worker is dropped ("Failed to find parent block; skipping store
+    operation"), and a removed block takes its descendants with it for that worker."""
 
     def __init__(self, n: int, spec: KVEvents) -> None:
         super().__init__(n)
         self.lag = float(spec.lag_s)
-        self.pending: deque[tuple[float, int, bool, list[int]]] = deque()
+        self.orphans = bool(spec.drop_orphans)
+        self.pending: deque[tuple[float, int, bool, list[int], int | None]] = deque()
         self.size = [0] * n
+        # drop_orphans: per replica, block -> the blocks stored right after it
+        self.children: list[dict[int, set[int]]] = [{} for _ in range(n)]
+        self.dropped = 0  # blocks whose store was skipped (their parent was gone)
 
     @property
     def wants_events(self) -> bool:
@@ -271,27 +284,36 @@ class EventBelief(CacheBelief):
         self._deliver(now)
         return super().overlaps(ids, now)
 
-    def stored(self, replica: int, ids: np.ndarray, now: float) -> None:
-        self._emit(now, replica, True, ids)
+    def stored(self, replica: int, ids: np.ndarray, now: float,
+               parent: int | None = None) -> None:
+        self._emit(now, replica, True, ids, parent)
 
     def removed(self, replica: int, ids: np.ndarray, now: float) -> None:
-        self._emit(now, replica, False, ids)
+        self._emit(now, replica, False, ids, None)
 
-    def _emit(self, now: float, replica: int, stored: bool, ids: np.ndarray) -> None:
+    def _emit(self, now: float, replica: int, stored: bool, ids: np.ndarray,
+              parent: int | None) -> None:
         if not len(ids):
             return
         if self.lag == 0:
-            self._apply(replica, stored, ids.tolist())
+            self._apply(replica, stored, ids.tolist(), parent)
         else:
-            self.pending.append((now + self.lag, replica, stored, ids.tolist()))
+            self.pending.append((now + self.lag, replica, stored, ids.tolist(), parent))
 
     def _deliver(self, now: float) -> None:
         pending = self.pending
         while pending and pending[0][0] <= now:
-            _, r, stored, ids = pending.popleft()
-            self._apply(r, stored, ids)
+            _, r, stored, ids, parent = pending.popleft()
+            self._apply(r, stored, ids, parent)
 
-    def _apply(self, r: int, stored: bool, ids: list[int]) -> None:
+    def _apply(self, r: int, stored: bool, ids: list[int], parent: int | None) -> None:
+        if self.orphans:
+            if stored:
+                self._store_linked(r, ids, parent)
+            else:
+                for b in ids:
+                    self._forget_subtree(r, b)
+            return
         holders, bit = self.holders, 1 << r
         size = 0
         if stored:
@@ -313,15 +335,52 @@ class EventBelief(CacheBelief):
                         del holders[b]
         self.size[r] += size
 
+    def _store_linked(self, r: int, ids: list[int], parent: int | None) -> None:
+        holders, bit, children = self.holders, 1 << r, self.children[r]
+        prev = parent
+        for i, b in enumerate(ids):
+            if prev is not None and prev >= 0 and not holders.get(prev, 0) & bit:
+                self.dropped += len(ids) - i
+                return
+            m = holders.get(b, 0)
+            if not m & bit:
+                holders[b] = m | bit
+                self.size[r] += 1
+            if prev is not None and prev >= 0:
+                children.setdefault(prev, set()).add(b)
+            prev = b
 
-def build_belief(spec: CacheViewSpec | None, n: int) -> CacheBelief | None:
-    """The mechanism for a router's declared cache view (None: the router has none)."""
+    def _forget_subtree(self, r: int, b: int) -> None:
+        holders, bit, children = self.holders, 1 << r, self.children[r]
+        stack = [b]
+        while stack:
+            x = stack.pop()
+            m = holders.get(x, 0)
+            if m & bit:
+                m &= ~bit
+                if m:
+                    holders[x] = m
+                else:
+                    del holders[x]
+                self.size[r] -= 1
+            stack.extend(children.pop(x, ()))
+
+
+def build_belief(spec: CacheViewSpec | None, n: int,
+                 cache_blocks: list[int] | None = None) -> CacheBelief | None:
+    """The mechanism for a router's declared cache view (None: the router has none);
+    ``cache_blocks``: each replica's cache capacity in blocks, as its engine reports it (a
+    view sized by it reads it)."""
     if spec is None:
         return None
     if isinstance(spec, ApproxTree):
         return TreeBelief(n, spec)
+    if isinstance(spec, ApproxRadix):
+        from .radix import RadixBelief  # a belief of its own module (it subclasses this one's)
+
+        return RadixBelief(n, spec)
     if isinstance(spec, PodLRU):
-        return PodLRUBelief(n, spec)
+        return PodLRUBelief(n, spec, cache_blocks)
     if isinstance(spec, ApproxTTL):
         return TTLBelief(n, spec)
     if isinstance(spec, KVEvents):

@@ -47,8 +47,8 @@ class _EventSink:
     def __init__(self, belief, replica: int, env: simpy.Environment) -> None:
         self.belief, self.replica, self.env = belief, replica, env
 
-    def stored(self, ids) -> None:
-        self.belief.stored(self.replica, ids, self.env.now)
+    def stored(self, ids, parent=None) -> None:
+        self.belief.stored(self.replica, ids, self.env.now, parent)
 
     def removed(self, ids) -> None:
         self.belief.removed(self.replica, ids, self.env.now)
@@ -85,7 +85,8 @@ class Fleet:
         first = replicas[0]
         router.bind_prefill_model(PrefillEstimate(first.spec, first.profile,
                                                   first.cfg.chunk_size))
-        self.belief = build_belief(router.cache_view, n)
+        self.belief = build_belief(router.cache_view, n,
+                                   [e.cache.capacity_blocks for e in replicas])
         if self.belief is not None and self.belief.wants_events:
             for i, engine in enumerate(replicas):
                 engine.cache.events = _EventSink(self.belief, i, env)

@@ -37,7 +37,9 @@ _GPU = Tier.GPU
 
 
 class KVEventSink(Protocol):
-    def stored(self, ids: np.ndarray) -> None: ...
+    def stored(self, ids: np.ndarray, parent: int | None) -> None:
+        """``ids`` (a chain) became GPU-resident; ``parent``: the block before ids[0] (-1:
+        none, the root; None: not said, a load behind a GPU-resident prefix)."""
 
     def removed(self, ids: np.ndarray) -> None: ...
 
@@ -63,9 +65,11 @@ class ObservedRadixKVCache(RadixKVCache):
     pool_sink: PoolSink | None = None
 
     def insert(self, ids, hint=None) -> InsertResult:
+        gained = self._not_on_gpu(np.asarray(ids, dtype=np.int64)) if self.events else None
         res = super().insert(ids, hint)
-        if self.events is not None:  # every block of ids is GPU-resident now
-            self.events.stored(np.asarray(ids, dtype=np.int64))
+        if gained is not None:  # every block of ids is GPU-resident now
+            for parent, run in gained:
+                self.events.stored(run, parent)
         if self.pool_sink is not None:
             self.pool_sink.stored(np.asarray(ids, dtype=np.int64))
         return res
@@ -89,10 +93,28 @@ class ObservedRadixKVCache(RadixKVCache):
         res = super().load(node, limit_blocks)
         if self.events is not None:
             self.events.removed(_concat(res.deleted + res.demoted))
-            self.events.stored(_concat(res.loaded))
+            for run in res.loaded:  # root-ward first; each run's parent is GPU-resident
+                if len(run):
+                    self.events.stored(run, None)
         if self.pool_sink is not None and res.deleted:  # their last copy left the replica
             self.pool_sink.dropped(_concat(res.deleted))
         return res
+
+    def _not_on_gpu(self, ids: np.ndarray) -> list[tuple[int, np.ndarray]]:
+        """The runs of ``ids`` not on the GPU now, each with the block before it (-1: none),
+        read only: what an engine reports as stored when it inserts ``ids`` (a real engine
+        never re-reports blocks it already holds)."""
+        path, partial, k, pos = self.tree.walk(ids, stop_at_holes=False)
+        runs: list[tuple[int, np.ndarray]] = []
+        for nd in path:
+            if nd.tier is not _GPU:
+                runs.append((int(ids[nd.start - 1]) if nd.start else -1, nd.ids))
+        if partial is not None and k and partial.tier is not _GPU:
+            runs.append((int(ids[partial.start - 1]) if partial.start else -1,
+                         ids[partial.start:pos]))
+        if pos < ids.size:
+            runs.append((int(ids[pos - 1]) if pos else -1, ids[pos:]))
+        return runs
 
     def _report_losses(self, res: EvictResult) -> None:
         if self.events is not None:
@@ -145,7 +167,8 @@ class ObservedBlockPool(BlockPool):
         before = seq.cached
         super()._cache(seq)
         if self.events is not None and seq.cached > before:
-            self.events.stored(seq.ids[before:seq.cached])
+            self.events.stored(seq.ids[before:seq.cached],
+                               int(seq.ids[before - 1]) if before else -1)
 
     def _evict(self, ps: np.ndarray) -> None:
         if self.events is None:

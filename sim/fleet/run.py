@@ -70,7 +70,8 @@ def run_fleet(cfg, trace, spec, profile) -> RunResult:
     gaps = trace.gaps(cfg.gaps)
     bar = current_progress()  # observes replies only (sim/progress.py)
     replay = Replay(env, trace, fleet, gaps, trace.start_offsets(cfg.gaps), cfg.sessions,
-                    cfg.time_scale, on_reply=bar.advance if bar.counts("requests") else None)
+                    cfg.time_scale, on_reply=bar.advance if bar.counts("requests") else None,
+                    max_concurrency=cfg.max_concurrency)
     driver = env.process(replay.closed_loop() if cfg.replay == "closed" else replay.open_loop())
     env.run(until=driver)  # both loops end with the last reply
     fleet.close()

@@ -1,0 +1,196 @@
+"""SMG 1.13's approximate tree as a router belief (``policies.routing.ApproxRadix``).
+
+A radix tree over the kvsim block ids of the prompts the router sent, one per fleet (the
+gateway keeps one per model, shared by its workers). Rules of SMG 1.13's
+``crates/kv_index/src/string_tree.rs`` (``insert_from``, ``match_prefix_with_counts``,
+``evict_tenant_by_size``), in blocks instead of characters:
+
+- a node holds a run of blocks and, per worker ("tenant"), a stamp; a worker on a node is on
+  all its ancestors (an insert attaches it along the whole path);
+- insert: nodes passed through gain the worker with stamp 0 when it is new there (their
+  stamps are not refreshed); a node split at a divergence copies the stamps; the node the
+  prompt ends in gets a fresh epoch;
+- match: walks while edges match; the matched node is the deepest fully matched node or the
+  partially matched child; one epoch tick; when that epoch is a multiple of
+  ``refresh_every`` the node's stamp is refreshed for its cached holder (the worker that
+  created it while it still holds it, else the lowest index: the gateway takes the first
+  entry of a hash map there);
+- the epoch counter starts at the number of workers (the gateway registers each with an
+  empty insert) and ticks once per match and once per insert;
+- eviction, every ``eviction_interval_s``: while the blocks of all workers together exceed
+  ``max_blocks``, pop the least stamped (worker, node) where no child holds that worker,
+  remove the worker from the whole node (a node with no worker and no child goes), and push
+  the parent when it became a leaf for that worker. Ties in stamp (the gateway's heap orders
+  by stamp only) go by worker, then node creation order.
+
+Ids are chained, so two runs that agree at an offset agree up to it: the shared length of a
+prompt and an edge is the number of equal positions.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+
+import numpy as np
+
+from policies.routing import ApproxRadix
+
+from .beliefs import CacheBelief
+
+
+class _Node:
+    __slots__ = ("children", "ids", "last", "parent", "serial", "stamps")
+
+    def __init__(self, ids: np.ndarray, parent: _Node | None, serial: int) -> None:
+        self.ids = ids
+        self.parent = parent
+        self.children: dict[int, _Node] = {}
+        self.stamps: dict[int, int] = {}
+        self.last: int | None = None  # the cached holder a match resolves to
+        self.serial = serial
+
+
+def _shared(a: np.ndarray, b: np.ndarray) -> int:
+    m = min(a.size, b.size)
+    return int(np.count_nonzero(a[:m] == b[:m]))
+
+
+class RadixBelief(CacheBelief):
+    """SMG 1.13's tree over ``n`` workers (see the module docstring)."""
+
+    def __init__(self, n: int, spec: ApproxRadix) -> None:
+        super().__init__(n)
+        if spec.max_blocks < 0 or not spec.eviction_interval_s > 0 or spec.refresh_every < 1:
+            raise ValueError(f"bad ApproxRadix {spec}")
+        self.max_blocks = spec.max_blocks
+        self.interval = float(spec.eviction_interval_s)
+        self.refresh_every = spec.refresh_every
+        self.next_eviction = self.interval
+        self.serial = 0
+        self.root = _Node(np.empty(0, dtype=np.int64), None, self._next_serial())
+        self.count = [0] * n
+        self.total = 0
+        self.epoch = 0
+        for r in range(n):  # the gateway's registration inserts ""
+            self.root.stamps[r] = self._tick()
+
+    def _next_serial(self) -> int:
+        self.serial += 1
+        return self.serial
+
+    def _tick(self) -> int:
+        e = self.epoch
+        self.epoch += 1
+        return e
+
+    def sizes(self) -> list[int]:
+        return list(self.count)
+
+    # --- match -----------------------------------------------------------------------------
+    def overlaps(self, ids: np.ndarray, now: float) -> list[int]:
+        self._evict_due(now)
+        out = [0] * self.n
+        node, pos = self.root, 0
+        deepest = self.root
+        while pos < ids.size:
+            child = node.children.get(int(ids[pos]))
+            if child is None:
+                break
+            k = _shared(ids[pos:], child.ids)
+            pos += k
+            for r in child.stamps:
+                out[r] = pos
+            deepest = child
+            if k < child.ids.size:
+                break
+            node = child
+        epoch = self._tick()
+        if deepest is not self.root and epoch % self.refresh_every == 0:
+            holder = self._holder(deepest)
+            if holder is not None:
+                deepest.stamps[holder] = epoch
+        return out
+
+    @staticmethod
+    def _holder(node: _Node) -> int | None:
+        if node.last is not None and node.last in node.stamps:
+            return node.last
+        if not node.stamps:
+            return None
+        node.last = min(node.stamps)
+        return node.last
+
+    # --- insert ----------------------------------------------------------------------------
+    def routed(self, ids: np.ndarray, replica: int, now: float) -> None:
+        self._evict_due(now)
+        r, node, pos = replica, self.root, 0
+        while pos < ids.size:
+            first = int(ids[pos])
+            child = node.children.get(first)
+            if child is None:
+                leaf = _Node(ids[pos:].copy(), node, self._next_serial())
+                leaf.last = r
+                leaf.stamps[r] = self._tick()
+                node.children[first] = leaf
+                self._add(r, leaf.ids.size)
+                return
+            k = _shared(ids[pos:], child.ids)
+            if k < child.ids.size:
+                child = self._split(node, child, k)
+            if r not in child.stamps:
+                child.stamps[r] = 0
+                self._add(r, child.ids.size)
+            pos += k
+            node = child
+        node.stamps[r] = self._tick()
+
+    def _split(self, parent: _Node, child: _Node, k: int) -> _Node:
+        """Cut ``child`` after its first ``k`` blocks; the new upper node keeps the stamps."""
+        upper = _Node(child.ids[:k], parent, self._next_serial())
+        upper.stamps = dict(child.stamps)
+        upper.last = child.last
+        child.ids = child.ids[k:]
+        child.parent = upper
+        upper.children[int(child.ids[0])] = child
+        parent.children[int(upper.ids[0])] = upper
+        return upper
+
+    def _add(self, r: int, blocks: int) -> None:
+        self.count[r] += blocks
+        self.total += blocks
+
+    # --- eviction --------------------------------------------------------------------------
+    def _evict_due(self, now: float) -> None:
+        if now < self.next_eviction:
+            return
+        self.next_eviction = (math.floor(now / self.interval) + 1) * self.interval
+        if self.total > self.max_blocks:
+            self._evict()
+
+    @staticmethod
+    def _leaf_for(node: _Node, r: int) -> bool:
+        return r in node.stamps and not any(r in c.stamps for c in node.children.values())
+
+    def _evict(self) -> None:
+        heap: list[tuple[int, int, int, _Node]] = []
+        stack = list(self.root.children.values())
+        while stack:
+            nd = stack.pop()
+            stack.extend(nd.children.values())
+            for r, s in nd.stamps.items():
+                if self._leaf_for(nd, r):
+                    heap.append((s, r, nd.serial, nd))
+        heapq.heapify(heap)
+        while self.total > self.max_blocks and heap:
+            _, r, _, nd = heapq.heappop(heap)
+            if not self._leaf_for(nd, r):
+                continue
+            del nd.stamps[r]
+            self.count[r] -= nd.ids.size
+            self.total -= nd.ids.size
+            parent = nd.parent
+            if not nd.children and not nd.stamps and parent is not None:
+                del parent.children[int(nd.ids[0])]
+            if parent is not None and parent is not self.root and self._leaf_for(parent, r):
+                heapq.heappush(heap, (parent.stamps[r], r, parent.serial, parent))
