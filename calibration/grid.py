@@ -14,9 +14,11 @@ compute dominates Python overhead); ``cpu`` is the full grid / 16 for a real spe
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from costmodel.figure1 import APPEND, DELETE_FRACTION, FRONT_START
+from costmodel.registry import Registry
 
 K = 1024
 PROGRESS_UNIT = "timed calls"  # what kvsim calibrate's progress bar counts (measure.py)
@@ -168,4 +170,7 @@ def cpu_grid() -> Grid:
     return _scaled("cpu", 8)
 
 
-GRIDS = {"quick": quick_grid, "cpu": cpu_grid, "cuda": cuda_grid}
+GRIDS: Registry[Callable[[], Grid]] = Registry("calibration grid")
+GRIDS.register("quick", quick_grid)
+GRIDS.register("cpu", cpu_grid)
+GRIDS.register("cuda", cuda_grid)

@@ -267,7 +267,7 @@ def calibrate(settings: Settings, progress: Progress | None = None) -> tuple[Pro
         torch.set_num_threads(st.threads)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     spec = tiny_spec(target) if st.quick else target
-    grid = GRIDS["quick" if st.quick else st.device]()
+    grid = GRIDS.get("quick" if st.quick else st.device)()
     progress(f"calibrating {target.name} on {device_name(torch, device)} "
              f"({'quick: tiny stand-in' if st.quick else 'exact shapes'}, grid {grid.name})")
     check_err = attention_self_check(torch, device, dtype)

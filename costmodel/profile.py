@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from .errors import ProfileError
+from .registry import Registry
 from .specs import ModelSpec, get_spec
 from .units import Units
 
@@ -196,19 +197,16 @@ def shipped_profiles() -> list[str]:
 # Shipped profile families on one H100 (what ``kvsim reproduce --profiles`` picks from). The
 # default is the profile fitted to measured kernels; the datasheet-derived one was the default
 # before and keeps its numbers under its new name.
-PROFILE_FAMILIES = {"derived": "derived-h100-{model}", "kernels": "kernels-h100_sxm-{model}"}
+PROFILE_FAMILIES: Registry[str] = Registry("profile family", ValueError)
+PROFILE_FAMILIES.register("derived", "derived-h100-{model}")
+PROFILE_FAMILIES.register("kernels", "kernels-h100_sxm-{model}")
 DEFAULT_FAMILY = "kernels"
 RENAMED = re.compile(r"^h100-(?P<model>.+)$")  # the derived profiles' names until kernels
 
 
 def default_profile_name(model: str, family: str | None = None) -> str:
     """The shipped profile of ``model`` in ``family`` (default: :data:`DEFAULT_FAMILY`)."""
-    try:
-        pattern = PROFILE_FAMILIES[family or DEFAULT_FAMILY]
-    except KeyError:
-        raise ValueError(f"profile family must be one of {', '.join(PROFILE_FAMILIES)}, "
-                         f"got {family!r}") from None
-    return pattern.format(model=model)
+    return PROFILE_FAMILIES.get(family or DEFAULT_FAMILY).format(model=model)
 
 
 def load_profile(name_or_path: str | Path | None, model: str | None = None) -> Profile:

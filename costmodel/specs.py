@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
 
+from .registry import Registry
+
 
 class AttentionKind(StrEnum):
     FULL = "full"
@@ -148,14 +150,11 @@ def _alternating(layers: int, window: int, full_every: int, first_full: int) -> 
     return tuple(None if i % full_every == first_full else window for i in range(layers))
 
 
-_SPECS: dict[str, ModelSpec] = {}
+SPECS: Registry[ModelSpec] = Registry("model", unique=True)
 
 
 def register(spec: ModelSpec) -> ModelSpec:
-    if spec.name in _SPECS:
-        raise ValueError(f"model {spec.name!r} registered twice")
-    _SPECS[spec.name] = spec
-    return spec
+    return SPECS.register(spec.name, spec)
 
 
 register(ModelSpec("qwen3-8b", layers=36, hidden=4096, q_heads=32, kv_heads=8, head_dim=128,
@@ -184,11 +183,8 @@ register(ModelSpec("gemma-3-27b", layers=62, hidden=5376, q_heads=32, kv_heads=1
 
 
 def get_spec(name: str) -> ModelSpec:
-    try:
-        return _SPECS[name]
-    except KeyError:
-        raise KeyError(f"unknown model {name!r}; known: {', '.join(_SPECS)}") from None
+    return SPECS.get(name)
 
 
 def model_names() -> list[str]:
-    return list(_SPECS)
+    return list(SPECS.names())

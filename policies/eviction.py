@@ -44,6 +44,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, ClassVar
 
+from costmodel.registry import Registry
+
 from .context import (
     STANDALONE,
     Arrival,
@@ -108,7 +110,9 @@ class PrivateHead(StartPosition):
 
 
 TAIL, LEAF_HEAD, PRIVATE_HEAD = Tail(), LeafHead(), PrivateHead()
-STARTS: dict[str, StartPosition] = {s.name: s for s in (TAIL, LEAF_HEAD, PRIVATE_HEAD)}
+STARTS: Registry[StartPosition] = Registry("start position", PolicyError)
+for _start in (TAIL, LEAF_HEAD, PRIVATE_HEAD):
+    STARTS.register(_start.name, _start)
 
 
 class WrappedStart(StartPosition):
@@ -193,17 +197,16 @@ class Blocks(Granularity):
 
 
 NODE, BLOCK = WholeNodes(), Blocks()
-GRANULARITIES: dict[str, Granularity] = {g.name: g for g in (NODE, BLOCK)}
+GRANULARITIES: Registry[Granularity] = Registry("granularity", PolicyError)
+for _granularity in (NODE, BLOCK):
+    GRANULARITIES.register(_granularity.name, _granularity)
 
 
-def _component(value: Any, table: Mapping[str, Any], base: type, what: str) -> Any:
+def _component(value: Any, table: Registry[Any], base: type) -> Any:
     if isinstance(value, str):
-        try:
-            return table[value]
-        except KeyError:
-            raise PolicyError(f"unknown {what} {value!r}; known: {', '.join(table)}") from None
+        return table.get(value)
     if not isinstance(value, base):
-        raise PolicyError(f"bad {what}: {value!r}")
+        raise PolicyError(f"bad {table.kind}: {value!r}")
     return value
 
 
@@ -250,10 +253,10 @@ class EvictionPolicy:
         if order is not None:
             self.order = order
         self.start = _component(start if start is not None else self.start, STARTS,
-                                StartPosition, "start position")
+                                StartPosition)
         self.granularity = _component(
             granularity if granularity is not None else self.granularity, GRANULARITIES,
-            Granularity, "granularity")
+            Granularity)
         self.values = set_parameters(self, params, "policy")
         if type(self).key is EvictionPolicy.key:
             self.sort_key = get_order(self.order)  # a registered order: no extra call
@@ -485,8 +488,7 @@ def coerce_param(name: str, value: Any, default: Any) -> Any:
 
 
 # The engines' own policies and the paper's: (order, start, granularity).
-PRESETS: dict[str, tuple[str, str, str]] = {
-    "sglang": ("lru", "tail", "node"),
-    "vllm": ("lru", "tail", "block"),
-    "penelope": ("lru", "private-head", "block"),
-}
+PRESETS: Registry[tuple[str, str, str]] = Registry("preset", PolicyError)
+PRESETS.register("sglang", ("lru", "tail", "node"))
+PRESETS.register("vllm", ("lru", "tail", "block"))
+PRESETS.register("penelope", ("lru", "private-head", "block"))

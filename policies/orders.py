@@ -23,30 +23,22 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from costmodel.registry import Registry
+
 from .context import CacheNode, PolicyError
 
 OrderKey = Callable[[CacheNode], Any]
 
-ORDERS: dict[str, OrderKey] = {}
+ORDERS: Registry[OrderKey] = Registry("victim order", PolicyError)
 
 
 def register_order(name: str) -> Callable[[OrderKey], OrderKey]:
     """Decorator: register ``fn`` as the victim order ``name`` (re-registering replaces)."""
-
-    def add(fn: OrderKey) -> OrderKey:
-        ORDERS[name] = fn
-        return fn
-
-    return add
+    return ORDERS.register(name)
 
 
 def get_order(name: str) -> OrderKey:
-    try:
-        return ORDERS[name]
-    except KeyError:
-        raise PolicyError(
-            f"unknown victim order {name!r}; registered: {', '.join(sorted(ORDERS))}"
-        ) from None
+    return ORDERS.get(name)
 
 
 @register_order("lru")

@@ -14,31 +14,27 @@ the same grammar as synthetic trace names, so one string names a configured poli
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
-import sys
-from functools import lru_cache
-from pathlib import Path
 from typing import Any
+
+from costmodel.registry import Registry, is_class_file
 
 from .context import PolicyError
 from .eviction import PRESETS, EvictionPolicy
 from .guard import guard_user_policy
 
-POLICIES: dict[str, type[EvictionPolicy]] = {}
+POLICIES: Registry[type[EvictionPolicy]] = Registry(
+    "eviction policy", PolicyError, base=EvictionPolicy, file_kind="policy")
 
 
 def register_policy(cls: type[EvictionPolicy]) -> type[EvictionPolicy]:
     """Class decorator: make ``cls`` available under ``cls.name``."""
     if not cls.name:
         raise PolicyError(f"{cls.__name__}: a registered policy needs a name")
-    POLICIES[cls.name] = cls
-    return cls
+    return POLICIES.register(cls.name, cls)
 
 
 def is_policy_file(text: str) -> bool:
-    path, sep, _cls = text.rpartition(":")
-    return bool(sep) and path.endswith(".py")
+    return is_class_file(text)
 
 
 def split_spec(text: str, params: dict[str, Any] | None, what: str
@@ -66,8 +62,7 @@ def get_policy(text: str | EvictionPolicy, params: dict[str, Any] | None = None
         return text
     key, params = split_spec(text, params, "policy")
     if is_policy_file(key):
-        path, _, name = key.rpartition(":")
-        cls = load_policy_class(path, name)
+        cls = POLICIES.get(key)
         try:
             policy = cls(**params)
         except PolicyError:
@@ -81,59 +76,14 @@ def get_policy(text: str | EvictionPolicy, params: dict[str, Any] | None = None
         if params:
             raise PolicyError(f"policy {key!r} takes no parameters (got {sorted(params)})")
         if low in PRESETS:
-            return EvictionPolicy(*PRESETS[low])
+            return EvictionPolicy(*PRESETS.get(low))
         return EvictionPolicy(*low.split("+"))
     if low in POLICIES:
-        return POLICIES[low](**params)
-    known = [*PRESETS, *sorted(POLICIES)]
-    raise PolicyError(
-        f"unknown eviction policy {text!r}: use one of {', '.join(known)}, a spec such as "
-        "lru+private-head+block, or FILE.py:CLASS"
-    )
-
-
-@lru_cache(maxsize=64)
-def _load_module(path: str, mtime_ns: int):
-    digest = hashlib.sha1(f"{path}:{mtime_ns}".encode()).hexdigest()[:12]
-    name = f"kvsim_user_policy_{digest}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise PolicyError(f"{path}: not a Python file")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses and pickling look classes up by module
-    try:
-        spec.loader.exec_module(module)
-    except Exception as e:  # the user's code: report where it failed, in one line
-        del sys.modules[name]
-        line, text = None, str(e)
-        if isinstance(e, SyntaxError):
-            line, text = e.lineno, e.msg
-        tb = e.__traceback__
-        while tb is not None:
-            if tb.tb_frame.f_code.co_filename == path:
-                line = tb.tb_lineno
-            tb = tb.tb_next
-        where = f"{path}:{line}" if line else path
-        raise PolicyError(f"{where}: cannot load policy file: {type(e).__name__}: {text}"
-                          ) from None
-    return module
+        return POLICIES.get(low)(**params)
+    raise POLICIES.unknown(text, also=PRESETS.names(),
+                           hint="a spec such as lru+private-head+block")
 
 
 def load_policy_class(path: str, class_name: str) -> type[EvictionPolicy]:
     """The ``EvictionPolicy`` subclass ``class_name`` defined in the file ``path``."""
-    return load_user_class(path, class_name, EvictionPolicy, "policy")
-
-
-def load_user_class(path: str, class_name: str, base: type, what: str) -> type:
-    """The subclass of ``base`` named ``class_name`` in the file ``path`` (a ``what``:
-    policy, router)."""
-    file = Path(path).expanduser().resolve()
-    if not file.is_file():
-        raise PolicyError(f"{path}: {what} file not found")
-    module = _load_module(str(file), file.stat().st_mtime_ns)
-    cls = getattr(module, class_name, None)
-    if cls is None:
-        raise PolicyError(f"{path}: no class {class_name!r} in the {what} file")
-    if not (isinstance(cls, type) and issubclass(cls, base)):
-        raise PolicyError(f"{path}: {class_name!r} is not a subclass of {base.__name__}")
-    return cls
+    return POLICIES.get(f"{path}:{class_name}")

@@ -49,6 +49,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from costmodel.registry import Registry
+
 from .context import PolicyError
 from .eviction import Domain, Range, declared_parameters, set_parameters
 from .eviction import OneOf as OneOf  # re-exported with Range and ranges: what a router
@@ -360,15 +362,14 @@ def _same(a: Any, b: Any) -> bool:
 
 
 # ---------------------------------------------------------------------- registry
-ROUTERS: dict[str, type[Router]] = {}
+ROUTERS: Registry[type[Router]] = Registry("router", PolicyError, base=Router)
 
 
 def register_router(cls: type[Router]) -> type[Router]:
     """Class decorator: make ``cls`` available under ``cls.name``."""
     if not cls.name:
         raise PolicyError(f"{cls.__name__}: a registered router needs a name")
-    ROUTERS[cls.name] = cls
-    return cls
+    return ROUTERS.register(cls.name, cls)
 
 
 def get_router(text: str | Router, params: dict[str, Any] | None = None) -> Router:
@@ -376,7 +377,7 @@ def get_router(text: str | Router, params: dict[str, Any] | None = None) -> Rout
     is imported), or ``FILE.py:CLASS`` (a
     ``Router`` subclass in the user's file); parameters from ``params`` and/or after a ``?``
     as ``k=v`` pairs joined by ``&`` (``power-of-two?x=1``)."""
-    from .registry import is_policy_file, load_user_class, split_spec
+    from .registry import is_policy_file, split_spec
 
     if isinstance(text, Router):
         if params:
@@ -384,8 +385,7 @@ def get_router(text: str | Router, params: dict[str, Any] | None = None) -> Rout
         return text
     key, params = split_spec(text, params, "router")
     if is_policy_file(key):
-        path, _, name = key.rpartition(":")
-        cls = load_user_class(path, name, Router, "router")
+        cls = ROUTERS.get(key)
         try:
             router = cls(**params)
         except PolicyError:
@@ -396,6 +396,5 @@ def get_router(text: str | Router, params: dict[str, Any] | None = None) -> Rout
         return guard_user_router(router, Router)  # the user's methods: errors, answers
     low = key.lower()
     if low in ROUTERS:
-        return ROUTERS[low](**params)
-    raise PolicyError(f"unknown router {text!r}: use one of {', '.join(sorted(ROUTERS))}, "
-                      "or FILE.py:CLASS")
+        return ROUTERS.get(low)(**params)
+    raise ROUTERS.unknown(text)

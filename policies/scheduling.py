@@ -19,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from costmodel.registry import Registry
+
 LPM_QUEUE_LIMIT = 128
 
 
@@ -55,11 +57,11 @@ class SchedulePolicy:
         return (-reusable, c.queue_pos)
 
 
-_REGISTRY: dict[SchedulerKind, SchedulePolicy] = {}
+SCHEDULERS: Registry[SchedulePolicy] = Registry("scheduler")
 
 
 def register(policy: SchedulePolicy) -> None:
-    _REGISTRY[policy.kind] = policy
+    SCHEDULERS.register(policy.kind.value, policy)
 
 
 register(SchedulePolicy(SchedulerKind.FCFS, matches_all=False, sorts=False))
@@ -67,12 +69,6 @@ register(SchedulePolicy(SchedulerKind.LPM, matches_all=True))
 register(SchedulePolicy(SchedulerKind.LPM_CPU, matches_all=True))
 register(SchedulePolicy(SchedulerKind.PROGRAM_FCFS, matches_all=False))
 
-SCHEDULERS: tuple[str, ...] = tuple(k.value for k in _REGISTRY)
-
 
 def get_scheduler(name: str) -> SchedulePolicy:
-    try:
-        return _REGISTRY[SchedulerKind(name)]
-    except ValueError:
-        known = [k.value for k in _REGISTRY]
-        raise KeyError(f"unknown scheduler {name!r}; known: {known}") from None
+    return SCHEDULERS.get(name)

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from costmodel.registry import unknown
 from policies import GRANULARITIES, PRESETS, STARTS, EvictionPolicy, PolicyError, get_policy
 from policies.scheduling import SCHEDULERS
 
@@ -146,8 +147,7 @@ class RunConfig:
     def with_preset(self, preset: str) -> RunConfig:
         """The same config under a preset (``sglang``, ``vllm``, ``penelope``)."""
         if preset not in PRESETS:
-            known = ", ".join(PRESETS)
-            raise ConfigError("--preset", "preset", f"unknown {preset!r}; known: {known}")
+            raise ConfigError("--preset", "preset", PRESETS.message(preset))
         return replace(self, preset=preset, order=None, evict=None, granularity=None,
                        policy=None, policy_params={})
 
@@ -161,7 +161,7 @@ class RunConfig:
             return ConfigError(where, f, msg)
 
         if self.scheduler not in SCHEDULERS:
-            raise bad("scheduler", f"must be one of {SCHEDULERS}, got {self.scheduler!r}")
+            raise bad("scheduler", SCHEDULERS.message(self.scheduler))
         if self.tiering not in TIERINGS:
             raise bad("tiering", f"must be one of {TIERINGS}, got {self.tiering!r}")
         if self.replay not in REPLAYS:
@@ -292,11 +292,11 @@ class RunConfig:
             raise bad(chosen[1].split("/")[0], f"conflicts with {chosen[0]!r}: choose a policy "
                       "one way (preset, order/evict/granularity, or policy)")
         if self.preset is not None and self.preset not in PRESETS:
-            raise bad("preset", f"unknown {self.preset!r}; known: {', '.join(PRESETS)}")
+            raise bad("preset", PRESETS.message(self.preset))
         if self.evict is not None and self.evict not in STARTS:
-            raise bad("evict", f"must be one of {list(STARTS)}")
+            raise bad("evict", STARTS.message(self.evict))
         if self.granularity is not None and self.granularity not in GRANULARITIES:
-            raise bad("granularity", f"must be one of {list(GRANULARITIES)}")
+            raise bad("granularity", GRANULARITIES.message(self.granularity))
         if not isinstance(self.policy_params, dict):
             raise bad("policy_params", "must be a mapping of parameter names to values")
         if self.policy_params and self.policy is None:
@@ -308,10 +308,9 @@ class RunConfig:
 
     def _validate_engine(self, bad) -> None:
         if self.engine not in ENGINE_NAMES:
-            raise bad("engine", f"must be one of {ENGINE_NAMES}, got {self.engine!r}")
+            raise bad("engine", unknown("engine", self.engine, ENGINE_NAMES))
         if self.vllm_patch not in VLLM_PATCH_NAMES:
-            raise bad("vllm_patch", f"must be one of {VLLM_PATCH_NAMES}, got "
-                      f"{self.vllm_patch!r}")
+            raise bad("vllm_patch", unknown("vLLM patch", self.vllm_patch, VLLM_PATCH_NAMES))
         if self.vllm_patch != "none" and self.engine != "vllm":
             raise bad("vllm_patch", f"{self.vllm_patch!r} patches the vllm engine, not "
                       f"{self.engine!r}: use --engine vllm (or drop --vllm-patch)")

@@ -62,7 +62,7 @@ def test_run_table_output(trace_dir: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "needle"),
     [(["--gpu-cache", "lots"], "--gpu-cache"),
-     (["--preset", "magic"], "unknown 'magic'"),
+     (["--preset", "magic"], "unknown preset 'magic'"),
      (["--gaps", "sometimes"], "gap"),
      (["--model", "gpt-17"], "unknown model")],
 )

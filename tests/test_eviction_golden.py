@@ -414,7 +414,7 @@ def test_victim_order_is_a_pluggable_sort_key(monkeypatch):
     or a ``key`` method of a policy class."""
     from policies import ORDERS, register_order
 
-    monkeypatch.setattr("policies.orders.ORDERS", dict(ORDERS))
+    monkeypatch.setattr("policies.orders.ORDERS", ORDERS.copy())
 
     @register_order("newest-first")
     def newest_first(node):

@@ -35,6 +35,7 @@ from urllib.parse import parse_qsl
 import numpy as np
 
 from costmodel import detmath
+from costmodel.registry import Registry, unknown
 
 from . import prefix_groups
 from .builder import TraceBuilder
@@ -118,7 +119,10 @@ CHAT = Profile(
     compact_above=10**9, p_compact=0.0, summary=(1000.0, 0.5), system_share=1.0,
     sub_system_share=1.0, model="synthetic-chat")
 
-PROFILES = {"claude-code": CLAUDE_CODE, "codex": CODEX, "chat": CHAT}
+PROFILES: Registry[Profile] = Registry("synthetic trace", OptionError)
+PROFILES.register("claude-code", CLAUDE_CODE)
+PROFILES.register("codex", CODEX)
+PROFILES.register("chat", CHAT)
 DEFAULT_SESSIONS = 16
 
 
@@ -126,10 +130,8 @@ def parse_spec(spec: str, seed: int) -> tuple[str, Profile, int, int, bool]:
     body = spec.split(":", 1)[1]
     name, _, query = body.partition("?")
     if name not in PROFILES:
-        known = [*PROFILES, prefix_groups.NAME]
-        raise OptionError(f"unknown synthetic trace {name!r}; expected one of "
-                          f"{', '.join('synthetic:' + n for n in known)}")
-    prof = PROFILES[name]
+        raise OptionError(unknown(PROFILES.kind, name, [*PROFILES, prefix_groups.NAME]))
+    prof = PROFILES.get(name)
     sessions, subagents = DEFAULT_SESSIONS, True
     for key, val in parse_qsl(query, keep_blank_values=True, strict_parsing=False):
         if not val.lstrip("-").isdigit():

@@ -35,11 +35,13 @@ the agent's task accuracy.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from costmodel.detmath import exp2
+from costmodel.registry import Registry
 from traces.regions import (
     REGION_ASSISTANT,
     REGION_NAMES,
@@ -52,8 +54,6 @@ from traces.regions import (
 
 ACCURACY_NOTE = ("kvsim prices serving only: it does not model what trimming, summarizing, "
                  "dropping or pruning does to task accuracy")
-
-KINDS = ("full", "trim", "summarize", "drop", "splice", "budget")
 
 # budget:B (MemDecay-like): base priority and half-life (tokens appended since the block) per
 # region. Assumptions, not MemDecay's numbers (its paper gives none for these regions; it
@@ -133,29 +133,23 @@ def _int(text: str, what: str, spec: str, minimum: int) -> int:
     return int(v)
 
 
-def parse_context(text: str | None) -> Strategy:
-    """``full`` | ``trim:K`` | ``summarize:T:S`` | ``drop:K`` | ``drop:K+repos`` |
-    ``splice:K`` | ``budget:B`` (sizes accept ``64k``); ContextError names what is wrong."""
-    spec = "full" if text is None else str(text).strip()
-    kind, _, rest = spec.partition(":")
-    kind = kind.strip().lower()
-    if kind == "full" and not rest:
-        return Strategy()
-    usage = ("expected full, trim:K, summarize:T:S, drop:K, drop:K+repos, splice:K or "
-             "budget:B")
-    if kind not in KINDS or not rest:
-        raise ContextError(f"bad context strategy {spec!r}: {usage}")
-    if kind in ("trim", "splice"):
-        return Strategy(kind, keep=_int(rest, "K (tool results kept)", spec, 1))
-    if kind == "drop":
-        arg, plus, extra = rest.partition("+")
-        if plus and extra.strip().lower() != "repos":
-            raise ContextError(f"bad context strategy {spec!r}: only '+repos' may follow "
-                               "drop:K")
-        return Strategy("drop", keep=_int(arg, "K (tool results kept)", spec, 1),
-                        repos=bool(plus))
-    if kind == "budget":
-        return Strategy("budget", budget=_int(rest, "B (tokens)", spec, 1))
+def _keep(kind: str) -> Callable[[str, str], Strategy]:
+    """trim:K, splice:K: the K newest tool results stay."""
+    return lambda rest, spec: Strategy(kind, keep=_int(rest, "K (tool results kept)", spec, 1))
+
+
+def _drop(rest: str, spec: str) -> Strategy:
+    arg, plus, extra = rest.partition("+")
+    if plus and extra.strip().lower() != "repos":
+        raise ContextError(f"bad context strategy {spec!r}: only '+repos' may follow drop:K")
+    return Strategy("drop", keep=_int(arg, "K (tool results kept)", spec, 1), repos=bool(plus))
+
+
+def _budget(rest: str, spec: str) -> Strategy:
+    return Strategy("budget", budget=_int(rest, "B (tokens)", spec, 1))
+
+
+def _summarize(rest: str, spec: str) -> Strategy:
     parts = rest.split(":")
     if len(parts) != 2:
         raise ContextError(f"bad context strategy {spec!r}: summarize takes T:S (threshold "
@@ -166,6 +160,33 @@ def parse_context(text: str | None) -> Strategy:
         raise ContextError(f"bad context strategy {spec!r}: the summary (S = {s}) must be "
                            f"shorter than the threshold (T = {t})")
     return Strategy("summarize", threshold=t, summary_tokens=s)
+
+
+# kind -> parser of what follows ``KIND:`` (``full`` takes nothing)
+STRATEGIES: Registry[Callable[[str, str], Strategy]] = Registry("context strategy",
+                                                               ContextError)
+STRATEGIES.register("full", lambda rest, spec: Strategy())
+STRATEGIES.register("trim", _keep("trim"))
+STRATEGIES.register("summarize", _summarize)
+STRATEGIES.register("drop", _drop)
+STRATEGIES.register("splice", _keep("splice"))
+STRATEGIES.register("budget", _budget)
+KINDS = STRATEGIES.names()
+USAGE = "expected full, trim:K, summarize:T:S, drop:K, drop:K+repos, splice:K or budget:B"
+
+
+def parse_context(text: str | None) -> Strategy:
+    """``full`` | ``trim:K`` | ``summarize:T:S`` | ``drop:K`` | ``drop:K+repos`` |
+    ``splice:K`` | ``budget:B`` (sizes accept ``64k``); ContextError names what is wrong."""
+    spec = "full" if text is None else str(text).strip()
+    kind, _, rest = spec.partition(":")
+    kind = kind.strip().lower()
+    if kind not in STRATEGIES:
+        raise ContextError(f"bad context strategy {spec!r}: {STRATEGIES.message(kind)} "
+                           f"({USAGE})")
+    if bool(rest) != (kind != "full"):  # full takes no argument, the others one
+        raise ContextError(f"bad context strategy {spec!r}: {USAGE}")
+    return STRATEGIES.get(kind)(rest, spec)
 
 
 # --- decisions ----------------------------------------------------------------------------

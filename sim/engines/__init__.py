@@ -4,14 +4,18 @@
 ``vllm``: vLLM 0.33's V1 scheduler over its prefix-caching block pool
 (``sim.kvcache.blockpool``). Eviction policies (``policies``) are orthogonal to engines: an
 engine says which it can express (``EngineBase.unsupported``). ``ENGINES`` names them;
-``sim.runner`` builds the run's engine with ``ENGINES[name].build``.
+``sim.runner`` builds the run's engine with ``ENGINES.get(name).build``.
 """
+
+from costmodel.registry import Registry
 
 from .base import EngineBase
 from .request import Req
 from .sglang import SGLangServer
 from .vllm import VllmServer
 
-ENGINES: dict[str, type[EngineBase]] = {"sglang": SGLangServer, "vllm": VllmServer}
+ENGINES: Registry[type[EngineBase]] = Registry("engine")
+ENGINES.register("sglang", SGLangServer)
+ENGINES.register("vllm", VllmServer)
 
 __all__ = ["ENGINES", "EngineBase", "Req", "SGLangServer", "VllmServer"]

@@ -16,6 +16,7 @@ units of a row (``_row_units``: reused blocks inside a row are not computed).
 
 from __future__ import annotations
 
+from costmodel.registry import Registry
 from costmodel.units import Units, range_units
 from sim.kvcache import Tier
 from sim.kvcache.blockpool import HolePool
@@ -68,7 +69,10 @@ class PenelopeVllmServer(VllmServer):
 
 
 # --vllm-patch NAME -> the engine class (``none`` is vLLM as deployed)
-VLLM_PATCHES: dict[str, type[VllmServer]] = {
-    "none": VllmServer, "penelope": PenelopeVllmServer,
-    "continuum": ContinuumVllmServer, "continuum-fixed": ContinuumFixedVllmServer,
-    "continuum-pins": PinsOnlyVllmServer, "continuum-fcfs": ProgramOrderVllmServer}
+VLLM_PATCHES: Registry[type[VllmServer]] = Registry("vLLM patch")
+VLLM_PATCHES.register("none", VllmServer)
+VLLM_PATCHES.register("penelope", PenelopeVllmServer)
+VLLM_PATCHES.register("continuum", ContinuumVllmServer)
+VLLM_PATCHES.register("continuum-fixed", ContinuumFixedVllmServer)
+VLLM_PATCHES.register("continuum-pins", PinsOnlyVllmServer)
+VLLM_PATCHES.register("continuum-fcfs", ProgramOrderVllmServer)
