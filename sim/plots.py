@@ -26,7 +26,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from sim.io import atomic_save_figure, read_json, read_parquet
+from sim.io import atomic_save_figure, parse_size, read_json, read_parquet
 
 _POLICY_COLORS = plt.rcParams["axes.prop_cycle"].by_key()["color"]
 
@@ -157,8 +157,6 @@ def _bars(labels: list[str], series: dict[str, list[float]], ylabel: str, title:
 def _positions(values: list[str]) -> tuple[dict[str, float], bool]:
     """x positions of a field's values: numeric when every value is a number or a size
     (``128k``), else their order in the grid."""
-    from sim.cli.common import parse_size
-
     try:
         pos = {v: float(parse_size(v)) for v in values}
         return pos, True

@@ -44,10 +44,12 @@ import pandas as pd
 from sim.config import ConfigError, RunConfig, default_replay
 from sim.executors import DEFAULT_RETRIES, EXECUTORS, Executor, ExecutorSpec, worker_id
 from sim.io import (
+    SIZE_GRAMMAR,
     atomic_write_parquet,
     atomic_write_text,
     dumps,
     folder_lock,
+    parse_size,
     read_json,
     read_yaml,
     remove_stale_tmp,
@@ -80,8 +82,6 @@ def _size(v: Any, where: str, field: str) -> Any:
         return v
     if v is None or (isinstance(v, int) and not isinstance(v, bool)):
         return v
-    from sim.cli.common import SIZE_GRAMMAR, parse_size  # the CLI's grammar ("256k", "3e6")
-
     try:
         return parse_size(str(v), field)
     except Exception:

@@ -1,4 +1,4 @@
-"""Helpers every CLI command shares: sizes, JSON output, input errors, atomic writes.
+"""Helpers every CLI command shares: size options, JSON output, input errors, atomic writes.
 
 Conventions (the CLI contract, README.md):
 - with ``--json`` a command prints exactly one JSON document on stdout; progress and logs go to
@@ -10,17 +10,15 @@ Conventions (the CLI contract, README.md):
 
 from __future__ import annotations
 
-import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from decimal import Decimal
 from typing import Any, NoReturn
 
 import click
 from rich.console import Console
 
-from sim.io import atomic_write_text, dumps
+from sim.io import SizeError, atomic_write_text, dumps, sizes, tokens
 
 __all__ = ["SIZE", "KvsimGroup", "atomic_write_text", "console", "dumps", "emit_json", "fail",
            "fmt_metric", "one_line", "parse_size", "stderr", "tokens", "trace_load_progress"]
@@ -32,44 +30,15 @@ stderr = Console(stderr=True, soft_wrap=True)
 def console() -> Console:
     """Stdout console; wide when piped so tables are not truncated in logs and notes."""
     return Console() if sys.stdout.isatty() else Console(width=200)
-# A size in tokens: a number (digits with optional ``_`` grouping and a fraction, or an
-# exponent) and an optional unit. Units: ``Ki``/``Mi``/``Gi`` (binary, explicit) and ``k``/``m``
-# (binary too, either case: kvsim's spelling from the start; the papers' "3 M" is ``3e6``).
-_SIZE = re.compile(r"^\s*(?:(?P<exp>\d(?:_?\d)*(?:\.\d+)?[eE]\d+)"
-                   r"|(?P<num>\d(?:_?\d)*(?:\.\d+)?)\s*(?P<unit>[kmg]i|[km])?)\s*$",
-                   re.IGNORECASE)
-SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "ki": 1 << 10, "mi": 1 << 20, "gi": 1 << 30}
-MAX_SIZE = 1 << 50  # tokens: far beyond any cache, well inside int64 block arithmetic
-SIZE_GRAMMAR = ("3000000, 3_000_000 or 3e6 (decimal); 256Ki, 3Mi or 1Gi (binary, Ki = 1,024), "
-                "which 256k and 3m also mean")
 
 
 def parse_size(text: str | int, what: str = "size") -> int:
-    """A size in tokens. Decimal: ``3000000``, ``3_000_000``, ``3e6``, ``1.5e6``. Binary:
-    ``256Ki`` = 262,144, ``3Mi`` = 3,145,728, ``1Gi``; ``256k`` and ``3m`` (either case)
-    mean ``256Ki`` and ``3Mi``. A fraction rounds to the nearest token (``15.6k`` =
-    15,974). Raises ``click.BadParameter`` (exit 2) naming ``what`` on anything else."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        value = text
-    else:
-        m = _SIZE.match(str(text))
-        if m is None or isinstance(text, bool):
-            if str(text).strip().startswith("-"):
-                raise click.BadParameter(f"{what} must be >= 0, got {text!r}")
-            raise click.BadParameter(f"{what}: expected a size in tokens: {SIZE_GRAMMAR}; "
-                                     f"got {text!r}")
-        number = (m.group("exp") or m.group("num")).replace("_", "")
-        value = round(Decimal(number) * SIZE_UNITS[(m.group("unit") or "").lower()])
-    if value < 0:
-        raise click.BadParameter(f"{what} must be >= 0, got {text!r}")
-    if value > MAX_SIZE:
-        raise click.BadParameter(f"{what}: {text!r} is more than {MAX_SIZE:,} tokens")
-    return value
-
-
-def tokens(n: int) -> str:
-    """A size as it is echoed back: whole tokens with thousands separators."""
-    return f"{n:,} tokens"
+    """A size in tokens (sim/io/sizes.py's grammar); anything else is ``click.BadParameter``
+    (exit 2) naming ``what``."""
+    try:
+        return sizes.parse_size(text, what)
+    except SizeError as e:
+        raise click.BadParameter(str(e)) from None
 
 
 class SizeType(click.ParamType):
