@@ -13,7 +13,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 
-from sim.progress import current as current_progress
+from sim.report.progress import current as current_progress
 
 from .errors import require_torch
 from .grid import PROGRESS_UNIT

@@ -22,7 +22,7 @@ from typing import Any
 from costmodel.profile import DecodeCoeffs, PrefillCoeffs, Profile, TransferCoeffs
 from costmodel.specs import ModelSpec, get_spec
 from costmodel.units import ranges_units
-from sim.progress import current as current_progress
+from sim.report.progress import current as current_progress
 
 from . import fit as fitmod
 from .errors import CalibrationError, require_torch

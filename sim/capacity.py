@@ -47,7 +47,7 @@ import numpy as np
 from policies import EvictionPolicy, get_policy
 
 from .kvcache import RadixKVCache, Tier
-from .progress import current as current_progress
+from .report.progress import current as current_progress
 
 DEFAULT_POLICY = "vllm"  # LRU: lru+tail+block
 
@@ -300,7 +300,7 @@ def serve_in_order(trace, replay: CacheReplay | LruReplay,
     """Every request through ``replay`` in arrival order: its prompt is matched, then its
     prompt and output blocks are cached (the engines' insert when a request finishes,
     ``Trace.finish_block_ids``), as if it were answered at once. Reports the requests done
-    to the active progress tracker (sim/progress.py) when it counts requests."""
+    to the active progress tracker (sim/report/progress.py) when it counts requests."""
     order = arrival_order(trace) if order is None else order
     hits = np.zeros(len(trace), np.int64)
     bar = current_progress()

@@ -60,7 +60,7 @@ from .capacity import (
 )
 from .fleet.load import InFlight, Predicted
 from .fleet.pool import SharedPool
-from .progress import current as current_progress
+from .report.progress import current as current_progress
 
 ROUTER_STREAM = 0x524F55544552  # the fleet's router RNG stream (sim/fleet/run.py)
 

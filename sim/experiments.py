@@ -22,7 +22,7 @@ from typing import Any
 from sim import exp_continuum, exp_fleet, exp_policies
 from sim.config import RunConfig
 from sim.executors import ExecutorSpec
-from sim.progress import current as current_progress
+from sim.report.progress import current as current_progress
 from sim.sweep import relative_change as _change
 
 REPO = Path(__file__).resolve().parent.parent

@@ -24,8 +24,8 @@ from sim.context import ContextRun, context_summary, parse_context
 from sim.engines import ENGINES
 from sim.io import atomic_write_parquet, atomic_write_text, dumps, is_tmp_name
 from sim.metrics import RunRecorder
-from sim.progress import current as current_progress
 from sim.replay import Replay
+from sim.report.progress import current as current_progress
 
 
 @dataclass
@@ -128,7 +128,7 @@ def run(cfg: RunConfig, trace=None) -> RunResult:
     env = simpy.Environment()
     bind_policy(env, cfg, spec, profile, policy, sessions)
     server = ENGINES[cfg.engine].build(env, cfg, spec, profile, policy, rec)
-    bar = current_progress()  # observes replies only (sim/progress.py)
+    bar = current_progress()  # observes replies only (sim/report/progress.py)
     replay = Replay(env, trace, server, gaps, trace.start_offsets(cfg.gaps), cfg.sessions,
                     cfg.time_scale, context,
                     on_reply=bar.advance if bar.counts("requests") else None,

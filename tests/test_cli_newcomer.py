@@ -586,7 +586,7 @@ def test_sweep_whose_changes_are_all_zero_draws_no_empty_chart(tmp_path) -> None
 def test_bar_legend_colours_differ_even_for_an_empty_series(tmp_path) -> None:
     import matplotlib.pyplot as plt
 
-    from sim import plots
+    from sim.report import plots
 
     captured = {}
     real_save = plots._save

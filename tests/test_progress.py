@@ -1,4 +1,4 @@
-"""Progress on every long command (sim/progress.py): a line with done/total and an ETA on
+"""Progress on every long command (sim/report/progress.py): a line with done/total and an ETA on
 stderr, under --json too, while stdout stays exactly one JSON document; and progress only
 observes (a run is the same with or without it)."""
 
@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from sim.cli.main import cli
-from sim.progress import Tracker, current, progress
+from sim.report.progress import Tracker, current, progress
 
 SWEEP_YAML = """\
 base:
@@ -95,7 +95,7 @@ def test_tracker_eta_is_the_pace_since_the_first_report(monkeypatch) -> None:
     from rich.console import Console
 
     now = [100.0]
-    monkeypatch.setattr("sim.progress.time.monotonic", lambda: now[0])
+    monkeypatch.setattr("sim.report.progress.time.monotonic", lambda: now[0])
     t = Tracker("t", "points", 10, Console(file=io.StringIO()))
     now[0] = 160.0
     t.resume(4)  # finished before this command: not part of the pace

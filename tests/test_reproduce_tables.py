@@ -15,8 +15,8 @@ from rich.table import Table
 
 from sim.cli import reproduce as rep
 from sim.cli.main import cli
-from sim.cli.tables import cell
 from sim.experiments import reproduce
+from sim.report.tables import cell
 
 GOLDENS = Path(__file__).parent / "goldens"
 TINY = "synthetic:claude-code?sessions=2"

@@ -17,8 +17,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from sim import plots
 from sim.cli.main import cli
+from sim.report import plots
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 TINY_BASE = {"trace": "synthetic:chat?sessions=3", "gpu_cache": "16k"}

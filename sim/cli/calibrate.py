@@ -93,7 +93,7 @@ def calibrate_cmd(device: str, system: str | None, framework: str | None, gpus: 
                         rounds=rounds, threads=threads, clock=clock, seed=seed,
                         date=date or datetime.now(UTC).date().isoformat())
     from calibration.grid import PROGRESS_UNIT
-    from sim.progress import progress as progress_bar
+    from sim.report.progress import progress as progress_bar
 
     with progress_bar("kvsim calibrate", PROGRESS_UNIT, console=stderr) as bar:
         prof, report = calibrate(settings, lambda msg: bar.log(f"kvsim calibrate: {msg}"))

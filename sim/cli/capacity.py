@@ -10,8 +10,9 @@ from typing import Any
 import click
 import numpy as np
 
+from sim.report.tables import Col, narrow_table
+
 from .common import console, emit_json, parse_size, stderr
-from .tables import Col, narrow_table
 from .trace import load_from_options, trace_options
 
 _RANGE = re.compile(r"^\s*([^:]+?)\.\.([^:]+?)(?::(\d+))?\s*$")
@@ -124,7 +125,7 @@ def capacity_cmd(paths: tuple[str, ...], caches: list[int] | None, policies: tup
     from sim.capacity import capacity_curve, clockless_policy
     from sim.capacity_fleet import clockless_router, fleet_capacity_curve
     from sim.io import atomic_write_text, check_out_dir, dumps
-    from sim.progress import progress
+    from sim.report.progress import progress
 
     ctx = click.get_current_context()
     if ctx.get_parameter_source("gap_model") is not click.core.ParameterSource.DEFAULT:
@@ -165,7 +166,7 @@ def capacity_cmd(paths: tuple[str, ...], caches: list[int] | None, policies: tup
     title = (f"{trace.name}: {len(trace):,} requests, "
              f"{int(trace.prompt_tokens.sum()):,} prompt tokens")
     if out is not None:
-        from sim.plots import plot_capacity
+        from sim.report.plots import plot_capacity
 
         atomic_write_text(Path(out) / "capacity.json", dumps({"trace": trace.name,
                                                                "rows": docs}))

@@ -21,7 +21,7 @@ from rich.console import Console
 from sim.io import SizeError, atomic_write_text, dumps, sizes, tokens
 
 __all__ = ["SIZE", "KvsimGroup", "atomic_write_text", "console", "dumps", "emit_json", "fail",
-           "fmt_metric", "one_line", "parse_size", "stderr", "tokens", "trace_load_progress"]
+           "one_line", "parse_size", "stderr", "tokens", "trace_load_progress"]
 
 # soft_wrap: a warning or progress line stays one line in logs (no wrapping at 80 columns).
 stderr = Console(stderr=True, soft_wrap=True)
@@ -56,28 +56,6 @@ class SizeType(click.ParamType):
 SIZE = SizeType()
 
 
-# Units shared by every table (run, sweep, reproduce): rates and shares in percent, changes
-# in signed percent, times in seconds, counts with thousands separators.
-PERCENT_KEYS = ("hit_rate", "share", "fraction", "reuse_", "affinity")
-
-
-def fmt_metric(key: str, v: Any) -> str:
-    """One table cell in the units above; ``-`` for a missing value."""
-    if v is None or (isinstance(v, float) and v != v):
-        return "-"
-    if isinstance(v, bool | str):
-        return str(v)
-    if key.endswith("_change") or key == "difference":
-        return f"{v:+.1%}"
-    if any(p in key for p in PERCENT_KEYS):
-        return f"{v:.1%}"
-    if key.endswith("units") or key.startswith("bytes_"):
-        return f"{v:.3e}"
-    if isinstance(v, float):
-        return f"{v:,.3f}"
-    return f"{v:,}"
-
-
 # Loading a trace: no progress lines in a log for a load this short (most are; a bad trace's
 # error then stays the only line).
 TRACE_LOAD_QUIET_S = 2.0
@@ -87,7 +65,7 @@ TRACE_LOAD_QUIET_S = 2.0
 def trace_load_progress(label: str = "loading trace") -> Iterator[None]:
     """Progress on stderr (kB or MB of trace files read, with an ETA) while a trace is parsed
     inside the block; nothing at all when the trace comes from a cache or a generator."""
-    from sim.progress import Tracker
+    from sim.report.progress import Tracker
     from traces.files import report_progress
 
     bars: list[tuple[Tracker, float]] = []

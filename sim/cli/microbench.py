@@ -8,9 +8,9 @@ from costmodel.figure1 import figure1, illustrative_example
 from costmodel.profile import load_profile
 from costmodel.specs import get_spec
 from sim.checks import check_profile
+from sim.report.tables import Col, narrow_table
 
 from .common import console, emit_json
-from .tables import Col, narrow_table
 
 COLUMNS = [Col("context", "context_tokens", "tokens"),
            Col("deleted\n(tokens)", "deleted_tokens", "int"),

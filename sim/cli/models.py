@@ -6,9 +6,9 @@ import click
 
 from costmodel.profile import default_profile_name, shipped_profiles
 from costmodel.specs import get_spec, model_names
+from sim.report.tables import Col, narrow_table
 
 from .common import console, emit_json
-from .tables import Col, narrow_table
 
 COLUMNS = [Col("model", "name"), Col("layers", "layers", "int"),
            Col("q/kv\nheads", "heads", "text"), Col("head\ndim", "head_dim", "int"),

@@ -19,7 +19,7 @@ def plot_cmd(directory: str, out: str | None) -> None:
     """TTFT CDFs and changes of a run folder (kvsim run --out); mean TTFT per grid field and
     changes against the baseline of a sweep folder. Prints each PNG's path once."""
     from sim.io import check_out_dir
-    from sim.plots import plot_dir
+    from sim.report.plots import plot_dir
 
     if not Path(directory).is_dir():
         raise PlotInputError(f"{directory}: no such folder")

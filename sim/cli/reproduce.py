@@ -8,8 +8,9 @@ from typing import Any
 import click
 from rich.table import Table
 
+from sim.report.tables import Col, narrow_table
+
 from .common import console, emit_json, stderr
-from .tables import Col, narrow_table
 
 NAMES = ["figure1", "gpu-only", "two-tier", "ablation", "fcfs", "cpu-sweep", "policies",
          "cache-engineering", "fleet", "pool"]
@@ -371,7 +372,7 @@ def reproduce_cmd(name: str, trace: str | None, gaps: str, prompt_nodes: str, qu
     """Run a named paper experiment and print ours beside the paper's numbers."""
     from sim.executors import ExecutorSpec
     from sim.experiments import reproduce
-    from sim.progress import progress
+    from sim.report.progress import progress
 
     if address and executor != "ray":
         raise click.UsageError("--address is for --executor ray")

@@ -8,11 +8,11 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import click
-from rich.table import Table
 
 from sim.config import VLLM_PATCH_NAMES, RunConfig
+from sim.report.runs import compare_runs, run_tables
 
-from .common import SIZE, atomic_write_text, console, dumps, emit_json, fmt_metric, stderr
+from .common import SIZE, atomic_write_text, console, dumps, emit_json, stderr
 from .run_checks import (
     default_replay,
     params_per_policy,
@@ -25,52 +25,6 @@ from .trace import trace_options
 
 if TYPE_CHECKING:
     from sim.runner import RunResult
-
-# Summary metrics shown in the table and compared against the first run (lower is better
-# except the hit rate).
-COMPARED = ("ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "jct_mean_s", "hit_rate",
-            "recomputed_tokens", "recompute_units", "queue_wait_mean_s",
-            "preempted_recompute_tokens", "preempted_recompute_units")
-
-
-def change(a: float | None, b: float | None) -> float | None:
-    if a is None or b is None or a != a or b != b or a == 0:
-        return None
-    return b / a - 1.0
-
-
-def compare_runs(results: list[RunResult]) -> list[dict[str, Any]]:
-    first = results[0].summary
-    out = []
-    for r in results:
-        c = r.config
-        out.append({
-            "policy": c.policy_label, "policy_spec": c.policy_spec, "engine": c.engine_label,
-            "policy_params": c.policy_params, "scheduler": c.scheduler, "tiering": c.tiering,
-            "summary": r.summary,
-            "change_vs_first": {k: change(first.get(k), r.summary.get(k)) for k in COMPARED},
-        })
-    return out
-
-
-# Rows shown only when some run has a non-zero value (--lenient skips, drops).
-WHEN_NONZERO = ("dropped_requests", "over_context_requests", "trace_skipped_files",
-                "trace_skipped_records")
-
-
-LENIENT_ROWS = ("trace_skipped_files", "trace_skipped_records")
-# Rows of runs under a context strategy (--context; absent under full).
-CONTEXT_ROWS = ("request_latency_mean_s", "request_latency_p95_s", "input_tokens_per_s",
-                "output_tokens_per_s", "kv_peak_tokens", "context_dropped_tokens",
-                "reprefill_tokens", "rerotated_tokens", "summary_calls",
-                "context_edits_blocked")
-# Rows of fleet runs (--replicas/--router; sim/fleet/metrics.py defines them).
-FLEET_ROWS = ("reuse_available", "reuse_captured", "reuse_delivered", "affinity",
-              "load_cv_busy", "load_cv_queue", "belief_error_mean_tokens", "idle_replicas")
-# Rows of runs with a shared pool (--pool; sim/fleet/run.py pool_summary).
-POOL_ROWS = ("pool_hit_rate", "pool_fetched_tokens", "pool_refused_fetches", "pool_fetch_s",
-             "pool_bandwidth_utilization")
-
 
 def router_params(items: tuple[str, ...]) -> dict[str, str]:
     """``--router-param K=V`` items into a dict (values stay text: the router class types
@@ -85,45 +39,8 @@ def router_params(items: tuple[str, ...]) -> dict[str, str]:
 
 
 def print_table(runs: list[dict[str, Any]], title: str, lenient: bool = False) -> None:
-    """Metrics in the units every table uses (``fmt_metric``: rates in percent); changes
-    against the first run in signed percent, the hit rate's in percentage points (pp). As
-    many policies per table as the terminal's width holds, the first (the baseline) in each."""
-    extra = ("cpu_hit_rate", "bytes_h2d", "bytes_d2h", "swap_buffer_loads") if any(
-        r["summary"].get("cpu_cache_tokens") for r in runs) else ()
-    extra += FLEET_ROWS if any("replicas" in r["summary"] for r in runs) else ()
-    extra += POOL_ROWS if any("pool_hit_rate" in r["summary"] for r in runs) else ()
-    shown = [k for k in WHEN_NONZERO if any(r["summary"].get(k) for r in runs)
-             or (lenient and k in LENIENT_ROWS)]
-    ctx = CONTEXT_ROWS if any("context" in r["summary"] for r in runs) else ()
-    keys = (*COMPARED, *extra, "requests", "retractions", "evicted_tokens", *ctx, *shown)
-    cells: list[list[str]] = []  # per run, per key
-    for i, r in enumerate(runs):
-        col = []
-        for k in keys:
-            s = fmt_metric(k, r["summary"].get(k))
-            ch = r["change_vs_first"].get(k)
-            if i > 0 and k == "hit_rate" and s != "-" and runs[0]["summary"].get(k) is not None:
-                s += f" ({100 * (r['summary'][k] - runs[0]['summary'][k]):+.1f} pp)"
-            elif i > 0 and ch is not None:
-                s += f" ({ch:+.1%})"
-            col.append(s)
-        cells.append(col)
     con = console()
-    widths = [max(len(r["policy"]), *map(len, col)) + 3 for r, col in zip(runs, cells,
-                                                                        strict=True)]
-    room = con.width - max(map(len, ("metric", *keys))) - 4
-    groups: list[list[int]] = [[0]]
-    for i in range(1, len(runs)):
-        if len(groups[-1]) > 1 and sum(widths[j] for j in (*groups[-1], i)) > room:
-            groups.append([0])
-        groups[-1].append(i)
-    for g, group in enumerate(groups):
-        t = Table(title=title if g == 0 else None)
-        t.add_column("metric", no_wrap=True)
-        for i in group:
-            t.add_column(runs[i]["policy"], justify="right", no_wrap=True)
-        for row, k in enumerate(keys):
-            t.add_row(k, *(cells[i][row] for i in group))
+    for t in run_tables(runs, title, con.width, lenient):
         con.print(t)
 
 
@@ -349,7 +266,7 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
     from costmodel.specs import get_spec
     from sim.checks import check_model_and_profile
     from sim.io import check_out_dir
-    from sim.progress import progress
+    from sim.report.progress import progress
     from sim.runner import load_run_trace, run, write_result  # the engine loads on demand
 
     from .common import trace_load_progress

@@ -7,43 +7,17 @@ from typing import Any
 
 import click
 
-from .common import console, emit_json, stderr
-from .tables import Col, narrow_table
+from sim.report.sweeps import sweep_tables
 
-# Shown only when some point has a non-zero value.
-WHEN_NONZERO = ("dropped_requests", "over_context_requests", "trace_skipped_files",
-                "trace_skipped_records", "idle_replicas")
-METRIC_COLUMNS = [Col("TTFT\nmean (s)", "ttft_mean_s", "s"),
-                  Col("TTFT\np90 (s)", "ttft_p90_s", "s"),
-                  Col("JCT\nmean (s)", "jct_mean_s", "s"), Col("hit\nrate", "hit_rate", "rate")]
-CHANGE_COLUMNS = [Col("TTFT\nchange", "ttft_mean_s_change", "change"),
-                  Col("JCT\nchange", "jct_mean_s_change", "change"),
-                  Col("hit rate\nchange", "hit_rate", "pp", minus="baseline_hit_rate")]
+from .common import console, emit_json, stderr
 
 
 def print_table(df: Any, varied: list[str], title: str, lenient: bool = False) -> None:
-    """Per point its metrics, then (with a baseline) its changes against it: rates in
-    percent, changes in signed percent, the hit rate's in points (sim/cli/tables.py); counts
-    of drops and --lenient skips when any point has some (the skips always under lenient)."""
-    keys = [Col("policy", "policy"), *(Col(f, f) for f in varied)]
-    counts = [Col(c, c, "int") for c in WHEN_NONZERO if c in df.columns and (
-        (df[c].fillna(0) != 0).any() or (lenient and c.startswith("trace_skipped")))]
-    rows = df.to_dict("records")
     con = console()
-    con.print(narrow_table(title, [*keys, *(c for c in METRIC_COLUMNS if c.key in df.columns)],
-                           rows))
-    if "ttft_mean_s_change" in df.columns:
-        for r in rows:  # the baseline point's hit rate, from the relative change tidy wrote
-            c = r.get("hit_rate_change")
-            r["baseline_hit_rate"] = (r["hit_rate"] / (1 + c) if c is not None and c == c
-                                      and c != -1 else None)
-        con.print()
-        con.print(narrow_table("change against the baseline point", [*keys, *CHANGE_COLUMNS],
-                               rows))
-    if counts:
-        con.print()
-        con.print(narrow_table("dropped requests, skipped records, idle replicas",
-                               [*keys, *counts], rows))
+    for i, t in enumerate(sweep_tables(df, varied, title, lenient)):
+        if i:
+            con.print()
+        con.print(t)
 
 
 def warn_drops(df: Any) -> None:
@@ -90,7 +64,7 @@ def sweep_cmd(config: str, out: str, jobs: int | None, executor: str | None,
 
     The YAML format, resume and running on a Ray cluster: docs/sweeps.md."""
     from sim.io import check_out_dir
-    from sim.progress import progress
+    from sim.report.progress import progress
     from sim.sweep import COLUMN, POLICY_FIELDS, load_sweep, run_sweep
 
     sweep = load_sweep(config)  # every check before any work: fields, profiles, baseline

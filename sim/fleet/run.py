@@ -21,8 +21,8 @@ import simpy
 
 from costmodel.units import Units, ranges_units
 from sim.engines import ENGINES
-from sim.progress import current as current_progress
 from sim.replay import Replay
+from sim.report.progress import current as current_progress
 from sim.runner import RunResult, bind_policy, run_fields
 
 from .fleet import Fleet
@@ -68,7 +68,7 @@ def run_fleet(cfg, trace, spec, profile) -> RunResult:
     fleet = Fleet(env, engines, router, cfg.block_size, sessions,
                   np.random.default_rng([cfg.seed, ROUTER_STREAM]), pool)
     gaps = trace.gaps(cfg.gaps)
-    bar = current_progress()  # observes replies only (sim/progress.py)
+    bar = current_progress()  # observes replies only (sim/report/progress.py)
     replay = Replay(env, trace, fleet, gaps, trace.start_offsets(cfg.gaps), cfg.sessions,
                     cfg.time_scale, on_reply=bar.advance if bar.counts("requests") else None,
                     max_concurrency=cfg.max_concurrency)

@@ -74,3 +74,25 @@ def narrow_table(title: str, cols: list[Col], rows: list[dict[str, Any]]) -> Tab
     for r in rows:
         t.add_row(*(cell(r, c) for c in cols))
     return t
+
+
+# Units shared by every table (run, sweep, reproduce): rates and shares in percent, changes
+# in signed percent, times in seconds, counts with thousands separators.
+PERCENT_KEYS = ("hit_rate", "share", "fraction", "reuse_", "affinity")
+
+
+def fmt_metric(key: str, v: Any) -> str:
+    """One table cell in the units above; ``-`` for a missing value."""
+    if v is None or (isinstance(v, float) and v != v):
+        return "-"
+    if isinstance(v, bool | str):
+        return str(v)
+    if key.endswith("_change") or key == "difference":
+        return f"{v:+.1%}"
+    if any(p in key for p in PERCENT_KEYS):
+        return f"{v:.1%}"
+    if key.endswith("units") or key.startswith("bytes_"):
+        return f"{v:.3e}"
+    if isinstance(v, float):
+        return f"{v:,.3f}"
+    return f"{v:,}"

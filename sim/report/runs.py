@@ -1,0 +1,102 @@
+"""``kvsim run``'s report: each run's summary beside the first run's, as terminal tables."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from rich.table import Table
+
+from .tables import fmt_metric
+
+if TYPE_CHECKING:
+    from sim.runner import RunResult
+
+# Summary metrics shown in the table and compared against the first run (lower is better
+# except the hit rate).
+COMPARED = ("ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "jct_mean_s", "hit_rate",
+            "recomputed_tokens", "recompute_units", "queue_wait_mean_s",
+            "preempted_recompute_tokens", "preempted_recompute_units")
+
+
+def change(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or a != a or b != b or a == 0:
+        return None
+    return b / a - 1.0
+
+
+def compare_runs(results: list[RunResult]) -> list[dict[str, Any]]:
+    first = results[0].summary
+    out = []
+    for r in results:
+        c = r.config
+        out.append({
+            "policy": c.policy_label, "policy_spec": c.policy_spec, "engine": c.engine_label,
+            "policy_params": c.policy_params, "scheduler": c.scheduler, "tiering": c.tiering,
+            "summary": r.summary,
+            "change_vs_first": {k: change(first.get(k), r.summary.get(k)) for k in COMPARED},
+        })
+    return out
+
+
+# Rows shown only when some run has a non-zero value (--lenient skips, drops).
+WHEN_NONZERO = ("dropped_requests", "over_context_requests", "trace_skipped_files",
+                "trace_skipped_records")
+
+
+LENIENT_ROWS = ("trace_skipped_files", "trace_skipped_records")
+# Rows of runs under a context strategy (--context; absent under full).
+CONTEXT_ROWS = ("request_latency_mean_s", "request_latency_p95_s", "input_tokens_per_s",
+                "output_tokens_per_s", "kv_peak_tokens", "context_dropped_tokens",
+                "reprefill_tokens", "rerotated_tokens", "summary_calls",
+                "context_edits_blocked")
+# Rows of fleet runs (--replicas/--router; sim/fleet/metrics.py defines them).
+FLEET_ROWS = ("reuse_available", "reuse_captured", "reuse_delivered", "affinity",
+              "load_cv_busy", "load_cv_queue", "belief_error_mean_tokens", "idle_replicas")
+# Rows of runs with a shared pool (--pool; sim/fleet/run.py pool_summary).
+POOL_ROWS = ("pool_hit_rate", "pool_fetched_tokens", "pool_refused_fetches", "pool_fetch_s",
+             "pool_bandwidth_utilization")
+
+
+def run_tables(runs: list[dict[str, Any]], title: str, width: int, lenient: bool = False
+               ) -> list[Table]:
+    """Metrics in the units every table uses (``fmt_metric``: rates in percent); changes
+    against the first run in signed percent, the hit rate's in percentage points (pp). As
+    many policies per table as ``width`` columns hold, the first (the baseline) in each."""
+    extra = ("cpu_hit_rate", "bytes_h2d", "bytes_d2h", "swap_buffer_loads") if any(
+        r["summary"].get("cpu_cache_tokens") for r in runs) else ()
+    extra += FLEET_ROWS if any("replicas" in r["summary"] for r in runs) else ()
+    extra += POOL_ROWS if any("pool_hit_rate" in r["summary"] for r in runs) else ()
+    shown = [k for k in WHEN_NONZERO if any(r["summary"].get(k) for r in runs)
+             or (lenient and k in LENIENT_ROWS)]
+    ctx = CONTEXT_ROWS if any("context" in r["summary"] for r in runs) else ()
+    keys = (*COMPARED, *extra, "requests", "retractions", "evicted_tokens", *ctx, *shown)
+    cells: list[list[str]] = []  # per run, per key
+    for i, r in enumerate(runs):
+        col = []
+        for k in keys:
+            s = fmt_metric(k, r["summary"].get(k))
+            ch = r["change_vs_first"].get(k)
+            if i > 0 and k == "hit_rate" and s != "-" and runs[0]["summary"].get(k) is not None:
+                s += f" ({100 * (r['summary'][k] - runs[0]['summary'][k]):+.1f} pp)"
+            elif i > 0 and ch is not None:
+                s += f" ({ch:+.1%})"
+            col.append(s)
+        cells.append(col)
+    widths = [max(len(r["policy"]), *map(len, col)) + 3 for r, col in zip(runs, cells,
+                                                                        strict=True)]
+    room = width - max(map(len, ("metric", *keys))) - 4
+    groups: list[list[int]] = [[0]]
+    for i in range(1, len(runs)):
+        if len(groups[-1]) > 1 and sum(widths[j] for j in (*groups[-1], i)) > room:
+            groups.append([0])
+        groups[-1].append(i)
+    tables = []
+    for g, group in enumerate(groups):
+        t = Table(title=title if g == 0 else None)
+        t.add_column("metric", no_wrap=True)
+        for i in group:
+            t.add_column(runs[i]["policy"], justify="right", no_wrap=True)
+        for row, k in enumerate(keys):
+            t.add_row(k, *(cells[i][row] for i in group))
+        tables.append(t)
+    return tables
