@@ -21,9 +21,9 @@ from typing import Any
 
 from sim import exp_continuum, exp_fleet, exp_policies
 from sim.config import RunConfig
-from sim.executors import ExecutorSpec
 from sim.report.progress import current as current_progress
 from sim.sweep import relative_change as _change
+from sim.sweep.executors import ExecutorSpec
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_CC_TRACES = REPO.parent / "shared" / "data" / "cc-traces"

@@ -406,7 +406,7 @@ def test_ray_address_where_nothing_listens_fails_fast(tmp_path, scheme) -> None:
 def test_ray_without_address_starts_a_new_local_ray(monkeypatch) -> None:
     """docs/sweeps.md: no --address = a new local Ray, even if a cluster runs here (Ray's own
     default, address=None, would join the latest cluster started on this machine)."""
-    import sim.executors as ex
+    import sim.sweep.executors as ex
 
     seen = []
 

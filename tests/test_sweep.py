@@ -15,8 +15,8 @@ from click.testing import CliRunner
 
 from sim.cli.main import cli
 from sim.config import ConfigError, RunConfig
-from sim.executors import ExecutorSpec, LocalPoolExecutor, SerialExecutor, WorkerLostError
 from sim.sweep import SECTIONS, load_sweep, run_sweep
+from sim.sweep.executors import ExecutorSpec, LocalPoolExecutor, SerialExecutor, WorkerLostError
 from tests.enginekit import write_cc_traces
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "sweeps.md"

@@ -16,9 +16,9 @@ import pytest
 from click.testing import CliRunner
 
 from sim.cli.main import cli
-from sim.executors import LocalPoolExecutor, RayExecutor
 from sim.io import is_tmp_name
 from sim.sweep import load_sweep, point_id, run_point, run_sweep
+from sim.sweep.executors import LocalPoolExecutor, RayExecutor
 from tests.enginekit import write_cc_traces
 
 ray = pytest.importorskip("ray")  # installed by `make test` (the ray extra): never skipped there
@@ -160,8 +160,8 @@ def test_local_pool_retries_a_dead_worker_too(setup) -> None:
 
 
 def test_reproduce_on_ray_equals_local(setup) -> None:
-    from sim.executors import ExecutorSpec
     from sim.experiments import reproduce
+    from sim.sweep.executors import ExecutorSpec
 
     trace = str(setup["root"] / "cc")
     local = reproduce("ablation", trace=trace, quick=True)

@@ -370,9 +370,9 @@ def reproduce_cmd(name: str, trace: str | None, gaps: str, prompt_nodes: str, qu
                   profiles: str | None, jobs: int, executor: str, address: str | None,
                   engine: str, as_json: bool) -> None:
     """Run a named paper experiment and print ours beside the paper's numbers."""
-    from sim.executors import ExecutorSpec
     from sim.experiments import reproduce
     from sim.report.progress import progress
+    from sim.sweep.executors import ExecutorSpec
 
     if address and executor != "ray":
         raise click.UsageError("--address is for --executor ray")

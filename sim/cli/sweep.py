@@ -65,7 +65,7 @@ def sweep_cmd(config: str, out: str, jobs: int | None, executor: str | None,
     The YAML format, resume and running on a Ray cluster: docs/sweeps.md."""
     from sim.io import check_out_dir
     from sim.report.progress import progress
-    from sim.sweep import COLUMN, POLICY_FIELDS, load_sweep, run_sweep
+    from sim.sweep import grid_columns, load_sweep, run_sweep
 
     sweep = load_sweep(config)  # every check before any work: fields, profiles, baseline
     check_out_dir(out)
@@ -92,8 +92,7 @@ def sweep_cmd(config: str, out: str, jobs: int | None, executor: str | None,
     if as_json:
         emit_json({"config": config, "out": out, "rows": df.to_dict("records")})
         return
-    varied = [COLUMN.get(k, k) for k in (sweep.points[0].values if sweep.points else {})
-              if k not in POLICY_FIELDS]
+    varied = grid_columns(sweep.points[0].values if sweep.points else {})
     print_table(df, varied, f"kvsim sweep {config} ({len(df)} points)",
                 lenient=any(p.cfg.lenient for p in sweep.points))
     stderr.print(f"wrote {out}/results.parquet and results.csv ({len(df)} points)")

@@ -304,11 +304,10 @@ def sweep_figures(d: Path) -> dict[str, Any]:
 
         raise InputError(f"{d / 'results.csv'}: {len(df)} rows for the {len(grid)} points of "
                          "sweep.json (truncated?); rerun kvsim sweep to rewrite it")
-    from sim.sweep import COLUMN, POLICY_FIELDS
+    from sim.sweep.identity import grid_columns
 
     # the policy is the colour: its spec (``policy``'s column) is not a field of its own
-    fields = [COLUMN.get(k, k) for k in (grid[0]["values"] if grid else {})
-              if k not in POLICY_FIELDS and k != "policy"]
+    fields = grid_columns(k for k in (grid[0]["values"] if grid else {}) if k != "policy")
     layout = sweep_layout(df, fields)
     n = f"{d.name}: {len(df)} points"
     figs = {"sweep_ttft.png": _facets(

@@ -1,4 +1,4 @@
-"""Executors: where the runs of a sweep (or of ``kvsim reproduce``) execute.
+"""Executors: where the runs of a sweep (or of a study, ``kvsim reproduce``) execute.
 
 An executor maps ``fn(cfg, arg, get_trace)`` over jobs ``(cfg, arg)`` and yields ``(index,
 result)`` in completion order; ``get_trace()`` returns the config's trace (loading it, or
@@ -33,9 +33,9 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from costmodel.registry import Registry
 from sim.config import RunConfig
 
-EXECUTORS = ("local", "ray")
 DEFAULT_RETRIES = 3
 
 Job = tuple[RunConfig, Any]
@@ -59,12 +59,7 @@ class ExecutorSpec:
     max_retries: int = DEFAULT_RETRIES
 
     def make(self) -> Executor:
-        if self.kind == "ray":
-            return RayExecutor(self.address, max_retries=self.max_retries,
-                               max_in_flight=self.jobs if self.jobs > 1 else 0)
-        if self.jobs > 1:
-            return LocalPoolExecutor(self.jobs, max_retries=self.max_retries)
-        return SerialExecutor()
+        return EXECUTORS.get(self.kind)(self)
 
 
 class Executor(Protocol):
@@ -373,3 +368,19 @@ class RayExecutor:
             ray.shutdown()
             self._started = False
 
+
+def _local(spec: ExecutorSpec) -> Executor:
+    if spec.jobs > 1:
+        return LocalPoolExecutor(spec.jobs, max_retries=spec.max_retries)
+    return SerialExecutor()
+
+
+def _ray(spec: ExecutorSpec) -> Executor:
+    return RayExecutor(spec.address, max_retries=spec.max_retries,
+                       max_in_flight=spec.jobs if spec.jobs > 1 else 0)
+
+
+# ExecutorSpec.kind -> the executor it makes
+EXECUTORS: Registry[Callable[[ExecutorSpec], Executor]] = Registry("executor")
+EXECUTORS.register("local", _local)
+EXECUTORS.register("ray", _ray)

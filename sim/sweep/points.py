@@ -1,4 +1,4 @@
-"""Sweeps: a grid of runs, handed to an executor, resumable, one tidy table at the end.
+"""Sweep points: CONFIG.yaml into a ``Sweep`` of ``Point``s, every check before any runs.
 
 CONFIG.yaml (``yaml.safe_load``; every key of ``base`` and ``grid`` is a ``RunConfig`` field;
 docs/sweeps.md documents each)::
@@ -16,65 +16,26 @@ docs/sweeps.md documents each)::
 
 Everything is checked when the file is loaded, before any point runs: fields, sizes, models,
 profiles, and that the baseline names grid fields with values that occur in the grid.
-
-Each point runs in its own folder ``points/<id>`` (``id`` hashes its resolved config) and
-writes ``requests.parquet``, ``config.json`` and, last, ``summary.json``: a folder with a
-summary is a finished point, so a rerun skips it (resume), whatever the executor or ``-j``;
-a summary that does not parse (truncated) is not: that point runs again, with a notice.
-Every file is written atomically; temporary files a killed writer left are removed when a
-sweep starts and when it ends. The table (``results.parquet``/``.csv``) is built from the
-folders in grid order, so it is byte-identical on every executor.
 """
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
-import math
 import os
-import sys
-from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
 from sim.config import ConfigError, RunConfig, default_replay
-from sim.executors import DEFAULT_RETRIES, EXECUTORS, Executor, ExecutorSpec, worker_id
-from sim.io import (
-    SIZE_GRAMMAR,
-    atomic_write_parquet,
-    atomic_write_text,
-    dumps,
-    folder_lock,
-    parse_size,
-    read_json,
-    read_yaml,
-    remove_stale_tmp,
-)
+from sim.io import SIZE_GRAMMAR, parse_size, read_yaml
+
+from .executors import DEFAULT_RETRIES, EXECUTORS, ExecutorSpec
+from .identity import Point
 
 SIZE_FIELDS = ("gpu_cache", "cpu_cache", "max_context", "chunk_size", "shared_prefix",
                "swap_buffer", "pool")
 SECTIONS = ("base", "grid", "baseline", "executor")
-CHANGE_METRICS = ("ttft_mean_s", "jct_mean_s", "hit_rate")
-# Grid fields whose value is already the row's ``policy`` label (one policy column); a grid
-# of ``policy`` specs keeps them as written in ``policy_spec`` (a file path is not a label).
-POLICY_FIELDS = ("preset",)
-COLUMN = {"policy": "policy_spec"}
-
-
-class SweepError(RuntimeError):
-    """Points failed; the others finished and a rerun resumes."""
-
-    def __init__(self, message: str, exit_code: int) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
-        self._args = (message, exit_code)
-
-    def __reduce__(self):  # rebuilt from its arguments when a sweep worker sends it back
-        return type(self), self._args
 
 
 def _size(v: Any, where: str, field: str) -> Any:
@@ -188,36 +149,6 @@ def _norm(field: str, v: Any, where: str) -> str:
     return json.dumps(v, sort_keys=True, default=str)
 
 
-def point_id(cfg: RunConfig) -> str:
-    d = cfg.to_dict()
-    d.pop("extra", None)
-    if d.get("context") == "full":  # the default: points saved before it existed keep ids
-        d.pop("context")
-    if cfg.engine != "vllm" or not cfg.vllm_async:
-        # sglang: no such knob; vllm sync: the results points had before async existed
-        d.pop("vllm_async", None)
-    if d.get("vllm_patch") == "none":  # likewise
-        d.pop("vllm_patch")
-    if not cfg.is_fleet:  # one server: ids as before fleets existed
-        for k in ("replicas", "router", "router_params"):
-            d.pop(k, None)
-    if not cfg.pool:  # no pool: ids as before pools existed
-        for k in ("pool", "pool_bandwidth", "pool_latency_us", "pool_write", "pool_watermark",
-                  "pool_evict_fraction"):
-            d.pop(k, None)
-    return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
-
-
-@dataclass(frozen=True)
-class Point:
-    values: dict[str, Any]  # the grid's values for this point, as written
-    cfg: RunConfig
-
-    @property
-    def id(self) -> str:
-        return point_id(self.cfg)
-
-
 @dataclass
 class Sweep:
     path: str
@@ -242,7 +173,7 @@ def _executor_spec(raw: Any, where: str) -> ExecutorSpec:
             raise ConfigError(where, f"executor.{k}", f"unknown key ({', '.join(known)})")
     kind = raw.get("kind", "local")
     if kind not in EXECUTORS:
-        raise ConfigError(where, "executor.kind", f"must be one of {EXECUTORS}, got {kind!r}")
+        raise ConfigError(where, "executor.kind", EXECUTORS.message(kind))
     for k, lo in (("jobs", 0), ("max_retries", 0)):
         v = raw.get(k)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < lo):
@@ -326,132 +257,3 @@ def load_sweep(path: str | Path) -> Sweep:
     _check_traces(points, where)
     return Sweep(where, points, baseline, refs, _executor_spec(raw.get("executor"), where),
                  has_grid=bool(grid))
-
-
-# --- running --------------------------------------------------------------------------------
-def summary_path(out: str | Path, pid: str) -> Path:
-    return Path(out) / "points" / pid / "summary.json"
-
-
-def point_done(out: str | Path, pid: str) -> bool:
-    """A point is done when its summary.json exists and parses. A summary that does not
-    parse (a truncated file, an edit) makes the point unfinished: it runs again, and a
-    notice on stderr says so."""
-    path = summary_path(out, pid)
-    if not path.exists():
-        return False
-    try:
-        json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        print(f"kvsim: notice: {path}: does not load ({' '.join(str(e).split())}): running "
-              f"point {pid} again", file=sys.stderr)
-        return False
-    return True
-
-
-def run_point(cfg: RunConfig, out: str, get_trace: Callable[[], Any]) -> dict[str, Any]:
-    """Run one point into ``out/points/<id>`` (any executor calls this). A user error in the
-    point (a bad trace file, ...) comes back as ``error`` instead of stopping the others."""
-    from sim.executors import worker_trace_loads
-    from sim.runner import run, write_result
-
-    pid = point_id(cfg)
-    info: dict[str, Any] = {"point": pid, "worker": worker_id(), "error": None,
-                            "exit_code": 0, "trace_loads": 0}
-    try:
-        trace = get_trace()
-        from traces.load import check_shared_prefix
-
-        check_shared_prefix(trace, cfg.shared_prefix)  # a typo such as 10m for 10k
-        info["trace_loads"] = worker_trace_loads()
-        write_result(run(cfg, trace), Path(out) / "points" / pid)
-    except Exception as e:
-        code = getattr(e, "exit_code", None)
-        if not isinstance(code, int):
-            raise  # a bug: keep its traceback
-        info.update(error=" ".join(str(e).split()), exit_code=code)
-    return info
-
-
-def run_sweep(sweep: Sweep, out: str | Path, executor: Executor,
-              progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:
-    """Run the unfinished points, then write results.parquet/.csv (all points in grid order).
-    Raises ``SweepError`` after the others finish if any point failed."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    with folder_lock(out, "kvsim sweep"):  # one sweep per folder: a second one is refused
-        return _run_locked(sweep, out, executor, progress)
-
-
-def _run_locked(sweep: Sweep, out: Path, executor: Executor,
-                progress: Callable[[int, int], None] | None) -> pd.DataFrame:
-    remove_stale_tmp(out)  # a killed writer's leftovers; no writer runs in ``out`` now
-    refs = sweep.refs or [None] * len(sweep.points)
-    atomic_write_text(out / "sweep.json", dumps({
-        "config": sweep.path, "points": [
-            {"point": p.id, "values": p.values, "config": p.cfg.to_dict(),
-             **({"baseline_point": sweep.points[r].id} if r is not None else {})}
-            for p, r in zip(sweep.points, refs, strict=True)]}) + "\n")
-    seen: set[str] = set()
-    todo = []
-    for p in sweep.points:
-        if p.id not in seen and not point_done(out, p.id):
-            todo.append(p)
-        seen.add(p.id)
-    done = len(seen) - len(todo)
-    if progress:
-        progress(done, len(seen))
-    failed: list[dict[str, Any]] = []
-    try:
-        for _i, info in executor.map(run_point, [(p.cfg, str(out)) for p in todo]):
-            done += 1
-            if info["error"]:
-                failed.append(info)
-            if progress:
-                progress(done, len(seen))
-    finally:
-        remove_stale_tmp(out)
-    if failed:
-        first = failed[0]
-        raise SweepError(f"{len(failed)} of {len(seen)} points failed (first: point "
-                         f"{first['point']}: {first['error']}); the others are in "
-                         f"{out}/points: fix the cause and rerun to finish",
-                         max(f["exit_code"] for f in failed))
-    df = tidy(sweep, out)
-    atomic_write_parquet(df, out / "results.parquet")
-    atomic_write_text(out / "results.csv", df.to_csv(index=False))
-    return df
-
-
-# --- the table ------------------------------------------------------------------------------
-def relative_change(value: float, ref: float) -> float:
-    """value / ref - 1; NaN (never inf) when the reference is missing, zero or NaN."""
-    try:
-        value, ref = float(value), float(ref)
-    except (TypeError, ValueError):
-        return math.nan
-    if not ref or math.isnan(ref) or math.isnan(value):
-        return math.nan
-    return value / ref - 1.0
-
-
-def tidy(sweep: Sweep, out: str | Path) -> pd.DataFrame:
-    """One row per point in grid order: point, policy, the grid's values (as written), then
-    every scalar of the point's summary; ``*_change`` columns against the baseline."""
-    rows = []
-    for p in sweep.points:
-        summary = read_json(summary_path(out, p.id), "point summary")
-        row: dict[str, Any] = {"point": p.id, "policy": p.cfg.policy_label}
-        row.update({COLUMN.get(k, k): str(v) for k, v in p.values.items()
-                    if k not in POLICY_FIELDS})
-        row.update({k: v for k, v in summary.items()
-                    if k not in row and k not in POLICY_FIELDS
-                    and not isinstance(v, dict | list)})
-        rows.append(row)
-    df = pd.DataFrame(rows)
-    if sweep.refs is not None and len(df):
-        for metric in CHANGE_METRICS:
-            vals = df[metric].tolist()
-            df[f"{metric}_change"] = [relative_change(vals[i], vals[r])
-                                      for i, r in enumerate(sweep.refs)]
-    return df
