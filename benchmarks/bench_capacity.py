@@ -1,5 +1,5 @@
 """Capacity replay speed: block references per second of ``kvsim capacity``'s LRU (one
-replica, the range replay ``sim.capacity.LruReplay``) and, beside it, of the fleet view
+replica, the range replay ``sim.studies.capacity.LruReplay``) and, beside it, of the fleet view
 (round robin over ``--replicas`` caches, with and without a shared pool).
 
     python -m benchmarks.bench_capacity [--json] [--repeat 3] [--replicas 4]
@@ -46,8 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
 
-    from sim.capacity import arrival_order, replay_hits
-    from sim.capacity_fleet import fleet_hits
+    from sim.studies.capacity import arrival_order, replay_hits
+    from sim.studies.capacity_fleet import fleet_hits
     from traces import load_trace
 
     rows = []

@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sim.experiments import Context, _run_all, default_trace
+from sim.studies.study import Context, default_trace, run_all
 
 COLUMNS = (("vllm", "fcfs", "vllm engine (fcfs, async): vllm -> penelope"),
            ("sglang", "fcfs", "sglang engine, fcfs: sglang -> penelope"),
@@ -38,7 +38,7 @@ def main(argv: list[str]) -> None:
             for preset in (engine, "penelope"):
                 configs.append(base.with_preset(preset))
                 keys.append((gaps, n, engine, sched, preset))
-    sums = dict(zip(keys, _run_all(ctx, configs), strict=True))
+    sums = dict(zip(keys, run_all(ctx, configs), strict=True))
 
     def sec(v: float) -> str:
         return f"{v:.3f} s" if v < 10 else f"{v:.2f} s"

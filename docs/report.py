@@ -135,7 +135,7 @@ def policies(path: str) -> None:
               file=sys.stderr)
         sys.exit(2)
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from sim.exp_policies import winners
+    from sim.studies.zoo import winners
 
     rows = json.loads(Path(path).read_text())["rows"]
     out = []

@@ -36,7 +36,7 @@ SETUP = """import sys, pathlib
 sys.path.insert(0, str(pathlib.Path.cwd().parent))  # run from notebooks/ without installing
 import pandas as pd
 import matplotlib.pyplot as plt
-from sim.experiments import reproduce
+from sim.studies import reproduce
 pd.set_option("display.width", 200)
 pd.set_option("display.max_columns", 30)"""
 
@@ -217,7 +217,7 @@ ax.axhline(0, color="k", lw=.6); ax.set_ylabel("mean TTFT change vs sglang (%)")
 ax.set_xticks(list(x), configs, rotation=40, ha="right", fontsize=8)
 ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1)); ax.grid(alpha=.3)
 fig.tight_layout()
-from sim.exp_policies import winners
+from sim.studies.zoo import winners
 display(pd.DataFrame(winners(doc["rows"])))
 df.pivot_table(index="policy", columns="config", values="gap_closed", sort=False).round(2)"""),
     "cache-engineering": (

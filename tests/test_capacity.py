@@ -25,8 +25,8 @@ from conftest import SHARED_DATA
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.capacity import CacheReplay, LruReplay, arrival_order, capacity_curve, ideal_hits
 from sim.cli.main import cli
+from sim.studies.capacity import CacheReplay, LruReplay, arrival_order, capacity_curve, ideal_hits
 from traces import load_trace
 
 MOONCAKE = SHARED_DATA / "mooncake" / "synthetic_trace.jsonl.gz"

@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 from test_capacity import BS, Req, brute_force_lru, chained_trace, trace_requests, write_records
 
 from policies.routers.simple import SessionAffinity
-from sim.capacity import arrival_order
-from sim.capacity_fleet import fleet_capacity_curve, fleet_hits
 from sim.cli.main import cli
+from sim.studies.capacity import arrival_order
+from sim.studies.capacity_fleet import fleet_capacity_curve, fleet_hits
 from traces import load_trace
 
 SPEC = "synthetic:claude-code?sessions=8"

@@ -12,7 +12,7 @@ import pytest
 from calibration.kernels.tables import KernelTableError, NoRows
 from costmodel.errors import ProfileError
 from sim.config import ConfigError
-from sim.experiments import Context, run_all
+from sim.studies.study import Context, run_all
 from sim.sweep import SweepError
 from traces.errors import TraceFormatError
 

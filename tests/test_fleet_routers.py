@@ -11,11 +11,11 @@ from dataclasses import replace
 import pytest
 from click.testing import CliRunner
 
-from sim import exp_fleet
 from sim.cli.main import cli
 from sim.config import RunConfig
-from sim.experiments import Context
 from sim.runner import run
+from sim.studies import Context
+from sim.studies import fleet as exp_fleet
 
 FIELD = ("sglang-cache-aware", "dynamo-kv", "llm-d", "mooncake", "preble")
 BASE = RunConfig(trace="synthetic:claude-code?sessions=8", max_context=65536, gaps="tool",

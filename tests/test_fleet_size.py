@@ -77,7 +77,7 @@ def test_idle_replicas_are_counted_and_warned_about(tmp_path, first) -> None:
 def test_reproduce_fleet_tables_show_idle_replicas() -> None:
     from rich.console import Console
 
-    from sim.cli.reproduce import fleet_tables
+    from sim.studies.fleet import fleet_tables
 
     row = {"workload": "w", "router": "sglang-cache-aware", "policy": "sglang", "replicas": 4,
            "ttft_mean_s": 1.0, "ttft_p90_s": 2.0, "jct_mean_s": 3.0, "hit_rate": 0.5,

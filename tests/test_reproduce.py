@@ -87,7 +87,7 @@ def test_fcfs_prices_every_model_with_its_own_profile(family: str, monkeypatch) 
     """The window cases swap the model on the 8B's setup: the profile must follow the model
     (a leftover 8B profile is refused at load time, mid-experiment)."""
     from costmodel.profile import load_profile
-    from sim import experiments
+    from sim.studies import paper, reproduce
 
     seen: list = []
 
@@ -95,8 +95,8 @@ def test_fcfs_prices_every_model_with_its_own_profile(family: str, monkeypatch) 
         seen.extend(configs)
         return [{"ttft_mean_s": 1.0, "jct_mean_s": 1.0, "hit_rate": 0.5}] * len(configs)
 
-    monkeypatch.setattr(experiments, "_run_all", configs_only)
-    experiments.reproduce("fcfs", trace="synthetic:claude-code", profiles=family)
+    monkeypatch.setattr(paper, "run_all", configs_only)
+    reproduce("fcfs", trace="synthetic:claude-code", profiles=family)
     assert {c.model for c in seen} >= {"gemma-3-27b", "llama-3.1-8b", "qwen3-235b-a22b"}
     prefix = {"derived": "derived-h100", "kernels": "kernels-h100_sxm"}[family]
     for c in seen:

@@ -13,10 +13,9 @@ from click.testing import CliRunner
 from rich.console import Console
 from rich.table import Table
 
-from sim.cli import reproduce as rep
 from sim.cli.main import cli
-from sim.experiments import reproduce
 from sim.report.tables import cell
+from sim.studies import STUDIES, experiment_tables, fleet, pool, reproduce, zoo
 
 GOLDENS = Path(__file__).parent / "goldens"
 TINY = "synthetic:claude-code?sessions=2"
@@ -66,9 +65,9 @@ def _render(item) -> str:
     return con.export_text()
 
 
-@pytest.mark.parametrize("name", rep.NAMES)
+@pytest.mark.parametrize("name", STUDIES.names())
 def test_tables_fit_100_columns_without_truncated_headers(name: str, docs) -> None:
-    items = rep.experiment_tables(name, docs[name])
+    items = experiment_tables(name, docs[name])
     assert any(isinstance(t, Table) for t in items)
     for item in items:
         text = _render(item)
@@ -81,16 +80,16 @@ def test_tables_fit_100_columns_without_truncated_headers(name: str, docs) -> No
                     assert word in words, (name, col.header, text)
 
 
-@pytest.mark.parametrize("name", [n for n in rep.NAMES if n != "figure1"])
+@pytest.mark.parametrize("name", [n for n in STUDIES.names() if n != "figure1"])
 def test_tables_use_one_unit_convention(name: str, docs) -> None:
     rows = docs[name]["rows"]
-    layouts = rep.LAYOUTS.get(name, [])
+    layouts = STUDIES.get(name).layout
     if name == "fleet":
-        layouts = [("", rep.FLEET_KEYS + cols) for _, cols in rep.FLEET_LAYOUTS]
+        layouts = [("", fleet.FLEET_KEYS + cols) for _, cols in fleet.FLEET_LAYOUTS]
     if name == "pool":
-        layouts = [("", rep.POOL_KEYS + cols) for _, cols in rep.POOL_LAYOUTS]
+        layouts = [("", pool.POOL_KEYS + cols) for _, cols in pool.POOL_LAYOUTS]
     if name == "policies":
-        layouts = [("", rep.POLICY_COLUMNS)]
+        layouts = [("", zoo.POLICY_COLUMNS)]
         ref = {(r["model"], r["sessions"], r["gaps"], r["tree"]): r["hit_rate"] for r in rows
                if r["policy"] == "sglang"}
         rows = [{**r, "sglang_hit_rate": ref[(r["model"], r["sessions"], r["gaps"],

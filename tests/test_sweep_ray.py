@@ -160,7 +160,7 @@ def test_local_pool_retries_a_dead_worker_too(setup) -> None:
 
 
 def test_reproduce_on_ray_equals_local(setup) -> None:
-    from sim.experiments import reproduce
+    from sim.studies import reproduce
     from sim.sweep.executors import ExecutorSpec
 
     trace = str(setup["root"] / "cc")

@@ -277,8 +277,8 @@ def test_learned_ttl_on_the_engine_is_the_cold_start_rule():
 
 # --- kvsim reproduce policies --engine vllm -------------------------------------------------
 def test_reproduce_policies_on_vllm_rows_per_load_and_variant():
-    from sim.exp_continuum import QUICK_LOADS, VARIANTS, job_times
-    from sim.experiments import reproduce
+    from sim.studies import reproduce
+    from sim.studies.continuum import QUICK_LOADS, VARIANTS, job_times
 
     doc = reproduce("policies", trace="synthetic:claude-code", quick=True, engine="vllm")
     assert doc["engine"] == "vllm" and doc["prompt_nodes"] == "chunked"
@@ -311,8 +311,8 @@ def test_reproduce_vllm_tables_fit_100_columns():
     from rich.console import Console
     from rich.table import Table
 
-    from sim.cli.reproduce import continuum_tables
-    from sim.experiments import reproduce
+    from sim.studies import reproduce
+    from sim.studies.continuum import continuum_tables
 
     doc = reproduce("policies", trace="synthetic:claude-code?sessions=2", quick=True,
                     engine="vllm")

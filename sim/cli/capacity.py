@@ -122,10 +122,10 @@ def capacity_cmd(paths: tuple[str, ...], caches: list[int] | None, policies: tup
     cache-only replay of Mooncake's capacity analysis). Rows: cache_tokens, replicas, router,
     policy, pool_tokens, hit_rate, ideal_hit_rate (hit rates over prompt tokens; ideal = an
     unlimited cache)."""
-    from sim.capacity import capacity_curve, clockless_policy
-    from sim.capacity_fleet import clockless_router, fleet_capacity_curve
     from sim.io import atomic_write_text, check_out_dir, dumps
     from sim.report.progress import progress
+    from sim.studies.capacity import capacity_curve, clockless_policy
+    from sim.studies.capacity_fleet import clockless_router, fleet_capacity_curve
 
     ctx = click.get_current_context()
     if ctx.get_parameter_source("gap_model") is not click.core.ParameterSource.DEFAULT:

@@ -104,7 +104,7 @@ def warn_idle_replicas(res: RunResult) -> None:
 
 def warn_saturation(res: RunResult) -> None:
     """An open-loop run whose queue grew for as long as the trace lasted: say so."""
-    from sim.saturation import open_loop_saturation
+    from sim.studies.saturation import open_loop_saturation
 
     if res.config.replay != "open":
         return

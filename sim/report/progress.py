@@ -3,7 +3,7 @@
 One helper for every command (``kvsim run``, ``sweep``, ``reproduce``, ``calibrate``, ...).
 A command opens ``progress(label, unit)``; the code doing the work reports what it finished to
 the tracker that is active (``current()``), and only when that tracker counts its kind of work
-(``counts(unit)``): ``sim.runner`` reports replayed requests, ``sim.experiments`` finished
+(``counts(unit)``): ``sim.runner`` reports replayed requests, ``sim.studies`` finished
 runs, ``calibration`` timed calls. Workers of a local pool or Ray report nothing themselves: the
 parent advances the tracker as each job's result arrives.
 

@@ -45,9 +45,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from policies import EvictionPolicy, get_policy
-
-from .kvcache import RadixKVCache, Tier
-from .report.progress import current as current_progress
+from sim.kvcache import RadixKVCache, Tier
+from sim.report.progress import current as current_progress
 
 DEFAULT_POLICY = "vllm"  # LRU: lru+tail+block
 
@@ -121,7 +120,7 @@ class CacheReplay:
 
     def prefix_blocks(self, ids: np.ndarray) -> int:
         """Leading blocks of ``ids`` cached now (read only): a router's exact view."""
-        from .fleet.replica import tree_prefix_blocks
+        from sim.fleet.replica import tree_prefix_blocks
 
         return tree_prefix_blocks(self.cache, ids)
 

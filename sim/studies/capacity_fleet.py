@@ -46,6 +46,9 @@ from policies.routing import (
     ScrapedMetrics,
     get_router,
 )
+from sim.fleet.load import InFlight, Predicted
+from sim.fleet.pool import SharedPool
+from sim.report.progress import current as current_progress
 
 from .capacity import (
     DEFAULT_POLICY,
@@ -58,9 +61,6 @@ from .capacity import (
     replay_for,
     reusable_blocks,
 )
-from .fleet.load import InFlight, Predicted
-from .fleet.pool import SharedPool
-from .report.progress import current as current_progress
 
 ROUTER_STREAM = 0x524F55544552  # the fleet's router RNG stream (sim/fleet/run.py)
 

@@ -22,13 +22,15 @@ workload is left out (a note says so).
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from rich.table import Table
 
 from sim.config import RunConfig
+from sim.report.tables import Col, narrow_table
 
-if TYPE_CHECKING:
-    from sim.experiments import Context
+from . import pool as pool_study
+from .study import SHARED_DATA, Context, Experiment, fleet_summary, run_all
 
 ROUTERS = ("round-robin", "random", "least-load", "power-of-two", "session-affinity",
            "sglang-cache-aware", "dynamo-kv", "llm-d", "mooncake", "preble")
@@ -37,8 +39,7 @@ REPLICAS = (2, 4, 8)
 QUICK_REPLICAS = (2, 4)
 SESSIONS_PER_REPLICA = 8
 QUICK_SESSIONS_PER_REPLICA = 4
-MOONCAKE = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "mooncake" / \
-    "synthetic_trace.jsonl.gz"
+MOONCAKE = SHARED_DATA / "mooncake" / "synthetic_trace.jsonl.gz"
 QUICK_MOONCAKE_SELECT = "first:300"
 PREFIX_GROUPS = ("synthetic:prefix-groups?groups=64&prefix=2048&users=16&question=128"
                  "&turns=2&qps=4..32")
@@ -95,7 +96,7 @@ def row(key: tuple[str, str, str, int], s: dict[str, Any]) -> dict[str, Any]:
         "jct_mean_s": s["jct_mean_s"], "hit_rate": s["hit_rate"],
         "reuse_available": s["reuse_available"], "reuse_captured": s["reuse_captured"],
         "affinity": s["affinity"], "load_cv": s["load_cv_busy"],
-        # local caches only: the pool rows (sim/exp_pool.py) sit beside these in the document
+        # local caches only: the pool rows (sim/studies/pool.py) sit beside these in the document
         "pool": 0, "pool_hit_rate": 0.0, "fetched_tokens": 0, "fetch_s": 0.0,
         "reuse_delivered": s["reuse_delivered"], "load_cv_queue": s["load_cv_queue"],
         "belief_error_mean_tokens": s["belief_error_mean_tokens"],
@@ -104,18 +105,42 @@ def row(key: tuple[str, str, str, int], s: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def fleet_summary(cfg: RunConfig, _arg: Any, get_trace) -> dict[str, Any]:
-    """A fleet run's summary without the per-replica list (smaller to send back): the job
-    function of the fleet and pool experiments."""
-    from sim.runner import run
-
-    s = run(cfg, get_trace()).summary
-    s.pop("replica_summaries", None)
-    return s
-
-
 def fleet(ctx: Context) -> list[dict[str, Any]]:
-    from sim.experiments import run_all
-
     keys, cfgs = configs(ctx)
     return [row(k, s) for k, s in zip(keys, run_all(ctx, cfgs, fleet_summary), strict=True)]
+
+
+FLEET_KEYS = [Col("router", "router"), Col("policy", "policy"), Col("N", "replicas", "int")]
+FLEET_LAYOUTS = [
+    ("time", [Col("TTFT\nmean (s)", "ttft_mean_s", "s"), Col("TTFT\np90 (s)", "ttft_p90_s", "s"),
+              Col("JCT\nmean (s)", "jct_mean_s", "s"), Col("hit\nrate", "hit_rate", "rate")]),
+    ("reuse and balance", [Col("reuse\navailable", "reuse_available", "rate"),
+                           Col("reuse\ncaptured", "reuse_captured", "rate"),
+                           Col("affinity", "affinity", "rate"),
+                           Col("load\nCV", "load_cv", "ratio"),
+                           Col("idle\nreplicas", "idle_replicas", "int")]),
+]
+
+
+def fleet_tables(doc: dict[str, Any]) -> list[Table | str]:
+    """Per workload, a heading and two narrow tables (this module's columns), then the
+    pool part of the study (sim/studies/pool.py)."""
+    out: list[Table | str] = []
+    notes = "; ".join(doc.get("notes", []))
+    for workload in dict.fromkeys(r["workload"] for r in doc["rows"]):
+        rows = [r for r in doc["rows"] if r["workload"] == workload]
+        out.append(f"kvsim reproduce fleet -- {workload}" + (f" ({notes})" if notes else ""))
+        out.extend(narrow_table(f"{workload}: {title}", [*FLEET_KEYS, *cols], rows)
+                   for title, cols in FLEET_LAYOUTS)
+    if "pool_rows" in doc:  # the pool and capacity part of the experiment
+        out.extend(pool_study.pool_tables({**doc, "rows": doc["pool_rows"], "notes": []}))
+    return out
+
+
+def extras(ctx: Context) -> dict[str, Any]:
+    """Local caches against the same fleets over a shared pool, and the pooled fleets'
+    capacity curves (sim/studies/pool.py)."""
+    return {"pool_rows": pool_study.pool(ctx), **pool_study.document_extras(ctx)}
+
+
+FLEET = Experiment("fleet", fleet, tables=fleet_tables, extras=extras)

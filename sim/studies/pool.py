@@ -15,7 +15,7 @@ The cache-aware router is the first of ``CACHE_AWARE`` that is registered (the f
 policies/routers/); with none registered the rows say ``session-affinity`` and a note says so.
 
 Capacity: per workload the same replicas, routers and pools, replayed without a clock over
-``CAPACITY_CACHES`` per replica (sim/capacity_fleet.py), each request in flight for
+``CAPACITY_CACHES`` per replica (sim/studies/capacity_fleet.py), each request in flight for
 ``CAPACITY_IN_FLIGHT_S`` of trace time (the load a router like dynamo-kv weighs); rows as
 ``kvsim capacity --json``.
 ``--quick``: two replicas, the 8 Claude Code sessions with most requests under 64K tokens, the
@@ -26,13 +26,15 @@ workload is the synthetic one and the Mooncake workload is left out (a note says
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from rich.table import Table
 
 from sim.config import RunConfig
+from sim.report.tables import Col, narrow_table
 
-if TYPE_CHECKING:
-    from sim.experiments import Context
+from .capacity_fleet import fleet_capacity_curve
+from .study import SHARED_DATA, Context, Experiment, fleet_summary, run_all
 
 CACHE_AWARE = ("dynamo-kv", "sglang-cache-aware", "llm-d")
 REPLICAS, QUICK_REPLICAS = 4, 2
@@ -43,8 +45,7 @@ POOL_LATENCY_US = 50.0
 CAPACITY_CACHES = (1 << 16, 1 << 18, 1 << 20, 1 << 22)
 QUICK_CAPACITY_CACHES = (1 << 14, 1 << 16)
 CAPACITY_IN_FLIGHT_S = 2.0  # about a request's latency in the timed rows (docs/fleet.md)
-MOONCAKE = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "mooncake" / \
-    "synthetic_trace.jsonl.gz"
+MOONCAKE = SHARED_DATA / "mooncake" / "synthetic_trace.jsonl.gz"
 QUICK_MOONCAKE_SELECT = "first:300"
 
 COLUMNS = ("workload", "router", "replicas", "pool", "ttft_mean_s", "ttft_p90_s",
@@ -111,16 +112,12 @@ def row(key: tuple[str, str, int, int], s: dict[str, Any]) -> dict[str, Any]:
 
 def pool(ctx: Context) -> list[dict[str, Any]]:
     """The timed rows (see the module doc)."""
-    from sim.exp_fleet import fleet_summary
-    from sim.experiments import run_all
-
     keys, cfgs = configs(ctx)
     return [row(k, s) for k, s in zip(keys, run_all(ctx, cfgs, fleet_summary), strict=True)]
 
 
 def capacity(ctx: Context) -> list[dict[str, Any]]:
     """Both traces' capacity curves for the same fleets, without a clock."""
-    from sim.capacity_fleet import fleet_capacity_curve
     from sim.runner import load_run_trace
 
     keys, cfgs = configs(ctx)
@@ -137,3 +134,38 @@ def capacity(ctx: Context) -> list[dict[str, Any]]:
 def document_extras(ctx: Context) -> dict[str, Any]:
     """What ``kvsim reproduce pool`` adds beside its rows: the capacity curves."""
     return {"capacity": capacity(ctx), "notes": list(dict.fromkeys(ctx.notes))}
+
+
+POOL_KEYS = [Col("workload", "workload"), Col("router", "router"),
+             Col("N", "replicas", "int"), Col("pool", "pool", "tokens")]
+POOL_LAYOUTS = [
+    ("with and without a shared pool", [
+        Col("TTFT\nmean (s)", "ttft_mean_s", "s"), Col("TTFT\np90 (s)", "ttft_p90_s", "s"),
+        Col("JCT\nmean (s)", "jct_mean_s", "s"), Col("hit\nrate", "hit_rate", "rate"),
+        Col("reuse\ncaptured", "reuse_captured", "rate")]),
+    ("what the pool served", [
+        Col("pool\nhit rate", "pool_hit_rate", "rate"),
+        Col("fetched\ntokens", "fetched_tokens", "int"), Col("fetch\n(s)", "fetch_s", "s"),
+        Col("refused\nfetches", "refused_fetches", "int"),
+        Col("link\nbusy", "bandwidth_utilization", "rate")]),
+]
+CAPACITY_COLUMNS = [Col("workload", "workload"), Col("router", "router"),
+                    Col("N", "replicas", "int"),
+                    Col("cache per\nreplica", "cache_tokens", "tokens"),
+                    Col("pool", "pool_tokens", "tokens"), Col("hit\nrate", "hit_rate", "rate"),
+                    Col("from the\npool", "pool_hit_rate", "rate"),
+                    Col("infinite\ncache", "ideal_hit_rate", "rate")]
+
+
+def pool_tables(doc: dict[str, Any]) -> list[Table | str]:
+    """The timed rows, then the capacity curves of the same fleets."""
+    out: list[Table | str] = [narrow_table(f"kvsim reproduce pool -- {title}",
+                                           [*POOL_KEYS, *cols], doc["rows"])
+                              for title, cols in POOL_LAYOUTS]
+    out.append(narrow_table("capacity (no clock; caches per replica)", CAPACITY_COLUMNS,
+                            doc.get("capacity", [])))
+    out.extend(f"note: {note}" for note in doc.get("notes", []))
+    return out
+
+
+POOL = Experiment("pool", pool, tables=pool_tables, extras=document_extras)

@@ -24,9 +24,16 @@ import math
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from rich.table import Table
+
+from sim.report.tables import Col, narrow_table
+from sim.sweep import relative_change as change
+
+from .continuum import CONTINUUM
+from .study import MODEL, Context, Experiment, N, run_all
+
 if TYPE_CHECKING:
     from sim.config import RunConfig
-    from sim.experiments import Context
 
 # Every zoo order also on Penelope's start and granularity, where its own differ.
 PENELOPE_START = "?start=private-head&granularity=block"
@@ -80,9 +87,6 @@ def configs(ctx: Context) -> tuple[list[tuple], list[RunConfig]]:
 
 
 def policies(ctx: Context) -> list[dict[str, Any]]:
-    from sim.experiments import run_all
-    from sim.sweep import relative_change as change
-
     keys, cfgs = configs(ctx)
     sums = dict(zip(keys, run_all(ctx, cfgs), strict=True))
     by_config: dict[tuple, dict[tuple[str, str], dict[str, Any]]] = {}
@@ -134,3 +138,62 @@ def winners(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if r["gap_closed"] > 1:
             w["beat_oracle"].append(r["policy"])
     return list(out.values())
+
+
+# policies: one table per configuration; the full JSON has more (p99, JCT seconds, units).
+POLICY_COLUMNS = [Col("policy", "policy"), Col("TTFT\n(s)", "ttft_mean_s", "s"),
+                  Col("TTFT\nchange", "ttft_change", "change"),
+                  Col("p90\nTTFT (s)", "ttft_p90_s", "s"),
+                  Col("JCT\nchange", "jct_change", "change"),
+                  Col("hit\nrate", "hit_rate", "rate"),
+                  Col("hit rate\nchange", "hit_rate", "pp", minus="sglang_hit_rate"),
+                  Col("gap\nclosed", "gap_closed", "ratio")]
+
+
+def policies_tables(rows: list[dict[str, Any]]) -> list[Table | str]:
+    """Per configuration every policy against sglang, then per policy its mean change and
+    gap closed over the grid, then the best policy per configuration."""
+    by_config: dict[tuple, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_config.setdefault((r["model"], r["sessions"], r["gaps"], r["tree"]), []).append(r)
+    tables: list[Table | str] = [
+        "kvsim reproduce policies: changes vs sglang; gap closed = (sglang - policy) / "
+        "(sglang - oracle) on mean TTFT. clairvoyant-oracle reads the replay's future: a "
+        "clairvoyant heuristic, not a deployable policy."]
+    for (model, n, gaps, tree), rs in by_config.items():
+        ref = next((r["hit_rate"] for r in rs if r["policy"] == "sglang"), None)
+        title = f"{model}, N = {n}, gaps {gaps}, tree {tree}"
+        tables.append(narrow_table(title, POLICY_COLUMNS,
+                                   [{**r, "sglang_hit_rate": ref} for r in rs]))
+    by: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        by.setdefault(r["policy"], []).append(r)
+    summary = []
+    def known(values: list[Any]) -> list[float]:  # NaN (None once through JSON) left out
+        return [v for v in values if v is not None and v == v]
+
+    for name, rs in by.items():
+        ch, gaps_closed = known([r["ttft_change"] for r in rs]), known(
+            [r["gap_closed"] for r in rs])
+        summary.append({"policy": name, "configs": len(rs),
+                        "mean": sum(ch) / len(ch) if ch else None,
+                        "best": min(ch, default=None), "worst": max(ch, default=None),
+                        "gap": sum(gaps_closed) / len(gaps_closed) if gaps_closed else None,
+                        "hit": sum(r["hit_rate"] for r in rs) / len(rs)})
+    tables.append(narrow_table("per policy over the grid (TTFT changes vs sglang)", [
+        Col("policy", "policy"), Col("configs", "configs", "int"),
+        Col("mean TTFT\nchange", "mean", "change"), Col("best", "best", "change"),
+        Col("worst", "worst", "change"), Col("mean gap\nclosed", "gap", "ratio"),
+        Col("mean\nhit rate", "hit", "rate")], summary))
+    best = [{**w, "sessions": w["sessions"], "beat": ", ".join(w["beat_oracle"]) or "none"}
+            for w in winners(rows)]
+    tables.append(narrow_table("best policy per configuration (the oracle aside)", [
+        MODEL, N, Col("gaps", "gaps"), Col("tree", "tree"), Col("best", "best"),
+        Col("its TTFT\nchange", "best_ttft_change", "change"),
+        Col("oracle\nchange", "oracle_ttft_change", "change"),
+        Col("faster than\nthe oracle", "beat")], best))
+    return tables
+
+
+POLICIES = Experiment("policies", policies, tables=lambda doc: policies_tables(doc["rows"]),
+                      prompt_nodes="both", gaps_of_rows=True, forms={"vllm": CONTINUUM})

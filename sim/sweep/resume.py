@@ -15,9 +15,7 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from sim.config import RunConfig
 from sim.io import atomic_write_parquet, atomic_write_text, dumps, folder_lock, remove_stale_tmp
@@ -26,6 +24,9 @@ from .executors import Executor, worker_id
 from .identity import point_id
 from .points import Sweep
 from .table import summary_path, tidy
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 class SweepError(RuntimeError):

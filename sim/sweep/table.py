@@ -7,11 +7,11 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import pandas as pd
-
 from sim.io import read_json
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from .points import Sweep
 
 CHANGE_METRICS = ("ttft_mean_s", "jct_mean_s", "hit_rate")
@@ -35,6 +35,8 @@ def relative_change(value: float, ref: float) -> float:
 def tidy(sweep: Sweep, out: str | Path) -> pd.DataFrame:
     """One row per point in grid order: point, policy, the grid's values (as written), then
     every scalar of the point's summary; ``*_change`` columns against the baseline."""
+    import pandas as pd
+
     df = pd.DataFrame([p.row(read_json(summary_path(out, p.id), "point summary"))
                        for p in sweep.points])
     if sweep.refs is not None and len(df):
