@@ -25,12 +25,14 @@ def kinds() -> dict[str, Registry]:
     from sim.context.strategies import STRATEGIES
     from sim.engines import ENGINES
     from sim.engines.vllm_patch import VLLM_PATCHES
+    from sim.studies import STUDIES
+    from sim.sweep.executors import EXECUTORS
     from traces.synthetic import PROFILES
 
     return {"policies": POLICIES, "orders": ORDERS, "starts": STARTS,
             "granularities": GRANULARITIES, "presets": PRESETS, "routers": ROUTERS,
             "schedulers": SCHEDULERS, "engines": ENGINES, "vllm patches": VLLM_PATCHES,
-            "models": SPECS,
+            "studies": STUDIES, "executors": EXECUTORS, "models": SPECS,
             "calibration grids": GRIDS, "synthetic profiles": PROFILES,
             "context strategies": STRATEGIES, "profile families": PROFILE_FAMILIES}
 

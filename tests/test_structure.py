@@ -244,3 +244,141 @@ def test_one_request_record_per_engine() -> None:
     assert vllm_only <= {f.name for f in fields(VllmReq)}
     assert ENGINES["vllm"].request_class is VllmReq
     assert ENGINES["sglang"].request_class is Req
+
+
+# --- the rooms of sim/ -----------------------------------------------------------------------
+ROOMS = ("sim/sweep", "sim/studies", "sim/io", "sim/report", "sim/cli")
+
+
+def cycle_through(graph: dict[str, set[str]], start: str) -> list[str] | None:
+    """An import circle that leaves ``start`` and comes back to it, or None."""
+    parent: dict[str, str] = {}
+    todo = [start]
+    seen = {start}
+    while todo:
+        n = todo.pop()
+        for m in sorted(graph.get(n, ())):
+            if m == start:
+                path = [n]
+                while path[-1] != start:
+                    path.append(parent[path[-1]])
+                return [start, *reversed(path[:-1]), start]
+            if m not in seen:
+                seen.add(m)
+                parent[m] = n
+                todo.append(m)
+    return None
+
+
+@pytest.mark.parametrize("room", ROOMS)
+def test_no_module_of_the_rooms_lies_on_an_import_circle(room: str) -> None:
+    """Within sim/ as a whole: a circle through a room's module would tie it to another room
+    (sim.sweep to sim.studies, a report to the CLI, ...)."""
+    graph = import_graph("sim")
+    dotted = room.replace("/", ".")
+    mods = sorted(m for m in graph if m == dotted or m.startswith(dotted + "."))
+    assert mods, f"no modules under {room}"
+    circles = [c for m in mods if (c := cycle_through(graph, m))]
+    assert not circles, f"import circle through {room}: {' -> '.join(circles[0])}"
+
+
+def _all_imports(source: str, pkg: str) -> list[str]:
+    """Every module a file imports (annotations-only imports too), relative ones resolved
+    against the file's package ``pkg``."""
+    out = []
+    for st in ast.walk(ast.parse(source)):
+        if isinstance(st, ast.ImportFrom):
+            base = st.module or ""
+            if st.level:
+                parts = pkg.split(".")
+                parts = parts[: len(parts) - (st.level - 1)]
+                base = ".".join([*parts, base] if base else parts)
+            out += [base, *(f"{base}.{a.name}" for a in st.names)]
+        elif isinstance(st, ast.Import):
+            out += [a.name for a in st.names]
+    return out
+
+
+def test_nothing_below_the_cli_imports_it() -> None:
+    bad = []
+    for p in [*_product_files(), *sorted((REPO / "calibration").rglob("*.py"))]:
+        rel = p.relative_to(REPO)
+        if rel.parts[:2] == ("sim", "cli"):
+            continue
+        pkg = ".".join(rel.with_suffix("").parts[:-1])
+        bad += [f"{rel}: {m}" for m in _all_imports(p.read_text(), pkg)
+                if m == "sim.cli" or m.startswith("sim.cli.")]
+    assert not bad, "a room below the CLI imports it:\n" + "\n".join(bad)
+
+
+def name_comparisons(source: str, names: set[str]) -> list[tuple[int, str]]:
+    """Comparisons with a string literal (or a tuple, list or set of them) in ``names``."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            for side in (node.left, *node.comparators):
+                elts = side.elts if isinstance(side, ast.Tuple | ast.List | ast.Set) else [side]
+                if any(isinstance(e, ast.Constant) and e.value in names for e in elts):
+                    out.append((node.lineno, ast.unparse(node)))
+                    break
+    return out
+
+
+def test_the_cli_and_the_studies_never_compare_a_study_name() -> None:
+    """What a study does, prints and adds to its document are fields of its ``Experiment``
+    record (sim/studies/study.py), not ``if name == ...`` in the command or the driver."""
+    from sim.studies import STUDIES
+
+    names = set(STUDIES.names())
+    files = [p for room in ("sim/cli", "sim/studies") for p in sorted((REPO / room).rglob("*.py"))]
+    bad = [f"{p.relative_to(REPO)}:{line}: {text}" for p in files
+           for line, text in name_comparisons(p.read_text(), names)]
+    assert not bad, "study names compared in the CLI or the studies:\n" + "\n".join(bad)
+
+
+# Comparisons of engine, patch, context, router or study names with string literals in shared
+# code (tests/identity_branches.py counts them): 42 before the rooms, this many after; the rest
+# are engine knobs in sim/config.py, sim/runner.py and kvsim run's title.
+IDENTITY_BRANCHES = 11
+
+
+def test_branches_on_identity_stay_few() -> None:
+    from tests.identity_branches import count, identity_names
+
+    found = count(REPO, identity_names())
+    assert len(found) <= IDENTITY_BRANCHES, "new branches on identity:\n" + "\n".join(found)
+
+
+def test_the_name_checks_can_fail() -> None:
+    from tests.identity_branches import branches
+
+    assert name_comparisons("if name == 'fleet':\n    pass\n", {"fleet"}) == [
+        (1, "name == 'fleet'")]
+    assert name_comparisons("x = k in ('pool', 'a')\n", {"pool"})
+    assert not name_comparisons("x = name == 'other'\n", {"fleet"})
+    assert branches("if cfg.engine == 'vllm':\n    pass\n", {"vllm"}) == [
+        (1, "cfg.engine == 'vllm'")]
+    assert branches("x = preset == 'vllm'\n", {"vllm"}) == []  # a preset is no identity
+    assert cycle_through({"a": {"b"}, "b": {"a"}}, "a") == ["a", "b", "a"]
+    assert cycle_through({"a": {"b"}, "b": set()}, "a") is None
+
+
+PACKAGES = ("sim", "policies", "traces", "costmodel", "calibration")
+
+
+def package_folders() -> list[Path]:
+    return sorted({p.parent for pkg in PACKAGES for p in (REPO / pkg).rglob("__init__.py")})
+
+
+@pytest.mark.parametrize("folder", [str(p.relative_to(REPO)) for p in package_folders()])
+def test_every_package_folder_explains_itself(folder: str) -> None:
+    """A README.md or the package docstring says what the folder owns, what it may import,
+    and its data in and out (style: SGLang's mem_cache/README.md layer table)."""
+    d = REPO / folder
+    readme = d / "README.md"
+    text = readme.read_text() if readme.exists() else (
+        ast.get_docstring(ast.parse((d / "__init__.py").read_text())) or "")
+    assert text.strip(), f"{folder}: no README.md and no package docstring"
+    assert re.search(r"may import", text, re.IGNORECASE), f"{folder}: what may it import?"
+    assert re.search(r"in -> out|\|\s*in\s*\||^in:", text, re.IGNORECASE | re.MULTILINE), \
+        f"{folder}: its data in and out?"

@@ -265,6 +265,7 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
     """Replay a trace through the simulated server under each policy; report TTFT, JCT, hits."""
     from costmodel.specs import get_spec
     from sim.checks import check_model_and_profile
+    from sim.context import parse_context
     from sim.io import check_out_dir
     from sim.report.progress import progress
     from sim.runner import load_run_trace, run, write_result  # the engine loads on demand
@@ -346,8 +347,8 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
         return
     s = results[0].summary
     cpu = f" + CPU {cpu_cache:,} ({tiering})" if cpu_cache else ""
-    ctx = "" if context == "full" else (f", context {s['context']} (serving only: task "
-                                        "accuracy not modelled)")
+    ctx = "" if parse_context(context).is_full else (
+        f", context {s['context']} (serving only: task accuracy not modelled)")
     print_table(runs, f"{s['trace']} ({s['trace_requests']} requests), {model}, "
                       f"GPU {gpu_cache:,} tokens{cpu}, N={sessions}, "
                       f"{configs[0].engine_label} engine"
