@@ -137,7 +137,7 @@ def test_reproduce_fleet_json_prints_one_document(monkeypatch):
     assert all(set(exp_fleet.COLUMNS) <= set(r) for r in doc["rows"])
     assert {r["workload"] for r in doc["rows"]} == {"cc-traces", "prefix-groups"}
     assert any("mooncake workload left out" in n for n in doc["notes"])
-    # local caches vs a pool, and the pooled fleets' capacity curves (sim/exp_pool.py)
+    # local caches vs a pool, and the pooled fleets' capacity curves (sim/studies/pool.py)
     pool_keys = {"pool", "pool_hit_rate", "fetched_tokens", "fetch_s"}
     assert all(pool_keys <= set(r) and r["pool"] == 0 for r in doc["rows"])
     assert {r["pool"] > 0 for r in doc["pool_rows"]} == {True, False}

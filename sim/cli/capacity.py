@@ -1,4 +1,5 @@
-"""``kvsim capacity TRACE``: hit rate against cache size, without timing (sim/capacity.py)."""
+"""``kvsim capacity TRACE``: hit rate against cache size, without timing
+(sim/studies/capacity.py)."""
 
 from __future__ import annotations
 

@@ -6,10 +6,11 @@ out while it leaves the run as it was before the field existed**, so that a resu
 saved before a field was added keeps its ids (and a point whose results the field changes
 gets a new one):
 
-- the fields of ``ID_FIELDS`` (every field when ids began) are always read;
+- the fields of ``ID_FIELDS`` are always read, whatever their values: the fields ids began
+  with, and ``max_concurrency``, which every id has read since it was added;
 - a field added since is read only while it changes the run: for most, while it differs
   from its default (``context`` is ``full`` by default, ``vllm_patch`` ``none``, and so
-  will every field to come, with no entry here); a feature whose fields count together is
+  is every field to come, with no entry here); a feature whose fields count together is
   named in ``SINCE`` with the test that it is off (a fleet, a pool: their knobs do nothing
   without them), as is a field whose default is not the run from before it (vLLM's async
   scheduling became the default; the synchronous scheduler is what ran before);
@@ -29,7 +30,8 @@ from typing import Any
 
 from sim.config import RunConfig, idle_fields
 
-# RunConfig's fields when point ids began: read into every id, whatever their values.
+# Read into every id, whatever their values (the module docstring): frozen, so that a field
+# added to RunConfig falls under the rule without an entry here.
 ID_FIELDS = frozenset({
     "trace", "trace_format", "select", "shared_prefix", "max_context", "block_size", "gaps",
     "lenient", "trace_cache_dir", "rebuild_sessions", "sessions", "replay", "time_scale",
