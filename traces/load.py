@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Callable
 from pathlib import Path
+
+from costmodel.registry import Registry
 
 from .builder import TraceBuilder, parse_select
 from .errors import OptionError, TraceFormatError
 from .files import read_log, strip_gz
 from .model import Trace
-
-FORMATS = ("cc-traces", "mooncake", "tracelab", "tracelab-duckdb", "freeinference")
 
 
 def load_trace(spec: str | list[str], format: str | None = None, block_size: int = 64,
@@ -56,8 +57,8 @@ def load_trace(spec: str | list[str], format: str | None = None, block_size: int
 
         return generate(specs[0], block_size=block_size, seed=seed, build=build)
     fmt = format or detect_format(specs)
-    if fmt not in FORMATS:
-        raise OptionError(f"unknown trace format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    if fmt not in READERS:
+        raise READERS.unknown(fmt)
     _check_rebuild_sessions(rebuild_sessions, fmt, specs)
     if cache_dir is not None:
         from .cache import cached_parse
@@ -101,8 +102,8 @@ def read_trace_files(spec: str | list[str], format: str | None = None, block_siz
     shared_prefix=...)`` then makes Traces under several option sets without re-reading."""
     specs = [str(s) for s in ([spec] if isinstance(spec, str | Path) else spec)]
     fmt = format or detect_format(specs)
-    if fmt not in FORMATS:
-        raise OptionError(f"unknown trace format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    if fmt not in READERS:
+        raise READERS.unknown(fmt)
     extra = {"rebuild_sessions": True} if rebuild_sessions else {}
     return _parse(specs, fmt, block_size, lenient, extra)
 
@@ -134,28 +135,50 @@ def _parse(specs: list[str], fmt: str, block_size: int, lenient: bool,
     return b
 
 
+def _cc_traces(specs: list[str], b: TraceBuilder, lenient: bool, extra: dict) -> None:
+    from .cctraces import load_cc_traces
+
+    load_cc_traces(specs, b, lenient)
+
+
+def _mooncake(specs: list[str], b: TraceBuilder, lenient: bool, extra: dict) -> None:
+    from .mooncake import load_mooncake
+
+    load_mooncake(specs, b, lenient, bool(extra.get("rebuild_sessions")))
+
+
+def _tracelab(specs: list[str], b: TraceBuilder, lenient: bool, extra: dict) -> None:
+    from .tracelab import load_tracelab_jsonl
+
+    load_tracelab_jsonl(specs, b, lenient)
+
+
+def _tracelab_duckdb(specs: list[str], b: TraceBuilder, lenient: bool, extra: dict) -> None:
+    from .tracelab import load_tracelab_duckdb
+
+    load_tracelab_duckdb(specs, b, lenient)
+
+
+def _freeinference(specs: list[str], b: TraceBuilder, lenient: bool, extra: dict) -> None:
+    from .freeinference import load_freeinference
+
+    load_freeinference(specs, b, lenient)
+
+
+# --format NAME -> the reader that fills a builder from its files (each loads on demand)
+READERS: Registry[Callable[[list[str], TraceBuilder, bool, dict], None]] = Registry(
+    "trace format", OptionError)
+READERS.register("cc-traces", _cc_traces)
+READERS.register("mooncake", _mooncake)
+READERS.register("tracelab", _tracelab)
+READERS.register("tracelab-duckdb", _tracelab_duckdb)
+READERS.register("freeinference", _freeinference)
+FORMATS = READERS.names()
+
+
 def _read_format(specs: list[str], fmt: str, b: TraceBuilder, lenient: bool,
                  extra: dict) -> None:
-    if fmt == "cc-traces":
-        from .cctraces import load_cc_traces
-
-        load_cc_traces(specs, b, lenient)
-    elif fmt == "mooncake":
-        from .mooncake import load_mooncake
-
-        load_mooncake(specs, b, lenient, bool(extra.get("rebuild_sessions")))
-    elif fmt == "tracelab":
-        from .tracelab import load_tracelab_jsonl
-
-        load_tracelab_jsonl(specs, b, lenient)
-    elif fmt == "tracelab-duckdb":
-        from .tracelab import load_tracelab_duckdb
-
-        load_tracelab_duckdb(specs, b, lenient)
-    else:
-        from .freeinference import load_freeinference
-
-        load_freeinference(specs, b, lenient)
+    READERS.get(fmt)(specs, b, lenient, extra)
 
 
 def _head(path: Path) -> bytes:
