@@ -29,8 +29,8 @@ REPO = Path(__file__).resolve().parent.parent
 TINY = "synthetic:claude-code?sessions=8"
 CC = "../shared/data/cc-traces"
 MOONCAKE = "../shared/data/mooncake/synthetic_trace.jsonl.gz"
-RUN = ["run", "--trace", TINY, "--max-context", "64k", "--gaps", "tool", "--gpu-cache", "96k",
-       "--sessions", "3"]
+BASE = ["run", "--trace", TINY, "--max-context", "64k", "--gaps", "tool", "--sessions", "3"]
+RUN = [*BASE, "--gpu-cache", "96k"]
 PRESSED = ["run", "--trace", TINY, "--max-context", "32k", "--gaps", "tool", "--sessions", "6"]
 GPU48, TIERS = ["--gpu-cache", "48k"], ["--gpu-cache", "40k", "--cpu-cache", "32k"]
 
@@ -48,9 +48,9 @@ COMMANDS: dict[str, list[str]] = {
                        "vllm", "--json", "--out", "{out}"],
     "run-continuum": [*RUN, "--engine", "vllm", "--vllm-patch", "continuum", "--preset",
                       "vllm", "--json", "--out", "{out}"],
-    "run-unified": [*RUN, "--gpu-cache", "72k", "--cpu-cache", "48k", "--scheduler", "lpm-cpu",
+    "run-unified": [*BASE, "--gpu-cache", "72k", "--cpu-cache", "48k", "--scheduler", "lpm-cpu",
                     "--preset", "sglang,penelope", "--json", "--out", "{out}"],
-    "run-hicache": [*RUN, "--gpu-cache", "72k", "--cpu-cache", "48k", "--tiering", "hicache",
+    "run-hicache": [*BASE, "--gpu-cache", "72k", "--cpu-cache", "48k", "--tiering", "hicache",
                     "--hicache-write-policy", "write_back", "--preset", "sglang", "--json",
                     "--out", "{out}"],
     "run-context-drop": [*RUN, "--context", "drop:4", "--preset", "penelope", "--json",
