@@ -50,6 +50,10 @@ the deepest block that has two or more distinct cached continuations (a branch p
 radix tree calls a node with several children) or is still held by another request; the pool
 builds it (and keeps the child counts it needs) only for an order that reads it.
 
+KV events (``enable_events``, ``take_events``; ``sim.kvcache.events``): a block hashed (cached)
+is stored, with the block before it as parent; an id whose last cached copy a pop dropped is
+removed (lazy eviction). Off unless a consumer enables them.
+
 What differs from the radix tree: the cached set is a multiset of blocks, not a tree (with a
 non-tail order it need not even be prefix-closed: blocks after an evicted one stay cached but
 unreachable until popped); there is no lock at lookup, no split, no touch without admission,
@@ -64,11 +68,15 @@ applied in bulk then.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 
 from policies.eviction import ReleaseOrder, get_free_order
 
 from .cachedids import MAX_ID, CachedIds
+from .events import KVEvent, KVEventQueue
 from .freequeue import FreeQueue
 
 __all__ = ["MAX_ID", "BlockPool", "HolePool", "computed_ranges", "reused_runs", "span"]
@@ -122,6 +130,18 @@ class BlockPool:
         self._cached = 0
         self._dropped = 0  # hashes dropped at allocation (lazy evictions), copies included
         self._lost = 0  # ... of which the id's last cached copy
+        self._events: KVEventQueue | None = None  # off until a consumer enables them
+
+    # ------------------------------------------------------------------ KV events
+    def enable_events(self, clock: Callable[[], Any] | None = None) -> None:
+        """Report KV events from now on (module doc), each stamped by ``clock()``."""
+        if self._events is None:
+            self._events = KVEventQueue(clock)
+
+    def take_events(self) -> list[tuple[Any, KVEvent]]:
+        """The ``(stamp, event)`` pairs since the last call, oldest first (none while events
+        are off)."""
+        return self._events.take() if self._events is not None else []
 
     # ------------------------------------------------------------------ counters
     @property
@@ -307,6 +327,16 @@ class BlockPool:
     def is_cached(self, block_id: int) -> bool:
         return self._ids.is_cached(block_id)
 
+    def gpu_prefix_blocks(self, ids: np.ndarray) -> int:
+        """Leading blocks of ``ids`` cached now, as stock vLLM's lookup finds them (read
+        only; no cap: every block may hit)."""
+        ids = np.asarray(ids, np.int64)
+        return self._lookup(ids, ids.size * self.block_size + 1)[0]
+
+    def resident_prefix_blocks(self, ids: np.ndarray) -> int:
+        """Leading blocks of ``ids`` held in any tier now: the GPU's (one tier)."""
+        return self.gpu_prefix_blocks(ids)
+
     def free_queue(self) -> np.ndarray:
         """Physical blocks in the free queue, front (reused first) to back."""
         return self._queue.blocks()
@@ -375,6 +405,10 @@ class BlockPool:
         self._cached -= len(ps)
         self._dropped += len(ps)
         self._lost += self._ids.drop(ps, xs)
+        if self._events is not None:
+            gone = [x for x in xs.tolist() if not self._ids.is_cached(x)]
+            if gone:
+                self._events.removed(np.asarray(gone, dtype=np.int64))
 
     def _cache(self, seq: _Seq) -> None:
         """Hash the request's blocks that became full: [cached, computed // bs)."""
@@ -382,11 +416,15 @@ class BlockPool:
         b = seq.known // self.block_size  # <= len(ids): _check_ids ran before any change
         if b <= a:
             return
+        events = self._events
         for x, y in self._unhashed(seq, a, b):
             ps, xs = seq.table[x:y], seq.ids[x:y]
             self._bid[ps] = xs
             self._cached += y - x
-            self._ids.add(ps, xs, int(seq.ids[x - 1]) if x else -1)
+            parent = int(seq.ids[x - 1]) if x else -1
+            self._ids.add(ps, xs, parent)
+            if events is not None:
+                events.stored(xs, parent)
         seq.cached = b
 
     def _unhashed(self, seq: _Seq, a: int, b: int) -> list[tuple[int, int]]:
