@@ -89,6 +89,10 @@ def run_fleet(cfg, trace, spec, profile) -> RunResult:
     metrics, per_replica = fleet_metrics(fleet, engines, tables, sessions, env.now,
                                          cfg.block_size, table)
     summary.update(metrics)
+    if cfg.vllm_patch != "none":  # as a single run's summary: the patch and its counters
+        summary["vllm_patch"] = cfg.vllm_patch
+        for replica_summary, e in zip(per_replica, engines, strict=True):
+            replica_summary.update(e.patch_summary())
     summary["replica_summaries"] = per_replica
     tables = {"load": _load_table(fleet), "routing": _routing_table(fleet)}
     if pool is not None:
