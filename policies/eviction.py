@@ -75,6 +75,12 @@ class ReleaseOrder(ABC):
     @abstractmethod
     def __call__(self, shared: np.ndarray) -> np.ndarray: ...
 
+    def release(self, table: np.ndarray, shared: np.ndarray | None) -> np.ndarray:
+        """``table`` (a request's blocks by position) in release order, ``table[self(shared)]``
+        (``shared`` is None for an order that does not read it): what the pool frees in
+        order, as vLLM's manager hands ``free_blocks`` its ordered blocks."""
+        return table[self(np.zeros(len(table), bool) if shared is None else shared)]
+
     def __repr__(self) -> str:
         return self.name
 
@@ -86,6 +92,9 @@ class TailFirst(ReleaseOrder):
 
     def __call__(self, shared: np.ndarray) -> np.ndarray:
         return np.arange(len(shared) - 1, -1, -1, dtype=np.int64)
+
+    def release(self, table: np.ndarray, shared: np.ndarray | None) -> np.ndarray:
+        return table[::-1]  # vLLM's reversed(req_blocks)
 
 
 class PrivateFrontFirst(ReleaseOrder):

@@ -294,12 +294,11 @@ class BlockPool:
         seq = self._seqs.pop(rid)
         table = seq.table
         order = self.free_order
-        shared = self._shared(seq) if order.reads_shared else np.zeros(len(table), bool)
-        positions = np.asarray(order(shared), np.int64)
-        if self.debug and not np.array_equal(np.sort(positions), np.arange(len(table))):
-            raise AssertionError(
-                f"free order is not a permutation of {len(table)}: {positions}")
-        self._free_blocks(table[positions])
+        ordered = order.release(table, self._shared(seq) if order.reads_shared else None)
+        if self.debug and not np.array_equal(np.sort(ordered), np.sort(table)):
+            raise AssertionError(f"free order {order!r} is not a permutation of the request's "
+                                 f"{len(table)} blocks: {ordered}")
+        self._free_blocks(ordered)
         if self.debug:
             self.check()
 
