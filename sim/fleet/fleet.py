@@ -56,18 +56,16 @@ class ReplicaSignals:
 
     def __init__(self, replica: int) -> None:
         self.replica = replica
-        self.fleet: Fleet | None = None
+        self.fleet: Fleet = None  # type: ignore[assignment]  # set by bind, before the run
 
     def bind(self, fleet: Fleet) -> None:
         self.fleet = fleet
 
     def opened(self, req, segments) -> None:
-        if self.fleet is not None:
-            self.fleet.opened(req, segments)
+        self.fleet.opened(req, segments)
 
     def first_token(self, req) -> None:
-        if self.fleet is not None:
-            self.fleet.first_token(self.replica, req)
+        self.fleet.first_token(self.replica, req)
 
 
 class Decisions:
