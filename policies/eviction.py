@@ -44,6 +44,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, ClassVar
 
+import numpy as np
+
 from costmodel.registry import Registry
 
 from .context import (
@@ -59,6 +61,69 @@ from .context import (
 from .orders import get_order
 
 
+# ---------------------------------------------------------------------- release orders
+class ReleaseOrder(ABC):
+    """A start position on a block pool (vLLM's; ``sim.kvcache.blockpool``), where the only
+    freedom eviction has is the ORDER in which a finished request's blocks join the free
+    queue: released first = evicted first. ``__call__(shared)`` returns the positions of the
+    request's block table in release order; ``shared`` marks the positions up to the deepest
+    block another history shares (a branch point, or a block another request holds). An
+    order that does not read it (``reads_shared`` False) is given an all-False mask, and a
+    pool that only ever frees in such an order keeps no child counts to build one."""
+
+    name: ClassVar[str]
+    reads_shared: ClassVar[bool]
+
+    @abstractmethod
+    def __call__(self, shared: np.ndarray) -> np.ndarray: ...
+
+    def release(self, table: np.ndarray, shared: np.ndarray | None) -> np.ndarray:
+        """``table`` (a request's blocks by position) in release order, ``table[self(shared)]``
+        (``shared`` is None for an order that does not read it): what the pool frees in
+        order, as vLLM's manager hands ``free_blocks`` its ordered blocks."""
+        return table[self(np.zeros(len(table), bool) if shared is None else shared)]
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+class TailFirst(ReleaseOrder):
+    """vLLM: the request's blocks in reverse (its tail is evicted first)."""
+
+    name, reads_shared = "vllm", False
+
+    def __call__(self, shared: np.ndarray) -> np.ndarray:
+        return np.arange(len(shared) - 1, -1, -1, dtype=np.int64)
+
+    def release(self, table: np.ndarray, shared: np.ndarray | None) -> np.ndarray:
+        return table[::-1]  # vLLM's reversed(req_blocks)
+
+
+class PrivateFrontFirst(ReleaseOrder):
+    """Penelope: the private history from its FRONT first, then the shared prefix tail
+    first."""
+
+    name, reads_shared = "penelope", True
+
+    def __call__(self, shared: np.ndarray) -> np.ndarray:
+        private = np.flatnonzero(~shared)
+        return np.concatenate([private, np.flatnonzero(shared)[::-1]])
+
+
+vllm_free_order, penelope_free_order = TailFirst(), PrivateFrontFirst()
+FREE_ORDERS: dict[str, ReleaseOrder] = {o.name: o for o in (vllm_free_order,
+                                                            penelope_free_order)}
+
+
+def get_free_order(order: str | ReleaseOrder) -> ReleaseOrder:
+    """A release order by name (``FREE_ORDERS``), or one given as is."""
+    if isinstance(order, ReleaseOrder):
+        return order
+    if order not in FREE_ORDERS:
+        raise ValueError(f"unknown free order {order!r}: expected one of {sorted(FREE_ORDERS)}")
+    return FREE_ORDERS[order]
+
+
 # ---------------------------------------------------------------------- start positions
 class StartPosition(ABC):
     """Where freeing begins in a victim's history. ``chain`` returns the nodes to free in
@@ -70,6 +135,9 @@ class StartPosition(ABC):
     from_head: ClassVar[bool]
     makes_holes: ClassVar[bool]  # freeing may leave KV-less nodes with children behind
     reads_node_boundaries: ClassVar[bool]  # results depend on where nodes were split
+    # This start on a block pool (vLLM), or None: no release order expresses it there (a
+    # pool has no nodes to start from, nor victims to report or keep).
+    release_order: ClassVar[ReleaseOrder | None] = None
 
     @abstractmethod
     def chain(self, leaf: CacheNode, view: TreeView) -> Sequence[CacheNode]: ...
@@ -80,6 +148,7 @@ class StartPosition(ABC):
 
 class Tail(StartPosition):
     name, from_head, makes_holes, reads_node_boundaries = "tail", False, False, False
+    release_order = vllm_free_order
 
     def chain(self, leaf: CacheNode, view: TreeView) -> Sequence[CacheNode]:
         return (leaf,)
@@ -96,6 +165,7 @@ class PrivateHead(StartPosition):
     """Penelope: the private history above the leaf, front first."""
 
     name, from_head, makes_holes, reads_node_boundaries = "private-head", True, True, False
+    release_order = penelope_free_order
 
     def chain(self, leaf: CacheNode, view: TreeView) -> list[CacheNode]:
         chain = [leaf]

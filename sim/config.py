@@ -314,9 +314,6 @@ class RunConfig:
         if self.vllm_patch != "none" and self.engine != "vllm":
             raise bad("vllm_patch", f"{self.vllm_patch!r} patches the vllm engine, not "
                       f"{self.engine!r}: use --engine vllm (or drop --vllm-patch)")
-        if self.vllm_patch != "none" and self.is_fleet:
-            raise bad("vllm_patch", "a patched vllm engine runs as one server, not in a "
-                      "fleet (--replicas 1 without --router)")
         from sim.engines import ENGINES  # imports this module: loaded on demand
 
         problem = ENGINES[self.engine].unsupported(self, self.make_policy())

@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
@@ -87,13 +87,26 @@ def _empty_table() -> pd.DataFrame:
     return pd.DataFrame([RequestRecord(0, "", 0, 0, False, 0.0).__dict__]).iloc[:0]
 
 
+class RecordListener(Protocol):
+    """Told what a recorder records (a fleet listens to its replicas' recorders)."""
+
+    def opened(self, req: Any, segments: Any) -> None:
+        """``req``'s record opened at its first admission; ``segments``: its match then."""
+
+    def first_token(self, req: Any) -> None:
+        """``req``'s first token came back."""
+
+
 class RunRecorder:
-    """Collects records and counters while a run executes. Knows nothing of policies."""
+    """Collects records and counters while a run executes. Knows nothing of policies.
+    ``listener`` (optional) is told when a record opens and when a first token comes back."""
 
     def __init__(self, session_names: list[str], session_turn0: list[int],
-                 session_is_sub: list[bool], shared_blocks: list[int]) -> None:
+                 session_is_sub: list[bool], shared_blocks: list[int],
+                 listener: RecordListener | None = None) -> None:
         self.names, self.turn0, self.is_sub = session_names, session_turn0, session_is_sub
         self.shared_blocks = shared_blocks
+        self.listener = listener
         self.records: list[RequestRecord] = []
         self.hist = np.zeros(HIST_BINS, dtype=np.int64)
         self.counters: dict[str, float] = {
@@ -151,6 +164,8 @@ class RunRecorder:
         private_lost = sum(max(0, b - max(a, shared)) for a, b in recomputed_ranges)
         rec.private_lost = private_lost / private_ideal if private_ideal else 0.0
         self.records.append(rec)
+        if self.listener is not None:
+            self.listener.opened(req, segments)
         return rec
 
     def _histogram(self, a: int, b: int) -> None:
@@ -166,6 +181,8 @@ class RunRecorder:
         rec = req.record
         rec.first_token_s = now
         rec.ttft_s = now - req.arrival
+        if self.listener is not None:
+            self.listener.first_token(req)
 
     def close(self, req: Any, now: float) -> None:
         rec = req.record

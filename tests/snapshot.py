@@ -29,8 +29,10 @@ REPO = Path(__file__).resolve().parent.parent
 TINY = "synthetic:claude-code?sessions=8"
 CC = "../shared/data/cc-traces"
 MOONCAKE = "../shared/data/mooncake/synthetic_trace.jsonl.gz"
-RUN = ["run", "--trace", TINY, "--max-context", "64k", "--gaps", "tool", "--gpu-cache", "96k",
-       "--sessions", "3"]
+BASE = ["run", "--trace", TINY, "--max-context", "64k", "--gaps", "tool", "--sessions", "3"]
+RUN = [*BASE, "--gpu-cache", "96k"]
+PRESSED = ["run", "--trace", TINY, "--max-context", "32k", "--gaps", "tool", "--sessions", "6"]
+GPU48, TIERS = ["--gpu-cache", "48k"], ["--gpu-cache", "40k", "--cpu-cache", "32k"]
 
 # name -> argv after ``kvsim``; ``{out}`` is replaced by a fresh folder
 COMMANDS: dict[str, list[str]] = {
@@ -46,9 +48,9 @@ COMMANDS: dict[str, list[str]] = {
                        "vllm", "--json", "--out", "{out}"],
     "run-continuum": [*RUN, "--engine", "vllm", "--vllm-patch", "continuum", "--preset",
                       "vllm", "--json", "--out", "{out}"],
-    "run-unified": [*RUN, "--gpu-cache", "72k", "--cpu-cache", "48k", "--scheduler", "lpm-cpu",
+    "run-unified": [*BASE, "--gpu-cache", "72k", "--cpu-cache", "48k", "--scheduler", "lpm-cpu",
                     "--preset", "sglang,penelope", "--json", "--out", "{out}"],
-    "run-hicache": [*RUN, "--gpu-cache", "72k", "--cpu-cache", "48k", "--tiering", "hicache",
+    "run-hicache": [*BASE, "--gpu-cache", "72k", "--cpu-cache", "48k", "--tiering", "hicache",
                     "--hicache-write-policy", "write_back", "--preset", "sglang", "--json",
                     "--out", "{out}"],
     "run-context-drop": [*RUN, "--context", "drop:4", "--preset", "penelope", "--json",
@@ -68,6 +70,29 @@ COMMANDS: dict[str, list[str]] = {
                               "hicache", "--hicache-write-policy", "write_back", "--pool",
                               "1m", "--pool-write", "write-back", "--preset", "sglang",
                               "--json"],
+    # KV events under pressure: lags, both Dynamo index versions, tiers, small pools
+    **{f"events-{name}": [*PRESSED, "--replicas", "2", "--router", router, *extra, "--json",
+                          "--out", "{out}"]
+       for name, router, extra in (
+           ("dynamo-lag", "dynamo-kv?event_lag_s=2", [*GPU48, "--preset", "penelope"]),
+           ("dynamo-classic-lag", "dynamo-kv?version=classic&event_lag_s=0.5",
+            [*GPU48, "--preset", "sglang"]),
+           ("llmd-precise-lag", "llm-d?precise=true&event_lag_s=1",
+            [*GPU48, "--preset", "vllm"]),
+           ("mooncake-lag", "mooncake?event_lag_s=0.25", [*GPU48, "--preset", "penelope"]),
+           ("vllm-lag", "dynamo-kv?event_lag_s=1", [*GPU48, "--engine", "vllm", "--preset",
+                                                     "penelope"]),
+           ("unified", "dynamo-kv?event_lag_s=0.5", [*TIERS, "--preset", "penelope"]),
+           ("hicache", "dynamo-kv?version=classic",
+            ["--gpu-cache", "40k", "--cpu-cache", "64k", "--tiering", "hicache", "--preset",
+             "sglang"]),
+           ("hicache-lag", "dynamo-kv?event_lag_s=1",
+            ["--gpu-cache", "36k", "--cpu-cache", "96k", "--tiering", "hicache",
+             "--hicache-write-policy", "write_back", "--preset", "sglang"]),
+           ("pool-small", "dynamo-kv", [*GPU48, "--pool", "24k", "--preset", "penelope"]),
+           ("pool-small-write-back", "round-robin",
+            [*TIERS, "--tiering", "hicache", "--pool", "24k", "--pool-write", "write-back",
+             "--preset", "sglang"]))},
     "mooncake-open": ["run", "--trace", MOONCAKE, "--gpu-cache", "1m", "--preset", "sglang",
                       "--replicas", "2", "--router", "dynamo-kv", "--json"],
     "sweep": ["sweep", "tests/snapshot_sweep.yaml", "--out", "{out}", "-j", "2"],

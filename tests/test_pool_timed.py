@@ -1,6 +1,6 @@
 """The shared pool on the fleet's clock (sim/fleet/pooltier.py), hand-computed timelines.
 
-The replicas are real observed radix caches; the engine around each is a recording double
+The replicas are real radix caches; the engine around each is a recording double
 (``Replica``: its ``submit`` notes the time), so each timeline is arithmetic: a fetch of p
 blocks takes latency + p x block bytes / bandwidth after the replica's link is free, and is
 taken only when faster than the recompute price of its tokens."""
@@ -16,7 +16,7 @@ import simpy
 from sim.engines.sglang import SGLangServer
 from sim.fleet.pool import SharedPool
 from sim.fleet.pooltier import FleetPool
-from sim.fleet.replica import ObservedRadixKVCache
+from sim.kvcache import RadixKVCache
 
 BS, BLOCK_BYTES, BANDWIDTH, LATENCY = 4, 1000, 1e6, 1e-3  # a 3-block fetch: 4 ms
 
@@ -32,7 +32,7 @@ class Replica:
 
     insert_remote = SGLangServer.insert_remote
 
-    def __init__(self, env: simpy.Environment, cache: ObservedRadixKVCache) -> None:
+    def __init__(self, env: simpy.Environment, cache: RadixKVCache) -> None:
         self.env, self.cache, self.rec, self.got = env, cache, Recorder(), []
         self.ever: set[int] = set()
 
@@ -43,7 +43,7 @@ class Replica:
 def setup(per_token_s: float, pool_blocks: int = 100, replicas: int = 1, write="write-through",
           policy: str = "sglang", **cache_kw):
     env = simpy.Environment()
-    engines = [Replica(env, ObservedRadixKVCache(16, policy, block_size=BS, **cache_kw))
+    engines = [Replica(env, RadixKVCache(16, policy, block_size=BS, **cache_kw))
                for _ in range(replicas)]
     pool = FleetPool(env, SharedPool(pool_blocks), engines, BS, BLOCK_BYTES, BANDWIDTH,
                      LATENCY, write,

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.kvcache.blockpool import BlockPool, penelope_free_order, vllm_free_order
+from policies.eviction import penelope_free_order, vllm_free_order
+from sim.kvcache.blockpool import BlockPool
 
 BS = 4
 

@@ -30,18 +30,11 @@ from hypothesis import strategies as st
 from costmodel.profile import load_profile
 from costmodel.specs import get_spec
 from costmodel.units import ranges_units
+from policies.eviction import penelope_free_order, vllm_free_order
 from sim.cli.main import cli
 from sim.config import ConfigError, RunConfig
 from sim.engines import VllmServer
-from sim.kvcache.blockpool import (
-    BlockPool,
-    HolePool,
-    computed_ranges,
-    penelope_free_order,
-    reused_runs,
-    span,
-    vllm_free_order,
-)
+from sim.kvcache.blockpool import BlockPool, HolePool, computed_ranges, reused_runs, span
 from sim.runner import run
 from tests.enginekit import KitTrace
 from tests.test_vllm_blockpool import BS as BS4

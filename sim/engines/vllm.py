@@ -65,7 +65,8 @@ import simpy
 from costmodel.profile import Profile
 from costmodel.specs import ModelSpec
 from costmodel.units import Units, range_units
-from policies import Blocks, EvictionPolicy, PolicyError, PrivateHead, Tail
+from policies import Blocks, EvictionPolicy, PolicyError
+from policies.eviction import ReleaseOrder
 from sim.config import RunConfig
 from sim.kvcache import EvictResult, Tier
 from sim.kvcache.blockpool import BlockPool
@@ -80,13 +81,20 @@ VLLM_MAX_NUM_BATCHED_TOKENS = 8192
 
 
 def free_order_name(policy: EvictionPolicy) -> str:
-    """The ``BlockPool`` free order that is ``policy`` on vLLM, or PolicyError.
+    """The name of the ``BlockPool`` free order that is ``policy`` on vLLM, or PolicyError
+    (``release_order``)."""
+    return release_order(policy).name
+
+
+def release_order(policy: EvictionPolicy) -> ReleaseOrder:
+    """The release order that is ``policy`` on vLLM's block pool, or PolicyError.
 
     vLLM's only eviction freedom is the order in which a finished request's blocks join the
-    free queue (least recently freed is reused first, a hit takes a block back out). ``tail``
-    start is vLLM's own reversed release (``vllm``); ``private-head`` releases the front of
-    the private history first (``penelope``). Victim keys other than LRU, pins, node
-    granularity and other start positions have no counterpart in a block pool."""
+    free queue (least recently freed is reused first, a hit takes a block back out): the
+    policy's start position says it (``StartPosition.release_order``): ``tail`` is vLLM's own
+    reversed release (``vllm``), ``private-head`` releases the front of the private history
+    first (``penelope``). Victim keys other than LRU, pins, node granularity and other start
+    positions have no counterpart in a block pool."""
     why = None
     if type(policy).key is not EvictionPolicy.key:
         why = "it has its own victim key (vLLM's free queue is least recently freed first)"
@@ -98,10 +106,8 @@ def free_order_name(policy: EvictionPolicy) -> str:
     elif type(policy.granularity) is not Blocks:
         why = (f"its granularity is {policy.granularity.name!r} (vLLM pops exactly the "
                "blocks an allocation needs: block)")
-    elif type(policy.start) is Tail:
-        return "vllm"
-    elif type(policy.start) is PrivateHead:
-        return "penelope"
+    elif policy.start.release_order is not None:
+        return policy.start.release_order
     else:
         why = (f"its start position is {policy.start.name!r} (vLLM has no tree nodes: "
                "tail and private-head are the release orders it can express)")
@@ -142,7 +148,7 @@ class VllmServer(EngineBase):
     @classmethod
     def unsupported(cls, cfg: RunConfig, policy: EvictionPolicy) -> tuple[str, str] | None:
         try:
-            free_order_name(policy)
+            release_order(policy)
         except PolicyError as e:
             return cfg.policy_field, str(e)
         if cfg.cpu_cache:

@@ -10,9 +10,11 @@
 - ``beliefs``: what the router thinks each replica caches (approximate views it updates with
   what it routed; an exact index fed by KV events after a lag); ``radix``: SMG 1.13's tree.
 - ``load``: router-local in-flight counts, scraped engine metrics, predicted active load.
-- ``replica``: the small hooks that let an unchanged engine report KV events, its true cached
-  prefix (read only) and first tokens: a cache subclass and a recorder subclass.
-- ``fleet``: routes each request, keeps the beliefs, measures belief against truth.
+- ``kvevents``: the replicas' KV events (each cache's own queue, ``sim.kvcache.events``),
+  drained in emission order to the exact index and the pool before they read.
+- ``fleet``: routes each request, keeps the beliefs, measures belief against truth; reads the
+  replicas only through public queries (``gpu_prefix_blocks``), drained events and their
+  recorders' listener (``ReplicaSignals``: first admissions, first tokens).
 - ``run``: ``run_fleet(cfg)``, the fleet counterpart of ``sim.runner.run``.
 
 Engines know nothing of fleets. ``--replicas 1`` reproduces a single-server run exactly.

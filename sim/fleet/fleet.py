@@ -5,6 +5,12 @@ To the replay (``sim.replay``) a fleet looks like one server: ``submit``, ``busy
 and ``rec`` (the recorder that times sessions). A request goes to the replica the router
 names, whole; its session may move (its history then misses on the new replica).
 
+The fleet reads its replicas only through public queries and the KV events it drains: before
+each decision it delivers every event the replicas emitted since the last one
+(``kvevents.KVEventFeed``) to the router's exact index, which applies each at the time it
+happened (after its lag); each replica's recorder tells it (``ReplicaSignals``) when a
+request's record opens and when its first token comes back.
+
 At each decision, for the metrics only (the router never sees them), the fleet reads every
 replica's true GPU-resident prefix of the prompt (``gpu_prefix_blocks``, read only): the
 reuse available anywhere in the fleet, the reuse captured by the router's choice, and the
@@ -29,9 +35,11 @@ from policies.routing import (
     RouterView,
     ScrapedMetrics,
 )
+from sim.kvcache.events import BlockRemoved, BlockStored, KVEvent
 from sim.metrics import RunRecorder
 
 from .beliefs import build_belief
+from .kvevents import KVEventFeed
 from .load import InFlight, Predicted, Scraper
 
 
@@ -39,19 +47,25 @@ class RoutingError(RuntimeError):
     """A router returned something that is not a replica index (a bug in the router)."""
 
 
-class _EventSink:
-    """One replica's KV events into the router's exact index, stamped with the sim time."""
+class ReplicaSignals:
+    """What replica ``replica``'s recorder tells the fleet (its ``RecordListener``): a
+    request's first admission and its first token (Dynamo's prefill-complete signal). Made
+    before the replica, whose engine owns the recorder; the fleet binds it when built."""
 
-    __slots__ = ("belief", "env", "replica")
+    __slots__ = ("fleet", "replica")
 
-    def __init__(self, belief, replica: int, env: simpy.Environment) -> None:
-        self.belief, self.replica, self.env = belief, replica, env
+    def __init__(self, replica: int) -> None:
+        self.replica = replica
+        self.fleet: Fleet = None  # type: ignore[assignment]  # set by bind, before the run
 
-    def stored(self, ids, parent=None) -> None:
-        self.belief.stored(self.replica, ids, self.env.now, parent)
+    def bind(self, fleet: Fleet) -> None:
+        self.fleet = fleet
 
-    def removed(self, ids) -> None:
-        self.belief.removed(self.replica, ids, self.env.now)
+    def opened(self, req, segments) -> None:
+        self.fleet.opened(req, segments)
+
+    def first_token(self, req) -> None:
+        self.fleet.first_token(self.replica, req)
 
 
 class Decisions:
@@ -72,10 +86,12 @@ class Decisions:
 
 class Fleet:
     """``replicas``: built engines (sharing ``env``); ``router``: a fresh ``Router``;
-    ``rec``: the recorder the replay reports sessions to."""
+    ``rec``: the recorder the replay reports sessions to; ``signals``: each replica's
+    recorder listener (``ReplicaSignals``), bound here."""
 
     def __init__(self, env: simpy.Environment, replicas: list, router: Router, block_size: int,
-                 rec: RunRecorder, rng, pool=None) -> None:
+                 rec: RunRecorder, rng, pool=None,
+                 signals: list[ReplicaSignals] | None = None) -> None:
         self.env, self.replicas, self.router, self.rec = env, replicas, router, rec
         self.pool = pool  # a FleetPool (sim/fleet/pooltier.py) or None
         self.bs = block_size
@@ -87,9 +103,12 @@ class Fleet:
                                                   first.cfg.chunk_size))
         self.belief = build_belief(router.cache_view, n,
                                    [e.cache.capacity_blocks for e in replicas])
+        # the replicas' KV events: the pool's feed when there is a pool (one drain for both)
+        self.feed: KVEventFeed | None = pool.feed if pool is not None else None
         if self.belief is not None and self.belief.wants_events:
-            for i, engine in enumerate(replicas):
-                engine.cache.events = _EventSink(self.belief, i, env)
+            if self.feed is None:
+                self.feed = KVEventFeed(env, [e.cache for e in replicas])
+            self.feed.subscribe(self._kv_event)
         self.inflight = InFlight(n)
         load = router.load_view
         self.scraper: Scraper | None = None
@@ -97,9 +116,8 @@ class Fleet:
             self.scraper = Scraper(env, replicas, load.scrape_s)
             self.scraper.start()
         self.predicted = Predicted(n) if isinstance(load, PredictedLoad) else None
-        for i, engine in enumerate(replicas):
-            engine.rec.on_first_token = self._first_token_at(i)
-            engine.rec.on_open = self._opened
+        for s in signals or ():
+            s.bind(self)
         # rid -> the fleet's unlimited-cache prefix at its admission (blocks, capped as a hit)
         self.ideal_blocks: dict[int, int] = {}
         self.last_replica: dict[int, int] = {}  # session -> replica of its last request
@@ -118,6 +136,8 @@ class Fleet:
     def submit(self, req) -> None:
         env, bs = self.env, self.bs
         now = env.now
+        if self.feed is not None:
+            self.feed.deliver()
         ids = req.ids
         n = len(self.replicas)
         truth = [e.cache.gpu_prefix_blocks(ids) for e in self.replicas]
@@ -155,6 +175,8 @@ class Fleet:
             self.scraper.stop()
         for e in self.replicas:
             e.close()
+        if self.feed is not None:  # what the engines reported last (their final deletions)
+            self.feed.deliver()
 
     # --- internals --------------------------------------------------------------------------
     def _replica_view(self, i: int, overlaps, sizes) -> ReplicaView:
@@ -197,7 +219,15 @@ class Fleet:
             self.predicted.freed(r, req.rid, req.ids)
         self.router.on_finish(req.rid, r, self.env.now)
 
-    def _opened(self, req, segments) -> None:
+    def _kv_event(self, replica: int, at: float, event: KVEvent) -> None:
+        """A replica's KV event, into the router's exact index (at the time it happened)."""
+        kind = type(event)
+        if kind is BlockStored:
+            self.belief.stored(replica, event.ids, at, event.parent)
+        elif kind is BlockRemoved:
+            self.belief.removed(replica, event.ids, at)
+
+    def opened(self, req, segments) -> None:
         """A request's first admission: the prefix an unlimited cache shared by the fleet
         holds (every replica's cache ever held that replica's ``known_prefix_blocks``; with
         chained ids the union's prefix is the longest of them), capped where the engines
@@ -207,9 +237,8 @@ class Fleet:
         if self.pool is not None:
             self.pool.admitted(req, segments)
 
-    def _first_token_at(self, replica: int):
-        def first_token(req) -> None:
-            if self.predicted is not None:
-                self.predicted.prefill_done(replica, req.rid)
-            self.router.on_first_token(req.rid, replica, self.env.now)
-        return first_token
+    def first_token(self, replica: int, req) -> None:
+        """``req``'s first token came back from ``replica``."""
+        if self.predicted is not None:
+            self.predicted.prefill_done(replica, req.rid)
+        self.router.on_first_token(req.rid, replica, self.env.now)

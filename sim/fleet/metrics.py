@@ -38,14 +38,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sim.metrics import RunRecorder
+from sim.metrics import RecordListener, RunRecorder
 
 
-def recorder_for(trace, cls: type[RunRecorder] = RunRecorder) -> RunRecorder:
-    """A recorder for ``trace``'s sessions (as ``sim.runner.run`` makes one)."""
+def recorder_for(trace, listener: RecordListener | None = None) -> RunRecorder:
+    """A recorder for ``trace``'s sessions (as ``sim.runner.run`` makes one), telling
+    ``listener`` (when given) what it records."""
     sessions = trace.sessions
-    return cls([s.id for s in sessions], [s.first for s in sessions],
-               [s.parent >= 0 for s in sessions], [s.shared_prefix_blocks for s in sessions])
+    return RunRecorder([s.id for s in sessions], [s.first for s in sessions],
+                       [s.parent >= 0 for s in sessions],
+                       [s.shared_prefix_blocks for s in sessions], listener)
 
 
 def merge_recorders(trace, recs: list[RunRecorder], sessions: RunRecorder) -> RunRecorder:

@@ -25,7 +25,10 @@ it in order (a fetch's wait counts in its fetch_s and in the refusal test).
 Entry: write-through (every block a replica writes to its cache enters the pool if absent, as
 LMCache stores the chunks of each saved sequence) or write-back (every block a replica drops
 entirely: from its CPU tier when it has one, from its GPU otherwise; evictions, HiCache
-background deletions and the device nodes a HiCache load deletes).
+background deletions and the device nodes a HiCache load deletes). Both arrive as the
+replicas' KV events (``ChainWritten``, ``BlocksDropped``; ``kvevents.KVEventFeed``), delivered
+in the order the replicas emitted them before every pool operation, so the pool changes in
+the order the replicas acted.
 
 Landing needs the replica's prefix before the fetched blocks on its GPU: a lookup whose
 replica holds part of that prefix in its CPU tier fetches nothing (``behind_cpu``: the
@@ -35,7 +38,7 @@ ones that left the GPU during the fetch cuts the landing there (the fetched bloc
 are wasted). The landed blocks are not pinned until admission (a CPU load's are not either
 once the request is queued). A request's ``pool_tokens`` are the blocks its fetch landed that
 its admission reused (``admitted``). sglang engine only: vLLM's block pool has no insertion
-point outside a running request.
+point outside a running request (nor a chain written per insert).
 """
 
 from __future__ import annotations
@@ -45,8 +48,10 @@ from collections.abc import Callable
 import numpy as np
 import simpy
 
+from sim.kvcache.events import BlocksDropped, ChainWritten, KVEvent
 from sim.kvcache.node import Tier
 
+from .kvevents import KVEventFeed
 from .pool import SharedPool
 
 _GPU, _CPU = Tier.GPU, Tier.CPU
@@ -91,13 +96,14 @@ def _take(ids: np.ndarray, runs: list[tuple[int, int]]) -> np.ndarray:
 
 
 class FleetPool:
-    """``pool`` on ``env``'s clock for ``replicas`` (engines with observed radix caches)."""
+    """``pool`` on ``env``'s clock for ``replicas`` (engines with radix caches, whose KV events
+    it turns on: ``feed``, shared with the fleet's exact index)."""
 
     def __init__(self, env: simpy.Environment, pool: SharedPool, replicas: list,
                  block_size: int, block_bytes: int, bandwidth_bytes_per_s: float,
                  latency_s: float, write_policy: str,
                  recompute_seconds: Callable[[list[tuple[int, int]]], float]) -> None:
-        self.env, self.pool, self.replicas = env, pool, replicas
+        self.env, self._pool, self.replicas = env, pool, replicas
         self.bs, self.block_bytes = block_size, block_bytes
         self.bandwidth, self.latency = bandwidth_bytes_per_s, latency_s
         self.write_policy = write_policy
@@ -114,31 +120,36 @@ class FleetPool:
         self.occ_time: list[float] = []
         self.occ_blocks: list[int] = []
         self.occ_leased: list[int] = []
-        for engine in replicas:
-            engine.cache.pool_sink = self
+        self.entry = ChainWritten if write_policy == "write-through" else BlocksDropped
+        self.feed = KVEventFeed(env, [engine.cache for engine in replicas])
+        self.feed.subscribe(self._kv_event)
 
-    # --- entry (the observed caches call these) --------------------------------------------
-    def stored(self, ids: np.ndarray) -> None:
-        if self.write_policy == "write-through" and ids.size:
-            self.pool.put(ids)
+    @property
+    def pool(self) -> SharedPool:
+        """The shared pool with every KV event the replicas emitted so far applied."""
+        self.feed.deliver()
+        return self._pool
 
-    def dropped(self, ids: np.ndarray) -> None:
-        if self.write_policy == "write-back" and ids.size:
-            self.pool.put(ids)
+    # --- entry: the replicas' KV events -------------------------------------------------------
+    def _kv_event(self, replica: int, at: float, event: KVEvent) -> None:
+        """Write-through: the chain an insert wrote; write-back: blocks dropped entirely."""
+        if type(event) is self.entry and event.ids.size:
+            self._pool.put(event.ids)
 
     # --- the fleet's hand-off -------------------------------------------------------------
     def lookup(self, ids: np.ndarray) -> int:
         """Leading blocks of ``ids`` the pool holds (the router's credit; read only)."""
-        return self.pool.prefix(ids)
+        self.feed.deliver()
+        return self._pool.prefix(ids)
 
     def submit(self, req, r: int) -> None:
         """Hand ``req`` to replica ``r``, after a fetch from the pool when one pays."""
         env, engine, ids = self.env, self.replicas[r], req.ids
-        self._sample()
+        self._sample()  # delivers the replicas' events first
         cache = engine.cache
         h = cache.resident_prefix_blocks(ids)
         usable = min(int(ids.size), (req.prompt_tokens - 1) // self.bs)
-        p = self.pool.prefix(ids[:usable], h) if h < usable else 0
+        p = self._pool.prefix(ids[:usable], h) if h < usable else 0
         if p == 0:
             engine.submit(req)
             return
@@ -164,7 +175,7 @@ class FleetPool:
             self.record.refused[req.rid] = m
             engine.submit(req)
             return
-        self.pool.lease(_take(ids, missing))
+        self._pool.lease(_take(ids, missing))
         self.link_free[r] = start + move_s
         self.fetches += 1
         self.busy_s += move_s
@@ -175,7 +186,8 @@ class FleetPool:
     def _fetch(self, req, r: int, h: int, end: int, missing: list[tuple[int, int]],
                fetch_s: float):
         yield self.env.timeout(fetch_s)
-        self.pool.release(_take(req.ids, missing))
+        self.feed.deliver()
+        self._pool.release(_take(req.ids, missing))
         landed = self._land(self.replicas[r], req.ids, h, end, missing)
         n = sum(b - a for a, b in landed)
         self.fetched_blocks += n
@@ -219,17 +231,19 @@ class FleetPool:
         self.record.reused[req.rid] = n
 
     def _sample(self) -> None:
+        self.feed.deliver()
         self.occ_time.append(self.env.now)
-        self.occ_blocks.append(len(self.pool))
-        self.occ_leased.append(len(self.pool.leases))
+        self.occ_blocks.append(len(self._pool))
+        self.occ_leased.append(len(self._pool.leases))
 
     # --- results ----------------------------------------------------------------------------
     def summary(self, duration_s: float, replicas: int) -> dict:
+        self.feed.deliver()
         moved = self.fetched_blocks + self.wasted_blocks
         moved_bytes = moved * self.block_bytes
         rate = moved_bytes / duration_s if duration_s > 0 else 0.0
         return {
-            "pool_size_tokens": self.pool.capacity * self.bs,
+            "pool_size_tokens": self._pool.capacity * self.bs,
             "pool_fetches": self.fetches,
             "pool_refused_fetches": self.refusals,
             "pool_lookups": self.lookups,
@@ -238,9 +252,9 @@ class FleetPool:
             "pool_fetched_tokens": self.fetched_blocks * self.bs,
             "pool_wasted_tokens": self.wasted_blocks * self.bs,
             "pool_refused_tokens": self.refused_blocks * self.bs,
-            "pool_stored_tokens": self.pool.stored * self.bs,
-            "pool_evicted_tokens": self.pool.evicted * self.bs,
-            "pool_rejected_tokens": self.pool.rejected * self.bs,
+            "pool_stored_tokens": self._pool.stored * self.bs,
+            "pool_evicted_tokens": self._pool.evicted * self.bs,
+            "pool_rejected_tokens": self._pool.rejected * self.bs,
             "pool_peak_tokens": max(self.occ_blocks, default=0) * self.bs,
             "pool_bytes_moved": moved_bytes,
             "pool_bytes_per_s": rate,

@@ -25,11 +25,10 @@ from sim.replay import Replay
 from sim.report.progress import current as current_progress
 from sim.runner import RunResult, bind_policy, run_fields
 
-from .fleet import Fleet
+from .fleet import Fleet, ReplicaSignals
 from .metrics import fleet_metrics, merge_recorders, recorder_for
 from .pool import SharedPool
 from .pooltier import FleetPool
-from .replica import ObservedRecorder, observe
 
 # The router's RNG stream: seeded by the run's seed, apart from every policy's.
 ROUTER_STREAM = 0x524F55544552  # "ROUTER"
@@ -54,19 +53,19 @@ def run_fleet(cfg, trace, spec, profile) -> RunResult:
     check_fleet_size(cfg, trace)
     env = simpy.Environment()
     engines, policies = [], []
-    for _ in range(cfg.replicas):
+    signals = [ReplicaSignals(i) for i in range(cfg.replicas)]
+    for i in range(cfg.replicas):
         policy = cfg.make_policy()
         bind_policy(env, cfg, spec, profile, policy, trace.sessions)
-        rec = recorder_for(trace, ObservedRecorder)
+        rec = recorder_for(trace, signals[i])
         engine = ENGINES[cfg.engine].build(env, cfg, spec, profile, policy, rec)
-        observe(engine)
         engines.append(engine)
         policies.append(policy)
     sessions = recorder_for(trace)
     router = cfg.make_router()
     pool = build_pool(env, cfg, spec, profile, engines) if cfg.pool else None
     fleet = Fleet(env, engines, router, cfg.block_size, sessions,
-                  np.random.default_rng([cfg.seed, ROUTER_STREAM]), pool)
+                  np.random.default_rng([cfg.seed, ROUTER_STREAM]), pool, signals)
     gaps = trace.gaps(cfg.gaps)
     bar = current_progress()  # observes replies only (sim/report/progress.py)
     replay = Replay(env, trace, fleet, gaps, trace.start_offsets(cfg.gaps), cfg.sessions,
@@ -90,6 +89,10 @@ def run_fleet(cfg, trace, spec, profile) -> RunResult:
     metrics, per_replica = fleet_metrics(fleet, engines, tables, sessions, env.now,
                                          cfg.block_size, table)
     summary.update(metrics)
+    if cfg.vllm_patch != "none":  # as a single run's summary: the patch and its counters
+        summary["vllm_patch"] = cfg.vllm_patch
+        for replica_summary, e in zip(per_replica, engines, strict=True):
+            replica_summary.update(e.patch_summary())
     summary["replica_summaries"] = per_replica
     tables = {"load": _load_table(fleet), "routing": _routing_table(fleet)}
     if pool is not None:

@@ -41,12 +41,18 @@ copy is in the hash map once; the first copy of an id is the earliest inserted s
 an id's child count = distinct cached ids whose parent is that id.
 
 Policy: in vLLM the only freedom an eviction policy has is the ORDER in which a finished
-request's blocks join the free queue (``free_order``: given the request's ``shared`` mask, the
-positions in release order; released first = evicted first). ``vllm`` releases tail first;
-``penelope`` releases the front of the private history first and the shared prefix last.
-``shared`` marks the positions up to the deepest block that has two or more distinct cached
-continuations (a branch point: what the radix tree calls a node with several children) or is
-still held by another request.
+request's blocks join the free queue; the pool frees in the order it is given, as vLLM's
+``free_blocks(ordered_blocks)`` (``free_order``: the policy's ``ReleaseOrder``,
+policies/eviction.py: given the request's ``shared`` mask, the positions in release order;
+released first = evicted first). ``vllm`` releases tail first; ``penelope`` releases the front
+of the private history first and the shared prefix last. ``shared`` marks the positions up to
+the deepest block that has two or more distinct cached continuations (a branch point: what the
+radix tree calls a node with several children) or is still held by another request; the pool
+builds it (and keeps the child counts it needs) only for an order that reads it.
+
+KV events (``enable_events``, ``take_events``; ``sim.kvcache.events``): a block hashed (cached)
+is stored, with the block before it as parent; an id whose last cached copy a pop dropped is
+removed (lazy eviction). Off unless a consumer enables them.
 
 What differs from the radix tree: the cached set is a multiset of blocks, not a tree (with a
 non-tail order it need not even be prefix-closed: blocks after an evicted one stay cached but
@@ -56,49 +62,24 @@ no insert at finish; capacity is physical blocks (a request holds its partial la
 Ids must be non-negative and dense enough to index arrays (trace ids are dense ranks; arrays
 grow to the largest id seen). Speed: every operation is a handful of numpy calls on the
 request's blocks (a few blocks are updated one by one in Python, cheaper than numpy there);
-child counts, read only by a non-reverse free order when a request is freed, are applied in
-bulk then.
+child counts, read only by an order that reads ``shared`` when a request is freed, are
+applied in bulk then.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
+from policies.eviction import ReleaseOrder, get_free_order
+
 from .cachedids import MAX_ID, CachedIds
+from .events import KVEvent, KVEventQueue
 from .freequeue import FreeQueue
 
-FreeOrder = Callable[[np.ndarray], np.ndarray]
-__all__ = ["FREE_ORDERS", "MAX_ID", "BlockPool", "HolePool", "computed_ranges",
-           "get_free_order", "penelope_free_order", "reused_runs", "span", "vllm_free_order"]
-
-
-def vllm_free_order(shared: np.ndarray) -> np.ndarray:
-    """vLLM: release the request's blocks in reverse (its tail is evicted first)."""
-    return np.arange(len(shared) - 1, -1, -1, dtype=np.int64)
-
-
-vllm_free_order.reverse = True  # type: ignore[attr-defined]  # the pool may skip the mask
-
-
-def penelope_free_order(shared: np.ndarray) -> np.ndarray:
-    """Penelope: the private history from its FRONT first, then the shared prefix tail first."""
-    private = np.flatnonzero(~shared)
-    return np.concatenate([private, np.flatnonzero(shared)[::-1]])
-
-
-# A free order with ``reverse = True`` ignores ``shared`` and is plain reverse order: the pool
-# then neither builds the mask nor tracks children (vLLM's own order stays cheap).
-FREE_ORDERS: dict[str, FreeOrder] = {"vllm": vllm_free_order, "penelope": penelope_free_order}
-
-
-def get_free_order(order: str | FreeOrder) -> FreeOrder:
-    if callable(order):
-        return order
-    if order not in FREE_ORDERS:
-        raise ValueError(f"unknown free order {order!r}: expected one of {sorted(FREE_ORDERS)}")
-    return FREE_ORDERS[order]
+__all__ = ["MAX_ID", "BlockPool", "HolePool", "computed_ranges", "reused_runs", "span"]
 
 
 class _Seq:
@@ -127,7 +108,7 @@ class BlockPool:
         self,
         capacity_blocks: int,
         block_size: int = 64,
-        free_order: str | FreeOrder = "vllm",
+        free_order: str | ReleaseOrder = "vllm",
         *,
         debug: bool = False,
     ) -> None:
@@ -137,19 +118,30 @@ class BlockPool:
         self.capacity_blocks = int(capacity_blocks)
         self.block_size = int(block_size)
         self.free_order = get_free_order(free_order)
-        self._reverse = bool(getattr(self.free_order, "reverse", False))
         self.debug = debug
         n = self.capacity_blocks + 1
         self._bid = np.full(n, -1, np.int64)
         self._ref = np.zeros(n, np.int32)
         self._queue = FreeQueue(self.capacity_blocks)
-        # the hash map: cached copies per id (and child counts, which only a non-reverse
-        # free order reads)
-        self._ids = CachedIds(children=not self._reverse)
+        # the hash map: cached copies per id (and child counts, which only an order that
+        # reads the shared mask needs)
+        self._ids = CachedIds(children=self.free_order.reads_shared)
         self._seqs: dict[int, _Seq] = {}
         self._cached = 0
         self._dropped = 0  # hashes dropped at allocation (lazy evictions), copies included
         self._lost = 0  # ... of which the id's last cached copy
+        self._events: KVEventQueue | None = None  # off until a consumer enables them
+
+    # ------------------------------------------------------------------ KV events
+    def enable_events(self, clock: Callable[[], Any] | None = None) -> None:
+        """Report KV events from now on (module doc), each stamped by ``clock()``."""
+        if self._events is None:
+            self._events = KVEventQueue(clock)
+
+    def take_events(self) -> list[tuple[Any, KVEvent]]:
+        """The ``(stamp, event)`` pairs since the last call, oldest first (none while events
+        are off)."""
+        return self._events.take() if self._events is not None else []
 
     # ------------------------------------------------------------------ counters
     @property
@@ -295,36 +287,29 @@ class BlockPool:
         return self._seqs[rid].cached
 
     def free(self, rid: int) -> None:
-        """Release request ``rid`` (finished or preempted) in the pool's free order."""
+        """Release request ``rid`` (finished or preempted) in the order the policy gives
+        (``free_order``; vLLM's ``free_blocks(ordered_blocks)``): each block loses the
+        request's hold, and those left unheld join the free queue in that order, hashed ones
+        at its tail (still hittable until popped), unhashed ones at its front."""
         seq = self._seqs.pop(rid)
         table = seq.table
-        if self._reverse:
-            # Positions >= cached are the request's own unhashed blocks (ref 1), < cached are
-            # hashed: vLLM's reversed release prepends the former and appends the latter.
-            c = seq.cached
-            head = table[c - 1 :: -1] if c else table[:0]
-            refs = self._ref[head] - 1
-            self._ref[head] = refs
-            self._queue.append(head[refs == 0])
-            tail = table[c:]
-            if len(tail):
-                self._ref[tail] = 0
-                self._queue.prepend(tail[::-1])
-            if self.debug:
-                self.check()
-            return
-        order = np.asarray(self.free_order(self._shared(seq)), np.int64)
-        if self.debug and not np.array_equal(np.sort(order), np.arange(len(table))):
-            raise AssertionError(f"free order is not a permutation of {len(table)}: {order}")
-        t = table[order]
-        refs = self._ref[t] - 1
-        self._ref[t] = refs
-        zero = t[refs == 0]
+        order = self.free_order
+        ordered = order.release(table, self._shared(seq) if order.reads_shared else None)
+        if self.debug and not np.array_equal(np.sort(ordered), np.sort(table)):
+            raise AssertionError(f"free order {order!r} is not a permutation of the request's "
+                                 f"{len(table)} blocks: {ordered}")
+        self._free_blocks(ordered)
+        if self.debug:
+            self.check()
+
+    def _free_blocks(self, ordered: np.ndarray) -> None:
+        """vLLM's ``free_blocks``: the physical blocks ``ordered`` lose one hold each."""
+        refs = self._ref[ordered] - 1
+        self._ref[ordered] = refs
+        zero = ordered[refs == 0]
         hashed = self._bid[zero] >= 0
         self._queue.append(zero[hashed])
         self._queue.prepend(zero[~hashed])
-        if self.debug:
-            self.check()
 
     def _shared(self, seq: _Seq) -> np.ndarray:
         """Positions up to the deepest cached block with two or more cached continuations or
@@ -340,6 +325,16 @@ class BlockPool:
     # ------------------------------------------------------------------ observation
     def is_cached(self, block_id: int) -> bool:
         return self._ids.is_cached(block_id)
+
+    def gpu_prefix_blocks(self, ids: np.ndarray) -> int:
+        """Leading blocks of ``ids`` cached now, as stock vLLM's lookup finds them (read
+        only; no cap: every block may hit)."""
+        ids = np.asarray(ids, np.int64)
+        return self._lookup(ids, ids.size * self.block_size + 1)[0]
+
+    def resident_prefix_blocks(self, ids: np.ndarray) -> int:
+        """Leading blocks of ``ids`` held in any tier now: the GPU's (one tier)."""
+        return self.gpu_prefix_blocks(ids)
 
     def free_queue(self) -> np.ndarray:
         """Physical blocks in the free queue, front (reused first) to back."""
@@ -409,6 +404,10 @@ class BlockPool:
         self._cached -= len(ps)
         self._dropped += len(ps)
         self._lost += self._ids.drop(ps, xs)
+        if self._events is not None:
+            gone = [x for x in xs.tolist() if not self._ids.is_cached(x)]
+            if gone:
+                self._events.removed(np.asarray(gone, dtype=np.int64))
 
     def _cache(self, seq: _Seq) -> None:
         """Hash the request's blocks that became full: [cached, computed // bs)."""
@@ -416,11 +415,15 @@ class BlockPool:
         b = seq.known // self.block_size  # <= len(ids): _check_ids ran before any change
         if b <= a:
             return
+        events = self._events
         for x, y in self._unhashed(seq, a, b):
             ps, xs = seq.table[x:y], seq.ids[x:y]
             self._bid[ps] = xs
             self._cached += y - x
-            self._ids.add(ps, xs, int(seq.ids[x - 1]) if x else -1)
+            parent = int(seq.ids[x - 1]) if x else -1
+            self._ids.add(ps, xs, parent)
+            if events is not None:
+                events.stored(xs, parent)
         seq.cached = b
 
     def _unhashed(self, seq: _Seq, a: int, b: int) -> list[tuple[int, int]]:
@@ -514,13 +517,6 @@ def computed_ranges(reused: Runs, bs: int, start: int, stop: int) -> Runs:
 
 class HolePool(BlockPool):
     """``BlockPool`` whose lookup reuses every cached block of a request's chain."""
-
-    def __init__(self, capacity_blocks: int, block_size: int = 64, free_order="vllm", *,
-                 debug: bool = False) -> None:
-        super().__init__(capacity_blocks, block_size, free_order, debug=debug)
-        # A request preempted mid-prefill may hold hashed (reused) blocks past its cached
-        # frontier: release through the general path, which looks at each block's hash.
-        self._reverse = False
 
     def _match(self, ids: np.ndarray, num_tokens: int, grown: bool = False) -> np.ndarray:
         """First cached copy per block up to the last cached one within the cap (-1: a

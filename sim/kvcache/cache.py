@@ -30,17 +30,26 @@ private head, so boundaries carry no meaning there; merging keeps their paths sh
 
 ``debug=True`` recounts every counter by DFS after every public operation (``invariants``)
 and checks every chain a start strategy returns.
+
+KV events (``enable_events``/``take_events``, ``events``; off by default): an insert reports
+the blocks it made GPU-resident (new, refilled, promoted) and the chain it wrote; a load the
+runs it brought to the GPU; the tree's appliers every GPU loss (deleted or demoted); each
+evict, make_room, load and ``background_evictions`` the blocks whose last copy its result
+reports gone. Read-only queries for a consumer: ``gpu_prefix_blocks``,
+``resident_prefix_blocks``, ``tier_runs``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 
 from policies import EvictionPolicy, get_policy
 
 from .edits import EditResult, edit_path
+from .events import KVEvent, KVEventQueue, concat
 from .invariants import recount
 from .node import Node, Tier
 from .paths import WalkHint
@@ -147,6 +156,26 @@ class RadixKVCache:
         if versioned and self.tiering.host_copies:
             raise ValueError("context edits (dropped or moved KV) are not modelled with "
                              "HiCache host copies")
+        self._events: KVEventQueue | None = None  # off until a consumer enables them
+
+    # ------------------------------------------------------------------ KV events
+    def enable_events(self, clock: Callable[[], Any] | None = None) -> None:
+        """Report KV events from now on (``sim.kvcache.events``), each stamped by ``clock()``
+        when it happens: blocks stored on and removed from the GPU where the appliers change
+        them, the chain each insert writes, and the blocks each operation drops entirely
+        (evictions, loads, HiCache's background deletions when ``background_evictions``
+        reports them). A cache whose keys context edits change reports none."""
+        if self.versioned:
+            raise ValueError("a versioned cache (context edits) reports no KV events: an "
+                             "edit re-keys cached KV")
+        if self._events is None:
+            self._events = KVEventQueue(clock)
+            self.tree.enable_events(self._events)
+
+    def take_events(self) -> list[tuple[Any, KVEvent]]:
+        """The ``(stamp, event)`` pairs since the last call, oldest first (none while events
+        are off)."""
+        return self._events.take() if self._events is not None else []
 
     def evictable_leaves(self) -> list[Node]:
         """Current eviction candidates, in ascending serial order (deterministic)."""
@@ -225,6 +254,37 @@ class RadixKVCache:
         """All GPU-resident block ids in the tree, sorted."""
         runs = [nd.ids for nd in self.iter_nodes() if nd.tier is _GPU]
         return np.sort(np.concatenate(runs)) if runs else np.empty(0, dtype=np.int64)
+
+    def gpu_prefix_blocks(self, ids: np.ndarray) -> int:
+        """Leading blocks of ``ids`` resident on the GPU now (read only: no stamp, no split):
+        the hit an arriving request would see before any eviction."""
+        return self._prefix_blocks(as_block_ids(ids), gpu_only=True)
+
+    def resident_prefix_blocks(self, ids: np.ndarray) -> int:
+        """Leading blocks of ``ids`` held on the GPU or the CPU tier now (read only): where a
+        lookup in a pool below the cache starts."""
+        return self._prefix_blocks(as_block_ids(ids), gpu_only=False)
+
+    def _prefix_blocks(self, ids: np.ndarray, gpu_only: bool) -> int:
+        path, partial, _k, pos = self.tree.walk(ids, stop_at_holes=True)
+        hit = 0
+        for nd in path:
+            if gpu_only and nd.tier is not _GPU:
+                return hit
+            hit = nd.start + len(nd.ids)
+        if partial is not None and (not gpu_only or partial.tier is _GPU):
+            hit = pos
+        return hit
+
+    def tier_runs(self, ids: np.ndarray) -> list[tuple[int, int, Tier]]:
+        """Where the blocks of ``ids`` are now, read only (no stamp, no split): runs
+        ``(start, end, tier)`` of the tree's path for ``ids``, through holes (tier NONE), in
+        prefix order; blocks past the last run are not in the tree."""
+        path, partial, k, _pos = self.tree.walk(as_block_ids(ids), stop_at_holes=False)
+        runs = [(nd.start, nd.start + len(nd.ids), nd.tier) for nd in path]
+        if partial is not None:
+            runs.append((partial.start, partial.start + k, partial.tier))
+        return runs
 
     def iter_nodes(self) -> Iterator[Node]:
         """All nodes except the root, depth first (children in key order)."""
@@ -347,12 +407,18 @@ class RadixKVCache:
             path.append(tree.split(partial, k))
         for nd in path:
             nd.last_access = tick
+        events = self._events
         if fill:
             for nd in path:
-                if nd.tier is _NONE:
+                t = nd.tier
+                if t is _NONE:
                     tree.fill(nd)
-                elif nd.tier is _CPU:
+                elif t is _CPU:
                     self.tiering.promote(nd)
+                else:
+                    continue
+                if events is not None:
+                    events.stored(nd.ids, ids.item(nd.start - 1) if nd.start else -1)
         existing = pos - fill - dropped
         node = path[-1] if path else self.root
         if new:
@@ -362,6 +428,10 @@ class RadixKVCache:
             else:
                 node = tree.add_leaf(node, ids[pos:], pos, leaf_tick)
                 path.append(node)
+                if events is not None:
+                    events.stored(node.ids, ids.item(pos - 1) if pos else -1)
+        if events is not None and n:
+            events.written(ids)
         if path and self._insert_hook is not None:
             self._insert_hook(path)
         if exact and len(path) > 1:
@@ -417,6 +487,8 @@ class RadixKVCache:
         Under a CPU tier GPU blocks are freed by demotion or deletion (``tiering``)."""
         result = self.tiering.free_gpu(min(n, self.tree.evictable_blocks))
         result.ok = result.freed_blocks >= n
+        if self._events is not None and result.freed:
+            self._events.dropped(concat(result.freed))
         if self.debug:
             self.check()
         return result
@@ -431,6 +503,8 @@ class RadixKVCache:
         if need > tree.evictable_blocks:
             return EvictResult(ok=False)
         result = self.tiering.free_gpu(need)  # = self.evict(need), one call less
+        if self._events is not None and result.freed:
+            self._events.dropped(concat(result.freed))
         if self.debug:
             self.check()
         result.ok = tree.free_blocks >= n
@@ -449,6 +523,12 @@ class RadixKVCache:
             raise ValueError(f"load of an unlocked node {node!r}: lock the match first")
         limit = node.end if limit_blocks is None else min(limit_blocks, node.end)
         result = self.tiering.load(node, limit)
+        events = self._events
+        if events is not None:  # its demotions and deletions were reported as they happened
+            for run in result.loaded:  # root-ward first, each behind a GPU-resident prefix
+                events.stored(run, None)
+            if result.deleted:
+                events.dropped(concat(result.deleted))
         if self.debug:
             self.check()
         return result
@@ -459,7 +539,10 @@ class RadixKVCache:
         (drops, repositions) or leaves the logical prefix (``dest[i] < 0``: a splice). Frees
         dropped and removed KV, re-keys the rest (``rotates``: the blocks whose position
         moved); nothing changes when a running request holds the path
-        (``EditResult.applied`` False). See ``sim.kvcache.edits``."""
+        (``EditResult.applied`` False). See ``sim.kvcache.edits``. Not while KV events are
+        on: they do not describe re-keyed KV."""
+        if self._events is not None:
+            raise ValueError("context edits re-key cached KV, which KV events do not describe")
         res = edit_path(self.tree, old, new, dest, rotates, hint)
         if self.debug:
             self.check()
@@ -469,7 +552,10 @@ class RadixKVCache:
         """Deletions the cache made on its own since the last call, then reset: HiCache's
         write-through backups delete host copies to make host room. Together with
         ``evict``/``make_room`` and ``load`` results this reports every deletion once."""
-        return self.tiering.take_background()
+        result = self.tiering.take_background()
+        if self._events is not None and result.freed:
+            self._events.dropped(concat(result.freed))
+        return result
 
     def backup_pending(self) -> int:
         """Blocks copied d2h since the last call, then reset: unified demotions, hicache

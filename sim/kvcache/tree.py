@@ -34,7 +34,8 @@ positions: a drop's keys, a repositioned or spliced run) and ``remove_subtree`` 
 key can reach again). Eviction plans (``planner.py``) are carried out here too, by the
 appliers (``apply_delete``, ``apply_demote``, ``apply_device_evict``) through the KV moves.
 The tree also walks ids (``walk``, with a ``paths.WalkHint``), splits a node and merges runs:
-none of these changes a counter.
+none of these changes a counter. Once the cache enables KV events (``enable_events``), every
+GPU loss the appliers make is queued as it happens (``events.BlockRemoved``).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from .paths import WalkHint
 from .results import EvictResult
 
 if TYPE_CHECKING:
+    from .events import KVEventQueue
     from .planner import Step
 
 _GPU, _NONE, _CPU, _DROPPED = Tier.GPU, Tier.NONE, Tier.CPU, Tier.DROPPED
@@ -77,6 +79,7 @@ class RadixTree:
         self.epoch = 0  # counts key changes (rekey); nodes remember theirs (walk hints)
         self._d2h = 0  # d2h copies not yet reported by take_d2h
         self._leaves: set[Node] = set()
+        self._events: KVEventQueue | None = None  # GPU losses, once the cache enables events
 
     # ------------------------------------------------------------------ reading
     @property
@@ -138,6 +141,10 @@ class RadixTree:
     def next_serial(self) -> int:
         self._serial += 1
         return self._serial
+
+    def enable_events(self, queue: KVEventQueue) -> None:
+        """Report every GPU loss the appliers make (deleted or demoted KV) to ``queue``."""
+        self._events = queue
 
     def tick(self) -> int:
         """Advance the logical clock; returns the new tick."""
@@ -361,6 +368,8 @@ class RadixTree:
         self._gpu -= size
         self._evictable -= size
         result.demoted.append(node.ids)
+        if self._events is not None:
+            self._events.removed(node.ids)
         result.demoted_blocks += size
         result.freed_blocks += size
 
@@ -399,7 +408,8 @@ class RadixTree:
     def truncate_tail(self, leaf: Node, k: int, result: EvictResult) -> None:
         """Free the last k blocks of an unlocked leaf (no hole: nothing follows them)."""
         keep = len(leaf.ids) - k
-        result.freed.append(leaf.ids[keep:])
+        gone = leaf.ids[keep:]
+        result.freed.append(gone)
         result.deleted_blocks += k
         leaf.ids = leaf.ids[:keep]
         leaf.last = leaf.ids.item(keep - 1)
@@ -407,6 +417,8 @@ class RadixTree:
             self._gpu -= k
             self._evictable -= k
             result.freed_blocks += k
+            if self._events is not None:
+                self._events.removed(gone)
             if leaf.host:  # a backed-up tail loses its host copy too
                 self._cpu -= k
         else:
@@ -487,6 +499,8 @@ class RadixTree:
             result.freed.append(node.ids)
             if node.host:
                 self._cpu -= size
+            if self._events is not None:
+                self._events.removed(node.ids)
         elif tier is _CPU:
             self._cpu -= size
             result.deleted_blocks += size

@@ -120,9 +120,7 @@ class CacheReplay:
 
     def prefix_blocks(self, ids: np.ndarray) -> int:
         """Leading blocks of ``ids`` cached now (read only): a router's exact view."""
-        from sim.fleet.replica import tree_prefix_blocks
-
-        return tree_prefix_blocks(self.cache, ids)
+        return self.cache.gpu_prefix_blocks(ids)
 
     @property
     def held_blocks(self) -> int:
