@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -253,6 +254,28 @@ class RunRecorder:
 
     def session_ended(self, s: int, now: float) -> None:
         self.session_end[s] = now
+
+    def adopt_sessions(self, source: RunRecorder, sessions: Iterable[int] | None = None
+                       ) -> None:
+        """Replace this recorder's session times with ``source``'s for ``sessions`` (all of
+        them when None): a fleet's replay times the sessions once, for every replica's
+        summary (sim/fleet/metrics.py)."""
+        if sessions is None:
+            self.session_start = dict(source.session_start)
+            self.session_end = dict(source.session_end)
+            return
+        ids = list(sessions)
+        self.session_start = {s: source.session_start[s] for s in ids
+                              if s in source.session_start}
+        self.session_end = {s: source.session_end[s] for s in ids if s in source.session_end}
+
+    def absorb(self, other: RunRecorder) -> None:
+        """Add ``other``'s requests, prompt histogram and counters to this recorder's (a
+        fleet's totals from its replicas')."""
+        self.records.extend(other.records)
+        self.hist = self.hist + other.hist
+        for k, v in other.counters.items():
+            self.counters[k] = self.counters.get(k, 0) + v
 
     # --- results ------------------------------------------------------------------------
     def table(self) -> pd.DataFrame:

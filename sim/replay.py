@@ -53,12 +53,27 @@ class Replay:
             else:
                 self.children.setdefault(s.after_request, []).append(i)
 
+    def _prompts(self, r: int) -> list[Prompt]:
+        """What the client sends for trace request r: the request itself, or under a context
+        strategy its views (a summarization call first when one is due, sent at once)."""
+        if self.context is None:
+            t = self.trace
+            return [FullPrompt(t, r, t.block_ids(r), int(t.prompt_tokens[r]),
+                               max(1, int(t.output_tokens[r])))]
+        return list(self.context.views(r))
+
     def _req(self, r: int, prompt: Prompt) -> Req:
+        """The request the client sends now for ``prompt`` of trace request r; a summary
+        call is followed at once by its turn, which the request's next gap says."""
         t = self.trace
         s = int(t.session.item(r))  # item(): Python scalars without numpy scalar objects
         sess = t.sessions[s]
         next_send_s = math.nan
-        if r + 1 < sess.first + sess.count:
+        if prompt.kind == "summary":
+            next_gap, next_gap_s = "tool", 0.0
+            if self.send_at is not None:
+                next_send_s = float(self.send_at[r])
+        elif r + 1 < sess.first + sess.count:
             next_gap = GAP_KINDS[int(t.gap_kind.item(r + 1))]
             next_gap_s = float(self.gaps[r + 1])
             if self.send_at is not None:
@@ -70,28 +85,8 @@ class Replay:
             prompt_tokens=prompt.prompt_tokens, output_tokens=max(1, prompt.output_tokens),
             ids=prompt.ids, done=self.env.event(), prompt=prompt,
             shared_blocks=sess.shared_prefix_blocks, next_gap=next_gap,
-            next_gap_s=next_gap_s, next_send_s=next_send_s)
-
-    def _reqs(self, r: int) -> list[Req]:
-        """What the client sends for trace request r: the request itself, or under a context
-        strategy its views (a summarization call first when one is due, sent at once)."""
-        hint = self._hints.setdefault(int(self.trace.session[r]), WalkHint())
-        if self.context is None:
-            t = self.trace
-            prompts: list[Prompt] = [FullPrompt(t, r, t.block_ids(r), int(t.prompt_tokens[r]),
-                                                max(1, int(t.output_tokens[r])))]
-        else:
-            prompts = list(self.context.views(r))
-        out = []
-        for view in prompts:
-            req = self._req(r, view)
-            req.hint = hint
-            if view.kind == "summary":  # the turn itself follows at once
-                req.next_gap, req.next_gap_s = "tool", 0.0
-                if self.send_at is not None:
-                    req.next_send_s = float(self.send_at[r])
-            out.append(req)
-        return out
+            next_gap_s=next_gap_s, next_send_s=next_send_s,
+            hint=self._hints.setdefault(s, WalkHint()))
 
     def session(self, s: int, delay: float = 0.0) -> Generator:
         env, rec = self.env, self.server.rec
@@ -109,8 +104,8 @@ class Replay:
             gap = float(self.gaps[r]) if k > 0 else 0.0
             if gap > 0 and math.isfinite(gap):
                 yield env.timeout(gap)
-            for req in self._reqs(r):
-                req.arrival = env.now
+            for prompt in self._prompts(r):
+                req = self._req(r, prompt)
                 self.server.submit(req)
                 yield req.done
             if self.on_reply is not None:
@@ -150,17 +145,17 @@ class Replay:
             if s not in seen:
                 seen.add(s)
                 self.server.rec.session_started(s, env.now)
-            reqs = self._reqs(r)
-            for k, req in enumerate(reqs):
+            prompts = self._prompts(r)
+            for k, prompt in enumerate(prompts):
                 if self.max_concurrency:
                     while self.in_flight >= self.max_concurrency:
                         self._slot = env.event()
                         yield self._slot
-                    req.arrival = env.now
                     self.in_flight += 1
+                req = self._req(r, prompt)
                 self.server.submit(req)
                 replies.append(env.process(self._await_end(req, s,
-                                                           last=k == len(reqs) - 1)))
+                                                           last=k == len(prompts) - 1)))
         yield env.all_of(replies)  # the run ends with the last reply
 
     def _await_end(self, req: Req, s: int, last: bool = True) -> Generator:

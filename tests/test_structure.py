@@ -9,6 +9,8 @@
   no trace or request attribute with a ``getattr`` default (test doubles implement the real
   interface instead), and its docstrings and comments cite files inside the repository only.
 - The engines build themselves; the runner does not branch on the engine's name.
+- No attribute is written on another room's object (a room: a folder of ``sim/`` or a
+  package): only the owner's methods change it.
 """
 
 from __future__ import annotations
@@ -382,3 +384,75 @@ def test_every_package_folder_explains_itself(folder: str) -> None:
     assert re.search(r"may import", text, re.IGNORECASE), f"{folder}: what may it import?"
     assert re.search(r"in -> out|\|\s*in\s*\||^in:", text, re.IGNORECASE | re.MULTILINE), \
         f"{folder}: its data in and out?"
+
+
+def room_of(path: Path) -> str:
+    """A room: a folder of ``sim/`` (``sim/engines``, ``sim/fleet``...), ``sim`` for its own
+    modules, or a top-level package."""
+    parts = path.relative_to(REPO).parts
+    return "/".join(parts[:2]) if parts[0] == "sim" and len(parts) > 2 else parts[0]
+
+
+def _targets(node: ast.AST) -> list[ast.expr]:
+    if isinstance(node, ast.Assign):
+        raw = node.targets
+    elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+        raw = [node.target]
+    else:
+        return []
+    return [e for t in raw for e in (t.elts if isinstance(t, ast.Tuple) else [t])]
+
+
+Module = tuple[str, str, str]  # (file, room, source)
+
+
+def owned_attributes(modules: list[Module]) -> dict[str, set[str]]:
+    """attribute -> the rooms whose classes own it (assign ``self.attr`` or declare it in the
+    class body)."""
+    owners: dict[str, set[str]] = {}
+    for _, room, source in modules:
+        for cls in ast.walk(ast.parse(source)):
+            if not isinstance(cls, ast.ClassDef):
+                continue
+            for node in ast.walk(cls):
+                for t in _targets(node):
+                    if isinstance(t, ast.Name) and isinstance(node, ast.AnnAssign):
+                        owners.setdefault(t.id, set()).add(room)
+                    elif (isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)
+                          and t.value.id == "self"):
+                        owners.setdefault(t.attr, set()).add(room)
+    return owners
+
+
+def foreign_writes(modules: list[Module]) -> list[str]:
+    """``file:line: target`` for each ``x.attr = ...`` on an object other than self/cls whose
+    attribute only other rooms' classes own."""
+    owners = owned_attributes(modules)
+    out = []
+    for file, room, source in modules:
+        for node in ast.walk(ast.parse(source)):
+            for t in _targets(node):
+                if (isinstance(t, ast.Attribute)
+                        and not (isinstance(t.value, ast.Name) and t.value.id in ("self", "cls"))
+                        and owners.get(t.attr) and room not in owners[t.attr]):
+                    out.append(f"{file}:{node.lineno}: {ast.unparse(t)} "
+                               f"(owned by {', '.join(sorted(owners[t.attr]))})")
+    return out
+
+
+def test_no_attribute_written_on_another_rooms_object() -> None:
+    """A room changes another room's objects only through their methods: the replay builds a
+    request with everything it carries, a fleet adopts session times through the recorder."""
+    modules = [(str(p.relative_to(REPO)), room_of(p), p.read_text())
+               for package in (*PRODUCT, "calibration")
+               for p in sorted((REPO / package).rglob("*.py"))]
+    bad = foreign_writes(modules)
+    assert not bad, "attributes written on another room's objects:\n" + "\n".join(bad)
+
+
+def test_the_foreign_write_check_can_fail() -> None:
+    req = ("sim/engines/request.py", "sim/engines",
+           "class Req:\n    def __init__(self):\n        self.arrival = 0\n")
+    send = ("sim/replay.py", "sim", "def send(req, now):\n    req.arrival = now\n")
+    assert foreign_writes([req, send]) == ["sim/replay.py:2: req.arrival (owned by sim/engines)"]
+    assert foreign_writes([req, (*send[:2], "def send(req, now):\n    req.send(now)\n")]) == []

@@ -55,12 +55,8 @@ def merge_recorders(trace, recs: list[RunRecorder], sessions: RunRecorder) -> Ru
     are the fleet's (its ``summary`` then gives the fleet totals)."""
     merged = recorder_for(trace)
     for rec in recs:
-        merged.records.extend(rec.records)
-        merged.hist = merged.hist + rec.hist
-        for k, v in rec.counters.items():
-            merged.counters[k] = merged.counters.get(k, 0) + v
-    merged.session_start = dict(sessions.session_start)
-    merged.session_end = dict(sessions.session_end)
+        merged.absorb(rec)
+    merged.adopt_sessions(sessions)
     return merged
 
 
@@ -115,10 +111,7 @@ def fleet_metrics(fleet, engines: list, tables: list[pd.DataFrame], sessions: Ru
             s = dict(idle[2])  # an idle replica's summary is every idle replica's
         else:
             mine = homes.get(i, [])
-            rec.session_start = {s: sessions.session_start[s] for s in mine
-                                 if s in sessions.session_start}
-            rec.session_end = {s: sessions.session_end[s] for s in mine
-                               if s in sessions.session_end}
+            rec.adopt_sessions(sessions, mine)
             own = t.drop(columns=["replica"])
             s = rec.summary(sim_end, block_size, own)
             s = {k: v for k, v in s.items() if not isinstance(v, dict | list)}
