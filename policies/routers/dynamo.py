@@ -26,7 +26,6 @@ hold, and a removed block takes its descendants (``KVEvents.drop_orphans``). Pro
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
@@ -164,8 +163,7 @@ class DynamoKV(Router):
 
     def bind(self, n_replicas, block_size, rng) -> None:
         super().bind(n_replicas, block_size, rng)
-        # per worker: block id -> its active requests holding it (Counter: one C loop to add)
-        self.active: list[Counter[int]] = [Counter() for _ in range(n_replicas)]
+        self.active: list[dict[int, int]] = [{} for _ in range(n_replicas)]
         self.sent: dict[int, list[int]] = {}
 
     def route(self, request: RouteRequest, view: RouterView) -> int:
@@ -178,7 +176,9 @@ class DynamoKV(Router):
     def dispatched(self, request: RouteRequest, worker: int) -> None:
         """Book ``request``'s blocks as active on ``worker`` until it finishes."""
         ids = request.block_ids.tolist()
-        self.active[worker].update(ids)
+        act = self.active[worker]
+        for b in ids:
+            act[b] = act.get(b, 0) + 1
         self.sent[request.rid] = ids
 
     def on_finish(self, rid: int, replica: int, now: float) -> None:

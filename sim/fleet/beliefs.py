@@ -19,7 +19,7 @@ import heapq
 import math
 from collections import Counter, OrderedDict, deque
 from collections.abc import Iterable
-from itertools import repeat
+from itertools import groupby, repeat
 
 import numpy as np
 
@@ -36,18 +36,20 @@ def _bits(mask: int) -> Iterable[int]:
 
 
 def consecutive_prefixes(ids: list[int], holders: dict[int, int], n: int) -> list[int]:
-    """Per replica, how many leading ``ids`` it holds (consecutive from the start)."""
+    """Per replica, how many leading ``ids`` it holds (consecutive from the start). The masks
+    are read in C and taken in runs of equal masks, so the Python work is per run."""
     out = [0] * n
     alive = (1 << n) - 1
-    get = holders.get
-    for i, b in enumerate(ids):
-        m = get(b, 0) & alive
+    i = 0
+    for m, run in groupby(map(holders.get, ids, repeat(0))):
+        m &= alive
         if m != alive:
             for r in _bits(alive & ~m):
                 out[r] = i
             alive = m
             if not alive:
                 return out
+        i += len(list(run))
     for r in _bits(alive):
         out[r] = len(ids)
     return out

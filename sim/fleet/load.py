@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -81,8 +80,7 @@ class Scraper:
 
 class Predicted:
     def __init__(self, n: int) -> None:
-        # per replica: block id -> active requests holding it (Counter: one C loop to add)
-        self.block_refs: list[Counter[int]] = [Counter() for _ in range(n)]
+        self.block_refs: list[dict[int, int]] = [{} for _ in range(n)]
         self.prefill: list[dict[int, int]] = [{} for _ in range(n)]  # rid -> prefill tokens
         self.prefill_total = [0] * n
 
@@ -90,7 +88,9 @@ class Predicted:
         return len(self.block_refs[replica])
 
     def added(self, replica: int, rid: int, ids: np.ndarray, prefill_tokens: int) -> None:
-        self.block_refs[replica].update(ids.tolist())
+        refs = self.block_refs[replica]
+        for b in ids.tolist():
+            refs[b] = refs.get(b, 0) + 1
         self.prefill[replica][rid] = prefill_tokens
         self.prefill_total[replica] += prefill_tokens
 
