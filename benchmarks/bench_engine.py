@@ -13,9 +13,11 @@ each on one core, under 2 GiB peak RSS. ``pressured`` = the paper's pressured se
 --max-context 128k --shared-prefix 15.6k --gaps cap:10 --gpu-cache 256k --sessions 8`` (12,790
 requests; nearly every prefill chunk evicts): goal at least 2,000 requests/s end to end. Without
 the shared traces it runs on a synthetic stand-in of similar pressure (``STANDIN``; the 128k
-and 512k cases are skipped). Trace loading is timed separately from the simulation; ``total``
-is the whole child process (interpreter start, imports, trace load from its cache, run), the
-``end to end`` of a ``kvsim run`` without writing results.
+and 512k cases are skipped). ``fleet8`` = the pressured setup on a fleet: 8 replicas (each a
+256K-token cache) behind ``dynamo-kv`` with 64 concurrent sessions. Trace loading is timed
+separately from the simulation; ``total`` is the whole child process (interpreter start,
+imports, trace load from its cache, run), the ``end to end`` of a ``kvsim run`` without
+writing results.
 
 Variants: every engine of ``--engine`` (default sglang) x (``--preset`` and every policy of
 ``--policy``). Each is run ``--repeat`` times, interleaved (the machine may be shared:
@@ -42,7 +44,10 @@ REPO = Path(__file__).resolve().parent.parent
 DEFAULT_TRACE = REPO.parent / "shared" / "data" / "cc-traces"
 # case -> (max_context, gpu_cache, gaps, shared_prefix); None: the config's default
 CASES = {"128k": (131072, 262144, "recorded", None), "512k": (524288, 1048576, "recorded", None),
-         "pressured": (131072, 262144, "cap:10", "15974")}
+         "pressured": (131072, 262144, "cap:10", "15974"),
+         "fleet8": (131072, 262144, "cap:10", "15974")}
+# case -> (replicas, router, sessions) of a fleet case (the others: one server, 8 sessions)
+FLEETS = {"fleet8": (8, "dynamo-kv", 64)}
 # The pressured case's trace when the shared traces are absent: ~4,100 requests, ~31% hits,
 # ~44K tokens recomputed per request (the real set: 19%, ~61K), about the same CPU per request.
 STANDIN = "synthetic:claude-code?sessions=120"
@@ -61,14 +66,17 @@ from sim.config import RunConfig
 from sim.runner import load_run_trace, run
 PRESETS = ("sglang", "vllm", "penelope")
 trace, max_ctx, cache, policy, profile, engine, scheduler, gaps, shared = sys.argv[1:10]
+replicas, router, sessions = int(sys.argv[10]), sys.argv[11], int(sys.argv[12])
 extra = {}  # only what was asked: older revisions (--against) lack newer fields
+if router:
+    extra.update(replicas=replicas, router=router)
 if shared:
     extra["shared_prefix"] = shared if shared == "auto" else int(shared)
 if engine:
     extra["engine"] = engine
 if scheduler:
     extra["scheduler"] = scheduler
-cfg = RunConfig(trace=trace, max_context=int(max_ctx), gpu_cache=int(cache), sessions=8,
+cfg = RunConfig(trace=trace, max_context=int(max_ctx), gpu_cache=int(cache), sessions=sessions,
                 gaps=gaps, profile=profile or None, **extra)
 cfg = cfg.with_preset(policy) if policy in PRESETS else cfg.with_policy(policy)
 t0 = time.perf_counter(); tr = load_run_trace(cfg); t_load = time.perf_counter() - t0
@@ -85,7 +93,7 @@ def case_trace(trace: str, name: str) -> str | None:
     (None: the case is skipped)."""
     if Path(trace).exists():
         return trace
-    return STANDIN if name == "pressured" else None
+    return STANDIN if name in ("pressured", "fleet8") else None
 
 
 def _children_cpu_s() -> float:
@@ -98,8 +106,9 @@ def run_case(trace: str, name: str, policy: str, tree: Path = REPO, profile: str
     max_ctx, cache, gaps, shared = CASES[name]
     if shared and trace.startswith("synthetic:"):
         shared = "auto"  # the synthetic sessions' system + tool prefix
+    replicas, router, sessions = FLEETS.get(name, (1, "", 8))
     args = [trace, str(max_ctx), str(cache), policy, profile or "", engine or "",
-            scheduler or "", gaps, shared or ""]
+            scheduler or "", gaps, shared or "", str(replicas), router, str(sessions)]
     cpu0, t0 = _children_cpu_s(), time.perf_counter()
     out = subprocess.run([sys.executable, "-c", _CHILD, *args], capture_output=True, text=True,
                          cwd=tree, check=True)

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Iterable
+from itertools import groupby, repeat
 
 import numpy as np
 
@@ -35,18 +36,20 @@ def _bits(mask: int) -> Iterable[int]:
 
 
 def consecutive_prefixes(ids: list[int], holders: dict[int, int], n: int) -> list[int]:
-    """Per replica, how many leading ``ids`` it holds (consecutive from the start)."""
+    """Per replica, how many leading ``ids`` it holds (consecutive from the start). The masks
+    are read in C and taken in runs of equal masks, so the Python work is per run."""
     out = [0] * n
     alive = (1 << n) - 1
-    get = holders.get
-    for i, b in enumerate(ids):
-        m = get(b, 0) & alive
+    i = 0
+    for m, run in groupby(map(holders.get, ids, repeat(0))):
+        m &= alive
         if m != alive:
             for r in _bits(alive & ~m):
                 out[r] = i
             alive = m
             if not alive:
                 return out
+        i += len(list(run))
     for r in _bits(alive):
         out[r] = len(ids)
     return out
@@ -176,14 +179,13 @@ class PodLRUBelief(CacheBelief):
         return [len(x) for x in self.lru]
 
     def overlaps(self, ids: np.ndarray, now: float) -> list[int]:
+        masks = list(map(self.holders.get, ids[: self.max_prefix].tolist(), repeat(0)))
+        if 0 in masks:  # the scan stops at the first block no pod holds
+            masks = masks[: masks.index(0)]
         out = [0] * self.n
-        get = self.holders.get
-        for b in ids[: self.max_prefix].tolist():
-            m = get(b, 0)
-            if not m:
-                break
+        for m, count in Counter(masks).items():
             for r in _bits(m):
-                out[r] += 1
+                out[r] += count
         return out
 
     def routed(self, ids: np.ndarray, replica: int, now: float) -> None:
@@ -311,21 +313,21 @@ class EventBelief(CacheBelief):
             if stored:
                 self._store_linked(r, ids, parent)
             else:
-                for b in ids:
-                    self._forget_subtree(r, b)
+                self._forget_subtrees(r, ids)
             return
         holders, bit = self.holders, 1 << r
+        get = holders.get
         size = 0
         if stored:
             for b in ids:
-                m = holders.get(b, 0)
+                m = get(b, 0)
                 if not m & bit:
                     holders[b] = m | bit
                     size += 1
         else:
             clear = ~bit
             for b in ids:
-                m = holders.get(b, 0)
+                m = get(b, 0)
                 if m & bit:
                     size -= 1
                     m &= clear
@@ -336,34 +338,54 @@ class EventBelief(CacheBelief):
         self.size[r] += size
 
     def _store_linked(self, r: int, ids: list[int], parent: int | None) -> None:
+        """Store the chain ``ids`` after ``parent`` unless the index lacks that parent (then
+        the whole chain is dropped: each block's own parent is the one stored before it, so
+        only the first can be missing)."""
         holders, bit, children = self.holders, 1 << r, self.children[r]
-        prev = parent
-        for i, b in enumerate(ids):
-            if prev is not None and prev >= 0 and not holders.get(prev, 0) & bit:
-                self.dropped += len(ids) - i
+        get = holders.get
+        if parent is not None and parent >= 0:
+            if not get(parent, 0) & bit:
+                self.dropped += len(ids)
                 return
-            m = holders.get(b, 0)
+            prev = parent
+        else:
+            prev = -1
+        size = 0
+        for b in ids:
+            m = get(b, 0)
             if not m & bit:
                 holders[b] = m | bit
-                self.size[r] += 1
-            if prev is not None and prev >= 0:
-                children.setdefault(prev, set()).add(b)
+                size += 1
+            if prev >= 0:
+                kids = children.get(prev)
+                if kids is None:
+                    children[prev] = {b}
+                else:
+                    kids.add(b)
             prev = b
+        self.size[r] += size
 
-    def _forget_subtree(self, r: int, b: int) -> None:
+    def _forget_subtrees(self, r: int, ids: list[int]) -> None:
+        """Remove ``ids`` and every block stored below them for ``r``. The blocks removed are
+        those reachable from ``ids`` over the child links, whatever the visiting order."""
         holders, bit, children = self.holders, 1 << r, self.children[r]
-        stack = [b]
+        get, pop, clear = holders.get, children.pop, ~(1 << r)
+        stack = list(ids)
+        removed = 0
         while stack:
             x = stack.pop()
-            m = holders.get(x, 0)
+            m = get(x, 0)
             if m & bit:
-                m &= ~bit
+                m &= clear
                 if m:
                     holders[x] = m
                 else:
                     del holders[x]
-                self.size[r] -= 1
-            stack.extend(children.pop(x, ()))
+                removed += 1
+            kids = pop(x, None)
+            if kids:
+                stack.extend(kids)
+        self.size[r] -= removed
 
 
 def build_belief(spec: CacheViewSpec | None, n: int,

@@ -1,0 +1,142 @@
+"""The fleet's fast paths (sim/fleet/beliefs.py, sim/fleet/load.py, the dynamo-kv router's
+active blocks) against brute-force models written block by block: the same answers and the
+same final state on random holders, prompts and KV-event streams."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from policies.routers.dynamo import DynamoKV
+from policies.routing import KVEvents, PodLRU, RouteRequest
+from sim.fleet.beliefs import EventBelief, PodLRUBelief, consecutive_prefixes
+from sim.fleet.load import Predicted
+
+N = 4
+masks = st.integers(0, (1 << N) - 1)
+# small id universe so prompts share blocks and holders overlap
+block_ids = st.integers(0, 12)
+
+
+def brute_prefixes(ids: list[int], holders: dict[int, int], n: int) -> list[int]:
+    out = []
+    for r in range(n):
+        k = 0
+        while k < len(ids) and holders.get(ids[k], 0) >> r & 1:
+            k += 1
+        out.append(k)
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(block_ids, masks), st.lists(block_ids, max_size=20))
+def test_consecutive_prefixes_equals_the_scan(holders, ids):
+    assert consecutive_prefixes(ids, holders, N) == brute_prefixes(ids, holders, N)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(block_ids, masks), st.lists(block_ids, max_size=20),
+       st.integers(1, 25))
+def test_podlru_overlaps_equals_the_scan(holders, ids, max_prefix):
+    belief = PodLRUBelief(N, PodLRU(capacity_blocks=100, max_prefix_blocks=max_prefix))
+    belief.holders.update(holders)
+    want = [0] * N
+    for b in ids[:max_prefix]:
+        m = holders.get(b, 0)
+        if not m:
+            break
+        for r in range(N):
+            want[r] += m >> r & 1
+    assert belief.overlaps(np.asarray(ids, dtype=np.int64), 0.0) == want
+
+
+class LinkedModel:
+    """Dynamo 1.6's event index block by block: a store skips a block whose parent the
+    worker lacks (and everything after it); a removal takes the block's subtree."""
+
+    def __init__(self) -> None:
+        self.held: list[set[int]] = [set() for _ in range(N)]
+        self.children: list[dict[int, set[int]]] = [{} for _ in range(N)]
+        self.dropped = 0
+
+    def store(self, r: int, ids: list[int], parent: int | None) -> None:
+        prev = parent
+        for i, b in enumerate(ids):
+            if prev is not None and prev >= 0 and prev not in self.held[r]:
+                self.dropped += len(ids) - i
+                return
+            self.held[r].add(b)
+            if prev is not None and prev >= 0:
+                self.children[r].setdefault(prev, set()).add(b)
+            prev = b
+
+    def remove(self, r: int, ids: list[int]) -> None:
+        for b in ids:  # one subtree at a time, depth first
+            stack = [b]
+            while stack:
+                x = stack.pop()
+                self.held[r].discard(x)
+                stack.extend(self.children[r].pop(x, ()))
+
+
+events = st.lists(st.tuples(st.integers(0, N - 1), st.booleans(),
+                            st.lists(block_ids, min_size=1, max_size=6),
+                            st.one_of(st.none(), st.integers(-1, 12))), max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(events, st.booleans())
+@example([(0, True, [5, 6, 5, 7], None), (0, False, [5], None)], True)  # a repeated id
+def test_event_index_equals_the_block_by_block_model(stream, orphans):
+    belief = EventBelief(N, KVEvents(lag_s=0.0, drop_orphans=orphans))
+    model = LinkedModel()
+    for r, stored, ids, parent in stream:
+        arr = np.asarray(ids, dtype=np.int64)
+        if stored:
+            belief.stored(r, arr, 0.0, parent)
+        else:
+            belief.removed(r, arr, 0.0)
+        if orphans:
+            (model.store(r, ids, parent) if stored else model.remove(r, ids))
+        elif stored:
+            model.held[r].update(ids)
+        else:
+            model.held[r].difference_update(ids)
+    want = {}
+    for r in range(N):
+        for b in model.held[r]:
+            want[b] = want.get(b, 0) | 1 << r
+    assert belief.holders == want
+    assert belief.sizes() == [len(h) for h in model.held]
+    assert belief.dropped == model.dropped
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.lists(block_ids, max_size=8)), max_size=20),
+       st.randoms(use_true_random=False))
+def test_active_block_counts_equal_per_block_refcounts(prompts, rnd):
+    """Predicted load and dynamo-kv's active blocks: per worker, a block counts once per
+    active request that holds it, and leaves with the last."""
+    pred = Predicted(3)
+    router = DynamoKV()
+    router.bind(3, 16, np.random.default_rng(0))
+    live: list[tuple[int, int, list[int]]] = []
+    for rid, (w, ids) in enumerate(prompts):
+        arr = np.asarray(ids, dtype=np.int64)
+        pred.added(w, rid, arr, 10)
+        router.dispatched(RouteRequest(rid, 0, 0.0, 16 * len(ids), arr, 16), w)
+        live.append((rid, w, ids))
+        if live and rnd.random() < 0.4:
+            rid_done, w_done, ids_done = live.pop(rnd.randrange(len(live)))
+            pred.freed(w_done, rid_done, np.asarray(ids_done, dtype=np.int64))
+            router.on_finish(rid_done, w_done, 0.0)
+    for w in range(3):
+        want: dict[int, int] = {}
+        for _, lw, ids in live:
+            if lw == w:
+                for b in ids:
+                    want[b] = want.get(b, 0) + 1
+        assert dict(pred.block_refs[w]) == want
+        assert dict(router.active[w]) == want
+        assert pred.active_blocks(w) == len(want)
