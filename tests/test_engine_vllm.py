@@ -522,7 +522,7 @@ def test_sweep_point_ids_move_only_for_async_vllm_points() -> None:
         d = c.to_dict()
         for k in ("extra", "context", "replicas", "router", "router_params", "vllm_async",
                   "vllm_patch", "pool", "pool_bandwidth", "pool_latency_us", "pool_write",
-                  "pool_watermark", "pool_evict_fraction"):
+                  "pool_watermark", "pool_evict_fraction", "max_concurrency"):
             d.pop(k, None)
         return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
