@@ -28,7 +28,7 @@ class Slow(EvictionPolicy):
     start, granularity = PRIVATE_HEAD, BLOCK
 
     def key(self, node):
-        time.sleep(0.02)  # a point takes seconds
+        time.sleep(0.2)  # a point takes far longer than the test waits, even on a loaded machine
         return node.serial
 '''
 QUICK = "base: {trace: 'synthetic:chat?sessions=2&max_requests=2', gpu_cache: 16k}\n"
