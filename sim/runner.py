@@ -113,6 +113,10 @@ def run(cfg: RunConfig, trace=None) -> RunResult:
     profile = load_profile(cfg.profile, cfg.model)
     if trace is None:
         trace = load_run_trace(cfg)
+    if cfg.is_pd:  # prefill and decode pools (sim/fleet/pd.py)
+        from sim.fleet.pd_run import run_pd
+
+        return run_pd(cfg, trace, spec, profile)
     if cfg.is_fleet:  # replicas behind a router (sim/fleet)
         from sim.fleet.run import run_fleet
 
