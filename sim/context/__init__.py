@@ -12,5 +12,5 @@ from .strategies import ACCURACY_NOTE, ContextError, Strategy, parse_context
 from .view import RequestView
 
 __all__ = ["ACCURACY_NOTE", "COUNTERS", "ContextError", "ContextRun", "FullPrompt",
-           "PrefillOnlyPrompt", "Prompt", "RequestView", "Strategy", "apply_edit", "context_summary", "parse_context",
-           "plan_ranges"]
+           "PrefillOnlyPrompt", "Prompt", "RequestView", "Strategy", "apply_edit",
+           "context_summary", "parse_context", "plan_ranges"]

@@ -250,21 +250,6 @@ class SGLangServer(EngineBase):
         cache.unlock(m.node)
         return ok
 
-    def land(self, ids: np.ndarray):
-        """Transferred KV lands here (a disaggregated fleet, sim/fleet/pd.py): ``insert_remote``
-        the prefix ``ids``, then lock it so that it stays GPU-resident until the request that
-        needs it is admitted (whose own match lock then covers it) or gone. Returns the lock's
-        handle for ``release_landing``, or None when no room could be made (nothing landed)."""
-        if ids.size == 0 or not self.insert_remote(ids):
-            return None
-        node = self.cache.match(ids, touch=False).node
-        self.cache.lock(node)
-        return node
-
-    def release_landing(self, handle) -> None:
-        """Drop the lock ``land`` took (once)."""
-        self.cache.unlock(handle)
-
     def forget_unused(self) -> None:
         """Evict every block no running request holds (a decode worker without a prefix
         cache: what a finished request leaves is freed, counted as this server's

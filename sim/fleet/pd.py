@@ -10,12 +10,18 @@ server (``submit``, ``busy``, ``close``, ``rec``), like ``Fleet``::
                      inserted into that worker's cache under its eviction policy), then
                   -> link (FIFO): prompt tokens x KV bytes per token, whole prompt (cached
                      prefix included, as real systems ship it)
-                  -> decode worker d: the prompt's full blocks land GPU-resident, locked until
-                     the request is admitted (``SGLangServer.land``), then the request runs
-                     under d's scheduler: its first forward computes the prompt's last
+                  -> decode worker d: the prompt's full blocks land GPU-resident
+                     (``SGLangServer.insert_remote``), then the request runs under d's
+                     scheduler: its admission locks them; its first forward computes the last
                      (partial) block and samples the first token; then it decodes, and under
                      memory pressure is retracted as SGLang retracts (the redone prefill is
                      counted as ``preempted_recompute_tokens``)
+
+Landed blocks are not pinned before the admission (as a pool fetch's are not): a decode
+worker short of memory may evict them first (the request then computes them again, counted in
+``landed_lost_tokens``). Real decode servers pre-allocate the KV before the transfer
+(SGLang's prealloc queue, Dynamo's NIXL descriptors); that queue is not modelled: a landing
+lock held outside the engine's admission control would starve its chunked prefills.
 
 TTFT = prefill (queue + compute on the prefill worker) + transfer (queue on the link + time)
 + the first forward on the decode worker (queue + at most one block computed); each part is a
@@ -67,6 +73,7 @@ class PDRecord:
     transfer_bytes: int = 0
     landed_at: float = math.nan  # when the request went to its decode worker
     landing_failed: bool = False  # no room on the decode worker: it computes the prompt
+    landed_blocks: int = 0  # prompt blocks that landed on the decode worker
     overloaded: bool = False  # the PD rule found no pair meeting its SLOs
     returned_bytes: int = 0  # --pd-return output
 
@@ -113,7 +120,6 @@ class PDFleet:
         self.in_flight = [0] * n
         self.in_flight_tokens = [0] * n
         self._hints: dict[tuple[str, int, int], WalkHint] = {}
-        self._landings: dict[int, object] = {}  # rid -> the decode worker's landing lock
 
     # --- the server interface the replay uses ----------------------------------------------
     @property
@@ -215,30 +221,19 @@ class PDFleet:
         rec = self.records[req.rid]
         d = rec.decode_worker
         rec.landed_at = self.env.now
-        handle = self.decode[d].land(req.ids)
-        if handle is None and req.ids.size:
+        if req.ids.size and not self.decode[d].insert_remote(req.ids):
             rec.landing_failed = True
-        elif handle is not None:
-            self._landings[req.rid] = handle
+        else:
+            rec.landed_blocks = int(req.ids.size)
         self._to_decode(req, d)
 
     def _to_decode(self, req, d: int) -> None:
         req.hint = self._hint("d", d, req.session)
         self.decode[d].submit(req)
 
-    def admitted(self, d: int, req) -> None:
-        """``req``'s first admission on decode worker ``d``: its own lock now holds the
-        landed prefix, so the landing lock goes."""
-        handle = self._landings.pop(req.rid, None)
-        if handle is not None:
-            self.decode[d].release_landing(handle)
-
     def _finished(self, req) -> None:
         rec = self.records[req.rid]
         d = rec.decode_worker
-        handle = self._landings.pop(req.rid, None)
-        if handle is not None:  # dropped before admission
-            self.decode[d].release_landing(handle)
         self.in_flight[d] -= 1
         self.in_flight_tokens[d] -= req.prompt_tokens
         if not self.decode_cache:
@@ -266,22 +261,3 @@ class PDFleet:
         e = self.prefill.replicas[p]
         if e.cache.gpu_prefix_blocks(final) >= prompt_blocks:  # the prompt is still there
             e.insert_remote(final)
-
-
-class DecodeSignals:
-    """What decode worker ``worker``'s recorder tells the PD fleet (``RecordListener``)."""
-
-    __slots__ = ("fleet", "worker")
-
-    def __init__(self, worker: int) -> None:
-        self.worker = worker
-        self.fleet: PDFleet = None  # type: ignore[assignment]  # set before the run
-
-    def bind(self, fleet: PDFleet) -> None:
-        self.fleet = fleet
-
-    def opened(self, req, segments) -> None:
-        self.fleet.admitted(self.worker, req)
-
-    def first_token(self, req) -> None:
-        pass

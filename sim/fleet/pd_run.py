@@ -28,7 +28,7 @@ from sim.runner import RunResult, bind_policy, run_fields
 
 from .fleet import Fleet, ReplicaSignals
 from .metrics import merge_recorders, recorder_for
-from .pd import DecodeSignals, PDFleet
+from .pd import PDFleet
 from .run import ROUTER_STREAM
 
 PD_STREAM = 0x5044  # "PD": the PD rule's RNG stream, apart from the router's
@@ -36,7 +36,8 @@ PD_STREAM = 0x5044  # "PD": the PD rule's RNG stream, apart from the router's
 # Per-request columns a disaggregated run adds (docs/pd.md).
 PD_COLUMNS = ("pd_prefill_worker", "pd_decode_worker", "prefilled_locally", "prefill_s",
               "transfer_queue_s", "transfer_s", "transfer_bytes", "first_decode_s",
-              "landing_failed", "pd_overloaded", "returned_bytes", "recomputed_output_tokens")
+              "landing_failed", "landed_lost_tokens", "pd_overloaded", "returned_bytes",
+              "recomputed_output_tokens")
 # Columns of a remotely prefilled request taken from its prefill worker's record.
 PREFILL_SIDE = ("admit_s", "queue_wait_s", "hit_gpu_tokens", "loaded_cpu_tokens",
                 "recomputed_tokens", "hole_tokens", "new_tokens", "ideal_hit_tokens",
@@ -61,17 +62,15 @@ def run_pd(cfg, trace, spec, profile) -> RunResult:
     # decode reservation is one token (SGLang reserves max_new_tokens of the request).
     pcfg = replace(cfg, max_new_tokens=1)
     psignals = [ReplicaSignals(i) for i in range(cfg.prefill_replicas)]
-    dsignals = [DecodeSignals(i) for i in range(cfg.decode_replicas)]
     prefill, policies = _build(env, pcfg, spec, profile, trace, cfg.prefill_replicas, psignals)
-    decode, _ = _build(env, cfg, spec, profile, trace, cfg.decode_replicas, dsignals)
+    decode, _ = _build(env, cfg, spec, profile, trace, cfg.decode_replicas,
+                       [None] * cfg.decode_replicas)
     sessions = recorder_for(trace)
     pfleet = Fleet(env, prefill, cfg.make_router(), cfg.block_size, recorder_for(trace),
                    np.random.default_rng([cfg.seed, ROUTER_STREAM]), None, psignals)
     rule = make_rule(cfg.pd_rule, np.random.default_rng([cfg.seed, PD_STREAM]))
     fleet = PDFleet(env, cfg, trace, pfleet, decode, rule, get_link(cfg.pd_link), sessions,
                     spec.kv_bytes_per_token, spec.layers, profile)
-    for s in dsignals:
-        s.bind(fleet)
     gaps = trace.gaps(cfg.gaps)
     bar = current_progress()
     replay = Replay(env, trace, fleet, gaps, trace.start_offsets(cfg.gaps), cfg.sessions,
@@ -105,6 +104,7 @@ def pd_table(fleet: PDFleet, prefill, decode, trace, bs: int) -> pd.DataFrame:
     table = table.sort_values(["send_s", "request"], kind="stable").reset_index(drop=True)
     pre = _records_by_rid(prefill)
     rid = table["request"].to_numpy()
+    decode_hit = table["hit_gpu_tokens"].to_numpy().copy()
     recs = [fleet.records[int(r)] for r in rid]
     remote = [pre.get(int(r)) if rec.prefill_worker >= 0 else None
               for r, rec in zip(rid, recs, strict=True)]
@@ -128,6 +128,11 @@ def pd_table(fleet: PDFleet, prefill, decode, trace, bs: int) -> pd.DataFrame:
         "transfer_bytes": np.asarray([r.transfer_bytes for r in recs], dtype=np.int64),
         "first_decode_s": first - landed,
         "landing_failed": np.asarray([r.landing_failed for r in recs], dtype=bool),
+        # landed prompt blocks the decode worker evicted before it admitted the request
+        "landed_lost_tokens": np.maximum(0, np.asarray(
+            [min(r.landed_blocks * bs, (p - 1) // bs * bs) for r, p in
+             zip(recs, table["prompt_tokens"].to_numpy(), strict=True)], dtype=np.int64)
+            - decode_hit) * ~table["dropped"].to_numpy(dtype=bool),
         "pd_overloaded": np.asarray([r.overloaded for r in recs], dtype=bool),
         "returned_bytes": np.asarray([r.returned_bytes for r in recs], dtype=np.int64),
         "recomputed_output_tokens": recomputed_output(table, recs, trace, bs),
@@ -190,7 +195,8 @@ def pd_summary(fleet: PDFleet, prefill, decode, table: pd.DataFrame, duration: f
         "prefill_pool_busy_share": float(np.mean(ptime)) if ptime else 0.0,
         "decode_pool_busy_share": float(np.mean(dtime)) if dtime else 0.0,
         "transfer_bytes": int(ok["transfer_bytes"].sum()) if len(ok) else 0,
-        "transfers": int(len(remote)),
+        "transfers": len(remote),
+        "prefill_pool_requests": sum(len(e.rec.records) for e in prefill),
         "transfer_s_mean": float(remote["transfer_s"].mean()) if len(remote) else 0.0,
         "transfer_queue_s_mean": (float(remote["transfer_queue_s"].clip(lower=0).mean())
                                   if len(remote) else 0.0),
@@ -200,6 +206,7 @@ def pd_summary(fleet: PDFleet, prefill, decode, table: pd.DataFrame, duration: f
         "link_busy_share_mean": float(np.mean(links)) if links else 0.0,
         "returned_bytes": int(ok["returned_bytes"].sum()) if len(ok) else 0,
         "landing_failed": int(ok["landing_failed"].sum()) if len(ok) else 0,
+        "landed_lost_tokens": int(ok["landed_lost_tokens"].sum()) if len(ok) else 0,
         "pd_overloaded": int(ok["pd_overloaded"].sum()) if len(ok) else 0,
         "decode_retractions": int(dret),
         "decode_preempted_recompute_tokens": int(ok["preempted_recompute_tokens"].sum())
