@@ -290,7 +290,9 @@ class RunConfig:
         if self.replicas != 1:
             raise bad("replicas", "a disaggregated fleet counts its workers with "
                       "--prefill-replicas and --decode-replicas, not --replicas")
-        if self.engine != "sglang":
+        from sim.engines import ENGINES
+
+        if not ENGINES[self.engine].lands_remote_kv:
             raise bad("engine", "disaggregation runs with the sglang engine (the decode "
                       "worker lands transferred KV in its radix tree; vLLM's block pool has "
                       "no insertion point outside a running request)")

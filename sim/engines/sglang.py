@@ -76,6 +76,8 @@ RETRACT_DECODE_STEPS = 20
 class SGLangServer(EngineBase):
     """SGLang's scheduler and memory semantics over one ``RadixKVCache``."""
 
+    lands_remote_kv = True
+
     @classmethod
     def build(cls, env: simpy.Environment, cfg: RunConfig, spec: ModelSpec, profile: Profile,
               policy: EvictionPolicy, recorder: RunRecorder) -> SGLangServer:
