@@ -223,3 +223,35 @@ def test_every_request_prefilled_once_decoded_once_links_never_overbooked(case):
             + remote["first_decode_s"]
         r_ok = ~remote["dropped"] & remote["prefill_s"].notna()
         np.testing.assert_allclose(parts[r_ok], remote["ttft_s"][r_ok], rtol=1e-9, atol=1e-9)
+
+
+def test_a_pd_run_is_a_pure_function_of_its_inputs():
+    trace = KitTrace([[(3000, 300, 0.0), (3500, 100, 2.0)], [(700, 40, 0.0), (5000, 10, 3.0)]])
+    cfg = pd_cfg(sessions=2, prefill_replicas=2, decode_replicas=2, router="random",
+                 pd_rule="sglang-pd", pd_link="rdma-100")
+    a, b = run(cfg, trace), run(cfg, trace)
+    assert a.requests.equals(b.requests) and a.summary == b.summary
+    assert a.tables["pd_transfers"].equals(b.tables["pd_transfers"])
+
+
+def test_sweep_ids_read_pd_fields_only_for_pd_points():
+    from sim.sweep.identity import identity, point_id
+
+    agg = RunConfig()
+    assert not {"prefill_replicas", "pd_link", "pd_rule"} & set(identity(agg))
+    pd = RunConfig.from_dict({"prefill_replicas": 1, "decode_replicas": 3,
+                              "pd_link": "nvlink4"}, "sweep.yaml")
+    assert identity(pd)["pd_link"] == "nvlink4" and point_id(pd) != point_id(agg)
+
+
+def test_a_decode_worker_short_of_memory_never_idles_with_work():
+    """Landed KV is not pinned outside the engine's admission control: a decode worker full
+    of landed prompts still finishes its chunked prefills (a landing lock held until the
+    admission starved them: the server slept with a request waiting). ``debug_cache``
+    checks the server never idles with work queued."""
+    cfg = RunConfig(trace="synthetic:claude-code?sessions=8", max_context=65536, gaps="tool",
+                    gpu_cache=98304, sessions=3, prefill_replicas=2, decode_replicas=1,
+                    preset="sglang", debug_cache=True)
+    res = run(cfg)
+    assert res.summary["requests"] == len(res.requests) > 0
+    assert res.summary["landed_lost_tokens"] > 0  # the pressure this test is about
