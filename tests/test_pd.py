@@ -255,3 +255,21 @@ def test_a_decode_worker_short_of_memory_never_idles_with_work():
     res = run(cfg)
     assert res.summary["requests"] == len(res.requests) > 0
     assert res.summary["landed_lost_tokens"] > 0  # the pressure this test is about
+
+
+@pytest.mark.parametrize("scope", ["nic", "pair"])
+def test_two_transfers_from_one_prefill_worker_queue_on_its_nic(scope):
+    """Two prompts prefilled in one batch on the one prefill worker go to the two decode
+    workers (least in flight): on one NIC the second waits for the first; per pair it
+    does not."""
+    trace = KitTrace([[(1000, 2, 0.0)], [(1000, 2, 0.0)]])
+    res = run(pd_cfg(sessions=2, decode_replicas=2, pd_link="rdma-100", pd_link_scope=scope),
+              trace)
+    t = res.requests.sort_values("request")
+    busy = 1000 * KVB / 12.5e9
+    assert t["pd_decode_worker"].tolist() == [0, 1]
+    assert t["prefill_s"].iloc[0] == t["prefill_s"].iloc[1]  # one batch
+    waits = sorted(t["transfer_queue_s"].tolist())
+    assert waits == ([0.0, pytest.approx(busy, rel=1e-12)] if scope == "nic" else [0.0, 0.0])
+    assert res.summary["link_busy_share_max"] == pytest.approx(
+        (2 if scope == "nic" else 1) * busy / res.summary["sim_end_s"], rel=1e-9)
