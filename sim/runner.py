@@ -154,7 +154,7 @@ def run(cfg: RunConfig, trace=None) -> RunResult:
 
 
 RESULT_FILES = ("requests.parquet", "config.json", "summary.json", "load.parquet",
-                "routing.parquet")
+                "routing.parquet", "pd_transfers.parquet")
 # What ``kvsim run --out`` and ``kvsim plot`` write at the top of a run folder.
 RUN_FOLDER_FILES = ("runs.json", "ttft_cdf.png", "change_vs_first.png")
 RUN_FOLDER_PLOTS = "replica_load_*.png"  # a fleet run's per-replica load, one per policy

@@ -130,3 +130,12 @@ def test_reproduce_pd_quick_json_and_tables(monkeypatch):
     res = CliRunner().invoke(cli, ["reproduce", "pd", "--quick", "--trace",
                                    "synthetic:claude-code"])
     assert res.exit_code == 0 and "pools and links" in res.stdout, res.output
+
+
+def test_a_reused_out_folder_loses_the_previous_pd_run(tmp_path):
+    out = tmp_path / "out"
+    args = [*RUN, "--prefill-replicas", "1", "--decode-replicas", "1", "--out", str(out)]
+    assert CliRunner().invoke(cli, args).exit_code == 0
+    assert (out / "sglang" / "pd_transfers.parquet").is_file()
+    res = CliRunner().invoke(cli, [*RUN, "--out", str(out)])
+    assert res.exit_code == 0 and not (out / "sglang" / "pd_transfers.parquet").exists()
