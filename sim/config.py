@@ -466,8 +466,10 @@ IDLE_RULES: tuple[IdleRule, ...] = (
     IdleRule(("pd_local_threshold",), lambda c: not _pd_rule_uses_threshold(c.pd_rule),
              "the PD rule {pd_rule} always disaggregates: use {pd_rule} disagg, dynamo or "
              "llm-d"),
-    IdleRule(("pd_streaming",), lambda c: c.pd_link == "ideal",
-             "the ideal link takes no time to stream: give {pd_link}"),
+    IdleRule(("pd_streaming", "pd_link_scope"), lambda c: c.pd_link == "ideal",
+             "the ideal link takes no time (nothing streams, nothing queues): give {pd_link}"),
+    IdleRule(("pd_link_scope",), lambda c: c.decode_replicas == 1,
+             "with one decode worker each NIC carries one pair: add {decode_replicas} D"),
     IdleRule(("vllm_async",), lambda c: c.engine != "vllm",
              "it is a mode of vLLM's scheduler: add {engine} vllm"),
 )

@@ -95,6 +95,8 @@ def test_cli_runs_a_pd_fleet_and_prints_its_summary():
     (["--prefill-replicas", "1", "--decode-replicas", "1", "--pd-link", "ideal",
       "--pd-streaming", "layer"], "--pd-streaming does nothing here"),
     (["--prefill-replicas", "2"], "both pools"),
+    (["--prefill-replicas", "1", "--decode-replicas", "1", "--pd-link-scope", "pair"],
+     "--pd-link-scope does nothing here"),
 ])
 def test_cli_refuses_pd_options_that_do_nothing(args, needle):
     res = CliRunner().invoke(cli, [*RUN, *args])
