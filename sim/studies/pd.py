@@ -22,8 +22,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from rich.table import Table
+
 from sim.config import RunConfig
-from sim.report.tables import Col
+from sim.report.tables import Col, narrow_table
+from sim.sweep import relative_change
 
 from .study import SHARED_DATA, Context, Experiment, run_all
 
@@ -123,30 +126,71 @@ def row(key: dict[str, Any], cfg: RunConfig, s: dict[str, Any]) -> dict[str, Any
 
 
 def pd_rows(ctx: Context) -> list[dict[str, Any]]:
+    """The rows, each with its change against the workload's first (aggregated sglang) row:
+    ``ttft_change`` (relative) and ``agg_hit_rate`` (its hit rate, for a pp difference)."""
     keys, cfgs = configs(ctx)
-    return [row(k, c, s) for k, c, s in zip(keys, cfgs, run_all(ctx, cfgs), strict=True)]
+    rows = [row(k, c, s) for k, c, s in zip(keys, cfgs, run_all(ctx, cfgs), strict=True)]
+    first: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        base = first.setdefault(r["workload"], r)
+        r["ttft_change"] = relative_change(r["ttft_mean_s"], base["ttft_mean_s"])
+        r["agg_hit_rate"] = base["hit_rate"]
+    return rows
 
 
-ROW_KEYS = (Col("workload", "workload"), Col("arrangement", "arrangement"),
-            Col("policy", "policy"), Col("router", "router"), Col("rule", "rule"),
-            Col("local\nbelow", "threshold", "int"), Col("decode\ncache", "decode_cache"),
-            Col("return", "pd_return"))
+def setup(row: dict[str, Any]) -> str:
+    """A row's arrangement in one cell: the split, the eviction, and what differs from the
+    baseline PD fleet (rule, local threshold, decode cache, return, router)."""
+    parts = [row["arrangement"], row["policy"]]
+    if row["rule"] != "-":
+        parts.append(row["rule"])
+    if row["threshold"]:
+        parts.append(f"local<{row['threshold']:,}")
+    if row["decode_cache"] == "off":
+        parts.append("no decode cache")
+    if row["pd_return"] not in ("-", "none"):
+        parts.append(f"return {row['pd_return']}")
+    if row["router"] != ROUTER:
+        parts.append(f"({row['router']})")
+    return " ".join(parts)
+
+
+SETUP = Col("setup", "setup")
 LAYOUT = (
-    ("time and reuse", (*ROW_KEYS, Col("TTFT\nmean (s)", "ttft_mean_s", "s"),
-                        Col("TTFT\np90 (s)", "ttft_p90_s", "s"),
-                        Col("JCT\nmean (s)", "jct_mean_s", "s"),
+    ("time and reuse", (SETUP, Col("TTFT\nmean (s)", "ttft_mean_s", "s"),
+                        Col("vs agg", "ttft_change", "change"),
                         Col("hit\nrate", "hit_rate", "rate"),
+                        Col("hit\nvs agg", "hit_rate", "pp", minus="agg_hit_rate"),
                         Col("output\nrecomputed", "recomputed_output_share", "rate"))),
-    ("pools and links", (*ROW_KEYS, Col("local", "local_share", "rate"),
+    ("TTFT's parts", (SETUP, Col("TTFT\np90 (s)", "ttft_p90_s", "s"),
+                      Col("JCT\nmean (s)", "jct_mean_s", "s"),
+                      Col("prefill\nmean (s)", "prefill_s_mean", "s"),
+                      Col("transfer\nmean (s)", "transfer_s_mean", "s"),
+                      Col("first\ndecode (s)", "first_decode_s_mean", "s"))),
+    ("pools and links", (SETUP, Col("local", "local_share", "rate"),
                          Col("moved\n(GB)", "transfer_gb", "ratio"),
                          Col("link\nbusy max", "link_busy_max", "rate"),
                          Col("prefill\nbusy", "prefill_busy", "rate"),
-                         Col("decode\nbusy", "decode_busy", "rate"),
-                         Col("prefill\nmean (s)", "prefill_s_mean", "s"),
-                         Col("transfer\nmean (s)", "transfer_s_mean", "s"),
-                         Col("first\ndecode (s)", "first_decode_s_mean", "s"),
-                         Col("retract-\nions", "decode_retractions", "int"),
-                         Col("redone\ntokens", "redone_tokens", "int"))),
+                         Col("decode\nbusy", "decode_busy", "rate"))),
+    ("decode pressure", (SETUP, Col("retract-\nions", "decode_retractions", "int"),
+                         Col("redone\ntokens", "redone_tokens", "int"),
+                         Col("requests", "requests", "int"),
+                         Col("dropped", "dropped_requests", "int"))),
 )
 
-PD = Experiment("pd", pd_rows, layout=LAYOUT)
+
+def pd_tables(doc: dict[str, Any]) -> list[Table | str]:
+    """Per workload, a heading and the layout's tables."""
+    out: list[Table | str] = []
+    notes = "; ".join(doc.get("notes", []))
+    rows = [{**r, "setup": setup(r)} for r in doc["rows"]]
+    for workload in dict.fromkeys(r["workload"] for r in rows):
+        mine = [r for r in rows if r["workload"] == workload]
+        out.append(f"kvsim reproduce pd -- {workload}, {mine[0]['gpus']} GPUs"
+                   + (f" ({notes})" if notes else ""))
+        out.extend(narrow_table(f"{workload}: {title}", list(cols), mine)
+                   for title, cols in LAYOUT)
+    return out
+
+
+PD = Experiment("pd", pd_rows, layout=LAYOUT, tables=pd_tables)
