@@ -273,3 +273,16 @@ def test_two_transfers_from_one_prefill_worker_queue_on_its_nic(scope):
     assert waits == ([0.0, pytest.approx(busy, rel=1e-12)] if scope == "nic" else [0.0, 0.0])
     assert res.summary["link_busy_share_max"] == pytest.approx(
         (2 if scope == "nic" else 1) * busy / res.summary["sim_end_s"], rel=1e-9)
+
+
+def test_a_cache_aware_router_sees_the_prefill_pools_caches():
+    """The prefill worker is the router's choice over the prefill pool: dynamo-kv, fed by the
+    prefill workers' KV events, keeps sessions where their prefixes are; round-robin
+    scatters them and loses most of the reuse."""
+    cfg = RunConfig(trace="synthetic:claude-code?sessions=8", max_context=32768, gaps="tool",
+                    gpu_cache=65536, sessions=4, prefill_replicas=2, decode_replicas=1,
+                    preset="sglang")
+    rr = run(replace(cfg, router="round-robin")).summary
+    kv = run(replace(cfg, router="dynamo-kv")).summary
+    assert kv["hit_rate"] > rr["hit_rate"] + 0.2
+    assert kv["ttft_mean_s"] < rr["ttft_mean_s"]
