@@ -5,6 +5,7 @@
     python docs/report.py --fleet results/reproduce/fleet.json   # docs/fleet.md's tables
     python docs/report.py --cache-engineering results/reproduce/cache-engineering.json
     python docs/report.py --policies results/reproduce/policies.json   # docs/policies.md's
+    python docs/report.py --pd results/reproduce/pd.json   # docs/pd.md's table
     python docs/report.py --moved OLD.md NEW.md   # every cell that moved between two renderings
     python docs/report.py --moved --headlines OLD.md NEW.md   # only the change columns
 
@@ -98,6 +99,36 @@ def fleet(path: str) -> None:
                       f"{r['load_cv']:.2f}"]
                      for r in sorted((r for r in rows if r["workload"] == workload),
                                      key=lambda r: r["replicas"])]))
+
+
+def pd_tables(path: str) -> None:
+    """One table per workload of ``kvsim reproduce pd --json`` (sim/studies/pd.py)."""
+    doc = json.loads(Path(path).read_text())
+
+    def sec(v) -> str:
+        return "-" if v is None else f"{v:.3f}" if v < 10 else f"{v:,.1f}"
+
+    for note in doc.get("notes", []):
+        print(f"Note: {note}\n")
+    rows = doc["rows"]
+    for workload in dict.fromkeys(r["workload"] for r in rows):
+        print(f"\n#### {workload} ({rows[0]['gpus']} GPUs)\n")
+        print(table(["arrangement", "eviction", "router", "rule", "local below", "decode cache",
+                     "return", "TTFT mean s", "TTFT p90 s", "JCT mean s", "hit rate",
+                     "output recomputed", "local", "moved GB", "link busy max",
+                     "prefill busy", "decode busy", "prefill s", "transfer s",
+                     "first decode s", "retractions"],
+                    [[r["arrangement"], r["policy"], r["router"], r["rule"],
+                      f"{r['threshold']:,}", r["decode_cache"], r["pd_return"],
+                      sec(r["ttft_mean_s"]), sec(r["ttft_p90_s"]), sec(r["jct_mean_s"]),
+                      frac(r["hit_rate"]), frac(r["recomputed_output_share"]),
+                      frac(r["local_share"]), f"{r['transfer_gb']:,.1f}",
+                      frac(r["link_busy_max"]),
+                      "-" if r["prefill_busy"] is None else frac(r["prefill_busy"]),
+                      "-" if r["decode_busy"] is None else frac(r["decode_busy"]),
+                      sec(r["prefill_s_mean"]), sec(r["transfer_s_mean"]),
+                      sec(r["first_decode_s_mean"]), f"{r['decode_retractions']:,}"]
+                     for r in rows if r["workload"] == workload], right=set(range(7, 21))))
 
 
 def cache_engineering(path: str) -> None:
@@ -247,6 +278,9 @@ def main(argv: list[str]) -> None:
         return
     if argv and argv[0] == "--fleet":
         fleet(argv[1] if len(argv) > 1 else "results/reproduce/fleet.json")
+        return
+    if argv and argv[0] == "--pd":
+        pd_tables(argv[1] if len(argv) > 1 else "results/reproduce/pd.json")
         return
     d = Path(argv[0] if argv else "results/reproduce")
     if not d.is_dir():

@@ -26,7 +26,7 @@ PROFILES = {profiles!r}  # {profiles_note}"""
 # The profile family each notebook prices with: the one its document's tables state
 # (docs/reproduction.md: derived; docs/policies.md and docs/cache-engineering.md: the
 # default measured-kernel profiles).
-PROFILES = {"policies": None, "cache-engineering": None, "fleet": None}
+PROFILES = {"policies": None, "cache-engineering": None, "fleet": None, "pd": None}
 PROFILE_NOTES = {
     "derived": "docs/reproduction.md's family (derived-h100-MODEL); None: the default",
     None: "None: the default (kernels-h100_sxm-MODEL); 'derived': derived-h100-MODEL",
@@ -66,7 +66,8 @@ print(f"trace: {doc['trace']} ({doc['trace_kind']}), quick: {doc['quick']}, "
       f"rows: {len(doc['rows'])}")
 df = pd.DataFrame(doc["rows"])
 df"""
-RUNS = {"fleet": FLEET_RUN}
+RUNS = {"fleet": FLEET_RUN, "pd": FLEET_RUN.replace('"fleet"', '"pd"').replace(
+    "fleet.json", "pd.json")}
 
 # Cells after a notebook's plot: (markdown, code) pairs.
 CONTINUUM_INTRO = (
@@ -268,6 +269,32 @@ axes[0][-1].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1))
 fig.tight_layout()
 df.pivot_table(index=["workload", "router"], columns=["policy", "replicas"],
                values="ttft_mean_s", sort=False).round(3)"""),
+    "pd": (
+        "# Prefill/decode disaggregation: where the prefix cache lives\n\n"
+        "Aggregated replicas against prefill and decode pools at the same GPU count "
+        "(docs/pd.md): every P:D split, Penelope against SGLang eviction on the prefill "
+        "pool, conditional disaggregation (prefill on the decode worker below 2,048 "
+        "uncached tokens), decode caching off, the output KV sent back, and the field's PD "
+        "rules (Dynamo, SGLang's gateway, llm-d, Mooncake's Conductor), on the Claude Code "
+        "sessions and the Mooncake trace. Qwen3-8B on H100s (measured-kernel profile), KV "
+        "over 400 Gb/s RDMA. `output recomputed`: the share of prompt tokens a prefill "
+        "worker computed only because the previous turn's output lived on a decode worker.",
+        """for note in doc.get("notes", []):
+    print("note:", note)
+df["label"] = (df.arrangement + " " + df.policy + " " + df.rule + " thr=" + df.threshold.astype(str)
+               + " cache=" + df.decode_cache + " ret=" + df.pd_return)
+workloads = list(dict.fromkeys(df.workload))
+fig, axes = plt.subplots(1, len(workloads), figsize=(6 * len(workloads), 5), squeeze=False)
+for ax, w in zip(axes[0], workloads):
+    g = df[df.workload == w]
+    ax.barh(g.label, g.ttft_mean_s, color=["tab:gray" if a.startswith("agg") else "tab:blue"
+                                           for a in g.arrangement])
+    ax.set_xscale("log"); ax.set_xlabel("mean TTFT (s)"); ax.set_title(w)
+    ax.tick_params(axis="y", labelsize=6); ax.invert_yaxis(); ax.grid(alpha=.3)
+fig.tight_layout()
+df[["workload", "label", "ttft_mean_s", "ttft_p90_s", "jct_mean_s", "hit_rate",
+    "recomputed_output_share", "local_share", "transfer_gb", "prefill_busy", "decode_busy",
+    "first_decode_s_mean", "decode_retractions"]].round(3)"""),
 }
 
 

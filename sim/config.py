@@ -37,6 +37,10 @@ VLLM_PATCH_NAMES = ("none", "penelope", "continuum", "continuum-fixed", "continu
                     "continuum-fcfs")
 TIERINGS = ("unified", "hicache")
 REPLAYS = ("closed", "open")
+PD_LINK_SCOPES = ("nic", "pair")
+PD_STREAMING = ("off", "layer")
+PD_RETURNS = ("none", "output")
+ON_OFF = ("on", "off")
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 
 
@@ -117,6 +121,17 @@ class RunConfig:
     pool_write: str = "write-through"
     pool_watermark: float = 0.90
     pool_evict_fraction: float = 0.05
+    # --- disaggregation (sim/fleet/pd.py, docs/pd.md): P prefill workers and D decode
+    # workers of the engine above instead of replicas; both 0: aggregated (as before) -------
+    prefill_replicas: int = 0
+    decode_replicas: int = 0
+    pd_link: str = "rdma-400"  # costmodel/data/links.yaml: the link each transfer takes
+    pd_link_scope: str = "nic"  # nic: one FIFO per prefill worker's NIC | pair: per (P, D)
+    pd_streaming: str = "off"  # off: the transfer starts after the prefill | layer: during it
+    pd_local_threshold: int = 0  # prefill on the decode worker below this many uncached tokens
+    decode_cache: str = "on"  # on: a decode worker keeps finished requests' KV as a cache
+    pd_return: str = "none"  # none | output: the finished output's KV goes back to prefill
+    pd_rule: str = "disagg"  # how a request picks its pair (policies/routing/pd.py's registry)
     # --- run -----------------------------------------------------------------------------
     seed: int = 0
     debug_cache: bool = False  # check cache and engine invariants as the run goes (slow)
@@ -210,6 +225,11 @@ class RunConfig:
         """Replicas behind a router (``sim.fleet``); False: today's single server."""
         return self.replicas != 1 or self.router is not None or bool(self.pool)
 
+    @property
+    def is_pd(self) -> bool:
+        """Prefill and decode pools (``sim.fleet.pd``) instead of replicas."""
+        return bool(self.prefill_replicas or self.decode_replicas)
+
     def make_router(self):
         """A fresh router for one fleet run (``policies.routing.get_router``)."""
         from policies.routing import get_router
@@ -227,7 +247,8 @@ class RunConfig:
         if self.router is not None and not isinstance(self.router, str):
             raise bad("router", f"must be a router name or FILE.py:CLASS, got {self.router!r}")
         self._validate_pool(bad)
-        if not self.is_fleet:
+        self._validate_pd(bad)
+        if not self.is_fleet and not self.is_pd:
             return
         if self.context != "full":
             raise bad("context", "context strategies run on one server, not in a fleet "
@@ -236,6 +257,47 @@ class RunConfig:
             self.make_router()
         except PolicyError as e:
             raise bad("router", str(e)) from None
+
+    def _validate_pd(self, bad) -> None:
+        for name in ("prefill_replicas", "decode_replicas", "pd_local_threshold"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise bad(name, f"must be an integer >= 0, got {v!r}")
+        for name, allowed in (("pd_link_scope", PD_LINK_SCOPES), ("pd_streaming", PD_STREAMING),
+                              ("decode_cache", ON_OFF), ("pd_return", PD_RETURNS)):
+            if getattr(self, name) not in allowed:
+                raise bad(name, f"must be one of {', '.join(allowed)}, got "
+                          f"{getattr(self, name)!r}")
+        from costmodel.errors import ProfileError
+        from costmodel.links import get_link
+
+        try:
+            get_link(self.pd_link)
+        except ProfileError as e:
+            raise bad("pd_link", str(e).split(": ", 2)[-1]) from None
+        from policies.pd_rules import PD_RULES, PDRuleError
+
+        try:
+            PD_RULES.get(self.pd_rule)
+        except PDRuleError as e:
+            raise bad("pd_rule", str(e)) from None
+        if not self.is_pd:
+            return
+        if not (self.prefill_replicas and self.decode_replicas):
+            raise bad("prefill_replicas" if not self.prefill_replicas else "decode_replicas",
+                      "a disaggregated fleet needs both pools: give --prefill-replicas P "
+                      "and --decode-replicas D (each >= 1)")
+        if self.replicas != 1:
+            raise bad("replicas", "a disaggregated fleet counts its workers with "
+                      "--prefill-replicas and --decode-replicas, not --replicas")
+        from sim.engines import ENGINES
+
+        if not ENGINES[self.engine].lands_remote_kv:
+            raise bad("engine", "disaggregation runs with the sglang engine (the decode "
+                      "worker lands transferred KV in its radix tree; vLLM's block pool has "
+                      "no insertion point outside a running request)")
+        if self.pool:
+            raise bad("pool", "a shared pool with disaggregated pools is not modelled")
 
     def _validate_pool(self, bad) -> None:
         from sim.fleet.pool import WRITE_POLICIES
@@ -337,6 +399,9 @@ class RunConfig:
         """Every field plus the resolved policy label (the run's identity in sweeps) and,
         for a policy file, a digest of its source (an edited file is a different policy)."""
         d = asdict(self)
+        if not self.is_pd:  # aggregated runs: their config.json stays as it was
+            for k in PD_FIELDS:
+                del d[k]
         d["policy_label"] = self.policy_label
         path, _, rest = self.policy_spec.partition("?")[0].rpartition(":")
         if rest and path.endswith(".py"):
@@ -372,6 +437,8 @@ class IdleRule:
     why: str
 
 
+PD_FIELDS = ("prefill_replicas", "decode_replicas", "pd_link", "pd_link_scope", "pd_streaming",
+             "pd_local_threshold", "decode_cache", "pd_return", "pd_rule")
 _CPU_TIER = ("tiering", "hicache_write_policy", "swap_buffer")
 _POOL = ("pool_bandwidth", "pool_latency_us", "pool_write", "pool_watermark",
          "pool_evict_fraction")
@@ -391,11 +458,30 @@ IDLE_RULES: tuple[IdleRule, ...] = (
              "the open loop sends every request at its recorded time (no sessions at once, "
              "no gaps): add {replay} closed"),
     IdleRule(_POOL, lambda c: not c.pool, "it configures the shared KV pool: add {pool}"),
-    IdleRule(("router",), lambda c: c.replicas == 1,
+    IdleRule(("router",), lambda c: c.replicas == 1 and c.prefill_replicas < 2,
              "one replica has nothing to route between: add {replicas} N"),
+    IdleRule(PD_FIELDS[2:], lambda c: not c.is_pd,
+             "it configures a disaggregated fleet: add {prefill_replicas} P "
+             "{decode_replicas} D"),
+    IdleRule(("pd_local_threshold",), lambda c: not _pd_rule_uses_threshold(c.pd_rule),
+             "the PD rule {pd_rule} always disaggregates: use {pd_rule} disagg, dynamo or "
+             "llm-d"),
+    IdleRule(("pd_streaming", "pd_link_scope"), lambda c: c.pd_link == "ideal",
+             "the ideal link takes no time (nothing streams, nothing queues): give {pd_link}"),
+    IdleRule(("pd_link_scope",), lambda c: c.decode_replicas == 1,
+             "with one decode worker each NIC carries one pair: add {decode_replicas} D"),
     IdleRule(("vllm_async",), lambda c: c.engine != "vllm",
              "it is a mode of vLLM's scheduler: add {engine} vllm"),
 )
+
+
+def _pd_rule_uses_threshold(name: str) -> bool:
+    from policies.pd_rules import PD_RULES, PDRuleError
+
+    try:
+        return PD_RULES.get(name).uses_threshold
+    except PDRuleError:
+        return True
 
 
 def idle_fields(cfg: RunConfig, given: Iterable[str]) -> list[tuple[str, str]]:

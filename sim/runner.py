@@ -113,6 +113,10 @@ def run(cfg: RunConfig, trace=None) -> RunResult:
     profile = load_profile(cfg.profile, cfg.model)
     if trace is None:
         trace = load_run_trace(cfg)
+    if cfg.is_pd:  # prefill and decode pools (sim/fleet/pd.py)
+        from sim.fleet.pd_run import run_pd
+
+        return run_pd(cfg, trace, spec, profile)
     if cfg.is_fleet:  # replicas behind a router (sim/fleet)
         from sim.fleet.run import run_fleet
 
@@ -150,7 +154,7 @@ def run(cfg: RunConfig, trace=None) -> RunResult:
 
 
 RESULT_FILES = ("requests.parquet", "config.json", "summary.json", "load.parquet",
-                "routing.parquet")
+                "routing.parquet", "pd_transfers.parquet")
 # What ``kvsim run --out`` and ``kvsim plot`` write at the top of a run folder.
 RUN_FOLDER_FILES = ("runs.json", "ttft_cdf.png", "change_vs_first.png")
 RUN_FOLDER_PLOTS = "replica_load_*.png"  # a fleet run's per-replica load, one per policy

@@ -48,6 +48,20 @@ def docs() -> dict[str, dict]:
                                  "hit_rate": 0.5, "pool_hit_rate": 0.0,
                                  "ideal_hit_rate": 0.96}],
                    "notes": ["a note"]}  # rendering only: tests/test_pool_fleet.py runs it
+    pd_row = {"workload": "cc-traces", "gpus": 8, "arrangement": "4P:4D", "policy": "penelope",
+              "router": "sglang-cache-aware", "rule": "sglang-pd", "threshold": 2048,
+              "decode_cache": "off", "pd_return": "output", "ttft_mean_s": 0.721,
+              "ttft_p90_s": 11.6, "jct_mean_s": 11332.8, "hit_rate": 0.918,
+              "ttft_change": 2.25, "agg_hit_rate": 0.959,
+              "recomputed_output_share": 0.003, "prefill_s_mean": 0.479,
+              "transfer_s_mean": 0.226, "first_decode_s_mean": 36.7,
+              "decode_retractions": 1234, "redone_tokens": 12_345_678, "local_share": 0.846,
+              "transfer_gb": 30093.1, "link_busy_max": 0.015, "prefill_busy": 0.999,
+              "decode_busy": 0.302, "requests": 2668, "dropped_requests": 0}
+    got["pd"] = {"rows": [pd_row, {**pd_row, "workload": "mooncake", "arrangement": "agg 8",
+                                   "rule": "-", "threshold": 0, "decode_cache": "-",
+                                   "pd_return": "-", "router": "dynamo-kv"}],
+                 "notes": ["mooncake workload left out: a long note about a missing file"]}
     for doc in got.values():
         doc.setdefault("trace_kind", "given trace")
     return got

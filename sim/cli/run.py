@@ -13,6 +13,7 @@ from sim.config import VLLM_PATCH_NAMES, RunConfig
 from sim.report.runs import compare_runs, run_tables
 
 from .common import SIZE, atomic_write_text, console, dumps, emit_json, stderr
+from .pd_options import pd_fields, pd_options
 from .run_checks import (
     default_replay,
     params_per_policy,
@@ -184,6 +185,7 @@ def size_header(cfg: RunConfig) -> str:
               help="Pool occupancy that starts an eviction pass.")
 @click.option("--pool-evict-fraction", type=float, default=0.05, show_default=True,
               help="Share of the pool's blocks one eviction pass drops (LRU, leased skipped).")
+@pd_options
 @click.option("--engine", type=click.Choice(["sglang", "vllm"]), default="sglang",
               show_default=True,
               help="The server: sglang (SGLang 0.5.23: radix tree, chunk nodes, admission "
@@ -261,7 +263,7 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
             pool_evict_fraction,
             preset, evict, granularity, order, policies, policy_params, scheduler, context,
             chunk_size, prompt_nodes, max_new_tokens, max_running, vllm_async, debug_cache,
-            out, as_json) -> None:
+            out, as_json, **pd) -> None:
     """Replay a trace through the simulated server under each policy; report TTFT, JCT, hits."""
     from costmodel.specs import get_spec
     from sim.checks import check_model_and_profile
@@ -290,7 +292,7 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
         scheduler=scheduler, context=context, chunk_size=chunk_size,
         checkpoint_chunks=prompt_nodes == "chunked",
         max_new_tokens=max_new_tokens, max_running=max_running, seed=seed,
-        vllm_async=vllm_async == "on", debug_cache=debug_cache)
+        vllm_async=vllm_async == "on", debug_cache=debug_cache, **pd_fields(pd))
     refuse_idle_options(click.get_current_context(), base)
     configs = policy_configs(base, preset, evict, granularity, order, policies, policy_params)
     # Every input check before any work: configs, model, profile, the output folder.
@@ -355,7 +357,9 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
                       f"{f' (async {vllm_async})' if engine == 'vllm' else ''}, "
                       f"{scheduler}, "
                       + (f"{replicas} replicas, router {s['router']}, " if "router" in s
-                         else "") +
+                         and not base.is_pd else "")
+                      + (f"{base.prefill_replicas}P:{base.decode_replicas}D over "
+                         f"{base.pd_link}, rule {base.pd_rule}, " if base.is_pd else "") +
                       f"gaps {gap_model}{ctx}", lenient=lenient)
     if out is not None:
         print(f"wrote {out}/", file=sys.stderr)

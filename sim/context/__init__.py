@@ -6,11 +6,11 @@ a run. kvsim prices serving only: it does not model what any of them does to tas
 """
 
 from .plan import plan_ranges
-from .prompt import FullPrompt, Prompt
+from .prompt import FullPrompt, PrefillOnlyPrompt, Prompt
 from .run import COUNTERS, ContextRun, apply_edit, context_summary
 from .strategies import ACCURACY_NOTE, ContextError, Strategy, parse_context
 from .view import RequestView
 
-__all__ = ["ACCURACY_NOTE", "COUNTERS", "ContextError", "ContextRun", "FullPrompt", "Prompt",
-           "RequestView", "Strategy", "apply_edit", "context_summary", "parse_context",
-           "plan_ranges"]
+__all__ = ["ACCURACY_NOTE", "COUNTERS", "ContextError", "ContextRun", "FullPrompt",
+           "PrefillOnlyPrompt", "Prompt", "RequestView", "Strategy", "apply_edit",
+           "context_summary", "parse_context", "plan_ranges"]

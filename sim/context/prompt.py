@@ -114,3 +114,18 @@ class FullPrompt:
         if pos < ideal:
             out.append((pos, ideal))
         return out
+
+
+class PrefillOnlyPrompt(FullPrompt):
+    """The prompt of a prefill-only request (a disaggregated fleet's prefill worker,
+    sim/fleet/pd.py): the trace's prompt, one output token (the one the prefill samples), and
+    a finish that inserts the prompt's blocks only (the output is decoded elsewhere)."""
+
+    __slots__ = ()
+
+    def __init__(self, trace: Any, rid: int, ids: np.ndarray, prompt_tokens: int) -> None:
+        super().__init__(trace, rid, ids, prompt_tokens, 1)
+
+    @property
+    def finish(self) -> np.ndarray:
+        return self.ids

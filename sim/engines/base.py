@@ -50,6 +50,9 @@ class EngineBase:
     default_presets: tuple[str, ...] = ("sglang", "vllm", "penelope")
     # The record a request has on this engine (the replay builds it: sim/replay.py).
     request_class: type[Req] = Req
+    # KV computed elsewhere can land in this engine's cache (``insert_remote``): the decode
+    # worker of a disaggregated fleet (sim/fleet/pd.py) needs it.
+    lands_remote_kv: bool = False
 
     @classmethod
     def summary_fields(cls, cfg: RunConfig) -> dict[str, Any]:

@@ -76,6 +76,8 @@ RETRACT_DECODE_STEPS = 20
 class SGLangServer(EngineBase):
     """SGLang's scheduler and memory semantics over one ``RadixKVCache``."""
 
+    lands_remote_kv = True
+
     @classmethod
     def build(cls, env: simpy.Environment, cfg: RunConfig, spec: ModelSpec, profile: Profile,
               policy: EvictionPolicy, recorder: RunRecorder) -> SGLangServer:
@@ -249,6 +251,14 @@ class SGLangServer(EngineBase):
             self.ever.update(ids.tolist())
         cache.unlock(m.node)
         return ok
+
+    def forget_unused(self) -> None:
+        """Evict every block no running request holds (a decode worker without a prefix
+        cache: what a finished request leaves is freed, counted as this server's
+        evictions)."""
+        n = self.cache.evictable_blocks
+        if n:
+            self.rec.evicted(self.cache.evict(n))
 
     def _unlock_all(self, req: Req) -> None:
         for node in req.locks:

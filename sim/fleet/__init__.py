@@ -16,6 +16,10 @@
   replicas only through public queries (``gpu_prefix_blocks``), drained events and their
   recorders' listener (``ReplicaSignals``: first admissions, first tokens).
 - ``run``: ``run_fleet(cfg)``, the fleet counterpart of ``sim.runner.run``.
+- ``pd``: a disaggregated fleet (``PDFleet``): a prefill pool (a ``Fleet`` of prefill-only
+  engines behind the router), a decode pool, the links between them (FIFO queues) and the PD
+  rule (``policies.pd_rules``) that pairs them; ``pd_run``: ``run_pd(cfg)``, its run, table
+  and summary (docs/pd.md).
 
 Engines know nothing of fleets. ``--replicas 1`` reproduces a single-server run exactly.
 """

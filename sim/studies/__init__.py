@@ -14,6 +14,8 @@ continuum.py          policies on the vllm engine (Continuum)   runs -> rows, ta
 cache_engineering.py  context strategies beside eviction        runs -> rows, extras, tables
 fleet.py, pool.py     routers x eviction x replicas; a shared   runs, capacity -> rows, extras
                       pool and its capacity curves
+pd.py                 aggregated against prefill/decode pools   runs -> rows, tables
+                      at the same GPU count
 capacity.py,          hit rate against cache size without a     Trace -> CapacityRows
 capacity_fleet.py     clock (one cache, a fleet, a pool)
 saturation.py         whether an open loop kept up              requests table -> Saturation
@@ -34,6 +36,7 @@ from sim.sweep.executors import ExecutorSpec
 from .cache_engineering import CACHE_ENGINEERING
 from .fleet import FLEET
 from .paper import ABLATION, FCFS, FIGURE1, GPU_ONLY
+from .pd import PD
 from .pool import POOL
 from .study import STUDIES, Context, Experiment, default_trace
 from .tiers import CPU_SWEEP, TWO_TIER
@@ -41,7 +44,7 @@ from .zoo import POLICIES
 
 # kvsim reproduce NAME, in the order its --help lists them
 for _study in (FIGURE1, GPU_ONLY, TWO_TIER, ABLATION, FCFS, CPU_SWEEP, POLICIES,
-               CACHE_ENGINEERING, FLEET, POOL):
+               CACHE_ENGINEERING, FLEET, POOL, PD):
     STUDIES.register(_study.name, _study)
 
 __all__ = ["STUDIES", "Context", "Experiment", "default_trace", "experiment_tables",

@@ -55,6 +55,9 @@ SINCE: tuple[Since, ...] = (
     Since(("replicas", "router", "router_params"), lambda c: not c.is_fleet),  # one server
     Since(("pool", "pool_bandwidth", "pool_latency_us", "pool_write", "pool_watermark",
            "pool_evict_fraction"), lambda c: not c.pool),  # no pool
+    Since(("prefill_replicas", "decode_replicas", "pd_link", "pd_link_scope", "pd_streaming",
+           "pd_local_threshold", "decode_cache", "pd_return", "pd_rule"),
+          lambda c: not c.is_pd),  # aggregated
     Since(("vllm_async",), lambda c: not c.vllm_async  # the synchronous scheduler
           or bool(idle_fields(c, ["vllm_async"]))),  # or not the vllm engine
 )

@@ -1,0 +1,288 @@
+"""Disaggregated fleets (sim/fleet/pd.py): hand-computed timelines on 1P:1D, conditional
+local prefill, a decode worker that retracts, the ideal-link equivalence with one aggregated
+server, and properties of every run (hypothesis)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from enginekit import KitTrace
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from costmodel.links import get_link
+from costmodel.profile import load_profile
+from costmodel.specs import get_spec
+from costmodel.units import range_units
+from sim.config import ConfigError, RunConfig
+from sim.runner import run
+
+SPEC = get_spec("qwen3-8b")
+PROFILE = load_profile(None, "qwen3-8b")
+KVB = SPEC.kv_bytes_per_token
+
+
+def pd_cfg(**kw) -> RunConfig:
+    base = dict(trace="kit", gpu_cache=16384, sessions=1, prefill_replicas=1,
+                decode_replicas=1, preset="sglang")
+    base.update(kw)
+    return RunConfig(**base)
+
+
+def prefill_s(a: int, b: int) -> float:
+    return PROFILE.prefill_seconds(range_units(SPEC, a, b))
+
+
+def test_one_request_timeline_by_hand():
+    """Prefill on P, transfer over rdma-400, the first forward on D, then 4 decode steps."""
+    res = run(pd_cfg(), KitTrace([[(1000, 5, 0.0)]]))
+    row = res.requests.iloc[0]
+    link = get_link("rdma-400")
+    prefill = prefill_s(0, 1000)
+    transfer = 1000 * KVB / 50e9 + 5e-6
+    # the decode worker holds the 15 full blocks that landed; it computes [960, 1000)
+    first = prefill_s(960, 1000)
+    assert link.bandwidth_gb_s == 50.0 and link.latency_us == 5.0
+    assert row["prefill_s"] == pytest.approx(prefill, rel=1e-12)
+    assert row["transfer_queue_s"] == 0.0
+    assert row["transfer_s"] == pytest.approx(transfer, rel=1e-12)
+    assert row["transfer_bytes"] == 1000 * KVB
+    assert row["first_decode_s"] == pytest.approx(first, rel=1e-9)
+    assert row["ttft_s"] == pytest.approx(prefill + transfer + first, rel=1e-12)
+    assert row["end_s"] == pytest.approx(prefill + transfer + first
+                                         + PROFILE.decode_run_seconds(1, 1000, 4), rel=1e-12)
+    assert (row["pd_prefill_worker"], row["pd_decode_worker"]) == (0, 0)
+    assert not row["prefilled_locally"] and row["decoded_tokens"] == 4
+    # the prefill side's cache accounting: nothing cached before, all 1000 computed
+    assert row["hit_gpu_tokens"] == 0 and row["new_tokens"] == 1000
+    s = res.summary
+    assert s["transfer_bytes"] == 1000 * KVB and s["prefill_pool_requests"] == 1
+    assert s["link_busy_share_max"] == pytest.approx(1000 * KVB / 50e9 / s["sim_end_s"])
+
+
+def test_streaming_ends_one_layer_after_the_prefill():
+    """Layer streaming: the transfer starts with the prefill; on rdma-100 the prefill of
+    qwen3-8b (22 us a token on an H100) is slower than the link (11.8 us a token), so the
+    transfer ends one layer's share after the prefill ends."""
+    res = run(pd_cfg(pd_link="rdma-100", pd_streaming="layer"), KitTrace([[(1000, 2, 0.0)]]))
+    row = res.requests.iloc[0]
+    busy = 1000 * KVB / 12.5e9
+    prefill = prefill_s(0, 1000)
+    assert busy < prefill
+    assert row["transfer_queue_s"] == pytest.approx(-prefill, rel=1e-12)
+    assert row["prefill_s"] + row["transfer_queue_s"] + row["transfer_s"] == \
+        pytest.approx(prefill + busy / SPEC.layers + 5e-6, rel=1e-12)
+    off = run(pd_cfg(pd_link="rdma-100"), KitTrace([[(1000, 2, 0.0)]])).requests.iloc[0]
+    assert off["transfer_s"] == pytest.approx(busy + 5e-6, rel=1e-12)
+    assert off["ttft_s"] - row["ttft_s"] == pytest.approx(busy - busy / SPEC.layers, rel=1e-9)
+
+
+TWO_TURNS = [[(1000, 65, 0.0), (1200, 2, 1.0)]]
+
+
+def test_second_turn_prefilled_locally_on_the_decode_cache():
+    """Turn 1's prompt + output (16 full blocks) stay on the decode worker; turn 2 has 176
+    uncached tokens there, below the 512 threshold: prefilled locally, nothing shipped."""
+    res = run(pd_cfg(pd_local_threshold=512), KitTrace(TWO_TURNS))
+    t = res.requests
+    assert t["prefilled_locally"].tolist() == [False, True]
+    assert t["transfer_bytes"].tolist() == [1000 * KVB, 0]
+    assert t["pd_prefill_worker"].tolist() == [0, -1]
+    second = t.iloc[1]
+    assert second["hit_gpu_tokens"] == 1024
+    assert second["ttft_s"] == pytest.approx(prefill_s(1024, 1200), rel=1e-9)
+    assert res.summary["prefill_pool_requests"] == 1
+    assert res.summary["recomputed_output_tokens"] == 0
+
+
+def test_without_decode_cache_the_output_is_recomputed_on_prefill():
+    """Decode cache off: turn 2 goes to the prefill worker, which holds turn 1's prompt (15
+    blocks) but not its output block: those 64 tokens are recomputed only because of the
+    split. With --pd-return output the output block travels back and turn 2 hits it."""
+    off = run(pd_cfg(pd_local_threshold=512, decode_cache="off"), KitTrace(TWO_TURNS))
+    t = off.requests
+    assert t["prefilled_locally"].tolist() == [False, False]
+    assert t["hit_gpu_tokens"].tolist() == [0, 960]
+    assert t["recomputed_output_tokens"].tolist() == [0, 64]
+    assert off.summary["recomputed_output_tokens_share"] == pytest.approx(64 / 2200)
+    back = run(pd_cfg(decode_cache="off", pd_return="output"), KitTrace(TWO_TURNS))
+    t = back.requests
+    assert t["hit_gpu_tokens"].tolist() == [0, 1024]
+    assert t["recomputed_output_tokens"].tolist() == [0, 0]
+    assert t["returned_bytes"].tolist() == [64 * KVB, 0]
+
+
+def test_a_decode_worker_retracts_under_memory_pressure():
+    """Two sessions decode 2,000 tokens each on a 4,096-token decode worker that reserves
+    16 (--max-new-tokens 16): it runs out and retracts (SGLang), the retracted request
+    re-prefills what it had (redone work counted) and both finish."""
+    trace = KitTrace([[(1000, 2000, 0.0)], [(1000, 2000, 0.0)]])
+    res = run(pd_cfg(gpu_cache=4096, sessions=2, max_new_tokens=16), trace)
+    s, t = res.summary, res.requests
+    assert s["decode_retractions"] >= 1
+    assert s["decode_preempted_recompute_tokens"] > 0
+    assert (t["decoded_tokens"] == 1999).all() and not t["dropped"].any()
+    assert t["retractions"].sum() == s["decode_retractions"]
+
+
+def test_ideal_link_equals_one_aggregated_server_within_the_first_forward():
+    """1P:1D over the ideal link with the output returned: the prefill worker's cache is
+    the aggregated server's, so its prefill time is the aggregated TTFT exactly, and the PD
+    TTFT exceeds it by the decode worker's first forward (at most one block computed)."""
+    trace = KitTrace([[(3000, 300, 0.0), (3500, 100, 2.0), (9000, 50, 1.0)],
+                      [(700, 40, 0.0), (5000, 10, 3.0)]])
+    pd = run(pd_cfg(gpu_cache=65536, pd_link="ideal", pd_return="output"), trace).requests
+    agg = run(RunConfig(trace="kit", gpu_cache=65536, sessions=1, preset="sglang"),
+              trace).requests
+    assert pd["request"].tolist() == agg["request"].tolist()
+    np.testing.assert_allclose(pd["prefill_s"], agg["ttft_s"], rtol=1e-12)
+    assert (pd["transfer_s"] == 0).all()
+    extra = (pd["ttft_s"] - agg["ttft_s"]).to_numpy()
+    np.testing.assert_allclose(extra, pd["first_decode_s"], rtol=1e-9, atol=1e-12)
+    bound = np.asarray([prefill_s(p - 64, p) for p in pd["prompt_tokens"]])
+    assert (extra > 0).all() and (extra <= bound * (1 + 1e-9)).all()
+
+
+def test_refusals():
+    with pytest.raises(ConfigError, match="both pools"):
+        pd_cfg(decode_replicas=0).validate()
+    with pytest.raises(ConfigError, match="sglang engine"):
+        pd_cfg(engine="vllm", preset="vllm").validate()
+    with pytest.raises(ConfigError, match="pd_link"):
+        pd_cfg(pd_link="carrier-pigeon").validate()
+    with pytest.raises(ConfigError, match="pd_rule"):
+        pd_cfg(pd_rule="nope").validate()
+    with pytest.raises(ConfigError, match="--replicas"):
+        pd_cfg(replicas=2).validate()
+
+
+def test_aggregated_config_json_has_no_pd_fields():
+    assert "prefill_replicas" not in RunConfig().to_dict()
+    assert pd_cfg().to_dict()["prefill_replicas"] == 1
+
+
+turns = st.tuples(st.integers(100, 2500), st.integers(1, 200), st.floats(0.0, 2.0))
+
+
+@st.composite
+def pd_runs(draw):
+    sessions = []
+    for _ in range(draw(st.integers(1, 3))):
+        n = draw(st.integers(1, 3))
+        prompt, reqs = 0, []
+        for _k in range(n):
+            add, out, gap = draw(turns)
+            prompt += add
+            reqs.append((prompt, out, gap))
+            prompt += out
+        sessions.append(reqs)
+    cfg = pd_cfg(
+        gpu_cache=draw(st.sampled_from([8192, 16384])),
+        sessions=draw(st.integers(1, 3)),
+        prefill_replicas=draw(st.integers(1, 3)), decode_replicas=draw(st.integers(1, 3)),
+        router=draw(st.sampled_from([None, "least-load"])),
+        pd_link=draw(st.sampled_from(["rdma-100", "nvlink4", "ideal"])),
+        pd_link_scope=draw(st.sampled_from(["nic", "pair"])),
+        pd_local_threshold=draw(st.sampled_from([0, 512])),
+        decode_cache=draw(st.sampled_from(["on", "off"])),
+        pd_return=draw(st.sampled_from(["none", "output"])),
+        pd_rule=draw(st.sampled_from(["disagg", "dynamo", "llm-d"])),
+        max_new_tokens=draw(st.sampled_from([None, 32])))
+    streaming = draw(st.booleans()) and cfg.pd_link != "ideal"
+    return replace(cfg, pd_streaming="layer" if streaming else "off"), KitTrace(sessions)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pd_runs())
+def test_every_request_prefilled_once_decoded_once_links_never_overbooked(case):
+    cfg, trace = case
+    res = run(cfg, trace)
+    t, s = res.requests, res.summary
+    assert sorted(t["request"].tolist()) == list(range(len(trace)))  # one row each
+    ok = t[~t["dropped"]]
+    assert (ok["decoded_tokens"] == ok["output_tokens"] - 1).all()  # decoded once, whole
+    remote = t[~t["prefilled_locally"]]
+    assert s["prefill_pool_requests"] == len(remote)  # one prefill per remote request
+    prefilled = remote["prefill_s"].notna()  # its prefill ran (not refused by the worker)
+    assert (remote["transfer_bytes"][prefilled] == remote["prompt_tokens"][prefilled] * KVB).all()
+    assert (remote["transfer_bytes"][~prefilled] == 0).all()
+    assert (t["transfer_bytes"][t["prefilled_locally"]] == 0).all()
+    xfer = res.tables["pd_transfers"]
+    forward = xfer[~xfer["link"].str.startswith("('back'")]
+    assert int(forward["bytes"].sum()) == int(t["transfer_bytes"].sum())
+    for _link, g in xfer.groupby("link"):
+        start, end = g["start_s"].to_numpy(), g["end_s"].to_numpy()
+        assert (end >= start).all()
+        assert (start[1:] >= end[:-1] - 1e-12).all()  # FIFO: never two at once
+        assert (end - start).sum() <= s["sim_end_s"] + 1e-9
+    assert 0.0 <= s["link_busy_share_max"] <= 1.0 + 1e-12
+    if cfg.pd_streaming == "off":
+        parts = remote["prefill_s"] + remote["transfer_queue_s"] + remote["transfer_s"] \
+            + remote["first_decode_s"]
+        r_ok = ~remote["dropped"] & remote["prefill_s"].notna()
+        np.testing.assert_allclose(parts[r_ok], remote["ttft_s"][r_ok], rtol=1e-9, atol=1e-9)
+
+
+def test_a_pd_run_is_a_pure_function_of_its_inputs():
+    trace = KitTrace([[(3000, 300, 0.0), (3500, 100, 2.0)], [(700, 40, 0.0), (5000, 10, 3.0)]])
+    cfg = pd_cfg(sessions=2, prefill_replicas=2, decode_replicas=2, router="random",
+                 pd_rule="sglang-pd", pd_link="rdma-100")
+    a, b = run(cfg, trace), run(cfg, trace)
+    assert a.requests.equals(b.requests) and a.summary == b.summary
+    assert a.tables["pd_transfers"].equals(b.tables["pd_transfers"])
+
+
+def test_sweep_ids_read_pd_fields_only_for_pd_points():
+    from sim.sweep.identity import identity, point_id
+
+    agg = RunConfig()
+    assert not {"prefill_replicas", "pd_link", "pd_rule"} & set(identity(agg))
+    pd = RunConfig.from_dict({"prefill_replicas": 1, "decode_replicas": 3,
+                              "pd_link": "nvlink4"}, "sweep.yaml")
+    assert identity(pd)["pd_link"] == "nvlink4" and point_id(pd) != point_id(agg)
+
+
+def test_a_decode_worker_short_of_memory_never_idles_with_work():
+    """Landed KV is not pinned outside the engine's admission control: a decode worker full
+    of landed prompts still finishes its chunked prefills (a landing lock held until the
+    admission starved them: the server slept with a request waiting). ``debug_cache``
+    checks the server never idles with work queued."""
+    cfg = RunConfig(trace="synthetic:claude-code?sessions=8", max_context=65536, gaps="tool",
+                    gpu_cache=98304, sessions=3, prefill_replicas=2, decode_replicas=1,
+                    preset="sglang", debug_cache=True)
+    res = run(cfg)
+    assert res.summary["requests"] == len(res.requests) > 0
+    assert res.summary["landed_lost_tokens"] > 0  # the pressure this test is about
+
+
+@pytest.mark.parametrize("scope", ["nic", "pair"])
+def test_two_transfers_from_one_prefill_worker_queue_on_its_nic(scope):
+    """Two prompts prefilled in one batch on the one prefill worker go to the two decode
+    workers (least in flight): on one NIC the second waits for the first; per pair it
+    does not."""
+    trace = KitTrace([[(1000, 2, 0.0)], [(1000, 2, 0.0)]])
+    res = run(pd_cfg(sessions=2, decode_replicas=2, pd_link="rdma-100", pd_link_scope=scope),
+              trace)
+    t = res.requests.sort_values("request")
+    busy = 1000 * KVB / 12.5e9
+    assert t["pd_decode_worker"].tolist() == [0, 1]
+    assert t["prefill_s"].iloc[0] == t["prefill_s"].iloc[1]  # one batch
+    waits = sorted(t["transfer_queue_s"].tolist())
+    assert waits == ([0.0, pytest.approx(busy, rel=1e-12)] if scope == "nic" else [0.0, 0.0])
+    assert res.summary["link_busy_share_max"] == pytest.approx(
+        (2 if scope == "nic" else 1) * busy / res.summary["sim_end_s"], rel=1e-9)
+
+
+def test_a_cache_aware_router_sees_the_prefill_pools_caches():
+    """The prefill worker is the router's choice over the prefill pool: dynamo-kv, fed by the
+    prefill workers' KV events, keeps sessions where their prefixes are; round-robin
+    scatters them and loses most of the reuse."""
+    cfg = RunConfig(trace="synthetic:claude-code?sessions=8", max_context=32768, gaps="tool",
+                    gpu_cache=65536, sessions=4, prefill_replicas=2, decode_replicas=1,
+                    preset="sglang")
+    rr = run(replace(cfg, router="round-robin")).summary
+    kv = run(replace(cfg, router="dynamo-kv")).summary
+    assert kv["hit_rate"] > rr["hit_rate"] + 0.2
+    assert kv["ttft_mean_s"] < rr["ttft_mean_s"]
