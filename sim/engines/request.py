@@ -50,6 +50,11 @@ class Req:
     redo_until: int = 0
     hint: WalkHint = field(default_factory=WalkHint)  # where the cache's last walk ended
 
+    def walk_from(self, hint: WalkHint) -> None:
+        """Walk from ``hint`` from now on: a request that moves to another server's cache
+        (a disaggregated fleet's pools, sim/fleet/pd.py) takes that cache's hint."""
+        self.hint = hint
+
     @property
     def context_tokens(self) -> int:
         """Tokens whose KV the request needs now: its prompt plus what it generated since."""

@@ -154,7 +154,7 @@ class PDFleet:
             shared_blocks=req.shared_blocks, next_gap=req.next_gap)
         self.prefill.submit(copy)
         p = self.prefill.decisions.replica[-1]  # the prefill router's choice, just made
-        copy.hint = self._hint("p", p, req.session)
+        copy.walk_from(self._hint("p", p, req.session))
         rec.prefill_worker = p
         copy.done.callbacks.append(lambda _ev, req=req, copy=copy: self._prefilled(req, copy))
 
@@ -228,7 +228,7 @@ class PDFleet:
         self._to_decode(req, d)
 
     def _to_decode(self, req, d: int) -> None:
-        req.hint = self._hint("d", d, req.session)
+        req.walk_from(self._hint("d", d, req.session))
         self.decode[d].submit(req)
 
     def _finished(self, req) -> None:
