@@ -517,6 +517,8 @@ class SGLangServer(EngineBase):
             if req.generated == 0:
                 req.first_token_at = now
                 self.rec.first_token(req, now)
+            else:  # the next token after a retraction
+                self.rec.tokens((req,), 1, now, now)
             req.generated += 1
             self._checkpoint(req, req.ids.size, req.context_tokens)
             if req.generated >= req.output_tokens:
@@ -578,10 +580,12 @@ class SGLangServer(EngineBase):
             pause = self._transfer_seconds()  # copies pending from before the run
             if pause:
                 yield env.timeout(pause)
+            start = env.now
             # With batch_is_full an arrival cannot be admitted before a finish: no cut.
             steps = yield from self._timed_decode(batch_size, ctx, steps,
                                                   not self.batch_is_full)
             self.rec.decode(self.profile.decode_run_seconds(batch_size, ctx, steps), steps)
+            self._record_tokens(start, batch_size, ctx, steps)
             # Memory for exactly the tokens generated; the copies that made room for them
             # (demotions to the CPU tier) happened during the run: its tokens complete after
             # them, and the next batch does not pay for them again.

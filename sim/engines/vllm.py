@@ -271,7 +271,8 @@ class VllmServer(EngineBase):
                     r.placeholders += 1
         return Step(rows, decode, samples, preempted, blocked)
 
-    def update(self, step: Step, steps: int = 1) -> bool:
+    def update(self, step: Step, steps: int = 1,
+               run: tuple[float, float, float] | None = None) -> bool:
         """vLLM's ``update_from_output`` for ``step`` (a decode run: ``steps`` identical
         steps at once): each sampling row appends its token(s); a request that reached its
         output length finishes and frees its blocks, in schedule order. Output of a step
@@ -292,6 +293,10 @@ class VllmServer(EngineBase):
             if first:
                 r.first_token_at = now
                 self.rec.first_token(r, now)
+            elif run is None:
+                self.rec.tokens((r,), steps, now, now)
+            else:  # a decode run: (first token's time, next step's seconds, increment)
+                self.rec.tokens((r,), steps, run[0], now, run[1], run[2])
             if placeholder and not stale:
                 r.placeholders -= 1
                 # the blocks its now-known tokens filled are cached (vLLM: cache_blocks)
@@ -417,8 +422,10 @@ class VllmServer(EngineBase):
         if cap > 1:
             starts = [-(-r.computed // bs) * bs - r.computed + 1 for r in running]
             cap = 1 + steps_fitting(starts, bs, self.pool.free_blocks, cap - 1)
+        start = self.env.now
         steps = yield from self._timed_decode(batch, ctx, cap, not step.blocked and cap > 1)
         self.rec.decode(self.profile.decode_run_seconds(batch, ctx, steps), steps)
+        first, inc = self.profile.decode_step_series(batch, ctx)
         if steps > 1:
             for r in running:
                 ok = self.pool.extend(r.rid, steps - 1)
@@ -426,7 +433,7 @@ class VllmServer(EngineBase):
                 r.computed += steps - 1
                 self._note_cached(r)
             self._record_evictions()
-        self.update(step, steps)
+        self.update(step, steps, (start + first, first + inc, inc))
 
     def _loop(self):
         if self.async_scheduling:
@@ -517,6 +524,9 @@ class VllmServer(EngineBase):
         """State after x pipeline iterations of a decode run (``_async_decode_run``): x more
         steps scheduled (x tokens allocated per request), ``step`` and the x - 1 after it
         processed (x tokens known and cached); the last one scheduled is in flight."""
+        step_s, inc = self.profile.decode_step_series(len(step.rows), ctx)
+        last_at = self.env.now if x > 1 else step.end
+        self.rec.tokens([r for r, _s, _n in step.rows], x, step.end, last_at, step_s, inc)
         rows = []
         for r, start, _n in step.rows:
             # known when the last one was scheduled: x - 1 outputs processed since

@@ -57,6 +57,7 @@ def merge_recorders(trace, recs: list[RunRecorder], sessions: RunRecorder) -> Ru
     for rec in recs:
         merged.records.extend(rec.records)
         merged.hist = merged.hist + rec.hist
+        merged.gaps.extend(rec.gaps)
         for k, v in rec.counters.items():
             merged.counters[k] = merged.counters.get(k, 0) + v
     merged.session_start = dict(sessions.session_start)
