@@ -74,7 +74,8 @@ def test_extend_joins_two_runs_of_gaps() -> None:
 # --- one request alone, by hand --------------------------------------------------------------
 @pytest.mark.parametrize("engine", ["sglang", "vllm"])
 def test_one_request_tpot_and_itl_by_hand(engine: str) -> None:
-    kw = dict(engine=engine, preset="vllm", vllm_async=False, scheduler="fcfs") if engine == "vllm" else {}
+    kw = (dict(engine=engine, preset="vllm", vllm_async=False, scheduler="fcfs")
+          if engine == "vllm" else {})
     res = run(cfg(**kw), KitTrace([[(4000, 6, 0.0)]]))
     row, s = res.requests.iloc[0], res.summary
     # five gaps after the first token: decode steps of one sequence reading 4000..4004 keys
