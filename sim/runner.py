@@ -55,7 +55,7 @@ def trace_options(cfg: RunConfig) -> tuple:
     from traces.cache import resolve_cache_dir
 
     return (cfg.trace, cfg.trace_format, cfg.block_size, cfg.shared_prefix, cfg.max_context,
-            cfg.select, cfg.seed, cfg.lenient, resolve_cache_dir(cfg.trace_cache_dir),
+            cfg.select, cfg.trace_draw_seed, cfg.lenient, resolve_cache_dir(cfg.trace_cache_dir),
             cfg.rebuild_sessions)
 
 
@@ -104,7 +104,27 @@ def run_fields(cfg: RunConfig, policy: EvictionPolicy, profile, spec, trace,
     } | ENGINES[cfg.engine].summary_fields(cfg)
 
 
+def answer_fields(cfg: RunConfig, profile, table: pd.DataFrame, summary: dict[str, Any],
+                  completed_sessions: set[int]) -> dict[str, Any]:
+    """GPUs used, rates per GPU and, with an SLO, goodput (sim/deploy.py, sim/slo.py)."""
+    from sim.deploy import deployment_fields
+
+    out = deployment_fields(cfg, profile)
+    gpus = out["gpus"]
+    out["output_tokens_per_s_per_gpu"] = summary["output_tokens_per_s"] / gpus
+    out["total_tokens_per_s_per_gpu"] = summary["total_tokens_per_s"] / gpus
+    if cfg.slo is not None:
+        from sim.slo import slo_fields
+
+        out.update(slo_fields(cfg.slo, table, summary, completed_sessions, gpus))
+    return out
+
+
 def run(cfg: RunConfig, trace=None) -> RunResult:
+    if cfg.repeats > 1:
+        from sim.repeats import run_repeats
+
+        return run_repeats(cfg, trace)
     cfg.validate()
     try:
         spec = get_spec(cfg.model)
@@ -139,6 +159,7 @@ def run(cfg: RunConfig, trace=None) -> RunResult:
     table = rec.table()
     summary = rec.summary(env.now, cfg.block_size, table)
     summary.update(run_fields(cfg, policy, profile, spec, trace, table))
+    summary.update(answer_fields(cfg, profile, table, summary, set(rec.session_end)))
     if cfg.vllm_patch != "none":  # only then: unpatched summaries stay as they were
         summary["vllm_patch"] = cfg.vllm_patch
         summary.update(server.patch_summary())

@@ -140,3 +140,44 @@ def test_gap_count_and_sum_match_every_request(kw) -> None:
     assert n > 0
     assert s["itl_mean_s"] == pytest.approx(total / n, rel=1e-9)
     assert (t.itl_max_s.fillna(0) >= t.tpot_s.fillna(0) * (1 - 1e-12)).all()
+
+
+# --- goodput against SLOs, by hand -------------------------------------------------------
+def test_goodput_counts_requests_and_sessions_within_every_threshold() -> None:
+    from sim.slo import parse_slo
+
+    # s0: one request (4000 in, 6 out); s1: two turns 2000 -> 3000 (out 3, then 1). Both
+    # first prompts share one prefill batch, so requests 0 and 1 have the same TTFT; the
+    # second turn reuses s1's history (a short TTFT, one token: no TPOT).
+    trace = KitTrace([[(4000, 6, 0.0)], [(2000, 3, 0.0), (3000, 1, 0.0)]])
+    both = prefill((0, 4000), (0, 2000))
+    res = run(cfg(slo=f"ttft={both * 1.0001}s,tpot=10ms"), trace)
+    t, s = res.requests.set_index("request"), res.summary
+    assert t.ttft_s[0] == pytest.approx(both, rel=1e-12) == t.ttft_s[1]
+    # request 0 decodes 2 steps beside request 1, then 3 alone: its TPOT is above 10 ms
+    # (each step reads its 4000+ keys); request 1's two steps are below it
+    assert t.tpot_s[0] > 0.010 > t.tpot_s[1] and math.isnan(t.tpot_s[2])
+    assert s["slo_requests_met"] == 2 and s["slo_attainment"] == pytest.approx(2 / 3)
+    assert s["goodput_rps"] == pytest.approx(2 / s["sim_end_s"], rel=1e-12)
+    assert s["goodput_rps_per_gpu"] == pytest.approx(s["goodput_rps"] / s["gpus"])
+    assert s["slo_sessions_met"] == 1  # s1; s0's only request missed
+    assert s["goodput_sessions_per_h"] == pytest.approx(3600 / s["sim_end_s"], rel=1e-12)
+    assert s["slo_met"] is False  # 2/3 < the default attainment 0.9
+    assert run(cfg(slo=f"ttft={both * 1.0001}s,tpot=10ms,attain=0.6"), trace
+               ).summary["slo_met"] is True
+    tight = run(cfg(slo=f"ttft={both * 0.9999}s"), trace).summary
+    assert tight["slo_requests_met"] == 1 and tight["slo_sessions_met"] == 0
+    # a run-level percentile target reads the summary's field
+    p90 = s["ttft_p90_s"]
+    assert run(cfg(slo=f"ttft_p90={p90 * 1.001}s"), trace).summary["slo_met"] is True
+    assert run(cfg(slo=f"ttft_p90={p90 * 0.999}s"), trace).summary["slo_met"] is False
+    assert parse_slo("ttft=2s,tpot=50ms").thresholds == {"ttft": 2.0, "tpot": 0.05}
+
+
+@pytest.mark.parametrize("bad", ["ttft", "ttft=fast", "ttft_p95=1s", "speed=1s", "attain=2",
+                                 "ttft_p90=1s,attain=0.9"])
+def test_bad_slo_is_refused_naming_the_field(bad: str) -> None:
+    from sim.config import ConfigError
+
+    with pytest.raises(ConfigError, match="'slo'"):
+        RunConfig(slo=bad).validate()

@@ -12,7 +12,7 @@ import click
 from sim.config import VLLM_PATCH_NAMES, RunConfig
 from sim.report.runs import compare_runs, run_tables
 
-from .common import SIZE, atomic_write_text, console, dumps, emit_json, stderr
+from .common import KV_SIZE, SIZE, atomic_write_text, console, dumps, emit_json, stderr
 from .run_checks import (
     default_replay,
     params_per_policy,
@@ -129,6 +129,27 @@ def size_header(cfg: RunConfig) -> str:
     return "sizes in tokens: " + ", ".join(parts)
 
 
+def gpu_header(cfg: RunConfig) -> str:
+    """The deployment in GPUs: KV tokens per replica and per GPU, and the profile, saying
+    when it was not measured for this GPU and TP."""
+    if cfg.gpu is None and cfg.gpu_cache_bytes is None:
+        return ""
+    from sim.deploy import DEFAULT_MEM_FRACTION, profile_note
+
+    tp = cfg.tp or 1
+    how = (f"{cfg.gpu_cache_bytes / 2**30:g} GiB of KV per GPU" if cfg.gpu_cache_bytes
+           is not None else f"memory fraction {cfg.mem_fraction or DEFAULT_MEM_FRACTION:g}")
+    on = f"{cfg.replicas * tp} x {cfg.gpu or 'GPU'} ({cfg.replicas} replicas x TP {tp})"
+    line = (f"GPUs: {on}, {how}: KV cache {cfg.gpu_cache:,} tokens per replica "
+            f"({cfg.gpu_cache // tp:,} per GPU) of {cfg.model}")
+    if cfg.gpu is not None:
+        from costmodel.profile import load_profile
+
+        note = profile_note(cfg, load_profile(cfg.profile, cfg.model))
+        line += f"; profile {cfg.profile}" + (f" ({note})" if note else " (measured)")
+    return line
+
+
 @click.command("run")
 @click.option("--trace", "-t", default="synthetic:claude-code", show_default=True,
               help="Trace path(s) (comma-separated) or synthetic:NAME[?k=v&...].")
@@ -137,8 +158,25 @@ def size_header(cfg: RunConfig) -> str:
               help="Model spec (kvsim models lists them).")
 @click.option("--profile", "-p", default=None,
               help="Profile name or file (default kernels-h100_sxm-MODEL).")
-@click.option("--gpu-cache", type=SIZE, default="256k", show_default=True,
-              help="GPU KV capacity in tokens.")
+@click.option("--gpu-cache", type=KV_SIZE, default=None,
+              help="GPU KV capacity per replica in tokens (default 256k; with --gpu: what "
+                   "the GPU holds), or bytes of KV per GPU (40GiB).")
+@click.option("--gpu", default=None,
+              help="GPU kind of each replica (H100, H200, B200, ...: costmodel/data/gpus.yaml)"
+                   ": derives the KV tokens and the time profile.")
+@click.option("--tp", type=click.IntRange(min=1), default=None,
+              help="--gpu: tensor-parallel GPUs per replica (default 1).")
+@click.option("--mem-fraction", type=click.FloatRange(0, 1, min_open=True), default=None,
+              help="--gpu: share of each GPU's memory for weights and KV (SGLang "
+                   "--mem-fraction-static, vLLM --gpu-memory-utilization; default 0.9).")
+@click.option("--slo", default=None, metavar="KEY=VALUE,...",
+              help="SLOs for goodput: per request ttft=2s,tpot=50ms,itl=,e2e=; per run "
+                   "ttft_p90=1s (p50, p90, p99, mean); attain=0.9 (docs/engine.md).")
+@click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Independent repeats (decision seeds seed..seed+N-1, the trace fixed): "
+                   "mean and 95%% interval per metric.")
+@click.option("--trace-seed", type=click.IntRange(min=0), default=None,
+              help="Seed of a synthetic trace's draws (default: --seed).")
 @click.option("--cpu-cache", type=SIZE, default="0", show_default=True,
               help="CPU KV capacity in tokens (two tiers).")
 @click.option("--tiering", type=click.Choice(["unified", "hicache"]), default="unified",
@@ -254,7 +292,8 @@ def size_header(cfg: RunConfig) -> str:
               "first, other files stay.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select, gap_model,
-            lenient, seed, cache_dir, rebuild_sessions, model, profile, gpu_cache, cpu_cache,
+            lenient, seed, cache_dir, rebuild_sessions, model, profile, gpu_cache, gpu, tp,
+            mem_fraction, slo, repeats, trace_seed, cpu_cache,
             tiering, swap_buffer, hicache_write_policy, sessions, replay, time_scale,
             max_concurrency, engine, vllm_patch, replicas, router, router_param_items,
             pool, pool_bandwidth, pool_latency_us, pool_write, pool_watermark,
@@ -274,6 +313,15 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
 
     if replay is None:
         replay = default_replay(trace, trace_format)
+    from sim.deploy import resolve_gpu_fields
+
+    spell = {"gpu": "--gpu", "gpu_cache": "--gpu-cache"}.get
+    sized = resolve_gpu_fields(dict(gpu=gpu, tp=tp, mem_fraction=mem_fraction,
+                                    gpu_cache=gpu_cache, model=model, profile=profile,
+                                    block_size=block_size), "command line",
+                               lambda f: spell(f) or f)
+    if sized["gpu_cache"] is None:
+        sized["gpu_cache"] = 262_144
     base = RunConfig(
         trace=trace, trace_format=trace_format, select=select, shared_prefix=shared_prefix,
         max_context=max_context, block_size=block_size, gaps=gap_model, lenient=lenient,
@@ -285,7 +333,9 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
         pool=pool, pool_bandwidth=pool_bandwidth, pool_latency_us=pool_latency_us,
         pool_write=pool_write, pool_watermark=pool_watermark,
         pool_evict_fraction=pool_evict_fraction,
-        model=model, profile=profile, gpu_cache=gpu_cache, cpu_cache=cpu_cache,
+        model=model, profile=sized["profile"], gpu_cache=sized["gpu_cache"], gpu=sized["gpu"],
+        tp=tp, mem_fraction=mem_fraction, gpu_cache_bytes=sized.get("gpu_cache_bytes"),
+        slo=slo, repeats=repeats, trace_seed=trace_seed, cpu_cache=cpu_cache,
         tiering=tiering, swap_buffer=swap_buffer, hicache_write_policy=hicache_write_policy,
         scheduler=scheduler, context=context, chunk_size=chunk_size,
         checkpoint_chunks=prompt_nodes == "chunked",
@@ -321,6 +371,9 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
     stderr.print(f"[dim]trace {tr.name}: {len(tr):,} requests loaded in "
                  f"{time.perf_counter() - t0:.1f}s[/dim]")
     stderr.print(f"[dim]{size_header(base)}[/dim]")
+    gpu_line = gpu_header(base)
+    if gpu_line:
+        stderr.print(f"[dim]{gpu_line}[/dim]")
     results = []
     with progress("kvsim run", "requests", sum(len(t) for t in traces), stderr) as bar:
         for k, (cfg, trace) in enumerate(zip(configs, traces, strict=True)):
@@ -350,7 +403,7 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
     ctx = "" if parse_context(context).is_full else (
         f", context {s['context']} (serving only: task accuracy not modelled)")
     print_table(runs, f"{s['trace']} ({s['trace_requests']} requests), {model}, "
-                      f"GPU {gpu_cache:,} tokens{cpu}, N={sessions}, "
+                      f"GPU {base.gpu_cache:,} tokens{cpu}, N={sessions}, "
                       f"{configs[0].engine_label} engine"
                       f"{f' (async {vllm_async})' if engine == 'vllm' else ''}, "
                       f"{scheduler}, "

@@ -23,7 +23,7 @@ from costmodel.units import Units, ranges_units
 from sim.engines import ENGINES
 from sim.replay import Replay
 from sim.report.progress import current as current_progress
-from sim.runner import RunResult, bind_policy, run_fields
+from sim.runner import RunResult, answer_fields, bind_policy, run_fields
 
 from .fleet import Fleet, ReplicaSignals
 from .metrics import fleet_metrics, merge_recorders, recorder_for
@@ -86,6 +86,7 @@ def run_fleet(cfg, trace, spec, profile) -> RunResult:
     merged = merge_recorders(trace, [e.rec for e in engines], sessions)
     summary = merged.summary(env.now, cfg.block_size, table)
     summary.update(run_fields(cfg, policies[0], profile, spec, trace, table))
+    summary.update(answer_fields(cfg, profile, table, summary, set(merged.session_end)))
     metrics, per_replica = fleet_metrics(fleet, engines, tables, sessions, env.now,
                                          cfg.block_size, table)
     summary.update(metrics)

@@ -15,7 +15,14 @@ if TYPE_CHECKING:
 # except the hit rate).
 COMPARED = ("ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "jct_mean_s", "hit_rate",
             "recomputed_tokens", "recompute_units", "queue_wait_mean_s",
-            "preempted_recompute_tokens", "preempted_recompute_units")
+            "preempted_recompute_tokens", "preempted_recompute_units",
+            "tpot_mean_s", "tpot_p99_s", "itl_p50_s", "itl_p99_s", "e2e_p90_s")
+# What users quote beside TTFT (sim/metrics.py latency_fields, sim/runner.py answer_fields).
+THROUGHPUT_ROWS = ("output_tokens_per_s", "total_tokens_per_s", "gpus",
+                   "output_tokens_per_s_per_gpu")
+# Rows of runs with --slo (sim/slo.py).
+GOODPUT_ROWS = ("slo_attainment", "goodput_rps", "goodput_rps_per_gpu",
+                "goodput_sessions_per_h", "slo_met")
 
 
 def change(a: float | None, b: float | None) -> float | None:
@@ -69,7 +76,9 @@ def run_tables(runs: list[dict[str, Any]], title: str, width: int, lenient: bool
     shown = [k for k in WHEN_NONZERO if any(r["summary"].get(k) for r in runs)
              or (lenient and k in LENIENT_ROWS)]
     ctx = CONTEXT_ROWS if any("context" in r["summary"] for r in runs) else ()
-    keys = (*COMPARED, *extra, "requests", "retractions", "evicted_tokens", *ctx, *shown)
+    slo = GOODPUT_ROWS if any("slo" in r["summary"] for r in runs) else ()
+    keys = (*COMPARED, *THROUGHPUT_ROWS, *slo, *extra, "requests", "retractions",
+            "evicted_tokens", *(k for k in ctx if k not in THROUGHPUT_ROWS), *shown)
     cells: list[list[str]] = []  # per run, per key
     for i, r in enumerate(runs):
         col = []
