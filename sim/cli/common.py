@@ -20,8 +20,8 @@ from rich.console import Console
 
 from sim.io import SizeError, atomic_write_text, dumps, sizes, tokens
 
-__all__ = ["KV_SIZE", "SIZE", "KvsimGroup", "atomic_write_text", "console", "dumps", "emit_json", "fail",
-           "one_line", "parse_size", "stderr", "tokens", "trace_load_progress"]
+__all__ = ["KV_SIZE", "SIZE", "KvsimGroup", "atomic_write_text", "console", "dumps",
+           "emit_json", "fail", "one_line", "parse_size", "stderr", "tokens", "trace_load_progress"]
 
 # soft_wrap: a warning or progress line stays one line in logs (no wrapping at 80 columns).
 stderr = Console(stderr=True, soft_wrap=True)

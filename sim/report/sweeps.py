@@ -20,7 +20,7 @@ ANSWER_COLUMNS = [Col("TPOT\nmean (ms)", "tpot_mean_s", "ms"),
                   Col("output\ntok/s/GPU", "output_tokens_per_s_per_gpu", "per_s"),
                   Col("GPUs", "gpus", "int"),
                   Col("SLO\nmet", "slo_attainment", "rate"),
-                  Col("goodput\nreq/s/GPU", "goodput_rps_per_gpu", "ratio")]
+                  Col("goodput\nreq/s/GPU", "goodput_rps_per_gpu", "float3")]
 CHANGE_COLUMNS = [Col("TTFT\nchange", "ttft_mean_s_change", "change"),
                   Col("JCT\nchange", "jct_mean_s_change", "change"),
                   Col("hit rate\nchange", "hit_rate", "pp", minus="baseline_hit_rate")]
