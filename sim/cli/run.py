@@ -375,12 +375,14 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
     if gpu_line:
         stderr.print(f"[dim]{gpu_line}[/dim]")
     results = []
-    with progress("kvsim run", "requests", sum(len(t) for t in traces), stderr) as bar:
+    with progress("kvsim run", "requests", sum(len(t) for t in traces) * repeats,
+                  stderr) as bar:
         for k, (cfg, trace) in enumerate(zip(configs, traces, strict=True)):
             bar.describe(f"{cfg.policy_label} ({k + 1} of {len(configs)})")
             t0 = time.perf_counter()
             res = run(cfg, trace)
-            bar.update(sum(len(t) for t in traces[:k + 1]))  # fleet runs count no replies
+            # fleet runs count no replies
+            bar.update(sum(len(t) for t in traces[:k + 1]) * repeats)
             dt = time.perf_counter() - t0
             n = res.summary["requests"]
             stderr.print(f"[dim]{cfg.policy_label}: {n:,} requests simulated in {dt:.1f}s "

@@ -64,6 +64,16 @@ POOL_ROWS = ("pool_hit_rate", "pool_fetched_tokens", "pool_refused_fetches", "po
              "pool_bandwidth_utilization")
 
 
+def within_interval(a: dict[str, Any], b: dict[str, Any], key: str) -> bool:
+    """Whether two repeated runs' means of ``key`` differ by no more than their 95%
+    intervals together (the intervals overlap): the tables mark such a change ``~``."""
+    ca, cb = a.get(f"{key}_ci95"), b.get(f"{key}_ci95")
+    va, vb = a.get(key), b.get(key)
+    if None in (ca, cb, va, vb) or ca != ca or cb != cb or va != va or vb != vb:
+        return False
+    return abs(vb - va) <= ca + cb
+
+
 def run_tables(runs: list[dict[str, Any]], title: str, width: int, lenient: bool = False
                ) -> list[Table]:
     """Metrics in the units every table uses (``fmt_metric``: rates in percent); changes
@@ -84,7 +94,13 @@ def run_tables(runs: list[dict[str, Any]], title: str, width: int, lenient: bool
         col = []
         for k in keys:
             s = fmt_metric(k, r["summary"].get(k))
+            ci = r["summary"].get(f"{k}_ci95")
+            if ci is not None and ci == ci and s != "-":  # repeats: mean ± 95% interval
+                s += f" ±{fmt_metric(k, ci).removesuffix(' ms')}"
             ch = r["change_vs_first"].get(k)
+            if i > 0 and ch is not None and within_interval(runs[0]["summary"],
+                                                            r["summary"], k):
+                s += " ~"  # the difference is inside the intervals: not a difference
             if i > 0 and k == "hit_rate" and s != "-" and runs[0]["summary"].get(k) is not None:
                 s += f" ({100 * (r['summary'][k] - runs[0]['summary'][k]):+.1f} pp)"
             elif i > 0 and ch is not None:
