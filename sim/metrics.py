@@ -128,6 +128,7 @@ class RunRecorder:
         self.session_start: dict[int, float] = {}
         self.session_end: dict[int, float] = {}
         self.gaps = TokenGaps()
+        self.observer: Any = None  # a sim/timeline.py Track, told of batches and evictions
         self._last_token: dict[int, float] = {}  # request id -> when its last token came
 
     # --- lifecycle ----------------------------------------------------------------------
@@ -249,6 +250,8 @@ class RunRecorder:
         c = self.counters
         if res.freed_blocks:
             c["evictions"] += 1
+            if self.observer is not None:
+                self.observer.evicted(res.deleted_blocks, res.demoted_blocks)
         c["evicted_blocks"] += res.deleted_blocks
         c["demoted_blocks"] += res.demoted_blocks
         c["holes_made_blocks"] += res.holes_made
@@ -256,6 +259,8 @@ class RunRecorder:
     def loaded(self, ld: Any, bs: int) -> None:
         c = self.counters
         c["cpu_loads"] += 1
+        if self.observer is not None:
+            self.observer.loaded(ld.loaded_blocks)
         c["loaded_blocks"] += ld.loaded_blocks
         c["load_demoted_blocks"] += ld.demoted_blocks
         c["load_deleted_blocks"] += ld.deleted_blocks
@@ -267,15 +272,29 @@ class RunRecorder:
     def transferred(self, h2d_bytes: int, d2h_bytes: int) -> None:
         self.counters["bytes_h2d"] += h2d_bytes
         self.counters["bytes_d2h"] += d2h_bytes
+        if self.observer is not None and (h2d_bytes or d2h_bytes):
+            self.observer.transferred(h2d_bytes, d2h_bytes)
 
-    def batch(self, seconds: float, n: int) -> None:
+    def batch(self, seconds: float, n: int, start: float | None = None,
+              tokens: int | None = None) -> None:
+        """A batch with prefill work of ``n`` requests (``tokens`` computed), starting at
+        ``start`` (the observer's clock now when not given)."""
         self.counters["prefill_batches"] += 1
         self.counters["prefill_seconds"] += seconds
+        if self.observer is not None:
+            self.observer.batch(self.observer.tl.now() if start is None else start, seconds,
+                                n, tokens)
 
-    def decode(self, seconds: float, steps: int) -> None:
+    def decode(self, seconds: float, steps: int, start: float | None = None,
+               batch: int | None = None) -> None:
+        """A decode event of ``steps`` steps of ``batch`` sequences that ran from ``start``
+        (when not given: it just ended)."""
         self.counters["decode_events"] += 1
         self.counters["decode_steps"] += steps
         self.counters["decode_seconds"] += seconds
+        if self.observer is not None:
+            self.observer.decode(self.observer.tl.now() - seconds if start is None else start,
+                                 seconds, steps, batch)
 
     def session_started(self, s: int, now: float) -> None:
         self.session_start[s] = now

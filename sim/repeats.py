@@ -74,7 +74,7 @@ def combine(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def run_repeats(cfg, trace=None):
+def run_repeats(cfg, trace=None, timeline=None):
     """``cfg.repeats`` runs of ``cfg`` (module docstring) as one ``RunResult``."""
     from sim.runner import RunResult, load_run_trace, run
     from sim.slo import meets, parse_slo
@@ -82,7 +82,8 @@ def run_repeats(cfg, trace=None):
     one = replace(cfg, repeats=1, trace_seed=cfg.trace_draw_seed)
     if trace is None:
         trace = load_run_trace(one)
-    results = [run(replace(one, seed=cfg.seed + k), trace) for k in range(cfg.repeats)]
+    results = [run(replace(one, seed=cfg.seed + k), trace, timeline if k == 0 else None)
+               for k in range(cfg.repeats)]
     summary = combine([r.summary for r in results])
     summary["repeats"] = cfg.repeats
     summary["repeat_seeds"] = [cfg.seed + k for k in range(cfg.repeats)]

@@ -120,11 +120,13 @@ def answer_fields(cfg: RunConfig, profile, table: pd.DataFrame, summary: dict[st
     return out
 
 
-def run(cfg: RunConfig, trace=None) -> RunResult:
+def run(cfg: RunConfig, trace=None, timeline=None) -> RunResult:
+    """``timeline``: a sim/timeline.py ``Timeline`` to record the run's batches into (the
+    first repeat's, with repeats)."""
     if cfg.repeats > 1:
         from sim.repeats import run_repeats
 
-        return run_repeats(cfg, trace)
+        return run_repeats(cfg, trace, timeline)
     cfg.validate()
     try:
         spec = get_spec(cfg.model)
@@ -136,7 +138,7 @@ def run(cfg: RunConfig, trace=None) -> RunResult:
     if cfg.is_fleet:  # replicas behind a router (sim/fleet)
         from sim.fleet.run import run_fleet
 
-        return run_fleet(cfg, trace, spec, profile)
+        return run_fleet(cfg, trace, spec, profile, timeline)
     gaps = trace.gaps(cfg.gaps)
     policy = cfg.make_policy()
     strategy = parse_context(cfg.context)
@@ -148,6 +150,9 @@ def run(cfg: RunConfig, trace=None) -> RunResult:
     env = simpy.Environment()
     bind_policy(env, cfg, spec, profile, policy, sessions)
     server = ENGINES[cfg.engine].build(env, cfg, spec, profile, policy, rec)
+    if timeline is not None:
+        timeline.now = lambda: env.now
+        rec.observer = timeline.track(0, lambda: (len(server.waiting), len(server.running)))
     bar = current_progress()  # observes replies only (sim/report/progress.py)
     replay = Replay(env, trace, server, gaps, trace.start_offsets(cfg.gaps), cfg.sessions,
                     cfg.time_scale, context,

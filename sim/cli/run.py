@@ -129,6 +129,16 @@ def size_header(cfg: RunConfig) -> str:
     return "sizes in tokens: " + ", ".join(parts)
 
 
+def timeline_path(path: str, policy: str, runs: int) -> str:
+    """``path`` for one run; ``STEM-POLICY.SUFFIX`` per policy when several run."""
+    if runs == 1:
+        return path
+    from pathlib import Path
+
+    p = Path(path)
+    return str(p.with_name(f"{p.stem}-{policy}{p.suffix or '.json'}"))
+
+
 def gpu_header(cfg: RunConfig) -> str:
     """The deployment in GPUs: KV tokens per replica and per GPU, and the profile, saying
     when it was not measured for this GPU and TP."""
@@ -290,6 +300,10 @@ def gpu_header(cfg: RunConfig) -> str:
               "summary.json per run under this folder (checked before anything runs); a "
               "previous run's outputs there (runs.json, plots, policy folders) are removed "
               "first, other files stay.")
+@click.option("--timeline", default=None, metavar="FILE",
+              help="Write the run's batches, decode runs, evictions, loads and queue depth as "
+                   "Chrome trace-event JSON (opens in ui.perfetto.dev and chrome://tracing); "
+                   "several policies: FILE-POLICY.json each.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select, gap_model,
             lenient, seed, cache_dir, rebuild_sessions, model, profile, gpu_cache, gpu, tp,
@@ -300,7 +314,7 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
             pool_evict_fraction,
             preset, evict, granularity, order, policies, policy_params, scheduler, context,
             chunk_size, prompt_nodes, max_new_tokens, max_running, vllm_async, debug_cache,
-            out, as_json) -> None:
+            out, timeline, as_json) -> None:
     """Replay a trace through the simulated server under each policy; report TTFT, JCT, hits."""
     from costmodel.specs import get_spec
     from sim.checks import check_model_and_profile
@@ -380,7 +394,14 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
         for k, (cfg, trace) in enumerate(zip(configs, traces, strict=True)):
             bar.describe(f"{cfg.policy_label} ({k + 1} of {len(configs)})")
             t0 = time.perf_counter()
-            res = run(cfg, trace)
+            tl = None
+            if timeline is not None:
+                from sim.timeline import Timeline
+
+                tl = Timeline(lambda: 0.0)
+            res = run(cfg, trace, tl)
+            if tl is not None:
+                tl.write(timeline_path(timeline, cfg.policy_label, len(configs)))
             # fleet runs count no replies
             bar.update(sum(len(t) for t in traces[:k + 1]) * repeats)
             dt = time.perf_counter() - t0

@@ -556,7 +556,8 @@ class SGLangServer(EngineBase):
                 seconds, per_req = self._prefill_seconds(batch)
                 if self.tiered:  # (without a CPU tier nothing is ever pending)
                     seconds += self._transfer_seconds()
-                self.rec.batch(seconds, len(batch))
+                self.rec.batch(seconds, len(batch), tokens=sum(
+                    b - a for _req, ranges in batch for a, b in ranges))
                 yield env.timeout(seconds)
                 self._finish_prefill(batch, per_req)
                 continue
@@ -584,7 +585,8 @@ class SGLangServer(EngineBase):
             # With batch_is_full an arrival cannot be admitted before a finish: no cut.
             steps = yield from self._timed_decode(batch_size, ctx, steps,
                                                   not self.batch_is_full)
-            self.rec.decode(self.profile.decode_run_seconds(batch_size, ctx, steps), steps)
+            self.rec.decode(self.profile.decode_run_seconds(batch_size, ctx, steps), steps,
+                            start, batch_size)
             self._record_tokens(start, batch_size, ctx, steps)
             # Memory for exactly the tokens generated; the copies that made room for them
             # (demotions to the CPU tier) happened during the run: its tokens complete after

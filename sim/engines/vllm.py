@@ -402,13 +402,16 @@ class VllmServer(EngineBase):
             seconds = max(seconds, self.profile.decode_step_seconds(n_dec, ctx))
         return seconds
 
-    def _price(self, step: Step) -> float:
-        """Seconds of ``step``, recorded as a decode step or a batch with prefill tokens."""
+    def _price(self, step: Step, start: float | None = None) -> float:
+        """Seconds of ``step``, recorded as a decode step or a batch with prefill tokens
+        (running from ``start``: now when not given)."""
         seconds = self._step_seconds(step)
+        start = self.env.now if start is None else start
         if all(step.decode):
-            self.rec.decode(seconds, 1)
+            self.rec.decode(seconds, 1, start, len(step.rows))
         else:
-            self.rec.batch(seconds, len(step.rows))
+            self.rec.batch(seconds, len(step.rows), start,
+                           sum(n for _r, _s, n in step.rows))
         return seconds
 
     def _decode_run(self, step: Step):
@@ -424,7 +427,8 @@ class VllmServer(EngineBase):
             cap = 1 + steps_fitting(starts, bs, self.pool.free_blocks, cap - 1)
         start = self.env.now
         steps = yield from self._timed_decode(batch, ctx, cap, not step.blocked and cap > 1)
-        self.rec.decode(self.profile.decode_run_seconds(batch, ctx, steps), steps)
+        self.rec.decode(self.profile.decode_run_seconds(batch, ctx, steps), steps, start,
+                        batch)
         first, inc = self.profile.decode_step_series(batch, ctx)
         if steps > 1:
             for r in running:
@@ -471,7 +475,7 @@ class VllmServer(EngineBase):
             step = self.schedule() if self.busy() else None
             if step is not None and step.rows:
                 start = env.now if inflight is None else inflight.end
-                step.end = start + self._price(step)
+                step.end = start + self._price(step, start)
             else:
                 step = None  # an empty step: vLLM queues it and processes nothing
             if inflight is None:
@@ -540,6 +544,6 @@ class VllmServer(EngineBase):
         self._record_evictions()
         batch = len(rows)
         seconds = self.profile.decode_run_seconds(batch, ctx, x)
-        self.rec.decode(seconds, x)
+        self.rec.decode(seconds, x, step.end, batch)
         return Step(rows, [True] * batch, [True] * batch, [], step.blocked,
                     step.end + seconds)

@@ -49,7 +49,7 @@ def check_fleet_size(cfg, trace) -> None:
                              f"could never serve one; use at most {len(trace):,}")
 
 
-def run_fleet(cfg, trace, spec, profile) -> RunResult:
+def run_fleet(cfg, trace, spec, profile, timeline=None) -> RunResult:
     check_fleet_size(cfg, trace)
     env = simpy.Environment()
     engines, policies = [], []
@@ -59,6 +59,10 @@ def run_fleet(cfg, trace, spec, profile) -> RunResult:
         bind_policy(env, cfg, spec, profile, policy, trace.sessions)
         rec = recorder_for(trace, signals[i])
         engine = ENGINES[cfg.engine].build(env, cfg, spec, profile, policy, rec)
+        if timeline is not None:  # sim/timeline.py: one track per replica
+            timeline.now = lambda: env.now
+            rec.observer = timeline.track(i, lambda e=engine: (len(e.waiting),
+                                                               len(e.running)))
         engines.append(engine)
         policies.append(policy)
     sessions = recorder_for(trace)
