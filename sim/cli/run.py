@@ -184,7 +184,7 @@ def gpu_header(cfg: RunConfig) -> str:
                    "ttft_p90=1s (p50, p90, p99, mean); attain=0.9 (docs/engine.md).")
 @click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True,
               help="Independent repeats (decision seeds seed..seed+N-1, the trace fixed): "
-                   "mean and 95%% interval per metric.")
+                   "mean and 95% interval per metric.")
 @click.option("--trace-seed", type=click.IntRange(min=0), default=None,
               help="Seed of a synthetic trace's draws (default: --seed).")
 @click.option("--cpu-cache", type=SIZE, default="0", show_default=True,
