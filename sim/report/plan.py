@@ -87,13 +87,21 @@ def plot_plan(doc: dict[str, Any], rows: list[dict[str, Any]], path: Path) -> Pa
     for r in rows:
         by_q.setdefault(r["question"], []).append(r)
     chosen = doc.get("chosen") or {}
+    # colour: everything but the policy (GPU, TP, router, load); line style: the policy
+    def hue_of(r: dict[str, Any]) -> str:
+        return r["question"].replace(f" {r['policy']} ", " ")
+
+    hues = sorted({hue_of(r) for r in rows})
+    policies = sorted({r["policy"] for r in rows})
+    styles = ["-", "--", ":", "-."]
     for ax, key in zip(axes[0], panels, strict=True):
-        for i, (label, pts) in enumerate(sorted(by_q.items())):
+        for label, pts in sorted(by_q.items()):
             pts = sorted(pts, key=lambda r: r["gpus"])
-            c = colors[i % len(colors)]
+            c = colors[hues.index(hue_of(pts[0])) % len(colors)]
+            ls = styles[policies.index(pts[0]["policy"]) % len(styles)]
             xs = [r["gpus"] for r in pts]
             ys = [_pessimistic(r, key) for r in pts]
-            ax.plot(xs, ys, color=c, label=label, linewidth=1.2)
+            ax.plot(xs, ys, color=c, linestyle=ls, label=label, linewidth=1.4)
             for x, y, r in zip(xs, ys, pts, strict=True):
                 ax.plot([x], [y], "o", color=c, markersize=6,
                         markerfacecolor=c if r["meets"] else "white")
