@@ -31,7 +31,7 @@ def test_h100_tp2_qwen3_32b_gives_the_hand_computed_tokens_and_says_so() -> None
     assert s["kv_tokens_per_gpu"] == QWEN32_2XH100 // 2
     assert s["profile"] == "kernels-h100_sxm-qwen3-32b" and s["profile_note"] == ""
     assert f"KV cache {QWEN32_2XH100:,} tokens per replica" in res.stderr
-    assert "2 x H100 (1 replicas x TP 2)" in res.stderr
+    assert "2 x H100 (1 replica x TP 2)" in res.stderr
 
 
 def test_a_gpu_without_a_measured_profile_says_what_priced_it() -> None:

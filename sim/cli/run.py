@@ -149,7 +149,8 @@ def gpu_header(cfg: RunConfig) -> str:
     tp = cfg.tp or 1
     how = (f"{cfg.gpu_cache_bytes / 2**30:g} GiB of KV per GPU" if cfg.gpu_cache_bytes
            is not None else f"memory fraction {cfg.mem_fraction or DEFAULT_MEM_FRACTION:g}")
-    on = f"{cfg.replicas * tp} x {cfg.gpu or 'GPU'} ({cfg.replicas} replicas x TP {tp})"
+    on = (f"{cfg.replicas * tp} x {cfg.gpu or 'GPU'} ({cfg.replicas} "
+          f"replica{'s' if cfg.replicas != 1 else ''} x TP {tp})")
     line = (f"GPUs: {on}, {how}: KV cache {cfg.gpu_cache:,} tokens per replica "
             f"({cfg.gpu_cache // tp:,} per GPU) of {cfg.model}")
     if cfg.gpu is not None:
