@@ -44,11 +44,13 @@ class Question:
     router: str
     policy: str
     load: tuple[tuple[str, Any], ...]  # the load's fields, e.g. (("sessions", 8),)
+    mem_fraction: float | None = None  # of each GPU's memory for weights and KV (None: 0.9)
 
     @property
     def label(self) -> str:
         load = ",".join(f"{k}={v}" for k, v in self.load)
-        return f"{self.gpu} tp{self.tp} {self.router} {self.policy} {load}".strip()
+        mem = f" mem{self.mem_fraction:g}" if self.mem_fraction is not None else ""
+        return f"{self.gpu}{mem} tp{self.tp} {self.router} {self.policy} {load}".strip()
 
 
 @dataclass
@@ -63,15 +65,16 @@ class PlanSpec:
     search: str = "bisect"
     pd: list[tuple[int, int]] = field(default_factory=list)
     prices: dict[str, GPU] | None = None
+    mem_fractions: list[float | None] = field(default_factory=lambda: [None])
 
     @property
     def slo(self) -> SLO:
         return parse_slo(self.base["slo"])
 
     def questions(self) -> list[Question]:
-        return [Question(g, t, r, p, tuple(sorted(load.items())))
-                for g in self.gpus for t in self.tps for r in self.routers
-                for p in self.policies for load in self.loads]
+        return [Question(g, t, r, p, tuple(sorted(load.items())), m)
+                for g in self.gpus for m in self.mem_fractions for t in self.tps
+                for r in self.routers for p in self.policies for load in self.loads]
 
 
 def parse_range(text: str, what: str = "--replicas") -> tuple[int, int]:
@@ -116,6 +119,8 @@ def pd_hook() -> Callable[[dict[str, Any], int, int], dict[str, Any]]:
 def point_fields(spec: PlanSpec, q: Question, size: int | tuple[int, int]) -> dict[str, Any]:
     """The RunConfig fields of question ``q`` at ``size`` replicas (or a P:D shape)."""
     fields = {**spec.base, **dict(q.load), "gpu": q.gpu, "tp": q.tp}
+    if q.mem_fraction is not None:
+        fields["mem_fraction"] = q.mem_fraction
     if isinstance(size, tuple):
         return pd_hook()(fields, *size)
     fields["replicas"] = size
@@ -134,7 +139,8 @@ def make_point(spec: PlanSpec, q: Question, size: int | tuple[int, int]):
     cfg = _resolve(fields, where)
     cfg = cfg.with_preset(q.policy) if q.policy in PRESETS else cfg.with_policy(q.policy)
     cfg.validate(where)
-    values = {"gpu": q.gpu, "tp": q.tp, "router": q.router, "policy": q.policy,
+    values = {"gpu": q.gpu, "mem_fraction": q.mem_fraction, "tp": q.tp, "router": q.router,
+              "policy": q.policy,
               **dict(q.load), "size": size if isinstance(size, int) else f"{size[0]}:{size[1]}"}
     return Point(values, cfg)
 
@@ -311,7 +317,9 @@ def _row(o: Outcome, prices: dict[str, GPU]) -> dict[str, Any]:
     q, s = o.question, o.summary
     slo = parse_slo(s["slo"])
     targets = {k: s.get(k) for t in slo.targets for k in (t, f"{t}_ci95")}
-    return {"point": o.point, "question": q.label, "gpu": q.gpu, "tp": q.tp, "router": q.router,
+    return {"point": o.point, "question": q.label, "gpu": q.gpu,
+            "mem_fraction": s.get("mem_fraction"), "kv_tokens_per_gpu": s.get("kv_tokens_per_gpu"),
+            "tp": q.tp, "router": q.router,
             "policy": q.policy, **dict(q.load),
             "size": o.size if isinstance(o.size, int) else f"{o.size[0]}:{o.size[1]}",
             "gpus": o.gpus, "usd_per_h": price_per_hour(o, prices), "meets": o.meets,

@@ -13,7 +13,7 @@ An SLO text is comma-separated ``KEY=VALUE`` items::
 Times take ``s`` or ``ms`` (a bare number is seconds). Goodput is the number of requests
 (and of completed sessions whose every request met) meeting the per-request thresholds, per
 second of the run and per GPU; ``slo_met`` says whether the run met every run-level target
-and the attainment.
+and the attainment, and dropped no request (its percentiles leave dropped ones out).
 """
 
 from __future__ import annotations
@@ -146,17 +146,16 @@ def slo_fields(slo_text: str, table: pd.DataFrame, summary: dict[str, Any],
     out["slo_sessions_met"] = sessions_met
     out["goodput_sessions_per_h"] = rate(sessions_met) * 3600
     out["goodput_sessions_per_h_per_gpu"] = out["goodput_sessions_per_h"] / gpus
-    holds = [summary.get(k, math.nan) <= v for k, v in slo.targets.items()]
-    if slo.thresholds:
-        holds.append(attainment >= slo.attain)
-    out["slo_met"] = bool(all(holds))
+    out["slo_met"] = meets(slo, {**summary, "slo_attainment": attainment})
     return out
 
 
-def meets(slo: SLO, values: dict[str, float]) -> bool:
+def meets(slo: SLO, values: dict[str, Any]) -> bool:
     """Whether summary ``values`` (e.g. an interval's pessimistic ends) meet ``slo``'s
-    run-level targets and attainment."""
+    run-level targets and attainment. A run that dropped requests does not: its latency
+    percentiles leave them out."""
     holds = [values.get(k, math.nan) <= v for k, v in slo.targets.items()]
     if slo.thresholds:
         holds.append(values.get("slo_attainment", math.nan) >= slo.attain)
+    holds.append(not values.get("dropped_requests"))
     return bool(all(holds))

@@ -181,3 +181,11 @@ def test_bad_slo_is_refused_naming_the_field(bad: str) -> None:
 
     with pytest.raises(ConfigError, match="'slo'"):
         RunConfig(slo=bad).validate()
+
+
+def test_a_run_that_drops_requests_does_not_meet_the_slo() -> None:
+    # a 10,000-token prompt cannot fit a 4,096-token cache: dropped; the other one is served
+    trace = KitTrace([[(10_000, 2, 0.0)], [(1000, 2, 0.0)]])
+    s = run(cfg(gpu_cache=4096, max_new_tokens=8, slo="ttft_p90=100s"), trace).summary
+    assert s["dropped_requests"] == 1 and s["ttft_p90_s"] < 100
+    assert s["slo_met"] is False

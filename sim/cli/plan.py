@@ -33,8 +33,8 @@ def _list(text: str | None, kind=str) -> list:
 @click.option("--gpus", default="H100", show_default=True,
               help="GPU kinds to search (comma-separated; costmodel/data/gpus.yaml).")
 @click.option("--tp", default="1", show_default=True, help="TP sizes to search, e.g. 1,2.")
-@click.option("--mem-fraction", type=click.FloatRange(0, 1, min_open=True), default=None,
-              help="Share of each GPU's memory for weights and KV (default 0.9).")
+@click.option("--mem-fraction", default=None, metavar="F,...",
+              help="Shares of each GPU's memory for weights and KV to search (default 0.9).")
 @click.option("--replicas", default="1..8", show_default=True, metavar="LO..HI",
               help="Replica counts to search.")
 @click.option("--routers", default="least-load", show_default=True,
@@ -89,8 +89,10 @@ def plan_cmd(trace, trace_format, block_size, shared_prefix, max_context, select
                 gaps=gap_model, lenient=lenient, seed=seed, trace_cache_dir=cache_dir,
                 rebuild_sessions=rebuild_sessions, model=model, engine=engine, slo=slo,
                 repeats=repeats, replay=replay)
-    if mem_fraction is not None:
-        base["mem_fraction"] = mem_fraction
+    fractions = _list(mem_fraction, float) if mem_fraction is not None else [None]
+    if any(not 0 < f <= 1 for f in fractions if f is not None):
+        raise click.BadParameter(f"{mem_fraction!r}: each must be in (0, 1]",
+                                 param_hint="--mem-fraction")
     if replay == "open":
         loads = [{"time_scale": x} for x in _list(time_scale or "1.0", float)]
     else:
@@ -98,7 +100,7 @@ def plan_cmd(trace, trace_format, block_size, shared_prefix, max_context, select
     spec = PlanSpec(base=base, gpus=[g.upper() for g in _list(gpus)], tps=_list(tp, int),
                     routers=_list(routers), policies=_list(policies), loads=loads,
                     replicas=parse_range(replicas), search=search, pd=parse_pd(pd),
-                    prices=load_gpus(prices) if prices else None)
+                    prices=load_gpus(prices) if prices else None, mem_fractions=fractions)
     check_spec(spec)  # every config checked before anything runs
     check_out_dir(out)
     ex = ExecutorSpec(kind=executor, jobs=jobs, address=address).make()

@@ -20,8 +20,9 @@ from sim.io import atomic_save_figure
 
 from .tables import Col, narrow_table
 
-KEYS = [Col("GPU", "gpu"), Col("TP", "tp", "int"), Col("router", "router"),
-        Col("policy", "policy")]
+KEYS = [Col("GPU", "gpu"), Col("memory\nfraction", "mem_fraction", "ratio"),
+        Col("KV tokens\nper GPU", "kv_tokens_per_gpu", "int"), Col("TP", "tp", "int"),
+        Col("router", "router"), Col("policy", "policy")]
 MEASURES = [Col("size", "size"), Col("GPUs", "gpus", "int"), Col("$/h", "usd_per_h", "usd"),
             Col("TTFT\np90 (s)", "ttft_p90_s", "s"), Col("±", "ttft_p90_s_ci95", "s"),
             Col("TPOT\nmean (ms)", "tpot_mean_s", "ms"),
