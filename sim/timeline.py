@@ -7,7 +7,8 @@ per batch: its requests and tokens; phantom refills of holes are tokens of the b
 ``decode`` (one per decode event: its steps and batch size), instant events (``ph: i``) for
 ``evict`` (each call that freed GPU room: blocks deleted and demoted), ``cpu load`` and
 ``transfer`` (bytes each way), and a counter (``ph: C``) ``queue`` of waiting and running
-requests at each batch. Times are the simulated clock in microseconds.
+requests at each batch; a fleet's shared pool adds a process of its fetches. Times are the
+simulated clock in microseconds.
 """
 
 from __future__ import annotations
@@ -35,6 +36,16 @@ class Timeline:
                 self.events.append({"ph": "M", "name": "thread_name", "pid": replica,
                                     "tid": tid, "args": {"name": name}})
         return Track(self, replica, queue)
+
+    def pool_fetches(self, transfers: list[tuple[float, float, float]], pid: int) -> None:
+        """A shared pool's fetches (start, end, bytes) as slices of a ``pool`` process
+        ``pid`` (fetches overlap: each gets a row of its own in the viewer's layout)."""
+        self.events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+                            "args": {"name": "shared KV pool"}})
+        for start, end, nbytes in transfers:
+            self.events.append({"ph": "X", "name": "pool fetch", "pid": pid, "tid": 1,
+                                "ts": _us(start), "dur": _us(end - start),
+                                "args": {"bytes": int(nbytes)}})
 
     def to_json(self) -> str:
         return json.dumps({"traceEvents": self.events, "displayTimeUnit": "ms"},

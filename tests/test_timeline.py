@@ -68,3 +68,13 @@ def test_the_timeline_changes_no_result(tmp_path) -> None:
     for policy in ("sglang", "penelope"):
         doc = json.loads((tmp_path / f"t-{policy}.json").read_text())
         assert any(e["name"] == "prefill" for e in doc["traceEvents"])
+
+
+def test_a_shared_pools_fetches_are_a_process_of_their_own() -> None:
+    res, events = events_of(RunConfig(**BASE, preset="penelope", replicas=2,
+                                      router="round-robin", pool=1 << 20))
+    fetches = [e for e in events if e["name"] == "pool fetch"]
+    assert len(fetches) == len(res.tables["pool_transfers"]) > 0
+    assert {e["pid"] for e in fetches} == {2}
+    assert sum(e["args"]["bytes"] for e in fetches) == int(
+        res.tables["pool_transfers"]["bytes"].sum())

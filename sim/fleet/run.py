@@ -105,6 +105,8 @@ def run_fleet(cfg, trace, spec, profile, timeline=None) -> RunResult:
         summary.update(pool_summary(pool, table, env.now, cfg))
         summary["pool_notes"] = pool_notes(pool, table)
         tables["pool"] = pool_table(pool)
+        if timeline is not None:
+            timeline.pool_fetches(pool.transfers, cfg.replicas)
         tables["pool_transfers"] = pd.DataFrame(
             np.asarray(pool.transfers, dtype=float).reshape(-1, 3),
             columns=["start_s", "end_s", "bytes"])
