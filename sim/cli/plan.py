@@ -27,9 +27,10 @@ def _list(text: str | None, kind=str) -> list:
 @click.option("--slo", required=True, metavar="KEY=VALUE,...",
               help="The SLOs to meet: ttft=2s,tpot=50ms (per request, with attain=0.9) "
                    "and/or ttft_p90=1s (per run); docs/engine.md, Metrics.")
-@click.option("--model", "-m", default="qwen3-8b", show_default=True)
+@click.option("--model", "-m", default="qwen3-8b", show_default=True,
+              help="Model spec (kvsim models lists them).")
 @click.option("--engine", type=click.Choice(["sglang", "vllm"]), default="sglang",
-              show_default=True)
+              show_default=True, help="The server every replica runs (docs/engine.md).")
 @click.option("--gpus", default="H100", show_default=True,
               help="GPU kinds to search (comma-separated; costmodel/data/gpus.yaml).")
 @click.option("--tp", default="1", show_default=True, help="TP sizes to search, e.g. 1,2.")
@@ -60,9 +61,10 @@ def _list(text: str | None, kind=str) -> list:
               help="A GPU catalog of costmodel/data/gpus.yaml's shape with your prices.")
 @click.option("--out", "-o", required=True, help="Folder: points/<id>/, plan.json, plan.csv, "
               "plan.png; rerun to resume.")
-@click.option("-j", "--jobs", type=click.IntRange(min=0), default=1, show_default=True)
+@click.option("-j", "--jobs", type=click.IntRange(min=0), default=1, show_default=True,
+              help="Local: parallel processes; Ray: tasks in flight (0 = no cap).")
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local",
-              show_default=True)
+              show_default=True, help="Where points run: a local process pool or Ray tasks.")
 @click.option("--address", default=None, help="Ray: the cluster to join.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON document.")
 def plan_cmd(trace, trace_format, block_size, shared_prefix, max_context, select, gap_model,
