@@ -85,3 +85,32 @@ def test_the_gpu_derived_tokens_equal_the_explicit_ones() -> None:
     with pytest.raises(ConfigError, match="contradicts"):
         resolve_gpu_fields({"gpu": "H100", "model": "qwen3-32b", "tp": 2,
                             "gpu_cache": QWEN32_2XH100 + 64}, "t")
+
+
+def test_a_sweep_grid_of_gpus_derives_each_points_tokens(tmp_path) -> None:
+    import yaml
+
+    from costmodel.gpus import weight_bytes
+    from costmodel.specs import get_spec
+
+    spec = get_spec("qwen3-32b")
+    cell = 2 * 4 * 128 * 64 * 2  # 4 KV heads per rank at TP 2
+    h200 = (int(143771 * 2**20 * 0.9) - weight_bytes(spec) // 2) // cell // 64 * 64
+    cfg = {"base": {"trace": "synthetic:claude-code?sessions=4", "max_context": "32k",
+                    "gaps": "tool", "sessions": 2, "preset": "sglang", "model": "qwen3-32b",
+                    "tp": 2},
+           "grid": {"gpu": ["H100", "H200"]}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(cfg))
+    res = CliRunner().invoke(cli, ["sweep", str(tmp_path / "s.yaml"), "--out",
+                                   str(tmp_path / "o"), "--json"])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)["rows"]
+    assert [r["gpu_cache_tokens"] for r in rows] == [QWEN32_2XH100, h200]
+    assert [r["profile"] for r in rows] == ["kernels-h100_sxm-qwen3-32b",
+                                            "kernels-h200_sxm-qwen3-32b"]
+    # tp without a gpu does nothing in a sweep file either
+    del cfg["grid"]
+    (tmp_path / "t.yaml").write_text(yaml.safe_dump(cfg))
+    res = CliRunner().invoke(cli, ["sweep", str(tmp_path / "t.yaml"), "--out",
+                                   str(tmp_path / "p")])
+    assert res.exit_code == 2 and "base.tp" in res.output and "does nothing" in res.output
