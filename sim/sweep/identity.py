@@ -7,7 +7,7 @@ saved before a field was added keeps its ids (and a point whose results the fiel
 gets a new one):
 
 - the fields of ``ID_FIELDS`` are always read, whatever their values: the fields ids began
-  with, and ``max_concurrency``, which every id has read since it was added;
+  with;
 - a field added since is read only while it changes the run: for most, while it differs
   from its default (``context`` is ``full`` by default, ``vllm_patch`` ``none``, and so
   is every field to come, with no entry here); a feature whose fields count together is
@@ -35,7 +35,7 @@ from sim.config import RunConfig, idle_fields
 ID_FIELDS = frozenset({
     "trace", "trace_format", "select", "shared_prefix", "max_context", "block_size", "gaps",
     "lenient", "trace_cache_dir", "rebuild_sessions", "sessions", "replay", "time_scale",
-    "max_concurrency", "model", "profile", "gpu_cache", "cpu_cache", "tiering", "swap_buffer",
+    "model", "profile", "gpu_cache", "cpu_cache", "tiering", "swap_buffer",
     "hicache_write_policy", "hicache_load_threshold", "engine", "preset", "order", "evict",
     "granularity", "policy", "policy_params", "scheduler", "chunk_size", "checkpoint_chunks",
     "max_running", "max_new_tokens", "clip_max_new_tokens", "new_token_ratio",
