@@ -21,20 +21,21 @@ from costmodel.specs import ModelSpec, get_spec
 from sim.config import ConfigError
 
 DEFAULT_MEM_FRACTION = 0.9  # SGLang's --mem-fraction-static and vLLM's default utilization
-_BYTES = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(KiB|MiB|GiB|TiB|KB|MB|GB|TB)\s*$", re.IGNORECASE)
-_UNITS = {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
-          "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+# spelt exactly (``3mb`` is a typo of a size in tokens, refused as one)
+_BYTES = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(KiB|MiB|GiB|TiB|KB|MB|GB|TB)\s*$")
+_UNITS = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
+          "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
 
 
 def parse_kv_bytes(text: Any) -> int | None:
-    """Bytes of ``40GiB``, ``512MiB``, ``80GB`` (a unit ending in B); None for anything else
-    (a size in tokens)."""
+    """Bytes of ``40GiB``, ``512MiB``, ``80GB`` (a unit ending in a capital B, spelt as
+    here); None for anything else (a size in tokens)."""
     if not isinstance(text, str):
         return None
     m = _BYTES.match(text)
     if m is None:
         return None
-    return int(Decimal(m.group(1)) * _UNITS[m.group(2).lower()])
+    return int(Decimal(m.group(1)) * _UNITS[m.group(2)])
 
 
 def cell_bytes(spec: ModelSpec, tp: int) -> int:

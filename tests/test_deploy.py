@@ -48,6 +48,7 @@ def test_kv_bytes_per_gpu_become_tokens_through_the_models_kv_bytes() -> None:
     # qwen3-8b: 8 KV heads x 128 x 36 layers x K,V x 2 bytes = 147,456 bytes per token;
     # at TP 2 each rank holds 4 heads: 73,728 bytes per token per GPU
     assert parse_kv_bytes("40GiB") == 40 << 30 and parse_kv_bytes("256k") is None
+    assert parse_kv_bytes("80GB") == 80 * 10**9 and parse_kv_bytes("3mb") is None
     one = resolve_gpu_fields({"gpu_cache": "40GiB", "model": "qwen3-8b"}, "t")
     assert one["gpu_cache"] == (40 << 30) // 147_456 // 64 * 64
     two = resolve_gpu_fields({"gpu_cache": "40GiB", "model": "qwen3-8b", "tp": 2,
