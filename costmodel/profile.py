@@ -84,6 +84,11 @@ class Profile:
         return (d.fixed_s + d.weights_s + d.per_seq_s * batch
                 + d.per_context_token_s * context_tokens)
 
+    def decode_step_series(self, batch: int, context_tokens: int) -> tuple[float, float]:
+        """(first step's seconds, what each next step adds) of a decode run."""
+        return (self.decode_step_seconds(batch, context_tokens),
+                self.decode.per_context_token_s * batch)
+
     def decode_run_seconds(self, batch: int, context_tokens: int, steps: int) -> float:
         """Seconds of ``steps`` decode steps of ``batch`` sequences starting from
         ``context_tokens`` in all; each step adds ``batch`` tokens (an arithmetic series)."""

@@ -67,6 +67,13 @@ class RunConfig:
     model: str = "qwen3-8b"
     profile: str | None = None  # name or file; None = h100-MODEL
     gpu_cache: int = 262_144  # KV capacity in tokens
+    # a deployment in GPUs (sim/deploy.py): GPU kind, tensor-parallel GPUs per replica and
+    # the memory fraction for weights + KV derive gpu_cache and the profile; or the KV
+    # budget per GPU in bytes (``40GiB``) that gpu_cache was derived from
+    gpu: str | None = None
+    tp: int | None = None
+    mem_fraction: float | None = None
+    gpu_cache_bytes: int | None = None
     cpu_cache: int = 0
     tiering: str = "unified"  # unified (Penelope: one tier per block) | hicache (SGLang)
     swap_buffer: int = 1024  # unified: CPU swap buffer (tokens) for exchanges when both are full
@@ -134,6 +141,14 @@ class RunConfig:
     pd_rule: str = "disagg"  # how a request picks its pair (policies/routing/pd.py's registry)
     # --- run -----------------------------------------------------------------------------
     seed: int = 0
+    # the trace's own seed (a synthetic generator's draws); None: ``seed``, as before the
+    # two were apart. ``seed`` then drives only the run's decisions (router, policy ties).
+    trace_seed: int | None = None
+    # independent repeats of the run (decision seeds seed, seed+1, ...; the trace fixed):
+    # the summary is their mean with a 95% interval per metric (sim/repeats.py)
+    repeats: int = 1
+    # service-level objectives (sim/slo.py): ``ttft=2s,tpot=50ms,ttft_p90=1s``; None: none
+    slo: str | None = None
     debug_cache: bool = False  # check cache and engine invariants as the run goes (slow)
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
@@ -216,9 +231,44 @@ class RunConfig:
                       f"{self.vllm_async!r}")
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise bad("max_new_tokens", "must be >= 1")
+        self._validate_answers(bad)
         self._validate_context(bad)
         self._validate_fleet(bad)
         return self
+
+    def _validate_answers(self, bad) -> None:
+        ts = self.trace_seed
+        if ts is not None and (isinstance(ts, bool) or not isinstance(ts, int) or ts < 0):
+            raise bad("trace_seed", f"must be an integer >= 0, got {ts!r}")
+        r = self.repeats
+        if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+            raise bad("repeats", f"must be an integer >= 1, got {r!r}")
+        if self.tp is not None and (isinstance(self.tp, bool) or not isinstance(self.tp, int)
+                                    or self.tp < 1):
+            raise bad("tp", f"must be a positive integer, got {self.tp!r}")
+        mf = self.mem_fraction
+        if mf is not None and (isinstance(mf, bool) or not isinstance(mf, int | float)
+                               or not 0 < mf <= 1):
+            raise bad("mem_fraction", f"must be in (0, 1], got {mf!r}")
+        if self.gpu is not None:
+            from costmodel.gpus import get_gpu
+
+            try:
+                get_gpu(str(self.gpu))
+            except KeyError as e:
+                raise bad("gpu", str(e.args[0])) from None
+        if self.slo is not None:
+            from sim.slo import SLOError, parse_slo
+
+            try:
+                parse_slo(self.slo)
+            except SLOError as e:
+                raise bad("slo", str(e)) from None
+
+    @property
+    def trace_draw_seed(self) -> int:
+        """The seed the trace is loaded (a synthetic one drawn) with."""
+        return self.seed if self.trace_seed is None else self.trace_seed
 
     @property
     def is_fleet(self) -> bool:
@@ -472,6 +522,12 @@ IDLE_RULES: tuple[IdleRule, ...] = (
              "with one decode worker each NIC carries one pair: add {decode_replicas} D"),
     IdleRule(("vllm_async",), lambda c: c.engine != "vllm",
              "it is a mode of vLLM's scheduler: add {engine} vllm"),
+    IdleRule(("tp",), lambda c: c.gpu is None and c.gpu_cache_bytes is None,
+             "it sizes a deployment in GPUs: add {gpu} (or {gpu_cache} in bytes, e.g. 40GiB)"),
+    IdleRule(("mem_fraction",), lambda c: c.gpu is None,
+             "it is the share of a GPU's memory for weights and KV: add {gpu}"),
+    IdleRule(("mem_fraction",), lambda c: c.gpu_cache_bytes is not None,
+             "{gpu_cache} in bytes already gives the KV budget per GPU: drop one"),
 )
 
 

@@ -28,6 +28,7 @@ import pandas as pd
 
 from costmodel.specs import ModelSpec
 from costmodel.units import Units
+from sim.latency import TokenGaps
 
 HIST_BIN_TOKENS = 8192
 HIST_BINS = 64  # up to 512K positions; the last bin collects the rest
@@ -75,6 +76,9 @@ class RequestRecord:
     restored_tokens: int = 0  # dropped tokens computed again for later kept ones
     reprefill_tokens: int = 0  # computed again because a text edit changed their keys
     rerotated_tokens: int = 0  # retained keys re-rotated by repos / splice on arrival
+    # latency after the first token (vllm bench serve's definitions; NaN below 2 tokens)
+    tpot_s: float = math.nan  # (end - first token) / (tokens - 1)
+    itl_max_s: float = math.nan  # the longest gap between two of its tokens
 
 
 def empty_table() -> pd.DataFrame:
@@ -124,6 +128,9 @@ class RunRecorder:
         }
         self.session_start: dict[int, float] = {}
         self.session_end: dict[int, float] = {}
+        self.gaps = TokenGaps()
+        self.observer: Any = None  # a sim/timeline.py Track, told of batches and evictions
+        self._last_token: dict[int, float] = {}  # request id -> when its last token came
 
     # --- lifecycle ----------------------------------------------------------------------
     def _record(self, req: Any) -> RequestRecord:
@@ -182,13 +189,36 @@ class RunRecorder:
         rec = req.record
         rec.first_token_s = now
         rec.ttft_s = now - req.arrival
+        self._last_token[req.rid] = now
         if self.listener is not None:
             self.listener.first_token(req)
+
+    def tokens(self, reqs: Any, n: int, first_at: float, last_at: float,
+               step_s: float = 0.0, inc_s: float = 0.0) -> None:
+        """Each of ``reqs`` (past its first token) got ``n`` tokens: the first at
+        ``first_at``, then one every ``step_s + inc_s * i`` (``i = 0 .. n-2``, a decode run's
+        steps), the last at ``last_at``. Gaps are kept in closed form (sim/latency.py)."""
+        last = self._last_token
+        tail = step_s + inc_s * (n - 2) if n > 1 else -math.inf
+        for r in reqs:
+            before = last.get(r.rid)
+            if before is not None:  # (a request without a first token has no gap yet)
+                gap = first_at - before
+                self.gaps.add(gap)
+                rec = r.record
+                top = max(gap, tail)
+                if not top <= rec.itl_max_s:  # (NaN at first)
+                    rec.itl_max_s = top
+            last[r.rid] = last_at
+        self.gaps.add_series(step_s, inc_s, n - 1, len(reqs))
 
     def close(self, req: Any, now: float) -> None:
         rec = req.record
         rec.end_s = now
         rec.decoded_tokens = max(0, req.generated - 1)
+        last = self._last_token.pop(req.rid, None)
+        if rec.decoded_tokens and last is not None:
+            rec.tpot_s = (last - rec.first_token_s) / rec.decoded_tokens
 
     def drop(self, req: Any, now: float, reason: str = "cache") -> None:
         """``reason``: ``context`` (prompt above the model's context) or ``cache`` (prompt and
@@ -221,6 +251,8 @@ class RunRecorder:
         c = self.counters
         if res.freed_blocks:
             c["evictions"] += 1
+            if self.observer is not None:
+                self.observer.evicted(res.deleted_blocks, res.demoted_blocks)
         c["evicted_blocks"] += res.deleted_blocks
         c["demoted_blocks"] += res.demoted_blocks
         c["holes_made_blocks"] += res.holes_made
@@ -228,6 +260,8 @@ class RunRecorder:
     def loaded(self, ld: Any, bs: int) -> None:
         c = self.counters
         c["cpu_loads"] += 1
+        if self.observer is not None:
+            self.observer.loaded(ld.loaded_blocks)
         c["loaded_blocks"] += ld.loaded_blocks
         c["load_demoted_blocks"] += ld.demoted_blocks
         c["load_deleted_blocks"] += ld.deleted_blocks
@@ -239,15 +273,29 @@ class RunRecorder:
     def transferred(self, h2d_bytes: int, d2h_bytes: int) -> None:
         self.counters["bytes_h2d"] += h2d_bytes
         self.counters["bytes_d2h"] += d2h_bytes
+        if self.observer is not None and (h2d_bytes or d2h_bytes):
+            self.observer.transferred(h2d_bytes, d2h_bytes)
 
-    def batch(self, seconds: float, n: int) -> None:
+    def batch(self, seconds: float, n: int, start: float | None = None,
+              tokens: int | None = None) -> None:
+        """A batch with prefill work of ``n`` requests (``tokens`` computed), starting at
+        ``start`` (the observer's clock now when not given)."""
         self.counters["prefill_batches"] += 1
         self.counters["prefill_seconds"] += seconds
+        if self.observer is not None:
+            self.observer.batch(self.observer.tl.now() if start is None else start, seconds,
+                                n, tokens)
 
-    def decode(self, seconds: float, steps: int) -> None:
+    def decode(self, seconds: float, steps: int, start: float | None = None,
+               batch: int | None = None) -> None:
+        """A decode event of ``steps`` steps of ``batch`` sequences that ran from ``start``
+        (when not given: it just ended)."""
         self.counters["decode_events"] += 1
         self.counters["decode_steps"] += steps
         self.counters["decode_seconds"] += seconds
+        if self.observer is not None:
+            self.observer.decode(self.observer.tl.now() - seconds if start is None else start,
+                                 seconds, steps, batch)
 
     def session_started(self, s: int, now: float) -> None:
         self.session_start[s] = now
@@ -270,10 +318,11 @@ class RunRecorder:
         self.session_end = {s: source.session_end[s] for s in ids if s in source.session_end}
 
     def absorb(self, other: RunRecorder) -> None:
-        """Add ``other``'s requests, prompt histogram and counters to this recorder's (a
-        fleet's totals from its replicas')."""
+        """Add ``other``'s requests, prompt histogram, token gaps and counters to this
+        recorder's (a fleet's totals from its replicas')."""
         self.records.extend(other.records)
         self.hist = self.hist + other.hist
+        self.gaps.extend(other.gaps)
         for k, v in other.counters.items():
             self.counters[k] = self.counters.get(k, 0) + v
 
@@ -359,6 +408,40 @@ class RunRecorder:
             "decode_steps": int(c["decode_steps"]),
             "decode_busy_s": float(c["decode_seconds"]),
             "sim_end_s": float(sim_end),
+            **latency_fields(ok, self.gaps, sim_end),
             "recompute_position_hist": {
                 "bin_tokens": HIST_BIN_TOKENS, "tokens": self.hist.tolist()},
         }
+
+
+def _percentiles(values: np.ndarray, name: str) -> dict[str, float]:
+    v = values[np.isfinite(values)]
+    if not v.size:
+        return {f"{name}_{k}_s": math.nan for k in ("mean", "p50", "p90", "p99")}
+    p50, p90, p99 = np.percentile(v, [50, 90, 99])
+    return {f"{name}_mean_s": float(v.mean()), f"{name}_p50_s": float(p50),
+            f"{name}_p90_s": float(p90), f"{name}_p99_s": float(p99)}
+
+
+def latency_fields(ok: pd.DataFrame, gaps: TokenGaps, sim_end: float) -> dict[str, Any]:
+    """TPOT, inter-token latency, end-to-end latency and token rates of the served requests
+    ``ok`` (docs/engine.md, Metrics). Rates are over the run's duration (0 to its end)."""
+    if len(ok):
+        tpot = ok["tpot_s"].to_numpy(dtype=float)
+        e2e = (ok["end_s"] - ok["send_s"]).to_numpy(dtype=float)
+        first = np.isfinite(ok["first_token_s"].to_numpy(dtype=float))
+        output = int(ok["decoded_tokens"].sum()) + int(first.sum())
+        prompt = int(ok["prompt_tokens"].sum())
+    else:
+        tpot = e2e = np.array([])
+        output = prompt = 0
+    itl = dict(zip(("itl_p50_s", "itl_p90_s", "itl_p99_s"),
+                   gaps.percentiles((50, 90, 99)), strict=True))
+    return {
+        **_percentiles(tpot, "tpot"),
+        "itl_mean_s": gaps.mean(), **itl,
+        **_percentiles(e2e, "e2e"),
+        "output_tokens": output,
+        "output_tokens_per_s": output / sim_end if sim_end > 0 else math.nan,
+        "total_tokens_per_s": (prompt + output) / sim_end if sim_end > 0 else math.nan,
+    }

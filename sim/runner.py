@@ -55,7 +55,7 @@ def trace_options(cfg: RunConfig) -> tuple:
     from traces.cache import resolve_cache_dir
 
     return (cfg.trace, cfg.trace_format, cfg.block_size, cfg.shared_prefix, cfg.max_context,
-            cfg.select, cfg.seed, cfg.lenient, resolve_cache_dir(cfg.trace_cache_dir),
+            cfg.select, cfg.trace_draw_seed, cfg.lenient, resolve_cache_dir(cfg.trace_cache_dir),
             cfg.rebuild_sessions)
 
 
@@ -104,7 +104,29 @@ def run_fields(cfg: RunConfig, policy: EvictionPolicy, profile, spec, trace,
     } | ENGINES[cfg.engine].summary_fields(cfg)
 
 
-def run(cfg: RunConfig, trace=None) -> RunResult:
+def answer_fields(cfg: RunConfig, profile, table: pd.DataFrame, summary: dict[str, Any],
+                  completed_sessions: set[int]) -> dict[str, Any]:
+    """GPUs used, rates per GPU and, with an SLO, goodput (sim/deploy.py, sim/slo.py)."""
+    from sim.deploy import deployment_fields
+
+    out = deployment_fields(cfg, profile)
+    gpus = out["gpus"]
+    out["output_tokens_per_s_per_gpu"] = summary["output_tokens_per_s"] / gpus
+    out["total_tokens_per_s_per_gpu"] = summary["total_tokens_per_s"] / gpus
+    if cfg.slo is not None:
+        from sim.slo import slo_fields
+
+        out.update(slo_fields(cfg.slo, table, summary, completed_sessions, gpus))
+    return out
+
+
+def run(cfg: RunConfig, trace=None, timeline=None) -> RunResult:
+    """``timeline``: a sim/timeline.py ``Timeline`` to record the run's batches into (the
+    first repeat's, with repeats)."""
+    if cfg.repeats > 1:
+        from sim.repeats import run_repeats
+
+        return run_repeats(cfg, trace, timeline)
     cfg.validate()
     try:
         spec = get_spec(cfg.model)
@@ -116,11 +138,15 @@ def run(cfg: RunConfig, trace=None) -> RunResult:
     if cfg.is_pd:  # prefill and decode pools (sim/fleet/pd.py)
         from sim.fleet.pd_run import run_pd
 
+        if timeline is not None:
+            raise ConfigError("config", "timeline", "a disaggregated fleet's timeline is not "
+                              "recorded yet; run without --timeline")
+
         return run_pd(cfg, trace, spec, profile)
     if cfg.is_fleet:  # replicas behind a router (sim/fleet)
         from sim.fleet.run import run_fleet
 
-        return run_fleet(cfg, trace, spec, profile)
+        return run_fleet(cfg, trace, spec, profile, timeline)
     gaps = trace.gaps(cfg.gaps)
     policy = cfg.make_policy()
     strategy = parse_context(cfg.context)
@@ -132,6 +158,9 @@ def run(cfg: RunConfig, trace=None) -> RunResult:
     env = simpy.Environment()
     bind_policy(env, cfg, spec, profile, policy, sessions)
     server = ENGINES[cfg.engine].build(env, cfg, spec, profile, policy, rec)
+    if timeline is not None:
+        timeline.now = lambda: env.now
+        rec.observer = timeline.track(0, lambda: (len(server.waiting), len(server.running)))
     bar = current_progress()  # observes replies only (sim/report/progress.py)
     replay = Replay(env, trace, server, gaps, trace.start_offsets(cfg.gaps), cfg.sessions,
                     cfg.time_scale, context,
@@ -143,6 +172,7 @@ def run(cfg: RunConfig, trace=None) -> RunResult:
     table = rec.table()
     summary = rec.summary(env.now, cfg.block_size, table)
     summary.update(run_fields(cfg, policy, profile, spec, trace, table))
+    summary.update(answer_fields(cfg, profile, table, summary, set(rec.session_end)))
     if cfg.vllm_patch != "none":  # only then: unpatched summaries stay as they were
         summary["vllm_patch"] = cfg.vllm_patch
         summary.update(server.patch_summary())

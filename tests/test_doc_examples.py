@@ -72,8 +72,9 @@ def test_the_examples_are_found() -> None:
 def test_a_documented_example_runs_clean(doc, cmd, tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(REPO)  # examples name repository files from the repository root
     args = shlex.split(cmd)[1:]
-    if "--out" in args:  # written where the test can throw it away
-        args[args.index("--out") + 1] = str(tmp_path / "out")
+    for opt in ("--out", "--timeline"):  # written where the test can throw them away
+        if opt in args:
+            args[args.index(opt) + 1] = str(tmp_path / opt.strip("-"))
     res = CliRunner().invoke(cli, args)
     assert res.exit_code == 0, f"{doc}: {cmd}\n{res.stderr}"
     warnings = [ln for ln in res.stderr.splitlines() if "warning" in ln.lower()]

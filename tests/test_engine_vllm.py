@@ -520,9 +520,11 @@ def test_sweep_point_ids_move_only_for_async_vllm_points() -> None:
 
     def old_id(c: RunConfig) -> str:
         d = c.to_dict()
+        # fields added since (at their defaults: left out of ids, sim/sweep/identity.py)
         for k in ("extra", "context", "replicas", "router", "router_params", "vllm_async",
                   "vllm_patch", "pool", "pool_bandwidth", "pool_latency_us", "pool_write",
-                  "pool_watermark", "pool_evict_fraction", "max_concurrency"):
+                  "pool_watermark", "pool_evict_fraction", "max_concurrency", "gpu", "tp",
+                  "mem_fraction", "gpu_cache_bytes", "trace_seed", "repeats", "slo"):
             d.pop(k, None)
         return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 

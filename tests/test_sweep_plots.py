@@ -148,3 +148,41 @@ def test_the_baseline_points_are_not_drawn_whatever_field_the_baseline_names(tmp
     finally:
         for fig in figs.values():
             plt.close(fig)
+
+
+def test_a_sweep_of_routers_draws_them_as_colours_in_one_panel(tmp_path) -> None:
+    cfg = {"base": {"trace": "synthetic:claude-code?sessions=6", "max_context": "64k",
+                    "gaps": "tool", "preset": "sglang", "replicas": 2},
+           "grid": {"router": ["round-robin", "least-load", "session-affinity"],
+                    "sessions": [2, 4]}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(cfg))
+    res = CliRunner().invoke(cli, ["sweep", str(tmp_path / "s.yaml"), "--out",
+                                   str(tmp_path / "o"), "--json"])
+    assert res.exit_code == 0, res.output
+    figs = plots.sweep_figures(tmp_path / "o")
+    try:
+        fig = figs["sweep_ttft.png"]
+        assert len(fig.axes) == 1  # x = sessions, one panel
+        lines = _data_lines(fig.axes[0])
+        assert sorted(ln.get_label() for ln in lines) == sorted(cfg["grid"]["router"])
+        assert len({ln.get_color() for ln in lines}) == 3
+        assert fig.legends[0].get_title().get_text() == "router"
+    finally:
+        for f in figs.values():
+            plt.close(f)
+
+
+def test_replica_load_heatmap_is_the_time_weighted_load_over_the_busy_period() -> None:
+    import numpy as np
+    import pandas as pd
+
+    from sim.report.fleet_load import load_heatmap
+
+    # replica 0: 2 requests over [1, 3), then 0; replica 1: 1 request over [2, 5), then 0
+    df = pd.DataFrame({"time_s": [0.0, 1.0, 3.0, 0.0, 2.0, 5.0],
+                       "replica": [0, 0, 0, 1, 1, 1], "waiting": [0, 1, 0, 0, 0, 0],
+                       "running": [0, 1, 0, 0, 1, 0]})
+    grid, edges, replicas = load_heatmap(df, bins=4)
+    assert replicas == [0, 1]
+    assert (edges[0], edges[-1]) == (1.0, 5.0)  # clipped to the busy period
+    assert np.allclose(grid[0], [2, 2, 0, 0]) and np.allclose(grid[1], [0, 1, 1, 1])

@@ -162,6 +162,10 @@ def test_the_budget_is_shared_with_decode_as_for_any_prefill(monkeypatch) -> Non
     assert r1.first_token_s - r1.admit_s == pytest.approx(t1 + t2, rel=1e-12)
 
 
+# request columns added after the golden was saved (tests/goldens/CHANGES.md)
+COLUMNS_SINCE = ("tpot_s", "itl_max_s")
+
+
 # --- without --vllm-patch nothing moves ----------------------------------------------------
 def test_unpatched_vllm_runs_are_byte_identical_to_before_the_patch() -> None:
     """Summaries and per-request tables of stock vllm-engine runs, saved from the code before
@@ -177,12 +181,13 @@ def test_unpatched_vllm_runs_are_byte_identical_to_before_the_patch() -> None:
         r = run(RunConfig(**synth, chunk_size=int(chunk.removeprefix("chunk")))
                 .with_preset(preset))
         got = json.loads(json.dumps(r.summary, default=str).replace("NaN", "null"))
-        got["requests_sha1"] = hashlib.sha1(
-            r.requests.to_csv(index=False).encode()).hexdigest()
+        # the requests table on the columns the golden was saved with (later ones: new data)
+        got["requests_sha1"] = hashlib.sha1(r.requests.drop(
+            columns=list(COLUMNS_SINCE)).to_csv(index=False).encode()).hexdigest()
         if os.environ.get("KVSIM_REGEN_GOLDENS") == "1":  # tests/goldens/CHANGES.md says why
             want[key] = got
             continue
-        assert got == golden, key
+        assert {k: got.get(k) for k in golden} == golden, key  # the fields it pins
     if os.environ.get("KVSIM_REGEN_GOLDENS") == "1":
         GOLDEN.write_text(json.dumps(want, indent=1, sort_keys=True) + "\n")
 

@@ -20,8 +20,8 @@ from rich.console import Console
 
 from sim.io import SizeError, atomic_write_text, dumps, sizes, tokens
 
-__all__ = ["SIZE", "KvsimGroup", "atomic_write_text", "console", "dumps", "emit_json", "fail",
-           "one_line", "parse_size", "stderr", "tokens", "trace_load_progress"]
+__all__ = ["KV_SIZE", "SIZE", "KvsimGroup", "atomic_write_text", "console", "dumps",
+           "emit_json", "fail", "one_line", "parse_size", "stderr", "tokens", "trace_load_progress"]
 
 # soft_wrap: a warning or progress line stays one line in logs (no wrapping at 80 columns).
 stderr = Console(stderr=True, soft_wrap=True)
@@ -54,6 +54,23 @@ class SizeType(click.ParamType):
 
 
 SIZE = SizeType()
+
+
+class KVSizeType(SizeType):
+    """Tokens (``256k``) or bytes of KV per GPU (``40GiB``: kept as text for
+    ``sim.deploy.resolve_gpu_fields``)."""
+
+    name = "TOKENS|BYTES"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> int | str:
+        from sim.deploy import parse_kv_bytes
+
+        if parse_kv_bytes(value) is not None:
+            return str(value)
+        return super().convert(value, param, ctx)
+
+
+KV_SIZE = KVSizeType()
 
 
 # Loading a trace: no progress lines in a log for a load this short (most are; a bad trace's

@@ -10,6 +10,7 @@ from .capacity import capacity_cmd
 from .common import KvsimGroup
 from .microbench import microbench_cmd
 from .models import models_cmd
+from .plan import plan_cmd
 from .plot import plot_cmd
 from .reproduce import reproduce_cmd
 from .run import run_cmd
@@ -30,6 +31,7 @@ cli.add_command(calibrate_cmd)
 cli.add_command(microbench_cmd)
 cli.add_command(run_cmd)
 cli.add_command(sweep_cmd)
+cli.add_command(plan_cmd)
 cli.add_command(plot_cmd)
 cli.add_command(reproduce_cmd)
 cli.add_command(trace_cmd)

@@ -12,7 +12,7 @@ import click
 from sim.config import VLLM_PATCH_NAMES, RunConfig
 from sim.report.runs import compare_runs, run_tables
 
-from .common import SIZE, atomic_write_text, console, dumps, emit_json, stderr
+from .common import KV_SIZE, SIZE, atomic_write_text, console, dumps, emit_json, stderr
 from .pd_options import pd_fields, pd_options
 from .run_checks import (
     default_replay,
@@ -130,6 +130,38 @@ def size_header(cfg: RunConfig) -> str:
     return "sizes in tokens: " + ", ".join(parts)
 
 
+def timeline_path(path: str, policy: str, runs: int) -> str:
+    """``path`` for one run; ``STEM-POLICY.SUFFIX`` per policy when several run."""
+    if runs == 1:
+        return path
+    from pathlib import Path
+
+    p = Path(path)
+    return str(p.with_name(f"{p.stem}-{policy}{p.suffix or '.json'}"))
+
+
+def gpu_header(cfg: RunConfig) -> str:
+    """The deployment in GPUs: KV tokens per replica and per GPU, and the profile, saying
+    when it was not measured for this GPU and TP."""
+    if cfg.gpu is None and cfg.gpu_cache_bytes is None:
+        return ""
+    from sim.deploy import DEFAULT_MEM_FRACTION, profile_note
+
+    tp = cfg.tp or 1
+    how = (f"{cfg.gpu_cache_bytes / 2**30:g} GiB of KV per GPU" if cfg.gpu_cache_bytes
+           is not None else f"memory fraction {cfg.mem_fraction or DEFAULT_MEM_FRACTION:g}")
+    on = (f"{cfg.replicas * tp} x {cfg.gpu or 'GPU'} ({cfg.replicas} "
+          f"replica{'s' if cfg.replicas != 1 else ''} x TP {tp})")
+    line = (f"GPUs: {on}, {how}: KV cache {cfg.gpu_cache:,} tokens per replica "
+            f"({cfg.gpu_cache // tp:,} per GPU) of {cfg.model}")
+    if cfg.gpu is not None:
+        from costmodel.profile import load_profile
+
+        note = profile_note(cfg, load_profile(cfg.profile, cfg.model))
+        line += f"; profile {cfg.profile}" + (f" ({note})" if note else " (measured)")
+    return line
+
+
 @click.command("run")
 @click.option("--trace", "-t", default="synthetic:claude-code", show_default=True,
               help="Trace path(s) (comma-separated) or synthetic:NAME[?k=v&...].")
@@ -138,8 +170,25 @@ def size_header(cfg: RunConfig) -> str:
               help="Model spec (kvsim models lists them).")
 @click.option("--profile", "-p", default=None,
               help="Profile name or file (default kernels-h100_sxm-MODEL).")
-@click.option("--gpu-cache", type=SIZE, default="256k", show_default=True,
-              help="GPU KV capacity in tokens.")
+@click.option("--gpu-cache", type=KV_SIZE, default=None,
+              help="GPU KV capacity per replica in tokens (default 256k; with --gpu: what "
+                   "the GPU holds), or bytes of KV per GPU (40GiB).")
+@click.option("--gpu", default=None,
+              help="GPU kind of each replica (H100, H200, B200, ...: costmodel/data/gpus.yaml)"
+                   ": derives the KV tokens and the time profile.")
+@click.option("--tp", type=click.IntRange(min=1), default=None,
+              help="--gpu: tensor-parallel GPUs per replica (default 1).")
+@click.option("--mem-fraction", type=click.FloatRange(0, 1, min_open=True), default=None,
+              help="--gpu: share of each GPU's memory for weights and KV (SGLang "
+                   "--mem-fraction-static, vLLM --gpu-memory-utilization; default 0.9).")
+@click.option("--slo", default=None, metavar="KEY=VALUE,...",
+              help="SLOs for goodput: per request ttft=2s,tpot=50ms,itl=,e2e=; per run "
+                   "ttft_p90=1s (p50, p90, p99, mean); attain=0.9 (docs/engine.md).")
+@click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Independent repeats (decision seeds seed..seed+N-1, the trace fixed): "
+                   "mean and 95% interval per metric.")
+@click.option("--trace-seed", type=click.IntRange(min=0), default=None,
+              help="Seed of a synthetic trace's draws (default: --seed).")
 @click.option("--cpu-cache", type=SIZE, default="0", show_default=True,
               help="CPU KV capacity in tokens (two tiers).")
 @click.option("--tiering", type=click.Choice(["unified", "hicache"]), default="unified",
@@ -254,16 +303,21 @@ def size_header(cfg: RunConfig) -> str:
               "summary.json per run under this folder (checked before anything runs); a "
               "previous run's outputs there (runs.json, plots, policy folders) are removed "
               "first, other files stay.")
+@click.option("--timeline", default=None, metavar="FILE",
+              help="Write the run's batches, decode runs, evictions, loads and queue depth as "
+                   "Chrome trace-event JSON (opens in ui.perfetto.dev and chrome://tracing); "
+                   "several policies: FILE-POLICY.json each.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select, gap_model,
-            lenient, seed, cache_dir, rebuild_sessions, model, profile, gpu_cache, cpu_cache,
+            lenient, seed, cache_dir, rebuild_sessions, model, profile, gpu_cache, gpu, tp,
+            mem_fraction, slo, repeats, trace_seed, cpu_cache,
             tiering, swap_buffer, hicache_write_policy, sessions, replay, time_scale,
             max_concurrency, engine, vllm_patch, replicas, router, router_param_items,
             pool, pool_bandwidth, pool_latency_us, pool_write, pool_watermark,
             pool_evict_fraction,
             preset, evict, granularity, order, policies, policy_params, scheduler, context,
             chunk_size, prompt_nodes, max_new_tokens, max_running, vllm_async, debug_cache,
-            out, as_json, **pd) -> None:
+            out, timeline, as_json, **pd) -> None:
     """Replay a trace through the simulated server under each policy; report TTFT, JCT, hits."""
     from costmodel.specs import get_spec
     from sim.checks import check_model_and_profile
@@ -276,6 +330,15 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
 
     if replay is None:
         replay = default_replay(trace, trace_format)
+    from sim.deploy import resolve_gpu_fields
+
+    spell = {"gpu": "--gpu", "gpu_cache": "--gpu-cache"}.get
+    sized = resolve_gpu_fields(dict(gpu=gpu, tp=tp, mem_fraction=mem_fraction,
+                                    gpu_cache=gpu_cache, model=model, profile=profile,
+                                    block_size=block_size), "command line",
+                               lambda f: spell(f) or f)
+    if sized["gpu_cache"] is None:
+        sized["gpu_cache"] = 262_144
     base = RunConfig(
         trace=trace, trace_format=trace_format, select=select, shared_prefix=shared_prefix,
         max_context=max_context, block_size=block_size, gaps=gap_model, lenient=lenient,
@@ -287,7 +350,9 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
         pool=pool, pool_bandwidth=pool_bandwidth, pool_latency_us=pool_latency_us,
         pool_write=pool_write, pool_watermark=pool_watermark,
         pool_evict_fraction=pool_evict_fraction,
-        model=model, profile=profile, gpu_cache=gpu_cache, cpu_cache=cpu_cache,
+        model=model, profile=sized["profile"], gpu_cache=sized["gpu_cache"], gpu=sized["gpu"],
+        tp=tp, mem_fraction=mem_fraction, gpu_cache_bytes=sized.get("gpu_cache_bytes"),
+        slo=slo, repeats=repeats, trace_seed=trace_seed, cpu_cache=cpu_cache,
         tiering=tiering, swap_buffer=swap_buffer, hicache_write_policy=hicache_write_policy,
         scheduler=scheduler, context=context, chunk_size=chunk_size,
         checkpoint_chunks=prompt_nodes == "chunked",
@@ -323,13 +388,25 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
     stderr.print(f"[dim]trace {tr.name}: {len(tr):,} requests loaded in "
                  f"{time.perf_counter() - t0:.1f}s[/dim]")
     stderr.print(f"[dim]{size_header(base)}[/dim]")
+    gpu_line = gpu_header(base)
+    if gpu_line:
+        stderr.print(f"[dim]{gpu_line}[/dim]")
     results = []
-    with progress("kvsim run", "requests", sum(len(t) for t in traces), stderr) as bar:
+    with progress("kvsim run", "requests", sum(len(t) for t in traces) * repeats,
+                  stderr) as bar:
         for k, (cfg, trace) in enumerate(zip(configs, traces, strict=True)):
             bar.describe(f"{cfg.policy_label} ({k + 1} of {len(configs)})")
             t0 = time.perf_counter()
-            res = run(cfg, trace)
-            bar.update(sum(len(t) for t in traces[:k + 1]))  # fleet runs count no replies
+            tl = None
+            if timeline is not None:
+                from sim.timeline import Timeline
+
+                tl = Timeline(lambda: 0.0)
+            res = run(cfg, trace, tl)
+            if tl is not None:
+                tl.write(timeline_path(timeline, cfg.policy_label, len(configs)))
+            # fleet runs count no replies
+            bar.update(sum(len(t) for t in traces[:k + 1]) * repeats)
             dt = time.perf_counter() - t0
             n = res.summary["requests"]
             stderr.print(f"[dim]{cfg.policy_label}: {n:,} requests simulated in {dt:.1f}s "
@@ -352,7 +429,7 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
     ctx = "" if parse_context(context).is_full else (
         f", context {s['context']} (serving only: task accuracy not modelled)")
     print_table(runs, f"{s['trace']} ({s['trace_requests']} requests), {model}, "
-                      f"GPU {gpu_cache:,} tokens{cpu}, N={sessions}, "
+                      f"GPU {base.gpu_cache:,} tokens{cpu}, N={sessions}, "
                       f"{configs[0].engine_label} engine"
                       f"{f' (async {vllm_async})' if engine == 'vllm' else ''}, "
                       f"{scheduler}, "

@@ -53,7 +53,8 @@ TRACE_OPTIONS: list[Callable] = [
                  help="Skip bad records, and unreadable, truncated or empty files of a folder; "
                       "report how many of each."),
     click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
-                 help="Seed of synthetic generators."),
+                 help="Seed of synthetic generators (kvsim run: also of the run's decisions, "
+                      "router ties and random victims; --trace-seed keeps the trace)."),
     click.option("--cache-dir", default=None, metavar="DIR|off",
                  help="Folder of npz copies of loaded traces (fast reloads; a changed file "
                       "or option loads afresh). [default: $KVSIM_CACHE_DIR, else "

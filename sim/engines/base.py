@@ -270,6 +270,12 @@ class EngineBase:
                 yield env.timeout(rest)
         return steps
 
+    def _record_tokens(self, start: float, batch: int, ctx: int, steps: int) -> None:
+        """Tell the recorder the tokens of a decode run of ``steps`` that began at ``start``
+        (every running request got one per step; step times in closed form)."""
+        first, inc = self.profile.decode_step_series(batch, ctx)
+        self.rec.tokens(self.running, steps, start + first, self.env.now, first + inc, inc)
+
     def _steps_within(self, batch: int, ctx: int, elapsed: float, cap: int) -> int:
         """Smallest k >= 1 with decode_run_seconds(k) >= elapsed (the step in flight)."""
         lo, hi = 1, cap

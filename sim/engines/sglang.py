@@ -527,6 +527,8 @@ class SGLangServer(EngineBase):
             if req.generated == 0:
                 req.first_token_at = now
                 self.rec.first_token(req, now)
+            else:  # the next token after a retraction
+                self.rec.tokens((req,), 1, now, now)
             req.generated += 1
             self._checkpoint(req, req.ids.size, req.context_tokens)
             if req.generated >= req.output_tokens:
@@ -564,7 +566,8 @@ class SGLangServer(EngineBase):
                 seconds, per_req = self._prefill_seconds(batch)
                 if self.tiered:  # (without a CPU tier nothing is ever pending)
                     seconds += self._transfer_seconds()
-                self.rec.batch(seconds, len(batch))
+                self.rec.batch(seconds, len(batch), tokens=sum(
+                    b - a for _req, ranges in batch for a, b in ranges))
                 yield env.timeout(seconds)
                 self._finish_prefill(batch, per_req)
                 continue
@@ -588,10 +591,13 @@ class SGLangServer(EngineBase):
             pause = self._transfer_seconds()  # copies pending from before the run
             if pause:
                 yield env.timeout(pause)
+            start = env.now
             # With batch_is_full an arrival cannot be admitted before a finish: no cut.
             steps = yield from self._timed_decode(batch_size, ctx, steps,
                                                   not self.batch_is_full)
-            self.rec.decode(self.profile.decode_run_seconds(batch_size, ctx, steps), steps)
+            self.rec.decode(self.profile.decode_run_seconds(batch_size, ctx, steps), steps,
+                            start, batch_size)
+            self._record_tokens(start, batch_size, ctx, steps)
             # Memory for exactly the tokens generated; the copies that made room for them
             # (demotions to the CPU tier) happened during the run: its tokens complete after
             # them, and the next batch does not pay for them again.

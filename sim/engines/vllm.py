@@ -271,7 +271,8 @@ class VllmServer(EngineBase):
                     r.placeholders += 1
         return Step(rows, decode, samples, preempted, blocked)
 
-    def update(self, step: Step, steps: int = 1) -> bool:
+    def update(self, step: Step, steps: int = 1,
+               run: tuple[float, float, float] | None = None) -> bool:
         """vLLM's ``update_from_output`` for ``step`` (a decode run: ``steps`` identical
         steps at once): each sampling row appends its token(s); a request that reached its
         output length finishes and frees its blocks, in schedule order. Output of a step
@@ -292,6 +293,10 @@ class VllmServer(EngineBase):
             if first:
                 r.first_token_at = now
                 self.rec.first_token(r, now)
+            elif run is None:
+                self.rec.tokens((r,), steps, now, now)
+            else:  # a decode run: (first token's time, next step's seconds, increment)
+                self.rec.tokens((r,), steps, run[0], now, run[1], run[2])
             if placeholder and not stale:
                 r.placeholders -= 1
                 # the blocks its now-known tokens filled are cached (vLLM: cache_blocks)
@@ -397,13 +402,16 @@ class VllmServer(EngineBase):
             seconds = max(seconds, self.profile.decode_step_seconds(n_dec, ctx))
         return seconds
 
-    def _price(self, step: Step) -> float:
-        """Seconds of ``step``, recorded as a decode step or a batch with prefill tokens."""
+    def _price(self, step: Step, start: float | None = None) -> float:
+        """Seconds of ``step``, recorded as a decode step or a batch with prefill tokens
+        (running from ``start``: now when not given)."""
         seconds = self._step_seconds(step)
+        start = self.env.now if start is None else start
         if all(step.decode):
-            self.rec.decode(seconds, 1)
+            self.rec.decode(seconds, 1, start, len(step.rows))
         else:
-            self.rec.batch(seconds, len(step.rows))
+            self.rec.batch(seconds, len(step.rows), start,
+                           sum(n for _r, _s, n in step.rows))
         return seconds
 
     def _decode_run(self, step: Step):
@@ -417,8 +425,11 @@ class VllmServer(EngineBase):
         if cap > 1:
             starts = [-(-r.computed // bs) * bs - r.computed + 1 for r in running]
             cap = 1 + steps_fitting(starts, bs, self.pool.free_blocks, cap - 1)
+        start = self.env.now
         steps = yield from self._timed_decode(batch, ctx, cap, not step.blocked and cap > 1)
-        self.rec.decode(self.profile.decode_run_seconds(batch, ctx, steps), steps)
+        self.rec.decode(self.profile.decode_run_seconds(batch, ctx, steps), steps, start,
+                        batch)
+        first, inc = self.profile.decode_step_series(batch, ctx)
         if steps > 1:
             for r in running:
                 ok = self.pool.extend(r.rid, steps - 1)
@@ -426,7 +437,7 @@ class VllmServer(EngineBase):
                 r.computed += steps - 1
                 self._note_cached(r)
             self._record_evictions()
-        self.update(step, steps)
+        self.update(step, steps, (start + first, first + inc, inc))
 
     def _loop(self):
         if self.async_scheduling:
@@ -464,7 +475,7 @@ class VllmServer(EngineBase):
             step = self.schedule() if self.busy() else None
             if step is not None and step.rows:
                 start = env.now if inflight is None else inflight.end
-                step.end = start + self._price(step)
+                step.end = start + self._price(step, start)
             else:
                 step = None  # an empty step: vLLM queues it and processes nothing
             if inflight is None:
@@ -517,6 +528,9 @@ class VllmServer(EngineBase):
         """State after x pipeline iterations of a decode run (``_async_decode_run``): x more
         steps scheduled (x tokens allocated per request), ``step`` and the x - 1 after it
         processed (x tokens known and cached); the last one scheduled is in flight."""
+        step_s, inc = self.profile.decode_step_series(len(step.rows), ctx)
+        last_at = self.env.now if x > 1 else step.end
+        self.rec.tokens([r for r, _s, _n in step.rows], x, step.end, last_at, step_s, inc)
         rows = []
         for r, start, _n in step.rows:
             # known when the last one was scheduled: x - 1 outputs processed since
@@ -530,6 +544,6 @@ class VllmServer(EngineBase):
         self._record_evictions()
         batch = len(rows)
         seconds = self.profile.decode_run_seconds(batch, ctx, x)
-        self.rec.decode(seconds, x)
+        self.rec.decode(seconds, x, step.end, batch)
         return Step(rows, [True] * batch, [True] * batch, [], step.blocked,
                     step.end + seconds)

@@ -24,7 +24,7 @@ from policies.pd_rules import make_rule
 from sim.engines import ENGINES
 from sim.replay import Replay
 from sim.report.progress import current as current_progress
-from sim.runner import RunResult, bind_policy, run_fields
+from sim.runner import RunResult, answer_fields, bind_policy, run_fields
 
 from .fleet import Fleet, ReplicaSignals
 from .metrics import merge_recorders, recorder_for
@@ -84,6 +84,7 @@ def run_pd(cfg, trace, spec, profile) -> RunResult:
     merged = merge_recorders(trace, [e.rec for e in prefill + decode], sessions)
     summary = merged.summary(env.now, cfg.block_size, table)
     summary.update(run_fields(cfg, policies[0], profile, spec, trace, table))
+    summary.update(answer_fields(cfg, profile, table, summary, set(merged.session_end)))
     summary.update(pd_summary(fleet, prefill, decode, table, env.now, cfg))
     transfers = [(str(key), *t) for key, q in sorted(fleet.queues.items(), key=lambda kv:
                                                        str(kv[0])) for t in q.transfers]

@@ -23,7 +23,7 @@ from costmodel.units import Units, ranges_units
 from sim.engines import ENGINES
 from sim.replay import Replay
 from sim.report.progress import current as current_progress
-from sim.runner import RunResult, bind_policy, run_fields
+from sim.runner import RunResult, answer_fields, bind_policy, run_fields
 
 from .fleet import Fleet, ReplicaSignals
 from .metrics import fleet_metrics, merge_recorders, recorder_for
@@ -49,7 +49,7 @@ def check_fleet_size(cfg, trace) -> None:
                              f"could never serve one; use at most {len(trace):,}")
 
 
-def run_fleet(cfg, trace, spec, profile) -> RunResult:
+def run_fleet(cfg, trace, spec, profile, timeline=None) -> RunResult:
     check_fleet_size(cfg, trace)
     env = simpy.Environment()
     engines, policies = [], []
@@ -59,6 +59,10 @@ def run_fleet(cfg, trace, spec, profile) -> RunResult:
         bind_policy(env, cfg, spec, profile, policy, trace.sessions)
         rec = recorder_for(trace, signals[i])
         engine = ENGINES[cfg.engine].build(env, cfg, spec, profile, policy, rec)
+        if timeline is not None:  # sim/timeline.py: one track per replica
+            timeline.now = lambda: env.now
+            rec.observer = timeline.track(i, lambda e=engine: (len(e.waiting),
+                                                               len(e.running)))
         engines.append(engine)
         policies.append(policy)
     sessions = recorder_for(trace)
@@ -86,6 +90,7 @@ def run_fleet(cfg, trace, spec, profile) -> RunResult:
     merged = merge_recorders(trace, [e.rec for e in engines], sessions)
     summary = merged.summary(env.now, cfg.block_size, table)
     summary.update(run_fields(cfg, policies[0], profile, spec, trace, table))
+    summary.update(answer_fields(cfg, profile, table, summary, set(merged.session_end)))
     metrics, per_replica = fleet_metrics(fleet, engines, tables, sessions, env.now,
                                          cfg.block_size, table)
     summary.update(metrics)
@@ -100,6 +105,8 @@ def run_fleet(cfg, trace, spec, profile) -> RunResult:
         summary.update(pool_summary(pool, table, env.now, cfg))
         summary["pool_notes"] = pool_notes(pool, table)
         tables["pool"] = pool_table(pool)
+        if timeline is not None:
+            timeline.pool_fetches(pool.transfers, cfg.replicas)
         tables["pool_transfers"] = pd.DataFrame(
             np.asarray(pool.transfers, dtype=float).reshape(-1, 3),
             columns=["start_s", "end_s", "bytes"])

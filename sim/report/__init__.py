@@ -8,6 +8,8 @@ tables.py    one unit convention for every table; narrow   rows (dicts) + column
 runs.py      ``kvsim run``'s comparison of runs            RunResults -> rows -> Tables
 sweeps.py    ``kvsim sweep``'s tables of the tidy table    DataFrame -> Tables
 plots.py     PNGs of run, sweep and capacity folders       files -> PNG files
+fleet_load   a fleet's per-replica load heatmap            load.parquet -> PNG
+plan.py      ``kvsim plan``'s tables and plot              plan document -> Tables, PNG
 progress.py  progress bars and log lines on stderr; the    "done" reports -> stderr
              work reports, the tracker only observes
 ===========  ============================================  ===================================

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,8 @@ import numpy as np
 import pandas as pd
 
 from sim.io import atomic_save_figure, parse_size, read_json, read_parquet
+
+from .fleet_load import replica_load
 
 _POLICY_COLORS = plt.rcParams["axes.prop_cycle"].by_key()["color"]
 
@@ -63,7 +65,7 @@ def plot_run_dir(d: Path, out: Path) -> list[Path]:
     paths = [_save(fig, out / "ttft_cdf.png")]
     for r in runs:  # fleets (--replicas): each replica's load over time
         if (d / r["policy"] / "load.parquet").is_file():
-            paths.append(_replica_load(d / r["policy"] / "load.parquet", r, title,
+            paths.append(replica_load(d / r["policy"] / "load.parquet", r, title,
                                        out / f"replica_load_{r['policy']}.png"))
     for r in runs:  # fleets with a shared pool (--pool): occupancy and bytes moved
         if (d / r["policy"] / "pool.parquet").is_file():
@@ -79,24 +81,6 @@ def plot_run_dir(d: Path, out: Path) -> list[Path]:
             f"Mean TTFT and job completion time against {runs[0]['policy']}\n{title}",
             out / "change_vs_first.png"))
     return paths
-
-
-def _replica_load(path: Path, run: dict[str, Any], title: str, png: Path) -> Path:
-    """Requests in each replica (waiting + running), sampled at every routing decision."""
-    df = pd.read_parquet(path)
-    s = run["summary"]
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for replica, g in df.groupby("replica", sort=True):
-        ax.step(g["time_s"], g["waiting"] + g["running"], where="post", lw=0.8,
-                label=f"replica {replica}")
-    ax.set_xlabel("simulated time (s)")
-    ax.set_ylabel("requests in the replica (waiting + running)")
-    ax.set_title(f"Load per replica, {run['policy']}, router {s.get('router', '?')} "
-                 f"(busy-time CV {s.get('load_cv_busy') or 0:.2f})\n{title}", fontsize=10)
-    ax.grid(alpha=0.3)
-    if df["replica"].nunique() <= 16:
-        ax.legend(fontsize=8, ncol=2)
-    return _save(fig, png)
 
 
 def _pool_use(d: Path, run: dict[str, Any], title: str, png: Path) -> Path:
@@ -198,6 +182,10 @@ class SweepLayout:
     styles: list[str]
     policies: list[str]
     values: dict[str, list[str]]
+    # the colour: the policy, or the router when the sweep compares routers (the policy
+    # then takes a place among the fields)
+    hue: str = "policy"
+    hues: list[str] = field(default_factory=list)
 
     def style_of(self, row: Any) -> tuple[str, str]:
         if not self.styles:
@@ -213,6 +201,11 @@ def sweep_layout(df: pd.DataFrame, fields: list[str]) -> SweepLayout:
     """x: the numeric field with most values (else the field with most values); panel
     columns and rows: the next two fields; any others: line styles."""
     varied = [k for k in fields if df[k].nunique() > 1]
+    hue = "router" if "router" in varied else "policy"
+    if hue == "router":  # routers compared: their colours share one panel
+        varied = [k for k in varied if k != "router"]
+        if df["policy"].nunique() > 1:
+            varied.append("policy")
     values = {k: list(dict.fromkeys(df[k])) for k in varied}
     numeric = [k for k in varied if _positions(values[k])[1]]
     x = max(numeric or varied, key=lambda k: len(values[k]), default=None)
@@ -220,7 +213,8 @@ def sweep_layout(df: pd.DataFrame, fields: list[str]) -> SweepLayout:
     others = sorted((k for k in varied if k != x), key=lambda k: -len(values[k]))
     return SweepLayout(x=x, cols=others[0] if others else None,
                        rows=others[1] if len(others) > 1 else None, styles=others[2:],
-                       policies=list(dict.fromkeys(df["policy"])), values=values)
+                       policies=list(dict.fromkeys(df["policy"])), values=values, hue=hue,
+                       hues=list(dict.fromkeys(df[hue])))
 
 
 def _facets(layout: SweepLayout, title: str, ylabel: str,
@@ -234,7 +228,8 @@ def _facets(layout: SweepLayout, title: str, ylabel: str,
     fig, axes = plt.subplots(len(row_vals), len(col_vals), squeeze=False, sharex=True,
                              sharey="row", figsize=(3.6 * len(col_vals) + 1.8,
                                                     2.9 * len(row_vals) + 1.2))
-    color = dict(zip(layout.policies, policy_colors(len(layout.policies)), strict=True))
+    hue, hues = layout.hue, layout.hues
+    color = dict(zip(hues, policy_colors(len(hues)), strict=True))
     xvals = layout.values[layout.x] if layout.x else []
     pos, numeric = _positions(xvals) if layout.x else ({}, False)
     for r, rv in enumerate(row_vals):
@@ -246,18 +241,18 @@ def _facets(layout: SweepLayout, title: str, ylabel: str,
             if layout.rows:
                 sel &= df[layout.rows] == rv
             part = df[sel & ~skip] if skip is not None else df[sel]
-            for _, g in part.groupby(["policy", *layout.styles], sort=False):
+            for _, g in part.groupby([hue, *layout.styles], sort=False):
                 first = g.iloc[0]
                 ls, marker = layout.style_of(first)
-                label = short_value(first["policy"], 28)
+                label = short_value(first[hue], 28)
                 if layout.styles:
                     label += f" ({layout.style_label(first)})"
-                if not layout.x:  # only the policy varies: one bar each
-                    ax.bar([layout.policies.index(first["policy"])], metric[g.index],
-                           color=color[first["policy"]], label=label)
+                if not layout.x:  # only the colour varies: one bar each
+                    ax.bar([hues.index(first[hue])], metric[g.index],
+                           color=color[first[hue]], label=label)
                     continue
                 g = g.assign(_x=g[layout.x].map(pos)).sort_values("_x")
-                ax.plot(g["_x"], metric[g.index], color=color[first["policy"]], linestyle=ls,
+                ax.plot(g["_x"], metric[g.index], color=color[first[hue]], linestyle=ls,
                         marker=marker, lw=1.5, ms=5, label=label)
             if zero_line:
                 ax.axhline(0, color="black", lw=0.8, gid="reference")
@@ -270,8 +265,8 @@ def _facets(layout: SweepLayout, title: str, ylabel: str,
                 if r == len(row_vals) - 1:
                     ax.set_xlabel(layout.x)
             else:
-                ax.set_xticks(range(len(layout.policies)),
-                              [short_value(p, 16) for p in layout.policies], rotation=20)
+                ax.set_xticks(range(len(hues)), [short_value(p, 16) for p in hues],
+                              rotation=20)
             where = [f"{f} = {short_value(v)}" for f, v in ((layout.cols, cv),
                                                             (layout.rows, rv)) if f]
             if where:
@@ -287,7 +282,7 @@ def _facets(layout: SweepLayout, title: str, ylabel: str,
                 labels.append(lab)
     if handles:
         fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5),
-                   fontsize=8, title="policy" + (f" ({', '.join(layout.styles)})"
+                   fontsize=8, title=hue + (f" ({', '.join(layout.styles)})"
                                                  if layout.styles else ""),
                    title_fontsize=8)
     fig.suptitle(title, fontsize=10)

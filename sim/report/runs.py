@@ -15,7 +15,14 @@ if TYPE_CHECKING:
 # except the hit rate).
 COMPARED = ("ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "jct_mean_s", "hit_rate",
             "recomputed_tokens", "recompute_units", "queue_wait_mean_s",
-            "preempted_recompute_tokens", "preempted_recompute_units")
+            "preempted_recompute_tokens", "preempted_recompute_units",
+            "tpot_mean_s", "tpot_p99_s", "itl_p50_s", "itl_p99_s", "e2e_p90_s")
+# What users quote beside TTFT (sim/metrics.py latency_fields, sim/runner.py answer_fields).
+THROUGHPUT_ROWS = ("output_tokens_per_s", "total_tokens_per_s", "gpus",
+                   "output_tokens_per_s_per_gpu")
+# Rows of runs with --slo (sim/slo.py).
+GOODPUT_ROWS = ("slo_attainment", "goodput_rps", "goodput_rps_per_gpu",
+                "goodput_sessions_per_h", "slo_met")
 
 
 def change(a: float | None, b: float | None) -> float | None:
@@ -57,6 +64,16 @@ POOL_ROWS = ("pool_hit_rate", "pool_fetched_tokens", "pool_refused_fetches", "po
              "pool_bandwidth_utilization")
 
 
+def within_interval(a: dict[str, Any], b: dict[str, Any], key: str) -> bool:
+    """Whether two repeated runs' means of ``key`` differ by no more than their 95%
+    intervals together (the intervals overlap): the tables mark such a change ``~``."""
+    ca, cb = a.get(f"{key}_ci95"), b.get(f"{key}_ci95")
+    va, vb = a.get(key), b.get(key)
+    if None in (ca, cb, va, vb) or ca != ca or cb != cb or va != va or vb != vb:
+        return False
+    return abs(vb - va) <= ca + cb
+
+
 def run_tables(runs: list[dict[str, Any]], title: str, width: int, lenient: bool = False
                ) -> list[Table]:
     """Metrics in the units every table uses (``fmt_metric``: rates in percent); changes
@@ -69,13 +86,21 @@ def run_tables(runs: list[dict[str, Any]], title: str, width: int, lenient: bool
     shown = [k for k in WHEN_NONZERO if any(r["summary"].get(k) for r in runs)
              or (lenient and k in LENIENT_ROWS)]
     ctx = CONTEXT_ROWS if any("context" in r["summary"] for r in runs) else ()
-    keys = (*COMPARED, *extra, "requests", "retractions", "evicted_tokens", *ctx, *shown)
+    slo = GOODPUT_ROWS if any("slo" in r["summary"] for r in runs) else ()
+    keys = (*COMPARED, *THROUGHPUT_ROWS, *slo, *extra, "requests", "retractions",
+            "evicted_tokens", *(k for k in ctx if k not in THROUGHPUT_ROWS), *shown)
     cells: list[list[str]] = []  # per run, per key
     for i, r in enumerate(runs):
         col = []
         for k in keys:
             s = fmt_metric(k, r["summary"].get(k))
+            ci = r["summary"].get(f"{k}_ci95")
+            if ci is not None and ci == ci and s != "-":  # repeats: mean ± 95% interval
+                s += f" ±{fmt_metric(k, ci).removesuffix(' ms')}"
             ch = r["change_vs_first"].get(k)
+            if i > 0 and ch is not None and within_interval(runs[0]["summary"],
+                                                            r["summary"], k):
+                s += " ~"  # the difference is inside the intervals: not a difference
             if i > 0 and k == "hit_rate" and s != "-" and runs[0]["summary"].get(k) is not None:
                 s += f" ({100 * (r['summary'][k] - runs[0]['summary'][k]):+.1f} pp)"
             elif i > 0 and ch is not None:

@@ -14,6 +14,13 @@ WHEN_NONZERO = ("dropped_requests", "over_context_requests", "trace_skipped_file
 METRIC_COLUMNS = [Col("TTFT\nmean (s)", "ttft_mean_s", "s"),
                   Col("TTFT\np90 (s)", "ttft_p90_s", "s"),
                   Col("JCT\nmean (s)", "jct_mean_s", "s"), Col("hit\nrate", "hit_rate", "rate")]
+# per-token latency, throughput and goodput (sim/metrics.py, sim/slo.py): shown when present
+ANSWER_COLUMNS = [Col("TPOT\nmean (ms)", "tpot_mean_s", "ms"),
+                  Col("ITL\np99 (ms)", "itl_p99_s", "ms"),
+                  Col("output\ntok/s/GPU", "output_tokens_per_s_per_gpu", "per_s"),
+                  Col("GPUs", "gpus", "int"),
+                  Col("SLO\nmet", "slo_attainment", "rate"),
+                  Col("goodput\nreq/s/GPU", "goodput_rps_per_gpu", "float3")]
 CHANGE_COLUMNS = [Col("TTFT\nchange", "ttft_mean_s_change", "change"),
                   Col("JCT\nchange", "jct_mean_s_change", "change"),
                   Col("hit rate\nchange", "hit_rate", "pp", minus="baseline_hit_rate")]
@@ -29,6 +36,10 @@ def sweep_tables(df: Any, varied: list[str], title: str, lenient: bool = False) 
     rows = df.to_dict("records")
     tables = [narrow_table(title, [*keys, *(c for c in METRIC_COLUMNS if c.key in df.columns)],
                            rows)]
+    answers = [c for c in ANSWER_COLUMNS if c.key in df.columns]
+    if answers:
+        tables.append(narrow_table("per-token latency, throughput and goodput",
+                                   [*keys, *answers], rows))
     if "ttft_mean_s_change" in df.columns:
         for r in rows:  # the baseline point's hit rate, from the relative change tidy wrote
             c = r.get("hit_rate_change")

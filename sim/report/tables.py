@@ -40,6 +40,8 @@ KINDS: dict[str, Callable[[Any], str]] = {
     "int": lambda v: f"{v:,}",
     "tokens": _tokens,
     "s": lambda v: f"{v:.3f}",
+    "ms": lambda v: f"{1000 * v:.2f}",
+    "float3": lambda v: f"{v:.3f}",
     "rate": lambda v: f"{v:.1%}",
     "change": _change,
     "pp": lambda v: f"{100 * v:+.1f} pp",
@@ -78,7 +80,8 @@ def narrow_table(title: str, cols: list[Col], rows: list[dict[str, Any]]) -> Tab
 
 # Units shared by every table (run, sweep, reproduce): rates and shares in percent, changes
 # in signed percent, times in seconds, counts with thousands separators.
-PERCENT_KEYS = ("hit_rate", "share", "fraction", "reuse_", "affinity")
+PERCENT_KEYS = ("hit_rate", "share", "fraction", "reuse_", "affinity", "attainment")
+MS_KEYS = ("tpot_", "itl_")  # per-token latencies read in milliseconds
 
 
 def fmt_metric(key: str, v: Any) -> str:
@@ -91,6 +94,8 @@ def fmt_metric(key: str, v: Any) -> str:
         return f"{v:+.1%}"
     if any(p in key for p in PERCENT_KEYS):
         return f"{v:.1%}"
+    if key.startswith(MS_KEYS) and key.endswith("_s"):
+        return f"{1000 * v:,.2f} ms"
     if key.endswith("units") or key.startswith("bytes_"):
         return f"{v:.3e}"
     if isinstance(v, float):

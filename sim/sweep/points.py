@@ -78,7 +78,11 @@ def _trace_path(v: Any, base_dir: Path) -> Any:
 
 
 def _resolve(point: dict[str, Any], where: str, base_dir: Path | None = None) -> RunConfig:
-    point = {k: _size(v, where, k) if k in SIZE_FIELDS else v for k, v in point.items()}
+    from sim.deploy import parse_kv_bytes, resolve_gpu_fields
+
+    point = {k: _size(v, where, k) if k in SIZE_FIELDS and not (
+        k == "gpu_cache" and parse_kv_bytes(v) is not None) else v for k, v in point.items()}
+    point = resolve_gpu_fields(point, where)  # gpu, tp, memory fraction or bytes: tokens
     if base_dir is not None and "policy" in point:
         point["policy"] = _policy_path(point["policy"], base_dir)
     if base_dir is not None and "router" in point:

@@ -1,0 +1,128 @@
+"""Inter-token gaps of a run in closed form (docs/engine.md, Metrics).
+
+Engines advance many decode steps per event, so a run never holds one number per token.
+A decode run of ``n`` steps whose step times grow by a constant (``decode_run_seconds``:
+each step reads ``batch`` more KV tokens) gives every request in it ``n - 1`` gaps forming
+an arithmetic series ``step_s + inc_s * i`` (``i = 0 .. n-2``), plus one gap of its own:
+from its previous token (before the run: a prefill batch, a pause, its prefill) to the
+run's first step. ``TokenGaps`` keeps the series as (first, increment, count, weight) rows
+and the lone gaps as values, and answers the mean and ``np.percentile``'s (linear)
+percentiles over the multiset of all gaps exactly, by counting series terms below a value
+(bisection over the value, never an expansion).
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+
+import numpy as np
+
+_BISECTIONS = 200  # enough for adjacent floats from [0, max]; stops when it cannot move
+
+
+class TokenGaps:
+    """The inter-token gaps of a run (module docstring)."""
+
+    def __init__(self) -> None:
+        self._single = array("d")  # one gap each
+        self._first = array("d")  # series: first gap, increment, terms, repeats
+        self._inc = array("d")
+        self._terms = array("q")
+        self._weight = array("q")
+
+    def add(self, gap: float) -> None:
+        self._single.append(gap)
+
+    def add_series(self, first: float, inc: float, terms: int, weight: int = 1) -> None:
+        """``weight`` copies of the gaps ``first + inc * i``, ``i = 0 .. terms-1``."""
+        if terms <= 0 or weight <= 0:
+            return
+        if terms == 1 and weight == 1:
+            self._single.append(first)
+            return
+        self._first.append(first)
+        self._inc.append(inc)
+        self._terms.append(terms)
+        self._weight.append(weight)
+
+    def extend(self, other: TokenGaps) -> None:
+        """Take ``other``'s gaps too (a fleet's replicas into one)."""
+        self._single.extend(other._single)
+        self._first.extend(other._first)
+        self._inc.extend(other._inc)
+        self._terms.extend(other._terms)
+        self._weight.extend(other._weight)
+
+    def _arrays(self):
+        return (np.sort(np.frombuffer(self._single, dtype=np.float64)),
+                np.frombuffer(self._first, dtype=np.float64),
+                np.frombuffer(self._inc, dtype=np.float64),
+                np.frombuffer(self._terms, dtype=np.int64),
+                np.frombuffer(self._weight, dtype=np.int64))
+
+    @property
+    def count(self) -> int:
+        terms = np.frombuffer(self._terms, dtype=np.int64)
+        weight = np.frombuffer(self._weight, dtype=np.int64)
+        return len(self._single) + int((terms * weight).sum())
+
+    def mean(self) -> float:
+        single, first, inc, terms, weight = self._arrays()
+        n = single.size + int((terms * weight).sum())
+        if not n:
+            return math.nan
+        series = (weight * (terms * first + inc * (terms * (terms - 1) / 2))).sum()
+        return float((single.sum() + series) / n)
+
+    def percentiles(self, qs: tuple[float, ...]) -> list[float]:
+        """``np.percentile(all_gaps, q)`` for each ``q`` (linear interpolation between the
+        two order statistics around rank ``(N - 1) q / 100``)."""
+        arrays = self._arrays()
+        single, _first, _inc, terms, weight = arrays
+        n = single.size + int((terms * weight).sum())
+        if not n:
+            return [math.nan for _ in qs]
+        out = []
+        for q in qs:
+            rank = (n - 1) * q / 100
+            lo = math.floor(rank)
+            a = _order_statistic(arrays, lo)
+            b = a if lo + 1 >= n or rank == lo else _order_statistic(arrays, lo + 1)
+            out.append(float(a + (b - a) * (rank - lo)))
+        return out
+
+
+def _count_at_most(arrays, x: float) -> int:
+    single, first, inc, terms, weight = arrays
+    count = int(np.searchsorted(single, x, side="right"))
+    if first.size:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            k = np.where(inc > 0, np.floor((x - first) / np.where(inc > 0, inc, 1.0)) + 1,
+                         np.where(first <= x, terms, 0))
+        count += int((np.clip(k, 0, terms).astype(np.int64) * weight).sum())
+    return count
+
+
+def _order_statistic(arrays, j: int) -> float:
+    """The ``j``-th smallest gap (0-based): the least value with more than ``j`` gaps at
+    most it."""
+    single, first, inc, terms, _weight = arrays
+    tops = [single[-1]] if single.size else []
+    if first.size:
+        tops.append(float((first + inc * (terms - 1)).max()))
+    lows = [single[0]] if single.size else []
+    if first.size:
+        lows.append(float(first.min()))
+    lo, hi = min(lows), max(tops)
+    if _count_at_most(arrays, lo) > j:
+        return float(lo)
+    for _ in range(_BISECTIONS):  # invariant: count(lo) <= j < count(hi)
+        mid = (lo + hi) / 2
+        if mid <= lo or mid >= hi:
+            break
+        if _count_at_most(arrays, mid) > j:
+            hi = mid
+        else:
+            lo = mid
+    return float(hi)

@@ -1,0 +1,330 @@
+"""``kvsim plan``: the smallest and cheapest deployments that meet SLOs, searched by running.
+
+A question is one curve: a GPU kind and TP, a router, an eviction policy and a load (sessions
+at once, or an open loop's time scale). Its answer is the fewest replicas (or, with ``pd``
+shapes, the smallest prefill:decode pools) whose run **meets** the SLO: every run-level target
+and the attainment hold at the pessimistic end of the repeats' 95% intervals (sim/repeats.py
+``pessimistic``). The search assumes more replicas never hurt: it bisects each question's
+replica range (``search="bisect"``: the largest size first, then halves) or runs every size
+(``search="full"``); the rounds go through the sweep machinery (sim/sweep: every point in
+``out/points/<id>``, so a rerun resumes, on a local pool or Ray). Then:
+
+- the cheapest answers by GPU count and price per hour (``costmodel/data/gpus.yaml`` or a
+  price file of the same shape);
+- per question the knee of goodput against GPUs over the sizes run (the size farthest above
+  the chord from the smallest to the largest, both normalized: where more GPUs stop paying);
+- what each choice buys: every router and policy at the cheapest answer's GPU, TP, size and
+  load (one more round), against that answer.
+
+Disaggregated pools: with ``pd`` shapes ``P:D`` the sizes are runs of ``P`` prefill and ``D``
+decode workers (docs/pd.md; their ``gpus`` count both pools), taken smallest GPU count
+first.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from costmodel.gpus import GPU, load_gpus
+from sim.slo import SLO, meets, parse_slo
+
+
+class PlanError(ValueError):
+    exit_code = 2
+
+
+@dataclass(frozen=True)
+class Question:
+    gpu: str
+    tp: int
+    router: str
+    policy: str
+    load: tuple[tuple[str, Any], ...]  # the load's fields, e.g. (("sessions", 8),)
+    mem_fraction: float | None = None  # of each GPU's memory for weights and KV (None: 0.9)
+
+    @property
+    def label(self) -> str:
+        load = ",".join(f"{k}={v}" for k, v in self.load)
+        mem = f" mem{self.mem_fraction:g}" if self.mem_fraction is not None else ""
+        return f"{self.gpu}{mem} tp{self.tp} {self.router} {self.policy} {load}".strip()
+
+
+@dataclass
+class PlanSpec:
+    base: dict[str, Any]  # RunConfig fields every point shares (trace, model, slo, ...)
+    gpus: list[str]
+    tps: list[int]
+    routers: list[str]
+    policies: list[str]
+    loads: list[dict[str, Any]]
+    replicas: tuple[int, int]  # smallest, largest
+    search: str = "bisect"
+    pd: list[tuple[int, int]] = field(default_factory=list)
+    prices: dict[str, GPU] | None = None
+    mem_fractions: list[float | None] = field(default_factory=lambda: [None])
+
+    @property
+    def slo(self) -> SLO:
+        return parse_slo(self.base["slo"])
+
+    def questions(self) -> list[Question]:
+        return [Question(g, t, r, p, tuple(sorted(load.items())), m)
+                for g in self.gpus for m in self.mem_fractions for t in self.tps
+                for r in self.routers for p in self.policies for load in self.loads]
+
+
+def parse_range(text: str, what: str = "--replicas") -> tuple[int, int]:
+    """``4`` or ``1..16``."""
+    lo, sep, hi = str(text).partition("..")
+    try:
+        a, b = int(lo), int(hi) if sep else int(lo)
+    except ValueError:
+        raise PlanError(f"{what} {text!r}: expected N or LO..HI") from None
+    if a < 1 or b < a:
+        raise PlanError(f"{what} {text!r}: expected 1 <= LO <= HI")
+    return a, b
+
+
+def parse_pd(text: str | None) -> list[tuple[int, int]]:
+    """``1:1,2:1`` as (prefill, decode) pairs."""
+    if not text:
+        return []
+    out = []
+    for item in text.split(","):
+        p, sep, d = item.partition(":")
+        if not sep or not p.strip().isdigit() or not d.strip().isdigit() or not (
+                int(p) >= 1 and int(d) >= 1):
+            raise PlanError(f"--pd {item!r}: expected P:D with P, D >= 1 (e.g. 2:1)")
+        out.append((int(p), int(d)))
+    return out
+
+
+def point_fields(spec: PlanSpec, q: Question, size: int | tuple[int, int]) -> dict[str, Any]:
+    """The RunConfig fields of question ``q`` at ``size`` replicas (or a P:D shape)."""
+    fields = {**spec.base, **dict(q.load), "gpu": q.gpu, "tp": q.tp}
+    if q.mem_fraction is not None:
+        fields["mem_fraction"] = q.mem_fraction
+    if isinstance(size, tuple):  # P prefill and D decode workers (sim/fleet/pd.py)
+        fields["prefill_replicas"], fields["decode_replicas"] = size
+        if size[0] > 1:  # one prefill worker routes nothing
+            fields["router"] = q.router
+        return fields
+    fields["replicas"] = size
+    if size > 1:  # one replica routes nothing: every router's point is the same run
+        fields["router"] = q.router
+    return fields
+
+
+def make_point(spec: PlanSpec, q: Question, size: int | tuple[int, int]):
+    from policies import PRESETS
+    from sim.sweep import Point
+    from sim.sweep.points import _resolve
+
+    fields = point_fields(spec, q, size)
+    where = f"plan {q.label} size {size}"
+    cfg = _resolve(fields, where)
+    cfg = cfg.with_preset(q.policy) if q.policy in PRESETS else cfg.with_policy(q.policy)
+    cfg.validate(where)
+    values = {"gpu": q.gpu, "mem_fraction": q.mem_fraction, "tp": q.tp, "router": q.router,
+              "policy": q.policy,
+              **dict(q.load), "size": size if isinstance(size, int) else f"{size[0]}:{size[1]}"}
+    return Point(values, cfg)
+
+
+@dataclass
+class Outcome:
+    """One evaluated point of the search."""
+
+    question: Question
+    size: int | tuple[int, int]
+    point: str
+    summary: dict[str, Any]
+    meets: bool
+
+    @property
+    def gpus(self) -> int:
+        return int(self.summary["gpus"])
+
+
+def pessimistic_values(summary: dict[str, Any], slo: SLO) -> dict[str, float]:
+    from sim.repeats import pessimistic
+
+    return pessimistic(summary, slo)
+
+
+class Planner:
+    """Runs the search of ``spec`` into ``out`` through ``executor`` (module docstring)."""
+
+    def __init__(self, spec: PlanSpec, out: str | Path, executor,
+                 report: Callable[[str, int, int], None] | None = None) -> None:
+        self.spec, self.out, self.executor = spec, Path(out), executor
+        self.report = report
+        self.slo = spec.slo
+        self.outcomes: dict[tuple[Question, Any], Outcome] = {}
+        self.rounds = 0
+
+    def _evaluate(self, wanted: list[tuple[Question, Any]]) -> None:
+        import json
+
+        from sim.sweep import Sweep, run_sweep, summary_path
+        from sim.sweep.executors import ExecutorSpec
+
+        todo = [(q, s) for q, s in wanted if (q, s) not in self.outcomes]
+        if not todo:
+            return
+        points = [make_point(self.spec, q, s) for q, s in todo]
+        self.rounds += 1
+        sweep = Sweep(f"kvsim plan round {self.rounds}", points, None, None, ExecutorSpec(),
+                      has_grid=True)
+
+        def progress(done: int, total: int) -> None:
+            if self.report is not None:
+                self.report(f"round {self.rounds}", done, total)
+
+        run_sweep(sweep, self.out, self.executor, progress)
+        for (q, s), p in zip(todo, points, strict=True):
+            summary = json.loads(summary_path(self.out, p.id).read_text())
+            ok = meets(self.slo, pessimistic_values(summary, self.slo))
+            self.outcomes[(q, s)] = Outcome(q, s, p.id, summary, ok)
+
+    def search(self) -> dict[Question, Outcome | None]:
+        """Per question its smallest size that meets, or None within the range."""
+        spec = self.spec
+        questions = spec.questions()
+        if spec.pd:
+            shapes = sorted(spec.pd, key=lambda pd: (pd[0] + pd[1], pd))
+            self._evaluate([(q, s) for q in questions for s in shapes])
+            return {q: next((self.outcomes[(q, s)] for s in shapes
+                             if self.outcomes[(q, s)].meets), None) for q in questions}
+        lo, hi = spec.replicas
+        if spec.search == "full":
+            self._evaluate([(q, n) for q in questions for n in range(lo, hi + 1)])
+            return {q: next((self.outcomes[(q, n)] for n in range(lo, hi + 1)
+                             if self.outcomes[(q, n)].meets), None) for q in questions}
+        # bisection: (largest known miss, smallest known meet) per question
+        bounds = {q: (lo - 1, hi) for q in questions}
+        self._evaluate([(q, hi) for q in questions])
+        open_ = [q for q in questions if self.outcomes[(q, hi)].meets]
+        while True:
+            mids = []
+            for q in open_:
+                a, b = bounds[q]
+                if b - a > 1:
+                    mids.append((q, (a + b) // 2))
+            if not mids:
+                break
+            self._evaluate(mids)
+            for q, m in mids:
+                a, b = bounds[q]
+                bounds[q] = (a, m) if self.outcomes[(q, m)].meets else (m, b)
+        return {q: self.outcomes[(q, bounds[q][1])] if q in open_ else None
+                for q in questions}
+
+    def buys(self, chosen: Outcome) -> list[Outcome]:
+        """Every router and policy at the chosen answer's GPU, TP, size and load."""
+        q0 = chosen.question
+        others = [replace(q0, router=r, policy=p) for r in self.spec.routers
+                  for p in self.spec.policies]
+        self._evaluate([(q, chosen.size) for q in others])
+        return [self.outcomes[(q, chosen.size)] for q in others]
+
+
+def price_per_hour(o: Outcome, prices: dict[str, GPU]) -> float:
+    gpu = prices.get(o.question.gpu)
+    return o.gpus * gpu.price_usd_h if gpu is not None else math.nan
+
+
+def knee(points: list[tuple[float, float]]) -> tuple[float, float] | None:
+    """The knee of an increasing curve (module docstring); None below 3 points or flat."""
+    pts = sorted(points)
+    if len(pts) < 3:
+        return None
+    (x0, y0), (x1, y1) = pts[0], pts[-1]
+    if x1 == x0 or y1 == y0:
+        return None
+    best = max(pts[1:-1], key=lambda p: ((p[1] - y0) / (y1 - y0) - (p[0] - x0) / (x1 - x0),
+                                         -p[0]))
+    lift = (best[1] - y0) / (y1 - y0) - (best[0] - x0) / (x1 - x0)
+    return best if lift > 0 else None
+
+
+def plan(spec: PlanSpec, out: str | Path, executor,
+         report: Callable[[str, int, int], None] | None = None) -> dict[str, Any]:
+    """Run the search and return the plan document (also written as out/plan.json)."""
+    import pandas as pd
+
+    from sim.io import atomic_write_parquet, atomic_write_text, dumps
+
+    prices = spec.prices or load_gpus()
+    planner = Planner(spec, out, executor, report)
+    answers = planner.search()
+    met = [o for o in answers.values() if o is not None]
+    met.sort(key=lambda o: (price_per_hour(o, prices), o.gpus, o.question.label))
+    buys = planner.buys(met[0]) if met else []
+    rows = []
+    for _key, o in sorted(planner.outcomes.items(), key=lambda kv: (kv[0][0].label,
+                                                                        str(kv[0][1]))):
+        rows.append(_row(o, prices))
+    table = pd.DataFrame(rows)
+    curves = {}
+    for q in spec.questions():
+        pts = [(o.gpus, o.summary.get("goodput_rps", math.nan))
+               for (qq, _s), o in planner.outcomes.items() if qq == q]
+        curves[q.label] = {"points": sorted(pts), "knee_gpus": (k := knee(pts)) and k[0]}
+    chosen = met[0] if met else None
+    doc: dict[str, Any] = {
+        "slo": spec.slo.text,
+        "questions": len(answers),
+        "rounds": planner.rounds,
+        "points_run": len(planner.outcomes),
+        "answers": [{"question": q.label, **(_row(o, prices) if o is not None else
+                                             {"meets": False, "note": "no size in range "
+                                              "meets the SLO"})} for q, o in answers.items()],
+        "cheapest": [_row(o, prices) for o in met],
+        "chosen": _row(chosen, prices) if chosen else None,
+        "one_smaller": (_row(planner.outcomes[(chosen.question, chosen.size - 1)], prices)
+                        if chosen is not None and isinstance(chosen.size, int)
+                        and (chosen.question, chosen.size - 1) in planner.outcomes else None),
+        "buys": [_row(o, prices) for o in buys],
+        "curves": curves,
+    }
+    out = Path(out)
+    atomic_write_parquet(table, out / "plan.parquet")
+    atomic_write_text(out / "plan.csv", table.to_csv(index=False))
+    atomic_write_text(out / "plan.json", dumps(doc) + "\n")
+    return doc
+
+
+SHOWN = ("ttft_p90_s", "ttft_p90_s_ci95", "tpot_mean_s", "itl_p99_s", "slo_attainment",
+         "slo_attainment_ci95", "goodput_rps", "goodput_rps_per_gpu", "hit_rate")
+
+
+def _row(o: Outcome, prices: dict[str, GPU]) -> dict[str, Any]:
+    q, s = o.question, o.summary
+    slo = parse_slo(s["slo"])
+    targets = {k: s.get(k) for t in slo.targets for k in (t, f"{t}_ci95")}
+    return {"point": o.point, "question": q.label, "gpu": q.gpu,
+            "mem_fraction": s.get("mem_fraction"), "kv_tokens_per_gpu": s.get("kv_tokens_per_gpu"),
+            "tp": q.tp, "router": q.router,
+            "policy": q.policy, **dict(q.load),
+            "size": o.size if isinstance(o.size, int) else f"{o.size[0]}:{o.size[1]}",
+            "gpus": o.gpus, "usd_per_h": price_per_hour(o, prices), "meets": o.meets,
+            **{k: s.get(k) for k in SHOWN}, **targets}
+
+
+def check_spec(spec: PlanSpec) -> None:
+    """Every point's config is valid before anything runs (first and last size of each
+    question: what varies between sizes is only the replica count)."""
+    if "slo" not in spec.base or not spec.base["slo"]:
+        raise PlanError("--slo is required: the plan finds deployments that meet it")
+    slo = spec.slo
+    if not slo.targets and not slo.thresholds:
+        raise PlanError("--slo names no target")
+    lo, hi = spec.replicas
+    for q in spec.questions():
+        for n in ([spec.pd[0]] if spec.pd else sorted({lo, hi})):
+            make_point(spec, q, n)  # a ConfigError names the field (exit 2)

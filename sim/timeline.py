@@ -1,0 +1,102 @@
+"""A timeline of one run as Chrome trace-event JSON (Perfetto UI and chrome://tracing open it).
+
+``Timeline`` collects events from the recorders it is attached to (``RunRecorder.observer``;
+without one a recorder pays a single ``None`` test per call): per replica (one trace
+"process", ``pid`` = the replica) a track of complete events (``ph: X``): ``prefill`` (one
+per batch: its requests and tokens; phantom refills of holes are tokens of the batch) and
+``decode`` (one per decode event: its steps and batch size), instant events (``ph: i``) for
+``evict`` (each call that freed GPU room: blocks deleted and demoted), ``cpu load`` and
+``transfer`` (bytes each way), and a counter (``ph: C``) ``queue`` of waiting and running
+requests at each batch; a fleet's shared pool adds a process of its fetches. Times are the
+simulated clock in microseconds.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+class Timeline:
+    def __init__(self, now: Callable[[], float]) -> None:
+        self.now = now
+        self.events: list[dict[str, Any]] = []
+        self._named: set[int] = set()
+
+    def track(self, replica: int, queue: Callable[[], tuple[int, int]]) -> Track:
+        """The observer of replica ``replica``'s recorder; ``queue`` gives its (waiting,
+        running) requests."""
+        if replica not in self._named:
+            self._named.add(replica)
+            self.events.append({"ph": "M", "name": "process_name", "pid": replica,
+                                "tid": 0, "args": {"name": f"replica {replica}"}})
+            for tid, name in ((1, "batches"), (2, "cache events")):
+                self.events.append({"ph": "M", "name": "thread_name", "pid": replica,
+                                    "tid": tid, "args": {"name": name}})
+        return Track(self, replica, queue)
+
+    def pool_fetches(self, transfers: list[tuple[float, float, float]], pid: int) -> None:
+        """A shared pool's fetches (start, end, bytes) as slices of a ``pool`` process
+        ``pid`` (fetches overlap: each gets a row of its own in the viewer's layout)."""
+        self.events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+                            "args": {"name": "shared KV pool"}})
+        for start, end, nbytes in transfers:
+            self.events.append({"ph": "X", "name": "pool fetch", "pid": pid, "tid": 1,
+                                "ts": _us(start), "dur": _us(end - start),
+                                "args": {"bytes": int(nbytes)}})
+
+    def to_json(self) -> str:
+        return json.dumps({"traceEvents": self.events, "displayTimeUnit": "ms"},
+                          separators=(",", ":")) + "\n"
+
+    def write(self, path: str | Path) -> None:
+        from sim.io import atomic_write_text
+
+        atomic_write_text(path, self.to_json())
+
+
+def _us(seconds: float) -> float:
+    return round(seconds * 1e6, 3)
+
+
+class Track:
+    """One replica's events (module docstring)."""
+
+    def __init__(self, timeline: Timeline, pid: int,
+                 queue: Callable[[], tuple[int, int]]) -> None:
+        self.tl, self.pid, self.queue = timeline, pid, queue
+
+    def _slice(self, name: str, start: float, seconds: float, args: dict[str, Any]) -> None:
+        self.tl.events.append({"ph": "X", "name": name, "pid": self.pid, "tid": 1,
+                               "ts": _us(start), "dur": _us(seconds), "args": args})
+
+    def _instant(self, name: str, args: dict[str, Any]) -> None:
+        self.tl.events.append({"ph": "i", "s": "t", "name": name, "pid": self.pid, "tid": 2,
+                               "ts": _us(self.tl.now()), "args": args})
+
+    def batch(self, start: float, seconds: float, requests: int, tokens: int | None) -> None:
+        waiting, running = self.queue()
+        self.tl.events.append({"ph": "C", "name": "queue", "pid": self.pid, "ts": _us(start),
+                               "args": {"waiting": waiting, "running": running}})
+        args: dict[str, Any] = {"requests": requests}
+        if tokens is not None:
+            args["tokens"] = tokens
+        self._slice("prefill", start, seconds, args)
+
+    def decode(self, start: float, seconds: float, steps: int, batch: int | None) -> None:
+        args: dict[str, Any] = {"steps": steps}
+        if batch is not None:
+            args["batch"] = batch
+        self._slice("decode", start, seconds, args)
+
+    def evicted(self, deleted_blocks: int, demoted_blocks: int) -> None:
+        self._instant("evict", {"deleted_blocks": deleted_blocks,
+                                "demoted_blocks": demoted_blocks})
+
+    def loaded(self, blocks: int) -> None:
+        self._instant("cpu load", {"blocks": blocks})
+
+    def transferred(self, h2d_bytes: int, d2h_bytes: int) -> None:
+        self._instant("transfer", {"h2d_bytes": h2d_bytes, "d2h_bytes": d2h_bytes})

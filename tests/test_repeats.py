@@ -1,0 +1,74 @@
+"""Repeats with 95% intervals (sim/repeats.py); the trace seed apart from the decision seed."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import pytest
+
+from sim.config import RunConfig
+from sim.repeats import combine, mean_ci, t975
+from sim.runner import load_run_trace, run
+
+FLEET = dict(trace="synthetic:claude-code?sessions=8", max_context=65536, gaps="tool",
+             gpu_cache=98304, sessions=3, preset="sglang", replicas=2, router="random")
+
+
+def test_student_t_interval_by_hand() -> None:
+    # 3 values 1, 2, 6: mean 3, sd sqrt(7), t(0.975, 2) = 4.302653 (a table's value)
+    mean, ci = mean_ci([1.0, 2.0, 6.0])
+    assert mean == 3.0
+    assert ci == pytest.approx(4.302652730 * math.sqrt(7) / math.sqrt(3), rel=1e-12)
+    assert t975(30) == pytest.approx(2.042272456) and t975(120) == pytest.approx(1.97993, abs=2e-5)
+    assert math.isnan(mean_ci([5.0])[1])
+    s = combine([{"a": 1, "b": 2, "name": "x"}, {"a": 1, "b": 4, "name": "x"}])
+    assert s["a"] == 1 and s["a_ci95"] == 0.0 and isinstance(s["a"], int)
+    assert s["b"] == 3.0 and s["b_ci95"] == pytest.approx(12.706204736 * statistics.stdev(
+        [2, 4]) / math.sqrt(2)) and s["name"] == "x"
+
+
+def test_repeats_are_the_mean_of_runs_with_seeds_seed_to_seed_plus_n() -> None:
+    cfg = RunConfig(**FLEET, seed=5)
+    one = [run(RunConfig(**FLEET, seed=s, trace_seed=5)).summary for s in (5, 6, 7)]
+    rep = run(RunConfig(**FLEET, seed=5, repeats=3))
+    want, ci = mean_ci([s["ttft_mean_s"] for s in one])
+    assert rep.summary["ttft_mean_s"] == pytest.approx(want, rel=1e-12)
+    assert rep.summary["ttft_mean_s_ci95"] == pytest.approx(ci, rel=1e-12)
+    assert rep.summary["repeat_seeds"] == [5, 6, 7] and rep.summary["repeats"] == 3
+    assert sorted(set(rep.requests["repeat"])) == [0, 1, 2]
+    # the random router differs between seeds, the trace does not
+    assert len({s["ttft_mean_s"] for s in one}) == 3
+    assert len({s["trace_requests"] for s in one}) == 1
+    again = run(cfg.__class__(**FLEET, seed=5, repeats=3))
+    assert again.summary == rep.summary  # identical seeds: identical results
+
+
+def test_trace_seed_keeps_the_trace_while_the_decision_seed_moves() -> None:
+    synth = "synthetic:claude-code?sessions=6"
+    base = RunConfig(trace=synth)
+    a = load_run_trace(base)
+    assert load_run_trace(RunConfig(trace=synth, seed=3, trace_seed=0)) is a  # memo: same key
+    b = load_run_trace(RunConfig(trace=synth, seed=3))  # seed alone: as before, a new draw
+    assert len(b) != len(a) or (b.prompt_tokens != a.prompt_tokens).any()
+    # default trace_seed = seed: results from before the split stay the same
+    assert RunConfig(trace=synth, seed=3).trace_draw_seed == 3
+
+
+def test_slo_met_with_repeats_reads_the_pessimistic_end() -> None:
+    probe = run(RunConfig(**FLEET, repeats=3)).summary
+    mean, ci = probe["ttft_p90_s"], probe["ttft_p90_s_ci95"]
+    assert ci > 0
+    inside = run(RunConfig(**FLEET, repeats=3, slo=f"ttft_p90={mean + ci / 2}s")).summary
+    assert inside["slo_met"] is False  # the mean meets it, the interval's top does not
+    above = run(RunConfig(**FLEET, repeats=3, slo=f"ttft_p90={(mean + ci) * 1.001}s")).summary
+    assert above["slo_met"] is True
+
+
+def test_tables_mark_differences_inside_the_interval() -> None:
+    from sim.report.runs import within_interval
+
+    a = {"x": 1.0, "x_ci95": 0.3}
+    assert within_interval(a, {"x": 1.5, "x_ci95": 0.2}, "x")
+    assert not within_interval(a, {"x": 1.6, "x_ci95": 0.2}, "x")
+    assert not within_interval({"x": 1.0}, {"x": 1.0}, "x")  # no repeats: no marks
