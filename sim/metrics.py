@@ -297,6 +297,10 @@ class RunRecorder:
             self.observer.decode(self.observer.tl.now() - seconds if start is None else start,
                                  seconds, steps, batch)
 
+    def observe(self, observer: Any) -> None:
+        """Tell ``observer`` (a sim/timeline.py Track) of every batch, eviction and load."""
+        self.observer = observer
+
     def session_started(self, s: int, now: float) -> None:
         self.session_start[s] = now
 

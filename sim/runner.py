@@ -159,8 +159,8 @@ def run(cfg: RunConfig, trace=None, timeline=None) -> RunResult:
     bind_policy(env, cfg, spec, profile, policy, sessions)
     server = ENGINES[cfg.engine].build(env, cfg, spec, profile, policy, rec)
     if timeline is not None:
-        timeline.now = lambda: env.now
-        rec.observer = timeline.track(0, lambda: (len(server.waiting), len(server.running)))
+        timeline.use_clock(lambda: env.now)
+        rec.observe(timeline.track(0, lambda: (len(server.waiting), len(server.running))))
     bar = current_progress()  # observes replies only (sim/report/progress.py)
     replay = Replay(env, trace, server, gaps, trace.start_offsets(cfg.gaps), cfg.sessions,
                     cfg.time_scale, context,

@@ -25,6 +25,10 @@ class Timeline:
         self.events: list[dict[str, Any]] = []
         self._named: set[int] = set()
 
+    def use_clock(self, now: Callable[[], float]) -> None:
+        """Stamp instants with ``now`` (the run's simulated clock, known once it starts)."""
+        self.now = now
+
     def track(self, replica: int, queue: Callable[[], tuple[int, int]]) -> Track:
         """The observer of replica ``replica``'s recorder; ``queue`` gives its (waiting,
         running) requests."""

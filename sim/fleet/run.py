@@ -60,9 +60,9 @@ def run_fleet(cfg, trace, spec, profile, timeline=None) -> RunResult:
         rec = recorder_for(trace, signals[i])
         engine = ENGINES[cfg.engine].build(env, cfg, spec, profile, policy, rec)
         if timeline is not None:  # sim/timeline.py: one track per replica
-            timeline.now = lambda: env.now
-            rec.observer = timeline.track(i, lambda e=engine: (len(e.waiting),
-                                                               len(e.running)))
+            timeline.use_clock(lambda: env.now)
+            rec.observe(timeline.track(i, lambda e=engine: (len(e.waiting),
+                                                            len(e.running))))
         engines.append(engine)
         policies.append(policy)
     sessions = recorder_for(trace)
