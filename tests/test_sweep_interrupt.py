@@ -46,10 +46,13 @@ def test_ctrl_c_stops_a_local_pool_sweep_at_once_with_status_130(tmp_path) -> No
                    "policy: slow.py:Slow}\ngrid: {sessions: [2, 3, 4, 5, 6, 7]}\n")
     out = tmp_path / "o"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    # a session of its own: Ctrl-C is SIGINT to the terminal's whole process group
+    # a session of its own: Ctrl-C is SIGINT to the terminal's whole process group. SIGINT
+    # as a terminal delivers it: a suite started in the background of a non-interactive
+    # shell inherits it ignored, and Python then installs no KeyboardInterrupt handler.
     main = subprocess.Popen([*KVSIM, "sweep", str(cfg), "--out", str(out), "-j", "2"], env=env,
                             cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     workers: list = []
     try:
         deadline = time.monotonic() + 60
