@@ -1,4 +1,4 @@
-"""``kvsim plan`` (sim/plan.py): the smallest fleet meeting an SLO, and one size fewer missing."""
+"""``kvsim plan`` (sim/sweep/plan.py): the smallest fleet meeting an SLO, and one size fewer missing."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from conftest import CC_TRACES, needs_cc_traces
 
 from sim.cli.main import cli
 from sim.config import RunConfig
-from sim.plan import PlanError, knee, parse_pd, parse_range
 from sim.repeats import mean_ci
 from sim.runner import run
+from sim.sweep.plan import PlanError, knee, parse_pd, parse_range
 
 # A slice of the shared Claude Code traces: 40 sessions, 24 at once, on H100s
 SLICE = sorted(CC_TRACES.glob("trace_*.json.gz"))[:40] if CC_TRACES.is_dir() else []

@@ -1,4 +1,4 @@
-"""``kvsim plan TRACE --slo ...``: the cheapest deployments that meet SLOs (sim/plan.py)."""
+"""``kvsim plan TRACE --slo ...``: the cheapest deployments that meet SLOs (sim/sweep/plan.py)."""
 
 from __future__ import annotations
 
@@ -76,10 +76,10 @@ def plan_cmd(trace, trace_format, block_size, shared_prefix, max_context, select
     from costmodel.gpus import load_gpus
     from sim.config import default_replay
     from sim.io import check_out_dir
-    from sim.plan import PlanSpec, check_spec, parse_pd, parse_range, plan
     from sim.report.plan import plan_tables, plot_plan
     from sim.report.progress import progress
     from sim.sweep import ExecutorSpec
+    from sim.sweep.plan import PlanSpec, check_spec, parse_pd, parse_range, plan
 
     if replay is None:
         replay = default_replay(trace, trace_format)

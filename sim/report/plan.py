@@ -31,7 +31,7 @@ MEASURES = [Col("size", "size"), Col("GPUs", "gpus", "int"), Col("$/h", "usd_per
             Col("meets", "meets")]
 
 
-LOAD_KEYS = ("sessions", "time_scale")  # sim/plan.py: a question's load fields
+LOAD_KEYS = ("sessions", "time_scale")  # sim/sweep/plan.py: a question's load fields
 
 
 def _load_cols(rows: list[dict[str, Any]]) -> list[Col]:

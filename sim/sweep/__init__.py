@@ -17,6 +17,8 @@ resume.py     running the unfinished points, one writer per   Sweep -> points/<i
 executors.py  where jobs run: this process, a local pool,     (cfg, arg) jobs -> results
               Ray; worker deaths retried, results unchanged
 table.py      the tidy table in grid order, ``*_change``      folders -> DataFrame
+plan.py       ``kvsim plan``: rounds of points searched for   trace + SLO -> answers, curves
+              the smallest deployment that meets SLOs
 ============  ==============================================  ===============================
 
 May import: ``sim.config``, ``sim.io``, ``sim.checks``, ``sim.runner`` (a point is one run),
