@@ -1,4 +1,5 @@
-"""``kvsim plan`` (sim/sweep/plan.py): the smallest fleet meeting an SLO, and one size fewer missing."""
+"""``kvsim plan`` (sim/sweep/plan.py): the smallest fleet meeting an SLO, and one size
+fewer missing."""
 
 from __future__ import annotations
 
