@@ -77,12 +77,14 @@ def sweeps(dirs: list[str]) -> None:
                 out))
 
 
-def fleet(path: str) -> None:
-    """One table per workload of ``kvsim reproduce fleet --json`` (sim/exp_fleet.py)."""
-    doc = json.loads(Path(path).read_text())
+def sec(v) -> str:
+    """Seconds: three decimals below 10, then thousands separated; ``-`` for none."""
+    return "-" if v is None else f"{v:.3f}" if v < 10 else f"{v:,.1f}"
 
-    def sec(v) -> str:
-        return "-" if v is None else f"{v:.3f}" if v < 10 else f"{v:,.1f}"
+
+def fleet(path: str) -> None:
+    """One table per workload of ``kvsim reproduce fleet --json`` (sim/studies/fleet.py)."""
+    doc = json.loads(Path(path).read_text())
 
     for note in doc.get("notes", []):
         print(f"Note: {note}\n")
@@ -104,9 +106,6 @@ def fleet(path: str) -> None:
 def pd_tables(path: str) -> None:
     """One table per workload of ``kvsim reproduce pd --json`` (sim/studies/pd.py)."""
     doc = json.loads(Path(path).read_text())
-
-    def sec(v) -> str:
-        return "-" if v is None else f"{v:.3f}" if v < 10 else f"{v:,.1f}"
 
     for note in doc.get("notes", []):
         print(f"Note: {note}\n")

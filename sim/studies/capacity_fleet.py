@@ -1,5 +1,5 @@
 """Capacity analysis of a fleet: N replica caches behind a router, optionally over a shared
-pool, replayed without timing (the fleet view of ``sim/capacity.py``).
+pool, replayed without timing (the fleet view of ``sim/studies/capacity.py``).
 
 Without a clock a router's cache view is the truth (each replica's cached prefix of the
 prompt, as an unlagged KV-event index would report it) and its load view is what the
@@ -11,14 +11,14 @@ predicted load, llm-d's scraped metrics) is then refused, since the replica hold
 that every prompt shares would win every request. A router whose rule prices time
 (``Router.needs_clock``, or one that refuses to decide without the fleet's prefill model) is
 refused with a one-line error. The load model feeds the router only: each replica's cache
-serves a request at once, as in sim/capacity.py.
+serves a request at once, as in sim/studies/capacity.py.
 
 One request::
 
     end the requests whose hold is over (the router hears their first token and finish)
     route (in-flight view + true overlaps + pool prefix)     -> replica r
     replica r serves the prompt and caches it with its output
-    (its replay: sim/capacity.py)                              -> h blocks reused there
+    (its replay: sim/studies/capacity.py)                              -> h blocks reused there
     pool lookup from block h, in prefix order                  -> p blocks fetched
     write-through: the blocks replica r cached enter the pool (those it lacks);
     write-back: the blocks replica r dropped serving it, least recent first
