@@ -9,7 +9,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from policies.routers.dynamo import DynamoKV
-from policies.routing import KVEvents, PodLRU, RouteRequest
+from policies.routing import KVEvents, PodLRU, ReplicaView, RouteRequest, RouterView
 from sim.fleet.beliefs import EventBelief, PodLRUBelief, consecutive_prefixes
 from sim.fleet.load import Predicted
 
@@ -113,16 +113,21 @@ def test_event_index_equals_the_block_by_block_model(stream, orphans):
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 2), st.lists(block_ids, max_size=8)), max_size=20),
+@given(st.lists(st.tuples(st.integers(0, 2), st.lists(st.integers(0, 2), max_size=8)),
+                max_size=20),
        st.randoms(use_true_random=False))
 def test_active_block_counts_equal_per_block_refcounts(prompts, rnd):
     """Predicted load and dynamo-kv's active blocks: per worker, a block counts once per
-    active request that holds it, and leaves with the last."""
+    active request that holds it, and leaves with the last; the router's cost counts the
+    request's blocks not active on each worker. Prompts are chained, as every trace's are
+    (one id per distinct token prefix)."""
+    chain: dict[tuple[int, ...], int] = {}
     pred = Predicted(3)
     router = DynamoKV()
     router.bind(3, 16, np.random.default_rng(0))
     live: list[tuple[int, int, list[int]]] = []
-    for rid, (w, ids) in enumerate(prompts):
+    for rid, (w, seq) in enumerate(prompts):
+        ids = [chain.setdefault(tuple(seq[: i + 1]), len(chain)) for i in range(len(seq))]
         arr = np.asarray(ids, dtype=np.int64)
         pred.added(w, rid, arr, 10)
         router.dispatched(RouteRequest(rid, 0, 0.0, 16 * len(ids), arr, 16), w)
@@ -131,12 +136,21 @@ def test_active_block_counts_equal_per_block_refcounts(prompts, rnd):
             rid_done, w_done, ids_done = live.pop(rnd.randrange(len(live)))
             pred.freed(w_done, rid_done, np.asarray(ids_done, dtype=np.int64))
             router.on_finish(rid_done, w_done, 0.0)
+        probe = np.asarray([*ids[: len(ids) // 2], 10_000 + rid], dtype=np.int64)
+        view = RouterView(0.0, tuple(ReplicaView(i, 0, None, 0, 0, 0, active_blocks=0,
+                                                 active_prefill_tokens=0)
+                                     for i in range(3)))
+        want_cost = []
+        for x in range(3):
+            refs = {b for _, lw, p in live if lw == x for b in p}
+            new = sum(1 for b in probe.tolist() if b not in refs)
+            want_cost.append((16 * len(probe)) / 16 + len(refs) + new)
+        assert router.costs(RouteRequest(-1, 0, 0.0, 16 * len(probe), probe, 16), view) \
+            == want_cost
     for w in range(3):
         want: dict[int, int] = {}
         for _, lw, ids in live:
             if lw == w:
                 for b in ids:
                     want[b] = want.get(b, 0) + 1
-        assert dict(pred.block_refs[w]) == want
-        assert dict(router.active[w]) == want
         assert pred.active_blocks(w) == len(want)

@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 
+from policies.active import ActivePrompts
 from policies.routers import dynamo, llmd, mooncake, preble, sglang
 
 
@@ -134,6 +135,9 @@ def test_dynamo_active_prefix_counts_chained_ids_like_a_scan():
     for _ in range(200):
         # active: whole chained prompts (prefixes of one id chain), then a request on it
         chain = list(range(100, 100 + int(rng.integers(1, 40))))
-        active = {b: 1 for b in chain[: int(rng.integers(0, len(chain) + 1))]}
+        held = chain[: int(rng.integers(0, len(chain) + 1))]
+        active = ActivePrompts()
+        active.add(np.asarray(held, dtype=np.int64))
         ids = chain[: int(rng.integers(0, len(chain) + 1))] + [999, 1000][: int(rng.integers(3))]
-        assert dynamo.active_prefix(ids, active) == sum(1 for b in ids if b in active)
+        want = sum(1 for b in ids if b in set(held))
+        assert active.prefix(np.asarray(ids, dtype=np.int64)) == want

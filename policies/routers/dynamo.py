@@ -32,6 +32,7 @@ import numpy as np
 
 from costmodel import detmath
 
+from ..active import ActivePrompts
 from ..routing import (
     ApproxTTL,
     CacheViewSpec,
@@ -68,19 +69,6 @@ def costs(isl_tokens: int, block_size: int, overlap_blocks: Sequence[float],
         prefill = (pre + isl_tokens) / block_size
         out.append(prefill_load_scale * max(0.0, prefill - overlap_credit * ov) + dec)
     return out
-
-
-def active_prefix(ids: Sequence[int], active: dict[int, int]) -> int:
-    """How many of ``ids`` are in ``active``. Ids are chained, so an active set made of whole
-    prompts holds a prefix of any prompt: a binary search finds its end."""
-    lo, hi = 0, len(ids)
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if ids[mid - 1] in active:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
 
 
 def lowest(costs_w: Sequence[float]) -> list[int]:
@@ -152,8 +140,8 @@ class DynamoKV(Router):
 
     def costs(self, request: RouteRequest, view: RouterView) -> list[float]:
         """Every worker's cost for ``request`` (lower is better)."""
-        ids = request.block_ids.tolist()
-        decode = [len(self.active[r.index]) + len(ids) - active_prefix(ids, self.active[r.index])
+        ids = request.block_ids
+        decode = [self.active[r.index].unique + len(ids) - self.active[r.index].prefix(ids)
                   for r in view.replicas]
         return costs(request.prompt_tokens, request.block_size,
                      [r.overlap_blocks or 0 for r in view.replicas],
@@ -163,8 +151,8 @@ class DynamoKV(Router):
 
     def bind(self, n_replicas, block_size, rng) -> None:
         super().bind(n_replicas, block_size, rng)
-        self.active: list[dict[int, int]] = [{} for _ in range(n_replicas)]
-        self.sent: dict[int, list[int]] = {}
+        self.active = [ActivePrompts() for _ in range(n_replicas)]
+        self.sent: dict[int, np.ndarray] = {}
 
     def route(self, request: RouteRequest, view: RouterView) -> int:
         sizes = ([r.belief_blocks or 0 for r in view.replicas] if self.version == CLASSIC
@@ -175,17 +163,10 @@ class DynamoKV(Router):
 
     def dispatched(self, request: RouteRequest, worker: int) -> None:
         """Book ``request``'s blocks as active on ``worker`` until it finishes."""
-        ids = request.block_ids.tolist()
-        act = self.active[worker]
-        for b in ids:
-            act[b] = act.get(b, 0) + 1
-        self.sent[request.rid] = ids
+        self.active[worker].add(request.block_ids)
+        self.sent[request.rid] = request.block_ids
 
     def on_finish(self, rid: int, replica: int, now: float) -> None:
-        act = self.active[replica]
-        for b in self.sent.pop(rid, ()):
-            left = act[b] - 1
-            if left:
-                act[b] = left
-            else:
-                del act[b]
+        ids = self.sent.pop(rid, None)
+        if ids is not None:
+            self.active[replica].remove(ids)

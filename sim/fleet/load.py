@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 import simpy
 
+from policies.active import ActivePrompts
+
 
 class InFlight:
     def __init__(self, n: int) -> None:
@@ -80,17 +82,15 @@ class Scraper:
 
 class Predicted:
     def __init__(self, n: int) -> None:
-        self.block_refs: list[dict[int, int]] = [{} for _ in range(n)]
+        self.active = [ActivePrompts() for _ in range(n)]  # per replica (policies/active.py)
         self.prefill: list[dict[int, int]] = [{} for _ in range(n)]  # rid -> prefill tokens
         self.prefill_total = [0] * n
 
     def active_blocks(self, replica: int) -> int:
-        return len(self.block_refs[replica])
+        return self.active[replica].unique
 
     def added(self, replica: int, rid: int, ids: np.ndarray, prefill_tokens: int) -> None:
-        refs = self.block_refs[replica]
-        for b in ids.tolist():
-            refs[b] = refs.get(b, 0) + 1
+        self.active[replica].add(ids)
         self.prefill[replica][rid] = prefill_tokens
         self.prefill_total[replica] += prefill_tokens
 
@@ -101,10 +101,4 @@ class Predicted:
 
     def freed(self, replica: int, rid: int, ids: np.ndarray) -> None:
         self.prefill_done(replica, rid)
-        refs = self.block_refs[replica]
-        for b in ids.tolist():
-            c = refs[b] - 1
-            if c:
-                refs[b] = c
-            else:
-                del refs[b]
+        self.active[replica].remove(ids)

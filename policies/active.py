@@ -1,0 +1,148 @@
+"""``ActivePrompts``: the block ids of the prompts a router believes are active on one worker,
+as a multiset of chained block-id sequences.
+
+Dynamo's slot manager (policies/routers/dynamo.py) and the fleet's predicted load
+(sim/fleet/load.py) count, per worker, the UNIQUE blocks of the active requests and how many
+leading blocks of a new prompt are already active. With chained ids (the id of block i
+determines blocks 0..i) the union of active prompts is a tree of shared prefixes, so both
+answers are sums over the tree's edges: this keeps the prompts in a radix tree of block-id
+segments with a reference count per node (the prompts through it), and costs Python work per
+branch point on a prompt's path, not per block (the segment comparisons run in numpy).
+
+It answers exactly what a per-block reference count (``dict[id, count]``) answers: ``unique``
+is the number of ids with a positive count and ``prefix(ids)`` the leading ids of ``ids`` that
+have one (tests/test_active_prompts.py checks it against that model on random prompt sets).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class _Node:
+    __slots__ = ("children", "ids", "parent", "refs")
+
+    def __init__(self, ids: np.ndarray, parent: _Node | None, refs: int) -> None:
+        self.ids = ids  # this edge's blocks (empty at the root)
+        self.parent = parent
+        self.refs = refs  # active prompts whose path covers this whole edge
+        self.children: dict[int, _Node] = {}  # first block id of the child's edge -> child
+
+
+def _common(a: np.ndarray, b: np.ndarray) -> int:
+    """Length of the common prefix of ``a`` and ``b``."""
+    n = min(a.size, b.size)
+    eq = a[:n] == b[:n]
+    return n if eq.all() else int(eq.argmin())
+
+
+class ActivePrompts:
+    """A multiset of block-id prompts (module docstring): ``add``, ``remove`` (of a prompt
+    added before), ``prefix`` and ``unique``."""
+
+    def __init__(self) -> None:
+        self._root = _Node(np.empty(0, dtype=np.int64), None, 0)
+        self.unique = 0  # distinct blocks of the active prompts
+
+    def __len__(self) -> int:
+        """Active prompts."""
+        return self._root.refs
+
+    @property
+    def edges(self) -> int:
+        """Segments the tree keeps (its size in Python objects)."""
+        count, stack = 0, [self._root]
+        while stack:
+            node = stack.pop()
+            count += len(node.children)
+            stack.extend(node.children.values())
+        return count
+
+    def prefix(self, ids: np.ndarray) -> int:
+        """Leading blocks of ``ids`` that some active prompt holds."""
+        node, pos, n = self._root, 0, int(ids.size)
+        while pos < n:
+            child = node.children.get(int(ids[pos]))
+            if child is None:
+                return pos
+            m = _common(child.ids, ids[pos:])
+            pos += m
+            if m < child.ids.size:
+                return pos
+            node = child
+        return pos
+
+    def add(self, ids: np.ndarray) -> int:
+        """Make ``ids`` active (once more); returns the blocks that became active."""
+        ids = np.asarray(ids, dtype=np.int64)
+        node, pos, n = self._root, 0, int(ids.size)
+        node.refs += 1
+        while pos < n:
+            key = int(ids[pos])
+            child = node.children.get(key)
+            if child is None:
+                node.children[key] = _Node(ids[pos:].copy(), node, 1)
+                self.unique += n - pos
+                return n - pos
+            m = _common(child.ids, ids[pos:])
+            if m < child.ids.size:
+                self._split(child, m)
+            child.refs += 1
+            pos += m
+            node = child
+        return 0
+
+    def remove(self, ids: np.ndarray) -> int:
+        """Make one earlier ``add(ids)`` inactive; returns the blocks no prompt holds now."""
+        ids = np.asarray(ids, dtype=np.int64)
+        node, pos, n = self._root, 0, int(ids.size)
+        path = [node]
+        while pos < n:
+            child = node.children.get(int(ids[pos]))
+            if child is None or _common(child.ids, ids[pos:]) != child.ids.size:
+                raise KeyError(f"prompt of {n} blocks is not active (no path at block {pos})")
+            pos += child.ids.size
+            node = child
+            path.append(node)
+        if any(x.refs <= 0 for x in path):
+            raise KeyError(f"prompt of {n} blocks is not active")
+        freed = 0
+        for x in path:
+            x.refs -= 1
+        for x in reversed(path[1:]):  # counts fall along a path: the dead ones are its tail
+            if x.refs:
+                break
+            del x.parent.children[int(x.ids[0])]
+            freed += int(x.ids.size)
+        self.unique -= freed
+        live = [x for x in path[1:] if x.refs]
+        for x in live:  # joined children are skipped (they left the tree)
+            if x.parent is not None and x.parent.children.get(int(x.ids[0])) is x:
+                self._merge_down(x)
+        return freed
+
+    # --- internals --------------------------------------------------------------------------
+    @staticmethod
+    def _split(node: _Node, m: int) -> None:
+        """Cut ``node``'s edge after ``m`` blocks: the tail becomes its only child."""
+        tail = _Node(node.ids[m:], node, node.refs)
+        tail.children = node.children
+        for c in tail.children.values():
+            c.parent = tail
+        node.ids = node.ids[:m]
+        node.children = {int(tail.ids[0]): tail}
+
+    @staticmethod
+    def _merge_down(node: _Node) -> None:
+        """Join ``node`` with its only child while no prompt ends at ``node`` (the child
+        carries every prompt through it), so splits do not outlive the prompts that made
+        them."""
+        while len(node.children) == 1:
+            (child,) = node.children.values()
+            if child.refs != node.refs:
+                return
+            node.ids = np.concatenate((node.ids, child.ids))
+            node.children = child.children
+            for c in node.children.values():
+                c.parent = node
+            child.parent = None  # it left the tree
