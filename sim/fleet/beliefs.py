@@ -271,8 +271,10 @@ class EventBelief(CacheBelief):
         self.orphans = bool(spec.drop_orphans)
         self.pending: deque[tuple[float, int, bool, list[int], int | None]] = deque()
         self.size = [0] * n
-        # drop_orphans: per replica, block -> the blocks stored right after it
-        self.children: list[dict[int, set[int]]] = [{} for _ in range(n)]
+        # drop_orphans: per replica, block -> the first block stored right after it, and the
+        # others when a block has more than one (a branch): most blocks have one child
+        self.first_child: list[dict[int, int]] = [{} for _ in range(n)]
+        self.more_children: list[dict[int, set[int]]] = [{} for _ in range(n)]
         self.dropped = 0  # blocks whose store was skipped (their parent was gone)
 
     @property
@@ -341,8 +343,9 @@ class EventBelief(CacheBelief):
         """Store the chain ``ids`` after ``parent`` unless the index lacks that parent (then
         the whole chain is dropped: each block's own parent is the one stored before it, so
         only the first can be missing)."""
-        holders, bit, children = self.holders, 1 << r, self.children[r]
-        get = holders.get
+        holders, bit, first, more = (self.holders, 1 << r, self.first_child[r],
+                                     self.more_children[r])
+        get, first_get = holders.get, first.get
         if parent is not None and parent >= 0:
             if not get(parent, 0) & bit:
                 self.dropped += len(ids)
@@ -357,19 +360,24 @@ class EventBelief(CacheBelief):
                 holders[b] = m | bit
                 size += 1
             if prev >= 0:
-                kids = children.get(prev)
-                if kids is None:
-                    children[prev] = {b}
-                else:
-                    kids.add(b)
+                kid = first_get(prev)
+                if kid is None:
+                    first[prev] = b
+                elif kid != b:
+                    kids = more.get(prev)
+                    if kids is None:
+                        more[prev] = {b}
+                    else:
+                        kids.add(b)
             prev = b
         self.size[r] += size
 
     def _forget_subtrees(self, r: int, ids: list[int]) -> None:
         """Remove ``ids`` and every block stored below them for ``r``. The blocks removed are
         those reachable from ``ids`` over the child links, whatever the visiting order."""
-        holders, bit, children = self.holders, 1 << r, self.children[r]
-        get, pop, clear = holders.get, children.pop, ~(1 << r)
+        holders, bit = self.holders, 1 << r
+        get, first_pop, more_pop, clear = (holders.get, self.first_child[r].pop,
+                                           self.more_children[r].pop, ~(1 << r))
         stack = list(ids)
         removed = 0
         while stack:
@@ -382,9 +390,12 @@ class EventBelief(CacheBelief):
                 else:
                     del holders[x]
                 removed += 1
-            kids = pop(x, None)
-            if kids:
-                stack.extend(kids)
+            kid = first_pop(x, None)
+            if kid is not None:
+                stack.append(kid)
+                kids = more_pop(x, None)
+                if kids:
+                    stack.extend(kids)
         self.size[r] -= removed
 
 
