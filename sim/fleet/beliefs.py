@@ -374,7 +374,10 @@ class EventBelief(CacheBelief):
 
     def _forget_subtrees(self, r: int, ids: list[int]) -> None:
         """Remove ``ids`` and every block stored below them for ``r``. The blocks removed are
-        those reachable from ``ids`` over the child links, whatever the visiting order."""
+        those reachable from ``ids`` over the child links, whatever the visiting order. Only
+        a held block has links (``_store_linked`` links from the parent it checked and the
+        blocks it stores; a removal takes the block's links with it), so a block ``r`` does
+        not hold ends its branch of the walk."""
         holders, bit = self.holders, 1 << r
         get, first_pop, more_pop, clear = (holders.get, self.first_child[r].pop,
                                            self.more_children[r].pop, ~(1 << r))
@@ -383,13 +386,14 @@ class EventBelief(CacheBelief):
         while stack:
             x = stack.pop()
             m = get(x, 0)
-            if m & bit:
-                m &= clear
-                if m:
-                    holders[x] = m
-                else:
-                    del holders[x]
-                removed += 1
+            if not m & bit:
+                continue
+            m &= clear
+            if m:
+                holders[x] = m
+            else:
+                del holders[x]
+            removed += 1
             kid = first_pop(x, None)
             if kid is not None:
                 stack.append(kid)
