@@ -45,7 +45,12 @@ class ActivePrompts:
         self.unique = 0  # distinct blocks of the active prompts
 
     def __len__(self) -> int:
-        """Active prompts."""
+        """Distinct active blocks (``unique``), as the per-block count's length."""
+        return self.unique
+
+    @property
+    def prompts(self) -> int:
+        """Active prompts (each ``add`` not yet removed)."""
         return self._root.refs
 
     @property

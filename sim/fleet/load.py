@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -59,7 +60,17 @@ def engine_metrics(engine) -> EngineMetrics:
 
 
 class Scraper:
-    """Samples every engine every ``scrape_s`` seconds (the first sample at t = 0)."""
+    """Samples every engine every ``scrape_s`` seconds (the first sample at t = 0).
+
+    The samples are a function of the engines' state, which changes only inside SimPy
+    events. So at each sample the scraper looks at the time of the next event anyone has
+    scheduled (``env.peek()``) and takes the samples before it at once: they equal this one,
+    and no one can read them before that event. Only ``at`` moves, over the same grid the
+    periodic process would walk (``t + scrape_s`` added one period at a time), and the next
+    real sample is scheduled at that grid time exactly (``exact_delay``; where no single
+    timeout lands on it, at an earlier grid time that one does). That event is scheduled
+    after the one ``peek`` saw, as the periodic process's would have been, so ties at the
+    same instant resolve as before (tests/test_scraper.py)."""
 
     def __init__(self, env: simpy.Environment, engines: list, scrape_s: float) -> None:
         self.env, self.engines, self.period = env, engines, float(scrape_s)
@@ -74,10 +85,42 @@ class Scraper:
         self.stopped = True
 
     def _loop(self):
+        env, period = self.env, self.period
         while not self.stopped:
             self.samples = [engine_metrics(e) for e in self.engines]
-            self.at = self.env.now
-            yield self.env.timeout(self.period)
+            t = self.at = env.now
+            upcoming = env.peek()  # the next event of anyone else (ours is not scheduled)
+            grid = [t]  # the last few grid times up to the last sample before ``upcoming``
+            if upcoming != math.inf:
+                while t + period < upcoming:  # samples no event separates from this one
+                    t += period
+                    grid.append(t)
+                    if len(grid) > 16:
+                        del grid[:8]
+            # The next sample at the grid time after ``grid[k]``, for the latest k whose time
+            # one timeout from now lands on exactly; k = 0 is the periodic process's own.
+            k, delay = 0, period
+            for i in range(len(grid) - 1, 0, -1):
+                d = exact_delay(env.now, grid[i] + period)
+                if d is not None:
+                    k, delay = i, d
+                    break
+            self.at = grid[k]
+            yield env.timeout(delay)
+
+
+def exact_delay(now: float, at: float) -> float | None:
+    """The delay ``d`` for which ``now + d`` is exactly ``at`` in floating point (SimPy
+    schedules a timeout at ``now + delay``), for ``at >= now``; None when no ``d`` near
+    ``at - now`` lands on it (the sums on either side round to even neighbours)."""
+    d = at - now
+    for step in (0, 1, -1, 2, -2):
+        x = d
+        for _ in range(abs(step)):
+            x = math.nextafter(x, math.inf if step > 0 else -math.inf)
+        if now + x == at:
+            return x
+    return None
 
 
 class Predicted:
