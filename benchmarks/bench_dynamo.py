@@ -35,7 +35,7 @@ WORKERS, CACHE_TOKENS, BLOCK = 4, 262144, 512
 _KVSIM = """
 import json, sys, time
 from sim.config import RunConfig
-from sim.runner import load_run_trace, run
+from sim.run import load_run_trace, run
 trace, router, workers, cache = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 cfg = RunConfig(trace=trace, replay="open", gpu_cache=cache, replicas=workers,
                 router=router).with_preset("sglang")

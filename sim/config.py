@@ -145,7 +145,7 @@ class RunConfig:
     # two were apart. ``seed`` then drives only the run's decisions (router, policy ties).
     trace_seed: int | None = None
     # independent repeats of the run (decision seeds seed, seed+1, ...; the trace fixed):
-    # the summary is their mean with a 95% interval per metric (sim/repeats.py)
+    # the summary is their mean with a 95% interval per metric (sim/run/repeats.py)
     repeats: int = 1
     # service-level objectives (sim/slo.py): ``ttft=2s,tpot=50ms,ttft_p90=1s``; None: none
     slo: str | None = None

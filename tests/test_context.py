@@ -22,7 +22,7 @@ from sim.context.strategies import (
     stale_tool_mask,
     tool_spans,
 )
-from sim.runner import run
+from sim.run import run
 from sim.sweep import point_id
 
 SYN = dict(trace="synthetic:claude-code?sessions=6", max_context=65536, gaps="tool",
@@ -257,7 +257,7 @@ def test_incremental_tool_results_match_a_full_rescan() -> None:
     drops are those of a full rescan (``stale_tool_mask``) of every prompt."""
     from sim.context.session import SessionState
     from sim.kvcache.versions import VersionSpace
-    from sim.runner import load_run_trace
+    from sim.run import load_run_trace
 
     class Rescan(SessionState):
         def _new_drops(self, regions, prompt_tokens, k, prefix_blocks):

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from policies import PRESETS
 from policies.registry import POLICIES
 from sim.config import ConfigError, RunConfig
-from sim.runner import run
+from sim.run import run
 
 POLICY_NAMES = sorted({*PRESETS, *POLICIES})
 CONTEXTS = ["full", "trim:2", "summarize:12k:2k", "drop:2", "drop:2+repos", "splice:2",

@@ -23,7 +23,7 @@ from sim.cli.main import cli
 from sim.config import ConfigError, RunConfig
 from sim.engines import VllmServer
 from sim.engines.vllm import VLLM_MAX_NUM_SEQS, free_order_name, steps_fitting
-from sim.runner import run
+from sim.run import run
 from tests.enginekit import KitTrace
 
 SPEC = get_spec("qwen3-8b")

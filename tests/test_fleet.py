@@ -36,7 +36,7 @@ from policies.routing import (
 from sim.cli.main import cli
 from sim.config import ConfigError, RunConfig
 from sim.fleet.beliefs import build_belief
-from sim.runner import run
+from sim.run import run
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "docs" / "examples" / "prefix_or_least_load.py"

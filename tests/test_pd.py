@@ -17,7 +17,7 @@ from costmodel.profile import load_profile
 from costmodel.specs import get_spec
 from costmodel.units import range_units
 from sim.config import ConfigError, RunConfig
-from sim.runner import run
+from sim.run import run
 
 SPEC = get_spec("qwen3-8b")
 PROFILE = load_profile(None, "qwen3-8b")

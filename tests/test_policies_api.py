@@ -26,7 +26,7 @@ from policies import (
 from sim.cli.main import cli
 from sim.config import ConfigError, RunConfig
 from sim.kvcache import RadixKVCache
-from sim.runner import run
+from sim.run import run
 from tests.enginekit import KitTrace
 
 REPO = Path(__file__).resolve().parent.parent

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from sim.cli.main import cli
 from sim.config import ConfigError, RunConfig
-from sim.runner import run, write_result
+from sim.run import run, write_result
 from tests.enginekit import write_cc_traces
 
 SWEEP = """

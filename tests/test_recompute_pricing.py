@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from sim.config import RunConfig
-from sim.runner import run
+from sim.run import run
 
 STRATEGIES = ["full", "trim:4", "summarize:32k:1024", "drop:4", "drop:4+repos", "splice:4",
               "budget:16k", "full@vllm"]

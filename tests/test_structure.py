@@ -8,7 +8,7 @@
 - Product code (``PRODUCT``) imports nothing from ``tests/`` (test fixtures live there), reads
   no trace or request attribute with a ``getattr`` default (test doubles implement the real
   interface instead), and its docstrings and comments cite files inside the repository only.
-- The engines build themselves; the runner does not branch on the engine's name.
+- The engines build themselves; the run room (sim/run/) does not branch on the engine's name.
 - No attribute is written on another room's object (a room: a folder of ``sim/`` or a
   package): only the owner's methods change it.
 """
@@ -137,17 +137,18 @@ def test_the_checks_can_fail() -> None:
     assert find_cycle({"a": {"b"}, "b": set()}) is None
 
 
-def test_engines_build_themselves_and_the_runner_does_not_branch_on_them() -> None:
-    """``runner.run`` takes the engine from ``sim.engines.ENGINES``; each engine class has
+def test_engines_build_themselves_and_the_run_does_not_branch_on_them() -> None:
+    """``sim.run`` takes the engine from ``sim.engines.ENGINES``; each engine class has
     its own ``build`` (its cache and its options), so adding one touches no if/else."""
     from sim.engines import ENGINES
 
     for name, cls in ENGINES.items():
         assert "build" in vars(cls), f"{name}: {cls.__name__} has no build of its own"
-    runner = ast.parse((REPO / "sim" / "runner.py").read_text())
-    branches = [ast.unparse(n) for n in ast.walk(runner) if isinstance(n, ast.Compare)
+    branches = [f"{p.relative_to(REPO)}: {ast.unparse(n)}"
+                for p in sorted((REPO / "sim" / "run").glob("*.py"))
+                for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, ast.Compare)
                 and "engine" in ast.unparse(n.left)]
-    assert not branches, f"sim/runner.py branches on the engine: {branches}"
+    assert not branches, f"sim/run/ branches on the engine: {branches}"
 
 
 def _product_files() -> list[Path]:
@@ -340,7 +341,7 @@ def test_the_cli_and_the_studies_never_compare_a_study_name() -> None:
 
 # Comparisons of engine, patch, context, router or study names with string literals in shared
 # code (tests/identity_branches.py counts them): 42 before the rooms, this many after; the rest
-# are engine knobs in sim/config.py, sim/runner.py and kvsim run's title.
+# are engine knobs in sim/config.py, sim/run/kinds.py and kvsim run's title.
 IDENTITY_BRANCHES = 11
 
 

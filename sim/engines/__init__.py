@@ -4,7 +4,7 @@
 ``vllm``: vLLM 0.33's V1 scheduler over its prefix-caching block pool
 (``sim.kvcache.blockpool``). Eviction policies (``policies``) are orthogonal to engines: an
 engine says which it can express (``EngineBase.unsupported``). ``ENGINES`` names them;
-``sim.runner`` builds the run's engine with ``ENGINES.get(name).build``.
+``sim.run.build`` builds each replica's engine with ``ENGINES[name].build``.
 """
 
 from costmodel.registry import Registry

@@ -68,7 +68,7 @@ class EngineBase:
     @classmethod
     def build(cls, env: simpy.Environment, cfg: RunConfig, spec: ModelSpec, profile: Profile,
               policy: EvictionPolicy, recorder: RunRecorder) -> EngineBase:
-        """The engine for one run, with its cache (``sim.runner`` calls it by name from
+        """The engine for one run, with its cache (``sim.run.build`` calls it by name from
         ``sim.engines.ENGINES``)."""
         raise NotImplementedError
 

@@ -3,7 +3,7 @@
 A question is one curve: a GPU kind and TP, a router, an eviction policy and a load (sessions
 at once, or an open loop's time scale). Its answer is the fewest replicas (or, with ``pd``
 shapes, the smallest prefill:decode pools) whose run **meets** the SLO: every run-level target
-and the attainment hold at the pessimistic end of the repeats' 95% intervals (sim/repeats.py
+and the attainment hold at the pessimistic end of the repeats' 95% intervals (sim/run/repeats.py
 ``pessimistic``). The search assumes more replicas never hurt: it bisects each question's
 replica range (``search="bisect"``: the largest size first, then halves) or runs every size
 (``search="full"``); the rounds go through the sweep machinery (sim/sweep: every point in
@@ -151,7 +151,7 @@ class Outcome:
 
 
 def pessimistic_values(summary: dict[str, Any], slo: SLO) -> dict[str, float]:
-    from sim.repeats import pessimistic
+    from sim.run.repeats import pessimistic
 
     return pessimistic(summary, slo)
 
