@@ -324,7 +324,7 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
     from sim.context import parse_context
     from sim.io import check_out_dir
     from sim.report.progress import progress
-    from sim.run import load_run_trace, run, write_result  # the engine loads on demand
+    from sim.run import check, load_run_trace, run, write_result  # engines load on demand
 
     from .common import trace_load_progress
 
@@ -362,7 +362,7 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
     configs = policy_configs(base, preset, evict, granularity, order, policies, policy_params)
     # Every input check before any work: configs, model, profile, the output folder.
     for cfg in configs:
-        cfg.validate("command line")
+        check(cfg, "command line")
     check_model_and_profile(configs[0], "command line")
     if out is not None:
         check_out_dir(out)

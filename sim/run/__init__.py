@@ -1,6 +1,8 @@
 """The run room: one ``run()`` for one server, N replicas behind a router, or a
 disaggregated fleet, and the files of its result.
 
+- ``check``: every check of a config before it runs (its own fields, then its engine's,
+  context strategy's and fleet's); config -> config or ConfigError.
 - ``driver``: ``run``: check, price, load, build, replay, assemble;
   in -> out: (trace, config, seed) -> ``RunResult``.
 - ``kinds``: the kinds of run (one server, a fleet, a disaggregated fleet): their front and
@@ -18,6 +20,7 @@ May import: ``sim.config``, ``sim.engines``, ``sim.fleet``, ``sim.context``, ``s
 the studies or the CLI. Nothing below it (engines, fleet) imports it.
 """
 
+from .check import check
 from .driver import run
 from .result import (
     RESULT_FILES,
@@ -30,5 +33,5 @@ from .result import (
 from .trace import load_run_trace, trace_loads, trace_options
 
 __all__ = ["RESULT_FILES", "RUN_FOLDER_FILES", "RUN_FOLDER_PLOTS", "RunResult",
-           "clear_run_outputs", "load_run_trace", "run", "trace_loads", "trace_options",
+           "check", "clear_run_outputs", "load_run_trace", "run", "trace_loads", "trace_options",
            "write_result"]

@@ -2,7 +2,7 @@
 fleet, the two pools of a disaggregated fleet.
 
 ``build_replicas`` makes each replica (a fresh policy bound to the run, a recorder of the
-trace's sessions, the engine ``sim.engines.ENGINES`` builds, a timeline track); ``replay``
+trace's sessions, the engine ``sim.engines.engine_class`` builds, a timeline track); ``replay``
 sends the trace to the run's front (the engine itself, a ``sim.fleet.Fleet`` or a
 ``sim.fleet.pd.PDFleet``) until the last reply.
 """
@@ -16,7 +16,7 @@ import simpy
 from costmodel.units import Units, range_units
 from policies import EvictionPolicy, PolicyContext, SessionInfo
 from sim.config import RunConfig
-from sim.engines import ENGINES, EngineBase
+from sim.engines import EngineBase, engine_class
 from sim.fleet.metrics import recorder_for
 from sim.metrics import RecordListener
 from sim.replay import Replay
@@ -48,7 +48,7 @@ def build_replicas(env: simpy.Environment, cfg: RunConfig, spec, profile, trace,
         policy = cfg.make_policy()
         bind_policy(env, cfg, spec, profile, policy, trace.sessions)
         rec = recorder_for(trace, listener)
-        engine = ENGINES[cfg.engine].build(env, cfg, spec, profile, policy, rec)
+        engine = engine_class(cfg).build(env, cfg, spec, profile, policy, rec)
         if timeline is not None:
             timeline.use_clock(lambda: env.now)
             rec.observe(timeline.track(i, lambda e=engine: (len(e.waiting), len(e.running))))

@@ -17,6 +17,7 @@ from costmodel.specs import get_spec
 from sim.config import ConfigError, RunConfig
 
 from .build import replay
+from .check import check
 from .kinds import kind_of
 from .repeats import run_repeats
 from .result import RunResult
@@ -32,7 +33,7 @@ def run(cfg: RunConfig, trace=None, timeline=None,
     if cfg.repeats > 1:
         return run_repeats(cfg, trace, lambda c, t, k: run(c, t, timeline if k == 0 else None,
                                                            on_reply))
-    cfg.validate()
+    check(cfg)
     try:
         spec = get_spec(cfg.model)
     except KeyError as e:

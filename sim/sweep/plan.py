@@ -121,6 +121,7 @@ def point_fields(spec: PlanSpec, q: Question, size: int | tuple[int, int]) -> di
 
 def make_point(spec: PlanSpec, q: Question, size: int | tuple[int, int]):
     from policies import PRESETS
+    from sim.run.check import check
     from sim.sweep import Point
     from sim.sweep.points import _resolve
 
@@ -128,7 +129,7 @@ def make_point(spec: PlanSpec, q: Question, size: int | tuple[int, int]):
     where = f"plan {q.label} size {size}"
     cfg = _resolve(fields, where)
     cfg = cfg.with_preset(q.policy) if q.policy in PRESETS else cfg.with_policy(q.policy)
-    cfg.validate(where)
+    check(cfg, where)
     values = {"gpu": q.gpu, "mem_fraction": q.mem_fraction, "tp": q.tp, "router": q.router,
               "policy": q.policy,
               **dict(q.load), "size": size if isinstance(size, int) else f"{size[0]}:{size[1]}"}
