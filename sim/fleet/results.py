@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import simpy
 
-from costmodel.units import Units, ranges_units
+from costmodel.units import ranges_units
 
 from .fleet import Fleet
 from .pool import SharedPool
@@ -53,10 +53,8 @@ def ideal_columns(table: pd.DataFrame, fleet: Fleet, bs: int) -> pd.DataFrame:
 
 def build_pool(env: simpy.Environment, cfg, spec, profile, engines) -> FleetPool:
     """The shared pool of a fleet run, priced by the run's cost model."""
-    base = profile.prefill_seconds(Units())
-
     def recompute_seconds(ranges: list[tuple[int, int]]) -> float:
-        return profile.prefill_seconds(ranges_units(spec, ranges)) - base
+        return profile.recompute_seconds(ranges_units(spec, ranges))
 
     return FleetPool(env, SharedPool(cfg.pool // cfg.block_size, cfg.pool_watermark,
                                      cfg.pool_evict_fraction),

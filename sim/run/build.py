@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 import simpy
 
-from costmodel.units import Units, range_units
+from costmodel.units import range_units
 from policies import EvictionPolicy, PolicyContext, SessionInfo
 from sim.config import RunConfig
 from sim.engines import EngineBase, engine_class
@@ -26,11 +26,9 @@ def bind_policy(env: simpy.Environment, cfg: RunConfig, spec, profile, policy: E
                 sessions) -> None:
     """Give a policy its run context: the simulated clock, the recompute price of a token
     range at its positions, and the trace's sessions (read only)."""
-    base = profile.prefill_seconds(Units())
-
     def recompute_seconds(a: int, b: int) -> float:
         """Marginal prefill seconds of tokens [a, b) at their positions."""
-        return profile.prefill_seconds(range_units(spec, a, b)) - base
+        return profile.recompute_seconds(range_units(spec, a, b))
 
     policy.bind(PolicyContext(now=lambda: env.now, block_size=cfg.block_size, seed=cfg.seed,
                               recompute_seconds=recompute_seconds,
