@@ -42,7 +42,7 @@ def run(cfg: RunConfig, trace=None, timeline=None,
     if trace is None:
         trace = load_run_trace(cfg)
     env = simpy.Environment()
-    kind = kind_of(cfg)(env, cfg, spec, profile, trace, timeline)
-    replay(env, cfg, trace, kind.front, kind.context, on_reply)
-    kind.close()
-    return kind.result()
+    built = kind_of(cfg)(env, cfg, spec, profile, trace, timeline)  # replicas and front
+    replay(env, cfg, trace, built.front, built.context, on_reply)
+    built.close()
+    return built.result()
