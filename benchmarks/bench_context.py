@@ -26,7 +26,7 @@ DEFAULT_TRACE = REPO.parent / "shared" / "data" / "cc-traces"
 _CHILD = """
 import json, sys, time
 from sim.config import RunConfig
-from sim.runner import load_run_trace, run
+from sim.run import load_run_trace, run
 trace, context, preset = sys.argv[1], sys.argv[2], sys.argv[3]
 cfg = RunConfig(trace=trace, max_context=131072, gpu_cache=262144, sessions=8,
                 gaps="recorded", context=context).with_preset(preset)

@@ -40,7 +40,7 @@ SIDES = ("kvsim", "kvsim-512", "dynamo")
 _KVSIM = """
 import json, sys, time
 from sim.config import RunConfig
-from sim.runner import load_run_trace, run
+from sim.run import load_run_trace, run
 trace, router, workers, cache, block = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6])
 cfg = RunConfig(trace=trace, replay="open", gpu_cache=cache, replicas=workers,
                 router=router, block_size=block).with_preset("sglang")

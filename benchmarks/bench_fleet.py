@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     from sim.config import RunConfig
-    from sim.runner import load_run_trace, run
+    from sim.run import load_run_trace, run
 
     base = RunConfig(trace=args.trace, replay="open", gpu_cache=1 << 20,
                      max_context=131072).with_preset("sglang")

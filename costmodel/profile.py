@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import MISSING, asdict, dataclass, field
+from functools import cached_property
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,15 @@ class Profile:
         return (p.fixed_s + p.per_linear_unit_s * units.linear
                 + p.per_attention_unit_s * units.attention
                 + p.per_chunk_token_sq_s * units.tokens**2)
+
+    def recompute_seconds(self, units: Units) -> float:
+        """Marginal prefill seconds of ``units`` (a batch's fixed cost left out): the price of
+        recomputing them, as policies, the shared pool and Continuum's pins weigh it."""
+        return self.prefill_seconds(units) - self._empty_batch_s
+
+    @cached_property
+    def _empty_batch_s(self) -> float:
+        return self.prefill_seconds(Units())
 
     def decode_step_seconds(self, batch: int, context_tokens: int) -> float:
         """Seconds of one decode step of ``batch`` sequences holding ``context_tokens`` in all."""

@@ -1,13 +1,14 @@
 """The full, resolved configuration of one run. A run is a pure function of (trace, config, seed).
 
 Sizes are tokens. ``RunConfig.from_dict`` validates untrusted input (sweep YAML) and raises
-``ConfigError`` (exit status 2) naming the file and the field.
+``ConfigError`` (exit status 2) naming the file and the field; the engine, context and fleet
+checks are their rooms' (``sim.run.check`` runs them all). Imports no engine, fleet or context
+package.
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -145,7 +146,7 @@ class RunConfig:
     # two were apart. ``seed`` then drives only the run's decisions (router, policy ties).
     trace_seed: int | None = None
     # independent repeats of the run (decision seeds seed, seed+1, ...; the trace fixed):
-    # the summary is their mean with a 95% interval per metric (sim/repeats.py)
+    # the summary is their mean with a 95% interval per metric (sim/run/repeats.py)
     repeats: int = 1
     # service-level objectives (sim/slo.py): ``ttft=2s,tpot=50ms,ttft_p90=1s``; None: none
     slo: str | None = None
@@ -187,6 +188,9 @@ class RunConfig:
                        policy=policy, policy_params=dict(params or {}))
 
     def validate(self, where: str = "config") -> RunConfig:
+        """This config's own fields (names, sizes, seeds, answers); what its engine, context
+        strategy and fleet can run is theirs to say (sim/run/check.py asks them)."""
+
         def bad(f: str, msg: str) -> ConfigError:
             return ConfigError(where, f, msg)
 
@@ -232,8 +236,6 @@ class RunConfig:
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise bad("max_new_tokens", "must be >= 1")
         self._validate_answers(bad)
-        self._validate_context(bad)
-        self._validate_fleet(bad)
         return self
 
     def _validate_answers(self, bad) -> None:
@@ -286,115 +288,6 @@ class RunConfig:
 
         return get_router(self.router or "round-robin", self.router_params)
 
-    def _validate_fleet(self, bad) -> None:
-        if isinstance(self.replicas, bool) or not isinstance(self.replicas, int) \
-                or self.replicas < 1:
-            raise bad("replicas", f"must be a positive integer, got {self.replicas!r}")
-        if not isinstance(self.router_params, dict):
-            raise bad("router_params", "must be a mapping of parameter names to values")
-        if self.router_params and self.router is None:
-            raise bad("router_params", "only a 'router' takes parameters")
-        if self.router is not None and not isinstance(self.router, str):
-            raise bad("router", f"must be a router name or FILE.py:CLASS, got {self.router!r}")
-        self._validate_pool(bad)
-        self._validate_pd(bad)
-        if not self.is_fleet and not self.is_pd:
-            return
-        if self.context != "full":
-            raise bad("context", "context strategies run on one server, not in a fleet "
-                      "(--replicas 1 without --router)")
-        try:
-            self.make_router()
-        except PolicyError as e:
-            raise bad("router", str(e)) from None
-
-    def _validate_pd(self, bad) -> None:
-        for name in ("prefill_replicas", "decode_replicas", "pd_local_threshold"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise bad(name, f"must be an integer >= 0, got {v!r}")
-        for name, allowed in (("pd_link_scope", PD_LINK_SCOPES), ("pd_streaming", PD_STREAMING),
-                              ("decode_cache", ON_OFF), ("pd_return", PD_RETURNS)):
-            if getattr(self, name) not in allowed:
-                raise bad(name, f"must be one of {', '.join(allowed)}, got "
-                          f"{getattr(self, name)!r}")
-        from costmodel.errors import ProfileError
-        from costmodel.links import get_link
-
-        try:
-            get_link(self.pd_link)
-        except ProfileError as e:
-            raise bad("pd_link", str(e).split(": ", 2)[-1]) from None
-        from policies.pd_rules import PD_RULES, PDRuleError
-
-        try:
-            PD_RULES.get(self.pd_rule)
-        except PDRuleError as e:
-            raise bad("pd_rule", str(e)) from None
-        if not self.is_pd:
-            return
-        if not (self.prefill_replicas and self.decode_replicas):
-            raise bad("prefill_replicas" if not self.prefill_replicas else "decode_replicas",
-                      "a disaggregated fleet needs both pools: give --prefill-replicas P "
-                      "and --decode-replicas D (each >= 1)")
-        if self.replicas != 1:
-            raise bad("replicas", "a disaggregated fleet counts its workers with "
-                      "--prefill-replicas and --decode-replicas, not --replicas")
-        from sim.engines import ENGINES
-
-        if not ENGINES[self.engine].lands_remote_kv:
-            raise bad("engine", "disaggregation runs with the sglang engine (the decode "
-                      "worker lands transferred KV in its radix tree; vLLM's block pool has "
-                      "no insertion point outside a running request)")
-        if self.pool:
-            raise bad("pool", "a shared pool with disaggregated pools is not modelled")
-
-    def _validate_pool(self, bad) -> None:
-        from sim.fleet.pool import WRITE_POLICIES
-
-        if isinstance(self.pool, bool) or not isinstance(self.pool, int) or self.pool < 0:
-            raise bad("pool", f"must be a size in tokens >= 0, got {self.pool!r}")
-        if not self.pool:
-            return
-        if self.pool < self.block_size:
-            raise bad("pool", f"must hold at least one block ({self.block_size} tokens), "
-                      f"got {self.pool}")
-        if self.engine != "sglang":
-            raise bad("pool", "the shared pool runs with the sglang engine (vLLM's block "
-                      "pool has no insertion point outside a running request)")
-        for k, lo in (("pool_bandwidth", 0.0), ("pool_latency_us", None)):
-            v = getattr(self, k)
-            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) \
-                    or (v <= 0 if lo is not None else v < 0):
-                raise bad(k, f"must be a number {'> 0' if lo is not None else '>= 0'}, "
-                          f"got {v!r}")
-        for k in ("pool_watermark", "pool_evict_fraction"):
-            v = getattr(self, k)
-            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v <= 1:
-                raise bad(k, f"must be in (0, 1], got {v!r}")
-        if self.pool_write not in WRITE_POLICIES:
-            raise bad("pool_write", f"must be one of {', '.join(WRITE_POLICIES)}, "
-                      f"got {self.pool_write!r}")
-
-    def _validate_context(self, bad) -> None:
-        from sim.context.strategies import ContextError, parse_context
-
-        if not isinstance(self.context, str):
-            raise bad("context", f"must be a strategy name, got {self.context!r}")
-        try:
-            st = parse_context(self.context)
-        except ContextError as e:
-            raise bad("context", str(e)) from None
-        if not st.is_full and self.engine != "sglang":
-            raise bad("context", f"{st.label} runs on the sglang engine (its radix tree keeps "
-                      "edited and dropped KV apart by history); use --engine sglang")
-        if st.edits_kv and self.cpu_cache and self.tiering == "hicache":
-            raise bad("context", f"{st.label} edits cached KV, which is not modelled with "
-                      "HiCache host copies: use tiering unified or no CPU tier")
-        if st.kind == "summarize" and self.replay == "open":
-            raise bad("context", "summarize needs the closed loop (the turn waits for its "
-                      "summarization call)")
-
     def _validate_policy(self, bad) -> None:
         components = [k for k in ("order", "evict", "granularity") if getattr(self, k)]
         chosen = [k for k, v in (("preset", self.preset), ("policy", self.policy)) if v]
@@ -426,11 +319,6 @@ class RunConfig:
         if self.vllm_patch != "none" and self.engine != "vllm":
             raise bad("vllm_patch", f"{self.vllm_patch!r} patches the vllm engine, not "
                       f"{self.engine!r}: use --engine vllm (or drop --vllm-patch)")
-        from sim.engines import ENGINES  # imports this module: loaded on demand
-
-        problem = ENGINES[self.engine].unsupported(self, self.make_policy())
-        if problem is not None:
-            raise bad(*problem)
 
     @property
     def engine_label(self) -> str:

@@ -199,7 +199,7 @@ def two_turns(output_tokens: int):
 def engine_hits(trace, engine: str) -> list[int]:
     """Per request, the GPU hit (tokens) of a timed run whose cache never fills."""
     from sim.config import RunConfig
-    from sim.runner import run
+    from sim.run import run
 
     cfg = RunConfig(trace="two-turns", gpu_cache=1 << 26, sessions=8, engine=engine,
                     max_context=131072).with_preset("vllm")

@@ -492,7 +492,7 @@ SUBAGENTS = REPO / "docs" / "examples" / "subagents_first.py"
 def test_policy_context_lists_the_sessions_with_their_parents(monkeypatch) -> None:
     from policies import EvictionPolicy
     from sim.config import RunConfig
-    from sim.runner import load_run_trace, run
+    from sim.run import load_run_trace, run
 
     bound = []
     monkeypatch.setattr(EvictionPolicy, "bind",
@@ -513,7 +513,7 @@ def test_policy_context_lists_the_sessions_with_their_parents(monkeypatch) -> No
 def test_fleet_replicas_policies_see_the_sessions_too(monkeypatch) -> None:
     from policies import EvictionPolicy
     from sim.config import RunConfig
-    from sim.runner import run
+    from sim.run import run
 
     bound = []
     monkeypatch.setattr(EvictionPolicy, "bind",

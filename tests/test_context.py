@@ -22,7 +22,7 @@ from sim.context.strategies import (
     stale_tool_mask,
     tool_spans,
 )
-from sim.runner import run
+from sim.run import check, run
 from sim.sweep import point_id
 
 SYN = dict(trace="synthetic:claude-code?sessions=6", max_context=65536, gaps="tool",
@@ -137,15 +137,15 @@ def test_drop_and_splice_never_block_on_locks_here() -> None:
 
 def test_config_refuses_what_is_not_modelled() -> None:
     with pytest.raises(ConfigError, match="HiCache"):
-        replace(RunConfig(**SYN, context="drop:4", cpu_cache=32768, tiering="hicache"),
-                preset="sglang").validate()
+        check(replace(RunConfig(**SYN, context="drop:4", cpu_cache=32768, tiering="hicache"),
+                      preset="sglang"))
     with pytest.raises(ConfigError, match="closed loop"):
-        RunConfig(**SYN, context="summarize:32k:1k", replay="open").validate()
+        check(RunConfig(**SYN, context="summarize:32k:1k", replay="open"))
     with pytest.raises(ConfigError, match="context"):
-        RunConfig(**SYN, context="drop:zero").validate()
+        check(RunConfig(**SYN, context="drop:zero"))
     with pytest.raises(ConfigError, match="sglang engine"):
-        RunConfig(**SYN, context="drop:4", engine="vllm").with_preset("vllm").validate()
-    RunConfig(**SYN, context="drop:4", cpu_cache=32768, tiering="unified").validate()
+        check(RunConfig(**SYN, context="drop:4", engine="vllm").with_preset("vllm"))
+    check(RunConfig(**SYN, context="drop:4", cpu_cache=32768, tiering="unified"))
 
 
 def test_unified_tiers_with_drops() -> None:
@@ -257,7 +257,7 @@ def test_incremental_tool_results_match_a_full_rescan() -> None:
     drops are those of a full rescan (``stale_tool_mask``) of every prompt."""
     from sim.context.session import SessionState
     from sim.kvcache.versions import VersionSpace
-    from sim.runner import load_run_trace
+    from sim.run import load_run_trace
 
     class Rescan(SessionState):
         def _new_drops(self, regions, prompt_tokens, k, prefix_blocks):

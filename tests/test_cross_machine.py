@@ -227,7 +227,7 @@ PROBE = r"""
 import hashlib, json, sys
 import numpy as np
 from sim.config import RunConfig
-from sim.runner import run
+from sim.run import run
 from traces import load_trace
 
 out = {}

@@ -11,7 +11,7 @@ from costmodel.profile import load_profile
 from costmodel.specs import get_spec
 from costmodel.units import range_units, ranges_units
 from sim.config import RunConfig
-from sim.runner import run
+from sim.run import run
 from tests.enginekit import KitTrace
 
 SPEC = get_spec("qwen3-8b")

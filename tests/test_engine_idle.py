@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from policies import PRESETS
 from policies.registry import POLICIES
 from sim.config import ConfigError, RunConfig
-from sim.runner import run
+from sim.run import check, run
 
 POLICY_NAMES = sorted({*PRESETS, *POLICIES})
 CONTEXTS = ["full", "trim:2", "summarize:12k:2k", "drop:2", "drop:2+repos", "splice:2",
@@ -31,7 +31,7 @@ def idle_run(engine: str, policy: str, context: str, seed: int, cache_k: int,
                     sessions=concurrency, max_new_tokens=max_new, debug_cache=True,
                     ).with_policy(policy)
     try:
-        cfg.validate()
+        check(cfg)
     except ConfigError:
         return None  # a combination the engine refuses (one line, exit 2, before any work)
     return run(cfg)

@@ -13,7 +13,7 @@ from costmodel.profile import load_profile
 from costmodel.specs import get_spec
 from costmodel.units import ranges_units
 from sim.config import RunConfig
-from sim.runner import run
+from sim.run import run
 from tests.enginekit import KitTrace
 
 SPEC = get_spec("qwen3-8b")

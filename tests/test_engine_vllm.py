@@ -23,7 +23,7 @@ from sim.cli.main import cli
 from sim.config import ConfigError, RunConfig
 from sim.engines import VllmServer
 from sim.engines.vllm import VLLM_MAX_NUM_SEQS, free_order_name, steps_fitting
-from sim.runner import run
+from sim.run import check, run
 from tests.enginekit import KitTrace
 
 SPEC = get_spec("qwen3-8b")
@@ -364,7 +364,7 @@ HOLD = "docs/examples/hold_tool_calls.py:HoldToolCalls"
 ])
 def test_policies_vllm_cannot_express_are_refused(policy: str, why: str) -> None:
     with pytest.raises(ConfigError, match="cannot run on the vllm engine") as e:
-        RunConfig(engine="vllm").with_policy(policy).validate()
+        check(RunConfig(engine="vllm").with_policy(policy))
     assert why in str(e.value)
     res = CliRunner().invoke(cli, ["run", "--engine", "vllm", "--policy", policy])
     assert res.exit_code == 2
@@ -380,7 +380,7 @@ def test_custom_victim_keys_are_refused(tmp_path) -> None:
                  "    def key(self, node):\n"
                  "        return -node.last_access\n")
     with pytest.raises(ConfigError, match="'recent' cannot run on the vllm engine: it has its"):
-        RunConfig(engine="vllm").with_policy(f"{f}:Recent").validate()
+        check(RunConfig(engine="vllm").with_policy(f"{f}:Recent"))
 
 
 @pytest.mark.parametrize(("field", "value", "why"), [
@@ -390,7 +390,7 @@ def test_custom_victim_keys_are_refused(tmp_path) -> None:
 ])
 def test_engine_options_vllm_does_not_have(field: str, value, why: str) -> None:
     with pytest.raises(ConfigError, match=why):
-        replace(cfg(), **{field: value}).validate()
+        check(replace(cfg(), **{field: value}))
 
 
 def test_default_presets_per_engine() -> None:

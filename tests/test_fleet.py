@@ -35,8 +35,8 @@ from policies.routing import (
 )
 from sim.cli.main import cli
 from sim.config import ConfigError, RunConfig
-from sim.fleet.beliefs import build_belief
-from sim.runner import run
+from sim.fleet.fleet import build_belief
+from sim.run import check, run
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "docs" / "examples" / "prefix_or_least_load.py"
@@ -320,13 +320,13 @@ def test_session_affinity_is_a_consistent_hash():
 # --- configuration and the user's router -------------------------------------------------------
 def test_router_errors_are_config_errors():
     with pytest.raises(ConfigError, match="router"):
-        replace(BASE, router="nope").validate()
+        check(replace(BASE, router="nope"))
     with pytest.raises(ConfigError, match="replicas"):
-        replace(BASE, replicas=0).validate()
+        check(replace(BASE, replicas=0))
     with pytest.raises(ConfigError, match="router_params"):
-        replace(BASE, router_params={"x": 1}).validate()
+        check(replace(BASE, router_params={"x": 1}))
     with pytest.raises(ConfigError, match="context"):
-        replace(BASE, replicas=2, context="drop:4").validate()
+        check(replace(BASE, replicas=2, context="drop:4"))
     with pytest.raises(PolicyError, match="no parameter"):
         get_router("session-affinity", {"nope": 1})
 

@@ -1,4 +1,4 @@
-"""A fleet's two ideals (sim/fleet/fleet.py, sim/fleet/run.py ``ideal_columns``):
+"""A fleet's two ideals (sim/fleet/fleet.py, sim/fleet/results.py ``ideal_columns``):
 ``ideal_hit_tokens`` / ``ideal_hit_rate``, the prefix an unlimited cache shared by every replica
 holds at each admission (the trace's own, whatever the router), and
 ``routed_ideal_hit_tokens`` / ``routed_ideal_hit_rate``, each replica's own unlimited cache
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from policies.routing import ROUTERS
 from sim.config import RunConfig
-from sim.runner import run
+from sim.run import run
 
 BASE = RunConfig(trace="synthetic:claude-code?sessions=12", max_context=65536, gaps="tool",
                  gpu_cache=1 << 17, sessions=6)

@@ -17,7 +17,7 @@ from sim.cli.main import cli
 from sim.config import RunConfig
 from sim.fleet.fleet import Fleet
 from sim.kvcache import RadixKVCache
-from sim.runner import run
+from sim.run import run
 
 REPO = Path(__file__).resolve().parent.parent
 TRACE = "synthetic:claude-code?sessions=8"

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from sim.cli.main import cli
 from sim.config import RunConfig
-from sim.runner import run
+from sim.run import run
 from sim.studies import Context
 from sim.studies import fleet as exp_fleet
 

@@ -12,9 +12,9 @@ from click.testing import CliRunner
 
 from sim.cli.main import cli
 from sim.config import RunConfig
-from sim.fleet.run import FleetSizeError
+from sim.fleet.results import FleetSizeError
 from sim.metrics import RunRecorder
-from sim.runner import load_run_trace, run
+from sim.run import load_run_trace, run
 
 SYN = "synthetic:chat?sessions=3&max_requests=3"
 BASE = RunConfig(trace=SYN, gpu_cache=16384, preset="sglang")

@@ -14,7 +14,7 @@ from costmodel.specs import get_spec
 from costmodel.units import ranges_units
 from sim.config import RunConfig
 from sim.latency import TokenGaps
-from sim.runner import run
+from sim.run import run
 from tests.enginekit import KitTrace
 
 SPEC = get_spec("qwen3-8b")

@@ -6,7 +6,7 @@ import pytest
 
 from sim.config import RunConfig
 from sim.kvcache.tree import RadixTree
-from sim.runner import run
+from sim.run import run
 
 SYNTH = dict(trace="synthetic:claude-code?sessions=12", max_context=65536, gaps="tool",
              sessions=4, model="qwen3-8b")

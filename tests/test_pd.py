@@ -17,7 +17,7 @@ from costmodel.profile import load_profile
 from costmodel.specs import get_spec
 from costmodel.units import range_units
 from sim.config import ConfigError, RunConfig
-from sim.runner import run
+from sim.run import check, run
 
 SPEC = get_spec("qwen3-8b")
 PROFILE = load_profile(None, "qwen3-8b")
@@ -147,15 +147,15 @@ def test_ideal_link_equals_one_aggregated_server_within_the_first_forward():
 
 def test_refusals():
     with pytest.raises(ConfigError, match="both pools"):
-        pd_cfg(decode_replicas=0).validate()
+        check(pd_cfg(decode_replicas=0))
     with pytest.raises(ConfigError, match="sglang engine"):
-        pd_cfg(engine="vllm", preset="vllm").validate()
+        check(pd_cfg(engine="vllm", preset="vllm"))
     with pytest.raises(ConfigError, match="pd_link"):
-        pd_cfg(pd_link="carrier-pigeon").validate()
+        check(pd_cfg(pd_link="carrier-pigeon"))
     with pytest.raises(ConfigError, match="pd_rule"):
-        pd_cfg(pd_rule="nope").validate()
+        check(pd_cfg(pd_rule="nope"))
     with pytest.raises(ConfigError, match="--replicas"):
-        pd_cfg(replicas=2).validate()
+        check(pd_cfg(replicas=2))
 
 
 def test_aggregated_config_json_has_no_pd_fields():

@@ -12,8 +12,8 @@ from conftest import CC_TRACES, needs_cc_traces
 
 from sim.cli.main import cli
 from sim.config import RunConfig
-from sim.repeats import mean_ci
-from sim.runner import run
+from sim.run import run
+from sim.run.repeats import mean_ci
 from sim.sweep.plan import PlanError, knee, parse_pd, parse_range
 
 # A slice of the shared Claude Code traces: 40 sessions, 24 at once, on H100s

@@ -26,7 +26,7 @@ from policies import (
 from sim.cli.main import cli
 from sim.config import ConfigError, RunConfig
 from sim.kvcache import RadixKVCache
-from sim.runner import run
+from sim.run import check, run
 from tests.enginekit import KitTrace
 
 REPO = Path(__file__).resolve().parent.parent
@@ -60,7 +60,7 @@ def test_labels_come_from_the_fields() -> None:
 ])
 def test_a_policy_is_chosen_one_way(fields: dict) -> None:
     with pytest.raises(ConfigError, match="choose a policy one way"):
-        RunConfig(**fields).validate()
+        check(RunConfig(**fields))
 
 
 def test_config_round_trip_keeps_the_policy() -> None:

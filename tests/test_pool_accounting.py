@@ -14,7 +14,7 @@ from sim.cli.main import cli
 from sim.config import RunConfig
 from sim.fleet.pool import SharedPool
 from sim.fleet.pooltier import FleetPool
-from sim.runner import run
+from sim.run import run
 
 BASE = RunConfig(trace="synthetic:claude-code?sessions=8", max_context=32768, gaps="tool",
                  gpu_cache=40960, sessions=4, replicas=2, router="round-robin", pool=1 << 20)

@@ -77,7 +77,7 @@ def test_run_counts_every_trace_request_of_every_policy(replay: str) -> None:
 def test_progress_only_observes_a_run(replay: str, replicas: int) -> None:
     """... and counts every reply, a fleet's too."""
     from sim.config import RunConfig
-    from sim.runner import run
+    from sim.run import run
 
     cfg = RunConfig(trace="synthetic:chat?sessions=4", gpu_cache=16384, replay=replay,
                     replicas=replicas, router="round-robin" if replicas > 1 else None
@@ -85,7 +85,7 @@ def test_progress_only_observes_a_run(replay: str, replicas: int) -> None:
     plain = run(cfg)
     with progress("test", "requests", 0) as bar:
         bar.add_total(len(plain.requests))
-        watched = run(cfg)
+        watched = run(cfg, on_reply=bar.advance)
     assert bar.done == bar.total > 0
     assert watched.summary == plain.summary
     assert watched.requests.equals(plain.requests)

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from sim.config import RunConfig
-from sim.runner import run
+from sim.run import run
 
 STRATEGIES = ["full", "trim:4", "summarize:32k:1024", "drop:4", "drop:4+repos", "splice:4",
               "budget:16k", "full@vllm"]
@@ -45,3 +45,20 @@ def test_recompute_units_never_exceed_prefill_units(context, seed, cache, preset
     over = ok[ok.recompute_units > ok.prefill_units * (1 + 1e-12)]
     assert over.empty, over[["request", "kind", "recompute_units", "prefill_units"]]
     assert (ok.recompute_units >= 0).all()
+
+
+@given(a=st.integers(0, 100_000), n=st.integers(0, 100_000))
+@settings(max_examples=60, deadline=None)
+def test_one_recompute_price_the_prefill_less_an_empty_batch(a: int, n: int) -> None:
+    """``Profile.recompute_seconds``: what policies, the shared pool and Continuum's pins pay
+    for recomputing a range: its prefill seconds without the batch's fixed cost, to the bit
+    (an empty range costs nothing)."""
+    from costmodel.profile import load_profile
+    from costmodel.specs import get_spec
+    from costmodel.units import Units, range_units
+
+    profile, spec = load_profile("derived-h100-qwen3-8b", "qwen3-8b"), get_spec("qwen3-8b")
+    units = range_units(spec, a, a + n)
+    assert profile.recompute_seconds(units) == (profile.prefill_seconds(units)
+                                                - profile.prefill_seconds(Units()))
+    assert profile.recompute_seconds(Units()) == 0.0

@@ -25,7 +25,7 @@ from conftest import needs_cc_traces
 
 from sim.cli.main import cli
 from sim.config import RunConfig
-from sim.runner import run
+from sim.run import run
 
 GOLDENS = Path(__file__).parent / "goldens"
 REGEN = os.environ.get("KVSIM_REGEN_GOLDENS") == "1"

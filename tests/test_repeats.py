@@ -1,4 +1,4 @@
-"""Repeats with 95% intervals (sim/repeats.py); the trace seed apart from the decision seed."""
+"""Repeats with 95% intervals (sim/run/repeats.py); the trace seed apart from the decision seed."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import statistics
 import pytest
 
 from sim.config import RunConfig
-from sim.repeats import combine, mean_ci, t975
-from sim.runner import load_run_trace, run
+from sim.run import load_run_trace, run
+from sim.run.repeats import combine, mean_ci, t975
 
 FLEET = dict(trace="synthetic:claude-code?sessions=8", max_context=65536, gaps="tool",
              gpu_cache=98304, sessions=3, preset="sglang", replicas=2, router="random")

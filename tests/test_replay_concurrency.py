@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from sim.cli.main import cli
 from sim.config import ConfigError, RunConfig
-from sim.runner import run
+from sim.run import run
 from traces.errors import OptionError
 from traces.prefix_groups import generate
 

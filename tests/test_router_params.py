@@ -24,6 +24,7 @@ from policies.routing import (
 )
 from sim.cli.main import cli
 from sim.config import ConfigError, RunConfig
+from sim.run import check
 
 
 def _outside(domain, default) -> list:
@@ -133,7 +134,7 @@ def test_a_refused_router_parameter_is_one_line_before_the_run() -> None:
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "temperature" in lines[0] and "NaN" in lines[0], res.stderr
     with pytest.raises(ConfigError, match="scrape_s"):
-        RunConfig(replicas=2, router="llm-d", router_params={"scrape_s": 0}).validate()
+        check(RunConfig(replicas=2, router="llm-d", router_params={"scrape_s": 0}))
 
 
 def test_nan_is_refused_for_any_float_parameter() -> None:

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from policies.routing import ReplicaView, RouteRequest, RouterView, get_router
-from sim.fleet.beliefs import build_belief
+from sim.fleet.fleet import build_belief
 from tests import realrouters as rr
 from tests import routerstreams as rs
 

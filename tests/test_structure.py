@@ -3,12 +3,13 @@
 - No attribute starting with ``_`` (dunders aside) is read or written on any object but
   ``self``/``cls`` inside ``sim/kvcache/`` and ``policies/``: the tree's counters change only
   through its own methods (the appliers), whatever module asks.
-- No import cycle among the modules of ``sim/kvcache/``, ``policies/`` or ``traces/``
-  (imports under ``if TYPE_CHECKING:`` are for annotations only and do not count).
+- No import cycle among the modules of ``sim/`` (all of it), ``policies/`` or ``traces/``
+  (imports under ``if TYPE_CHECKING:`` are for annotations only and do not count; an import
+  inside a function counts).
 - Product code (``PRODUCT``) imports nothing from ``tests/`` (test fixtures live there), reads
   no trace or request attribute with a ``getattr`` default (test doubles implement the real
   interface instead), and its docstrings and comments cite files inside the repository only.
-- The engines build themselves; the runner does not branch on the engine's name.
+- The engines build themselves; the run room (sim/run/) does not branch on the engine's name.
 - No attribute is written on another room's object (a room: a folder of ``sim/`` or a
   package): only the owner's methods change it.
 """
@@ -24,7 +25,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 OWNED = ("sim/kvcache", "policies", "traces")
 PRODUCT = ("sim", "policies", "traces", "costmodel")
-ACYCLIC = ("sim/kvcache", "policies", "traces")
+ACYCLIC = ("sim", "policies", "traces")
 
 
 def private_accesses(source: str) -> list[tuple[int, str]]:
@@ -137,17 +138,18 @@ def test_the_checks_can_fail() -> None:
     assert find_cycle({"a": {"b"}, "b": set()}) is None
 
 
-def test_engines_build_themselves_and_the_runner_does_not_branch_on_them() -> None:
-    """``runner.run`` takes the engine from ``sim.engines.ENGINES``; each engine class has
+def test_engines_build_themselves_and_the_run_does_not_branch_on_them() -> None:
+    """``sim.run`` takes the engine from ``sim.engines.ENGINES``; each engine class has
     its own ``build`` (its cache and its options), so adding one touches no if/else."""
     from sim.engines import ENGINES
 
     for name, cls in ENGINES.items():
         assert "build" in vars(cls), f"{name}: {cls.__name__} has no build of its own"
-    runner = ast.parse((REPO / "sim" / "runner.py").read_text())
-    branches = [ast.unparse(n) for n in ast.walk(runner) if isinstance(n, ast.Compare)
+    branches = [f"{p.relative_to(REPO)}: {ast.unparse(n)}"
+                for p in sorted((REPO / "sim" / "run").glob("*.py"))
+                for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, ast.Compare)
                 and "engine" in ast.unparse(n.left)]
-    assert not branches, f"sim/runner.py branches on the engine: {branches}"
+    assert not branches, f"sim/run/ branches on the engine: {branches}"
 
 
 def _product_files() -> list[Path]:
@@ -340,8 +342,9 @@ def test_the_cli_and_the_studies_never_compare_a_study_name() -> None:
 
 # Comparisons of engine, patch, context, router or study names with string literals in shared
 # code (tests/identity_branches.py counts them): 42 before the rooms, this many after; the rest
-# are engine knobs in sim/config.py, sim/runner.py and kvsim run's title.
-IDENTITY_BRANCHES = 11
+# are engine knobs in sim/config.py, sim/run/kinds.py, sim/fleet/checks.py and kvsim run's
+# title.
+IDENTITY_BRANCHES = 10
 
 
 def test_branches_on_identity_stay_few() -> None:
@@ -456,3 +459,31 @@ def test_the_foreign_write_check_can_fail() -> None:
     send = ("sim/replay.py", "sim", "def send(req, now):\n    req.arrival = now\n")
     assert foreign_writes([req, send]) == ["sim/replay.py:2: req.arrival (owned by sim/engines)"]
     assert foreign_writes([req, (*send[:2], "def send(req, now):\n    req.send(now)\n")]) == []
+
+
+def _imports_of(path: Path) -> list[str]:
+    rel = path.relative_to(REPO)
+    return _all_imports(path.read_text(), ".".join(rel.with_suffix("").parts[:-1]))
+
+
+def _under(mod: str, packages: tuple[str, ...]) -> bool:
+    return any(mod == p or mod.startswith(p + ".") for p in packages)
+
+
+def test_the_config_imports_no_engine_fleet_or_context() -> None:
+    """The run's vocabulary knows no room that reads it: each engine checks what it cannot
+    run, the fleet and the context strategies theirs (sim/run/check.py asks them)."""
+    rooms = ("sim.engines", "sim.fleet", "sim.context", "sim.run")
+    bad = [m for m in _imports_of(REPO / "sim" / "config.py") if _under(m, rooms)]
+    assert not bad, f"sim/config.py imports {bad}"
+
+
+def test_the_run_room_sits_above_the_fleet_and_the_engines_and_reads_no_report() -> None:
+    """One run builds every kind of run (sim/run/): the fleet and the engines below it never
+    import it, and progress reaches it as a callback, not through ``sim.report``."""
+    bad = [f"{p.relative_to(REPO)}: {m}" for room in ("fleet", "engines", "kvcache", "context")
+           for p in sorted((REPO / "sim" / room).rglob("*.py"))
+           for m in _imports_of(p) if _under(m, ("sim.run",))]
+    bad += [f"{p.relative_to(REPO)}: {m}" for p in sorted((REPO / "sim" / "run").rglob("*.py"))
+            for m in _imports_of(p) if _under(m, ("sim.report", "sim.sweep", "sim.studies"))]
+    assert not bad, "imports against the run room's place:\n" + "\n".join(bad)

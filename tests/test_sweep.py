@@ -71,13 +71,13 @@ def test_executor_section_and_command_line(tmp_path, trace) -> None:
 
 
 def test_summary_is_written_last(tmp_path, trace, monkeypatch) -> None:
-    import sim.runner
+    import sim.run.result
 
     order: list[str] = []
-    text, parquet = sim.runner.atomic_write_text, sim.runner.atomic_write_parquet
-    monkeypatch.setattr(sim.runner, "atomic_write_text", lambda path, t: (
+    text, parquet = sim.run.result.atomic_write_text, sim.run.result.atomic_write_parquet
+    monkeypatch.setattr(sim.run.result, "atomic_write_text", lambda path, t: (
         order.append(Path(path).name), text(path, t))[1])
-    monkeypatch.setattr(sim.runner, "atomic_write_parquet", lambda df, path: (
+    monkeypatch.setattr(sim.run.result, "atomic_write_parquet", lambda df, path: (
         order.append(Path(path).name), parquet(df, path))[1])
     sweep = load_sweep(_cfg(tmp_path, trace))
     run_sweep(sweep, tmp_path / "o", SerialExecutor())

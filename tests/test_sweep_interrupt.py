@@ -131,12 +131,12 @@ def test_a_lock_file_left_by_a_dead_process_is_taken_over(tmp_path) -> None:
 
 def test_ctrl_c_in_this_process_is_status_130_and_releases_the_folder(tmp_path,
                                                                       monkeypatch) -> None:
-    import sim.runner
+    import sim.run
 
     def interrupted(*_a, **_k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(sim.runner, "run", interrupted)
+    monkeypatch.setattr(sim.run, "run", interrupted)
     cfg = tmp_path / "s.yaml"
     cfg.write_text(QUICK)
     res = CliRunner().invoke(cli, ["sweep", str(cfg), "--out", str(tmp_path / "o")])

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from sim.cli.main import cli
 from sim.config import RunConfig
-from sim.runner import run
+from sim.run import run
 from sim.timeline import Timeline
 
 BASE = dict(trace="synthetic:claude-code?sessions=8", max_context=65536, gaps="tool",

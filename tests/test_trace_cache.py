@@ -69,7 +69,7 @@ def test_shared_traces_from_the_cache_equal_a_fresh_parse(spec, extra, tmp_path)
 
 
 def test_a_sweep_over_select_parses_the_files_once(cc, tmp_path, monkeypatch) -> None:
-    from sim.runner import _load
+    from sim.run.trace import _load
 
     _load.cache_clear()
     parses = []

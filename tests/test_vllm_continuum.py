@@ -25,7 +25,7 @@ from costmodel.specs import get_spec
 from costmodel.units import ranges_units
 from sim.config import ConfigError, RunConfig
 from sim.engines.vllm_continuum import PinningPool
-from sim.runner import run
+from sim.run import check, run
 from tests.enginekit import KitTrace
 
 SPEC = get_spec("qwen3-8b")
@@ -348,7 +348,7 @@ def test_patched_runs_under_pressure_keep_the_pool_invariants_and_serve_everyone
 
 def test_ttl_on_stock_vllm_points_to_the_patch():
     with pytest.raises(ConfigError, match="--vllm-patch continuum"):
-        RunConfig(engine="vllm", policy="ttl").validate()
+        check(RunConfig(engine="vllm", policy="ttl"))
 
 
 @pytest.mark.parametrize("sync", [False, True])

@@ -239,7 +239,7 @@ class ShadowPool:
 
 def engine_lockstep(monkeypatch, cfg, trace) -> Counter:
     import sim.engines.vllm as vllm_engine
-    from sim.runner import run
+    from sim.run import run
 
     ShadowPool.made = []
     monkeypatch.setattr(vllm_engine, "BlockPool", ShadowPool)

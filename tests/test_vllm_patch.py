@@ -35,7 +35,7 @@ from sim.cli.main import cli
 from sim.config import ConfigError, RunConfig
 from sim.engines import VllmServer
 from sim.kvcache.blockpool import BlockPool, HolePool, computed_ranges, reused_runs, span
-from sim.runner import run
+from sim.run import run
 from tests.enginekit import KitTrace
 from tests.test_vllm_blockpool import BS as BS4
 from tests.test_vllm_blockpool import BruteForce

@@ -14,7 +14,7 @@ from costmodel.specs import get_spec
 from costmodel.units import ranges_units
 from policies import get_policy
 from sim.config import RunConfig
-from sim.runner import run
+from sim.run import run
 from tests.enginekit import KitTrace
 
 SPEC = get_spec("qwen3-8b")

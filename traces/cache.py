@@ -13,7 +13,7 @@ this package's source (a loader fix changes the traces it makes), so a changed f
 loader loads afresh. A cache file that cannot be read back (truncated, edited, another
 version) is ignored and rewritten; a cache folder that cannot be written only costs the speed.
 
-Where: ``resolve_cache_dir`` (the CLI and ``sim.runner`` use it): an explicit folder, else
+Where: ``resolve_cache_dir`` (the CLI and ``sim.run`` use it): an explicit folder, else
 ``$KVSIM_CACHE_DIR``, else ``~/.cache/kvsim``; ``off`` (option or variable) disables it.
 """
 

@@ -25,7 +25,7 @@ from .run_checks import (
 from .trace import trace_options
 
 if TYPE_CHECKING:
-    from sim.runner import RunResult
+    from sim.run import RunResult
 
 def router_params(items: tuple[str, ...]) -> dict[str, str]:
     """``--router-param K=V`` items into a dict (values stay text: the router class types
@@ -104,7 +104,7 @@ def warn_quiet_surprises(res: RunResult, spec_context: int) -> None:
 
 
 def warn_pool_notes(res: RunResult) -> None:
-    """A fleet's pool notes (sim/fleet/run.py ``pool_notes``), said out loud."""
+    """A fleet's pool notes (sim/fleet/results.py ``pool_notes``), said out loud."""
     for note in res.summary.get("pool_notes", ()):
         stderr.print(f"[yellow]warning:[/yellow] {res.config.policy_label}: {note}")
 
@@ -324,7 +324,7 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
     from sim.context import parse_context
     from sim.io import check_out_dir
     from sim.report.progress import progress
-    from sim.runner import load_run_trace, run, write_result  # the engine loads on demand
+    from sim.run import check, load_run_trace, run, write_result  # engines load on demand
 
     from .common import trace_load_progress
 
@@ -362,12 +362,12 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
     configs = policy_configs(base, preset, evict, granularity, order, policies, policy_params)
     # Every input check before any work: configs, model, profile, the output folder.
     for cfg in configs:
-        cfg.validate("command line")
+        check(cfg, "command line")
     check_model_and_profile(configs[0], "command line")
     if out is not None:
         check_out_dir(out)
     if out is not None:  # a reused folder: the previous run's outputs go (docs: --out)
-        from sim.runner import clear_run_outputs
+        from sim.run import clear_run_outputs
 
         gone = clear_run_outputs(out)
         if gone:
@@ -380,7 +380,7 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
     from traces.load import check_shared_prefix
 
     check_shared_prefix(tr, shared_prefix)
-    from sim.fleet.run import check_fleet_size
+    from sim.fleet.results import check_fleet_size
 
     for cfg, trace in zip(configs, traces, strict=True):
         check_fleet_size(cfg, trace)  # before any run: a fleet the trace cannot occupy
@@ -402,11 +402,10 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
                 from sim.timeline import Timeline
 
                 tl = Timeline(lambda: 0.0)
-            res = run(cfg, trace, tl)
+            res = run(cfg, trace, tl, on_reply=bar.advance)
             if tl is not None:
                 tl.write(timeline_path(timeline, cfg.policy_label, len(configs)))
-            # fleet runs count no replies
-            bar.update(sum(len(t) for t in traces[:k + 1]) * repeats)
+            bar.update(sum(len(t) for t in traces[:k + 1]) * repeats)  # exact after a run
             dt = time.perf_counter() - t0
             n = res.summary["requests"]
             stderr.print(f"[dim]{cfg.policy_label}: {n:,} requests simulated in {dt:.1f}s "

@@ -12,7 +12,7 @@ from .common import stderr
 
 if TYPE_CHECKING:
     from sim.config import RunConfig
-    from sim.runner import RunResult
+    from sim.run import RunResult
 
 
 def parse_params(items: tuple[str, ...]) -> list[tuple[str | None, str, str]]:

@@ -8,9 +8,9 @@ a run. kvsim prices serving only: it does not model what any of them does to tas
 from .plan import plan_ranges
 from .prompt import FullPrompt, PrefillOnlyPrompt, Prompt
 from .run import COUNTERS, ContextRun, apply_edit, context_summary
-from .strategies import ACCURACY_NOTE, ContextError, Strategy, parse_context
+from .strategies import ACCURACY_NOTE, ContextError, Strategy, context_problem, parse_context
 from .view import RequestView
 
 __all__ = ["ACCURACY_NOTE", "COUNTERS", "ContextError", "ContextRun", "FullPrompt",
            "PrefillOnlyPrompt", "Prompt", "RequestView", "Strategy", "apply_edit",
-           "context_summary", "parse_context", "plan_ranges"]
+           "context_problem", "context_summary", "parse_context", "plan_ranges"]

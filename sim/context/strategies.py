@@ -190,6 +190,28 @@ def parse_context(text: str | None) -> Strategy:
 
 
 # --- decisions ----------------------------------------------------------------------------
+def context_problem(cfg) -> tuple[str, str] | None:
+    """``(field, why)`` when a run config's (``sim.config.RunConfig``) context strategy cannot
+    run with the rest of it (its engine, CPU tier, replay); None when it can. The run's check
+    (sim/run/check.py) turns the answer into a ConfigError (exit status 2)."""
+    if not isinstance(cfg.context, str):
+        return "context", f"must be a strategy name, got {cfg.context!r}"
+    try:
+        st = parse_context(cfg.context)
+    except ContextError as e:
+        return "context", str(e)
+    if not st.is_full and cfg.engine != "sglang":
+        return "context", (f"{st.label} runs on the sglang engine (its radix tree keeps "
+                           "edited and dropped KV apart by history); use --engine sglang")
+    if st.edits_kv and cfg.cpu_cache and cfg.tiering == "hicache":
+        return "context", (f"{st.label} edits cached KV, which is not modelled with "
+                           "HiCache host copies: use tiering unified or no CPU tier")
+    if st.kind == "summarize" and cfg.replay == "open":
+        return "context", ("summarize needs the closed loop (the turn waits for its "
+                           "summarization call)")
+    return None
+
+
 def mask_runs(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """[starts, ends) of the maximal runs of True in the bool array ``mask`` (int64)."""
     edge = np.diff(np.concatenate(([False], mask, [False])).astype(np.int8))

@@ -3,8 +3,9 @@
 ``sglang``: SGLang 0.5.23's scheduler over the radix KV cache (``sim.kvcache``);
 ``vllm``: vLLM 0.33's V1 scheduler over its prefix-caching block pool
 (``sim.kvcache.blockpool``). Eviction policies (``policies``) are orthogonal to engines: an
-engine says which it can express (``EngineBase.unsupported``). ``ENGINES`` names them;
-``sim.runner`` builds the run's engine with ``ENGINES.get(name).build``.
+engine says which it can express (``EngineBase.check``). ``ENGINES`` names them and
+``VLLM_PATCHES`` the patched vLLMs; ``engine_class(cfg)`` is the class that serves a config,
+whose ``build`` ``sim.run.build`` calls for each replica.
 """
 
 from costmodel.registry import Registry
@@ -13,9 +14,19 @@ from .base import EngineBase
 from .request import Req
 from .sglang import SGLangServer
 from .vllm import VllmServer
+from .vllm_patch import VLLM_PATCHES
 
 ENGINES: Registry[type[EngineBase]] = Registry("engine")
 ENGINES.register("sglang", SGLangServer)
 ENGINES.register("vllm", VllmServer)
 
-__all__ = ["ENGINES", "EngineBase", "Req", "SGLangServer", "VllmServer"]
+
+def engine_class(cfg) -> type[EngineBase]:
+    """The class that serves a ``sim.config.RunConfig``: a named vLLM patch's (each
+    subclasses ``VllmServer``; the config allows a patch only with ``engine: vllm``), else
+    its engine's."""
+    return VLLM_PATCHES[cfg.vllm_patch] if cfg.vllm_patch != "none" else ENGINES[cfg.engine]
+
+
+__all__ = ["ENGINES", "VLLM_PATCHES", "EngineBase", "Req", "SGLangServer", "VllmServer",
+           "engine_class"]

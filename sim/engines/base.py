@@ -61,14 +61,20 @@ class EngineBase:
 
     @classmethod
     def unsupported(cls, cfg: RunConfig, policy: EvictionPolicy) -> tuple[str, str] | None:
-        """(field, why) when this engine cannot run ``cfg`` with ``policy``; None if it can.
-        ``RunConfig.validate`` turns the answer into a ConfigError (exit status 2)."""
+        """(field, why) when this engine cannot run ``cfg`` with ``policy``; None if it can."""
         return None
+
+    @classmethod
+    def check(cls, cfg: RunConfig) -> tuple[str, str] | None:
+        """(field, why) when this engine cannot run ``cfg`` (its policy included); None if it
+        can. The run's check (sim/run/check.py) turns the answer into a ConfigError (exit
+        status 2)."""
+        return cls.unsupported(cfg, cfg.make_policy())
 
     @classmethod
     def build(cls, env: simpy.Environment, cfg: RunConfig, spec: ModelSpec, profile: Profile,
               policy: EvictionPolicy, recorder: RunRecorder) -> EngineBase:
-        """The engine for one run, with its cache (``sim.runner`` calls it by name from
+        """The engine for one run, with its cache (``sim.run.build`` calls it by name from
         ``sim.engines.ENGINES``)."""
         raise NotImplementedError
 

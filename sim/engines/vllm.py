@@ -169,11 +169,6 @@ class VllmServer(EngineBase):
     @classmethod
     def build(cls, env: simpy.Environment, cfg: RunConfig, spec: ModelSpec, profile: Profile,
               policy: EvictionPolicy, recorder: RunRecorder) -> VllmServer:
-        if cls is VllmServer and cfg.vllm_patch != "none":  # a named patch of vLLM
-            from .vllm_patch import VLLM_PATCHES
-
-            return VLLM_PATCHES[cfg.vllm_patch].build(env, cfg, spec, profile, policy,
-                                                      recorder)
         pool = (cls.pool_class or BlockPool)(cfg.gpu_cache // cfg.block_size, cfg.block_size,
                          free_order_name(policy), debug=cfg.debug_cache)
         return cls(env, cfg, spec, profile, pool, policy, recorder)

@@ -31,7 +31,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from costmodel.units import Units, range_units
+from costmodel.units import range_units
 from policies.continuum import ContinuumPins
 from sim.kvcache.blockpool import BlockPool
 
@@ -71,10 +71,8 @@ class ContinuumVllmServer(VllmServer):
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
-        base = self.profile.prefill_seconds(Units())
-
         def recompute_seconds(tokens: int) -> float:
-            return self.profile.prefill_seconds(range_units(self.spec, 0, tokens)) - base
+            return self.profile.recompute_seconds(range_units(self.spec, 0, tokens))
 
         self.pins = ContinuumPins(self.ttl_rule, recompute_seconds)
         self.session_of: dict[int, int] = {}  # request id -> session (in the server)

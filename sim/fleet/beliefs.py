@@ -23,7 +23,7 @@ from itertools import groupby, repeat
 
 import numpy as np
 
-from policies.routing import ApproxRadix, ApproxTree, ApproxTTL, CacheViewSpec, KVEvents, PodLRU
+from policies.routing import ApproxTree, ApproxTTL, KVEvents, PodLRU
 
 
 def _bits(mask: int) -> Iterable[int]:
@@ -402,24 +402,3 @@ class EventBelief(CacheBelief):
                     stack.extend(kids)
         self.size[r] -= removed
 
-
-def build_belief(spec: CacheViewSpec | None, n: int,
-                 cache_blocks: list[int] | None = None) -> CacheBelief | None:
-    """The mechanism for a router's declared cache view (None: the router has none);
-    ``cache_blocks``: each replica's cache capacity in blocks, as its engine reports it (a
-    view sized by it reads it)."""
-    if spec is None:
-        return None
-    if isinstance(spec, ApproxTree):
-        return TreeBelief(n, spec)
-    if isinstance(spec, ApproxRadix):
-        from .radix import RadixBelief  # a belief of its own module (it subclasses this one's)
-
-        return RadixBelief(n, spec)
-    if isinstance(spec, PodLRU):
-        return PodLRUBelief(n, spec, cache_blocks)
-    if isinstance(spec, ApproxTTL):
-        return TTLBelief(n, spec)
-    if isinstance(spec, KVEvents):
-        return EventBelief(n, spec)
-    raise TypeError(f"unknown cache view {spec!r}")

@@ -28,6 +28,12 @@ import simpy
 
 from costmodel.estimate import PrefillEstimate
 from policies.routing import (
+    ApproxRadix,
+    ApproxTree,
+    ApproxTTL,
+    CacheViewSpec,
+    KVEvents,
+    PodLRU,
     PredictedLoad,
     ReplicaView,
     Router,
@@ -38,9 +44,30 @@ from policies.routing import (
 from sim.kvcache.events import BlockRemoved, BlockStored, KVEvent
 from sim.metrics import RunRecorder
 
-from .beliefs import build_belief
+from .beliefs import CacheBelief, EventBelief, PodLRUBelief, TreeBelief, TTLBelief
 from .kvevents import KVEventFeed
 from .load import InFlight, Predicted, Scraper
+from .radix import RadixBelief
+
+
+def build_belief(spec: CacheViewSpec | None, n: int,
+                 cache_blocks: list[int] | None = None) -> CacheBelief | None:
+    """The mechanism for a router's declared cache view (None: the router has none);
+    ``cache_blocks``: each replica's cache capacity in blocks, as its engine reports it (a
+    view sized by it reads it)."""
+    if spec is None:
+        return None
+    if isinstance(spec, ApproxTree):
+        return TreeBelief(n, spec)
+    if isinstance(spec, ApproxRadix):
+        return RadixBelief(n, spec)
+    if isinstance(spec, PodLRU):
+        return PodLRUBelief(n, spec, cache_blocks)
+    if isinstance(spec, ApproxTTL):
+        return TTLBelief(n, spec)
+    if isinstance(spec, KVEvents):
+        return EventBelief(n, spec)
+    raise TypeError(f"unknown cache view {spec!r}")
 
 
 class RoutingError(RuntimeError):

@@ -42,8 +42,8 @@ from sim.metrics import RecordListener, RunRecorder
 
 
 def recorder_for(trace, listener: RecordListener | None = None) -> RunRecorder:
-    """A recorder for ``trace``'s sessions (as ``sim.runner.run`` makes one), telling
-    ``listener`` (when given) what it records."""
+    """A recorder for ``trace``'s sessions (each replica of a run has one:
+    sim/run/build.py), telling ``listener`` (when given) what it records."""
     sessions = trace.sessions
     return RunRecorder([s.id for s in sessions], [s.first for s in sessions],
                        [s.parent >= 0 for s in sessions],

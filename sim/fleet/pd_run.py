@@ -1,5 +1,5 @@
-"""``run_pd``: one run of a disaggregated fleet (``sim.runner.run`` calls it when
-``RunConfig.is_pd``). A pure function of (trace, config, seed), like every run.
+"""What a disaggregated run adds to a run (sim/run/kinds.py's ``PDRun`` assembles it):
+its requests table (``pd_table``) and its summary fields (``pd_summary``).
 
 Results: one row per request (its decode worker's record: TTFT, end, decode, retractions),
 with, for a request prefilled on the prefill pool, that worker's cache accounting in place of
@@ -13,23 +13,10 @@ table with the single server's code, counters summed over both pools, plus the P
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import pandas as pd
-import simpy
 
-from costmodel.links import get_link
-from policies.pd_rules import make_rule
-from sim.engines import ENGINES
-from sim.replay import Replay
-from sim.report.progress import current as current_progress
-from sim.runner import RunResult, answer_fields, bind_policy, run_fields
-
-from .fleet import Fleet, ReplicaSignals
-from .metrics import merge_recorders, recorder_for
 from .pd import PDFleet
-from .run import ROUTER_STREAM
 
 PD_STREAM = 0x5044  # "PD": the PD rule's RNG stream, apart from the router's
 
@@ -43,54 +30,6 @@ PREFILL_SIDE = ("admit_s", "queue_wait_s", "hit_gpu_tokens", "loaded_cpu_tokens"
                 "recomputed_tokens", "hole_tokens", "new_tokens", "ideal_hit_tokens",
                 "private_lost", "recompute_units")
 SUMMED = ("prefill_units", "attention_units")
-
-
-def _build(env, cfg, spec, profile, trace, n: int, listeners):
-    engines, policies = [], []
-    for i in range(n):
-        policy = cfg.make_policy()
-        bind_policy(env, cfg, spec, profile, policy, trace.sessions)
-        rec = recorder_for(trace, listeners[i])
-        engines.append(ENGINES[cfg.engine].build(env, cfg, spec, profile, policy, rec))
-        policies.append(policy)
-    return engines, policies
-
-
-def run_pd(cfg, trace, spec, profile) -> RunResult:
-    env = simpy.Environment()
-    # A prefill worker serves prefill-only requests: each asks one token, so the engine's
-    # decode reservation is one token (SGLang reserves max_new_tokens of the request).
-    pcfg = replace(cfg, max_new_tokens=1)
-    psignals = [ReplicaSignals(i) for i in range(cfg.prefill_replicas)]
-    prefill, policies = _build(env, pcfg, spec, profile, trace, cfg.prefill_replicas, psignals)
-    decode, _ = _build(env, cfg, spec, profile, trace, cfg.decode_replicas,
-                       [None] * cfg.decode_replicas)
-    sessions = recorder_for(trace)
-    pfleet = Fleet(env, prefill, cfg.make_router(), cfg.block_size, recorder_for(trace),
-                   np.random.default_rng([cfg.seed, ROUTER_STREAM]), None, psignals)
-    rule = make_rule(cfg.pd_rule, np.random.default_rng([cfg.seed, PD_STREAM]))
-    fleet = PDFleet(env, cfg, trace, pfleet, decode, rule, get_link(cfg.pd_link), sessions,
-                    spec.kv_bytes_per_token, spec.layers, profile)
-    gaps = trace.gaps(cfg.gaps)
-    bar = current_progress()
-    replay = Replay(env, trace, fleet, gaps, trace.start_offsets(cfg.gaps), cfg.sessions,
-                    cfg.time_scale, on_reply=bar.advance if bar.counts("requests") else None,
-                    max_concurrency=cfg.max_concurrency)
-    driver = env.process(replay.closed_loop() if cfg.replay == "closed" else replay.open_loop())
-    env.run(until=driver)
-    fleet.close()
-
-    table = pd_table(fleet, prefill, decode, trace, cfg.block_size)
-    merged = merge_recorders(trace, [e.rec for e in prefill + decode], sessions)
-    summary = merged.summary(env.now, cfg.block_size, table)
-    summary.update(run_fields(cfg, policies[0], profile, spec, trace, table))
-    summary.update(answer_fields(cfg, profile, table, summary, set(merged.session_end)))
-    summary.update(pd_summary(fleet, prefill, decode, table, env.now, cfg))
-    transfers = [(str(key), *t) for key, q in sorted(fleet.queues.items(), key=lambda kv:
-                                                       str(kv[0])) for t in q.transfers]
-    tables = {"pd_transfers": pd.DataFrame(transfers, columns=["link", "start_s", "end_s",
-                                                                "bytes"])}
-    return RunResult(cfg, table, summary, tables)
 
 
 def _records_by_rid(engines) -> dict[int, object]:

@@ -3,9 +3,11 @@
 One helper for every command (``kvsim run``, ``sweep``, ``reproduce``, ``calibrate``, ...).
 A command opens ``progress(label, unit)``; the code doing the work reports what it finished to
 the tracker that is active (``current()``), and only when that tracker counts its kind of work
-(``counts(unit)``): ``sim.runner`` reports replayed requests, ``sim.studies`` finished
-runs, ``calibration`` timed calls. Workers of a local pool or Ray report nothing themselves: the
-parent advances the tracker as each job's result arrives.
+(``counts(unit)``): ``kvsim run`` hands ``sim.run.run`` the tracker's ``advance`` for the
+replayed requests (a run imports no progress: it calls the ``on_reply`` it is given),
+``sim.studies`` report finished runs, ``calibration`` timed calls. Workers of a local pool
+or Ray report nothing themselves: the parent advances the tracker as each job's result
+arrives.
 
 Progress only observes. Nothing flows back from a tracker to the work, and the wall clock is
 read here, for the elapsed time and the ETA on screen, never by the simulation: a run is the

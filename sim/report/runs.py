@@ -9,7 +9,7 @@ from rich.table import Table
 from .tables import fmt_metric
 
 if TYPE_CHECKING:
-    from sim.runner import RunResult
+    from sim.run import RunResult
 
 # Summary metrics shown in the table and compared against the first run (lower is better
 # except the hit rate).
@@ -17,7 +17,7 @@ COMPARED = ("ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "jct_mean_s
             "recomputed_tokens", "recompute_units", "queue_wait_mean_s",
             "preempted_recompute_tokens", "preempted_recompute_units",
             "tpot_mean_s", "tpot_p99_s", "itl_p50_s", "itl_p99_s", "e2e_p90_s")
-# What users quote beside TTFT (sim/metrics.py latency_fields, sim/runner.py answer_fields).
+# What users quote beside TTFT (sim/metrics.py latency_fields, sim/run/summary.py answer_fields).
 THROUGHPUT_ROWS = ("output_tokens_per_s", "total_tokens_per_s", "gpus",
                    "output_tokens_per_s_per_gpu")
 # Rows of runs with --slo (sim/slo.py).
@@ -59,7 +59,7 @@ CONTEXT_ROWS = ("request_latency_mean_s", "request_latency_p95_s", "input_tokens
 # Rows of fleet runs (--replicas/--router; sim/fleet/metrics.py defines them).
 FLEET_ROWS = ("reuse_available", "reuse_captured", "reuse_delivered", "affinity",
               "load_cv_busy", "load_cv_queue", "belief_error_mean_tokens", "idle_replicas")
-# Rows of runs with a shared pool (--pool; sim/fleet/run.py pool_summary).
+# Rows of runs with a shared pool (--pool; sim/fleet/results.py pool_summary).
 POOL_ROWS = ("pool_hit_rate", "pool_fetched_tokens", "pool_refused_fetches", "pool_fetch_s",
              "pool_bandwidth_utilization")
 

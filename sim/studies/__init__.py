@@ -21,7 +21,7 @@ capacity_fleet.py     clock (one cache, a fleet, a pool)
 saturation.py         whether an open loop kept up              requests table -> Saturation
 ====================  ========================================  =============================
 
-May import: ``sim.config``, ``sim.runner``, ``sim.sweep`` (executors, ``relative_change``),
+May import: ``sim.config``, ``sim.run``, ``sim.sweep`` (executors, ``relative_change``),
 ``sim.report`` (tables, progress), ``sim.kvcache`` and ``sim.fleet`` (the clockless replays),
 ``policies``, ``traces``, ``costmodel``; never the CLI. ``reproduce`` makes a study's JSON
 document; ``kvsim reproduce`` prints it with the study's own tables.

@@ -111,7 +111,7 @@ def api_cost(table, model: str) -> float:
 
 def run_metrics(cfg: RunConfig, _arg: Any, get_trace) -> dict[str, Any]:
     """The row metrics of one run (an executor job: a pure function of config and trace)."""
-    from sim.runner import run
+    from sim.run import run
 
     res = run(cfg, get_trace())
     t, s = res.requests, res.summary

@@ -62,7 +62,7 @@ from .capacity import (
     reusable_blocks,
 )
 
-ROUTER_STREAM = 0x524F55544552  # the fleet's router RNG stream (sim/fleet/run.py)
+ROUTER_STREAM = 0x524F55544552  # the fleet's router RNG stream (sim/fleet/results.py)
 
 
 def clockless_router(name: str, params: dict | None = None, in_flight_s: float = 0.0,

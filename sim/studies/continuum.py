@@ -76,7 +76,7 @@ def job_times(requests) -> np.ndarray:
 
 
 def _run_one(cfg: RunConfig, _arg: Any, get_trace: Callable[[], Any]) -> dict[str, Any]:
-    from sim.runner import run
+    from sim.run import run
 
     res = run(cfg, get_trace())
     jct = job_times(res.requests)

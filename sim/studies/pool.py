@@ -118,7 +118,7 @@ def pool(ctx: Context) -> list[dict[str, Any]]:
 
 def capacity(ctx: Context) -> list[dict[str, Any]]:
     """Both traces' capacity curves for the same fleets, without a clock."""
-    from sim.runner import load_run_trace
+    from sim.run import load_run_trace
 
     keys, cfgs = configs(ctx)
     caches = QUICK_CAPACITY_CACHES if ctx.quick else CAPACITY_CACHES

@@ -119,7 +119,7 @@ def run_all(ctx: Context, configs: list[RunConfig], job: Callable | None = None)
 
 
 def summary_of(cfg: RunConfig, _arg: Any, get_trace: Callable[[], Any]) -> dict[str, Any]:
-    from sim.runner import run
+    from sim.run import run
 
     return run(cfg, get_trace()).summary
 
@@ -127,7 +127,7 @@ def summary_of(cfg: RunConfig, _arg: Any, get_trace: Callable[[], Any]) -> dict[
 def fleet_summary(cfg: RunConfig, _arg: Any, get_trace: Callable[[], Any]) -> dict[str, Any]:
     """A fleet run's summary without the per-replica list (smaller to send back): the job
     function of the fleet and pool studies."""
-    from sim.runner import run
+    from sim.run import run
 
     s = run(cfg, get_trace()).summary
     s.pop("replica_summaries", None)

@@ -21,7 +21,7 @@ plan.py       ``kvsim plan``: rounds of points searched for   trace + SLO -> ans
               the smallest deployment that meets SLOs
 ============  ==============================================  ===============================
 
-May import: ``sim.config``, ``sim.io``, ``sim.checks``, ``sim.runner`` (a point is one run),
+May import: ``sim.config``, ``sim.io``, ``sim.checks``, ``sim.run`` (a point is one run),
 ``traces``, ``policies``; never ``sim.studies``, ``sim.report`` or the CLI. The studies run
 their grids on these executors too.
 """

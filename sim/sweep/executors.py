@@ -10,7 +10,7 @@ config and trace, so every executor gives identical results:
 - ``LocalPoolExecutor(jobs)``: a pool of ``jobs`` processes on this machine;
 - ``RayExecutor(address)``: Ray tasks on a local Ray or an existing cluster.
 
-Traces: a worker process loads each trace once and keeps it for later jobs (``sim.runner``
+Traces: a worker process loads each trace once and keeps it for later jobs (``sim.run.trace``
 memoizes by the loading options; the on-disk npz cache makes that load fast). The Ray executor
 loads each distinct trace once in the driver and puts it in Ray's object store; a worker
 fetches it the first time it runs a job on that trace and keeps it, so nodes need no copy of
@@ -77,7 +77,7 @@ def worker_id() -> str:
 
 
 def _local_call(fn: JobFn, cfg: RunConfig, arg: Any) -> Any:
-    from sim.runner import load_run_trace
+    from sim.run import load_run_trace
 
     return fn(cfg, arg, lambda: load_run_trace(cfg))
 
@@ -234,13 +234,13 @@ def _ray_call(fn: JobFn, cfg: RunConfig, arg: Any, key: str, box: list) -> Any:
 def worker_trace_loads() -> int:
     """How many traces this worker process has loaded or fetched from Ray's object store
     (once per trace, not once per job)."""
-    from sim.runner import trace_loads
+    from sim.run import trace_loads
 
     return _WORKER_LOADS[0] + trace_loads()
 
 
 def trace_key(cfg: RunConfig) -> str:
-    from sim.runner import trace_options
+    from sim.run import trace_options
 
     return repr(trace_options(cfg))
 
@@ -325,7 +325,7 @@ class RayExecutor:
     def map(self, fn: JobFn, jobs: list[Job]) -> Iterator[tuple[int, Any]]:
         if not jobs:
             return
-        from sim.runner import load_run_trace
+        from sim.run import load_run_trace
 
         ray = self._init()
         remote = ray.remote(num_cpus=1, max_retries=self.max_retries,

@@ -3,7 +3,7 @@
 A question is one curve: a GPU kind and TP, a router, an eviction policy and a load (sessions
 at once, or an open loop's time scale). Its answer is the fewest replicas (or, with ``pd``
 shapes, the smallest prefill:decode pools) whose run **meets** the SLO: every run-level target
-and the attainment hold at the pessimistic end of the repeats' 95% intervals (sim/repeats.py
+and the attainment hold at the pessimistic end of the repeats' 95% intervals (sim/run/repeats.py
 ``pessimistic``). The search assumes more replicas never hurt: it bisects each question's
 replica range (``search="bisect"``: the largest size first, then halves) or runs every size
 (``search="full"``); the rounds go through the sweep machinery (sim/sweep: every point in
@@ -121,6 +121,7 @@ def point_fields(spec: PlanSpec, q: Question, size: int | tuple[int, int]) -> di
 
 def make_point(spec: PlanSpec, q: Question, size: int | tuple[int, int]):
     from policies import PRESETS
+    from sim.run.check import check
     from sim.sweep import Point
     from sim.sweep.points import _resolve
 
@@ -128,7 +129,7 @@ def make_point(spec: PlanSpec, q: Question, size: int | tuple[int, int]):
     where = f"plan {q.label} size {size}"
     cfg = _resolve(fields, where)
     cfg = cfg.with_preset(q.policy) if q.policy in PRESETS else cfg.with_policy(q.policy)
-    cfg.validate(where)
+    check(cfg, where)
     values = {"gpu": q.gpu, "mem_fraction": q.mem_fraction, "tp": q.tp, "router": q.router,
               "policy": q.policy,
               **dict(q.load), "size": size if isinstance(size, int) else f"{size[0]}:{size[1]}"}
@@ -151,7 +152,7 @@ class Outcome:
 
 
 def pessimistic_values(summary: dict[str, Any], slo: SLO) -> dict[str, float]:
-    from sim.repeats import pessimistic
+    from sim.run.repeats import pessimistic
 
     return pessimistic(summary, slo)
 

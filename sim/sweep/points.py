@@ -89,7 +89,9 @@ def _resolve(point: dict[str, Any], where: str, base_dir: Path | None = None) ->
         point["router"] = _policy_path(point["router"], base_dir)
     if base_dir is not None and "trace" in point:
         point["trace"] = _trace_path(point["trace"], base_dir)
-    return RunConfig.from_dict(point, where)
+    from sim.run.check import check_rooms
+
+    return check_rooms(RunConfig.from_dict(point, where), where)
 
 
 def _check_idle_fields(points: list[Point], base: dict, grid: dict, where: str) -> None:

@@ -60,7 +60,7 @@ def point_done(out: str | Path, pid: str) -> bool:
 def run_point(cfg: RunConfig, out: str, get_trace: Callable[[], Any]) -> dict[str, Any]:
     """Run one point into ``out/points/<id>`` (any executor calls this). A user error in the
     point (a bad trace file, ...) comes back as ``error`` instead of stopping the others."""
-    from sim.runner import run, write_result
+    from sim.run import run, write_result
 
     from .executors import worker_trace_loads
 

@@ -14,12 +14,16 @@ fields are the first repeat's.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 import pandas as pd
 
 from costmodel.detmath import ndtri
+
+from .result import RunResult
+from .trace import load_run_trace
 
 # t(0.975, df) for df = 1..30 (any statistics table); beyond, the Cornish-Fisher series
 _T975 = (12.706204736, 4.302652730, 3.182446305, 2.776445105, 2.570581836, 2.446911851,
@@ -74,16 +78,15 @@ def combine(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def run_repeats(cfg, trace=None, timeline=None):
-    """``cfg.repeats`` runs of ``cfg`` (module docstring) as one ``RunResult``."""
-    from sim.runner import RunResult, load_run_trace, run
+def run_repeats(cfg, trace, run_one: Callable[[Any, Any, int], RunResult]) -> RunResult:
+    """``cfg.repeats`` runs of ``cfg`` (module docstring) as one ``RunResult``; ``run_one(c,
+    trace, k)`` is repeat k's run of config ``c`` (``sim.run.run`` with ``repeats`` 1)."""
     from sim.slo import meets, parse_slo
 
     one = replace(cfg, repeats=1, trace_seed=cfg.trace_draw_seed)
     if trace is None:
         trace = load_run_trace(one)
-    results = [run(replace(one, seed=cfg.seed + k), trace, timeline if k == 0 else None)
-               for k in range(cfg.repeats)]
+    results = [run_one(replace(one, seed=cfg.seed + k), trace, k) for k in range(cfg.repeats)]
     summary = combine([r.summary for r in results])
     summary["repeats"] = cfg.repeats
     summary["repeat_seeds"] = [cfg.seed + k for k in range(cfg.repeats)]

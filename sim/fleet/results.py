@@ -1,16 +1,7 @@
-"""``run_fleet``: one run of N replicas behind a router (``sim.runner.run`` calls it when
-``RunConfig.is_fleet``). A pure function of (trace, config, seed), like a single run.
-
-Results: the requests of every replica in one table with a ``replica`` column; the summary
-is computed over all of them with the same code as a single server's (so fleet totals are the
-sums of the replicas'), plus the fleet metrics (``sim.fleet.metrics``) and, under
-``replica_summaries``, each replica's own summary; ``tables["load"]`` holds each replica's
-waiting and running requests at every routing decision (``kvsim plot`` draws it), and
-``tables["routing"]`` every decision with the router's belief beside the truth.
-
-Each replica is built, bound and summarized with ``sim.runner.run``'s own steps (the engine
-registry, ``bind_policy``, ``run_fields``); tests/test_fleet.py's ``--replicas 1`` golden
-fails the moment the two differ in any field.
+"""What a fleet run adds to a run (sim/run/kinds.py's ``FleetRun`` assembles it): the
+fleet's size check, the router's RNG stream, the shared pool built from the run's cost model,
+the fleet's columns of the requests table (``ideal_columns``, ``pool_columns``), its tables
+(``load_table``, ``routing_table``, ``pool_table``) and the pool's fields and notes.
 """
 
 from __future__ import annotations
@@ -19,14 +10,9 @@ import numpy as np
 import pandas as pd
 import simpy
 
-from costmodel.units import Units, ranges_units
-from sim.engines import ENGINES
-from sim.replay import Replay
-from sim.report.progress import current as current_progress
-from sim.runner import RunResult, answer_fields, bind_policy, run_fields
+from costmodel.units import ranges_units
 
-from .fleet import Fleet, ReplicaSignals
-from .metrics import fleet_metrics, merge_recorders, recorder_for
+from .fleet import Fleet
 from .pool import SharedPool
 from .pooltier import FleetPool
 
@@ -49,70 +35,6 @@ def check_fleet_size(cfg, trace) -> None:
                              f"could never serve one; use at most {len(trace):,}")
 
 
-def run_fleet(cfg, trace, spec, profile, timeline=None) -> RunResult:
-    check_fleet_size(cfg, trace)
-    env = simpy.Environment()
-    engines, policies = [], []
-    signals = [ReplicaSignals(i) for i in range(cfg.replicas)]
-    for i in range(cfg.replicas):
-        policy = cfg.make_policy()
-        bind_policy(env, cfg, spec, profile, policy, trace.sessions)
-        rec = recorder_for(trace, signals[i])
-        engine = ENGINES[cfg.engine].build(env, cfg, spec, profile, policy, rec)
-        if timeline is not None:  # sim/timeline.py: one track per replica
-            timeline.use_clock(lambda: env.now)
-            rec.observe(timeline.track(i, lambda e=engine: (len(e.waiting),
-                                                            len(e.running))))
-        engines.append(engine)
-        policies.append(policy)
-    sessions = recorder_for(trace)
-    router = cfg.make_router()
-    pool = build_pool(env, cfg, spec, profile, engines) if cfg.pool else None
-    fleet = Fleet(env, engines, router, cfg.block_size, sessions,
-                  np.random.default_rng([cfg.seed, ROUTER_STREAM]), pool, signals)
-    gaps = trace.gaps(cfg.gaps)
-    bar = current_progress()  # observes replies only (sim/report/progress.py)
-    replay = Replay(env, trace, fleet, gaps, trace.start_offsets(cfg.gaps), cfg.sessions,
-                    cfg.time_scale, on_reply=bar.advance if bar.counts("requests") else None,
-                    max_concurrency=cfg.max_concurrency)
-    driver = env.process(replay.closed_loop() if cfg.replay == "closed" else replay.open_loop())
-    env.run(until=driver)  # both loops end with the last reply
-    fleet.close()
-
-    tables = []
-    for i, e in enumerate(engines):
-        t = ideal_columns(e.rec.table(), fleet, cfg.block_size)
-        t.insert(0, "replica", np.full(len(t), i, dtype=np.int64))
-        tables.append(t)
-    served = [t for t in tables if len(t)] or tables[:1]  # idle replicas add no rows
-    table = pd.concat(served, ignore_index=True) if len(served) > 1 else served[0]
-    table = table.sort_values(["send_s", "request"], kind="stable").reset_index(drop=True)
-    merged = merge_recorders(trace, [e.rec for e in engines], sessions)
-    summary = merged.summary(env.now, cfg.block_size, table)
-    summary.update(run_fields(cfg, policies[0], profile, spec, trace, table))
-    summary.update(answer_fields(cfg, profile, table, summary, set(merged.session_end)))
-    metrics, per_replica = fleet_metrics(fleet, engines, tables, sessions, env.now,
-                                         cfg.block_size, table)
-    summary.update(metrics)
-    if cfg.vllm_patch != "none":  # as a single run's summary: the patch and its counters
-        summary["vllm_patch"] = cfg.vllm_patch
-        for replica_summary, e in zip(per_replica, engines, strict=True):
-            replica_summary.update(e.patch_summary())
-    summary["replica_summaries"] = per_replica
-    tables = {"load": _load_table(fleet), "routing": _routing_table(fleet)}
-    if pool is not None:
-        table = pool_columns(table, pool, cfg.block_size)
-        summary.update(pool_summary(pool, table, env.now, cfg))
-        summary["pool_notes"] = pool_notes(pool, table)
-        tables["pool"] = pool_table(pool)
-        if timeline is not None:
-            timeline.pool_fetches(pool.transfers, cfg.replicas)
-        tables["pool_transfers"] = pd.DataFrame(
-            np.asarray(pool.transfers, dtype=float).reshape(-1, 3),
-            columns=["start_s", "end_s", "bytes"])
-    return RunResult(cfg, table, summary, tables)
-
-
 def ideal_columns(table: pd.DataFrame, fleet: Fleet, bs: int) -> pd.DataFrame:
     """A replica's requests with the fleet's ideal: ``ideal_hit_tokens`` becomes the prefix an
     unlimited cache shared by the fleet held at the request's admission (the trace's own
@@ -131,10 +53,8 @@ def ideal_columns(table: pd.DataFrame, fleet: Fleet, bs: int) -> pd.DataFrame:
 
 def build_pool(env: simpy.Environment, cfg, spec, profile, engines) -> FleetPool:
     """The shared pool of a fleet run, priced by the run's cost model."""
-    base = profile.prefill_seconds(Units())
-
     def recompute_seconds(ranges: list[tuple[int, int]]) -> float:
-        return profile.prefill_seconds(ranges_units(spec, ranges)) - base
+        return profile.recompute_seconds(ranges_units(spec, ranges))
 
     return FleetPool(env, SharedPool(cfg.pool // cfg.block_size, cfg.pool_watermark,
                                      cfg.pool_evict_fraction),
@@ -206,7 +126,7 @@ def pool_table(pool: FleetPool) -> pd.DataFrame:
     })
 
 
-def _routing_table(fleet: Fleet) -> pd.DataFrame:
+def routing_table(fleet: Fleet) -> pd.DataFrame:
     """One row per routing decision, in decision order: what the router believed about the
     chosen replica beside the truth (tokens; ``believed`` NaN without a cache view)."""
     d = fleet.decisions
@@ -224,7 +144,7 @@ def _routing_table(fleet: Fleet) -> pd.DataFrame:
     })
 
 
-def _load_table(fleet: Fleet) -> pd.DataFrame:
+def load_table(fleet: Fleet) -> pd.DataFrame:
     n = len(fleet.replicas)
     times = np.asarray(fleet.load_time, dtype=float)
     return pd.DataFrame({

@@ -1,0 +1,67 @@
+"""The replicas of a run and its replay, the same code for every kind of run: one server, a
+fleet, the two pools of a disaggregated fleet.
+
+``build_replicas`` makes each replica (a fresh policy bound to the run, a recorder of the
+trace's sessions, the engine ``sim.engines.engine_class`` builds, a timeline track); ``replay``
+sends the trace to the run's front (the engine itself, a ``sim.fleet.Fleet`` or a
+``sim.fleet.pd.PDFleet``) until the last reply.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import simpy
+
+from costmodel.units import range_units
+from policies import EvictionPolicy, PolicyContext, SessionInfo
+from sim.config import RunConfig
+from sim.engines import EngineBase, engine_class
+from sim.fleet.metrics import recorder_for
+from sim.metrics import RecordListener
+from sim.replay import Replay
+
+
+def bind_policy(env: simpy.Environment, cfg: RunConfig, spec, profile, policy: EvictionPolicy,
+                sessions) -> None:
+    """Give a policy its run context: the simulated clock, the recompute price of a token
+    range at its positions, and the trace's sessions (read only)."""
+    def recompute_seconds(a: int, b: int) -> float:
+        """Marginal prefill seconds of tokens [a, b) at their positions."""
+        return profile.recompute_seconds(range_units(spec, a, b))
+
+    policy.bind(PolicyContext(now=lambda: env.now, block_size=cfg.block_size, seed=cfg.seed,
+                              recompute_seconds=recompute_seconds,
+                              sessions=tuple(SessionInfo(s.id, s.parent, s.agent_type)
+                                             for s in sessions)))
+
+
+def build_replicas(env: simpy.Environment, cfg: RunConfig, spec, profile, trace,
+                   listeners: Sequence[RecordListener | None], timeline=None
+                   ) -> tuple[list[EngineBase], list[EvictionPolicy]]:
+    """One engine per entry of ``listeners`` (what its recorder tells, or None), each with
+    its own policy, recorder and, with a ``timeline`` (sim/timeline.py), track i."""
+    engines, policies = [], []
+    for i, listener in enumerate(listeners):
+        policy = cfg.make_policy()
+        bind_policy(env, cfg, spec, profile, policy, trace.sessions)
+        rec = recorder_for(trace, listener)
+        engine = engine_class(cfg).build(env, cfg, spec, profile, policy, rec)
+        if timeline is not None:
+            timeline.use_clock(lambda: env.now)
+            rec.observe(timeline.track(i, lambda e=engine: (len(e.waiting), len(e.running))))
+        engines.append(engine)
+        policies.append(policy)
+    return engines, policies
+
+
+def replay(env: simpy.Environment, cfg: RunConfig, trace, front, context=None,
+           on_reply: Callable[[], None] | None = None) -> None:
+    """Send ``trace`` to ``front`` as ``cfg.replay`` says and run the clock until the last
+    reply (both loops end with it). ``context``: a ``sim.context.ContextRun`` (None under
+    ``full``); ``on_reply``: called once per trace request answered (an observer only)."""
+    driver = Replay(env, trace, front, trace.gaps(cfg.gaps), trace.start_offsets(cfg.gaps),
+                    cfg.sessions, cfg.time_scale, context, on_reply=on_reply,
+                    max_concurrency=cfg.max_concurrency)
+    env.run(until=env.process(driver.closed_loop() if cfg.replay == "closed"
+                              else driver.open_loop()))

@@ -1,0 +1,48 @@
+"""``run``: one configuration end to end, trace -> replicas -> requests table + summary.
+
+Every kind of run (sim/run/kinds.py: one server, a fleet, a disaggregated fleet) goes the
+same way: check the config, price the model, load the trace, build the replicas and the
+front on one clock, replay the trace to the last reply, close, assemble the result. A run is
+a pure function of (trace, config, seed); the same inputs give byte-identical outputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import simpy
+
+from costmodel.profile import load_profile
+from costmodel.specs import get_spec
+from sim.config import ConfigError, RunConfig
+
+from .build import replay
+from .check import check
+from .kinds import kind_of
+from .repeats import run_repeats
+from .result import RunResult
+from .trace import load_run_trace
+
+
+def run(cfg: RunConfig, trace=None, timeline=None,
+        on_reply: Callable[[], None] | None = None) -> RunResult:
+    """``trace``: the loaded trace (default: ``load_run_trace(cfg)``); ``timeline``: a
+    sim/timeline.py ``Timeline`` to record the run's batches into (the first repeat's, with
+    repeats); ``on_reply``: called once per trace request answered, in every repeat (progress
+    on screen: it observes, and returns nothing to the run)."""
+    if cfg.repeats > 1:
+        return run_repeats(cfg, trace, lambda c, t, k: run(c, t, timeline if k == 0 else None,
+                                                           on_reply))
+    check(cfg)
+    try:
+        spec = get_spec(cfg.model)
+    except KeyError as e:
+        raise ConfigError("config", "model", str(e.args[0])) from None
+    profile = load_profile(cfg.profile, cfg.model)
+    if trace is None:
+        trace = load_run_trace(cfg)
+    env = simpy.Environment()
+    built = kind_of(cfg)(env, cfg, spec, profile, trace, timeline)  # replicas and front
+    replay(env, cfg, trace, built.front, built.context, on_reply)
+    built.close()
+    return built.result()

@@ -1,0 +1,68 @@
+"""What one run gives back (``RunResult``) and the files ``kvsim run --out`` and a sweep point
+write for it (``write_result``, each file atomically; ``clear_run_outputs`` empties a reused
+folder of a previous run's)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from sim.config import RunConfig
+from sim.io import atomic_write_parquet, atomic_write_text, dumps, is_tmp_name
+
+
+@dataclass
+class RunResult:
+    config: RunConfig
+    requests: pd.DataFrame
+    summary: dict[str, Any]
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)  # more: NAME.parquet
+
+
+RESULT_FILES = ("requests.parquet", "config.json", "summary.json", "load.parquet",
+                "routing.parquet", "pd_transfers.parquet")
+# What ``kvsim run --out`` and ``kvsim plot`` write at the top of a run folder.
+RUN_FOLDER_FILES = ("runs.json", "ttft_cdf.png", "change_vs_first.png")
+RUN_FOLDER_PLOTS = "replica_load_*.png"  # a fleet run's per-replica load, one per policy
+
+
+def clear_run_outputs(out: str | Path) -> list[str]:
+    """Remove a previous ``kvsim run``'s outputs from ``out`` so that a reused folder holds
+    only the new run: its runs.json and plots, every child folder that holds nothing but
+    ``write_result`` files (a policy folder), and the temporary files of a killed run
+    (``sim.io.is_tmp_name``) in both. Anything else stays. Returns what was removed (the
+    temporary files are not named)."""
+    out = Path(out)
+    removed = []
+    for child in sorted(out.iterdir()) if out.is_dir() else []:
+        if child.is_dir() and not child.is_symlink():
+            names = [f.name for f in child.iterdir()]
+            results = [n for n in names if not is_tmp_name(n)]
+            if names and set(results) <= set(RESULT_FILES) and (
+                    not results or {"requests.parquet", "summary.json"} & set(results)):
+                for name in names:
+                    (child / name).unlink()
+                child.rmdir()
+                if results:
+                    removed.append(child.name + "/")
+        elif child.is_file() and (child.name in RUN_FOLDER_FILES or is_tmp_name(child.name)
+                                  or child.match(RUN_FOLDER_PLOTS)):
+            child.unlink()
+            if not is_tmp_name(child.name):
+                removed.append(child.name)
+    return removed
+
+
+def write_result(result: RunResult, out: str | Path) -> None:
+    """requests.parquet, config.json, then summary.json under ``out`` (each atomically)."""
+    out = Path(out)
+    atomic_write_parquet(result.requests, out / "requests.parquet")
+    for name, df in result.tables.items():  # a fleet's load.parquet
+        atomic_write_parquet(df, out / f"{name}.parquet")
+    atomic_write_text(out / "config.json", json.dumps(result.config.to_dict(), indent=2) + "\n")
+    # Last: a sweep takes a folder with summary.json as a finished point.
+    atomic_write_text(out / "summary.json", dumps(result.summary) + "\n")

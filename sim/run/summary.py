@@ -1,0 +1,59 @@
+"""The summary every run starts from, whatever its kind: the recorder's metrics over the
+run's requests table, the configuration fields beside them (``run_fields``) and the answers
+in GPUs and SLOs (``answer_fields``). A kind of run adds its own fields after these."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from policies import EvictionPolicy
+from sim.config import RunConfig
+from sim.engines import ENGINES
+from sim.metrics import RunRecorder
+
+
+def run_fields(cfg: RunConfig, policy: EvictionPolicy, profile, spec, trace,
+               table: pd.DataFrame) -> dict[str, Any]:
+    """The configuration fields a run summary carries beside its metrics."""
+    return {
+        "policy": policy.label, "model": cfg.model, "profile": profile.name,
+        "profile_provenance": profile.provenance, "gpu_cache_tokens": cfg.gpu_cache,
+        "cpu_cache_tokens": cfg.cpu_cache, "n_sessions": cfg.sessions, "gaps": cfg.gaps,
+        "scheduler": cfg.scheduler, "engine": cfg.engine, "trace": trace.name,
+        "trace_requests": len(trace),
+        # --lenient: records and whole files the loader skipped
+        "trace_skipped_records": int(trace.skipped),
+        "trace_skipped_files": int(trace.options.get("skipped_files", 0)),
+        # replayed although a real server would refuse them (cut with --max-context)
+        "over_context_requests": int(((table["prompt_tokens"] > spec.max_context)
+                                      & ~table["dropped"].astype(bool)).sum())
+        if len(table) else 0,
+    } | ENGINES[cfg.engine].summary_fields(cfg)
+
+
+def answer_fields(cfg: RunConfig, profile, table: pd.DataFrame, summary: dict[str, Any],
+                  completed_sessions: set[int]) -> dict[str, Any]:
+    """GPUs used, rates per GPU and, with an SLO, goodput (sim/deploy.py, sim/slo.py)."""
+    from sim.deploy import deployment_fields
+
+    out = deployment_fields(cfg, profile)
+    gpus = out["gpus"]
+    out["output_tokens_per_s_per_gpu"] = summary["output_tokens_per_s"] / gpus
+    out["total_tokens_per_s_per_gpu"] = summary["total_tokens_per_s"] / gpus
+    if cfg.slo is not None:
+        from sim.slo import slo_fields
+
+        out.update(slo_fields(cfg.slo, table, summary, completed_sessions, gpus))
+    return out
+
+
+def summarize(cfg: RunConfig, rec: RunRecorder, duration_s: float, table: pd.DataFrame,
+              policy: EvictionPolicy, profile, spec, trace) -> dict[str, Any]:
+    """``rec``'s summary over ``table`` (the run's requests; a fleet's merged recorder), then
+    the configuration fields and the answers."""
+    summary = rec.summary(duration_s, cfg.block_size, table)
+    summary.update(run_fields(cfg, policy, profile, spec, trace, table))
+    summary.update(answer_fields(cfg, profile, table, summary, set(rec.session_end)))
+    return summary
