@@ -139,6 +139,7 @@ class RunConfig:
     decode_cache: str = "on"  # on: a decode worker keeps finished requests' KV as a cache
     pd_return: str = "none"  # none | output: the finished output's KV goes back to prefill
     pd_rule: str = "disagg"  # how a request picks its pair (policies/routing/pd.py's registry)
+    pd_prealloc: str = "on"  # on: the decode worker pre-allocates the KV before the transfer
     # --- run -----------------------------------------------------------------------------
     seed: int = 0
     # the trace's own seed (a synthetic generator's draws); None: ``seed``, as before the
@@ -314,7 +315,8 @@ class RunConfig:
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise bad(name, f"must be an integer >= 0, got {v!r}")
         for name, allowed in (("pd_link_scope", PD_LINK_SCOPES), ("pd_streaming", PD_STREAMING),
-                              ("decode_cache", ON_OFF), ("pd_return", PD_RETURNS)):
+                              ("decode_cache", ON_OFF), ("pd_return", PD_RETURNS),
+                              ("pd_prealloc", ON_OFF)):
             if getattr(self, name) not in allowed:
                 raise bad(name, f"must be one of {', '.join(allowed)}, got "
                           f"{getattr(self, name)!r}")
@@ -342,10 +344,10 @@ class RunConfig:
                       "--prefill-replicas and --decode-replicas, not --replicas")
         from sim.engines import ENGINES
 
-        if not ENGINES[self.engine].lands_remote_kv:
-            raise bad("engine", "disaggregation runs with the sglang engine (the decode "
-                      "worker lands transferred KV in its radix tree; vLLM's block pool has "
-                      "no insertion point outside a running request)")
+        engine = ENGINES[self.engine]
+        if not engine.lands_remote_kv:
+            raise bad("engine", f"the {self.engine} engine cannot land KV computed elsewhere "
+                      "(EngineBase.lands_remote_kv): a decode worker needs it")
         if self.pool:
             raise bad("pool", "a shared pool with disaggregated pools is not modelled")
 
@@ -488,7 +490,7 @@ class IdleRule:
 
 
 PD_FIELDS = ("prefill_replicas", "decode_replicas", "pd_link", "pd_link_scope", "pd_streaming",
-             "pd_local_threshold", "decode_cache", "pd_return", "pd_rule")
+             "pd_local_threshold", "decode_cache", "pd_return", "pd_rule", "pd_prealloc")
 _CPU_TIER = ("tiering", "hicache_write_policy", "swap_buffer")
 _POOL = ("pool_bandwidth", "pool_latency_us", "pool_write", "pool_watermark",
          "pool_evict_fraction")

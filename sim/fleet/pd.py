@@ -66,7 +66,9 @@ class PDRecord:
 
     rid: int
     decode_worker: int
-    prefill_worker: int = -1  # -1: prefilled locally on the decode worker
+    prefill_worker: int = -1  # -1: not prefilled on the prefill pool
+    local: bool = False  # prefilled on its decode worker (conditional disaggregation)
+    prealloc_wait_s: float = math.nan  # asked -> the decode worker pre-allocated its KV
     prefill_s: float = math.nan  # arrival -> first token on the prefill worker
     transfer_queue_s: float = math.nan  # prefill end -> transfer start (booked on the link)
     transfer_s: float = math.nan  # transfer start -> landed (busy + latency)
@@ -114,6 +116,7 @@ class PDFleet:
         self.threshold = cfg.pd_local_threshold
         self.decode_cache = cfg.decode_cache == "on"
         self.streaming = cfg.pd_streaming == "layer"
+        self.prealloc = cfg.pd_prealloc == "on"
         self.records: dict[int, PDRecord] = {}
         self.queues: dict[object, LinkQueue] = {}
         n = len(decode)
@@ -143,9 +146,25 @@ class PDFleet:
         self.in_flight_tokens[d] += req.prompt_tokens
         req.done.callbacks.append(lambda _ev, req=req: self._finished(req))
         if choice.local:
+            rec.local = True
             rec.landed_at = now
             self._to_decode(req, d)
             return
+        if self.prealloc and self.decode[d].prealloc_before_prefill:
+            req.walk_from(self._hint("d", d, req.session))
+            self.decode[d].reserve_remote(req, lambda: self._granted(req, now, self._prefill))
+            return
+        self._prefill(req)
+
+    def _granted(self, req, asked: float, then) -> None:
+        """The decode worker pre-allocated ``req``'s KV (asked at ``asked``): go on."""
+        self.records[req.rid].prealloc_wait_s = self.env.now - asked
+        then(req)
+
+    def _prefill(self, req) -> None:
+        """Send the prefill-only copy of ``req`` to the prefill pool (its router picks)."""
+        now = self.env.now
+        rec = self.records[req.rid]
         copy = self.prefill.request_class(
             rid=req.rid, session=req.session, arrival=now, seq=0,
             prompt_tokens=req.prompt_tokens, output_tokens=1, ids=req.ids,
@@ -195,12 +214,28 @@ class PDFleet:
         now = self.env.now
         rec = self.records[req.rid]
         r = copy.record
+        d = rec.decode_worker
+        early = self.prealloc and self.decode[d].prealloc_before_prefill
         if r is None or r.dropped:  # the prefill worker could never hold it: decode computes
             rec.landing_failed = True
             rec.landed_at = now
-            self._to_decode(req, rec.decode_worker)
+            if early:
+                self.decode[d].cancel_remote(req)
+            else:
+                self._to_decode(req, d)
             return
         rec.prefill_s = r.first_token_s - copy.arrival
+        if self.prealloc and not early:
+            req.walk_from(self._hint("d", d, req.session))
+            self.decode[d].reserve_remote(
+                req, lambda: self._granted(req, now, lambda req: self._ship(req, r)))
+            return
+        self._ship(req, r)
+
+    def _ship(self, req, r) -> None:
+        """Book the prompt's KV on the link (``r``: the prefill's record)."""
+        now = self.env.now
+        rec = self.records[req.rid]
         nbytes = req.prompt_tokens * self.kv_bytes
         busy = self.link.busy_seconds(nbytes)
         q = self._queue(self._link_key(rec.prefill_worker, rec.decode_worker))
@@ -221,6 +256,10 @@ class PDFleet:
         rec = self.records[req.rid]
         d = rec.decode_worker
         rec.landed_at = self.env.now
+        if self.prealloc:  # into the room the decode worker pre-allocated
+            rec.landed_blocks = int(req.ids.size)
+            self.decode[d].land_remote(req)
+            return
         if req.ids.size and not self.decode[d].insert_remote(req.ids):
             rec.landing_failed = True
         else:
