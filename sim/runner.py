@@ -138,11 +138,7 @@ def run(cfg: RunConfig, trace=None, timeline=None) -> RunResult:
     if cfg.is_pd:  # prefill and decode pools (sim/fleet/pd.py)
         from sim.fleet.pd_run import run_pd
 
-        if timeline is not None:
-            raise ConfigError("config", "timeline", "a disaggregated fleet's timeline is not "
-                              "recorded yet; run without --timeline")
-
-        return run_pd(cfg, trace, spec, profile)
+        return run_pd(cfg, trace, spec, profile, timeline)
     if cfg.is_fleet:  # replicas behind a router (sim/fleet)
         from sim.fleet.run import run_fleet
 

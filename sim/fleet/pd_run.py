@@ -57,7 +57,9 @@ def _build(env, cfg, spec, profile, trace, n: int, listeners):
     return engines, policies
 
 
-def run_pd(cfg, trace, spec, profile) -> RunResult:
+def run_pd(cfg, trace, spec, profile, timeline=None) -> RunResult:
+    """``timeline``: a sim/timeline.py ``Timeline``: a track per prefill worker, then per
+    decode worker, then one per link (its transfers)."""
     env = simpy.Environment()
     # A prefill worker serves prefill-only requests: each asks one token, so the engine's
     # decode reservation is one token (SGLang reserves max_new_tokens of the request).
@@ -66,6 +68,12 @@ def run_pd(cfg, trace, spec, profile) -> RunResult:
     prefill, policies = _build(env, pcfg, spec, profile, trace, cfg.prefill_replicas, psignals)
     decode, _ = _build(env, cfg, spec, profile, trace, cfg.decode_replicas,
                        [None] * cfg.decode_replicas)
+    if timeline is not None:
+        timeline.use_clock(lambda: env.now)
+        for pid, (pool, i, e) in enumerate([("prefill", i, e) for i, e in enumerate(prefill)]
+                                           + [("decode", i, e) for i, e in enumerate(decode)]):
+            e.rec.observe(timeline.track(pid, lambda e=e: (len(e.waiting), len(e.running)),
+                                         f"{pool} {i}"))
     sessions = recorder_for(trace)
     pfleet = Fleet(env, prefill, cfg.make_router(), cfg.block_size, recorder_for(trace),
                    np.random.default_rng([cfg.seed, ROUTER_STREAM]), None, psignals)
@@ -87,8 +95,11 @@ def run_pd(cfg, trace, spec, profile) -> RunResult:
     summary.update(run_fields(cfg, policies[0], profile, spec, trace, table))
     summary.update(answer_fields(cfg, profile, table, summary, set(merged.session_end)))
     summary.update(pd_summary(fleet, prefill, decode, table, env.now, cfg))
-    transfers = [(str(key), *t) for key, q in sorted(fleet.queues.items(), key=lambda kv:
-                                                       str(kv[0])) for t in q.transfers]
+    links = sorted(fleet.queues.items(), key=lambda kv: str(kv[0]))
+    if timeline is not None:
+        for k, (key, q) in enumerate(links):
+            timeline.link(f"link {key}", q.transfers, len(prefill) + len(decode) + k)
+    transfers = [(str(key), *t) for key, q in links for t in q.transfers]
     tables = {"pd_transfers": pd.DataFrame(transfers, columns=["link", "start_s", "end_s",
                                                                 "bytes"])}
     return RunResult(cfg, table, summary, tables)
