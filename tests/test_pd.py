@@ -268,6 +268,10 @@ def test_sweep_ids_read_pd_fields_only_for_pd_points():
     pd = RunConfig.from_dict({"prefill_replicas": 1, "decode_replicas": 3,
                               "pd_link": "nvlink4"}, "sweep.yaml")
     assert identity(pd)["pd_link"] == "nvlink4" and point_id(pd) != point_id(agg)
+    # pre-allocation is read into a PD point's id unless off (then it ran as before it existed)
+    off = replace(pd, pd_prealloc="off")
+    assert identity(pd)["pd_prealloc"] == "on" and "pd_prealloc" not in identity(off)
+    assert point_id(off) != point_id(pd)
 
 
 @pytest.mark.parametrize("prealloc", ["off", "on"])

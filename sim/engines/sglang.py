@@ -270,12 +270,15 @@ class SGLangServer(EngineBase):
         the prealloc queue (SGLang's DecodePreallocQueue, FIFO) until this server
         pre-allocates the prompt's blocks (``_preallocate``), then ``granted()`` is called
         (the prefill and the transfer may go on); ``land_remote`` when the KV arrived. A
-        request that can never fit is dropped (SGLang aborts it)."""
+        request that can never fit is dropped (SGLang aborts it). The queue is served by
+        the server process, between its events (like an arrival, it cuts a decode run
+        after the step in flight): a decode run's memory stays what it planned with."""
         if self._never_fits(req):
             self._drop(req)
             return
         self.prealloc.append((req, granted))
-        self._preallocate()
+        if not self._wake.triggered:
+            self._wake.succeed()
 
     def _preallocate(self) -> None:
         """SGLang ``pop_preallocated`` (disaggregation/decode.py), head of line: the head

@@ -5,27 +5,37 @@ server (``submit``, ``busy``, ``close``, ``rec``), like ``Fleet``::
     request --> PD rule (policies/pd_rules.py) picks the decode worker d, and whether the
        |        request is prefilled on d (local: conditional disaggregation)
        |-- local --> decode worker d: prefill + decode as an aggregated server
-       +-- remote -> prefill pool (a ``Fleet`` over P engines behind --router): a prefill-only
+       +-- remote -> [sglang] d pre-allocates the prompt's KV (``reserve_remote``) before
+                     the prefill starts
+                  -> prefill pool (a ``Fleet`` over P engines behind --router): a prefill-only
                      copy of the request (``PrefillOnlyPrompt``: one token sampled, the prompt
                      inserted into that worker's cache under its eviction policy), then
+                  -> [vllm] d allocates the prompt's blocks (``reserve_remote``) once the
+                     prefill has ended
                   -> link (FIFO): prompt tokens x KV bytes per token, whole prompt (cached
                      prefix included, as real systems ship it)
-                  -> decode worker d: the prompt's full blocks land GPU-resident
-                     (``SGLangServer.insert_remote``), then the request runs under d's
-                     scheduler: its admission locks them; its first forward computes the last
-                     (partial) block and samples the first token; then it decodes, and under
-                     memory pressure is retracted as SGLang retracts (the redone prefill is
-                     counted as ``preempted_recompute_tokens``)
+                  -> decode worker d: the prompt lands in the room it pre-allocated
+                     (``land_remote``) and the request joins d's queue holding it: its first
+                     forward computes what is left (SGLang: the last, partial block; vLLM:
+                     the last token) and samples the first token; then it decodes, and under
+                     memory pressure is retracted (SGLang) or preempted (vLLM) as its engine
+                     does (the redone prefill is counted as ``preempted_recompute_tokens``)
 
-Landed blocks are not pinned before the admission (as a pool fetch's are not): a decode
-worker short of memory may evict them first (the request then computes them again, counted in
-``landed_lost_tokens``). Real decode servers pre-allocate the KV before the transfer
-(SGLang's prealloc queue, Dynamo's NIXL descriptors); that queue is not modelled: a landing
-lock held outside the engine's admission control would starve its chunked prefills.
+Pre-allocation (``--pd-prealloc on``, the default) is what the engines do, each its own way,
+behind one seam (``reserve_remote(req, granted)``, then ``land_remote`` or ``cancel_remote``):
+SGLang's decode worker holds the request in its prealloc queue (DecodePreallocQueue, FIFO)
+until free + evictable memory, less what active requests keep for decoding, covers the
+prompt, and its prefill worker waits for that (allocation policy ``early``); vLLM's decode
+scheduler allocates the blocks when FCFS reaches the request (``allocate_slots`` with
+external tokens, caching delayed) and parks it in WAITING_FOR_REMOTE_KVS. The transfer starts
+only once the room exists, so nothing that lands is evicted before its admission
+(``landed_lost_tokens`` is 0); the wait is ``prealloc_wait_s``. ``off`` (sglang only): the
+blocks land unreserved after the transfer (``SGLangServer.insert_remote``), as a pool fetch's,
+and a decode worker short of memory may evict them first (``landed_lost_tokens``).
 
-TTFT = prefill (queue + compute on the prefill worker) + transfer (queue on the link + time)
-+ the first forward on the decode worker (queue + at most one block computed); each part is a
-column of the request table (``PDRecord``).
+TTFT = the pre-allocation wait + prefill (queue + compute on the prefill worker) + transfer
+(queue on the link + time) + the first forward on the decode worker (queue + at most one
+block computed); each part is a column of the request table (``PDRecord``).
 
 Links (``costmodel/links.py``): one FIFO queue per prefill worker's NIC (``--pd-link-scope
 nic``, as Mooncake's transfer engine and Dynamo's NIXL ship from each GPU's NIC) or per
@@ -36,11 +46,11 @@ prefill's end plus one layer's share, nor than its start plus bytes / bandwidth.
 booked when the prefill ends (transfers take the link in the order their prefills end).
 
 ``--decode-cache off``: a decode worker frees what a finished request leaves
-(``SGLangServer.forget_unused``); ``on`` (default) keeps it in its radix tree under its
-eviction policy, so a later turn may hit there (local prefill, or the decode worker's own
-hit on the landed prompt). ``--pd-return output``: a remote request's output KV (its full
-blocks past the prompt) goes back to the prefill worker that served the turn over the link
-(the reverse direction, its own FIFO) and lands there when the prompt is still cached.
+(``forget_unused``); ``on`` (default) keeps it in its cache under its eviction policy, so a
+later turn may hit there (local prefill, or the decode worker's own hit on the landed
+prompt). ``--pd-return output`` (sglang only): a remote request's output KV (its full blocks
+past the prompt) goes back to the prefill worker that served the turn over the link (the
+reverse direction, its own FIFO) and lands there when the prompt is still cached.
 """
 
 from __future__ import annotations
