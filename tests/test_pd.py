@@ -274,8 +274,9 @@ def test_sweep_ids_read_pd_fields_only_for_pd_points():
     assert point_id(off) != point_id(pd)
 
 
-@pytest.mark.parametrize("prealloc", ["off", "on"])
-def test_a_decode_worker_short_of_memory_never_idles_with_work(prealloc):
+@pytest.mark.parametrize(("engine", "prealloc"), [("sglang", "off"), ("sglang", "on"),
+                                                ("vllm", "on")])
+def test_a_decode_worker_short_of_memory_never_idles_with_work(engine, prealloc):
     """A decode worker full of landed prompts still finishes its chunked prefills
     (``debug_cache`` checks the server never idles with work queued). Without
     pre-allocation the landed KV is not pinned outside the engine's admission control and
@@ -284,7 +285,7 @@ def test_a_decode_worker_short_of_memory_never_idles_with_work(prealloc):
     requests wait in the prealloc queue instead."""
     cfg = RunConfig(trace="synthetic:claude-code?sessions=8", max_context=65536, gaps="tool",
                     gpu_cache=98304, sessions=3, prefill_replicas=2, decode_replicas=1,
-                    preset="sglang", debug_cache=True, pd_prealloc=prealloc)
+                    engine=engine, preset=engine, debug_cache=True, pd_prealloc=prealloc)
     res = run(cfg)
     s = res.summary
     assert s["requests"] == len(res.requests) > 0

@@ -119,3 +119,28 @@ def test_decode_cache_off_on_vllm_forgets_what_a_finished_request_leaves():
     assert on["prefilled_locally"].tolist() == [False, True]
     assert on["hit_gpu_tokens"].iloc[1] == 1024
     assert off["prefilled_locally"].tolist() == [False, False]
+
+
+def test_block_pool_admit_remote_caches_only_when_the_load_finished():
+    """``BlockPool.admit_remote``: the local hit is touched, the rest popped, nothing new is
+    hashed until ``cache_known`` (vLLM's delay_cache_blocks); a request that does not fit
+    changes nothing; ``forget_free`` drops every free cached block's hash."""
+    import numpy as np
+
+    from sim.kvcache.blockpool import BlockPool
+
+    pool = BlockPool(8, 4, debug=True)
+    assert pool.admit(0, np.arange(3), 12, 12) == 0  # 3 blocks cached by a local request
+    pool.free(0)
+    ids = np.asarray([0, 1, 7, 8])  # shares 2 blocks, then its own
+    assert pool.admit_remote(1, ids, 18) == 2  # 5 blocks: 2 hit + 3 popped
+    assert pool.cached_of(1) == 2 and not pool.is_cached(7)
+    before = (pool.free_queue().tolist(), pool.cached_ids().tolist())
+    assert pool.admit_remote(2, np.arange(10, 15), 20) is None  # 5 more: only 3 free
+    assert (pool.free_queue().tolist(), pool.cached_ids().tolist()) == before
+    pool.cache_known(1, 18)
+    assert pool.cached_of(1) == 4 and pool.is_cached(8)
+    pool.free(1)
+    assert len(pool.cached_ids()) == 5
+    pool.forget_free()
+    assert len(pool.cached_ids()) == 0 and pool.free_blocks == 8
