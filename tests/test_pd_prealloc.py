@@ -144,3 +144,4 @@ def test_block_pool_admit_remote_caches_only_when_the_load_finished():
     assert len(pool.cached_ids()) == 5
     pool.forget_free()
     assert len(pool.cached_ids()) == 0 and pool.free_blocks == 8
+

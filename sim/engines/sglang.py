@@ -392,7 +392,10 @@ class SGLangServer(EngineBase):
         extend = sum(b - a for a, b in ranges)
         self.cache.lock(m.node)
         need = extend + cpu + self._decode_reserve(req) + self.bs
-        if need >= self._headroom():
+        # A request whose KV landed in pre-allocated room passed its admission test there:
+        # SGLang's decode worker takes it into the running batch with no memory test
+        # (get_new_prebuilt_batch), only the batch size.
+        if need >= self._headroom() and req.landed is None:
             self.cache.unlock(m.node)
             return NO_TOKEN
         loaded = 0
