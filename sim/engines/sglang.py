@@ -479,7 +479,8 @@ class SGLangServer(EngineBase):
                 break
             if got == NO_TOKEN:
                 self.batch_is_full = bool(plan or self.running)
-                if not self.running and not plan and self.chunked is None:
+                if not self.running and not plan and self.chunked is None \
+                        and not self.receiving:
                     # Nothing holds memory but this request and it does not fit: it never
                     # will. Drop it and try the next one (the server must not sleep).
                     self.waiting.remove(req)
@@ -678,6 +679,10 @@ class SGLangServer(EngineBase):
                 self._finish_prefill(batch, per_req)
                 continue
             if not self.running:
+                if self.receiving:  # KV in transfer holds the room: wait for its landing
+                    self._wake = env.event()
+                    yield self._wake
+                    continue
                 # Nothing was admitted and nothing decodes: a waiting request that does not
                 # fit an otherwise empty server was dropped, so this wait is for an arrival.
                 yield self._sleep()
