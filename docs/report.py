@@ -112,22 +112,25 @@ def pd_tables(path: str) -> None:
     rows = doc["rows"]
     for workload in dict.fromkeys(r["workload"] for r in rows):
         print(f"\n#### {workload} ({rows[0]['gpus']} GPUs)\n")
-        print(table(["arrangement", "eviction", "router", "rule", "local below", "decode cache",
-                     "return", "TTFT mean s", "TTFT p90 s", "JCT mean s", "hit rate",
+        print(table(["arrangement", "engine", "eviction", "router", "rule", "local below",
+                     "decode cache", "return", "prealloc", "TTFT mean s", "TTFT p90 s",
+                     "JCT mean s", "hit rate",
                      "output recomputed", "local", "moved GB", "link busy max",
-                     "prefill busy", "decode busy", "prefill s", "transfer s",
-                     "first decode s", "retractions"],
-                    [[r["arrangement"], r["policy"], r["router"], r["rule"],
+                     "prefill busy", "decode busy", "prealloc wait s", "prefill s",
+                     "transfer s", "first decode s", "retractions"],
+                    [[r["arrangement"], r["engine"], r["policy"], r["router"], r["rule"],
                       f"{r['threshold']:,}", r["decode_cache"], r["pd_return"],
+                      r["prealloc"],
                       sec(r["ttft_mean_s"]), sec(r["ttft_p90_s"]), sec(r["jct_mean_s"]),
                       frac(r["hit_rate"]), frac(r["recomputed_output_share"]),
                       frac(r["local_share"]), f"{r['transfer_gb']:,.1f}",
                       frac(r["link_busy_max"]),
                       "-" if r["prefill_busy"] is None else frac(r["prefill_busy"]),
                       "-" if r["decode_busy"] is None else frac(r["decode_busy"]),
+                      sec(r["prealloc_wait_s_mean"]),
                       sec(r["prefill_s_mean"]), sec(r["transfer_s_mean"]),
                       sec(r["first_decode_s_mean"]), f"{r['decode_retractions']:,}"]
-                     for r in rows if r["workload"] == workload], right=set(range(7, 21))))
+                     for r in rows if r["workload"] == workload], right=set(range(9, 24))))
 
 
 def cache_engineering(path: str) -> None:

@@ -140,6 +140,7 @@ class RunConfig:
     decode_cache: str = "on"  # on: a decode worker keeps finished requests' KV as a cache
     pd_return: str = "none"  # none | output: the finished output's KV goes back to prefill
     pd_rule: str = "disagg"  # how a request picks its pair (policies/routing/pd.py's registry)
+    pd_prealloc: str = "on"  # on: the decode worker pre-allocates the KV before the transfer
     # --- run -----------------------------------------------------------------------------
     seed: int = 0
     # the trace's own seed (a synthetic generator's draws); None: ``seed``, as before the
@@ -376,7 +377,7 @@ class IdleRule:
 
 
 PD_FIELDS = ("prefill_replicas", "decode_replicas", "pd_link", "pd_link_scope", "pd_streaming",
-             "pd_local_threshold", "decode_cache", "pd_return", "pd_rule")
+             "pd_local_threshold", "decode_cache", "pd_return", "pd_rule", "pd_prealloc")
 _CPU_TIER = ("tiering", "hicache_write_policy", "swap_buffer")
 _POOL = ("pool_bandwidth", "pool_latency_us", "pool_write", "pool_watermark",
          "pool_evict_fraction")

@@ -7,8 +7,9 @@ per batch: its requests and tokens; phantom refills of holes are tokens of the b
 ``decode`` (one per decode event: its steps and batch size), instant events (``ph: i``) for
 ``evict`` (each call that freed GPU room: blocks deleted and demoted), ``cpu load`` and
 ``transfer`` (bytes each way), and a counter (``ph: C``) ``queue`` of waiting and running
-requests at each batch; a fleet's shared pool adds a process of its fetches. Times are the
-simulated clock in microseconds.
+requests at each batch; a fleet's shared pool adds a process of its fetches; a
+disaggregated fleet (sim/run/kinds.py PDRun) has a process per prefill and per decode worker and
+one per link, a slice per transfer. Times are the simulated clock in microseconds.
 """
 
 from __future__ import annotations
@@ -29,13 +30,14 @@ class Timeline:
         """Stamp instants with ``now`` (the run's simulated clock, known once it starts)."""
         self.now = now
 
-    def track(self, replica: int, queue: Callable[[], tuple[int, int]]) -> Track:
-        """The observer of replica ``replica``'s recorder; ``queue`` gives its (waiting,
-        running) requests."""
+    def track(self, replica: int, queue: Callable[[], tuple[int, int]],
+              name: str | None = None) -> Track:
+        """The observer of replica ``replica``'s recorder (``name``: its process's name,
+        ``replica N`` unless given); ``queue`` gives its (waiting, running) requests."""
         if replica not in self._named:
             self._named.add(replica)
             self.events.append({"ph": "M", "name": "process_name", "pid": replica,
-                                "tid": 0, "args": {"name": f"replica {replica}"}})
+                                "tid": 0, "args": {"name": name or f"replica {replica}"}})
             for tid, name in ((1, "batches"), (2, "cache events")):
                 self.events.append({"ph": "M", "name": "thread_name", "pid": replica,
                                     "tid": tid, "args": {"name": name}})
@@ -44,10 +46,19 @@ class Timeline:
     def pool_fetches(self, transfers: list[tuple[float, float, float]], pid: int) -> None:
         """A shared pool's fetches (start, end, bytes) as slices of a ``pool`` process
         ``pid`` (fetches overlap: each gets a row of its own in the viewer's layout)."""
+        self._transfers("shared KV pool", "pool fetch", transfers, pid)
+
+    def link(self, name: str, transfers: list[tuple[float, float, float]], pid: int) -> None:
+        """A link's transfers (start, end, bytes: a FIFO, they never overlap) as slices of
+        process ``pid`` named ``name``."""
+        self._transfers(name, "transfer", transfers, pid)
+
+    def _transfers(self, process: str, name: str, transfers: list[tuple[float, float, float]],
+                   pid: int) -> None:
         self.events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
-                            "args": {"name": "shared KV pool"}})
+                            "args": {"name": process}})
         for start, end, nbytes in transfers:
-            self.events.append({"ph": "X", "name": "pool fetch", "pid": pid, "tid": 1,
+            self.events.append({"ph": "X", "name": name, "pid": pid, "tid": 1,
                                 "ts": _us(start), "dur": _us(end - start),
                                 "args": {"bytes": int(nbytes)}})
 

@@ -148,8 +148,13 @@ def test_ideal_link_equals_one_aggregated_server_within_the_first_forward():
 def test_refusals():
     with pytest.raises(ConfigError, match="both pools"):
         check(pd_cfg(decode_replicas=0))
-    with pytest.raises(ConfigError, match="sglang engine"):
-        check(pd_cfg(engine="vllm", preset="vllm"))
+    vllm = dict(engine="vllm", preset="vllm")
+    check(pd_cfg(**vllm))  # vLLM pools run (its KV connector path)
+    for field, value in (("pd_prealloc", "off"), ("pd_streaming", "layer"),
+                         ("pd_return", "output"), ("vllm_patch", "continuum")):
+        with pytest.raises(ConfigError, match=field):
+            check(pd_cfg(**vllm, **{field: value}))
+    check(pd_cfg(engine="vllm", vllm_patch="penelope", preset="penelope"))
     with pytest.raises(ConfigError, match="pd_link"):
         check(pd_cfg(pd_link="carrier-pigeon"))
     with pytest.raises(ConfigError, match="pd_rule"):
@@ -167,7 +172,7 @@ turns = st.tuples(st.integers(100, 2500), st.integers(1, 200), st.floats(0.0, 2.
 
 
 @st.composite
-def pd_runs(draw):
+def pd_runs(draw, engine: str = "sglang"):
     sessions = []
     for _ in range(draw(st.integers(1, 3))):
         n = draw(st.integers(1, 3))
@@ -189,7 +194,11 @@ def pd_runs(draw):
         decode_cache=draw(st.sampled_from(["on", "off"])),
         pd_return=draw(st.sampled_from(["none", "output"])),
         pd_rule=draw(st.sampled_from(["disagg", "dynamo", "llm-d"])),
-        max_new_tokens=draw(st.sampled_from([None, 32])))
+        max_new_tokens=draw(st.sampled_from([None, 32])),
+        pd_prealloc=draw(st.sampled_from(["on", "off"])))
+    if engine == "vllm":  # what vLLM's connector path does (the rest is refused)
+        return replace(cfg, engine="vllm", preset="vllm", pd_prealloc="on", pd_return="none",
+                       vllm_async=draw(st.booleans())), KitTrace(sessions)
     streaming = draw(st.booleans()) and cfg.pd_link != "ideal"
     return replace(cfg, pd_streaming="layer" if streaming else "off"), KitTrace(sessions)
 
@@ -197,14 +206,31 @@ def pd_runs(draw):
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(pd_runs())
 def test_every_request_prefilled_once_decoded_once_links_never_overbooked(case):
-    cfg, trace = case
+    check_pd_run(*case)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pd_runs("vllm"))
+def test_every_request_prefilled_once_decoded_once_on_vllm_pools(case):
+    check_pd_run(*case)
+
+
+def check_pd_run(cfg: RunConfig, trace) -> None:
     res = run(cfg, trace)
     t, s = res.requests, res.summary
     assert sorted(t["request"].tolist()) == list(range(len(trace)))  # one row each
     ok = t[~t["dropped"]]
     assert (ok["decoded_tokens"] == ok["output_tokens"] - 1).all()  # decoded once, whole
     remote = t[~t["prefilled_locally"]]
-    assert s["prefill_pool_requests"] == len(remote)  # one prefill per remote request
+    # one prefill per remote request, unless its decode worker refused it first (never fits)
+    sent = remote["pd_prefill_worker"] >= 0
+    assert s["prefill_pool_requests"] == int(sent.sum())
+    assert remote["dropped"][~sent].all()
+    if cfg.pd_prealloc == "on":
+        assert s["landed_lost_tokens"] == 0
+        assert (remote["prealloc_wait_s"][sent] >= 0).all()
+    else:
+        assert remote["prealloc_wait_s"].isna().all()
     prefilled = remote["prefill_s"].notna()  # its prefill ran (not refused by the worker)
     assert (remote["transfer_bytes"][prefilled] == remote["prompt_tokens"][prefilled] * KVB).all()
     assert (remote["transfer_bytes"][~prefilled] == 0).all()
@@ -219,8 +245,8 @@ def test_every_request_prefilled_once_decoded_once_links_never_overbooked(case):
         assert (end - start).sum() <= s["sim_end_s"] + 1e-9
     assert 0.0 <= s["link_busy_share_max"] <= 1.0 + 1e-12
     if cfg.pd_streaming == "off":
-        parts = remote["prefill_s"] + remote["transfer_queue_s"] + remote["transfer_s"] \
-            + remote["first_decode_s"]
+        parts = remote["prealloc_wait_s"].fillna(0.0) + remote["prefill_s"] \
+            + remote["transfer_queue_s"] + remote["transfer_s"] + remote["first_decode_s"]
         r_ok = ~remote["dropped"] & remote["prefill_s"].notna()
         np.testing.assert_allclose(parts[r_ok], remote["ttft_s"][r_ok], rtol=1e-9, atol=1e-9)
 
@@ -242,19 +268,32 @@ def test_sweep_ids_read_pd_fields_only_for_pd_points():
     pd = RunConfig.from_dict({"prefill_replicas": 1, "decode_replicas": 3,
                               "pd_link": "nvlink4"}, "sweep.yaml")
     assert identity(pd)["pd_link"] == "nvlink4" and point_id(pd) != point_id(agg)
+    # pre-allocation is read into a PD point's id unless off (then it ran as before it existed)
+    off = replace(pd, pd_prealloc="off")
+    assert identity(pd)["pd_prealloc"] == "on" and "pd_prealloc" not in identity(off)
+    assert point_id(off) != point_id(pd)
 
 
-def test_a_decode_worker_short_of_memory_never_idles_with_work():
-    """Landed KV is not pinned outside the engine's admission control: a decode worker full
-    of landed prompts still finishes its chunked prefills (a landing lock held until the
-    admission starved them: the server slept with a request waiting). ``debug_cache``
-    checks the server never idles with work queued."""
+@pytest.mark.parametrize(("engine", "prealloc"), [("sglang", "off"), ("sglang", "on"),
+                                                ("vllm", "on")])
+def test_a_decode_worker_short_of_memory_never_idles_with_work(engine, prealloc):
+    """A decode worker full of landed prompts still finishes its chunked prefills
+    (``debug_cache`` checks the server never idles with work queued). Without
+    pre-allocation the landed KV is not pinned outside the engine's admission control and
+    the worker evicts some before admitting its request (``landed_lost_tokens``); with it
+    (the default) the landing is admission-controlled up front: nothing landed is lost, and
+    requests wait in the prealloc queue instead."""
     cfg = RunConfig(trace="synthetic:claude-code?sessions=8", max_context=65536, gaps="tool",
                     gpu_cache=98304, sessions=3, prefill_replicas=2, decode_replicas=1,
-                    preset="sglang", debug_cache=True)
+                    engine=engine, preset=engine, debug_cache=True, pd_prealloc=prealloc)
     res = run(cfg)
-    assert res.summary["requests"] == len(res.requests) > 0
-    assert res.summary["landed_lost_tokens"] > 0  # the pressure this test is about
+    s = res.summary
+    assert s["requests"] == len(res.requests) > 0
+    if prealloc == "off":
+        assert s["landed_lost_tokens"] > 0  # the pressure this test is about
+        assert res.requests["prealloc_wait_s"].isna().all()
+    else:
+        assert s["landed_lost_tokens"] == 0 and s["prealloc_waited"] > 0
 
 
 @pytest.mark.parametrize("scope", ["nic", "pair"])

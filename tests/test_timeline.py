@@ -78,3 +78,36 @@ def test_a_shared_pools_fetches_are_a_process_of_their_own() -> None:
     assert {e["pid"] for e in fetches} == {2}
     assert sum(e["args"]["bytes"] for e in fetches) == int(
         res.tables["pool_transfers"]["bytes"].sum())
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_a_disaggregated_fleet_has_a_track_per_worker_and_per_link(engine) -> None:
+    """Prefill workers, then decode workers, then one process per link: every batch and
+    decode event of both pools is a slice of its worker, every transfer a slice of its link
+    (start and length as ``pd_transfers`` has them; a FIFO: none overlaps the next)."""
+    res, events = events_of(RunConfig(**BASE, engine=engine, preset=engine,
+                                      prefill_replicas=2, decode_replicas=2,
+                                      pd_link="rdma-100", pd_link_scope="pair"))
+    s, xfer = res.summary, res.tables["pd_transfers"]
+    links = sorted(xfer["link"].unique())
+    names = {e["pid"]: e["args"]["name"] for e in events
+             if e["ph"] == "M" and e["name"] == "process_name"}
+    assert names == {0: "prefill 0", 1: "prefill 1", 2: "decode 0", 3: "decode 1",
+                     **{4 + k: f"link {key}" for k, key in enumerate(links)}}
+    count = Counter((e["ph"], e["name"]) for e in events)
+    assert count[("X", "prefill")] == s["prefill_batches"] > 0
+    assert count[("X", "decode")] == s["decode_events"] > 0
+    assert {e["pid"] for e in events if e["name"] == "prefill"} == {0, 1, 2, 3}
+    assert {e["pid"] for e in events if e["name"] == "decode"} <= {2, 3}
+    assert count[("X", "transfer")] == len(xfer) == s["transfers"] > 0
+    for k, key in enumerate(links):
+        mine = sorted((e for e in events if e["pid"] == 4 + k and e["ph"] == "X"),
+                      key=lambda e: e["ts"])
+        rows = xfer[xfer["link"] == key].sort_values("start_s")
+        assert [e["args"]["bytes"] for e in mine] == rows["bytes"].tolist()
+        assert [e["ts"] for e in mine] == pytest.approx((rows["start_s"] * 1e6).tolist(),
+                                                         abs=1e-3)
+        assert [e["dur"] for e in mine] == pytest.approx(
+            ((rows["end_s"] - rows["start_s"]) * 1e6).tolist(), abs=2e-3)
+        for a, b in pairwise(mine):
+            assert b["ts"] >= a["ts"] + a["dur"] - 5e-3

@@ -13,7 +13,7 @@ from policies.pd_rules import PD_RULES
 from .common import SIZE
 
 PD_OPTIONS = ("prefill_replicas", "decode_replicas", "pd_link", "pd_link_scope", "pd_streaming",
-              "pd_local_threshold", "decode_cache", "pd_return", "pd_rule")
+              "pd_local_threshold", "decode_cache", "pd_return", "pd_rule", "pd_prealloc")
 
 
 def pd_options(f: Callable) -> Callable:
@@ -45,6 +45,11 @@ def pd_options(f: Callable) -> Callable:
         click.option("--pd-rule", type=click.Choice(list(PD_RULES.names())), default="disagg",
                      show_default=True, help="How a request picks its decode worker and "
                      "whether it is prefilled there (policies/pd_rules.py)."),
+        click.option("--pd-prealloc", type=click.Choice(["on", "off"]), default="on",
+                     show_default=True, help="on: the decode worker pre-allocates the KV "
+                     "before the transfer, as the engines do (SGLang's prealloc queue, "
+                     "vLLM's WAITING_FOR_REMOTE_KVS); off: the KV lands unreserved "
+                     "(sglang only)."),
     ]
     for opt in reversed(opts):
         f = opt(f)

@@ -50,9 +50,11 @@ class EngineBase:
     default_presets: tuple[str, ...] = ("sglang", "vllm", "penelope")
     # The record a request has on this engine (the replay builds it: sim/replay.py).
     request_class: type[Req] = Req
-    # KV computed elsewhere can land in this engine's cache (``insert_remote``): the decode
-    # worker of a disaggregated fleet (sim/fleet/pd.py) needs it.
+    # KV computed elsewhere can land in this engine's cache: a disaggregated fleet's decode
+    # worker (sim/fleet/pd.py) pre-allocates it (``reserve_remote``, then ``land_remote`` or
+    # ``cancel_remote``); ``prealloc_before_prefill``: it does so before the prefill starts.
     lands_remote_kv: bool = False
+    prealloc_before_prefill: bool = False
 
     @classmethod
     def summary_fields(cls, cfg: RunConfig) -> dict[str, Any]:

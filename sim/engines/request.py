@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -49,6 +50,9 @@ class Req:
     # computing a position below it again is work redone (``preempted_recompute_*``).
     redo_until: int = 0
     hint: WalkHint = field(default_factory=WalkHint)  # where the cache's last walk ended
+    # A decode worker's lock on the prompt KV that landed for it (``land_remote``), held
+    # until the request's admission locks its own match.
+    landed: object | None = None
 
     def walk_from(self, hint: WalkHint) -> None:
         """Walk from ``hint`` from now on: a request that moves to another server's cache
@@ -100,3 +104,6 @@ class VllmReq(Req):
     placeholders: int = 0
     in_flight: int = 0
     stale: int = 0
+    # A decode worker's request whose prompt KV a prefill worker computes: called when its
+    # blocks are allocated (``VllmServer.reserve_remote``); None once they are.
+    remote_granted: Callable[[], None] | None = None

@@ -28,6 +28,7 @@ scheduler's one-iteration delay in freeing KV is not modelled.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,12 +72,19 @@ NO_TOKEN, OTHER = "no_token", "other"
 # until this many tokens per remaining request are free; the new ratio assumes as many more
 # tokens per survivor.
 RETRACT_DECODE_STEPS = 20
+# --num-reserved-decode-tokens (sglang/srt/arg_groups/fields/disagg.py): decode tokens a
+# disaggregated decode worker keeps free per active request when it pre-allocates.
+NUM_RESERVED_DECODE_TOKENS = 512
 
 
 class SGLangServer(EngineBase):
     """SGLang's scheduler and memory semantics over one ``RadixKVCache``."""
 
     lands_remote_kv = True
+    # --disaggregation-decode-allocation-policy early (SGLang's default): the decode worker
+    # pre-allocates at bootstrap, and the prefill worker waits for it (PrefillBootstrapQueue
+    # admits a request once its decode side sent the KV indices: KVPoll.WaitingForInput).
+    prealloc_before_prefill = True
 
     @classmethod
     def build(cls, env: simpy.Environment, cfg: RunConfig, spec: ModelSpec, profile: Profile,
@@ -107,6 +115,10 @@ class SGLangServer(EngineBase):
         # while requests run; no admission is tried again until the running batch shrinks.
         self.batch_is_full = False
         self.queue = WaitingOrder(scheduler, cache, self.bs, self._usable_blocks)
+        # A disaggregated decode worker: the prealloc queue (FIFO) and the transfer queue
+        # (rid -> the locked prefix node and the blocks pre-allocated for the rest).
+        self.prealloc: list[tuple[Req, Callable[[], None]]] = []
+        self.receiving: dict[int, tuple[object, int]] = {}
         self.process = self.start()
 
     def busy(self) -> bool:
@@ -252,6 +264,93 @@ class SGLangServer(EngineBase):
         cache.unlock(m.node)
         return ok
 
+    # --- a disaggregated decode worker: KV computed elsewhere lands where it pre-allocated ----
+    def reserve_remote(self, req: Req, granted: Callable[[], None]) -> None:
+        """``req``'s prompt KV is computed by a prefill worker (sim/fleet/pd.py): it waits in
+        the prealloc queue (SGLang's DecodePreallocQueue, FIFO) until this server
+        pre-allocates the prompt's blocks (``_preallocate``), then ``granted()`` is called
+        (the prefill and the transfer may go on); ``land_remote`` when the KV arrived. A
+        request that can never fit is dropped (SGLang aborts it). The queue is served by
+        the server process, between its events (like an arrival, it cuts a decode run
+        after the step in flight): a decode run's memory stays what it planned with."""
+        if self._never_fits(req):
+            self._drop(req)
+            return
+        self.prealloc.append((req, granted))
+        if not self._wake.triggered:
+            self._wake.succeed()
+
+    def _preallocate(self) -> None:
+        """SGLang ``pop_preallocated`` (disaggregation/decode.py), head of line: the head
+        locks its GPU prefix and pre-allocates the rest of its prompt when the free +
+        evictable tokens, less max(R per active request, what the longest running request
+        needs to finish alone beyond what retraction frees), cover max(the pages + R, the
+        uncached prompt + its decode tokens beyond what retraction frees); R =
+        ``NUM_RESERVED_DECODE_TOKENS``, active = running + receiving + waiting. A head that
+        does not fit a server holding nothing never will: it is dropped."""
+        bs, clip = self.bs, self.cfg.clip_max_new_tokens
+        running = self.running
+        retractable = sum(r.prompt_tokens + r.generated for r in running)
+        single = max(min(self._max_new(r), clip) + r.prompt_tokens for r in running) \
+            - retractable if running else 0
+        cache = self.cache
+        while self.prealloc:
+            req, granted = self.prealloc[0]
+            m = cache.match(req.ids, touch=False)
+            cache.lock(m.node)
+            held = m.blocks_in(Tier.GPU)
+            missing = int(req.ids.size) - held
+            active = len(running) + len(self.receiving) + len(self.waiting) \
+                + (self.chunked is not None)
+            room = (cache.free_blocks + cache.evictable_blocks) * bs \
+                - max(NUM_RESERVED_DECODE_TOKENS * active, single)
+            pages = (self._blocks(req.prompt_tokens) - held) * bs
+            need = max(pages + NUM_RESERVED_DECODE_TOKENS, req.prompt_tokens - held * bs
+                       + min(self._max_new(req), clip) - retractable)
+            if need > room:
+                cache.unlock(m.node)
+                if running or self.waiting or self.receiving or self.chunked is not None:
+                    return  # memory is freed when a request finishes or retracts
+                self.prealloc.pop(0)
+                self._drop(req)
+                continue
+            if cache.free_blocks < missing:
+                res = cache.make_room(missing)
+                self.rec.evicted(res)
+                assert res.ok, f"pre-allocation of request {req.rid}: eviction fell short"
+            cache.reserve(missing)
+            self.receiving[req.rid] = (m.node, missing)
+            self.prealloc.pop(0)
+            granted()
+
+    def land_remote(self, req: Req) -> None:
+        """``req``'s prompt KV arrived into the room ``reserve_remote`` pre-allocated: its
+        full blocks join the tree GPU-resident, locked until its admission (SGLang's
+        transfer queue hands it to the waiting queue holding its KV), and it is submitted:
+        its first forward computes the last (partial) block and samples the first token."""
+        node, blocks = self.receiving.pop(req.rid)
+        if req.ids.size:
+            ins = self.cache.insert(req.ids)
+            self.cache.lock(ins.node)
+            req.landed = ins.node
+            self.ever.update(req.ids.tolist())
+        self.cache.release(blocks)
+        self.cache.unlock(node)
+        self.submit(req)
+
+    def cancel_remote(self, req: Req) -> None:
+        """No KV comes for ``req`` (its prefill failed): the pre-allocated room is freed and
+        it is submitted to compute its prompt here."""
+        node, blocks = self.receiving.pop(req.rid)
+        self.cache.release(blocks)
+        self.cache.unlock(node)
+        self.submit(req)
+
+    def _release_landing(self, req: Req) -> None:
+        if req.landed is not None:
+            self.cache.unlock(req.landed)
+            req.landed = None
+
     def forget_unused(self) -> None:
         """Evict every block no running request holds (a decode worker without a prefix
         cache: what a finished request leaves is freed, counted as this server's
@@ -293,7 +392,10 @@ class SGLangServer(EngineBase):
         extend = sum(b - a for a, b in ranges)
         self.cache.lock(m.node)
         need = extend + cpu + self._decode_reserve(req) + self.bs
-        if need >= self._headroom():
+        # A request whose KV landed in pre-allocated room passed its admission test there:
+        # SGLang's decode worker takes it into the running batch with no memory test
+        # (get_new_prebuilt_batch), only the batch size.
+        if need >= self._headroom() and req.landed is None:
             self.cache.unlock(m.node)
             return NO_TOKEN
         loaded = 0
@@ -377,10 +479,12 @@ class SGLangServer(EngineBase):
                 break
             if got == NO_TOKEN:
                 self.batch_is_full = bool(plan or self.running)
-                if not self.running and not plan and self.chunked is None:
+                if not self.running and not plan and self.chunked is None \
+                        and not self.receiving:
                     # Nothing holds memory but this request and it does not fit: it never
                     # will. Drop it and try the next one (the server must not sleep).
                     self.waiting.remove(req)
+                    self._release_landing(req)
                     self._drop(req)
                     continue
                 break
@@ -419,6 +523,7 @@ class SGLangServer(EngineBase):
         committed = {id(req) for req, _take in plan[:fitted] if req is not continued}
         for a in admitted:  # the record sees the request's whole plan (before the take)
             if id(a.req) in committed:
+                self._release_landing(a.req)  # its match holds the landed blocks now
                 self._open(a)
         batch: list[tuple[Req, list[tuple[int, int]]]] = []
         for req, take in plan[:fitted]:
@@ -557,6 +662,8 @@ class SGLangServer(EngineBase):
     def _loop(self):
         env = self.env
         while True:
+            if self.prealloc:  # SGLang pops the prealloc queue in every loop iteration
+                self._preallocate()
             if not self.waiting and not self.running and self.chunked is None:
                 self.ratio = self.cfg.new_token_ratio  # fully idle: SGLang resets the ratio
                 yield self._sleep()
@@ -572,6 +679,10 @@ class SGLangServer(EngineBase):
                 self._finish_prefill(batch, per_req)
                 continue
             if not self.running:
+                if self.receiving:  # KV in transfer holds the room: wait for its landing
+                    self._wake = env.event()
+                    yield self._wake
+                    continue
                 # Nothing was admitted and nothing decodes: a waiting request that does not
                 # fit an otherwise empty server was dropped, so this wait is for an arrival.
                 yield self._sleep()

@@ -57,6 +57,7 @@ Defaults for an online server on one H100 (vllm/engine/arg_utils.py ``get_batch_
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,6 +139,10 @@ class VllmServer(EngineBase):
 
     default_presets = ("vllm", "penelope")
     request_class = VllmReq
+    # A disaggregated decode worker (sim/fleet/pd.py) allocates the prompt's blocks when the
+    # prefill has ended (vLLM's proxy sends the request to decode with the prefill's
+    # kv_transfer_params), then its KV connector loads them (WAITING_FOR_REMOTE_KVS).
+    lands_remote_kv = True
     # False: every V1 step is its own event (slow; tests prove runs change nothing)
     decode_runs: bool = True
 
@@ -162,6 +167,28 @@ class VllmServer(EngineBase):
         if not cfg.checkpoint_chunks:
             return ("checkpoint_chunks", "--prompt-nodes shapes SGLang's radix tree; vLLM "
                     "caches blocks, not nodes")
+        return cls._pd_unsupported(cfg) if cfg.is_pd else None
+
+    @staticmethod
+    def _pd_unsupported(cfg: RunConfig) -> tuple[str, str] | None:
+        """What vLLM's KV connector path (NixlConnector) cannot do in a disaggregated fleet."""
+        if cfg.pd_prealloc == "off":
+            return ("pd_prealloc", "vLLM's decode worker always allocates the prompt's blocks "
+                    "before its KV connector loads them (WAITING_FOR_REMOTE_KVS): there is "
+                    "no unreserved landing; use --pd-prealloc on, or --engine sglang")
+        if cfg.pd_streaming != "off":
+            return ("pd_streaming", "vLLM's decode worker allocates, and its connector "
+                    "starts loading, only once the prefill has ended: nothing streams during "
+                    "the prefill; use --pd-streaming off, or --engine sglang")
+        if cfg.pd_return != "none":
+            return ("pd_return", "vLLM's block pool caches blocks only through a request's "
+                    "allocation: no connector pushes a finished output's KV into an idle "
+                    "prefill worker's prefix cache; use --pd-return none, or --engine sglang")
+        if cfg.vllm_patch not in ("none", "penelope"):
+            return ("vllm_patch", f"--vllm-patch {cfg.vllm_patch} pins and orders requests "
+                    "by session on one server; on a decode worker its pins would hold a "
+                    "session whose next turn the prefill pool serves: not modelled for "
+                    "disaggregated pools (use none or penelope)")
         return None
 
     pool_class: type[BlockPool] | None = None  # a patch's own pool; None: BlockPool
@@ -183,7 +210,15 @@ class VllmServer(EngineBase):
         # vLLM 0.33's default for an online server (AsyncScheduler, batch queue of 2)
         self.async_scheduling = cfg.vllm_async
         self._seen_evicted = (0, 0)  # the pool's (evicted, lost) blocks already recorded
+        # A disaggregated decode worker: requests whose KV is loading (allocated;
+        # WAITING_FOR_REMOTE_KVS), and those it landed for, waiting and holding it
+        # (vLLM's kv_holding_waiting, drained before the waiting queue).
+        self.receiving: dict[int, VllmReq] = {}
+        self.holding: list[VllmReq] = []
         self.process = self.start()
+
+    def busy(self) -> bool:
+        return bool(self.waiting or self.running or self.holding)
 
     def _never_fits(self, req: VllmReq) -> bool:
         # A sequence holds KV for prompt + output - 1 tokens at its end; more blocks than the
@@ -229,10 +264,25 @@ class VllmServer(EngineBase):
         if preempted:
             self._record_evictions()
             return self._scheduled(rows, decode, preempted, True)
+        while self.holding and budget > 0 and len(running) < self.max_seqs:
+            r = self.holding.pop(0)  # landed: its blocks are allocated, all but one computed
+            running.append(r)
+            start = r.computed
+            n, cost = self._chunk(r, start, r.prompt_tokens + r.generated, budget)
+            r.computed, r.decoding = start + n, False
+            rows.append((r, start, n))
+            decode.append(False)
+            budget -= cost
+            # its record: the landed prompt is reused up to its last full block
+            VllmServer._admitted(self, r, (r.prompt_tokens - 1) // self.bs)
         while self.waiting and budget > 0 and len(running) < self.max_seqs:
             r = self.waiting[0]
             if r.seq_ids is None:
                 r.seq_ids = r.prompt.finish
+            if r.remote_granted is not None:  # its KV comes from a prefill worker
+                if not self._allocate_remote(r):
+                    break
+                continue
             num_tokens = r.prompt_tokens + r.generated
             h = self.pool.admit(r.rid, r.seq_ids, num_tokens, budget)
             if h is None:
@@ -248,7 +298,68 @@ class VllmServer(EngineBase):
             self._admitted(r, h)
             self._note_cached(r)
         self._record_evictions()
-        return self._scheduled(rows, decode, preempted, bool(self.waiting))
+        return self._scheduled(rows, decode, preempted, bool(self.waiting or self.holding))
+
+    # --- a disaggregated decode worker: the KV connector path (NixlConnector) -----------
+    def reserve_remote(self, req: VllmReq, granted: Callable[[], None]) -> None:
+        """``req``'s prompt KV is computed by a prefill worker (sim/fleet/pd.py): it joins
+        the waiting queue; when the scheduler reaches it, the connector reports every
+        prompt token past the local hit as external (``get_num_new_matched_tokens``), the
+        blocks are allocated without caching them (``allocate_slots(...,
+        num_external_computed_tokens, delay_cache_blocks=True)``), the request waits in
+        WAITING_FOR_REMOTE_KVS and ``granted()`` is called (the transfer may start);
+        ``land_remote`` when it arrived."""
+        req.remote_granted = granted
+        self.submit(req)
+
+    def _allocate_remote(self, req: VllmReq) -> bool:
+        """The head of the waiting queue allocates for its remote KV (``reserve_remote``);
+        False (nothing changed) when the whole prompt does not fit: FCFS stops there."""
+        if self.pool.admit_remote(req.rid, req.seq_ids, req.prompt_tokens) is None:
+            return False
+        self.waiting.pop(0)
+        granted, req.remote_granted = req.remote_granted, None
+        self.receiving[req.rid] = req
+        self._record_evictions()
+        granted()
+        return True
+
+    def land_remote(self, req: VllmReq) -> None:
+        """The connector finished receiving (``_update_waiting_for_remote_kv``): the
+        prompt's full blocks are cached, every prompt token but the last counts as computed
+        (the last is computed again to sample the first token), and the request waits,
+        holding its blocks, for the next step."""
+        del self.receiving[req.rid]
+        self.pool.cache_known(req.rid, req.prompt_tokens)
+        req.computed = req.prompt_tokens - 1
+        self._note_cached(req)
+        self.holding.append(req)
+        if not self._wake.triggered:
+            self._wake.succeed()
+
+    def _awaits_landing(self) -> bool:
+        """Nothing runs, and what waits cannot be allocated while KV in transfer holds its
+        room: the next step is after a landing (or an arrival)."""
+        return bool(self.receiving) and not self.running
+
+    def _wait_landing(self) -> simpy.Event:
+        self._wake = self.env.event()
+        return self._wake
+
+    def cancel_remote(self, req: VllmReq) -> None:
+        """No KV comes for ``req``: its blocks are freed and it computes its prompt here."""
+        del self.receiving[req.rid]
+        self.pool.free(req.rid)
+        req.computed = 0
+        self.waiting.insert(0, req)
+        if not self._wake.triggered:
+            self._wake.succeed()
+
+    def forget_unused(self) -> None:
+        """Drop the hash of every cached block no request holds (a decode worker without a
+        prefix cache), counted as this server's evictions."""
+        self.pool.forget_free()
+        self._record_evictions()
 
     def _scheduled(self, rows: list[tuple[VllmReq, int, int]], decode: list[bool],
                    preempted: list[VllmReq], blocked: bool) -> Step:
@@ -421,7 +532,9 @@ class VllmServer(EngineBase):
             starts = [-(-r.computed // bs) * bs - r.computed + 1 for r in running]
             cap = 1 + steps_fitting(starts, bs, self.pool.free_blocks, cap - 1)
         start = self.env.now
-        steps = yield from self._timed_decode(batch, ctx, cap, not step.blocked and cap > 1)
+        # a landing (``land_remote``) is admitted at the next step, like an arrival
+        steps = yield from self._timed_decode(batch, ctx, cap, (not step.blocked or bool(
+            self.receiving)) and cap > 1)
         self.rec.decode(self.profile.decode_run_seconds(batch, ctx, steps), steps, start,
                         batch)
         first, inc = self.profile.decode_step_series(batch, ctx)
@@ -440,11 +553,14 @@ class VllmServer(EngineBase):
             return
         env = self.env
         while True:
-            if not self.waiting and not self.running:
+            if not self.busy():
                 yield self._sleep()
                 continue
             step = self.schedule()
             if not step.rows:
+                if self._awaits_landing():
+                    yield self._wait_landing()
+                    continue
                 # Only a lone request preempting itself schedules nothing: it is the head
                 # of the queue now and is admitted at the next step (it always fits alone).
                 assert step.preempted, "a V1 step scheduled nothing and preempted nobody"
@@ -474,6 +590,9 @@ class VllmServer(EngineBase):
             else:
                 step = None  # an empty step: vLLM queues it and processes nothing
             if inflight is None:
+                if step is None and self._awaits_landing():
+                    yield self._wait_landing()
+                    continue
                 inflight = step  # the queue is not full: schedule the next one at once
                 continue
             if inflight.end > env.now:
@@ -505,11 +624,12 @@ class VllmServer(EngineBase):
             x = steps_fitting(starts, bs, self.pool.free_blocks, x)
         if x <= 0:
             return step
-        interruptible = not self.waiting
+        waiting = len(self.waiting)
+        interruptible = not waiting or bool(self.receiving)  # an arrival, or a landing
         if interruptible:  # an arrival during the step in flight: one iteration only
             self._wake = env.event()
             yield env.timeout(step.end - env.now) | self._wake
-            if self.waiting:
+            if len(self.waiting) > waiting or self.holding:
                 x = 1
                 if step.end > env.now:
                     yield env.timeout(step.end - env.now)

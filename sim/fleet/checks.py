@@ -49,7 +49,8 @@ def _pd_problem(cfg: RunConfig) -> Problem:
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             return name, f"must be an integer >= 0, got {v!r}"
     for name, allowed in (("pd_link_scope", PD_LINK_SCOPES), ("pd_streaming", PD_STREAMING),
-                          ("decode_cache", ON_OFF), ("pd_return", PD_RETURNS)):
+                          ("decode_cache", ON_OFF), ("pd_return", PD_RETURNS),
+                          ("pd_prealloc", ON_OFF)):
         if getattr(cfg, name) not in allowed:
             return name, f"must be one of {', '.join(allowed)}, got {getattr(cfg, name)!r}"
     try:
@@ -70,9 +71,8 @@ def _pd_problem(cfg: RunConfig) -> Problem:
         return "replicas", ("a disaggregated fleet counts its workers with "
                             "--prefill-replicas and --decode-replicas, not --replicas")
     if not ENGINES[cfg.engine].lands_remote_kv:
-        return "engine", ("disaggregation runs with the sglang engine (the decode "
-                          "worker lands transferred KV in its radix tree; vLLM's block pool "
-                          "has no insertion point outside a running request)")
+        return "engine", (f"the {cfg.engine} engine cannot land KV computed elsewhere "
+                          "(EngineBase.lands_remote_kv): a decode worker needs it")
     if cfg.pool:
         return "pool", "a shared pool with disaggregated pools is not modelled"
     return None

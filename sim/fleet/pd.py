@@ -5,27 +5,37 @@ server (``submit``, ``busy``, ``close``, ``rec``), like ``Fleet``::
     request --> PD rule (policies/pd_rules.py) picks the decode worker d, and whether the
        |        request is prefilled on d (local: conditional disaggregation)
        |-- local --> decode worker d: prefill + decode as an aggregated server
-       +-- remote -> prefill pool (a ``Fleet`` over P engines behind --router): a prefill-only
+       +-- remote -> [sglang] d pre-allocates the prompt's KV (``reserve_remote``) before
+                     the prefill starts
+                  -> prefill pool (a ``Fleet`` over P engines behind --router): a prefill-only
                      copy of the request (``PrefillOnlyPrompt``: one token sampled, the prompt
                      inserted into that worker's cache under its eviction policy), then
+                  -> [vllm] d allocates the prompt's blocks (``reserve_remote``) once the
+                     prefill has ended
                   -> link (FIFO): prompt tokens x KV bytes per token, whole prompt (cached
                      prefix included, as real systems ship it)
-                  -> decode worker d: the prompt's full blocks land GPU-resident
-                     (``SGLangServer.insert_remote``), then the request runs under d's
-                     scheduler: its admission locks them; its first forward computes the last
-                     (partial) block and samples the first token; then it decodes, and under
-                     memory pressure is retracted as SGLang retracts (the redone prefill is
-                     counted as ``preempted_recompute_tokens``)
+                  -> decode worker d: the prompt lands in the room it pre-allocated
+                     (``land_remote``) and the request joins d's queue holding it: its first
+                     forward computes what is left (SGLang: the last, partial block; vLLM:
+                     the last token) and samples the first token; then it decodes, and under
+                     memory pressure is retracted (SGLang) or preempted (vLLM) as its engine
+                     does (the redone prefill is counted as ``preempted_recompute_tokens``)
 
-Landed blocks are not pinned before the admission (as a pool fetch's are not): a decode
-worker short of memory may evict them first (the request then computes them again, counted in
-``landed_lost_tokens``). Real decode servers pre-allocate the KV before the transfer
-(SGLang's prealloc queue, Dynamo's NIXL descriptors); that queue is not modelled: a landing
-lock held outside the engine's admission control would starve its chunked prefills.
+Pre-allocation (``--pd-prealloc on``, the default) is what the engines do, each its own way,
+behind one seam (``reserve_remote(req, granted)``, then ``land_remote`` or ``cancel_remote``):
+SGLang's decode worker holds the request in its prealloc queue (DecodePreallocQueue, FIFO)
+until free + evictable memory, less what active requests keep for decoding, covers the
+prompt, and its prefill worker waits for that (allocation policy ``early``); vLLM's decode
+scheduler allocates the blocks when FCFS reaches the request (``allocate_slots`` with
+external tokens, caching delayed) and parks it in WAITING_FOR_REMOTE_KVS. The transfer starts
+only once the room exists, so nothing that lands is evicted before its admission
+(``landed_lost_tokens`` is 0); the wait is ``prealloc_wait_s``. ``off`` (sglang only): the
+blocks land unreserved after the transfer (``SGLangServer.insert_remote``), as a pool fetch's,
+and a decode worker short of memory may evict them first (``landed_lost_tokens``).
 
-TTFT = prefill (queue + compute on the prefill worker) + transfer (queue on the link + time)
-+ the first forward on the decode worker (queue + at most one block computed); each part is a
-column of the request table (``PDRecord``).
+TTFT = the pre-allocation wait + prefill (queue + compute on the prefill worker) + transfer
+(queue on the link + time) + the first forward on the decode worker (queue + at most one
+block computed); each part is a column of the request table (``PDRecord``).
 
 Links (``costmodel/links.py``): one FIFO queue per prefill worker's NIC (``--pd-link-scope
 nic``, as Mooncake's transfer engine and Dynamo's NIXL ship from each GPU's NIC) or per
@@ -36,11 +46,11 @@ prefill's end plus one layer's share, nor than its start plus bytes / bandwidth.
 booked when the prefill ends (transfers take the link in the order their prefills end).
 
 ``--decode-cache off``: a decode worker frees what a finished request leaves
-(``SGLangServer.forget_unused``); ``on`` (default) keeps it in its radix tree under its
-eviction policy, so a later turn may hit there (local prefill, or the decode worker's own
-hit on the landed prompt). ``--pd-return output``: a remote request's output KV (its full
-blocks past the prompt) goes back to the prefill worker that served the turn over the link
-(the reverse direction, its own FIFO) and lands there when the prompt is still cached.
+(``forget_unused``); ``on`` (default) keeps it in its cache under its eviction policy, so a
+later turn may hit there (local prefill, or the decode worker's own hit on the landed
+prompt). ``--pd-return output`` (sglang only): a remote request's output KV (its full blocks
+past the prompt) goes back to the prefill worker that served the turn over the link (the
+reverse direction, its own FIFO) and lands there when the prompt is still cached.
 """
 
 from __future__ import annotations
@@ -66,7 +76,9 @@ class PDRecord:
 
     rid: int
     decode_worker: int
-    prefill_worker: int = -1  # -1: prefilled locally on the decode worker
+    prefill_worker: int = -1  # -1: not prefilled on the prefill pool
+    local: bool = False  # prefilled on its decode worker (conditional disaggregation)
+    prealloc_wait_s: float = math.nan  # asked -> the decode worker pre-allocated its KV
     prefill_s: float = math.nan  # arrival -> first token on the prefill worker
     transfer_queue_s: float = math.nan  # prefill end -> transfer start (booked on the link)
     transfer_s: float = math.nan  # transfer start -> landed (busy + latency)
@@ -114,6 +126,7 @@ class PDFleet:
         self.threshold = cfg.pd_local_threshold
         self.decode_cache = cfg.decode_cache == "on"
         self.streaming = cfg.pd_streaming == "layer"
+        self.prealloc = cfg.pd_prealloc == "on"
         self.records: dict[int, PDRecord] = {}
         self.queues: dict[object, LinkQueue] = {}
         n = len(decode)
@@ -143,9 +156,25 @@ class PDFleet:
         self.in_flight_tokens[d] += req.prompt_tokens
         req.done.callbacks.append(lambda _ev, req=req: self._finished(req))
         if choice.local:
+            rec.local = True
             rec.landed_at = now
             self._to_decode(req, d)
             return
+        if self.prealloc and self.decode[d].prealloc_before_prefill:
+            req.walk_from(self._hint("d", d, req.session))
+            self.decode[d].reserve_remote(req, lambda: self._granted(req, now, self._prefill))
+            return
+        self._prefill(req)
+
+    def _granted(self, req, asked: float, then) -> None:
+        """The decode worker pre-allocated ``req``'s KV (asked at ``asked``): go on."""
+        self.records[req.rid].prealloc_wait_s = self.env.now - asked
+        then(req)
+
+    def _prefill(self, req) -> None:
+        """Send the prefill-only copy of ``req`` to the prefill pool (its router picks)."""
+        now = self.env.now
+        rec = self.records[req.rid]
         copy = self.prefill.request_class(
             rid=req.rid, session=req.session, arrival=now, seq=0,
             prompt_tokens=req.prompt_tokens, output_tokens=1, ids=req.ids,
@@ -195,12 +224,28 @@ class PDFleet:
         now = self.env.now
         rec = self.records[req.rid]
         r = copy.record
+        d = rec.decode_worker
+        early = self.prealloc and self.decode[d].prealloc_before_prefill
         if r is None or r.dropped:  # the prefill worker could never hold it: decode computes
             rec.landing_failed = True
             rec.landed_at = now
-            self._to_decode(req, rec.decode_worker)
+            if early:
+                self.decode[d].cancel_remote(req)
+            else:
+                self._to_decode(req, d)
             return
         rec.prefill_s = r.first_token_s - copy.arrival
+        if self.prealloc and not early:
+            req.walk_from(self._hint("d", d, req.session))
+            self.decode[d].reserve_remote(
+                req, lambda: self._granted(req, now, lambda req: self._ship(req, r)))
+            return
+        self._ship(req, r)
+
+    def _ship(self, req, r) -> None:
+        """Book the prompt's KV on the link (``r``: the prefill's record)."""
+        now = self.env.now
+        rec = self.records[req.rid]
         nbytes = req.prompt_tokens * self.kv_bytes
         busy = self.link.busy_seconds(nbytes)
         q = self._queue(self._link_key(rec.prefill_worker, rec.decode_worker))
@@ -221,6 +266,10 @@ class PDFleet:
         rec = self.records[req.rid]
         d = rec.decode_worker
         rec.landed_at = self.env.now
+        if self.prealloc:  # into the room the decode worker pre-allocated
+            rec.landed_blocks = int(req.ids.size)
+            self.decode[d].land_remote(req)
+            return
         if req.ids.size and not self.decode[d].insert_remote(req.ids):
             rec.landing_failed = True
         else:

@@ -21,7 +21,8 @@ from .pd import PDFleet
 PD_STREAM = 0x5044  # "PD": the PD rule's RNG stream, apart from the router's
 
 # Per-request columns a disaggregated run adds (docs/pd.md).
-PD_COLUMNS = ("pd_prefill_worker", "pd_decode_worker", "prefilled_locally", "prefill_s",
+PD_COLUMNS = ("pd_prefill_worker", "pd_decode_worker", "prefilled_locally", "prealloc_wait_s",
+              "prefill_s",
               "transfer_queue_s", "transfer_s", "transfer_bytes", "first_decode_s",
               "landing_failed", "landed_lost_tokens", "pd_overloaded", "returned_bytes",
               "recomputed_output_tokens")
@@ -61,7 +62,8 @@ def pd_table(fleet: PDFleet, prefill, decode, trace, bs: int) -> pd.DataFrame:
     cols = {
         "pd_prefill_worker": np.asarray([r.prefill_worker for r in recs], dtype=np.int64),
         "pd_decode_worker": np.asarray([r.decode_worker for r in recs], dtype=np.int64),
-        "prefilled_locally": np.asarray([r.prefill_worker < 0 for r in recs], dtype=bool),
+        "prefilled_locally": np.asarray([r.local for r in recs], dtype=bool),
+        "prealloc_wait_s": np.asarray([r.prealloc_wait_s for r in recs], dtype=float),
         "prefill_s": np.asarray([r.prefill_s for r in recs], dtype=float),
         "transfer_queue_s": np.asarray([r.transfer_queue_s for r in recs], dtype=float),
         "transfer_s": np.asarray([r.transfer_s for r in recs], dtype=float),
@@ -131,6 +133,7 @@ def pd_summary(fleet: PDFleet, prefill, decode, table: pd.DataFrame, duration: f
         "pd_link_latency_us": link.latency_us, "pd_link_scope": cfg.pd_link_scope,
         "pd_streaming": cfg.pd_streaming, "pd_local_threshold": cfg.pd_local_threshold,
         "decode_cache": cfg.decode_cache, "pd_return": cfg.pd_return,
+        "pd_prealloc": cfg.pd_prealloc,
         "prefilled_locally_share": float(ok["prefilled_locally"].mean()) if len(ok) else 0.0,
         "prefill_pool_busy_share": float(np.mean(ptime)) if ptime else 0.0,
         "decode_pool_busy_share": float(np.mean(dtime)) if dtime else 0.0,
@@ -141,6 +144,10 @@ def pd_summary(fleet: PDFleet, prefill, decode, table: pd.DataFrame, duration: f
         "transfer_queue_s_mean": (float(remote["transfer_queue_s"].clip(lower=0).mean())
                                   if len(remote) else 0.0),
         "prefill_s_mean": float(remote["prefill_s"].mean()) if len(remote) else 0.0,
+        # pre-allocation: how long remote requests waited for their decode worker's room
+        "prealloc_wait_s_mean": (float(remote["prealloc_wait_s"].fillna(0.0).mean())
+                                 if len(remote) else 0.0),
+        "prealloc_waited": int((remote["prealloc_wait_s"] > 0).sum()) if len(remote) else 0,
         "first_decode_s_mean": float(ok["first_decode_s"].mean()) if len(ok) else 0.0,
         "link_busy_share_max": float(max(links)) if links else 0.0,
         "link_busy_share_mean": float(np.mean(links)) if links else 0.0,

@@ -241,6 +241,56 @@ class BlockPool:
             self.check()
         return h
 
+    def admit_remote(self, rid: int, ids: np.ndarray, num_tokens: int) -> int | None:
+        """``allocate_slots`` for waiting request ``rid`` whose first ``num_tokens`` tokens a
+        KV connector loads (``num_external_computed_tokens``: every token past the local
+        hit; ``delay_cache_blocks``): the hit is touched, blocks for the rest are popped, all
+        ``num_tokens`` count as computed, and none of the new blocks is cached until
+        ``cache_known`` (when the load finished). The whole prompt must fit. Returns the
+        local hit in blocks, or None when it does not fit (nothing changed)."""
+        if rid in self._seqs:
+            raise ValueError(f"request {rid} is already running")
+        if num_tokens < 1:
+            raise ValueError(f"request {rid}: num_tokens must be >= 1")
+        ids = np.asarray(ids, np.int64)
+        self._ids.grow(ids)
+        self._check_ids(rid, num_tokens, ids)
+        h, hits = self._lookup(ids, num_tokens, grown=True)
+        refs = self._ref[hits]
+        idle = refs == 0
+        evictable = int(np.count_nonzero(idle))
+        n_new = _cdiv(num_tokens, self.block_size) - h
+        if n_new + evictable > len(self._queue):
+            return None
+        if evictable:
+            self._queue.remove(hits[idle])
+        self._ref[hits] = refs + 1
+        fresh = self._pop(n_new)
+        self._ref[fresh] = 1
+        seq = self._loaded_seq(ids, np.concatenate([hits, fresh]), num_tokens, h)
+        seq.known = h * self.block_size  # the loaded tokens are known once they arrived
+        self._seqs[rid] = seq
+        if self.debug:
+            self.check()
+        return h
+
+    def _loaded_seq(self, ids: np.ndarray, table: np.ndarray, computed: int,
+                    cached: int) -> _Seq:
+        """The sequence record of a request whose KV a connector loads (a hook: a patched
+        pool keeps its own record)."""
+        return _Seq(ids, table, computed, cached)
+
+    def forget_free(self) -> None:
+        """Drop the hash of every cached block no request holds (a server without prefix
+        caching: what a request frees is not kept); they join the queue's unhashed front."""
+        hashed = self._queue.hashed_blocks().copy()
+        if len(hashed):
+            self._queue.remove(hashed)
+            self._evict(hashed)
+            self._queue.prepend(hashed)
+            if self.debug:
+                self.check()
+
     def extend(self, rid: int, num_new_tokens: int, known: int | None = None) -> bool:
         """Slots for ``num_new_tokens`` more tokens of running request ``rid`` (a prefill
         chunk, or decode tokens); blocks that become full are cached, up to ``known``
@@ -587,6 +637,10 @@ class HolePool(BlockPool):
         if self.debug:
             self.check()
         return h
+
+    def _loaded_seq(self, ids: np.ndarray, table: np.ndarray, computed: int,
+                    cached: int) -> _Seq:
+        return _PatchedSeq(ids, table, computed, cached, [])  # loaded: nothing past a hole
 
     def span(self, rid: int, start: int, end: int, budget: int) -> tuple[int, int]:
         """(positions, tokens to compute) of running request ``rid``'s next chunk from

@@ -37,10 +37,13 @@ def bind_policy(env: simpy.Environment, cfg: RunConfig, spec, profile, policy: E
 
 
 def build_replicas(env: simpy.Environment, cfg: RunConfig, spec, profile, trace,
-                   listeners: Sequence[RecordListener | None], timeline=None
+                   listeners: Sequence[RecordListener | None], timeline=None,
+                   first_track: int = 0, pool: str | None = None
                    ) -> tuple[list[EngineBase], list[EvictionPolicy]]:
     """One engine per entry of ``listeners`` (what its recorder tells, or None), each with
-    its own policy, recorder and, with a ``timeline`` (sim/timeline.py), track i."""
+    its own policy, recorder and, with a ``timeline`` (sim/timeline.py), track
+    ``first_track + i`` (named ``POOL i`` when ``pool`` is given: a disaggregated fleet's
+    prefill and decode workers)."""
     engines, policies = [], []
     for i, listener in enumerate(listeners):
         policy = cfg.make_policy()
@@ -49,7 +52,9 @@ def build_replicas(env: simpy.Environment, cfg: RunConfig, spec, profile, trace,
         engine = engine_class(cfg).build(env, cfg, spec, profile, policy, rec)
         if timeline is not None:
             timeline.use_clock(lambda: env.now)
-            rec.observe(timeline.track(i, lambda e=engine: (len(e.waiting), len(e.running))))
+            rec.observe(timeline.track(first_track + i,
+                                       lambda e=engine: (len(e.waiting), len(e.running)),
+                                       f"{pool} {i}" if pool else None))
         engines.append(engine)
         policies.append(policy)
     return engines, policies

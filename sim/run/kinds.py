@@ -17,7 +17,7 @@ import simpy
 
 from costmodel.links import get_link
 from policies.pd_rules import make_rule
-from sim.config import ConfigError, RunConfig
+from sim.config import RunConfig
 from sim.context import ContextRun, context_summary, parse_context
 from sim.fleet.fleet import Fleet, ReplicaSignals
 from sim.fleet.metrics import fleet_metrics, merge_recorders, recorder_for
@@ -149,18 +149,17 @@ class PDRun:
 
     def __init__(self, env: simpy.Environment, cfg: RunConfig, spec, profile, trace,
                  timeline=None) -> None:
-        if timeline is not None:
-            raise ConfigError("config", "timeline", "a disaggregated fleet's timeline is not "
-                              "recorded yet; run without --timeline")
         self.env, self.cfg, self.spec, self.profile, self.trace = env, cfg, spec, profile, trace
+        self.timeline = timeline  # a track per prefill, then per decode worker, then per link
         # A prefill worker serves prefill-only requests: each asks one token, so the engine's
         # decode reservation is one token (SGLang reserves max_new_tokens of the request).
         pcfg = replace(cfg, max_new_tokens=1)
         psignals = [ReplicaSignals(i) for i in range(cfg.prefill_replicas)]
         self.prefill, self.policies = build_replicas(env, pcfg, spec, profile, trace,
-                                                     psignals)
+                                                     psignals, timeline, 0, "prefill")
         self.decode, _ = build_replicas(env, cfg, spec, profile, trace,
-                                        [None] * cfg.decode_replicas)
+                                        [None] * cfg.decode_replicas, timeline,
+                                        cfg.prefill_replicas, "decode")
         self.sessions = recorder_for(trace)
         pfleet = Fleet(env, self.prefill, cfg.make_router(), cfg.block_size,
                        recorder_for(trace), np.random.default_rng([cfg.seed, ROUTER_STREAM]),
@@ -180,8 +179,11 @@ class PDRun:
         summary = summarize(cfg, merged, now, table, self.policies[0], self.profile,
                             self.spec, trace)
         summary.update(pd_summary(fleet, prefill, decode, table, now, cfg))
-        transfers = [(str(key), *t) for key, q in sorted(fleet.queues.items(), key=lambda kv:
-                                                           str(kv[0])) for t in q.transfers]
+        links = sorted(fleet.queues.items(), key=lambda kv: str(kv[0]))
+        if self.timeline is not None:
+            for k, (key, q) in enumerate(links):
+                self.timeline.link(f"link {key}", q.transfers, len(prefill) + len(decode) + k)
+        transfers = [(str(key), *t) for key, q in links for t in q.transfers]
         tables = {"pd_transfers": pd.DataFrame(transfers, columns=["link", "start_s", "end_s",
                                                                     "bytes"])}
         return RunResult(cfg, table, summary, tables)

@@ -8,6 +8,8 @@ prefill pool is deployed behind), links ``rdma-400``:
 - penelope eviction on the prefill pool at the even split;
 - conditional disaggregation (``THRESHOLD`` uncached tokens) at the even split;
 - decode caching off, and the output KV sent back (``--pd-return output``);
+- the decode worker's KV landing unreserved (``--pd-prealloc off``) at the even split;
+- the ``vllm`` engine: aggregated, and its pools at the even split (fcfs: vLLM's order);
 - the field's PD rules (policies/pd_rules.py) at the even split, ``sglang-pd`` behind SGLang's
   own ``sglang-cache-aware`` router as its gateway deploys it.
 Workloads: ``cc-traces`` (the paper's setup: top sessions, 15.6K shared prefix, 128K cut,
@@ -35,6 +37,7 @@ QUICK_GPUS = 4
 SESSIONS_PER_GPU = 4
 QUICK_SESSIONS_PER_GPU = 2
 ROUTER = "dynamo-kv"
+ENGINE = "sglang"  # the rows' engine unless a row says (its label names another)
 THRESHOLD = 2048
 RULES = ("dynamo", "sglang-pd", "llm-d", "mooncake")
 MOONCAKE = SHARED_DATA / "mooncake" / "synthetic_trace.jsonl.gz"
@@ -74,6 +77,13 @@ def arrangements(gpus: int) -> list[dict[str, Any]]:
         dict(arrangement=f"{half}P:{gpus - half}D", policy="sglang", pd_return="output",
              **even),
     ]
+    # the decode worker's KV lands unreserved (the old behaviour, --pd-prealloc off)
+    out.append(dict(arrangement=f"{half}P:{gpus - half}D", policy="sglang", pd_prealloc="off",
+                    **even))
+    # vLLM pools (its KV connector path) against vLLM aggregated (FCFS: vLLM's only order)
+    vllm = dict(policy="vllm", engine="vllm", scheduler="fcfs")
+    out += [dict(arrangement=f"agg {gpus}", replicas=gpus, router=ROUTER, **vllm),
+            dict(arrangement=f"{half}P:{gpus - half}D", **vllm, **even)]
     for rule in RULES:
         kw = dict(even)
         if rule in ("dynamo", "llm-d"):
@@ -108,6 +118,9 @@ def row(key: dict[str, Any], cfg: RunConfig, s: dict[str, Any]) -> dict[str, Any
         "threshold": cfg.pd_local_threshold if pd else 0,
         "decode_cache": cfg.decode_cache if pd else "-",
         "pd_return": cfg.pd_return if pd else "-",
+        "engine": cfg.engine,
+        "prealloc": cfg.pd_prealloc if pd else "-",
+        "prealloc_wait_s_mean": s.get("prealloc_wait_s_mean", 0.0),
         "ttft_mean_s": s["ttft_mean_s"], "ttft_p90_s": s["ttft_p90_s"],
         "jct_mean_s": s["jct_mean_s"], "hit_rate": s["hit_rate"],
         "local_share": s.get("prefilled_locally_share", 1.0),
@@ -142,6 +155,10 @@ def setup(row: dict[str, Any]) -> str:
     """A row's arrangement in one cell: the split, the eviction, and what differs from the
     baseline PD fleet (rule, local threshold, decode cache, return, router)."""
     parts = [row["arrangement"], row["policy"]]
+    if row["engine"] != ENGINE:
+        parts.append(f"[{row['engine']}]")
+    if row["prealloc"] == "off":
+        parts.append("no prealloc")
     if row["rule"] != "-":
         parts.append(row["rule"])
     if row["threshold"]:
@@ -164,6 +181,7 @@ LAYOUT = (
                         Col("output\nrecomputed", "recomputed_output_share", "rate"))),
     ("TTFT's parts", (SETUP, Col("TTFT\np90 (s)", "ttft_p90_s", "s"),
                       Col("JCT\nmean (s)", "jct_mean_s", "s"),
+                      Col("prealloc\nwait (s)", "prealloc_wait_s_mean", "s"),
                       Col("prefill\nmean (s)", "prefill_s_mean", "s"),
                       Col("transfer\nmean (s)", "transfer_s_mean", "s"),
                       Col("first\ndecode (s)", "first_decode_s_mean", "s"))),

@@ -58,6 +58,7 @@ SINCE: tuple[Since, ...] = (
     Since(("prefill_replicas", "decode_replicas", "pd_link", "pd_link_scope", "pd_streaming",
            "pd_local_threshold", "decode_cache", "pd_return", "pd_rule"),
           lambda c: not c.is_pd),  # aggregated
+    Since(("pd_prealloc",), lambda c: not c.is_pd or c.pd_prealloc == "off"),  # landed unpinned
     Since(("vllm_async",), lambda c: not c.vllm_async  # the synchronous scheduler
           or bool(idle_fields(c, ["vllm_async"]))),  # or not the vllm engine
 )
