@@ -39,6 +39,7 @@ QUICK_SESSIONS_PER_GPU = 2
 ROUTER = "dynamo-kv"
 THRESHOLD = 2048
 RULES = ("dynamo", "sglang-pd", "llm-d", "mooncake")
+ENGINE = RunConfig.engine  # every row's engine but the vLLM rows
 MOONCAKE = SHARED_DATA / "mooncake" / "synthetic_trace.jsonl.gz"
 QUICK_MOONCAKE_SELECT = "first:300"
 
@@ -154,7 +155,7 @@ def setup(row: dict[str, Any]) -> str:
     """A row's arrangement in one cell: the split, the eviction, and what differs from the
     baseline PD fleet (rule, local threshold, decode cache, return, router)."""
     parts = [row["arrangement"], row["policy"]]
-    if row["engine"] != "sglang":
+    if row["engine"] != ENGINE:
         parts.append(f"[{row['engine']}]")
     if row["prealloc"] == "off":
         parts.append("no prealloc")
