@@ -86,7 +86,8 @@ def test_plan_refuses_what_it_cannot_search(tmp_path) -> None:
     assert res.exit_code == 2 and "--slo" in res.output
     res = CliRunner().invoke(cli, [*base, "--slo", "ttft_p90=1s", "--pd", "1:1",
                                    "--engine", "vllm"])
-    assert res.exit_code == 2 and "disaggregation runs with the sglang engine" in res.output
+    # vLLM pools run (sim/fleet/pd.py); what is refused is the default policies on vLLM
+    assert res.exit_code == 2 and "cannot run on the vllm engine" in res.output
     res = CliRunner().invoke(cli, [*base, "--slo", "ttft_p90=1s", "--gpus", "Z9"])
     assert res.exit_code == 2 and "unknown GPU 'Z9'" in res.output
 

@@ -57,10 +57,12 @@ def docs() -> dict[str, dict]:
               "transfer_s_mean": 0.226, "first_decode_s_mean": 36.7,
               "decode_retractions": 1234, "redone_tokens": 12_345_678, "local_share": 0.846,
               "transfer_gb": 30093.1, "link_busy_max": 0.015, "prefill_busy": 0.999,
-              "decode_busy": 0.302, "requests": 2668, "dropped_requests": 0}
+              "decode_busy": 0.302, "requests": 2668, "dropped_requests": 0,
+              "engine": "vllm", "prealloc": "off", "prealloc_wait_s_mean": 12.3}
     got["pd"] = {"rows": [pd_row, {**pd_row, "workload": "mooncake", "arrangement": "agg 8",
                                    "rule": "-", "threshold": 0, "decode_cache": "-",
-                                   "pd_return": "-", "router": "dynamo-kv"}],
+                                   "pd_return": "-", "router": "dynamo-kv",
+                                   "engine": "sglang", "prealloc": "-"}],
                  "notes": ["mooncake workload left out: a long note about a missing file"]}
     for doc in got.values():
         doc.setdefault("trace_kind", "given trace")

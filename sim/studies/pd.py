@@ -40,6 +40,7 @@ ROUTER = "dynamo-kv"
 ENGINE = "sglang"  # the rows' engine unless a row says (its label names another)
 THRESHOLD = 2048
 RULES = ("dynamo", "sglang-pd", "llm-d", "mooncake")
+ENGINE = RunConfig.engine  # every row's engine but the vLLM rows
 MOONCAKE = SHARED_DATA / "mooncake" / "synthetic_trace.jsonl.gz"
 QUICK_MOONCAKE_SELECT = "first:300"
 
