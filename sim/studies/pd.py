@@ -37,7 +37,6 @@ QUICK_GPUS = 4
 SESSIONS_PER_GPU = 4
 QUICK_SESSIONS_PER_GPU = 2
 ROUTER = "dynamo-kv"
-ENGINE = "sglang"  # the rows' engine unless a row says (its label names another)
 THRESHOLD = 2048
 RULES = ("dynamo", "sglang-pd", "llm-d", "mooncake")
 ENGINE = RunConfig.engine  # every row's engine but the vLLM rows
