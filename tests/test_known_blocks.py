@@ -17,10 +17,10 @@ def _check(kb: KnownBlocks, ref: set[int], probes: np.ndarray) -> None:
 
 @pytest.mark.parametrize("seed", range(4))
 def test_random_inserts_match_a_python_set(seed, monkeypatch):
-    """Mixed batches: dense ids from 0, ids just past the bitmap, negative (dropped) keys,
-    keys with a version above bit 40, and repeats. A small floor makes the bitmap grow,
+    """Mixed batches: dense ids from 0, ids just past the flags, negative (dropped) keys,
+    keys with a version above bit 40, and repeats. A small floor makes the flags grow,
     and refuse to grow, within the test."""
-    monkeypatch.setattr(known, "FLOOR_BITS", 64)
+    monkeypatch.setattr(known, "FLOOR_IDS", 64)
     rng = np.random.default_rng(seed)
     kb, ref = KnownBlocks(), set()
     for _ in range(60):
@@ -41,13 +41,13 @@ def test_random_inserts_match_a_python_set(seed, monkeypatch):
         _check(kb, ref, probes)
 
 
-def test_the_bitmap_stays_dense():
-    """One id far out cannot make the bitmap cover the range below it: past the floor it goes
-    to the overflow set (the bitmap is at most DENSITY bits per id inserted)."""
+def test_the_flags_stay_dense():
+    """One id far out cannot make the flags cover the range below it: past the floor it goes
+    to the overflow set (the flags are at most DENSITY per id inserted)."""
     kb = KnownBlocks()
     kb.add(np.asarray([3, 1 << 39], dtype=np.int64))
     assert 3 in kb and (1 << 39) in kb and 4 not in kb and (1 << 39) + 1 not in kb
-    assert kb.covered <= known.FLOOR_BITS
+    assert kb.covered <= known.FLOOR_IDS
 
 
 @pytest.mark.parametrize("seed", range(3))
