@@ -364,7 +364,13 @@ class TraceBuilder:
                                       "a number of tokens")
                 want[i] = min(n_tok // bs, s.prompt[0] // bs)
         s_max = max(want.values(), default=0)
-        mapped: dict[int, np.ndarray] = {}  # session -> its new ids, concatenated, global
+        # session -> its new ids, concatenated, global: a view of the pool (in ``order``),
+        # filled in place (a million-request trace holds no second copy of its ids)
+        mapped: dict[int, np.ndarray] = {}
+        sizes = [sum(a.shape[0] for a in ss[i].new[:keep_n[i]]) for i in order]
+        at = dict(zip(order, np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).tolist(),
+                      strict=False))
+        pool = np.empty(sum(sizes), np.int64) if order else _EMPTY
         regs: dict[int, np.ndarray] = {}  # session -> the regions of those ids
         offset = s_max
         by_scope: dict[int, list[int]] = {}
@@ -396,7 +402,8 @@ class TraceBuilder:
                     j[j >= kv.shape[0]] = 0
                     hit = kv[j] == a if kv.shape[0] else np.zeros(a.shape, bool)
                     g = np.where(hit, kpos[j], g)
-                mapped[i] = g.astype(np.int64, copy=False)
+                mapped[i] = pool[at[i]:at[i] + g.shape[0]]
+                mapped[i][:] = g
             offset += int(uniq.shape[0])
         if s_max:
             _shared_regions(tops, want, s_max, mapped, regs)
@@ -431,7 +438,6 @@ class TraceBuilder:
         new_len = np.empty(R, np.int64)
         for j, i in enumerate(order):
             new_len[firsts[j]:firsts[j + 1]] = [a.shape[0] for a in ss[i].new[:keep_n[i]]]
-        pool = (np.concatenate([mapped[i] for i in order]) if order else _EMPTY)
         pool.setflags(write=False)
         pool_region = (np.concatenate([regs[i] for i in order]) if order
                        else np.zeros(0, np.uint8))
