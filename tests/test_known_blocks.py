@@ -25,7 +25,7 @@ def test_random_inserts_match_a_python_set(seed, monkeypatch):
     kb, ref = KnownBlocks(), set()
     for _ in range(60):
         kind = rng.integers(4)
-        n = int(rng.integers(0, 40))
+        n = int(rng.integers(0, 200))  # both insert paths (SMALL)
         if kind == 0:
             ids = rng.integers(0, 4000, n)
         elif kind == 1:

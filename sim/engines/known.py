@@ -21,6 +21,7 @@ import numpy as np
 
 FLOOR_IDS = 1 << 22  # the flags may always reach 4M ids (4 MiB)
 DENSITY = 4  # beyond the floor, at most this many flags (bytes) per id inserted
+SMALL = 64  # inserts of up to this many ids run in Python
 
 
 class KnownBlocks:
@@ -48,11 +49,21 @@ class KnownBlocks:
 
     def add(self, ids: np.ndarray) -> None:
         """Insert ``ids`` (any int array; repeats and known ids are fine)."""
-        ids = np.asarray(ids, dtype=np.int64)
-        if not ids.size:
+        ids = np.asarray(ids, dtype=np.int64).ravel()
+        n = ids.size
+        if not n:
             return
-        self._added += int(ids.size)
-        lo, hi = int(ids.min()), int(ids.max())
+        self._added += n
+        if n <= SMALL:  # a few ids (most inserts): Python ints beat numpy's call overhead
+            xs = ids.tolist()
+            lo, hi = min(xs), max(xs)
+            if lo >= 0 and hi < self._nflags:
+                flags = self._flags
+                for x in xs:
+                    flags[x] = 1
+                return
+        else:
+            lo, hi = int(ids.min()), int(ids.max())
         if hi >= self._nflags and lo >= 0:
             self._grow(hi + 1)
         if lo < 0 or hi >= self._nflags:
