@@ -88,6 +88,7 @@ class RequestRecord:
 COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(RequestRecord) if f.name != "row")
 _STR_COLUMNS = frozenset(f.name for f in fields(RequestRecord) if f.type == "str")
 _values = operator.attrgetter(*COLUMNS)  # a record's row, as a tuple
+_BOOLS = frozenset((bool, np.bool_))
 
 
 def empty_table() -> pd.DataFrame:
@@ -173,6 +174,10 @@ def write(cols: list[np.ndarray], rows: np.ndarray, vals: list[tuple]) -> list[n
         new = np.array(column, dtype=object) if name in _STR_COLUMNS else np.asarray(column)
         if new.dtype.kind in "US":  # (a non-string in a string field: keep the objects)
             new = np.array(column, dtype=object)
+        elif new.dtype.kind in "iuf":  # numpy would read a bool among numbers as a number
+            types = set(map(type, column))
+            if len(types) > 1 and types & _BOOLS:
+                new = np.array(column, dtype=object)
         col, new = _joined(col, new)
         col[rows] = new
         out.append(col)
@@ -480,7 +485,8 @@ class RunRecorder:
         by = dict(zip(COLUMNS, cols, strict=True))
         # sort_values(["send_s", "request"], kind="stable"): a stable lexsort, ties in order
         order = np.lexsort((by["request"], by["send_s"]))
-        return pd.DataFrame({k: v[order] for k, v in by.items()})
+        # copy=False: the sorted columns become the frame's (one copy of the rows, not two)
+        return pd.DataFrame({k: v[order] for k, v in by.items()}, copy=False)
 
     def summary(self, sim_end: float, block_size: int, df: pd.DataFrame | None = None
                 ) -> dict[str, Any]:
