@@ -9,6 +9,7 @@ a 256K-token cache, 8 concurrent sessions, tool gaps) in a fresh interpreter so 
 its own: ``VmHWM`` of /proc/self/status (the process's peak resident set). Rows give the
 requests, the seconds to generate the trace, the simulation's wall and CPU seconds, ms per
 request and the peak in MiB. ``--sessions`` scales it down (a tenth: ``--sessions 2860``).
+Figures (2-core shared box): docs/engine.md, Simulator speed on the pressured setup.
 """
 
 from __future__ import annotations

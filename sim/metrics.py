@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
 import numpy as np
@@ -79,6 +80,15 @@ class RequestRecord:
     # latency after the first token (vllm bench serve's definitions; NaN below 2 tokens)
     tpot_s: float = math.nan  # (end - first token) / (tokens - 1)
     itl_max_s: float = math.nan  # the longest gap between two of its tokens
+    # its row in the recorder's columns (not a column itself; -1: none yet)
+    row: int = field(default=-1, repr=False, compare=False)
+
+
+# The request table's columns, in order: every field but ``row``.
+COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(RequestRecord) if f.name != "row")
+_STR_COLUMNS = frozenset(f.name for f in fields(RequestRecord) if f.type == "str")
+_values = operator.attrgetter(*COLUMNS)  # a record's row, as a tuple
+_BOOLS = frozenset((bool, np.bool_))
 
 
 def empty_table() -> pd.DataFrame:
@@ -89,7 +99,89 @@ def empty_table() -> pd.DataFrame:
 
 @functools.cache
 def _empty_table() -> pd.DataFrame:
-    return pd.DataFrame([RequestRecord(0, "", 0, 0, False, 0.0).__dict__]).iloc[:0]
+    row = _values(RequestRecord(0, "", 0, 0, False, 0.0))
+    return pd.DataFrame([dict(zip(COLUMNS, row, strict=True))]).iloc[:0]
+
+
+class _Columns:
+    """Finished requests' records as one numpy array per column (``COLUMNS``), rows in the
+    order the recorder numbered them, grown by doubling. A column's dtype is what pandas
+    would infer from the values it holds: int64 for ints, float64 for floats (or ints and
+    floats mixed), bool for bools, object for strings or anything else."""
+
+    FLUSH = 4096  # rows buffered as tuples before they are written into the arrays
+
+    def __init__(self) -> None:
+        self.cols: list[np.ndarray] = [self._typed(name, 0) for name in COLUMNS]
+        self._rows: list[int] = []  # buffered rows: their numbers and values
+        self._vals: list[tuple] = []
+
+    @staticmethod
+    def _typed(name: str, n: int) -> np.ndarray:
+        kind = RequestRecord.__dataclass_fields__[name].type
+        dtype = {"int": np.int64, "float": np.float64, "bool": np.bool_}.get(kind, object)
+        return np.zeros(n, dtype) if dtype is not object else np.full(n, "", dtype=object)
+
+    @property
+    def capacity(self) -> int:
+        return len(self.cols[0])
+
+    def put(self, row: int, values: tuple) -> None:
+        self._rows.append(row)
+        self._vals.append(values)
+        if len(self._rows) >= self.FLUSH:
+            self.flush()
+
+    def reserve(self, n: int) -> None:
+        """Room for rows ``[0, n)``."""
+        cap = self.capacity
+        if n <= cap:
+            return
+        cap = max(n, 2 * cap, 1024)
+        for i, c in enumerate(self.cols):
+            grown = np.empty(cap, c.dtype)
+            grown[:len(c)] = c
+            self.cols[i] = grown
+
+    def flush(self) -> None:
+        if not self._rows:
+            return
+        rows = np.asarray(self._rows, dtype=np.int64)
+        self.reserve(int(rows.max()) + 1)
+        self.cols = write(self.cols, rows, self._vals)
+        self._rows, self._vals = [], []
+
+
+def _kind(a: np.ndarray) -> str:
+    return {"b": "b", "i": "i", "u": "i", "f": "f"}.get(a.dtype.kind, "O")
+
+
+def _joined(col: np.ndarray, new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``col`` and ``new`` in one dtype: as pandas infers a column of both's values."""
+    a, b = _kind(col), _kind(new)
+    if a == b:
+        return col, new.astype(col.dtype, copy=False)
+    if {a, b} <= {"i", "f"}:
+        return col.astype(np.float64), new.astype(np.float64)
+    return col.astype(object), new.astype(object)
+
+
+def write(cols: list[np.ndarray], rows: np.ndarray, vals: list[tuple]) -> list[np.ndarray]:
+    """``cols`` with ``vals`` (one tuple of ``COLUMNS`` each) written at ``rows``; a column
+    whose dtype cannot hold its new values exactly is widened (``_joined``)."""
+    out = []
+    for name, col, column in zip(COLUMNS, cols, zip(*vals, strict=True), strict=True):
+        new = np.array(column, dtype=object) if name in _STR_COLUMNS else np.asarray(column)
+        if new.dtype.kind in "US":  # (a non-string in a string field: keep the objects)
+            new = np.array(column, dtype=object)
+        elif new.dtype.kind in "iuf":  # numpy would read a bool among numbers as a number
+            types = set(map(type, column))
+            if len(types) > 1 and types & _BOOLS:
+                new = np.array(column, dtype=object)
+        col, new = _joined(col, new)
+        col[rows] = new
+        out.append(col)
+    return out
 
 
 class RecordListener(Protocol):
@@ -112,7 +204,11 @@ class RunRecorder:
         self.names, self.turn0, self.is_sub = session_names, session_turn0, session_is_sub
         self.shared_blocks = shared_blocks
         self.listener = listener
-        self.records: list[RequestRecord] = []
+        # Requests' records: the open ones as objects (engines update them through
+        # ``req.record``), finished ones folded into compact columns.
+        self._live: dict[int, RequestRecord] = {}  # row -> record not folded yet
+        self._cols = _Columns()
+        self._n = 0  # rows numbered so far (one per record, in the order they were made)
         self.hist = np.zeros(HIST_BINS, dtype=np.int64)
         self.counters: dict[str, float] = {
             "prefill_batches": 0, "prefill_seconds": 0.0, "decode_events": 0,
@@ -134,12 +230,43 @@ class RunRecorder:
 
     # --- lifecycle ----------------------------------------------------------------------
     def _record(self, req: Any) -> RequestRecord:
+        """A new record, numbered (its row) and kept live until ``_fold``."""
         s = req.session
-        return RequestRecord(
+        rec = RequestRecord(
             request=req.rid, session=self.names[s], session_index=s,
             turn=req.rid - self.turn0[s], subagent=self.is_sub[s], send_s=req.arrival,
             prompt_tokens=req.prompt_tokens, output_tokens=req.output_tokens,
-            kind=req.prompt.kind)
+            kind=req.prompt.kind, row=self._n)
+        self._live[self._n] = rec
+        self._n += 1
+        return rec
+
+    def _fold(self, rec: RequestRecord) -> None:
+        """``rec`` is final: its values go to the columns; the object stays the request's
+        (``req.record``) but the recorder no longer holds it."""
+        del self._live[rec.row]
+        self._cols.put(rec.row, _values(rec))
+
+    def _folded(self, rec: RequestRecord) -> bool:
+        return self._live.get(rec.row) is not rec
+
+    @property
+    def records(self) -> list[RequestRecord]:
+        """Every record, in the order they were made (rebuilt from the columns for finished
+        requests: a copy, meant for small runs and tests)."""
+        self._cols.flush()
+        self._cols.reserve(self._n)
+        cols = [c[:self._n].tolist() for c in self._cols.cols]
+        out = []
+        for row, vals in enumerate(zip(*cols, strict=True)):
+            live = self._live.get(row)
+            out.append(live if live is not None else
+                       RequestRecord(**dict(zip(COLUMNS, vals, strict=True)), row=row))
+        return out
+
+    def __len__(self) -> int:
+        """Records so far (one per request admitted or dropped)."""
+        return self._n
 
     def open(self, req: Any, now: float, *, reused: int, holes: int, ideal: int,
              spec: ModelSpec, segments: Any, bs: int, loaded: int = 0) -> RequestRecord:
@@ -171,7 +298,6 @@ class RunRecorder:
         private_ideal = max(0, ideal - shared)
         private_lost = sum(max(0, b - max(a, shared)) for a, b in recomputed_ranges)
         rec.private_lost = private_lost / private_ideal if private_ideal else 0.0
-        self.records.append(rec)
         if self.listener is not None:
             self.listener.opened(req, segments)
         return rec
@@ -209,6 +335,10 @@ class RunRecorder:
                 top = max(gap, tail)
                 if not top <= rec.itl_max_s:  # (NaN at first)
                     rec.itl_max_s = top
+                    if self._folded(rec):  # (a request in a decode run it finished in)
+                        self._cols.flush()
+                        self._cols.cols = write(self._cols.cols, np.asarray([rec.row]),
+                                                [_values(rec)])
             last[r.rid] = last_at
         self.gaps.add_series(step_s, inc_s, n - 1, len(reqs))
 
@@ -219,16 +349,16 @@ class RunRecorder:
         last = self._last_token.pop(req.rid, None)
         if rec.decoded_tokens and last is not None:
             rec.tpot_s = (last - rec.first_token_s) / rec.decoded_tokens
+        self._fold(rec)
 
     def drop(self, req: Any, now: float, reason: str = "cache") -> None:
         """``reason``: ``context`` (prompt above the model's context) or ``cache`` (prompt and
         decode reservation cannot fit in the cache even when it holds nothing else)."""
         rec = req.record or self._record(req)
-        if req.record is None:
-            self.records.append(rec)
         rec.dropped = True
         rec.drop_reason = reason
         rec.end_s = now
+        self._fold(rec)
         self.counters["dropped"] += 1
         self.counters[f"dropped_{reason}"] += 1
 
@@ -324,7 +454,17 @@ class RunRecorder:
     def absorb(self, other: RunRecorder) -> None:
         """Add ``other``'s requests, prompt histogram, token gaps and counters to this
         recorder's (a fleet's totals from its replicas')."""
-        self.records.extend(other.records)
+        self._cols.flush()
+        other._cols.flush()
+        base = self._n
+        self._cols.reserve(base + other._n)
+        mine = self._cols.cols
+        for i, col in enumerate(other._cols.cols):
+            mine[i], theirs = _joined(mine[i], col[:other._n])
+            mine[i][base:base + other._n] = theirs
+        for row, rec in other._live.items():  # still open there: the same objects
+            self._live[base + row] = rec
+        self._n += other._n
         self.hist = self.hist + other.hist
         self.gaps.extend(other.gaps)
         for k, v in other.counters.items():
@@ -332,11 +472,21 @@ class RunRecorder:
 
     # --- results ------------------------------------------------------------------------
     def table(self) -> pd.DataFrame:
-        if not self.records:  # a fleet replica that served nothing: no rows, the same dtypes
+        if not self._n:  # a fleet replica that served nothing: no rows, the same dtypes
             return empty_table()
-        # RequestRecord holds only scalars: its __dict__ is the row (asdict is 10x slower).
-        df = pd.DataFrame([r.__dict__ for r in self.records])
-        return df.sort_values(["send_s", "request"], kind="stable").reset_index(drop=True)
+        self._cols.flush()
+        n = self._n
+        self._cols.reserve(n)
+        cols = [c[:n] for c in self._cols.cols]
+        if self._live:  # requests still open at the end: their records as they stand
+            rows = np.fromiter(self._live, dtype=np.int64, count=len(self._live))
+            cols = write([c.copy() for c in cols], rows,
+                         [_values(r) for r in self._live.values()])
+        by = dict(zip(COLUMNS, cols, strict=True))
+        # sort_values(["send_s", "request"], kind="stable"): a stable lexsort, ties in order
+        order = np.lexsort((by["request"], by["send_s"]))
+        # copy=False: the sorted columns become the frame's (one copy of the rows, not two)
+        return pd.DataFrame({k: v[order] for k, v in by.items()}, copy=False)
 
     def summary(self, sim_end: float, block_size: int, df: pd.DataFrame | None = None
                 ) -> dict[str, Any]:

@@ -107,7 +107,7 @@ def test_write_back_keeps_every_block_a_replica_drops_entirely(pools, monkeypatc
         cache = engine.cache
         held = set(cache.resident_block_ids().tolist()) | set(
             cache.cpu_resident_block_ids().tolist())
-        gone = engine.ever - held
+        gone = set(engine.ever_blocks().tolist()) - held
         assert gone <= put, f"{len(gone - put)} dropped blocks never reached the pool"
         dropped += len(gone)
     assert dropped > 0 and res.summary["pool_stored_tokens"] > 0

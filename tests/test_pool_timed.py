@@ -36,6 +36,9 @@ class Replica:
         self.env, self.cache, self.rec, self.got = env, cache, Recorder(), []
         self.ever: set[int] = set()
 
+    def remember(self, ids) -> None:
+        self.ever.update(ids.tolist())
+
     def submit(self, req) -> None:
         self.got.append((req.rid, self.env.now))
 

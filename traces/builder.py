@@ -24,6 +24,7 @@ a region is a function of the block id across the whole Trace.
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -45,19 +46,24 @@ class _Open:
     start_offset_s: float
     agent_type: str
     prefix_hint_tokens: int
-    prompt: list[int] = field(default_factory=list)
-    output: list[int] = field(default_factory=list)
-    send: list[float] = field(default_factory=list)
-    gap: list[float] = field(default_factory=list)
-    kind: list[int] = field(default_factory=list)
-    model: list[int] = field(default_factory=list)
-    kinds: list[int] = field(default_factory=list)
-    prefix: list[int] = field(default_factory=list)
+    # per request, typed arrays (8 bytes a value, not a Python object each)
+    prompt: array = field(default_factory=lambda: array("q"))
+    output: array = field(default_factory=lambda: array("q"))
+    send: array = field(default_factory=lambda: array("d"))
+    gap: array = field(default_factory=lambda: array("d"))
+    kind: array = field(default_factory=lambda: array("q"))
+    model: array = field(default_factory=lambda: array("q"))
+    kinds: array = field(default_factory=lambda: array("q"))
+    prefix: array = field(default_factory=lambda: array("q"))
     new: list[np.ndarray] = field(default_factory=list)
     last: np.ndarray | None = None
     layout: Layout | None = None  # token-level regions of the current prompt
-    reg_vals: list[int] = field(default_factory=list)  # regions of the new ids, run-length
-    reg_counts: list[int] = field(default_factory=list)
+    reg_vals: array = field(default_factory=lambda: array("q"))  # new ids' regions, run-length
+    reg_counts: array = field(default_factory=lambda: array("q"))
+    # ``TraceBuilder(keep_within=...)``: nothing after this session's first request over it
+    # is stored (cut), or nothing at all (dead: ``build`` would drop the whole session)
+    cut: bool = False
+    dead: bool = False
     # the trace's own hash ids (partial last block included), compact like ``new``
     src_len: list[int] = field(default_factory=list)
     src_new: list[np.ndarray] = field(default_factory=list)
@@ -100,10 +106,17 @@ def parse_select(select: str | None) -> tuple[str, int] | None:
 
 
 class TraceBuilder:
-    def __init__(self, name: str, format: str, source: str, block_size: int):
+    """``keep_within``: the ``max_context`` of the one ``build`` to come (a generator that
+    builds once, traces/synthetic.py): requests that cut would remove are not stored, so
+    memory follows the trace built, not the one generated. ``build`` then requires that
+    ``max_context``, and ``storage`` (which serves every one) is refused."""
+
+    def __init__(self, name: str, format: str, source: str, block_size: int,
+                 keep_within: int | None = None):
         if not isinstance(block_size, int) or block_size < 1:
             raise OptionError(f"block size must be a positive integer, got {block_size!r}")
         self.name, self.format, self.source, self.block_size = name, format, source, block_size
+        self.keep_within = keep_within
         self.skipped = 0
         self.base_options: dict = {}  # recorded in every built Trace's options
         self._sessions: list[_Open] = []
@@ -118,9 +131,13 @@ class TraceBuilder:
         """A new session; ``after_local`` is the parent's local request index after whose reply
         a sub-agent starts (-1 = before its first request). ``prefix_regions``: (region,
         tokens) runs that start every prompt of the session (traces.regions)."""
-        self._sessions.append(_Open(id, scope, parent, after_local, float(start_offset_s),
-                                    agent_type, int(prefix_hint_tokens),
-                                    layout=Layout(prefix_regions)))
+        s = _Open(id, scope, parent, after_local, float(start_offset_s), agent_type,
+                  int(prefix_hint_tokens), layout=Layout(prefix_regions))
+        if parent >= 0 and self.keep_within is not None:
+            p = self._sessions[parent]
+            kept = len(p.prompt) - 1  # the parent's requests ``build`` keeps, when cut
+            s.dead = p.dead or (p.cut and (kept == 0 or after_local >= kept))
+        self._sessions.append(s)
         return len(self._sessions) - 1
 
     @property
@@ -142,6 +159,12 @@ class TraceBuilder:
         s = self._sessions[h]
         if ids.shape[0] != prompt // self.block_size:
             raise ValueError("ids must have prompt // block_size entries")
+        if s.cut or s.dead:  # ``build(max_context=keep_within)`` drops it: not stored
+            self._models.setdefault(model, len(self._models))
+            self._without_hash_ids |= hash_ids is None
+            return
+        if self.keep_within is not None and prompt > self.keep_within:
+            s.cut = True  # stored (``build`` finds the cut there), the rest of it is not
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         k = 0 if s.last is None else common_prefix(s.last, ids)
         s.prefix.append(k)
@@ -160,8 +183,8 @@ class TraceBuilder:
         assert s.layout is not None, "add() after close()"
         vals, counts = s.layout.advance(int(prompt), int(output), k, self.block_size,
                                         input_region)
-        s.reg_vals += vals
-        s.reg_counts += counts
+        s.reg_vals.extend(vals)
+        s.reg_counts.extend(counts)
         s.last = ids
         s.prompt.append(int(prompt))
         s.output.append(int(output))
@@ -189,6 +212,8 @@ class TraceBuilder:
         to make the same builder again (``from_storage``), whatever ``build`` is asked later.
         The file's own hash ids are kept when every request had them (else ``build`` counts
         none); a request's that are its cache blocks are stored once."""
+        if self.keep_within is not None:
+            raise ValueError("a builder made with keep_within holds one build's requests only")
         ss = self._sessions
         new = [a for s in ss for a in s.new]
         src = [] if self._without_hash_ids else [a for s in ss for a in s.src_new]
@@ -260,23 +285,28 @@ class TraceBuilder:
             else:
                 src.append(own_ids[own_ptr[k]:own_ptr[k + 1]])
                 k += 1
-        cols = {k: arrays[k].tolist() for k in (*cls._REQUEST_INTS, *cls._REQUEST_FLOATS)}
-        vals, counts = arrays["reg_vals"].tolist(), arrays["reg_counts"].tolist()
+        cols = {k: (arrays[k].astype(np.int64), "q") for k in cls._REQUEST_INTS}
+        cols.update({k: (arrays[k].astype(np.float64), "d") for k in cls._REQUEST_FLOATS})
+        vals, counts = arrays["reg_vals"].astype(np.int64), arrays["reg_counts"].astype(np.int64)
         for h, fields in enumerate(meta["sessions"]):
             s = _Open(*fields)
             a, z = int(req[h]), int(req[h + 1])
-            for k, v in cols.items():
-                setattr(s, k, v[a:z])
+            for k, (v, code) in cols.items():
+                setattr(s, k, array(code, v[a:z].tobytes()))
             s.new = new[a:z]
             if with_src:
                 s.src_len, s.src_new = src_len[a:z], src[a:z]
-            s.reg_vals, s.reg_counts = vals[reg[h]:reg[h + 1]], counts[reg[h]:reg[h + 1]]
+            s.reg_vals = array("q", vals[reg[h]:reg[h + 1]].tobytes())
+            s.reg_counts = array("q", counts[reg[h]:reg[h + 1]].tobytes())
             self._sessions.append(s)
 
     # -- output -----------------------------------------------------------------------------
     def build(self, *, shared_prefix: int | str | None = None, max_context: int | None = None,
               select: str | None = None, options: dict | None = None) -> Trace:
         bs = self.block_size
+        if self.keep_within is not None and max_context != self.keep_within:
+            raise ValueError(f"this builder keeps the requests of max_context="
+                             f"{self.keep_within} only, not {max_context}")
         sel = parse_select(select)
         ss = self._sessions
         # 1. the context cut
@@ -334,7 +364,13 @@ class TraceBuilder:
                                       "a number of tokens")
                 want[i] = min(n_tok // bs, s.prompt[0] // bs)
         s_max = max(want.values(), default=0)
-        mapped: dict[int, np.ndarray] = {}  # session -> its new ids, concatenated, global
+        # session -> its new ids, concatenated, global: a view of the pool (in ``order``),
+        # filled in place (a million-request trace holds no second copy of its ids)
+        mapped: dict[int, np.ndarray] = {}
+        sizes = [sum(a.shape[0] for a in ss[i].new[:keep_n[i]]) for i in order]
+        at = dict(zip(order, np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).tolist(),
+                      strict=False))
+        pool = np.empty(sum(sizes), np.int64) if order else _EMPTY
         regs: dict[int, np.ndarray] = {}  # session -> the regions of those ids
         offset = s_max
         by_scope: dict[int, list[int]] = {}
@@ -366,7 +402,8 @@ class TraceBuilder:
                     j[j >= kv.shape[0]] = 0
                     hit = kv[j] == a if kv.shape[0] else np.zeros(a.shape, bool)
                     g = np.where(hit, kpos[j], g)
-                mapped[i] = g.astype(np.int64, copy=False)
+                mapped[i] = pool[at[i]:at[i] + g.shape[0]]
+                mapped[i][:] = g
             offset += int(uniq.shape[0])
         if s_max:
             _shared_regions(tops, want, s_max, mapped, regs)
@@ -401,7 +438,6 @@ class TraceBuilder:
         new_len = np.empty(R, np.int64)
         for j, i in enumerate(order):
             new_len[firsts[j]:firsts[j + 1]] = [a.shape[0] for a in ss[i].new[:keep_n[i]]]
-        pool = (np.concatenate([mapped[i] for i in order]) if order else _EMPTY)
         pool.setflags(write=False)
         pool_region = (np.concatenate([regs[i] for i in order]) if order
                        else np.zeros(0, np.uint8))
@@ -452,9 +488,9 @@ def _segments(firsts: np.ndarray, prefix: np.ndarray, new_start: np.ndarray,
 
     Request r = the first ``prefix[r]`` blocks of r-1 (same session) + its new ids. New ids
     are appended to the pool in request order, so an append-only chain stays ONE segment."""
-    ptr = [0]
-    starts: list[int] = []
-    lens: list[int] = []
+    ptr = array("q", [0])  # (typed: a million-request trace has millions of segments)
+    starts = array("q")
+    lens = array("q")
     for j in range(len(firsts) - 1):
         prev: list[list[int]] = []
         for r in range(int(firsts[j]), int(firsts[j + 1])):

@@ -255,7 +255,7 @@ def generate(spec: str, block_size: int = 64, seed: int = 0, build: dict | None 
     name, prof, sessions, seed, subagents = parse_spec(spec, seed)
     rng = np.random.default_rng(seed)
     b = TraceBuilder(name=f"synthetic:{name}", format="synthetic", source=spec,
-                     block_size=block_size)
+                     block_size=block_size, keep_within=(build or {}).get("max_context"))
     n_reqs = _stratified(rng, prof.requests, sessions)
     firsts = _stratified(rng, prof.first_message, sessions)
     for i in range(sessions):

@@ -1,5 +1,6 @@
 """What every engine shares: submission, the policy's events, pricing of prefill batches and
-decode runs, tier transfers, and the ``ever`` set (what an unlimited cache would hold).
+decode runs, tier transfers, and the ids ever inserted (what an unlimited cache would hold:
+``remember``, ``known_prefix_blocks``; stored compactly by sim/engines/known.py).
 
 An engine (``sim.engines``) is the request protocol, the scheduler and the memory semantics
 of one real server. Subclasses implement ``build`` (the engine and its cache for a run),
@@ -28,6 +29,7 @@ from sim.config import RunConfig
 from sim.context import apply_edit
 from sim.metrics import RunRecorder
 
+from .known import KnownBlocks
 from .request import Req
 
 
@@ -98,7 +100,7 @@ class EngineBase:
         self.charge_d2h = cfg.tiering == "unified" or cfg.hicache_write_policy == "write_back"
         self._pending_h2d_bytes = 0
         self._rerotate_s = 0.0  # re-rotation passes (repos, splice) the next batch waits for
-        self.ever: set[int] = set()  # every block id ever inserted: what an infinite cache holds
+        self._ever = KnownBlocks()  # every block id ever inserted: what an infinite cache holds
         self._tell_arrival = "arrival" in policy.events
         self._tell_reply = "reply" in policy.events
         self._tell_drop = "drop" in policy.events
@@ -195,19 +197,20 @@ class EngineBase:
     def _blocks(self, tokens: float) -> int:
         return -(-math.ceil(tokens) // self.bs)
 
+    def remember(self, ids: np.ndarray) -> None:
+        """``ids`` were inserted into this server's cache: an unlimited cache holds them from
+        now on (``known_prefix_blocks``)."""
+        self._ever.add(ids)
+
     def known_prefix_blocks(self, ids: np.ndarray) -> int:
         """Leading blocks of ``ids`` ever inserted into this server's cache: what an
-        unlimited cache of this server would hold now (chained ids make ``ever``
+        unlimited cache of this server would hold now (chained ids make the inserted ids
         prefix-closed: a binary search on membership). Read only."""
-        lo, hi = 0, ids.size
-        ever = self.ever
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if ids.item(mid - 1) in ever:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
+        return self._ever.known_prefix(ids)
+
+    def ever_blocks(self) -> np.ndarray:
+        """Every block id ever inserted into this server's cache, sorted (int64)."""
+        return self._ever.to_array()
 
     def _ideal_blocks(self, ids: np.ndarray, view=None) -> int:
         """Longest prefix of ``ids`` ever inserted (``known_prefix_blocks``). Under a context

@@ -225,7 +225,7 @@ class SGLangServer(EngineBase):
         self.cache.release(req.reserved)
         ins = self.cache.insert(ids, hint=req.hint)
         if ids.size > req.known_blocks:
-            self.ever.update(ids[req.known_blocks:].tolist())
+            self.remember(ids[req.known_blocks:])
             req.known_blocks = ids.size
         if final_ids is None:
             # A chunk checkpoint must keep the match's lock too: the kept segment behind a
@@ -260,7 +260,7 @@ class SGLangServer(EngineBase):
             cache.reserve(missing)
             cache.insert(ids)
             cache.release(missing)
-            self.ever.update(ids.tolist())
+            self.remember(ids)
         cache.unlock(m.node)
         return ok
 
@@ -333,7 +333,7 @@ class SGLangServer(EngineBase):
             ins = self.cache.insert(req.ids)
             self.cache.lock(ins.node)
             req.landed = ins.node
-            self.ever.update(req.ids.tolist())
+            self.remember(req.ids)
         self.cache.release(blocks)
         self.cache.unlock(node)
         self.submit(req)

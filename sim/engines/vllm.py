@@ -459,7 +459,7 @@ class VllmServer(EngineBase):
         """Blocks the pool just cached join ``ever`` (what an unlimited cache holds)."""
         cached = self.pool.cached_of(req.rid)
         if cached > req.known_blocks:
-            self.ever.update(req.seq_ids[req.known_blocks:cached].tolist())
+            self.remember(req.seq_ids[req.known_blocks:cached])
             req.known_blocks = cached
 
     def _record_evictions(self) -> None:

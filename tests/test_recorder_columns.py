@@ -1,0 +1,112 @@
+"""sim/metrics.py: RunRecorder keeps finished requests' records in compact columns; the table
+it returns is the one a list of RequestRecord objects gave (same columns, dtypes, order and
+values), and it holds no record object of a finished request."""
+
+from __future__ import annotations
+
+import gc
+import math
+import weakref
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+
+from costmodel.units import Units
+from sim.metrics import COLUMNS, RunRecorder
+
+
+class _Prompt:
+    kind = "turn"
+    skipped_tokens = restored_tokens = reprefill_tokens = rerotated_tokens = 0
+
+    def recomputed_ranges(self, segments, ranges, ideal, bs):
+        return [(0, 16)]
+
+    def units(self, spec, a, b):
+        return Units()
+
+
+def _req(rid: int, session: int, arrival: float):
+    return SimpleNamespace(rid=rid, session=session, arrival=arrival, prompt_tokens=100 + rid,
+                           output_tokens=5, prompt=_Prompt(), generated=3, record=None,
+                           ranges=[])
+
+
+def _recorder() -> RunRecorder:
+    return RunRecorder(["a", "b"], [0, 10], [False, True], [0, 1])
+
+
+def _by_objects(rec: RunRecorder) -> pd.DataFrame:
+    """The table as a list of records gave it."""
+    rows = [{k: getattr(r, k) for k in COLUMNS} for r in rec.records]
+    df = pd.DataFrame(rows)
+    return df.sort_values(["send_s", "request"], kind="stable").reset_index(drop=True)
+
+
+def _run(rec: RunRecorder, n: int = 40, leave_open: int = 3) -> list:
+    reqs = []
+    for i in range(n):
+        # ties in send time (reverse request order) check the stable sort
+        r = _req(rid=n - i if i % 3 else i, session=i % 2, arrival=float(i // 4))
+        if i % 7 == 0:
+            rec.drop(r, 1.0 + i, "context" if i % 2 else "cache")
+            continue
+        r.record = rec.open(r, 0.5 + i, reused=i, holes=0, ideal=16, spec=None,
+                            segments=(), bs=16)
+        rec.first_token(r, 1.0 + i)
+        rec.tokens([r], 3, 1.5 + i, 2.0 + i, 0.1, 0.01)
+        if i % 5 == 0:
+            rec.retracted(r)
+        reqs.append(r)
+    for r in reqs[:-leave_open]:
+        rec.close(r, 3.0 + r.rid)
+    return reqs
+
+
+def test_the_table_is_the_records_table():
+    rec = _recorder()
+    _run(rec)
+    pd.testing.assert_frame_equal(rec.table(), _by_objects(rec))
+    assert len(rec) == 40 and list(rec.table().columns) == list(COLUMNS)
+
+
+def test_finished_records_are_not_held():
+    rec = _recorder()
+    reqs = _run(rec, leave_open=1)
+    gone = weakref.ref(reqs[0].record)
+    still = reqs[-1].record  # open: the engine still updates it through req.record
+    for r in reqs:
+        r.record = None
+    del reqs
+    gc.collect()
+    assert gone() is None
+    still.prefill_units += 2.5  # an open record's updates reach the table
+    assert rec.table()["prefill_units"].max() == 2.5
+
+
+@pytest.mark.parametrize("value, dtype", [(2.5, "float64"), (True, "object")])
+def test_a_column_takes_the_dtype_pandas_infers(value, dtype):
+    """An int field given a float (or a bool) in one record: the column is what pandas makes
+    of the values, float64 (object), as a list of records gave."""
+    rec = _recorder()
+    reqs = _run(rec, leave_open=0)
+    r = _req(99, 0, 0.25)
+    r.record = rec.open(r, 1.0, reused=0, holes=0, ideal=16, spec=None, segments=(), bs=16)
+    r.record.hole_tokens = value
+    rec.close(r, 2.0)
+    table = rec.table()
+    assert str(table["hole_tokens"].dtype) == dtype
+    pd.testing.assert_frame_equal(table, _by_objects(rec))
+    assert len(reqs) > 0
+
+
+def test_absorb_joins_rows_in_order():
+    a, b = _recorder(), _recorder()
+    _run(a, n=20)
+    _run(b, n=30, leave_open=2)
+    expect = pd.concat([_by_objects(a), _by_objects(b)], ignore_index=True)
+    expect = expect.sort_values(["send_s", "request"], kind="stable").reset_index(drop=True)
+    a.absorb(b)
+    pd.testing.assert_frame_equal(a.table(), expect)
+    assert math.isfinite(a.table()["end_s"].iloc[0])
