@@ -28,20 +28,9 @@ class Engine:
         self.cache = Cache()
 
 
-class PeriodicScraper:
-    """The reference: a sample at every grid instant."""
-
-    def __init__(self, env, engines, scrape_s) -> None:
-        self.env, self.engines, self.period = env, engines, float(scrape_s)
-        self.samples = [None] * len(engines)
-        self.at = None
-        self.stopped = False
-
-    def start(self) -> None:
-        self.env.process(self._loop())
-
-    def stop(self) -> None:
-        self.stopped = True
+class PeriodicScraper(Scraper):
+    """The reference: a sample at every grid instant (the scraper's own state and methods,
+    one timeout per period)."""
 
     def _loop(self):
         while not self.stopped:
