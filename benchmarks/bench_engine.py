@@ -63,7 +63,10 @@ def peak_rss_mib():
             return int(line.split()[1]) / 1024
     return float("nan")
 from sim.config import RunConfig
-from sim.run import load_run_trace, run
+try:
+    from sim.run import load_run_trace, run
+except ImportError:  # a revision before sim/run/ (--against)
+    from sim.runner import load_run_trace, run
 PRESETS = ("sglang", "vllm", "penelope")
 trace, max_ctx, cache, policy, profile, engine, scheduler, gaps, shared = sys.argv[1:10]
 replicas, router, sessions = int(sys.argv[10]), sys.argv[11], int(sys.argv[12])
