@@ -82,14 +82,20 @@ def sec(v) -> str:
     return "-" if v is None else f"{v:.3f}" if v < 10 else f"{v:,.1f}"
 
 
-def fleet(path: str) -> None:
-    """One table per workload of ``kvsim reproduce fleet --json`` (sim/studies/fleet.py)."""
+def study_workloads(path: str) -> list[tuple[str, list[dict]]]:
+    """A study's ``--json`` document (sim/studies/) as (workload, its rows), in the order the
+    workloads first appear; its notes are printed first."""
     doc = json.loads(Path(path).read_text())
-
     for note in doc.get("notes", []):
         print(f"Note: {note}\n")
     rows = doc["rows"]
-    for workload in dict.fromkeys(r["workload"] for r in rows):
+    return [(w, [r for r in rows if r["workload"] == w])
+            for w in dict.fromkeys(r["workload"] for r in rows)]
+
+
+def fleet(path: str) -> None:
+    """One table per workload of ``kvsim reproduce fleet --json`` (sim/studies/fleet.py)."""
+    for workload, rows in study_workloads(path):
         print(f"\n#### {workload}\n")
         print(table(["router", "eviction", "replicas", "TTFT mean s", "TTFT p90 s",
                      "JCT mean s", "hit rate", "reuse available", "reuse captured",
@@ -99,18 +105,12 @@ def fleet(path: str) -> None:
                       frac(r["reuse_available"]), frac(r["reuse_captured"]),
                       frac(r["affinity"]), "-" if r["load_cv"] is None else
                       f"{r['load_cv']:.2f}"]
-                     for r in sorted((r for r in rows if r["workload"] == workload),
-                                     key=lambda r: r["replicas"])]))
+                     for r in sorted(rows, key=lambda r: r["replicas"])]))
 
 
 def pd_tables(path: str) -> None:
     """One table per workload of ``kvsim reproduce pd --json`` (sim/studies/pd.py)."""
-    doc = json.loads(Path(path).read_text())
-
-    for note in doc.get("notes", []):
-        print(f"Note: {note}\n")
-    rows = doc["rows"]
-    for workload in dict.fromkeys(r["workload"] for r in rows):
+    for workload, rows in study_workloads(path):
         print(f"\n#### {workload} ({rows[0]['gpus']} GPUs)\n")
         print(table(["arrangement", "engine", "eviction", "router", "rule", "local below",
                      "decode cache", "return", "prealloc", "TTFT mean s", "TTFT p90 s",
@@ -130,7 +130,7 @@ def pd_tables(path: str) -> None:
                       sec(r["prealloc_wait_s_mean"]),
                       sec(r["prefill_s_mean"]), sec(r["transfer_s_mean"]),
                       sec(r["first_decode_s_mean"]), f"{r['decode_retractions']:,}"]
-                     for r in rows if r["workload"] == workload], right=set(range(9, 24))))
+                     for r in rows], right=set(range(9, 24))))
 
 
 def cache_engineering(path: str) -> None:
