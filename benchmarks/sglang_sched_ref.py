@@ -296,8 +296,8 @@ class KvsimScheduler:
         from policies.scheduling import get_scheduler
         from sim.config import RunConfig
         from sim.engines import SGLangServer
+        from sim.engines.recorder import RunRecorder
         from sim.kvcache import RadixKVCache
-        from sim.metrics import RunRecorder
 
         cfg = RunConfig(gpu_cache=capacity_blocks * block_size, block_size=block_size,
                         chunk_size=chunk_size, max_new_tokens=max_new, scheduler=scheduler,

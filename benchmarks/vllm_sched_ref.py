@@ -303,9 +303,9 @@ class KvsimScheduler:
         from costmodel.profile import load_profile
         from costmodel.specs import get_spec
         from sim.config import RunConfig
+        from sim.engines.recorder import RunRecorder
         from sim.engines.vllm import VllmServer
         from sim.kvcache.blockpool import BlockPool
-        from sim.metrics import RunRecorder
 
         self.env = simpy.Environment()
         cfg = RunConfig(engine="vllm", gpu_cache=capacity_blocks * block_size,

@@ -12,8 +12,8 @@ from click.testing import CliRunner
 
 from sim.cli.main import cli
 from sim.config import RunConfig
+from sim.engines.recorder import RunRecorder
 from sim.fleet.results import FleetSizeError
-from sim.metrics import RunRecorder
 from sim.run import load_run_trace, run
 
 SYN = "synthetic:chat?sessions=3&max_requests=3"

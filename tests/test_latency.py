@@ -1,4 +1,5 @@
-"""TPOT, inter-token latency and token rates (sim/latency.py, sim/metrics.py), by hand."""
+"""TPOT, inter-token latency and token rates (sim/engines/latency.py, sim/engines/recorder.py),
+by hand."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from costmodel.profile import load_profile
 from costmodel.specs import get_spec
 from costmodel.units import ranges_units
 from sim.config import RunConfig
-from sim.latency import TokenGaps
+from sim.engines.latency import TokenGaps
 from sim.run import run
 from tests.enginekit import KitTrace
 

@@ -1,5 +1,5 @@
-"""sim/metrics.py: RunRecorder keeps finished requests' records in compact columns; the table
-it returns is the one a list of RequestRecord objects gave (same columns, dtypes, order and
+"""sim/engines/recorder.py: RunRecorder keeps finished requests' records in compact columns; the
+table it returns is the one a list of RequestRecord objects gave (same columns, dtypes, order and
 values), and it holds no record object of a finished request."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from costmodel.units import Units
-from sim.metrics import COLUMNS, RunRecorder
+from sim.engines.recorder import COLUMNS, RunRecorder
 
 
 class _Prompt:
@@ -52,8 +52,8 @@ def _run(rec: RunRecorder, n: int = 40, leave_open: int = 3) -> list:
         if i % 7 == 0:
             rec.drop(r, 1.0 + i, "context" if i % 2 else "cache")
             continue
-        r.record = rec.open(r, 0.5 + i, reused=i, holes=0, ideal=16, spec=None,
-                            segments=(), bs=16)
+        r.record = rec.open(r, 0.5 + i, reused=i, holes=0, ideal=16, recomputed=[],
+                            recompute_units=0.0, segments=(), bs=16)
         rec.first_token(r, 1.0 + i)
         rec.tokens([r], 3, 1.5 + i, 2.0 + i, 0.1, 0.01)
         if i % 5 == 0:
@@ -92,7 +92,8 @@ def test_a_column_takes_the_dtype_pandas_infers(value, dtype):
     rec = _recorder()
     reqs = _run(rec, leave_open=0)
     r = _req(99, 0, 0.25)
-    r.record = rec.open(r, 1.0, reused=0, holes=0, ideal=16, spec=None, segments=(), bs=16)
+    r.record = rec.open(r, 1.0, reused=0, holes=0, ideal=16, recomputed=[],
+                        recompute_units=0.0, segments=(), bs=16)
     r.record.hole_tokens = value
     rec.close(r, 2.0)
     table = rec.table()

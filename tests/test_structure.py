@@ -487,3 +487,22 @@ def test_the_run_room_sits_above_the_fleet_and_the_engines_and_reads_no_report()
     bad += [f"{p.relative_to(REPO)}: {m}" for p in sorted((REPO / "sim" / "run").rglob("*.py"))
             for m in _imports_of(p) if _under(m, ("sim.report", "sim.sweep", "sim.studies"))]
     assert not bad, "imports against the run room's place:\n" + "\n".join(bad)
+
+
+ROOT_MODULES = tuple(f"sim.{p.stem}" for p in sorted((REPO / "sim").glob("*.py"))
+                     if p.stem != "__init__")
+
+
+def test_the_rooms_below_the_run_read_only_the_config_of_sims_root() -> None:
+    """The parts of a run at sim's root (the replay, SLOs, the timeline, the deployment) sit
+    above the fleet and the engines: those and the rooms below them import only the config
+    from there. The recorder is the engines' own (sim/engines/recorder.py) and prices nothing:
+    the engine tells it numbers, so it imports neither ``costmodel`` nor the cache."""
+    parts = tuple(m for m in ROOT_MODULES if m != "sim.config")
+    bad = [f"{p.relative_to(REPO)}: {m}" for room in ("fleet", "engines", "kvcache", "context")
+           for p in sorted((REPO / "sim" / room).rglob("*.py"))
+           for m in _imports_of(p) if _under(m, parts)]
+    bad += [f"sim/engines/recorder.py: {m}" for m in
+            _imports_of(REPO / "sim" / "engines" / "recorder.py")
+            if _under(m, ("costmodel", "sim.kvcache"))]
+    assert len(parts) >= 5 and not bad, "imports against the rooms' order:\n" + "\n".join(bad)

@@ -27,7 +27,7 @@ from costmodel.units import Units
 from policies import Arrival, Drop, EvictionPolicy, Reply
 from sim.config import RunConfig
 from sim.context import apply_edit
-from sim.metrics import RunRecorder
+from sim.engines.recorder import RequestRecord, RunRecorder
 
 from .known import KnownBlocks
 from .request import Req
@@ -236,12 +236,26 @@ class EngineBase:
         return taken, rest
 
     # --- pricing ------------------------------------------------------------------------
+    def open_record(self, req: Req, now: float, *, reused: int, holes: int, ideal: int,
+                    segments: Any, loaded: int = 0) -> RequestRecord:
+        """Open ``req``'s record at its first admission. The positions inside the ideal
+        prefix it computes again are priced as the prefill prices them: with the keys each
+        token attends (a dropped key is not attended)."""
+        prompt = req.prompt
+        recomputed = prompt.recomputed_ranges(segments, req.ranges, ideal, self.bs)
+        units = Units()
+        for a, b in recomputed:
+            units = units + prompt.units(self.spec, a, b)
+        return self.rec.open(req, now, reused=reused, holes=holes, ideal=ideal,
+                             recomputed=recomputed, recompute_units=units.total,
+                             segments=segments, bs=self.bs, loaded=loaded)
+
     def _count_redone(self, req: Req, a: int, b: int) -> None:
         """Record the part of prefill range [a, b) below ``req.redo_until``: positions the
         request had computed before a preemption or retraction lost them."""
         end = min(b, req.redo_until)
         if end > a:
-            self.rec.redone(req, end - a, req.prompt.units(self.spec, a, end))
+            self.rec.redone(req, end - a, req.prompt.units(self.spec, a, end).total)
 
     def _prefill_seconds(self, batch) -> tuple[float, list[Units]]:
         per_req = []

@@ -10,8 +10,8 @@ import numpy as np
 import simpy
 
 from sim.context import Prompt, RequestView
+from sim.engines.recorder import RequestRecord
 from sim.kvcache.paths import WalkHint
-from sim.metrics import RequestRecord
 
 
 @dataclass(eq=False)

@@ -41,8 +41,8 @@ from policies import EvictionPolicy
 from policies.scheduling import SchedulePolicy, get_scheduler
 from sim.config import RunConfig
 from sim.context import parse_context, plan_ranges
+from sim.engines.recorder import RunRecorder
 from sim.kvcache import RadixKVCache, Tier
-from sim.metrics import RunRecorder
 
 from .base import EngineBase, steps_fitting
 from .request import Req
@@ -539,9 +539,8 @@ class SGLangServer(EngineBase):
         if req.record is None:
             req.known_blocks = self._ideal_blocks(req.ids, req.view)
             ideal = min(req.known_blocks, self._usable_blocks(req)) * self.bs
-            req.record = self.rec.open(req, self.env.now, reused=a.reused, holes=a.holes,
-                                       ideal=ideal, spec=self.spec, segments=a.segments,
-                                       bs=self.bs, loaded=a.loaded)
+            req.record = self.open_record(req, self.env.now, reused=a.reused, holes=a.holes,
+                                          ideal=ideal, segments=a.segments, loaded=a.loaded)
         req.admitted_at = self.env.now
 
     # --- decode runs: k steps of the running batch as one event ---------------------------
@@ -619,7 +618,7 @@ class SGLangServer(EngineBase):
     def _finish_prefill(self, batch, per_req: list[Units]) -> None:
         now = self.env.now
         for (req, _ranges), units in zip(batch, per_req, strict=True):
-            self.rec.prefill_units(req, units)
+            self.rec.prefill_units(req, units.total, units.attention)
             if req.ranges:  # chunk of an unfinished prompt: checkpoint what is contiguous
                 # SGLang leaves the chunked request out of the batch it merges into the
                 # running batch: the batch shrank, which clears batch_is_full.

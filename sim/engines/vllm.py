@@ -69,9 +69,9 @@ from costmodel.units import Units, range_units
 from policies import Blocks, EvictionPolicy, PolicyError
 from policies.eviction import ReleaseOrder
 from sim.config import RunConfig
+from sim.engines.recorder import RunRecorder
 from sim.kvcache import EvictResult, Tier
 from sim.kvcache.blockpool import BlockPool
-from sim.metrics import RunRecorder
 
 from .base import EngineBase, steps_fitting
 from .request import VllmReq
@@ -451,9 +451,8 @@ class VllmServer(EngineBase):
             return
         req.known_blocks = self._ideal_blocks(req.ids)
         ideal = min(req.known_blocks, (req.prompt_tokens - 1) // self.bs) * self.bs
-        req.record = self.rec.open(req, now, reused=hit_blocks * self.bs, holes=0,
-                                   ideal=ideal, spec=self.spec,
-                                   segments=((0, hit_blocks, Tier.GPU),), bs=self.bs)
+        req.record = self.open_record(req, now, reused=hit_blocks * self.bs, holes=0,
+                                      ideal=ideal, segments=((0, hit_blocks, Tier.GPU),))
 
     def _note_cached(self, req: VllmReq) -> None:
         """Blocks the pool just cached join ``ever`` (what an unlimited cache holds)."""
@@ -501,7 +500,7 @@ class VllmServer(EngineBase):
             u = self._row_units(r, start, n)
             units = units + u
             if not dec:
-                self.rec.prefill_units(r, u)
+                self.rec.prefill_units(r, u.total, u.attention)
                 self._count_redone(r, start, start + n)
         seconds = self.profile.prefill_seconds(units)
         if n_dec:

@@ -64,8 +64,8 @@ class PenelopeVllmServer(VllmServer):
         hole_tokens = sum(e - s for s, e, t in segments if t == Tier.NONE) * bs
         req.known_blocks = self._ideal_blocks(req.ids)
         ideal = min(req.known_blocks, (req.prompt_tokens - 1) // bs) * bs
-        req.record = self.rec.open(req, now, reused=reused_tokens, holes=hole_tokens,
-                                   ideal=ideal, spec=self.spec, segments=segments, bs=bs)
+        req.record = self.open_record(req, now, reused=reused_tokens, holes=hole_tokens,
+                                      ideal=ideal, segments=segments)
 
 
 # --vllm-patch NAME -> the engine class (``none`` is vLLM as deployed)

@@ -41,8 +41,8 @@ from policies.routing import (
     RouterView,
     ScrapedMetrics,
 )
+from sim.engines.recorder import RunRecorder
 from sim.kvcache.events import BlockRemoved, BlockStored, KVEvent
-from sim.metrics import RunRecorder
 
 from .beliefs import CacheBelief, EventBelief, PodLRUBelief, TreeBelief, TTLBelief
 from .kvevents import KVEventFeed

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sim.metrics import RecordListener, RunRecorder
+from sim.engines.recorder import RecordListener, RunRecorder
 
 
 def recorder_for(trace, listener: RecordListener | None = None) -> RunRecorder:

@@ -64,8 +64,8 @@ import simpy
 from costmodel.links import Link
 from policies.pd_rules import DecodeWorker, PDRequest, PDRule
 from sim.context import PrefillOnlyPrompt
+from sim.engines.recorder import RunRecorder
 from sim.kvcache.paths import WalkHint
-from sim.metrics import RunRecorder
 
 from .fleet import Fleet
 

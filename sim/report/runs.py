@@ -17,7 +17,8 @@ COMPARED = ("ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "jct_mean_s
             "recomputed_tokens", "recompute_units", "queue_wait_mean_s",
             "preempted_recompute_tokens", "preempted_recompute_units",
             "tpot_mean_s", "tpot_p99_s", "itl_p50_s", "itl_p99_s", "e2e_p90_s")
-# What users quote beside TTFT (sim/metrics.py latency_fields, sim/run/summary.py answer_fields).
+# What users quote beside TTFT (sim/engines/recorder.py latency_fields, sim/run/summary.py
+# answer_fields).
 THROUGHPUT_ROWS = ("output_tokens_per_s", "total_tokens_per_s", "gpus",
                    "output_tokens_per_s_per_gpu")
 # Rows of runs with --slo (sim/slo.py).

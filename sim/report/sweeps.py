@@ -14,7 +14,8 @@ WHEN_NONZERO = ("dropped_requests", "over_context_requests", "trace_skipped_file
 METRIC_COLUMNS = [Col("TTFT\nmean (s)", "ttft_mean_s", "s"),
                   Col("TTFT\np90 (s)", "ttft_p90_s", "s"),
                   Col("JCT\nmean (s)", "jct_mean_s", "s"), Col("hit\nrate", "hit_rate", "rate")]
-# per-token latency, throughput and goodput (sim/metrics.py, sim/slo.py): shown when present
+# per-token latency, throughput and goodput (sim/engines/recorder.py, sim/slo.py): shown when
+# present
 ANSWER_COLUMNS = [Col("TPOT\nmean (ms)", "tpot_mean_s", "ms"),
                   Col("ITL\np99 (ms)", "itl_p99_s", "ms"),
                   Col("output\ntok/s/GPU", "output_tokens_per_s_per_gpu", "per_s"),

@@ -14,7 +14,7 @@ disaggregated fleet, and the files of its result.
 - ``trace``: the trace a config replays, loaded once per process; config -> Trace.
 - ``result``: ``RunResult``, ``write_result``, ``clear_run_outputs``; RunResult -> run folder.
 
-May import: ``sim.config``, ``sim.engines``, ``sim.fleet``, ``sim.context``, ``sim.metrics``,
+May import: ``sim.config``, ``sim.engines`` (and its recorder), ``sim.fleet``, ``sim.context``,
 ``sim.replay``, ``sim.deploy``, ``sim.slo``, ``sim.io``, ``policies``, ``costmodel``,
 ``traces``; never ``sim.report`` (progress arrives as the ``on_reply`` callback), the sweeps,
 the studies or the CLI. Nothing below it (engines, fleet) imports it.

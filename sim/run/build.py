@@ -17,8 +17,8 @@ from costmodel.units import range_units
 from policies import EvictionPolicy, PolicyContext, SessionInfo
 from sim.config import RunConfig
 from sim.engines import EngineBase, engine_class
+from sim.engines.recorder import RecordListener
 from sim.fleet.metrics import recorder_for
-from sim.metrics import RecordListener
 from sim.replay import Replay
 
 

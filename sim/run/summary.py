@@ -11,7 +11,7 @@ import pandas as pd
 from policies import EvictionPolicy
 from sim.config import RunConfig
 from sim.engines import ENGINES
-from sim.metrics import RunRecorder
+from sim.engines.recorder import RunRecorder
 
 
 def run_fields(cfg: RunConfig, policy: EvictionPolicy, profile, spec, trace,

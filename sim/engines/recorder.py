@@ -27,9 +27,7 @@ from typing import Any, Protocol
 import numpy as np
 import pandas as pd
 
-from costmodel.specs import ModelSpec
-from costmodel.units import Units
-from sim.latency import TokenGaps
+from sim.engines.latency import TokenGaps
 
 HIST_BIN_TOKENS = 8192
 HIST_BINS = 64  # up to 512K positions; the last bin collects the rest
@@ -269,8 +267,11 @@ class RunRecorder:
         return self._n
 
     def open(self, req: Any, now: float, *, reused: int, holes: int, ideal: int,
-             spec: ModelSpec, segments: Any, bs: int, loaded: int = 0) -> RequestRecord:
-        """``segments``: the match after any CPU load, so GPU runs are hit or loaded."""
+             recomputed: list[tuple[int, int]], recompute_units: float, segments: Any,
+             bs: int, loaded: int = 0) -> RequestRecord:
+        """``segments``: the match after any CPU load, so GPU runs are hit or loaded;
+        ``recomputed``: the positions inside the ideal prefix computed again, which the
+        engine priced as ``recompute_units`` (``EngineBase.open_record``)."""
         rec = self._record(req)
         rec.admit_s = now
         rec.queue_wait_s = now - req.arrival
@@ -283,20 +284,15 @@ class RunRecorder:
         rec.restored_tokens = prompt.restored_tokens
         rec.reprefill_tokens = prompt.reprefill_tokens
         rec.rerotated_tokens = prompt.rerotated_tokens
-        # Positions recomputed inside the ideal prefix, priced as the prefill prices them:
-        # with the keys each token attends (a dropped key is not attended).
-        recomputed_ranges = prompt.recomputed_ranges(segments, req.ranges, ideal, bs)
-        units = Units()
-        for a, b in recomputed_ranges:
-            units = units + prompt.units(spec, a, b)
+        for a, b in recomputed:
             self._histogram(a, b)
-        rec.recompute_units = units.total
-        rec.recomputed_tokens = sum(b - a for a, b in recomputed_ranges)
+        rec.recompute_units = recompute_units
+        rec.recomputed_tokens = sum(b - a for a, b in recomputed)
         rec.new_tokens = (req.prompt_tokens - reused - loaded - rec.recomputed_tokens
                           - rec.dropped_tokens)
         shared = self.shared_blocks[req.session] * bs
         private_ideal = max(0, ideal - shared)
-        private_lost = sum(max(0, b - max(a, shared)) for a, b in recomputed_ranges)
+        private_lost = sum(max(0, b - max(a, shared)) for a, b in recomputed)
         rec.private_lost = private_lost / private_ideal if private_ideal else 0.0
         if self.listener is not None:
             self.listener.opened(req, segments)
@@ -307,9 +303,11 @@ class RunRecorder:
         hi = np.minimum(_HIST_HI, b)
         self.hist += np.maximum(0, hi - lo)
 
-    def prefill_units(self, req: Any, units: Units) -> None:
-        req.record.prefill_units += units.total
-        req.record.attention_units += units.attention
+    def prefill_units(self, req: Any, total: float, attention: int) -> None:
+        """A prefill chunk of ``req`` the engine priced: ``total`` units, ``attention`` of
+        them attention (``costmodel.units.Units``)."""
+        req.record.prefill_units += total
+        req.record.attention_units += attention
 
     def first_token(self, req: Any, now: float) -> None:
         rec = req.record
@@ -323,7 +321,7 @@ class RunRecorder:
                step_s: float = 0.0, inc_s: float = 0.0) -> None:
         """Each of ``reqs`` (past its first token) got ``n`` tokens: the first at
         ``first_at``, then one every ``step_s + inc_s * i`` (``i = 0 .. n-2``, a decode run's
-        steps), the last at ``last_at``. Gaps are kept in closed form (sim/latency.py)."""
+        steps), the last at ``last_at``. Gaps are kept in closed form (sim/engines/latency.py)."""
         last = self._last_token
         tail = step_s + inc_s * (n - 2) if n > 1 else -math.inf
         for r in reqs:
@@ -366,10 +364,11 @@ class RunRecorder:
         req.record.retractions += 1
         self.counters["retractions"] += 1
 
-    def redone(self, req: Any, tokens: int, units: Units) -> None:
-        """Prefill of positions the request had computed before a preemption/retraction."""
+    def redone(self, req: Any, tokens: int, units: float) -> None:
+        """Prefill of positions the request had computed before a preemption/retraction,
+        priced by the engine."""
         req.record.preempted_recompute_tokens += tokens
-        req.record.preempted_recompute_units += units.total
+        req.record.preempted_recompute_units += units
 
     def aborted(self, req: Any) -> None:
         self.counters["aborted"] += 1
