@@ -12,6 +12,7 @@ from .context import (
     PolicyError,
     Reply,
     SessionInfo,
+    Tier,
     TreeView,
 )
 from .eviction import (
@@ -71,6 +72,7 @@ __all__ = [
     "SessionInfo",
     "StartPosition",
     "Tail",
+    "Tier",
     "TreeView",
     "WholeNodes",
     "WrappedStart",

@@ -9,12 +9,26 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from enum import IntEnum
 from typing import Any, Protocol
 
 import numpy as np
 
-# Node tiers as plain ints (``sim.kvcache.Tier`` is an IntEnum with these values).
-HOLE, GPU, CPU = 0, 1, 2
+
+class Tier(IntEnum):
+    """Where a node's KV lives (sim/kvcache/tiering.py has the two-tier semantics).
+
+    Under ``tiering="hicache"`` GPU means "has a device copy" (it may also have a host copy,
+    ``Node.host``) and CPU means "host copy only"."""
+
+    NONE = 0  # a hole: block ids known, KV freed (the phantom request refills it)
+    GPU = 1
+    CPU = 2
+    DROPPED = 3  # cache engineering: KV freed on purpose, never refilled, never attended
+
+
+# The policy API's names of a node's tier (``CacheNode.tier``).
+HOLE, GPU, CPU = Tier.NONE, Tier.GPU, Tier.CPU
 
 
 class PolicyError(ValueError):
@@ -32,7 +46,7 @@ class CacheNode(Protocol):
     parent: CacheNode | None  # None only for the root
     children: Mapping[int, Any]  # keyed by the child's first block id
     start: int  # absolute block position of the first block
-    tier: int  # HOLE (ids known, KV freed), GPU or CPU
+    tier: Tier  # HOLE (ids known, KV freed), GPU or CPU
     lock: int  # running requests whose matched path includes this node
     last_access: int  # logical clock of the last match/insert that covered the node
     hit_count: int  # matches that covered the node

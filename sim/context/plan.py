@@ -1,6 +1,6 @@
 """What a request under a context strategy computes, and what that costs.
 
-``plan_ranges`` replaces the engine's plan for requests with a ``RequestView``. Besides the
+``plan_ranges`` is the plan of a request with a ``RequestView`` (``RequestView.plan``). Besides the
 usual reuse (GPU), load (CPU), phantom refill (holes) and tail, it knows which blocks the
 history dropped:
 
@@ -19,13 +19,16 @@ is cut at every drop trigger inside it, and each piece skips the intervals dropp
 from __future__ import annotations
 
 from bisect import bisect_left
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from sim.kvcache.node import Tier
 
 from .strategies import mask_runs
-from .view import RequestView
+
+if TYPE_CHECKING:
+    from .view import RequestView
 
 GPU, CPU, NONE = Tier.GPU, Tier.CPU, Tier.NONE
 

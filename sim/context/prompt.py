@@ -17,8 +17,7 @@ import numpy as np
 
 from costmodel.specs import ModelSpec
 from costmodel.units import Units, range_units
-
-_GPU = 1  # sim.kvcache.Tier.GPU
+from sim.kvcache.node import Tier
 
 
 class Prompt(Protocol):
@@ -55,6 +54,13 @@ class Prompt(Protocol):
 
     def units(self, spec: ModelSpec, a: int, b: int) -> Units:
         """Units of computing tokens [a, b) with the keys each of them attends."""
+        ...
+
+    def plan(self, segments: Any, usable: int, fill_tokens: int, bs: int
+             ) -> tuple[list[tuple[int, int]], int, int, int]:
+        """(token ranges to compute, reused, hole and CPU tokens) given the match
+        ``segments`` (block runs with a tier, after any CPU load), the ``usable`` blocks of a
+        match and the ``fill_tokens`` the prefill must reach."""
         ...
 
     def recomputed_ranges(self, segments: Any, planned: list[tuple[int, int]], ideal: int,
@@ -98,6 +104,35 @@ class FullPrompt:
     def units(self, spec: ModelSpec, a: int, b: int) -> Units:
         return range_units(spec, a, b)
 
+    def plan(self, segments: Any, usable: int, fill_tokens: int, bs: int
+             ) -> tuple[list[tuple[int, int]], int, int, int]:
+        """Reuse the GPU runs, load the CPU ones, compute the holes (the phantom request)
+        and the tail from the end of the match; adjacent ranges merge."""
+        usable = min(self.ids.size, usable)
+        ranges: list[tuple[int, int]] = []
+        reused = holes = cpu = 0
+        end = 0
+        for s, e, tier in segments:
+            if s >= usable:
+                break
+            e = min(e, usable)
+            if tier == Tier.GPU:
+                reused += (e - s) * bs
+            elif tier == Tier.CPU:
+                cpu += (e - s) * bs
+            else:
+                holes += (e - s) * bs
+                ranges.append((s * bs, e * bs))
+            end = e
+        ranges.append((end * bs, fill_tokens))
+        merged: list[tuple[int, int]] = []
+        for a, b in ranges:
+            if merged and merged[-1][1] == a:
+                merged[-1] = (merged[-1][0], b)
+            elif b > a:
+                merged.append((a, b))
+        return merged, reused, holes, cpu
+
     def recomputed_ranges(self, segments: Any, planned: list[tuple[int, int]], ideal: int,
                           bs: int) -> list[tuple[int, int]]:
         """Everything inside ``ideal`` not on the GPU: the match's other segments (holes),
@@ -108,7 +143,7 @@ class FullPrompt:
             a, b = s * bs, min(e * bs, ideal)
             if a >= ideal:
                 break
-            if int(tier) != _GPU and b > a:
+            if tier != Tier.GPU and b > a:
                 out.append((a, b))
             pos = b
         if pos < ideal:

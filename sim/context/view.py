@@ -11,6 +11,8 @@ import numpy as np
 from costmodel.specs import ModelSpec
 from costmodel.units import Units, hidden_key_sum, position_sum, range_units
 
+from .plan import plan_ranges
+
 
 @dataclass
 class Event:
@@ -102,6 +104,11 @@ class RequestView:
             n = v - u
             total = total + Units(spec.layers * n * spec.W, att, n)
         return total
+
+    def plan(self, segments, usable: int, fill_tokens: int, bs: int
+             ) -> tuple[list[tuple[int, int]], int, int, int]:
+        """Dropped blocks are skipped or restored (sim/context/plan.py)."""
+        return plan_ranges(self, segments, usable, fill_tokens, bs)
 
     def recomputed_ranges(self, segments, planned: list[tuple[int, int]], ideal: int,
                           bs: int) -> list[tuple[int, int]]:

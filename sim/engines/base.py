@@ -212,12 +212,11 @@ class EngineBase:
         """Every block id ever inserted into this server's cache, sorted (int64)."""
         return self._ever.to_array()
 
-    def _ideal_blocks(self, ids: np.ndarray, view=None) -> int:
-        """Longest prefix of ``ids`` ever inserted (``known_prefix_blocks``). Under a context
-        strategy, at least the prefix the history cached before (an unlimited cache applies
-        the same edits: ``RequestView.ideal_blocks``)."""
-        lo = self.known_prefix_blocks(ids)
-        return lo if view is None else max(lo, view.ideal_blocks)
+    def _ideal_blocks(self, req: Req) -> int:
+        """Longest prefix of ``req``'s blocks ever inserted (``known_prefix_blocks``); under a
+        context strategy, at least the prefix the history cached before (an unlimited cache
+        applies the same edits: ``Prompt.ideal_blocks``, zero for a plain prompt)."""
+        return max(self.known_prefix_blocks(req.ids), req.prompt.ideal_blocks)
 
     @staticmethod
     def _take(ranges: list[tuple[int, int]], budget: int) -> tuple[list, list]:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
-from sim.context import Prompt, RequestView
+from sim.context import Prompt
 from sim.engines.recorder import RequestRecord
 from sim.kvcache.paths import WalkHint
 
@@ -63,13 +63,6 @@ class Req:
     def context_tokens(self) -> int:
         """Tokens whose KV the request needs now: its prompt plus what it generated since."""
         return self.prompt_tokens + max(0, self.generated - 1)
-
-    @property
-    def view(self) -> RequestView | None:
-        """The context strategy's view of the prompt; None under ``full`` (SGLang's plan
-        of a plain prompt is its own)."""
-        p = self.prompt
-        return p if isinstance(p, RequestView) else None
 
     @property
     def kv_read_tokens(self) -> int:

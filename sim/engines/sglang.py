@@ -40,7 +40,7 @@ from costmodel.units import Units
 from policies import EvictionPolicy
 from policies.scheduling import SchedulePolicy, get_scheduler
 from sim.config import RunConfig
-from sim.context import parse_context, plan_ranges
+from sim.context import parse_context
 from sim.engines.recorder import RunRecorder
 from sim.kvcache import RadixKVCache, Tier
 
@@ -172,33 +172,8 @@ class SGLangServer(EngineBase):
         """Token ranges to compute for ``req`` given match segments: holes (phantom) and the
         tail from the end of the usable match. CPU-resident segments are loaded, not computed.
         Returns (ranges, reused_tokens, hole_tokens, cpu_tokens)."""
-        if req.view is not None:  # a context strategy: dropped blocks are skipped or restored
-            return plan_ranges(req.view, segments, self._usable_blocks(req),
-                               self._fill_tokens(req), self.bs)
-        usable = min(req.ids.size, self._usable_blocks(req))
-        ranges: list[tuple[int, int]] = []
-        reused = holes = cpu = 0
-        end = 0
-        for s, e, tier in segments:
-            if s >= usable:
-                break
-            e = min(e, usable)
-            if tier == Tier.GPU:
-                reused += (e - s) * self.bs
-            elif tier == Tier.CPU:
-                cpu += (e - s) * self.bs
-            else:
-                holes += (e - s) * self.bs
-                ranges.append((s * self.bs, e * self.bs))
-            end = e
-        ranges.append((end * self.bs, self._fill_tokens(req)))
-        merged: list[tuple[int, int]] = []
-        for a, b in ranges:
-            if merged and merged[-1][1] == a:
-                merged[-1] = (merged[-1][0], b)
-            elif b > a:
-                merged.append((a, b))
-        return merged, reused, holes, cpu
+        return req.prompt.plan(segments, self._usable_blocks(req), self._fill_tokens(req),
+                               self.bs)
 
     def _reserve_tokens(self, req: Req, tokens: int) -> bool:
         """Hold ``tokens`` more outside the tree; evict through the policy if needed."""
@@ -537,7 +512,7 @@ class SGLangServer(EngineBase):
         """Record an admission (the first one opens the request's record)."""
         req = a.req
         if req.record is None:
-            req.known_blocks = self._ideal_blocks(req.ids, req.view)
+            req.known_blocks = self._ideal_blocks(req)
             ideal = min(req.known_blocks, self._usable_blocks(req)) * self.bs
             req.record = self.open_record(req, self.env.now, reused=a.reused, holes=a.holes,
                                           ideal=ideal, segments=a.segments, loaded=a.loaded)
@@ -643,7 +618,7 @@ class SGLangServer(EngineBase):
     def _finish(self, req: Req) -> None:
         self.batch_is_full = False  # the running batch shrank (a finish or an abort)
         final = self._final_ids(req) if req.generated >= req.output_tokens else req.ids
-        if req.view is not None and req.view.edit_on_finish and final is not req.ids:
+        if req.prompt.edit_on_finish and final is not req.ids:
             self._unlock_all(req)  # its own locks would block the edit of its path
             if not self._context_edit(req):  # a drop takes effect after the prompt
                 final = final[:0]  # its path did not all take the new keys: keep it as is

@@ -449,7 +449,7 @@ class VllmServer(EngineBase):
         req.admitted_at = now
         if req.record is not None:
             return
-        req.known_blocks = self._ideal_blocks(req.ids)
+        req.known_blocks = self._ideal_blocks(req)
         ideal = min(req.known_blocks, (req.prompt_tokens - 1) // self.bs) * self.bs
         req.record = self.open_record(req, now, reused=hit_blocks * self.bs, holes=0,
                                       ideal=ideal, segments=((0, hit_blocks, Tier.GPU),))

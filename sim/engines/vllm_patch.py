@@ -62,7 +62,7 @@ class PenelopeVllmServer(VllmServer):
         bs = self.bs
         reused_tokens = (prefix + sum(b - a for a, b in reused)) * bs
         hole_tokens = sum(e - s for s, e, t in segments if t == Tier.NONE) * bs
-        req.known_blocks = self._ideal_blocks(req.ids)
+        req.known_blocks = self._ideal_blocks(req)
         ideal = min(req.known_blocks, (req.prompt_tokens - 1) // bs) * bs
         req.record = self.open_record(req, now, reused=reused_tokens, holes=hole_tokens,
                                       ideal=ideal, segments=segments)

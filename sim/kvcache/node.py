@@ -26,21 +26,10 @@ Invariants (checked by ``sim.kvcache.invariants.recount``):
 from __future__ import annotations
 
 from collections.abc import Callable
-from enum import IntEnum
 
 import numpy as np
 
-
-class Tier(IntEnum):
-    """Where a node's KV lives (see ``sim.kvcache.tiers`` for the two-tier semantics).
-
-    Under ``tiering="hicache"`` GPU means "has a device copy" (it may also have a host copy,
-    ``Node.host``) and CPU means "host copy only"."""
-
-    NONE = 0  # a hole: block ids known, KV freed (the phantom request refills it)
-    GPU = 1
-    CPU = 2
-    DROPPED = 3  # cache engineering: KV freed on purpose, never refilled, never attended
+from policies.context import Tier  # one enum: the tiers policies see are the cache's
 
 
 class Node:
