@@ -18,6 +18,7 @@ Each pool entry also has a content region (uint8 code into ``REGION_NAMES``, see
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +27,24 @@ import numpy as np
 from .errors import OptionError
 from .kinds import GAP_TOOL
 from .regions import REGION_ASSISTANT, REGION_NAMES, REGION_UNKNOWN
+
+
+def longest_known_prefix(ids: np.ndarray, known: Callable[[int], bool]) -> int:
+    """The largest ``h`` with ``known(ids[i])`` for every ``i < h``, when known ids are
+    prefix-closed along ``ids`` (chained ids: a server that holds block i of a prompt held
+    every block before it): a bisection, one test per halving."""
+    n = ids.size
+    item = ids.item
+    if n and known(item(n - 1)):
+        return n
+    lo, hi = 0, n
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if known(item(mid - 1)):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 @dataclass
@@ -123,19 +142,7 @@ class Trace:
         seen: set[int] = set()
         hits = np.zeros(len(self), np.int64)
         for r in range(len(self)):
-            ids = self.block_ids(r)
-            n = ids.shape[0]
-            lo, hi = 0, n  # largest h with ids[:h] all seen; seen-ness is prefix-closed
-            if n and int(ids[n - 1]) in seen:
-                lo = n
-            else:
-                while lo < hi:
-                    mid = (lo + hi + 1) // 2
-                    if int(ids[mid - 1]) in seen:
-                        lo = mid
-                    else:
-                        hi = mid - 1
-            hits[r] = lo
+            hits[r] = longest_known_prefix(self.block_ids(r), seen.__contains__)
             a, b = int(self._seg_ptr[r]), int(self._seg_ptr[r + 1])
             if b > a:  # only the newest segment can hold ids not seen yet
                 s, ln = int(self._seg_start[b - 1]), int(self._seg_len[b - 1])

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from traces.model import longest_known_prefix
+
 FLOOR_IDS = 1 << 22  # the flags may always reach 4M ids (4 MiB)
 DENSITY = 4  # beyond the floor, at most this many flags (bytes) per id inserted
 SMALL = 64  # inserts of up to this many ids run in Python
@@ -86,18 +88,8 @@ class KnownBlocks:
 
     def known_prefix(self, ids: np.ndarray) -> int:
         """How many leading ids of ``ids`` are known, assuming the known ones among them are
-        a prefix (chained ids): a bisection on membership."""
-        lo, hi = 0, ids.size
-        flags, n, other = self._flags, self._nflags, self._other
-        item = ids.item
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            x = item(mid - 1)
-            if (0 <= x < n and flags[x]) or x in other:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
+        a prefix (chained ids: ``traces.model.longest_known_prefix``)."""
+        return longest_known_prefix(ids, self.__contains__)
 
     def to_array(self) -> np.ndarray:
         """Every known id, sorted (int64)."""
