@@ -111,17 +111,16 @@ class PrivateFrontFirst(ReleaseOrder):
 
 
 vllm_free_order, penelope_free_order = TailFirst(), PrivateFrontFirst()
-FREE_ORDERS: dict[str, ReleaseOrder] = {o.name: o for o in (vllm_free_order,
-                                                            penelope_free_order)}
+FREE_ORDERS: Registry[ReleaseOrder] = Registry("free order", ValueError)
+for _order in (vllm_free_order, penelope_free_order):
+    FREE_ORDERS.register(_order.name, _order)
 
 
 def get_free_order(order: str | ReleaseOrder) -> ReleaseOrder:
     """A release order by name (``FREE_ORDERS``), or one given as is."""
     if isinstance(order, ReleaseOrder):
         return order
-    if order not in FREE_ORDERS:
-        raise ValueError(f"unknown free order {order!r}: expected one of {sorted(FREE_ORDERS)}")
-    return FREE_ORDERS[order]
+    return FREE_ORDERS.get(order)
 
 
 # ---------------------------------------------------------------------- start positions
