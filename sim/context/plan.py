@@ -23,14 +23,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from sim.kvcache.node import Tier
+from sim.kvcache.results import split_match
 
 from .strategies import mask_runs
 
 if TYPE_CHECKING:
     from .view import RequestView
 
-GPU, CPU, NONE = Tier.GPU, Tier.CPU, Tier.NONE
 
 
 def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -60,21 +59,10 @@ def plan_ranges(view: RequestView, segments, usable: int, context_tokens: int, b
     sets ``view.restored_tokens``, ``skipped_tokens`` and ``reprefill_tokens``."""
     n = min(len(view.ids), usable)
     any_dropped = view.prompt_dropped_tokens > 0
-    ranges: list[tuple[int, int]] = []
-    reused = holes = cpu = 0
-    end = 0
-    for s, e, tier in segments:
-        if s >= n:
-            break
-        e = min(e, n)
-        if tier is GPU:
-            reused += (e - s) * bs
-        elif tier is CPU:
-            cpu += (e - s) * bs
-        elif tier is NONE:
-            holes += (e - s) * bs
-            ranges.append((s * bs, e * bs))
-        end = e
+    gpu, cpu_blocks, hole_runs, end = split_match(segments, n)
+    reused, cpu = gpu * bs, cpu_blocks * bs
+    holes = sum(e - s for s, e in hole_runs) * bs
+    ranges = [(s * bs, e * bs) for s, e in hole_runs]
     if end < n:  # the tail beyond the match: every block the history still sees
         keep = ~(view.ids[end:n] < 0) if any_dropped else None
         if keep is None or keep.all():

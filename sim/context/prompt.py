@@ -18,6 +18,7 @@ import numpy as np
 from costmodel.specs import ModelSpec
 from costmodel.units import Units, range_units
 from sim.kvcache.node import Tier
+from sim.kvcache.results import split_match
 
 
 class Prompt(Protocol):
@@ -108,22 +109,8 @@ class FullPrompt:
              ) -> tuple[list[tuple[int, int]], int, int, int]:
         """Reuse the GPU runs, load the CPU ones, compute the holes (the phantom request)
         and the tail from the end of the match; adjacent ranges merge."""
-        usable = min(self.ids.size, usable)
-        ranges: list[tuple[int, int]] = []
-        reused = holes = cpu = 0
-        end = 0
-        for s, e, tier in segments:
-            if s >= usable:
-                break
-            e = min(e, usable)
-            if tier == Tier.GPU:
-                reused += (e - s) * bs
-            elif tier == Tier.CPU:
-                cpu += (e - s) * bs
-            else:
-                holes += (e - s) * bs
-                ranges.append((s * bs, e * bs))
-            end = e
+        gpu, cpu, holes, end = split_match(segments, min(self.ids.size, usable))
+        ranges = [(s * bs, e * bs) for s, e in holes]
         ranges.append((end * bs, fill_tokens))
         merged: list[tuple[int, int]] = []
         for a, b in ranges:
@@ -131,7 +118,7 @@ class FullPrompt:
                 merged[-1] = (merged[-1][0], b)
             elif b > a:
                 merged.append((a, b))
-        return merged, reused, holes, cpu
+        return merged, gpu * bs, sum(e - s for s, e in holes) * bs, cpu * bs
 
     def recomputed_ranges(self, segments: Any, planned: list[tuple[int, int]], ideal: int,
                           bs: int) -> list[tuple[int, int]]:

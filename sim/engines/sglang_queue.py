@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from policies.scheduling import LPM_QUEUE_LIMIT, Candidate, SchedulePolicy
-from sim.kvcache import RadixKVCache, Tier
+from sim.kvcache import RadixKVCache, split_match
 
 from .request import Req
 
@@ -53,10 +53,7 @@ class WaitingOrder:
             for pos, req in enumerate(waiting):
                 m = self.cache.match(req.ids, touch=True, hint=req.hint)
                 usable = self.usable_blocks(req)
-                gpu = sum(min(e, usable) - s for s, e, t in m.segments
-                          if t == Tier.GPU and s < usable)
-                cpu = sum(min(e, usable) - s for s, e, t in m.segments
-                          if t == Tier.CPU and s < usable)
+                gpu, cpu, _, _ = split_match(m.segments, usable)
                 first_at = starts.setdefault(req.session, req.arrival)
                 key = (0, *sched.key(Candidate(pos, gpu, cpu, first_at)))
                 if m.hit_blocks * self.bs <= IN_BATCH_PREFIX_TOKENS and req.ids.size:

@@ -9,7 +9,7 @@ from .cache import CapacityError, RadixKVCache, as_block_ids
 from .edits import EditResult
 from .node import Node, Tier
 from .planner import Step
-from .results import EvictResult, InsertResult, LoadResult, Match
+from .results import EvictResult, InsertResult, LoadResult, Match, split_match
 
 __all__ = [
     "CapacityError",
@@ -23,4 +23,5 @@ __all__ = [
     "Step",
     "Tier",
     "as_block_ids",
+    "split_match",
 ]

@@ -12,6 +12,26 @@ import numpy as np
 from .node import Node, Tier
 
 
+def split_match(segments, usable: int) -> tuple[int, int, list[tuple[int, int]], int]:
+    """The first ``usable`` blocks of a match's ``segments``: (GPU blocks: reused, CPU
+    blocks: loaded, hole runs ``(start, end)``: recomputed, the block where the match stops).
+    A DROPPED run is none of them: its KV is neither kept nor needed."""
+    gpu = cpu = end = 0
+    holes: list[tuple[int, int]] = []
+    for s, e, tier in segments:
+        if s >= usable:
+            break
+        e = min(e, usable)
+        if tier == Tier.GPU:
+            gpu += e - s
+        elif tier == Tier.CPU:
+            cpu += e - s
+        elif tier == Tier.NONE:
+            holes.append((s, e))
+        end = e
+    return gpu, cpu, holes, end
+
+
 class Match(NamedTuple):
     """Result of ``RadixKVCache.match``.
 

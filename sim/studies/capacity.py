@@ -45,7 +45,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from policies import EvictionPolicy, get_policy
-from sim.kvcache import RadixKVCache, Tier
+from sim.kvcache import RadixKVCache, Tier, split_match
 from sim.report.progress import current as current_progress
 
 DEFAULT_POLICY = "vllm"  # LRU: lru+tail+block
@@ -103,7 +103,7 @@ class CacheReplay:
         seq = ids if finish is None else finish
         m = cache.match(seq)
         n = ids.shape[0]
-        reused = sum(min(e, n) - s for s, e, t in m.segments if t == Tier.GPU and s < n)
+        reused = split_match(m.segments, n)[0]
         cache.lock(m.node)
         keep = self._fitting_prefix(seq.shape[0], m)
         holes = m.matched_blocks - m.blocks_in(Tier.GPU)
