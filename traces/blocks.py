@@ -122,7 +122,8 @@ class UniqueIds:
     def __init__(self) -> None:
         self.next = -1
 
-    def take(self, n: int) -> np.ndarray:
+    def fresh(self, n: int) -> np.ndarray:
+        """``n`` ids never handed out before."""
         a = np.arange(self.next, self.next - n, -1, dtype=np.int64)
         self.next -= n
         return a
@@ -162,5 +163,5 @@ def map_block_ids(ids: np.ndarray, trace_bs: int, prompt_tokens: int, cache_bs: 
                 src = np.abs(src) % _MAX_PACK
             out[:k] = src * trace_bs + (last_tok[:k] % trace_bs)
     if k < n:
-        out[k:] = unique.take(n - k)
+        out[k:] = unique.fresh(n - k)
     return out

@@ -91,7 +91,7 @@ def _runs(mask: np.ndarray, offset: int) -> list[tuple[int, int]]:
                                                                  strict=True)]
 
 
-def _take(ids: np.ndarray, runs: list[tuple[int, int]]) -> np.ndarray:
+def _gather(ids: np.ndarray, runs: list[tuple[int, int]]) -> np.ndarray:
     return np.concatenate([ids[a:b] for a, b in runs])
 
 
@@ -175,7 +175,7 @@ class FleetPool:
             self.record.refused[req.rid] = m
             engine.submit(req)
             return
-        self._pool.lease(_take(ids, missing))
+        self._pool.lease(_gather(ids, missing))
         self.link_free[r] = start + move_s
         self.fetches += 1
         self.busy_s += move_s
@@ -187,7 +187,7 @@ class FleetPool:
                fetch_s: float):
         yield self.env.timeout(fetch_s)
         self.feed.deliver()
-        self._pool.release(_take(req.ids, missing))
+        self._pool.release(_gather(req.ids, missing))
         landed = self._land(self.replicas[r], req.ids, h, end, missing)
         n = sum(b - a for a, b in landed)
         self.fetched_blocks += n
