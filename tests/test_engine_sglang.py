@@ -13,6 +13,7 @@ from costmodel.profile import load_profile
 from costmodel.specs import get_spec
 from costmodel.units import ranges_units
 from sim.config import RunConfig
+from sim.engines import StepObserver
 from sim.run import run
 from tests.enginekit import KitTrace
 
@@ -73,31 +74,29 @@ def test_batch_is_full_holds_admission_until_the_running_batch_shrinks() -> None
     assert c2.ttft_s == pytest.approx(a_end + both - c2.send_s, rel=1e-9)
 
 
-def test_chunk_continuation_shrinks_to_the_headroom(monkeypatch) -> None:
-    # A (12000 tokens) alone in a 32K cache: its first chunk is 8192 tokens. Then running
-    # requests hold R = 21576 tokens of decode reservations (fixed here: in a run nothing
-    # decodes between two chunk passes, so only a change of those reservations can shrink
-    # a chunk). The continuation is min(8192, headroom): free 24576 - R = 3000 tokens, so
-    # the second chunk is 8192..11192. The third pass has no headroom left (21568 - R < 0):
-    # then the chunk is the full budget, i.e. the last 808 tokens.
-    from sim.engines import SGLangServer
+def test_chunk_continuation_shrinks_to_the_headroom() -> None:
+    # 400 blocks (25600 tokens), max_new_tokens 4096, new_token_ratio 4.0 (SGLang's
+    # SGLANG_INIT_NEW_TOKEN_RATIO: above 1, a running request reserves more than it was
+    # charged when admitted, so the headroom can shrink between two chunk passes). Pass 1:
+    # B (100 tokens) is charged 128 + 64 + 4096 and A (16000 tokens) takes the rest of the
+    # chunk budget, 8192 - 128 = 8064. Pass 2: B runs, reserving (4096 - 1) x 4.0 = 16380
+    # tokens; free = 400 - 2 (B) - 126 (A) = 272 blocks = 17408 tokens, so the headroom is
+    # 1028 and the continuation is min(8192, 1028): 8064..9092. Pass 3 has no headroom left
+    # (A holds 143 blocks: 255 free = 16320 - 16380 < 0): then the chunk is the full budget,
+    # here the last 6908 tokens.
+    class Chunks(StepObserver):
+        def __init__(self) -> None:
+            self.of_a: list[list[tuple[int, int]]] = []
 
-    state = {"passes": 0}
-    schedule = SGLangServer._schedule
+        def scheduled(self, engine, batch) -> None:
+            self.of_a += [ranges for req, ranges in batch if req.session == 1]
 
-    def spy(self):
-        state["passes"] += 1
-        return schedule(self)
-
-    def reserved(self):
-        return 21576.0 if state["passes"] > 1 else 0.0
-
-    monkeypatch.setattr(SGLangServer, "_schedule", spy)
-    monkeypatch.setattr(SGLangServer, "_running_offset_tokens", reserved)
-    res = run(cfg(gpu_cache=32768, sessions=1, max_new_tokens=4096),
-              KitTrace([[(12000, 1, 0.0)]]))
-    a = row(res, "s0", 0)
-    want = prefill((0, 8192)) + prefill((8192, 11192)) + prefill((11192, 12000))
+    chunks = Chunks()
+    res = run(cfg(gpu_cache=400 * BS, sessions=2, max_new_tokens=4096, new_token_ratio=4.0),
+              KitTrace([[(100, 200, 0.0)], [(16000, 1, 0.0)]]), steps=chunks)
+    assert chunks.of_a == [[(0, 8064)], [(8064, 9092)], [(9092, 16000)]]
+    a = row(res, "s1", 0)
+    want = prefill((0, 100), (0, 8064)) + prefill((8064, 9092)) + prefill((9092, 16000))
     assert a.ttft_s == pytest.approx(want, rel=1e-12)
     assert res.summary["prefill_batches"] == 3
 
@@ -119,7 +118,7 @@ def test_final_chunk_reserves_its_decode_tokens() -> None:
     assert b.admit_s == pytest.approx(a_end)
 
 
-def test_retraction_evicts_twenty_tokens_per_remaining_request(monkeypatch) -> None:
+def test_retraction_evicts_twenty_tokens_per_remaining_request() -> None:
     # Eight requests of 1000 tokens (15 cached blocks + 40 own tokens each) fill a cache of
     # 8 x 16 + 8 = 136 blocks; max_new_tokens 1 makes admission optimistic. They decode 88
     # steps together (the 8 free blocks: one each at step 25, when 64 - 40 + 1 own slots are
@@ -128,20 +127,15 @@ def test_retraction_evicts_twenty_tokens_per_remaining_request(monkeypatch) -> N
     # 2 own blocks are freed and its 15 prompt blocks unlocked; release_req then evicts until
     # 20 x 7 = 140 tokens (3 blocks) are free: 1 block is missing, and whole-node eviction
     # (sglang) frees its 15-block prompt node: 17 blocks free before the survivors go on.
-    from sim.engines import SGLangServer
-
     seen: list[tuple[list[str], int]] = []
-    retract = SGLangServer._retract
 
-    def spy(self):
-        before = {id(r) for r in self.running}
-        retract(self)
-        gone = [f"s{r.session}" for r in self.waiting if id(r) in before]
-        seen.append((gone, self.cache.free_blocks))
+    class Retractions(StepObserver):
+        def retracted(self, engine, victims) -> None:
+            seen.append(([f"s{r.session}" for r in victims], engine.cache.free_blocks))
 
-    monkeypatch.setattr(SGLangServer, "_retract", spy)
     trace = KitTrace([[(1000, 200, 0.0)] for _ in range(8)])
-    res = run(cfg(gpu_cache=136 * BS, sessions=8, max_new_tokens=1), trace)
+    res = run(cfg(gpu_cache=136 * BS, sessions=8, max_new_tokens=1), trace,
+              steps=Retractions())
     assert res.summary["prefill_batches"] >= 1
     first_ttft = prefill(*[(0, 1000)] * 8)
     assert res.requests.ttft_s.tolist() == pytest.approx([first_ttft] * 8, rel=1e-12)
@@ -197,31 +191,27 @@ def test_lpm_matches_the_queue_before_the_chunk_continues() -> None:
                                       rel=1e-9)
 
 
-def test_the_decode_step_that_retracts_does_not_decay_the_ratio(monkeypatch) -> None:
+def test_the_decode_step_that_retracts_does_not_decay_the_ratio() -> None:
     # SGLang's update_running_batch either retracts (and SETS new_token_ratio) or decays it,
     # once per decode iteration: the iteration that retracted runs its decode step without a
     # decay, so a run of k steps that starts with a retraction decays k - 1 times.
-    from sim.engines import SGLangServer
-
     seen: list[list[float]] = []
-    retract, apply = SGLangServer._retract, SGLangServer._apply_decode
 
-    def spy_retract(self):
-        retract(self)
-        seen.append([self.ratio])
+    class Ratio(StepObserver):
+        def retracted(self, engine, victims) -> None:
+            seen.append([engine.ratio])
 
-    def spy_apply(self, steps, *args):
-        apply(self, steps, *args)
-        if seen and len(seen[-1]) == 1:
-            seen[-1] += [steps, self.ratio, self._decay, self.cfg.new_token_ratio_min]
+        def decoded(self, engine, steps) -> None:
+            if seen and len(seen[-1]) == 1:
+                seen[-1] += [steps, engine.ratio]
 
-    monkeypatch.setattr(SGLangServer, "_retract", spy_retract)
-    monkeypatch.setattr(SGLangServer, "_apply_decode", spy_apply)
     trace = KitTrace([[(1000, 200, 0.0)] for _ in range(8)])
-    run(cfg(gpu_cache=136 * BS, sessions=8, max_new_tokens=1), trace)
-    assert seen and all(len(x) == 5 for x in seen)
-    for after, steps, ratio, decay, floor in seen:
-        want = after if steps == 1 else max(after - (steps - 1) * decay, floor)
+    c = cfg(gpu_cache=136 * BS, sessions=8, max_new_tokens=1)
+    run(c, trace, steps=Ratio())
+    decay = (c.new_token_ratio - c.new_token_ratio_min) / c.new_token_ratio_decay_steps
+    assert seen and all(len(x) == 3 for x in seen)
+    for after, steps, ratio in seen:
+        want = after if steps == 1 else max(after - (steps - 1) * decay, c.new_token_ratio_min)
         assert ratio == pytest.approx(want, rel=1e-12, abs=1e-15)
 
 
@@ -246,33 +236,30 @@ def test_a_pass_matches_every_candidate_before_it_allocates() -> None:
     assert x2.ttft_s == pytest.approx(both, rel=1e-12)
 
 
-def test_a_retracted_request_re_prefills_every_output_token_and_samples(monkeypatch) -> None:
+def test_a_retracted_request_re_prefills_every_output_token_and_samples() -> None:
     # The retraction of test_retraction_evicts_twenty_tokens_per_remaining_request: SGLang
     # re-prefills the victim's prompt AND all g outputs it kept (fill_ids = origin_input_ids +
     # output_ids: KV for 1000 + g tokens) and the prefill samples output g + 1.
-    from sim.engines import SGLangServer
-
     seen: list[tuple[int, int, int]] = []
-    schedule, finish = SGLangServer._schedule, SGLangServer._finish_prefill
 
-    def spy_schedule(self):
-        batch = schedule(self)
-        for req, ranges in batch:
-            if req.record is not None and req.record.retractions and not req.ranges:
-                seen.append((req.generated, ranges[-1][1], -1))
-        return batch
+    class Reprefills(StepObserver):
+        def __init__(self) -> None:
+            self.pending: dict[int, tuple[int, int]] = {}  # rid -> (generated, end)
 
-    def spy_finish(self, batch, per_req):
-        before = [req.generated for req, _ in batch]
-        finish(self, batch, per_req)
-        for (req, _), g in zip(batch, before, strict=True):
-            if req.record.retractions and not req.ranges and seen and seen[-1][2] < 0:
-                seen[-1] = (*seen[-1][:2], req.generated - g)
+        def scheduled(self, engine, batch) -> None:
+            for req, ranges in batch:
+                if req.record is not None and req.record.retractions and not req.ranges:
+                    self.pending[req.rid] = (req.generated, ranges[-1][1])
 
-    monkeypatch.setattr(SGLangServer, "_schedule", spy_schedule)
-    monkeypatch.setattr(SGLangServer, "_finish_prefill", spy_finish)
+        def completed(self, engine, batch) -> None:
+            for req, _ranges in batch:
+                if req.rid in self.pending:
+                    generated, end = self.pending.pop(req.rid)
+                    seen.append((generated, end, req.generated - generated))
+
     trace = KitTrace([[(1000, 200, 0.0)] for _ in range(8)])
-    res = run(cfg(gpu_cache=136 * BS, sessions=8, max_new_tokens=1), trace)
+    res = run(cfg(gpu_cache=136 * BS, sessions=8, max_new_tokens=1), trace,
+              steps=Reprefills())
     assert res.summary["retractions"] >= 1 and seen
     for generated, end, sampled in seen:
         assert generated > 0

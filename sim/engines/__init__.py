@@ -10,7 +10,7 @@ whose ``build`` ``sim.run.build`` calls for each replica.
 
 from costmodel.registry import Registry
 
-from .base import EngineBase
+from .base import EngineBase, StepObserver
 from .request import Req
 from .sglang import SGLangServer
 from .vllm import VllmServer
@@ -28,5 +28,5 @@ def engine_class(cfg) -> type[EngineBase]:
     return VLLM_PATCHES[cfg.vllm_patch] if cfg.vllm_patch != "none" else ENGINES[cfg.engine]
 
 
-__all__ = ["ENGINES", "VLLM_PATCHES", "EngineBase", "Req", "SGLangServer", "VllmServer",
-           "engine_class"]
+__all__ = ["ENGINES", "VLLM_PATCHES", "EngineBase", "Req", "SGLangServer", "StepObserver",
+           "VllmServer", "engine_class"]

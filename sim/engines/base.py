@@ -45,6 +45,26 @@ def steps_fitting(starts: list[int], bs: int, room: int, cap: int) -> int:
     return max(0, min(cap, starts[i] + q * bs - 1))
 
 
+class StepObserver:
+    """Told what each step of a server did: for tests and tools that follow an engine step by
+    step through ``EngineBase.watch`` (``sim.run.run(..., steps=...)``); a run needs none.
+    Subclass it and override what you follow; it observes and changes nothing. ``batch`` is
+    ``[(request, token ranges it computes), ...]`` in schedule order."""
+
+    def scheduled(self, engine: EngineBase, batch: list) -> None:
+        """A batch (SGLang: a prefill batch; vLLM: a step) is about to run."""
+
+    def completed(self, engine: EngineBase, batch: list) -> None:
+        """It ran: tokens sampled, prefixes cached, finished requests replied."""
+
+    def retracted(self, engine: EngineBase, victims: list[Req]) -> None:
+        """Running requests went back to the waiting queue to free memory (SGLang's
+        retraction, vLLM's preemption by recompute), with what their release freed."""
+
+    def decoded(self, engine: EngineBase, steps: int) -> None:
+        """A run of ``steps`` decode steps of the running batch was applied."""
+
+
 class EngineBase:
     """Shared state and helpers of the simulated servers."""
 
@@ -104,6 +124,11 @@ class EngineBase:
         self._tell_arrival = "arrival" in policy.events
         self._tell_reply = "reply" in policy.events
         self._tell_drop = "drop" in policy.events
+        self.observers: tuple[StepObserver, ...] = ()
+
+    def watch(self, observer: StepObserver) -> None:
+        """Tell ``observer`` what each step does from now on."""
+        self.observers = (*self.observers, observer)
 
     def start(self) -> simpy.Process:
         """Start the server process."""

@@ -546,8 +546,10 @@ class SGLangServer(EngineBase):
         order = {id(r): i for i, r in enumerate(self.running)}
         victims = sorted(self.running, key=lambda r: (r.generated, -r.prompt_tokens,
                                                       -order[id(r)]))
+        gone = []
         while len(self.running) > 1 and self._decode_plan() == 0:
             v = victims.pop(0)
+            gone.append(v)
             self.running.remove(v)
             v.redo_until = max(v.redo_until, v.context_tokens)
             self.cache.release(v.reserved)
@@ -565,6 +567,8 @@ class SGLangServer(EngineBase):
         out = sum(r.generated for r in survivors)
         self.ratio = min(1.0, (out + RETRACT_DECODE_STEPS * len(survivors)) / (
             sum(self._max_new(r) for r in survivors) + 1))
+        for o in self.observers:
+            o.retracted(self, gone)
 
     def _reserve_decode(self, steps: int) -> None:
         """Hold memory for the ``steps`` tokens every running request just generated (the
@@ -644,6 +648,8 @@ class SGLangServer(EngineBase):
                 continue
             batch = self._schedule()
             if batch:
+                for o in self.observers:
+                    o.scheduled(self, batch)
                 seconds, per_req = self._prefill_seconds(batch)
                 if self.tiered:  # (without a CPU tier nothing is ever pending)
                     seconds += self._transfer_seconds()
@@ -651,6 +657,8 @@ class SGLangServer(EngineBase):
                     b - a for _req, ranges in batch for a, b in ranges))
                 yield env.timeout(seconds)
                 self._finish_prefill(batch, per_req)
+                for o in self.observers:
+                    o.completed(self, batch)
                 continue
             if not self.running:
                 if self.receiving:  # KV in transfer holds the room: wait for its landing
@@ -691,5 +699,7 @@ class SGLangServer(EngineBase):
             if pause:
                 yield env.timeout(pause)
             self._apply_decode(steps, retracted)
+            for o in self.observers:
+                o.decoded(self, steps)
 
 

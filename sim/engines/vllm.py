@@ -81,6 +81,11 @@ VLLM_MAX_NUM_SEQS = 1024
 VLLM_MAX_NUM_BATCHED_TOKENS = 8192
 
 
+def _ranges_of(rows) -> list:
+    """A step's rows as ``StepObserver`` batches: (request, its token ranges)."""
+    return [(r, [(start, start + n)]) for r, start, n in rows]
+
+
 def free_order_name(policy: EvictionPolicy) -> str:
     """The name of the ``BlockPool`` free order that is ``policy`` on vLLM, or PolicyError
     (``release_order``)."""
@@ -375,6 +380,13 @@ class VllmServer(EngineBase):
                 r.decoding = True
                 if self.async_scheduling:
                     r.placeholders += 1
+        if self.observers:
+            if preempted:
+                for o in self.observers:
+                    o.retracted(self, preempted)
+            batch = _ranges_of(rows)
+            for o in self.observers:
+                o.scheduled(self, batch)
         return Step(rows, decode, samples, preempted, blocked)
 
     def update(self, step: Step, steps: int = 1,
@@ -411,6 +423,12 @@ class VllmServer(EngineBase):
             if r.generated >= r.output_tokens:
                 self._finish(r)
                 finished = True
+        if self.observers:
+            batch = _ranges_of(step.rows)
+            for o in self.observers:
+                o.completed(self, batch)
+                if steps > 1:
+                    o.decoded(self, steps)
         return finished
 
     def _finish(self, req: VllmReq) -> None:
@@ -659,5 +677,7 @@ class VllmServer(EngineBase):
         batch = len(rows)
         seconds = self.profile.decode_run_seconds(batch, ctx, x)
         self.rec.decode(seconds, x, step.end, batch)
+        for o in self.observers:
+            o.decoded(self, x)
         return Step(rows, [True] * batch, [True] * batch, [], step.blocked,
                     step.end + seconds)

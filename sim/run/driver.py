@@ -15,6 +15,7 @@ import simpy
 from costmodel.profile import load_profile
 from costmodel.specs import get_spec
 from sim.config import ConfigError, RunConfig
+from sim.engines import StepObserver
 
 from .build import replay
 from .check import check
@@ -25,14 +26,17 @@ from .trace import load_run_trace
 
 
 def run(cfg: RunConfig, trace=None, timeline=None,
-        on_reply: Callable[[], None] | None = None) -> RunResult:
+        on_reply: Callable[[], None] | None = None,
+        steps: StepObserver | None = None) -> RunResult:
     """``trace``: the loaded trace (default: ``load_run_trace(cfg)``); ``timeline``: a
     sim/timeline.py ``Timeline`` to record the run's batches into (the first repeat's, with
     repeats); ``on_reply``: called once per trace request answered, in every repeat (progress
-    on screen: it observes, and returns nothing to the run)."""
+    on screen: it observes, and returns nothing to the run); ``steps``: a
+    ``sim.engines.StepObserver`` every server of the run tells what each of its steps did
+    (every repeat's)."""
     if cfg.repeats > 1:
         return run_repeats(cfg, trace, lambda c, t, k: run(c, t, timeline if k == 0 else None,
-                                                           on_reply))
+                                                           on_reply, steps))
     check(cfg)
     try:
         spec = get_spec(cfg.model)
@@ -43,6 +47,9 @@ def run(cfg: RunConfig, trace=None, timeline=None,
         trace = load_run_trace(cfg)
     env = simpy.Environment()
     built = kind_of(cfg)(env, cfg, spec, profile, trace, timeline)  # replicas and front
+    if steps is not None:
+        for engine in built.engines:
+            engine.watch(steps)
     replay(env, cfg, trace, built.front, built.context, on_reply)
     built.close()
     return built.result()

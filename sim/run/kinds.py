@@ -52,6 +52,7 @@ class Server:
                         else ContextRun(self.strategy, trace, cfg.block_size))
         (self.engine,), (self.policy,) = build_replicas(env, cfg, spec, profile, trace, [None],
                                                         timeline)
+        self.engines = [self.engine]
         self.front = self.engine
 
     def close(self) -> None:
@@ -160,6 +161,7 @@ class PDRun:
         self.decode, _ = build_replicas(env, cfg, spec, profile, trace,
                                         [None] * cfg.decode_replicas, timeline,
                                         cfg.prefill_replicas, "decode")
+        self.engines = [*self.prefill, *self.decode]
         self.sessions = recorder_for(trace)
         pfleet = Fleet(env, self.prefill, cfg.make_router(), cfg.block_size,
                        recorder_for(trace), np.random.default_rng([cfg.seed, ROUTER_STREAM]),
