@@ -70,11 +70,15 @@ def _outputs(cfg: RunConfig, trace) -> tuple[dict, pd.DataFrame]:
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(sessions=SESSIONS, preset=st.sampled_from(["sglang", "penelope"]),
        scheduler=st.sampled_from(["fcfs", "lpm"]), cache_k=st.integers(4, 24),
-       chunk=st.sampled_from([64, 256, 1000, 8192]), concurrent=st.integers(1, 6))
+       chunk=st.sampled_from([64, 256, 1000, 8192]), concurrent=st.integers(1, 6),
+       tiers=st.sampled_from([None, "unified", "hicache"]))
 def test_chunk_continuation_runs_as_the_plain_passes(sessions, preset, scheduler, cache_k,
-                                                     chunk, concurrent) -> None:
+                                                     chunk, concurrent, tiers) -> None:
+    if tiers == "hicache" and preset == "penelope":
+        tiers = "unified"  # HiCache's device tier evicts from the tail only
+    cpu = dict(cpu_cache=8192, tiering=tiers) if tiers else {}
     cfg = RunConfig(gpu_cache=cache_k * 1024, sessions=concurrent, chunk_size=chunk,
-                    scheduler=scheduler, debug_cache=True).with_preset(preset)
+                    scheduler=scheduler, debug_cache=True, **cpu).with_preset(preset)
     trace = _kit(sessions)
     fast = _outputs(cfg, trace)
     before = PlainSGLang.calls
