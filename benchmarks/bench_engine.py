@@ -5,6 +5,7 @@ per fresh subprocess so peak RSS is its own.
     python -m benchmarks.bench_engine --cases 128k --engine sglang,vllm --repeat 3
     python -m benchmarks.bench_engine --cases 128k --policy ttl,tlru,... [--scheduler S]
     python -m benchmarks.bench_engine --cases 128k --against c9547e1 --repeat 3
+    python -m benchmarks.bench_engine --cases pressured --against 8f628e0 --engine sglang,vllm
     python -m benchmarks.bench_engine --cases pressured --engine sglang,vllm --repeat 5
 
 Cases: ``128k`` = --max-context 128k with a 256K-token cache; ``512k`` = --max-context 512k
@@ -26,7 +27,8 @@ of the simulation and its ratio to the first variant (the first engine with ``--
 Issue targets: vllm engine / sglang engine <= 1.5; each zoo policy / penelope <= 2.
 
 ``--against REV`` checks REV out in a temporary git worktree and runs the same case there,
-interleaved with this checkout's runs, and reports each run and the ratio of the medians.
+interleaved with this checkout's runs, and reports each run and the ratio of the medians
+(per engine of ``--engine``).
 """
 
 from __future__ import annotations
@@ -240,16 +242,19 @@ def compare(args: argparse.Namespace) -> int:
                         args.against], check=True, capture_output=True)
         try:
             out = []
-            for case, trace in _cases(args):
+            engines = args.engine.split(",") if args.engine else [None]
+            for (case, trace), engine in ((c, e) for c in _cases(args) for e in engines):
                 runs: dict[str, list[dict]] = {"this": [], args.against: []}
                 for _ in range(max(1, args.repeat)):
                     sides = (("this", REPO, args.profile),
                              (args.against, other, args.against_profile or args.profile))
                     for side, tree, profile in sides:
-                        runs[side].append(run_case(trace, case, args.preset, tree, profile))
+                        runs[side].append(run_case(trace, case, args.preset, tree, profile,
+                                                   engine=engine))
                 med = {k: _medians(dict(v[-1]), v) for k, v in runs.items()}
                 this, that = med["this"], med[args.against]
                 out.append({"case": case, "preset": args.preset, "trace": trace,
+                            "engine": engine or "sglang",
                             "runs_s": {k: v["runs_s"] for k, v in med.items()},
                             "runs_cpu_s": {k: v["runs_cpu_s"] for k, v in med.items()},
                             "medians": {k: {t: v[t] for t in TIMES} for k, v in med.items()},
@@ -265,7 +270,8 @@ def compare(args: argparse.Namespace) -> int:
         print(json.dumps({"rows": out}, indent=2))
         return 0
     for r in out:
-        print(f"{r['case']} {r['preset']} ({r['requests']:,} requests, {r['trace']}):")
+        print(f"{r['case']} {r['engine']} {r['preset']} ({r['requests']:,} requests, "
+              f"{r['trace']}):")
         for side, m in r["medians"].items():
             runs = ", ".join(f"{t:.2f}" for t in r["runs_s"][side])
             print(f"  {side:>10}: run {m['run_s']:.2f} s ({runs}), CPU {m['run_cpu_s']:.2f} s, "

@@ -32,6 +32,8 @@ from sim.engines.recorder import RequestRecord, RunRecorder
 from .known import KnownBlocks
 from .request import Req
 
+_new_units = tuple.__new__  # a Units from its three fields, without the Python-level __new__
+
 
 def steps_fitting(starts: list[int], bs: int, room: int, cap: int) -> int:
     """Largest k <= cap such that k more tokens of every request need at most ``room`` new
@@ -110,7 +112,7 @@ class EngineBase:
         self.bs = cfg.block_size
         self.waiting: list[Req] = []
         self.running: list[Req] = []
-        self._wake: simpy.Event = env.event()
+        self._wake: simpy.Event = env.event()  # the doorbell: ``_ring`` / ``_doorbell``
         self._seq = 0
         self.kv_bytes = spec.kv_bytes_per_token
         self.tiered = cfg.cpu_cache > 0
@@ -157,8 +159,22 @@ class EngineBase:
                 f"{len(self.waiting)} waiting (first: request "
                 f"{self.waiting[0].rid if self.waiting else None}) and "
                 f"{len(self.running)} running")
+        return self._doorbell()
+
+    # --- the doorbell: how anything outside the server process wakes it -----------------
+    # One event at a time: the server waits on it (alone, or beside a timeout it may cut
+    # short); an arrival, a landing or a pre-allocation request rings it. Ringing a bell
+    # already rung (nobody listened yet) does nothing: the server looks at all its queues
+    # when it wakes.
+    def _doorbell(self) -> simpy.Event:
+        """A fresh wake-up event for the server process to wait on."""
         self._wake = self.env.event()
         return self._wake
+
+    def _ring(self) -> None:
+        """Wake the server process if it waits on the doorbell (something for it arrived)."""
+        if not self._wake.triggered:
+            self._wake.succeed()
 
     def _drop_reason(self, req: Req) -> str:
         """Why a request that can never fit is dropped (recorded with the drop)."""
@@ -177,8 +193,7 @@ class EngineBase:
             self._drop(req)
             return
         self.waiting.append(req)
-        if not self._wake.triggered:
-            self._wake.succeed()
+        self._ring()
 
     def _reply(self, req: Req, leaf) -> None:
         """Tell the policy a request finished (``leaf``: its history's handle, or None)."""
@@ -282,17 +297,28 @@ class EngineBase:
             self.rec.redone(req, end - a, req.prompt.units(self.spec, a, end).total)
 
     def _prefill_seconds(self, batch) -> tuple[float, list[Units]]:
+        """Seconds of a prefill batch of (request, ranges) and each request's units. Units are
+        summed as numbers, in the order ``Units.__add__`` would add them (the same floats),
+        with one ``Units`` per request: a batch is priced at every prefill chunk."""
         per_req = []
-        total = Units()
+        spec = self.spec
+        linear, attention, tokens = 0.0, 0, 0
         for req, ranges in batch:
-            u = Units()
+            lin, att, tok = 0.0, 0, 0
             prompt = req.prompt
+            redo = req.redo_until
             for a, b in ranges:
-                u = u + prompt.units(self.spec, a, b)
-                self._count_redone(req, a, b)
-            per_req.append(u)
-            total = total + u
-        seconds = self.profile.prefill_seconds(total)
+                l_, a_, t_ = prompt.units(spec, a, b)
+                lin += l_
+                att += a_
+                tok += t_
+                if redo > a:  # _count_redone, without the call when nothing is redone
+                    self._count_redone(req, a, b)
+            per_req.append(_new_units(Units, (lin, att, tok)))
+            linear += lin
+            attention += att
+            tokens += tok
+        seconds = self.profile.prefill_seconds(_new_units(Units, (linear, attention, tokens)))
         if self._rerotate_s:  # repos / splice: the re-rotation pass runs before this batch
             seconds += self._rerotate_s
             self._rerotate_s = 0.0
@@ -300,7 +326,7 @@ class EngineBase:
 
     def _timed_decode(self, batch: int, ctx: int, steps: int, interruptible: bool):
         """Wait out ``steps`` decode steps of a ``batch`` reading ``ctx`` KV tokens per step, as
-        one event. When ``interruptible``, an arrival (``self._wake``) cuts the run after the
+        one event. When ``interruptible``, an arrival (the doorbell) cuts the run after the
         step in flight. A sub-process: ``steps = yield from self._timed_decode(...)`` gives
         the steps taken."""
         env = self.env
@@ -309,8 +335,7 @@ class EngineBase:
             yield env.timeout(total)
             return steps
         start = env.now
-        self._wake = env.event()
-        yield env.timeout(total) | self._wake
+        yield env.timeout(total) | self._doorbell()
         elapsed = env.now - start
         if elapsed < total:  # an arrival: finish the step in flight, then reschedule
             steps = self._steps_within(batch, ctx, elapsed, steps)

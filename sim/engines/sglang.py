@@ -197,22 +197,25 @@ class SGLangServer(EngineBase):
         ids = req.ids[:upto_blocks] if final_ids is None else final_ids
         if ids.size == 0:
             return None
-        self.cache.release(req.reserved)
-        ins = self.cache.insert(ids, hint=req.hint)
-        if ids.size > req.known_blocks:
+        cache = self.cache
+        cache.release(req.reserved)
+        # A chunk checkpoint locks what it inserts, and must keep the match's lock too: the
+        # kept segment behind a hole lies below the inserted prefix until the last chunk
+        # reaches it.
+        chunk = final_ids is None
+        ins = cache.insert(ids, hint=req.hint, lock=chunk)
+        size = ids.size
+        if size > req.known_blocks:
             self.remember(ids[req.known_blocks:])
-            req.known_blocks = ids.size
-        if final_ids is None:
-            # A chunk checkpoint must keep the match's lock too: the kept segment behind a
-            # hole lies below the inserted prefix until the last chunk reaches it.
-            self.cache.lock(ins.node)
-            if ids.size == req.ids.size:  # the whole prompt is in: its leaf covers the path
+            req.known_blocks = size
+        if chunk:
+            if size == req.ids.size:  # the whole prompt is in: its leaf covers the path
                 self._unlock_all(req)
             req.locks.append(ins.node)
-        req.own_tokens = 0 if final_ids is not None else max(0, computed_to - ids.size * self.bs)
-        req.reserved = self._blocks(req.own_tokens)
-        if req.reserved:
-            self.cache.reserve(req.reserved)
+        req.own_tokens = own = 0 if not chunk else max(0, computed_to - size * self.bs)
+        req.reserved = reserved = self._blocks(own)
+        if reserved:
+            cache.reserve(reserved)
         return ins.node
 
     def insert_remote(self, ids: np.ndarray) -> bool:
@@ -252,8 +255,7 @@ class SGLangServer(EngineBase):
             self._drop(req)
             return
         self.prealloc.append((req, granted))
-        if not self._wake.triggered:
-            self._wake.succeed()
+        self._ring()
 
     def _preallocate(self) -> None:
         """SGLang ``pop_preallocated`` (disaggregation/decode.py), head of line: the head
@@ -431,14 +433,20 @@ class SGLangServer(EngineBase):
             # add_chunked_req: the chunk is the budget cut to the headroom (when positive),
             # re-evaluated each pass, so it shrinks when memory is short; the final chunk
             # reserves the request's decode tokens for the candidates after it.
-            room = int(self._headroom())
+            base = self._headroom()  # pass_offset is 0.0 here: the headroom before the pass
+            room = int(base)
             limit = min(self._budget, room) if room > 0 else self._budget
-            rest = sum(b - a for a, b in continued.ranges)
+            rest = 0
+            for a, b in continued.ranges:
+                rest += b - a
             take = min(limit, rest)
             plan.append((continued, take))
             self._charge(take, take == rest, continued)
             if take == rest:
                 self.chunked = None
+            alone = self._continue_alone(continued, take, base)
+            if alone is not None:
+                return alone
         admitted: list[Admission] = []
         for req in list(self.waiting):
             # budget_state at the top of the loop: a spent budget stops the pass (OTHER)
@@ -507,6 +515,36 @@ class SGLangServer(EngineBase):
         if committed:
             self.waiting = [r for r in self.waiting if id(r) not in committed]
         return batch
+
+    def _continue_alone(self, req: Req, take: int, base: float
+                        ) -> list[tuple[Req, list[tuple[int, int]]]] | None:
+        """The pass's batch when it can only continue the chunk in flight ``req`` (most
+        passes under pressure), else None (candidates may join: the adder loop runs). No
+        candidate joins when the queue is empty, or when the budget is spent while memory
+        is not (the loop's first test; the cache did not change since ``base``, the
+        headroom before the pass, so the headroom now is ``base`` less what the chunk
+        charged: the same float operations as ``_headroom``). The batch is ``_commit``'s:
+        the same allocation (``_allocate`` then ``_reserve_tokens``, each making room when
+        short), without the bookkeeping of admissions."""
+        if self.waiting and (self._budget > 0 or base - self._pass_offset <= 0):
+            return None
+        need = self._blocks(req.own_tokens + take) - req.reserved
+        if need > 0:
+            cache = self.cache
+            if cache.free_blocks < need:  # _allocate's room for the batch
+                self.rec.evicted(cache.make_room(need))
+                if cache.free_blocks < need:  # _reserve_tokens tries once more, then fails
+                    res = cache.make_room(need)
+                    self.rec.evicted(res)
+                    if not res.ok:  # keeps its locks; decode must free memory first
+                        self.chunked = req
+                        self.batch_is_full = bool(self.running)
+                        return []
+            cache.reserve(need)
+            req.reserved += need
+        req.own_tokens += take
+        taken, req.ranges = self._take(req.ranges, take)
+        return [(req, taken)]
 
     def _open(self, a: Admission) -> None:
         """Record an admission (the first one opens the request's record)."""
@@ -653,8 +691,11 @@ class SGLangServer(EngineBase):
                 seconds, per_req = self._prefill_seconds(batch)
                 if self.tiered:  # (without a CPU tier nothing is ever pending)
                     seconds += self._transfer_seconds()
-                self.rec.batch(seconds, len(batch), tokens=sum(
-                    b - a for _req, ranges in batch for a, b in ranges))
+                tokens = 0
+                for _req, ranges in batch:
+                    for a, b in ranges:
+                        tokens += b - a
+                self.rec.batch(seconds, len(batch), tokens=tokens)
                 yield env.timeout(seconds)
                 self._finish_prefill(batch, per_req)
                 for o in self.observers:
@@ -662,8 +703,7 @@ class SGLangServer(EngineBase):
                 continue
             if not self.running:
                 if self.receiving:  # KV in transfer holds the room: wait for its landing
-                    self._wake = env.event()
-                    yield self._wake
+                    yield self._doorbell()
                     continue
                 # Nothing was admitted and nothing decodes: a waiting request that does not
                 # fit an otherwise empty server was dropped, so this wait is for an arrival.

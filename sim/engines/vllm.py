@@ -339,8 +339,7 @@ class VllmServer(EngineBase):
         req.computed = req.prompt_tokens - 1
         self._note_cached(req)
         self.holding.append(req)
-        if not self._wake.triggered:
-            self._wake.succeed()
+        self._ring()
 
     def _awaits_landing(self) -> bool:
         """Nothing runs, and what waits cannot be allocated while KV in transfer holds its
@@ -348,8 +347,7 @@ class VllmServer(EngineBase):
         return bool(self.receiving) and not self.running
 
     def _wait_landing(self) -> simpy.Event:
-        self._wake = self.env.event()
-        return self._wake
+        return self._doorbell()
 
     def cancel_remote(self, req: VllmReq) -> None:
         """No KV comes for ``req``: its blocks are freed and it computes its prompt here."""
@@ -357,8 +355,7 @@ class VllmServer(EngineBase):
         self.pool.free(req.rid)
         req.computed = 0
         self.waiting.insert(0, req)
-        if not self._wake.triggered:
-            self._wake.succeed()
+        self._ring()
 
     def forget_unused(self) -> None:
         """Drop the hash of every cached block no request holds (a decode worker without a
@@ -644,8 +641,7 @@ class VllmServer(EngineBase):
         waiting = len(self.waiting)
         interruptible = not waiting or bool(self.receiving)  # an arrival, or a landing
         if interruptible:  # an arrival during the step in flight: one iteration only
-            self._wake = env.event()
-            yield env.timeout(step.end - env.now) | self._wake
+            yield env.timeout(step.end - env.now) | self._doorbell()
             if len(self.waiting) > waiting or self.holding:
                 x = 1
                 if step.end > env.now:

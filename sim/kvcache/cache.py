@@ -354,7 +354,8 @@ class RadixKVCache:
             self.check()
         return _new(Match, (node, pos, hit, segments))  # Match(...), no Python-level __new__
 
-    def insert(self, ids: np.ndarray, hint: WalkHint | None = None) -> InsertResult:
+    def insert(self, ids: np.ndarray, hint: WalkHint | None = None, *, lock: bool = False
+               ) -> InsertResult:
         """Make every block of ``ids`` GPU-resident in the tree.
 
         Blocks beyond the tree become one new leaf (splitting where the ids diverge or end
@@ -364,7 +365,9 @@ class RadixKVCache:
         GPU and counted as filled (hicache keeps their host copy). Stamps the path like
         ``match`` (under node semantics the new leaf gets the next tick, as in SGLang).
         Block-exact policies then merge each run of path nodes that are only children with
-        equal tier, lock and stamp into its deepest node.
+        equal tier, lock and stamp into its deepest node. ``lock``: then lock the node that
+        holds ``ids[-1]`` (as ``lock(InsertResult.node)`` would: a chunk checkpoint's insert
+        and lock are one operation).
 
         Capacity: the tree gains ``new_blocks + filled_blocks`` GPU blocks. Insert does not
         touch ``reserved_blocks``: the caller reserved those blocks before computing them and
@@ -438,6 +441,8 @@ class RadixKVCache:
             tree.merge_runs(path)
         if hint is not None and path:
             hint.take(path[-1], tree.epoch)
+        if lock:
+            tree.lock(node)
         if self.debug:
             added = fill + new
             assert tree.gpu_blocks + max(0, tree.reserved_blocks - added) \

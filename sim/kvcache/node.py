@@ -106,9 +106,9 @@ def prune_upward(node: Node, root: Node, kvless: Callable[[Node], bool],
                  live_children: Callable[[Node], int], detach: Callable[[Node], None]) -> Node:
     """Remove ``node`` and then each ancestor while it is KV-less, childless and unlocked
     (``detach`` takes one out); return the first node that stays. The rule that no childless,
-    unlocked node without KV exists, for the tree itself (``RadixTree``) and for the planner's
-    virtual state (``planner.HistoryView``), which pass their own notions of KV and
-    children."""
+    unlocked node without KV exists. ``RadixTree.delete`` and the planner's virtual state
+    (``planner.HistoryView.release``) apply the same rule to a node just freed whole, with
+    their reads inlined (every eviction of a leaf runs it)."""
     while node is not root and kvless(node) and not live_children(node):
         if node.lock:
             return node
@@ -118,16 +118,3 @@ def prune_upward(node: Node, root: Node, kvless: Callable[[Node], bool],
         node = parent
     return node
 
-
-def free_whole(node: Node, root: Node, kvless: Callable[[Node], bool],
-               live_children: Callable[[Node], int], detach: Callable[[Node], None]
-               ) -> Node | None:
-    """After ``node`` lost its KV (freed whole): with children it stays, a hole; childless,
-    it leaves with its KV-less childless unlocked ancestors (``prune_upward``). Returns the
-    ancestor that stays if it just became a victim leaf (KV, unlocked, childless)."""
-    if live_children(node):
-        return None
-    cur = prune_upward(node, root, kvless, live_children, detach)
-    if cur is root or cur.lock or kvless(cur) or live_children(cur):
-        return None
-    return cur

@@ -32,10 +32,18 @@ from collections.abc import Callable, Iterable
 from itertools import pairwise
 from typing import NamedTuple
 
-from policies import BLOCK, EvictionPolicy, Granularity, StartPosition
+from policies import (
+    BLOCK,
+    LEAF_HEAD,
+    PRIVATE_HEAD,
+    TAIL,
+    EvictionPolicy,
+    Granularity,
+    StartPosition,
+)
 from policies.orders import lru
 
-from .node import Node, Tier, free_whole
+from .node import Node, Tier
 
 _GPU, _NONE, _DROPPED = Tier.GPU, Tier.NONE, Tier.DROPPED
 
@@ -70,14 +78,31 @@ class HistoryView:
 
     def release(self, node: Node) -> Node | None:
         """Plan ``node`` freed whole; return the ancestor that becomes a victim leaf, if any
-        (``RadixTree.delete``'s rule, ``node.free_whole``, on the planned state)."""
-        self.gone.add(node)
-        return free_whole(node, self.root, self.is_hole, self.live_children, self._forget)
-
-    def _forget(self, node: Node) -> None:
-        """A planned hole leaves the tree: its parent has one live child less."""
-        parent = node.parent
-        self.kids[parent] = self.live_children(parent) - 1
+        (``RadixTree.delete``'s rule on the planned state: with live children it stays, a
+        hole; childless, it leaves with its KV-less childless unlocked ancestors, and the
+        ancestor that stays is returned if it just became a victim leaf)."""
+        gone, kids, root = self.gone, self.kids, self.root
+        gone.add(node)
+        # The view's reads inlined (is_hole, live_children): a planned leaf takes the chain
+        # of holes in front of it along.
+        if kids.get(node, len(node.children)):
+            return None
+        cur = node
+        while cur is not root:
+            tier = cur.tier
+            if not (tier is _NONE or tier is _DROPPED or cur in gone) \
+                    or kids.get(cur, len(cur.children)):
+                break
+            if cur.lock:
+                return None
+            parent = cur.parent
+            kids[parent] = kids.get(parent, len(parent.children)) - 1  # it left the tree
+            cur = parent
+        tier = cur.tier
+        if cur is root or cur.lock or tier is _NONE or tier is _DROPPED or cur in gone \
+                or kids.get(cur, len(cur.children)):
+            return None
+        return cur
 
 
 class DeviceView:
@@ -167,6 +192,15 @@ def plan(
     exact = granularity is BLOCK  # take(size, need) is min(size, need): no call
     head = start.from_head
     chain_of = start.chain
+    # The built-in starts' chains, read without their calls into the view (every eviction
+    # walks one); any other start, or a view of another kind, is asked through ``chain``.
+    inlined = True
+    if type(view) is HistoryView and start is PRIVATE_HEAD:
+        chain_of = _private_head_chain
+    elif start is TAIL or start is LEAF_HEAD:
+        chain_of = _leaf_only
+    else:
+        inlined = False
     release = view.release
     # Entries (key, serial, node): serials are unique, so nodes are never compared. LRU's key
     # is (last_access, serial) itself: its entries (last_access, serial, node) sort the same.
@@ -186,6 +220,9 @@ def plan(
         chain = chain_of(leaf, view)
         if debug:
             _check_chain(chain, leaf, view)
+            if inlined:  # (asked once only otherwise: an observed start counts its calls)
+                assert list(chain) == list(start.chain(leaf, view)), (
+                    f"a built-in chain read differs from {start!r}.chain at {leaf!r}")
         survivor = None
         for nd in chain:
             if need <= 0:
@@ -212,6 +249,29 @@ def plan(
                 heapq.heappush(heap, (pinned(survivor) > now, key(survivor),
                                       survivor.serial, survivor))
     return steps
+
+
+def _leaf_only(leaf: Node, view: View) -> tuple[Node]:
+    """``TAIL.chain`` and ``LEAF_HEAD.chain``: the victim leaf alone."""
+    return (leaf,)
+
+
+def _private_head_chain(leaf: Node, view: HistoryView) -> list[Node]:
+    """``PRIVATE_HEAD.chain`` on a ``HistoryView``, its view reads inlined: the leaf's private
+    history (unlocked, unshared, KV-holding ancestors below the root), front first."""
+    chain = [leaf]
+    root, gone, kids = view.root, view.gone, view.kids
+    parent = leaf.parent
+    while parent is not None and parent.lock <= 0 and parent is not root:
+        if (kids.get(parent, len(parent.children)) if kids else len(parent.children)) > 1:
+            break
+        tier = parent.tier
+        if tier is _NONE or tier is _DROPPED or (gone and parent in gone):
+            break
+        chain.append(parent)
+        parent = parent.parent
+    chain.reverse()
+    return chain
 
 
 def _check_chain(chain, leaf: Node, view: View) -> None:

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .node import Node, Tier, free_whole, prune_upward
+from .node import Node, Tier, prune_upward
 from .paths import WalkHint
 from .results import EvictResult
 
@@ -183,11 +183,18 @@ class RadixTree:
         root = self.root
         nd = node
         epoch = hint.epoch
-        while nd is not root:
-            if nd is None or nd.keyed > epoch:
-                return None
-            append(nd)
-            nd = nd.parent
+        if epoch == self.epoch:  # no key changed since the hint: no node is keyed later
+            while nd is not root:
+                if nd is None:  # in a subtree removed from the tree
+                    return None
+                append(nd)
+                nd = nd.parent
+        else:
+            while nd is not root:
+                if nd is None or nd.keyed > epoch:
+                    return None
+                append(nd)
+                nd = nd.parent
         if stop_at_holes and any(x.tier is _NONE for x in chain):
             return None
         chain.reverse()
@@ -263,7 +270,18 @@ class RadixTree:
         upper nodes have one child and equal tier, lock, stamp and host copy, into the run's
         deepest node (it keeps its identity, so lock handles stay valid). Counters and the leaf
         set do not change (same tier and lock)."""
+        # Most chains merge nothing (a chunked prefill's path holds one lock more per chunk
+        # up from its leaf): find the deepest pair that merges with one compare per node.
         i = len(chain) - 1
+        lower = chain[i]
+        while i > 0:
+            up = chain[i - 1]
+            if (up.lock == lower.lock and up.last_access == lower.last_access
+                    and up.tier is lower.tier and up.host == lower.host
+                    and len(up.children) == 1):
+                break
+            lower = up
+            i -= 1
         while i > 0:
             child = chain[i]
             lock, tier, stamp, host = child.lock, child.tier, child.last_access, child.host
@@ -401,9 +419,27 @@ class RadixTree:
         self._free_kv(node, result)
         self._holes += len(node.ids)
         node.tier = _NONE
-        if node.children:  # a hole that stays: free_whole's first answer, without its calls
+        if node.children:  # a hole that stays
             return None
-        return free_whole(node, self.root, _kvless, _child_count, self._detach)
+        # Childless: it leaves with its KV-less childless unlocked ancestors (prune_upward's
+        # rule, reads inlined: a freed leaf takes the chain of holes in front of it along,
+        # often a long one, as each eviction from a history's front leaves a hole node); the
+        # ancestor that stays is returned if it just became a victim leaf.
+        root = self.root
+        cur = node
+        while cur is not root and not cur.children:
+            tier = cur.tier
+            if tier is _GPU or tier is _CPU:
+                break
+            if cur.lock:
+                return None
+            parent = cur.parent
+            self._detach(cur)
+            cur = parent  # type: ignore[assignment]
+        if cur is root or cur.lock or cur.children or (cur.tier is not _GPU
+                                                       and cur.tier is not _CPU):
+            return None
+        return cur
 
     def truncate_tail(self, leaf: Node, k: int, result: EvictResult) -> None:
         """Free the last k blocks of an unlocked leaf (no hole: nothing follows them)."""
@@ -441,9 +477,9 @@ class RadixTree:
                 self.delete(hole, result)
             else:
                 self.truncate_tail(node, k, result)
-        if made:
-            result.holes_made += sum(len(x.ids) for x in made
-                                     if x.parent is not None and x.tier is _NONE)
+        for x in made:
+            if x.parent is not None and x.tier is _NONE:
+                result.holes_made += len(x.ids)
 
     def _whole(self, step: Step) -> Node:
         """The node carrying exactly the step's blocks (split off when partial)."""

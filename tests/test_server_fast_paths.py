@@ -1,0 +1,204 @@
+"""The one-server fast paths against their plain references: each must leave every result as
+the plain code computes it.
+
+- the SGLang engine's chunk continuation (``SGLangServer._continue_alone``): a pass that can
+  only continue the chunk in flight skips the adder loop and ``_commit``'s bookkeeping; the
+  reference runs every pass through them;
+- the planner's inlined chains of the built-in starts: the reference is the same start
+  behind a ``WrappedStart``, which the planner asks through ``chain``;
+- ``insert(..., lock=True)`` against ``insert`` then ``lock``;
+- a prefill batch's units summed as numbers against ``Units`` additions.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import sim.run.build
+from costmodel.specs import get_spec
+from costmodel.units import Units
+from policies import BLOCK, LEAF_HEAD, NODE, PRIVATE_HEAD, TAIL, EvictionPolicy
+from policies.eviction import WrappedStart
+from sim.config import RunConfig
+from sim.engines import SGLangServer, engine_class
+from sim.engines.base import EngineBase
+from sim.kvcache import CapacityError, RadixKVCache
+from sim.run import run
+from tests.chained import Universe
+from tests.enginekit import KitTrace
+from tests.test_speed_paths import OPS, counters, structure
+
+
+class PlainSGLang(SGLangServer):
+    """Every pass through the adder loop and ``_commit`` (no continuation fast path)."""
+
+    calls = 0
+
+    def _continue_alone(self, req, take, base):
+        PlainSGLang.calls += 1
+        return None
+
+
+SESSIONS = st.lists(st.lists(st.tuples(st.integers(1, 3000), st.integers(1, 300),
+                                       st.floats(0.0, 5.0)), min_size=1, max_size=5),
+                    min_size=1, max_size=6)
+
+
+def _kit(sessions) -> KitTrace:
+    """Append-only sessions: each prompt is the previous one plus the drawn growth."""
+    out = []
+    for turns in sessions:
+        total, reqs = 0, []
+        for grow, output, gap in turns:
+            total += grow
+            reqs.append((total, output, gap))
+            total += output
+        out.append(reqs)
+    return KitTrace(out, shared_blocks=[3, 3, 0, 3, 0, 3][: len(out)])
+
+
+def _outputs(cfg: RunConfig, trace) -> tuple[dict, pd.DataFrame]:
+    res = run(cfg, trace)
+    return json.dumps(res.summary, sort_keys=True, default=str), res.requests  # NaN-safe
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sessions=SESSIONS, preset=st.sampled_from(["sglang", "penelope"]),
+       scheduler=st.sampled_from(["fcfs", "lpm"]), cache_k=st.integers(4, 24),
+       chunk=st.sampled_from([64, 256, 1000, 8192]), concurrent=st.integers(1, 6),
+       tiers=st.sampled_from([None, "unified", "hicache"]))
+def test_chunk_continuation_runs_as_the_plain_passes(sessions, preset, scheduler, cache_k,
+                                                     chunk, concurrent, tiers) -> None:
+    if tiers == "hicache" and preset == "penelope":
+        tiers = "unified"  # HiCache's device tier evicts from the tail only
+    cpu = dict(cpu_cache=8192, tiering=tiers) if tiers else {}
+    cfg = RunConfig(gpu_cache=cache_k * 1024, sessions=concurrent, chunk_size=chunk,
+                    scheduler=scheduler, debug_cache=True, **cpu).with_preset(preset)
+    trace = _kit(sessions)
+    fast = _outputs(cfg, trace)
+    before = PlainSGLang.calls
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sim.run.build, "engine_class", lambda c: PlainSGLang)
+        plain = _outputs(cfg, trace)
+    if json.loads(fast[0])["prefill_batches"] > len(trace):  # some request was chunked
+        assert PlainSGLang.calls > before  # the reference really took the plain passes
+    assert fast[0] == plain[0]
+    pd.testing.assert_frame_equal(fast[1], plain[1])
+
+
+def test_plain_reference_is_the_engine_of_the_run() -> None:
+    """The patched name is the one the run builds through (else the test above is void)."""
+    assert engine_class(RunConfig()) is SGLangServer
+    assert sim.run.build.engine_class is engine_class
+
+
+@pytest.mark.parametrize("start,granularity",
+                         [(PRIVATE_HEAD, BLOCK), (PRIVATE_HEAD, NODE), (TAIL, BLOCK),
+                          (TAIL, NODE), (LEAF_HEAD, NODE)], ids=lambda x: x.name)
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=OPS)
+def test_inlined_chains_plan_as_the_start_objects(start, granularity, ops) -> None:
+    fast = RadixKVCache(20, EvictionPolicy(order="lru", start=start, granularity=granularity),
+                        debug=True)
+    slow = RadixKVCache(20, EvictionPolicy(order="lru", start=WrappedStart(start),
+                                           granularity=granularity), debug=True)
+    assert fast.policy.start is start and slow.policy.start is not start
+    _drive(fast, slow, ops, fused=False)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=OPS, preset=st.sampled_from(["sglang", "vllm", "penelope"]))
+def test_insert_and_lock_in_one_call(ops, preset) -> None:
+    fused = RadixKVCache(20, preset, debug=True)
+    apart = RadixKVCache(20, preset, debug=True)
+    _drive(fused, apart, ops, fused=True)
+
+
+def _drive(a: RadixKVCache, b: RadixKVCache, ops, fused: bool) -> None:
+    """The same prompts, ends and evictions on ``a`` and ``b``; identical step by step.
+    ``fused``: ``a`` inserts and locks in one call, ``b`` inserts, then locks."""
+    universe = Universe()
+    history: list[list[int]] = []
+    locked: list[tuple] = []
+    for kind, more, base, lock, n in ops:
+        if kind == 0:  # a prompt: maybe an earlier one cut, plus new blocks; room, insert
+            choices = (history[base % len(history)][: n % 8] if history else []) + more
+            history.append(choices)
+            ids = universe.prompt(choices)
+            results, handles = [], []
+            for i, cache in enumerate((a, b)):
+                room = cache.make_room(len(ids))
+                try:
+                    ins = cache.insert(ids, lock=fused and lock and i == 0)
+                except CapacityError:
+                    results.append((room.freed_blocks, None))
+                    continue
+                results.append((room.freed_blocks, room.holes_made,
+                                room.freed_ids().tolist(), ins.new_blocks, ins.filled_blocks))
+                if lock:
+                    if not (fused and i == 0):
+                        cache.lock(ins.node)
+                    handles.append(ins.node)
+            assert results[0] == results[1]
+            if len(handles) == 2:
+                locked.append(tuple(handles))
+        elif kind == 1 and locked:  # a request ends
+            x, y = locked.pop(base % len(locked))
+            a.unlock(x)
+            b.unlock(y)
+        else:
+            got = [(r.ok, r.freed_blocks, r.holes_made, r.freed_ids().tolist())
+                   for r in (a.evict(n), b.evict(n))]
+            assert got[0] == got[1]
+        assert counters(a) == counters(b)
+        assert structure(a) == structure(b)
+        assert sorted(x.serial for x in a.tree.leaves()) == \
+            sorted(x.serial for x in b.tree.leaves())
+
+
+class _Prompt:
+    def __init__(self, spec) -> None:
+        self.spec = spec
+
+    def units(self, spec, a: int, b: int) -> Units:
+        from costmodel.units import range_units
+        return range_units(spec, a, b)
+
+
+class _Req:
+    def __init__(self, prompt, redo_until: int = 0) -> None:
+        self.prompt, self.redo_until = prompt, redo_until
+
+
+class _Profile:
+    def prefill_seconds(self, units: Units) -> float:
+        self.seen = units
+        return 0.0
+
+
+RANGES = st.lists(st.lists(st.tuples(st.integers(0, 200_000), st.integers(0, 9000)),
+                           min_size=1, max_size=4), min_size=1, max_size=5)
+
+
+@settings(max_examples=200, deadline=None)
+@given(batch=RANGES, spec=st.sampled_from(["qwen3-8b", "gpt-oss-120b", "gemma-3-27b"]))
+def test_units_summed_as_numbers_are_the_units_sums(batch, spec) -> None:
+    model = get_spec(spec)
+    prompt = _Prompt(model)
+    reqs = [(_Req(prompt), [(a, a + n) for a, n in ranges]) for ranges in batch]
+    engine = EngineBase.__new__(EngineBase)  # only the pricing state is read
+    engine.spec, engine.profile, engine._rerotate_s = model, _Profile(), 0.0
+    _seconds, per_req = engine._prefill_seconds(reqs)
+    total = Units()
+    for (req, ranges), got in zip(reqs, per_req, strict=True):
+        u = Units()
+        for a, b in ranges:
+            u = u + req.prompt.units(model, a, b)
+        assert tuple(got) == tuple(u) and type(got) is Units
+        total = total + u
+    assert tuple(engine.profile.seen) == tuple(total)
