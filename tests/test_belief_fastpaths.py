@@ -89,6 +89,12 @@ events = st.lists(st.tuples(st.integers(0, N - 1), st.booleans(),
 @given(events, st.booleans())
 @example([(0, True, [5, 6, 5, 7], None), (0, False, [5], None)], True)  # a repeated id
 def test_event_index_equals_the_block_by_block_model(stream, orphans):
+    check_event_index(stream, orphans)
+
+
+def check_event_index(stream, orphans: bool) -> None:
+    """The index after ``stream`` equals the block-by-block model's: holders, sizes and
+    dropped blocks."""
     belief = EventBelief(N, KVEvents(lag_s=0.0, drop_orphans=orphans))
     model = LinkedModel()
     for r, stored, ids, parent in stream:
@@ -154,3 +160,32 @@ def test_active_block_counts_equal_per_block_refcounts(prompts, rnd):
                 for b in ids:
                     want[b] = want.get(b, 0) + 1
         assert pred.active_blocks(w) == len(want)
+
+
+@st.composite
+def tree_streams(draw):
+    """Events shaped like a radix cache's: chained prompts over a small token alphabet
+    (ids shared at equal prefixes), each event a run of one prompt with the block before it
+    as parent; most runs are new to (stored) or held by (removed) the replica, as the
+    engines report them, some are not (repeats, holes, a missing parent, a run past a
+    branch), so both the run-at-once paths and the block-by-block ones are taken."""
+    chain: dict[tuple[int, ...], int] = {}
+    prompts = []
+    for seq in draw(st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=12),
+                             min_size=1, max_size=6)):
+        prompts.append([chain.setdefault(tuple(seq[: i + 1]), len(chain))
+                        for i in range(len(seq))])
+    out = []
+    for _ in range(draw(st.integers(0, 40))):
+        p = prompts[draw(st.integers(0, len(prompts) - 1))]
+        a = draw(st.integers(0, len(p) - 1))
+        b = draw(st.integers(a + 1, len(p)))
+        parent = draw(st.sampled_from([p[a - 1] if a else -1, None, -1]))
+        out.append((draw(st.integers(0, N - 1)), draw(st.booleans()), p[a:b], parent))
+    return out
+
+
+@settings(max_examples=400, deadline=None)
+@given(tree_streams(), st.booleans())
+def test_event_index_on_tree_shaped_streams(stream, orphans):
+    check_event_index(stream, orphans)

@@ -19,7 +19,8 @@ import heapq
 import math
 from collections import Counter, OrderedDict, deque
 from collections.abc import Iterable
-from itertools import groupby, repeat
+from itertools import compress, groupby, islice, repeat
+from operator import not_
 
 import numpy as np
 
@@ -33,6 +34,33 @@ def _bits(mask: int) -> Iterable[int]:
             yield r
         mask >>= 1
         r += 1
+
+
+def _distinct(ids: list[int]) -> bool:
+    return len(set(ids)) == len(ids)
+
+
+def _clear_all(holders: dict[int, int], ids: list[int], masks: list[int], clear: int) -> None:
+    """Clear one replica's bit from ``ids`` (distinct, each holding it; ``masks``: their
+    masks): ids left with no holder leave the dict."""
+    left = list(map(clear.__and__, masks))
+    if any(left):
+        holders.update(zip(ids, left, strict=True))
+        ids = list(compress(ids, map(not_, left)))
+    deque(map(holders.pop, ids), maxlen=0)
+
+
+def _link(first: dict[int, int], more: dict[int, set[int]], parent: int, b: int) -> None:
+    """Record ``b`` as a child of ``parent`` (``EventBelief``'s child links)."""
+    kid = first.get(parent)
+    if kid is None:
+        first[parent] = b
+    elif kid != b:
+        kids = more.get(parent)
+        if kids is None:
+            more[parent] = {b}
+        else:
+            kids.add(b)
 
 
 def consecutive_prefixes(ids: list[int], holders: dict[int, int], n: int) -> list[int]:
@@ -319,6 +347,18 @@ class EventBelief(CacheBelief):
             return
         holders, bit = self.holders, 1 << r
         get = holders.get
+        masks = list(map(get, ids, repeat(0)))
+        # The engines report only changes, so nearly every event is a run of distinct ids
+        # all lacking (stored) or all holding (removed) the bit: applied in C, not per block
+        if stored:
+            if not any(map(bit.__and__, masks)) and _distinct(ids):
+                holders.update(zip(ids, map(bit.__or__, masks), strict=True))
+                self.size[r] += len(ids)
+                return
+        elif all(map(bit.__and__, masks)) and _distinct(ids):
+            _clear_all(holders, ids, masks, ~bit)
+            self.size[r] -= len(ids)
+            return
         size = 0
         if stored:
             for b in ids:
@@ -345,7 +385,7 @@ class EventBelief(CacheBelief):
         only the first can be missing)."""
         holders, bit, first, more = (self.holders, 1 << r, self.first_child[r],
                                      self.more_children[r])
-        get, first_get = holders.get, first.get
+        get = holders.get
         if parent is not None and parent >= 0:
             if not get(parent, 0) & bit:
                 self.dropped += len(ids)
@@ -353,6 +393,16 @@ class EventBelief(CacheBelief):
             prev = parent
         else:
             prev = -1
+        masks = list(map(get, ids, repeat(0)))
+        if not any(map(bit.__and__, masks)) and _distinct(ids):
+            # all new for r: a block r does not hold has no links (only held blocks have),
+            # so the chain's own links are set as they are, in C
+            holders.update(zip(ids, map(bit.__or__, masks), strict=True))
+            first.update(zip(ids, islice(ids, 1, None), strict=False))
+            if prev >= 0:
+                _link(first, more, prev, ids[0])
+            self.size[r] += len(ids)
+            return
         size = 0
         for b in ids:
             m = get(b, 0)
@@ -360,15 +410,7 @@ class EventBelief(CacheBelief):
                 holders[b] = m | bit
                 size += 1
             if prev >= 0:
-                kid = first_get(prev)
-                if kid is None:
-                    first[prev] = b
-                elif kid != b:
-                    kids = more.get(prev)
-                    if kids is None:
-                        more[prev] = {b}
-                    else:
-                        kids.add(b)
+                _link(first, more, prev, b)
             prev = b
         self.size[r] += size
 
@@ -381,8 +423,27 @@ class EventBelief(CacheBelief):
         holders, bit = self.holders, 1 << r
         get, first_pop, more_pop, clear = (holders.get, self.first_child[r].pop,
                                            self.more_children[r].pop, ~(1 << r))
-        stack = list(ids)
         removed = 0
+        masks = list(map(get, ids, repeat(0)))
+        if ids and all(map(bit.__and__, masks)) and _distinct(ids):
+            # every id held (the engines report only changes): remove them and take their
+            # links in C; the walk goes on from the children outside ``ids`` (a removed
+            # block's chain child is usually the next id, already gone)
+            kids = list(map(first_pop, ids, repeat(None)))
+            _clear_all(holders, ids, masks, clear)
+            removed = len(ids)
+            if kids[:-1] == ids[1:]:
+                stack = [] if kids[-1] is None else [kids[-1]]
+            else:
+                stack = [k for k in kids if k is not None]
+            more = self.more_children[r]
+            if more and any(map(more.__contains__, ids)):
+                for x in ids:
+                    extra = more_pop(x, None)
+                    if extra:
+                        stack.extend(extra)
+        else:
+            stack = list(ids)
         while stack:
             x = stack.pop()
             m = get(x, 0)
