@@ -397,23 +397,23 @@ class EventBelief(CacheBelief):
         not hold ends its branch of the walk."""
         held, first_pop, more = self.held[r], self.first_child[r].pop, self.more_children[r]
         more_pop = more.pop
-        if ids and held.issuperset(ids):
-            # every id held (the engines report only changes): remove them and take their
-            # links in C; the walk goes on from the children outside ``ids`` (a removed
-            # block's chain child is usually the next id, already gone)
-            kids = list(map(first_pop, ids, repeat(None)))
-            held.difference_update(ids)
-            if kids[:-1] == ids[1:]:
-                stack = [] if kids[-1] is None else [kids[-1]]
-            else:
-                stack = [k for k in kids if k is not None]
-            if more and any(map(more.__contains__, ids)):
-                for x in ids:
-                    extra = more_pop(x, None)
-                    if extra:
-                        stack.extend(extra)
+        # The held ids go first, in C (a block r does not hold has no links: it adds
+        # nothing); the walk goes on from their children outside them (a removed block's
+        # chain child is usually the next id, already gone)
+        hit = list(filter(held.__contains__, ids))
+        if not hit:
+            return
+        kids = list(map(first_pop, hit, repeat(None)))
+        held.difference_update(hit)
+        if kids[:-1] == hit[1:]:
+            stack = [] if kids[-1] is None else [kids[-1]]
         else:
-            stack = list(ids)
+            stack = [k for k in kids if k is not None]
+        if more and any(map(more.__contains__, hit)):
+            for x in hit:
+                extra = more_pop(x, None)
+                if extra:
+                    stack.extend(extra)
         while stack:
             x = stack.pop()
             if x not in held:
