@@ -89,6 +89,12 @@ events = st.lists(st.tuples(st.integers(0, N - 1), st.booleans(),
 @given(events, st.booleans())
 @example([(0, True, [5, 6, 5, 7], None), (0, False, [5], None)], True)  # a repeated id
 def test_event_index_equals_the_block_by_block_model(stream, orphans):
+    check_event_index(stream, orphans)
+
+
+def check_event_index(stream, orphans: bool) -> None:
+    """The index after ``stream`` equals the block-by-block model's: holders, sizes,
+    dropped blocks and the overlap of every run of the stream."""
     belief = EventBelief(N, KVEvents(lag_s=0.0, drop_orphans=orphans))
     model = LinkedModel()
     for r, stored, ids, parent in stream:
@@ -110,6 +116,9 @@ def test_event_index_equals_the_block_by_block_model(stream, orphans):
     assert belief.holders == want
     assert belief.sizes() == [len(h) for h in model.held]
     assert belief.dropped == model.dropped
+    for _, _, ids, _ in stream:
+        assert belief.overlaps(np.asarray(ids, dtype=np.int64), 0.0) \
+            == brute_prefixes(ids, want, N)
 
 
 @settings(max_examples=100, deadline=None)
@@ -154,3 +163,69 @@ def test_active_block_counts_equal_per_block_refcounts(prompts, rnd):
                 for b in ids:
                     want[b] = want.get(b, 0) + 1
         assert pred.active_blocks(w) == len(want)
+
+
+@st.composite
+def tree_streams(draw):
+    """Events shaped like a radix cache's: chained prompts over a small token alphabet
+    (ids shared at equal prefixes), each event a run of one prompt. Most extend what the
+    replica holds of a prompt (stored: the next blocks after the held prefix, with the block
+    before as parent) or cut it back (removed: the tail of the held prefix), as the engines
+    report changes; the rest are arbitrary runs (repeats, holes, a missing parent, a run
+    past a branch), so both the run-at-once paths and the block-by-block ones are taken."""
+    chain: dict[tuple[int, ...], int] = {}
+    prompts = []
+    for seq in draw(st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=12),
+                             min_size=1, max_size=6)):
+        prompts.append([chain.setdefault(tuple(seq[: i + 1]), len(chain))
+                        for i in range(len(seq))])
+    held: list[set[int]] = [set() for _ in range(N)]  # what the engine would hold
+    out = []
+    for _ in range(draw(st.integers(0, 40))):
+        r = draw(st.integers(0, N - 1))
+        p = prompts[draw(st.integers(0, len(prompts) - 1))]
+        k = 0
+        while k < len(p) and p[k] in held[r]:
+            k += 1
+        kind = draw(st.sampled_from(["extend", "cut", "any"]))
+        if kind == "extend" and k < len(p):
+            run, parent, stored = p[k:draw(st.integers(k + 1, len(p)))], p[k - 1] if k else -1, True
+        elif kind == "cut" and k:
+            run, parent, stored = p[draw(st.integers(0, k - 1)):k], None, False
+        else:
+            a = draw(st.integers(0, len(p) - 1))
+            run = p[a:draw(st.integers(a + 1, len(p)))]
+            parent = draw(st.sampled_from([p[a - 1] if a else -1, None, -1]))
+            stored = draw(st.booleans())
+        (held[r].update if stored else held[r].difference_update)(run)
+        out.append((r, stored, run, parent))
+    return out
+
+
+@settings(max_examples=400, deadline=None)
+@given(tree_streams(), st.booleans())
+def test_event_index_on_tree_shaped_streams(stream, orphans):
+    check_event_index(stream, orphans)
+
+
+@settings(max_examples=200, deadline=None)
+@given(tree_streams(), st.booleans(), st.randoms(use_true_random=False))
+def test_lagged_index_is_the_prompt_one_behind_by_the_lag(stream, orphans, rnd):
+    """With ``lag_s`` > 0, the overlaps and sizes at any time are those of a lag-free index
+    fed only the events emitted at least ``lag_s`` before."""
+    lag = 1.5
+    lagged = EventBelief(N, KVEvents(lag_s=lag, drop_orphans=orphans))
+    prompt = EventBelief(N, KVEvents(lag_s=0.0, drop_orphans=orphans))
+    times = sorted(rnd.uniform(0, 10) for _ in stream)
+    fed, now = 0, 0.0
+    for i, (t, (r, stored, ids, parent)) in enumerate(zip(times, stream, strict=True)):
+        arr = np.asarray(ids, dtype=np.int64)
+        (lagged.stored(r, arr, t, parent) if stored else lagged.removed(r, arr, t))
+        now = max(now, t + rnd.uniform(0, 2 * lag))  # a query after the emission
+        while fed <= i and times[fed] + lag <= now:
+            r2, stored2, ids2, parent2 = stream[fed]
+            arr2 = np.asarray(ids2, dtype=np.int64)
+            (prompt.stored(r2, arr2, 0.0, parent2) if stored2 else prompt.removed(r2, arr2, 0.0))
+            fed += 1
+        assert lagged.overlaps(arr, now) == prompt.overlaps(arr, now)
+        assert lagged.sizes() == prompt.sizes()

@@ -9,8 +9,9 @@ the engines' KV events (``stored``/``removed``), each applied ``lag_s`` after it
 None of them ever reads an engine: the gap between belief and truth is the point
 (``sim.fleet.fleet`` measures it at every decision).
 
-Holders are kept as one bit mask per block id (bit r: replica r holds it), so a prefix scan
-costs one dict lookup per block for all replicas together.
+The approximate beliefs keep one bit mask of holders per block id (bit r: replica r holds
+it), so a prefix scan costs one dict lookup per block for all replicas together; the exact one
+keeps a set per replica, since each event changes one replica.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import heapq
 import math
 from collections import Counter, OrderedDict, deque
 from collections.abc import Iterable
-from itertools import groupby, repeat
+from itertools import groupby, islice, repeat, takewhile
 
 import numpy as np
 
@@ -33,6 +34,19 @@ def _bits(mask: int) -> Iterable[int]:
             yield r
         mask >>= 1
         r += 1
+
+
+def _link(first: dict[int, int], more: dict[int, set[int]], parent: int, b: int) -> None:
+    """Record ``b`` as a child of ``parent`` (``EventBelief``'s child links)."""
+    kid = first.get(parent)
+    if kid is None:
+        first[parent] = b
+    elif kid != b:
+        kids = more.get(parent)
+        if kids is None:
+            more[parent] = {b}
+        else:
+            kids.add(b)
 
 
 def consecutive_prefixes(ids: list[int], holders: dict[int, int], n: int) -> list[int]:
@@ -60,11 +74,10 @@ class CacheBelief:
 
     def __init__(self, n: int) -> None:
         self.n = n
-        self.holders: dict[int, int] = {}  # block id -> replicas believed to hold it (bits)
 
     def overlaps(self, ids: np.ndarray, now: float) -> list[int]:
         """Believed cached prefix of ``ids`` on each replica, in blocks."""
-        return consecutive_prefixes(ids.tolist(), self.holders, self.n)
+        raise NotImplementedError
 
     def sizes(self) -> list[int]:
         """Blocks the view holds per replica."""
@@ -86,7 +99,19 @@ class CacheBelief:
         return False
 
 
-class TreeBelief(CacheBelief):
+class MaskBelief(CacheBelief):
+    """A view kept as one bit mask of holders per block id (bit r: replica r), so a prefix
+    scan costs one dict lookup per block for all replicas together."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__(n)
+        self.holders: dict[int, int] = {}  # block id -> replicas believed to hold it (bits)
+
+    def overlaps(self, ids: np.ndarray, now: float) -> list[int]:
+        return consecutive_prefixes(ids.tolist(), self.holders, self.n)
+
+
+class TreeBelief(MaskBelief):
     """SGLang's approximate radix tree (``ApproxTree``). Ids are chained, so a worker's
     part of the tree is the set of block ids routed to it (closed under prefixes); a leaf is
     a block with no child routed to that worker. Each insert stamps the whole path with one
@@ -161,7 +186,7 @@ class TreeBelief(CacheBelief):
                     heapq.heappush(heap, (stamp[p], p))
 
 
-class PodLRUBelief(CacheBelief):
+class PodLRUBelief(MaskBelief):
     """llm-d's approximate prefix index (``PodLRU``): per pod an LRU of block hashes; the
     scan counts, per pod, the blocks it holds before the first block no pod holds."""
 
@@ -206,7 +231,7 @@ class PodLRUBelief(CacheBelief):
                 del holders[b]
 
 
-class TTLBelief(CacheBelief):
+class TTLBelief(MaskBelief):
     """Dynamo's approximate index (``ApproxTTL``): routed blocks expire ``ttl_s`` after
     their last routing; above ``max_blocks`` (all workers together; 0: no bound) the entries
     expiring first are pruned to ``prune_ratio * max_blocks``."""
@@ -263,14 +288,18 @@ class EventBelief(CacheBelief):
     emitted (in emission order). With ``lag_s = 0`` it equals the engines' GPU contents.
     ``drop_orphans`` (Dynamo 1.6's radix index): a stored chain whose parent the index does
     not hold for that worker is dropped ("Failed to find parent block; skipping store
-    operation"), and a removed block takes its descendants with it for that worker."""
+    operation"), and a removed block takes its descendants with it for that worker.
+
+    An event changes one replica, so each replica's blocks are a set of its own: an event is
+    a set operation in C (the engines report about a thousand blocks per request under
+    pressure), and an overlap scan per replica stops at its first miss."""
 
     def __init__(self, n: int, spec: KVEvents) -> None:
         super().__init__(n)
         self.lag = float(spec.lag_s)
         self.orphans = bool(spec.drop_orphans)
         self.pending: deque[tuple[float, int, bool, list[int], int | None]] = deque()
-        self.size = [0] * n
+        self.held: list[set[int]] = [set() for _ in range(n)]
         # drop_orphans: per replica, block -> the first block stored right after it, and the
         # others when a block has more than one (a branch): most blocks have one child
         self.first_child: list[dict[int, int]] = [{} for _ in range(n)]
@@ -281,12 +310,24 @@ class EventBelief(CacheBelief):
     def wants_events(self) -> bool:
         return True
 
+    @property
+    def holders(self) -> dict[int, int]:
+        """Block id -> the replicas holding it (bit r: replica r), built on each call."""
+        out: dict[int, int] = {}
+        for r, held in enumerate(self.held):
+            bit = 1 << r
+            for b in held:
+                out[b] = out.get(b, 0) | bit
+        return out
+
     def sizes(self) -> list[int]:
-        return list(self.size)
+        return [len(h) for h in self.held]
 
     def overlaps(self, ids: np.ndarray, now: float) -> list[int]:
         self._deliver(now)
-        return super().overlaps(ids, now)
+        xs = ids.tolist()
+        return [len(list(takewhile(h.__contains__, xs))) if xs and xs[0] in h else 0
+                for h in self.held]
 
     def stored(self, replica: int, ids: np.ndarray, now: float,
                parent: int | None = None) -> None:
@@ -316,61 +357,37 @@ class EventBelief(CacheBelief):
                 self._store_linked(r, ids, parent)
             else:
                 self._forget_subtrees(r, ids)
-            return
-        holders, bit = self.holders, 1 << r
-        get = holders.get
-        size = 0
-        if stored:
-            for b in ids:
-                m = get(b, 0)
-                if not m & bit:
-                    holders[b] = m | bit
-                    size += 1
+        elif stored:
+            self.held[r].update(ids)
         else:
-            clear = ~bit
-            for b in ids:
-                m = get(b, 0)
-                if m & bit:
-                    size -= 1
-                    m &= clear
-                    if m:
-                        holders[b] = m
-                    else:
-                        del holders[b]
-        self.size[r] += size
+            self.held[r].difference_update(ids)
 
     def _store_linked(self, r: int, ids: list[int], parent: int | None) -> None:
         """Store the chain ``ids`` after ``parent`` unless the index lacks that parent (then
         the whole chain is dropped: each block's own parent is the one stored before it, so
-        only the first can be missing)."""
-        holders, bit, first, more = (self.holders, 1 << r, self.first_child[r],
-                                     self.more_children[r])
-        get, first_get = holders.get, first.get
+        only the first can be missing). Every block is linked from the one before it, held
+        before or not."""
+        held, first, more = self.held[r], self.first_child[r], self.more_children[r]
         if parent is not None and parent >= 0:
-            if not get(parent, 0) & bit:
+            if parent not in held:
                 self.dropped += len(ids)
                 return
             prev = parent
         else:
             prev = -1
-        size = 0
-        for b in ids:
-            m = get(b, 0)
-            if not m & bit:
-                holders[b] = m | bit
-                size += 1
+        size = len(held)
+        held.update(ids)
+        if len(held) - size == len(ids):
+            # distinct and all new (the engines report only changes): a block r did not
+            # hold has no links (only held blocks have), so the chain's links are set in C
+            first.update(zip(ids, islice(ids, 1, None), strict=False))
             if prev >= 0:
-                kid = first_get(prev)
-                if kid is None:
-                    first[prev] = b
-                elif kid != b:
-                    kids = more.get(prev)
-                    if kids is None:
-                        more[prev] = {b}
-                    else:
-                        kids.add(b)
+                _link(first, more, prev, ids[0])
+            return
+        for b in ids:
+            if prev >= 0:
+                _link(first, more, prev, b)
             prev = b
-        self.size[r] += size
 
     def _forget_subtrees(self, r: int, ids: list[int]) -> None:
         """Remove ``ids`` and every block stored below them for ``r``. The blocks removed are
@@ -378,27 +395,33 @@ class EventBelief(CacheBelief):
         a held block has links (``_store_linked`` links from the parent it checked and the
         blocks it stores; a removal takes the block's links with it), so a block ``r`` does
         not hold ends its branch of the walk."""
-        holders, bit = self.holders, 1 << r
-        get, first_pop, more_pop, clear = (holders.get, self.first_child[r].pop,
-                                           self.more_children[r].pop, ~(1 << r))
-        stack = list(ids)
-        removed = 0
+        held, first_pop, more = self.held[r], self.first_child[r].pop, self.more_children[r]
+        more_pop = more.pop
+        # The held ids go first, in C (a block r does not hold has no links: it adds
+        # nothing); the walk goes on from their children outside them (a removed block's
+        # chain child is usually the next id, already gone)
+        hit = list(filter(held.__contains__, ids))
+        if not hit:
+            return
+        kids = list(map(first_pop, hit, repeat(None)))
+        held.difference_update(hit)
+        if kids[:-1] == hit[1:]:
+            stack = [] if kids[-1] is None else [kids[-1]]
+        else:
+            stack = [k for k in kids if k is not None]
+        if more and any(map(more.__contains__, hit)):
+            for x in hit:
+                extra = more_pop(x, None)
+                if extra:
+                    stack.extend(extra)
         while stack:
             x = stack.pop()
-            m = get(x, 0)
-            if not m & bit:
+            if x not in held:
                 continue
-            m &= clear
-            if m:
-                holders[x] = m
-            else:
-                del holders[x]
-            removed += 1
+            held.remove(x)
             kid = first_pop(x, None)
             if kid is not None:
                 stack.append(kid)
                 kids = more_pop(x, None)
                 if kids:
                     stack.extend(kids)
-        self.size[r] -= removed
-
