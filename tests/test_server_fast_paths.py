@@ -27,11 +27,10 @@ from policies.eviction import WrappedStart
 from sim.config import RunConfig
 from sim.engines import SGLangServer, engine_class
 from sim.engines.base import EngineBase
-from sim.kvcache import CapacityError, RadixKVCache
+from sim.kvcache import RadixKVCache
 from sim.run import run
-from tests.chained import Universe
+from tests.cachepair import OPS, drive_pair
 from tests.enginekit import KitTrace
-from tests.test_speed_paths import OPS, counters, structure
 
 
 class PlainSGLang(SGLangServer):
@@ -108,7 +107,7 @@ def test_inlined_chains_plan_as_the_start_objects(start, granularity, ops) -> No
     slow = RadixKVCache(20, EvictionPolicy(order="lru", start=WrappedStart(start),
                                            granularity=granularity), debug=True)
     assert fast.policy.start is start and slow.policy.start is not start
-    _drive(fast, slow, ops, fused=False)
+    drive_pair(fast, slow, ops)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -116,49 +115,7 @@ def test_inlined_chains_plan_as_the_start_objects(start, granularity, ops) -> No
 def test_insert_and_lock_in_one_call(ops, preset) -> None:
     fused = RadixKVCache(20, preset, debug=True)
     apart = RadixKVCache(20, preset, debug=True)
-    _drive(fused, apart, ops, fused=True)
-
-
-def _drive(a: RadixKVCache, b: RadixKVCache, ops, fused: bool) -> None:
-    """The same prompts, ends and evictions on ``a`` and ``b``; identical step by step.
-    ``fused``: ``a`` inserts and locks in one call, ``b`` inserts, then locks."""
-    universe = Universe()
-    history: list[list[int]] = []
-    locked: list[tuple] = []
-    for kind, more, base, lock, n in ops:
-        if kind == 0:  # a prompt: maybe an earlier one cut, plus new blocks; room, insert
-            choices = (history[base % len(history)][: n % 8] if history else []) + more
-            history.append(choices)
-            ids = universe.prompt(choices)
-            results, handles = [], []
-            for i, cache in enumerate((a, b)):
-                room = cache.make_room(len(ids))
-                try:
-                    ins = cache.insert(ids, lock=fused and lock and i == 0)
-                except CapacityError:
-                    results.append((room.freed_blocks, None))
-                    continue
-                results.append((room.freed_blocks, room.holes_made,
-                                room.freed_ids().tolist(), ins.new_blocks, ins.filled_blocks))
-                if lock:
-                    if not (fused and i == 0):
-                        cache.lock(ins.node)
-                    handles.append(ins.node)
-            assert results[0] == results[1]
-            if len(handles) == 2:
-                locked.append(tuple(handles))
-        elif kind == 1 and locked:  # a request ends
-            x, y = locked.pop(base % len(locked))
-            a.unlock(x)
-            b.unlock(y)
-        else:
-            got = [(r.ok, r.freed_blocks, r.holes_made, r.freed_ids().tolist())
-                   for r in (a.evict(n), b.evict(n))]
-            assert got[0] == got[1]
-        assert counters(a) == counters(b)
-        assert structure(a) == structure(b)
-        assert sorted(x.serial for x in a.tree.leaves()) == \
-            sorted(x.serial for x in b.tree.leaves())
+    drive_pair(fused, apart, ops, fused=True)
 
 
 class _Prompt:
