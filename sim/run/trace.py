@@ -26,9 +26,11 @@ def trace_options(cfg: RunConfig) -> tuple:
     (``traces.cache.resolve_cache_dir``: ``$KVSIM_CACHE_DIR`` or ``~/.cache/kvsim``)."""
     from traces.cache import resolve_cache_dir
 
-    return (cfg.trace, cfg.trace_format, cfg.block_size, cfg.shared_prefix, cfg.max_context,
-            cfg.select, cfg.trace_draw_seed, cfg.lenient, resolve_cache_dir(cfg.trace_cache_dir),
-            cfg.rebuild_sessions)
+    return (cfg.traffic.trace, cfg.traffic.trace_format, cfg.cache.block_size,
+            cfg.traffic.shared_prefix, cfg.traffic.max_context,
+            cfg.traffic.select, cfg.trace_draw_seed, cfg.traffic.lenient,
+                resolve_cache_dir(cfg.traffic.trace_cache_dir),
+            cfg.traffic.rebuild_sessions)
 
 
 def load_run_trace(cfg: RunConfig):
