@@ -82,8 +82,7 @@ if engine:
 if scheduler:
     extra["scheduler"] = scheduler
 cfg = RunConfig.from_flat(trace=trace, max_context=int(max_ctx), gpu_cache=int(cache),
-                          sessions=sessions,
-                gaps=gaps, profile=profile or None, **extra)
+                          sessions=sessions, gaps=gaps, profile=profile or None, **extra)
 cfg = cfg.with_preset(policy) if policy in PRESETS else cfg.with_policy(policy)
 t0 = time.perf_counter(); tr = load_run_trace(cfg); t_load = time.perf_counter() - t0
 c0 = time.process_time(); t0 = time.perf_counter(); res = run(cfg, tr)

@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     from sim.run import load_run_trace, run
 
     base = RunConfig.from_flat(trace=args.trace, replay="open", gpu_cache=1 << 20,
-                     max_context=131072).with_preset("sglang")
+                               max_context=131072).with_preset("sglang")
     trace = load_run_trace(base)
     variants = [("single", base)] + [
         (r, base.with_fields(replicas=args.replicas, router=r)) for r in args.routers.split(",")]

@@ -301,7 +301,7 @@ class KvsimScheduler:
 
         cfg = RunConfig.from_flat(gpu_cache=capacity_blocks * block_size, block_size=block_size,
                         chunk_size=chunk_size, max_new_tokens=max_new, scheduler=scheduler,
-                        profile="derived-h100-qwen3-8b").with_preset("sglang")
+                                  profile="derived-h100-qwen3-8b").with_preset("sglang")
         self.env = simpy.Environment()
         self.cache = RadixKVCache(capacity_blocks, cfg.make_policy(), debug=True,
                                   block_size=block_size)

@@ -399,7 +399,7 @@ class RunConfig:
     @property
     def policy_label(self) -> str:
         """The policy's name in tables and output folders (``PolicyConfig.label``)."""
-        return self.policy.label
+        return self.make_policy().label
 
     @property
     def policy_field(self) -> str:
@@ -518,7 +518,7 @@ class RunConfig:
         if p.policy_params and p.policy is None:
             raise bad("policy_params", "only a 'policy' takes parameters")
         try:
-            p.make()
+            self.make_policy()
         except PolicyError as e:
             raise bad(chosen[0].split("/")[0] if chosen else "policy", str(e)) from None
 

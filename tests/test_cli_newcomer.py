@@ -498,7 +498,7 @@ def test_policy_context_lists_the_sessions_with_their_parents(monkeypatch) -> No
     monkeypatch.setattr(EvictionPolicy, "bind",
                         lambda self, ctx: (bound.append(ctx), setattr(self, "context", ctx)))
     cfg = RunConfig.from_flat(trace="synthetic:claude-code?sessions=16", gpu_cache=256 * 1024,
-                    preset="penelope")
+                              preset="penelope")
     run(cfg)
     trace = load_run_trace(cfg)
     (ctx,) = bound
@@ -519,7 +519,7 @@ def test_fleet_replicas_policies_see_the_sessions_too(monkeypatch) -> None:
     monkeypatch.setattr(EvictionPolicy, "bind",
                         lambda self, ctx: (bound.append(ctx), setattr(self, "context", ctx)))
     run(RunConfig.from_flat(trace="synthetic:claude-code?sessions=8", gpu_cache=256 * 1024,
-                  preset="penelope", replicas=2, router="round-robin"))
+                            preset="penelope", replicas=2, router="round-robin"))
     assert len(bound) == 2 and all(len(ctx.sessions) > 8 for ctx in bound)
 
 

@@ -149,7 +149,7 @@ def test_config_refuses_what_is_not_modelled() -> None:
 
 def test_unified_tiers_with_drops() -> None:
     s = run(synthetic("drop:4").with_fields(gpu_cache=65536, cpu_cache=32768,
-                    tiering="unified")).summary
+                                            tiering="unified")).summary
     assert s["context_dropped_tokens"] > 0 and s["requests"] > 0
 
 
@@ -299,6 +299,6 @@ def test_a_drop_blocked_by_another_running_request_keeps_the_cache_sound() -> No
             return np.full(len(self.finish_block_ids(r)), U, np.uint8)
 
     cfg = RunConfig.from_flat(gpu_cache=1 << 16, sessions=2, max_new_tokens=64, debug_cache=True,
-                    context="budget:1024").with_preset("penelope")
+                              context="budget:1024").with_preset("penelope")
     s = run(cfg, Shared()).summary
     assert s["requests"] == 4 and s["context_edits_blocked"] >= 1

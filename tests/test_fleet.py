@@ -41,7 +41,7 @@ REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "docs" / "examples" / "prefix_or_least_load.py"
 SIMPLE = ("round-robin", "random", "least-load", "power-of-two", "session-affinity")
 BASE = RunConfig.from_flat(trace="synthetic:claude-code?sessions=8", max_context=65536, gaps="tool",
-                 gpu_cache=65536, sessions=4)
+                           gpu_cache=65536, sessions=4)
 # Totals that add up over replicas (counts, tokens, seconds of work).
 ADDITIVE = ("requests", "dropped_requests", "prompt_tokens", "recomputed_tokens",
             "new_tokens", "hole_tokens", "decoded_tokens", "evictions", "evicted_tokens",
@@ -199,7 +199,7 @@ def test_event_index_follows_the_device_nodes_a_hicache_load_deletes():
     # Their ids are in the load's result now, so they are removed events (before: only a
     # count, and the index over-believed them: 1.9% of decisions wrong, +415 tokens).
     cfg = BASE.with_fields(trace="synthetic:claude-code?sessions=16", router="dynamo-kv",
-                  replicas=2, sessions=16, gpu_cache=65536, cpu_cache=65536,
+                           replicas=2, sessions=16, gpu_cache=65536, cpu_cache=65536,
                   tiering="hicache", hicache_write_policy="write_back").with_preset("sglang")
     res = run(cfg)
     s = res.summary

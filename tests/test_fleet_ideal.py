@@ -18,7 +18,7 @@ from sim.run import run
 
 BASE = RunConfig.from_flat(trace="synthetic:claude-code?sessions=12", max_context=65536,
                            gaps="tool",
-                 gpu_cache=1 << 17, sessions=6)
+                           gpu_cache=1 << 17, sessions=6)
 
 
 def fleet(router: str, pool: int = 0, policy: str = "penelope", **kw) -> RunConfig:
@@ -76,7 +76,7 @@ def test_no_request_hits_above_either_ideal(replicas, router, policy, pool, writ
     # landed were missing from the replica's ideal, hit_rate 0.73 beside ideal 0.30).
     cfg = BASE.with_fields(trace="synthetic:claude-code?sessions=8", max_context=32768,
                   gpu_cache=gpu, cpu_cache=cpu, replicas=replicas, router=router, pool=pool,
-                  pool_write=write, replay=replay, seed=seed, sessions=4)
+                           pool_write=write, replay=replay, seed=seed, sessions=4)
     res = run(cfg.with_preset(policy))
     t = res.requests[~res.requests["dropped"].astype(bool)]
     hit, routed, ideal = (t[c].to_numpy() for c in

@@ -21,7 +21,7 @@ from sim.run import run
 REPO = Path(__file__).resolve().parent.parent
 TRACE = "synthetic:claude-code?sessions=8"
 BASE = RunConfig.from_flat(trace=TRACE, max_context=32768, gaps="tool", gpu_cache=49152, sessions=6,
-                 replicas=2, router="dynamo-kv?version=classic")
+                           replicas=2, router="dynamo-kv?version=classic")
 
 
 def truth(engine) -> set[int]:

@@ -18,9 +18,9 @@ from sim.studies import fleet as exp_fleet
 
 FIELD = ("sglang-cache-aware", "dynamo-kv", "llm-d", "mooncake", "preble")
 BASE = RunConfig.from_flat(trace="synthetic:claude-code?sessions=8", max_context=65536, gaps="tool",
-                 gpu_cache=65536, sessions=6, replicas=3).with_preset("penelope")
+                           gpu_cache=65536, sessions=6, replicas=3).with_preset("penelope")
 GROUPS = RunConfig.from_flat(trace="synthetic:prefix-groups?groups=6&users=4&turns=2&qps=8..24",
-                   replay="open", gpu_cache=16384, replicas=3).with_preset("sglang")
+                             replay="open", gpu_cache=16384, replicas=3).with_preset("sglang")
 
 
 @pytest.mark.parametrize("router", FIELD)
@@ -66,7 +66,7 @@ def test_llmd_believes_at_most_its_hashed_prefix():
     # without autoTune llm-d hashes only the first 256 x 16 = 4,096 tokens: on long agent
     # prompts its belief falls short of the truth, and it is wrong on most decisions
     res = run(BASE.with_fields(router="llm-d", gpu_cache=32768,
-                      router_params={"auto_tune": False}))
+                               router_params={"auto_tune": False}))
     s = res.summary
     assert s["evicted_tokens"] > 0
     assert s["belief_bias_mean_tokens"] < 0 and s["belief_wrong_share"] > 0.5
@@ -77,7 +77,7 @@ def test_kv_event_routers_see_the_truth_without_lag(router):
     s = run(BASE.with_fields(router=router, gpu_cache=32768)).summary
     assert s["evicted_tokens"] > 0 and s["belief_error_mean_tokens"] == 0.0
     lagged = run(BASE.with_fields(router=router, gpu_cache=32768,
-                         router_params={"event_lag_s": 20.0})).summary
+                                  router_params={"event_lag_s": 20.0})).summary
     assert lagged["belief_wrong_share"] > 0
 
 
@@ -88,7 +88,7 @@ def test_dynamo_16_index_loses_what_follows_a_freed_head():
     s = run(BASE.with_fields(router="dynamo-kv", gpu_cache=32768)).summary
     assert s["evicted_tokens"] > 0 and s["belief_bias_mean_tokens"] < 0
     tail = run(BASE.with_preset("sglang").with_fields(router="dynamo-kv",
-                       gpu_cache=32768)).summary
+                                                      gpu_cache=32768)).summary
     assert tail["evicted_tokens"] > 0 and tail["belief_error_mean_tokens"] == 0.0
 
 
@@ -106,7 +106,7 @@ def test_sglang_cache_aware_113_spreads_a_shared_prefix_fleet_the_19_rule_piles(
     assert min(p["requests"] for p in new["replica_summaries"]) > 0
     assert new["load_cv_requests"] < old["load_cv_requests"]
     low = run(cfg.with_fields(router_params={"version": "1.9", "balance_abs_threshold": 1,
-                                          "balance_rel_threshold": 1.0})).summary
+                              "balance_rel_threshold": 1.0})).summary
     assert min(p["requests"] for p in low["replica_summaries"]) > 0
 
 

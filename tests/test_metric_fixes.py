@@ -46,7 +46,7 @@ def test_evicted_tokens_count_every_deletion(monkeypatch, tiers: dict) -> None:
     preset = "sglang" if tiers.get("tiering") == "hicache" else "penelope"
     spy = DeletionSpy(monkeypatch)
     s = run(RunConfig.from_flat(**SYNTH, **tiers, scheduler="lpm-cpu" if "cpu_cache" in tiers
-                      else "lpm").with_preset(preset)).summary
+                                else "lpm").with_preset(preset)).summary
     assert spy.blocks > 0
     assert s["evicted_tokens"] == spy.blocks * 64
 
@@ -60,7 +60,7 @@ def test_a_resent_prompt_loads_only_what_it_reuses(tiering: str) -> None:
 
     trace = KitTrace([[(6400, 1, 0.0), (6400, 1, 30.0)], [(6400, 1, 0.0)]])
     cfg = RunConfig.from_flat(gpu_cache=8192, cpu_cache=16384, tiering=tiering, sessions=2,
-                    max_new_tokens=16, scheduler="lpm-cpu").with_preset("sglang")
+                              max_new_tokens=16, scheduler="lpm-cpu").with_preset("sglang")
     res = run(cfg, trace)
     resend = res.requests.set_index("request").loc[1]
     assert resend.hit_gpu_tokens == 0
@@ -102,7 +102,7 @@ def test_decode_copies_delay_the_decode_run_not_the_next_batch() -> None:
     # pushing 16 of A's blocks out (16 d2h), and computes one new block.
     trace = KitTrace([[(4096, 1, 0.0), (4160, 1, 100.0)], [(1024, 2000, 0.0)]])
     cfg = RunConfig.from_flat(gpu_cache=6144, cpu_cache=8192, tiering="unified", sessions=2,
-                    max_new_tokens=16, scheduler="lpm-cpu").with_preset("penelope")
+                              max_new_tokens=16, scheduler="lpm-cpu").with_preset("penelope")
     res = run(cfg, trace)
     req = res.requests.set_index("request")
     a, b1 = req.loc[2], req.loc[1]

@@ -196,7 +196,7 @@ def pd_runs(draw, engine: str = "sglang"):
         pd_prealloc=draw(st.sampled_from(["on", "off"])))
     if engine == "vllm":  # what vLLM's connector path does (the rest is refused)
         return cfg.with_fields(engine="vllm", preset="vllm", pd_prealloc="on", pd_return="none",
-                       vllm_async=draw(st.booleans())), KitTrace(sessions)
+                               vllm_async=draw(st.booleans())), KitTrace(sessions)
     streaming = draw(st.booleans()) and cfg.pd.pd_link != "ideal"
     return cfg.with_fields(pd_streaming="layer" if streaming else "off"), KitTrace(sessions)
 
@@ -283,8 +283,8 @@ def test_a_decode_worker_short_of_memory_never_idles_with_work(engine, prealloc)
     requests wait in the prealloc queue instead."""
     cfg = RunConfig.from_flat(trace="synthetic:claude-code?sessions=8", max_context=65536,
                               gaps="tool",
-                    gpu_cache=98304, sessions=3, prefill_replicas=2, decode_replicas=1,
-                    engine=engine, preset=engine, debug_cache=True, pd_prealloc=prealloc)
+                              gpu_cache=98304, sessions=3, prefill_replicas=2, decode_replicas=1,
+                              engine=engine, preset=engine, debug_cache=True, pd_prealloc=prealloc)
     res = run(cfg)
     s = res.summary
     assert s["requests"] == len(res.requests) > 0
@@ -319,8 +319,8 @@ def test_a_cache_aware_router_sees_the_prefill_pools_caches():
     scatters them and loses most of the reuse."""
     cfg = RunConfig.from_flat(trace="synthetic:claude-code?sessions=8", max_context=32768,
                               gaps="tool",
-                    gpu_cache=65536, sessions=4, prefill_replicas=2, decode_replicas=1,
-                    preset="sglang")
+                              gpu_cache=65536, sessions=4, prefill_replicas=2, decode_replicas=1,
+                              preset="sglang")
     rr = run(cfg.with_fields(router="round-robin")).summary
     kv = run(cfg.with_fields(router="dynamo-kv")).summary
     assert kv["hit_rate"] > rr["hit_rate"] + 0.2

@@ -228,7 +228,7 @@ def test_events_reach_the_policy_in_order(monkeypatch, cls) -> None:
     real = RunConfig.make_policy
 
     def spy(self):
-        p = cls() if self.policy == "spy" else real(self)
+        p = cls() if self.policy.policy == "spy" else real(self)
         made.append(p)
         return p
 

@@ -97,7 +97,7 @@ def test_write_back_keeps_every_block_a_replica_drops_entirely(pools, monkeypatc
     if tiering.startswith("write"):
         kw = dict(cpu_cache=16384, tiering="hicache", hicache_write_policy=tiering)
     cfg = BASE.with_fields(router=router, pool_write="write-back", gpu_cache=32768, sessions=8,
-                  **kw)
+                           **kw)
     res = run(cfg.with_preset(policy))
     (fp,) = pools
     dropped = 0
@@ -126,7 +126,7 @@ def test_a_pool_smaller_than_a_prompt_is_noted():
 
 def test_lookups_behind_a_cpu_prefix_are_counted_and_noted():
     res = run(BASE.with_fields(gpu_cache=24576, cpu_cache=32768, tiering="unified",
-                      sessions=8).with_preset("penelope"))
+                               sessions=8).with_preset("penelope"))
     s = res.summary
     assert s["pool_behind_cpu_lookups"] > 0 and s["pool_behind_cpu_tokens"] > 0
     assert s["pool_lookups"] >= s["pool_behind_cpu_lookups"]

@@ -30,7 +30,7 @@ def test_one_vllm_preemption_shows_up() -> None:
     # computes positions 896..1281: 896..1280 are redone, 1280 (its last output) is new.
     trace = KitTrace([[(640, 1000, 0.0)], [(640, 1000, 0.0)]])
     c = RunConfig.from_flat(engine="vllm", gpu_cache=40 * BS, sessions=2, debug_cache=True,
-                  profile=PROF.name).with_preset("vllm")
+                            profile=PROF.name).with_preset("vllm")
     res = run(c, trace)
     a, b = _row(res, "s0"), _row(res, "s1")
     assert b.retractions == 1 and a.retractions == 0
@@ -51,7 +51,7 @@ def test_one_sglang_retraction_shows_up() -> None:
     # computes every one of those positions again.
     trace = KitTrace([[(1000, 200, 0.0)] for _ in range(8)])
     c = RunConfig.from_flat(gpu_cache=136 * BS, sessions=8, debug_cache=True, profile=PROF.name,
-                  max_new_tokens=1).with_preset("sglang")
+                            max_new_tokens=1).with_preset("sglang")
     res = run(c, trace)
     s7 = _row(res, "s7")
     assert s7.retractions >= 1

@@ -25,9 +25,9 @@ def _run(context: str, seed: int, cache: int, preset: str, sessions: int):
         preset = "vllm" if preset == "sglang" else preset
     cfg = RunConfig.from_flat(trace=f"synthetic:claude-code?sessions=6&seed={seed}",
                               max_context=65536,
-                    gaps="tool", gpu_cache=cache, sessions=sessions, model="qwen3-8b",
-                    profile="derived-h100-qwen3-8b", context=context, engine=engine,
-                    scheduler="fcfs").with_policy(preset)
+                              gaps="tool", gpu_cache=cache, sessions=sessions, model="qwen3-8b",
+                              profile="derived-h100-qwen3-8b", context=context, engine=engine,
+                              scheduler="fcfs").with_policy(preset)
     return run(cfg).requests
 
 

@@ -46,7 +46,7 @@ def _grid() -> dict[str, RunConfig]:
     for start in ("tail", "leaf-head", "private-head"):
         for gran in ("node", "block"):
             out[f"gpu/{start}/{gran}"] = RunConfig.from_flat(**SYNTH, preset=None, evict=start,
-                                                   granularity=gran)
+                                                             granularity=gran)
     fcfs = dict(SYNTH, scheduler="fcfs")
     out["gpu/penelope/fcfs"] = RunConfig.from_flat(**fcfs).with_preset("penelope")
     out["gpu/sglang/fcfs"] = RunConfig.from_flat(**fcfs).with_preset("sglang")
@@ -60,7 +60,7 @@ def _grid() -> dict[str, RunConfig]:
     for wp in ("write_through", "write_through_selective", "write_back"):
         for p in ("sglang", "vllm"):
             out[f"hicache/{wp}/{p}"] = RunConfig.from_flat(**tier, tiering="hicache",
-                                                 hicache_write_policy=wp).with_preset(p)
+                                                           hicache_write_policy=wp).with_preset(p)
     # vLLM engine (fcfs, its only order) on traffic that preempts: the synchronous Scheduler
     # (saved as main computed it before async scheduling existed) and the async default.
     vllm = dict(SYNTH, trace="synthetic:claude-code?sessions=16&seed=3", gaps="cap:10",

@@ -40,7 +40,7 @@ def test_repeats_are_the_mean_of_runs_with_seeds_seed_to_seed_plus_n() -> None:
     # the random router differs between seeds, the trace does not
     assert len({s["ttft_mean_s"] for s in one}) == 3
     assert len({s["trace_requests"] for s in one}) == 1
-    again = run(cfg.__class__(**FLEET, seed=5, repeats=3))
+    again = run(cfg.__class__.from_flat(**FLEET, seed=5, repeats=3))
     assert again.summary == rep.summary  # identical seeds: identical results
 
 

@@ -17,7 +17,7 @@ from traces.prefix_groups import generate
 
 FAST = RunConfig.from_flat(
     trace="synthetic:prefix-groups?groups=3&users=8&turns=2&qps=60&prefix=1024",
-    replay="open", gpu_cache=65536).with_preset("sglang")
+                           replay="open", gpu_cache=65536).with_preset("sglang")
 
 
 def peak_in_flight(t) -> int:

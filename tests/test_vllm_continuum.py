@@ -292,7 +292,7 @@ def test_reproduce_policies_on_vllm_rows_per_load_and_variant():
         assert ("pins" in r) == (r["policy"] in ("continuum", "continuum-fixed", "pins"))
     # the p90 is taken over the same jobs as the summary's mean
     cfg = RunConfig.from_flat(trace="synthetic:claude-code?sessions=6", engine="vllm", sessions=4,
-                    gpu_cache=98304, max_context=65536).with_preset("vllm")
+                              gpu_cache=98304, max_context=65536).with_preset("vllm")
     res = run(cfg)
     assert job_times(res.requests).mean() == pytest.approx(res.summary["jct_mean_s"])
 

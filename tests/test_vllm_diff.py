@@ -261,8 +261,8 @@ def test_vllm_diff_engine_kit_trace(monkeypatch) -> None:
     for (cache, budget), asynchronous in itertools.product(((8000, 8192), (9000, 2048)),
                                                           (False, True)):
         cfg = RunConfig.from_flat(engine="vllm", gpu_cache=cache, sessions=3, chunk_size=budget,
-                        profile="derived-h100-qwen3-8b",
-                        vllm_async=asynchronous).with_preset("vllm")
+                                  profile="derived-h100-qwen3-8b",
+                                  vllm_async=asynchronous).with_preset("vllm")
         ops = engine_lockstep(monkeypatch, cfg, trace)
         print(f"engine kit {cache}/{budget} async {asynchronous}: {ops['ops']} ops compared")
         assert ops["requests"] == len(trace) and ops["retractions"] > 0 and ops["evicted"] > 0
@@ -275,7 +275,7 @@ def test_vllm_diff_engine_synthetic(monkeypatch) -> None:
 
     cfg = RunConfig.from_flat(engine="vllm", trace="synthetic:claude-code?sessions=6",
                               max_context=32768,
-                    gpu_cache=49152, sessions=4, gaps="tool").with_preset("vllm")
+                              gpu_cache=49152, sessions=4, gaps="tool").with_preset("vllm")
     ops = engine_lockstep(monkeypatch, cfg, None)
     print(f"engine synthetic: {ops['ops']} ops compared")
     assert ops["evicted"] > 0 and ops["hit"] > 0
@@ -293,9 +293,9 @@ def test_vllm_diff_engine_cc_traces(monkeypatch, decode_runs: bool, select: int)
 
     monkeypatch.setattr(VllmServer, "decode_runs", decode_runs)
     cfg = RunConfig.from_flat(engine="vllm", trace=str(CC_TRACES), select=f"top-requests:{select}",
-                    shared_prefix=15974, max_context=32768, gpu_cache=65536 // 6 * select,
-                    sessions=min(4, select), gaps="cap:10",
-                    chunk_size=4096).with_preset("vllm")
+                              shared_prefix=15974, max_context=32768, gpu_cache=65536 // 6 * select,
+                              sessions=min(4, select), gaps="cap:10",
+                              chunk_size=4096).with_preset("vllm")
     ops = engine_lockstep(monkeypatch, cfg, None)
     print(f"engine cc-traces ({'runs' if decode_runs else 'steps'}): {ops['ops']} ops compared")
     assert ops["evicted"] > 0 and ops["hit"] > 0

@@ -435,7 +435,7 @@ def test_sweep_points_keep_their_ids_and_the_patch_is_a_grid_key(tmp_path) -> No
     # ids computed by the code before vllm_patch existed
     # (sync vLLM points: async ones get new ids, their results moved)
     assert point_id(RunConfig.from_flat(engine="vllm", preset="penelope", gpu_cache=98304,
-                              vllm_async=False)) == "27ea1e0cbedf"
+                                        vllm_async=False)) == "27ea1e0cbedf"
     assert point_id(RunConfig()) == "90411c5a0aae"
     cfg = tmp_path / "s.yaml"
     cfg.write_text("base: {engine: vllm, preset: penelope, gpu_cache: 96k, vllm_async: off}\n"

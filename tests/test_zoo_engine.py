@@ -202,8 +202,8 @@ def test_ttl_open_loop_pins_only_the_latest_replies(monkeypatch) -> None:
 
     monkeypatch.setattr(TTLPinning, "on_reply", spy)
     res = run(RunConfig.from_flat(trace="synthetic:claude-code?sessions=16", policy="ttl?tau_s=5",
-                        scheduler="program-fcfs", replay="open", gpu_cache=65536,
-                        max_context=65536, debug_cache=True))
+                                  scheduler="program-fcfs", replay="open", gpu_cache=65536,
+                                  max_context=65536, debug_cache=True))
     assert res.summary["requests"] > 0
     assert wrong == []
 

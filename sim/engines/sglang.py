@@ -90,15 +90,13 @@ class SGLangServer(EngineBase):
     def build(cls, env: simpy.Environment, cfg: RunConfig, spec: ModelSpec, profile: Profile,
               policy: EvictionPolicy, recorder: RunRecorder) -> SGLangServer:
         tiers = {}
-        if cfg.cache.cpu_cache:
-            tiers = dict(cpu_capacity_blocks=cfg.cache.cpu_cache // cfg.cache.block_size,
-                         tiering=cfg.cache.tiering,
-                             swap_buffer_blocks=cfg.cache.swap_buffer // cfg.cache.block_size,
-                         write_policy=cfg.cache.hicache_write_policy,
-                         load_threshold_tokens=cfg.cache.hicache_load_threshold,
-                         block_size=cfg.cache.block_size)
-        cache = RadixKVCache(cfg.cache.gpu_cache // cfg.cache.block_size, policy,
-                             debug=cfg.debug_cache,
+        c = cfg.cache
+        if c.cpu_cache:
+            tiers = dict(cpu_capacity_blocks=c.cpu_cache // c.block_size, tiering=c.tiering,
+                         swap_buffer_blocks=c.swap_buffer // c.block_size,
+                         write_policy=c.hicache_write_policy,
+                         load_threshold_tokens=c.hicache_load_threshold, block_size=c.block_size)
+        cache = RadixKVCache(c.gpu_cache // c.block_size, policy, debug=cfg.debug_cache,
                              versioned=parse_context(cfg.context.strategy).drops, **tiers)
         return cls(env, cfg, spec, profile, cache, get_scheduler(cfg.policy.scheduler), recorder)
 
@@ -114,6 +112,7 @@ class SGLangServer(EngineBase):
         self._decay = (k.new_token_ratio - k.new_token_ratio_min) / max(
             1, k.new_token_ratio_decay_steps)
         self.max_running = k.max_running or 1 << 30
+        self.max_new_tokens = cfg.traffic.max_new_tokens  # the clients' max_tokens
         self._new_limit = min(spec.max_context - 1, cache.capacity_blocks * self.bs - 1)
         # SGLang's running_batch.batch_is_full: set when an admission is refused for memory
         # while requests run; no admission is tried again until the running batch shrinks.
@@ -138,8 +137,8 @@ class SGLangServer(EngineBase):
     # --- helpers ------------------------------------------------------------------------
 
     def _max_new(self, req: Req) -> int:
-        if self.cfg.traffic.max_new_tokens is not None:
-            return self.cfg.traffic.max_new_tokens
+        if self.max_new_tokens is not None:
+            return self.max_new_tokens
         # Unset by the client: SGLang assumes everything up to the context / KV limit
         # (``_new_limit``: constant over a run, computed once).
         return max(1, self._new_limit - req.position_tokens - 1)
@@ -151,7 +150,7 @@ class SGLangServer(EngineBase):
         # Every pass reads it: one loop, no call per running request (= the sum of
         # _decode_reserve over the running batch).
         clip = self.knobs.clip_max_new_tokens
-        fixed = self.cfg.traffic.max_new_tokens
+        fixed = self.max_new_tokens
         limit = self._new_limit
         total = 0
         for r in self.running:

@@ -198,9 +198,9 @@ class VllmServer(EngineBase):
     @classmethod
     def build(cls, env: simpy.Environment, cfg: RunConfig, spec: ModelSpec, profile: Profile,
               policy: EvictionPolicy, recorder: RunRecorder) -> VllmServer:
-        pool = (cls.pool_class or BlockPool)(cfg.cache.gpu_cache // cfg.cache.block_size,
-                                             cfg.cache.block_size,
-                         free_order_name(policy), debug=cfg.debug_cache)
+        bs = cfg.cache.block_size
+        pool = (cls.pool_class or BlockPool)(cfg.cache.gpu_cache // bs, bs,
+                                             free_order_name(policy), debug=cfg.debug_cache)
         return cls(env, cfg, spec, profile, pool, policy, recorder)
 
     def __init__(self, env: simpy.Environment, cfg: RunConfig, spec: ModelSpec,

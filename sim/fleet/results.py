@@ -56,12 +56,11 @@ def build_pool(env: simpy.Environment, cfg, spec, profile, engines) -> FleetPool
     def recompute_seconds(ranges: list[tuple[int, int]]) -> float:
         return profile.recompute_seconds(ranges_units(spec, ranges))
 
-    return FleetPool(env, SharedPool(cfg.pool.size // cfg.cache.block_size, cfg.pool.pool_watermark,
-                                     cfg.pool.pool_evict_fraction),
-                     engines, cfg.cache.block_size, spec.kv_bytes_per_token * cfg.cache.block_size,
-                     cfg.pool.pool_bandwidth * 1e9, cfg.pool.pool_latency_us * 1e-6,
-                         cfg.pool.pool_write,
-                     recompute_seconds)
+    pool, bs = cfg.pool, cfg.cache.block_size
+    return FleetPool(env, SharedPool(pool.size // bs, pool.pool_watermark,
+                                     pool.pool_evict_fraction),
+                     engines, bs, spec.kv_bytes_per_token * bs, pool.pool_bandwidth * 1e9,
+                     pool.pool_latency_us * 1e-6, pool.pool_write, recompute_seconds)
 
 
 def pool_columns(table: pd.DataFrame, pool: FleetPool, bs: int) -> pd.DataFrame:

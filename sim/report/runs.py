@@ -40,7 +40,7 @@ def compare_runs(results: list[RunResult]) -> list[dict[str, Any]]:
         out.append({
             "policy": c.policy_label, "policy_spec": c.policy_spec, "engine": c.engine_label,
             "policy_params": c.policy.policy_params, "scheduler": c.policy.scheduler,
-                "tiering": c.cache.tiering,
+            "tiering": c.cache.tiering,
             "summary": r.summary,
             "change_vs_first": {k: change(first.get(k), r.summary.get(k)) for k in COMPARED},
         })

@@ -65,9 +65,9 @@ def replay(env: simpy.Environment, cfg: RunConfig, trace, front, context=None,
     """Send ``trace`` to ``front`` as ``cfg.replay`` says and run the clock until the last
     reply (both loops end with it). ``context``: a ``sim.context.ContextRun`` (None under
     ``full``); ``on_reply``: called once per trace request answered (an observer only)."""
-    driver = Replay(env, trace, front, trace.gaps(cfg.traffic.gaps),
-                    trace.start_offsets(cfg.traffic.gaps),
-                    cfg.traffic.sessions, cfg.traffic.time_scale, context, on_reply=on_reply,
-                    max_concurrency=cfg.traffic.max_concurrency)
-    env.run(until=env.process(driver.closed_loop() if cfg.traffic.replay == "closed"
+    t = cfg.traffic
+    driver = Replay(env, trace, front, trace.gaps(t.gaps), trace.start_offsets(t.gaps),
+                    t.sessions, t.time_scale, context, on_reply=on_reply,
+                    max_concurrency=t.max_concurrency)
+    env.run(until=env.process(driver.closed_loop() if t.replay == "closed"
                               else driver.open_loop()))

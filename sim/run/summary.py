@@ -21,7 +21,7 @@ def run_fields(cfg: RunConfig, policy: EvictionPolicy, profile, spec, trace,
         "policy": policy.label, "model": cfg.cache.model, "profile": profile.name,
         "profile_provenance": profile.provenance, "gpu_cache_tokens": cfg.cache.gpu_cache,
         "cpu_cache_tokens": cfg.cache.cpu_cache, "n_sessions": cfg.traffic.sessions,
-            "gaps": cfg.traffic.gaps,
+        "gaps": cfg.traffic.gaps,
         "scheduler": cfg.policy.scheduler, "engine": cfg.engine.name, "trace": trace.name,
         "trace_requests": len(trace),
         # --lenient: records and whole files the loader skipped

@@ -146,7 +146,7 @@ def configs(ctx: Context) -> list[tuple[dict[str, Any], RunConfig]]:
                 base = base.with_fields(select=SELECT)
             if ctx.quick:
                 base = base.with_fields(gpu_cache=QUICK_GPU_CACHE, max_context=QUICK_CONTEXT,
-                               select=None if ctx.is_synthetic else QUICK_SELECT)
+                                        select=None if ctx.is_synthetic else QUICK_SELECT)
             for name, spec in strategies(ctx.quick):
                 for ev in EVICTIONS:
                     out.append(({"strategy": name, "eviction": ev, "model": model,

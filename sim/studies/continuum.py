@@ -56,7 +56,7 @@ def configs(ctx: Context) -> tuple[list[tuple[int, str]], list[RunConfig]]:
     keys, cfgs = [], []
     for n in QUICK_LOADS if ctx.quick else LOADS:
         base = ctx.base(MODEL, n).with_fields(engine="vllm", scheduler="fcfs",
-                       checkpoint_chunks=True).with_preset("vllm")
+                                              checkpoint_chunks=True).with_preset("vllm")
         if not ctx.quick and not ctx.is_synthetic and n > 24:
             base = base.with_fields(select=f"top-requests:{n}")
         for label, patch in VARIANTS:

@@ -60,15 +60,15 @@ def workloads(ctx: Context) -> list[tuple[str, RunConfig]]:
     out.append(("cc-traces", cc))
     if MOONCAKE.is_file():
         moon = RunConfig.from_flat(trace=str(MOONCAKE), trace_format="mooncake", replay="open",
-                         model="qwen3-8b", gpu_cache=262144, scheduler="lpm",
-                         profile=ctx.profile("qwen3-8b"),
-                         select=QUICK_MOONCAKE_SELECT if ctx.quick else None)
+                                   model="qwen3-8b", gpu_cache=262144, scheduler="lpm",
+                                   profile=ctx.profile("qwen3-8b"),
+                                   select=QUICK_MOONCAKE_SELECT if ctx.quick else None)
         out.append(("mooncake", moon))
     else:
         ctx.notes.append(f"mooncake workload left out: {MOONCAKE} is absent")
     groups = RunConfig.from_flat(trace=QUICK_PREFIX_GROUPS if ctx.quick else PREFIX_GROUPS,
-                       replay="open", model="qwen3-8b", gpu_cache=PREFIX_GROUPS_GPU_CACHE,
-                       scheduler="lpm", profile=ctx.profile("qwen3-8b"))
+                                 replay="open", model="qwen3-8b", gpu_cache=PREFIX_GROUPS_GPU_CACHE,
+                                 scheduler="lpm", profile=ctx.profile("qwen3-8b"))
     out.append(("prefix-groups", groups))
     return out
 
@@ -81,7 +81,7 @@ def configs(ctx: Context) -> tuple[list[tuple[str, str, str, int]], list[RunConf
             for policy in POLICIES:
                 for router in ROUTERS:
                     cfg = base.with_preset(policy).with_fields(replicas=n, router=router,
-                                  sessions=per * n)
+                                                               sessions=per * n)
                     keys.append((name, router, policy, n))
                     cfgs.append(cfg)
     return keys, cfgs

@@ -84,8 +84,8 @@ def gpu_only(ctx: Context) -> list[dict[str, Any]]:
         for model in models:
             for n in ns:
                 base = ctx.base(model, n).with_fields(engine=case.engine,
-                               checkpoint_chunks=case.shape != "whole",
-                               scheduler=case.scheduler)
+                                                      checkpoint_chunks=case.shape != "whole",
+                                                      scheduler=case.scheduler)
                 for preset, p in ((case.baseline, "none"),
                                   *((x, case.patch) for x in case.compared)):
                     key = (case.engine, case.shape, model, n, preset, p)
@@ -169,7 +169,7 @@ def fcfs(ctx: Context) -> list[dict[str, Any]]:
     codex = "synthetic:codex?sessions=6" if ctx.quick else "synthetic:codex"
     for n in (3, 4):
         c = ctx.base("qwen3-8b", n).with_fields(trace=codex, select=None, shared_prefix=None,
-                    gaps="recorded")
+                                                gaps="recorded")
         cases.append((f"codex N={n}", c))
     # The 8B's cache and context cut, priced with the model's own profile.
     for model in ("gemma-3-27b", "llama-3.1-8b"):
@@ -190,7 +190,7 @@ def fcfs(ctx: Context) -> list[dict[str, Any]]:
             paper = PAPER["freeinference_ttft_change"][c.traffic.sessions]
         rows.append({
             "case": name, "model": c.cache.model, "scheduler": c.policy.scheduler,
-                "sessions": c.traffic.sessions,
+            "sessions": c.traffic.sessions,
             "gaps": c.traffic.gaps, "trace": c.traffic.trace,
             "ttft_change": _change(pen["ttft_mean_s"], ref["ttft_mean_s"]),
             "jct_change": _change(pen["jct_mean_s"], ref["jct_mean_s"]),

@@ -87,9 +87,9 @@ def configs(ctx: Context) -> tuple[list[tuple[str, str, int, int]], list[RunConf
         for router in routers(ctx):
             for size in (0, pool):
                 cfgs.append(base.with_preset("sglang").with_fields(replicas=n, router=router,
-                                    sessions=per * n, pool=size,
+                                                                   sessions=per * n, pool=size,
                                     pool_bandwidth=POOL_BANDWIDTH_GB_S,
-                                    pool_latency_us=POOL_LATENCY_US))
+                                                                   pool_latency_us=POOL_LATENCY_US))
                 keys.append((name, router, n, size))
     return keys, cfgs
 

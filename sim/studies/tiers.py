@@ -25,7 +25,7 @@ def _tiered(cfg: RunConfig, system: str, scheduler: str, cpu: int,
     unified tiers under lru+private-head+block."""
     preset, tiering = ("sglang", "hicache") if system == "hicache" else ("penelope", "unified")
     return cfg.with_preset(preset).with_fields(tiering=tiering, scheduler=scheduler, cpu_cache=cpu,
-                   hicache_write_policy=write_policy)
+                                               hicache_write_policy=write_policy)
 
 
 def two_tier(ctx: Context) -> list[dict[str, Any]]:
@@ -90,7 +90,7 @@ def cpu_sweep(ctx: Context) -> list[dict[str, Any]]:
         paper = PAPER["cpu_sweep"]["1x_ttft_change"] if k == 1 else (0.0 if k == 4 else None)
         rows.append({
             "cpu_over_gpu": k, "gpu_tokens": base.cache.gpu_cache,
-                "cpu_tokens": k * base.cache.gpu_cache,
+            "cpu_tokens": k * base.cache.gpu_cache,
             "sglang_ttft_s": sg["ttft_mean_s"], "penelope_ttft_s": pen["ttft_mean_s"],
             "ttft_change": _change(pen["ttft_mean_s"], sg["ttft_mean_s"]),
             "jct_change": _change(pen["jct_mean_s"], sg["jct_mean_s"]),

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -228,7 +228,7 @@ class Planner:
     def buys(self, chosen: Outcome) -> list[Outcome]:
         """Every router and policy at the chosen answer's GPU, TP, size and load."""
         q0 = chosen.question
-        others = [q0.with_fields(router=r, policy=p) for r in self.spec.routers
+        others = [replace(q0, router=r, policy=p) for r in self.spec.routers
                   for p in self.spec.policies]
         self._evaluate([(q, chosen.size) for q in others])
         return [self.outcomes[(q, chosen.size)] for q in others]
