@@ -28,7 +28,7 @@ import json, sys, time
 from sim.config import RunConfig
 from sim.run import load_run_trace, run
 trace, context, preset = sys.argv[1], sys.argv[2], sys.argv[3]
-cfg = RunConfig(trace=trace, max_context=131072, gpu_cache=262144, sessions=8,
+cfg = RunConfig.from_flat(trace=trace, max_context=131072, gpu_cache=262144, sessions=8,
                 gaps="recorded", context=context).with_preset(preset)
 tr = load_run_trace(cfg)
 w0, c0 = time.perf_counter(), time.process_time()

@@ -4,7 +4,7 @@
 
 The same workload on both sides: 4 workers with 256K-token caches (Dynamo's mocker engines:
 ``{"engine": {"block_size": 512, "num_gpu_blocks": 512}}``, ``trace_block_size=512``; kvsim:
-``RunConfig(trace, replay="open", gpu_cache=262144, replicas=4, router=R)`` on the sglang
+``RunConfig.from_flat(trace, replay="open", gpu_cache=262144, replicas=4, router=R)`` on the sglang
 preset, at its default 64-token blocks and, as ``kvsim-512``, at Dynamo's 512), behind
 round robin (Dynamo ``round_robin`` / kvsim ``round-robin``) and the KV router
 (Dynamo ``kv_router`` / kvsim ``dynamo-kv``). Every run is a fresh interpreter; the variants
@@ -42,7 +42,7 @@ import json, sys, time
 from sim.config import RunConfig
 from sim.run import load_run_trace, run
 trace, router, workers, cache, block = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6])
-cfg = RunConfig(trace=trace, replay="open", gpu_cache=cache, replicas=workers,
+cfg = RunConfig.from_flat(trace=trace, replay="open", gpu_cache=cache, replicas=workers,
                 router=router, block_size=block).with_preset("sglang")
 tr = load_run_trace(cfg)
 c0, t0 = time.process_time(), time.perf_counter()

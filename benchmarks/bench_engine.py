@@ -81,8 +81,8 @@ if engine:
     extra["engine"] = engine
 if scheduler:
     extra["scheduler"] = scheduler
-cfg = RunConfig(trace=trace, max_context=int(max_ctx), gpu_cache=int(cache), sessions=sessions,
-                gaps=gaps, profile=profile or None, **extra)
+cfg = RunConfig.from_flat(trace=trace, max_context=int(max_ctx), gpu_cache=int(cache),
+                          sessions=sessions, gaps=gaps, profile=profile or None, **extra)
 cfg = cfg.with_preset(policy) if policy in PRESETS else cfg.with_policy(policy)
 t0 = time.perf_counter(); tr = load_run_trace(cfg); t_load = time.perf_counter() - t0
 c0 = time.process_time(); t0 = time.perf_counter(); res = run(cfg, tr)
@@ -134,7 +134,7 @@ def _supported(args: argparse.Namespace, engine: str | None, policy: str,
     fields = {"engine": engine} if engine else {}
     if scheduler:
         fields["scheduler"] = scheduler
-    cfg = RunConfig(**fields)
+    cfg = RunConfig.from_flat(**fields)
     cfg = cfg.with_preset(policy) if policy in ("sglang", "vllm", "penelope") \
         else cfg.with_policy(policy)
     try:

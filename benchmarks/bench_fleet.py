@@ -18,7 +18,6 @@ import argparse
 import json
 import statistics
 import time
-from dataclasses import replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -72,11 +71,11 @@ def main(argv: list[str] | None = None) -> int:
     from sim.config import RunConfig
     from sim.run import load_run_trace, run
 
-    base = RunConfig(trace=args.trace, replay="open", gpu_cache=1 << 20,
-                     max_context=131072).with_preset("sglang")
+    base = RunConfig.from_flat(trace=args.trace, replay="open", gpu_cache=1 << 20,
+                               max_context=131072).with_preset("sglang")
     trace = load_run_trace(base)
     variants = [("single", base)] + [
-        (r, replace(base, replicas=args.replicas, router=r)) for r in args.routers.split(",")]
+        (r, base.with_fields(replicas=args.replicas, router=r)) for r in args.routers.split(",")]
     walls: dict[str, list[float]] = {k: [] for k, _ in variants}
     layer: dict[str, list[float]] = {k: [] for k, _ in variants}
     info: dict[str, dict] = {}
@@ -100,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     for key, cfg in variants:
         wall = statistics.median(walls[key])
         rows.append({
-            "variant": key, "replicas": cfg.replicas, "wall_s": wall,
+            "variant": key, "replicas": cfg.fleet.replicas, "wall_s": wall,
             "ratio_to_single": wall / single,
             "fleet_layer_us_per_request": (statistics.median(layer[key]) * 1e6
                                            if layer[key] else None),

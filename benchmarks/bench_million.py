@@ -34,8 +34,9 @@ def peak_rss_mib():
     return float("nan")
 from sim.config import RunConfig
 from sim.run import load_run_trace, run
-cfg = RunConfig(trace=f"synthetic:claude-code?sessions={int(sys.argv[1])}", max_context=131072,
-                gpu_cache=262144, sessions=8, gaps="tool").with_preset("penelope")
+cfg = RunConfig.from_flat(trace=f"synthetic:claude-code?sessions={int(sys.argv[1])}",
+                          max_context=131072, gpu_cache=262144, sessions=8,
+                          gaps="tool").with_preset("penelope")
 t0 = time.perf_counter(); tr = load_run_trace(cfg); load_s = time.perf_counter() - t0
 load_mib = peak_rss_mib()
 c0, t0 = time.process_time(), time.perf_counter()

@@ -299,15 +299,16 @@ class KvsimScheduler:
         from sim.engines.recorder import RunRecorder
         from sim.kvcache import RadixKVCache
 
-        cfg = RunConfig(gpu_cache=capacity_blocks * block_size, block_size=block_size,
+        cfg = RunConfig.from_flat(gpu_cache=capacity_blocks * block_size, block_size=block_size,
                         chunk_size=chunk_size, max_new_tokens=max_new, scheduler=scheduler,
-                        profile="derived-h100-qwen3-8b").with_preset("sglang")
+                                  profile="derived-h100-qwen3-8b").with_preset("sglang")
         self.env = simpy.Environment()
         self.cache = RadixKVCache(capacity_blocks, cfg.make_policy(), debug=True,
                                   block_size=block_size)
         self.rec = RunRecorder(["s"], [0], [False], [0])
-        spec = get_spec(cfg.model)
-        self.server = SGLangServer(self.env, cfg, spec, load_profile(cfg.profile, cfg.model),
+        spec = get_spec(cfg.cache.model)
+        self.server = SGLangServer(self.env, cfg, spec, load_profile(cfg.cache.profile,
+                                                                     cfg.cache.model),
                                    self.cache, get_scheduler(scheduler), self.rec)
         self.bs = block_size
 

@@ -308,10 +308,10 @@ class KvsimScheduler:
         from sim.kvcache.blockpool import BlockPool
 
         self.env = simpy.Environment()
-        cfg = RunConfig(engine="vllm", gpu_cache=capacity_blocks * block_size,
-                        block_size=block_size, chunk_size=budget, max_running=max_seqs,
-                        vllm_async=asynchronous, profile="derived-h100-qwen3-8b",
-                        debug_cache=True).with_preset("vllm")
+        cfg = RunConfig.from_flat(engine="vllm", gpu_cache=capacity_blocks * block_size,
+                                  block_size=block_size, chunk_size=budget, max_running=max_seqs,
+                                  vllm_async=asynchronous, profile="derived-h100-qwen3-8b",
+                                  debug_cache=True).with_preset("vllm")
         policy = cfg.make_policy()
         self.rec = RunRecorder(["s"], [0], [False], [0])
         pool = BlockPool(capacity_blocks, block_size, "vllm", debug=True)

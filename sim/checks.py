@@ -39,7 +39,7 @@ def check_model_and_profile(cfg: RunConfig, where: str = "config") -> None:
     from costmodel.specs import get_spec
 
     try:
-        get_spec(cfg.model)
+        get_spec(cfg.cache.model)
     except KeyError as e:
         raise ConfigError(where, "model", str(e.args[0])) from None
-    check_profile(cfg.profile, cfg.model)
+    check_profile(cfg.cache.profile, cfg.cache.model)

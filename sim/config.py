@@ -1,18 +1,28 @@
 """The full, resolved configuration of one run. A run is a pure function of (trace, config, seed).
 
-Sizes are tokens. ``RunConfig.from_dict`` validates untrusted input (sweep YAML) and raises
-``ConfigError`` (exit status 2) naming the file and the field; the engine, context and fleet
-checks are their rooms' (``sim.run.check`` runs them all). Imports no engine, fleet or context
-package.
+The run's vocabulary in sections: ``traffic`` (what is replayed and how), ``cache`` (model,
+hardware and memory), ``policy`` (eviction and scheduling), ``context`` (the strategy),
+``engine`` (the engine's own knobs: ``SGLangKnobs`` or ``VllmKnobs``), ``fleet``, ``pool``,
+``pd``; seeds, repeats, SLOs and debug stay on ``RunConfig``. The knob types live here, not
+in ``sim.engines``, because that package imports this module (each engine reads its own
+section, ``cfg.engine``): a vLLM knob cannot be written for SGLang, by construction.
+
+Users see ONE flat vocabulary (CLI flags, sweep keys, ``config.json``, point ids): ``FLAT``
+maps each flat name to its section and field; ``RunConfig.from_flat``, ``from_dict``,
+``with_fields``, ``value`` and ``to_dict`` speak it. Sizes are tokens. ``from_dict``
+validates untrusted input (sweep YAML) and raises ``ConfigError`` (exit status 2) naming the
+file and the field; the engine, context and fleet checks are their rooms' (``sim.run.check``
+runs them all). Imports no engine, fleet or context package.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from costmodel.registry import unknown
 from policies import GRANULARITIES, PRESETS, STARTS, EvictionPolicy, PolicyError, get_policy
@@ -46,14 +56,14 @@ WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 
 
 @dataclass(frozen=True)
-class RunConfig:
-    # --- traffic -------------------------------------------------------------------------
+class TrafficConfig:
+    """What is replayed, and how the clients send it."""
+
     trace: str = "synthetic:claude-code"
     trace_format: str | None = None
     select: str | None = None
     shared_prefix: int | str | None = None
     max_context: int | None = None
-    block_size: int = 64
     gaps: str = "recorded"  # recorded | tool | cap:S | scale:F  (see traces.Trace.gaps)
     lenient: bool = False
     trace_cache_dir: str | None = None  # npz copies of loaded traces (fast reloads)
@@ -64,7 +74,13 @@ class RunConfig:
     # open loop: at most this many requests in flight; a request due while the limit is
     # reached waits for a reply (vllm bench serve --max-concurrency); 0: no limit
     max_concurrency: int = 0
-    # --- model and hardware --------------------------------------------------------------
+    max_new_tokens: int | None = None  # None: clients leave it unset -> SGLang assumes ctx - input
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """The model, the hardware and the KV memory of one replica."""
+
     model: str = "qwen3-8b"
     profile: str | None = None  # name or file; None = h100-MODEL
     gpu_cache: int = 262_144  # KV capacity in tokens
@@ -80,12 +96,14 @@ class RunConfig:
     swap_buffer: int = 1024  # unified: CPU swap buffer (tokens) for exchanges when both are full
     hicache_write_policy: str = "write_through"  # | write_through_selective | write_back
     hicache_load_threshold: int = 10  # tokens: HiCache skips smaller load-backs
-    # --- engine: the server's request protocol, scheduler and memory semantics -------------
-    engine: str = "sglang"  # sglang (SGLang 0.5.23) | vllm (vLLM 0.33), see docs/engine.md
-    # vllm only: a named patch of vLLM's code (penelope: the lookup continues past missing
-    # blocks, which are refilled in the request's step; docs/engine.md)
-    vllm_patch: str = "none"
-    # --- policies: ONE of preset | order/evict/granularity | policy (default: penelope) -------
+    block_size: int = 64
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """ONE of preset | order/evict/granularity | policy (default: penelope), and the
+    scheduler."""
+
     preset: str | None = None  # sglang | vllm | penelope
     order: str | None = None  # victim order (default lru) ...
     evict: str | None = None  # ... start position (default tail) ...
@@ -95,42 +113,138 @@ class RunConfig:
     # fcfs: what SGLang 0.5.23 and vLLM 0.33 deploy by default (the only vLLM order kvsim
     # models); the paper's runs (and ``kvsim reproduce``) set lpm explicitly.
     scheduler: str = "fcfs"
-    # --- context strategy (sim.context): full | trim:K | summarize:T:S | drop:K[+repos] |
-    # splice:K | budget:B -- how each session manages its history on purpose ---------------
-    context: str = "full"
-    # --- engine knobs (SGLang's unless said) ---------------------------------------------
+
+    @property
+    def spec(self) -> str:
+        """What ``policies.get_policy`` is given: the one way this config chose a policy."""
+        if self.policy is not None:
+            return self.policy
+        if self.preset is not None:
+            return self.preset
+        if (self.order, self.evict, self.granularity) != (None, None, None):
+            return f"{self.order or 'lru'}+{self.evict or 'tail'}+{self.granularity or 'node'}"
+        return "penelope"
+
+    def make(self) -> EvictionPolicy:
+        """A fresh policy instance for one run."""
+        return get_policy(self.spec, self.policy_params)
+
+    @property
+    def label(self) -> str:
+        """The policy's name in tables and output folders (from the fields, never a default
+        label): a preset's name, ``order+start+granularity``, or a class name with the
+        parameters that differ from their defaults."""
+        return self.make().label
+
+    @property
+    def chosen_by(self) -> str:
+        """The field that chose the policy (for error messages)."""
+        return next((k for k in ("preset", "policy", "order", "evict", "granularity")
+                     if getattr(self, k)), "policy")
+
+
+@dataclass(frozen=True)
+class ContextConfig:
+    """How each session manages its history on purpose (sim.context): full | trim:K |
+    summarize:T:S | drop:K[+repos] | splice:K | budget:B."""
+
+    strategy: str = "full"
+
+
+@dataclass(frozen=True)
+class EngineKnobs:
+    """The knobs every engine has; each engine's section adds its own (``name`` is the
+    engine's, a class attribute: the knobs type is the engine choice)."""
+
+    name: ClassVar[str]
     # SGLang chunked_prefill_size; vllm: max_num_batched_tokens, the token budget of one
     # step shared by decode and prefill chunks (8192 both: their H100 server defaults)
     chunk_size: int = 8192
+    # None = the engine's default: SGLang's max_running_requests (large; never binds at small
+    # N), vLLM's max_num_seqs (1024 for an API server on an H100)
+    max_running: int | None = None
+
+    @property
+    def label(self) -> str:
+        """The engine as tables and reports name it."""
+        return self.name
+
+    def validate(self, bad: Callable[[str, str], ConfigError]) -> None:
+        """The knobs' own values (the sizes are checked with the run's block size)."""
+
+
+@dataclass(frozen=True)
+class SGLangKnobs(EngineKnobs):
+    """SGLang 0.5.23's server arguments and scheduler constants."""
+
+    name: ClassVar[str] = "sglang"
     # SGLang inserts each finished chunk into the tree (cache_unfinished_req), so a long
     # prompt becomes nodes of at most chunk_size tokens. False: insert once the prompt is
     # done (one node per prompt), which makes whole-node eviction far coarser.
     checkpoint_chunks: bool = True
-    # None = the engine's default: SGLang's max_running_requests (large; never binds at small
-    # N), vLLM's max_num_seqs (1024 for an API server on an H100)
-    max_running: int | None = None
-    # vllm: async scheduling (vLLM 0.33's default for an online server): step n+1 is
-    # scheduled before step n's output is processed. False: the synchronous Scheduler.
-    vllm_async: bool = True
-    max_new_tokens: int | None = None  # None: clients leave it unset -> SGLang assumes ctx - input
     clip_max_new_tokens: int = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
     new_token_ratio: float = 0.7
     new_token_ratio_min: float = 0.098
     new_token_ratio_decay_steps: int = 600
-    # --- fleet (sim.fleet): N replicas of the engine above behind a router ----------------
+
+
+@dataclass(frozen=True)
+class VllmKnobs(EngineKnobs):
+    """vLLM 0.33's server arguments (chunk_size: max_num_batched_tokens; max_running:
+    max_num_seqs) and the named patch of its code."""
+
+    name: ClassVar[str] = "vllm"
+    # async scheduling (vLLM 0.33's default for an online server): step n+1 is scheduled
+    # before step n's output is processed. False: the synchronous Scheduler.
+    vllm_async: bool = True
+    # a named patch of vLLM's code (penelope: the lookup continues past missing blocks,
+    # which are refilled in the request's step; docs/engine.md)
+    vllm_patch: str = "none"
+
+    @property
+    def label(self) -> str:
+        """``vllm+penelope-patch`` when patched."""
+        return self.name if self.vllm_patch == "none" else f"{self.name}+{self.vllm_patch}-patch"
+
+    def validate(self, bad: Callable[[str, str], ConfigError]) -> None:
+        if self.vllm_patch not in VLLM_PATCH_NAMES:
+            raise bad("vllm_patch", unknown("vLLM patch", self.vllm_patch, VLLM_PATCH_NAMES))
+        if not isinstance(self.vllm_async, bool):
+            raise bad("vllm_async", f"must be on or off (true or false), got "
+                      f"{self.vllm_async!r}")
+
+
+KNOBS: dict[str, type[EngineKnobs]] = {k.name: k for k in (SGLangKnobs, VllmKnobs)}
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    """N replicas of the engine behind a router (sim.fleet)."""
+
     replicas: int = 1  # 1 without a router: one server (no fleet layer at all)
     router: str | None = None  # registered name or FILE.py:CLASS (fleet default round-robin)
     router_params: dict[str, Any] = field(default_factory=dict, hash=False)
-    # a KV pool shared by the replicas (sim/fleet/pooltier.py; 0: none): tokens, GB/s and
-    # microseconds per fetch on each replica's link, entry policy, Mooncake Store's eviction
-    pool: int = 0
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    """A KV pool shared by the replicas (sim/fleet/pooltier.py; size 0: none): tokens, GB/s
+    and microseconds per fetch on each replica's link, entry policy, Mooncake Store's
+    eviction."""
+
+    size: int = 0
     pool_bandwidth: float = 25.0
     pool_latency_us: float = 50.0
     pool_write: str = "write-through"
     pool_watermark: float = 0.90
     pool_evict_fraction: float = 0.05
-    # --- disaggregation (sim/fleet/pd.py, docs/pd.md): P prefill workers and D decode
-    # workers of the engine above instead of replicas; both 0: aggregated (as before) -------
+
+
+@dataclass(frozen=True)
+class PDConfig:
+    """Disaggregation (sim/fleet/pd.py, docs/pd.md): P prefill workers and D decode workers
+    of the engine instead of replicas; both 0: aggregated."""
+
     prefill_replicas: int = 0
     decode_replicas: int = 0
     pd_link: str = "rdma-400"  # costmodel/data/links.yaml: the link each transfer takes
@@ -141,7 +255,61 @@ class RunConfig:
     pd_return: str = "none"  # none | output: the finished output's KV goes back to prefill
     pd_rule: str = "disagg"  # how a request picks its pair (policies/routing/pd.py's registry)
     pd_prealloc: str = "on"  # on: the decode worker pre-allocates the KV before the transfer
-    # --- run -----------------------------------------------------------------------------
+
+
+RUN = "run"  # FLAT's section of the fields kept on RunConfig itself
+
+
+def _section(section: str, cls: type, rename: dict[str, str] | None = None) -> dict:
+    back = {v: k for k, v in (rename or {}).items()}
+    return {back.get(f.name, f.name): (section, f.name) for f in fields(cls)}
+
+
+_KNOB_FIELDS = {**_section("engine", SGLangKnobs), **_section("engine", VllmKnobs)}
+_WHERE = {
+    **_section("traffic", TrafficConfig), **_section("cache", CacheConfig),
+    **_section("policy", PolicyConfig), **_section("context", ContextConfig,
+                                                   {"context": "strategy"}),
+    **_KNOB_FIELDS, "engine": ("engine", "name"), **_section("fleet", FleetConfig),
+    **_section("pool", PoolConfig, {"pool": "size"}), **_section("pd", PDConfig),
+    **{k: (RUN, k) for k in ("seed", "trace_seed", "repeats", "slo", "debug_cache", "extra")},
+}
+# flat name -> (section, field), in the order of config.json (the flat config's old order)
+FLAT: dict[str, tuple[str, str]] = {n: _WHERE[n] for n in (
+    "trace", "trace_format", "select", "shared_prefix", "max_context", "block_size", "gaps",
+    "lenient", "trace_cache_dir", "rebuild_sessions", "sessions", "replay", "time_scale",
+    "max_concurrency", "model", "profile", "gpu_cache", "gpu", "tp", "mem_fraction",
+    "gpu_cache_bytes", "cpu_cache", "tiering", "swap_buffer", "hicache_write_policy",
+    "hicache_load_threshold", "engine", "vllm_patch", "preset", "order", "evict",
+    "granularity", "policy", "policy_params", "scheduler", "context", "chunk_size",
+    "checkpoint_chunks", "max_running", "vllm_async", "max_new_tokens", "clip_max_new_tokens",
+    "new_token_ratio", "new_token_ratio_min", "new_token_ratio_decay_steps", "replicas",
+    "router", "router_params", "pool", "pool_bandwidth", "pool_latency_us", "pool_write",
+    "pool_watermark", "pool_evict_fraction", "prefill_replicas", "decode_replicas", "pd_link",
+    "pd_link_scope", "pd_streaming", "pd_local_threshold", "decode_cache", "pd_return",
+    "pd_rule", "pd_prealloc", "seed", "trace_seed", "repeats", "slo", "debug_cache", "extra")}
+assert FLAT.keys() == _WHERE.keys()
+
+
+def _default(f: Any) -> Any:
+    return f.default_factory() if f.default is MISSING else f.default
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One run's configuration in sections (module docstring); ``from_flat`` builds it
+    from the flat vocabulary users write."""
+
+    traffic: TrafficConfig = field(default_factory=TrafficConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    # the server's request protocol, scheduler and memory semantics: its knobs' type is the
+    # engine (sglang: SGLang 0.5.23, vllm: vLLM 0.33; docs/engine.md)
+    engine: EngineKnobs = field(default_factory=SGLangKnobs)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    context: ContextConfig = field(default_factory=ContextConfig)
+    fleet: FleetConfig = field(default_factory=FleetConfig)
+    pool: PoolConfig = field(default_factory=PoolConfig)
+    pd: PDConfig = field(default_factory=PDConfig)
     seed: int = 0
     # the trace's own seed (a synthetic generator's draws); None: ``seed``, as before the
     # two were apart. ``seed`` then drives only the run's decisions (router, policy ties).
@@ -154,40 +322,103 @@ class RunConfig:
     debug_cache: bool = False  # check cache and engine invariants as the run goes (slow)
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
+    # --- the flat vocabulary ---------------------------------------------------------------
+    @classmethod
+    def from_flat(cls, where: str = "config", /, **flat: Any) -> RunConfig:
+        """The config of flat fields (``FLAT``'s names; the rest default). A knob of another
+        engine than ``engine`` is refused unless it is that knob's default (ConfigError)."""
+        for k in flat:
+            if k not in FLAT:
+                raise TypeError(f"RunConfig has no field {k!r}")
+        name = flat.get("engine", "sglang")
+        knobs = KNOBS.get(name) if isinstance(name, str) else None
+        if knobs is None:
+            raise ConfigError(where, "engine", unknown("engine", name, ENGINE_NAMES))
+        own = {f.name for f in fields(knobs)}
+        parts: dict[str, dict[str, Any]] = {}
+        for k, v in flat.items():
+            section, f = FLAT[k]
+            if k == "engine":
+                continue
+            if section == "engine" and f not in own:
+                if v == DEFAULTS[k] and type(v) is type(DEFAULTS[k]):
+                    continue  # the other engine's default: what the flat config always held
+                owner = next(n for n, c in KNOBS.items() if f in {g.name for g in fields(c)})
+                raise ConfigError(where, k, f"is a knob of the {owner} engine, not of "
+                                  f"{name!r}: use --engine {owner} (or drop {k})")
+            parts.setdefault(section, {})[f] = v
+        run = parts.pop(RUN, {})
+        built = {s: _SECTIONS[s](**kw) for s, kw in parts.items() if s != "engine"}
+        return cls(engine=knobs(**parts.get("engine", {})), **built, **run)
+
+    @classmethod
+    def from_dict(cls, raw: Any, where: str = "config") -> RunConfig:
+        """A validated config of flat fields (a sweep point, a config.json)."""
+        if not isinstance(raw, dict):
+            raise ConfigError(where, "<root>", "must be a mapping")
+        raw = dict(raw)
+        raw.pop("policy_label", None)  # written by to_dict, derived
+        raw.pop("policy_source_sha1", None)
+        raw.pop("router_source_sha1", None)
+        for k in raw:
+            if k not in FLAT:
+                raise ConfigError(where, k, "unknown field")
+        return cls.from_flat(where, **raw).validate(where)
+
+    def value(self, name: str) -> Any:
+        """The flat field ``name`` (another engine's knob reads as its default)."""
+        section, f = FLAT[name]
+        if section == RUN:
+            return getattr(self, f)
+        return getattr(getattr(self, section), f, DEFAULTS[name])
+
+    def flat(self) -> dict[str, Any]:
+        """Every flat field, in ``FLAT``'s order (the mappings are this config's own)."""
+        return {name: self.value(name) for name in FLAT}
+
+    def with_fields(self, **flat: Any) -> RunConfig:
+        """The same config with the flat fields ``flat`` changed. Switching ``engine``
+        keeps the knobs both engines have and leaves the old engine's own ones behind."""
+        name = flat.get("engine", self.engine.name)
+        own = {f.name for f in fields(KNOBS[name])} if name in KNOBS else set()
+        d = {k: v for k, v in self.flat().items()
+             if k in flat or FLAT[k][0] != "engine" or k == "engine" or FLAT[k][1] in own}
+        d.update(flat)
+        return type(self).from_flat(**d)
+
+    # --- policy ---------------------------------------------------------------------------
     @property
     def policy_spec(self) -> str:
         """What ``policies.get_policy`` is given: the one way this config chose a policy."""
-        if self.policy is not None:
-            return self.policy
-        if self.preset is not None:
-            return self.preset
-        if (self.order, self.evict, self.granularity) != (None, None, None):
-            return f"{self.order or 'lru'}+{self.evict or 'tail'}+{self.granularity or 'node'}"
-        return "penelope"
+        return self.policy.spec
 
     def make_policy(self) -> EvictionPolicy:
         """A fresh policy instance for one run."""
-        return get_policy(self.policy_spec, self.policy_params)
+        return self.policy.make()
 
     @property
     def policy_label(self) -> str:
-        """The policy's name in tables and output folders (from the fields, never a default
-        label): a preset's name, ``order+start+granularity``, or a class name with the
-        parameters that differ from their defaults."""
+        """The policy's name in tables and output folders (``PolicyConfig.label``)."""
         return self.make_policy().label
+
+    @property
+    def policy_field(self) -> str:
+        """The field that chose the policy (for error messages)."""
+        return self.policy.chosen_by
 
     def with_preset(self, preset: str) -> RunConfig:
         """The same config under a preset (``sglang``, ``vllm``, ``penelope``)."""
         if preset not in PRESETS:
             raise ConfigError("--preset", "preset", PRESETS.message(preset))
-        return replace(self, preset=preset, order=None, evict=None, granularity=None,
-                       policy=None, policy_params={})
+        return self.with_fields(preset=preset, order=None, evict=None, granularity=None,
+                                policy=None, policy_params={})
 
     def with_policy(self, policy: str, params: dict[str, Any] | None = None) -> RunConfig:
         """The same config under any policy ``get_policy`` accepts."""
-        return replace(self, preset=None, order=None, evict=None, granularity=None,
-                       policy=policy, policy_params=dict(params or {}))
+        return self.with_fields(preset=None, order=None, evict=None, granularity=None,
+                                policy=policy, policy_params=dict(params or {}))
 
+    # --- checks ---------------------------------------------------------------------------
     def validate(self, where: str = "config") -> RunConfig:
         """This config's own fields (names, sizes, seeds, answers); what its engine, context
         strategy and fleet can run is theirs to say (sim/run/check.py asks them)."""
@@ -195,46 +426,45 @@ class RunConfig:
         def bad(f: str, msg: str) -> ConfigError:
             return ConfigError(where, f, msg)
 
-        if self.scheduler not in SCHEDULERS:
-            raise bad("scheduler", SCHEDULERS.message(self.scheduler))
-        if self.tiering not in TIERINGS:
-            raise bad("tiering", f"must be one of {TIERINGS}, got {self.tiering!r}")
-        if self.replay not in REPLAYS:
-            raise bad("replay", f"must be one of {REPLAYS}, got {self.replay!r}")
-        mc = self.max_concurrency
+        t, c, k = self.traffic, self.cache, self.engine
+        if self.policy.scheduler not in SCHEDULERS:
+            raise bad("scheduler", SCHEDULERS.message(self.policy.scheduler))
+        if c.tiering not in TIERINGS:
+            raise bad("tiering", f"must be one of {TIERINGS}, got {c.tiering!r}")
+        if t.replay not in REPLAYS:
+            raise bad("replay", f"must be one of {REPLAYS}, got {t.replay!r}")
+        mc = t.max_concurrency
         if isinstance(mc, bool) or not isinstance(mc, int) or mc < 0:
             raise bad("max_concurrency", f"must be an integer >= 0 (0: no limit), got {mc!r}")
-        if mc and self.replay != "open":
+        if mc and t.replay != "open":
             raise bad("max_concurrency", "caps the open loop's requests in flight: use "
                       "replay: open (a closed loop is capped by sessions)")
         self._validate_policy(bad)
-        self._validate_engine(bad)
-        for name in ("sessions", "gpu_cache", "chunk_size", "block_size"):
-            v = getattr(self, name)
+        if type(k).validate is not EngineKnobs.validate:
+            k.validate(bad)
+        for name, v in (("sessions", t.sessions), ("gpu_cache", c.gpu_cache),
+                        ("chunk_size", k.chunk_size), ("block_size", c.block_size)):
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise bad(name, f"must be a positive integer, got {v!r}")
-        if self.gpu_cache < 4 * self.block_size:
+        if c.gpu_cache < 4 * c.block_size:
             raise bad("gpu_cache", "must hold at least 4 blocks")
-        if self.cpu_cache < 0:
+        if c.cpu_cache < 0:
             raise bad("cpu_cache", "must be >= 0")
-        if self.cpu_cache and self.cpu_cache < self.block_size:
+        if c.cpu_cache and c.cpu_cache < c.block_size:
             raise bad("cpu_cache", "must hold at least one block (or be 0: GPU only)")
-        if self.hicache_write_policy not in WRITE_POLICIES:
+        if c.hicache_write_policy not in WRITE_POLICIES:
             raise bad("hicache_write_policy", f"must be one of {WRITE_POLICIES}")
-        if self.swap_buffer < self.block_size:
+        if c.swap_buffer < c.block_size:
             raise bad("swap_buffer", "must hold at least one block")
-        if self.chunk_size < self.block_size:
+        if k.chunk_size < c.block_size:
             raise bad("chunk_size", "must be at least one block")
-        if not (isinstance(self.time_scale, int | float) and self.time_scale > 0):
-            raise bad("time_scale", f"must be a number > 0, got {self.time_scale!r}")
+        if not (isinstance(t.time_scale, int | float) and t.time_scale > 0):
+            raise bad("time_scale", f"must be a number > 0, got {t.time_scale!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise bad("seed", f"must be an integer >= 0, got {self.seed!r}")
-        if self.max_running is not None and self.max_running < 1:
+        if k.max_running is not None and k.max_running < 1:
             raise bad("max_running", "must be >= 1")
-        if not isinstance(self.vllm_async, bool):
-            raise bad("vllm_async", f"must be on or off (true or false), got "
-                      f"{self.vllm_async!r}")
-        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+        if t.max_new_tokens is not None and t.max_new_tokens < 1:
             raise bad("max_new_tokens", "must be >= 1")
         self._validate_answers(bad)
         return self
@@ -246,18 +476,18 @@ class RunConfig:
         r = self.repeats
         if isinstance(r, bool) or not isinstance(r, int) or r < 1:
             raise bad("repeats", f"must be an integer >= 1, got {r!r}")
-        if self.tp is not None and (isinstance(self.tp, bool) or not isinstance(self.tp, int)
-                                    or self.tp < 1):
-            raise bad("tp", f"must be a positive integer, got {self.tp!r}")
-        mf = self.mem_fraction
+        tp = self.cache.tp
+        if tp is not None and (isinstance(tp, bool) or not isinstance(tp, int) or tp < 1):
+            raise bad("tp", f"must be a positive integer, got {tp!r}")
+        mf = self.cache.mem_fraction
         if mf is not None and (isinstance(mf, bool) or not isinstance(mf, int | float)
                                or not 0 < mf <= 1):
             raise bad("mem_fraction", f"must be in (0, 1], got {mf!r}")
-        if self.gpu is not None:
+        if self.cache.gpu is not None:
             from costmodel.gpus import get_gpu
 
             try:
-                get_gpu(str(self.gpu))
+                get_gpu(str(self.cache.gpu))
             except KeyError as e:
                 raise bad("gpu", str(e.args[0])) from None
         if self.slo is not None:
@@ -268,6 +498,31 @@ class RunConfig:
             except SLOError as e:
                 raise bad("slo", str(e)) from None
 
+    def _validate_policy(self, bad) -> None:
+        p = self.policy
+        components = [k for k in ("order", "evict", "granularity") if getattr(p, k)]
+        chosen = [k for k, v in (("preset", p.preset), ("policy", p.policy)) if v]
+        if components:
+            chosen.append("/".join(components))
+        if len(chosen) > 1:
+            raise bad(chosen[1].split("/")[0], f"conflicts with {chosen[0]!r}: choose a policy "
+                      "one way (preset, order/evict/granularity, or policy)")
+        if p.preset is not None and p.preset not in PRESETS:
+            raise bad("preset", PRESETS.message(p.preset))
+        if p.evict is not None and p.evict not in STARTS:
+            raise bad("evict", STARTS.message(p.evict))
+        if p.granularity is not None and p.granularity not in GRANULARITIES:
+            raise bad("granularity", GRANULARITIES.message(p.granularity))
+        if not isinstance(p.policy_params, dict):
+            raise bad("policy_params", "must be a mapping of parameter names to values")
+        if p.policy_params and p.policy is None:
+            raise bad("policy_params", "only a 'policy' takes parameters")
+        try:
+            self.make_policy()
+        except PolicyError as e:
+            raise bad(chosen[0].split("/")[0] if chosen else "policy", str(e)) from None
+
+    # --- derived --------------------------------------------------------------------------
     @property
     def trace_draw_seed(self) -> int:
         """The seed the trace is loaded (a synthetic one drawn) with."""
@@ -276,68 +531,29 @@ class RunConfig:
     @property
     def is_fleet(self) -> bool:
         """Replicas behind a router (``sim.fleet``); False: today's single server."""
-        return self.replicas != 1 or self.router is not None or bool(self.pool)
+        return self.fleet.replicas != 1 or self.fleet.router is not None or bool(self.pool.size)
 
     @property
     def is_pd(self) -> bool:
         """Prefill and decode pools (``sim.fleet.pd``) instead of replicas."""
-        return bool(self.prefill_replicas or self.decode_replicas)
+        return bool(self.pd.prefill_replicas or self.pd.decode_replicas)
 
     def make_router(self):
         """A fresh router for one fleet run (``policies.routing.get_router``)."""
         from policies.routing import get_router
 
-        return get_router(self.router or "round-robin", self.router_params)
-
-    def _validate_policy(self, bad) -> None:
-        components = [k for k in ("order", "evict", "granularity") if getattr(self, k)]
-        chosen = [k for k, v in (("preset", self.preset), ("policy", self.policy)) if v]
-        if components:
-            chosen.append("/".join(components))
-        if len(chosen) > 1:
-            raise bad(chosen[1].split("/")[0], f"conflicts with {chosen[0]!r}: choose a policy "
-                      "one way (preset, order/evict/granularity, or policy)")
-        if self.preset is not None and self.preset not in PRESETS:
-            raise bad("preset", PRESETS.message(self.preset))
-        if self.evict is not None and self.evict not in STARTS:
-            raise bad("evict", STARTS.message(self.evict))
-        if self.granularity is not None and self.granularity not in GRANULARITIES:
-            raise bad("granularity", GRANULARITIES.message(self.granularity))
-        if not isinstance(self.policy_params, dict):
-            raise bad("policy_params", "must be a mapping of parameter names to values")
-        if self.policy_params and self.policy is None:
-            raise bad("policy_params", "only a 'policy' takes parameters")
-        try:
-            self.make_policy()
-        except PolicyError as e:
-            raise bad(chosen[0].split("/")[0] if chosen else "policy", str(e)) from None
-
-    def _validate_engine(self, bad) -> None:
-        if self.engine not in ENGINE_NAMES:
-            raise bad("engine", unknown("engine", self.engine, ENGINE_NAMES))
-        if self.vllm_patch not in VLLM_PATCH_NAMES:
-            raise bad("vllm_patch", unknown("vLLM patch", self.vllm_patch, VLLM_PATCH_NAMES))
-        if self.vllm_patch != "none" and self.engine != "vllm":
-            raise bad("vllm_patch", f"{self.vllm_patch!r} patches the vllm engine, not "
-                      f"{self.engine!r}: use --engine vllm (or drop --vllm-patch)")
+        return get_router(self.fleet.router or "round-robin", self.fleet.router_params)
 
     @property
     def engine_label(self) -> str:
         """The engine as tables and reports name it: ``vllm+penelope-patch`` when patched."""
-        if self.vllm_patch == "none":
-            return self.engine
-        return f"{self.engine}+{self.vllm_patch}-patch"
-
-    @property
-    def policy_field(self) -> str:
-        """The field that chose the policy (for error messages)."""
-        return next((k for k in ("preset", "policy", "order", "evict", "granularity")
-                     if getattr(self, k)), "policy")
+        return self.engine.label
 
     def to_dict(self) -> dict[str, Any]:
-        """Every field plus the resolved policy label (the run's identity in sweeps) and,
-        for a policy file, a digest of its source (an edited file is a different policy)."""
-        d = asdict(self)
+        """Every flat field plus the resolved policy label (the run's identity in sweeps)
+        and, for a policy file, a digest of its source (an edited file is a different
+        policy)."""
+        d = copy.deepcopy(self.flat())
         if not self.is_pd:  # aggregated runs: their config.json stays as it was
             for k in PD_FIELDS:
                 del d[k]
@@ -345,24 +561,32 @@ class RunConfig:
         path, _, rest = self.policy_spec.partition("?")[0].rpartition(":")
         if rest and path.endswith(".py"):
             d["policy_source_sha1"] = hashlib.sha1(Path(path).read_bytes()).hexdigest()
-        rpath, _, rrest = (self.router or "").partition("?")[0].rpartition(":")
+        rpath, _, rrest = (self.fleet.router or "").partition("?")[0].rpartition(":")
         if rrest and rpath.endswith(".py"):
             d["router_source_sha1"] = hashlib.sha1(Path(rpath).read_bytes()).hexdigest()
         return d
 
-    @classmethod
-    def from_dict(cls, raw: Any, where: str = "config") -> RunConfig:
-        if not isinstance(raw, dict):
-            raise ConfigError(where, "<root>", "must be a mapping")
-        known = {f.name: f for f in fields(cls)}
-        raw = dict(raw)
-        raw.pop("policy_label", None)  # written by to_dict, derived
-        raw.pop("policy_source_sha1", None)
-        raw.pop("router_source_sha1", None)
-        for k in raw:
-            if k not in known:
-                raise ConfigError(where, k, "unknown field")
-        return cls(**raw).validate(where)
+
+_SECTIONS: dict[str, type] = {"traffic": TrafficConfig, "cache": CacheConfig,
+                              "policy": PolicyConfig, "context": ContextConfig,
+                              "fleet": FleetConfig, "pool": PoolConfig, "pd": PDConfig}
+
+
+def _flat_defaults() -> dict[str, Any]:
+    """Each flat field's default (a knob's is its engine's; both agree on shared knobs)."""
+    owners = {RUN: RunConfig, **_SECTIONS}
+    out: dict[str, Any] = {}
+    for name, (section, f) in FLAT.items():
+        if name == "engine":
+            out[name] = RunConfig().engine.name
+            continue
+        cls = owners.get(section) or next(k for k in KNOBS.values()
+                                          if f in {g.name for g in fields(k)})
+        out[name] = _default(next(g for g in fields(cls) if g.name == f))
+    return out
+
+
+DEFAULTS: dict[str, Any] = _flat_defaults()
 
 
 @dataclass(frozen=True)
@@ -383,39 +607,41 @@ _POOL = ("pool_bandwidth", "pool_latency_us", "pool_write", "pool_watermark",
          "pool_evict_fraction")
 # One rule per way an option can do nothing; the first rule that names a field decides.
 IDLE_RULES: tuple[IdleRule, ...] = (
-    IdleRule(_CPU_TIER, lambda c: c.engine == "vllm", "{engine} vllm has no CPU tier"),
-    IdleRule(_CPU_TIER, lambda c: not c.cpu_cache, "it configures the CPU tier: add {cpu_cache}"),
-    IdleRule(("hicache_write_policy",), lambda c: c.tiering != "hicache",
+    IdleRule(_CPU_TIER, lambda c: isinstance(c.engine, VllmKnobs), "{engine} vllm has no CPU tier"),
+    IdleRule(_CPU_TIER, lambda c: not c.cache.cpu_cache,
+             "it configures the CPU tier: add {cpu_cache}"),
+    IdleRule(("hicache_write_policy",), lambda c: c.cache.tiering != "hicache",
              "it is for {tiering} hicache"),
-    IdleRule(("swap_buffer",), lambda c: c.tiering != "unified", "it is for {tiering} unified"),
-    IdleRule(("time_scale",), lambda c: c.replay != "open",
+    IdleRule(("swap_buffer",), lambda c: c.cache.tiering != "unified",
+             "it is for {tiering} unified"),
+    IdleRule(("time_scale",), lambda c: c.traffic.replay != "open",
              "it scales recorded send times: add {replay} open"),
-    IdleRule(("max_concurrency",), lambda c: c.replay != "open",
+    IdleRule(("max_concurrency",), lambda c: c.traffic.replay != "open",
              "it caps the open loop's requests in flight (a closed loop is capped by "
              "{sessions}): add {replay} open"),
-    IdleRule(("sessions", "gaps"), lambda c: c.replay == "open",
+    IdleRule(("sessions", "gaps"), lambda c: c.traffic.replay == "open",
              "the open loop sends every request at its recorded time (no sessions at once, "
              "no gaps): add {replay} closed"),
-    IdleRule(_POOL, lambda c: not c.pool, "it configures the shared KV pool: add {pool}"),
-    IdleRule(("router",), lambda c: c.replicas == 1 and c.prefill_replicas < 2,
+    IdleRule(_POOL, lambda c: not c.pool.size, "it configures the shared KV pool: add {pool}"),
+    IdleRule(("router",), lambda c: c.fleet.replicas == 1 and c.pd.prefill_replicas < 2,
              "one replica has nothing to route between: add {replicas} N"),
     IdleRule(PD_FIELDS[2:], lambda c: not c.is_pd,
              "it configures a disaggregated fleet: add {prefill_replicas} P "
              "{decode_replicas} D"),
-    IdleRule(("pd_local_threshold",), lambda c: not _pd_rule_uses_threshold(c.pd_rule),
+    IdleRule(("pd_local_threshold",), lambda c: not _pd_rule_uses_threshold(c.pd.pd_rule),
              "the PD rule {pd_rule} always disaggregates: use {pd_rule} disagg, dynamo or "
              "llm-d"),
-    IdleRule(("pd_streaming", "pd_link_scope"), lambda c: c.pd_link == "ideal",
+    IdleRule(("pd_streaming", "pd_link_scope"), lambda c: c.pd.pd_link == "ideal",
              "the ideal link takes no time (nothing streams, nothing queues): give {pd_link}"),
-    IdleRule(("pd_link_scope",), lambda c: c.decode_replicas == 1,
+    IdleRule(("pd_link_scope",), lambda c: c.pd.decode_replicas == 1,
              "with one decode worker each NIC carries one pair: add {decode_replicas} D"),
-    IdleRule(("vllm_async",), lambda c: c.engine != "vllm",
+    IdleRule(("vllm_async",), lambda c: not isinstance(c.engine, VllmKnobs),
              "it is a mode of vLLM's scheduler: add {engine} vllm"),
-    IdleRule(("tp",), lambda c: c.gpu is None and c.gpu_cache_bytes is None,
+    IdleRule(("tp",), lambda c: c.cache.gpu is None and c.cache.gpu_cache_bytes is None,
              "it sizes a deployment in GPUs: add {gpu} (or {gpu_cache} in bytes, e.g. 40GiB)"),
-    IdleRule(("mem_fraction",), lambda c: c.gpu is None,
+    IdleRule(("mem_fraction",), lambda c: c.cache.gpu is None,
              "it is the share of a GPU's memory for weights and KV: add {gpu}"),
-    IdleRule(("mem_fraction",), lambda c: c.gpu_cache_bytes is not None,
+    IdleRule(("mem_fraction",), lambda c: c.cache.gpu_cache_bytes is not None,
              "{gpu_cache} in bytes already gives the KV budget per GPU: drop one"),
 )
 
@@ -445,7 +671,7 @@ def idle_fields(cfg: RunConfig, given: Iterable[str]) -> list[tuple[str, str]]:
 
 def spell_fields(why: str, spell: Callable[[str], str]) -> str:
     """``why`` with each ``{field}`` written as ``spell(field)``."""
-    return why.format_map({f.name: spell(f.name) for f in fields(RunConfig)})
+    return why.format_map({name: spell(name) for name in FLAT})
 
 
 def default_replay(trace: str, trace_format: str | None = None) -> str:

@@ -110,38 +110,38 @@ def _check_budget(spec: ModelSpec, gpu: GPU, tp: int, nbytes: int, where: str, s
 
 def gpus_per_replica(cfg, profile) -> int:
     """The GPUs one replica runs on: its TP on a ``gpu``, else the profile's measured count."""
-    if cfg.gpu is not None:
-        return cfg.tp or 1
+    if cfg.cache.gpu is not None:
+        return cfg.cache.tp or 1
     return int(profile.gpus)
 
 
 def profile_note(cfg, profile) -> str:
     """Empty when the profile was measured for the run's GPU and TP (or no GPU was named);
     else what the run was priced with instead."""
-    if cfg.gpu is None:
+    if cfg.cache.gpu is None:
         return ""
-    tp = cfg.tp or 1
-    choice = profile_for(get_gpu(cfg.gpu), cfg.model, tp)
+    tp = cfg.cache.tp or 1
+    choice = profile_for(get_gpu(cfg.cache.gpu), cfg.cache.model, tp)
     if profile.name == choice.name:
         return choice.note
     return (f"priced with the profile {profile.name} ({profile.gpus} x {profile.device}), "
-            f"chosen with --profile, for {tp} x {cfg.gpu}")
+            f"chosen with --profile, for {tp} x {cfg.cache.gpu}")
 
 
 def deployment_fields(cfg, profile) -> dict[str, Any]:
     """GPUs used and KV tokens per GPU for every run summary."""
     per_replica = gpus_per_replica(cfg, profile)
     # a disaggregated fleet's replicas are its two pools (sim/fleet/pd.py)
-    replicas = cfg.prefill_replicas + cfg.decode_replicas if cfg.is_pd else cfg.replicas
+    replicas = cfg.pd.prefill_replicas + cfg.pd.decode_replicas if cfg.is_pd else cfg.fleet.replicas
     fields: dict[str, Any] = {
         "gpus": replicas * per_replica, "gpus_per_replica": per_replica,
-        "kv_tokens_per_gpu": cfg.gpu_cache // per_replica,
+        "kv_tokens_per_gpu": cfg.cache.gpu_cache // per_replica,
     }
-    if cfg.gpu is not None:
-        fields.update(gpu=cfg.gpu, tp=cfg.tp or 1, mem_fraction=(
-            None if cfg.gpu_cache_bytes is not None else cfg.mem_fraction
-            if cfg.mem_fraction is not None else DEFAULT_MEM_FRACTION),
+    if cfg.cache.gpu is not None:
+        fields.update(gpu=cfg.cache.gpu, tp=cfg.cache.tp or 1, mem_fraction=(
+            None if cfg.cache.gpu_cache_bytes is not None else cfg.cache.mem_fraction
+            if cfg.cache.mem_fraction is not None else DEFAULT_MEM_FRACTION),
             profile_note=profile_note(cfg, profile))
-    if cfg.gpu_cache_bytes is not None:
-        fields["kv_bytes_per_gpu"] = cfg.gpu_cache_bytes
+    if cfg.cache.gpu_cache_bytes is not None:
+        fields["kv_bytes_per_gpu"] = cfg.cache.gpu_cache_bytes
     return fields

@@ -201,8 +201,8 @@ def engine_hits(trace, engine: str) -> list[int]:
     from sim.config import RunConfig
     from sim.run import run
 
-    cfg = RunConfig(trace="two-turns", gpu_cache=1 << 26, sessions=8, engine=engine,
-                    max_context=131072).with_preset("vllm")
+    cfg = RunConfig.from_flat(trace="two-turns", gpu_cache=1 << 26, sessions=8, engine=engine,
+                              max_context=131072).with_preset("vllm")
     res = run(cfg, trace)
     return res.requests.sort_values("request")["hit_gpu_tokens"].tolist()
 

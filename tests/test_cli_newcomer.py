@@ -57,7 +57,7 @@ def test_negative_seed_in_a_config_or_the_api() -> None:
     from traces.errors import OptionError
 
     with pytest.raises(ConfigError, match="seed"):
-        RunConfig(seed=-3).validate()
+        RunConfig.from_flat(seed=-3).validate()
     with pytest.raises(OptionError, match="seed"):
         load_trace(SYN, seed=-1)
 
@@ -497,8 +497,8 @@ def test_policy_context_lists_the_sessions_with_their_parents(monkeypatch) -> No
     bound = []
     monkeypatch.setattr(EvictionPolicy, "bind",
                         lambda self, ctx: (bound.append(ctx), setattr(self, "context", ctx)))
-    cfg = RunConfig(trace="synthetic:claude-code?sessions=16", gpu_cache=256 * 1024,
-                    preset="penelope")
+    cfg = RunConfig.from_flat(trace="synthetic:claude-code?sessions=16", gpu_cache=256 * 1024,
+                              preset="penelope")
     run(cfg)
     trace = load_run_trace(cfg)
     (ctx,) = bound
@@ -518,8 +518,8 @@ def test_fleet_replicas_policies_see_the_sessions_too(monkeypatch) -> None:
     bound = []
     monkeypatch.setattr(EvictionPolicy, "bind",
                         lambda self, ctx: (bound.append(ctx), setattr(self, "context", ctx)))
-    run(RunConfig(trace="synthetic:claude-code?sessions=8", gpu_cache=256 * 1024,
-                  preset="penelope", replicas=2, router="round-robin"))
+    run(RunConfig.from_flat(trace="synthetic:claude-code?sessions=8", gpu_cache=256 * 1024,
+                            preset="penelope", replicas=2, router="round-robin"))
     assert len(bound) == 2 and all(len(ctx.sessions) > 8 for ctx in bound)
 
 
@@ -607,11 +607,11 @@ def test_sweep_of_a_mooncake_trace_defaults_to_the_open_loop(tmp_path) -> None:
     mc = write_mooncake(tmp_path / "mc.jsonl")
     cfg = tmp_path / "s.yaml"
     cfg.write_text(f"base: {{trace: {mc}}}\ngrid: {{preset: [sglang]}}\n")
-    assert load_sweep(cfg).points[0].cfg.replay == "open"
+    assert load_sweep(cfg).points[0].cfg.traffic.replay == "open"
     cfg.write_text(f"base: {{trace: {mc}, replay: closed}}\ngrid: {{preset: [sglang]}}\n")
-    assert load_sweep(cfg).points[0].cfg.replay == "closed"
+    assert load_sweep(cfg).points[0].cfg.traffic.replay == "closed"
     cfg.write_text(f"base: {{trace: '{SYN}'}}\ngrid: {{preset: [sglang]}}\n")
-    assert load_sweep(cfg).points[0].cfg.replay == "closed"
+    assert load_sweep(cfg).points[0].cfg.traffic.replay == "closed"
 
 
 def test_plot_truncated_sweep_results_names_the_file(tmp_path) -> None:

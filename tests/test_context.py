@@ -4,7 +4,6 @@ recounts after every operation), the CLI and sweep contracts, and the experiment
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -78,7 +77,7 @@ def test_budget_keeps_the_highest_scores_and_the_pins() -> None:
 
 # --- runs ----------------------------------------------------------------------------------------
 def synthetic(context: str, preset: str = "penelope", **kw) -> RunConfig:
-    return RunConfig(**SYN, context=context, debug_cache=True, **kw).with_preset(preset)
+    return RunConfig.from_flat(**SYN, context=context, debug_cache=True, **kw).with_preset(preset)
 
 
 def test_full_adds_nothing_to_the_summary() -> None:
@@ -115,8 +114,8 @@ def test_dropped_keys_are_not_attended(context: str) -> None:
     """Without eviction nothing is restored: every prompt computes the same tokens under both
     strategies, attending fewer keys, and decode reads fewer keys."""
     big = dict(gpu_cache=1 << 21)
-    full = run(replace(synthetic("full"), **big)).summary
-    s = run(replace(synthetic(context), **big)).summary
+    full = run(synthetic("full").with_fields(**big)).summary
+    s = run(synthetic(context).with_fields(**big)).summary
     assert full["recomputed_tokens"] == s["recomputed_tokens"] == 0
     assert s["new_tokens"] == full["new_tokens"]
     assert s["prefill_units"] < full["prefill_units"]
@@ -137,20 +136,20 @@ def test_drop_and_splice_never_block_on_locks_here() -> None:
 
 def test_config_refuses_what_is_not_modelled() -> None:
     with pytest.raises(ConfigError, match="HiCache"):
-        check(replace(RunConfig(**SYN, context="drop:4", cpu_cache=32768, tiering="hicache"),
-                      preset="sglang"))
+        check(RunConfig.from_flat(**SYN, context="drop:4", cpu_cache=32768,
+                                  tiering="hicache").with_fields(preset="sglang"))
     with pytest.raises(ConfigError, match="closed loop"):
-        check(RunConfig(**SYN, context="summarize:32k:1k", replay="open"))
+        check(RunConfig.from_flat(**SYN, context="summarize:32k:1k", replay="open"))
     with pytest.raises(ConfigError, match="context"):
-        check(RunConfig(**SYN, context="drop:zero"))
+        check(RunConfig.from_flat(**SYN, context="drop:zero"))
     with pytest.raises(ConfigError, match="sglang engine"):
-        check(RunConfig(**SYN, context="drop:4", engine="vllm").with_preset("vllm"))
-    check(RunConfig(**SYN, context="drop:4", cpu_cache=32768, tiering="unified"))
+        check(RunConfig.from_flat(**SYN, context="drop:4", engine="vllm").with_preset("vllm"))
+    check(RunConfig.from_flat(**SYN, context="drop:4", cpu_cache=32768, tiering="unified"))
 
 
 def test_unified_tiers_with_drops() -> None:
-    s = run(replace(synthetic("drop:4"), gpu_cache=65536, cpu_cache=32768,
-                    tiering="unified")).summary
+    s = run(synthetic("drop:4").with_fields(gpu_cache=65536, cpu_cache=32768,
+                                            tiering="unified")).summary
     assert s["context_dropped_tokens"] > 0 and s["requests"] > 0
 
 
@@ -179,7 +178,7 @@ def test_cli_bad_context_is_one_line_exit_2() -> None:
 
 
 def test_sweep_grid_over_context_keeps_full_point_ids() -> None:
-    cfg = RunConfig(**SYN)
+    cfg = RunConfig.from_flat(**SYN)
     d = cfg.to_dict()
     assert d["context"] == "full"
     # the id a point had before the field existed
@@ -197,7 +196,7 @@ def test_sweep_grid_over_context_keeps_full_point_ids() -> None:
         d.pop(later)
     old = hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
     assert point_id(cfg) == old
-    assert point_id(replace(cfg, context="drop:4")) != old
+    assert point_id(cfg.with_fields(context="drop:4")) != old
 
 
 def test_sweep_yaml_takes_context(tmp_path) -> None:
@@ -265,7 +264,7 @@ def test_incremental_tool_results_match_a_full_rescan() -> None:
             return stale_tool_mask(regions, self.st.keep, n) & ~self._grow(
                 self.dropped, n, False)[:n]
 
-    tr = load_run_trace(RunConfig(**SYN))
+    tr = load_run_trace(RunConfig.from_flat(**SYN))
     for spec in ("drop:1", "drop:2+repos"):
         st_ = parse_context(spec)
         for i, sess in enumerate(tr.sessions):
@@ -299,7 +298,7 @@ def test_a_drop_blocked_by_another_running_request_keeps_the_cache_sound() -> No
         def finish_block_regions(self, r: int) -> np.ndarray:
             return np.full(len(self.finish_block_ids(r)), U, np.uint8)
 
-    cfg = RunConfig(gpu_cache=1 << 16, sessions=2, max_new_tokens=64, debug_cache=True,
-                    context="budget:1024").with_preset("penelope")
+    cfg = RunConfig.from_flat(gpu_cache=1 << 16, sessions=2, max_new_tokens=64, debug_cache=True,
+                              context="budget:1024").with_preset("penelope")
     s = run(cfg, Shared()).summary
     assert s["requests"] == 4 and s["context_edits_blocked"] >= 1

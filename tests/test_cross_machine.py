@@ -249,9 +249,9 @@ for label, extra in (("penelope", {}),
                      ("budget", {"context": "budget:16k"}),
                      ("fleet", {"replicas": 2, "router": "dynamo-kv",
                                 "router_params": {"temperature": 0.5}})):
-    cfg = RunConfig(**{**base, "preset": "penelope", **extra})
+    cfg = RunConfig.from_flat(**{**base, "preset": "penelope", **extra})
     if "policy" in extra:
-        cfg = RunConfig(**{**base, **extra})
+        cfg = RunConfig.from_flat(**{**base, **extra})
     r = run(cfg)
     out[label] = [hashlib.sha1(r.requests.to_csv(index=False).encode()).hexdigest(),
                   json.dumps(r.summary, sort_keys=True, default=str)]

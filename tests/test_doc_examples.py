@@ -89,4 +89,4 @@ def test_the_documented_sweep_files_load_wherever_they_are_run_from(tmp_path,
     monkeypatch.chdir(tmp_path)  # trace paths are relative to the sweep file
     for f in sorted((REPO / "docs" / "sweeps").glob("*.yaml")):
         sweep = load_sweep(f)
-        assert Path(sweep.points[0].cfg.trace).is_dir(), f
+        assert Path(sweep.points[0].cfg.traffic.trace).is_dir(), f

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import pytest
 
@@ -23,7 +21,7 @@ def cfg(**kw) -> RunConfig:
                 debug_cache=True, profile=PROF.name)  # pinned: the expected times use PROF
     base.update(kw)
     preset = base.pop("preset", "penelope")
-    return RunConfig(**base).with_preset(preset)
+    return RunConfig.from_flat(**base).with_preset(preset)
 
 
 def prefill(*ranges: tuple[int, int]) -> float:
@@ -133,8 +131,8 @@ def test_prompt_nodes_whole_prices_the_same_but_evicts_whole_prompts() -> None:
     trace = KitTrace([[(20000, 1, 0.0), (21000, 1, 10.0)], [(100, 1, 0.0), (9000, 1, 1.0)]])
     runs = {}
     for chunked in (True, False):
-        c = replace(cfg(gpu_cache=28 * 1024, sessions=2, preset="sglang"),
-                    checkpoint_chunks=chunked)
+        c = cfg(gpu_cache=28 * 1024, sessions=2,
+                preset="sglang").with_fields(checkpoint_chunks=chunked)
         runs[chunked] = run(c, trace).requests.set_index(["session", "turn"])
     assert runs[True].loc[("s0", 0)].ttft_s == pytest.approx(runs[False].loc[("s0", 0)].ttft_s)
     assert runs[False].loc[("s0", 1)].hit_gpu_tokens == 0
@@ -159,7 +157,7 @@ def test_unified_tiers_demote_instead_of_delete_and_load_back() -> None:
     # The scenario of the hole test, with a large CPU tier: A's history is demoted to the CPU
     # instead of deleted, and A's second turn loads it back (h2d charged to its batch).
     trace = KitTrace([[(4000, 1, 0.0), (6000, 1, 10.0)], [(100, 1, 0.0), (5000, 1, 1.0)]])
-    res = run(replace(cfg(gpu_cache=8192, sessions=2), cpu_cache=65536, tiering="unified"),
+    res = run(cfg(gpu_cache=8192, sessions=2).with_fields(cpu_cache=65536, tiering="unified"),
               trace)
     a2 = res.requests[(res.requests.session == "s0") & (res.requests.turn == 1)].iloc[0]
     assert a2.loaded_cpu_tokens > 0
@@ -180,8 +178,9 @@ def test_unified_tiers_demote_instead_of_delete_and_load_back() -> None:
 def test_tiered_runs_are_deterministic_and_consistent(tiering: str) -> None:
     trace = KitTrace([[(2000 + 900 * k, 300, 2.0) for k in range(8)] for _ in range(4)],
                      shared_blocks=16)
-    c = replace(cfg(gpu_cache=16384, sessions=3, preset="penelope" if tiering == "unified"
-                    else "sglang"), cpu_cache=16384, tiering=tiering, scheduler="lpm-cpu")
+    c = cfg(gpu_cache=16384, sessions=3, preset="penelope" if tiering == "unified"
+                    else "sglang").with_fields(cpu_cache=16384, tiering=tiering,
+                                               scheduler="lpm-cpu")
     a, b = run(c, trace), run(c, trace)
     assert a.requests.equals(b.requests) and a.summary == b.summary
     df = a.requests
@@ -193,7 +192,7 @@ def test_tiered_runs_are_deterministic_and_consistent(tiering: str) -> None:
 @pytest.mark.parametrize("scale", [1.0, 2.5])
 def test_open_loop_sends_at_recorded_times_scaled(scale: float) -> None:
     trace = KitTrace([[(3000, 1, 0.0), (3500, 1, 40.0)], [(2000, 1, 10.0)]])
-    res = run(replace(cfg(), replay="open", time_scale=scale), trace)
+    res = run(cfg().with_fields(replay="open", time_scale=scale), trace)
     sent = res.requests.set_index("request").send_s.sort_index().to_numpy()
     want = (trace.send_time_s - trace.send_time_s.min()) * scale
     assert sent == pytest.approx(want)

@@ -25,11 +25,11 @@ CONTEXTS = ["full", "trim:2", "summarize:12k:2k", "drop:2", "drop:2+repos", "spl
 
 def idle_run(engine: str, policy: str, context: str, seed: int, cache_k: int,
              concurrency: int, max_new: int | None):
-    cfg = RunConfig(trace=f"synthetic:claude-code?sessions=6&max_requests=10&seed={seed}",
-                    gaps="tool", max_context=65536, engine=engine, context=context,
-                    profile="derived-h100-qwen3-8b", gpu_cache=cache_k * 1024,
-                    sessions=concurrency, max_new_tokens=max_new, debug_cache=True,
-                    ).with_policy(policy)
+    cfg = RunConfig.from_flat(trace=f"synthetic:claude-code?sessions=6&max_requests=10&seed={seed}",
+                              gaps="tool", max_context=65536, engine=engine, context=context,
+                              profile="derived-h100-qwen3-8b", gpu_cache=cache_k * 1024,
+                              sessions=concurrency, max_new_tokens=max_new, debug_cache=True,
+                              ).with_policy(policy)
     try:
         check(cfg)
     except ConfigError:
@@ -41,10 +41,10 @@ def test_the_issue_run_drops_what_never_fits_at_submit_and_finishes() -> None:
     # The run of the report: with the budget strategy on a 24K cache a queue head that could
     # never fit (its plan restores dropped keys) was dropped by the pass, which then stopped
     # and slept with the requests behind it waiting: SimPy's "No scheduled events left".
-    cfg = RunConfig(trace="synthetic:claude-code?sessions=12&max_requests=30&seed=5",
-                    gaps="tool", max_context=65536, profile="derived-h100-qwen3-8b",
-                    gpu_cache=24 * 1024, sessions=8, context="budget:16k",
-                    debug_cache=True).with_preset("penelope")
+    cfg = RunConfig.from_flat(trace="synthetic:claude-code?sessions=12&max_requests=30&seed=5",
+                              gaps="tool", max_context=65536, profile="derived-h100-qwen3-8b",
+                              gpu_cache=24 * 1024, sessions=8, context="budget:16k",
+                              debug_cache=True).with_preset("penelope")
     df = run(cfg).requests
     dropped = df[df.dropped]
     assert 0 < len(dropped) < len(df)

@@ -25,7 +25,7 @@ BS = 64
 def cfg(preset: str = "sglang", **kw) -> RunConfig:
     base = dict(gpu_cache=1 << 20, sessions=4, debug_cache=True, profile=PROF.name)
     base.update(kw)
-    return RunConfig(**base).with_preset(preset)
+    return RunConfig.from_flat(**base).with_preset(preset)
 
 
 def prefill(*ranges: tuple[int, int]) -> float:
@@ -40,7 +40,7 @@ def row(res, session: str, turn: int):
 def test_default_scheduler_is_fcfs() -> None:
     # SGLang 0.5.23's schedule_policy default (and vLLM's only order); the paper's runs and
     # kvsim reproduce use lpm explicitly.
-    assert RunConfig().scheduler == "fcfs"
+    assert RunConfig().policy.scheduler == "fcfs"
 
 
 def test_batch_is_full_holds_admission_until_the_running_batch_shrinks() -> None:
@@ -208,10 +208,12 @@ def test_the_decode_step_that_retracts_does_not_decay_the_ratio() -> None:
     trace = KitTrace([[(1000, 200, 0.0)] for _ in range(8)])
     c = cfg(gpu_cache=136 * BS, sessions=8, max_new_tokens=1)
     run(c, trace, steps=Ratio())
-    decay = (c.new_token_ratio - c.new_token_ratio_min) / c.new_token_ratio_decay_steps
+    k = c.engine
+    decay = (k.new_token_ratio - k.new_token_ratio_min) / k.new_token_ratio_decay_steps
     assert seen and all(len(x) == 3 for x in seen)
     for after, steps, ratio in seen:
-        want = after if steps == 1 else max(after - (steps - 1) * decay, c.new_token_ratio_min)
+        want = after if steps == 1 else max(after - (steps - 1) * decay,
+                                            c.engine.new_token_ratio_min)
         assert ratio == pytest.approx(want, rel=1e-12, abs=1e-15)
 
 
@@ -275,7 +277,7 @@ def test_a_context_strategy_record_sees_the_whole_plan() -> None:
     base = dict(trace="synthetic:claude-code?sessions=6&max_requests=12&seed=3", gaps="tool",
                 max_context=65536, gpu_cache=32 * 1024, sessions=4, profile=PROF.name,
                 debug_cache=True)
-    df = run(RunConfig(**base, context="drop:2").with_preset("sglang")).requests
+    df = run(RunConfig.from_flat(**base, context="drop:2").with_preset("sglang")).requests
     kept = df[~df.dropped & (df.dropped_tokens == 0)]
     assert (kept.ideal_hit_tokens - kept.hit_gpu_tokens > 8192).sum() >= 5  # chunked misses
     assert (kept.recomputed_tokens == kept.ideal_hit_tokens - kept.hit_gpu_tokens).all()

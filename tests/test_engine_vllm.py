@@ -10,7 +10,6 @@ the previous reply; all sessions start at t = 0, in order.
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -20,7 +19,7 @@ from costmodel.profile import load_profile
 from costmodel.specs import get_spec
 from costmodel.units import ranges_units
 from sim.cli.main import cli
-from sim.config import ConfigError, RunConfig
+from sim.config import ConfigError, RunConfig, VllmKnobs
 from sim.engines import VllmServer
 from sim.engines.vllm import VLLM_MAX_NUM_SEQS, free_order_name, steps_fitting
 from sim.run import check, run
@@ -37,7 +36,7 @@ def cfg(preset: str = "vllm", **kw) -> RunConfig:
     base = dict(engine="vllm", gpu_cache=1 << 20, sessions=4, debug_cache=True,
                 profile=PROF.name, vllm_async=False)
     base.update(kw)
-    return RunConfig(**base).with_preset(preset)
+    return RunConfig.from_flat(**base).with_preset(preset)
 
 
 def prefill(*ranges: tuple[int, int]) -> float:
@@ -91,7 +90,7 @@ def test_prompt_blocks_are_cached_when_the_prefill_is_scheduled() -> None:
     assert b.ttft_s == pytest.approx(step, rel=1e-12)
     assert res.summary["prefill_batches"] == 1
     # SGLang inserts a prompt only once its prefill is done: B hits nothing there.
-    sg = run(replace(cfg(sessions=2), engine="sglang").with_preset("vllm"), trace)
+    sg = run(cfg(sessions=2).with_fields(engine="sglang").with_preset("vllm"), trace)
     assert row(sg, "s1", 0).hit_gpu_tokens == 0
 
 
@@ -115,7 +114,7 @@ def test_decode_blocks_are_cached_as_they_fill() -> None:
                 PROF.decode_step_seconds(1, 1000 + m))
     assert b2.ttft_s == pytest.approx(boundary + mixed - (t1 + g), rel=1e-9)
     # SGLang caches A's prompt after its prefill and its decoded tokens only at its finish.
-    sg = run(replace(cfg(sessions=2), engine="sglang").with_preset("vllm"), trace)
+    sg = run(cfg(sessions=2).with_fields(engine="sglang").with_preset("vllm"), trace)
     assert row(sg, "s1", 1).hit_gpu_tokens == 1000 // BS * BS
 
 
@@ -310,7 +309,7 @@ def test_decode_runs_change_nothing(monkeypatch) -> None:
                       for _ in range(4)], shared_blocks=12)
     for preset in ("vllm", "penelope"):
         # no invariant recount after every op here: one event per step makes thousands
-        c = replace(cfg(preset, gpu_cache=9000, sessions=3), debug_cache=False)
+        c = cfg(preset, gpu_cache=9000, sessions=3).with_fields(debug_cache=False)
         fast = run(c, trace)
         monkeypatch.setattr(VllmServer, "decode_runs", False)
         slow = run(c, trace)
@@ -364,7 +363,7 @@ HOLD = "docs/examples/hold_tool_calls.py:HoldToolCalls"
 ])
 def test_policies_vllm_cannot_express_are_refused(policy: str, why: str) -> None:
     with pytest.raises(ConfigError, match="cannot run on the vllm engine") as e:
-        check(RunConfig(engine="vllm").with_policy(policy))
+        check(RunConfig.from_flat(engine="vllm").with_policy(policy))
     assert why in str(e.value)
     res = CliRunner().invoke(cli, ["run", "--engine", "vllm", "--policy", policy])
     assert res.exit_code == 2
@@ -380,17 +379,17 @@ def test_custom_victim_keys_are_refused(tmp_path) -> None:
                  "    def key(self, node):\n"
                  "        return -node.last_access\n")
     with pytest.raises(ConfigError, match="'recent' cannot run on the vllm engine: it has its"):
-        check(RunConfig(engine="vllm").with_policy(f"{f}:Recent"))
+        check(RunConfig.from_flat(engine="vllm").with_policy(f"{f}:Recent"))
 
 
 @pytest.mark.parametrize(("field", "value", "why"), [
     ("cpu_cache", 65536, "one GPU tier"),
     ("scheduler", "lpm", "fcfs"),
-    ("checkpoint_chunks", False, "radix tree"),
+    ("checkpoint_chunks", False, "knob of the sglang engine, not of .vllm."),  # SGLang's tree
 ])
 def test_engine_options_vllm_does_not_have(field: str, value, why: str) -> None:
     with pytest.raises(ConfigError, match=why):
-        check(replace(cfg(), **{field: value}))
+        check(cfg().with_fields(**{field: value}))
 
 
 def test_default_presets_per_engine() -> None:
@@ -444,7 +443,7 @@ def test_full_sequence_check_counts_the_partial_last_block(b_tokens: int,
 
 # --- async scheduling (vLLM 0.33's default: --vllm-async on) ---------------------------------
 def test_async_is_the_default_and_off_is_the_sync_scheduler() -> None:
-    assert RunConfig().vllm_async is True
+    assert RunConfig().value("vllm_async") is VllmKnobs().vllm_async is True
     trace = KitTrace([[(640, 1000, 0.0)], [(640, 1000, 0.0)]])
     sync = run(cfg(gpu_cache=40 * BS, sessions=2), trace)
     assert sync.summary["vllm_async"] is False
@@ -479,8 +478,7 @@ def test_async_decode_runs_change_nothing(monkeypatch) -> None:
     trace = KitTrace([[(1500 + 700 * k, 400 + 150 * k, 1.0 + 0.3 * k) for k in range(6)]
                       for _ in range(4)], shared_blocks=12)
     for preset in ("vllm", "penelope"):
-        c = replace(cfg(preset, gpu_cache=9000, sessions=3, vllm_async=True),
-                    debug_cache=False)
+        c = cfg(preset, gpu_cache=9000, sessions=3, vllm_async=True).with_fields(debug_cache=False)
         fast = run(c, trace)
         monkeypatch.setattr(VllmServer, "decode_runs", False)
         slow = run(c, trace)
@@ -497,7 +495,7 @@ def test_async_decode_runs_change_nothing(monkeypatch) -> None:
 def test_vllm_async_option_and_sweep_key(tmp_path) -> None:
     import yaml
 
-    assert RunConfig.from_dict(yaml.safe_load("engine: vllm\nvllm_async: off")).vllm_async \
+    assert RunConfig.from_dict(yaml.safe_load("engine: vllm\nvllm_async: off")).engine.vllm_async \
         is False
     with pytest.raises(ConfigError, match="vllm_async"):
         RunConfig.from_dict({"engine": "vllm", "vllm_async": "sometimes"})
@@ -529,7 +527,7 @@ def test_sweep_point_ids_move_only_for_async_vllm_points() -> None:
         return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
     sglang = RunConfig().with_preset("sglang")
-    sync = RunConfig(engine="vllm", vllm_async=False).with_preset("vllm")
-    asy = RunConfig(engine="vllm").with_preset("vllm")
+    sync = RunConfig.from_flat(engine="vllm", vllm_async=False).with_preset("vllm")
+    asy = RunConfig.from_flat(engine="vllm").with_preset("vllm")
     assert point_id(sglang) == old_id(sglang) and point_id(sync) == old_id(sync)
     assert point_id(asy) != old_id(asy)

@@ -5,7 +5,6 @@ pickle broke the pool, and the user saw "worker process died" instead of the mes
 from __future__ import annotations
 
 import pickle
-from dataclasses import replace
 
 import pytest
 
@@ -39,6 +38,6 @@ def test_errors_round_trip_through_pickle(err: Exception) -> None:
 def test_a_workers_profile_error_reaches_the_caller() -> None:
     ctx = Context(trace="synthetic:claude-code?sessions=2", jobs=2, quick=True)
     good = ctx.base("qwen3-8b", 2)
-    bad = replace(good, model="gemma-3-27b", profile="derived-h100-qwen3-8b")
+    bad = good.with_fields(model="gemma-3-27b", profile="derived-h100-qwen3-8b")
     with pytest.raises(ProfileError, match="profile is for 'qwen3-8b', not 'gemma-3-27b'"):
         run_all(ctx, [good, bad])

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import replace
 from pathlib import Path
 from typing import ClassVar
 
@@ -41,8 +40,8 @@ from sim.run import check, run
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "docs" / "examples" / "prefix_or_least_load.py"
 SIMPLE = ("round-robin", "random", "least-load", "power-of-two", "session-affinity")
-BASE = RunConfig(trace="synthetic:claude-code?sessions=8", max_context=65536, gaps="tool",
-                 gpu_cache=65536, sessions=4)
+BASE = RunConfig.from_flat(trace="synthetic:claude-code?sessions=8", max_context=65536, gaps="tool",
+                           gpu_cache=65536, sessions=4)
 # Totals that add up over replicas (counts, tokens, seconds of work).
 ADDITIVE = ("requests", "dropped_requests", "prompt_tokens", "recomputed_tokens",
             "new_tokens", "hole_tokens", "decoded_tokens", "evictions", "evicted_tokens",
@@ -50,7 +49,7 @@ ADDITIVE = ("requests", "dropped_requests", "prompt_tokens", "recomputed_tokens"
 
 
 def _cfg(engine: str, **kw) -> RunConfig:
-    cfg = replace(BASE, engine=engine, **kw)
+    cfg = BASE.with_fields(engine=engine, **kw)
     return cfg.with_preset("vllm" if engine == "vllm" else "penelope")
 
 
@@ -188,7 +187,7 @@ def test_event_index_without_lag_is_the_truth(engine):
 @pytest.mark.parametrize("tiering,preset", [("unified", "sglang"), ("unified", "penelope"),
                                             ("hicache", "sglang")])
 def test_event_index_follows_demotions_and_loads_of_a_cpu_tier(tiering, preset):
-    cfg = replace(BASE, router=EventsLongest.name, replicas=3, gpu_cache=49152,
+    cfg = BASE.with_fields(router=EventsLongest.name, replicas=3, gpu_cache=49152,
                   cpu_cache=32768, tiering=tiering, scheduler="lpm-cpu").with_preset(preset)
     s = run(cfg).summary
     assert s["demoted_tokens"] > 0 and s["evicted_tokens"] > 0
@@ -199,8 +198,8 @@ def test_event_index_follows_the_device_nodes_a_hicache_load_deletes():
     # HiCache write_back: a CPU load makes device room by deleting nodes without a host copy.
     # Their ids are in the load's result now, so they are removed events (before: only a
     # count, and the index over-believed them: 1.9% of decisions wrong, +415 tokens).
-    cfg = replace(BASE, trace="synthetic:claude-code?sessions=16", router="dynamo-kv",
-                  replicas=2, sessions=16, gpu_cache=65536, cpu_cache=65536,
+    cfg = BASE.with_fields(trace="synthetic:claude-code?sessions=16", router="dynamo-kv",
+                           replicas=2, sessions=16, gpu_cache=65536, cpu_cache=65536,
                   tiering="hicache", hicache_write_policy="write_back").with_preset("sglang")
     res = run(cfg)
     s = res.summary
@@ -320,13 +319,13 @@ def test_session_affinity_is_a_consistent_hash():
 # --- configuration and the user's router -------------------------------------------------------
 def test_router_errors_are_config_errors():
     with pytest.raises(ConfigError, match="router"):
-        check(replace(BASE, router="nope"))
+        check(BASE.with_fields(router="nope"))
     with pytest.raises(ConfigError, match="replicas"):
-        check(replace(BASE, replicas=0))
+        check(BASE.with_fields(replicas=0))
     with pytest.raises(ConfigError, match="router_params"):
-        check(replace(BASE, router_params={"x": 1}))
+        check(BASE.with_fields(router_params={"x": 1}))
     with pytest.raises(ConfigError, match="context"):
-        check(replace(BASE, replicas=2, context="drop:4"))
+        check(BASE.with_fields(replicas=2, context="drop:4"))
     with pytest.raises(PolicyError, match="no parameter"):
         get_router("session-affinity", {"nope": 1})
 
@@ -451,10 +450,10 @@ def test_many_replicas():
     dict(cpu_cache=32768, tiering="hicache", scheduler="lpm-cpu"),
 ])
 def test_one_replica_equals_single_server_open_loop_and_tiers(extra):
-    cfg = replace(BASE, gpu_cache=49152, **extra).with_preset("sglang")
+    cfg = BASE.with_fields(gpu_cache=49152, **extra).with_preset("sglang")
     single = run(cfg)
     for router in ("round-robin", EventsLongest.name, ScrapedProbe.name):
-        fleet = run(replace(cfg, router=router))
+        fleet = run(cfg.with_fields(router=router))
         for k, v in single.summary.items():
             assert fleet.summary[k] == v or (v != v and fleet.summary[k] != fleet.summary[k]), \
                 (router, k)

@@ -7,8 +7,6 @@ with and without a pool."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -18,12 +16,13 @@ from policies.routing import ROUTERS
 from sim.config import RunConfig
 from sim.run import run
 
-BASE = RunConfig(trace="synthetic:claude-code?sessions=12", max_context=65536, gaps="tool",
-                 gpu_cache=1 << 17, sessions=6)
+BASE = RunConfig.from_flat(trace="synthetic:claude-code?sessions=12", max_context=65536,
+                           gaps="tool",
+                           gpu_cache=1 << 17, sessions=6)
 
 
 def fleet(router: str, pool: int = 0, policy: str = "penelope", **kw) -> RunConfig:
-    return replace(BASE, replicas=3, router=router, pool=pool, **kw).with_preset(policy)
+    return BASE.with_fields(replicas=3, router=router, pool=pool, **kw).with_preset(policy)
 
 
 def test_the_fleet_ideal_is_the_traces_whatever_the_router():
@@ -54,10 +53,10 @@ def test_with_a_shared_prefix_the_fleet_ideal_moves_only_with_concurrent_first_r
     # depends on whether another replica inserted it before the admission: sessions that
     # start together may or may not (the one timing effect left). The per-replica ideal
     # used to move by tens of points with the router; the fleet's stays within half a point.
-    cfg = replace(BASE, shared_prefix="auto")
+    cfg = BASE.with_fields(shared_prefix="auto")
     single = run(cfg.with_preset("sglang")).summary["ideal_hit_rate"]
     for router in ("round-robin", "random", "session-affinity", "dynamo-kv"):
-        s = run(replace(cfg, replicas=3, router=router).with_preset("penelope")).summary
+        s = run(cfg.with_fields(replicas=3, router=router).with_preset("penelope")).summary
         assert abs(s["ideal_hit_rate"] - single) < 0.005, router
         assert s["hit_rate"] <= s["routed_ideal_hit_rate"] <= s["ideal_hit_rate"]
 
@@ -75,9 +74,9 @@ def test_no_request_hits_above_either_ideal(replicas, router, policy, pool, writ
     # never exceeds the replica's own unlimited cache, nor that the fleet's; the recomputed
     # tokens are the replica's ideal less what was reused or loaded (before: blocks a pool
     # landed were missing from the replica's ideal, hit_rate 0.73 beside ideal 0.30).
-    cfg = replace(BASE, trace="synthetic:claude-code?sessions=8", max_context=32768,
+    cfg = BASE.with_fields(trace="synthetic:claude-code?sessions=8", max_context=32768,
                   gpu_cache=gpu, cpu_cache=cpu, replicas=replicas, router=router, pool=pool,
-                  pool_write=write, replay=replay, seed=seed, sessions=4)
+                           pool_write=write, replay=replay, seed=seed, sessions=4)
     res = run(cfg.with_preset(policy))
     t = res.requests[~res.requests["dropped"].astype(bool)]
     hit, routed, ideal = (t[c].to_numpy() for c in

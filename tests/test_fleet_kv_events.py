@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ast
 import json
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,8 +20,8 @@ from sim.run import run
 
 REPO = Path(__file__).resolve().parent.parent
 TRACE = "synthetic:claude-code?sessions=8"
-BASE = RunConfig(trace=TRACE, max_context=32768, gaps="tool", gpu_cache=49152, sessions=6,
-                 replicas=2, router="dynamo-kv?version=classic")
+BASE = RunConfig.from_flat(trace=TRACE, max_context=32768, gaps="tool", gpu_cache=49152, sessions=6,
+                           replicas=2, router="dynamo-kv?version=classic")
 
 
 def truth(engine) -> set[int]:
@@ -84,7 +83,7 @@ def checked(monkeypatch):
 ])
 def test_the_exact_index_is_every_replicas_cache_at_every_decision(checked, engine, patch,
                                                                    preset, extra):
-    cfg = replace(BASE, engine=engine, vllm_patch=patch, **extra).with_preset(preset)
+    cfg = BASE.with_fields(engine=engine, vllm_patch=patch, **extra).with_preset(preset)
     s = run(cfg).summary
     assert checked["decisions"] == s["requests"] and checked["closed"] == 1
     assert s["evicted_tokens"] > 0  # under pressure: blocks come and go

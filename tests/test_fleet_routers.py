@@ -6,7 +6,6 @@ grid and JSON rows."""
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 
 import pytest
 from click.testing import CliRunner
@@ -18,36 +17,36 @@ from sim.studies import Context
 from sim.studies import fleet as exp_fleet
 
 FIELD = ("sglang-cache-aware", "dynamo-kv", "llm-d", "mooncake", "preble")
-BASE = RunConfig(trace="synthetic:claude-code?sessions=8", max_context=65536, gaps="tool",
-                 gpu_cache=65536, sessions=6, replicas=3).with_preset("penelope")
-GROUPS = RunConfig(trace="synthetic:prefix-groups?groups=6&users=4&turns=2&qps=8..24",
-                   replay="open", gpu_cache=16384, replicas=3).with_preset("sglang")
+BASE = RunConfig.from_flat(trace="synthetic:claude-code?sessions=8", max_context=65536, gaps="tool",
+                           gpu_cache=65536, sessions=6, replicas=3).with_preset("penelope")
+GROUPS = RunConfig.from_flat(trace="synthetic:prefix-groups?groups=6&users=4&turns=2&qps=8..24",
+                             replay="open", gpu_cache=16384, replicas=3).with_preset("sglang")
 
 
 @pytest.mark.parametrize("router", FIELD)
 @pytest.mark.parametrize("engine", ["sglang", "vllm"])
 def test_every_request_served_once_and_totals_add_up(router, engine):
-    res = run(replace(BASE, router=router, engine=engine))
+    res = run(BASE.with_fields(router=router, engine=engine))
     t, s = res.requests, res.summary
     assert sorted(t["request"]) == list(range(s["trace_requests"]))
     per = s["replica_summaries"]
     for k in ("requests", "prompt_tokens", "recomputed_tokens", "decoded_tokens", "evictions"):
         assert s[k] == sum(p[k] for p in per), k
     assert 0 <= s["reuse_captured"] <= s["reuse_available"] <= 1
-    again = run(replace(BASE, router=router, engine=engine))
+    again = run(BASE.with_fields(router=router, engine=engine))
     assert again.requests.equals(t)  # a pure function of (trace, config, seed)
 
 
 def test_open_loop_prefix_groups_with_every_field_router():
     for router in FIELD:
-        res = run(replace(GROUPS, router=router))
+        res = run(GROUPS.with_fields(router=router))
         assert len(res.requests) == 48 and res.summary["dropped_requests"] == 0, router
 
 
 @pytest.mark.parametrize("router", ["sglang-cache-aware", "preble",
                                     "dynamo-kv?use_kv_events=false"])
 def test_approximate_views_overpredict_once_engines_evict(router):
-    s = run(replace(BASE, router=router, gpu_cache=32768)).summary
+    s = run(BASE.with_fields(router=router, gpu_cache=32768)).summary
     assert s["evicted_tokens"] > 0
     assert s["belief_bias_mean_tokens"] > 0 and s["belief_wrong_share"] > 0
 
@@ -56,18 +55,18 @@ def test_llmd_index_sized_by_the_engines_believes_evicted_blocks():
     # autoTune: each pod's LRU holds as many 64-token hashes as the engine has 16-token
     # blocks (4x its tokens), and never hears of evictions: once engines evict, it believes
     # prefixes they no longer hold; the precise (KV-event) scorer sees the truth
-    cfg = replace(GROUPS, gpu_cache=8192, router="llm-d")
+    cfg = GROUPS.with_fields(gpu_cache=8192, router="llm-d")
     s = run(cfg).summary
     assert s["evicted_tokens"] > 0 and s["belief_bias_mean_tokens"] > 0
-    exact = run(replace(cfg, router_params={"precise": True})).summary
+    exact = run(cfg.with_fields(router_params={"precise": True})).summary
     assert exact["evicted_tokens"] > 0 and exact["belief_error_mean_tokens"] == 0.0
 
 
 def test_llmd_believes_at_most_its_hashed_prefix():
     # without autoTune llm-d hashes only the first 256 x 16 = 4,096 tokens: on long agent
     # prompts its belief falls short of the truth, and it is wrong on most decisions
-    res = run(replace(BASE, router="llm-d", gpu_cache=32768,
-                      router_params={"auto_tune": False}))
+    res = run(BASE.with_fields(router="llm-d", gpu_cache=32768,
+                               router_params={"auto_tune": False}))
     s = res.summary
     assert s["evicted_tokens"] > 0
     assert s["belief_bias_mean_tokens"] < 0 and s["belief_wrong_share"] > 0.5
@@ -75,10 +74,10 @@ def test_llmd_believes_at_most_its_hashed_prefix():
 
 @pytest.mark.parametrize("router", ["dynamo-kv?version=classic", "mooncake"])
 def test_kv_event_routers_see_the_truth_without_lag(router):
-    s = run(replace(BASE, router=router, gpu_cache=32768)).summary
+    s = run(BASE.with_fields(router=router, gpu_cache=32768)).summary
     assert s["evicted_tokens"] > 0 and s["belief_error_mean_tokens"] == 0.0
-    lagged = run(replace(BASE, router=router, gpu_cache=32768,
-                         router_params={"event_lag_s": 20.0})).summary
+    lagged = run(BASE.with_fields(router=router, gpu_cache=32768,
+                                  router_params={"event_lag_s": 20.0})).summary
     assert lagged["belief_wrong_share"] > 0
 
 
@@ -86,10 +85,10 @@ def test_dynamo_16_index_loses_what_follows_a_freed_head():
     # Penelope frees a history from its head: Dynamo 1.6's index forgets every block after
     # a removed one (they are unreachable), while the engine keeps them, so it believes less
     # than is cached; with SGLang's tail-first eviction nothing is orphaned
-    s = run(replace(BASE, router="dynamo-kv", gpu_cache=32768)).summary
+    s = run(BASE.with_fields(router="dynamo-kv", gpu_cache=32768)).summary
     assert s["evicted_tokens"] > 0 and s["belief_bias_mean_tokens"] < 0
-    tail = run(replace(BASE.with_preset("sglang"), router="dynamo-kv",
-                       gpu_cache=32768)).summary
+    tail = run(BASE.with_preset("sglang").with_fields(router="dynamo-kv",
+                                                      gpu_cache=32768)).summary
     assert tail["evicted_tokens"] > 0 and tail["belief_error_mean_tokens"] == 0.0
 
 
@@ -100,14 +99,14 @@ def test_sglang_cache_aware_113_spreads_a_shared_prefix_fleet_the_19_rule_piles(
     # misses), and 6 sessions never make the 64 in-flight requests of imbalance, so one worker
     # stays idle. 1.13 sends a hit to the least-loaded holder and spills a holder past the
     # natural swing of the mean: every worker serves.
-    cfg = replace(BASE, shared_prefix="auto", router="sglang-cache-aware")
-    old = run(replace(cfg, router_params={"version": "1.9"})).summary
+    cfg = BASE.with_fields(shared_prefix="auto", router="sglang-cache-aware")
+    old = run(cfg.with_fields(router_params={"version": "1.9"})).summary
     assert min(p["requests"] for p in old["replica_summaries"]) == 0
     new = run(cfg).summary
     assert min(p["requests"] for p in new["replica_summaries"]) > 0
     assert new["load_cv_requests"] < old["load_cv_requests"]
-    low = run(replace(cfg, router_params={"version": "1.9", "balance_abs_threshold": 1,
-                                          "balance_rel_threshold": 1.0})).summary
+    low = run(cfg.with_fields(router_params={"version": "1.9", "balance_abs_threshold": 1,
+                              "balance_rel_threshold": 1.0})).summary
     assert min(p["requests"] for p in low["replica_summaries"]) > 0
 
 
@@ -118,11 +117,11 @@ def test_reproduce_fleet_grid_and_rows():
     assert len(cfgs) == len(exp_fleet.ROUTERS) * 2 * 3 * n_workloads
     assert {k[1] for k in keys} == set(exp_fleet.ROUTERS) and {k[3] for k in keys} == {2, 4, 8}
     for (workload, router, policy, n), c in zip(keys, cfgs, strict=True):
-        assert (c.router, c.replicas, c.policy_spec) == (router, n, policy)
+        assert (c.fleet.router, c.fleet.replicas, c.policy_spec) == (router, n, policy)
         if workload == "cc-traces":
-            assert c.sessions == exp_fleet.SESSIONS_PER_REPLICA * n
+            assert c.traffic.sessions == exp_fleet.SESSIONS_PER_REPLICA * n
         else:
-            assert c.replay == "open"
+            assert c.traffic.replay == "open"
 
 
 def test_reproduce_fleet_json_prints_one_document(monkeypatch):

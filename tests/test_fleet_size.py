@@ -4,8 +4,6 @@ replicas, and an idle replica changes no dtype of the fleet's request table."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 import yaml
 from click.testing import CliRunner
@@ -17,7 +15,7 @@ from sim.fleet.results import FleetSizeError
 from sim.run import load_run_trace, run
 
 SYN = "synthetic:chat?sessions=3&max_requests=3"
-BASE = RunConfig(trace=SYN, gpu_cache=16384, preset="sglang")
+BASE = RunConfig.from_flat(trace=SYN, gpu_cache=16384, preset="sglang")
 
 
 # Every request to replica 0: the rest of the fleet sits idle. A file, not a registered
@@ -41,8 +39,8 @@ def first(tmp_path_factory) -> str:
 def test_more_replicas_than_requests_is_refused_before_the_run() -> None:
     n = len(load_run_trace(BASE))
     with pytest.raises(FleetSizeError, match=f"the trace has {n:,} requests"):
-        run(replace(BASE, replicas=n + 1))
-    assert run(replace(BASE, replicas=n)).summary["replicas"] == n
+        run(BASE.with_fields(replicas=n + 1))
+    assert run(BASE.with_fields(replicas=n)).summary["replicas"] == n
     res = CliRunner().invoke(cli, ["run", "--trace", SYN, "--gpu-cache", "16k", "--preset",
                                    "sglang", "--replicas", "100000"])
     assert res.exit_code == 2 and "Traceback" not in res.stderr, res.stderr
@@ -53,10 +51,10 @@ def test_more_replicas_than_requests_is_refused_before_the_run() -> None:
 
 
 def test_idle_replicas_are_counted_and_warned_about(tmp_path, first) -> None:
-    s = run(replace(BASE, replicas=4, router=first)).summary
+    s = run(BASE.with_fields(replicas=4, router=first)).summary
     assert s["idle_replicas"] == 3
     assert [p["requests"] for p in s["replica_summaries"]][1:] == [0, 0, 0]
-    assert run(replace(BASE, replicas=2, router="round-robin")).summary["idle_replicas"] == 0
+    assert run(BASE.with_fields(replicas=2, router="round-robin")).summary["idle_replicas"] == 0
     res = CliRunner().invoke(cli, ["run", "--trace", SYN, "--gpu-cache", "16k", "--preset",
                                    "sglang", "--replicas", "4", "--router", first])
     assert res.exit_code == 0, res.stderr
@@ -101,10 +99,10 @@ def test_idle_replicas_add_no_end_of_run_summaries_and_change_no_dtype(monkeypat
         return real(self, *a, **k)
 
     monkeypatch.setattr(RunRecorder, "summary", counting)
-    many = run(replace(BASE, replicas=8, router=first))
+    many = run(BASE.with_fields(replicas=8, router=first))
     # the fleet's, replica 0's, and one idle replica's: not one per idle replica
     assert len(calls) == 3, calls
-    few = run(replace(BASE, replicas=1, router=first))
+    few = run(BASE.with_fields(replicas=1, router=first))
     assert dict(many.requests.dtypes) == dict(few.requests.dtypes)
     assert many.requests.drop(columns=["replica"]).equals(few.requests.drop(columns=["replica"]))
     idle = many.summary["replica_summaries"][1:]

@@ -5,7 +5,6 @@ takes one value given twice (click would keep the last silently)."""
 
 from __future__ import annotations
 
-from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,7 @@ import yaml
 from click.testing import CliRunner
 
 from sim.cli.main import cli
-from sim.config import IDLE_RULES, ConfigError, RunConfig, idle_fields
+from sim.config import FLAT, IDLE_RULES, ConfigError, RunConfig, idle_fields
 from sim.sweep import load_sweep
 
 SYN = "synthetic:chat?sessions=2&max_requests=2"
@@ -41,12 +40,12 @@ def one_line_error(args: list[str], needle: str) -> str:
     (["--replay", "open", "--gaps", "tool"], "--gaps does nothing here: the open loop"),
     (["--replay", "open", "--sessions", "3"], "--sessions does nothing here: the open loop"),
     (["--replay", "open", "-n", "3"], "--sessions does nothing here"),
-    (["--vllm-async", "off"], "--vllm-async does nothing here: it is a mode of vLLM's "
-                              "scheduler: add --engine vllm"),
+    (["--vllm-async", "off"], "field 'vllm_async': is a knob of the vllm engine, not of "
+                              "'sglang': use --engine vllm"),
     (["--replicas", "2", "--router", "dynamo-kv", "--router-param", "ttl_s=30"],
      "parameter 'ttl_s' does nothing here"),
 ])
-def test_an_option_that_does_nothing_is_refused(extra, needle) -> None:
+def test_an_option_that_does_nothing_or_belongs_elsewhere_is_refused(extra, needle) -> None:
     one_line_error([*RUN, *extra], needle)
 
 
@@ -74,11 +73,11 @@ def test_mooncake_defaults_to_the_open_loop_where_sessions_do_nothing(tmp_path) 
 
 
 def test_every_idle_rule_names_run_fields() -> None:
-    known = {f.name for f in fields(RunConfig)}
+    known = set(FLAT)
     for rule in IDLE_RULES:
         assert set(rule.fields) <= known, rule
     assert idle_fields(RunConfig(), ["pool_write", "seed"])[0][0] == "pool_write"
-    assert not idle_fields(RunConfig(pool=1 << 16, replicas=2), ["pool_write"])
+    assert not idle_fields(RunConfig.from_flat(pool=1 << 16, replicas=2), ["pool_write"])
 
 
 def _sweep(tmp_path: Path, doc: dict) -> Path:
@@ -95,12 +94,11 @@ BASE = {"trace": SYN, "gpu_cache": "16k", "preset": "sglang"}
     ({"base": {**BASE, "replicas": 2}, "grid": {"pool": [0, "64k"],
                                                "pool_write": ["write-through", "write-back"]}},
      "point 0", "pool_write"),
-    ({"base": BASE, "grid": {"vllm_async": [True, False]}}, "point 0", "vllm_async"),
     ({"base": {**BASE, "router": "least-load"}}, "", "base.router"),
     ({"base": {**BASE, "pool_write": "write-back"}}, "", "base.pool_write"),
     ({"base": {**BASE, "replay": "open"}, "grid": {"sessions": [2, 4]}}, "",
      "grid.sessions"),
-    ({"base": {**BASE, "vllm_async": False}}, "", "base.vllm_async"),
+    ({"base": {**BASE, "vllm_async": True}}, "", "base.vllm_async"),
 ])
 def test_a_sweep_field_that_does_nothing_is_refused_naming_file_and_field(tmp_path, doc, where,
                                                                         field) -> None:
@@ -109,6 +107,22 @@ def test_a_sweep_field_that_does_nothing_is_refused_naming_file_and_field(tmp_pa
         load_sweep(f)
     assert str(e.value).startswith(f"{f}{' ' + where if where else ''}: field {field!r}: "
                                    "does nothing"), str(e.value)
+
+
+@pytest.mark.parametrize("doc,where", [
+    ({"base": BASE, "grid": {"vllm_async": [True, False]}}, "point 1"),
+    ({"base": {**BASE, "vllm_async": False}}, "point 0"),
+    ({"base": {**BASE, "engine": "vllm", "preset": "vllm", "new_token_ratio": 0.5}}, "point 0"),
+])
+def test_a_sweep_knob_of_the_other_engine_is_refused_naming_its_engine(tmp_path, doc,
+                                                                         where) -> None:
+    f = _sweep(tmp_path, doc)
+    with pytest.raises(ConfigError) as e:
+        load_sweep(f)
+    field = next(k for k in ("vllm_async", "new_token_ratio") if k in str(e.value))
+    owner = "vllm" if field == "vllm_async" else "sglang"
+    assert str(e.value).startswith(f"{f} {where}: field {field!r}: is a knob of the {owner} "
+                                   "engine"), str(e.value)
 
 
 def test_a_field_that_acts_in_some_points_is_accepted(tmp_path) -> None:

@@ -27,7 +27,7 @@ def cfg(**kw) -> RunConfig:
                 debug_cache=True, profile=PROF.name)
     base.update(kw)
     preset = base.pop("preset", "penelope")
-    return RunConfig(**base).with_preset(preset)
+    return RunConfig.from_flat(**base).with_preset(preset)
 
 
 def prefill(*ranges: tuple[int, int]) -> float:
@@ -181,7 +181,7 @@ def test_bad_slo_is_refused_naming_the_field(bad: str) -> None:
     from sim.config import ConfigError
 
     with pytest.raises(ConfigError, match="'slo'"):
-        RunConfig(slo=bad).validate()
+        RunConfig.from_flat(slo=bad).validate()
 
 
 def test_a_run_that_drops_requests_does_not_meet_the_slo() -> None:

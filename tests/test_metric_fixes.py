@@ -45,8 +45,8 @@ def test_evicted_tokens_count_every_deletion(monkeypatch, tiers: dict) -> None:
     deletion, wherever it happens, is in evicted_tokens."""
     preset = "sglang" if tiers.get("tiering") == "hicache" else "penelope"
     spy = DeletionSpy(monkeypatch)
-    s = run(RunConfig(**SYNTH, **tiers, scheduler="lpm-cpu" if "cpu_cache" in tiers
-                      else "lpm").with_preset(preset)).summary
+    s = run(RunConfig.from_flat(**SYNTH, **tiers, scheduler="lpm-cpu" if "cpu_cache" in tiers
+                                else "lpm").with_preset(preset)).summary
     assert spy.blocks > 0
     assert s["evicted_tokens"] == spy.blocks * 64
 
@@ -59,8 +59,8 @@ def test_a_resent_prompt_loads_only_what_it_reuses(tiering: str) -> None:
     from tests.enginekit import KitTrace
 
     trace = KitTrace([[(6400, 1, 0.0), (6400, 1, 30.0)], [(6400, 1, 0.0)]])
-    cfg = RunConfig(gpu_cache=8192, cpu_cache=16384, tiering=tiering, sessions=2,
-                    max_new_tokens=16, scheduler="lpm-cpu").with_preset("sglang")
+    cfg = RunConfig.from_flat(gpu_cache=8192, cpu_cache=16384, tiering=tiering, sessions=2,
+                              max_new_tokens=16, scheduler="lpm-cpu").with_preset("sglang")
     res = run(cfg, trace)
     resend = res.requests.set_index("request").loc[1]
     assert resend.hit_gpu_tokens == 0
@@ -78,7 +78,7 @@ def test_jobs_are_top_level_sessions() -> None:
     trace = KitTrace([[(2000, 10, 0.0), (3000, 10, 5.0)], [(1000, 10, 0.0), (1500, 10, 1.0)]])
     sub = trace.sessions[1]
     sub.parent, sub.after_request, sub.start_offset_s = 0, 0, 0.5
-    res = run(RunConfig(sessions=1, gpu_cache=65536, max_new_tokens=16), trace)
+    res = run(RunConfig.from_flat(sessions=1, gpu_cache=65536, max_new_tokens=16), trace)
     s, df = res.summary, res.requests
     assert s["sessions_completed"] == 1 and s["subagents_completed"] == 1
     top_end = df[df.session_index == 0].end_s.max()
@@ -101,8 +101,8 @@ def test_decode_copies_delay_the_decode_run_not_the_next_batch() -> None:
     # B's history to the CPU tier. B's next turn, 100 s later, loads them back (16 h2d) after
     # pushing 16 of A's blocks out (16 d2h), and computes one new block.
     trace = KitTrace([[(4096, 1, 0.0), (4160, 1, 100.0)], [(1024, 2000, 0.0)]])
-    cfg = RunConfig(gpu_cache=6144, cpu_cache=8192, tiering="unified", sessions=2,
-                    max_new_tokens=16, scheduler="lpm-cpu").with_preset("penelope")
+    cfg = RunConfig.from_flat(gpu_cache=6144, cpu_cache=8192, tiering="unified", sessions=2,
+                              max_new_tokens=16, scheduler="lpm-cpu").with_preset("penelope")
     res = run(cfg, trace)
     req = res.requests.set_index("request")
     a, b1 = req.loc[2], req.loc[1]

@@ -4,8 +4,6 @@ server, and properties of every run (hypothesis)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import pytest
 from enginekit import KitTrace
@@ -28,7 +26,7 @@ def pd_cfg(**kw) -> RunConfig:
     base = dict(trace="kit", gpu_cache=16384, sessions=1, prefill_replicas=1,
                 decode_replicas=1, preset="sglang")
     base.update(kw)
-    return RunConfig(**base)
+    return RunConfig.from_flat(**base)
 
 
 def prefill_s(a: int, b: int) -> float:
@@ -134,7 +132,7 @@ def test_ideal_link_equals_one_aggregated_server_within_the_first_forward():
     trace = KitTrace([[(3000, 300, 0.0), (3500, 100, 2.0), (9000, 50, 1.0)],
                       [(700, 40, 0.0), (5000, 10, 3.0)]])
     pd = run(pd_cfg(gpu_cache=65536, pd_link="ideal", pd_return="output"), trace).requests
-    agg = run(RunConfig(trace="kit", gpu_cache=65536, sessions=1, preset="sglang"),
+    agg = run(RunConfig.from_flat(trace="kit", gpu_cache=65536, sessions=1, preset="sglang"),
               trace).requests
     assert pd["request"].tolist() == agg["request"].tolist()
     np.testing.assert_allclose(pd["prefill_s"], agg["ttft_s"], rtol=1e-12)
@@ -197,10 +195,10 @@ def pd_runs(draw, engine: str = "sglang"):
         max_new_tokens=draw(st.sampled_from([None, 32])),
         pd_prealloc=draw(st.sampled_from(["on", "off"])))
     if engine == "vllm":  # what vLLM's connector path does (the rest is refused)
-        return replace(cfg, engine="vllm", preset="vllm", pd_prealloc="on", pd_return="none",
-                       vllm_async=draw(st.booleans())), KitTrace(sessions)
-    streaming = draw(st.booleans()) and cfg.pd_link != "ideal"
-    return replace(cfg, pd_streaming="layer" if streaming else "off"), KitTrace(sessions)
+        return cfg.with_fields(engine="vllm", preset="vllm", pd_prealloc="on", pd_return="none",
+                               vllm_async=draw(st.booleans())), KitTrace(sessions)
+    streaming = draw(st.booleans()) and cfg.pd.pd_link != "ideal"
+    return cfg.with_fields(pd_streaming="layer" if streaming else "off"), KitTrace(sessions)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -226,7 +224,7 @@ def check_pd_run(cfg: RunConfig, trace) -> None:
     sent = remote["pd_prefill_worker"] >= 0
     assert s["prefill_pool_requests"] == int(sent.sum())
     assert remote["dropped"][~sent].all()
-    if cfg.pd_prealloc == "on":
+    if cfg.pd.pd_prealloc == "on":
         assert s["landed_lost_tokens"] == 0
         assert (remote["prealloc_wait_s"][sent] >= 0).all()
     else:
@@ -244,7 +242,7 @@ def check_pd_run(cfg: RunConfig, trace) -> None:
         assert (start[1:] >= end[:-1] - 1e-12).all()  # FIFO: never two at once
         assert (end - start).sum() <= s["sim_end_s"] + 1e-9
     assert 0.0 <= s["link_busy_share_max"] <= 1.0 + 1e-12
-    if cfg.pd_streaming == "off":
+    if cfg.pd.pd_streaming == "off":
         parts = remote["prealloc_wait_s"].fillna(0.0) + remote["prefill_s"] \
             + remote["transfer_queue_s"] + remote["transfer_s"] + remote["first_decode_s"]
         r_ok = ~remote["dropped"] & remote["prefill_s"].notna()
@@ -269,7 +267,7 @@ def test_sweep_ids_read_pd_fields_only_for_pd_points():
                               "pd_link": "nvlink4"}, "sweep.yaml")
     assert identity(pd)["pd_link"] == "nvlink4" and point_id(pd) != point_id(agg)
     # pre-allocation is read into a PD point's id unless off (then it ran as before it existed)
-    off = replace(pd, pd_prealloc="off")
+    off = pd.with_fields(pd_prealloc="off")
     assert identity(pd)["pd_prealloc"] == "on" and "pd_prealloc" not in identity(off)
     assert point_id(off) != point_id(pd)
 
@@ -283,9 +281,10 @@ def test_a_decode_worker_short_of_memory_never_idles_with_work(engine, prealloc)
     the worker evicts some before admitting its request (``landed_lost_tokens``); with it
     (the default) the landing is admission-controlled up front: nothing landed is lost, and
     requests wait in the prealloc queue instead."""
-    cfg = RunConfig(trace="synthetic:claude-code?sessions=8", max_context=65536, gaps="tool",
-                    gpu_cache=98304, sessions=3, prefill_replicas=2, decode_replicas=1,
-                    engine=engine, preset=engine, debug_cache=True, pd_prealloc=prealloc)
+    cfg = RunConfig.from_flat(trace="synthetic:claude-code?sessions=8", max_context=65536,
+                              gaps="tool",
+                              gpu_cache=98304, sessions=3, prefill_replicas=2, decode_replicas=1,
+                              engine=engine, preset=engine, debug_cache=True, pd_prealloc=prealloc)
     res = run(cfg)
     s = res.summary
     assert s["requests"] == len(res.requests) > 0
@@ -318,10 +317,11 @@ def test_a_cache_aware_router_sees_the_prefill_pools_caches():
     """The prefill worker is the router's choice over the prefill pool: dynamo-kv, fed by the
     prefill workers' KV events, keeps sessions where their prefixes are; round-robin
     scatters them and loses most of the reuse."""
-    cfg = RunConfig(trace="synthetic:claude-code?sessions=8", max_context=32768, gaps="tool",
-                    gpu_cache=65536, sessions=4, prefill_replicas=2, decode_replicas=1,
-                    preset="sglang")
-    rr = run(replace(cfg, router="round-robin")).summary
-    kv = run(replace(cfg, router="dynamo-kv")).summary
+    cfg = RunConfig.from_flat(trace="synthetic:claude-code?sessions=8", max_context=32768,
+                              gaps="tool",
+                              gpu_cache=65536, sessions=4, prefill_replicas=2, decode_replicas=1,
+                              preset="sglang")
+    rr = run(cfg.with_fields(router="round-robin")).summary
+    kv = run(cfg.with_fields(router="dynamo-kv")).summary
     assert kv["hit_rate"] > rr["hit_rate"] + 0.2
     assert kv["ttft_mean_s"] < rr["ttft_mean_s"]

@@ -27,7 +27,7 @@ def cfg(**kw) -> RunConfig:
     base = dict(trace="kit", gpu_cache=2048, sessions=2, prefill_replicas=1,
                 decode_replicas=1, preset="sglang", max_new_tokens=16, debug_cache=True)
     base.update(kw)
-    return RunConfig(**base)
+    return RunConfig.from_flat(**base)
 
 
 TWO = KitTrace([[(1000, 5, 0.0)], [(1000, 5, 0.0)]])

@@ -109,10 +109,10 @@ def test_reproduce_pd_grid():
     per = len(exp_pd.arrangements(exp_pd.GPUS))
     assert len(cfgs) == per * n
     for k, c in zip(keys, cfgs, strict=True):
-        gpus = c.prefill_replicas + c.decode_replicas if c.is_pd else c.replicas
+        gpus = c.pd.prefill_replicas + c.pd.decode_replicas if c.is_pd else c.fleet.replicas
         assert gpus == exp_pd.GPUS == k["gpus"]  # every row at the same GPU count
         assert c.policy_spec == k["policy"]
-    assert {c.pd_rule for c in cfgs if c.is_pd} == {"disagg", *exp_pd.RULES}
+    assert {c.pd.pd_rule for c in cfgs if c.is_pd} == {"disagg", *exp_pd.RULES}
 
 
 def test_reproduce_pd_quick_json_and_tables(monkeypatch):

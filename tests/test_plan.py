@@ -36,8 +36,8 @@ def pessimistic_p90(replicas: int) -> float:
     trace = ",".join(map(str, SLICE))
     values = []
     for seed in (0, 1):
-        cfg = RunConfig(trace=trace, **RUN, replicas=replicas, seed=seed, trace_seed=0,
-                        gpu_cache=410_880, profile="kernels-h100_sxm-qwen3-8b", **router)
+        cfg = RunConfig.from_flat(trace=trace, **RUN, replicas=replicas, seed=seed, trace_seed=0,
+                                  gpu_cache=410_880, profile="kernels-h100_sxm-qwen3-8b", **router)
         values.append(run(cfg).summary["ttft_p90_s"])
     mean, ci = mean_ci(values)
     return mean + (0.0 if math.isnan(ci) else ci)
@@ -105,9 +105,9 @@ def test_plan_searches_disaggregated_pools(tmp_path) -> None:
     assert res.exit_code == 0, res.output
     chosen = json.loads(res.stdout)["chosen"]
     assert (chosen["size"], chosen["gpus"], chosen["meets"]) == ("1:1", 2, True)
-    direct = run(RunConfig(trace="synthetic:claude-code?sessions=6", max_context=32768,
-                           gaps="tool", sessions=3, gpu="H100", preset="sglang",
-                           prefill_replicas=1, decode_replicas=1)).summary
+    direct = run(RunConfig.from_flat(trace="synthetic:claude-code?sessions=6", max_context=32768,
+                                     gaps="tool", sessions=3, gpu="H100", preset="sglang",
+                                     prefill_replicas=1, decode_replicas=1)).summary
     assert (direct["gpus"], direct["pd_prefill_replicas"]) == (2, 1)
     assert chosen["ttft_p90_s"] == direct["ttft_p90_s"] <= 0.6
     # 2:1 (three GPUs) is slower here: round robin splits the sessions' prefill caches

@@ -44,13 +44,13 @@ def invoke(*args) -> tuple[int, str, str]:
 # ---------------------------------------------------------------------------- labels
 def test_labels_come_from_the_fields() -> None:
     assert RunConfig().policy_label == "penelope"  # the default policy
-    assert RunConfig(evict="tail", granularity="node").policy_label == "sglang"
-    assert RunConfig(evict="tail", granularity="block").policy_label == "vllm"
-    assert RunConfig(evict="leaf-head").policy_label == "lru+leaf-head+node"
-    assert RunConfig(order="lfu", evict="tail", granularity="block").policy_label == \
+    assert RunConfig.from_flat(evict="tail", granularity="node").policy_label == "sglang"
+    assert RunConfig.from_flat(evict="tail", granularity="block").policy_label == "vllm"
+    assert RunConfig.from_flat(evict="leaf-head").policy_label == "lru+leaf-head+node"
+    assert RunConfig.from_flat(order="lfu", evict="tail", granularity="block").policy_label == \
         "lfu+tail+block"
-    assert RunConfig(preset="sglang").policy_label == "sglang"
-    assert RunConfig(policy="lru+private-head+block").policy_label == "penelope"
+    assert RunConfig.from_flat(preset="sglang").policy_label == "sglang"
+    assert RunConfig.from_flat(policy="lru+private-head+block").policy_label == "penelope"
 
 
 @pytest.mark.parametrize("fields", [
@@ -60,11 +60,11 @@ def test_labels_come_from_the_fields() -> None:
 ])
 def test_a_policy_is_chosen_one_way(fields: dict) -> None:
     with pytest.raises(ConfigError, match="choose a policy one way"):
-        check(RunConfig(**fields))
+        check(RunConfig.from_flat(**fields))
 
 
 def test_config_round_trip_keeps_the_policy() -> None:
-    cfg = RunConfig(policy=f"{EXAMPLE}:HoldToolCalls", policy_params={"hold_s": 3})
+    cfg = RunConfig.from_flat(policy=f"{EXAMPLE}:HoldToolCalls", policy_params={"hold_s": 3})
     d = cfg.to_dict()
     assert d["policy_label"] == "hold-tool-calls(hold_s=3.0)"
     assert len(d["policy_source_sha1"]) == 40
@@ -228,14 +228,14 @@ def test_events_reach_the_policy_in_order(monkeypatch, cls) -> None:
     real = RunConfig.make_policy
 
     def spy(self):
-        p = cls() if self.policy == "spy" else real(self)
+        p = cls() if self.policy.policy == "spy" else real(self)
         made.append(p)
         return p
 
     monkeypatch.setattr(RunConfig, "make_policy", spy)
     trace = KitTrace([[(1000, 10, 0.0), (2000, 10, 4.0), (2500, 5, 2.0)],
                       [(3000, 10, 0.0)]])
-    res = run(RunConfig(policy="spy", sessions=2, gpu_cache=65536), trace)
+    res = run(RunConfig.from_flat(policy="spy", sessions=2, gpu_cache=65536), trace)
     policy = made[-1]
     arrivals = [e for e in policy.seen if isinstance(e, Arrival)]
     replies = [e for e in policy.seen if isinstance(e, Reply)]

@@ -4,8 +4,6 @@ every block a replica drops entirely, and the run says when the pool cannot do i
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -16,7 +14,7 @@ from sim.fleet.pool import SharedPool
 from sim.fleet.pooltier import FleetPool
 from sim.run import run
 
-BASE = RunConfig(trace="synthetic:claude-code?sessions=8", max_context=32768, gaps="tool",
+BASE = RunConfig.from_flat(trace="synthetic:claude-code?sessions=8", max_context=32768, gaps="tool",
                  gpu_cache=40960, sessions=4, replicas=2, router="round-robin", pool=1 << 20)
 
 
@@ -63,7 +61,7 @@ def test_no_fetch_moves_a_block_the_replica_holds(leases, router):
     # Penelope makes holes: a prompt's resident prefix ends at the first one, and the blocks
     # behind it are on the replica's GPU. Before, the fetch moved them again (on a
     # 2-replica synthetic run, 5,232 of 38,576 fetched blocks under round robin).
-    res = run(replace(BASE, router=router, gpu_cache=32768).with_preset("penelope"))
+    res = run(BASE.with_fields(router=router, gpu_cache=32768).with_preset("penelope"))
     assert res.summary["pool_fetches"] == len(leases) > 0
     assert res.summary["holes_made_tokens"] > 0
     for _r, gpu, ids in leases:
@@ -98,8 +96,8 @@ def test_write_back_keeps_every_block_a_replica_drops_entirely(pools, monkeypatc
     kw = {} if tiering == "gpu" else dict(cpu_cache=16384, tiering="unified")
     if tiering.startswith("write"):
         kw = dict(cpu_cache=16384, tiering="hicache", hicache_write_policy=tiering)
-    cfg = replace(BASE, router=router, pool_write="write-back", gpu_cache=32768, sessions=8,
-                  **kw)
+    cfg = BASE.with_fields(router=router, pool_write="write-back", gpu_cache=32768, sessions=8,
+                           **kw)
     res = run(cfg.with_preset(policy))
     (fp,) = pools
     dropped = 0
@@ -117,7 +115,7 @@ def test_write_back_keeps_every_block_a_replica_drops_entirely(pools, monkeypatc
 
 # --- notes: a pool too small for a prompt, lookups that stop behind a CPU prefix --------------
 def test_a_pool_smaller_than_a_prompt_is_noted():
-    res = run(replace(BASE, pool=4096).with_preset("sglang"))
+    res = run(BASE.with_fields(pool=4096).with_preset("sglang"))
     notes = res.summary["pool_notes"]
     longest = int(res.requests["prompt_tokens"].max())
     assert longest > 4096
@@ -127,8 +125,8 @@ def test_a_pool_smaller_than_a_prompt_is_noted():
 
 
 def test_lookups_behind_a_cpu_prefix_are_counted_and_noted():
-    res = run(replace(BASE, gpu_cache=24576, cpu_cache=32768, tiering="unified",
-                      sessions=8).with_preset("penelope"))
+    res = run(BASE.with_fields(gpu_cache=24576, cpu_cache=32768, tiering="unified",
+                               sessions=8).with_preset("penelope"))
     s = res.summary
     assert s["pool_behind_cpu_lookups"] > 0 and s["pool_behind_cpu_tokens"] > 0
     assert s["pool_lookups"] >= s["pool_behind_cpu_lookups"]

@@ -34,7 +34,7 @@ def config(trace, **kw) -> RunConfig:
                 gpu_cache=8192, replicas=3, router="round-robin", pool=65536,
                 pool_bandwidth=100.0)
     base.update(kw)
-    return check(RunConfig(**{"preset": "sglang", **base}), "test")
+    return check(RunConfig.from_flat(**{"preset": "sglang", **base}), "test")
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +97,7 @@ def test_a_slow_link_refuses_every_fetch(cc):
                                        (dict(engine="vllm", preset="vllm"), "pool")])
 def test_bad_pool_options_name_the_field(cc, kw, field):
     with pytest.raises(ConfigError, match=field):
-        check(RunConfig(**{**dict(trace=str(cc), pool=65536), **kw}), "test")
+        check(RunConfig.from_flat(**{**dict(trace=str(cc), pool=65536), **kw}), "test")
 
 
 def test_cli_pool_options_fail_in_one_line(cc):

@@ -29,8 +29,8 @@ def test_one_vllm_preemption_shows_up() -> None:
     # tokens with KV when it was preempted; it resumes with a hit of its first 14 blocks and
     # computes positions 896..1281: 896..1280 are redone, 1280 (its last output) is new.
     trace = KitTrace([[(640, 1000, 0.0)], [(640, 1000, 0.0)]])
-    c = RunConfig(engine="vllm", gpu_cache=40 * BS, sessions=2, debug_cache=True,
-                  profile=PROF.name).with_preset("vllm")
+    c = RunConfig.from_flat(engine="vllm", gpu_cache=40 * BS, sessions=2, debug_cache=True,
+                            profile=PROF.name).with_preset("vllm")
     res = run(c, trace)
     a, b = _row(res, "s0"), _row(res, "s1")
     assert b.retractions == 1 and a.retractions == 0
@@ -50,8 +50,8 @@ def test_one_sglang_retraction_shows_up() -> None:
     # (1000 + 88 tokens with KV); its prompt node is evicted with it, so its re-prefill
     # computes every one of those positions again.
     trace = KitTrace([[(1000, 200, 0.0)] for _ in range(8)])
-    c = RunConfig(gpu_cache=136 * BS, sessions=8, debug_cache=True, profile=PROF.name,
-                  max_new_tokens=1).with_preset("sglang")
+    c = RunConfig.from_flat(gpu_cache=136 * BS, sessions=8, debug_cache=True, profile=PROF.name,
+                            max_new_tokens=1).with_preset("sglang")
     res = run(c, trace)
     s7 = _row(res, "s7")
     assert s7.retractions >= 1

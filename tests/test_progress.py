@@ -79,9 +79,9 @@ def test_progress_only_observes_a_run(replay: str, replicas: int) -> None:
     from sim.config import RunConfig
     from sim.run import run
 
-    cfg = RunConfig(trace="synthetic:chat?sessions=4", gpu_cache=16384, replay=replay,
-                    replicas=replicas, router="round-robin" if replicas > 1 else None
-                    ).with_preset("penelope")
+    cfg = RunConfig.from_flat(trace="synthetic:chat?sessions=4", gpu_cache=16384, replay=replay,
+                              replicas=replicas, router="round-robin" if replicas > 1 else None
+                              ).with_preset("penelope")
     plain = run(cfg)
     with progress("test", "requests", 0) as bar:
         bar.add_total(len(plain.requests))

@@ -23,10 +23,11 @@ def _run(context: str, seed: int, cache: int, preset: str, sessions: int):
     if context.endswith("@vllm"):
         context, engine = context.removesuffix("@vllm"), "vllm"
         preset = "vllm" if preset == "sglang" else preset
-    cfg = RunConfig(trace=f"synthetic:claude-code?sessions=6&seed={seed}", max_context=65536,
-                    gaps="tool", gpu_cache=cache, sessions=sessions, model="qwen3-8b",
-                    profile="derived-h100-qwen3-8b", context=context, engine=engine,
-                    scheduler="fcfs").with_policy(preset)
+    cfg = RunConfig.from_flat(trace=f"synthetic:claude-code?sessions=6&seed={seed}",
+                              max_context=65536,
+                              gaps="tool", gpu_cache=cache, sessions=sessions, model="qwen3-8b",
+                              profile="derived-h100-qwen3-8b", context=context, engine=engine,
+                              scheduler="fcfs").with_policy(preset)
     return run(cfg).requests
 
 

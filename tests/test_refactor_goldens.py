@@ -45,28 +45,29 @@ def _grid() -> dict[str, RunConfig]:
     out: dict[str, RunConfig] = {}
     for start in ("tail", "leaf-head", "private-head"):
         for gran in ("node", "block"):
-            out[f"gpu/{start}/{gran}"] = RunConfig(**SYNTH, preset=None, evict=start,
-                                                   granularity=gran)
+            out[f"gpu/{start}/{gran}"] = RunConfig.from_flat(**SYNTH, preset=None, evict=start,
+                                                             granularity=gran)
     fcfs = dict(SYNTH, scheduler="fcfs")
-    out["gpu/penelope/fcfs"] = RunConfig(**fcfs).with_preset("penelope")
-    out["gpu/sglang/fcfs"] = RunConfig(**fcfs).with_preset("sglang")
-    out["gpu/sglang/whole"] = RunConfig(**SYNTH, checkpoint_chunks=False).with_preset("sglang")
-    out["gpu/penelope/whole"] = RunConfig(**SYNTH, checkpoint_chunks=False).with_preset(
+    out["gpu/penelope/fcfs"] = RunConfig.from_flat(**fcfs).with_preset("penelope")
+    out["gpu/sglang/fcfs"] = RunConfig.from_flat(**fcfs).with_preset("sglang")
+    out["gpu/sglang/whole"] = RunConfig.from_flat(**SYNTH,
+                                                  checkpoint_chunks=False).with_preset("sglang")
+    out["gpu/penelope/whole"] = RunConfig.from_flat(**SYNTH, checkpoint_chunks=False).with_preset(
         "penelope")
     tier = dict(SYNTH, gpu_cache=73728, cpu_cache=49152, scheduler="lpm-cpu")
     for p in ("sglang", "vllm", "penelope"):
-        out[f"unified/{p}"] = RunConfig(**tier, tiering="unified").with_preset(p)
+        out[f"unified/{p}"] = RunConfig.from_flat(**tier, tiering="unified").with_preset(p)
     for wp in ("write_through", "write_through_selective", "write_back"):
         for p in ("sglang", "vllm"):
-            out[f"hicache/{wp}/{p}"] = RunConfig(**tier, tiering="hicache",
-                                                 hicache_write_policy=wp).with_preset(p)
+            out[f"hicache/{wp}/{p}"] = RunConfig.from_flat(**tier, tiering="hicache",
+                                                           hicache_write_policy=wp).with_preset(p)
     # vLLM engine (fcfs, its only order) on traffic that preempts: the synchronous Scheduler
     # (saved as main computed it before async scheduling existed) and the async default.
     vllm = dict(SYNTH, trace="synthetic:claude-code?sessions=16&seed=3", gaps="cap:10",
                 gpu_cache=40960, sessions=8, engine="vllm", scheduler="fcfs")
     for p in ("vllm", "penelope"):
-        out[f"vllm/{p}/sync"] = RunConfig(**vllm, vllm_async=False).with_preset(p)
-        out[f"vllm/{p}/async"] = RunConfig(**vllm).with_preset(p)
+        out[f"vllm/{p}/sync"] = RunConfig.from_flat(**vllm, vllm_async=False).with_preset(p)
+        out[f"vllm/{p}/async"] = RunConfig.from_flat(**vllm).with_preset(p)
     return out
 
 

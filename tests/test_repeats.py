@@ -29,9 +29,9 @@ def test_student_t_interval_by_hand() -> None:
 
 
 def test_repeats_are_the_mean_of_runs_with_seeds_seed_to_seed_plus_n() -> None:
-    cfg = RunConfig(**FLEET, seed=5)
-    one = [run(RunConfig(**FLEET, seed=s, trace_seed=5)).summary for s in (5, 6, 7)]
-    rep = run(RunConfig(**FLEET, seed=5, repeats=3))
+    cfg = RunConfig.from_flat(**FLEET, seed=5)
+    one = [run(RunConfig.from_flat(**FLEET, seed=s, trace_seed=5)).summary for s in (5, 6, 7)]
+    rep = run(RunConfig.from_flat(**FLEET, seed=5, repeats=3))
     want, ci = mean_ci([s["ttft_mean_s"] for s in one])
     assert rep.summary["ttft_mean_s"] == pytest.approx(want, rel=1e-12)
     assert rep.summary["ttft_mean_s_ci95"] == pytest.approx(ci, rel=1e-12)
@@ -40,28 +40,30 @@ def test_repeats_are_the_mean_of_runs_with_seeds_seed_to_seed_plus_n() -> None:
     # the random router differs between seeds, the trace does not
     assert len({s["ttft_mean_s"] for s in one}) == 3
     assert len({s["trace_requests"] for s in one}) == 1
-    again = run(cfg.__class__(**FLEET, seed=5, repeats=3))
+    again = run(cfg.__class__.from_flat(**FLEET, seed=5, repeats=3))
     assert again.summary == rep.summary  # identical seeds: identical results
 
 
 def test_trace_seed_keeps_the_trace_while_the_decision_seed_moves() -> None:
     synth = "synthetic:claude-code?sessions=6"
-    base = RunConfig(trace=synth)
+    base = RunConfig.from_flat(trace=synth)
     a = load_run_trace(base)
-    assert load_run_trace(RunConfig(trace=synth, seed=3, trace_seed=0)) is a  # memo: same key
-    b = load_run_trace(RunConfig(trace=synth, seed=3))  # seed alone: as before, a new draw
+    # memo: same key
+    assert load_run_trace(RunConfig.from_flat(trace=synth, seed=3, trace_seed=0)) is a
+    b = load_run_trace(RunConfig.from_flat(trace=synth, seed=3))  # seed alone: a new draw
     assert len(b) != len(a) or (b.prompt_tokens != a.prompt_tokens).any()
     # default trace_seed = seed: results from before the split stay the same
-    assert RunConfig(trace=synth, seed=3).trace_draw_seed == 3
+    assert RunConfig.from_flat(trace=synth, seed=3).trace_draw_seed == 3
 
 
 def test_slo_met_with_repeats_reads_the_pessimistic_end() -> None:
-    probe = run(RunConfig(**FLEET, repeats=3)).summary
+    probe = run(RunConfig.from_flat(**FLEET, repeats=3)).summary
     mean, ci = probe["ttft_p90_s"], probe["ttft_p90_s_ci95"]
     assert ci > 0
-    inside = run(RunConfig(**FLEET, repeats=3, slo=f"ttft_p90={mean + ci / 2}s")).summary
+    inside = run(RunConfig.from_flat(**FLEET, repeats=3, slo=f"ttft_p90={mean + ci / 2}s")).summary
     assert inside["slo_met"] is False  # the mean meets it, the interval's top does not
-    above = run(RunConfig(**FLEET, repeats=3, slo=f"ttft_p90={(mean + ci) * 1.001}s")).summary
+    above = run(RunConfig.from_flat(**FLEET, repeats=3,
+                                    slo=f"ttft_p90={(mean + ci) * 1.001}s")).summary
     assert above["slo_met"] is True
 
 

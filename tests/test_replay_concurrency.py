@@ -5,8 +5,6 @@ inference-perf's multi-turn rounds)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -17,8 +15,9 @@ from sim.run import run
 from traces.errors import OptionError
 from traces.prefix_groups import generate
 
-FAST = RunConfig(trace="synthetic:prefix-groups?groups=3&users=8&turns=2&qps=60&prefix=1024",
-                 replay="open", gpu_cache=65536).with_preset("sglang")
+FAST = RunConfig.from_flat(
+    trace="synthetic:prefix-groups?groups=3&users=8&turns=2&qps=60&prefix=1024",
+                           replay="open", gpu_cache=65536).with_preset("sglang")
 
 
 def peak_in_flight(t) -> int:
@@ -36,7 +35,7 @@ def peak_in_flight(t) -> int:
 def test_open_loop_keeps_at_most_c_requests_in_flight():
     free = run(FAST).requests
     assert peak_in_flight(free) > 3
-    capped = run(replace(FAST, max_concurrency=3)).requests
+    capped = run(FAST.with_fields(max_concurrency=3)).requests
     assert peak_in_flight(capped) == 3
     assert len(capped) == len(free) and not capped["dropped"].any()
     # a request held back is sent later than its arrival time, never earlier
@@ -45,19 +44,19 @@ def test_open_loop_keeps_at_most_c_requests_in_flight():
     assert (sent >= due.reindex(sent.index) - 1e-12).all()
     assert (sent > due.reindex(sent.index) + 1e-9).any()
     # a cap above the peak changes nothing
-    assert run(replace(FAST, max_concurrency=10_000)).requests.equals(free)
+    assert run(FAST.with_fields(max_concurrency=10_000)).requests.equals(free)
 
 
 def test_cap_in_a_fleet_run_too():
-    t = run(replace(FAST, replicas=2, router="round-robin", max_concurrency=4)).requests
+    t = run(FAST.with_fields(replicas=2, router="round-robin", max_concurrency=4)).requests
     assert peak_in_flight(t) == 4
 
 
 def test_a_cap_on_a_closed_loop_is_refused():
     with pytest.raises(ConfigError, match="max_concurrency"):
-        replace(FAST, replay="closed", max_concurrency=2).validate()
+        FAST.with_fields(replay="closed", max_concurrency=2).validate()
     with pytest.raises(ConfigError, match="max_concurrency"):
-        replace(FAST, max_concurrency=-1).validate()
+        FAST.with_fields(max_concurrency=-1).validate()
     res = CliRunner().invoke(cli, ["run", "--trace", "synthetic:prefix-groups?groups=1&users=2",
                                    "--max-concurrency", "2", "--preset", "sglang"])
     assert res.exit_code == 2 and "--max-concurrency does nothing here" in res.output

@@ -97,8 +97,8 @@ def test_fcfs_prices_every_model_with_its_own_profile(family: str, monkeypatch) 
 
     monkeypatch.setattr(paper, "run_all", configs_only)
     reproduce("fcfs", trace="synthetic:claude-code", profiles=family)
-    assert {c.model for c in seen} >= {"gemma-3-27b", "llama-3.1-8b", "qwen3-235b-a22b"}
+    assert {c.cache.model for c in seen} >= {"gemma-3-27b", "llama-3.1-8b", "qwen3-235b-a22b"}
     prefix = {"derived": "derived-h100", "kernels": "kernels-h100_sxm"}[family]
     for c in seen:
-        assert c.profile == f"{prefix}-{c.model}"
-        assert load_profile(c.profile, c.model).model == c.model
+        assert c.cache.profile == f"{prefix}-{c.cache.model}"
+        assert load_profile(c.cache.profile, c.cache.model).model == c.cache.model

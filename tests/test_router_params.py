@@ -134,7 +134,7 @@ def test_a_refused_router_parameter_is_one_line_before_the_run() -> None:
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "temperature" in lines[0] and "NaN" in lines[0], res.stderr
     with pytest.raises(ConfigError, match="scrape_s"):
-        check(RunConfig(replicas=2, router="llm-d", router_params={"scrape_s": 0}))
+        check(RunConfig.from_flat(replicas=2, router="llm-d", router_params={"scrape_s": 0}))
 
 
 def test_nan_is_refused_for_any_float_parameter() -> None:

@@ -76,8 +76,8 @@ def test_chunk_continuation_runs_as_the_plain_passes(sessions, preset, scheduler
     if tiers == "hicache" and preset == "penelope":
         tiers = "unified"  # HiCache's device tier evicts from the tail only
     cpu = dict(cpu_cache=8192, tiering=tiers) if tiers else {}
-    cfg = RunConfig(gpu_cache=cache_k * 1024, sessions=concurrent, chunk_size=chunk,
-                    scheduler=scheduler, debug_cache=True, **cpu).with_preset(preset)
+    cfg = RunConfig.from_flat(gpu_cache=cache_k * 1024, sessions=concurrent, chunk_size=chunk,
+                              scheduler=scheduler, debug_cache=True, **cpu).with_preset(preset)
     trace = _kit(sessions)
     fast = _outputs(cfg, trace)
     before = PlainSGLang.calls

@@ -100,7 +100,7 @@ def test_a_sweep_reads_the_same_grammar(tmp_path):
     p = tmp_path / "s.yaml"
     p.write_text(f"base: {{trace: '{TRACE}', sessions: 2}}\n"
                  "grid: {gpu_cache: [3m, 3Mi, 3e6, 3_000_000]}\n")
-    sizes = [pt.cfg.gpu_cache for pt in load_sweep(p).points]
+    sizes = [pt.cfg.cache.gpu_cache for pt in load_sweep(p).points]
     assert sizes == [3_145_728, 3_145_728, 3_000_000, 3_000_000]
     p.write_text(f"base: {{trace: '{TRACE}', sessions: 2, gpu_cache: 3mb}}\n")
     from sim.config import ConfigError

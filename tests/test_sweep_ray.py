@@ -140,7 +140,7 @@ def test_trace_is_fetched_once_per_worker_not_once_per_point(setup) -> None:
 def _kill_first_run(cfg, out, get_trace):
     """Local pool: the process running the first point dies once (module level: picklable)."""
     marker = Path(out) / "killed-once"
-    if cfg.preset == "penelope" and cfg.gpu_cache == 8192:
+    if cfg.policy.preset == "penelope" and cfg.cache.gpu_cache == 8192:
         try:
             os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
         except FileExistsError:

@@ -29,7 +29,7 @@ def events_of(cfg: RunConfig):
                                 dict(engine="vllm", preset="vllm"),
                                 dict(engine="vllm", preset="vllm", vllm_async=False)])
 def test_slices_equal_the_runs_batches_decode_events_and_evictions(kw) -> None:
-    res, events = events_of(RunConfig(**BASE, **kw))
+    res, events = events_of(RunConfig.from_flat(**BASE, **kw))
     s = res.summary
     count = Counter((e["ph"], e["name"]) for e in events)
     assert count[("X", "prefill")] == s["prefill_batches"] > 0
@@ -45,8 +45,8 @@ def test_slices_equal_the_runs_batches_decode_events_and_evictions(kw) -> None:
 
 
 def test_a_fleet_has_one_track_per_replica() -> None:
-    res, events = events_of(RunConfig(**BASE, preset="sglang", replicas=2,
-                                      router="round-robin"))
+    res, events = events_of(RunConfig.from_flat(**BASE, preset="sglang", replicas=2,
+                                                router="round-robin"))
     per = res.summary["replica_summaries"]
     for i, rs in enumerate(per):
         mine = [e for e in events if e.get("pid") == i]
@@ -58,7 +58,7 @@ def test_a_fleet_has_one_track_per_replica() -> None:
 
 
 def test_the_timeline_changes_no_result(tmp_path) -> None:
-    cfg = RunConfig(**BASE, preset="sglang")
+    cfg = RunConfig.from_flat(**BASE, preset="sglang")
     assert events_of(cfg)[0].summary == run(cfg).summary
     path = tmp_path / "t.json"
     res = CliRunner().invoke(cli, ["run", "--trace", BASE["trace"], "--max-context", "64k",
@@ -71,8 +71,8 @@ def test_the_timeline_changes_no_result(tmp_path) -> None:
 
 
 def test_a_shared_pools_fetches_are_a_process_of_their_own() -> None:
-    res, events = events_of(RunConfig(**BASE, preset="penelope", replicas=2,
-                                      router="round-robin", pool=1 << 20))
+    res, events = events_of(RunConfig.from_flat(**BASE, preset="penelope", replicas=2,
+                                                router="round-robin", pool=1 << 20))
     fetches = [e for e in events if e["name"] == "pool fetch"]
     assert len(fetches) == len(res.tables["pool_transfers"]) > 0
     assert {e["pid"] for e in fetches} == {2}
@@ -85,9 +85,9 @@ def test_a_disaggregated_fleet_has_a_track_per_worker_and_per_link(engine) -> No
     """Prefill workers, then decode workers, then one process per link: every batch and
     decode event of both pools is a slice of its worker, every transfer a slice of its link
     (start and length as ``pd_transfers`` has them; a FIFO: none overlaps the next)."""
-    res, events = events_of(RunConfig(**BASE, engine=engine, preset=engine,
-                                      prefill_replicas=2, decode_replicas=2,
-                                      pd_link="rdma-100", pd_link_scope="pair"))
+    res, events = events_of(RunConfig.from_flat(**BASE, engine=engine, preset=engine,
+                                                prefill_replicas=2, decode_replicas=2,
+                                                pd_link="rdma-100", pd_link_scope="pair"))
     s, xfer = res.summary, res.tables["pd_transfers"]
     links = sorted(xfer["link"].unique())
     names = {e["pid"]: e["args"]["name"] for e in events

@@ -15,7 +15,6 @@ them from A's history (freed before C's, so popped first), Continuum's pin takes
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -38,7 +37,7 @@ def cfg(patch: str, **kw) -> RunConfig:
     base = dict(engine="vllm", gpu_cache=30 * BS, sessions=3, debug_cache=True,
                 profile=PROF.name, vllm_patch=patch)
     base.update(kw)
-    return RunConfig(**base).with_preset("vllm")
+    return RunConfig.from_flat(**base).with_preset("vllm")
 
 
 def prefill(*ranges: tuple[int, int]) -> float:
@@ -242,8 +241,8 @@ def test_open_loop_pins_leak_no_blocks(at_close, patch):
     # every block is free or held by a pin still standing, and the pins add up.
     base = dict(trace="synthetic:claude-code?sessions=16", engine="vllm", replay="open",
                 gpu_cache=65536, max_context=65536, debug_cache=True)
-    stock = run(RunConfig(**base).with_preset("vllm"))
-    res = run(RunConfig(**base, vllm_patch=patch).with_preset("vllm"))
+    stock = run(RunConfig.from_flat(**base).with_preset("vllm"))
+    res = run(RunConfig.from_flat(**base, vllm_patch=patch).with_preset("vllm"))
     assert res.summary["requests"] == stock.summary["requests"]
     (end,) = at_close
     assert end["running"] == end["pinned"]
@@ -261,7 +260,7 @@ def test_unpatched_vllm_has_no_continuum_fields_and_patches_need_the_vllm_engine
     assert "continuum_pins" not in fcfs.summary and fcfs.summary["vllm_patch"] == (
         "continuum-fcfs")
     with pytest.raises(ConfigError, match="vllm_patch"):
-        RunConfig(engine="sglang", vllm_patch="continuum").validate()
+        RunConfig.from_flat(engine="sglang", vllm_patch="continuum").validate()
 
 
 def test_learned_ttl_on_the_engine_is_the_cold_start_rule():
@@ -292,8 +291,8 @@ def test_reproduce_policies_on_vllm_rows_per_load_and_variant():
         assert r["jct_p90_s"] >= r["jct_mean_s"] * 0.5 and r["ttft_p90_s"] >= 0
         assert ("pins" in r) == (r["policy"] in ("continuum", "continuum-fixed", "pins"))
     # the p90 is taken over the same jobs as the summary's mean
-    cfg = RunConfig(trace="synthetic:claude-code?sessions=6", engine="vllm", sessions=4,
-                    gpu_cache=98304, max_context=65536).with_preset("vllm")
+    cfg = RunConfig.from_flat(trace="synthetic:claude-code?sessions=6", engine="vllm", sessions=4,
+                              gpu_cache=98304, max_context=65536).with_preset("vllm")
     res = run(cfg)
     assert job_times(res.requests).mean() == pytest.approx(res.summary["jct_mean_s"])
 
@@ -335,8 +334,8 @@ def test_patched_runs_under_pressure_keep_the_pool_invariants_and_serve_everyone
     base = dict(trace="synthetic:claude-code?sessions=8", engine="vllm", sessions=6,
                 gpu_cache=65536, max_context=32768, gaps="cap:1", debug_cache=True,
                 vllm_async=not sync)
-    stock = run(RunConfig(**base).with_preset("vllm"))
-    res = run(RunConfig(**base, vllm_patch=patch).with_preset("vllm"))
+    stock = run(RunConfig.from_flat(**base).with_preset("vllm"))
+    res = run(RunConfig.from_flat(**base, vllm_patch=patch).with_preset("vllm"))
     assert res.summary["requests"] == stock.summary["requests"]
     assert res.summary["dropped_requests"] == stock.summary["dropped_requests"]
     assert res.summary["decoded_tokens"] == stock.summary["decoded_tokens"]
@@ -348,7 +347,7 @@ def test_patched_runs_under_pressure_keep_the_pool_invariants_and_serve_everyone
 
 def test_ttl_on_stock_vllm_points_to_the_patch():
     with pytest.raises(ConfigError, match="--vllm-patch continuum"):
-        check(RunConfig(engine="vllm", policy="ttl"))
+        check(RunConfig.from_flat(engine="vllm", policy="ttl"))
 
 
 @pytest.mark.parametrize("sync", [False, True])
@@ -389,7 +388,7 @@ def test_a_pin_expires_inside_a_decode_run(monkeypatch, sync):
     c = cfg("continuum-fixed", sessions=2, vllm_async=not sync)
     fast = run(c, trace)
     monkeypatch.setattr(VllmServer, "decode_runs", False)
-    slow = run(replace(c, debug_cache=False), trace)
+    slow = run(c.with_fields(debug_cache=False), trace)
     monkeypatch.undo()
     for res in (fast, slow):
         assert res.summary["continuum_pins"] == {"pins": 1, "handed_over": 0, "expired": 1,

@@ -260,9 +260,9 @@ def test_vllm_diff_engine_kit_trace(monkeypatch) -> None:
                       for _ in range(4)], shared_blocks=12)
     for (cache, budget), asynchronous in itertools.product(((8000, 8192), (9000, 2048)),
                                                           (False, True)):
-        cfg = RunConfig(engine="vllm", gpu_cache=cache, sessions=3, chunk_size=budget,
-                        profile="derived-h100-qwen3-8b",
-                        vllm_async=asynchronous).with_preset("vllm")
+        cfg = RunConfig.from_flat(engine="vllm", gpu_cache=cache, sessions=3, chunk_size=budget,
+                                  profile="derived-h100-qwen3-8b",
+                                  vllm_async=asynchronous).with_preset("vllm")
         ops = engine_lockstep(monkeypatch, cfg, trace)
         print(f"engine kit {cache}/{budget} async {asynchronous}: {ops['ops']} ops compared")
         assert ops["requests"] == len(trace) and ops["retractions"] > 0 and ops["evicted"] > 0
@@ -273,8 +273,9 @@ def test_vllm_diff_engine_synthetic(monkeypatch) -> None:
     """The synthetic Claude Code trace at N = 4 in a cache that evicts."""
     from sim.config import RunConfig
 
-    cfg = RunConfig(engine="vllm", trace="synthetic:claude-code?sessions=6", max_context=32768,
-                    gpu_cache=49152, sessions=4, gaps="tool").with_preset("vllm")
+    cfg = RunConfig.from_flat(engine="vllm", trace="synthetic:claude-code?sessions=6",
+                              max_context=32768,
+                              gpu_cache=49152, sessions=4, gaps="tool").with_preset("vllm")
     ops = engine_lockstep(monkeypatch, cfg, None)
     print(f"engine synthetic: {ops['ops']} ops compared")
     assert ops["evicted"] > 0 and ops["hit"] > 0
@@ -291,10 +292,10 @@ def test_vllm_diff_engine_cc_traces(monkeypatch, decode_runs: bool, select: int)
     from sim.engines import VllmServer
 
     monkeypatch.setattr(VllmServer, "decode_runs", decode_runs)
-    cfg = RunConfig(engine="vllm", trace=str(CC_TRACES), select=f"top-requests:{select}",
-                    shared_prefix=15974, max_context=32768, gpu_cache=65536 // 6 * select,
-                    sessions=min(4, select), gaps="cap:10",
-                    chunk_size=4096).with_preset("vllm")
+    cfg = RunConfig.from_flat(engine="vllm", trace=str(CC_TRACES), select=f"top-requests:{select}",
+                              shared_prefix=15974, max_context=32768, gpu_cache=65536 // 6 * select,
+                              sessions=min(4, select), gaps="cap:10",
+                              chunk_size=4096).with_preset("vllm")
     ops = engine_lockstep(monkeypatch, cfg, None)
     print(f"engine cc-traces ({'runs' if decode_runs else 'steps'}): {ops['ops']} ops compared")
     assert ops["evicted"] > 0 and ops["hit"] > 0

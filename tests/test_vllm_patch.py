@@ -57,7 +57,7 @@ def cfg(patch: str = "penelope", preset: str = "penelope", **kw) -> RunConfig:
     base = dict(engine="vllm", vllm_patch=patch, gpu_cache=24 * BS, sessions=4,
                 debug_cache=True, profile=PROF.name, vllm_async=False)
     base.update(kw)
-    return RunConfig(**base).with_preset(preset)
+    return RunConfig.from_flat(**base).with_preset(preset)
 
 
 def hole_trace(extra: list | None = None) -> KitTrace:
@@ -178,7 +178,7 @@ def test_unpatched_vllm_runs_are_byte_identical_to_before_the_patch() -> None:
                  profile="derived-h100-qwen3-8b", engine="vllm", vllm_async=False)
     for key, golden in want.items():
         preset, chunk = key.split("/")
-        r = run(RunConfig(**synth, chunk_size=int(chunk.removeprefix("chunk")))
+        r = run(RunConfig.from_flat(**synth, chunk_size=int(chunk.removeprefix("chunk")))
                 .with_preset(preset))
         got = json.loads(json.dumps(r.summary, default=str).replace("NaN", "null"))
         # the requests table on the columns the golden was saved with (later ones: new data)
@@ -199,10 +199,10 @@ def test_the_patch_is_refused_on_the_sglang_engine() -> None:
     assert res.exit_code == 2
     assert "vllm_patch" in res.output and "--engine vllm" in res.output
     with pytest.raises(ConfigError, match="vllm_patch"):
-        RunConfig(vllm_patch="lmcache", engine="vllm").validate()
-    assert RunConfig(engine="vllm", vllm_patch="penelope").engine_label == (
+        RunConfig.from_flat(vllm_patch="lmcache", engine="vllm").validate()
+    assert RunConfig.from_flat(engine="vllm", vllm_patch="penelope").engine_label == (
         "vllm+penelope-patch")
-    assert RunConfig(engine="vllm").engine_label == "vllm"
+    assert RunConfig.from_flat(engine="vllm").engine_label == "vllm"
 
 
 def test_the_cli_reports_the_patch(tmp_path) -> None:
@@ -434,14 +434,14 @@ def test_sweep_points_keep_their_ids_and_the_patch_is_a_grid_key(tmp_path) -> No
 
     # ids computed by the code before vllm_patch existed
     # (sync vLLM points: async ones get new ids, their results moved)
-    assert point_id(RunConfig(engine="vllm", preset="penelope", gpu_cache=98304,
-                              vllm_async=False)) == "27ea1e0cbedf"
+    assert point_id(RunConfig.from_flat(engine="vllm", preset="penelope", gpu_cache=98304,
+                                        vllm_async=False)) == "27ea1e0cbedf"
     assert point_id(RunConfig()) == "90411c5a0aae"
     cfg = tmp_path / "s.yaml"
     cfg.write_text("base: {engine: vllm, preset: penelope, gpu_cache: 96k, vllm_async: off}\n"
                    "grid: {vllm_patch: [none, penelope]}\n")
     sweep = load_sweep(cfg)
-    assert [p.cfg.vllm_patch for p in sweep.points] == ["none", "penelope"]
+    assert [p.cfg.engine.vllm_patch for p in sweep.points] == ["none", "penelope"]
     assert sweep.points[0].id == "27ea1e0cbedf" != sweep.points[1].id
     cfg.write_text("base: {engine: sglang, preset: penelope}\ngrid: {vllm_patch: [penelope]}\n")
     with pytest.raises(ConfigError, match="vllm_patch"):

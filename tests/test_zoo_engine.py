@@ -4,8 +4,6 @@ misses every time."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import pytest
 
@@ -29,7 +27,7 @@ def cfg(**kw) -> RunConfig:
     base = dict(sessions=3, scheduler="lpm", max_new_tokens=64, debug_cache=True,
                 profile=PROF.name)
     base.update(kw)
-    return RunConfig(**base)
+    return RunConfig.from_flat(**base)
 
 
 def rows(res):
@@ -203,9 +201,9 @@ def test_ttl_open_loop_pins_only_the_latest_replies(monkeypatch) -> None:
                 wrong.append((event.time, s))
 
     monkeypatch.setattr(TTLPinning, "on_reply", spy)
-    res = run(RunConfig(trace="synthetic:claude-code?sessions=16", policy="ttl?tau_s=5",
-                        scheduler="program-fcfs", replay="open", gpu_cache=65536,
-                        max_context=65536, debug_cache=True))
+    res = run(RunConfig.from_flat(trace="synthetic:claude-code?sessions=16", policy="ttl?tau_s=5",
+                                  scheduler="program-fcfs", replay="open", gpu_cache=65536,
+                                  max_context=65536, debug_cache=True))
     assert res.summary["requests"] > 0
     assert wrong == []
 
@@ -220,7 +218,7 @@ def test_program_fcfs_serves_the_earlier_program_first() -> None:
                       [(64, 1, 0.0)], [(64, 1, 0.0), (6000, 1, 0.8)]])
     out = {}
     for sched in ("fcfs", "program-fcfs"):
-        c = replace(cfg(gpu_cache=1 << 20).with_policy("penelope"), scheduler=sched)
+        c = cfg(gpu_cache=1 << 20).with_policy("penelope").with_fields(scheduler=sched)
         out[sched] = rows(run(c, trace))
     f, p = out["fcfs"], out["program-fcfs"]
     assert f.loc[("s3", 1)].send_s < f.loc[("s1", 1)].send_s  # s3 arrived first ...

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -59,7 +58,7 @@ def policy_configs(base: RunConfig, preset: str | None, evict: str | None,
         raise click.UsageError("--policy-param needs --policy")
     params = params_per_policy(policies, policy_params)
     if composed:
-        return [replace(base, evict=evict, granularity=granularity, order=order)]
+        return [base.with_fields(evict=evict, granularity=granularity, order=order)]
     configs = []
     if preset is not None:
         names = [p.strip() for p in preset.split(",")]
@@ -70,7 +69,7 @@ def policy_configs(base: RunConfig, preset: str | None, evict: str | None,
     if not configs:
         from sim.engines import ENGINES
 
-        configs = [base.with_preset(p) for p in ENGINES[base.engine].default_presets]
+        configs = [base.with_preset(p) for p in ENGINES[base.engine.name].default_presets]
     labels = [c.policy_label for c in configs]
     dup = sorted({x for x in labels if labels.count(x) > 1})
     if dup:
@@ -85,19 +84,20 @@ def warn_quiet_surprises(res: RunResult, spec_context: int) -> None:
     over = s.get("over_context_requests") or 0
     if over:
         stderr.print(f"[yellow]warning:[/yellow] {c.policy_label}: {over:,} requests have "
-                     f"prompts above {c.model}'s {spec_context:,}-token context; replayed "
+                     f"prompts above {c.cache.model}'s {spec_context:,}-token context; replayed "
                      "anyway (a server would refuse them): cut the trace with --max-context")
     if not dropped:
         return
     why = []
     if s.get("dropped_over_context"):
-        why.append(f"{s['dropped_over_context']:,} with a prompt above {c.model}'s "
+        why.append(f"{s['dropped_over_context']:,} with a prompt above {c.cache.model}'s "
                    f"{spec_context:,}-token context")
     if s.get("dropped_cache_too_small"):
-        why.append(f"{s['dropped_cache_too_small']:,} that cannot fit a {c.gpu_cache:,}-token "
+        why.append(f"{s['dropped_cache_too_small']:,} that cannot fit a "
+                   f"{c.cache.gpu_cache:,}-token "
                    "cache (prompt + decode reservation)")
     if not s.get("requests"):
-        raise RunInputError(f"--gpu-cache {c.gpu_cache:,}: every request ({dropped:,}) was "
+        raise RunInputError(f"--gpu-cache {c.cache.gpu_cache:,}: every request ({dropped:,}) was "
                             f"dropped: {'; '.join(why)}")
     stderr.print(f"[yellow]warning:[/yellow] {c.policy_label}: dropped {dropped:,} requests: "
                  f"{'; '.join(why)}")
@@ -117,16 +117,16 @@ class RunInputError(ValueError):
 
 def size_header(cfg: RunConfig) -> str:
     """Every size of the run in tokens, whatever its spelling (``3m`` is 3,145,728)."""
-    parts = [f"GPU cache {cfg.gpu_cache:,}"]
-    if cfg.cpu_cache:
-        parts += [f"CPU cache {cfg.cpu_cache:,}", f"swap buffer {cfg.swap_buffer:,}"]
-    if cfg.pool:
-        parts.append(f"pool {cfg.pool:,} shared")
-    if cfg.max_context is not None:
-        parts.append(f"max context {cfg.max_context:,}")
-    if isinstance(cfg.shared_prefix, int):
-        parts.append(f"shared prefix {cfg.shared_prefix:,}")
-    parts.append(f"chunk {cfg.chunk_size:,}")
+    parts = [f"GPU cache {cfg.cache.gpu_cache:,}"]
+    if cfg.cache.cpu_cache:
+        parts += [f"CPU cache {cfg.cache.cpu_cache:,}", f"swap buffer {cfg.cache.swap_buffer:,}"]
+    if cfg.pool.size:
+        parts.append(f"pool {cfg.pool.size:,} shared")
+    if cfg.traffic.max_context is not None:
+        parts.append(f"max context {cfg.traffic.max_context:,}")
+    if isinstance(cfg.traffic.shared_prefix, int):
+        parts.append(f"shared prefix {cfg.traffic.shared_prefix:,}")
+    parts.append(f"chunk {cfg.engine.chunk_size:,}")
     return "sizes in tokens: " + ", ".join(parts)
 
 
@@ -143,22 +143,22 @@ def timeline_path(path: str, policy: str, runs: int) -> str:
 def gpu_header(cfg: RunConfig) -> str:
     """The deployment in GPUs: KV tokens per replica and per GPU, and the profile, saying
     when it was not measured for this GPU and TP."""
-    if cfg.gpu is None and cfg.gpu_cache_bytes is None:
+    if cfg.cache.gpu is None and cfg.cache.gpu_cache_bytes is None:
         return ""
     from sim.deploy import DEFAULT_MEM_FRACTION, profile_note
 
-    tp = cfg.tp or 1
-    how = (f"{cfg.gpu_cache_bytes / 2**30:g} GiB of KV per GPU" if cfg.gpu_cache_bytes
-           is not None else f"memory fraction {cfg.mem_fraction or DEFAULT_MEM_FRACTION:g}")
-    on = (f"{cfg.replicas * tp} x {cfg.gpu or 'GPU'} ({cfg.replicas} "
-          f"replica{'s' if cfg.replicas != 1 else ''} x TP {tp})")
-    line = (f"GPUs: {on}, {how}: KV cache {cfg.gpu_cache:,} tokens per replica "
-            f"({cfg.gpu_cache // tp:,} per GPU) of {cfg.model}")
-    if cfg.gpu is not None:
+    tp = cfg.cache.tp or 1
+    how = (f"{cfg.cache.gpu_cache_bytes / 2**30:g} GiB of KV per GPU" if cfg.cache.gpu_cache_bytes
+           is not None else f"memory fraction {cfg.cache.mem_fraction or DEFAULT_MEM_FRACTION:g}")
+    on = (f"{cfg.fleet.replicas * tp} x {cfg.cache.gpu or 'GPU'} ({cfg.fleet.replicas} "
+          f"replica{'s' if cfg.fleet.replicas != 1 else ''} x TP {tp})")
+    line = (f"GPUs: {on}, {how}: KV cache {cfg.cache.gpu_cache:,} tokens per replica "
+            f"({cfg.cache.gpu_cache // tp:,} per GPU) of {cfg.cache.model}")
+    if cfg.cache.gpu is not None:
         from costmodel.profile import load_profile
 
-        note = profile_note(cfg, load_profile(cfg.profile, cfg.model))
-        line += f"; profile {cfg.profile}" + (f" ({note})" if note else " (measured)")
+        note = profile_note(cfg, load_profile(cfg.cache.profile, cfg.cache.model))
+        line += f"; profile {cfg.cache.profile}" + (f" ({note})" if note else " (measured)")
     return line
 
 
@@ -339,24 +339,24 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
                                lambda f: spell(f) or f)
     if sized["gpu_cache"] is None:
         sized["gpu_cache"] = 262_144
-    base = RunConfig(
+    base = RunConfig.from_flat("command line",
         trace=trace, trace_format=trace_format, select=select, shared_prefix=shared_prefix,
         max_context=max_context, block_size=block_size, gaps=gap_model, lenient=lenient,
-        trace_cache_dir=cache_dir, rebuild_sessions=rebuild_sessions,
-        sessions=sessions, replay=replay, time_scale=time_scale,
-        max_concurrency=max_concurrency, engine=engine,
-        vllm_patch=vllm_patch, replicas=replicas, router=router,
-        router_params=router_params(router_param_items),
+                               trace_cache_dir=cache_dir, rebuild_sessions=rebuild_sessions,
+                               sessions=sessions, replay=replay, time_scale=time_scale,
+                               max_concurrency=max_concurrency, engine=engine,
+                               vllm_patch=vllm_patch, replicas=replicas, router=router,
+                               router_params=router_params(router_param_items),
         pool=pool, pool_bandwidth=pool_bandwidth, pool_latency_us=pool_latency_us,
-        pool_write=pool_write, pool_watermark=pool_watermark,
-        pool_evict_fraction=pool_evict_fraction,
+                               pool_write=pool_write, pool_watermark=pool_watermark,
+                               pool_evict_fraction=pool_evict_fraction,
         model=model, profile=sized["profile"], gpu_cache=sized["gpu_cache"], gpu=sized["gpu"],
         tp=tp, mem_fraction=mem_fraction, gpu_cache_bytes=sized.get("gpu_cache_bytes"),
-        slo=slo, repeats=repeats, trace_seed=trace_seed, cpu_cache=cpu_cache,
+                               slo=slo, repeats=repeats, trace_seed=trace_seed, cpu_cache=cpu_cache,
         tiering=tiering, swap_buffer=swap_buffer, hicache_write_policy=hicache_write_policy,
-        scheduler=scheduler, context=context, chunk_size=chunk_size,
-        checkpoint_chunks=prompt_nodes == "chunked",
-        max_new_tokens=max_new_tokens, max_running=max_running, seed=seed,
+                               scheduler=scheduler, context=context, chunk_size=chunk_size,
+                               checkpoint_chunks=prompt_nodes == "chunked",
+                               max_new_tokens=max_new_tokens, max_running=max_running, seed=seed,
         vllm_async=vllm_async == "on", debug_cache=debug_cache, **pd_fields(pd))
     refuse_idle_options(click.get_current_context(), base)
     configs = policy_configs(base, preset, evict, granularity, order, policies, policy_params)
@@ -428,14 +428,14 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
     ctx = "" if parse_context(context).is_full else (
         f", context {s['context']} (serving only: task accuracy not modelled)")
     print_table(runs, f"{s['trace']} ({s['trace_requests']} requests), {model}, "
-                      f"GPU {base.gpu_cache:,} tokens{cpu}, N={sessions}, "
+                      f"GPU {base.cache.gpu_cache:,} tokens{cpu}, N={sessions}, "
                       f"{configs[0].engine_label} engine"
                       f"{f' (async {vllm_async})' if engine == 'vllm' else ''}, "
                       f"{scheduler}, "
                       + (f"{replicas} replicas, router {s['router']}, " if "router" in s
                          and not base.is_pd else "")
-                      + (f"{base.prefill_replicas}P:{base.decode_replicas}D over "
-                         f"{base.pd_link}, rule {base.pd_rule}, " if base.is_pd else "") +
+                      + (f"{base.pd.prefill_replicas}P:{base.pd.decode_replicas}D over "
+                         f"{base.pd.pd_link}, rule {base.pd.pd_rule}, " if base.is_pd else "") +
                       f"gaps {gap_model}{ctx}", lenient=lenient)
     if out is not None:
         print(f"wrote {out}/", file=sys.stderr)

@@ -106,7 +106,7 @@ def warn_saturation(res: RunResult) -> None:
     """An open-loop run whose queue grew for as long as the trace lasted: say so."""
     from sim.studies.saturation import open_loop_saturation
 
-    if res.config.replay != "open":
+    if res.config.traffic.replay != "open":
         return
     sat = open_loop_saturation(res.requests)
     if sat is not None:

@@ -94,5 +94,5 @@ def sweep_cmd(config: str, out: str, jobs: int | None, executor: str | None,
         return
     varied = grid_columns(sweep.points[0].values if sweep.points else {})
     print_table(df, varied, f"kvsim sweep {config} ({len(df)} points)",
-                lenient=any(p.cfg.lenient for p in sweep.points))
+                lenient=any(p.cfg.traffic.lenient for p in sweep.points))
     stderr.print(f"wrote {out}/results.parquet and results.csv ({len(df)} points)")

@@ -194,19 +194,19 @@ def context_problem(cfg) -> tuple[str, str] | None:
     """``(field, why)`` when a run config's (``sim.config.RunConfig``) context strategy cannot
     run with the rest of it (its engine, CPU tier, replay); None when it can. The run's check
     (sim/run/check.py) turns the answer into a ConfigError (exit status 2)."""
-    if not isinstance(cfg.context, str):
-        return "context", f"must be a strategy name, got {cfg.context!r}"
+    if not isinstance(cfg.context.strategy, str):
+        return "context", f"must be a strategy name, got {cfg.context.strategy!r}"
     try:
-        st = parse_context(cfg.context)
+        st = parse_context(cfg.context.strategy)
     except ContextError as e:
         return "context", str(e)
-    if not st.is_full and cfg.engine != "sglang":
+    if not st.is_full and cfg.engine.name != "sglang":
         return "context", (f"{st.label} runs on the sglang engine (its radix tree keeps "
                            "edited and dropped KV apart by history); use --engine sglang")
-    if st.edits_kv and cfg.cpu_cache and cfg.tiering == "hicache":
+    if st.edits_kv and cfg.cache.cpu_cache and cfg.cache.tiering == "hicache":
         return "context", (f"{st.label} edits cached KV, which is not modelled with "
                            "HiCache host copies: use tiering unified or no CPU tier")
-    if st.kind == "summarize" and cfg.replay == "open":
+    if st.kind == "summarize" and cfg.traffic.replay == "open":
         return "context", ("summarize needs the closed loop (the turn waits for its "
                            "summarization call)")
     return None

@@ -9,6 +9,7 @@ whose ``build`` ``sim.run.build`` calls for each replica.
 """
 
 from costmodel.registry import Registry
+from sim.config import VllmKnobs
 
 from .base import EngineBase, StepObserver
 from .request import Req
@@ -23,9 +24,12 @@ ENGINES.register("vllm", VllmServer)
 
 def engine_class(cfg) -> type[EngineBase]:
     """The class that serves a ``sim.config.RunConfig``: a named vLLM patch's (each
-    subclasses ``VllmServer``; the config allows a patch only with ``engine: vllm``), else
+    subclasses ``VllmServer``; only ``VllmKnobs`` has a patch), else
     its engine's."""
-    return VLLM_PATCHES[cfg.vllm_patch] if cfg.vllm_patch != "none" else ENGINES[cfg.engine]
+    knobs = cfg.engine
+    if isinstance(knobs, VllmKnobs) and knobs.vllm_patch != "none":
+        return VLLM_PATCHES[knobs.vllm_patch]
+    return ENGINES[knobs.name]
 
 
 __all__ = ["ENGINES", "VLLM_PATCHES", "EngineBase", "Req", "SGLangServer", "StepObserver",

@@ -109,17 +109,18 @@ class EngineBase:
                  recorder: RunRecorder) -> None:
         self.env, self.cfg, self.spec, self.profile = env, cfg, spec, profile
         self.cache, self.rec, self.policy = cache, recorder, policy
-        self.bs = cfg.block_size
+        self.bs = cfg.cache.block_size
         self.waiting: list[Req] = []
         self.running: list[Req] = []
         self._wake: simpy.Event = env.event()  # the doorbell: ``_ring`` / ``_doorbell``
         self._seq = 0
         self.kv_bytes = spec.kv_bytes_per_token
-        self.tiered = cfg.cpu_cache > 0
+        self.tiered = cfg.cache.cpu_cache > 0
         # Copies to the host are charged to the waiting batch when they sit on its critical
         # path (unified demotions, HiCache write-back); HiCache write-through backs up in the
         # background, so its copies are counted but not waited for.
-        self.charge_d2h = cfg.tiering == "unified" or cfg.hicache_write_policy == "write_back"
+        self.charge_d2h = (cfg.cache.tiering == "unified"
+                           or cfg.cache.hicache_write_policy == "write_back")
         self._pending_h2d_bytes = 0
         self._rerotate_s = 0.0  # re-rotation passes (repos, splice) the next batch waits for
         self._ever = KnownBlocks()  # every block id ever inserted: what an infinite cache holds

@@ -39,7 +39,7 @@ from costmodel.specs import ModelSpec
 from costmodel.units import Units
 from policies import EvictionPolicy
 from policies.scheduling import SchedulePolicy, get_scheduler
-from sim.config import RunConfig
+from sim.config import RunConfig, SGLangKnobs
 from sim.context import parse_context
 from sim.engines.recorder import RunRecorder
 from sim.kvcache import RadixKVCache, Tier
@@ -90,15 +90,15 @@ class SGLangServer(EngineBase):
     def build(cls, env: simpy.Environment, cfg: RunConfig, spec: ModelSpec, profile: Profile,
               policy: EvictionPolicy, recorder: RunRecorder) -> SGLangServer:
         tiers = {}
-        if cfg.cpu_cache:
-            tiers = dict(cpu_capacity_blocks=cfg.cpu_cache // cfg.block_size,
-                         tiering=cfg.tiering, swap_buffer_blocks=cfg.swap_buffer // cfg.block_size,
-                         write_policy=cfg.hicache_write_policy,
-                         load_threshold_tokens=cfg.hicache_load_threshold,
-                         block_size=cfg.block_size)
-        cache = RadixKVCache(cfg.gpu_cache // cfg.block_size, policy, debug=cfg.debug_cache,
-                             versioned=parse_context(cfg.context).drops, **tiers)
-        return cls(env, cfg, spec, profile, cache, get_scheduler(cfg.scheduler), recorder)
+        c = cfg.cache
+        if c.cpu_cache:
+            tiers = dict(cpu_capacity_blocks=c.cpu_cache // c.block_size, tiering=c.tiering,
+                         swap_buffer_blocks=c.swap_buffer // c.block_size,
+                         write_policy=c.hicache_write_policy,
+                         load_threshold_tokens=c.hicache_load_threshold, block_size=c.block_size)
+        cache = RadixKVCache(c.gpu_cache // c.block_size, policy, debug=cfg.debug_cache,
+                             versioned=parse_context(cfg.context.strategy).drops, **tiers)
+        return cls(env, cfg, spec, profile, cache, get_scheduler(cfg.policy.scheduler), recorder)
 
     def __init__(self, env: simpy.Environment, cfg: RunConfig, spec: ModelSpec,
                  profile: Profile, cache: RadixKVCache, scheduler: SchedulePolicy,
@@ -106,10 +106,13 @@ class SGLangServer(EngineBase):
         super().__init__(env, cfg, spec, profile, cache, cache.policy, recorder)
         self.scheduler = scheduler
         self.chunked: Req | None = None
-        self.ratio = cfg.new_token_ratio
-        self._decay = (cfg.new_token_ratio - cfg.new_token_ratio_min) / max(
-            1, cfg.new_token_ratio_decay_steps)
-        self.max_running = cfg.max_running or 1 << 30
+        self.knobs: SGLangKnobs = cfg.engine  # type: ignore[assignment]  # engine_class's choice
+        k = self.knobs
+        self.ratio = k.new_token_ratio
+        self._decay = (k.new_token_ratio - k.new_token_ratio_min) / max(
+            1, k.new_token_ratio_decay_steps)
+        self.max_running = k.max_running or 1 << 30
+        self.max_new_tokens = cfg.traffic.max_new_tokens  # the clients' max_tokens
         self._new_limit = min(spec.max_context - 1, cache.capacity_blocks * self.bs - 1)
         # SGLang's running_batch.batch_is_full: set when an admission is refused for memory
         # while requests run; no admission is tried again until the running batch shrinks.
@@ -134,20 +137,20 @@ class SGLangServer(EngineBase):
     # --- helpers ------------------------------------------------------------------------
 
     def _max_new(self, req: Req) -> int:
-        if self.cfg.max_new_tokens is not None:
-            return self.cfg.max_new_tokens
+        if self.max_new_tokens is not None:
+            return self.max_new_tokens
         # Unset by the client: SGLang assumes everything up to the context / KV limit
         # (``_new_limit``: constant over a run, computed once).
         return max(1, self._new_limit - req.position_tokens - 1)
 
     def _decode_reserve(self, req: Req) -> int:
-        return min(max(0, self._max_new(req) - req.generated), self.cfg.clip_max_new_tokens)
+        return min(max(0, self._max_new(req) - req.generated), self.knobs.clip_max_new_tokens)
 
     def _running_offset_tokens(self) -> float:
         # Every pass reads it: one loop, no call per running request (= the sum of
         # _decode_reserve over the running batch).
-        clip = self.cfg.clip_max_new_tokens
-        fixed = self.cfg.max_new_tokens
+        clip = self.knobs.clip_max_new_tokens
+        fixed = self.max_new_tokens
         limit = self._new_limit
         total = 0
         for r in self.running:
@@ -265,7 +268,7 @@ class SGLangServer(EngineBase):
         uncached prompt + its decode tokens beyond what retraction frees); R =
         ``NUM_RESERVED_DECODE_TOKENS``, active = running + receiving + waiting. A head that
         does not fit a server holding nothing never will: it is dropped."""
-        bs, clip = self.bs, self.cfg.clip_max_new_tokens
+        bs, clip = self.bs, self.knobs.clip_max_new_tokens
         running = self.running
         retractable = sum(r.prompt_tokens + r.generated for r in running)
         single = max(min(self._max_new(r), clip) + r.prompt_tokens for r in running) \
@@ -355,7 +358,7 @@ class SGLangServer(EngineBase):
         the headroom loses the page-ceiled extend, one page and, when the prompt completes,
         min(max_new, clip) decode tokens; the chunk budget loses the page-ceiled extend."""
         paged = self._ceil_page(tokens)
-        reserve = min(self._max_new(req), self.cfg.clip_max_new_tokens) if final else 0
+        reserve = min(self._max_new(req), self.knobs.clip_max_new_tokens) if final else 0
         self._pass_offset += paged + self.bs + reserve
         self._budget -= paged
 
@@ -422,7 +425,7 @@ class SGLangServer(EngineBase):
         if (self.batch_is_full or not self.waiting) and self.chunked is None:
             return []
         self._pass_offset = 0.0
-        self._budget = self.cfg.chunk_size
+        self._budget = self.knobs.chunk_size
         # calc_priority runs before the chunk continues: lpm matches (and stamps) every
         # waiting request in each pass, chunk passes included.
         if self.waiting:
@@ -623,7 +626,7 @@ class SGLangServer(EngineBase):
             r.generated += steps
         decays = steps - 1 if retracted else steps
         if decays:
-            self.ratio = max(self.ratio - decays * self._decay, self.cfg.new_token_ratio_min)
+            self.ratio = max(self.ratio - decays * self._decay, self.knobs.new_token_ratio_min)
         finished = [r for r in self.running if r.generated >= r.output_tokens]
         if finished:
             self.running = [r for r in self.running if r.generated < r.output_tokens]
@@ -640,7 +643,7 @@ class SGLangServer(EngineBase):
                 # SGLang leaves the chunked request out of the batch it merges into the
                 # running batch: the batch shrank, which clears batch_is_full.
                 self.batch_is_full = False
-                if self.cfg.checkpoint_chunks:
+                if self.knobs.checkpoint_chunks:
                     done_to = req.ranges[0][0]
                     self._checkpoint(req, min(done_to // self.bs, req.ids.size), done_to)
                 continue
@@ -681,7 +684,7 @@ class SGLangServer(EngineBase):
             if self.prealloc:  # SGLang pops the prealloc queue in every loop iteration
                 self._preallocate()
             if not self.waiting and not self.running and self.chunked is None:
-                self.ratio = self.cfg.new_token_ratio  # fully idle: SGLang resets the ratio
+                self.ratio = self.knobs.new_token_ratio  # fully idle: SGLang resets the ratio
                 yield self._sleep()
                 continue
             batch = self._schedule()

@@ -19,7 +19,7 @@ Data flow of one run::
     is 3's output processing (``update_from_output``); the server loop composes them with
     time, and tests/test_vllm_sched_diff.py drives them beside vLLM's real scheduler.
 
-Async scheduling (``RunConfig.vllm_async``, vLLM 0.33's default for an online server:
+Async scheduling (``VllmKnobs.vllm_async``, vLLM 0.33's default for an online server:
 ``AsyncScheduler`` + ``EngineCore.step_with_batch_queue``, a batch queue of 2): step n+1 is
 scheduled while step n runs, before its output is processed, and runs right after it. A token
 step n samples is a placeholder for step n+1 (the request decodes on; one whose last token is
@@ -51,7 +51,7 @@ position p costs W + p units) and its memory time (the decode step of its decode
 
 Defaults for an online server on one H100 (vllm/engine/arg_utils.py ``get_batch_defaults``,
 ``UsageContext.OPENAI_API_SERVER`` on a >= 70 GiB non-A100 GPU): max_num_batched_tokens 8192
-(``RunConfig.chunk_size``), max_num_seqs 1024 (``RunConfig.max_running`` unset).
+(``VllmKnobs.chunk_size``), max_num_seqs 1024 (``VllmKnobs.max_running`` unset).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ from costmodel.specs import ModelSpec
 from costmodel.units import Units, range_units
 from policies import Blocks, EvictionPolicy, PolicyError
 from policies.eviction import ReleaseOrder
-from sim.config import RunConfig
+from sim.config import RunConfig, VllmKnobs
 from sim.engines.recorder import RunRecorder
 from sim.kvcache import EvictResult, Tier
 from sim.kvcache.blockpool import BlockPool
@@ -153,7 +153,7 @@ class VllmServer(EngineBase):
 
     @classmethod
     def summary_fields(cls, cfg: RunConfig) -> dict[str, bool]:
-        return {"vllm_async": cfg.vllm_async}
+        return {"vllm_async": cfg.engine.vllm_async}
 
     @classmethod
     def unsupported(cls, cfg: RunConfig, policy: EvictionPolicy) -> tuple[str, str] | None:
@@ -161,36 +161,33 @@ class VllmServer(EngineBase):
             release_order(policy)
         except PolicyError as e:
             return cfg.policy_field, str(e)
-        if cfg.cpu_cache:
+        if cfg.cache.cpu_cache:
             return ("cpu_cache", "the vllm engine models one GPU tier (vLLM 0.33's prefix "
                     "cache; KV offloading connectors are not modelled): use --engine sglang "
                     "for two tiers")
-        if cfg.scheduler != "fcfs":
+        if cfg.policy.scheduler != "fcfs":
             return ("scheduler", f"vLLM 0.33's V1 scheduler serves the waiting queue fcfs "
-                    f"(its priority policy needs request priorities); {cfg.scheduler!r} is "
+                    f"(its priority policy needs request priorities); {cfg.policy.scheduler!r} is "
                     "SGLang's: use --engine sglang")
-        if not cfg.checkpoint_chunks:
-            return ("checkpoint_chunks", "--prompt-nodes shapes SGLang's radix tree; vLLM "
-                    "caches blocks, not nodes")
         return cls._pd_unsupported(cfg) if cfg.is_pd else None
 
     @staticmethod
     def _pd_unsupported(cfg: RunConfig) -> tuple[str, str] | None:
         """What vLLM's KV connector path (NixlConnector) cannot do in a disaggregated fleet."""
-        if cfg.pd_prealloc == "off":
+        if cfg.pd.pd_prealloc == "off":
             return ("pd_prealloc", "vLLM's decode worker always allocates the prompt's blocks "
                     "before its KV connector loads them (WAITING_FOR_REMOTE_KVS): there is "
                     "no unreserved landing; use --pd-prealloc on, or --engine sglang")
-        if cfg.pd_streaming != "off":
+        if cfg.pd.pd_streaming != "off":
             return ("pd_streaming", "vLLM's decode worker allocates, and its connector "
                     "starts loading, only once the prefill has ended: nothing streams during "
                     "the prefill; use --pd-streaming off, or --engine sglang")
-        if cfg.pd_return != "none":
+        if cfg.pd.pd_return != "none":
             return ("pd_return", "vLLM's block pool caches blocks only through a request's "
                     "allocation: no connector pushes a finished output's KV into an idle "
                     "prefill worker's prefix cache; use --pd-return none, or --engine sglang")
-        if cfg.vllm_patch not in ("none", "penelope"):
-            return ("vllm_patch", f"--vllm-patch {cfg.vllm_patch} pins and orders requests "
+        if cfg.engine.vllm_patch not in ("none", "penelope"):
+            return ("vllm_patch", f"--vllm-patch {cfg.engine.vllm_patch} pins and orders requests "
                     "by session on one server; on a decode worker its pins would hold a "
                     "session whose next turn the prefill pool serves: not modelled for "
                     "disaggregated pools (use none or penelope)")
@@ -201,8 +198,9 @@ class VllmServer(EngineBase):
     @classmethod
     def build(cls, env: simpy.Environment, cfg: RunConfig, spec: ModelSpec, profile: Profile,
               policy: EvictionPolicy, recorder: RunRecorder) -> VllmServer:
-        pool = (cls.pool_class or BlockPool)(cfg.gpu_cache // cfg.block_size, cfg.block_size,
-                         free_order_name(policy), debug=cfg.debug_cache)
+        bs = cfg.cache.block_size
+        pool = (cls.pool_class or BlockPool)(cfg.cache.gpu_cache // bs, bs,
+                                             free_order_name(policy), debug=cfg.debug_cache)
         return cls(env, cfg, spec, profile, pool, policy, recorder)
 
     def __init__(self, env: simpy.Environment, cfg: RunConfig, spec: ModelSpec,
@@ -210,10 +208,11 @@ class VllmServer(EngineBase):
                  recorder: RunRecorder) -> None:
         super().__init__(env, cfg, spec, profile, pool, policy, recorder)
         self.pool = pool
-        self.token_budget = cfg.chunk_size  # max_num_batched_tokens
-        self.max_seqs = cfg.max_running or VLLM_MAX_NUM_SEQS
+        self.knobs: VllmKnobs = cfg.engine  # type: ignore[assignment]  # engine_class's choice
+        self.token_budget = self.knobs.chunk_size  # max_num_batched_tokens
+        self.max_seqs = self.knobs.max_running or VLLM_MAX_NUM_SEQS
         # vLLM 0.33's default for an online server (AsyncScheduler, batch queue of 2)
-        self.async_scheduling = cfg.vllm_async
+        self.async_scheduling = self.knobs.vllm_async
         self._seen_evicted = (0, 0)  # the pool's (evicted, lost) blocks already recorded
         # A disaggregated decode worker: requests whose KV is loading (allocated;
         # WAITING_FOR_REMOTE_KVS), and those it landed for, waiting and holding it

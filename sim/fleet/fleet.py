@@ -127,7 +127,7 @@ class Fleet:
         # the run's prefill model, for routers that predict time (Mooncake, Preble)
         first = replicas[0]
         router.bind_prefill_model(PrefillEstimate(first.spec, first.profile,
-                                                  first.cfg.chunk_size))
+                                                  first.cfg.engine.chunk_size))
         self.belief = build_belief(router.cache_view, n,
                                    [e.cache.capacity_blocks for e in replicas])
         # the replicas' KV events: the pool's feed when there is a pool (one drain for both)

@@ -122,11 +122,11 @@ class PDFleet:
         self.prefill, self.decode, self.rule, self.link = prefill, decode, rule, link
         self.rec = rec
         self.kv_bytes, self.layers, self.profile = kv_bytes, layers, profile
-        self.bs = cfg.block_size
-        self.threshold = cfg.pd_local_threshold
-        self.decode_cache = cfg.decode_cache == "on"
-        self.streaming = cfg.pd_streaming == "layer"
-        self.prealloc = cfg.pd_prealloc == "on"
+        self.bs = cfg.cache.block_size
+        self.threshold = cfg.pd.pd_local_threshold
+        self.decode_cache = cfg.pd.decode_cache == "on"
+        self.streaming = cfg.pd.pd_streaming == "layer"
+        self.prealloc = cfg.pd.pd_prealloc == "on"
         self.records: dict[int, PDRecord] = {}
         self.queues: dict[object, LinkQueue] = {}
         n = len(decode)
@@ -216,7 +216,7 @@ class PDFleet:
         return q
 
     def _link_key(self, p: int, d: int, back: bool = False):
-        key = ("nic", p) if self.cfg.pd_link_scope == "nic" else ("pair", p, d)
+        key = ("nic", p) if self.cfg.pd.pd_link_scope == "nic" else ("pair", p, d)
         return ("back", *key) if back else key
 
     def _prefilled(self, req, copy) -> None:
@@ -287,7 +287,7 @@ class PDFleet:
         self.in_flight_tokens[d] -= req.prompt_tokens
         if not self.decode_cache:
             self.decode[d].forget_unused()
-        if self.cfg.pd_return == "output" and rec.prefill_worker >= 0 \
+        if self.cfg.pd.pd_return == "output" and rec.prefill_worker >= 0 \
                 and req.record is not None and not req.record.dropped:
             self._send_back(req, rec)
 

@@ -29,9 +29,9 @@ class FleetSizeError(ValueError):
 def check_fleet_size(cfg, trace) -> None:
     """Refuse a fleet that the trace cannot occupy: with more replicas than requests, some
     replicas serve nothing whatever the router does (and each costs its engine)."""
-    if cfg.is_fleet and cfg.replicas > len(trace):
-        raise FleetSizeError(f"--replicas {cfg.replicas:,}: the trace has {len(trace):,} "
-                             f"requests, so {cfg.replicas - len(trace):,} replicas or more "
+    if cfg.is_fleet and cfg.fleet.replicas > len(trace):
+        raise FleetSizeError(f"--replicas {cfg.fleet.replicas:,}: the trace has {len(trace):,} "
+                             f"requests, so {cfg.fleet.replicas - len(trace):,} replicas or more "
                              f"could never serve one; use at most {len(trace):,}")
 
 
@@ -56,11 +56,11 @@ def build_pool(env: simpy.Environment, cfg, spec, profile, engines) -> FleetPool
     def recompute_seconds(ranges: list[tuple[int, int]]) -> float:
         return profile.recompute_seconds(ranges_units(spec, ranges))
 
-    return FleetPool(env, SharedPool(cfg.pool // cfg.block_size, cfg.pool_watermark,
-                                     cfg.pool_evict_fraction),
-                     engines, cfg.block_size, spec.kv_bytes_per_token * cfg.block_size,
-                     cfg.pool_bandwidth * 1e9, cfg.pool_latency_us * 1e-6, cfg.pool_write,
-                     recompute_seconds)
+    pool, bs = cfg.pool, cfg.cache.block_size
+    return FleetPool(env, SharedPool(pool.size // bs, pool.pool_watermark,
+                                     pool.pool_evict_fraction),
+                     engines, bs, spec.kv_bytes_per_token * bs, pool.pool_bandwidth * 1e9,
+                     pool.pool_latency_us * 1e-6, pool.pool_write, recompute_seconds)
 
 
 def pool_columns(table: pd.DataFrame, pool: FleetPool, bs: int) -> pd.DataFrame:
@@ -82,16 +82,16 @@ def pool_columns(table: pd.DataFrame, pool: FleetPool, bs: int) -> pd.DataFrame:
 
 def pool_summary(pool: FleetPool, table: pd.DataFrame, duration_s: float, cfg) -> dict:
     prompt = int(table["prompt_tokens"].sum()) if len(table) else 0
-    fields = pool.summary(duration_s, cfg.replicas)
+    fields = pool.summary(duration_s, cfg.fleet.replicas)
     for k, col in (("reused_gpu_tokens", "local_gpu_tokens"),
                    ("reused_cpu_tokens", "loaded_cpu_tokens"),
                    ("reused_pool_tokens", "pool_tokens")):
         fields[k] = int(table[col].sum()) if len(table) else 0
     fields["pool_hit_rate"] = fields["reused_pool_tokens"] / prompt if prompt else 0.0
     fields["pool_fetch_s"] = float(table["fetch_s"].sum()) if len(table) else 0.0
-    fields["pool_write"] = cfg.pool_write
-    fields["pool_bandwidth_gb_s"] = cfg.pool_bandwidth
-    fields["pool_latency_us"] = cfg.pool_latency_us
+    fields["pool_write"] = cfg.pool.pool_write
+    fields["pool_bandwidth_gb_s"] = cfg.pool.pool_bandwidth
+    fields["pool_latency_us"] = cfg.pool.pool_latency_us
     return fields
 
 

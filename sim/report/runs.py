@@ -39,7 +39,8 @@ def compare_runs(results: list[RunResult]) -> list[dict[str, Any]]:
         c = r.config
         out.append({
             "policy": c.policy_label, "policy_spec": c.policy_spec, "engine": c.engine_label,
-            "policy_params": c.policy_params, "scheduler": c.scheduler, "tiering": c.tiering,
+            "policy_params": c.policy.policy_params, "scheduler": c.policy.scheduler,
+            "tiering": c.cache.tiering,
             "summary": r.summary,
             "change_vs_first": {k: change(first.get(k), r.summary.get(k)) for k in COMPARED},
         })

@@ -30,7 +30,7 @@ def bind_policy(env: simpy.Environment, cfg: RunConfig, spec, profile, policy: E
         """Marginal prefill seconds of tokens [a, b) at their positions."""
         return profile.recompute_seconds(range_units(spec, a, b))
 
-    policy.bind(PolicyContext(now=lambda: env.now, block_size=cfg.block_size, seed=cfg.seed,
+    policy.bind(PolicyContext(now=lambda: env.now, block_size=cfg.cache.block_size, seed=cfg.seed,
                               recompute_seconds=recompute_seconds,
                               sessions=tuple(SessionInfo(s.id, s.parent, s.agent_type)
                                              for s in sessions)))
@@ -65,8 +65,9 @@ def replay(env: simpy.Environment, cfg: RunConfig, trace, front, context=None,
     """Send ``trace`` to ``front`` as ``cfg.replay`` says and run the clock until the last
     reply (both loops end with it). ``context``: a ``sim.context.ContextRun`` (None under
     ``full``); ``on_reply``: called once per trace request answered (an observer only)."""
-    driver = Replay(env, trace, front, trace.gaps(cfg.gaps), trace.start_offsets(cfg.gaps),
-                    cfg.sessions, cfg.time_scale, context, on_reply=on_reply,
-                    max_concurrency=cfg.max_concurrency)
-    env.run(until=env.process(driver.closed_loop() if cfg.replay == "closed"
+    t = cfg.traffic
+    driver = Replay(env, trace, front, trace.gaps(t.gaps), trace.start_offsets(t.gaps),
+                    t.sessions, t.time_scale, context, on_reply=on_reply,
+                    max_concurrency=t.max_concurrency)
+    env.run(until=env.process(driver.closed_loop() if t.replay == "closed"
                               else driver.open_loop()))

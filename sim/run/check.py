@@ -14,7 +14,7 @@ from sim.fleet.checks import fleet_problem
 def check_rooms(cfg: RunConfig, where: str = "config") -> RunConfig:
     """What the engine, the context strategy and the fleet say of ``cfg`` (its own fields
     already valid)."""
-    for ask in (ENGINES[cfg.engine].check, context_problem, fleet_problem):
+    for ask in (ENGINES[cfg.engine.name].check, context_problem, fleet_problem):
         problem = ask(cfg)
         if problem is not None:
             raise ConfigError(where, *problem)

@@ -39,10 +39,10 @@ def run(cfg: RunConfig, trace=None, timeline=None,
                                                            on_reply, steps))
     check(cfg)
     try:
-        spec = get_spec(cfg.model)
+        spec = get_spec(cfg.cache.model)
     except KeyError as e:
         raise ConfigError("config", "model", str(e.args[0])) from None
-    profile = load_profile(cfg.profile, cfg.model)
+    profile = load_profile(cfg.cache.profile, cfg.cache.model)
     if trace is None:
         trace = load_run_trace(cfg)
     env = simpy.Environment()

@@ -9,8 +9,6 @@ single server's stay as they are: no fleet field). ``kind_of`` says which a conf
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import pandas as pd
 import simpy
@@ -47,9 +45,9 @@ class Server:
     def __init__(self, env: simpy.Environment, cfg: RunConfig, spec, profile, trace,
                  timeline=None) -> None:
         self.env, self.cfg, self.spec, self.profile, self.trace = env, cfg, spec, profile, trace
-        self.strategy = parse_context(cfg.context)
+        self.strategy = parse_context(cfg.context.strategy)
         self.context = (None if self.strategy.is_full
-                        else ContextRun(self.strategy, trace, cfg.block_size))
+                        else ContextRun(self.strategy, trace, cfg.cache.block_size))
         (self.engine,), (self.policy,) = build_replicas(env, cfg, spec, profile, trace, [None],
                                                         timeline)
         self.engines = [self.engine]
@@ -64,13 +62,14 @@ class Server:
         table = rec.table()
         summary = summarize(cfg, rec, self.env.now, table, self.policy, self.profile,
                             self.spec, self.trace)
-        if cfg.vllm_patch != "none":  # only then: unpatched summaries stay as they were
-            summary["vllm_patch"] = cfg.vllm_patch
+        patch = cfg.value("vllm_patch")
+        if patch != "none":  # only then: unpatched summaries stay as they were
+            summary["vllm_patch"] = patch
             summary.update(server.patch_summary())
         if self.context is not None:  # only then: results under ``full`` stay as they were
             summary.update(context_summary(self.strategy, table, rec.counters, self.env.now,
-                                           server.cache.working_peak_blocks * cfg.block_size,
-                                           cfg.block_size))
+                                           server.cache.working_peak_blocks * cfg.cache.block_size,
+                                           cfg.cache.block_size))
         return RunResult(cfg, table, summary)
 
 
@@ -92,13 +91,13 @@ class FleetRun:
         check_fleet_size(cfg, trace)
         self.env, self.cfg, self.spec, self.profile, self.trace = env, cfg, spec, profile, trace
         self.timeline = timeline
-        signals = [ReplicaSignals(i) for i in range(cfg.replicas)]
+        signals = [ReplicaSignals(i) for i in range(cfg.fleet.replicas)]
         self.engines, self.policies = build_replicas(env, cfg, spec, profile, trace, signals,
                                                      timeline)
         self.sessions = recorder_for(trace)
         router = cfg.make_router()
-        self.pool = build_pool(env, cfg, spec, profile, self.engines) if cfg.pool else None
-        self.front = Fleet(env, self.engines, router, cfg.block_size, self.sessions,
+        self.pool = build_pool(env, cfg, spec, profile, self.engines) if cfg.pool.size else None
+        self.front = Fleet(env, self.engines, router, cfg.cache.block_size, self.sessions,
                            np.random.default_rng([cfg.seed, ROUTER_STREAM]), self.pool,
                            signals)
 
@@ -110,7 +109,7 @@ class FleetRun:
         now, trace = self.env.now, self.trace
         tables = []
         for i, e in enumerate(engines):
-            t = ideal_columns(e.rec.table(), fleet, cfg.block_size)
+            t = ideal_columns(e.rec.table(), fleet, cfg.cache.block_size)
             t.insert(0, "replica", np.full(len(t), i, dtype=np.int64))
             tables.append(t)
         served = [t for t in tables if len(t)] or tables[:1]  # idle replicas add no rows
@@ -120,21 +119,22 @@ class FleetRun:
         summary = summarize(cfg, merged, now, table, self.policies[0], self.profile,
                             self.spec, trace)
         metrics, per_replica = fleet_metrics(fleet, engines, tables, self.sessions, now,
-                                             cfg.block_size, table)
+                                             cfg.cache.block_size, table)
         summary.update(metrics)
-        if cfg.vllm_patch != "none":  # as a single run's summary: the patch and its counters
-            summary["vllm_patch"] = cfg.vllm_patch
+        patch = cfg.value("vllm_patch")
+        if patch != "none":  # as a single run's summary: the patch and its counters
+            summary["vllm_patch"] = patch
             for replica_summary, e in zip(per_replica, engines, strict=True):
                 replica_summary.update(e.patch_summary())
         summary["replica_summaries"] = per_replica
         out = {"load": load_table(fleet), "routing": routing_table(fleet)}
         if pool is not None:
-            table = pool_columns(table, pool, cfg.block_size)
+            table = pool_columns(table, pool, cfg.cache.block_size)
             summary.update(pool_summary(pool, table, now, cfg))
             summary["pool_notes"] = pool_notes(pool, table)
             out["pool"] = pool_table(pool)
             if self.timeline is not None:
-                self.timeline.pool_fetches(pool.transfers, cfg.replicas)
+                self.timeline.pool_fetches(pool.transfers, cfg.fleet.replicas)
             out["pool_transfers"] = pd.DataFrame(
                 np.asarray(pool.transfers, dtype=float).reshape(-1, 3),
                 columns=["start_s", "end_s", "bytes"])
@@ -154,20 +154,20 @@ class PDRun:
         self.timeline = timeline  # a track per prefill, then per decode worker, then per link
         # A prefill worker serves prefill-only requests: each asks one token, so the engine's
         # decode reservation is one token (SGLang reserves max_new_tokens of the request).
-        pcfg = replace(cfg, max_new_tokens=1)
-        psignals = [ReplicaSignals(i) for i in range(cfg.prefill_replicas)]
+        pcfg = cfg.with_fields(max_new_tokens=1)
+        psignals = [ReplicaSignals(i) for i in range(cfg.pd.prefill_replicas)]
         self.prefill, self.policies = build_replicas(env, pcfg, spec, profile, trace,
                                                      psignals, timeline, 0, "prefill")
         self.decode, _ = build_replicas(env, cfg, spec, profile, trace,
-                                        [None] * cfg.decode_replicas, timeline,
-                                        cfg.prefill_replicas, "decode")
+                                        [None] * cfg.pd.decode_replicas, timeline,
+                                        cfg.pd.prefill_replicas, "decode")
         self.engines = [*self.prefill, *self.decode]
         self.sessions = recorder_for(trace)
-        pfleet = Fleet(env, self.prefill, cfg.make_router(), cfg.block_size,
+        pfleet = Fleet(env, self.prefill, cfg.make_router(), cfg.cache.block_size,
                        recorder_for(trace), np.random.default_rng([cfg.seed, ROUTER_STREAM]),
                        None, psignals)
-        rule = make_rule(cfg.pd_rule, np.random.default_rng([cfg.seed, PD_STREAM]))
-        self.front = PDFleet(env, cfg, trace, pfleet, self.decode, rule, get_link(cfg.pd_link),
+        rule = make_rule(cfg.pd.pd_rule, np.random.default_rng([cfg.seed, PD_STREAM]))
+        self.front = PDFleet(env, cfg, trace, pfleet, self.decode, rule, get_link(cfg.pd.pd_link),
                              self.sessions, spec.kv_bytes_per_token, spec.layers, profile)
 
     def close(self) -> None:
@@ -176,7 +176,7 @@ class PDRun:
     def result(self) -> RunResult:
         cfg, fleet, prefill, decode = self.cfg, self.front, self.prefill, self.decode
         now, trace = self.env.now, self.trace
-        table = pd_table(fleet, prefill, decode, trace, cfg.block_size)
+        table = pd_table(fleet, prefill, decode, trace, cfg.cache.block_size)
         merged = merge_recorders(trace, [e.rec for e in prefill + decode], self.sessions)
         summary = summarize(cfg, merged, now, table, self.policies[0], self.profile,
                             self.spec, trace)

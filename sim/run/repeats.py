@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 import pandas as pd
@@ -83,10 +82,10 @@ def run_repeats(cfg, trace, run_one: Callable[[Any, Any, int], RunResult]) -> Ru
     trace, k)`` is repeat k's run of config ``c`` (``sim.run.run`` with ``repeats`` 1)."""
     from sim.slo import meets, parse_slo
 
-    one = replace(cfg, repeats=1, trace_seed=cfg.trace_draw_seed)
+    one = cfg.with_fields(repeats=1, trace_seed=cfg.trace_draw_seed)
     if trace is None:
         trace = load_run_trace(one)
-    results = [run_one(replace(one, seed=cfg.seed + k), trace, k) for k in range(cfg.repeats)]
+    results = [run_one(one.with_fields(seed=cfg.seed + k), trace, k) for k in range(cfg.repeats)]
     summary = combine([r.summary for r in results])
     summary["repeats"] = cfg.repeats
     summary["repeat_seeds"] = [cfg.seed + k for k in range(cfg.repeats)]

@@ -18,10 +18,11 @@ def run_fields(cfg: RunConfig, policy: EvictionPolicy, profile, spec, trace,
                table: pd.DataFrame) -> dict[str, Any]:
     """The configuration fields a run summary carries beside its metrics."""
     return {
-        "policy": policy.label, "model": cfg.model, "profile": profile.name,
-        "profile_provenance": profile.provenance, "gpu_cache_tokens": cfg.gpu_cache,
-        "cpu_cache_tokens": cfg.cpu_cache, "n_sessions": cfg.sessions, "gaps": cfg.gaps,
-        "scheduler": cfg.scheduler, "engine": cfg.engine, "trace": trace.name,
+        "policy": policy.label, "model": cfg.cache.model, "profile": profile.name,
+        "profile_provenance": profile.provenance, "gpu_cache_tokens": cfg.cache.gpu_cache,
+        "cpu_cache_tokens": cfg.cache.cpu_cache, "n_sessions": cfg.traffic.sessions,
+        "gaps": cfg.traffic.gaps,
+        "scheduler": cfg.policy.scheduler, "engine": cfg.engine.name, "trace": trace.name,
         "trace_requests": len(trace),
         # --lenient: records and whole files the loader skipped
         "trace_skipped_records": int(trace.skipped),
@@ -30,7 +31,7 @@ def run_fields(cfg: RunConfig, policy: EvictionPolicy, profile, spec, trace,
         "over_context_requests": int(((table["prompt_tokens"] > spec.max_context)
                                       & ~table["dropped"].astype(bool)).sum())
         if len(table) else 0,
-    } | ENGINES[cfg.engine].summary_fields(cfg)
+    } | ENGINES[cfg.engine.name].summary_fields(cfg)
 
 
 def answer_fields(cfg: RunConfig, profile, table: pd.DataFrame, summary: dict[str, Any],
@@ -53,7 +54,7 @@ def summarize(cfg: RunConfig, rec: RunRecorder, duration_s: float, table: pd.Dat
               policy: EvictionPolicy, profile, spec, trace) -> dict[str, Any]:
     """``rec``'s summary over ``table`` (the run's requests; a fleet's merged recorder), then
     the configuration fields and the answers."""
-    summary = rec.summary(duration_s, cfg.block_size, table)
+    summary = rec.summary(duration_s, cfg.cache.block_size, table)
     summary.update(run_fields(cfg, policy, profile, spec, trace, table))
     summary.update(answer_fields(cfg, profile, table, summary, set(rec.session_end)))
     return summary

@@ -26,9 +26,10 @@ def trace_options(cfg: RunConfig) -> tuple:
     (``traces.cache.resolve_cache_dir``: ``$KVSIM_CACHE_DIR`` or ``~/.cache/kvsim``)."""
     from traces.cache import resolve_cache_dir
 
-    return (cfg.trace, cfg.trace_format, cfg.block_size, cfg.shared_prefix, cfg.max_context,
-            cfg.select, cfg.trace_draw_seed, cfg.lenient, resolve_cache_dir(cfg.trace_cache_dir),
-            cfg.rebuild_sessions)
+    t = cfg.traffic
+    return (t.trace, t.trace_format, cfg.cache.block_size, t.shared_prefix, t.max_context,
+            t.select, cfg.trace_draw_seed, t.lenient, resolve_cache_dir(t.trace_cache_dir),
+            t.rebuild_sessions)
 
 
 def load_run_trace(cfg: RunConfig):

@@ -23,7 +23,6 @@ tokens are neither read nor computed and are not billed (AKV reports them apart 
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -128,7 +127,7 @@ def run_metrics(cfg: RunConfig, _arg: Any, get_trace) -> dict[str, Any]:
         "output_tokens_per_s": float(ok["output_tokens"].sum()) / end,
         "kv_peak_tokens": int(kv.max()) if kv.size else 0,
         "recomputed_tokens": int(ok["recomputed_tokens"].sum() + ok["reprefill_tokens"].sum()),
-        "api_cost_usd": api_cost(t, cfg.model),
+        "api_cost_usd": api_cost(t, cfg.cache.model),
         "requests": len(ok),
         "summary_calls": int((ok["kind"] == "summary").sum()),
         "dropped_requests": int(s["dropped_requests"]),
@@ -142,17 +141,17 @@ def configs(ctx: Context) -> list[tuple[dict[str, Any], RunConfig]]:
     out = []
     for model in models:
         for n in ns:
-            base = replace(ctx.base(model, n), gpu_cache=MODELS[model])
+            base = ctx.base(model, n).with_fields(gpu_cache=MODELS[model])
             if not ctx.is_synthetic:
-                base = replace(base, select=SELECT)
+                base = base.with_fields(select=SELECT)
             if ctx.quick:
-                base = replace(base, gpu_cache=QUICK_GPU_CACHE, max_context=QUICK_CONTEXT,
-                               select=None if ctx.is_synthetic else QUICK_SELECT)
+                base = base.with_fields(gpu_cache=QUICK_GPU_CACHE, max_context=QUICK_CONTEXT,
+                                        select=None if ctx.is_synthetic else QUICK_SELECT)
             for name, spec in strategies(ctx.quick):
                 for ev in EVICTIONS:
                     out.append(({"strategy": name, "eviction": ev, "model": model,
                                  "concurrency": n},
-                                replace(base.with_preset(ev), context=spec)))
+                                base.with_preset(ev).with_fields(context=spec)))
     return out
 
 

@@ -23,7 +23,6 @@ for pinning variants, how the pins ended (``pins``) and the mean tau.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -56,13 +55,13 @@ PAPER_JCT_SPEEDUP = 8.0  # CacheTTL v4 abstract: "over 8x better average JCT"
 def configs(ctx: Context) -> tuple[list[tuple[int, str]], list[RunConfig]]:
     keys, cfgs = [], []
     for n in QUICK_LOADS if ctx.quick else LOADS:
-        base = replace(ctx.base(MODEL, n), engine="vllm", scheduler="fcfs",
-                       checkpoint_chunks=True).with_preset("vllm")
+        base = ctx.base(MODEL, n).with_fields(engine="vllm", scheduler="fcfs",
+                                              checkpoint_chunks=True).with_preset("vllm")
         if not ctx.quick and not ctx.is_synthetic and n > 24:
-            base = replace(base, select=f"top-requests:{n}")
+            base = base.with_fields(select=f"top-requests:{n}")
         for label, patch in VARIANTS:
             keys.append((n, label))
-            cfgs.append(replace(base, vllm_patch=patch))
+            cfgs.append(base.with_fields(vllm_patch=patch))
     return keys, cfgs
 
 

@@ -21,7 +21,6 @@ workload is left out (a note says so).
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from rich.table import Table
@@ -57,19 +56,19 @@ def workloads(ctx: Context) -> list[tuple[str, RunConfig]]:
     out = []
     cc = ctx.base("qwen3-8b", 1)
     if not ctx.quick:
-        cc = replace(cc, select=None)  # all sessions, not the paper's top 24
+        cc = cc.with_fields(select=None)  # all sessions, not the paper's top 24
     out.append(("cc-traces", cc))
     if MOONCAKE.is_file():
-        moon = RunConfig(trace=str(MOONCAKE), trace_format="mooncake", replay="open",
-                         model="qwen3-8b", gpu_cache=262144, scheduler="lpm",
-                         profile=ctx.profile("qwen3-8b"),
-                         select=QUICK_MOONCAKE_SELECT if ctx.quick else None)
+        moon = RunConfig.from_flat(trace=str(MOONCAKE), trace_format="mooncake", replay="open",
+                                   model="qwen3-8b", gpu_cache=262144, scheduler="lpm",
+                                   profile=ctx.profile("qwen3-8b"),
+                                   select=QUICK_MOONCAKE_SELECT if ctx.quick else None)
         out.append(("mooncake", moon))
     else:
         ctx.notes.append(f"mooncake workload left out: {MOONCAKE} is absent")
-    groups = RunConfig(trace=QUICK_PREFIX_GROUPS if ctx.quick else PREFIX_GROUPS,
-                       replay="open", model="qwen3-8b", gpu_cache=PREFIX_GROUPS_GPU_CACHE,
-                       scheduler="lpm", profile=ctx.profile("qwen3-8b"))
+    groups = RunConfig.from_flat(trace=QUICK_PREFIX_GROUPS if ctx.quick else PREFIX_GROUPS,
+                                 replay="open", model="qwen3-8b", gpu_cache=PREFIX_GROUPS_GPU_CACHE,
+                                 scheduler="lpm", profile=ctx.profile("qwen3-8b"))
     out.append(("prefix-groups", groups))
     return out
 
@@ -81,8 +80,8 @@ def configs(ctx: Context) -> tuple[list[tuple[str, str, str, int]], list[RunConf
         for n in (QUICK_REPLICAS if ctx.quick else REPLICAS):
             for policy in POLICIES:
                 for router in ROUTERS:
-                    cfg = replace(base.with_preset(policy), replicas=n, router=router,
-                                  sessions=per * n)
+                    cfg = base.with_preset(policy).with_fields(replicas=n, router=router,
+                                                               sessions=per * n)
                     keys.append((name, router, policy, n))
                     cfgs.append(cfg)
     return keys, cfgs

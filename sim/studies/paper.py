@@ -8,7 +8,7 @@ no number, none is invented). The two-tier studies are in sim/studies/tiers.py.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from rich.table import Table
@@ -83,14 +83,14 @@ def gpu_only(ctx: Context) -> list[dict[str, Any]]:
     for case in GPU_ONLY_CASES:
         for model in models:
             for n in ns:
-                base = replace(ctx.base(model, n), engine=case.engine,
-                               checkpoint_chunks=case.shape != "whole",
-                               scheduler=case.scheduler)
+                base = ctx.base(model, n).with_fields(engine=case.engine,
+                                                      checkpoint_chunks=case.shape != "whole",
+                                                      scheduler=case.scheduler)
                 for preset, p in ((case.baseline, "none"),
                                   *((x, case.patch) for x in case.compared)):
                     key = (case.engine, case.shape, model, n, preset, p)
                     if key not in keys:
-                        configs.append(replace(base.with_preset(preset), vllm_patch=p))
+                        configs.append(base.with_preset(preset).with_fields(vllm_patch=p))
                         keys.append(key)
     runs = dict(zip(keys, zip(configs, run_all(ctx, configs), strict=True), strict=True))
     rows = []
@@ -132,9 +132,9 @@ def ablation(ctx: Context) -> list[dict[str, Any]]:
     so the tree shape decides how much granularity matters."""
     rows = []
     for nodes in ("chunked", "whole"):
-        base = replace(ctx.base("qwen3-8b", 4), checkpoint_chunks=nodes == "chunked")
+        base = ctx.base("qwen3-8b", 4).with_fields(checkpoint_chunks=nodes == "chunked")
         configs = [base.with_preset("sglang")] + [
-            replace(base, preset=None, order="lru", evict=e, granularity=g)
+            base.with_fields(preset=None, order="lru", evict=e, granularity=g)
             for e, g in STARTS_BY_GRANULARITY]
         sums = run_all(ctx, configs)
         ref = sums[0]
@@ -165,16 +165,16 @@ def fcfs(ctx: Context) -> list[dict[str, Any]]:
     for model in models:
         for sched in ("lpm", "fcfs"):
             cases.append((f"{model} {sched} N={n}",
-                          replace(ctx.base(model, n), scheduler=sched)))
+                          ctx.base(model, n).with_fields(scheduler=sched)))
     codex = "synthetic:codex?sessions=6" if ctx.quick else "synthetic:codex"
     for n in (3, 4):
-        c = replace(ctx.base("qwen3-8b", n), trace=codex, select=None, shared_prefix=None,
-                    gaps="recorded")
+        c = ctx.base("qwen3-8b", n).with_fields(trace=codex, select=None, shared_prefix=None,
+                                                gaps="recorded")
         cases.append((f"codex N={n}", c))
     # The 8B's cache and context cut, priced with the model's own profile.
     for model in ("gemma-3-27b", "llama-3.1-8b"):
         cases.append((f"{model} (window)" if model.startswith("gemma") else
-                      f"{model} (full)", replace(ctx.base("qwen3-8b", 4), model=model,
+                      f"{model} (full)", ctx.base("qwen3-8b", 4).with_fields(model=model,
                                                  profile=ctx.profile(model))))
     configs = []
     for _, c in cases:
@@ -185,12 +185,13 @@ def fcfs(ctx: Context) -> list[dict[str, Any]]:
         ref, pen = sums[2 * i], sums[2 * i + 1]
         paper = None
         if name.startswith("qwen3-235b"):
-            paper = PAPER["fcfs_235b_ttft_change"][c.scheduler]
+            paper = PAPER["fcfs_235b_ttft_change"][c.policy.scheduler]
         elif name.startswith("codex"):
-            paper = PAPER["freeinference_ttft_change"][c.sessions]
+            paper = PAPER["freeinference_ttft_change"][c.traffic.sessions]
         rows.append({
-            "case": name, "model": c.model, "scheduler": c.scheduler, "sessions": c.sessions,
-            "gaps": c.gaps, "trace": c.trace,
+            "case": name, "model": c.cache.model, "scheduler": c.policy.scheduler,
+            "sessions": c.traffic.sessions,
+            "gaps": c.traffic.gaps, "trace": c.traffic.trace,
             "ttft_change": _change(pen["ttft_mean_s"], ref["ttft_mean_s"]),
             "jct_change": _change(pen["jct_mean_s"], ref["jct_mean_s"]),
             "hit_rate": pen["hit_rate"], "sglang_hit_rate": ref["hit_rate"],

@@ -21,12 +21,11 @@ One row per run; docs/pd.md prints the table beside what the published systems r
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from rich.table import Table
 
-from sim.config import RunConfig
+from sim.config import DEFAULTS, RunConfig
 from sim.report.tables import Col, narrow_table
 from sim.sweep import relative_change
 
@@ -39,7 +38,7 @@ QUICK_SESSIONS_PER_GPU = 2
 ROUTER = "dynamo-kv"
 THRESHOLD = 2048
 RULES = ("dynamo", "sglang-pd", "llm-d", "mooncake")
-ENGINE = RunConfig.engine  # every row's engine but the vLLM rows
+ENGINE = DEFAULTS["engine"]  # every row's engine but the vLLM rows
 MOONCAKE = SHARED_DATA / "mooncake" / "synthetic_trace.jsonl.gz"
 QUICK_MOONCAKE_SELECT = "first:300"
 
@@ -48,7 +47,7 @@ def workloads(ctx: Context, gpus: int) -> list[tuple[str, RunConfig]]:
     per = QUICK_SESSIONS_PER_GPU if ctx.quick else SESSIONS_PER_GPU
     out = [("cc-traces", ctx.base("qwen3-8b", per * gpus))]
     if MOONCAKE.is_file():
-        out.append(("mooncake", RunConfig(
+        out.append(("mooncake", RunConfig.from_flat(
             trace=str(MOONCAKE), trace_format="mooncake", replay="open", model="qwen3-8b",
             gpu_cache=262144, scheduler="lpm", profile=ctx.profile("qwen3-8b"),
             select=QUICK_MOONCAKE_SELECT if ctx.quick else None)))
@@ -104,7 +103,7 @@ def configs(ctx: Context) -> tuple[list[dict[str, Any]], list[RunConfig]]:
     for name, base in workloads(ctx, gpus):
         for a in arrangements(gpus):
             changes = {k: v for k, v in a.items() if k not in KEYS}
-            cfgs.append(replace(base.with_preset(a["policy"]), **changes))
+            cfgs.append(base.with_preset(a["policy"]).with_fields(**changes))
             keys.append({"workload": name, "gpus": gpus, **{k: a[k] for k in KEYS}})
     return keys, cfgs
 
@@ -113,13 +112,13 @@ def row(key: dict[str, Any], cfg: RunConfig, s: dict[str, Any]) -> dict[str, Any
     pd = cfg.is_pd
     return {
         **key,
-        "router": cfg.router,
-        "rule": cfg.pd_rule if pd else "-",
-        "threshold": cfg.pd_local_threshold if pd else 0,
-        "decode_cache": cfg.decode_cache if pd else "-",
-        "pd_return": cfg.pd_return if pd else "-",
-        "engine": cfg.engine,
-        "prealloc": cfg.pd_prealloc if pd else "-",
+        "router": cfg.fleet.router,
+        "rule": cfg.pd.pd_rule if pd else "-",
+        "threshold": cfg.pd.pd_local_threshold if pd else 0,
+        "decode_cache": cfg.pd.decode_cache if pd else "-",
+        "pd_return": cfg.pd.pd_return if pd else "-",
+        "engine": cfg.engine.name,
+        "prealloc": cfg.pd.pd_prealloc if pd else "-",
         "prealloc_wait_s_mean": s.get("prealloc_wait_s_mean", 0.0),
         "ttft_mean_s": s["ttft_mean_s"], "ttft_p90_s": s["ttft_p90_s"],
         "jct_mean_s": s["jct_mean_s"], "hit_rate": s["hit_rate"],

@@ -25,7 +25,6 @@ workload is the synthetic one and the Mooncake workload is left out (a note says
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from rich.table import Table
@@ -70,9 +69,9 @@ def workloads(ctx: Context) -> list[tuple[str, RunConfig]]:
     cc = ctx.base("qwen3-8b", 1)
     out.append(("cc-traces", cc))
     if MOONCAKE.is_file():
-        out.append(("mooncake", RunConfig(
+        out.append(("mooncake", RunConfig.from_flat(
             trace=str(MOONCAKE), trace_format="mooncake", replay="open", model="qwen3-8b",
-            gpu_cache=cc.gpu_cache, scheduler="lpm", profile=ctx.profile("qwen3-8b"),
+            gpu_cache=cc.cache.gpu_cache, scheduler="lpm", profile=ctx.profile("qwen3-8b"),
             select=QUICK_MOONCAKE_SELECT if ctx.quick else None)))
     else:
         ctx.notes.append(f"mooncake workload left out: {MOONCAKE} is absent")
@@ -87,10 +86,10 @@ def configs(ctx: Context) -> tuple[list[tuple[str, str, int, int]], list[RunConf
     for name, base in workloads(ctx):
         for router in routers(ctx):
             for size in (0, pool):
-                cfgs.append(replace(base.with_preset("sglang"), replicas=n, router=router,
-                                    sessions=per * n, pool=size,
+                cfgs.append(base.with_preset("sglang").with_fields(replicas=n, router=router,
+                                                                   sessions=per * n, pool=size,
                                     pool_bandwidth=POOL_BANDWIDTH_GB_S,
-                                    pool_latency_us=POOL_LATENCY_US))
+                                                                   pool_latency_us=POOL_LATENCY_US))
                 keys.append((name, router, n, size))
     return keys, cfgs
 

@@ -74,19 +74,20 @@ class Context:
 
     def base(self, model: str = "qwen3-8b", sessions: int = 4) -> RunConfig:
         cache, ctx_cut = MODEL_SETUP.get(model, (262144, 131072))
-        cfg = RunConfig(trace=self.trace, model=model, gpu_cache=cache, max_context=ctx_cut,
-                        shared_prefix=None if self.is_synthetic else SHARED_PREFIX,
-                        select=None if self.is_synthetic else "top-requests:24",
-                        gaps=self.gaps, sessions=sessions, scheduler="lpm",
-                        checkpoint_chunks=self.prompt_nodes == "chunked",
-                        profile=self.profile(model))
+        cfg = RunConfig.from_flat(trace=self.trace, model=model, gpu_cache=cache,
+                                  max_context=ctx_cut,
+                                  shared_prefix=None if self.is_synthetic else SHARED_PREFIX,
+                                  select=None if self.is_synthetic else "top-requests:24",
+                                  gaps=self.gaps, sessions=sessions, scheduler="lpm",
+                                  checkpoint_chunks=self.prompt_nodes == "chunked",
+                                  profile=self.profile(model))
         if self.quick:
             # Seconds, not minutes: fewer sessions, shorter contexts, a proportionally
             # smaller cache so that eviction still happens.
-            cfg = replace(cfg, select=None if self.is_synthetic else QUICK_SELECT,
-                          max_context=QUICK_CONTEXT, gpu_cache=QUICK_GPU_CACHE)
+            cfg = cfg.with_fields(select=None if self.is_synthetic else QUICK_SELECT,
+                                  max_context=QUICK_CONTEXT, gpu_cache=QUICK_GPU_CACHE)
             if self.is_synthetic:
-                cfg = replace(cfg, trace=_quick_synthetic(self.trace))
+                cfg = cfg.with_fields(trace=_quick_synthetic(self.trace))
         return cfg
 
 

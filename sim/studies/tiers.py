@@ -4,7 +4,6 @@ tier (``cpu-sweep``), with the numbers the paper published (docs/reproduction.md
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from sim.config import RunConfig
@@ -25,8 +24,8 @@ def _tiered(cfg: RunConfig, system: str, scheduler: str, cpu: int,
     """``hicache`` = SGLang (whole-node LRU tail on the device) + HiCache; ``penelope`` =
     unified tiers under lru+private-head+block."""
     preset, tiering = ("sglang", "hicache") if system == "hicache" else ("penelope", "unified")
-    return replace(cfg.with_preset(preset), tiering=tiering, scheduler=scheduler, cpu_cache=cpu,
-                   hicache_write_policy=write_policy)
+    return cfg.with_preset(preset).with_fields(tiering=tiering, scheduler=scheduler, cpu_cache=cpu,
+                                               hicache_write_policy=write_policy)
 
 
 def two_tier(ctx: Context) -> list[dict[str, Any]]:
@@ -41,8 +40,8 @@ def two_tier(ctx: Context) -> list[dict[str, Any]]:
     for model in models:
         for n in ns:
             base = ctx.base(model, n)
-            gpu = base.gpu_cache * 3 // 4
-            base = replace(base, gpu_cache=gpu)
+            gpu = base.cache.gpu_cache * 3 // 4
+            base = base.with_fields(gpu_cache=gpu)
             cases.append((model, n, gpu))
             configs += [_tiered(base, "hicache", "lpm", gpu),
                         _tiered(base, "hicache", "lpm-cpu", gpu),
@@ -76,13 +75,13 @@ def two_tier(ctx: Context) -> list[dict[str, Any]]:
 
 def cpu_sweep(ctx: Context) -> list[dict[str, Any]]:
     """Qwen3-8B, 8 sessions, fcfs for both, GPU tier 128K, CPU tier 1x..4x the GPU tier."""
-    base = replace(ctx.base("qwen3-8b", 8), gpu_cache=131072)
+    base = ctx.base("qwen3-8b", 8).with_fields(gpu_cache=131072)
     if ctx.quick:
-        base = replace(ctx.base("qwen3-8b", 4), gpu_cache=QUICK_GPU_CACHE * 3 // 4)
+        base = ctx.base("qwen3-8b", 4).with_fields(gpu_cache=QUICK_GPU_CACHE * 3 // 4)
     mults = [1, 2, 4] if ctx.quick else [1, 2, 3, 4]
     configs = []
     for k in mults:
-        cpu = k * base.gpu_cache
+        cpu = k * base.cache.gpu_cache
         configs += [_tiered(base, "hicache", "fcfs", cpu), _tiered(base, "penelope", "fcfs", cpu)]
     sums = run_all(ctx, configs)
     rows = []
@@ -90,7 +89,8 @@ def cpu_sweep(ctx: Context) -> list[dict[str, Any]]:
         sg, pen = sums[2 * i], sums[2 * i + 1]
         paper = PAPER["cpu_sweep"]["1x_ttft_change"] if k == 1 else (0.0 if k == 4 else None)
         rows.append({
-            "cpu_over_gpu": k, "gpu_tokens": base.gpu_cache, "cpu_tokens": k * base.gpu_cache,
+            "cpu_over_gpu": k, "gpu_tokens": base.cache.gpu_cache,
+            "cpu_tokens": k * base.cache.gpu_cache,
             "sglang_ttft_s": sg["ttft_mean_s"], "penelope_ttft_s": pen["ttft_mean_s"],
             "ttft_change": _change(pen["ttft_mean_s"], sg["ttft_mean_s"]),
             "jct_change": _change(pen["jct_mean_s"], sg["jct_mean_s"]),

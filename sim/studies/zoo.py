@@ -21,7 +21,6 @@ rule is optimal (see the module), and each is the better one somewhere.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
@@ -78,9 +77,9 @@ def runs(quick: bool) -> list[tuple[str | None, str, str]]:
 def configs(ctx: Context) -> tuple[list[tuple], list[RunConfig]]:
     keys, cfgs = [], []
     for model, n, gaps, tree in grid(ctx.quick):
-        base = replace(ctx.base(model, n), gaps=gaps, checkpoint_chunks=tree == "chunked")
+        base = ctx.base(model, n).with_fields(gaps=gaps, checkpoint_chunks=tree == "chunked")
         for label, spec, sched in runs(ctx.quick):
-            cfg = replace(base.with_policy(spec), scheduler=sched)
+            cfg = base.with_policy(spec).with_fields(scheduler=sched)
             keys.append((model, n, gaps, tree, label or cfg.policy_label, sched))
             cfgs.append(cfg)
     return keys, cfgs

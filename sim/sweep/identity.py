@@ -25,10 +25,10 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Iterable
-from dataclasses import MISSING, Field, dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
-from sim.config import RunConfig, idle_fields
+from sim.config import DEFAULTS, FLAT, RunConfig, idle_fields
 
 # Read into every id, whatever their values (the module docstring): frozen, so that a field
 # added to RunConfig falls under the rule without an entry here.
@@ -54,12 +54,12 @@ class Since:
 SINCE: tuple[Since, ...] = (
     Since(("replicas", "router", "router_params"), lambda c: not c.is_fleet),  # one server
     Since(("pool", "pool_bandwidth", "pool_latency_us", "pool_write", "pool_watermark",
-           "pool_evict_fraction"), lambda c: not c.pool),  # no pool
+           "pool_evict_fraction"), lambda c: not c.pool.size),  # no pool
     Since(("prefill_replicas", "decode_replicas", "pd_link", "pd_link_scope", "pd_streaming",
            "pd_local_threshold", "decode_cache", "pd_return", "pd_rule"),
           lambda c: not c.is_pd),  # aggregated
-    Since(("pd_prealloc",), lambda c: not c.is_pd or c.pd_prealloc == "off"),  # landed unpinned
-    Since(("vllm_async",), lambda c: not c.vllm_async  # the synchronous scheduler
+    Since(("pd_prealloc",), lambda c: not c.is_pd or c.pd.pd_prealloc == "off"),  # landed unpinned
+    Since(("vllm_async",), lambda c: not c.value("vllm_async")  # the synchronous scheduler
           or bool(idle_fields(c, ["vllm_async"]))),  # or not the vllm engine
 )
 _SINCE = {name: s for s in SINCE for name in s.fields}
@@ -70,29 +70,29 @@ POLICY_FIELDS = ("preset",)
 COLUMN = {"policy": "policy_spec"}
 
 
-def _default(f: Field) -> Any:
-    return f.default_factory() if f.default is MISSING else f.default  # type: ignore[misc]
+# outside the config's equality (scratch data): never read
+UNCOMPARED = frozenset({"extra"})
 
 
-def _read(cfg: RunConfig, f: Field) -> bool:
-    """Whether ``cfg``'s id reads the field ``f`` (the module docstring's rule)."""
-    if not f.compare:
+def _read(cfg: RunConfig, name: str) -> bool:
+    """Whether ``cfg``'s id reads the flat field ``name`` (the module docstring's rule)."""
+    if name in UNCOMPARED:
         return False
-    if f.name in ID_FIELDS:
+    if name in ID_FIELDS:
         return True
-    since = _SINCE.get(f.name)
+    since = _SINCE.get(name)
     if since is not None:
         return not since.as_before(cfg)
-    return getattr(cfg, f.name) != _default(f)
+    return cfg.value(name) != DEFAULTS[name]
 
 
 def identity(cfg: RunConfig) -> dict[str, Any]:
     """What a point's id hashes: ``cfg.to_dict()`` (its fields, the policy label, policy
     and router file digests) less the fields the rule leaves out."""
     d = cfg.to_dict()
-    for f in fields(RunConfig):
-        if not _read(cfg, f):
-            d.pop(f.name, None)
+    for name in FLAT:
+        if not _read(cfg, name):
+            d.pop(name, None)
     return d
 
 

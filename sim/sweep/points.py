@@ -23,11 +23,11 @@ from __future__ import annotations
 import itertools
 import json
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sim.config import ConfigError, RunConfig, default_replay
+from sim.config import FLAT, ConfigError, RunConfig, default_replay
 from sim.io import SIZE_GRAMMAR, parse_size, read_yaml
 
 from .executors import DEFAULT_RETRIES, EXECUTORS, ExecutorSpec
@@ -132,17 +132,17 @@ def _check_traces(points: list[Point], where: str) -> None:
 
     seen: set[tuple] = set()
     for i, p in enumerate(points):
-        key = (p.cfg.trace, p.cfg.trace_format)
-        if key in seen or p.cfg.trace.startswith("synthetic:"):
+        key = (p.cfg.traffic.trace, p.cfg.traffic.trace_format)
+        if key in seen or p.cfg.traffic.trace.startswith("synthetic:"):
             continue
         seen.add(key)
-        parts = p.cfg.trace.split(",")
+        parts = p.cfg.traffic.trace.split(",")
         for part in parts:
             if not Path(part).expanduser().exists():
                 raise ConfigError(f"{where} point {i}", "trace", f"{part}: no such file or "
                                   "folder (relative paths are read from the sweep file's "
                                   "folder, then the working folder)")
-        if p.cfg.trace_format is None:
+        if p.cfg.traffic.trace_format is None:
             try:
                 detect_format(parts)
             except TraceFormatError as e:
@@ -221,7 +221,7 @@ def _check_inputs(points: list[Point], where: str) -> None:
 
     seen: set[tuple] = set()
     for i, p in enumerate(points):
-        key = (p.cfg.model, p.cfg.profile)
+        key = (p.cfg.cache.model, p.cfg.cache.profile)
         if key not in seen:
             seen.add(key)
             check_model_and_profile(p.cfg, f"{where} point {i}")
@@ -244,7 +244,7 @@ def load_sweep(path: str | Path) -> Sweep:
         raise ConfigError(where, "base", "must be a mapping")
     if not isinstance(grid, dict) or not all(isinstance(v, list) and v for v in grid.values()):
         raise ConfigError(where, "grid", "must map fields to non-empty lists")
-    known = {f.name for f in fields(RunConfig)}
+    known = FLAT
     for k in list(base) + list(grid):
         if k not in known:
             raise ConfigError(where, k, "not a run field")

@@ -71,7 +71,7 @@ def run_point(cfg: RunConfig, out: str, get_trace: Callable[[], Any]) -> dict[st
         trace = get_trace()
         from traces.load import check_shared_prefix
 
-        check_shared_prefix(trace, cfg.shared_prefix)  # a typo such as 10m for 10k
+        check_shared_prefix(trace, cfg.traffic.shared_prefix)  # a typo such as 10m for 10k
         info["trace_loads"] = worker_trace_loads()
         write_result(run(cfg, trace), Path(out) / "points" / pid)
     except Exception as e:
