@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.context.plan import plan_ranges
+from sim.context.prefill import prefill_ranges
 from sim.context.session import SessionState
 from sim.context.view import RequestView
 from sim.kvcache import RadixKVCache, Tier
@@ -54,7 +54,7 @@ def serve(cache: RadixKVCache, view: RequestView) -> Served:
     m = cache.match(view.ids)
     cache.lock(m.node)
     usable = view.prompt_tokens - 1
-    ranges, _, _, _ = plan_ranges(view, m.segments, usable, view.prompt_tokens, 1)
+    ranges, _, _, _ = prefill_ranges(view, m.segments, usable, view.prompt_tokens, 1)
     computed = sorted({p for a, b in ranges for p in range(a, b) if p < len(view.ids)})
     reused = [p for s, e, t in m.segments for p in range(s, min(e, usable)) if t == Tier.GPU]
     if not room(cache, int(np.count_nonzero(view.ids >= 0))):

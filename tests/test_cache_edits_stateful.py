@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from sim.context.plan import plan_ranges
+from sim.context.prefill import prefill_ranges
 from sim.context.session import SessionState
 from sim.context.strategies import parse_context
 from sim.kvcache import RadixKVCache, Tier
@@ -85,7 +85,7 @@ class EditMachine(RuleBasedStateMachine):
         cache.lock(m.node)
         n = len(view.ids)
         usable = view.prompt_tokens - 1
-        ranges, _, _, _ = plan_ranges(view, m.segments, usable, view.prompt_tokens, 1)
+        ranges, _, _, _ = prefill_ranges(view, m.segments, usable, view.prompt_tokens, 1)
         computed = {p for a, b in ranges for p in range(a, b) if p < n}
         reused = {p for a, b, t in m.segments for p in range(a, min(b, usable))
                   if t == Tier.GPU}

@@ -11,7 +11,7 @@ import pytest
 from calibration.kernels.tables import KernelTableError, NoRows
 from costmodel.errors import ProfileError
 from sim.config import ConfigError
-from sim.studies.study import Context, run_all
+from sim.studies.study import StudySetup, run_all
 from sim.sweep import SweepError
 from traces.errors import TraceFormatError
 
@@ -36,7 +36,7 @@ def test_errors_round_trip_through_pickle(err: Exception) -> None:
 
 
 def test_a_workers_profile_error_reaches_the_caller() -> None:
-    ctx = Context(trace="synthetic:claude-code?sessions=2", jobs=2, quick=True)
+    ctx = StudySetup(trace="synthetic:claude-code?sessions=2", jobs=2, quick=True)
     good = ctx.base("qwen3-8b", 2)
     bad = good.with_fields(model="gemma-3-27b", profile="derived-h100-qwen3-8b")
     with pytest.raises(ProfileError, match="profile is for 'qwen3-8b', not 'gemma-3-27b'"):

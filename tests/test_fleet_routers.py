@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from sim.cli.main import cli
 from sim.config import RunConfig
 from sim.run import run
-from sim.studies import Context
+from sim.studies import StudySetup
 from sim.studies import fleet as exp_fleet
 
 FIELD = ("sglang-cache-aware", "dynamo-kv", "llm-d", "mooncake", "preble")
@@ -111,7 +111,7 @@ def test_sglang_cache_aware_113_spreads_a_shared_prefix_fleet_the_19_rule_piles(
 
 
 def test_reproduce_fleet_grid_and_rows():
-    ctx = Context(trace="synthetic:claude-code")
+    ctx = StudySetup(trace="synthetic:claude-code")
     keys, cfgs = exp_fleet.configs(ctx)
     n_workloads = 3 if exp_fleet.MOONCAKE.is_file() else 2
     assert len(cfgs) == len(exp_fleet.ROUTERS) * 2 * 3 * n_workloads

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 import sim.studies.pd as exp_pd
 from policies.pd_rules import PD_RULES, DecodeWorker, PDRequest, make_rule
 from sim.cli.main import cli
-from sim.studies.study import Context
+from sim.studies.study import StudySetup
 
 
 def w(i, n=0, tokens=0, cached=0, step=0.01):
@@ -104,7 +104,7 @@ def test_cli_refuses_pd_options_that_do_nothing(args, needle):
 
 
 def test_reproduce_pd_grid():
-    keys, cfgs = exp_pd.configs(Context(trace="synthetic:claude-code"))
+    keys, cfgs = exp_pd.configs(StudySetup(trace="synthetic:claude-code"))
     n = 2 if exp_pd.MOONCAKE.is_file() else 1
     per = len(exp_pd.arrangements(exp_pd.GPUS))
     assert len(cfgs) == per * n

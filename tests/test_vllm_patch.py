@@ -379,7 +379,7 @@ def _hole_pool_stream(draw, order: str, cap: int) -> int:
             assert a == ref.admit(rid, chain, n, k, full=False)
             if a is not None:
                 running.append(rid)
-                holes += bool(pool.reuse_plan(rid)[1])
+                holes += bool(pool.reuse_of(rid)[1])
                 assert pool.computed_tokens(rid) == ref.seqs[rid][2]
                 assert pool.table(rid).tolist() == ref.seqs[rid][1]
         elif action == "extend":

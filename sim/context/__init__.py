@@ -5,7 +5,7 @@ turns decisions into keys and edits, ``plan`` into computed ranges and prices, `
 a run. kvsim prices serving only: it does not model what any of them does to task accuracy.
 """
 
-from .plan import plan_ranges
+from .prefill import prefill_ranges
 from .prompt import FullPrompt, PrefillOnlyPrompt, Prompt
 from .run import COUNTERS, ContextRun, apply_edit, context_summary
 from .strategies import ACCURACY_NOTE, ContextError, Strategy, context_problem, parse_context
@@ -13,4 +13,4 @@ from .view import RequestView
 
 __all__ = ["ACCURACY_NOTE", "COUNTERS", "ContextError", "ContextRun", "FullPrompt",
            "PrefillOnlyPrompt", "Prompt", "RequestView", "Strategy", "apply_edit",
-           "context_problem", "context_summary", "parse_context", "plan_ranges"]
+           "context_problem", "context_summary", "parse_context", "prefill_ranges"]

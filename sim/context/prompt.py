@@ -32,7 +32,7 @@ class Prompt(Protocol):
     freed_positions: int  # positions repositioning gave back (the context limit counts)
     prompt_dropped_tokens: int  # prompt tokens dropped before this request: no KV needed
     ideal_blocks: int  # leading blocks an unlimited cache holds at least
-    # computed by the engine's plan (``sim.context.plan``; zero under ``full``)
+    # computed by the engine's plan (``sim.context.prefill``; zero under ``full``)
     skipped_tokens: int
     restored_tokens: int
     reprefill_tokens: int
@@ -57,7 +57,7 @@ class Prompt(Protocol):
         """Units of computing tokens [a, b) with the keys each of them attends."""
         ...
 
-    def plan(self, segments: Any, usable: int, fill_tokens: int, bs: int
+    def prefill_ranges(self, segments: Any, usable: int, fill_tokens: int, bs: int
              ) -> tuple[list[tuple[int, int]], int, int, int]:
         """(token ranges to compute, reused, hole and CPU tokens) given the match
         ``segments`` (block runs with a tier, after any CPU load), the ``usable`` blocks of a
@@ -105,7 +105,7 @@ class FullPrompt:
     def units(self, spec: ModelSpec, a: int, b: int) -> Units:
         return range_units(spec, a, b)
 
-    def plan(self, segments: Any, usable: int, fill_tokens: int, bs: int
+    def prefill_ranges(self, segments: Any, usable: int, fill_tokens: int, bs: int
              ) -> tuple[list[tuple[int, int]], int, int, int]:
         """Reuse the GPU runs, load the CPU ones, compute the holes (the phantom request)
         and the tail from the end of the match; adjacent ranges merge."""

@@ -11,7 +11,7 @@ import numpy as np
 from costmodel.specs import ModelSpec
 from costmodel.units import Units, hidden_key_sum, position_sum, range_units
 
-from .plan import plan_ranges
+from .prefill import prefill_ranges
 
 
 @dataclass
@@ -105,10 +105,10 @@ class RequestView:
             total = total + Units(spec.layers * n * spec.W, att, n)
         return total
 
-    def plan(self, segments, usable: int, fill_tokens: int, bs: int
+    def prefill_ranges(self, segments, usable: int, fill_tokens: int, bs: int
              ) -> tuple[list[tuple[int, int]], int, int, int]:
-        """Dropped blocks are skipped or restored (sim/context/plan.py)."""
-        return plan_ranges(self, segments, usable, fill_tokens, bs)
+        """Dropped blocks are skipped or restored (sim/context/prefill.py)."""
+        return prefill_ranges(self, segments, usable, fill_tokens, bs)
 
     def recomputed_ranges(self, segments, planned: list[tuple[int, int]], ideal: int,
                           bs: int) -> list[tuple[int, int]]:

@@ -260,7 +260,7 @@ class EngineBase:
         return max(self.known_prefix_blocks(req.ids), req.prompt.ideal_blocks)
 
     @staticmethod
-    def _take(ranges: list[tuple[int, int]], budget: int) -> tuple[list, list]:
+    def _split_ranges(ranges: list[tuple[int, int]], budget: int) -> tuple[list, list]:
         """Split ``ranges`` into the first ``budget`` tokens and the rest."""
         taken, rest = [], []
         for a, b in ranges:

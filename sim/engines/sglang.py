@@ -130,7 +130,7 @@ class SGLangServer(EngineBase):
     def _never_fits(self, req: Req) -> bool:
         """The admission test of an empty server: the whole plan over an empty cache
         (restores of dropped keys included) plus the decode reservation and one page."""
-        ranges = self._plan(req, [])[0]
+        ranges = self._prefill_ranges(req, [])[0]
         need = sum(b - a for a, b in ranges) + self._decode_reserve(req) + self.bs
         return need >= self.cache.capacity_blocks * self.bs
 
@@ -171,11 +171,11 @@ class SGLangServer(EngineBase):
         # At least one token is always computed (SGLang caps the hit at len - 1).
         return (self._fill_tokens(req) - 1) // self.bs
 
-    def _plan(self, req: Req, segments) -> tuple[list[tuple[int, int]], int, int, int]:
+    def _prefill_ranges(self, req: Req, segments) -> tuple[list[tuple[int, int]], int, int, int]:
         """Token ranges to compute for ``req`` given match segments: holes (phantom) and the
         tail from the end of the usable match. CPU-resident segments are loaded, not computed.
         Returns (ranges, reused_tokens, hole_tokens, cpu_tokens)."""
-        return req.prompt.plan(segments, self._usable_blocks(req), self._fill_tokens(req),
+        return req.prompt.prefill_ranges(segments, self._usable_blocks(req), self._fill_tokens(req),
                                self.bs)
 
     def _reserve_tokens(self, req: Req, tokens: int) -> bool:
@@ -368,7 +368,7 @@ class SGLangServer(EngineBase):
         is matched. Returns the admission, or the verdict of a refusal (head-of-line):
         NO_TOKEN (memory) or OTHER (no budget for even one page)."""
         m = self.cache.match(req.ids, touch=True, hint=req.hint)
-        ranges, reused, holes, cpu = self._plan(req, m.segments)
+        ranges, reused, holes, cpu = self._prefill_ranges(req, m.segments)
         extend = sum(b - a for a, b in ranges)
         self.cache.lock(m.node)
         need = extend + cpu + self._decode_reserve(req) + self.bs
@@ -390,7 +390,7 @@ class SGLangServer(EngineBase):
             self._pending_h2d_bytes += loaded * self.kv_bytes
             # What the load did not bring back (HiCache's threshold) is computed instead.
             segments = self.cache.match(req.ids, touch=False, hint=req.hint).segments
-            ranges, _, holes, _ = self._plan(req, segments)
+            ranges, _, holes, _ = self._prefill_ranges(req, segments)
             extend = sum(b - a for a, b in ranges)
         # Chunked when the page-ceiled extend exceeds the chunk budget left; the chunk is
         # that budget floored to a page.
@@ -513,7 +513,7 @@ class SGLangServer(EngineBase):
                 self._open(a)
         batch: list[tuple[Req, list[tuple[int, int]]]] = []
         for req, take in plan[:fitted]:
-            taken, req.ranges = self._take(req.ranges, take)
+            taken, req.ranges = self._split_ranges(req.ranges, take)
             batch.append((req, taken))
         if committed:
             self.waiting = [r for r in self.waiting if id(r) not in committed]
@@ -546,7 +546,7 @@ class SGLangServer(EngineBase):
             cache.reserve(need)
             req.reserved += need
         req.own_tokens += take
-        taken, req.ranges = self._take(req.ranges, take)
+        taken, req.ranges = self._split_ranges(req.ranges, take)
         return [(req, taken)]
 
     def _open(self, a: Admission) -> None:
@@ -563,7 +563,7 @@ class SGLangServer(EngineBase):
     # A run of k steps is one event: k is the number of steps to the first finish, cut to what
     # free + evictable memory holds for every running request (``_steps_in``, closed form).
     # Memory is reserved for exactly the tokens a run generated, after the run.
-    def _decode_plan(self) -> int:
+    def _decode_steps(self) -> int:
         """Steps the running batch can take now: to the first finish, limited by memory
         (free + evictable blocks)."""
         steps = min(r.output_tokens - r.generated for r in self.running)
@@ -588,7 +588,7 @@ class SGLangServer(EngineBase):
         victims = sorted(self.running, key=lambda r: (r.generated, -r.prompt_tokens,
                                                       -order[id(r)]))
         gone = []
-        while len(self.running) > 1 and self._decode_plan() == 0:
+        while len(self.running) > 1 and self._decode_steps() == 0:
             v = victims.pop(0)
             gone.append(v)
             self.running.remove(v)
@@ -712,11 +712,11 @@ class SGLangServer(EngineBase):
                 # fit an otherwise empty server was dropped, so this wait is for an arrival.
                 yield self._sleep()
                 continue
-            steps = self._decode_plan()
+            steps = self._decode_steps()
             retracted = steps == 0
             if retracted:
                 self._retract()
-                steps = self._decode_plan()
+                steps = self._decode_steps()
                 if steps == 0:  # a lone request that cannot grow: abort it (SGLang aborts)
                     victim = self.running.pop()
                     self.rec.aborted(victim)

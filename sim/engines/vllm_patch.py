@@ -53,7 +53,7 @@ class PenelopeVllmServer(VllmServer):
         req.admitted_at = now
         if req.record is not None:
             return
-        prefix, reused = self.pool.reuse_plan(req.rid)
+        prefix, reused = self.pool.reuse_of(req.rid)
         segments = [(0, prefix, Tier.GPU)] if prefix else []
         at = prefix
         for a, b in reused:

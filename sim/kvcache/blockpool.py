@@ -652,7 +652,7 @@ class HolePool(BlockPool):
         """Token ranges of ``[start, stop)`` that request ``rid`` computes (not reused)."""
         return computed_ranges(self._seqs[rid].reused, self.block_size, start, stop)
 
-    def reuse_plan(self, rid: int) -> tuple[int, Runs]:
+    def reuse_of(self, rid: int) -> tuple[int, Runs]:
         """(prefix hit, reused runs) of running request ``rid`` at its admission, in
         blocks."""
         seq = self._seqs[rid]

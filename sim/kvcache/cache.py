@@ -335,7 +335,7 @@ class RadixKVCache:
                 partial.last_access = tree.clock + 1  # SGLang: the whole node, then split
             path.append(tree.split(partial, k))
         if hint is not None and path:
-            hint.take(path[-1], tree.epoch)
+            hint.point_at(path[-1], tree.epoch)
         if touch:
             tick = tree.tick()
             for nd in path:
@@ -440,7 +440,7 @@ class RadixKVCache:
         if exact and len(path) > 1:
             tree.merge_runs(path)
         if hint is not None and path:
-            hint.take(path[-1], tree.epoch)
+            hint.point_at(path[-1], tree.epoch)
         if lock:
             tree.lock(node)
         if self.debug:

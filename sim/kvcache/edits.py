@@ -224,7 +224,7 @@ def edit_path(tree: RadixTree, old: np.ndarray, new: np.ndarray, dest: np.ndarra
     if plan.matched < len(old):
         res.complete = False
     if hint is not None:
-        hint.take(res.last, tree.epoch)
+        hint.point_at(res.last, tree.epoch)
     return res
 
 

@@ -22,5 +22,5 @@ class WalkHint:
         self.node: Node | None = None
         self.epoch = -1
 
-    def take(self, node: Node | None, epoch: int) -> None:
+    def point_at(self, node: Node | None, epoch: int) -> None:
         self.node, self.epoch = node, epoch

@@ -4,8 +4,8 @@ each (sim/studies/study.py), and the clockless analyses they and ``kvsim capacit
 ====================  ========================================  =============================
 module                owns                                      in -> out
 ====================  ========================================  =============================
-study.py              the ``Experiment`` record, the paper's    Context -> configs -> runs
-                      setup (``Context``), ``run_all``,
+study.py              the ``Experiment`` record, the paper's    StudySetup -> configs -> runs
+                      setup (``StudySetup``), ``run_all``,
                       the registry ``STUDIES``
 paper.py              figure1, gpu-only, ablation, fcfs         runs -> rows, tables
 tiers.py              two-tier, cpu-sweep                       runs -> rows, tables
@@ -38,7 +38,7 @@ from .fleet import FLEET
 from .paper import ABLATION, FCFS, FIGURE1, GPU_ONLY
 from .pd import PD
 from .pool import POOL
-from .study import STUDIES, Context, Experiment, default_trace
+from .study import STUDIES, Experiment, StudySetup, default_trace
 from .tiers import CPU_SWEEP, TWO_TIER
 from .zoo import POLICIES
 
@@ -47,8 +47,14 @@ for _study in (FIGURE1, GPU_ONLY, TWO_TIER, ABLATION, FCFS, CPU_SWEEP, POLICIES,
                CACHE_ENGINEERING, FLEET, POOL, PD):
     STUDIES.register(_study.name, _study)
 
-__all__ = ["STUDIES", "Context", "Experiment", "default_trace", "experiment_tables",
-           "reproduce"]
+__all__ = [
+    "STUDIES",
+    "Experiment",
+    "StudySetup",
+    "default_trace",
+    "experiment_tables",
+    "reproduce",
+]
 
 
 def reproduce(name: str, trace: str | None = None, quick: bool = False, jobs: int = 1,
@@ -63,7 +69,7 @@ def reproduce(name: str, trace: str | None = None, quick: bool = False, jobs: in
         trace, which = default_trace()
     else:
         which = "given trace"
-    ctx = Context(trace=trace, quick=quick, gaps=gaps, jobs=jobs, prompt_nodes=prompt_nodes,
+    ctx = StudySetup(trace=trace, quick=quick, gaps=gaps, jobs=jobs, prompt_nodes=prompt_nodes,
                   executor=executor, profiles=profiles)
     rows = study.rows(ctx)
     doc = {"experiment": name, "trace": trace, "trace_kind": which,

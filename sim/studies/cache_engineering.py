@@ -37,8 +37,8 @@ from .study import (
     QUICK_CONTEXT,
     QUICK_GPU_CACHE,
     QUICK_SELECT,
-    Context,
     Experiment,
+    StudySetup,
     run_all,
 )
 
@@ -134,7 +134,7 @@ def run_metrics(cfg: RunConfig, _arg: Any, get_trace) -> dict[str, Any]:
     }
 
 
-def configs(ctx: Context) -> list[tuple[dict[str, Any], RunConfig]]:
+def configs(ctx: StudySetup) -> list[tuple[dict[str, Any], RunConfig]]:
     """(row identity, config) of every run, in row order."""
     models = ["gpt-oss-120b"] if ctx.quick else list(MODELS)
     ns = (4,) if ctx.quick else CONCURRENCY
@@ -155,7 +155,7 @@ def configs(ctx: Context) -> list[tuple[dict[str, Any], RunConfig]]:
     return out
 
 
-def cache_engineering(ctx: Context) -> list[dict[str, Any]]:
+def cache_engineering(ctx: StudySetup) -> list[dict[str, Any]]:
     """The experiment's rows (keys: ``ROW_KEYS``), in run order."""
     runs = configs(ctx)
     got = run_all(ctx, [cfg for _, cfg in runs], run_metrics)

@@ -31,7 +31,7 @@ from rich.table import Table
 from sim.report.tables import Col, narrow_table
 from sim.sweep import relative_change as change
 
-from .study import Context, Experiment, run_all
+from .study import Experiment, StudySetup, run_all
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -52,7 +52,7 @@ MODEL = "qwen3-8b"
 PAPER_JCT_SPEEDUP = 8.0  # CacheTTL v4 abstract: "over 8x better average JCT"
 
 
-def configs(ctx: Context) -> tuple[list[tuple[int, str]], list[RunConfig]]:
+def configs(ctx: StudySetup) -> tuple[list[tuple[int, str]], list[RunConfig]]:
     keys, cfgs = [], []
     for n in QUICK_LOADS if ctx.quick else LOADS:
         base = ctx.base(MODEL, n).with_fields(engine="vllm", scheduler="fcfs",
@@ -83,7 +83,7 @@ def _run_one(cfg: RunConfig, _arg: Any, get_trace: Callable[[], Any]) -> dict[st
             else math.nan}
 
 
-def continuum(ctx: Context) -> list[dict[str, Any]]:
+def continuum(ctx: StudySetup) -> list[dict[str, Any]]:
     keys, cfgs = configs(ctx)
     sums = dict(zip(keys, run_all(ctx, cfgs, job=_run_one), strict=True))
     rows = []

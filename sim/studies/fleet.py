@@ -29,7 +29,7 @@ from sim.config import RunConfig
 from sim.report.tables import Col, narrow_table
 
 from . import pool as pool_study
-from .study import SHARED_DATA, Context, Experiment, fleet_summary, run_all
+from .study import SHARED_DATA, Experiment, StudySetup, fleet_summary, run_all
 
 ROUTERS = ("round-robin", "random", "least-load", "power-of-two", "session-affinity",
            "sglang-cache-aware", "dynamo-kv", "llm-d", "mooncake", "preble")
@@ -51,7 +51,7 @@ COLUMNS = ("workload", "router", "policy", "replicas", "ttft_mean_s", "ttft_p90_
            "load_cv")
 
 
-def workloads(ctx: Context) -> list[tuple[str, RunConfig]]:
+def workloads(ctx: StudySetup) -> list[tuple[str, RunConfig]]:
     """(name, base config with one replica's settings); sessions are set per replica count."""
     out = []
     cc = ctx.base("qwen3-8b", 1)
@@ -73,7 +73,7 @@ def workloads(ctx: Context) -> list[tuple[str, RunConfig]]:
     return out
 
 
-def configs(ctx: Context) -> tuple[list[tuple[str, str, str, int]], list[RunConfig]]:
+def configs(ctx: StudySetup) -> tuple[list[tuple[str, str, str, int]], list[RunConfig]]:
     per = QUICK_SESSIONS_PER_REPLICA if ctx.quick else SESSIONS_PER_REPLICA
     keys, cfgs = [], []
     for name, base in workloads(ctx):
@@ -104,7 +104,7 @@ def row(key: tuple[str, str, str, int], s: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def fleet(ctx: Context) -> list[dict[str, Any]]:
+def fleet(ctx: StudySetup) -> list[dict[str, Any]]:
     keys, cfgs = configs(ctx)
     return [row(k, s) for k, s in zip(keys, run_all(ctx, cfgs, fleet_summary), strict=True)]
 
@@ -136,7 +136,7 @@ def fleet_tables(doc: dict[str, Any]) -> list[Table | str]:
     return out
 
 
-def extras(ctx: Context) -> dict[str, Any]:
+def extras(ctx: StudySetup) -> dict[str, Any]:
     """Local caches against the same fleets over a shared pool, and the pooled fleets'
     capacity curves (sim/studies/pool.py)."""
     return {"pool_rows": pool_study.pool(ctx), **pool_study.document_extras(ctx)}

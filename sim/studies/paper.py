@@ -17,7 +17,7 @@ from sim.config import RunConfig
 from sim.report.tables import Col
 from sim.sweep import relative_change as _change
 
-from .study import MODEL, MODEL_SETUP, TREE, Context, Experiment, N, run_all
+from .study import MODEL, MODEL_SETUP, TREE, Experiment, N, StudySetup, run_all
 
 PAPER: dict[str, Any] = {
     "figure1": {8: 1.14, 128: 2.93},
@@ -33,7 +33,7 @@ PAPER: dict[str, Any] = {
 }
 
 
-def figure1(ctx: Context) -> list[dict[str, Any]]:
+def figure1(ctx: StudySetup) -> list[dict[str, Any]]:
     from costmodel.figure1 import figure1 as fig1
     from costmodel.profile import load_profile
     from costmodel.specs import get_spec
@@ -70,7 +70,7 @@ GPU_ONLY_CASES = (
 )
 
 
-def gpu_only(ctx: Context) -> list[dict[str, Any]]:
+def gpu_only(ctx: StudySetup) -> list[dict[str, Any]]:
     """Penelope (and vLLM's order) against each engine's own default policy, GPU-only, per
     model and N: the ``sglang`` engine against ``sglang`` for both tree shapes (``chunked``:
     SGLang's per-chunk inserts; ``whole``: one node per prompt), with lpm as in the paper; the
@@ -125,7 +125,7 @@ STARTS_BY_GRANULARITY = [(e, g) for g in ("node", "block")
                          for e in ("tail", "leaf-head", "private-head")]
 
 
-def ablation(ctx: Context) -> list[dict[str, Any]]:
+def ablation(ctx: StudySetup) -> list[dict[str, Any]]:
     """All six start x granularity combinations against sglang (8B, 4 sessions), for both
     tree shapes: ``chunked`` (SGLang inserts every prefill chunk, so nodes hold <= 8K tokens)
     and ``whole`` (one node per prompt). Whole-node deletion only hurts when nodes are big,
@@ -154,7 +154,7 @@ def ablation(ctx: Context) -> list[dict[str, Any]]:
     return rows
 
 
-def fcfs(ctx: Context) -> list[dict[str, Any]]:
+def fcfs(ctx: StudySetup) -> list[dict[str, Any]]:
     """FCFS vs lpm (235B and 8B); a Codex-style trace with long tool waits; and a model with
     sliding-window layers, where front eviction helps much less."""
     cases: list[tuple[str, RunConfig]] = []

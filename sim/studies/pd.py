@@ -29,7 +29,7 @@ from sim.config import DEFAULTS, RunConfig
 from sim.report.tables import Col, narrow_table
 from sim.sweep import relative_change
 
-from .study import SHARED_DATA, Context, Experiment, run_all
+from .study import SHARED_DATA, Experiment, StudySetup, run_all
 
 GPUS = 8
 QUICK_GPUS = 4
@@ -43,7 +43,7 @@ MOONCAKE = SHARED_DATA / "mooncake" / "synthetic_trace.jsonl.gz"
 QUICK_MOONCAKE_SELECT = "first:300"
 
 
-def workloads(ctx: Context, gpus: int) -> list[tuple[str, RunConfig]]:
+def workloads(ctx: StudySetup, gpus: int) -> list[tuple[str, RunConfig]]:
     per = QUICK_SESSIONS_PER_GPU if ctx.quick else SESSIONS_PER_GPU
     out = [("cc-traces", ctx.base("qwen3-8b", per * gpus))]
     if MOONCAKE.is_file():
@@ -97,7 +97,7 @@ def arrangements(gpus: int) -> list[dict[str, Any]]:
 KEYS = ("arrangement", "policy")
 
 
-def configs(ctx: Context) -> tuple[list[dict[str, Any]], list[RunConfig]]:
+def configs(ctx: StudySetup) -> tuple[list[dict[str, Any]], list[RunConfig]]:
     gpus = QUICK_GPUS if ctx.quick else GPUS
     keys, cfgs = [], []
     for name, base in workloads(ctx, gpus):
@@ -137,7 +137,7 @@ def row(key: dict[str, Any], cfg: RunConfig, s: dict[str, Any]) -> dict[str, Any
     }
 
 
-def pd_rows(ctx: Context) -> list[dict[str, Any]]:
+def pd_rows(ctx: StudySetup) -> list[dict[str, Any]]:
     """The rows, each with its change against the workload's first (aggregated sglang) row:
     ``ttft_change`` (relative) and ``agg_hit_rate`` (its hit rate, for a pp difference)."""
     keys, cfgs = configs(ctx)

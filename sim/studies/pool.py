@@ -33,7 +33,7 @@ from sim.config import RunConfig
 from sim.report.tables import Col, narrow_table
 
 from .capacity_fleet import fleet_capacity_curve
-from .study import SHARED_DATA, Context, Experiment, fleet_summary, run_all
+from .study import SHARED_DATA, Experiment, StudySetup, fleet_summary, run_all
 
 CACHE_AWARE = ("dynamo-kv", "sglang-cache-aware", "llm-d")
 REPLICAS, QUICK_REPLICAS = 4, 2
@@ -52,7 +52,7 @@ COLUMNS = ("workload", "router", "replicas", "pool", "ttft_mean_s", "ttft_p90_s"
            "refused_fetches", "bandwidth_utilization", "reuse_captured")
 
 
-def routers(ctx: Context) -> tuple[str, str]:
+def routers(ctx: StudySetup) -> tuple[str, str]:
     """Round robin and the first registered cache-aware router (see the module doc)."""
     from policies.routing import ROUTERS
 
@@ -63,7 +63,7 @@ def routers(ctx: Context) -> tuple[str, str]:
     return "round-robin", "session-affinity"
 
 
-def workloads(ctx: Context) -> list[tuple[str, RunConfig]]:
+def workloads(ctx: StudySetup) -> list[tuple[str, RunConfig]]:
     """(name, base config of one replica); sessions are set per replica count."""
     out = []
     cc = ctx.base("qwen3-8b", 1)
@@ -78,7 +78,7 @@ def workloads(ctx: Context) -> list[tuple[str, RunConfig]]:
     return out
 
 
-def configs(ctx: Context) -> tuple[list[tuple[str, str, int, int]], list[RunConfig]]:
+def configs(ctx: StudySetup) -> tuple[list[tuple[str, str, int, int]], list[RunConfig]]:
     n = QUICK_REPLICAS if ctx.quick else REPLICAS
     per = QUICK_SESSIONS_PER_REPLICA if ctx.quick else SESSIONS_PER_REPLICA
     pool = n * (QUICK_POOL_PER_REPLICA if ctx.quick else POOL_PER_REPLICA)
@@ -109,13 +109,13 @@ def row(key: tuple[str, str, int, int], s: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def pool(ctx: Context) -> list[dict[str, Any]]:
+def pool(ctx: StudySetup) -> list[dict[str, Any]]:
     """The timed rows (see the module doc)."""
     keys, cfgs = configs(ctx)
     return [row(k, s) for k, s in zip(keys, run_all(ctx, cfgs, fleet_summary), strict=True)]
 
 
-def capacity(ctx: Context) -> list[dict[str, Any]]:
+def capacity(ctx: StudySetup) -> list[dict[str, Any]]:
     """Both traces' capacity curves for the same fleets, without a clock."""
     from sim.run import load_run_trace
 
@@ -130,7 +130,7 @@ def capacity(ctx: Context) -> list[dict[str, Any]]:
     return rows
 
 
-def document_extras(ctx: Context) -> dict[str, Any]:
+def document_extras(ctx: StudySetup) -> dict[str, Any]:
     """What ``kvsim reproduce pool`` adds beside its rows: the capacity curves."""
     return {"capacity": capacity(ctx), "notes": list(dict.fromkeys(ctx.notes))}
 

@@ -1,7 +1,7 @@
-"""What a named study is: one ``Experiment`` record, the ``Context`` it runs in, its runs.
+"""What a named study is: one ``Experiment`` record, the ``StudySetup`` it runs in, its runs.
 
 An ``Experiment`` holds everything ``kvsim reproduce NAME`` needs and nothing holds it for it:
-its rows (the runs it makes, ``Context -> rows``), what its document carries beside them
+its rows (the runs it makes, ``StudySetup -> rows``), what its document carries beside them
 (``extras``), its tables (``layout`` under a heading, or ``tables`` of its own), the numbers
 the paper published (``paper``), how its document names the tree shapes and gap models it ran
 (``prompt_nodes``, ``gaps_of_rows``), whether it replays traces at all (``replays``), and its
@@ -53,7 +53,7 @@ TREE, MODEL, N = Col("tree", "prompt_nodes"), Col("model", "model"), Col("N", "s
 
 
 @dataclass
-class Context:
+class StudySetup:
     trace: str
     quick: bool = False
     gaps: str = "tool"
@@ -96,7 +96,7 @@ def _quick_synthetic(trace: str) -> str:
     return trace if "sessions=" in trace else f"{trace}{sep}sessions=6"
 
 
-def run_all(ctx: Context, configs: list[RunConfig], job: Callable | None = None) -> Rows:
+def run_all(ctx: StudySetup, configs: list[RunConfig], job: Callable | None = None) -> Rows:
     """Summaries of ``configs`` in order (or what ``job(cfg, None, get_trace)`` returns for
     each), on the context's executor (identical results on every executor: a run is a pure
     function of its config and trace)."""
@@ -152,12 +152,12 @@ class Experiment:
     document names it only when it is not the primary form's)."""
 
     name: str
-    rows: Callable[[Context], Rows]
+    rows: Callable[[StudySetup], Rows]
     layout: Layout = ()
     tables: Callable[[dict[str, Any]], list[Any]] | None = None  # None: heading + layout
     heading: Callable[[dict[str, Any]], str] | None = None  # added to the heading line
     after: Callable[[dict[str, Any]], list[Any]] | None = None  # tables after the layout
-    extras: Callable[[Context], dict[str, Any]] | None = None
+    extras: Callable[[StudySetup], dict[str, Any]] | None = None
     paper: Mapping[str, Any] = field(default_factory=dict)
     prompt_nodes: str | None = None  # "both": runs both tree shapes, whatever is asked
     gaps_of_rows: bool = False  # runs its own gap models: the document lists the rows'

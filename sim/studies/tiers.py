@@ -10,7 +10,7 @@ from sim.config import RunConfig
 from sim.report.tables import Col
 from sim.sweep import relative_change as _change
 
-from .study import MODEL, MODEL_SETUP, QUICK_GPU_CACHE, Context, Experiment, N, run_all
+from .study import MODEL, MODEL_SETUP, QUICK_GPU_CACHE, Experiment, N, StudySetup, run_all
 
 PAPER: dict[str, Any] = {
     "two_tier_lpm_cpu_ttft_change": (-0.37, -0.13),
@@ -28,7 +28,7 @@ def _tiered(cfg: RunConfig, system: str, scheduler: str, cpu: int,
                                                hicache_write_policy=write_policy)
 
 
-def two_tier(ctx: Context) -> list[dict[str, Any]]:
+def two_tier(ctx: StudySetup) -> list[dict[str, Any]]:
     """A GPU tier 3/4 of the GPU-only cap (so the longest prompts still fit) plus an equal CPU
     tier: SGLang HiCache with lpm, with lpm-cpu (counts CPU-resident prefixes), and
     Penelope's unified tiers."""
@@ -73,7 +73,7 @@ def two_tier(ctx: Context) -> list[dict[str, Any]]:
     return rows
 
 
-def cpu_sweep(ctx: Context) -> list[dict[str, Any]]:
+def cpu_sweep(ctx: StudySetup) -> list[dict[str, Any]]:
     """Qwen3-8B, 8 sessions, fcfs for both, GPU tier 128K, CPU tier 1x..4x the GPU tier."""
     base = ctx.base("qwen3-8b", 8).with_fields(gpu_cache=131072)
     if ctx.quick:

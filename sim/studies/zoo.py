@@ -29,7 +29,7 @@ from sim.report.tables import Col, narrow_table
 from sim.sweep import relative_change as change
 
 from .continuum import CONTINUUM
-from .study import MODEL, Context, Experiment, N, run_all
+from .study import MODEL, Experiment, N, StudySetup, run_all
 
 if TYPE_CHECKING:
     from sim.config import RunConfig
@@ -74,7 +74,7 @@ def runs(quick: bool) -> list[tuple[str | None, str, str]]:
             + [(f"oracle:{rule}", spec, "lpm") for rule, spec in ORACLE_RULES.items()])
 
 
-def configs(ctx: Context) -> tuple[list[tuple], list[RunConfig]]:
+def configs(ctx: StudySetup) -> tuple[list[tuple], list[RunConfig]]:
     keys, cfgs = [], []
     for model, n, gaps, tree in grid(ctx.quick):
         base = ctx.base(model, n).with_fields(gaps=gaps, checkpoint_chunks=tree == "chunked")
@@ -85,7 +85,7 @@ def configs(ctx: Context) -> tuple[list[tuple], list[RunConfig]]:
     return keys, cfgs
 
 
-def policies(ctx: Context) -> list[dict[str, Any]]:
+def policies(ctx: StudySetup) -> list[dict[str, Any]]:
     keys, cfgs = configs(ctx)
     sums = dict(zip(keys, run_all(ctx, cfgs), strict=True))
     by_config: dict[tuple, dict[tuple[str, str], dict[str, Any]]] = {}

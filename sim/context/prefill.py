@@ -1,8 +1,8 @@
 """What a request under a context strategy computes, and what that costs.
 
-``plan_ranges`` is the plan of a request with a ``RequestView`` (``RequestView.plan``). Besides the
-usual reuse (GPU), load (CPU), phantom refill (holes) and tail, it knows which blocks the
-history dropped:
+``prefill_ranges`` is the plan of a request with a ``RequestView``
+(``RequestView.prefill_ranges``). Besides the usual reuse (GPU), load (CPU), phantom
+refill (holes) and tail, it knows which blocks the history dropped:
 
 - a dropped block needs no KV of its own: it is neither reused nor computed (``skipped``);
 - but a token attends every key that was visible when it was computed, so a block computed
@@ -52,7 +52,7 @@ def _hits(starts: list[int], ranges: list[tuple[int, int]], lo: int, hi: int) ->
     return i >= 0 and ranges[i][1] > lo
 
 
-def plan_ranges(view: RequestView, segments, usable: int, context_tokens: int, bs: int
+def prefill_ranges(view: RequestView, segments, usable: int, context_tokens: int, bs: int
                 ) -> tuple[list[tuple[int, int]], int, int, int]:
     """(token ranges to compute, reused tokens, hole tokens, cpu tokens) for ``view``'s
     request given its match ``segments`` (block runs with a tier) and ``usable`` blocks;
