@@ -20,13 +20,25 @@ import numpy as np
 
 
 class _Node:
-    __slots__ = ("children", "ids", "parent", "refs")
+    __slots__ = ("children", "ids", "key", "parent", "refs")
 
     def __init__(self, ids: np.ndarray, parent: _Node | None, refs: int) -> None:
-        self.ids = ids  # this edge's blocks (empty at the root)
+        self.set_ids(ids)
         self.parent = parent
         self.refs = refs  # active prompts whose path covers this whole edge
         self.children: dict[int, _Node] = {}  # first block id of the child's edge -> child
+
+    def set_ids(self, ids: np.ndarray) -> None:
+        self.ids = ids  # this edge's blocks (empty at the root), int64
+        # their bytes: a walk tests a whole edge against the prompt's bytes in C
+        # (``_covers``), without an array operation
+        self.key = ids.tobytes()
+
+
+def _covers(buf: bytes, pos: int, child: _Node) -> bool:
+    """Whether the prompt whose int64 bytes are ``buf`` holds ``child``'s whole edge from
+    block ``pos`` on."""
+    return buf.startswith(child.key, pos * 8)
 
 
 def _common(a: np.ndarray, b: np.ndarray) -> int:
@@ -65,11 +77,17 @@ class ActivePrompts:
 
     def prefix(self, ids: np.ndarray) -> int:
         """Leading blocks of ``ids`` that some active prompt holds."""
+        ids = np.asarray(ids, dtype=np.int64)
         node, pos, n = self._root, 0, int(ids.size)
+        buf = ids.tobytes()
         while pos < n:
             child = node.children.get(int(ids[pos]))
             if child is None:
                 return pos
+            if _covers(buf, pos, child):
+                pos += child.ids.size
+                node = child
+                continue
             m = _common(child.ids, ids[pos:])
             pos += m
             if m < child.ids.size:
@@ -81,6 +99,7 @@ class ActivePrompts:
         """Make ``ids`` active (once more); returns the blocks that became active."""
         ids = np.asarray(ids, dtype=np.int64)
         node, pos, n = self._root, 0, int(ids.size)
+        buf = ids.tobytes()
         node.refs += 1
         while pos < n:
             key = int(ids[pos])
@@ -89,7 +108,7 @@ class ActivePrompts:
                 node.children[key] = _Node(ids[pos:].copy(), node, 1)
                 self.unique += n - pos
                 return n - pos
-            m = _common(child.ids, ids[pos:])
+            m = child.ids.size if _covers(buf, pos, child) else _common(child.ids, ids[pos:])
             if m < child.ids.size:
                 self._split(child, m)
             child.refs += 1
@@ -101,10 +120,11 @@ class ActivePrompts:
         """Make one earlier ``add(ids)`` inactive; returns the blocks no prompt holds now."""
         ids = np.asarray(ids, dtype=np.int64)
         node, pos, n = self._root, 0, int(ids.size)
+        buf = ids.tobytes()
         path = [node]
         while pos < n:
             child = node.children.get(int(ids[pos]))
-            if child is None or _common(child.ids, ids[pos:]) != child.ids.size:
+            if child is None or not _covers(buf, pos, child):
                 raise KeyError(f"prompt of {n} blocks is not active (no path at block {pos})")
             pos += child.ids.size
             node = child
@@ -134,7 +154,7 @@ class ActivePrompts:
         tail.children = node.children
         for c in tail.children.values():
             c.parent = tail
-        node.ids = node.ids[:m]
+        node.set_ids(node.ids[:m])
         node.children = {int(tail.ids[0]): tail}
 
     @staticmethod
@@ -146,7 +166,7 @@ class ActivePrompts:
             (child,) = node.children.values()
             if child.refs != node.refs:
                 return
-            node.ids = np.concatenate((node.ids, child.ids))
+            node.set_ids(np.concatenate((node.ids, child.ids)))
             node.children = child.children
             for c in node.children.values():
                 c.parent = node

@@ -229,3 +229,36 @@ def test_lagged_index_is_the_prompt_one_behind_by_the_lag(stream, orphans, rnd):
             fed += 1
         assert lagged.overlaps(arr, now) == prompt.overlaps(arr, now)
         assert lagged.sizes() == prompt.sizes()
+
+
+@st.composite
+def deep_streams(draw):
+    """Long chained prompts over a branching tree (a shared head, then per-prompt chains with
+    branches of their own), stored whole after a held prefix, with removals of single blocks
+    anywhere: a removal near the head takes long chains and their branches with it (the
+    subtree walk of ``drop_orphans``), and stores and removals of what the index already
+    forgot follow, as the engines report them after a hole."""
+    chain: dict[tuple[int, ...], int] = {}
+    head = draw(st.lists(st.integers(0, 1), min_size=1, max_size=8))
+    prompts = []
+    for tail in draw(st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=60),
+                              min_size=1, max_size=5)):
+        seq = head + tail
+        prompts.append([chain.setdefault(tuple(seq[: i + 1]), len(chain))
+                        for i in range(len(seq))])
+    out = []
+    for _ in range(draw(st.integers(0, 30))):
+        r = draw(st.integers(0, N - 1))
+        p = prompts[draw(st.integers(0, len(prompts) - 1))]
+        a = draw(st.integers(0, len(p) - 1))
+        if draw(st.booleans()):
+            out.append((r, True, p[a:], p[a - 1] if a else -1))
+        else:
+            out.append((r, False, p[a:a + draw(st.integers(1, 3))], None))
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(deep_streams())
+def test_event_index_drops_deep_subtrees_as_the_model(stream):
+    check_event_index(stream, True)

@@ -20,7 +20,9 @@ import heapq
 import math
 from collections import Counter, OrderedDict, deque
 from collections.abc import Iterable
-from itertools import groupby, islice, repeat, takewhile
+from functools import partial
+from itertools import accumulate, groupby, islice, repeat, takewhile
+from operator import is_not
 
 import numpy as np
 
@@ -34,6 +36,9 @@ def _bits(mask: int) -> Iterable[int]:
             yield r
         mask >>= 1
         r += 1
+
+
+_is_block = partial(is_not, None)  # a child link's target (None: no child)
 
 
 def _link(first: dict[int, int], more: dict[int, set[int]], parent: int, b: int) -> None:
@@ -414,14 +419,22 @@ class EventBelief(CacheBelief):
                 extra = more_pop(x, None)
                 if extra:
                     stack.extend(extra)
+        # Below them the subtrees are mostly long single chains, each followed in C:
+        # ``accumulate`` pops each block's first child (a link is followed once, so the walk
+        # ends) until one has none; only a held block has links, so the chain is held blocks
+        # and at most one last block that is not (removing it is a no-op). The branches
+        # (``more``, whose keys are held blocks too) go on the stack: those of the chain are
+        # the keys no longer held, found from the smaller of the two.
         while stack:
             x = stack.pop()
             if x not in held:
                 continue
-            held.remove(x)
-            kid = first_pop(x, None)
-            if kid is not None:
-                stack.append(kid)
-                kids = more_pop(x, None)
-                if kids:
-                    stack.extend(kids)
+            run = list(takewhile(_is_block, accumulate(repeat(None), first_pop, initial=x)))
+            held.difference_update(run)
+            if more:
+                if len(more) < len(run):
+                    gone = [k for k in more if k not in held]
+                else:
+                    gone = list(filter(more.__contains__, run))
+                for k in gone:
+                    stack.extend(more_pop(k))

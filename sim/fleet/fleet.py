@@ -171,7 +171,7 @@ class Fleet:
         overlaps = self.belief.overlaps(ids, now) if self.belief is not None else None
         sizes = self.belief.sizes() if self.belief is not None else None
         request = RouteRequest(req.rid, req.session, now, req.prompt_tokens, ids, bs)
-        view = RouterView(now, tuple(self._replica_view(i, overlaps, sizes) for i in range(n)),
+        view = RouterView(now, self._replica_views(overlaps, sizes),
                           self.pool.lookup(ids) if self.pool is not None
                           and self.router.cache_view is not None else None)
         choice = self.router.route(request, view)
@@ -206,19 +206,25 @@ class Fleet:
             self.feed.deliver()
 
     # --- internals --------------------------------------------------------------------------
-    def _replica_view(self, i: int, overlaps, sizes) -> ReplicaView:
-        inf = self.inflight
-        kw = {}
-        if self.scraper is not None and self.scraper.samples[i] is not None:
-            m = self.scraper.samples[i]
-            kw = dict(queue=m.queue, running=m.running, kv_usage=m.kv_usage,
-                      scraped_at_s=self.scraper.at)
+    def _replica_views(self, overlaps, sizes) -> tuple[ReplicaView, ...]:
+        """Every replica's view, built column by column (one decision asks for all)."""
+        n = len(self.replicas)
+        inf, none = self.inflight, [None] * n
+        queue = running = kv_usage = scraped_at = none
+        if self.scraper is not None:
+            samples = self.scraper.samples
+            at = self.scraper.at
+            queue = [m.queue if m is not None else None for m in samples]
+            running = [m.running if m is not None else None for m in samples]
+            kv_usage = [m.kv_usage if m is not None else None for m in samples]
+            scraped_at = [at if m is not None else None for m in samples]
+        active = prefill = none
         if self.predicted is not None:
-            kw["active_blocks"] = self.predicted.active_blocks(i)
-            kw["active_prefill_tokens"] = self.predicted.prefill_total[i]
-        return ReplicaView(i, overlaps[i] if overlaps is not None else None,
-                           sizes[i] if sizes is not None else None, inf.requests[i],
-                           inf.tokens[i], inf.routed[i], **kw)
+            active = [self.predicted.active_blocks(i) for i in range(n)]
+            prefill = self.predicted.prefill_total
+        return tuple(map(ReplicaView, range(n), overlaps if overlaps is not None else none,
+                         sizes if sizes is not None else none, inf.requests, inf.tokens,
+                         inf.routed, queue, running, kv_usage, scraped_at, active, prefill))
 
     def _record(self, req, r: int, now: float, overlaps, truth: list[int]) -> None:
         d, bs, p = self.decisions, self.bs, req.prompt_tokens
@@ -259,7 +265,13 @@ class Fleet:
         holds (every replica's cache ever held that replica's ``known_prefix_blocks``; with
         chained ids the union's prefix is the longest of them), capped where the engines
         cap a hit; then the pool's part of what it reused."""
-        known = max(e.known_prefix_blocks(req.ids) for e in self.replicas)
+        known = 0
+        ids = req.ids
+        for e in self.replicas:
+            # Prefix-closed: a replica knows more than ``known`` blocks only if it knows block
+            # ``known``, so most replicas cost one membership test instead of a bisection.
+            if known < ids.size and e.known_prefix_blocks(ids[known:known + 1]):
+                known += e.known_prefix_blocks(ids[known:])
         self.ideal_blocks[req.rid] = min(known, (req.prompt_tokens - 1) // self.bs)
         if self.pool is not None:
             self.pool.admitted(req, segments)
