@@ -81,8 +81,10 @@ if engine:
     extra["engine"] = engine
 if scheduler:
     extra["scheduler"] = scheduler
-cfg = RunConfig.from_flat(trace=trace, max_context=int(max_ctx), gpu_cache=int(cache),
-                          sessions=sessions, gaps=gaps, profile=profile or None, **extra)
+# a revision before the config sections (--against) builds its flat RunConfig directly
+make = getattr(RunConfig, "from_flat", RunConfig)
+cfg = make(trace=trace, max_context=int(max_ctx), gpu_cache=int(cache), sessions=sessions,
+           gaps=gaps, profile=profile or None, **extra)
 cfg = cfg.with_preset(policy) if policy in PRESETS else cfg.with_policy(policy)
 t0 = time.perf_counter(); tr = load_run_trace(cfg); t_load = time.perf_counter() - t0
 c0 = time.process_time(); t0 = time.perf_counter(); res = run(cfg, tr)
