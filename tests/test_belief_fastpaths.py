@@ -12,6 +12,7 @@ from policies.routers.dynamo import DynamoKV
 from policies.routing import KVEvents, PodLRU, ReplicaView, RouteRequest, RouterView
 from sim.fleet.beliefs import EventBelief, PodLRUBelief, consecutive_prefixes
 from sim.fleet.load import Predicted
+from sim.kvcache.events import BlockRemoved, BlockStored, ChainWritten
 
 N = 4
 masks = st.integers(0, (1 << N) - 1)
@@ -88,6 +89,7 @@ events = st.lists(st.tuples(st.integers(0, N - 1), st.booleans(),
 @settings(max_examples=300, deadline=None)
 @given(events, st.booleans())
 @example([(0, True, [5, 6, 5, 7], None), (0, False, [5], None)], True)  # a repeated id
+@example([(0, True, [2, 0, 0, 1, 1, 0], None), (0, False, [2], None)], True)  # a branch twice
 def test_event_index_equals_the_block_by_block_model(stream, orphans):
     check_event_index(stream, orphans)
 
@@ -262,3 +264,33 @@ def deep_streams(draw):
 @given(deep_streams())
 def test_event_index_drops_deep_subtrees_as_the_model(stream):
     check_event_index(stream, True)
+
+
+@settings(max_examples=200, deadline=None)
+@given(tree_streams(), st.booleans(), st.sampled_from([0.0, 1.5]),
+       st.randoms(use_true_random=False))
+def test_the_index_fed_replica_by_replica_equals_the_one_fed_event_by_event(
+        stream, orphans, lag, rnd):
+    """``replica_events`` (the feed's per-replica lists, sim/fleet/kvevents.py) applies the
+    same events as ``stored``/``removed`` called once per event, at zero and positive lag:
+    the same overlaps, sizes and dropped blocks at every query, however the events are
+    grouped into deliveries (a replica's blocks change only by its own events)."""
+    spec = KVEvents(lag_s=lag, drop_orphans=orphans)
+    by_event, by_replica = EventBelief(N, spec), EventBelief(N, spec)
+    batches: list[list] = [[] for _ in range(N)]
+    now = 0.0
+    for serial, (r, stored, ids, parent) in enumerate(stream):
+        now += rnd.uniform(0, 1)
+        arr = np.asarray(ids, dtype=np.int64)
+        (by_event.stored(r, arr, now, parent) if stored else by_event.removed(r, arr, now))
+        event = BlockStored(arr, parent) if stored else BlockRemoved(arr)
+        batches[r].append(((now, serial), event))
+        batches[rnd.randrange(N)].append(((now, serial), ChainWritten(arr)))  # ignored
+        if rnd.random() < 0.3 or serial == len(stream) - 1:
+            for replica in rnd.sample(range(N), N):
+                by_replica.replica_events(replica, batches[replica])
+                batches[replica] = []
+            at = now + rnd.uniform(0, 2 * lag)
+            assert by_replica.overlaps(arr, at) == by_event.overlaps(arr, at)
+            assert by_replica.sizes() == by_event.sizes()
+            assert by_replica.dropped == by_event.dropped

@@ -388,3 +388,68 @@ def test_the_feed_hands_out_every_replicas_events_in_emission_order_with_their_t
                    (1, 2, "BlockRemoved", [5]), (1, 2, "BlocksDropped", [5])]
     feed.deliver()
     assert len(got) == 6
+
+
+def test_a_cache_records_only_the_kinds_asked_for_and_a_second_call_adds_kinds():
+    """Events of kinds nobody asked for are not recorded (radix cache and block pool alike);
+    enabling again adds kinds and keeps the first clock; an unknown kind is refused."""
+    c = RadixKVCache(8, "sglang", block_size=BS)
+    ticks = iter(range(100, 200))
+    c.enable_events(lambda: next(ticks), (BlockStored, BlockRemoved))
+    c.insert(ids(1, 2))
+    c.evict(2)
+    assert taken(c) == [("BlockStored", [1, 2], -1), ("BlockRemoved", [1, 2])]
+    c.enable_events(kinds=(BlocksDropped,))
+    c.insert(ids(3))
+    c.evict(1)
+    got = c.take_events()
+    assert [type(e).__name__ for _s, e in got] == ["BlockStored", "BlockRemoved",
+                                                   "BlocksDropped"]
+    assert [s for s, _e in got] == [102, 103, 104]  # the first clock, only kept events
+    with pytest.raises(ValueError, match="not a KV event type"):
+        c.enable_events(kinds=(int,))
+    p = BlockPool(2, BS)
+    p.enable_events(kinds=(ChainWritten,))  # the pool never writes chains: nothing at all
+    p.admit(0, ids(1, 2), 8, 8)
+    p.free(0)
+    p.admit(1, ids(3, 4), 8, 8)  # evicts 1 and 2
+    assert p.take_events() == []
+    p.enable_events(kinds=(BlockRemoved,))
+    p.free(1)
+    p.admit(2, ids(5, 6), 8, 8)
+    assert taken(p) == [("BlockRemoved", [4, 3])]  # vLLM frees a request tail first
+
+
+def test_replica_subscribers_get_each_replicas_events_in_order_and_see_the_same_stream():
+    """A replica subscriber receives, per delivery, each replica's events as one list in
+    emission order: flattened and merged by stamp, the per-event subscriber's stream."""
+    env = simpy.Environment()
+    caches = [RadixKVCache(8, "sglang", block_size=BS) for _ in range(3)]
+    feed = KVEventFeed(env, caches)
+    per_event: list[tuple] = []
+    per_replica: list[tuple] = []
+    feed.subscribe(lambda r, at, e: per_event.append((r, at, type(e).__name__, e.ids.tolist())),
+                   (BlockStored, BlockRemoved))
+    feed.subscribe_replicas(
+        lambda r, evs: per_replica.append((r, [(s, type(e).__name__, e.ids.tolist())
+                                               for s, e in evs])), (BlockStored,))
+
+    def script():
+        for step, (r, block) in enumerate([(2, 1), (0, 2), (2, 3), (1, 4), (0, 5), (2, 6)]):
+            yield env.timeout(1)
+            caches[r].insert(ids(block))
+            if step % 2:
+                caches[(r + 1) % 3].evict(1)
+            if step == 3:
+                feed.deliver()
+        feed.deliver()
+
+    env.process(script())
+    env.run()
+    # replica by replica, per delivery; replica 1 has nothing after the first
+    assert [r for r, _ in per_replica] == [0, 1, 2, 0, 2]
+    for _r, evs in per_replica:
+        assert [s for s, *_ in evs] == sorted(s for s, *_ in evs)
+    flat = sorted((s, r, name, xs) for r, evs in per_replica for s, name, xs in evs)
+    assert [(r, s[0], name, xs) for s, r, name, xs in flat] == per_event
+    assert {name for _r, _at, name, _xs in per_event} == {"BlockStored", "BlockRemoved"}

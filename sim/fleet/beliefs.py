@@ -27,6 +27,7 @@ from operator import is_not
 import numpy as np
 
 from policies.routing import ApproxTree, ApproxTTL, KVEvents, PodLRU
+from sim.kvcache.events import BlockRemoved, BlockStored, KVEvent
 
 
 def _bits(mask: int) -> Iterable[int]:
@@ -303,7 +304,10 @@ class EventBelief(CacheBelief):
         super().__init__(n)
         self.lag = float(spec.lag_s)
         self.orphans = bool(spec.drop_orphans)
-        self.pending: deque[tuple[float, int, bool, list[int], int | None]] = deque()
+        # per replica, its events not yet applied (lag_s > 0), oldest first: a replica's
+        # blocks change only by its own events, so each replica's queue is drained on its own
+        self.pending: list[deque[tuple[float, bool, list[int], int | None]]] = [
+            deque() for _ in range(n)]
         self.held: list[set[int]] = [set() for _ in range(n)]
         # drop_orphans: per replica, block -> the first block stored right after it, and the
         # others when a block has more than one (a branch): most blocks have one child
@@ -341,6 +345,30 @@ class EventBelief(CacheBelief):
     def removed(self, replica: int, ids: np.ndarray, now: float) -> None:
         self._emit(now, replica, False, ids, None)
 
+    def replica_events(self, replica: int,
+                       events: list[tuple[tuple[float, int], KVEvent]]) -> None:
+        """``replica``'s KV events in emission order, each ``((time, serial), event)`` as
+        ``sim.fleet.kvevents.KVEventFeed`` hands them over: ``stored``/``removed`` for each
+        ``BlockStored``/``BlockRemoved`` (the other kinds change no GPU residency)."""
+        if self.lag == 0:
+            apply = self._apply
+            for _stamp, event in events:
+                kind = type(event)
+                if kind is BlockStored:
+                    if len(event.ids):
+                        apply(replica, True, event.ids.tolist(), event.parent)
+                elif kind is BlockRemoved and len(event.ids):
+                    apply(replica, False, event.ids.tolist(), None)
+            return
+        lag, pending = self.lag, self.pending[replica]
+        for (at, _serial), event in events:
+            kind = type(event)
+            if kind is BlockStored:
+                if len(event.ids):
+                    pending.append((at + lag, True, event.ids.tolist(), event.parent))
+            elif kind is BlockRemoved and len(event.ids):
+                pending.append((at + lag, False, event.ids.tolist(), None))
+
     def _emit(self, now: float, replica: int, stored: bool, ids: np.ndarray,
               parent: int | None) -> None:
         if not len(ids):
@@ -348,13 +376,13 @@ class EventBelief(CacheBelief):
         if self.lag == 0:
             self._apply(replica, stored, ids.tolist(), parent)
         else:
-            self.pending.append((now + self.lag, replica, stored, ids.tolist(), parent))
+            self.pending[replica].append((now + self.lag, stored, ids.tolist(), parent))
 
     def _deliver(self, now: float) -> None:
-        pending = self.pending
-        while pending and pending[0][0] <= now:
-            _, r, stored, ids, parent = pending.popleft()
-            self._apply(r, stored, ids, parent)
+        for r, pending in enumerate(self.pending):
+            while pending and pending[0][0] <= now:
+                _, stored, ids, parent = pending.popleft()
+                self._apply(r, stored, ids, parent)
 
     def _apply(self, r: int, stored: bool, ids: list[int], parent: int | None) -> None:
         if self.orphans:
@@ -405,9 +433,9 @@ class EventBelief(CacheBelief):
         # The held ids go first, in C (a block r does not hold has no links: it adds
         # nothing); the walk goes on from their children outside them (a removed block's
         # chain child is usually the next id, already gone)
-        hit = list(filter(held.__contains__, ids))
-        if not hit:
+        if held.isdisjoint(ids):  # most removals: the blocks went with an earlier subtree
             return
+        hit = list(filter(held.__contains__, ids))
         kids = list(map(first_pop, hit, repeat(None)))
         held.difference_update(hit)
         if kids[:-1] == hit[1:]:
@@ -436,5 +464,7 @@ class EventBelief(CacheBelief):
                     gone = [k for k in more if k not in held]
                 else:
                     gone = list(filter(more.__contains__, run))
-                for k in gone:
-                    stack.extend(more_pop(k))
+                for k in gone:  # a repeated id may list its block twice
+                    extra = more_pop(k, None)
+                    if extra:
+                        stack.extend(extra)

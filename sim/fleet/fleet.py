@@ -42,7 +42,7 @@ from policies.routing import (
     ScrapedMetrics,
 )
 from sim.engines.recorder import RunRecorder
-from sim.kvcache.events import BlockRemoved, BlockStored, KVEvent
+from sim.kvcache.events import BlockRemoved, BlockStored
 
 from .beliefs import CacheBelief, EventBelief, PodLRUBelief, TreeBelief, TTLBelief
 from .kvevents import KVEventFeed
@@ -135,7 +135,8 @@ class Fleet:
         if self.belief is not None and self.belief.wants_events:
             if self.feed is None:
                 self.feed = KVEventFeed(env, [e.cache for e in replicas])
-            self.feed.subscribe(self._kv_event)
+            self.feed.subscribe_replicas(self.belief.replica_events,
+                                         (BlockStored, BlockRemoved))
         self.inflight = InFlight(n)
         load = router.load_view
         self.scraper: Scraper | None = None
@@ -251,14 +252,6 @@ class Fleet:
         if self.predicted is not None:
             self.predicted.freed(r, req.rid, req.ids)
         self.router.on_finish(req.rid, r, self.env.now)
-
-    def _kv_event(self, replica: int, at: float, event: KVEvent) -> None:
-        """A replica's KV event, into the router's exact index (at the time it happened)."""
-        kind = type(event)
-        if kind is BlockStored:
-            self.belief.stored(replica, event.ids, at, event.parent)
-        elif kind is BlockRemoved:
-            self.belief.removed(replica, event.ids, at)
 
     def opened(self, req, segments) -> None:
         """A request's first admission: the prefix an unlimited cache shared by the fleet

@@ -122,7 +122,7 @@ class FleetPool:
         self.occ_leased: list[int] = []
         self.entry = ChainWritten if write_policy == "write-through" else BlocksDropped
         self.feed = KVEventFeed(env, [engine.cache for engine in replicas])
-        self.feed.subscribe(self._kv_event)
+        self.feed.subscribe(self._kv_event, (self.entry,))
 
     @property
     def pool(self) -> SharedPool:

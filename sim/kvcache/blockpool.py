@@ -68,7 +68,7 @@ applied in bulk then.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -76,7 +76,7 @@ import numpy as np
 from policies.eviction import ReleaseOrder, get_free_order
 
 from .cachedids import MAX_ID, CachedIds
-from .events import KVEvent, KVEventQueue
+from .events import EVENT_KINDS, KVEvent, KVEventQueue
 from .freequeue import FreeQueue
 
 __all__ = ["MAX_ID", "BlockPool", "HolePool", "computed_ranges", "reused_runs", "span"]
@@ -133,10 +133,14 @@ class BlockPool:
         self._events: KVEventQueue | None = None  # off until a consumer enables them
 
     # ------------------------------------------------------------------ KV events
-    def enable_events(self, clock: Callable[[], Any] | None = None) -> None:
-        """Report KV events from now on (module doc), each stamped by ``clock()``."""
+    def enable_events(self, clock: Callable[[], Any] | None = None,
+                      kinds: Iterable[type] | None = None) -> None:
+        """Report KV events from now on (module doc), each stamped by ``clock()``; only
+        ``kinds`` of them (default: all). A second call adds its kinds, keeping the clock."""
         if self._events is None:
-            self._events = KVEventQueue(clock)
+            self._events = KVEventQueue(clock, kinds)
+        else:
+            self._events.want(EVENT_KINDS if kinds is None else kinds)
 
     def take_events(self) -> list[tuple[Any, KVEvent]]:
         """The ``(stamp, event)`` pairs since the last call, oldest first (none while events

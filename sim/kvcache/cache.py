@@ -41,7 +41,7 @@ reports gone. Read-only queries for a consumer: ``gpu_prefix_blocks``,
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -49,7 +49,7 @@ import numpy as np
 from policies import EvictionPolicy, get_policy
 
 from .edits import EditResult, edit_path
-from .events import KVEvent, KVEventQueue, concat
+from .events import EVENT_KINDS, KVEvent, KVEventQueue, concat
 from .invariants import recount
 from .node import Node, Tier
 from .paths import WalkHint
@@ -159,18 +159,22 @@ class RadixKVCache:
         self._events: KVEventQueue | None = None  # off until a consumer enables them
 
     # ------------------------------------------------------------------ KV events
-    def enable_events(self, clock: Callable[[], Any] | None = None) -> None:
+    def enable_events(self, clock: Callable[[], Any] | None = None,
+                      kinds: Iterable[type] | None = None) -> None:
         """Report KV events from now on (``sim.kvcache.events``), each stamped by ``clock()``
         when it happens: blocks stored on and removed from the GPU where the appliers change
         them, the chain each insert writes, and the blocks each operation drops entirely
         (evictions, loads, HiCache's background deletions when ``background_evictions``
-        reports them). A cache whose keys context edits change reports none."""
+        reports them); only ``kinds`` of them (default: all). A second call adds its kinds
+        and keeps the first clock. A cache whose keys context edits change reports none."""
         if self.versioned:
             raise ValueError("a versioned cache (context edits) reports no KV events: an "
                              "edit re-keys cached KV")
         if self._events is None:
-            self._events = KVEventQueue(clock)
+            self._events = KVEventQueue(clock, kinds)
             self.tree.enable_events(self._events)
+        else:
+            self._events.want(EVENT_KINDS if kinds is None else kinds)
 
     def take_events(self) -> list[tuple[Any, KVEvent]]:
         """The ``(stamp, event)`` pairs since the last call, oldest first (none while events

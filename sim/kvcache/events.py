@@ -26,7 +26,7 @@ consumer that drains several caches at once orders their events by it (the fleet
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from itertools import count
 from typing import Any, NamedTuple
 
@@ -51,30 +51,52 @@ class BlocksDropped(NamedTuple):
 
 
 KVEvent = BlockStored | BlockRemoved | ChainWritten | BlocksDropped
+EVENT_KINDS = (BlockStored, BlockRemoved, ChainWritten, BlocksDropped)
 _new = tuple.__new__
 
 
 class KVEventQueue:
     """One cache's events in emission order, each as ``(stamp, event)``; ``clock()`` gives
-    the stamps (default: 1, 2, 3, ... in emission order)."""
+    the stamps (default: 1, 2, 3, ... in emission order). ``kinds`` (default: all four) are
+    the event types recorded; the others are not even built (a router's index reads only
+    stored and removed blocks, a pool only the chains written or the blocks dropped)."""
 
-    __slots__ = ("clock", "events")
+    __slots__ = ("clock", "events", "keep_dropped", "keep_removed", "keep_stored",
+                 "keep_written")
 
-    def __init__(self, clock: Callable[[], Any] | None = None) -> None:
+    def __init__(self, clock: Callable[[], Any] | None = None,
+                 kinds: Iterable[type] | None = None) -> None:
         self.clock = clock if clock is not None else count(1).__next__
         self.events: list[tuple[Any, KVEvent]] = []
+        self.keep_stored = self.keep_removed = self.keep_written = self.keep_dropped = False
+        self.want(EVENT_KINDS if kinds is None else kinds)
+
+    def want(self, kinds: Iterable[type]) -> None:
+        """Record ``kinds`` too from now on (the kinds already recorded stay)."""
+        kinds = set(kinds)
+        unknown = kinds - set(EVENT_KINDS)
+        if unknown:
+            raise ValueError(f"not a KV event type: {sorted(k.__name__ for k in unknown)}")
+        self.keep_stored |= BlockStored in kinds
+        self.keep_removed |= BlockRemoved in kinds
+        self.keep_written |= ChainWritten in kinds
+        self.keep_dropped |= BlocksDropped in kinds
 
     def stored(self, ids: np.ndarray, parent: int | None) -> None:
-        self.events.append((self.clock(), _new(BlockStored, (ids, parent))))
+        if self.keep_stored:
+            self.events.append((self.clock(), _new(BlockStored, (ids, parent))))
 
     def removed(self, ids: np.ndarray) -> None:
-        self.events.append((self.clock(), _new(BlockRemoved, (ids,))))
+        if self.keep_removed:
+            self.events.append((self.clock(), _new(BlockRemoved, (ids,))))
 
     def written(self, ids: np.ndarray) -> None:
-        self.events.append((self.clock(), _new(ChainWritten, (ids,))))
+        if self.keep_written:
+            self.events.append((self.clock(), _new(ChainWritten, (ids,))))
 
     def dropped(self, ids: np.ndarray) -> None:
-        self.events.append((self.clock(), _new(BlocksDropped, (ids,))))
+        if self.keep_dropped:
+            self.events.append((self.clock(), _new(BlocksDropped, (ids,))))
 
     def take(self) -> list[tuple[Any, KVEvent]]:
         """Every event since the last call, oldest first; the queue is empty afterwards."""
