@@ -5,14 +5,22 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.kvsim-installed
 TEST_STAMP := $(VENV)/.kvsim-test-installed
 BENCH_STAMP := $(VENV)/.kvsim-bench-installed
+# The compiled core (sim/kvcache/native.py): mypyc builds the cache's modules beside their sources.
+CORE_STAMP := sim/core-manifest.json
 
-.PHONY: demo test lint bench venv clean
+.PHONY: demo test lint bench venv core clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $@
+
+# Rebuilt when a cache source changes (a stale extension is never imported: sim/native.py
+# falls back to the source). Without a C compiler it says so once and kvsim runs on Python.
+$(CORE_STAMP): $(STAMP) $(wildcard sim/kvcache/*.py)
+	$(BIN)/pip install -q mypy==1.13.0
+	$(BIN)/python -m sim.kvcache.corebuild
 
 # Tests also need CPU torch (calibration, the SGLang reference), the real SGLang radix caches
 # installed without their ~100 dependencies (see benchmarks/sglang_ref.py; msgspec is the one
@@ -39,17 +47,19 @@ $(TEST_STAMP): $(STAMP) Makefile
 
 venv: $(STAMP)
 
+core: $(CORE_STAMP)
+
 # The embedded default: no downloads, no ../shared/data. Compares the three presets on the
 # synthetic Claude Code trace (fitted to the real one) and writes a table and PNG plots.
 DEMO_TRACE := synthetic:claude-code?sessions=40
 
-demo: $(STAMP)
+demo: $(STAMP) $(CORE_STAMP)
 	$(BIN)/kvsim microbench figure1
 	$(BIN)/kvsim run --trace '$(DEMO_TRACE)' --max-context 128k --gaps tool --model qwen3-8b \
 		--gpu-cache 192k --sessions 4 --preset sglang,vllm,penelope --out out/demo
 	$(BIN)/kvsim plot out/demo
 
-test: $(TEST_STAMP)
+test: $(TEST_STAMP) $(CORE_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -n 2 --dist loadfile
 
@@ -62,8 +72,9 @@ $(BENCH_STAMP): $(TEST_STAMP) Makefile
 	$(BIN)/pip install -q --no-deps tqdm==4.70.1 zstandard==0.25.0
 	touch $@
 
-bench: $(BENCH_STAMP)
+bench: $(BENCH_STAMP) $(CORE_STAMP)
 	$(BIN)/python -m benchmarks.run_all
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis build *.egg-info
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis build *.egg-info $(CORE_STAMP)
+	find sim -name '*.so' -delete

@@ -43,14 +43,30 @@ class CacheNode(Protocol):
     A node is a run of blocks ``[start, start + num_blocks)`` with one KV state (``tier``).
     """
 
-    parent: CacheNode | None  # None only for the root
-    children: Mapping[int, Any]  # keyed by the child's first block id
-    start: int  # absolute block position of the first block
-    tier: Tier  # HOLE (ids known, KV freed), GPU or CPU
-    lock: int  # running requests whose matched path includes this node
-    last_access: int  # logical clock of the last match/insert that covered the node
-    hit_count: int  # matches that covered the node
-    serial: int  # creation order, unique: the deterministic tie-break
+    # Read-only properties (a concrete node may store them as plain attributes).
+    @property
+    def parent(self) -> CacheNode | None: ...  # None only for the root
+
+    @property
+    def children(self) -> Mapping[int, Any]: ...  # keyed by the child's first block id
+
+    @property
+    def start(self) -> int: ...  # absolute block position of the first block
+
+    @property
+    def tier(self) -> Tier: ...  # HOLE (ids known, KV freed), GPU or CPU
+
+    @property
+    def lock(self) -> int: ...  # running requests whose matched path includes this node
+
+    @property
+    def last_access(self) -> int: ...  # logical clock of the last match/insert covering it
+
+    @property
+    def hit_count(self) -> int: ...  # matches that covered the node
+
+    @property
+    def serial(self) -> int: ...  # creation order, unique: the deterministic tie-break
 
     @property
     def num_blocks(self) -> int: ...

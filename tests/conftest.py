@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+# The suite runs the Python reference model (its spies replace methods, which compiled classes
+# refuse); tests/test_native_core.py runs the compiled core beside it. KVSIM_PURE=0 runs all
+# on the compiled core instead. Set before any test imports sim.
+os.environ.setdefault("KVSIM_PURE", "1")
 
 import pytest
 

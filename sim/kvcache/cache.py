@@ -49,6 +49,7 @@ import numpy as np
 from policies import EvictionPolicy, get_policy
 
 from .edits import EditResult, edit_path
+from .errors import CapacityError
 from .events import EVENT_KINDS, KVEvent, KVEventQueue, concat
 from .invariants import recount
 from .node import Node, Tier
@@ -61,11 +62,6 @@ from .versions import add_versioned
 _GPU, _NONE, _CPU, _DROPPED = Tier.GPU, Tier.NONE, Tier.CPU, Tier.DROPPED
 TIERINGS = ("unified", "hicache")
 _new = tuple.__new__
-
-
-class CapacityError(RuntimeError):
-    """An operation would exceed the cache's capacity (a caller bug, not bad user input)."""
-
 
 _INT64 = np.dtype(np.int64)
 
@@ -347,6 +343,7 @@ class RadixKVCache:
                 nd.hit_count += 1
             if path and self._hit_hook is not None:
                 self._hit_hook(path)
+        segments: tuple[Any, ...]
         if not path:
             node, hit, segments = self.root, 0, ()
         elif tree.hole_blocks == 0 and not self._has_cpu and not tree.dropped_blocks:

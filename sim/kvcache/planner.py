@@ -30,7 +30,7 @@ import heapq
 import math
 from collections.abc import Callable, Iterable
 from itertools import pairwise
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from policies import (
     BLOCK,
@@ -87,7 +87,7 @@ class HistoryView:
         # of holes in front of it along.
         if kids.get(node, len(node.children)):
             return None
-        cur = node
+        cur: Any = node
         while cur is not root:
             tier = cur.tier
             if not (tier is _NONE or tier is _DROPPED or cur in gone) \
@@ -191,7 +191,7 @@ def plan(
     take = granularity.take
     exact = granularity is BLOCK  # take(size, need) is min(size, need): no call
     head = start.from_head
-    chain_of = start.chain
+    chain_of: Callable[..., Any] = start.chain
     # The built-in starts' chains, read without their calls into the view (every eviction
     # walks one); any other start, or a view of another kind, is asked through ``chain``.
     inlined = True
@@ -206,7 +206,7 @@ def plan(
     # is (last_access, serial) itself: its entries (last_access, serial, node) sort the same.
     lru_entries = key is lru and pinned is None
     if lru_entries:
-        heap = [(n.last_access, n.serial, n) for n in victims]
+        heap: list[Any] = [(n.last_access, n.serial, n) for n in victims]
     elif pinned is None:
         heap = [(key(n), n.serial, n) for n in victims]
     else:
@@ -214,22 +214,24 @@ def plan(
     if len(heap) > 1:
         heapq.heapify(heap)
     steps: list[Step] = []
-    left = math.inf if room is None else room
+    # An int room or inf: a float annotation would make the compiled core's k a float.
+    left: Any = math.inf if room is None else room
     while need > 0 and left > 0 and heap:
         leaf = heapq.heappop(heap)[-1]
-        chain = chain_of(leaf, view)
+        chain: Any = chain_of(leaf, view)
         if debug:
             _check_chain(chain, leaf, view)
             if inlined:  # (asked once only otherwise: an observed start counts its calls)
-                assert list(chain) == list(start.chain(leaf, view)), (
+                assert list(chain) == list(start.chain(leaf, view)), (  # type: ignore[arg-type]
                     f"a built-in chain read differs from {start!r}.chain at {leaf!r}")
         survivor = None
+        nd: Any
         for nd in chain:
             if need <= 0:
                 break
             size = len(nd.ids)
             if counts is None or counts(nd):
-                k = (size if size < need else need) if exact else take(size, need)
+                k: Any = (size if size < need else need) if exact else take(size, need)
                 if k > left:
                     k = left
                 if k <= 0:

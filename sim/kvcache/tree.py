@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -178,10 +178,10 @@ class RadixTree:
         # A dropped last key does not pin where its run of dropped keys starts: no hint.
         if end > len(ids) or node.last != ids.item(end - 1) or node.last < 0:
             return None
-        chain = []
+        chain: list[Any] = []
         append = chain.append
         root = self.root
-        nd = node
+        nd: Any = node
         epoch = hint.epoch
         if epoch == self.epoch:  # no key changed since the hint: no node is keyed later
             while nd is not root:

@@ -1,0 +1,98 @@
+"""Builds the compiled core (sim/kvcache/native.py): mypyc turns each module of
+``native.COMPILED`` into a C extension beside its source, and the manifest records each
+source's hash so that an edited source is never shadowed by a stale extension.
+
+    python -m sim.kvcache.corebuild          # build (make runs it); exit 0 even when it can't
+    python -m sim.kvcache.corebuild status   # which path this checkout imports, and why
+
+Without mypyc or a C compiler it says so once and leaves the Python path: everything runs,
+with the same results, slower. The extensions are built in ``build/`` and renamed into place
+(a process that has the old ones loaded keeps its mapping; no file is half-written).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import sysconfig
+import warnings
+from pathlib import Path
+
+from sim.kvcache.native import COMPILED, GROUP, MANIFEST, ROOT, decide, digest, source
+
+
+def _compiler() -> str | None:
+    """The C compiler setuptools will call, if one is on PATH."""
+    cc = (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()[0]
+    return shutil.which(cc)
+
+
+def _write_manifest(data: dict) -> None:
+    tmp = MANIFEST.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    tmp.replace(MANIFEST)
+
+
+def _unavailable(why: str) -> int:
+    _write_manifest({"built": False, "why": why})
+    print(f"kvsim: {why}: the simulator runs on the Python path (same results, slower)",
+          file=sys.stderr)
+    return 0
+
+
+def build(quiet: bool = True) -> int:
+    """Compile ``COMPILED``; 0 whether or not it could (the Python path always works)."""
+    try:
+        from mypyc.build import mypycify
+    except ImportError:
+        return _unavailable("mypyc (the mypy package) is not installed")
+    if _compiler() is None:
+        return _unavailable("no C compiler on PATH")
+    from setuptools import setup
+
+    paths = [str(source(m).relative_to(ROOT)) for m in COMPILED]
+    lib = ROOT / "build" / "core-lib"
+    old = os.getcwd()
+    os.chdir(ROOT)  # mypyc and setuptools name modules by their paths from the root
+    try:
+        exts = mypycify(["--ignore-missing-imports", "--follow-imports=silent", *paths],
+                        opt_level="3", separate=[(paths, GROUP)])
+        for ext in exts:
+            # No fused multiply-add contraction: the last bit of a float must not depend on
+            # the CPU (GCC contracts by default where the target has FMA).
+            ext.extra_compile_args = [*ext.extra_compile_args, "-ffp-contract=off"]
+        with warnings.catch_warnings():  # setuptools' notes on pyproject.toml's metadata
+            warnings.simplefilter("ignore")
+            setup(name="kvsim-core", ext_modules=exts,
+                  script_args=[*(["-q"] if quiet else []), "build_ext", "--build-lib",
+                               str(lib)])
+        built = [(lib / Path(*e.name.split(".")).parent, e.name.rsplit(".", 1)[-1])
+                 for e in exts]
+        for folder, stem in built:
+            (so,) = sorted(folder.glob(f"{stem}.*.so"))
+            so.replace(ROOT / so.relative_to(lib))
+    except (SystemExit, Exception) as e:  # a failed compile: the Python path still works
+        return _unavailable(f"the build failed: {e}")
+    finally:
+        os.chdir(old)
+    _write_manifest({"built": True, "sources": {m: digest(m) for m in COMPILED}})
+    print(f"kvsim: compiled core built ({len(COMPILED)} modules)", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if not args:
+        return build()
+    if args == ["status"]:
+        active, why = decide()
+        print("compiled" if active else f"python: {why}")
+        return 0
+    print("usage: python -m sim.kvcache.corebuild [status]", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""The compiled core (sim/native.py) against its Python source, the reference model: the same
+random op streams on the radix cache and the same standard runs, each side in a subprocess on
+its path (tests/native_probe.py), must give identical results: every return value, counter,
+node, serial and stamp, every summary figure and every row of the per-request frame.
+
+The rest of the suite runs the Python path (tests/conftest.py sets KVSIM_PURE=1: its spies
+replace methods, which compiled classes do not allow).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import sim.kvcache.corebuild as corebuild
+from sim.kvcache import native
+from tests.conftest import REPO
+
+PROBE = REPO / "tests" / "native_probe.py"
+
+
+def _built() -> None:
+    """Skip where the build could not compile (no C compiler: the build said why once)."""
+    try:
+        manifest = json.loads(native.MANIFEST.read_text())
+    except (OSError, ValueError):
+        pytest.fail("no compiled core manifest: make builds it (python -m sim.kvcache.corebuild)")
+    if not manifest.get("built"):
+        pytest.skip(f"no compiled core on this machine: {manifest.get('why')}")
+
+
+def _probe(*args: str, pure: bool) -> dict:
+    env = {**os.environ, native.PURE_ENV: "1" if pure else "0"}
+    out = subprocess.run([sys.executable, str(PROBE), *args], env=env, cwd=REPO,
+                         capture_output=True, text=True, check=True)
+    got = json.loads(out.stdout)
+    assert got["compiled"] is not pure, got["reason"]
+    return got["result"]
+
+
+def _same(compiled: dict, pure: dict) -> None:
+    assert compiled.keys() == pure.keys()
+    for key in compiled:
+        assert compiled[key] == pure[key], f"{key}: the compiled core differs"
+
+
+def test_the_build_compiles_every_module_and_the_process_imports_them() -> None:
+    _built()
+    env = {**os.environ, native.PURE_ENV: "0"}
+    code = ("import importlib; from sim.kvcache import native as n; print(n.current()[0]); "
+            "print(*(importlib.import_module(m).__file__ for m in n.COMPILED))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True,
+                         text=True, check=True).stdout.split()
+    assert out[0] == "True"
+    assert len(out) == 1 + len(native.COMPILED)
+    assert all(not f.endswith(".py") for f in out[1:]), out
+
+
+@pytest.mark.parametrize("seeds", [(0, 40), (40, 40)])
+def test_random_op_streams_run_identically(seeds: tuple[int, int]) -> None:
+    _built()
+    args = ("ops", str(seeds[0]), str(seeds[1]))
+    compiled, pure = _probe(*args, pure=False), _probe(*args, pure=True)
+    assert len(compiled) == seeds[1] * 6
+    assert sum(len(log) for log in pure.values()) > 1000  # a real workout, not empty streams
+    _same(compiled, pure)
+
+
+def test_standard_runs_run_identically() -> None:
+    _built()
+    compiled, pure = _probe("runs", pure=False), _probe("runs", pure=True)
+    assert all(r["rows"] > 0 for r in pure.values())
+    _same(compiled, pure)
+
+
+def _fake_checkout(tmp_path, monkeypatch, *, built: bool = True) -> None:
+    """A checkout in tmp_path with every compiled module's source, its extension and the
+    build's manifest."""
+    monkeypatch.setattr(native, "ROOT", tmp_path)
+    monkeypatch.setattr(native, "MANIFEST", tmp_path / "core-manifest.json")
+    monkeypatch.setattr(corebuild, "MANIFEST", native.MANIFEST)
+    monkeypatch.delenv(native.PURE_ENV, raising=False)
+    for m in native.COMPILED:
+        src = native.source(m)
+        src.parent.mkdir(parents=True, exist_ok=True)
+        src.write_text(f"# {m}\n")
+        src.with_suffix(importlib.machinery.EXTENSION_SUFFIXES[0]).write_bytes(b"")
+    digests = {m: hashlib.sha256(native.source(m).read_bytes()).hexdigest()
+               for m in native.COMPILED}
+    manifest = {"built": True, "sources": digests} if built else \
+        {"built": False, "why": "no C compiler"}
+    native.MANIFEST.write_text(json.dumps(manifest))
+
+
+def test_the_path_is_decided_by_the_build_the_sources_and_the_environment(
+        tmp_path, monkeypatch) -> None:
+    _fake_checkout(tmp_path, monkeypatch)
+    assert native.decide() == (True, "compiled (mypyc)")
+    monkeypatch.setenv(native.PURE_ENV, "1")
+    assert native.decide()[0] is False
+    monkeypatch.setenv(native.PURE_ENV, "0")
+    assert native.decide()[0] is True
+    edited = native.source(native.COMPILED[2])
+    edited.write_text(edited.read_text() + "x = 1\n")
+    active, why = native.decide()
+    assert not active and "changed after the compiled core was built" in why
+    assert str(edited.relative_to(tmp_path)) in why
+
+
+def test_a_missing_extension_or_build_runs_the_python_path(tmp_path, monkeypatch) -> None:
+    _fake_checkout(tmp_path, monkeypatch)
+    src = native.source(native.COMPILED[0])
+    src.with_suffix(importlib.machinery.EXTENSION_SUFFIXES[0]).unlink()
+    active, why = native.decide()
+    assert not active and native.COMPILED[0] in why
+    _fake_checkout(tmp_path, monkeypatch, built=False)
+    active, why = native.decide()
+    assert not active and "not built: no C compiler" in why
+
+
+def test_the_build_without_a_compiler_says_so_and_keeps_the_python_path(
+        tmp_path, monkeypatch, capsys) -> None:
+    _fake_checkout(tmp_path, monkeypatch)
+    monkeypatch.setattr(corebuild, "_compiler", lambda: None)
+    assert corebuild.build() == 0
+    assert "no C compiler on PATH: the simulator runs on the Python path" in \
+        capsys.readouterr().err
+    assert native.decide() == (False, "the compiled core is not built: no C compiler on PATH "
+                                      "(make builds it)")
