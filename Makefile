@@ -5,7 +5,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.kvsim-installed
 TEST_STAMP := $(VENV)/.kvsim-test-installed
 BENCH_STAMP := $(VENV)/.kvsim-bench-installed
-# The compiled core (sim/kvcache/native.py): mypyc builds the cache's modules beside their sources.
+# The compiled core (sim/kvcache/native.py): mypyc builds the cache's and the
+# SGLang engine's modules beside their sources.
 CORE_STAMP := sim/core-manifest.json
 
 .PHONY: demo test lint bench venv core clean
@@ -18,7 +19,7 @@ $(STAMP): pyproject.toml
 
 # Rebuilt when a cache source changes (a stale extension is never imported: sim/native.py
 # falls back to the source). Without a C compiler it says so once and kvsim runs on Python.
-$(CORE_STAMP): $(STAMP) $(wildcard sim/kvcache/*.py)
+$(CORE_STAMP): $(STAMP) $(wildcard sim/kvcache/*.py sim/engines/*.py)
 	$(BIN)/pip install -q mypy==1.13.0
 	$(BIN)/python -m sim.kvcache.corebuild
 

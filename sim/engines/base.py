@@ -16,10 +16,11 @@ sequence number; SimPy breaks event ties by schedule order. No wall clock is rea
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, ClassVar, cast
 
 import numpy as np
 import simpy
+from mypy_extensions import mypyc_attr
 
 from costmodel.profile import Profile
 from costmodel.specs import ModelSpec
@@ -27,6 +28,7 @@ from costmodel.units import Units
 from policies import Arrival, Drop, EvictionPolicy, Reply
 from sim.config import RunConfig
 from sim.context import apply_edit
+from sim.context.view import RequestView
 from sim.engines.recorder import RequestRecord, RunRecorder
 
 from .known import KnownBlocks
@@ -47,6 +49,7 @@ def steps_fitting(starts: list[int], bs: int, room: int, cap: int) -> int:
     return max(0, min(cap, starts[i] + q * bs - 1))
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class StepObserver:
     """Told what each step of a server did: for tests and tools that follow an engine step by
     step through ``EngineBase.watch`` (``sim.run.run(..., steps=...)``); a run needs none.
@@ -67,18 +70,19 @@ class StepObserver:
         """A run of ``steps`` decode steps of the running batch was applied."""
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class EngineBase:
     """Shared state and helpers of the simulated servers."""
 
     # Presets ``kvsim run`` compares when no policy is given (the first is the baseline).
-    default_presets: tuple[str, ...] = ("sglang", "vllm", "penelope")
+    default_presets: ClassVar[tuple[str, ...]] = ("sglang", "vllm", "penelope")
     # The record a request has on this engine (the replay builds it: sim/replay.py).
-    request_class: type[Req] = Req
+    request_class: ClassVar[type[Req]] = Req
     # KV computed elsewhere can land in this engine's cache: a disaggregated fleet's decode
     # worker (sim/fleet/pd.py) pre-allocates it (``reserve_remote``, then ``land_remote`` or
     # ``cancel_remote``); ``prealloc_before_prefill``: it does so before the prefill starts.
-    lands_remote_kv: bool = False
-    prealloc_before_prefill: bool = False
+    lands_remote_kv: ClassVar[bool] = False
+    prealloc_before_prefill: ClassVar[bool] = False
 
     @classmethod
     def summary_fields(cls, cfg: RunConfig) -> dict[str, Any]:
@@ -230,7 +234,8 @@ class EngineBase:
         and computes again)."""
         if req.prompt.edit is None:
             return True
-        seconds, complete = apply_edit(self.cache, req.prompt, self.spec, self.profile,
+        seconds, complete = apply_edit(self.cache, cast(RequestView, req.prompt), self.spec,
+                                       self.profile,
                                        self.rec.counters, req.hint)
         self._rerotate_s += seconds
         return complete

@@ -28,11 +28,12 @@ scheduler's one-iteration delay in freeing KV is not modelled.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 import numpy as np
 import simpy
+from mypy_extensions import mypyc_attr
 
 from costmodel.profile import Profile
 from costmodel.specs import ModelSpec
@@ -42,27 +43,27 @@ from policies.scheduling import SchedulePolicy, get_scheduler
 from sim.config import RunConfig, SGLangKnobs
 from sim.context import parse_context
 from sim.engines.recorder import RunRecorder
-from sim.kvcache import RadixKVCache, Tier
+from sim.kvcache import Node, RadixKVCache, Tier
 
 from .base import EngineBase, steps_fitting
 from .request import Req
 from .sglang_queue import WaitingOrder
 
 
-@dataclass(eq=False)
 class Admission:
     """A request the adder loop admitted: its locked match, the ranges it computes and the
-    tokens it takes in this pass, and what its match found (for its record)."""
+    tokens it takes in this pass, and what its match found (for its record). A plain class,
+    not a dataclass: the compiled core (sim/kvcache/native.py) builds it natively."""
 
-    req: Req
-    node: object
-    ranges: list[tuple[int, int]]
-    take: int
-    chunked: bool
-    reused: int
-    holes: int
-    loaded: int
-    segments: list
+    __slots__ = ("chunked", "holes", "loaded", "node", "ranges", "req", "reused", "segments",
+                 "take")
+
+    def __init__(self, req: Req, node: Node, ranges: list[tuple[int, int]], take: int,
+                 chunked: bool, reused: int, holes: int, loaded: int,
+                 segments: Sequence[tuple[int, int, Tier]]) -> None:
+        self.req, self.node, self.ranges, self.take = req, node, ranges, take
+        self.chunked, self.reused, self.holes, self.loaded = chunked, reused, holes, loaded
+        self.segments = segments
 
 
 # Verdicts of a refused admission (schedule_policy.py AddReqResult): memory (NO_TOKEN) or a
@@ -77,6 +78,7 @@ RETRACT_DECODE_STEPS = 20
 NUM_RESERVED_DECODE_TOKENS = 512
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class SGLangServer(EngineBase):
     """SGLang's scheduler and memory semantics over one ``RadixKVCache``."""
 
@@ -89,7 +91,7 @@ class SGLangServer(EngineBase):
     @classmethod
     def build(cls, env: simpy.Environment, cfg: RunConfig, spec: ModelSpec, profile: Profile,
               policy: EvictionPolicy, recorder: RunRecorder) -> SGLangServer:
-        tiers = {}
+        tiers: dict[str, Any] = {}
         c = cfg.cache
         if c.cpu_cache:
             tiers = dict(cpu_capacity_blocks=c.cpu_cache // c.block_size, tiering=c.tiering,
@@ -474,6 +476,7 @@ class SGLangServer(EngineBase):
                     self._drop(req)
                     continue
                 break
+            got = cast(Admission, got)  # neither verdict: an admission
             admitted.append(got)
             plan.append((req, got.take))
             if got.chunked:
