@@ -5,8 +5,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.kvsim-installed
 TEST_STAMP := $(VENV)/.kvsim-test-installed
 BENCH_STAMP := $(VENV)/.kvsim-bench-installed
-# The compiled core (sim/kvcache/native.py): mypyc builds the cache's and the
-# SGLang engine's modules beside their sources.
+# The compiled core (sim/kvcache/native.py): mypyc builds the cache's, the
+# SGLang engine's and the routers' index modules beside their sources.
 CORE_STAMP := sim/core-manifest.json
 
 .PHONY: demo test lint bench venv core clean
@@ -19,8 +19,8 @@ $(STAMP): pyproject.toml
 
 # Rebuilt when a cache source changes (a stale extension is never imported: sim/native.py
 # falls back to the source). Without a C compiler it says so once and kvsim runs on Python.
-$(CORE_STAMP): $(STAMP) $(wildcard sim/kvcache/*.py sim/engines/*.py)
-	$(BIN)/pip install -q mypy==1.13.0
+$(CORE_STAMP): $(STAMP) $(wildcard sim/kvcache/*.py sim/engines/*.py sim/context/*.py sim/fleet/*.py)
+	$(BIN)/pip install -q mypy==2.4.1
 	$(BIN)/python -m sim.kvcache.corebuild
 
 # Tests also need CPU torch (calibration, the SGLang reference), the real SGLang radix caches

@@ -28,7 +28,9 @@ Issue targets: vllm engine / sglang engine <= 1.5; each zoo policy / penelope <=
 
 ``--against REV`` checks REV out in a temporary git worktree and runs the same case there,
 interleaved with this checkout's runs, and reports each run and the ratio of the medians
-(per engine of ``--engine``).
+(per engine of ``--engine``). Each side says which path it ran: this checkout the compiled
+core where ``make core`` built it (sim/kvcache/native.py; ``KVSIM_PURE=1`` times the Python
+path), a worktree always Python (it has no build).
 """
 
 from __future__ import annotations
@@ -69,6 +71,11 @@ try:
     from sim.run import load_run_trace, run
 except ImportError:  # a revision before sim/run/ (--against)
     from sim.runner import load_run_trace, run
+try:  # which path the simulator runs (sim/kvcache/native.py; revisions before it: Python)
+    from sim.kvcache import native
+    core = "compiled" if native.current()[0] else "python"
+except ImportError:
+    core = "python"
 PRESETS = ("sglang", "vllm", "penelope")
 trace, max_ctx, cache, policy, profile, engine, scheduler, gaps, shared = sys.argv[1:10]
 replicas, router, sessions = int(sys.argv[10]), sys.argv[11], int(sys.argv[12])
@@ -89,8 +96,8 @@ cfg = cfg.with_preset(policy) if policy in PRESETS else cfg.with_policy(policy)
 t0 = time.perf_counter(); tr = load_run_trace(cfg); t_load = time.perf_counter() - t0
 c0 = time.process_time(); t0 = time.perf_counter(); res = run(cfg, tr)
 t_run = time.perf_counter() - t0; c_run = time.process_time() - c0
-print(json.dumps({"requests": res.summary["requests"], "load_s": t_load, "run_s": t_run,
-                  "run_cpu_s": c_run, "ttft_mean_s": res.summary["ttft_mean_s"],
+print(json.dumps({"core": core, "requests": res.summary["requests"], "load_s": t_load,
+                  "run_s": t_run, "run_cpu_s": c_run, "ttft_mean_s": res.summary["ttft_mean_s"],
                   "hit_rate": res.summary["hit_rate"], "peak_rss_mib": peak_rss_mib()}))
 """
 
@@ -261,6 +268,7 @@ def compare(args: argparse.Namespace) -> int:
                             "runs_cpu_s": {k: v["runs_cpu_s"] for k, v in med.items()},
                             "medians": {k: {t: v[t] for t in TIMES} for k, v in med.items()},
                             "requests": this["requests"],
+                            "cores": {k: v["core"] for k, v in med.items()},
                             "ratio": this["run_s"] / that["run_s"],
                             "cpu_ratio": this["run_cpu_s"] / that["run_cpu_s"],
                             "total_ratio": this["total_s"] / that["total_s"],
@@ -276,7 +284,8 @@ def compare(args: argparse.Namespace) -> int:
               f"{r['trace']}):")
         for side, m in r["medians"].items():
             runs = ", ".join(f"{t:.2f}" for t in r["runs_s"][side])
-            print(f"  {side:>10}: run {m['run_s']:.2f} s ({runs}), CPU {m['run_cpu_s']:.2f} s, "
+            side = f"{side} ({r['cores'][side]})"
+            print(f"  {side:>19}: run {m['run_s']:.2f} s ({runs}), CPU {m['run_cpu_s']:.2f} s, "
                   f"total {m['total_s']:.2f} s, {r['requests'] / m['total_s']:,.0f} req/s "
                   f"end to end")
         print(f"  ratio {r['ratio']:.2f} (CPU {r['cpu_ratio']:.2f}, total "

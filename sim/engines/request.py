@@ -8,12 +8,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import simpy
+from mypy_extensions import mypyc_attr
 
 from sim.context import Prompt
 from sim.engines.recorder import RequestRecord
 from sim.kvcache.paths import WalkHint
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 @dataclass(eq=False)
 class Req:
     """One request in flight. Token positions are absolute; blocks are ``block_size`` tokens."""

@@ -23,8 +23,10 @@ from collections.abc import Iterable
 from functools import partial
 from itertools import accumulate, groupby, islice, repeat, takewhile
 from operator import is_not
+from typing import Any
 
 import numpy as np
+from mypy_extensions import mypyc_attr
 
 from policies.routing import ApproxTree, ApproxTTL, KVEvents, PodLRU
 from sim.kvcache.events import BlockRemoved, BlockStored, KVEvent
@@ -75,6 +77,7 @@ def consecutive_prefixes(ids: list[int], holders: dict[int, int], n: int) -> lis
     return out
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class CacheBelief:
     """One router's cache view over ``n`` replicas (see the module docstring)."""
 
@@ -201,7 +204,7 @@ class PodLRUBelief(MaskBelief):
         per = spec.capacity_per_cache_block  # the spec checked its own fields
         if per and (cache_blocks is None or len(cache_blocks) != n):
             raise ValueError("PodLRU sized by the replicas' caches needs their sizes")
-        self.capacity = ([max(1, int(per * c)) for c in cache_blocks] if per
+        self.capacity = ([max(1, int(per * c)) for c in cache_blocks or ()] if per
                          else [spec.capacity_blocks] * n)
         self.max_prefix = spec.max_prefix_blocks
         self.lru: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(n)]
@@ -350,6 +353,7 @@ class EventBelief(CacheBelief):
         """``replica``'s KV events in emission order, each ``((time, serial), event)`` as
         ``sim.fleet.kvevents.KVEventFeed`` hands them over: ``stored``/``removed`` for each
         ``BlockStored``/``BlockRemoved`` (the other kinds change no GPU residency)."""
+        event: Any  # one of the kinds (their fields differ)
         if self.lag == 0:
             apply = self._apply
             for _stamp, event in events:
@@ -457,7 +461,8 @@ class EventBelief(CacheBelief):
             x = stack.pop()
             if x not in held:
                 continue
-            run = list(takewhile(_is_block, accumulate(repeat(None), first_pop, initial=x)))
+            run = list(takewhile(_is_block, accumulate(repeat(None), first_pop,  # type: ignore[misc]
+                                                       initial=x)))
             held.difference_update(run)
             if more:
                 if len(more) < len(run):

@@ -29,11 +29,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 # The cache (radix nodes and tree, the eviction planner, the tiers, the facade the engines
-# call) and the SGLang engine (its base, ever-inserted blocks, waiting order and scheduler).
+# call), the SGLang engine (its base, requests, ever-inserted blocks, waiting order and
+# scheduler), the prompt's pricing and the fleet routers' cache index (beliefs). Each
+# package holding one decides (``install``) before its modules load.
 COMPILED = ("sim.kvcache.node", "sim.kvcache.tree", "sim.kvcache.planner",
-            "sim.kvcache.tiering", "sim.kvcache.cache",
+            "sim.kvcache.tiering", "sim.kvcache.cache", "sim.engines.request",
             "sim.engines.known", "sim.engines.base", "sim.engines.sglang_queue",
-            "sim.engines.sglang")
+            "sim.engines.sglang", "sim.context.prompt", "sim.fleet.beliefs")
 # The shared library of the compiled modules, sim/core__mypyc.*.so: outside their package,
 # whose attribute lookups fail while its __init__ runs.
 GROUP = "sim.core"
