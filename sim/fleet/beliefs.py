@@ -337,9 +337,16 @@ class EventBelief(CacheBelief):
 
     def overlaps(self, ids: np.ndarray, now: float) -> list[int]:
         self._deliver(now)
-        xs = ids.tolist()
-        return [len(list(takewhile(h.__contains__, xs))) if xs and xs[0] in h else 0
-                for h in self.held]
+        xs: list[int] = ids.tolist()
+        out = []
+        for h in self.held:  # each replica's held prefix: the scan stops at its first miss
+            k = 0
+            for b in xs:
+                if b not in h:
+                    break
+                k += 1
+            out.append(k)
+        return out
 
     def stored(self, replica: int, ids: np.ndarray, now: float,
                parent: int | None = None) -> None:
