@@ -85,6 +85,7 @@ def _fake_checkout(tmp_path, monkeypatch, *, built: bool = True) -> None:
     monkeypatch.setattr(native, "ROOT", tmp_path)
     monkeypatch.setattr(native, "MANIFEST", tmp_path / "core-manifest.json")
     monkeypatch.setattr(corebuild, "MANIFEST", native.MANIFEST)
+    monkeypatch.setattr(corebuild, "ROOT", tmp_path)
     monkeypatch.delenv(native.PURE_ENV, raising=False)
     for m in native.COMPILED:
         src = native.source(m)
@@ -133,3 +134,19 @@ def test_the_build_without_a_compiler_says_so_and_keeps_the_python_path(
         capsys.readouterr().err
     assert native.decide() == (False, "the compiled core is not built: no C compiler on PATH "
                                       "(make builds it)")
+
+
+def test_the_build_removes_extensions_of_modules_it_no_longer_compiles(tmp_path,
+                                                                       monkeypatch) -> None:
+    """Only the modules of COMPILED are guarded by the manifest: a leftover extension of any
+    other module would be imported before its source."""
+    _fake_checkout(tmp_path, monkeypatch)
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    stray = tmp_path / "sim" / "engines" / f"latency{suffix}"
+    group = tmp_path.joinpath(*f"{native.GROUP}__mypyc".split(".")).with_suffix(suffix)
+    for path in (stray, group):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"")
+    corebuild._remove_strays()
+    assert not stray.exists() and group.exists()
+    assert all(native.source(m).with_suffix(suffix).exists() for m in native.COMPILED)

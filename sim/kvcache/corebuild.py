@@ -42,6 +42,16 @@ def _unavailable(why: str) -> int:
     return 0
 
 
+def _remove_strays() -> None:
+    """Delete extensions of modules no longer in ``COMPILED``: the import system would load
+    one before its source, and only ``COMPILED`` modules are guarded by the manifest."""
+    keep = {source(m).with_suffix("") for m in COMPILED}
+    keep.add(ROOT.joinpath(*f"{GROUP}__mypyc".split(".")))
+    for so in (ROOT / "sim").rglob("*.so"):
+        if so.parent / so.name.split(".", 1)[0] not in keep:
+            so.unlink()
+
+
 def build(quiet: bool = True) -> int:
     """Compile ``COMPILED``; 0 whether or not it could (the Python path always works)."""
     try:
@@ -53,6 +63,7 @@ def build(quiet: bool = True) -> int:
     from setuptools import setup
 
     paths = [str(source(m).relative_to(ROOT)) for m in COMPILED]
+    _remove_strays()
     lib = ROOT / "build" / "core-lib"
     old = os.getcwd()
     os.chdir(ROOT)  # mypyc and setuptools name modules by their paths from the root

@@ -4,12 +4,12 @@ mypyc into C extensions that sit beside the sources (``make`` runs
 extensions run the same code with native classes and typed locals, and
 tests/test_native_core.py requires identical results.
 
-``install`` (run by ``sim/kvcache/__init__.py`` before any compiled module loads) decides once
-per process which one is imported: the extensions, unless ``KVSIM_PURE=1`` asks for the
-Python path, or a source changed after the build (an edit must never run stale compiled code;
-the build's manifest holds each source's hash). The decision covers all modules together:
-compiled modules call each other's native classes directly, so they cannot be mixed with
-their Python versions.
+``install`` (run by the ``__init__`` of each package holding a compiled module, before any of
+them loads) decides once per process which one is imported: the extensions, unless
+``KVSIM_PURE=1`` asks for the Python path, or a source changed after the build (an edit must
+never run stale compiled code; the build's manifest holds each source's hash). The decision
+covers all modules together: compiled modules call each other's native classes directly, so
+they cannot be mixed with their Python versions.
 
     python -m sim.kvcache.corebuild          # compile (says so once without a C compiler)
     python -m sim.kvcache.corebuild status   # which path this checkout imports, and why
@@ -62,23 +62,30 @@ def _extension(module: str) -> Path | None:
 
 def decide() -> tuple[bool, str]:
     """(use the extensions?, why) for this checkout and environment."""
+    active, why, _unusable = _decision()
+    return active, why
+
+
+def _decision() -> tuple[bool, str, bool]:
+    """(use the extensions?, why, a build exists but cannot be used?)."""
     if os.environ.get(PURE_ENV, "") not in ("", "0"):
-        return False, f"{PURE_ENV}={os.environ[PURE_ENV]} asks for the Python path"
+        return False, f"{PURE_ENV}={os.environ[PURE_ENV]} asks for the Python path", False
     try:
         manifest = json.loads(MANIFEST.read_text())
     except (OSError, ValueError):
         manifest = None
     if not isinstance(manifest, dict) or not manifest.get("built"):
         why = manifest.get("why", "") if isinstance(manifest, dict) else ""
-        return False, f"the compiled core is not built{': ' + why if why else ''} (make builds it)"
+        return (False, f"the compiled core is not built{': ' + why if why else ''} "
+                "(make builds it)", False)
     hashes = manifest.get("sources", {})
     for module in COMPILED:
         if _extension(module) is None:
-            return False, f"{module} has no compiled extension (make builds it)"
+            return False, f"{module} has no compiled extension (make builds it)", True
         if hashes.get(module) != digest(module):
             return False, (f"{source(module).relative_to(ROOT)} changed after the compiled core "
-                           "was built (make rebuilds it)")
-    return True, "compiled (mypyc)"
+                           "was built (make rebuilds it)"), True
+    return True, "compiled (mypyc)", False
 
 
 class _SourceFirst(importlib.abc.MetaPathFinder):
@@ -105,9 +112,9 @@ def install() -> None:
     global COMPILED_ACTIVE, REASON
     if REASON != "not decided":
         return
-    COMPILED_ACTIVE, REASON = decide()
+    COMPILED_ACTIVE, REASON, unusable = _decision()
     if COMPILED_ACTIVE:
         return
     sys.meta_path.insert(0, _SourceFirst())
-    if "changed after" in REASON or "has no compiled extension" in REASON:
+    if unusable:
         warnings.warn(f"kvsim runs on the Python path: {REASON}", RuntimeWarning, stacklevel=2)
