@@ -17,8 +17,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $@
 
-# Rebuilt when a cache source changes (a stale extension is never imported: sim/native.py
-# falls back to the source). Without a C compiler it says so once and kvsim runs on Python.
+# Rebuilt when a source of a package with compiled modules changes (a stale extension is never
+# imported: sim/kvcache/native.py falls back to the source). Without a C compiler it says so
+# once and kvsim runs on Python.
 $(CORE_STAMP): $(STAMP) $(wildcard sim/kvcache/*.py sim/engines/*.py sim/context/*.py sim/fleet/*.py)
 	$(BIN)/pip install -q mypy==2.4.1
 	$(BIN)/python -m sim.kvcache.corebuild

@@ -234,9 +234,9 @@ class EngineBase:
         and computes again)."""
         if req.prompt.edit is None:
             return True
+        # a prompt with an edit is a context strategy's view (sim/context/view.py)
         seconds, complete = apply_edit(self.cache, cast(RequestView, req.prompt), self.spec,
-                                       self.profile,
-                                       self.rec.counters, req.hint)
+                                       self.profile, self.rec.counters, req.hint)
         self._rerotate_s += seconds
         return complete
 

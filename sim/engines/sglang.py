@@ -29,6 +29,7 @@ scheduler's one-iteration delay in freeing KV is not modelled.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
@@ -50,20 +51,20 @@ from .request import Req
 from .sglang_queue import WaitingOrder
 
 
+@dataclass(eq=False)
 class Admission:
     """A request the adder loop admitted: its locked match, the ranges it computes and the
-    tokens it takes in this pass, and what its match found (for its record). A plain class,
-    not a dataclass: the compiled core (sim/kvcache/native.py) builds it natively."""
+    tokens it takes in this pass, and what its match found (for its record)."""
 
-    __slots__ = ("chunked", "holes", "loaded", "node", "ranges", "req", "reused", "segments",
-                 "take")
-
-    def __init__(self, req: Req, node: Node, ranges: list[tuple[int, int]], take: int,
-                 chunked: bool, reused: int, holes: int, loaded: int,
-                 segments: Sequence[tuple[int, int, Tier]]) -> None:
-        self.req, self.node, self.ranges, self.take = req, node, ranges, take
-        self.chunked, self.reused, self.holes, self.loaded = chunked, reused, holes, loaded
-        self.segments = segments
+    req: Req
+    node: Node
+    ranges: list[tuple[int, int]]
+    take: int
+    chunked: bool
+    reused: int
+    holes: int
+    loaded: int
+    segments: Sequence[tuple[int, int, Tier]]  # the match's runs (a tuple)
 
 
 # Verdicts of a refused admission (schedule_policy.py AddReqResult): memory (NO_TOKEN) or a
