@@ -22,13 +22,14 @@ OPS = st.lists(st.tuples(st.integers(0, 2), st.lists(st.integers(0, 2), min_size
 
 
 def structure(cache: RadixKVCache) -> list[tuple]:
-    """Every node, depth first in key order: position, ids, tier, lock, stamp, hits."""
+    """Every node, depth first in key order: position, ids, tier, lock, stamp, hits, serial,
+    host copy."""
     out = []
     stack = [cache.root]
     while stack:
         nd = stack.pop()
         out.append((nd.start, tuple(nd.ids.tolist()), int(nd.tier), nd.lock, nd.last_access,
-                    nd.hit_count, nd.serial))
+                    nd.hit_count, nd.serial, nd.host))
         stack.extend(nd.children[k] for k in sorted(nd.children, reverse=True))
     return out
 

@@ -17,6 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sim.kvcache import CapacityError, RadixKVCache, native
+from tests.cachepair import counters, structure
 from tests.chained import Universe
 
 # (policy, cache keywords): every tiering and both deletion ends
@@ -29,16 +30,6 @@ CACHES = [
     ("sglang", {"cpu_capacity_blocks": 8, "tiering": "hicache",
                 "write_policy": "write_through_selective"}),
 ]
-
-
-def _tree(cache: RadixKVCache) -> list:
-    out, stack = [], [cache.root]
-    while stack:
-        nd = stack.pop()
-        out.append([nd.start, nd.ids.tolist(), int(nd.tier), nd.lock, nd.last_access,
-                    nd.hit_count, nd.serial, nd.host])
-        stack.extend(nd.children[k] for k in sorted(nd.children, reverse=True))
-    return out
 
 
 def _ids(arrays) -> list:
@@ -88,9 +79,7 @@ def _stream(seed: int, policy: str, kw: dict) -> list:
             ev = cache.evict(rng.randint(1, 20))
             entry = ["evict", ev.ok, ev.freed_blocks, ev.deleted_blocks, ev.demoted_blocks,
                      ev.holes_made, _ids(ev.freed), _ids(ev.demoted)]
-        entry += [cache.gpu_blocks, cache.free_blocks, cache.evictable_blocks,
-                  cache.protected_blocks, cache.hole_blocks, cache.reserved_blocks,
-                  _tree(cache)]
+        entry += [counters(cache), structure(cache)]
         log.append(entry)
     return log
 
