@@ -150,3 +150,23 @@ def test_the_build_removes_extensions_of_modules_it_no_longer_compiles(tmp_path,
     corebuild._remove_strays()
     assert not stray.exists() and group.exists()
     assert all(native.source(m).with_suffix(suffix).exists() for m in native.COMPILED)
+
+
+def test_every_package_with_a_compiled_module_decides_before_its_modules_load() -> None:
+    """The manifest guards a compiled module only if the decision ran before it was found:
+    each package holding one calls ``native.install()`` in its ``__init__`` before any of its
+    own imports (a package left out would load a stale extension unguarded)."""
+    import ast
+
+    for package in sorted({m.rsplit(".", 1)[0] for m in native.COMPILED}):
+        init = REPO.joinpath(*package.split("."), "__init__.py")
+        body = [n for n in ast.parse(init.read_text()).body
+                if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
+        calls = [i for i, n in enumerate(body) if isinstance(n, ast.Expr)
+                 and ast.unparse(n.value) == "native.install()"]
+        assert calls, f"{init.relative_to(REPO)} does not call native.install()"
+        own = [i for i, n in enumerate(body) if isinstance(n, ast.ImportFrom)
+               and (n.level or (n.module or "").startswith(package))
+               and not (n.module or "").endswith("native") and n.names[0].name != "native"]
+        assert all(i > calls[0] for i in own), \
+            f"{init.relative_to(REPO)} imports its modules before deciding the path"
