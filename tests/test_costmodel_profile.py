@@ -95,3 +95,16 @@ def test_yaml_is_safe_loaded(tmp_path: Path) -> None:
     f.write_text("!!python/object/apply:os.system ['echo pwned']\n")
     with pytest.raises(ProfileError, match="not valid YAML"):
         load_profile(str(f))
+
+
+def test_the_fast_loader_reads_every_shipped_profile_as_safe_load_does() -> None:
+    """libyaml's parser (``SAFE_LOADER``) must give the very values ``yaml.safe_load`` gives."""
+    from importlib import resources
+
+    from costmodel.profile import SAFE_LOADER
+    files = [f for f in (resources.files("costmodel") / "profiles").iterdir()
+             if f.name.endswith(".yaml")]
+    assert files
+    for f in files:
+        text = f.read_text()
+        assert yaml.load(text, Loader=SAFE_LOADER) == yaml.safe_load(text), f.name
