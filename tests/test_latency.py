@@ -62,6 +62,31 @@ def test_gaps_mean_and_percentiles_equal_numpy_on_the_expansion(singles, runs) -
     assert g.percentiles((0, 10, 50, 90, 99, 100)) == pytest.approx(want, rel=1e-9, abs=1e-12)
 
 
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.floats(1e-4, 5.0), max_size=30), st.lists(series, max_size=8),
+       st.sampled_from([1, 2, 4, 7]))
+def test_narrowing_the_counted_gaps_never_changes_a_percentile(singles, runs, every) -> None:
+    """The bisection narrows the gaps it counts as its bracket shrinks (``_within``); the
+    values must be those of the plain bisection, to the last bit."""
+    from sim.engines import latency
+    g = TokenGaps()
+    for x in singles:
+        g.add(x)
+    for first, inc, terms, weight in runs:
+        g.add_series(first, inc, terms, weight)
+    qs = (0, 10, 50, 90, 99, 99.9, 100)
+    narrowed = g.percentiles(qs)
+    plain_every = latency._NARROW_EVERY
+    try:
+        latency._NARROW_EVERY = latency._BISECTIONS + 1  # never narrows
+        plain = g.percentiles(qs)
+        latency._NARROW_EVERY = every
+        assert g.percentiles(qs) == narrowed or all(map(math.isnan, narrowed))
+    finally:
+        latency._NARROW_EVERY = plain_every
+    assert narrowed == plain or all(map(math.isnan, plain))
+
 def test_extend_joins_two_runs_of_gaps() -> None:
     a, b = TokenGaps(), TokenGaps()
     a.add(0.5)

@@ -19,6 +19,7 @@ from array import array
 import numpy as np
 
 _BISECTIONS = 200  # enough for adjacent floats from [0, max]; stops when it cannot move
+_NARROW_EVERY = 4  # bisection steps between two narrowings of the gaps counted
 
 
 class TokenGaps:
@@ -93,20 +94,44 @@ class TokenGaps:
         return out
 
 
+def _series_counts(first, inc, terms, x: float) -> np.ndarray:
+    """Per series, how many of its terms are at most ``x`` (non-decreasing in ``x``: every
+    step of the arithmetic rounds monotonically)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        k = np.where(inc > 0, np.floor((x - first) / np.where(inc > 0, inc, 1.0)) + 1,
+                     np.where(first <= x, terms, 0))
+    return np.clip(k, 0, terms).astype(np.int64)
+
+
 def _count_at_most(arrays, x: float) -> int:
     single, first, inc, terms, weight = arrays
     count = int(np.searchsorted(single, x, side="right"))
     if first.size:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            k = np.where(inc > 0, np.floor((x - first) / np.where(inc > 0, inc, 1.0)) + 1,
-                         np.where(first <= x, terms, 0))
-        count += int((np.clip(k, 0, terms).astype(np.int64) * weight).sum())
+        count += int((_series_counts(first, inc, terms, x) * weight).sum())
     return count
+
+
+def _within(arrays, lo: float, hi: float):
+    """(the gaps that can still change the count between ``lo`` and ``hi``, how many gaps are
+    at most every value in between): singles at most ``lo`` and series wholly counted at
+    ``lo`` always count there; singles above ``hi`` and series with nothing counted at ``hi``
+    never do. Exact: counts are non-decreasing in the value."""
+    single, first, inc, terms, weight = arrays
+    i0 = int(np.searchsorted(single, lo, side="right"))
+    i1 = int(np.searchsorted(single, hi, side="right"))
+    base = i0
+    if first.size:
+        whole = _series_counts(first, inc, terms, lo) == terms
+        base += int((terms[whole] * weight[whole]).sum())
+        keep = ~whole & (_series_counts(first, inc, terms, hi) > 0)
+        first, inc, terms, weight = first[keep], inc[keep], terms[keep], weight[keep]
+    return (single[i0:i1], first, inc, terms, weight), base
 
 
 def _order_statistic(arrays, j: int) -> float:
     """The ``j``-th smallest gap (0-based): the least value with more than ``j`` gaps at
-    most it."""
+    most it. A bisection over the value; every few steps the gaps are narrowed to those that
+    can still change the count inside the bracket (``_within``), so later steps count few."""
     single, first, inc, terms, _weight = arrays
     tops = [single[-1]] if single.size else []
     if first.size:
@@ -117,11 +142,15 @@ def _order_statistic(arrays, j: int) -> float:
     lo, hi = min(lows), max(tops)
     if _count_at_most(arrays, lo) > j:
         return float(lo)
-    for _ in range(_BISECTIONS):  # invariant: count(lo) <= j < count(hi)
+    base = 0  # gaps counted at every value in [lo, hi] but no longer in ``arrays``
+    for step in range(_BISECTIONS):  # invariant: count(lo) <= j < count(hi)
+        if step and step % _NARROW_EVERY == 0:
+            arrays, below = _within(arrays, lo, hi)
+            base += below
         mid = (lo + hi) / 2
         if mid <= lo or mid >= hi:
             break
-        if _count_at_most(arrays, mid) > j:
+        if base + _count_at_most(arrays, mid) > j:
             hi = mid
         else:
             lo = mid
