@@ -14,18 +14,31 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Generator
+from typing import Any, Protocol, cast
 
 import numpy as np
 import simpy
 
 from sim.context import FullPrompt, Prompt
-from sim.engines import EngineBase, Req
+from sim.engines import Req
 from sim.kvcache.paths import WalkHint
 from traces import GAP_KINDS
 
 
+class Front(Protocol):
+    """What the replay sends to: one engine (``sim.engines.EngineBase``) or a fleet of them
+    (``sim.fleet.Fleet``, the disaggregated ``sim.fleet.pd``), which looks like one."""
+
+    rec: Any  # the recorder that times sessions (sim/engines/recorder.py)
+
+    @property
+    def request_class(self) -> type: ...
+
+    def submit(self, req: Req) -> None: ...
+
+
 class Replay:
-    def __init__(self, env: simpy.Environment, trace, server: EngineBase, gaps: np.ndarray,
+    def __init__(self, env: simpy.Environment, trace, server: Front, gaps: np.ndarray,
                  offsets: np.ndarray, sessions: int, time_scale: float = 1.0,
                  context=None, on_reply: Callable[[], None] | None = None,
                  max_concurrency: int = 0) -> None:
@@ -33,6 +46,9 @@ class Replay:
         self.max_concurrency = max_concurrency  # open loop: 0 = no limit
         self.in_flight = 0
         self._slot: simpy.Event | None = None  # triggered when a reply frees a slot
+        self._unanswered = 0  # open loop: requests sent and not replied yet
+        self._all_sent = False
+        self._answered = env.event()  # open loop: the last reply is in, every request sent
         # Called once per trace request when its (last) reply is in: progress on screen only,
         # it returns nothing to the replay.
         self.on_reply = on_reply
@@ -58,8 +74,8 @@ class Replay:
         strategy its views (a summarization call first when one is due, sent at once)."""
         if self.context is None:
             t = self.trace
-            return [FullPrompt(t, r, t.block_ids(r), int(t.prompt_tokens[r]),
-                               max(1, int(t.output_tokens[r])))]
+            return [cast(Prompt, FullPrompt(t, r, t.block_ids(r), int(t.prompt_tokens[r]),
+                                            max(1, int(t.output_tokens[r]))))]
         return list(self.context.views(r))
 
     def _req(self, r: int, prompt: Prompt) -> Req:
@@ -136,7 +152,6 @@ class Replay:
         t0 = float(times[order[0]]) if len(order) else 0.0
         self.send_at = (times - t0) * self.time_scale
         seen: set[int] = set()
-        replies: list[simpy.Process] = []
         for r in order.tolist():
             due = float(self.send_at[r])
             if due > env.now:
@@ -154,12 +169,19 @@ class Replay:
                     self.in_flight += 1
                 req = self._req(r, prompt)
                 self.server.submit(req)
-                replies.append(env.process(self._await_end(req, s,
-                                                           last=k == len(prompts) - 1)))
-        yield env.all_of(replies)  # the run ends with the last reply
+                self._unanswered += 1
+                # A callback rather than a process per request: it runs where a process
+                # waiting on the reply would resume (after the front's own callback).
+                req.done.callbacks.append(self._reply_callback(s, k == len(prompts) - 1))
+        self._all_sent = True
+        if self._unanswered:
+            yield self._answered  # the run ends with the last reply
 
-    def _await_end(self, req: Req, s: int, last: bool = True) -> Generator:
-        yield req.done
+    def _reply_callback(self, s: int, last: bool) -> Callable[[simpy.Event], None]:
+        return lambda _done: self._replied(s, last)
+
+    def _replied(self, s: int, last: bool) -> None:
+        """A reply of session ``s`` is in (``last``: its trace request's last prompt)."""
         if self.max_concurrency:
             self.in_flight -= 1
             if self._slot is not None and not self._slot.triggered:
@@ -168,3 +190,6 @@ class Replay:
             self.on_reply()
         self.server.rec.session_ended(s, max(self.env.now, self.server.rec.session_end.get(
             s, 0.0)))
+        self._unanswered -= 1
+        if self._all_sent and not self._unanswered:
+            self._answered.succeed()
