@@ -142,7 +142,7 @@ def test_the_build_removes_extensions_of_modules_it_no_longer_compiles(tmp_path,
     other module would be imported before its source."""
     _fake_checkout(tmp_path, monkeypatch)
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
-    stray = tmp_path / "sim" / "engines" / f"latency{suffix}"
+    stray = tmp_path / "sim" / "engines" / f"vllm{suffix}"
     group = tmp_path.joinpath(*f"{native.GROUP}__mypyc".split(".")).with_suffix(suffix)
     for path in (stray, group):
         path.parent.mkdir(parents=True, exist_ok=True)

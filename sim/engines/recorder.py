@@ -84,7 +84,15 @@ class RequestRecord:
 
 # The request table's columns, in order: every field but ``row``.
 COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(RequestRecord) if f.name != "row")
-_STR_COLUMNS = frozenset(f.name for f in fields(RequestRecord) if f.type == "str")
+
+
+def _type_name(annotation: Any) -> str:
+    """A field's annotation as written (a string under postponed annotations, else a class)."""
+    return annotation if isinstance(annotation, str) else annotation.__name__
+
+
+_FIELD_TYPES: dict[str, str] = {f.name: _type_name(f.type) for f in fields(RequestRecord)}
+_STR_COLUMNS = frozenset(name for name, kind in _FIELD_TYPES.items() if kind == "str")
 _values = operator.attrgetter(*COLUMNS)  # a record's row, as a tuple
 _BOOLS = frozenset((bool, np.bool_))
 
@@ -116,7 +124,7 @@ class _Columns:
 
     @staticmethod
     def _typed(name: str, n: int) -> np.ndarray:
-        kind = RequestRecord.__dataclass_fields__[name].type
+        kind = _FIELD_TYPES[name]
         dtype = {"int": np.int64, "float": np.float64, "bool": np.bool_}.get(kind, object)
         return np.zeros(n, dtype) if dtype is not object else np.full(n, "", dtype=object)
 

@@ -35,7 +35,9 @@ ROOT = Path(__file__).resolve().parents[2]
 COMPILED = ("sim.kvcache.node", "sim.kvcache.tree", "sim.kvcache.planner",
             "sim.kvcache.tiering", "sim.kvcache.cache", "sim.engines.request",
             "sim.engines.known", "sim.engines.base", "sim.engines.sglang_queue",
-            "sim.engines.sglang", "sim.context.prompt", "sim.fleet.beliefs")
+            "sim.engines.sglang", "sim.context.prompt", "sim.fleet.beliefs",
+            "sim.kvcache.paths", "sim.kvcache.results", "sim.engines.latency",
+            "sim.engines.recorder", "sim.replay")
 # The shared library of the compiled modules, sim/core__mypyc.*.so: outside their package,
 # whose attribute lookups fail while its __init__ runs.
 GROUP = "sim.core"
