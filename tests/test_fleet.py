@@ -430,7 +430,7 @@ register_router(NumpyChoice)
 
 
 def test_a_router_may_return_numpy_integers_but_not_outside_the_fleet():
-    from sim.fleet.fleet import RoutingError
+    from sim.fleet.errors import RoutingError
 
     res = run(_cfg("sglang", router="test-numpy-choice", replicas=3))
     assert set(res.requests["replica"]) == {0, 1, 2}

@@ -23,6 +23,8 @@ would hold then (a binary search per replica).
 from __future__ import annotations
 
 import numbers
+from collections.abc import Callable
+from typing import Any
 
 import simpy
 
@@ -45,9 +47,12 @@ from sim.engines.recorder import RunRecorder
 from sim.kvcache.events import BlockRemoved, BlockStored
 
 from .beliefs import CacheBelief, EventBelief, PodLRUBelief, TreeBelief, TTLBelief
+from .errors import RoutingError
 from .kvevents import KVEventFeed
 from .load import InFlight, Predicted, Scraper
 from .radix import RadixBelief
+
+__all__ = ["Fleet", "ReplicaSignals", "RoutingError", "build_belief"]
 
 
 def build_belief(spec: CacheViewSpec | None, n: int,
@@ -68,10 +73,6 @@ def build_belief(spec: CacheViewSpec | None, n: int,
     if isinstance(spec, KVEvents):
         return EventBelief(n, spec)
     raise TypeError(f"unknown cache view {spec!r}")
-
-
-class RoutingError(RuntimeError):
-    """A router returned something that is not a replica index (a bug in the router)."""
 
 
 class ReplicaSignals:
@@ -135,8 +136,8 @@ class Fleet:
         if self.belief is not None and self.belief.wants_events:
             if self.feed is None:
                 self.feed = KVEventFeed(env, [e.cache for e in replicas])
-            self.feed.subscribe_replicas(self.belief.replica_events,
-                                         (BlockStored, BlockRemoved))
+            indexed: Any = self.belief  # a view that wants events takes them per replica
+            self.feed.subscribe_replicas(indexed.replica_events, (BlockStored, BlockRemoved))
         self.inflight = InFlight(n)
         load = router.load_view
         self.scraper: Scraper | None = None
@@ -189,7 +190,7 @@ class Fleet:
             self.predicted.added(r, req.rid, ids,
                                  max(0, req.prompt_tokens - believed * bs))
         self._record(req, r, now, overlaps, truth)
-        req.done.callbacks.append(lambda _ev, req=req, r=r: self._finished(req, r))
+        req.done.callbacks.append(self._on_reply(req, r))
         if self.pool is not None:
             self.pool.submit(req, r)  # after a fetch from the pool when one pays
         else:
@@ -210,7 +211,8 @@ class Fleet:
     def _replica_views(self, overlaps, sizes) -> tuple[ReplicaView, ...]:
         """Every replica's view, built column by column (one decision asks for all)."""
         n = len(self.replicas)
-        inf, none = self.inflight, [None] * n
+        inf = self.inflight
+        none: list[Any] = [None] * n
         queue = running = kv_usage = scraped_at = none
         if self.scraper is not None:
             samples = self.scraper.samples
@@ -246,6 +248,10 @@ class Fleet:
         for i, e in enumerate(self.replicas):
             self.load_waiting[i].append(len(e.waiting))
             self.load_running[i].append(len(e.running))
+
+    def _on_reply(self, req, r: int) -> Callable[[Any], None]:
+        """The callback of ``req``'s reply, routed to ``r``."""
+        return lambda _done: self._finished(req, r)
 
     def _finished(self, req, r: int) -> None:
         self.inflight.finished(r, req.prompt_tokens)
