@@ -27,6 +27,7 @@ from typing import Any
 import yaml
 
 from .errors import ProfileError
+from .safeyaml import safe_load
 from .specs import ModelSpec
 
 MIB = 1 << 20
@@ -83,7 +84,7 @@ def load_gpus(path: str | Path | None = None) -> dict[str, GPU]:
         except OSError as e:
             raise ProfileError(where, "<file>", f"cannot read: {e.strerror}") from None
     try:
-        raw = yaml.safe_load(text)
+        raw = safe_load(text)
     except yaml.YAMLError as e:
         raise ProfileError(where, "<yaml>", f"not valid YAML: {e}") from None
     if not isinstance(raw, dict) or not isinstance(raw.get("gpus"), dict) or not raw["gpus"]:

@@ -15,10 +15,9 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-import yaml
-
 from .errors import ProfileError
 from .registry import unknown
+from .safeyaml import safe_load
 
 CATALOG = "links.yaml"
 
@@ -71,7 +70,7 @@ def parse_links(doc: Any, where: str) -> dict[str, Link]:
 def links() -> dict[str, Link]:
     """The shipped catalog."""
     text = resources.files("costmodel").joinpath("data", CATALOG).read_text()
-    return parse_links(yaml.safe_load(text), f"costmodel/data/{CATALOG}")
+    return parse_links(safe_load(text), f"costmodel/data/{CATALOG}")
 
 
 def link_names() -> tuple[str, ...]:

@@ -28,11 +28,9 @@ import yaml
 
 from .errors import ProfileError
 from .registry import Registry
+from .safeyaml import safe_load
 from .specs import ModelSpec, get_spec
 from .units import Units
-
-# yaml.safe_load's loader with libyaml's parser when present: SafeConstructor either way
-SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 FORMAT_VERSION = 1
 
@@ -257,7 +255,7 @@ def load_profile(name_or_path: str | Path | None, model: str | None = None) -> P
                                f"no such profile; shipped: {', '.join(shipped_profiles())}")
         path, text = f"costmodel/profiles/{name_or_path}.yaml", res.read_text()
     try:
-        raw = yaml.load(text, Loader=SAFE_LOADER)  # a safe loader: never yaml.Loader
+        raw = safe_load(text)
     except yaml.YAMLError as e:
         raise ProfileError(path, "<yaml>", f"not valid YAML: {e}") from None
     prof = profile_from_dict(raw, path)

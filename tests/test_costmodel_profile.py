@@ -97,12 +97,13 @@ def test_yaml_is_safe_loaded(tmp_path: Path) -> None:
         load_profile(str(f))
 
 
-def test_the_fast_loader_reads_every_shipped_profile_as_safe_load_does() -> None:
-    """libyaml's parser (``SAFE_LOADER``) must give the very values ``yaml.safe_load`` gives."""
+def test_the_fast_loader_reads_every_shipped_yaml_as_safe_load_does() -> None:
+    """libyaml's parser (``SAFE_LOADER``) must give the values ``yaml.safe_load`` gives, on every
+    shipped profile and catalog."""
     from importlib import resources
 
-    from costmodel.profile import SAFE_LOADER
-    files = [f for f in (resources.files("costmodel") / "profiles").iterdir()
+    from costmodel.safeyaml import SAFE_LOADER
+    files = [f for d in ("profiles", "data") for f in (resources.files("costmodel") / d).iterdir()
              if f.name.endswith(".yaml")]
     assert files
     for f in files:

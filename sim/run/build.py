@@ -22,18 +22,21 @@ from sim.fleet.metrics import recorder_for
 from sim.replay import Replay
 
 
+def session_infos(sessions) -> tuple[SessionInfo, ...]:
+    """What a policy may know of a trace's sessions (one tuple serves every replica)."""
+    return tuple(SessionInfo(s.id, s.parent, s.agent_type) for s in sessions)
+
+
 def bind_policy(env: simpy.Environment, cfg: RunConfig, spec, profile, policy: EvictionPolicy,
-                sessions) -> None:
+                sessions: tuple[SessionInfo, ...]) -> None:
     """Give a policy its run context: the simulated clock, the recompute price of a token
-    range at its positions, and the trace's sessions (read only)."""
+    range at its positions, and the trace's sessions (``session_infos``, read only)."""
     def recompute_seconds(a: int, b: int) -> float:
         """Marginal prefill seconds of tokens [a, b) at their positions."""
         return profile.recompute_seconds(range_units(spec, a, b))
 
     policy.bind(PolicyContext(now=lambda: env.now, block_size=cfg.cache.block_size, seed=cfg.seed,
-                              recompute_seconds=recompute_seconds,
-                              sessions=tuple(SessionInfo(s.id, s.parent, s.agent_type)
-                                             for s in sessions)))
+                              recompute_seconds=recompute_seconds, sessions=sessions))
 
 
 def build_replicas(env: simpy.Environment, cfg: RunConfig, spec, profile, trace,
@@ -45,9 +48,10 @@ def build_replicas(env: simpy.Environment, cfg: RunConfig, spec, profile, trace,
     ``first_track + i`` (named ``POOL i`` when ``pool`` is given: a disaggregated fleet's
     prefill and decode workers)."""
     engines, policies = [], []
+    infos = session_infos(trace.sessions)
     for i, listener in enumerate(listeners):
         policy = cfg.make_policy()
-        bind_policy(env, cfg, spec, profile, policy, trace.sessions)
+        bind_policy(env, cfg, spec, profile, policy, infos)
         rec = recorder_for(trace, listener)
         engine = engine_class(cfg).build(env, cfg, spec, profile, policy, rec)
         if timeline is not None:
