@@ -20,6 +20,8 @@ import numpy as np
 
 _BISECTIONS = 200  # enough for adjacent floats from [0, max]; stops when it cannot move
 _NARROW_EVERY = 4  # bisection steps between two narrowings of the gaps counted
+_SETTLE_TERMS = 4096  # gaps left in the bracket few enough to list (``_settle``)
+_SETTLE_ULPS = 64  # the window around the listed estimate, in units of the last place
 
 
 class TokenGaps:
@@ -113,25 +115,30 @@ def _count_at_most(arrays, x: float) -> int:
 
 def _within(arrays, lo: float, hi: float):
     """(the gaps that can still change the count between ``lo`` and ``hi``, how many gaps are
-    at most every value in between): singles at most ``lo`` and series wholly counted at
-    ``lo`` always count there; singles above ``hi`` and series with nothing counted at ``hi``
-    never do. Exact: counts are non-decreasing in the value."""
+    at most every value in between, how many lie in ``(lo, hi]``): singles at most ``lo`` and
+    series wholly counted at ``lo`` always count there; singles above ``hi`` and series with
+    nothing counted at ``hi`` never do. Exact: counts are non-decreasing in the value."""
     single, first, inc, terms, weight = arrays
     i0 = int(np.searchsorted(single, lo, side="right"))
     i1 = int(np.searchsorted(single, hi, side="right"))
-    base = i0
+    base, inside = i0, i1 - i0
     if first.size:
-        whole = _series_counts(first, inc, terms, lo) == terms
+        at_lo = _series_counts(first, inc, terms, lo)
+        at_hi = _series_counts(first, inc, terms, hi)
+        whole = at_lo == terms
         base += int((terms[whole] * weight[whole]).sum())
-        keep = ~whole & (_series_counts(first, inc, terms, hi) > 0)
+        keep = ~whole & (at_hi > 0)
+        inside += int((at_hi[keep] - at_lo[keep]).sum())
         first, inc, terms, weight = first[keep], inc[keep], terms[keep], weight[keep]
-    return (single[i0:i1], first, inc, terms, weight), base
+    return (single[i0:i1], first, inc, terms, weight), base, inside
 
 
 def _order_statistic(arrays, j: int) -> float:
     """The ``j``-th smallest gap (0-based): the least value with more than ``j`` gaps at
-    most it. A bisection over the value; every few steps the gaps are narrowed to those that
-    can still change the count inside the bracket (``_within``), so later steps count few."""
+    most it. A bisection over the value (it reaches adjacent floats well within
+    ``_BISECTIONS`` steps); every few steps the gaps are narrowed to those that can still
+    change the count inside the bracket (``_within``), and once few are left the answer is
+    settled from their listed values (``_settle``), so later steps count few."""
     single, first, inc, terms, _weight = arrays
     tops = [single[-1]] if single.size else []
     if first.size:
@@ -145,8 +152,12 @@ def _order_statistic(arrays, j: int) -> float:
     base = 0  # gaps counted at every value in [lo, hi] but no longer in ``arrays``
     for step in range(_BISECTIONS):  # invariant: count(lo) <= j < count(hi)
         if step and step % _NARROW_EVERY == 0:
-            arrays, below = _within(arrays, lo, hi)
+            arrays, below, inside = _within(arrays, lo, hi)
             base += below
+            if inside <= _SETTLE_TERMS:
+                settled = _settle(arrays, base, j, lo, hi)
+                if settled is not None:
+                    return settled
         mid = (lo + hi) / 2
         if mid <= lo or mid >= hi:
             break
@@ -155,3 +166,41 @@ def _order_statistic(arrays, j: int) -> float:
         else:
             lo = mid
     return float(hi)
+
+
+def _settle(arrays, base: int, j: int, lo: float, hi: float) -> float | None:
+    """The least value in ``(lo, hi]`` with more than ``j`` gaps at most it, when few gaps
+    of ``arrays`` (``base`` gaps counted below them) lie there: those listed give an
+    estimate, the exact count confirms that the answer lies within ``_SETTLE_ULPS`` floats of
+    it, and a bisection over the floats between (their bit patterns, ordered as the
+    non-negative values are) finds it. None when the window does not hold it (the caller
+    bisects on)."""
+    single, first, inc, terms, weight = arrays
+    if lo < 0:
+        return None
+    k_lo = _series_counts(first, inc, terms, lo)
+    k_hi = _series_counts(first, inc, terms, hi)
+    per = k_hi - k_lo  # each series' terms in (lo, hi], from its term k_lo on
+    series = np.repeat(np.arange(first.size), per)
+    term = k_lo[series] + np.arange(series.size) - np.repeat(np.cumsum(per) - per, per)
+    values = np.concatenate((single, first[series] + inc[series] * term))
+    counts = np.concatenate((np.ones(single.size, np.int64), weight[series]))
+    order = np.argsort(values, kind="stable")
+    rank = j - base - int((k_lo * weight).sum())  # among the gaps in (lo, hi]
+    at = int(np.searchsorted(np.cumsum(counts[order]), rank, side="right"))
+    if at >= values.size:
+        return None
+    guess = int(np.float64(values[order[at]]).view(np.int64))
+    low = max(float(np.int64(max(guess - _SETTLE_ULPS, 0)).view(np.float64)), lo)
+    high = min(float(np.int64(guess + _SETTLE_ULPS).view(np.float64)), hi)
+    if not (base + _count_at_most(arrays, low) <= j < base + _count_at_most(arrays, high)):
+        return None
+    a = int(np.float64(low).view(np.int64))
+    b = int(np.float64(high).view(np.int64))
+    while b - a > 1:  # invariant: count(float(a)) <= j < count(float(b))
+        m = (a + b) // 2
+        if base + _count_at_most(arrays, float(np.int64(m).view(np.float64))) > j:
+            b = m
+        else:
+            a = m
+    return float(np.int64(b).view(np.float64))
