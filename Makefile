@@ -5,8 +5,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.kvsim-installed
 TEST_STAMP := $(VENV)/.kvsim-test-installed
 BENCH_STAMP := $(VENV)/.kvsim-bench-installed
-# The compiled core (sim/kvcache/native.py): mypyc builds the cache's, the
-# SGLang engine's and the routers' index modules beside their sources.
+# The compiled core (sim/kvcache/native.py): mypyc builds the cache's, the SGLang engine's,
+# the recorder's, the replay's and the fleet front's modules beside their sources.
 CORE_STAMP := sim/core-manifest.json
 
 .PHONY: demo test lint bench venv core clean
@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 # Rebuilt when a source of a package with compiled modules changes (a stale extension is never
 # imported: sim/kvcache/native.py falls back to the source). Without a C compiler it says so
 # once and kvsim runs on Python.
-$(CORE_STAMP): $(STAMP) $(wildcard sim/kvcache/*.py sim/engines/*.py sim/context/*.py sim/fleet/*.py)
+$(CORE_STAMP): $(STAMP) sim/replay.py $(wildcard sim/kvcache/*.py sim/engines/*.py sim/context/*.py sim/fleet/*.py)
 	$(BIN)/pip install -q mypy==2.4.1
 	$(BIN)/python -m sim.kvcache.corebuild
 

@@ -170,3 +170,16 @@ def test_every_package_with_a_compiled_module_decides_before_its_modules_load() 
                and not (n.module or "").endswith("native") and n.names[0].name != "native"]
         assert all(i > calls[0] for i in own), \
             f"{init.relative_to(REPO)} imports its modules before deciding the path"
+
+
+def test_make_rebuilds_the_core_when_any_compiled_source_changes() -> None:
+    """``make``'s core target must name every compiled module's source among its
+    prerequisites (directly or by a wildcard): an edit it missed would leave the checkout on
+    the (slower) Python path until a manual ``make core``."""
+    from fnmatch import fnmatch
+    line = next(x for x in (REPO / "Makefile").read_text().splitlines()
+                if x.startswith("$(CORE_STAMP):"))
+    deps = line.split(":", 1)[1].replace("$(wildcard", " ").replace(")", " ").split()
+    for module in native.COMPILED:
+        rel = native.source(module).relative_to(native.ROOT).as_posix()
+        assert any(fnmatch(rel, d) for d in deps), f"{rel} is not a prerequisite of make core"
