@@ -11,6 +11,8 @@ from types import SimpleNamespace
 
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from costmodel.units import Units
 from sim.engines.recorder import COLUMNS, RunRecorder
@@ -111,3 +113,21 @@ def test_absorb_joins_rows_in_order():
     a.absorb(b)
     pd.testing.assert_frame_equal(a.table(), expect)
     assert math.isfinite(a.table()["end_s"].iloc[0])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(-10, 700_000), st.integers(-10, 300_000)), max_size=6))
+def test_the_position_histogram_counts_each_position_in_its_bin(ranges) -> None:
+    """Recomputed positions ``[a, a + n)`` land in 8K-token bins, the last one open: against
+    the clipped-overlap model of every bin at once."""
+    import numpy as np
+
+    from sim.engines.recorder import HIST_BIN_TOKENS, HIST_BINS
+    rec = _recorder()
+    lo = np.arange(HIST_BINS, dtype=np.int64) * HIST_BIN_TOKENS
+    hi = np.append(lo[1:], np.iinfo(np.int64).max)
+    want = np.zeros(HIST_BINS, dtype=np.int64)
+    for a, n in ranges:
+        rec._histogram(max(a, 0), max(a, 0) + n)
+        want += np.maximum(0, np.minimum(hi, max(a, 0) + n) - np.maximum(lo, max(a, 0)))
+    assert rec.hist.tolist() == want.tolist()

@@ -16,6 +16,7 @@ sequence number; SimPy breaks event ties by schedule order. No wall clock is rea
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, ClassVar, cast
 
 import numpy as np
@@ -341,7 +342,13 @@ class EngineBase:
             yield env.timeout(total)
             return steps
         start = env.now
-        yield env.timeout(total) | self._doorbell()
+        # ``env.timeout(total) | self._doorbell()`` without the condition's bookkeeping: one
+        # event the first of the two triggers when it is processed, as the condition would
+        woken = env.event()
+        wake = _first_of(woken)
+        env.timeout(total).callbacks.append(wake)
+        self._doorbell().callbacks.append(wake)
+        yield woken
         elapsed = env.now - start
         if elapsed < total:  # an arrival: finish the step in flight, then reschedule
             steps = self._steps_within(batch, ctx, elapsed, steps)
@@ -388,3 +395,12 @@ class EngineBase:
             self.rec.evicted(self.cache.background_evictions())
             h2d, self._pending_h2d_bytes = self._pending_h2d_bytes, 0
             self.rec.transferred(h2d, self.cache.backup_pending() * self.bs * self.kv_bytes)
+
+
+def _first_of(woken: simpy.Event) -> Callable[[simpy.Event], None]:
+    """A callback for several events that triggers ``woken`` when the first of them is
+    processed (``simpy.AnyOf`` of events that never fail, without its value)."""
+    def wake(_event: simpy.Event) -> None:
+        if not woken.triggered:
+            woken.succeed()
+    return wake

@@ -31,8 +31,6 @@ from sim.engines.latency import TokenGaps
 
 HIST_BIN_TOKENS = 8192
 HIST_BINS = 64  # up to 512K positions; the last bin collects the rest
-_HIST_LO = np.arange(HIST_BINS, dtype=np.int64) * HIST_BIN_TOKENS  # bin edges, made once
-_HIST_HI = np.append(_HIST_LO[1:], np.iinfo(np.int64).max)
 LOST_THRESHOLD = 0.9
 
 
@@ -307,9 +305,16 @@ class RunRecorder:
         return rec
 
     def _histogram(self, a: int, b: int) -> None:
-        lo = np.maximum(_HIST_LO, a)
-        hi = np.minimum(_HIST_HI, b)
-        self.hist += np.maximum(0, hi - lo)
+        """Count positions ``[a, b)`` into the bins they fall in (the last bin is open)."""
+        width, last, hist = HIST_BIN_TOKENS, HIST_BINS - 1, self.hist
+        a = max(a, 0)
+        i = min(a // width, last)
+        while a < b:
+            top = b if i == last else min(b, (i + 1) * width)
+            if top > a:
+                hist[i] += top - a
+            a = top
+            i += 1
 
     def prefill_units(self, req: Any, total: float, attention: int) -> None:
         """A prefill chunk of ``req`` the engine priced: ``total`` units, ``attention`` of
