@@ -183,3 +183,32 @@ def test_make_rebuilds_the_core_when_any_compiled_source_changes() -> None:
     for module in native.COMPILED:
         rel = native.source(module).relative_to(native.ROOT).as_posix()
         assert any(fnmatch(rel, d) for d in deps), f"{rel} is not a prerequisite of make core"
+
+
+def test_the_compiled_fleet_takes_a_router_returning_numpy_integers() -> None:
+    """A user's router may return a numpy integer (docs/fleet.md); the compiled front checks
+    annotations, so it must not declare the router's answer an ``int``."""
+    _built()
+    env = {**os.environ, native.PURE_ENV: "0"}
+    code = """
+import numpy as np
+from policies.routing import Router, register_router
+from sim.config import RunConfig
+from sim.kvcache import native
+from sim.run import run
+
+class Argmin(Router):
+    name = "probe-numpy-argmin"
+    def route(self, request, view):
+        return np.argmin([r.in_flight for r in view.replicas])
+
+register_router(Argmin)
+cfg = RunConfig.from_flat(trace="synthetic:claude-code?sessions=4", max_context=32768,
+                          gpu_cache=65536, sessions=2, replicas=2,
+                          router="probe-numpy-argmin").with_preset("sglang")
+res = run(cfg)
+print(native.current()[0], sorted(set(res.requests["replica"])))
+"""
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True,
+                         text=True, check=True).stdout.split(maxsplit=1)
+    assert out == ["True", "[0, 1]\n"] or out == ["True", "[0, 1]"]

@@ -176,9 +176,12 @@ class Fleet:
         view = RouterView(now, self._replica_views(overlaps, sizes),
                           self.pool.lookup(ids) if self.pool is not None
                           and self.router.cache_view is not None else None)
-        choice = self.router.route(request, view)
+        # Called untyped: a router may return a numpy integer, which the compiled core would
+        # refuse where the protocol's ``-> int`` is known
+        route: Any = self.router.route
+        choice = route(request, view)
         if isinstance(choice, bool) or not isinstance(choice, numbers.Integral) \
-                or not 0 <= choice < n:
+                or not 0 <= int(choice) < n:
             raise RoutingError(f"router {self.router.label!r} returned {choice!r} for request "
                                f"{req.rid}: not a replica index in 0..{n - 1}")
         r = int(choice)  # numpy integers too

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import simpy
+from mypy_extensions import mypyc_attr
 
 from policies.active import ActivePrompts
 
@@ -59,6 +60,7 @@ def engine_metrics(engine) -> EngineMetrics:
                          (cap - available) / cap if cap else 0.0)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # compiled (sim/kvcache/native.py); subclassable
 class Scraper:
     """Samples every engine every ``scrape_s`` seconds (the first sample at t = 0).
 
