@@ -61,6 +61,22 @@ def test_with_a_shared_prefix_the_fleet_ideal_moves_only_with_concurrent_first_r
         assert s["hit_rate"] <= s["routed_ideal_hit_rate"] <= s["ideal_hit_rate"]
 
 
+def test_a_landed_block_loaded_back_from_the_cpu_tier_counts_as_loaded_not_pooled():
+    # Landed blocks are not pinned before admission: one that a demotion moved to the CPU
+    # tier while its request queued is loaded back at admission, so it is a CPU load's
+    # (loaded_cpu_tokens), not part of the GPU hit nor of the pool's. Before, the pool
+    # counted it from the match after the load: pool_tokens above hit_gpu_tokens and
+    # local_gpu_tokens negative (-640 on request 8 here).
+    cfg = BASE.with_fields(trace="synthetic:claude-code?sessions=8", max_context=32768,
+                           gpu_cache=40960, cpu_cache=16384, replicas=2, router="dynamo-kv",
+                           pool=16384, pool_write="write-back", replay="closed", seed=2,
+                           sessions=4)
+    t = run(cfg.with_preset("penelope")).requests
+    assert ((t["pool_tokens"] > 0) & (t["loaded_cpu_tokens"] > 0)).any()  # the case arises
+    assert (t["pool_tokens"] <= t["hit_gpu_tokens"]).all()
+    assert (t["local_gpu_tokens"] >= 0).all()
+
+
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(replicas=st.integers(2, 4), router=st.sampled_from(sorted(ROUTERS)),
        policy=st.sampled_from(["sglang", "penelope"]),

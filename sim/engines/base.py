@@ -283,10 +283,11 @@ class EngineBase:
 
     # --- pricing ------------------------------------------------------------------------
     def open_record(self, req: Req, now: float, *, reused: int, holes: int, ideal: int,
-                    segments: Any, loaded: int = 0) -> RequestRecord:
-        """Open ``req``'s record at its first admission. The positions inside the ideal
-        prefix it computes again are priced as the prefill prices them: with the keys each
-        token attends (a dropped key is not attended)."""
+                    segments: Any, loaded: int = 0, found: Any = None) -> RequestRecord:
+        """Open ``req``'s record at its first admission. ``segments``: the match after any
+        CPU load; ``found``: the match before it (default: no load, the same). The positions
+        inside the ideal prefix it computes again are priced as the prefill prices them: with
+        the keys each token attends (a dropped key is not attended)."""
         prompt = req.prompt
         recomputed = prompt.recomputed_ranges(segments, req.ranges, ideal, self.bs)
         units = Units()
@@ -294,7 +295,8 @@ class EngineBase:
             units = units + prompt.units(self.spec, a, b)
         return self.rec.open(req, now, reused=reused, holes=holes, ideal=ideal,
                              recomputed=recomputed, recompute_units=units.total,
-                             segments=segments, bs=self.bs, loaded=loaded)
+                             segments=segments, bs=self.bs, loaded=loaded,
+                             found=segments if found is None else found)
 
     def _count_redone(self, req: Req, a: int, b: int) -> None:
         """Record the part of prefill range [a, b) below ``req.redo_until``: positions the

@@ -191,8 +191,9 @@ def write(cols: list[np.ndarray], rows: np.ndarray, vals: list[tuple]) -> list[n
 class RecordListener(Protocol):
     """Told what a recorder records (a fleet listens to its replicas' recorders)."""
 
-    def opened(self, req: Any, segments: Any) -> None:
-        """``req``'s record opened at its first admission; ``segments``: its match then."""
+    def opened(self, req: Any, found: Any) -> None:
+        """``req``'s record opened at its first admission; ``found``: its match then, before
+        any CPU load (its GPU runs are the blocks it hit on the GPU)."""
 
     def first_token(self, req: Any) -> None:
         """``req``'s first token came back."""
@@ -274,8 +275,9 @@ class RunRecorder:
 
     def open(self, req: Any, now: float, *, reused: int, holes: int, ideal: int,
              recomputed: list[tuple[int, int]], recompute_units: float, segments: Any,
-             bs: int, loaded: int = 0) -> RequestRecord:
+             bs: int, loaded: int = 0, found: Any = None) -> RequestRecord:
         """``segments``: the match after any CPU load, so GPU runs are hit or loaded;
+        ``found``: the match before it (its GPU runs are the hit; default ``segments``);
         ``recomputed``: the positions inside the ideal prefix computed again, which the
         engine priced as ``recompute_units`` (``EngineBase.open_record``)."""
         rec = self._record(req)
@@ -301,7 +303,7 @@ class RunRecorder:
         private_lost = sum(max(0, b - max(a, shared)) for a, b in recomputed)
         rec.private_lost = private_lost / private_ideal if private_ideal else 0.0
         if self.listener is not None:
-            self.listener.opened(req, segments)
+            self.listener.opened(req, segments if found is None else found)
         return rec
 
     def _histogram(self, a: int, b: int) -> None:

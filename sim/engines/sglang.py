@@ -64,7 +64,8 @@ class Admission:
     reused: int
     holes: int
     loaded: int
-    segments: Sequence[tuple[int, int, Tier]]  # the match's runs (a tuple)
+    segments: Sequence[tuple[int, int, Tier]]  # the match's runs after any CPU load (a tuple)
+    found: Sequence[tuple[int, int, Tier]]  # the match's runs as found, before the load
 
 
 # Verdicts of a refused admission (schedule_policy.py AddReqResult): memory (NO_TOKEN) or a
@@ -403,7 +404,8 @@ class SGLangServer(EngineBase):
             self.cache.unlock(m.node)
             return OTHER
         self._charge(take, not chunked, req)
-        return Admission(req, m.node, ranges, take, chunked, reused, holes, loaded, segments)
+        return Admission(req, m.node, ranges, take, chunked, reused, holes, loaded, segments,
+                         m.segments)
 
     def _allocate(self, plan: list[tuple[Req, int]]) -> int:
         """SGLang prepare_for_extend: after the adder loop, make room for the whole batch at
@@ -560,7 +562,8 @@ class SGLangServer(EngineBase):
             req.known_blocks = self._ideal_blocks(req)
             ideal = min(req.known_blocks, self._usable_blocks(req)) * self.bs
             req.record = self.open_record(req, self.env.now, reused=a.reused, holes=a.holes,
-                                          ideal=ideal, segments=a.segments, loaded=a.loaded)
+                                          ideal=ideal, segments=a.segments, loaded=a.loaded,
+                                          found=a.found)
         req.admitted_at = self.env.now
 
     # --- decode runs: k steps of the running batch as one event ---------------------------

@@ -89,8 +89,8 @@ class ReplicaSignals:
     def bind(self, fleet: Fleet) -> None:
         self.fleet = fleet
 
-    def opened(self, req, segments) -> None:
-        self.fleet.opened(req, segments)
+    def opened(self, req, found) -> None:
+        self.fleet.opened(req, found)
 
     def first_token(self, req) -> None:
         self.fleet.first_token(self.replica, req)
@@ -262,11 +262,12 @@ class Fleet:
             self.predicted.freed(r, req.rid, req.ids)
         self.router.on_finish(req.rid, r, self.env.now)
 
-    def opened(self, req, segments) -> None:
-        """A request's first admission: the prefix an unlimited cache shared by the fleet
-        holds (every replica's cache ever held that replica's ``known_prefix_blocks``; with
-        chained ids the union's prefix is the longest of them), capped where the engines
-        cap a hit; then the pool's part of what it reused."""
+    def opened(self, req, found) -> None:
+        """A request's first admission (``found``: its match before any CPU load): the prefix
+        an unlimited cache shared by the fleet holds (every replica's cache ever held that
+        replica's ``known_prefix_blocks``; with chained ids the union's prefix is the longest
+        of them), capped where the engines cap a hit; then the pool's part of what it
+        reused."""
         known = 0
         ids = req.ids
         for e in self.replicas:
@@ -276,7 +277,7 @@ class Fleet:
                 known += e.known_prefix_blocks(ids[known:])
         self.ideal_blocks[req.rid] = min(known, (req.prompt_tokens - 1) // self.bs)
         if self.pool is not None:
-            self.pool.admitted(req, segments)
+            self.pool.admitted(req, found)
 
     def first_token(self, replica: int, req) -> None:
         """``req``'s first token came back from ``replica``."""

@@ -215,15 +215,17 @@ class FleetPool:
             return []
         return landed
 
-    def admitted(self, req, segments) -> None:
-        """``req``'s record opened (its first admission) with match ``segments``: how many of
-        the blocks its fetch landed its admission reused (GPU runs, up to the engine's cap)."""
+    def admitted(self, req, found) -> None:
+        """``req``'s record opened (its first admission) with match ``found`` (before any CPU
+        load): how many of the blocks its fetch landed its admission reused on the GPU (its GPU
+        runs, up to the engine's cap). A landed block demoted before admission and loaded
+        back is a CPU load's, not the pool's."""
         landed = self.record.landed.get(req.rid)
         if landed is None:
             return
         usable = min(int(req.ids.size), (req.prompt_tokens - 1) // self.bs)
         n = 0
-        for s, e, tier in segments:
+        for s, e, tier in found:
             if tier != _GPU:
                 continue
             e = min(e, usable)
