@@ -5,12 +5,14 @@ same final state on random holders, prompts and KV-event streams."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from policies.routers.dynamo import DynamoKV
 from policies.routing import KVEvents, PodLRU, ReplicaView, RouteRequest, RouterView
 from sim.fleet.beliefs import EventBelief, PodLRUBelief, consecutive_prefixes
+from sim.fleet.eventindex import COLLECT_FLOOR, ChainIndex
 from sim.fleet.load import Predicted
 from sim.kvcache.events import BlockRemoved, BlockStored, ChainWritten
 
@@ -94,12 +96,14 @@ def test_event_index_equals_the_block_by_block_model(stream, orphans):
     check_event_index(stream, orphans)
 
 
-def check_event_index(stream, orphans: bool) -> None:
-    """The index after ``stream`` equals the block-by-block model's: holders, sizes,
-    dropped blocks and the overlap of every run of the stream."""
-    belief = EventBelief(N, KVEvents(lag_s=0.0, drop_orphans=orphans))
+def check_event_index(stream, orphans: bool, collect_floor: int = COLLECT_FLOOR,
+                      every_event: bool = False) -> EventBelief:
+    """The index after ``stream`` (after each event with ``every_event``) equals the
+    block-by-block model's: holders, sizes, dropped blocks and the overlap of every run of
+    the stream."""
+    belief = EventBelief(N, KVEvents(lag_s=0.0, drop_orphans=orphans), collect_floor)
     model = LinkedModel()
-    for r, stored, ids, parent in stream:
+    for k, (r, stored, ids, parent) in enumerate(stream):
         arr = np.asarray(ids, dtype=np.int64)
         if stored:
             belief.stored(r, arr, 0.0, parent)
@@ -111,6 +115,12 @@ def check_event_index(stream, orphans: bool) -> None:
             model.held[r].update(ids)
         else:
             model.held[r].difference_update(ids)
+        if every_event or k == len(stream) - 1:
+            same_as_model(belief, model, stream)
+    return belief
+
+
+def same_as_model(belief: EventBelief, model: LinkedModel, stream) -> None:
     want = {}
     for r in range(N):
         for b in model.held[r]:
@@ -261,9 +271,61 @@ def deep_streams(draw):
 
 
 @settings(max_examples=300, deadline=None)
-@given(deep_streams())
-def test_event_index_drops_deep_subtrees_as_the_model(stream):
-    check_event_index(stream, True)
+@given(deep_streams(), st.sampled_from([COLLECT_FLOOR, 1, 8]))
+def test_event_index_drops_deep_subtrees_as_the_model(stream, floor):
+    # Chained, every store naming its parent (the engines without a CPU tier): the index
+    # stays run by run throughout (sim/fleet/eventindex.py ChainIndex), splitting runs where
+    # a chain branches off, and forgetting the runs no replica holds (a floor of 1 or 8
+    # collects after nearly every store) changes no answer.
+    belief = check_event_index(stream, True, floor, every_event=True)
+    assert isinstance(belief.index, ChainIndex)
+
+
+def test_a_removal_leaves_the_link_a_later_load_without_parent_follows():
+    # Replica 0 stores the chain 1 -> 2 -> 3 and loses 2 (and so 3): the block-by-block
+    # index keeps 1's link to 2. A CPU load restores 2 with no parent named (no new link),
+    # which hands the state over to the block-by-block index: removing 1 must take 2 along
+    # the link left behind, as Dynamo's radix index does, and only along it (4 never was
+    # 1's child on this replica).
+    stream = [(0, True, [1, 2, 3], -1), (0, False, [2], None), (0, True, [2], None),
+              (0, True, [4], None), (0, False, [1], None)]
+    belief = check_event_index(stream, True, every_event=True)
+    assert not isinstance(belief.index, ChainIndex)  # handed over at the first load
+    assert belief.holders == {4: 1}
+
+
+@pytest.mark.parametrize("stream, left", [
+    # 3 goes (2 keeps its link to 3), then 2 (its links go with it; 1 keeps its link to 2);
+    # 2 comes back after 1 and 3 by a load: removing 2 again must not take 3 along a link
+    # that went with 2 the first time
+    ([(0, True, [1, 2, 3, 4], -1), (0, False, [3], None), (0, False, [2], None),
+      (0, True, [2], 1), (0, True, [3], None), (0, False, [2], None)], {1, 3}),
+    # the same with a longer removal than the links left behind (they are looked up the
+    # other way round)
+    ([(0, True, [1, 2, 3, 4, 5, 6], -1), (0, False, [5], None), (0, False, [2], None),
+      (0, True, [2, 3, 4], 1), (0, True, [5], None), (0, False, [4], None)], {1, 2, 3, 5}),
+    # ... and where the block whose link was left behind is the first one removed
+    ([(0, True, [1, 2, 3, 4, 5, 6], -1), (0, False, [3], None), (0, True, [3, 4, 5], 2),
+      (0, False, [2], None), (0, True, [2], 1), (0, True, [3], None), (0, False, [2], None)],
+     {1, 3}),
+])
+def test_links_go_with_the_removed_block_they_leave(stream, left):
+    belief = check_event_index(stream, True, every_event=True)
+    assert set(belief.holders) == left
+
+
+@settings(max_examples=300, deadline=None)
+@given(deep_streams(), st.data())
+def test_the_hand_over_to_blocks_keeps_every_answer(stream, data):
+    # A CPU load (parent None) anywhere in a chained stream: before it the index runs run
+    # by run, after it block by block from the state handed over (its removals' links
+    # included); every answer after every event equals the model's.
+    at = data.draw(st.integers(0, len(stream)))
+    r = data.draw(st.integers(0, N - 1))
+    ids = data.draw(st.lists(st.integers(0, 40), min_size=1, max_size=4, unique=True))
+    belief = check_event_index([*stream[:at], (r, True, ids, None), *stream[at:]], True,
+                               every_event=True)
+    assert not isinstance(belief.index, ChainIndex)
 
 
 @settings(max_examples=200, deadline=None)

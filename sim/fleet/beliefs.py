@@ -11,7 +11,8 @@ None of them ever reads an engine: the gap between belief and truth is the point
 
 The approximate beliefs keep one bit mask of holders per block id (bit r: replica r holds
 it), so a prefix scan costs one dict lookup per block for all replicas together; the exact one
-keeps a set per replica, since each event changes one replica.
+keeps its state in ``sim.fleet.eventindex`` (per replica, how deep it holds each run of a
+tree of chained ids), since each event changes one replica.
 """
 
 from __future__ import annotations
@@ -20,9 +21,7 @@ import heapq
 import math
 from collections import Counter, OrderedDict, deque
 from collections.abc import Iterable
-from functools import partial
-from itertools import accumulate, groupby, islice, repeat, takewhile
-from operator import is_not
+from itertools import groupby, repeat
 from typing import Any
 
 import numpy as np
@@ -30,6 +29,8 @@ from mypy_extensions import mypyc_attr
 
 from policies.routing import ApproxTree, ApproxTTL, KVEvents, PodLRU
 from sim.kvcache.events import BlockRemoved, BlockStored, KVEvent
+
+from .eventindex import COLLECT_FLOOR, BlockIndex, ChainIndex, LinkedIndex
 
 
 def _bits(mask: int) -> Iterable[int]:
@@ -39,22 +40,6 @@ def _bits(mask: int) -> Iterable[int]:
             yield r
         mask >>= 1
         r += 1
-
-
-_is_block = partial(is_not, None)  # a child link's target (None: no child)
-
-
-def _link(first: dict[int, int], more: dict[int, set[int]], parent: int, b: int) -> None:
-    """Record ``b`` as a child of ``parent`` (``EventBelief``'s child links)."""
-    kid = first.get(parent)
-    if kid is None:
-        first[parent] = b
-    elif kid != b:
-        kids = more.get(parent)
-        if kids is None:
-            more[parent] = {b}
-        else:
-            kids.add(b)
 
 
 def consecutive_prefixes(ids: list[int], holders: dict[int, int], n: int) -> list[int]:
@@ -299,54 +284,46 @@ class EventBelief(CacheBelief):
     not hold for that worker is dropped ("Failed to find parent block; skipping store
     operation"), and a removed block takes its descendants with it for that worker.
 
-    An event changes one replica, so each replica's blocks are a set of its own: an event is
-    a set operation in C (the engines report about a thousand blocks per request under
-    pressure), and an overlap scan per replica stops at its first miss."""
+    The state lives in ``sim.fleet.eventindex``: with ``drop_orphans`` run by run
+    (``ChainIndex``) until an event asks for blocks (``LinkedIndex``, the same state handed
+    over); without, a set per replica."""
 
-    def __init__(self, n: int, spec: KVEvents) -> None:
+    def __init__(self, n: int, spec: KVEvents, collect_floor: int = COLLECT_FLOOR) -> None:
         super().__init__(n)
         self.lag = float(spec.lag_s)
         self.orphans = bool(spec.drop_orphans)
         # per replica, its events not yet applied (lag_s > 0), oldest first: a replica's
         # blocks change only by its own events, so each replica's queue is drained on its own
-        self.pending: list[deque[tuple[float, bool, list[int], int | None]]] = [
+        self.pending: list[deque[tuple[float, bool, np.ndarray, int | None]]] = [
             deque() for _ in range(n)]
-        self.held: list[set[int]] = [set() for _ in range(n)]
-        # drop_orphans: per replica, block -> the first block stored right after it, and the
-        # others when a block has more than one (a branch): most blocks have one child
-        self.first_child: list[dict[int, int]] = [{} for _ in range(n)]
-        self.more_children: list[dict[int, set[int]]] = [{} for _ in range(n)]
-        self.dropped = 0  # blocks whose store was skipped (their parent was gone)
+        self.index: BlockIndex = (ChainIndex(n, collect_floor) if self.orphans
+                                  else LinkedIndex(n, orphans=False))
 
     @property
     def wants_events(self) -> bool:
         return True
 
     @property
+    def dropped(self) -> int:
+        """Blocks whose store was skipped (their parent was gone)."""
+        return self.index.dropped
+
+    @property
     def holders(self) -> dict[int, int]:
         """Block id -> the replicas holding it (bit r: replica r), built on each call."""
         out: dict[int, int] = {}
-        for r, held in enumerate(self.held):
+        for r in range(self.n):
             bit = 1 << r
-            for b in held:
+            for b in self.index.held(r):
                 out[b] = out.get(b, 0) | bit
         return out
 
     def sizes(self) -> list[int]:
-        return [len(h) for h in self.held]
+        return self.index.sizes()
 
     def overlaps(self, ids: np.ndarray, now: float) -> list[int]:
         self._deliver(now)
-        xs: list[int] = ids.tolist()
-        out = []
-        for h in self.held:  # each replica's held prefix: the scan stops at its first miss
-            k = 0
-            for b in xs:
-                if b not in h:
-                    break
-                k += 1
-            out.append(k)
-        return out
+        return self.index.overlaps(ids)
 
     def stored(self, replica: int, ids: np.ndarray, now: float,
                parent: int | None = None) -> None:
@@ -367,27 +344,27 @@ class EventBelief(CacheBelief):
                 kind = type(event)
                 if kind is BlockStored:
                     if len(event.ids):
-                        apply(replica, True, event.ids.tolist(), event.parent)
+                        apply(replica, True, event.ids, event.parent)
                 elif kind is BlockRemoved and len(event.ids):
-                    apply(replica, False, event.ids.tolist(), None)
+                    apply(replica, False, event.ids, None)
             return
         lag, pending = self.lag, self.pending[replica]
         for (at, _serial), event in events:
             kind = type(event)
             if kind is BlockStored:
                 if len(event.ids):
-                    pending.append((at + lag, True, event.ids.tolist(), event.parent))
+                    pending.append((at + lag, True, event.ids, event.parent))
             elif kind is BlockRemoved and len(event.ids):
-                pending.append((at + lag, False, event.ids.tolist(), None))
+                pending.append((at + lag, False, event.ids, None))
 
     def _emit(self, now: float, replica: int, stored: bool, ids: np.ndarray,
               parent: int | None) -> None:
         if not len(ids):
             return
         if self.lag == 0:
-            self._apply(replica, stored, ids.tolist(), parent)
+            self._apply(replica, stored, ids, parent)
         else:
-            self.pending[replica].append((now + self.lag, stored, ids.tolist(), parent))
+            self.pending[replica].append((now + self.lag, stored, ids, parent))
 
     def _deliver(self, now: float) -> None:
         for r, pending in enumerate(self.pending):
@@ -395,88 +372,9 @@ class EventBelief(CacheBelief):
                 _, stored, ids, parent = pending.popleft()
                 self._apply(r, stored, ids, parent)
 
-    def _apply(self, r: int, stored: bool, ids: list[int], parent: int | None) -> None:
-        if self.orphans:
-            if stored:
-                self._store_linked(r, ids, parent)
-            else:
-                self._forget_subtrees(r, ids)
-        elif stored:
-            self.held[r].update(ids)
-        else:
-            self.held[r].difference_update(ids)
-
-    def _store_linked(self, r: int, ids: list[int], parent: int | None) -> None:
-        """Store the chain ``ids`` after ``parent`` unless the index lacks that parent (then
-        the whole chain is dropped: each block's own parent is the one stored before it, so
-        only the first can be missing). Every block is linked from the one before it, held
-        before or not."""
-        held, first, more = self.held[r], self.first_child[r], self.more_children[r]
-        if parent is not None and parent >= 0:
-            if parent not in held:
-                self.dropped += len(ids)
-                return
-            prev = parent
-        else:
-            prev = -1
-        size = len(held)
-        held.update(ids)
-        if len(held) - size == len(ids):
-            # distinct and all new (the engines report only changes): a block r did not
-            # hold has no links (only held blocks have), so the chain's links are set in C
-            first.update(zip(ids, islice(ids, 1, None), strict=False))
-            if prev >= 0:
-                _link(first, more, prev, ids[0])
-            return
-        for b in ids:
-            if prev >= 0:
-                _link(first, more, prev, b)
-            prev = b
-
-    def _forget_subtrees(self, r: int, ids: list[int]) -> None:
-        """Remove ``ids`` and every block stored below them for ``r``. The blocks removed are
-        those reachable from ``ids`` over the child links, whatever the visiting order. Only
-        a held block has links (``_store_linked`` links from the parent it checked and the
-        blocks it stores; a removal takes the block's links with it), so a block ``r`` does
-        not hold ends its branch of the walk."""
-        held, first_pop, more = self.held[r], self.first_child[r].pop, self.more_children[r]
-        more_pop = more.pop
-        # The held ids go first, in C (a block r does not hold has no links: it adds
-        # nothing); the walk goes on from their children outside them (a removed block's
-        # chain child is usually the next id, already gone)
-        if held.isdisjoint(ids):  # most removals: the blocks went with an earlier subtree
-            return
-        hit = list(filter(held.__contains__, ids))
-        kids = list(map(first_pop, hit, repeat(None)))
-        held.difference_update(hit)
-        if kids[:-1] == hit[1:]:
-            stack = [] if kids[-1] is None else [kids[-1]]
-        else:
-            stack = [k for k in kids if k is not None]
-        if more and any(map(more.__contains__, hit)):
-            for x in hit:
-                extra = more_pop(x, None)
-                if extra:
-                    stack.extend(extra)
-        # Below them the subtrees are mostly long single chains, each followed in C:
-        # ``accumulate`` pops each block's first child (a link is followed once, so the walk
-        # ends) until one has none; only a held block has links, so the chain is held blocks
-        # and at most one last block that is not (removing it is a no-op). The branches
-        # (``more``, whose keys are held blocks too) go on the stack: those of the chain are
-        # the keys no longer held, found from the smaller of the two.
-        while stack:
-            x = stack.pop()
-            if x not in held:
-                continue
-            run = list(takewhile(_is_block, accumulate(repeat(None), first_pop,  # type: ignore[misc]
-                                                       initial=x)))
-            held.difference_update(run)
-            if more:
-                if len(more) < len(run):
-                    gone = [k for k in more if k not in held]
-                else:
-                    gone = list(filter(more.__contains__, run))
-                for k in gone:  # a repeated id may list its block twice
-                    extra = more_pop(k, None)
-                    if extra:
-                        stack.extend(extra)
+    def _apply(self, r: int, stored: bool, ids: np.ndarray, parent: int | None) -> None:
+        if not stored:
+            self.index.remove(r, ids)
+        elif not self.index.store(r, ids, parent):  # not a chained event: go on by blocks
+            self.index = self.index.linked()
+            self.index.store(r, ids, parent)
