@@ -295,8 +295,7 @@ class EngineBase:
             units = units + prompt.units(self.spec, a, b)
         return self.rec.open(req, now, reused=reused, holes=holes, ideal=ideal,
                              recomputed=recomputed, recompute_units=units.total,
-                             segments=segments, bs=self.bs, loaded=loaded,
-                             found=segments if found is None else found)
+                             segments=segments, bs=self.bs, loaded=loaded, found=found)
 
     def _count_redone(self, req: Req, a: int, b: int) -> None:
         """Record the part of prefill range [a, b) below ``req.redo_until``: positions the
