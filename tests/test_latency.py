@@ -87,6 +87,51 @@ def test_narrowing_and_settling_never_change_a_percentile(singles, runs, every, 
         latency._NARROW_EVERY, latency._SETTLE_TERMS = knobs
     assert fast == plain or (all(map(math.isnan, plain)) and all(map(math.isnan, fast)))
 
+def _least_with_more_than(arrays, j: int) -> float:
+    """The reference order statistic: the least float with more than ``j`` gaps at most it,
+    by halving the value between the smallest and the largest gap until the two are adjacent
+    floats (no narrowing, no listing, no bit patterns)."""
+    from sim.engines import latency
+    single, first, inc, terms, _weight = arrays
+    lows = [float(single[0])] if single.size else []
+    tops = [float(single[-1])] if single.size else []
+    if first.size:
+        lows.append(float(first.min()))
+        tops.append(float((first + inc * (terms - 1)).max()))
+    lo, hi = min(lows), max(tops)
+    if latency._count_at_most(arrays, lo) > j:
+        return float(lo)
+    while True:
+        mid = (lo + hi) / 2
+        if mid <= lo or mid >= hi:
+            return float(hi)
+        if latency._count_at_most(arrays, mid) > j:
+            hi = mid
+        else:
+            lo = mid
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.floats(1e-4, 5.0), max_size=30), st.lists(series, max_size=8),
+       st.lists(st.floats(0.0, 1.0), min_size=1, max_size=4))
+def test_order_statistics_equal_a_plain_halving_of_the_value(singles, runs, where) -> None:
+    """Whatever the search (bit-pattern midpoints, narrowing, settling), an order statistic
+    is the least float with more than ``j`` gaps at most it: a halving of the value finds
+    the same float."""
+    from sim.engines import latency
+    g = TokenGaps()
+    for x in singles:
+        g.add(x)
+    for first, inc, terms, weight in runs:
+        g.add_series(first, inc, terms, weight)
+    if not g.count:
+        return
+    arrays = g._arrays()
+    for w in where:
+        j = min(g.count - 1, int(w * g.count))
+        assert latency._order_statistic(arrays, j) == _least_with_more_than(arrays, j)
+
+
 def test_extend_joins_two_runs_of_gaps() -> None:
     a, b = TokenGaps(), TokenGaps()
     a.add(0.5)

@@ -86,12 +86,19 @@ class TokenGaps:
         n = single.size + int((terms * weight).sum())
         if not n:
             return [math.nan for _ in qs]
-        out = []
-        for q in qs:
-            rank = (n - 1) * q / 100
+        ranks = [(n - 1) * q / 100 for q in qs]
+        wanted: set[int] = set()
+        for rank in ranks:
             lo = math.floor(rank)
-            a = _order_statistic(arrays, lo)
-            b = a if lo + 1 >= n or rank == lo else _order_statistic(arrays, lo + 1)
+            wanted.add(lo)
+            if lo + 1 < n and rank != lo:
+                wanted.add(lo + 1)
+        stats = {j: _order_statistic(arrays, j) for j in sorted(wanted)}
+        out = []
+        for rank in ranks:
+            lo = math.floor(rank)
+            a = stats[lo]
+            b = stats.get(lo + 1, a) if rank != lo else a
             out.append(float(a + (b - a) * (rank - lo)))
         return out
 
@@ -99,10 +106,10 @@ class TokenGaps:
 def _series_counts(first, inc, terms, x: float) -> np.ndarray:
     """Per series, how many of its terms are at most ``x`` (non-decreasing in ``x``: every
     step of the arithmetic rounds monotonically)."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        k = np.where(inc > 0, np.floor((x - first) / np.where(inc > 0, inc, 1.0)) + 1,
-                     np.where(first <= x, terms, 0))
-    return np.clip(k, 0, terms).astype(np.int64)
+    rising = inc > 0  # (a flat series counts all its terms from its first on)
+    k = np.floor((x - first) / np.where(rising, inc, 1.0)) + 1
+    k = np.where(rising, k, np.where(first <= x, terms, 0))
+    return np.minimum(np.maximum(k, 0), terms).astype(np.int64)
 
 
 def _count_at_most(arrays, x: float) -> int:
@@ -158,7 +165,7 @@ def _order_statistic(arrays, j: int) -> float:
                 settled = _settle(arrays, base, j, lo, hi)
                 if settled is not None:
                     return settled
-        mid = (lo + hi) / 2
+        mid = _midpoint(lo, hi)
         if mid <= lo or mid >= hi:
             break
         if base + _count_at_most(arrays, mid) > j:
@@ -166,6 +173,18 @@ def _order_statistic(arrays, j: int) -> float:
         else:
             lo = mid
     return float(hi)
+
+
+def _midpoint(lo: float, hi: float) -> float:
+    """The float halfway between ``lo`` and ``hi`` in bit patterns when both are
+    non-negative (they order those floats as the values): on gaps spread over many orders of
+    magnitude each step halves the orders left, where a halving of the value would spend its
+    first steps on the longest gaps; else the arithmetic mean."""
+    if lo < 0:
+        return (lo + hi) / 2
+    a = int(np.float64(lo).view(np.int64))
+    b = int(np.float64(hi).view(np.int64))
+    return float(np.int64((a + b) // 2).view(np.float64))
 
 
 def _settle(arrays, base: int, j: int, lo: float, hi: float) -> float | None:
@@ -190,7 +209,22 @@ def _settle(arrays, base: int, j: int, lo: float, hi: float) -> float | None:
     at = int(np.searchsorted(np.cumsum(counts[order]), rank, side="right"))
     if at >= values.size:
         return None
-    guess = int(np.float64(values[order[at]]).view(np.int64))
+    return _pin(arrays, base, j, float(values[order[at]]), lo, hi)
+
+
+def _pin(arrays, base: int, j: int, guess_value: float, lo: float, hi: float) -> float | None:
+    """The least value in ``(lo, hi]`` with more than ``j`` gaps at most it (``base`` of them
+    counted outside ``arrays``), when it lies within ``_SETTLE_ULPS`` floats of
+    ``guess_value`` (a listed gap's value: rounding may put the count's step a few floats
+    off): the exact count confirms the window, and a bisection over the floats between
+    (their bit patterns, ordered as the non-negative values are) finds it. None when the
+    window does not hold it."""
+    guess = int(np.float64(guess_value).view(np.int64))
+    if guess > 0 and lo < guess_value <= hi:  # most often the listed value is the step
+        below = float(np.int64(guess - 1).view(np.float64))
+        if lo <= below and base + _count_at_most(arrays, below) <= j \
+                < base + _count_at_most(arrays, guess_value):
+            return guess_value
     low = max(float(np.int64(max(guess - _SETTLE_ULPS, 0)).view(np.float64)), lo)
     high = min(float(np.int64(guess + _SETTLE_ULPS).view(np.float64)), hi)
     if not (base + _count_at_most(arrays, low) <= j < base + _count_at_most(arrays, high)):

@@ -112,10 +112,9 @@ def fleet_metrics(fleet, engines: list, tables: list[pd.DataFrame], sessions: Ru
         else:
             mine = homes.get(i, [])
             rec.adopt_sessions(sessions, mine)
-            own = t.drop(columns=["replica"])
-            s = rec.summary(sim_end, block_size, own)
+            s = rec.summary(sim_end, block_size, t)  # (reads its columns by name)
             s = {k: v for k, v in s.items() if not isinstance(v, dict | list)}
-            s["routed_ideal_hit_rate"] = routed_ideal_rate(own)
+            s["routed_ideal_hit_rate"] = routed_ideal_rate(t)
             if not len(t) and not mine and idle is None:
                 idle = (dict(rec.counters), rec.hist.copy(), dict(s))
         s["replica"] = i

@@ -45,7 +45,7 @@ def ideal_columns(table: pd.DataFrame, fleet: Fleet, bs: int) -> pd.DataFrame:
     at = t.columns.get_loc("ideal_hit_tokens")
     routed = t["ideal_hit_tokens"].to_numpy()
     ideal = fleet.ideal_blocks
-    t["ideal_hit_tokens"] = np.asarray([ideal.get(int(r), 0) for r in t["request"]],
+    t["ideal_hit_tokens"] = np.asarray([ideal.get(r, 0) for r in t["request"].to_numpy().tolist()],
                                        dtype=np.int64) * bs
     t.insert(at + 1, "routed_ideal_hit_tokens", routed)
     return t

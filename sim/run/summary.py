@@ -10,8 +10,10 @@ import pandas as pd
 
 from policies import EvictionPolicy
 from sim.config import RunConfig
+from sim.deploy import deployment_fields
 from sim.engines import ENGINES
 from sim.engines.recorder import RunRecorder
+from sim.slo import slo_fields
 
 
 def run_fields(cfg: RunConfig, policy: EvictionPolicy, profile, spec, trace,
@@ -37,15 +39,11 @@ def run_fields(cfg: RunConfig, policy: EvictionPolicy, profile, spec, trace,
 def answer_fields(cfg: RunConfig, profile, table: pd.DataFrame, summary: dict[str, Any],
                   completed_sessions: set[int]) -> dict[str, Any]:
     """GPUs used, rates per GPU and, with an SLO, goodput (sim/deploy.py, sim/slo.py)."""
-    from sim.deploy import deployment_fields
-
     out = deployment_fields(cfg, profile)
     gpus = out["gpus"]
     out["output_tokens_per_s_per_gpu"] = summary["output_tokens_per_s"] / gpus
     out["total_tokens_per_s_per_gpu"] = summary["total_tokens_per_s"] / gpus
     if cfg.slo is not None:
-        from sim.slo import slo_fields
-
         out.update(slo_fields(cfg.slo, table, summary, completed_sessions, gpus))
     return out
 
