@@ -111,6 +111,33 @@ class Profile:
         first = self.decode_step_seconds(batch, context_tokens)
         return steps * first + d.per_context_token_s * batch * steps * (steps - 1) / 2
 
+    def decode_steps_within(self, batch: int, context_tokens: int, elapsed: float,
+                            cap: int) -> int:
+        """The smallest ``k`` in ``[1, cap]`` with ``decode_run_seconds(batch, context_tokens,
+        k) >= elapsed`` (``cap`` when none): the step in flight ``elapsed`` seconds into a
+        decode run. The series' closed form (a quadratic in ``k``) proposes it and the run's
+        own price confirms it with two evaluations, so the answer is the bisection's, which
+        settles any proposal the price does not confirm."""
+        first = self.decode_step_seconds(batch, context_tokens)
+        inc = self.decode.per_context_token_s * batch
+        k = 0
+        if inc > 0:
+            half = first - inc / 2
+            k = math.ceil((math.sqrt(half * half + 2 * inc * elapsed) - half) / inc)
+        elif first > 0:
+            k = math.ceil(elapsed / first)
+        if 1 <= k <= cap and self.decode_run_seconds(batch, context_tokens, k) >= elapsed \
+                and (k == 1 or self.decode_run_seconds(batch, context_tokens, k - 1) < elapsed):
+            return k
+        lo, hi = 1, cap
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.decode_run_seconds(batch, context_tokens, mid) >= elapsed:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
     def transfer_seconds(self, nbytes: float, direction: str) -> float:
         """Seconds to copy ``nbytes`` one way: ``h2d`` (load from CPU) or ``d2h`` (offload)."""
         if nbytes <= 0:

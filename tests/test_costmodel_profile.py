@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from costmodel import derive
 from costmodel.errors import ProfileError
@@ -53,6 +56,37 @@ def test_decode_and_transfer() -> None:
     assert p.decode_step_seconds(8, 800_000) > one
     assert p.transfer_seconds(0, "h2d") == 0
     assert p.transfer_seconds(51.2e9, "h2d") == pytest.approx(1 + p.transfer.latency_s)
+
+
+def _steps_by_bisection(p, batch: int, ctx: int, elapsed: float, cap: int) -> int:
+    lo, hi = 1, cap
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if p.decode_run_seconds(batch, ctx, mid) >= elapsed:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.integers(1, 512), st.integers(0, 1 << 24), st.floats(0.0, 120.0),
+       st.integers(1, 1 << 14), st.sampled_from(["derived-h100-qwen3-8b",
+                                                  "kernels-h100_sxm-qwen3-8b"]),
+       st.sampled_from([None, 0.0, 1e-12]))
+def test_the_step_in_flight_is_the_bisections(batch, ctx, elapsed, cap, name, per_token) -> None:
+    """``decode_steps_within`` proposes the step in flight in closed form; it must be the
+    smallest k the run's own price puts at or past ``elapsed``, as a bisection finds it (also
+    with no per-token cost: a flat series)."""
+    p = load_profile(name)
+    if per_token is not None:
+        p = dataclasses.replace(p, decode=dataclasses.replace(p.decode,
+                                                              per_context_token_s=per_token))
+    assert p.decode_steps_within(batch, ctx, elapsed, cap) \
+        == _steps_by_bisection(p, batch, ctx, elapsed, cap)
+    total = p.decode_run_seconds(batch, ctx, cap)
+    k = p.decode_steps_within(batch, ctx, total * 0.999, cap)
+    assert k == _steps_by_bisection(p, batch, ctx, total * 0.999, cap)
 
 
 def test_profile_round_trip(tmp_path: Path) -> None:

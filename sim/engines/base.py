@@ -255,6 +255,10 @@ class EngineBase:
         prefix-closed: a binary search on membership). Read only."""
         return self._ever.known_prefix(ids)
 
+    def knows_block(self, block_id: int) -> bool:
+        """Whether block ``block_id`` was ever inserted into this server's cache. Read only."""
+        return self._ever.has(block_id)
+
     def ever_blocks(self) -> np.ndarray:
         """Every block id ever inserted into this server's cache, sorted (int64)."""
         return self._ever.to_array()
@@ -352,7 +356,7 @@ class EngineBase:
         yield woken
         elapsed = env.now - start
         if elapsed < total:  # an arrival: finish the step in flight, then reschedule
-            steps = self._steps_within(batch, ctx, elapsed, steps)
+            steps = self.profile.decode_steps_within(batch, ctx, elapsed, steps)
             rest = self.profile.decode_run_seconds(batch, ctx, steps) - elapsed
             if rest > 0:
                 yield env.timeout(rest)
@@ -363,17 +367,6 @@ class EngineBase:
         (every running request got one per step; step times in closed form)."""
         first, inc = self.profile.decode_step_series(batch, ctx)
         self.rec.tokens(self.running, steps, start + first, self.env.now, first + inc, inc)
-
-    def _steps_within(self, batch: int, ctx: int, elapsed: float, cap: int) -> int:
-        """Smallest k >= 1 with decode_run_seconds(k) >= elapsed (the step in flight)."""
-        lo, hi = 1, cap
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if self.profile.decode_run_seconds(batch, ctx, mid) >= elapsed:
-                hi = mid
-            else:
-                lo = mid + 1
-        return lo
 
     def _transfer_seconds(self) -> float:
         """PCIe time the next batch waits for: pending loads (h2d) and, where they are on the
