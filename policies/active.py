@@ -1,13 +1,14 @@
 """``ActivePrompts``: the block ids of the prompts a router believes are active on one worker,
 as a multiset of chained block-id sequences.
 
-Dynamo's slot manager (policies/routers/dynamo.py) and the fleet's predicted load
-(sim/fleet/load.py) count, per worker, the UNIQUE blocks of the active requests and how many
-leading blocks of a new prompt are already active. With chained ids (the id of block i
-determines blocks 0..i) the union of active prompts is a tree of shared prefixes, so both
-answers are sums over the tree's edges: this keeps the prompts in a radix tree of block-id
-segments with a reference count per node (the prompts through it), and costs Python work per
-branch point on a prompt's path, not per block (the segment comparisons run in numpy).
+Dynamo's slot manager, which the fleet's predicted load keeps for its router
+(sim/fleet/load.py, read by policies/routers/dynamo.py), counts per worker the UNIQUE blocks
+of the active requests and how many leading blocks of a new prompt are already active. With
+chained ids (the id of block i determines blocks 0..i) the union of active prompts is a tree
+of shared prefixes, so both answers are sums over the tree's edges: this keeps the prompts in
+a radix tree of block-id segments with a reference count per node (the prompts through it),
+and costs Python work per branch point on a prompt's path, not per block (the segment
+comparisons run in numpy).
 
 It answers exactly what a per-block reference count (``dict[id, count]``) answers: ``unique``
 is the number of ids with a positive count and ``prefix(ids)`` the leading ids of ``ids`` that
@@ -75,11 +76,13 @@ class ActivePrompts:
             stack.extend(node.children.values())
         return count
 
-    def prefix(self, ids: np.ndarray) -> int:
-        """Leading blocks of ``ids`` that some active prompt holds."""
-        ids = np.asarray(ids, dtype=np.int64)
+    def prefix(self, ids: np.ndarray, buf: bytes | None = None) -> int:
+        """Leading blocks of ``ids`` that some active prompt holds. ``buf``: ``ids``' int64
+        bytes, when the caller asks one prompt of many workers (the bytes made once)."""
+        if buf is None:
+            ids = np.asarray(ids, dtype=np.int64)
+            buf = ids.tobytes()
         node, pos, n = self._root, 0, int(ids.size)
-        buf = ids.tobytes()
         while pos < n:
             child = node.children.get(int(ids[pos]))
             if child is None:

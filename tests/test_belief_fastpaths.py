@@ -4,6 +4,8 @@ same final state on random holders, prompts and KV-event streams."""
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 from hypothesis import example, given, settings
@@ -92,6 +94,9 @@ events = st.lists(st.tuples(st.integers(0, N - 1), st.booleans(),
 @given(events, st.booleans())
 @example([(0, True, [5, 6, 5, 7], None), (0, False, [5], None)], True)  # a repeated id
 @example([(0, True, [2, 0, 0, 1, 1, 0], None), (0, False, [2], None)], True)  # a branch twice
+@example([(0, True, [5, 6, 5, 7], -1), (1, True, [5, 6], -1), (0, False, [6], None)], True)
+@example([(0, True, [1, 2], -1), (0, True, [3, 4, 3], 2), (1, True, [1, 2, 3], -1),
+          (0, False, [3], None)], True)  # a repeated id in a store that names its parent
 def test_event_index_equals_the_block_by_block_model(stream, orphans):
     check_event_index(stream, orphans)
 
@@ -151,16 +156,15 @@ def test_active_block_counts_equal_per_block_refcounts(prompts, rnd):
         ids = [chain.setdefault(tuple(seq[: i + 1]), len(chain)) for i in range(len(seq))]
         arr = np.asarray(ids, dtype=np.int64)
         pred.added(w, rid, arr, 10)
-        router.dispatched(RouteRequest(rid, 0, 0.0, 16 * len(ids), arr, 16), w)
         live.append((rid, w, ids))
         if live and rnd.random() < 0.4:
             rid_done, w_done, ids_done = live.pop(rnd.randrange(len(live)))
             pred.freed(w_done, rid_done, np.asarray(ids_done, dtype=np.int64))
-            router.on_finish(rid_done, w_done, 0.0)
         probe = np.asarray([*ids[: len(ids) // 2], 10_000 + rid], dtype=np.int64)
-        view = RouterView(0.0, tuple(ReplicaView(i, 0, None, 0, 0, 0, active_blocks=0,
-                                                 active_prefill_tokens=0)
-                                     for i in range(3)))
+        prefixes = pred.active_prefixes(probe)
+        view = RouterView(0.0, tuple(ReplicaView(
+            i, 0, None, 0, 0, 0, active_blocks=pred.active_blocks(i), active_prefill_tokens=0,
+            active_prefix_blocks=prefixes[i]) for i in range(3)))
         want_cost = []
         for x in range(3):
             refs = {b for _, lw, p in live if lw == x for b in p}
@@ -356,3 +360,14 @@ def test_the_index_fed_replica_by_replica_equals_the_one_fed_event_by_event(
             assert by_replica.overlaps(arr, at) == by_event.overlaps(arr, at)
             assert by_replica.sizes() == by_event.sizes()
             assert by_replica.dropped == by_event.dropped
+
+
+def test_a_run_finds_an_id_at_its_own_place_not_across_two():
+    """``Run.offset`` searches the run's bytes: an id's 8 bytes may also appear straddling
+    two other ids (here id 5's bytes at byte 12: the high half of ``5 << 32`` and the low
+    half of 0), which must be skipped for its own place."""
+    from sim.fleet.eventindex import Run
+    ids = [5, 5 << 32, 0, 7]
+    run = Run(ids, np.asarray(ids, dtype=np.int64).tobytes(), 10, None)
+    assert run.raw.rfind((5).to_bytes(8, sys.byteorder, signed=True)) % 8 != 0
+    assert [run.offset(b) for b in ids] == [0, 1, 2, 3]

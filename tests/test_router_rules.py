@@ -140,4 +140,24 @@ def test_dynamo_active_prefix_counts_chained_ids_like_a_scan():
         active.add(np.asarray(held, dtype=np.int64))
         ids = chain[: int(rng.integers(0, len(chain) + 1))] + [999, 1000][: int(rng.integers(3))]
         want = sum(1 for b in ids if b in set(held))
-        assert active.prefix(np.asarray(ids, dtype=np.int64)) == want
+        a = np.asarray(ids, dtype=np.int64)
+        assert active.prefix(a) == want
+        assert active.prefix(a, a.tobytes()) == want  # the bytes given, as the router does
+
+
+def test_replica_views_are_the_views_built_one_by_one():
+    """The fleet builds a decision's views column by column (``replica_views``): each must
+    be the ``ReplicaView`` its row gives, field for field, and a missing column is refused."""
+    from policies.routing import ReplicaView, replica_views
+    rng = np.random.default_rng(5)
+    for n in (1, 3, 8):
+        cols = [list(range(n))]
+        for f in ReplicaView.field_names()[1:]:
+            cols.append([None if rng.random() < 0.3 else int(rng.integers(100)) for _ in range(n)]
+                        if f != "kv_usage" else [float(rng.random()) for _ in range(n)])
+        views = replica_views(*cols)
+        assert views == tuple(ReplicaView(*row) for row in zip(*cols, strict=True))
+        assert all(type(v) is ReplicaView for v in views)
+        assert [v.active_prefix_blocks for v in views] == cols[-1]
+    with pytest.raises(TypeError, match=f"{len(ReplicaView.field_names())} columns"):
+        replica_views(range(2), [0, 0])

@@ -127,7 +127,7 @@ def test_sglang_19_rule_and_old_miss_branch():
             get_router(f"sglang-cache-aware?{bad}")
 
 
-def test_dynamo_router_counts_active_blocks_once_and_frees_them():
+def test_dynamo_router_counts_the_request_blocks_not_active_yet():
     r = bound("dynamo-kv", 2)
     assert r.cache_view == KVEvents(lag_s=0.0, drop_orphans=True)
     assert r.load_view == PredictedLoad()
@@ -142,16 +142,20 @@ def test_dynamo_router_counts_active_blocks_once_and_frees_them():
             get_router(f"dynamo-kv?{bad}")
     req = request(0, 640)  # 10 blocks
     # W0: 10 prefill + 10 decode = 20; W1: (10 - 4) + 10 = 16
-    v = view(overlap_blocks=[0, 4], active_prefill_tokens=[0, 0], active_blocks=[0, 0])
+    v = view(overlap_blocks=[0, 4], active_prefill_tokens=[0, 0], active_blocks=[0, 0],
+             active_prefix_blocks=[0, 0])
     assert r.route(req, v) == 1
     # the same prompt again, W1 still prefilling 384 tokens: W1 = (384 + 640) / 64 - 4 + 10
     # (its 10 blocks are active already) = 22; W0 = 20
-    v = view(overlap_blocks=[0, 4], active_prefill_tokens=[0, 384], active_blocks=[0, 10])
+    v = view(overlap_blocks=[0, 4], active_prefill_tokens=[0, 384], active_blocks=[0, 10],
+             active_prefix_blocks=[0, 10])
     assert r.route(request(1, 640), v) == 0
-    assert [len(a) for a in r.active] == [10, 10]
-    r.on_finish(0, 1, 1.0)
-    r.on_finish(1, 0, 1.0)
-    assert [len(a) for a in r.active] == [0, 0]
+    # 3 of W1's 10 active blocks lead this prompt: 7 more decode blocks, not 10
+    v = view(overlap_blocks=[0, 0], active_prefill_tokens=[0, 0], active_blocks=[0, 10],
+             active_prefix_blocks=[0, 3])
+    assert r.costs(req, v) == [20.0, 10.0 + 10 + 7]
+    with pytest.raises(PolicyError, match="predicted load"):  # a view without the load
+        r.costs(req, view(overlap_blocks=[0, 0], active_prefill_tokens=[0, 0]))
 
 
 def test_llmd_router_weighs_prefix_queue_and_kv_usage():

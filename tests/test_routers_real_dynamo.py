@@ -100,7 +100,6 @@ async def _run(ops, capacity: int, seed: int):
                     await svc.prefill_complete(op[1])
                 await svc.free_reservation(op[1])
                 predicted.freed(w, int(op[1][1:]), ids)
-                router.on_finish(int(op[1][1:]), w, 0.0)
                 continue
             _, rid, tokens = op
             ids = chain(tokens)
@@ -119,7 +118,8 @@ async def _run(ops, capacity: int, seed: int):
             view = RouterView(0.0, tuple(ReplicaView(
                 w, want[w], belief.sizes()[w], 0, 0, 0,
                 active_blocks=predicted.active_blocks(w),
-                active_prefill_tokens=predicted.prefill_total[w]) for w in range(N)))
+                active_prefill_tokens=predicted.prefill_total[w],
+                active_prefix_blocks=predicted.active_prefixes(ids)[w]) for w in range(N)))
             ours = dynamo.lowest(router.costs(request, view))
             sel = await svc.select_and_reserve({"token_ids": list(tokens), "selection_id": rid})
             real = int(sel["worker_id"])
@@ -127,7 +127,6 @@ async def _run(ops, capacity: int, seed: int):
             classic = [w for w in ours if sizes[w] == min(sizes[x] for x in ours)]
             decisions.append((real, ours, dynamo.lowest(real_cost), classic))
             # teacher forcing: kvsim books the gateway's choice, the engine prefills it
-            router.dispatched(request, real)
             predicted.added(real, int(rid[1:]), ids, max(0, len(tokens) - want[real] * BLOCK))
             prefilled = bool(rng.integers(2))
             if prefilled:
@@ -196,7 +195,8 @@ def free_running(ops, capacity: int, seed: int) -> list[int]:
         view = RouterView(0.0, tuple(ReplicaView(
             w, overlaps[w], belief.sizes()[w], 0, 0, 0,
             active_blocks=predicted.active_blocks(w),
-            active_prefill_tokens=predicted.prefill_total[w]) for w in range(N)))
+            active_prefill_tokens=predicted.prefill_total[w],
+            active_prefix_blocks=predicted.active_prefixes(ids)[w]) for w in range(N)))
         w = router.route(request, view)
         predicted.added(w, i, ids, 0)
         counts[w] += 1

@@ -32,7 +32,7 @@ import numpy as np
 
 from costmodel import detmath
 
-from ..active import ActivePrompts
+from ..context import PolicyError
 from ..routing import (
     ApproxTTL,
     CacheViewSpec,
@@ -103,10 +103,10 @@ class DynamoKV(Router):
     view: the engines' KV events after ``event_lag_s`` (``use_kv_events``, Dynamo's default),
     or the approximate mode (routed blocks live ``ttl_s``; ``max_tree_size`` blocks of
     ``engine_block_tokens`` tokens, pruned to 80%). Load: the router's prediction, as
-    Dynamo's slot manager keeps it: per worker the prefill tokens of requests whose first
-    token has not come back (the fleet's ``PredictedLoad``), and the unique blocks of its
-    active requests, which the router tracks itself to count the request's blocks already
-    active on each worker."""
+    Dynamo's slot manager keeps it (the fleet's ``PredictedLoad``): per worker the prefill
+    tokens of requests whose first token has not come back, the unique blocks of its active
+    requests and how many leading blocks of this request they hold (its blocks already
+    active there)."""
 
     name = "dynamo-kv"
     load_view = PredictedLoad()
@@ -140,33 +140,21 @@ class DynamoKV(Router):
 
     def costs(self, request: RouteRequest, view: RouterView) -> list[float]:
         """Every worker's cost for ``request`` (lower is better)."""
-        ids = request.block_ids
-        decode = [self.active[r.index].unique + len(ids) - self.active[r.index].prefix(ids)
-                  for r in view.replicas]
+        n = len(request.block_ids)
+        decode = []
+        for r in view.replicas:
+            if r.active_blocks is None or r.active_prefix_blocks is None:
+                raise PolicyError(f"router {self.name!r}: replica {r.index}'s view has no "
+                                  "predicted load (active_blocks, active_prefix_blocks), "
+                                  "which its load_view (PredictedLoad) asks for")
+            decode.append(r.active_blocks + n - r.active_prefix_blocks)
         return costs(request.prompt_tokens, request.block_size,
                      [r.overlap_blocks or 0 for r in view.replicas],
                      [r.active_prefill_tokens or 0 for r in view.replicas], decode,
                      prefill_load_scale=self.prefill_load_scale,
                      overlap_credit=self.overlap_credit)
 
-    def bind(self, n_replicas, block_size, rng) -> None:
-        super().bind(n_replicas, block_size, rng)
-        self.active = [ActivePrompts() for _ in range(n_replicas)]
-        self.sent: dict[int, np.ndarray] = {}
-
     def route(self, request: RouteRequest, view: RouterView) -> int:
         sizes = ([r.belief_blocks or 0 for r in view.replicas] if self.version == CLASSIC
                  else None)
-        w = sample(self.costs(request, view), sizes, self.temperature, self.rng)
-        self.dispatched(request, w)
-        return w
-
-    def dispatched(self, request: RouteRequest, worker: int) -> None:
-        """Book ``request``'s blocks as active on ``worker`` until it finishes."""
-        self.active[worker].add(request.block_ids)
-        self.sent[request.rid] = request.block_ids
-
-    def on_finish(self, rid: int, replica: int, now: float) -> None:
-        ids = self.sent.pop(rid, None)
-        if ids is not None:
-            self.active[replica].remove(ids)
+        return sample(self.costs(request, view), sizes, self.temperature, self.rng)

@@ -21,6 +21,7 @@ block-by-block model):
 
 from __future__ import annotations
 
+import sys
 from functools import partial
 from itertools import accumulate, islice, repeat, takewhile
 from operator import is_not
@@ -226,6 +227,17 @@ class Run:
         p = self.parent
         return p.ids[-1] if p is not None and p.ids else -1
 
+    def offset(self, b: int) -> int:
+        """Where id ``b`` (one of this run's) lies in it: its bytes found from the end (the
+        ids asked most are a run's last: the parent of a chain that extends it, a tail
+        removed); a match across two ids is skipped."""
+        key = b.to_bytes(8, sys.byteorder, signed=True)
+        raw = self.raw
+        at = raw.rfind(key)
+        while at % 8:
+            at = raw.rfind(key, 0, at + 7)
+        return at // 8
+
     def agree(self, off: int, buf: bytes, i: int, m: int) -> int:
         """How many of the ``m`` ids from ``off`` on equal those of the int64 bytes ``buf``
         from id ``i`` on (one ``memcmp`` when all do, else a bisection of them)."""
@@ -261,8 +273,9 @@ class ChainIndex(BlockIndex):
     def __init__(self, n: int, collect_floor: int = COLLECT_FLOOR) -> None:
         super().__init__(n)
         self.root = Run([], b"", 0, None)
-        self.run_of: dict[int, Run] = {}  # every id in the tree -> its run
-        self.depth_of: dict[int, int] = {}  # -> its depth from the root (0: the first block)
+        # every id in the tree -> its run (its depth from the root: the run's start plus its
+        # offset there, ``Run.offset``; 0 is the first block)
+        self.run_of: dict[int, Run] = {}
         self.depth: list[dict[Run, int]] = [{} for _ in range(n)]
         self.count = [0] * n
         self.stale: list[dict[int, set[int]]] = [{} for _ in range(n)]
@@ -271,7 +284,7 @@ class ChainIndex(BlockIndex):
 
     def _holds(self, r: int, b: int) -> bool:
         run = self.run_of.get(b)
-        return run is not None and self.depth[r].get(run, 0) > self.depth_of[b]
+        return run is not None and self.depth[r].get(run, 0) > run.start + run.offset(b)
 
     def store(self, r: int, ids: np.ndarray, parent: int | None) -> bool:
         if parent is None:
@@ -281,7 +294,7 @@ class ChainIndex(BlockIndex):
                 self.dropped += len(ids)
                 return True
             run = self.run_of[parent]
-            at = self.depth_of[parent] + 1
+            at = run.start + run.offset(parent) + 1
         else:
             run, at = self.root, 0
         ids = _int64(ids)
@@ -306,15 +319,20 @@ class ChainIndex(BlockIndex):
                 break  # the chain leaves the run inside it
         if i < n:
             tail: list[int] = ids[i:].tolist()
-            if len(set(tail)) != len(tail) or not self.run_of.keys().isdisjoint(tail):
+            run_of = self.run_of
+            if not run_of.keys().isdisjoint(tail):
+                return False
+            new = Run(tail, buf[8 * i:], at, run)
+            size = len(run_of)
+            run_of.update(zip(tail, repeat(new)))
+            if len(run_of) - size != len(tail):  # an id twice in the chain: taken back
+                for b in tail:
+                    run_of.pop(b, None)
                 return False
             off = at - run.start
             if off < len(run.ids):
                 self._split(run, off)
-            new = Run(tail, buf[8 * i:], at, run)
             run.children[tail[0]] = new
-            self.run_of.update(zip(tail, repeat(new)))
-            self.depth_of.update(zip(tail, range(at, at + len(tail)), strict=True))
             spans.append((new, new.end))
         depth, count = self.depth[r], self.count
         for run, to in spans:
@@ -344,7 +362,7 @@ class ChainIndex(BlockIndex):
                 depth[rest] = to
 
     def remove(self, r: int, ids: np.ndarray) -> None:
-        run_of, depth_of, depth = self.run_of, self.depth_of, self.depth[r]
+        run_of, depth = self.run_of, self.depth[r]
         if not depth:
             return
         ids = _int64(ids)
@@ -356,8 +374,8 @@ class ChainIndex(BlockIndex):
             if run is None:
                 i += 1
                 continue
-            at = depth_of[b]
-            off = at - run.start
+            off = run.offset(b)
+            at = run.start + off
             m = run.agree(off, buf, i, min(n - i, len(run.ids) - off))
             # ids[i:i + m] lie at depths [at, at + m) of run: r holds the first of them
             # or none (its blocks of a run are a prefix)
@@ -392,7 +410,7 @@ class ChainIndex(BlockIndex):
             if stale:  # links from removed blocks go with them
                 if len(stale) < b - a:
                     for p in [p for p in stale if self.run_of[p] is x
-                              and a <= self.depth_of[p] < b]:
+                              and a <= x.start + x.offset(p) < b]:
                         del stale[p]
                 else:
                     for p in x.ids[a - x.start:b - x.start]:
@@ -408,7 +426,7 @@ class ChainIndex(BlockIndex):
     def overlaps(self, xs: np.ndarray) -> list[int]:
         out = [0] * self.n
         alive = list(range(self.n))
-        run_of, depth_of, depth = self.run_of, self.depth_of, self.depth
+        run_of, depth = self.run_of, self.depth
         xs = _int64(xs)
         buf = xs.tobytes()
         i, n = 0, len(xs)
@@ -417,8 +435,8 @@ class ChainIndex(BlockIndex):
             run = run_of.get(b)
             if run is None:
                 break
-            at = depth_of[b]
-            off = at - run.start
+            off = run.offset(b)
+            at = run.start + off
             m = run.agree(off, buf, i, min(n - i, len(run.ids) - off))
             going = []
             for r in alive:
@@ -481,17 +499,17 @@ class ChainIndex(BlockIndex):
                         del run.children[key]
                         continue
                     child.ids = child.ids[:to - child.start]
+                    child.raw = child.raw[:8 * (to - child.start)]
                 stack.append(child)
         self.collect_at = max(self.collect_floor, 4 * len(self.run_of))
 
     def _forget(self, ids: list[int], below: list[Run]) -> None:
         """Drop ``ids`` and every id of the runs ``below`` (and theirs) from the tree."""
-        run_of, depth_of = self.run_of, self.depth_of
+        run_of = self.run_of
         stack = below
         while True:
             for b in ids:
                 del run_of[b]
-                del depth_of[b]
             if not stack:
                 return
             x = stack.pop()

@@ -42,6 +42,7 @@ from policies.routing import (
     RouteRequest,
     RouterView,
     ScrapedMetrics,
+    replica_views,
 )
 from sim.engines.recorder import RunRecorder
 from sim.kvcache.events import BlockRemoved, BlockStored
@@ -173,7 +174,7 @@ class Fleet:
         overlaps = self.belief.overlaps(ids, now) if self.belief is not None else None
         sizes = self.belief.sizes() if self.belief is not None else None
         request = RouteRequest(req.rid, req.session, now, req.prompt_tokens, ids, bs)
-        view = RouterView(now, self._replica_views(overlaps, sizes),
+        view = RouterView(now, self._replica_views(ids, overlaps, sizes),
                           self.pool.lookup(ids) if self.pool is not None
                           and self.router.cache_view is not None else None)
         # Called untyped: a router may return a numpy integer, which the compiled core would
@@ -211,8 +212,9 @@ class Fleet:
             self.feed.deliver()
 
     # --- internals --------------------------------------------------------------------------
-    def _replica_views(self, overlaps, sizes) -> tuple[ReplicaView, ...]:
-        """Every replica's view, built column by column (one decision asks for all)."""
+    def _replica_views(self, ids, overlaps, sizes) -> tuple[ReplicaView, ...]:
+        """Every replica's view of the prompt ``ids``, built column by column (one decision
+        asks for all)."""
         n = len(self.replicas)
         inf = self.inflight
         none: list[Any] = [None] * n
@@ -224,13 +226,15 @@ class Fleet:
             running = [m.running if m is not None else None for m in samples]
             kv_usage = [m.kv_usage if m is not None else None for m in samples]
             scraped_at = [at if m is not None else None for m in samples]
-        active = prefill = none
+        active = prefill = held = none
         if self.predicted is not None:
             active = [self.predicted.active_blocks(i) for i in range(n)]
             prefill = self.predicted.prefill_total
-        return tuple(map(ReplicaView, range(n), overlaps if overlaps is not None else none,
-                         sizes if sizes is not None else none, inf.requests, inf.tokens,
-                         inf.routed, queue, running, kv_usage, scraped_at, active, prefill))
+            held = self.predicted.active_prefixes(ids)
+        return replica_views(range(n), overlaps if overlaps is not None else none,
+                             sizes if sizes is not None else none, inf.requests, inf.tokens,
+                             inf.routed, queue, running, kv_usage, scraped_at, active, prefill,
+                             held)
 
     def _record(self, req, r: int, now: float, overlaps, truth: list[int]) -> None:
         d, bs, p = self.decisions, self.bs, req.prompt_tokens
@@ -273,7 +277,7 @@ class Fleet:
         for e in self.replicas:
             # Prefix-closed: a replica knows more than ``known`` blocks only if it knows block
             # ``known``, so most replicas cost one membership test instead of a bisection.
-            if known < ids.size and e.known_prefix_blocks(ids[known:known + 1]):
+            if known < ids.size and e.knows_block(ids.item(known)):
                 known += e.known_prefix_blocks(ids[known:])
         self.ideal_blocks[req.rid] = min(known, (req.prompt_tokens - 1) // self.bs)
         if self.pool is not None:

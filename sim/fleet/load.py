@@ -134,6 +134,12 @@ class Predicted:
     def active_blocks(self, replica: int) -> int:
         return self.active[replica].unique
 
+    def active_prefixes(self, ids: np.ndarray) -> list[int]:
+        """Per replica, the leading blocks of ``ids`` its active requests hold."""
+        ids = np.asarray(ids, dtype=np.int64)
+        buf = ids.tobytes()
+        return [a.prefix(ids, buf) for a in self.active]
+
     def added(self, replica: int, rid: int, ids: np.ndarray, prefill_tokens: int) -> None:
         self.active[replica].add(ids)
         self.prefill[replica][rid] = prefill_tokens

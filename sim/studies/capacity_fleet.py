@@ -126,8 +126,15 @@ class InFlightModel:
             self.active.added(k, rid, ids, prefill_tokens)
         self.queue.append((now + self.hold_s, rid, k, tokens, ids))
 
+    def active_prefixes(self, router: Router, ids: np.ndarray, n: int) -> list[int | None]:
+        """Per replica, the leading blocks of ``ids`` its in-flight requests hold, for a
+        router with a predicted load (None otherwise)."""
+        if self.active is None or not isinstance(router.load_view, PredictedLoad):
+            return [None] * n
+        return list(self.active.active_prefixes(ids))
+
     def view(self, router: Router, i: int, overlap: int | None, held: int | None,
-             capacity_blocks: int, now: float) -> ReplicaView:
+             capacity_blocks: int, now: float, active_prefix: int | None) -> ReplicaView:
         inf, act = self.inflight, self.active
         kw: dict = {}
         if isinstance(router.load_view, ScrapedMetrics) and act is not None:
@@ -136,7 +143,8 @@ class InFlightModel:
                       kv_usage=min(1.0, used), scraped_at_s=now)
         elif isinstance(router.load_view, PredictedLoad) and act is not None:
             kw = dict(active_blocks=act.active_blocks(i),
-                      active_prefill_tokens=act.prefill_total[i])
+                      active_prefill_tokens=act.prefill_total[i],
+                      active_prefix_blocks=active_prefix)
         return ReplicaView(i, overlap, held, inf.requests[i], inf.tokens[i], inf.routed[i],
                            **kw)
 
@@ -187,9 +195,10 @@ def fleet_hits(trace, cache_tokens: int, replicas: int, router: str = "round-rob
         ids = finish[:trace.n_blocks(r)]
         overlaps = [caches[k].prefix_blocks(ids) if cache_aware else None
                     for k in range(replicas)]
+        prefixes = load.active_prefixes(rt, ids, replicas)
         views = tuple(load.view(rt, k, overlaps[k],
                                 caches[k].held_blocks if cache_aware else None, cache_blocks,
-                                now)
+                                now, prefixes[k])
                       for k in range(replicas))
         prompt_tokens = int(trace.prompt_tokens[r])
         req = RouteRequest(r, int(sessions[r]), now, prompt_tokens, ids, bs)
