@@ -282,19 +282,17 @@ class ChainIndex(BlockIndex):
         self.collect_floor = collect_floor
         self.collect_at = collect_floor
 
-    def _holds(self, r: int, b: int) -> bool:
-        run = self.run_of.get(b)
-        return run is not None and self.depth[r].get(run, 0) > run.start + run.offset(b)
-
     def store(self, r: int, ids: np.ndarray, parent: int | None) -> bool:
         if parent is None:
             return False
         if parent >= 0:
-            if not self._holds(r, parent):
+            # the parent's run and depth, found once: held by r, or the chain is dropped
+            held = self.run_of.get(parent)
+            at = held.start + held.offset(parent) + 1 if held is not None else 0
+            if held is None or self.depth[r].get(held, 0) < at:
                 self.dropped += len(ids)
                 return True
-            run = self.run_of[parent]
-            at = run.start + run.offset(parent) + 1
+            run = held
         else:
             run, at = self.root, 0
         ids = _int64(ids)
