@@ -74,9 +74,17 @@ def range_units(spec: ModelSpec, a: int, b: int) -> Units:
     if a < 0 or b < a:
         raise ValueError(f"bad token range [{a}, {b})")
     n = b - a
-    attention = 0  # attention_units(spec, a, b), inlined: every prefill chunk prices ranges
-    for count, cap in spec.window_caps:
-        attention += count * position_sum(a, b, cap)
+    # attention_units(spec, a, b) with position_sum's closed form, inlined: every prefill
+    # chunk prices ranges (tests/test_costmodel_units.py holds it to brute-force sums)
+    attention = 0
+    if n:
+        for count, cap in spec.window_caps:
+            if cap is None or b <= cap:
+                attention += count * ((a + b - 1) * n // 2)
+            elif a >= cap:
+                attention += count * (n * cap)
+            else:
+                attention += count * ((a + cap - 1) * (cap - a) // 2 + (b - cap) * cap)
     return _new(Units, (spec.layers * n * spec.W, attention, n))
 
 

@@ -16,8 +16,8 @@ sequence number; SimPy breaks event ties by schedule order. No wall clock is rea
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import Any, ClassVar, cast
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, Final, cast
 
 import numpy as np
 import simpy
@@ -32,10 +32,11 @@ from sim.context import apply_edit
 from sim.context.view import RequestView
 from sim.engines.recorder import RequestRecord, RunRecorder
 
+from .clock import Clock
 from .known import KnownBlocks
 from .request import Req
 
-_new_units = tuple.__new__  # a Units from its three fields, without the Python-level __new__
+_new_units: Final = tuple.__new__  # a Units from its three fields, without the Python-level __new__
 
 
 def steps_fitting(starts: list[int], bs: int, room: int, cap: int) -> int:
@@ -118,6 +119,9 @@ class EngineBase:
         self.waiting: list[Req] = []
         self.running: list[Req] = []
         self._wake: simpy.Event = env.event()  # the doorbell: ``_ring`` / ``_doorbell``
+        # A sim/engines/clock.py clock lets a pass end without an event when nothing else is due
+        # (``_advance``); on a plain SimPy environment every pass is a timeout.
+        self._clock: Clock | None = env if isinstance(env, Clock) else None
         self._seq = 0
         self.kv_bytes = spec.kv_bytes_per_token
         self.tiered = cfg.cache.cpu_cache > 0
@@ -151,6 +155,13 @@ class EngineBase:
 
     def _never_fits(self, req: Req) -> bool:
         raise NotImplementedError
+
+    def _advance(self, seconds: float) -> bool:
+        """Let ``seconds`` pass at once when nothing else is due before then (``Clock.advance``:
+        the same run as ``yield env.timeout(seconds)``); False: the caller yields the
+        timeout. Only the server process calls it: it waits on nothing but its own events."""
+        clock = self._clock
+        return clock is not None and clock.advance(seconds)
 
     def _sleep(self) -> simpy.Event:
         """The event the server process waits on until the next arrival, when it has nothing
@@ -308,7 +319,8 @@ class EngineBase:
         if end > a:
             self.rec.redone(req, end - a, req.prompt.units(self.spec, a, end).total)
 
-    def _prefill_seconds(self, batch) -> tuple[float, list[Units]]:
+    def _prefill_seconds(self, batch: Sequence[tuple[Req, list[tuple[int, int]]]]
+                         ) -> tuple[float, list[Units]]:
         """Seconds of a prefill batch of (request, ranges) and each request's units. Units are
         summed as numbers, in the order ``Units.__add__`` would add them (the same floats),
         with one ``Units`` per request: a batch is priced at every prefill chunk."""
@@ -343,6 +355,9 @@ class EngineBase:
         the steps taken."""
         env = self.env
         total = self.profile.decode_run_seconds(batch, ctx, steps)
+        # With nothing due before the run ends, no arrival can ring the doorbell during it.
+        if self._advance(total):
+            return steps
         if not interruptible:
             yield env.timeout(total)
             return steps

@@ -17,11 +17,13 @@ ids prefix-closed.
 
 from __future__ import annotations
 
+from typing import Final
+
 import numpy as np
 
 FLOOR_IDS = 1 << 22  # the flags may always reach 4M ids (4 MiB)
-DENSITY = 4  # beyond the floor, at most this many flags (bytes) per id inserted
-SMALL = 64  # inserts of up to this many ids run in Python
+DENSITY: Final = 4  # beyond the floor, at most this many flags (bytes) per id inserted
+SMALL: Final = 64  # inserts of up to this many ids run in Python
 
 
 class KnownBlocks:

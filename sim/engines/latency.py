@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import math
 from array import array
+from typing import Final
 
 import numpy as np
 
-_BISECTIONS = 200  # enough for adjacent floats from [0, max]; stops when it cannot move
-_NARROW_EVERY = 4  # bisection steps between two narrowings of the gaps counted
-_SETTLE_TERMS = 4096  # gaps left in the bracket few enough to list (``_settle``)
-_SETTLE_ULPS = 64  # the window around the listed estimate, in units of the last place
+_BISECTIONS: Final = 200  # enough for adjacent floats from [0, max]; stops when it cannot move
+_NARROW_EVERY: Final = 4  # bisection steps between two narrowings of the gaps counted
+_SETTLE_TERMS: Final = 4096  # gaps left in the bracket few enough to list (``_settle``)
+_SETTLE_ULPS: Final = 64  # the window around the listed estimate, in units of the last place
 
 
 class TokenGaps:

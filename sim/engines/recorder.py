@@ -22,16 +22,16 @@ import math
 import operator
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import numpy as np
 import pandas as pd
 
 from sim.engines.latency import TokenGaps
 
-HIST_BIN_TOKENS = 8192
-HIST_BINS = 64  # up to 512K positions; the last bin collects the rest
-LOST_THRESHOLD = 0.9
+HIST_BIN_TOKENS: Final = 8192
+HIST_BINS: Final = 64  # up to 512K positions; the last bin collects the rest
+LOST_THRESHOLD: Final = 0.9
 
 
 @dataclass
@@ -81,7 +81,7 @@ class RequestRecord:
 
 
 # The request table's columns, in order: every field but ``row``.
-COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(RequestRecord) if f.name != "row")
+COLUMNS: Final[tuple[str, ...]] = tuple(f.name for f in fields(RequestRecord) if f.name != "row")
 
 
 def _type_name(annotation: Any) -> str:
@@ -89,10 +89,10 @@ def _type_name(annotation: Any) -> str:
     return annotation if isinstance(annotation, str) else annotation.__name__
 
 
-_FIELD_TYPES: dict[str, str] = {f.name: _type_name(f.type) for f in fields(RequestRecord)}
-_STR_COLUMNS = frozenset(name for name, kind in _FIELD_TYPES.items() if kind == "str")
-_values = operator.attrgetter(*COLUMNS)  # a record's row, as a tuple
-_BOOLS = frozenset((bool, np.bool_))
+_FIELD_TYPES: Final[dict[str, str]] = {f.name: _type_name(f.type) for f in fields(RequestRecord)}
+_STR_COLUMNS: Final = frozenset(name for name, kind in _FIELD_TYPES.items() if kind == "str")
+_values: Final = operator.attrgetter(*COLUMNS)  # a record's row, as a tuple
+_BOOLS: Final = frozenset((bool, np.bool_))
 
 
 def empty_table() -> pd.DataFrame:
@@ -310,22 +310,27 @@ class RunRecorder:
         """Count positions ``[a, b)`` into the bins they fall in (the last bin is open)."""
         width, last, hist = HIST_BIN_TOKENS, HIST_BINS - 1, self.hist
         a = max(a, 0)
+        if a >= b:
+            return
         i = min(a // width, last)
-        while a < b:
-            top = b if i == last else min(b, (i + 1) * width)
-            if top > a:
-                hist[i] += top - a
-            a = top
-            i += 1
+        j = min((b - 1) // width, last)  # the bin of the last position
+        if i == j:
+            hist[i] += b - a
+            return
+        hist[i] += (i + 1) * width - a
+        if j > i + 1:  # the bins between are covered whole
+            hist[i + 1:j] += width
+        hist[j] += b - j * width
 
     def prefill_units(self, req: Any, total: float, attention: int) -> None:
         """A prefill chunk of ``req`` the engine priced: ``total`` units, ``attention`` of
         them attention (``costmodel.units.Units``)."""
-        req.record.prefill_units += total
-        req.record.attention_units += attention
+        rec: RequestRecord = req.record
+        rec.prefill_units += total
+        rec.attention_units += attention
 
     def first_token(self, req: Any, now: float) -> None:
-        rec = req.record
+        rec: RequestRecord = req.record
         rec.first_token_s = now
         rec.ttft_s = now - req.arrival
         self._last_token[req.rid] = now
@@ -344,7 +349,7 @@ class RunRecorder:
             if before is not None:  # (a request without a first token has no gap yet)
                 gap = first_at - before
                 self.gaps.add(gap)
-                rec = r.record
+                rec: RequestRecord = r.record
                 top = max(gap, tail)
                 if not top <= rec.itl_max_s:  # (NaN at first)
                     rec.itl_max_s = top
@@ -356,7 +361,7 @@ class RunRecorder:
         self.gaps.add_series(step_s, inc_s, n - 1, len(reqs))
 
     def close(self, req: Any, now: float) -> None:
-        rec = req.record
+        rec: RequestRecord = req.record
         rec.end_s = now
         rec.decoded_tokens = max(0, req.generated - 1)
         last = self._last_token.pop(req.rid, None)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Final, cast
 
 import numpy as np
 import simpy
@@ -70,14 +70,15 @@ class Admission:
 
 # Verdicts of a refused admission (schedule_policy.py AddReqResult): memory (NO_TOKEN) or a
 # spent pass budget (OTHER). Only NO_TOKEN sets batch_is_full.
-NO_TOKEN, OTHER = "no_token", "other"
+NO_TOKEN: Final = "no_token"
+OTHER: Final = "other"
 # SGLANG_RETRACT_DECODE_STEPS: after releasing a retracted request, SGLang evicts the cache
 # until this many tokens per remaining request are free; the new ratio assumes as many more
 # tokens per survivor.
-RETRACT_DECODE_STEPS = 20
+RETRACT_DECODE_STEPS: Final = 20
 # --num-reserved-decode-tokens (sglang/srt/arg_groups/fields/disagg.py): decode tokens a
 # disaggregated decode worker keeps free per active request when it pre-allocates.
-NUM_RESERVED_DECODE_TOKENS = 512
+NUM_RESERVED_DECODE_TOKENS: Final = 512
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -107,6 +108,8 @@ class SGLangServer(EngineBase):
     def __init__(self, env: simpy.Environment, cfg: RunConfig, spec: ModelSpec,
                  profile: Profile, cache: RadixKVCache, scheduler: SchedulePolicy,
                  recorder: RunRecorder) -> None:
+        # The base holds ``cache`` untyped (vLLM's is a block pool); methods here read it
+        # into a local typed ``RadixKVCache``, so the compiled core calls it directly.
         super().__init__(env, cfg, spec, profile, cache, cache.policy, recorder)
         self.scheduler = scheduler
         self.chunked: Req | None = None
@@ -134,9 +137,10 @@ class SGLangServer(EngineBase):
     def _never_fits(self, req: Req) -> bool:
         """The admission test of an empty server: the whole plan over an empty cache
         (restores of dropped keys included) plus the decode reservation and one page."""
+        cache: RadixKVCache = self.cache
         ranges = self._prefill_ranges(req, [])[0]
         need = sum(b - a for a, b in ranges) + self._decode_reserve(req) + self.bs
-        return need >= self.cache.capacity_blocks * self.bs
+        return need >= cache.capacity_blocks * self.bs
 
     # --- helpers ------------------------------------------------------------------------
 
@@ -184,14 +188,15 @@ class SGLangServer(EngineBase):
 
     def _reserve_tokens(self, req: Req, tokens: int) -> bool:
         """Hold ``tokens`` more outside the tree; evict through the policy if needed."""
+        cache: RadixKVCache = self.cache
         need = self._blocks(req.own_tokens + tokens) - req.reserved
         if need > 0:
-            if self.cache.free_blocks < need:
-                res = self.cache.make_room(need)
+            if cache.free_blocks < need:
+                res = cache.make_room(need)
                 self.rec.evicted(res)
                 if not res.ok:
                     return False
-            self.cache.reserve(need)
+            cache.reserve(need)
             req.reserved += need
         req.own_tokens += tokens
         return True
@@ -204,7 +209,7 @@ class SGLangServer(EngineBase):
         ids = req.ids[:upto_blocks] if final_ids is None else final_ids
         if ids.size == 0:
             return None
-        cache = self.cache
+        cache: RadixKVCache = self.cache
         cache.release(req.reserved)
         # A chunk checkpoint locks what it inserts, and must keep the match's lock too: the
         # kept segment behind a hole lies below the inserted prefix until the last chunk
@@ -232,7 +237,7 @@ class SGLangServer(EngineBase):
         recorded as this server's), then the blocks are inserted and join ``ever``, what an
         unlimited cache of this server holds. False when the room cannot be made (nothing
         inserted). The blocks are not pinned: admission locks them, as a CPU load's."""
-        cache = self.cache
+        cache: RadixKVCache = self.cache
         m = cache.match(ids, touch=False)
         missing = int(ids.size) - m.blocks_in(Tier.GPU)
         cache.lock(m.node)
@@ -277,7 +282,7 @@ class SGLangServer(EngineBase):
         retractable = sum(r.prompt_tokens + r.generated for r in running)
         single = max(min(self._max_new(r), clip) + r.prompt_tokens for r in running) \
             - retractable if running else 0
-        cache = self.cache
+        cache: RadixKVCache = self.cache
         while self.prealloc:
             req, granted = self.prealloc[0]
             m = cache.match(req.ids, touch=False)
@@ -339,13 +344,15 @@ class SGLangServer(EngineBase):
         """Evict every block no running request holds (a decode worker without a prefix
         cache: what a finished request leaves is freed, counted as this server's
         evictions)."""
-        n = self.cache.evictable_blocks
+        cache: RadixKVCache = self.cache
+        n = cache.evictable_blocks
         if n:
-            self.rec.evicted(self.cache.evict(n))
+            self.rec.evicted(cache.evict(n))
 
     def _unlock_all(self, req: Req) -> None:
+        cache: RadixKVCache = self.cache
         for node in req.locks:
-            self.cache.unlock(node)
+            cache.unlock(node)
         req.locks = []
 
     # --- scheduling ---------------------------------------------------------------------
@@ -354,7 +361,8 @@ class SGLangServer(EngineBase):
         of running requests and what this pass admitted so far (its page-ceiled extends, one
         page each and the decode tokens of each completed prompt: nothing is allocated
         before the pass ends)."""
-        return ((self.cache.free_blocks + self.cache.evictable_blocks) * self.bs
+        cache: RadixKVCache = self.cache
+        return ((cache.free_blocks + cache.evictable_blocks) * self.bs
                 - self._running_offset_tokens() - self._pass_offset)
 
     def _charge(self, tokens: int, final: bool, req: Req) -> None:
@@ -371,29 +379,30 @@ class SGLangServer(EngineBase):
         add_one_req). Nothing is allocated here: the pass allocates after every candidate
         is matched. Returns the admission, or the verdict of a refusal (head-of-line):
         NO_TOKEN (memory) or OTHER (no budget for even one page)."""
-        m = self.cache.match(req.ids, touch=True, hint=req.hint)
+        cache: RadixKVCache = self.cache
+        m = cache.match(req.ids, touch=True, hint=req.hint)
         ranges, reused, holes, cpu = self._prefill_ranges(req, m.segments)
         extend = sum(b - a for a, b in ranges)
-        self.cache.lock(m.node)
+        cache.lock(m.node)
         need = extend + cpu + self._decode_reserve(req) + self.bs
         # A request whose KV landed in pre-allocated room passed its admission test there:
         # SGLang's decode worker takes it into the running batch with no memory test
         # (get_new_prebuilt_batch), only the batch size.
         if need >= self._headroom() and req.landed is None:
-            self.cache.unlock(m.node)
+            cache.unlock(m.node)
             return NO_TOKEN
         loaded = 0
         segments = m.segments
         if cpu:  # bring the CPU-resident part of the prefix to the GPU before the prefill
-            ld = self.cache.load(m.node, min(req.ids.size, self._usable_blocks(req)))
+            ld = cache.load(m.node, min(req.ids.size, self._usable_blocks(req)))
             if not ld.ok:
-                self.cache.unlock(m.node)
+                cache.unlock(m.node)
                 return NO_TOKEN
             loaded = ld.loaded_blocks * self.bs
             self.rec.loaded(ld, self.bs)
             self._pending_h2d_bytes += loaded * self.kv_bytes
             # What the load did not bring back (HiCache's threshold) is computed instead.
-            segments = self.cache.match(req.ids, touch=False, hint=req.hint).segments
+            segments = cache.match(req.ids, touch=False, hint=req.hint).segments
             ranges, _, holes, _ = self._prefill_ranges(req, segments)
             extend = sum(b - a for a, b in ranges)
         # Chunked when the page-ceiled extend exceeds the chunk budget left; the chunk is
@@ -401,7 +410,7 @@ class SGLangServer(EngineBase):
         chunked = self._ceil_page(extend) > self._budget
         take = (self._budget // self.bs) * self.bs if chunked else extend
         if take <= 0:
-            self.cache.unlock(m.node)
+            cache.unlock(m.node)
             return OTHER
         self._charge(take, not chunked, req)
         return Admission(req, m.node, ranges, take, chunked, reused, holes, loaded, segments,
@@ -412,9 +421,10 @@ class SGLangServer(EngineBase):
         once, then hold each request's new tokens. Returns how many of ``plan`` got their
         memory (all of them unless eviction could not cover the batch; then the first
         ones that fit, in order)."""
+        cache: RadixKVCache = self.cache
         need = sum(max(0, self._blocks(r.own_tokens + t) - r.reserved) for r, t in plan)
-        if self.cache.free_blocks < need:
-            self.rec.evicted(self.cache.make_room(need))
+        if cache.free_blocks < need:
+            self.rec.evicted(cache.make_room(need))
         for i, (req, take) in enumerate(plan):
             if not self._reserve_tokens(req, take):
                 return i
@@ -539,7 +549,7 @@ class SGLangServer(EngineBase):
             return None
         need = self._blocks(req.own_tokens + take) - req.reserved
         if need > 0:
-            cache = self.cache
+            cache: RadixKVCache = self.cache
             if cache.free_blocks < need:  # _allocate's room for the batch
                 self.rec.evicted(cache.make_room(need))
                 if cache.free_blocks < need:  # _reserve_tokens tries once more, then fails
@@ -573,8 +583,9 @@ class SGLangServer(EngineBase):
     def _decode_steps(self) -> int:
         """Steps the running batch can take now: to the first finish, limited by memory
         (free + evictable blocks)."""
+        cache: RadixKVCache = self.cache
         steps = min(r.output_tokens - r.generated for r in self.running)
-        return self._steps_in(self.cache.free_blocks + self.cache.evictable_blocks, steps)
+        return self._steps_in(cache.free_blocks + cache.evictable_blocks, steps)
 
     def _steps_in(self, room: int, cap: int) -> int:
         """Largest k <= cap such that k more tokens of every running request need at most
@@ -591,6 +602,7 @@ class SGLangServer(EngineBase):
         in the running batch; keep one. Each release (``release_req``) frees the victim's
         own tokens, unlocks its tree part, then evicts until 20 tokens per remaining request
         are free."""
+        cache: RadixKVCache = self.cache
         order = {id(r): i for i, r in enumerate(self.running)}
         victims = sorted(self.running, key=lambda r: (r.generated, -r.prompt_tokens,
                                                       -order[id(r)]))
@@ -600,16 +612,16 @@ class SGLangServer(EngineBase):
             gone.append(v)
             self.running.remove(v)
             v.redo_until = max(v.redo_until, v.context_tokens)
-            self.cache.release(v.reserved)
+            cache.release(v.reserved)
             v.reserved = v.own_tokens = 0
             self._unlock_all(v)
             self.rec.retracted(v)
             self._seq += 1
             v.seq = self._seq
             self.waiting.append(v)
-            short = self._blocks(RETRACT_DECODE_STEPS * len(self.running)) - self.cache.free_blocks
-            if short > 0 and self.cache.evictable_blocks:
-                self.rec.evicted(self.cache.evict(min(short, self.cache.evictable_blocks)))
+            short = self._blocks(RETRACT_DECODE_STEPS * len(self.running)) - cache.free_blocks
+            if short > 0 and cache.evictable_blocks:
+                self.rec.evicted(cache.evict(min(short, cache.evictable_blocks)))
         self.batch_is_full = False  # the running batch shrank
         survivors = self.running
         out = sum(r.generated for r in survivors)
@@ -642,9 +654,11 @@ class SGLangServer(EngineBase):
 
     # --- execution ----------------------------------------------------------------------
 
-    def _finish_prefill(self, batch, per_req: list[Units]) -> None:
+    def _finish_prefill(self, batch: list[tuple[Req, list[tuple[int, int]]]],
+                        per_req: list[Units]) -> None:
         now = self.env.now
-        for (req, _ranges), units in zip(batch, per_req, strict=True):
+        for i, (req, _ranges) in enumerate(batch):
+            units = per_req[i]  # (``_prefill_seconds`` prices each request of the batch)
             self.rec.prefill_units(req, units.total, units.attention)
             if req.ranges:  # chunk of an unfinished prompt: checkpoint what is contiguous
                 # SGLang leaves the chunked request out of the batch it merges into the
@@ -668,6 +682,7 @@ class SGLangServer(EngineBase):
                 self.running.append(req)
 
     def _finish(self, req: Req) -> None:
+        cache: RadixKVCache = self.cache
         self.batch_is_full = False  # the running batch shrank (a finish or an abort)
         final = self._final_ids(req) if req.generated >= req.output_tokens else req.ids
         if req.prompt.edit_on_finish and final is not req.ids:
@@ -678,7 +693,7 @@ class SGLangServer(EngineBase):
         if final.size:
             leaf = self._checkpoint(req, 0, final_ids=final)
         else:
-            self.cache.release(req.reserved)
+            cache.release(req.reserved)
             req.reserved = req.own_tokens = 0
         self._unlock_all(req)
         self.rec.close(req, self.env.now)
@@ -706,7 +721,8 @@ class SGLangServer(EngineBase):
                     for a, b in ranges:
                         tokens += b - a
                 self.rec.batch(seconds, len(batch), tokens=tokens)
-                yield env.timeout(seconds)
+                if not self._advance(seconds):
+                    yield env.timeout(seconds)
                 self._finish_prefill(batch, per_req)
                 for o in self.observers:
                     o.completed(self, batch)
@@ -732,7 +748,7 @@ class SGLangServer(EngineBase):
             batch_size = len(self.running)
             ctx = sum(r.kv_read_tokens for r in self.running)
             pause = self._transfer_seconds()  # copies pending from before the run
-            if pause:
+            if pause and not self._advance(pause):
                 yield env.timeout(pause)
             start = env.now
             # With batch_is_full an arrival cannot be admitted before a finish: no cut.
@@ -746,7 +762,7 @@ class SGLangServer(EngineBase):
             # them, and the next batch does not pay for them again.
             self._reserve_decode(steps)
             pause = self._transfer_seconds()
-            if pause:
+            if pause and not self._advance(pause):
                 yield env.timeout(pause)
             self._apply_decode(steps, retracted)
             for o in self.observers:

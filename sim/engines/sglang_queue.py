@@ -11,6 +11,7 @@ program-fcfs: no match, sorted by the session's first arrival (Continuum).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Final
 
 from policies.scheduling import LPM_QUEUE_LIMIT, Candidate, SchedulePolicy
 from sim.kvcache import RadixKVCache, split_match
@@ -18,12 +19,12 @@ from sim.kvcache import RadixKVCache, split_match
 from .request import Req
 
 # SGLang touches the prefixes of the first 128 waiting requests every 32nd fcfs pass.
-FCFS_TOUCH_EVERY = 32
-FCFS_TOUCH_COUNT = 128
+FCFS_TOUCH_EVERY: Final = 32
+FCFS_TOUCH_COUNT: Final = 128
 # In-batch prefix caching (lpm): a waiting request whose cached prefix is at most this many
 # tokens and that shares at least as many with an earlier such waiting request goes to the
 # back of the queue (IN_BATCH_PREFIX_CACHING_CHECK / _DEPRIORITIZE_THRESHOLD, both 32).
-IN_BATCH_PREFIX_TOKENS = 32
+IN_BATCH_PREFIX_TOKENS: Final = 32
 
 
 class WaitingOrder:

@@ -583,7 +583,8 @@ class VllmServer(EngineBase):
                 yield from self._decode_run(step)
                 continue
             seconds = self._price(step)
-            yield env.timeout(seconds)
+            if not self._advance(seconds):
+                yield env.timeout(seconds)
             self.update(step)
 
     def _loop_async(self):
@@ -608,7 +609,7 @@ class VllmServer(EngineBase):
                     continue
                 inflight = step  # the queue is not full: schedule the next one at once
                 continue
-            if inflight.end > env.now:
+            if inflight.end > env.now and not self._advance(inflight.end - env.now):
                 yield env.timeout(inflight.end - env.now)
             finished = self.update(inflight)
             inflight = step

@@ -25,15 +25,16 @@ import sys
 from functools import partial
 from itertools import accumulate, islice, repeat, takewhile
 from operator import is_not
+from typing import Final
 
 import numpy as np
 
-_is_block = partial(is_not, None)  # a child link's target (None: no child)
+_is_block: Final = partial(is_not, None)  # a child link's target (None: no child)
 
 # ChainIndex forgets the runs no replica holds once its tree holds this many ids and four
 # times what the replicas hold: a history evicted and restored soon after finds its run still
 # there, and memory stays within a few times the caches'.
-COLLECT_FLOOR = 1 << 17
+COLLECT_FLOOR: Final = 1 << 17
 
 
 def _link(first: dict[int, int], more: dict[int, set[int]], parent: int, b: int) -> None:

@@ -42,7 +42,7 @@ reports gone. Read-only queries for a consumer: ``gpu_prefix_blocks``,
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 
@@ -59,11 +59,14 @@ from .tiering import GpuOnly, HiCache, Unified
 from .tree import RadixTree
 from .versions import add_versioned
 
-_GPU, _NONE, _CPU, _DROPPED = Tier.GPU, Tier.NONE, Tier.CPU, Tier.DROPPED
-TIERINGS = ("unified", "hicache")
-_new = tuple.__new__
+_GPU: Final = Tier.GPU
+_NONE: Final = Tier.NONE
+_CPU: Final = Tier.CPU
+_DROPPED: Final = Tier.DROPPED
+TIERINGS: Final = ("unified", "hicache")
+_new: Final = tuple.__new__
 
-_INT64 = np.dtype(np.int64)
+_INT64: Final = np.dtype(np.int64)
 
 
 def as_block_ids(ids: np.ndarray | list[int]) -> np.ndarray:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from itertools import count
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 import numpy as np
 
@@ -51,8 +51,8 @@ class BlocksDropped(NamedTuple):
 
 
 KVEvent = BlockStored | BlockRemoved | ChainWritten | BlocksDropped
-EVENT_KINDS = (BlockStored, BlockRemoved, ChainWritten, BlocksDropped)
-_new = tuple.__new__
+EVENT_KINDS: Final = (BlockStored, BlockRemoved, ChainWritten, BlocksDropped)
+_new: Final = tuple.__new__
 
 
 class KVEventQueue:

@@ -30,7 +30,7 @@ import heapq
 import math
 from collections.abc import Callable, Iterable
 from itertools import pairwise
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple, cast
 
 from policies import (
     BLOCK,
@@ -45,7 +45,9 @@ from policies.orders import lru
 
 from .node import Node, Tier
 
-_GPU, _NONE, _DROPPED = Tier.GPU, Tier.NONE, Tier.DROPPED
+_GPU: Final = Tier.GPU
+_NONE: Final = Tier.NONE
+_DROPPED: Final = Tier.DROPPED
 
 
 class Step(NamedTuple):
@@ -87,7 +89,7 @@ class HistoryView:
         # of holes in front of it along.
         if kids.get(node, len(node.children)):
             return None
-        cur: Any = node
+        cur = node
         while cur is not root:
             tier = cur.tier
             if not (tier is _NONE or tier is _DROPPED or cur in gone) \
@@ -95,7 +97,7 @@ class HistoryView:
                 break
             if cur.lock:
                 return None
-            parent = cur.parent
+            parent = cast(Node, cur.parent)  # (below the root: never None)
             kids[parent] = kids.get(parent, len(parent.children)) - 1  # it left the tree
             cur = parent
         tier = cur.tier
@@ -158,7 +160,7 @@ class DeviceView:
 View = HistoryView | DeviceView
 
 
-_new = tuple.__new__
+_new: Final = tuple.__new__
 
 
 def plan(
@@ -192,16 +194,18 @@ def plan(
     exact = granularity is BLOCK  # take(size, need) is min(size, need): no call
     head = start.from_head
     chain_of: Callable[..., Any] = start.chain
+    # The whole-tree view, where planning runs on it, is called directly (not through a
+    # bound method of either view).
+    history: HistoryView | None = None
+    if type(view) is HistoryView:
+        history = view
     # The built-in starts' chains, read without their calls into the view (every eviction
     # walks one); any other start, or a view of another kind, is asked through ``chain``.
-    inlined = True
-    if type(view) is HistoryView and start is PRIVATE_HEAD:
-        chain_of = _private_head_chain
-    elif start is TAIL or start is LEAF_HEAD:
+    head_view = history if start is PRIVATE_HEAD else None  # PRIVATE_HEAD's, read inline
+    inlined = head_view is not None or start is TAIL or start is LEAF_HEAD
+    if head_view is None and inlined:
         chain_of = _leaf_only
-    else:
-        inlined = False
-    release = view.release
+    release = view.release if history is None else None
     # Entries (key, serial, node): serials are unique, so nodes are never compared. LRU's key
     # is (last_access, serial) itself: its entries (last_access, serial, node) sort the same.
     lru_entries = key is lru and pinned is None
@@ -217,15 +221,16 @@ def plan(
     # An int room or inf: a float annotation would make the compiled core's k a float.
     left: Any = math.inf if room is None else room
     while need > 0 and left > 0 and heap:
-        leaf = heapq.heappop(heap)[-1]
-        chain: Any = chain_of(leaf, view)
+        leaf: Node = heapq.heappop(heap)[-1]
+        chain: Any = _private_head_chain(leaf, head_view) if head_view is not None \
+            else chain_of(leaf, view)
         if debug:
             _check_chain(chain, leaf, view)
             if inlined:  # (asked once only otherwise: an observed start counts its calls)
                 assert list(chain) == list(start.chain(leaf, view)), (  # type: ignore[arg-type]
                     f"a built-in chain read differs from {start!r}.chain at {leaf!r}")
-        survivor = None
-        nd: Any
+        survivor: Node | None = None
+        nd: Node
         for nd in chain:
             if need <= 0:
                 break
@@ -241,7 +246,11 @@ def plan(
                 left -= k
                 if k < size:
                     break  # a partial step: the need (or the room) is used up here
-            survivor = release(nd)
+            if history is not None:
+                survivor = history.release(nd)
+            else:
+                assert release is not None
+                survivor = release(nd)
         if survivor is not None and need > 0 and (eligible is None or eligible(survivor)):
             if lru_entries:
                 heapq.heappush(heap, (survivor.last_access, survivor.serial, survivor))

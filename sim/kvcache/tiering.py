@@ -51,6 +51,8 @@ every h2d copy by ``LoadResult.loaded_blocks``.
 
 from __future__ import annotations
 
+from typing import Final
+
 from policies import NODE, TAIL, EvictionPolicy, PolicyError
 
 from . import planner
@@ -58,8 +60,9 @@ from .node import Node, Tier
 from .results import EvictResult, LoadResult
 from .tree import RadixTree
 
-_GPU, _CPU = Tier.GPU, Tier.CPU
-WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
+_GPU: Final = Tier.GPU
+_CPU: Final = Tier.CPU
+WRITE_POLICIES: Final = ("write_through", "write_through_selective", "write_back")
 
 
 def _is_gpu(node: Node) -> bool:

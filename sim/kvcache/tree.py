@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Final
 
 import numpy as np
 
@@ -54,7 +54,10 @@ if TYPE_CHECKING:
     from .events import KVEventQueue
     from .planner import Step
 
-_GPU, _NONE, _CPU, _DROPPED = Tier.GPU, Tier.NONE, Tier.CPU, Tier.DROPPED
+_GPU: Final = Tier.GPU
+_NONE: Final = Tier.NONE
+_CPU: Final = Tier.CPU
+_DROPPED: Final = Tier.DROPPED
 
 
 class RadixTree:
@@ -178,22 +181,21 @@ class RadixTree:
         # A dropped last key does not pin where its run of dropped keys starts: no hint.
         if end > len(ids) or node.last != ids.item(end - 1) or node.last < 0:
             return None
-        chain: list[Any] = []
-        append = chain.append
+        chain: list[Node] = []
         root = self.root
-        nd: Any = node
+        nd: Node | None = node
         epoch = hint.epoch
         if epoch == self.epoch:  # no key changed since the hint: no node is keyed later
             while nd is not root:
                 if nd is None:  # in a subtree removed from the tree
                     return None
-                append(nd)
+                chain.append(nd)
                 nd = nd.parent
         else:
             while nd is not root:
                 if nd is None or nd.keyed > epoch:
                     return None
-                append(nd)
+                chain.append(nd)
                 nd = nd.parent
         if stop_at_holes and any(x.tier is _NONE for x in chain):
             return None

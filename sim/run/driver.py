@@ -10,12 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import simpy
-
 from costmodel.profile import load_profile
 from costmodel.specs import get_spec
 from sim.config import ConfigError, RunConfig
 from sim.engines import StepObserver
+from sim.engines.clock import Clock
 
 from .build import replay
 from .check import check
@@ -45,7 +44,7 @@ def run(cfg: RunConfig, trace=None, timeline=None,
     profile = load_profile(cfg.cache.profile, cfg.cache.model)
     if trace is None:
         trace = load_run_trace(cfg)
-    env = simpy.Environment()
+    env = Clock()
     built = kind_of(cfg)(env, cfg, spec, profile, trace, timeline)  # replicas and front
     if steps is not None:
         for engine in built.engines:

@@ -1,0 +1,33 @@
+"""The run's simulated clock: SimPy's environment, with a shortcut for a process that waits
+out a delay while nothing else is due.
+
+A server runs pass after pass, each a timeout; under a queue nearly every one ends before
+anything else happens (an arrival, a finish elsewhere, a KV event). ``Clock.advance`` lets
+such a pass end without an event: the clock moves exactly as processing the timeout would
+have moved it, and nothing else could have run in between, so the run is the same
+(tests/test_clock.py runs the standard setups both ways and requires equal outputs).
+"""
+
+from __future__ import annotations
+
+import simpy
+
+
+class Clock(simpy.Environment):
+    def advance(self, delay: float) -> bool:
+        """Move the clock ``delay`` forward now, as ``yield self.timeout(delay)`` would, when
+        no scheduled event is due at or before then; False (and no change) otherwise, and the
+        caller yields the timeout. Exact: an event due later is processed after the timeout
+        either way, one due at the same instant is processed before it (so that case takes
+        the event), and only running processes schedule events, so none can appear in
+        between. The caller must be the only callback of the event that resumed it (a
+        server's own timeouts and doorbells): another callback of that event would run
+        after it, at the old time."""
+        if not delay >= 0:
+            return False  # negative (SimPy's timeout raises) or NaN
+        at = self._now + delay
+        queue = self._queue
+        if queue and queue[0][0] <= at:
+            return False
+        self._now = at
+        return True
