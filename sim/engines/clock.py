@@ -25,9 +25,8 @@ class Clock(simpy.Environment):
         after it, at the old time."""
         if not delay >= 0:
             return False  # negative (SimPy's timeout raises) or NaN
-        at = self._now + delay
-        queue = self._queue
-        if queue and queue[0][0] <= at:
+        at = self.now + delay
+        if self.peek() <= at:  # (peek: the next event's time, infinity when none)
             return False
-        self._now = at
+        self._now = at  # SimPy's own clock: no public setter
         return True
