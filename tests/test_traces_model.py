@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+import traces.model
 from tests.tracefixtures import TokenWorld
 from traces import GAP_KINDS, OptionError, parse_gap_model
 from traces.blocks import UniqueIds, map_block_ids
@@ -72,6 +73,44 @@ def test_block_ids_match_brute_force(ops):
     added = sum(len(p) - common_prefix(np.array(p), np.array(q))
                 for prompts in sessions for q, p in zip([[], *prompts[:-1]], prompts, strict=True))
     assert t._pool.shape[0] == added
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(ops_strategy, min_size=1, max_size=4),
+       st.lists(st.tuples(st.sampled_from(["finish", "prompt", "replay"]),
+                          st.integers(0, 10_000)), max_size=60),
+       st.integers(1, 3))
+@example(ops=[[("append", 6), ("cut", 2), ("append", 3), ("append", 2)]],
+         reads=[("replay", 1), ("replay", 2), ("prompt", 3), ("finish", 1), ("prompt", 2)],
+         kept=1)
+@example(ops=[[("append", 6), ("cut", 2), ("append", 3), ("append", 2)]],
+         reads=[("finish", 1), ("finish", 2), ("prompt", 2), ("prompt", 3)], kept=1)
+def test_reads_in_any_order_equal_a_fresh_traces(ops, reads, kept):
+    """A finish keeps the next prompt's gathered ids for its send (``Trace._gather_ahead``):
+    whatever the order of reads (``replay``: a finish, then the next prompt, as the replay
+    reads them), each returns what an untouched trace returns, and at most ``AHEAD_KEPT``
+    wait (made tiny here so the bound is reached)."""
+    sessions = _chained_sessions(ops, len(ops))
+    t, fresh = _build(sessions), _build(sessions)
+    n = len(t)
+
+    def same(read: np.ndarray, want: np.ndarray) -> None:
+        fresh._ahead.clear()  # the reference keeps nothing ahead: every read gathers anew
+        assert np.array_equal(read, want) and read.dtype == want.dtype
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(traces.model, "AHEAD_KEPT", kept)
+        for kind, r in reads:
+            r %= n
+            if kind != "prompt":
+                same(t.finish_block_ids(r), fresh.finish_block_ids(r))
+            if kind != "finish":
+                r = r + 1 if kind == "replay" and r + 1 < n else r
+                same(t.block_ids(r), fresh.block_ids(r))
+            assert len(t._ahead) <= kept
+    for r in range(n):
+        same(t.block_ids(r), fresh.block_ids(r))
+        same(t.finish_block_ids(r), fresh.finish_block_ids(r))
 
 
 @settings(max_examples=40, deadline=None)

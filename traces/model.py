@@ -28,6 +28,8 @@ from .errors import OptionError
 from .kinds import GAP_TOOL
 from .regions import REGION_ASSISTANT, REGION_NAMES, REGION_UNKNOWN
 
+AHEAD_KEPT = 256  # next prompts' ids a trace keeps for their readers (``Trace._gather_ahead``)
+
 
 def longest_known_prefix(ids: np.ndarray, known: Callable[[int], bool]) -> int:
     """The largest ``h`` with ``known(ids[i])`` for every ``i < h``, when known ids are
@@ -150,6 +152,9 @@ class Trace:
         return hits
 
     def __post_init__(self) -> None:
+        # Next prompts' ids that ``finish_block_ids`` gathered, until ``block_ids`` asks for
+        # them: a replay gathers request r + 1 when r finishes and again when it is sent.
+        self._ahead: dict[int, np.ndarray] = {}
         if self._pool_region is None:
             self._pool_region = np.full(self._pool.shape[0], REGION_UNKNOWN, np.uint8)
         if self._pool_region.shape != self._pool.shape:
@@ -164,7 +169,24 @@ class Trace:
 
     def block_ids(self, r: int) -> np.ndarray:
         """int64 ids of the full cache blocks of request r's prompt (read-only array)."""
-        return self._gather(self._pool, r)
+        ids = self._ahead.pop(r, None)
+        return ids if ids is not None else self._gather(self._pool, r)
+
+    def _gather_ahead(self, r: int) -> np.ndarray:
+        """``block_ids(r)`` gathered for a finish, kept for the next ``block_ids(r)`` where it
+        was a copy (several segments): at most ``AHEAD_KEPT`` wait, one per session the
+        replay runs, and the oldest go first when a reader never asks (a study's scan)."""
+        ptr = self._seg_ptr
+        if ptr.item(r + 1) - ptr.item(r) <= 1:  # a view of the pool: no copy to save
+            return self._gather(self._pool, r)
+        ids = self._ahead.get(r)
+        if ids is None:
+            ids = self._gather(self._pool, r)
+            ids.flags.writeable = False  # shared by the finish and the next prompt
+            if len(self._ahead) >= AHEAD_KEPT:
+                del self._ahead[next(iter(self._ahead))]
+            self._ahead[r] = ids
+        return ids
 
     def block_regions(self, r: int) -> np.ndarray:
         """uint8 region codes (index into ``REGION_NAMES``) of request r's prompt blocks,
@@ -212,17 +234,17 @@ class Trace:
         next prompt (or with no extending next request) get fresh ids no prompt uses.
         """
         n_p, n_f, nxt = self._finish_layout(r)
+        nid = None
         if nxt >= 0:  # the next prompt starts with this one: its first n_f ids, no copy
-            nid = self.block_ids(nxt)
+            nid = self._gather_ahead(nxt)
             if nid.shape[0] >= n_f:
                 return nid[:n_f]
-        ids = self.block_ids(r)
+        ids = self._gather(self._pool, r)
         if n_f == n_p:
             return ids
         parts = [ids]
         pos = n_p
-        if nxt >= 0:
-            nid = self.block_ids(nxt)
+        if nid is not None:
             take = nid[n_p:n_f]
             parts.append(take)
             pos += take.shape[0]
