@@ -29,6 +29,7 @@ from costmodel.units import Units
 from policies import Arrival, Drop, EvictionPolicy, Reply
 from sim.config import RunConfig
 from sim.context import apply_edit
+from sim.context.prompt import FullPrompt
 from sim.context.view import RequestView
 from sim.engines.recorder import RequestRecord, RunRecorder
 
@@ -330,9 +331,13 @@ class EngineBase:
         for req, ranges in batch:
             lin, att, tok = 0.0, 0, 0
             prompt = req.prompt
+            # The trace's own prompt (every request under ``full``) is priced through its
+            # class's method directly, not the protocol's generic call.
+            full = prompt if isinstance(prompt, FullPrompt) else None
             redo = req.redo_until
             for a, b in ranges:
-                l_, a_, t_ = prompt.units(spec, a, b)
+                l_, a_, t_ = full.units(spec, a, b) if full is not None \
+                    else prompt.units(spec, a, b)
                 lin += l_
                 att += a_
                 tok += t_

@@ -6,6 +6,7 @@ anything else happens (an arrival, a finish elsewhere, a KV event). ``Clock.adva
 such a pass end without an event: the clock moves exactly as processing the timeout would
 have moved it, and nothing else could have run in between, so the run is the same
 (tests/test_clock.py runs the standard setups both ways and requires equal outputs).
+Compiled with the core (sim/kvcache/native.py): every server pass asks it.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ class Clock(simpy.Environment):
         after it, at the old time."""
         if not delay >= 0:
             return False  # negative (SimPy's timeout raises) or NaN
-        at = self.now + delay
+        at = self._now + delay  # SimPy's own clock (``now`` reads it; no public setter)
         if self.peek() <= at:  # (peek: the next event's time, infinity when none)
             return False
-        self._now = at  # SimPy's own clock: no public setter
+        self._now = at
         return True
