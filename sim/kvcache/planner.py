@@ -26,9 +26,9 @@ Views (which nodes are victims, which children count):
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Callable, Iterable
+from heapq import heapify, heappop, heappush  # (module globals: no attribute lookups)
 from itertools import pairwise
 from typing import Any, Final, NamedTuple, cast
 
@@ -190,10 +190,9 @@ def plan(
     now = policy.context.now() if pinned is not None else 0.0
     start = start or policy.start
     granularity = granularity or policy.granularity
-    take = granularity.take
     exact = granularity is BLOCK  # take(size, need) is min(size, need): no call
+    take = granularity.take if not exact else None
     head = start.from_head
-    chain_of: Callable[..., Any] = start.chain
     # The whole-tree view, where planning runs on it, is called directly (not through a
     # bound method of either view).
     history: HistoryView | None = None
@@ -203,8 +202,7 @@ def plan(
     # walks one); any other start, or a view of another kind, is asked through ``chain``.
     head_view = history if start is PRIVATE_HEAD else None  # PRIVATE_HEAD's, read inline
     inlined = head_view is not None or start is TAIL or start is LEAF_HEAD
-    if head_view is None and inlined:
-        chain_of = _leaf_only
+    chain_of: Callable[..., Any] = _leaf_only if inlined else start.chain
     release = view.release if history is None else None
     # Entries (key, serial, node): serials are unique, so nodes are never compared. LRU's key
     # is (last_access, serial) itself: its entries (last_access, serial, node) sort the same.
@@ -216,12 +214,12 @@ def plan(
     else:
         heap = [(pinned(n) > now, key(n), n.serial, n) for n in victims]
     if len(heap) > 1:
-        heapq.heapify(heap)
+        heapify(heap)
     steps: list[Step] = []
     # An int room or inf: a float annotation would make the compiled core's k a float.
     left: Any = math.inf if room is None else room
     while need > 0 and left > 0 and heap:
-        leaf: Node = heapq.heappop(heap)[-1]
+        leaf: Node = heappop(heap)[-1]
         chain: Any = _private_head_chain(leaf, head_view) if head_view is not None \
             else chain_of(leaf, view)
         if debug:
@@ -236,7 +234,7 @@ def plan(
                 break
             size = len(nd.ids)
             if counts is None or counts(nd):
-                k: Any = (size if size < need else need) if exact else take(size, need)
+                k: Any = (size if size < need else need) if take is None else take(size, need)
                 if k > left:
                     k = left
                 if k <= 0:
@@ -253,11 +251,11 @@ def plan(
                 survivor = release(nd)
         if survivor is not None and need > 0 and (eligible is None or eligible(survivor)):
             if lru_entries:
-                heapq.heappush(heap, (survivor.last_access, survivor.serial, survivor))
+                heappush(heap, (survivor.last_access, survivor.serial, survivor))
             elif pinned is None:
-                heapq.heappush(heap, (key(survivor), survivor.serial, survivor))
+                heappush(heap, (key(survivor), survivor.serial, survivor))
             else:
-                heapq.heappush(heap, (pinned(survivor) > now, key(survivor),
+                heappush(heap, (pinned(survivor) > now, key(survivor),
                                       survivor.serial, survivor))
     return steps
 
