@@ -482,8 +482,12 @@ class ChainIndex(BlockIndex):
         return out
 
     def _collect(self) -> None:
-        """Forget the runs, and the tails of runs, that no replica holds."""
+        """Forget the runs, and the tails of runs, that no replica holds: the tree is trimmed
+        and ``run_of`` rebuilt from the runs that stay (a collection runs when the ids no
+        replica holds outnumber the held about three to one: keeping these costs less than
+        deleting those)."""
         depth = self.depth
+        run_of: dict[int, Run] = {}
         stack = [self.root]
         while stack:
             run = stack.pop()
@@ -491,26 +495,14 @@ class ChainIndex(BlockIndex):
                 to = child.start
                 for d in depth:
                     to = max(to, d.get(child, 0))
-                if to < child.end:
-                    self._forget(child.ids[to - child.start:], list(child.children.values()))
+                if to < child.end:  # (no replica holds its children either: they go)
                     child.children = {}
                     if to == child.start:
                         del run.children[key]
                         continue
                     child.ids = child.ids[:to - child.start]
                     child.raw = child.raw[:8 * (to - child.start)]
+                run_of.update(zip(child.ids, repeat(child)))
                 stack.append(child)
-        self.collect_at = max(self.collect_floor, 4 * len(self.run_of))
-
-    def _forget(self, ids: list[int], below: list[Run]) -> None:
-        """Drop ``ids`` and every id of the runs ``below`` (and theirs) from the tree."""
-        run_of = self.run_of
-        stack = below
-        while True:
-            for b in ids:
-                del run_of[b]
-            if not stack:
-                return
-            x = stack.pop()
-            ids = x.ids
-            stack.extend(x.children.values())
+        self.run_of = run_of
+        self.collect_at = max(self.collect_floor, 4 * len(run_of))
