@@ -9,7 +9,9 @@ preset, at its default 64-token blocks and, as ``kvsim-512``, at Dynamo's 512), 
 round robin (Dynamo ``round_robin`` / kvsim ``round-robin``) and the KV router
 (Dynamo ``kv_router`` / kvsim ``dynamo-kv``). Every run is a fresh interpreter; the variants
 run interleaved ``--repeat`` times (the machine may be shared) and each row gives the median
-wall and CPU seconds and ms per request. kvsim's times are the simulation with the trace
+wall and CPU seconds and ms per request; the header says which path kvsim ran (the compiled
+core, or the Python source where ``make core`` has not built it or a source changed since).
+kvsim's times are the simulation with the trace
 loaded (``run``); Dynamo's are its whole ``dynamo.replay.run_trace_replay`` call, which parses
 the (decompressed) trace itself. The Dynamo side runs in ``--peer-python`` (default: this
 interpreter); without an importable ``dynamo.replay`` there it is skipped with one line
@@ -40,6 +42,7 @@ SIDES = ("kvsim", "kvsim-512", "dynamo")
 _KVSIM = """
 import json, sys, time
 from sim.config import RunConfig
+from sim.kvcache import native
 from sim.run import load_run_trace, run
 trace, router, workers, cache, block = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6])
 cfg = RunConfig.from_flat(trace=trace, replay="open", gpu_cache=cache, replicas=workers,
@@ -48,7 +51,8 @@ tr = load_run_trace(cfg)
 c0, t0 = time.process_time(), time.perf_counter()
 res = run(cfg, tr)
 print(json.dumps({"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
-                  "requests": res.summary["requests"]}))
+                  "requests": res.summary["requests"],
+                  "core": "compiled" if native.current()[0] else "python"}))
 """
 
 _DYNAMO = """
@@ -101,7 +105,9 @@ def measure(trace: str, repeat: int, peer: str | None) -> list[dict]:
     rows = []
     for ours, _ in ROUTERS:
         requests = runs[(ours, "kvsim")][-1]["requests"]
-        row: dict = {"router": ours, "requests": requests}
+        row: dict = {"router": ours, "requests": requests,
+                     "kvsim_core": ",".join(sorted({r["core"] for side, _ in KVSIM_SIDES
+                                                    for r in runs[(ours, side)]}))}
         for side in SIDES:
             if (ours, side) not in runs:
                 continue
@@ -141,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"rows": rows}, indent=2))
         return 0
     print(f"Mooncake synthetic trace, {WORKERS} workers x {CACHE_TOKENS // 1024}K tokens, "
-          f"median of {max(1, args.repeat)} interleaved runs")
+          f"median of {max(1, args.repeat)} interleaved runs; kvsim on its "
+          f"{'/'.join(sorted({r['kvsim_core'] for r in rows}))} path (sim/kvcache/native.py)")
     print(f"{'router':>12} {'side':>7} {'wall s':>7} {'CPU s':>7} {'wall ms/req':>12} "
           f"{'CPU ms/req':>11}")
     for r in rows:
