@@ -333,7 +333,7 @@ class EngineBase:
             prompt = req.prompt
             # The trace's own prompt (every request under ``full``) is priced through its
             # class's method directly, not the protocol's generic call.
-            full = prompt if isinstance(prompt, FullPrompt) else None
+            full: FullPrompt | None = prompt if isinstance(prompt, FullPrompt) else None
             redo = req.redo_until
             for a, b in ranges:
                 l_, a_, t_ = full.units(spec, a, b) if full is not None \
