@@ -155,6 +155,9 @@ class Trace:
         # Next prompts' ids that ``finish_block_ids`` gathered, until ``block_ids`` asks for
         # them: a replay gathers request r + 1 when r finishes and again when it is sent.
         self._ahead: dict[int, np.ndarray] = {}
+        # Each request's finish layout (``_finish_layouts``), computed at the first finish.
+        self._finish_len = np.zeros(0, np.int32)
+        self._finish_next: np.ndarray | None = None
         if self._pool_region is None:
             self._pool_region = np.full(self._pool.shape[0], REGION_UNKNOWN, np.uint8)
         if self._pool_region.shape != self._pool.shape:
@@ -194,17 +197,21 @@ class Trace:
         return self._gather(self._pool_region, r)
 
     def _gather(self, store: np.ndarray, r: int) -> np.ndarray:
-        # Python ints (item, tolist): the engine gathers every prompt at least twice, and
-        # numpy scalar arithmetic per segment cost more than the copy.
+        # Python ints (item): the engine gathers every prompt at least once, and numpy
+        # scalar arithmetic per segment cost more than the copy.
         ptr = self._seg_ptr
         a, b = ptr.item(r), ptr.item(r + 1)
+        starts, lens = self._seg_start, self._seg_len
+        s = starts.item(a) if b > a else 0
         if b - a == 1:
-            s = self._seg_start.item(a)
-            return store[s:s + self._seg_len.item(a)]
+            return store[s:s + lens.item(a)]
         if b == a:
             return store[:0]
-        return np.concatenate([store[s:s + n] for s, n in zip(
-            self._seg_start[a:b].tolist(), self._seg_len[a:b].tolist(), strict=True)])
+        parts = [store[s:s + lens.item(a)]]
+        for i in range(a + 1, b):
+            s = starts.item(i)
+            parts.append(store[s:s + lens.item(i)])
+        return np.concatenate(parts)
 
     def finish_blocks(self) -> np.ndarray:
         """Per request, the length of ``finish_block_ids``: the full blocks of prompt +
@@ -216,15 +223,26 @@ class Trace:
     def _finish_layout(self, r: int) -> tuple[int, int, int]:
         """(prompt blocks, finish blocks, the next request whose prompt repeats r's output or
         -1) of request r: what ``finish_block_ids`` and ``finish_block_regions`` align on."""
+        if self._finish_next is None:
+            self._finish_next = self._finish_layouts()
+        return (self.prompt_tokens.item(r) // self.block_size, self._finish_len.item(r),
+                self._finish_next.item(r))
+
+    def _finish_layouts(self) -> np.ndarray:
+        """Every request's finish length (``_finish_len``, set here) and the next request
+        that repeats its output (returned; -1: none), computed once for the trace: a finish
+        reads its layout instead of deriving it."""
         bs = self.block_size
-        p, o = int(self.prompt_tokens.item(r)), int(self.output_tokens.item(r))
-        n_p = p // bs
-        n_f = max(n_p, (p + o - 1) // bs)
-        nxt = r + 1
-        if (n_f > n_p and nxt < len(self) and self.session.item(nxt) == self.session.item(r)
-                and int(self.prefix_blocks.item(nxt)) >= n_p):
-            return n_p, n_f, nxt
-        return n_p, n_f, -1
+        n_p = self.prompt_tokens // bs
+        n_f = np.maximum(n_p, (self.prompt_tokens + self.output_tokens - 1) // bs)
+        R = len(self)
+        nxt = np.full(R, -1, np.int32)
+        if R > 1:
+            same = self.session[1:] == self.session[:-1]
+            repeats = (n_f[:-1] > n_p[:-1]) & same & (self.prefix_blocks[1:] >= n_p[:-1])
+            nxt[:-1][repeats] = np.flatnonzero(repeats) + 1
+        self._finish_len = n_f.astype(np.int32)
+        return nxt
 
     def finish_block_ids(self, r: int) -> np.ndarray:
         """Full blocks of prompt + output minus one token, what SGLang inserts when r finishes.

@@ -33,6 +33,9 @@ class KnownBlocks:
     def __init__(self) -> None:
         self._flags = bytearray()  # byte x is 1: id x is known
         self._nflags = 0
+        # A uint8 view of the flags for vectorized stores, made once per size: a live view
+        # pins the buffer, so ``_grow`` lets it go before resizing.
+        self._view: np.ndarray | None = None
         self._other: set[int] = set()  # ids outside the flags when they came
         self._added = 0  # ids passed to add (duplicates included): bounds the flags
 
@@ -63,6 +66,15 @@ class KnownBlocks:
                     flags[x] = 1
                 return
         else:
+            # Every id inside the flags (most inserts): one store, whose bounds check refuses
+            # an id past them (the stores it made stay: those ids are known). (No local holds
+            # the view: a grow below must be free to let it go.)
+            if self._view is not None and int(ids.min()) >= 0:
+                try:
+                    self._view[ids] = 1
+                    return
+                except IndexError:
+                    pass
             lo, hi = int(ids.min()), int(ids.max())
         if hi >= self._nflags and lo >= 0:
             self._grow(hi + 1)
@@ -70,8 +82,9 @@ class KnownBlocks:
             inside = (ids >= 0) & (ids < self._nflags)
             self._other.update(ids[~inside].tolist())
             ids = ids[inside]
-        np.frombuffer(self._flags, dtype=np.uint8)[ids] = 1  # (the view dies here: a live
-        # one would pin the buffer, and the next grow resizes it)
+        if self._view is None:
+            self._view = np.frombuffer(self._flags, dtype=np.uint8)
+        self._view[ids] = 1
 
     def _grow(self, want: int) -> None:
         """Extend the flags to cover ``[0, want)`` when that keeps them dense; else as far as
@@ -81,6 +94,7 @@ class KnownBlocks:
         if want <= self._nflags:
             return
         n = max(want, min(2 * self._nflags, limit))
+        self._view = None
         self._flags.extend(bytes(n - self._nflags))
         self._nflags = n
 

@@ -20,14 +20,18 @@ from __future__ import annotations
 import functools
 import math
 import operator
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol, cast
 
 import numpy as np
 import pandas as pd
 
 from sim.engines.latency import TokenGaps
+from sim.kvcache.results import EvictResult, LoadResult
+
+if TYPE_CHECKING:  # (sim/engines/request.py imports this module: typed, not imported)
+    from sim.engines.request import Req
 
 HIST_BIN_TOKENS: Final = 8192
 HIST_BINS: Final = 64  # up to 512K positions; the last bin collects the rest
@@ -234,7 +238,7 @@ class RunRecorder:
         self._last_token: dict[int, float] = {}  # request id -> when its last token came
 
     # --- lifecycle ----------------------------------------------------------------------
-    def _record(self, req: Any) -> RequestRecord:
+    def _record(self, req: Req) -> RequestRecord:
         """A new record, numbered (its row) and kept live until ``_fold``."""
         s = req.session
         rec = RequestRecord(
@@ -273,7 +277,7 @@ class RunRecorder:
         """Records so far (one per request admitted or dropped)."""
         return self._n
 
-    def open(self, req: Any, now: float, *, reused: int, holes: int, ideal: int,
+    def open(self, req: Req, now: float, *, reused: int, holes: int, ideal: int,
              recomputed: list[tuple[int, int]], recompute_units: float, segments: Any,
              bs: int, loaded: int = 0, found: Any = None) -> RequestRecord:
         """``segments``: the match after any CPU load, so GPU runs are hit or loaded;
@@ -322,22 +326,22 @@ class RunRecorder:
             hist[i + 1:j] += width
         hist[j] += b - j * width
 
-    def prefill_units(self, req: Any, total: float, attention: int) -> None:
+    def prefill_units(self, req: Req, total: float, attention: int) -> None:
         """A prefill chunk of ``req`` the engine priced: ``total`` units, ``attention`` of
         them attention (``costmodel.units.Units``)."""
-        rec: RequestRecord = req.record
+        rec = cast(RequestRecord, req.record)  # (an admitted request's)
         rec.prefill_units += total
         rec.attention_units += attention
 
-    def first_token(self, req: Any, now: float) -> None:
-        rec: RequestRecord = req.record
+    def first_token(self, req: Req, now: float) -> None:
+        rec = cast(RequestRecord, req.record)  # (an admitted request's)
         rec.first_token_s = now
         rec.ttft_s = now - req.arrival
         self._last_token[req.rid] = now
         if self.listener is not None:
             self.listener.first_token(req)
 
-    def tokens(self, reqs: Any, n: int, first_at: float, last_at: float,
+    def tokens(self, reqs: Sequence[Req], n: int, first_at: float, last_at: float,
                step_s: float = 0.0, inc_s: float = 0.0) -> None:
         """Each of ``reqs`` (past its first token) got ``n`` tokens: the first at
         ``first_at``, then one every ``step_s + inc_s * i`` (``i = 0 .. n-2``, a decode run's
@@ -349,7 +353,7 @@ class RunRecorder:
             if before is not None:  # (a request without a first token has no gap yet)
                 gap = first_at - before
                 self.gaps.add(gap)
-                rec: RequestRecord = r.record
+                rec = cast(RequestRecord, r.record)
                 top = max(gap, tail)
                 if not top <= rec.itl_max_s:  # (NaN at first)
                     rec.itl_max_s = top
@@ -360,8 +364,8 @@ class RunRecorder:
             last[r.rid] = last_at
         self.gaps.add_series(step_s, inc_s, n - 1, len(reqs))
 
-    def close(self, req: Any, now: float) -> None:
-        rec: RequestRecord = req.record
+    def close(self, req: Req, now: float) -> None:
+        rec = cast(RequestRecord, req.record)  # (an admitted request's)
         rec.end_s = now
         rec.decoded_tokens = max(0, req.generated - 1)
         last = self._last_token.pop(req.rid, None)
@@ -369,7 +373,7 @@ class RunRecorder:
             rec.tpot_s = (last - rec.first_token_s) / rec.decoded_tokens
         self._fold(rec)
 
-    def drop(self, req: Any, now: float, reason: str = "cache") -> None:
+    def drop(self, req: Req, now: float, reason: str = "cache") -> None:
         """``reason``: ``context`` (prompt above the model's context) or ``cache`` (prompt and
         decode reservation cannot fit in the cache even when it holds nothing else)."""
         rec = req.record or self._record(req)
@@ -380,20 +384,21 @@ class RunRecorder:
         self.counters["dropped"] += 1
         self.counters[f"dropped_{reason}"] += 1
 
-    def retracted(self, req: Any) -> None:
-        req.record.retractions += 1
+    def retracted(self, req: Req) -> None:
+        cast(RequestRecord, req.record).retractions += 1
         self.counters["retractions"] += 1
 
-    def redone(self, req: Any, tokens: int, units: float) -> None:
+    def redone(self, req: Req, tokens: int, units: float) -> None:
         """Prefill of positions the request had computed before a preemption/retraction,
         priced by the engine."""
-        req.record.preempted_recompute_tokens += tokens
-        req.record.preempted_recompute_units += units
+        rec = cast(RequestRecord, req.record)
+        rec.preempted_recompute_tokens += tokens
+        rec.preempted_recompute_units += units
 
     def aborted(self, req: Any) -> None:
         self.counters["aborted"] += 1
 
-    def evicted(self, res: Any) -> None:
+    def evicted(self, res: EvictResult) -> None:
         """``deleted_blocks``: last copies removed (either tier), whatever made them;
         demotions move KV to the CPU tier and are counted apart. ``evictions`` counts the
         calls that freed GPU room."""
@@ -402,11 +407,15 @@ class RunRecorder:
             c["evictions"] += 1
             if self.observer is not None:
                 self.observer.evicted(res.deleted_blocks, res.demoted_blocks)
-        c["evicted_blocks"] += res.deleted_blocks
-        c["demoted_blocks"] += res.demoted_blocks
-        c["holes_made_blocks"] += res.holes_made
+        # (an update that adds nothing is skipped: every pass under pressure evicts)
+        if res.deleted_blocks:
+            c["evicted_blocks"] += res.deleted_blocks
+        if res.demoted_blocks:
+            c["demoted_blocks"] += res.demoted_blocks
+        if res.holes_made:
+            c["holes_made_blocks"] += res.holes_made
 
-    def loaded(self, ld: Any, bs: int) -> None:
+    def loaded(self, ld: LoadResult, bs: int) -> None:
         c = self.counters
         c["cpu_loads"] += 1
         if self.observer is not None:
