@@ -26,10 +26,10 @@ Views (which nodes are victims, which children count):
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 from heapq import heapify, heappop, heappush  # (module globals: no attribute lookups)
 from itertools import pairwise
+from operator import index
 from typing import Any, Final, NamedTuple, cast
 
 from policies import (
@@ -48,6 +48,18 @@ from .node import Node, Tier
 _GPU: Final = Tier.GPU
 _NONE: Final = Tier.NONE
 _DROPPED: Final = Tier.DROPPED
+# The policy components the planner tells apart, and the heap's functions, as constants of
+# this module (every eviction plans: no lookup in the module's namespace per use).
+_BLOCK: Final = BLOCK
+_PRIVATE_HEAD: Final = PRIVATE_HEAD
+_TAIL: Final = TAIL
+_LEAF_HEAD: Final = LEAF_HEAD
+_LRU: Final = lru
+_heapify: Final = heapify
+_heappop: Final = heappop
+_heappush: Final = heappush
+# No room bound: more blocks than any cache holds (an int, so that a step's size stays one).
+_UNBOUNDED: Final = 1 << 62
 
 
 class Step(NamedTuple):
@@ -190,9 +202,9 @@ def plan(
     now = policy.context.now() if pinned is not None else 0.0
     start = start or policy.start
     granularity = granularity or policy.granularity
-    exact = granularity is BLOCK  # take(size, need) is min(size, need): no call
+    exact = granularity is _BLOCK  # take(size, need) is min(size, need): no call
     take = granularity.take if not exact else None
-    head = start.from_head
+    head: bool = start.from_head
     # The whole-tree view, where planning runs on it, is called directly (not through a
     # bound method of either view).
     history: HistoryView | None = None
@@ -200,13 +212,13 @@ def plan(
         history = view
     # The built-in starts' chains, read without their calls into the view (every eviction
     # walks one); any other start, or a view of another kind, is asked through ``chain``.
-    head_view = history if start is PRIVATE_HEAD else None  # PRIVATE_HEAD's, read inline
-    inlined = head_view is not None or start is TAIL or start is LEAF_HEAD
-    chain_of: Callable[..., Any] = _leaf_only if inlined else start.chain
+    head_view = history if start is _PRIVATE_HEAD else None  # PRIVATE_HEAD's, read inline
+    leaf_only = head_view is None and (start is _TAIL or start is _LEAF_HEAD)
+    inlined = head_view is not None or leaf_only
     release = view.release if history is None else None
     # Entries (key, serial, node): serials are unique, so nodes are never compared. LRU's key
     # is (last_access, serial) itself: its entries (last_access, serial, node) sort the same.
-    lru_entries = key is lru and pinned is None
+    lru_entries = key is _LRU and pinned is None
     if lru_entries:
         heap: list[Any] = [(n.last_access, n.serial, n) for n in victims]
     elif pinned is None:
@@ -214,27 +226,32 @@ def plan(
     else:
         heap = [(pinned(n) > now, key(n), n.serial, n) for n in victims]
     if len(heap) > 1:
-        heapify(heap)
+        _heapify(heap)
     steps: list[Step] = []
-    # An int room or inf: a float annotation would make the compiled core's k a float.
-    left: Any = math.inf if room is None else room
+    left: int = _UNBOUNDED if room is None else room
+    chain: list[Node]
     while need > 0 and left > 0 and heap:
-        leaf: Node = heappop(heap)[-1]
-        chain: Any = _private_head_chain(leaf, head_view) if head_view is not None \
-            else chain_of(leaf, view)
+        leaf: Node = _heappop(heap)[-1]
+        if head_view is not None:
+            chain = _private_head_chain(leaf, head_view)
+        elif leaf_only:  # TAIL's and LEAF_HEAD's chain: the victim leaf alone
+            chain = [leaf]
+        else:
+            chain = list(start.chain(leaf, view))  # type: ignore[arg-type]
         if debug:
             _check_chain(chain, leaf, view)
             if inlined:  # (asked once only otherwise: an observed start counts its calls)
-                assert list(chain) == list(start.chain(leaf, view)), (  # type: ignore[arg-type]
+                assert chain == list(start.chain(leaf, view)), (  # type: ignore[arg-type]
                     f"a built-in chain read differs from {start!r}.chain at {leaf!r}")
         survivor: Node | None = None
-        nd: Node
         for nd in chain:
             if need <= 0:
                 break
             size = len(nd.ids)
             if counts is None or counts(nd):
-                k: Any = (size if size < need else need) if take is None else take(size, need)
+                # (a granularity's take may answer a numpy integer: index() takes any int)
+                k: int = (size if size < need else need) if take is None \
+                    else index(take(size, need))
                 if k > left:
                     k = left
                 if k <= 0:
@@ -251,18 +268,13 @@ def plan(
                 survivor = release(nd)
         if survivor is not None and need > 0 and (eligible is None or eligible(survivor)):
             if lru_entries:
-                heappush(heap, (survivor.last_access, survivor.serial, survivor))
+                _heappush(heap, (survivor.last_access, survivor.serial, survivor))
             elif pinned is None:
-                heappush(heap, (key(survivor), survivor.serial, survivor))
+                _heappush(heap, (key(survivor), survivor.serial, survivor))
             else:
-                heappush(heap, (pinned(survivor) > now, key(survivor),
-                                      survivor.serial, survivor))
+                _heappush(heap, (pinned(survivor) > now, key(survivor),
+                                 survivor.serial, survivor))
     return steps
-
-
-def _leaf_only(leaf: Node, view: View) -> tuple[Node]:
-    """``TAIL.chain`` and ``LEAF_HEAD.chain``: the victim leaf alone."""
-    return (leaf,)
 
 
 def _private_head_chain(leaf: Node, view: HistoryView) -> list[Node]:

@@ -300,14 +300,21 @@ class RadixTree:
                 parent = top.parent
                 assert parent is not None
                 parent.children[top.ids.item(0)] = child
-                child.ids = np.concatenate([*(nd.ids for nd in run), child.ids])
+                parts = [nd.ids for nd in run]
+                parts.append(child.ids)
+                child.ids = np.concatenate(parts)
                 child.start = top.start
                 child.parent = parent
-                child.hit_count = max(child.hit_count, *(nd.hit_count for nd in run))
-                child.keyed = max(child.keyed, *(nd.keyed for nd in run))
+                hits, keyed = child.hit_count, child.keyed
                 for nd in run:
+                    if nd.hit_count > hits:
+                        hits = nd.hit_count
+                    if nd.keyed > keyed:
+                        keyed = nd.keyed
                     nd.parent = None
                     nd.children = {}
+                child.hit_count = hits
+                child.keyed = keyed
             i = j - 1
 
     # ------------------------------------------------------------------ locks and reservations
