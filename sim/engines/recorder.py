@@ -218,7 +218,9 @@ class RunRecorder:
         self._live: dict[int, RequestRecord] = {}  # row -> record not folded yet
         self._cols = _Columns()
         self._n = 0  # rows numbered so far (one per record, in the order they were made)
-        self.hist = np.zeros(HIST_BINS, dtype=np.int64)
+        # Recomputed prompt positions per bin of HIST_BIN_TOKENS (``hist``): Python ints,
+        # which every admission adds to without numpy's per-item calls.
+        self._hist: list[int] = [0] * HIST_BINS
         self.counters: dict[str, float] = {
             "prefill_batches": 0, "prefill_seconds": 0.0, "decode_events": 0,
             "decode_steps": 0, "decode_seconds": 0.0, "evictions": 0, "evicted_blocks": 0,
@@ -312,7 +314,7 @@ class RunRecorder:
 
     def _histogram(self, a: int, b: int) -> None:
         """Count positions ``[a, b)`` into the bins they fall in (the last bin is open)."""
-        width, last, hist = HIST_BIN_TOKENS, HIST_BINS - 1, self.hist
+        width, last, hist = HIST_BIN_TOKENS, HIST_BINS - 1, self._hist
         a = max(a, 0)
         if a >= b:
             return
@@ -322,9 +324,15 @@ class RunRecorder:
             hist[i] += b - a
             return
         hist[i] += (i + 1) * width - a
-        if j > i + 1:  # the bins between are covered whole
-            hist[i + 1:j] += width
+        for k in range(i + 1, j):  # the bins between are covered whole
+            hist[k] += width
         hist[j] += b - j * width
+
+    @property
+    def hist(self) -> np.ndarray:
+        """Recomputed prompt positions per bin of ``HIST_BIN_TOKENS`` (int64; the last bin
+        collects the rest)."""
+        return np.asarray(self._hist, dtype=np.int64)
 
     def prefill_units(self, req: Req, total: float, attention: int) -> None:
         """A prefill chunk of ``req`` the engine priced: ``total`` units, ``attention`` of
@@ -493,7 +501,7 @@ class RunRecorder:
         for row, rec in other._live.items():  # still open there: the same objects
             self._live[base + row] = rec
         self._n += other._n
-        self.hist = self.hist + other.hist
+        self._hist = [x + y for x, y in zip(self._hist, other._hist, strict=True)]
         self.gaps.extend(other.gaps)
         for k, v in other.counters.items():
             self.counters[k] = self.counters.get(k, 0) + v
@@ -592,7 +600,7 @@ class RunRecorder:
             "sim_end_s": float(sim_end),
             **latency_fields(ok, self.gaps, sim_end),
             "recompute_position_hist": {
-                "bin_tokens": HIST_BIN_TOKENS, "tokens": self.hist.tolist()},
+                "bin_tokens": HIST_BIN_TOKENS, "tokens": list(self._hist)},
         }
 
 
