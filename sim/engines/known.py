@@ -37,11 +37,16 @@ class KnownBlocks:
         # pins the buffer, so ``_grow`` lets it go before resizing.
         self._view: np.ndarray | None = None
         self._other: set[int] = set()  # ids outside the flags when they came
-        self._added = 0  # ids passed to add (duplicates included): bounds the flags
+        self._added = 0  # ids stored (duplicates included): bounds the flags
+        # Inserts not stored yet: the next query stores them at once (a chunked prefill
+        # adds a few ids per chunk, and queries come once per admission).
+        self._pending: list[np.ndarray] = []
 
     @property
     def covered(self) -> int:
         """The flags cover ids ``[0, covered)``; every other id is in the overflow set."""
+        if self._pending:
+            self._flush()
         return self._nflags
 
     def __len__(self) -> int:
@@ -51,8 +56,20 @@ class KnownBlocks:
         return self.has(x)
 
     def add(self, ids: np.ndarray) -> None:
-        """Insert ``ids`` (any int array; repeats and known ids are fine)."""
+        """Insert ``ids`` (any int array; repeats and known ids are fine). Held until the
+        next query, which stores every insert held so far in one batch: callers do not
+        change arrays they passed (the cache's contract, sim/kvcache/node.py)."""
         ids = np.asarray(ids, dtype=np.int64).ravel()
+        if ids.size:
+            self._pending.append(ids)
+
+    def _flush(self) -> None:
+        """Store the inserts held (before any query reads the set)."""
+        pending = self._pending
+        self._pending = []
+        self._store(pending[0] if len(pending) == 1 else np.concatenate(pending))
+
+    def _store(self, ids: np.ndarray) -> None:
         n = ids.size
         if not n:
             return
@@ -102,6 +119,8 @@ class KnownBlocks:
         """How many leading ids of ``ids`` are known, assuming the known ones among them are
         a prefix (chained ids): ``traces.model.longest_known_prefix``'s bisection, with the
         membership test inlined (the engines ask it at every admission)."""
+        if self._pending:
+            self._flush()
         n = int(ids.size)
         item = ids.item
         if n and self.has(item(n - 1)):
@@ -117,12 +136,16 @@ class KnownBlocks:
 
     def has(self, x: int) -> bool:
         """Whether id ``x`` is known."""
+        if self._pending:
+            self._flush()
         if 0 <= x < self._nflags and self._flags[x]:
             return True
         return x in self._other
 
     def to_array(self) -> np.ndarray:
         """Every known id, sorted (int64)."""
+        if self._pending:
+            self._flush()
         dense = np.flatnonzero(np.frombuffer(self._flags, dtype=np.uint8)).astype(np.int64)
         rest = np.fromiter(self._other, dtype=np.int64, count=len(self._other))
         return np.union1d(dense, rest)
