@@ -1,20 +1,23 @@
-"""kvsim against NVIDIA Dynamo's offline replay on the Mooncake synthetic trace, both routers.
+"""kvsim against NVIDIA Dynamo's offline replay on the Mooncake synthetic trace, both routers,
+at the same block size on both sides.
 
     python -m benchmarks.bench_dynamo [--json] [--repeat 3] [--trace PATH] [--peer-python PY]
 
-The same workload on both sides: 4 workers with 256K-token caches (Dynamo's mocker engines:
-``{"engine": {"block_size": 512, "num_gpu_blocks": 512}}``, ``trace_block_size=512``; kvsim:
-``RunConfig.from_flat(trace, replay="open", gpu_cache=262144, replicas=4, router=R)`` on the sglang
-preset, at its default 64-token blocks and, as ``kvsim-512``, at Dynamo's 512), behind
-round robin (Dynamo ``round_robin`` / kvsim ``round-robin``) and the KV router
-(Dynamo ``kv_router`` / kvsim ``dynamo-kv``). Every run is a fresh interpreter; the variants
-run interleaved ``--repeat`` times (the machine may be shared) and each row gives the median
-wall and CPU seconds and ms per request; the header says which path kvsim ran (the compiled
-core, or the Python source where ``make core`` has not built it or a source changed since).
-kvsim's times are the simulation with the trace
-loaded (``run``); Dynamo's are its whole ``dynamo.replay.run_trace_replay`` call, which parses
-the (decompressed) trace itself. The Dynamo side runs in ``--peer-python`` (default: this
-interpreter); without an importable ``dynamo.replay`` there it is skipped with one line
+The same workload on both sides: 4 workers with 256K-token caches behind round robin (Dynamo
+``round_robin`` / kvsim ``round-robin``) and the KV router (Dynamo ``kv_router`` / kvsim
+``dynamo-kv``), at two block sizes, each the same on both sides: kvsim's default 64 (Dynamo's
+mocker engines ``{"engine": {"block_size": 64, "num_gpu_blocks": 4096}}``, the trace's
+512-token hashes split in eight as kvsim's loader splits them) and the trace's own 512
+(``{"block_size": 512, "num_gpu_blocks": 512}``; kvsim ``block_size=512``), with
+``trace_block_size=512`` on Dynamo's side and ``RunConfig.from_flat(trace, replay="open",
+gpu_cache=262144, replicas=4, router=R)`` on the sglang preset on kvsim's. Every run is a
+fresh interpreter; the variants run interleaved ``--repeat`` times (the machine may be
+shared) and each row gives the median wall and CPU seconds and ms per request; the header
+says which path kvsim ran (the compiled core, or the Python source where ``make core`` has
+not built it or a source changed since). kvsim's times are the simulation with the trace
+loaded (``run``); Dynamo's are its whole ``dynamo.replay.run_trace_replay`` call, which
+parses the (decompressed) trace itself. The Dynamo side runs in ``--peer-python`` (default:
+this interpreter); without an importable ``dynamo.replay`` there it is skipped with one line
 (``make bench`` installs ai-dynamo and ai-dynamo-runtime 1.6.1 into .venv).
 """
 
@@ -33,11 +36,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_TRACE = REPO.parent / "shared" / "data" / "mooncake" / "synthetic_trace.jsonl.gz"
 ROUTERS = (("round-robin", "round_robin"), ("dynamo-kv", "kv_router"))
-WORKERS, CACHE_TOKENS, BLOCK = 4, 262144, 512
-# kvsim at its own 64-token blocks (every run's default), and at Dynamo's 512: the same
-# number of blocks per prompt as the mocker engines track
-KVSIM_SIDES = (("kvsim", 64), ("kvsim-512", BLOCK))
-SIDES = ("kvsim", "kvsim-512", "dynamo")
+WORKERS, CACHE_TOKENS, TRACE_BLOCK = 4, 262144, 512
+# The block sizes both sides run at: kvsim's default (every run's), and the trace's own
+BLOCKS = (64, TRACE_BLOCK)
+SIDES = tuple(f"{side}-{b}" for b in BLOCKS for side in ("kvsim", "dynamo"))
 
 _KVSIM = """
 import json, sys, time
@@ -58,11 +60,12 @@ print(json.dumps({"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time
 _DYNAMO = """
 import json, sys, time
 from dynamo.replay import run_trace_replay
-trace, mode, workers, blocks, bs = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6])
+trace, mode = sys.argv[1], sys.argv[2]
+workers, blocks, bs, trace_bs = map(int, sys.argv[3:7])
 args = {"engine": {"block_size": bs, "num_gpu_blocks": blocks}}
 c0, t0 = time.process_time(), time.perf_counter()
 run_trace_replay([trace], extra_engine_args=args, num_workers=workers, router_mode=mode,
-                 trace_block_size=bs)
+                 trace_block_size=trace_bs)
 print(json.dumps({"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0}))
 """
 
@@ -91,23 +94,23 @@ def measure(trace: str, repeat: int, peer: str | None) -> list[dict]:
     try:
         for _ in range(max(1, repeat)):
             for ours, theirs in ROUTERS:
-                for side, block in KVSIM_SIDES:
-                    runs.setdefault((ours, side), []).append(
+                for block in BLOCKS:
+                    runs.setdefault((ours, f"kvsim-{block}"), []).append(
                         _child(sys.executable, _KVSIM, trace, ours, WORKERS, CACHE_TOKENS,
                                block))
-                if peer is not None:
-                    runs.setdefault((ours, "dynamo"), []).append(
-                        _child(peer, _DYNAMO, plain, theirs, WORKERS,
-                               CACHE_TOKENS // BLOCK, BLOCK))
+                    if peer is not None:
+                        runs.setdefault((ours, f"dynamo-{block}"), []).append(
+                            _child(peer, _DYNAMO, plain, theirs, WORKERS,
+                                   CACHE_TOKENS // block, block, TRACE_BLOCK))
     finally:
         if plain is not None:
             shutil.rmtree(Path(plain).parent, ignore_errors=True)
     rows = []
     for ours, _ in ROUTERS:
-        requests = runs[(ours, "kvsim")][-1]["requests"]
+        requests = runs[(ours, f"kvsim-{BLOCKS[0]}")][-1]["requests"]
         row: dict = {"router": ours, "requests": requests,
-                     "kvsim_core": ",".join(sorted({r["core"] for side, _ in KVSIM_SIDES
-                                                    for r in runs[(ours, side)]}))}
+                     "kvsim_core": ",".join(sorted({r["core"] for b in BLOCKS
+                                                    for r in runs[(ours, f"kvsim-{b}")]}))}
         for side in SIDES:
             if (ours, side) not in runs:
                 continue
@@ -118,10 +121,11 @@ def measure(trace: str, repeat: int, peer: str | None) -> list[dict]:
                          "runs_cpu_s": [r["cpu_s"] for r in rs],
                          "wall_ms_per_request": 1e3 * wall / requests,
                          "cpu_ms_per_request": 1e3 * cpu / requests}
-        if "dynamo" in row:
-            row["wall_ratio"] = row["kvsim"]["wall_s"] / row["dynamo"]["wall_s"]
-            row["cpu_ratio"] = row["kvsim"]["cpu_s"] / row["dynamo"]["cpu_s"]
-            row["wall_ratio_512"] = row["kvsim-512"]["wall_s"] / row["dynamo"]["wall_s"]
+        for b in BLOCKS:  # kvsim / Dynamo at the same block size
+            ours_b, theirs_b = row.get(f"kvsim-{b}"), row.get(f"dynamo-{b}")
+            if theirs_b is not None:
+                row[f"wall_ratio_{b}"] = ours_b["wall_s"] / theirs_b["wall_s"]
+                row[f"cpu_ratio_{b}"] = ours_b["cpu_s"] / theirs_b["cpu_s"]
         rows.append(row)
     return rows
 
@@ -149,18 +153,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Mooncake synthetic trace, {WORKERS} workers x {CACHE_TOKENS // 1024}K tokens, "
           f"median of {max(1, args.repeat)} interleaved runs; kvsim on its "
           f"{'/'.join(sorted({r['kvsim_core'] for r in rows}))} path (sim/kvcache/native.py)")
-    print(f"{'router':>12} {'side':>7} {'wall s':>7} {'CPU s':>7} {'wall ms/req':>12} "
+    print(f"{'router':>12} {'side':>10} {'wall s':>7} {'CPU s':>7} {'wall ms/req':>12} "
           f"{'CPU ms/req':>11}")
     for r in rows:
         for side in SIDES:
             if side in r:
                 m = r[side]
-                print(f"{r['router']:>12} {side:>7} {m['wall_s']:>7.2f} {m['cpu_s']:>7.2f} "
+                print(f"{r['router']:>12} {side:>10} {m['wall_s']:>7.2f} {m['cpu_s']:>7.2f} "
                       f"{m['wall_ms_per_request']:>12.3f} {m['cpu_ms_per_request']:>11.3f}")
-        if "wall_ratio" in r:
-            print(f"{r['router']:>12} kvsim / dynamo: wall {r['wall_ratio']:.2f}x, "
-                  f"CPU {r['cpu_ratio']:.2f}x; at Dynamo's block: wall "
-                  f"{r['wall_ratio_512']:.2f}x")
+        for b in BLOCKS:
+            if f"wall_ratio_{b}" in r:
+                print(f"{r['router']:>12} kvsim / dynamo at {b}-token blocks: wall "
+                      f"{r[f'wall_ratio_{b}']:.2f}x, CPU {r[f'cpu_ratio_{b}']:.2f}x")
     return 0
 
 

@@ -1,4 +1,4 @@
-"""policies/active.py ``ActivePrompts`` against the per-block reference count it replaces
+"""sim/fleet/active.py ``ActivePrompts`` against the per-block reference count it replaces
 (``dict[id, count]``, one entry per block of every active prompt): the same unique count, the
 same active prefix of any prompt and the same blocks gained and freed, on random streams of
 chained prompts (prefixes of a few branching token sequences, ids chained as the traces'
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies.active import ActivePrompts
+from sim.fleet.active import ActivePrompts
 
 # a prompt: a short sequence over a small alphabet, so prompts share and diverge often
 tokens = st.lists(st.integers(0, 2), max_size=12)

@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from policies.active import ActivePrompts
 from policies.routers import dynamo, llmd, mooncake, preble, sglang
+from sim.fleet.active import ActivePrompts
 
 
 # -- SGLang cache_aware ----------------------------------------------------------------------

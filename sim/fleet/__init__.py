@@ -9,7 +9,8 @@
 
 - ``beliefs``: what the router thinks each replica caches (approximate views it updates with
   what it routed; an exact index fed by KV events after a lag); ``radix``: SMG 1.13's tree.
-- ``load``: router-local in-flight counts, scraped engine metrics, predicted active load.
+- ``load``: router-local in-flight counts, scraped engine metrics, predicted active load
+  (``active``: the prompts active on a replica, per branch point of their shared prefixes).
 - ``kvevents``: the replicas' KV events (each cache's own queue, ``sim.kvcache.events``),
   drained in emission order to the exact index and the pool before they read.
 - ``fleet``: routes each request, keeps the beliefs, measures belief against truth; reads the

@@ -20,7 +20,7 @@ import numpy as np
 import simpy
 from mypy_extensions import mypyc_attr
 
-from policies.active import ActivePrompts
+from .active import ActivePrompts
 
 
 class InFlight:
@@ -127,7 +127,7 @@ def exact_delay(now: float, at: float) -> float | None:
 
 class Predicted:
     def __init__(self, n: int) -> None:
-        self.active = [ActivePrompts() for _ in range(n)]  # per replica (policies/active.py)
+        self.active = [ActivePrompts() for _ in range(n)]  # per replica (sim/fleet/active.py)
         self.prefill: list[dict[int, int]] = [{} for _ in range(n)]  # rid -> prefill tokens
         self.prefill_total = [0] * n
 

@@ -39,7 +39,7 @@ COMPILED = ("sim.kvcache.node", "sim.kvcache.tree", "sim.kvcache.planner",
             "sim.kvcache.paths", "sim.kvcache.results", "sim.engines.latency",
             "sim.engines.recorder", "sim.replay", "sim.kvcache.events", "sim.fleet.fleet",
             "sim.fleet.kvevents", "sim.fleet.load", "sim.fleet.eventindex",
-            "sim.engines.clock")
+            "sim.engines.clock", "sim.fleet.active")
 # The shared library of the compiled modules, sim/core__mypyc.*.so: outside their package,
 # whose attribute lookups fail while its __init__ runs.
 GROUP = "sim.core"

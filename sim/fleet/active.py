@@ -1,5 +1,6 @@
 """``ActivePrompts``: the block ids of the prompts a router believes are active on one worker,
-as a multiset of chained block-id sequences.
+as a multiset of chained block-id sequences (compiled with the core: every routed request
+adds its prompt, and every reply removes it).
 
 Dynamo's slot manager, which the fleet's predicted load keeps for its router
 (sim/fleet/load.py, read by policies/routers/dynamo.py), counts per worker the UNIQUE blocks
@@ -21,9 +22,13 @@ import numpy as np
 
 
 class _Node:
-    __slots__ = ("children", "ids", "key", "parent", "refs")
+    __slots__ = ("children", "first", "ids", "key", "parent", "refs", "size")
 
     def __init__(self, ids: np.ndarray, parent: _Node | None, refs: int) -> None:
+        self.ids = ids
+        self.key = b""
+        self.size = 0
+        self.first: int = 0
         self.set_ids(ids)
         self.parent = parent
         self.refs = refs  # active prompts whose path covers this whole edge
@@ -34,6 +39,8 @@ class _Node:
         # their bytes: a walk tests a whole edge against the prompt's bytes in C
         # (``_covers``), without an array operation
         self.key = ids.tobytes()
+        self.size = len(self.key) // 8  # its blocks
+        self.first = ids.item(0) if self.size else 0  # its key in the parent's children
 
 
 def _covers(buf: bytes, pos: int, child: _Node) -> bool:
@@ -84,16 +91,16 @@ class ActivePrompts:
             buf = ids.tobytes()
         node, pos, n = self._root, 0, int(ids.size)
         while pos < n:
-            child = node.children.get(int(ids[pos]))
+            child = node.children.get(ids.item(pos))
             if child is None:
                 return pos
             if _covers(buf, pos, child):
-                pos += child.ids.size
+                pos += child.size
                 node = child
                 continue
             m = _common(child.ids, ids[pos:])
             pos += m
-            if m < child.ids.size:
+            if m < child.size:
                 return pos
             node = child
         return pos
@@ -105,14 +112,14 @@ class ActivePrompts:
         buf = ids.tobytes()
         node.refs += 1
         while pos < n:
-            key = int(ids[pos])
+            key = ids.item(pos)
             child = node.children.get(key)
             if child is None:
                 node.children[key] = _Node(ids[pos:].copy(), node, 1)
                 self.unique += n - pos
                 return n - pos
-            m = child.ids.size if _covers(buf, pos, child) else _common(child.ids, ids[pos:])
-            if m < child.ids.size:
+            m = child.size if _covers(buf, pos, child) else _common(child.ids, ids[pos:])
+            if m < child.size:
                 self._split(child, m)
             child.refs += 1
             pos += m
@@ -126,10 +133,10 @@ class ActivePrompts:
         buf = ids.tobytes()
         path = [node]
         while pos < n:
-            child = node.children.get(int(ids[pos]))
+            child = node.children.get(ids.item(pos))
             if child is None or not _covers(buf, pos, child):
                 raise KeyError(f"prompt of {n} blocks is not active (no path at block {pos})")
-            pos += child.ids.size
+            pos += child.size
             node = child
             path.append(node)
         if any(x.refs <= 0 for x in path):
@@ -140,12 +147,14 @@ class ActivePrompts:
         for x in reversed(path[1:]):  # counts fall along a path: the dead ones are its tail
             if x.refs:
                 break
-            del x.parent.children[int(x.ids[0])]
-            freed += int(x.ids.size)
+            parent = x.parent
+            assert parent is not None  # (below the root)
+            del parent.children[x.first]
+            freed += x.size
         self.unique -= freed
         live = [x for x in path[1:] if x.refs]
         for x in live:  # joined children are skipped (they left the tree)
-            if x.parent is not None and x.parent.children.get(int(x.ids[0])) is x:
+            if x.parent is not None and x.parent.children.get(x.first) is x:
                 self._merge_down(x)
         return freed
 
@@ -158,7 +167,7 @@ class ActivePrompts:
         for c in tail.children.values():
             c.parent = tail
         node.set_ids(node.ids[:m])
-        node.children = {int(tail.ids[0]): tail}
+        node.children = {tail.first: tail}
 
     @staticmethod
     def _merge_down(node: _Node) -> None:
