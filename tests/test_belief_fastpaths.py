@@ -285,6 +285,28 @@ def test_event_index_drops_deep_subtrees_as_the_model(stream, floor):
     assert isinstance(belief.index, ChainIndex)
 
 
+@settings(max_examples=200, deadline=None)
+@given(deep_streams(), st.sampled_from([0, 1, 2]), st.sampled_from([0, 37, (1 << 40) + 3]),
+       st.sampled_from([COLLECT_FLOOR, 4]))
+def test_span_buckets_change_no_answer(stream, bits, shift, floor):
+    # ChainIndex keeps a run of consecutive ids as a span listed per bucket of 2**SPAN_BITS
+    # ids (RunMap): small buckets make runs reach several, split across them and leave
+    # listings behind a split or a collection; shifted ids start spans inside a bucket and
+    # far from zero (versioned keys). Every answer after every event is the model's.
+    import sim.fleet.eventindex as eventindex
+
+    moved = [(r, stored, [b + shift for b in ids],
+              parent + shift if parent is not None and parent >= 0 else parent)
+             for r, stored, ids, parent in stream]
+    saved = eventindex.SPAN_BITS
+    eventindex.SPAN_BITS = bits
+    try:
+        belief = check_event_index(moved, True, floor, every_event=True)
+    finally:
+        eventindex.SPAN_BITS = saved
+    assert isinstance(belief.index, ChainIndex)
+
+
 def test_a_removal_leaves_the_link_a_later_load_without_parent_follows():
     # Replica 0 stores the chain 1 -> 2 -> 3 and loses 2 (and so 3): the block-by-block
     # index keeps 1's link to 2. A CPU load restores 2 with no parent named (no new link),

@@ -35,6 +35,10 @@ _is_block: Final = partial(is_not, None)  # a child link's target (None: no chil
 # times what the replicas hold: a history evicted and restored soon after finds its run still
 # there, and memory stays within a few times the caches'.
 COLLECT_FLOOR: Final = 1 << 17
+# ``RunMap`` lists a run of consecutive ids under each bucket of this many ids (a power of 2)
+# it reaches; ``Run.first`` of a run that is not consecutive.
+SPAN_BITS: Final = 6
+DENSE_NONE: Final = -(1 << 63)
 
 
 def _link(first: dict[int, int], more: dict[int, set[int]], parent: int, b: int) -> None:
@@ -212,12 +216,17 @@ class Run:
     the root, each the only stored child of the one before (``raw``: their int64 bytes, which
     a chain is compared against with one ``memcmp``); ``children`` by first id."""
 
-    def __init__(self, ids: list[int], raw: bytes, start: int, parent: Run | None) -> None:
+    def __init__(self, ids: list[int], raw: bytes, start: int, parent: Run | None,
+                 first: int = DENSE_NONE) -> None:
         self.ids = ids
         self.raw = raw
         self.start = start
         self.parent = parent
         self.children: dict[int, Run] = {}
+        # ``ids[0]`` when the ids are consecutive (``ids[k] == first + k``; any part of such a
+        # run is too), else DENSE_NONE: such a run is found by its span (``RunMap``) and an
+        # id's place in it is a subtraction
+        self.first = first
 
     @property
     def end(self) -> int:
@@ -229,9 +238,11 @@ class Run:
         return p.ids[-1] if p is not None and p.ids else -1
 
     def offset(self, b: int) -> int:
-        """Where id ``b`` (one of this run's) lies in it: its bytes found from the end (the
-        ids asked most are a run's last: the parent of a chain that extends it, a tail
-        removed); a match across two ids is skipped."""
+        """Where id ``b`` (one of this run's) lies in it: for consecutive ids a subtraction,
+        else its bytes found from the end (the ids asked most are a run's last: the parent of
+        a chain that extends it, a tail removed); a match across two ids is skipped."""
+        if self.first != DENSE_NONE:
+            return b - self.first
         key = b.to_bytes(8, sys.byteorder, signed=True)
         raw = self.raw
         at = raw.rfind(key)
@@ -259,6 +270,79 @@ def _int64(ids: np.ndarray) -> np.ndarray:
     return ids if ids.dtype == np.int64 else ids.astype(np.int64)
 
 
+def _dense_first(ids: np.ndarray, buf: bytes) -> int:
+    """``ids[0]`` when ``ids`` (int64, not empty; ``buf`` its bytes) are consecutive
+    ascending ids, else ``DENSE_NONE``: trace ids mostly are (traces/model.py numbers blocks
+    in the order they first appear)."""
+    first = ids.item(0)
+    n = len(ids)
+    if ids.item(n - 1) != first + n - 1 or first == DENSE_NONE:
+        return DENSE_NONE
+    if n > 2 and np.arange(first, first + n, dtype=np.int64).tobytes() != buf:
+        return DENSE_NONE
+    return first
+
+
+class RunMap:
+    """Every id in ``ChainIndex``'s tree -> its run. A run of consecutive ids (``Run.first``)
+    is kept as a span, listed under each bucket of ``2**SPAN_BITS`` ids it reaches, so that a
+    store of new ids costs per bucket, not per id; the ids of any other run are kept one by
+    one. A run only shrinks (a split, a collection) while it is listed: a lookup tests the
+    span as it stands, and a collection lists every run afresh."""
+
+    def __init__(self) -> None:
+        self.one: dict[int, Run] = {}  # the ids of runs that are not consecutive
+        self.spans: dict[int, list[Run]] = {}  # bucket -> consecutive runs reaching it
+        self.size = 0  # ids mapped
+
+    def get(self, b: int) -> Run | None:
+        run = self.one.get(b)
+        if run is not None:
+            return run
+        runs = self.spans.get(b >> SPAN_BITS)
+        if runs is not None:
+            for run in runs:
+                if run.first <= b < run.first + len(run.ids):
+                    return run
+        return None
+
+    def add(self, run: Run) -> None:
+        """Map every id of ``run`` (ids not mapped: ``disjoint`` said so) to it."""
+        n = len(run.ids)
+        self.size += n
+        self.relist(run)
+
+    def relist(self, run: Run) -> None:
+        """Map ``run``'s ids to it (ids another run held before a split)."""
+        first = run.first
+        if first == DENSE_NONE:
+            self.one.update(zip(run.ids, repeat(run)))
+            return
+        spans = self.spans
+        for bucket in range(first >> SPAN_BITS, (first + len(run.ids) - 1 >> SPAN_BITS) + 1):
+            runs = spans.get(bucket)
+            if runs is None:
+                spans[bucket] = [run]
+            else:
+                runs.append(run)
+
+    def disjoint(self, ids: list[int], first: int) -> bool:
+        """Whether no id of ``ids`` is mapped (``first``: their ``_dense_first``)."""
+        if self.one and not self.one.keys().isdisjoint(ids):
+            return False
+        if not self.spans:
+            return True
+        if first == DENSE_NONE:
+            return not any(self.get(b) is not None for b in ids
+                           if (b >> SPAN_BITS) in self.spans)
+        last = first + len(ids) - 1
+        for bucket in range(first >> SPAN_BITS, (last >> SPAN_BITS) + 1):
+            for run in self.spans.get(bucket, ()):
+                if run.first <= last and first < run.first + len(run.ids):
+                    return False
+        return True
+
+
 class ChainIndex(BlockIndex):
     """Run by run (see the module docstring), ``drop_orphans`` only. Per replica r,
     ``depth[r][run]`` is the depth up to which r holds ``run`` (absent: none of it): a
@@ -276,7 +360,7 @@ class ChainIndex(BlockIndex):
         self.root = Run([], b"", 0, None)
         # every id in the tree -> its run (its depth from the root: the run's start plus its
         # offset there, ``Run.offset``; 0 is the first block)
-        self.run_of: dict[int, Run] = {}
+        self.run_of = RunMap()
         self.depth: list[dict[Run, int]] = [{} for _ in range(n)]
         self.count = [0] * n
         self.stale: list[dict[int, set[int]]] = [{} for _ in range(n)]
@@ -317,17 +401,17 @@ class ChainIndex(BlockIndex):
             if k < m:
                 break  # the chain leaves the run inside it
         if i < n:
-            tail: list[int] = ids[i:].tolist()
+            rest = ids[i:]
+            raw = buf[8 * i:]
+            tail: list[int] = rest.tolist()
+            first = _dense_first(rest, raw)
             run_of = self.run_of
-            if not run_of.keys().isdisjoint(tail):
+            if not run_of.disjoint(tail, first):
                 return False
-            new = Run(tail, buf[8 * i:], at, run)
-            size = len(run_of)
-            run_of.update(zip(tail, repeat(new)))
-            if len(run_of) - size != len(tail):  # an id twice in the chain: taken back
-                for b in tail:
-                    run_of.pop(b, None)
+            if first == DENSE_NONE and len(set(tail)) != len(tail):  # an id twice in it
                 return False
+            new = Run(tail, raw, at, run, first)
+            run_of.add(new)
             off = at - run.start
             if off < len(run.ids):
                 self._split(run, off)
@@ -339,20 +423,21 @@ class ChainIndex(BlockIndex):
             if to > was:
                 depth[run] = to
                 count[r] += to - was
-        if len(self.run_of) > self.collect_at:
+        if self.run_of.size > self.collect_at:
             self._collect()
         return True
 
     def _split(self, run: Run, off: int) -> None:
         """Cut ``run`` after its first ``off`` ids: the rest becomes its only child."""
-        rest = Run(run.ids[off:], run.raw[8 * off:], run.start + off, run)
+        rest = Run(run.ids[off:], run.raw[8 * off:], run.start + off, run,
+                   run.first + off if run.first != DENSE_NONE else DENSE_NONE)
         rest.children = run.children
         for child in rest.children.values():
             child.parent = rest
         run.ids = run.ids[:off]
         run.raw = run.raw[:8 * off]
         run.children = {rest.ids[0]: rest}
-        self.run_of.update(zip(rest.ids, repeat(rest)))
+        self.run_of.relist(rest)
         cut = rest.start
         for depth in self.depth:
             to = depth.get(run)
@@ -408,7 +493,7 @@ class ChainIndex(BlockIndex):
             lost += b - a
             if stale:  # links from removed blocks go with them
                 if len(stale) < b - a:
-                    for p in [p for p in stale if self.run_of[p] is x
+                    for p in [p for p in stale if self.run_of.get(p) is x
                               and a <= x.start + x.offset(p) < b]:
                         del stale[p]
                 else:
@@ -487,7 +572,7 @@ class ChainIndex(BlockIndex):
         replica holds outnumber the held about three to one: keeping these costs less than
         deleting those)."""
         depth = self.depth
-        run_of: dict[int, Run] = {}
+        run_of = RunMap()
         stack = [self.root]
         while stack:
             run = stack.pop()
@@ -502,7 +587,7 @@ class ChainIndex(BlockIndex):
                         continue
                     child.ids = child.ids[:to - child.start]
                     child.raw = child.raw[:8 * (to - child.start)]
-                run_of.update(zip(child.ids, repeat(child)))
+                run_of.add(child)
                 stack.append(child)
         self.run_of = run_of
-        self.collect_at = max(self.collect_floor, 4 * len(run_of))
+        self.collect_at = max(self.collect_floor, 4 * run_of.size)
