@@ -45,7 +45,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import repeat
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
@@ -236,7 +235,7 @@ class ReplicaView(NamedTuple):
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
-        """The fields, in order (``replica_views`` takes one column for each)."""
+        """The fields, in order (the fleet's ``replica_views`` takes one column for each)."""
         return cls._fields
 
     def overlap_tokens(self, request: RouteRequest) -> int | None:
@@ -244,17 +243,6 @@ class ReplicaView(NamedTuple):
         if self.overlap_blocks is None:
             return None
         return min(self.overlap_blocks * request.block_size, request.prompt_tokens)
-
-
-def replica_views(*columns: Sequence[Any]) -> tuple[ReplicaView, ...]:
-    """One ``ReplicaView`` per replica from the views' columns (every field of
-    ``ReplicaView``, in its order, one value per replica): how the fleet builds a decision's
-    views, each as one tuple, without the named tuple's Python constructor per view."""
-    names = ReplicaView.field_names()
-    if len(columns) != len(names):
-        raise TypeError(f"replica_views takes {len(names)} columns ({', '.join(names)}), "
-                        f"got {len(columns)}")
-    return tuple(map(tuple.__new__, repeat(ReplicaView), zip(*columns, strict=True)))
 
 
 @dataclass(frozen=True, slots=True)

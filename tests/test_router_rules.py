@@ -148,16 +148,17 @@ def test_dynamo_active_prefix_counts_chained_ids_like_a_scan():
 def test_replica_views_are_the_views_built_one_by_one():
     """The fleet builds a decision's views column by column (``replica_views``): each must
     be the ``ReplicaView`` its row gives, field for field, and a missing column is refused."""
-    from policies.routing import ReplicaView, replica_views
+    from policies.routing import ReplicaView
+    from sim.fleet.fleet import replica_views
     rng = np.random.default_rng(5)
     for n in (1, 3, 8):
         cols = [list(range(n))]
         for f in ReplicaView.field_names()[1:]:
             cols.append([None if rng.random() < 0.3 else int(rng.integers(100)) for _ in range(n)]
                         if f != "kv_usage" else [float(rng.random()) for _ in range(n)])
-        views = replica_views(*cols)
+        views = replica_views(cols)
         assert views == tuple(ReplicaView(*row) for row in zip(*cols, strict=True))
         assert all(type(v) is ReplicaView for v in views)
         assert [v.active_prefix_blocks for v in views] == cols[-1]
     with pytest.raises(TypeError, match=f"{len(ReplicaView.field_names())} columns"):
-        replica_views(range(2), [0, 0])
+        replica_views([range(2), [0, 0]])

@@ -23,8 +23,8 @@ would hold then (a binary search per replica).
 from __future__ import annotations
 
 import numbers
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Final
 
 import simpy
 
@@ -42,7 +42,6 @@ from policies.routing import (
     RouteRequest,
     RouterView,
     ScrapedMetrics,
-    replica_views,
 )
 from sim.engines.recorder import RunRecorder
 from sim.kvcache.events import BlockRemoved, BlockStored
@@ -54,6 +53,25 @@ from .load import InFlight, Predicted, Scraper
 from .radix import RadixBelief
 
 __all__ = ["Fleet", "ReplicaSignals", "RoutingError", "build_belief"]
+
+
+_new_view: Final = tuple.__new__  # a ReplicaView from its fields, without the Python-level __new__
+_VIEW_FIELDS: Final = len(ReplicaView._fields)
+
+
+def replica_views(columns: list[Sequence[Any]]) -> tuple[ReplicaView, ...]:
+    """One ``ReplicaView`` per replica from the views' ``columns`` (every field of
+    ``ReplicaView``, in its order, one value per replica): how the fleet builds a decision's
+    views, each as one tuple."""
+    if len(columns) != _VIEW_FIELDS:
+        raise TypeError(f"replica_views takes {_VIEW_FIELDS} columns "
+                        f"({', '.join(ReplicaView._fields)}), got {len(columns)}")
+    n = len(columns[0])
+    for column in columns:
+        if len(column) != n:
+            raise ValueError(f"replica_views: columns of {n} and {len(column)} replicas")
+    return tuple([_new_view(ReplicaView, tuple([column[i] for column in columns]))
+                  for i in range(n)])
 
 
 def build_belief(spec: CacheViewSpec | None, n: int,
@@ -231,10 +249,10 @@ class Fleet:
             active = [self.predicted.active_blocks(i) for i in range(n)]
             prefill = self.predicted.prefill_total
             held = self.predicted.active_prefixes(ids)
-        return replica_views(range(n), overlaps if overlaps is not None else none,
-                             sizes if sizes is not None else none, inf.requests, inf.tokens,
-                             inf.routed, queue, running, kv_usage, scraped_at, active, prefill,
-                             held)
+        return replica_views([range(n), overlaps if overlaps is not None else none,
+                              sizes if sizes is not None else none, inf.requests, inf.tokens,
+                              inf.routed, queue, running, kv_usage, scraped_at, active,
+                              prefill, held])
 
     def _record(self, req, r: int, now: float, overlaps, truth: list[int]) -> None:
         d, bs, p = self.decisions, self.bs, req.prompt_tokens
