@@ -4,18 +4,21 @@ values), and it holds no record object of a finished request."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import math
 import weakref
-from types import SimpleNamespace
 
+import numpy as np
 import pandas as pd
 import pytest
+import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from costmodel.units import Units
-from sim.engines.recorder import COLUMNS, RunRecorder
+from sim.engines.recorder import COLUMNS, RequestRecord, RunRecorder
+from sim.engines.request import Req
 
 
 class _Prompt:
@@ -29,10 +32,10 @@ class _Prompt:
         return Units()
 
 
-def _req(rid: int, session: int, arrival: float):
-    return SimpleNamespace(rid=rid, session=session, arrival=arrival, prompt_tokens=100 + rid,
-                           output_tokens=5, prompt=_Prompt(), generated=3, record=None,
-                           ranges=[])
+def _req(rid: int, session: int, arrival: float) -> Req:
+    return Req(rid=rid, session=session, arrival=arrival, seq=0, prompt_tokens=100 + rid,
+               output_tokens=5, ids=np.zeros(0, np.int64), done=simpy.Environment().event(),
+               prompt=_Prompt(), generated=3)  # type: ignore[arg-type]
 
 
 def _recorder() -> RunRecorder:
@@ -131,3 +134,15 @@ def test_the_position_histogram_counts_each_position_in_its_bin(ranges) -> None:
         rec._histogram(max(a, 0), max(a, 0) + n)
         want += np.maximum(0, np.minimum(hi, max(a, 0) + n) - np.maximum(lo, max(a, 0)))
     assert rec.hist.tolist() == want.tolist()
+
+
+def test_a_records_values_are_its_columns_in_order():
+    """``RequestRecord.values`` (written out for the compiled core) is every field but ``row``,
+    in the order of ``COLUMNS``: a field added to the record must be added there too."""
+    rec = RequestRecord(7, "s", 1, 2, True, 0.5)
+    for k, name in enumerate(COLUMNS):  # a distinct value per field, of the field's type
+        kind = type(getattr(rec, name))
+        setattr(rec, name, f"v{k}" if kind is str else bool(k % 2) if kind is bool
+                else kind(k + 1))
+    assert rec.values() == tuple(getattr(rec, name) for name in COLUMNS)
+    assert [f.name for f in dataclasses.fields(RequestRecord)] == [*COLUMNS, "row"]

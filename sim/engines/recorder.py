@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import math
-import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Final, Protocol, cast
@@ -83,6 +82,21 @@ class RequestRecord:
     # its row in the recorder's columns (not a column itself; -1: none yet)
     row: int = field(default=-1, repr=False, compare=False)
 
+    def values(self) -> tuple:
+        """Its row of the request table: every field but ``row``, in order (``COLUMNS``;
+        written out, so that the compiled core reads each natively: tests/test_recorder_columns.py
+        holds it to the fields)."""
+        return (self.request, self.session, self.session_index, self.turn, self.subagent,
+                self.send_s, self.admit_s, self.first_token_s, self.end_s, self.ttft_s,
+                self.queue_wait_s, self.prompt_tokens, self.output_tokens, self.hit_gpu_tokens,
+                self.loaded_cpu_tokens, self.recomputed_tokens, self.hole_tokens,
+                self.new_tokens, self.decoded_tokens, self.ideal_hit_tokens,
+                self.private_lost, self.prefill_units, self.attention_units,
+                self.recompute_units, self.retractions, self.preempted_recompute_tokens,
+                self.preempted_recompute_units, self.dropped, self.drop_reason, self.kind,
+                self.dropped_tokens, self.restored_tokens, self.reprefill_tokens,
+                self.rerotated_tokens, self.tpot_s, self.itl_max_s)
+
 
 # The request table's columns, in order: every field but ``row``.
 COLUMNS: Final[tuple[str, ...]] = tuple(f.name for f in fields(RequestRecord) if f.name != "row")
@@ -95,7 +109,6 @@ def _type_name(annotation: Any) -> str:
 
 _FIELD_TYPES: Final[dict[str, str]] = {f.name: _type_name(f.type) for f in fields(RequestRecord)}
 _STR_COLUMNS: Final = frozenset(name for name, kind in _FIELD_TYPES.items() if kind == "str")
-_values: Final = operator.attrgetter(*COLUMNS)  # a record's row, as a tuple
 _BOOLS: Final = frozenset((bool, np.bool_))
 
 
@@ -107,7 +120,7 @@ def empty_table() -> pd.DataFrame:
 
 @functools.cache
 def _empty_table() -> pd.DataFrame:
-    row = _values(RequestRecord(0, "", 0, 0, False, 0.0))
+    row = RequestRecord(0, "", 0, 0, False, 0.0).values()
     return pd.DataFrame([dict(zip(COLUMNS, row, strict=True))]).iloc[:0]
 
 
@@ -243,11 +256,14 @@ class RunRecorder:
     def _record(self, req: Req) -> RequestRecord:
         """A new record, numbered (its row) and kept live until ``_fold``."""
         s = req.session
-        rec = RequestRecord(
-            request=req.rid, session=self.names[s], session_index=s,
-            turn=req.rid - self.turn0[s], subagent=self.is_sub[s], send_s=req.arrival,
-            prompt_tokens=req.prompt_tokens, output_tokens=req.output_tokens,
-            kind=req.prompt.kind, row=self._n)
+        # (its leading fields by position, the rest set: a native construction, without a
+        # call by keywords)
+        rec = RequestRecord(req.rid, self.names[s], s, req.rid - self.turn0[s],
+                            self.is_sub[s], req.arrival)
+        rec.prompt_tokens = req.prompt_tokens
+        rec.output_tokens = req.output_tokens
+        rec.kind = req.prompt.kind
+        rec.row = self._n
         self._live[self._n] = rec
         self._n += 1
         return rec
@@ -256,7 +272,7 @@ class RunRecorder:
         """``rec`` is final: its values go to the columns; the object stays the request's
         (``req.record``) but the recorder no longer holds it."""
         del self._live[rec.row]
-        self._cols.put(rec.row, _values(rec))
+        self._cols.put(rec.row, rec.values())
 
     def _folded(self, rec: RequestRecord) -> bool:
         return self._live.get(rec.row) is not rec
@@ -368,7 +384,7 @@ class RunRecorder:
                     if self._folded(rec):  # (a request in a decode run it finished in)
                         self._cols.flush()
                         self._cols.cols = write(self._cols.cols, np.asarray([rec.row]),
-                                                [_values(rec)])
+                                                [rec.values()])
             last[r.rid] = last_at
         self.gaps.add_series(step_s, inc_s, n - 1, len(reqs))
 
@@ -517,7 +533,7 @@ class RunRecorder:
         if self._live:  # requests still open at the end: their records as they stand
             rows = np.fromiter(self._live, dtype=np.int64, count=len(self._live))
             cols = write([c.copy() for c in cols], rows,
-                         [_values(r) for r in self._live.values()])
+                         [r.values() for r in self._live.values()])
         by = dict(zip(COLUMNS, cols, strict=True))
         # sort_values(["send_s", "request"], kind="stable"): a stable lexsort, ties in order
         order = np.lexsort((by["request"], by["send_s"]))
