@@ -74,8 +74,8 @@ class Replay:
         strategy its views (a summarization call first when one is due, sent at once)."""
         if self.context is None:
             t = self.trace
-            return [cast(Prompt, FullPrompt(t, r, t.block_ids(r), int(t.prompt_tokens[r]),
-                                            max(1, int(t.output_tokens[r]))))]
+            return [cast(Prompt, FullPrompt(t, r, t.block_ids(r), t.prompt_tokens.item(r),
+                                            max(1, t.output_tokens.item(r))))]
         return list(self.context.views(r))
 
     def _req(self, r: int, prompt: Prompt) -> Req:
@@ -91,9 +91,9 @@ class Replay:
                 next_send_s = float(self.send_at[r])
         elif r + 1 < sess.first + sess.count:
             next_gap = GAP_KINDS[int(t.gap_kind.item(r + 1))]
-            next_gap_s = float(self.gaps[r + 1])
+            next_gap_s = float(self.gaps.item(r + 1))
             if self.send_at is not None:
-                next_send_s = float(self.send_at[r + 1])
+                next_send_s = float(self.send_at.item(r + 1))
         else:
             next_gap, next_gap_s = "end", math.nan
         return self.server.request_class(  # the engine's own record (sim/engines/request.py)
@@ -102,7 +102,14 @@ class Replay:
             ids=prompt.ids, done=self.env.event(), prompt=prompt,
             shared_blocks=sess.shared_prefix_blocks, next_gap=next_gap,
             next_gap_s=next_gap_s, next_send_s=next_send_s,
-            hint=self._hints.setdefault(s, WalkHint()))
+            hint=self._hint(s))
+
+    def _hint(self, s: int) -> WalkHint:
+        """Session ``s``'s walk hint (made at its first request)."""
+        hint = self._hints.get(s)
+        if hint is None:
+            hint = self._hints[s] = WalkHint()
+        return hint
 
     def session(self, s: int, delay: float = 0.0) -> Generator:
         env, rec = self.env, self.server.rec

@@ -11,10 +11,22 @@ Compiled with the core (sim/kvcache/native.py): every server pass asks it.
 
 from __future__ import annotations
 
+from typing import Any
+
 import simpy
+from simpy.events import Event, Timeout
 
 
 class Clock(simpy.Environment):
+    # SimPy binds its event classes to an environment of its own class only
+    # (``BoundClass.bind_early``): on a subclass each ``env.timeout``/``env.event`` went
+    # through the descriptor, a bound method made per call. The same constructions, direct.
+    def timeout(self, delay: float = 0, value: Any = None) -> Timeout:
+        return Timeout(self, delay, value)
+
+    def event(self) -> Event:
+        return Event(self)
+
     def advance(self, delay: float) -> bool:
         """Move the clock ``delay`` forward now, as ``yield self.timeout(delay)`` would, when
         no scheduled event is due at or before then; False (and no change) otherwise, and the
