@@ -14,10 +14,7 @@ import pytest
 import simpy
 
 from sim.engines.recorder import RequestRecord
-from sim.engines.request import (
-    Req,
-    VllmReq,
-)
+from sim.engines.request import Req, VllmReq
 from sim.engines.sglang import Admission
 from sim.kvcache.results import EvictResult
 

@@ -43,7 +43,9 @@ from policies.routing import (
     RouterView,
     ScrapedMetrics,
 )
+from sim.engines.base import EngineBase
 from sim.engines.recorder import RunRecorder
+from sim.engines.request import Req
 from sim.kvcache.events import BlockRemoved, BlockStored
 
 from .beliefs import CacheBelief, EventBelief, PodLRUBelief, TreeBelief, TTLBelief
@@ -136,8 +138,8 @@ class Fleet:
     ``rec``: the recorder the replay reports sessions to; ``signals``: each replica's
     recorder listener (``ReplicaSignals``), bound here."""
 
-    def __init__(self, env: simpy.Environment, replicas: list, router: Router, block_size: int,
-                 rec: RunRecorder, rng, pool=None,
+    def __init__(self, env: simpy.Environment, replicas: list[EngineBase], router: Router,
+                 block_size: int, rec: RunRecorder, rng, pool=None,
                  signals: list[ReplicaSignals] | None = None) -> None:
         self.env, self.replicas, self.router, self.rec = env, replicas, router, rec
         self.pool = pool  # a FleetPool (sim/fleet/pooltier.py) or None
@@ -181,7 +183,7 @@ class Fleet:
         """The replicas' request record (one engine kind per fleet)."""
         return self.replicas[0].request_class
 
-    def submit(self, req) -> None:
+    def submit(self, req: Req) -> None:
         env, bs = self.env, self.bs
         now = env.now
         if self.feed is not None:
@@ -254,7 +256,7 @@ class Fleet:
                               inf.routed, queue, running, kv_usage, scraped_at, active,
                               prefill, held])
 
-    def _record(self, req, r: int, now: float, overlaps, truth: list[int]) -> None:
+    def _record(self, req: Req, r: int, now: float, overlaps, truth: list[int]) -> None:
         d, bs, p = self.decisions, self.bs, req.prompt_tokens
         d.rid.append(req.rid)
         d.session.append(req.session)
@@ -278,13 +280,13 @@ class Fleet:
         """The callback of ``req``'s reply, routed to ``r``."""
         return lambda _done: self._finished(req, r)
 
-    def _finished(self, req, r: int) -> None:
+    def _finished(self, req: Req, r: int) -> None:
         self.inflight.finished(r, req.prompt_tokens)
         if self.predicted is not None:
             self.predicted.freed(r, req.rid, req.ids)
         self.router.on_finish(req.rid, r, self.env.now)
 
-    def opened(self, req, found) -> None:
+    def opened(self, req: Req, found) -> None:
         """A request's first admission (``found``: its match before any CPU load): the prefix
         an unlimited cache shared by the fleet holds (every replica's cache ever held that
         replica's ``known_prefix_blocks``; with chained ids the union's prefix is the longest
@@ -301,7 +303,7 @@ class Fleet:
         if self.pool is not None:
             self.pool.admitted(req, found)
 
-    def first_token(self, replica: int, req) -> None:
+    def first_token(self, replica: int, req: Req) -> None:
         """``req``'s first token came back from ``replica``."""
         if self.predicted is not None:
             self.predicted.prefill_done(replica, req.rid)
