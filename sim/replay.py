@@ -96,16 +96,12 @@ class Replay:
                 next_send_s = float(self.send_at.item(r + 1))
         else:
             next_gap, next_gap_s = "end", math.nan
-        # The engine's own record (sim/engines/request.py): its leading fields by position,
-        # the rest set (a native construction, without a call by keywords).
-        req: Req = self.server.request_class(
-            r, s, self.env.now, 0, prompt.prompt_tokens, max(1, prompt.output_tokens),
-            prompt.ids, self.env.event(), prompt, sess.shared_prefix_blocks)
-        req.next_gap = next_gap
-        req.next_gap_s = next_gap_s
-        req.next_send_s = next_send_s
-        req.hint = self._hint(s)
-        return req
+        return self.server.request_class(  # the engine's own record (sim/engines/request.py)
+            rid=r, session=s, arrival=self.env.now, seq=0,
+            prompt_tokens=prompt.prompt_tokens, output_tokens=max(1, prompt.output_tokens),
+            ids=prompt.ids, done=self.env.event(), prompt=prompt,
+            shared_blocks=sess.shared_prefix_blocks, next_gap=next_gap,
+            next_gap_s=next_gap_s, next_send_s=next_send_s, hint=self._hint(s))
 
     def _hint(self, s: int) -> WalkHint:
         """Session ``s``'s walk hint (made at its first request)."""

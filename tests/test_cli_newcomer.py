@@ -457,7 +457,9 @@ def test_pool_workers_exit_when_the_sweep_is_killed(tmp_path) -> None:
     psutil = pytest.importorskip("psutil")
     (tmp_path / "slow.py").write_text(SLOW_POLICY)
     cfg = tmp_path / "s.yaml"
-    cfg.write_text("base: {trace: 'synthetic:chat?sessions=8', gpu_cache: 4k, "
+    # (a cache the requests fit: with every request dropped the points end at once and no
+    # eviction asks the slow key, so the workers are gone before the sweep is killed)
+    cfg.write_text("base: {trace: 'synthetic:chat?sessions=8', gpu_cache: 16k, "
                    "policy: slow.py:Slow}\ngrid: {sessions: [2, 3, 4, 5]}\n")
     repo = Path(__file__).resolve().parent.parent
     env = {**os.environ, "PYTHONPATH": str(repo)}

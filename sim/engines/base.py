@@ -32,6 +32,7 @@ from sim.context import apply_edit
 from sim.context.prompt import FullPrompt
 from sim.context.view import RequestView
 from sim.engines.recorder import RequestRecord, RunRecorder
+from sim.kvcache.results import EvictResult
 
 from .clock import Clock
 from .known import KnownBlocks
@@ -193,6 +194,12 @@ class EngineBase:
         """Wake the server process if it waits on the doorbell (something for it arrived)."""
         if not self._wake.triggered:
             self._wake.succeed()
+
+    def _evicted(self, res: EvictResult) -> None:
+        """Tell the recorder what a call that made room did (its numbers: the recorder does
+        not read the cache's results)."""
+        self.rec.evicted(res.freed_blocks, res.deleted_blocks, res.demoted_blocks,
+                         res.holes_made)
 
     def _drop_reason(self, req: Req) -> str:
         """Why a request that can never fit is dropped (recorded with the drop)."""
@@ -394,7 +401,7 @@ class EngineBase:
         if not self.tiered:
             return 0.0
         h2d, self._pending_h2d_bytes = self._pending_h2d_bytes, 0
-        self.rec.evicted(self.cache.background_evictions())
+        self._evicted(self.cache.background_evictions())
         d2h = self.cache.backup_pending() * self.bs * self.kv_bytes
         self.rec.transferred(h2d, d2h)
         seconds = self.profile.transfer_seconds(h2d, "h2d")
@@ -406,7 +413,7 @@ class EngineBase:
         """At the end of a run: record what the cache did after the last event (deletions
         and d2h copies made by the final inserts), so every block and byte is counted."""
         if self.tiered:
-            self.rec.evicted(self.cache.background_evictions())
+            self._evicted(self.cache.background_evictions())
             h2d, self._pending_h2d_bytes = self._pending_h2d_bytes, 0
             self.rec.transferred(h2d, self.cache.backup_pending() * self.bs * self.kv_bytes)
 

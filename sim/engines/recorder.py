@@ -27,7 +27,6 @@ import numpy as np
 import pandas as pd
 
 from sim.engines.latency import TokenGaps
-from sim.kvcache.results import EvictResult, LoadResult
 
 if TYPE_CHECKING:  # (sim/engines/request.py imports this module: typed, not imported)
     from sim.engines.request import Req
@@ -476,24 +475,27 @@ class RunRecorder:
     def aborted(self, req: Any) -> None:
         self.counters["aborted"] += 1
 
-    def evicted(self, res: EvictResult) -> None:
-        """``deleted_blocks``: last copies removed (either tier), whatever made them;
-        demotions move KV to the CPU tier and are counted apart. ``evictions`` counts the
+    def evicted(self, freed_blocks: int, deleted_blocks: int, demoted_blocks: int = 0,
+                holes_made: int = 0) -> None:
+        """What one call that made room did (the engine reads it off the cache's result):
+        ``freed_blocks`` GPU blocks freed; ``deleted_blocks``: last copies removed (either
+        tier), whatever made them; ``demoted_blocks`` moved to the CPU tier (counted apart);
+        ``holes_made``: deleted blocks left in the tree as holes. ``evictions`` counts the
         calls that freed GPU room."""
         c = self.counters
-        if res.freed_blocks:
+        if freed_blocks:
             c["evictions"] += 1
             if self.observer is not None:
-                self.observer.evicted(res.deleted_blocks, res.demoted_blocks)
+                self.observer.evicted(deleted_blocks, demoted_blocks)
         # (an update that adds nothing is skipped: every pass under pressure evicts)
-        if res.deleted_blocks:
-            c["evicted_blocks"] += res.deleted_blocks
-        if res.demoted_blocks:
-            c["demoted_blocks"] += res.demoted_blocks
-        if res.holes_made:
-            c["holes_made_blocks"] += res.holes_made
+        if deleted_blocks:
+            c["evicted_blocks"] += deleted_blocks
+        if demoted_blocks:
+            c["demoted_blocks"] += demoted_blocks
+        if holes_made:
+            c["holes_made_blocks"] += holes_made
 
-    def loaded(self, ld: LoadResult, bs: int) -> None:
+    def loaded(self, ld: Any, bs: int) -> None:
         c = self.counters
         c["cpu_loads"] += 1
         if self.observer is not None:

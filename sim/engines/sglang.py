@@ -209,7 +209,7 @@ class SGLangServer(EngineBase):
         if need > 0:
             if cache.free_blocks < need:
                 res = cache.make_room(need)
-                self.rec.evicted(res)
+                self._evicted(res)
                 if not res.ok:
                     return False
             cache.reserve(need)
@@ -260,7 +260,7 @@ class SGLangServer(EngineBase):
         ok = True
         if cache.free_blocks < missing:
             res = cache.make_room(missing)
-            self.rec.evicted(res)
+            self._evicted(res)
             ok = res.ok
         if ok:
             cache.reserve(missing)
@@ -321,7 +321,7 @@ class SGLangServer(EngineBase):
                 continue
             if cache.free_blocks < missing:
                 res = cache.make_room(missing)
-                self.rec.evicted(res)
+                self._evicted(res)
                 assert res.ok, f"pre-allocation of request {req.rid}: eviction fell short"
             cache.reserve(missing)
             self.receiving[req.rid] = (m.node, missing)
@@ -363,7 +363,7 @@ class SGLangServer(EngineBase):
         cache: RadixKVCache = self.cache
         n = cache.evictable_blocks
         if n:
-            self.rec.evicted(cache.evict(n))
+            self._evicted(cache.evict(n))
 
     def _unlock_all(self, req: Req) -> None:
         cache: RadixKVCache = self.cache
@@ -440,7 +440,7 @@ class SGLangServer(EngineBase):
         cache: RadixKVCache = self.cache
         need = sum(max(0, self._blocks(r.own_tokens + t) - r.reserved) for r, t in plan)
         if cache.free_blocks < need:
-            self.rec.evicted(cache.make_room(need))
+            self._evicted(cache.make_room(need))
         for i, (req, take) in enumerate(plan):
             if not self._reserve_tokens(req, take):
                 return i
@@ -567,10 +567,10 @@ class SGLangServer(EngineBase):
         if need > 0:
             cache: RadixKVCache = self.cache
             if cache.free_blocks < need:  # _allocate's room for the batch
-                self.rec.evicted(cache.make_room(need))
+                self._evicted(cache.make_room(need))
                 if cache.free_blocks < need:  # _reserve_tokens tries once more, then fails
                     res = cache.make_room(need)
-                    self.rec.evicted(res)
+                    self._evicted(res)
                     if not res.ok:  # keeps its locks; decode must free memory first
                         self.chunked = req
                         self.batch_is_full = bool(self.running)
@@ -637,7 +637,7 @@ class SGLangServer(EngineBase):
             self.waiting.append(v)
             short = self._blocks(RETRACT_DECODE_STEPS * len(self.running)) - cache.free_blocks
             if short > 0 and cache.evictable_blocks:
-                self.rec.evicted(cache.evict(min(short, cache.evictable_blocks)))
+                self._evicted(cache.evict(min(short, cache.evictable_blocks)))
         self.batch_is_full = False  # the running batch shrank
         survivors = self.running
         out = sum(r.generated for r in survivors)

@@ -70,7 +70,7 @@ from policies import Blocks, EvictionPolicy, PolicyError
 from policies.eviction import ReleaseOrder
 from sim.config import RunConfig, VllmKnobs
 from sim.engines.recorder import RunRecorder
-from sim.kvcache import EvictResult, Tier
+from sim.kvcache import Tier
 from sim.kvcache.blockpool import BlockPool
 
 from .base import EngineBase, steps_fitting
@@ -484,8 +484,7 @@ class VllmServer(EngineBase):
         if evicted != seen:
             now_lost = self.pool.lost_blocks
             self._seen_evicted = (evicted, now_lost)
-            self.rec.evicted(EvictResult(ok=True, freed_blocks=evicted - seen,
-                                         deleted_blocks=now_lost - lost))
+            self.rec.evicted(evicted - seen, now_lost - lost)
 
     def _preempt(self, req: VllmReq) -> None:
         """Preemption by recompute: free its blocks (in the policy's order; freed cached
