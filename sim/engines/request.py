@@ -95,6 +95,22 @@ class Req:
         self.hint = WalkHint() if hint is None else hint
         self.landed = landed
 
+    @classmethod
+    def sent(cls, rid: int, session: int, arrival: float, prompt_tokens: int,
+             output_tokens: int, ids: np.ndarray, done: simpy.Event, prompt: Prompt,
+             shared_blocks: int, next_gap: str, next_gap_s: float, next_send_s: float,
+             hint: WalkHint) -> Req:
+        """A request as a client sends it (sim/replay.py): what it carries, the rest at its
+        defaults. Its fields by position (a call by keywords parses every name each time):
+        the engine's own class, built natively when it is this one."""
+        if cls is Req:
+            return Req(rid, session, arrival, 0, prompt_tokens, output_tokens, ids, done,
+                       prompt, shared_blocks, 0, None, None, 0, 0, math.nan, math.nan, None,
+                       0, next_gap, next_gap_s, next_send_s, 0, hint)
+        return cls(rid, session, arrival, 0, prompt_tokens, output_tokens, ids, done, prompt,
+                   shared_blocks, 0, None, None, 0, 0, math.nan, math.nan, None, 0, next_gap,
+                   next_gap_s, next_send_s, 0, hint)
+
     def walk_from(self, hint: WalkHint) -> None:
         """Walk from ``hint`` from now on: a request that moves to another server's cache
         (a disaggregated fleet's pools, sim/fleet/pd.py) takes that cache's hint."""
