@@ -88,7 +88,7 @@ class Replay:
         if prompt.kind == "summary":
             next_gap, next_gap_s = "tool", 0.0
             if self.send_at is not None:
-                next_send_s = float(self.send_at[r])
+                next_send_s = float(self.send_at.item(r))
         elif r + 1 < sess.first + sess.count:
             next_gap = GAP_KINDS[int(t.gap_kind.item(r + 1))]
             next_gap_s = float(self.gaps.item(r + 1))

@@ -224,25 +224,22 @@ class Trace:
         """(prompt blocks, finish blocks, the next request whose prompt repeats r's output or
         -1) of request r: what ``finish_block_ids`` and ``finish_block_regions`` align on."""
         if self._finish_next is None:
-            self._finish_next = self._finish_layouts()
+            self._finish_len, self._finish_next = self._finish_layouts()
         return (self.prompt_tokens.item(r) // self.block_size, self._finish_len.item(r),
                 self._finish_next.item(r))
 
-    def _finish_layouts(self) -> np.ndarray:
-        """Every request's finish length (``_finish_len``, set here) and the next request
-        that repeats its output (returned; -1: none), computed once for the trace: a finish
-        reads its layout instead of deriving it."""
-        bs = self.block_size
-        n_p = self.prompt_tokens // bs
-        n_f = np.maximum(n_p, (self.prompt_tokens + self.output_tokens - 1) // bs)
-        R = len(self)
-        nxt = np.full(R, -1, np.int32)
-        if R > 1:
+    def _finish_layouts(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every request's finish length and the next request that repeats its output (-1:
+        none), computed once for the trace (int32): a finish reads its layout instead of
+        deriving it."""
+        n_p = self.prompt_tokens // self.block_size
+        n_f = self.finish_blocks()
+        nxt = np.full(len(self), -1, np.int32)
+        if len(self) > 1:
             same = self.session[1:] == self.session[:-1]
             repeats = (n_f[:-1] > n_p[:-1]) & same & (self.prefix_blocks[1:] >= n_p[:-1])
             nxt[:-1][repeats] = np.flatnonzero(repeats) + 1
-        self._finish_len = n_f.astype(np.int32)
-        return nxt
+        return n_f.astype(np.int32), nxt
 
     def finish_block_ids(self, r: int) -> np.ndarray:
         """Full blocks of prompt + output minus one token, what SGLang inserts when r finishes.

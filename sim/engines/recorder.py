@@ -309,14 +309,11 @@ class RunRecorder:
     def _record(self, req: Req) -> RequestRecord:
         """A new record, numbered (its row) and kept live until ``_fold``."""
         s = req.session
-        # (its leading fields by position, the rest set: a native construction, without a
-        # call by keywords)
-        rec = RequestRecord(req.rid, self.names[s], s, req.rid - self.turn0[s],
-                            self.is_sub[s], req.arrival)
-        rec.prompt_tokens = req.prompt_tokens
-        rec.output_tokens = req.output_tokens
-        rec.kind = req.prompt.kind
-        rec.row = self._n
+        rec = RequestRecord(
+            request=req.rid, session=self.names[s], session_index=s,
+            turn=req.rid - self.turn0[s], subagent=self.is_sub[s], send_s=req.arrival,
+            prompt_tokens=req.prompt_tokens, output_tokens=req.output_tokens,
+            kind=req.prompt.kind, row=self._n)
         self._live[self._n] = rec
         self._n += 1
         return rec
