@@ -329,7 +329,7 @@ class KvsimScheduler:
 
     def add(self, req: Request) -> None:
         from sim.context import FullPrompt
-        from sim.engines.request import VllmReq
+        from sim.engines.vllm import VllmReq
 
         ids = req.ids[: req.prompt_tokens // self.server.bs]
         r = VllmReq(rid=req.rid, session=0, arrival=0.0, seq=0, prompt_tokens=req.prompt_tokens,

@@ -14,12 +14,13 @@ import pytest
 import simpy
 
 from sim.engines.recorder import RequestRecord
-from sim.engines.request import Req, VllmReq
+from sim.engines.request import Req
 from sim.engines.sglang import Admission
+from sim.engines.vllm import VllmReq
 from sim.kvcache import Node, Tier
 from sim.kvcache.results import EvictResult
 
-WRITTEN_OUT = (Req, VllmReq, Admission, RequestRecord, EvictResult)
+WRITTEN_OUT = (Req, Admission, RequestRecord, EvictResult)
 
 
 def _same(a, b) -> bool:

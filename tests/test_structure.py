@@ -241,7 +241,8 @@ def test_one_request_record_per_engine() -> None:
     from dataclasses import fields
 
     from sim.engines import ENGINES
-    from sim.engines.request import Req, VllmReq
+    from sim.engines.request import Req
+    from sim.engines.vllm import VllmReq
 
     vllm_only = {"seq_ids", "computed", "decoding", "placeholders", "in_flight", "stale"}
     assert not vllm_only & {f.name for f in fields(Req)}

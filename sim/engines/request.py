@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -101,14 +100,15 @@ class Req:
              shared_blocks: int, next_gap: str, next_gap_s: float, next_send_s: float,
              hint: WalkHint) -> Req:
         """A request as a client sends it (sim/replay.py): what it carries, the rest at its
-        defaults. Its fields by position (a call by keywords parses every name each time):
-        the engine's own class, built natively when it is this one."""
+        defaults (fresh lists: a subclass's generated ``__init__`` takes them as given). Its
+        fields by position (a call by keywords parses every name each time): the engine's own
+        class, built natively when it is this one."""
         if cls is Req:
             return Req(rid, session, arrival, 0, prompt_tokens, output_tokens, ids, done,
-                       prompt, shared_blocks, 0, None, None, 0, 0, math.nan, math.nan, None,
-                       0, next_gap, next_gap_s, next_send_s, 0, hint)
+                       prompt, shared_blocks, 0, [], [], 0, 0, math.nan, math.nan, None, 0,
+                       next_gap, next_gap_s, next_send_s, 0, hint)
         return cls(rid, session, arrival, 0, prompt_tokens, output_tokens, ids, done, prompt,
-                   shared_blocks, 0, None, None, 0, 0, math.nan, math.nan, None, 0, next_gap,
+                   shared_blocks, 0, [], [], 0, 0, math.nan, math.nan, None, 0, next_gap,
                    next_gap_s, next_send_s, 0, hint)
 
     def walk_from(self, hint: WalkHint) -> None:
@@ -136,50 +136,3 @@ class Req:
         """Positions the prompt uses (what the context limit counts): repositioning gives
         the dropped ones back."""
         return self.prompt_tokens - self.prompt.freed_positions
-
-
-@dataclass(eq=False)
-class VllmReq(Req):
-    """A request on the vLLM engine (``VllmServer.request_class``): the sequence state its
-    block pool and V1 scheduler keep per request."""
-
-    # ids of every full block the sequence will have (prompt + output - 1 tokens), tokens
-    # with KV since the last (re)admission, and whether its prefill is done
-    seq_ids: np.ndarray | None = None
-    computed: int = 0
-    decoding: bool = False
-    # async scheduling: tokens sampled by steps whose output is not processed yet (vLLM's
-    # num_output_placeholders), tokens of its rows in such steps, and of those the ones
-    # scheduled before it was preempted (their output arrives stale)
-    placeholders: int = 0
-    in_flight: int = 0
-    stale: int = 0
-    # A decode worker's request whose prompt KV a prefill worker computes: called when its
-    # blocks are allocated (``VllmServer.reserve_remote``); None once they are.
-    remote_granted: Callable[[], None] | None = None
-
-    # Written out as Req's is (the compiled core builds a subclass of a written-out
-    # ``__init__`` natively only through one of its own): Req's fields, then these.
-    def __init__(self, rid: int, session: int, arrival: float, seq: int, prompt_tokens: int,
-                 output_tokens: int, ids: np.ndarray, done: simpy.Event, prompt: Prompt,
-                 shared_blocks: int = 0, generated: int = 0, locks: list | None = None,
-                 ranges: list[tuple[int, int]] | None = None, own_tokens: int = 0,
-                 reserved: int = 0, admitted_at: float = math.nan,
-                 first_token_at: float = math.nan, record: RequestRecord | None = None,
-                 known_blocks: int = 0, next_gap: str = "end", next_gap_s: float = math.nan,
-                 next_send_s: float = math.nan, redo_until: int = 0,
-                 hint: WalkHint | None = None, landed: object | None = None,
-                 seq_ids: np.ndarray | None = None, computed: int = 0, decoding: bool = False,
-                 placeholders: int = 0, in_flight: int = 0, stale: int = 0,
-                 remote_granted: Callable[[], None] | None = None) -> None:
-        super().__init__(rid, session, arrival, seq, prompt_tokens, output_tokens, ids, done,
-                         prompt, shared_blocks, generated, locks, ranges, own_tokens,
-                         reserved, admitted_at, first_token_at, record, known_blocks,
-                         next_gap, next_gap_s, next_send_s, redo_until, hint, landed)
-        self.seq_ids = seq_ids
-        self.computed = computed
-        self.decoding = decoding
-        self.placeholders = placeholders
-        self.in_flight = in_flight
-        self.stale = stale
-        self.remote_granted = remote_granted

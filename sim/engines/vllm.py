@@ -61,6 +61,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import simpy
 
 from costmodel.profile import Profile
@@ -74,7 +75,29 @@ from sim.kvcache import Tier
 from sim.kvcache.blockpool import BlockPool
 
 from .base import EngineBase, steps_fitting
-from .request import VllmReq
+from .request import Req
+
+
+@dataclass(eq=False)
+class VllmReq(Req):
+    """A request on the vLLM engine (``VllmServer.request_class``): the sequence state its
+    block pool and V1 scheduler keep per request."""
+
+    # ids of every full block the sequence will have (prompt + output - 1 tokens), tokens
+    # with KV since the last (re)admission, and whether its prefill is done
+    seq_ids: np.ndarray | None = None
+    computed: int = 0
+    decoding: bool = False
+    # async scheduling: tokens sampled by steps whose output is not processed yet (vLLM's
+    # num_output_placeholders), tokens of its rows in such steps, and of those the ones
+    # scheduled before it was preempted (their output arrives stale)
+    placeholders: int = 0
+    in_flight: int = 0
+    stale: int = 0
+    # A decode worker's request whose prompt KV a prefill worker computes: called when its
+    # blocks are allocated (``VllmServer.reserve_remote``); None once they are.
+    remote_granted: Callable[[], None] | None = None
+
 
 # vllm/engine/arg_utils.py get_batch_defaults: OPENAI_API_SERVER, H100/H200 tier.
 VLLM_MAX_NUM_SEQS = 1024

@@ -35,8 +35,7 @@ from costmodel.units import range_units
 from policies.continuum import ContinuumPins
 from sim.kvcache.blockpool import BlockPool
 
-from .request import VllmReq
-from .vllm import Step, VllmServer
+from .vllm import Step, VllmReq, VllmServer
 
 
 class PinningPool(BlockPool):

@@ -21,8 +21,7 @@ from costmodel.units import Units, range_units
 from sim.kvcache import Tier
 from sim.kvcache.blockpool import HolePool
 
-from .request import VllmReq
-from .vllm import VllmServer
+from .vllm import VllmReq, VllmServer
 from .vllm_continuum import (
     ContinuumFixedVllmServer,
     ContinuumVllmServer,
