@@ -100,13 +100,9 @@ class Req:
              shared_blocks: int, next_gap: str, next_gap_s: float, next_send_s: float,
              hint: WalkHint) -> Req:
         """A request as a client sends it (sim/replay.py): what it carries, the rest at its
-        defaults (fresh lists: a subclass's generated ``__init__`` takes them as given). Its
-        fields by position (a call by keywords parses every name each time): the engine's own
-        class, built natively when it is this one."""
-        if cls is Req:
-            return Req(rid, session, arrival, 0, prompt_tokens, output_tokens, ids, done,
-                       prompt, shared_blocks, 0, [], [], 0, 0, math.nan, math.nan, None, 0,
-                       next_gap, next_gap_s, next_send_s, 0, hint)
+        defaults (fresh lists: a subclass's generated ``__init__`` takes them as given), the
+        engine's own class. Its fields by position: a call by keywords parses every name
+        each time."""
         return cls(rid, session, arrival, 0, prompt_tokens, output_tokens, ids, done, prompt,
                    shared_blocks, 0, [], [], 0, 0, math.nan, math.nan, None, 0, next_gap,
                    next_gap_s, next_send_s, 0, hint)
