@@ -17,10 +17,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $@
 
-# Rebuilt when a source of a package with compiled modules changes (a stale extension is never
-# imported: sim/kvcache/native.py falls back to the source). Without a C compiler it says so
-# once and kvsim runs on Python.
-$(CORE_STAMP): $(STAMP) sim/replay.py $(wildcard sim/kvcache/*.py sim/engines/*.py sim/context/*.py sim/fleet/*.py)
+# Rebuilt when a source of a package with compiled modules changes, or a module they import
+# from (sim/kvcache/corebuild.py dependencies: the config, policies, cost model, traces), as the
+# manifest's staleness check does (a stale extension is never imported: sim/kvcache/native.py
+# falls back to the source). Without a C compiler it says so once and kvsim runs on Python.
+$(CORE_STAMP): $(STAMP) sim/replay.py sim/config.py $(wildcard sim/kvcache/*.py sim/engines/*.py sim/context/*.py sim/fleet/*.py policies/*.py costmodel/*.py traces/*.py)
 	$(BIN)/pip install -q mypy==2.4.1
 	$(BIN)/python -m sim.kvcache.corebuild
 

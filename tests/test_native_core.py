@@ -94,8 +94,8 @@ def _fake_checkout(tmp_path, monkeypatch, *, built: bool = True) -> None:
         src.with_suffix(importlib.machinery.EXTENSION_SUFFIXES[0]).write_bytes(b"")
     digests = {m: hashlib.sha256(native.source(m).read_bytes()).hexdigest()
                for m in native.COMPILED}
-    manifest = {"built": True, "sources": digests} if built else \
-        {"built": False, "why": "no C compiler"}
+    manifest = {"built": True, "compiled": list(native.COMPILED), "sources": digests} if built \
+        else {"built": False, "why": "no C compiler"}
     native.MANIFEST.write_text(json.dumps(manifest))
 
 
@@ -112,6 +112,78 @@ def test_the_path_is_decided_by_the_build_the_sources_and_the_environment(
     active, why = native.decide()
     assert not active and "changed after the compiled core was built" in why
     assert str(edited.relative_to(tmp_path)) in why
+
+
+def test_a_dependency_of_the_compiled_modules_is_hashed_too(tmp_path, monkeypatch) -> None:
+    """Compiled code unboxes attributes of interpreted classes (sim/config.py's knobs, the
+    policies): the manifest hashes the modules the compiled ones import from, and a change
+    there runs the Python path (issue 51, D12's suspicion)."""
+    deps = corebuild.dependencies()
+    assert {"sim.config", "policies.eviction", "costmodel.specs"} <= set(deps)
+    assert not set(deps) & set(native.COMPILED)
+    _fake_checkout(tmp_path, monkeypatch)
+    config = native.source("sim.config")
+    config.write_text("# config\n")
+    manifest = json.loads(native.MANIFEST.read_text())
+    manifest["sources"]["sim.config"] = native.digest("sim.config")
+    native.MANIFEST.write_text(json.dumps(manifest))
+    assert native.decide()[0] is True
+    config.write_text("# config, a knob's type changed\n")
+    active, why = native.decide()
+    assert not active and why.startswith(str(config.relative_to(tmp_path)))
+    config.unlink()
+    assert native.decide()[0] is False
+    manifest["compiled"] = [*native.COMPILED, "sim.engines.vllm"]  # another build's list
+    native.MANIFEST.write_text(json.dumps(manifest))
+    assert "built for other modules" in native.decide()[1]
+
+
+def test_no_extension_but_the_current_builds_is_ever_imported(tmp_path) -> None:
+    """A checkout in a built tree (a branch switch, ``git bisect``) leaves extensions the
+    current build does not list: the finder loads their modules from source (D12)."""
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    stray = tmp_path / "sim" / "engines" / "vllm.py"
+    stray.parent.mkdir(parents=True)
+    stray.write_text("X = 1\n")
+    stray.with_suffix(suffix).write_bytes(b"not a library")
+    compiled = tmp_path.joinpath(*native.COMPILED[0].split(".")).with_suffix(".py")
+    compiled.parent.mkdir(parents=True, exist_ok=True)
+    compiled.write_text("")
+    compiled.with_suffix(suffix).write_bytes(b"")
+    everything = frozenset(native.COMPILED)
+    # a stray extension is refused on either path; its source runs
+    for allowed in (frozenset(), everything):
+        assert native.refused("sim.engines.vllm", allowed, tmp_path) == stray
+    # the current build's extensions load on the compiled path only
+    assert native.refused(native.COMPILED[0], everything, tmp_path) is None
+    assert native.refused(native.COMPILED[0], frozenset(), tmp_path) == compiled
+    # a module with no extension, and modules outside sim, take the usual way
+    assert native.refused("sim.engines.other", frozenset(), tmp_path) is None
+    assert native.refused("policies.zoo", frozenset(), tmp_path) is None
+    stray.unlink()  # an extension whose source is gone cannot be imported at all
+    with pytest.raises(ModuleNotFoundError, match="no source"):
+        native.refused("sim.engines.vllm", everything, tmp_path)
+
+
+def test_a_stray_extension_under_sim_is_not_imported_in_a_process() -> None:
+    """The installed finder, end to end: a broken extension beside a module of ``sim`` that
+    no build lists would fail to load if it were imported (D12)."""
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    stray = REPO / "sim" / "io" / f"units_stray_probe{suffix}"
+    code = "import sim.io.units_stray_probe as m; print(m.__file__)"
+    src = stray.with_name("units_stray_probe.py")
+    src.write_text("")
+    stray.write_bytes(b"not a library")
+    try:
+        for pure in ("1", "0"):
+            out = subprocess.run([sys.executable, "-W", "ignore", "-c", code], cwd=REPO,
+                                 env={**os.environ, native.PURE_ENV: pure},
+                                 capture_output=True, text=True)
+            assert out.returncode == 0, out.stderr
+            assert out.stdout.strip() == str(src)
+    finally:
+        stray.unlink()
+        src.unlink()
 
 
 def test_a_missing_extension_or_build_runs_the_python_path(tmp_path, monkeypatch) -> None:
@@ -180,7 +252,7 @@ def test_make_rebuilds_the_core_when_any_compiled_source_changes() -> None:
     line = next(x for x in (REPO / "Makefile").read_text().splitlines()
                 if x.startswith("$(CORE_STAMP):"))
     deps = line.split(":", 1)[1].replace("$(wildcard", " ").replace(")", " ").split()
-    for module in native.COMPILED:
+    for module in (*native.COMPILED, *corebuild.dependencies()):
         rel = native.source(module).relative_to(native.ROOT).as_posix()
         assert any(fnmatch(rel, d) for d in deps), f"{rel} is not a prerequisite of make core"
 

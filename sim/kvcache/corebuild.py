@@ -12,6 +12,7 @@ with the same results, slower. The extensions are built in ``build/`` and rename
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import shutil
@@ -42,9 +43,64 @@ def _unavailable(why: str) -> int:
     return 0
 
 
+# Our packages: compiled code may unbox the attributes of their classes.
+OURS = ("sim", "policies", "costmodel", "traces")
+
+
+def _module_of(name: str) -> str | None:
+    """``name`` if it is one of our modules or packages (a file), else None (a class)."""
+    path = ROOT.joinpath(*name.split("."))
+    return name if (path / "__init__.py").exists() or path.with_suffix(".py").exists() else None
+
+
+def _from(module: str, node: ast.ImportFrom) -> str:
+    """The absolute name of the module an ``import from`` (maybe relative) reads."""
+    if not node.level:
+        return node.module or ""
+    package = module if source(module).name == "__init__.py" else module.rpartition(".")[0]
+    base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+    return f"{base}.{node.module}" if node.module else base
+
+
+def _origin(package: str, name: str) -> str:
+    """The module that defines ``name`` where a package re-exports it (else the package)."""
+    for node in ast.parse(source(package).read_text()).body:
+        if isinstance(node, ast.ImportFrom) and any((a.asname or a.name) == name
+                                                    for a in node.names):
+            return _module_of(_from(package, node)) or package
+    return package
+
+
+def _imports(module: str) -> set[str]:
+    """The modules of ours that ``module`` imports from: a name imported from a package is
+    traced to the module the package re-exports it from."""
+    out = set()
+    for node in ast.walk(ast.parse(source(module).read_text())):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = _from(module, node)
+            names = []
+            for a in node.names:
+                sub = _module_of(f"{base}.{a.name}")
+                names.append(sub or (_origin(base, a.name) if _module_of(base)
+                                     and source(base).name == "__init__.py" else base))
+        else:
+            continue
+        out.update(m for n in names if n.split(".")[0] in OURS and (m := _module_of(n)))
+    return out
+
+
+def dependencies() -> list[str]:
+    """The interpreted modules the compiled ones import from (sim/config.py, the policies and
+    cost model they use): a change of a class there changes what the compiled code assumes of
+    it, so the manifest hashes them too."""
+    return sorted(set().union(*map(_imports, COMPILED)) - set(COMPILED))
+
+
 def _remove_strays() -> None:
-    """Delete extensions of modules no longer in ``COMPILED``: the import system would load
-    one before its source, and only ``COMPILED`` modules are guarded by the manifest."""
+    """Delete extensions of modules no longer in ``COMPILED`` (the import guard refuses them,
+    sim/kvcache/native.py ``refused``: they would only lie there)."""
     keep = {source(m).with_suffix("") for m in COMPILED}
     keep.add(ROOT.joinpath(*f"{GROUP}__mypyc".split(".")))
     for so in (ROOT / "sim").rglob("*.so"):
@@ -88,7 +144,8 @@ def build(quiet: bool = True) -> int:
         return _unavailable(f"the build failed: {e}")
     finally:
         os.chdir(old)
-    _write_manifest({"built": True, "sources": {m: digest(m) for m in COMPILED}})
+    _write_manifest({"built": True, "compiled": list(COMPILED),
+                     "sources": {m: digest(m) for m in (*COMPILED, *dependencies())}})
     print(f"kvsim: compiled core built ({len(COMPILED)} modules)", file=sys.stderr)
     return 0
 

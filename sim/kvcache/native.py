@@ -7,9 +7,13 @@ tests/test_native_core.py requires identical results.
 ``install`` (run by the ``__init__`` of each package holding a compiled module, before any of
 them loads) decides once per process which one is imported: the extensions, unless
 ``KVSIM_PURE=1`` asks for the Python path, or a source changed after the build (an edit must
-never run stale compiled code; the build's manifest holds each source's hash). The decision
-covers all modules together: compiled modules call each other's native classes directly, so
-they cannot be mixed with their Python versions.
+never run stale compiled code; the build's manifest holds the hash of each compiled module's
+source and of each module they import from, ``corebuild.dependencies``: compiled code unboxes
+the attributes of interpreted classes such as sim/config.py's knobs). The decision covers all
+modules together: compiled modules call each other's native classes directly, so they cannot
+be mixed with their Python versions. The finder (``_SourceFirst``) then refuses every
+extension under ``sim/`` but the current build's: a checkout (a branch switch, ``git bisect``)
+never imports a stale extension, not even of a module no longer compiled.
 
     python -m sim.kvcache.corebuild          # compile (says so once without a C compiler)
     python -m sim.kvcache.corebuild status   # which path this checkout imports, and why
@@ -48,7 +52,9 @@ PURE_ENV = "KVSIM_PURE"
 
 
 def source(module: str) -> Path:
-    return ROOT.joinpath(*module.split(".")).with_suffix(".py")
+    """A module's source file (a package's ``__init__.py``)."""
+    path = ROOT.joinpath(*module.split("."))
+    return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
 
 
 def digest(module: str) -> str:
@@ -83,22 +89,47 @@ def _decision() -> tuple[bool, str, bool]:
         return (False, f"the compiled core is not built{': ' + why if why else ''} "
                 "(make builds it)", False)
     hashes = manifest.get("sources", {})
+    if manifest.get("compiled") != list(COMPILED):  # built from another list of modules
+        return False, "the compiled core was built for other modules (make rebuilds it)", True
     for module in COMPILED:
         if _extension(module) is None:
             return False, f"{module} has no compiled extension (make builds it)", True
-        if hashes.get(module) != digest(module):
+    for module, sha in hashes.items():  # the compiled sources, then what they import from
+        if not source(module).exists() or sha != digest(module):
             return False, (f"{source(module).relative_to(ROOT)} changed after the compiled core "
                            "was built (make rebuilds it)"), True
+    if not set(COMPILED) <= hashes.keys():
+        return False, "the compiled core's manifest is incomplete (make rebuilds it)", True
     return True, "compiled (mypyc)", False
 
 
+def refused(fullname: str, allowed: frozenset[str], root: Path | None = None) -> Path | None:
+    """The ``.py`` source to load instead of ``fullname``'s extension, if that extension must
+    not be imported (a module of ``sim`` outside ``allowed``, the current build's modules);
+    None: let the import system go on (no extension there, or an allowed one)."""
+    if not fullname.startswith("sim.") or fullname in allowed:
+        return None
+    src = (root or ROOT).joinpath(*fullname.split(".")).with_suffix(".py")
+    if fullname not in COMPILED and not any(src.with_suffix(x).exists()
+                                            for x in importlib.machinery.EXTENSION_SUFFIXES):
+        return None
+    if not src.exists():
+        raise ModuleNotFoundError(f"{fullname}: only a compiled extension left by an earlier "
+                                  "build is there, no source (make rebuilds the core)",
+                                  name=fullname)
+    return src
+
+
 class _SourceFirst(importlib.abc.MetaPathFinder):
-    """Loads the compiled modules from their ``.py`` source instead of their extension."""
+    """Loads a module of ``sim`` from its ``.py`` source wherever an extension beside it is
+    not the current build's (``refused``)."""
+
+    def __init__(self, allowed: frozenset[str]) -> None:
+        self.allowed = allowed
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname not in COMPILED:
-            return None
-        return importlib.util.spec_from_file_location(fullname, source(fullname))
+        src = refused(fullname, self.allowed)
+        return None if src is None else importlib.util.spec_from_file_location(fullname, src)
 
 
 COMPILED_ACTIVE = False
@@ -111,14 +142,16 @@ def current() -> tuple[bool, str]:
 
 
 def install() -> None:
-    """Decide the path once; on the Python path, put the source-first finder in front.
-    A changed source warns (once): the user expects the edit to run, and it does, slower."""
+    """Decide the path once and put the source-first finder in front: on the compiled path
+    it admits the build's extensions only, on the Python path none. A changed source warns
+    (once): the user expects the edit to run, and it does, slower."""
     global COMPILED_ACTIVE, REASON
     if REASON != "not decided":
         return
     COMPILED_ACTIVE, REASON, unusable = _decision()
+    sys.meta_path.insert(0, _SourceFirst(frozenset((*COMPILED, f"{GROUP}__mypyc"))
+                                         if COMPILED_ACTIVE else frozenset()))
     if COMPILED_ACTIVE:
         return
-    sys.meta_path.insert(0, _SourceFirst())
     if unusable:
         warnings.warn(f"kvsim runs on the Python path: {REASON}", RuntimeWarning, stacklevel=2)
