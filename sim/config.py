@@ -46,6 +46,8 @@ ENGINE_NAMES = ("sglang", "vllm")
 # sim.engines.vllm_patch.VLLM_PATCHES: named patches of the vllm engine (none = as deployed)
 VLLM_PATCH_NAMES = ("none", "penelope", "continuum", "continuum-fixed", "continuum-pins",
                     "continuum-fcfs")
+# the vLLM releases the vllm engine models (VllmKnobs.vllm_version; the newest is the default)
+VLLM_VERSIONS = ("0.33", "0.34")
 TIERINGS = ("unified", "hicache")
 REPLAYS = ("closed", "open")
 PD_LINK_SCOPES = ("nic", "pair")
@@ -200,6 +202,15 @@ class VllmKnobs(EngineKnobs):
     # a named patch of vLLM's code (penelope: the lookup continues past missing blocks,
     # which are refilled in the request's step; docs/engine.md)
     vllm_patch: str = "none"
+    # the vLLM release modelled (VLLM_VERSIONS; docs/engine.md, versions): the scheduler and
+    # block pool are the same in both; the deployment defaults (KV sizing) and the opt-in
+    # features differ
+    vllm_version: str = "0.34"
+    # 0.34's opt-in cache-aware admission (--cache-aware-admission-window / -threshold):
+    # the first N waiting requests are ordered by cached prefix once KV usage reaches the
+    # threshold; 0: off (0.34's default, and all 0.33 has)
+    vllm_cache_aware_window: int = 0
+    vllm_cache_aware_threshold: float = 0.5
 
     @property
     def label(self) -> str:
@@ -212,6 +223,16 @@ class VllmKnobs(EngineKnobs):
         if not isinstance(self.vllm_async, bool):
             raise bad("vllm_async", f"must be on or off (true or false), got "
                       f"{self.vllm_async!r}")
+        if self.vllm_version not in VLLM_VERSIONS:
+            raise bad("vllm_version", unknown("vLLM version", self.vllm_version, VLLM_VERSIONS))
+        w, t = self.vllm_cache_aware_window, self.vllm_cache_aware_threshold
+        if isinstance(w, bool) or not isinstance(w, int) or w < 0:
+            raise bad("vllm_cache_aware_window", f"must be an integer >= 0 (0: off), got {w!r}")
+        if isinstance(t, bool) or not isinstance(t, int | float) or not 0 <= t <= 1:
+            raise bad("vllm_cache_aware_threshold", f"must be in [0, 1], got {t!r}")
+        if w and self.vllm_version != "0.34":
+            raise bad("vllm_cache_aware_window", "cache-aware admission is new in vLLM 0.34 "
+                      f"(vllm_version is {self.vllm_version!r}): use --vllm-version 0.34")
 
 
 KNOBS: dict[str, type[EngineKnobs]] = {k.name: k for k in (SGLangKnobs, VllmKnobs)}
@@ -280,7 +301,8 @@ FLAT: dict[str, tuple[str, str]] = {n: _WHERE[n] for n in (
     "lenient", "trace_cache_dir", "rebuild_sessions", "sessions", "replay", "time_scale",
     "max_concurrency", "model", "profile", "gpu_cache", "gpu", "tp", "mem_fraction",
     "gpu_cache_bytes", "cpu_cache", "tiering", "swap_buffer", "hicache_write_policy",
-    "hicache_load_threshold", "engine", "vllm_patch", "preset", "order", "evict",
+    "hicache_load_threshold", "engine", "vllm_patch", "vllm_version",
+    "vllm_cache_aware_window", "vllm_cache_aware_threshold", "preset", "order", "evict",
     "granularity", "policy", "policy_params", "scheduler", "context", "chunk_size",
     "checkpoint_chunks", "max_running", "vllm_async", "max_new_tokens", "clip_max_new_tokens",
     "new_token_ratio", "new_token_ratio_min", "new_token_ratio_decay_steps", "replicas",
@@ -635,12 +657,17 @@ IDLE_RULES: tuple[IdleRule, ...] = (
              "the ideal link takes no time (nothing streams, nothing queues): give {pd_link}"),
     IdleRule(("pd_link_scope",), lambda c: c.pd.decode_replicas == 1,
              "with one decode worker each NIC carries one pair: add {decode_replicas} D"),
-    IdleRule(("vllm_async",), lambda c: not isinstance(c.engine, VllmKnobs),
+    IdleRule(("vllm_async", "vllm_version", "vllm_cache_aware_window",
+              "vllm_cache_aware_threshold"), lambda c: not isinstance(c.engine, VllmKnobs),
              "it is a mode of vLLM's scheduler: add {engine} vllm"),
     IdleRule(("tp",), lambda c: c.cache.gpu is None and c.cache.gpu_cache_bytes is None,
              "it sizes a deployment in GPUs: add {gpu} (or {gpu_cache} in bytes, e.g. 40GiB)"),
     IdleRule(("mem_fraction",), lambda c: c.cache.gpu is None,
              "it is the share of a GPU's memory for weights and KV: add {gpu}"),
+    IdleRule(("vllm_cache_aware_threshold",),
+             lambda c: not c.value("vllm_cache_aware_window"),
+             "it is the KV usage from which cache-aware admission reorders the waiting "
+             "queue: add {vllm_cache_aware_window} N"),
     IdleRule(("mem_fraction",), lambda c: c.cache.gpu_cache_bytes is not None,
              "{gpu_cache} in bytes already gives the KV budget per GPU: drop one"),
 )

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from sim.config import VLLM_PATCH_NAMES, RunConfig
+from sim.config import VLLM_PATCH_NAMES, VLLM_VERSIONS, RunConfig
 from sim.report.runs import compare_runs, run_tables
 
 from .common import KV_SIZE, SIZE, atomic_write_text, console, dumps, emit_json, stderr
@@ -296,6 +296,22 @@ def gpu_header(cfg: RunConfig) -> str:
               help="--engine vllm: async scheduling, vLLM 0.33's default for an online "
                    "server (the next step is scheduled before the step in flight is "
                    "processed); off: the synchronous Scheduler. See docs/engine.md.")
+@click.option("--vllm-version", type=click.Choice(list(VLLM_VERSIONS)),
+              default=VLLM_VERSIONS[-1], show_default=True,
+              help="--engine vllm: the release modelled. Its scheduler and block pool are the "
+                   "same in both; the deployed defaults differ (0.34: 64-token blocks, KV "
+                   "sized with gpu_memory_utilization 1.0 by its extensible cache; 0.33: 16 "
+                   "and 0.92; --block-size stays as given). See docs/engine.md.")
+@click.option("--vllm-cache-aware-window", type=click.IntRange(min=0), default=0,
+              show_default=True, metavar="N",
+              help="--engine vllm (0.34): cache-aware admission "
+                   "(--cache-aware-admission-window): once KV usage reaches "
+                   "--vllm-cache-aware-threshold, the first N waiting requests are admitted "
+                   "deepest cached prefix first; 0: off, vLLM's default.")
+@click.option("--vllm-cache-aware-threshold", type=float, default=0.5, show_default=True,
+              help="--engine vllm: the KV usage (1 - free/total blocks) from which "
+                   "--vllm-cache-aware-window reorders (vLLM's "
+                   "--cache-aware-admission-threshold).")
 @click.option("--debug-cache", is_flag=True,
               help="Recount cache invariants after every op; check the engine never idles "
               "with a request waiting.")
@@ -316,7 +332,8 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
             pool, pool_bandwidth, pool_latency_us, pool_write, pool_watermark,
             pool_evict_fraction,
             preset, evict, granularity, order, policies, policy_params, scheduler, context,
-            chunk_size, prompt_nodes, max_new_tokens, max_running, vllm_async, debug_cache,
+            chunk_size, prompt_nodes, max_new_tokens, max_running, vllm_async, vllm_version,
+            vllm_cache_aware_window, vllm_cache_aware_threshold, debug_cache,
             out, timeline, as_json, **pd) -> None:
     """Replay a trace through the simulated server under each policy; report TTFT, JCT, hits."""
     from costmodel.specs import get_spec
@@ -357,7 +374,10 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
                                scheduler=scheduler, context=context, chunk_size=chunk_size,
                                checkpoint_chunks=prompt_nodes == "chunked",
                                max_new_tokens=max_new_tokens, max_running=max_running, seed=seed,
-        vllm_async=vllm_async == "on", debug_cache=debug_cache, **pd_fields(pd))
+        vllm_async=vllm_async == "on", vllm_version=vllm_version,
+        vllm_cache_aware_window=vllm_cache_aware_window,
+        vllm_cache_aware_threshold=vllm_cache_aware_threshold, debug_cache=debug_cache,
+        **pd_fields(pd))
     refuse_idle_options(click.get_current_context(), base)
     configs = policy_configs(base, preset, evict, granularity, order, policies, policy_params)
     # Every input check before any work: configs, model, profile, the output folder.
