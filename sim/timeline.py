@@ -7,9 +7,14 @@ per batch: its requests and tokens; phantom refills of holes are tokens of the b
 ``decode`` (one per decode event: its steps and batch size), instant events (``ph: i``) for
 ``evict`` (each call that freed GPU room: blocks deleted and demoted), ``cpu load`` and
 ``transfer`` (bytes each way), and a counter (``ph: C``) ``queue`` of waiting and running
-requests at each batch; a fleet's shared pool adds a process of its fetches; a
-disaggregated fleet (sim/run/kinds.py PDRun) has a process per prefill and per decode worker and
-one per link, a slice per transfer. Times are the simulated clock in microseconds.
+requests at each batch; a fleet's shared pool adds a process of its fetches, a track per
+replica's pool link; a disaggregated fleet (sim/run/kinds.py PDRun) has a process per prefill
+and per decode worker and one per link (``link_name``), a slice per transfer. Times are the
+simulated clock in microseconds, in whole nanoseconds (``_span``).
+
+Every track (pid, tid) is one FIFO resource (a replica's GPU stream, one pool link, one PD
+link), so its complete events never overlap: the trace-event format requires that slices on
+one thread nest, and tests/test_timeline.py checks it on every kind of run.
 """
 
 from __future__ import annotations
@@ -43,24 +48,34 @@ class Timeline:
                                     "tid": tid, "args": {"name": name}})
         return Track(self, replica, queue)
 
-    def pool_fetches(self, transfers: list[tuple[float, float, float]], pid: int) -> None:
-        """A shared pool's fetches (start, end, bytes) as slices of a ``pool`` process
-        ``pid`` (fetches overlap: each gets a row of its own in the viewer's layout)."""
-        self._transfers("shared KV pool", "pool fetch", transfers, pid)
+    def pool_fetches(self, transfers: list[tuple[float, float, float]], replicas: list[int],
+                     pid: int) -> None:
+        """A shared pool's fetches (start, end, bytes) as slices of a ``shared KV pool``
+        process ``pid``, fetch i on the track of replica ``replicas[i]``'s pool link (tid
+        replica + 1): fetches of different replicas overlap, one link's queue in order
+        (sim/fleet/pooltier.py ``link_free``)."""
+        self._process(pid, "shared KV pool")
+        for r in sorted(set(replicas)):
+            self.events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": r + 1,
+                                "args": {"name": f"replica {r} link"}})
+        self._transfers("pool fetch", transfers, pid, [r + 1 for r in replicas])
 
     def link(self, name: str, transfers: list[tuple[float, float, float]], pid: int) -> None:
         """A link's transfers (start, end, bytes: a FIFO, they never overlap) as slices of
         process ``pid`` named ``name``."""
-        self._transfers(name, "transfer", transfers, pid)
+        self._process(pid, name)
+        self._transfers("transfer", transfers, pid, [1] * len(transfers))
 
-    def _transfers(self, process: str, name: str, transfers: list[tuple[float, float, float]],
-                   pid: int) -> None:
+    def _process(self, pid: int, name: str) -> None:
         self.events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
-                            "args": {"name": process}})
-        for start, end, nbytes in transfers:
-            self.events.append({"ph": "X", "name": name, "pid": pid, "tid": 1,
-                                "ts": _us(start), "dur": _us(end - start),
-                                "args": {"bytes": int(nbytes)}})
+                            "args": {"name": name}})
+
+    def _transfers(self, name: str, transfers: list[tuple[float, float, float]], pid: int,
+                   tids: list[int]) -> None:
+        for (start, end, nbytes), tid in zip(transfers, tids, strict=True):
+            ts, dur = _span(start, end - start)
+            self.events.append({"ph": "X", "name": name, "pid": pid, "tid": tid,
+                                "ts": ts, "dur": dur, "args": {"bytes": int(nbytes)}})
 
     def to_json(self) -> str:
         return json.dumps({"traceEvents": self.events, "displayTimeUnit": "ms"},
@@ -73,7 +88,26 @@ class Timeline:
 
 
 def _us(seconds: float) -> float:
-    return round(seconds * 1e6, 3)
+    return round(seconds * 1e9) / 1e3
+
+
+def _span(start: float, seconds: float) -> tuple[float, float]:
+    """(ts, dur) in microseconds of whole nanoseconds, the end rounded once: a slice that
+    starts where the last one ended touches it and never overlaps it by a rounding (ts and
+    dur rounded apart did, by 1 ns)."""
+    a, b = round(start * 1e9), round((start + seconds) * 1e9)
+    return a / 1e3, (b - a) / 1e3
+
+
+def link_name(key: tuple) -> str:
+    """A PD link's process name from its queue key (sim/fleet/pd.py ``_link_key``):
+    ``("nic", p)``, ``("pair", p, d)``, either behind ``"back"`` (``--pd-return output``)."""
+    back = key[0] == "back"
+    kind, p, *d = key[1:] if back else key
+    if kind == "nic":
+        return f"link: prefill {p} NIC" + (", return" if back else "")
+    ends = [f"prefill {p}", f"decode {d[0]}"]
+    return "link: " + " -> ".join(ends[::-1] if back else ends)
 
 
 class Track:
@@ -84,8 +118,9 @@ class Track:
         self.tl, self.pid, self.queue = timeline, pid, queue
 
     def _slice(self, name: str, start: float, seconds: float, args: dict[str, Any]) -> None:
+        ts, dur = _span(start, seconds)
         self.tl.events.append({"ph": "X", "name": name, "pid": self.pid, "tid": 1,
-                               "ts": _us(start), "dur": _us(seconds), "args": args})
+                               "ts": ts, "dur": dur, "args": args})
 
     def _instant(self, name: str, args: dict[str, Any]) -> None:
         self.tl.events.append({"ph": "i", "s": "t", "name": name, "pid": self.pid, "tid": 2,
@@ -93,7 +128,8 @@ class Track:
 
     def batch(self, start: float, seconds: float, requests: int, tokens: int | None) -> None:
         waiting, running = self.queue()
-        self.tl.events.append({"ph": "C", "name": "queue", "pid": self.pid, "ts": _us(start),
+        self.tl.events.append({"ph": "C", "name": "queue", "pid": self.pid, "tid": 1,
+                               "ts": _us(start),
                                "args": {"waiting": waiting, "running": running}})
         args: dict[str, Any] = {"requests": requests}
         if tokens is not None:

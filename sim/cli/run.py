@@ -140,6 +140,32 @@ def timeline_path(path: str, policy: str, runs: int) -> str:
     return str(p.with_name(f"{p.stem}-{policy}{p.suffix or '.json'}"))
 
 
+def check_timeline_paths(path: str, policies: list[str], out: str | None) -> list[str]:
+    """The file ``--timeline path`` writes per policy, each checked before any run (as
+    ``--out`` is: sim/io ``check_out_file``); refused too: a path ``--out`` writes itself (a
+    policy folder, a file of one, runs.json), which the run's results would collide with."""
+    from pathlib import Path
+
+    from sim.io import InputError, check_out_file
+    from sim.run import RESULT_FILES, RUN_FOLDER_FILES
+
+    check_out_file(path, "--timeline")  # as typed: an empty name or a folder names no file
+    paths = [timeline_path(path, p, len(policies)) for p in policies]
+    taken: dict[Path, str] = {}
+    if out is not None:
+        root = Path(out).expanduser().resolve()
+        taken = {root / f: f"--out's {f}" for f in RUN_FOLDER_FILES}
+        for p in policies:
+            taken[root / p] = f"--out's folder for {p}"
+            taken.update({root / p / f: f"--out's {p}/{f}" for f in RESULT_FILES})
+    for p in paths:
+        clash = taken.get(Path(p).expanduser().resolve())
+        if clash is not None:
+            raise InputError(f"--timeline {p}: {clash} is written there")
+        check_out_file(p, "--timeline")
+    return paths
+
+
 def gpu_header(cfg: RunConfig) -> str:
     """The deployment in GPUs: KV tokens per replica and per GPU, and the profile, saying
     when it was not measured for this GPU and TP."""
@@ -322,7 +348,8 @@ def gpu_header(cfg: RunConfig) -> str:
 @click.option("--timeline", default=None, metavar="FILE",
               help="Write the run's batches, decode runs, evictions, loads and queue depth as "
                    "Chrome trace-event JSON (opens in ui.perfetto.dev and chrome://tracing); "
-                   "several policies: FILE-POLICY.json each.")
+                   "several policies: FILE-POLICY.json each; --repeats: the first repeat's "
+                   "(checked before anything runs; stderr names each file).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select, gap_model,
             lenient, seed, cache_dir, rebuild_sessions, model, profile, gpu_cache, gpu, tp,
@@ -386,6 +413,8 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
     check_model_and_profile(configs[0], "command line")
     if out is not None:
         check_out_dir(out)
+    timelines = None if timeline is None else check_timeline_paths(
+        timeline, [c.policy_label for c in configs], out)
     if out is not None:  # a reused folder: the previous run's outputs go (docs: --out)
         from sim.run import clear_run_outputs
 
@@ -418,13 +447,17 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
             bar.describe(f"{cfg.policy_label} ({k + 1} of {len(configs)})")
             t0 = time.perf_counter()
             tl = None
-            if timeline is not None:
+            if timelines is not None:
                 from sim.timeline import Timeline
 
                 tl = Timeline(lambda: 0.0)
             res = run(cfg, trace, tl, on_reply=bar.advance)
-            if tl is not None:
-                tl.write(timeline_path(timeline, cfg.policy_label, len(configs)))
+            if tl is not None:  # which file, and with repeats whose (only the first records)
+                tl.write(timelines[k])
+                stderr.print(f"[dim]timeline of {cfg.policy_label}"
+                             + (f", repeat 0 of {repeats} (seed {cfg.seed}; the others "
+                                "record none)" if repeats > 1 else "")
+                             + f": {timelines[k]}[/dim]")
             bar.update(sum(len(t) for t in traces[:k + 1]) * repeats)  # exact after a run
             dt = time.perf_counter() - t0
             n = res.summary["requests"]

@@ -117,6 +117,7 @@ class FleetPool:
         self.busy_s = 0.0  # link-seconds spent moving bytes (all links)
         # transfers (start, end, bytes) and occupancy samples, for plots
         self.transfers: list[tuple[float, float, int]] = []
+        self.transfer_replicas: list[int] = []  # whose link moved transfers[i] (timeline)
         self.occ_time: list[float] = []
         self.occ_blocks: list[int] = []
         self.occ_leased: list[int] = []
@@ -180,6 +181,7 @@ class FleetPool:
         self.fetches += 1
         self.busy_s += move_s
         self.transfers.append((start, start + move_s, m * self.block_bytes))
+        self.transfer_replicas.append(r)
         self.record.fetch_s[req.rid] = fetch_s
         env.process(self._fetch(req, r, h, end, missing, fetch_s))
 

@@ -22,6 +22,7 @@ from .files import (
     atomic_write_parquet,
     atomic_write_text,
     check_out_dir,
+    check_out_file,
     clean_json,
     dumps,
     folder_lock,
@@ -37,6 +38,6 @@ from .sizes import MAX_SIZE, SIZE_GRAMMAR, SIZE_UNITS, SizeError, parse_size, to
 
 __all__ = ["FILE_MODE", "LOCK_NAME", "MAX_SIZE", "SIZE_GRAMMAR", "SIZE_UNITS", "TMP_SUFFIX",
            "InputError", "SizeError", "atomic_save_figure", "atomic_write_parquet",
-           "atomic_write_text", "check_out_dir", "clean_json", "dumps", "folder_lock",
-           "is_tmp_name", "parse_size", "read_json", "read_parquet", "read_text", "read_yaml",
-           "remove_stale_tmp", "tokens", "yaml_error"]
+           "atomic_write_text", "check_out_dir", "check_out_file", "clean_json", "dumps",
+           "folder_lock", "is_tmp_name", "parse_size", "read_json", "read_parquet", "read_text",
+           "read_yaml", "remove_stale_tmp", "tokens", "yaml_error"]

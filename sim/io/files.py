@@ -8,7 +8,7 @@ matplotlib writes). A process killed between the two steps leaves a ``.tmp`` fil
 
 Input: ``read_text`` and ``read_yaml`` raise ``InputError`` (exit status 2, one line naming the
 file) for unreadable, binary (non-UTF-8) or malformed files; ``check_out_dir`` refuses an output
-folder that cannot be written BEFORE any work starts.
+folder (``check_out_file`` an output file) that cannot be written BEFORE any work starts.
 """
 
 from __future__ import annotations
@@ -253,4 +253,18 @@ def check_out_dir(path: str | Path, option: str = "--out") -> Path:
     except OSError as e:
         raise InputError(f"{option} {path}: cannot write there: "
                          f"{e.strerror or e.__class__.__name__}") from None
+    return p
+
+
+def check_out_file(path: str | Path, option: str) -> Path:
+    """Make sure ``path`` can be written as one file (``atomic_write_text``: a temp file in its
+    folder, then a rename) BEFORE any work starts; create its folder. Refused, with one line
+    naming the option and ``path``: an empty name, an existing folder, and a folder that
+    ``check_out_dir`` refuses (under /proc, /sys or /dev, read-only, a file)."""
+    if not str(path).strip():
+        raise InputError(f"{option} {str(path)!r}: empty file name")
+    p = Path(path).expanduser()
+    if p.is_dir():
+        raise InputError(f"{option} {path}: is a folder, not a file")
+    check_out_dir(p.parent, f"{option} {path}: its folder")
     return p

@@ -134,7 +134,8 @@ class FleetRun:
             summary["pool_notes"] = pool_notes(pool, table)
             out["pool"] = pool_table(pool)
             if self.timeline is not None:
-                self.timeline.pool_fetches(pool.transfers, cfg.fleet.replicas)
+                self.timeline.pool_fetches(pool.transfers, pool.transfer_replicas,
+                                           cfg.fleet.replicas)
             out["pool_transfers"] = pd.DataFrame(
                 np.asarray(pool.transfers, dtype=float).reshape(-1, 3),
                 columns=["start_s", "end_s", "bytes"])
@@ -183,8 +184,10 @@ class PDRun:
         summary.update(pd_summary(fleet, prefill, decode, table, now, cfg))
         links = sorted(fleet.queues.items(), key=lambda kv: str(kv[0]))
         if self.timeline is not None:
+            from sim.timeline import link_name
+
             for k, (key, q) in enumerate(links):
-                self.timeline.link(f"link {key}", q.transfers, len(prefill) + len(decode) + k)
+                self.timeline.link(link_name(key), q.transfers, len(prefill) + len(decode) + k)
         transfers = [(str(key), *t) for key, q in links for t in q.transfers]
         tables = {"pd_transfers": pd.DataFrame(transfers, columns=["link", "start_s", "end_s",
                                                                     "bytes"])}
