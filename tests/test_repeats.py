@@ -74,3 +74,70 @@ def test_tables_mark_differences_inside_the_interval() -> None:
     assert within_interval(a, {"x": 1.5, "x_ci95": 0.2}, "x")
     assert not within_interval(a, {"x": 1.6, "x_ci95": 0.2}, "x")
     assert not within_interval({"x": 1.0}, {"x": 1.0}, "x")  # no repeats: no marks
+
+
+def test_repeats_show_counts_as_counts_and_no_zero_interval() -> None:
+    """A mean reads to its interval's second significant digit, and an interval of 0 (every
+    repeat agrees, or float noise) shows no ``±`` (issue 51: ``125,312.000 ±35,165.486``,
+    ``gpus 4 ±0.000``)."""
+    from sim.report.tables import fmt_mean
+
+    assert fmt_mean("recomputed_tokens", 125312.0, 35165.486) == "125,312 ±35,165"
+    assert fmt_mean("gpus", 4, 0.0) == "4"
+    assert fmt_mean("output_tokens_per_s", 113.117, 1e-14) == "113.117"
+    assert fmt_mean("requests", 40.333, 1.434) == "40.3 ±1.4"
+    assert fmt_mean("ttft_mean_s", 0.1444, 0.0161) == "0.144 ±0.016"
+    assert fmt_mean("hit_rate", 0.816, 0.025) == "81.6% ±2.5%"
+    assert fmt_mean("tpot_mean_s", 0.00726, 1e-9) == "7.26 ms"
+    assert fmt_mean("tpot_mean_s", 0.00726, 0.0005) == "7.26 ms ±0.50"
+    assert fmt_mean("ttft_mean_s", 0.5, None) == "0.500"
+
+
+def _wide_runs(n: int, repeats: int) -> list[dict]:
+    """Runs of a fleet with --slo and a CPU tier, their figures as wide as they come: counts
+    in millions with intervals, every change marked."""
+    from sim.report import runs as report
+
+    keys = (*report.COMPARED, *report.THROUGHPUT_ROWS, *report.GOODPUT_ROWS,
+            *report.FLEET_ROWS, *report.POOL_ROWS, *report.WHEN_NONZERO, "cpu_hit_rate",
+            "bytes_h2d", "requests", "retractions", "evicted_tokens")
+    def value(k: str) -> tuple[float, float]:  # (mean, interval) in the metric's range
+        if any(p in k for p in ("rate", "share", "reuse_", "affinity", "attainment",
+                                "utilization")):
+            return 0.512, 0.123
+        if k.startswith(("tpot", "itl")):
+            return 0.1234, 0.0123
+        if k.endswith("_s") or "per_s" in k or "per_h" in k:
+            return 12_345.678, 1_234.567
+        return 4_837_973.333, 861_291.425
+
+    out = []
+    for i in range(n):
+        s = {k: value(k)[0] * (1 + i / 10) for k in keys}
+        s.update(hit_rate=0.5 + i / 100, cpu_cache_tokens=1, replicas=4, slo={"ttft": 1},
+                 slo_met=True, repeats=repeats)
+        if repeats > 1:
+            s.update({f"{k}_ci95": value(k)[1] for k in keys})
+        out.append({"policy": f"policy-{i}-with-a-long-name", "summary": s,
+                    "change_vs_first": {k: 0.123 * i for k in report.COMPARED}})
+    return out
+
+
+@pytest.mark.parametrize("n", [2, 3, 5])
+@pytest.mark.parametrize("repeats", [1, 3])
+def test_run_tables_fit_100_columns_on_any_terminal(n: int, repeats: int) -> None:
+    """README: tables fit 100 columns, also piped (a 200-column console) and with repeats,
+    where a fleet with --slo once took 104."""
+    import io
+
+    from rich.console import Console
+
+    from sim.report.runs import run_tables
+
+    for width in (100, 200):
+        con = Console(file=io.StringIO(), width=200)
+        for t in run_tables(_wide_runs(n, repeats), "t" * 150, width):
+            con.print(t)
+        lines = con.file.getvalue().splitlines()
+        assert max(len(x.rstrip()) for x in lines) <= min(width, 100), width
+        assert not any("…" in x for x in lines)  # nothing cut

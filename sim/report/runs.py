@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
-from .tables import fmt_metric
+from .tables import MAX_WIDTH, fmt_mean
 
 if TYPE_CHECKING:
     from sim.run import RunResult
@@ -91,39 +91,52 @@ def run_tables(runs: list[dict[str, Any]], title: str, width: int, lenient: bool
     slo = GOODPUT_ROWS if any("slo" in r["summary"] for r in runs) else ()
     keys = (*COMPARED, *THROUGHPUT_ROWS, *slo, *extra, "requests", "retractions",
             "evicted_tokens", *(k for k in ctx if k not in THROUGHPUT_ROWS), *shown)
-    cells: list[list[str]] = []  # per run, per key
+    cells: list[list[tuple[str, str]]] = []  # per run, per key: (value, its change)
     for i, r in enumerate(runs):
         col = []
         for k in keys:
-            s = fmt_metric(k, r["summary"].get(k))
-            ci = r["summary"].get(f"{k}_ci95")
-            if ci is not None and ci == ci and s != "-":  # repeats: mean ± 95% interval
-                s += f" ±{fmt_metric(k, ci).removesuffix(' ms')}"
+            s = fmt_mean(k, r["summary"].get(k), r["summary"].get(f"{k}_ci95"))
             ch = r["change_vs_first"].get(k)
+            mark = ""
             if i > 0 and ch is not None and within_interval(runs[0]["summary"],
                                                             r["summary"], k):
-                s += " ~"  # the difference is inside the intervals: not a difference
+                mark = "~ "  # the difference is inside the intervals: not a difference
             if i > 0 and k == "hit_rate" and s != "-" and runs[0]["summary"].get(k) is not None:
-                s += f" ({100 * (r['summary'][k] - runs[0]['summary'][k]):+.1f} pp)"
+                mark += f"({100 * (r['summary'][k] - runs[0]['summary'][k]):+.1f} pp)"
             elif i > 0 and ch is not None:
-                s += f" ({ch:+.1%})"
-            col.append(s)
+                mark += f"({ch:+.1%})"
+            col.append((s, mark.strip()))
         cells.append(col)
-    widths = [max(len(r["policy"]), *map(len, col)) + 3 for r, col in zip(runs, cells,
-                                                                        strict=True)]
+    width = min(width, MAX_WIDTH)
     room = width - max(map(len, ("metric", *keys))) - 4
+    # A change goes below its value where even the baseline and one run do not fit a line.
+    two_lines = any(_col_width(runs[0], cells[0], False) + _col_width(r, col, False) > room
+                    for r, col in zip(runs[1:], cells[1:], strict=True))
+    widths = [_col_width(r, col, two_lines) for r, col in zip(runs, cells, strict=True)]
+    text = [[f"{v}\n{m}" if two_lines and m else f"{v} {m}".strip() for v, m in col]
+            for col in cells]
     groups: list[list[int]] = [[0]]
     for i in range(1, len(runs)):
         if len(groups[-1]) > 1 and sum(widths[j] for j in (*groups[-1], i)) > room:
             groups.append([0])
         groups[-1].append(i)
+    repeats = max(int(r["summary"].get("repeats") or 1) for r in runs)
     tables = []
     for g, group in enumerate(groups):
-        t = Table(title=title if g == 0 else None)
+        t = Table(title=title if g == 0 else None, caption=(
+            f"mean ±95% interval of {repeats} repeats (no ± where they agree); ~ within "
+            "the intervals" if repeats > 1 and g == len(groups) - 1 else None),
+            caption_justify="left")
         t.add_column("metric", no_wrap=True)
         for i in group:
             t.add_column(runs[i]["policy"], justify="right", no_wrap=True)
         for row, k in enumerate(keys):
-            t.add_row(k, *(cells[i][row] for i in group))
+            t.add_row(k, *(text[i][row] for i in group))
         tables.append(t)
     return tables
+
+
+def _col_width(run: dict[str, Any], col: list[tuple[str, str]], two_lines: bool) -> int:
+    """A run's column in characters, with the 3 of its border and padding."""
+    cells = [max(len(v), len(m)) if two_lines else len(f"{v} {m}".strip()) for v, m in col]
+    return max(len(run["policy"]), *cells) + 3

@@ -8,12 +8,15 @@ rate minus a rate, never a relative change of a rate). The JSON outputs have eve
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from rich import box
 from rich.table import Table
+
+MAX_WIDTH = 100  # README: tables fit 100 columns, on a wider terminal or piped too
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,30 @@ def narrow_table(title: str, cols: list[Col], rows: list[dict[str, Any]]) -> Tab
 # in signed percent, times in seconds, counts with thousands separators.
 PERCENT_KEYS = ("hit_rate", "share", "fraction", "reuse_", "affinity", "attainment")
 MS_KEYS = ("tpot_", "itl_")  # per-token latencies read in milliseconds
+
+
+def _plain(key: str, v: Any) -> bool:
+    """Whether ``fmt_metric`` writes ``key`` as a plain number (no unit, %, or exponent)."""
+    return not (isinstance(v, bool | str) or key.endswith("_change") or key == "difference"
+                or any(p in key for p in PERCENT_KEYS) or key.endswith("units")
+                or key.startswith("bytes_") or (key.startswith(MS_KEYS) and key.endswith("_s")))
+
+
+def fmt_mean(key: str, v: Any, ci: float | None) -> str:
+    """A repeated run's mean and the half-width of its 95% interval (sim/run/repeats.py): no
+    ``±`` where every repeat agrees (half-width 0); a plain number to the second significant
+    digit of its half-width, at most 3 decimals, so a count's mean reads ``125,312 ±35,165``,
+    not ``125,312.000 ±35,165.486``."""
+    s = fmt_metric(key, v)
+    if ci is None or ci != ci or ci == 0 or s == "-":
+        return s
+    if _plain(key, v):
+        d = min(3, max(0, 1 - math.floor(math.log10(abs(ci)))))
+        s, half = f"{v:,.{d}f}", f"{ci:,.{d}f}"
+    else:
+        half = fmt_metric(key, ci).removesuffix(" ms")
+    # a half-width that rounds to zero is float noise between equal repeats
+    return f"{s} ±{half}" if any(c in "123456789" for c in half.split("e")[0]) else s
 
 
 def fmt_metric(key: str, v: Any) -> str:
