@@ -100,7 +100,27 @@ def get_gpu(name: str, catalog: dict[str, GPU] | None = None) -> GPU:
         raise KeyError(f"unknown GPU {name!r}; known: {', '.join(gpus)}") from None
 
 
+def tp_refusal(spec: ModelSpec, tp: int) -> str | None:
+    """Why vLLM and SGLang refuse ``tp`` ranks for ``spec`` (None when they accept it): the
+    attention heads must split evenly (vLLM ``config/model.py`` ``verify_with_parallel_config``)
+    and so must the KV heads, or each rank holds one replicated KV head when ``tp`` is a
+    multiple of them (SGLang ``models/qwen3.py`` ``Qwen3Attention.__init__``)."""
+    if spec.q_heads % tp == 0 and (spec.kv_heads % tp == 0 or tp % spec.kv_heads == 0):
+        return None
+    fits = [t for t in range(1, 2 * max(spec.q_heads, spec.kv_heads) + 1)
+            if spec.q_heads % t == 0 and (spec.kv_heads % t == 0 or t % spec.kv_heads == 0)]
+    return (f"TP {tp} does not fit {spec.name}: vLLM and SGLang need attention heads % tp == 0 "
+            f"and (kv_heads % tp == 0 or tp % kv_heads == 0), and it has {spec.q_heads} "
+            f"attention and {spec.kv_heads} KV heads; TP sizes that fit: "
+            f"{', '.join(map(str, fits))}")
+
+
 def kv_heads_per_rank(spec: ModelSpec, tp: int) -> int:
+    """KV heads each of ``tp`` ranks stores: an even share, or one replicated head when ``tp``
+    exceeds them (a TP that ``tp_refusal`` refuses raises ValueError: no share is right)."""
+    why = tp_refusal(spec, tp)
+    if why is not None:
+        raise ValueError(why)
     return max(1, spec.kv_heads // tp)
 
 
@@ -146,6 +166,66 @@ def kv_cache_tokens(spec: ModelSpec, gpu: GPU, tp: int = 1, mem_fraction: float 
             "or a larger GPU")
     return KVSizing(gpu.name, tp, mem_fraction, gpu.memory_bytes, per_rank_weights,
                     reserve_bytes, cell, tokens)
+
+
+def _sglang_prefill_graph_sizes(max_bs: int) -> list[int]:
+    """SGLang 0.5.23's prefill CUDA-graph sizes (``sglang/srt/arg_groups/cuda_graph_hook.py``
+    ``generate_prefill_cuda_graph_batch_sizes``)."""
+    sizes = [*range(4, 33, 4), *range(48, 257, 16), *range(288, 513, 32), *range(576, 1025, 64),
+             *range(1280, 4097, 256), *range(4608, max_bs + 1, 512)]
+    return [s for s in sizes if s <= max_bs]
+
+
+def sglang_mem_fraction(memory_mib: int, tp: int, chunk: int,
+                        max_running: int | None = None) -> float:
+    """SGLang 0.5.23's ``--mem-fraction-static`` default, as ``handle_gpu_memory_settings``
+    derives it (``sglang/srt/arg_groups/memory_hook.py``, aggregated serving on CUDA: decode
+    graphs FULL, prefill graphs BREAKABLE, no post-capture sizing, which is off by default),
+    in MiB: reserved = 512 + max(chunk, 2048) * 1.5 + tp / 8 * 1024 + graphs, at least
+    10 GiB on a GPU above 60 GiB; graphs = 2 * decode max_bs (256 below TP 4 else 512 on a
+    35-160 GiB GPU, ... ; capped by ``--max-running-requests``) + 8 per prefill graph size up
+    to ``chunk`` (``reserve_for_graph_mb``); fraction = round((mem - reserved) / mem, 3)."""
+    if memory_mib < 20 * 1024:
+        max_bs = 8
+    elif memory_mib < 35 * 1024:
+        max_bs = 48 if tp < 4 else 160
+    elif memory_mib < 60 * 1024:
+        max_bs = 32 if tp < 4 else 160
+    elif memory_mib < 160 * 1024:
+        max_bs = 256 if tp < 4 else 512
+    else:
+        max_bs = 512
+    if max_running is not None and max_bs > max_running:
+        max_bs = max_running
+    graphs = max_bs * 2 + len(_sglang_prefill_graph_sizes(chunk)) * 8
+    reserved = 512 + max(chunk, 2048) * 1.5 + tp / 8 * 1024 + graphs
+    if memory_mib > 60 * 1024:
+        reserved = max(reserved, 10 * 1024)
+    return round((memory_mib - reserved) / memory_mib, 3)
+
+
+def vllm_activation_peak_bytes(spec: ModelSpec, tp: int, batched_tokens: int,
+                               max_seqs: int) -> int:
+    """An estimate of the activation peak vLLM measures in its start-up profile run
+    (``v1/worker/gpu_worker.py`` ``determine_available_memory``: a dummy forward of
+    ``max_num_batched_tokens`` tokens, then a dummy sampler over ``max_num_seqs`` rows). kvsim
+    cannot run it, so it takes the larger of the two live sets: the forward's MLP
+    (gate/up output plus the activated half: 3 x FFN width per rank) and residual (2 x hidden)
+    per token in the model dtype, and the sampler's logits and probabilities (2 x vocab in
+    fp32) per row. An assumption, not a measurement (docs/engine.md, GPUs)."""
+    ffn = spec.ffn or spec.active_experts * spec.expert_ffn
+    forward = batched_tokens * (3 * -(-ffn // tp) + 2 * spec.hidden) * spec.dtype_bytes
+    sampler = max_seqs * spec.vocab * 4 * 2
+    return max(forward, sampler)
+
+
+def vllm_graph_bytes(max_seqs: int, gpu: GPU) -> int:
+    """An estimate of the CUDA-graph memory vLLM measures (``profile_cudagraph_memory``):
+    graphs are captured up to ``min(2 * max_num_seqs, 512)`` tokens (1024 on Blackwell;
+    ``config/vllm.py``), priced at SGLang's 2 MiB per token of the largest decode graph
+    (``reserve_for_graph_mb``). An assumption, not a measurement."""
+    ceiling = 1024 if gpu.name.startswith("B") else 512
+    return min(2 * max_seqs, ceiling) * 2 * MIB
 
 
 @dataclass(frozen=True)

@@ -64,3 +64,59 @@ def test_catalog_is_checked(tmp_path) -> None:
         load_gpus(bad)
     with pytest.raises(KeyError, match="unknown GPU 'Z9'; known: "):
         get_gpu("Z9")
+
+
+def test_a_tp_the_engines_refuse_sizes_nothing() -> None:
+    # issue 51 D5: vLLM (config/model.py) and SGLang (models/qwen3.py) need attention heads
+    # % tp == 0 and (kv_heads % tp == 0 or tp % kv_heads == 0); 8 // 3 = 2 heads per rank
+    # stored 6 of qwen3-32b's 8 KV heads
+    from costmodel.gpus import tp_refusal
+
+    spec = get_spec("qwen3-32b")  # 64 attention, 8 KV heads
+    assert [t for t in range(1, 17) if tp_refusal(spec, t) is None] == [1, 2, 4, 8, 16]
+    with pytest.raises(ValueError, match=r"TP 3 does not fit qwen3-32b.*64 attention and 8 KV"):
+        kv_cache_tokens(spec, get_gpu("H100"), tp=3)
+    # TP 16 > 8 KV heads: each rank holds one replicated head
+    assert kv_cache_tokens(spec, get_gpu("H100"), tp=16).cell_bytes == 2 * 1 * 128 * 64 * 2
+
+
+def test_sglang_mem_fraction_as_sglang_0_5_23_derives_it() -> None:
+    # issue 51 D7: sglang/srt/arg_groups/memory_hook.py handle_gpu_memory_settings, in MiB:
+    # reserved = 512 + max(chunk, 2048) * 1.5 + tp / 8 * 1024 + graphs, graphs = decode max_bs
+    # (256 on an 80 GB GPU below TP 4) * 2 + 8 per prefill graph size up to the chunk (58 up to
+    # 8192: cuda_graph_hook.py); at least 10 GiB on a GPU above 60 GiB
+    from costmodel.gpus import sglang_mem_fraction
+
+    h100 = get_gpu("H100").memory_mib  # 81,559
+    reserved = 512 + 8192 * 1.5 + 1 / 8 * 1024 + (256 * 2 + 58 * 8)
+    assert sglang_mem_fraction(h100, 1, 8192) == round((h100 - reserved) / h100, 3) == 0.83
+    assert sglang_mem_fraction(h100, 4, 8192) == round(
+        (h100 - (512 + 12288 + 512 + 512 * 2 + 58 * 8)) / h100, 3)  # TP 4: max_bs 512
+    # a 2,048-token chunk reserves 4,560 MiB: the 10 GiB floor binds
+    assert sglang_mem_fraction(h100, 1, 2048) == round((h100 - 10240) / h100, 3) == 0.874
+    # no floor below 60 GiB (L40S, 46,068 MiB: decode max_bs 32, 50 prefill sizes to 4,096)
+    assert sglang_mem_fraction(46068, 1, 4096) == round(
+        (46068 - (512 + 6144 + 128 + 64 + 50 * 8)) / 46068, 3)
+    # --max-running-requests caps the decode graphs
+    assert sglang_mem_fraction(h100, 1, 8192, max_running=16) == round(
+        (h100 - (512 + 12288 + 128 + 32 + 58 * 8)) / h100, 3)
+    # qwen3-8b on one H100: 0.9 held 410,880 tokens; SGLang's 0.83 holds 370,240
+    spec = get_spec("qwen3-8b")
+    assert kv_cache_tokens(spec, get_gpu("H100"), 1, 0.9).tokens == 410_880
+    assert kv_cache_tokens(spec, get_gpu("H100"), 1, 0.83).tokens == 370_240 == (
+        int(h100 * 2**20 * 0.83) - spec.total_params * 2) // (2 * 8 * 128 * 36 * 2) // 64 * 64
+
+
+def test_vllm_reserve_estimates() -> None:
+    # the activation peak: the larger of the forward's MLP and residual live set
+    # (8192 x (3 x 12288 + 2 x 4096) x 2 B) and the sampler's logits and probabilities
+    # (1024 x 151,936 x 2 x 4 B); graphs: min(2 x 1024, 512) tokens x 2 MiB
+    from costmodel.gpus import vllm_activation_peak_bytes, vllm_graph_bytes
+
+    spec = get_spec("qwen3-8b")
+    assert vllm_activation_peak_bytes(spec, 1, 8192, 1024) == max(
+        8192 * (3 * 12288 + 2 * 4096) * 2, 1024 * 151936 * 8) == 1024 * 151936 * 8
+    assert vllm_activation_peak_bytes(spec, 1, 65536, 1) == 65536 * (3 * 12288 + 2 * 4096) * 2
+    assert vllm_graph_bytes(1024, get_gpu("H100")) == 512 * 2 * 2**20
+    assert vllm_graph_bytes(8, get_gpu("H100")) == 16 * 2 * 2**20
+    assert vllm_graph_bytes(1024, get_gpu("B200")) == 1024 * 2 * 2**20

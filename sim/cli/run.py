@@ -171,11 +171,9 @@ def gpu_header(cfg: RunConfig) -> str:
     when it was not measured for this GPU and TP."""
     if cfg.cache.gpu is None and cfg.cache.gpu_cache_bytes is None:
         return ""
-    from sim.deploy import DEFAULT_MEM_FRACTION, profile_note
+    from sim.deploy import profile_note, replica_tp, sizing_note
 
-    tp = cfg.cache.tp or 1
-    how = (f"{cfg.cache.gpu_cache_bytes / 2**30:g} GiB of KV per GPU" if cfg.cache.gpu_cache_bytes
-           is not None else f"memory fraction {cfg.cache.mem_fraction or DEFAULT_MEM_FRACTION:g}")
+    tp, how = replica_tp(cfg), sizing_note(cfg)
     on = (f"{cfg.fleet.replicas * tp} x {cfg.cache.gpu or 'GPU'} ({cfg.fleet.replicas} "
           f"replica{'s' if cfg.fleet.replicas != 1 else ''} x TP {tp})")
     line = (f"GPUs: {on}, {how}: KV cache {cfg.cache.gpu_cache:,} tokens per replica "
@@ -206,7 +204,8 @@ def gpu_header(cfg: RunConfig) -> str:
               help="--gpu: tensor-parallel GPUs per replica (default 1).")
 @click.option("--mem-fraction", type=click.FloatRange(0, 1, min_open=True), default=None,
               help="--gpu: share of each GPU's memory for weights and KV (SGLang "
-                   "--mem-fraction-static, vLLM --gpu-memory-utilization; default 0.9).")
+                   "--mem-fraction-static; vLLM --gpu-memory-utilization, less activations "
+                   "and CUDA graphs). Default: the engine's own (docs/engine.md, GPUs).")
 @click.option("--slo", default=None, metavar="KEY=VALUE,...",
               help="SLOs for goodput: per request ttft=2s,tpot=50ms,itl=,e2e=; per run "
                    "ttft_p90=1s (p50, p90, p99, mean); attain=0.9 (docs/engine.md).")
@@ -376,10 +375,13 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
         replay = default_replay(trace, trace_format)
     from sim.deploy import resolve_gpu_fields
 
-    spell = {"gpu": "--gpu", "gpu_cache": "--gpu-cache"}.get
+    spell = {"gpu": "--gpu", "gpu_cache": "--gpu-cache", "tp": "--tp"}.get
     sized = resolve_gpu_fields(dict(gpu=gpu, tp=tp, mem_fraction=mem_fraction,
                                     gpu_cache=gpu_cache, model=model, profile=profile,
-                                    block_size=block_size), "command line",
+                                    block_size=block_size, engine=engine, chunk_size=chunk_size,
+                                    max_running=max_running, vllm_version=vllm_version,
+                                    prefill_replicas=pd.get("prefill_replicas"),
+                                    decode_replicas=pd.get("decode_replicas")), "command line",
                                lambda f: spell(f) or f)
     if sized["gpu_cache"] is None:
         sized["gpu_cache"] = 262_144
