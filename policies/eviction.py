@@ -301,6 +301,8 @@ class EvictionPolicy:
       for each request that arrives, finishes or is refused; the cache calls ``on_split``
       when it cuts a node in two (state kept per node serial follows the split).
     - ``clairvoyant = True``: ``Reply.next_gap_s`` carries the trace's future (bounds only).
+    - ``uses_seed = True``: it reads ``context.seed`` (random victims), so ``--repeats`` runs
+      differ; a built-in policy without it repeats identically (sim/run/repeats.py).
 
     A policy instance belongs to one run (the engine ``bind``s it to the run's context);
     ``get_policy`` makes a fresh one each time.
@@ -309,6 +311,7 @@ class EvictionPolicy:
     name: ClassVar[str] = ""  # label of a subclass; the composed base class uses its spec
     pins: ClassVar[bool] = False
     clairvoyant: ClassVar[bool] = False
+    uses_seed: ClassVar[bool] = False
     events: ClassVar[frozenset[str]] = frozenset()
     # The values each parameter may take (``Range``, ``OneOf``), checked when it is set.
     parameter_ranges: ClassVar[Mapping[str, Domain]] = {}

@@ -141,3 +141,42 @@ def test_run_tables_fit_100_columns_on_any_terminal(n: int, repeats: int) -> Non
         lines = con.file.getvalue().splitlines()
         assert max(len(x.rstrip()) for x in lines) <= min(width, 100), width
         assert not any("…" in x for x in lines)  # nothing cut
+
+
+def test_what_draws_from_the_seed_decides_whether_repeats_differ() -> None:
+    """Repeats vary the decision seed only (the trace is fixed): one server under a built-in
+    deterministic policy repeats identically; a fleet's router, random victims and a user's
+    policy file may draw from it (issue 51, R04)."""
+    from sim.run.repeats import seed_users
+
+    base = dict(trace="synthetic:claude-code?sessions=4")
+    assert seed_users(RunConfig.from_flat(**base, preset="sglang")) == []
+    assert seed_users(RunConfig.from_flat(**base, preset="vllm", engine="vllm")) == []
+    assert seed_users(RunConfig.from_flat(**base, policy="random")) == ["policy random"]
+    assert seed_users(RunConfig.from_flat(**FLEET)) == ["the router"]
+    user = RunConfig.from_flat(**base, policy="docs/examples/hold_tool_calls.py:HoldToolCalls")
+    assert seed_users(user)  # a user's file: assumed to draw
+
+
+def test_repeats_of_a_deterministic_run_run_once_and_say_so(tmp_path) -> None:
+    """``--repeats 10000`` on one deterministic server once ran 10,000 identical runs."""
+    import json
+
+    from click.testing import CliRunner
+
+    from sim.cli.main import cli
+
+    args = ["run", "--trace", "synthetic:claude-code?sessions=4", "--max-context", "32k",
+            "--gaps", "tool", "--sessions", "2", "--preset", "sglang", "--out",
+            str(tmp_path / "o")]
+    res = CliRunner().invoke(cli, [*args, "--repeats", "10000"])
+    assert res.exit_code == 0, res.stderr
+    assert "--repeats 10000: nothing in this run draws from the seed" in " ".join(
+        res.stderr.split())
+    assert "running it once" in res.stderr
+    summary = json.loads((tmp_path / "o" / "sglang" / "summary.json").read_text())
+    assert "repeats" not in summary and "ttft_mean_s_ci95" not in summary
+    res = CliRunner().invoke(cli, [*args[:-2], "--policy", "random", "--repeats", "2",
+                                   "--json"])
+    assert res.exit_code == 0 and "draws from the seed" not in res.stderr
+    assert json.loads(res.stdout)["runs"][0]["summary"]["repeats"] == 2

@@ -35,6 +35,7 @@ class RandomVictims(ZooPolicy):
     """Uniform victims, seeded (see module doc)."""
 
     name = "random"
+    uses_seed = True
     start, granularity = TAIL, NODE
 
     def __init__(self, **params) -> None:

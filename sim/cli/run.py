@@ -413,6 +413,15 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
     for cfg in configs:
         check(cfg, "command line")
     check_model_and_profile(configs[0], "command line")
+    from sim.run.repeats import seed_users
+
+    if repeats > 1 and not any(seed_users(cfg) for cfg in configs):
+        # Repeats vary the decision seed only: here N repeats would be one run N times.
+        stderr.print(f"[yellow]warning:[/yellow] --repeats {repeats}: nothing in this run draws "
+                     "from the seed (one server, deterministic policies, the trace fixed), so "
+                     "every repeat would be the same run: running it once (repeats 1)")
+        repeats = 1
+        configs = [cfg.with_fields(repeats=1) for cfg in configs]
     if out is not None:
         check_out_dir(out)
     timelines = None if timeline is None else check_timeline_paths(

@@ -77,6 +77,22 @@ def combine(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def seed_users(cfg) -> list[str]:
+    """What in a run of ``cfg`` draws from its decision seed, the one thing repeats vary (the
+    trace is fixed): a fleet's router (ties, random routers; sim/run/kinds.py) and a PD rule
+    draw from streams of it, and a policy may read it (``EvictionPolicy.uses_seed``; a user's
+    policy file is assumed to). Empty: every repeat is the same run."""
+    users = []
+    if cfg.is_pd:
+        users.append("the PD router and rule")
+    elif cfg.is_fleet and cfg.fleet.replicas > 1:
+        users.append("the router")
+    policy = type(cfg.make_policy())
+    if policy.uses_seed or not policy.__module__.startswith("policies."):
+        users.append(f"policy {cfg.policy_label}")
+    return users
+
+
 def run_repeats(cfg, trace, run_one: Callable[[Any, Any, int], RunResult]) -> RunResult:
     """``cfg.repeats`` runs of ``cfg`` (module docstring) as one ``RunResult``; ``run_one(c,
     trace, k)`` is repeat k's run of config ``c`` (``sim.run.run`` with ``repeats`` 1)."""
