@@ -20,7 +20,7 @@ from rich.console import Console
 
 from sim.io import SizeError, atomic_write_text, dumps, sizes, tokens
 
-__all__ = ["KV_SIZE", "SIZE", "KvsimGroup", "atomic_write_text", "console", "dumps",
+__all__ = ["KV_SIZE", "SIZE", "SLO_TEXT", "KvsimGroup", "atomic_write_text", "console", "dumps",
            "emit_json", "fail", "one_line", "parse_size", "stderr", "tokens", "trace_load_progress"]
 
 # soft_wrap: a warning or progress line stays one line in logs (no wrapping at 80 columns).
@@ -54,6 +54,25 @@ class SizeType(click.ParamType):
 
 
 SIZE = SizeType()
+
+
+class SLOType(click.ParamType):
+    """An SLO text (sim/slo.py ``parse_slo``), checked when parsed so that a bad one is one
+    line naming the option; kept as written (``run`` and ``plan`` share it)."""
+
+    name = "KEY=VALUE,..."
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> str:
+        from sim.slo import SLOError, parse_slo
+
+        try:
+            parse_slo(value)
+        except SLOError as e:
+            self.fail(str(e), param, ctx)
+        return value
+
+
+SLO_TEXT = SLOType()
 
 
 class KVSizeType(SizeType):

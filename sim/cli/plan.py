@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .common import console, emit_json, stderr
+from .common import SLO_TEXT, console, emit_json, stderr
 from .trace import trace_options
 
 
@@ -24,9 +24,10 @@ def _list(text: str | None, kind=str) -> list:
 @click.command("plan")
 @click.argument("trace")
 @trace_options
-@click.option("--slo", required=True, metavar="KEY=VALUE,...",
+@click.option("--slo", type=SLO_TEXT, required=True, metavar="KEY=VALUE,...",
               help="The SLOs to meet: ttft=2s,tpot=50ms (per request, with attain=0.9) "
-                   "and/or ttft_p90=1s (per run); docs/engine.md, Metrics.")
+                   "and/or ttft_p90=1s (per run); a bare number is ms, as in vllm bench "
+                   "serve --goodput; docs/engine.md, Metrics.")
 @click.option("--model", "-m", default="qwen3-8b", show_default=True,
               help="Model spec (kvsim models lists them).")
 @click.option("--engine", type=click.Choice(["sglang", "vllm"]), default="sglang",
@@ -105,6 +106,7 @@ def plan_cmd(trace, trace_format, block_size, shared_prefix, max_context, select
                     prices=load_gpus(prices) if prices else None, mem_fractions=fractions)
     check_spec(spec)  # every config checked before anything runs
     check_out_dir(out)
+    stderr.print(spec.slo.describe(), markup=False, highlight=False)  # how --slo was read
     ex = ExecutorSpec(kind=executor, jobs=jobs, address=address).make()
     try:
         with progress("kvsim plan", "points", 0, stderr) as bar:

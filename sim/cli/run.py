@@ -11,7 +11,7 @@ import click
 from sim.config import VLLM_PATCH_NAMES, VLLM_VERSIONS, RunConfig
 from sim.report.runs import compare_runs, run_tables
 
-from .common import KV_SIZE, SIZE, atomic_write_text, console, dumps, emit_json, stderr
+from .common import KV_SIZE, SIZE, SLO_TEXT, atomic_write_text, console, dumps, emit_json, stderr
 from .pd_options import pd_fields, pd_options
 from .run_checks import (
     default_replay,
@@ -86,6 +86,11 @@ def warn_quiet_surprises(res: RunResult, spec_context: int) -> None:
         stderr.print(f"[yellow]warning:[/yellow] {c.policy_label}: {over:,} requests have "
                      f"prompts above {c.cache.model}'s {spec_context:,}-token context; replayed "
                      "anyway (a server would refuse them): cut the trace with --max-context")
+    aborted = s.get("aborted") or 0
+    if aborted:
+        stderr.print(f"[yellow]warning:[/yellow] {c.policy_label}: the server aborted "
+                     f"{aborted:,} requests before their output was complete (a lone request "
+                     "whose KV cannot grow): not served, they meet no SLO")
     if not dropped:
         return
     why = []
@@ -96,7 +101,7 @@ def warn_quiet_surprises(res: RunResult, spec_context: int) -> None:
         why.append(f"{s['dropped_cache_too_small']:,} that cannot fit a "
                    f"{c.cache.gpu_cache:,}-token "
                    "cache (prompt + decode reservation)")
-    if not s.get("requests"):
+    if not s.get("requests") and not aborted:
         raise RunInputError(f"--gpu-cache {c.cache.gpu_cache:,}: every request ({dropped:,}) was "
                             f"dropped: {'; '.join(why)}")
     stderr.print(f"[yellow]warning:[/yellow] {c.policy_label}: dropped {dropped:,} requests: "
@@ -206,9 +211,10 @@ def gpu_header(cfg: RunConfig) -> str:
               help="--gpu: share of each GPU's memory for weights and KV (SGLang "
                    "--mem-fraction-static; vLLM --gpu-memory-utilization, less activations "
                    "and CUDA graphs). Default: the engine's own (docs/engine.md, GPUs).")
-@click.option("--slo", default=None, metavar="KEY=VALUE,...",
+@click.option("--slo", type=SLO_TEXT, default=None, metavar="KEY=VALUE,...",
               help="SLOs for goodput: per request ttft=2s,tpot=50ms,itl=,e2e=; per run "
-                   "ttft_p90=1s (p50, p90, p99, mean); attain=0.9 (docs/engine.md).")
+                   "ttft_p90=1s (p50, p90, p99, mean); attain=0.9; a bare number is ms, as "
+                   "in vllm bench serve --goodput (docs/engine.md).")
 @click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True,
               help="Independent repeats (decision seeds seed..seed+N-1, the trace fixed): "
                    "mean and 95% interval per metric.")
@@ -451,6 +457,10 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
     gpu_line = gpu_header(base)
     if gpu_line:
         stderr.print(f"[dim]{gpu_line}[/dim]")
+    if slo is not None:  # how --slo was read (a bare number is ms: sim/slo.py)
+        from sim.slo import parse_slo
+
+        stderr.print(parse_slo(slo).describe(), markup=False, highlight=False)
     results = []
     with progress("kvsim run", "requests", sum(len(t) for t in traces) * repeats,
                   stderr) as bar:

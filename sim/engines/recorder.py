@@ -69,6 +69,9 @@ class RequestRecord:
     preempted_recompute_units: float = 0.0
     dropped: bool = False
     drop_reason: str = ""  # context: prompt above the model's context; cache: cannot fit
+    # the server ended it before its output was complete (SGLang aborts a lone request that
+    # cannot grow): admitted and computed, but not served (vllm bench serve: not successful)
+    aborted: bool = False
     # context strategies (sim.context; zero under ``full``)
     kind: str = "turn"  # turn | summary (the summarization call of summarize:T:S)
     dropped_tokens: int = 0  # prompt tokens whose KV the history dropped: not computed
@@ -93,7 +96,8 @@ class RequestRecord:
                  private_lost: float = 0.0, prefill_units: float = 0.0,
                  attention_units: int = 0, recompute_units: float = 0.0, retractions: int = 0,
                  preempted_recompute_tokens: int = 0, preempted_recompute_units: float = 0.0,
-                 dropped: bool = False, drop_reason: str = "", kind: str = "turn",
+                 dropped: bool = False, drop_reason: str = "", aborted: bool = False,
+                 kind: str = "turn",
                  dropped_tokens: int = 0, restored_tokens: int = 0, reprefill_tokens: int = 0,
                  rerotated_tokens: int = 0, tpot_s: float = math.nan,
                  itl_max_s: float = math.nan, row: int = -1) -> None:
@@ -126,6 +130,7 @@ class RequestRecord:
         self.preempted_recompute_units = preempted_recompute_units
         self.dropped = dropped
         self.drop_reason = drop_reason
+        self.aborted = aborted
         self.kind = kind
         self.dropped_tokens = dropped_tokens
         self.restored_tokens = restored_tokens
@@ -146,7 +151,8 @@ class RequestRecord:
                 self.new_tokens, self.decoded_tokens, self.ideal_hit_tokens,
                 self.private_lost, self.prefill_units, self.attention_units,
                 self.recompute_units, self.retractions, self.preempted_recompute_tokens,
-                self.preempted_recompute_units, self.dropped, self.drop_reason, self.kind,
+                self.preempted_recompute_units, self.dropped, self.drop_reason, self.aborted,
+                self.kind,
                 self.dropped_tokens, self.restored_tokens, self.reprefill_tokens,
                 self.rerotated_tokens, self.tpot_s, self.itl_max_s)
 
@@ -290,8 +296,7 @@ class RunRecorder:
         self.counters: dict[str, float] = {
             "prefill_batches": 0, "prefill_seconds": 0.0, "decode_events": 0,
             "decode_steps": 0, "decode_seconds": 0.0, "evictions": 0, "evicted_blocks": 0,
-            "holes_made_blocks": 0, "retractions": 0, "aborted": 0, "dropped": 0,
-            "dropped_context": 0, "dropped_cache": 0,
+            "holes_made_blocks": 0, "retractions": 0,
             "bytes_h2d": 0, "bytes_d2h": 0, "cpu_loads": 0, "loaded_blocks": 0,
             "swap_buffer_loads": 0, "swap_buffer_blocks": 0, "swap_chunks": 0,
             "load_demoted_blocks": 0, "load_deleted_blocks": 0, "demoted_blocks": 0,
@@ -455,8 +460,6 @@ class RunRecorder:
         rec.drop_reason = reason
         rec.end_s = now
         self._fold(rec)
-        self.counters["dropped"] += 1
-        self.counters[f"dropped_{reason}"] += 1
 
     def retracted(self, req: Req) -> None:
         cast(RequestRecord, req.record).retractions += 1
@@ -469,8 +472,10 @@ class RunRecorder:
         rec.preempted_recompute_tokens += tokens
         rec.preempted_recompute_units += units
 
-    def aborted(self, req: Any) -> None:
-        self.counters["aborted"] += 1
+    def aborted(self, req: Req) -> None:
+        """The server ends ``req`` before its output is complete (it closes it next): the
+        row says so, and every count of aborts reads the rows."""
+        cast(RequestRecord, req.record).aborted = True
 
     def evicted(self, freed_blocks: int, deleted_blocks: int, demoted_blocks: int = 0,
                 holes_made: int = 0) -> None:
@@ -596,8 +601,16 @@ class RunRecorder:
     def summary(self, sim_end: float, block_size: int, df: pd.DataFrame | None = None
                 ) -> dict[str, Any]:
         df = self.table() if df is None else df
-        ok = df[~df["dropped"].astype(bool)] if len(df) else df
-        ttft = ok["ttft_s"].to_numpy(dtype=float) if len(ok) else np.array([])
+        # One row per request is the one source of truth for what happened to it (a PD
+        # request's drop on both workers is one row): ``ok`` were admitted (the work they
+        # made the server do counts), ``served`` also got their whole reply (vllm bench
+        # serve's successful requests: what latency, requests and output count).
+        dropped = df["dropped"].to_numpy(dtype=bool)
+        ok = df[~dropped] if len(df) else df
+        aborted = ok["aborted"].to_numpy(dtype=bool)
+        served = ok[~aborted] if len(ok) else ok
+        reasons = df["drop_reason"].to_numpy()[dropped]
+        ttft = served["ttft_s"].to_numpy(dtype=float) if len(served) else np.array([])
         ttft = ttft[np.isfinite(ttft)]
         done = [s for s in sorted(self.session_end) if s in self.session_start]
         # A job is a top-level session; its sub-agents run inside it (own fields below).
@@ -619,11 +632,11 @@ class RunRecorder:
                        if rec_units.sum() else math.nan)
         c = self.counters
         return {
-            "requests": len(ok),
+            "requests": len(served),
             "sessions_completed": len(jct),
-            "dropped_requests": int(c["dropped"]),
-            "dropped_over_context": int(c["dropped_context"]),
-            "dropped_cache_too_small": int(c["dropped_cache"]),
+            "dropped_requests": int(dropped.sum()),
+            "dropped_over_context": int((reasons == "context").sum()),
+            "dropped_cache_too_small": int((reasons == "cache").sum()),
             "ttft_mean_s": float(ttft.mean()) if ttft.size else math.nan,
             "ttft_p50_s": pct(50),
             "ttft_p90_s": pct(90),
@@ -631,7 +644,8 @@ class RunRecorder:
             "jct_mean_s": float(jct.mean()) if jct.size else math.nan,
             "subagents_completed": len(sub_jct),
             "subagent_jct_mean_s": float(sub_jct.mean()) if sub_jct.size else math.nan,
-            "queue_wait_mean_s": float(ok["queue_wait_s"].mean()) if len(ok) else math.nan,
+            "queue_wait_mean_s": (float(served["queue_wait_s"].mean()) if len(served)
+                                  else math.nan),
             "hit_rate": float(ok["hit_gpu_tokens"].sum() / prompt) if prompt else math.nan,
             "ideal_hit_rate": float(ok["ideal_hit_tokens"].sum() / prompt) if prompt else math.nan,
             "prompt_tokens": int(prompt),
@@ -653,7 +667,7 @@ class RunRecorder:
                                            if len(ok) else 0),
             "preempted_recompute_units": (float(ok["preempted_recompute_units"].sum())
                                           if len(ok) else 0.0),
-            "aborted": int(c["aborted"]),
+            "aborted": int(aborted.sum()),
             "bytes_h2d": int(c["bytes_h2d"]),
             "bytes_d2h": int(c["bytes_d2h"]),
             "cpu_hit_rate": float(ok["loaded_cpu_tokens"].sum() / prompt) if prompt else math.nan,
@@ -667,7 +681,7 @@ class RunRecorder:
             "decode_steps": int(c["decode_steps"]),
             "decode_busy_s": float(c["decode_seconds"]),
             "sim_end_s": float(sim_end),
-            **latency_fields(ok, self.gaps, sim_end),
+            **latency_fields(served, self.gaps, sim_end),
             "recompute_position_hist": {
                 "bin_tokens": HIST_BIN_TOKENS, "tokens": list(self._hist)},
         }

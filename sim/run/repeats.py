@@ -126,4 +126,5 @@ def pessimistic(summary: dict[str, Any], slo) -> dict[str, float]:
     values = {k: end(k, +1) for k in slo.targets}
     values["slo_attainment"] = end("slo_attainment", -1)
     values["dropped_requests"] = end("dropped_requests", +1)
+    values["aborted"] = end("aborted", +1)
     return values

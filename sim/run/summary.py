@@ -37,14 +37,15 @@ def run_fields(cfg: RunConfig, policy: EvictionPolicy, profile, spec, trace,
 
 
 def answer_fields(cfg: RunConfig, profile, table: pd.DataFrame, summary: dict[str, Any],
-                  completed_sessions: set[int]) -> dict[str, Any]:
-    """GPUs used, rates per GPU and, with an SLO, goodput (sim/deploy.py, sim/slo.py)."""
+                  completed_sessions: set[int], parents: list[int]) -> dict[str, Any]:
+    """GPUs used, rates per GPU and, with an SLO, goodput (sim/deploy.py, sim/slo.py);
+    ``parents``: each session's parent session (-1: a job), as the trace says."""
     out = deployment_fields(cfg, profile)
     gpus = out["gpus"]
     out["output_tokens_per_s_per_gpu"] = summary["output_tokens_per_s"] / gpus
     out["total_tokens_per_s_per_gpu"] = summary["total_tokens_per_s"] / gpus
     if cfg.slo is not None:
-        out.update(slo_fields(cfg.slo, table, summary, completed_sessions, gpus))
+        out.update(slo_fields(cfg.slo, table, summary, completed_sessions, gpus, parents))
     return out
 
 
@@ -54,5 +55,6 @@ def summarize(cfg: RunConfig, rec: RunRecorder, duration_s: float, table: pd.Dat
     the configuration fields and the answers."""
     summary = rec.summary(duration_s, cfg.cache.block_size, table)
     summary.update(run_fields(cfg, policy, profile, spec, trace, table))
-    summary.update(answer_fields(cfg, profile, table, summary, set(rec.session_end)))
+    summary.update(answer_fields(cfg, profile, table, summary, set(rec.session_end),
+                                 [s.parent for s in trace.sessions]))
     return summary
