@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -116,3 +117,226 @@ def test_plan_searches_disaggregated_pools(tmp_path) -> None:
                                    str(tmp_path / "q")])
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["chosen"] is None and direct["ttft_p90_s"] > 0.3
+
+
+# --- issue 51 ----------------------------------------------------------------------------
+SMALL = ["plan", "synthetic:claude-code?sessions=4", "--max-context", "32k", "--gaps", "tool",
+         "--sessions", "2", "--slo", "ttft_p90=1s"]
+
+
+def fake_plan(tmp_path, monkeypatch, curves: dict[str, dict[int, float]], slo: str = "ttft_p90=3s",
+              search: str = "bisect", replicas: tuple[int, int] = (1, 4), extra=None):
+    """``plan`` with each router's TTFT p90 at each size given by ``curves`` instead of runs:
+    the search, ranking and document without simulating. Returns the plan document and the
+    sizes the search evaluated per router."""
+    from sim.sweep import plan as planmod
+
+    asked: dict[str, list[int]] = {r: [] for r in curves}
+
+    def evaluate(self, wanted) -> None:
+        for q, n in wanted:
+            if (q, n) in self.outcomes:
+                continue
+            asked[q.router].append(n)
+            s = {"slo": slo, "gpus": n, "ttft_p90_s": curves[q.router][n], "ttft_p90_s_ci95": 0.0,
+                 "repeats": 1, "dropped_requests": 0, "aborted": 0, **(extra or {})}
+            self.outcomes[(q, n)] = planmod.Outcome(
+                q, n, f"{q.router}-{n}", s,
+                planmod.meets(self.slo, planmod.pessimistic_values(s, self.slo)))
+        self.rounds += 1
+
+    monkeypatch.setattr(planmod.Planner, "_evaluate", evaluate)
+    spec = planmod.PlanSpec(base={"slo": slo, "model": "qwen3-8b"}, gpus=["H100"], tps=[1],
+                            routers=list(curves), policies=["sglang"], loads=[{"sessions": 24}],
+                            replicas=replicas, search=search)
+    return planmod.plan(spec, tmp_path, None), asked
+
+
+def test_bisection_checks_monotonicity_and_never_misses_a_meeting_size(tmp_path, monkeypatch):
+    """Cause B: the review's least-load curve (2.41 s at 3 replicas, 4.0 s at 4 against a 3 s
+    target): bisection saw 4 miss and answered "none meets"; now it runs the sizes below."""
+    curve = {1: 9.0, 2: 3.8, 3: 2.91, 4: 4.0}
+    doc, asked = fake_plan(tmp_path / "b", monkeypatch, {"least-load": curve})
+    full, _ = fake_plan(tmp_path / "f", monkeypatch, {"least-load": curve}, search="full")
+    assert doc["chosen"]["size"] == full["chosen"]["size"] == 3
+    assert sorted(asked["least-load"]) == [1, 2, 3, 4]
+    # a curve that rises somewhere among the sizes bisection ran: every size below is run
+    bumpy = {1: 9.0, 2: 2.0, 3: 2.9, 4: 2.5, 5: 2.8, 6: 2.6, 7: 2.7, 8: 1.0}
+    doc, asked = fake_plan(tmp_path / "c", monkeypatch, {"r": bumpy}, replicas=(1, 8))
+    full, _ = fake_plan(tmp_path / "d", monkeypatch, {"r": bumpy}, search="full",
+                        replicas=(1, 8))
+    assert doc["chosen"]["size"] == full["chosen"]["size"] == 2
+    assert "not monotone" in doc["answers"][0]["search"]
+    # a monotone curve keeps bisection's few runs
+    doc, asked = fake_plan(tmp_path / "e", monkeypatch, {"r": {n: 8.0 / n for n in range(1, 9)}},
+                           replicas=(1, 8))
+    assert doc["chosen"]["size"] == 3 and sorted(asked["r"]) == [2, 3, 4, 8]
+
+
+def test_ties_at_one_price_go_to_the_most_margin(tmp_path, monkeypatch) -> None:
+    """Among deployments at one price the pick is the one furthest inside the SLO."""
+    from sim.report.plan import pick_line
+
+    doc, _ = fake_plan(tmp_path, monkeypatch, {"a-router": {1: 9, 2: 2.9, 3: 1, 4: 1},
+                                               "b-router": {1: 9, 2: 1.2, 3: 1, 4: 1}})
+    assert doc["chosen"]["router"] == "b-router"  # not the first by name
+    assert [r["router"] for r in doc["cheapest"]] == ["b-router", "a-router"]
+    assert "the most margin" in pick_line(doc, (1, 4), False)
+
+
+def test_unmeetable_slo_shows_the_nearest_and_does_not_just_say_widen(tmp_path,
+                                                                      monkeypatch) -> None:
+    from sim.report.plan import pick_line
+
+    doc, _ = fake_plan(tmp_path, monkeypatch, {"r": {1: 0.5, 2: 0.4, 3: 0.3, 4: 0.3}},
+                       slo="ttft_p90=0.001ms")
+    line = pick_line(doc, (1, 4), False)
+    assert doc["chosen"] is None and "nearest" in line and "relax --slo" in line
+    assert "0.3" in line  # the best value reached
+    near, _ = fake_plan(tmp_path / "n", monkeypatch, {"r": {1: 5, 2: 4, 3: 3.5, 4: 3.2}})
+    assert "try --replicas beyond 4" in pick_line(near, (1, 4), False)
+
+
+def test_plan_carries_the_over_context_warning(tmp_path, monkeypatch) -> None:
+    """Cause O: requests above the model's context, said once and kept in plan.json."""
+    from sim.report.plan import plan_notes
+
+    doc, _ = fake_plan(tmp_path, monkeypatch, {"r": {1: 1, 2: 1, 3: 1, 4: 1}},
+                       extra={"over_context_requests": 570})
+    assert doc["over_context_requests"] == 570
+    assert json.loads((tmp_path / "plan.json").read_text())["over_context_requests"] == 570
+    warned = [x for x in plan_notes(doc) if "context" in x]
+    assert len(warned) == 1 and "570 requests" in warned[0] and "131,072" in warned[0]
+
+
+def test_plan_refuses_an_unpriced_gpu(tmp_path) -> None:
+    """D11: a --prices file without a searched GPU is refused up front, naming it."""
+    import yaml
+
+    cat = yaml.safe_load(Path("costmodel/data/gpus.yaml").read_text())
+    cat["gpus"] = {"H100": cat["gpus"]["H100"]}
+    prices = tmp_path / "prices.yaml"
+    prices.write_text(yaml.safe_dump(cat))
+    res = CliRunner().invoke(cli, [*SMALL, "--gpus", "H200,H100", "--prices", str(prices),
+                                   "--out", str(tmp_path / "p")])
+    assert res.exit_code == 2 and "--prices has no price for H200" in res.output
+    assert not (tmp_path / "p").exists()
+
+
+@pytest.mark.parametrize(("extra", "says"), [
+    (["--pd", "2:1", "--replicas", "1..4"], "--replicas does nothing here"),
+    (["--pd", "2:1", "--search", "full"], "--search does nothing here"),
+    (["--replay", "open", "--time-scale", "1"], "--sessions does nothing here"),
+    (["--pd", "1:1", "--routers", "round-robin"], "--routers does nothing here"),
+    (["--pd-link", "ideal"], "--pd-link does nothing here: it configures a disaggregated fleet: "
+                             "add --pd P:D"),
+    (["--pd", "1:1", "--pd-rule", "sglang-pd", "--pd-local-threshold", "2k"],
+     "--pd-local-threshold does nothing here"),
+])
+def test_plan_applies_runs_checks_to_every_point_before_running(tmp_path, extra, says) -> None:
+    """Cause I: what ``kvsim run`` refuses as doing nothing is refused by plan before any
+    point runs (exit 2, the option named)."""
+    res = CliRunner().invoke(cli, [*SMALL, *extra, "--out", str(tmp_path / "p")])
+    assert res.exit_code == 2 and says in res.output, res.output
+    assert not (tmp_path / "p").exists()
+
+
+def test_check_spec_checks_every_pd_shape() -> None:
+    """Every P:D shape is checked, not only the first (code review)."""
+    from sim.sweep import plan as planmod
+
+    seen = []
+    real = planmod.make_point
+    spec = planmod.PlanSpec(base={"slo": "ttft_p90=1s", "trace": "synthetic:claude-code",
+                                  "max_context": 32768, "sessions": 2},
+                            gpus=["H100"], tps=[1], routers=["round-robin"],
+                            policies=["sglang"], loads=[{"sessions": 2}], replicas=(1, 8),
+                            pd=[(1, 1), (2, 1), (1, 3)])
+    planmod.make_point = lambda s, q, n: seen.append(n) or real(s, q, n)
+    try:
+        planmod.check_spec(spec)
+    finally:
+        planmod.make_point = real
+    assert seen == [(1, 1), (2, 1), (1, 3)]
+
+
+@pytest.mark.parametrize(("extra", "option"), [(["--tp", "1,,2"], "--tp"),
+                                               (["--mem-fraction", "0.9,abc"], "--mem-fraction"),
+                                               (["--gpus", ""], "--gpus"),
+                                               (["--sessions", "2,x"], "--sessions")])
+def test_list_options_are_named_in_their_errors(tmp_path, extra, option) -> None:
+    """Q04-Q06."""
+    args = [a for a in SMALL if a not in ("--sessions", "2")] + extra
+    res = CliRunner().invoke(cli, [*args, "--out", str(tmp_path / "p")])
+    assert res.exit_code == 2 and f"Invalid value for {option}" in res.output, res.output
+
+
+def test_plan_says_what_another_gpus_profile_priced(tmp_path) -> None:
+    """Cause G and intervals of identical repeats: plan.json/plan.csv carry the profile and its
+    note, the tables mark it, the pick says it; a deterministic router's ± reads n/a."""
+    out = tmp_path / "p"
+    res = CliRunner().invoke(cli, [*SMALL, "--gpus", "L40S,H100", "--replicas", "1",
+                                   "--repeats", "2", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "pick: 1 x L40S" in res.output
+    assert "priced at another GPU's speed: no measured profile for L40S" in res.output
+    assert "* L40S: no measured profile for L40S" in res.output
+    assert "n/a" in res.output and "deterministic" in res.output
+    doc = json.loads((out / "plan.json").read_text())
+    assert "no measured profile for L40S" in doc["chosen"]["profile_note"]
+    assert doc["chosen"]["profile"].startswith("kernels-h100")
+    assert doc["chosen"]["repeats_identical"] is True
+    import pandas as pd
+
+    csv = pd.read_csv(out / "plan.csv")
+    assert {"profile", "profile_note"} <= set(csv.columns)
+    assert max(len(line) for line in res.stdout.splitlines()) <= 100  # issue 51: tables
+    # kvsim plot on the plan folder draws the plan (cause L)
+    res = CliRunner().invoke(cli, ["plot", str(out), "--out", str(tmp_path / "plots")])
+    assert res.exit_code == 0, res.output
+    assert res.output.strip().endswith("plan.png")
+
+
+def test_plan_rounds_open_with_their_own_count_and_eta(monkeypatch) -> None:
+    """A round's first line shows its own count, not the last round's; its ETA is from its
+    own pace, not the plan's elapsed time."""
+    import io
+
+    from rich.console import Console
+
+    from sim.cli.plan import round_reporter
+    from sim.report import progress as prog
+
+    now = [0.0]
+    monkeypatch.setattr(prog.time, "monotonic", lambda: now[0])
+    buf = io.StringIO()
+    bar = prog.Tracker("kvsim plan", "points", 0, Console(file=buf, width=200))
+    report = round_reporter(bar)
+    report("round 1", 0, 6)
+    now[0] = 600.0
+    report("round 1", 6, 6)
+    now[0] = 601.0
+    report("round 2", 0, 4)
+    assert "round 2: 0/4 points" in buf.getvalue()
+    now[0] = 661.0  # one point in 60 s: three more take 180 s
+    report("round 2", 1, 4)
+    bar.describe("round 2")
+    assert buf.getvalue().splitlines()[-1].endswith("ETA 0:03:00")
+
+
+def test_plan_plot_has_plain_axes_and_whole_gpu_ticks() -> None:
+    from sim.report.plan import plan_figure
+
+    rows = [{"question": "H100 tp1 r sglang sessions=2", "policy": "sglang", "gpus": 3,
+             "size": 3, "meets": True, "ttft_p90_s": 0.5, "goodput_rps": 0.134 + 1e-5,
+             "gpu": "H100", "profile_note": ""},
+            {"question": "H100 tp1 r sglang sessions=2", "policy": "sglang", "gpus": 2,
+             "size": "1:1", "meets": True, "ttft_p90_s": 0.5, "goodput_rps": 0.134,
+             "gpu": "H100", "profile_note": ""}]
+    doc = {"slo": "ttft_p90=1s", "curves": {}, "chosen": rows[0]}
+    fig = plan_figure(doc, rows)
+    fig.canvas.draw()
+    for ax in fig.axes:
+        assert ax.yaxis.get_major_formatter().get_offset() == ""
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["2", "3"]
+    assert any(t.get_text() == "1:1" for t in fig.axes[0].texts)  # PD shapes labelled

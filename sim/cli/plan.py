@@ -2,23 +2,35 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import click
 
-from .common import SLO_TEXT, console, emit_json, stderr
+from costmodel.links import link_names
+from policies.pd_rules import PD_RULES
+
+from .common import SIZE, SLO_TEXT, console, emit_json, stderr
 from .trace import trace_options
 
 
-def _list(text: str | None, kind=str) -> list:
+def _list(text: str | None, option: str, kind=str) -> list:
+    """A comma-separated option's items as ``kind``; an empty or unreadable item is refused
+    naming ``option`` (exit 2)."""
     if text is None:
         return []
     items = [x.strip() for x in str(text).split(",")]
     if not all(items):
-        raise click.BadParameter(f"{text!r} has an empty item")
+        raise click.BadParameter(f"{text!r} has an empty item", param_hint=option)
     try:
         return [kind(x) for x in items]
     except ValueError:
         raise click.BadParameter(f"{text!r}: expected a comma-separated list of "
-                                 f"{kind.__name__}") from None
+                                 f"{kind.__name__}", param_hint=option) from None
+
+
+# plan's options whose RunConfig field has another name (the rest are named alike)
+PLAN_FIELDS = {"gap_model": "gaps", "cache_dir": "trace_cache_dir", "routers": "router",
+               "policies": "policy", "gpus": "gpu"}
 
 
 @click.command("plan")
@@ -58,6 +70,15 @@ def _list(text: str | None, kind=str) -> list:
 @click.option("--pd", default=None, metavar="P:D,...",
               help="Prefill:decode pool shapes to search instead of replicas (needs the "
                    "disaggregated fleet).")
+@click.option("--pd-link", type=click.Choice(list(link_names())), default="rdma-400",
+              show_default=True, help="With --pd: the link KV travels over, prefill -> decode "
+              "(costmodel/data/links.yaml).")
+@click.option("--pd-rule", type=click.Choice(list(PD_RULES.names())), default="disagg",
+              show_default=True, help="With --pd: how a request picks its decode worker and "
+              "whether it is prefilled there (policies/pd_rules.py).")
+@click.option("--pd-local-threshold", type=SIZE, default="0", show_default=True,
+              help="With --pd: conditional disaggregation, prefill on the decode worker when "
+              "fewer uncached tokens than this (0: never).")
 @click.option("--prices", type=click.Path(dir_okay=False, exists=True), default=None,
               help="A GPU catalog of costmodel/data/gpus.yaml's shape with your prices.")
 @click.option("--out", "-o", required=True, help="Folder: points/<id>/, plan.json, plan.csv, "
@@ -71,54 +92,56 @@ def _list(text: str | None, kind=str) -> list:
 def plan_cmd(trace, trace_format, block_size, shared_prefix, max_context, select, gap_model,
              lenient, seed, cache_dir, rebuild_sessions, slo, model, engine, gpus, tp,
              mem_fraction, replicas, routers, policies, sessions, replay, time_scale,
-             repeats, search, pd, prices, out, jobs, executor, address, as_json) -> None:
+             repeats, search, pd, pd_link, pd_rule, pd_local_threshold, prices, out, jobs,
+             executor, address, as_json) -> None:
     """Find the smallest and cheapest deployments (replicas x GPU x router x policy) whose
     runs of TRACE meet the SLOs, with repeats and 95% intervals (docs/sweeps.md, Plan)."""
     from costmodel.gpus import load_gpus
     from sim.config import default_replay
     from sim.io import check_out_dir
-    from sim.report.plan import plan_tables, plot_plan
+    from sim.report.plan import pick_line, plan_notes, plan_tables, plot_plan
     from sim.report.progress import progress
     from sim.sweep import ExecutorSpec
     from sim.sweep.plan import PlanSpec, check_spec, parse_pd, parse_range, plan
 
     if replay is None:
         replay = default_replay(trace, trace_format)
-    if time_scale is not None and replay != "open":
-        raise click.UsageError("--time-scale does nothing here: it scales recorded send "
-                               "times: add --replay open")
+    ctx = click.get_current_context()
+    given = frozenset(PLAN_FIELDS.get(name, name) for name in ctx.params
+                      if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE)
     base = dict(trace=trace, trace_format=trace_format, block_size=block_size,
                 shared_prefix=shared_prefix, max_context=max_context, select=select,
                 gaps=gap_model, lenient=lenient, seed=seed, trace_cache_dir=cache_dir,
                 rebuild_sessions=rebuild_sessions, model=model, engine=engine, slo=slo,
                 repeats=repeats, replay=replay)
-    fractions = _list(mem_fraction, float) if mem_fraction is not None else [None]
+    if pd:  # given without --pd they are refused below as doing nothing
+        base.update(pd_link=pd_link, pd_rule=pd_rule, pd_local_threshold=pd_local_threshold)
+    else:
+        base.update({k: v for k, v in (("pd_link", pd_link), ("pd_rule", pd_rule),
+                                       ("pd_local_threshold", pd_local_threshold))
+                     if k in given})
+    fractions = (_list(mem_fraction, "--mem-fraction", float) if mem_fraction is not None
+                 else [None])
     if any(not 0 < f <= 1 for f in fractions if f is not None):
         raise click.BadParameter(f"{mem_fraction!r}: each must be in (0, 1]",
                                  param_hint="--mem-fraction")
     if replay == "open":
-        loads = [{"time_scale": x} for x in _list(time_scale or "1.0", float)]
+        loads = [{"time_scale": x} for x in _list(time_scale or "1.0", "--time-scale", float)]
     else:
-        loads = [{"sessions": n} for n in _list(sessions, int)]
-    spec = PlanSpec(base=base, gpus=[g.upper() for g in _list(gpus)], tps=_list(tp, int),
-                    routers=_list(routers), policies=_list(policies), loads=loads,
+        loads = [{"sessions": n} for n in _list(sessions, "--sessions", int)]
+    spec = PlanSpec(base=base, gpus=[g.upper() for g in _list(gpus, "--gpus")],
+                    tps=_list(tp, "--tp", int), routers=_list(routers, "--routers"),
+                    policies=_list(policies, "--policies"), loads=loads,
                     replicas=parse_range(replicas), search=search, pd=parse_pd(pd),
-                    prices=load_gpus(prices) if prices else None, mem_fractions=fractions)
+                    prices=load_gpus(prices) if prices else None, mem_fractions=fractions,
+                    given=given)
     check_spec(spec)  # every config checked before anything runs
     check_out_dir(out)
     stderr.print(spec.slo.describe(), markup=False, highlight=False)  # how --slo was read
     ex = ExecutorSpec(kind=executor, jobs=jobs, address=address).make()
     try:
         with progress("kvsim plan", "points", 0, stderr) as bar:
-            shown: list[str] = []
-
-            def report(stage: str, done: int, total: int) -> None:
-                if shown[-1:] != [stage]:
-                    shown.append(stage)
-                    bar.describe(stage)
-                bar.update(done, total)
-
-            doc = plan(spec, out, ex, report)
+            doc = plan(spec, out, ex, round_reporter(bar))
     finally:
         ex.close()
     import pandas as pd_
@@ -134,12 +157,23 @@ def plan_cmd(trace, trace_format, block_size, shared_prefix, max_context, select
         if i:
             con.print()
         con.print(t)
-    chosen = doc["chosen"]
-    if chosen:
-        stderr.print(f"pick: {chosen['size']} x {chosen['gpu']} (TP {chosen['tp']}, "
-                     f"{chosen['gpus']} GPUs, ${chosen['usd_per_h']:,.2f}/h), router "
-                     f"{chosen['router']}, policy {chosen['policy']}")
-    else:
-        stderr.print("no deployment in the range meets the SLO: widen --replicas")
+    for line in plan_notes(doc):
+        stderr.print(line, markup=False, highlight=False)
+    stderr.print(pick_line(doc, spec.replicas, bool(spec.pd)), markup=False, highlight=False)
     stderr.print(f"wrote {out}/plan.json, plan.csv, plan.png ({doc['points_run']} points, "
                  f"{doc['rounds']} rounds)")
+
+
+def round_reporter(bar) -> Callable[[str, int, int], None]:
+    """The planner's ``report(stage, done, total)`` on a progress tracker: a new round opens
+    with its own count (not the last round's) and its ETA from its own pace."""
+    shown: list[str] = []
+
+    def report(stage: str, done: int, total: int) -> None:
+        if shown[-1:] != [stage]:
+            shown.append(stage)
+            bar.stage(stage, done, total)  # the pace counts from this round's start
+        else:
+            bar.update(done, total)
+
+    return report

@@ -17,7 +17,8 @@ class PlotInputError(ValueError):
               help="Folder for the PNGs (checked before plotting). [default: DIRECTORY]")
 def plot_cmd(directory: str, out: str | None) -> None:
     """TTFT CDFs and changes of a run folder (kvsim run --out); mean TTFT per grid field and
-    changes against the baseline of a sweep folder. Prints each PNG's path once."""
+    changes against the baseline of a sweep folder; the plan's curves and pick of a plan
+    folder (kvsim plan --out: plan.png). Prints each PNG's path once."""
     from sim.io import check_out_dir
     from sim.report.plots import plot_dir
 

@@ -23,12 +23,41 @@ from .tables import Col, narrow_table
 KEYS = [Col("GPU", "gpu"), Col("memory\nfraction", "mem_fraction", "ratio"),
         Col("KV tokens\nper GPU", "kv_tokens_per_gpu", "int"), Col("TP", "tp", "int"),
         Col("router", "router"), Col("policy", "policy")]
-MEASURES = [Col("size", "size"), Col("GPUs", "gpus", "int"), Col("$/h", "usd_per_h", "usd"),
-            Col("TTFT\np90 (s)", "ttft_p90_s", "s"), Col("±", "ttft_p90_s_ci95", "s"),
-            Col("TPOT\nmean (ms)", "tpot_mean_s", "ms"),
-            Col("SLO\nmet", "slo_attainment", "rate"), Col("±", "slo_attainment_ci95", "rate"),
-            Col("goodput\nreq/s", "goodput_rps", "float3"),
-            Col("meets", "meets")]
+def measures(doc: dict[str, Any], rows: list[dict[str, Any]]) -> list[Col]:
+    """The size and price, then only what the SLO judges (each run-level target and its
+    interval; attainment and goodput where it has per-request thresholds: without them
+    attainment is 100% and goodput is throughput), a ``*`` where a point was priced with
+    another GPU's profile, and the verdict: within 100 columns."""
+    from sim.slo import parse_slo
+
+    slo = parse_slo(doc["slo_text"] if "slo_text" in doc else doc["slo"])
+    cols = [Col("size", "size"), Col("GPUs", "gpus", "int"), Col("$/h", "usd_per_h", "usd")]
+    for k in slo.targets:  # e.g. ttft_p90_s -> "TTFT\np90 (s)"
+        base, _, stat = k.removesuffix("_s").partition("_")
+        cols += [Col(f"{base.upper()}\n{stat} (s)", k, "s"), Col("±", f"{k}_ci95", "text")]
+    if slo.thresholds:
+        cols += [Col("SLO\nmet", "slo_attainment", "rate"),
+                 Col("±", "slo_attainment_ci95", "text"),
+                 Col("goodput\nreq/s", "goodput_rps", "float3")]
+    if any(r.get("profile_note") for r in rows):
+        cols.append(Col("", "profile_mark"))
+    return [*cols, Col("meets", "meets")]
+
+
+def _shown(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows as displayed: intervals as text, ``n/a`` where the repeats were identical (the
+    router and policy draw nothing from the decision seeds the repeats vary), ``*`` beside a
+    point priced with another GPU's profile."""
+    out = []
+    for r in rows:
+        r = dict(r)
+        for k in [k for k in r if k.endswith("_ci95")]:
+            v = r[k]
+            r[k] = ("n/a" if r.get("repeats_identical") else "-" if v is None or v != v
+                    else f"{100 * v:.1f}%" if "attainment" in k else f"{v:.3f}")
+        r["profile_mark"] = "*" if r.get("profile_note") else ""
+        out.append(r)
+    return out
 
 
 LOAD_KEYS = ("sessions", "time_scale")  # sim/sweep/plan.py: a question's load fields
@@ -57,27 +86,117 @@ def plan_tables(doc: dict[str, Any]) -> list[Any]:
     rows = doc["cheapest"]
     every = [a for a in doc["answers"] if "gpu" in a] + doc["buys"]
     keys, same = _varied([*KEYS, *_load_cols(every)], every)
+    cols = [*keys, *measures(doc, [*every, *([doc["one_smaller"]] if doc.get("one_smaller")
+                                             else [])])]
+    doc = {**doc, "slo_text": doc["slo"]}
     if same:
         doc = {**doc, "slo": f"{doc['slo']} ({same})"}
     if rows:
-        tables.append(narrow_table(f"deployments meeting {doc['slo']} (cheapest first)",
-                                   [*keys, *MEASURES], rows))
+        tables.append(narrow_table(f"deployments meeting {doc['slo']} (cheapest first; at "
+                                   "one price, most margin first)", cols, _shown(rows)))
     missing = [a for a in doc["answers"] if not a.get("meets")]
     if missing:
         tables.append(narrow_table("no size in the range meets the SLO",
                                    [Col("question", "question")], missing))
     if doc.get("one_smaller"):
-        tables.append(narrow_table("one size smaller than the chosen deployment",
-                                   [*keys, *MEASURES], [doc["one_smaller"]]))
+        tables.append(narrow_table("one size smaller than the chosen deployment", cols,
+                                   _shown([doc["one_smaller"]])))
     if len(doc["buys"]) > 1:
-        tables.append(narrow_table("what each choice buys at the chosen size",
-                                   [*keys, *MEASURES], doc["buys"]))
+        tables.append(narrow_table("what each choice buys at the chosen size", cols,
+                                   _shown(doc["buys"])))
     return tables
 
 
+def _shown_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    one = [doc["one_smaller"]] if doc.get("one_smaller") else []
+    return [*doc["cheapest"], *one, *doc["buys"]]
+
+
+def plan_notes(doc: dict[str, Any]) -> list[str]:
+    """What the tables cannot say: requests above the model's context (as ``kvsim run``
+    warns), points priced with another GPU's profile (``*``), identical repeats (``n/a``),
+    and questions whose curve was not monotone (bisection fell back to every size)."""
+    lines = []
+    over = doc.get("over_context_requests") or 0
+    if over:
+        lines.append(f"warning: {over:,} requests have prompts above {doc.get('model')}'s "
+                     f"{doc.get('model_context') or 0:,}-token context; replayed anyway (a "
+                     "server would refuse them): cut the trace with --max-context")
+    notes = dict.fromkeys(f"{r['gpu']}: {r['profile_note']}" for r in _shown_rows(doc)
+                          if r.get("profile_note"))
+    lines += [f"* {n}" for n in notes]
+    same = dict.fromkeys(f"{r['router']} {r['policy']}" for r in _shown_rows(doc)
+                         if r.get("repeats_identical"))
+    if same:
+        lines.append(f"n/a: the repeats vary decision seeds only, and {', '.join(same)} drew "
+                     "nothing from them (deterministic): the repeats were identical, so there "
+                     "is no interval and the pessimistic end is the run itself")
+    for a in doc["answers"]:
+        if "not monotone" in a.get("search", ""):
+            lines.append(f"note: {a['question']}: more replicas did worse somewhere among "
+                         "the sizes bisection ran (not monotone): every size below its answer "
+                         "was run")
+    return lines
+
+
+def pick_line(doc: dict[str, Any], replicas: tuple[int, int], pd: bool) -> str:
+    """The chosen deployment, saying when it was priced at another GPU's speed; or, when
+    none meets, the nearest size run and what may help."""
+    c = doc["chosen"]
+    if c:
+        line = (f"pick: {c['size']} x {c['gpu']} (TP {c['tp']}, {c['gpus']} GPUs, "
+                f"${c['usd_per_h']:,.2f}/h), router {c['router']}, policy {c['policy']}")
+        ties = [r for r in doc["cheapest"][1:] if r["usd_per_h"] == c["usd_per_h"]
+                and r["gpus"] == c["gpus"] and r["margin"] < c["margin"]]
+        if ties:  # the order at one price is by margin to the SLO (sim/sweep/plan.py)
+            line += f" (of {len(ties) + 1} at this price, the most margin to the SLO)"
+        if c.get("profile_note"):
+            line += f"; priced at another GPU's speed: {c['profile_note']}"
+        return line
+    best = [(a["best"], a["question"]) for a in doc["answers"] if a.get("best")]
+    if not best:
+        return "no deployment meets the SLO"
+    from sim.slo import parse_slo
+
+    slo = parse_slo(doc["slo"])
+    near, question = max(best, key=lambda b: b[0]["margin"])
+    reached = ", ".join(f"{k} {near[k]:.3g}" + (f" (target {slo.targets[k]:g})"
+                                                if k in slo.targets else
+                                                f" (target {slo.attain:g})")
+                        for k in near if k not in ("size", "gpus", "margin"))
+    wider = "larger --pd shapes" if pd else f"--replicas beyond {replicas[1]}"
+    far = near["margin"] < -1.0  # the nearest is more than twice its target
+    hint = (f"relax --slo (or try {wider} if larger sizes still improve)" if far
+            else f"try {wider} (or relax --slo)")
+    return (f"no deployment in the range meets the SLO; nearest: {question} at size "
+            f"{near['size']} ({near['gpus']} GPUs): {reached} at the pessimistic end: {hint}")
+
+
 def plot_plan(doc: dict[str, Any], rows: list[dict[str, Any]], path: Path) -> Path:
+    """``plan_figure`` saved to ``path``."""
+    fig = plan_figure(doc, rows)
+    try:
+        return atomic_save_figure(fig, path)
+    finally:
+        plt.close(fig)
+
+
+def plot_plan_dir(d: Path, out: Path) -> Path:
+    """``kvsim plot`` on a plan folder: the plan's figure (every point of every round, the
+    pick starred) from its plan.json and plan.parquet, as out/plan.png."""
+    import json
+
+    import pandas as pd
+
+    doc = json.loads((d / "plan.json").read_text())
+    rows = pd.read_parquet(d / "plan.parquet").to_dict("records")
+    return plot_plan(doc, rows, out / "plan.png")
+
+
+def plan_figure(doc: dict[str, Any], rows: list[dict[str, Any]]) -> Any:
     """Per run-level SLO target its value at the interval's pessimistic end against GPUs,
-    the target as a dashed line; then goodput against GPUs (module docstring)."""
+    the target as a dashed line; then goodput against GPUs (module docstring). P:D shapes
+    are points labelled with their shape (several shapes share a GPU count: no line)."""
     from sim.slo import parse_slo
 
     slo = parse_slo(doc["slo"])
@@ -102,10 +221,15 @@ def plot_plan(doc: dict[str, Any], rows: list[dict[str, Any]], path: Path) -> Pa
             ls = styles[policies.index(pts[0]["policy"]) % len(styles)]
             xs = [r["gpus"] for r in pts]
             ys = [_pessimistic(r, key) for r in pts]
-            ax.plot(xs, ys, color=c, linestyle=ls, label=label, linewidth=1.4)
+            shapes = any(":" in str(r["size"]) for r in pts)
+            ax.plot(xs, ys, color=c, linestyle="none" if shapes else ls, label=label,
+                    linewidth=1.4)
             for x, y, r in zip(xs, ys, pts, strict=True):
                 ax.plot([x], [y], "o", color=c, markersize=6,
                         markerfacecolor=c if r["meets"] else "white")
+                if shapes:
+                    ax.annotate(str(r["size"]), (x, y), textcoords="offset points",
+                                xytext=(5, 3), fontsize=7, color=c)
             knee = doc["curves"].get(label, {}).get("knee_gpus")
             if key == "goodput_rps" and knee is not None:
                 y = next(_pessimistic(r, key) for r in pts if r["gpus"] == knee)
@@ -120,16 +244,17 @@ def plot_plan(doc: dict[str, Any], rows: list[dict[str, Any]], path: Path) -> Pa
             ax.plot([chosen["gpus"]], [_pessimistic(chosen, key)], "*", color="black",
                     markersize=14, label=f"chosen: {chosen['size']} x {chosen['gpu']}")
         ax.set_xlabel("GPUs")
-        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.set_xticks(sorted({int(r["gpus"]) for r in rows}))  # whole GPUs only
+        ax.ticklabel_format(axis="y", style="plain", useOffset=False)  # no 1e-5+0.134
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=7, loc="best")
     fig.suptitle(f"kvsim plan: {doc['slo']} (filled: meets at the pessimistic end; "
                  "ring: knee of goodput)", fontsize=10)
-    fig.tight_layout()
-    try:
-        return atomic_save_figure(fig, path)
-    finally:
-        plt.close(fig)
+    notes = sorted({f"{r['gpu']}: {r['profile_note']}" for r in rows if r.get("profile_note")})
+    if notes:  # a GPU priced at another's speed ranks on memory alone (issue 51, cause G)
+        fig.text(0.01, 0.01, "\n".join(notes), fontsize=7, va="bottom")
+    fig.tight_layout(rect=(0, 0.035 * len(notes), 1, 1))
+    return fig
 
 
 def _pessimistic(row: dict[str, Any], key: str) -> float:

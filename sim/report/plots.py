@@ -338,15 +338,20 @@ def plot_sweep_dir(d: Path, out: Path) -> list[Path]:
 
 
 def plot_dir(d: str | Path, out: str | Path | None = None) -> list[Path]:
-    """Plot a run or sweep folder ``d`` into ``out`` (default: ``d``)."""
+    """Plot a run, sweep or plan folder ``d`` into ``out`` (default: ``d``)."""
     d = Path(d)
     out = d if out is None else Path(out)
+    if (d / "plan.json").exists():  # a plan's points are sweep rounds: draw the plan
+        from .plan import plot_plan_dir
+
+        return [plot_plan_dir(d, out)]
     if (d / "results.csv").exists() and (d / "sweep.json").exists():
         return plot_sweep_dir(d, out)
     if (d / "runs.json").exists():
         return plot_run_dir(d, out)
-    raise FileNotFoundError(f"{d}: neither a run folder (runs.json, from kvsim run --out) nor "
-                            "a finished sweep folder (results.csv, from kvsim sweep)")
+    raise FileNotFoundError(f"{d}: neither a run folder (runs.json, from kvsim run --out), "
+                            "a finished sweep folder (results.csv, from kvsim sweep) nor a "
+                            "plan folder (plan.json, from kvsim plan)")
 
 
 def plot_capacity(rows: list[dict[str, Any]], title: str, path: Path) -> Path:

@@ -84,6 +84,13 @@ class Tracker:
         self._base, self._base_t = done, time.monotonic()
         self.update(done, total)
 
+    def stage(self, detail: str, done: int, total: int) -> None:
+        """A new stage of the work (a plan's round) with its own count: shown at once, its
+        pace (the ETA) counted from now."""
+        self.detail = detail
+        self._base, self._base_t, self.done, self.total = done, time.monotonic(), done, total
+        self._show(force=True)
+
     def update(self, done: float, total: float | None = None) -> None:
         self.done = done
         if total is not None:
@@ -171,6 +178,8 @@ class _Idle:
     def advance(self, n: int = 1) -> None: ...
 
     def update(self, done: int, total: int | None = None) -> None: ...
+
+    def stage(self, detail: str, done: int, total: int) -> None: ...
 
     def describe(self, detail: str) -> None: ...
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,9 @@ class PlanSpec:
     pd: list[tuple[int, int]] = field(default_factory=list)
     prices: dict[str, GPU] | None = None
     mem_fractions: list[float | None] = field(default_factory=lambda: [None])
+    # the options the user gave, as RunConfig fields (plus replicas, search): checked for
+    # doing nothing in every point (check_spec)
+    given: frozenset[str] = frozenset()
 
     @property
     def slo(self) -> SLO:
@@ -110,11 +114,10 @@ def point_fields(spec: PlanSpec, q: Question, size: int | tuple[int, int]) -> di
         fields["mem_fraction"] = q.mem_fraction
     if isinstance(size, tuple):  # P prefill and D decode workers (sim/fleet/pd.py)
         fields["prefill_replicas"], fields["decode_replicas"] = size
-        if size[0] > 1:  # one prefill worker routes nothing
-            fields["router"] = q.router
-        return fields
-    fields["replicas"] = size
-    if size > 1:  # one replica routes nothing: every router's point is the same run
+    else:
+        fields["replicas"] = size
+    # one replica (or prefill worker) routes nothing: every router's point is the same run
+    if (size[0] if isinstance(size, tuple) else size) > 1:
         fields["router"] = q.router
     return fields
 
@@ -167,6 +170,7 @@ class Planner:
         self.slo = spec.slo
         self.outcomes: dict[tuple[Question, Any], Outcome] = {}
         self.rounds = 0
+        self.full_search: set[Question] = set()  # bisection fell back to every size
 
     def _evaluate(self, wanted: list[tuple[Question, Any]]) -> None:
         import json
@@ -222,8 +226,30 @@ class Planner:
             for q, m in mids:
                 a, b = bounds[q]
                 bounds[q] = (a, m) if self.outcomes[(q, m)].meets else (m, b)
-        return {q: self.outcomes[(q, bounds[q][1])] if q in open_ else None
-                for q in questions}
+        answers = {q: bounds[q][1] if q in open_ else hi + 1 for q in questions}
+        # Bisection assumes more replicas never hurt. Where the sizes run say otherwise, or it
+        # found none that meets, run every size below its answer (issue 51, cause B).
+        redo = [q for q in questions if answers[q] > hi or not self.monotone(q)]
+        self.full_search.update(redo)
+        self._evaluate([(q, n) for q in redo for n in range(lo, answers[q])])
+        for q in redo:
+            answers[q] = next((n for n in range(lo, answers[q])
+                               if self.outcomes[(q, n)].meets), answers[q])
+        return {q: self.outcomes[(q, n)] if n <= hi else None for q, n in answers.items()}
+
+    def monotone(self, q: Question) -> bool:
+        """Whether ``q``'s sizes run so far improve with size: every SLO value at its
+        interval's pessimistic end no worse at a larger size (latencies no higher,
+        attainment no lower)."""
+        runs = sorted((s, pessimistic_values(o.summary, self.slo))
+                      for (qq, s), o in self.outcomes.items() if qq == q)
+        keys = [*self.slo.targets, *(["slo_attainment"] if self.slo.thresholds else [])]
+        for (_a, va), (_b, vb) in pairwise(runs):
+            for k in keys:
+                sign = -1.0 if k == "slo_attainment" else 1.0
+                if sign * (vb[k] - va[k]) > 0:
+                    return False
+        return True
 
     def buys(self, chosen: Outcome) -> list[Outcome]:
         """Every router and policy at the chosen answer's GPU, TP, size and load."""
@@ -258,13 +284,17 @@ def plan(spec: PlanSpec, out: str | Path, executor,
     """Run the search and return the plan document (also written as out/plan.json)."""
     import pandas as pd
 
+    from costmodel.specs import get_spec
     from sim.io import atomic_write_parquet, atomic_write_text, dumps
 
     prices = spec.prices or load_gpus()
     planner = Planner(spec, out, executor, report)
     answers = planner.search()
     met = [o for o in answers.values() if o is not None]
-    met.sort(key=lambda o: (price_per_hour(o, prices), o.gpus, o.question.label))
+    # cheapest first; at one price the most margin to the SLO first (issue 51). Prices are
+    # checked to cover every GPU (check_spec), so no key is NaN (D11: NaN sorts anywhere).
+    met.sort(key=lambda o: (price_per_hour(o, prices), o.gpus, -margin(o.summary, spec.slo),
+                            o.question.label))
     buys = planner.buys(met[0]) if met else []
     rows = []
     for _key, o in sorted(planner.outcomes.items(), key=lambda kv: (kv[0][0].label,
@@ -277,14 +307,19 @@ def plan(spec: PlanSpec, out: str | Path, executor,
                for (qq, _s), o in planner.outcomes.items() if qq == q]
         curves[q.label] = {"points": sorted(pts), "knee_gpus": (k := knee(pts)) and k[0]}
     chosen = met[0] if met else None
+    summaries = [o.summary for o in planner.outcomes.values()]
     doc: dict[str, Any] = {
         "slo": spec.slo.text,
         "questions": len(answers),
         "rounds": planner.rounds,
         "points_run": len(planner.outcomes),
-        "answers": [{"question": q.label, **(_row(o, prices) if o is not None else
-                                             {"meets": False, "note": "no size in range "
-                                              "meets the SLO"})} for q, o in answers.items()],
+        "answers": [{"question": q.label,
+                     "search": "full" if spec.search == "full" or spec.pd else
+                     "bisect, then every size below (not monotone)" if q in
+                     planner.full_search else "bisect",
+                     **(_row(o, prices) if o is not None else
+                        {"meets": False, "note": "no size in range meets the SLO",
+                         "best": _best(planner, q)})} for q, o in answers.items()],
         "cheapest": [_row(o, prices) for o in met],
         "chosen": _row(chosen, prices) if chosen else None,
         "one_smaller": (_row(planner.outcomes[(chosen.question, chosen.size - 1)], prices)
@@ -292,12 +327,43 @@ def plan(spec: PlanSpec, out: str | Path, executor,
                         and (chosen.question, chosen.size - 1) in planner.outcomes else None),
         "buys": [_row(o, prices) for o in buys],
         "curves": curves,
+        "model": spec.base.get("model"),
+        # the trace's requests above the model's context: the same in every point
+        "over_context_requests": max((s.get("over_context_requests") or 0 for s in summaries),
+                                     default=0),
+        "model_context": get_spec(spec.base.get("model", "qwen3-8b")).max_context,
     }
     out = Path(out)
     atomic_write_parquet(table, out / "plan.parquet")
     atomic_write_text(out / "plan.csv", table.to_csv(index=False))
     atomic_write_text(out / "plan.json", dumps(doc) + "\n")
     return doc
+
+
+def margin(summary: dict[str, Any], slo: SLO) -> float:
+    """How far a run is inside ``slo`` at its intervals' pessimistic ends: the smallest
+    relative slack of a run-level target ((target - value) / target) or of the attainment
+    ((value - attain) / attain); negative where it misses."""
+    v = pessimistic_values(summary, slo)
+    slack = [(t - v[k]) / t for k, t in slo.targets.items() if t > 0]
+    if slo.thresholds and slo.attain > 0:
+        slack.append((v["slo_attainment"] - slo.attain) / slo.attain)
+    slack = [x for x in slack if x == x]
+    return min(slack) if slack else -math.inf
+
+
+def _best(planner: Planner, q: Question) -> dict[str, Any] | None:
+    """The size of ``q`` nearest to meeting (most margin) among those run, for the hint
+    when none meets."""
+    runs = [o for (qq, _s), o in planner.outcomes.items() if qq == q]
+    if not runs:
+        return None
+    o = max(runs, key=lambda o: (margin(o.summary, planner.slo), -o.gpus))
+    values = pessimistic_values(o.summary, planner.slo)
+    keys = [*planner.slo.targets, *(["slo_attainment"] if planner.slo.thresholds else [])]
+    return {"size": o.size if isinstance(o.size, int) else f"{o.size[0]}:{o.size[1]}",
+            "gpus": o.gpus, "margin": margin(o.summary, planner.slo),
+            **{k: values[k] for k in keys}}
 
 
 SHOWN = ("ttft_p90_s", "ttft_p90_s_ci95", "tpot_mean_s", "itl_p99_s", "slo_attainment",
@@ -314,18 +380,60 @@ def _row(o: Outcome, prices: dict[str, GPU]) -> dict[str, Any]:
             "policy": q.policy, **dict(q.load),
             "size": o.size if isinstance(o.size, int) else f"{o.size[0]}:{o.size[1]}",
             "gpus": o.gpus, "usd_per_h": price_per_hour(o, prices), "meets": o.meets,
+            "margin": margin(s, slo),
+            # what priced the point: a GPU without a measured profile runs at another's speed
+            "profile": s.get("profile"), "profile_note": s.get("profile_note") or "",
+            # what a repeat varies: decision seeds only; identical repeats (a router and a
+            # policy that draw nothing) leave no interval, so the pessimistic end is the run
+            "repeats": s.get("repeats", 1),
+            "repeats_identical": bool(s.get("repeats", 1) > 1 and all(
+                s.get(f"{k}_ci95") == 0 for k in slo.targets or ("ttft_p90_s",))),
             **{k: s.get(k) for k in SHOWN}, **targets}
 
 
+# RunConfig fields under the name of the plan option that sets them (for idle options)
+PLAN_OPTIONS = {"router": "--routers", "policy": "--policies", "gpu": "--gpus",
+                "replicas": "--replicas", "prefill_replicas": "--pd", "decode_replicas": "--pd"}
+
+
+def plan_option(field: str) -> str:
+    return PLAN_OPTIONS.get(field, "--" + field.replace("_", "-"))
+
+
 def check_spec(spec: PlanSpec) -> None:
-    """Every point's config is valid before anything runs (first and last size of each
-    question: what varies between sizes is only the replica count)."""
+    """Everything ``kvsim run`` would refuse in any point, before anything runs: the SLO,
+    every point's config (the first and last replica count, or every P:D shape: what varies
+    between replica counts is only the count), the prices of every GPU, and options that do
+    nothing in every point (``sim.config.IDLE_RULES``, as ``kvsim run`` applies them)."""
+    from sim.config import idle_fields, spell_fields
+
     if "slo" not in spec.base or not spec.base["slo"]:
         raise PlanError("--slo is required: the plan finds deployments that meet it")
     slo = spec.slo
     if not slo.targets and not slo.thresholds:
         raise PlanError("--slo names no target")
+    if spec.prices is not None:
+        missing = [g for g in spec.gpus if g not in spec.prices]
+        if missing:  # D11: an unpriced GPU would sort anywhere (NaN) and could be picked
+            raise PlanError(f"--prices has no price for {', '.join(missing)} (searched with "
+                            f"--gpus; it prices {', '.join(spec.prices)}): add it or drop it "
+                            "from --gpus")
+    if spec.pd:
+        for opt in ("replicas", "search"):
+            if opt in spec.given:
+                raise PlanError(f"--{opt} does nothing here: with --pd every P:D shape runs "
+                                "(the shapes are the sizes searched): drop one")
     lo, hi = spec.replicas
+    idle: dict[str, str] | None = None
     for q in spec.questions():
-        for n in ([spec.pd[0]] if spec.pd else sorted({lo, hi})):
-            make_point(spec, q, n)  # a ConfigError names the field (exit 2)
+        for n in (spec.pd or sorted({lo, hi})):
+            cfg = make_point(spec, q, n).cfg  # a ConfigError names the field (exit 2)
+            here = dict(idle_fields(cfg, spec.given))
+            idle = here if idle is None else {f: w for f, w in idle.items() if f in here}
+    if idle:  # idle in every point: the user typed it for an effect it cannot have
+        field, why = next(iter(idle.items()))
+        why = why.replace("{prefill_replicas} P {decode_replicas} D", "--pd P:D")
+        if spec.pd and field == "router":  # the prefill pool is what routes
+            why = "one prefill worker has nothing to route between: add a --pd shape P:D, P > 1"
+        raise PlanError(f"{plan_option(field)} does nothing here: "
+                        f"{spell_fields(why, plan_option)}")

@@ -121,6 +121,10 @@ def _run_locked(sweep: Sweep, out: Path, executor: Executor,
         remove_stale_tmp(out)
     if failed:
         first = failed[0]
+        if len(failed) == len(todo) and len({(f["error"], f["exit_code"]) for f in failed}) == 1:
+            # every point failed alike (a missing trace, a size too large): an input error,
+            # said alone; nothing finished to resume
+            raise SweepError(first["error"], first["exit_code"])
         raise SweepError(f"{len(failed)} of {len(seen)} points failed (first: point "
                          f"{first['point']}: {first['error']}); the others are in "
                          f"{out}/points: fix the cause and rerun to finish",
