@@ -11,6 +11,11 @@ rank holds its share of the KV heads of every token, so::
     kv_heads_per_rank = max(1, kv_heads // tp)        (replicated when tp > kv_heads)
     tokens            = floor(kv_bytes_per_rank / cell_bytes), floored to a whole block
 
+``tp`` must be one the engines accept (``tp_refusal``). Each engine's own fraction and reserve
+(SGLang's derived ``--mem-fraction-static``, ``sglang_mem_fraction``; vLLM's utilization less
+the estimated activation peak and CUDA graphs) are chosen in ``sim/deploy.py``
+``memory_rule``; ``kv_cache_tokens``' 0.9 default is a plain number, neither engine's.
+
 ``weight_bytes`` is ``ModelSpec.total_params * dtype_bytes`` (every expert, an untied head): it
 overstates models that tie their embeddings (gemma-3) or ship 4-bit experts (gpt-oss), which
 ``notes`` say. The catalog (``costmodel/data/gpus.yaml``) is data with its sources.
