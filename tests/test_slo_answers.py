@@ -59,6 +59,20 @@ def test_a_run_whose_every_request_aborted_meets_nothing() -> None:
     assert s["slo_requests_met"] == 0 and s["goodput_rps"] == 0 and s["slo_met"] is False
 
 
+def test_run_says_that_requests_were_aborted() -> None:
+    """The review's command: the run's table shows the aborts and stderr warns of them."""
+    res = CliRunner().invoke(cli, [
+        "run", "--trace", "synthetic:prefix-groups?groups=1&users=2&prefix=4096&question=1000"
+        "&output=8000&qps=1", "--replay", "open", "--gpu-cache", "12k", "--preset", "sglang",
+        "--slo", "ttft=60s,tpot=100ms"])
+    assert res.exit_code == 0, res.stderr
+    assert "the server aborted 2 requests before their output was complete" in res.stderr
+    row = next(ln for ln in res.stdout.splitlines() if " aborted " in ln)
+    assert row.split("│")[-2].strip() == "2"
+    assert next(ln for ln in res.stdout.splitlines() if " slo_met " in ln).split(
+        "│")[-2].strip() == "False"
+
+
 # --- D2: one drop per request in a disaggregated run -----------------------------------------
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 def test_pd_counts_each_dropped_request_once(engine: str) -> None:

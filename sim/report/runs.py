@@ -48,7 +48,7 @@ def compare_runs(results: list[RunResult]) -> list[dict[str, Any]]:
 
 
 # Rows shown only when some run has a non-zero value (--lenient skips, drops).
-WHEN_NONZERO = ("dropped_requests", "over_context_requests", "trace_skipped_files",
+WHEN_NONZERO = ("dropped_requests", "aborted", "over_context_requests", "trace_skipped_files",
                 "trace_skipped_records")
 
 

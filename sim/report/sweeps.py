@@ -9,7 +9,7 @@ from rich.table import Table
 from .tables import Col, narrow_table
 
 # Shown only when some point has a non-zero value.
-WHEN_NONZERO = ("dropped_requests", "over_context_requests", "trace_skipped_files",
+WHEN_NONZERO = ("dropped_requests", "aborted", "over_context_requests", "trace_skipped_files",
                 "trace_skipped_records", "idle_replicas")
 METRIC_COLUMNS = [Col("TTFT\nmean (s)", "ttft_mean_s", "s"),
                   Col("TTFT\np90 (s)", "ttft_p90_s", "s"),
