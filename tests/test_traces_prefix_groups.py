@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from traces import OptionError, load_trace
-from traces.prefix_groups import ramp_arrivals
+from traces.prefix_groups import AFTER_REPLY, ramp_arrivals
 
 SPEC = "synthetic:prefix-groups?groups=3&prefix=1000&users=4&question=100&qps=2..8"
 
@@ -91,3 +91,46 @@ def test_cli_names_the_bad_parameter_and_exits_2():
     res = CliRunner().invoke(cli, ["trace", "stats", "synthetic:prefix-groups?groups=0"])
     assert res.exit_code == 2
     assert "'groups'" in res.output
+
+
+# --- issue 51: duplicate keys, sizes, inference-perf's shared_prefix as its users run it ------
+@pytest.mark.parametrize("spec,needle", [
+    ("synthetic:prefix-groups?groups=4&groups=8", "'groups' is given twice"),
+    ("synthetic:prefix-groups?groups=4&num_groups=8", "'num_groups' repeats 'groups'"),
+    ("synthetic:prefix-groups?mode=chat&enable_multi_turn_chat=false", "repeats 'mode'"),
+])
+def test_a_key_given_twice_is_refused_in_one_line(spec, needle):
+    with pytest.raises(OptionError) as e:
+        load_trace(spec)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_sizes_are_written_as_everywhere_else():
+    a = load_trace("synthetic:prefix-groups?groups=2&users=2&prefix=2k&question=1e2&output=0.5k")
+    b = load_trace("synthetic:prefix-groups?groups=2&users=2&prefix=2048&question=100&output=512")
+    assert a.prompt_tokens.tolist() == b.prompt_tokens.tolist()
+    assert a.output_tokens.tolist() == b.output_tokens.tolist() == [512] * 4
+    with pytest.raises(OptionError, match="parameter 'prefix': expected a size in tokens"):
+        load_trace("synthetic:prefix-groups?prefix=2q")
+
+
+def test_resend_mode_sends_the_same_prompt_again():
+    """inference-perf's shared_prefix without enable_multi_turn_chat: each user's prompt (the
+    group's system prompt + the user's question) re-sent verbatim; with it, the history grows."""
+    spec = "synthetic:prefix-groups?groups=2&users=3&prefix=1000&question=100&turns=3"
+    t = load_trace(spec + "&mode=resend")
+    for s in t.sessions:
+        ids = [t.block_ids(r) for r in range(s.first, s.first + s.count)]
+        assert all(np.array_equal(x, ids[0]) for x in ids)
+        assert t.prompt_tokens[s.first:s.first + s.count].tolist() == [1100] * 3
+    assert t.options["mode"] == "resend" and AFTER_REPLY not in t.options
+    chat = load_trace(spec)
+    assert chat.prompt_tokens[:3].tolist() == [1100, 1456, 1812] and chat.options[AFTER_REPLY]
+    # inference-perf's own names are the same parameters
+    ip = ("synthetic:prefix-groups?num_groups=2&num_prompts_per_group=3&system_prompt_len=1000"
+          "&question_len=100&turns=3&enable_multi_turn_chat=false")
+    t2 = load_trace(ip)
+    assert np.array_equal(t2.send_time_s, t.send_time_s)
+    assert all(np.array_equal(t2.block_ids(r), t.block_ids(r)) for r in range(len(t)))
+    with pytest.raises(OptionError, match="'mode' must be chat or resend"):
+        load_trace(spec + "&mode=verbatim")

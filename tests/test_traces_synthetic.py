@@ -74,3 +74,12 @@ def test_other_generators(name):
     assert s["sessions"] == 40 and s["requests"] > 40
     if name == "chat":
         assert s["gap_s"]["tool_fraction"] == 0 and s["append_only_fraction"] == 1.0
+
+
+@pytest.mark.parametrize("spec,key", [("synthetic:claude-code?sessions=2&sessions=3", "sessions"),
+                                      ("synthetic:chat?seed=1&subagents=0&seed=2", "seed")])
+def test_a_key_given_twice_is_refused(spec, key):
+    """The last would win silently (issue 51, new-user S07): one line naming the key."""
+    with pytest.raises(OptionError) as e:
+        load_trace(spec)
+    assert f"parameter {key!r} is given twice" in str(e.value) and "\n" not in str(e.value)

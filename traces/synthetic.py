@@ -4,7 +4,7 @@ NAME: ``claude-code`` (fitted to the published cc-traces, docs/traces.md), ``cod
 ``chat`` (assumed shapes, see their profiles); ``prefix-groups`` is an open-loop shared-prefix
 workload with its own parameters (traces.prefix_groups). Keys: ``sessions`` (default 16, the
 ``make demo`` size), ``seed`` (overrides the seed argument), ``max_requests`` (cap per
-session), ``subagents`` (0 disables sub-agents). Example:
+session), ``subagents`` (0 disables sub-agents); a key given twice is refused. Example:
 ``synthetic:claude-code?sessions=360&seed=3``.
 
 Model of one session (per request, never per token):
@@ -30,7 +30,6 @@ waits bring ``tool_result``, a compaction summary is ``user``, replies come back
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from urllib.parse import parse_qsl
 
 import numpy as np
 
@@ -48,6 +47,7 @@ from .regions import (
     REGION_USER,
     first_input_region,
 )
+from .spec import query_items
 
 
 @dataclass(frozen=True)
@@ -128,12 +128,12 @@ DEFAULT_SESSIONS = 16
 
 def parse_spec(spec: str, seed: int) -> tuple[str, Profile, int, int, bool]:
     body = spec.split(":", 1)[1]
-    name, _, query = body.partition("?")
+    name = body.partition("?")[0]
     if name not in PROFILES:
         raise OptionError(unknown(PROFILES.kind, name, [*PROFILES, prefix_groups.NAME]))
     prof = PROFILES.get(name)
     sessions, subagents = DEFAULT_SESSIONS, True
-    for key, val in parse_qsl(query, keep_blank_values=True, strict_parsing=False):
+    for key, val in query_items(spec):  # a key given twice is refused (traces/spec.py)
         if not val.lstrip("-").isdigit():
             raise OptionError(f"{spec}: parameter {key!r} must be an integer, got {val!r}")
         v = int(val)

@@ -10,7 +10,8 @@ sizes.py   the token-size grammar (``256k``, ``3e6``)      text -> tokens
 =========  ==============================================  =================================
 
 May import: the standard library (pandas and yaml when a table or a YAML file is read);
-nothing else of kvsim's, so every room (runs, sweeps, studies, reports, the CLI) may use it.
+nothing else of kvsim's but ``traces.sizes`` (the size grammar, in the leaf package so that
+trace specs share it), so every room (runs, sweeps, studies, reports, the CLI) may use it.
 """
 
 from .files import (
