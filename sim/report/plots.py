@@ -1,7 +1,9 @@
 """PNG plots of a run folder (``kvsim run --out``) or a sweep folder (``kvsim sweep``).
 
-Run folder: the TTFT CDF of every policy and the mean TTFT / JCT change against the first,
-titled with the trace, model, cache and number of sessions.
+Run folder: the TTFT CDF of every policy and the mean TTFT / JCT change against the first
+(with repeats, each change's 95% interval, and changes within it marked), a disaggregated
+run's TTFT by part, titled with the trace, model, cache, the fleet's or PD pools' shape and
+the load (sessions at once, or the open loop; the concurrency cap).
 Sweep folder: small multiples, one visual encoding per grid field that varies: mean TTFT
 against one field (x), the policy as the colour, the next two fields as panel columns and
 rows, any further field as the line style; so every line of a panel is one series (same
@@ -40,16 +42,36 @@ def _save(fig: Any, path: Path) -> Path:
         plt.close(fig)
 
 
-def _run_title(s: dict[str, Any]) -> str:
+def _run_title(s: dict[str, Any], cfg: dict[str, Any] | None = None) -> str:
+    """Trace, model and cache; then the serving shape (fleet: replicas and router; PD: the
+    pools and rule) and the load (closed loop: N sessions at once; open loop: the rate's
+    scale), with the concurrency cap where set. ``cfg``: the run's config.json."""
+    cfg = cfg or {}
     cpu = f" + CPU {s['cpu_cache_tokens']:,}" if s.get("cpu_cache_tokens") else ""
+    shape = []
+    if s.get("pd_prefill_replicas"):
+        shape.append(f"PD {s['pd_prefill_replicas']}P:{s.get('pd_decode_replicas', '?')}D, "
+                     f"rule {s.get('pd_rule', '?')}")
+    elif s.get("replicas", 1) != 1 or s.get("router"):
+        shape.append(f"{s.get('replicas', '?')} replicas, router {s.get('router', '?')}")
+    if cfg.get("replay") == "open":
+        scale = cfg.get("time_scale", 1.0)
+        shape.append("open loop" + (f", send times x{scale:g}" if scale != 1.0 else ""))
+    else:
+        shape.append(f"N = {s.get('n_sessions', '?')}")
+    if cfg.get("max_concurrency"):
+        shape.append(f"at most {cfg['max_concurrency']:,} in flight")
+    if s.get("repeats", 1) > 1:
+        shape.append(f"{s['repeats']} repeats")
     return (f"{s.get('trace', '?')}: {s.get('model', '?')}, GPU cache "
-            f"{s.get('gpu_cache_tokens', 0):,} tokens{cpu}, N = {s.get('n_sessions', '?')}")
+            f"{s.get('gpu_cache_tokens', 0):,} tokens{cpu}\n{', '.join(shape)}")
 
 
 def plot_run_dir(d: Path, out: Path) -> list[Path]:
     """TTFT CDF per policy, and mean TTFT / JCT change against the first policy."""
     runs = read_json(d / "runs.json")["runs"]
-    title = _run_title(runs[0]["summary"])
+    cfg_file = d / runs[0]["policy"] / "config.json"
+    title = _run_title(runs[0]["summary"], read_json(cfg_file) if cfg_file.is_file() else None)
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for r in runs:
         df = read_parquet(d / r["policy"] / "requests.parquet", columns=["ttft_s"])
@@ -70,17 +92,70 @@ def plot_run_dir(d: Path, out: Path) -> list[Path]:
     for r in runs:  # fleets with a shared pool (--pool): occupancy and bytes moved
         if (d / r["policy"] / "pool.parquet").is_file():
             paths.append(_pool_use(d / r["policy"], r, title, out / f"pool_{r['policy']}.png"))
+    if any((d / r["policy"] / "requests.parquet").is_file() and "pd_prefill_replicas" in
+           r["summary"] for r in runs):
+        paths.append(_pd_parts(d, runs, title, out / "pd_ttft_parts.png"))
     if len(runs) > 1:
+        keys = {"mean TTFT": "ttft_mean_s", "mean JCT": "jct_mean_s"}
         paths.append(_bars(
             [r["policy"] for r in runs[1:]],
-            {"mean TTFT": [100 * (r["change_vs_first"].get("ttft_mean_s") or 0)
-                           for r in runs[1:]],
-             "mean JCT": [100 * (r["change_vs_first"].get("jct_mean_s") or 0)
-                          for r in runs[1:]]},
+            {name: [100 * (r["change_vs_first"].get(k) or 0) for r in runs[1:]]
+             for name, k in keys.items()},
             f"change vs {runs[0]['policy']} (%)",
             f"Mean TTFT and job completion time against {runs[0]['policy']}\n{title}",
-            out / "change_vs_first.png"))
+            out / "change_vs_first.png",
+            {name: [_change_interval(runs[0]["summary"], r["summary"], k) for r in runs[1:]]
+             for name, k in keys.items()}))
     return paths
+
+
+def _change_interval(a: dict[str, Any], b: dict[str, Any], key: str) -> float | None:
+    """Half-width (in %) of a repeated run's change against the first: the two intervals
+    together over the first's mean, so the bar's interval reaches zero exactly where the
+    tables mark the change ``~`` (sim/report/runs.py ``within_interval``); None without
+    repeats."""
+    ca, cb, va = a.get(f"{key}_ci95"), b.get(f"{key}_ci95"), a.get(key)
+    if None in (ca, cb, va) or ca != ca or cb != cb or not va:
+        return None
+    return 100 * (ca + cb) / va
+
+
+# A disaggregated request's TTFT in order (sim/fleet/pd_run.py): they sum to it.
+PD_PARTS = {"prealloc_wait_s": "decode slot (prealloc)", "prefill_s": "prefill",
+            "transfer_queue_s": "transfer queue", "transfer_s": "KV transfer",
+            "first_decode_s": "first decode"}
+
+
+def _pd_parts(d: Path, runs: list[dict[str, Any]], title: str, png: Path) -> Path:
+    """Mean TTFT of the remotely prefilled requests, stacked by its parts, per policy."""
+    fig, ax = plt.subplots(figsize=(max(5.5, 1.1 * len(runs) + 3.5), 4.5))
+    labels, bottoms = [], np.zeros(len(runs))
+    means = np.zeros((len(PD_PARTS), len(runs)))
+    for j, r in enumerate(runs):
+        df = read_parquet(d / r["policy"] / "requests.parquet")
+        remote = df[~df["dropped"].astype(bool)]
+        if "prefilled_locally" in df:
+            remote = remote[~remote["prefilled_locally"].astype(bool)]
+        for i, k in enumerate(PD_PARTS):
+            means[i, j] = float(remote[k].fillna(0.0).mean()) if k in remote and len(
+                remote) else 0.0
+        local = r["summary"].get("prefilled_locally_share") or 0.0
+        labels.append(f"{r['policy']}\n({len(remote):,} remote" +
+                      (f", {local:.0%} local)" if local else ")"))
+    x = np.arange(len(runs))
+    for i, name in enumerate(PD_PARTS.values()):
+        ax.bar(x, means[i], 0.6, bottom=bottoms, label=name, color=f"C{i}")
+        bottoms += means[i]
+    for j, total in enumerate(bottoms):
+        ax.annotate(f"{total:.3f} s", (x[j], total), ha="center", va="bottom", fontsize=8,
+                    xytext=(0, 2), textcoords="offset points")
+    ax.set_xticks(x, labels, fontsize=8)
+    ax.set_ylabel("mean seconds (remotely prefilled requests)")
+    ax.set_title(f"TTFT by part, disaggregated requests\n{title}", fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    return _save(fig, png)
 
 
 def _pool_use(d: Path, run: dict[str, Any], title: str, png: Path) -> Path:
@@ -118,13 +193,26 @@ def _pool_use(d: Path, run: dict[str, Any], title: str, png: Path) -> Path:
 
 
 def _bars(labels: list[str], series: dict[str, list[float]], ylabel: str, title: str,
-          path: Path) -> Path:
+          path: Path, errors: dict[str, list[float | None]] | None = None) -> Path:
+    """Grouped bars, one colour per series. ``errors``: each bar's 95% half-width (None:
+    none); a bar whose interval reaches zero is within noise: faded, hatched, marked ``~``."""
     fig, ax = plt.subplots(figsize=(max(5, 0.9 * len(labels) + 3), 4.5))
     width = 0.8 / max(1, len(series))
     x = np.arange(len(labels))
+    noisy = False
     for i, (name, vals) in enumerate(series.items()):
-        bars = ax.bar(x + i * width, vals, width, label=name, color=f"C{i}")
-        ax.bar_label(bars, fmt="%+.1f", fontsize=7, padding=2)
+        err = (errors or {}).get(name) or [None] * len(vals)
+        within = [e is not None and abs(v) <= e for v, e in zip(vals, err, strict=True)]
+        noisy = noisy or any(within)
+        yerr = None if all(e is None for e in err) else [e or 0.0 for e in err]
+        bars = ax.bar(x + i * width, vals, width, label=name, color=f"C{i}", yerr=yerr,
+                      capsize=3, error_kw={"lw": 0.9})
+        for bar, w in zip(bars, within, strict=True):
+            if w:
+                bar.set_alpha(0.4)
+                bar.set_hatch("//")
+        ax.bar_label(bars, labels=[f"{v:+.1f}{' ~' if w else ''}" for v, w in
+                                   zip(vals, within, strict=True)], fontsize=7, padding=2)
     ax.set_xticks(x + width * (len(series) - 1) / 2, labels, rotation=30, ha="right")
     ax.axhline(0, color="black", lw=0.8)
     ax.set_ylabel(ylabel)
@@ -133,7 +221,14 @@ def _bars(labels: list[str], series: dict[str, list[float]], ylabel: str, title:
     # (matplotlib then gives every entry the first colour)
     from matplotlib.patches import Patch
 
-    ax.legend(handles=[Patch(facecolor=f"C{i}", label=name) for i, name in enumerate(series)])
+    handles = [Patch(facecolor=f"C{i}", label=name) for i, name in enumerate(series)]
+    if any(e is not None for err in (errors or {}).values() for e in err):
+        handles.append(Patch(facecolor="none", edgecolor="none", label="error bars: 95% "
+                             "intervals of the repeats"))
+    if noisy:
+        handles.append(Patch(facecolor="grey", alpha=0.4, hatch="//",
+                             label="~ within the intervals (noise)"))
+    ax.legend(handles=handles, fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     return _save(fig, path)
 
