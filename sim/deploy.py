@@ -242,11 +242,14 @@ def sizing_note(cfg) -> str:
 
 
 def profile_note(cfg, profile) -> str:
-    """Empty when the profile was measured for the run's GPU and TP (or no GPU was named);
-    else what the run was priced with instead."""
-    if cfg.cache.gpu is None:
-        return ""
+    """Empty when the profile was measured for the run's GPU and TP (or the run names no GPU
+    and is not sized in bytes); else what the run was priced with instead."""
     tp = replica_tp(cfg, profile)
+    if cfg.cache.gpu is None:
+        if cfg.cache.gpu_cache_bytes is None or tp == profile.gpus:
+            return ""
+        return (f"priced with the profile {profile.name}, measured on {profile.gpus} x "
+                f"{profile.device}, for TP {tp}")
     choice = profile_for(get_gpu(cfg.cache.gpu), cfg.cache.model, tp)
     if profile.name == choice.name:
         return choice.note
@@ -272,4 +275,5 @@ def deployment_fields(cfg, profile) -> dict[str, Any]:
                       profile_note=profile_note(cfg, profile))
     if cfg.cache.gpu_cache_bytes is not None:
         fields["kv_bytes_per_gpu"] = cfg.cache.gpu_cache_bytes
+        fields.setdefault("profile_note", profile_note(cfg, profile))
     return fields
