@@ -461,6 +461,10 @@ class RunConfig:
         if mc and t.replay != "open":
             raise bad("max_concurrency", "caps the open loop's requests in flight: use "
                       "replay: open (a closed loop is capped by sessions)")
+        if t.replay == "closed" and isinstance(t.trace, str) and _sets_rates(t.trace):
+            raise bad("replay", f"{t.trace}: the closed loop would ignore its qps (arrival "
+                      "rates): add --replay open (replay: open; this trace's default) or drop "
+                      "qps")
         self._validate_policy(bad)
         if type(k).validate is not EngineKnobs.validate:
             k.validate(bad)
@@ -701,13 +705,27 @@ def spell_fields(why: str, spell: Callable[[str], str]) -> str:
     return why.format_map({name: spell(name) for name in FLAT})
 
 
+def _sets_rates(trace: str) -> bool:
+    """``traces.prefix_groups.sets_rates``; a bad spec is the loader's to report."""
+    from traces import OptionError
+    from traces.prefix_groups import sets_rates
+
+    try:
+        return sets_rates(trace)
+    except OptionError:
+        return False
+
+
 def default_replay(trace: str, trace_format: str | None = None) -> str:
     """The replay a trace gets when none is given: ``open`` for Mooncake (each request is
     stamped with its arrival and carries no session, so the closed loop would ignore the
-    timestamps), ``closed`` for every other trace. A trace that cannot be detected here gets
-    ``closed``; loading it reports the problem."""
+    timestamps) and ``synthetic:prefix-groups`` (a benchmark client's arrival process),
+    ``closed`` for every other trace. A trace that cannot be detected here gets ``closed``;
+    loading it reports the problem."""
     if trace.startswith("synthetic:"):
-        return "closed"
+        from traces.prefix_groups import is_spec
+
+        return "open" if is_spec(trace) else "closed"
     from traces import TraceFormatError, detect_format
 
     try:

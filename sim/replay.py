@@ -7,12 +7,17 @@ request it follows and runs concurrently; the parent's next request waits for ev
 spawned before it. Open loop: every request is sent at its recorded send time; with
 ``max_concurrency`` C a request due while C are in flight waits for the next reply, then goes
 (first due, first sent), as load generators with a concurrency cap send (inference-perf's
-workers, ``vllm bench serve --max-concurrency``, the llm-d benchmark harness).
+workers, ``vllm bench serve --max-concurrency``, the llm-d benchmark harness); the requests it
+held back and for how long go into the run's summary (``throttle_fields``). A trace whose later
+turns hold the previous answer (option ``traces.prefix_groups.AFTER_REPLY``: a multi-turn chat)
+sends a session's request at max(its time, the previous request's reply) in the open loop, as
+a chat client does: one event per request, handed over by the previous reply.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable, Generator
 from typing import Any, Protocol, cast
 
@@ -23,6 +28,7 @@ from sim.context import FullPrompt, Prompt
 from sim.engines import Req
 from sim.kvcache.paths import WalkHint
 from traces import GAP_KINDS
+from traces.prefix_groups import AFTER_REPLY
 
 
 class Front(Protocol):
@@ -45,8 +51,16 @@ class Replay:
         self.context = context  # sim.context.ContextRun, or None under ``full``
         self.max_concurrency = max_concurrency  # open loop: 0 = no limit
         self.in_flight = 0
-        self._slot: simpy.Event | None = None  # triggered when a reply frees a slot
+        # sends waiting for a slot, first ready first: a reply hands its slot to the first
+        self._slot_waiters: deque[simpy.Event] = deque()
+        self.cap_delayed = 0  # open loop: sends the cap held back, and for how long in all
+        self.cap_delay_s = 0.0
+        self._last_send_s = 0.0
         self._unanswered = 0  # open loop: requests sent and not replied yet
+        self._pending = 0  # open loop: requests waiting for their session's previous reply
+        # open loop, AFTER_REPLY traces: per session, the event of its latest request's reply
+        self._after_reply = bool(trace.options.get(AFTER_REPLY, False))
+        self._turn_done: dict[int, simpy.Event] = {}
         self._all_sent = False
         self._answered = env.event()  # open loop: the last reply is in, every request sent
         # Called once per trace request when its (last) reply is in: progress on screen only,
@@ -148,8 +162,9 @@ class Replay:
             active = [p for p in active if not p.triggered]
 
     def open_loop(self) -> Generator:
-        """Send every request at its recorded time (no waiting for replies); end when every
-        request has its reply."""
+        """Send every request at its recorded time (no waiting for replies; under
+        AFTER_REPLY a session's request waits for its previous reply); end when every request
+        has its reply."""
         env, t = self.env, self.trace
         times = np.nan_to_num(t.send_time_s, nan=0.0)
         order = np.argsort(times, kind="stable")
@@ -164,36 +179,86 @@ class Replay:
             if s not in seen:
                 seen.add(s)
                 self.server.rec.session_started(s, env.now)
-            prompts = self._prompts(r)
-            for k, prompt in enumerate(prompts):
-                if self.max_concurrency:
-                    while self.in_flight >= self.max_concurrency:
-                        self._slot = env.event()
-                        yield self._slot
-                    self.in_flight += 1
-                req = self._req(r, prompt)
-                self.server.submit(req)
-                self._unanswered += 1
-                # A callback rather than a process per request: it runs where a process
-                # waiting on the reply would resume (after the front's own callback).
-                req.done.callbacks.append(self._reply_callback(s, k == len(prompts) - 1))
+            turn_done: simpy.Event | None = None
+            if self._after_reply:
+                prev = self._turn_done.get(s)
+                turn_done = self._turn_done[s] = env.event()
+                if prev is not None and not prev.triggered:  # the previous reply is not in
+                    self._pending += 1
+                    env.process(self._send_after(prev, r, s, turn_done))
+                    continue
+            yield from self._send(r, s, turn_done, due)
         self._all_sent = True
-        if self._unanswered:
+        if self._unanswered or self._pending:
             yield self._answered  # the run ends with the last reply
 
-    def _reply_callback(self, s: int, last: bool) -> Callable[[simpy.Event], None]:
-        return lambda _done: self._replied(s, last)
+    def _send(self, r: int, s: int, turn_done: simpy.Event | None, ready: float) -> Generator:
+        """Send trace request r of session s now, each prompt once the cap has a slot.
+        ``ready``: when it was due (its time, or its session's previous reply); under a cap
+        the time since then is the cap's doing (a held send holds the ones due after it)."""
+        env = self.env
+        prompts = self._prompts(r)
+        last = len(prompts) - 1
+        for k, prompt in enumerate(prompts):
+            if self.max_concurrency:
+                if self.in_flight < self.max_concurrency and not self._slot_waiters:
+                    self.in_flight += 1
+                else:
+                    slot = env.event()
+                    self._slot_waiters.append(slot)
+                    yield slot  # a reply handed its slot over (in_flight unchanged)
+                if env.now - ready > 1e-9:  # not the float noise of now + (due - now)
+                    self.cap_delayed += 1
+                    self.cap_delay_s += env.now - ready
+            req = self._req(r, prompt)
+            self.server.submit(req)
+            self._unanswered += 1
+            self._last_send_s = env.now
+            # A callback rather than a process per request: it runs where a process
+            # waiting on the reply would resume (after the front's own callback).
+            req.done.callbacks.append(self._reply_callback(s, k == last,
+                                                           turn_done if k == last else None))
 
-    def _replied(self, s: int, last: bool) -> None:
-        """A reply of session ``s`` is in (``last``: its trace request's last prompt)."""
+    def _send_after(self, prev: simpy.Event, r: int, s: int,
+                    turn_done: simpy.Event) -> Generator:
+        """Trace request r, once its session's previous request has its reply."""
+        yield prev
+        yield from self._send(r, s, turn_done, self.env.now)
+        self._pending -= 1
+
+    def throttle_fields(self) -> dict[str, Any]:
+        """What ``max_concurrency`` did to the open loop (empty without a cap): the sends it
+        held back, their mean wait, and the trace's offered send rate against the one
+        achieved (trace requests per second from the first send to the last)."""
+        if not self.max_concurrency or self.send_at is None:
+            return {}
+        n = len(self.trace)
+        span = float(self.send_at.max()) if n else 0.0
+        return {"concurrency_delayed_requests": self.cap_delayed,
+                "concurrency_delay_mean_s": self.cap_delay_s / self.cap_delayed
+                if self.cap_delayed else 0.0,
+                "offered_send_rate_per_s": n / span if span > 0 else math.nan,
+                "achieved_send_rate_per_s": n / self._last_send_s
+                if self._last_send_s > 0 else math.nan}
+
+    def _reply_callback(self, s: int, last: bool,
+                        turn_done: simpy.Event | None) -> Callable[[simpy.Event], None]:
+        return lambda _done: self._replied(s, last, turn_done)
+
+    def _replied(self, s: int, last: bool, turn_done: simpy.Event | None = None) -> None:
+        """A reply of session ``s`` is in (``last``: its trace request's last prompt;
+        ``turn_done``: the event its session's next request waits on)."""
         if self.max_concurrency:
-            self.in_flight -= 1
-            if self._slot is not None and not self._slot.triggered:
-                self._slot.succeed()
+            if self._slot_waiters:
+                self._slot_waiters.popleft().succeed()
+            else:
+                self.in_flight -= 1
+        if turn_done is not None:
+            turn_done.succeed()
         if last and self.on_reply is not None:
             self.on_reply()
         self.server.rec.session_ended(s, max(self.env.now, self.server.rec.session_end.get(
             s, 0.0)))
         self._unanswered -= 1
-        if self._all_sent and not self._unanswered:
+        if self._all_sent and not self._unanswered and not self._pending:
             self._answered.succeed()

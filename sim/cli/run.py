@@ -15,6 +15,7 @@ from .common import KV_SIZE, SIZE, SLO_TEXT, atomic_write_text, console, dumps, 
 from .pd_options import pd_fields, pd_options
 from .run_checks import (
     default_replay,
+    note_throttled,
     params_per_policy,
     refuse_idle_options,
     warn_capped_shared_prefix,
@@ -236,7 +237,7 @@ def gpu_header(cfg: RunConfig) -> str:
 @click.option("--replay", type=click.Choice(["closed", "open"]), default=None,
               help="closed: a session sends after its reply + recorded gap; open: at the "
                    "recorded send times. [default: open for timestamped traces without "
-                   "sessions (Mooncake), else closed]")
+                   "sessions (Mooncake) and synthetic:prefix-groups, else closed]")
 @click.option("--time-scale", type=float, default=1.0, show_default=True,
               help="Open loop: multiply recorded send times (0.5 = twice the request rate).")
 @click.option("--max-concurrency", type=click.IntRange(min=0), default=0, show_default=True,
@@ -486,6 +487,7 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
                          f"({n / max(dt, 1e-9):,.0f} requests/s)[/dim]")
             warn_quiet_surprises(res, spec_context)
             warn_saturation(res)
+            note_throttled(res)
             warn_pool_notes(res)
             warn_idle_replicas(res)
             results.append(res)

@@ -1,6 +1,7 @@
 """Checks and notices of ``kvsim run`` (issue 21: no silent wrong answer): which --policy a
 --policy-param belongs to, options that would do nothing in the combination given, the replay a
-trace defaults to, a shared prefix capped by short first prompts, a saturated open loop."""
+trace defaults to, a shared prefix capped by short first prompts, a saturated open loop, an open
+loop throttled by its concurrency cap."""
 
 from __future__ import annotations
 
@@ -88,8 +89,11 @@ def default_replay(trace: str, trace_format: str | None) -> str:
 
     replay = default(trace, trace_format)
     if replay == "open":
-        stderr.print("[dim]--replay open: a Mooncake trace replays at its recorded "
-                     "timestamps (--replay closed to ignore them)[/dim]")
+        what = ("synthetic:prefix-groups replays at its arrival times (--replay closed to "
+                "run its users as sessions, without qps)" if trace.startswith("synthetic:")
+                else "a Mooncake trace replays at its recorded timestamps (--replay closed "
+                "to ignore them)")
+        stderr.print(f"[dim]--replay open: {what}[/dim]")
     return replay
 
 
@@ -111,6 +115,20 @@ def warn_saturation(res: RunResult) -> None:
     sat = open_loop_saturation(res.requests)
     if sat is not None:
         stderr.print(f"[yellow]warning:[/yellow] {res.config.policy_label}: {sat.message()}")
+
+
+def note_throttled(res: RunResult) -> None:
+    """An open loop whose --max-concurrency held sends back: the offered rate was cut, so
+    say by how much (sim/replay.py ``throttle_fields``)."""
+    n = res.summary.get("concurrency_delayed_requests")
+    if n:
+        s = res.summary
+        stderr.print(f"note: {res.config.policy_label}: --max-concurrency "
+                     f"{res.config.traffic.max_concurrency} held back {n:,} of "
+                     f"{s['trace_requests']:,} requests (mean wait "
+                     f"{s['concurrency_delay_mean_s']:.3g} s): the trace offers "
+                     f"{s['offered_send_rate_per_s']:,.2f} requests/s, sent at "
+                     f"{s['achieved_send_rate_per_s']:,.2f} requests/s")
 
 
 # ``kvsim run``'s parameters whose RunConfig field has another name.

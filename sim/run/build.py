@@ -10,6 +10,7 @@ sends the trace to the run's front (the engine itself, a ``sim.fleet.Fleet`` or 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import simpy
 
@@ -65,13 +66,15 @@ def build_replicas(env: simpy.Environment, cfg: RunConfig, spec, profile, trace,
 
 
 def replay(env: simpy.Environment, cfg: RunConfig, trace, front, context=None,
-           on_reply: Callable[[], None] | None = None) -> None:
+           on_reply: Callable[[], None] | None = None) -> dict[str, Any]:
     """Send ``trace`` to ``front`` as ``cfg.replay`` says and run the clock until the last
     reply (both loops end with it). ``context``: a ``sim.context.ContextRun`` (None under
-    ``full``); ``on_reply``: called once per trace request answered (an observer only)."""
+    ``full``); ``on_reply``: called once per trace request answered (an observer only).
+    Returns the replay's own summary fields (what a concurrency cap held back)."""
     t = cfg.traffic
     driver = Replay(env, trace, front, trace.gaps(t.gaps), trace.start_offsets(t.gaps),
                     t.sessions, t.time_scale, context, on_reply=on_reply,
                     max_concurrency=t.max_concurrency)
     env.run(until=env.process(driver.closed_loop() if t.replay == "closed"
                               else driver.open_loop()))
+    return driver.throttle_fields()

@@ -49,6 +49,8 @@ def run(cfg: RunConfig, trace=None, timeline=None,
     if steps is not None:
         for engine in built.engines:
             engine.watch(steps)
-    replay(env, cfg, trace, built.front, built.context, on_reply)
+    replay_fields = replay(env, cfg, trace, built.front, built.context, on_reply)
     built.close()
-    return built.result()
+    result = built.result()
+    result.summary.update(replay_fields)
+    return result

@@ -4,8 +4,11 @@ In the open loop requests arrive at their recorded send times whatever the serve
 the trace offers more than the server can serve, the queue grows for as long as the trace lasts
 and every latency measures that backlog (a 628 s mean TTFT on the Mooncake sample), not the
 cache. A run is called saturated when the server needed more than ``DRAIN_SHARE`` of the
-trace's span again after the last arrival to finish, and the queue wait of the last quarter of
-requests (by send time) is above the first quarter's. Read from the per-request table only.
+trace's span again after the last arrival to finish, and the median queue wait of the last
+quarter of requests (by send time) is above the first quarter's by at least ``GROWTH_SHARE`` of
+the span (a backlog that grows for as long as the trace lasts gains a visible share of it; a
+few milliseconds more is batching noise, and the last reply's decode alone can make the drain
+long). Read from the per-request table only.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import pandas as pd
 
 DRAIN_SHARE = 0.1
 MIN_REQUESTS = 8
+GROWTH_SHARE = 0.01
 
 
 @dataclass(frozen=True)
@@ -33,11 +37,17 @@ class Saturation:
         return (f"the server is saturated: the trace offers {self.offered_per_s:,.2f} "
                 f"requests/s ({self.offered_tokens_per_s:,.0f} prompt tokens/s) and it served "
                 f"{self.served_per_s:,.2f} requests/s; the median queue wait grew from "
-                f"{self.wait_first_s:,.1f} s (first quarter of requests) to "
-                f"{self.wait_last_s:,.1f} s (last quarter), so TTFT measures the backlog; "
+                f"{_secs(self.wait_first_s)} (first quarter of requests) to "
+                f"{_secs(self.wait_last_s)} (last quarter), so TTFT measures the backlog; "
                 f"slow arrivals (--time-scale "
                 f"{self.offered_per_s / max(self.served_per_s, 1e-12):.1f} or more) or add "
                 "capacity")
+
+
+def _secs(x: float) -> str:
+    """Seconds with three significant digits (0.00389 s, 12.3 s, 1,234 s): a small wait is
+    not printed as 0.0."""
+    return f"{x:,.0f} s" if x >= 1000 else f"{x:.3g} s"
 
 
 def open_loop_saturation(table: pd.DataFrame) -> Saturation | None:
@@ -53,7 +63,7 @@ def open_loop_saturation(table: pd.DataFrame) -> Saturation | None:
     q = max(1, len(t) // 4)
     wait_first = float(t["queue_wait_s"].iloc[:q].median())
     wait_last = float(t["queue_wait_s"].iloc[-q:].median())
-    if span <= 0 or drain <= DRAIN_SHARE * span or wait_last <= wait_first:
+    if span <= 0 or drain <= DRAIN_SHARE * span or wait_last - wait_first < GROWTH_SHARE * span:
         return None
     return Saturation(requests=len(t), span_s=span, drain_s=drain,
                       offered_per_s=len(t) / span, served_per_s=len(t) / (end - first),
