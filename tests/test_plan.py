@@ -260,6 +260,18 @@ def test_check_spec_checks_every_pd_shape() -> None:
     assert seen == [(1, 1), (2, 1), (1, 3)]
 
 
+def test_plan_refuses_a_tp_the_heads_do_not_divide_and_says_input_errors_alone(tmp_path):
+    """P07: --tp 3 on qwen3-8b (32/8 heads) is refused naming --tp before any point; P30: a
+    missing trace is said alone, not wrapped in 'points failed ... rerun to finish'."""
+    res = CliRunner().invoke(cli, [*SMALL, "--tp", "1,3", "--out", str(tmp_path / "p")])
+    assert res.exit_code == 2 and "--tp 3 does not fit qwen3-8b" in res.output, res.output
+    assert not (tmp_path / "p").exists()
+    res = CliRunner().invoke(cli, ["plan", str(tmp_path / "nope.json"), "--slo", "ttft_p90=1s",
+                                   "--replicas", "1..2", "--out", str(tmp_path / "q")])
+    assert res.exit_code == 2 and "nope.json" in res.output
+    assert "points failed" not in res.output and "rerun" not in res.output
+
+
 @pytest.mark.parametrize(("extra", "option"), [(["--tp", "1,,2"], "--tp"),
                                                (["--mem-fraction", "0.9,abc"], "--mem-fraction"),
                                                (["--gpus", ""], "--gpus"),

@@ -131,11 +131,13 @@ def plan_notes(doc: dict[str, Any]) -> list[str]:
         lines.append(f"n/a: the repeats vary decision seeds only, and {', '.join(same)} drew "
                      "nothing from them (deterministic): the repeats were identical, so there "
                      "is no interval and the pessimistic end is the run itself")
+    why = {"not monotone": "more replicas did worse somewhere among the sizes bisection ran",
+           "the largest size misses": "the largest size missed (bisection assumes it meets)"}
     for a in doc["answers"]:
-        if "not monotone" in a.get("search", ""):
-            lines.append(f"note: {a['question']}: more replicas did worse somewhere among "
-                         "the sizes bisection ran (not monotone): every size below its answer "
-                         "was run")
+        reason = a.get("search", "").partition("(")[2].rstrip(")")
+        if reason:
+            lines.append(f"note: {a['question']}: {why.get(reason, reason)}: every size below "
+                         "its answer was run")
     return lines
 
 

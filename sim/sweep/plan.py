@@ -170,7 +170,8 @@ class Planner:
         self.slo = spec.slo
         self.outcomes: dict[tuple[Question, Any], Outcome] = {}
         self.rounds = 0
-        self.full_search: set[Question] = set()  # bisection fell back to every size
+        # questions where bisection fell back to every size below its answer, and why
+        self.full_search: dict[Question, str] = {}
 
     def _evaluate(self, wanted: list[tuple[Question, Any]]) -> None:
         import json
@@ -229,8 +230,12 @@ class Planner:
         answers = {q: bounds[q][1] if q in open_ else hi + 1 for q in questions}
         # Bisection assumes more replicas never hurt. Where the sizes run say otherwise, or it
         # found none that meets, run every size below its answer (issue 51, cause B).
-        redo = [q for q in questions if answers[q] > hi or not self.monotone(q)]
-        self.full_search.update(redo)
+        for q in questions:
+            if answers[q] > hi:
+                self.full_search[q] = "the largest size misses"
+            elif not self.monotone(q):
+                self.full_search[q] = "not monotone"
+        redo = [q for q in questions if q in self.full_search]
         self._evaluate([(q, n) for q in redo for n in range(lo, answers[q])])
         for q in redo:
             answers[q] = next((n for n in range(lo, answers[q])
@@ -315,7 +320,7 @@ def plan(spec: PlanSpec, out: str | Path, executor,
         "points_run": len(planner.outcomes),
         "answers": [{"question": q.label,
                      "search": "full" if spec.search == "full" or spec.pd else
-                     "bisect, then every size below (not monotone)" if q in
+                     f"bisect, then every size below ({planner.full_search[q]})" if q in
                      planner.full_search else "bisect",
                      **(_row(o, prices) if o is not None else
                         {"meets": False, "note": "no size in range meets the SLO",
@@ -406,6 +411,7 @@ def check_spec(spec: PlanSpec) -> None:
     between replica counts is only the count), the prices of every GPU, and options that do
     nothing in every point (``sim.config.IDLE_RULES``, as ``kvsim run`` applies them)."""
     from sim.config import idle_fields, spell_fields
+    from sim.deploy import check_tp
 
     if "slo" not in spec.base or not spec.base["slo"]:
         raise PlanError("--slo is required: the plan finds deployments that meet it")
@@ -418,6 +424,8 @@ def check_spec(spec: PlanSpec) -> None:
             raise PlanError(f"--prices has no price for {', '.join(missing)} (searched with "
                             f"--gpus; it prices {', '.join(spec.prices)}): add it or drop it "
                             "from --gpus")
+    for tp in spec.tps:  # a TP the model's heads do not divide cannot be deployed (P07)
+        check_tp(spec.base.get("model", "qwen3-8b"), tp, "plan", plan_option)
     if spec.pd:
         for opt in ("replicas", "search"):
             if opt in spec.given:
