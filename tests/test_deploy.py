@@ -133,6 +133,7 @@ def test_kv_bytes_per_gpu_count_the_gpus_they_were_sized_on() -> None:
     assert (s["gpu_cache_tokens"], s["gpus"], s["gpus_per_replica"], s["tp"],
             s["kv_tokens_per_gpu"]) == (582_528, 2, 2, 2, 291_264)
     assert "measured on 1 x" in s["profile_note"] and "for TP 2" in s["profile_note"]
+    assert s["output_tokens_per_s_per_gpu"] == pytest.approx(s["output_tokens_per_s"] / 2)
     # qwen3-32b's default profile is measured on 2 x H100: TP defaults to it, so 40 GiB per
     # GPU on 2 GPUs (4 heads per rank, 131,072 B a token) holds 327,680 tokens, as --tp 2 does
     s = summary_of("--model", "qwen3-32b", "--gpu-cache", "40GiB")
