@@ -145,3 +145,64 @@ def test_block_pool_admit_remote_caches_only_when_the_load_finished():
     pool.forget_free()
     assert len(pool.cached_ids()) == 0 and pool.free_blocks == 8
 
+
+
+RULE = '''
+from policies.pd_rules import PDChoice, PDRule
+
+
+class OnlyRequestOneRemote(PDRule):
+    name = "only-1-remote"
+
+    def decide(self, request, workers):
+        return PDChoice(0, local=request.rid != 1)
+'''
+
+
+def test_a_prealloc_arriving_during_a_full_batch_decode_run_is_served_at_the_next_step(
+        tmp_path):
+    """SGLang polls its prealloc queue before every decode step (process_decode_queue),
+    also while batch_is_full holds the waiting queue. On a 4,096-token decode worker A
+    (500 tokens, 200 out) runs alone: W (3,700 tokens, local) does not fit beside it, so
+    the batch is full and A's decode run has no arrival cut. C's second turn (remote, 200
+    tokens) arrives during that run and fits at once (room 56 pages less R x 2 active =
+    2,560 >= its 3 pages + R): it is pre-allocated after the step in flight, not when A
+    finishes (it waited out A's whole run before). (Its landing still waits for A's end:
+    kvsim admits a landed request through the prefill pass that batch_is_full stops.)"""
+    rule = tmp_path / "rule.py"
+    rule.write_text(RULE)
+    trace = KitTrace([[(100, 2, 0.0), (200, 2, 0.3)], [(500, 200, 0.0)], [(3700, 2, 0.0)]])
+    t = run(cfg(gpu_cache=4096, sessions=3, pd_rule=f"{rule}:OnlyRequestOneRemote"),
+            trace).requests.set_index("request")
+    a, c2 = t.loc[2], t.loc[1]
+    assert not c2["prefilled_locally"] and a["prefilled_locally"]
+    step = PROFILE.decode_run_seconds(1, 700, 1)
+    assert 0.0 <= c2["prealloc_wait_s"] <= step
+    # its prefill ran during A's run (it waited for A's end before)
+    assert c2["send_s"] + c2["prealloc_wait_s"] + c2["prefill_s"] < a["end_s"] - 0.5
+
+
+def test_a_waiting_prealloc_ends_the_decode_run_at_the_first_step_it_fits(tmp_path,
+                                                                        monkeypatch):
+    """The prealloc head's test changes during a decode run: with one running request A
+    (500 tokens, 3,000 out, max_new_tokens unset: 4,096 clipped decode tokens), the room
+    loses what A's single finish needs beyond what retraction frees (4,096 - its
+    generated tokens), and C's need falls by what retraction would free: every step the
+    margin grows by 2 tokens and shrinks by a page per 64 steps. C's second turn (600
+    tokens, remote) is 612 tokens short when it arrives and is pre-allocated about 600
+    steps later, where a decode run polled at every step admits it (here: runs cut to one
+    step), not when A finishes 2,400 steps later."""
+    rule = tmp_path / "rule.py"
+    rule.write_text(RULE)
+    trace = KitTrace([[(100, 2, 0.0), (600, 2, 0.2)], [(500, 3000, 0.0)]])
+    kw = dict(gpu_cache=8192, sessions=2, max_new_tokens=None,
+              pd_rule=f"{rule}:OnlyRequestOneRemote")
+    t = run(cfg(**kw), trace).requests.set_index("request")
+    from sim.engines.sglang import SGLangServer
+
+    steps = SGLangServer._decode_steps
+    monkeypatch.setattr(SGLangServer, "_decode_steps", lambda self: min(1, steps(self)))
+    ref = run(cfg(**kw), trace).requests.set_index("request")
+    a, c2 = t.loc[2], t.loc[1]
+    assert c2["prealloc_wait_s"] == pytest.approx(ref.loc[1, "prealloc_wait_s"], rel=1e-9)
+    assert c2["send_s"] + c2["prealloc_wait_s"] < a["end_s"] - 10.0

@@ -145,6 +145,8 @@ class SGLangServer(EngineBase):
         # (rid -> the locked prefix node and the blocks pre-allocated for the rest).
         self.prealloc: list[tuple[Req, Callable[[], None]]] = []
         self.receiving: dict[int, tuple[object, int]] = {}
+        # A disaggregated decode worker (sim/fleet/pd.py sets it): pre-allocations arrive.
+        self.remote_kv = False
         self.process = self.start()
 
     def busy(self) -> bool:
@@ -277,27 +279,67 @@ class SGLangServer(EngineBase):
         pre-allocates the prompt's blocks (``_preallocate``), then ``granted()`` is called
         (the prefill and the transfer may go on); ``land_remote`` when the KV arrived. A
         request that can never fit is dropped (SGLang aborts it). The queue is served by
-        the server process, between its events (like an arrival, it cuts a decode run
-        after the step in flight): a decode run's memory stays what it planned with."""
+        the server process before every decode step, as SGLang's loop polls it: an
+        arrival cuts a decode run after the step in flight, a waiting head ends it at
+        the step after which it fits (``_prealloc_steps``)."""
         if self._never_fits(req):
             self._drop(req)
             return
         self.prealloc.append((req, granted))
         self._ring()
 
-    def _preallocate(self) -> None:
-        """SGLang ``pop_preallocated`` (disaggregation/decode.py), head of line: the head
-        locks its GPU prefix and pre-allocates the rest of its prompt when the free +
-        evictable tokens, less max(R per active request, what the longest running request
-        needs to finish alone beyond what retraction frees), cover max(the pages + R, the
-        uncached prompt + its decode tokens beyond what retraction frees); R =
-        ``NUM_RESERVED_DECODE_TOKENS``, active = running + receiving + waiting. A head that
-        does not fit a server holding nothing never will: it is dropped."""
+    def _prealloc_margin(self, req: Req, held: int, used: Any = 0, grown: Any = 0) -> Any:
+        """Room less need of ``_preallocate``'s test for ``req`` (``held``: its GPU prefix
+        blocks) once the running batch used ``used`` more blocks and its requests grew by
+        ``grown`` tokens in all (0 and 0: now; numpy arrays: after each step of a decode
+        run). SGLang ``_allocatable_token_budgets`` and ``_required_admission_tokens``
+        (disaggregation/decode.py): room = free + evictable tokens less max(R per active
+        request, what the longest running request needs to finish alone beyond what
+        retraction frees); need = max(the uncached pages + R, the uncached prompt + its
+        decode tokens beyond what retraction frees); R = ``NUM_RESERVED_DECODE_TOKENS``,
+        active = running + receiving + waiting."""
         bs, clip = self.bs, self.knobs.clip_max_new_tokens
         running = self.running
-        retractable = sum(r.prompt_tokens + r.generated for r in running)
+        cache: RadixKVCache = self.cache
+        retractable = sum(r.prompt_tokens + r.generated for r in running) + grown
         single = max(min(self._max_new(r), clip) + r.prompt_tokens for r in running) \
             - retractable if running else 0
+        active = len(running) + len(self.receiving) + len(self.waiting) \
+            + (self.chunked is not None)
+        room = (cache.free_blocks + cache.evictable_blocks - used) * bs \
+            - np.maximum(NUM_RESERVED_DECODE_TOKENS * active, single)
+        pages = (self._blocks(req.prompt_tokens) - held) * bs
+        need = np.maximum(pages + NUM_RESERVED_DECODE_TOKENS, req.prompt_tokens - held * bs
+                          + min(self._max_new(req), clip) - retractable)
+        return room - need
+
+    def _prealloc_steps(self, steps: int) -> int:
+        """Steps of the decode run about to start after which the prealloc queue's head
+        passes its test (SGLang polls the queue before every decode step:
+        ``process_decode_queue``), ``steps`` if none does: the run's memory use grows
+        by the blocks each step opens (from each request's next block step, as
+        ``_steps_in``) and what retraction would free by a token per request and step.
+        In closed form over the run's steps (numpy), the head matched once."""
+        bs = self.bs
+        req = self.prealloc[0][0]
+        cache: RadixKVCache = self.cache
+        m = cache.match(req.ids, touch=False)
+        cache.lock(m.node)  # as ``_preallocate`` tests it: its prefix is not evictable
+        held = m.blocks_in(Tier.GPU)
+        k = np.arange(1, steps + 1)
+        opens = np.bincount([r.reserved * bs - r.own_tokens + 1 for r in self.running],
+                            minlength=bs + 1)  # requests opening a block at step t in [1, bs]
+        used = np.cumsum(opens[(k - 1) % bs + 1])
+        fits = np.flatnonzero(self._prealloc_margin(req, held, used, len(self.running) * k)
+                              >= 0)
+        cache.unlock(m.node)
+        return int(k[fits[0]]) if fits.size else steps
+
+    def _preallocate(self) -> None:
+        """SGLang ``pop_preallocated`` (disaggregation/decode.py), head of line: the head
+        locks its GPU prefix and pre-allocates the rest of its prompt when it passes
+        ``_prealloc_margin``'s test. A head that does not fit a server holding nothing never
+        will: it is dropped."""
         cache: RadixKVCache = self.cache
         while self.prealloc:
             req, granted = self.prealloc[0]
@@ -305,16 +347,9 @@ class SGLangServer(EngineBase):
             cache.lock(m.node)
             held = m.blocks_in(Tier.GPU)
             missing = int(req.ids.size) - held
-            active = len(running) + len(self.receiving) + len(self.waiting) \
-                + (self.chunked is not None)
-            room = (cache.free_blocks + cache.evictable_blocks) * bs \
-                - max(NUM_RESERVED_DECODE_TOKENS * active, single)
-            pages = (self._blocks(req.prompt_tokens) - held) * bs
-            need = max(pages + NUM_RESERVED_DECODE_TOKENS, req.prompt_tokens - held * bs
-                       + min(self._max_new(req), clip) - retractable)
-            if need > room:
+            if self._prealloc_margin(req, held) < 0:
                 cache.unlock(m.node)
-                if running or self.waiting or self.receiving or self.chunked is not None:
+                if self.running or self.waiting or self.receiving or self.chunked is not None:
                     return  # memory is freed when a request finishes or retracts
                 self.prealloc.pop(0)
                 self._drop(req)
@@ -767,9 +802,16 @@ class SGLangServer(EngineBase):
             if pause and not self._advance(pause):
                 yield env.timeout(pause)
             start = env.now
-            # With batch_is_full an arrival cannot be admitted before a finish: no cut.
-            steps = yield from self._timed_decode(batch_size, ctx, steps,
-                                                  not self.batch_is_full)
+            # A decode worker polls its prealloc queue before every step: a waiting head
+            # ends the run at the step after which it fits, and with none waiting a new one
+            # cuts it like an arrival. With batch_is_full an arrival cannot be admitted
+            # before a finish: no cut for it.
+            waiting_head = bool(self.prealloc)
+            if waiting_head and steps > 1:
+                steps = self._prealloc_steps(steps)
+            steps = yield from self._timed_decode(
+                batch_size, ctx, steps,
+                not self.batch_is_full or (self.remote_kv and not waiting_head))
             self.rec.decode(self.profile.decode_run_seconds(batch_size, ctx, steps), steps,
                             start, batch_size)
             self._record_tokens(start, batch_size, ctx, steps)

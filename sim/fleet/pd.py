@@ -133,6 +133,10 @@ class PDFleet:
         self.in_flight = [0] * n
         self.in_flight_tokens = [0] * n
         self._hints: dict[tuple[str, int, int], WalkHint] = {}
+        if self.prealloc:
+            for e in decode:
+                if e.prealloc_before_prefill:  # SGLang: its runs end for a pre-allocation
+                    e.remote_kv = True
 
     # --- the server interface the replay uses ----------------------------------------------
     @property
