@@ -6,6 +6,7 @@ they use are loaded and checked."""
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from pathlib import Path
@@ -90,3 +91,28 @@ def test_the_documented_sweep_files_load_wherever_they_are_run_from(tmp_path,
     for f in sorted((REPO / "docs" / "sweeps").glob("*.yaml")):
         sweep = load_sweep(f)
         assert Path(sweep.points[0].cfg.traffic.trace).is_dir(), f
+
+
+@needs_cc_traces
+def test_the_readme_example_prints_the_numbers_the_readme_quotes(monkeypatch) -> None:
+    """README's example on the shared traces, run as printed, gives the mean TTFTs and changes
+    the README quotes beside it (issue 51: a cap:10 fcfs command gave -8.2% / -23.6% beside
+    a table of -12.1% / -23.8%, which needed --gaps tool --scheduler lpm)."""
+    monkeypatch.chdir(REPO)
+    readme = REPO / "README.md"
+    cmd = next(c for c in commands(readme) if "../shared/data/cc-traces" in c
+               and "top-requests:24" in c)
+    quoted = re.search(r"Its table opens with the mean TTFT: sglang ([\d.]+) s, vllm ([\d.]+) s"
+                       r" \(([-+][\d.]+%)\), penelope ([\d.]+) s\s+\(([-+][\d.]+%)\)",
+                       readme.read_text())
+    assert quoted, "README: the example's output is not quoted"
+    res = CliRunner().invoke(cli, [*shlex.split(cmd)[1:], "--json"])
+    assert res.exit_code == 0, res.stderr
+    runs = {r["policy"]: r for r in json.loads(res.stdout)["runs"]}
+    got = (f"{runs['sglang']['summary']['ttft_mean_s']:.3f}",
+           f"{runs['vllm']['summary']['ttft_mean_s']:.3f}",
+           f"{runs['vllm']['change_vs_first']['ttft_mean_s']:+.1%}",
+           f"{runs['penelope']['summary']['ttft_mean_s']:.3f}",
+           f"{runs['penelope']['change_vs_first']['ttft_mean_s']:+.1%}")
+    assert got == quoted.groups()
+    assert "-12.1% / -23.8%" in readme.read_text()  # the results' default-profile row
