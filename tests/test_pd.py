@@ -325,3 +325,19 @@ def test_a_cache_aware_router_sees_the_prefill_pools_caches():
     kv = run(cfg.with_fields(router="dynamo-kv")).summary
     assert kv["hit_rate"] > rr["hit_rate"] + 0.2
     assert kv["ttft_mean_s"] < rr["ttft_mean_s"]
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_tp_ranks_ship_their_kv_heads_each_over_its_own_nic(tp):
+    """With --gpu H100 --tp t each rank holds 8 / t of qwen3-8b's 8 KV heads and ships
+    them through its own 400 Gb/s NIC (links.yaml: one NIC per GPU), all at once: the
+    transfer takes bytes / (t x 50 GB/s) + 5 us; ``pd_gpus`` counts (P + D) x t GPUs, as
+    ``gpus`` does (sim/deploy.py ``gpus_per_replica``)."""
+    cfg = RunConfig.from_flat(trace="kit", sessions=1, prefill_replicas=1, decode_replicas=1,
+                              preset="sglang", gpu="H100", tp=tp)
+    res = run(cfg, KitTrace([[(1000, 5, 0.0)]]))
+    row = res.requests.iloc[0]
+    assert SPEC.kv_heads % tp == 0
+    assert row["transfer_bytes"] == 1000 * KVB
+    assert row["transfer_s"] == pytest.approx(1000 * KVB / (tp * 50e9) + 5e-6, rel=1e-12)
+    assert res.summary["pd_gpus"] == res.summary["gpus"] == 2 * tp

@@ -39,7 +39,8 @@ block computed); each part is a column of the request table (``PDRecord``).
 
 Links (``costmodel/links.py``): one FIFO queue per prefill worker's NIC (``--pd-link-scope
 nic``, as Mooncake's transfer engine and Dynamo's NIXL ship from each GPU's NIC) or per
-(prefill, decode) pair (``pair``). A transfer occupies its queue for bytes / bandwidth and
+(prefill, decode) pair (``pair``). A transfer occupies its queue for bytes / bandwidth (with
+TP t, a rank's share of the bytes: each rank ships its KV heads over its own NIC) and
 arrives latency later; it overlaps the prefill worker's next work. ``--pd-streaming layer``:
 the transfer may start when the prefill starts (layer by layer) and ends no earlier than the
 prefill's end plus one layer's share, nor than its start plus bytes / bandwidth. The queue is
@@ -61,9 +62,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
+from costmodel.gpus import kv_heads_per_rank
 from costmodel.links import Link
+from costmodel.specs import get_spec
 from policies.pd_rules import DecodeWorker, PDRequest, PDRule
 from sim.context import PrefillOnlyPrompt
+from sim.deploy import gpus_per_replica
 from sim.engines.recorder import RunRecorder
 from sim.kvcache.paths import WalkHint
 
@@ -122,6 +126,12 @@ class PDFleet:
         self.prefill, self.decode, self.rule, self.link = prefill, decode, rule, link
         self.rec = rec
         self.kv_bytes, self.layers, self.profile = kv_bytes, layers, profile
+        # With TP t each rank holds its share of the KV heads and ships it through its own
+        # NIC (links.yaml: one NIC per GPU), all t at once: a worker's link moves its
+        # rank's share of the bytes in the time (1/t when the KV heads divide by t).
+        spec = get_spec(cfg.cache.model)
+        self.rank_share = kv_heads_per_rank(spec, gpus_per_replica(cfg, profile)) \
+            / spec.kv_heads
         self.bs = cfg.cache.block_size
         self.threshold = cfg.pd.pd_local_threshold
         self.decode_cache = cfg.pd.decode_cache == "on"
@@ -251,7 +261,7 @@ class PDFleet:
         now = self.env.now
         rec = self.records[req.rid]
         nbytes = req.prompt_tokens * self.kv_bytes
-        busy = self.link.busy_seconds(nbytes)
+        busy = self.link.busy_seconds(nbytes * self.rank_share)
         q = self._queue(self._link_key(rec.prefill_worker, rec.decode_worker))
         if self.streaming:  # layer by layer from the prefill's start
             start, end = q.book(r.admit_s, busy, now + busy / self.layers)
@@ -302,7 +312,7 @@ class PDFleet:
             return
         nbytes = extra * self.bs * self.kv_bytes
         q = self._queue(self._link_key(rec.prefill_worker, rec.decode_worker, back=True))
-        start, end = q.book(self.env.now, self.link.busy_seconds(nbytes))
+        start, end = q.book(self.env.now, self.link.busy_seconds(nbytes * self.rank_share))
         q.transfers.append((start, end, nbytes))
         rec.returned_bytes = nbytes
         self.env.process(self._return_after(rec.prefill_worker, final, req.ids.size,

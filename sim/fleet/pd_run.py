@@ -16,6 +16,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from sim.deploy import gpus_per_replica
+
 from .pd import PDFleet
 
 PD_STREAM = 0x5044  # "PD": the PD rule's RNG stream, apart from the router's
@@ -126,7 +128,8 @@ def pd_summary(fleet: PDFleet, prefill, decode, table: pd.DataFrame, duration: f
     return {
         "pd_prefill_replicas": cfg.pd.prefill_replicas,
         "pd_decode_replicas": cfg.pd.decode_replicas,
-        "pd_gpus": cfg.pd.prefill_replicas + cfg.pd.decode_replicas,
+        "pd_gpus": (cfg.pd.prefill_replicas + cfg.pd.decode_replicas)
+        * gpus_per_replica(cfg, fleet.profile),
         "pd_rule": cfg.pd.pd_rule, "pd_rule_follows": fleet.rule.follows,
         "router": cfg.fleet.router or "round-robin",
         "pd_link": cfg.pd.pd_link, "pd_link_gb_s": link.bandwidth_gb_s,
