@@ -180,3 +180,31 @@ def test_repeats_of_a_deterministic_run_run_once_and_say_so(tmp_path) -> None:
                                    "--json"])
     assert res.exit_code == 0 and "draws from the seed" not in res.stderr
     assert json.loads(res.stdout)["runs"][0]["summary"]["repeats"] == 2
+
+
+def test_sweep_tables_fit_100_columns_with_numbers_whole() -> None:
+    """``kvsim sweep``'s narrow tables on a piped (200-column) console: a grid of several
+    text fields folds its text columns, never a number (README: 100 columns)."""
+    import io
+
+    import pandas as pd
+    from rich.console import Console
+
+    from sim.report.sweeps import sweep_tables
+
+    row = dict(policy="penelope-with-params", sessions=4, gpu_cache="256k",
+               router="sglang-cache-aware", replicas=8, scheduler="lpm",
+               ttft_mean_s=1234.5678, ttft_p90_s=2345.678, jct_mean_s=12345.678, hit_rate=0.9,
+               tpot_mean_s=0.0123, itl_p99_s=0.1, output_tokens_per_s_per_gpu=12345.0,
+               gpus=16, slo_attainment=0.5, goodput_rps_per_gpu=1.234,
+               ttft_mean_s_change=-0.123, jct_mean_s_change=0.01, hit_rate_change=0.1,
+               dropped_requests=1234, idle_replicas=2)
+    con = Console(file=io.StringIO(), width=200)
+    for t in sweep_tables(pd.DataFrame([row, row]), ["sessions", "gpu_cache", "router",
+                                                     "replicas", "scheduler"], "title"):
+        con.print(t)
+    out = con.file.getvalue()
+    assert max(len(x.rstrip()) for x in out.splitlines()) <= 100
+    for number in ("1234.568", "12345.678", "12,345", "-12.3%", "1,234"):
+        assert number in out  # on one line, uncut
+    assert "…" not in out

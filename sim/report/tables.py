@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from rich import box
+from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 
 MAX_WIDTH = 100  # README: tables fit 100 columns, on a wider terminal or piped too
@@ -78,6 +80,14 @@ def narrow_table(title: str, cols: list[Col], rows: list[dict[str, Any]]) -> Tab
                      overflow="fold")
     for r in rows:
         t.add_row(*(cell(r, c) for c in cols))
+    # README's 100 columns on any console (a piped one is 200 wide): a wider table folds its
+    # text columns; a number never breaks across lines (cut, it shows an ellipsis)
+    wide = Console(width=10_000)
+    if Measurement.get(wide, wide.options, t).maximum > MAX_WIDTH:
+        t.width = MAX_WIDTH
+        for col in t.columns:
+            if col.justify == "right":
+                col.no_wrap, col.overflow = True, "ellipsis"
     return t
 
 
