@@ -133,9 +133,10 @@ def _pd_parts(d: Path, runs: list[dict[str, Any]], title: str, png: Path) -> Pat
     means = np.zeros((len(PD_PARTS), len(runs)))
     for j, r in enumerate(runs):
         df = read_parquet(d / r["policy"] / "requests.parquet")
-        remote = df[~df["dropped"].astype(bool)]
-        if "prefilled_locally" in df:
-            remote = remote[~remote["prefilled_locally"].astype(bool)]
+        remote = df
+        for flag in ("dropped", "prefilled_locally"):  # served, prefilled on the pool
+            if flag in remote:
+                remote = remote[~remote[flag].astype(bool)]
         for i, k in enumerate(PD_PARTS):
             means[i, j] = float(remote[k].fillna(0.0).mean()) if k in remote and len(
                 remote) else 0.0
