@@ -623,7 +623,7 @@ class IdleRule:
 
     fields: tuple[str, ...]
     idle: Callable[[RunConfig], bool]
-    why: str
+    why: str | Callable[[RunConfig], str]  # a callable: the text names a value of the run
 
 
 PD_FIELDS = ("prefill_replicas", "decode_replicas", "pd_link", "pd_link_scope", "pd_streaming",
@@ -649,14 +649,18 @@ IDLE_RULES: tuple[IdleRule, ...] = (
              "the open loop sends every request at its recorded time (no sessions at once, "
              "no gaps): add {replay} closed"),
     IdleRule(_POOL, lambda c: not c.pool.size, "it configures the shared KV pool: add {pool}"),
-    IdleRule(("router",), lambda c: c.fleet.replicas == 1 and c.pd.prefill_replicas < 2,
+    IdleRule(("router",), lambda c: not c.is_pd and c.fleet.replicas == 1,
              "one replica has nothing to route between: add {replicas} N"),
+    # A disaggregated fleet's router picks the prefill worker (the PD rule the decode one).
+    IdleRule(("router",), lambda c: c.is_pd and c.pd.prefill_replicas == 1,
+             "it picks the prefill worker and one has nothing to choose from (the PD "
+             "rule, {pd_rule}, picks the decode worker): add {prefill_replicas} N"),
     IdleRule(PD_FIELDS[2:], lambda c: not c.is_pd,
              "it configures a disaggregated fleet: add {prefill_replicas} P "
              "{decode_replicas} D"),
     IdleRule(("pd_local_threshold",), lambda c: not _pd_rule_uses_threshold(c.pd.pd_rule),
-             "the PD rule {pd_rule} always disaggregates: use {pd_rule} disagg, dynamo or "
-             "llm-d"),
+             lambda c: f"the PD rule {c.pd.pd_rule.replace('{', '{{').replace('}', '}}')} "
+             "always disaggregates: use {pd_rule} disagg, dynamo or llm-d"),
     IdleRule(("pd_streaming", "pd_link_scope"), lambda c: c.pd.pd_link == "ideal",
              "the ideal link takes no time (nothing streams, nothing queues): give {pd_link}"),
     IdleRule(("pd_link_scope",), lambda c: c.pd.decode_replicas == 1,
@@ -695,7 +699,8 @@ def idle_fields(cfg: RunConfig, given: Iterable[str]) -> list[tuple[str, str]]:
     for rule in IDLE_RULES:
         hits = [f for f in rule.fields if f in given and f not in named]
         if hits and rule.idle(cfg):
-            out += [(f, rule.why) for f in hits]
+            why = rule.why(cfg) if callable(rule.why) else rule.why
+            out += [(f, why) for f in hits]
             named.update(hits)
     return out
 

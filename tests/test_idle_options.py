@@ -37,6 +37,12 @@ def one_line_error(args: list[str], needle: str) -> str:
     (["--pool-watermark", "0.5", "--replicas", "2"], "--pool-watermark does nothing here"),
     (["--router", "least-load"], "--router does nothing here: one replica has nothing to "
                                  "route between: add --replicas N"),
+    (["--prefill-replicas", "1", "--decode-replicas", "3", "--router", "dynamo-kv"],
+     "--router does nothing here: it picks the prefill worker and one has nothing to choose "
+     "from (the PD rule, --pd-rule, picks the decode worker): add --prefill-replicas N"),
+    (["--prefill-replicas", "1", "--decode-replicas", "1", "--pd-rule", "sglang-pd",
+      "--pd-local-threshold", "2048"], "--pd-local-threshold does nothing here: the PD rule "
+     "sglang-pd always disaggregates: use --pd-rule disagg, dynamo or llm-d"),
     (["--replay", "open", "--gaps", "tool"], "--gaps does nothing here: the open loop"),
     (["--replay", "open", "--sessions", "3"], "--sessions does nothing here: the open loop"),
     (["--replay", "open", "-n", "3"], "--sessions does nothing here"),
