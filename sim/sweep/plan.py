@@ -4,13 +4,17 @@ A question is one curve: a GPU kind and TP, a router, an eviction policy and a l
 at once, or an open loop's time scale). Its answer is the fewest replicas (or, with ``pd``
 shapes, the smallest prefill:decode pools) whose run **meets** the SLO: every run-level target
 and the attainment hold at the pessimistic end of the repeats' 95% intervals (sim/run/repeats.py
-``pessimistic``). The search assumes more replicas never hurt: it bisects each question's
-replica range (``search="bisect"``: the largest size first, then halves) or runs every size
-(``search="full"``); the rounds go through the sweep machinery (sim/sweep: every point in
-``out/points/<id>``, so a rerun resumes, on a local pool or Ray). Then:
+``pessimistic``). The search bisects each question's replica range (``search="bisect"``:
+the largest size first, then halves), which assumes more replicas never hurt; where the sizes
+it ran contradict that (``Planner.monotone``) or the largest misses, it runs every size below
+its answer, so it answers as ``search="full"`` (every size) would whenever the sizes run show
+the curve. The rounds go through the sweep machinery (sim/sweep: every point in
+``out/points/<id>``, so a rerun resumes, on a local pool or Ray). Before any runs,
+``check_spec`` checks every point as ``kvsim run`` would. Then:
 
-- the cheapest answers by GPU count and price per hour (``costmodel/data/gpus.yaml`` or a
-  price file of the same shape);
+- the cheapest answers by price per hour (``costmodel/data/gpus.yaml`` or a price file of the
+  same shape, which must price every GPU searched) and GPU count, at one price the most
+  ``margin`` to the SLO first;
 - per question the knee of goodput against GPUs over the sizes run (the size farthest above
   the chord from the smallest to the largest, both normalized: where more GPUs stop paying);
 - what each choice buys: every router and policy at the cheapest answer's GPU, TP, size and
