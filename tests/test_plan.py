@@ -352,3 +352,34 @@ def test_plan_plot_has_plain_axes_and_whole_gpu_ticks() -> None:
         assert ax.yaxis.get_major_formatter().get_offset() == ""
         assert [t.get_text() for t in ax.get_xticklabels()] == ["2", "3"]
     assert any(t.get_text() == "1:1" for t in fig.axes[0].texts)  # PD shapes labelled
+
+
+def test_plan_tables_fit_100_columns_with_every_column() -> None:
+    """Issue 51: plan's tables took 112-114 columns. With many fields varying (GPU, TP, router,
+    load) and a per-request SLO, every measure stays and no line passes 100 columns."""
+    import io
+
+    from rich.console import Console
+
+    from sim.report.plan import plan_tables
+
+    def row(g: str, tp: int, r: str, n: int) -> dict:
+        return {"question": f"{g} tp{tp} {r} penelope sessions={n}", "gpu": g, "tp": tp,
+                "mem_fraction": 0.83 if g == "H100" else 0.9, "router": r, "policy": "penelope",
+                "kv_tokens_per_gpu": 370240 if g == "H100" else 1234567, "sessions": n,
+                "size": 12, "gpus": 24, "usd_per_h": 123.45, "meets": True, "ttft_p90_s": 12.345,
+                "ttft_p90_s_ci95": 1.234, "tpot_p90_s": 0.05, "tpot_p90_s_ci95": 0.01,
+                "slo_attainment": 0.953, "slo_attainment_ci95": 0.012, "goodput_rps": 12.345,
+                "profile_note": "no measured profile", "margin": 0.1}
+    rows = [row(g, tp, r, n) for g in ("H100", "L40S") for tp in (1, 2)
+            for r in ("sglang-cache-aware", "session-affinity") for n in (8, 24)]
+    doc = {"slo": "ttft=2s,ttft_p90=1s,tpot_p90=50ms", "cheapest": rows, "answers": rows,
+           "buys": rows[:2], "one_smaller": rows[0]}
+    buf = io.StringIO()
+    con = Console(file=buf, width=200)
+    for t in plan_tables(doc):
+        con.print(t)
+    text = buf.getvalue()
+    assert max(len(line.rstrip()) for line in text.splitlines()) <= 100
+    for head in ("size", "GPUs", "$/h", "TTFT", "TPOT", "met", "goodput", "meets", "*"):
+        assert head in text

@@ -86,25 +86,36 @@ def plan_tables(doc: dict[str, Any]) -> list[Any]:
     rows = doc["cheapest"]
     every = [a for a in doc["answers"] if "gpu" in a] + doc["buys"]
     keys, same = _varied([*KEYS, *_load_cols(every)], every)
-    cols = [*keys, *measures(doc, [*every, *([doc["one_smaller"]] if doc.get("one_smaller")
-                                             else [])])]
+    shown = measures(doc, [*every, *([doc["one_smaller"]] if doc.get("one_smaller") else [])])
+    cols = [*keys, *shown]
+    if narrow_table("", cols, _shown(every)).width is not None:
+        # too wide for 100 columns even folded (many fields vary): the deployment as one
+        # folding column (its question label) keeps every measure whole
+        cols = [Col("deployment", "question"), *shown]
     doc = {**doc, "slo_text": doc["slo"]}
     if same:
         doc = {**doc, "slo": f"{doc['slo']} ({same})"}
     if rows:
-        tables.append(narrow_table(f"deployments meeting {doc['slo']} (cheapest first; at "
-                                   "one price, most margin first)", cols, _shown(rows)))
+        tables.append(_table(f"deployments meeting {doc['slo']} (cheapest first; at "
+                             "one price, most margin first)", cols, _shown(rows)))
     missing = [a for a in doc["answers"] if not a.get("meets")]
     if missing:
         tables.append(narrow_table("no size in the range meets the SLO",
                                    [Col("question", "question")], missing))
     if doc.get("one_smaller"):
-        tables.append(narrow_table("one size smaller than the chosen deployment", cols,
-                                   _shown([doc["one_smaller"]])))
+        tables.append(_table("one size smaller than the chosen deployment", cols,
+                             _shown([doc["one_smaller"]])))
     if len(doc["buys"]) > 1:
-        tables.append(narrow_table("what each choice buys at the chosen size", cols,
-                                   _shown(doc["buys"])))
+        tables.append(_table("what each choice buys at the chosen size", cols,
+                             _shown(doc["buys"])))
     return tables
+
+
+def _table(title: str, cols: list[Col], rows: list[dict[str, Any]]) -> Any:
+    t = narrow_table(title, cols, rows)
+    if cols[0].key == "question":  # the folded deployment stays readable beside the numbers
+        t.columns[0].min_width, t.padding = 16, (0, 1, 0, 0)
+    return t
 
 
 def _shown_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
