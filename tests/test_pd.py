@@ -341,3 +341,22 @@ def test_tp_ranks_ship_their_kv_heads_each_over_its_own_nic(tp):
     assert row["transfer_bytes"] == 1000 * KVB
     assert row["transfer_s"] == pytest.approx(1000 * KVB / (tp * 50e9) + 5e-6, rel=1e-12)
     assert res.summary["pd_gpus"] == res.summary["gpus"] == 2 * tp
+
+
+def test_pd_pools_are_sized_against_the_trace_as_replicas_are():
+    """A pool larger than the trace's requests has workers that could never serve one: it is
+    refused, naming its option, like --replicas; workers of either pool left without a
+    request are counted in ``idle_replicas`` (kvsim run warns)."""
+    from sim.fleet.results import FleetSizeError
+
+    one = KitTrace([[(1000, 5, 0.0)]])
+    with pytest.raises(FleetSizeError, match=r"^--decode-replicas 2: the trace has 1 requests"):
+        run(pd_cfg(decode_replicas=2), one)
+    two = KitTrace([[(1000, 5, 0.0)], [(1000, 5, 0.0)]])
+    res = run(pd_cfg(prefill_replicas=2, decode_replicas=2, sessions=2, router="round-robin",
+                     pd_rule="sglang-pd"), two)
+    prefill = set(res.requests["pd_prefill_worker"])
+    decode = set(res.requests["pd_decode_worker"])
+    assert res.summary["idle_replicas"] == 4 - len(prefill) - len(decode)
+    with pytest.raises(FleetSizeError, match=r"^--prefill-replicas 2: "):
+        run(pd_cfg(prefill_replicas=2), one)

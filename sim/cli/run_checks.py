@@ -99,11 +99,15 @@ def default_replay(trace: str, trace_format: str | None) -> str:
 
 def warn_idle_replicas(res: RunResult) -> None:
     """A fleet run in which the router left replicas without a request: say how many."""
-    idle = res.summary.get("idle_replicas")
+    s = res.summary
+    idle = s.get("idle_replicas")
     if idle:
+        n = s["pd_prefill_replicas"] + s["pd_decode_replicas"] if "pd_gpus" in s \
+            else s["replicas"]
+        by = f"router {s['router']}" + (f", PD rule {s['pd_rule']}" if "pd_rule" in s else "")
         stderr.print(f"[yellow]warning:[/yellow] {res.config.policy_label}: {idle:,} of "
-                     f"{res.summary['replicas']:,} replicas served no request (router "
-                     f"{res.summary['router']}): the fleet is smaller than it looks")
+                     f"{n:,} replicas served no request ({by}): the fleet is smaller than "
+                     f"it looks")
 
 
 def warn_saturation(res: RunResult) -> None:

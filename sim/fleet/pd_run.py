@@ -143,6 +143,8 @@ def pd_summary(fleet: PDFleet, prefill, decode, table: pd.DataFrame, duration: f
         "transfer_bytes": int(ok["transfer_bytes"].sum()) if len(ok) else 0,
         "transfers": len(remote),
         "prefill_pool_requests": sum(len(e.rec.records) for e in prefill),
+        # workers of either pool that served no request (as a fleet's idle_replicas)
+        "idle_replicas": sum(1 for e in [*prefill, *decode] if not e.rec.records),
         "transfer_s_mean": float(remote["transfer_s"].mean()) if len(remote) else 0.0,
         "transfer_queue_s_mean": (float(remote["transfer_queue_s"].clip(lower=0).mean())
                                   if len(remote) else 0.0),

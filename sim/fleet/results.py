@@ -29,10 +29,14 @@ class FleetSizeError(ValueError):
 def check_fleet_size(cfg, trace) -> None:
     """Refuse a fleet that the trace cannot occupy: with more replicas than requests, some
     replicas serve nothing whatever the router does (and each costs its engine)."""
-    if cfg.is_fleet and cfg.fleet.replicas > len(trace):
-        raise FleetSizeError(f"--replicas {cfg.fleet.replicas:,}: the trace has {len(trace):,} "
-                             f"requests, so {cfg.fleet.replicas - len(trace):,} replicas or more "
-                             f"could never serve one; use at most {len(trace):,}")
+    pools = ((("--prefill-replicas", cfg.pd.prefill_replicas),
+              ("--decode-replicas", cfg.pd.decode_replicas)) if cfg.is_pd
+             else (("--replicas", cfg.fleet.replicas),) if cfg.is_fleet else ())
+    for flag, n in pools:  # a PD request takes one worker of each pool
+        if n > len(trace):
+            raise FleetSizeError(f"{flag} {n:,}: the trace has {len(trace):,} requests, so "
+                                 f"{n - len(trace):,} replicas or more could never serve one; "
+                                 f"use at most {len(trace):,}")
 
 
 def ideal_columns(table: pd.DataFrame, fleet: Fleet, bs: int) -> pd.DataFrame:

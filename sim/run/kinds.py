@@ -151,6 +151,7 @@ class PDRun:
 
     def __init__(self, env: simpy.Environment, cfg: RunConfig, spec, profile, trace,
                  timeline=None) -> None:
+        check_fleet_size(cfg, trace)
         self.env, self.cfg, self.spec, self.profile, self.trace = env, cfg, spec, profile, trace
         self.timeline = timeline  # a track per prefill, then per decode worker, then per link
         # A prefill worker serves prefill-only requests: each asks one token, so the engine's
