@@ -383,3 +383,16 @@ def test_plan_tables_fit_100_columns_with_every_column() -> None:
     assert max(len(line.rstrip()) for line in text.splitlines()) <= 100
     for head in ("size", "GPUs", "$/h", "TTFT", "TPOT", "met", "goodput", "meets", "*"):
         assert head in text
+
+
+def test_plan_passes_the_pd_link_and_conditional_disaggregation_to_its_points(tmp_path):
+    """Issue 51 (P18): --pd-link, --pd-rule and --pd-local-threshold reach every P:D point."""
+    out = tmp_path / "p"
+    res = CliRunner().invoke(cli, [*SMALL[:-2], "--slo", "ttft_p90=30s", "--pd", "1:1",
+                                   "--pd-link", "ideal", "--pd-rule", "disagg",
+                                   "--pd-local-threshold", "2k", "--repeats", "1", "--out",
+                                   str(out)])
+    assert res.exit_code == 0, res.output
+    (point,) = (out / "points").iterdir()
+    summary = json.loads((point / "summary.json").read_text())
+    assert (summary["pd_link"], summary["pd_local_threshold"]) == ("ideal", 2048)

@@ -1,9 +1,12 @@
 """``kvsim plan``'s report: the answers as narrow tables and goodput against GPUs as a plot.
 
-The plot has one line per question (GPU, TP, router, policy, load): goodput (requests per
-second meeting the per-request SLO thresholds) against the GPUs of each size run, a filled
-marker where the size meets the SLO at the interval's pessimistic end, a hollow one where it
-misses, the knee ringed and the chosen deployment starred.
+The plot has one line per question (GPU, TP, router, policy, load): each run-level target at
+its interval's pessimistic end and, where the SLO has per-request thresholds, goodput
+(requests per second meeting them) against the GPUs of each size run, a filled marker where
+the size meets the SLO at the interval's pessimistic end, a hollow one where it misses, the
+knee ringed and the chosen deployment starred. Axes read plainly (no offset), GPU ticks are
+whole, P:D shapes are labelled points, and points priced with another GPU's profile get their
+note below.
 """
 
 from __future__ import annotations
@@ -213,8 +216,10 @@ def plan_figure(doc: dict[str, Any], rows: list[dict[str, Any]]) -> Any:
     from sim.slo import parse_slo
 
     slo = parse_slo(doc["slo"])
-    panels = [*slo.targets, "goodput_rps"]
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.6), squeeze=False)
+    # goodput only where per-request thresholds make it differ from throughput
+    panels = [*slo.targets, *(["goodput_rps"] if slo.thresholds else [])]
+    fig, axes = plt.subplots(1, len(panels), figsize=(max(5.2 * len(panels), 8.0), 4.6),
+                             squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     by_q: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
@@ -236,7 +241,7 @@ def plan_figure(doc: dict[str, Any], rows: list[dict[str, Any]]) -> Any:
             ys = [_pessimistic(r, key) for r in pts]
             shapes = any(":" in str(r["size"]) for r in pts)
             ax.plot(xs, ys, color=c, linestyle="none" if shapes else ls, label=label,
-                    linewidth=1.4)
+                    linewidth=1.4, marker="o" if shapes else None, markerfacecolor="white")
             for x, y, r in zip(xs, ys, pts, strict=True):
                 ax.plot([x], [y], "o", color=c, markersize=6,
                         markerfacecolor=c if r["meets"] else "white")
@@ -258,11 +263,13 @@ def plan_figure(doc: dict[str, Any], rows: list[dict[str, Any]]) -> Any:
                     markersize=14, label=f"chosen: {chosen['size']} x {chosen['gpu']}")
         ax.set_xlabel("GPUs")
         ax.set_xticks(sorted({int(r["gpus"]) for r in rows}))  # whole GPUs only
+        ax.margins(x=0.12)  # room for the shape labels
         ax.ticklabel_format(axis="y", style="plain", useOffset=False)  # no 1e-5+0.134
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=7, loc="best")
-    fig.suptitle(f"kvsim plan: {doc['slo']} (filled: meets at the pessimistic end; "
-                 "ring: knee of goodput)", fontsize=10)
+    ring = "; ring: knee of goodput" if "goodput_rps" in panels else ""
+    fig.suptitle(f"kvsim plan: {doc['slo']} (filled: meets at the pessimistic end{ring})",
+                 fontsize=10)
     notes = sorted({f"{r['gpu']}: {r['profile_note']}" for r in rows if r.get("profile_note")})
     if notes:  # a GPU priced at another's speed ranks on memory alone (issue 51, cause G)
         fig.text(0.01, 0.01, "\n".join(notes), fontsize=7, va="bottom")
