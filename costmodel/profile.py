@@ -27,9 +27,10 @@ from typing import Any
 import yaml
 
 from .errors import ProfileError
+from .hfconfig import is_config_path
 from .registry import Registry
 from .safeyaml import safe_load
-from .specs import ModelSpec, get_spec
+from .specs import SPECS, ModelSpec, get_spec
 from .units import Units
 
 FORMAT_VERSION = 1
@@ -254,14 +255,43 @@ def default_profile_name(model: str, family: str | None = None) -> str:
     return PROFILE_FAMILIES.get(family or DEFAULT_FAMILY).format(model=model)
 
 
+DERIVED_PREFIX = "derived-h100-"
+
+
+def _shipped(name: str) -> bool:
+    return (resources.files("costmodel") / "profiles" / f"{name}.yaml").is_file()
+
+
+def derivable(name: str) -> str | None:
+    """The model of ``derived-h100-MODEL`` when no such profile is shipped and MODEL is a
+    catalog name or a config.json path: ``costmodel/derive.py`` derives its datasheet profile
+    when asked (models without measured kernel tables; ``gpus.profile_for`` names it)."""
+    if not name.startswith(DERIVED_PREFIX) or _shipped(name) or Path(name).is_file():
+        return None
+    model = name.removeprefix(DERIVED_PREFIX)
+    return model if model in SPECS or is_config_path(model) else None
+
+
 def load_profile(name_or_path: str | Path | None, model: str | None = None) -> Profile:
     """Load a profile by shipped name (``kernels-h100_sxm-qwen3-8b``, ``derived-h100-qwen3-8b``)
     or file path; ``None`` picks the shipped default for ``model`` (the measured-kernel H100
-    profile). A profile made for another model is refused."""
+    profile; for a model without one, its datasheet profile, derived). A profile made for
+    another model is refused."""
     if name_or_path is None:
         if model is None:
             raise ValueError("either a profile or a model is needed")
         name_or_path = default_profile_name(model)
+        if not _shipped(name_or_path) and derivable(DERIVED_PREFIX + model):
+            name_or_path = DERIVED_PREFIX + model
+    derived = derivable(name_or_path) if isinstance(name_or_path, str) else None
+    if derived is not None:
+        from .derive import derive  # derive imports this module
+
+        prof = derive(derived)
+        if model is not None and prof.model != model:
+            raise ProfileError(name_or_path, "model",
+                               f"profile is for {prof.model!r}, not {model!r}")
+        return prof
     p = Path(name_or_path)
     if p.suffix in (".yaml", ".yml", ".json") or p.exists():
         path = str(p)

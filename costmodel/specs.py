@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
 
+from .hfconfig import catalog_entries, is_config_path, load_spec
 from .registry import Registry
 
 
@@ -50,8 +51,15 @@ class ModelSpec:
     vocab: int = 0
     dtype_bytes: int = 2  # bf16 KV and weights
     layer_windows: tuple[int | None, ...] = ()
+    # Mixed dense/MoE models (config.json first_k_dense_replace, decoder_sparse_step,
+    # mlp_only_layers): ``dense_layers`` of the ``layers`` run a dense FFN of width
+    # ``dense_ffn`` instead of the experts and ``ffn`` (which, in an MoE, is its shared experts).
+    dense_layers: int = 0
+    dense_ffn: int = 0
+    tied_embeddings: bool = False  # one embedding matrix serves as the LM head too
     source: str = ""
     notes: str = field(default="", compare=False)
+    config_sha256: str = ""  # a spec read from a config.json file: the sha256 of its bytes
 
     def __post_init__(self) -> None:
         if self.layer_windows and len(self.layer_windows) != self.layers:
@@ -59,6 +67,8 @@ class ModelSpec:
         for w in self.layer_windows:
             if w is not None and w < 1:
                 raise ValueError(f"{self.name}: window must be >= 1, got {w}")
+        if not 0 <= self.dense_layers <= self.layers:
+            raise ValueError(f"{self.name}: dense_layers must be in 0..{self.layers}")
 
     # --- Section 2.2 -------------------------------------------------------------------
     @property
@@ -67,14 +77,33 @@ class ModelSpec:
         return 2 * self.q_heads * self.head_dim
 
     @property
-    def linear_macs_per_token(self) -> int:
-        """Per-token, per-layer MACs of the Q, K, V, O projections and the (active) FFN."""
+    def attention_macs_per_token(self) -> int:
+        """Per-token, per-layer MACs of the Q, K, V and O projections."""
         q = self.hidden * self.q_heads * self.head_dim
         kv = 2 * self.hidden * self.kv_heads * self.head_dim
         o = self.q_heads * self.head_dim * self.hidden
-        ffn = 3 * self.hidden * self.ffn  # gate, up, down (SwiGLU / GeGLU)
-        moe = 3 * self.hidden * self.expert_ffn * self.active_experts
-        return q + kv + o + ffn + moe
+        return q + kv + o
+
+    @property
+    def _ffn_macs(self) -> int:
+        """Per-token MACs of one layer's (active) FFN: the dense or shared FFN ``ffn`` and the
+        active experts; gate, up, down each (SwiGLU / GeGLU)."""
+        return 3 * self.hidden * (self.ffn + self.expert_ffn * self.active_experts)
+
+    @property
+    def linear_macs_all_layers(self) -> int:
+        """Per-token MACs of the projections and active FFNs summed over every layer."""
+        per_layer = self.attention_macs_per_token + self._ffn_macs
+        return (per_layer * self.layers
+                + self.dense_layers * (3 * self.hidden * self.dense_ffn - self._ffn_macs))
+
+    @property
+    def linear_macs_per_token(self) -> int | float:
+        """Per-token, per-layer MACs of the Q, K, V, O projections and the (active) FFN; with
+        ``dense_layers``, the mean over layers (the cost model prices every layer alike)."""
+        if self.dense_layers:
+            return self.linear_macs_all_layers / self.layers
+        return self.attention_macs_per_token + self._ffn_macs
 
     @cached_property
     def W(self) -> float:
@@ -112,14 +141,18 @@ class ModelSpec:
     @property
     def active_params(self) -> int:
         """Parameters read per decode step (linear layers, active experts; no embeddings)."""
-        return self.linear_macs_per_token * self.layers
+        return self.linear_macs_all_layers
 
     @property
     def total_params(self) -> int:
-        """Linear-layer parameters incl. every expert, plus embeddings (untied head)."""
-        dense = self.linear_macs_per_token - 3 * self.hidden * self.expert_ffn * self.active_experts
-        all_experts = 3 * self.hidden * self.expert_ffn * self.experts
-        return (dense + all_experts) * self.layers + 2 * self.vocab * self.hidden
+        """Linear-layer parameters incl. every expert, plus the embeddings and the LM head
+        (counted once when tied)."""
+        attn = self.attention_macs_per_token
+        moe_layer = attn + 3 * self.hidden * (self.ffn + self.expert_ffn * self.experts)
+        dense_layer = attn + 3 * self.hidden * self.dense_ffn
+        embeddings = (1 if self.tied_embeddings else 2) * self.vocab * self.hidden
+        return (moe_layer * (self.layers - self.dense_layers) + dense_layer * self.dense_layers
+                + embeddings)
 
     def summary(self) -> dict[str, object]:
         kinds = self.attention_kinds()
@@ -134,6 +167,9 @@ class ModelSpec:
             "experts": self.experts,
             "active_experts": self.active_experts,
             "expert_ffn": self.expert_ffn,
+            "dense_layers": self.dense_layers,
+            "dense_ffn": self.dense_ffn,
+            "tied_embeddings": self.tied_embeddings,
             "W": self.W,
             "kv_bytes_per_token": self.kv_bytes_per_token,
             "full_attention_layers": kinds.count(AttentionKind.FULL),
@@ -182,9 +218,37 @@ register(ModelSpec("gemma-3-27b", layers=62, hidden=5376, q_heads=32, kv_heads=1
                    layer_windows=_alternating(62, 1024, 6, 5), source="google/gemma-3-27b-it"))
 
 
+# The models above have shipped time profiles (kernels-*, derived-h100-*); the catalog of
+# config.json facts (costmodel/data/models.yaml, through the config.json reader) adds models
+# priced by profiles derived when asked (costmodel/profile.py ``derivable``).
+PROFILED: tuple[str, ...] = SPECS.names()
+for _name, _fields, _source in catalog_entries():
+    register(ModelSpec(_name, **_fields, source=_source))
+
+_FILE_SPECS: dict[str, ModelSpec] = {}
+
+
 def get_spec(name: str) -> ModelSpec:
-    return SPECS.get(name)
+    """The one resolution of a ``--model``/``model`` value: a catalog name, or a Hugging Face
+    config.json path read by ``costmodel/hfconfig.py`` (once per process; an unreadable file or
+    one asking for what kvsim does not model is one ``ModelConfigError`` line, a ``KeyError``
+    as an unknown name is)."""
+    if name in SPECS:
+        return SPECS.get(name)
+    if isinstance(name, str) and is_config_path(name):
+        spec = _FILE_SPECS.get(name)
+        if spec is None:
+            spec = _FILE_SPECS[name] = load_spec(name)
+        return spec
+    raise SPECS.unknown(name, hint="or a Hugging Face config.json path")
 
 
 def model_names() -> list[str]:
+    """The models kvsim ships time profiles for (calibration and the shipped-profile checks
+    iterate these); :func:`all_model_names` adds the catalog."""
+    return list(PROFILED)
+
+
+def all_model_names() -> list[str]:
+    """Every catalog model (``kvsim models``)."""
     return list(SPECS.names())

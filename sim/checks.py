@@ -13,6 +13,10 @@ from sim.io import InputError, read_yaml
 
 
 def _profile_file(name: str) -> Path | None:
+    from costmodel.profile import derivable
+
+    if derivable(name):  # derived-h100-path/config.json: derived, not a file
+        return None
     p = Path(name)
     return p if p.suffix in (".yaml", ".yml", ".json") or p.exists() else None
 

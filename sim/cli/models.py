@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from costmodel.profile import default_profile_name, shipped_profiles
-from costmodel.specs import get_spec, model_names
+from costmodel.profile import DERIVED_PREFIX, default_profile_name, shipped_profiles
+from costmodel.specs import all_model_names, get_spec
 from sim.report.tables import Col, narrow_table
 
 from .common import console, emit_json
@@ -17,23 +17,32 @@ COLUMNS = [Col("model", "name"), Col("layers", "layers", "int"),
            Col("sliding\nlayers", "sliding"), Col("max\ncontext", "max_context", "int")]
 
 
+def ffn_shape(s: dict) -> str:
+    """``E x width top-k`` for an MoE, ``+W`` its shared experts, ``(N dense)`` its dense
+    layers; the width for a dense model."""
+    if not s["experts"]:
+        return str(s["ffn"])
+    return (f"{s['experts']}x{s['expert_ffn']} top-{s['active_experts']}"
+            + (f" +{s['ffn']}" if s["ffn"] else "")
+            + (f" ({s['dense_layers']} dense)" if s["dense_layers"] else ""))
+
+
 @click.command("models")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def models_cmd(as_json: bool) -> None:
     """Model specs: shapes, W (Section 2.2), KV bytes per token, attention kinds."""
     rows = []
     profiles = set(shipped_profiles())
-    for name in model_names():
+    for name in all_model_names():
         s = get_spec(name).summary()
         p = default_profile_name(name)
-        s["default_profile"] = p if p in profiles else None
+        s["default_profile"] = p if p in profiles else DERIVED_PREFIX + name  # derived
         rows.append(s)
     if as_json:
         emit_json({"models": rows})
         return
     shown = [{**s, "heads": f"{s['q_heads']}/{s['kv_heads']}", "W": round(s["W"]),
-              "ffn_shape": (f"{s['experts']}x{s['expert_ffn']} top-{s['active_experts']}"
-                            if s["experts"] else str(s["ffn"])),
+              "ffn_shape": ffn_shape(s),
               "sliding": (f"{s['sliding_attention_layers']} "
                           f"({', '.join(map(str, s['windows']))})"
                           if s["sliding_attention_layers"] else "-")} for s in rows]

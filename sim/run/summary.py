@@ -33,7 +33,8 @@ def run_fields(cfg: RunConfig, policy: EvictionPolicy, profile, spec, trace,
         "over_context_requests": int(((table["prompt_tokens"] > spec.max_context)
                                       & ~table["dropped"].astype(bool)).sum())
         if len(table) else 0,
-    } | ENGINES[cfg.engine.name].summary_fields(cfg)
+    } | ({"model_config_sha256": spec.config_sha256} if spec.config_sha256 else {}) \
+        | ENGINES[cfg.engine.name].summary_fields(cfg)
 
 
 def answer_fields(cfg: RunConfig, profile, table: pd.DataFrame, summary: dict[str, Any],
