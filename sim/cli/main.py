@@ -16,6 +16,7 @@ from .reproduce import reproduce_cmd
 from .run import run_cmd
 from .sweep import sweep_cmd
 from .trace import trace_cmd
+from .validate import validate_cmd
 
 
 @click.group(cls=KvsimGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -36,6 +37,7 @@ cli.add_command(plot_cmd)
 cli.add_command(reproduce_cmd)
 cli.add_command(trace_cmd)
 cli.add_command(capacity_cmd)
+cli.add_command(validate_cmd)
 
 
 def main() -> None:

@@ -1,0 +1,280 @@
+"""``kvsim validate``: replay a measured run (traces/measured.py) with its engine's
+configuration and score every metric against the measurement (docs/accuracy.md).
+
+One measured run -> one ``RunConfig`` (``setup``: ``--engine vllm`` with the server's block
+size, ``max_num_seqs`` -> ``max_running``, ``max_num_batched_tokens`` -> ``chunk_size``, the KV
+tokens from ``num_gpu_blocks`` x block size when the measurement has them, else estimated from
+the GPU's memory) and the profile that prices it, named in every row with what it stands in
+for (``Setup.profile``): a GPU without a measured profile in costmodel/data/gpus.yaml is
+priced with the H100 tables of the model, a TP or DP x EP shape the profile was not measured
+on is priced as the profile's own shape, and the label says so. A model kvsim does not have is
+refused by name. ``replay`` runs it and computes the same metrics as the measurement
+(``traces.measured.request_metrics``) and, from a per-step observer, the running and waiting
+requests and KV usage at every second of the run (``peak_*``).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from costmodel.gpus import GPU, MIB, kv_cache_tokens, load_gpus, profile_for
+from costmodel.profile import default_profile_name, load_profile, shipped_profiles
+from costmodel.specs import get_spec, model_names
+from sim.config import ConfigError, RunConfig
+from sim.engines import StepObserver
+from traces.measured import LATENCIES, STATS, MeasuredRun, request_metrics, series_peaks
+
+METRICS: tuple[str, ...] = (*(f"{m}_{s}" for m in LATENCIES for s in STATS), "throughput_rps",
+                            "throughput_tok_s", "peak_running", "peak_waiting", "peak_kv_usage")
+CALIBRATION = "none"  # what the profile was fitted on (issue 53 item 5 fits it; none yet)
+
+
+@dataclass
+class Setup:
+    """The run that replays one measurement, and how it stands in for the real server."""
+
+    config: RunConfig
+    profile: str  # the profile's name and, where it is not the measured shape, what it is
+    notes: list[str] = field(default_factory=list)
+
+
+def catalog_model(name: str) -> str | None:
+    """kvsim's catalog name of a Hugging Face model id (``meta-llama/Llama-3.1-8B`` ->
+    ``llama-3.1-8b``): the spec whose ``source`` is that id, else the id's last part lower-
+    cased, with a trailing ``-Instruct[-DATE]`` dropped (the same weights' shapes)."""
+    known = model_names()
+    if name in known:
+        return name
+    low = name.strip().lower()
+    for m in known:
+        src = get_spec(m).source.lower()
+        if low and (low == src or low == re.sub(r"\(.*?\)", "", src)
+                    or low == src.replace("(", "").replace(")", "")):
+            return m
+    base = low.rsplit("/", 1)[-1]
+    for cand in (base, re.sub(r"-instruct(-\d+)?$", "", base)):
+        if cand in known:
+            return cand
+    return None
+
+
+def _norm(gpu: str) -> str:
+    s = re.sub(r"[^a-z0-9]", "", gpu.lower())
+    for word in ("nvidia", "geforce", "blackwell", "workstationedition", "serveredition"):
+        s = s.replace(word, "")
+    return s
+
+
+def catalog_gpu(name: str) -> GPU | None:
+    """The costmodel/data/gpus.yaml entry of a device name as drivers and tools write it
+    (``NVIDIA GeForce RTX 4090``, ``RTXPRO6000``), compared without case, spaces or vendor
+    words; None when the catalog has no such GPU."""
+    want = _norm(name)
+    for key, gpu in load_gpus().items():
+        if _norm(key) == want:
+            return gpu
+    return None
+
+
+def _choose_profile(model: str, gpu_name: str | None, tp: int, dp: int, ep: int,
+                    profile: str | None) -> tuple[str, str]:
+    """(profile name, label): the label names what it stands in for, where it does."""
+    shape = f"TP{tp}" + (f" x DP{dp}" if dp > 1 else "") + (f" x EP{ep}" if ep > 1 else "")
+    if profile is not None:
+        return profile, f"{profile} (chosen with --profile for {shape} x {gpu_name or 'GPU'})"
+    gpu = catalog_gpu(gpu_name) if gpu_name else None
+    stand: list[str] = []
+    if gpu is not None:
+        choice = profile_for(gpu, model, tp)
+        name = choice.name
+        if not choice.exact:
+            stand.append(choice.note)
+    else:
+        name = default_profile_name(model)
+        if name not in shipped_profiles():
+            name = f"derived-h100-{model}"
+        stand.append(f"stand-in: H100 speed for {gpu_name or 'an unnamed GPU'}, "
+                     "which costmodel/data/gpus.yaml lacks")
+    measured_on = load_profile(name, model).gpus
+    if gpu is None and measured_on != tp:
+        stand.append(f"measured on {measured_on} GPU(s), the run is TP{tp}")
+    if dp > 1 or ep > 1:
+        stand.append(f"DP{dp} x EP{ep} as {dp} replicas behind least-load, expert all-to-all "
+                     "not priced")
+    return name, name + (f" [{'; '.join(stand)}]" if stand else "")
+
+
+def _kv_tokens(m: MeasuredRun, model: str, tp: int, bs: int, gpu_name: str | None,
+               chunk: int, seqs: int, notes: list[str]) -> int | None:
+    """KV tokens per replica: the measured block count, else vLLM's rule on the GPU's memory
+    (sim/deploy.py ``memory_rule`` at the stated utilization), else None (kvsim's default)."""
+    from sim.deploy import memory_rule
+
+    eng = m.engine
+    if eng.get("num_gpu_blocks"):
+        notes.append(f"KV: {eng['num_gpu_blocks']:,} blocks x {bs} as measured")
+        return int(eng["num_gpu_blocks"]) * bs
+    spec = get_spec(model)
+    gpu = catalog_gpu(gpu_name) if gpu_name else None
+    if gpu is None and eng.get("gpu_memory_gb"):
+        gb = float(eng["gpu_memory_gb"])
+        gpu = GPU(gpu_name or "GPU", int(gb * 1e9 // MIB), 0.0, 0.0, 0.0, None, 0.0, "measured")
+    if gpu is None:
+        return None
+    util = eng.get("gpu_memory_utilization")
+    rule = memory_rule(spec, gpu, tp, util, "vllm", chunk, seqs, "0.33", False)
+    try:
+        size = kv_cache_tokens(spec, gpu, tp, rule.fraction, bs, rule.reserve_bytes)
+    except ValueError as e:
+        raise ConfigError("measurement", "gpu_memory", str(e)) from None
+    notes.append(f"KV: {size.tokens:,} tokens estimated ({gpu.memory_mib:,} MiB x "
+                 f"{rule.fraction:g} less weights and vLLM's reserve; not measured)")
+    return size.tokens
+
+
+def setup(m: MeasuredRun, *, model: str | None = None, gpu: str | None = None,
+          profile: str | None = None, max_num_seqs: int | None = None,
+          max_num_batched_tokens: int | None = None, gpu_cache: int | None = None,
+          seed: int = 0) -> Setup:
+    """The kvsim run of ``m`` (module docstring); options override what the source says
+    (a ``vllm bench serve`` result has no server configuration)."""
+    eng = m.engine
+    name = model or eng.get("model") or ""
+    cat = catalog_model(name) if name else None
+    if cat is None:
+        raise ConfigError("measurement", "model",
+                          f"{name or 'no model named'}: not in kvsim's catalog (kvsim models); "
+                          "give --model NAME or --model path/config.json")
+    if not model or model == name:
+        model = cat
+    gpu_name = gpu or eng.get("gpu")
+    tp, dp, ep = int(eng.get("tp", 1)), int(eng.get("dp", 1)), int(eng.get("ep", 1))
+    bs = int(eng.get("block_size", 16))
+    notes: list[str] = []
+    seqs = max_num_seqs or eng.get("max_num_seqs")
+    chunk = max_num_batched_tokens or eng.get("max_num_batched_tokens") or 8192
+    if gpu_cache is None:
+        gpu_cache = _kv_tokens(m, model, tp, bs, gpu_name, chunk, seqs or 1024, notes)
+    name, label = _choose_profile(model, gpu_name, tp, dp, ep, profile)
+    flat: dict[str, Any] = {
+        "engine": "vllm", "model": model, "profile": name, "block_size": bs,
+        "chunk_size": chunk, "replay": "open", "trace": m.source, "preset": "vllm",
+        "seed": seed}
+    if seqs:
+        flat["max_running"] = int(seqs)
+    if gpu_cache:
+        flat["gpu_cache"] = int(gpu_cache)
+    if eng.get("max_concurrency"):
+        flat["max_concurrency"] = int(eng["max_concurrency"])
+    if dp > 1:
+        flat["replicas"], flat["router"] = dp, "least-load"
+    if m.trace.options.get("open_loop_after_reply"):
+        notes.append("a later chat turn waits for the previous reply")
+    version = str(eng.get("vllm_version") or "")
+    if version and version not in ("0.33", "0.34"):
+        notes.append(f"vLLM {version} modelled as 0.33 (same V1 scheduler and block pool)")
+        flat["vllm_version"] = "0.33"
+    cfg = RunConfig.from_flat("measurement", **flat).validate("measurement")
+    return Setup(cfg, label, notes)
+
+
+class _Series(StepObserver):
+    """Each server's (time, running, waiting, used blocks) after every step it takes."""
+
+    def __init__(self) -> None:
+        self.rows: dict[int, list[tuple[float, int, int, int, int]]] = {}
+
+    def _note(self, engine: Any) -> None:
+        pool = engine.pool
+        self.rows.setdefault(id(engine), []).append(
+            (engine.env.now, len(engine.running), len(engine.waiting),
+             pool.capacity_blocks - pool.free_blocks, pool.capacity_blocks))
+
+    def scheduled(self, engine: Any, batch: list) -> None:
+        self._note(engine)
+
+    def completed(self, engine: Any, batch: list) -> None:
+        self._note(engine)
+
+    def decoded(self, engine: Any, steps: int) -> None:
+        self._note(engine)
+
+    def per_second(self, end: float) -> dict[str, np.ndarray]:
+        """The fleet's state at each whole second (each server's last step before it, summed
+        over servers), as the measured series samples it."""
+        ticks = np.arange(1.0, max(1.0, math.ceil(end)) + 1.0)
+        tot = {k: np.zeros(ticks.shape[0]) for k in ("running", "waiting", "used", "cap")}
+        for rows in self.rows.values():
+            a = np.asarray(rows, np.float64)
+            at = np.searchsorted(a[:, 0], ticks, side="right") - 1
+            ok = at >= 0
+            for j, k in enumerate(("running", "waiting", "used", "cap"), 1):
+                tot[k][ok] += a[at[ok], j]
+        cap = np.where(tot["cap"] > 0, tot["cap"], 1.0)
+        return {"t": ticks, "running": tot["running"], "waiting": tot["waiting"],
+                "kv_usage": tot["used"] / cap}
+
+
+@dataclass
+class Replayed:
+    metrics: dict[str, float]
+    served: int
+    dropped: int
+    seconds: float
+
+
+def replay(m: MeasuredRun, s: Setup, on_reply: Callable[[], None] | None = None) -> Replayed:
+    """Run ``s.config`` on ``m.trace``; the metrics as the measurement defines them."""
+    import time
+
+    from sim.run import run
+
+    obs = _Series()
+    t0 = time.perf_counter()
+    res = run(s.config, trace=m.trace, on_reply=on_reply, steps=obs)
+    df = res.requests
+    ok = ~(df["dropped"].to_numpy(bool) | df["aborted"].to_numpy(bool))
+    d = df[ok]
+    metrics = request_metrics(d["send_s"].to_numpy(), d["first_token_s"].to_numpy(),
+                              d["end_s"].to_numpy(), d["output_tokens"].to_numpy())
+    end = float(d["end_s"].max()) if len(d) else 0.0
+    metrics.update(series_peaks(obs.per_second(end)))
+    return Replayed(metrics, int(ok.sum()), int((~ok).sum()), time.perf_counter() - t0)
+
+
+def rows(m: MeasuredRun, s: Setup, r: Replayed) -> list[dict[str, Any]]:
+    """One row per metric the measurement has: measured, kvsim, signed relative error
+    ((kvsim - measured) / measured), the publisher's error where it has one."""
+    out = []
+    for metric in METRICS:
+        if metric not in m.metrics:
+            continue
+        meas, sim = m.metrics[metric], r.metrics.get(metric, math.nan)
+        err = (sim - meas) / meas if meas and math.isfinite(sim) else math.nan
+        row = {"run": m.name, "metric": metric, "measured": meas, "kvsim": sim,
+               "error": err, "profile": s.profile, "calibration": CALIBRATION}
+        if metric in m.publisher:
+            row["publisher_error"] = m.publisher[metric]
+        out.append(row)
+    return out
+
+
+def run_info(m: MeasuredRun, s: Setup, r: Replayed) -> dict[str, Any]:
+    """What the JSON document says about one run beside its rows."""
+    return {"run": m.name, "tool": m.tool, "source": m.source, "requests": len(m.trace),
+            "served": r.served, "dropped": r.dropped, "profile": s.profile,
+            "calibration": CALIBRATION, "exact": m.exact, "regenerated": m.regenerated,
+            "notes": s.notes, "engine": {k: s.config.value(k) for k in (
+                "engine", "model", "block_size", "chunk_size", "max_running", "gpu_cache",
+                "replicas", "vllm_version")},
+            "replay_seconds": round(r.seconds, 3)}
+
+
+__all__ = ["CALIBRATION", "METRICS", "Replayed", "Setup", "catalog_gpu", "catalog_model",
+           "replay", "rows", "run_info", "setup"]
