@@ -184,7 +184,9 @@ def pd_runs(draw, engine: str = "sglang"):
     cfg = pd_cfg(
         gpu_cache=draw(st.sampled_from([8192, 16384])),
         sessions=draw(st.integers(1, 3)),
-        prefill_replicas=draw(st.integers(1, 3)), decode_replicas=draw(st.integers(1, 3)),
+        # a pool is at most the trace's requests (more is refused: check_fleet_size)
+        prefill_replicas=draw(st.integers(1, min(3, sum(map(len, sessions))))),
+        decode_replicas=draw(st.integers(1, min(3, sum(map(len, sessions))))),
         router=draw(st.sampled_from([None, "least-load"])),
         pd_link=draw(st.sampled_from(["rdma-100", "nvlink4", "ideal"])),
         pd_link_scope=draw(st.sampled_from(["nic", "pair"])),
