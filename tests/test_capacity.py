@@ -26,7 +26,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.cli.main import cli
-from sim.studies.capacity import CacheReplay, LruReplay, arrival_order, capacity_curve, ideal_hits
+from sim.studies.capacity import (
+    CacheReplay,
+    LruReplay,
+    _earlier_greater_sums,
+    arrival_order,
+    capacity_curve,
+    ideal_hits,
+    lru_hits_all_sizes,
+    replay_hits,
+)
 from traces import load_trace
 
 MOONCAKE = SHARED_DATA / "mooncake" / "synthetic_trace.jsonl.gz"
@@ -156,6 +165,55 @@ def test_fast_lru_equals_the_radix_cache_replay(tmp_path_factory, records, block
     a = [fast.request(ids, finish) for ids, finish in reqs]
     b = [tree.request(ids, finish) for ids, finish in reqs]
     assert a == b
+
+
+def check_one_pass(trace, blocks: list[int]) -> None:
+    """Every size from the one pass equals its own replay and the brute force, request by
+    request; the unlimited replay beside them is ``ideal_hits``."""
+    order = arrival_order(trace)
+    hits, ideal = lru_hits_all_sizes(trace, blocks, order)
+    assert hits.shape == (len(blocks), len(trace))
+    assert ideal.tolist() == ideal_hits(trace, order).tolist()
+    reqs = trace_requests(trace)
+    for b, row in zip(blocks, hits, strict=True):
+        assert row.tolist() == replay_hits(trace, b * trace.block_size, "vllm", order).tolist()
+        assert row[order].tolist() == brute_force_lru(reqs, b)
+
+
+@settings(max_examples=60, deadline=None)
+@given(records=chained_trace(), blocks=st.lists(st.integers(0, 60), min_size=1, max_size=6))
+def test_one_pass_equals_every_size_replayed_on_random_traces(tmp_path_factory, records,
+                                                              blocks):
+    """LRU stack distances (one replay for all sizes) are exact: per request, the same hits
+    as a replay per size and as the ordered-dict LRU, for sizes from 0 blocks to past the
+    footprint, repeated and unsorted ones included."""
+    path = write_records(tmp_path_factory.mktemp("cap") / "t.jsonl", records)
+    check_one_pass(load_trace(str(path), block_size=BS, cache_dir=None), blocks)
+
+
+def test_one_pass_equals_every_size_replayed_on_agentic_sessions():
+    """Sessions whose next prompt repeats the reply, sub-agents, a shared prefix: 64-token
+    blocks, sizes where the cache holds a few prompts up to all of them."""
+    trace = load_trace("synthetic:claude-code?sessions=12", block_size=64, max_context=65536,
+                       shared_prefix="auto", cache_dir=None)
+    assert (trace.finish_blocks() > trace.prompt_tokens // 64).any()
+    check_one_pass(trace, [0, 1, 200, 1000, 5000, 20000, 10**7])
+
+
+@settings(max_examples=100, deadline=None)
+@given(pairs=st.lists(st.tuples(st.integers(0, 70), st.integers(1, 9)), max_size=40))
+def test_earlier_greater_sums_is_the_quadratic_count(pairs):
+    keys = np.array([k for k, _ in pairs], np.int64)
+    weights = np.array([w for _, w in pairs], np.int64)
+    want = [sum(w for k2, w in pairs[:i] if k2 > k) for i, (k, _) in enumerate(pairs)]
+    assert _earlier_greater_sums(keys, weights).tolist() == want
+
+
+@pytest.mark.shared_data
+@pytest.mark.skipif(not MOONCAKE.is_file(), reason="../shared/data absent")
+def test_one_pass_equals_every_size_replayed_on_the_mooncake_trace():
+    trace = load_trace(str(MOONCAKE), format="mooncake", block_size=BS, cache_dir=None)
+    check_one_pass(trace, [512, 2048, 9000, 30000, 131072])
 
 
 @pytest.mark.shared_data
@@ -295,7 +353,12 @@ def test_progress_is_shown_in_a_log(fleet):
     assert res.exit_code == 0, res.output
     json.loads(res.stdout)
     lines = [x for x in res.stderr.splitlines() if x.startswith("kvsim capacity:")]
-    assert lines[0].startswith("kvsim capacity: unlimited cache: 0/")
-    assert any("vllm, 65,536-token cache" in x for x in lines)
-    assert any("vllm, 1,048,576-token cache" in x for x in lines)
+    if fleet:
+        assert lines[0].startswith("kvsim capacity: unlimited cache: 0/")
+        assert any("vllm, 65,536-token cache" in x for x in lines)
+        assert any("vllm, 1,048,576-token cache" in x for x in lines)
+    else:  # one replay for both sizes (LRU stack distances)
+        assert lines[0].startswith("kvsim capacity: unlimited cache (LRU: all 2 sizes from "
+                                   "its stack): 0/")
+        assert not any("-token cache" in x for x in lines)
     assert "requests (100%)" in lines[-1]

@@ -125,7 +125,7 @@ def capacity_cmd(paths: tuple[str, ...], caches: list[int] | None, policies: tup
     unlimited cache)."""
     from sim.io import atomic_write_text, check_out_dir, dumps
     from sim.report.progress import progress
-    from sim.studies.capacity import capacity_curve, clockless_policy
+    from sim.studies.capacity import capacity_curve, clockless_policy, one_pass
     from sim.studies.capacity_fleet import clockless_router, fleet_capacity_curve
 
     ctx = click.get_current_context()
@@ -153,10 +153,13 @@ def capacity_cmd(paths: tuple[str, ...], caches: list[int] | None, policies: tup
     trace = load_from_options(list(paths), **opts)
     caches = caches or _default_caches(trace)
     stderr.print(f"[dim]{size_echo(caches, pool_tokens, fleet)}[/dim]")
-    # one replay per (size, policy), and one of an unlimited cache for the ideal
-    total = len(trace) * (len(caches) * len(policies) + 1)
+    # one replay of an unlimited cache for the ideal, which gives every size of the vllm
+    # preset too (one LRU stack); one replay per (size, policy) for every other policy
+    per_size = len(policies) if fleet else sum(not one_pass(p) for p in policies)
+    total = len(trace) * (len(caches) * per_size + 1)
     with progress("kvsim capacity", "requests", total, stderr) as bar:
-        bar.describe("unlimited cache")
+        bar.describe("unlimited cache" if fleet or per_size == len(policies) else
+                     f"unlimited cache (LRU: all {len(caches)} sizes from its stack)")
         if fleet:
             rows = fleet_capacity_curve(trace, caches, replicas, router, pool_tokens,
                                         policies, pool_write=pool_write, in_flight_s=hold)

@@ -22,7 +22,8 @@ prefix that fits. A request reuses at most ``(prompt_tokens - 1) // block_size``
 engine computes at least one token), and a partial trailing block is never cached, as in the
 engines. Under LRU (``lru`` = lru+tail+block, the vLLM preset) this is a block LRU in which a
 request's blocks are used tail to head: a history is freed from its end, oldest request first
-(tests/test_capacity.py checks it against an ordered dict).
+(tests/test_capacity.py checks it against an ordered dict). That LRU is a stack algorithm,
+so one replay gives every size of a curve (``lru_hits_all_sizes``, docs/capacity.md).
 
 Arrival order: recorded send times (ties: trace order); a trace without them (closed-loop
 synthetic generators) is ordered by each session's cumulative recorded gaps from time 0, as
@@ -168,11 +169,14 @@ class LruReplay:
         self.tick = 0
         # a list: collect what leaves the cache, least recent first (a pool's write-back)
         self.evicted: list[np.ndarray] | None = None
+        # a list: collect every run a request reuses, (its tick, owner's tick, start, end),
+        # for the stack distances of ``lru_hits_all_sizes``
+        self.runs: list[tuple[int, int, int, int]] | None = None
 
     def request(self, ids: np.ndarray, finish: np.ndarray | None = None) -> int:
         """Serve one prompt (block ids) and cache ``finish`` (as ``CacheReplay.request``):
         returns the prompt blocks reused from the cache."""
-        ranges, starts = self.ranges, self.starts
+        ranges, starts, runs = self.ranges, self.starts, self.runs
         seq = ids if finish is None else finish
         n = seq.shape[0]
         hit = 0
@@ -182,6 +186,8 @@ class LruReplay:
                 break  # seq[hit] is not cached (its owner's run would start here)
             rng = ranges[tick]
             end = _agree(seq, rng[2], hit, min(rng[1], n))
+            if runs is not None:
+                runs.append((self.tick + 1, tick, hit, end))
             rng[0] = end
             if end < rng[1]:
                 starts[int(rng[2][end])] = tick
@@ -292,6 +298,82 @@ def ideal_hits(trace, order: np.ndarray | None = None) -> np.ndarray:
     return serve_in_order(trace, LruReplay(int(trace.finish_blocks().sum())), order)
 
 
+def one_pass(policy: str | EvictionPolicy) -> bool:
+    """Whether every size of ``policy``'s curve comes from one replay (``lru_hits_all_sizes``):
+    the vllm preset, whose replay is an LRU stack (see there)."""
+    return clockless_policy(policy) == get_policy(DEFAULT_POLICY)
+
+
+def lru_hits_all_sizes(trace, cache_blocks: Sequence[int], order: np.ndarray | None = None
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """Per cache size (rows, in blocks) and request (columns, trace index), the prompt blocks
+    ``LruReplay`` of that size reuses, and per request those of the unlimited cache
+    (``ideal_hits``): every size from ONE replay, by LRU stack distances.
+
+    Why one replay is exact: ``LruReplay`` makes a request's blocks the most recent, head
+    first, and keeps the most recent ``C`` blocks. A cache of ``C`` blocks then always holds
+    the top ``C`` of one stack (every block, most recent first) that does not depend on ``C``
+    (a sequence longer than the cache keeps its first ``C`` blocks: the top ``C`` too), so a
+    cache of ``C`` holds block ``j`` of a prompt iff its depth in that stack is below ``C``.
+    With chained ids the blocks before ``j`` are above it (every request that used block
+    ``j`` used them after it), so the depths along a prompt increase and its hit, the longest
+    cached prefix, is the number of its blocks shallower than ``C``. The condition is the one
+    ``LruReplay`` itself rests on (chained ids); other policies have no such stack.
+
+    How: the unlimited replay records each run a request reuses (its blocks were last used by
+    one earlier request, the owner, from the run's start on). The depth of the run's first
+    block is the number of distinct blocks the requests between owner and reuser used: their
+    blocks, less those a later one of them used again (runs nested in that interval, a
+    weighted dominance count, ``_earlier_greater_sums``); the run's next blocks lie one deeper
+    each. Python work is one replay's, per run; the rest is numpy over the runs."""
+    order = arrival_order(trace) if order is None else order
+    n_f = trace.finish_blocks()
+    replay = LruReplay(int(n_f.sum()))
+    replay.runs = []
+    ideal = serve_in_order(trace, replay, order)
+    served = order[n_f[order] > 0]  # tick k (from 1) is the request served[k - 1]
+    cum = np.zeros(served.shape[0] + 1, np.int64)
+    np.cumsum(n_f[served], out=cum[1:])  # blocks the first k ticks used
+    runs = np.array(replay.runs, np.int64).reshape(-1, 4)
+    tick, owner, lo, hi = runs.T
+    nested = np.empty(runs.shape[0], np.int64)  # blocks used again within (owner, tick)
+    by_tick = np.lexsort((owner, tick))  # a request's own runs never nest in each other
+    nested[by_tick] = _earlier_greater_sums(owner[by_tick], (hi - lo)[by_tick])
+    depth = cum[tick - 1] - cum[owner] - nested  # of the run's first block
+    req = served[tick - 1]
+    usable = np.maximum(0, (trace.prompt_tokens[req] - 1) // trace.block_size)
+    span = np.clip(np.minimum(hi, usable) - lo, 0, None)  # the run's reusable blocks
+    caps = np.asarray(cache_blocks, np.int64).reshape(-1, 1)
+    took = np.minimum(span, np.clip(caps - depth, 0, None))
+    hits = np.zeros((caps.shape[0], len(trace)), np.int64)
+    for k in range(caps.shape[0]):
+        hits[k] = np.bincount(req, weights=took[k], minlength=len(trace))
+    return hits, ideal
+
+
+def _earlier_greater_sums(keys: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Per position ``i``: the sum of ``weights[m]`` over ``m < i`` with ``keys[m] >
+    keys[i]`` (keys >= 0), bit by bit from the highest: at bit ``b`` the elements are grouped
+    by their higher bits (a stable order), and an element whose bit is 0 gains the weights of
+    the earlier ones of its group whose bit is 1. numpy work per bit, none per element."""
+    n = keys.shape[0]
+    out = np.zeros(n, np.int64)
+    pos, k, w = np.arange(n), keys.astype(np.int64), weights.astype(np.int64)
+    top = int(k.max()).bit_length() if n else 0
+    for b in range(top - 1, -1, -1):
+        group = k >> (b + 1)  # the order is stable-sorted by it
+        bit = (k >> b) & 1
+        ones = np.cumsum(w * bit) - w * bit  # weight of earlier ones, over all groups
+        first = np.ones(n, bool)
+        first[1:] = group[1:] != group[:-1]
+        base = ones[np.maximum.accumulate(np.where(first, np.arange(n), 0))]
+        zero = bit == 0
+        out[pos[zero]] += (ones - base)[zero]
+        o = np.argsort(k >> b, kind="stable")
+        pos, k, w = pos[o], k[o], w[o]
+    return out
+
+
 def serve_in_order(trace, replay: CacheReplay | LruReplay,
                    order: np.ndarray | None = None) -> np.ndarray:
     """Every request through ``replay`` in arrival order: its prompt is matched, then its
@@ -316,19 +398,26 @@ def serve_in_order(trace, replay: CacheReplay | LruReplay,
 
 def capacity_curve(trace, caches: Sequence[int], policies: Sequence[str] = (DEFAULT_POLICY,)
                    ) -> list[CapacityRow]:
-    """Hit rate per (cache size, policy) with the unlimited cache's rate beside it."""
+    """Hit rate per (cache size, policy) with the unlimited cache's rate beside it. The
+    vllm preset's sizes all come from the unlimited cache's replay (``lru_hits_all_sizes``);
+    every other policy replays once per size."""
     bs = trace.block_size
     prompt = int(trace.prompt_tokens.sum())
     order = arrival_order(trace)
-    ideal = int(ideal_hits(trace, order).sum()) * bs
+    lru = [c // bs for c in caches] if any(one_pass(p) for p in policies) else []
+    lru_hits, per_req = lru_hits_all_sizes(trace, lru, order) if lru else (None, None)
+    ideal = int((ideal_hits(trace, order) if per_req is None else per_req).sum()) * bs
     ideal_rate = ideal / prompt if prompt else math.nan
     rows = []
     for name in policies:
         label = clockless_policy(name).label
-        for c in caches:
-            if current_progress().counts("requests"):
-                current_progress().describe(f"{label}, {c:,}-token cache")
-            hit = int(replay_hits(trace, c, name, order).sum()) * bs
+        for i, c in enumerate(caches):
+            if lru_hits is not None and one_pass(name):
+                hit = int(lru_hits[i].sum()) * bs
+            else:
+                if current_progress().counts("requests"):
+                    current_progress().describe(f"{label}, {c:,}-token cache")
+                hit = int(replay_hits(trace, c, name, order).sum()) * bs
             rows.append(CapacityRow(cache_tokens=int(c), replicas=1, router="none",
                                     policy=label, pool_tokens=0,
                                     hit_rate=hit / prompt if prompt else math.nan,
