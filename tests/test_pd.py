@@ -362,3 +362,24 @@ def test_pd_pools_are_sized_against_the_trace_as_replicas_are():
     assert res.summary["idle_replicas"] == 4 - len(prefill) - len(decode)
     with pytest.raises(FleetSizeError, match=r"^--prefill-replicas 2: "):
         run(pd_cfg(prefill_replicas=2), one)
+
+
+def test_a_pd_runs_text_table_shows_its_pd_rows_within_100_columns():
+    """``kvsim run``'s table of a PD run has the TTFT's parts, what moved and how busy the
+    links and pools were (sim/report/runs.py PD_ROWS), beside an aggregated run without
+    them, in 100 columns."""
+    from rich.console import Console
+
+    from sim.report.runs import PD_ROWS, compare_runs, run_tables
+
+    trace = KitTrace([[(1000, 5, 0.0)], [(1500, 5, 0.0)]])
+    runs = [run(pd_cfg(sessions=2, prefill_replicas=2, decode_replicas=2), trace),
+            run(pd_cfg(sessions=2, prefill_replicas=0, decode_replicas=0, replicas=2), trace)]
+    console = Console(width=100, record=True)
+    for table in run_tables(compare_runs(runs), "pd", 100):
+        console.print(table)
+    text = console.export_text()
+    rows = {line.split("│")[1].strip() for line in text.splitlines() if line.count("│") > 2}
+    assert set(PD_ROWS) <= rows
+    assert {"prealloc_wait_s_mean", "transfer_s_mean", "link_busy_share_max"} <= rows
+    assert max(map(len, text.splitlines())) <= 100

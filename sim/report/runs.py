@@ -61,6 +61,14 @@ CONTEXT_ROWS = ("request_latency_mean_s", "request_latency_p95_s", "input_tokens
 # Rows of fleet runs (--replicas/--router; sim/fleet/metrics.py defines them).
 FLEET_ROWS = ("reuse_available", "reuse_captured", "reuse_delivered", "affinity",
               "load_cv_busy", "load_cv_queue", "belief_error_mean_tokens", "idle_replicas")
+# Rows of disaggregated runs (--prefill-replicas/--decode-replicas; sim/fleet/pd_run.py
+# pd_summary): the TTFT's parts (means over the remotely prefilled requests), what moved
+# and how busy the links and pools were.
+PD_ROWS = ("pd_gpus", "prefilled_locally_share", "prealloc_wait_s_mean", "prealloc_waited",
+           "prefill_s_mean", "transfer_queue_s_mean", "transfer_s_mean",
+           "first_decode_s_mean", "transfer_bytes", "link_busy_share_max",
+           "prefill_pool_busy_share", "decode_pool_busy_share", "decode_retractions",
+           "recomputed_output_tokens_share", "idle_replicas")
 # Rows of runs with a shared pool (--pool; sim/fleet/results.py pool_summary).
 POOL_ROWS = ("pool_hit_rate", "pool_fetched_tokens", "pool_refused_fetches", "pool_fetch_s",
              "pool_bandwidth_utilization")
@@ -85,6 +93,8 @@ def run_tables(runs: list[dict[str, Any]], title: str, width: int, lenient: bool
         r["summary"].get("cpu_cache_tokens") for r in runs) else ()
     extra += FLEET_ROWS if any("replicas" in r["summary"] for r in runs) else ()
     extra += POOL_ROWS if any("pool_hit_rate" in r["summary"] for r in runs) else ()
+    extra += tuple(k for k in PD_ROWS if k not in extra) if any(
+        "pd_gpus" in r["summary"] for r in runs) else ()
     shown = [k for k in WHEN_NONZERO if any(r["summary"].get(k) for r in runs)
              or (lenient and k in LENIENT_ROWS)]
     ctx = CONTEXT_ROWS if any("context" in r["summary"] for r in runs) else ()
