@@ -29,7 +29,8 @@ def microbench_cmd() -> None:
 
 
 @microbench_cmd.command("figure1")
-@click.option("--model", "-m", default="qwen3-8b", show_default=True, help="Model spec.")
+@click.option("--model", "-m", default="qwen3-8b", show_default=True,
+              help="Model spec (kvsim models) or a Hugging Face config.json path.")
 @click.option("--profile", "-p", default=None,
               help="Profile name or file (default: kernels-h100_sxm-MODEL).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")

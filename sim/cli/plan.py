@@ -41,7 +41,8 @@ PLAN_FIELDS = {"gap_model": "gaps", "cache_dir": "trace_cache_dir", "routers": "
                    "and/or ttft_p90=1s (per run); a bare number is ms, as in vllm bench "
                    "serve --goodput; docs/engine.md, Metrics.")
 @click.option("--model", "-m", default="qwen3-8b", show_default=True,
-              help="Model spec (kvsim models lists them).")
+              help="Model spec (kvsim models lists them) or a Hugging Face config.json "
+                   "path (docs/models.md).")
 @click.option("--engine", type=click.Choice(["sglang", "vllm"]), default="sglang",
               show_default=True, help="The server every replica runs (docs/engine.md).")
 @click.option("--gpus", default="H100", show_default=True,

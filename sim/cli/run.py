@@ -197,7 +197,8 @@ def gpu_header(cfg: RunConfig) -> str:
               help="Trace path(s) (comma-separated) or synthetic:NAME[?k=v&...].")
 @trace_options
 @click.option("--model", "-m", default="qwen3-8b", show_default=True,
-              help="Model spec (kvsim models lists them).")
+              help="Model spec (kvsim models lists them) or a Hugging Face config.json "
+                   "path (docs/models.md).")
 @click.option("--profile", "-p", default=None,
               help="Profile name or file (default kernels-h100_sxm-MODEL).")
 @click.option("--gpu-cache", type=KV_SIZE, default=None,
