@@ -6,7 +6,9 @@ writes them as files there; ``--update-shipped`` regenerates the shipped
 the shipped files equal what this module derives, so the numbers never drift from their
 reasons. These are *derived, not measured*: the default profiles are the measured-kernel ones
 (``kernels-h100_sxm-*``, ``kvsim calibrate --from-kernels``); these stay for comparison
-(docs/calibration.md), and ``kvsim calibrate`` measures real ones on a GPU.
+(docs/calibration.md), and ``kvsim calibrate`` measures real ones on a GPU. A model without
+shipped profiles (the config.json catalog, ``--model path/config.json``) is priced by
+``derive(model)`` when asked (``costmodel/profile.py`` ``derivable``; docs/models.md).
 """
 
 from __future__ import annotations
