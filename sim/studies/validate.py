@@ -25,7 +25,7 @@ import numpy as np
 
 from costmodel.gpus import GPU, MIB, kv_cache_tokens, load_gpus, profile_for
 from costmodel.profile import default_profile_name, load_profile, shipped_profiles
-from costmodel.specs import get_spec, model_names
+from costmodel.specs import all_model_names, get_spec
 from sim.config import ConfigError, RunConfig
 from sim.engines import StepObserver
 from traces.measured import LATENCIES, STATS, MeasuredRun, request_metrics, series_peaks
@@ -48,7 +48,7 @@ def catalog_model(name: str) -> str | None:
     """kvsim's catalog name of a Hugging Face model id (``meta-llama/Llama-3.1-8B`` ->
     ``llama-3.1-8b``): the spec whose ``source`` is that id, else the id's last part lower-
     cased, with a trailing ``-Instruct[-DATE]`` dropped (the same weights' shapes)."""
-    known = model_names()
+    known = all_model_names()
     if name in known:
         return name
     low = name.strip().lower()
