@@ -164,7 +164,8 @@ def spec_fields(raw: Any, where: str) -> dict[str, Any]:
     if active > experts:
         raise ModelConfigError(where, "num_experts_per_tok",
                                f"{active} is more than {count_key} {experts}")
-    width_key = "moe_intermediate_size" if "moe_intermediate_size" in raw else "intermediate_size"
+    width_key = ("moe_intermediate_size" if raw.get("moe_intermediate_size") is not None
+                 else "intermediate_size")
     expert_ffn = _int(raw, width_key, where)
     if raw.get("shared_expert_intermediate_size") is not None:
         shared = _int(raw, "shared_expert_intermediate_size", where, minimum=0)
