@@ -287,3 +287,15 @@ def test_unknown_model_is_refused_by_name(tmp_path):
 def test_reader_errors_are_trace_format_errors(tmp_path):
     with pytest.raises(TraceFormatError, match="no stage_"):
         read_inference_perf(tmp_path)
+
+
+def test_model_option_takes_a_catalog_name_or_a_config_json(tmp_path):
+    write_vllm_bench(tmp_path / "b.json", n=6, model_id="acme/private-model")
+    res = _cli("validate", str(tmp_path / "b.json"), "--model", "acme-none")
+    assert res.exit_code == 2 and "--model" in res.stderr and "acme-none" in res.stderr
+    cfg = tmp_path / "config.json"  # a Hugging Face config.json (tests/fixtures/hf)
+    shutil.copy(Path(__file__).parent / "fixtures" / "hf" / "llama-3.2-1b.json", cfg)
+    res = _cli("validate", str(tmp_path / "b.json"), "--model", str(cfg), "--gpu", "H100",
+               "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["rows"][0]["profile"].startswith("derived-h100-")

@@ -631,7 +631,11 @@ def read_measurement(path: str | Path, seed: int = 0) -> list[MeasuredRun]:
     if is_inference_perf(p):
         return read_inference_perf(p)
     if p.is_file():
-        head = read_limited(p)[:4096] if p.stat().st_size else b""
+        try:
+            with (gzip.open if p.name.endswith(".gz") else open)(p, "rb") as f:
+                head = f.read(4096)
+        except (OSError, EOFError, zlib.error) as e:
+            raise TraceFormatError(str(p), None, None, f"cannot read: {e}") from None
         if b'"input_lens"' in head or b'"ttfts"' in head or b'"backend"' in head:
             return [read_vllm_bench(p, seed=seed)]
     raise TraceFormatError(str(p), None, None,

@@ -145,14 +145,17 @@ def setup(m: MeasuredRun, *, model: str | None = None, gpu: str | None = None,
     """The kvsim run of ``m`` (module docstring); options override what the source says
     (a ``vllm bench serve`` result has no server configuration)."""
     eng = m.engine
-    name = model or eng.get("model") or ""
-    cat = catalog_model(name) if name else None
-    if cat is None:
-        raise ConfigError("measurement", "model",
-                          f"{name or 'no model named'}: not in kvsim's catalog (kvsim models); "
-                          "give --model NAME or --model path/config.json")
-    if not model or model == name:
-        model = cat
+    if model is not None:  # a catalog name or a config.json path, as everywhere
+        try:
+            get_spec(model)
+        except KeyError as e:
+            raise ConfigError("option", "--model", str(e.args[0])) from None
+    else:
+        model = catalog_model(eng.get("model") or "")
+        if model is None:
+            raise ConfigError("measurement", "model",
+                              f"{eng.get('model') or 'no model named'}: not in kvsim's catalog "
+                              "(kvsim models); give --model NAME or --model path/config.json")
     gpu_name = gpu or eng.get("gpu")
     tp, dp, ep = int(eng.get("tp", 1)), int(eng.get("dp", 1)), int(eng.get("ep", 1))
     bs = int(eng.get("block_size", 16))
