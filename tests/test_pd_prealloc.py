@@ -206,3 +206,22 @@ def test_a_waiting_prealloc_ends_the_decode_run_at_the_first_step_it_fits(tmp_pa
     a, c2 = t.loc[2], t.loc[1]
     assert c2["prealloc_wait_s"] == pytest.approx(ref.loc[1, "prealloc_wait_s"], rel=1e-9)
     assert c2["send_s"] + c2["prealloc_wait_s"] < a["end_s"] - 10.0
+
+
+@pytest.mark.parametrize("async_", [True, False])
+def test_vllm_decode_worker_allocates_a_remote_request_at_the_next_step(tmp_path, async_):
+    """vLLM's decode side: a remote request joins the waiting queue when its prefill ended
+    and the scheduler allocates its blocks at the next step (free blocks only shrink during
+    a decode run, so only an arrival can change what fits: it cuts the run). A (500
+    tokens, 200 out, local) decodes alone; C's second turn (200 tokens, remote) is
+    allocated within a step of its prefill's end, not when A finishes."""
+    rule = tmp_path / "rule.py"
+    rule.write_text(RULE)
+    trace = KitTrace([[(100, 2, 0.0), (200, 2, 0.3)], [(500, 200, 0.0)]])
+    t = run(cfg(engine="vllm", preset="vllm", gpu_cache=4096, sessions=2, max_new_tokens=None,
+                vllm_async=async_, pd_rule=f"{rule}:OnlyRequestOneRemote"),
+            trace).requests.set_index("request")
+    a, c2 = t.loc[2], t.loc[1]
+    assert not c2["prefilled_locally"] and a["prefilled_locally"]
+    assert 0.0 <= c2["prealloc_wait_s"] <= 2 * PROFILE.decode_run_seconds(1, 800, 1)
+    assert c2["send_s"] + c2["ttft_s"] < a["end_s"] - 0.5
