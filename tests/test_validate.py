@@ -299,3 +299,15 @@ def test_model_option_takes_a_catalog_name_or_a_config_json(tmp_path):
                "--json")
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["rows"][0]["profile"].startswith("derived-h100-")
+
+
+def test_vllm_bench_without_send_times_draws_them_and_caps_concurrency(tmp_path):
+    doc = write_vllm_bench(tmp_path / "b.json", n=200, max_concurrency=4, burstiness=0.5)
+    del doc["start_times"]
+    (tmp_path / "b.json").write_text(json.dumps(doc))
+    r = read_vllm_bench(tmp_path / "b.json", seed=3)
+    assert "send times (rate 4.0, burstiness 0.5, seed 3)" in r.regenerated
+    gaps = np.diff(r.trace.send_time_s)
+    assert (gaps >= 0).all() and 0.15 < gaps.mean() < 0.35  # 4 req/s
+    s = setup(r, gpu="H100")
+    assert s.config.traffic.max_concurrency == 4
