@@ -17,7 +17,8 @@ from click.testing import CliRunner
 from conftest import SHARED_DATA
 
 from sim.cli.main import cli
-from sim.studies.validate import catalog_model, replay, rows, setup
+from sim.studies.validate import catalog_model, replay, rows
+from sim.studies.validate import setup as setup_run
 from tests.measuredkit import write_inference_perf, write_vllm_bench
 from traces import TraceFormatError
 from traces.measured import (
@@ -136,7 +137,7 @@ def test_kvsim_validate_on_the_rtx4090_run(tmp_path):
 @needs_gt
 def test_a_gpu_without_a_profile_is_priced_as_a_named_stand_in():
     for name in RUNS:
-        s = setup(read_llmservingsim(GT / name))
+        s = setup_run(read_llmservingsim(GT / name))
         priced = s.profile.split()[0]
         if "h100" in priced or "derived" in priced:  # not an RTX profile: said in the label
             assert "[" in s.profile and ("RTX" in s.profile or "RTX" in s.profile.upper())
@@ -278,8 +279,8 @@ def test_unknown_model_is_refused_by_name(tmp_path):
     _one_line_error(tmp_path / "b.json", "acme/unknown-7b", "--model")
     r = read_vllm_bench(tmp_path / "b.json")
     with pytest.raises(Exception, match="acme/unknown-7b"):
-        setup(r)
-    s = setup(r, model="llama-3.1-8b", gpu="H100")
+        setup_run(r)
+    s = setup_run(r, model="llama-3.1-8b", gpu="H100")
     out = replay(r, s)
     assert out.served == 24 and rows(r, s, out)
 
@@ -309,5 +310,5 @@ def test_vllm_bench_without_send_times_draws_them_and_caps_concurrency(tmp_path)
     assert "send times (rate 4.0, burstiness 0.5, seed 3)" in r.regenerated
     gaps = np.diff(r.trace.send_time_s)
     assert (gaps >= 0).all() and 0.15 < gaps.mean() < 0.35  # 4 req/s
-    s = setup(r, gpu="H100")
+    s = setup_run(r, gpu="H100")
     assert s.config.traffic.max_concurrency == 4
