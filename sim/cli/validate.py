@@ -93,9 +93,10 @@ def validate_cmd(measurements: tuple[str, ...], model: str | None, gpu: str | No
         shown = [{**row, "measured_text": _value(row["metric"], row["measured"]),
                   "kvsim_text": _value(row["metric"], row["kvsim"])}
                  for row in doc_rows if row["run"] == info["run"]]
+        cols = COLUMNS if any("publisher_error" in r for r in shown) else COLUMNS[:-1]
         out.print(narrow_table(f"kvsim validate {info['run']} ({info['tool']}, "
                                f"{info['served']}/{info['requests']} requests served; "
-                               f"calibration: {info['calibration']})", COLUMNS, shown))
+                               f"calibration: {info['calibration']})", cols, shown))
         for line in [f"profile: {info['profile']}", f"exact: {info['exact']}",
                      f"regenerated: {info['regenerated']}", *info["notes"]]:
             out.print(line, soft_wrap=False, width=100, markup=False)
