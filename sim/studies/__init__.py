@@ -19,6 +19,8 @@ pd.py                 aggregated against prefill/decode pools   runs -> rows, ta
 capacity.py,          hit rate against cache size without a     Trace -> CapacityRows
 capacity_fleet.py     clock (one cache, a fleet, a pool)
 saturation.py         whether an open loop kept up              requests table -> Saturation
+validate.py           a measured run replayed and scored        MeasuredRun -> Setup -> rows
+                      (``kvsim validate``; docs/accuracy.md)
 ====================  ========================================  =============================
 
 May import: ``sim.config``, ``sim.run``, ``sim.sweep`` (executors, ``relative_change``),
@@ -29,23 +31,41 @@ document; ``kvsim reproduce`` prints it with the study's own tables.
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
-from sim.sweep.executors import ExecutorSpec
+if TYPE_CHECKING:
+    from sim.sweep.executors import ExecutorSpec
 
-from .cache_engineering import CACHE_ENGINEERING
-from .fleet import FLEET
-from .paper import ABLATION, FCFS, FIGURE1, GPU_ONLY
-from .pd import PD
-from .pool import POOL
-from .study import STUDIES, Experiment, StudySetup, default_trace
-from .tiers import CPU_SWEEP, TWO_TIER
-from .zoo import POLICIES
+    from .study import STUDIES, Experiment, StudySetup, default_trace
 
-# kvsim reproduce NAME, in the order its --help lists them
-for _study in (FIGURE1, GPU_ONLY, TWO_TIER, ABLATION, FCFS, CPU_SWEEP, POLICIES,
-               CACHE_ENGINEERING, FLEET, POOL, PD):
-    STUDIES.register(_study.name, _study)
+
+@functools.cache
+def _registered() -> ModuleType:
+    """The study modules, loaded and registered at the first read of the registry: a
+    command that only replays a capacity curve (``kvsim capacity`` imports
+    ``sim.studies.capacity``) does not load every study, SimPy and the fleet with it."""
+    from . import study
+    from .cache_engineering import CACHE_ENGINEERING
+    from .fleet import FLEET
+    from .paper import ABLATION, FCFS, FIGURE1, GPU_ONLY
+    from .pd import PD
+    from .pool import POOL
+    from .tiers import CPU_SWEEP, TWO_TIER
+    from .zoo import POLICIES
+
+    # kvsim reproduce NAME, in the order its --help lists them
+    for s in (FIGURE1, GPU_ONLY, TWO_TIER, ABLATION, FCFS, CPU_SWEEP, POLICIES,
+              CACHE_ENGINEERING, FLEET, POOL, PD):
+        study.STUDIES.register(s.name, s)
+    return study
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("STUDIES", "Experiment", "StudySetup", "default_trace"):
+        return getattr(_registered(), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "STUDIES",
@@ -63,13 +83,14 @@ def reproduce(name: str, trace: str | None = None, quick: bool = False, jobs: in
               profiles: str | None = None, engine: str = "sglang") -> dict[str, Any]:
     """The JSON document of study ``name`` on ``engine``: what ran (trace, gaps, tree shapes),
     its rows, then what the study adds beside them."""
-    primary = STUDIES.get(name)
+    reg = _registered()
+    primary = reg.STUDIES.get(name)
     study = primary.on(engine)
     if trace is None:
-        trace, which = default_trace()
+        trace, which = reg.default_trace()
     else:
         which = "given trace"
-    ctx = StudySetup(trace=trace, quick=quick, gaps=gaps, jobs=jobs, prompt_nodes=prompt_nodes,
+    ctx = reg.StudySetup(trace=trace, quick=quick, gaps=gaps, jobs=jobs, prompt_nodes=prompt_nodes,
                   executor=executor, profiles=profiles)
     rows = study.rows(ctx)
     doc = {"experiment": name, "trace": trace, "trace_kind": which,
@@ -90,4 +111,4 @@ def reproduce(name: str, trace: str | None = None, quick: bool = False, jobs: in
 def experiment_tables(name: str, doc: dict[str, Any]) -> list[Any]:
     """The heading and tables of study ``name``'s document (``kvsim reproduce NAME --json``),
     in the form of the engine it names."""
-    return STUDIES.get(name).on(doc.get("engine")).render(doc)
+    return _registered().STUDIES.get(name).on(doc.get("engine")).render(doc)
