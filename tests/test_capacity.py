@@ -344,6 +344,22 @@ def test_bad_capacity_options_fail_in_one_line(args, words):
     assert "Traceback" not in res.output
 
 
+def test_the_capacity_command_loads_no_study_fleet_or_table_library():
+    """A one-cache curve takes what it uses: not the study registry (every study, SimPy),
+    the fleet view, pandas or matplotlib (start-up, issue 55)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom sim.cli.capacity import capacity_cmd\n"
+            "capacity_cmd(['synthetic:chat?sessions=2', '--cache', '64k,1m', '--cache-dir', "
+            "'off', '--json'], standalone_mode=False)\n"
+            "print([m for m in ('simpy', 'sim.studies.study', 'sim.studies.capacity_fleet', "
+            "'sim.fleet', 'pandas', 'matplotlib', 'pyarrow') if m in sys.modules])")
+    res = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True,
+                         text=True, check=True)
+    assert res.stdout.strip().splitlines()[-1] == "[]"
+
+
 @pytest.mark.parametrize("fleet", [[], ["--replicas", "2"]])
 def test_progress_is_shown_in_a_log(fleet):
     """stderr is not a terminal here: the progress facility prints plain lines (the first

@@ -126,7 +126,6 @@ def capacity_cmd(paths: tuple[str, ...], caches: list[int] | None, policies: tup
     from sim.io import atomic_write_text, check_out_dir, dumps
     from sim.report.progress import progress
     from sim.studies.capacity import capacity_curve, clockless_policy, one_pass
-    from sim.studies.capacity_fleet import clockless_router, fleet_capacity_curve
 
     ctx = click.get_current_context()
     if ctx.get_parameter_source("gap_model") is not click.core.ParameterSource.DEFAULT:
@@ -140,7 +139,9 @@ def capacity_cmd(paths: tuple[str, ...], caches: list[int] | None, policies: tup
         raise click.BadParameter("a load model for a router choosing among replicas: give "
                                  "--replicas N (N >= 2)", param_hint="--in-flight-s")
     hold = in_flight_s or 0.0
-    if fleet:
+    if fleet:  # the fleet view's modules (routers, SimPy) only for a fleet
+        from sim.studies.capacity_fleet import clockless_router, fleet_capacity_curve
+
         router = router or "round-robin"
         clockless_router(router, None, hold, replicas)
     pool_tokens = parse_size(pool, "--pool") if pool is not None else 0
