@@ -90,8 +90,8 @@ def reproduce(name: str, trace: str | None = None, quick: bool = False, jobs: in
         trace, which = reg.default_trace()
     else:
         which = "given trace"
-    ctx = reg.StudySetup(trace=trace, quick=quick, gaps=gaps, jobs=jobs, prompt_nodes=prompt_nodes,
-                  executor=executor, profiles=profiles)
+    ctx = reg.StudySetup(trace=trace, quick=quick, gaps=gaps, jobs=jobs,
+                         prompt_nodes=prompt_nodes, executor=executor, profiles=profiles)
     rows = study.rows(ctx)
     doc = {"experiment": name, "trace": trace, "trace_kind": which,
            "gaps": study.gaps_label(rows, gaps),
