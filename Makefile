@@ -70,9 +70,10 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 # Benchmarks also run Dynamo's offline replay (benchmarks/bench_dynamo.py): the test stamp's
-# ai-dynamo wheels plus the two modules dynamo.replay imports beyond what the selector needs.
+# ai-dynamo wheels plus the two modules dynamo.replay imports beyond what the selector needs;
+# and the C++ capacity peer, kvcache-simulator (benchmarks/bench_capacity_peer.py; no deps).
 $(BENCH_STAMP): $(TEST_STAMP) Makefile
-	$(BIN)/pip install -q --no-deps tqdm==4.70.1 zstandard==0.25.0
+	$(BIN)/pip install -q --no-deps tqdm==4.70.1 zstandard==0.25.0 kvcache-simulator==0.1.3
 	touch $@
 
 bench: $(BENCH_STAMP) $(CORE_STAMP)
