@@ -101,8 +101,7 @@ def _choose_profile(model: str, gpu_name: str | None, tp: int, dp: int, ep: int,
             name = f"derived-h100-{model}"
         stand.append(f"stand-in: H100 speed for {gpu_name or 'an unnamed GPU'}, "
                      "which costmodel/data/gpus.yaml lacks")
-    measured_on = load_profile(name, model).gpus
-    if gpu is None and measured_on != tp:
+    if gpu is None and (measured_on := load_profile(name, model).gpus) != tp:
         stand.append(f"measured on {measured_on} GPU(s), the run is TP{tp}")
     if dp > 1 or ep > 1:
         stand.append(f"DP{dp} x EP{ep} as {dp} replicas behind least-load, expert all-to-all "
