@@ -14,10 +14,19 @@ Mixtral), the shared experts (``shared_expert_intermediate_size``, or ``n_shared
 as DeepSeek/GLM read them). A shared expert is an FFN every token runs, so it becomes the
 spec's ``ffn`` in MoE layers (``costmodel/specs.py``).
 
-What kvsim does not model is refused by the field that asks for it (:data:`REFUSED`): sliding
-windows, linear attention and state-space layers, MLA, sparse (DSA) attention, chunked
-attention, quantized weights, multimodal wrappers. ``rope_scaling`` changes no shape and is not
-read (``max_position_embeddings`` already states the context).
+Hybrid attention (docs/hybrid.md): each layer's kind is read from ``layer_types``
+(``full_attention``, ``sliding_attention``, ``chunked_attention``, ``linear_attention``), or
+from ``full_attention_interval`` (Qwen3-Next: every n-th layer full, the others Gated
+DeltaNet), ``sliding_window_pattern`` (Gemma 3: every n-th layer global, the others sliding) or
+a bare ``sliding_window`` (every layer); windows from ``sliding_window`` and
+``attention_chunk_size``; the Gated DeltaNet shapes from ``linear_*``; ``kv_lora_rank`` makes
+the attention layers MLA (``q_lora_rank``, ``qk_nope_head_dim``, ``qk_rope_head_dim``,
+``v_head_dim``) and ``index_topk`` makes them DSA (``index_n_heads``, ``index_head_dim``).
+
+What kvsim does not model is refused by the field that asks for it (:data:`REFUSED`):
+state-space (Mamba) layers, other linear attentions (Kimi's KDA, MiniMax's lightning),
+compressed attention, quantized weights, multimodal wrappers. ``rope_scaling`` changes no shape
+and is not read (``max_position_embeddings`` already states the context).
 
 A config.json is untrusted input: JSON only, at most :data:`MAX_BYTES`, every field checked;
 each error is one :class:`~costmodel.errors.ModelConfigError` line naming the file and field.
@@ -46,21 +55,18 @@ MAX_BYTES = 1 << 20  # real config.json files are a few KiB
 ARCHITECTURES = (
     "LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "Qwen2ForCausalLM",
     "Qwen3ForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "Glm4MoeForCausalLM",
+    "GptOssForCausalLM", "Gemma3ForCausalLM", "Qwen3NextForCausalLM", "DeepseekV3ForCausalLM",
+    "DeepseekV32ForCausalLM",
 )
 
 # Fields whose presence (not null) asks for something kvsim does not model, and why.
 REFUSED = {
-    "kv_lora_rank": "multi-head latent attention (MLA)",
-    "index_topk": "sparse attention (DSA indexer)",
-    "sliding_window_pattern": "interleaved sliding-window layers",
-    "full_attention_interval": "hybrid linear/full attention layers",
-    "linear_num_value_heads": "linear attention layers",
-    "linear_attn_config": "linear attention layers",
-    "attn_type_list": "hybrid linear/full attention layers",
+    "linear_attn_config": "Kimi Delta Attention (KDA) layers",
+    "attn_type_list": "MiniMax lightning (linear) attention layers",
+    "compress_ratios": "compressed sparse attention layers",
     "layers_block_type": "hybrid attention/state-space layers",
     "hybrid_override_pattern": "hybrid attention/state-space layers",
     "attn_layer_period": "hybrid attention/state-space layers",
-    "attention_chunk_size": "chunked attention layers",
     "quantization_config": "quantized weights",
     "text_config": "a multimodal model (give its language model's config.json)",
 }
@@ -77,20 +83,123 @@ def _refuse(raw: dict[str, Any], where: str) -> None:
     for key in sorted(raw):
         if key.startswith(REFUSED_PREFIXES) and raw[key] is not None:
             raise ModelConfigError(where, key, f"state-space (Mamba) layers: {HINT}")
-    kinds = raw.get("layer_types")
-    if kinds is not None:
-        if not isinstance(kinds, list):
+    if raw.get("use_sliding_window") is True and raw.get("max_window_layers") is not None:
+        raise ModelConfigError(where, "max_window_layers",
+                               f"sliding windows on some layers by max_window_layers: {HINT}")
+
+
+# config.json layer_types values -> the kind of that layer ("full_attention" is the model's
+# attention: full, MLA or DSA)
+LAYER_TYPES = {"full_attention": "full", "sliding_attention": "sliding",
+               "chunked_attention": "chunked", "linear_attention": "linear"}
+_LINEAR = {"linear_num_key_heads": "linear_key_heads", "linear_key_head_dim": "linear_key_dim",
+           "linear_num_value_heads": "linear_value_heads",
+           "linear_value_head_dim": "linear_value_dim",
+           "linear_conv_kernel_dim": "linear_conv_kernel"}
+
+
+def _every(raw: dict[str, Any], key: str, layers: int, other: str, where: str) -> list[str]:
+    """Layer types of a model whose every ``raw[key]``-th layer attends in full and whose
+    other layers are ``other`` (Qwen3-Next's full_attention_interval, Gemma 3's
+    sliding_window_pattern: layer ``i`` is full iff ``(i + 1) % n == 0``)."""
+    n = _int(raw, key, where)
+    return ["full_attention" if (i + 1) % n == 0 else other for i in range(layers)]
+
+
+def _layer_types(raw: dict[str, Any], layers: int, where: str) -> list[str] | None:
+    """Each layer's config.json type, or None when every layer attends in full."""
+    types = raw.get("layer_types")
+    if types is not None:
+        if not isinstance(types, list):
             raise ModelConfigError(where, "layer_types", "must be a list of layer kinds")
-        other = sorted({str(k) for k in kinds if k != "full_attention"})
-        if other:
-            raise ModelConfigError(where, "layer_types",
-                                   f"{', '.join(repr(k) for k in other)} layers: {HINT}")
-    window = raw.get("sliding_window")
-    if window is not None and raw.get("use_sliding_window") is not False:
+        if len(types) != layers:
+            raise ModelConfigError(where, "layer_types", f"has {len(types)} entries, "
+                                   f"num_hidden_layers is {layers}")
+        unknown = sorted({repr(t) for t in types if t not in LAYER_TYPES})
+        if unknown:
+            raise ModelConfigError(where, "layer_types", f"unknown layer kind "
+                                   f"{', '.join(unknown)}; read: {', '.join(LAYER_TYPES)}")
+    for key, other in (("full_attention_interval", "linear_attention"),
+                       ("sliding_window_pattern", "sliding_attention")):
+        if raw.get(key) is not None:
+            pattern = _every(raw, key, layers, other, where)
+            if types is not None and types != pattern:
+                raise ModelConfigError(where, key, "disagrees with layer_types")
+            types = pattern
+    if types is None:
+        window = raw.get("sliding_window")
+        if window is not None and raw.get("use_sliding_window") is not False:
+            ctx = raw.get("max_position_embeddings")
+            if not (isinstance(ctx, int) and isinstance(window, int) and window >= ctx):
+                types = ["sliding_attention"] * layers  # one window on every layer
+        if raw.get("attention_chunk_size") is not None:
+            raise ModelConfigError(where, "attention_chunk_size", "chunked attention without "
+                                   "layer_types naming the chunked layers: " + HINT)
+    if types is not None and all(t == "full_attention" for t in types):
+        return None
+    return types
+
+
+def _attention_fields(raw: dict[str, Any], layers: int, where: str) -> dict[str, Any]:
+    """``ModelSpec`` fields of the layer kinds (module docstring): ``layer_kinds``,
+    ``layer_windows`` and the shapes of the MLA, DSA and linear-attention layers."""
+    out: dict[str, Any] = {}
+    full = "full"
+    if raw.get("kv_lora_rank") is not None:
+        full = "mla"
+        out.update(kv_lora_rank=_int(raw, "kv_lora_rank", where),
+                   q_lora_rank=_int(raw, "q_lora_rank", where, 0, minimum=0),
+                   qk_nope_head_dim=_int(raw, "qk_nope_head_dim", where),
+                   qk_rope_head_dim=_int(raw, "qk_rope_head_dim", where),
+                   v_head_dim=_int(raw, "v_head_dim", where))
+        if raw.get("index_topk") is not None:
+            full = "dsa"
+            out.update(index_topk=_int(raw, "index_topk", where),
+                       index_n_heads=_int(raw, "index_n_heads", where),
+                       index_head_dim=_int(raw, "index_head_dim", where))
+    elif raw.get("index_topk") is not None:
+        raise ModelConfigError(where, "index_topk", "a DSA indexer needs MLA layers "
+                               "(kv_lora_rank)")
+    types = _layer_types(raw, layers, where)
+    if types is None or "linear_attention" not in types:
+        stray = next((k for k in _LINEAR if raw.get(k) is not None), None)
+        if stray is not None:
+            raise ModelConfigError(where, stray, "linear-attention shapes, but no layer is "
+                                   "linear_attention (layer_types, full_attention_interval)")
+    if types is None:
+        if full != "full":
+            out["layer_kinds"] = (full,) * layers
+        return out
+    kinds = [full if t == "full_attention" else LAYER_TYPES[t] for t in types]
+    if full != "full" and ("sliding" in kinds or "chunked" in kinds):
+        raise ModelConfigError(where, "kv_lora_rank", f"windowed MLA layers: {HINT}")
+    windows: list[int | None] = [None] * layers
+    for kind, key in (("sliding", "sliding_window"), ("chunked", "attention_chunk_size")):
+        if kind in kinds:
+            if raw.get("use_sliding_window") is False and kind == "sliding":
+                raise ModelConfigError(where, "use_sliding_window",
+                                       "is false, but layer_types has sliding_attention layers")
+            w = _int(raw, key, where)
+            windows = [w if k == kind else v for k, v in zip(kinds, windows, strict=True)]
+    if "sliding" not in kinds and raw.get("sliding_window") is not None \
+            and raw.get("use_sliding_window") is not False and "layer_types" in raw:
         ctx = raw.get("max_position_embeddings")
+        window = raw["sliding_window"]
         if not (isinstance(ctx, int) and isinstance(window, int) and window >= ctx):
-            raise ModelConfigError(where, "sliding_window",
-                                   f"sliding-window attention ({window!r} tokens): {HINT}")
+            raise ModelConfigError(where, "sliding_window", f"{window!r} tokens, but "
+                                   "layer_types has no sliding_attention layer")
+    if "linear" in kinds:
+        out.update({f: _int(raw, key, where) for key, f in _LINEAR.items()})
+        arch = raw.get("architectures") or [""]
+        gate = raw.get("attn_output_gate", arch[0] == "Qwen3NextForCausalLM")
+        if not isinstance(gate, bool):
+            raise ModelConfigError(where, "attn_output_gate", f"must be true or false, got "
+                                   f"{gate!r}")
+        out["attn_output_gate"] = gate
+    out["layer_kinds"] = tuple(kinds)
+    if any(w is not None for w in windows):
+        out["layer_windows"] = tuple(windows)
+    return out
 
 
 def _int(raw: dict[str, Any], key: str, where: str, default: int | None = None,
@@ -154,7 +263,8 @@ def spec_fields(raw: Any, where: str) -> dict[str, Any]:
     fields: dict[str, Any] = dict(
         layers=layers, hidden=hidden, q_heads=heads, kv_heads=kv_heads, head_dim=head_dim,
         vocab=_int(raw, "vocab_size", where),
-        max_context=_int(raw, "max_position_embeddings", where), tied_embeddings=tied)
+        max_context=_int(raw, "max_position_embeddings", where), tied_embeddings=tied,
+        **_attention_fields(raw, layers, where))
     count_key = next((k for k in ("num_local_experts", "num_experts", "n_routed_experts")
                       if raw.get(k) is not None), None)
     experts = 0 if count_key is None else _int(raw, count_key, where, minimum=0)

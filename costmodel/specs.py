@@ -1,22 +1,28 @@
 """Model specs: exact public shapes, and what the Section 2.2 cost model derives from them.
 
 One *unit* is one query-key pair in one layer: the QK dot product and the PV accumulation over
-all query heads, i.e. ``2 * q_heads * head_dim`` multiply-accumulates (MACs). A token at
-position ``p`` (``p`` tokens before it) costs ``W + p`` units in a full-attention layer, where
+all query heads, i.e. ``q_heads * (qk_dim + v_dim)`` multiply-accumulates (MACs), which is
+``2 * q_heads * head_dim`` for GQA/MHA (MLA: ``qk_dim = qk_nope + qk_rope``, ``v_dim =
+v_head_dim``, as its prefill kernels compute it, decompressed). A token at position ``p`` (``p``
+tokens before it) costs ``W + p`` units in a full-attention layer, where
 
-    W = (MACs of the Q, K, V, O projections + MACs of the FFN, active experts only)
-        / (2 * q_heads * head_dim)
+    W = (MACs of the attention projections + MACs of the FFN, active experts only)
+        / MACs of one unit          (the mean over layers when layers differ)
 
 Embeddings, norms, the MoE router and the LM head are left out, as in the paper.
 
-A sliding-window layer with window ``w`` lets a token see at most ``w`` tokens including
-itself, so its position term is ``min(p, w - 1)``. All shapes are from the models' public
-``config.json`` files.
+A model is a list of layer kinds (:class:`AttentionKind`); the layers of one kind (and window)
+form a *KV cache group* (:class:`KVGroup`) with its own bytes per token or per request and its
+own position term (``costmodel/units.py``; docs/hybrid.md): full ``p``; sliding window ``w``
+(a token sees at most ``w`` tokens including itself) ``min(p, w - 1)``; chunked local (chunk
+``c``) ``p mod c``; linear / Gated DeltaNet a constant state update; MLA ``p``; DSA
+``min(p, k - 1)`` over the top-k keys plus the indexer scoring all ``p``. All shapes are from
+the models' public ``config.json`` files.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from functools import cached_property
 
@@ -25,16 +31,75 @@ from .registry import Registry
 
 
 class AttentionKind(StrEnum):
-    FULL = "full"
-    SLIDING = "sliding"
+    """The attention of one layer; the layers of one kind (and window) are one KV cache
+    group (DESIGN.md, Hybrid attention)."""
+
+    FULL = "full"  # every earlier token, K and V per KV head
+    SLIDING = "sliding"  # the last ``window`` tokens (including itself)
+    CHUNKED = "chunked"  # the tokens of its own ``window``-token chunk (Llama 4 local layers)
+    LINEAR = "linear"  # linear attention / Gated DeltaNet: a fixed state per request
+    MLA = "mla"  # multi-head latent attention: one latent (kv_lora_rank + rope) per token
+    DSA = "dsa"  # MLA whose queries read the top-k keys an indexer picks (indexer cache)
+
+
+# bits per KV element (``--kv-dtype``); fp4's block scales are not counted (as the public
+# kvcache-simulator catalog counts it: 0.5 bytes per element)
+KV_DTYPE_BITS = {"bf16": 16, "fp8": 8, "fp4": 4}
+# Gated DeltaNet state as SGLang 0.5.23 keeps it (and the public catalog counts it): the
+# convolution window in bf16, the recurrent state in fp32 (SGLANG_MAMBA_SSM_DTYPE)
+CONV_STATE_BYTES = 2
+RECURRENT_STATE_BYTES = 4
+# bounded kinds: a request holds at most ``window`` tokens of them
+BOUNDED = (AttentionKind.SLIDING, AttentionKind.CHUNKED)
+
+
+@dataclass(frozen=True)
+class KVGroup:
+    """One KV cache group: ``layers`` layers of one ``kind`` (and ``window``: the window of a
+    sliding group, the chunk of a chunked one). ``kv_bytes_per_token``: what one token's KV
+    takes in all its layers (0 for linear attention); ``state_bytes_per_request``: the fixed
+    state one request holds (linear attention); ``indexer_bytes_per_token``: of
+    ``kv_bytes_per_token``, the DSA indexer's keys."""
+
+    kind: AttentionKind
+    layers: int
+    window: int | None
+    kv_bytes_per_token: int
+    state_bytes_per_request: int = 0
+    indexer_bytes_per_token: int = 0
+
+    def kv_bytes(self, tokens: int) -> int:
+        """Bytes one request of ``tokens`` context holds in this group: every token (full,
+        MLA, DSA), the last ``window`` (sliding), the current chunk (chunked); plus the
+        state (linear)."""
+        if tokens <= 0:
+            return 0
+        held = tokens
+        if self.kind is AttentionKind.SLIDING:
+            held = min(tokens, self.window or tokens)
+        elif self.kind is AttentionKind.CHUNKED:
+            held = (tokens - 1) % (self.window or tokens) + 1
+        return held * self.kv_bytes_per_token + self.state_bytes_per_request
+
+    def to_dict(self) -> dict[str, object]:
+        d: dict[str, object] = {"kind": str(self.kind), "layers": self.layers}
+        if self.window is not None:
+            d["window"] = self.window
+        d["kv_bytes_per_token"] = self.kv_bytes_per_token
+        d["state_bytes_per_request"] = self.state_bytes_per_request
+        if self.kind is AttentionKind.DSA:
+            d["indexer_bytes_per_token"] = self.indexer_bytes_per_token
+        return d
 
 
 @dataclass(frozen=True)
 class ModelSpec:
     """Shapes of one decoder-only transformer.
 
-    ``layer_windows[i]`` is ``None`` for a full-attention layer and the window size for a
-    sliding-window layer; an empty tuple means every layer is full attention.
+    ``layer_kinds[i]`` is layer ``i``'s :class:`AttentionKind` (empty: full attention, or
+    sliding where ``layer_windows`` gives a window). ``layer_windows[i]`` is the window of a
+    sliding layer and the chunk of a chunked one, ``None`` otherwise; an empty tuple means no
+    layer has one. ``kv_dtype`` (``KV_DTYPE_BITS``) sizes the KV; ``dtype_bytes`` the weights.
     """
 
     name: str
@@ -57,6 +122,26 @@ class ModelSpec:
     dense_layers: int = 0
     dense_ffn: int = 0
     tied_embeddings: bool = False  # one embedding matrix serves as the LM head too
+    layer_kinds: tuple[str, ...] = ()
+    kv_dtype: str = "bf16"
+    # MLA / DSA layers (config.json kv_lora_rank, q_lora_rank (0: none), qk_nope_head_dim,
+    # qk_rope_head_dim, v_head_dim; DSA's indexer: index_topk, index_n_heads, index_head_dim)
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    index_topk: int = 0
+    index_n_heads: int = 0
+    index_head_dim: int = 0
+    # linear-attention (Gated DeltaNet) layers: config.json linear_num_key_heads,
+    # linear_key_head_dim, linear_num_value_heads, linear_value_head_dim, linear_conv_kernel_dim
+    linear_key_heads: int = 0
+    linear_key_dim: int = 0
+    linear_value_heads: int = 0
+    linear_value_dim: int = 0
+    linear_conv_kernel: int = 0
+    attn_output_gate: bool = False  # Qwen3-Next: q_proj also gives a per-head output gate
     source: str = ""
     notes: str = field(default="", compare=False)
     config_sha256: str = ""  # a spec read from a config.json file: the sha256 of its bytes
@@ -69,20 +154,89 @@ class ModelSpec:
                 raise ValueError(f"{self.name}: window must be >= 1, got {w}")
         if not 0 <= self.dense_layers <= self.layers:
             raise ValueError(f"{self.name}: dense_layers must be in 0..{self.layers}")
+        if self.kv_dtype not in KV_DTYPE_BITS:
+            raise ValueError(f"{self.name}: kv_dtype {self.kv_dtype!r}: one of "
+                             f"{', '.join(KV_DTYPE_BITS)}")
+        if self.layer_kinds and len(self.layer_kinds) != self.layers:
+            raise ValueError(f"{self.name}: layer_kinds has {len(self.layer_kinds)} entries")
+        known = set(AttentionKind)
+        need = {AttentionKind.MLA: ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim",
+                                    "v_head_dim"),
+                AttentionKind.DSA: ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim",
+                                    "v_head_dim", "index_topk", "index_n_heads",
+                                    "index_head_dim"),
+                AttentionKind.LINEAR: ("linear_key_heads", "linear_key_dim",
+                                       "linear_value_heads", "linear_value_dim",
+                                       "linear_conv_kernel")}
+        for i, k in enumerate(self.layer_kinds):
+            if k not in known:
+                raise ValueError(f"{self.name}: layer {i}: unknown attention kind {k!r}")
+            w = self.layer_windows[i] if self.layer_windows else None
+            if (k in BOUNDED) != (w is not None):
+                raise ValueError(f"{self.name}: layer {i} ({k}): a window is given exactly "
+                                 "for sliding and chunked layers")
+            for f in need.get(AttentionKind(k), ()):
+                if getattr(self, f) < 1:
+                    raise ValueError(f"{self.name}: {k} layers need {f} >= 1")
 
     # --- Section 2.2 -------------------------------------------------------------------
     @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
     def macs_per_unit(self) -> int:
-        """MACs of one query-key pair over all query heads (QK and PV)."""
+        """MACs of one query-key pair over all query heads (QK and PV); MLA as its prefill
+        kernels compute it (decompressed: QK over qk_nope + qk_rope, PV over v_head_dim)."""
+        if self.is_mla:
+            return self.q_heads * (self.qk_nope_head_dim + self.qk_rope_head_dim
+                                   + self.v_head_dim)
         return 2 * self.q_heads * self.head_dim
 
     @property
     def attention_macs_per_token(self) -> int:
-        """Per-token, per-layer MACs of the Q, K, V and O projections."""
-        q = self.hidden * self.q_heads * self.head_dim
+        """Per-token, per-layer MACs of the Q, K, V and O projections of a GQA/MHA layer
+        (full, sliding or chunked); with an output gate, q_proj is twice as wide."""
+        q = self.hidden * self.q_heads * self.head_dim * (2 if self.attn_output_gate else 1)
         kv = 2 * self.hidden * self.kv_heads * self.head_dim
         o = self.q_heads * self.head_dim * self.hidden
         return q + kv + o
+
+    def projection_macs(self, kind: AttentionKind) -> int:
+        """Per-token MACs of one ``kind`` layer's projections (modelling code of vLLM/SGLang:
+        ``deepseek_v2.py`` MLA and its DSA ``Indexer``, ``qwen3_next.py`` Gated DeltaNet)."""
+        if kind in (AttentionKind.MLA, AttentionKind.DSA):
+            h, qk = self.q_heads, self.qk_nope_head_dim + self.qk_rope_head_dim
+            q = (self.hidden * self.q_lora_rank + self.q_lora_rank * h * qk if self.q_lora_rank
+                 else self.hidden * h * qk)
+            kv_a = self.hidden * (self.kv_lora_rank + self.qk_rope_head_dim)
+            kv_b = self.kv_lora_rank * h * (self.qk_nope_head_dim + self.v_head_dim)
+            o = h * self.v_head_dim * self.hidden
+            macs = q + kv_a + kv_b + o
+            if kind is AttentionKind.DSA:  # indexer: wq_b, wk, weights_proj
+                q_in = self.q_lora_rank or self.hidden
+                macs += (q_in * self.index_n_heads * self.index_head_dim
+                         + self.hidden * self.index_head_dim + self.hidden * self.index_n_heads)
+            return macs
+        if kind is AttentionKind.LINEAR:  # in_proj_qkvz, in_proj_ba, conv1d, out_proj
+            qk = 2 * self.linear_key_heads * self.linear_key_dim
+            v = self.linear_value_heads * self.linear_value_dim
+            return (self.hidden * (qk + 2 * v) + self.hidden * 2 * self.linear_value_heads
+                    + self.linear_conv_kernel * (qk + v) + v * self.hidden)
+        return self.attention_macs_per_token
+
+    @property
+    def state_update_macs(self) -> int:
+        """Per-token MACs of one linear-attention layer's recurrent step: the delta rule reads
+        the state with the key, writes a rank-one update and reads it with the query, three
+        ``key_dim x value_dim`` passes per value head (derived; docs/hybrid.md)."""
+        return 3 * self.linear_value_heads * self.linear_key_dim * self.linear_value_dim
+
+    @property
+    def indexer_macs_per_key(self) -> int:
+        """MACs of the DSA indexer scoring one earlier token: every indexer head's dot
+        product (``index_n_heads x index_head_dim``)."""
+        return self.index_n_heads * self.index_head_dim
 
     @property
     def _ffn_macs(self) -> int:
@@ -91,19 +245,29 @@ class ModelSpec:
         return 3 * self.hidden * (self.ffn + self.expert_ffn * self.active_experts)
 
     @property
+    def _projection_macs_all_layers(self) -> int:
+        return sum(n * self.projection_macs(k) for k, n in self.kind_counts().items())
+
+    @property
+    def _uniform(self) -> bool:
+        """Every layer has the same projections and FFN."""
+        return not self.dense_layers and len({self.projection_macs(k)
+                                              for k in self.kind_counts()}) == 1
+
+    @property
     def linear_macs_all_layers(self) -> int:
         """Per-token MACs of the projections and active FFNs summed over every layer."""
-        per_layer = self.attention_macs_per_token + self._ffn_macs
-        return (per_layer * self.layers
+        return (self._projection_macs_all_layers + self._ffn_macs * self.layers
                 + self.dense_layers * (3 * self.hidden * self.dense_ffn - self._ffn_macs))
 
     @property
     def linear_macs_per_token(self) -> int | float:
-        """Per-token, per-layer MACs of the Q, K, V, O projections and the (active) FFN; with
-        ``dense_layers``, the mean over layers (the cost model prices every layer alike)."""
-        if self.dense_layers:
+        """Per-token, per-layer MACs of the projections and the (active) FFN; with
+        ``dense_layers`` or layers of different kinds, the mean over layers (the cost model
+        prices every layer's linear work alike)."""
+        if not self._uniform:
             return self.linear_macs_all_layers / self.layers
-        return self.attention_macs_per_token + self._ffn_macs
+        return self.projection_macs(self.kinds[0]) + self._ffn_macs
 
     @cached_property
     def W(self) -> float:
@@ -114,8 +278,82 @@ class ModelSpec:
     def windows(self) -> tuple[int | None, ...]:
         return self.layer_windows or (None,) * self.layers
 
+    @cached_property
+    def kinds(self) -> tuple[AttentionKind, ...]:
+        """Each layer's attention kind."""
+        if self.layer_kinds:
+            return tuple(AttentionKind(k) for k in self.layer_kinds)
+        return tuple(AttentionKind.FULL if w is None else AttentionKind.SLIDING
+                     for w in self.windows())
+
     def attention_kinds(self) -> list[AttentionKind]:
-        return [AttentionKind.FULL if w is None else AttentionKind.SLIDING for w in self.windows()]
+        return list(self.kinds)
+
+    def kind_counts(self) -> dict[AttentionKind, int]:
+        counts: dict[AttentionKind, int] = {}
+        for k in self.kinds:
+            counts[k] = counts.get(k, 0) + 1
+        return counts
+
+    @cached_property
+    def groups(self) -> tuple[KVGroup, ...]:
+        """The KV cache groups: the layers of one kind and window, in order of their first
+        layer, with their bytes at ``kv_dtype`` (docs/hybrid.md, Bytes)."""
+        counts: dict[tuple[AttentionKind, int | None], int] = {}
+        for k, w in zip(self.kinds, self.windows(), strict=True):
+            counts[(k, w)] = counts.get((k, w), 0) + 1
+        bits = KV_DTYPE_BITS[self.kv_dtype]
+        out = []
+        for (k, w), n in counts.items():
+            state = indexer = 0
+            if k in (AttentionKind.MLA, AttentionKind.DSA):
+                kv = n * (self.kv_lora_rank + self.qk_rope_head_dim) * bits // 8
+                if k is AttentionKind.DSA:
+                    indexer = n * self.index_head_dim * bits // 8
+                    kv += indexer
+            elif k is AttentionKind.LINEAR:
+                kv = 0
+                conv = ((self.linear_conv_kernel - 1)
+                        * (2 * self.linear_key_heads * self.linear_key_dim
+                           + self.linear_value_heads * self.linear_value_dim))
+                rec = self.linear_value_heads * self.linear_key_dim * self.linear_value_dim
+                state = n * (conv * CONV_STATE_BYTES + rec * RECURRENT_STATE_BYTES)
+            else:
+                kv = n * 2 * self.kv_heads * self.head_dim * bits // 8
+            out.append(KVGroup(k, n, w, kv, state, indexer))
+        return tuple(out)
+
+    def kv_bytes(self, tokens: int, state: bool = True) -> int:
+        """Bytes one request of ``tokens`` context holds over every group (each keeps what its
+        kind needs: ``KVGroup.kv_bytes``); ``state=False`` leaves the linear state out."""
+        return sum(g.kv_bytes(tokens) - (0 if state or tokens <= 0
+                                         else g.state_bytes_per_request)
+                   for g in self.groups)
+
+    def kv_bytes_per_token_at(self, tokens: int) -> float:
+        """KV bytes per token of one request of ``tokens`` context, state left out (what the
+        public kvcache-simulator catalog calls bytes per token at that context)."""
+        return self.kv_bytes(tokens, state=False) / tokens
+
+    @property
+    def state_bytes_per_request(self) -> int:
+        return sum(g.state_bytes_per_request for g in self.groups)
+
+    @cached_property
+    def extra_terms(self) -> tuple[tuple[int, AttentionKind, int], ...]:
+        """The position terms beyond ``window_caps``' ``min(p, cap)``, per group (layer count,
+        kind, parameter): chunked (chunk), linear (state-update MACs per token), the DSA
+        indexer (MACs per scored key). Empty for full and sliding models, so their pricing
+        pays nothing for it (``costmodel/units.py``)."""
+        terms = []
+        for g in self.groups:
+            if g.kind is AttentionKind.CHUNKED:
+                terms.append((g.layers, g.kind, g.window or 1))
+            elif g.kind is AttentionKind.LINEAR:
+                terms.append((g.layers, g.kind, self.state_update_macs))
+            elif g.kind is AttentionKind.DSA:
+                terms.append((g.layers, g.kind, self.indexer_macs_per_key))
+        return tuple(terms)
 
     def window_groups(self) -> dict[int | None, int]:
         """Layer count per window (``None`` = full attention); prices ranges per group."""
@@ -126,17 +364,31 @@ class ModelSpec:
 
     @cached_property
     def window_caps(self) -> tuple[tuple[int, int | None], ...]:
-        """``window_groups`` as pricing reads it, once per spec: (layer count, position cap)
-        per group, the cap ``window - 1`` (None: full attention), in ``window_groups`` order.
-        Every priced range reads it, so it is not rebuilt per call."""
-        return tuple((count, None if w is None else w - 1)
-                     for w, count in self.window_groups().items())
+        """The ``min(p, cap)`` position terms as pricing reads them, once per spec: (layer
+        count, cap) per group that has one: full and MLA (None: no cap), sliding
+        (``window - 1``), DSA's top-k (``index_topk - 1``); chunked and linear groups are
+        ``extra_terms``. Every priced range reads it, so it is not rebuilt per call."""
+        caps: list[tuple[int, int | None]] = []
+        for g in self.groups:
+            if g.kind in (AttentionKind.FULL, AttentionKind.MLA):
+                caps.append((g.layers, None))
+            elif g.kind is AttentionKind.SLIDING:
+                caps.append((g.layers, (g.window or 1) - 1))
+            elif g.kind is AttentionKind.DSA:
+                caps.append((g.layers, self.index_topk - 1))
+        return tuple(caps)
 
     # --- memory -----------------------------------------------------------------------
-    @property
+    @cached_property
     def kv_bytes_per_token(self) -> int:
-        """K and V of every layer for one token (bf16). Capacity is counted in tokens."""
-        return 2 * self.kv_heads * self.head_dim * self.layers * self.dtype_bytes
+        """KV bytes one token writes over every group (K and V per KV head, or MLA's latent
+        and DSA's indexer key) at ``kv_dtype``: what a token's KV moves when copied.
+        Windowed groups hold only their window (``kv_bytes``)."""
+        return sum(g.kv_bytes_per_token for g in self.groups)
+
+    def with_kv_dtype(self, kv_dtype: str) -> ModelSpec:
+        """This spec with its KV in ``kv_dtype`` (``--kv-dtype``)."""
+        return self if kv_dtype == self.kv_dtype else replace(self, kv_dtype=kv_dtype)
 
     @property
     def active_params(self) -> int:
@@ -147,12 +399,11 @@ class ModelSpec:
     def total_params(self) -> int:
         """Linear-layer parameters incl. every expert, plus the embeddings and the LM head
         (counted once when tied)."""
-        attn = self.attention_macs_per_token
-        moe_layer = attn + 3 * self.hidden * (self.ffn + self.expert_ffn * self.experts)
-        dense_layer = attn + 3 * self.hidden * self.dense_ffn
+        moe_ffn = 3 * self.hidden * (self.ffn + self.expert_ffn * self.experts)
+        dense_ffn = 3 * self.hidden * self.dense_ffn
         embeddings = (1 if self.tied_embeddings else 2) * self.vocab * self.hidden
-        return (moe_layer * (self.layers - self.dense_layers) + dense_layer * self.dense_layers
-                + embeddings)
+        return (self._projection_macs_all_layers + moe_ffn * (self.layers - self.dense_layers)
+                + dense_ffn * self.dense_layers + embeddings)
 
     def summary(self) -> dict[str, object]:
         kinds = self.attention_kinds()
@@ -171,7 +422,11 @@ class ModelSpec:
             "dense_ffn": self.dense_ffn,
             "tied_embeddings": self.tied_embeddings,
             "W": self.W,
+            "kv_dtype": self.kv_dtype,
+            "groups": [g.to_dict() for g in self.groups],
             "kv_bytes_per_token": self.kv_bytes_per_token,
+            "kv_bytes_per_token_at_128k": self.kv_bytes_per_token_at(131072),
+            "state_bytes_per_request": self.state_bytes_per_request,
             "full_attention_layers": kinds.count(AttentionKind.FULL),
             "sliding_attention_layers": kinds.count(AttentionKind.SLIDING),
             "windows": sorted({w for w in self.windows() if w is not None}),

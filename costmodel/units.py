@@ -6,7 +6,15 @@ layers::
     linear    = layers * (b - a) * W
     attention = sum over layers of sum_{p=a}^{b-1} min(p, cap_layer)
 
-where ``cap_layer`` is unbounded for full attention and ``window - 1`` for a sliding window.
+where ``cap_layer`` is unbounded for full attention (and MLA), ``window - 1`` for a sliding
+window and ``index_topk - 1`` for DSA's top-k keys; per group, weighted by its layers
+(``ModelSpec.window_caps``). Hybrid groups add (``ModelSpec.extra_terms``, docs/hybrid.md)::
+
+    chunked (chunk c)   sum_{p=a}^{b-1} (p mod c)
+    linear              (b - a) * state_update_macs / macs_per_unit
+    DSA indexer         sum_{p=a}^{b-1} p * indexer_macs_per_key / macs_per_unit
+
+the last two summed in MACs over the groups and floored to whole units once per range.
 A batch of ranges (a phantom request's hole plus the real request's new tokens) is priced as
 the sum of its ranges: positions are kept, so the hole costs what it originally cost.
 
@@ -22,7 +30,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from .specs import ModelSpec
+from .specs import AttentionKind, ModelSpec
 
 if TYPE_CHECKING:
     from .profile import Profile
@@ -61,11 +69,39 @@ def position_sum(a: int, b: int, cap: int | None = None) -> int:
     return (a + cap - 1) * (cap - a) // 2 + (b - cap) * cap
 
 
+def chunk_position_sum(a: int, b: int, chunk: int) -> int:
+    """``sum(p % chunk for p in range(a, b))`` in closed form."""
+    if b <= a:
+        return 0
+
+    def upto(n: int) -> int:  # sum over [0, n)
+        q, r = divmod(n, chunk)
+        return q * (chunk * (chunk - 1) // 2) + r * (r - 1) // 2
+
+    return upto(b) - upto(a)
+
+
+def extra_units(spec: ModelSpec, a: int, b: int) -> int:
+    """Attention units of ``[a, b)`` in the chunked, linear and DSA-indexer terms
+    (``ModelSpec.extra_terms``); 0 for full and sliding models."""
+    chunked = macs = 0
+    for count, kind, param in spec.extra_terms:
+        if kind is AttentionKind.CHUNKED:
+            chunked += count * chunk_position_sum(a, b, param)
+        elif kind is AttentionKind.LINEAR:
+            macs += count * (b - a) * param
+        else:  # DSA: the indexer scores every earlier token
+            macs += count * position_sum(a, b) * param
+    return chunked + macs // spec.macs_per_unit
+
+
 def attention_units(spec: ModelSpec, a: int, b: int) -> int:
     """Attention units of computing positions ``[a, b)`` in every layer of ``spec``."""
     total = 0
     for count, cap in spec.window_caps:
         total += count * position_sum(a, b, cap)
+    if spec.extra_terms:
+        total += extra_units(spec, a, b)
     return total
 
 
@@ -85,6 +121,8 @@ def range_units(spec: ModelSpec, a: int, b: int) -> Units:
                 attention += count * (n * cap)
             else:
                 attention += count * ((a + cap - 1) * (cap - a) // 2 + (b - cap) * cap)
+        if spec.extra_terms:
+            attention += extra_units(spec, a, b)
     return _new(Units, (spec.layers * n * spec.W, attention, n))
 
 

@@ -107,15 +107,12 @@ def test_dense_layers_mixed_into_an_moe(tmp_path: Path) -> None:
 
 # --- what is not modelled is refused by name ----------------------------------------------
 @pytest.mark.parametrize("field,value", [
-    ("kv_lora_rank", 512), ("index_topk", 2048), ("sliding_window_pattern", 6),
-    ("full_attention_interval", 4), ("linear_num_value_heads", 32),
+    # (the hybrid kinds kvsim models are parsed: tests/test_hybrid_models.py, issue 54)
     ("linear_attn_config", {"kda_layers": [1]}), ("attn_type_list", [0, 1]),
     ("layers_block_type", ["attention", "mamba"]), ("hybrid_override_pattern", "M-M*"),
     ("attn_layer_period", 8), ("attention_chunk_size", 8192), ("mamba_d_state", 128),
     ("ssm_state_size", 128), ("quantization_config", {"quant_method": "fp8"}),
-    ("text_config", {"hidden_size": 8}),
-    ("layer_types", ["sliding_attention", "full_attention"]),
-    ("sliding_window", 4096),
+    ("text_config", {"hidden_size": 8}), ("compress_ratios", [4, 128]),
 ])
 def test_hybrid_markers_refused_by_name(field: str, value: object, tmp_path: Path) -> None:
     path = write(tmp_path, {**fixture("llama-3.1-8b"), field: value})
@@ -240,7 +237,7 @@ def test_run_with_gpu_sizes_a_config_json() -> None:
 
 
 def test_refused_config_exits_2_with_one_line(tmp_path: Path) -> None:
-    path = write(tmp_path, {**fixture("llama-3.1-8b"), "kv_lora_rank": 512})
+    path = write(tmp_path, {**fixture("llama-3.1-8b"), "linear_attn_config": {"kda_layers": [1]}})
     for args in (["run", *TINY, "--model", path],
                  ["microbench", "figure1", "--model", path],
                  ["plan", TINY[1], "--slo", "ttft=2s", "--model", path,
@@ -248,7 +245,7 @@ def test_refused_config_exits_2_with_one_line(tmp_path: Path) -> None:
         res = CliRunner().invoke(cli, args)
         assert res.exit_code == 2, (args, res.output)
         line = res.stderr.strip().splitlines()[-1]
-        assert path in line and "'kv_lora_rank'" in line, line
+        assert path in line and "'linear_attn_config'" in line, line
 
 
 def test_models_lists_the_catalog() -> None:
