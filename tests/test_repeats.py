@@ -109,7 +109,7 @@ def _wide_runs(n: int, repeats: int) -> list[dict]:
             return 0.1234, 0.0123
         if k.endswith("_s") or "per_s" in k or "per_h" in k:
             return 12_345.678, 1_234.567
-        return 4_837_973.333, 861_291.425
+        return 14_837_973.333, 1_861_291.425
 
     out = []
     for i in range(n):
