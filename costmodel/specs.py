@@ -234,9 +234,10 @@ class ModelSpec:
 
     @property
     def indexer_macs_per_key(self) -> int:
-        """MACs of the DSA indexer scoring one earlier token: every indexer head's dot
-        product (``index_n_heads x index_head_dim``)."""
-        return self.index_n_heads * self.index_head_dim
+        """bf16-equivalent MACs of the DSA indexer scoring one earlier token: every indexer
+        head's dot product (``index_n_heads x index_head_dim``), halved because the kernel
+        runs in fp8 (DeepGEMM ``fp8_mqa_logits``; fp8 tensor cores do twice the bf16 MACs)."""
+        return self.index_n_heads * self.index_head_dim // 2
 
     @property
     def _ffn_macs(self) -> int:
@@ -481,13 +482,21 @@ for _name, _fields, _source in catalog_entries():
     register(ModelSpec(_name, **_fields, source=_source))
 
 _FILE_SPECS: dict[str, ModelSpec] = {}
+_DTYPE_SPECS: dict[str, ModelSpec] = {}  # (name, kv_dtype): built once, its caches kept
 
 
-def get_spec(name: str) -> ModelSpec:
+def get_spec(name: str, kv_dtype: str | None = None) -> ModelSpec:
     """The one resolution of a ``--model``/``model`` value: a catalog name, or a Hugging Face
     config.json path read by ``costmodel/hfconfig.py`` (once per process; an unreadable file or
     one asking for what kvsim does not model is one ``ModelConfigError`` line, a ``KeyError``
-    as an unknown name is)."""
+    as an unknown name is); with its KV in ``kv_dtype`` when given (a ValueError names an
+    unknown one)."""
+    if kv_dtype is not None:
+        key = f"{name}\0{kv_dtype}"
+        spec = _DTYPE_SPECS.get(key)
+        if spec is None:
+            spec = _DTYPE_SPECS[key] = get_spec(name).with_kv_dtype(kv_dtype)
+        return spec
     if name in SPECS:
         return SPECS.get(name)
     if isinstance(name, str) and is_config_path(name):

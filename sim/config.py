@@ -99,6 +99,8 @@ class CacheConfig:
     hicache_write_policy: str = "write_through"  # | write_through_selective | write_back
     hicache_load_threshold: int = 10  # tokens: HiCache skips smaller load-backs
     block_size: int = 64
+    # KV element type (costmodel/specs.py KV_DTYPE_BITS): the model's KV bytes per token
+    kv_dtype: str = "bf16"
 
 
 @dataclass(frozen=True)
@@ -300,7 +302,7 @@ FLAT: dict[str, tuple[str, str]] = {n: _WHERE[n] for n in (
     "trace", "trace_format", "select", "shared_prefix", "max_context", "block_size", "gaps",
     "lenient", "trace_cache_dir", "rebuild_sessions", "sessions", "replay", "time_scale",
     "max_concurrency", "model", "profile", "gpu_cache", "gpu", "tp", "mem_fraction",
-    "gpu_cache_bytes", "cpu_cache", "tiering", "swap_buffer", "hicache_write_policy",
+    "gpu_cache_bytes", "kv_dtype", "cpu_cache", "tiering", "swap_buffer", "hicache_write_policy",
     "hicache_load_threshold", "engine", "vllm_patch", "vllm_version",
     "vllm_cache_aware_window", "vllm_cache_aware_threshold", "preset", "order", "evict",
     "granularity", "policy", "policy_params", "scheduler", "context", "chunk_size",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from costmodel.profile import DERIVED_PREFIX, default_profile_name, shipped_profiles
-from costmodel.specs import all_model_names, get_spec
+from costmodel.specs import KV_DTYPE_BITS, all_model_names, get_spec
 from sim.report.tables import Col, narrow_table
 
 from .common import console, emit_json
@@ -13,8 +13,24 @@ from .common import console, emit_json
 COLUMNS = [Col("model", "name"), Col("layers", "layers", "int"),
            Col("q/kv\nheads", "heads", "text"), Col("head\ndim", "head_dim", "int"),
            Col("FFN", "ffn_shape"), Col("W", "W", "int"),
+           Col("KV cache groups", "groups_text", "text"),
            Col("KV bytes\nper token", "kv_bytes_per_token", "int"),
-           Col("sliding\nlayers", "sliding"), Col("max\ncontext", "max_context", "int")]
+           Col("at 128K", "kv_bytes_per_token_at_128k", "int"),
+           Col("max\ncontext", "max_context", "int")]
+
+
+def groups_text(s: dict) -> str:
+    """One line per KV cache group: ``layers kind(window)``, the state per request of a
+    linear group, ``+indexer N`` (bytes per token) for DSA."""
+    lines = []
+    for g in s["groups"]:
+        text = f"{g['layers']} {g['kind']}" + (f"({g['window']})" if "window" in g else "")
+        if g["state_bytes_per_request"]:
+            text += f" {g['state_bytes_per_request'] / 2**20:.1f}MiB/req"
+        if g.get("indexer_bytes_per_token"):
+            text += f" +indexer {g['indexer_bytes_per_token']}"
+        lines.append(text)
+    return "\n".join(lines)
 
 
 def ffn_shape(s: dict) -> str:
@@ -29,12 +45,16 @@ def ffn_shape(s: dict) -> str:
 
 @click.command("models")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-def models_cmd(as_json: bool) -> None:
-    """Model specs: shapes, W (Section 2.2), KV bytes per token, attention kinds."""
+@click.option("--kv-dtype", type=click.Choice(list(KV_DTYPE_BITS)), default="bf16",
+              show_default=True, help="KV cache element type the bytes are counted in.")
+def models_cmd(as_json: bool, kv_dtype: str) -> None:
+    """Model specs: shapes, W (Section 2.2), KV cache groups (docs/hybrid.md) and KV bytes per
+    token: what one token writes over every group, and per token of a 128K-token request
+    (windowed groups hold only their window; linear-attention state left out)."""
     rows = []
     profiles = set(shipped_profiles())
     for name in all_model_names():
-        s = get_spec(name).summary()
+        s = get_spec(name).with_kv_dtype(kv_dtype).summary()
         p = default_profile_name(name)
         s["default_profile"] = p if p in profiles else DERIVED_PREFIX + name  # derived
         rows.append(s)
@@ -42,10 +62,10 @@ def models_cmd(as_json: bool) -> None:
         emit_json({"models": rows})
         return
     shown = [{**s, "heads": f"{s['q_heads']}/{s['kv_heads']}", "W": round(s["W"]),
-              "ffn_shape": ffn_shape(s),
-              "sliding": (f"{s['sliding_attention_layers']} "
-                          f"({', '.join(map(str, s['windows']))})"
-                          if s["sliding_attention_layers"] else "-")} for s in rows]
-    console().print(narrow_table("kvsim models (W = per-token linear+FFN work in query-key-pair "
-                                 "units; sliding layers with their window in tokens, the others "
-                                 "attend in full)", COLUMNS, shown))
+              "ffn_shape": ffn_shape(s), "groups_text": groups_text(s),
+              "kv_bytes_per_token_at_128k": round(s["kv_bytes_per_token_at_128k"])}
+             for s in rows]
+    console().print(narrow_table(f"kvsim models (W = per-token linear+FFN work in query-key-pair "
+                                 f"units; KV cache groups: layers kind(window); KV bytes in "
+                                 f"{kv_dtype}, per token written and per token of a 128K "
+                                 f"request; docs/hybrid.md)", COLUMNS, shown))

@@ -222,6 +222,11 @@ def gpu_header(cfg: RunConfig) -> str:
                    "mean and 95% interval per metric.")
 @click.option("--trace-seed", type=click.IntRange(min=0), default=None,
               help="Seed of a synthetic trace's draws (default: --seed).")
+@click.option("--kv-dtype", type=click.Choice(["bf16", "fp8", "fp4"]), default="bf16",
+              show_default=True,
+              help="KV cache element type: the model's KV bytes per token (transfers, "
+                   "kvsim models --kv-dtype; docs/hybrid.md); with --gpu-cache in tokens "
+                   "(--gpu sizing counts bf16 for now).")
 @click.option("--cpu-cache", type=SIZE, default="0", show_default=True,
               help="CPU KV capacity in tokens (two tiers).")
 @click.option("--tiering", type=click.Choice(["unified", "hicache"]), default="unified",
@@ -360,7 +365,7 @@ def gpu_header(cfg: RunConfig) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select, gap_model,
             lenient, seed, cache_dir, rebuild_sessions, model, profile, gpu_cache, gpu, tp,
-            mem_fraction, slo, repeats, trace_seed, cpu_cache,
+            mem_fraction, slo, repeats, trace_seed, kv_dtype, cpu_cache,
             tiering, swap_buffer, hicache_write_policy, sessions, replay, time_scale,
             max_concurrency, engine, vllm_patch, replicas, router, router_param_items,
             pool, pool_bandwidth, pool_latency_us, pool_write, pool_watermark,
@@ -406,6 +411,7 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
                                pool_evict_fraction=pool_evict_fraction,
         model=model, profile=sized["profile"], gpu_cache=sized["gpu_cache"], gpu=sized["gpu"],
         tp=tp, mem_fraction=mem_fraction, gpu_cache_bytes=sized.get("gpu_cache_bytes"),
+        kv_dtype=kv_dtype,
                                slo=slo, repeats=repeats, trace_seed=trace_seed, cpu_cache=cpu_cache,
         tiering=tiering, swap_buffer=swap_buffer, hicache_write_policy=hicache_write_policy,
                                scheduler=scheduler, context=context, chunk_size=chunk_size,

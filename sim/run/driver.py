@@ -38,9 +38,11 @@ def run(cfg: RunConfig, trace=None, timeline=None,
                                                            on_reply, steps))
     check(cfg)
     try:
-        spec = get_spec(cfg.cache.model)
+        spec = get_spec(cfg.cache.model, cfg.cache.kv_dtype)
     except KeyError as e:
         raise ConfigError("config", "model", str(e.args[0])) from None
+    except ValueError as e:  # an unknown kv_dtype
+        raise ConfigError("config", "kv_dtype", str(e)) from None
     profile = load_profile(cfg.cache.profile, cfg.cache.model)
     if trace is None:
         trace = load_run_trace(cfg)
