@@ -126,12 +126,16 @@ def _layer_types(raw: dict[str, Any], layers: int, where: str) -> list[str] | No
             if types is not None and types != pattern:
                 raise ModelConfigError(where, key, "disagrees with layer_types")
             types = pattern
+    window = raw.get("sliding_window")
+    ctx = raw.get("max_position_embeddings")
+    windowed = (window is not None and raw.get("use_sliding_window") is not False
+                and not (isinstance(ctx, int) and isinstance(window, int) and window >= ctx))
+    if types is not None and windowed and "sliding_attention" not in types:
+        raise ModelConfigError(where, "sliding_window", f"{window!r} tokens, but no layer is "
+                               "sliding_attention (layer_types)")
     if types is None:
-        window = raw.get("sliding_window")
-        if window is not None and raw.get("use_sliding_window") is not False:
-            ctx = raw.get("max_position_embeddings")
-            if not (isinstance(ctx, int) and isinstance(window, int) and window >= ctx):
-                types = ["sliding_attention"] * layers  # one window on every layer
+        if windowed:
+            types = ["sliding_attention"] * layers  # one window on every layer
         if raw.get("attention_chunk_size") is not None:
             raise ModelConfigError(where, "attention_chunk_size", "chunked attention without "
                                    "layer_types naming the chunked layers: " + HINT)
@@ -181,13 +185,6 @@ def _attention_fields(raw: dict[str, Any], layers: int, where: str) -> dict[str,
                                        "is false, but layer_types has sliding_attention layers")
             w = _int(raw, key, where)
             windows = [w if k == kind else v for k, v in zip(kinds, windows, strict=True)]
-    if "sliding" not in kinds and raw.get("sliding_window") is not None \
-            and raw.get("use_sliding_window") is not False and "layer_types" in raw:
-        ctx = raw.get("max_position_embeddings")
-        window = raw["sliding_window"]
-        if not (isinstance(ctx, int) and isinstance(window, int) and window >= ctx):
-            raise ModelConfigError(where, "sliding_window", f"{window!r} tokens, but "
-                                   "layer_types has no sliding_attention layer")
     if "linear" in kinds:
         out.update({f: _int(raw, key, where) for key, f in _LINEAR.items()})
         arch = raw.get("architectures") or [""]

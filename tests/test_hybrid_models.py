@@ -1,0 +1,383 @@
+"""Hybrid attention: KV cache groups per model, their bytes, the cost formula per group and
+the config.json reader's hybrid kinds and errors (issue 54 items 1-2; docs/hybrid.md).
+
+The public check reads tests/fixtures/kvcache_simulator_0.1.3.yaml: numbers taken from the
+kvcache-simulator 0.1.3 wheel on PyPI (its kvcache_sim/resources/models.yaml through
+kvcache_sim/calculator.py), nothing of it vendored.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from costmodel.errors import ModelConfigError
+from costmodel.hfconfig import load_spec, spec_fields
+from costmodel.specs import (
+    KV_DTYPE_BITS,
+    AttentionKind,
+    ModelSpec,
+    all_model_names,
+    get_spec,
+)
+from costmodel.units import chunk_position_sum, range_units
+from sim.cli.main import cli
+
+HERE = Path(__file__).parent
+PUBLIC = yaml.safe_load((HERE / "fixtures" / "kvcache_simulator_0.1.3.yaml").read_text())
+CTX = 131072
+TINY = ["--trace", "synthetic:claude-code?sessions=4", "--max-context", "32k", "--gaps", "tool",
+        "--sessions", "2"]
+
+
+# --- bytes against the public catalog --------------------------------------------------------
+@pytest.mark.parametrize("name", sorted(PUBLIC["catalog"]))
+@pytest.mark.parametrize("dtype,key", [("bf16", "bf16"), ("fp8", "fp8")])
+def test_kv_bytes_at_128k_agree_with_the_public_catalog(name: str, dtype: str, key: str) -> None:
+    """Every model both catalogs have: KV bytes per token at 128K within 1% (all agree
+    exactly: the same layers, KV heads and head dims, MLA's kv_lora_rank + rope and DSA's
+    indexer key per layer)."""
+    ours = get_spec(name, dtype).kv_bytes_per_token_at(CTX)
+    theirs = PUBLIC["catalog"][name][key]
+    assert abs(ours / theirs - 1) <= 0.01, (name, ours, theirs)
+
+
+def _shape_spec(fields: dict[str, Any]) -> ModelSpec:
+    """A spec with a public-catalog hybrid's KV fields (the rest of the shape is filler:
+    bytes do not read it)."""
+    layers = fields["num_hidden_layers"]
+    if "linear_attention_layers" in fields:  # Qwen3.5: every 4th layer full
+        every = layers // fields["full_attention_layers"]
+        kinds = tuple("full" if (i + 1) % every == 0 else "linear" for i in range(layers))
+        return ModelSpec("x", layers=layers, hidden=1024, q_heads=fields["num_attention_heads"],
+                         kv_heads=fields["num_key_value_heads"], head_dim=fields["head_dim"],
+                         layer_kinds=kinds,
+                         linear_key_heads=fields["linear_num_key_heads"],
+                         linear_key_dim=fields["linear_key_head_dim"],
+                         linear_value_heads=fields["linear_num_value_heads"],
+                         linear_value_dim=fields["linear_value_head_dim"],
+                         linear_conv_kernel=fields["linear_conv_kernel_dim"])
+    if "sliding_window" in fields:  # one window, every n-th layer full
+        every = fields["sliding_window_pattern"]
+        windows = tuple(None if (i + 1) % every == 0 else fields["sliding_window"]
+                        for i in range(layers))
+        return ModelSpec("x", layers=layers, hidden=1024, q_heads=fields["num_attention_heads"],
+                         kv_heads=fields["num_key_value_heads"], head_dim=fields["head_dim"],
+                         layer_windows=windows)
+    return ModelSpec("x", layers=layers, hidden=1024, q_heads=16, kv_heads=16, head_dim=64,
+                     layer_kinds=("dsa",) * layers, kv_lora_rank=fields["kv_lora_rank"],
+                     qk_nope_head_dim=fields["qk_nope_head_dim"],
+                     qk_rope_head_dim=fields["qk_rope_head_dim"],
+                     v_head_dim=fields["v_head_dim"], index_topk=fields["index_topk"],
+                     index_n_heads=fields["index_n_heads"],
+                     index_head_dim=fields["index_head_dim"])
+
+
+@pytest.mark.parametrize("name", sorted(PUBLIC["shapes"]))
+def test_group_formulas_agree_with_the_public_formulas(name: str) -> None:
+    """Hybrids kvsim's catalog lacks, built from the public catalog's KV fields: windows and
+    Gated DeltaNet state agree exactly; GLM-5.2 differs by its shared indexer (docs/hybrid.md,
+    The public check)."""
+    entry = PUBLIC["shapes"][name]
+    spec = _shape_spec(entry["fields"])
+    ours = spec.kv_bytes_per_token_at(CTX)
+    if name == "glm-5.2":  # 21 layers compute the indexer keys, 57 reuse them: we count 78
+        f = entry["fields"]
+        assert ours - entry["bf16"] == f["indexer_shared_layers"] * f["index_head_dim"] * 2
+        return
+    assert ours == entry["bf16"]
+    assert spec.state_bytes_per_request == entry.get("state", 0)
+
+
+# --- groups per model ------------------------------------------------------------------------
+GROUPS = {
+    "qwen3-8b": [{"kind": "full", "layers": 36, "kv_bytes_per_token": 147456,
+                  "state_bytes_per_request": 0}],
+    "gpt-oss-120b": [
+        {"kind": "sliding", "layers": 18, "window": 128, "kv_bytes_per_token": 36864,
+         "state_bytes_per_request": 0},
+        {"kind": "full", "layers": 18, "kv_bytes_per_token": 36864,
+         "state_bytes_per_request": 0}],
+    "gemma-3-27b": [
+        {"kind": "sliding", "layers": 52, "window": 1024, "kv_bytes_per_token": 425984,
+         "state_bytes_per_request": 0},
+        {"kind": "full", "layers": 10, "kv_bytes_per_token": 81920,
+         "state_bytes_per_request": 0}],
+    # 36 Gated DeltaNet layers: conv 3 x (2x16x128 + 32x128) bf16 + 32x128x128 fp32 each
+    "qwen3-next-80b-a3b": [
+        {"kind": "linear", "layers": 36, "kv_bytes_per_token": 0,
+         "state_bytes_per_request": 36 * (3 * 8192 * 2 + 32 * 128 * 128 * 4)},
+        {"kind": "full", "layers": 12, "kv_bytes_per_token": 12 * 2 * 2 * 256 * 2,
+         "state_bytes_per_request": 0}],
+    "deepseek-v3": [{"kind": "mla", "layers": 61, "kv_bytes_per_token": 61 * 576 * 2,
+                     "state_bytes_per_request": 0}],
+    "kimi-k2": [{"kind": "mla", "layers": 61, "kv_bytes_per_token": 61 * 576 * 2,
+                 "state_bytes_per_request": 0}],
+    "deepseek-v3.2": [{"kind": "dsa", "layers": 61, "kv_bytes_per_token": 61 * (576 + 128) * 2,
+                       "state_bytes_per_request": 0, "indexer_bytes_per_token": 61 * 128 * 2}],
+}
+
+
+@pytest.mark.parametrize("name", sorted(GROUPS))
+def test_groups_and_bytes_per_model(name: str) -> None:
+    spec = get_spec(name)
+    assert [g.to_dict() for g in spec.groups] == GROUPS[name]
+    assert spec.kv_bytes_per_token == sum(g["kv_bytes_per_token"] for g in GROUPS[name])
+
+
+def test_windowed_groups_hold_their_window_only() -> None:
+    """gpt-oss-120b at 128K: the full group's 36,864 bytes per token plus 128 tokens of the
+    sliding group (36,864 x 128 / 131,072 = 36): 36,900, half the 73,728 every token writes."""
+    spec = get_spec("gpt-oss-120b")
+    assert spec.kv_bytes(CTX) == CTX * 36864 + 128 * 36864
+    assert spec.kv_bytes_per_token_at(CTX) == 36900
+    assert spec.kv_bytes(100) == 100 * 73728  # shorter than the window: every layer keeps all
+    gemma = get_spec("gemma-3-27b")
+    assert gemma.kv_bytes_per_token_at(CTX) == 81920 + 425984 * 1024 / CTX
+
+
+def test_kv_dtype() -> None:
+    for dtype, bits in KV_DTYPE_BITS.items():
+        assert get_spec("qwen3-8b", dtype).kv_bytes_per_token == 147456 * bits // 16
+        assert get_spec("deepseek-v3.2", dtype).kv_bytes_per_token == 61 * 704 * bits // 8
+    # the Gated DeltaNet state keeps its own types (conv bf16, recurrent fp32)
+    next_ = get_spec("qwen3-next-80b-a3b")
+    assert get_spec(next_.name, "fp8").state_bytes_per_request == next_.state_bytes_per_request
+    with pytest.raises(ValueError, match="kv_dtype 'int3'"):
+        get_spec("qwen3-8b", "int3")
+
+
+def test_full_attention_models_keep_one_full_group_and_their_numbers() -> None:
+    for name in all_model_names():
+        spec = get_spec(name)
+        if set(spec.kinds) != {AttentionKind.FULL}:
+            continue
+        (g,) = spec.groups
+        assert (g.kind, g.layers, g.window) == (AttentionKind.FULL, spec.layers, None)
+        assert spec.kv_bytes_per_token == 2 * spec.kv_heads * spec.head_dim * spec.layers * 2
+        # W as before the groups (specs.py at 7c77e61): projections and FFN per layer, the
+        # dense layers' FFN in their place, over 2 x q_heads x head_dim MACs per unit
+        old = ((spec.attention_macs_per_token + spec._ffn_macs) * spec.layers
+               + spec.dense_layers * (3 * spec.hidden * spec.dense_ffn - spec._ffn_macs))
+        assert spec.W == (old / spec.layers if spec.dense_layers else old // spec.layers) \
+            / (2 * spec.q_heads * spec.head_dim), name
+
+
+# --- the cost formula per group: closed form == brute force ----------------------------------
+def _spec(kind: str, layers: int = 3, window: int = 7, topk: int = 5) -> ModelSpec:
+    """A tiny model of one kind, or ``mixed``: one layer of each."""
+    common: dict[str, Any] = dict(hidden=64, q_heads=4, kv_heads=2, head_dim=16,
+                                  kv_lora_rank=32, q_lora_rank=24, qk_nope_head_dim=16,
+                                  qk_rope_head_dim=8, v_head_dim=16, index_topk=topk,
+                                  index_n_heads=3, index_head_dim=8, linear_key_heads=2,
+                                  linear_key_dim=8, linear_value_heads=3, linear_value_dim=8,
+                                  linear_conv_kernel=4, ffn=96)
+    if kind == "mixed":
+        kinds = ("full", "sliding", "chunked", "linear")
+        windows = (None, window, window + 2, None)
+    else:
+        kinds = (kind,) * layers
+        windows = tuple(window if kind in ("sliding", "chunked") else None for _ in kinds)
+    if kind in ("mla", "dsa"):
+        return ModelSpec("t", layers=layers, layer_kinds=kinds, **common)
+    return ModelSpec("t", layers=len(kinds), layer_kinds=kinds,
+                     layer_windows=windows if any(windows) else (),
+                     **{**common, "kv_lora_rank": 0})
+
+
+def _brute(spec: ModelSpec, a: int, b: int) -> int:
+    """Per token, per layer: the position term of its kind, summed; the MAC-priced terms
+    (linear state update, DSA indexer) summed exactly and floored once."""
+    whole, macs = 0, Fraction(0)
+    for kind, w in zip(spec.kinds, spec.windows(), strict=True):
+        for p in range(a, b):
+            if kind in (AttentionKind.FULL, AttentionKind.MLA):
+                whole += p
+            elif kind is AttentionKind.SLIDING:
+                whole += min(p, w - 1)
+            elif kind is AttentionKind.CHUNKED:
+                whole += p % w
+            elif kind is AttentionKind.LINEAR:
+                macs += spec.state_update_macs
+            else:  # DSA: the top-k keys, and the indexer scores all p earlier tokens
+                whole += min(p, spec.index_topk - 1)
+                macs += p * spec.indexer_macs_per_key
+    return whole + math.floor(macs / spec.macs_per_unit)
+
+
+KINDS = ["full", "sliding", "chunked", "linear", "mla", "dsa", "mixed"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(kind=st.sampled_from(KINDS), a=st.integers(0, 60), n=st.integers(0, 60),
+       window=st.integers(1, 12), topk=st.integers(1, 12))
+def test_range_sums_equal_brute_force(kind: str, a: int, n: int, window: int, topk: int) -> None:
+    spec = _spec(kind, window=window, topk=topk)
+    u = range_units(spec, a, a + n)
+    assert u.attention == _brute(spec, a, a + n)
+    assert u.linear == pytest.approx(spec.layers * n * spec.W)
+    # split anywhere: equal up to the one floor per range of the MAC-priced terms
+    m = a + n // 2
+    parts = range_units(spec, a, m) + range_units(spec, m, a + n)
+    assert 0 <= u.attention - parts.attention <= 1
+
+
+@given(a=st.integers(0, 300), n=st.integers(0, 300), c=st.integers(1, 40))
+def test_chunk_position_sum(a: int, n: int, c: int) -> None:
+    assert chunk_position_sum(a, a + n, c) == sum(p % c for p in range(a, a + n))
+
+
+def test_w_of_hybrid_layers_is_the_mean_of_their_projections() -> None:
+    spec = _spec("mixed")
+    per_layer = [spec.projection_macs(k) for k in spec.kinds]
+    assert spec.W == pytest.approx((sum(per_layer) / 4 + spec._ffn_macs) / spec.macs_per_unit)
+    mla = get_spec("deepseek-v3")
+    assert mla.macs_per_unit == 128 * (128 + 64 + 128)
+
+
+def test_deletion_position_speedup_per_kind() -> None:
+    """Figure 1 at 128K: the window caps what a front deletion saves (gpt-oss: half its layers
+    are windowed), DSA's top-k caps its attention but the indexer still grows with p."""
+    from costmodel.figure1 import figure1_row
+    from costmodel.profile import load_profile
+
+    def speedup(name: str) -> float:
+        return figure1_row(get_spec(name), load_profile(None, name), CTX)["speedup"]
+
+    assert speedup("gpt-oss-120b") < speedup("qwen3-8b")
+    assert 1.2 < speedup("deepseek-v3.2") < speedup("deepseek-v3")
+
+
+# --- config.json: hybrid kinds read, bad ones refused by field -------------------------------
+GPT_OSS = {"architectures": ["GptOssForCausalLM"], "hidden_size": 2880, "intermediate_size": 2880,
+           "num_local_experts": 128, "num_experts_per_tok": 4, "num_hidden_layers": 36,
+           "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64,
+           "sliding_window": 128,
+           "layer_types": ["sliding_attention", "full_attention"] * 18, "vocab_size": 201088,
+           "max_position_embeddings": 131072, "tie_word_embeddings": False,
+           "torch_dtype": "bfloat16"}
+GEMMA3 = {"architectures": ["Gemma3ForCausalLM"], "hidden_size": 5376, "intermediate_size": 21504,
+          "num_hidden_layers": 62, "num_attention_heads": 32, "num_key_value_heads": 16,
+          "head_dim": 128, "sliding_window": 1024, "sliding_window_pattern": 6,
+          "vocab_size": 262208, "max_position_embeddings": 131072, "torch_dtype": "bfloat16"}
+
+
+def _write(tmp_path: Path, raw: dict) -> str:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(raw))
+    return str(path)
+
+
+@pytest.mark.parametrize("raw,name", [(GPT_OSS, "gpt-oss-120b"), (GEMMA3, "gemma-3-27b")])
+def test_reader_gives_the_hand_written_windowed_specs(raw: dict, name: str,
+                                                       tmp_path: Path) -> None:
+    """gpt-oss-120b's layer_types and Gemma 3's sliding_window_pattern read as the windows
+    specs.py writes (config.json as published, less gpt-oss's quantization_config)."""
+    spec, mine = load_spec(_write(tmp_path, raw)), get_spec(name)
+    assert spec.groups == mine.groups
+    assert spec.W == mine.W
+
+
+def test_qwen3_next_layer_types_and_interval_agree(tmp_path: Path) -> None:
+    from costmodel.hfconfig import catalog_entries
+
+    raw = next(e for n, e, _ in [(n, f, s) for n, f, s in catalog_entries()]
+               if n == "qwen3-next-80b-a3b")
+    assert raw["layer_kinds"] == ("linear", "linear", "linear", "full") * 12
+    assert raw["attn_output_gate"] is True
+
+
+def _hybrid(**change: Any) -> dict:
+    return {**GPT_OSS, **change}
+
+
+LLAMA = json.loads((HERE / "fixtures" / "hf" / "llama-3.1-8b.json").read_text())
+
+
+@pytest.mark.parametrize("raw,field", [
+    (_hybrid(layer_types=["sliding_attention", "global"] * 18), "layer_types"),
+    (_hybrid(layer_types=["sliding_attention", "full_attention"] * 17), "layer_types"),
+    (_hybrid(sliding_window=None), "sliding_window"),
+    (_hybrid(sliding_window=0), "sliding_window"),
+    (_hybrid(use_sliding_window=False), "use_sliding_window"),
+    (_hybrid(sliding_window_pattern=3), "sliding_window_pattern"),
+    (_hybrid(layer_types=["full_attention", "chunked_attention"] * 18, sliding_window=None),
+     "attention_chunk_size"),
+    (_hybrid(layer_types=["full_attention", "linear_attention"] * 18, sliding_window=None),
+     "linear_num_key_heads"),
+    (_hybrid(layer_types=["full_attention", "linear_attention"] * 18), "sliding_window"),
+    (_hybrid(kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128),
+     "kv_lora_rank"),
+    ({**LLAMA, "layer_types": ["full_attention"] * 32, "sliding_window": 4096}, "sliding_window"),
+    ({**LLAMA, "kv_lora_rank": 512}, "qk_nope_head_dim"),
+    ({**LLAMA, "index_topk": 2048}, "index_topk"),
+    ({**LLAMA, "linear_num_value_heads": 32}, "linear_num_value_heads"),
+    ({**LLAMA, "full_attention_interval": 0}, "full_attention_interval"),
+    ({**LLAMA, "attention_chunk_size": 8192}, "attention_chunk_size"),
+    ({**LLAMA, "use_sliding_window": True, "sliding_window": 4096, "max_window_layers": 28},
+     "max_window_layers"),
+])
+def test_bad_hybrid_configs_one_line_naming_the_field(raw: dict, field: str,
+                                                      tmp_path: Path) -> None:
+    path = _write(tmp_path, raw)
+    with pytest.raises(ModelConfigError) as e:
+        load_spec(path)
+    assert str(e.value).startswith(f"{path}: field {field!r}: "), str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_chunked_and_all_sliding_layers_read() -> None:
+    chunked = spec_fields({**LLAMA, "attention_chunk_size": 8192,
+                           "layer_types": ["chunked_attention"] * 3 * 8
+                           + ["full_attention"] * 8}, "x")
+    assert chunked["layer_kinds"][:3] == ("chunked",) * 3
+    assert chunked["layer_windows"][0] == 8192 and chunked["layer_windows"][-1] is None
+    mistral = spec_fields({**LLAMA, "sliding_window": 4096}, "x")  # Mistral-7B-v0.1's one window
+    assert mistral["layer_kinds"] == ("sliding",) * 32
+
+
+def test_bad_config_exits_2_from_the_cli(tmp_path: Path) -> None:
+    path = _write(tmp_path, _hybrid(layer_types=["sliding_attention", "global"] * 18))
+    res = CliRunner().invoke(cli, ["run", *TINY, "--model", path])
+    assert res.exit_code == 2, res.output
+    line = res.stderr.strip().splitlines()[-1]
+    assert "'layer_types'" in line and "'global'" in line, line
+
+
+def test_kv_dtype_config_checks(tmp_path: Path) -> None:
+    res = CliRunner().invoke(cli, ["run", *TINY, "--kv-dtype", "fp8", "--gpu", "H100"])
+    assert res.exit_code == 2 and "'kv_dtype'" in res.stderr, res.output
+    from sim.checks import check_model_and_profile
+    from sim.config import ConfigError, RunConfig
+
+    with pytest.raises(ConfigError, match="field 'kv_dtype': must be one of bf16, fp8, fp4"):
+        check_model_and_profile(RunConfig.from_flat(kv_dtype="fp16"))
+
+
+# --- kvsim models --json ---------------------------------------------------------------------
+def test_models_json_schema() -> None:
+    res = CliRunner().invoke(cli, ["models", "--json"])
+    assert res.exit_code == 0, res.output
+    models = {m["name"]: m for m in json.loads(res.stdout)["models"]}
+    assert {"gpt-oss-120b", "gemma-3-27b", "qwen3-next-80b-a3b", "deepseek-v3.2",
+            "kimi-k2", "glm-4.5"} <= set(models)
+    for name, m in models.items():
+        assert sum(g["layers"] for g in m["groups"]) == m["layers"], name
+        assert m["kv_bytes_per_token"] == sum(g["kv_bytes_per_token"] for g in m["groups"])
+        for g in m["groups"]:
+            assert {"kind", "layers", "kv_bytes_per_token", "state_bytes_per_request"} <= set(g)
+            assert ("window" in g) == (g["kind"] in ("sliding", "chunked")), (name, g)
+    assert models["qwen3-8b"]["groups"] == GROUPS["qwen3-8b"]
+    assert models["gpt-oss-120b"]["kv_bytes_per_token_at_128k"] == 36900
+    fp8 = CliRunner().invoke(cli, ["models", "--json", "--kv-dtype", "fp8"])
+    m8 = {m["name"]: m for m in json.loads(fp8.stdout)["models"]}
+    assert m8["qwen3-8b"]["kv_bytes_per_token"] == 73728 and m8["qwen3-8b"]["kv_dtype"] == "fp8"
