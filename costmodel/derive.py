@@ -71,6 +71,54 @@ def derive(model: str) -> Profile:
     )
 
 
+def roofline(gpu_name: str, model: str, tp: int | None = None) -> Profile:
+    """A GPU's *datasheet roofline* profile (a GPU without kernel tables: RTX 4090, H100
+    PCIe, H20), derived as :func:`derive` derives the H100's: the catalog's dense bf16 peak,
+    memory and PCIe bandwidth (``costmodel/data/gpus.yaml``, with their sources) at the same
+    stated efficiencies and fixed terms, on ``tp`` GPUs (default: the model's ``GPUS``). In
+    place of ``EFF_TP``, tensor parallelism pays its two all-reduces per layer over the GPU's
+    own link (ring: ``2 (tp-1)/tp x tokens x hidden x 2 bytes`` each, one direction of NVLink
+    where the GPU has it, else PCIe), per token in prefill and per sequence in decode. Named
+    ``roofline-<gpu>-MODEL[-tpN]`` and labelled "datasheet roofline" in its device and
+    provenance: every output that names the profile says it was not measured."""
+    from .gpus import get_gpu, roofline_profile_name
+
+    gpu, spec = get_gpu(gpu_name), get_spec(model)
+    gpus = tp or GPUS.get(model, 1)
+    peak, hbm1 = gpu.bf16_tflops * 1e12, gpu.hbm_tb_s * 1e12
+    link = (gpu.nvlink_gb_s / 2 if gpu.nvlink_gb_s > 0 else gpu.pcie_gb_s) * 1e9
+    flops_per_unit = 2 * spec.macs_per_unit
+    lin = flops_per_unit / (gpus * peak * EFF_LINEAR)
+    attn = flops_per_unit / (gpus * peak * EFF_ATTENTION)
+    hbm = gpus * hbm1 * EFF_HBM
+    # all-reduce seconds per token per layer; a linear unit is W per token per layer
+    allreduce = 2 * (2 * (gpus - 1) / gpus) * spec.hidden * spec.dtype_bytes / link
+    pcie = gpus * gpu.pcie_gb_s * 1e9 * EFF_PCIE
+    link_kind = "NVLink" if gpu.nvlink_gb_s > 0 else "PCIe"
+    return Profile(
+        name=roofline_profile_name(gpu.name, model, gpus), model=model, gpus=gpus,
+        device=f"{gpu.name} x{gpus} (datasheet roofline)",
+        provenance=f"datasheet roofline, not measured: {gpu.source}",
+        prefill=PrefillCoeffs(PREFILL_FIXED_S, lin + allreduce / spec.W, attn, 0.0),
+        decode=DecodeCoeffs(DECODE_FIXED_S, spec.active_params * spec.dtype_bytes / hbm,
+                            DECODE_PER_SEQ_S + allreduce * spec.layers,
+                            spec.kv_bytes_per_token / hbm),
+        transfer=TransferCoeffs(pcie, pcie, TRANSFER_LATENCY_S),
+        details={
+            "derived_by": "costmodel/derive.py roofline",
+            "gpu": gpu.name, "gpu_source": gpu.source,
+            "peak_bf16_flops_per_gpu": peak, "hbm_bytes_per_s_per_gpu": hbm1,
+            "pcie_bytes_per_s_per_gpu": gpu.pcie_gb_s * 1e9,
+            "tensor_parallel": {"gpus": gpus, "link": link_kind,
+                                "link_bytes_per_s_one_direction": link,
+                                "allreduce_s_per_token_per_layer": allreduce},
+            "efficiency": {"linear": EFF_LINEAR, "attention": EFF_ATTENTION, "hbm": EFF_HBM,
+                           "pcie": EFF_PCIE},
+            "flops_per_unit": flops_per_unit,
+        },
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     import argparse
     import sys

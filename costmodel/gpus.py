@@ -49,9 +49,10 @@ class GPU:
     hbm_tb_s: float
     bf16_tflops: float
     nvlink_gb_s: float
-    profile: str | None  # the shipped kernels-<profile>-MODEL family measured on it
+    profile: str | None  # the aiconfigurator-core system whose kernel tables price it
     price_usd_h: float
     source: str
+    pcie_gb_s: float = 64.0  # one direction, per GPU (PCIe Gen5 x16 unless the catalog says)
 
     @property
     def memory_bytes(self) -> int:
@@ -61,7 +62,7 @@ class GPU:
 def _check(raw: Any, name: str, where: str) -> GPU:
     if not isinstance(raw, dict):
         raise ProfileError(where, name, "must be a mapping of fields")
-    unknown = set(raw) - set(_FIELDS) - {"profile", "source"}
+    unknown = set(raw) - set(_FIELDS) - {"profile", "source", "pcie_gb_s"}
     if unknown:
         raise ProfileError(where, f"{name}.{sorted(unknown)[0]}", "unknown field")
     values: dict[str, Any] = {}
@@ -71,10 +72,15 @@ def _check(raw: Any, name: str, where: str) -> GPU:
                 or v < 0 or (key == "memory_mib" and (v <= 0 or v != int(v))):
             raise ProfileError(where, f"{name}.{key}", f"must be a number >= 0, got {v!r}")
         values[key] = kind(v)
+    pcie = raw.get("pcie_gb_s", 64.0)
+    if isinstance(pcie, bool) or not isinstance(pcie, int | float) or not math.isfinite(pcie) \
+            or pcie <= 0:
+        raise ProfileError(where, f"{name}.pcie_gb_s", f"must be a number > 0, got {pcie!r}")
     profile = raw.get("profile")
     if profile is not None and not isinstance(profile, str):
         raise ProfileError(where, f"{name}.profile", "must be a profile family or null")
-    return GPU(name=name, profile=profile, source=str(raw.get("source", "")), **values)
+    return GPU(name=name, profile=profile, source=str(raw.get("source", "")),
+               pcie_gb_s=float(pcie), **values)
 
 
 def load_gpus(path: str | Path | None = None) -> dict[str, GPU]:
@@ -233,6 +239,48 @@ def vllm_graph_bytes(max_seqs: int, gpu: GPU) -> int:
     return min(2 * max_seqs, ceiling) * 2 * MIB
 
 
+LANES = ("sglang", "vllm")  # engines whose kernel tables price them (their own lane first)
+
+
+def engine_lane(engine: str | None) -> str:
+    """The kernel-table lane of an engine: ``vllm`` (and its variants) or ``sglang``."""
+    return "vllm" if (engine or "").startswith("vllm") else "sglang"
+
+
+def kernel_profile_name(system: str, lane: str, model: str, tp: int | None = None) -> str:
+    """The one naming rule of kernel-table profiles (``calibration/kernels/ship.py`` writes
+    them): ``kernels-<system>-[<lane>-]<model>[-tp<tp>]``; SGLang's lane and the model's
+    default GPU count (``costmodel/derive.py`` ``GPUS``) are left out of the name, so the
+    profiles shipped before lanes and TP keep their names."""
+    from .derive import GPUS
+
+    lane_part = "" if lane == "sglang" else f"{lane}-"
+    tp_part = "" if tp is None or tp == GPUS.get(model, 1) else f"-tp{tp}"
+    return f"kernels-{system}-{lane_part}{model}{tp_part}"
+
+
+def roofline_profile_name(gpu: str, model: str, tp: int) -> str:
+    """``roofline-<gpu>-<model>[-tp<tp>]``: a GPU's datasheet roofline, derived on demand
+    (``costmodel/derive.py`` ``roofline``); the H100's is ``derived-h100-MODEL``."""
+    from .derive import GPUS
+
+    tp_part = "" if tp == GPUS.get(model, 1) else f"-tp{tp}"
+    return f"roofline-{gpu.lower()}-{model}{tp_part}"
+
+
+def _shipped_tps(shipped: set[str], system: str, lane: str, model: str) -> dict[int, str]:
+    """The TP sizes shipped for (system, lane, model), by name."""
+    from .derive import GPUS
+
+    base = kernel_profile_name(system, lane, model)
+    out = {GPUS.get(model, 1): base} if base in shipped else {}
+    for name in shipped:
+        tail = name.removeprefix(base + "-tp")
+        if name != tail and tail.isdigit():
+            out[int(tail)] = name
+    return out
+
+
 @dataclass(frozen=True)
 class ProfileChoice:
     """The time profile a (GPU, model, TP) deployment is priced with, and whether it was
@@ -243,22 +291,45 @@ class ProfileChoice:
     note: str
 
 
-def profile_for(gpu: GPU, model: str, tp: int) -> ProfileChoice:
-    """The shipped profile measured for ``model`` on ``tp`` x ``gpu`` (kernels-<family>-MODEL
-    with that GPU count); otherwise the closest shipped one, said in ``note``: the same GPU at
-    another TP, else the H100 one (the kvsim default)."""
-    from .profile import load_profile, shipped_profiles
+def profile_for(gpu: GPU, model: str, tp: int, engine: str | None = None) -> ProfileChoice:
+    """The profile of ``model`` on ``tp`` x ``gpu`` under ``engine`` (default SGLang), and
+    what differs when it is not exact (``note``). In order: the kernel-table profile of the
+    GPU's system at that TP in the engine's lane (exact); the other lane at that TP; the
+    nearest shipped TP (engine's lane first); for a GPU or model without kernel tables, the
+    GPU's datasheet roofline at that TP (``roofline-<gpu>-MODEL``; the H100's is
+    ``derived-h100-MODEL``), labelled so. No GPU is ever priced at another GPU's speed."""
+    from .derive import GPUS
+    from .profile import shipped_profiles
 
-    shipped = set(shipped_profiles())
-    family = f"kernels-{gpu.profile}-{model}" if gpu.profile else None
-    if family in shipped:
-        measured_tp = load_profile(family).gpus
-        if measured_tp == tp:
-            return ProfileChoice(family, True, "")
-        return ProfileChoice(family, False, f"no measured profile for {model} on {tp} x "
-                             f"{gpu.name}; priced with {family} ({measured_tp} x {gpu.name})")
-    fallback = f"kernels-h100_sxm-{model}"
-    if fallback not in shipped:
-        fallback = f"derived-h100-{model}"
-    return ProfileChoice(fallback, False, f"no measured profile for {gpu.name}; priced with "
-                         f"{fallback} (H100), memory sized for {gpu.name}")
+    lane = engine_lane(engine)
+    lanes = (lane, *(x for x in LANES if x != lane))
+    if gpu.profile:
+        shipped = set(shipped_profiles())
+        found = {ln: _shipped_tps(shipped, gpu.profile, ln, model) for ln in lanes}
+        for ln in lanes:
+            if tp in found[ln]:
+                name = found[ln][tp]
+                if ln == lane:
+                    return ProfileChoice(name, True, "")
+                return ProfileChoice(name, False, f"no {lane} kernel tables for {model} on "
+                                     f"{gpu.profile}; priced with {name} ({ln} kernels, "
+                                     f"{tp} x {gpu.name})")
+        for ln in lanes:
+            if found[ln]:
+                near = min(found[ln], key=lambda t: (abs(t - tp), t))
+                name = found[ln][near]
+                what = "" if ln == lane else f", {ln} kernels"
+                return ProfileChoice(name, False, f"no kernel-table profile for {model} on "
+                                     f"{tp} x {gpu.name}; priced with {name} ({near} x "
+                                     f"{gpu.name}{what})")
+    if gpu.name == "H100":  # the H100's datasheet profile, shipped or derived on demand
+        name = f"derived-h100-{model}"
+        measured = GPUS.get(model, 1)
+        at = "" if measured == tp else f" ({measured} x H100, the run is TP {tp})"
+        return ProfileChoice(name, False, f"no kernel-table profile for {model} on H100; "
+                             f"priced with its datasheet roofline {name}{at}")
+    name = roofline_profile_name(gpu.name, model, tp)
+    why = (f"no kernel tables for {gpu.name}" if not gpu.profile else
+           f"no kernel-table profile for {model} on {gpu.name}")
+    return ProfileChoice(name, False, f"{why}; priced with its datasheet roofline {name} "
+                         "(peaks x stated efficiencies, not measured)")

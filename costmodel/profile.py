@@ -272,6 +272,28 @@ def derivable(name: str) -> str | None:
     return model if model in SPECS or is_config_path(model) else None
 
 
+def roofline_parts(name: str) -> tuple[str, str, int | None] | None:
+    """(GPU, model, TP or None) of ``roofline-<gpu>-<model>[-tp<N>]`` for a GPU of the
+    catalog and a model kvsim knows (``costmodel/derive.py`` ``roofline`` derives it when
+    asked); None for any other name."""
+    if not name.startswith("roofline-") or Path(name).is_file():
+        return None
+    from .gpus import load_gpus
+
+    rest = name.removeprefix("roofline-")
+    for gpu in sorted(load_gpus(), key=len, reverse=True):  # H100-PCIE before H100
+        if rest.lower().startswith(gpu.lower() + "-"):
+            model = rest[len(gpu) + 1:]
+            m = re.fullmatch(r"(.+)-tp(\d+)", model)
+            tp = None
+            if m and (m[1] in SPECS or is_config_path(m[1])):
+                model, tp = m[1], int(m[2])
+            if model in SPECS or is_config_path(model):
+                return gpu, model, tp
+            return None
+    return None
+
+
 def load_profile(name_or_path: str | Path | None, model: str | None = None) -> Profile:
     """Load a profile by shipped name (``kernels-h100_sxm-qwen3-8b``, ``derived-h100-qwen3-8b``)
     or file path; ``None`` picks the shipped default for ``model`` (the measured-kernel H100
@@ -283,6 +305,15 @@ def load_profile(name_or_path: str | Path | None, model: str | None = None) -> P
         name_or_path = default_profile_name(model)
         if not _shipped(name_or_path) and derivable(DERIVED_PREFIX + model):
             name_or_path = DERIVED_PREFIX + model
+    roof = roofline_parts(name_or_path) if isinstance(name_or_path, str) else None
+    if roof is not None:
+        from .derive import roofline  # derive imports this module
+
+        prof = roofline(*roof)
+        if model is not None and prof.model != model:
+            raise ProfileError(name_or_path, "model",
+                               f"profile is for {prof.model!r}, not {model!r}")
+        return prof
     derived = derivable(name_or_path) if isinstance(name_or_path, str) else None
     if derived is not None:
         from .derive import derive  # derive imports this module

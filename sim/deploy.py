@@ -76,19 +76,17 @@ def check_tp(model: str, tp: Any, where: str, spell=lambda f: f) -> None:
         raise ConfigError(where, "tp", f"{spell('tp')} {why.removeprefix('TP ')}")
 
 
-def default_tp(profile: str | None, gpu: GPU | None, model: str) -> int:
+def default_tp(profile: str | None, gpu: GPU | None, model: str,
+               engine: str | None = None) -> int:
     """A replica's TP when none is given: the GPU count of the profile it is priced with
-    (``profile``, else the one measured for ``model`` on ``gpu``'s family at any TP, else the
-    model's default H100 profile). One rule for sizing and for counting GPUs
-    (docs/engine.md, GPUs)."""
-    from costmodel.profile import load_profile, shipped_profiles
+    (``profile``, else ``profile_for`` on ``gpu`` at the model's default GPU count,
+    ``costmodel/derive.py`` ``GPUS``, in ``engine``'s lane, else the model's default H100
+    profile). One rule for sizing and for counting GPUs (docs/engine.md, GPUs)."""
+    from costmodel.derive import GPUS
+    from costmodel.profile import load_profile
 
-    if profile is None and gpu is not None and gpu.profile is not None:
-        family = f"kernels-{gpu.profile}-{model}"
-        if family in shipped_profiles():
-            profile = family
     if profile is None and gpu is not None:
-        profile = profile_for(gpu, model, 1).name  # the fallback, whatever TP asks
+        profile = profile_for(gpu, model, GPUS.get(model, 1), engine).name
     return int(load_profile(profile, model).gpus)
 
 
@@ -175,7 +173,7 @@ def resolve_gpu_fields(point: dict[str, Any], where: str,
         except KeyError as e:
             raise ConfigError(where, "gpu", str(e.args[0])) from None
     if tp is None:  # bytes are per GPU, on as many GPUs as the run counts (default_tp)
-        tp = default_tp(out.get("profile"), gpu, model)
+        tp = default_tp(out.get("profile"), gpu, model, out.get("engine"))
     check_tp(model, tp, where, spell)
     bs = out.get("block_size", 64)
     if nbytes is not None:
@@ -204,7 +202,7 @@ def resolve_gpu_fields(point: dict[str, Any], where: str,
                               f"{spell('gpu_cache')} in bytes of KV per GPU (e.g. 40GiB)")
         out["gpu_cache"] = sized.tokens
     if out.get("profile") is None:
-        out["profile"] = profile_for(gpu, model, tp).name
+        out["profile"] = profile_for(gpu, model, tp, out.get("engine")).name
     return out
 
 
@@ -224,7 +222,7 @@ def replica_tp(cfg, profile=None) -> int:
     if profile is not None:
         return int(profile.gpus)
     gpu = get_gpu(cfg.cache.gpu) if cfg.cache.gpu is not None else None
-    return default_tp(cfg.cache.profile, gpu, cfg.cache.model)
+    return default_tp(cfg.cache.profile, gpu, cfg.cache.model, cfg.engine.name)
 
 
 def gpus_per_replica(cfg, profile) -> int:
@@ -250,7 +248,7 @@ def profile_note(cfg, profile) -> str:
             return ""
         return (f"priced with the profile {profile.name}, measured on {profile.gpus} x "
                 f"{profile.device}, for TP {tp}")
-    choice = profile_for(get_gpu(cfg.cache.gpu), cfg.cache.model, tp)
+    choice = profile_for(get_gpu(cfg.cache.gpu), cfg.cache.model, tp, cfg.engine.name)
     if profile.name == choice.name:
         return choice.note
     return (f"priced with the profile {profile.name} ({profile.gpus} x {profile.device}), "

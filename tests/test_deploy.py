@@ -36,13 +36,17 @@ def test_h100_tp2_qwen3_32b_gives_the_hand_computed_tokens_and_says_so() -> None
 
 
 def test_a_gpu_without_a_measured_profile_says_what_priced_it() -> None:
-    res = run_cli("--gpu", "A100", "--replicas", "2", "--json")
+    # issue 53 item 3: a GPU without kernel tables is priced by its own datasheet roofline
+    res = run_cli("--gpu", "H100-PCIE", "--replicas", "2", "--json")
     assert res.exit_code == 0, res.output
     s = json.loads(res.stdout)["runs"][0]["summary"]
-    assert s["profile"] == "kernels-h100_sxm-qwen3-8b"
-    assert "no measured profile for A100" in s["profile_note"]
+    assert s["profile"] == "roofline-h100-pcie-qwen3-8b"
+    assert "no kernel tables for H100-PCIE" in s["profile_note"]
+    assert "datasheet roofline" in s["profile_note"]
     assert s["gpus"] == 2
-    assert "no measured profile for A100" in res.stderr
+    assert "no kernel tables for H100-PCIE" in res.stderr
+    s = json.loads(run_cli("--gpu", "A100", "--json").stdout)["runs"][0]["summary"]
+    assert (s["profile"], s["profile_note"]) == ("kernels-a100_sxm-qwen3-8b", "")
 
 
 def test_kv_bytes_per_gpu_become_tokens_through_the_models_kv_bytes() -> None:
@@ -55,7 +59,7 @@ def test_kv_bytes_per_gpu_become_tokens_through_the_models_kv_bytes() -> None:
     two = resolve_gpu_fields({"gpu_cache": "40GiB", "model": "qwen3-8b", "tp": 2,
                               "gpu": "H100"}, "t")
     assert two["gpu_cache"] == (40 << 30) // 73_728 // 64 * 64
-    assert two["profile"] == "kernels-h100_sxm-qwen3-8b"
+    assert two["profile"] == "kernels-h100_sxm-qwen3-8b-tp2"  # TP 2's own tables (issue 53)
     res = run_cli("--gpu-cache", "4GiB", "--json")
     assert res.exit_code == 0, res.output
     s = json.loads(res.stdout)["runs"][0]["summary"]

@@ -48,11 +48,34 @@ def test_more_memory_more_tokens() -> None:
 
 
 def test_profile_choice_says_when_it_is_not_measured() -> None:
+    """Issue 53 item 3: every GPU, TP and engine lane priced as itself, or the note says what
+    differs; never another GPU's profile."""
     assert profile_for(get_gpu("H200"), "qwen3-32b", 2).exact
-    other_tp = profile_for(get_gpu("H200"), "qwen3-32b", 4)
-    assert not other_tp.exact and "2 x H200" in other_tp.note
-    none = profile_for(get_gpu("A100"), "qwen3-8b", 1)
-    assert not none.exact and none.name == "kernels-h100_sxm-qwen3-8b" and "A100" in none.note
+    tp4 = profile_for(get_gpu("H200"), "qwen3-32b", 4)
+    assert tp4.exact and tp4.name == "kernels-h200_sxm-qwen3-32b-tp4"
+    # the engine's own lane: vLLM tables for --engine vllm
+    a100 = profile_for(get_gpu("A100"), "qwen3-8b", 1, "vllm")
+    assert a100.exact and a100.name == "kernels-a100_sxm-vllm-qwen3-8b"
+    assert profile_for(get_gpu("A100"), "qwen3-8b", 1).name == "kernels-a100_sxm-qwen3-8b"
+    # qwen3-32b's 64 GB of weights do not fit one L40S: the nearest TP, said
+    l40s = profile_for(get_gpu("L40S"), "qwen3-32b", 1)
+    assert not l40s.exact and l40s.name == "kernels-l40s-qwen3-32b" and "1 x L40S" in l40s.note
+    assert "(2 x L40S)" in l40s.note
+    # B60 has vLLM tables only: SGLang is priced with them, and the note says so
+    b60 = profile_for(get_gpu("B60"), "qwen3-8b", 1)
+    assert not b60.exact and b60.name == "kernels-b60-vllm-qwen3-8b"
+    assert "no sglang kernel tables" in b60.note and "vllm kernels" in b60.note
+    # no tables at all: the GPU's own datasheet roofline, labelled so
+    rtx = profile_for(get_gpu("RTX4090"), "llama-3.1-8b", 1, "vllm")
+    assert not rtx.exact and rtx.name == "roofline-rtx4090-llama-3.1-8b"
+    assert "datasheet roofline" in rtx.note and "no kernel tables for RTX4090" in rtx.note
+    # a model without kernel profiles on H100: its datasheet profile, said
+    h100 = profile_for(get_gpu("H100"), "mistral-7b-v0.3", 1)
+    assert h100.name == "derived-h100-mistral-7b-v0.3" and "datasheet roofline" in h100.note
+    for g in load_gpus().values():  # no GPU is priced with another GPU's tables
+        name = profile_for(g, "qwen3-8b", 1).name
+        assert (g.profile is not None and f"kernels-{g.profile}-" in name) or \
+            name in (f"roofline-{g.name.lower()}-qwen3-8b", "derived-h100-qwen3-8b"), g.name
 
 
 def test_catalog_is_checked(tmp_path) -> None:

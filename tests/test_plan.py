@@ -287,16 +287,19 @@ def test_plan_says_what_another_gpus_profile_priced(tmp_path) -> None:
     """Cause G and intervals of identical repeats: plan.json/plan.csv carry the profile and its
     note, the tables mark it, the pick says it; a deterministic router's ± reads n/a."""
     out = tmp_path / "p"
-    res = CliRunner().invoke(cli, [*SMALL, "--gpus", "L40S,H100", "--replicas", "1",
+    res = CliRunner().invoke(cli, [*SMALL, "--gpus", "H100-PCIE,H100", "--replicas", "1",
                                    "--repeats", "2", "--out", str(out)])
     assert res.exit_code == 0, res.output
-    assert "pick: 1 x L40S" in res.output
-    assert "priced at another GPU's speed: no measured profile for L40S" in res.output
-    assert "* L40S: no measured profile for L40S" in res.output
+    assert "pick: 1 x H100-PCIE" in res.output
+    assert "not priced as measured for it: no kernel tables for H100-PCIE" in res.output
+    assert "* H100-PCIE: no kernel tables for H100-PCIE" in res.output
+    # issue 53 item 3: the tables name the profile that priced each GPU
+    assert "priced with: H100-PCIE x1 roofline-h100-pcie-qwen3-8b" in res.output
+    assert "H100 x1 kernels-h100_sxm-qwen3-8b" in res.output
     assert "n/a" in res.output and "deterministic" in res.output
     doc = json.loads((out / "plan.json").read_text())
-    assert "no measured profile for L40S" in doc["chosen"]["profile_note"]
-    assert doc["chosen"]["profile"].startswith("kernels-h100")
+    assert "datasheet roofline" in doc["chosen"]["profile_note"]
+    assert doc["chosen"]["profile"] == "roofline-h100-pcie-qwen3-8b"
     assert doc["chosen"]["repeats_identical"] is True
     import pandas as pd
 

@@ -75,7 +75,21 @@ class Shape:
 
 
 def _table(path: Path) -> dict[str, np.ndarray]:
-    return read_table(path, COLUMNS, {"attn_dtype": "bfloat16", "kv_cache_dtype": "bfloat16"})
+    """The bf16 rows. Older tables (a100_sxm's sglang 0.5.10, vllm 0.14.0) have no
+    ``window_size`` column: they measured full attention only, read as window 0."""
+    import pyarrow.parquet as pq
+
+    dtypes = {"attn_dtype": "bfloat16", "kv_cache_dtype": "bfloat16"}
+    try:
+        windowed = "window_size" in pq.read_schema(path).names
+    except Exception:  # read_table below names the unreadable file
+        windowed = True
+    if windowed:
+        return read_table(path, COLUMNS, dtypes)
+    cols = dict(read_table(path, {k: v for k, v in COLUMNS.items() if k != "window_size"},
+                           dtypes))
+    cols["window_size"] = np.zeros(len(cols["latency"]), dtype=np.int64)
+    return cols
 
 
 def _stand_in(cols, path: Path, shape: Shape, window_size: int) -> tuple[np.ndarray, dict]:

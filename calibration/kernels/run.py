@@ -69,9 +69,12 @@ def systems(root: Path) -> list[str]:
     return sorted(p.stem for p in root.glob("*.yaml") if (root / "data" / p.stem).is_dir())
 
 
-def profile_name(system: str, framework: str, model: str) -> str:
-    fw = "" if framework == "sglang" else f"{framework}-"
-    return f"kernels-{system}-{fw}{model}"
+def profile_name(system: str, framework: str, model: str, gpus: int | None = None) -> str:
+    """``kernels-<system>-[<framework>-]<model>[-tp<gpus>]`` (costmodel.gpus
+    ``kernel_profile_name``: the one naming rule, which ``profile_for`` looks up)."""
+    from costmodel.gpus import kernel_profile_name
+
+    return kernel_profile_name(system, framework, model, gpus)
 
 
 @dataclass(frozen=True)
@@ -233,7 +236,7 @@ def calibrate_from_kernels(system: str, model: str, framework: str = "sglang",
                                  zip(dgrid, dt, drel, dextra, strict=True)],
                "notes": __doc__.split("\n\n", 3)[3].strip().replace("\n", " ")}
     prof = Profile(
-        name=profile_name(system, framework, model), model=model, gpus=gpus,
+        name=profile_name(system, framework, model, gpus), model=model, gpus=gpus,
         device=f"{system} x{gpus} ({framework} {fw_version} kernel tables)",
         provenance=(f"fitted to measured kernel tables ({origin['package']} "
                     f"{origin.get('version', '')}, {system}, {framework} {fw_version}); "

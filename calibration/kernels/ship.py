@@ -3,9 +3,22 @@
     python -m calibration.kernels.ship            # rewrite costmodel/profiles/kernels-*.yaml
     python -m calibration.kernels.ship --check    # exit 1 if any shipped file differs
 
-Every shipped model on each of :data:`SYSTEMS`, SGLang kernels (the paper's engine), the
-models' GPU counts of the derived profiles. ``tests/test_kernels_shipped.py`` regenerates them
-from the installed aiconfigurator-core and compares, so the files never drift from the tables.
+Two sets (``costmodel/gpus.py`` ``kernel_profile_name`` names both):
+
+* the paper's: every shipped model on each of :data:`SYSTEMS`, SGLang kernels, the models'
+  GPU counts of the derived profiles, each file with every grid point it was fitted on;
+* every GPU priced as itself (issue 53): each system with tables in the installed
+  aiconfigurator-core, in each engine's lane (:data:`LANES`: SGLang and vLLM tables, where the
+  system has them) for :data:`MATRIX_MODELS` at TP 1, 2, 4 and 8, where the engines accept the
+  TP (``costmodel.gpus.tp_refusal``), the weights fit the system's memory at that TP and the
+  tables hold the model's shapes (GEMM, attention, MoE and the all-reduce at that GPU count:
+  NVLink on the SXM and GB systems, PCIe on L40S, RTX PRO 6000 server and B60). These files
+  leave out the grid points (``kvsim calibrate --from-kernels SYSTEM --framework LANE --gpus
+  TP --model M --json`` prints them, with Figure 1 and the notes) so the data stays small;
+  their fit errors and table provenance stay.
+
+``tests/test_kernels_installed.py`` regenerates the paper's set and a sample of the rest from
+the installed tables and compares, so the files never drift from the tables.
 """
 
 from __future__ import annotations
@@ -13,30 +26,75 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from costmodel.gpus import tp_refusal, weight_bytes
 from costmodel.profile import Profile, load_profile
-from costmodel.specs import model_names
+from costmodel.specs import get_spec, model_names
 
-from .run import calibrate_from_kernels, profile_name
+from .run import calibrate_from_kernels, locate, profile_name, systems
+from .tables import KernelTableError, SystemDesc
 
 SYSTEMS = ("h100_sxm", "h200_sxm", "b200_sxm")
 FRAMEWORK = "sglang"
 PROFILES = Path(__file__).resolve().parents[2] / "costmodel" / "profiles"
+LANES = ("sglang", "vllm")
+MATRIX_MODELS = ("qwen3-8b", "llama-3.1-8b", "qwen3-32b", "llama-3.1-70b", "qwen3-30b-a3b")
+TPS = (1, 2, 4, 8)
+POINTS = ("prefill_points", "decode_points", "figure1_composed", "notes")  # not shipped
 
 
 def shipped_names() -> list[str]:
+    """The paper's set (the matrix's names depend on the installed tables: ``generate``)."""
     return [profile_name(s, FRAMEWORK, m) for s in SYSTEMS for m in model_names()]
 
 
-def generate(data_dir: str | Path | None = None) -> dict[str, Profile]:
-    """Every shipped kernel profile, by name, fitted now from the installed tables."""
+def matrix(data_dir: str | Path | None = None) -> list[tuple[str, str, str, int]]:
+    """(system, lane, model, tp) of every matrix profile to try, the paper's set left out;
+    a TP the engines refuse or whose weights do not fit the system's memory is not tried."""
+    root, _ = locate(data_dir)
+    paper = set(shipped_names())
+    out = []
+    for system in systems(root):
+        memory = SystemDesc.load(root, system).mem_capacity
+        for lane in LANES:
+            for model in MATRIX_MODELS:
+                spec = get_spec(model)
+                for tp in TPS:
+                    if tp_refusal(spec, tp) is None and weight_bytes(spec) / tp < 0.9 * memory \
+                            and profile_name(system, lane, model, tp) not in paper:
+                        out.append((system, lane, model, tp))
+    return out
+
+
+def fit_matrix_one(system: str, lane: str, model: str, tp: int,
+                   data_dir: str | Path | None = None) -> Profile | None:
+    """One matrix profile without its grid points; None where the tables lack a shape."""
+    try:
+        prof, _ = calibrate_from_kernels(system, model, lane, gpus=tp, data_dir=data_dir)
+    except KernelTableError:  # no such table, or no rows for the model's shapes at this TP
+        return None
+    details = {k: v for k, v in prof.details.items() if k not in POINTS}
+    details["points"] = (f"left out of the shipped file: kvsim calibrate --from-kernels "
+                         f"{system} --framework {lane} --gpus {tp} --model {model} --json")
+    return replace(prof, details=details)
+
+
+def generate(data_dir: str | Path | None = None, matrix_too: bool = False) -> dict[str, Profile]:
+    """The paper's shipped kernel profiles (and with ``matrix_too`` every matrix one), by
+    name, fitted now from the installed tables."""
     out = {}
     for system in SYSTEMS:
         for model in model_names():
             prof, _ = calibrate_from_kernels(system, model, FRAMEWORK, data_dir=data_dir)
             out[prof.name] = prof
+    if matrix_too:
+        for system, lane, model, tp in matrix(data_dir):
+            prof = fit_matrix_one(system, lane, model, tp, data_dir)
+            if prof is not None:
+                out[prof.name] = prof
     return out
 
 
@@ -69,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true", help="compare, write nothing")
     ap.add_argument("--out", type=Path, default=PROFILES, help="directory [costmodel/profiles]")
     args = ap.parse_args(argv)
-    fresh = generate()
+    fresh = generate(matrix_too=True)
     if args.check:
         bad = differences(fresh, args.out)
         for line in bad:

@@ -136,6 +136,10 @@ def plan_notes(doc: dict[str, Any]) -> list[str]:
         lines.append(f"warning: {over:,} requests have prompts above {doc.get('model')}'s "
                      f"{doc.get('model_context') or 0:,}-token context; replayed anyway (a "
                      "server would refuse them): cut the trace with --max-context")
+    priced = dict.fromkeys(f"{r['gpu']} x{r.get('tp', 1)} {r['profile']}"
+                           for r in _shown_rows(doc) if r.get("profile"))
+    if priced:  # every point names the profile that priced it (issue 53 item 3)
+        lines.append(f"priced with: {', '.join(priced)}")
     notes = dict.fromkeys(f"{r['gpu']}: {r['profile_note']}" for r in _shown_rows(doc)
                           if r.get("profile_note"))
     lines += [f"* {n}" for n in notes]
@@ -167,7 +171,7 @@ def pick_line(doc: dict[str, Any], replicas: tuple[int, int], pd: bool) -> str:
         if ties:  # the order at one price is by margin to the SLO (sim/sweep/plan.py)
             line += f" (of {len(ties) + 1} at this price, the most margin to the SLO)"
         if c.get("profile_note"):
-            line += f"; priced at another GPU's speed: {c['profile_note']}"
+            line += f"; not priced as measured for it: {c['profile_note']}"
         return line
     best = [(a["best"], a["question"]) for a in doc["answers"] if a.get("best")]
     if not best:
@@ -270,8 +274,12 @@ def plan_figure(doc: dict[str, Any], rows: list[dict[str, Any]]) -> Any:
     ring = "; ring: knee of goodput" if "goodput_rps" in panels else ""
     fig.suptitle(f"kvsim plan: {doc['slo']} (filled: meets at the pessimistic end{ring})",
                  fontsize=10)
-    notes = sorted({f"{r['gpu']}: {r['profile_note']}" for r in rows if r.get("profile_note")})
-    if notes:  # a GPU priced at another's speed ranks on memory alone (issue 51, cause G)
+    # the profile that priced each GPU, and what differs where it was not measured for it
+    # (issue 51 cause G, issue 53 item 3)
+    notes = sorted({f"{r['gpu']} x{r.get('tp', 1)}: {r['profile']}"
+                    + (f" ({r['profile_note']})" if r.get("profile_note") else "")
+                    for r in rows if r.get("profile")})
+    if notes:
         fig.text(0.01, 0.01, "\n".join(notes), fontsize=7, va="bottom")
     fig.tight_layout(rect=(0, 0.035 * len(notes), 1, 1))
     return fig
