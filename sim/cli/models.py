@@ -10,10 +10,9 @@ from sim.report.tables import Col, narrow_table
 
 from .common import console, emit_json
 
-COLUMNS = [Col("model", "name"), Col("layers", "layers", "int"),
-           Col("q/kv\nheads", "heads", "text"), Col("head\ndim", "head_dim", "int"),
+COLUMNS = [Col("model", "name"), Col("q/kv\nheads", "heads", "text"),
            Col("FFN", "ffn_shape"), Col("W", "W", "int"),
-           Col("KV cache groups", "groups_text", "text"),
+           Col("layers by KV\ncache group", "groups_text", "text"),
            Col("KV bytes\nper token", "kv_bytes_per_token", "int"),
            Col("at 128K", "kv_bytes_per_token_at_128k", "int"),
            Col("max\ncontext", "max_context", "int")]
