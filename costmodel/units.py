@@ -172,6 +172,8 @@ def attended_units(spec: ModelSpec, a: int, b: int, starts: np.ndarray, ends: np
     total = 0
     for count, cap in spec.window_caps:
         total += count * (position_sum(a, b, cap) - hidden_key_sum(a, b, starts, ends, cap))
+    if spec.extra_terms:  # hybrid terms as without hidden keys (docs/hybrid.md)
+        total += extra_units(spec, a, b)
     return total
 
 

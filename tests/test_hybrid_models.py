@@ -14,6 +14,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import yaml
 from click.testing import CliRunner
@@ -29,7 +30,7 @@ from costmodel.specs import (
     all_model_names,
     get_spec,
 )
-from costmodel.units import chunk_position_sum, range_units
+from costmodel.units import attended_units, chunk_position_sum, range_units
 from sim.cli.main import cli
 
 HERE = Path(__file__).parent
@@ -224,6 +225,8 @@ def test_range_sums_equal_brute_force(kind: str, a: int, n: int, window: int, to
     spec = _spec(kind, window=window, topk=topk)
     u = range_units(spec, a, a + n)
     assert u.attention == _brute(spec, a, a + n)
+    none = np.array([], dtype=np.int64)  # no key hidden: the context-edit pricing agrees
+    assert attended_units(spec, a, a + n, none, none) == u.attention
     assert u.linear == pytest.approx(spec.layers * n * spec.W)
     # split anywhere: equal up to the one floor per range of the MAC-priced terms
     m = a + n // 2
