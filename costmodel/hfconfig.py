@@ -193,7 +193,8 @@ def _attention_fields(raw: dict[str, Any], layers: int, where: str) -> dict[str,
             raise ModelConfigError(where, "attn_output_gate", f"must be true or false, got "
                                    f"{gate!r}")
         out["attn_output_gate"] = gate
-    out["layer_kinds"] = tuple(kinds)
+    if not set(kinds) <= {"full", "sliding"}:  # full and sliding layers: the windows say it
+        out["layer_kinds"] = tuple(kinds)
     if any(w is not None for w in windows):
         out["layer_windows"] = tuple(windows)
     return out
