@@ -114,7 +114,7 @@ class ModelSpec:
     expert_ffn: int = 0
     max_context: int = 131072
     vocab: int = 0
-    dtype_bytes: int = 2  # bf16 KV and weights
+    dtype_bytes: int = 2  # bf16 weights (the KV: kv_dtype; gpus.py's KV cells still read this)
     layer_windows: tuple[int | None, ...] = ()
     # Mixed dense/MoE models (config.json first_k_dense_replace, decoder_sparse_step,
     # mlp_only_layers): ``dense_layers`` of the ``layers`` run a dense FFN of width
