@@ -247,16 +247,19 @@ def engine_lane(engine: str | None) -> str:
     return "vllm" if (engine or "").startswith("vllm") else "sglang"
 
 
-def kernel_profile_name(system: str, lane: str, model: str, tp: int | None = None) -> str:
+def kernel_profile_name(system: str, lane: str, model: str, tp: int | None = None,
+                        ep: int = 1) -> str:
     """The one naming rule of kernel-table profiles (``calibration/kernels/ship.py`` writes
-    them): ``kernels-<system>-[<lane>-]<model>[-tp<tp>]``; SGLang's lane and the model's
-    default GPU count (``costmodel/derive.py`` ``GPUS``) are left out of the name, so the
-    profiles shipped before lanes and TP keep their names."""
+    them): ``kernels-<system>-[<lane>-]<model>[-tp<tp>][-dp<ep>ep<ep>]``; SGLang's lane and
+    the model's default GPU count (``costmodel/derive.py`` ``GPUS``) are left out of the
+    name, so the profiles shipped before lanes and TP keep their names. ``-dp2ep2``: one GPU
+    of a vLLM DP 2 x EP 2 group (``calibration/kernels/compose.py``)."""
     from .derive import GPUS
 
     lane_part = "" if lane == "sglang" else f"{lane}-"
     tp_part = "" if tp is None or tp == GPUS.get(model, 1) else f"-tp{tp}"
-    return f"kernels-{system}-{lane_part}{model}{tp_part}"
+    ep_part = f"-dp{ep}ep{ep}" if ep > 1 else ""
+    return f"kernels-{system}-{lane_part}{model}{tp_part}{ep_part}"
 
 
 def roofline_profile_name(gpu: str, model: str, tp: int) -> str:
@@ -291,18 +294,36 @@ class ProfileChoice:
     note: str
 
 
-def profile_for(gpu: GPU, model: str, tp: int, engine: str | None = None) -> ProfileChoice:
+def profile_for(gpu: GPU, model: str, tp: int, engine: str | None = None,
+                ep: int = 1) -> ProfileChoice:
     """The profile of ``model`` on ``tp`` x ``gpu`` under ``engine`` (default SGLang), and
     what differs when it is not exact (``note``). In order: the kernel-table profile of the
     GPU's system at that TP in the engine's lane (exact); the other lane at that TP; the
     nearest shipped TP (engine's lane first); for a GPU or model without kernel tables, the
     GPU's datasheet roofline at that TP (``roofline-<gpu>-MODEL``; the H100's is
-    ``derived-h100-MODEL``), labelled so. No GPU is ever priced at another GPU's speed."""
+    ``derived-h100-MODEL``), labelled so. No GPU is ever priced at another GPU's speed.
+    ``ep > 1`` (a vLLM DP ``ep`` x EP ``ep`` group at TP 1, each DP rank a replica): the
+    ``-dp<ep>ep<ep>`` profile of the engine's lane, then the other's; without one, the TP
+    profile above with a note that the expert split and its dispatch are not priced."""
     from .derive import GPUS
     from .profile import shipped_profiles
 
     lane = engine_lane(engine)
     lanes = (lane, *(x for x in LANES if x != lane))
+    if ep > 1:
+        if gpu.profile:
+            shipped = set(shipped_profiles())
+            for ln in lanes:
+                name = kernel_profile_name(gpu.profile, ln, model, tp, ep)
+                if name in shipped:
+                    return ProfileChoice(name, ln == lane, "" if ln == lane else
+                                         f"no {lane} kernel tables for {model} DP{ep} x EP{ep} "
+                                         f"on {gpu.profile}; priced with {name} ({ln} kernels)")
+        base = profile_for(gpu, model, tp, engine)
+        return ProfileChoice(base.name, False, "; ".join(filter(None, (
+            f"no DP{ep} x EP{ep} profile for {model} on {gpu.name}: priced as TP {tp} "
+            f"replicas with {base.name}, the expert split and its dispatch not priced",
+            base.note))))
     if gpu.profile:
         shipped = set(shipped_profiles())
         found = {ln: _shipped_tps(shipped, gpu.profile, ln, model) for ln in lanes}

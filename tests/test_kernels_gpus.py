@@ -103,6 +103,27 @@ def test_a_tp_the_heads_do_not_divide_is_refused() -> None:
     assert res.exit_code == 2 and "TP sizes that fit: 1, 2, 4, 8, 16" in res.output
 
 
+def test_dp2_ep2_is_priced_as_its_own_shape_or_said() -> None:
+    """The Qwen3-30B-A3B ground-truth run (vLLM --data-parallel-size 2
+    --enable-expert-parallel on RTX PRO 6000): each DP rank is a replica whose MoE layer runs
+    both ranks' tokens on half the experts between an NCCL all-gather and reduce-scatter over
+    PCIe (calibration/kernels/compose.py)."""
+    gpu = get_gpu("RTX-PRO-6000")
+    ep = profile_for(gpu, "qwen3-30b-a3b", 1, "vllm", ep=2)
+    assert ep.exact and ep.name == "kernels-rtx_pro_6000_server-vllm-qwen3-30b-a3b-dp2ep2"
+    prof, tp1 = load_profile(ep.name), load_profile(profile_for(gpu, "qwen3-30b-a3b", 1,
+                                                                "vllm").name)
+    assert prof.gpus == 1 and "DP2 x EP2" in prof.device
+    assert prof.details["tables"]["ep_dispatch_all_gather"]["kernel_source"] == \
+        "nccl all_gather"
+    assert prof.details["tables"]["moe"]["moe_ep_size"] == 2
+    # the group's tokens and the dispatch over PCIe cost more per token than one GPU alone
+    assert prof.prefill.per_linear_unit_s > tp1.prefill.per_linear_unit_s
+    # a shape without its own profile is priced as TP replicas, and the note says so
+    dense = profile_for(gpu, "qwen3-8b", 1, "vllm", ep=2)
+    assert not dense.exact and "DP2 x EP2" in dense.note and "not priced" in dense.note
+
+
 def test_the_shipped_matrix_regenerates_on_a_sample() -> None:
     """``python -m calibration.kernels.ship`` wrote the files; three of them fitted again."""
     pytest.importorskip("aiconfigurator_core")
@@ -111,8 +132,11 @@ def test_the_shipped_matrix_regenerates_on_a_sample() -> None:
     sample = [("rtx_pro_6000_server", "vllm", "llama-3.1-8b", 1),
               ("h100_sxm", "vllm", "qwen3-32b", 2), ("l40s", "sglang", "qwen3-8b", 2)]
     fresh = {p.name: p for p in (ship.fit_matrix_one(*x) for x in sample)}
+    ep = ship.fit_matrix_one("rtx_pro_6000_server", "vllm", "qwen3-30b-a3b", 1, ep=2)
+    fresh[ep.name] = ep
     assert ship.differences(fresh) == [], "run python -m calibration.kernels.ship"
     planned = {ship.profile_name(s, ln, m, tp) for s, ln, m, tp in ship.matrix()}
+    planned |= {ship.profile_name(s, ln, m, 1, e) for s, ln, m, e in ship.ep_matrix()}
     names = set(shipped_profiles())
     kernels = {n for n in names if n.startswith("kernels-")}
     assert kernels <= planned | set(ship.shipped_names())

@@ -12,6 +12,14 @@ vLLM and TensorRT-LLM run it::
     decode step(b, c)     = the same at m = b tokens, with generation attention over c cached
                             tokens per sequence and CUDA-graph all-reduces
 
+With ``ep > 1`` (vLLM ``--data-parallel-size ep --enable-expert-parallel`` at TP 1), one
+replica is one GPU of an attention-data-parallel group whose experts are split ``ep`` ways:
+its attention and dense GEMMs run its own ``m`` tokens, the fused MoE runs the group's
+``ep x m`` tokens on its ``experts / ep`` experts (the table's ``moe_ep_size`` rows, whose
+token count is the group's), between an NCCL all-gather and a reduce-scatter of the
+group's tokens (``comm/nccl`` tables: the naive dispatch over the GPUs' own link). The other
+ranks are assumed as loaded as this one (vLLM steps its DP ranks together).
+
 GEMMs, attention, MoE and all-reduce are the measured tables (:mod:`.tables`,
 :mod:`.attention`). Element-wise ops (residual add + RMSNorm twice, SiLU*mul) are not in the
 tables: they are priced from the system description as aiconfigurator-core does, bytes read
@@ -34,6 +42,7 @@ from .tables import (
     GemmTable,
     KernelTableError,
     MoeTable,
+    NcclTable,
     NoRows,
     SystemDesc,
     versions,
@@ -80,11 +89,15 @@ class KernelModel:
     framework: str
     gpus: int
     sources: dict[str, Any] = field(default_factory=dict)
+    ep: int = 1  # attention data parallel x expert parallel group (module docstring)
 
     def __post_init__(self) -> None:
         spec, tp = self.spec, self.gpus
         if self.framework not in FRAMEWORKS:
             raise ValueError(f"framework must be one of {', '.join(FRAMEWORKS)}")
+        if self.ep > 1 and (tp != 1 or not spec.experts or spec.experts % self.ep):
+            raise ValueError(f"DP x EP {self.ep} needs an MoE model at TP 1 whose experts "
+                             f"split {self.ep} ways")
         if spec.q_heads % tp or (spec.kv_heads >= tp and spec.kv_heads % tp) \
                 or spec.ffn % tp or spec.expert_ffn % tp:
             raise ValueError(f"{spec.name} does not split over {tp} GPUs")
@@ -110,6 +123,11 @@ class KernelModel:
                 *args, "attention", fw, "generation_attention_perf",
                 lambda p, v, s=shape: GenerationAttention(p, v, s))
         self.allreduce: dict[str, AllReduceTable] = {}
+        self.dispatch: dict[str, NcclTable] = {}
+        if self.ep > 1:
+            for op in ("all_gather", "reduce_scatter"):
+                self.dispatch[op] = _newest(*args, "comm", "nccl", "nccl_perf",
+                                            lambda p, v, o=op: NcclTable(p, v, self.ep, o))
         if tp > 1:
             for mode in ("eager", "graph"):
                 backend = None if fw == "trtllm" else f"{fw}_{mode}"
@@ -122,7 +140,7 @@ class KernelModel:
         spec, tp = self.spec, self.gpus
         last: NoRows | None = None
         for dtype in MOE_DTYPES:
-            for mtp, mep in ((tp, 1), (1, tp)):
+            for mtp, mep in (((1, self.ep),) if self.ep > 1 else ((tp, 1), (1, tp))):
                 try:
                     return _newest(
                         self.root, self.system, "moe", self.framework, "moe_perf",
@@ -150,7 +168,9 @@ class KernelModel:
     def _dense(self, m: int, mode: str) -> float:
         t = sum(float(self.gemm(m, g.n, g.k)) for g in self.gemms)
         if self.moe is not None:
-            t += float(self.moe(m))
+            t += float(self.moe(m * self.ep))  # the group's tokens (module docstring)
+        for table in self.dispatch.values():
+            t += float(table(m * self.ep * self.spec.hidden))
         t += self._elementwise(m)
         if self.allreduce:
             t += 2 * float(self.allreduce[mode](m * self.spec.hidden))
@@ -197,6 +217,12 @@ class KernelModel:
                          for w, t in tables.items()}
         for mode, t in self.allreduce.items():
             out[f"allreduce_{mode}"] = src(t)
+        for op, t in self.dispatch.items():
+            out[f"ep_dispatch_{op}"] = src(t)
+        if self.ep > 1:
+            out["data_expert_parallel"] = {
+                "dp": self.ep, "ep": self.ep, "moe_tokens": f"{self.ep} x the replica's",
+                "assumed": "every DP rank as loaded as this one (vLLM steps them together)"}
         out["elementwise"] = ("residual add + RMSNorm x2 (+ SiLU*mul): bytes / (mem_bw x "
                               "mem_bw_empirical_scaling_factor) + constant latency, from "
                               f"{Path(self.desc.path).name} (not measured)")

@@ -69,12 +69,13 @@ def systems(root: Path) -> list[str]:
     return sorted(p.stem for p in root.glob("*.yaml") if (root / "data" / p.stem).is_dir())
 
 
-def profile_name(system: str, framework: str, model: str, gpus: int | None = None) -> str:
-    """``kernels-<system>-[<framework>-]<model>[-tp<gpus>]`` (costmodel.gpus
+def profile_name(system: str, framework: str, model: str, gpus: int | None = None,
+                 ep: int = 1) -> str:
+    """``kernels-<system>-[<framework>-]<model>[-tp<gpus>][-dp<ep>ep<ep>]`` (costmodel.gpus
     ``kernel_profile_name``: the one naming rule, which ``profile_for`` looks up)."""
     from costmodel.gpus import kernel_profile_name
 
-    return kernel_profile_name(system, framework, model, gpus)
+    return kernel_profile_name(system, framework, model, gpus, ep)
 
 
 @dataclass(frozen=True)
@@ -134,8 +135,10 @@ def _errors(rel: np.ndarray) -> dict[str, float | None]:
 
 def calibrate_from_kernels(system: str, model: str, framework: str = "sglang",
                            gpus: int | None = None, data_dir: str | Path | None = None,
-                           progress: Progress | None = None) -> tuple[Profile, dict]:
-    """Compose, fit and build the profile. Returns it and a report (``fit``, ``provenance``)."""
+                           progress: Progress | None = None,
+                           ep: int = 1) -> tuple[Profile, dict]:
+    """Compose, fit and build the profile. Returns it and a report (``fit``, ``provenance``).
+    ``ep > 1``: one GPU of an attention-DP x expert-parallel group of ``ep`` (compose.py)."""
     progress = progress or (lambda msg: None)
     if framework not in FRAMEWORKS:
         raise CalibrationError(f"--framework must be one of {', '.join(FRAMEWORKS)}")
@@ -150,7 +153,7 @@ def calibrate_from_kernels(system: str, model: str, framework: str = "sglang",
                                f"known: {', '.join(known) or 'none'}")
     gpus = gpus or GPUS.get(model, 1)
     try:
-        km = KernelModel(spec, root, system, framework, gpus)
+        km = KernelModel(spec, root, system, framework, gpus, ep=ep)
     except ValueError as e:
         if getattr(e, "exit_code", None):
             raise
@@ -206,6 +209,7 @@ def calibrate_from_kernels(system: str, model: str, framework: str = "sglang",
         "framework_version": fw_version,
         "table_versions": versions,
         "gpus": gpus,
+        **({"data_parallel": ep, "expert_parallel": ep} if ep > 1 else {}),
         "measured": {
             "prefill": "attention lookups up to the tables' longest sequence "
                        f"({max(c.max_isl for c in km.context.values()):,} tokens); GEMM, MoE "
@@ -236,8 +240,9 @@ def calibrate_from_kernels(system: str, model: str, framework: str = "sglang",
                                  zip(dgrid, dt, drel, dextra, strict=True)],
                "notes": __doc__.split("\n\n", 3)[3].strip().replace("\n", " ")}
     prof = Profile(
-        name=profile_name(system, framework, model, gpus), model=model, gpus=gpus,
-        device=f"{system} x{gpus} ({framework} {fw_version} kernel tables)",
+        name=profile_name(system, framework, model, gpus, ep), model=model, gpus=gpus,
+        device=f"{system} x{gpus}{f' of DP{ep} x EP{ep}' if ep > 1 else ''} ({framework} "
+               f"{fw_version} kernel tables)",
         provenance=(f"fitted to measured kernel tables ({origin['package']} "
                     f"{origin.get('version', '')}, {system}, {framework} {fw_version}); "
                     "context attention measured to 16K tokens, extrapolated beyond").replace(

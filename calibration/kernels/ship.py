@@ -15,7 +15,9 @@ Two sets (``costmodel/gpus.py`` ``kernel_profile_name`` names both):
   NVLink on the SXM and GB systems, PCIe on L40S, RTX PRO 6000 server and B60). These files
   leave out the grid points (``kvsim calibrate --from-kernels SYSTEM --framework LANE --gpus
   TP --model M --json`` prints them, with Figure 1 and the notes) so the data stays small;
-  their fit errors and table provenance stay.
+  their fit errors and table provenance stay;
+* the MoE models of that list as one GPU of a vLLM data-parallel x expert-parallel group
+  (``--data-parallel-size 2 --enable-expert-parallel``, TP 1: ``-dp2ep2``; compose.py).
 
 ``tests/test_kernels_installed.py`` regenerates the paper's set and a sample of the rest from
 the installed tables and compares, so the files never drift from the tables.
@@ -43,6 +45,7 @@ PROFILES = Path(__file__).resolve().parents[2] / "costmodel" / "profiles"
 LANES = ("sglang", "vllm")
 MATRIX_MODELS = ("qwen3-8b", "llama-3.1-8b", "qwen3-32b", "llama-3.1-70b", "qwen3-30b-a3b")
 TPS = (1, 2, 4, 8)
+EPS = (2,)  # vLLM --data-parallel-size n --enable-expert-parallel at TP 1 (MoE models)
 POINTS = ("prefill_points", "decode_points", "figure1_composed", "notes")  # not shipped
 
 
@@ -69,16 +72,35 @@ def matrix(data_dir: str | Path | None = None) -> list[tuple[str, str, str, int]
     return out
 
 
+def ep_matrix(data_dir: str | Path | None = None) -> list[tuple[str, str, str, int]]:
+    """(system, lane, model, ep) of every DP x EP profile to try: the MoE models of the
+    matrix at TP 1 with attention data-parallel and experts split ``ep`` ways, where one
+    GPU holds its share of the weights."""
+    root, _ = locate(data_dir)
+    out = []
+    for system in systems(root):
+        memory = SystemDesc.load(root, system).mem_capacity
+        for lane in LANES:
+            for model in MATRIX_MODELS:
+                spec = get_spec(model)
+                for ep in EPS if spec.experts else ():
+                    if weight_bytes(spec) / ep < 0.9 * memory:
+                        out.append((system, lane, model, ep))
+    return out
+
+
 def fit_matrix_one(system: str, lane: str, model: str, tp: int,
-                   data_dir: str | Path | None = None) -> Profile | None:
+                   data_dir: str | Path | None = None, ep: int = 1) -> Profile | None:
     """One matrix profile without its grid points; None where the tables lack a shape."""
     try:
-        prof, _ = calibrate_from_kernels(system, model, lane, gpus=tp, data_dir=data_dir)
+        prof, _ = calibrate_from_kernels(system, model, lane, gpus=tp, data_dir=data_dir,
+                                         ep=ep)
     except KernelTableError:  # no such table, or no rows for the model's shapes at this TP
         return None
     details = {k: v for k, v in prof.details.items() if k not in POINTS}
     details["points"] = (f"left out of the shipped file: kvsim calibrate --from-kernels "
-                         f"{system} --framework {lane} --gpus {tp} --model {model} --json")
+                         f"{system} --framework {lane} --gpus {tp} --model {model} --json"
+                         + (f" (with calibrate_from_kernels(..., ep={ep}))" if ep > 1 else ""))
     return replace(prof, details=details)
 
 
@@ -93,6 +115,10 @@ def generate(data_dir: str | Path | None = None, matrix_too: bool = False) -> di
     if matrix_too:
         for system, lane, model, tp in matrix(data_dir):
             prof = fit_matrix_one(system, lane, model, tp, data_dir)
+            if prof is not None:
+                out[prof.name] = prof
+        for system, lane, model, ep in ep_matrix(data_dir):
+            prof = fit_matrix_one(system, lane, model, 1, data_dir, ep)
             if prof is not None:
                 out[prof.name] = prof
     return out

@@ -309,6 +309,25 @@ class AllReduceTable:
         return self.series(elements)
 
 
+class NcclTable:
+    """NCCL collective latency (``op``: ``all_gather``, ``reduce_scatter``, ...) over message
+    size (fp16/bf16 elements) for ``num_gpus`` (``comm/nccl/<version>/nccl_perf.parquet``);
+    the fastest row per size."""
+
+    def __init__(self, path: Path, version: str, gpus: int, op: str) -> None:
+        data = read_table(path, {"op_name": STR, "num_gpus": INT, "message_size": INT,
+                                 "latency": FLOAT}, {"num_gpus": gpus, "op_name": op})
+        if len(data["latency"]) == 0:
+            raise NoRows(path, "num_gpus", f"no NCCL {op} rows for {gpus} GPUs")
+        size, lat = data["message_size"], data["latency"]
+        order = np.lexsort((lat, size))
+        self.source = TableSource(str(path), version, f"nccl {op}")
+        self.series = Series(size[order], lat[order] * MS)
+
+    def __call__(self, elements: int | np.ndarray) -> np.ndarray:
+        return self.series(elements)
+
+
 @dataclass(frozen=True)
 class SystemDesc:
     """The system description: what the profile's transfer terms and element-wise ops use."""
