@@ -293,13 +293,20 @@ def test_reader_gives_the_hand_written_windowed_specs(raw: dict, name: str,
                    vocab=mine.vocab, tied_embeddings=mine.tied_embeddings) == mine
 
 
-def test_qwen3_next_layer_types_and_interval_agree(tmp_path: Path) -> None:
-    from costmodel.hfconfig import catalog_entries
+def test_qwen3_next_layer_types_and_interval_agree() -> None:
+    """full_attention_interval 4: layers 3, 7, ... attend in full, the others are Gated
+    DeltaNet; the same layer_types read alike, other ones are refused naming the interval."""
+    from costmodel.hfconfig import safe_load
 
-    raw = next(e for n, e, _ in [(n, f, s) for n, f, s in catalog_entries()]
-               if n == "qwen3-next-80b-a3b")
-    assert raw["layer_kinds"] == ("linear", "linear", "linear", "full") * 12
-    assert raw["attn_output_gate"] is True
+    doc = safe_load((HERE.parent / "costmodel" / "data" / "models.yaml").read_text())
+    raw = doc["models"]["qwen3-next-80b-a3b"]["config"]
+    fields = spec_fields(raw, "x")
+    assert fields["layer_kinds"] == ("linear", "linear", "linear", "full") * 12
+    assert fields["attn_output_gate"] is True
+    types = ["linear_attention"] * 3 + ["full_attention"]
+    assert spec_fields({**raw, "layer_types": types * 12}, "x") == fields
+    with pytest.raises(ModelConfigError, match="field 'full_attention_interval': disagrees"):
+        spec_fields({**raw, "layer_types": types[::-1] * 12}, "x")
 
 
 def _hybrid(**change: Any) -> dict:
