@@ -344,17 +344,20 @@ def test_bad_capacity_options_fail_in_one_line(args, words):
     assert "Traceback" not in res.output
 
 
-def test_the_capacity_command_loads_no_study_fleet_or_table_library():
-    """A one-cache curve takes what it uses: not the study registry (every study, SimPy),
-    the fleet view, pandas or matplotlib (start-up, issue 55)."""
+def test_the_capacity_command_loads_no_other_command_study_fleet_or_table_library():
+    """``kvsim capacity`` takes what a one-cache curve uses: not the other commands (the
+    timed run, sweeps, plots), the study registry (every study, SimPy), the fleet view,
+    pandas or matplotlib (start-up, issue 55)."""
     import subprocess
     import sys
 
-    code = ("import sys\nfrom sim.cli.capacity import capacity_cmd\n"
-            "capacity_cmd(['synthetic:chat?sessions=2', '--cache', '64k,1m', '--cache-dir', "
+    code = ("import sys\nfrom sim.cli.main import cli\n"
+            "cli(['capacity', 'synthetic:chat?sessions=2', '--cache', '64k,1m', '--cache-dir', "
             "'off', '--json'], standalone_mode=False)\n"
-            "print([m for m in ('simpy', 'sim.studies.study', 'sim.studies.capacity_fleet', "
-            "'sim.fleet', 'pandas', 'matplotlib', 'pyarrow') if m in sys.modules])")
+            "print([m for m in ('sim.cli.run', 'sim.cli.sweep', 'sim.cli.plan', 'sim.cli.plot', "
+            "'sim.cli.reproduce', 'sim.cli.calibrate', 'simpy', 'sim.studies.study', "
+            "'sim.studies.capacity_fleet', 'sim.fleet', 'pandas', 'matplotlib', 'pyarrow') "
+            "if m in sys.modules])")
     res = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True,
                          text=True, check=True)
     assert res.stdout.strip().splitlines()[-1] == "[]"
