@@ -160,7 +160,7 @@ def plan_notes(doc: dict[str, Any]) -> list[str]:
 
 
 def pick_line(doc: dict[str, Any], replicas: tuple[int, int], pd: bool) -> str:
-    """The chosen deployment, saying when it was priced at another GPU's speed; or, when
+    """The chosen deployment, saying when it was not priced as measured for it; or, when
     none meets, the nearest size run and what may help."""
     c = doc["chosen"]
     if c:
