@@ -28,7 +28,8 @@ $(CORE_STAMP): $(STAMP) sim/replay.py sim/config.py $(wildcard sim/kvcache/*.py 
 # Tests also need CPU torch (calibration, the SGLang reference), the real SGLang radix caches
 # installed without their ~100 dependencies (see benchmarks/sglang_ref.py; msgspec is the one
 # the default UnifiedRadixCache really uses, benchmarks/sglang_unified_ref.py), the real vLLM
-# KVCacheManager the same way plus cbor2, which its hashing module imports (see
+# KVCacheManager and V1 scheduler the same way plus cbor2, which its hashing module imports, in
+# both releases kvsim models: 0.33.0 in the venv, 0.34.0 in its own folder off sys.path (see
 # benchmarks/vllm_ref.py), duckdb (the TraceLab DuckDB loader), ray (the Ray sweep executor)
 # and aiconfigurator-core (the measured kernel tables of `kvsim calibrate --from-kernels`),
 # and the real routers the differential tests run beside kvsim's (tests/realrouters.py): the
@@ -41,6 +42,8 @@ $(TEST_STAMP): $(STAMP) Makefile
 	$(BIN)/pip install -q --no-deps sglang==0.5.23
 	$(BIN)/pip install -q msgspec==0.23.0
 	$(BIN)/pip install -q --no-deps vllm==0.33.0 cbor2==6.3.0
+	test -d $(VENV)/vllm-0.34.0/vllm-0.34.0.dist-info || \
+		$(BIN)/pip install -q --no-deps --target $(VENV)/vllm-0.34.0 vllm==0.34.0
 	$(BIN)/pip install -q -e '.[duckdb,ray,kernels]'
 	$(BIN)/pip install -q --no-deps smg==1.13.0 setproctitle==1.3.8
 	$(BIN)/pip install -q --no-deps ai-dynamo==1.6.1 ai-dynamo-runtime==1.6.1 \

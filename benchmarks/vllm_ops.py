@@ -97,7 +97,8 @@ class ModelSide:
 
 
 class RealSide:
-    """The real vLLM 0.33 KVCacheManager (benchmarks/vllm_ref.py)."""
+    """The real vLLM KVCacheManager (benchmarks/vllm_ref.py: the pinned install ``use_vllm``
+    chose)."""
 
     def __init__(
         self, capacity_blocks: int, block_size: int, full_sequence_must_fit: bool = True

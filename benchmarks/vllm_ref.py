@@ -1,18 +1,25 @@
-"""The real vLLM KVCacheManager (vllm==0.33.0), loaded on a CPU without its ~25 dependencies.
+"""The real vLLM KVCacheManager (vllm==0.33.0 or 0.34.0), loaded on a CPU without its ~25
+dependencies.
 
-`vllm` is installed with `pip install --no-deps vllm==0.33.0` beside CPU torch and `cbor2`
-(imported at top level by `vllm/utils/hashing.py`). Importing it the normal way runs
+Two pinned installs (the Makefile's test stamp): `pip install --no-deps vllm==0.33.0` into the
+venv beside CPU torch and `cbor2` (imported at top level by `vllm/utils/hashing.py`), and
+`pip install --no-deps --target .venv/vllm-0.34.0 vllm==0.34.0` (never on `sys.path`: its
+directory is only the root the bare packages below point at). `use_vllm(version)` picks the
+one `load_vllm_core` loads (default the newest); both can be loaded in one process, one at a
+time in `sys.modules` (switching swaps their `vllm.*` modules). Importing it the normal way runs
 `vllm/__init__.py`, which pulls in the whole engine. We only need `vllm/v1/core/` (the
 manager, coordinator, single-type managers, block pool, kv_cache_utils), `vllm/v1/request.py`
 and `vllm/v1/kv_cache_interface.py`. So we register, in `sys.modules`, bare `vllm`, `vllm.v1`
 and `vllm.v1.structured_output` packages that point at the installed directories (their
 `__init__` is not run) plus 13 inert stub modules for what those files import at load time but
 never call on this path (config, logging, KV events, multimodal, sampling and pooling params,
-engine types, metrics, utils). Four real definitions are needed on the stubs; they are compiled
-from the installed source with `ast` (`MEDIUM_GPU`/`MEDIUM_CPU`, `ConstantList`,
-`FinishReason` + `FINISH_REASON_STRINGS`, `get_dtype_size`), so nothing of vLLM is
-re-implemented here. The full-attention manager is registered by hand, so
-`register_all_kvcache_specs` (which needs `vllm.config` and `vllm.platforms`) never runs.
+engine types, metrics, utils). Four real definitions are needed on the stubs (0.34: five);
+they are compiled from the installed source with `ast` (`MEDIUM_GPU`/`MEDIUM_CPU`,
+`ConstantList`, `FinishReason` + `FINISH_REASON_STRINGS`, `get_dtype_size`; 0.34's scheduler
+always hands `strip_covered_mm_data` a new request's multimodal features, since its V1 model
+runner is gone), so nothing of vLLM is re-implemented here. The full-attention manager is
+registered by hand, so `register_all_kvcache_specs` (which needs `vllm.config` and
+`vllm.platforms`) never runs.
 docs/engine.md (the differential tests) says what the harness covers and how it is checked.
 
 `VllmRef` drives one manager (one full-attention group, `capacity_blocks` usable blocks; block 0
@@ -28,6 +35,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import logging
+import re
 import sys
 import types
 from pathlib import Path
@@ -37,7 +45,8 @@ import numpy as np
 
 from benchmarks.stubbing import StubModule, real_definitions
 
-VLLM_VERSION = "0.33.0"
+# The pinned installs, oldest first (Makefile test stamp); the newest is the default.
+VLLM_VERSIONS = ("0.33.0", "0.34.0")
 
 # Loaded at import time by the real modules we use, never called on the simulated path.
 _STUBBED = (
@@ -64,60 +73,128 @@ _REAL = (
     ("vllm.v1.engine", "v1/engine/__init__.py", ("FINISH_REASON_STRINGS", "FinishReason")),
     ("vllm.utils.torch_utils", "utils/torch_utils.py", ("get_dtype_size",)),
 )
+# ... and since 0.34 (its annotations name stubbed classes: resolved on their stubs)
+_REAL_034 = (
+    ("vllm.multimodal.utils", "multimodal/utils.py", ("strip_covered_mm_data",)),
+)
 
 
 class VllmUnavailable(RuntimeError):
     """vllm (or torch, cbor2) is not installed, or is not the pinned version."""
 
 
-def _installed_version() -> str | None:
+_ACTIVE = VLLM_VERSIONS[-1]  # what load_vllm_core loads when not told (use_vllm)
+_MODULES: dict[str, dict[str, types.ModuleType]] = {}  # loaded versions' modules by short name
+_SAVED: dict[str, dict[str, types.ModuleType]] = {}  # a loaded version's sys.modules entries
+_IN_SYS: str | None = None  # the version whose vllm.* modules sys.modules holds
+
+
+def pinned(version: str) -> str:
+    """The pinned install ``version`` names (``0.34`` or ``0.34.0``); VllmUnavailable when
+    none does."""
+    for v in VLLM_VERSIONS:
+        if version in (v, v.rsplit(".", 1)[0]):
+            return v
+    raise VllmUnavailable(f"vllm {version} is not one of the pinned installs {VLLM_VERSIONS}")
+
+
+def use_vllm(version: str) -> str:
+    """Make ``version`` the one ``load_vllm_core()`` loads from now on; returns it pinned."""
+    global _ACTIVE
+    _ACTIVE = pinned(version)
+    return _ACTIVE
+
+
+def active_version() -> str:
+    return _ACTIVE
+
+
+def vllm_root(version: str) -> Path:
+    """The ``vllm`` package directory of the pinned install ``version``: ``vllm-<version>``
+    beside the venv's ``bin`` (a ``pip install --target``), else the venv's own install."""
     from importlib import metadata
 
-    try:
-        return metadata.version("vllm")
-    except metadata.PackageNotFoundError:
-        return None
+    version = pinned(version)
+    target = Path(sys.prefix) / f"vllm-{version}"
+    found = []
+    for path in ([str(target)], None):
+        for dist in metadata.distributions(name="vllm", **({"path": path} if path else {})):
+            if dist.version == version:
+                return Path(str(dist.locate_file("vllm")))
+            found.append(dist.version)
+    raise VllmUnavailable(
+        f"vllm=={version} required, found {', '.join(found) or 'none'} (make test installs "
+        f"it: pip install --no-deps --target {target} vllm=={version})")
 
 
-_MODULES: dict[str, types.ModuleType] | None = None
+def _is_vllm(name: str) -> bool:
+    return name == "vllm" or name.startswith("vllm.")
 
 
-def load_vllm_core() -> dict[str, types.ModuleType]:
-    """Import vLLM's v1 KV-cache modules for real, heavy imports stubbed (once per process).
+def _switch(version: str) -> None:
+    """Put ``version``'s vllm.* modules in sys.modules (none yet: an empty slate), keeping
+    the other version's aside: a module imported at call time resolves to its own version."""
+    global _IN_SYS
+    if _IN_SYS == version:
+        return
+    if _IN_SYS is None and "vllm" in sys.modules and not isinstance(
+            sys.modules.get("vllm.config"), StubModule):
+        raise VllmUnavailable("a real vllm is already imported in this process")
+    names = [n for n in sys.modules if _is_vllm(n)]
+    if _IN_SYS is not None:
+        _SAVED[_IN_SYS] = {n: sys.modules[n] for n in names}
+    for n in names:
+        del sys.modules[n]
+    sys.modules.update(_SAVED.get(version, {}))
+    _IN_SYS = version
 
-    Returns the modules by short name. Raises VllmUnavailable when vllm, torch or cbor2 is
-    missing or vllm is not 0.33.0.
+
+def load_vllm_core(version: str | None = None) -> dict[str, types.ModuleType]:
+    """Import vLLM's v1 KV-cache modules for real, heavy imports stubbed (once per process and
+    version; ``version``: a pinned install, default ``use_vllm``'s).
+
+    Returns the modules by short name. Raises VllmUnavailable when torch or cbor2 is missing
+    or that vllm is not installed.
     """
-    global _MODULES
-    if _MODULES is not None:
-        return _MODULES
-    version = _installed_version()
-    if version != VLLM_VERSION:
-        raise VllmUnavailable(f"vllm=={VLLM_VERSION} required, found {version}")
+    version = pinned(version or _ACTIVE)
+    if version in _MODULES:
+        _switch(version)
+        return _MODULES[version]
     for dep in ("torch", "cbor2"):
         if importlib.util.find_spec(dep) is None:
             raise VllmUnavailable(f"{dep} is not installed (needed by vllm's KV-cache core)")
-    spec = importlib.util.find_spec("vllm")
-    if spec is None or not spec.submodule_search_locations:
-        raise VllmUnavailable("vllm is not installed (pip install --no-deps vllm==0.33.0)")
-    root = Path(next(iter(spec.submodule_search_locations)))
-    if "vllm" not in sys.modules:
-        for name in _BARE:
-            path = root.joinpath(*name.split(".")[1:])
-            package = types.ModuleType(name)
-            package.__path__ = [str(path)]
-            package.__file__ = str(path / "__init__.py")
-            sys.modules[name] = package
-        for name in _STUBBED:
-            stub = StubModule(name)
-            stub.__path__ = []  # a package, so stubbed submodules resolve through it
-            sys.modules[name] = stub
-        sys.modules["vllm.logger"].init_logger = logging.getLogger  # type: ignore[attr-defined]
-        for module, rel, names in _REAL:
-            for name, value in real_definitions(root / rel, names, VllmUnavailable).items():
-                setattr(sys.modules[module], name, value)
-    elif not isinstance(sys.modules.get("vllm.config"), StubModule):
-        raise VllmUnavailable("a real vllm is already imported in this process")
+    root = vllm_root(version)
+    _switch(version)
+    # an import hook serving stubs for the scheduler's imports (vllm_sched_ref) would stub
+    # modules the core imports for real: off while the core loads
+    hooks = [f for f in sys.meta_path if getattr(f, "serves_vllm_stubs", False)]
+    sys.meta_path[:] = [f for f in sys.meta_path if f not in hooks]
+    try:
+        mods = _load_core(root, version)
+    finally:
+        sys.meta_path[:0] = hooks
+    _MODULES[version] = mods
+    return mods
+
+
+def _load_core(root: Path, version: str) -> dict[str, types.ModuleType]:
+    for name in _BARE:
+        path = root.joinpath(*name.split(".")[1:])
+        package = types.ModuleType(name)
+        package.__path__ = [str(path)]
+        package.__file__ = str(path / "__init__.py")
+        sys.modules[name] = package
+    for name in _STUBBED:
+        stub = StubModule(name)
+        stub.__path__ = []  # a package, so stubbed submodules resolve through it
+        sys.modules[name] = stub
+    sys.modules["vllm.logger"].init_logger = logging.getLogger  # type: ignore[attr-defined]
+    inputs = sys.modules["vllm.multimodal.inputs"]
+    stubs = {n: getattr(inputs, n) for n in ("MultiModalFeatureSpec", "MultiModalKwargsItem")}
+    for module, rel, names in _REAL + (_REAL_034 if since(version, "0.34") else ()):
+        for name, value in real_definitions(root / rel, names, VllmUnavailable,
+                                            stubs).items():
+            setattr(sys.modules[module], name, value)
     mods = {
         short: importlib.import_module(f"vllm.{path}")
         for short, path in (
@@ -136,8 +213,15 @@ def load_vllm_core() -> dict[str, types.ModuleType]:
         single.FullAttentionManager,
         uniform_type_base_spec=iface.FullAttentionSpec,
     )
-    _MODULES = mods
     return mods
+
+
+def since(version: str, release: str) -> bool:
+    """Whether pinned ``version`` is ``release`` (``0.34``) or newer."""
+    def key(v: str) -> tuple[int, ...]:
+        return tuple(int(x) for x in re.findall(r"\d+", v)[:2])
+
+    return key(pinned(version)) >= key(release)
 
 
 def vllm_available() -> bool:
@@ -158,11 +242,17 @@ class _SamplingParams:
         self.structured_outputs = None
         self.skip_reading_prefix_cache = None
 
+    # read since 0.34 (Request.get_prefix_cache_hit_limit): no prompt logprobs
+    prompt_logprobs = None
+    prompt_logprob_token_ids = None
+
 
 def request_tokens(ids: np.ndarray, n_tokens: int, block_size: int, rid: int) -> list[int]:
     """The first `n_tokens` token ids of a request: token j of block b is b*bs + j for every
     block `ids` covers (a prompt's partial last block included, so it hashes like kvsim's id
-    once decode fills it), then filler (negative, unique per request) past the last id."""
+    once decode fills it), then filler (negative, unique per request) past the last id.
+    Since 0.34 a Request keeps its tokens as int32 (``v1/token_buffer.py``): ids must stay
+    below 2**31 / block_size (OverflowError otherwise)."""
     ids = np.asarray(ids, np.int64)
     covered = min(len(ids), -(-n_tokens // block_size))
     toks = (ids[:covered, None] * block_size + np.arange(block_size, dtype=np.int64)).reshape(-1)
@@ -171,7 +261,8 @@ def request_tokens(ids: np.ndarray, n_tokens: int, block_size: int, rid: int) ->
 
 
 class VllmRef:
-    """One real vLLM 0.33 KVCacheManager with prefix caching, driven by kvsim block ids.
+    """One real vLLM KVCacheManager with prefix caching (``version``: a pinned install,
+    default ``use_vllm``'s), driven by kvsim block ids.
 
     Per request: `lookup` (get_computed_blocks, read-only), `admit` (get_computed_blocks then
     allocate_slots with the hit, as the V1 scheduler schedules a waiting request), `extend`
@@ -184,8 +275,9 @@ class VllmRef:
         capacity_blocks: int,
         block_size: int = 64,
         full_sequence_must_fit: bool = True,
+        version: str | None = None,
     ) -> None:
-        mods = load_vllm_core()
+        mods = load_vllm_core(version)
         import torch
 
         iface, hashing, utils = mods["interface"], mods["hashing"], mods["utils"]

@@ -1,5 +1,6 @@
-"""vLLM 0.33's real V1 ``Scheduler`` and ``AsyncScheduler`` on a CPU, driven step by step
-beside kvsim's vLLM engine (``sim/engines/vllm.py``) on the same request stream.
+"""vLLM's real V1 ``Scheduler`` and ``AsyncScheduler`` (0.33.0 or 0.34.0: the pinned installs
+of ``benchmarks.vllm_ref``) on a CPU, driven step by step beside kvsim's vLLM engine
+(``sim/engines/vllm.py``) on the same request stream.
 
 Loading: on top of ``benchmarks.vllm_ref.load_vllm_core`` (the KV-cache core, real), the
 scheduler package ``vllm/v1/core/sched`` and what it needs to decide are imported for real:
@@ -7,10 +8,11 @@ the encoder cache manager, ``v1/outputs.py``, ``v1/structured_output/request.py`
 ``utils/math_utils.py``. Every other ``vllm.*`` module it imports is a stub served by an
 import hook (``StubModule``: a placeholder class per name, whose attributes raise), so a stub
 cannot answer a scheduling question. Four stand-ins are given by hand: the ``VllmConfig``
-namespace with vLLM 0.33's online-server defaults (``max_num_batched_tokens`` 8192 unless
+namespace with vLLM's online-server defaults (``max_num_batched_tokens`` 8192 unless
 given, ``max_num_seqs`` 1024, chunked prefill, fcfs, ``scheduler_reserve_full_isl``, no
 watermark, no long-prefill threshold, no speculative decoding, LoRA, multimodal inputs or
-connectors), sampling parameters with ``max_tokens`` = the output length and no stop
+connectors; 0.34's new scheduler fields at their defaults, cache-aware admission as asked),
+sampling parameters with ``max_tokens`` = the output length and no stop
 tokens, a structured-output manager that accepts every token, a no-op KV-event publisher;
 ``current_platform.is_xpu()`` is False (the async scheduler's PP cadence, unused at PP 1).
 
@@ -44,7 +46,14 @@ import numpy as np
 import simpy
 
 from benchmarks.stubbing import StubModule, real_definitions
-from benchmarks.vllm_ref import load_vllm_core, request_tokens
+from benchmarks.vllm_ref import (
+    VLLM_VERSIONS,
+    active_version,
+    load_vllm_core,
+    pinned,
+    request_tokens,
+    since,
+)
 
 # vllm.* modules imported for real by the scheduler (with the KV-cache core of vllm_ref).
 _REAL_PREFIXES = ("vllm.v1.core", "vllm.v1.request", "vllm.v1.kv_cache_interface",
@@ -59,7 +68,10 @@ _STATS_NAMES = ("KV_FETCH_WAITING_TO_START", "KV_FETCH_IN_PROGRESS",
 
 
 class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Serve every vllm.* module outside ``_REAL_PREFIXES`` as a ``StubModule``."""
+    """Serve every vllm.* module outside ``_REAL_PREFIXES`` as a ``StubModule`` (set aside
+    by ``vllm_ref.load_vllm_core`` while it loads another version's core)."""
+
+    serves_vllm_stubs = True
 
     def find_spec(self, name, path=None, target=None):
         if not name.startswith("vllm.") or any(
@@ -115,16 +127,21 @@ class _SamplingParams:
         self.repetition_detection = None
         self.num_logprobs = None
 
+    # read since 0.34 (Request.get_prefix_cache_hit_limit): no prompt logprobs
+    prompt_logprobs = None
+    prompt_logprob_token_ids = None
 
-_SCHED: dict[str, Any] | None = None
+
+_SCHED: dict[str, dict[str, Any]] = {}
 
 
-def load_vllm_scheduler() -> dict[str, Any]:
-    """The real Scheduler and AsyncScheduler classes (loaded once per process)."""
-    global _SCHED
-    if _SCHED is not None:
-        return _SCHED
-    core = load_vllm_core()
+def load_vllm_scheduler(version: str | None = None) -> dict[str, Any]:
+    """The real Scheduler and AsyncScheduler classes of pinned ``version`` (default
+    ``vllm_ref.use_vllm``'s; loaded once per process and version)."""
+    version = pinned(version or active_version())
+    core = load_vllm_core(version)  # its modules in sys.modules
+    if version in _SCHED:
+        return _SCHED[version]
     if not any(isinstance(f, _StubFinder) for f in sys.meta_path):
         sys.meta_path.insert(0, _StubFinder())
     for name in ("vllm.platforms", "vllm.envs", "vllm.distributed.kv_events"):
@@ -148,22 +165,34 @@ def load_vllm_scheduler() -> dict[str, Any]:
     sched = importlib.import_module("vllm.v1.core.sched.scheduler")
     async_sched = importlib.import_module("vllm.v1.core.sched.async_scheduler")
     outputs = importlib.import_module("vllm.v1.outputs")
-    _SCHED = {"Scheduler": sched.Scheduler, "AsyncScheduler": async_sched.AsyncScheduler,
-              "ModelRunnerOutput": outputs.ModelRunnerOutput, **core}
-    return _SCHED
+    _SCHED[version] = {"Scheduler": sched.Scheduler,
+                       "AsyncScheduler": async_sched.AsyncScheduler,
+                       "ModelRunnerOutput": outputs.ModelRunnerOutput, "version": version,
+                       **core}
+    return _SCHED[version]
 
 
 def vllm_config(num_blocks: int, max_num_batched_tokens: int, max_num_seqs: int,
-                max_model_len: int) -> types.SimpleNamespace:
-    """A VllmConfig namespace: vLLM 0.33's online-server defaults (module doc)."""
+                max_model_len: int, version: str = VLLM_VERSIONS[-1],
+                cache_aware: tuple[int, float] = (0, 0.5)) -> types.SimpleNamespace:
+    """A VllmConfig namespace: vLLM's online-server defaults (module doc) as pinned
+    ``version`` reads them; ``cache_aware``: 0.34's (window, threshold)."""
     ns = types.SimpleNamespace
+    v034 = since(version, "0.34")
+    if cache_aware[0] and not v034:
+        raise ValueError(f"cache-aware admission is new in vLLM 0.34, not in {version}")
+    # 0.34: P/D in-flight loads uncapped (None), cache-aware admission, no watermark; its V1
+    # model runner is gone (0.33's use_v2_model_runner=False drove the V1 path)
+    since_034 = (dict(max_num_inflight_kv_loads=None, cache_aware_admission_window=cache_aware[0],
+                      cache_aware_admission_threshold=cache_aware[1]) if v034 else {})
+    runner = dict(watermark_config=None) if v034 else dict(use_v2_model_runner=False)
     return ns(
         scheduler_config=ns(
             max_num_seqs=max_num_seqs, max_num_active_seqs=None,
             max_num_scheduled_tokens=None, max_num_batched_tokens=max_num_batched_tokens,
             long_prefill_token_threshold=0, long_prefill_token_threshold_adaptive=False,
             policy="fcfs", enable_chunked_prefill=True, scheduler_reserve_full_isl=True,
-            watermark=0.0, prefill_schedule_interval=1),
+            watermark=0.0, prefill_schedule_interval=1, **since_034),
         cache_config=ns(num_gpu_blocks=num_blocks, enable_prefix_caching=True,
                         enable_mamba_shared_prefix_checkpoint=False, mamba_cache_mode="none"),
         lora_config=None,
@@ -183,9 +212,9 @@ def vllm_config(num_blocks: int, max_num_batched_tokens: int, max_num_seqs: int,
         max_concurrent_batches=1,
         ec_manager_config=ns(get_encoder_cache_manager_obj=lambda: None),
         speculative_config=None, num_speculative_tokens=0, num_lookahead_tokens=0,
-        num_prefill_lookahead_tokens=0, use_v2_model_runner=False,
+        num_prefill_lookahead_tokens=0,
         num_hash_lookahead_tokens=0, max_in_flight_tokens=None,
-        aux_output_config=ns(enabled=False),
+        aux_output_config=ns(enabled=False), **runner,
     )
 
 
@@ -205,8 +234,9 @@ class RealScheduler:
     """vLLM's real Scheduler (``asynchronous``: AsyncScheduler) with a stub model runner."""
 
     def __init__(self, capacity_blocks: int, block_size: int, budget: int, max_seqs: int,
-                 asynchronous: bool) -> None:
-        m = load_vllm_scheduler()
+                 asynchronous: bool, version: str | None = None,
+                 cache_aware: tuple[int, float] = (0, 0.5)) -> None:
+        m = load_vllm_scheduler(version)
         import torch
 
         iface, utils, hashing = m["interface"], m["utils"], m["hashing"]
@@ -215,8 +245,10 @@ class RealScheduler:
         kv = iface.KVCacheConfig(num_blocks=capacity_blocks + 1, kv_cache_tensors=[],
                                  kv_cache_groups=[iface.KVCacheGroupSpec(["layers.0"], spec)])
         cls = m["AsyncScheduler"] if asynchronous else m["Scheduler"]
-        self.sched = cls(vllm_config(capacity_blocks + 1, budget, max_seqs, 1 << 30), kv,
+        self.sched = cls(vllm_config(capacity_blocks + 1, budget, max_seqs, 1 << 30,
+                                     m["version"], cache_aware), kv,
                          _StructuredOutputManager(), block_size)
+        self.version = m["version"]
         utils.init_none_hash(hashing.sha256)
         self._hasher = utils.get_request_block_hasher(block_size, hashing.sha256)
         self._mods = m
@@ -271,9 +303,10 @@ class RealScheduler:
                                               self._rid[rid])[pos:])
             else:
                 sampled.append([])
-        mro = self._mods["ModelRunnerOutput"](
-            req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-            sampled_token_ids=sampled)
+        # 0.34 indexes req_ids itself (no req_id_to_index field)
+        index = {} if since(self.version, "0.34") else {
+            "req_id_to_index": {r: i for i, r in enumerate(ids)}}
+        mro = self._mods["ModelRunnerOutput"](req_ids=ids, sampled_token_ids=sampled, **index)
         done_before = set(self._finished())
         s.update_from_output(out, mro)
         return sorted(set(self._finished()) - done_before)
@@ -299,7 +332,9 @@ class KvsimScheduler:
     """kvsim's vLLM engine driven through its step seam (``schedule`` / ``update``)."""
 
     def __init__(self, capacity_blocks: int, block_size: int, budget: int, max_seqs: int,
-                 asynchronous: bool, finish_ids: dict[int, np.ndarray]) -> None:
+                 asynchronous: bool, finish_ids: dict[int, np.ndarray],
+                 version: str = VLLM_VERSIONS[-1],
+                 cache_aware: tuple[int, float] = (0, 0.5)) -> None:
         from costmodel.profile import load_profile
         from costmodel.specs import get_spec
         from sim.config import RunConfig
@@ -311,6 +346,9 @@ class KvsimScheduler:
         cfg = RunConfig.from_flat(engine="vllm", gpu_cache=capacity_blocks * block_size,
                                   block_size=block_size, chunk_size=budget, max_running=max_seqs,
                                   vllm_async=asynchronous, profile="derived-h100-qwen3-8b",
+                                  vllm_version=pinned(version).rsplit(".", 1)[0],
+                                  vllm_cache_aware_window=cache_aware[0],
+                                  vllm_cache_aware_threshold=cache_aware[1],
                                   debug_cache=True).with_preset("vllm")
         policy = cfg.make_policy()
         self.rec = RunRecorder(["s"], [0], [False], [0])
@@ -370,17 +408,22 @@ class DiffResult:
 
 
 def drive(requests: list[Request], capacity_blocks: int, block_size: int, budget: int,
-          asynchronous: bool, max_seqs: int = 1024, stop_after: int = 1) -> DiffResult:
+          asynchronous: bool, max_seqs: int = 1024, stop_after: int = 1,
+          version: str | None = None, cache_aware: tuple[int, float] = (0, 0.5)) -> DiffResult:
     """Run ``requests`` through both schedulers in lock step; collect divergences (stop
-    after ``stop_after`` of them)."""
+    after ``stop_after`` of them). ``version``: vLLM's pinned install (default
+    ``vllm_ref.use_vllm``'s), modelled by kvsim as ``vllm_version``; ``cache_aware``: 0.34's
+    cache-aware admission (window, threshold) on both sides."""
+    version = pinned(version or active_version())
     # vLLM refuses to start with a max_model_len its cache cannot hold; kvsim drops such a
     # request at submission: neither side sees it
     requests = [r for r in requests
                 if -(-(r.prompt_tokens + r.output_tokens - 1) // block_size) <= capacity_blocks]
     finish_ids = {r.rid: r.ids for r in requests}
-    real = RealScheduler(capacity_blocks, block_size, budget, max_seqs, asynchronous)
+    real = RealScheduler(capacity_blocks, block_size, budget, max_seqs, asynchronous, version,
+                         cache_aware)
     sim = KvsimScheduler(capacity_blocks, block_size, budget, max_seqs, asynchronous,
-                         finish_ids)
+                         finish_ids, version, cache_aware)
     res = DiffResult()
     pending = sorted(requests, key=lambda r: (r.arrive, r.rid))
     queue: deque = deque()  # (real output, sampling, kvsim step), newest first

@@ -192,7 +192,9 @@ def test_sweep_grid_over_context_keeps_full_point_ids() -> None:
     for later in ("replicas", "router", "router_params", "vllm_patch", "pool",
                   "pool_bandwidth", "pool_latency_us", "pool_write", "pool_watermark",
                   "pool_evict_fraction", "vllm_async", "gpu", "tp", "mem_fraction",
-                  "gpu_cache_bytes", "trace_seed", "repeats", "slo", "max_concurrency"):
+                  "gpu_cache_bytes", "trace_seed", "repeats", "slo", "max_concurrency",
+                  "vllm_version", "vllm_cache_aware_window", "vllm_cache_aware_threshold",
+                  "kv_dtype"):
         d.pop(later)
     old = hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
     assert point_id(cfg) == old

@@ -522,7 +522,9 @@ def test_sweep_point_ids_move_only_for_async_vllm_points() -> None:
         for k in ("extra", "context", "replicas", "router", "router_params", "vllm_async",
                   "vllm_patch", "pool", "pool_bandwidth", "pool_latency_us", "pool_write",
                   "pool_watermark", "pool_evict_fraction", "max_concurrency", "gpu", "tp",
-                  "mem_fraction", "gpu_cache_bytes", "trace_seed", "repeats", "slo"):
+                  "mem_fraction", "gpu_cache_bytes", "trace_seed", "repeats", "slo",
+                  "vllm_version", "vllm_cache_aware_window", "vllm_cache_aware_threshold",
+                  "kv_dtype"):
             d.pop(k, None)
         return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 

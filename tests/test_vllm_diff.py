@@ -1,6 +1,7 @@
-"""Differential test: kvsim's vLLM model (sim.kvcache.blockpool) against the REAL vLLM 0.33
-KVCacheManager (benchmarks/vllm_ref.py: installed with --no-deps, heavy imports stubbed; CI
-installs it in `make test`, so nothing here is skipped there).
+"""Differential test: kvsim's vLLM model (sim.kvcache.blockpool) against the REAL vLLM
+KVCacheManager, 0.33.0 and 0.34.0 alike (benchmarks/vllm_ref.py: each pinned install with
+--no-deps, heavy imports stubbed; CI installs both in `make test`, so nothing here is skipped
+there, and a missing one fails).
 
 Both caches are driven through vLLM's V1 protocol by one driver (benchmarks/vllm_ops.py:
 lookups at arrival, admission with the hit, chunked prefill, decode growth, preemption of the
@@ -32,6 +33,13 @@ from benchmarks.vllm_ops import (
     RealSide,
     drive,
 )
+from benchmarks.vllm_ref import VLLM_VERSIONS, use_vllm
+
+
+@pytest.fixture(params=VLLM_VERSIONS, autouse=True)
+def vllm(request) -> str:
+    """Every test here runs against each pinned vLLM (the one ``VllmRef`` loads)."""
+    return use_vllm(request.param)
 
 
 def lockstep(stream: OpStream, config: DriverConfig) -> Counter:
@@ -251,7 +259,7 @@ def engine_lockstep(monkeypatch, cfg, trace) -> Counter:
     return ops
 
 
-def test_vllm_diff_engine_kit_trace(monkeypatch) -> None:
+def test_vllm_diff_engine_kit_trace(monkeypatch, vllm: str) -> None:
     """Tight memory: chunked prefills, mixed steps, decode runs, preemptions, lazy hits."""
     from sim.config import RunConfig
     from tests.enginekit import KitTrace
@@ -261,7 +269,7 @@ def test_vllm_diff_engine_kit_trace(monkeypatch) -> None:
     for (cache, budget), asynchronous in itertools.product(((8000, 8192), (9000, 2048)),
                                                           (False, True)):
         cfg = RunConfig.from_flat(engine="vllm", gpu_cache=cache, sessions=3, chunk_size=budget,
-                                  profile="derived-h100-qwen3-8b",
+                                  profile="derived-h100-qwen3-8b", vllm_version=vllm[:4],
                                   vllm_async=asynchronous).with_preset("vllm")
         ops = engine_lockstep(monkeypatch, cfg, trace)
         print(f"engine kit {cache}/{budget} async {asynchronous}: {ops['ops']} ops compared")
@@ -269,12 +277,12 @@ def test_vllm_diff_engine_kit_trace(monkeypatch) -> None:
         assert ops["hit"] > 0
 
 
-def test_vllm_diff_engine_synthetic(monkeypatch) -> None:
+def test_vllm_diff_engine_synthetic(monkeypatch, vllm: str) -> None:
     """The synthetic Claude Code trace at N = 4 in a cache that evicts."""
     from sim.config import RunConfig
 
     cfg = RunConfig.from_flat(engine="vllm", trace="synthetic:claude-code?sessions=6",
-                              max_context=32768,
+                              max_context=32768, vllm_version=vllm[:4],
                               gpu_cache=49152, sessions=4, gaps="tool").with_preset("vllm")
     ops = engine_lockstep(monkeypatch, cfg, None)
     print(f"engine synthetic: {ops['ops']} ops compared")
@@ -285,7 +293,8 @@ def test_vllm_diff_engine_synthetic(monkeypatch) -> None:
 @pytest.mark.shared_data
 @pytest.mark.parametrize(("decode_runs", "select"), [(True, 6), (False, 2)],
                          ids=["runs", "steps"])
-def test_vllm_diff_engine_cc_traces(monkeypatch, decode_runs: bool, select: int) -> None:
+def test_vllm_diff_engine_cc_traces(monkeypatch, vllm: str, decode_runs: bool,
+                                    select: int) -> None:
     """Real Claude Code sessions (15.6K shared prefix, 32K cut) through the engine, with
     decode runs, and with one event per V1 step (every decode token an allocation)."""
     from sim.config import RunConfig
@@ -294,7 +303,7 @@ def test_vllm_diff_engine_cc_traces(monkeypatch, decode_runs: bool, select: int)
     monkeypatch.setattr(VllmServer, "decode_runs", decode_runs)
     cfg = RunConfig.from_flat(engine="vllm", trace=str(CC_TRACES), select=f"top-requests:{select}",
                               shared_prefix=15974, max_context=32768, gpu_cache=65536 // 6 * select,
-                              sessions=min(4, select), gaps="cap:10",
+                              sessions=min(4, select), gaps="cap:10", vllm_version=vllm[:4],
                               chunk_size=4096).with_preset("vllm")
     ops = engine_lockstep(monkeypatch, cfg, None)
     print(f"engine cc-traces ({'runs' if decode_runs else 'steps'}): {ops['ops']} ops compared")

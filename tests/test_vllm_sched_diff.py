@@ -1,8 +1,8 @@
 """Differential test: kvsim's vLLM engine step logic (sim/engines/vllm.py ``schedule`` /
-``update``) against vLLM 0.33's REAL V1 ``Scheduler`` and ``AsyncScheduler``
-(benchmarks/vllm_sched_ref.py: installed with --no-deps, everything but the scheduler,
-the KV-cache core and the request model stubbed; CI installs it in ``make test``, so nothing
-here is skipped there).
+``update``) against vLLM's REAL V1 ``Scheduler`` and ``AsyncScheduler``, 0.33.0 and 0.34.0
+alike (benchmarks/vllm_sched_ref.py: each pinned install with --no-deps, everything but the
+scheduler, the KV-cache core and the request model stubbed; CI installs both in ``make test``,
+so nothing here is skipped there, and a missing one fails).
 
 Both are driven in lock step with the same request stream and a stub model runner (one
 token per scheduled request whose computed tokens reach its length): sync as
@@ -13,7 +13,9 @@ tokens) and the preempted set must agree; after every output processed, the fini
 the free block count, every running request's block table and the waiting and running
 orders. Workloads: multi-turn sessions sharing a prefix (follow-ups hit their
 predecessors' prompt and decode blocks), preemption-heavy pools, small token budgets
-(chunked prefill with decode rows riding along), a max_num_seqs cap.
+(chunked prefill with decode rows riding along), a max_num_seqs cap; at 16-token blocks and at
+64 (0.34's deployed CUDA default: four of them with prompts and budgets x4); 0.34's opt-in
+cache-aware admission (``--vllm-cache-aware-window``) on both sides.
 """
 
 from __future__ import annotations
@@ -22,11 +24,19 @@ import copy
 
 import pytest
 
+from benchmarks.vllm_ref import VLLM_VERSIONS, since, use_vllm
 from benchmarks.vllm_sched_ref import KvsimScheduler, drive, workload
 from sim.engines import VllmServer
 from sim.kvcache.blockpool import BlockPool
 
 BS = 16
+
+
+@pytest.fixture(params=VLLM_VERSIONS, autouse=True)
+def vllm(request) -> str:
+    """Every test here runs against each pinned vLLM (``drive``'s default version)."""
+    return use_vllm(request.param)
+
 # (name, workload arguments, drive arguments)
 WORKLOADS = [
     *[(f"preempt-{s}", dict(seed=s, sessions=8, turns=3, prompt=200, output=400,
@@ -42,22 +52,84 @@ WORKLOADS = [
     ("turns-budget", dict(seed=1, sessions=6, turns=4, prompt=400, output=120),
      dict(capacity_blocks=70, budget=256)),
 ]
+# at 64-token blocks (scaled x4) and with cache-aware admission: one of each kind
+# (preemption, a tight pool, chunked prefill, the max_num_seqs cap)
+WORKLOADS_64 = [WORKLOADS[i] for i in (0, 3, 5, 8)]
+WORKLOADS_CACHE_AWARE = [WORKLOADS[i] for i in (0, 3, 5, 8)]
 
 
-@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
-def test_vllm_sched_diff(asynchronous: bool, capsys) -> None:
+def scaled(workloads: list, k: int) -> list:
+    """The same workloads at ``k`` times the block size: prompts and budgets x k (the same
+    blocks per prompt and per step), outputs as they were (fewer decode steps)."""
+    return [(f"{name}-x{k}", {**w, "prompt": w.get("prompt", 300) * k},
+             {**d, "budget": d["budget"] * k}) for name, w, d in workloads]
+
+
+def run_set(workloads: list, bs: int, asynchronous: bool, **kw) -> tuple[int, int]:
+    """Drive every workload at ``bs``-token blocks; (steps, preemptions) in all."""
     steps = preemptions = 0
-    for name, w, d in WORKLOADS:
-        res = drive(workload(block_size=BS, **w), block_size=BS, asynchronous=asynchronous,
-                    **d)
+    for name, w, d in workloads:
+        res = drive(workload(block_size=bs, **w), block_size=bs, asynchronous=asynchronous,
+                    **d, **kw)
         assert not res.divergences, f"{name}: {res.divergences[0]}"
         assert res.updates == res.steps
         steps += res.steps
         preemptions += res.preemptions
+    return steps, preemptions
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_vllm_sched_diff(vllm: str, asynchronous: bool, capsys) -> None:
+    steps, preemptions = run_set(WORKLOADS, BS, asynchronous)
     with capsys.disabled():
-        print(f"\nvllm sched diff ({'async' if asynchronous else 'sync'}): {len(WORKLOADS)} "
-              f"workloads, {steps} steps, {preemptions} preemptions, 0 divergences")
+        print(f"\nvllm {vllm} sched diff ({'async' if asynchronous else 'sync'}): "
+              f"{len(WORKLOADS)} workloads, {steps} steps, {preemptions} preemptions, "
+              "0 divergences")
     assert steps > 10_000 and preemptions >= 40
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_vllm_sched_diff_at_64_token_blocks(vllm: str, asynchronous: bool, capsys) -> None:
+    """vLLM 0.34's deployed CUDA default block size (kvsim's default): hits, evictions and
+    preemptions at 64-token granularity."""
+    sets = scaled(WORKLOADS_64, 4)
+    steps, preemptions = run_set(sets, 64, asynchronous)
+    with capsys.disabled():
+        print(f"\nvllm {vllm} sched diff bs64 ({'async' if asynchronous else 'sync'}): "
+              f"{len(sets)} workloads, {steps} steps, {preemptions} preemptions, "
+              "0 divergences")
+    assert preemptions >= 10
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_vllm_sched_diff_cache_aware_admission(vllm: str, asynchronous: bool,
+                                               capsys) -> None:
+    """0.34's opt-in cache-aware admission, window 8: at threshold 0 (every step reorders)
+    and 0.5 (once half the pool is used); 0.33 has none (kvsim refuses the knob there)."""
+    if not since(vllm, "0.34"):
+        with pytest.raises(ValueError, match=r"new in vLLM 0\.34"):
+            drive(workload(block_size=BS, **WORKLOADS[0][1]), block_size=BS,
+                  asynchronous=asynchronous, cache_aware=(8, 0.0), **WORKLOADS[0][2])
+        return
+    steps = 0
+    for threshold in (0.0, 0.5):
+        steps += run_set(WORKLOADS_CACHE_AWARE, BS, asynchronous,
+                         cache_aware=(8, threshold))[0]
+    with capsys.disabled():
+        print(f"\nvllm {vllm} sched diff cache-aware ({'async' if asynchronous else 'sync'})"
+              f": {2 * len(WORKLOADS_CACHE_AWARE)} workloads, {steps} steps, 0 divergences")
+
+
+def test_sched_diff_sees_fcfs_where_vllm_reorders(monkeypatch, vllm: str) -> None:
+    # The cache-aware comparison has teeth: kvsim serving FCFS beside vLLM 0.34 with the
+    # window on diverges (the waiting order is compared after every step).
+    if not since(vllm, "0.34"):
+        return
+    monkeypatch.setattr(VllmServer, "_reorder_waiting", lambda self: None)
+    _name, w, d = WORKLOADS[0]
+    res = drive(workload(block_size=BS, **w), block_size=BS, asynchronous=False,
+                cache_aware=(8, 0.0), **d)
+    assert res.divergences
 
 
 def test_sched_diff_sees_a_misplaced_preempted_request(monkeypatch) -> None:

@@ -51,3 +51,50 @@ def test_the_cli_option_reaches_the_config_and_the_sglang_engine_refuses_it() ->
     res = _run("--engine", "vllm", "--vllm-cache-aware-threshold", "0.7")
     assert res.exit_code == 2
     assert "--vllm-cache-aware-threshold does nothing here" in res.stderr, res.stderr
+
+
+# --- 0.34's cache-aware admission in runs (its steps: tests/test_vllm_sched_diff.py) ---------
+def _runs_of(monkeypatch, cfg, trace):
+    """The run with decode runs and with one event per V1 step: identical."""
+    import numpy as np
+
+    from sim.engines import VllmServer
+    from sim.run import run
+
+    fast = run(cfg, trace)
+    monkeypatch.setattr(VllmServer, "decode_runs", False)
+    slow = run(cfg, trace)
+    monkeypatch.undo()
+    for col in ("hit_gpu_tokens", "recomputed_tokens", "retractions", "decoded_tokens"):
+        assert fast.requests[col].tolist() == slow.requests[col].tolist(), col
+    for col in ("ttft_s", "end_s", "admit_s"):
+        np.testing.assert_allclose(fast.requests[col], slow.requests[col], rtol=1e-9)
+    return fast.requests.sort_values("request")
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_cache_aware_admission_admits_the_cached_prefix_once_usage_reaches_the_threshold(
+        monkeypatch, asynchronous) -> None:
+    """A 40-block pool: A (10 blocks) decodes 1,000 tokens; X (31 blocks, nothing cached)
+    and Y (4 blocks, 2 cached: A's) wait, X first. FCFS: X blocks Y until A has finished.
+    With a window of 8 and threshold 0.5 nothing moves at first (usage 10/40); A's decode
+    fills blocks until usage reaches 0.5, and that step puts Y, the deeper cached prefix,
+    before X: Y is admitted while A still decodes. So no decode run is taken while requests
+    wait under the window (the run equals one event per step)."""
+    from tests.enginekit import KitTrace
+
+    trace = KitTrace([[(640, 1000, 0.0)], [(1950, 10, 0.0)], [(193, 10, 0.0)]],
+                     shared_blocks=[2, 0, 2])
+
+    def cfg(window: int) -> RunConfig:
+        return RunConfig.from_flat(engine="vllm", gpu_cache=2560, sessions=3,
+                                   profile="derived-h100-qwen3-8b", vllm_async=asynchronous,
+                                   vllm_cache_aware_window=window,
+                                   vllm_cache_aware_threshold=0.5).with_preset("vllm")
+
+    fcfs = _runs_of(monkeypatch, cfg(0), trace)
+    aware = _runs_of(monkeypatch, cfg(8), trace)
+    a_end = fcfs["end_s"].iloc[0]
+    assert fcfs["admit_s"].tolist()[1:] == [a_end] * 2  # X and Y once A has finished
+    assert aware["admit_s"].iloc[2] < 0.6 * a_end < aware["admit_s"].iloc[1]
+    assert aware["hit_gpu_tokens"].iloc[2] == 128

@@ -189,9 +189,14 @@ class VllmServer(EngineBase):
                     "cache; KV offloading connectors are not modelled): use --engine sglang "
                     "for two tiers")
         if cfg.policy.scheduler != "fcfs":
-            return ("scheduler", f"vLLM 0.33's V1 scheduler serves the waiting queue fcfs "
+            return ("scheduler", f"vLLM's V1 scheduler serves the waiting queue fcfs "
                     f"(its priority policy needs request priorities); {cfg.policy.scheduler!r} is "
-                    "SGLang's: use --engine sglang")
+                    "SGLang's: use --engine sglang (vLLM 0.34's own reordering: "
+                    "--vllm-cache-aware-window)")
+        if cfg.engine.vllm_cache_aware_window and cfg.engine.vllm_patch != "none":
+            return ("vllm_cache_aware_window", "cache-aware admission is modelled on stock vLLM "
+                    f"0.34 only: --vllm-patch {cfg.engine.vllm_patch} changes the lookup or the "
+                    "queue order it reads; use --vllm-patch none")
         return cls._pd_unsupported(cfg) if cfg.is_pd else None
 
     @staticmethod
@@ -236,6 +241,9 @@ class VllmServer(EngineBase):
         self.max_seqs = self.knobs.max_running or VLLM_MAX_NUM_SEQS
         # vLLM 0.33's default for an online server (AsyncScheduler, batch queue of 2)
         self.async_scheduling = self.knobs.vllm_async
+        # vLLM 0.34's opt-in cache-aware admission (``_reorder_waiting``); 0: off
+        self.cache_aware_window = self.knobs.vllm_cache_aware_window
+        self.cache_aware_threshold = self.knobs.vllm_cache_aware_threshold
         self._seen_evicted = (0, 0)  # the pool's (evicted, lost) blocks already recorded
         # A disaggregated decode worker: requests whose KV is loading (allocated;
         # WAITING_FOR_REMOTE_KVS), and those it landed for, waiting and holding it
@@ -291,6 +299,8 @@ class VllmServer(EngineBase):
         if preempted:
             self._record_evictions()
             return self._scheduled(rows, decode, preempted, True)
+        if self.cache_aware_window:
+            self._reorder_waiting()
         while self.holding and budget > 0 and len(running) < self.max_seqs:
             r = self.holding.pop(0)  # landed: its blocks are allocated, all but one computed
             running.append(r)
@@ -327,6 +337,33 @@ class VllmServer(EngineBase):
         self._record_evictions()
         return self._scheduled(rows, decode, preempted, bool(self.waiting or self.holding))
 
+    def _reorder_waiting(self) -> None:
+        """vLLM 0.34's cache-aware admission (``Scheduler._reorder_waiting_by_cached_prefix``,
+        called before the waiting loop of a step that preempted nobody): once KV usage
+        (``BlockPool.get_usage``: 1 - free / total blocks) reaches the threshold, the
+        requests among the first ``window`` waiting ones that are WAITING with nothing
+        computed (never admitted: a preempted request keeps its slot) are put in their slots
+        deepest cached prefix first (the read-only lookup, ``get_num_cached_tokens``),
+        arrival order breaking ties."""
+        waiting = self.waiting
+        pool = self.pool
+        if len(waiting) < 2 or 1 - pool.free_blocks / pool.capacity_blocks < (
+                self.cache_aware_threshold):
+            return
+        head = waiting[:self.cache_aware_window]
+        slots = [i for i, r in enumerate(head) if r.record is None]
+        if len(slots) < 2:
+            return
+        cached = {}
+        for i in slots:
+            r = head[i]
+            if r.seq_ids is None:
+                r.seq_ids = r.prompt.finish
+            cached[i] = pool.lookup(r.seq_ids, r.prompt_tokens + r.generated)
+        order = sorted(slots, key=lambda i: (-cached[i], i))
+        for slot, source in zip(slots, order, strict=True):
+            waiting[slot] = head[source]
+
     # --- a disaggregated decode worker: the KV connector path (NixlConnector) -----------
     def reserve_remote(self, req: VllmReq, granted: Callable[[], None]) -> None:
         """``req``'s prompt KV is computed by a prefill worker (sim/fleet/pd.py): it joins
@@ -341,8 +378,10 @@ class VllmServer(EngineBase):
 
     def _allocate_remote(self, req: VllmReq) -> bool:
         """The head of the waiting queue allocates for its remote KV (``reserve_remote``);
-        False (nothing changed) when the whole prompt does not fit: FCFS stops there."""
-        if self.pool.admit_remote(req.rid, req.seq_ids, req.prompt_tokens) is None:
+        False (nothing changed) when the whole prompt does not fit beside what in-flight
+        prefills still need (``_inflight_prefill_blocks``): FCFS stops there."""
+        if self.pool.admit_remote(req.rid, req.seq_ids, req.prompt_tokens,
+                                  self._inflight_prefill_blocks()) is None:
             return False
         self.waiting.pop(0)
         granted, req.remote_granted = req.remote_granted, None
@@ -350,6 +389,16 @@ class VllmServer(EngineBase):
         self._record_evictions()
         granted()
         return True
+
+    def _inflight_prefill_blocks(self) -> int:
+        """vLLM's ``reserved_blocks`` for an async KV load (``_inflight_prefill_reserved_
+        blocks``, scheduler.py; 0.33 and 0.34 alike): the blocks the running requests still
+        prefilling (a decode worker's local prefills: conditional disaggregation) must yet
+        allocate to hold their prompt; a parked load (``receiving``) already holds its whole
+        prompt, so it reserves nothing more (no speculative decoding)."""
+        pool = self.pool
+        return sum(pool.blocks_to_grow(r.rid, r.prompt_tokens + r.generated)
+                   for r in self.running if not r.decoding)
 
     def land_remote(self, req: VllmReq) -> None:
         """The connector finished receiving (``_update_waiting_for_remote_kv``): the
@@ -600,7 +649,7 @@ class VllmServer(EngineBase):
                 # of the queue now and is admitted at the next step (it always fits alone).
                 assert step.preempted, "a V1 step scheduled nothing and preempted nobody"
                 continue
-            if self.decode_runs and not step.preempted and len(step.rows) == len(
+            if self._runs() and not step.preempted and len(step.rows) == len(
                     self.running) and all(step.decode):
                 yield from self._decode_run(step)
                 continue
@@ -635,10 +684,16 @@ class VllmServer(EngineBase):
                 yield env.timeout(inflight.end - env.now)
             finished = self.update(inflight)
             inflight = step
-            if (self.decode_runs and step is not None and not step.preempted
+            if (self._runs() and step is not None and not step.preempted
                     and len(step.rows) == len(self.running) and all(step.decode)
                     and (not self.waiting or (step.blocked and not finished))):
                 inflight = yield from self._async_decode_run(step)
+
+    def _runs(self) -> bool:
+        """Whether a decode-only step may start a decode run. Not while cache-aware admission
+        may reorder a waiting queue: as decode steps fill the pool, usage can reach the
+        threshold and the reordered head may fit where the refused one did not."""
+        return self.decode_runs and not (self.cache_aware_window and self.waiting)
 
     def _async_decode_run(self, step: Step):
         """The pipeline of decode-only steps while nothing changes, in one event: ``step``

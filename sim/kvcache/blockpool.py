@@ -180,6 +180,11 @@ class BlockPool:
     def computed_tokens(self, rid: int) -> int:
         return self._seqs[rid].computed
 
+    def blocks_to_grow(self, rid: int, num_tokens: int) -> int:
+        """Blocks request ``rid`` must still allocate to hold ``num_tokens`` tokens (vLLM's
+        ``get_num_blocks_to_allocate`` for a running request)."""
+        return max(_cdiv(num_tokens, self.block_size) - len(self._seqs[rid].table), 0)
+
     # ------------------------------------------------------------------ protocol
     def lookup(self, ids: np.ndarray, num_tokens: int) -> int:
         """Cached blocks at the start of ``ids``, capped at ``(num_tokens - 1) // bs`` (the
@@ -245,13 +250,16 @@ class BlockPool:
             self.check()
         return h
 
-    def admit_remote(self, rid: int, ids: np.ndarray, num_tokens: int) -> int | None:
+    def admit_remote(self, rid: int, ids: np.ndarray, num_tokens: int,
+                     reserved: int = 0) -> int | None:
         """``allocate_slots`` for waiting request ``rid`` whose first ``num_tokens`` tokens a
         KV connector loads (``num_external_computed_tokens``: every token past the local
         hit; ``delay_cache_blocks``): the hit is touched, blocks for the rest are popped, all
         ``num_tokens`` count as computed, and none of the new blocks is cached until
-        ``cache_known`` (when the load finished). The whole prompt must fit. Returns the
-        local hit in blocks, or None when it does not fit (nothing changed)."""
+        ``cache_known`` (when the load finished). The whole prompt must fit in the free
+        blocks less ``reserved`` (vLLM's ``reserved_blocks``: what in-flight prefills still
+        need, which an async load must leave them). Returns the local hit in blocks, or None
+        when it does not fit (nothing changed)."""
         if rid in self._seqs:
             raise ValueError(f"request {rid} is already running")
         if num_tokens < 1:
@@ -264,7 +272,7 @@ class BlockPool:
         idle = refs == 0
         evictable = int(np.count_nonzero(idle))
         n_new = _cdiv(num_tokens, self.block_size) - h
-        if n_new + evictable > len(self._queue):
+        if n_new + evictable > len(self._queue) - reserved:
             return None
         if evictable:
             self._queue.remove(hits[idle])
