@@ -53,6 +53,24 @@ def test_the_cli_option_reaches_the_config_and_the_sglang_engine_refuses_it() ->
     assert "--vllm-cache-aware-threshold does nothing here" in res.stderr, res.stderr
 
 
+def test_the_run_names_the_release_and_what_0_33_deployed() -> None:
+    res = _run("--engine", "vllm", "--vllm-version", "0.33")
+    assert res.exit_code == 0, res.stderr
+    assert "vllm engine (vLLM 0.33, async on)" in res.stdout
+    assert "vLLM 0.33 deployed 16-token KV blocks on CUDA by default (0.34: 64); this run " \
+        "keeps --block-size 64" in res.stderr
+    res = _run("--engine", "vllm", "--vllm-version", "0.33", "--block-size", "16")
+    assert res.exit_code == 0 and "deployed 16-token" not in res.stderr
+
+
+def test_max_num_inflight_kv_loads_is_refused_by_name() -> None:
+    res = _run("--engine", "vllm", "--prefill-replicas", "1", "--decode-replicas", "1",
+               "--max-num-inflight-kv-loads", "4")
+    assert res.exit_code == 2
+    assert "--max-num-inflight-kv-loads" in res.stderr
+    assert "kvsim does not model vLLM 0.34's cap on KV loads in flight" in res.stderr
+
+
 # --- 0.34's cache-aware admission in runs (its steps: tests/test_vllm_sched_diff.py) ---------
 def _runs_of(monkeypatch, cfg, trace):
     """The run with decode runs and with one event per V1 step: identical."""

@@ -121,6 +121,19 @@ class RunInputError(ValueError):
     exit_code = 2
 
 
+def refuse_inflight_kv_loads(ctx: click.Context, param: click.Parameter,
+                             value: int | None) -> None:
+    """vLLM 0.34's --max-num-inflight-kv-loads, refused by name: kvsim's decode worker
+    allocates a remote load only in the waiting loop, with token budget and a max_num_seqs
+    slot left (sim/engines/vllm.py ``_allocate_remote``), never from a second queue that
+    starts loads once both are spent."""
+    if value is not None:
+        raise click.BadParameter(
+            "kvsim does not model vLLM 0.34's cap on KV loads in flight: its decode worker "
+            "starts a remote KV load only when the step has token budget and a max_num_seqs "
+            "slot left (vLLM's default, the option unset); drop the option", ctx, param)
+
+
 def size_header(cfg: RunConfig) -> str:
     """Every size of the run in tokens, whatever its spelling (``3m`` is 3,145,728)."""
     parts = [f"GPU cache {cfg.cache.gpu_cache:,}"]
@@ -350,6 +363,10 @@ def gpu_header(cfg: RunConfig) -> str:
               help="--engine vllm: the KV usage (1 - free/total blocks) from which "
                    "--vllm-cache-aware-window reorders (vLLM's "
                    "--cache-aware-admission-threshold).")
+@click.option("--max-num-inflight-kv-loads", type=int, default=None, expose_value=False,
+              metavar="N", callback=refuse_inflight_kv_loads,
+              help="vLLM 0.34's cap on a decode worker's KV loads in flight: not modelled "
+                   "(refused; docs/engine.md).")
 @click.option("--debug-cache", is_flag=True,
               help="Recount cache invariants after every op; check the engine never idles "
               "with a request waiting.")
@@ -462,6 +479,9 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
     stderr.print(f"[dim]trace {tr.name}: {len(tr):,} requests loaded in "
                  f"{time.perf_counter() - t0:.1f}s[/dim]")
     stderr.print(f"[dim]{size_header(base)}[/dim]")
+    if engine == "vllm" and vllm_version == "0.33" and block_size != 16:
+        stderr.print(f"[dim]--vllm-version 0.33: vLLM 0.33 deployed 16-token KV blocks on CUDA "
+                     f"by default (0.34: 64); this run keeps --block-size {block_size}[/dim]")
     gpu_line = gpu_header(base)
     if gpu_line:
         stderr.print(f"[dim]{gpu_line}[/dim]")
@@ -513,7 +533,8 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
     print_table(runs, f"{s['trace']} ({s['trace_requests']} requests), {model}, "
                       f"GPU {base.cache.gpu_cache:,} tokens{cpu}, N={sessions}, "
                       f"{configs[0].engine_label} engine"
-                      f"{f' (async {vllm_async})' if engine == 'vllm' else ''}, "
+                      + (f" (vLLM {vllm_version}, async {vllm_async})" if engine == "vllm"
+                         else "") + ", "
                       f"{scheduler}, "
                       + (f"{replicas} replicas, router {s['router']}, " if "router" in s
                          and not base.is_pd else "")
