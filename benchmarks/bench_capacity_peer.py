@@ -19,7 +19,7 @@ Timed, ``--runs`` times, interleaved (the machine may be shared), medians:
   with its trace cache warm (the default ``~/.cache/kvsim``, here a temporary folder filled
   by an untimed run), ``kvsim capacity --cache-dir off`` (parses the file, as the peer does
   every time), and ``kvcache-simulator run --policies lru`` (its C++ binary built beforehand
-  by an untimed run);
+  by an untimed run); wall and CPU seconds (user + system, children included);
 - simulation only, in this process, the trace loaded: ``sim.studies.capacity.capacity_curve``
   against the peer's ``run_cpp_sweep`` (binary trace written, C++ process run and read).
 The machine's load (``os.getloadavg``) is printed before and after.
@@ -38,6 +38,7 @@ import argparse
 import gzip
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -96,13 +97,17 @@ def commands(path: Path, gib: list[float], cache_dir: str) -> dict[str, tuple[li
     }
 
 
-def run_once(argv: list[str], env: dict) -> tuple[float, str]:
+def run_once(argv: list[str], env: dict) -> tuple[float, float, str]:
+    """Wall seconds, CPU seconds (user + system, the process and its children: the peer's
+    C++ binary) and stdout of one run."""
+    c0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     res = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
     sec = time.perf_counter() - t0
+    c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     if res.returncode:
         raise SystemExit(f"{' '.join(argv[:2])} failed ({res.returncode}): {res.stderr[-800:]}")
-    return sec, res.stdout
+    return sec, c1.ru_utime + c1.ru_stime - c0.ru_utime - c0.ru_stime, res.stdout
 
 
 def sim_only(path: Path, caches: list[int], runs: int) -> dict[str, float]:
@@ -174,11 +179,14 @@ def bench_trace(name: str, path: Path, runs: int) -> dict:
     gib = budgets_gib(caches, bpt)
     with tempfile.TemporaryDirectory(prefix="kvsim-cache-") as cache_dir:
         cmds = commands(path, gib, cache_dir)
-        outs = {k: run_once(*c)[1] for k, c in cmds.items()}  # untimed: fills kvsim's cache
+        outs = {k: run_once(*c)[2] for k, c in cmds.items()}  # untimed: fills kvsim's cache
         walls: dict[str, list[float]] = {k: [] for k in cmds}
+        cpus: dict[str, list[float]] = {k: [] for k in cmds}
         for _ in range(runs):
             for k, c in cmds.items():
-                walls[k].append(run_once(*c)[0])
+                sec, cpu, _out = run_once(*c)
+                walls[k].append(sec)
+                cpus[k].append(cpu)
     rows = json.loads(outs["kvsim"])
     peer = json.loads(outs["kvcache-simulator"])
     sim = sim_only(path, caches, runs)
@@ -186,9 +194,12 @@ def bench_trace(name: str, path: Path, runs: int) -> dict:
     return {
         "trace": name, "requests": peer["metadata"]["requestCount"], "runs": runs,
         "wall_s": wall, "wall_range_s": {k: [min(v), max(v)] for k, v in walls.items()},
+        "cpu_s": {k: statistics.median(v) for k, v in cpus.items()},
         "sim_s": sim,
         "wall_ratio": wall["kvsim"] / wall["kvcache-simulator"],
         "wall_ratio_cache_off": wall["kvsim --cache-dir off"] / wall["kvcache-simulator"],
+        "cpu_ratio": (statistics.median(cpus["kvsim"])
+                      / statistics.median(cpus["kvcache-simulator"])),
         "sim_ratio": sim["kvsim"] / sim["kvcache-simulator"],
         "cache_tokens": caches, "bytes_per_token": bpt,
         "kvsim_hit_rate": [r["hit_rate"] for r in rows],
@@ -224,15 +235,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{os.cpu_count()} CPUs; load average (1, 5, 15 min) before "
           f"{', '.join(f'{x:.1f}' for x in load0)}, after {', '.join(f'{x:.1f}' for x in load1)}")
     print(f"{'trace':<13} {'requests':>8}  {'side':<22} {'wall s (min-max)':>18} "
-          f"{'sim s':>7}")
+          f"{'CPU s':>6} {'sim s':>6}")
     for r in results:
         for k, w in r["wall_s"].items():
             lo, hi = r["wall_range_s"][k]
             sim = r["sim_s"].get(k)
             print(f"{r['trace']:<13} {r['requests']:>8,}  {k:<22} {w:>6.3f} ({lo:.2f}-{hi:.2f})"
-                  f" {'' if sim is None else f'{sim:7.3f}'}")
+                  f" {r['cpu_s'][k]:6.3f} {'' if sim is None else f'{sim:6.3f}'}")
         print(f"{'':<13} {'':>8}  kvsim / peer: wall {r['wall_ratio']:.2f} (cache off "
-              f"{r['wall_ratio_cache_off']:.2f}), simulation {r['sim_ratio']:.2f}")
+              f"{r['wall_ratio_cache_off']:.2f}), CPU {r['cpu_ratio']:.2f}, simulation "
+              f"{r['sim_ratio']:.2f}")
         n = len(r["peer_hit_rate"])
         print(f"{'':<13} {'':>8}  hit rates (kvsim | peer, last half, {n} of 12 sizes "
               f"reported): " + ", ".join(
