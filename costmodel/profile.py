@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import MISSING, asdict, dataclass, field
+from dataclasses import MISSING, asdict, astuple, dataclass, field, replace
 from functools import cached_property
 from importlib import resources
 from pathlib import Path
@@ -60,6 +60,49 @@ class TransferCoeffs:
 
 
 @dataclass(frozen=True)
+class ServerCoeffs:
+    """What a real server pays beyond its kernels (issue 53 item 5; DESIGN.md "Seconds a real
+    server would measure"), each a named term, all neutral by default (a profile without a
+    ``server`` section prices its kernels alone, to the float):
+
+    - ``cpu_step_s`` / ``cpu_per_seq_s`` / ``cpu_per_token_s``: the engine's CPU time per
+      step (scheduler, input preparation, output processing), per request and per token it
+      schedules. A synchronous server pays it after every GPU step; an overlapped one (vLLM's
+      async scheduling, SGLang's overlap schedule) prepares step n+1 while step n runs, so a
+      step takes ``max(gpu, cpu)`` (``Profile.for_server``).
+    - ``mixed_interference``: a step mixing prefill chunks and decode rows costs
+      ``max(P, D) + x min(P, D)`` (x = 0: the roofline's max; 1: the two summed).
+    - ``prefill_scale`` / ``decode_scale``: the server's kernels against the profile's (the
+      launch gaps, norms and sampler the kernel tables leave out), multiplying every prefill
+      and decode term.
+
+    ``kvsim calibrate --from-measurements`` fits them (calibration/measured.py); the
+    profile's ``details["server"]`` says from which runs."""
+
+    cpu_step_s: float = 0.0
+    cpu_per_seq_s: float = 0.0
+    cpu_per_token_s: float = 0.0
+    mixed_interference: float = 0.0
+    prefill_scale: float = 1.0
+    decode_scale: float = 1.0
+    overlapped: bool = field(default=False, compare=False)  # the server's, not the file's
+
+    @property
+    def neutral(self) -> bool:
+        return self == NEUTRAL_SERVER
+
+    @property
+    def has_cpu(self) -> bool:
+        return bool(self.cpu_step_s or self.cpu_per_seq_s or self.cpu_per_token_s)
+
+    def cpu_seconds(self, seqs: int, tokens: int) -> float:
+        return self.cpu_step_s + self.cpu_per_seq_s * seqs + self.cpu_per_token_s * tokens
+
+
+NEUTRAL_SERVER = ServerCoeffs()
+
+
+@dataclass(frozen=True)
 class Profile:
     name: str
     model: str
@@ -71,6 +114,7 @@ class Profile:
     gpus: int = 1
     details: dict[str, Any] = field(default_factory=dict, compare=False)
     path: str = field(default="", compare=False)
+    server: ServerCoeffs = NEUTRAL_SERVER
 
     @property
     def spec(self) -> ModelSpec:
@@ -78,7 +122,7 @@ class Profile:
 
     def prefill_seconds(self, units: Units) -> float:
         """Seconds of one prefill batch doing ``units`` of work over ``units.tokens`` tokens."""
-        p = self.prefill
+        p = self._p
         return (p.fixed_s + p.per_linear_unit_s * units.linear
                 + p.per_attention_unit_s * units.attention
                 + p.per_chunk_token_sq_s * units.tokens**2)
@@ -92,25 +136,91 @@ class Profile:
     def _empty_batch_s(self) -> float:
         return self.prefill_seconds(Units())
 
-    def decode_step_seconds(self, batch: int, context_tokens: int) -> float:
-        """Seconds of one decode step of ``batch`` sequences holding ``context_tokens`` in all."""
+    # --- the server's terms (ServerCoeffs): neutral unless a profile or calibration sets them
+    @cached_property
+    def _p(self) -> PrefillCoeffs:
+        """The prefill coefficients the server pays: the kernels' x ``prefill_scale``."""
+        k = self.server.prefill_scale
+        p = self.prefill
+        return p if k == 1.0 else PrefillCoeffs(*(k * v for v in astuple(p)))
+
+    @cached_property
+    def _d(self) -> DecodeCoeffs:
+        """The decode coefficients the server pays: the kernels' x ``decode_scale``."""
+        k = self.server.decode_scale
         d = self.decode
+        return d if k == 1.0 else DecodeCoeffs(*(k * v for v in astuple(d)))
+
+    def for_server(self, overlapped: bool) -> Profile:
+        """This profile as a server that overlaps its CPU work with the GPU step (vLLM's async
+        scheduling, SGLang's overlap schedule) or not prices it; itself when it has no CPU
+        terms (the engines bind their profile once, ``sim/engines``)."""
+        if not self.server.has_cpu or self.server.overlapped == overlapped:
+            return self
+        return replace(self, server=replace(self.server, overlapped=overlapped))
+
+    def with_server(self, server: ServerCoeffs, source: str) -> Profile:
+        """This profile with the server terms ``server`` (``kvsim calibrate
+        --from-measurements``), ``source`` saying where they come from (``details.server``)."""
+        return replace(self, server=server, details={**self.details, "server": source})
+
+    def step_seconds(self, gpu_s: float, seqs: int, tokens: int) -> float:
+        """Wall seconds of one engine step whose kernels take ``gpu_s`` and which schedules
+        ``seqs`` requests and ``tokens`` tokens: the CPU time after it (synchronous) or the
+        larger of the two (overlapped)."""
+        srv = self.server
+        if not srv.has_cpu:
+            return gpu_s
+        cpu = srv.cpu_seconds(seqs, tokens)
+        return max(gpu_s, cpu) if srv.overlapped else gpu_s + cpu
+
+    def mixed_seconds(self, prefill_s: float, decode_s: float) -> float:
+        """Kernel seconds of a step mixing prefill chunks (``prefill_s`` alone) and decode rows
+        (``decode_s``, ``decode_kernel_seconds``): the larger, plus ``mixed_interference`` of
+        the smaller."""
+        x = self.server.mixed_interference
+        hi, lo = (prefill_s, decode_s) if prefill_s >= decode_s else (decode_s, prefill_s)
+        return hi + x * lo if x else hi
+
+    def decode_kernel_seconds(self, batch: int, context_tokens: int) -> float:
+        """Kernel seconds of one decode step (no CPU term)."""
+        d = self._d
         return (d.fixed_s + d.weights_s + d.per_seq_s * batch
                 + d.per_context_token_s * context_tokens)
 
+    def decode_step_seconds(self, batch: int, context_tokens: int) -> float:
+        """Seconds of one decode step of ``batch`` sequences holding ``context_tokens`` in all."""
+        d = self._d
+        gpu = (d.fixed_s + d.weights_s + d.per_seq_s * batch
+               + d.per_context_token_s * context_tokens)
+        return self.step_seconds(gpu, batch, batch) if self.server.has_cpu else gpu
+
     def decode_step_series(self, batch: int, context_tokens: int) -> tuple[float, float]:
-        """(first step's seconds, what each next step adds) of a decode run."""
+        """(first step's seconds, what each next step adds) of a decode run. Overlapped CPU
+        time longer than the first steps' kernels is taken as the first step's for all of
+        them (the token times; ``decode_run_seconds`` is exact)."""
         return (self.decode_step_seconds(batch, context_tokens),
-                self.decode.per_context_token_s * batch)
+                self._d.per_context_token_s * batch)
 
     def decode_run_seconds(self, batch: int, context_tokens: int, steps: int) -> float:
         """Seconds of ``steps`` decode steps of ``batch`` sequences starting from
-        ``context_tokens`` in all; each step adds ``batch`` tokens (an arithmetic series)."""
+        ``context_tokens`` in all; each step adds ``batch`` tokens (an arithmetic series; with
+        overlapped CPU time, the steps whose kernels are shorter cost the CPU time)."""
         if steps <= 0:
             return 0.0
-        d = self.decode
-        first = self.decode_step_seconds(batch, context_tokens)
-        return steps * first + d.per_context_token_s * batch * steps * (steps - 1) / 2
+        d = self._d
+        inc = d.per_context_token_s * batch
+        srv = self.server
+        if not srv.has_cpu or not srv.overlapped:
+            first = self.decode_step_seconds(batch, context_tokens)
+            return steps * first + inc * steps * (steps - 1) / 2
+        g0 = self.decode_kernel_seconds(batch, context_tokens)
+        cpu = srv.cpu_seconds(batch, batch)
+        # the first n steps wait for the CPU: step k's kernels g0 + k inc < cpu
+        n = (min(steps, max(0, math.ceil((cpu - g0) / inc))) if inc > 0
+             else steps if g0 < cpu else 0)
+        return (n * cpu + (steps - n) * g0
+                + inc * (steps * (steps - 1) - n * (n - 1)) / 2)
 
     def decode_steps_within(self, batch: int, context_tokens: int, elapsed: float,
                             cap: int) -> int:
@@ -120,7 +230,7 @@ class Profile:
         own price confirms it with two evaluations, so the answer is the bisection's, which
         settles any proposal the price does not confirm."""
         first = self.decode_step_seconds(batch, context_tokens)
-        inc = self.decode.per_context_token_s * batch
+        inc = self._d.per_context_token_s * batch
         k = 0
         if inc > 0:
             half = first - inc / 2
@@ -159,7 +269,8 @@ class Profile:
             "decode": asdict(self.decode),
             "transfer": asdict(self.transfer),
             "details": self.details,
-        }
+        } | ({} if self.server.neutral else {"server": {
+            k: v for k, v in asdict(self.server).items() if k != "overlapped"}})
 
     def dump(self, path: str | Path) -> None:
         """Write atomically (temporary file, then rename), after checking that
@@ -221,7 +332,25 @@ def profile_from_dict(raw: Any, path: str = "<profile>") -> Profile:
         prefill=_coeffs(PrefillCoeffs, raw.get("prefill"), path, "prefill"),
         decode=_coeffs(DecodeCoeffs, raw.get("decode"), path, "decode"),
         transfer=transfer, details=details, path=path,
+        server=server_from_dict(raw.get("server"), path, "server"),
     )
+
+
+def server_from_dict(raw: Any, path: str, section: str) -> ServerCoeffs:
+    """A ``server`` section (ServerCoeffs; absent: neutral), validated field by field."""
+    if raw is None:
+        return NEUTRAL_SERVER
+    if isinstance(raw, dict) and "overlapped" in raw:
+        raise ProfileError(path, f"{section}.overlapped",
+                           "unknown field (the engine's scheduling decides it)")
+    srv = _coeffs(ServerCoeffs, raw, path, section)
+    if srv.mixed_interference > 1:
+        raise ProfileError(path, f"{section}.mixed_interference",
+                           f"must be in [0, 1], got {srv.mixed_interference!r}")
+    for name in ("prefill_scale", "decode_scale"):
+        if getattr(srv, name) <= 0:
+            raise ProfileError(path, f"{section}.{name}", "must be > 0")
+    return srv
 
 
 def check_profile(profile: Profile, path: str = "<profile>") -> None:

@@ -7,6 +7,7 @@ import sys
 from datetime import UTC, datetime
 
 import click
+import yaml
 from rich.table import Table
 
 from calibration.errors import CalibrationError
@@ -52,17 +53,45 @@ TORCH_ONLY = ("layers", "quick", "rounds", "warmup", "threads", "clock")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
               help="Weights and visit order.")
 @click.option("--date", default=None, help="Provenance date [default: today, UTC].")
+@click.option("--from-measurements", "from_measurements", is_flag=True,
+              help="Instead: fit the server terms (CPU time, async overlap, mixed batches, "
+                   "kernel efficiency) by replaying the measured RUNs (what kvsim validate "
+                   "reads), report leave-one-out error, and with --out write a calibration "
+                   "file for kvsim validate --calibration.")
+@click.option("--terms", default=None, metavar="T1,T2",
+              help="With --from-measurements: the terms fitted [default: decode_scale,"
+                   "prefill_scale,mixed_interference].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@click.argument("runs", nargs=-1, metavar="[RUN...]")
 def calibrate_cmd(device: str, system: str | None, framework: str | None, gpus: int | None,
                   kernel_data: str | None, model: str, layers: int | None, quick: bool,
                   out: str | None, rounds: int | None, warmup: int | None,
                   threads: int | None, clock: str | None, seed: int,
-                  date: str | None, as_json: bool) -> None:
+                  date: str | None, from_measurements: bool, terms: str | None,
+                  as_json: bool, runs: tuple[str, ...]) -> None:
     """Time a decoder stack with MODEL's shapes (random weights) on DEVICE and fit a profile,
     or (--from-kernels SYSTEM) compose MODEL's times from measured GPU kernel tables and fit.
 
     Prints the fit's R^2 and relative errors (training points and held-out points) and, with
-    --out, writes the profile file that every --profile option accepts."""
+    --out, writes the profile file that every --profile option accepts.
+
+    With --from-measurements RUN...: fit the server terms from measured runs (docs/accuracy.md
+    "Calibration"); --quick takes one fit iteration."""
+    if from_measurements or runs or terms:
+        ctx = click.get_current_context()
+        given = [p.name for p in ctx.command.params
+                 if p.name not in ("runs", "from_measurements", "terms", "quick", "out",
+                                   "seed", "as_json")
+                 and ctx.get_parameter_source(p.name) == click.core.ParameterSource.COMMANDLINE]
+        if not from_measurements:
+            raise click.UsageError("RUN arguments and --terms go with --from-measurements")
+        if not runs:
+            raise click.UsageError("--from-measurements needs at least one measured RUN")
+        if given:
+            raise click.UsageError(f"--{given[0].replace('_', '-')} does not go with "
+                                   "--from-measurements (the runs name their model and GPU)")
+        _from_measurements(runs, terms, quick, out, seed, as_json)
+        return
     try:
         get_spec(model)
     except KeyError as e:
@@ -119,6 +148,90 @@ def _from_kernels(system: str, framework: str, gpus: int | None, kernel_data: st
                    "profile": prof.to_dict(), "out": out})
         return
     _print_kernels(prof, report, out)
+
+
+def _from_measurements(paths: tuple[str, ...], terms: str | None, quick: bool,
+                       out: str | None, seed: int, as_json: bool) -> None:
+    """Fit on every run, score each run leave-one-out (calibration/measured.py)."""
+    from calibration.measured import (
+        DEFAULT_TERMS,
+        ITERATIONS,
+        QUICK_ITERATIONS,
+        TARGETS,
+        Case,
+        Replays,
+        default_workers,
+        fit,
+        leave_one_out,
+    )
+    from sim.studies.validate import setup, value_text
+    from traces.measured import read_measurement
+
+    chosen = tuple(t.strip() for t in terms.split(",") if t.strip()) if terms else DEFAULT_TERMS
+    measured = [m for p in paths for m in read_measurement(p, seed=seed)]
+    names = [m.name for m in measured]
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise click.BadParameter(f"two runs are named {dup!r}", param_hint="RUN")
+    cases = [Case(m, setup(m, seed=seed)) for m in measured]  # every refusal first
+    iterations = QUICK_ITERATIONS if quick else ITERATIONS
+
+    def progress(msg: str) -> None:
+        print(f"kvsim calibrate: {msg}", file=sys.stderr, flush=True)
+
+    replays = Replays(cases, default_workers(), progress)
+    try:
+        neutral = replays.metrics([(n, {}) for n in names])
+        result = fit(replays, names, chosen, TARGETS, iterations)
+        folds = leave_one_out(replays, names, None, chosen, TARGETS, iterations) \
+            if len(names) > 1 else []
+    finally:
+        replays.close()
+    cal = result.calibration
+    if out:
+        try:
+            atomic_write_text(out, yaml.safe_dump(cal.to_dict(), sort_keys=False))
+        except OSError as e:
+            raise CalibrationError(f"{out}: cannot write: {e.strerror}") from None
+        progress(f"wrote {out}")
+    loo = {f.scored: f for f in folds}
+    rows = []
+    for m, met in zip(measured, neutral, strict=True):
+        for k in TARGETS:
+            meas = m.metrics.get(k)
+            if not meas:
+                continue
+            row = {"run": m.name, "metric": k, "measured": meas, "uncalibrated": met[k],
+                   "uncalibrated_error": (met[k] - meas) / meas}
+            if m.name in loo:
+                v = loo[m.name].metrics[k]
+                row |= {"leave_one_out": v, "leave_one_out_error": (v - meas) / meas,
+                        "fitted_on": list(loo[m.name].calibration.fitted_on)}
+            rows.append(row)
+    if as_json:
+        emit_json({"calibration": cal.to_dict(), "out": out, "rows": rows,
+                   "folds": [{"run": f.scored, "fitted_on": list(f.calibration.fitted_on),
+                              "terms": f.calibration.terms, "scales": f.calibration.scales}
+                             for f in folds],
+                   "replays": replays.count})
+        return
+    con = console()
+    table = Table(title=f"kvsim calibrate --from-measurements: {', '.join(cal.fitted_on)}")
+    for head in ("run", "metric", "measured", "uncalibrated", "error", "leave-one-out",
+                 "error"):
+        table.add_column(head, justify="left" if head in ("run", "metric") else "right")
+    for r in rows:
+        table.add_row(r["run"], r["metric"], value_text(r["metric"], r["measured"]),
+                      value_text(r["metric"], r["uncalibrated"]), _pct(r["uncalibrated_error"]),
+                      value_text(r["metric"], r.get("leave_one_out")),
+                      _pct(r.get("leave_one_out_error")))
+    con.print(table)
+    fitted = [f"{k} = {v:.4g}" for k, v in cal.terms.items()] + [
+        f"{k} = {v:.4g} ({kind})" for kind, sc in cal.scales.items() for k, v in sc.items()]
+    con.print(f"terms (fitted on every run): {', '.join(fitted)}; training RMS log error "
+              f"{cal.training_rms:.3f}; {replays.count} replays")
+    if not folds:
+        con.print("leave-one-out needs two runs or more: none scored")
 
 
 def write_profile(prof: Profile, out: str, model: str) -> Profile:

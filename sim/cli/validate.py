@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import click
 
 from sim.report.progress import Tracker
 from sim.report.tables import Col, narrow_table
+from sim.studies.validate import value_text as _value
 
 from .common import SIZE, console, emit_json, stderr
 
@@ -18,18 +18,6 @@ from .common import SIZE, console, emit_json, stderr
 COLUMNS = [Col("metric", "metric"), Col("measured", "measured_text", "paper"),
            Col("kvsim", "kvsim_text", "paper"), Col("error", "error", "change"),
            Col("publisher's\nerror", "publisher_error", "change")]
-
-
-def _value(metric: str, v: float) -> str:
-    if v is None or not math.isfinite(v):
-        return "-"
-    if metric.startswith(("ttft", "tpot", "latency")):
-        return f"{v * 1000:,.1f} ms" if v < 1 else f"{v:,.2f} s"
-    if metric == "peak_kv_usage":
-        return f"{v:.1%}"
-    if metric.startswith("throughput"):
-        return f"{v:,.2f}" + (" req/s" if metric.endswith("rps") else " tok/s")
-    return f"{v:,.0f}"
 
 
 @click.command("validate")
@@ -53,12 +41,15 @@ def _value(metric: str, v: float) -> str:
                    "sizing on the GPU's memory.")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seed of what is regenerated (synthetic prompts, send times).")
+@click.option("--calibration", type=click.Path(dir_okay=False), default=None,
+              help="Server terms fitted by kvsim calibrate --from-measurements --out FILE, "
+                   "priced on top of each run's profile.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON document: runs and rows (one per run and metric).")
 def validate_cmd(measurements: tuple[str, ...], model: str | None, gpu: str | None,
                  profile: str | None, max_num_seqs: int | None,
                  max_num_batched_tokens: int | None, gpu_cache: int | None, seed: int,
-                 as_json: bool) -> None:
+                 calibration: str | None, as_json: bool) -> None:
     """Replay measured runs exactly and print, per metric, the measurement, kvsim and the
     signed relative error (kvsim - measured) / measured.
 
@@ -72,6 +63,15 @@ def validate_cmd(measurements: tuple[str, ...], model: str | None, gpu: str | No
     setups = [setup(m, model=model, gpu=gpu, profile=profile, max_num_seqs=max_num_seqs,
                     max_num_batched_tokens=max_num_batched_tokens, gpu_cache=gpu_cache,
                     seed=seed) for m in runs]  # every refusal before any replay
+    if calibration is not None:
+        import tempfile
+        from pathlib import Path
+
+        from calibration.measured import load_calibration
+
+        cal = load_calibration(calibration)
+        tmp = tempfile.TemporaryDirectory(prefix="kvsim-validate-")
+        setups = [cal.apply(s, Path(tmp.name)) for s in setups]
     doc_runs: list[dict[str, Any]] = []
     doc_rows: list[dict[str, Any]] = []
     for m, s in zip(runs, setups, strict=True):

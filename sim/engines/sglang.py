@@ -127,6 +127,8 @@ class SGLangServer(EngineBase):
         # The base holds ``cache`` untyped (vLLM's is a block pool); methods here read it
         # into a local typed ``RadixKVCache``, so the compiled core calls it directly.
         super().__init__(env, cfg, spec, profile, cache, cache.policy, recorder)
+        # SGLang's default overlap schedule prepares batch n+1 on the CPU while n runs
+        self.profile = profile.for_server(True)
         self.scheduler = scheduler
         self.chunked: Req | None = None
         self.knobs: SGLangKnobs = cfg.engine  # type: ignore[assignment]  # engine_class's choice
@@ -765,12 +767,14 @@ class SGLangServer(EngineBase):
                 for o in self.observers:
                     o.scheduled(self, batch)
                 seconds, per_req = self._prefill_seconds(batch)
-                if self.tiered:  # (without a CPU tier nothing is ever pending)
-                    seconds += self._transfer_seconds()
                 tokens = 0
                 for _req, ranges in batch:
                     for a, b in ranges:
                         tokens += b - a
+                # the server's CPU time for the batch (neutral: none; ServerCoeffs)
+                seconds = self.profile.step_seconds(seconds, len(batch), tokens)
+                if self.tiered:  # (without a CPU tier nothing is ever pending)
+                    seconds += self._transfer_seconds()
                 self.rec.batch(seconds, len(batch), tokens=tokens)
                 if not self._advance(seconds):
                     yield env.timeout(seconds)

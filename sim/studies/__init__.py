@@ -21,12 +21,15 @@ capacity_fleet.py     clock (one cache, a fleet, a pool)
 saturation.py         whether an open loop kept up              requests table -> Saturation
 validate.py           a measured run replayed and scored        MeasuredRun -> Setup -> rows
                       (``kvsim validate``; docs/accuracy.md)
+accuracy.py           every ground-truth run, uncalibrated and  MeasuredRun -> rows, folds
+                      calibrated leave-one-out
 ====================  ========================================  =============================
 
 May import: ``sim.config``, ``sim.run``, ``sim.sweep`` (executors, ``relative_change``),
 ``sim.report`` (tables, progress), ``sim.kvcache`` and ``sim.fleet`` (the clockless replays),
-``policies``, ``traces``, ``costmodel``; never the CLI. ``reproduce`` makes a study's JSON
-document; ``kvsim reproduce`` prints it with the study's own tables.
+``policies``, ``traces``, ``costmodel``, ``calibration.measured`` (accuracy.py's fit); never
+the CLI. ``reproduce`` makes a study's JSON document; ``kvsim reproduce`` prints it with the
+study's own tables.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ def _registered() -> ModuleType:
     command that only replays a capacity curve (``kvsim capacity`` imports
     ``sim.studies.capacity``) does not load every study, SimPy and the fleet with it."""
     from . import study
+    from .accuracy import ACCURACY
     from .cache_engineering import CACHE_ENGINEERING
     from .fleet import FLEET
     from .paper import ABLATION, FCFS, FIGURE1, GPU_ONLY
@@ -57,7 +61,7 @@ def _registered() -> ModuleType:
 
     # kvsim reproduce NAME, in the order its --help lists them
     for s in (FIGURE1, GPU_ONLY, TWO_TIER, ABLATION, FCFS, CPU_SWEEP, POLICIES,
-              CACHE_ENGINEERING, FLEET, POOL, PD):
+              CACHE_ENGINEERING, FLEET, POOL, PD, ACCURACY):
         study.STUDIES.register(s.name, s)
     return study
 

@@ -32,7 +32,7 @@ from traces.measured import LATENCIES, STATS, MeasuredRun, request_metrics, seri
 
 METRICS: tuple[str, ...] = (*(f"{m}_{s}" for m in LATENCIES for s in STATS), "throughput_rps",
                             "throughput_tok_s", "peak_running", "peak_waiting", "peak_kv_usage")
-CALIBRATION = "none"  # what the profile was fitted on (issue 53 item 5 fits it; none yet)
+CALIBRATION = "none"  # no server terms fitted (kvsim calibrate --from-measurements fits them)
 
 
 @dataclass
@@ -42,6 +42,8 @@ class Setup:
     config: RunConfig
     profile: str  # the profile's name and, where it is not the measured shape, what it is
     notes: list[str] = field(default_factory=list)
+    # the server terms on top of the profile (calibration/measured.py ``Calibration.apply``)
+    calibration: str = CALIBRATION
 
 
 def catalog_model(name: str) -> str | None:
@@ -186,6 +188,19 @@ def setup(m: MeasuredRun, *, model: str | None = None, gpu: str | None = None,
     return Setup(cfg, label, notes)
 
 
+def value_text(metric: str, v: float | None) -> str:
+    """A measured or replayed value with its unit, as the tables print it."""
+    if v is None or not math.isfinite(v):
+        return "-"
+    if metric.startswith(("ttft", "tpot", "latency")):
+        return f"{v * 1000:,.1f} ms" if v < 1 else f"{v:,.2f} s"
+    if metric == "peak_kv_usage":
+        return f"{v:.1%}"
+    if metric.startswith("throughput"):
+        return f"{v:,.2f}" + (" req/s" if metric.endswith("rps") else " tok/s")
+    return f"{v:,.0f}"
+
+
 class _Series(StepObserver):
     """Each server's (time, running, waiting, used blocks) after every step it takes."""
 
@@ -260,7 +275,7 @@ def rows(m: MeasuredRun, s: Setup, r: Replayed) -> list[dict[str, Any]]:
         meas, sim = m.metrics[metric], r.metrics.get(metric, math.nan)
         err = (sim - meas) / meas if meas and math.isfinite(sim) else math.nan
         row = {"run": m.name, "metric": metric, "measured": meas, "kvsim": sim,
-               "error": err, "profile": s.profile, "calibration": CALIBRATION}
+               "error": err, "profile": s.profile, "calibration": s.calibration}
         if metric in m.publisher:
             row["publisher_error"] = m.publisher[metric]
         out.append(row)
@@ -271,7 +286,7 @@ def run_info(m: MeasuredRun, s: Setup, r: Replayed) -> dict[str, Any]:
     """What the JSON document says about one run beside its rows."""
     return {"run": m.name, "tool": m.tool, "source": m.source, "requests": len(m.trace),
             "served": r.served, "dropped": r.dropped, "profile": s.profile,
-            "calibration": CALIBRATION, "exact": m.exact, "regenerated": m.regenerated,
+            "calibration": s.calibration, "exact": m.exact, "regenerated": m.regenerated,
             "notes": s.notes, "engine": {k: s.config.value(k) for k in (
                 "engine", "model", "block_size", "chunk_size", "max_running", "gpu_cache",
                 "replicas", "vllm_version")},
@@ -279,4 +294,4 @@ def run_info(m: MeasuredRun, s: Setup, r: Replayed) -> dict[str, Any]:
 
 
 __all__ = ["CALIBRATION", "METRICS", "Replayed", "Setup", "catalog_gpu", "catalog_model",
-           "replay", "rows", "run_info", "setup"]
+           "replay", "rows", "run_info", "setup", "value_text"]

@@ -1,0 +1,259 @@
+"""Server terms (costmodel/profile.py ``ServerCoeffs``), their fit from measured runs
+(calibration/measured.py, ``kvsim calibrate --from-measurements``) and the accuracy study
+(sim/studies/accuracy.py; issue 53 items 5 and 6): neutral terms change nothing, the CPU
+terms are summed or overlapped as the server schedules, the fit recovers terms kvsim itself
+was run with, leave-one-out never reads the scored run, the study's rows are validate's."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from calibration.measured import (
+    TARGETS,
+    Calibration,
+    Case,
+    Replays,
+    fit,
+    leave_one_out,
+    load_calibration,
+)
+from costmodel.errors import ProfileError
+from costmodel.profile import NEUTRAL_SERVER, ServerCoeffs, load_profile, profile_from_dict
+from sim.cli.main import cli
+from sim.config import ConfigError
+from sim.studies.validate import replay, setup
+from tests.measuredkit import write_vllm_bench
+from traces.measured import read_measurement
+
+BASE = "kernels-h100_sxm-llama-3.1-8b"
+
+
+# --- the profile's terms -----------------------------------------------------------------------
+def test_a_neutral_server_section_changes_nothing():
+    p = load_profile(BASE)
+    assert p.server == NEUTRAL_SERVER and "server" not in p.to_dict()
+    raw = p.to_dict() | {"server": {}}
+    q = profile_from_dict(raw)
+    for b, c in ((1, 100), (64, 90_000), (256, 1_000_000)):
+        assert q.decode_step_seconds(b, c) == p.decode_step_seconds(b, c)
+        assert q.decode_run_seconds(b, c, 37) == p.decode_run_seconds(b, c, 37)
+    assert q.for_server(True) is q  # nothing to overlap: the same profile
+
+
+def test_server_section_round_trips_and_bad_terms_are_refused(tmp_path):
+    p = load_profile(BASE).with_server(ServerCoeffs(cpu_step_s=0.002, decode_scale=1.2,
+                                                    mixed_interference=0.5), "test")
+    p.dump(tmp_path / "p.yaml")
+    back = load_profile(tmp_path / "p.yaml")
+    assert back.server == p.server and back.details["server"] == "test"
+    for bad, field in (({"decode_scale": 0}, "decode_scale"),
+                       ({"mixed_interference": 1.5}, "mixed_interference"),
+                       ({"cpu_step_s": -1}, "cpu_step_s"), ({"overlapped": True}, "overlapped"),
+                       ({"typo_s": 1}, "typo_s")):
+        with pytest.raises(ProfileError, match=rf"server\.{field}"):
+            profile_from_dict(load_profile(BASE).to_dict() | {"server": bad})
+
+
+def test_cpu_time_is_summed_synchronously_and_overlapped_asynchronously():
+    srv = ServerCoeffs(cpu_step_s=0.004, cpu_per_seq_s=0.0001)
+    sync = load_profile(BASE).with_server(srv, "t").for_server(False)
+    over = sync.for_server(True)
+    kern = load_profile(BASE)
+    for batch, ctx, steps in ((1, 10, 50), (8, 4_000, 200), (200, 400_000, 40),
+                              (32, 1_000, 3_000)):
+        gpu = [kern.decode_step_seconds(batch, ctx + k * batch) for k in range(steps)]
+        cpu = 0.004 + 0.0001 * batch
+        assert sync.decode_run_seconds(batch, ctx, steps) == pytest.approx(
+            sum(g + cpu for g in gpu), rel=1e-9)
+        assert over.decode_run_seconds(batch, ctx, steps) == pytest.approx(
+            sum(max(g, cpu) for g in gpu), rel=1e-9)
+        total = over.decode_run_seconds(batch, ctx, steps)
+        for frac in (0.01, 0.5, 0.99):
+            k = over.decode_steps_within(batch, ctx, frac * total, steps)
+            assert over.decode_run_seconds(batch, ctx, k) >= frac * total
+            assert k == 1 or over.decode_run_seconds(batch, ctx, k - 1) < frac * total
+    assert over.step_seconds(0.001, 1, 1) == pytest.approx(0.0041)
+    assert over.step_seconds(0.010, 1, 1) == 0.010
+    assert sync.step_seconds(0.010, 1, 1) == pytest.approx(0.0141)
+
+
+def test_mixed_interference_and_scales():
+    p = load_profile(BASE).with_server(ServerCoeffs(mixed_interference=0.25, decode_scale=2.0,
+                                                    prefill_scale=1.5), "t")
+    k = load_profile(BASE)
+    assert p.mixed_seconds(0.04, 0.01) == pytest.approx(0.0425)
+    assert k.mixed_seconds(0.04, 0.01) == 0.04
+    assert p.decode_step_seconds(16, 5000) == pytest.approx(2 * k.decode_step_seconds(16, 5000))
+    from costmodel.units import range_units
+
+    u = range_units(k.spec, 0, 2048)
+    assert p.prefill_seconds(u) == pytest.approx(1.5 * k.prefill_seconds(u))
+
+
+# --- the engines pay them --------------------------------------------------------------------
+def _bench_case(tmp_path: Path, seed: int, seqs: int) -> Case:
+    path = tmp_path / f"bench-{seed}-{seqs}.json"
+    write_vllm_bench(path, n=24, seed=seed)
+    m, = read_measurement(path)
+    return Case(m, setup(m, gpu="H100", max_num_seqs=seqs))
+
+
+def test_vllm_sync_pays_cpu_time_async_hides_it(tmp_path):
+    c = _bench_case(tmp_path, 1, 8)
+    srv = ServerCoeffs(cpu_step_s=0.005)
+    prof = load_profile(BASE).with_server(srv, "t")
+    prof.dump(tmp_path / "p.yaml")
+    lat = {}
+    for name, async_ in (("sync", False), ("async", True)):
+        for p in (BASE, str(tmp_path / "p.yaml")):
+            cfg = c.setup.config.with_fields(profile=p, vllm_async=async_)
+            s = dataclasses.replace(c.setup, config=cfg)
+            lat[name, p == BASE] = replay(c.run, s).metrics["tpot_mean"]
+    assert lat["sync", False] > lat["sync", True] * 1.1  # 5 ms after every ~10 ms step
+    assert lat["async", False] < lat["sync", False]
+    assert lat["async", False] == pytest.approx(lat["async", True], rel=0.05)
+
+
+# --- the fit -----------------------------------------------------------------------------------
+KNOWN = {"decode_scale": 1.3, "prefill_scale": 1.6}
+
+
+def _synthetic(tmp_path: Path, specs) -> list[Case]:
+    """Measured runs made by kvsim itself with ``KNOWN`` terms: their means are the
+    replay's at those terms."""
+    cases = [_bench_case(tmp_path, seed, seqs) for seed, seqs in specs]
+    truth = Replays(cases)
+    try:
+        made = truth.metrics([(c.name, KNOWN) for c in cases])
+    finally:
+        truth.close()
+    for c, met in zip(cases, made, strict=True):
+        c.run.metrics = {k: met[k] for k in TARGETS}
+    return cases
+
+
+def test_fit_recovers_the_terms_kvsim_ran_with(tmp_path):
+    cases = _synthetic(tmp_path, ((1, 4), (2, 16)))
+    rp = Replays(cases)
+    try:
+        res = fit(rp, [c.name for c in cases], tuple(KNOWN), iterations=4)
+    finally:
+        rp.close()
+    got = res.calibration.scales["kernel tables"]
+    assert res.calibration.terms == {}
+    assert got["decode_scale"] == pytest.approx(KNOWN["decode_scale"], rel=0.03)
+    assert got["prefill_scale"] == pytest.approx(KNOWN["prefill_scale"], rel=0.06)
+    assert res.history[-1] < res.history[0] / 20
+    assert res.calibration.fitted_on == tuple(c.name for c in cases)
+
+
+def test_leave_one_out_never_reads_the_scored_run(tmp_path):
+    cases = _synthetic(tmp_path, ((1, 4), (2, 16), (3, 8)))
+    names = [c.name for c in cases]
+
+    def folds(cs):
+        rp = Replays(cs)
+        try:
+            return {f.scored: f for f in leave_one_out(rp, names, None, ("decode_scale",),
+                                                       iterations=2)}
+        finally:
+            rp.close()
+
+    honest = folds(cases)
+    for f in honest.values():
+        assert f.scored not in f.calibration.fitted_on
+        assert len(f.calibration.fitted_on) == 2
+    # the scored run's measurement made absurd: its own fold must not move, the others must
+    bad = names[0]
+    cases[0].run.metrics = {k: v * 50 for k, v in cases[0].run.metrics.items()}
+    corrupt = folds(cases)
+    assert corrupt[bad].calibration.scales == honest[bad].calibration.scales
+    assert corrupt[bad].metrics == honest[bad].metrics
+    for n in names[1:]:
+        assert corrupt[n].calibration.scales != honest[n].calibration.scales
+
+
+def test_calibration_file_round_trips_and_bad_files_are_one_line(tmp_path):
+    cal = Calibration({"mixed_interference": 0.3}, ("a", "b"),
+                      {"kernel tables": {"decode_scale": 1.2}}, training_rms=0.01,
+                      evaluations=9)
+    cal.dump(tmp_path / "c.yaml")
+    assert load_calibration(tmp_path / "c.yaml") == cal
+    for doc, field in (({"kvsim_calibration": 2}, "kvsim_calibration"),
+                       ({"kvsim_calibration": 1, "terms": {},
+                         "scales": {"kernel tables": {"decode_scale": 9.0}},
+                         "fitted_on": []}, "scales.kernel tables.decode_scale"),
+                       ({"kvsim_calibration": 1, "terms": {"decode_scale": 1.0},
+                         "fitted_on": []}, "terms.decode_scale"),
+                       ({"kvsim_calibration": 1, "terms": {"nope": 1}, "fitted_on": []},
+                        "terms.nope")):
+        (tmp_path / "bad.yaml").write_text(yaml.safe_dump(doc))
+        with pytest.raises(ConfigError, match=re.escape(field)):
+            load_calibration(tmp_path / "bad.yaml")
+    srv, left = cal.server("datasheet")
+    assert left == ["decode_scale"] and srv.decode_scale == 1.0 and srv.mixed_interference == 0.3
+    srv, left = cal.server("kernel tables")
+    assert left == [] and srv.decode_scale == 1.2
+
+
+def test_calibrate_from_measurements_cli(tmp_path):
+    for seed in (1, 2):
+        write_vllm_bench(tmp_path / f"b{seed}.json", n=24, seed=seed)
+    run = CliRunner()
+    res = run.invoke(cli, ["calibrate", "--from-measurements", "--quick", "--terms",
+                           "decode_scale", "--out", str(tmp_path / "cal.yaml"), "--json",
+                           str(tmp_path / "b1.json"), str(tmp_path / "b2.json")])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["calibration"]["fitted_on"] == ["b1", "b2"]
+    assert {r["run"] for r in doc["rows"]} == {"b1", "b2"}
+    assert all("leave_one_out_error" in r for r in doc["rows"])
+    assert [f["fitted_on"] for f in doc["folds"]] == [["b2"], ["b1"]]
+    cal = load_calibration(tmp_path / "cal.yaml")
+    res = run.invoke(cli, ["validate", str(tmp_path / "b1.json"), "--calibration",
+                           str(tmp_path / "cal.yaml"), "--json"])
+    assert res.exit_code == 0, res.output
+    vdoc = json.loads(res.stdout)
+    assert {r["calibration"] for r in vdoc["rows"]} == {cal.label}
+    bad = run.invoke(cli, ["calibrate", str(tmp_path / "b1.json")])
+    assert bad.exit_code == 2 and "--from-measurements" in bad.output
+    bad = run.invoke(cli, ["calibrate", "--from-measurements", "--device", "cuda",
+                           str(tmp_path / "b1.json")])
+    assert bad.exit_code == 2 and "--device" in bad.output
+    bad = run.invoke(cli, ["calibrate", "--from-measurements", "--terms", "warp_s",
+                           str(tmp_path / "b1.json")])
+    assert bad.exit_code == 2 and "--terms" in bad.output
+
+
+# --- the study -----------------------------------------------------------------------------------
+def test_accuracy_rows_are_validate_rows(tmp_path):
+    from sim.studies.accuracy import evaluate
+
+    paths = []
+    for seed in (1, 2, 3):
+        write_vllm_bench(tmp_path / f"r{seed}.json", n=16, seed=seed)
+        paths.append(tmp_path / f"r{seed}.json")
+    doc = evaluate(paths, quick=True, workers=1, progress=None)
+    keys = {"run", "metric", "measured", "kvsim", "error", "profile", "calibration"}
+    assert all(keys <= set(r) for r in doc["rows"])
+    cals = {r["run"]: set() for r in doc["rows"]}
+    for r in doc["rows"]:
+        cals[r["run"]].add(r["calibration"])
+    for run, c in cals.items():
+        others = ", ".join(n for n in ("r1", "r2", "r3") if n != run)
+        assert c == {"none", f"leave-one-out: fitted on {others}"}
+    for r in doc["rows"]:
+        if math.isfinite(r["error"]):
+            assert r["error"] == pytest.approx((r["kvsim"] - r["measured"]) / r["measured"])
+    assert [f["run"] for f in doc["folds"]] == ["r1", "r2", "r3"]
+    assert all(a["bound"] == 0.05 for a in doc["acceptance"])
+    assert np.isfinite([a["error"] for a in doc["acceptance"]]).all()
