@@ -241,6 +241,8 @@ class VllmServer(EngineBase):
         self.max_seqs = self.knobs.max_running or VLLM_MAX_NUM_SEQS
         # vLLM 0.33's default for an online server (AsyncScheduler, batch queue of 2)
         self.async_scheduling = self.knobs.vllm_async
+        # async scheduling prepares step n+1 on the CPU while step n runs: max, not sum
+        self.profile = profile.for_server(self.async_scheduling)
         # vLLM 0.34's opt-in cache-aware admission (``_reorder_waiting``); 0: off
         self.cache_aware_window = self.knobs.vllm_cache_aware_window
         self.cache_aware_threshold = self.knobs.vllm_cache_aware_threshold
@@ -587,10 +589,12 @@ class VllmServer(EngineBase):
             if not dec:
                 self.rec.prefill_units(r, u.total, u.attention)
                 self._count_redone(r, start, start + n)
-        seconds = self.profile.prefill_seconds(units)
-        if n_dec:
-            seconds = max(seconds, self.profile.decode_step_seconds(n_dec, ctx))
-        return seconds
+        prof = self.profile
+        seconds = prof.prefill_seconds(units)
+        if n_dec:  # a mixed step (ServerCoeffs.mixed_interference; neutral: the max)
+            seconds = prof.mixed_seconds(seconds, prof.decode_kernel_seconds(n_dec, ctx))
+        # the server's CPU time for the step (neutral: none; costmodel/profile.py ServerCoeffs)
+        return prof.step_seconds(seconds, len(rows), units.tokens)
 
     def _price(self, step: Step, start: float | None = None) -> float:
         """Seconds of ``step``, recorded as a decode step or a batch with prefill tokens
