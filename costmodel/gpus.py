@@ -7,9 +7,13 @@ and the runtime), the weights are split evenly over the ``tp`` tensor-parallel r
 rank holds its share of the KV heads of every token, so::
 
     kv_bytes_per_rank = memory * mem_fraction - weight_bytes / tp - reserve
-    cell_bytes        = 2 (K, V) * kv_heads_per_rank * head_dim * layers * dtype_bytes
+    cell_bytes        = 2 (K, V) * kv_heads_per_rank * head_dim * layers * kv_dtype bytes
     kv_heads_per_rank = max(1, kv_heads // tp)        (replicated when tp > kv_heads)
     tokens            = floor(kv_bytes_per_rank / cell_bytes), floored to a whole block
+
+for a full-attention model. A hybrid's KV cache groups are sized as each engine allocates
+them (``kv_capacity``: vLLM's one pool of uniform blocks, SGLang's full, SWA and mamba pools;
+MLA's latent on every rank; docs/hybrid.md, Capacity in bytes).
 
 ``tp`` must be one the engines accept (``tp_refusal``). Each engine's own fraction and reserve
 (SGLang's derived ``--mem-fraction-static``, ``sglang_mem_fraction``; vLLM's utilization less
@@ -33,7 +37,14 @@ import yaml
 
 from .errors import ProfileError
 from .safeyaml import safe_load
-from .specs import ModelSpec
+from .specs import (
+    BOUNDED,
+    CONV_STATE_BYTES,
+    KV_DTYPE_BITS,
+    RECURRENT_STATE_BYTES,
+    AttentionKind,
+    ModelSpec,
+)
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -139,6 +150,177 @@ def weight_bytes(spec: ModelSpec) -> int:
     return spec.total_params * spec.dtype_bytes
 
 
+# --- KV capacity per KV cache group, in each engine's own terms (docs/hybrid.md, Capacity in
+# bytes). SGLang 0.5.23's fallbacks (sglang/srt/arg_groups/fields/schedule.py):
+SWA_FULL_TOKENS_RATIO = 0.8  # --swa-full-tokens-ratio: SWA pool tokens / full pool tokens
+MAMBA_FULL_MEMORY_RATIO = 0.9  # --mamba-full-memory-ratio: mamba state memory / KV memory
+# vLLM 0.33 aligns a hybrid Mamba model's attention block to this kernel block (FlashAttention
+# and FlashInfer: multiples of 16; platforms/interface.py ``_align_hybrid_block_size``)
+VLLM_KERNEL_BLOCK = 16
+TOKEN_KINDS = (AttentionKind.FULL, AttentionKind.MLA, AttentionKind.DSA)  # hold every token
+
+
+@dataclass(frozen=True)
+class GroupBytes:
+    """One KV cache group (``ModelSpec.groups``) on one of ``tp`` ranks as the engine stores
+    it: ``layer_token`` bytes per token in one layer (GQA: its share of the KV heads; MLA and
+    DSA: the whole latent, which every rank holds; DSA adds the indexer key in fp8 with an
+    fp32 scale per 128 elements, as both engines store it), ``layer_state`` bytes of one
+    request's state in one layer (linear: the convolution window in bf16 and the recurrent
+    state in fp32 (SGLang) or the model's bf16 (vLLM's ``--mamba-ssm-cache-dtype auto``),
+    heads split over the ranks)."""
+
+    kind: AttentionKind
+    layers: int
+    window: int | None
+    layer_token: int
+    layer_state: int = 0
+
+    @property
+    def token_bytes(self) -> int:
+        return self.layers * self.layer_token
+
+    @property
+    def state_bytes(self) -> int:
+        return self.layers * self.layer_state
+
+
+def group_bytes(spec: ModelSpec, tp: int, engine: str | None = None) -> tuple[GroupBytes, ...]:
+    """``spec``'s KV cache groups on one of ``tp`` ranks under ``engine`` (``GroupBytes``)."""
+    bits = KV_DTYPE_BITS[spec.kv_dtype]
+    out = []
+    for g in spec.groups:
+        token = state = 0
+        if g.kind in (AttentionKind.MLA, AttentionKind.DSA):
+            token = (spec.kv_lora_rank + spec.qk_rope_head_dim) * bits // 8
+            if g.kind is AttentionKind.DSA:
+                token += spec.index_head_dim + spec.index_head_dim // 128 * 4
+        elif g.kind is AttentionKind.LINEAR:
+            conv = ((spec.linear_conv_kernel - 1)
+                    * (2 * spec.linear_key_heads * spec.linear_key_dim
+                       + spec.linear_value_heads * spec.linear_value_dim) // tp)
+            rec = max(1, spec.linear_value_heads // tp) * spec.linear_key_dim \
+                * spec.linear_value_dim
+            state = conv * CONV_STATE_BYTES + rec * (
+                2 if engine_lane(engine) == "vllm" else RECURRENT_STATE_BYTES)
+        else:
+            token = 2 * kv_heads_per_rank(spec, tp) * spec.head_dim * bits // 8
+        out.append(GroupBytes(g.kind, g.layers, g.window, token, state))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class KVCapacity:
+    """One rank's KV memory (``budget`` bytes) in the engine's own terms.
+
+    ``tokens`` is the run's ``gpu_cache``: the tokens a request's full-attention (or MLA/DSA)
+    history may take, floored to the run's block. vLLM (one pool of ``num_blocks`` uniform
+    blocks of ``block_bytes``, every vLLM KV cache group of ``group_size`` layers allocating
+    its ``block_size``-token blocks from it; ``vllm_groups[i]`` groups for ``groups[i]``; a
+    running request holds ``state_blocks_per_request`` blocks of Mamba state):
+    ``num_blocks x block_size``. SGLang (separate pools): ``full_tokens``, the full pool beside
+    an SWA pool of ``swa_tokens`` and a mamba pool of ``mamba_slots`` request states."""
+
+    engine: str
+    budget: int
+    block_size: int
+    tokens: int
+    groups: tuple[GroupBytes, ...]
+    group_size: int = 0
+    vllm_groups: tuple[int, ...] = ()
+    num_blocks: int = 0
+    block_bytes: int = 0
+    full_tokens: int = 0
+    swa_tokens: int = 0
+    mamba_slots: int = 0
+
+    @property
+    def state_blocks_per_request(self) -> int:
+        return sum(n for g, n in zip(self.groups, self.vllm_groups, strict=True)
+                   if g.kind is AttentionKind.LINEAR)
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes of one request's state over every linear layer (one SGLang mamba slot)."""
+        return sum(g.state_bytes for g in self.groups)
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"engine": self.engine, "budget_bytes": self.budget,
+                             "block_size": self.block_size, "tokens": self.tokens,
+                             "groups": [{"kind": str(g.kind), "layers": g.layers,
+                                         "window": g.window, "token_bytes": g.token_bytes,
+                                         "state_bytes": g.state_bytes} for g in self.groups]}
+        if self.engine == "vllm":
+            d.update(group_size=self.group_size, vllm_groups=list(self.vllm_groups),
+                     num_blocks=self.num_blocks, block_bytes=self.block_bytes,
+                     state_blocks_per_request=self.state_blocks_per_request)
+        else:
+            d.update(full_tokens=self.full_tokens, swa_tokens=self.swa_tokens,
+                     mamba_slots=self.mamba_slots, state_bytes=self.state_bytes)
+        return d
+
+
+def _vllm_capacity(groups: tuple[GroupBytes, ...], budget: int, bs: int) -> KVCapacity:
+    """vLLM 0.33's ``kv_cache_planning.py``: layers of one spec form a bucket, buckets split
+    into groups of ``group_size`` layers (the smallest bucket, or the largest when under 1.5x
+    the smallest; padded), one block of every group has the same bytes, and ``num_blocks =
+    budget // (group_size x page)``. A Mamba bucket's page (its state, padded) must fit an
+    attention page: the block grows to ``16 x cdiv(state, 16 x attention bytes per token)``
+    (``_align_hybrid_block_size``)."""
+    sizes = [g.layers for g in groups]
+    group_size = min(sizes)
+    if max(sizes) < 1.5 * group_size:
+        group_size = max(sizes)
+    layer_token = max(g.layer_token for g in groups)
+    layer_state = max(g.layer_state for g in groups)
+    block = bs
+    if layer_state and layer_token:
+        align = max(VLLM_KERNEL_BLOCK, bs)
+        block = max(bs, align * -(-layer_state // (align * layer_token)))
+    page = block * layer_token if layer_token else layer_state
+    num_blocks = max(0, budget) // (group_size * page)
+    return KVCapacity("vllm", budget, block, num_blocks * block // bs * bs, groups,
+                      group_size, tuple(-(-n // group_size) for n in sizes), num_blocks,
+                      group_size * page)
+
+
+def _sglang_capacity(groups: tuple[GroupBytes, ...], budget: int, bs: int) -> KVCapacity:
+    """SGLang 0.5.23: a mamba pool first (``kv_cache_configurator.py``
+    ``_handle_max_mamba_cache``: ``ratio / (1 + ratio)`` of the memory, less one padding
+    slot), then the full pool beside an SWA pool of ``swa_full_tokens_ratio`` as many tokens
+    (``pool_configurator.py`` ``HybridSWAPoolConfigurator``), else one pool of every layer."""
+    rest = max(0, budget)
+    state = sum(g.state_bytes for g in groups)
+    slots = 0
+    if state:
+        share = rest * MAMBA_FULL_MEMORY_RATIO / (1 + MAMBA_FULL_MEMORY_RATIO)
+        slots = max(0, int((share - state) // state))
+        rest = max(0, rest - (slots + 1) * state)
+    full = sum(g.token_bytes for g in groups if g.kind in TOKEN_KINDS)
+    swa = sum(g.token_bytes for g in groups if g.kind in BOUNDED)
+    if full and swa:
+        full_tokens = int(rest // (full + SWA_FULL_TOKENS_RATIO * swa)) // bs * bs
+        swa_tokens = int(full_tokens * SWA_FULL_TOKENS_RATIO) // bs * bs
+    else:  # one kind of token group (or none)
+        full_tokens = rest // (full or swa) // bs * bs if full or swa else 0
+        swa_tokens = 0 if full else full_tokens
+    return KVCapacity("sglang", budget, bs, full_tokens, groups, full_tokens=full_tokens,
+                      swa_tokens=swa_tokens, mamba_slots=slots)
+
+
+def kv_capacity(spec: ModelSpec, budget: int, tp: int = 1, engine: str | None = None,
+                block_size: int = 64) -> KVCapacity:
+    """What ``budget`` bytes of KV memory on each of ``tp`` ranks hold of ``spec`` (at its
+    ``kv_dtype``) under ``engine`` (vLLM, else SGLang), per KV cache group in the engine's
+    own terms (``KVCapacity``; docs/hybrid.md, Capacity in bytes). A model of one group
+    (full attention, MLA, DSA, every layer sliding) gets ``budget // (bytes per token) //
+    block_size x block_size`` tokens under both engines."""
+    groups = group_bytes(spec, tp, engine)
+    if engine_lane(engine) == "vllm":
+        return _vllm_capacity(groups, budget, block_size)
+    return _sglang_capacity(groups, budget, block_size)
+
+
 @dataclass(frozen=True)
 class KVSizing:
     """How the KV-cache tokens of one replica (``tp`` GPUs) were derived."""
@@ -149,8 +331,9 @@ class KVSizing:
     memory_bytes: int  # per GPU
     weight_bytes_per_rank: int
     reserve_bytes: int
-    cell_bytes: int  # KV bytes of one token on one rank
+    cell_bytes: int  # KV bytes one token writes on one rank, over every group
     tokens: int
+    capacity: KVCapacity | None = None  # per group, in the engine's terms
 
     @property
     def kv_bytes_per_rank(self) -> int:
@@ -158,17 +341,20 @@ class KVSizing:
 
 
 def kv_cache_tokens(spec: ModelSpec, gpu: GPU, tp: int = 1, mem_fraction: float = 0.9,
-                    block_size: int = 64, reserve_bytes: int = 0) -> KVSizing:
-    """The KV tokens one replica of ``spec`` on ``tp`` x ``gpu`` holds (module docstring).
-    Raises ValueError when the weights leave no room for one block."""
+                    block_size: int = 64, reserve_bytes: int = 0,
+                    engine: str | None = None) -> KVSizing:
+    """The KV tokens one replica of ``spec`` on ``tp`` x ``gpu`` holds (module docstring),
+    under ``engine``'s allocation of its KV cache groups (``kv_capacity``). Raises
+    ValueError when the weights leave no room for one block."""
     if tp < 1:
         raise ValueError(f"tp must be >= 1, got {tp}")
     if not 0 < mem_fraction <= 1:
         raise ValueError(f"the memory fraction must be in (0, 1], got {mem_fraction}")
     per_rank_weights = -(-weight_bytes(spec) // tp)
     budget = int(gpu.memory_bytes * mem_fraction) - per_rank_weights - reserve_bytes
-    cell = 2 * kv_heads_per_rank(spec, tp) * spec.head_dim * spec.layers * spec.dtype_bytes
-    tokens = max(0, budget) // cell // block_size * block_size
+    cap = kv_capacity(spec, budget, tp, engine, block_size)
+    cell = sum(g.token_bytes for g in cap.groups)
+    tokens = cap.tokens
     if tokens < block_size:
         raise ValueError(
             f"{spec.name} on {tp} x {gpu.name} at memory fraction {mem_fraction:g}: the "
@@ -176,7 +362,7 @@ def kv_cache_tokens(spec: ModelSpec, gpu: GPU, tp: int = 1, mem_fraction: float 
             f"cache in {gpu.memory_bytes * mem_fraction / GIB:.1f} GiB; use more GPUs (--tp) "
             "or a larger GPU")
     return KVSizing(gpu.name, tp, mem_fraction, gpu.memory_bytes, per_rank_weights,
-                    reserve_bytes, cell, tokens)
+                    reserve_bytes, cell, tokens, cap)
 
 
 def _sglang_prefill_graph_sizes(max_bs: int) -> list[int]:

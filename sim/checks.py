@@ -50,9 +50,4 @@ def check_model_and_profile(cfg: RunConfig, where: str = "config") -> None:
     if cfg.cache.kv_dtype not in KV_DTYPE_BITS:
         raise ConfigError(where, "kv_dtype", f"must be one of {', '.join(KV_DTYPE_BITS)}, got "
                                              f"{cfg.cache.kv_dtype!r}")
-    if cfg.cache.kv_dtype != "bf16" and (cfg.cache.gpu or cfg.cache.gpu_cache_bytes):
-        # sim/deploy.py and costmodel/gpus.py size the KV tokens of a GPU in bf16 cells
-        raise ConfigError(where, "kv_dtype", f"{cfg.cache.kv_dtype}: the KV tokens of a GPU "
-                          "are sized in bf16 for now: give the capacity in tokens (gpu_cache) "
-                          "instead of gpu / gpu_cache in bytes")
     check_profile(cfg.cache.profile, cfg.cache.model)

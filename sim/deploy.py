@@ -2,7 +2,8 @@
 
 ``resolve_gpu_fields`` turns the fields a user wrote (command line or sweep point) into the
 ones a ``RunConfig`` holds: ``gpu_cache`` in tokens, whether it was given as tokens, as bytes
-of KV per GPU (``40GiB``: through the model's KV bytes per token on one of ``tp`` ranks) or
+of KV per GPU (``40GiB``: through the model's KV cache groups on one of ``tp`` ranks at its
+``kv_dtype``, as the engine allocates them: ``costmodel/gpus.py`` ``kv_capacity``) or
 derived from the GPU (``costmodel/gpus.py`` ``kv_cache_tokens``, at the engine's own memory
 rule: ``memory_rule``), and the profile measured for that GPU and TP (``profile_for``; where
 none is, the run says what it used). A replica's TP is ``tp`` when given, else the GPU count of
@@ -23,8 +24,9 @@ from costmodel.gpus import (
     GIB,
     GPU,
     get_gpu,
+    group_bytes,
     kv_cache_tokens,
-    kv_heads_per_rank,
+    kv_capacity,
     profile_for,
     sglang_mem_fraction,
     tp_refusal,
@@ -52,13 +54,18 @@ def parse_kv_bytes(text: Any) -> int | None:
     return int(Decimal(m.group(1)) * _UNITS[m.group(2)])
 
 
-def cell_bytes(spec: ModelSpec, tp: int) -> int:
-    """KV bytes of one token on one of ``tp`` ranks."""
-    return 2 * kv_heads_per_rank(spec, tp) * spec.head_dim * spec.layers * spec.dtype_bytes
+def cell_bytes(spec: ModelSpec, tp: int, engine: str | None = None) -> int:
+    """KV bytes one token writes on one of ``tp`` ranks, over every KV cache group at the
+    spec's ``kv_dtype`` (``costmodel.gpus.group_bytes``; a linear group's state is per
+    request, not per token)."""
+    return sum(g.token_bytes for g in group_bytes(spec, tp, engine))
 
 
-def tokens_from_bytes(spec: ModelSpec, nbytes: int, tp: int, block_size: int) -> int:
-    return nbytes // cell_bytes(spec, tp) // block_size * block_size
+def tokens_from_bytes(spec: ModelSpec, nbytes: int, tp: int, block_size: int,
+                      engine: str | None = None) -> int:
+    """The run's tokens (``gpu_cache``) of ``nbytes`` of KV per GPU under ``engine``'s
+    allocation of the KV cache groups (``costmodel.gpus.kv_capacity``)."""
+    return kv_capacity(spec, nbytes, tp, engine, block_size).tokens
 
 
 def check_tp(model: str, tp: Any, where: str, spell=lambda f: f) -> None:
@@ -163,9 +170,11 @@ def resolve_gpu_fields(point: dict[str, Any], where: str,
         return out  # tokens as before (``tp`` and ``mem_fraction`` alone: IDLE_RULES refuse)
     model = out.get("model", "qwen3-8b")
     try:
-        spec = get_spec(model)
+        spec = get_spec(model, out.get("kv_dtype"))
     except KeyError as e:
         raise ConfigError(where, "model", str(e.args[0])) from None
+    except ValueError as e:  # an unknown kv_dtype
+        raise ConfigError(where, "kv_dtype", str(e)) from None
     gpu: GPU | None = None
     if gpu_name is not None:
         try:
@@ -178,7 +187,7 @@ def resolve_gpu_fields(point: dict[str, Any], where: str,
     bs = out.get("block_size", 64)
     if nbytes is not None:
         out["gpu_cache_bytes"] = nbytes
-        out["gpu_cache"] = tokens_from_bytes(spec, nbytes, tp, bs)
+        out["gpu_cache"] = tokens_from_bytes(spec, nbytes, tp, bs, out.get("engine"))
         if out["gpu_cache"] < 4 * bs:
             raise ConfigError(where, "gpu_cache", f"{point['gpu_cache']} holds "
                               f"{out['gpu_cache']} tokens of {model} per replica: fewer "
@@ -191,7 +200,8 @@ def resolve_gpu_fields(point: dict[str, Any], where: str,
     else:
         rule = rule_for_point(out, spec, gpu, tp)
         try:
-            sized = kv_cache_tokens(spec, gpu, tp, rule.fraction, bs, rule.reserve_bytes)
+            sized = kv_cache_tokens(spec, gpu, tp, rule.fraction, bs, rule.reserve_bytes,
+                                    out.get("engine"))
         except ValueError as e:
             raise ConfigError(where, "gpu", str(e)) from None
         given = out.get("gpu_cache")

@@ -238,8 +238,8 @@ def gpu_header(cfg: RunConfig) -> str:
 @click.option("--kv-dtype", type=click.Choice(["bf16", "fp8", "fp4"]), default="bf16",
               show_default=True,
               help="KV cache element type: the model's KV bytes per token (transfers, "
-                   "kvsim models --kv-dtype; docs/hybrid.md); with --gpu-cache in tokens "
-                   "(--gpu sizing counts bf16 for now).")
+                   "--gpu and --gpu-cache in bytes sizing, kvsim models --kv-dtype; "
+                   "docs/hybrid.md).")
 @click.option("--cpu-cache", type=SIZE, default="0", show_default=True,
               help="CPU KV capacity in tokens (two tiers).")
 @click.option("--tiering", type=click.Choice(["unified", "hicache"]), default="unified",
@@ -408,6 +408,7 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
     spell = {"gpu": "--gpu", "gpu_cache": "--gpu-cache", "tp": "--tp"}.get
     sized = resolve_gpu_fields(dict(gpu=gpu, tp=tp, mem_fraction=mem_fraction,
                                     gpu_cache=gpu_cache, model=model, profile=profile,
+                                    kv_dtype=kv_dtype,
                                     block_size=block_size, engine=engine, chunk_size=chunk_size,
                                     max_running=max_running, vllm_version=vllm_version,
                                     prefill_replicas=pd.get("prefill_replicas"),

@@ -1,0 +1,107 @@
+"""KV sizing from the KV cache groups (costmodel/gpus.py ``kv_capacity``, sim/deploy.py), by
+hand (issue 54 follow-ups; docs/hybrid.md, Capacity in bytes)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from costmodel.gpus import GIB, get_gpu, kv_cache_tokens, kv_capacity
+from costmodel.specs import get_spec
+from sim.cli.main import cli
+from sim.deploy import resolve_gpu_fields
+
+BUDGET = 40 * GIB  # 42,949,672,960 bytes
+TINY = ["--trace", "synthetic:claude-code?sessions=4", "--max-context", "32k", "--gaps", "tool",
+        "--sessions", "2"]
+
+
+@pytest.mark.parametrize("model", ["qwen3-8b", "qwen3-32b", "qwen3-235b-a22b", "llama-3.1-70b"])
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_full_attention_sizing_is_the_old_cell_rule(model: str, engine: str) -> None:
+    """Full-attention models: bit-identical to 2 x kv_heads_per_rank x head_dim x layers x 2."""
+    spec = get_spec(model)
+    for tp in (1, 2, 4, 8):
+        if spec.q_heads % tp:
+            continue
+        cell = 2 * max(1, spec.kv_heads // tp) * spec.head_dim * spec.layers * 2
+        for budget in (BUDGET, 12_345_678_901, 7 * GIB + 3):
+            for bs in (16, 64):
+                got = kv_capacity(spec, budget, tp, engine, bs)
+                assert got.tokens == budget // cell // bs * bs, (tp, budget, bs)
+    # the pinned GPU numbers (tests/test_gpus.py, tests/test_deploy.py) under either engine
+    for engine_name in ("sglang", "vllm"):
+        assert kv_cache_tokens(get_spec("qwen3-32b"), get_gpu("H100"), 2, 0.9,
+                               engine=engine_name).tokens == 337_216
+
+
+def test_gpt_oss_120b_groups_by_hand() -> None:
+    spec = get_spec("gpt-oss-120b")
+    # one layer's token: K and V, 8 KV heads x 64 dims, bf16 = 2,048 B; 18 sliding(128) and
+    # 18 full layers: 36,864 B per token in each group
+    # vLLM: group_size 18 (both buckets), a block is 64 tokens x 2,048 B x 18 layers
+    v = kv_capacity(spec, BUDGET, 1, "vllm", 64)
+    assert (v.group_size, v.vllm_groups, v.block_bytes) == (18, (1, 1), 2_359_296)
+    assert v.num_blocks == BUDGET // 2_359_296 == 18_204
+    assert v.tokens == 18_204 * 64 == 1_165_056  # the shared pool's token slots
+    # SGLang: full pool + SWA pool of 0.8 x its tokens: cell 36,864 + 0.8 x 36,864
+    s = kv_capacity(spec, BUDGET, 1, "sglang", 64)
+    full = int(BUDGET // (36_864 + 0.8 * 36_864)) // 64 * 64
+    assert (s.full_tokens, s.tokens) == (full, full) == (647_232, 647_232)
+    assert s.swa_tokens == int(full * 0.8) // 64 * 64 == 517_760
+    # the old rule counted both groups as full: 40 GiB // 73,728 B
+    assert BUDGET // 73_728 // 64 * 64 == 582_528 < s.tokens < v.tokens
+
+
+def test_deepseek_v3_latent_by_hand() -> None:
+    """MLA: (kv_lora_rank 512 + qk_rope 64) x 2 B x 61 layers = 70,272 B per token, the whole
+    latent on every rank (not split by TP, not 2 x 128 KV heads x 128 dims)."""
+    spec = get_spec("deepseek-v3")
+    for tp in (1, 8):
+        for engine in ("sglang", "vllm"):
+            got = kv_capacity(spec, BUDGET, tp, engine, 64)
+            assert got.groups[0].token_bytes == 70_272
+            assert got.tokens == BUDGET // 70_272 // 64 * 64 == 611_136
+    fp8 = kv_capacity(get_spec("deepseek-v3", "fp8"), BUDGET, 8, "vllm", 64)
+    assert fp8.tokens == BUDGET // 35_136 // 64 * 64
+    # DSA: the latent and the indexer key in fp8 with an fp32 scale per 128: 576 x 2 + 132
+    dsa = kv_capacity(get_spec("deepseek-v3.2"), BUDGET, 8, "sglang", 64)
+    assert dsa.groups[0].token_bytes == 61 * (576 * 2 + 128 + 4) == 78_324
+
+
+def test_qwen3_next_states_by_hand() -> None:
+    spec = get_spec("qwen3-next-80b-a3b")  # 12 full (2 KV heads x 256), 36 Gated DeltaNet
+    # TP 4: a full layer holds 1 KV head x 256 x 2 (K, V) x 2 B = 1,024 B per token; a GDN
+    # layer's state: conv 3 x (2 x 16 x 128 + 32 x 128) / 4 in bf16 = 12,288 B, recurrent
+    # 32 / 4 heads x 128 x 128 in fp32 (SGLang) 524,288 B or bf16 (vLLM) 262,144 B
+    s = kv_capacity(spec, BUDGET, 4, "sglang", 64)
+    assert s.state_bytes == 36 * (12_288 + 524_288)
+    slots = int((BUDGET * 0.9 / 1.9 - s.state_bytes) // s.state_bytes)
+    assert s.mamba_slots == slots == 1_052
+    assert s.tokens == (BUDGET - (slots + 1) * s.state_bytes) // 12_288 // 64 * 64
+    v = kv_capacity(spec, BUDGET, 4, "vllm", 64)
+    # a block must hold a 274,432 B state page: 64 x cdiv(274,432, 64 x 1,024) = 320 tokens
+    assert (v.block_size, v.group_size, v.vllm_groups) == (320, 12, (3, 1))
+    assert v.block_bytes == 12 * 320 * 1_024 and v.num_blocks == BUDGET // v.block_bytes
+    assert v.state_blocks_per_request == 3 and v.tokens == v.num_blocks * 320
+
+
+def test_kv_dtype_sizes_gpu_and_byte_caches() -> None:
+    """--kv-dtype with --gpu and --gpu-cache in bytes (refused before): fp8 halves a token."""
+    fp8 = resolve_gpu_fields({"gpu_cache": "40GiB", "model": "qwen3-8b", "kv_dtype": "fp8"},
+                             "t")
+    assert fp8["gpu_cache"] == BUDGET // 73_728 // 64 * 64 == 582_528
+    bf16 = resolve_gpu_fields({"gpu_cache": "40GiB", "model": "qwen3-8b"}, "t")
+    assert bf16["gpu_cache"] == BUDGET // 147_456 // 64 * 64
+    gpu = {"gpu": "H100", "model": "qwen3-8b", "engine": "sglang"}
+    a = resolve_gpu_fields(gpu, "t")["gpu_cache"]
+    b = resolve_gpu_fields({**gpu, "kv_dtype": "fp4"}, "t")["gpu_cache"]
+    assert a // 64 * 4 <= b <= (a + 64) * 4
+    res = CliRunner().invoke(cli, ["run", *TINY, "--kv-dtype", "fp8", "--gpu", "H100",
+                                   "--preset", "sglang", "--json"])
+    assert res.exit_code == 0, res.output
+    s = json.loads(res.stdout)["runs"][0]["summary"]
+    assert s["gpu_cache_tokens"] == kv_cache_tokens(
+        get_spec("qwen3-8b", "fp8"), get_gpu("H100"), 1, s["mem_fraction"]).tokens
