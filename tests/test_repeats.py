@@ -208,3 +208,31 @@ def test_sweep_tables_fit_100_columns_with_numbers_whole() -> None:
     for number in ("1234.568", "12345.678", "12,345", "-12.3%", "1,234"):
         assert number in out  # on one line, uncut
     assert "…" not in out
+
+
+@pytest.mark.parametrize("router,drawn", [("session-affinity", False), ("random", True)])
+def test_repeats_that_draw_nothing_reuse_the_first_run_with_identical_results(
+        monkeypatch, router, drawn) -> None:
+    """A repeat that differs from the first only in a seed nothing draws from is the first run
+    again (issue 55, item 4): it is not run, and the results equal running it."""
+    from sim.run import repeats as rep
+
+    cfg = RunConfig.from_flat(**{**FLEET, "router": router}, repeats=2)
+    calls = []
+    real = rep.run_repeats
+
+    def counting(cfg, trace, run_one, reuse=True):
+        def one(c, t, k):
+            calls.append(k)
+            return run_one(c, t, k)
+        return real(cfg, trace, one, reuse)
+
+    monkeypatch.setattr("sim.run.driver.run_repeats", counting)
+    fast = run(cfg)
+    assert calls == ([0, 1] if drawn else [0])
+    assert run(cfg.with_fields(repeats=1)).seed_drawn is drawn
+    calls.clear()
+    full = real(cfg, None, lambda c, t, k: (calls.append(k), run(c, t))[1], reuse=False)
+    assert calls == [0, 1]
+    assert fast.summary == full.summary
+    assert fast.requests.equals(full.requests)

@@ -19,7 +19,7 @@ from sim.engines.clock import Clock
 from .build import replay
 from .check import check
 from .kinds import kind_of
-from .repeats import run_repeats
+from .repeats import drew_from_seed, run_repeats
 from .result import RunResult
 from .trace import load_run_trace
 
@@ -34,8 +34,10 @@ def run(cfg: RunConfig, trace=None, timeline=None,
     ``sim.engines.StepObserver`` every server of the run tells what each of its steps did
     (every repeat's)."""
     if cfg.repeats > 1:
+        # a steps observer is told every repeat's steps: no repeat is reused for it
         return run_repeats(cfg, trace, lambda c, t, k: run(c, t, timeline if k == 0 else None,
-                                                           on_reply, steps))
+                                                           on_reply, steps),
+                           reuse=steps is None)
     check(cfg)
     try:
         spec = get_spec(cfg.cache.model, cfg.cache.kv_dtype)
@@ -55,4 +57,5 @@ def run(cfg: RunConfig, trace=None, timeline=None,
     built.close()
     result = built.result()
     result.summary.update(replay_fields)
+    result.seed_drawn = drew_from_seed(cfg, built)
     return result

@@ -93,15 +93,45 @@ def seed_users(cfg) -> list[str]:
     return users
 
 
-def run_repeats(cfg, trace, run_one: Callable[[Any, Any, int], RunResult]) -> RunResult:
+def drew_from_seed(cfg, built) -> bool:
+    """Whether a finished run of ``cfg`` (``built``: its replicas and front, sim/run/kinds.py)
+    drew from its decision seed: a policy that may read it (``seed_users``), a PD fleet (its
+    router and rule), or a router whose seeded stream moved from where the seed starts it.
+    Where none did, a run with another seed is the same run step for step (it could differ
+    only from a first draw, which never comes), so ``run_repeats`` reuses it."""
+    import numpy as np
+
+    from sim.fleet.results import ROUTER_STREAM
+
+    if cfg.is_pd or any(u.startswith("policy") for u in seed_users(cfg)):
+        return True
+    if not hasattr(built.front, "router"):  # one server: no router
+        return False
+    rng = getattr(built.front.router, "rng", None)
+    if not isinstance(rng, np.random.Generator):  # a router that keeps its own: assume so
+        return True
+    start = np.random.default_rng([cfg.seed, ROUTER_STREAM]).bit_generator
+    return (rng.bit_generator.state != start.state
+            or rng.bit_generator.seed_seq.n_children_spawned != 0)
+
+
+def run_repeats(cfg, trace, run_one: Callable[[Any, Any, int], RunResult],
+                reuse: bool = True) -> RunResult:
     """``cfg.repeats`` runs of ``cfg`` (module docstring) as one ``RunResult``; ``run_one(c,
-    trace, k)`` is repeat k's run of config ``c`` (``sim.run.run`` with ``repeats`` 1)."""
+    trace, k)`` is repeat k's run of config ``c`` (``sim.run.run`` with ``repeats`` 1). Where
+    the first repeat drew nothing from its seed (``RunResult.seed_drawn``) the others are that
+    run again, so with ``reuse`` they are not run (identical results, a plan's
+    session-affinity points in half the time; issue 55)."""
     from sim.slo import meets, parse_slo
 
     one = cfg.with_fields(repeats=1, trace_seed=cfg.trace_draw_seed)
     if trace is None:
         trace = load_run_trace(one)
-    results = [run_one(one.with_fields(seed=cfg.seed + k), trace, k) for k in range(cfg.repeats)]
+    results = [run_one(one.with_fields(seed=cfg.seed), trace, 0)]
+    for k in range(1, cfg.repeats):
+        same = reuse and not results[0].seed_drawn
+        results.append(results[0] if same else run_one(one.with_fields(seed=cfg.seed + k),
+                                                        trace, k))
     summary = combine([r.summary for r in results])
     summary["repeats"] = cfg.repeats
     summary["repeat_seeds"] = [cfg.seed + k for k in range(cfg.repeats)]
