@@ -10,6 +10,7 @@ import dataclasses
 import json
 import math
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -257,3 +258,38 @@ def test_accuracy_rows_are_validate_rows(tmp_path):
     assert [f["run"] for f in doc["folds"]] == ["r1", "r2", "r3"]
     assert all(a["bound"] == 0.05 for a in doc["acceptance"])
     assert np.isfinite([a["error"] for a in doc["acceptance"]]).all()
+
+
+# --- the engine as the version sizes and schedules it (item 4) ---------------------------------
+GT = Path(__file__).resolve().parents[2] / "shared" / "data" / "ground-truth" / "llmservingsim"
+needs_gt = pytest.mark.skipif(not GT.is_dir(), reason="../shared/data/ground-truth absent")
+
+
+@needs_gt
+def test_kv_blocks_estimated_as_vllm_computes_them(tmp_path):
+    """The RTX 4090 run without its measured block count: vLLM's rule on torch's total memory
+    (the measurement's device_total_memory_bytes) gives its 2,588 blocks within 3%."""
+    run = tmp_path / "RTX4090_Llama-3.1-8B"
+    shutil.copytree(GT / run.name, run)
+    (tmp_path / "workloads").symlink_to(GT / "workloads")
+    meta = json.loads((run / "vllm_meta.json").read_text())
+    assert meta["kv_cache"].pop("num_gpu_blocks") == 2588
+    (run / "vllm_meta.json").write_text(json.dumps(meta))
+    m, = read_measurement(run)
+    assert m.engine["gpu_memory_bytes"] == 25250627584 and m.engine["async_scheduling"] is True
+    s = setup(m)
+    blocks = s.config.value("gpu_cache") / 16
+    assert blocks == pytest.approx(2588, rel=0.03)
+    assert any("estimated" in n for n in s.notes)
+    assert s.config.value("vllm_async") is True
+
+
+def test_vllm_batch_defaults_follow_the_gpu_tier(tmp_path):
+    write_vllm_bench(tmp_path / "b.json", n=8)
+    m, = read_measurement(tmp_path / "b.json")
+    small = setup(m, gpu="RTX4090")
+    assert (small.config.value("chunk_size"), small.config.value("max_running")) == (2048, 256)
+    big = setup(m, gpu="H100")
+    assert (big.config.value("chunk_size"), big.config.value("max_running")) == (8192, 1024)
+    assert (setup(m, gpu="A100").config.value("chunk_size")) == 2048  # 80 GB, but an A100
+    assert any("defaults" in n for n in small.notes)

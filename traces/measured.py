@@ -76,7 +76,8 @@ class MeasuredRun:
     ... in seconds, requests/s, tokens/s, requests, or a 0-1 fraction) -> measured value;
     ``engine``: the server's configuration as the source states it (keys: model, gpu, tp, dp,
     ep, max_num_seqs, max_num_batched_tokens, block_size, num_gpu_blocks,
-    gpu_memory_utilization, gpu_memory_gb, vllm_version; absent: the source does not say);
+    gpu_memory_utilization, gpu_memory_gb, gpu_memory_bytes (torch's total),
+    async_scheduling, vllm_version; absent: the source does not say);
     ``publisher``: metric -> the publisher's own simulator's signed relative error;
     ``exact`` / ``regenerated``: what of the workload is the measured one and what kvsim made."""
 
@@ -284,7 +285,14 @@ def _engine_from_meta(meta: RecordReader, config: Path) -> dict[str, Any]:
         eng["gpu_memory_utilization"] = kv.number("gpu_memory_utilization", None)
     hw = meta.raw("hardware", None)
     if hw is not None:
-        eng["gpu"] = RecordReader(meta.file, "hardware", hw).string("device_name", None)
+        hwr = RecordReader(meta.file, "hardware", hw)
+        eng["gpu"] = hwr.string("device_name", None)
+        # torch's total (cuda mem_get_info): what vLLM multiplies by gpu_memory_utilization
+        eng["gpu_memory_bytes"] = hwr.count("device_total_memory_bytes", None)
+    resolved = meta.raw("resolved_config", None)
+    sched = resolved.get("scheduler_config") if isinstance(resolved, dict) else None
+    if isinstance(sched, dict) and isinstance(sched.get("async_scheduling"), bool):
+        eng["async_scheduling"] = sched["async_scheduling"]
     if config.is_file():  # the publisher's simulator setup: GPU, memory, fraction
         inst = _instance(config)
         if inst is not None:

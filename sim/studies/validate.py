@@ -15,6 +15,7 @@ requests and KV usage at every second of the run (``peak_*``).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Callable
@@ -111,6 +112,34 @@ def _choose_profile(model: str, gpu_name: str | None, tp: int, dp: int, ep: int,
     return name, name + (f" [{'; '.join(stand)}]" if stand else "")
 
 
+def measured_gpu(m: MeasuredRun, gpu_name: str | None) -> GPU | None:
+    """The GPU as vLLM saw it: the catalog's entry with the measured total memory (torch's
+    ``mem_get_info`` total, what ``gpu_memory_utilization`` multiplies; nvidia-smi's, the
+    catalog's, is some hundreds of MiB more) when the measurement has it; else the
+    catalog's; else the memory the publisher's setup states; None when nothing says."""
+    eng = m.engine
+    gpu = catalog_gpu(gpu_name) if gpu_name else None
+    if gpu is None and eng.get("gpu_memory_gb"):
+        gb = float(eng["gpu_memory_gb"])
+        gpu = GPU(gpu_name or "GPU", int(gb * 1e9 // MIB), 0.0, 0.0, 0.0, None, 0.0, "measured")
+    if gpu is not None and eng.get("gpu_memory_bytes"):
+        gpu = dataclasses.replace(gpu, memory_mib=int(eng["gpu_memory_bytes"]) // MIB)
+    return gpu
+
+
+# vllm/engine/arg_utils.py ``get_batch_defaults`` for an API server (UsageContext
+# OPENAI_API_SERVER): (max_num_batched_tokens, max_num_seqs) on a GPU of >= 70 GiB that is not
+# an A100, else; the same rule from V1's first release through 0.34
+VLLM_BATCH_DEFAULTS = {True: (8192, 1024), False: (2048, 256)}
+
+
+def vllm_batch_defaults(gpu: GPU | None) -> tuple[int, int]:
+    """vLLM's default max_num_batched_tokens and max_num_seqs on ``gpu`` (an unknown GPU:
+    the large tier, as kvsim's vLLM engine defaults)."""
+    big = gpu is None or (gpu.memory_mib >= 70 * 1024 and "A100" not in gpu.name.upper())
+    return VLLM_BATCH_DEFAULTS[big]
+
+
 def _kv_tokens(m: MeasuredRun, model: str, tp: int, bs: int, gpu_name: str | None,
                chunk: int, seqs: int, notes: list[str]) -> int | None:
     """KV tokens per replica: the measured block count, else vLLM's rule on the GPU's memory
@@ -122,10 +151,7 @@ def _kv_tokens(m: MeasuredRun, model: str, tp: int, bs: int, gpu_name: str | Non
         notes.append(f"KV: {eng['num_gpu_blocks']:,} blocks x {bs} as measured")
         return int(eng["num_gpu_blocks"]) * bs
     spec = get_spec(model)
-    gpu = catalog_gpu(gpu_name) if gpu_name else None
-    if gpu is None and eng.get("gpu_memory_gb"):
-        gb = float(eng["gpu_memory_gb"])
-        gpu = GPU(gpu_name or "GPU", int(gb * 1e9 // MIB), 0.0, 0.0, 0.0, None, 0.0, "measured")
+    gpu = measured_gpu(m, gpu_name)
     if gpu is None:
         return None
     util = eng.get("gpu_memory_utilization")
@@ -161,10 +187,16 @@ def setup(m: MeasuredRun, *, model: str | None = None, gpu: str | None = None,
     tp, dp, ep = int(eng.get("tp", 1)), int(eng.get("dp", 1)), int(eng.get("ep", 1))
     bs = int(eng.get("block_size", 16))
     notes: list[str] = []
+    tier = vllm_batch_defaults(measured_gpu(m, gpu_name))
     seqs = max_num_seqs or eng.get("max_num_seqs")
-    chunk = max_num_batched_tokens or eng.get("max_num_batched_tokens") or 8192
+    chunk = max_num_batched_tokens or eng.get("max_num_batched_tokens")
+    if not chunk or not seqs:
+        notes.append(f"vLLM's API-server defaults on this GPU where the source is silent: "
+                     f"max_num_batched_tokens {tier[0]:,}, max_num_seqs {tier[1]:,}")
+    chunk = chunk or tier[0]
+    seqs = seqs or tier[1]
     if gpu_cache is None:
-        gpu_cache = _kv_tokens(m, model, tp, bs, gpu_name, chunk, seqs or 1024, notes)
+        gpu_cache = _kv_tokens(m, model, tp, bs, gpu_name, chunk, seqs, notes)
     name, label = _choose_profile(model, gpu_name, tp, dp, ep, profile)
     flat: dict[str, Any] = {
         "engine": "vllm", "model": model, "profile": name, "block_size": bs,
@@ -176,6 +208,8 @@ def setup(m: MeasuredRun, *, model: str | None = None, gpu: str | None = None,
         flat["gpu_cache"] = int(gpu_cache)
     if eng.get("max_concurrency"):
         flat["max_concurrency"] = int(eng["max_concurrency"])
+    if "async_scheduling" in eng:  # the server's scheduler (vLLM's default: async)
+        flat["vllm_async"] = bool(eng["async_scheduling"])
     if dp > 1:
         flat["replicas"], flat["router"] = dp, "least-load"
     if m.trace.options.get("open_loop_after_reply"):
