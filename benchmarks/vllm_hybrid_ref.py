@@ -1,0 +1,81 @@
+"""The real vLLM hybrid KV cache (``HybridKVCacheCoordinator`` with ``FullAttentionManager``
+and ``SlidingWindowManager``), loaded as benchmarks/vllm_ref.py loads the full-attention
+manager (each pinned install, heavy imports stubbed), driven by kvsim block ids.
+
+``VllmHybridRef`` is ``VllmRef`` with a ``KVCacheConfig`` of several groups (one per
+``sim.kvcache.hybridpool.HybridGroup``: ``FullAttentionSpec`` or ``SlidingWindowSpec`` with
+its window, one layer each, one shared pool of ``capacity_blocks`` usable blocks), so the
+manager builds vLLM's own hybrid coordinator; ``SlidingWindowSpec`` is registered with its
+manager as ``register_all_kvcache_specs`` does. Observations add the group of each cached
+block and every group's block table (null blocks as 0).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from benchmarks.vllm_ref import VllmRef, load_vllm_core
+from sim.kvcache.hybridpool import FULL, HybridGroup
+
+
+class VllmHybridRef(VllmRef):
+    """One real vLLM KVCacheManager over a hybrid KV cache config (module doc)."""
+
+    def __init__(
+        self,
+        capacity_blocks: int,
+        block_size: int,
+        groups: Sequence[HybridGroup],
+        full_sequence_must_fit: bool = True,
+        max_in_flight_tokens: int | None = None,
+        version: str | None = None,
+    ) -> None:
+        mods = load_vllm_core(version)
+        import torch
+
+        iface, hashing, utils = mods["interface"], mods["hashing"], mods["utils"]
+        mods["registry"].KVCacheSpecRegistry.register(
+            iface.SlidingWindowSpec, mods["single"].SlidingWindowManager,
+            uniform_type_base_spec=iface.SlidingWindowSpec)
+        self._mods = mods
+        self.block_size = block_size
+        self.capacity_blocks = capacity_blocks
+        self.full_sequence_must_fit = full_sequence_must_fit
+        specs = []
+        for i, g in enumerate(groups):
+            kw = dict(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float16)
+            spec = (iface.FullAttentionSpec(**kw) if g.kind == FULL
+                    else iface.SlidingWindowSpec(sliding_window=g.window, **kw))
+            specs.append(iface.KVCacheGroupSpec([f"layers.{i}"], spec))
+        config = iface.KVCacheConfig(num_blocks=capacity_blocks + 1, kv_cache_tensors=[],
+                                     kv_cache_groups=specs)
+        self.manager = mods["manager"].KVCacheManager(
+            config,
+            max_model_len=1 << 40,
+            scheduler_block_size=block_size,
+            hash_block_size=block_size,
+            max_in_flight_tokens=max_in_flight_tokens,
+            enable_caching=True,
+        )
+        assert type(self.manager.coordinator).__name__ == "HybridKVCacheCoordinator"
+        self.pool = self.manager.block_pool
+        utils.init_none_hash(hashing.sha256)
+        self._hasher = utils.get_request_block_hasher(block_size, hashing.sha256)
+        self._status = mods["request"].RequestStatus
+        self._reqs = {}
+        self._ids = {}
+        self._mapped = {}
+        self._hash_to_id = {}
+
+    def block_groups(self) -> np.ndarray:
+        """Per physical block 1..capacity: the group its cached hash is for (-1: none)."""
+        get = self._mods["utils"].get_group_id
+        return np.array([-1 if b.block_hash is None else get(b.block_hash)
+                         for b in self.pool.blocks[1:]], np.int64)
+
+    def tables(self, rid: int) -> list[np.ndarray]:
+        """Per group: the physical blocks request ``rid`` holds by position (null: 0)."""
+        return [np.array([b.block_id for b in blocks], np.int64)
+                for blocks in self.manager.coordinator.get_blocks(str(rid))]

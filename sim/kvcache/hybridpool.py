@@ -1,0 +1,510 @@
+"""vLLM's hybrid KV cache (``HybridKVCacheCoordinator`` over per-group managers), block for
+block: full-attention and sliding-window groups sharing one block pool.
+
+The full-attention path (one group) is ``blockpool.BlockPool``; this module is used only when
+a model has several KV cache groups (DESIGN.md, Hybrid attention). It models vLLM 0.33/0.34's
+``vllm/v1/core/kv_cache_coordinator.py`` (``HybridKVCacheCoordinator``),
+``single_type_kv_cache_manager.py`` (``FullAttentionManager``, ``SlidingWindowManager``) and
+``block_pool.py`` with the same state, so every observable (hits, admission, which physical
+block each group gets, the free-queue order, what a lookup evicts) equals the real code's,
+proven op by op by tests/test_vllm_hybrid_diff.py (benchmarks/vllm_hybrid_ref.py drives the
+real coordinator). docs/hybrid.md ("vLLM's hybrid cache in kvsim") explains it for users.
+
+State::
+
+    physical blocks 1..capacity, shared by every group (0 is vLLM's null block)
+      bid[p]  kvsim id of the block's hash (-1: none), grp[p] the group that hash is for
+      ref[p]  holds by running requests
+    free queue   one for all groups (``freequeue.FreeQueue``): unhashed front, hashed tail
+    hash maps    one ``CachedIds`` per group: vLLM keys a cached block by (hash, group id)
+    request      per group a block table (0 = null: a sliding group's blocks outside the
+                 window), its cached count (vLLM's ``num_cached_block``), computed tokens
+
+Protocol, as vLLM's ``KVCacheManager`` runs it for a hybrid model (hash block = block size =
+scheduler block size, no EAGLE, no KV connector, dense retention):
+
+``lookup``  ``find_longest_cache_hit``: the groups of one spec are looked up together (a
+            block hits only if cached in each); full attention first (the longest run of
+            cached blocks from the start), then every other spec with the candidate length as
+            its bound, until the length stops shrinking (one pass when the model is full +
+            one other spec). A sliding group of window ``w`` hits at block ``i`` when the
+            ``cdiv(w - 1, bs)`` blocks ending there are cached (searched from the right); the
+            blocks before them are null. With fewer than that, only a run from the start hits.
+``admit``   ``allocate_slots`` for a waiting request: capacity (per group ``cdiv(tokens, bs)``
+            minus ``max(skipped, hit)`` blocks, plus the hit's blocks in the free queue;
+            ``full_sequence_must_fit`` checks the whole prompt first, a sliding group capped at
+            ``cdiv(w - 1 + max_in_flight_tokens, bs) + 1`` blocks), then per group in order:
+            touch the hit past the window, pad with nulls, then per group in order pop new
+            blocks, then cache each group's newly full blocks (nulls skipped).
+``extend``  ``allocate_slots`` for a running request: first each sliding group frees the
+            blocks wholly outside the window of the tokens computed so far (from the last
+            one back to the first null: ``remove_skipped_blocks``; this happens even when the
+            allocation is then refused), then capacity, then blocks per group, then caching.
+``free``    per group in order: its blocks (leading nulls dropped) freed tail first.
+
+Speed: each operation is a handful of numpy calls per group on the request's blocks (the
+sliding lookup is one windowed sum over the bounded prefix).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .cachedids import CachedIds
+from .freequeue import FreeQueue
+
+__all__ = ["FULL", "SLIDING", "HybridGroup", "HybridPool"]
+
+FULL = "full"
+SLIDING = "sliding"
+
+
+@dataclass(frozen=True)
+class HybridGroup:
+    """One KV cache group as vLLM's coordinator sees it: its kind and (sliding) window."""
+
+    kind: str
+    window: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in (FULL, SLIDING):
+            raise ValueError(f"KV cache group kind must be {FULL!r} or {SLIDING!r}, "
+                             f"got {self.kind!r}")
+        if self.kind == SLIDING and self.window < 1:
+            raise ValueError(f"a sliding KV cache group needs a window >= 1, got {self.window}")
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class _HSeq:
+    """One request: ids of every full block it will have, per group its table and cached
+    count, its computed and known tokens."""
+
+    __slots__ = ("cached", "computed", "ids", "known", "tables")
+
+    def __init__(self, ids: np.ndarray, tables: list[np.ndarray], computed: int,
+                 cached: list[int]) -> None:
+        self.ids = ids
+        self.tables = tables
+        self.computed = computed
+        self.known = computed
+        self.cached = cached
+
+
+class HybridPool:
+    """vLLM's hybrid KV cache: several groups over one block pool (module doc)."""
+
+    def __init__(
+        self,
+        capacity_blocks: int,
+        block_size: int,
+        groups: Sequence[HybridGroup],
+        *,
+        max_in_flight_tokens: int | None = None,
+        debug: bool = False,
+    ) -> None:
+        if capacity_blocks < 1 or block_size < 1:
+            raise ValueError(f"capacity_blocks and block_size must be >= 1, got "
+                             f"{capacity_blocks}, {block_size}")
+        if len(groups) < 2:
+            raise ValueError("a hybrid pool needs two or more KV cache groups "
+                             "(one group: sim.kvcache.blockpool.BlockPool)")
+        self.capacity_blocks = int(capacity_blocks)
+        self.block_size = bs = int(block_size)
+        self.groups = tuple(groups)
+        self.debug = debug
+        n = self.capacity_blocks + 1
+        self._bid = np.full(n, -1, np.int64)
+        self._grp = np.full(n, -1, np.int8)
+        self._ref = np.zeros(n, np.int32)
+        self._queue = FreeQueue(self.capacity_blocks)
+        self._maps = [CachedIds(children=False) for _ in self.groups]
+        self._seqs: dict[int, _HSeq] = {}
+        # per group: the window's contiguous blocks a hit needs (0: full attention) and the
+        # admission cap (SlidingWindowSpec.max_admission_blocks_per_request; None: no cap)
+        self._need = [_cdiv(g.window - 1, bs) if g.kind == SLIDING else 0 for g in self.groups]
+        self._cap: list[int | None] = [
+            _cdiv(g.window - 1 + max_in_flight_tokens, bs) + 1
+            if g.kind == SLIDING and max_in_flight_tokens is not None else None
+            for g in self.groups]
+        # vLLM's attention groups: groups of one spec looked up together, full first (a
+        # stable sort, as verify_and_split_kv_cache_groups)
+        specs: dict[HybridGroup, list[int]] = {}
+        for i, g in enumerate(self.groups):
+            specs.setdefault(g, []).append(i)
+        self._specs = sorted(specs.items(), key=lambda s: s[0].kind != FULL)
+        self._simple = len(self._specs) == 2 and self._specs[0][0].kind == FULL
+        self._cached = 0
+        self._dropped = 0
+
+    # ------------------------------------------------------------------ counters
+    @property
+    def free_blocks(self) -> int:
+        return len(self._queue)
+
+    @property
+    def cached_blocks(self) -> int:
+        return self._cached
+
+    @property
+    def used_blocks(self) -> int:
+        return self.capacity_blocks - self.free_blocks
+
+    @property
+    def evicted_blocks(self) -> int:
+        """Cached blocks whose hash allocation dropped so far (any group)."""
+        return self._dropped
+
+    def running(self) -> list[int]:
+        return list(self._seqs)
+
+    def computed_tokens(self, rid: int) -> int:
+        return self._seqs[rid].computed
+
+    def cached_of(self, rid: int) -> int:
+        """Blocks of running request ``rid`` cached so far (from its first), in positions."""
+        return min(self._seqs[rid].cached)
+
+    def blocks_to_grow(self, rid: int, num_tokens: int) -> int:
+        """Blocks request ``rid`` must still allocate, over all groups, to hold ``num_tokens``
+        tokens (``get_num_blocks_to_allocate`` for a running request)."""
+        need = _cdiv(num_tokens, self.block_size)
+        return sum(max(need - len(t), 0) for t in self._seqs[rid].tables)
+
+    # ------------------------------------------------------------------ lookup
+    def _firsts(self, gids: list[int], ids: np.ndarray) -> np.ndarray:
+        """Per group of ``gids`` (rows): each id's first cached copy (-1: none)."""
+        return np.stack([self._maps[g].firsts(ids) for g in gids])
+
+    def _find(self, ids: np.ndarray, max_len: int) -> tuple[list[np.ndarray], int]:
+        """``find_longest_cache_hit``: per group its hit blocks (0 = null), the hit tokens."""
+        bs = self.block_size
+        hit_blocks: list[np.ndarray | None] = [None] * len(self.groups)
+        hit_len = [0] * len(self.groups)
+        hit_length = max_len
+        while True:
+            curr = hit_length
+            for spec, gids in self._specs:
+                g0 = gids[0]
+                if spec.kind == FULL and hit_blocks[g0] is not None:
+                    curr = min(curr, hit_len[g0])
+                    continue
+                if spec.kind == FULL:
+                    f = self._firsts(gids, ids[: min(len(ids), curr // bs)])
+                    ok = (f >= 0).all(axis=0)
+                    n = int(ok.argmin()) if not ok.all() else len(ok)
+                    blocks = f[:, :n]
+                else:
+                    blocks, n = self._find_sliding(gids, ids, curr // bs, self._need[g0])
+                curr = n * bs
+                for row, g in enumerate(gids):
+                    hit_blocks[g] = blocks[row]
+                    hit_len[g] = curr
+            if curr >= hit_length:
+                break
+            hit_length = curr
+            if self._simple:
+                break
+        keep = _cdiv(hit_length, bs)
+        out = [np.zeros(0, np.int64) if b is None else b for b in hit_blocks]
+        for spec, gids in self._specs:
+            if spec.kind == FULL:
+                for g in gids:
+                    out[g] = out[g][:keep]
+        return out, hit_length
+
+    def _find_sliding(self, gids: list[int], ids: np.ndarray, max_blocks: int,
+                      need: int) -> tuple[np.ndarray, int]:
+        """``SlidingWindowManager.find_longest_cache_hit``: the rightmost run of ``need``
+        cached blocks ending within ``max_blocks`` (nulls before it), else the run from the
+        start. Returns (blocks per group, hit blocks)."""
+        max_blocks = min(max_blocks, len(ids))
+        if max_blocks <= 0:
+            return np.zeros((len(gids), 0), np.int64), 0
+        f = self._firsts(gids, ids[:max_blocks])
+        ok = (f >= 0).all(axis=0)
+        need = max(need, 1)  # a one-token window: vLLM matches at the first cached block
+        if ok.sum() >= need:
+            c = np.concatenate([[0], np.cumsum(ok)])
+            starts = np.flatnonzero(c[need:] - c[:-need] == need)
+            if len(starts):
+                i = int(starts[-1])
+                n = i + need
+                blocks = np.zeros((len(gids), n), np.int64)
+                blocks[:, i:] = f[:, i:n]
+                return blocks, n
+        n = int(ok.argmin()) if not ok.all() else len(ok)
+        return f[:, :n], n
+
+    def lookup(self, ids: np.ndarray, num_tokens: int) -> int:
+        """The hit in blocks (every group can serve it), capped at ``num_tokens - 1``
+        tokens. Read-only."""
+        ids = np.asarray(ids, np.int64)
+        self._grow(ids)
+        return self._find(ids, num_tokens - 1)[1] // self.block_size
+
+    def gpu_prefix_blocks(self, ids: np.ndarray) -> int:
+        """Blocks of ``ids`` a lookup would hit now, with no cap (read only)."""
+        ids = np.asarray(ids, np.int64)
+        return self.lookup(ids, ids.size * self.block_size + 1)
+
+    def resident_prefix_blocks(self, ids: np.ndarray) -> int:
+        return self.gpu_prefix_blocks(ids)
+
+    # ------------------------------------------------------------------ protocol
+    def _skipped_blocks(self, g: int, tokens: int) -> int:
+        """Whole blocks before group ``g``'s window at ``tokens`` computed tokens
+        (``get_num_skipped_tokens // block_size``)."""
+        w = self.groups[g].window
+        if self.groups[g].kind != SLIDING:
+            return 0
+        return max(0, tokens - w + 1) // self.block_size
+
+    def _to_allocate(self, g: int, num_tokens: int, hit: np.ndarray, computed: int,
+                     cap: bool) -> int:
+        """``get_num_blocks_to_allocate`` of group ``g`` for a waiting request."""
+        need = _cdiv(num_tokens, self.block_size)
+        if cap and self._cap[g] is not None:
+            need = min(need, self._cap[g])
+        skipped = self._skipped_blocks(g, computed)
+        new = max(need - max(skipped, len(hit)), 0)
+        rest = hit[skipped:]
+        return new + int(np.count_nonzero((rest > 0) & (self._ref[rest] == 0)))
+
+    def admit(
+        self,
+        rid: int,
+        ids: np.ndarray,
+        num_tokens: int,
+        num_new_tokens: int,
+        *,
+        full_sequence_must_fit: bool = True,
+    ) -> int | None:
+        """Schedule waiting request ``rid``: look up, then allocate slots for
+        ``num_new_tokens`` tokens after the hit (module doc). Returns the hit in blocks, or
+        None when it does not fit (nothing changed)."""
+        if rid in self._seqs:
+            raise ValueError(f"request {rid} is already running")
+        if num_tokens < 1 or num_new_tokens < 1:
+            raise ValueError(f"request {rid}: num_tokens and num_new_tokens must be >= 1")
+        ids = np.asarray(ids, np.int64)
+        self._grow(ids)
+        bs = self.block_size
+        hits, hit_tokens = self._find(ids, num_tokens - 1)
+        new = min(num_new_tokens, num_tokens - hit_tokens)
+        end = hit_tokens + new
+        if end // bs > len(ids):
+            raise ValueError(f"request {rid}: {end} tokens computed but ids cover only "
+                             f"{len(ids)} blocks")
+        free = len(self._queue)
+        groups = range(len(self.groups))
+        if full_sequence_must_fit and sum(
+                self._to_allocate(g, num_tokens, hits[g], hit_tokens, True)
+                for g in groups) > free:
+            return None
+        if sum(self._to_allocate(g, end, hits[g], hit_tokens, False) for g in groups) > free:
+            return None
+        tables = []
+        for g in groups:  # touch every group's hit before any allocation (vLLM #33775)
+            skipped = self._skipped_blocks(g, hit_tokens)
+            rest = hits[g][skipped:]
+            self._touch(rest)
+            tables.append(np.concatenate([np.zeros(max(skipped, 0), np.int64), rest])
+                          if skipped else rest.copy())
+        cached = [len(t) for t in tables]
+        seq = _HSeq(ids, tables, end, cached)
+        self._seqs[rid] = seq
+        self._allocate(seq, end)
+        self._cache(seq)
+        if self.debug:
+            self.check()
+        return hit_tokens // bs
+
+    def extend(self, rid: int, num_new_tokens: int, known: int | None = None) -> bool:
+        """Slots for ``num_new_tokens`` more tokens of running request ``rid``: sliding groups
+        first free the blocks outside their window (even when the allocation is refused),
+        then blocks are allocated and the full ones cached (up to ``known`` tokens when
+        given). False when the free queue is too short."""
+        seq = self._seqs[rid]
+        if num_new_tokens < 1:
+            raise ValueError(f"request {rid}: num_new_tokens must be >= 1")
+        self._remove_skipped(seq)
+        computed = seq.computed + num_new_tokens
+        if computed // self.block_size > len(seq.ids):
+            raise ValueError(f"request {rid}: {computed} tokens computed but ids cover only "
+                             f"{len(seq.ids)} blocks")
+        need = _cdiv(computed, self.block_size)
+        if sum(max(need - len(t), 0) for t in seq.tables) > len(self._queue):
+            if self.debug:
+                self.check()
+            return False
+        self._allocate(seq, computed)
+        seq.computed = computed
+        seq.known = computed if known is None else max(seq.known, min(computed, known))
+        self._cache(seq)
+        if self.debug:
+            self.check()
+        return True
+
+    def cache_known(self, rid: int, tokens: int) -> None:
+        """The first ``tokens`` tokens of running request ``rid`` are known now: cache the
+        blocks they fill (``cache_blocks``)."""
+        seq = self._seqs[rid]
+        known = min(tokens, seq.computed)
+        if known > seq.known:
+            seq.known = known
+            self._cache(seq)
+            if self.debug:
+                self.check()
+
+    def free(self, rid: int) -> None:
+        """Release request ``rid`` (finished or preempted): per group in order, its blocks
+        after the leading nulls, tail first (``SingleTypeKVCacheManager.free``)."""
+        seq = self._seqs.pop(rid)
+        for t in seq.tables:
+            live = t[t > 0]  # vLLM drops the null head; free_blocks skips any other null
+            if len(live):
+                self._free_blocks(live[::-1])
+        if self.debug:
+            self.check()
+
+    # ------------------------------------------------------------------ observation
+    def free_queue(self) -> np.ndarray:
+        return self._queue.blocks()
+
+    def block_ids(self) -> np.ndarray:
+        """Per physical block 1..capacity: the kvsim id it caches, -1 if none."""
+        return self._bid[1:].copy()
+
+    def block_groups(self) -> np.ndarray:
+        """Per physical block 1..capacity: the group its cached id is for, -1 if none."""
+        return self._grp[1:].astype(np.int64)
+
+    def ref_counts(self) -> np.ndarray:
+        return self._ref[1:].astype(np.int64)
+
+    def tables(self, rid: int) -> list[np.ndarray]:
+        """Per group: the physical blocks of running request ``rid`` by position (0: null)."""
+        return [t.copy() for t in self._seqs[rid].tables]
+
+    def table(self, rid: int) -> np.ndarray:
+        """The non-null physical blocks of ``rid`` over all groups, in group order."""
+        return np.concatenate([t[t > 0] for t in self._seqs[rid].tables])
+
+    def is_cached(self, block_id: int) -> bool:
+        """Whether every group caches ``block_id``."""
+        return all(m.is_cached(block_id) for m in self._maps)
+
+    def check(self) -> None:
+        """Recount every invariant from scratch; AssertionError naming the first broken one."""
+        cap = self.capacity_blocks
+        self._queue.check()
+        q = self.free_queue()
+        assert len(np.unique(q)) == len(q) and 0 not in q, "queue holds a block twice or null"
+        assert np.all(self._ref[q] == 0), "a block in the free queue is referenced"
+        held = np.flatnonzero(self._ref[1:] > 0) + 1
+        assert len(held) + len(q) == cap, f"held {len(held)} + free {len(q)} != {cap}"
+        assert np.all(self._bid[self._queue.unhashed_blocks()] < 0), "unhashed part: a hash"
+        assert np.all(self._bid[self._queue.hashed_blocks()] >= 0), "hashed part: no hash"
+        assert np.array_equal(self._bid >= 0, self._grp >= 0), "hash without group"
+        refs = np.zeros(cap + 1, np.int64)
+        for seq in self._seqs.values():
+            for g, t in enumerate(seq.tables):
+                live = t[t > 0]
+                np.add.at(refs, live, 1)
+                c = seq.cached[g]
+                pos = np.flatnonzero(t[:c] > 0)
+                assert np.array_equal(self._bid[t[pos]], seq.ids[pos]), "cached id mismatch"
+                assert np.all(self._grp[t[pos]] == g), "cached for another group"
+        refs[0] = 0
+        assert np.array_equal(refs, self._ref), "ref counts != block tables"
+        assert np.count_nonzero(self._bid >= 0) == self._cached, "cached counter"
+        for g, m in enumerate(self._maps):
+            m.check(np.where(self._grp == g, self._bid, -1))
+
+    # ------------------------------------------------------------------ mechanism
+    def _grow(self, ids: np.ndarray) -> None:
+        for m in self._maps:
+            m.grow(ids)
+
+    def _touch(self, blocks: np.ndarray) -> None:
+        """``BlockPool.touch``: hit blocks (nulls skipped) gain a hold, leaving the queue."""
+        live = blocks[blocks > 0]
+        if not len(live):
+            return
+        refs = self._ref[live]
+        idle = live[refs == 0]
+        if len(idle):
+            self._queue.remove(idle)
+        self._ref[live] = refs + 1
+
+    def _allocate(self, seq: _HSeq, tokens: int) -> None:
+        """``allocate_new_blocks`` per group in order: pop blocks to hold ``tokens``."""
+        need = _cdiv(tokens, self.block_size)
+        for g, t in enumerate(seq.tables):
+            n = need - len(t)
+            if n > 0:
+                fresh = self._pop(n)
+                self._ref[fresh] = 1
+                seq.tables[g] = np.concatenate([t, fresh])
+
+    def _remove_skipped(self, seq: _HSeq) -> None:
+        """``remove_skipped_blocks``: each sliding group frees, from the last skipped block
+        back to the first null, the blocks wholly before its window."""
+        for g, t in enumerate(seq.tables):
+            n = min(self._skipped_blocks(g, seq.computed), len(t))
+            if n <= 0:
+                continue
+            nulls = np.flatnonzero(t[:n] == 0)
+            lo = int(nulls[-1]) + 1 if len(nulls) else 0
+            if lo >= n:
+                continue
+            freed = t[lo:n][::-1].copy()
+            t[lo:n] = 0
+            self._free_blocks(freed)
+
+    def _free_blocks(self, ordered: np.ndarray) -> None:
+        """``BlockPool.free_blocks``: one hold less each; unheld hashed blocks join the tail in
+        order, unheld unhashed ones the front."""
+        refs = self._ref[ordered] - 1
+        self._ref[ordered] = refs
+        zero = ordered[refs == 0]
+        hashed = self._bid[zero] >= 0
+        self._queue.prepend(zero[~hashed])
+        self._queue.append(zero[hashed])
+
+    def _pop(self, n: int) -> np.ndarray:
+        unhashed, hashed = self._queue.pop(n)
+        if not len(hashed):
+            return unhashed
+        xs, gs = self._bid[hashed], self._grp[hashed]
+        for g, m in enumerate(self._maps):
+            sel = gs == g
+            if sel.any():
+                m.drop(hashed[sel], xs[sel])
+        self._bid[hashed] = -1
+        self._grp[hashed] = -1
+        self._cached -= len(hashed)
+        self._dropped += len(hashed)
+        return np.concatenate([unhashed, hashed]) if len(unhashed) else hashed
+
+    def _cache(self, seq: _HSeq) -> None:
+        """``cache_blocks`` per group: hash the blocks full now (nulls skipped)."""
+        full = min(seq.known // self.block_size, len(seq.ids))
+        for g, t in enumerate(seq.tables):
+            a = seq.cached[g]
+            if full <= a:
+                continue
+            pos = a + np.flatnonzero(t[a:full] > 0)
+            if len(pos):
+                ps, xs = t[pos], seq.ids[pos]
+                self._bid[ps] = xs
+                self._grp[ps] = g
+                self._cached += len(ps)
+                self._maps[g].add(ps, xs, int(seq.ids[pos[0] - 1]) if pos[0] else -1)
+            seq.cached[g] = full

@@ -1,0 +1,274 @@
+"""Differential test: kvsim's hybrid KV cache (sim.kvcache.hybridpool) against the REAL vLLM
+``HybridKVCacheCoordinator`` with its ``FullAttentionManager`` and ``SlidingWindowManager``,
+0.33.0 and 0.34.0 alike (benchmarks/vllm_hybrid_ref.py; installed by `make test` like the
+full-attention harness, so nothing here is skipped).
+
+Both caches are driven through vLLM's V1 protocol by the same driver as the full-attention
+test (benchmarks/vllm_ops.py: lookups, admissions with the hit, chunked prefill, decode growth,
+preemption, frees) on random op streams and on synthetic Claude Code sessions under pressure.
+After EVERY op both must agree on the op's result (hit blocks, admitted or refused) and on the
+whole state: the kvsim id and group cached in each physical block, each block's ref count, the
+free queue front to back (which block the next allocation evicts), and every running request's
+block table in every group (null blocks where a window dropped them).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from benchmarks.opstream import OpStream, make_request, random_stream
+from benchmarks.vllm_ops import ADMIT, VOP_NAMES, DriverConfig, drive
+from benchmarks.vllm_ref import VLLM_VERSIONS, use_vllm
+from sim.kvcache.hybridpool import FULL, SLIDING, HybridGroup, HybridPool
+
+SW, FA = SLIDING, FULL
+# group layouts: gpt-oss (sliding first, as its layer 0), full first, two windows (the
+# coordinator's fixed point runs past one pass), two groups of one spec (looked up together)
+LAYOUTS = {
+    "sw-full": [(SW, 128), (FA, 0)],
+    "full-sw": [(FA, 0), (SW, 100)],
+    "sw-sw-full": [(SW, 64), (SW, 64), (FA, 0)],
+    "two-windows": [(SW, 40), (FA, 0), (SW, 200)],
+    "windows-only": [(SW, 33), (SW, 150)],
+}
+
+
+@pytest.fixture(params=VLLM_VERSIONS, autouse=True)
+def vllm(request) -> str:
+    return use_vllm(request.param)
+
+
+def groups_of(layout: list[tuple[str, int]]) -> list[HybridGroup]:
+    return [HybridGroup(k, w) for k, w in layout]
+
+
+class ModelSide:
+    def __init__(self, cap: int, bs: int, groups: list[HybridGroup], full: bool,
+                 in_flight: int | None) -> None:
+        self.name = "kvsim hybridpool"
+        self.pool = HybridPool(cap, bs, groups, max_in_flight_tokens=in_flight, debug=True)
+        self.full = full
+
+    def lookup(self, rid: int, ids: np.ndarray, num_tokens: int) -> int:
+        return self.pool.lookup(ids, num_tokens)
+
+    def admit(self, rid: int, ids: np.ndarray, num_tokens: int, k: int) -> int | None:
+        return self.pool.admit(rid, ids, num_tokens, k, full_sequence_must_fit=self.full)
+
+    def extend(self, rid: int, k: int) -> bool:
+        return self.pool.extend(rid, k)
+
+    def free(self, rid: int, preempted: bool) -> None:
+        self.pool.free(rid)
+
+    def sample(self, rid: int) -> None:
+        """Only computed tokens matter to the cache."""
+
+    def observe(self) -> dict:
+        p = self.pool
+        return {"block_ids": p.block_ids(), "groups": p.block_groups(),
+                "refs": p.ref_counts(), "free_queue": p.free_queue(),
+                "tables": {r: p.tables(r) for r in p.running()}}
+
+
+class RealSide:
+    def __init__(self, cap: int, bs: int, groups: list[HybridGroup], full: bool,
+                 in_flight: int | None) -> None:
+        from benchmarks.vllm_hybrid_ref import VllmHybridRef
+
+        self.name = "vLLM HybridKVCacheCoordinator"
+        self.ref = VllmHybridRef(cap, bs, groups, full, in_flight)
+        self._known: set[int] = set()
+
+    def lookup(self, rid: int, ids: np.ndarray, num_tokens: int) -> int:
+        if rid not in self._known:
+            self.ref.new_request(rid, ids, num_tokens)
+            self._known.add(rid)
+        return self.ref.lookup(rid)
+
+    def admit(self, rid: int, ids: np.ndarray, num_tokens: int, k: int) -> int | None:
+        self.lookup(rid, ids, num_tokens)
+        ok, hit = self.ref.admit(rid, k)
+        return hit if ok else None
+
+    def extend(self, rid: int, k: int) -> bool:
+        return self.ref.extend(rid, k)
+
+    def free(self, rid: int, preempted: bool) -> None:
+        if preempted:
+            self.ref.preempt(rid)
+        else:
+            self.ref.free(rid)
+            self._known.discard(rid)
+
+    def sample(self, rid: int) -> None:
+        self.ref.sample(rid)
+
+    def observe(self) -> dict:
+        r = self.ref
+        state = r.blocks()
+        return {"block_ids": state[:, 0], "groups": r.block_groups(), "refs": state[:, 1],
+                "free_queue": np.array([p for p, _ in r.free_queue()], np.int64),
+                "tables": {rid: r.tables(rid) for rid in r.running()}}
+
+
+def lockstep(stream: OpStream, config: DriverConfig, model_groups: list[HybridGroup],
+             real_groups: list[HybridGroup] | None = None,
+             in_flight: int | None = None, pool_blocks: int | None = None) -> Counter:
+    """Drive ``stream`` through the real coordinator and kvsim's together; fail at the first
+    difference. ``real_groups``: the real side's layout when it must differ (controls). The
+    pool holds the stream's capacity per group (the driver drops what one group cannot hold)
+    unless ``pool_blocks`` says otherwise."""
+    full = config.full_sequence_must_fit
+    cap = pool_blocks or stream.capacity_blocks * len(model_groups)
+    bs = stream.block_size
+    real = RealSide(cap, bs, real_groups or model_groups, full, in_flight)
+    model = ModelSide(cap, bs, model_groups, full, in_flight)
+    seen: Counter = Counter()
+    prev = {"state": model.observe()}
+
+    def on_op(kind: int, rid: int, k: int, results: list) -> None:
+        where = f"{stream.name} op {seen['ops']} {VOP_NAMES[kind]} r{rid} k={k}"
+        a, b = results
+        assert a == b, f"{where}: vLLM {a} != kvsim {b}"
+        ra, rb = real.observe(), model.observe()
+        for key in ("block_ids", "groups", "refs", "free_queue"):
+            assert np.array_equal(ra[key], rb[key]), (
+                f"{where}: {key} differ\n vLLM  {ra[key].tolist()}\n kvsim {rb[key].tolist()}")
+        assert ra["tables"].keys() == rb["tables"].keys(), f"{where}: running requests differ"
+        for r, ts in ra["tables"].items():
+            for g, (x, y) in enumerate(zip(ts, rb["tables"][r], strict=True)):
+                assert np.array_equal(x, y), f"{where}: r{r} group {g}: {x} != {y}"
+        before = prev["state"]
+        seen["ops"] += 1
+        seen[VOP_NAMES[kind]] += 1
+        seen["evicted"] += int(((before["block_ids"] >= 0)
+                                & (rb["block_ids"] != before["block_ids"])).sum())
+        seen["nulls"] += sum(int((t == 0).sum()) for ts in rb["tables"].values() for t in ts)
+        if kind == ADMIT:
+            if a is None:
+                seen["refused"] += 1
+            elif a:
+                seen["hit"] += a
+        prev["state"] = rb
+
+    drive(stream, [real, model], config, on_op)
+    return seen
+
+
+def random_case(seed: int) -> tuple[OpStream, DriverConfig]:
+    bs = (16, 32)[seed % 2]
+    cap = (24, 40, 64, 128)[(seed // 2) % 4]
+    stream = random_stream(seed, n_ops=200, capacity_blocks=cap, block_size=bs, aligned=0.3,
+                           resend=0.15)
+    config = DriverConfig(max_running=1 + seed % 4, active=2 + seed % 5,
+                          chunk=(None, 3 * bs, 50)[seed % 3], decode=(1, bs, 2 * bs)[seed % 3],
+                          seed=seed, full_sequence_must_fit=seed % 5 != 4)
+    return stream, config
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("seed", range(8))
+def test_hybrid_diff_random_stream(layout: str, seed: int) -> None:
+    stream, config = random_case(seed)
+    seen = lockstep(stream, config, groups_of(LAYOUTS[layout]),
+                    in_flight=(None, 64, 256)[seed % 3])
+    print(f"{layout} random-{seed}: {seen['ops']} ops compared")
+    assert seen["LOOKUP"] and seen["FREE"]
+
+
+def test_hybrid_diff_random_streams_exercise_every_rule() -> None:
+    """Not vacuous: windows null blocks, hits past them, evictions, refusals, preemption."""
+    total: Counter = Counter()
+    for seed in (1, 3, 5, 6, 10):
+        for layout in ("sw-full", "two-windows"):
+            stream, config = random_case(seed)
+            total += lockstep(stream, config, groups_of(LAYOUTS[layout]))
+    print(f"exercise: {total['ops']} ops compared")
+    assert total["nulls"] > 100 and total["hit"] > 50 and total["evicted"] > 50
+    assert total["refused"] > 0
+
+
+@pytest.mark.parametrize("full", [False, True], ids=["chunk-fit", "full-fit"])
+@pytest.mark.parametrize("layout", ["sw-full", "two-windows", "sw-sw-full"])
+@pytest.mark.parametrize("seed", range(3))
+def test_hybrid_diff_tight_pool_preempts(layout: str, seed: int, full: bool) -> None:
+    """A pool just above one request's need (full group + each window's admission cap):
+    chunked prefill, many running, preemptions and refusals under vLLM's recycling-aware
+    admission cap (``max_in_flight_tokens`` = the chunk)."""
+    bs, cap, chunk = 16, 40, 32
+    groups = groups_of(LAYOUTS[layout])
+    stream = random_stream(seed, n_ops=200, capacity_blocks=cap, block_size=bs, aligned=0.3,
+                           resend=0.15)
+    config = DriverConfig(max_running=4, active=6, chunk=chunk, decode=bs, seed=seed,
+                          full_sequence_must_fit=full)
+    seen = lockstep(stream, config, groups, in_flight=chunk,
+                    pool_blocks=tight_pool(groups, cap, chunk, bs))
+    print(f"{layout} tight-{seed}: {seen['ops']} ops compared, {seen['PREEMPT']} preempted")
+    assert seen["PREEMPT"] > 0 and seen["refused"] > 0 and seen["evicted"] > 0
+
+
+def tight_pool(groups: list[HybridGroup], cap: int, chunk: int, bs: int) -> int:
+    """Blocks for one request of ``cap`` blocks: ``cap`` per full group, each window's
+    admission cap (``max_in_flight_tokens`` = ``chunk``)."""
+    return sum(cap if g.kind == FA else -(-(g.window - 1 + chunk) // bs) + 1 for g in groups)
+
+
+def synthetic_stream(sessions: int, capacity_blocks: int, block_size: int,
+                     max_context: int, per_session: int) -> OpStream:
+    """Synthetic Claude Code sessions (shared system prefix, growing histories) as an op
+    stream for the driver (top-level sessions, as benchmarks/opstream.trace_stream)."""
+    from traces import load_trace
+
+    trace = load_trace(f"synthetic:claude-code?sessions={sessions}", block_size=block_size,
+                       max_context=max_context, shared_prefix="auto", cache_dir=None)
+    per = [list(range(s.first, s.first + min(s.count, per_session)))
+           for s in trace.sessions if s.parent < 0]
+    session_of = {r: i for i, rids in enumerate(per) for r in rids}
+
+    def source(rid: int):
+        prompt = trace.block_ids(rid)
+        finish = trace.finish_block_ids(rid)
+        return make_request(rid, session_of[rid], prompt, finish[len(prompt):],
+                            int(trace.prompt_tokens[rid]), max(int(trace.output_tokens[rid]), 1),
+                            block_size)
+
+    return OpStream(f"synthetic-cc-{sessions}", block_size, capacity_blocks, [],
+                    len(session_of), source, per)
+
+
+@pytest.mark.parametrize("layout", ["sw-full", "sw-sw-full"])
+def test_hybrid_diff_agent_sessions_evict(layout: str) -> None:
+    """Claude Code sessions (32K cut, 15-25K-token prompts) in a cache of about two
+    contexts: chunked prefill of 2048 tokens, 64-token decode steps, eviction, window 128 as
+    gpt-oss."""
+    groups = [HybridGroup(k, 128 if k == SW else 0) for k, _ in LAYOUTS[layout]]
+    cap = 800
+    stream = synthetic_stream(6, capacity_blocks=cap, block_size=64, max_context=32768,
+                              per_session=6)
+    config = DriverConfig(max_running=3, active=4, chunk=2048, decode=64, seed=1)
+    seen = lockstep(stream, config, groups, in_flight=2048,
+                    pool_blocks=tight_pool(groups, cap, 2048, 64))
+    print(f"{stream.name} {layout}: {seen['ops']} ops compared")
+    assert seen["hit"] > 0 and seen["evicted"] > 0 and seen["nulls"] > 0
+
+
+@pytest.mark.parametrize(("model", "real"), [(128, 192), (100, 64)])
+def test_hybrid_diff_catches_a_wrong_window(model: int, real: int) -> None:
+    """Negative control: kvsim with another window than the real one must diverge."""
+    stream, config = random_case(3)
+    with pytest.raises(AssertionError, match=r"differ|!="):
+        lockstep(stream, config, [HybridGroup(SW, model), HybridGroup(FA)],
+                 [HybridGroup(SW, real), HybridGroup(FA)])
+
+
+def test_hybrid_diff_catches_a_wrong_group_order() -> None:
+    """Negative control: the group order decides which group's blocks are freed and popped
+    first; kvsim with the groups swapped must diverge."""
+    stream, config = random_case(1)
+    with pytest.raises(AssertionError, match=r"differ|!="):
+        lockstep(stream, config, [HybridGroup(FA), HybridGroup(SW, 64)],
+                 [HybridGroup(SW, 64), HybridGroup(FA)])
