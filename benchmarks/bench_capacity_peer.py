@@ -19,7 +19,9 @@ Timed, ``--runs`` times, interleaved (the machine may be shared), medians:
   with its trace cache warm (the default ``~/.cache/kvsim``, here a temporary folder filled
   by an untimed run), ``kvsim capacity --cache-dir off`` (parses the file, as the peer does
   every time), and ``kvcache-simulator run --policies lru`` (its C++ binary built beforehand
-  by an untimed run); wall and CPU seconds (user + system, children included);
+  by an untimed run), both with Python's bytecode cached (``PYTHONPYCACHEPREFIX`` in a
+  temporary folder the untimed run fills, whatever ``PYTHONDONTWRITEBYTECODE`` says); wall
+  and CPU seconds (user + system, children included);
 - simulation only, in this process, the trace loaded: ``sim.studies.capacity.capacity_curve``
   against the peer's ``run_cpp_sweep`` (binary trace written, C++ process run and read).
 The machine's load (``os.getloadavg``) is printed before and after.
@@ -86,7 +88,12 @@ def budgets_gib(caches: list[int], bytes_per_token: float) -> list[float]:
 def commands(path: Path, gib: list[float], cache_dir: str) -> dict[str, tuple[list[str], dict]]:
     kvsim = [str(BIN / "kvsim"), "capacity", str(path), "--block-size", str(BS), "--cache",
              SWEEP, "--json"]
-    env = {**os.environ, "KVSIM_CACHE_DIR": cache_dir}
+    # bytecode cached as in a user's environment (kvsim is installed editable: without it a
+    # PYTHONDONTWRITEBYTECODE environment recompiles its modules every run; the peer's
+    # wheel came with its bytecode): in a temporary folder, filled by the untimed run
+    env = {**os.environ, "KVSIM_CACHE_DIR": cache_dir,
+           "PYTHONPYCACHEPREFIX": str(Path(cache_dir) / "pycache")}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     return {
         "kvsim": (kvsim, env),
         "kvsim --cache-dir off": ([*kvsim, "--cache-dir", "off"], env),
