@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .profile import DecodeCoeffs, PrefillCoeffs, Profile, TransferCoeffs
-from .specs import get_spec, model_names
+from .specs import ModelSpec, get_spec, model_names
 
 # NVIDIA H100 SXM5 80GB datasheet.
 H100_BF16_DENSE_FLOPS = 989.4e12
@@ -34,6 +34,15 @@ DECODE_FIXED_S = 0.003  # per decode step (CUDA graph replay, sampling, scheduli
 DECODE_PER_SEQ_S = 2e-5
 TRANSFER_LATENCY_S = 2e-5
 
+# Effective bf16 FLOP/s of the hybrid kinds' attention kernels on one H100 SXM, fitted to
+# aiconfigurator-core 0.12.0's h100_sxm tables (MLA: mla/sglang/0.5.14 context_mla_perf; DSA:
+# sparse_attention/trtllm/1.3.0rc23 dsa_context_module_perf less its projections; Gated
+# DeltaNet: linear_attention/sglang/0.5.14 gdn_perf chunk_gated_delta_rule) by
+# ``python -m calibration.kernels.hybrid`` (tests/test_hybrid_sizing.py refits them).
+KIND_FLOPS_H100 = {"mla": 1.6570e14, "dsa": 7.1130e13, "linear": 2.8566e13}
+KIND_RATES_SOURCE = ("aiconfigurator-core 0.12.0 h100_sxm kernel tables "
+                     "(calibration/kernels/hybrid.py; docs/hybrid.md, Profiles)")
+
 # GPUs per model: enough HBM for weights plus the paper's KV caps.
 GPUS = {
     "qwen3-8b": 1, "qwen3-32b": 2, "qwen3-235b-a22b": 8, "llama-3.1-8b": 1,
@@ -41,10 +50,18 @@ GPUS = {
 }
 
 
+def kind_rates(spec: ModelSpec, flops_scale: float) -> tuple[tuple[str, float], ...]:
+    """Seconds per attention unit of each of ``spec``'s kinds with a fitted kernel
+    (``KIND_FLOPS_H100`` x ``flops_scale``: GPUs, TP efficiency and peak over the H100's)."""
+    return tuple((str(k), 2 * spec.macs_per_unit / (KIND_FLOPS_H100[k] * flops_scale))
+                 for k in sorted(spec.kind_counts()) if k in KIND_FLOPS_H100)
+
+
 def derive(model: str) -> Profile:
     spec = get_spec(model)
     gpus = GPUS.get(model, 1)
     tp = EFF_TP if gpus > 1 else 1.0
+    rates = kind_rates(spec, gpus * tp)
     flops_per_unit = 2 * spec.macs_per_unit
     lin = flops_per_unit / (gpus * H100_BF16_DENSE_FLOPS * EFF_LINEAR * tp)
     attn = flops_per_unit / (gpus * H100_BF16_DENSE_FLOPS * EFF_ATTENTION * tp)
@@ -67,7 +84,8 @@ def derive(model: str) -> Profile:
             "efficiency": {"linear": EFF_LINEAR, "attention": EFF_ATTENTION, "hbm": EFF_HBM,
                            "pcie": EFF_PCIE, "tensor_parallel": tp},
             "flops_per_unit": flops_per_unit,
-        },
+        } | ({"attention_rates": f"{KIND_RATES_SOURCE}, measured on H100"} if rates else {}),
+        attention_rates=rates,
     )
 
 
@@ -95,6 +113,7 @@ def roofline(gpu_name: str, model: str, tp: int | None = None) -> Profile:
     allreduce = 2 * (2 * (gpus - 1) / gpus) * spec.hidden * spec.dtype_bytes / link
     pcie = gpus * gpu.pcie_gb_s * 1e9 * EFF_PCIE
     link_kind = "NVLink" if gpu.nvlink_gb_s > 0 else "PCIe"
+    rates = kind_rates(spec, gpus * peak / H100_BF16_DENSE_FLOPS)
     return Profile(
         name=roofline_profile_name(gpu.name, model, gpus), model=model, gpus=gpus,
         device=f"{gpu.name} x{gpus} (datasheet roofline)",
@@ -115,7 +134,9 @@ def roofline(gpu_name: str, model: str, tp: int | None = None) -> Profile:
             "efficiency": {"linear": EFF_LINEAR, "attention": EFF_ATTENTION, "hbm": EFF_HBM,
                            "pcie": EFF_PCIE},
             "flops_per_unit": flops_per_unit,
-        },
+        } | ({"attention_rates": f"{KIND_RATES_SOURCE}: the H100's rates at this GPU's "
+                                 "peak (derived, not measured)"} if rates else {}),
+        attention_rates=rates,
     )
 
 

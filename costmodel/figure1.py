@@ -31,6 +31,7 @@ PAPER_MEASURED = {8: 1.14, 16: None, 32: None, 64: None, 128: 2.93}
 
 
 def figure1_row(spec: ModelSpec, profile: Profile, context: int) -> dict[str, Any]:
+    spec = profile.pricing_spec(spec)  # a hybrid's kinds at their own rates (units weighted)
     d = round(DELETE_FRACTION * context)
     if FRONT_START + d > context:
         raise ValueError(f"context {context} too short to delete {d} tokens from {FRONT_START}")

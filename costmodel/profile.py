@@ -115,10 +115,22 @@ class Profile:
     details: dict[str, Any] = field(default_factory=dict, compare=False)
     path: str = field(default="", compare=False)
     server: ServerCoeffs = NEUTRAL_SERVER
+    # seconds per attention unit of a KV cache group kind at its own kernel's rate (mla, dsa,
+    # linear, ...; docs/hybrid.md, Profiles); a kind not named: prefill.per_attention_unit_s
+    attention_rates: tuple[tuple[str, float], ...] = ()
 
     @property
     def spec(self) -> ModelSpec:
         return get_spec(self.model)
+
+    def pricing_spec(self, spec: ModelSpec) -> ModelSpec:
+        """``spec`` with each kind's attention units weighted by its rate over the profile's
+        one rate (``ModelSpec.attention_weights``), so a hybrid's prefill is priced group by
+        group; ``spec`` itself for a profile without per-kind rates."""
+        base = self.prefill.per_attention_unit_s
+        if not self.attention_rates or base <= 0:
+            return spec
+        return spec.with_attention_weights({k: r / base for k, r in self.attention_rates})
 
     def prefill_seconds(self, units: Units) -> float:
         """Seconds of one prefill batch doing ``units`` of work over ``units.tokens`` tokens."""
@@ -270,7 +282,8 @@ class Profile:
             "transfer": asdict(self.transfer),
             "details": self.details,
         } | ({} if self.server.neutral else {"server": {
-            k: v for k, v in asdict(self.server).items() if k != "overlapped"}})
+            k: v for k, v in asdict(self.server).items() if k != "overlapped"}}) | (
+            {"attention_rates": dict(self.attention_rates)} if self.attention_rates else {})
 
     def dump(self, path: str | Path) -> None:
         """Write atomically (temporary file, then rename), after checking that
@@ -333,7 +346,30 @@ def profile_from_dict(raw: Any, path: str = "<profile>") -> Profile:
         decode=_coeffs(DecodeCoeffs, raw.get("decode"), path, "decode"),
         transfer=transfer, details=details, path=path,
         server=server_from_dict(raw.get("server"), path, "server"),
+        attention_rates=_rates(raw.get("attention_rates"), path),
     )
+
+
+def _rates(raw: Any, path: str) -> tuple[tuple[str, float], ...]:
+    """An ``attention_rates`` section: a kind of ``costmodel.specs.AttentionKind`` to seconds
+    per attention unit (finite, > 0); absent: none."""
+    from .specs import AttentionKind
+
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict):
+        raise ProfileError(path, "attention_rates", "must map attention kinds to seconds")
+    out = []
+    for k, v in raw.items():
+        if k not in set(AttentionKind):
+            raise ProfileError(path, f"attention_rates.{k}", "unknown attention kind; one of "
+                               + ", ".join(AttentionKind))
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) \
+                or v <= 0:
+            raise ProfileError(path, f"attention_rates.{k}",
+                               f"must be a finite number > 0, got {v!r}")
+        out.append((str(k), float(v)))
+    return tuple(out)
 
 
 def server_from_dict(raw: Any, path: str, section: str) -> ServerCoeffs:

@@ -145,6 +145,9 @@ class ModelSpec:
     source: str = ""
     notes: str = field(default="", compare=False)
     config_sha256: str = ""  # a spec read from a config.json file: the sha256 of its bytes
+    # (kind, weight): a kind's attention units counted at its kernel's time per unit over the
+    # profile's one rate (``Profile.pricing_spec``; empty: every kind at that rate)
+    attention_weights: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         if self.layer_windows and len(self.layer_windows) != self.layers:
@@ -290,6 +293,18 @@ class ModelSpec:
     def attention_kinds(self) -> list[AttentionKind]:
         return list(self.kinds)
 
+    def _weighted(self, g: KVGroup) -> int | float:
+        """The layers of ``g`` as pricing counts them: at its kind's weight, if it has one."""
+        for kind, w in self.attention_weights:
+            if kind == g.kind:
+                return g.layers * w
+        return g.layers
+
+    def with_attention_weights(self, weights: dict[str, float]) -> ModelSpec:
+        """This spec with its kinds' attention units weighted (``attention_weights``)."""
+        w = tuple(sorted((str(k), float(v)) for k, v in weights.items() if v != 1.0))
+        return self if w == self.attention_weights else replace(self, attention_weights=w)
+
     def kind_counts(self) -> dict[AttentionKind, int]:
         counts: dict[AttentionKind, int] = {}
         for k in self.kinds:
@@ -341,7 +356,7 @@ class ModelSpec:
         return sum(g.state_bytes_per_request for g in self.groups)
 
     @cached_property
-    def extra_terms(self) -> tuple[tuple[int, AttentionKind, int], ...]:
+    def extra_terms(self) -> tuple[tuple[int | float, AttentionKind, int], ...]:
         """The position terms beyond ``window_caps``' ``min(p, cap)``, per group (layer count,
         kind, parameter): chunked (chunk), linear (state-update MACs per token), the DSA
         indexer (MACs per scored key). Empty for full and sliding models, so their pricing
@@ -349,11 +364,11 @@ class ModelSpec:
         terms = []
         for g in self.groups:
             if g.kind is AttentionKind.CHUNKED:
-                terms.append((g.layers, g.kind, g.window or 1))
+                terms.append((self._weighted(g), g.kind, g.window or 1))
             elif g.kind is AttentionKind.LINEAR:
-                terms.append((g.layers, g.kind, self.state_update_macs))
+                terms.append((self._weighted(g), g.kind, self.state_update_macs))
             elif g.kind is AttentionKind.DSA:
-                terms.append((g.layers, g.kind, self.indexer_macs_per_key))
+                terms.append((self._weighted(g), g.kind, self.indexer_macs_per_key))
         return tuple(terms)
 
     def window_groups(self) -> dict[int | None, int]:
@@ -364,19 +379,19 @@ class ModelSpec:
         return groups
 
     @cached_property
-    def window_caps(self) -> tuple[tuple[int, int | None], ...]:
+    def window_caps(self) -> tuple[tuple[int | float, int | None], ...]:
         """The ``min(p, cap)`` position terms as pricing reads them, once per spec: (layer
         count, cap) per group that has one: full and MLA (None: no cap), sliding
         (``window - 1``), DSA's top-k (``index_topk - 1``); chunked and linear groups are
         ``extra_terms``. Every priced range reads it, so it is not rebuilt per call."""
-        caps: list[tuple[int, int | None]] = []
+        caps: list[tuple[int | float, int | None]] = []
         for g in self.groups:
             if g.kind in (AttentionKind.FULL, AttentionKind.MLA):
-                caps.append((g.layers, None))
+                caps.append((self._weighted(g), None))
             elif g.kind is AttentionKind.SLIDING:
-                caps.append((g.layers, (g.window or 1) - 1))
+                caps.append((self._weighted(g), (g.window or 1) - 1))
             elif g.kind is AttentionKind.DSA:
-                caps.append((g.layers, self.index_topk - 1))
+                caps.append((self._weighted(g), self.index_topk - 1))
         return tuple(caps)
 
     # --- memory -----------------------------------------------------------------------

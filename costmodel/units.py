@@ -14,7 +14,9 @@ window and ``index_topk - 1`` for DSA's top-k keys; per group, weighted by its l
     linear              (b - a) * state_update_macs / macs_per_unit
     DSA indexer         sum_{p=a}^{b-1} p * indexer_macs_per_key / macs_per_unit
 
-the last two summed in MACs over the groups and floored to whole units once per range.
+the last two summed in MACs over the groups and floored to whole units once per range. A
+profile with a rate per kind (``Profile.pricing_spec``) weights each group's layers by its
+kind's rate over the profile's one rate, and the range's units are floored once.
 A batch of ranges (a phantom request's hole plus the real request's new tokens) is priced as
 the sum of its ranges: positions are kept, so the hole costs what it originally cost.
 
@@ -102,7 +104,7 @@ def attention_units(spec: ModelSpec, a: int, b: int) -> int:
         total += count * position_sum(a, b, cap)
     if spec.extra_terms:
         total += extra_units(spec, a, b)
-    return total
+    return int(total) if spec.attention_weights else total
 
 
 def range_units(spec: ModelSpec, a: int, b: int) -> Units:
@@ -123,6 +125,8 @@ def range_units(spec: ModelSpec, a: int, b: int) -> Units:
                 attention += count * ((a + cap - 1) * (cap - a) // 2 + (b - cap) * cap)
         if spec.extra_terms:
             attention += extra_units(spec, a, b)
+        if spec.attention_weights:  # weighted kinds (Profile.pricing_spec): whole units
+            attention = int(attention)
     return _new(Units, (spec.layers * n * spec.W, attention, n))
 
 
@@ -174,7 +178,7 @@ def attended_units(spec: ModelSpec, a: int, b: int, starts: np.ndarray, ends: np
         total += count * (position_sum(a, b, cap) - hidden_key_sum(a, b, starts, ends, cap))
     if spec.extra_terms:  # hybrid terms as without hidden keys (docs/hybrid.md)
         total += extra_units(spec, a, b)
-    return total
+    return int(total) if spec.attention_weights else total
 
 
 def range_units_hidden(spec: ModelSpec, a: int, b: int, starts: np.ndarray,

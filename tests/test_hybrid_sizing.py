@@ -105,3 +105,69 @@ def test_kv_dtype_sizes_gpu_and_byte_caches() -> None:
     s = json.loads(res.stdout)["runs"][0]["summary"]
     assert s["gpu_cache_tokens"] == kv_cache_tokens(
         get_spec("qwen3-8b", "fp8"), get_gpu("H100"), 1, s["mem_fraction"]).tokens
+
+
+# --- attention rates per kind (Profile.attention_rates; calibration/kernels/hybrid.py) -------
+def test_kind_rates_are_the_fits_of_the_installed_tables() -> None:
+    from importlib import resources
+    from pathlib import Path
+
+    from calibration.kernels.hybrid import fit_kinds
+    from costmodel.derive import KIND_FLOPS_H100
+
+    fits = fit_kinds(Path(str(resources.files("aiconfigurator_core") / "systems")))
+    for kind, flops in KIND_FLOPS_H100.items():
+        assert fits[kind].flops == pytest.approx(flops, rel=1e-4), kind
+    assert fits["mla"].median_abs_rel_error < 0.1 and fits["linear"].median_abs_rel_error < 0.05
+    assert fits["dsa"].median_abs_rel_error < 0.1
+    # slower than the derived one rate per unit (1.38e-10 s for a 40,960-MAC unit): MLA 3.6x
+    assert fits["mla"].seconds_per_unit == pytest.approx(4.944e-10, rel=1e-3)
+
+
+def test_derived_profiles_price_each_kind_at_its_rate() -> None:
+    from costmodel.derive import KIND_FLOPS_H100, derive, roofline
+    from costmodel.units import range_units
+
+    for model in ("qwen3-8b", "gpt-oss-120b", "gemma-3-27b", "glm-4.5"):
+        p = derive(model)  # full and sliding kinds: one rate, as before
+        assert p.attention_rates == () and p.pricing_spec(p.spec) is p.spec
+        assert "attention_rates" not in p.to_dict()
+    p = derive("deepseek-v3")
+    assert p.attention_rates == (("mla", 2 * 40_960 / KIND_FLOPS_H100["mla"]),)
+    nxt = derive("qwen3-next-80b-a3b")  # full layers at the one rate, Gated DeltaNet its own
+    rate = dict(nxt.attention_rates)["linear"]
+    assert rate == pytest.approx(2 * 8_192 / KIND_FLOPS_H100["linear"])
+    spec = nxt.spec
+    priced = nxt.pricing_spec(spec)
+    a, b = 100_000, 101_000
+    full = 12 * (a + b - 1) * (b - a) // 2  # 12 full layers
+    linear = 36 * (b - a) * spec.state_update_macs // spec.macs_per_unit  # 192 units a token
+    assert range_units(spec, a, b).attention == full + linear
+    base = nxt.prefill.per_attention_unit_s
+    got = range_units(priced, a, b)
+    assert isinstance(got.attention, int)
+    assert got.attention * base == pytest.approx(full * base + linear * rate, rel=1e-9)
+    assert nxt.prefill_seconds(got) - nxt.prefill_seconds(range_units(spec, a, b)) \
+        == pytest.approx(linear * (rate - base), rel=1e-6)
+    # a GPU without tables: the H100's rates at its peak, said in the details
+    r = roofline("RTX4090", "deepseek-v3", 1)
+    assert "derived, not measured" in r.details["attention_rates"]
+    assert dict(r.attention_rates)["mla"] > dict(p.attention_rates)["mla"]
+
+
+def test_attention_rates_read_back_and_bad_ones_are_named(tmp_path) -> None:
+    from costmodel.derive import derive
+    from costmodel.errors import ProfileError
+    from costmodel.profile import load_profile
+
+    p = derive("deepseek-v3.2")
+    path = tmp_path / "p.yaml"
+    p.dump(path)
+    assert load_profile(str(path), "deepseek-v3.2").attention_rates == p.attention_rates
+    import yaml
+
+    raw = yaml.safe_load(path.read_text())
+    raw["attention_rates"] = {"lsh": 1e-9}
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ProfileError, match=r"attention_rates\.lsh"):
+        load_profile(str(path), "deepseek-v3.2")

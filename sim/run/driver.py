@@ -46,6 +46,7 @@ def run(cfg: RunConfig, trace=None, timeline=None,
     except ValueError as e:  # an unknown kv_dtype
         raise ConfigError("config", "kv_dtype", str(e)) from None
     profile = load_profile(cfg.cache.profile, cfg.cache.model)
+    spec = profile.pricing_spec(spec)  # each kind's attention at its own rate, if it has one
     if trace is None:
         trace = load_run_trace(cfg)
     env = Clock()
