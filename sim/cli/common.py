@@ -10,31 +10,60 @@ Conventions (the CLI contract, README.md):
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
-from rich.console import Console
 
-from sim.io import SizeError, atomic_write_text, dumps, sizes, tokens
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from sim.io import atomic_write_text, dumps, tokens
+
+    stderr: Console
 
 __all__ = ["KV_SIZE", "SIZE", "SLO_TEXT", "KvsimGroup", "atomic_write_text", "console", "dumps",
            "emit_json", "fail", "one_line", "parse_size", "stderr", "tokens", "trace_load_progress"]
 
-# soft_wrap: a warning or progress line stays one line in logs (no wrapping at 80 columns).
-stderr = Console(stderr=True, soft_wrap=True)
+# Taken at their first use (``__getattr__``), not when ``kvsim --help`` imports this module
+# through ``main.py``: rich, and sim.io (whose size grammar imports the trace package).
+_LAZY_IO = ("atomic_write_text", "dumps", "tokens")
+
+
+@functools.cache
+def _stderr() -> Console:
+    from rich.console import Console
+
+    # soft_wrap: a warning or progress line stays one line in logs (no wrapping at 80 columns).
+    return Console(stderr=True, soft_wrap=True)
+
+
+def __getattr__(name: str) -> Any:
+    """``stderr`` (one rich Console on stderr for every command) and sim.io's helpers."""
+    if name == "stderr":
+        return _stderr()
+    if name in _LAZY_IO:
+        import sim.io
+
+        return getattr(sim.io, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def console() -> Console:
     """Stdout console; wide when piped so tables are not truncated in logs and notes."""
+    from rich.console import Console
+
     return Console() if sys.stdout.isatty() else Console(width=200)
 
 
 def parse_size(text: str | int, what: str = "size") -> int:
     """A size in tokens (sim/io/sizes.py's grammar); anything else is ``click.BadParameter``
     (exit 2) naming ``what``."""
+    from sim.io import SizeError, sizes
+
     try:
         return sizes.parse_size(text, what)
     except SizeError as e:
@@ -109,7 +138,7 @@ def trace_load_progress(label: str = "loading trace") -> Iterator[None]:
     def update(done: int, total: int) -> None:
         if not bars:
             unit, scale = ("MB", 1e6) if total >= 1e6 else ("kB", 1e3)
-            bars.append((Tracker(label, unit, 0, stderr, TRACE_LOAD_QUIET_S), scale))
+            bars.append((Tracker(label, unit, 0, _stderr(), TRACE_LOAD_QUIET_S), scale))
             bars[0][0].start()
         bar, scale = bars[0]
         bar.update(round(done / scale, 1), round(total / scale, 1))
@@ -127,6 +156,8 @@ def trace_load_progress(label: str = "loading trace") -> Iterator[None]:
 
 def emit_json(doc: Any) -> None:
     """Print one JSON document on stdout."""
+    from sim.io import dumps
+
     click.echo(dumps(doc))
 
 

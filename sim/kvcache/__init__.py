@@ -6,16 +6,38 @@ context edits over a versioned key space (``versions``, ``edits``), and KV event
 to drain (``events``). Its core may run compiled: ``native`` decides, before the first of
 its modules loads."""
 
+from typing import TYPE_CHECKING, Any
+
 from . import native
 
 native.install()
 
-from .cache import RadixKVCache, as_block_ids  # noqa: E402 (after the path is decided)
-from .edits import EditResult  # noqa: E402
-from .errors import CapacityError  # noqa: E402
-from .node import Node, Tier  # noqa: E402
-from .planner import Step  # noqa: E402
-from .results import EvictResult, InsertResult, LoadResult, Match, split_match  # noqa: E402
+if TYPE_CHECKING:
+    from .cache import RadixKVCache, as_block_ids
+    from .edits import EditResult
+    from .errors import CapacityError
+    from .node import Node, Tier
+    from .planner import Step
+    from .results import EvictResult, InsertResult, LoadResult, Match, split_match
+
+# name -> its module: loaded at the first read (after ``native.install`` above), so that
+# ``import sim`` (whose __init__ installs the core through ``native``) loads no cache, numpy
+# or policies: ``kvsim --help`` does not need them (issue 55 start-up).
+_EXPORTS = {"RadixKVCache": "cache", "as_block_ids": "cache", "EditResult": "edits",
+            "CapacityError": "errors", "Node": "node", "Tier": "node", "Step": "planner",
+            "EvictResult": "results", "InsertResult": "results", "LoadResult": "results",
+            "Match": "results", "split_match": "results"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        import importlib
+
+        value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+        globals()[name] = value  # the next read is a plain attribute
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "CapacityError",

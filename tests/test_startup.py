@@ -1,0 +1,104 @@
+"""Start-up (issue 55 item 2): ``kvsim --help`` imports no command module and none of the
+libraries only some commands need, its listing is the commands' own short help, and the
+lazy imports leave every registry as full as when everything is loaded. Not timed:
+benchmarks/bench_startup.py measures the seconds."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import click
+import pytest
+
+from sim.cli.main import COMMANDS, cli
+
+# What only some commands need: tables and Parquet, plots, rich output, fits, the cache and
+# its numpy, the trace loaders, YAML, the event loop.
+HEAVY = ("pandas", "pyarrow", "matplotlib", "rich", "scipy", "numpy", "simpy", "yaml", "traces",
+         "policies", "costmodel", "sim.config")
+
+
+def _loaded(code: str) -> list[str]:
+    """The modules of ``HEAVY`` (and of ``sim.cli`` besides main/common) that ``code`` leaves
+    in ``sys.modules``, in a fresh interpreter."""
+    probe = (f"{code}\nimport sys, json\n"
+             f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r} "
+             f"or m in {HEAVY!r} or (m.startswith('sim.cli.') "
+             "and m not in ('sim.cli.main', 'sim.cli.common')))))")
+    res = subprocess.run([sys.executable, "-W", "ignore", "-c", probe], capture_output=True,
+                         text=True, check=True)
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def test_importing_the_entry_point_loads_nothing_heavy():
+    assert _loaded("import sim.cli.main") == []
+
+
+def test_kvsim_help_loads_no_command_and_nothing_heavy():
+    code = ("from sim.cli.main import cli\n"
+            "try:\n    cli(['--help'])\nexcept SystemExit as e:\n    assert e.code == 0\n")
+    assert _loaded(code) == []
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_the_listed_sentence_is_the_commands_own_short_help(name):
+    """``COMMANDS`` holds each command's first sentence: cut to any width, it reads as the
+    command's own help does (click's ``get_short_help_str``)."""
+    cmd = cli.get_command(click.Context(cli), name)
+    assert cmd is not None and not cmd.hidden
+    for limit in (20, 45, 60, 74, 100, 150, 400):
+        mine = click.Command(name, help=COMMANDS[name][2]).get_short_help_str(limit)
+        assert mine == cmd.get_short_help_str(limit)
+
+
+def _help(setup: str) -> str:
+    code = f"{setup}\nfrom sim.cli.main import cli\ncli(['--help'], prog_name='kvsim')"
+    return subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True,
+                          text=True, check=True, env={**os.environ, "COLUMNS": "100"}).stdout
+
+
+def test_help_lists_every_command_as_click_would():
+    """The lazy listing equals click's own listing of the loaded commands."""
+    loaded = _help("import click\nfrom sim.cli.main import COMMANDS, cli\n"
+                   "[cli.get_command(click.Context(cli), n) for n in COMMANDS]\n"
+                   "assert set(cli.commands) >= set(COMMANDS)")
+    lazy = _help("")
+    assert lazy == loaded
+    assert all(f"  {name} " in lazy for name in COMMANDS)
+
+
+# (module, registry): each read through its public name in a fresh process
+REGISTRIES = [("policies", "POLICIES"), ("policies", "ORDERS"), ("policies.routing", "ROUTERS"),
+              ("policies.scheduling", "SCHEDULERS"), ("policies.eviction", "STARTS"),
+              ("policies.eviction", "GRANULARITIES"), ("policies.eviction", "PRESETS"),
+              ("policies.eviction", "FREE_ORDERS"), ("policies.pd_rules", "PD_RULES"),
+              ("sim.engines", "ENGINES"), ("sim.engines", "VLLM_PATCHES"),
+              ("sim.sweep.executors", "EXECUTORS"), ("sim.studies", "STUDIES"),
+              ("sim.context.strategies", "STRATEGIES"), ("traces.synthetic", "PROFILES"),
+              ("traces.load", "READERS"), ("costmodel.specs", "SPECS"),
+              ("costmodel.profile", "PROFILE_FAMILIES"), ("calibration.grid", "GRIDS")]
+
+
+def _names(setup: str) -> dict[str, list[str]]:
+    code = (f"{setup}\nimport importlib, json\nout = {{}}\n"
+            f"for mod, attr in {REGISTRIES!r}:\n"
+            "    out[f'{mod}.{attr}'] = list(getattr(importlib.import_module(mod), attr))\n"
+            "print(json.dumps(out))")
+    res = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True,
+                         text=True, check=True)
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def test_every_registry_lists_the_same_names_alone_as_with_everything_loaded():
+    """A registry read on its own (only its module imported, as a user's script would) holds
+    what it holds once every command is loaded: no entry waits on an import the lazy start-up
+    skips."""
+    everything = ("from sim.cli.main import COMMANDS, cli\nimport click\n"
+                  "[cli.get_command(click.Context(cli), n) for n in COMMANDS]\n"
+                  "import sim.studies, sim.kvcache\nsim.studies.STUDIES\nsim.kvcache.RadixKVCache")
+    alone = _names("")
+    assert all(alone.values())
+    assert alone == _names(everything)
