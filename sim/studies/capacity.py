@@ -46,7 +46,6 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from policies import EvictionPolicy, get_policy
-from sim.kvcache import RadixKVCache, Tier, split_match
 from sim.report.progress import current as current_progress
 
 DEFAULT_POLICY = "vllm"  # LRU: lru+tail+block
@@ -93,6 +92,8 @@ class CacheReplay:
 
     def __init__(self, capacity_blocks: int, policy: str | EvictionPolicy = DEFAULT_POLICY
                  ) -> None:
+        from sim.kvcache import RadixKVCache  # the tree only for the policies that need it
+
         self.cache = RadixKVCache(int(capacity_blocks), clockless_policy(policy))
         self.evicted: list[np.ndarray] | None = None  # a list: collect what leaves the cache
 
@@ -100,6 +101,8 @@ class CacheReplay:
         """Serve one prompt (block ids) and cache ``finish``: its blocks then its decoded
         output's (``Trace.finish_block_ids``; the prompt alone when None). Returns the prompt
         blocks reused from the cache."""
+        from sim.kvcache import Tier, split_match
+
         cache = self.cache
         seq = ids if finish is None else finish
         m = cache.match(seq)
@@ -131,6 +134,8 @@ class CacheReplay:
         """How many leading blocks of an ``n``-block prompt can be made resident: all of them
         when the free and evictable room holds the missing ones; else the longest prefix that
         does (holes in the matched part count as missing)."""
+        from sim.kvcache import Tier
+
         tree = self.cache.tree
         room = tree.free_blocks + tree.evictable_blocks
         holes = m.matched_blocks - m.blocks_in(Tier.GPU)
