@@ -171,3 +171,38 @@ def test_attention_rates_read_back_and_bad_ones_are_named(tmp_path) -> None:
     path.write_text(yaml.safe_dump(raw))
     with pytest.raises(ProfileError, match=r"attention_rates\.lsh"):
         load_profile(str(path), "deepseek-v3.2")
+
+
+# --- kvsim capacity at equal memory in bytes (sim/cli/capacity.py) ---------------------------
+CAP = ["capacity", "synthetic:claude-code?sessions=4", "--cache-dir", "off"]
+
+
+def test_capacity_curves_by_model_at_equal_bytes() -> None:
+    res = CliRunner().invoke(cli, [*CAP, "--cache", "2GiB,8GiB", "--model", "qwen3-8b",
+                                   "--model", "gpt-oss-120b", "--engine", "sglang", "--json"])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)
+    got = {(r["model"], r["cache_bytes"]): r for r in rows}
+    assert len(rows) == 4 and set(got) == {(m, b * GIB) for m in ("qwen3-8b", "gpt-oss-120b")
+                                            for b in (2, 8)}
+    for (m, b), r in got.items():  # each model's tokens from its groups, SGLang's pools
+        assert r["cache_tokens"] == kv_capacity(get_spec(m), b, 1, "sglang", 64).tokens
+    # the same tokens given as tokens give the same hit rate (the study is unchanged)
+    t = got[("gpt-oss-120b", 8 * GIB)]["cache_tokens"]
+    plain = CliRunner().invoke(cli, [*CAP, "--cache", str(t), "--json"])
+    assert json.loads(plain.stdout)[0]["hit_rate"] == got[("gpt-oss-120b", 8 * GIB)]["hit_rate"]
+    # at equal memory the sliding-window model holds more of the trace
+    assert got[("gpt-oss-120b", 8 * GIB)]["hit_rate"] > got[("qwen3-8b", 8 * GIB)]["hit_rate"]
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--cache", "2GiB,64k"], "--cache"),
+    (["--cache", "64k", "--model", "qwen3-8b"], "--model"),
+    (["--cache", "64k", "--kv-dtype", "fp8"], "--kv-dtype"),
+    (["--cache", "1MiB", "--model", "qwen3-8b"], "fewer than one"),
+    (["--cache", "2GiB", "--model", "no-such-model"], "--model"),
+])
+def test_capacity_bytes_refusals_name_the_option(args: list[str], words: str) -> None:
+    res = CliRunner().invoke(cli, [*CAP, *args])
+    assert res.exit_code == 2, res.output
+    assert words in res.output and "Traceback" not in res.output

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import click
 import numpy as np
@@ -39,8 +39,62 @@ def parse_caches(text: str) -> list[int]:
     return sorted(set(sizes))
 
 
+class ByteSizes(list):
+    """``--cache`` sizes in bytes of KV memory per replica: sized into tokens per ``--model``
+    (``costmodel.gpus.kv_capacity``), so curves of different models compare at equal memory."""
+
+
+def parse_byte_sizes(text: str) -> ByteSizes | None:
+    """``10GiB,40GiB`` or ``8GiB..64GiB[:N]`` (N log-spaced, 8 by default); None when the
+    sizes are in tokens. Units as ``--gpu-cache`` spells them (``sim/deploy.py``)."""
+    if "B" not in text:  # every byte unit ends in a capital B; token sizes have none
+        return None
+    from sim.deploy import parse_kv_bytes
+
+    m = _RANGE.match(text)
+    parts = [m.group(1), m.group(2)] if m else [x for x in text.split(",") if x.strip()]
+    got = [parse_kv_bytes(x.strip()) for x in parts]
+    if all(g is None for g in got):
+        return None
+    if any(g is None for g in got) or not got:
+        raise click.BadParameter(f"give every size in bytes (40GiB) or every size in tokens "
+                                 f"(256k), not both, got {text!r}")
+    sizes = [int(g or 0) for g in got]
+    if m:
+        n = int(m.group(3) or 8)
+        if not 0 < sizes[0] < sizes[1] or n < 2:
+            raise click.BadParameter(f"a range is LOW..HIGH[:N] with 0 < LOW < HIGH and "
+                                     f"N >= 2, got {text!r}")
+        sizes = [round(float(x)) for x in np.geomspace(sizes[0], sizes[1], n)]
+    if min(sizes) <= 0:
+        raise click.BadParameter(f"give sizes > 0, got {text!r}")
+    return ByteSizes(sorted(set(sizes)))
+
+
 def _caches(ctx: Any, param: Any, value: str | None) -> list[int] | None:
-    return None if value is None else parse_caches(value)
+    if value is None:
+        return None
+    return parse_byte_sizes(value) or parse_caches(value)
+
+
+def bytes_to_tokens(sizes: ByteSizes, model: str, kv_dtype: str, engine: str,
+                    block_size: int) -> list[int]:
+    """Tokens of ``model`` (at ``kv_dtype``) each size holds on one GPU under ``engine``'s
+    allocation of its KV cache groups (``costmodel.gpus.kv_capacity``: the run's
+    ``gpu_cache``; docs/capacity.md); one under a block is refused naming ``--cache``."""
+    from costmodel.gpus import kv_capacity
+    from costmodel.specs import get_spec
+
+    try:
+        spec = get_spec(model, kv_dtype)
+    except KeyError as e:
+        raise click.BadParameter(str(e.args[0]), param_hint="--model") from None
+    tokens = [kv_capacity(spec, b, 1, engine, block_size).tokens for b in sizes]
+    for b, t in zip(sizes, tokens, strict=True):
+        if t < block_size:
+            raise click.BadParameter(f"{b / 2**30:g} GiB holds {t} tokens of {model}: fewer "
+                                     f"than one {block_size}-token block", param_hint="--cache")
+    return tokens
 
 
 def _hold(ctx: Any, param: Any, value: str | None) -> float | None:
@@ -111,18 +165,31 @@ def warn_idle_replicas(rows: list) -> None:
                    "for SECONDS of the trace's time after it arrives (about a request's "
                    "latency). Needed by routers that weigh load (dynamo-kv, llm-d). "
                    "[default: none, every replica idle]")
+@click.option("--model", "models", multiple=True,
+              help="With --cache in bytes (10GiB,40GiB or 8GiB..64GiB:4; KV memory per "
+                   "replica, one GPU): the model (repeatable) whose KV cache groups size "
+                   "them into tokens, so curves of models compare at equal memory. "
+                   "[default: qwen3-8b]")
+@click.option("--kv-dtype", type=click.Choice(["bf16", "fp8", "fp4"]), default=None,
+              help="With --cache in bytes: the KV element type. [default: bf16]")
+@click.option("--engine", "size_engine", type=click.Choice(["sglang", "vllm"]), default=None,
+              help="With --cache in bytes: whose allocation of the KV cache groups sizes them "
+                   "(docs/hybrid.md, Capacity in bytes). [default: the first --policy when it "
+                   "is vllm or sglang, else sglang]")
 @click.option("--out", default=None, type=click.Path(file_okay=False),
               help="Folder for capacity.json and capacity.png.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document (the rows).")
 def capacity_cmd(paths: tuple[str, ...], caches: list[int] | None, policies: tuple[str, ...],
                  replicas: int, router: str | None, pool: str | None, pool_write: str,
-                 in_flight_s: float | None, out: str | None, as_json: bool, gap_model: str,
+                 in_flight_s: float | None, models: tuple[str, ...], kv_dtype: str | None,
+                 size_engine: str | None, out: str | None, as_json: bool, gap_model: str,
                  **opts: Any) -> None:
     """Hit rate against cache size for PATH (files, a folder or synthetic:NAME), without
     timing: requests in arrival order, each matched then inserted with its output (the
     cache-only replay of Mooncake's capacity analysis). Rows: cache_tokens, replicas, router,
     policy, pool_tokens, hit_rate, ideal_hit_rate (hit rates over prompt tokens; ideal = an
-    unlimited cache)."""
+    unlimited cache); with --cache in bytes, model and cache_bytes first (one curve per
+    --model at equal memory)."""
     from sim.io import atomic_write_text, check_out_dir, dumps
     from sim.report.progress import progress
     from sim.studies.capacity import capacity_curve, clockless_policy, one_pass
@@ -134,6 +201,13 @@ def capacity_cmd(paths: tuple[str, ...], caches: list[int] | None, policies: tup
                                  param_hint="--gaps")
     for p in policies:
         clockless_policy(p)  # refused before the trace loads
+    in_bytes = isinstance(caches, ByteSizes)
+    for given, name in ((models, "--model"), (kv_dtype, "--kv-dtype"),
+                        (size_engine, "--engine")):
+        if given and not in_bytes:
+            raise click.BadParameter("sizes --cache given in bytes (10GiB,40GiB): give "
+                                     "--cache in bytes", param_hint=name)
+    engine = size_engine or (policies[0] if policies[0] in ("sglang", "vllm") else "sglang")
     fleet = replicas > 1 or router is not None or pool is not None
     if in_flight_s is not None and replicas < 2:
         raise click.BadParameter("a load model for a router choosing among replicas: give "
@@ -152,22 +226,44 @@ def capacity_cmd(paths: tuple[str, ...], caches: list[int] | None, policies: tup
             raise click.BadParameter("an empty folder name", param_hint="--out")
         check_out_dir(out)
     trace = load_from_options(list(paths), **opts)
-    caches = caches or _default_caches(trace)
-    stderr.print(f"[dim]{size_echo(caches, pool_tokens, fleet)}[/dim]")
+    # (model, byte sizes, token sizes) per curve; one curve in tokens without --cache bytes
+    curves: list[tuple[str | None, list[int], list[int]]] = []
+    if in_bytes:
+        for m in models or ("qwen3-8b",):
+            tokens = bytes_to_tokens(cast(ByteSizes, caches), m, kv_dtype or "bf16", engine,
+                                     trace.block_size)
+            curves.append((m, list(cast(ByteSizes, caches)), tokens))
+            stderr.print(f"[dim]{m} ({kv_dtype or 'bf16'} KV, {engine} groups): "
+                         f"{size_echo(tokens, pool_tokens, fleet)}[/dim]")
+    else:
+        caches = caches or _default_caches(trace)
+        curves.append((None, [], caches))
+        stderr.print(f"[dim]{size_echo(caches, pool_tokens, fleet)}[/dim]")
     # one replay of an unlimited cache for the ideal, which gives every size of the vllm
     # preset too (one LRU stack); one replay per (size, policy) for every other policy
     per_size = len(policies) if fleet else sum(not one_pass(p) for p in policies)
-    total = len(trace) * (len(caches) * per_size + 1)
+    total = sum(len(trace) * (len(set(c[2])) * per_size + 1) for c in curves)
+    docs: list[dict[str, Any]] = []
     with progress("kvsim capacity", "requests", total, stderr) as bar:
-        bar.describe("unlimited cache" if fleet or per_size == len(policies) else
-                     f"unlimited cache (LRU: all {len(caches)} sizes from its stack)")
-        if fleet:
-            rows = fleet_capacity_curve(trace, caches, replicas, router, pool_tokens,
-                                        policies, pool_write=pool_write, in_flight_s=hold)
-        else:
-            rows = capacity_curve(trace, caches, policies)
-    warn_idle_replicas(rows)
-    docs = [r.as_dict() for r in rows]
+        for model, nbytes, sizes in curves:
+            unique = sorted(set(sizes))
+            bar.describe("unlimited cache" if fleet or per_size == len(policies) else
+                         f"unlimited cache (LRU: all {len(unique)} sizes from its stack)")
+            if fleet:
+                rows = fleet_capacity_curve(trace, unique, replicas, router, pool_tokens,
+                                            policies, pool_write=pool_write,
+                                            in_flight_s=hold)
+            else:
+                rows = capacity_curve(trace, unique, policies)
+            warn_idle_replicas(rows)
+            if model is None:
+                docs += [r.as_dict() for r in rows]
+                continue
+            by_tokens: dict[int, list[dict[str, Any]]] = {}
+            for r in rows:
+                by_tokens.setdefault(r.cache_tokens, []).append(r.as_dict())
+            docs += [{"model": model, "cache_bytes": b, **d}
+                     for b, t in zip(nbytes, sizes, strict=True) for d in by_tokens[t]]
     title = (f"{trace.name}: {len(trace):,} requests, "
              f"{int(trace.prompt_tokens.sum()):,} prompt tokens")
     if out is not None:
@@ -181,12 +277,14 @@ def capacity_cmd(paths: tuple[str, ...], caches: list[int] | None, policies: tup
         return
     cols = [Col("cache\n(tokens)", "cache_tokens", "int"), Col("policy", "policy"),
             Col("hit\nrate", "hit_rate", "rate"), Col("of infinite\ncache", "of_ideal", "rate")]
+    if in_bytes:
+        cols[0:0] = [Col("model", "model"), Col("KV\n(GiB)", "cache_gib")]
     if fleet:
         cols[1:1] = [Col("N", "replicas", "int"), Col("router", "router"),
                      Col("pool\n(tokens)", "pool_tokens", "int")]
         cols.append(Col("from\npool", "pool_hit_rate", "rate"))
     rows = [{**d, "of_ideal": d["hit_rate"] / d["ideal_hit_rate"] if d["ideal_hit_rate"]
-             else math.nan} for d in docs]
+             else math.nan, "cache_gib": f"{d.get('cache_bytes', 0) / 2**30:g}"} for d in docs]
     console().print(narrow_table(f"kvsim capacity: {title}", cols, rows))
     if docs:
         console().print(f"infinite cache: {docs[0]['ideal_hit_rate']:.1%} of prompt tokens")

@@ -452,11 +452,13 @@ def plot_dir(d: str | Path, out: str | Path | None = None) -> list[Path]:
 
 def plot_capacity(rows: list[dict[str, Any]], title: str, path: Path) -> Path:
     """Hit rate against cache size (log scale), one line per configuration (policy, replicas,
-    router, pool), and the infinite-cache hit rate as a dashed line."""
+    router, pool; with sizes in bytes, per model against GiB), and the infinite-cache hit
+    rate as a dashed line."""
     fig, ax = plt.subplots(figsize=(7, 4.2))
     series: dict[str, list[dict[str, Any]]] = {}
+    x = "cache_bytes" if rows and "cache_bytes" in rows[0] else "cache_tokens"
     for r in rows:
-        label = r["policy"]
+        label = r["policy"] if "model" not in r else f"{r['model']}, {r['policy']}"
         if r.get("replicas", 1) > 1:
             label += f", {r['replicas']} replicas ({r['router']})"
         if r.get("pool_tokens"):
@@ -466,15 +468,17 @@ def plot_capacity(rows: list[dict[str, Any]], title: str, path: Path) -> Path:
         series.setdefault(label, []).append(r)
     markers = "os^vD<>p"
     for i, (label, pts) in enumerate(series.items()):
-        pts = sorted(pts, key=lambda r: r["cache_tokens"])
-        ax.plot([r["cache_tokens"] for r in pts], [100 * r["hit_rate"] for r in pts],
+        pts = sorted(pts, key=lambda r: r[x])
+        ax.plot([r[x] / (2**30 if x == "cache_bytes" else 1) for r in pts],
+                [100 * r["hit_rate"] for r in pts],
                 marker=markers[i % len(markers)], color=_POLICY_COLORS[i % len(_POLICY_COLORS)],
                 label=label)
     if rows:
         ax.axhline(100 * rows[0]["ideal_hit_rate"], color="grey", linestyle="--",
                    label="infinite cache")
     ax.set_xscale("log")
-    ax.set_xlabel("cache per replica (tokens)")
+    ax.set_xlabel("KV memory per replica (GiB)" if x == "cache_bytes"
+                  else "cache per replica (tokens)")
     ax.set_ylabel("hit rate (% of prompt tokens)")
     ax.set_ylim(0, 100)
     ax.grid(True, which="both", alpha=0.3)
