@@ -214,6 +214,12 @@ class VllmKnobs(EngineKnobs):
     vllm_cache_aware_window: int = 0
     vllm_cache_aware_threshold: float = 0.5
 
+    def __post_init__(self) -> None:
+        # a sweep file's unquoted `vllm_version: 0.34` is a YAML number: the release it names
+        v = self.vllm_version
+        if isinstance(v, float) and f"{v:g}" in VLLM_VERSIONS:
+            object.__setattr__(self, "vllm_version", f"{v:g}")
+
     @property
     def label(self) -> str:
         """``vllm+penelope-patch`` when patched."""

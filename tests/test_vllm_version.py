@@ -116,3 +116,13 @@ def test_cache_aware_admission_admits_the_cached_prefix_once_usage_reaches_the_t
     assert fcfs["admit_s"].tolist()[1:] == [a_end] * 2  # X and Y once A has finished
     assert aware["admit_s"].iloc[2] < 0.6 * a_end < aware["admit_s"].iloc[1]
     assert aware["hit_gpu_tokens"].iloc[2] == 128
+
+
+def test_an_unquoted_yaml_release_reads_as_the_release() -> None:
+    import yaml
+
+    raw = yaml.safe_load("engine: vllm\nvllm_version: 0.33")
+    assert raw["vllm_version"] == 0.33  # a number, as YAML reads it
+    assert RunConfig.from_dict(raw).engine.vllm_version == "0.33"
+    with pytest.raises(ConfigError, match="unknown vLLM version"):
+        RunConfig.from_dict({"engine": "vllm", "vllm_version": 0.3})
