@@ -102,3 +102,27 @@ def test_every_registry_lists_the_same_names_alone_as_with_everything_loaded():
     alone = _names("")
     assert all(alone.values())
     assert alone == _names(everything)
+
+
+def test_a_run_loads_no_table_library_before_its_first_request():
+    """pandas (and pyarrow with it) is taken where a result's table is made: a small run's
+    clock starts without them (``simpy.Environment.run`` is the replay's start)."""
+    code = (
+        "import sys, json, simpy\nseen = []\nrun = simpy.Environment.run\n"
+        "def first(self, *a, **k):\n"
+        "    seen.append(sorted(m for m in ('pandas', 'pyarrow', 'matplotlib', 'scipy') "
+        "if m in sys.modules))\n"
+        "    return run(self, *a, **k)\n"
+        "simpy.Environment.run = first\n"
+        "from sim.cli.main import cli\n"
+        "try:\n"
+        "    cli(['run', '--trace', 'synthetic:claude-code?sessions=4', '--max-context', '32k', "
+        "'--gaps', 'tool', '--sessions', '2', '--gpu-cache', '64k', '--preset', 'sglang', "
+        "'--json'])\n"
+        "except SystemExit as e:\n    assert not e.code, e.code\n"
+        "print(json.dumps(seen))\n")
+    res = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True,
+                         text=True, check=True)
+    *doc, seen = res.stdout.strip().splitlines()
+    assert json.loads("\n".join(doc))  # the run's JSON document, made with pandas after the replay
+    assert json.loads(seen) == [[]]

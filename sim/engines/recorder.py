@@ -24,11 +24,14 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Final, Protocol, cast
 
 import numpy as np
-import pandas as pd
 
 from sim.engines.latency import TokenGaps
 
-if TYPE_CHECKING:  # (sim/engines/request.py imports this module: typed, not imported)
+# Typed, not imported: pandas where a table is made (no pandas before a run's first
+# request, issue 55 start-up); sim/engines/request.py imports this module.
+if TYPE_CHECKING:
+    import pandas as pd
+
     from sim.engines.request import Req
 
 HIST_BIN_TOKENS: Final = 8192
@@ -179,6 +182,8 @@ def empty_table() -> pd.DataFrame:
 
 @functools.cache
 def _empty_table() -> pd.DataFrame:
+    import pandas as pd
+
     row = RequestRecord(0, "", 0, 0, False, 0.0).values()
     return pd.DataFrame([dict(zip(COLUMNS, row, strict=True))]).iloc[:0]
 
@@ -595,6 +600,8 @@ class RunRecorder:
         by = dict(zip(COLUMNS, cols, strict=True))
         # sort_values(["send_s", "request"], kind="stable"): a stable lexsort, ties in order
         order = np.lexsort((by["request"], by["send_s"]))
+        import pandas as pd
+
         # copy=False: the sorted columns become the frame's (one copy of the rows, not two)
         return pd.DataFrame({k: v[order] for k, v in by.items()}, copy=False)
 

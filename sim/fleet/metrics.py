@@ -33,12 +33,14 @@ session's first request (its home).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from sim.engines.recorder import RecordListener, RunRecorder
+
+if TYPE_CHECKING:  # pandas where a table is made: none before a run's first request (issue 55)
+    import pandas as pd
 
 
 def recorder_for(trace, listener: RecordListener | None = None) -> RunRecorder:
@@ -81,6 +83,8 @@ def routed_ideal_rate(table: pd.DataFrame) -> float:
 def fleet_metrics(fleet, engines: list, tables: list[pd.DataFrame], sessions: RunRecorder,
                   sim_end: float, block_size: int, table: pd.DataFrame
                   ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    import pandas as pd  # (not at import: issue 55 start-up)
+
     d = fleet.decisions
     n = len(engines)
     dec = pd.DataFrame({

@@ -13,12 +13,16 @@ table with the single server's code, counters summed over both pools, plus the P
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pandas as pd
 
 from sim.deploy import gpus_per_replica
 
 from .pd import PDFleet
+
+if TYPE_CHECKING:  # pandas where a table is made: none before a run's first request (issue 55)
+    import pandas as pd
 
 PD_STREAM = 0x5044  # "PD": the PD rule's RNG stream, apart from the router's
 
@@ -41,6 +45,8 @@ def _records_by_rid(engines) -> dict[int, object]:
 
 def pd_table(fleet: PDFleet, prefill, decode, trace, bs: int) -> pd.DataFrame:
     """One row per request: its decode record, the prefill side's accounting, PD columns."""
+    import pandas as pd  # (not at import: issue 55 start-up)
+
     frames = [e.rec.table() for e in decode]
     served = [t for t in frames if len(t)] or frames[:1]
     table = pd.concat(served, ignore_index=True) if len(served) > 1 else served[0].copy()

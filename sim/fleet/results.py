@@ -6,8 +6,9 @@ the fleet's columns of the requests table (``ideal_columns``, ``pool_columns``),
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pandas as pd
 import simpy
 
 from costmodel.units import ranges_units
@@ -15,6 +16,9 @@ from costmodel.units import ranges_units
 from .fleet import Fleet
 from .pool import SharedPool
 from .pooltier import FleetPool
+
+if TYPE_CHECKING:  # pandas where a table is made: none before a run's first request (issue 55)
+    import pandas as pd
 
 # The router's RNG stream: seeded by the run's seed, apart from every policy's.
 ROUTER_STREAM = 0x524F55544552  # "ROUTER"
@@ -122,6 +126,8 @@ def pool_notes(pool: FleetPool, table: pd.DataFrame) -> list[str]:
 def pool_table(pool: FleetPool) -> pd.DataFrame:
     """Pool occupancy at every routing decision and landing (``kvsim plot`` draws it with
     the bytes moved per second)."""
+    import pandas as pd  # (not at import: issue 55 start-up)
+
     return pd.DataFrame({
         "time_s": np.asarray(pool.occ_time, dtype=float),
         "blocks": np.asarray(pool.occ_blocks, dtype=np.int64),
@@ -133,6 +139,8 @@ def pool_table(pool: FleetPool) -> pd.DataFrame:
 def routing_table(fleet: Fleet) -> pd.DataFrame:
     """One row per routing decision, in decision order: what the router believed about the
     chosen replica beside the truth (tokens; ``believed`` NaN without a cache view)."""
+    import pandas as pd  # (not at import: issue 55 start-up)
+
     d = fleet.decisions
     return pd.DataFrame({
         "time_s": np.asarray(d.time, dtype=float),
@@ -149,6 +157,8 @@ def routing_table(fleet: Fleet) -> pd.DataFrame:
 
 
 def load_table(fleet: Fleet) -> pd.DataFrame:
+    import pandas as pd  # (not at import: issue 55 start-up)
+
     n = len(fleet.replicas)
     times = np.asarray(fleet.load_time, dtype=float)
     return pd.DataFrame({

@@ -10,7 +10,6 @@ single server's stay as they are: no fleet field). ``kind_of`` says which a conf
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 import simpy
 
 from costmodel.links import get_link
@@ -105,6 +104,8 @@ class FleetRun:
         self.front.close()
 
     def result(self) -> RunResult:
+        import pandas as pd  # (not at import: issue 55 start-up)
+
         cfg, fleet, engines, pool = self.cfg, self.front, self.engines, self.pool
         now, trace = self.env.now, self.trace
         tables = []
@@ -176,6 +177,8 @@ class PDRun:
         self.front.close()
 
     def result(self) -> RunResult:
+        import pandas as pd  # (not at import: issue 55 start-up)
+
         cfg, fleet, prefill, decode = self.cfg, self.front, self.prefill, self.decode
         now, trace = self.env.now, self.trace
         table = pd_table(fleet, prefill, decode, trace, cfg.cache.block_size)

@@ -17,8 +17,6 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-import pandas as pd
-
 from costmodel.detmath import ndtri
 
 from .result import RunResult
@@ -122,6 +120,8 @@ def run_repeats(cfg, trace, run_one: Callable[[Any, Any, int], RunResult],
     the first repeat drew nothing from its seed (``RunResult.seed_drawn``) the others are that
     run again, so with ``reuse`` they are not run (identical results, a plan's
     session-affinity points in half the time; issue 55)."""
+    import pandas as pd  # (not at import: issue 55 start-up)
+
     from sim.slo import meets, parse_slo
 
     one = cfg.with_fields(repeats=1, trace_seed=cfg.trace_draw_seed)

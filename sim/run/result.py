@@ -7,12 +7,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from sim.config import RunConfig
 from sim.io import atomic_write_parquet, atomic_write_text, dumps, is_tmp_name
+
+if TYPE_CHECKING:  # pandas where a table is made: none before a run's first request (issue 55)
+    import pandas as pd
 
 
 @dataclass

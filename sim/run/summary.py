@@ -4,9 +4,7 @@ in GPUs and SLOs (``answer_fields``). A kind of run adds its own fields after th
 
 from __future__ import annotations
 
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from policies import EvictionPolicy
 from sim.config import RunConfig
@@ -14,6 +12,9 @@ from sim.deploy import deployment_fields
 from sim.engines import ENGINES
 from sim.engines.recorder import RunRecorder
 from sim.slo import slo_fields
+
+if TYPE_CHECKING:  # pandas where a table is made: none before a run's first request (issue 55)
+    import pandas as pd
 
 
 def run_fields(cfg: RunConfig, policy: EvictionPolicy, profile, spec, trace,
