@@ -1,0 +1,206 @@
+"""Differential test: kvsim's SGLang cache for a sliding-window hybrid (sim/kvcache/swacache.py)
+against SGLang 0.5.23's DEFAULT cache with its SWA component, the real `UnifiedRadixCache`
+with `tree_components=(FULL, SWA)` and its pure-Python tree core
+(benchmarks/sglang_swa_ref.py), issue 54 item 3.
+
+The protocol is the scheduler's (benchmarks/sglang_swa_ops.py): match + lock at admission,
+both pools' shortfalls evicted by one evict_for_alloc, chunk checkpoints (which free the
+request's out-of-window SWA KV), the decode steps' out-of-window free, the finish checkpoint
+and the row's release. After EVERY op both must agree on the hit, the SWA branching point,
+the admission, the full and SWA block ids freed, both pools' used pages, the evictable and
+protected sizes of both components and the exact resident full and SWA block ids.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+from conftest import CC_TRACES, needs_cc_traces
+
+from benchmarks.opstream import ALLOC, OpStream, random_stream, trace_stream
+from benchmarks.sglang_ref import torch_single_thread
+from benchmarks.sglang_swa_ops import KvsimSwaSide, RealSwaSide, replay_swa
+from benchmarks.sglang_swa_ref import SwaRef
+from benchmarks.sglang_unified_ops import CHUNK_OP_NAMES, with_chunks
+from sim.kvcache.swacache import Freed, SwaRadixCache
+
+BS = 64
+
+
+def ids(*xs: int) -> np.ndarray:
+    return np.array(xs, np.int64)
+
+
+# ---- SGLang's own behaviour, pinned -------------------------------------------------------------
+
+
+def test_sglang_hybrid_pins_windowed_retention_and_tombstones() -> None:
+    """A 10-block request (window 128 tokens = 2 blocks): its first chunk frees its SWA KV
+    older than the window, the finish keeps SWA only for the last window, leaves are capped at
+    one window, a match needs a window of SWA before its end, SWA eviction tombstones."""
+    ref = SwaRef(40, 20, 128, BS)
+    hit, node, branching = ref.match(ids(1, 2, 3, 4, 5, 6, 7, 8))
+    assert (hit, branching) == (0, None)
+    ref.admit(0, node, hit, branching)
+    ref.set_row(0, np.arange(1, 11), 0, 10)
+    ref.checkpoint(0, 4, finished=False)  # a chunk of 4 blocks
+    full, swa = ref.allocator.take_freed()
+    assert (full.tolist(), swa.tolist()) == ([], [1])  # block 1 left the window
+    ref.decode_to(0, 10 * BS)
+    ref.checkpoint(0, 10, finished=True)
+    ref.release(0)
+    full, swa = ref.allocator.take_freed()
+    assert (full.tolist(), swa.tolist()) == ([], [5, 6, 7])
+    st = ref.state()
+    assert st["full"].tolist() == list(range(1, 11))
+    assert st["swa"].tolist() == [2, 3, 4, 8, 9, 10]  # 5-7: tombstones (decode freed them)
+    assert ref.match(np.arange(1, 11))[0] == 10
+    assert ref.match(np.arange(1, 8))[:3:2] == (4, 7 * BS)  # full KV to 7, a window to 4
+    ref.evict(0, 3)  # the SWA LRU: the leaf [9, 10] goes whole, then [8] is tombstoned
+    full, swa = ref.allocator.take_freed()
+    assert (full.tolist(), swa.tolist()) == ([9, 10], [8, 9, 10])
+    assert ref.match(np.arange(1, 9))[:3:2] == (4, 8 * BS)
+
+
+def test_sglang_hybrid_kvsim_pins_the_same() -> None:
+    """kvsim's cache on the same scenario (the pinned numbers above)."""
+    c = SwaRadixCache(40, 20, 128, BS)
+    f = Freed()
+    r = c.admit(ids(1, 2, 3, 4, 5, 6, 7, 8), np.arange(1, 11))
+    assert c.allocate(r, 10, f)
+    c.checkpoint(r, 4, False, f)
+    assert [x.tolist() for x in f.ids()] == [[], [1]]
+    c.decode_to(r, 10 * BS, f)
+    c.checkpoint(r, 10, True, f)
+    c.release(r, f)
+    assert [x.tolist() for x in f.ids()] == [[], [1, 5, 6, 7]]
+    assert [x.tolist() for x in c.resident()] == [list(range(1, 11)), [2, 3, 4, 8, 9, 10]]
+    assert c.match(np.arange(1, 8))[0::2] == (4, 7)
+    f = Freed()
+    c.evict(0, 3, f)
+    assert [x.tolist() for x in f.ids()] == [[9, 10], [8, 9, 10]]
+    assert c.tombstoned_blocks == 1
+
+
+# ---- the differential test ----------------------------------------------------------------------
+
+
+def lockstep(stream: OpStream, chunk: int, window: int, ratio: float,
+             kvsim_side: type = KvsimSwaSide) -> Counter:
+    cap, bs = stream.capacity_blocks, stream.block_size
+    swa_cap = max(4, int(cap * ratio))
+    seen: Counter = Counter()
+    with torch_single_thread():
+        ours_side = kvsim_side(cap, swa_cap, window, bs, chunk)
+        theirs = replay_swa(stream, RealSwaSide(cap, swa_cap, window, bs, chunk))
+        ours = replay_swa(stream, ours_side)
+        for a, b in zip(theirs, ours, strict=True):
+            where = f"{stream.name} w{window} op {a.index} {CHUNK_OP_NAMES[a.op]} r{a.rid}"
+            assert (a.hit, a.branching, a.ok) == (b.hit, b.branching, b.ok), (
+                f"{where}: hit/branching/ok {(a.hit, a.branching, a.ok)} (SGLang) != "
+                f"{(b.hit, b.branching, b.ok)} (kvsim)")
+            assert a.full.tolist() == b.full.tolist(), (
+                f"{where}: full freed {a.full.tolist()} != {b.full.tolist()}")
+            assert a.swa.tolist() == b.swa.tolist(), (
+                f"{where}: SWA freed {a.swa.tolist()} != {b.swa.tolist()}")
+            assert a.state is not None and b.state is not None
+            for k, va in a.state.items():
+                vb = b.state[k]
+                if isinstance(va, np.ndarray):
+                    assert np.array_equal(va, vb), (
+                        f"{where}: resident {k} differ: only SGLang {np.setdiff1d(va, vb)[:8]}, "
+                        f"only kvsim {np.setdiff1d(vb, va)[:8]}")
+                else:
+                    assert va == vb, f"{where}: {k} {va} (SGLang) != {vb} (kvsim)"
+            assert a.state["full_used"] <= cap and a.state["swa_used"] <= swa_cap
+            seen["ops"] += 1
+            seen[CHUNK_OP_NAMES[a.op]] += 1
+            seen["hit"] += max(a.hit, 0)
+            seen["branching"] += a.branching is not None
+            seen["aborted"] += not a.ok
+            seen["full_freed"] += len(a.full)
+            seen["swa_freed"] += len(a.swa)
+            if a.op == ALLOC:
+                seen["swa_only_freed"] += len(a.swa) - len(a.full)
+    seen["tombstoned"] = ours_side.cache.tombstoned_blocks
+    seen["recovered"] = ours_side.cache.recovered_blocks
+    return seen
+
+
+# (seed, window tokens, SWA pool / full pool): gpt-oss's 128, a window across pages (96),
+# Gemma 3's 1024 and a one-page window; SGLang's default ratio 0.8 and tighter SWA pools.
+CASES = [(0, 128, 0.8), (1, 128, 0.5), (2, 96, 0.5), (3, 1024, 0.8), (4, 64, 0.3),
+         (5, 128, 0.3), (6, 200, 0.5), (7, 96, 0.8), (8, 1024, 0.3)]
+
+
+@pytest.mark.parametrize(("seed", "window", "ratio"), CASES)
+def test_sglang_hybrid_random_stream(seed: int, window: int, ratio: float) -> None:
+    capacity = (24, 48, 96)[seed % 3]
+    chunk = (100, 192, 40)[seed % 3]
+    stream = with_chunks(random_stream(seed, n_ops=300, capacity_blocks=capacity), chunk, seed)
+    seen = lockstep(stream, chunk, window, ratio)
+    assert seen["ARRIVE"] and seen["FINISH"]
+
+
+def test_sglang_hybrid_streams_exercise_every_path() -> None:
+    total: Counter = Counter()
+    for seed, window, ratio in CASES[:4]:
+        chunk = (100, 192, 40)[seed % 3]
+        stream = random_stream(seed, n_ops=300, capacity_blocks=(24, 48, 96)[seed % 3])
+        total += lockstep(with_chunks(stream, chunk, seed), chunk, window, ratio)
+    assert total["hit"] > 100 and total["CHUNK"] > 50 and total["aborted"] > 0
+    assert total["branching"] > 0  # full KV past the last window: the branch insert
+    assert total["tombstoned"] > 0 and total["recovered"] > 0  # SWA tombstones, refilled
+    assert total["swa_only_freed"] > 0 and total["full_freed"] > 100
+
+
+class _NoPageSlack(KvsimSwaSide):
+    """A wrong model: the SWA LRU refresh spans the window alone (SGLang's: window + page)."""
+
+    def __init__(self, *args: int) -> None:
+        super().__init__(*args)
+        cache = self.cache
+
+        def refresh(node: object, c: SwaRadixCache = cache) -> None:
+            prev, acc = c.head, 0
+            while node is not c.root and acc < c.window:
+                if node.swa:  # type: ignore[attr-defined]
+                    c._unlink(node)  # type: ignore[arg-type]
+                    c._link_after(prev, node)  # type: ignore[arg-type]
+                    prev = node
+                acc += len(node) * c.bs  # type: ignore[arg-type]
+                node = node.parent  # type: ignore[attr-defined]
+
+        cache._refresh_window = refresh  # type: ignore[method-assign]
+
+
+def test_sglang_hybrid_negative_control() -> None:
+    """The test sees a one-page difference in the SWA LRU refresh (it diverges)."""
+    found = False
+    for seed, window, ratio in ((1, 128, 0.5), (5, 128, 0.3), (4, 64, 0.3)):
+        chunk = (100, 192, 40)[seed % 3]
+        stream = with_chunks(random_stream(seed, n_ops=300,
+                                           capacity_blocks=(24, 48, 96)[seed % 3]), chunk, seed)
+        try:
+            lockstep(stream, chunk, window, ratio, _NoPageSlack)
+        except AssertionError:
+            found = True
+            break
+    assert found, "a wrong SWA LRU refresh went unnoticed"
+
+
+@needs_cc_traces
+@pytest.mark.shared_data
+@pytest.mark.parametrize(("window", "ratio"), [(128, 0.8), (1024, 0.3)])
+def test_sglang_hybrid_cc_traces(window: int, ratio: float) -> None:
+    """Agent sessions that evict: the first sessions of the real Claude Code traces (48K-token
+    context cut, 96K-token full pool), 8192-token chunks, gpt-oss's window at SGLang's default
+    ratio and Gemma 3's with a tight SWA pool."""
+    stream = trace_stream(CC_TRACES, sessions=24, active=4, in_flight=2, capacity_blocks=1536,
+                          max_requests_per_session=30, max_context=49152)
+    stream = with_chunks(stream, 8192, 0)
+    seen = lockstep(stream, 8192, window, ratio)
+    assert seen["ARRIVE"] == stream.n_requests and seen["full_freed"] > 0
+    assert seen["branching"] > 0 and seen["swa_freed"] > 0
