@@ -61,9 +61,9 @@ class TransferCoeffs:
 
 @dataclass(frozen=True)
 class ServerCoeffs:
-    """What a real server pays beyond its kernels (issue 53 item 5; DESIGN.md "Seconds a real
-    server would measure"), each a named term, all neutral by default (a profile without a
-    ``server`` section prices its kernels alone, to the float):
+    """What a real server pays beyond its kernels (issue 53 item 5; docs/accuracy.md "Server
+    terms beyond the kernels"), each a named term, all neutral by default (a profile without
+    a ``server`` section prices its kernels alone, to the float):
 
     - ``cpu_step_s`` / ``cpu_per_seq_s`` / ``cpu_per_token_s``: the engine's CPU time per
       step (scheduler, input preparation, output processing), per request and per token it

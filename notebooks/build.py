@@ -26,7 +26,8 @@ PROFILES = {profiles!r}  # {profiles_note}"""
 # The profile family each notebook prices with: the one its document's tables state
 # (docs/reproduction.md: derived; docs/policies.md and docs/cache-engineering.md: the
 # default measured-kernel profiles).
-PROFILES = {"policies": None, "cache-engineering": None, "fleet": None, "pd": None}
+PROFILES = {"policies": None, "cache-engineering": None, "fleet": None, "pd": None,
+            "accuracy": None}
 PROFILE_NOTES = {
     "derived": "docs/reproduction.md's family (derived-h100-MODEL); None: the default",
     None: "None: the default (kernels-h100_sxm-MODEL); 'derived': derived-h100-MODEL",
@@ -66,8 +67,20 @@ print(f"trace: {doc['trace']} ({doc['trace_kind']}), quick: {doc['quick']}, "
       f"rows: {len(doc['rows'])}")
 df = pd.DataFrame(doc["rows"])
 df"""
+# The accuracy study replays the shipped ground truth (no trace, no gap model, its own
+# profiles per measured GPU).
+ACCURACY_RUN = """doc = reproduce("accuracy", quick=QUICK)
+if not QUICK:
+    from sim.io import atomic_write_text, dumps
+    atomic_write_text("../results/reproduce/accuracy.json", dumps(doc))
+print(f"{len(doc['runs'])} ground-truth runs, {doc['replays']} replays in {doc['seconds']} s, "
+      f"quick: {doc['quick']}")
+df = pd.DataFrame(doc["rows"])
+df["fit"] = df.calibration.where(df.calibration == "none", "leave-one-out")
+head = df[df.metric.isin(["ttft_mean", "tpot_mean", "latency_mean"])]
+head.pivot_table(index=["run", "metric"], columns="fit", values="error", sort=False).round(3)"""
 RUNS = {"fleet": FLEET_RUN, "pd": FLEET_RUN.replace('"fleet"', '"pd"').replace(
-    "fleet.json", "pd.json")}
+    "fleet.json", "pd.json"), "accuracy": ACCURACY_RUN}
 
 # Cells after a notebook's plot: (markdown, code) pairs.
 CONTINUUM_INTRO = (
@@ -269,6 +282,26 @@ axes[0][-1].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1))
 fig.tight_layout()
 df.pivot_table(index=["workload", "router"], columns=["policy", "replicas"],
                values="ttft_mean_s", sort=False).round(3)"""),
+    "accuracy": (
+        "# Accuracy: kvsim against measured vLLM servers\n\n"
+        "Every shipped ground-truth run (LLMServingSim's four vLLM 0.19 runs: Llama-3.1-8B on "
+        "an RTX 4090 and an RTX PRO 6000, Qwen3-32B on two PRO 6000s at TP 2, Qwen3-30B-A3B "
+        "at DP 2 x EP 2) replayed as `kvsim validate` replays it: uncalibrated (kernel tables "
+        "or the datasheet roofline alone) and calibrated leave-one-out (the server terms of "
+        "`kvsim calibrate --from-measurements` fitted on the other dense runs only), beside "
+        "the measurement and the publisher's own simulator error (docs/accuracy.md). The "
+        "dotted lines are issue 53's 5% bound for the dense runs.",
+        """fig, axes = plt.subplots(1, 3, figsize=(14, 4), sharey=True)
+for ax, (metric, g) in zip(axes, head.groupby("metric", sort=False)):
+    piv = g.pivot_table(index="run", columns="fit", values="error")
+    piv["publisher"] = g.groupby("run").publisher_error.first() if "publisher_error" in g \
+        else float("nan")
+    (100 * piv).plot.barh(ax=ax, legend=ax is axes[0])
+    for x in (-5, 5):
+        ax.axvline(x, ls=":", c="k")
+    ax.set_xlabel(f"{metric} error (%)"); ax.grid(alpha=.3)
+fig.tight_layout()
+pd.DataFrame(doc["acceptance"])"""),
     "pd": (
         "# Prefill/decode disaggregation: where the prefix cache lives\n\n"
         "Aggregated replicas against prefill and decode pools at the same GPU count "

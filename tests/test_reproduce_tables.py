@@ -15,7 +15,7 @@ from rich.table import Table
 
 from sim.cli.main import cli
 from sim.report.tables import cell
-from sim.studies import STUDIES, experiment_tables, fleet, pool, reproduce, zoo
+from sim.studies import STUDIES, accuracy, experiment_tables, fleet, pool, reproduce, zoo
 
 GOLDENS = Path(__file__).parent / "goldens"
 TINY = "synthetic:claude-code?sessions=2"
@@ -30,6 +30,9 @@ def docs() -> dict[str, dict]:
            "two-tier": "reproduce_two-tier_quick.json"}
     got = {k: json.loads((GOLDENS / v).read_text()) for k, v in out.items()}
     got["figure1"] = {"rows": json.loads(_invoke("figure1", "--json"))["rows"]}
+    # a saved document of the accuracy study (rendering only: it replays the ground truth)
+    got["accuracy"] = json.loads((Path(__file__).parent / "fixtures" /
+                                  "reproduce_accuracy.json").read_text())
     for name in ("fcfs", "cpu-sweep", "cache-engineering", "policies"):
         got[name] = reproduce(name, trace=TINY, quick=True)  # as the command renders it
     fleet_row = {"workload": "cc-traces", "router": "sglang-cache-aware", "policy": "penelope",
@@ -104,6 +107,8 @@ def test_tables_use_one_unit_convention(name: str, docs) -> None:
         layouts = [("", fleet.FLEET_KEYS + cols) for _, cols in fleet.FLEET_LAYOUTS]
     if name == "pool":
         layouts = [("", pool.POOL_KEYS + cols) for _, cols in pool.POOL_LAYOUTS]
+    if name == "accuracy":  # its tables pivot validate's rows: errors in signed percent
+        layouts = [("", [c for c in accuracy.COLUMNS if c.key == "error"])]
     if name == "policies":
         layouts = [("", zoo.POLICY_COLUMNS)]
         ref = {(r["model"], r["sessions"], r["gaps"], r["tree"]): r["hit_rate"] for r in rows
@@ -128,6 +133,8 @@ def test_tables_use_one_unit_convention(name: str, docs) -> None:
                     seen.add(col.kind)
     if name in ("fleet", "pool"):  # absolute values only: seconds and rates
         assert {"s", "rate"} <= seen
+    elif name == "accuracy":  # measured and kvsim values print with their own units
+        assert seen == {"change"}
     elif name != "cache-engineering":  # its rows: seconds, tokens and dollars only
         assert {"change", "rate", "pp"} <= seen
 
