@@ -155,3 +155,26 @@ def test_local_pool_charges_only_the_job_whose_worker_died(workers) -> None:
         for i, res in LocalPoolExecutor(workers, max_retries=1).map(_job_or_exit, jobs):
             done[i] = res
     assert done == {0: "a", 2: "b", 3: "c"}
+
+
+def _worker_and_loads(cfg, arg, get_trace):
+    """Which worker ran a job and how many traces it has loaded (module level: picklable)."""
+    from sim.sweep.executors import worker_id, worker_trace_loads
+
+    get_trace()
+    return worker_id(), worker_trace_loads()
+
+
+def test_local_pool_keeps_its_workers_and_their_traces_across_maps() -> None:
+    """A plan's rounds are maps on one executor: the second map runs on the first's workers,
+    which load the trace once each, not once per round (issue 55 item 4)."""
+    cfg = RunConfig.from_flat(trace="synthetic:claude-code?sessions=2")
+    ex = LocalPoolExecutor(2)
+    try:
+        first = [r for _, r in ex.map(_worker_and_loads, [(cfg, i) for i in range(4)])]
+        second = [r for _, r in ex.map(_worker_and_loads, [(cfg, i) for i in range(4)])]
+    finally:
+        ex.close()
+    assert {w for w, _ in second} <= {w for w, _ in first}
+    loads = dict(first)  # per worker, its count after the first map (a forked worker starts
+    assert all(n == loads[w] for w, n in second)  # with this process's): none in the second

@@ -132,6 +132,11 @@ class LocalPoolExecutor:
     """``jobs`` processes; a job whose process died runs again in a fresh pool. A worker
     exits by itself when the process that made the pool dies (``_exit_with_parent``).
 
+    The pool outlives one ``map``: later maps (a plan's rounds) reuse its workers, with the
+    traces they loaded and their imports, until ``close`` (issue 55: a 6-round plan once
+    started and loaded everything 6 times per worker). A pool that broke or was stopped is
+    not reused.
+
     A dying worker breaks the whole ``ProcessPoolExecutor``: every job still pending in it
     fails with ``BrokenProcessPool``, not only the dead worker's. So a loss in a shared pool
     charges nobody: the lost jobs run again one per single-process pool (``jobs`` of them at
@@ -142,6 +147,19 @@ class LocalPoolExecutor:
 
     def __init__(self, workers: int, max_retries: int = DEFAULT_RETRIES) -> None:
         self.workers, self.max_retries = workers, max_retries
+        self._pool: ProcessPoolExecutor | None = None
+        self._size = 0
+
+    def _shared_pool(self, jobs: int) -> ProcessPoolExecutor:
+        """The kept pool, made (again) where there is none or it has fewer workers than
+        ``jobs`` could use."""
+        want = min(self.workers, jobs)
+        if self._pool is None or self._size < want:
+            self.close()
+            self._pool = ProcessPoolExecutor(max_workers=want, initializer=_exit_with_parent,
+                                             initargs=(os.getpid(),))
+            self._size = want
+        return self._pool
 
     def map(self, fn: JobFn, jobs: list[Job]) -> Iterator[tuple[int, Any]]:
         tries = [0] * len(jobs)
@@ -163,15 +181,16 @@ class LocalPoolExecutor:
         """Run ``todo`` in one pool; the jobs a broken pool took down go to ``lost``."""
         if not todo:
             return
-        with ProcessPoolExecutor(max_workers=min(self.workers, len(todo)),
-                                 initializer=_exit_with_parent,
-                                 initargs=(os.getpid(),)) as pool:
+        pool = self._shared_pool(len(todo))
+        try:
             futs = {pool.submit(_local_call, fn, *jobs[i]): i for i in todo}
-            try:
-                yield from _collect(futs, lost)
-            except BaseException:  # Ctrl-C, or the caller stopped early: end the workers now
-                _stop_workers([pool])
-                raise
+            yield from _collect(futs, lost)
+        except BaseException:  # Ctrl-C, or the caller stopped early: end the workers now
+            self._pool = None
+            _stop_workers([pool])
+            raise
+        if lost:  # the pool broke: the next map makes a new one
+            self.close()
 
     def _isolated(self, fn: JobFn, jobs: list[Job], todo: list[int], lost: list[int]
                   ) -> Iterator[tuple[int, Any]]:
@@ -192,7 +211,9 @@ class LocalPoolExecutor:
                     pool.shutdown()
 
     def close(self) -> None:
-        pass
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown()
 
 
 def _collect(futs: dict, lost: list[int]) -> Iterator[tuple[int, Any]]:
