@@ -79,3 +79,14 @@ class VllmHybridRef(VllmRef):
         """Per group: the physical blocks request ``rid`` holds by position (null: 0)."""
         return [np.array([b.block_id for b in blocks], np.int64)
                 for blocks in self.manager.coordinator.get_blocks(str(rid))]
+
+    def extend(self, rid: int, num_new_tokens: int, known: int | None = None,
+               in_flight: int = 0) -> bool:
+        """``VllmRef.extend`` with ``in_flight`` tokens of steps not yet processed (vLLM's
+        ``num_in_flight_tokens``: window frees read the processed tokens)."""
+        req = self._reqs[rid]
+        req.num_in_flight_tokens = in_flight
+        try:
+            return super().extend(rid, num_new_tokens, known)
+        finally:
+            req.num_in_flight_tokens = 0

@@ -15,6 +15,7 @@ block table in every group (null blocks where a window dropped them).
 from __future__ import annotations
 
 from collections import Counter
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -272,3 +273,129 @@ def test_hybrid_diff_catches_a_wrong_group_order() -> None:
     with pytest.raises(AssertionError, match=r"differ|!="):
         lockstep(stream, config, [HybridGroup(FA), HybridGroup(SW, 64)],
                  [HybridGroup(SW, 64), HybridGroup(FA)])
+
+
+# --- the vLLM ENGINE on a hybrid model against the real coordinator ---------------------------
+class ShadowHybrid:
+    """kvsim's hybrid pool with the real coordinator beside it: every call the vLLM engine
+    makes is applied to both (a decode run as its V1 steps, one token per request per step,
+    in schedule order) and the whole states must be identical after every call."""
+
+    made: ClassVar[list[ShadowHybrid]] = []
+
+    def __init__(self, capacity_blocks: int, block_size: int, groups: list[HybridGroup], *,
+                 max_in_flight_tokens: int | None = None, debug: bool = False) -> None:
+        from benchmarks.vllm_hybrid_ref import VllmHybridRef
+
+        self.model = HybridPool(capacity_blocks, block_size, groups,
+                                max_in_flight_tokens=max_in_flight_tokens, debug=True)
+        self.real = VllmHybridRef(capacity_blocks, block_size, groups,
+                                  max_in_flight_tokens=max_in_flight_tokens)
+        self.known: set[int] = set()
+        self.ops: Counter = Counter()
+        ShadowHybrid.made.append(self)
+
+    def __getattr__(self, name: str):  # counters and read-only queries: the model's
+        return getattr(self.model, name)
+
+    def admit(self, rid: int, ids: np.ndarray, num_tokens: int, k: int) -> int | None:
+        if rid not in self.known:
+            self.real.new_request(rid, ids, num_tokens)
+            self.known.add(rid)
+        else:  # resumed after preemption: its sampled tokens so far
+            for _ in range(num_tokens - self.real.num_tokens(rid)):
+                self.real.sample(rid)
+        got = self.model.admit(rid, ids, num_tokens, k)
+        ok, hit = self.real.admit(rid, k)
+        assert (got is not None) == ok and (not ok or got == hit), (rid, got, ok, hit)
+        self._compare("ADMIT", rid)
+        self.ops["hit"] += got or 0
+        return got
+
+    def extend(self, rid: int, k: int, known: int | None = None, in_flight: int = 0) -> bool:
+        got = self.model.extend(rid, k, known=known, in_flight=in_flight)
+        assert got == self.real.extend(rid, k, known=known, in_flight=in_flight), (rid, k)
+        self._compare("EXTEND", rid)
+        return got
+
+    def decode_run(self, rids: list[int], steps: int, in_flight: int = 0, lag: int = 0) -> None:
+        self.model.decode_run(rids, steps, in_flight, lag)
+        for _ in range(steps):
+            for rid in rids:
+                c = self.real._reqs[rid].num_computed_tokens
+                assert self.real.extend(rid, 1, known=c + 1 - lag, in_flight=in_flight)
+        self.ops["run_steps"] += steps
+        self._compare("RUN", rids[0])
+
+    def cache_known(self, rid: int, tokens: int) -> None:
+        self.model.cache_known(rid, tokens)
+        self.real.cache_known(rid, tokens)
+        self._compare("CACHE", rid)
+
+    def free(self, rid: int) -> None:
+        self.model.free(rid)
+        self.real.preempt(rid)  # the manager frees alike for finish and preemption
+        self._compare("FREE", rid)
+
+    def _compare(self, op: str, rid: int) -> None:
+        self.ops[op] += 1
+        self.ops["ops"] += 1
+        m, r = self.model, self.real
+        where = f"op {self.ops['ops']} {op} r{rid}"
+        state = r.blocks()
+        assert np.array_equal(m.block_ids(), state[:, 0]), f"{where}: cached ids differ"
+        assert np.array_equal(m.block_groups(), r.block_groups()), f"{where}: groups differ"
+        assert np.array_equal(m.ref_counts(), state[:, 1]), f"{where}: ref counts differ"
+        queue = np.array([p for p, _ in r.free_queue()], np.int64)
+        assert np.array_equal(m.free_queue(), queue), f"{where}: free queues differ"
+        assert sorted(m.running()) == sorted(r.running()), f"{where}: running requests differ"
+        for x in m.running():
+            for a, b in zip(m.tables(x), r.tables(x), strict=True):
+                assert np.array_equal(a, b), f"{where}: table r{x}"
+
+
+def engine_lockstep(monkeypatch, cfg, trace) -> tuple[Counter, dict]:
+    import sim.engines.vllm as vllm_engine
+    from sim.run import run
+
+    ShadowHybrid.made = []
+    monkeypatch.setattr(vllm_engine, "HybridPool", ShadowHybrid)
+    res = run(cfg, trace)
+    assert ShadowHybrid.made, "the engine built no hybrid pool"
+    return sum((p.ops for p in ShadowHybrid.made), Counter()), res.summary
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_hybrid_diff_engine_kit_trace(monkeypatch, asynchronous: bool) -> None:
+    """gpt-oss-120b (window 128 + full) on the vLLM engine in tight memory: chunked prefills,
+    mixed steps, decode runs, preemptions, async in-flight window frees."""
+    from sim.config import RunConfig
+    from tests.enginekit import KitTrace
+
+    trace = KitTrace([[(1500 + 700 * k, 400 + 150 * k, 1.0 + 0.3 * k) for k in range(6)]
+                      for _ in range(4)], shared_blocks=12)
+    retractions = 0
+    for cache, budget in ((13000, 8192), (10500, 2048)):  # a prompt fits, several do not
+        cfg = RunConfig.from_flat(engine="vllm", model="gpt-oss-120b", gpu_cache=cache,
+                                  sessions=3, chunk_size=budget, vllm_async=asynchronous,
+                                  profile="derived-h100-gpt-oss-120b").with_preset("vllm")
+        ops, summary = engine_lockstep(monkeypatch, cfg, trace)
+        print(f"engine kit {cache}/{budget}: {ops['ops']} ops compared, {ops['run_steps']} run "
+              f"steps, {summary['retractions']} retractions")
+        assert summary["requests"] == len(trace) and ops["hit"] > 0 and ops["run_steps"] > 0
+        retractions += summary["retractions"]
+    assert retractions > 0
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_hybrid_diff_engine_synthetic(monkeypatch, asynchronous: bool) -> None:
+    """The synthetic Claude Code trace at N = 4 in a cache that evicts."""
+    from sim.config import RunConfig
+
+    cfg = RunConfig.from_flat(engine="vllm", model="gpt-oss-120b",
+                              trace="synthetic:claude-code?sessions=6", max_context=32768,
+                              gpu_cache=40960, sessions=4, gaps="tool", chunk_size=2048,
+                              vllm_async=asynchronous).with_preset("vllm")
+    ops, summary = engine_lockstep(monkeypatch, cfg, None)
+    print(f"engine synthetic: {ops['ops']} ops compared, {ops['run_steps']} run steps")
+    assert ops["hit"] > 0 and ops["run_steps"] > 0 and summary["evicted_tokens"] > 0

@@ -73,6 +73,7 @@ from sim.config import RunConfig, VllmKnobs
 from sim.engines.recorder import RunRecorder
 from sim.kvcache import Tier
 from sim.kvcache.blockpool import BlockPool
+from sim.kvcache.hybridpool import FULL, SLIDING, HybridGroup, HybridPool
 
 from .base import EngineBase, steps_fitting
 from .request import Req
@@ -97,6 +98,24 @@ class VllmReq(Req):
     # A decode worker's request whose prompt KV a prefill worker computes: called when its
     # blocks are allocated (``VllmServer.reserve_remote``); None once they are.
     remote_granted: Callable[[], None] | None = None
+
+
+def vllm_kv_groups(spec: ModelSpec) -> list[HybridGroup] | None:
+    """vLLM's KV cache groups of ``spec`` (``kv_cache_planning.py``: a bucket of layers per
+    spec, split into groups of ``group_size`` layers; ``costmodel.gpus.kv_capacity``) when it
+    has several, each full attention (MLA too: vLLM's full-attention manager) or a sliding
+    window: the hybrid pool's groups (sim/kvcache/hybridpool.py). None for one group, and for
+    kinds the hybrid pool does not model yet (linear/Mamba, chunked local, DSA): those run on
+    ``BlockPool`` as one full-attention group (docs/hybrid.md)."""
+    from costmodel.gpus import kv_capacity
+    from costmodel.specs import AttentionKind
+
+    kinds = {AttentionKind.FULL: FULL, AttentionKind.MLA: FULL, AttentionKind.SLIDING: SLIDING}
+    if len(spec.groups) < 2 or any(g.kind not in kinds for g in spec.groups):
+        return None
+    counts = kv_capacity(spec, 0, engine="vllm").vllm_groups
+    return [HybridGroup(kinds[g.kind], g.window or 0)
+            for g, n in zip(spec.groups, counts, strict=True) for _ in range(n)]
 
 
 # vllm/engine/arg_utils.py get_batch_defaults: OPENAI_API_SERVER, H100/H200 tier.
@@ -197,7 +216,38 @@ class VllmServer(EngineBase):
             return ("vllm_cache_aware_window", "cache-aware admission is modelled on stock vLLM "
                     f"0.34 only: --vllm-patch {cfg.engine.vllm_patch} changes the lookup or the "
                     "queue order it reads; use --vllm-patch none")
+        hybrid = cls._hybrid_unsupported(cfg, policy)
+        if hybrid is not None:
+            return hybrid
         return cls._pd_unsupported(cfg) if cfg.is_pd else None
+
+    @staticmethod
+    def _hybrid_unsupported(cfg: RunConfig, policy: EvictionPolicy) -> tuple[str, str] | None:
+        """What vLLM's hybrid KV cache (several groups: ``vllm_kv_groups``) is not modelled
+        with yet: another release order than vLLM's, a patch's pool, a KV connector."""
+        from costmodel.specs import get_spec
+
+        try:
+            groups = vllm_kv_groups(get_spec(cfg.cache.model, cfg.cache.kv_dtype))
+        except (KeyError, ValueError):
+            return None  # the run reports the model itself
+        if groups is None:
+            return None
+        model = cfg.cache.model
+        if release_order(policy).name != "vllm":
+            return (cfg.policy_field, f"{model} has {len(groups)} KV cache groups (vLLM's hybrid "
+                    f"KV cache): a release order other than vLLM's own is not modelled for "
+                    f"several groups yet (issue 54 item 4); use --policy vllm, or --engine "
+                    f"sglang")
+        if cfg.engine.vllm_patch != "none":
+            return ("vllm_patch", f"{model} has {len(groups)} KV cache groups (vLLM's hybrid "
+                    f"KV cache): --vllm-patch {cfg.engine.vllm_patch} is modelled on one "
+                    "full-attention group only; use --vllm-patch none")
+        if cfg.is_pd:
+            return ("engine", f"{model} has {len(groups)} KV cache groups (vLLM's hybrid KV "
+                    "cache): a disaggregated vLLM decode worker (KV connector loads) is "
+                    "modelled on one full-attention group only; use --engine sglang")
+        return None
 
     @staticmethod
     def _pd_unsupported(cfg: RunConfig) -> tuple[str, str] | None:
@@ -227,6 +277,14 @@ class VllmServer(EngineBase):
     def build(cls, env: simpy.Environment, cfg: RunConfig, spec: ModelSpec, profile: Profile,
               policy: EvictionPolicy, recorder: RunRecorder) -> VllmServer:
         bs = cfg.cache.block_size
+        groups = vllm_kv_groups(spec) if cls.pool_class is None else None
+        if groups is not None:  # one pool of gpu_cache // bs blocks shared by every group
+            # recycling-aware admission cap: VllmConfig.max_in_flight_tokens, one batch per
+            # concurrent step (2 under async scheduling)
+            in_flight = (2 if cfg.engine.vllm_async else 1) * cfg.engine.chunk_size
+            pool = HybridPool(cfg.cache.gpu_cache // bs, bs, groups,
+                              max_in_flight_tokens=in_flight, debug=cfg.debug_cache)
+            return cls(env, cfg, spec, profile, pool, policy, recorder)  # type: ignore[arg-type]
         pool = (cls.pool_class or BlockPool)(cfg.cache.gpu_cache // bs, bs,
                                              free_order_name(policy), debug=cfg.debug_cache)
         return cls(env, cfg, spec, profile, pool, policy, recorder)
@@ -236,6 +294,9 @@ class VllmServer(EngineBase):
                  recorder: RunRecorder) -> None:
         super().__init__(env, cfg, spec, profile, pool, policy, recorder)
         self.pool = pool
+        # vLLM's hybrid KV cache (several groups): window frees read the in-flight tokens,
+        # decode runs are applied block edge by block edge
+        self._hybrid = isinstance(pool, HybridPool)
         self.knobs: VllmKnobs = cfg.engine  # type: ignore[assignment]  # engine_class's choice
         self.token_budget = self.knobs.chunk_size  # max_num_batched_tokens
         self.max_seqs = self.knobs.max_running or VLLM_MAX_NUM_SEQS
@@ -261,6 +322,8 @@ class VllmServer(EngineBase):
         # A sequence holds KV for prompt + output - 1 tokens at its end; more blocks than the
         # pool has can never run to completion (vLLM refuses to start such a model length).
         kv = req.prompt_tokens + req.output_tokens - 1
+        if self._hybrid:
+            return self.pool.blocks_for(kv) > self.pool.capacity_blocks
         return -(-kv // self.bs) > self.pool.capacity_blocks
 
     # --- the V1 step: schedule() then update(step) -----------------------------------------
@@ -282,14 +345,16 @@ class VllmServer(EngineBase):
                 i += 1  # async: its last token is in flight, nothing more to schedule
                 continue
             n, cost = self._chunk(r, r.computed, end + r.placeholders, budget)
-            ok = self.pool.extend(r.rid, n, known=end)
+            ok = (self.pool.extend(r.rid, n, known=end) if not self._hybrid
+                  else self.pool.extend(r.rid, n, known=end, in_flight=r.in_flight))
             while not ok:
                 victim = running.pop()
                 self._preempt(victim)
                 preempted.append(victim)
                 if victim is r:
                     break
-                ok = self.pool.extend(r.rid, n, known=end)
+                ok = (self.pool.extend(r.rid, n, known=end) if not self._hybrid
+                      else self.pool.extend(r.rid, n, known=end, in_flight=r.in_flight))
             if not ok:
                 break
             rows.append((r, r.computed, n))
@@ -616,7 +681,9 @@ class VllmServer(EngineBase):
         batch = len(rows)
         ctx = sum(start for _r, start, _n in rows)
         cap = min(r.output_tokens - r.generated for r in running)
-        if cap > 1:
+        if cap > 1 and self._hybrid:
+            cap = 1 + self.pool.decode_fit([r.rid for r in running], cap - 1)
+        elif cap > 1:
             starts = [-(-r.computed // bs) * bs - r.computed + 1 for r in running]
             cap = 1 + steps_fitting(starts, bs, self.pool.free_blocks, cap - 1)
         start = self.env.now
@@ -626,7 +693,13 @@ class VllmServer(EngineBase):
         self.rec.decode(self.profile.decode_run_seconds(batch, ctx, steps), steps, start,
                         batch)
         first, inc = self.profile.decode_step_series(batch, ctx)
-        if steps > 1:
+        if steps > 1 and self._hybrid:  # steps - 1 more V1 steps, in schedule order
+            self.pool.decode_run([r.rid for r in running], steps - 1)
+            for r in running:
+                r.computed += steps - 1
+                self._note_cached(r)
+            self._record_evictions()
+        elif steps > 1:
             for r in running:
                 ok = self.pool.extend(r.rid, steps - 1)
                 assert ok, f"decode run promised {steps} steps to request {r.rid}"
@@ -714,7 +787,9 @@ class VllmServer(EngineBase):
         batch = len(step.rows)
         ctx = sum(start for _r, start, _n in step.rows) + batch  # the first extra step's
         x = min(r.output_tokens - r.generated - r.placeholders for r in running)
-        if x > 0:
+        if x > 0 and self._hybrid:  # each step scheduled while the one before is in flight
+            x = self.pool.decode_fit([r.rid for r, _s, _n in step.rows], x, in_flight=1)
+        elif x > 0:
             starts = [-(-r.computed // bs) * bs - r.computed + 1 for r in running]
             x = steps_fitting(starts, bs, self.pool.free_blocks, x)
         if x <= 0:
@@ -741,9 +816,12 @@ class VllmServer(EngineBase):
         last_at = self.env.now if x > 1 else step.end
         self.rec.tokens([r for r, _s, _n in step.rows], x, step.end, last_at, step_s, inc)
         rows = []
+        if self._hybrid:  # x steps, each scheduled with one in flight, known a step later
+            self.pool.decode_run([r.rid for r, _s, _n in step.rows], x, in_flight=1, lag=1)
         for r, start, _n in step.rows:
             # known when the last one was scheduled: x - 1 outputs processed since
-            ok = self.pool.extend(r.rid, x, known=r.prompt_tokens + r.generated + x - 1)
+            ok = self._hybrid or self.pool.extend(r.rid, x,
+                                                  known=r.prompt_tokens + r.generated + x - 1)
             assert ok, f"decode run promised {x} steps to request {r.rid}"
             r.computed += x
             r.generated += x

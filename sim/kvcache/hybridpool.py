@@ -141,6 +141,7 @@ class HybridPool:
         self._simple = len(self._specs) == 2 and self._specs[0][0].kind == FULL
         self._cached = 0
         self._dropped = 0
+        self._lost = 0
 
     # ------------------------------------------------------------------ counters
     @property
@@ -160,8 +161,20 @@ class HybridPool:
         """Cached blocks whose hash allocation dropped so far (any group)."""
         return self._dropped
 
+    @property
+    def lost_blocks(self) -> int:
+        """Of ``evicted_blocks``, the last cached copy of an id in a full-attention group (the
+        history itself; a sliding group's blocks leave with its window anyway)."""
+        return self._lost
+
     def running(self) -> list[int]:
         return list(self._seqs)
+
+    def blocks_for(self, tokens: int) -> int:
+        """Blocks one request of ``tokens`` tokens may hold at once over every group: all of
+        its blocks in a full group, at most the admission cap in a sliding one."""
+        n = _cdiv(tokens, self.block_size)
+        return sum(n if cap is None else min(n, cap) for cap in self._cap)
 
     def computed_tokens(self, rid: int) -> int:
         return self._seqs[rid].computed
@@ -325,15 +338,17 @@ class HybridPool:
             self.check()
         return hit_tokens // bs
 
-    def extend(self, rid: int, num_new_tokens: int, known: int | None = None) -> bool:
+    def extend(self, rid: int, num_new_tokens: int, known: int | None = None,
+               in_flight: int = 0) -> bool:
         """Slots for ``num_new_tokens`` more tokens of running request ``rid``: sliding groups
-        first free the blocks outside their window (even when the allocation is refused),
-        then blocks are allocated and the full ones cached (up to ``known`` tokens when
-        given). False when the free queue is too short."""
+        first free the blocks outside the window of its processed tokens (computed less the
+        ``in_flight`` ones of steps not yet processed; even when the allocation is then
+        refused), then blocks are allocated and the full ones cached (up to ``known`` tokens
+        when given). False when the free queue is too short."""
         seq = self._seqs[rid]
         if num_new_tokens < 1:
             raise ValueError(f"request {rid}: num_new_tokens must be >= 1")
-        self._remove_skipped(seq)
+        self._remove_skipped(seq, seq.computed - in_flight)
         computed = seq.computed + num_new_tokens
         if computed // self.block_size > len(seq.ids):
             raise ValueError(f"request {rid}: {computed} tokens computed but ids cover only "
@@ -350,6 +365,93 @@ class HybridPool:
         if self.debug:
             self.check()
         return True
+
+    # ------------------------------------------------------------------ decode runs
+    # A decode run is ``steps`` V1 steps in which every request of ``rids`` (in schedule
+    # order) gets one token: per step and request, ``remove_skipped_blocks`` on the processed
+    # tokens (``in_flight`` fewer than computed), one slot, and the blocks known full cached
+    # (``lag`` tokens behind the computed ones: async scheduling learns a token a step after
+    # computing it). Only the steps where a request crosses a block edge change the pool (a
+    # block to allocate, one leaving a window, one to cache), so only those are applied,
+    # in step and schedule order: per block, not per token.
+    def _edges(self, rids: list[int], steps: int, in_flight: int,
+               lag: int) -> list[tuple[int, int]]:
+        """(step, request index) of every step 1..``steps`` that changes the pool, sorted."""
+        bs = self.block_size
+        windows = {g.window for g in self.groups if g.kind == SLIDING}
+        out: list[tuple[int, int]] = []
+        for i, rid in enumerate(rids):
+            c0 = self._seqs[rid].computed  # step t allocates token c0 + t - 1
+            ts = {1}
+            ts.update(range((1 - c0) % bs or bs, steps + 1, bs))  # c0 + t - 1 = 0 mod bs
+            ts.update(range((lag - c0) % bs or bs, steps + 1, bs))  # c0 + t - lag = 0 mod bs
+            for w in windows:  # processed c0 + t - 1 - in_flight - w + 1 = 0 mod bs
+                ts.update(range((w + in_flight - c0) % bs or bs, steps + 1, bs))
+            out.extend((t, i) for t in ts if t <= steps)
+        out.sort()
+        return out
+
+    def decode_fit(self, rids: list[int], steps: int, in_flight: int = 0) -> int:
+        """The most steps (<= ``steps``) of a decode run of ``rids`` whose allocations all
+        succeed (read-only: free blocks counted, window frees included)."""
+        if steps <= 0:
+            return 0
+        bs, free, ngroups = self.block_size, len(self._queue), len(self.groups)
+        pending: dict[int, int] = {}  # block -> holds the run has released
+        sliding = [g for g, grp in enumerate(self.groups) if grp.kind == SLIDING]
+        state = []
+        for rid in rids:
+            seq = self._seqs[rid]
+            done = {g: int(np.argmax(seq.tables[g] != 0)) if seq.tables[g].any()
+                    else len(seq.tables[g]) for g in sliding}
+            state.append([seq, len(seq.tables[0]), done])
+        for t, i in self._edges(rids, steps, in_flight, 0):
+            seq, length, done = state[i]
+            c = seq.computed + t - 1
+            for g in sliding:
+                n = min(self._skipped_blocks(g, c - in_flight), length)
+                table = seq.tables[g]
+                for j in range(done[g], n):
+                    if j >= len(table):  # allocated during the run: held by this one only
+                        free += 1
+                        continue
+                    p = int(table[j])
+                    d = pending.get(p, 0) + 1
+                    pending[p] = d
+                    if self._ref[p] == d:
+                        free += 1
+                done[g] = max(done[g], n)
+            if c % bs == 0:  # one block per group
+                if free < ngroups:
+                    return t - 1
+                free -= ngroups
+                state[i][1] = length + 1
+        return steps
+
+    def decode_run(self, rids: list[int], steps: int, in_flight: int = 0,
+                   lag: int = 0) -> None:
+        """Apply a decode run of ``steps`` steps to ``rids`` (``decode_fit`` promised them)."""
+        if steps <= 0:
+            return
+        seqs = [self._seqs[rid] for rid in rids]
+        c0 = [s.computed for s in seqs]
+        for t, i in self._edges(rids, steps, in_flight, lag):
+            seq = seqs[i]
+            c = c0[i] + t - 1
+            self._remove_skipped(seq, c - in_flight)
+            need = _cdiv(c + 1, self.block_size)
+            if any(len(tb) < need for tb in seq.tables):
+                if sum(need - len(tb) for tb in seq.tables) > len(self._queue):
+                    raise AssertionError(f"decode run: request {rids[i]} step {t} does not fit")
+                self._allocate(seq, c + 1)
+            seq.computed = c + 1
+            seq.known = max(seq.known, c + 1 - lag)
+            self._cache(seq)
+        for seq, c in zip(seqs, c0, strict=True):
+            seq.computed = c + steps
+            seq.known = max(seq.known, c + steps - lag)
+        if self.debug:
+            self.check()
 
     def cache_known(self, rid: int, tokens: int) -> None:
         """The first ``tokens`` tokens of running request ``rid`` are known now: cache the
@@ -453,11 +555,11 @@ class HybridPool:
                 self._ref[fresh] = 1
                 seq.tables[g] = np.concatenate([t, fresh])
 
-    def _remove_skipped(self, seq: _HSeq) -> None:
+    def _remove_skipped(self, seq: _HSeq, processed: int) -> None:
         """``remove_skipped_blocks``: each sliding group frees, from the last skipped block
-        back to the first null, the blocks wholly before its window."""
+        back to the first null, the blocks wholly before the window of ``processed``."""
         for g, t in enumerate(seq.tables):
-            n = min(self._skipped_blocks(g, seq.computed), len(t))
+            n = min(self._skipped_blocks(g, processed), len(t))
             if n <= 0:
                 continue
             nulls = np.flatnonzero(t[:n] == 0)
@@ -486,7 +588,9 @@ class HybridPool:
         for g, m in enumerate(self._maps):
             sel = gs == g
             if sel.any():
-                m.drop(hashed[sel], xs[sel])
+                lost = m.drop(hashed[sel], xs[sel])
+                if self.groups[g].kind == FULL:
+                    self._lost += lost
         self._bid[hashed] = -1
         self._grp[hashed] = -1
         self._cached -= len(hashed)

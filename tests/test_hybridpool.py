@@ -1,0 +1,123 @@
+"""kvsim's hybrid KV cache (sim/kvcache/hybridpool.py) on its own: a decode run applied block
+edge by block edge equals its V1 steps one token at a time, ``decode_fit`` is the steps that
+fit; the vLLM engine picks it for models of several groups (sim/engines/vllm.py
+``vllm_kv_groups``) and refuses what it does not model yet. Its equality with the real vLLM
+coordinator is tests/test_vllm_hybrid_diff.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim.kvcache.hybridpool import FULL, SLIDING, HybridGroup, HybridPool
+
+
+def _pool(seed: int, bs: int, groups: list[HybridGroup], cap: int) -> tuple[HybridPool, list]:
+    pool = HybridPool(cap, bs, groups, max_in_flight_tokens=2 * bs, debug=True)
+    rng = np.random.default_rng(seed)
+    rids = []
+    for rid in range(4):
+        n = int(rng.integers(1, 12 * bs))
+        ids = np.arange(rid * 1000, rid * 1000 + 400)
+        if rid % 2:
+            ids[:3] = np.arange(3)  # a shared prefix: blocks held twice
+        if pool.admit(rid, ids, n, n) is not None:
+            rids.append(rid)
+    return pool, rids
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10**6), bs=st.sampled_from([4, 8, 16]), w=st.integers(1, 70),
+       w2=st.integers(1, 40), three=st.booleans(), cap=st.integers(20, 90),
+       steps=st.integers(1, 160), asynchronous=st.booleans())
+def test_decode_run_is_its_steps(seed: int, bs: int, w: int, w2: int, three: bool, cap: int,
+                                 steps: int, asynchronous: bool) -> None:
+    groups = [HybridGroup(SLIDING, w), HybridGroup(FULL)]
+    if three:
+        groups.append(HybridGroup(SLIDING, w2))
+    in_flight = lag = int(asynchronous)
+    run, rids = _pool(seed, bs, groups, cap)
+    if not rids:
+        return
+    stepped, _ = _pool(seed, bs, groups, cap)
+    fit = run.decode_fit(rids, steps, in_flight)
+    done = 0
+    while done < steps and all(
+            stepped.extend(r, 1, known=stepped.computed_tokens(r) + 1 - lag,
+                           in_flight=in_flight) for r in rids):
+        done += 1
+    assert fit == done
+    run, _ = _pool(seed, bs, groups, cap)
+    stepped, _ = _pool(seed, bs, groups, cap)
+    run.decode_run(rids, fit, in_flight, lag)
+    for _ in range(fit):
+        for r in rids:
+            stepped.extend(r, 1, known=stepped.computed_tokens(r) + 1 - lag, in_flight=in_flight)
+    for name in ("block_ids", "block_groups", "ref_counts", "free_queue"):
+        assert np.array_equal(getattr(run, name)(), getattr(stepped, name)()), name
+    for r in rids:
+        for a, b in zip(run.tables(r), stepped.tables(r), strict=True):
+            assert np.array_equal(a, b)
+
+
+def test_groups_are_checked() -> None:
+    with pytest.raises(ValueError, match="kind"):
+        HybridGroup("linear")
+    with pytest.raises(ValueError, match="window"):
+        HybridGroup(SLIDING, 0)
+    with pytest.raises(ValueError, match="two or more"):
+        HybridPool(10, 16, [HybridGroup(FULL)])
+
+
+def test_vllm_groups_of_the_catalog() -> None:
+    """vLLM's groups (kv_cache_planning: group_size = the smallest bucket): gpt-oss one
+    sliding and one full group of 18 layers; Gemma 3 six sliding groups of 10 (one padded)
+    and one full; one-group models and kinds not modelled yet stay on BlockPool."""
+    from costmodel.specs import get_spec
+    from sim.engines.vllm import vllm_kv_groups
+
+    assert vllm_kv_groups(get_spec("gpt-oss-120b")) == [HybridGroup(SLIDING, 128),
+                                                        HybridGroup(FULL)]
+    assert vllm_kv_groups(get_spec("gemma-3-27b")) == [HybridGroup(SLIDING, 1024)] * 6 + [
+        HybridGroup(FULL)]
+    for name in ("qwen3-8b", "deepseek-v3.2", "qwen3-next-80b-a3b"):
+        assert vllm_kv_groups(get_spec(name)) is None
+
+
+def test_a_hybrid_run_uses_the_hybrid_pool(monkeypatch) -> None:
+    """gpt-oss-120b on --engine vllm keeps a sliding group: its blocks outside the window go
+    back to the pool while the request runs, so the same memory evicts less than one
+    full-attention group over every layer did."""
+    import sim.engines.vllm as vllm_engine
+    from sim.config import RunConfig
+    from sim.run import run
+
+    made: list[HybridPool] = []
+
+    class Spy(HybridPool):
+        def __init__(self, *a, **k) -> None:
+            super().__init__(*a, **k)
+            made.append(self)
+
+    monkeypatch.setattr(vllm_engine, "HybridPool", Spy)
+    cfg = RunConfig.from_flat(engine="vllm", model="gpt-oss-120b",
+                              trace="synthetic:claude-code?sessions=4", max_context=32768,
+                              gpu_cache=49152, sessions=2, gaps="tool").with_preset("vllm")
+    res = run(cfg, None)
+    assert len(made) == 1 and [g.kind for g in made[0].groups] == [SLIDING, FULL]
+    assert res.summary["requests"] > 0
+
+
+@pytest.mark.parametrize(("flags", "field"), [
+    (["--preset", "penelope"], "preset"),
+    (["--preset", "vllm", "--vllm-patch", "continuum"], "vllm_patch"),
+])
+def test_what_the_hybrid_pool_does_not_model_is_refused(flags: list[str], field: str) -> None:
+    from tests.test_cli_run import invoke
+
+    code, _out, err = invoke("run", "--engine", "vllm", "--model", "gpt-oss-120b", "--trace",
+                             "synthetic:claude-code?sessions=2", *flags)
+    assert code == 2 and "KV cache groups" in err and field in err
+    assert len(err.strip().splitlines()) == 1, err
