@@ -1,6 +1,6 @@
 """SGLang 0.5.23's cache protocol for a sliding-window hybrid, replayed through the real
 UnifiedRadixCache with its SWA component (benchmarks/sglang_swa_ref.py) or kvsim's
-SwaRadixCache (sim/kvcache/swacache.py): the op streams of benchmarks/sglang_unified_ops.py
+HybridRadixCache (sim/kvcache/hybridtree.py): the op streams of benchmarks/sglang_unified_ops.py
 (ARRIVE, ALLOC, CHUNK, FINISH, TOUCH) with two pools.
 
 ARRIVE r  match + lock (the scheduler also keeps the match's swa_branching_seqlen).
@@ -113,13 +113,13 @@ class RealSwaSide:
 
 
 class KvsimSwaSide:
-    """kvsim's SwaRadixCache through the same protocol."""
+    """kvsim's HybridRadixCache through the same protocol."""
 
     def __init__(self, full_blocks: int, swa_blocks: int, window: int, block_size: int,
                  chunk_tokens: int) -> None:
-        from sim.kvcache.swacache import Freed, SwaRadixCache
+        from sim.kvcache.hybridtree import Freed, HybridRadixCache
 
-        self.cache = SwaRadixCache(full_blocks, swa_blocks, window, block_size)
+        self.cache = HybridRadixCache(full_blocks, swa_blocks, window, block_size)
         self._freed_cls = Freed
         self.freed = Freed()
         self.bs, self.chunk_tokens = block_size, chunk_tokens
@@ -149,7 +149,7 @@ class KvsimSwaSide:
     def finish(self, rid: int) -> None:
         req, r, granted, _ = self._st.pop(rid)
         if granted <= 0:
-            self.cache.drop(r)
+            self.cache.drop(r, self.freed)
             return
         self.cache.decode_to(r, req.in_tokens + req.out_tokens - 1, self.freed)
         if len(req.finish_ids):
@@ -166,7 +166,7 @@ class KvsimSwaSide:
 
     def observe(self) -> dict[str, Any]:
         c = self.cache
-        full, swa = c.resident()
+        full, swa, _ = c.resident()
         return {
             "full_evictable": c.full_evictable,
             "full_protected": c.full_protected,
