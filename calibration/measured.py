@@ -20,7 +20,8 @@ Which terms transfer, and why these three by default:
   tables; a GPU priced by its datasheet roofline (``derive.roofline``, its own stated
   efficiencies) is another base, so a scale is one parameter per profile kind
   (``profile_kind``): each run moves only its own kind's, and ``Calibration.apply`` prices a
-  run of a kind the fit never saw without scales (its notes say so).
+  run of a kind the fit never saw without scales (its notes say so). Leave-one-out fits a run
+  on the others of its own kind where there are any.
 - ``mixed_interference``: how much of the smaller of a mixed step's prefill compute and
   decode memory time adds to the larger (one forward pass runs both; the roofline's max
   assumes they overlap perfectly): batch physics, not the GPU's.
@@ -106,7 +107,7 @@ class Calibration:
     scales: dict[str, dict[str, float]] = field(default_factory=dict)
     targets: tuple[str, ...] = TARGETS
     training_rms: float = math.nan  # root mean square log error on the runs fitted on
-    evaluations: int = 0
+    evaluations: int = 0  # replays of a run at some terms the fit read (memoised or not)
 
     @property
     def label(self) -> str:
@@ -302,12 +303,15 @@ def fit(replays: Replays, names: Sequence[str], terms: Sequence[str] = DEFAULT_T
     hi = np.array([s.hi for s in spec])
     h = np.array([s.step for s in spec])
 
+    evaluations = [0]
+
     def run_terms(z: np.ndarray, name: str) -> dict[str, float]:
         return {t: s.from_z(float(v)) for (t, k), s, v in zip(params, spec, z, strict=True)
                 if k is None or k == kinds[name]}
 
     def residuals(zs: list[np.ndarray]) -> list[np.ndarray]:
         """log(kvsim / measured) per run and target, at each point (one batch of replays)."""
+        evaluations[0] += len(zs) * len(names)
         got = iter(replays.metrics([(n, run_terms(z, n)) for z in zs for n in names]))
         out = []
         for _z in zs:
@@ -367,7 +371,7 @@ def fit(replays: Replays, names: Sequence[str], terms: Sequence[str] = DEFAULT_T
             scales.setdefault(k, {})[t] = round(s.from_z(float(v)), 6)
     rms = float(math.sqrt(r @ r / max(1, len(r))))
     cal = Calibration(shared, tuple(names), scales, tuple(targets), round(rms, 6),
-                      replays.count)
+                      evaluations[0])
     return FitResult(cal, history)
 
 
@@ -384,19 +388,23 @@ class Fold:
 def leave_one_out(replays: Replays, names: Sequence[str], scored: Sequence[str] | None = None,
                   terms: Sequence[str] = DEFAULT_TERMS, targets: Sequence[str] = TARGETS,
                   iterations: int = ITERATIONS) -> list[Fold]:
-    """For each run of ``scored`` (default: ``names``): fit on ``names`` without it, then
-    replay it with that fit (its kind's scales only where the fit saw its kind). A run of
-    ``scored`` outside ``names`` is scored with the fit on all of ``names``."""
+    """For each run of ``scored`` (default: ``names``): fit on the runs of ``names`` other
+    than it, then replay it with that fit. Of those, the runs priced by its own profile kind
+    where there are any (another kind's run informs only the shared terms, at the price of
+    fitting its own scales), else all of them (and it is priced without scales). A run of
+    ``scored`` outside ``names`` is scored with the same rule over all of ``names``."""
     folds = []
     fits: dict[tuple[str, ...], Calibration] = {}
     for s in (scored if scored is not None else names):
-        train = tuple(n for n in names if n != s)
-        if not train:
+        others = tuple(n for n in names if n != s)
+        if not others:
             raise ConfigError("option", "RUN", "leave-one-out needs at least two runs")
+        kind = kind_of(replays, s)
+        train = tuple(n for n in others if kind_of(replays, n) == kind) or others
         if train not in fits:
             fits[train] = fit(replays, train, terms, targets, iterations).calibration
         cal = fits[train]
-        srv, _left = cal.server(kind_of(replays, s))
+        srv, _left = cal.server(kind)
         applied = {t: getattr(srv, t) for t in TERMS}
         folds.append(Fold(s, cal, replays.metrics([(s, applied)])[0]))
     return folds

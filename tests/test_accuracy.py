@@ -293,3 +293,21 @@ def test_vllm_batch_defaults_follow_the_gpu_tier(tmp_path):
     assert (big.config.value("chunk_size"), big.config.value("max_running")) == (8192, 1024)
     assert (setup(m, gpu="A100").config.value("chunk_size")) == 2048  # 80 GB, but an A100
     assert any("defaults" in n for n in small.notes)
+
+
+def test_sglang_overlaps_its_cpu_time_with_the_gpu(tmp_path):
+    """SGLang's overlap schedule: a step takes the larger of its kernels and its CPU time, so
+    a CPU time far above every step's kernels sets the pace of decode."""
+    from sim.config import RunConfig
+    from sim.run import run
+
+    base = dict(engine="sglang", trace="synthetic:claude-code?sessions=2", sessions=2,
+                max_context=32768, gpu_cache=65536, model="llama-3.1-8b", gaps="cap:0")
+    prof = load_profile(BASE).with_server(ServerCoeffs(cpu_step_s=0.2), "t")
+    prof.dump(tmp_path / "p.yaml")
+    slow = run(RunConfig.from_flat(**base, profile=str(tmp_path / "p.yaml")).validate("t"))
+    fast = run(RunConfig.from_flat(**base, profile=BASE).validate("t"))
+    d = slow.requests
+    tpot = ((d.end_s - d.first_token_s) / (d.output_tokens - 1))[d.output_tokens > 1]
+    assert tpot.min() >= 0.2 - 1e-9
+    assert slow.requests.end_s.max() > 5 * fast.requests.end_s.max()

@@ -222,9 +222,10 @@ def _from_measurements(paths: tuple[str, ...], terms: str | None, quick: bool,
         table.add_column(head, justify="left" if head in ("run", "metric") else "right")
     for r in rows:
         table.add_row(r["run"], r["metric"], value_text(r["metric"], r["measured"]),
-                      value_text(r["metric"], r["uncalibrated"]), _pct(r["uncalibrated_error"]),
+                      value_text(r["metric"], r["uncalibrated"]),
+                      _signed(r["uncalibrated_error"]),
                       value_text(r["metric"], r.get("leave_one_out")),
-                      _pct(r.get("leave_one_out_error")))
+                      _signed(r.get("leave_one_out_error")))
     con.print(table)
     fitted = [f"{k} = {v:.4g}" for k, v in cal.terms.items()] + [
         f"{k} = {v:.4g} ({kind})" for kind, sc in cal.scales.items() for k, v in sc.items()]
@@ -232,6 +233,10 @@ def _from_measurements(paths: tuple[str, ...], terms: str | None, quick: bool,
               f"{cal.training_rms:.3f}; {replays.count} replays")
     if not folds:
         con.print("leave-one-out needs two runs or more: none scored")
+
+
+def _signed(x: float | None) -> str:
+    return "-" if x is None else f"{x:+.1%}"
 
 
 def write_profile(prof: Profile, out: str, model: str) -> Profile:
