@@ -311,3 +311,30 @@ def test_sglang_overlaps_its_cpu_time_with_the_gpu(tmp_path):
     tpot = ((d.end_s - d.first_token_s) / (d.output_tokens - 1))[d.output_tokens > 1]
     assert tpot.min() >= 0.2 - 1e-9
     assert slow.requests.end_s.max() > 5 * fast.requests.end_s.max()
+
+
+@needs_gt
+@pytest.mark.parametrize(("version", "modelled"), [("0.19.0", "0.33"), ("0.34.1", "0.34")])
+def test_kv_estimate_follows_the_measured_version(tmp_path, version, modelled):
+    """The block count is estimated by the memory rule (sim/deploy.py) of the version kvsim
+    models the server as: 0.19 as 0.33, a 0.34 patch release as 0.34 (its extensible cache's
+    headroom), never another version's."""
+    from costmodel.gpus import kv_cache_tokens
+    from costmodel.specs import get_spec
+    from sim.deploy import memory_rule
+    from sim.studies.validate import measured_gpu
+
+    run = tmp_path / "RTX4090_Llama-3.1-8B"
+    shutil.copytree(GT / run.name, run)
+    (tmp_path / "workloads").symlink_to(GT / "workloads")
+    meta = json.loads((run / "vllm_meta.json").read_text())
+    meta["kv_cache"].pop("num_gpu_blocks")
+    meta["vllm_version"] = version
+    (run / "vllm_meta.json").write_text(json.dumps(meta))
+    m, = read_measurement(run)
+    s = setup(m)
+    assert s.config.value("vllm_version") == modelled
+    spec, gpu = get_spec("llama-3.1-8b"), measured_gpu(m, m.engine["gpu"])
+    rule = memory_rule(spec, gpu, 1, 0.9, "vllm", 2048, 256, modelled, False)
+    assert s.config.value("gpu_cache") == kv_cache_tokens(spec, gpu, 1, rule.fraction, 16,
+                                                          rule.reserve_bytes).tokens

@@ -27,7 +27,7 @@ import numpy as np
 from costmodel.gpus import GPU, MIB, kv_cache_tokens, load_gpus, profile_for
 from costmodel.profile import default_profile_name, load_profile, shipped_profiles
 from costmodel.specs import all_model_names, get_spec
-from sim.config import ConfigError, RunConfig
+from sim.config import DEFAULTS, ConfigError, RunConfig
 from sim.engines import StepObserver
 from traces.measured import LATENCIES, STATS, MeasuredRun, request_metrics, series_peaks
 
@@ -141,7 +141,7 @@ def vllm_batch_defaults(gpu: GPU | None) -> tuple[int, int]:
 
 
 def _kv_tokens(m: MeasuredRun, model: str, tp: int, bs: int, gpu_name: str | None,
-               chunk: int, seqs: int, notes: list[str]) -> int | None:
+               chunk: int, seqs: int, version: str, notes: list[str]) -> int | None:
     """KV tokens per replica: the measured block count, else vLLM's rule on the GPU's memory
     (sim/deploy.py ``memory_rule`` at the stated utilization), else None (kvsim's default)."""
     from sim.deploy import memory_rule
@@ -155,7 +155,7 @@ def _kv_tokens(m: MeasuredRun, model: str, tp: int, bs: int, gpu_name: str | Non
     if gpu is None:
         return None
     util = eng.get("gpu_memory_utilization")
-    rule = memory_rule(spec, gpu, tp, util, "vllm", chunk, seqs, "0.33", False)
+    rule = memory_rule(spec, gpu, tp, util, "vllm", chunk, seqs, version, False)
     try:
         size = kv_cache_tokens(spec, gpu, tp, rule.fraction, bs, rule.reserve_bytes)
     except ValueError as e:
@@ -195,8 +195,14 @@ def setup(m: MeasuredRun, *, model: str | None = None, gpu: str | None = None,
                      f"max_num_batched_tokens {tier[0]:,}, max_num_seqs {tier[1]:,}")
     chunk = chunk or tier[0]
     seqs = seqs or tier[1]
+    # the vLLM kvsim models the server as: its own (0.33, 0.34), an older one as 0.33 (the
+    # same V1 scheduler, block pool and memory rule), kvsim's default where none is stated
+    version = str(eng.get("vllm_version") or "")
+    minor = ".".join(version.split(".")[:2])  # 0.34.1 -> 0.34
+    modelled = minor if minor in ("0.33", "0.34") else "0.33" if version else str(
+        DEFAULTS["vllm_version"])
     if gpu_cache is None:
-        gpu_cache = _kv_tokens(m, model, tp, bs, gpu_name, chunk, seqs, notes)
+        gpu_cache = _kv_tokens(m, model, tp, bs, gpu_name, chunk, seqs, modelled, notes)
     name, label = _choose_profile(model, gpu_name, tp, dp, ep, profile)
     flat: dict[str, Any] = {
         "engine": "vllm", "model": model, "profile": name, "block_size": bs,
@@ -214,10 +220,9 @@ def setup(m: MeasuredRun, *, model: str | None = None, gpu: str | None = None,
         flat["replicas"], flat["router"] = dp, "least-load"
     if m.trace.options.get("open_loop_after_reply"):
         notes.append("a later chat turn waits for the previous reply")
-    version = str(eng.get("vllm_version") or "")
-    if version and version not in ("0.33", "0.34"):
+    if version and minor != modelled:
         notes.append(f"vLLM {version} modelled as 0.33 (same V1 scheduler and block pool)")
-        flat["vllm_version"] = "0.33"
+    flat["vllm_version"] = modelled
     cfg = RunConfig.from_flat("measurement", **flat).validate("measurement")
     return Setup(cfg, label, notes)
 
