@@ -1,0 +1,93 @@
+"""``kvsim plan`` on all 360 shared Claude Code sessions, once: wall, CPU seconds, the pick.
+
+The workload of issue 55 (item 4) and of the new-user review (Part A, task 10)::
+
+    kvsim plan ../shared/data/cc-traces --max-context 128k --gaps tool --sessions 32 \\
+        --replicas 1..16 --routers session-affinity,sglang-cache-aware,dynamo-kv \\
+        --policies sglang,penelope --slo ttft_p90=2s,ttft=5s --repeats 2 -j 2
+
+It runs in a child process into a fresh folder (nothing resumed); CPU seconds are the
+child's and its pool workers' (``RUSAGE_CHILDREN``), so they hold on a loaded machine where
+wall does not: the load average before and after is printed beside them. Not run in tests.
+``python -m benchmarks.bench_plan [--files N] [--jobs J] [--executor ray] [--json]``
+(``--files N``: the first N trace files only, for a quick look).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]  # the child runs this checkout's kvsim
+DATA = ROOT.parent / "shared" / "data" / "cc-traces"
+ROUTERS = "session-affinity,sglang-cache-aware,dynamo-kv"
+
+
+def plan_args(trace: str, out: str, jobs: int, executor: str) -> list[str]:
+    return ["plan", trace, "--max-context", "128k", "--gaps", "tool", "--sessions", "32",
+            "--replicas", "1..16", "--routers", ROUTERS, "--policies", "sglang,penelope",
+            "--slo", "ttft_p90=2s,ttft=5s", "--repeats", "2", "-j", str(jobs),
+            "--executor", executor, "--out", out, "--json"]
+
+
+def measure(trace: str, jobs: int = 2, executor: str = "local") -> dict:
+    """One plan in a child process: wall, CPU seconds (child and workers), the pick."""
+    with tempfile.TemporaryDirectory(prefix="bench-plan-") as tmp:
+        before = os.getloadavg()
+        cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t0 = time.perf_counter()
+        res = subprocess.run([sys.executable, "-c", "from sim.cli.main import main; main()",
+                              *plan_args(trace, f"{tmp}/plan", jobs, executor)],
+                             capture_output=True, text=True, cwd=ROOT)
+        wall = time.perf_counter() - t0
+        cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        if res.returncode != 0:
+            raise SystemExit(f"kvsim plan failed ({res.returncode}): {res.stderr[-2000:]}")
+        doc = json.loads(res.stdout)
+    chosen = doc["chosen"] or {}
+    return {"wall_s": round(wall, 2),
+            "cpu_s": round(cpu1.ru_utime - cpu0.ru_utime + cpu1.ru_stime - cpu0.ru_stime, 2),
+            "load_before": [round(x, 2) for x in before],
+            "load_after": [round(x, 2) for x in os.getloadavg()],
+            "cpus": os.cpu_count(), "jobs": jobs, "executor": executor,
+            "points_run": doc["points_run"], "rounds": doc["rounds"],
+            "pick": {k: chosen.get(k) for k in ("router", "policy", "size", "gpus",
+                                                "usd_per_h", "ttft_p90_s", "margin")},
+            "answers": {a["question"]: a.get("size") for a in doc["answers"]}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--files", type=int, default=0, help="only the first N trace files")
+    ap.add_argument("--jobs", "-j", type=int, default=2)
+    ap.add_argument("--executor", choices=["local", "ray"], default="local")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    if not DATA.is_dir():
+        print(f"bench_plan: {DATA} not found: skipped")
+        return 0
+    files = sorted(DATA.glob("*.json.gz"))
+    trace = ",".join(map(str, files[:args.files])) if args.files else str(DATA)
+    r = measure(trace, args.jobs, args.executor)
+    if args.json:
+        print(json.dumps(r))
+        return 0
+    p = r["pick"]
+    print(f"kvsim plan on {args.files or len(files)} cc-traces sessions ({r['executor']}, "
+          f"-j {r['jobs']}, {r['cpus']} CPUs): wall {r['wall_s']:.1f} s, CPU {r['cpu_s']:.1f} "
+          f"s; load {r['load_before'][0]:.1f} -> {r['load_after'][0]:.1f}")
+    print(f"{r['points_run']} points, {r['rounds']} rounds; pick: {p['size']} x "
+          f"{p['router']} {p['policy']} ({p['gpus']} GPUs, ${p['usd_per_h']}/h, TTFT p90 "
+          f"{p['ttft_p90_s']}, margin {p['margin']})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
