@@ -82,18 +82,20 @@ def _cdiv(a: int, b: int) -> int:
 
 
 class _HSeq:
-    """One request: ids of every full block it will have, per group its table and cached
-    count, its computed and known tokens."""
+    """One request: ids of every full block it will have, per group its table, cached count
+    and leading nulls (a table's nulls are always its head: a hit's skipped blocks, then the
+    blocks its window left), its computed and known tokens."""
 
-    __slots__ = ("cached", "computed", "ids", "known", "tables")
+    __slots__ = ("cached", "computed", "ids", "known", "nulls", "tables")
 
     def __init__(self, ids: np.ndarray, tables: list[np.ndarray], computed: int,
-                 cached: list[int]) -> None:
+                 cached: list[int], nulls: list[int]) -> None:
         self.ids = ids
         self.tables = tables
         self.computed = computed
         self.known = computed
         self.cached = cached
+        self.nulls = nulls
 
 
 class HybridPool:
@@ -138,6 +140,7 @@ class HybridPool:
         for i, g in enumerate(self.groups):
             specs.setdefault(g, []).append(i)
         self._specs = sorted(specs.items(), key=lambda s: s[0].kind != FULL)
+        self._sliding = [g for g, grp in enumerate(self.groups) if grp.kind == SLIDING]
         self._simple = len(self._specs) == 2 and self._specs[0][0].kind == FULL
         self._cached = 0
         self._dropped = 0
@@ -323,14 +326,17 @@ class HybridPool:
         if sum(self._to_allocate(g, end, hits[g], hit_tokens, False) for g in groups) > free:
             return None
         tables = []
+        nulls = []
         for g in groups:  # touch every group's hit before any allocation (vLLM #33775)
             skipped = self._skipped_blocks(g, hit_tokens)
             rest = hits[g][skipped:]
             self._touch(rest)
-            tables.append(np.concatenate([np.zeros(max(skipped, 0), np.int64), rest])
+            tables.append(np.concatenate([np.zeros(skipped, np.int64), rest])
                           if skipped else rest.copy())
+            nz = np.flatnonzero(tables[-1])
+            nulls.append(int(nz[0]) if len(nz) else len(tables[-1]))
         cached = [len(t) for t in tables]
-        seq = _HSeq(ids, tables, end, cached)
+        seq = _HSeq(ids, tables, end, cached, nulls)
         self._seqs[rid] = seq
         self._allocate(seq, end)
         self._cache(seq)
@@ -398,12 +404,11 @@ class HybridPool:
             return 0
         bs, free, ngroups = self.block_size, len(self._queue), len(self.groups)
         pending: dict[int, int] = {}  # block -> holds the run has released
-        sliding = [g for g, grp in enumerate(self.groups) if grp.kind == SLIDING]
+        sliding = self._sliding
         state = []
         for rid in rids:
             seq = self._seqs[rid]
-            done = {g: int(np.argmax(seq.tables[g] != 0)) if seq.tables[g].any()
-                    else len(seq.tables[g]) for g in sliding}
+            done = {g: seq.nulls[g] for g in sliding}
             state.append([seq, len(seq.tables[0]), done])
         for t, i in self._edges(rids, steps, in_flight, 0):
             seq, length, done = state[i]
@@ -546,28 +551,30 @@ class HybridPool:
         self._ref[live] = refs + 1
 
     def _allocate(self, seq: _HSeq, tokens: int) -> None:
-        """``allocate_new_blocks`` per group in order: pop blocks to hold ``tokens``."""
-        need = _cdiv(tokens, self.block_size)
-        for g, t in enumerate(seq.tables):
-            n = need - len(t)
-            if n > 0:
-                fresh = self._pop(n)
-                self._ref[fresh] = 1
-                seq.tables[g] = np.concatenate([t, fresh])
+        """``allocate_new_blocks`` per group in order: pop blocks to hold ``tokens``. Every
+        table has the same length, and pops take the queue front in order: one pop of all
+        groups' blocks, dealt out in group order, is the groups' pops one after the other."""
+        tables = seq.tables
+        n = _cdiv(tokens, self.block_size) - len(tables[0])
+        if n <= 0:
+            return
+        fresh = self._pop(n * len(tables))
+        self._ref[fresh] = 1
+        for g, t in enumerate(tables):
+            tables[g] = np.concatenate([t, fresh[g * n:(g + 1) * n]])
 
     def _remove_skipped(self, seq: _HSeq, processed: int) -> None:
         """``remove_skipped_blocks``: each sliding group frees, from the last skipped block
         back to the first null, the blocks wholly before the window of ``processed``."""
-        for g, t in enumerate(seq.tables):
+        for g in self._sliding:
+            t = seq.tables[g]
             n = min(self._skipped_blocks(g, processed), len(t))
-            if n <= 0:
-                continue
-            nulls = np.flatnonzero(t[:n] == 0)
-            lo = int(nulls[-1]) + 1 if len(nulls) else 0
-            if lo >= n:
+            lo = seq.nulls[g]
+            if n <= lo:
                 continue
             freed = t[lo:n][::-1].copy()
             t[lo:n] = 0
+            seq.nulls[g] = n
             self._free_blocks(freed)
 
     def _free_blocks(self, ordered: np.ndarray) -> None:
@@ -585,12 +592,18 @@ class HybridPool:
         if not len(hashed):
             return unhashed
         xs, gs = self._bid[hashed], self._grp[hashed]
-        for g, m in enumerate(self._maps):
-            sel = gs == g
-            if sel.any():
-                lost = m.drop(hashed[sel], xs[sel])
-                if self.groups[g].kind == FULL:
-                    self._lost += lost
+        g0 = int(gs[0])
+        if len(gs) == 1 or (gs == g0).all():  # one group's blocks: the common case
+            lost = self._maps[g0].drop(hashed, xs)
+            if self.groups[g0].kind == FULL:
+                self._lost += lost
+        else:
+            for g, m in enumerate(self._maps):
+                sel = gs == g
+                if sel.any():
+                    lost = m.drop(hashed[sel], xs[sel])
+                    if self.groups[g].kind == FULL:
+                        self._lost += lost
         self._bid[hashed] = -1
         self._grp[hashed] = -1
         self._cached -= len(hashed)
@@ -600,15 +613,17 @@ class HybridPool:
     def _cache(self, seq: _HSeq) -> None:
         """``cache_blocks`` per group: hash the blocks full now (nulls skipped)."""
         full = min(seq.known // self.block_size, len(seq.ids))
+        cached = seq.cached
         for g, t in enumerate(seq.tables):
-            a = seq.cached[g]
+            a = cached[g]
             if full <= a:
                 continue
-            pos = a + np.flatnonzero(t[a:full] > 0)
-            if len(pos):
-                ps, xs = t[pos], seq.ids[pos]
+            # nulls are the table's head: past it, every block is a real one
+            start = max(a, seq.nulls[g])
+            if start < full:
+                ps, xs = t[start:full], seq.ids[start:full]
                 self._bid[ps] = xs
                 self._grp[ps] = g
-                self._cached += len(ps)
-                self._maps[g].add(ps, xs, int(seq.ids[pos[0] - 1]) if pos[0] else -1)
-            seq.cached[g] = full
+                self._cached += full - start
+                self._maps[g].add(ps, xs, int(seq.ids[start - 1]) if start else -1)
+            cached[g] = full
