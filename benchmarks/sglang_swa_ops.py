@@ -179,6 +179,127 @@ class KvsimSwaSide:
         }
 
 
+class RealMambaSide:
+    """The real UnifiedRadixCache (FULL + MAMBA, no extra buffer: page = token), token ids in
+    and out (block_size 1)."""
+
+    def __init__(self, full_tokens: int, slots: int, chunk_tokens: int) -> None:
+        from benchmarks.sglang_swa_ref import MambaRef
+
+        self.ref = MambaRef(full_tokens, slots)
+        self.chunk_tokens = chunk_tokens
+        self._st: dict[int, list[Any]] = {}  # rid -> [request, hit, granted, chunks seen]
+        self._seen = 0
+
+    def arrive(self, rid: int, req: Request) -> tuple[int, int | None]:
+        hit, branching = self.ref.admit(rid, req.match_ids)
+        self._st[rid] = [req, hit, 0, 0]
+        return hit, branching
+
+    def alloc(self, rid: int, need: int) -> bool:
+        st = self._st[rid]
+        n = need - st[1]
+        ok = self.ref.allocate(rid, st[0].finish_ids, n)
+        st[2] = n if ok else -1
+        return ok
+
+    def chunk(self, rid: int) -> None:
+        st = self._st[rid]
+        req, hit, granted, j = st
+        st[3] = j + 1
+        boundary = hit + (j + 1) * self.chunk_tokens
+        if granted <= 0 or boundary >= req.in_tokens:
+            return
+        self.ref.checkpoint(rid, boundary, finished=False)
+
+    def finish(self, rid: int) -> None:
+        req, _, granted, _ = self._st.pop(rid)
+        if granted <= 0:
+            self.ref.drop(rid)
+            return
+        if len(req.finish_ids):
+            self.ref.checkpoint(rid, len(req.finish_ids), finished=True)
+        self.ref.release(rid)
+
+    def touch(self, req: Request) -> None:
+        self.ref.match(req.match_ids)
+
+    def take(self) -> tuple[np.ndarray, np.ndarray]:
+        full, _ = self.ref.allocator.take_freed()
+        slots = self.ref.pool.mamba_allocator
+        n, self._seen = slots.freed - self._seen, slots.freed
+        return full, np.full(n, -1, np.int64)  # freed states: a count
+
+    def observe(self) -> dict[str, Any]:
+        return self.ref.state()
+
+
+class KvsimMambaSide:
+    """kvsim's HybridRadixCache (FULL + MAMBA) through the same protocol."""
+
+    def __init__(self, full_tokens: int, slots: int, chunk_tokens: int) -> None:
+        from sim.kvcache.hybridtree import Freed, HybridRadixCache
+
+        self.cache = HybridRadixCache(full_tokens, block_size=1, state_slots=slots, grid=64)
+        self._freed_cls = Freed
+        self.freed = Freed()
+        self.chunk_tokens = chunk_tokens
+        self._st: dict[int, list[Any]] = {}
+
+    def arrive(self, rid: int, req: Request) -> tuple[int, int | None]:
+        r = self.cache.admit(req.match_ids, req.finish_ids, self.freed)
+        self._st[rid] = [req, r, 0, 0]
+        return r.hit, r.mamba_branching
+
+    def alloc(self, rid: int, need: int) -> bool:
+        st = self._st[rid]
+        n = need - st[1].hit
+        ok = self.cache.allocate(st[1], n, self.freed)
+        st[2] = n if ok else -1
+        return ok
+
+    def chunk(self, rid: int) -> None:
+        st = self._st[rid]
+        req, r, granted, j = st
+        st[3] = j + 1
+        boundary = r.hit + (j + 1) * self.chunk_tokens
+        if granted <= 0 or boundary >= req.in_tokens:
+            return
+        self.cache.checkpoint(r, boundary, False, self.freed)
+
+    def finish(self, rid: int) -> None:
+        req, r, granted, _ = self._st.pop(rid)
+        if granted <= 0:
+            self.cache.drop(r, self.freed)
+            return
+        if len(req.finish_ids):
+            self.cache.checkpoint(r, len(req.finish_ids), True, self.freed)
+        self.cache.release(r, self.freed)
+
+    def touch(self, req: Request) -> None:
+        self.cache.match(req.match_ids)
+
+    def take(self) -> tuple[np.ndarray, np.ndarray]:
+        full, _ = self.freed.ids()
+        n = self.freed.states
+        self.freed = self._freed_cls()
+        return full, np.full(n, -1, np.int64)
+
+    def observe(self) -> dict[str, Any]:
+        c = self.cache
+        full, _, states = c.resident()
+        return {
+            "full_evictable": c.full_evictable,
+            "full_protected": c.full_protected,
+            "state_evictable": c.state_evictable,
+            "state_protected": c.state_protected,
+            "full_used": c.full_used,
+            "state_used": c.state_used,
+            "full": full,
+            "states": states,
+        }
+
+
 def replay_swa(stream: OpStream, side: Any) -> Iterator[SwaObservation]:
     """Run `stream` (with CHUNK ops) through `side`, one observation per op."""
     live: dict[int, Request] = {}

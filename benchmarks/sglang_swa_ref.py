@@ -46,10 +46,12 @@ class _SwaAllocator:
 
     device = "cpu"
 
-    def __init__(self, block_size: int, full_blocks: int, swa_blocks: int) -> None:
+    def __init__(self, block_size: int, full_blocks: int, swa_blocks: int,
+                 has_swa: bool = True) -> None:
         import torch
 
         self._torch = torch
+        self.has_swa = has_swa
         self.page_size = block_size
         self.full_capacity = full_blocks
         self.swa_capacity = swa_blocks
@@ -80,10 +82,11 @@ class _SwaAllocator:
         pages = np.arange(self.n_pages, need, dtype=np.int64)
         self.n_pages = need
         self.page_block[pages] = block_ids
-        self.swa_of[pages] = pages
         self.full_live[pages] = True
         self.full_used += n
-        self.swa_used += n
+        if self.has_swa:
+            self.swa_of[pages] = pages
+            self.swa_used += n
         return pages * self.page_size
 
     def take_freed(self) -> tuple[np.ndarray, np.ndarray]:
@@ -109,6 +112,8 @@ class _SwaAllocator:
         return (self.swa_capacity - self.swa_used) * self.page_size
 
     def available_size(self) -> int:
+        if not self.has_swa:
+            return self.full_available_size()
         return min(self.full_available_size(), self.swa_available_size())
 
     def mamba_full_cache_donor(self) -> None:
@@ -153,7 +158,8 @@ class _SwaAllocator:
         self.freed_full.append(self.page_block[pages])
 
     def free_segment(self, indices: Any, start_pos: int = 0) -> None:
-        self.free_swa_segment(indices, start_pos)
+        if self.has_swa:
+            self.free_swa_segment(indices, start_pos)
         self.free_full_segment(indices, start_pos)
 
     def free_segments(self, segments: list[tuple[Any, int]]) -> None:
@@ -209,10 +215,20 @@ class _Kv:
         self.cache_inserted_len = protected
         self.swa_evict_floor = 0
         self.component_evicted_seqlens: dict[Any, int] = {}
+        self.mamba_pool_idx: Any = None
+        self.mamba_cow_src_index: Any = None
+        self.mamba_needs_clear = False
+        self.mamba_last_track_seqlen: int | None = None
+        self.mamba_prev_track_seqlen: int | None = None
+        self.mamba_ping_pong_track_buffer: Any = None
 
     @property
     def holds_kv(self) -> bool:
         return self.req_pool_idx is not None
+
+    @property
+    def holds_mamba(self) -> bool:
+        return self.mamba_pool_idx is not None
 
     def get_evicted_seqlen(self, component_type: Any) -> int:
         return self.component_evicted_seqlens.get(component_type, 0)
@@ -237,10 +253,12 @@ class _Req:
         self.full_untruncated_fill_ids = array("q")
         self.priority = None
         self.session_id = None
+        self.session = None
         self.kv_rotation_base = None
         self.extra_key = None
         self.cache_salt = None
         self.swa_branching_seqlen = branching
+        self.mamba_branching_seqlen: int | None = None
         self.lock: Any = None
         self.last_node: Any = None
         self.finished_reason = None
@@ -389,3 +407,234 @@ class SwaRef:
 def sorted_cat(parts: list[np.ndarray]) -> np.ndarray:
     """The sorted concatenation of id arrays (empty: an empty int64 array)."""
     return np.sort(np.concatenate(parts)) if parts else np.empty(0, np.int64)
+
+
+class _Slots:
+    """The Mamba state slot allocator (mamba_allocator): slot ids 1.., frees counted."""
+
+    def __init__(self, capacity: int) -> None:
+        import torch
+
+        self._torch = torch
+        self.capacity = capacity
+        self.free_ids = list(range(capacity, 0, -1))
+        self.freed = 0
+
+    def alloc(self, n: int) -> Any:
+        if n > len(self.free_ids):
+            return None
+        return self._torch.tensor([self.free_ids.pop() for _ in range(n)], dtype=self._torch.int64)
+
+    def free(self, slots: Any) -> None:
+        ids = [int(x) for x in slots.reshape(-1).tolist()]
+        assert not set(ids) & set(self.free_ids), "a state slot freed twice"
+        self.free_ids.extend(ids)
+        self.freed += len(ids)
+
+    def available_size(self) -> int:
+        return len(self.free_ids)
+
+    schedulable_available_size = available_size
+
+
+class _MambaStore:
+    """mamba_pool: the states themselves (not simulated: a copy is a no-op)."""
+
+    replayssm_write_pos = None
+    replayssm_spec_write_pos = None
+
+    def copy_from(self, src: Any, dst: Any) -> None:
+        return None
+
+
+def _hybrid_pool_base() -> type:
+    import importlib
+
+    return importlib.import_module("sglang.srt.mem_cache.memory_pool").HybridReqToTokenPool
+
+
+class _MambaRows(_ReqToTokenPool):
+    """HybridReqToTokenPool's surface the Mamba component calls (no extra buffer)."""
+
+    mamba_ping_pong_track_buffer_size = 0
+    mamba_initial_tracking_slots = 0
+
+    def __init__(self, slots: int) -> None:
+        super().__init__()
+        self.mamba_allocator = _Slots(slots)
+        self.mamba_pool = _MambaStore()
+
+    def translate_mamba_indices(self, indices: Any) -> Any:
+        return indices
+
+    def free_mamba_cache(self, req: Any, mamba_ping_pong_track_buffer_to_keep: Any = None
+                         ) -> None:
+        assert req.kv.mamba_pool_idx is not None, "double free? mamba_index is None"
+        self.mamba_allocator.free(req.kv.mamba_pool_idx.reshape(1))
+        req.kv.mamba_pool_idx = None
+
+
+class _Exec:
+    """get_exec().mamba: the server defaults (exec_.py) the component reads."""
+
+    class mamba:  # the attribute name SGLang reads
+        mamba_max_states_per_path = -1
+        mamba_track_interval = 256
+        enable_mamba_extra_buffer_lazy = False
+
+
+class MambaRef:
+    """One real UnifiedRadixCache with FULL and MAMBA components (a Gated DeltaNet hybrid,
+    Qwen3-Next) without the extra buffer ("no_buffer": the state at each insert end), so the
+    page is one token (SGLang requires it there): block = token. `slots` Mamba state slots;
+    `chunk` SGLang's mamba_cache_chunk_size (FLA's 64), the grid of its branching point."""
+
+    def __init__(self, full_tokens: int, slots: int, chunk: int = 64) -> None:
+        mods = load_unified_modules()
+        import importlib
+        import math
+
+        import torch
+
+        mamba_mod = importlib.import_module(
+            "sglang.srt.mem_cache.unified_cache.components.mamba")
+        # runtime_context is a stub: give the component the server defaults it reads
+        mamba_mod.get_exec = _Exec  # type: ignore[attr-defined]
+        mamba_mod.mamba_cache_chunk_size = lambda: chunk  # type: ignore[attr-defined]
+        mamba_mod.mamba_checkpoint_grid = (  # type: ignore[attr-defined]
+            lambda page: math.lcm(chunk, page))
+        base = _swa_allocator_base()
+        pool_base = _hybrid_pool_base()
+        if not isinstance(base, type) or not isinstance(pool_base, type):
+            raise SglangUnifiedUnavailable("stubbed pools have no classes")
+        self._torch = torch
+        self._mods = mods
+        self.block_size = 1
+        self.allocator = type("FullAllocator", (_SwaAllocator, base), {})(1, full_tokens, 0,
+                                                                         has_swa=False)
+        self.pool = type("MambaPool", (_MambaRows, pool_base), {})(slots)
+        ct = mods["components"].ComponentType
+        self._ct = ct
+        params = mods["params"].CacheInitParams(
+            disable=False,
+            req_to_token_pool=self.pool,
+            token_to_kv_pool_allocator=self.allocator,
+            page_size=1,
+            eviction_policy="lru",
+            tree_components=(ct.FULL, ct.MAMBA),
+            enable_mamba_extra_buffer=False,
+            tree_core_backend="python",
+        )
+        self.cache = mods["urc"].UnifiedRadixCache(params)
+        if type(self.cache.tree_core).__name__ != "UnifiedTreeCore":
+            raise SglangUnifiedUnavailable("the pure-Python tree core was not selected")
+        self._reqs: dict[int, _Req] = {}
+
+    def _key(self, ids: np.ndarray) -> Any:
+        return self._mods["radix"].RadixKey(array("q", np.asarray(ids, np.int64)))
+
+    def match(self, ids: np.ndarray, req: _Req | None = None
+              ) -> tuple[int, Any, int | None]:
+        """match_prefix (copy on write for `req`): (hit, node id, mamba_branching_seqlen)."""
+        params = self._mods["base"].MatchPrefixParams(
+            key=self._key(ids), req=req, cow_mamba=req is not None)
+        r = self.cache.match_prefix(params)
+        return r.device_prefix_len, r.last_device_node, r.mamba_branching_seqlen
+
+    def admit(self, rid: int, ids: np.ndarray) -> tuple[int, int | None]:
+        req = _Req(rid, 0, None)
+        hit, node, branching = self.match(ids, req)
+        req.kv.cache_protected_len = req.kv.cache_inserted_len = hit
+        req.mamba_branching_seqlen = branching
+        req.lock = self.cache.lock(node)
+        req.last_node = node
+        req.owns_state = req.kv.holds_mamba
+        self._reqs[rid] = req
+        return hit, branching
+
+    def allocate(self, rid: int, ids: np.ndarray, n: int) -> bool:
+        """The scheduler's order: the request's state slot (Mamba shortfall evicted), then
+        `n` full pages (full shortfall evicted)."""
+        req = self._reqs[rid]
+        a, c, slots = self.allocator, self.cache, self.pool.mamba_allocator
+        full_short = n - (a.full_capacity - a.full_used)
+        need_state = 0 if req.kv.holds_mamba else 1
+        if (full_short > c.full_evictable_size()
+                or need_state - slots.available_size() > c.mamba_evictable_size()):
+            return False
+        base = self._mods["base"]
+        if need_state:
+            if slots.available_size() < 1:
+                c.evict_for_alloc(base.EvictParams(num_tokens=0,
+                                                   mamba_num=1 - slots.available_size()))
+            if slots.available_size() < 1:
+                return False
+            req.kv.mamba_pool_idx = slots.alloc(1)[0]
+            req.owns_state = True
+        full_short = n - (a.full_capacity - a.full_used)  # the state's eviction freed some
+        if full_short > 0:
+            c.evict_for_alloc(base.EvictParams(num_tokens=full_short))
+        if n > a.full_capacity - a.full_used:
+            return False
+        self._set_row(req, ids, n)
+        return True
+
+    def _set_row(self, req: _Req, ids: np.ndarray, n: int) -> None:
+        torch = self._torch
+        hit = req.kv.cache_protected_len
+        prefix = self.cache.path_device_indices(req.last_node)
+        assert len(prefix) == hit, (len(prefix), hit)
+        pages = np.full(n, -1, np.int64)
+        tail = np.asarray(ids[hit: hit + n], np.int64)
+        pages[: len(tail)] = tail
+        fresh = self.allocator.alloc_pages(pages)
+        self.pool.rows[int(req.rid)] = torch.cat([prefix.to(torch.int64), torch.from_numpy(fresh)])
+        req.full_untruncated_fill_ids = array("q", np.asarray(ids, np.int64))
+        req.owned = hit + n
+
+    def checkpoint(self, rid: int, upto: int, finished: bool) -> None:
+        req = self._reqs[rid]
+        req._finished = finished
+        req.fill = upto
+        self.cache.checkpoint_into_tree(req, up_to=upto)
+        if finished:
+            req.owns_state = False  # donated to the tree, or freed there
+
+    def release(self, rid: int) -> None:
+        req = self._reqs.pop(rid)
+        if req.owned > req.kv.cache_protected_len:
+            self.cache.free_kv_row(req.kv, [(req.kv.cache_protected_len, req.owned)])
+        self._end(req)
+
+    def drop(self, rid: int) -> None:
+        self._end(self._reqs.pop(rid))
+
+    def _end(self, req: _Req) -> None:
+        if req.owns_state and req.kv.holds_mamba:
+            self.pool.free_mamba_cache(req)
+        self.cache.unlock(req.lock)
+
+    def state(self) -> dict[str, Any]:
+        c = self.cache
+        ct = self._ct
+        full, states = [], []
+        stack = list(c.tree_core.root_node.children.values())
+        while stack:
+            node = stack.pop()
+            pages = np.asarray(node.component(ct.FULL).value.numpy(), np.int64)
+            blocks = self.allocator.page_block[pages]
+            full.append(blocks)
+            if node.component(ct.MAMBA).value is not None:
+                states.append(blocks[-1:])
+            stack.extend(node.children.values())
+        return {
+            "full_evictable": c.full_evictable_size(),
+            "full_protected": c.full_protected_size(),
+            "state_evictable": c.mamba_evictable_size(),
+            "state_protected": c.mamba_protected_size(),
+            "full_used": self.allocator.full_used,
+            "state_used": self.pool.mamba_allocator.capacity
+            - self.pool.mamba_allocator.available_size(),
+            "full": sorted_cat(full),
+            "states": sorted_cat(states),
+        }

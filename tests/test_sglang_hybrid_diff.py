@@ -21,7 +21,13 @@ from conftest import CC_TRACES, needs_cc_traces
 
 from benchmarks.opstream import ALLOC, OpStream, random_stream, trace_stream
 from benchmarks.sglang_ref import torch_single_thread
-from benchmarks.sglang_swa_ops import KvsimSwaSide, RealSwaSide, replay_swa
+from benchmarks.sglang_swa_ops import (
+    KvsimMambaSide,
+    KvsimSwaSide,
+    RealMambaSide,
+    RealSwaSide,
+    replay_swa,
+)
 from benchmarks.sglang_swa_ref import SwaRef
 from benchmarks.sglang_unified_ops import CHUNK_OP_NAMES, with_chunks
 from sim.kvcache.hybridtree import Freed, HybridRadixCache
@@ -204,3 +210,79 @@ def test_sglang_hybrid_cc_traces(window: int, ratio: float) -> None:
     seen = lockstep(stream, 8192, window, ratio)
     assert seen["ARRIVE"] == stream.n_requests and seen["full_freed"] > 0
     assert seen["branching"] > 0 and seen["swa_freed"] > 0
+
+
+# ---- Mamba (a Gated DeltaNet hybrid: Qwen3-Next) -------------------------------------------------
+
+
+def lockstep_mamba(stream: OpStream, chunk: int, slots: int) -> Counter:
+    """FULL + MAMBA without the extra buffer (page = token): the state slots freed are
+    compared as a count, the states in the tree by the last token of their nodes."""
+    cap = stream.capacity_blocks
+    seen: Counter = Counter()
+    with torch_single_thread():
+        ours_side = KvsimMambaSide(cap, slots, chunk)
+        theirs = replay_swa(stream, RealMambaSide(cap, slots, chunk))
+        ours = replay_swa(stream, ours_side)
+        for a, b in zip(theirs, ours, strict=True):
+            where = f"{stream.name} mamba op {a.index} {CHUNK_OP_NAMES[a.op]} r{a.rid}"
+            assert (a.hit, a.branching, a.ok) == (b.hit, b.branching, b.ok), (
+                f"{where}: hit/branching/ok {(a.hit, a.branching, a.ok)} (SGLang) != "
+                f"{(b.hit, b.branching, b.ok)} (kvsim)")
+            assert a.full.tolist() == b.full.tolist(), (
+                f"{where}: full freed {a.full.tolist()} != {b.full.tolist()}")
+            assert len(a.swa) == len(b.swa), f"{where}: states freed {len(a.swa)} != {len(b.swa)}"
+            assert a.state is not None and b.state is not None
+            for k, va in a.state.items():
+                vb = b.state[k]
+                if isinstance(va, np.ndarray):
+                    assert np.array_equal(va, vb), (
+                        f"{where}: resident {k} differ: only SGLang {np.setdiff1d(va, vb)[:8]}, "
+                        f"only kvsim {np.setdiff1d(vb, va)[:8]}")
+                else:
+                    assert va == vb, f"{where}: {k} {va} (SGLang) != {vb} (kvsim)"
+            assert a.state["full_used"] <= cap and a.state["state_used"] <= slots
+            seen["ops"] += 1
+            seen[CHUNK_OP_NAMES[a.op]] += 1
+            seen["hit"] += max(a.hit, 0)
+            seen["branching"] += a.branching is not None
+            seen["aborted"] += not a.ok
+            seen["full_freed"] += len(a.full)
+            seen["states_freed"] += len(a.swa)
+    seen["dropped_states"] = ours_side.cache.dropped_states
+    return seen
+
+
+@pytest.mark.parametrize(("seed", "slots"), [(0, 10), (1, 16), (2, 10), (3, 12), (4, 16),
+                                             (5, 10)])
+def test_sglang_hybrid_mamba_random_stream(seed: int, slots: int) -> None:
+    capacity = (48, 96, 160)[seed % 3]
+    chunk = (7, 13, 5)[seed % 3]
+    stream = random_stream(seed, n_ops=300, capacity_blocks=capacity, block_size=1)
+    seen = lockstep_mamba(with_chunks(stream, chunk, seed), chunk, slots)
+    assert seen["ARRIVE"] and seen["FINISH"]
+
+
+def test_sglang_hybrid_mamba_streams_exercise_every_path() -> None:
+    total: Counter = Counter()
+    for seed in range(3):
+        chunk = (7, 13, 5)[seed % 3]
+        stream = random_stream(seed, n_ops=300, capacity_blocks=(48, 96, 160)[seed % 3],
+                               block_size=1)
+        total += lockstep_mamba(with_chunks(stream, chunk, seed), chunk, 10)
+    assert total["hit"] > 100 and total["CHUNK"] > 50 and total["aborted"] > 0
+    assert total["states_freed"] > 100 and total["dropped_states"] > 0
+    assert total["full_freed"] > 100
+
+
+@needs_cc_traces
+@pytest.mark.shared_data
+def test_sglang_hybrid_mamba_cc_traces() -> None:
+    """Agent sessions that evict, Qwen3-Next's cache: the first Claude Code sessions at token
+    granularity (32K-token context cut, a 64K-token full pool, 12 state slots), 8192-token
+    chunks: states at chunk and turn ends, hits only where a state is."""
+    stream = trace_stream(CC_TRACES, sessions=12, active=4, in_flight=2, capacity_blocks=65536,
+                          block_size=1, max_requests_per_session=30, max_context=32768)
+    seen = lockstep_mamba(with_chunks(stream, 8192, 0), 8192, 12)
+    assert seen["ARRIVE"] == stream.n_requests and seen["full_freed"] > 0
+    assert seen["hit"] > 0 and seen["states_freed"] > 0 and seen["branching"] > 0
