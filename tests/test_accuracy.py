@@ -210,9 +210,9 @@ def test_calibrate_from_measurements_cli(tmp_path):
     for seed in (1, 2):
         write_vllm_bench(tmp_path / f"b{seed}.json", n=24, seed=seed)
     run = CliRunner()
-    res = run.invoke(cli, ["calibrate", "--from-measurements", "--quick", "--terms",
-                           "decode_scale", "--out", str(tmp_path / "cal.yaml"), "--json",
-                           str(tmp_path / "b1.json"), str(tmp_path / "b2.json")])
+    res = run.invoke(cli, ["calibrate", "--from-measurements", "--quick", "--gpu", "H100",
+                           "--terms", "decode_scale", "--out", str(tmp_path / "cal.yaml"),
+                           "--json", str(tmp_path / "b1.json"), str(tmp_path / "b2.json")])
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     assert doc["calibration"]["fitted_on"] == ["b1", "b2"]
@@ -226,6 +226,8 @@ def test_calibrate_from_measurements_cli(tmp_path):
     vdoc = json.loads(res.stdout)
     assert {r["calibration"] for r in vdoc["rows"]} == {cal.label}
     bad = run.invoke(cli, ["calibrate", str(tmp_path / "b1.json")])
+    assert bad.exit_code == 2 and "--from-measurements" in bad.output
+    bad = run.invoke(cli, ["calibrate", "--gpu", "H100"])
     assert bad.exit_code == 2 and "--from-measurements" in bad.output
     bad = run.invoke(cli, ["calibrate", "--from-measurements", "--device", "cuda",
                            str(tmp_path / "b1.json")])

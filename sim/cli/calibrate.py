@@ -58,6 +58,9 @@ TORCH_ONLY = ("layers", "quick", "rounds", "warmup", "threads", "clock")
                    "kernel efficiency) by replaying the measured RUNs (what kvsim validate "
                    "reads), report leave-one-out error, and with --out write a calibration "
                    "file for kvsim validate --calibration.")
+@click.option("--gpu", "measured_gpu", default=None, metavar="NAME",
+              help="With --from-measurements: the GPU the runs were measured on, where they "
+                   "do not say it (a vllm bench serve result; costmodel/data/gpus.yaml name).")
 @click.option("--terms", default=None, metavar="T1,T2",
               help="With --from-measurements: the terms fitted [default: decode_scale,"
                    "prefill_scale,mixed_interference].")
@@ -67,8 +70,8 @@ def calibrate_cmd(device: str, system: str | None, framework: str | None, gpus: 
                   kernel_data: str | None, model: str, layers: int | None, quick: bool,
                   out: str | None, rounds: int | None, warmup: int | None,
                   threads: int | None, clock: str | None, seed: int,
-                  date: str | None, from_measurements: bool, terms: str | None,
-                  as_json: bool, runs: tuple[str, ...]) -> None:
+                  date: str | None, from_measurements: bool, measured_gpu: str | None,
+                  terms: str | None, as_json: bool, runs: tuple[str, ...]) -> None:
     """Time a decoder stack with MODEL's shapes (random weights) on DEVICE and fit a profile,
     or (--from-kernels SYSTEM) compose MODEL's times from measured GPU kernel tables and fit.
 
@@ -77,20 +80,21 @@ def calibrate_cmd(device: str, system: str | None, framework: str | None, gpus: 
 
     With --from-measurements RUN...: fit the server terms from measured runs (docs/accuracy.md
     "Calibration"); --quick takes one fit iteration."""
-    if from_measurements or runs or terms:
+    if from_measurements or runs or terms or measured_gpu:
         ctx = click.get_current_context()
         given = [p.name for p in ctx.command.params
                  if p.name not in ("runs", "from_measurements", "terms", "quick", "out",
-                                   "seed", "as_json")
+                                   "seed", "as_json", "measured_gpu")
                  and ctx.get_parameter_source(p.name) == click.core.ParameterSource.COMMANDLINE]
         if not from_measurements:
-            raise click.UsageError("RUN arguments and --terms go with --from-measurements")
+            raise click.UsageError("RUN arguments, --gpu and --terms go with "
+                                   "--from-measurements")
         if not runs:
             raise click.UsageError("--from-measurements needs at least one measured RUN")
         if given:
             raise click.UsageError(f"--{given[0].replace('_', '-')} does not go with "
                                    "--from-measurements (the runs name their model and GPU)")
-        _from_measurements(runs, terms, quick, out, seed, as_json)
+        _from_measurements(runs, terms, measured_gpu, quick, out, seed, as_json)
         return
     try:
         get_spec(model)
@@ -150,8 +154,8 @@ def _from_kernels(system: str, framework: str, gpus: int | None, kernel_data: st
     _print_kernels(prof, report, out)
 
 
-def _from_measurements(paths: tuple[str, ...], terms: str | None, quick: bool,
-                       out: str | None, seed: int, as_json: bool) -> None:
+def _from_measurements(paths: tuple[str, ...], terms: str | None, gpu: str | None,
+                       quick: bool, out: str | None, seed: int, as_json: bool) -> None:
     """Fit on every run, score each run leave-one-out (calibration/measured.py)."""
     from calibration.measured import (
         DEFAULT_TERMS,
@@ -173,7 +177,7 @@ def _from_measurements(paths: tuple[str, ...], terms: str | None, quick: bool,
     if len(set(names)) != len(names):
         dup = next(n for n in names if names.count(n) > 1)
         raise click.BadParameter(f"two runs are named {dup!r}", param_hint="RUN")
-    cases = [Case(m, setup(m, seed=seed)) for m in measured]  # every refusal first
+    cases = [Case(m, setup(m, gpu=gpu, seed=seed)) for m in measured]  # every refusal first
     iterations = QUICK_ITERATIONS if quick else ITERATIONS
 
     def progress(msg: str) -> None:
