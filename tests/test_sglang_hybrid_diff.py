@@ -286,3 +286,27 @@ def test_sglang_hybrid_mamba_cc_traces() -> None:
     seen = lockstep_mamba(with_chunks(stream, 8192, 0), 8192, 12)
     assert seen["ARRIVE"] == stream.n_requests and seen["full_freed"] > 0
     assert seen["hit"] > 0 and seen["states_freed"] > 0 and seen["branching"] > 0
+
+
+# ---- pools as SGLang sizes them ----------------------------------------------------------------
+
+
+def test_hybrid_cache_pools_from_sglang_capacity() -> None:
+    """HybridRadixCache.for_capacity takes SGLang's pools (costmodel.gpus.kv_capacity: the
+    full pool, the SWA pool at --swa-full-tokens-ratio 0.8, the mamba slots; the table of
+    docs/hybrid.md, Capacity in bytes, 40 GiB per GPU)."""
+    from costmodel.gpus import kv_capacity
+    from costmodel.specs import get_spec
+
+    gib = 1 << 30
+    gpt = get_spec("gpt-oss-120b")
+    c = HybridRadixCache.for_capacity(gpt.name, gpt.groups, kv_capacity(gpt, 40 * gib, 1,
+                                                                         "sglang", BS))
+    assert (c.full_capacity * BS, c.swa_capacity * BS, c.window) == (647_232, 517_760, 128)
+    nxt = get_spec("qwen3-next-80b-a3b")
+    c = HybridRadixCache.for_capacity(nxt.name, nxt.groups, kv_capacity(nxt, 40 * gib, 4,
+                                                                        "sglang", BS))
+    assert (c.full_capacity * BS, c.state_capacity, c.has_swa) == (1_839_936, 1_052, False)
+    q = get_spec("qwen3-8b")
+    with pytest.raises(ValueError, match="qwen3-8b: groups"):
+        HybridRadixCache.for_capacity(q.name, q.groups, kv_capacity(q, 40 * gib, 1, "sglang"))

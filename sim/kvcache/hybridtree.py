@@ -38,7 +38,9 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -184,6 +186,23 @@ class HybridRadixCache:
         self.tombstoned_blocks = 0
         self.recovered_blocks = 0
         self.dropped_states = 0
+
+    @classmethod
+    def for_capacity(cls, name: str, groups: Sequence[Any], capacity: Any,
+                     block_size: int = 64) -> HybridRadixCache:
+        """The cache of model `name` with KV cache `groups` (costmodel.specs.KVGroup: kind,
+        window) in SGLang's pools `capacity` (costmodel.gpus.kv_capacity(..., "sglang"):
+        full_tokens, swa_tokens, mamba_slots). ValueError naming the model where SGLang's
+        UnifiedRadixCache has no (FULL, SWA) or (FULL, MAMBA) tree for it."""
+        kinds = {str(g.kind) for g in groups}
+        windows = {g.window for g in groups if str(g.kind) == "sliding"}
+        full = capacity.full_tokens // block_size
+        if kinds == {"full", "sliding"} and len(windows) == 1:
+            return cls(full, capacity.swa_tokens // block_size, windows.pop(), block_size)
+        if kinds == {"full", "linear"}:
+            return cls(full, block_size=block_size, state_slots=capacity.mamba_slots)
+        raise ValueError(f"{name}: groups {sorted(kinds)} have no SGLang hybrid tree here "
+                         "(full + one sliding window, or full + linear)")
 
     # -- bookkeeping ---------------------------------------------------------------------------
     def tick(self) -> float:
