@@ -165,7 +165,7 @@ def test_leave_one_out_never_reads_the_scored_run(tmp_path):
         rp = Replays(cs)
         try:
             return {f.scored: f for f in leave_one_out(rp, names, None, ("decode_scale",),
-                                                       iterations=2)}
+                                                       iterations=1)}
         finally:
             rp.close()
 
