@@ -24,11 +24,10 @@ from typing import Any
 
 from sim.report.tables import Col, narrow_table
 
-from .study import Experiment, StudySetup
+from .study import SHARED_DATA, Experiment, StudySetup
 from .validate import value_text as _value
 
-GROUND_TRUTH = Path(__file__).resolve().parents[2].parent / "shared" / "data" / \
-    "ground-truth" / "llmservingsim"
+GROUND_TRUTH = SHARED_DATA / "ground-truth" / "llmservingsim"
 HEADLINE = ("ttft_mean", "tpot_mean", "latency_mean")
 QUEUEING = ("peak_waiting", "peak_kv_usage")
 
