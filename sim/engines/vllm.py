@@ -47,7 +47,10 @@ Pricing (the same cost model as the SGLang engine): a step of prefill rows only 
 costs ``profile.decode_step_seconds(rows, context)`` (a run of k: ``decode_run_seconds``, closed
 form); a MIXED step (decode rows riding along prefill chunks, vLLM's chunked prefill) costs the
 larger of its compute time (every row's tokens priced as prefill ranges: a decode token at
-position p costs W + p units) and its memory time (the decode step of its decode rows).
+position p costs W + p units) and its memory time (the decode step of its decode rows). Every
+step then pays the profile's server terms (costmodel/profile.py ``ServerCoeffs``, neutral by
+default): a mixed step adds ``mixed_interference`` of the smaller part, and the step's CPU time
+follows it (synchronous) or overlaps it (async scheduling: the larger of the two).
 
 Defaults for an online server on one H100 (vllm/engine/arg_utils.py ``get_batch_defaults``,
 ``UsageContext.OPENAI_API_SERVER`` on a >= 70 GiB non-A100 GPU): max_num_batched_tokens 8192
