@@ -27,7 +27,7 @@ PROFILES = {profiles!r}  # {profiles_note}"""
 # (docs/reproduction.md: derived; docs/policies.md and docs/cache-engineering.md: the
 # default measured-kernel profiles).
 PROFILES = {"policies": None, "cache-engineering": None, "fleet": None, "pd": None,
-            "accuracy": None}
+            "accuracy": None, "hybrid": None}
 PROFILE_NOTES = {
     "derived": "docs/reproduction.md's family (derived-h100-MODEL); None: the default",
     None: "None: the default (kernels-h100_sxm-MODEL); 'derived': derived-h100-MODEL",
@@ -328,6 +328,42 @@ fig.tight_layout()
 df[["workload", "label", "ttft_mean_s", "ttft_p90_s", "jct_mean_s", "hit_rate",
     "recomputed_output_share", "local_share", "transfer_gb", "prefill_busy", "decode_busy",
     "first_decode_s_mean", "decode_retractions"]].round(3)"""),
+    "hybrid": (
+        "# Penelope on hybrid models\n\n"
+        "Penelope against SGLang's and vLLM's eviction (the paper's GPU-only setup: lpm on "
+        "the sglang engine, fcfs on the vllm engine with the Penelope patch, 4 sessions at "
+        "once) for a full-attention model (Qwen3-32B), a sliding-window hybrid "
+        "(gpt-oss-120b), a Gated DeltaNet hybrid (Qwen3-Next-80B-A3B) and an MLA+DSA model "
+        "(DeepSeek-V3.2) at **equal cache pressure**: each model's KV memory in bytes holds "
+        "as many sessions at the context cut as Qwen3-32B's 192K tokens do (docs/hybrid.md, "
+        "Penelope on hybrid models). A row's `note` says where an engine keeps the model's "
+        "groups as one full-attention cache, or refuses the combination. Beside the runs: "
+        "Figure 1 per model (the deletion-position speedup) and hit rate against KV memory "
+        "in bytes per model.",
+        """for r in doc["rows"]:
+    if r["note"]:
+        print(f"{r['model']} / {r['engine']} / {r['preset']}: {r['note']}")
+fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
+for (engine, preset), g in df[df.preset != df.baseline].groupby(["engine", "preset"]):
+    axes[0].plot(g.model, 100 * g.ttft_change, "o-", label=f"{preset} vs {g.baseline.iloc[0]} "
+                 f"({engine} engine)")
+axes[0].axhline(0, color="k", lw=.8); axes[0].set_ylabel("TTFT change (%)")
+axes[0].tick_params(axis="x", rotation=20); axes[0].legend(fontsize=7)
+f1 = pd.DataFrame(doc["figure1"])
+for model, g in f1.groupby("model", sort=False):
+    axes[1].plot(g.context_k, g.speedup_seconds, "o-", label=model)
+axes[1].set_xscale("log", base=2); axes[1].set_xlabel("context (K tokens)")
+axes[1].set_ylabel("Figure 1: tail / front (s)"); axes[1].legend(fontsize=7)
+cap = pd.DataFrame(doc["capacity"])
+for model, g in cap.groupby("model", sort=False):
+    axes[2].plot(g.cache_gib, 100 * g.hit_rate, "o-", label=model)
+axes[2].set_xscale("log", base=2); axes[2].set_xlabel("KV memory (GiB)")
+axes[2].set_ylabel("hit rate (%), sglang, no clock"); axes[2].legend(fontsize=7)
+for ax in axes:
+    ax.grid(alpha=.3)
+fig.tight_layout()
+df[["model", "engine", "preset", "cache_gib", "cache_tokens", "ttft_mean_s", "ttft_change",
+    "hit_rate", "recomputed_tokens"]].round(3)"""),
 }
 
 

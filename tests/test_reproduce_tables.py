@@ -33,7 +33,7 @@ def docs() -> dict[str, dict]:
     # a saved document of the accuracy study (rendering only: it replays the ground truth)
     got["accuracy"] = json.loads((Path(__file__).parent / "fixtures" /
                                   "reproduce_accuracy.json").read_text())
-    for name in ("fcfs", "cpu-sweep", "cache-engineering", "policies"):
+    for name in ("fcfs", "cpu-sweep", "cache-engineering", "policies", "hybrid"):
         got[name] = reproduce(name, trace=TINY, quick=True)  # as the command renders it
     fleet_row = {"workload": "cc-traces", "router": "sglang-cache-aware", "policy": "penelope",
                  "replicas": 8, "ttft_mean_s": 3.91, "ttft_p90_s": 9.2, "jct_mean_s": 12.5,

@@ -298,6 +298,9 @@ class RunRecorder:
         # Recomputed prompt positions per bin of HIST_BIN_TOKENS (``hist``): Python ints,
         # which every admission adds to without numpy's per-item calls.
         self._hist: list[int] = [0] * HIST_BINS
+        # Every recomputed range's ends, flat (a0, b0, a1, b1, ...): priced per KV cache
+        # group at the summary (``recomputed_ranges``), O(ranges), never per token.
+        self._recomputed: list[int] = []
         self.counters: dict[str, float] = {
             "prefill_batches": 0, "prefill_seconds": 0.0, "decode_events": 0,
             "decode_steps": 0, "decode_seconds": 0.0, "evictions": 0, "evicted_blocks": 0,
@@ -376,6 +379,7 @@ class RunRecorder:
         rec.rerotated_tokens = prompt.rerotated_tokens
         for a, b in recomputed:
             self._histogram(a, b)
+            self._recomputed += (a, b)
         rec.recompute_units = recompute_units
         rec.recomputed_tokens = sum(b - a for a, b in recomputed)
         rec.new_tokens = (req.prompt_tokens - reused - loaded - rec.recomputed_tokens
@@ -581,9 +585,17 @@ class RunRecorder:
             self._live[base + row] = rec
         self._n += other._n
         self._hist = [x + y for x, y in zip(self._hist, other._hist, strict=True)]
+        self._recomputed += other._recomputed
         self.gaps.extend(other.gaps)
         for k, v in other.counters.items():
             self.counters[k] = self.counters.get(k, 0) + v
+
+    @property
+    def recomputed_ranges(self) -> list[tuple[int, int]]:
+        """Every recomputed range ``[a, b)`` of the first admissions, in order: what
+        sim/run/summary.py prices per KV cache group (O(ranges), never per token)."""
+        ends = self._recomputed
+        return list(zip(ends[0::2], ends[1::2], strict=True))
 
     # --- results ------------------------------------------------------------------------
     def table(self) -> pd.DataFrame:

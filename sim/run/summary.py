@@ -51,11 +51,38 @@ def answer_fields(cfg: RunConfig, profile, table: pd.DataFrame, summary: dict[st
     return out
 
 
+def recompute_by_group(spec, ranges: list[tuple[int, int]]) -> list[dict[str, Any]]:
+    """``ranges`` (recomputed ``[a, b)``) priced per KV cache group of ``spec`` (the run's
+    pricing spec, ``Profile.pricing_spec``): per group its kind, layers, window, the
+    recomputed tokens (every group computes each of them) and its attention units by the
+    group's own formula (costmodel/units.py with the other kinds weighted 0: one source of
+    truth; in the profile's one-rate units, as ``recompute_units``). Groups of one kind share
+    a weight, so they are priced together (no catalog model has two windows of one kind)."""
+    from costmodel.units import range_units
+
+    tokens = sum(b - a for a, b in ranges)
+    weights = dict(spec.attention_weights)
+    kinds = list(dict.fromkeys(str(g.kind) for g in spec.groups))
+    out = []
+    for kind in kinds:
+        only = spec.with_attention_weights(
+            {k: (weights.get(k, 1.0) if k == kind else 0.0) for k in kinds})
+        mine = [g for g in spec.groups if str(g.kind) == kind]
+        out.append({"kind": kind, "layers": sum(g.layers for g in mine),
+                    "window": mine[0].window, "tokens": tokens,
+                    "attention_units": float(sum(range_units(only, a, b).attention
+                                                 for a, b in ranges))})
+    return out
+
+
 def summarize(cfg: RunConfig, rec: RunRecorder, duration_s: float, table: pd.DataFrame,
               policy: EvictionPolicy, profile, spec, trace) -> dict[str, Any]:
     """``rec``'s summary over ``table`` (the run's requests; a fleet's merged recorder), then
     the configuration fields and the answers."""
     summary = rec.summary(duration_s, cfg.cache.block_size, table)
+    # recompute per KV cache group, each by its own formula (``spec``: the run's pricing spec,
+    # each kind at its rate; issue 54 item 5)
+    summary["recompute_by_group"] = recompute_by_group(spec, rec.recomputed_ranges)
     summary.update(run_fields(cfg, policy, profile, spec, trace, table))
     summary.update(answer_fields(cfg, profile, table, summary, set(rec.session_end),
                                  [s.parent for s in trace.sessions]))

@@ -23,6 +23,8 @@ validate.py           a measured run replayed and scored        MeasuredRun -> S
                       (``kvsim validate``; docs/accuracy.md)
 accuracy.py           every ground-truth run, uncalibrated and  MeasuredRun -> rows, folds
                       calibrated leave-one-out
+hybrid.py             penelope vs sglang/vllm per attention     runs, figure1, capacity ->
+                      kind at equal cache pressure in bytes     rows, extras
 ====================  ========================================  =============================
 
 May import: ``sim.config``, ``sim.run``, ``sim.sweep`` (executors, ``relative_change``),
@@ -53,6 +55,7 @@ def _registered() -> ModuleType:
     from .accuracy import ACCURACY
     from .cache_engineering import CACHE_ENGINEERING
     from .fleet import FLEET
+    from .hybrid import HYBRID
     from .paper import ABLATION, FCFS, FIGURE1, GPU_ONLY
     from .pd import PD
     from .pool import POOL
@@ -61,7 +64,7 @@ def _registered() -> ModuleType:
 
     # kvsim reproduce NAME, in the order its --help lists them
     for s in (FIGURE1, GPU_ONLY, TWO_TIER, ABLATION, FCFS, CPU_SWEEP, POLICIES,
-              CACHE_ENGINEERING, FLEET, POOL, PD, ACCURACY):
+              CACHE_ENGINEERING, FLEET, POOL, PD, ACCURACY, HYBRID):
         study.STUDIES.register(s.name, s)
     return study
 
