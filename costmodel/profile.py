@@ -12,6 +12,10 @@ validated field by field.
                      + per_chunk_token_sq * tokens**2
     decode step    = fixed + weights + per_seq * batch + per_context_token * sum(context)
     transfer       = latency + bytes / bytes_per_s        (h2d: CPU -> GPU, d2h: GPU -> CPU)
+
+An optional ``server`` section (``ServerCoeffs``) adds what a real server pays beyond these
+kernels: the scales multiply prefill and decode, a mixed step's interference, the CPU time of
+a step summed or overlapped (``step_seconds``); absent, every price is the kernels' alone.
 """
 
 from __future__ import annotations
