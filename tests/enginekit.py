@@ -7,6 +7,44 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from costmodel.profile import load_profile
+from costmodel.specs import get_spec
+from costmodel.units import range_units, ranges_units
+from sim.config import RunConfig
+
+# The model and profile the hand-computed engine timelines are priced on (the tests pin
+# ``profile=PROF.name``); DEFAULT_PROF is the one a run without ``--profile`` uses (the PD tests').
+SPEC = get_spec("qwen3-8b")
+PROF = load_profile("derived-h100-qwen3-8b")
+DEFAULT_PROF = load_profile(None, "qwen3-8b")
+KVB = SPEC.kv_bytes_per_token
+
+
+def prefill(*ranges: tuple[int, int]) -> float:
+    """One prefill of token ``ranges`` on PROF."""
+    return PROF.prefill_seconds(ranges_units(SPEC, ranges))
+
+
+def prefill_s(a: int, b: int) -> float:
+    """One prefill of tokens ``[a, b)`` on DEFAULT_PROF."""
+    return DEFAULT_PROF.prefill_seconds(range_units(SPEC, a, b))
+
+
+def row(res, session: str, turn: int):
+    """The request row of ``session``'s ``turn`` in a run's result."""
+    df = res.requests
+    return df[(df.session == session) & (df.turn == turn)].iloc[0]
+
+
+def lpm_cfg(**kw) -> RunConfig:
+    """SGLang-like engine, LPM scheduler, 64 new tokens, priced on PROF; ``preset`` picks the
+    policy preset (penelope unless given)."""
+    base = dict(gpu_cache=1 << 20, sessions=4, scheduler="lpm", max_new_tokens=64,
+                debug_cache=True, profile=PROF.name)
+    base.update(kw)
+    preset = base.pop("preset", "penelope")
+    return RunConfig.from_flat(**base).with_preset(preset)
+
 
 @dataclass
 class KitSession:

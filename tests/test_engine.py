@@ -5,31 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from costmodel.profile import load_profile
-from costmodel.specs import get_spec
-from costmodel.units import range_units, ranges_units
-from sim.config import RunConfig
+from costmodel.units import range_units
 from sim.run import run
-from tests.enginekit import KitTrace
-
-SPEC = get_spec("qwen3-8b")
-PROF = load_profile("derived-h100-qwen3-8b")
-
-
-def cfg(**kw) -> RunConfig:
-    base = dict(gpu_cache=1 << 20, sessions=4, scheduler="lpm", max_new_tokens=64,
-                debug_cache=True, profile=PROF.name)  # pinned: the expected times use PROF
-    base.update(kw)
-    preset = base.pop("preset", "penelope")
-    return RunConfig.from_flat(**base).with_preset(preset)
-
-
-def prefill(*ranges: tuple[int, int]) -> float:
-    return PROF.prefill_seconds(ranges_units(SPEC, ranges))
+from tests.enginekit import PROF, SPEC, KitTrace, lpm_cfg, prefill
 
 
 def test_one_session_alone_ttft_is_its_prefill() -> None:
-    res = run(cfg(), KitTrace([[(4000, 1, 0.0)]]))
+    res = run(lpm_cfg(), KitTrace([[(4000, 1, 0.0)]]))
     row = res.requests.iloc[0]
     assert row.ttft_s == pytest.approx(prefill((0, 4000)), rel=1e-12)
     assert row.end_s == pytest.approx(row.ttft_s)  # one output token: done at prefill
@@ -37,7 +19,7 @@ def test_one_session_alone_ttft_is_its_prefill() -> None:
 
 
 def test_decode_time_is_closed_form() -> None:
-    res = run(cfg(), KitTrace([[(4000, 101, 0.0)]]))
+    res = run(lpm_cfg(), KitTrace([[(4000, 101, 0.0)]]))
     row = res.requests.iloc[0]
     decode = PROF.decode_run_seconds(1, 4000, 100)
     assert row.end_s == pytest.approx(prefill((0, 4000)) + decode, rel=1e-12)
@@ -48,7 +30,7 @@ def test_decode_time_is_closed_form() -> None:
 
 def test_second_turn_reuses_history_after_gap() -> None:
     # Turn 2 extends turn 1 (4000 prompt + 200 output) to 6000 tokens after a 5 s gap.
-    res = run(cfg(), KitTrace([[(4000, 200, 0.0), (6000, 1, 5.0)]]))
+    res = run(lpm_cfg(), KitTrace([[(4000, 200, 0.0), (6000, 1, 5.0)]]))
     r1, r2 = res.requests.iloc[0], res.requests.iloc[1]
     assert r2.send_s == pytest.approx(r1.end_s + 5.0)
     cached = (4000 + 200 - 1) // 64 * 64  # SGLang inserts prompt + output minus one token
@@ -58,21 +40,21 @@ def test_second_turn_reuses_history_after_gap() -> None:
 
 
 def test_chunked_prefill_prices_each_chunk() -> None:
-    res = run(cfg(), KitTrace([[(20000, 1, 0.0)]]))
+    res = run(lpm_cfg(), KitTrace([[(20000, 1, 0.0)]]))
     want = prefill((0, 8192)) + prefill((8192, 16384)) + prefill((16384, 20000))
     assert res.requests.iloc[0].ttft_s == pytest.approx(want, rel=1e-12)
     assert res.summary["prefill_batches"] == 3
 
 
 def test_two_sessions_share_one_batch() -> None:
-    res = run(cfg(), KitTrace([[(3000, 1, 0.0)], [(3000, 1, 0.0)]]))
+    res = run(lpm_cfg(), KitTrace([[(3000, 1, 0.0)], [(3000, 1, 0.0)]]))
     both = PROF.prefill_seconds(range_units(SPEC, 0, 3000) + range_units(SPEC, 0, 3000))
     assert list(res.requests.ttft_s) == pytest.approx([both, both], rel=1e-12)
 
 
 def test_two_sessions_contend_for_the_chunk_budget() -> None:
     # 6000 + 6000 tokens > 8192: the second request is chunked after the first.
-    res = run(cfg(), KitTrace([[(6000, 1, 0.0)], [(6000, 1, 0.0)]]))
+    res = run(lpm_cfg(), KitTrace([[(6000, 1, 0.0)], [(6000, 1, 0.0)]]))
     first = PROF.prefill_seconds(range_units(SPEC, 0, 6000) + range_units(SPEC, 0, 2176))
     second = first + prefill((2176, 6000))
     assert sorted(res.requests.ttft_s) == pytest.approx([first, second], rel=1e-12)
@@ -80,8 +62,8 @@ def test_two_sessions_contend_for_the_chunk_budget() -> None:
 
 def test_same_config_twice_is_identical() -> None:
     trace = KitTrace([[(3000 + 700 * k, 50, 1.0) for k in range(6)] for _ in range(3)])
-    a = run(cfg(gpu_cache=16384, sessions=2), trace)
-    b = run(cfg(gpu_cache=16384, sessions=2), trace)
+    a = run(lpm_cfg(gpu_cache=16384, sessions=2), trace)
+    b = run(lpm_cfg(gpu_cache=16384, sessions=2), trace)
     assert a.requests.equals(b.requests)
     assert a.summary == b.summary
     assert a.summary["evicted_tokens"] > 0
@@ -91,7 +73,7 @@ def test_same_config_twice_is_identical() -> None:
 def test_pressure_runs_keep_invariants(preset: str) -> None:
     trace = KitTrace([[(2000 + 900 * k, 300, 2.0) for k in range(8)] for _ in range(4)],
                      shared_blocks=16)
-    res = run(cfg(gpu_cache=20000, sessions=3, preset=preset), trace)
+    res = run(lpm_cfg(gpu_cache=20000, sessions=3, preset=preset), trace)
     s = res.summary
     assert s["requests"] == len(trace)
     assert 0 < s["hit_rate"] < s["ideal_hit_rate"] <= 1
@@ -106,7 +88,7 @@ def test_hole_is_restored_in_the_same_batch_as_the_new_tokens() -> None:
     # the first node under the root). A's second turn then recomputes the hole (phantom) and
     # its new tokens in ONE prefill batch, each at its original positions.
     trace = KitTrace([[(4000, 1, 0.0), (6000, 1, 10.0)], [(100, 1, 0.0), (5000, 1, 1.0)]])
-    res = run(cfg(gpu_cache=8192, sessions=2), trace)
+    res = run(lpm_cfg(gpu_cache=8192, sessions=2), trace)
     a2 = res.requests[(res.requests.session == "s0") & (res.requests.turn == 1)].iloc[0]
     assert a2.hole_tokens > 0
     assert a2.hit_gpu_tokens > 0  # the kept suffix behind the hole is reused
@@ -118,7 +100,7 @@ def test_hole_is_restored_in_the_same_batch_as_the_new_tokens() -> None:
 
 def test_sglang_evicts_the_tail_instead() -> None:
     trace = KitTrace([[(4000, 1, 0.0), (6000, 1, 10.0)], [(100, 1, 0.0), (5000, 1, 1.0)]])
-    res = run(cfg(gpu_cache=8192, sessions=2, preset="sglang"), trace)
+    res = run(lpm_cfg(gpu_cache=8192, sessions=2, preset="sglang"), trace)
     a2 = res.requests[(res.requests.session == "s0") & (res.requests.turn == 1)].iloc[0]
     assert a2.hole_tokens == 0
     assert a2.ttft_s == pytest.approx(prefill((int(a2.hit_gpu_tokens), 6000)), rel=1e-12)
@@ -131,7 +113,7 @@ def test_prompt_nodes_whole_prices_the_same_but_evicts_whole_prompts() -> None:
     trace = KitTrace([[(20000, 1, 0.0), (21000, 1, 10.0)], [(100, 1, 0.0), (9000, 1, 1.0)]])
     runs = {}
     for chunked in (True, False):
-        c = cfg(gpu_cache=28 * 1024, sessions=2,
+        c = lpm_cfg(gpu_cache=28 * 1024, sessions=2,
                 preset="sglang").with_fields(checkpoint_chunks=chunked)
         runs[chunked] = run(c, trace).requests.set_index(["session", "turn"])
     assert runs[True].loc[("s0", 0)].ttft_s == pytest.approx(runs[False].loc[("s0", 0)].ttft_s)
@@ -143,7 +125,7 @@ def test_decode_memory_shortfall_retracts_and_recovers() -> None:
     # max_new_tokens=64 makes admission optimistic; decoding 3000 tokens each then outgrows
     # an 8K cache: SGLang retracts one request (to the queue's tail) and re-prefills it later.
     trace = KitTrace([[(3000, 3000, 0.0)], [(3000, 3000, 0.0)]])
-    res = run(cfg(gpu_cache=8192, sessions=2), trace)
+    res = run(lpm_cfg(gpu_cache=8192, sessions=2), trace)
     s = res.summary
     assert s["retractions"] >= 1 and s["aborted"] == 0 and s["dropped_requests"] == 0
     df = res.requests
@@ -157,7 +139,7 @@ def test_unified_tiers_demote_instead_of_delete_and_load_back() -> None:
     # The scenario of the hole test, with a large CPU tier: A's history is demoted to the CPU
     # instead of deleted, and A's second turn loads it back (h2d charged to its batch).
     trace = KitTrace([[(4000, 1, 0.0), (6000, 1, 10.0)], [(100, 1, 0.0), (5000, 1, 1.0)]])
-    res = run(cfg(gpu_cache=8192, sessions=2).with_fields(cpu_cache=65536, tiering="unified"),
+    res = run(lpm_cfg(gpu_cache=8192, sessions=2).with_fields(cpu_cache=65536, tiering="unified"),
               trace)
     a2 = res.requests[(res.requests.session == "s0") & (res.requests.turn == 1)].iloc[0]
     assert a2.loaded_cpu_tokens > 0
@@ -170,7 +152,7 @@ def test_unified_tiers_demote_instead_of_delete_and_load_back() -> None:
     assert s["bytes_h2d"] == a2.loaded_cpu_tokens * SPEC.kv_bytes_per_token
     assert s["bytes_d2h"] >= s["bytes_h2d"] and s["cpu_hit_rate"] > 0
     # Without the CPU tier the same history is recomputed.
-    gpu_only = run(cfg(gpu_cache=8192, sessions=2), trace).requests
+    gpu_only = run(lpm_cfg(gpu_cache=8192, sessions=2), trace).requests
     assert gpu_only.recomputed_tokens.sum() > 0
 
 
@@ -178,7 +160,7 @@ def test_unified_tiers_demote_instead_of_delete_and_load_back() -> None:
 def test_tiered_runs_are_deterministic_and_consistent(tiering: str) -> None:
     trace = KitTrace([[(2000 + 900 * k, 300, 2.0) for k in range(8)] for _ in range(4)],
                      shared_blocks=16)
-    c = cfg(gpu_cache=16384, sessions=3, preset="penelope" if tiering == "unified"
+    c = lpm_cfg(gpu_cache=16384, sessions=3, preset="penelope" if tiering == "unified"
                     else "sglang").with_fields(cpu_cache=16384, tiering=tiering,
                                                scheduler="lpm-cpu")
     a, b = run(c, trace), run(c, trace)
@@ -192,7 +174,7 @@ def test_tiered_runs_are_deterministic_and_consistent(tiering: str) -> None:
 @pytest.mark.parametrize("scale", [1.0, 2.5])
 def test_open_loop_sends_at_recorded_times_scaled(scale: float) -> None:
     trace = KitTrace([[(3000, 1, 0.0), (3500, 1, 40.0)], [(2000, 1, 10.0)]])
-    res = run(cfg().with_fields(replay="open", time_scale=scale), trace)
+    res = run(lpm_cfg().with_fields(replay="open", time_scale=scale), trace)
     sent = res.requests.set_index("request").send_s.sort_index().to_numpy()
     want = (trace.send_time_s - trace.send_time_s.min()) * scale
     assert sent == pytest.approx(want)

@@ -9,32 +9,18 @@ from __future__ import annotations
 
 import pytest
 
-from costmodel.profile import load_profile
-from costmodel.specs import get_spec
-from costmodel.units import ranges_units
 from sim.config import RunConfig
 from sim.engines import StepObserver
 from sim.run import run
-from tests.enginekit import KitTrace
+from tests.enginekit import PROF, KitTrace, prefill, row
 
-SPEC = get_spec("qwen3-8b")
-PROF = load_profile("derived-h100-qwen3-8b")
 BS = 64
 
 
-def cfg(preset: str = "sglang", **kw) -> RunConfig:
+def sglang_cfg(preset: str = "sglang", **kw) -> RunConfig:
     base = dict(gpu_cache=1 << 20, sessions=4, debug_cache=True, profile=PROF.name)
     base.update(kw)
     return RunConfig.from_flat(**base).with_preset(preset)
-
-
-def prefill(*ranges: tuple[int, int]) -> float:
-    return PROF.prefill_seconds(ranges_units(SPEC, ranges))
-
-
-def row(res, session: str, turn: int):
-    df = res.requests
-    return df[(df.session == session) & (df.turn == turn)].iloc[0]
 
 
 def test_default_scheduler_is_fcfs() -> None:
@@ -57,7 +43,7 @@ def test_batch_is_full_holds_admission_until_the_running_batch_shrinks() -> None
     # together when A finishes.
     trace = KitTrace([[(4000, 3000, 0.0)], [(50, 1, 0.0), (6000, 1, 0.05)],
                       [(50, 1, 0.0), (100, 1, 6.0)]])
-    res = run(cfg(gpu_cache=16384, sessions=3, max_new_tokens=4096), trace)
+    res = run(sglang_cfg(gpu_cache=16384, sessions=3, max_new_tokens=4096), trace)
     a, b2, c1, c2 = (row(res, "s0", 0), row(res, "s1", 1), row(res, "s2", 0),
                      row(res, "s2", 1))
     t1 = prefill((0, 4000), (0, 50))
@@ -92,7 +78,7 @@ def test_chunk_continuation_shrinks_to_the_headroom() -> None:
             self.of_a += [ranges for req, ranges in batch if req.session == 1]
 
     chunks = Chunks()
-    res = run(cfg(gpu_cache=400 * BS, sessions=2, max_new_tokens=4096, new_token_ratio=4.0),
+    res = run(sglang_cfg(gpu_cache=400 * BS, sessions=2, max_new_tokens=4096, new_token_ratio=4.0),
               KitTrace([[(100, 200, 0.0)], [(16000, 1, 0.0)]]), steps=chunks)
     assert chunks.of_a == [[(0, 8064)], [(8064, 9092)], [(9092, 16000)]]
     a = row(res, "s1", 0)
@@ -109,7 +95,7 @@ def test_final_chunk_reserves_its_decode_tokens() -> None:
     # = 16576: refused, batch_is_full (without the charge B would fit). B is admitted when
     # A finishes.
     trace = KitTrace([[(12000, 100, 0.0)], [(14000, 1, 0.0)]])
-    res = run(cfg(gpu_cache=32768, sessions=2, max_new_tokens=4096), trace)
+    res = run(sglang_cfg(gpu_cache=32768, sessions=2, max_new_tokens=4096), trace)
     a, b = row(res, "s0", 0), row(res, "s1", 0)
     a_ttft = prefill((0, 8192)) + prefill((8192, 12000))
     assert a.ttft_s == pytest.approx(a_ttft, rel=1e-12)
@@ -134,7 +120,7 @@ def test_retraction_evicts_twenty_tokens_per_remaining_request() -> None:
             seen.append(([f"s{r.session}" for r in victims], engine.cache.free_blocks))
 
     trace = KitTrace([[(1000, 200, 0.0)] for _ in range(8)])
-    res = run(cfg(gpu_cache=136 * BS, sessions=8, max_new_tokens=1), trace,
+    res = run(sglang_cfg(gpu_cache=136 * BS, sessions=8, max_new_tokens=1), trace,
               steps=Retractions())
     assert res.summary["prefill_batches"] >= 1
     first_ttft = prefill(*[(0, 1000)] * 8)
@@ -154,7 +140,7 @@ def test_in_batch_prefix_caching_defers_requests_sharing_an_uncached_prefix(
     # 128 tokens in pass 1.
     trace = KitTrace([[(4000, 1, 0.0)], [(4000, 1, 0.0)], [(4192, 1, 0.0)]],
                      shared_blocks=[50, 50, 0])
-    res = run(cfg(sessions=3, scheduler=scheduler), trace)
+    res = run(sglang_cfg(sessions=3, scheduler=scheduler), trace)
     a, b, d = row(res, "s0", 0), row(res, "s1", 0), row(res, "s2", 0)
     if scheduler == "lpm":
         p1 = prefill((0, 4000), (0, 4160))
@@ -179,7 +165,7 @@ def test_lpm_matches_the_queue_before_the_chunk_continues() -> None:
     g = 1.0
     trace = KitTrace([[(3000, 1, 0.0), (3500, 1, g + 0.1)], [(3000, 1, 0.0)],
                       [(50, 1, 0.0), (20000, 1, g)]])
-    res = run(cfg(gpu_cache=360 * BS, sessions=3, scheduler="lpm", max_new_tokens=64), trace)
+    res = run(sglang_cfg(gpu_cache=360 * BS, sessions=3, scheduler="lpm", max_new_tokens=64), trace)
     p1 = prefill((0, 3000), (0, 3000), (0, 50))
     chunks = prefill((0, 8192)) + prefill((8192, 16384)) + prefill((16384, 20000))
     a2, x2 = row(res, "s2", 1), row(res, "s0", 1)
@@ -206,7 +192,7 @@ def test_the_decode_step_that_retracts_does_not_decay_the_ratio() -> None:
                 seen[-1] += [steps, engine.ratio]
 
     trace = KitTrace([[(1000, 200, 0.0)] for _ in range(8)])
-    c = cfg(gpu_cache=136 * BS, sessions=8, max_new_tokens=1)
+    c = sglang_cfg(gpu_cache=136 * BS, sessions=8, max_new_tokens=1)
     run(c, trace, steps=Ratio())
     k = c.engine
     decay = (k.new_token_ratio - k.new_token_ratio_min) / k.new_token_ratio_decay_steps
@@ -228,7 +214,7 @@ def test_a_pass_matches_every_candidate_before_it_allocates() -> None:
     g = 1.0
     trace = KitTrace([[(50, 1, 0.0), (7000, 1, g)], [(3000, 1, 0.0), (3200, 1, g)],
                       [(3000, 1, 0.0)]])
-    res = run(cfg(gpu_cache=182 * BS, sessions=3, max_new_tokens=64), trace)
+    res = run(sglang_cfg(gpu_cache=182 * BS, sessions=3, max_new_tokens=64), trace)
     a2, x2 = row(res, "s0", 1), row(res, "s1", 1)
     p1 = prefill((0, 50), (0, 3000), (0, 3000))
     assert a2.send_s == pytest.approx(p1 + g) and x2.send_s == pytest.approx(p1 + g)
@@ -260,7 +246,7 @@ def test_a_retracted_request_re_prefills_every_output_token_and_samples() -> Non
                     seen.append((generated, end, req.generated - generated))
 
     trace = KitTrace([[(1000, 200, 0.0)] for _ in range(8)])
-    res = run(cfg(gpu_cache=136 * BS, sessions=8, max_new_tokens=1), trace,
+    res = run(sglang_cfg(gpu_cache=136 * BS, sessions=8, max_new_tokens=1), trace,
               steps=Reprefills())
     assert res.summary["retractions"] >= 1 and seen
     for generated, end, sampled in seen:

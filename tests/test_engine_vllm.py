@@ -15,32 +15,23 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from costmodel.profile import load_profile
-from costmodel.specs import get_spec
-from costmodel.units import ranges_units
 from sim.cli.main import cli
 from sim.config import ConfigError, RunConfig, VllmKnobs
 from sim.engines import VllmServer
 from sim.engines.vllm import VLLM_MAX_NUM_SEQS, free_order_name, steps_fitting
 from sim.run import check, run
-from tests.enginekit import KitTrace
+from tests.enginekit import PROF, KitTrace, prefill, row
 
-SPEC = get_spec("qwen3-8b")
-PROF = load_profile("derived-h100-qwen3-8b")
 BS = 64
 
 
-def cfg(preset: str = "vllm", **kw) -> RunConfig:
+def vllm_cfg(preset: str = "vllm", **kw) -> RunConfig:
     # pinned: the expected times use PROF and vLLM's synchronous Scheduler (the async
     # batch queue has its own tests below)
     base = dict(engine="vllm", gpu_cache=1 << 20, sessions=4, debug_cache=True,
                 profile=PROF.name, vllm_async=False)
     base.update(kw)
     return RunConfig.from_flat(**base).with_preset(preset)
-
-
-def prefill(*ranges: tuple[int, int]) -> float:
-    return PROF.prefill_seconds(ranges_units(SPEC, ranges))
 
 
 def decode_run(batch: int, ctx: int, steps: int) -> float:
@@ -54,11 +45,6 @@ def steps_done(batch: int, ctx: int, elapsed: float) -> int:
     while decode_run(batch, ctx, k) < elapsed:
         k += 1
     return k
-
-
-def row(res, session: str, turn: int):
-    df = res.requests
-    return df[(df.session == session) & (df.turn == turn)].iloc[0]
 
 
 @pytest.fixture
@@ -82,7 +68,7 @@ def test_prompt_blocks_are_cached_when_the_prefill_is_scheduled() -> None:
     # first and its prompt blocks are cached right then, so B, admitted next in the SAME
     # step, hits all 62 (its lookup is capped at 3999 tokens) and computes 32 tokens.
     trace = KitTrace([[(4000, 1, 0.0)], [(4000, 1, 0.0)]], shared_blocks=62)
-    res = run(cfg(sessions=2), trace)
+    res = run(vllm_cfg(sessions=2), trace)
     a, b = row(res, "s0", 0), row(res, "s1", 0)
     assert a.hit_gpu_tokens == 0 and b.hit_gpu_tokens == 62 * BS
     step = prefill((0, 4000), (62 * BS, 4000))
@@ -90,7 +76,7 @@ def test_prompt_blocks_are_cached_when_the_prefill_is_scheduled() -> None:
     assert b.ttft_s == pytest.approx(step, rel=1e-12)
     assert res.summary["prefill_batches"] == 1
     # SGLang inserts a prompt only once its prefill is done: B hits nothing there.
-    sg = run(cfg(sessions=2).with_fields(engine="sglang").with_preset("vllm"), trace)
+    sg = run(vllm_cfg(sessions=2).with_fields(engine="sglang").with_preset("vllm"), trace)
     assert row(sg, "s1", 0).hit_gpu_tokens == 0
 
 
@@ -102,7 +88,7 @@ def test_decode_blocks_are_cached_as_they_fill() -> None:
     # cached as it fills), then B is admitted and hits them.
     g = 5.0
     trace = KitTrace([[(1000, 3000, 0.0)], [(50, 1, 0.0), (4000, 1, g)]], shared_blocks=62)
-    res = run(cfg(sessions=2), trace)
+    res = run(vllm_cfg(sessions=2), trace)
     t1 = prefill((0, 1000), (0, 50))  # step 1: A's prompt and B's first request
     m = steps_done(1, 1000, g)
     hit = min(62, (1001 + m) // BS)
@@ -114,7 +100,7 @@ def test_decode_blocks_are_cached_as_they_fill() -> None:
                 PROF.decode_step_seconds(1, 1000 + m))
     assert b2.ttft_s == pytest.approx(boundary + mixed - (t1 + g), rel=1e-9)
     # SGLang caches A's prompt after its prefill and its decoded tokens only at its finish.
-    sg = run(cfg(sessions=2).with_fields(engine="sglang").with_preset("vllm"), trace)
+    sg = run(vllm_cfg(sessions=2).with_fields(engine="sglang").with_preset("vllm"), trace)
     assert row(sg, "s1", 1).hit_gpu_tokens == 1000 // BS * BS
 
 
@@ -128,7 +114,7 @@ def _refused_scenario(with_b: bool) -> tuple[KitTrace, RunConfig]:
     if with_b:
         sessions.insert(1, [(640, 1, 0.0)])
     trace = KitTrace(sessions)
-    return trace, cfg(gpu_cache=(40 if with_b else 30) * BS, sessions=len(sessions))
+    return trace, vllm_cfg(gpu_cache=(40 if with_b else 30) * BS, sessions=len(sessions))
 
 
 def test_lookup_is_read_only() -> None:
@@ -172,7 +158,7 @@ def test_the_hit_is_pinned_at_admission() -> None:
     # fit (it would, 30 >= 25, if A2's hit were still evictable) and waits for A2's end.
     g = 1.0
     trace = KitTrace([[(640, 1, 0.0), (1280, 1, g)], [(50, 1, 0.0), (1600, 1, g)]])
-    res = run(cfg(gpu_cache=40 * BS, sessions=2), trace)
+    res = run(vllm_cfg(gpu_cache=40 * BS, sessions=2), trace)
     a2, d = row(res, "s0", 1), row(res, "s1", 1)
     assert a2.hit_gpu_tokens == 10 * BS
     assert a2.send_s == pytest.approx(d.send_s)
@@ -186,7 +172,7 @@ def test_freed_blocks_stay_hittable_until_reused() -> None:
     # (25 blocks) takes the 20 unhashed and exactly 5 of A's, the last 5 (lazy eviction: a
     # hash is dropped only when its block is popped). A2 then hits A's first 5 blocks.
     trace = KitTrace([[(640, 1, 0.0), (1280, 1, 4.0)], [(50, 1, 0.0), (1600, 1, 1.0)]])
-    res = run(cfg(gpu_cache=30 * BS, sessions=2), trace)
+    res = run(vllm_cfg(gpu_cache=30 * BS, sessions=2), trace)
     a2, c2 = row(res, "s0", 1), row(res, "s1", 1)
     assert c2.end_s < a2.send_s
     assert a2.hit_gpu_tokens == 5 * BS
@@ -199,7 +185,7 @@ def test_no_deduplication(servers) -> None:
     # A resends its 640-token prompt (10 full blocks). The lookup stops at 639 tokens, so
     # block 9 is computed again and cached a second time: two copies, both taking capacity.
     trace = KitTrace([[(640, 1, 0.0), (640, 1, 1.0)]])
-    res = run(cfg(gpu_cache=40 * BS, sessions=1), trace)
+    res = run(vllm_cfg(gpu_cache=40 * BS, sessions=1), trace)
     a2 = row(res, "s0", 1)
     assert a2.hit_gpu_tokens == 9 * BS
     assert a2.ttft_s == pytest.approx(prefill((9 * BS, 640)), rel=1e-12)
@@ -215,7 +201,7 @@ def test_running_requests_first_then_waiting_fcfs() -> None:
     # same arrival) waits while A's chunks, scheduled first each step, use the whole budget;
     # it is admitted in A's last step with the 4576 tokens left.
     trace = KitTrace([[(20000, 1, 0.0)], [(1000, 1, 0.0)]])
-    res = run(cfg(sessions=2), trace)
+    res = run(vllm_cfg(sessions=2), trace)
     a, b = row(res, "s0", 0), row(res, "s1", 0)
     p1, p2 = prefill((0, 8192)), prefill((8192, 16384))
     p3 = prefill((16384, 20000), (0, 1000))
@@ -230,7 +216,7 @@ def test_the_first_refusal_ends_admission() -> None:
     # but FCFS admits nobody behind a refused head: both are admitted at X's end.
     trace = KitTrace([[(640, 300, 0.0)], [(50, 1, 0.0), (1920, 1, 0.5)],
                       [(50, 1, 0.0), (320, 1, 0.6)]])
-    res = run(cfg(gpu_cache=40 * BS, sessions=3), trace)
+    res = run(vllm_cfg(gpu_cache=40 * BS, sessions=3), trace)
     x, b, c = row(res, "s0", 0), row(res, "s1", 1), row(res, "s2", 1)
     assert b.send_s < c.send_s < x.end_s
     assert b.admit_s == pytest.approx(x.end_s) and c.admit_s == pytest.approx(x.end_s)
@@ -245,7 +231,7 @@ def test_one_token_budget_shared_by_decode_and_prefill() -> None:
     # decode step of A alone.
     g = 1.0
     trace = KitTrace([[(1000, 400, 0.0)], [(50, 1, 0.0), (10000, 1, g)]])
-    res = run(cfg(sessions=2), trace)
+    res = run(vllm_cfg(sessions=2), trace)
     t1 = prefill((0, 1000), (0, 50))
     m = steps_done(1, 1000, g)
     pos = 1000 + m  # A's next decode position
@@ -264,7 +250,7 @@ def test_max_num_seqs_caps_running_requests() -> None:
     # taken as one run since admission is blocked), then is admitted.
     assert VLLM_MAX_NUM_SEQS == 1024  # the default, vLLM's for an API server on an H100
     trace = KitTrace([[(1000, 50, 0.0)], [(1000, 50, 0.0)], [(1000, 50, 0.0)]])
-    res = run(cfg(sessions=3, max_running=2), trace)
+    res = run(vllm_cfg(sessions=3, max_running=2), trace)
     t1 = prefill((0, 1000), (0, 1000))
     end = t1 + decode_run(2, 2000, 49)
     c = row(res, "s2", 0)
@@ -280,7 +266,7 @@ def test_preemption_recomputes_the_most_recently_admitted_request() -> None:
     # A pops 5 more (B's blocks 18..14) until A ends; B is admitted again with a hit of its 14
     # first blocks, recomputes tokens 896..1281 (prompt + its 641 outputs) and decodes on.
     trace = KitTrace([[(640, 1000, 0.0)], [(640, 1000, 0.0)]])
-    res = run(cfg(gpu_cache=40 * BS, sessions=2), trace)
+    res = run(vllm_cfg(gpu_cache=40 * BS, sessions=2), trace)
     a, b = row(res, "s0", 0), row(res, "s1", 0)
     assert res.summary["retractions"] == 1
     assert a.retractions == 0 and b.retractions == 1
@@ -296,7 +282,7 @@ def test_preemption_recomputes_the_most_recently_admitted_request() -> None:
 
 
 def test_decode_runs_take_one_event() -> None:
-    res = run(cfg(sessions=1), KitTrace([[(4000, 101, 0.0)]]))
+    res = run(vllm_cfg(sessions=1), KitTrace([[(4000, 101, 0.0)]]))
     r = res.requests.iloc[0]
     assert r.end_s == pytest.approx(prefill((0, 4000)) + decode_run(1, 4000, 100), rel=1e-12)
     assert res.summary["decode_events"] == 1 and res.summary["decode_steps"] == 100
@@ -309,7 +295,7 @@ def test_decode_runs_change_nothing(monkeypatch) -> None:
                       for _ in range(4)], shared_blocks=12)
     for preset in ("vllm", "penelope"):
         # no invariant recount after every op here: one event per step makes thousands
-        c = cfg(preset, gpu_cache=9000, sessions=3).with_fields(debug_cache=False)
+        c = vllm_cfg(preset, gpu_cache=9000, sessions=3).with_fields(debug_cache=False)
         fast = run(c, trace)
         monkeypatch.setattr(VllmServer, "decode_runs", False)
         slow = run(c, trace)
@@ -336,7 +322,7 @@ def test_penelope_is_a_free_order(preset: str, hit_blocks: int) -> None:
     # phantom request to refill a hole).
     trace = KitTrace([[(1280, 1, 0.0), (1920, 1, 3.0)], [(1280, 1, 0.0)],
                       [(50, 1, 0.0), (1728, 1, 1.0)]], shared_blocks=2)
-    res = run(cfg(preset, gpu_cache=60 * BS, sessions=3), trace)
+    res = run(vllm_cfg(preset, gpu_cache=60 * BS, sessions=3), trace)
     assert row(res, "s1", 0).hit_gpu_tokens == 2 * BS  # B hit the prefix A just cached
     a2 = row(res, "s0", 1)
     assert a2.hit_gpu_tokens == hit_blocks * BS
@@ -389,7 +375,7 @@ def test_custom_victim_keys_are_refused(tmp_path) -> None:
 ])
 def test_engine_options_vllm_does_not_have(field: str, value, why: str) -> None:
     with pytest.raises(ConfigError, match=why):
-        check(cfg().with_fields(**{field: value}))
+        check(vllm_cfg().with_fields(**{field: value}))
 
 
 def test_default_presets_per_engine() -> None:
@@ -430,7 +416,7 @@ def test_full_sequence_check_counts_the_partial_last_block(b_tokens: int,
     # full-sequence check (scheduler_reserve_full_isl) asks for its WHOLE prompt, partial
     # last block included: 641 tokens need 11 blocks (refused until X ends), 640 need 10.
     trace = KitTrace([[(1860, 60, 0.0)], [(b_tokens, 1, 0.0)]])
-    res = run(cfg(gpu_cache=40 * BS, sessions=2, chunk_size=512), trace)
+    res = run(vllm_cfg(gpu_cache=40 * BS, sessions=2, chunk_size=512), trace)
     x, b = row(res, "s0", 0), row(res, "s1", 0)
     chunks = prefill((0, 512)) + prefill((512, 1024)) + prefill((1024, 1536))
     if admitted_early:
@@ -445,9 +431,9 @@ def test_full_sequence_check_counts_the_partial_last_block(b_tokens: int,
 def test_async_is_the_default_and_off_is_the_sync_scheduler() -> None:
     assert RunConfig().value("vllm_async") is VllmKnobs().vllm_async is True
     trace = KitTrace([[(640, 1000, 0.0)], [(640, 1000, 0.0)]])
-    sync = run(cfg(gpu_cache=40 * BS, sessions=2), trace)
+    sync = run(vllm_cfg(gpu_cache=40 * BS, sessions=2), trace)
     assert sync.summary["vllm_async"] is False
-    asy = run(cfg(gpu_cache=40 * BS, sessions=2, vllm_async=True), trace)
+    asy = run(vllm_cfg(gpu_cache=40 * BS, sessions=2, vllm_async=True), trace)
     assert asy.summary["vllm_async"] is True
 
 
@@ -458,8 +444,8 @@ def test_async_a_finish_frees_its_blocks_one_step_later() -> None:
     # scheduled before A's last output was processed: it runs C alone, and B's prefill
     # rides along the step after it.
     trace = KitTrace([[(640, 100, 0.0)], [(640, 1000, 0.0)], [(50, 1, 0.0), (1600, 1, 0.1)]])
-    sync = run(cfg(gpu_cache=40 * BS, sessions=3), trace)
-    asy = run(cfg(gpu_cache=40 * BS, sessions=3, vllm_async=True), trace)
+    sync = run(vllm_cfg(gpu_cache=40 * BS, sessions=3), trace)
+    asy = run(vllm_cfg(gpu_cache=40 * BS, sessions=3, vllm_async=True), trace)
     a_end = row(sync, "s0", 0).end_s
     assert row(asy, "s0", 0).end_s == pytest.approx(a_end, rel=1e-12)
     p = 640 + 99  # C's next position when A ends
@@ -478,7 +464,8 @@ def test_async_decode_runs_change_nothing(monkeypatch) -> None:
     trace = KitTrace([[(1500 + 700 * k, 400 + 150 * k, 1.0 + 0.3 * k) for k in range(6)]
                       for _ in range(4)], shared_blocks=12)
     for preset in ("vllm", "penelope"):
-        c = cfg(preset, gpu_cache=9000, sessions=3, vllm_async=True).with_fields(debug_cache=False)
+        c = vllm_cfg(preset, gpu_cache=9000, sessions=3,
+                     vllm_async=True).with_fields(debug_cache=False)
         fast = run(c, trace)
         monkeypatch.setattr(VllmServer, "decode_runs", False)
         slow = run(c, trace)

@@ -10,28 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from costmodel.profile import load_profile
-from costmodel.specs import get_spec
-from costmodel.units import ranges_units
 from sim.config import RunConfig
 from sim.engines.latency import TokenGaps
 from sim.run import run
-from tests.enginekit import KitTrace
-
-SPEC = get_spec("qwen3-8b")
-PROF = load_profile("derived-h100-qwen3-8b")
-
-
-def cfg(**kw) -> RunConfig:
-    base = dict(gpu_cache=1 << 20, sessions=4, scheduler="lpm", max_new_tokens=64,
-                debug_cache=True, profile=PROF.name)
-    base.update(kw)
-    preset = base.pop("preset", "penelope")
-    return RunConfig.from_flat(**base).with_preset(preset)
-
-
-def prefill(*ranges: tuple[int, int]) -> float:
-    return PROF.prefill_seconds(ranges_units(SPEC, ranges))
+from tests.enginekit import PROF, KitTrace, lpm_cfg, prefill
 
 
 def step(batch: int, ctx: int) -> float:
@@ -147,7 +129,7 @@ def test_extend_joins_two_runs_of_gaps() -> None:
 def test_one_request_tpot_and_itl_by_hand(engine: str) -> None:
     kw = (dict(engine=engine, preset="vllm", vllm_async=False, scheduler="fcfs")
           if engine == "vllm" else {})
-    res = run(cfg(**kw), KitTrace([[(4000, 6, 0.0)]]))
+    res = run(lpm_cfg(**kw), KitTrace([[(4000, 6, 0.0)]]))
     row, s = res.requests.iloc[0], res.summary
     # five gaps after the first token: decode steps of one sequence reading 4000..4004 keys
     gaps = [step(1, 4000 + i) for i in range(5)]
@@ -166,7 +148,7 @@ def test_one_request_tpot_and_itl_by_hand(engine: str) -> None:
 
 
 def test_a_one_token_reply_has_no_tpot() -> None:
-    res = run(cfg(), KitTrace([[(4000, 1, 0.0)]]))
+    res = run(lpm_cfg(), KitTrace([[(4000, 1, 0.0)]]))
     assert math.isnan(res.requests.iloc[0].tpot_s)
     assert math.isnan(res.summary["tpot_mean_s"]) and math.isnan(res.summary["itl_p50_s"])
 
@@ -177,7 +159,7 @@ def test_a_prefill_between_two_tokens_is_one_long_gap() -> None:
     across B's prefill is that prefill plus the first two-sequence step."""
     ta = prefill((0, 4000))
     trace = KitTrace([[(4000, 11, 0.0)], [(2000, 3, ta + 2.5 * step(1, 4000))]])
-    res = run(cfg(replay="open"), trace)  # B is sent at its recorded time
+    res = run(lpm_cfg(replay="open"), trace)  # B is sent at its recorded time
     a = res.requests[res.requests.session == "s0"].iloc[0]
     # A: 3 steps (the third in flight at B's arrival), B's prefill, then batch 2
     a_gaps = [step(1, 4000 + i) for i in range(3)]
@@ -203,7 +185,7 @@ def test_a_prefill_between_two_tokens_is_one_long_gap() -> None:
 def test_gap_count_and_sum_match_every_request(kw) -> None:
     base = dict(trace="synthetic:claude-code?sessions=6", max_context=65536, gaps="tool",
                 sessions=3, debug_cache=False)
-    res = run(cfg(**{**base, **kw}))
+    res = run(lpm_cfg(**{**base, **kw}))
     t = res.requests[~res.requests.dropped.astype(bool)]
     s = res.summary
     n = int(t.decoded_tokens.sum())
@@ -222,7 +204,7 @@ def test_goodput_counts_requests_and_sessions_within_every_threshold() -> None:
     # second turn reuses s1's history (a short TTFT, one token: no TPOT).
     trace = KitTrace([[(4000, 6, 0.0)], [(2000, 3, 0.0), (3000, 1, 0.0)]])
     both = prefill((0, 4000), (0, 2000))
-    res = run(cfg(slo=f"ttft={both * 1.0001}s,tpot=10ms"), trace)
+    res = run(lpm_cfg(slo=f"ttft={both * 1.0001}s,tpot=10ms"), trace)
     t, s = res.requests.set_index("request"), res.summary
     assert t.ttft_s[0] == pytest.approx(both, rel=1e-12) == t.ttft_s[1]
     # request 0 decodes 2 steps beside request 1, then 3 alone: its TPOT is above 10 ms
@@ -234,14 +216,14 @@ def test_goodput_counts_requests_and_sessions_within_every_threshold() -> None:
     assert s["slo_sessions_met"] == 1  # s1; s0's only request missed
     assert s["goodput_sessions_per_h"] == pytest.approx(3600 / s["sim_end_s"], rel=1e-12)
     assert s["slo_met"] is False  # 2/3 < the default attainment 0.9
-    assert run(cfg(slo=f"ttft={both * 1.0001}s,tpot=10ms,attain=0.6"), trace
+    assert run(lpm_cfg(slo=f"ttft={both * 1.0001}s,tpot=10ms,attain=0.6"), trace
                ).summary["slo_met"] is True
-    tight = run(cfg(slo=f"ttft={both * 0.9999}s"), trace).summary
+    tight = run(lpm_cfg(slo=f"ttft={both * 0.9999}s"), trace).summary
     assert tight["slo_requests_met"] == 1 and tight["slo_sessions_met"] == 0
     # a run-level percentile target reads the summary's field
     p90 = s["ttft_p90_s"]
-    assert run(cfg(slo=f"ttft_p90={p90 * 1.001}s"), trace).summary["slo_met"] is True
-    assert run(cfg(slo=f"ttft_p90={p90 * 0.999}s"), trace).summary["slo_met"] is False
+    assert run(lpm_cfg(slo=f"ttft_p90={p90 * 1.001}s"), trace).summary["slo_met"] is True
+    assert run(lpm_cfg(slo=f"ttft_p90={p90 * 0.999}s"), trace).summary["slo_met"] is False
     assert parse_slo("ttft=2s,tpot=50ms").thresholds == {"ttft": 2.0, "tpot": 0.05}
 
 
@@ -257,6 +239,6 @@ def test_bad_slo_is_refused_naming_the_field(bad: str) -> None:
 def test_a_run_that_drops_requests_does_not_meet_the_slo() -> None:
     # a 10,000-token prompt cannot fit a 4,096-token cache: dropped; the other one is served
     trace = KitTrace([[(10_000, 2, 0.0)], [(1000, 2, 0.0)]])
-    s = run(cfg(gpu_cache=4096, max_new_tokens=8, slo="ttft_p90=100s"), trace).summary
+    s = run(lpm_cfg(gpu_cache=4096, max_new_tokens=8, slo="ttft_p90=100s"), trace).summary
     assert s["dropped_requests"] == 1 and s["ttft_p90_s"] < 100
     assert s["slo_met"] is False

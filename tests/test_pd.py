@@ -6,20 +6,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from enginekit import KitTrace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from costmodel.links import get_link
-from costmodel.profile import load_profile
-from costmodel.specs import get_spec
-from costmodel.units import range_units
 from sim.config import ConfigError, RunConfig
 from sim.run import check, run
-
-SPEC = get_spec("qwen3-8b")
-PROFILE = load_profile(None, "qwen3-8b")
-KVB = SPEC.kv_bytes_per_token
+from tests.enginekit import DEFAULT_PROF, KVB, SPEC, KitTrace, prefill_s
 
 
 def pd_cfg(**kw) -> RunConfig:
@@ -27,10 +20,6 @@ def pd_cfg(**kw) -> RunConfig:
                 decode_replicas=1, preset="sglang")
     base.update(kw)
     return RunConfig.from_flat(**base)
-
-
-def prefill_s(a: int, b: int) -> float:
-    return PROFILE.prefill_seconds(range_units(SPEC, a, b))
 
 
 def test_one_request_timeline_by_hand():
@@ -50,7 +39,7 @@ def test_one_request_timeline_by_hand():
     assert row["first_decode_s"] == pytest.approx(first, rel=1e-9)
     assert row["ttft_s"] == pytest.approx(prefill + transfer + first, rel=1e-12)
     assert row["end_s"] == pytest.approx(prefill + transfer + first
-                                         + PROFILE.decode_run_seconds(1, 1000, 4), rel=1e-12)
+                                         + DEFAULT_PROF.decode_run_seconds(1, 1000, 4), rel=1e-12)
     assert (row["pd_prefill_worker"], row["pd_decode_worker"]) == (0, 0)
     assert not row["prefilled_locally"] and row["decoded_tokens"] == 4
     # the prefill side's cache accounting: nothing cached before, all 1000 computed

@@ -5,25 +5,15 @@ hand on 1P:1D; vLLM pools (the KV connector path: allocate, WAITING_FOR_REMOTE_K
 from __future__ import annotations
 
 import pytest
-from enginekit import KitTrace
 
-from costmodel.profile import load_profile
-from costmodel.specs import get_spec
-from costmodel.units import range_units
 from sim.config import RunConfig
 from sim.run import run
+from tests.enginekit import DEFAULT_PROF, KVB, KitTrace, prefill_s
 
-SPEC = get_spec("qwen3-8b")
-PROFILE = load_profile(None, "qwen3-8b")
-KVB = SPEC.kv_bytes_per_token
 TRANSFER = 1000 * KVB / 50e9 + 5e-6  # rdma-400: 50 GB/s, 5 us
 
 
-def prefill_s(a: int, b: int) -> float:
-    return PROFILE.prefill_seconds(range_units(SPEC, a, b))
-
-
-def cfg(**kw) -> RunConfig:
+def prealloc_cfg(**kw) -> RunConfig:
     base = dict(trace="kit", gpu_cache=2048, sessions=2, prefill_replicas=1,
                 decode_replicas=1, preset="sglang", max_new_tokens=16, debug_cache=True)
     base.update(kw)
@@ -42,11 +32,11 @@ def test_a_request_waits_in_the_prealloc_queue_until_a_running_one_finishes():
     finishes its 15 blocks become evictable (32 blocks, no active request): B is
     pre-allocated then, and only then is it prefilled (SGLang's prefill waits for the
     decode side's KV indices), transferred and landed."""
-    t = run(cfg(), TWO).requests.sort_values("request")
+    t = run(prealloc_cfg(), TWO).requests.sort_values("request")
     a, b = t.iloc[0], t.iloc[1]
     first = prefill_s(960, 1000)  # the decode worker's first forward: the partial block
     a_ttft = prefill_s(0, 1000) + TRANSFER + first
-    a_end = a_ttft + PROFILE.decode_run_seconds(1, 1000, 4)
+    a_end = a_ttft + DEFAULT_PROF.decode_run_seconds(1, 1000, 4)
     assert a["prealloc_wait_s"] == 0.0
     assert a["ttft_s"] == pytest.approx(a_ttft, rel=1e-12)
     assert a["end_s"] == pytest.approx(a_end, rel=1e-12)
@@ -64,8 +54,8 @@ def test_without_prealloc_the_second_lands_at_once_beside_the_first():
     """The same fleet without pre-allocation: B is prefilled right after A on P and lands
     while A runs (its blocks unreserved, exposed to eviction); it is admitted when A ends:
     an earlier TTFT than with pre-allocation, which prefills B only then."""
-    on = run(cfg(), TWO).requests.sort_values("request")
-    off = run(cfg(pd_prealloc="off"), TWO).requests.sort_values("request")
+    on = run(prealloc_cfg(), TWO).requests.sort_values("request")
+    off = run(prealloc_cfg(pd_prealloc="off"), TWO).requests.sort_values("request")
     assert off["prealloc_wait_s"].isna().all()
     assert off["prefill_s"].iloc[1] == pytest.approx(2 * prefill_s(0, 1000), rel=1e-12)
     landed = off["ttft_s"].iloc[1] - off["first_decode_s"].iloc[1]
@@ -77,7 +67,7 @@ def test_one_request_on_vllm_pools_by_hand(async_):
     """vLLM pools: prefill on P, then D allocates the prompt's 16 blocks (its connector
     reports the 1,000 tokens external), the transfer, and D's first forward recomputes
     only the last prompt token (vLLM's _update_waiting_for_remote_kv)."""
-    res = run(cfg(engine="vllm", preset="vllm", sessions=1, max_new_tokens=None,
+    res = run(prealloc_cfg(engine="vllm", preset="vllm", sessions=1, max_new_tokens=None,
                   vllm_async=async_), KitTrace([[(1000, 5, 0.0)]]))
     row = res.requests.iloc[0]
     first = prefill_s(999, 1000)
@@ -93,7 +83,7 @@ def test_vllm_decode_worker_waits_for_remote_kvs_in_fcfs_order():
     """Two 1,000-token prompts on 1P:1D vLLM pools of 1,536 tokens (24 blocks): P prefills
     them one after the other; D's 16 blocks for B do not fit beside A's 16 until A
     finishes: B waits from its prefill's end to A's end, then its transfer starts."""
-    res = run(cfg(engine="vllm", preset="vllm", gpu_cache=1536, max_new_tokens=None,
+    res = run(prealloc_cfg(engine="vllm", preset="vllm", gpu_cache=1536, max_new_tokens=None,
                   vllm_async=False), TWO)
     t = res.requests.sort_values("request")
     a, b = t.iloc[0], t.iloc[1]
@@ -111,9 +101,9 @@ def test_decode_cache_off_on_vllm_forgets_what_a_finished_request_leaves():
     """--decode-cache off on vLLM pools: a decode worker keeps no cached block once a
     request finished (its hashes are dropped), so turn 2 has no decode-side hit."""
     trace = KitTrace([[(1000, 65, 0.0), (1200, 2, 1.0)]])
-    on = run(cfg(engine="vllm", preset="vllm", gpu_cache=16384, sessions=1,
+    on = run(prealloc_cfg(engine="vllm", preset="vllm", gpu_cache=16384, sessions=1,
                  max_new_tokens=None, pd_local_threshold=512), trace).requests
-    off = run(cfg(engine="vllm", preset="vllm", gpu_cache=16384, sessions=1,
+    off = run(prealloc_cfg(engine="vllm", preset="vllm", gpu_cache=16384, sessions=1,
                   max_new_tokens=None, pd_local_threshold=512, decode_cache="off"),
               trace).requests
     assert on["prefilled_locally"].tolist() == [False, True]
@@ -172,11 +162,11 @@ def test_a_prealloc_arriving_during_a_full_batch_decode_run_is_served_at_the_nex
     rule = tmp_path / "rule.py"
     rule.write_text(RULE)
     trace = KitTrace([[(100, 2, 0.0), (200, 2, 0.3)], [(500, 200, 0.0)], [(3700, 2, 0.0)]])
-    t = run(cfg(gpu_cache=4096, sessions=3, pd_rule=f"{rule}:OnlyRequestOneRemote"),
+    t = run(prealloc_cfg(gpu_cache=4096, sessions=3, pd_rule=f"{rule}:OnlyRequestOneRemote"),
             trace).requests.set_index("request")
     a, c2 = t.loc[2], t.loc[1]
     assert not c2["prefilled_locally"] and a["prefilled_locally"]
-    step = PROFILE.decode_run_seconds(1, 700, 1)
+    step = DEFAULT_PROF.decode_run_seconds(1, 700, 1)
     assert 0.0 <= c2["prealloc_wait_s"] <= step
     # its prefill ran during A's run (it waited for A's end before)
     assert c2["send_s"] + c2["prealloc_wait_s"] + c2["prefill_s"] < a["end_s"] - 0.5
@@ -197,12 +187,12 @@ def test_a_waiting_prealloc_ends_the_decode_run_at_the_first_step_it_fits(tmp_pa
     trace = KitTrace([[(100, 2, 0.0), (600, 2, 0.2)], [(500, 3000, 0.0)]])
     kw = dict(gpu_cache=8192, sessions=2, max_new_tokens=None,
               pd_rule=f"{rule}:OnlyRequestOneRemote")
-    t = run(cfg(**kw), trace).requests.set_index("request")
+    t = run(prealloc_cfg(**kw), trace).requests.set_index("request")
     from sim.engines.sglang import SGLangServer
 
     steps = SGLangServer._decode_steps
     monkeypatch.setattr(SGLangServer, "_decode_steps", lambda self: min(1, steps(self)))
-    ref = run(cfg(**kw), trace).requests.set_index("request")
+    ref = run(prealloc_cfg(**kw), trace).requests.set_index("request")
     a, c2 = t.loc[2], t.loc[1]
     assert c2["prealloc_wait_s"] == pytest.approx(ref.loc[1, "prealloc_wait_s"], rel=1e-9)
     assert c2["send_s"] + c2["prealloc_wait_s"] < a["end_s"] - 10.0
@@ -218,10 +208,11 @@ def test_vllm_decode_worker_allocates_a_remote_request_at_the_next_step(tmp_path
     rule = tmp_path / "rule.py"
     rule.write_text(RULE)
     trace = KitTrace([[(100, 2, 0.0), (200, 2, 0.3)], [(500, 200, 0.0)]])
-    t = run(cfg(engine="vllm", preset="vllm", gpu_cache=4096, sessions=2, max_new_tokens=None,
-                vllm_async=async_, pd_rule=f"{rule}:OnlyRequestOneRemote"),
+    t = run(prealloc_cfg(engine="vllm", preset="vllm", gpu_cache=4096, sessions=2,
+                         max_new_tokens=None, vllm_async=async_,
+                         pd_rule=f"{rule}:OnlyRequestOneRemote"),
             trace).requests.set_index("request")
     a, c2 = t.loc[2], t.loc[1]
     assert not c2["prefilled_locally"] and a["prefilled_locally"]
-    assert 0.0 <= c2["prealloc_wait_s"] <= 2 * PROFILE.decode_run_seconds(1, 800, 1)
+    assert 0.0 <= c2["prealloc_wait_s"] <= 2 * DEFAULT_PROF.decode_run_seconds(1, 800, 1)
     assert c2["send_s"] + c2["ttft_s"] < a["end_s"] - 0.5

@@ -19,37 +19,23 @@ import math
 import numpy as np
 import pytest
 
-from costmodel.profile import load_profile
-from costmodel.specs import get_spec
-from costmodel.units import ranges_units
 from sim.config import ConfigError, RunConfig
 from sim.engines.vllm_continuum import PinningPool
 from sim.run import check, run
-from tests.enginekit import KitTrace
+from tests.enginekit import PROF, KitTrace, prefill, row
 
-SPEC = get_spec("qwen3-8b")
-PROF = load_profile("derived-h100-qwen3-8b")
 BS = 64
 HUMAN = 2  # traces.GAP_KINDS
 
 
-def cfg(patch: str, **kw) -> RunConfig:
+def continuum_cfg(patch: str, **kw) -> RunConfig:
     base = dict(engine="vllm", gpu_cache=30 * BS, sessions=3, debug_cache=True,
                 profile=PROF.name, vllm_patch=patch)
     base.update(kw)
     return RunConfig.from_flat(**base).with_preset("vllm")
 
 
-def prefill(*ranges: tuple[int, int]) -> float:
-    return PROF.prefill_seconds(ranges_units(SPEC, ranges))
-
-
-def row(res, session: str, turn: int):
-    df = res.requests
-    return df[(df.session == session) & (df.turn == turn)].iloc[0]
-
-
-def trace(a_gap: float, d_session: bool = False) -> KitTrace:
+def abc_trace(a_gap: float, d_session: bool = False) -> KitTrace:
     sessions = [[(640, 1, 0.0), (704, 1, a_gap)], [(640, 1, 0.0)],
                 [(10, 1, 0.0), (1280, 1, 0.5)]]
     if d_session:  # a second tool-calling program D instead of C
@@ -77,8 +63,8 @@ def frees(monkeypatch) -> list[tuple[int, list[int]]]:
 def test_a_pinned_history_survives_the_tool_call_and_is_handed_to_the_next_turn(frees, sync):
     # (async scheduling changes no timeline here: no step runs while another is in flight)
     t1 = prefill((0, 640), (0, 640), (0, 10))  # step 1: A1, C1, B1
-    stock = run(cfg("none", vllm_async=not sync), trace(1.0))
-    pinned = run(cfg("continuum-fixed", vllm_async=not sync), trace(1.0))
+    stock = run(continuum_cfg("none", vllm_async=not sync), abc_trace(1.0))
+    pinned = run(continuum_cfg("continuum-fixed", vllm_async=not sync), abc_trace(1.0))
     # B2 (t1 + 0.5) pops the 10 unhashed blocks, then 10 hashed ones: A's without the pin
     assert row(stock, "s0", 1).hit_gpu_tokens == 0
     assert row(stock, "s0", 1).ttft_s == pytest.approx(prefill((0, 704)), rel=1e-12)
@@ -108,7 +94,7 @@ def test_a_pinned_history_survives_the_tool_call_and_is_handed_to_the_next_turn(
 def test_an_expired_pin_returns_its_blocks_to_the_free_queue_in_vllm_order(frees, sync):
     t1 = prefill((0, 640), (0, 640), (0, 10))
     # A2 arrives 3 s after A1: the pin is gone
-    res = run(cfg("continuum-fixed", vllm_async=not sync), trace(3.0))
+    res = run(continuum_cfg("continuum-fixed", vllm_async=not sync), abc_trace(3.0))
     assert res.summary["continuum_pins"]["expired"] == 1
     # The scheduler step at A2's arrival (t1 + 3 > t1 + 2) lets the pin expire first: A1's
     # 10 hashed blocks join the tail of the queue tail first, as vLLM frees a request
@@ -130,7 +116,7 @@ def test_memory_pressure_unpins_the_latest_program_first(frees, sync):
     # A (s0) and D (s1) both pin at t1; B2 needs 10 blocks more than the free queue has:
     # D's program is the later one (same start, larger session), so D is unpinned, its
     # blocks freed in vLLM's order and popped by B2; A keeps its history.
-    res = run(cfg("continuum-fixed", vllm_async=not sync), trace(1.0, d_session=True))
+    res = run(continuum_cfg("continuum-fixed", vllm_async=not sync), abc_trace(1.0, d_session=True))
     assert res.summary["continuum_pins"] == {"pins": 2, "handed_over": 1, "expired": 0,
                                              "pressure": 1, "dropped": 0,
                                              "superseded": 0}
@@ -151,7 +137,7 @@ def test_program_order_puts_an_older_programs_turn_first():
     t.send_time_s = np.array([0.0, 0.7, 0.5, 0.6])  # rows: A1, A2, B1, C1
     order = {}
     for patch in ("none", "continuum-fcfs"):
-        res = run(cfg(patch, gpu_cache=1 << 16, max_running=1, replay="open"), t)
+        res = run(continuum_cfg(patch, gpu_cache=1 << 16, max_running=1, replay="open"), t)
         df = res.requests.sort_values("admit_s", kind="stable")
         order[patch] = [(r.session, r.turn) for r in df.itertuples()]
     assert order["none"] == [("s0", 0), ("s1", 0), ("s2", 0), ("s0", 1)]
@@ -191,7 +177,7 @@ def test_open_loop_a_later_turn_finishing_first_keeps_the_programs_pin(at_close,
     # Turn 1 decodes 100 tokens (to about 0.83 s); turn 2 (1 token) finishes at about
     # 0.07 s and pins its 11 blocks for 2 s. Turn 1's finish is stale: it pins nothing
     # (before: "session 0 pinned twice"; under python -O its blocks were never freed).
-    res = run(cfg("continuum-fixed", gpu_cache=1 << 14, sessions=1, replay="open",
+    res = run(continuum_cfg("continuum-fixed", gpu_cache=1 << 14, sessions=1, replay="open",
                   vllm_async=not sync), open_loop_program((100, 1)))
     df = res.requests
     assert df.end_s[1] < df.end_s[0] < df.send_s[2]
@@ -206,7 +192,7 @@ def test_open_loop_a_later_turn_finishing_first_keeps_the_programs_pin(at_close,
 def test_open_loop_a_later_turn_supersedes_an_earlier_turns_pin(at_close, sync):
     # Turn 1 (20 tokens) finishes first and pins; turn 2 (100 tokens) finishes later and
     # ends turn 1's pin before pinning its own history, which turn 3 takes over.
-    res = run(cfg("continuum-fixed", gpu_cache=1 << 14, sessions=1, replay="open",
+    res = run(continuum_cfg("continuum-fixed", gpu_cache=1 << 14, sessions=1, replay="open",
                   vllm_async=not sync), open_loop_program((20, 100)))
     df = res.requests
     assert df.end_s[0] < df.end_s[1] < df.send_s[2]
@@ -225,7 +211,7 @@ def test_a_pin_set_while_the_programs_next_turn_waits_is_held_until_its_admissio
     t = KitTrace([[(640, 1, 0.0), (704, 1, 0.0)], [(64, 1, 0.0), (640, 600, 0.0)]])
     t.gap_kind[t.sessions[1].first + 1] = HUMAN
     t.send_time_s = np.array([0.1, 0.11, 0.0, 0.105])  # rows: A1, A2, B0, B1
-    res = run(cfg("continuum-fixed", gpu_cache=1 << 14, replay="open", max_running=1), t)
+    res = run(continuum_cfg("continuum-fixed", gpu_cache=1 << 14, replay="open", max_running=1), t)
     a2, b1 = row(res, "s0", 1), row(res, "s1", 1)
     assert a2.admit_s == b1.end_s and a2.admit_s - row(res, "s0", 0).end_s > 4.0
     assert a2.hit_gpu_tokens == 640
@@ -254,9 +240,9 @@ def test_open_loop_pins_leak_no_blocks(at_close, patch):
 
 
 def test_unpatched_vllm_has_no_continuum_fields_and_patches_need_the_vllm_engine():
-    res = run(cfg("none"), trace(1.0))
+    res = run(continuum_cfg("none"), abc_trace(1.0))
     assert "continuum_pins" not in res.summary and "vllm_patch" not in res.summary
-    fcfs = run(cfg("continuum-fcfs"), trace(1.0))
+    fcfs = run(continuum_cfg("continuum-fcfs"), abc_trace(1.0))
     assert "continuum_pins" not in fcfs.summary and fcfs.summary["vllm_patch"] == (
         "continuum-fcfs")
     with pytest.raises(ConfigError, match="vllm_patch"):
@@ -266,7 +252,7 @@ def test_unpatched_vllm_has_no_continuum_fields_and_patches_need_the_vllm_engine
 def test_learned_ttl_on_the_engine_is_the_cold_start_rule():
     # Cold start: tau = mu ln(B / mu), B = T_q + C, T_q = 0, C = the marginal prefill
     # seconds of A1's 640-token context (mu = 1 s): below 1 s here, so no pin at all.
-    res = run(cfg("continuum"), trace(1.0))
+    res = run(continuum_cfg("continuum"), abc_trace(1.0))
     c = prefill((0, 640)) - prefill()
     expected = math.log(c) if c > 1 else 0.0
     assert res.summary["continuum_tau_mean_s"] == pytest.approx(expected)
@@ -360,7 +346,7 @@ def test_decode_runs_change_nothing(monkeypatch, patch, sync):
 
     trace = KitTrace([[(1500 + 700 * k, 400 + 150 * k, 1.0 + 0.3 * k) for k in range(6)]
                       for _ in range(4)], shared_blocks=12)
-    c = cfg(patch, gpu_cache=9000, debug_cache=False, vllm_async=not sync)
+    c = continuum_cfg(patch, gpu_cache=9000, debug_cache=False, vllm_async=not sync)
     fast = run(c, trace)
     monkeypatch.setattr(VllmServer, "decode_runs", False)
     slow = run(c, trace)
@@ -385,7 +371,7 @@ def test_a_pin_expires_inside_a_decode_run(monkeypatch, sync):
     from sim.engines.vllm import VllmServer
 
     trace = KitTrace([[(640, 1, 0.0), (704, 1, 9.0)], [(640, 1200, 0.0)]])
-    c = cfg("continuum-fixed", sessions=2, vllm_async=not sync)
+    c = continuum_cfg("continuum-fixed", sessions=2, vllm_async=not sync)
     fast = run(c, trace)
     monkeypatch.setattr(VllmServer, "decode_runs", False)
     slow = run(c.with_fields(debug_cache=False), trace)

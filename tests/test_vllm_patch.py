@@ -27,32 +27,23 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from costmodel.profile import load_profile
-from costmodel.specs import get_spec
-from costmodel.units import ranges_units
 from policies.eviction import penelope_free_order, vllm_free_order
 from sim.cli.main import cli
 from sim.config import ConfigError, RunConfig
 from sim.engines import VllmServer
 from sim.kvcache.blockpool import BlockPool, HolePool, computed_ranges, reused_runs, span
 from sim.run import run
-from tests.enginekit import KitTrace
+from tests.enginekit import PROF, KitTrace, prefill, row
 from tests.test_vllm_blockpool import BS as BS4
 from tests.test_vllm_blockpool import BruteForce
 
-SPEC = get_spec("qwen3-8b")
-PROF = load_profile("derived-h100-qwen3-8b")
 BS = 64
 S1_START = 0.05
 GAP = 0.2
 GOLDEN = Path(__file__).parent / "goldens" / "vllm_unpatched.json"
 
 
-def prefill(*ranges: tuple[int, int]) -> float:
-    return PROF.prefill_seconds(ranges_units(SPEC, ranges))
-
-
-def cfg(patch: str = "penelope", preset: str = "penelope", **kw) -> RunConfig:
+def patch_cfg(patch: str = "penelope", preset: str = "penelope", **kw) -> RunConfig:
     # the hand-computed timelines are the synchronous scheduler's (async has its own tests)
     base = dict(engine="vllm", vllm_patch=patch, gpu_cache=24 * BS, sessions=4,
                 debug_cache=True, profile=PROF.name, vllm_async=False)
@@ -67,13 +58,8 @@ def hole_trace(extra: list | None = None) -> KitTrace:
     return trace
 
 
-def row(res, session: str, turn: int):
-    df = res.requests
-    return df[(df.session == session) & (df.turn == turn)].iloc[0]
-
-
 @pytest.fixture
-def servers(monkeypatch) -> list[VllmServer]:
+def vllm_servers(monkeypatch) -> list[VllmServer]:
     made: list[VllmServer] = []
     init = VllmServer.__init__
 
@@ -86,10 +72,10 @@ def servers(monkeypatch) -> list[VllmServer]:
 
 
 # --- the engine: hand-computed timelines ---------------------------------------------------
-def test_a_hole_is_refilled_in_the_requests_own_step(servers) -> None:
+def test_a_hole_is_refilled_in_the_requests_own_step(vllm_servers) -> None:
     t0 = prefill((0, 640))
     assert S1_START > t0 and GAP > S1_START + prefill((0, 1024))  # the timeline above holds
-    patched = run(cfg(), hole_trace())
+    patched = run(patch_cfg(), hole_trace())
     r1 = row(patched, "s0", 1)
     # one step: the hole [0, 128) and the new tokens [640, 1280), priced at their positions
     assert r1.send_s == pytest.approx(t0 + GAP)
@@ -99,22 +85,22 @@ def test_a_hole_is_refilled_in_the_requests_own_step(servers) -> None:
     assert r1.ideal_hit_tokens == 640
     assert patched.summary["vllm_patch"] == "penelope"
     # afterwards the whole history is cached again: the refilled hole and the new blocks
-    pool = servers[-1].pool
+    pool = vllm_servers[-1].pool
     assert isinstance(pool, HolePool)
     s0 = hole_trace().finish_block_ids(1)
     assert all(pool.is_cached(int(x)) for x in s0)
     # stock vLLM with the same free order: the lookup stops at the hole
-    stock = row(run(cfg(patch="none"), hole_trace()), "s0", 1)
+    stock = row(run(patch_cfg(patch="none"), hole_trace()), "s0", 1)
     assert stock.ttft_s == pytest.approx(prefill((0, 1280)), rel=1e-12)
     assert (stock.hit_gpu_tokens, stock.recomputed_tokens) == (0, 640)
-    assert "vllm_patch" not in run(cfg(patch="none"), hole_trace()).summary
+    assert "vllm_patch" not in run(patch_cfg(patch="none"), hole_trace()).summary
 
 
 def test_a_hole_that_does_not_fit_the_budget_is_chunked_like_a_prefill() -> None:
     # A budget of 100 tokens: the 768 tokens to compute take 8 steps; the second one ends
     # the hole and starts the new tokens (one row, two ranges); the reused blocks between
     # them cost nothing.
-    res = run(cfg(chunk_size=100), hole_trace())
+    res = run(patch_cfg(chunk_size=100), hole_trace())
     r1 = row(res, "s0", 1)
     steps = [[(0, 100)], [(100, 128), (640, 712)]] + [
         [(a, min(a + 100, 1280))] for a in range(712, 1280, 100)]
@@ -143,7 +129,7 @@ def test_the_budget_is_shared_with_decode_as_for_any_prefill(monkeypatch) -> Non
 
     monkeypatch.setattr(VllmServer, "_step_seconds", spy)
     trace = hole_trace(extra=[[(64, 64, 0.0)]])
-    res = run(cfg(gpu_cache=26 * BS, chunk_size=512), trace)
+    res = run(patch_cfg(gpu_cache=26 * BS, chunk_size=512), trace)
     r1 = row(res, "s0", 1)
     s2 = row(res, "s2", 0)
     assert s2.end_s > r1.first_token_s  # s2 decodes throughout
@@ -219,7 +205,7 @@ def test_the_cli_reports_the_patch(tmp_path) -> None:
 
 
 # --- the pool: span and ranges against a token-by-token reference ---------------------------
-def _brute(hit: list[bool], bs: int, start: int, end: int, budget: int) -> tuple[int, int]:
+def _brute_reused(hit: list[bool], bs: int, start: int, end: int, budget: int) -> tuple[int, int]:
     """Walk positions one by one: reused blocks (after the first miss) are free."""
     first_miss = hit.index(False) if False in hit else len(hit)
     reused = {i for i, h in enumerate(hit) if h and i > first_miss}
@@ -245,7 +231,7 @@ def test_span_and_computed_ranges_match_a_token_walk(hit, bs_mult, budget, data)
     if any(a * bs < start < b * bs for a, b in runs):
         start = next(b * bs for a, b in runs if a * bs < start < b * bs)
     n, cost = span(runs, bs, start, end, budget)
-    bn, bcost = _brute(hit, bs, start, end, budget)
+    bn, bcost = _brute_reused(hit, bs, start, end, budget)
     assert cost == bcost and cost <= budget
     # the span stops at the reference's stop, or (when the budget is spent just before a
     # reused run) the reference walks on over it for free: both compute the same tokens
@@ -283,7 +269,7 @@ def test_patched_runs_under_pressure_keep_every_invariant(budget: int) -> None:
     served, holes are refilled, and each prompt's tokens add up."""
     trace = KitTrace([[(1500 + 700 * k, 400 + 150 * k, 1.0 + 0.3 * k) for k in range(6)]
                       for _ in range(4)], shared_blocks=12)
-    res = run(cfg(gpu_cache=8000, sessions=3, chunk_size=budget), trace)
+    res = run(patch_cfg(gpu_cache=8000, sessions=3, chunk_size=budget), trace)
     s, df = res.summary, res.requests
     assert s["requests"] == len(trace) and s["dropped_requests"] == 0
     assert s["hole_tokens"] > 0 and s["retractions"] > 0

@@ -7,23 +7,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from costmodel.profile import load_profile
-from costmodel.specs import get_spec
 from costmodel.units import ranges_units
 from policies import get_policy
 from sim.config import RunConfig
 from sim.run import run
-from tests.enginekit import KitTrace
-
-SPEC = get_spec("qwen3-8b")
-PROF = load_profile("derived-h100-qwen3-8b")
+from tests.enginekit import PROF, SPEC, KitTrace, prefill
 
 
-def prefill(*ranges: tuple[int, int]) -> float:
-    return PROF.prefill_seconds(ranges_units(SPEC, ranges))
-
-
-def cfg(**kw) -> RunConfig:
+def zoo_cfg(**kw) -> RunConfig:
     base = dict(sessions=3, scheduler="lpm", max_new_tokens=64, debug_cache=True,
                 profile=PROF.name)
     base.update(kw)
@@ -44,8 +35,8 @@ PIN_TRACE = KitTrace([[(4000, 1, 0.0), (6000, 1, 10.0)], [(2000, 1, 0.0)],
 
 def test_ttl_pin_saves_the_recompute_lru_pays() -> None:
     first = prefill((0, 4000), (0, 2000), (0, 100))  # one batch
-    lru = rows(run(cfg(gpu_cache=10240).with_policy("vllm"), PIN_TRACE))
-    ttl = rows(run(cfg(gpu_cache=10240).with_policy("ttl?tau_s=20"), PIN_TRACE))
+    lru = rows(run(zoo_cfg(gpu_cache=10240).with_policy("vllm"), PIN_TRACE))
+    ttl = rows(run(zoo_cfg(gpu_cache=10240).with_policy("ttl?tau_s=20"), PIN_TRACE))
     for r in (lru, ttl):
         assert r.loc[("s0", 0)].ttft_s == pytest.approx(first, rel=1e-12)
         assert r.loc[("s2", 1)].send_s == pytest.approx(first + 1.0)
@@ -60,8 +51,8 @@ def test_ttl_pin_saves_the_recompute_lru_pays() -> None:
 
 def test_ttl_pin_that_expires_is_lru() -> None:
     # tau = 0.5 s: the pin is gone when s2 needs room at first + 1 s: exactly vLLM's run.
-    lru = run(cfg(gpu_cache=10240).with_policy("vllm"), PIN_TRACE).requests
-    ttl = run(cfg(gpu_cache=10240).with_policy("ttl?tau_s=0.5"), PIN_TRACE).requests
+    lru = run(zoo_cfg(gpu_cache=10240).with_policy("vllm"), PIN_TRACE).requests
+    ttl = run(zoo_cfg(gpu_cache=10240).with_policy("ttl?tau_s=0.5"), PIN_TRACE).requests
     assert ttl[["ttft_s", "hit_gpu_tokens"]].equals(lru[["ttft_s", "hit_gpu_tokens"]])
 
 
@@ -77,10 +68,10 @@ def test_ttl_learned_rule_cold_start_does_not_pin_a_cheap_history() -> None:
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(RunConfig, "make_policy", spy)
-        ttl = run(cfg(gpu_cache=10240).with_policy("ttl"), PIN_TRACE).requests
+        ttl = run(zoo_cfg(gpu_cache=10240).with_policy("ttl"), PIN_TRACE).requests
     policy = made[-1]
     assert policy.taus == [0.0, 0.0]  # the tool-call replies of s0 and s2
-    lru = run(cfg(gpu_cache=10240).with_policy("vllm"), PIN_TRACE).requests
+    lru = run(zoo_cfg(gpu_cache=10240).with_policy("vllm"), PIN_TRACE).requests
     assert ttl.ttft_s.tolist() == lru.ttft_s.tolist()
     # with mu below C the prior pins for mu * ln(C / mu)
     c = PROF.prefill_seconds(ranges_units(SPEC, [(0, 3999)])) - PROF.prefill_seconds(
@@ -106,7 +97,7 @@ def test_ttl_pin_ends_when_the_request_it_holds_for_is_dropped() -> None:
     trace = KitTrace([[(4000, 1, 0.0), (20000, 1, 1.0)], [(2000, 1, 0.0), (3000, 1, 5.0)]])
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(RunConfig, "make_policy", spy)
-        res = run(cfg(gpu_cache=10240).with_policy("ttl?tau_s=20"), trace).requests
+        res = run(zoo_cfg(gpu_cache=10240).with_policy("ttl?tau_s=20"), trace).requests
     assert res.sort_values("request").dropped.tolist() == [False, True, False, False]
     policy = made[-1]
     assert policy.until == {} and policy.pinned == {}
@@ -218,7 +209,7 @@ def test_program_fcfs_serves_the_earlier_program_first() -> None:
                       [(64, 1, 0.0)], [(64, 1, 0.0), (6000, 1, 0.8)]])
     out = {}
     for sched in ("fcfs", "program-fcfs"):
-        c = cfg(gpu_cache=1 << 20).with_policy("penelope").with_fields(scheduler=sched)
+        c = zoo_cfg(gpu_cache=1 << 20).with_policy("penelope").with_fields(scheduler=sched)
         out[sched] = rows(run(c, trace))
     f, p = out["fcfs"], out["program-fcfs"]
     assert f.loc[("s3", 1)].send_s < f.loc[("s1", 1)].send_s  # s3 arrived first ...
@@ -241,7 +232,7 @@ def cycle(turns: int = 8) -> KitTrace:
 
 
 def test_lru_misses_every_turn_of_the_cycle() -> None:
-    res = rows(run(cfg(gpu_cache=6400).with_policy("sglang"), cycle()))
+    res = rows(run(zoo_cfg(gpu_cache=6400).with_policy("sglang"), cycle()))
     later = res[res.index.get_level_values("turn") > 0]
     assert (later.hit_gpu_tokens == 0).all()  # every history was evicted before its turn
     for _, r in later.iterrows():
@@ -250,7 +241,7 @@ def test_lru_misses_every_turn_of_the_cycle() -> None:
 
 @pytest.mark.parametrize("rule", ["clairvoyant", "clairvoyant?cost_aware=false"])
 def test_clairvoyant_beats_lru_on_the_cycle(rule: str) -> None:
-    runs = {p: run(cfg(gpu_cache=6400).with_policy(p), cycle())
+    runs = {p: run(zoo_cfg(gpu_cache=6400).with_policy(p), cycle())
             for p in ("sglang", "penelope", rule)}
     oracle = rows(runs[rule])
     # At 1.13 s s0 finds its whole history: the oracle freed s1's front (next use 2.13 s)
@@ -279,7 +270,8 @@ def test_zoo_by_name_from_the_cli_and_a_sweep(tmp_path) -> None:
 
     import pandas as pd
 
-    from tests.test_policies_api import SYNTH, invoke
+    from tests.clikit import invoke
+    from tests.test_policies_api import SYNTH
 
     code, out, err = invoke("run", *SYNTH, "--preset", "penelope", "--policy", "clairvoyant",
                             "--policy", "ttl?tau_s=5",
@@ -305,7 +297,7 @@ def test_zoo_by_name_from_the_cli_and_a_sweep(tmp_path) -> None:
 def test_zoo_runs_are_reproducible_and_consistent(spec: str) -> None:
     trace = KitTrace([[(2000 + 900 * k, 300, 2.0) for k in range(8)] for _ in range(4)],
                      shared_blocks=16)
-    c = cfg(gpu_cache=20000, sessions=3).with_policy(spec)
+    c = zoo_cfg(gpu_cache=20000, sessions=3).with_policy(spec)
     a, b = run(c, trace), run(c, trace)
     assert a.requests.equals(b.requests) and a.summary == b.summary
     df = a.requests
@@ -329,7 +321,7 @@ def test_clairvoyant_reads_the_open_loop_future(monkeypatch) -> None:
     monkeypatch.setattr(Clairvoyant, "on_reply", spy)
     trace = KitTrace([[(2560, 64, 0.0), (2624, 1, 0.05), (2688, 1, 4.0)],
                       [(1280, 1, 1.0), (1344, 1, 2.0)]])
-    res = run(cfg(gpu_cache=6400, replay="open", time_scale=1.0).with_policy("clairvoyant"),
+    res = run(zoo_cfg(gpu_cache=6400, replay="open", time_scale=1.0).with_policy("clairvoyant"),
               trace).requests.set_index("request")
     assert len(seen) == len(trace)
     for r, nxt in seen.items():
@@ -345,7 +337,7 @@ def test_open_loop_runs_until_the_last_reply() -> None:
     off unfinished."""
     trace = KitTrace([[(2560, 64, 0.0), (2624, 1, 0.05)], [(1280, 1, 1.0), (1344, 8, 2.0)]])
     for engine, preset in (("sglang", "sglang"), ("vllm", "vllm")):
-        res = run(cfg(gpu_cache=6400, replay="open", engine=engine, scheduler="fcfs")
+        res = run(zoo_cfg(gpu_cache=6400, replay="open", engine=engine, scheduler="fcfs")
                   .with_policy(preset), trace)
         assert np.isfinite(res.requests.end_s).all(), engine
         assert res.summary["sim_end_s"] == res.requests.end_s.max()
