@@ -39,7 +39,7 @@ import inspect
 import math
 import numbers
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, ClassVar
@@ -58,7 +58,7 @@ from .context import (
     Reply,
     TreeView,
 )
-from .orders import get_order
+from .orders import get_order, lru
 
 
 # ---------------------------------------------------------------------- release orders
@@ -127,8 +127,10 @@ def get_free_order(order: str | ReleaseOrder) -> ReleaseOrder:
 class StartPosition(ABC):
     """Where freeing begins in a victim's history. ``chain`` returns the nodes to free in
     order, ending with the leaf; each node but the leaf must have exactly one live child, and
-    all must be unlocked and hold KV (the planner checks). ``from_head``: a partial take frees
-    a node's FIRST blocks (leaving a hole in front of what follows) instead of its last."""
+    all must be unlocked and hold KV (the planner checks under ``debug``). The planner asks
+    ``chains(view)`` once per plan and calls what it returns for each victim leaf it pops.
+    ``from_head``: a partial take frees a node's FIRST blocks (leaving a hole in front of what
+    follows) instead of its last."""
 
     name: ClassVar[str]
     from_head: ClassVar[bool]
@@ -141,23 +143,36 @@ class StartPosition(ABC):
     @abstractmethod
     def chain(self, leaf: CacheNode, view: TreeView) -> Sequence[CacheNode]: ...
 
+    def chains(self, view: TreeView) -> Callable[[CacheNode], Sequence[CacheNode]]:
+        """``chain`` on ``view``, as a function of the leaf: what the planner calls. A start
+        with a faster walk returns it here (and its ``chain`` is that walk)."""
+        return lambda leaf: self.chain(leaf, view)
+
     def __repr__(self) -> str:
         return self.name
 
 
-class Tail(StartPosition):
+def _alone(leaf: CacheNode) -> Sequence[CacheNode]:
+    return (leaf,)
+
+
+class _LeafAlone(StartPosition):
+    """A start whose chain is the victim leaf alone (``tail``, ``leaf-head``)."""
+
+    def chain(self, leaf: CacheNode, view: TreeView) -> Sequence[CacheNode]:
+        return _alone(leaf)
+
+    def chains(self, view: TreeView) -> Callable[[CacheNode], Sequence[CacheNode]]:
+        return _alone
+
+
+class Tail(_LeafAlone):
     name, from_head, makes_holes, reads_node_boundaries = "tail", False, False, False
     release_order = vllm_free_order
 
-    def chain(self, leaf: CacheNode, view: TreeView) -> Sequence[CacheNode]:
-        return (leaf,)
 
-
-class LeafHead(StartPosition):
+class LeafHead(_LeafAlone):
     name, from_head, makes_holes, reads_node_boundaries = "leaf-head", True, True, True
-
-    def chain(self, leaf: CacheNode, view: TreeView) -> Sequence[CacheNode]:
-        return (leaf,)
 
 
 class PrivateHead(StartPosition):
@@ -166,16 +181,24 @@ class PrivateHead(StartPosition):
     name, from_head, makes_holes, reads_node_boundaries = "private-head", True, True, False
     release_order = penelope_free_order
 
-    def chain(self, leaf: CacheNode, view: TreeView) -> list[CacheNode]:
-        chain = [leaf]
-        parent = leaf.parent
-        # Pure reads, cheapest first: a locked parent is the common stop.
-        while (parent is not None and parent.lock <= 0 and not view.is_root(parent)
-               and view.live_children(parent) <= 1 and not view.is_hole(parent)):
-            chain.append(parent)
-            parent = parent.parent
-        chain.reverse()
-        return chain
+    def chain(self, leaf: CacheNode, view: TreeView) -> Sequence[CacheNode]:
+        return self.chains(view)(leaf)
+
+    def chains(self, view: TreeView) -> Callable[[CacheNode], Sequence[CacheNode]]:
+        is_root, live_children, is_hole = view.is_root, view.live_children, view.is_hole
+
+        def walk(leaf: CacheNode) -> Sequence[CacheNode]:
+            chain = [leaf]
+            parent = leaf.parent
+            # Pure reads, cheapest first: a locked parent is the common stop.
+            while (parent is not None and parent.lock <= 0 and not is_root(parent)
+                   and live_children(parent) <= 1 and not is_hole(parent)):
+                chain.append(parent)
+                parent = parent.parent
+            chain.reverse()
+            return chain
+
+        return walk
 
 
 TAIL, LEAF_HEAD, PRIVATE_HEAD = Tail(), LeafHead(), PrivateHead()
@@ -224,8 +247,7 @@ class ObservedStart(WrappedStart):
     The planner asks ``chain`` exactly once for every leaf it pops, in eviction order (the
     smallest key first), so a policy that must know its victims -- GreedyDual's inflation sets
     its clock to the priority of the last victim -- wraps its start in one. Freeing is
-    ``base``'s: same chains, same name, same node semantics. (HiCache's device tier accepts
-    only the plain ``TAIL`` object.)"""
+    ``base``'s: same chains, same name, same node semantics."""
 
     def __init__(self, base: StartPosition, observe: Callable[[CacheNode], None]) -> None:
         super().__init__(base)
@@ -238,10 +260,12 @@ class ObservedStart(WrappedStart):
 
 # ---------------------------------------------------------------------- granularities
 class Granularity(ABC):
-    """How much of a node one step frees."""
+    """How much of a node one step frees. ``exact``: ``take`` is ``min(blocks, need)``, which
+    the planner then computes without calling it."""
 
     name: ClassVar[str]
     reads_node_boundaries: ClassVar[bool]
+    exact: ClassVar[bool] = False
 
     @abstractmethod
     def take(self, blocks: int, need: int) -> int:
@@ -259,7 +283,7 @@ class WholeNodes(Granularity):
 
 
 class Blocks(Granularity):
-    name, reads_node_boundaries = "block", False
+    name, reads_node_boundaries, exact = "block", False, True
 
     def take(self, blocks: int, need: int) -> int:
         return min(blocks, need)
@@ -283,7 +307,7 @@ def _component(value: Any, table: Registry[Any], base: type) -> Any:
 # What a policy may listen to (``EvictionPolicy.events``).
 EVENTS = frozenset({"arrival", "reply", "drop", "split"})
 _RESERVED = frozenset({"name", "pins", "clairvoyant", "events", "order", "start",
-                       "granularity", "sort_key", "context", "values"})
+                       "granularity", "sort_key", "context", "values", "entries"})
 
 
 class EvictionPolicy:
@@ -358,6 +382,18 @@ class EvictionPolicy:
     def pinned_until(self, node: CacheNode) -> float:
         """Simulated time until which ``node`` should not be evicted (only if ``pins``)."""
         return -math.inf
+
+    def entries(self, leaves: Iterable[CacheNode]) -> list[tuple]:
+        """The planner's heap entries of victim leaves, ``(key, serial, leaf)`` (with ``pins``,
+        ``(pinned, key, serial, leaf)``: pinned ones after every unpinned one), smallest
+        evicted first; asked once per plan and for each leaf a plan exposes."""
+        key = self.sort_key
+        if self.pins:
+            now, pinned = self.context.now(), self.pinned_until
+            return [(pinned(n) > now, key(n), n.serial, n) for n in leaves]
+        if key is lru:  # LRU's key is (last_access, serial): the same order without a call
+            return [(n.last_access, n.serial, n) for n in leaves]
+        return [(key(n), n.serial, n) for n in leaves]
 
     # --- events -------------------------------------------------------------------------
     def bind(self, context: PolicyContext) -> None:

@@ -1,10 +1,12 @@
 """Fast paths against their slow references: the speed work must not move a result.
 
-The eviction planner builds LRU heap entries straight from the node fields when the policy's
-key is the registered ``lru`` order (no key call per leaf); any other key goes through the
-generic path. A policy whose key RETURNS lru's key through a method call takes the generic
-path with the same order, so two caches fed the same operations must stay identical step by
-step: every eviction's freed ids and holes, every counter and the whole node structure.
+The policy builds LRU heap entries straight from the node fields when its key is the
+registered ``lru`` order (``EvictionPolicy.entries``: no key call per leaf); any other key
+goes through the generic path. A policy whose key RETURNS lru's key through a method call
+takes the generic path with the same order, so two caches fed the same operations must stay
+identical step by step: every eviction's freed ids and holes, every counter and the whole node
+structure. A user's start and granularity are asked as the built-in ones are (``chains``,
+``exact``), so copies of Penelope's plan as Penelope.
 """
 
 from __future__ import annotations
@@ -12,10 +14,20 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from policies import BLOCK, LEAF_HEAD, NODE, PRIVATE_HEAD, TAIL, EvictionPolicy
+from policies import (
+    BLOCK,
+    LEAF_HEAD,
+    NODE,
+    PRIVATE_HEAD,
+    TAIL,
+    EvictionPolicy,
+    Granularity,
+    PrivateHead,
+)
 from policies.orders import lru
 from sim.kvcache import RadixKVCache
 from tests.cachepair import OPS, drive_pair
+from tests.chained import Universe
 
 COMBOS = [(PRIVATE_HEAD, BLOCK), (TAIL, NODE), (TAIL, BLOCK), (LEAF_HEAD, NODE),
           (PRIVATE_HEAD, NODE)]
@@ -47,3 +59,44 @@ def test_keyed_reference_really_differs_in_path() -> None:
     """The reference must not be the fast path in disguise (else the test above is void)."""
     assert keyed(PRIVATE_HEAD, BLOCK).sort_key is not lru
     assert EvictionPolicy(order="lru").sort_key is lru
+
+
+class CountingStart(PrivateHead):
+    """A user's start that implements ``chains`` (the built-in walk, counted)."""
+
+    name = "counting"
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    def chains(self, view):
+        self.asked += 1
+        return super().chains(view)
+
+
+class ExactBlocks(Granularity):
+    """A user's granularity that declares ``exact``: its ``take`` is never called."""
+
+    name, reads_node_boundaries, exact = "exact-blocks", False, True
+
+    def take(self, blocks: int, need: int) -> int:
+        raise AssertionError("an exact granularity is taken without a call")
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=OPS)
+def test_a_users_parts_take_the_built_in_path(ops) -> None:
+    """The planner asks a user's start through ``chains`` and takes a granularity declaring
+    ``exact`` as ``min`` (issue 52 item 2): a copy of Penelope's parts plans as Penelope."""
+    start = CountingStart()
+    mine = RadixKVCache(20, EvictionPolicy(start=start, granularity=ExactBlocks()), debug=True)
+    penelope = RadixKVCache(20, EvictionPolicy(start=PRIVATE_HEAD, granularity=BLOCK),
+                            debug=True)
+    drive_pair(mine, penelope, ops)
+
+
+def test_a_users_start_is_asked_once_per_plan() -> None:
+    start = CountingStart()
+    cache = RadixKVCache(20, EvictionPolicy(start=start, granularity=ExactBlocks()), debug=True)
+    cache.insert(Universe().prompt([0, 1, 2]))
+    assert cache.evict(2).freed_blocks == 2 and start.asked == 1

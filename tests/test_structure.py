@@ -507,3 +507,45 @@ def test_the_rooms_below_the_run_read_only_the_config_of_sims_root() -> None:
             _imports_of(REPO / "sim" / "engines" / "recorder.py")
             if _under(m, ("costmodel", "sim.kvcache"))]
     assert len(parts) >= 5 and not bad, "imports against the rooms' order:\n" + "\n".join(bad)
+
+
+def policy_part_tests(source: str) -> list[tuple[int, str]]:
+    """``is``/``is not`` comparisons and ``isinstance``/``issubclass``/``type`` calls with a
+    name imported from ``policies`` (or a module constant bound to one) as an operand."""
+    tree = ast.parse(source)
+    names = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+             and (n.module or "").split(".")[0] == "policies" for a in n.names}
+    for n in ast.walk(tree):  # aliases such as ``_LRU: Final = lru``
+        if isinstance(n, ast.Assign | ast.AnnAssign) and isinstance(n.value, ast.Name) \
+                and n.value.id in names:
+            targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+            names |= {t.id for t in targets if isinstance(t, ast.Name)}
+    out = []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Compare) and any(isinstance(op, ast.Is | ast.IsNot)
+                                              for op in n.ops):
+            operands = [n.left, *n.comparators]
+        elif isinstance(n, ast.Call) and isinstance(n.func, ast.Name) \
+                and n.func.id in ("isinstance", "issubclass", "type"):
+            operands = n.args
+        else:
+            continue
+        if any(isinstance(o, ast.Name) and o.id in names for o in operands):
+            out.append((n.lineno, ast.unparse(n)))
+    return out
+
+
+def test_the_cache_asks_the_policy_and_never_tests_which_part_it_was_given() -> None:
+    """The planner asks each start, order and granularity through its one method (issue 52
+    item 2): a user's part takes the path the built-in ones take."""
+    bad = [f"{p.relative_to(REPO)}:{line}: {text}"
+           for p in sorted((REPO / "sim" / "kvcache").rglob("*.py"))
+           for line, text in policy_part_tests(p.read_text())]
+    assert not bad, "policy parts told apart by identity:\n" + "\n".join(bad)
+
+
+def test_the_policy_part_check_can_fail() -> None:
+    src = ("from policies import BLOCK, TAIL, Blocks\nfrom typing import Final\n"
+           "_B: Final = BLOCK\nx = g is _B\ny = s is not TAIL\nz = type(g) is Blocks\n"
+           "w = isinstance(g, Blocks)\nv = g is other\n")
+    assert [line for line, _ in policy_part_tests(src)] == [4, 5, 6, 7]

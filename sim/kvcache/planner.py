@@ -2,10 +2,14 @@
 ordered plan of steps. The cache's appliers (``RadixTree.apply_*``) carry plans out; nothing
 here changes the tree.
 
-    policy.key(leaf) ----> heap of victim leaves (pinned ones after every unpinned one)
-    policy.start.chain --> nodes to free for the popped leaf, in order
-    policy.granularity --> blocks to take from each node
-                           => Step(node, blocks, head)      head: free the node's first blocks
+    policy.entries(leaves) ---> heap of victim leaves (pinned ones after every unpinned one)
+    policy.start.chains(view) -> nodes to free for the popped leaf, in order
+    policy.granularity.take --> blocks to take from each node
+                                => Step(node, blocks, head)  head: free the node's first blocks
+
+Each part is asked through its one method, built-in or the user's alike; the built-in fast
+paths live in policies/ (``EvictionPolicy.entries``, ``PrivateHead.chains``), and a
+granularity that declares ``exact`` is taken as ``min(blocks, need)`` without a call.
 
 While planning, the view tracks what the steps planned so far WILL do (``TreeView``): freed
 nodes become holes or leave the tree, parents lose children and become victims themselves, so
@@ -26,35 +30,21 @@ Views (which nodes are victims, which children count):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from heapq import heapify, heappop, heappush  # (module globals: no attribute lookups)
 from itertools import pairwise
 from operator import index
-from typing import Any, Final, NamedTuple, cast
+from typing import Final, NamedTuple, cast
 
-from policies import (
-    BLOCK,
-    LEAF_HEAD,
-    PRIVATE_HEAD,
-    TAIL,
-    EvictionPolicy,
-    Granularity,
-    StartPosition,
-)
-from policies.orders import lru
+from policies import EvictionPolicy, Granularity, StartPosition
 
 from .node import Node, Tier
 
 _GPU: Final = Tier.GPU
 _NONE: Final = Tier.NONE
 _DROPPED: Final = Tier.DROPPED
-# The policy components the planner tells apart, and the heap's functions, as constants of
-# this module (every eviction plans: no lookup in the module's namespace per use).
-_BLOCK: Final = BLOCK
-_PRIVATE_HEAD: Final = PRIVATE_HEAD
-_TAIL: Final = TAIL
-_LEAF_HEAD: Final = LEAF_HEAD
-_LRU: Final = lru
+# The heap's functions as constants of this module (every eviction plans: no lookup in the
+# module's namespace per use).
 _heapify: Final = heapify
 _heappop: Final = heappop
 _heappush: Final = heappush
@@ -197,52 +187,29 @@ def plan(
     ``start``/``granularity`` override the policy's (HiCache's host tier frees whole nodes).
     Fewer blocks are planned when the victims run out.
     """
-    key = policy.sort_key
-    pinned = policy.pinned_until if policy.pins else None
-    now = policy.context.now() if pinned is not None else 0.0
+    entries = policy.entries
     start = start or policy.start
     granularity = granularity or policy.granularity
-    exact = granularity is _BLOCK  # take(size, need) is min(size, need): no call
-    take = granularity.take if not exact else None
+    walk = cast(Callable[[Node], Sequence[Node]],
+                start.chains(view))  # type: ignore[arg-type]  # once per plan
+    take = None if granularity.exact else granularity.take  # exact: min(size, need), no call
     head: bool = start.from_head
     # The whole-tree view, where planning runs on it, is called directly (not through a
     # bound method of either view).
     history: HistoryView | None = None
     if type(view) is HistoryView:
         history = view
-    # The built-in starts' chains, read without their calls into the view (every eviction
-    # walks one); any other start, or a view of another kind, is asked through ``chain``.
-    head_view = history if start is _PRIVATE_HEAD else None  # PRIVATE_HEAD's, read inline
-    leaf_only = head_view is None and (start is _TAIL or start is _LEAF_HEAD)
-    inlined = head_view is not None or leaf_only
     release = view.release if history is None else None
-    # Entries (key, serial, node): serials are unique, so nodes are never compared. LRU's key
-    # is (last_access, serial) itself: its entries (last_access, serial, node) sort the same.
-    lru_entries = key is _LRU and pinned is None
-    if lru_entries:
-        heap: list[Any] = [(n.last_access, n.serial, n) for n in victims]
-    elif pinned is None:
-        heap = [(key(n), n.serial, n) for n in victims]
-    else:
-        heap = [(pinned(n) > now, key(n), n.serial, n) for n in victims]
+    heap = entries(victims)  # (key..., serial, node): serials are unique, nodes never compared
     if len(heap) > 1:
         _heapify(heap)
     steps: list[Step] = []
     left: int = _UNBOUNDED if room is None else room
-    chain: list[Node]
     while need > 0 and left > 0 and heap:
         leaf: Node = _heappop(heap)[-1]
-        if head_view is not None:
-            chain = _private_head_chain(leaf, head_view)
-        elif leaf_only:  # TAIL's and LEAF_HEAD's chain: the victim leaf alone
-            chain = [leaf]
-        else:
-            chain = list(start.chain(leaf, view))  # type: ignore[arg-type]
+        chain = walk(leaf)
         if debug:
             _check_chain(chain, leaf, view)
-            if inlined:  # (asked once only otherwise: an observed start counts its calls)
-                assert chain == list(start.chain(leaf, view)), (  # type: ignore[arg-type]
-                    f"a built-in chain read differs from {start!r}.chain at {leaf!r}")
         survivor: Node | None = None
         for nd in chain:
             if need <= 0:
@@ -267,32 +234,8 @@ def plan(
                 assert release is not None
                 survivor = release(nd)
         if survivor is not None and need > 0 and (eligible is None or eligible(survivor)):
-            if lru_entries:
-                _heappush(heap, (survivor.last_access, survivor.serial, survivor))
-            elif pinned is None:
-                _heappush(heap, (key(survivor), survivor.serial, survivor))
-            else:
-                _heappush(heap, (pinned(survivor) > now, key(survivor),
-                                 survivor.serial, survivor))
+            _heappush(heap, entries((survivor,))[0])
     return steps
-
-
-def _private_head_chain(leaf: Node, view: HistoryView) -> list[Node]:
-    """``PRIVATE_HEAD.chain`` on a ``HistoryView``, its view reads inlined: the leaf's private
-    history (unlocked, unshared, KV-holding ancestors below the root), front first."""
-    chain = [leaf]
-    root, gone, kids = view.root, view.gone, view.kids
-    parent = leaf.parent
-    while parent is not None and parent.lock <= 0 and parent is not root:
-        if (kids.get(parent, len(parent.children)) if kids else len(parent.children)) > 1:
-            break
-        tier = parent.tier
-        if tier is _NONE or tier is _DROPPED or (gone and parent in gone):
-            break
-        chain.append(parent)
-        parent = parent.parent
-    chain.reverse()
-    return chain
 
 
 def _check_chain(chain, leaf: Node, view: View) -> None:

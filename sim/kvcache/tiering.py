@@ -212,7 +212,7 @@ class HiCache(GpuOnly):
                  write_policy: str = "write_through", load_threshold_tokens: int = 10,
                  debug: bool = False) -> None:
         super().__init__(tree, policy, debug)
-        if policy.start is not TAIL:
+        if policy.start.makes_holes:  # (its device tier frees whole leaves, never a front)
             raise PolicyError(
                 f"tiering 'hicache' is the SGLang baseline: its device tier evicts from the "
                 f"tail (sglang or vllm presets), not {policy.spec}")
