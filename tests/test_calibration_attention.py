@@ -28,7 +28,7 @@ def _cache(hkv, length, d, seed=0):
             torch.randn(1, hkv, length, d, generator=g, dtype=torch.float64))
 
 
-def _check(start, n, window, hq=8, hkv=2, d=16, seed=0):
+def _check_attend(start, n, window, hq=8, hkv=2, d=16, seed=0):
     ck, cv = _cache(hkv, start + n + 7, d, seed)  # cache longer than needed: must not be read
     q = torch.randn(1, hq, n, d, generator=torch.Generator().manual_seed(seed + 1),
                     dtype=torch.float64)
@@ -51,14 +51,14 @@ def _check(start, n, window, hq=8, hkv=2, d=16, seed=0):
     (0, 200, 16),       # several window chunks
 ])
 def test_attend_equals_naive(start, n, window):
-    _check(start, n, window)
+    _check_attend(start, n, window)
 
 
 @settings(max_examples=25, deadline=None)
 @given(start=st.integers(0, 300), n=st.integers(1, 120),
        window=st.one_of(st.none(), st.integers(1, 200)), group=st.sampled_from([1, 2, 4]))
 def test_attend_equals_naive_property(start, n, window, group):
-    _check(start, n, window, hq=2 * group, hkv=2, d=8, seed=start * 1000 + n)
+    _check_attend(start, n, window, hq=2 * group, hkv=2, d=8, seed=start * 1000 + n)
 
 
 def test_key_span():

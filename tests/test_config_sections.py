@@ -115,14 +115,15 @@ ADDED = {"vllm_version": "0.34", "vllm_cache_aware_window": 0,
          "vllm_cache_aware_threshold": 0.5, "kv_dtype": "bf16"}
 
 
-def _digest(cfg: RunConfig) -> str:
+def _config_digest(cfg: RunConfig) -> str:
     d = cfg.to_dict()
     assert {k: d.pop(k) for k in ADDED} == ADDED
     return hashlib.sha1(json.dumps(d, default=str).encode()).hexdigest()[:12]
 
 
 def test_config_json_and_point_ids_are_the_flat_configs() -> None:
-    got = [(_digest(c), point_id(c)) for c in map(lambda f: RunConfig.from_flat(**f), flats(60))]
+    got = [(_config_digest(c), point_id(c))
+           for c in map(lambda f: RunConfig.from_flat(**f), flats(60))]
     assert got == PINNED
 
 

@@ -196,7 +196,7 @@ def _spec(kind: str, layers: int = 3, window: int = 7, topk: int = 5) -> ModelSp
                      **{**common, "kv_lora_rank": 0})
 
 
-def _brute(spec: ModelSpec, a: int, b: int) -> int:
+def _brute_units(spec: ModelSpec, a: int, b: int) -> int:
     """Per token, per layer: the position term of its kind, summed; the MAC-priced terms
     (linear state update, DSA indexer) summed exactly and floored once."""
     whole, macs = 0, Fraction(0)
@@ -225,7 +225,7 @@ KINDS = ["full", "sliding", "chunked", "linear", "mla", "dsa", "mixed"]
 def test_range_sums_equal_brute_force(kind: str, a: int, n: int, window: int, topk: int) -> None:
     spec = _spec(kind, window=window, topk=topk)
     u = range_units(spec, a, a + n)
-    assert u.attention == _brute(spec, a, a + n)
+    assert u.attention == _brute_units(spec, a, a + n)
     none = np.array([], dtype=np.int64)  # no key hidden: the context-edit pricing agrees
     assert attended_units(spec, a, a + n, none, none) == u.attention
     assert u.linear == pytest.approx(spec.layers * n * spec.W)
@@ -275,7 +275,7 @@ GEMMA3 = {"architectures": ["Gemma3ForCausalLM"], "hidden_size": 5376, "intermed
           "vocab_size": 262208, "max_position_embeddings": 131072, "torch_dtype": "bfloat16"}
 
 
-def _write(tmp_path: Path, raw: dict) -> str:
+def _write_config(tmp_path: Path, raw: dict) -> str:
     path = tmp_path / "config.json"
     path.write_text(json.dumps(raw))
     return str(path)
@@ -286,7 +286,7 @@ def test_reader_gives_the_hand_written_windowed_specs(raw: dict, name: str,
                                                        tmp_path: Path) -> None:
     """gpt-oss-120b's layer_types and Gemma 3's sliding_window_pattern read as the windows
     specs.py writes (config.json as published, less gpt-oss's quantization_config)."""
-    spec, mine = load_spec(_write(tmp_path, raw)), get_spec(name)
+    spec, mine = load_spec(_write_config(tmp_path, raw)), get_spec(name)
     assert spec.groups == mine.groups
     assert spec.W == mine.W
     assert replace(spec, name=name, source=mine.source, config_sha256="",
@@ -341,7 +341,7 @@ LLAMA = json.loads((HERE / "fixtures" / "hf" / "llama-3.1-8b.json").read_text())
 ])
 def test_bad_hybrid_configs_one_line_naming_the_field(raw: dict, field: str,
                                                       tmp_path: Path) -> None:
-    path = _write(tmp_path, raw)
+    path = _write_config(tmp_path, raw)
     with pytest.raises(ModelConfigError) as e:
         load_spec(path)
     assert str(e.value).startswith(f"{path}: field {field!r}: "), str(e.value)
@@ -359,7 +359,7 @@ def test_chunked_and_all_sliding_layers_read() -> None:
 
 
 def test_bad_config_exits_2_from_the_cli(tmp_path: Path) -> None:
-    path = _write(tmp_path, _hybrid(layer_types=["sliding_attention", "global"] * 18))
+    path = _write_config(tmp_path, _hybrid(layer_types=["sliding_attention", "global"] * 18))
     res = CliRunner().invoke(cli, ["run", *TINY, "--model", path])
     assert res.exit_code == 2, res.output
     line = res.stderr.strip().splitlines()[-1]

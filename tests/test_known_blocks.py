@@ -10,7 +10,7 @@ from sim.engines import known
 from sim.engines.known import KnownBlocks
 
 
-def _check(kb: KnownBlocks, ref: set[int], probes: np.ndarray) -> None:
+def _check_members(kb: KnownBlocks, ref: set[int], probes: np.ndarray) -> None:
     assert [int(x) in kb for x in probes] == [int(x) in ref for x in probes]
     assert kb.to_array().tolist() == sorted(ref)
 
@@ -38,7 +38,7 @@ def test_random_inserts_match_a_python_set(seed, monkeypatch):
         ref.update(ids.tolist())
         probes = np.concatenate([ids, rng.integers(-5000, 5000, 50),
                                  rng.integers(0, 1 << 62, 5)])
-        _check(kb, ref, probes)
+        _check_members(kb, ref, probes)
 
 
 def test_the_flags_stay_dense():

@@ -21,7 +21,7 @@ from sim.kvcache import RadixKVCache
 BS, BLOCK_BYTES, BANDWIDTH, LATENCY = 4, 1000, 1e6, 1e-3  # a 3-block fetch: 4 ms
 
 
-class Recorder:
+class NullRecorder:
     def evicted(self, res) -> None:
         pass
 
@@ -33,7 +33,7 @@ class Replica:
     insert_remote = SGLangServer.insert_remote
 
     def __init__(self, env: simpy.Environment, cache: RadixKVCache) -> None:
-        self.env, self.cache, self.rec, self.got = env, cache, Recorder(), []
+        self.env, self.cache, self.rec, self.got = env, cache, NullRecorder(), []
         self.ever: set[int] = set()
 
     def remember(self, ids) -> None:
@@ -43,7 +43,7 @@ class Replica:
         self.got.append((req.rid, self.env.now))
 
 
-def setup(per_token_s: float, pool_blocks: int = 100, replicas: int = 1, write="write-through",
+def pool_setup(per_token_s: float, pool_blocks: int = 100, replicas: int = 1, write="write-through",
           policy: str = "sglang", **cache_kw):
     env = simpy.Environment()
     engines = [Replica(env, RadixKVCache(16, policy, block_size=BS, **cache_kw))
@@ -54,7 +54,7 @@ def setup(per_token_s: float, pool_blocks: int = 100, replicas: int = 1, write="
     return env, engines, pool
 
 
-def request(rid: int, *blocks: int):
+def pool_request(rid: int, *blocks: int):
     ids = np.asarray(blocks, dtype=np.int64)
     return SimpleNamespace(rid=rid, ids=ids, prompt_tokens=ids.size * BS + 1)
 
@@ -64,11 +64,11 @@ def test_a_fetch_that_beats_recompute_lands_before_the_request():
     recompute: 12 tokens x 1 ms = 12 ms: taken. The request reaches the replica at 4 ms with
     blocks 1-3 on its GPU; the blocks stay leased until then. A second request for the same
     blocks, routed at 0 to the same replica, waits for the link: it ends at 8 ms."""
-    env, (rep,), fp = setup(per_token_s=1e-3)
+    env, (rep,), fp = pool_setup(per_token_s=1e-3)
     fp.pool.put(np.asarray([1, 2, 3]))
-    fp.submit(request(7, 1, 2, 3, 9), 0)
+    fp.submit(pool_request(7, 1, 2, 3, 9), 0)
     assert fp.pool.leases == {1: 1, 2: 1, 3: 1}
-    fp.submit(request(8, 1, 2, 3, 9), 0)
+    fp.submit(pool_request(8, 1, 2, 3, 9), 0)
     env.run()
     assert rep.got == [(7, pytest.approx(0.004)), (8, pytest.approx(0.008))]
     assert rep.cache.gpu_prefix_blocks(np.asarray([1, 2, 3, 9])) == 3
@@ -84,9 +84,9 @@ def test_a_fetch_that_beats_recompute_lands_before_the_request():
 def test_a_fetch_slower_than_recompute_is_refused():
     """Same fetch (4 ms) against 12 tokens x 0.1 ms = 1.2 ms of recompute: refused. The
     request reaches the replica at once and nothing lands or is leased."""
-    env, (rep,), fp = setup(per_token_s=1e-4)
+    env, (rep,), fp = pool_setup(per_token_s=1e-4)
     fp.pool.put(np.asarray([1, 2, 3]))
-    fp.submit(request(7, 1, 2, 3, 9), 0)
+    fp.submit(pool_request(7, 1, 2, 3, 9), 0)
     assert fp.pool.leases == {}
     env.run()
     assert rep.got == [(7, 0.0)]
@@ -97,10 +97,10 @@ def test_a_fetch_slower_than_recompute_is_refused():
 
 def test_the_lookup_starts_after_the_replicas_own_prefix():
     """The replica holds block 1; the pool holds 1-3: only 2-3 are fetched (3 ms)."""
-    env, (rep,), fp = setup(per_token_s=1e-3)
+    env, (rep,), fp = pool_setup(per_token_s=1e-3)
     rep.cache.insert(np.asarray([1]))
     fp.pool.put(np.asarray([1, 2, 3]))
-    fp.submit(request(7, 1, 2, 3, 9), 0)
+    fp.submit(pool_request(7, 1, 2, 3, 9), 0)
     env.run()
     assert rep.got == [(7, pytest.approx(0.003))]
     assert fp.record.landed[7] == [(1, 3)]
@@ -112,9 +112,9 @@ def test_eviction_at_the_watermark_skips_a_block_leased_by_a_fetch_in_flight():
     recent. Replica 1 writes through blocks 100-114 (the pool holds 18), then 100-115: before
     block 115 enters, a pass drops ceil(0.05 x 18) = 1 block: not the leased 1 or 2 but the
     next least recent, 3."""
-    env, (r0, r1), fp = setup(per_token_s=1e-3, pool_blocks=20, replicas=2)
+    env, (r0, r1), fp = pool_setup(per_token_s=1e-3, pool_blocks=20, replicas=2)
     fp.pool.put(np.asarray([1, 2]))
-    fp.submit(request(7, 1, 2, 50), 0)  # lease 1, 2 (most recent now)
+    fp.submit(pool_request(7, 1, 2, 50), 0)  # lease 1, 2 (most recent now)
     fp.pool.put(np.asarray([3]))  # 3 is now the most recent
     fp.pool.lease(np.asarray([3]))
     fp.pool.release(np.asarray([3]))
@@ -135,7 +135,7 @@ def test_write_back_stores_what_a_replica_drops_from_its_cpu_tier():
     does not store under write-back). Making room for 8 demotes A to the CPU tier: still
     nothing. C = 200-207 arrives and room for 8 more demotes B, which pushes A out of the
     CPU tier, its last copy: exactly A enters the pool."""
-    _env, (rep,), fp = setup(per_token_s=1e-3, write="write-back", cpu_capacity_blocks=8,
+    _env, (rep,), fp = pool_setup(per_token_s=1e-3, write="write-back", cpu_capacity_blocks=8,
                             tiering="unified")
     cache = rep.cache
     cache.insert(np.arange(0, 8))
@@ -150,7 +150,7 @@ def test_write_back_stores_what_a_replica_drops_from_its_cpu_tier():
 
 
 def test_write_through_stores_what_a_replica_writes():
-    _env, (rep,), fp = setup(per_token_s=1e-3)
+    _env, (rep,), fp = pool_setup(per_token_s=1e-3)
     rep.cache.insert(np.arange(0, 5))
     rep.cache.insert(np.arange(0, 7))
     assert list(fp.pool.blocks) == list(range(7)) and fp.pool.stored == 7
@@ -159,13 +159,13 @@ def test_write_through_stores_what_a_replica_writes():
 def test_no_fetch_behind_a_prefix_in_the_replicas_cpu_tier():
     """Blocks 0-7 were demoted to the replica's CPU tier; the pool holds 8-9. The fetched
     blocks could not land behind a CPU-resident prefix: no fetch, the request goes at once."""
-    env, (rep,), fp = setup(per_token_s=1e-3, cpu_capacity_blocks=8, tiering="unified")
+    env, (rep,), fp = pool_setup(per_token_s=1e-3, cpu_capacity_blocks=8, tiering="unified")
     rep.cache.insert(np.arange(0, 8))
     rep.cache.insert(np.arange(100, 108))
     rep.cache.make_room(8)  # 0-7: GPU -> CPU
     assert rep.cache.resident_prefix_blocks(np.arange(0, 10)) == 8
     fp.pool.put(np.asarray([8, 9]))
-    fp.submit(request(7, *range(10)), 0)
+    fp.submit(pool_request(7, *range(10)), 0)
     env.run()
     assert rep.got == [(7, 0.0)]
     assert (fp.fetches, fp.behind_cpu, fp.wasted_blocks) == (0, 1, 0)
@@ -175,7 +175,7 @@ def holed(per_token_s: float):
     """A Penelope replica (16 blocks) holding A = blocks 1-12 with a hole at 1-4: A and
     B = 101-104 fill the GPU; making room for 4 frees the front of A's private history, the
     least recent. The pool holds 1-12 (written through)."""
-    env, (rep,), fp = setup(per_token_s=per_token_s, policy="penelope")
+    env, (rep,), fp = pool_setup(per_token_s=per_token_s, policy="penelope")
     rep.cache.insert(np.arange(1, 13))
     rep.cache.insert(np.arange(101, 105))
     assert rep.cache.make_room(4).ok
@@ -192,7 +192,7 @@ def test_a_fetch_behind_a_hole_moves_only_the_missing_blocks():
     (before: all 12 blocks, 13 ms and 12,000 bytes)."""
     env, rep, fp = holed(per_token_s=1e-3)
     ids = np.arange(1, 14)
-    fp.submit(request(7, *ids), 0)
+    fp.submit(pool_request(7, *ids), 0)
     assert fp.pool.leases == {1: 1, 2: 1, 3: 1, 4: 1}
     env.run()
     assert rep.got == [(7, pytest.approx(0.005))]
@@ -208,7 +208,7 @@ def test_a_hole_fetch_is_priced_against_recomputing_the_hole_only():
     than recomputing their 16 tokens (4.8 ms): refused, 4 blocks left in the pool (before:
     12 blocks in 13 ms against 48 tokens, 14.4 ms, taken)."""
     env, rep, fp = holed(per_token_s=3e-4)
-    fp.submit(request(7, *range(1, 14)), 0)
+    fp.submit(pool_request(7, *range(1, 14)), 0)
     env.run()
     assert rep.got == [(7, 0.0)]
     assert (fp.fetches, fp.refusals, fp.refused_blocks) == (0, 1, 4)
@@ -221,7 +221,7 @@ def test_a_landing_stops_where_a_block_between_the_fetched_ones_left_the_gpu():
     wasted, and the request finds 1-4 on the GPU, then a hole, then 9-12."""
     env, rep, fp = holed(per_token_s=1e-3)
     ids = np.arange(1, 14)
-    fp.submit(request(7, *ids), 0)
+    fp.submit(pool_request(7, *ids), 0)
     assert rep.cache.make_room(8).ok
     env.run()
     assert fp.record.landed[7] == [(0, 4)] and (fp.fetched_blocks, fp.wasted_blocks) == (4, 0)

@@ -21,7 +21,7 @@ from sim.engines.recorder import COLUMNS, RequestRecord, RunRecorder
 from sim.engines.request import Req
 
 
-class _Prompt:
+class _StubPrompt:
     kind = "turn"
     skipped_tokens = restored_tokens = reprefill_tokens = rerotated_tokens = 0
 
@@ -32,10 +32,10 @@ class _Prompt:
         return Units()
 
 
-def _req(rid: int, session: int, arrival: float) -> Req:
+def _engine_req(rid: int, session: int, arrival: float) -> Req:
     return Req(rid=rid, session=session, arrival=arrival, seq=0, prompt_tokens=100 + rid,
                output_tokens=5, ids=np.zeros(0, np.int64), done=simpy.Environment().event(),
-               prompt=_Prompt(), generated=3)  # type: ignore[arg-type]
+               prompt=_StubPrompt(), generated=3)  # type: ignore[arg-type]
 
 
 def _recorder() -> RunRecorder:
@@ -49,11 +49,11 @@ def _by_objects(rec: RunRecorder) -> pd.DataFrame:
     return df.sort_values(["send_s", "request"], kind="stable").reset_index(drop=True)
 
 
-def _run(rec: RunRecorder, n: int = 40, leave_open: int = 3) -> list:
+def _record_run(rec: RunRecorder, n: int = 40, leave_open: int = 3) -> list:
     reqs = []
     for i in range(n):
         # ties in send time (reverse request order) check the stable sort
-        r = _req(rid=n - i if i % 3 else i, session=i % 2, arrival=float(i // 4))
+        r = _engine_req(rid=n - i if i % 3 else i, session=i % 2, arrival=float(i // 4))
         if i % 7 == 0:
             rec.drop(r, 1.0 + i, "context" if i % 2 else "cache")
             continue
@@ -71,14 +71,14 @@ def _run(rec: RunRecorder, n: int = 40, leave_open: int = 3) -> list:
 
 def test_the_table_is_the_records_table():
     rec = _recorder()
-    _run(rec)
+    _record_run(rec)
     pd.testing.assert_frame_equal(rec.table(), _by_objects(rec))
     assert len(rec) == 40 and list(rec.table().columns) == list(COLUMNS)
 
 
 def test_finished_records_are_not_held():
     rec = _recorder()
-    reqs = _run(rec, leave_open=1)
+    reqs = _record_run(rec, leave_open=1)
     gone = weakref.ref(reqs[0].record)
     still = reqs[-1].record  # open: the engine still updates it through req.record
     for r in reqs:
@@ -95,8 +95,8 @@ def test_a_column_takes_the_dtype_pandas_infers(value, dtype):
     """An int field given a float (or a bool) in one record: the column is what pandas makes
     of the values, float64 (object), as a list of records gave."""
     rec = _recorder()
-    reqs = _run(rec, leave_open=0)
-    r = _req(99, 0, 0.25)
+    reqs = _record_run(rec, leave_open=0)
+    r = _engine_req(99, 0, 0.25)
     r.record = rec.open(r, 1.0, reused=0, holes=0, ideal=16, recomputed=[],
                         recompute_units=0.0, segments=(), bs=16)
     r.record.hole_tokens = value
@@ -109,8 +109,8 @@ def test_a_column_takes_the_dtype_pandas_infers(value, dtype):
 
 def test_absorb_joins_rows_in_order():
     a, b = _recorder(), _recorder()
-    _run(a, n=20)
-    _run(b, n=30, leave_open=2)
+    _record_run(a, n=20)
+    _record_run(b, n=30, leave_open=2)
     expect = pd.concat([_by_objects(a), _by_objects(b)], ignore_index=True)
     expect = expect.sort_values(["send_s", "request"], kind="stable").reset_index(drop=True)
     a.absorb(b)

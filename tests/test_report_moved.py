@@ -41,14 +41,14 @@ NEW = """### CPU-tier sweep (qwen3-8b, N=8, fcfs, GPU 128K)
 """
 
 
-def run(*args: str) -> subprocess.CompletedProcess:
+def run_report(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(REPORT), *args], capture_output=True, text=True)
 
 
 def test_moved_lists_each_changed_cell_new_and_gone_rows(tmp_path) -> None:
     (tmp_path / "old.md").write_text(OLD)
     (tmp_path / "new.md").write_text(NEW)
-    res = run("--moved", str(tmp_path / "old.md"), str(tmp_path / "new.md"))
+    res = run_report("--moved", str(tmp_path / "old.md"), str(tmp_path / "new.md"))
     assert res.returncode == 0, res.stderr
     rows = res.stdout.splitlines()[2:]
     assert rows == [
@@ -61,11 +61,11 @@ def test_moved_lists_each_changed_cell_new_and_gone_rows(tmp_path) -> None:
 
 def test_moved_on_identical_tables_says_so_and_bad_arguments_exit_2(tmp_path) -> None:
     (tmp_path / "old.md").write_text(OLD)
-    res = run("--moved", str(tmp_path / "old.md"), str(tmp_path / "old.md"))
+    res = run_report("--moved", str(tmp_path / "old.md"), str(tmp_path / "old.md"))
     assert res.stdout.strip() == "No published cell moved."
     for args in (["--moved", str(tmp_path / "old.md")],
                  ["--moved", str(tmp_path / "old.md"), str(tmp_path / "none.md")]):
-        res = run(*args)
+        res = run_report(*args)
         assert res.returncode == 2 and res.stdout == ""
         assert res.stderr.startswith("report.py: error: ") and len(res.stderr.splitlines()) == 1
 
@@ -73,7 +73,7 @@ def test_moved_on_identical_tables_says_so_and_bad_arguments_exit_2(tmp_path) ->
 def test_moved_headlines_keeps_only_the_change_columns(tmp_path) -> None:
     (tmp_path / "old.md").write_text(OLD)
     (tmp_path / "new.md").write_text(NEW)
-    res = run("--moved", "--headlines", str(tmp_path / "old.md"), str(tmp_path / "new.md"))
+    res = run_report("--moved", "--headlines", str(tmp_path / "old.md"), str(tmp_path / "new.md"))
     assert res.stdout.splitlines()[2:] == [
         "| CPU-tier sweep | 1x | TTFT change | -36.3% | -35.0% |",
         "| CPU-tier sweep | 2x | (new row) | - | - |",
