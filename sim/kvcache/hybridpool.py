@@ -359,8 +359,8 @@ class HybridPool:
         if computed // self.block_size > len(seq.ids):
             raise ValueError(f"request {rid}: {computed} tokens computed but ids cover only "
                              f"{len(seq.ids)} blocks")
-        need = _cdiv(computed, self.block_size)
-        if sum(max(need - len(t), 0) for t in seq.tables) > len(self._queue):
+        need = _cdiv(computed, self.block_size) - len(seq.tables[0])  # tables: one length
+        if need > 0 and need * len(seq.tables) > len(self._queue):
             if self.debug:
                 self.check()
             return False
@@ -580,6 +580,16 @@ class HybridPool:
     def _free_blocks(self, ordered: np.ndarray) -> None:
         """``BlockPool.free_blocks``: one hold less each; unheld hashed blocks join the tail in
         order, unheld unhashed ones the front."""
+        if len(ordered) == 1:  # a window's block: numpy's per-call cost dominates
+            p = int(ordered[0])
+            r = int(self._ref[p]) - 1
+            self._ref[p] = r
+            if r == 0:
+                if self._bid[p] >= 0:
+                    self._queue.append(ordered)
+                else:
+                    self._queue.prepend(ordered)
+            return
         refs = self._ref[ordered] - 1
         self._ref[ordered] = refs
         zero = ordered[refs == 0]
@@ -614,6 +624,8 @@ class HybridPool:
         """``cache_blocks`` per group: hash the blocks full now (nulls skipped)."""
         full = min(seq.known // self.block_size, len(seq.ids))
         cached = seq.cached
+        if full <= min(cached):
+            return
         for g, t in enumerate(seq.tables):
             a = cached[g]
             if full <= a:
