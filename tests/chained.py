@@ -37,3 +37,23 @@ def draw_prompt(data, universe: Universe, history: list[list[int]], more: st.Sea
     choices = (choices + data.draw(more))[:max_len] or [0]
     history.append(choices)
     return universe.prompt(choices)
+
+
+def ids(*xs: int) -> np.ndarray:
+    """Block ids as the cache takes them: an int64 array."""
+    return np.array(xs, dtype=np.int64)
+
+
+def joined(*parts) -> np.ndarray:
+    """The block ids of ``parts`` (lists of ids) one after the other, as one int64 array."""
+    return np.array([x for part in parts for x in part], dtype=np.int64)
+
+
+def runs(parts: list[np.ndarray]) -> list[list[int]]:
+    """Runs of block ids as lists, to compare."""
+    return [p.tolist() for p in parts]
+
+
+def freed(result) -> list[list[int]]:
+    """The runs an eviction (or an insert that made room) freed, as lists."""
+    return runs(result.freed)

@@ -108,7 +108,7 @@ RUNS = {
 }
 
 
-def runs() -> dict:
+def standard_runs() -> dict:
     from sim.config import RunConfig
     from sim.run import run
 
@@ -124,7 +124,7 @@ def runs() -> dict:
 
 
 def main(argv: list[str]) -> int:
-    result = ops(int(argv[1]), int(argv[2])) if argv[0] == "ops" else runs()
+    result = ops(int(argv[1]), int(argv[2])) if argv[0] == "ops" else standard_runs()
     compiled, why = native.current()
     print(json.dumps({"compiled": compiled, "reason": why, "result": result}))
     return 0

@@ -19,6 +19,7 @@ import pytest
 
 from policies import BLOCK, PRIVATE_HEAD, EvictionPolicy, get_policy
 from sim.kvcache import RadixKVCache, Tier
+from tests.chained import freed, joined
 
 A = [1, 2, 3]
 B = list(range(10, 18))
@@ -26,15 +27,11 @@ D = [20, 21, 22]
 E = [30, 31]
 
 
-def ids(*parts: list[int]) -> np.ndarray:
-    return np.array([x for part in parts for x in part], dtype=np.int64)
-
-
-def build(policy: str | EvictionPolicy, capacity: int = 64) -> RadixKVCache:
+def three_leaves(policy: str | EvictionPolicy, capacity: int = 64) -> RadixKVCache:
     cache = RadixKVCache(capacity, policy, debug=True)
-    cache.insert(ids(A, B, D))  # tick 1 stamps nothing, new leaf t2
-    cache.insert(ids(A, B))  # t3: the whole node, then split into A+B | D
-    cache.insert(ids(A, E))  # t4: A+B, split into A | B; new leaf E t5
+    cache.insert(joined(A, B, D))  # tick 1 stamps nothing, new leaf t2
+    cache.insert(joined(A, B))  # t3: the whole node, then split into A+B | D
+    cache.insert(joined(A, E))  # t4: A+B, split into A | B; new leaf E t5
     return cache
 
 
@@ -43,12 +40,8 @@ def shape(cache: RadixKVCache) -> list[tuple[int, int, str, list[int]]]:
     return [(n.start, n.end, n.tier.name, n.ids.tolist()) for n in cache.iter_nodes()]
 
 
-def freed(result) -> list[list[int]]:
-    return [run.tolist() for run in result.freed]
-
-
 def test_hand_built_tree_shape_and_stamps():
-    cache = build("sglang")
+    cache = three_leaves("sglang")
     assert shape(cache) == [
         (0, 3, "GPU", A),
         (3, 11, "GPU", B),
@@ -146,7 +139,7 @@ GOLDEN = {
 @pytest.mark.parametrize(("start", "gran", "n"), list(GOLDEN))
 def test_golden_eviction(start: str, gran: str, n: int):
     policy = EvictionPolicy("lru", start, gran)
-    cache = build(policy)
+    cache = three_leaves(policy)
     want_freed, want_holes, want_shape = GOLDEN[(start, gran, n)]
     result = cache.evict(n)
     assert freed(result) == want_freed
@@ -162,7 +155,7 @@ def test_golden_eviction(start: str, gran: str, n: int):
 
 def test_figure3_penelope_then_parent_is_hole_stop():
     """Figure 3, then the next eviction of the same history stops below the hole."""
-    cache = build("penelope")
+    cache = three_leaves("penelope")
     r1 = cache.evict(3)
     assert freed(r1) == [[10, 11, 12]]
     r2 = cache.evict(2)  # D's walk: parent B' = [13..17] passes, B' has a hole parent: stop
@@ -175,15 +168,15 @@ def test_figure3_penelope_then_parent_is_hole_stop():
         (11, 14, "GPU"),
         (3, 5, "GPU"),
     ]
-    m = cache.match(ids(A, B, D))
+    m = cache.match(joined(A, B, D))
     assert (m.matched_blocks, m.hit_blocks, m.hole_blocks) == (14, 3, 5)
     assert m.segments == ((0, 3, Tier.GPU), (3, 8, Tier.NONE), (8, 14, Tier.GPU))
 
 
 def test_private_head_stop_parent_is_root():
     cache = RadixKVCache(64, "penelope", debug=True)
-    cache.insert(ids([1, 2, 3, 4, 5]))
-    cache.insert(ids([1, 2, 3]))  # split: P=[1,2,3] -- L=[4,5]
+    cache.insert(joined([1, 2, 3, 4, 5]))
+    cache.insert(joined([1, 2, 3]))  # split: P=[1,2,3] -- L=[4,5]
     r = cache.evict(2)
     assert freed(r) == [[1, 2]]  # the head of the history, right below the root
     assert shape(cache) == [
@@ -194,13 +187,13 @@ def test_private_head_stop_parent_is_root():
 
 
 def test_private_head_stop_parent_has_several_children():
-    cache = build("penelope")  # A has two children (B and E)
+    cache = three_leaves("penelope")  # A has two children (B and E)
     assert freed(cache.evict(1)) == [[10]]
 
 
 def test_private_head_stop_parent_locked():
-    cache = build("penelope")
-    m = cache.match(ids(A, B, [99]))  # ends exactly at B's end: B (and A) get locked
+    cache = three_leaves("penelope")
+    m = cache.match(joined(A, B, [99]))  # ends exactly at B's end: B (and A) get locked
     assert m.matched_blocks == 11 and m.node.ids.tolist() == B
     cache.lock(m.node)
     assert (cache.protected_blocks, cache.evictable_blocks) == (11, 5)
@@ -220,9 +213,9 @@ def test_private_head_stop_parent_locked():
 
 def test_private_head_locked_hole_survives_until_unlock():
     """A request that matched into a hole pins it; the hole outlives its subtree until unlock."""
-    cache = build("penelope")
+    cache = three_leaves("penelope")
     cache.evict(8)  # B becomes a hole
-    m = cache.match(ids(A, B[:4]))  # ends inside the hole: split
+    m = cache.match(joined(A, B[:4]))  # ends inside the hole: split
     assert (m.matched_blocks, m.hit_blocks) == (7, 3) and m.node.tier == Tier.NONE
     cache.lock(m.node)
     cache.evict(100)  # frees D (the hole below leaves the tree) and E; A stays locked
@@ -267,9 +260,9 @@ def test_match_splits_and_stamps_like_sglang():
     """A match that ends inside a node splits it and stamps the WHOLE node first (SGLang stamps
     the child, then splits), so the unmatched suffix becomes recent too."""
     cache = RadixKVCache(64, "sglang", debug=True)
-    cache.insert(ids([1, 2, 3, 4, 5]))  # leaf X t2
-    cache.insert(ids([7, 8]))  # leaf Y t4
-    m = cache.match(ids([1, 2, 9]))  # t5: stamps X, splits after 2 blocks
+    cache.insert(joined([1, 2, 3, 4, 5]))  # leaf X t2
+    cache.insert(joined([7, 8]))  # leaf Y t4
+    m = cache.match(joined([1, 2, 9]))  # t5: stamps X, splits after 2 blocks
     assert (m.matched_blocks, m.hit_blocks) == (2, 2)
     assert m.node.ids.tolist() == [1, 2] and m.node.end == 2
     assert [(n.ids.tolist(), n.last_access) for n in cache.iter_nodes()] == [
@@ -278,23 +271,23 @@ def test_match_splits_and_stamps_like_sglang():
         ([7, 8], 4),
     ]
     assert freed(cache.evict(1)) == [[7, 8]]  # Y is now the LRU leaf, not [3, 4, 5]
-    m0 = cache.match(ids([42]))
+    m0 = cache.match(joined([42]))
     assert m0.node is cache.root and m0.matched_blocks == 0 and m0.segments == ()
 
 
 def test_match_touch_false_splits_without_stamping():
     cache = RadixKVCache(64, "sglang", debug=True)
-    cache.insert(ids([1, 2, 3, 4]))
+    cache.insert(joined([1, 2, 3, 4]))
     clock = cache.clock
-    m = cache.match(ids([1, 2]), touch=False)
+    m = cache.match(joined([1, 2]), touch=False)
     assert cache.clock == clock and m.node.end == 2
     assert [n.last_access for n in cache.iter_nodes()] == [2, 2]
 
 
 def test_insert_refills_partial_hole_and_counts():
-    cache = build("penelope")
+    cache = three_leaves("penelope")
     cache.evict(3)  # hole [10, 11, 12]
-    ins = cache.insert(ids(A, [10, 11]))  # ends inside the hole: split, refill the first part
+    ins = cache.insert(joined(A, [10, 11]))  # ends inside the hole: split, refill the first part
     assert (ins.new_blocks, ins.filled_blocks, ins.existing_blocks) == (0, 2, 3)
     assert ins.node.ids.tolist() == [10, 11] and ins.node.tier == Tier.GPU
     assert [(s, e, t) for s, e, t, _ in shape(cache)][:4] == [
@@ -303,7 +296,7 @@ def test_insert_refills_partial_hole_and_counts():
         (5, 6, "NONE"),
         (6, 11, "GPU"),
     ]
-    ins = cache.insert(ids(A, B, [40, 41]))  # refills [12], new leaf after B's end
+    ins = cache.insert(joined(A, B, [40, 41]))  # refills [12], new leaf after B's end
     assert (ins.new_blocks, ins.filled_blocks, ins.existing_blocks) == (2, 1, 10)
     assert cache.hole_blocks == 0 and cache.gpu_blocks == 18
 
@@ -311,12 +304,12 @@ def test_insert_refills_partial_hole_and_counts():
 def test_capacity_reserve_make_room_and_insert_errors():
     from sim.kvcache import CapacityError
 
-    cache = build("vllm", capacity=20)  # 16 in the tree
+    cache = three_leaves("vllm", capacity=20)  # 16 in the tree
     assert cache.free_blocks == 4
     cache.reserve(4)
     with pytest.raises(CapacityError):
         cache.reserve(1)
-    m = cache.match(ids(A, E))
+    m = cache.match(joined(A, E))
     cache.lock(m.node)  # 5 protected, 11 evictable
     r = cache.make_room(12)  # needs 12 more than the 0 free: impossible -> nothing evicted
     assert not r.ok and r.freed_blocks == 0 and cache.gpu_blocks == 16
@@ -325,7 +318,7 @@ def test_capacity_reserve_make_room_and_insert_errors():
     before = shape(cache)
     with pytest.raises(CapacityError):
         # the tree alone may not exceed capacity (reserved blocks are the caller's business)
-        cache.insert(ids(range(100, 116)))  # gpu 5 + 16 new > 20
+        cache.insert(joined(range(100, 116)))  # gpu 5 + 16 new > 20
     assert shape(cache) == before
     cache.release(4)
     cache.unlock(m.node)
@@ -357,9 +350,9 @@ def test_block_exact_policies_stamp_only_matched_blocks():
     """vllm/penelope stamp exactly the matched blocks (the unmatched suffix of the split node
     keeps its old stamp), unlike SGLang (see test_match_splits_and_stamps_like_sglang)."""
     cache = RadixKVCache(64, "vllm", debug=True)
-    cache.insert(ids([1, 2, 3, 4, 5]))  # t1 (block-exact: the new leaf shares the tick)
-    cache.insert(ids([7, 8]))  # t2
-    m = cache.match(ids([1, 2, 9]))  # t3
+    cache.insert(joined([1, 2, 3, 4, 5]))  # t1 (block-exact: the new leaf shares the tick)
+    cache.insert(joined([7, 8]))  # t2
+    m = cache.match(joined([1, 2, 9]))  # t3
     assert [(n.ids.tolist(), n.last_access) for n in cache.iter_nodes()] == [
         ([1, 2], 3),
         ([3, 4, 5], 1),
@@ -372,12 +365,12 @@ def test_block_exact_policies_stamp_only_matched_blocks():
 def test_penelope_refill_merges_the_path_and_keeps_handles():
     """Refilling holes merges the runs a block-exact policy no longer needs apart; the
     request's lock handle (the deepest node) survives the merge."""
-    cache = build("penelope")
+    cache = three_leaves("penelope")
     cache.evict(3)  # Figure 3: A | [10 11 12] hole | [13..17] | D, and E
-    m = cache.match(ids(A, B, D))
+    m = cache.match(joined(A, B, D))
     assert (m.matched_blocks, m.hit_blocks, m.hole_blocks) == (14, 3, 3)
     cache.lock(m.node)
-    ins = cache.insert(ids(A, B, D))
+    ins = cache.insert(joined(A, B, D))
     assert (ins.new_blocks, ins.filled_blocks, ins.existing_blocks) == (0, 3, 11)
     assert ins.node is m.node
     # A has two children (stays apart); hole+rest+D were only children with lock 1: one node
@@ -392,21 +385,21 @@ def test_penelope_refill_merges_the_path_and_keeps_handles():
 
 def test_sglang_preset_never_merges():
     cache = RadixKVCache(64, "sglang", debug=True)
-    cache.insert(ids([1, 2, 3]))
-    cache.insert(ids([1, 2, 3, 4, 5]))  # a new leaf under [1, 2, 3]: two nodes stay
+    cache.insert(joined([1, 2, 3]))
+    cache.insert(joined([1, 2, 3, 4, 5]))  # a new leaf under [1, 2, 3]: two nodes stay
     assert shape(cache) == [(0, 3, "GPU", [1, 2, 3]), (3, 5, "GPU", [4, 5])]
     pen = RadixKVCache(64, "penelope", debug=True)
-    pen.insert(ids([1, 2, 3]))
-    pen.insert(ids([1, 2, 3, 4, 5]))  # same tick, one child, no lock: merged
+    pen.insert(joined([1, 2, 3]))
+    pen.insert(joined([1, 2, 3, 4, 5]))  # same tick, one child, no lock: merged
     assert shape(pen) == [(0, 5, "GPU", [1, 2, 3, 4, 5])]
 
 
 def test_debug_mode_rejects_unchained_ids():
     """Matching compares only a node's last id (ids are chained); debug mode verifies it."""
     cache = RadixKVCache(64, "sglang", debug=True)
-    cache.insert(ids([1, 2, 3]))
+    cache.insert(joined([1, 2, 3]))
     with pytest.raises(AssertionError, match="not chained"):
-        cache.match(ids([1, 9, 3]))
+        cache.match(joined([1, 9, 3]))
 
 
 def test_victim_order_is_a_pluggable_sort_key(monkeypatch):
@@ -420,7 +413,7 @@ def test_victim_order_is_a_pluggable_sort_key(monkeypatch):
     def newest_first(node):
         return -node.last_access
 
-    cache = build(EvictionPolicy("newest-first", "tail", "node"))
+    cache = three_leaves(EvictionPolicy("newest-first", "tail", "node"))
     assert freed(cache.evict(1)) == [E]  # E (t5) is the most recent leaf
 
     class Oldest(EvictionPolicy):
@@ -429,6 +422,6 @@ def test_victim_order_is_a_pluggable_sort_key(monkeypatch):
         def key(self, node):
             return node.serial  # creation order: A was created... split prefixes are newer
 
-    cache = build(Oldest())
+    cache = three_leaves(Oldest())
     first = min(cache.evictable_leaves(), key=lambda n: n.serial)
     assert freed(cache.evict(1)) == [first.ids.tolist()]

@@ -35,7 +35,7 @@ def _built() -> None:
         pytest.skip(f"no compiled core on this machine: {manifest.get('why')}")
 
 
-def _probe(*args: str, pure: bool) -> dict:
+def _native_probe(*args: str, pure: bool) -> dict:
     env = {**os.environ, native.PURE_ENV: "1" if pure else "0"}
     out = subprocess.run([sys.executable, str(PROBE), *args], env=env, cwd=REPO,
                          capture_output=True, text=True, check=True)
@@ -44,7 +44,7 @@ def _probe(*args: str, pure: bool) -> dict:
     return got["result"]
 
 
-def _same(compiled: dict, pure: dict) -> None:
+def _same_results(compiled: dict, pure: dict) -> None:
     assert compiled.keys() == pure.keys()
     for key in compiled:
         assert compiled[key] == pure[key], f"{key}: the compiled core differs"
@@ -66,17 +66,17 @@ def test_the_build_compiles_every_module_and_the_process_imports_them() -> None:
 def test_random_op_streams_run_identically(seeds: tuple[int, int]) -> None:
     _built()
     args = ("ops", str(seeds[0]), str(seeds[1]))
-    compiled, pure = _probe(*args, pure=False), _probe(*args, pure=True)
+    compiled, pure = _native_probe(*args, pure=False), _native_probe(*args, pure=True)
     assert len(compiled) == seeds[1] * 6
     assert sum(len(log) for log in pure.values()) > 1000  # a real workout, not empty streams
-    _same(compiled, pure)
+    _same_results(compiled, pure)
 
 
 def test_standard_runs_run_identically() -> None:
     _built()
-    compiled, pure = _probe("runs", pure=False), _probe("runs", pure=True)
+    compiled, pure = _native_probe("runs", pure=False), _native_probe("runs", pure=True)
     assert all(r["rows"] > 0 for r in pure.values())
-    _same(compiled, pure)
+    _same_results(compiled, pure)
 
 
 def _fake_checkout(tmp_path, monkeypatch, *, built: bool = True) -> None:
