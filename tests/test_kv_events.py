@@ -19,12 +19,9 @@ from sim.fleet.kvevents import KVEventFeed
 from sim.kvcache import CapacityError, RadixKVCache, Tier
 from sim.kvcache.blockpool import BlockPool, HolePool
 from sim.kvcache.events import BlockRemoved, BlocksDropped, BlockStored, ChainWritten
+from tests.chained import ids
 
 BS = 4
-
-
-def ids(*xs: int) -> np.ndarray:
-    return np.asarray(xs, dtype=np.int64)
 
 
 def taken(source) -> list[tuple]:

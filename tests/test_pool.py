@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from sim.fleet.pool import SharedPool
-
-
-def ids(*xs: int) -> np.ndarray:
-    return np.asarray(xs, dtype=np.int64)
+from tests.chained import ids
 
 
 def test_lookup_is_a_contiguous_prefix_from_the_start_position():

@@ -3,14 +3,9 @@ hand from crates/kv_index string_tree.rs as the module docstring states them).""
 
 from __future__ import annotations
 
-import numpy as np
-
 from policies.routing import ApproxRadix
 from sim.fleet.radix import RadixBelief
-
-
-def ids(*xs: int) -> np.ndarray:
-    return np.asarray(xs, dtype=np.int64)
+from tests.chained import ids
 
 
 def test_overlaps_split_and_one_budget_for_all_workers():

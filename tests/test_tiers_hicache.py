@@ -19,15 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from policies import NODE, PolicyError
 from sim.kvcache import RadixKVCache, Tier
-from tests.chained import Universe, draw_prompt
-
-
-def ids(*xs: int) -> np.ndarray:
-    return np.array(xs, dtype=np.int64)
-
-
-def runs(parts: list[np.ndarray]) -> list[list[int]]:
-    return [p.tolist() for p in parts]
+from tests.chained import Universe, draw_prompt, ids, runs
 
 
 def hicache(gpu: int, cpu: int, **kw) -> RadixKVCache:

@@ -11,12 +11,9 @@ from hypothesis import strategies as st
 
 from policies.eviction import penelope_free_order, vllm_free_order
 from sim.kvcache.blockpool import BlockPool
+from tests.chained import ids
 
 BS = 4
-
-
-def ids(*xs: int) -> np.ndarray:
-    return np.array(xs, np.int64)
 
 
 def snapshot(p: BlockPool) -> tuple:
