@@ -18,7 +18,7 @@ STRATEGIES = ["full", "trim:4", "summarize:32k:1024", "drop:4", "drop:4+repos", 
               "budget:16k", "full@vllm"]
 
 
-def _run(context: str, seed: int, cache: int, preset: str, sessions: int):
+def _run_context(context: str, seed: int, cache: int, preset: str, sessions: int):
     engine = "sglang"
     if context.endswith("@vllm"):
         context, engine = context.removesuffix("@vllm"), "vllm"
@@ -40,7 +40,7 @@ def _run(context: str, seed: int, cache: int, preset: str, sessions: int):
 @example(seed=0, cache=32768, preset="penelope", sessions=3)  # budget:16k likewise
 def test_recompute_units_never_exceed_prefill_units(context, seed, cache, preset,
                                                     sessions) -> None:
-    df = _run(context, seed, cache, preset, sessions)
+    df = _run_context(context, seed, cache, preset, sessions)
     ok = df[~df.dropped.astype(bool)]
     assert len(ok)
     over = ok[ok.recompute_units > ok.prefill_units * (1 + 1e-12)]

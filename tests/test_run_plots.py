@@ -44,13 +44,13 @@ def figures(monkeypatch) -> dict[str, object]:
     return saved
 
 
-def _run(out: Path, *args: str) -> None:
+def _run_cli(out: Path, *args: str) -> None:
     res = CliRunner().invoke(cli, ["run", *TRACE, "--out", str(out), *args])
     assert res.exit_code == 0, res.stderr
 
 
 def test_change_bars_draw_the_repeats_intervals_and_mark_noise(tmp_path, figures) -> None:
-    _run(tmp_path, "--replicas", "2", "--router", "random", "--gpu-cache", "48k", "--preset",
+    _run_cli(tmp_path, "--replicas", "2", "--router", "random", "--gpu-cache", "48k", "--preset",
          "sglang,penelope", "--repeats", "3")
     plots.plot_dir(tmp_path)
     ax = figures["change_vs_first.png"].axes[0]
@@ -66,7 +66,7 @@ def test_change_bars_draw_the_repeats_intervals_and_mark_noise(tmp_path, figures
 
 
 def test_without_repeats_change_bars_have_no_intervals(tmp_path, figures) -> None:
-    _run(tmp_path, "--preset", "sglang,penelope", "--gpu-cache", "48k")
+    _run_cli(tmp_path, "--preset", "sglang,penelope", "--gpu-cache", "48k")
     plots.plot_dir(tmp_path)
     ax = figures["change_vs_first.png"].axes[0]
     assert not [c for c in ax.containers if type(c).__name__ == "ErrorbarContainer"]
@@ -74,7 +74,7 @@ def test_without_repeats_change_bars_have_no_intervals(tmp_path, figures) -> Non
 
 
 def test_a_pd_run_gets_its_ttft_by_part(tmp_path, figures) -> None:
-    _run(tmp_path, "--preset", "sglang", "--prefill-replicas", "1", "--decode-replicas", "2")
+    _run_cli(tmp_path, "--preset", "sglang", "--prefill-replicas", "1", "--decode-replicas", "2")
     plots.plot_dir(tmp_path)
     ax = figures["pd_ttft_parts.png"].axes[0]
     assert "PD 1P:2D" in ax.get_title()

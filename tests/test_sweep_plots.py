@@ -56,7 +56,7 @@ def sweep_dir(request, tmp_path_factory) -> Path:
 
 
 @pytest.fixture()
-def figures(sweep_dir, monkeypatch) -> Iterator[dict]:
+def sweep_figures(sweep_dir, monkeypatch) -> Iterator[dict]:
     """The figures ``kvsim plot`` writes, kept open to inspect."""
     kept: dict = {}
 
@@ -76,8 +76,8 @@ def _data_lines(ax) -> list:
     return [ln for ln in ax.get_lines() if ln.get_gid() != "reference" and len(ln.get_xdata())]
 
 
-def test_every_line_of_a_panel_is_distinguishable(figures) -> None:
-    for name, fig in figures.items():
+def test_every_line_of_a_panel_is_distinguishable(sweep_figures) -> None:
+    for name, fig in sweep_figures.items():
         for ax in fig.axes:
             lines = _data_lines(ax)
             looks = [(ln.get_color(), ln.get_linestyle(), ln.get_marker()) for ln in lines]
@@ -87,8 +87,8 @@ def test_every_line_of_a_panel_is_distinguishable(figures) -> None:
             assert not any(lab.startswith("_") for lab in labels), (name, labels)
 
 
-def test_labels_are_short_and_readable(figures) -> None:
-    for name, fig in figures.items():
+def test_labels_are_short_and_readable(sweep_figures) -> None:
+    for name, fig in sweep_figures.items():
         for t in fig.findobj(matplotlib.text.Text):
             text = t.get_text()
             if not text:
@@ -100,12 +100,12 @@ def test_labels_are_short_and_readable(figures) -> None:
                 assert len(tick.get_text()) <= 24, (name, tick.get_text())
 
 
-def test_small_multiples_draw_every_point_once(figures, sweep_dir) -> None:
+def test_small_multiples_draw_every_point_once(sweep_figures, sweep_dir) -> None:
     import pandas as pd
 
     df = pd.read_csv(sweep_dir / "results.csv", dtype=str, keep_default_na=False)
     varied = [k for k in _grid_fields(sweep_dir) if df[k].nunique() > 1]
-    fig = figures["sweep_ttft.png"]
+    fig = sweep_figures["sweep_ttft.png"]
     assert sum(len(ln.get_xdata()) for ax in fig.axes for ln in _data_lines(ax)) == len(df)
     if len(varied) >= 2:  # x and panels: each panel names the values it holds
         for ax in fig.axes:

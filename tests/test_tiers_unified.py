@@ -23,17 +23,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from policies import TAIL, EvictionPolicy, get_policy
 from sim.kvcache import EvictResult, RadixKVCache, Tier
-from tests.chained import Universe, draw_prompt
+from tests.chained import Universe, draw_prompt, ids, runs
 
 GPU_CAP, CPU_CAP, SWAP = 6, 6, 2
-
-
-def ids(*xs: int) -> np.ndarray:
-    return np.array(xs, dtype=np.int64)
-
-
-def runs(parts: list[np.ndarray]) -> list[list[int]]:
-    return [p.tolist() for p in parts]
 
 
 def admit(cache: RadixKVCache, prompt: np.ndarray):

@@ -37,34 +37,34 @@ def test_bad_values_are_refused_by_name(flat, field, needle) -> None:
     assert e.value.field == field
 
 
-def _run(*extra: str):
+def _run_syn(*extra: str):
     return CliRunner().invoke(cli, ["run", "--trace", SYN, "--gpu-cache", "16k", *extra])
 
 
 def test_the_cli_option_reaches_the_config_and_the_sglang_engine_refuses_it() -> None:
-    res = _run("--engine", "vllm", "--vllm-version", "0.33", "--json")
+    res = _run_syn("--engine", "vllm", "--vllm-version", "0.33", "--json")
     assert res.exit_code == 0, res.stderr
-    res = _run("--engine", "sglang", "--vllm-version", "0.33")
+    res = _run_syn("--engine", "sglang", "--vllm-version", "0.33")
     assert res.exit_code == 2 and "vllm_version" in res.stderr
-    res = _run("--engine", "vllm", "--vllm-version", "0.33", "--vllm-cache-aware-window", "4")
+    res = _run_syn("--engine", "vllm", "--vllm-version", "0.33", "--vllm-cache-aware-window", "4")
     assert res.exit_code == 2 and "new in vLLM 0.34" in res.stderr, res.stderr
-    res = _run("--engine", "vllm", "--vllm-cache-aware-threshold", "0.7")
+    res = _run_syn("--engine", "vllm", "--vllm-cache-aware-threshold", "0.7")
     assert res.exit_code == 2
     assert "--vllm-cache-aware-threshold does nothing here" in res.stderr, res.stderr
 
 
 def test_the_run_names_the_release_and_what_0_33_deployed() -> None:
-    res = _run("--engine", "vllm", "--vllm-version", "0.33")
+    res = _run_syn("--engine", "vllm", "--vllm-version", "0.33")
     assert res.exit_code == 0, res.stderr
     assert "vllm engine (vLLM 0.33, async on)" in res.stdout
     assert "vLLM 0.33 deployed 16-token KV blocks on CUDA by default (0.34: 64); this run " \
         "keeps --block-size 64" in res.stderr
-    res = _run("--engine", "vllm", "--vllm-version", "0.33", "--block-size", "16")
+    res = _run_syn("--engine", "vllm", "--vllm-version", "0.33", "--block-size", "16")
     assert res.exit_code == 0 and "deployed 16-token" not in res.stderr
 
 
 def test_max_num_inflight_kv_loads_is_refused_by_name() -> None:
-    res = _run("--engine", "vllm", "--prefill-replicas", "1", "--decode-replicas", "1",
+    res = _run_syn("--engine", "vllm", "--prefill-replicas", "1", "--decode-replicas", "1",
                "--max-num-inflight-kv-loads", "4")
     assert res.exit_code == 2
     assert "--max-num-inflight-kv-loads" in res.stderr
