@@ -32,3 +32,13 @@ def _trace_cache_in_tmp(tmp_path_factory):
         os.environ.pop("KVSIM_CACHE_DIR", None)
     else:
         os.environ["KVSIM_CACHE_DIR"] = old
+
+
+@pytest.fixture(scope="module")
+def trace(tmp_path_factory) -> Path:
+    """A cc-traces folder of 3 sessions x 5 requests (tests/enginekit.py write_cc_traces)."""
+    from tests.enginekit import write_cc_traces
+
+    d = tmp_path_factory.mktemp("cc")
+    write_cc_traces(d, sessions=3, turns=5)
+    return d

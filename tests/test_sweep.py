@@ -16,7 +16,6 @@ from sim.cli.main import cli
 from sim.config import FLAT, ConfigError, RunConfig
 from sim.sweep import SECTIONS, load_sweep, run_sweep
 from sim.sweep.executors import ExecutorSpec, LocalPoolExecutor, SerialExecutor, WorkerLostError
-from tests.enginekit import write_cc_traces
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "sweeps.md"
 SWEEP = """
@@ -32,14 +31,7 @@ baseline: {{preset: sglang}}
 {extra}"""
 
 
-@pytest.fixture(scope="module")
-def trace(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("cc")
-    write_cc_traces(d, sessions=3, turns=5)
-    return d
-
-
-def _cfg(tmp: Path, trace: Path, extra: str = "") -> Path:
+def _sweep_yaml(tmp: Path, trace: Path, extra: str = "") -> Path:
     p = tmp / "sweep.yaml"
     p.write_text(SWEEP.format(trace=trace, extra=extra))
     return p
@@ -56,17 +48,17 @@ def test_docs_document_every_key() -> None:
 
 
 def test_executor_section_and_command_line(tmp_path, trace) -> None:
-    sweep = load_sweep(_cfg(tmp_path, trace, "executor: {kind: ray, jobs: 3, "
+    sweep = load_sweep(_sweep_yaml(tmp_path, trace, "executor: {kind: ray, jobs: 3, "
                                               "address: auto, max_retries: 1}\n"))
     assert sweep.executor == ExecutorSpec(kind="ray", jobs=3, address="auto", max_retries=1)
-    assert load_sweep(_cfg(tmp_path, trace, "executor: local\n")).executor == ExecutorSpec()
+    assert load_sweep(_sweep_yaml(tmp_path, trace, "executor: local\n")).executor == ExecutorSpec()
     assert isinstance(ExecutorSpec(jobs=1).make(), SerialExecutor)
     assert isinstance(ExecutorSpec(jobs=2).make(), LocalPoolExecutor)
     for bad, key in (("executor: {kind: spark}\n", "executor.kind"),
                      ("executor: {jobs: -1}\n", "executor.jobs"),
                      ("executor: {nodes: 4}\n", "executor.nodes")):
         with pytest.raises(ConfigError, match=re.escape(key)):
-            load_sweep(_cfg(tmp_path, trace, bad))
+            load_sweep(_sweep_yaml(tmp_path, trace, bad))
 
 
 def test_summary_is_written_last(tmp_path, trace, monkeypatch) -> None:
@@ -78,14 +70,14 @@ def test_summary_is_written_last(tmp_path, trace, monkeypatch) -> None:
         order.append(Path(path).name), text(path, t))[1])
     monkeypatch.setattr(sim.run.result, "atomic_write_parquet", lambda df, path: (
         order.append(Path(path).name), parquet(df, path))[1])
-    sweep = load_sweep(_cfg(tmp_path, trace))
+    sweep = load_sweep(_sweep_yaml(tmp_path, trace))
     run_sweep(sweep, tmp_path / "o", SerialExecutor())
     assert order[:3] == ["requests.parquet", "config.json", "summary.json"]
     assert order.count("summary.json") == 4
 
 
 def test_resume_after_a_killed_write_and_the_table(tmp_path, trace) -> None:
-    cfg = _cfg(tmp_path, trace)
+    cfg = _sweep_yaml(tmp_path, trace)
     code = CliRunner().invoke(cli, ["sweep", str(cfg), "--out", str(tmp_path / "a")])
     assert code.exit_code == 0, code.stderr
     csv = (tmp_path / "a" / "results.csv").read_bytes()
