@@ -758,8 +758,10 @@ def _common(a: np.ndarray, b: np.ndarray) -> int:
     m = min(len(a), len(b))
     if m == 0:
         return 0
-    diff = np.flatnonzero(a[:m] != b[:m])
-    return int(diff[0]) if diff.size else m
+    eq = a[:m] == b[:m]
+    if eq.all():  # the common case: the whole node matches
+        return m
+    return int(eq.argmin())
 
 
 def sorted_cat(parts: list[np.ndarray]) -> np.ndarray:
