@@ -737,6 +737,58 @@ class HybridRadixCache:
                 break
 
     # -- views ---------------------------------------------------------------------------------
+    def check(self) -> None:
+        """Recount every counter, LRU list and the leaf set from the nodes (AssertionError
+        on a difference): the invariants the differential test relies on."""
+        full = [0, 0]  # evictable, protected
+        swa = [0, 0]
+        states = [0, 0]
+        tree = [0, 0, 0]  # full blocks, SWA blocks, states
+        with_swa, with_state, leaves = set(), set(), set()
+        stack = list(self.root.children.items())
+        while stack:
+            key, node = stack.pop()
+            parent = node.parent
+            assert parent is not None and parent.children.get(key) is node and len(node) > 0
+            assert int(node.ids[0]) == key
+            assert min(node.full_lock, node.swa_lock, node.mamba_lock) >= 0
+            assert parent is self.root or parent.full_lock >= node.full_lock
+            n = len(node)
+            full[node.full_lock > 0] += n
+            tree[0] += n
+            if node.swa:
+                swa[node.swa_lock > 0] += n
+                tree[1] += n
+                with_swa.add(node)
+            if node.state:
+                states[node.mamba_lock > 0] += 1
+                tree[2] += 1
+                with_state.add(node)
+            if self._is_leaf(node):
+                leaves.add(node)
+            stack.extend(node.children.items())
+        assert full == [self.full_evictable, self.full_protected], "full sizes"
+        assert swa == [self.swa_evictable, self.swa_protected], "SWA sizes"
+        assert states == [self.state_evictable, self.state_protected], "state sizes"
+        assert leaves == self.leaves, "evictable leaves"
+        for lru, members in ((self.swa_lru, with_swa), (self.mamba_lru, with_state)):
+            assert set(lru.next) - {lru.head} == members, "LRU membership"
+        assert tree[0] <= self.full_used <= self.full_capacity, "full pool"
+        assert tree[1] <= self.swa_used <= self.swa_capacity, "SWA pool"
+        assert tree[2] <= self.state_used <= self.state_capacity, "state pool"
+
+    def idle(self) -> bool:
+        """No request holds anything: no lock anywhere, the pools hold the tree alone."""
+        stack = list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            if node.full_lock or node.swa_lock or node.mamba_lock:
+                return False
+            stack.extend(node.children.values())
+        full, swa, states = self.resident()
+        return (self.full_used == len(full) and self.swa_used == len(swa)
+                and self.state_used == len(states))
+
     def resident(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(full, SWA) block ids in the tree and the last block ids of the nodes holding a
         state, each sorted."""

@@ -1,0 +1,67 @@
+"""kvsim's SGLang hybrid tree on its own (sim/kvcache/hybridtree.py): every counter, LRU list
+and the leaf set recounted from the nodes after every op of random streams (SWA at any window
+and pool ratio, Mamba at any slot count), and nothing held once every request is done. The
+equality with SGLang's real cache is tests/test_sglang_hybrid_diff.py's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from benchmarks.opstream import ALLOC, ARRIVE, FINISH, OpStream, random_stream
+from benchmarks.sglang_swa_ops import KvsimMambaSide, KvsimSwaSide
+from benchmarks.sglang_unified_ops import CHUNK, with_chunks
+from sim.kvcache.hybridtree import HybridRadixCache
+
+
+def run_checked(stream: OpStream, side: Any) -> None:
+    live = {}
+    cache: HybridRadixCache = side.cache
+    for op, rid in stream.ops:
+        if op == ARRIVE:
+            live[rid] = stream.request(rid)
+            side.arrive(rid, live[rid])
+        elif op == ALLOC:
+            side.alloc(rid, live[rid].need_blocks)
+        elif op == CHUNK:
+            side.chunk(rid)
+        elif op == FINISH:
+            live.pop(rid)
+            side.finish(rid)
+        else:
+            side.touch(live.get(rid) or stream.request(rid))
+        side.take()
+        cache.check()
+    for rid in list(live):
+        side.finish(rid)
+    cache.check()
+    assert cache.idle()
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), window=st.sampled_from([32, 64, 96, 128, 300, 1024]),
+       ratio=st.sampled_from([0.2, 0.5, 0.8, 1.0]), capacity=st.sampled_from([24, 48, 96]))
+def test_hybrid_tree_swa_invariants(seed: int, window: int, ratio: float, capacity: int) -> None:
+    chunk = (40, 100, 192)[seed % 3]
+    stream = with_chunks(random_stream(seed, n_ops=200, capacity_blocks=capacity), chunk, seed)
+    run_checked(stream, KvsimSwaSide(capacity, max(4, int(capacity * ratio)), window, 64,
+                                     chunk))
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), slots=st.integers(10, 24),
+       capacity=st.sampled_from([48, 96, 160]))
+def test_hybrid_tree_mamba_invariants(seed: int, slots: int, capacity: int) -> None:
+    chunk = (5, 7, 13)[seed % 3]
+    stream = random_stream(seed, n_ops=200, capacity_blocks=capacity, block_size=1)
+    run_checked(with_chunks(stream, chunk, seed), KvsimMambaSide(capacity, slots, chunk))
+
+
+def test_hybrid_tree_refuses_what_sglang_has_no_tree_for() -> None:
+    with pytest.raises(ValueError, match="SWA \\(window\\) or Mamba"):
+        HybridRadixCache(10, 8, 128, state_slots=4)
+    with pytest.raises(ValueError, match="window must be positive"):
+        HybridRadixCache(10, 8, 0)
