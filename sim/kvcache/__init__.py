@@ -3,8 +3,9 @@ locks, a logical clock, an optional CPU tier (unified or HiCache), eviction plan
 ``policies.EvictionPolicy`` (``planner``) and applied by the tree (``tree``, ``appliers``),
 context edits over a versioned key space (``versions``, ``edits``), and KV events the caches
 (this one and vLLM's block pool, ``blockpool``) queue where they change state for a consumer
-to drain (``events``). Its core may run compiled: ``native`` decides, before the first of
-its modules loads."""
+to drain (``events``). SGLang's tree for hybrid models (full KV beside SWA KV or recurrent
+states: ``hybridtree``) and what a hole costs to refill on one (``refill``) stand beside it.
+Its core may run compiled: ``native`` decides, before the first of its modules loads."""
 
 from typing import TYPE_CHECKING, Any
 
