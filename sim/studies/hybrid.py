@@ -223,10 +223,13 @@ LAYOUT = (
 def hybrid_tables(doc: dict[str, Any]) -> list[Table | str]:
     out: list[Table | str] = [heading("hybrid", doc)]
     out += [narrow_table(title, list(cols), doc["rows"]) for title, cols in LAYOUT]
-    notes = [f"{r['model']} / {r['engine']}"
-             + (f" / {r['preset']}" if r["cache"] == "-" else "") + f": {r['note']}"
-             for r in doc["rows"] if r["note"]]
-    out += list(dict.fromkeys(notes))
+    # one line per model and engine (a patched preset's pool class differs), per refusal
+    notes: dict[tuple[str, ...], str] = {}
+    for r in doc["rows"]:
+        if r["note"]:
+            notes.setdefault((r["model"], r["engine"], r["preset"] if r["cache"] == "-"
+                              else ""), r["note"])
+    out += [f"{' / '.join(x for x in k if x)}: {note}" for k, note in notes.items()]
     if doc.get("figure1"):
         out.append(narrow_table("Figure 1 per model: tail deletion over front",
                                 [Col("model", "model"), Col("context (K)", "context_k", "int"),
