@@ -11,7 +11,7 @@ from fractions import Fraction
 import pytest
 from click.testing import CliRunner
 from conftest import SHARED_DATA
-from tracefixtures import make_sessions, write_cc_traces
+from tracefixtures import make_sessions, write_fx_cc_traces
 
 from sim.cli.main import cli
 from traces import load_trace
@@ -78,7 +78,7 @@ def test_the_counts_survive_the_trace_cache(tmp_path):
 def test_cc_traces_list_full_blocks_only(tmp_path):
     """cc-traces' hash ids are one per full 64-token block: at --block-size 64 the file's
     figure is kvsim's over every request's blocks."""
-    write_cc_traces(tmp_path, make_sessions(n_sessions=3))
+    write_fx_cc_traces(tmp_path, make_sessions(n_sessions=3))
     trace = load_trace(str(tmp_path), block_size=64, cache_dir=None)
     blocks = int((trace.prompt_tokens // 64).sum())
     assert trace.hash_id_refs == blocks

@@ -12,7 +12,7 @@ from tests import tracefixtures as F
 
 def test_stats_json_table_and_compare(tmp_path):
     S = F.make_sessions(seed=1)
-    F.write_cc_traces(tmp_path / "cc", S)
+    F.write_fx_cc_traces(tmp_path / "cc", S)
     run = CliRunner().invoke
     r = run(cli, ["trace", "stats", str(tmp_path / "cc"), "--json"])
     assert r.exit_code == 0, r.stderr

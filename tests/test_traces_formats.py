@@ -18,8 +18,8 @@ HAS_DUCKDB = importlib.util.find_spec("duckdb") is not None
 def fx(tmp_path_factory):
     d = tmp_path_factory.mktemp("fx")
     S = F.make_sessions(seed=7)
-    F.write_cc_traces(d / "cc", S)
-    F.write_cc_traces(d / "cc_plain", S[:1], gz=False)
+    F.write_fx_cc_traces(d / "cc", S)
+    F.write_fx_cc_traces(d / "cc_plain", S[:1], gz=False)
     F.write_jsonl(d / "cc.jsonl", [F.cc_session_doc(s) for s in S])
     F.write_jsonl(d / "mc.jsonl.gz", F.mooncake_records(S))
     F.write_jsonl(d / "tl.jsonl", F.tracelab_records(S))

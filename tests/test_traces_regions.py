@@ -170,7 +170,7 @@ def test_an_id_added_twice_keeps_its_first_region():
 
 
 # -- hand-built cc-traces sessions ----------------------------------------------------------------
-def _req(t, p, o, ids, types):
+def _cc_req(t, p, o, ids, types):
     return {"t": t, "type": "n", "model": "m", "in": p, "out": o, "hash_ids": ids,
             "input_types": types, "output_types": ["text"], "stop": "tool_use",
             "api_time": 1.0, "think_time": 1.0}
@@ -181,16 +181,16 @@ def _session_a():
     sub = {"t": 20.0, "type": "subagent", "agent_id": "x", "subagent_type": "Explore",
            "duration_ms": 5000, "total_tokens": 1, "tool_use_count": 1, "status": "done",
            "models": ["m"], "tool_tokens": "0", "system_tokens": "70",
-           "requests": [_req(0.0, 150, 10, [100, 101], ["text"])]}
-    R = [_req(0.0, 200, 50, [1, 2, 3], ["text"]),
-         _req(3.0, 300, 40, [1, 2, 3, 4], ["tool_result"]),
+           "requests": [_cc_req(0.0, 150, 10, [100, 101], ["text"])]}
+    R = [_cc_req(0.0, 200, 50, [1, 2, 3], ["text"]),
+         _cc_req(3.0, 300, 40, [1, 2, 3, 4], ["tool_result"]),
          sub,
-         _req(30.0, 420, 30, [1, 2, 3, 4, 5, 6], ["text"]),
-         _req(40.0, 460, 20, [1, 2, 3, 4, 50, 51, 52], ["tool_result"]),  # edit in place
-         _req(50.0, 250, 20, [1, 2, 60], ["text"]),  # compaction: system block changed
-         _req(60.0, 400, 20, [1, 2, 60, 61, 62, 63], ["tool_result"]),
-         _req(70.0, 380, 30, [1, 2, 60, 61, 70], ["text", "tool_result", "tool_use"]),
-         _req(80.0, 500, 10, [1, 2, 60, 61, 70, 71, 72],
+         _cc_req(30.0, 420, 30, [1, 2, 3, 4, 5, 6], ["text"]),
+         _cc_req(40.0, 460, 20, [1, 2, 3, 4, 50, 51, 52], ["tool_result"]),  # edit in place
+         _cc_req(50.0, 250, 20, [1, 2, 60], ["text"]),  # compaction: system block changed
+         _cc_req(60.0, 400, 20, [1, 2, 60, 61, 62, 63], ["tool_result"]),
+         _cc_req(70.0, 380, 30, [1, 2, 60, 61, 70], ["text", "tool_result", "tool_use"]),
+         _cc_req(80.0, 500, 10, [1, 2, 60, 61, 70, 71, 72],
               ["text", "thinking", "tool_result", "tool_use"])]
     return {"id": "a", "block_size": 64, "tool_tokens": 100, "system_tokens": 60,
             "requests": R}
@@ -200,8 +200,8 @@ def _session_b():
     """A first prompt that carries a history: 20,000 tokens beyond the 160-token prefix."""
     n = (160 + 20000) // 64
     return {"id": "b", "block_size": 64, "tool_tokens": 100, "system_tokens": 60,
-            "requests": [_req(0.0, 160 + 20000, 40, list(range(1, n + 1)), ["text"]),
-                         _req(5.0, 160 + 20000 + 100, 10, list(range(1, n + 2)),
+            "requests": [_cc_req(0.0, 160 + 20000, 40, list(range(1, n + 1)), ["text"]),
+                         _cc_req(5.0, 160 + 20000 + 100, 10, list(range(1, n + 2)),
                               ["tool_result"])]}
 
 
@@ -291,7 +291,7 @@ def test_generated_regions_are_aligned_and_prefix_first(spec):
 
 def test_every_format_has_aligned_regions(tmp_path):
     S = F.make_sessions(seed=3)
-    F.write_cc_traces(tmp_path / "cc", S)
+    F.write_fx_cc_traces(tmp_path / "cc", S)
     F.write_jsonl(tmp_path / "mc.jsonl", F.mooncake_records(S))
     F.write_jsonl(tmp_path / "tl.jsonl", F.tracelab_records(S))
     F.write_freeinference_jsonl(tmp_path / "fi", S)

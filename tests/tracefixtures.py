@@ -138,7 +138,9 @@ def cc_session_doc(s: FxSession, strings: bool = False) -> dict:
             "requests": items}
 
 
-def write_cc_traces(folder: Path, sessions: list[FxSession], gz: bool = True) -> list[Path]:
+def write_fx_cc_traces(folder: Path, sessions: list[FxSession], gz: bool = True) -> list[Path]:
+    """The cc-traces folder of these token-level sessions (tests/enginekit.py write_cc_traces
+    writes a random one of a given size instead)."""
     folder.mkdir(parents=True, exist_ok=True)
     out = []
     for i, s in enumerate(sessions):
