@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from click.testing import CliRunner
 
-from sim.cli.main import cli
+from tests.clikit import invoke
 from tests.enginekit import write_cc_traces
 
 
@@ -19,11 +18,6 @@ def trace_dir(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("cc")
     write_cc_traces(d, sessions=4, turns=6)
     return d
-
-
-def invoke(*args: str) -> tuple[int, str, str]:
-    res = CliRunner().invoke(cli, [str(a) for a in args])
-    return res.exit_code, res.stdout, res.stderr
 
 
 def test_run_json_contract_and_outputs(trace_dir: Path, tmp_path: Path) -> None:
