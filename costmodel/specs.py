@@ -32,7 +32,7 @@ from .registry import Registry
 
 class AttentionKind(StrEnum):
     """The attention of one layer; the layers of one kind (and window) are one KV cache
-    group (DESIGN.md, Hybrid attention)."""
+    group (docs/hybrid.md)."""
 
     FULL = "full"  # every earlier token, K and V per KV head
     SLIDING = "sliding"  # the last ``window`` tokens (including itself)

@@ -115,7 +115,7 @@ def memory_rule(spec: ModelSpec, gpu: GPU, tp: int, fraction: float | None, engi
     vLLM's ``gpu_memory_utilization`` (0.92 in 0.33 and under NIXL P/D; 1.0 in 0.34 with the
     extensible cache) is what weights, activations and CUDA graphs share, so the activation
     peak and the graph estimate are reserved, and 0.34 keeps ``max(1 GiB, 0.75 x peak)`` of
-    headroom (``v1/worker/extensible_kv_cache.py``; reference/vllm-034.md). A given fraction
+    headroom (vLLM 0.34's extensible KV cache; docs/engine.md, GPUs). A given fraction
     keeps each engine's meaning of it (vLLM still reserves)."""
     if engine != "vllm":
         if fraction is not None:

@@ -147,9 +147,14 @@ class SGLangServer(EngineBase):
         # (rid -> the locked prefix node and the blocks pre-allocated for the rest).
         self.prealloc: list[tuple[Req, Callable[[], None]]] = []
         self.receiving: dict[int, tuple[object, int]] = {}
-        # A disaggregated decode worker (sim/fleet/pd.py sets it): pre-allocations arrive.
+        # A disaggregated decode worker (``expect_preallocations``): pre-allocations arrive.
         self.remote_kv = False
         self.process = self.start()
+
+    def expect_preallocations(self) -> None:
+        """This worker decodes for prefill workers (sim/fleet/pd.py): a pre-allocation may
+        arrive at any step, so a full batch's decode run stays interruptible."""
+        self.remote_kv = True
 
     def busy(self) -> bool:
         return bool(self.waiting or self.running or self.chunked is not None)

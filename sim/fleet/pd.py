@@ -67,7 +67,6 @@ from costmodel.links import Link
 from costmodel.specs import get_spec
 from policies.pd_rules import DecodeWorker, PDRequest, PDRule
 from sim.context import PrefillOnlyPrompt
-from sim.deploy import gpus_per_replica
 from sim.engines.recorder import RunRecorder
 from sim.kvcache.paths import WalkHint
 
@@ -121,16 +120,17 @@ class PDFleet:
 
     def __init__(self, env: simpy.Environment, cfg, trace, prefill: Fleet, decode: list,
                  rule: PDRule, link: Link, rec: RunRecorder, kv_bytes: int, layers: int,
-                 profile) -> None:
+                 profile, gpus_per_replica: int) -> None:
         self.env, self.cfg, self.trace = env, cfg, trace
         self.prefill, self.decode, self.rule, self.link = prefill, decode, rule, link
         self.rec = rec
         self.kv_bytes, self.layers, self.profile = kv_bytes, layers, profile
+        self.gpus_per_replica = gpus_per_replica  # (sim/deploy.py's one definition)
         # With TP t each rank holds its share of the KV heads and ships it through its own
         # NIC (links.yaml: one NIC per GPU), all t at once: a worker's link moves its
         # rank's share of the bytes in the time (1/t when the KV heads divide by t).
         spec = get_spec(cfg.cache.model)
-        self.rank_share = kv_heads_per_rank(spec, gpus_per_replica(cfg, profile)) \
+        self.rank_share = kv_heads_per_rank(spec, gpus_per_replica) \
             / spec.kv_heads
         self.bs = cfg.cache.block_size
         self.threshold = cfg.pd.pd_local_threshold
@@ -146,7 +146,7 @@ class PDFleet:
         if self.prealloc:
             for e in decode:
                 if e.prealloc_before_prefill:  # SGLang: its runs end for a pre-allocation
-                    e.remote_kv = True
+                    e.expect_preallocations()
 
     # --- the server interface the replay uses ----------------------------------------------
     @property

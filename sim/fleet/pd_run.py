@@ -17,8 +17,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from sim.deploy import gpus_per_replica
-
 from .pd import PDFleet
 
 if TYPE_CHECKING:  # pandas where a table is made: none before a run's first request (issue 55)
@@ -135,7 +133,7 @@ def pd_summary(fleet: PDFleet, prefill, decode, table: pd.DataFrame, duration: f
         "pd_prefill_replicas": cfg.pd.prefill_replicas,
         "pd_decode_replicas": cfg.pd.decode_replicas,
         "pd_gpus": (cfg.pd.prefill_replicas + cfg.pd.decode_replicas)
-        * gpus_per_replica(cfg, fleet.profile),
+        * fleet.gpus_per_replica,
         "pd_rule": cfg.pd.pd_rule, "pd_rule_follows": fleet.rule.follows,
         "router": cfg.fleet.router or "round-robin",
         "pd_link": cfg.pd.pd_link, "pd_link_gb_s": link.bandwidth_gb_s,

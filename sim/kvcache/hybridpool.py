@@ -2,7 +2,7 @@
 block: full-attention and sliding-window groups sharing one block pool.
 
 The full-attention path (one group) is ``blockpool.BlockPool``; this module is used only when
-a model has several KV cache groups (DESIGN.md, Hybrid attention). It models vLLM 0.33/0.34's
+a model has several KV cache groups (docs/hybrid.md). It models vLLM 0.33/0.34's
 ``vllm/v1/core/kv_cache_coordinator.py`` (``HybridKVCacheCoordinator``),
 ``single_type_kv_cache_manager.py`` (``FullAttentionManager``, ``SlidingWindowManager``) and
 ``block_pool.py`` with the same state, so every observable (hits, admission, which physical
@@ -48,12 +48,14 @@ sliding lookup is one windowed sum over the bounded prefix).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from .cachedids import CachedIds
+from .events import EVENT_KINDS, KVEvent, KVEventQueue
 from .freequeue import FreeQueue
 
 __all__ = ["FULL", "SLIDING", "HybridGroup", "HybridPool"]
@@ -145,6 +147,25 @@ class HybridPool:
         self._cached = 0
         self._dropped = 0
         self._lost = 0
+        # KV events report the first full-attention group's blocks: the history a prefix
+        # router indexes (a window group's blocks leave with the window anyway)
+        self._events: KVEventQueue | None = None
+        fulls = [g for g, grp in enumerate(self.groups) if grp.kind == FULL]
+        self._event_group = fulls[0] if fulls else 0
+
+    # ------------------------------------------------------------------ KV events
+    def enable_events(self, clock: Callable[[], Any] | None = None,
+                      kinds: Iterable[type] | None = None) -> None:
+        """Report KV events from now on (``BlockPool.enable_events``): an id cached in the
+        first full-attention group is stored (its parent the id before it), an id whose last
+        copy there a pop dropped is removed."""
+        if self._events is None:
+            self._events = KVEventQueue(clock, kinds)
+        else:
+            self._events.want(EVENT_KINDS if kinds is None else kinds)
+
+    def take_events(self) -> list[tuple[Any, KVEvent]]:
+        return self._events.take() if self._events is not None else []
 
     # ------------------------------------------------------------------ counters
     @property
@@ -614,6 +635,12 @@ class HybridPool:
                     lost = m.drop(hashed[sel], xs[sel])
                     if self.groups[g].kind == FULL:
                         self._lost += lost
+        if self._events is not None:
+            eg = self._event_group
+            m = self._maps[eg]
+            gone = [x for x in xs[gs == eg].tolist() if not m.is_cached(x)]
+            if gone:
+                self._events.removed(np.asarray(gone, dtype=np.int64))
         self._bid[hashed] = -1
         self._grp[hashed] = -1
         self._cached -= len(hashed)
@@ -637,5 +664,8 @@ class HybridPool:
                 self._bid[ps] = xs
                 self._grp[ps] = g
                 self._cached += full - start
-                self._maps[g].add(ps, xs, int(seq.ids[start - 1]) if start else -1)
+                parent = int(seq.ids[start - 1]) if start else -1
+                self._maps[g].add(ps, xs, parent)
+                if self._events is not None and g == self._event_group:
+                    self._events.stored(xs, parent)
             cached[g] = full

@@ -16,6 +16,7 @@ from costmodel.links import get_link
 from policies.pd_rules import make_rule
 from sim.config import RunConfig
 from sim.context import ContextRun, context_summary, parse_context
+from sim.deploy import gpus_per_replica
 from sim.fleet.fleet import Fleet, ReplicaSignals
 from sim.fleet.metrics import fleet_metrics, merge_recorders, recorder_for
 from sim.fleet.pd import PDFleet
@@ -171,7 +172,8 @@ class PDRun:
                        None, psignals)
         rule = make_rule(cfg.pd.pd_rule, np.random.default_rng([cfg.seed, PD_STREAM]))
         self.front = PDFleet(env, cfg, trace, pfleet, self.decode, rule, get_link(cfg.pd.pd_link),
-                             self.sessions, spec.kv_bytes_per_token, spec.layers, profile)
+                             self.sessions, spec.kv_bytes_per_token, spec.layers, profile,
+                             gpus_per_replica(cfg, profile))
 
     def close(self) -> None:
         self.front.close()
