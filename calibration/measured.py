@@ -61,7 +61,7 @@ class Term:
     lo: float
     hi: float
     step: float
-    unit: float = 1.0  # fit coordinate x unit = the ServerCoeffs value (ms -> s)
+    unit: float = 1.0  # fit coordinate x unit = the ServerCoeffs value (seconds)
 
     def to_z(self, v: float) -> float:
         return math.log(v) if self.log else v / self.unit
@@ -74,13 +74,15 @@ TERMS: dict[str, Term] = {
     "decode_scale": Term(True, math.log(0.5), math.log(3.0), 0.05),
     "prefill_scale": Term(True, math.log(0.5), math.log(3.0), 0.05),
     "mixed_interference": Term(False, 0.0, 1.0, 0.1),
-    "cpu_step_s": Term(False, 0.0, 50.0, 0.5, 1e-3),
-    "cpu_per_seq_s": Term(False, 0.0, 1.0, 0.02, 1e-3),
-    "cpu_per_token_s": Term(False, 0.0, 0.1, 0.002, 1e-3),
+    # in units of a typical size (10 ms a step, 0.5 ms a request, 50 us a token), so that
+    # the pull toward neutral weighs every term alike
+    "cpu_step_s": Term(False, 0.0, 5.0, 0.05, 1e-2),
+    "cpu_per_seq_s": Term(False, 0.0, 2.0, 0.04, 5e-4),
+    "cpu_per_token_s": Term(False, 0.0, 2.0, 0.04, 5e-5),
 }
 DEFAULT_TERMS: tuple[str, ...] = ("decode_scale", "prefill_scale", "mixed_interference")
 SCALES = ("decode_scale", "prefill_scale")  # relative to the profile kind they were fitted on
-PRIOR = 0.05  # weight of (z - neutral) beside each log-ratio residual
+PRIOR = 0.01  # weight of (z - neutral)**2 beside the squared log-ratio residuals
 ITERATIONS = 3
 QUICK_ITERATIONS = 1
 

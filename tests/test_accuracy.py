@@ -101,11 +101,12 @@ def test_mixed_interference_and_scales():
 
 
 # --- the engines pay them --------------------------------------------------------------------
-def _bench_case(tmp_path: Path, seed: int, seqs: int) -> Case:
+def _bench_case(tmp_path: Path, seed: int, seqs: int, async_: bool = True) -> Case:
     path = tmp_path / f"bench-{seed}-{seqs}.json"
     write_vllm_bench(path, n=24, seed=seed)
     m, = read_measurement(path)
-    return Case(m, setup(m, gpu="H100", max_num_seqs=seqs))
+    s = setup(m, gpu="H100", max_num_seqs=seqs)
+    return Case(m, dataclasses.replace(s, config=s.config.with_fields(vllm_async=async_)))
 
 
 def test_vllm_sync_pays_cpu_time_async_hides_it(tmp_path):
@@ -128,13 +129,13 @@ def test_vllm_sync_pays_cpu_time_async_hides_it(tmp_path):
 KNOWN = {"decode_scale": 1.3, "prefill_scale": 1.6}
 
 
-def _synthetic(tmp_path: Path, specs) -> list[Case]:
-    """Measured runs made by kvsim itself with ``KNOWN`` terms: their means are the
+def _synthetic(tmp_path: Path, specs, known=KNOWN, async_: bool = True) -> list[Case]:
+    """Measured runs made by kvsim itself with ``known`` terms: their means are the
     replay's at those terms."""
-    cases = [_bench_case(tmp_path, seed, seqs) for seed, seqs in specs]
+    cases = [_bench_case(tmp_path, seed, seqs, async_) for seed, seqs in specs]
     truth = Replays(cases)
     try:
-        made = truth.metrics([(c.name, KNOWN) for c in cases])
+        made = truth.metrics([(c.name, known) for c in cases])
     finally:
         truth.close()
     for c, met in zip(cases, made, strict=True):
@@ -155,6 +156,18 @@ def test_fit_recovers_the_terms_kvsim_ran_with(tmp_path):
     assert got["prefill_scale"] == pytest.approx(KNOWN["prefill_scale"], rel=0.06)
     assert res.history[-1] < res.history[0] / 20
     assert res.calibration.fitted_on == tuple(c.name for c in cases)
+
+
+def test_fit_recovers_cpu_time_from_synchronous_runs(tmp_path):
+    """A synchronous server pays its CPU time after every step, so the runs measure it."""
+    known = {"cpu_step_s": 0.004}
+    cases = _synthetic(tmp_path, ((1, 4), (2, 16)), known, async_=False)
+    rp = Replays(cases)
+    try:
+        res = fit(rp, [c.name for c in cases], ("cpu_step_s",), iterations=3)
+    finally:
+        rp.close()
+    assert res.calibration.terms["cpu_step_s"] == pytest.approx(0.004, rel=0.05)
 
 
 def test_leave_one_out_never_reads_the_scored_run(tmp_path):
