@@ -215,13 +215,14 @@ def test_sglang_hybrid_cc_traces(window: int, ratio: float) -> None:
 # ---- Mamba (a Gated DeltaNet hybrid: Qwen3-Next) -------------------------------------------------
 
 
-def lockstep_mamba(stream: OpStream, chunk: int, slots: int) -> Counter:
+def lockstep_mamba(stream: OpStream, chunk: int, slots: int,
+                   kvsim_side: type = KvsimMambaSide) -> Counter:
     """FULL + MAMBA without the extra buffer (page = token): the state slots freed are
     compared as a count, the states in the tree by the last token of their nodes."""
     cap = stream.capacity_blocks
     seen: Counter = Counter()
     with torch_single_thread():
-        ours_side = KvsimMambaSide(cap, slots, chunk)
+        ours_side = kvsim_side(cap, slots, chunk)
         theirs = replay_swa(stream, RealMambaSide(cap, slots, chunk))
         ours = replay_swa(stream, ours_side)
         for a, b in zip(theirs, ours, strict=True):
@@ -273,6 +274,21 @@ def test_sglang_hybrid_mamba_streams_exercise_every_path() -> None:
     assert total["hit"] > 100 and total["CHUNK"] > 50 and total["aborted"] > 0
     assert total["states_freed"] > 100 and total["dropped_states"] > 0
     assert total["full_freed"] > 100
+
+
+class _StaleStates(KvsimMambaSide):
+    """A wrong model: a reused state is never moved to the Mamba LRU's front."""
+
+    def __init__(self, *args: int) -> None:
+        super().__init__(*args)
+        self.cache.mamba_lru.to_front = lambda node: None  # type: ignore[method-assign]
+
+
+def test_sglang_hybrid_mamba_negative_control() -> None:
+    """The Mamba test sees a missing LRU refresh of reused states (it diverges)."""
+    stream = random_stream(0, n_ops=300, capacity_blocks=48, block_size=1)
+    with pytest.raises(AssertionError):
+        lockstep_mamba(with_chunks(stream, 7, 0), 7, 10, _StaleStates)
 
 
 @needs_cc_traces
