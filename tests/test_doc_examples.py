@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import REPO
 
 from sim.cli.main import cli
 from tests.conftest import needs_cc_traces
 
-REPO = Path(__file__).resolve().parent.parent
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 PLACEHOLDERS = ("...", "PATH", "CONFIG", "OUT_DIR", "DIR", "[", "my.yaml", "sweep.yaml",
                 "trace.jsonl", "my-h100", "/shared/results")

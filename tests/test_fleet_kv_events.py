@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import ast
 import json
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import REPO
 
 from sim.cli.main import cli
 from sim.config import RunConfig
@@ -18,7 +18,6 @@ from sim.fleet.fleet import Fleet
 from sim.kvcache import RadixKVCache
 from sim.run import run
 
-REPO = Path(__file__).resolve().parent.parent
 TRACE = "synthetic:claude-code?sessions=8"
 BASE = RunConfig.from_flat(trace=TRACE, max_context=32768, gaps="tool", gpu_cache=49152, sessions=6,
                            replicas=2, router="dynamo-kv?version=classic")

@@ -38,14 +38,14 @@ def config(trace, **kw) -> RunConfig:
 
 
 @pytest.fixture(scope="module")
-def cc(tmp_path_factory):
+def cc4x6(tmp_path_factory):
     path = tmp_path_factory.mktemp("cc")
     write_cc_traces(path, sessions=4, turns=6)
     return path
 
 
-def test_a_pool_serves_reused_tokens_and_the_sources_add_up(cc, tmp_path):
-    res = run(config(cc))
+def test_a_pool_serves_reused_tokens_and_the_sources_add_up(cc4x6, tmp_path):
+    res = run(config(cc4x6))
     t, s = res.requests, res.summary
     assert s["pool_fetched_tokens"] > 0 and s["pool_hit_rate"] > 0
     assert (t["local_gpu_tokens"] + t["pool_tokens"] == t["hit_gpu_tokens"]).all()
@@ -62,29 +62,29 @@ def test_a_pool_serves_reused_tokens_and_the_sources_add_up(cc, tmp_path):
     assert int(moved["bytes"].sum()) == s["pool_bytes_moved"]
 
 
-def test_a_fleet_of_one_replica_with_a_pool_runs(cc):
-    s = run(config(cc, replicas=1, router=None)).summary
+def test_a_fleet_of_one_replica_with_a_pool_runs(cc4x6):
+    s = run(config(cc4x6, replicas=1, router=None)).summary
     assert s["replicas"] == 1 and "pool_hit_rate" in s
 
 
-def test_the_same_run_twice_writes_the_same_bytes(cc, tmp_path):
+def test_the_same_run_twice_writes_the_same_bytes(cc4x6, tmp_path):
     for k in ("a", "b"):
-        write_result(run(config(cc)), tmp_path / k)
+        write_result(run(config(cc4x6)), tmp_path / k)
     for name in ("requests.parquet", "pool.parquet", "pool_transfers.parquet",
                  "summary.json"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
 
 
-def test_without_a_pool_nothing_changes(cc):
-    a = run(config(cc, pool=0)).summary
+def test_without_a_pool_nothing_changes(cc4x6):
+    a = run(config(cc4x6, pool=0)).summary
     assert "pool_hit_rate" not in a
 
 
-def test_a_slow_link_refuses_every_fetch(cc):
+def test_a_slow_link_refuses_every_fetch(cc4x6):
     """At 5 GB/s a qwen3-8b block (64 tokens x 144 KiB) takes longer to move than the
     H100 profile takes to recompute it: every fetch is refused and the pool serves
     nothing, though it holds the blocks."""
-    s = run(config(cc, pool_bandwidth=5.0)).summary
+    s = run(config(cc4x6, pool_bandwidth=5.0)).summary
     assert s["pool_refused_fetches"] > 0 and s["pool_refused_tokens"] > 0
     assert s["pool_fetches"] == 0 and s["reused_pool_tokens"] == 0
 
@@ -95,20 +95,20 @@ def test_a_slow_link_refuses_every_fetch(cc):
                                        (dict(pool_write="sometimes"), "pool_write"),
                                        (dict(pool_watermark=1.5), "pool_watermark"),
                                        (dict(engine="vllm", preset="vllm"), "pool")])
-def test_bad_pool_options_name_the_field(cc, kw, field):
+def test_bad_pool_options_name_the_field(cc4x6, kw, field):
     with pytest.raises(ConfigError, match=field):
-        check(RunConfig.from_flat(**{**dict(trace=str(cc), pool=65536), **kw}), "test")
+        check(RunConfig.from_flat(**{**dict(trace=str(cc4x6), pool=65536), **kw}), "test")
 
 
-def test_cli_pool_options_fail_in_one_line(cc):
-    res = CliRunner().invoke(cli, ["run", "--trace", str(cc), "--pool", "64k",
+def test_cli_pool_options_fail_in_one_line(cc4x6):
+    res = CliRunner().invoke(cli, ["run", "--trace", str(cc4x6), "--pool", "64k",
                                    "--pool-bandwidth", "0", "--preset", "sglang"])
     assert res.exit_code == 2 and "pool_bandwidth" in res.output
     assert "Traceback" not in res.output
 
 
-def test_cli_run_with_a_pool_prints_pool_rows(cc):
-    res = CliRunner().invoke(cli, ["run", "--trace", str(cc), "--replicas", "2", "--pool",
+def test_cli_run_with_a_pool_prints_pool_rows(cc4x6):
+    res = CliRunner().invoke(cli, ["run", "--trace", str(cc4x6), "--replicas", "2", "--pool",
                                    "64k", "--preset", "sglang", "--gpu-cache", "8k",
                                    "--max-new-tokens", "256", "--json"])
     assert res.exit_code == 0, res.output
@@ -117,10 +117,10 @@ def test_cli_run_with_a_pool_prints_pool_rows(cc):
     assert "pool_hit_rate" in s
 
 
-def test_pool_sweep_on_ray_equals_the_local_pool(tmp_path, cc):
+def test_pool_sweep_on_ray_equals_the_local_pool(tmp_path, cc4x6):
     ray = pytest.importorskip("ray")
     cfg = tmp_path / "sweep.yaml"
-    cfg.write_text(SWEEP.format(trace=cc))
+    cfg.write_text(SWEEP.format(trace=cc4x6))
     local = CliRunner().invoke(cli, ["sweep", str(cfg), "--out", str(tmp_path / "local"),
                                      "-j", "2"])
     assert local.exit_code == 0, local.stderr
@@ -143,9 +143,9 @@ def test_pool_sweep_on_ray_equals_the_local_pool(tmp_path, cc):
             assert (tmp_path / "ray" / "points" / pid / name).read_bytes() == a.read_bytes()
 
 
-def test_plot_draws_the_pool_of_a_fleet_run(cc, tmp_path):
+def test_plot_draws_the_pool_of_a_fleet_run(cc4x6, tmp_path):
     out = tmp_path / "run"
-    res = CliRunner().invoke(cli, ["run", "--trace", str(cc), "--replicas", "3", "--pool",
+    res = CliRunner().invoke(cli, ["run", "--trace", str(cc4x6), "--replicas", "3", "--pool",
                                    "64k", "--pool-bandwidth", "100", "--preset", "sglang",
                                    "--gpu-cache", "8k", "--max-new-tokens", "256",
                                    "--out", str(out)])
@@ -199,16 +199,16 @@ class LogPool(Router):
 '''
 
 
-def test_routers_see_the_pools_prefix_of_each_request(cc, tmp_path):
+def test_routers_see_the_pools_prefix_of_each_request(cc4x6, tmp_path):
     f = tmp_path / "logpool.py"
     f.write_text(ROUTER_FILE)
     log = tmp_path / "seen.txt"
-    res = run(config(cc, router=f"{f}:LogPool", router_params={"log": str(log)}))
+    res = run(config(cc4x6, router=f"{f}:LogPool", router_params={"log": str(log)}))
     seen = [tuple(line.split()) for line in log.read_text().splitlines()]
     assert len(seen) == res.summary["requests"] + res.summary["dropped_requests"]
     credits = [int(p) for _, _, p in seen]
     assert credits[0] == 0 and max(credits) > 0  # the first prompt finds an empty pool
     assert all(0 <= int(p) <= int(b) for _, b, p in seen)
     log.unlink()
-    run(config(cc, pool=0, router=f"{f}:LogPool", router_params={"log": str(log)}))
+    run(config(cc4x6, pool=0, router=f"{f}:LogPool", router_params={"log": str(log)}))
     assert {line.split()[2] for line in log.read_text().splitlines()} == {"None"}

@@ -21,8 +21,8 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 OWNED = ("sim/kvcache", "policies", "traces")
 PRODUCT = ("sim", "policies", "traces", "costmodel")
 ACYCLIC = ("sim", "policies", "traces")
