@@ -115,9 +115,28 @@ def test_a_hybrid_run_uses_the_hybrid_pool(monkeypatch) -> None:
     (["--preset", "vllm", "--vllm-patch", "continuum"], "vllm_patch"),
 ])
 def test_what_the_hybrid_pool_does_not_model_is_refused(flags: list[str], field: str) -> None:
-    from tests.test_cli_run import invoke
+    from tests.clikit import invoke
 
     code, _out, err = invoke("run", "--engine", "vllm", "--model", "gpt-oss-120b", "--trace",
                              "synthetic:claude-code?sessions=2", *flags)
     assert code == 2 and "KV cache groups" in err and field in err
     assert len(err.strip().splitlines()) == 1, err
+
+
+def test_kv_events_report_the_full_groups_history() -> None:
+    """A prefix router's KV events (sim/fleet/kvevents.py): ids cached in the first full
+    group are stored with their parent, an id whose last copy there is reused is removed;
+    a window group's blocks report nothing."""
+    from sim.kvcache.events import BlockRemoved, BlockStored
+
+    pool = HybridPool(8, 4, [HybridGroup(SLIDING, 4), HybridGroup(FULL)])
+    pool.enable_events()
+    pool.admit(1, np.arange(10, 14), 13, 13)  # 3 full blocks + 1 token
+    stored = [e for _t, e in pool.take_events()]
+    assert [type(e) for e in stored] == [BlockStored]
+    assert stored[0].ids.tolist() == [10, 11, 12] and stored[0].parent == -1
+    pool.free(1)
+    pool.admit(2, np.arange(20, 24), 16, 16)  # 8 blocks: every cached one is reused
+    events = [e for _t, e in pool.take_events()]
+    removed = sorted(x for e in events if isinstance(e, BlockRemoved) for x in e.ids.tolist())
+    assert removed == [10, 11, 12]
