@@ -10,22 +10,10 @@ from pathlib import Path
 
 import click
 import pandas as pd
-import pytest
-from click.testing import CliRunner
 
 from sim.cli.main import cli
+from tests.clikit import invoke_result
 from tests.enginekit import write_cc_traces
-
-
-def invoke(*args) -> click.testing.Result:
-    return CliRunner().invoke(cli, [str(a) for a in args])
-
-
-@pytest.fixture(scope="module")
-def trace(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("cc")
-    write_cc_traces(d, sessions=3, turns=5)
-    return d
 
 
 def test_every_option_has_help_text() -> None:
@@ -44,7 +32,7 @@ def test_every_option_has_help_text() -> None:
 
 
 def test_reproduce_figure1_fits_100_columns_with_units() -> None:
-    res = invoke("reproduce", "figure1")
+    res = invoke_result("reproduce", "figure1")
     assert res.exit_code == 0, res.stderr
     lines = res.stdout.splitlines()
     assert max(len(ln.rstrip()) for ln in lines) <= 100
@@ -52,12 +40,12 @@ def test_reproduce_figure1_fits_100_columns_with_units() -> None:
 
 
 def test_drops_are_said_and_dropping_everything_is_an_error(trace) -> None:
-    res = invoke("run", "--trace", trace, "--gpu-cache", "1.5k", "--sessions", "2",
+    res = invoke_result("run", "--trace", trace, "--gpu-cache", "1.5k", "--sessions", "2",
                  "--preset", "penelope")
     lines = [ln for ln in res.stderr.splitlines() if ln.startswith("kvsim: error")]
     assert res.exit_code == 2 and len(lines) == 1, res.stderr
     assert "every request (15) was dropped" in lines[0] and "cannot fit" in lines[0]
-    res = invoke("run", "--trace", trace, "--gpu-cache", "10k", "--sessions", "2",
+    res = invoke_result("run", "--trace", trace, "--gpu-cache", "10k", "--sessions", "2",
                  "--preset", "penelope", "--json")
     assert res.exit_code == 0, res.stderr
     s = json.loads(res.stdout)["runs"][0]["summary"]
@@ -82,23 +70,23 @@ def _lenient_folder(tmp: Path, trace: Path) -> Path:
 
 def test_lenient_counts_skipped_files_and_records_everywhere(tmp_path, trace) -> None:
     d = _lenient_folder(tmp_path, trace)
-    res = invoke("run", "--trace", d, "--gpu-cache", "16k", "--sessions", "2")
+    res = invoke_result("run", "--trace", d, "--gpu-cache", "16k", "--sessions", "2")
     assert res.exit_code == 2 and "trace_0100.json" in res.stderr  # strict: named, no run
-    res = invoke("run", "--trace", d, "--gpu-cache", "16k", "--sessions", "2", "--lenient",
+    res = invoke_result("run", "--trace", d, "--gpu-cache", "16k", "--sessions", "2", "--lenient",
                  "--preset", "penelope", "--out", tmp_path / "o")
     assert res.exit_code == 0, res.stderr
     assert "trace_skipped_files" in res.stdout  # a table row
     summary = json.loads((tmp_path / "o" / "penelope" / "summary.json").read_text())
     assert summary["trace_skipped_files"] == 4 and summary["trace_skipped_records"] == 0
     assert summary["requests"] == 15  # the three good sessions, all of them
-    res = invoke("run", "--trace", d, "--gpu-cache", "16k", "--sessions", "2", "--lenient",
+    res = invoke_result("run", "--trace", d, "--gpu-cache", "16k", "--sessions", "2", "--lenient",
                  "--preset", "penelope", "--json")
     assert json.loads(res.stdout)["runs"][0]["summary"]["trace_skipped_files"] == 4
-    res = invoke("trace", "stats", d, "--lenient", "--json")
+    res = invoke_result("trace", "stats", d, "--lenient", "--json")
     assert json.loads(res.stdout)["options"]["skipped_files"] == 4
     cfg = tmp_path / "s.yaml"
     cfg.write_text(f"base: {{trace: {d}, lenient: true, sessions: 2, gpu_cache: 16k}}\n")
-    res = invoke("sweep", cfg, "--out", tmp_path / "sw")
+    res = invoke_result("sweep", cfg, "--out", tmp_path / "sw")
     assert res.exit_code == 0, res.stderr
     assert "trace_skipped_files" in res.stdout
     df = pd.read_csv(tmp_path / "sw" / "results.csv")
@@ -112,12 +100,12 @@ def test_trace_cache_is_on_by_default_and_never_stale(tmp_path, monkeypatch) -> 
     src = tmp_path / "cc"
     write_cc_traces(src, sessions=2, turns=3)
     monkeypatch.setenv("KVSIM_CACHE_DIR", str(tmp_path / "kc"))
-    res = invoke("trace", "stats", src, "--json")
+    res = invoke_result("trace", "stats", src, "--json")
     assert res.exit_code == 0, res.stderr
     assert len(list((tmp_path / "kc").glob("parsed-*.npz"))) == 1
     before = json.loads(res.stdout)["requests"]
     write_cc_traces(src, sessions=2, turns=5)  # the files change: never served stale
-    after = json.loads(invoke("trace", "stats", src, "--json").stdout)["requests"]
+    after = json.loads(invoke_result("trace", "stats", src, "--json").stdout)["requests"]
     assert (before, after) == (6, 10)
     assert len(list((tmp_path / "kc").glob("parsed-*.npz"))) == 2
     key = cache.cache_key([str(src)], "cc-traces", 64, False, {})
@@ -142,10 +130,10 @@ def test_progress_reports_bytes_up_to_the_total(trace) -> None:
 
 
 def test_plot_prints_each_path_once(tmp_path, trace) -> None:
-    res = invoke("run", "--trace", trace, "--gpu-cache", "16k", "--sessions", "2",
+    res = invoke_result("run", "--trace", trace, "--gpu-cache", "16k", "--sessions", "2",
                  "--out", tmp_path / "r")
     assert res.exit_code == 0, res.stderr
-    res = invoke("plot", tmp_path / "r", "--out", tmp_path / "png")
+    res = invoke_result("plot", tmp_path / "r", "--out", tmp_path / "png")
     assert res.exit_code == 0, res.stderr
     paths = res.stdout.split()
     assert sorted(paths) == sorted(set(paths)) and len(paths) == 2

@@ -7,10 +7,8 @@ import json
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 from conftest import CC_TRACES, needs_cc_traces
 
-from sim.cli.main import cli
 from sim.config import ConfigError, RunConfig
 from sim.context.strategies import (
     ACCURACY_NOTE,
@@ -23,6 +21,7 @@ from sim.context.strategies import (
 )
 from sim.run import check, run
 from sim.sweep import point_id
+from tests.clikit import invoke
 
 SYN = dict(trace="synthetic:claude-code?sessions=6", max_context=65536, gaps="tool",
            gpu_cache=98304, sessions=3, model="qwen3-8b", profile="derived-h100-qwen3-8b")
@@ -154,11 +153,6 @@ def test_unified_tiers_with_drops() -> None:
 
 
 # --- CLI and sweeps ------------------------------------------------------------------------------
-def invoke(*args: str):
-    res = CliRunner().invoke(cli, [str(a) for a in args])
-    return res.exit_code, res.stdout, res.stderr
-
-
 def test_cli_context_option_and_table_caveat() -> None:
     code, out, err = invoke("run", "--trace", "synthetic:claude-code?sessions=4",
                             "--max-context", "64k", "--gpu-cache", "96k", "-n", "2",

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from click.testing import CliRunner
+from conftest import REPO
 
 from policies import (
     BLOCK,
@@ -23,22 +23,16 @@ from policies import (
     Reply,
     get_policy,
 )
-from sim.cli.main import cli
 from sim.config import ConfigError, RunConfig
 from sim.kvcache import RadixKVCache
 from sim.run import check, run
+from tests.clikit import invoke
 from tests.enginekit import KitTrace
 
-REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "docs" / "examples" / "hold_tool_calls.py"
 DOC = REPO / "docs" / "policies.md"
 SYNTH = ["--trace", "synthetic:claude-code?sessions=16", "--max-context", "64k",
          "--gaps", "tool", "--gpu-cache", "96k", "--sessions", "4"]
-
-
-def invoke(*args) -> tuple[int, str, str]:
-    res = CliRunner().invoke(cli, [str(a) for a in args])
-    return res.exit_code, res.stdout, res.stderr
 
 
 # ---------------------------------------------------------------------------- labels
@@ -125,7 +119,7 @@ def test_worked_example_runs_from_a_sweep(tmp_path: Path) -> None:
     assert mine["hit_rate_change"] != 0.0
 
 
-def _write(tmp_path: Path, text: str) -> Path:
+def _write_policy(tmp_path: Path, text: str) -> Path:
     p = tmp_path / "mine.py"
     p.write_text(text)
     return p
@@ -143,7 +137,7 @@ def _write(tmp_path: Path, text: str) -> Path:
      "{f}:X?q=1", "has no parameter 'q'"),
 ])
 def test_bad_policy_files_exit_2_naming_the_file(tmp_path: Path, source, spec, needle) -> None:
-    f = _write(tmp_path, source) if source is not None else tmp_path / "missing.py"
+    f = _write_policy(tmp_path, source) if source is not None else tmp_path / "missing.py"
     code, out, err = invoke("run", *SYNTH, "--policy", spec.format(f=f))
     assert code == 2, out + err
     assert needle in err and "Traceback" not in err

@@ -11,16 +11,14 @@ parameters, pools with default and other knobs, a pool knob without a pool, scra
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
+from conftest import CC_TRACES, REPO
 
 from sim.config import ConfigError, RunConfig
 from sim.sweep import load_sweep, point_id
 
-REPO = Path(__file__).resolve().parent.parent
 GOLDEN = REPO / "tests" / "goldens" / "sweep_point_ids.json"
-CC_TRACES = REPO.parent / "shared" / "data" / "cc-traces"
 
 CASES = [
     ({}, "90411c5a0aae"),

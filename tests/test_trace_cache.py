@@ -33,26 +33,26 @@ def assert_same(a, b) -> None:
 
 
 @pytest.fixture()
-def cc(tmp_path):
+def cc4x5(tmp_path):
     write_cc_traces(tmp_path / "cc", sessions=4, turns=5)
     return str(tmp_path / "cc")
 
 
-def test_one_parse_serves_every_option_and_equals_a_fresh_load(cc, tmp_path,
+def test_one_parse_serves_every_option_and_equals_a_fresh_load(cc4x5, tmp_path,
                                                                monkeypatch) -> None:
     cache = str(tmp_path / "kc")
-    fresh = {i: load_trace(cc, cache_dir=None, **o) for i, o in enumerate(OPTIONS)}
+    fresh = {i: load_trace(cc4x5, cache_dir=None, **o) for i, o in enumerate(OPTIONS)}
     parses = []
     real = traces.load._read_format
     monkeypatch.setattr(traces.load, "_read_format",
                         lambda *a, **k: (parses.append(a[0]), real(*a, **k))[1])
     for i, o in enumerate(OPTIONS):
-        assert_same(load_trace(cc, cache_dir=cache, **o), fresh[i])
+        assert_same(load_trace(cc4x5, cache_dir=cache, **o), fresh[i])
     assert len(parses) == 1  # the first load parsed; the other options came from the cache
     assert len(list((tmp_path / "kc").glob("parsed-*.npz"))) == 1
-    fresh_lenient = load_trace(cc, cache_dir=None, lenient=True)
+    fresh_lenient = load_trace(cc4x5, cache_dir=None, lenient=True)
     parses.clear()
-    assert_same(load_trace(cc, cache_dir=cache, lenient=True), fresh_lenient)
+    assert_same(load_trace(cc4x5, cache_dir=cache, lenient=True), fresh_lenient)
     assert len(parses) == 1  # lenient is part of the parse: a copy of its own
 
 
@@ -68,7 +68,7 @@ def test_shared_traces_from_the_cache_equal_a_fresh_parse(spec, extra, tmp_path)
         assert_same(load_trace(path, cache_dir=str(tmp_path), **extra, **o), fresh)
 
 
-def test_a_sweep_over_select_parses_the_files_once(cc, tmp_path, monkeypatch) -> None:
+def test_a_sweep_over_select_parses_the_files_once(cc4x5, tmp_path, monkeypatch) -> None:
     from sim.run.trace import _load
 
     _load.cache_clear()
@@ -78,7 +78,7 @@ def test_a_sweep_over_select_parses_the_files_once(cc, tmp_path, monkeypatch) ->
                         lambda *a, **k: (parses.append(a[0]), real(*a, **k))[1])
     monkeypatch.setenv("KVSIM_CACHE_DIR", str(tmp_path / "kc"))
     cfg = tmp_path / "s.yaml"
-    cfg.write_text(yaml.safe_dump({"base": {"trace": cc, "gpu_cache": "16k", "preset": "sglang"},
+    cfg.write_text(yaml.safe_dump({"base": {"trace": cc4x5, "gpu_cache": "16k", "preset": "sglang"},
                                    "grid": {"select": ["first:1", "first:2", "first:3"],
                                             "max_context": ["20k", "64k"]}}))
     res = CliRunner().invoke(cli, ["sweep", str(cfg), "--out", str(tmp_path / "out")])

@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from conftest import REPO
 
 from sim.cli.main import cli
 from traces import detect_format, load_trace
 
-REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "docs" / "examples" / "traces"
 DOC = REPO / "docs" / "traces.md"
 FILES = {"cc-traces": EXAMPLES / "cc-traces.json", "mooncake": EXAMPLES / "mooncake.jsonl",
