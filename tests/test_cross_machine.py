@@ -29,10 +29,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import REPO
 
 from costmodel import detmath
 
-REPO = Path(__file__).resolve().parent.parent
 PRODUCT = ("sim", "policies", "traces", "costmodel")
 # What may call libm freely: this module's subject, and the harness that times a GPU (its
 # outputs are profile files with provenance, read back as data).
