@@ -6,14 +6,11 @@ and merges all happen on real prompts. Skipped when ../shared/data is absent."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
+from conftest import CC_TRACES
 
 from policies import EvictionPolicy
-
-CC_TRACES = Path(__file__).resolve().parents[2] / "shared" / "data" / "cc-traces"
 
 pytestmark = [
     pytest.mark.shared_data,
@@ -36,7 +33,7 @@ def stream():
     )
 
 
-def run(stream, policy: EvictionPolicy, debug: bool = True):
+def replay_policy(stream, policy: EvictionPolicy, debug: bool = True):
     from benchmarks.opreplay import OursSide, replay
     from benchmarks.opstream import ALLOC, ARRIVE
 
@@ -54,7 +51,7 @@ def run(stream, policy: EvictionPolicy, debug: bool = True):
 
 @pytest.mark.parametrize("policy", POLICIES, ids=lambda p: p.name)
 def test_real_sessions_keep_every_invariant(stream, policy: EvictionPolicy):
-    cache, hits, freed = run(stream, policy)
+    cache, hits, freed = replay_policy(stream, policy)
     assert sum(hits) > 0 and sum(freed) > 0  # reuse and eviction both happened
     cache.check()
     assert cache.protected_blocks == 0 and cache.reserved_blocks == 0  # all requests done
@@ -63,14 +60,14 @@ def test_real_sessions_keep_every_invariant(stream, policy: EvictionPolicy):
 
 
 def test_node_leaf_head_is_node_tail_on_real_sessions(stream):
-    tail = run(stream, POLICIES[0])
-    head = run(stream, POLICIES[2])
+    tail = replay_policy(stream, POLICIES[0])
+    head = replay_policy(stream, POLICIES[2])
     assert tail[1] == head[1] and tail[2] == head[2]
     assert np.array_equal(tail[0].resident_block_ids(), head[0].resident_block_ids())
 
 
 def test_replay_is_deterministic(stream):
-    a = run(stream, POLICIES[5], debug=False)
-    b = run(stream, POLICIES[5], debug=False)
+    a = replay_policy(stream, POLICIES[5], debug=False)
+    b = replay_policy(stream, POLICIES[5], debug=False)
     assert a[1] == b[1] and a[2] == b[2]
     assert np.array_equal(a[0].resident_block_ids(), b[0].resident_block_ids())

@@ -8,24 +8,13 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import REPO
 
 from sim.cli.main import cli
+from tests.clikit import one_line_error
 from tests.enginekit import write_cc_traces
 
 SYN = "synthetic:chat?sessions=3&max_requests=3"
-
-
-def one_line_error(args: list[str], needle: str) -> str:
-    """Run kvsim; assert exit 2 with ONE stderr line 'kvsim: error: ...' containing needle."""
-    res = CliRunner().invoke(cli, args)
-    shown = f"kvsim {' '.join(args)}\n--- stderr:\n{res.stderr}"
-    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
-    assert res.exit_code == 2, shown
-    assert isinstance(res.exception, SystemExit), shown
-    assert "Traceback" not in res.stdout + res.stderr, shown
-    assert len(lines) == 1 and lines[0].startswith("kvsim: error: "), shown
-    assert needle in lines[0], shown
-    return lines[0]
 
 
 def ok(args: list[str]):
@@ -35,7 +24,7 @@ def ok(args: list[str]):
 
 
 @pytest.fixture(scope="module")
-def cc(tmp_path_factory) -> Path:
+def cc2x4(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("cc")
     write_cc_traces(root / "cc", sessions=2, turns=4)
     return root / "cc"
@@ -64,9 +53,9 @@ def test_negative_seed_in_a_config_or_the_api() -> None:
 
 # --- 2. kvsim plot on truncated files ---------------------------------------------------------
 @pytest.fixture()
-def run_dir(tmp_path, cc) -> Path:
+def run_dir(tmp_path, cc2x4) -> Path:
     out = tmp_path / "run"
-    ok(["run", "--trace", str(cc), "--gpu-cache", "16k", "--sessions", "2",
+    ok(["run", "--trace", str(cc2x4), "--gpu-cache", "16k", "--sessions", "2",
         "--preset", "sglang,penelope", "--out", str(out)])
     return out
 
@@ -88,9 +77,9 @@ def test_plot_truncated_parquet_names_the_file(run_dir) -> None:
 
 
 # --- 3. sweep resume with a truncated summary.json -------------------------------------------
-def test_sweep_reruns_a_point_whose_summary_does_not_parse(tmp_path, cc) -> None:
+def test_sweep_reruns_a_point_whose_summary_does_not_parse(tmp_path, cc2x4) -> None:
     cfg = tmp_path / "s.yaml"
-    cfg.write_text(f"base: {{trace: {cc}, sessions: 2, gpu_cache: 16k, gaps: tool}}\n"
+    cfg.write_text(f"base: {{trace: {cc2x4}, sessions: 2, gpu_cache: 16k, gaps: tool}}\n"
                    "grid: {preset: [sglang, penelope]}\n")
     out = tmp_path / "out"
     ok(["sweep", str(cfg), "--out", str(out)])
@@ -107,9 +96,9 @@ def test_sweep_reruns_a_point_whose_summary_does_not_parse(tmp_path, cc) -> None
 
 
 # --- 4. a truncated npz in the trace cache ---------------------------------------------------
-def test_truncated_trace_cache_entry_is_rebuilt_with_a_notice(tmp_path, cc) -> None:
+def test_truncated_trace_cache_entry_is_rebuilt_with_a_notice(tmp_path, cc2x4) -> None:
     cache = tmp_path / "cache"
-    args = ["trace", "stats", str(cc), "--cache-dir", str(cache), "--json"]
+    args = ["trace", "stats", str(cc2x4), "--cache-dir", str(cache), "--json"]
     want = json.loads(ok(args).stdout)
     (npz,) = cache.glob("parsed-*.npz")
     _truncate(npz)
@@ -121,11 +110,11 @@ def test_truncated_trace_cache_entry_is_rebuilt_with_a_notice(tmp_path, cc) -> N
 
 
 # --- 6. a block size that is neither a divisor nor a multiple of the trace's -----------------
-def test_block_size_that_loses_sharing_is_refused(cc) -> None:
-    one_line_error(["run", "--trace", str(cc), "--block-size", "63", "--gpu-cache", "16k"],
+def test_block_size_that_loses_sharing_is_refused(cc2x4) -> None:
+    one_line_error(["run", "--trace", str(cc2x4), "--block-size", "63", "--gpu-cache", "16k"],
                    "--block-size 63:")
     for bs in ("32", "128"):  # divisors and multiples map without loss
-        ok(["trace", "stats", str(cc), "--block-size", bs, "--cache-dir", "off"])
+        ok(["trace", "stats", str(cc2x4), "--block-size", bs, "--cache-dir", "off"])
 
 
 def test_block_size_check_covers_mooncake_and_freeinference() -> None:
@@ -139,11 +128,11 @@ def test_block_size_check_covers_mooncake_and_freeinference() -> None:
 
 
 # --- 7. a shared prefix longer than every first prompt ---------------------------------------
-def test_shared_prefix_longer_than_every_first_prompt_is_refused(cc) -> None:
+def test_shared_prefix_longer_than_every_first_prompt_is_refused(cc2x4) -> None:
     one_line_error(["run", "--trace", SYN, "--shared-prefix", "10m", "--gpu-cache", "64k"],
                    "--shared-prefix 10,485,760 tokens is longer than every session's first")
-    # cc fixture: first prompts 3000 and 3500 tokens; 3200 caps the first session only
-    res = ok(["run", "--trace", str(cc), "--shared-prefix", "3200", "--gpu-cache", "64k",
+    # cc2x4 fixture: first prompts 3000 and 3500 tokens; 3200 caps the first session only
+    res = ok(["run", "--trace", str(cc2x4), "--shared-prefix", "3200", "--gpu-cache", "64k",
               "--sessions", "2", "--preset", "sglang"])
     assert "1 of 2 sessions have a shorter first prompt" in res.stderr
 
@@ -231,11 +220,11 @@ def test_idle_option_is_refused(extra, needle) -> None:
     one_line_error(["run", "--trace", SYN, "--gpu-cache", "64k", *extra], needle)
 
 
-def test_cache_dir_that_is_a_file_and_rebuild_sessions_on_cc(tmp_path, cc) -> None:
+def test_cache_dir_that_is_a_file_and_rebuild_sessions_on_cc(tmp_path, cc2x4) -> None:
     f = tmp_path / "f"
     f.write_text("x")
-    one_line_error(["trace", "stats", str(cc), "--cache-dir", str(f)], f"{f} (--cache-dir")
-    one_line_error(["trace", "stats", str(cc), "--rebuild-sessions"],
+    one_line_error(["trace", "stats", str(cc2x4), "--cache-dir", str(f)], f"{f} (--cache-dir")
+    one_line_error(["trace", "stats", str(cc2x4), "--rebuild-sessions"],
                    "is a cc-traces trace, which carries its own sessions")
 
 
@@ -487,7 +476,6 @@ def test_pool_workers_exit_when_the_sweep_is_killed(tmp_path) -> None:
 
 
 # --- 17. sub-agents in the policy API, --policy-param POLICY.k=v, all-zero sweep charts ------
-REPO = Path(__file__).resolve().parent.parent
 SUBAGENTS = REPO / "docs" / "examples" / "subagents_first.py"
 
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from conftest import REPO
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -36,8 +36,8 @@ from sim.cli.main import cli
 from sim.config import ConfigError, RunConfig
 from sim.fleet.fleet import build_belief
 from sim.run import check, run
+from tests.chained import ids
 
-REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "docs" / "examples" / "prefix_or_least_load.py"
 SIMPLE = ("round-robin", "random", "least-load", "power-of-two", "session-affinity")
 BASE = RunConfig.from_flat(trace="synthetic:claude-code?sessions=8", max_context=65536, gaps="tool",
@@ -218,10 +218,6 @@ def test_lagged_events_are_wrong_sometimes():
 
 
 # --- the belief mechanisms, by hand ----------------------------------------------------------
-def ids(*xs):
-    return np.array(xs, dtype=np.int64)
-
-
 def test_tree_belief_evicts_least_recent_leaves_per_worker_at_intervals():
     b = build_belief(ApproxTree(max_blocks=3, eviction_interval_s=10.0), 2)
     b.routed(ids(1, 2, 3), 0, 0.0)
@@ -269,7 +265,7 @@ def _view(in_flight, now=0.0):
                                  for i, f in enumerate(in_flight)))
 
 
-def _req(session=0):
+def _route_req(session=0):
     return RouteRequest(0, session, 0.0, 100, ids(1, 2), 64)
 
 
@@ -281,13 +277,13 @@ def _bound(name, n, seed=0, **params):
 
 def test_round_robin_cycles():
     r = _bound("round-robin", 3)
-    assert [r.route(_req(), _view([9, 0, 0])) for _ in range(7)] == [0, 1, 2, 0, 1, 2, 0]
+    assert [r.route(_route_req(), _view([9, 0, 0])) for _ in range(7)] == [0, 1, 2, 0, 1, 2, 0]
 
 
 def test_least_load_picks_fewest_in_flight_and_draws_ties():
     r = _bound("least-load", 4)
-    assert r.route(_req(), _view([3, 1, 2, 5])) == 1
-    picks = {_bound("least-load", 4, seed).route(_req(), _view([2, 0, 7, 0]))
+    assert r.route(_route_req(), _view([3, 1, 2, 5])) == 1
+    picks = {_bound("least-load", 4, seed).route(_route_req(), _view([2, 0, 7, 0]))
              for seed in range(20)}
     assert picks == {1, 3}  # only the tied minima, both reachable
 
@@ -299,20 +295,20 @@ def test_power_of_two_takes_the_less_loaded_of_its_two_draws():
         a, b = (int(x) for x in rng.choice(4, size=2, replace=False))
         loads = [5, 1, 3, 1]
         want = b if loads[b] < loads[a] else a  # ties: the first drawn (SMG)
-        assert r.route(_req(), _view(loads)) == want
+        assert r.route(_route_req(), _view(loads)) == want
 
 
 def test_random_uses_the_seeded_rng():
-    picks = [_bound("random", 5, 7).route(_req(), _view([0] * 5)) for _ in range(3)]
+    picks = [_bound("random", 5, 7).route(_route_req(), _view([0] * 5)) for _ in range(3)]
     assert picks == [int(np.random.default_rng(7).integers(5))] * 3
 
 
 def test_session_affinity_is_a_consistent_hash():
     r4, r5 = _bound("session-affinity", 4), _bound("session-affinity", 5)
-    first = [r4.route(_req(s), _view([0] * 4)) for s in range(400)]
-    assert first == [r4.route(_req(s), _view([9, 9, 9, 9])) for s in range(400)]
+    first = [r4.route(_route_req(s), _view([0] * 4)) for s in range(400)]
+    assert first == [r4.route(_route_req(s), _view([9, 9, 9, 9])) for s in range(400)]
     assert set(first) == {0, 1, 2, 3}
-    moved = sum(a != r5.route(_req(s), _view([0] * 5)) for s, a in enumerate(first))
+    moved = sum(a != r5.route(_route_req(s), _view([0] * 5)) for s, a in enumerate(first))
     assert 0 < moved < 400 * 0.35  # a fifth replica takes ~1/5, the rest stay
 
 

@@ -14,19 +14,10 @@ from click.testing import CliRunner
 from sim.cli.main import cli
 from sim.config import FLAT, IDLE_RULES, ConfigError, RunConfig, idle_fields
 from sim.sweep import load_sweep
+from tests.clikit import one_line_error
 
 SYN = "synthetic:chat?sessions=2&max_requests=2"
 RUN = ["run", "--trace", SYN, "--gpu-cache", "16k", "--preset", "sglang"]
-
-
-def one_line_error(args: list[str], needle: str) -> str:
-    res = CliRunner().invoke(cli, args)
-    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
-    shown = f"kvsim {' '.join(args)}\n{res.stderr}"
-    assert res.exit_code == 2 and isinstance(res.exception, SystemExit), shown
-    assert len(lines) == 1 and lines[0].startswith("kvsim: error: "), shown
-    assert needle in lines[0], shown
-    return lines[0]
 
 
 @pytest.mark.parametrize("extra,needle", [

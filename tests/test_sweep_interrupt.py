@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import REPO
 
 from sim.cli.main import cli
 from sim.io import LOCK_NAME
 
-REPO = Path(__file__).resolve().parent.parent
 KVSIM = [sys.executable, "-c", "from sim.cli.main import main; main()"]
 SLOW_POLICY = '''import time
 from policies import EvictionPolicy, PRIVATE_HEAD, BLOCK

@@ -6,13 +6,11 @@ Skipped when ../shared/data is absent."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+from conftest import CC_TRACES
 
 from policies import get_policy
 
-CC_TRACES = Path(__file__).resolve().parents[2] / "shared" / "data" / "cc-traces"
 GPU = 384
 
 pytestmark = [
@@ -22,7 +20,7 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def stream():
+def tier_stream():
     from benchmarks.opstream import trace_stream
 
     return trace_stream(
@@ -30,7 +28,7 @@ def stream():
     )
 
 
-def run(stream, preset: str, cpu: int, tiering: str = "unified", debug: bool = True):
+def replay_tiered(tier_stream, preset: str, cpu: int, tiering: str = "unified", debug: bool = True):
     from benchmarks.opreplay import OursSide, replay
     from sim.kvcache import RadixKVCache, Tier
 
@@ -58,7 +56,7 @@ def run(stream, preset: str, cpu: int, tiering: str = "unified", debug: bool = T
 
     side = TieredSide()
     hits = 0
-    for ob in replay(stream, side, observe=False):
+    for ob in replay(tier_stream, side, observe=False):
         c = side.cache
         assert c.gpu_blocks + c.reserved_blocks <= GPU and c.cpu_blocks <= cpu
         hits += ob.hit or 0
@@ -71,22 +69,22 @@ def run(stream, preset: str, cpu: int, tiering: str = "unified", debug: bool = T
     # hicache backs up from the root: its host tier must hold the ~244-block shared prefix
     [("penelope", "unified", 128), ("sglang", "unified", 128), ("sglang", "hicache", 384)],
 )
-def test_real_sessions_through_two_tiers(stream, preset: str, tiering: str, cpu: int) -> None:
-    cache, hits, loads = run(stream, preset, cpu, tiering)
+def test_real_sessions_through_two_tiers(tier_stream, preset: str, tiering: str, cpu: int) -> None:
+    cache, hits, loads = replay_tiered(tier_stream, preset, cpu, tiering)
     cache.check()
     assert cache.protected_blocks == 0 and cache.reserved_blocks == 0
     assert loads["loaded"] > 0 and loads["d2h"] > 0  # the CPU tier was used both ways
     if tiering == "unified":
         assert loads["swap"] > 0 and loads["chunks"] > 0  # both tiers full at times
-    _, gpu_only_hits, _ = run(stream, preset, 0, debug=False)
+    _, gpu_only_hits, _ = replay_tiered(tier_stream, preset, 0, debug=False)
     assert hits > gpu_only_hits  # a CPU tier of the same size helps
 
 
-def test_hicache_with_an_unbounded_host_equals_unified_sglang(stream) -> None:
+def test_hicache_with_an_unbounded_host_equals_unified_sglang(tier_stream) -> None:
     """Write-through backs up every inserted node; with a host that never fills, every device
     eviction is a demotion, exactly what unified does under the same (sglang) order while its
     CPU tier is not full: the same hits and loads."""
     big = 4096
-    _, hits_h, loads_h = run(stream, "sglang", big, "hicache", debug=False)
-    _, hits_u, loads_u = run(stream, "sglang", big, "unified", debug=False)
+    _, hits_h, loads_h = replay_tiered(tier_stream, "sglang", big, "hicache", debug=False)
+    _, hits_u, loads_u = replay_tiered(tier_stream, "sglang", big, "unified", debug=False)
     assert hits_h == hits_u and loads_h["loaded"] == loads_u["loaded"] > 0
