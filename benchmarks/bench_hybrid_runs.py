@@ -6,7 +6,8 @@ combination the engine refuses, or that fails, is listed as such (``not_run``).
 benchmarks/bench_hybrid.py times vLLM's hybrid pool on its own (gpt-oss-120b as one
 full-attention group and as vLLM keeps it).
 
-    python -m benchmarks.bench_hybrid_runs [--sessions 48] [--repeat 3] [--json]
+    python -m benchmarks.bench_hybrid_runs [--sessions 48] [--repeat 3] [--engines vllm]
+        [--shapes single,fleet] [--json]
 
 Variants run interleaved, ``--repeat`` times each (a shared machine's load falls on all
 alike); rows give the median CPU seconds of the simulation (trace loaded once, outside the
@@ -34,6 +35,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sessions", type=int, default=48, help="synthetic sessions (default 48)")
     ap.add_argument("--gpu-cache", type=int, default=131072, help="KV tokens (default 128K)")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--engines", default=",".join(ENGINES), help="comma list (default both)")
+    ap.add_argument("--shapes", default=",".join(SHAPES), help="comma list: single,fleet,pd")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
 
@@ -46,8 +49,10 @@ def main(argv: list[str] | None = None) -> None:
     cpu: dict[tuple[str, str, str], list[float]] = {}
     refused: dict[tuple[str, str, str], str] = {}
     for rep in range(args.repeat + 1):  # the first pass warms every path up, untimed
-        for engine, (preset, scheduler) in ENGINES.items():
-            for shape, fields in SHAPES.items():
+        for engine in args.engines.split(","):
+            preset, scheduler = ENGINES[engine]
+            for shape in args.shapes.split(","):
+                fields = SHAPES[shape]
                 for model in (FULL, *HYBRIDS):
                     key = (engine, shape, model)
                     if key in refused:

@@ -122,17 +122,11 @@ PRESETS = {"sglang": ("sglang", "vllm", "penelope"), "vllm": ("vllm", "penelope"
 # _hybrid_unsupported): (model, engine, shape, preset) -> field
 REFUSED = {("gpt-oss-120b", "vllm", shape, "penelope"): "preset" for shape in SHAPES}
 REFUSED[("gpt-oss-120b", "vllm", "pd", "vllm")] = "engine"
-# fails today in the cache helpers' code: reported to the lead
-BROKEN = {("gpt-oss-120b", "vllm", "fleet", "vllm"):
-          "HybridPool has no enable_events, which the dynamo-kv router's KV events call "
-          "(sim/fleet/kvevents.py:79 -> sim/kvcache/hybridpool.py)"}
 CASES = [(m, e, s, p) for m in HYBRIDS for e in PRESETS for s in SHAPES for p in PRESETS[e]]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model,engine,shape,preset", [
-    pytest.param(*c, marks=pytest.mark.xfail(reason=BROKEN[c], strict=False))
-    if c in BROKEN else c for c in CASES], ids=["/".join(c) for c in CASES])
+@pytest.mark.parametrize("model,engine,shape,preset", CASES, ids=["/".join(c) for c in CASES])
 def test_every_hybrid_runs_on_both_engines_alone_in_fleets_and_with_pd(
         model: str, engine: str, shape: str, preset: str) -> None:
     cfg = RunConfig.from_flat(trace="synthetic:claude-code?sessions=4", max_context=32768,
