@@ -106,7 +106,7 @@ def _diff(want, got, path: str = "") -> list[str]:
     return [f"{path}: golden {want!r} != now {got!r}"]
 
 
-def _check(name: str, doc) -> None:
+def _check_golden(name: str, doc) -> None:
     path = GOLDENS / name
     doc = _clean(doc)
     if REGEN or not path.exists():
@@ -125,7 +125,7 @@ def test_synthetic_run_grid_matches_goldens() -> None:
         s = run(cfg).summary
         s.pop("profile_provenance", None)
         summaries[name] = s
-    _check("runs_synthetic.json", summaries)
+    _check_golden("runs_synthetic.json", summaries)
 
 
 @needs_cc_traces
@@ -139,4 +139,4 @@ def test_reproduce_matches_goldens(args: list[str]) -> None:
     doc = json.loads(res.stdout)
     doc.pop("trace", None)  # an absolute path: differs per checkout
     doc.pop("profiles", None)
-    _check(f"reproduce_{'_'.join(a.strip('-') for a in args)}.json", doc)
+    _check_golden(f"reproduce_{'_'.join(a.strip('-') for a in args)}.json", doc)

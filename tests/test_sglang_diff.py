@@ -35,12 +35,9 @@ from benchmarks.opstream import (
     trace_stream,
 )
 from benchmarks.sglang_ref import SglangRef, block_tokens, torch_single_thread
+from tests.chained import ids
 
 BS = 64
-
-
-def ids(*xs: int) -> np.ndarray:
-    return np.array(xs, np.int64)
 
 
 @pytest.fixture
@@ -184,7 +181,7 @@ def test_random_stream_is_well_formed_and_deterministic() -> None:
 # ---- the differential test ---------------------------------------------------------------------
 
 
-def lockstep(stream: OpStream, preset: str = "sglang") -> Counter:
+def radix_lockstep(stream: OpStream, preset: str = "sglang") -> Counter:
     """Replay `stream` through SGLang and our cache together; fail at the first difference."""
     with torch_single_thread():
         return _lockstep(stream, preset)
@@ -221,7 +218,7 @@ def _lockstep(stream: OpStream, preset: str) -> Counter:
 def test_random_stream_matches_sglang(seed: int) -> None:
     capacity = (24, 48, 96)[seed % 3]
     stream = random_stream(seed, n_ops=300, capacity_blocks=capacity)
-    seen = lockstep(stream)
+    seen = radix_lockstep(stream)
     assert seen["ARRIVE"] and seen["FINISH"]
 
 
@@ -242,14 +239,15 @@ def test_random_stream_matches_sglang_any_shape(
         n_sessions=sessions,
         max_in_flight=in_flight,
     )
-    lockstep(stream)
+    radix_lockstep(stream)
 
 
 def test_random_streams_exercise_every_path() -> None:
     """The random streams are not vacuous: they evict, hit, abort, touch and free duplicates."""
     total: Counter = Counter()
     for seed in range(6):
-        total += lockstep(random_stream(seed, n_ops=300, capacity_blocks=(24, 48, 96)[seed % 3]))
+        total += radix_lockstep(random_stream(seed, n_ops=300,
+                                              capacity_blocks=(24, 48, 96)[seed % 3]))
     assert total["freed"] > 100 and total["hit"] > 100
     assert total["TOUCH"] > 20 and total["aborted"] > 0 and total["duplicates_freed"] > 0
 
@@ -282,6 +280,6 @@ def test_cc_traces_stream_matches_sglang(capacity: int, sessions: int, per_sessi
         capacity_blocks=capacity,
         max_requests_per_session=per_session,
     )
-    seen = lockstep(stream)
+    seen = radix_lockstep(stream)
     assert seen["ARRIVE"] == stream.n_requests
     assert seen["freed"] > 0 and seen["hit"] > 0
