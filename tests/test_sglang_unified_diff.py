@@ -30,12 +30,9 @@ from benchmarks.sglang_unified_ops import (
     with_chunks,
 )
 from benchmarks.sglang_unified_ref import UnifiedRef
+from tests.chained import ids
 
 BS = 64
-
-
-def ids(*xs: int) -> np.ndarray:
-    return np.array(xs, np.int64)
 
 
 # ---- SGLang's own behaviour, pinned -------------------------------------------------------------
@@ -63,7 +60,7 @@ def test_sglang_diff_unified_pins_split_and_whole_leaf_eviction() -> None:
 # ---- the differential test ----------------------------------------------------------------------
 
 
-def lockstep(stream: OpStream, chunk: int) -> Counter:
+def unified_lockstep(stream: OpStream, chunk: int) -> Counter:
     cap, bs = stream.capacity_blocks, stream.block_size
     with torch_single_thread():
         theirs = replay_chunked(stream, UnifiedSide(cap, bs, chunk))
@@ -98,7 +95,7 @@ def test_sglang_diff_unified_random_stream(seed: int) -> None:
     capacity = (24, 48, 96)[seed % 3]
     chunk = (100, 192, 40)[seed % 3]
     stream = with_chunks(random_stream(seed, n_ops=300, capacity_blocks=capacity), chunk, seed)
-    seen = lockstep(stream, chunk)
+    seen = unified_lockstep(stream, chunk)
     print(f"{stream.name}: {seen['ops']} ops compared")
     assert seen["ARRIVE"] and seen["FINISH"]
 
@@ -108,7 +105,7 @@ def test_sglang_diff_unified_streams_exercise_every_path() -> None:
     for seed in range(6):
         chunk = (100, 192, 40)[seed % 3]
         stream = random_stream(seed, n_ops=300, capacity_blocks=(24, 48, 96)[seed % 3])
-        total += lockstep(with_chunks(stream, chunk, seed), chunk)
+        total += unified_lockstep(with_chunks(stream, chunk, seed), chunk)
     assert total["freed"] > 100 and total["hit"] > 100 and total["CHUNK"] > 50
     assert total["TOUCH"] > 20 and total["aborted"] > 0 and total["duplicates_freed"] > 0
 
@@ -128,6 +125,6 @@ def test_sglang_diff_unified_cc_traces() -> None:
         max_context=49152,
     )
     stream = with_chunks(stream, 8192, 0)
-    seen = lockstep(stream, 8192)
+    seen = unified_lockstep(stream, 8192)
     print(f"{stream.name}: {seen['ops']} ops compared")
     assert seen["ARRIVE"] == stream.n_requests and seen["CHUNK"] > 0 and seen["freed"] > 0
