@@ -52,7 +52,7 @@ async def _device_overlaps(svc, tokens) -> list[int]:
     return [by.get(w, 0) for w in range(N)]
 
 
-async def _run(ops, capacity: int, seed: int):
+async def _run_teacher_forced(ops, capacity: int, seed: int):
     from dynamo.llm import SelectionService
 
     rng = np.random.default_rng(seed)
@@ -159,7 +159,7 @@ STREAMS = {
 def test_teacher_forced_matches_the_selector(name):
     make, capacity = STREAMS[name]
     ops = make()
-    decisions, _ = asyncio.run(_run(ops, capacity, seed=len(name)))
+    decisions, _ = asyncio.run(_run_teacher_forced(ops, capacity, seed=len(name)))
     for real, ours, real_set, _ in decisions:
         assert sorted(ours) == sorted(real_set), (name, ours, real_set)
         assert real in ours
@@ -171,12 +171,12 @@ def test_teacher_forced_matches_the_selector(name):
     if name == "burst":
         real = sorted(np.bincount([d[0] for d in decisions], minlength=N).tolist(),
                       reverse=True)
-        free = free_running(ops, capacity, seed=3)
+        free = free_running_dynamo_kv(ops, capacity, seed=3)
         print(f"dynamo burst split: selector {real}, kvsim {free}")
         assert sum(real) == sum(free) == len(ops)
 
 
-def free_running(ops, capacity: int, seed: int) -> list[int]:
+def free_running_dynamo_kv(ops, capacity: int, seed: int) -> list[int]:
     """kvsim's dynamo-kv alone on ``ops``: its own picks and draws, its own fake engines'
     events, prefill done at once: the split, most loaded first."""
     router = get_router("dynamo-kv")

@@ -156,7 +156,7 @@ def _tokens(ids: np.ndarray, prompt: int, salt: int) -> np.ndarray:
     return np.concatenate([blocks, tail])
 
 
-def compare(st: State) -> tuple[object, object]:
+def one_pass_both(st: State) -> tuple[object, object]:
     """One pass from ``st`` on both sides: (SGLang's PassResult, kvsim's)."""
     ref = SglangScheduler(st.capacity, BS, st.chunk, st.scheduler)
     sim = KvsimScheduler(st.capacity, BS, st.chunk, st.max_new, st.scheduler)
@@ -189,12 +189,12 @@ def compare(st: State) -> tuple[object, object]:
     return ref.prefill_pass(ref_waiting, st.ratio), sim.prefill_pass(sim_waiting, st.ratio)
 
 
-def _run(states: list[State], name: str, record_property, capsys) -> None:
+def _run_states(states: list[State], name: str, record_property, capsys) -> None:
     diverged = []
     admitted = chunked = full = 0
     with torch_single_thread():
         for i, st in enumerate(states):
-            want, got = compare(st)
+            want, got = one_pass_both(st)
             if want != got:
                 diverged.append((i, want, got))
             admitted += len(want.rows)
@@ -223,13 +223,13 @@ def test_sglang_sched_diff_pins_page_ceiled_chunk_budget() -> None:
     st = State(capacity=1000, chunk=8192, max_new=64, ratio=0.7)
     st.waiting = [Spec(g.fresh(31), 2000), Spec(g.fresh(31), 2000), Spec(g.fresh(96), 6144)]
     with torch_single_thread():
-        want, got = compare(st)
+        want, got = one_pass_both(st)
     assert [t for _, _, t in want.rows] == [2000, 2000, 4096]
     assert want == got
 
 
 def test_sglang_sched_diff_random_passes(record_property, capsys) -> None:
-    _run([random_state(seed) for seed in range(300)], "random", record_property, capsys)
+    _run_states([random_state(seed) for seed in range(300)], "random", record_property, capsys)
 
 
 def test_sglang_sched_diff_random_passes_lpm(record_property, capsys) -> None:
@@ -237,12 +237,12 @@ def test_sglang_sched_diff_random_passes_lpm(record_property, capsys) -> None:
     states = [random_state(seed) for seed in range(1000, 1200)]
     for st in states:
         st.scheduler = "lpm"
-    _run(states, "random-lpm", record_property, capsys)
+    _run_states(states, "random-lpm", record_property, capsys)
 
 
 def test_sglang_sched_diff_adversarial_passes(record_property, capsys) -> None:
     states = [adversarial_state(seed) for seed in range(100)]
-    _run(states, "adversarial", record_property, capsys)
+    _run_states(states, "adversarial", record_property, capsys)
 
 
 @pytest.mark.parametrize("seed", [0])
@@ -250,6 +250,6 @@ def test_sglang_sched_diff_adversarial_state_reuses_the_history(seed: int) -> No
     # The adversarial state admits all 129, and X2 keeps its whole history.
     st = adversarial_state(seed)
     with torch_single_thread():
-        want, got = compare(st)
+        want, got = one_pass_both(st)
     assert len(want.rows) == 129 and want.rows[-1][1] == len(st.histories[0]) * BS
     assert want == got
