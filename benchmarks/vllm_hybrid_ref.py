@@ -90,3 +90,20 @@ class VllmHybridRef(VllmRef):
             return super().extend(rid, num_new_tokens, known)
         finally:
             req.num_in_flight_tokens = 0
+
+    def admit_remote(self, rid: int, reserved: int = 0) -> tuple[bool, int]:
+        """A decode worker's waiting request whose prompt a KV connector loads: lookup, then
+        ``allocate_slots`` with every token past the local hit external
+        (``num_external_computed_tokens``), ``delay_cache_blocks`` and ``reserved_blocks``.
+        Returns (allocated, local hit blocks)."""
+        req = self._reqs[rid]
+        blocks, hit_tokens = self.manager.get_computed_blocks(req)[:2]
+        out = self.manager.allocate_slots(
+            req, 0, num_new_computed_tokens=hit_tokens, new_computed_blocks=blocks,
+            num_external_computed_tokens=req.num_tokens - hit_tokens, delay_cache_blocks=True,
+            reserved_blocks=reserved)
+        if out is None:
+            return False, hit_tokens // self.block_size
+        req.status = self._status.RUNNING
+        req.num_computed_tokens = req.num_tokens
+        return True, hit_tokens // self.block_size

@@ -140,3 +140,15 @@ def test_kv_events_report_the_full_groups_history() -> None:
     events = [e for _t, e in pool.take_events()]
     removed = sorted(x for e in events if isinstance(e, BlockRemoved) for x in e.ids.tolist())
     assert removed == [10, 11, 12]
+
+
+def test_forget_free_drops_every_unheld_hash() -> None:
+    """A decode worker without its cache (``--decode-cache off``): what finished requests
+    left cached is unhashed in every group and no longer hits."""
+    pool = HybridPool(16, 4, [HybridGroup(SLIDING, 4), HybridGroup(FULL)], debug=True)
+    ids = np.arange(10, 16)
+    pool.admit(1, ids, 21, 21)
+    pool.free(1)
+    assert pool.lookup(ids, 21) == 5
+    pool.forget_free()
+    assert pool.lookup(ids, 21) == 0 and pool.cached_blocks == 0 and pool.free_blocks == 16

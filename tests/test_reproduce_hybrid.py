@@ -121,7 +121,6 @@ PRESETS = {"sglang": ("sglang", "vllm", "penelope"), "vllm": ("vllm", "penelope"
 # refused in one line naming the field (vLLM's hybrid KV cache: sim/engines/vllm.py
 # _hybrid_unsupported): (model, engine, shape, preset) -> field
 REFUSED = {("gpt-oss-120b", "vllm", shape, "penelope"): "preset" for shape in SHAPES}
-REFUSED[("gpt-oss-120b", "vllm", "pd", "vllm")] = "engine"
 CASES = [(m, e, s, p) for m in HYBRIDS for e in PRESETS for s in SHAPES for p in PRESETS[e]]
 
 

@@ -312,6 +312,21 @@ class ShadowHybrid:
         self.ops["hit"] += got or 0
         return got
 
+    def admit_remote(self, rid: int, ids: np.ndarray, num_tokens: int,
+                     reserved: int = 0) -> int | None:
+        assert rid not in self.known, "a remote request is new to its decode worker"
+        self.real.new_request(rid, ids, num_tokens)
+        self.known.add(rid)
+        got = self.model.admit_remote(rid, ids, num_tokens, reserved)
+        ok, hit = self.real.admit_remote(rid, reserved)
+        assert (got is not None) == ok and (not ok or got == hit), (rid, got, ok, hit)
+        self._compare("REMOTE", rid)
+        self.ops["remote"] += ok
+        if not ok:  # vLLM's request waits as it is; the next try looks up again
+            self.known.discard(rid)
+            self.real._reqs.pop(rid)
+        return got
+
     def extend(self, rid: int, k: int, known: int | None = None, in_flight: int = 0) -> bool:
         got = self.model.extend(rid, k, known=known, in_flight=in_flight)
         assert got == self.real.extend(rid, k, known=known, in_flight=in_flight), (rid, k)
@@ -331,6 +346,9 @@ class ShadowHybrid:
         self.model.cache_known(rid, tokens)
         self.real.cache_known(rid, tokens)
         self._compare("CACHE", rid)
+
+    def forget_free(self) -> None:
+        raise AssertionError("not in vLLM: the lockstep runs keep the decode worker's cache")
 
     def free(self, rid: int) -> None:
         self.model.free(rid)
@@ -385,6 +403,23 @@ def test_hybrid_diff_engine_kit_trace(monkeypatch, asynchronous: bool) -> None:
         assert summary["requests"] == len(trace) and ops["hit"] > 0 and ops["run_steps"] > 0
         retractions += summary["retractions"]
     assert retractions > 0
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_hybrid_diff_engine_pd(monkeypatch, asynchronous: bool) -> None:
+    """gpt-oss-120b disaggregated on vLLM: each decode worker allocates a landed prompt's
+    blocks (a window group only its window) beside its local hits, caches them when the load
+    ends, then decodes; the real coordinator takes the same calls."""
+    from sim.config import RunConfig
+
+    cfg = RunConfig.from_flat(engine="vllm", model="gpt-oss-120b",
+                              trace="synthetic:claude-code?sessions=6", max_context=32768,
+                              gpu_cache=40960, sessions=4, gaps="tool", chunk_size=2048,
+                              prefill_replicas=1, decode_replicas=1,
+                              vllm_async=asynchronous).with_preset("vllm")
+    ops, summary = engine_lockstep(monkeypatch, cfg, None)
+    print(f"engine pd: {ops['ops']} ops compared, {ops['remote']} remote loads")
+    assert ops["remote"] > 0 and summary["requests"] > 0
 
 
 @pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])

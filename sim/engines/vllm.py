@@ -227,7 +227,7 @@ class VllmServer(EngineBase):
     @staticmethod
     def _hybrid_unsupported(cfg: RunConfig, policy: EvictionPolicy) -> tuple[str, str] | None:
         """What vLLM's hybrid KV cache (several groups: ``vllm_kv_groups``) is not modelled
-        with yet: another release order than vLLM's, a patch's pool, a KV connector."""
+        with yet: another release order than vLLM's, a patch's pool."""
         from costmodel.specs import get_spec
 
         try:
@@ -246,10 +246,6 @@ class VllmServer(EngineBase):
             return ("vllm_patch", f"{model} has {len(groups)} KV cache groups (vLLM's hybrid "
                     f"KV cache): --vllm-patch {cfg.engine.vllm_patch} is modelled on one "
                     "full-attention group only; use --vllm-patch none")
-        if cfg.is_pd:
-            return ("engine", f"{model} has {len(groups)} KV cache groups (vLLM's hybrid KV "
-                    "cache): a disaggregated vLLM decode worker (KV connector loads) is "
-                    "modelled on one full-attention group only; use --engine sglang")
         return None
 
     @staticmethod

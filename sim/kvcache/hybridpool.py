@@ -479,6 +479,63 @@ class HybridPool:
         if self.debug:
             self.check()
 
+    def admit_remote(self, rid: int, ids: np.ndarray, num_tokens: int,
+                     reserved: int = 0) -> int | None:
+        """``allocate_slots`` for waiting request ``rid`` whose first ``num_tokens`` tokens a KV
+        connector loads (``num_external_computed_tokens``, ``delay_cache_blocks``;
+        ``BlockPool.admit_remote``): every group's local hit past its window is touched, then
+        each group in order allocates for the loaded tokens: a sliding group only its window's
+        blocks (``allocate_external_computed_blocks``), nulls before. Nothing is cached until
+        ``cache_known``. Fits when the free blocks less ``reserved`` hold it; returns the local
+        hit in blocks, or None (nothing changed)."""
+        if rid in self._seqs:
+            raise ValueError(f"request {rid} is already running")
+        if num_tokens < 1:
+            raise ValueError(f"request {rid}: num_tokens must be >= 1")
+        ids = np.asarray(ids, np.int64)
+        self._grow(ids)
+        bs = self.block_size
+        if num_tokens // bs > len(ids):
+            raise ValueError(f"request {rid}: {num_tokens} tokens computed but ids cover only "
+                             f"{len(ids)} blocks")
+        hits, hit_tokens = self._find(ids, num_tokens - 1)
+        groups = range(len(self.groups))
+        if sum(self._to_allocate(g, num_tokens, hits[g], num_tokens, False)
+               for g in groups) > len(self._queue) - reserved:
+            return None
+        tables, nulls = [], []
+        for g in groups:  # every group's hit touched before any allocation (vLLM #33775)
+            skipped = self._skipped_blocks(g, num_tokens)
+            rest = hits[g][skipped:]
+            self._touch(rest)
+            tables.append(np.concatenate([np.zeros(skipped, np.int64), rest]))
+            nz = np.flatnonzero(tables[-1])
+            nulls.append(int(nz[0]) if len(nz) else len(tables[-1]))
+        seq = _HSeq(ids, tables, num_tokens, [len(t) for t in tables], nulls)
+        seq.known = hit_tokens
+        need = _cdiv(num_tokens, bs)
+        for g, t in enumerate(tables):
+            n = need - len(t)
+            if n > 0:
+                fresh = self._pop(n)
+                self._ref[fresh] = 1
+                tables[g] = np.concatenate([t, fresh])
+        self._seqs[rid] = seq
+        if self.debug:
+            self.check()
+        return hit_tokens // bs
+
+    def forget_free(self) -> None:
+        """Drop the hash of every cached block no request holds (``BlockPool.forget_free``: a
+        server without prefix caching); they join the queue's unhashed front."""
+        hashed = self._queue.hashed_blocks().copy()
+        if len(hashed):
+            self._queue.remove(hashed)
+            self._evict(hashed)
+            self._queue.prepend(hashed)
+            if self.debug:
+                self.check()
+
     def cache_known(self, rid: int, tokens: int) -> None:
         """The first ``tokens`` tokens of running request ``rid`` are known now: cache the
         blocks they fill (``cache_blocks``)."""
@@ -622,6 +679,11 @@ class HybridPool:
         unhashed, hashed = self._queue.pop(n)
         if not len(hashed):
             return unhashed
+        self._evict(hashed)
+        return np.concatenate([unhashed, hashed]) if len(unhashed) else hashed
+
+    def _evict(self, hashed: np.ndarray) -> None:
+        """Drop the hashes of blocks ``hashed`` (lazy eviction, at their reuse)."""
         xs, gs = self._bid[hashed], self._grp[hashed]
         g0 = int(gs[0])
         if len(gs) == 1 or (gs == g0).all():  # one group's blocks: the common case
@@ -645,7 +707,6 @@ class HybridPool:
         self._grp[hashed] = -1
         self._cached -= len(hashed)
         self._dropped += len(hashed)
-        return np.concatenate([unhashed, hashed]) if len(unhashed) else hashed
 
     def _cache(self, seq: _HSeq) -> None:
         """``cache_blocks`` per group: hash the blocks full now (nulls skipped)."""
