@@ -42,7 +42,7 @@ def vllm(request) -> str:
     return use_vllm(request.param)
 
 
-def lockstep(stream: OpStream, config: DriverConfig) -> Counter:
+def pool_lockstep(stream: OpStream, config: DriverConfig) -> Counter:
     """Drive `stream` through the real manager and the model together; fail at the first
     difference. Returns what happened (ops by kind, evictions, duplicates, lazy hits)."""
     full = config.full_sequence_must_fit
@@ -83,7 +83,7 @@ def lockstep(stream: OpStream, config: DriverConfig) -> Counter:
     return seen
 
 
-def random_case(seed: int) -> tuple[OpStream, DriverConfig]:
+def random_pool_case(seed: int) -> tuple[OpStream, DriverConfig]:
     """Block sizes 16 and 64, 1-4 running, capacities that force eviction and preemption,
     prompts that are (30%) and are not multiples of the block size, resends (15%), chunked
     and whole prefills, decode 1 or many tokens a step, full-sequence admission on and off."""
@@ -105,7 +105,7 @@ def random_case(seed: int) -> tuple[OpStream, DriverConfig]:
 
 @pytest.mark.parametrize("seed", range(32))
 def test_vllm_diff_random_stream(seed: int) -> None:
-    seen = lockstep(*random_case(seed))
+    seen = pool_lockstep(*random_pool_case(seed))
     print(f"random-{seed}: {seen['ops']} ops compared")
     assert seen["LOOKUP"] and seen["FREE"]
 
@@ -115,7 +115,7 @@ def test_vllm_diff_random_streams_exercise_every_rule() -> None:
     (lazy eviction), keep duplicates, refuse admissions and preempt."""
     total: Counter = Counter()
     for seed in (3, 6, 9, 12, 15, 18):
-        total += lockstep(*random_case(seed))
+        total += pool_lockstep(*random_pool_case(seed))
     print(f"exercise: {total['ops']} ops compared")
     assert total["evicted"] > 50 and total["hit"] > 50 and total["lazy_hits"] > 10
     assert total["duplicates"] > 0 and total["refused"] > 0 and total["PREEMPT"] > 0
@@ -144,7 +144,7 @@ def test_vllm_diff_any_shape(
         resend=0.2,
     )
     config = DriverConfig(running, 3, chunk, decode, seed % 1000, full)
-    lockstep(stream, config)
+    pool_lockstep(stream, config)
 
 
 @needs_cc_traces
@@ -168,7 +168,7 @@ def test_vllm_diff_cc_traces(
         max_context=32768,
     )
     config = DriverConfig(max_running=running, active=4, chunk=2048, decode=64, seed=1)
-    seen = lockstep(stream, config)
+    seen = pool_lockstep(stream, config)
     print(f"{stream.name} bs={bs}: {seen['ops']} ops compared")
     assert seen["ADMIT"] >= stream.n_requests
     assert seen["hit"] > 0 and seen["evicted"] > 0
@@ -245,7 +245,7 @@ class ShadowPool:
             assert np.array_equal(m.table(x), np.array(r.table(x))), f"{where}: table r{x}"
 
 
-def engine_lockstep(monkeypatch, cfg, trace) -> Counter:
+def engine_pool_lockstep(monkeypatch, cfg, trace) -> Counter:
     import sim.engines.vllm as vllm_engine
     from sim.run import run
 
@@ -271,7 +271,7 @@ def test_vllm_diff_engine_kit_trace(monkeypatch, vllm: str) -> None:
         cfg = RunConfig.from_flat(engine="vllm", gpu_cache=cache, sessions=3, chunk_size=budget,
                                   profile="derived-h100-qwen3-8b", vllm_version=vllm[:4],
                                   vllm_async=asynchronous).with_preset("vllm")
-        ops = engine_lockstep(monkeypatch, cfg, trace)
+        ops = engine_pool_lockstep(monkeypatch, cfg, trace)
         print(f"engine kit {cache}/{budget} async {asynchronous}: {ops['ops']} ops compared")
         assert ops["requests"] == len(trace) and ops["retractions"] > 0 and ops["evicted"] > 0
         assert ops["hit"] > 0
@@ -284,7 +284,7 @@ def test_vllm_diff_engine_synthetic(monkeypatch, vllm: str) -> None:
     cfg = RunConfig.from_flat(engine="vllm", trace="synthetic:claude-code?sessions=6",
                               max_context=32768, vllm_version=vllm[:4],
                               gpu_cache=49152, sessions=4, gaps="tool").with_preset("vllm")
-    ops = engine_lockstep(monkeypatch, cfg, None)
+    ops = engine_pool_lockstep(monkeypatch, cfg, None)
     print(f"engine synthetic: {ops['ops']} ops compared")
     assert ops["evicted"] > 0 and ops["hit"] > 0
 
@@ -305,6 +305,6 @@ def test_vllm_diff_engine_cc_traces(monkeypatch, vllm: str, decode_runs: bool,
                               shared_prefix=15974, max_context=32768, gpu_cache=65536 // 6 * select,
                               sessions=min(4, select), gaps="cap:10", vllm_version=vllm[:4],
                               chunk_size=4096).with_preset("vllm")
-    ops = engine_lockstep(monkeypatch, cfg, None)
+    ops = engine_pool_lockstep(monkeypatch, cfg, None)
     print(f"engine cc-traces ({'runs' if decode_runs else 'steps'}): {ops['ops']} ops compared")
     assert ops["evicted"] > 0 and ops["hit"] > 0
