@@ -169,3 +169,25 @@ def test_reproduce_on_ray_equals_local(setup) -> None:
                        executor=ExecutorSpec(kind="ray"))
     assert json.dumps(on_ray, sort_keys=True) == json.dumps(local, sort_keys=True)
     assert len(local["rows"]) == 12
+
+
+def test_plan_on_ray_gives_the_local_plan_and_puts_the_trace_once(setup, monkeypatch) -> None:
+    """``kvsim plan --executor ray``: its rounds are Ray tasks on one executor, the trace goes
+    into the object store once for all rounds, and the plan is the local pool's (issue 55
+    item 4)."""
+    puts = []
+    real_put = ray.put
+    monkeypatch.setattr(ray, "put", lambda v, **kw: puts.append(1) or real_put(v, **kw))
+    args = ["plan", str(setup["root"] / "cc"), "--gaps", "tool", "--sessions", "2",
+            "--replicas", "1..3", "--routers", "round-robin", "--policies", "sglang",
+            "--slo", "ttft_p90=0.5s", "--repeats", "1", "--json"]
+    docs = {}
+    for name, extra in (("local", ["-j", "2"]), ("ray", ["--executor", "ray"])):
+        res = CliRunner().invoke(cli, [*args, *extra, "--out", str(setup["root"] / f"plan-{name}")])
+        assert res.exit_code == 0, res.output
+        docs[name] = json.loads(res.stdout)
+    assert docs["ray"]["rounds"] > 1 and len(puts) == 1
+    keep = ("chosen", "answers", "cheapest", "points_run", "rounds")
+    strip = lambda d: json.loads(json.dumps({k: d[k] for k in keep}).replace(  # noqa: E731
+        "plan-ray", "plan-local"))
+    assert strip(docs["ray"]) == strip(docs["local"])

@@ -316,6 +316,8 @@ class RayExecutor:
                  max_in_flight: int = 0) -> None:
         self.address, self.max_retries, self.max_in_flight = address, max_retries, max_in_flight
         self._started = False
+        # trace key -> its ObjectRef, kept across maps: a plan's rounds put each trace once
+        self._refs: dict[str, Any] = {}
         if address not in (None, "auto", "local"):
             _probe(address)  # before any work or progress bar
 
@@ -351,7 +353,7 @@ class RayExecutor:
         ray = self._init()
         remote = ray.remote(num_cpus=1, max_retries=self.max_retries,
                             retry_exceptions=False)(_ray_call)
-        refs: dict[str, Any] = {}
+        refs = self._refs
         for cfg, _ in jobs:  # each distinct trace is loaded once, here, into the object store
             k = trace_key(cfg)
             if k not in refs:
@@ -383,6 +385,7 @@ class RayExecutor:
                 yield i, res
 
     def close(self) -> None:
+        self._refs = {}
         if self._started:
             import ray
 
