@@ -127,10 +127,8 @@ def get_free_order(order: str | ReleaseOrder) -> ReleaseOrder:
 class StartPosition(ABC):
     """Where freeing begins in a victim's history. ``chain`` returns the nodes to free in
     order, ending with the leaf; each node but the leaf must have exactly one live child, and
-    all must be unlocked and hold KV (the planner checks under ``debug``). The planner asks
-    ``chains(view)`` once per plan and calls what it returns for each victim leaf it pops.
-    ``from_head``: a partial take frees a node's FIRST blocks (leaving a hole in front of what
-    follows) instead of its last."""
+    all must be unlocked and hold KV (the planner checks). ``from_head``: a partial take frees
+    a node's FIRST blocks (leaving a hole in front of what follows) instead of its last."""
 
     name: ClassVar[str]
     from_head: ClassVar[bool]
@@ -143,36 +141,23 @@ class StartPosition(ABC):
     @abstractmethod
     def chain(self, leaf: CacheNode, view: TreeView) -> Sequence[CacheNode]: ...
 
-    def chains(self, view: TreeView) -> Callable[[CacheNode], Sequence[CacheNode]]:
-        """``chain`` on ``view``, as a function of the leaf: what the planner calls. A start
-        with a faster walk returns it here (and its ``chain`` is that walk)."""
-        return lambda leaf: self.chain(leaf, view)
-
     def __repr__(self) -> str:
         return self.name
 
 
-def _alone(leaf: CacheNode) -> Sequence[CacheNode]:
-    return (leaf,)
-
-
-class _LeafAlone(StartPosition):
-    """A start whose chain is the victim leaf alone (``tail``, ``leaf-head``)."""
-
-    def chain(self, leaf: CacheNode, view: TreeView) -> Sequence[CacheNode]:
-        return _alone(leaf)
-
-    def chains(self, view: TreeView) -> Callable[[CacheNode], Sequence[CacheNode]]:
-        return _alone
-
-
-class Tail(_LeafAlone):
+class Tail(StartPosition):
     name, from_head, makes_holes, reads_node_boundaries = "tail", False, False, False
     release_order = vllm_free_order
 
+    def chain(self, leaf: CacheNode, view: TreeView) -> Sequence[CacheNode]:
+        return (leaf,)
 
-class LeafHead(_LeafAlone):
+
+class LeafHead(StartPosition):
     name, from_head, makes_holes, reads_node_boundaries = "leaf-head", True, True, True
+
+    def chain(self, leaf: CacheNode, view: TreeView) -> Sequence[CacheNode]:
+        return (leaf,)
 
 
 class PrivateHead(StartPosition):
@@ -181,24 +166,16 @@ class PrivateHead(StartPosition):
     name, from_head, makes_holes, reads_node_boundaries = "private-head", True, True, False
     release_order = penelope_free_order
 
-    def chain(self, leaf: CacheNode, view: TreeView) -> Sequence[CacheNode]:
-        return self.chains(view)(leaf)
-
-    def chains(self, view: TreeView) -> Callable[[CacheNode], Sequence[CacheNode]]:
-        is_root, live_children, is_hole = view.is_root, view.live_children, view.is_hole
-
-        def walk(leaf: CacheNode) -> Sequence[CacheNode]:
-            chain = [leaf]
-            parent = leaf.parent
-            # Pure reads, cheapest first: a locked parent is the common stop.
-            while (parent is not None and parent.lock <= 0 and not is_root(parent)
-                   and live_children(parent) <= 1 and not is_hole(parent)):
-                chain.append(parent)
-                parent = parent.parent
-            chain.reverse()
-            return chain
-
-        return walk
+    def chain(self, leaf: CacheNode, view: TreeView) -> list[CacheNode]:
+        chain = [leaf]
+        parent = leaf.parent
+        # Pure reads, cheapest first: a locked parent is the common stop.
+        while (parent is not None and parent.lock <= 0 and not view.is_root(parent)
+               and view.live_children(parent) <= 1 and not view.is_hole(parent)):
+            chain.append(parent)
+            parent = parent.parent
+        chain.reverse()
+        return chain
 
 
 TAIL, LEAF_HEAD, PRIVATE_HEAD = Tail(), LeafHead(), PrivateHead()
@@ -247,7 +224,8 @@ class ObservedStart(WrappedStart):
     The planner asks ``chain`` exactly once for every leaf it pops, in eviction order (the
     smallest key first), so a policy that must know its victims -- GreedyDual's inflation sets
     its clock to the priority of the last victim -- wraps its start in one. Freeing is
-    ``base``'s: same chains, same name, same node semantics."""
+    ``base``'s: same chains, same name, same node semantics. (HiCache's device tier accepts
+    only the plain ``TAIL`` object.)"""
 
     def __init__(self, base: StartPosition, observe: Callable[[CacheNode], None]) -> None:
         super().__init__(base)

@@ -5,7 +5,7 @@ registered ``lru`` order (``EvictionPolicy.entries``: no key call per leaf); any
 goes through the generic path. A policy whose key RETURNS lru's key through a method call
 takes the generic path with the same order, so two caches fed the same operations must stay
 identical step by step: every eviction's freed ids and holes, every counter and the whole node
-structure. A user's start and granularity are asked as the built-in ones are (``chains``,
+structure. A user's start and granularity are asked as the built-in ones are (``chain``,
 ``exact``), so copies of Penelope's plan as Penelope.
 """
 
@@ -62,16 +62,16 @@ def test_keyed_reference_really_differs_in_path() -> None:
 
 
 class CountingStart(PrivateHead):
-    """A user's start that implements ``chains`` (the built-in walk, counted)."""
+    """A user's start: Penelope's walk, counted."""
 
     name = "counting"
 
     def __init__(self) -> None:
         self.asked = 0
 
-    def chains(self, view):
+    def chain(self, leaf, view):
         self.asked += 1
-        return super().chains(view)
+        return super().chain(leaf, view)
 
 
 class ExactBlocks(Granularity):
@@ -86,7 +86,7 @@ class ExactBlocks(Granularity):
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=OPS)
 def test_a_users_parts_take_the_built_in_path(ops) -> None:
-    """The planner asks a user's start through ``chains`` and takes a granularity declaring
+    """The planner asks a user's start through ``chain`` and takes a granularity declaring
     ``exact`` as ``min`` (issue 52 item 2): a copy of Penelope's parts plans as Penelope."""
     start = CountingStart()
     mine = RadixKVCache(20, EvictionPolicy(start=start, granularity=ExactBlocks()), debug=True)
@@ -95,7 +95,7 @@ def test_a_users_parts_take_the_built_in_path(ops) -> None:
     drive_pair(mine, penelope, ops)
 
 
-def test_a_users_start_is_asked_once_per_plan() -> None:
+def test_a_users_start_is_asked_once_per_victim() -> None:
     start = CountingStart()
     cache = RadixKVCache(20, EvictionPolicy(start=start, granularity=ExactBlocks()), debug=True)
     cache.insert(Universe().prompt([0, 1, 2]))

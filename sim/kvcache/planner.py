@@ -2,14 +2,14 @@
 ordered plan of steps. The cache's appliers (``RadixTree.apply_*``) carry plans out; nothing
 here changes the tree.
 
-    policy.entries(leaves) ---> heap of victim leaves (pinned ones after every unpinned one)
-    policy.start.chains(view) -> nodes to free for the popped leaf, in order
-    policy.granularity.take --> blocks to take from each node
-                                => Step(node, blocks, head)  head: free the node's first blocks
+    policy.entries(leaves) --> heap of victim leaves (pinned ones after every unpinned one)
+    policy.start.chain ------> nodes to free for the popped leaf, in order
+    policy.granularity.take -> blocks to take from each node
+                               => Step(node, blocks, head)  head: free the node's first blocks
 
-Each part is asked through its one method, built-in or the user's alike; the built-in fast
-paths live in policies/ (``EvictionPolicy.entries``, ``PrivateHead.chains``), and a
-granularity that declares ``exact`` is taken as ``min(blocks, need)`` without a call.
+Each part is asked through its one method, built-in or the user's alike (the built-in fast
+paths live in policies/: ``EvictionPolicy.entries``); a granularity that declares ``exact``
+is taken as ``min(blocks, need)`` without a call.
 
 While planning, the view tracks what the steps planned so far WILL do (``TreeView``): freed
 nodes become holes or leave the tree, parents lose children and become victims themselves, so
@@ -190,8 +190,7 @@ def plan(
     entries = policy.entries
     start = start or policy.start
     granularity = granularity or policy.granularity
-    walk = cast(Callable[[Node], Sequence[Node]],
-                start.chains(view))  # type: ignore[arg-type]  # once per plan
+    chain_of = start.chain
     take = None if granularity.exact else granularity.take  # exact: min(size, need), no call
     head: bool = start.from_head
     # The whole-tree view, where planning runs on it, is called directly (not through a
@@ -207,7 +206,7 @@ def plan(
     left: int = _UNBOUNDED if room is None else room
     while need > 0 and left > 0 and heap:
         leaf: Node = _heappop(heap)[-1]
-        chain = walk(leaf)
+        chain: Sequence[Node] = chain_of(leaf, view)  # type: ignore[arg-type,assignment]
         if debug:
             _check_chain(chain, leaf, view)
         survivor: Node | None = None
