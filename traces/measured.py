@@ -53,6 +53,8 @@ from typing import Any
 
 import numpy as np
 
+from costmodel import detmath
+
 from .builder import TraceBuilder
 from .errors import RecordReader, TraceFormatError
 from .kinds import GAP_HUMAN, kinds_mask
@@ -456,7 +458,7 @@ def read_vllm_bench(path: str | Path, block_size: int = VLLM_BLOCK,
             r = rec.number("request_rate")
             if r <= 0:
                 raise rec.fail("request_rate", f"expected a positive rate, got {rate!r}")
-            gaps = np.random.default_rng(seed).gamma(burst, 1.0 / (r * burst), n)
+            gaps = gamma_gaps(np.random.default_rng(seed), burst, 1.0 / (r * burst), n)
             start = np.concatenate([[0.0], np.cumsum(gaps[1:])])
         how = None
     pl = rec.raw("random_prefix_len", 0)  # --metadata random_prefix_len=N: a string
@@ -650,3 +652,28 @@ def read_measurement(path: str | Path, seed: int = 0) -> list[MeasuredRun]:
                            "not a measured run kvsim reads: an LLMServingSim folder "
                            "(vllm_meta.json), a vllm bench serve --save-detailed JSON, or an "
                            "inference-perf report folder (stage_<n>_lifecycle_metrics.json)")
+
+
+def gamma_gaps(rng: np.random.Generator, shape: float, scale: float, n: int) -> np.ndarray:
+    """``n`` gamma(shape, scale) inter-arrival gaps, as ``vllm bench serve --burstiness``
+    draws them, with the same bits on every CPU: Marsaglia and Tsang's method over
+    ``costmodel.detmath`` (numpy's gamma calls the platform's log and exp); shape < 1 through
+    gamma(shape + 1) * U^(1/shape)."""
+    k = shape if shape >= 1.0 else shape + 1.0
+    d = k - 1.0 / 3.0
+    c = 1.0 / math.sqrt(9.0 * d)
+    out = np.empty(n)
+    for i in range(n):
+        while True:
+            x = detmath.ndtri(min(max(rng.random(), 1e-300), 1.0 - 2.0 ** -53))
+            v = (1.0 + c * x) ** 3
+            if v <= 0.0:
+                continue
+            u = rng.random()
+            if u > 0.0 and detmath.log(u) < 0.5 * x * x + d - d * v + d * detmath.log(v):
+                break
+        g = d * v
+        if shape < 1.0:
+            g *= detmath.exp(detmath.log(max(rng.random(), 1e-300)) / shape)
+        out[i] = g * scale
+    return out

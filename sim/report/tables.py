@@ -8,9 +8,9 @@ rate minus a rate, never a relative change of a rate). The JSON outputs have eve
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from rich import box
@@ -113,7 +113,7 @@ def fmt_mean(key: str, v: Any, ci: float | None) -> str:
     if ci is None or ci != ci or ci == 0 or s == "-":
         return s
     if _plain(key, v):
-        d = min(3, max(0, 1 - math.floor(math.log10(abs(ci)))))
+        d = min(3, max(0, 1 - Decimal(abs(ci)).adjusted()))  # floor(log10), exactly
         s, half = f"{v:,.{d}f}", f"{ci:,.{d}f}"
     else:
         half = fmt_metric(key, ci).removesuffix(" ms")
