@@ -149,7 +149,7 @@ def test_the_budget_is_shared_with_decode_as_for_any_prefill(monkeypatch) -> Non
 
 
 # request columns added after the golden was saved (tests/goldens/CHANGES.md)
-COLUMNS_SINCE = ("tpot_s", "itl_max_s")
+COLUMNS_SINCE = ("tpot_s", "itl_max_s", "aborted")
 
 
 # --- without --vllm-patch nothing moves ----------------------------------------------------
