@@ -41,11 +41,6 @@ class ConfigError(ValueError):
         return type(self), self._args
 
 
-# sim.engines.ENGINES holds the classes; named here because sim.engines imports this module.
-ENGINE_NAMES = ("sglang", "vllm")
-# sim.engines.vllm_patch.VLLM_PATCHES: named patches of the vllm engine (none = as deployed)
-VLLM_PATCH_NAMES = ("none", "penelope", "continuum", "continuum-fixed", "continuum-pins",
-                    "continuum-fcfs")
 # the vLLM releases the vllm engine models (VllmKnobs.vllm_version; the newest is the default)
 VLLM_VERSIONS = ("0.33", "0.34")
 TIERINGS = ("unified", "hicache")
@@ -55,6 +50,19 @@ PD_STREAMING = ("off", "layer")
 PD_RETURNS = ("none", "output")
 ON_OFF = ("on", "off")
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
+
+
+def option(default: Any, help: str, kind: str | None = None,
+           choices: tuple[str, ...] | Callable[[], Iterable[str]] | None = None, *,
+           name: str | None = None, words: tuple[str, str] | None = None,
+           metavar: str | None = None) -> Any:
+    """A field with its command-line option (sim/cli/common.py ``config_options`` makes it):
+    ``--NAME`` of the flat name (or of ``name``), ``help``; ``kind`` ``count`` (an integer
+    >= 0) or ``size`` (tokens: 4k, 1m), else the annotation's int or float; ``choices`` (or a
+    function listing them, called when the option is made: no registry loads with this
+    module); ``words``: a bool written as its (true, false) word, e.g. on/off."""
+    return field(default=default, metadata={"option": dict(
+        help=help, kind=kind, choices=choices, name=name, words=words, metavar=metavar)})
 
 
 @dataclass(frozen=True)
@@ -161,12 +169,13 @@ class EngineKnobs:
     engine's, a class attribute: the knobs type is the engine choice)."""
 
     name: ClassVar[str]
-    # SGLang chunked_prefill_size; vllm: max_num_batched_tokens, the token budget of one
-    # step shared by decode and prefill chunks (8192 both: their H100 server defaults)
-    chunk_size: int = 8192
-    # None = the engine's default: SGLang's max_running_requests (large; never binds at small
-    # N), vLLM's max_num_seqs (1024 for an API server on an H100)
-    max_running: int | None = None
+    chunk_size: int = option(8192, "Prefill tokens per pass: SGLang chunked_prefill_size; "
+                             "vllm: max_num_batched_tokens, one step's budget shared by decode "
+                             "and prefill chunks (8192: both servers' H100 defaults).", "size")
+    # None: the engine's default (SGLang's is never reached at small N)
+    max_running: int | None = option(None, "Most requests running at once (default: the "
+                                     "engine's: SGLang's max_running_requests, large; vLLM's "
+                                     "max_num_seqs, 1024).")
 
     @property
     def label(self) -> str:
@@ -182,10 +191,12 @@ class SGLangKnobs(EngineKnobs):
     """SGLang 0.5.23's server arguments and scheduler constants."""
 
     name: ClassVar[str] = "sglang"
-    # SGLang inserts each finished chunk into the tree (cache_unfinished_req), so a long
-    # prompt becomes nodes of at most chunk_size tokens. False: insert once the prompt is
-    # done (one node per prompt), which makes whole-node eviction far coarser.
-    checkpoint_chunks: bool = True
+    # SGLang inserts each finished chunk into the tree (cache_unfinished_req). False: one node
+    # per prompt, which makes whole-node eviction far coarser.
+    checkpoint_chunks: bool = option(True, "chunked: each prefill chunk enters the tree as it "
+                                     "finishes (SGLang), so nodes hold <= chunk-size tokens; "
+                                     "whole: a prompt enters once done.",
+                                     name="prompt_nodes", words=("chunked", "whole"))
     clip_max_new_tokens: int = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
     new_token_ratio: float = 0.7
     new_token_ratio_min: float = 0.098
@@ -198,21 +209,29 @@ class VllmKnobs(EngineKnobs):
     max_num_seqs) and the named patch of its code."""
 
     name: ClassVar[str] = "vllm"
-    # async scheduling (vLLM 0.33's default for an online server): step n+1 is scheduled
-    # before step n's output is processed. False: the synchronous Scheduler.
-    vllm_async: bool = True
-    # a named patch of vLLM's code (penelope: the lookup continues past missing blocks,
-    # which are refilled in the request's step; docs/engine.md)
-    vllm_patch: str = "none"
-    # the vLLM release modelled (VLLM_VERSIONS; docs/engine.md, versions): the scheduler and
-    # block pool are the same in both; the deployment defaults (KV sizing) and the opt-in
-    # features differ
-    vllm_version: str = "0.34"
-    # 0.34's opt-in cache-aware admission (--cache-aware-admission-window / -threshold):
-    # the first N waiting requests are ordered by cached prefix once KV usage reaches the
-    # threshold; 0: off (0.34's default, and all 0.33 has)
-    vllm_cache_aware_window: int = 0
-    vllm_cache_aware_threshold: float = 0.5
+    vllm_async: bool = option(True, "--engine vllm: async scheduling, vLLM 0.33's default for "
+                              "an online server (the next step is scheduled before the step "
+                              "in flight is processed); off: the synchronous Scheduler. See "
+                              "docs/engine.md.", words=ON_OFF)
+    vllm_patch: str = option("none", "--engine vllm: a named patch of vLLM's code. penelope: "
+                             "the lookup goes on past missing blocks and refills them in the "
+                             "request's step (Penelope's holes; docs/engine.md). continuum: "
+                             "Continuum's TTL pins (learned TTL) and program-level FCFS; "
+                             "continuum-fixed: the same with its public code's 2 s threshold; "
+                             "continuum-pins / continuum-fcfs: either change alone "
+                             "(docs/policies.md).", choices=lambda: _vllm_patches().names())
+    vllm_version: str = option("0.34", "--engine vllm: the release modelled. Its scheduler and "
+                               "block pool are the same in both; the deployed defaults differ "
+                               "(0.34: 64-token blocks, KV sized with gpu_memory_utilization "
+                               "1.0 by its extensible cache; 0.33: 16 and 0.92; --block-size "
+                               "stays as given). See docs/engine.md.", choices=VLLM_VERSIONS)
+    vllm_cache_aware_window: int = option(
+        0, "--engine vllm (0.34): cache-aware admission (--cache-aware-admission-window): once "
+        "KV usage reaches --vllm-cache-aware-threshold, the first N waiting requests are "
+        "admitted deepest cached prefix first; 0: off, vLLM's default.", "count", metavar="N")
+    vllm_cache_aware_threshold: float = option(
+        0.5, "--engine vllm: the KV usage (1 - free/total blocks) from which "
+        "--vllm-cache-aware-window reorders (vLLM's --cache-aware-admission-threshold).")
 
     def __post_init__(self) -> None:
         # a sweep file's unquoted `vllm_version: 0.34` is a YAML number: the release it names
@@ -226,8 +245,9 @@ class VllmKnobs(EngineKnobs):
         return self.name if self.vllm_patch == "none" else f"{self.name}+{self.vllm_patch}-patch"
 
     def validate(self, bad: Callable[[str, str], ConfigError]) -> None:
-        if self.vllm_patch not in VLLM_PATCH_NAMES:
-            raise bad("vllm_patch", unknown("vLLM patch", self.vllm_patch, VLLM_PATCH_NAMES))
+        patches = _vllm_patches()
+        if not isinstance(self.vllm_patch, str) or self.vllm_patch not in patches:
+            raise bad("vllm_patch", patches.message(self.vllm_patch))
         if not isinstance(self.vllm_async, bool):
             raise bad("vllm_async", f"must be on or off (true or false), got "
                       f"{self.vllm_async!r}")
@@ -243,7 +263,18 @@ class VllmKnobs(EngineKnobs):
                       f"(vllm_version is {self.vllm_version!r}): use --vllm-version 0.34")
 
 
+# the engines by name (sim.engines.ENGINES holds their classes under the same names): a new
+# engine is its knobs class here and its server class there
 KNOBS: dict[str, type[EngineKnobs]] = {k.name: k for k in (SGLangKnobs, VllmKnobs)}
+ENGINE_NAMES = tuple(KNOBS)
+
+
+def _vllm_patches() -> Any:
+    """sim.engines.vllm_patch.VLLM_PATCHES, the vllm engine's named patches (that package
+    imports this module: read when asked)."""
+    from sim.engines.vllm_patch import VLLM_PATCHES
+
+    return VLLM_PATCHES
 
 
 @dataclass(frozen=True)
@@ -261,12 +292,30 @@ class PoolConfig:
     and microseconds per fetch on each replica's link, entry policy, Mooncake Store's
     eviction."""
 
-    size: int = 0
-    pool_bandwidth: float = 25.0
-    pool_latency_us: float = 50.0
-    pool_write: str = "write-through"
-    pool_watermark: float = 0.90
-    pool_evict_fraction: float = 0.05
+    size: int = option(0, "A KV pool of SIZE tokens shared by the replicas (sglang engine; "
+                       "docs/fleet.md 'Shared KV pool'); 0: none.", "size", metavar="SIZE")
+    pool_bandwidth: float = option(25.0, "Each replica's link to the pool, GB/s.",
+                                   metavar="GB/S")
+    pool_latency_us: float = option(50.0, "Latency of one pool fetch, microseconds.")
+    pool_write: str = option("write-through", "write-through: blocks enter the pool when a "
+                             "replica computes them; write-back: when a replica drops them "
+                             "(from its CPU tier if it has one).",
+                             choices=("write-through", "write-back"))
+    pool_watermark: float = option(0.90, "Pool occupancy that starts an eviction pass.")
+    pool_evict_fraction: float = option(0.05, "Share of the pool's blocks one eviction pass "
+                                        "drops (LRU, leased skipped).")
+
+
+def _link_names() -> tuple[str, ...]:
+    from costmodel.links import link_names
+
+    return tuple(link_names())
+
+
+def _pd_rule_names() -> tuple[str, ...]:
+    from policies.pd_rules import PD_RULES
+
+    return tuple(PD_RULES.names())
 
 
 @dataclass(frozen=True)
@@ -274,16 +323,29 @@ class PDConfig:
     """Disaggregation (sim/fleet/pd.py, docs/pd.md): P prefill workers and D decode workers
     of the engine instead of replicas; both 0: aggregated."""
 
-    prefill_replicas: int = 0
-    decode_replicas: int = 0
-    pd_link: str = "rdma-400"  # costmodel/data/links.yaml: the link each transfer takes
-    pd_link_scope: str = "nic"  # nic: one FIFO per prefill worker's NIC | pair: per (P, D)
-    pd_streaming: str = "off"  # off: the transfer starts after the prefill | layer: during it
-    pd_local_threshold: int = 0  # prefill on the decode worker below this many uncached tokens
-    decode_cache: str = "on"  # on: a decode worker keeps finished requests' KV as a cache
-    pd_return: str = "none"  # none | output: the finished output's KV goes back to prefill
-    pd_rule: str = "disagg"  # how a request picks its pair (policies/routing/pd.py's registry)
-    pd_prealloc: str = "on"  # on: the decode worker pre-allocates the KV before the transfer
+    prefill_replicas: int = option(0, "Prefill workers of a disaggregated fleet (with "
+                                   "--decode-replicas; the prefill worker is chosen by "
+                                   "--router).", "count")
+    decode_replicas: int = option(0, "Decode workers of a disaggregated fleet.", "count")
+    pd_link: str = option("rdma-400", "The link KV travels over, prefill -> decode "
+                          "(costmodel/data/links.yaml; ideal: no time).", choices=_link_names)
+    pd_link_scope: str = option("nic", "One FIFO per prefill worker's NIC, or per (prefill, "
+                                "decode) pair.", choices=PD_LINK_SCOPES)
+    pd_streaming: str = option("off", "layer: the transfer starts with the prefill, layer by "
+                               "layer.", choices=PD_STREAMING)
+    pd_local_threshold: int = option(0, "Conditional disaggregation: prefill on the decode "
+                                     "worker when fewer uncached tokens than this (0: "
+                                     "never).", "size")
+    decode_cache: str = option("on", "Decode workers keep finished requests' KV as a prefix "
+                               "cache.", choices=ON_OFF)
+    pd_return: str = option("none", "output: a finished request's output KV goes back to its "
+                            "prefill worker over the link.", choices=PD_RETURNS)
+    pd_rule: str = option("disagg", "How a request picks its decode worker and whether it is "
+                          "prefilled there (policies/pd_rules.py).", choices=_pd_rule_names)
+    pd_prealloc: str = option("on", "on: the decode worker pre-allocates the KV before the "
+                              "transfer, as the engines do (SGLang's prealloc queue, vLLM's "
+                              "WAITING_FOR_REMOTE_KVS); off: the KV lands unreserved (sglang "
+                              "only).", choices=ON_OFF)
 
 
 RUN = "run"  # FLAT's section of the fields kept on RunConfig itself
@@ -378,7 +440,7 @@ class RunConfig:
                                   f"{name!r}: use --engine {owner} (or drop {k})")
             parts.setdefault(section, {})[f] = v
         run = parts.pop(RUN, {})
-        built = {s: _SECTIONS[s](**kw) for s, kw in parts.items() if s != "engine"}
+        built = {s: SECTIONS[s](**kw) for s, kw in parts.items() if s != "engine"}
         return cls(engine=knobs(**parts.get("engine", {})), **built, **run)
 
     @classmethod
@@ -601,14 +663,14 @@ class RunConfig:
         return d
 
 
-_SECTIONS: dict[str, type] = {"traffic": TrafficConfig, "cache": CacheConfig,
-                              "policy": PolicyConfig, "context": ContextConfig,
-                              "fleet": FleetConfig, "pool": PoolConfig, "pd": PDConfig}
+SECTIONS: dict[str, type] = {"traffic": TrafficConfig, "cache": CacheConfig,
+                             "policy": PolicyConfig, "context": ContextConfig,
+                             "fleet": FleetConfig, "pool": PoolConfig, "pd": PDConfig}
 
 
 def _flat_defaults() -> dict[str, Any]:
     """Each flat field's default (a knob's is its engine's; both agree on shared knobs)."""
-    owners = {RUN: RunConfig, **_SECTIONS}
+    owners = {RUN: RunConfig, **SECTIONS}
     out: dict[str, Any] = {}
     for name, (section, f) in FLAT.items():
         if name == "engine":
@@ -634,8 +696,7 @@ class IdleRule:
     why: str | Callable[[RunConfig], str]  # a callable: the text names a value of the run
 
 
-PD_FIELDS = ("prefill_replicas", "decode_replicas", "pd_link", "pd_link_scope", "pd_streaming",
-             "pd_local_threshold", "decode_cache", "pd_return", "pd_rule", "pd_prealloc")
+PD_FIELDS = tuple(f.name for f in fields(PDConfig))
 _CPU_TIER = ("tiering", "hicache_write_policy", "swap_buffer")
 _POOL = ("pool_bandwidth", "pool_latency_us", "pool_write", "pool_watermark",
          "pool_evict_fraction")

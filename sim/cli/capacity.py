@@ -11,9 +11,10 @@ from typing import Any, cast
 import click
 import numpy as np
 
+from sim.config import ENGINE_NAMES
 from sim.report.tables import Col, narrow_table
 
-from .common import console, emit_json, parse_size, stderr
+from .common import config_options, console, emit_json, parse_size, stderr
 from .trace import load_from_options, trace_options
 
 _RANGE = re.compile(r"^\s*([^:]+?)\.\.([^:]+?)(?::(\d+))?\s*$")
@@ -157,9 +158,7 @@ def warn_idle_replicas(rows: list) -> None:
 @click.option("--pool", "pool", default=None, metavar="SIZE",
               help="A KV pool of SIZE tokens shared by the replicas, below their caches "
                    "(write-through, watermark eviction).")
-@click.option("--pool-write", type=click.Choice(["write-through", "write-back"]),
-              default="write-through", show_default=True,
-              help="When blocks enter the pool: a replica writes them, or drops them.")
+@config_options("pool", only=("pool_write",))
 @click.option("--in-flight-s", "in_flight_s", default=None, callback=_hold, metavar="SECONDS",
               help="The fleet's load model: each request counts as in flight on its replica "
                    "for SECONDS of the trace's time after it arrives (about a request's "
@@ -172,7 +171,7 @@ def warn_idle_replicas(rows: list) -> None:
                    "[default: qwen3-8b]")
 @click.option("--kv-dtype", type=click.Choice(["bf16", "fp8", "fp4"]), default=None,
               help="With --cache in bytes: the KV element type. [default: bf16]")
-@click.option("--engine", "size_engine", type=click.Choice(["sglang", "vllm"]), default=None,
+@click.option("--engine", "size_engine", type=click.Choice(ENGINE_NAMES), default=None,
               help="With --cache in bytes: whose allocation of the KV cache groups sizes them "
                    "(docs/hybrid.md, Capacity in bytes). [default: the first --policy when it "
                    "is vllm or sglang, else sglang]")
@@ -182,7 +181,7 @@ def warn_idle_replicas(rows: list) -> None:
 def capacity_cmd(paths: tuple[str, ...], caches: list[int] | None, policies: tuple[str, ...],
                  replicas: int, router: str | None, pool: str | None, pool_write: str,
                  in_flight_s: float | None, models: tuple[str, ...], kv_dtype: str | None,
-                 size_engine: str | None, out: str | None, as_json: bool, gap_model: str,
+                 size_engine: str | None, out: str | None, as_json: bool, gaps: str,
                  **opts: Any) -> None:
     """Hit rate against cache size for PATH (files, a folder or synthetic:NAME), without
     timing: requests in arrival order, each matched then inserted with its output (the
@@ -195,7 +194,7 @@ def capacity_cmd(paths: tuple[str, ...], caches: list[int] | None, policies: tup
     from sim.studies.capacity import capacity_curve, clockless_policy, one_pass
 
     ctx = click.get_current_context()
-    if ctx.get_parameter_source("gap_model") is not click.core.ParameterSource.DEFAULT:
+    if ctx.get_parameter_source("gaps") is not click.core.ParameterSource.DEFAULT:
         raise click.BadParameter("kvsim capacity has no clock: client waits change nothing "
                                  "(requests keep their recorded arrival order)",
                                  param_hint="--gaps")
@@ -207,7 +206,7 @@ def capacity_cmd(paths: tuple[str, ...], caches: list[int] | None, policies: tup
         if given and not in_bytes:
             raise click.BadParameter("sizes --cache given in bytes (10GiB,40GiB): give "
                                      "--cache in bytes", param_hint=name)
-    engine = size_engine or (policies[0] if policies[0] in ("sglang", "vllm") else "sglang")
+    engine = size_engine or (policies[0] if policies[0] in ENGINE_NAMES else "sglang")
     fleet = replicas > 1 or router is not None or pool is not None
     if in_flight_s is not None and replicas < 2:
         raise click.BadParameter("a load model for a router choosing among replicas: give "

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
@@ -25,8 +25,11 @@ if TYPE_CHECKING:
 
     stderr: Console
 
-__all__ = ["KV_SIZE", "SIZE", "SLO_TEXT", "KvsimGroup", "atomic_write_text", "console", "dumps",
-           "emit_json", "fail", "one_line", "parse_size", "stderr", "tokens", "trace_load_progress"]
+F = TypeVar("F", bound=Callable[..., Any])
+
+__all__ = ["KV_SIZE", "SIZE", "SLO_TEXT", "KvsimGroup", "atomic_write_text", "config_options",
+           "console", "dumps", "emit_json", "fail", "one_line", "parse_size", "stderr", "tokens",
+           "trace_load_progress"]
 
 # Taken at their first use (``__getattr__``), not when ``kvsim --help`` imports this module
 # through ``main.py``: rich, and sim.io (whose size grammar imports the trace package).
@@ -119,6 +122,48 @@ class KVSizeType(SizeType):
 
 
 KV_SIZE = KVSizeType()
+
+
+def config_options(section: str, only: tuple[str, ...] = ()) -> Callable[[F], F]:
+    """One option per field of the config section ``section`` (``engine``: every engine's
+    knobs) that declares one (sim/config.py ``option``), in declaration order: the command's
+    parameter is named as the field's flat name, so ``RunConfig.from_flat`` takes it as is.
+    ``only``: just those flat names."""
+    from dataclasses import fields
+
+    from sim.config import FLAT, KNOBS, SECTIONS
+
+    where = {v: k for k, v in FLAT.items()}
+    classes = KNOBS.values() if section == "engine" else [SECTIONS[section]]
+    declared = {f.name: f for c in classes for f in fields(c) if "option" in f.metadata}
+    opts = []
+    for f in declared.values():
+        spec, flat = f.metadata["option"], where[section, f.name]
+        if only and flat not in only:
+            continue
+        kind, default, choices, words = spec["kind"], f.default, spec["choices"], spec["words"]
+        callback = None
+        if words is not None:  # a bool as its (true, false) word
+            kind, default = click.Choice(words), words[not default]
+            callback = lambda ctx, p, v, yes=words[0]: v == yes  # noqa: E731
+        elif choices is not None:
+            kind = click.Choice(list(choices() if callable(choices) else choices))
+        elif kind == "size":
+            kind, default = SIZE, str(default)
+        elif kind == "count":
+            kind = click.IntRange(min=0)
+        else:
+            kind = {"int": int, "float": float}.get(str(f.type).split(" |")[0])
+        opts.append(click.option("--" + (spec["name"] or flat).replace("_", "-"), flat,
+                                 type=kind, default=default, show_default=True,
+                                 callback=callback, metavar=spec["metavar"], help=spec["help"]))
+
+    def decorate(f: F) -> F:
+        for opt in reversed(opts):
+            f = opt(f)
+        return f
+
+    return decorate
 
 
 # Loading a trace: no progress lines in a log for a load this short (most are; a bad trace's

@@ -6,10 +6,9 @@ from collections.abc import Callable
 
 import click
 
-from costmodel.links import link_names
-from policies.pd_rules import PD_RULES
+from sim.config import ENGINE_NAMES
 
-from .common import SIZE, SLO_TEXT, console, emit_json, stderr
+from .common import SLO_TEXT, config_options, console, emit_json, stderr
 from .trace import trace_options
 
 
@@ -28,9 +27,8 @@ def _list(text: str | None, option: str, kind=str) -> list:
                                  f"{kind.__name__}", param_hint=option) from None
 
 
-# plan's options whose RunConfig field has another name (the rest are named alike)
-PLAN_FIELDS = {"gap_model": "gaps", "cache_dir": "trace_cache_dir", "routers": "router",
-               "policies": "policy", "gpus": "gpu"}
+# plan's list-valued axes and the RunConfig field each searches (the rest are named alike)
+PLAN_FIELDS = {"routers": "router", "policies": "policy", "gpus": "gpu"}
 
 
 @click.command("plan")
@@ -43,7 +41,7 @@ PLAN_FIELDS = {"gap_model": "gaps", "cache_dir": "trace_cache_dir", "routers": "
 @click.option("--model", "-m", default="qwen3-8b", show_default=True,
               help="Model spec (kvsim models lists them) or a Hugging Face config.json "
                    "path (docs/models.md).")
-@click.option("--engine", type=click.Choice(["sglang", "vllm"]), default="sglang",
+@click.option("--engine", type=click.Choice(ENGINE_NAMES), default="sglang",
               show_default=True, help="The server every replica runs (docs/engine.md).")
 @click.option("--gpus", default="H100", show_default=True,
               help="GPU kinds to search (comma-separated; costmodel/data/gpus.yaml).")
@@ -71,15 +69,7 @@ PLAN_FIELDS = {"gap_model": "gaps", "cache_dir": "trace_cache_dir", "routers": "
 @click.option("--pd", default=None, metavar="P:D,...",
               help="Prefill:decode pool shapes to search instead of replicas (needs the "
                    "disaggregated fleet).")
-@click.option("--pd-link", type=click.Choice(list(link_names())), default="rdma-400",
-              show_default=True, help="With --pd: the link KV travels over, prefill -> decode "
-              "(costmodel/data/links.yaml).")
-@click.option("--pd-rule", type=click.Choice(list(PD_RULES.names())), default="disagg",
-              show_default=True, help="With --pd: how a request picks its decode worker and "
-              "whether it is prefilled there (policies/pd_rules.py).")
-@click.option("--pd-local-threshold", type=SIZE, default="0", show_default=True,
-              help="With --pd: conditional disaggregation, prefill on the decode worker when "
-              "fewer uncached tokens than this (0: never).")
+@config_options("pd", only=("pd_link", "pd_local_threshold", "pd_rule"))  # with --pd
 @click.option("--prices", type=click.Path(dir_okay=False, exists=True), default=None,
               help="A GPU catalog of costmodel/data/gpus.yaml's shape with your prices.")
 @click.option("--out", "-o", required=True, help="Folder: points/<id>/, plan.json, plan.csv, "
@@ -90,8 +80,8 @@ PLAN_FIELDS = {"gap_model": "gaps", "cache_dir": "trace_cache_dir", "routers": "
               show_default=True, help="Where points run: a local process pool or Ray tasks.")
 @click.option("--address", default=None, help="Ray: the cluster to join.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON document.")
-def plan_cmd(trace, trace_format, block_size, shared_prefix, max_context, select, gap_model,
-             lenient, seed, cache_dir, rebuild_sessions, slo, model, engine, gpus, tp,
+def plan_cmd(trace, trace_format, block_size, shared_prefix, max_context, select, gaps,
+             lenient, seed, trace_cache_dir, rebuild_sessions, slo, model, engine, gpus, tp,
              mem_fraction, replicas, routers, policies, sessions, replay, time_scale,
              repeats, search, pd, pd_link, pd_rule, pd_local_threshold, prices, out, jobs,
              executor, address, as_json) -> None:
@@ -112,7 +102,7 @@ def plan_cmd(trace, trace_format, block_size, shared_prefix, max_context, select
                       if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE)
     base = dict(trace=trace, trace_format=trace_format, block_size=block_size,
                 shared_prefix=shared_prefix, max_context=max_context, select=select,
-                gaps=gap_model, lenient=lenient, seed=seed, trace_cache_dir=cache_dir,
+                gaps=gaps, lenient=lenient, seed=seed, trace_cache_dir=trace_cache_dir,
                 rebuild_sessions=rebuild_sessions, model=model, engine=engine, slo=slo,
                 repeats=repeats, replay=replay)
     if pd:  # given without --pd they are refused below as doing nothing

@@ -8,11 +8,20 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from sim.config import VLLM_PATCH_NAMES, VLLM_VERSIONS, RunConfig
+from sim.config import ENGINE_NAMES, RunConfig
 from sim.report.runs import compare_runs, run_tables
 
-from .common import KV_SIZE, SIZE, SLO_TEXT, atomic_write_text, console, dumps, emit_json, stderr
-from .pd_options import pd_fields, pd_options
+from .common import (
+    KV_SIZE,
+    SIZE,
+    SLO_TEXT,
+    atomic_write_text,
+    config_options,
+    console,
+    dumps,
+    emit_json,
+    stderr,
+)
 from .run_checks import (
     default_replay,
     note_throttled,
@@ -27,7 +36,7 @@ from .trace import trace_options
 if TYPE_CHECKING:
     from sim.run import RunResult
 
-def router_params(items: tuple[str, ...]) -> dict[str, str]:
+def parse_router_params(items: tuple[str, ...]) -> dict[str, str]:
     """``--router-param K=V`` items into a dict (values stay text: the router class types
     them)."""
     out: dict[str, str] = {}
@@ -268,38 +277,17 @@ def gpu_header(cfg: RunConfig) -> str:
               help="Router of a fleet: round-robin (default with --replicas > 1), random, "
                    "least-load, power-of-two, session-affinity, the field's routers, or "
                    "FILE.py:CLASS (your own Router subclass).")
-@click.option("--router-param", "router_param_items", multiple=True, metavar="K=V",
+@click.option("--router-param", "router_params", multiple=True, metavar="K=V",
               help="Parameter of the --router class (repeatable; typed like its default).")
-@click.option("--pool", type=SIZE, default="0", show_default=True, metavar="SIZE",
-              help="A KV pool of SIZE tokens shared by the replicas (sglang engine; "
-                   "docs/fleet.md 'Shared KV pool'); 0: none.")
-@click.option("--pool-bandwidth", type=float, default=25.0, show_default=True,
-              metavar="GB/S", help="Each replica's link to the pool, GB/s.")
-@click.option("--pool-latency-us", type=float, default=50.0, show_default=True,
-              help="Latency of one pool fetch, microseconds.")
-@click.option("--pool-write", type=click.Choice(["write-through", "write-back"]),
-              default="write-through", show_default=True,
-              help="write-through: blocks enter the pool when a replica computes them; "
-                   "write-back: when a replica drops them (from its CPU tier if it has one).")
-@click.option("--pool-watermark", type=float, default=0.90, show_default=True,
-              help="Pool occupancy that starts an eviction pass.")
-@click.option("--pool-evict-fraction", type=float, default=0.05, show_default=True,
-              help="Share of the pool's blocks one eviction pass drops (LRU, leased skipped).")
-@pd_options
-@click.option("--engine", type=click.Choice(["sglang", "vllm"]), default="sglang",
+@config_options("pool")
+@config_options("pd")
+@click.option("--engine", type=click.Choice(ENGINE_NAMES), default="sglang",
               show_default=True,
               help="The server: sglang (SGLang 0.5.23: radix tree, chunk nodes, admission "
                    "with decode reservations) or vllm (vLLM 0.33: prefix-caching block pool, "
                    "V1 token-budget steps, preemption by recompute; GPU only, policies vllm "
                    "and penelope). See docs/engine.md.")
-@click.option("--vllm-patch", type=click.Choice(list(VLLM_PATCH_NAMES)), default="none",
-              show_default=True,
-              help="--engine vllm: a named patch of vLLM's code. penelope: the lookup goes on "
-                   "past missing blocks and refills them in the request's step (Penelope's "
-                   "holes; docs/engine.md). continuum: Continuum's TTL pins (learned TTL) and "
-                   "program-level FCFS; continuum-fixed: the same with its public code's 2 s "
-                   "threshold; continuum-pins / continuum-fcfs: either change alone "
-                   "(docs/policies.md).")
+@config_options("engine")
 @click.option("--preset", default=None,
               help="Comma-separated presets (sglang, vllm, penelope); the first is the baseline. "
                    "Default: sglang,vllm,penelope (--engine vllm: vllm,penelope) unless "
@@ -329,40 +317,8 @@ def gpu_header(cfg: RunConfig) -> str:
               help="How each session manages its history: full, trim:K, summarize:T:S, "
                    "drop:K, drop:K+repos, splice:K, budget:B (docs/cache-engineering.md; "
                    "sglang engine). kvsim prices serving only, not task accuracy.")
-@click.option("--chunk-size", type=SIZE, default="8192", show_default=True,
-              help="Prefill tokens per pass: SGLang chunked_prefill_size; vllm: "
-                   "max_num_batched_tokens, one step's budget shared by decode and prefill "
-                   "chunks (8192: both servers' H100 defaults).")
-@click.option("--prompt-nodes", type=click.Choice(["chunked", "whole"]), default="chunked",
-              show_default=True,
-              help="chunked: each prefill chunk enters the tree as it finishes (SGLang), so "
-                   "nodes hold <= chunk-size tokens; whole: a prompt enters once done.")
 @click.option("--max-new-tokens", type=int, default=None,
               help="Assumed max_new_tokens (default: unset, SGLang reserves up to 4096).")
-@click.option("--max-running", type=int, default=None,
-              help="Most requests running at once (default: the engine's: SGLang's "
-                   "max_running_requests, large; vLLM's max_num_seqs, 1024).")
-@click.option("--vllm-async", type=click.Choice(["on", "off"]), default="on",
-              show_default=True,
-              help="--engine vllm: async scheduling, vLLM 0.33's default for an online "
-                   "server (the next step is scheduled before the step in flight is "
-                   "processed); off: the synchronous Scheduler. See docs/engine.md.")
-@click.option("--vllm-version", type=click.Choice(list(VLLM_VERSIONS)),
-              default=VLLM_VERSIONS[-1], show_default=True,
-              help="--engine vllm: the release modelled. Its scheduler and block pool are the "
-                   "same in both; the deployed defaults differ (0.34: 64-token blocks, KV "
-                   "sized with gpu_memory_utilization 1.0 by its extensible cache; 0.33: 16 "
-                   "and 0.92; --block-size stays as given). See docs/engine.md.")
-@click.option("--vllm-cache-aware-window", type=click.IntRange(min=0), default=0,
-              show_default=True, metavar="N",
-              help="--engine vllm (0.34): cache-aware admission "
-                   "(--cache-aware-admission-window): once KV usage reaches "
-                   "--vllm-cache-aware-threshold, the first N waiting requests are admitted "
-                   "deepest cached prefix first; 0: off, vLLM's default.")
-@click.option("--vllm-cache-aware-threshold", type=float, default=0.5, show_default=True,
-              help="--engine vllm: the KV usage (1 - free/total blocks) from which "
-                   "--vllm-cache-aware-window reorders (vLLM's "
-                   "--cache-aware-admission-threshold).")
 @click.option("--max-num-inflight-kv-loads", type=int, default=None, expose_value=False,
               metavar="N", callback=refuse_inflight_kv_loads,
               help="vLLM 0.34's cap on a decode worker's KV loads in flight: not modelled "
@@ -380,17 +336,13 @@ def gpu_header(cfg: RunConfig) -> str:
                    "several policies: FILE-POLICY.json each; --repeats: the first repeat's "
                    "(checked before anything runs; stderr names each file).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select, gap_model,
-            lenient, seed, cache_dir, rebuild_sessions, model, profile, gpu_cache, gpu, tp,
+def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select, gaps,
+            lenient, seed, trace_cache_dir, rebuild_sessions, model, profile, gpu_cache, gpu, tp,
             mem_fraction, slo, repeats, trace_seed, kv_dtype, cpu_cache,
             tiering, swap_buffer, hicache_write_policy, sessions, replay, time_scale,
-            max_concurrency, engine, vllm_patch, replicas, router, router_param_items,
-            pool, pool_bandwidth, pool_latency_us, pool_write, pool_watermark,
-            pool_evict_fraction,
+            max_concurrency, engine, replicas, router, router_params,
             preset, evict, granularity, order, policies, policy_params, scheduler, context,
-            chunk_size, prompt_nodes, max_new_tokens, max_running, vllm_async, vllm_version,
-            vllm_cache_aware_window, vllm_cache_aware_threshold, debug_cache,
-            out, timeline, as_json, **pd) -> None:
+            max_new_tokens, debug_cache, out, timeline, as_json, **fields) -> None:
     """Replay a trace through the simulated server under each policy; report TTFT, JCT, hits."""
     from costmodel.specs import get_spec
     from sim.checks import check_model_and_profile
@@ -409,36 +361,29 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
     sized = resolve_gpu_fields(dict(gpu=gpu, tp=tp, mem_fraction=mem_fraction,
                                     gpu_cache=gpu_cache, model=model, profile=profile,
                                     kv_dtype=kv_dtype,
-                                    block_size=block_size, engine=engine, chunk_size=chunk_size,
-                                    max_running=max_running, vllm_version=vllm_version,
-                                    prefill_replicas=pd.get("prefill_replicas"),
-                                    decode_replicas=pd.get("decode_replicas")), "command line",
+                                    block_size=block_size, engine=engine,
+                                    **{k: fields[k] for k in (
+                                        "chunk_size", "max_running", "vllm_version",
+                                        "prefill_replicas", "decode_replicas")}), "command line",
                                lambda f: spell(f) or f)
     if sized["gpu_cache"] is None:
         sized["gpu_cache"] = 262_144
     base = RunConfig.from_flat("command line",
         trace=trace, trace_format=trace_format, select=select, shared_prefix=shared_prefix,
-        max_context=max_context, block_size=block_size, gaps=gap_model, lenient=lenient,
-                               trace_cache_dir=cache_dir, rebuild_sessions=rebuild_sessions,
+        max_context=max_context, block_size=block_size, gaps=gaps, lenient=lenient,
+                               trace_cache_dir=trace_cache_dir, rebuild_sessions=rebuild_sessions,
                                sessions=sessions, replay=replay, time_scale=time_scale,
                                max_concurrency=max_concurrency, engine=engine,
-                               vllm_patch=vllm_patch, replicas=replicas, router=router,
-                               router_params=router_params(router_param_items),
-        pool=pool, pool_bandwidth=pool_bandwidth, pool_latency_us=pool_latency_us,
-                               pool_write=pool_write, pool_watermark=pool_watermark,
-                               pool_evict_fraction=pool_evict_fraction,
+                               replicas=replicas, router=router,
+                               router_params=parse_router_params(router_params),
         model=model, profile=sized["profile"], gpu_cache=sized["gpu_cache"], gpu=sized["gpu"],
         tp=tp, mem_fraction=mem_fraction, gpu_cache_bytes=sized.get("gpu_cache_bytes"),
         kv_dtype=kv_dtype,
                                slo=slo, repeats=repeats, trace_seed=trace_seed, cpu_cache=cpu_cache,
         tiering=tiering, swap_buffer=swap_buffer, hicache_write_policy=hicache_write_policy,
-                               scheduler=scheduler, context=context, chunk_size=chunk_size,
-                               checkpoint_chunks=prompt_nodes == "chunked",
-                               max_new_tokens=max_new_tokens, max_running=max_running, seed=seed,
-        vllm_async=vllm_async == "on", vllm_version=vllm_version,
-        vllm_cache_aware_window=vllm_cache_aware_window,
-        vllm_cache_aware_threshold=vllm_cache_aware_threshold, debug_cache=debug_cache,
-        **pd_fields(pd))
+                               scheduler=scheduler, context=context,
+                               max_new_tokens=max_new_tokens, seed=seed, debug_cache=debug_cache,
+        **fields)
     refuse_idle_options(click.get_current_context(), base)
     configs = policy_configs(base, preset, evict, granularity, order, policies, policy_params)
     # Every input check before any work: configs, model, profile, the output folder.
@@ -480,7 +425,7 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
     stderr.print(f"[dim]trace {tr.name}: {len(tr):,} requests loaded in "
                  f"{time.perf_counter() - t0:.1f}s[/dim]")
     stderr.print(f"[dim]{size_header(base)}[/dim]")
-    if engine == "vllm" and vllm_version == "0.33" and block_size != 16:
+    if engine == "vllm" and fields["vllm_version"] == "0.33" and block_size != 16:
         stderr.print(f"[dim]--vllm-version 0.33: vLLM 0.33 deployed 16-token KV blocks on CUDA "
                      f"by default (0.34: 64); this run keeps --block-size {block_size}[/dim]")
     gpu_line = gpu_header(base)
@@ -534,13 +479,14 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
     print_table(runs, f"{s['trace']} ({s['trace_requests']} requests), {model}, "
                       f"GPU {base.cache.gpu_cache:,} tokens{cpu}, N={sessions}, "
                       f"{configs[0].engine_label} engine"
-                      + (f" (vLLM {vllm_version}, async {vllm_async})" if engine == "vllm"
+                      + (f" (vLLM {fields['vllm_version']}, async "
+                         f"{'on' if fields['vllm_async'] else 'off'})" if engine == "vllm"
                          else "") + ", "
                       f"{scheduler}, "
                       + (f"{replicas} replicas, router {s['router']}, " if "router" in s
                          and not base.is_pd else "")
                       + (f"{base.pd.prefill_replicas}P:{base.pd.decode_replicas}D over "
                          f"{base.pd.pd_link}, rule {base.pd.pd_rule}, " if base.is_pd else "") +
-                      f"gaps {gap_model}{ctx}", lenient=lenient)
+                      f"gaps {gaps}{ctx}", lenient=lenient)
     if out is not None:
         print(f"wrote {out}/", file=sys.stderr)

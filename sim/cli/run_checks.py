@@ -135,20 +135,16 @@ def note_throttled(res: RunResult) -> None:
                      f"{s['achieved_send_rate_per_s']:,.2f} requests/s")
 
 
-# ``kvsim run``'s parameters whose RunConfig field has another name.
-CLI_FIELDS = {"gap_model": "gaps", "cache_dir": "trace_cache_dir",
-              "router_param_items": "router_params"}
-
-
 def refuse_idle_options(ctx: click.Context, cfg: RunConfig) -> None:
     """Options given on the command line that would do nothing in this combination
     (``sim.config.IDLE_RULES``): a user who typed them expects an effect, so say why there is
     none (exit 2) instead of running."""
     from sim.config import idle_fields, spell_fields
 
-    options = {CLI_FIELDS.get(p.name, p.name): max(p.opts, key=len) for p in ctx.command.params
+    # each option's parameter is named as its RunConfig field (sim/config.py FLAT)
+    options = {p.name: max(p.opts, key=len) for p in ctx.command.params
                if isinstance(p, click.Option) and p.name}
-    given = [CLI_FIELDS.get(name, name) for name in ctx.params
+    given = [name for name in ctx.params
              if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE]
     idle = idle_fields(cfg, given)
     if idle:

@@ -45,7 +45,7 @@ TRACE_OPTIONS: list[Callable] = [
     click.option("--select", default=None, metavar="top-requests:K|first:K",
                  help="Keep the K sessions with most requests after the cut (ties: trace "
                       "order), or the first K."),
-    click.option("--gaps", "gap_model", default="recorded", show_default=True,
+    click.option("--gaps", "gaps", default="recorded", show_default=True,
                  callback=_gap_model, metavar="recorded|tool|cap:S|scale:F",
                  help="Client wait model: every recorded wait, tool waits only, recorded "
                       "waits capped at S seconds, or multiplied by F."),
@@ -55,7 +55,7 @@ TRACE_OPTIONS: list[Callable] = [
     click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
                  help="Seed of synthetic generators (kvsim run: also of the run's decisions, "
                       "router ties and random victims; --trace-seed keeps the trace)."),
-    click.option("--cache-dir", default=None, metavar="DIR|off",
+    click.option("--cache-dir", "trace_cache_dir", default=None, metavar="DIR|off",
                  help="Folder of npz copies of loaded traces (fast reloads; a changed file "
                       "or option loads afresh). [default: $KVSIM_CACHE_DIR, else "
                       "~/.cache/kvsim; off: no cache]"),
@@ -74,7 +74,7 @@ def trace_options(f: Callable) -> Callable:
 def load_from_options(spec: str | list[str], trace_format: str | None, block_size: int,
                       shared_prefix: int | str | None, max_context: int | None,
                       select: str | None, lenient: bool, seed: int,
-                      cache_dir: str | None = None, rebuild_sessions: bool = False,
+                      trace_cache_dir: str | None = None, rebuild_sessions: bool = False,
                       **_: Any) -> Any:
     from traces.cache import resolve_cache_dir
     from traces.load import check_shared_prefix
@@ -84,7 +84,7 @@ def load_from_options(spec: str | list[str], trace_format: str | None, block_siz
     with trace_load_progress():
         trace = load_trace(spec, format=trace_format, block_size=block_size,
                            shared_prefix=shared_prefix, max_context=max_context, select=select,
-                           seed=seed, lenient=lenient, cache_dir=resolve_cache_dir(cache_dir),
+                           seed=seed, lenient=lenient, cache_dir=resolve_cache_dir(trace_cache_dir),
                            rebuild_sessions=rebuild_sessions)
     return check_shared_prefix(trace, shared_prefix)
 
@@ -159,7 +159,7 @@ def trace_cmd() -> None:
               help="A second trace (same options) printed side by side.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def stats_cmd(paths: tuple[str, ...], compare: str | None, as_json: bool,
-              gap_model: str, **opts: Any) -> None:
+              gaps: str, **opts: Any) -> None:
     """Sessions, requests, prompt/output sizes, append-only fraction, infinite-cache hit rates,
     shared prefix, tool and human gaps, and region shares (of all prompt tokens / of distinct
     blocks) of PATH (files, a folder, or synthetic:NAME).
@@ -172,11 +172,11 @@ def stats_cmd(paths: tuple[str, ...], compare: str | None, as_json: bool,
     traces = [load_from_options(list(paths), **opts)]
     if compare:
         traces.append(load_from_options(compare, **opts))
-    docs = [trace_stats(t, gap_model=gap_model) for t in traces]
+    docs = [trace_stats(t, gap_model=gaps) for t in traces]
     if as_json:
         emit_json(docs[0] if len(docs) == 1 else {"traces": docs})
         return
-    t = Table(title=f"kvsim trace stats (gaps: {gap_model})")
+    t = Table(title=f"kvsim trace stats (gaps: {gaps})")
     t.add_column("")
     for d in docs:
         t.add_column(f"{d['name']} ({d['format']})", justify="right")
