@@ -5,8 +5,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.kvsim-installed
 TEST_STAMP := $(VENV)/.kvsim-test-installed
 BENCH_STAMP := $(VENV)/.kvsim-bench-installed
-# The compiled core (sim/kvcache/native.py): mypyc builds the cache's, the SGLang engine's,
-# the recorder's, the replay's and the fleet front's modules beside their sources.
+# The compiled core (sim/native.py): mypyc builds the cache's, the SGLang engine's, the
+# recorder's, the replay's and the fleet front's modules beside their sources, at install time
+# (setup.py: `pip install -e .` above compiles them).
 CORE_STAMP := sim/core-manifest.json
 
 .PHONY: demo test lint bench venv core clean
@@ -18,12 +19,13 @@ $(STAMP): pyproject.toml
 	touch $@
 
 # Rebuilt when a source of a package with compiled modules changes, or a module they import
-# from (sim/kvcache/corebuild.py dependencies: the config, policies, cost model, traces), as the
-# manifest's staleness check does (a stale extension is never imported: sim/kvcache/native.py
-# falls back to the source). Without a C compiler it says so once and kvsim runs on Python.
-$(CORE_STAMP): $(STAMP) sim/replay.py sim/config.py $(wildcard sim/kvcache/*.py sim/engines/*.py sim/context/*.py sim/fleet/*.py policies/*.py costmodel/*.py traces/*.py)
+# from (setup.py dependencies: the config, policies, cost model, traces), as the manifest's
+# staleness check does (a stale extension is never imported: sim/native.py falls back to the
+# source). Without a C compiler it says so once and kvsim runs on Python. The install builds
+# it first (order-only: a fresh install's build is not redone).
+$(CORE_STAMP): setup.py sim/native.py sim/replay.py sim/config.py $(wildcard sim/kvcache/*.py sim/engines/*.py sim/context/*.py sim/fleet/*.py policies/*.py costmodel/*.py traces/*.py) | $(STAMP)
 	$(BIN)/pip install -q mypy==2.4.1
-	$(BIN)/python -m sim.kvcache.corebuild
+	$(BIN)/python setup.py -q build_ext --inplace
 
 # Tests also need CPU torch (calibration, the SGLang reference), the real SGLang radix caches
 # installed without their ~100 dependencies (see benchmarks/sglang_ref.py; msgspec is the one
@@ -65,9 +67,19 @@ demo: $(STAMP) $(CORE_STAMP)
 		--gpu-cache 192k --sessions 4 --preset sglang,vllm,penelope --out out/demo
 	$(BIN)/kvsim plot out/demo
 
+# The suite runs what users run, the compiled core; then a Python-path job beside it: the
+# goldens and the engines' tests and differentials against the real SGLang, plus the tests
+# marked pure_path (spies on compiled classes; tests/conftest.py). The core's own
+# differential (tests/test_native_core.py) runs both paths in the first job.
+PURE_TESTS := tests/test_refactor_goldens.py tests/test_eviction_golden.py \
+	tests/test_zoo_golden.py tests/test_engine.py tests/test_engine_sglang.py \
+	tests/test_sglang_diff.py
+
 test: $(TEST_STAMP) $(CORE_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -n 2 --dist loadfile
+	KVSIM_PURE=1 $(BIN)/python -m pytest -n 2 --dist loadfile $(PURE_TESTS)
+	KVSIM_PURE=1 $(BIN)/python -m pytest -n 2 --dist loadfile -m pure_path
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

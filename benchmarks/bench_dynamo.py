@@ -43,8 +43,8 @@ SIDES = tuple(f"{side}-{b}" for b in BLOCKS for side in ("kvsim", "dynamo"))
 
 _KVSIM = """
 import json, sys, time
+from sim import native
 from sim.config import RunConfig
-from sim.kvcache import native
 from sim.run import load_run_trace, run
 trace, router, workers, cache, block = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6])
 cfg = RunConfig.from_flat(trace=trace, replay="open", gpu_cache=cache, replicas=workers,
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"Mooncake synthetic trace, {WORKERS} workers x {CACHE_TOKENS // 1024}K tokens, "
           f"median of {max(1, args.repeat)} interleaved runs; kvsim on its "
-          f"{'/'.join(sorted({r['kvsim_core'] for r in rows}))} path (sim/kvcache/native.py)")
+          f"{'/'.join(sorted({r['kvsim_core'] for r in rows}))} path (sim/native.py)")
     print(f"{'router':>12} {'side':>10} {'wall s':>7} {'CPU s':>7} {'wall ms/req':>12} "
           f"{'CPU ms/req':>11}")
     for r in rows:

@@ -29,7 +29,7 @@ Issue targets: vllm engine / sglang engine <= 1.5; each zoo policy / penelope <=
 ``--against REV`` checks REV out in a temporary git worktree and runs the same case there,
 interleaved with this checkout's runs, and reports each run and the ratio of the medians
 (per engine of ``--engine``). Each side says which path it ran: this checkout the compiled
-core where ``make core`` built it (sim/kvcache/native.py; ``KVSIM_PURE=1`` times the Python
+core where the install or ``make core`` built it (sim/native.py; ``KVSIM_PURE=1`` times the Python
 path), a worktree always Python (it has no build).
 """
 
@@ -71,8 +71,11 @@ try:
     from sim.run import load_run_trace, run
 except ImportError:  # a revision before sim/run/ (--against)
     from sim.runner import load_run_trace, run
-try:  # which path the simulator runs (sim/kvcache/native.py; revisions before it: Python)
-    from sim.kvcache import native
+try:  # which path the simulator runs (sim/native.py, before it sim/kvcache's, else Python)
+    try:
+        from sim import native
+    except ImportError:
+        from sim.kvcache import native
     core = "compiled" if native.current()[0] else "python"
 except ImportError:
     core = "python"

@@ -19,7 +19,7 @@ also the wall and CPU seconds until the replay's clock starts (the first call of
 ``simpy.Environment.run``, the child reports it): imports, checks, the trace load and the
 servers built. Also a bare interpreter (``python -c pass``: the floor) and ``import sim``.
 The machine's load (``os.getloadavg``) is printed before and after, and which path each tree
-runs (compiled core or Python source, ``sim.kvcache.native``).
+runs (compiled core or Python source, ``sim.native``).
 """
 
 from __future__ import annotations
@@ -85,9 +85,9 @@ def once(argv: list[str], env: dict[str, str]) -> dict[str, float]:
 
 
 def path_of(env: dict[str, str]) -> str:
-    """Compiled core or Python source, and why (``sim.kvcache.native.decide``)."""
+    """Compiled core or Python source, and why (``sim.native.decide``)."""
     res = subprocess.run([sys.executable, "-W", "ignore", "-c",
-                          "from sim.kvcache import native; print(native.decide()[1])"],
+                          "from sim import native; print(native.decide()[1])"],
                          env=env, capture_output=True, text=True, check=True, cwd="/")
     return res.stdout.strip()
 

@@ -1,5 +1,7 @@
 """kvsim: the simulator (docs/ and sim/README.md)."""
 
-from sim.kvcache import native
+from . import native
 
-native.install()  # sim.replay may run compiled: decided before any sim module loads
+# The one place the compiled core is chosen: every module of sim (a compiled one included)
+# loads after this package's __init__, so the decision precedes them all.
+native.install()

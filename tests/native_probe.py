@@ -16,7 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sim.kvcache import CapacityError, RadixKVCache, native
+from sim import native
+from sim.kvcache import CapacityError, RadixKVCache
 from tests.cachepair import counters, structure
 from tests.chained import Universe
 

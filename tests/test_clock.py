@@ -112,6 +112,7 @@ def _result(fields: dict, preset: str) -> dict:
 
 
 @pytest.mark.parametrize("name", [*RUNS, *EXTRA])
+@pytest.mark.pure_path("swaps the run's clock class; compiled engines take the compiled Clock only")
 def test_a_run_is_the_same_with_and_without_the_shortcut(name: str, monkeypatch) -> None:
     fields, preset = {**RUNS, **EXTRA}[name]
     monkeypatch.setattr(driver, "Clock", CountingClock)

@@ -40,6 +40,7 @@ class DeletionSpy:
     dict(gpu_cache=73728, cpu_cache=24576, tiering="hicache",
          hicache_write_policy="write_through_selective"),
 ], ids=["gpu", "unified", "hicache-wt", "hicache-wb", "hicache-wts"])
+@pytest.mark.pure_path("spies on RadixTree's methods, which compiled callers do not look up")
 def test_evicted_tokens_count_every_deletion(monkeypatch, tiers: dict) -> None:
     """HiCache deletes host copies while backing up (write-through) and while loading; every
     deletion, wherever it happens, is in evicted_tokens."""

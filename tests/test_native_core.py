@@ -3,8 +3,9 @@ random op streams on the radix cache and the same standard runs, each side in a 
 its path (tests/native_probe.py), must give identical results: every return value, counter,
 node, serial and stamp, every summary figure and every row of the per-request frame.
 
-The rest of the suite runs the Python path (tests/conftest.py sets KVSIM_PURE=1: its spies
-replace methods, which compiled classes do not allow).
+The rest of the suite runs the path users run, the compiled one where it is built (the
+install builds it: setup.py), and ``make test`` runs a Python-path job beside it
+(``KVSIM_PURE=1``; tests marked ``pure_path`` run there only, tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ import sys
 
 import pytest
 
-import sim.kvcache.corebuild as corebuild
-from sim.kvcache import native
+import setup as corebuild  # the build (setup.py at the repository's root)
+from sim import native
 from tests.conftest import REPO
 
 PROBE = REPO / "tests" / "native_probe.py"
@@ -30,7 +31,7 @@ def _built() -> None:
     try:
         manifest = json.loads(native.MANIFEST.read_text())
     except (OSError, ValueError):
-        pytest.fail("no compiled core manifest: make builds it (python -m sim.kvcache.corebuild)")
+        pytest.fail("no compiled core manifest: make (or pip install -e .) builds it")
     if not manifest.get("built"):
         pytest.skip(f"no compiled core on this machine: {manifest.get('why')}")
 
@@ -53,7 +54,7 @@ def _same_results(compiled: dict, pure: dict) -> None:
 def test_the_build_compiles_every_module_and_the_process_imports_them() -> None:
     _built()
     env = {**os.environ, native.PURE_ENV: "0"}
-    code = ("import importlib; from sim.kvcache import native as n; print(n.current()[0]); "
+    code = ("import importlib; from sim import native as n; print(n.current()[0]); "
             "print(*(importlib.import_module(m).__file__ for m in n.COMPILED))")
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True,
                          text=True, check=True).stdout.split()
@@ -83,8 +84,7 @@ def _fake_checkout(tmp_path, monkeypatch, *, built: bool = True) -> None:
     """A checkout in tmp_path with every compiled module's source, its extension and the
     build's manifest."""
     monkeypatch.setattr(native, "ROOT", tmp_path)
-    monkeypatch.setattr(native, "MANIFEST", tmp_path / "core-manifest.json")
-    monkeypatch.setattr(corebuild, "MANIFEST", native.MANIFEST)
+    monkeypatch.setattr(native, "MANIFEST", tmp_path / corebuild.MANIFEST)
     monkeypatch.setattr(corebuild, "ROOT", tmp_path)
     monkeypatch.delenv(native.PURE_ENV, raising=False)
     for m in native.COMPILED:
@@ -201,7 +201,7 @@ def test_the_build_without_a_compiler_says_so_and_keeps_the_python_path(
         tmp_path, monkeypatch, capsys) -> None:
     _fake_checkout(tmp_path, monkeypatch)
     monkeypatch.setattr(corebuild, "_compiler", lambda: None)
-    assert corebuild.build() == 0
+    assert corebuild._extensions(tmp_path) == []  # setup.py installs kvsim without a core
     assert "no C compiler on PATH: the simulator runs on the Python path" in \
         capsys.readouterr().err
     assert native.decide() == (False, "the compiled core is not built: no C compiler on PATH "
@@ -224,24 +224,21 @@ def test_the_build_removes_extensions_of_modules_it_no_longer_compiles(tmp_path,
     assert all(native.source(m).with_suffix(suffix).exists() for m in native.COMPILED)
 
 
-def test_every_package_with_a_compiled_module_decides_before_its_modules_load() -> None:
+def test_the_path_is_chosen_in_one_place_before_any_module_of_sim_loads() -> None:
     """The manifest guards a compiled module only if the decision ran before it was found:
-    each package holding one calls ``native.install()`` in its ``__init__`` before any of its
-    own imports (a package left out would load a stale extension unguarded)."""
-    import ast
-
-    for package in sorted({m.rsplit(".", 1)[0] for m in native.COMPILED}):
-        init = REPO.joinpath(*package.split("."), "__init__.py")
-        body = [n for n in ast.parse(init.read_text()).body
-                if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
-        calls = [i for i, n in enumerate(body) if isinstance(n, ast.Expr)
-                 and ast.unparse(n.value) == "native.install()"]
-        assert calls, f"{init.relative_to(REPO)} does not call native.install()"
-        own = [i for i, n in enumerate(body) if isinstance(n, ast.ImportFrom)
-               and (n.level or (n.module or "").startswith(package))
-               and not (n.module or "").endswith("native") and n.names[0].name != "native"]
-        assert all(i > calls[0] for i in own), \
-            f"{init.relative_to(REPO)} imports its modules before deciding the path"
+    sim/__init__.py decides (every compiled module is in ``sim``, whose __init__ runs before
+    any of its modules), and nothing else in sim/ does (issue 52 item 5)."""
+    assert all(m.startswith("sim.") for m in native.COMPILED)
+    init = REPO / "sim" / "__init__.py"
+    assert "native.install()" in init.read_text()
+    for path in sorted((REPO / "sim").rglob("*.py")):
+        text = path.read_text()
+        assert path == init or "native.install()" not in text, path
+        assert "noqa: E402" not in text, f"{path.relative_to(REPO)}: imports after code"
+    out = subprocess.run([sys.executable, "-c", "import sim, sys; "
+                          "print(sorted(m for m in sys.modules if m.startswith('sim')))"],
+                         cwd=REPO, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['sim', 'sim.native']"
 
 
 def test_make_rebuilds_the_core_when_any_compiled_source_changes() -> None:
@@ -266,7 +263,7 @@ def test_the_compiled_fleet_takes_a_router_returning_numpy_integers() -> None:
 import numpy as np
 from policies.routing import Router, register_router
 from sim.config import RunConfig
-from sim.kvcache import native
+from sim import native
 from sim.run import run
 
 class Argmin(Router):

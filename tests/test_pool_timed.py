@@ -18,6 +18,10 @@ from sim.fleet.pool import SharedPool
 from sim.fleet.pooltier import FleetPool
 from sim.kvcache import RadixKVCache
 
+# Its replica is a stand-in borrowing SGLangServer.insert_remote, which compiled applies to a
+# real SGLangServer only (tests/conftest.py); tests/test_pool_accounting.py runs real replicas.
+pytestmark = pytest.mark.pure_path("a stand-in replica borrows SGLangServer.insert_remote")
+
 BS, BLOCK_BYTES, BANDWIDTH, LATENCY = 4, 1000, 1e6, 1e-3  # a 3-block fetch: 4 ms
 
 

@@ -309,6 +309,7 @@ SETTINGS = settings(
         ("vllm", "write_through"),
     ],
 )
+@pytest.mark.pure_path("its reference evicts on a deep copy; a compiled cache is not copied")
 def test_hicache_invariants(policy: str, write_policy: str) -> None:
     machine = type(
         f"HiCache_{policy}_{write_policy}",

@@ -351,6 +351,7 @@ SETTINGS = settings(
 @pytest.mark.parametrize(
     "name", ["penelope", "vllm", "sglang", "lru+private-head+node", "lru+leaf-head+block"]
 )
+@pytest.mark.pure_path("its deletion order is read off a deep copy; a compiled cache is not copied")
 def test_unified_invariants_and_one_deletion_order(name: str) -> None:
     policy = get_policy(name)
     machine = type(f"Unified_{policy.spec}", (UnifiedMachine,), {"policy": policy})

@@ -8,18 +8,14 @@ engine says which it can express (``EngineBase.check``). ``ENGINES`` names them 
 whose ``build`` ``sim.run.build`` calls for each replica.
 """
 
-from sim.kvcache import native
+from costmodel.registry import Registry
+from sim.config import VllmKnobs
 
-native.install()  # some engine modules may run compiled: decided before the first loads
-
-from costmodel.registry import Registry  # noqa: E402
-from sim.config import VllmKnobs  # noqa: E402
-
-from .base import EngineBase, StepObserver  # noqa: E402
-from .request import Req  # noqa: E402
-from .sglang import SGLangServer  # noqa: E402
-from .vllm import VllmServer  # noqa: E402
-from .vllm_patch import VLLM_PATCHES  # noqa: E402
+from .base import EngineBase, StepObserver
+from .request import Req
+from .sglang import SGLangServer
+from .vllm import VllmServer
+from .vllm_patch import VLLM_PATCHES
 
 ENGINES: Registry[type[EngineBase]] = Registry("engine")
 ENGINES.register("sglang", SGLangServer)

@@ -6,7 +6,7 @@ anything else happens (an arrival, a finish elsewhere, a KV event). ``Clock.adva
 such a pass end without an event: the clock moves exactly as processing the timeout would
 have moved it, and nothing else could have run in between, so the run is the same
 (tests/test_clock.py runs the standard setups both ways and requires equal outputs).
-Compiled with the core (sim/kvcache/native.py): every server pass asks it.
+Compiled with the core (sim/native.py): every server pass asks it.
 """
 
 from __future__ import annotations

@@ -26,7 +26,3 @@
 
 Engines know nothing of fleets. ``--replicas 1`` reproduces a single-server run exactly.
 """
-
-from sim.kvcache import native
-
-native.install()  # the KV-event index (beliefs) may run compiled: decided before it loads

@@ -1,5 +1,5 @@
 """The fleet's errors, apart from the modules that raise them: a compiled module
-(sim/kvcache/native.py) cannot define an exception class."""
+(sim/native.py) cannot define an exception class."""
 
 from __future__ import annotations
 

@@ -60,7 +60,7 @@ def engine_metrics(engine) -> EngineMetrics:
                          (cap - available) / cap if cap else 0.0)
 
 
-@mypyc_attr(allow_interpreted_subclasses=True)  # compiled (sim/kvcache/native.py); subclassable
+@mypyc_attr(allow_interpreted_subclasses=True)  # compiled (sim/native.py); subclassable
 class Scraper:
     """Samples every engine every ``scrape_s`` seconds (the first sample at t = 0).
 

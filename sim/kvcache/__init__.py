@@ -5,13 +5,9 @@ context edits over a versioned key space (``versions``, ``edits``), and KV event
 (this one and vLLM's block pool, ``blockpool``) queue where they change state for a consumer
 to drain (``events``). SGLang's tree for hybrid models (full KV beside SWA KV or recurrent
 states: ``hybridtree``) and what a hole costs to refill on one (``refill``) stand beside it.
-Its core may run compiled: ``native`` decides, before the first of its modules loads."""
+Its core may run compiled: sim/native.py decides, before the first of its modules loads."""
 
 from typing import TYPE_CHECKING, Any
-
-from . import native
-
-native.install()
 
 if TYPE_CHECKING:
     from .cache import RadixKVCache, as_block_ids
@@ -21,7 +17,7 @@ if TYPE_CHECKING:
     from .planner import Step
     from .results import EvictResult, InsertResult, LoadResult, Match, split_match
 
-# name -> its module: loaded at the first read (after ``native.install`` above), so that
+# name -> its module: loaded at the first read, so that
 # ``import sim`` (whose __init__ installs the core through ``native``) loads no cache, numpy
 # or policies: ``kvsim --help`` does not need them (issue 55 start-up).
 _EXPORTS = {"RadixKVCache": "cache", "as_block_ids": "cache", "EditResult": "edits",

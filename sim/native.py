@@ -1,22 +1,22 @@
 """The compiled core: the modules of ``COMPILED``, built from their own Python source by
-mypyc into C extensions that sit beside the sources (``make`` runs
-``python -m sim.kvcache.corebuild``). The Python source stays the reference model; the
+mypyc into C extensions that sit beside the sources, at install time (``pip install [-e] .``
+and ``make`` run setup.py's build). The Python source stays the reference model; the
 extensions run the same code with native classes and typed locals, and
 tests/test_native_core.py requires identical results.
 
-``install`` (run by the ``__init__`` of each package holding a compiled module, before any of
-them loads) decides once per process which one is imported: the extensions, unless
-``KVSIM_PURE=1`` asks for the Python path, or a source changed after the build (an edit must
-never run stale compiled code; the build's manifest holds the hash of each compiled module's
-source and of each module they import from, ``corebuild.dependencies``: compiled code unboxes
-the attributes of interpreted classes such as sim/config.py's knobs). The decision covers all
-modules together: compiled modules call each other's native classes directly, so they cannot
-be mixed with their Python versions. The finder (``_SourceFirst``) then refuses every
-extension under ``sim/`` but the current build's: a checkout (a branch switch, ``git bisect``)
-never imports a stale extension, not even of a module no longer compiled.
+``install`` (run once, by sim/__init__.py: every module of ``sim`` loads after it) decides
+which one is imported: the extensions, unless ``KVSIM_PURE=1`` asks for the Python path, or
+a source changed after the build (an edit must never run stale compiled code; the build's
+manifest holds the hash of each compiled module's source and of each module they import
+from, setup.py ``dependencies``: compiled code unboxes the attributes of interpreted classes
+such as sim/config.py's knobs). The decision covers all modules together: compiled modules
+call each other's native classes directly, so they cannot be mixed with their Python
+versions. The finder (``_SourceFirst``) then refuses every extension under ``sim/`` but the
+current build's: a checkout (a branch switch, ``git bisect``) never imports a stale
+extension, not even of a module no longer compiled.
 
-    python -m sim.kvcache.corebuild          # compile (says so once without a C compiler)
-    python -m sim.kvcache.corebuild status   # which path this checkout imports, and why
+    python setup.py build_ext --inplace     # compile (make core; says so without a compiler)
+    python setup.py status                  # which path this checkout imports, and why
 """
 
 from __future__ import annotations
@@ -31,11 +31,10 @@ import sys
 import warnings
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 # The cache (radix nodes and tree, the eviction planner, the tiers, the facade the engines
 # call), the SGLang engine (its base, requests, ever-inserted blocks, waiting order and
-# scheduler), the prompt's pricing and the fleet routers' cache index (beliefs). Each
-# package holding one decides (``install``) before its modules load.
+# scheduler), the prompt's pricing and the fleet routers' cache index (beliefs).
 COMPILED = ("sim.kvcache.node", "sim.kvcache.tree", "sim.kvcache.planner",
             "sim.kvcache.tiering", "sim.kvcache.cache", "sim.engines.request",
             "sim.engines.known", "sim.engines.base", "sim.engines.sglang_queue",
