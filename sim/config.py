@@ -55,21 +55,30 @@ WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 def option(default: Any, help: str, kind: str | None = None,
            choices: tuple[str, ...] | Callable[[], Iterable[str]] | None = None, *,
            name: str | None = None, words: tuple[str, str] | None = None,
-           metavar: str | None = None) -> Any:
+           metavar: str | None = None, short: str | None = None) -> Any:
     """A field with its command-line option (sim/cli/common.py ``config_options`` makes it):
-    ``--NAME`` of the flat name (or of ``name``), ``help``; ``kind`` ``count`` (an integer
-    >= 0) or ``size`` (tokens: 4k, 1m), else the annotation's int or float; ``choices`` (or a
+    ``--NAME`` of the flat name (or of ``name``; ``short``: ``-n``), ``help``; ``kind``
+    ``count`` (an integer >= 0), ``positive``, ``fraction`` (in (0, 1]), ``size`` (tokens: 4k,
+    1m) or ``slo``, else the annotation's int or float (a bool: a flag); ``choices`` (or a
     function listing them, called when the option is made: no registry loads with this
     module); ``words``: a bool written as its (true, false) word, e.g. on/off."""
     return field(default=default, metadata={"option": dict(
-        help=help, kind=kind, choices=choices, name=name, words=words, metavar=metavar)})
+        help=help, kind=kind, choices=choices, name=name, words=words, metavar=metavar,
+        short=short)})
+
+
+def _kv_dtypes() -> tuple[str, ...]:
+    from costmodel.specs import KV_DTYPE_BITS
+
+    return tuple(KV_DTYPE_BITS)
 
 
 @dataclass(frozen=True)
 class TrafficConfig:
     """What is replayed, and how the clients send it."""
 
-    trace: str = "synthetic:claude-code"
+    trace: str = option("synthetic:claude-code", "Trace path(s) (comma-separated) or "
+                        "synthetic:NAME[?k=v&...].", short="-t")
     trace_format: str | None = None
     select: str | None = None
     shared_prefix: int | str | None = None
@@ -78,37 +87,53 @@ class TrafficConfig:
     lenient: bool = False
     trace_cache_dir: str | None = None  # npz copies of loaded traces (fast reloads)
     rebuild_sessions: bool = False  # Mooncake: chain requests into sessions
-    sessions: int = 4  # N sessions active at once (closed loop)
+    sessions: int = option(4, "Sessions active at once (closed loop).", short="-n")
     replay: str = "closed"  # closed: reply + gap; open: recorded send times
-    time_scale: float = 1.0  # open loop: multiply recorded send times (0.5 = twice the rate)
-    # open loop: at most this many requests in flight; a request due while the limit is
-    # reached waits for a reply (vllm bench serve --max-concurrency); 0: no limit
-    max_concurrency: int = 0
-    max_new_tokens: int | None = None  # None: clients leave it unset -> SGLang assumes ctx - input
+    time_scale: float = option(1.0, "Open loop: multiply recorded send times (0.5 = twice the "
+                               "request rate).")
+    max_concurrency: int = option(0, "Open loop: at most this many requests in flight; one due "
+                                  "at the limit waits for a reply (vllm bench serve "
+                                  "--max-concurrency); 0: no limit.", "count")
+    # None: clients leave it unset -> SGLang assumes ctx - input
+    max_new_tokens: int | None = option(None, "Assumed max_new_tokens (default: unset, SGLang "
+                                        "reserves up to 4096).")
 
 
 @dataclass(frozen=True)
 class CacheConfig:
     """The model, the hardware and the KV memory of one replica."""
 
-    model: str = "qwen3-8b"
-    profile: str | None = None  # name or file; None = h100-MODEL
+    model: str = option("qwen3-8b", "Model spec (kvsim models lists them) or a Hugging Face "
+                        "config.json path (docs/models.md).", short="-m")
+    profile: str | None = option(None, "Profile name or file (default "
+                                 "kernels-h100_sxm-MODEL).", short="-p")
     gpu_cache: int = 262_144  # KV capacity in tokens
     # a deployment in GPUs (sim/deploy.py): GPU kind, tensor-parallel GPUs per replica and
     # the memory fraction for weights + KV derive gpu_cache and the profile; or the KV
     # budget per GPU in bytes (``40GiB``) that gpu_cache was derived from
-    gpu: str | None = None
-    tp: int | None = None
-    mem_fraction: float | None = None
+    gpu: str | None = option(None, "GPU kind of each replica (H100, H200, B200, ...: "
+                             "costmodel/data/gpus.yaml): derives the KV tokens and the time "
+                             "profile.")
+    tp: int | None = option(None, "--gpu: tensor-parallel GPUs per replica (default 1).",
+                            "positive")
+    mem_fraction: float | None = option(
+        None, "--gpu: share of each GPU's memory for weights and KV (SGLang "
+        "--mem-fraction-static; vLLM --gpu-memory-utilization, less activations and CUDA "
+        "graphs). Default: the engine's own (docs/engine.md, GPUs).", "fraction")
     gpu_cache_bytes: int | None = None
-    cpu_cache: int = 0
-    tiering: str = "unified"  # unified (Penelope: one tier per block) | hicache (SGLang)
-    swap_buffer: int = 1024  # unified: CPU swap buffer (tokens) for exchanges when both are full
-    hicache_write_policy: str = "write_through"  # | write_through_selective | write_back
+    cpu_cache: int = option(0, "CPU KV capacity in tokens (two tiers).", "size")
+    tiering: str = option("unified", "Two tiers: unified (Penelope: each block in one tier) or "
+                          "hicache (SGLang HiCache: host copies, per-tier LRU).",
+                          choices=TIERINGS)
+    swap_buffer: int = option(1024, "unified: CPU swap buffer (tokens) used when both tiers are "
+                              "full.", "size")
+    hicache_write_policy: str = option("write_through", "hicache: when device KV is copied to "
+                                       "the host tier.", choices=WRITE_POLICIES)
     hicache_load_threshold: int = 10  # tokens: HiCache skips smaller load-backs
     block_size: int = 64
-    # KV element type (costmodel/specs.py KV_DTYPE_BITS): the model's KV bytes per token
-    kv_dtype: str = "bf16"
+    kv_dtype: str = option("bf16", "KV cache element type: the model's KV bytes per token "
+                           "(transfers, --gpu and --gpu-cache in bytes sizing, kvsim models "
+                           "--kv-dtype; docs/hybrid.md).", choices=_kv_dtypes)
 
 
 @dataclass(frozen=True)
@@ -281,8 +306,12 @@ def _vllm_patches() -> Any:
 class FleetConfig:
     """N replicas of the engine behind a router (sim.fleet)."""
 
-    replicas: int = 1  # 1 without a router: one server (no fleet layer at all)
-    router: str | None = None  # registered name or FILE.py:CLASS (fleet default round-robin)
+    # 1 without a router: one server (no fleet layer at all)
+    replicas: int = option(1, "Replicas of the engine behind a router, on one clock "
+                           "(docs/fleet.md).")
+    router: str | None = option(None, "Router of a fleet: round-robin (default with --replicas "
+                                "> 1), random, least-load, power-of-two, session-affinity, the "
+                                "field's routers, or FILE.py:CLASS (your own Router subclass).")
     router_params: dict[str, Any] = field(default_factory=dict, hash=False)
 
 
@@ -405,13 +434,18 @@ class RunConfig:
     seed: int = 0
     # the trace's own seed (a synthetic generator's draws); None: ``seed``, as before the
     # two were apart. ``seed`` then drives only the run's decisions (router, policy ties).
-    trace_seed: int | None = None
-    # independent repeats of the run (decision seeds seed, seed+1, ...; the trace fixed):
+    trace_seed: int | None = option(None, "Seed of a synthetic trace's draws (default: "
+                                    "--seed).", "count")
     # the summary is their mean with a 95% interval per metric (sim/run/repeats.py)
-    repeats: int = 1
-    # service-level objectives (sim/slo.py): ``ttft=2s,tpot=50ms,ttft_p90=1s``; None: none
-    slo: str | None = None
-    debug_cache: bool = False  # check cache and engine invariants as the run goes (slow)
+    repeats: int = option(1, "Independent repeats (decision seeds seed..seed+N-1, the trace "
+                          "fixed): mean and 95% interval per metric.", "positive")
+    # service-level objectives (sim/slo.py); None: none
+    slo: str | None = option(None, "SLOs for goodput: per request ttft=2s,tpot=50ms,itl=,e2e=; "
+                             "per run ttft_p90=1s (p50, p90, p99, mean); attain=0.9; a bare "
+                             "number is ms, as in vllm bench serve --goodput (docs/engine.md).",
+                             "slo", metavar="KEY=VALUE,...")
+    debug_cache: bool = option(False, "Recount cache invariants after every op; check the "
+                               "engine never idles with a request waiting.")
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     # --- the flat vocabulary ---------------------------------------------------------------

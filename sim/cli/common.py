@@ -126,15 +126,15 @@ KV_SIZE = KVSizeType()
 
 def config_options(section: str, only: tuple[str, ...] = ()) -> Callable[[F], F]:
     """One option per field of the config section ``section`` (``engine``: every engine's
-    knobs) that declares one (sim/config.py ``option``), in declaration order: the command's
-    parameter is named as the field's flat name, so ``RunConfig.from_flat`` takes it as is.
-    ``only``: just those flat names."""
+    knobs; ``run``: RunConfig's own fields) that declares one (sim/config.py ``option``), in
+    declaration order: the command's parameter is named as the field's flat name, so
+    ``RunConfig.from_flat`` takes it as is. ``only``: just those flat names."""
     from dataclasses import fields
 
-    from sim.config import FLAT, KNOBS, SECTIONS
+    from sim.config import FLAT, KNOBS, RUN, SECTIONS, RunConfig
 
     where = {v: k for k, v in FLAT.items()}
-    classes = KNOBS.values() if section == "engine" else [SECTIONS[section]]
+    classes = KNOBS.values() if section == "engine" else [{**SECTIONS, RUN: RunConfig}[section]]
     declared = {f.name: f for c in classes for f in fields(c) if "option" in f.metadata}
     opts = []
     for f in declared.values():
@@ -142,7 +142,7 @@ def config_options(section: str, only: tuple[str, ...] = ()) -> Callable[[F], F]
         if only and flat not in only:
             continue
         kind, default, choices, words = spec["kind"], f.default, spec["choices"], spec["words"]
-        callback = None
+        callback, flag = None, None
         if words is not None:  # a bool as its (true, false) word
             kind, default = click.Choice(words), words[not default]
             callback = lambda ctx, p, v, yes=words[0]: v == yes  # noqa: E731
@@ -150,13 +150,18 @@ def config_options(section: str, only: tuple[str, ...] = ()) -> Callable[[F], F]
             kind = click.Choice(list(choices() if callable(choices) else choices))
         elif kind == "size":
             kind, default = SIZE, str(default)
-        elif kind == "count":
-            kind = click.IntRange(min=0)
+        elif kind in ("count", "positive"):
+            kind = click.IntRange(min=0 if kind == "count" else 1)
+        elif kind in ("fraction", "slo"):
+            kind = click.FloatRange(0, 1, min_open=True) if kind == "fraction" else SLO_TEXT
+        elif f.type == "bool":
+            kind, flag = None, True
         else:
             kind = {"int": int, "float": float}.get(str(f.type).split(" |")[0])
-        opts.append(click.option("--" + (spec["name"] or flat).replace("_", "-"), flat,
-                                 type=kind, default=default, show_default=True,
-                                 callback=callback, metavar=spec["metavar"], help=spec["help"]))
+        names = ["--" + (spec["name"] or flat).replace("_", "-"), *filter(None, [spec["short"]])]
+        given = {"is_flag": True} if flag else {"default": default, "show_default": True}
+        opts.append(click.option(*names, flat, type=kind, callback=callback,
+                                 metavar=spec["metavar"], help=spec["help"], **given))
 
     def decorate(f: F) -> F:
         for opt in reversed(opts):

@@ -11,17 +11,7 @@ import click
 from sim.config import ENGINE_NAMES, RunConfig
 from sim.report.runs import compare_runs, run_tables
 
-from .common import (
-    KV_SIZE,
-    SIZE,
-    SLO_TEXT,
-    atomic_write_text,
-    config_options,
-    console,
-    dumps,
-    emit_json,
-    stderr,
-)
+from .common import KV_SIZE, atomic_write_text, config_options, console, dumps, emit_json, stderr
 from .run_checks import (
     default_replay,
     note_throttled,
@@ -215,68 +205,18 @@ def gpu_header(cfg: RunConfig) -> str:
 
 
 @click.command("run")
-@click.option("--trace", "-t", default="synthetic:claude-code", show_default=True,
-              help="Trace path(s) (comma-separated) or synthetic:NAME[?k=v&...].")
+@config_options("traffic")
 @trace_options
-@click.option("--model", "-m", default="qwen3-8b", show_default=True,
-              help="Model spec (kvsim models lists them) or a Hugging Face config.json "
-                   "path (docs/models.md).")
-@click.option("--profile", "-p", default=None,
-              help="Profile name or file (default kernels-h100_sxm-MODEL).")
+@config_options("cache")
 @click.option("--gpu-cache", type=KV_SIZE, default=None,
               help="GPU KV capacity per replica in tokens (default 256k; with --gpu: what "
                    "the GPU holds), or bytes of KV per GPU (40GiB).")
-@click.option("--gpu", default=None,
-              help="GPU kind of each replica (H100, H200, B200, ...: costmodel/data/gpus.yaml)"
-                   ": derives the KV tokens and the time profile.")
-@click.option("--tp", type=click.IntRange(min=1), default=None,
-              help="--gpu: tensor-parallel GPUs per replica (default 1).")
-@click.option("--mem-fraction", type=click.FloatRange(0, 1, min_open=True), default=None,
-              help="--gpu: share of each GPU's memory for weights and KV (SGLang "
-                   "--mem-fraction-static; vLLM --gpu-memory-utilization, less activations "
-                   "and CUDA graphs). Default: the engine's own (docs/engine.md, GPUs).")
-@click.option("--slo", type=SLO_TEXT, default=None, metavar="KEY=VALUE,...",
-              help="SLOs for goodput: per request ttft=2s,tpot=50ms,itl=,e2e=; per run "
-                   "ttft_p90=1s (p50, p90, p99, mean); attain=0.9; a bare number is ms, as "
-                   "in vllm bench serve --goodput (docs/engine.md).")
-@click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Independent repeats (decision seeds seed..seed+N-1, the trace fixed): "
-                   "mean and 95% interval per metric.")
-@click.option("--trace-seed", type=click.IntRange(min=0), default=None,
-              help="Seed of a synthetic trace's draws (default: --seed).")
-@click.option("--kv-dtype", type=click.Choice(["bf16", "fp8", "fp4"]), default="bf16",
-              show_default=True,
-              help="KV cache element type: the model's KV bytes per token (transfers, "
-                   "--gpu and --gpu-cache in bytes sizing, kvsim models --kv-dtype; "
-                   "docs/hybrid.md).")
-@click.option("--cpu-cache", type=SIZE, default="0", show_default=True,
-              help="CPU KV capacity in tokens (two tiers).")
-@click.option("--tiering", type=click.Choice(["unified", "hicache"]), default="unified",
-              show_default=True,
-              help="Two tiers: unified (Penelope: each block in one tier) or hicache (SGLang "
-                   "HiCache: host copies, per-tier LRU).")
-@click.option("--swap-buffer", type=SIZE, default="1024", show_default=True,
-              help="unified: CPU swap buffer (tokens) used when both tiers are full.")
-@click.option("--hicache-write-policy", type=click.Choice(
-    ["write_through", "write_through_selective", "write_back"]), default="write_through",
-    show_default=True, help="hicache: when device KV is copied to the host tier.")
-@click.option("--sessions", "-n", type=int, default=4, show_default=True,
-              help="Sessions active at once (closed loop).")
+@config_options("run")
 @click.option("--replay", type=click.Choice(["closed", "open"]), default=None,
               help="closed: a session sends after its reply + recorded gap; open: at the "
                    "recorded send times. [default: open for timestamped traces without "
                    "sessions (Mooncake) and synthetic:prefix-groups, else closed]")
-@click.option("--time-scale", type=float, default=1.0, show_default=True,
-              help="Open loop: multiply recorded send times (0.5 = twice the request rate).")
-@click.option("--max-concurrency", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Open loop: at most this many requests in flight; one due at the limit "
-                   "waits for a reply (vllm bench serve --max-concurrency); 0: no limit.")
-@click.option("--replicas", type=int, default=1, show_default=True,
-              help="Replicas of the engine behind a router, on one clock (docs/fleet.md).")
-@click.option("--router", default=None,
-              help="Router of a fleet: round-robin (default with --replicas > 1), random, "
-                   "least-load, power-of-two, session-affinity, the field's routers, or "
-                   "FILE.py:CLASS (your own Router subclass).")
+@config_options("fleet")
 @click.option("--router-param", "router_params", multiple=True, metavar="K=V",
               help="Parameter of the --router class (repeatable; typed like its default).")
 @config_options("pool")
@@ -317,15 +257,10 @@ def gpu_header(cfg: RunConfig) -> str:
               help="How each session manages its history: full, trim:K, summarize:T:S, "
                    "drop:K, drop:K+repos, splice:K, budget:B (docs/cache-engineering.md; "
                    "sglang engine). kvsim prices serving only, not task accuracy.")
-@click.option("--max-new-tokens", type=int, default=None,
-              help="Assumed max_new_tokens (default: unset, SGLang reserves up to 4096).")
 @click.option("--max-num-inflight-kv-loads", type=int, default=None, expose_value=False,
               metavar="N", callback=refuse_inflight_kv_loads,
               help="vLLM 0.34's cap on a decode worker's KV loads in flight: not modelled "
                    "(refused; docs/engine.md).")
-@click.option("--debug-cache", is_flag=True,
-              help="Recount cache invariants after every op; check the engine never idles "
-              "with a request waiting.")
 @click.option("--out", "-o", default=None, help="Write requests.parquet, config.json, "
               "summary.json per run under this folder (checked before anything runs); a "
               "previous run's outputs there (runs.json, plots, policy folders) are removed "
@@ -336,13 +271,11 @@ def gpu_header(cfg: RunConfig) -> str:
                    "several policies: FILE-POLICY.json each; --repeats: the first repeat's "
                    "(checked before anything runs; stderr names each file).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select, gaps,
-            lenient, seed, trace_cache_dir, rebuild_sessions, model, profile, gpu_cache, gpu, tp,
-            mem_fraction, slo, repeats, trace_seed, kv_dtype, cpu_cache,
-            tiering, swap_buffer, hicache_write_policy, sessions, replay, time_scale,
-            max_concurrency, engine, replicas, router, router_params,
-            preset, evict, granularity, order, policies, policy_params, scheduler, context,
-            max_new_tokens, debug_cache, out, timeline, as_json, **fields) -> None:
+def run_cmd(trace, trace_format, block_size, shared_prefix, gaps, lenient, model, profile,
+            gpu_cache, gpu, tp, mem_fraction, slo, repeats, kv_dtype, cpu_cache, tiering,
+            sessions, replay, engine, replicas, router_params, preset, evict, granularity,
+            order, policies, policy_params, scheduler, context, out, timeline, as_json,
+            **fields) -> None:
     """Replay a trace through the simulated server under each policy; report TTFT, JCT, hits."""
     from costmodel.specs import get_spec
     from sim.checks import check_model_and_profile
@@ -368,22 +301,16 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, max_context, select,
                                lambda f: spell(f) or f)
     if sized["gpu_cache"] is None:
         sized["gpu_cache"] = 262_144
-    base = RunConfig.from_flat("command line",
-        trace=trace, trace_format=trace_format, select=select, shared_prefix=shared_prefix,
-        max_context=max_context, block_size=block_size, gaps=gaps, lenient=lenient,
-                               trace_cache_dir=trace_cache_dir, rebuild_sessions=rebuild_sessions,
-                               sessions=sessions, replay=replay, time_scale=time_scale,
-                               max_concurrency=max_concurrency, engine=engine,
-                               replicas=replicas, router=router,
-                               router_params=parse_router_params(router_params),
-        model=model, profile=sized["profile"], gpu_cache=sized["gpu_cache"], gpu=sized["gpu"],
-        tp=tp, mem_fraction=mem_fraction, gpu_cache_bytes=sized.get("gpu_cache_bytes"),
-        kv_dtype=kv_dtype,
-                               slo=slo, repeats=repeats, trace_seed=trace_seed, cpu_cache=cpu_cache,
-        tiering=tiering, swap_buffer=swap_buffer, hicache_write_policy=hicache_write_policy,
-                               scheduler=scheduler, context=context,
-                               max_new_tokens=max_new_tokens, seed=seed, debug_cache=debug_cache,
-        **fields)
+    # every other option is named as its flat field (sim/config.py option, config_options)
+    base = RunConfig.from_flat(
+        "command line", trace=trace, trace_format=trace_format, block_size=block_size,
+        shared_prefix=shared_prefix, gaps=gaps, lenient=lenient, model=model,
+        profile=sized["profile"], gpu_cache=sized["gpu_cache"], gpu=sized["gpu"], tp=tp,
+        mem_fraction=mem_fraction, gpu_cache_bytes=sized.get("gpu_cache_bytes"),
+        kv_dtype=kv_dtype, slo=slo, repeats=repeats, cpu_cache=cpu_cache, tiering=tiering,
+        sessions=sessions, replay=replay, engine=engine, replicas=replicas,
+        router_params=parse_router_params(router_params), scheduler=scheduler,
+        context=context, **fields)
     refuse_idle_options(click.get_current_context(), base)
     configs = policy_configs(base, preset, evict, granularity, order, policies, policy_params)
     # Every input check before any work: configs, model, profile, the output folder.
