@@ -285,7 +285,8 @@ def _component(value: Any, table: Registry[Any], base: type) -> Any:
 # What a policy may listen to (``EvictionPolicy.events``).
 EVENTS = frozenset({"arrival", "reply", "drop", "split"})
 _RESERVED = frozenset({"name", "pins", "clairvoyant", "events", "order", "start",
-                       "granularity", "sort_key", "context", "values", "entries"})
+                       "granularity", "sort_key", "context", "values", "entries",
+                       "by_recency"})
 
 
 class EvictionPolicy:
@@ -336,6 +337,8 @@ class EvictionPolicy:
             self.sort_key = get_order(self.order)  # a registered order: no extra call
         else:
             self.sort_key = self.key
+        # LRU's order, unpinned: the planner builds its entries from the node fields itself.
+        self.by_recency = self.sort_key is lru and not self.pins
         unknown_events = set(self.events) - EVENTS
         if unknown_events:
             raise PolicyError(f"policy {self.label!r}: unknown events {sorted(unknown_events)}")
@@ -364,13 +367,13 @@ class EvictionPolicy:
     def entries(self, leaves: Iterable[CacheNode]) -> list[tuple]:
         """The planner's heap entries of victim leaves, ``(key, serial, leaf)`` (with ``pins``,
         ``(pinned, key, serial, leaf)``: pinned ones after every unpinned one), smallest
-        evicted first; asked once per plan and for each leaf a plan exposes."""
+        evicted first; asked once per plan and for each leaf a plan exposes. (Where
+        ``by_recency`` is set, the key is LRU's ``(last_access, serial)`` and the planner
+        builds ``(last_access, serial, leaf)``, the same order, without asking.)"""
         key = self.sort_key
         if self.pins:
             now, pinned = self.context.now(), self.pinned_until
             return [(pinned(n) > now, key(n), n.serial, n) for n in leaves]
-        if key is lru:  # LRU's key is (last_access, serial): the same order without a call
-            return [(n.last_access, n.serial, n) for n in leaves]
         return [(key(n), n.serial, n) for n in leaves]
 
     # --- events -------------------------------------------------------------------------

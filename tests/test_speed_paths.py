@@ -1,8 +1,8 @@
 """Fast paths against their slow references: the speed work must not move a result.
 
-The policy builds LRU heap entries straight from the node fields when its key is the
-registered ``lru`` order (``EvictionPolicy.entries``: no key call per leaf); any other key
-goes through the generic path. A policy whose key RETURNS lru's key through a method call
+A policy whose key is the registered ``lru`` order declares ``by_recency``, and the planner
+builds its heap entries straight from the node fields (no key call per leaf); any other key
+goes through the policy's ``entries``. A policy whose key RETURNS lru's key through a method call
 takes the generic path with the same order, so two caches fed the same operations must stay
 identical step by step: every eviction's freed ids and holes, every counter and the whole node
 structure. A user's start and granularity are asked as the built-in ones are (``chain``,
@@ -52,7 +52,7 @@ def test_lru_fast_path_plans_as_the_keyed_reference(start, granularity, ops) -> 
     fast = RadixKVCache(20, EvictionPolicy(order="lru", start=start, granularity=granularity),
                         debug=True)
     slow = RadixKVCache(20, keyed(start, granularity), debug=True)
-    assert fast.policy.sort_key is lru and slow.policy.sort_key is not lru
+    assert fast.policy.by_recency and not slow.policy.by_recency
     drive_pair(fast, slow, ops)
 
 def test_keyed_reference_really_differs_in_path() -> None:

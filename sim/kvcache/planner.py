@@ -7,9 +7,9 @@ here changes the tree.
     policy.granularity.take -> blocks to take from each node
                                => Step(node, blocks, head)  head: free the node's first blocks
 
-Each part is asked through its one method, built-in or the user's alike (the built-in fast
-paths live in policies/: ``EvictionPolicy.entries``); a granularity that declares ``exact``
-is taken as ``min(blocks, need)`` without a call.
+Each part is asked through its one method, built-in or the user's alike; a part that
+declares a capability is served without the call: a granularity's ``exact`` (``min(blocks,
+need)``), a policy's ``by_recency`` (LRU's entries from the node fields).
 
 While planning, the view tracks what the steps planned so far WILL do (``TreeView``): freed
 nodes become holes or leave the tree, parents lose children and become victims themselves, so
@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Sequence
 from heapq import heapify, heappop, heappush  # (module globals: no attribute lookups)
 from itertools import pairwise
 from operator import index
-from typing import Final, NamedTuple, cast
+from typing import Any, Final, NamedTuple, cast
 
 from policies import EvictionPolicy, Granularity, StartPosition
 
@@ -187,7 +187,9 @@ def plan(
     ``start``/``granularity`` override the policy's (HiCache's host tier frees whole nodes).
     Fewer blocks are planned when the victims run out.
     """
-    entries = policy.entries
+    # LRU's order, unpinned, declared (``by_recency``): the entries are built here from the
+    # node fields, compiled, without a call per leaf.
+    entries = None if policy.by_recency else policy.entries
     start = start or policy.start
     granularity = granularity or policy.granularity
     chain_of = start.chain
@@ -199,7 +201,9 @@ def plan(
     if type(view) is HistoryView:
         history = view
     release = view.release if history is None else None
-    heap = entries(victims)  # (key..., serial, node): serials are unique, nodes never compared
+    # (key..., serial, node): serials are unique, so nodes are never compared
+    heap: list[Any] = [(n.last_access, n.serial, n) for n in victims] if entries is None \
+        else entries(victims)
     if len(heap) > 1:
         _heapify(heap)
     steps: list[Step] = []
@@ -233,7 +237,8 @@ def plan(
                 assert release is not None
                 survivor = release(nd)
         if survivor is not None and need > 0 and (eligible is None or eligible(survivor)):
-            _heappush(heap, entries((survivor,))[0])
+            _heappush(heap, (survivor.last_access, survivor.serial, survivor)
+                      if entries is None else entries((survivor,))[0])
     return steps
 
 
