@@ -111,9 +111,11 @@ class Replay:
         else:
             next_gap, next_gap_s = "end", math.nan
         cls: type[Req] = self.server.request_class  # the engine's own (sim/engines/request.py)
-        return cls.sent(r, s, self.env.now, prompt.prompt_tokens, max(1, prompt.output_tokens),
-                        prompt.ids, self.env.event(), prompt, sess.shared_prefix_blocks,
-                        next_gap, next_gap_s, next_send_s, self._hint(s))
+        return cls(rid=r, session=s, arrival=self.env.now, seq=0,
+                   prompt_tokens=prompt.prompt_tokens, output_tokens=max(1, prompt.output_tokens),
+                   ids=prompt.ids, done=self.env.event(), prompt=prompt,
+                   shared_blocks=sess.shared_prefix_blocks, next_gap=next_gap,
+                   next_gap_s=next_gap_s, next_send_s=next_send_s, hint=self._hint(s))
 
     def _hint(self, s: int) -> WalkHint:
         """Session ``s``'s walk hint (made at its first request)."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Final, Protocol, cast
@@ -87,81 +88,14 @@ class RequestRecord:
     # its row in the recorder's columns (not a column itself; -1: none yet)
     row: int = field(default=-1, repr=False, compare=False)
 
-    # The dataclass's own signature, written out: every request makes one, and the compiled
-    # core builds it natively (tests/test_native_inits.py holds it to the fields).
-    def __init__(self, request: int, session: str, session_index: int, turn: int,
-                 subagent: bool, send_s: float, admit_s: float = math.nan,
-                 first_token_s: float = math.nan, end_s: float = math.nan,
-                 ttft_s: float = math.nan, queue_wait_s: float = math.nan,
-                 prompt_tokens: int = 0, output_tokens: int = 0, hit_gpu_tokens: int = 0,
-                 loaded_cpu_tokens: int = 0, recomputed_tokens: int = 0, hole_tokens: int = 0,
-                 new_tokens: int = 0, decoded_tokens: int = 0, ideal_hit_tokens: int = 0,
-                 private_lost: float = 0.0, prefill_units: float = 0.0,
-                 attention_units: int = 0, recompute_units: float = 0.0, retractions: int = 0,
-                 preempted_recompute_tokens: int = 0, preempted_recompute_units: float = 0.0,
-                 dropped: bool = False, drop_reason: str = "", aborted: bool = False,
-                 kind: str = "turn",
-                 dropped_tokens: int = 0, restored_tokens: int = 0, reprefill_tokens: int = 0,
-                 rerotated_tokens: int = 0, tpot_s: float = math.nan,
-                 itl_max_s: float = math.nan, row: int = -1) -> None:
-        self.request = request
-        self.session = session
-        self.session_index = session_index
-        self.turn = turn
-        self.subagent = subagent
-        self.send_s = send_s
-        self.admit_s = admit_s
-        self.first_token_s = first_token_s
-        self.end_s = end_s
-        self.ttft_s = ttft_s
-        self.queue_wait_s = queue_wait_s
-        self.prompt_tokens = prompt_tokens
-        self.output_tokens = output_tokens
-        self.hit_gpu_tokens = hit_gpu_tokens
-        self.loaded_cpu_tokens = loaded_cpu_tokens
-        self.recomputed_tokens = recomputed_tokens
-        self.hole_tokens = hole_tokens
-        self.new_tokens = new_tokens
-        self.decoded_tokens = decoded_tokens
-        self.ideal_hit_tokens = ideal_hit_tokens
-        self.private_lost = private_lost
-        self.prefill_units = prefill_units
-        self.attention_units = attention_units
-        self.recompute_units = recompute_units
-        self.retractions = retractions
-        self.preempted_recompute_tokens = preempted_recompute_tokens
-        self.preempted_recompute_units = preempted_recompute_units
-        self.dropped = dropped
-        self.drop_reason = drop_reason
-        self.aborted = aborted
-        self.kind = kind
-        self.dropped_tokens = dropped_tokens
-        self.restored_tokens = restored_tokens
-        self.reprefill_tokens = reprefill_tokens
-        self.rerotated_tokens = rerotated_tokens
-        self.tpot_s = tpot_s
-        self.itl_max_s = itl_max_s
-        self.row = row
-
     def values(self) -> tuple:
-        """Its row of the request table: every field but ``row``, in order (``COLUMNS``;
-        written out, so that the compiled core reads each natively: tests/test_recorder_columns.py
-        holds it to the fields)."""
-        return (self.request, self.session, self.session_index, self.turn, self.subagent,
-                self.send_s, self.admit_s, self.first_token_s, self.end_s, self.ttft_s,
-                self.queue_wait_s, self.prompt_tokens, self.output_tokens, self.hit_gpu_tokens,
-                self.loaded_cpu_tokens, self.recomputed_tokens, self.hole_tokens,
-                self.new_tokens, self.decoded_tokens, self.ideal_hit_tokens,
-                self.private_lost, self.prefill_units, self.attention_units,
-                self.recompute_units, self.retractions, self.preempted_recompute_tokens,
-                self.preempted_recompute_units, self.dropped, self.drop_reason, self.aborted,
-                self.kind,
-                self.dropped_tokens, self.restored_tokens, self.reprefill_tokens,
-                self.rerotated_tokens, self.tpot_s, self.itl_max_s)
+        """Its row of the request table: every field but ``row``, in order (``COLUMNS``)."""
+        return _ROW(self)
 
 
 # The request table's columns, in order: every field but ``row``.
 COLUMNS: Final[tuple[str, ...]] = tuple(f.name for f in fields(RequestRecord) if f.name != "row")
+_ROW: Final = operator.attrgetter(*COLUMNS)
 
 
 def _type_name(annotation: Any) -> str:
@@ -184,7 +118,8 @@ def empty_table() -> pd.DataFrame:
 def _empty_table() -> pd.DataFrame:
     import pandas as pd
 
-    row = RequestRecord(0, "", 0, 0, False, 0.0).values()
+    row = RequestRecord(request=0, session="", session_index=0, turn=0, subagent=False,
+                        send_s=0.0).values()
     return pd.DataFrame([dict(zip(COLUMNS, row, strict=True))]).iloc[:0]
 
 

@@ -55,58 +55,6 @@ class Req:
     # until the request's admission locks its own match.
     landed: object | None = None
 
-    # The dataclass's own signature, written out: every request makes one, and the compiled
-    # core builds it natively (a generated ``__init__`` would run interpreted;
-    # tests/test_native_inits.py holds it to the fields). A subclass's generated one sets
-    # every field itself.
-    def __init__(self, rid: int, session: int, arrival: float, seq: int, prompt_tokens: int,
-                 output_tokens: int, ids: np.ndarray, done: simpy.Event, prompt: Prompt,
-                 shared_blocks: int = 0, generated: int = 0, locks: list | None = None,
-                 ranges: list[tuple[int, int]] | None = None, own_tokens: int = 0,
-                 reserved: int = 0, admitted_at: float = math.nan,
-                 first_token_at: float = math.nan, record: RequestRecord | None = None,
-                 known_blocks: int = 0, next_gap: str = "end", next_gap_s: float = math.nan,
-                 next_send_s: float = math.nan, redo_until: int = 0,
-                 hint: WalkHint | None = None, landed: object | None = None) -> None:
-        self.rid = rid
-        self.session = session
-        self.arrival = arrival
-        self.seq = seq
-        self.prompt_tokens = prompt_tokens
-        self.output_tokens = output_tokens
-        self.ids = ids
-        self.done = done
-        self.prompt = prompt
-        self.shared_blocks = shared_blocks
-        self.generated = generated
-        self.locks = [] if locks is None else locks
-        self.ranges = [] if ranges is None else ranges
-        self.own_tokens = own_tokens
-        self.reserved = reserved
-        self.admitted_at = admitted_at
-        self.first_token_at = first_token_at
-        self.record = record
-        self.known_blocks = known_blocks
-        self.next_gap = next_gap
-        self.next_gap_s = next_gap_s
-        self.next_send_s = next_send_s
-        self.redo_until = redo_until
-        self.hint = WalkHint() if hint is None else hint
-        self.landed = landed
-
-    @classmethod
-    def sent(cls, rid: int, session: int, arrival: float, prompt_tokens: int,
-             output_tokens: int, ids: np.ndarray, done: simpy.Event, prompt: Prompt,
-             shared_blocks: int, next_gap: str, next_gap_s: float, next_send_s: float,
-             hint: WalkHint) -> Req:
-        """A request as a client sends it (sim/replay.py): what it carries, the rest at its
-        defaults (fresh lists: a subclass's generated ``__init__`` takes them as given), the
-        engine's own class. Its fields by position: a call by keywords parses every name
-        each time."""
-        return cls(rid, session, arrival, 0, prompt_tokens, output_tokens, ids, done, prompt,
-                   shared_blocks, 0, [], [], 0, 0, math.nan, math.nan, None, 0, next_gap,
-                   next_gap_s, next_send_s, 0, hint)
-
     def walk_from(self, hint: WalkHint) -> None:
         """Walk from ``hint`` from now on: a request that moves to another server's cache
         (a disaggregated fleet's pools, sim/fleet/pd.py) takes that cache's hint."""

@@ -67,22 +67,6 @@ class Admission:
     segments: Sequence[tuple[int, int, Tier]]  # the match's runs after any CPU load (a tuple)
     found: Sequence[tuple[int, int, Tier]]  # the match's runs as found, before the load
 
-    # Written out: the compiled core builds it natively (tests/test_native_inits.py).
-    def __init__(self, req: Req, node: Node, ranges: list[tuple[int, int]], take: int,
-                 chunked: bool, reused: int, holes: int, loaded: int,
-                 segments: Sequence[tuple[int, int, Tier]],
-                 found: Sequence[tuple[int, int, Tier]]) -> None:
-        self.req = req
-        self.node = node
-        self.ranges = ranges
-        self.take = take
-        self.chunked = chunked
-        self.reused = reused
-        self.holes = holes
-        self.loaded = loaded
-        self.segments = segments
-        self.found = found
-
 
 # Verdicts of a refused admission (schedule_policy.py AddReqResult): memory (NO_TOKEN) or a
 # spent pass budget (OTHER). Only NO_TOKEN sets batch_is_full.
@@ -471,8 +455,9 @@ class SGLangServer(EngineBase):
             cache.unlock(m.node)
             return OTHER
         self._charge(take, not chunked, req)
-        return Admission(req, m.node, ranges, take, chunked, reused, holes, loaded, segments,
-                         m.segments)
+        return Admission(req=req, node=m.node, ranges=ranges, take=take, chunked=chunked,
+                         reused=reused, holes=holes, loaded=loaded, segments=segments,
+                         found=m.segments)
 
     def _allocate(self, plan: list[tuple[Req, int]]) -> int:
         """SGLang prepare_for_extend: after the adder loop, make room for the whole batch at

@@ -63,7 +63,6 @@ class Match(NamedTuple):
         return self.blocks_in(Tier.NONE)
 
 
-@dataclass(slots=True, init=False)
 class EvictResult:
     """Result of ``evict``/``make_room``.
 
@@ -80,26 +79,17 @@ class EvictResult:
       the tree).
     """
 
-    ok: bool
-    freed_blocks: int = 0
-    freed: list[np.ndarray] = field(default_factory=list)
-    holes_made: int = 0
-    deleted_blocks: int = 0
-    demoted_blocks: int = 0
-    demoted: list[np.ndarray] = field(default_factory=list)
-
-    # The dataclass's own signature, written out: every eviction makes one, and the compiled
-    # core builds it natively (a generated ``__init__`` would run interpreted).
-    def __init__(self, ok: bool, freed_blocks: int = 0, freed: list[np.ndarray] | None = None,
-                 holes_made: int = 0, deleted_blocks: int = 0, demoted_blocks: int = 0,
-                 demoted: list[np.ndarray] | None = None) -> None:
+    # Its fields, declared here only: an eviction's result is made about ten times per
+    # request, and a dataclass's generated ``__init__`` runs interpreted under the compiled
+    # core (mypyc hands the class to the dataclasses module); this one is native.
+    def __init__(self, ok: bool) -> None:
         self.ok = ok
-        self.freed_blocks = freed_blocks
-        self.freed = [] if freed is None else freed
-        self.holes_made = holes_made
-        self.deleted_blocks = deleted_blocks
-        self.demoted_blocks = demoted_blocks
-        self.demoted = [] if demoted is None else demoted
+        self.freed_blocks = 0
+        self.freed: list[np.ndarray] = []
+        self.holes_made = 0
+        self.deleted_blocks = 0
+        self.demoted_blocks = 0
+        self.demoted: list[np.ndarray] = []
 
     def freed_ids(self) -> np.ndarray:
         """All freed ids, concatenated in the order freed."""
