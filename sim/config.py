@@ -142,14 +142,19 @@ class PolicyConfig:
     scheduler."""
 
     preset: str | None = None  # sglang | vllm | penelope
-    order: str | None = None  # victim order (default lru) ...
-    evict: str | None = None  # ... start position (default tail) ...
-    granularity: str | None = None  # ... and granularity (default node)
+    order: str | None = option(None, "Victim order of a composed policy (lru, lfu, mru, fifo, "
+                               "or registered).")
+    evict: str | None = option(None, "Start position of a composed policy (with "
+                               "--granularity, --order).", choices=STARTS.names)
+    granularity: str | None = option(None, "Granularity of a composed policy: whole nodes or "
+                                     "exact blocks.", choices=GRANULARITIES.names)
     policy: str | None = None  # any of the above, a registered name, or FILE.py:CLASS
     policy_params: dict[str, Any] = field(default_factory=dict, hash=False)
-    # fcfs: what SGLang 0.5.23 and vLLM 0.33 deploy by default (the only vLLM order kvsim
-    # models); the paper's runs (and ``kvsim reproduce``) set lpm explicitly.
-    scheduler: str = "fcfs"
+    scheduler: str = option("fcfs", "Queue order: fcfs (the default of SGLang 0.5.23 and vLLM "
+                            "0.33, the only one vLLM has), lpm (longest cached prefix first: "
+                            "the paper's runs and kvsim reproduce), lpm-cpu (counts the "
+                            "CPU-resident prefix too), program-fcfs (by the session's first "
+                            "arrival: Continuum).", choices=SCHEDULERS.names)
 
     @property
     def spec(self) -> str:
@@ -185,7 +190,10 @@ class ContextConfig:
     """How each session manages its history on purpose (sim.context): full | trim:K |
     summarize:T:S | drop:K[+repos] | splice:K | budget:B."""
 
-    strategy: str = "full"
+    strategy: str = option("full", "How each session manages its history: full, trim:K, "
+                           "summarize:T:S, drop:K, drop:K+repos, splice:K, budget:B "
+                           "(docs/cache-engineering.md; sglang engine). kvsim prices serving "
+                           "only, not task accuracy.", metavar="STRATEGY")
 
 
 @dataclass(frozen=True)

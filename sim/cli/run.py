@@ -232,12 +232,8 @@ def gpu_header(cfg: RunConfig) -> str:
               help="Comma-separated presets (sglang, vllm, penelope); the first is the baseline. "
                    "Default: sglang,vllm,penelope (--engine vllm: vllm,penelope) unless "
                    "another policy option is given.")
-@click.option("--evict", type=click.Choice(["tail", "leaf-head", "private-head"]), default=None,
-              help="Start position of a composed policy (with --granularity, --order).")
-@click.option("--granularity", type=click.Choice(["node", "block"]), default=None,
-              help="Granularity of a composed policy: whole nodes or exact blocks.")
-@click.option("--order", default=None,
-              help="Victim order of a composed policy (lru, lfu, mru, fifo, or registered).")
+@config_options("policy")
+@config_options("context")
 @click.option("--policy", "policies", multiple=True,
               help="A policy by name (preset, order+start+granularity, registered) or "
                    "FILE.py:CLASS (your own EvictionPolicy subclass); repeat to compare. "
@@ -246,17 +242,6 @@ def gpu_header(cfg: RunConfig) -> str:
               help="Parameter of a --policy class, e.g. --policy-param tau_s=5 (the one "
                    "--policy that takes it) or ttl.tau_s=5 / FILE.py:CLASS.k=v (that policy); "
                    "repeatable; typed like the class's default.")
-@click.option("--scheduler", type=click.Choice(["fcfs", "lpm", "lpm-cpu", "program-fcfs"]),
-              default="fcfs", show_default=True,
-              help="Queue order: fcfs (the default of SGLang 0.5.23 and vLLM 0.33, the only "
-                   "one vLLM has), lpm (longest cached prefix first: the paper's runs and "
-                   "kvsim reproduce), lpm-cpu (counts the CPU-resident prefix too), "
-                   "program-fcfs (by the session's first arrival: Continuum).")
-@click.option("--context", "context", default="full", show_default=True,
-              metavar="STRATEGY",
-              help="How each session manages its history: full, trim:K, summarize:T:S, "
-                   "drop:K, drop:K+repos, splice:K, budget:B (docs/cache-engineering.md; "
-                   "sglang engine). kvsim prices serving only, not task accuracy.")
 @click.option("--max-num-inflight-kv-loads", type=int, default=None, expose_value=False,
               metavar="N", callback=refuse_inflight_kv_loads,
               help="vLLM 0.34's cap on a decode worker's KV loads in flight: not modelled "
