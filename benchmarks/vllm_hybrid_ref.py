@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from benchmarks.vllm_ref import VllmRef, load_vllm_core
-from sim.kvcache.hybridpool import FULL, HybridGroup
+from sim.kvcache.hybridpool import FULL, MAMBA, HybridGroup
 
 
 class VllmHybridRef(VllmRef):
@@ -36,9 +36,11 @@ class VllmHybridRef(VllmRef):
         import torch
 
         iface, hashing, utils = mods["interface"], mods["hashing"], mods["utils"]
-        mods["registry"].KVCacheSpecRegistry.register(
-            iface.SlidingWindowSpec, mods["single"].SlidingWindowManager,
-            uniform_type_base_spec=iface.SlidingWindowSpec)
+        registry = mods["registry"].KVCacheSpecRegistry
+        registry.register(iface.SlidingWindowSpec, mods["single"].SlidingWindowManager,
+                          uniform_type_base_spec=iface.SlidingWindowSpec)
+        registry.register(iface.MambaSpec, mods["single"].MambaManager,
+                          uniform_type_base_spec=iface.MambaSpec)
         self._mods = mods
         self.block_size = block_size
         self.capacity_blocks = capacity_blocks
@@ -46,8 +48,12 @@ class VllmHybridRef(VllmRef):
         specs = []
         for i, g in enumerate(groups):
             kw = dict(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float16)
-            spec = (iface.FullAttentionSpec(**kw) if g.kind == FULL
-                    else iface.SlidingWindowSpec(sliding_window=g.window, **kw))
+            if g.kind == MAMBA:  # prefix caching: align mode, a state per block edge
+                spec = iface.MambaSpec(block_size=block_size, shapes=((1,),),
+                                       dtypes=(torch.float16,), mamba_cache_mode="align")
+            else:
+                spec = (iface.FullAttentionSpec(**kw) if g.kind == FULL
+                        else iface.SlidingWindowSpec(sliding_window=g.window, **kw))
             specs.append(iface.KVCacheGroupSpec([f"layers.{i}"], spec))
         config = iface.KVCacheConfig(num_blocks=capacity_blocks + 1, kv_cache_tensors=[],
                                      kv_cache_groups=specs)
@@ -68,6 +74,10 @@ class VllmHybridRef(VllmRef):
         self._ids = {}
         self._mapped = {}
         self._hash_to_id = {}
+
+    def new_step(self) -> None:
+        """A scheduler step starts (``KVCacheManager.new_step_starts``)."""
+        self.manager.new_step_starts()
 
     def block_groups(self) -> np.ndarray:
         """Per physical block 1..capacity: the group its cached hash is for (-1: none)."""

@@ -262,6 +262,10 @@ def drive(
         return lv.outputs == lv.req.out_tokens and lv.prefill_to <= lv.computed
 
     while pending or ring or waiting or running:
+        for s in sides:  # a scheduler step starts (new_step_starts: the Mamba manager's)
+            step = getattr(s, "new_step", None)
+            if step is not None:
+                step()
         while len(ring) < config.active and pending:
             sess = pending.popleft()
             ring.append(sess)

@@ -23,9 +23,9 @@ import pytest
 from benchmarks.opstream import OpStream, make_request, random_stream
 from benchmarks.vllm_ops import ADMIT, VOP_NAMES, DriverConfig, drive
 from benchmarks.vllm_ref import VLLM_VERSIONS, use_vllm
-from sim.kvcache.hybridpool import FULL, SLIDING, HybridGroup, HybridPool
+from sim.kvcache.hybridpool import FULL, MAMBA, SLIDING, HybridGroup, HybridPool
 
-SW, FA = SLIDING, FULL
+SW, FA, MB = SLIDING, FULL, MAMBA
 # group layouts: gpt-oss (sliding first, as its layer 0), full first, two windows (the
 # coordinator's fixed point runs past one pass), two groups of one spec (looked up together)
 LAYOUTS = {
@@ -34,6 +34,9 @@ LAYOUTS = {
     "sw-sw-full": [(SW, 64), (SW, 64), (FA, 0)],
     "two-windows": [(SW, 40), (FA, 0), (SW, 200)],
     "windows-only": [(SW, 33), (SW, 150)],
+    "mamba-full": [(MB, 0), (FA, 0)],
+    "full-mamba-mamba": [(FA, 0), (MB, 0), (MB, 0)],
+    "mamba-sw-full": [(MB, 0), (SW, 64), (FA, 0)],
 }
 
 
@@ -67,6 +70,9 @@ class ModelSide:
 
     def sample(self, rid: int) -> None:
         """Only computed tokens matter to the cache."""
+
+    def new_step(self) -> None:
+        self.pool.new_step()
 
     def observe(self) -> dict:
         p = self.pool
@@ -107,6 +113,9 @@ class RealSide:
 
     def sample(self, rid: int) -> None:
         self.ref.sample(rid)
+
+    def new_step(self) -> None:
+        self.ref.new_step()
 
     def observe(self) -> dict:
         r = self.ref
@@ -194,7 +203,8 @@ def test_hybrid_diff_random_streams_exercise_every_rule() -> None:
 
 
 @pytest.mark.parametrize("full", [False, True], ids=["chunk-fit", "full-fit"])
-@pytest.mark.parametrize("layout", ["sw-full", "two-windows", "sw-sw-full"])
+@pytest.mark.parametrize("layout", ["sw-full", "two-windows", "sw-sw-full", "mamba-full",
+                                    "mamba-sw-full"])
 @pytest.mark.parametrize("seed", range(3))
 def test_hybrid_diff_tight_pool_preempts(layout: str, seed: int, full: bool) -> None:
     """A pool just above one request's need (full group + each window's admission cap):
@@ -215,7 +225,8 @@ def test_hybrid_diff_tight_pool_preempts(layout: str, seed: int, full: bool) -> 
 def tight_pool(groups: list[HybridGroup], cap: int, chunk: int, bs: int) -> int:
     """Blocks for one request of ``cap`` blocks: ``cap`` per full group, each window's
     admission cap (``max_in_flight_tokens`` = ``chunk``)."""
-    return sum(cap if g.kind == FA else -(-(g.window - 1 + chunk) // bs) + 1 for g in groups)
+    return sum(cap if g.kind == FA else 2 if g.kind == MB else -(-(g.window - 1 + chunk) // bs) + 1
+               for g in groups)
 
 
 def synthetic_stream(sessions: int, capacity_blocks: int, block_size: int,
@@ -241,7 +252,7 @@ def synthetic_stream(sessions: int, capacity_blocks: int, block_size: int,
                     len(session_of), source, per)
 
 
-@pytest.mark.parametrize("layout", ["sw-full", "sw-sw-full"])
+@pytest.mark.parametrize("layout", ["sw-full", "sw-sw-full", "mamba-full"])
 def test_hybrid_diff_agent_sessions_evict(layout: str) -> None:
     """Claude Code sessions (32K cut, 15-25K-token prompts) in a cache of about two
     contexts: chunked prefill of 2048 tokens, 64-token decode steps, eviction, window 128 as
@@ -264,6 +275,14 @@ def test_hybrid_diff_catches_a_wrong_window(model: int, real: int) -> None:
     with pytest.raises(AssertionError, match=r"differ|!="):
         lockstep(stream, config, [HybridGroup(SW, model), HybridGroup(FA)],
                  [HybridGroup(SW, real), HybridGroup(FA)])
+
+
+def test_hybrid_diff_catches_a_window_for_a_state() -> None:
+    """Negative control: a Mamba group modelled as a sliding window must diverge."""
+    stream, config = random_case(2)
+    with pytest.raises(AssertionError, match=r"differ|!="):
+        lockstep(stream, config, [HybridGroup(SW, 32), HybridGroup(FA)],
+                 [HybridGroup(MB), HybridGroup(FA)])
 
 
 def test_hybrid_diff_catches_a_wrong_group_order() -> None:

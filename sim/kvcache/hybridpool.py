@@ -58,10 +58,11 @@ from .cachedids import CachedIds
 from .events import EVENT_KINDS, KVEvent, KVEventQueue
 from .freequeue import FreeQueue
 
-__all__ = ["FULL", "SLIDING", "HybridGroup", "HybridPool"]
+__all__ = ["FULL", "MAMBA", "SLIDING", "HybridGroup", "HybridPool"]
 
 FULL = "full"
 SLIDING = "sliding"
+MAMBA = "mamba"  # a recurrent state per block edge (MambaManager, mamba_cache_mode "align")
 
 
 @dataclass(frozen=True)
@@ -72,9 +73,9 @@ class HybridGroup:
     window: int = 0
 
     def __post_init__(self) -> None:
-        if self.kind not in (FULL, SLIDING):
-            raise ValueError(f"KV cache group kind must be {FULL!r} or {SLIDING!r}, "
-                             f"got {self.kind!r}")
+        if self.kind not in (FULL, SLIDING, MAMBA):
+            raise ValueError(f"KV cache group kind must be {FULL!r}, {SLIDING!r} or {MAMBA!r},"
+                             f" got {self.kind!r}")
         if self.kind == SLIDING and self.window < 1:
             raise ValueError(f"a sliding KV cache group needs a window >= 1, got {self.window}")
 
@@ -88,7 +89,8 @@ class _HSeq:
     and leading nulls (a table's nulls are always its head: a hit's skipped blocks, then the
     blocks its window left), its computed and known tokens."""
 
-    __slots__ = ("cached", "computed", "ids", "known", "nulls", "tables")
+    __slots__ = ("allocated", "cached", "computed", "ids", "known", "last_state", "nulls",
+                 "retired", "tables")
 
     def __init__(self, ids: np.ndarray, tables: list[np.ndarray], computed: int,
                  cached: list[int], nulls: list[int]) -> None:
@@ -98,6 +100,12 @@ class _HSeq:
         self.known = computed
         self.cached = cached
         self.nulls = nulls
+        # Mamba groups (MambaManager, align): allocated once (_allocated_block_reqs), blocks
+        # before this retired (_num_retired_blocks), the previous step's state block
+        # (last_state_block_idx)
+        self.allocated = False
+        self.retired: dict[int, int] = {}
+        self.last_state: dict[int, int] = {}
 
 
 class HybridPool:
@@ -143,6 +151,10 @@ class HybridPool:
             specs.setdefault(g, []).append(i)
         self._specs = sorted(specs.items(), key=lambda s: s[0].kind != FULL)
         self._sliding = [g for g, grp in enumerate(self.groups) if grp.kind == SLIDING]
+        self._mamba = [g for g, grp in enumerate(self.groups) if grp.kind == MAMBA]
+        self._pruned = [g for g, grp in enumerate(self.groups) if grp.kind != FULL]
+        # Mamba: ids a request cached this step; a hit on one waits a step (new_step)
+        self._this_step: dict[int, set[int]] = {g: set() for g in self._mamba}
         self._simple = len(self._specs) == 2 and self._specs[0][0].kind == FULL
         self._cached = 0
         self._dropped = 0
@@ -236,6 +248,13 @@ class HybridPool:
                     ok = (f >= 0).all(axis=0)
                     n = int(ok.argmin()) if not ok.all() else len(ok)
                     blocks = f[:, :n]
+                elif spec.kind == MAMBA:  # the rightmost cached state: nulls before it
+                    f = self._firsts(gids, ids[: min(len(ids), curr // bs)])
+                    ok = np.flatnonzero((f >= 0).all(axis=0))
+                    n = int(ok[-1]) + 1 if len(ok) else 0
+                    blocks = np.zeros((len(gids), n), np.int64)
+                    if n:
+                        blocks[:, -1] = f[:, n - 1]
                 else:
                     blocks, n = self._find_sliding(gids, ids, curr // bs, self._need[g0])
                 curr = n * bs
@@ -296,16 +315,23 @@ class HybridPool:
     # ------------------------------------------------------------------ protocol
     def _skipped_blocks(self, g: int, tokens: int) -> int:
         """Whole blocks before group ``g``'s window at ``tokens`` computed tokens
-        (``get_num_skipped_tokens // block_size``)."""
-        w = self.groups[g].window
-        if self.groups[g].kind != SLIDING:
-            return 0
-        return max(0, tokens - w + 1) // self.block_size
+        (``get_num_skipped_tokens // block_size``; Mamba keeps the last token's state)."""
+        kind = self.groups[g].kind
+        if kind == SLIDING:
+            return max(0, tokens - self.groups[g].window + 1) // self.block_size
+        if kind == MAMBA:
+            return max(0, tokens - 1) // self.block_size
+        return 0
 
     def _to_allocate(self, g: int, num_tokens: int, hit: np.ndarray, computed: int,
                      cap: bool) -> int:
         """``get_num_blocks_to_allocate`` of group ``g`` for a waiting request."""
         need = _cdiv(num_tokens, self.block_size)
+        if self.groups[g].kind == MAMBA:  # one state block a step; a fresh hit waits a step
+            if len(hit) and hit[-1] > 0 and int(self._bid[hit[-1]]) in self._this_step[g]:
+                return self.capacity_blocks + 2
+            new = need - len(hit)
+            return min(new, 1) + int(np.count_nonzero((hit > 0) & (self._ref[hit] == 0)))
         if cap and self._cap[g] is not None:
             need = min(need, self._cap[g])
         skipped = self._skipped_blocks(g, computed)
@@ -381,7 +407,7 @@ class HybridPool:
             raise ValueError(f"request {rid}: {computed} tokens computed but ids cover only "
                              f"{len(seq.ids)} blocks")
         need = _cdiv(computed, self.block_size) - len(seq.tables[0])  # tables: one length
-        if need > 0 and need * len(seq.tables) > len(self._queue):
+        if need > 0 and self._grow_blocks(need) > len(self._queue):
             if self.debug:
                 self.check()
             return False
@@ -421,6 +447,8 @@ class HybridPool:
     def decode_fit(self, rids: list[int], steps: int, in_flight: int = 0) -> int:
         """The most steps (<= ``steps``) of a decode run of ``rids`` whose allocations all
         succeed (read-only: free blocks counted, window frees included)."""
+        if self._mamba:
+            raise NotImplementedError("decode runs over a Mamba group are not modelled yet")
         if steps <= 0:
             return 0
         bs, free, ngroups = self.block_size, len(self._queue), len(self.groups)
@@ -492,6 +520,8 @@ class HybridPool:
             raise ValueError(f"request {rid} is already running")
         if num_tokens < 1:
             raise ValueError(f"request {rid}: num_tokens must be >= 1")
+        if self._mamba:
+            raise NotImplementedError("KV connector loads into a Mamba group are not modelled")
         ids = np.asarray(ids, np.int64)
         self._grow(ids)
         bs = self.block_size
@@ -546,6 +576,12 @@ class HybridPool:
             self._cache(seq)
             if self.debug:
                 self.check()
+
+    def new_step(self) -> None:
+        """A scheduler step starts (``new_step_starts``): what Mamba groups cached in the
+        last one may now be hit."""
+        for ids in self._this_step.values():
+            ids.clear()
 
     def free(self, rid: int) -> None:
         """Release request ``rid`` (finished or preempted): per group in order, its blocks
@@ -628,32 +664,65 @@ class HybridPool:
             self._queue.remove(idle)
         self._ref[live] = refs + 1
 
+    def _grow_blocks(self, n: int) -> int:
+        """Blocks every group together pops for ``n`` more positions: ``n`` each, a Mamba
+        group one (its state at the last; nulls before)."""
+        return n * (len(self.groups) - len(self._mamba)) + len(self._mamba)
+
     def _allocate(self, seq: _HSeq, tokens: int) -> None:
         """``allocate_new_blocks`` per group in order: pop blocks to hold ``tokens``. Every
         table has the same length, and pops take the queue front in order: one pop of all
-        groups' blocks, dealt out in group order, is the groups' pops one after the other."""
+        groups' blocks, dealt out in group order, is the groups' pops one after the other.
+        A Mamba group (align) pads nulls and takes one block for the state at the end; the
+        block before it held the previous state (``last_state``)."""
         tables = seq.tables
         n = _cdiv(tokens, self.block_size) - len(tables[0])
         if n <= 0:
+            seq.allocated = True
             return
-        fresh = self._pop(n * len(tables))
+        fresh = self._pop(self._grow_blocks(n))
         self._ref[fresh] = 1
+        at = 0
         for g, t in enumerate(tables):
-            tables[g] = np.concatenate([t, fresh[g * n:(g + 1) * n]])
+            if self.groups[g].kind == MAMBA:
+                if seq.allocated or len(t):
+                    seq.last_state[g] = len(t) - 1
+                tables[g] = np.concatenate([t, np.zeros(n - 1, np.int64), fresh[at:at + 1]])
+                at += 1
+            else:
+                tables[g] = np.concatenate([t, fresh[at:at + n]])
+                at += n
+        seq.allocated = True
 
     def _remove_skipped(self, seq: _HSeq, processed: int) -> None:
-        """``remove_skipped_blocks``: each sliding group frees, from the last skipped block
-        back to the first null, the blocks wholly before the window of ``processed``."""
-        for g in self._sliding:
+        """``remove_skipped_blocks`` per group in order: a sliding group frees, from the last
+        skipped block back to the first null, the blocks wholly before the window of
+        ``processed``; a Mamba group every state but the last token's (nulls skipped), and
+        the previous step's state block once a newer one holds the state."""
+        for g in self._pruned:
             t = seq.tables[g]
             n = min(self._skipped_blocks(g, processed), len(t))
-            lo = seq.nulls[g]
-            if n <= lo:
+            if self.groups[g].kind == SLIDING:
+                lo = seq.nulls[g]
+                if n <= lo:
+                    continue
+                freed = t[lo:n][::-1].copy()
+                t[lo:n] = 0
+                seq.nulls[g] = n
+                self._free_blocks(freed)
                 continue
-            freed = t[lo:n][::-1].copy()
-            t[lo:n] = 0
-            seq.nulls[g] = n
-            self._free_blocks(freed)
+            lo = seq.retired.get(g, 0)
+            if lo < n:
+                span = t[lo:n][::-1]
+                freed = span[span > 0].copy()
+                t[lo:n] = 0
+                seq.retired[g] = n
+                if len(freed):
+                    self._free_blocks(freed)
+            last = seq.last_state.get(g)
+            if last is not None and last < _cdiv(processed, self.block_size) - 1 and t[last]:
+                self._free_blocks(t[last:last + 1].copy())
+                t[last] = 0
 
     def _free_blocks(self, ordered: np.ndarray) -> None:
         """``BlockPool.free_blocks``: one hold less each; unheld hashed blocks join the tail in
@@ -717,6 +786,17 @@ class HybridPool:
         for g, t in enumerate(seq.tables):
             a = cached[g]
             if full <= a:
+                continue
+            if self.groups[g].kind == MAMBA:  # states only where a block holds one
+                pos = a + np.flatnonzero(t[a:full])
+                if len(pos):
+                    ps, xs = t[pos], seq.ids[pos]
+                    self._bid[ps] = xs
+                    self._grp[ps] = g
+                    self._cached += len(pos)
+                    self._maps[g].add(ps, xs, int(seq.ids[pos[0] - 1]) if pos[0] else -1)
+                    self._this_step[g].update(xs.tolist())
+                cached[g] = full
                 continue
             # nulls are the table's head: past it, every block is a real one
             start = max(a, seq.nulls[g])
