@@ -85,10 +85,14 @@ def seed_users(cfg) -> list[str]:
         users.append("the PD router and rule")
     elif cfg.is_fleet and cfg.fleet.replicas > 1:
         users.append("the router")
-    policy = type(cfg.make_policy())
-    if policy.uses_seed or not policy.__module__.startswith("policies."):
+    if _reads_seed(type(cfg.make_policy())):
         users.append(f"policy {cfg.policy_label}")
     return users
+
+
+def _reads_seed(policy: type) -> bool:
+    """A policy that may read the decision seed: one that says so, or a user's file."""
+    return policy.uses_seed or not policy.__module__.startswith("policies.")
 
 
 def drew_from_seed(cfg, built) -> bool:
@@ -101,7 +105,8 @@ def drew_from_seed(cfg, built) -> bool:
 
     from sim.fleet.results import ROUTER_STREAM
 
-    if cfg.is_pd or any(u.startswith("policy") for u in seed_users(cfg)):
+    # the run's own policies (another made here would be one more instance of a user's class)
+    if cfg.is_pd or any(_reads_seed(type(p)) for p in built.policies):
         return True
     if not hasattr(built.front, "router"):  # one server: no router
         return False
