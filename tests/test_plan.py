@@ -399,3 +399,33 @@ def test_plan_passes_the_pd_link_and_conditional_disaggregation_to_its_points(tm
     (point,) = (out / "points").iterdir()
     summary = json.loads((point / "summary.json").read_text())
     assert (summary["pd_link"], summary["pd_local_threshold"]) == ("ideal", 2048)
+
+
+def test_plan_reusing_identical_repeats_is_the_plan_running_them(tmp_path, monkeypatch) -> None:
+    """Issue 55 item 4: a point whose first repeat drew nothing from its seed (session-affinity
+    here) does not run its other repeats; the plan (answers, pick, every row) is the one that
+    runs them all, with fewer runs."""
+    from sim.run import driver
+
+    real = driver.run_repeats
+    runs: dict[bool, int] = {True: 0, False: 0}
+
+    def counted(reuse: bool):
+        def run_repeats(cfg, trace, run_one, **kw):
+            def one(c, t, k):
+                runs[reuse] += 1
+                return run_one(c, t, k)
+            return real(cfg, trace, one, reuse=reuse and kw.get("reuse", True))
+        return run_repeats
+
+    docs = {}
+    for reuse in (True, False):
+        monkeypatch.setattr(driver, "run_repeats", counted(reuse))
+        res = CliRunner().invoke(cli, [*SMALL, "--routers", "session-affinity,least-load",
+                                       "--replicas", "1..3", "--repeats", "2", "--json",
+                                       "--out", str(tmp_path / str(reuse))])
+        assert res.exit_code == 0, res.output
+        docs[reuse] = json.loads(res.stdout)
+    keep = ("chosen", "answers", "cheapest", "one_smaller", "buys", "curves", "points_run")
+    assert {k: docs[True][k] for k in keep} == {k: docs[False][k] for k in keep}
+    assert runs[True] < runs[False]
