@@ -106,6 +106,20 @@ def test_one_replica_equals_single_server_for_every_router(engine):
         assert fleet.summary["routed_ideal_hit_rate"] == single.summary["ideal_hit_rate"]
 
 
+
+def test_one_result_assembly_for_every_kind():
+    """The kinds differ in how they serve, not in how their results are built (issue 52 item
+    4): each says what it served (``served``: recorder, requests, its fields and tables) and
+    sim/run/summary.py ``summarize`` alone builds every kind's result from that."""
+    import inspect
+
+    import sim.run.kinds as kinds
+
+    for kind in (kinds.Server, kinds.FleetRun, kinds.PDRun):
+        assert hasattr(kind, "served") and not hasattr(kind, "result"), kind
+    source = inspect.getsource(kinds)
+    assert "RunResult(" not in source and "summarize(" not in source
+
 # --- every request once; fleet totals are the sum of the replicas' -----------------------
 @pytest.mark.parametrize("router", [*sorted(ROUTERS), f"{EXAMPLE}:PrefixOrLeastLoad"])
 @settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -21,6 +21,7 @@ from .check import check
 from .kinds import kind_of
 from .repeats import drew_from_seed, run_repeats
 from .result import RunResult
+from .summary import summarize
 from .trace import load_run_trace
 
 
@@ -56,7 +57,7 @@ def run(cfg: RunConfig, trace=None, timeline=None,
             engine.watch(steps)
     replay_fields = replay(env, cfg, trace, built.front, built.context, on_reply)
     built.close()
-    result = built.result()
+    result = summarize(built, *built.served())
     result.summary.update(replay_fields)
     result.seed_drawn = drew_from_seed(cfg, built)
     return result

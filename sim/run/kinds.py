@@ -2,9 +2,10 @@
 
 Each builds its replicas with ``sim.run.build.build_replicas`` on the run's clock and a front
 the replay sends to (the engine itself, a ``sim.fleet.Fleet``, a ``sim.fleet.pd.PDFleet``);
-after the replay its ``result`` assembles the requests table and the summary: the summary of
-every kind starts with ``sim.run.summary.summarize``, then adds the kind's own fields (a
-single server's stay as they are: no fleet field). ``kind_of`` says which a config runs.
+after the replay its ``served`` says what it served, as data: the recorder its summary is
+computed from, the requests table, its own summary fields and its tables; one assembly,
+``sim.run.summary.summarize``, makes every kind's result from them (a single server adds no
+fleet field). ``kind_of`` says which a config runs.
 """
 
 from __future__ import annotations
@@ -35,8 +36,6 @@ from sim.fleet.results import (
 )
 
 from .build import build_replicas
-from .result import RunResult
-from .summary import summarize
 
 
 class Server:
@@ -48,29 +47,27 @@ class Server:
         self.strategy = parse_context(cfg.context.strategy)
         self.context = (None if self.strategy.is_full
                         else ContextRun(self.strategy, trace, cfg.cache.block_size))
-        (self.engine,), (self.policy,) = build_replicas(env, cfg, spec, profile, trace, [None],
-                                                        timeline)
-        self.engines = [self.engine]
+        self.engines, self.policies = build_replicas(env, cfg, spec, profile, trace, [None],
+                                                     timeline)
+        self.engine = self.engines[0]
         self.front = self.engine
 
     def close(self) -> None:
         self.engine.close()
 
-    def result(self) -> RunResult:
+    def served(self) -> tuple:
         cfg, server = self.cfg, self.engine
         rec = server.rec
         table = rec.table()
-        summary = summarize(cfg, rec, self.env.now, table, self.policy, self.profile,
-                            self.spec, self.trace)
+        fields = {}
         patch = cfg.value("vllm_patch")
         if patch != "none":  # only then: unpatched summaries stay as they were
-            summary["vllm_patch"] = patch
-            summary.update(server.patch_summary())
+            fields = {"vllm_patch": patch, **server.patch_summary()}
         if self.context is not None:  # only then: results under ``full`` stay as they were
-            summary.update(context_summary(self.strategy, table, rec.counters, self.env.now,
-                                           server.cache.working_peak_blocks * cfg.cache.block_size,
-                                           cfg.cache.block_size))
-        return RunResult(cfg, table, summary)
+            fields.update(context_summary(self.strategy, table, rec.counters, self.env.now,
+                                          server.cache.working_peak_blocks * cfg.cache.block_size,
+                                          cfg.cache.block_size))
+        return rec, table, fields, {}
 
 
 class FleetRun:
@@ -104,7 +101,7 @@ class FleetRun:
     def close(self) -> None:
         self.front.close()
 
-    def result(self) -> RunResult:
+    def served(self) -> tuple:
         import pandas as pd  # (not at import: issue 55 start-up)
 
         cfg, fleet, engines, pool = self.cfg, self.front, self.engines, self.pool
@@ -118,11 +115,8 @@ class FleetRun:
         table = pd.concat(served, ignore_index=True) if len(served) > 1 else served[0]
         table = table.sort_values(["send_s", "request"], kind="stable").reset_index(drop=True)
         merged = merge_recorders(trace, [e.rec for e in engines], self.sessions)
-        summary = summarize(cfg, merged, now, table, self.policies[0], self.profile,
-                            self.spec, trace)
-        metrics, per_replica = fleet_metrics(fleet, engines, tables, self.sessions, now,
+        summary, per_replica = fleet_metrics(fleet, engines, tables, self.sessions, now,
                                              cfg.cache.block_size, table)
-        summary.update(metrics)
         patch = cfg.value("vllm_patch")
         if patch != "none":  # as a single run's summary: the patch and its counters
             summary["vllm_patch"] = patch
@@ -130,7 +124,7 @@ class FleetRun:
                 replica_summary.update(e.patch_summary())
         summary["replica_summaries"] = per_replica
         out = {"load": load_table(fleet), "routing": routing_table(fleet)}
-        if pool is not None:
+        if pool is not None:  # (the summary reads the requests' columns by name)
             table = pool_columns(table, pool, cfg.cache.block_size)
             summary.update(pool_summary(pool, table, now, cfg))
             summary["pool_notes"] = pool_notes(pool, table)
@@ -141,7 +135,7 @@ class FleetRun:
             out["pool_transfers"] = pd.DataFrame(
                 np.asarray(pool.transfers, dtype=float).reshape(-1, 3),
                 columns=["start_s", "end_s", "bytes"])
-        return RunResult(cfg, table, summary, out)
+        return merged, table, summary, out
 
 
 class PDRun:
@@ -178,16 +172,13 @@ class PDRun:
     def close(self) -> None:
         self.front.close()
 
-    def result(self) -> RunResult:
+    def served(self) -> tuple:
         import pandas as pd  # (not at import: issue 55 start-up)
 
         cfg, fleet, prefill, decode = self.cfg, self.front, self.prefill, self.decode
         now, trace = self.env.now, self.trace
         table = pd_table(fleet, prefill, decode, trace, cfg.cache.block_size)
         merged = merge_recorders(trace, [e.rec for e in prefill + decode], self.sessions)
-        summary = summarize(cfg, merged, now, table, self.policies[0], self.profile,
-                            self.spec, trace)
-        summary.update(pd_summary(fleet, prefill, decode, table, now, cfg))
         links = sorted(fleet.queues.items(), key=lambda kv: str(kv[0]))
         if self.timeline is not None:
             from sim.timeline import link_name
@@ -197,7 +188,7 @@ class PDRun:
         transfers = [(str(key), *t) for key, q in links for t in q.transfers]
         tables = {"pd_transfers": pd.DataFrame(transfers, columns=["link", "start_s", "end_s",
                                                                     "bytes"])}
-        return RunResult(cfg, table, summary, tables)
+        return merged, table, pd_summary(fleet, prefill, decode, table, now, cfg), tables
 
 
 def kind_of(cfg: RunConfig) -> type[Server | FleetRun | PDRun]:

@@ -1,6 +1,7 @@
-"""The summary every run starts from, whatever its kind: the recorder's metrics over the
-run's requests table, the configuration fields beside them (``run_fields``) and the answers
-in GPUs and SLOs (``answer_fields``). A kind of run adds its own fields after these."""
+"""The result of every run, whatever its kind (``summarize``: one assembly for one server, a
+fleet and PD pools): the recorder's metrics over the run's requests table, the configuration
+fields beside them (``run_fields``), the answers in GPUs and SLOs (``answer_fields``), then
+the fields the kind adds (sim/run/kinds.py ``served``)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from sim.deploy import deployment_fields
 from sim.engines import ENGINES
 from sim.engines.recorder import RunRecorder
 from sim.slo import slo_fields
+
+from .result import RunResult
 
 if TYPE_CHECKING:  # pandas where a table is made: none before a run's first request (issue 55)
     import pandas as pd
@@ -75,15 +78,18 @@ def recompute_by_group(spec, ranges: list[tuple[int, int]]) -> list[dict[str, An
     return out
 
 
-def summarize(cfg: RunConfig, rec: RunRecorder, duration_s: float, table: pd.DataFrame,
-              policy: EvictionPolicy, profile, spec, trace) -> dict[str, Any]:
-    """``rec``'s summary over ``table`` (the run's requests; a fleet's merged recorder), then
-    the configuration fields and the answers."""
-    summary = rec.summary(duration_s, cfg.cache.block_size, table)
+def summarize(built, rec: RunRecorder, table: pd.DataFrame, fields: dict[str, Any],
+              tables: dict[str, pd.DataFrame]) -> RunResult:
+    """The result of ``built`` (a kind of run, sim/run/kinds.py) from what its ``served``
+    says: ``rec``'s summary over ``table`` (the run's requests; a fleet's merged recorder),
+    the configuration fields, the answers, then the kind's own ``fields``; its ``tables``."""
+    cfg, spec, trace = built.cfg, built.spec, built.trace
+    summary = rec.summary(built.env.now, cfg.cache.block_size, table)
     # recompute per KV cache group, each by its own formula (``spec``: the run's pricing spec,
     # each kind at its rate; issue 54 item 5)
     summary["recompute_by_group"] = recompute_by_group(spec, rec.recomputed_ranges)
-    summary.update(run_fields(cfg, policy, profile, spec, trace, table))
-    summary.update(answer_fields(cfg, profile, table, summary, set(rec.session_end),
+    summary.update(run_fields(cfg, built.policies[0], built.profile, spec, trace, table))
+    summary.update(answer_fields(cfg, built.profile, table, summary, set(rec.session_end),
                                  [s.parent for s in trace.sessions]))
-    return summary
+    summary.update(fields)
+    return RunResult(cfg, table, summary, tables)
