@@ -1,10 +1,11 @@
 """vLLM's hybrid KV cache (``HybridKVCacheCoordinator`` over per-group managers), block for
-block: full-attention and sliding-window groups sharing one block pool.
+block: full-attention, sliding-window and Mamba (state) groups sharing one block pool.
 
 The full-attention path (one group) is ``blockpool.BlockPool``; this module is used only when
 a model has several KV cache groups (docs/hybrid.md). It models vLLM 0.33/0.34's
 ``vllm/v1/core/kv_cache_coordinator.py`` (``HybridKVCacheCoordinator``),
-``single_type_kv_cache_manager.py`` (``FullAttentionManager``, ``SlidingWindowManager``) and
+``single_type_kv_cache_manager.py`` (``FullAttentionManager``, ``SlidingWindowManager``,
+``MambaManager`` in ``mamba_cache_mode="align"``: the Mamba rules are docs/hybrid.md's) and
 ``block_pool.py`` with the same state, so every observable (hits, admission, which physical
 block each group gets, the free-queue order, what a lookup evicts) equals the real code's,
 proven op by op by tests/test_vllm_hybrid_diff.py (benchmarks/vllm_hybrid_ref.py drives the
