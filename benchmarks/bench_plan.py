@@ -11,6 +11,10 @@ child's and its pool workers' (``RUSAGE_CHILDREN``), so they hold on a loaded ma
 wall does not: the load average before and after is printed beside them. Not run in tests.
 ``python -m benchmarks.bench_plan [--files N] [--jobs J] [--executor ray] [--json]``
 (``--files N``: the first N trace files only, for a quick look).
+
+Measured (docs/sweeps.md, Plan): on a shared 2-core machine at load 13-15, Python path, 797
+CPU-s before issue 55's changes (8cbd1d9), 756 after; the same pick (5 x H100,
+sglang-cache-aware + penelope), 41 points in 7 rounds.
 """
 
 from __future__ import annotations
