@@ -60,12 +60,19 @@ def test_two_sessions_contend_for_the_chunk_budget() -> None:
     assert sorted(res.requests.ttft_s) == pytest.approx([first, second], rel=1e-12)
 
 
+def same_summary(a: dict, b: dict) -> bool:
+    """Equal figures, NaN (an empty one) equal to NaN: a dict's == matches NaN by identity
+    only, and the compiled core makes a new NaN object each run."""
+    return a.keys() == b.keys() and all(a[k] == b[k] or (a[k] != a[k] and b[k] != b[k])
+                                        for k in a)
+
+
 def test_same_config_twice_is_identical() -> None:
     trace = KitTrace([[(3000 + 700 * k, 50, 1.0) for k in range(6)] for _ in range(3)])
     a = run(lpm_cfg(gpu_cache=16384, sessions=2), trace)
     b = run(lpm_cfg(gpu_cache=16384, sessions=2), trace)
     assert a.requests.equals(b.requests)
-    assert a.summary == b.summary
+    assert same_summary(a.summary, b.summary)
     assert a.summary["evicted_tokens"] > 0
 
 
@@ -164,7 +171,7 @@ def test_tiered_runs_are_deterministic_and_consistent(tiering: str) -> None:
                     else "sglang").with_fields(cpu_cache=16384, tiering=tiering,
                                                scheduler="lpm-cpu")
     a, b = run(c, trace), run(c, trace)
-    assert a.requests.equals(b.requests) and a.summary == b.summary
+    assert a.requests.equals(b.requests) and same_summary(a.summary, b.summary)
     df = a.requests
     assert (df.hit_gpu_tokens + df.loaded_cpu_tokens + df.recomputed_tokens + df.new_tokens
             == df.prompt_tokens).all()
