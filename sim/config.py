@@ -43,6 +43,10 @@ class ConfigError(ValueError):
 
 # the vLLM releases the vllm engine models (VllmKnobs.vllm_version; the newest is the default)
 VLLM_VERSIONS = ("0.33", "0.34")
+# sim.engines.vllm_patch.VLLM_PATCHES's names (this module may not import the engines;
+# tests/test_registry.py holds the two equal)
+VLLM_PATCH_NAMES = ("none", "penelope", "continuum", "continuum-fixed", "continuum-pins",
+                    "continuum-fcfs")
 TIERINGS = ("unified", "hicache")
 REPLAYS = ("closed", "open")
 PD_LINK_SCOPES = ("nic", "pair")
@@ -252,7 +256,7 @@ class VllmKnobs(EngineKnobs):
                              "Continuum's TTL pins (learned TTL) and program-level FCFS; "
                              "continuum-fixed: the same with its public code's 2 s threshold; "
                              "continuum-pins / continuum-fcfs: either change alone "
-                             "(docs/policies.md).", choices=lambda: _vllm_patches().names())
+                             "(docs/policies.md).", choices=VLLM_PATCH_NAMES)
     vllm_version: str = option("0.34", "--engine vllm: the release modelled. Its scheduler and "
                                "block pool are the same in both; the deployed defaults differ "
                                "(0.34: 64-token blocks, KV sized with gpu_memory_utilization "
@@ -278,9 +282,8 @@ class VllmKnobs(EngineKnobs):
         return self.name if self.vllm_patch == "none" else f"{self.name}+{self.vllm_patch}-patch"
 
     def validate(self, bad: Callable[[str, str], ConfigError]) -> None:
-        patches = _vllm_patches()
-        if not isinstance(self.vllm_patch, str) or self.vllm_patch not in patches:
-            raise bad("vllm_patch", patches.message(self.vllm_patch))
+        if not isinstance(self.vllm_patch, str) or self.vllm_patch not in VLLM_PATCH_NAMES:
+            raise bad("vllm_patch", unknown("vLLM patch", self.vllm_patch, VLLM_PATCH_NAMES))
         if not isinstance(self.vllm_async, bool):
             raise bad("vllm_async", f"must be on or off (true or false), got "
                       f"{self.vllm_async!r}")
@@ -300,14 +303,6 @@ class VllmKnobs(EngineKnobs):
 # engine is its knobs class here and its server class there
 KNOBS: dict[str, type[EngineKnobs]] = {k.name: k for k in (SGLangKnobs, VllmKnobs)}
 ENGINE_NAMES = tuple(KNOBS)
-
-
-def _vllm_patches() -> Any:
-    """sim.engines.vllm_patch.VLLM_PATCHES, the vllm engine's named patches (that package
-    imports this module: read when asked)."""
-    from sim.engines.vllm_patch import VLLM_PATCHES
-
-    return VLLM_PATCHES
 
 
 @dataclass(frozen=True)
@@ -779,14 +774,14 @@ IDLE_RULES: tuple[IdleRule, ...] = (
     IdleRule(("vllm_async", "vllm_version", "vllm_cache_aware_window",
               "vllm_cache_aware_threshold"), lambda c: not isinstance(c.engine, VllmKnobs),
              "it is a mode of vLLM's scheduler: add {engine} vllm"),
-    IdleRule(("tp",), lambda c: c.cache.gpu is None and c.cache.gpu_cache_bytes is None,
-             "it sizes a deployment in GPUs: add {gpu} (or {gpu_cache} in bytes, e.g. 40GiB)"),
-    IdleRule(("mem_fraction",), lambda c: c.cache.gpu is None,
-             "it is the share of a GPU's memory for weights and KV: add {gpu}"),
     IdleRule(("vllm_cache_aware_threshold",),
              lambda c: not c.value("vllm_cache_aware_window"),
              "it is the KV usage from which cache-aware admission reorders the waiting "
              "queue: add {vllm_cache_aware_window} N"),
+    IdleRule(("tp",), lambda c: c.cache.gpu is None and c.cache.gpu_cache_bytes is None,
+             "it sizes a deployment in GPUs: add {gpu} (or {gpu_cache} in bytes, e.g. 40GiB)"),
+    IdleRule(("mem_fraction",), lambda c: c.cache.gpu is None,
+             "it is the share of a GPU's memory for weights and KV: add {gpu}"),
     IdleRule(("mem_fraction",), lambda c: c.cache.gpu_cache_bytes is not None,
              "{gpu_cache} in bytes already gives the KV budget per GPU: drop one"),
 )

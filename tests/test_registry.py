@@ -112,3 +112,12 @@ def test_every_kind_is_a_registry_with_the_one_message(what: str) -> None:
     assert m["kind"] == reg.kind and m["name"] == "no-such-name"
     assert m["known"].startswith(", ".join(reg.names())) or set(reg.names()) <= set(
         m["known"].replace(", or FILE.py:CLASS", "").split(", "))
+
+
+def test_the_configs_vllm_patch_names_are_the_registrys() -> None:
+    """sim/config.py validates vllm_patch against its own tuple (it may not import the
+    engines): the tuple is the registry's names, in order."""
+    from sim.config import VLLM_PATCH_NAMES
+    from sim.engines.vllm_patch import VLLM_PATCHES
+
+    assert VLLM_PATCH_NAMES == VLLM_PATCHES.names()
