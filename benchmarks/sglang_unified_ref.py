@@ -206,6 +206,13 @@ def load_unified_modules() -> dict[str, types.ModuleType]:
         "radix": "sglang.srt.mem_cache.radix_cache",
     }
     _MODULES = {k: importlib.import_module(v) for k, v in names.items()}
+    # A real module another loader imported over its stubs (sglang_ref: base_prefix_cache)
+    # keeps the stub's placeholder ComponentType: give it the real one, which SWA needs.
+    real = _MODULES["components"].ComponentType
+    for name, module in list(sys.modules.items()):
+        if name.startswith("sglang.") and getattr(module, "ComponentType", real) is not real \
+                and type(module).__name__ not in ("StubModule", "_StubModule"):
+            module.ComponentType = real
     return _MODULES
 
 
