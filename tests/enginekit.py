@@ -141,3 +141,15 @@ def write_cc_traces(folder, sessions: int = 3, turns: int = 6, seed: int = 0) ->
                "hash_id_scope": "local", "tool_tokens": 1000, "system_tokens": 500,
                "requests": reqs}
         (folder / f"trace_{s:04d}.json").write_text(json.dumps(doc))
+
+
+def same_summary(a: dict, b: dict) -> bool:
+    """Two run summaries with equal figures, NaN (an empty figure) equal to NaN, nested ones
+    too: a dict's == matches NaN by identity only, and the compiled core makes a new NaN
+    object each run (JSON writes it as NaN, floats by their exact repr)."""
+    import json
+
+    def text(d: dict) -> str:
+        return json.dumps(d, sort_keys=True, default=str)
+
+    return text(a) == text(b)

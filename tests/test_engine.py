@@ -7,7 +7,7 @@ import pytest
 
 from costmodel.units import range_units
 from sim.run import run
-from tests.enginekit import PROF, SPEC, KitTrace, lpm_cfg, prefill
+from tests.enginekit import PROF, SPEC, KitTrace, lpm_cfg, prefill, same_summary
 
 
 def test_one_session_alone_ttft_is_its_prefill() -> None:
@@ -58,13 +58,6 @@ def test_two_sessions_contend_for_the_chunk_budget() -> None:
     first = PROF.prefill_seconds(range_units(SPEC, 0, 6000) + range_units(SPEC, 0, 2176))
     second = first + prefill((2176, 6000))
     assert sorted(res.requests.ttft_s) == pytest.approx([first, second], rel=1e-12)
-
-
-def same_summary(a: dict, b: dict) -> bool:
-    """Equal figures, NaN (an empty one) equal to NaN: a dict's == matches NaN by identity
-    only, and the compiled core makes a new NaN object each run."""
-    return a.keys() == b.keys() and all(a[k] == b[k] or (a[k] != a[k] and b[k] != b[k])
-                                        for k in a)
 
 
 def test_same_config_twice_is_identical() -> None:

@@ -252,7 +252,9 @@ def test_models_lists_the_catalog() -> None:
     res = CliRunner().invoke(cli, ["models", "--json"])
     assert res.exit_code == 0, res.output
     by = {m["name"]: m for m in json.loads(res.stdout)["models"]}
-    assert by["qwen3-30b-a3b"]["default_profile"] == "derived-h100-qwen3-30b-a3b"
+    # kernel tables price the ground-truth MoE; a catalog model without them is derived
+    assert by["qwen3-30b-a3b"]["default_profile"] == "kernels-h100_sxm-qwen3-30b-a3b"
+    assert by["mixtral-8x7b"]["default_profile"] == "derived-h100-mixtral-8x7b"
     assert by["qwen1.5-moe-a2.7b"]["ffn"] == 5632
     assert by["llama-3.2-1b"]["tied_embeddings"] is True
     assert by["qwen3-8b"]["default_profile"] == "kernels-h100_sxm-qwen3-8b"

@@ -76,6 +76,8 @@ def test_the_table_is_the_records_table():
     assert len(rec) == 40 and list(rec.table().columns) == list(COLUMNS)
 
 
+@pytest.mark.pure_path("a compiled RequestRecord takes no weak reference: the Python path "
+                       "shows the recorder drops a closed record")
 def test_finished_records_are_not_held():
     rec = _recorder()
     reqs = _record_run(rec, leave_open=1)
@@ -90,6 +92,8 @@ def test_finished_records_are_not_held():
     assert rec.table()["prefill_units"].max() == 2.5
 
 
+@pytest.mark.pure_path("a compiled RequestRecord's int field refuses a float or a bool: "
+                       "only the Python path can hold one")
 @pytest.mark.parametrize("value, dtype", [(2.5, "float64"), (True, "object")])
 def test_a_column_takes_the_dtype_pandas_infers(value, dtype):
     """An int field given a float (or a bool) in one record: the column is what pandas makes
