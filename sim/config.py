@@ -8,7 +8,8 @@ in ``sim.engines``, because that package imports this module (each engine reads 
 section, ``cfg.engine``): a vLLM knob cannot be written for SGLang, by construction.
 
 Users see ONE flat vocabulary (CLI flags, sweep keys, ``config.json``, point ids): ``FLAT``
-maps each flat name to its section and field; ``RunConfig.from_flat``, ``from_dict``,
+maps each flat name to its section and field, derived from the sections (a field declared with
+``option`` carries its command-line option and help); ``RunConfig.from_flat``, ``from_dict``,
 ``with_fields``, ``value`` and ``to_dict`` speak it. Sizes are tokens. ``from_dict``
 validates untrusted input (sweep YAML) and raises ``ConfigError`` (exit status 2) naming the
 file and the field; the engine, context and fleet checks are their rooms' (``sim.run.check``
@@ -59,16 +60,31 @@ WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 def option(default: Any, help: str, kind: str | None = None,
            choices: tuple[str, ...] | Callable[[], Iterable[str]] | None = None, *,
            name: str | None = None, words: tuple[str, str] | None = None,
-           metavar: str | None = None, short: str | None = None) -> Any:
+           metavar: str | None = None, short: str | None = None, flat: str | None = None,
+           derived: bool = False, loader: bool = False, hash: bool | None = None) -> Any:
     """A field with its command-line option (sim/cli/common.py ``config_options`` makes it):
     ``--NAME`` of the flat name (or of ``name``; ``short``: ``-n``), ``help``; ``kind``
     ``count`` (an integer >= 0), ``positive``, ``fraction`` (in (0, 1]), ``size`` (tokens: 4k,
-    1m) or ``slo``, else the annotation's int or float (a bool: a flag); ``choices`` (or a
-    function listing them, called when the option is made: no registry loads with this
-    module); ``words``: a bool written as its (true, false) word, e.g. on/off."""
-    return field(default=default, metadata={"option": dict(
-        help=help, kind=kind, choices=choices, name=name, words=words, metavar=metavar,
-        short=short)})
+    1m), ``kv_size`` (tokens or bytes of KV), ``slo``, ``gaps``, ``prefix`` (a shared prefix)
+    or ``many`` (repeatable: the command combines the values), else the annotation's int or
+    float (a bool: a flag); ``choices`` (or a function listing them, called when the option is
+    made: no registry loads with this module);
+    ``words``: a bool written as its (true, false) word, e.g. on/off. ``flat``: the flat name
+    when it is not the field's; ``derived``: unset on the command line unless given (the run
+    derives it); ``loader``: an option of every command that loads a trace. A class as
+    ``default`` is the field's factory (the engine's knobs, a dict)."""
+    meta = {"option": dict(help=help, kind=kind, choices=choices, name=name, words=words,
+                           metavar=metavar, short=short, flat=flat, derived=derived,
+                           loader=loader)}
+    if isinstance(default, type):
+        return field(default_factory=default, metadata=meta, hash=hash)
+    return field(default=default, metadata=meta, hash=hash)
+
+
+def _trace_formats() -> tuple[str, ...]:
+    from traces import FORMATS
+
+    return tuple(FORMATS)
 
 
 def _kv_dtypes() -> tuple[str, ...]:
@@ -83,16 +99,34 @@ class TrafficConfig:
 
     trace: str = option("synthetic:claude-code", "Trace path(s) (comma-separated) or "
                         "synthetic:NAME[?k=v&...].", short="-t")
-    trace_format: str | None = None
-    select: str | None = None
-    shared_prefix: int | str | None = None
-    max_context: int | None = None
-    gaps: str = "recorded"  # recorded | tool | cap:S | scale:F  (see traces.Trace.gaps)
-    lenient: bool = False
-    trace_cache_dir: str | None = None  # npz copies of loaded traces (fast reloads)
-    rebuild_sessions: bool = False  # Mooncake: chain requests into sessions
+    trace_format: str | None = option(None, "Trace format (default: detected).",
+                                      choices=_trace_formats, name="format", loader=True)
+    select: str | None = option(None, "Keep the K sessions with most requests after the cut "
+                                "(ties: trace order), or the first K.",
+                                metavar="top-requests:K|first:K", loader=True)
+    shared_prefix: int | str | None = option(
+        None, "The first N tokens of every session become one prefix shared across sessions "
+        "(auto = system + tool tokens of each session).", "prefix", metavar="auto|TOKENS",
+        loader=True)
+    max_context: int | None = option(None, "A session ends before its first request with a "
+                                     "prompt over this.", "size", loader=True)
+    # see traces.Trace.gaps
+    gaps: str = option("recorded", "Client wait model: every recorded wait, tool waits only, "
+                       "recorded waits capped at S seconds, or multiplied by F.", "gaps",
+                       metavar="recorded|tool|cap:S|scale:F", loader=True)
+    lenient: bool = option(False, "Skip bad records, and unreadable, truncated or empty files "
+                           "of a folder; report how many of each.", loader=True)
+    trace_cache_dir: str | None = option(
+        None, "Folder of npz copies of loaded traces (fast reloads; a changed file or option "
+        "loads afresh). [default: $KVSIM_CACHE_DIR, else ~/.cache/kvsim; off: no cache]",
+        name="cache_dir", metavar="DIR|off", loader=True)
+    rebuild_sessions: bool = option(False, "Mooncake: chain requests into sessions by prefix "
+                                    "continuation.", loader=True)
     sessions: int = option(4, "Sessions active at once (closed loop).", short="-n")
-    replay: str = "closed"  # closed: reply + gap; open: recorded send times
+    replay: str = option("closed", "closed: a session sends after its reply + recorded gap; "
+                         "open: at the recorded send times. [default: open for timestamped "
+                         "traces without sessions (Mooncake) and synthetic:prefix-groups, else "
+                         "closed]", choices=REPLAYS, derived=True)
     time_scale: float = option(1.0, "Open loop: multiply recorded send times (0.5 = twice the "
                                "request rate).")
     max_concurrency: int = option(0, "Open loop: at most this many requests in flight; one due "
@@ -111,7 +145,9 @@ class CacheConfig:
                         "config.json path (docs/models.md).", short="-m")
     profile: str | None = option(None, "Profile name or file (default "
                                  "kernels-h100_sxm-MODEL).", short="-p")
-    gpu_cache: int = 262_144  # KV capacity in tokens
+    gpu_cache: int = option(262_144, "GPU KV capacity per replica in tokens (default 256k; "
+                            "with --gpu: what the GPU holds), or bytes of KV per GPU "
+                            "(40GiB).", "kv_size", derived=True)
     # a deployment in GPUs (sim/deploy.py): GPU kind, tensor-parallel GPUs per replica and
     # the memory fraction for weights + KV derive gpu_cache and the profile; or the KV
     # budget per GPU in bytes (``40GiB``) that gpu_cache was derived from
@@ -134,7 +170,8 @@ class CacheConfig:
     hicache_write_policy: str = option("write_through", "hicache: when device KV is copied to "
                                        "the host tier.", choices=WRITE_POLICIES)
     hicache_load_threshold: int = 10  # tokens: HiCache skips smaller load-backs
-    block_size: int = 64
+    block_size: int = option(64, "The cache's block size in tokens; other trace block sizes "
+                             "are mapped.", loader=True)
     kv_dtype: str = option("bf16", "KV cache element type: the model's KV bytes per token "
                            "(transfers, --gpu and --gpu-cache in bytes sizing, kvsim models "
                            "--kv-dtype; docs/hybrid.md).", choices=_kv_dtypes)
@@ -145,15 +182,24 @@ class PolicyConfig:
     """ONE of preset | order/evict/granularity | policy (default: penelope), and the
     scheduler."""
 
-    preset: str | None = None  # sglang | vllm | penelope
+    preset: str | None = option(None, "Comma-separated presets (sglang, vllm, penelope); the "
+                                "first is the baseline. Default: sglang,vllm,penelope (--engine "
+                                "vllm: vllm,penelope) unless another policy option is given.")
     order: str | None = option(None, "Victim order of a composed policy (lru, lfu, mru, fifo, "
                                "or registered).")
     evict: str | None = option(None, "Start position of a composed policy (with "
                                "--granularity, --order).", choices=STARTS.names)
     granularity: str | None = option(None, "Granularity of a composed policy: whole nodes or "
                                      "exact blocks.", choices=GRANULARITIES.names)
-    policy: str | None = None  # any of the above, a registered name, or FILE.py:CLASS
-    policy_params: dict[str, Any] = field(default_factory=dict, hash=False)
+    # any of the above, a registered name, or FILE.py:CLASS
+    policy: str | None = option(None, "A policy by name (preset, order+start+granularity, "
+                                "registered) or FILE.py:CLASS (your own EvictionPolicy "
+                                "subclass); repeat to compare. Runs after any --preset.", "many")
+    policy_params: dict[str, Any] = option(  # noqa: RUF009 (a dataclass field)
+        dict, "Parameter of a --policy class, e.g. --policy-param tau_s=5 (the one --policy "
+        "that takes it) or ttl.tau_s=5 / FILE.py:CLASS.k=v (that policy); repeatable; typed "
+        "like the class's default.", "many", name="policy_param", metavar="[POLICY.]K=V",
+        hash=False)
     scheduler: str = option("fcfs", "Queue order: fcfs (the default of SGLang 0.5.23 and vLLM "
                             "0.33, the only one vLLM has), lpm (longest cached prefix first: "
                             "the paper's runs and kvsim reproduce), lpm-cpu (counts the "
@@ -197,7 +243,7 @@ class ContextConfig:
     strategy: str = option("full", "How each session manages its history: full, trim:K, "
                            "summarize:T:S, drop:K, drop:K+repos, splice:K, budget:B "
                            "(docs/cache-engineering.md; sglang engine). kvsim prices serving "
-                           "only, not task accuracy.", metavar="STRATEGY")
+                           "only, not task accuracy.", metavar="STRATEGY", flat="context")
 
 
 @dataclass(frozen=True)
@@ -302,7 +348,6 @@ class VllmKnobs(EngineKnobs):
 # the engines by name (sim.engines.ENGINES holds their classes under the same names): a new
 # engine is its knobs class here and its server class there
 KNOBS: dict[str, type[EngineKnobs]] = {k.name: k for k in (SGLangKnobs, VllmKnobs)}
-ENGINE_NAMES = tuple(KNOBS)
 
 
 @dataclass(frozen=True)
@@ -315,7 +360,9 @@ class FleetConfig:
     router: str | None = option(None, "Router of a fleet: round-robin (default with --replicas "
                                 "> 1), random, least-load, power-of-two, session-affinity, the "
                                 "field's routers, or FILE.py:CLASS (your own Router subclass).")
-    router_params: dict[str, Any] = field(default_factory=dict, hash=False)
+    router_params: dict[str, Any] = option(  # noqa: RUF009 (a dataclass field)
+        dict, "Parameter of the --router class (repeatable; typed like its default).", "many",
+        name="router_param", metavar="K=V", hash=False)
 
 
 @dataclass(frozen=True)
@@ -325,7 +372,8 @@ class PoolConfig:
     eviction."""
 
     size: int = option(0, "A KV pool of SIZE tokens shared by the replicas (sglang engine; "
-                       "docs/fleet.md 'Shared KV pool'); 0: none.", "size", metavar="SIZE")
+                       "docs/fleet.md 'Shared KV pool'); 0: none.", "size", metavar="SIZE",
+                       flat="pool")
     pool_bandwidth: float = option(25.0, "Each replica's link to the pool, GB/s.",
                                    metavar="GB/S")
     pool_latency_us: float = option(50.0, "Latency of one pool fetch, microseconds.")
@@ -383,38 +431,6 @@ class PDConfig:
 RUN = "run"  # FLAT's section of the fields kept on RunConfig itself
 
 
-def _section(section: str, cls: type, rename: dict[str, str] | None = None) -> dict:
-    back = {v: k for k, v in (rename or {}).items()}
-    return {back.get(f.name, f.name): (section, f.name) for f in fields(cls)}
-
-
-_KNOB_FIELDS = {**_section("engine", SGLangKnobs), **_section("engine", VllmKnobs)}
-_WHERE = {
-    **_section("traffic", TrafficConfig), **_section("cache", CacheConfig),
-    **_section("policy", PolicyConfig), **_section("context", ContextConfig,
-                                                   {"context": "strategy"}),
-    **_KNOB_FIELDS, "engine": ("engine", "name"), **_section("fleet", FleetConfig),
-    **_section("pool", PoolConfig, {"pool": "size"}), **_section("pd", PDConfig),
-    **{k: (RUN, k) for k in ("seed", "trace_seed", "repeats", "slo", "debug_cache", "extra")},
-}
-# flat name -> (section, field), in the order of config.json (the flat config's old order)
-FLAT: dict[str, tuple[str, str]] = {n: _WHERE[n] for n in (
-    "trace", "trace_format", "select", "shared_prefix", "max_context", "block_size", "gaps",
-    "lenient", "trace_cache_dir", "rebuild_sessions", "sessions", "replay", "time_scale",
-    "max_concurrency", "model", "profile", "gpu_cache", "gpu", "tp", "mem_fraction",
-    "gpu_cache_bytes", "kv_dtype", "cpu_cache", "tiering", "swap_buffer", "hicache_write_policy",
-    "hicache_load_threshold", "engine", "vllm_patch", "vllm_version",
-    "vllm_cache_aware_window", "vllm_cache_aware_threshold", "preset", "order", "evict",
-    "granularity", "policy", "policy_params", "scheduler", "context", "chunk_size",
-    "checkpoint_chunks", "max_running", "vllm_async", "max_new_tokens", "clip_max_new_tokens",
-    "new_token_ratio", "new_token_ratio_min", "new_token_ratio_decay_steps", "replicas",
-    "router", "router_params", "pool", "pool_bandwidth", "pool_latency_us", "pool_write",
-    "pool_watermark", "pool_evict_fraction", "prefill_replicas", "decode_replicas", "pd_link",
-    "pd_link_scope", "pd_streaming", "pd_local_threshold", "decode_cache", "pd_return",
-    "pd_rule", "pd_prealloc", "seed", "trace_seed", "repeats", "slo", "debug_cache", "extra")}
-assert FLAT.keys() == _WHERE.keys()
-
-
 def _default(f: Any) -> Any:
     return f.default_factory() if f.default is MISSING else f.default
 
@@ -427,14 +443,20 @@ class RunConfig:
     traffic: TrafficConfig = field(default_factory=TrafficConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     # the server's request protocol, scheduler and memory semantics: its knobs' type is the
-    # engine (sglang: SGLang 0.5.23, vllm: vLLM 0.33; docs/engine.md)
-    engine: EngineKnobs = field(default_factory=SGLangKnobs)
+    # engine (sglang: SGLang 0.5.23, vllm: vLLM 0.33; docs/engine.md); option() makes the field
+    engine: EngineKnobs = option(SGLangKnobs,  # noqa: RUF009 (a dataclass field) "The server: sglang (SGLang 0.5.23: radix tree, "
+                                 "chunk nodes, admission with decode reservations) or vllm "
+                                 "(vLLM 0.33: prefix-caching block pool, V1 token-budget "
+                                 "steps, preemption by recompute; GPU only, policies vllm and "
+                                 "penelope). See docs/engine.md.", choices=lambda: tuple(KNOBS))
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     context: ContextConfig = field(default_factory=ContextConfig)
     fleet: FleetConfig = field(default_factory=FleetConfig)
     pool: PoolConfig = field(default_factory=PoolConfig)
     pd: PDConfig = field(default_factory=PDConfig)
-    seed: int = 0
+    seed: int = option(0, "Seed of synthetic generators (kvsim run: also of the run's "
+                       "decisions, router ties and random victims; --trace-seed keeps the "
+                       "trace).", "count", loader=True)
     # the trace's own seed (a synthetic generator's draws); None: ``seed``, as before the
     # two were apart. ``seed`` then drives only the run's decisions (router, policy ties).
     trace_seed: int | None = option(None, "Seed of a synthetic trace's draws (default: "
@@ -462,7 +484,7 @@ class RunConfig:
         name = flat.get("engine", "sglang")
         knobs = KNOBS.get(name) if isinstance(name, str) else None
         if knobs is None:
-            raise ConfigError(where, "engine", unknown("engine", name, ENGINE_NAMES))
+            raise ConfigError(where, "engine", unknown("engine", name, tuple(KNOBS)))
         own = {f.name for f in fields(knobs)}
         parts: dict[str, dict[str, Any]] = {}
         for k, v in flat.items():
@@ -686,7 +708,9 @@ class RunConfig:
         """Every flat field plus the resolved policy label (the run's identity in sweeps)
         and, for a policy file, a digest of its source (an edited file is a different
         policy)."""
-        d = copy.deepcopy(self.flat())
+        flat = self.flat()
+        d = copy.deepcopy({k: flat[k] for k in sorted(flat, key=lambda k: _JSON_ORDER.get(
+            k, len(_JSON_ORDER)))})
         if not self.is_pd:  # aggregated runs: their config.json stays as it was
             for k in PD_FIELDS:
                 del d[k]
@@ -705,21 +729,45 @@ SECTIONS: dict[str, type] = {"traffic": TrafficConfig, "cache": CacheConfig,
                              "fleet": FleetConfig, "pool": PoolConfig, "pd": PDConfig}
 
 
-def _flat_defaults() -> dict[str, Any]:
-    """Each flat field's default (a knob's is its engine's; both agree on shared knobs)."""
-    owners = {RUN: RunConfig, **SECTIONS}
-    out: dict[str, Any] = {}
-    for name, (section, f) in FLAT.items():
-        if name == "engine":
-            out[name] = RunConfig().engine.name
-            continue
-        cls = owners.get(section) or next(k for k in KNOBS.values()
-                                          if f in {g.name for g in fields(k)})
-        out[name] = _default(next(g for g in fields(cls) if g.name == f))
+def _vocabulary() -> dict[str, tuple[str, Any]]:
+    """Each flat name's section and dataclass field, in RunConfig's field order: a section's
+    fields (named as ``option(flat=...)`` says, else as the field), the engine's name and then
+    every engine's knobs (``KNOBS``; a knob engines share once), RunConfig's own fields."""
+    out: dict[str, tuple[str, Any]] = {}
+    for f in fields(RunConfig):
+        section = f.name if f.name in SECTIONS or f.name == "engine" else RUN
+        members = ([f, *(g for k in KNOBS.values() for g in fields(k))] if section == "engine"
+                   else fields(SECTIONS[section]) if section != RUN else [f])
+        for g in members:
+            out.setdefault((g.metadata.get("option") or {}).get("flat") or g.name, (section, g))
     return out
 
 
-DEFAULTS: dict[str, Any] = _flat_defaults()
+# flat name -> (section, dataclass field): the one vocabulary (CLI options, sweep keys,
+# config.json); FLAT names the field (the engine's ``name`` picks the knobs' class)
+FIELDS: dict[str, tuple[str, Any]] = _vocabulary()
+FLAT: dict[str, tuple[str, str]] = {n: (s, "name" if n == "engine" else f.name)
+                                    for n, (s, f) in FIELDS.items()}
+# config.json's key order, frozen as files have always been written (so that a new one diffs
+# line by line with an old one and reruns compare byte for byte); a name added since comes
+# after these, in FLAT's order. Never extended: a new field needs no edit here.
+_JSON_ORDER = {n: i for i, n in enumerate((
+    "trace", "trace_format", "select", "shared_prefix", "max_context", "block_size", "gaps",
+    "lenient", "trace_cache_dir", "rebuild_sessions", "sessions", "replay", "time_scale",
+    "max_concurrency", "model", "profile", "gpu_cache", "gpu", "tp", "mem_fraction",
+    "gpu_cache_bytes", "kv_dtype", "cpu_cache", "tiering", "swap_buffer", "hicache_write_policy",
+    "hicache_load_threshold", "engine", "vllm_patch", "vllm_version",
+    "vllm_cache_aware_window", "vllm_cache_aware_threshold", "preset", "order", "evict",
+    "granularity", "policy", "policy_params", "scheduler", "context", "chunk_size",
+    "checkpoint_chunks", "max_running", "vllm_async", "max_new_tokens", "clip_max_new_tokens",
+    "new_token_ratio", "new_token_ratio_min", "new_token_ratio_decay_steps", "replicas",
+    "router", "router_params", "pool", "pool_bandwidth", "pool_latency_us", "pool_write",
+    "pool_watermark", "pool_evict_fraction", "prefill_replicas", "decode_replicas", "pd_link",
+    "pd_link_scope", "pd_streaming", "pd_local_threshold", "decode_cache", "pd_return",
+    "pd_rule", "pd_prealloc", "seed", "trace_seed", "repeats", "slo", "debug_cache", "extra"))}
+# each flat field's default (a knob's is its engine's; engines agree on shared knobs)
+DEFAULTS: dict[str, Any] = {n: _default(f) for n, (_, f) in FIELDS.items()}
+DEFAULTS["engine"] = DEFAULTS["engine"].name
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,7 @@ def test_declared_fields_are_run_options() -> None:
     from dataclasses import fields
 
     from sim.cli.main import cli
-    from sim.config import ENGINE_NAMES, FLAT, KNOBS, SECTIONS
+    from sim.config import FLAT, KNOBS, SECTIONS
     from sim.engines import ENGINES, VLLM_PATCHES
 
     params = {p.name: p for p in cli.get_command(click.Context(cli), "run").params}
@@ -66,8 +66,54 @@ def test_declared_fields_are_run_options() -> None:
     assert {"chunk_size", "vllm_patch", "pool", "pd_rule"} <= set(declared)
     assert all(name in params for name in declared)
     assert params["checkpoint_chunks"].opts == ["--prompt-nodes"]
-    assert ENGINE_NAMES == ENGINES.names() == tuple(params["engine"].type.choices)
+    assert tuple(KNOBS) == ENGINES.names() == tuple(params["engine"].type.choices)
     assert tuple(params["vllm_patch"].type.choices) == VLLM_PATCHES.names()
+
+
+def test_a_new_engine_knob_is_one_field(monkeypatch) -> None:
+    """Issue 52 item 3: a field declared with ``option`` in a knobs class is the whole edit:
+    the flat name, its default, the ``kvsim run`` option with its help, and config.json
+    (after the names config.json has always had, whose order stays)."""
+    from dataclasses import dataclass
+
+    import sim.config as config
+    from sim.cli.common import config_options
+
+    @dataclass(frozen=True)
+    class Knobs(config.SGLangKnobs):
+        new_knob: int = config.option(7, "A new knob.", "count")
+
+    legacy = list(config.RunConfig().to_dict())
+    monkeypatch.setitem(config.KNOBS, "sglang", Knobs)
+    fields = config._vocabulary()
+    assert fields["new_knob"] == ("engine", next(f for f in config.fields(Knobs)
+                                                 if f.name == "new_knob"))
+    monkeypatch.setattr(config, "FIELDS", fields)
+    monkeypatch.setattr(config, "FLAT", {n: (s, "name" if n == "engine" else f.name)
+                                         for n, (s, f) in fields.items()})
+    monkeypatch.setitem(config.DEFAULTS, "new_knob", 7)
+    cmd = config_options("engine")(click.command()(lambda **kw: kw))
+    opt = next(p for p in cmd.params if p.name == "new_knob")
+    assert (opt.opts, opt.default, opt.help) == (["--new-knob"], 7, "A new knob.")
+    cfg = config.RunConfig.from_flat(new_knob=3)
+    assert cfg.engine.new_knob == 3 and cfg.value("new_knob") == 3
+    d = cfg.to_dict()
+    assert list(d) == [*legacy[:-1], "new_knob", "policy_label"] and d["new_knob"] == 3
+
+
+def test_run_takes_its_config_options_by_flat_name() -> None:
+    """``kvsim run``'s function names only the options that are no config field; every other
+    parameter is a flat name (no rename table between the CLI and the config)."""
+    import inspect
+
+    from sim.cli.run import run_cmd
+    from sim.config import FLAT
+
+    named = [p for p in inspect.signature(run_cmd.callback).parameters.values()
+             if p.kind is not p.VAR_KEYWORD]
+    assert [p.name for p in named] == ["out", "timeline", "as_json"]
+    config = {p.name for p in run_cmd.params if p.expose_value} - {p.name for p in named}
+    assert config <= set(FLAT)
 
 
 def render(doc: dict[str, dict]) -> str:

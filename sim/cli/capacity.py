@@ -11,7 +11,7 @@ from typing import Any, cast
 import click
 import numpy as np
 
-from sim.config import ENGINE_NAMES
+from sim.config import KNOBS
 from sim.report.tables import Col, narrow_table
 
 from .common import config_options, console, emit_json, parse_size, stderr
@@ -171,7 +171,7 @@ def warn_idle_replicas(rows: list) -> None:
                    "[default: qwen3-8b]")
 @click.option("--kv-dtype", type=click.Choice(["bf16", "fp8", "fp4"]), default=None,
               help="With --cache in bytes: the KV element type. [default: bf16]")
-@click.option("--engine", "size_engine", type=click.Choice(ENGINE_NAMES), default=None,
+@click.option("--engine", "size_engine", type=click.Choice(tuple(KNOBS)), default=None,
               help="With --cache in bytes: whose allocation of the KV cache groups sizes them "
                    "(docs/hybrid.md, Capacity in bytes). [default: the first --policy when it "
                    "is vllm or sglang, else sglang]")
@@ -206,7 +206,7 @@ def capacity_cmd(paths: tuple[str, ...], caches: list[int] | None, policies: tup
         if given and not in_bytes:
             raise click.BadParameter("sizes --cache given in bytes (10GiB,40GiB): give "
                                      "--cache in bytes", param_hint=name)
-    engine = size_engine or (policies[0] if policies[0] in ENGINE_NAMES else "sglang")
+    engine = size_engine or (policies[0] if policies[0] in KNOBS else "sglang")
     fleet = replicas > 1 or router is not None or pool is not None
     if in_flight_s is not None and replicas < 2:
         raise click.BadParameter("a load model for a router choosing among replicas: give "

@@ -29,7 +29,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 __all__ = ["KV_SIZE", "SIZE", "SLO_TEXT", "KvsimGroup", "atomic_write_text", "config_options",
            "console", "dumps", "emit_json", "fail", "one_line", "parse_size", "stderr", "tokens",
-           "trace_load_progress"]
+           "trace_load_progress", "trace_options"]
 
 # Taken at their first use (``__getattr__``), not when ``kvsim --help`` imports this module
 # through ``main.py``: rich, and sim.io (whose size grammar imports the trace package).
@@ -124,43 +124,69 @@ class KVSizeType(SizeType):
 KV_SIZE = KVSizeType()
 
 
-def config_options(section: str, only: tuple[str, ...] = ()) -> Callable[[F], F]:
-    """One option per field of the config section ``section`` (``engine``: every engine's
-    knobs; ``run``: RunConfig's own fields) that declares one (sim/config.py ``option``), in
-    declaration order: the command's parameter is named as the field's flat name, so
-    ``RunConfig.from_flat`` takes it as is. ``only``: just those flat names."""
-    from dataclasses import fields
+def _shared_prefix(ctx: Any, param: Any, value: str | None) -> int | str | None:
+    if value is None or value == "auto":
+        return value
+    return parse_size(value, "--shared-prefix")
 
-    from sim.config import FLAT, KNOBS, RUN, SECTIONS, RunConfig
 
-    where = {v: k for k, v in FLAT.items()}
-    classes = KNOBS.values() if section == "engine" else [{**SECTIONS, RUN: RunConfig}[section]]
-    declared = {f.name: f for c in classes for f in fields(c) if "option" in f.metadata}
+def _gap_model(ctx: Any, param: Any, value: str) -> str:
+    from traces import parse_gap_model
+
+    try:
+        parse_gap_model(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+    return value
+
+
+# option kinds (sim/config.py ``option``) read by a callback, the value staying text
+_CALLBACKS = {"prefix": _shared_prefix, "gaps": _gap_model}
+
+
+def config_options(section: str | None = None, only: tuple[str, ...] = (),
+                   loader: bool = False) -> Callable[[F], F]:
+    """One option per flat field (sim/config.py ``FIELDS``) of the config section ``section``
+    (``engine``: the engine's name and every engine's knobs; ``run``: RunConfig's own fields;
+    None: all) that declares one (``option``), in ``FLAT``'s order: the command's parameter is
+    named as the flat name, so ``RunConfig.from_flat`` takes it as is. ``only``: just those
+    flat names; ``loader``: just the trace-loading ones (``trace_options``)."""
+    from dataclasses import MISSING
+
+    from sim.config import FIELDS
+
     opts = []
-    for f in declared.values():
-        spec, flat = f.metadata["option"], where[section, f.name]
-        if only and flat not in only:
+    for flat, (sec, f) in FIELDS.items():
+        spec = f.metadata.get("option")
+        if (spec is None or (section is not None and sec != section)
+                or (only and flat not in only) or (loader and not spec["loader"])):
             continue
-        kind, default, choices, words = spec["kind"], f.default, spec["choices"], spec["words"]
-        callback, flag = None, None
+        kind, choices, words = spec["kind"], spec["choices"], spec["words"]
+        # a section chosen by its class (the engine's knobs): the option names it
+        default = f.default if f.default is not MISSING else getattr(f.default_factory, "name",
+                                                                       None)
+        ptype: Any = None  # text
+        callback = _CALLBACKS.get(kind)
         if words is not None:  # a bool as its (true, false) word
-            kind, default = click.Choice(words), words[not default]
+            ptype, default = click.Choice(words), words[not default]
             callback = lambda ctx, p, v, yes=words[0]: v == yes  # noqa: E731
         elif choices is not None:
-            kind = click.Choice(list(choices() if callable(choices) else choices))
-        elif kind == "size":
-            kind, default = SIZE, str(default)
+            ptype = click.Choice(list(choices() if callable(choices) else choices))
+        elif kind in ("size", "kv_size"):
+            ptype = SIZE if kind == "size" else KV_SIZE
+            default = None if default is None else str(default)
         elif kind in ("count", "positive"):
-            kind = click.IntRange(min=0 if kind == "count" else 1)
+            ptype = click.IntRange(min=0 if kind == "count" else 1)
         elif kind in ("fraction", "slo"):
-            kind = click.FloatRange(0, 1, min_open=True) if kind == "fraction" else SLO_TEXT
-        elif f.type == "bool":
-            kind, flag = None, True
-        else:
-            kind = {"int": int, "float": float}.get(str(f.type).split(" |")[0])
+            ptype = click.FloatRange(0, 1, min_open=True) if kind == "fraction" else SLO_TEXT
+        elif kind is None:
+            ptype = {"int": int, "float": float}.get(str(f.type).split(" |")[0])
         names = ["--" + (spec["name"] or flat).replace("_", "-"), *filter(None, [spec["short"]])]
-        given = {"is_flag": True} if flag else {"default": default, "show_default": True}
-        opts.append(click.option(*names, flat, type=kind, callback=callback,
+        given = ({"multiple": True} if kind == "many"
+                 else {"is_flag": True} if f.type == "bool" and words is None
+                 else {"default": None} if spec["derived"]
+                 else {"default": default, "show_default": True})
+        opts.append(click.option(*names, flat, type=ptype, callback=callback,
                                  metavar=spec["metavar"], help=spec["help"], **given))
 
     def decorate(f: F) -> F:
@@ -169,6 +195,12 @@ def config_options(section: str, only: tuple[str, ...] = ()) -> Callable[[F], F]
         return f
 
     return decorate
+
+
+def trace_options(f: F) -> F:
+    """The trace-loading options every command that reads a trace takes (sim/cli/trace.py
+    ``load_from_options`` turns them into a ``Trace``)."""
+    return config_options(loader=True)(f)
 
 
 # Loading a trace: no progress lines in a log for a load this short (most are; a bad trace's

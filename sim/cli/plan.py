@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import click
 
-from sim.config import ENGINE_NAMES
+from sim.config import PD_FIELDS
 
 from .common import SLO_TEXT, config_options, console, emit_json, stderr
 from .trace import trace_options
@@ -38,11 +38,8 @@ PLAN_FIELDS = {"routers": "router", "policies": "policy", "gpus": "gpu"}
               help="The SLOs to meet: ttft=2s,tpot=50ms (per request, with attain=0.9) "
                    "and/or ttft_p90=1s (per run); a bare number is ms, as in vllm bench "
                    "serve --goodput; docs/engine.md, Metrics.")
-@click.option("--model", "-m", default="qwen3-8b", show_default=True,
-              help="Model spec (kvsim models lists them) or a Hugging Face config.json "
-                   "path (docs/models.md).")
-@click.option("--engine", type=click.Choice(ENGINE_NAMES), default="sglang",
-              show_default=True, help="The server every replica runs (docs/engine.md).")
+@config_options("cache", only=("model",))
+@config_options("engine", only=("engine",))  # the server every replica runs
 @click.option("--gpus", default="H100", show_default=True,
               help="GPU kinds to search (comma-separated; costmodel/data/gpus.yaml).")
 @click.option("--tp", default="1", show_default=True, help="TP sizes to search, e.g. 1,2.")
@@ -56,8 +53,7 @@ PLAN_FIELDS = {"routers": "router", "policies": "policy", "gpus": "gpu"}
               help="Eviction policies to compare (presets or registered names).")
 @click.option("--sessions", "-n", default="4", show_default=True,
               help="Load: sessions at once (closed loop); a list compares loads.")
-@click.option("--replay", type=click.Choice(["closed", "open"]), default=None,
-              help="closed (sessions) or open (recorded send times; see --time-scale).")
+@config_options("traffic", only=("replay",))
 @click.option("--time-scale", default=None,
               help="Open loop load: send-time multipliers to compare (0.5 = twice the rate).")
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
@@ -80,11 +76,8 @@ PLAN_FIELDS = {"routers": "router", "policies": "policy", "gpus": "gpu"}
               show_default=True, help="Where points run: a local process pool or Ray tasks.")
 @click.option("--address", default=None, help="Ray: the cluster to join.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON document.")
-def plan_cmd(trace, trace_format, block_size, shared_prefix, max_context, select, gaps,
-             lenient, seed, trace_cache_dir, rebuild_sessions, slo, model, engine, gpus, tp,
-             mem_fraction, replicas, routers, policies, sessions, replay, time_scale,
-             repeats, search, pd, pd_link, pd_rule, pd_local_threshold, prices, out, jobs,
-             executor, address, as_json) -> None:
+def plan_cmd(gpus, tp, mem_fraction, replicas, routers, policies, sessions, time_scale, search,
+             pd, prices, out, jobs, executor, address, as_json, **fields) -> None:
     """Find the smallest and cheapest deployments (replicas x GPU x router x policy) whose
     runs of TRACE meet the SLOs, with repeats and 95% intervals (docs/sweeps.md, Plan)."""
     from costmodel.gpus import load_gpus
@@ -95,22 +88,15 @@ def plan_cmd(trace, trace_format, block_size, shared_prefix, max_context, select
     from sim.sweep import ExecutorSpec
     from sim.sweep.plan import PlanSpec, check_spec, parse_pd, parse_range, plan
 
-    if replay is None:
-        replay = default_replay(trace, trace_format)
+    # every other option is named as its flat field (sim/config.py option, config_options)
+    if fields["replay"] is None:
+        fields["replay"] = default_replay(fields["trace"], fields["trace_format"])
     ctx = click.get_current_context()
     given = frozenset(PLAN_FIELDS.get(name, name) for name in ctx.params
                       if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE)
-    base = dict(trace=trace, trace_format=trace_format, block_size=block_size,
-                shared_prefix=shared_prefix, max_context=max_context, select=select,
-                gaps=gaps, lenient=lenient, seed=seed, trace_cache_dir=trace_cache_dir,
-                rebuild_sessions=rebuild_sessions, model=model, engine=engine, slo=slo,
-                repeats=repeats, replay=replay)
-    if pd:  # given without --pd they are refused below as doing nothing
-        base.update(pd_link=pd_link, pd_rule=pd_rule, pd_local_threshold=pd_local_threshold)
-    else:
-        base.update({k: v for k, v in (("pd_link", pd_link), ("pd_rule", pd_rule),
-                                       ("pd_local_threshold", pd_local_threshold))
-                     if k in given})
+    # the --pd options given without --pd are refused below as doing nothing
+    base = {k: v for k, v in fields.items() if pd or k not in PD_FIELDS or k in given}
+    replay = base["replay"]
     fractions = (_list(mem_fraction, "--mem-fraction", float) if mem_fraction is not None
                  else [None])
     if any(not 0 < f <= 1 for f in fractions if f is not None):

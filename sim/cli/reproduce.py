@@ -11,6 +11,7 @@ from typing import Any
 import click
 from rich.table import Table
 
+from sim.config import KNOBS
 from sim.studies import STUDIES
 
 from .common import console, emit_json, stderr
@@ -47,7 +48,7 @@ def warn_idle_fleets(rows: list[dict[str, Any]]) -> None:
               show_default=True, help="Where the runs execute (see kvsim sweep --help).")
 @click.option("--address", default=None, metavar="ADDR",
               help="Ray: the cluster to join (auto, ray://HOST:10001); default: a local Ray.")
-@click.option("--engine", type=click.Choice(["sglang", "vllm"]), default="sglang",
+@click.option("--engine", type=click.Choice(tuple(KNOBS)), default="sglang",
               show_default=True,
               help="policies only: vllm runs Continuum's patches of vLLM against vLLM at "
                    "N = 4, 8, 16, 32 (docs/policies.md).")

@@ -8,20 +8,20 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from sim.config import ENGINE_NAMES, RunConfig
+from sim.config import DEFAULTS, RunConfig
 from sim.report.runs import compare_runs, run_tables
 
-from .common import KV_SIZE, atomic_write_text, config_options, console, dumps, emit_json, stderr
+from .common import atomic_write_text, config_options, console, dumps, emit_json, stderr
 from .run_checks import (
     default_replay,
     note_throttled,
+    option_spelling,
     params_per_policy,
     refuse_idle_options,
     warn_capped_shared_prefix,
     warn_idle_replicas,
     warn_saturation,
 )
-from .trace import trace_options
 
 if TYPE_CHECKING:
     from sim.run import RunResult
@@ -45,10 +45,11 @@ def print_table(runs: list[dict[str, Any]], title: str, lenient: bool = False) -
 
 
 def policy_configs(base: RunConfig, preset: str | None, evict: str | None,
-                   granularity: str | None, order: str | None, policies: tuple[str, ...],
+                   granularity: str | None, order: str | None, policy: tuple[str, ...],
                    policy_params: tuple[str, ...]) -> list[RunConfig]:
     """The runs one ``kvsim run`` compares, the first being the baseline. A policy is chosen
     one way: presets, a composed order/start/granularity, or --policy (after presets)."""
+    policies = policy
     composed = evict or granularity or order
     if composed and (preset or policies):
         other = "--preset" if preset else "--policy"
@@ -205,43 +206,7 @@ def gpu_header(cfg: RunConfig) -> str:
 
 
 @click.command("run")
-@config_options("traffic")
-@trace_options
-@config_options("cache")
-@click.option("--gpu-cache", type=KV_SIZE, default=None,
-              help="GPU KV capacity per replica in tokens (default 256k; with --gpu: what "
-                   "the GPU holds), or bytes of KV per GPU (40GiB).")
-@config_options("run")
-@click.option("--replay", type=click.Choice(["closed", "open"]), default=None,
-              help="closed: a session sends after its reply + recorded gap; open: at the "
-                   "recorded send times. [default: open for timestamped traces without "
-                   "sessions (Mooncake) and synthetic:prefix-groups, else closed]")
-@config_options("fleet")
-@click.option("--router-param", "router_params", multiple=True, metavar="K=V",
-              help="Parameter of the --router class (repeatable; typed like its default).")
-@config_options("pool")
-@config_options("pd")
-@click.option("--engine", type=click.Choice(ENGINE_NAMES), default="sglang",
-              show_default=True,
-              help="The server: sglang (SGLang 0.5.23: radix tree, chunk nodes, admission "
-                   "with decode reservations) or vllm (vLLM 0.33: prefix-caching block pool, "
-                   "V1 token-budget steps, preemption by recompute; GPU only, policies vllm "
-                   "and penelope). See docs/engine.md.")
-@config_options("engine")
-@click.option("--preset", default=None,
-              help="Comma-separated presets (sglang, vllm, penelope); the first is the baseline. "
-                   "Default: sglang,vllm,penelope (--engine vllm: vllm,penelope) unless "
-                   "another policy option is given.")
-@config_options("policy")
-@config_options("context")
-@click.option("--policy", "policies", multiple=True,
-              help="A policy by name (preset, order+start+granularity, registered) or "
-                   "FILE.py:CLASS (your own EvictionPolicy subclass); repeat to compare. "
-                   "Runs after any --preset.")
-@click.option("--policy-param", "policy_params", multiple=True, metavar="[POLICY.]K=V",
-              help="Parameter of a --policy class, e.g. --policy-param tau_s=5 (the one "
-                   "--policy that takes it) or ttl.tau_s=5 / FILE.py:CLASS.k=v (that policy); "
-                   "repeatable; typed like the class's default.")
+@config_options()  # every section's fields that declare an option (sim/config.py option)
 @click.option("--max-num-inflight-kv-loads", type=int, default=None, expose_value=False,
               metavar="N", callback=refuse_inflight_kv_loads,
               help="vLLM 0.34's cap on a decode worker's KV loads in flight: not modelled "
@@ -256,11 +221,7 @@ def gpu_header(cfg: RunConfig) -> str:
                    "several policies: FILE-POLICY.json each; --repeats: the first repeat's "
                    "(checked before anything runs; stderr names each file).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-def run_cmd(trace, trace_format, block_size, shared_prefix, gaps, lenient, model, profile,
-            gpu_cache, gpu, tp, mem_fraction, slo, repeats, kv_dtype, cpu_cache, tiering,
-            sessions, replay, engine, replicas, router_params, preset, evict, granularity,
-            order, policies, policy_params, scheduler, context, out, timeline, as_json,
-            **fields) -> None:
+def run_cmd(out: str | None, timeline: str | None, as_json: bool, **fields: Any) -> None:
     """Replay a trace through the simulated server under each policy; report TTFT, JCT, hits."""
     from costmodel.specs import get_spec
     from sim.checks import check_model_and_profile
@@ -271,33 +232,23 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, gaps, lenient, model
 
     from .common import trace_load_progress
 
-    if replay is None:
-        replay = default_replay(trace, trace_format)
+    # every option is named as its flat field (sim/config.py option, config_options); the
+    # policy options compose the runs compared, the rest make the base config
+    ctx = click.get_current_context()
+    policy = {k: fields.pop(k) for k in ("preset", "evict", "granularity", "order", "policy",
+                                         "policy_params")}
+    fields["router_params"] = parse_router_params(fields["router_params"])
+    if fields["replay"] is None:
+        fields["replay"] = default_replay(fields["trace"], fields["trace_format"])
     from sim.deploy import resolve_gpu_fields
 
-    spell = {"gpu": "--gpu", "gpu_cache": "--gpu-cache", "tp": "--tp"}.get
-    sized = resolve_gpu_fields(dict(gpu=gpu, tp=tp, mem_fraction=mem_fraction,
-                                    gpu_cache=gpu_cache, model=model, profile=profile,
-                                    kv_dtype=kv_dtype,
-                                    block_size=block_size, engine=engine,
-                                    **{k: fields[k] for k in (
-                                        "chunk_size", "max_running", "vllm_version",
-                                        "prefill_replicas", "decode_replicas")}), "command line",
-                               lambda f: spell(f) or f)
-    if sized["gpu_cache"] is None:
-        sized["gpu_cache"] = 262_144
-    # every other option is named as its flat field (sim/config.py option, config_options)
-    base = RunConfig.from_flat(
-        "command line", trace=trace, trace_format=trace_format, block_size=block_size,
-        shared_prefix=shared_prefix, gaps=gaps, lenient=lenient, model=model,
-        profile=sized["profile"], gpu_cache=sized["gpu_cache"], gpu=sized["gpu"], tp=tp,
-        mem_fraction=mem_fraction, gpu_cache_bytes=sized.get("gpu_cache_bytes"),
-        kv_dtype=kv_dtype, slo=slo, repeats=repeats, cpu_cache=cpu_cache, tiering=tiering,
-        sessions=sessions, replay=replay, engine=engine, replicas=replicas,
-        router_params=parse_router_params(router_params), scheduler=scheduler,
-        context=context, **fields)
-    refuse_idle_options(click.get_current_context(), base)
-    configs = policy_configs(base, preset, evict, granularity, order, policies, policy_params)
+    fields = resolve_gpu_fields(fields, "command line", option_spelling(ctx))
+    if fields["gpu_cache"] is None:
+        fields["gpu_cache"] = DEFAULTS["gpu_cache"]
+    base = RunConfig.from_flat("command line", **fields)
+    refuse_idle_options(ctx, base)
+    configs = policy_configs(base, **policy)
+    t, c, repeats = base.traffic, base.cache, base.repeats
     # Every input check before any work: configs, model, profile, the output folder.
     for cfg in configs:
         check(cfg, "command line")
@@ -321,32 +272,33 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, gaps, lenient, model
         gone = clear_run_outputs(out)
         if gone:
             stderr.print(f"[dim]{out}: removed the previous run's {', '.join(gone)}[/dim]")
-    spec_context = get_spec(model).max_context
+    spec_context = get_spec(c.model).max_context
     t0 = time.perf_counter()  # wall time for the progress lines only, never in results
     with trace_load_progress():
         traces = [load_run_trace(cfg) for cfg in configs]
     tr = traces[0]
     from traces.load import check_shared_prefix
 
-    check_shared_prefix(tr, shared_prefix)
+    check_shared_prefix(tr, t.shared_prefix)
     from sim.fleet.results import check_fleet_size
 
     for cfg, trace in zip(configs, traces, strict=True):
         check_fleet_size(cfg, trace)  # before any run: a fleet the trace cannot occupy
-    warn_capped_shared_prefix(tr, shared_prefix, block_size)
+    warn_capped_shared_prefix(tr, t.shared_prefix, c.block_size)
     stderr.print(f"[dim]trace {tr.name}: {len(tr):,} requests loaded in "
                  f"{time.perf_counter() - t0:.1f}s[/dim]")
     stderr.print(f"[dim]{size_header(base)}[/dim]")
-    if engine == "vllm" and fields["vllm_version"] == "0.33" and block_size != 16:
+    vllm = base.engine.name == "vllm"
+    if vllm and base.value("vllm_version") == "0.33" and c.block_size != 16:
         stderr.print(f"[dim]--vllm-version 0.33: vLLM 0.33 deployed 16-token KV blocks on CUDA "
-                     f"by default (0.34: 64); this run keeps --block-size {block_size}[/dim]")
+                     f"by default (0.34: 64); this run keeps --block-size {c.block_size}[/dim]")
     gpu_line = gpu_header(base)
     if gpu_line:
         stderr.print(f"[dim]{gpu_line}[/dim]")
-    if slo is not None:  # how --slo was read (a bare number is ms: sim/slo.py)
+    if base.slo is not None:  # how --slo was read (a bare number is ms: sim/slo.py)
         from sim.slo import parse_slo
 
-        stderr.print(parse_slo(slo).describe(), markup=False, highlight=False)
+        stderr.print(parse_slo(base.slo).describe(), markup=False, highlight=False)
     results = []
     with progress("kvsim run", "requests", sum(len(t) for t in traces) * repeats,
                   stderr) as bar:
@@ -385,20 +337,20 @@ def run_cmd(trace, trace_format, block_size, shared_prefix, gaps, lenient, model
         emit_json({"runs": runs})
         return
     s = results[0].summary
-    cpu = f" + CPU {cpu_cache:,} ({tiering})" if cpu_cache else ""
-    ctx = "" if parse_context(context).is_full else (
+    cpu = f" + CPU {c.cpu_cache:,} ({c.tiering})" if c.cpu_cache else ""
+    strategy = "" if parse_context(base.context.strategy).is_full else (
         f", context {s['context']} (serving only: task accuracy not modelled)")
-    print_table(runs, f"{s['trace']} ({s['trace_requests']} requests), {model}, "
-                      f"GPU {base.cache.gpu_cache:,} tokens{cpu}, N={sessions}, "
+    print_table(runs, f"{s['trace']} ({s['trace_requests']} requests), {c.model}, "
+                      f"GPU {base.cache.gpu_cache:,} tokens{cpu}, N={t.sessions}, "
                       f"{configs[0].engine_label} engine"
-                      + (f" (vLLM {fields['vllm_version']}, async "
-                         f"{'on' if fields['vllm_async'] else 'off'})" if engine == "vllm"
+                      + (f" (vLLM {base.value('vllm_version')}, async "
+                         f"{'on' if base.value('vllm_async') else 'off'})" if vllm
                          else "") + ", "
-                      f"{scheduler}, "
-                      + (f"{replicas} replicas, router {s['router']}, " if "router" in s
+                      f"{base.policy.scheduler}, "
+                      + (f"{base.fleet.replicas} replicas, router {s['router']}, " if "router" in s
                          and not base.is_pd else "")
                       + (f"{base.pd.prefill_replicas}P:{base.pd.decode_replicas}D over "
                          f"{base.pd.pd_link}, rule {base.pd.pd_rule}, " if base.is_pd else "") +
-                      f"gaps {gaps}{ctx}", lenient=lenient)
+                      f"gaps {t.gaps}{strategy}", lenient=t.lenient)
     if out is not None:
         print(f"wrote {out}/", file=sys.stderr)

@@ -5,6 +5,7 @@ loop throttled by its concurrency cap."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -135,19 +136,24 @@ def note_throttled(res: RunResult) -> None:
                      f"{s['achieved_send_rate_per_s']:,.2f} requests/s")
 
 
+def option_spelling(ctx: click.Context) -> Callable[[str], str]:
+    """A flat field as the command line spells it: its option (each option's parameter is
+    named as its field, sim/config.py ``FLAT``; ``--prompt-nodes`` for checkpoint_chunks)."""
+    options = {p.name: max(p.opts, key=len) for p in ctx.command.params
+               if isinstance(p, click.Option) and p.name}
+    return lambda f: options.get(f, "--" + f.replace("_", "-"))
+
+
 def refuse_idle_options(ctx: click.Context, cfg: RunConfig) -> None:
     """Options given on the command line that would do nothing in this combination
     (``sim.config.IDLE_RULES``): a user who typed them expects an effect, so say why there is
     none (exit 2) instead of running."""
     from sim.config import idle_fields, spell_fields
 
-    # each option's parameter is named as its RunConfig field (sim/config.py FLAT)
-    options = {p.name: max(p.opts, key=len) for p in ctx.command.params
-               if isinstance(p, click.Option) and p.name}
     given = [name for name in ctx.params
              if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE]
     idle = idle_fields(cfg, given)
     if idle:
         field, why = idle[0]
-        spell = lambda f: options.get(f, "--" + f.replace("_", "-"))  # noqa: E731
+        spell = option_spelling(ctx)
         raise click.UsageError(f"{spell(field)} does nothing here: {spell_fields(why, spell)}")

@@ -1,74 +1,20 @@
 """``kvsim trace stats``: characterize a trace; ``--compare`` shows two side by side.
 
-``trace_options`` is the shared set of trace-reading options (every command that reads a trace
-uses it) and ``load_from_options`` turns their values into a ``Trace``.
+``trace_options`` (sim/cli/common.py: the config fields declared ``loader``) is the shared set of
+trace-reading options (every command that reads a trace uses it) and ``load_from_options`` turns
+their values into a ``Trace``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import click
 from rich.table import Table
 
-from traces import FORMATS, REGION_NAMES, load_trace, parse_gap_model
+from traces import REGION_NAMES, load_trace
 
-from .common import SIZE, console, emit_json, parse_size
-
-
-def _shared_prefix(ctx: Any, param: Any, value: str | None) -> int | str | None:
-    if value is None or value == "auto":
-        return value
-    return parse_size(value, "--shared-prefix")
-
-
-def _gap_model(ctx: Any, param: Any, value: str) -> str:
-    try:
-        parse_gap_model(value)
-    except ValueError as e:
-        raise click.BadParameter(str(e)) from None
-    return value
-
-
-TRACE_OPTIONS: list[Callable] = [
-    click.option("--format", "trace_format", type=click.Choice(FORMATS), default=None,
-                 help="Trace format (default: detected)."),
-    click.option("--block-size", type=int, default=64, show_default=True,
-                 help="The cache's block size in tokens; other trace block sizes are mapped."),
-    click.option("--shared-prefix", default=None, callback=_shared_prefix,
-                 metavar="auto|TOKENS",
-                 help="The first N tokens of every session become one prefix shared across "
-                      "sessions (auto = system + tool tokens of each session)."),
-    click.option("--max-context", type=SIZE, default=None,
-                 help="A session ends before its first request with a prompt over this."),
-    click.option("--select", default=None, metavar="top-requests:K|first:K",
-                 help="Keep the K sessions with most requests after the cut (ties: trace "
-                      "order), or the first K."),
-    click.option("--gaps", "gaps", default="recorded", show_default=True,
-                 callback=_gap_model, metavar="recorded|tool|cap:S|scale:F",
-                 help="Client wait model: every recorded wait, tool waits only, recorded "
-                      "waits capped at S seconds, or multiplied by F."),
-    click.option("--lenient", is_flag=True,
-                 help="Skip bad records, and unreadable, truncated or empty files of a folder; "
-                      "report how many of each."),
-    click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
-                 help="Seed of synthetic generators (kvsim run: also of the run's decisions, "
-                      "router ties and random victims; --trace-seed keeps the trace)."),
-    click.option("--cache-dir", "trace_cache_dir", default=None, metavar="DIR|off",
-                 help="Folder of npz copies of loaded traces (fast reloads; a changed file "
-                      "or option loads afresh). [default: $KVSIM_CACHE_DIR, else "
-                      "~/.cache/kvsim; off: no cache]"),
-    click.option("--rebuild-sessions", is_flag=True,
-                 help="Mooncake: chain requests into sessions by prefix continuation."),
-]
-
-
-def trace_options(f: Callable) -> Callable:
-    """Decorate a click command with the shared trace-reading options."""
-    for opt in reversed(TRACE_OPTIONS):
-        f = opt(f)
-    return f
+from .common import console, emit_json, trace_options
 
 
 def load_from_options(spec: str | list[str], trace_format: str | None, block_size: int,
