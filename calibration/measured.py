@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from costmodel.profile import NEUTRAL_SERVER, ServerCoeffs, load_profile
+from costmodel.profile import DERIVED_TERMS, NEUTRAL_SERVER, ServerCoeffs, load_profile
 from costmodel.safeyaml import safe_load
 from sim.config import ConfigError
 
@@ -148,15 +148,17 @@ class Calibration:
 def priced(s: Any, srv: ServerCoeffs, label: str, notes: list[str], where: Path) -> Any:
     """The validate ``Setup`` ``s`` with the server terms ``srv`` on top of its profile: the
     profile written under ``where`` (the file every ``--profile`` reads) and named in the
-    run's config, ``calibration`` = ``label``."""
+    run's config, ``calibration`` = ``label``. The setup's derived terms (``DERIVED_TERMS``:
+    the LM head, all-reduces over the link; never fitted) are kept beside the fitted ones."""
     cfg = s.config
     name, model = cfg.value("profile"), cfg.value("model")
+    srv = replace(srv, **{k: getattr(s.server, k) for k in DERIVED_TERMS})
     prof = load_profile(name, model).with_server(
         srv, f"kvsim calibrate --from-measurements: {label}")
     path = where / f"{Path(str(name)).name.removesuffix('.yaml')}-calibrated.yaml"
     prof.dump(path)
     return replace(s, config=cfg.with_fields(profile=str(path)), notes=[*s.notes, *notes],
-                   calibration=label)
+                   calibration=label, server=NEUTRAL_SERVER)
 
 
 def load_calibration(path: str | Path, option: str = "--calibration") -> Calibration:

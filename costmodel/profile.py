@@ -79,6 +79,10 @@ class ServerCoeffs:
     - ``prefill_scale`` / ``decode_scale``: the server's kernels against the profile's (the
       launch gaps, norms and sampler the kernel tables leave out), multiplying every prefill
       and decode term.
+    - ``gpu_step_s`` / ``gpu_per_token_s``: GPU seconds every step and every token it computes
+      pay beyond the profile's kernels, never overlapped: the LM head's weight read and the
+      tensor-parallel all-reduces over the replica's real link (``server_terms``; derived
+      from the model and the link, not fitted).
 
     ``kvsim calibrate --from-measurements`` fits them (calibration/measured.py); the
     profile's ``details["server"]`` says from which runs."""
@@ -89,6 +93,8 @@ class ServerCoeffs:
     mixed_interference: float = 0.0
     prefill_scale: float = 1.0
     decode_scale: float = 1.0
+    gpu_step_s: float = 0.0
+    gpu_per_token_s: float = 0.0
     overlapped: bool = field(default=False, compare=False)  # the server's, not the file's
 
     @property
@@ -104,6 +110,39 @@ class ServerCoeffs:
 
 
 NEUTRAL_SERVER = ServerCoeffs()
+DERIVED_TERMS = ("gpu_step_s", "gpu_per_token_s")  # from the model and the link, not fitted
+
+
+def server_terms(prof: Profile, link_bytes_per_s: float | None = None,
+                 link_latency_s: float = 0.0) -> tuple[float, float, list[str]]:
+    """(``gpu_step_s``, ``gpu_per_token_s``, what each is) of a server priced by ``prof``:
+    what its GPUs pay beyond the kernels a profile composes (calibration/kernels/compose.py
+    leaves out the LM head; its all-reduces are the tables' on their own test link):
+
+    - the LM head's weights (vocab x hidden, split over the TP group), read once a step: at
+      the rate the profile reads the other weights (``decode.weights_s`` over the per-GPU
+      bytes of ``active_params``), so kernel tables and rooflines each price it as their own
+      weights;
+    - with ``prof.gpus`` > 1 and a link stated (``link_bytes_per_s`` one way, latency per
+      transfer): two all-reduces per layer (after attention and after the MLP), ring
+      algorithm: ``2 (tp-1)/tp x hidden x dtype bytes`` a token over the link, plus the
+      latency per all-reduce a step."""
+    spec, tp = prof.spec, prof.gpus
+    weights = spec.active_params * spec.dtype_bytes / tp
+    lm = spec.vocab * spec.hidden * spec.dtype_bytes / tp
+    step = prof.decode.weights_s * lm / weights if weights > 0 and spec.vocab else 0.0
+    notes = [f"LM head read: {step * 1e3:.2f} ms a step ({lm / 1e9:.2f} GB per GPU at the "
+             "profile's own weight-read rate)"] if step else []
+    per_tok = 0.0
+    if tp > 1 and link_bytes_per_s:
+        ring = 2 * (tp - 1) / tp * spec.hidden * spec.dtype_bytes
+        n = 2 * spec.layers
+        per_tok = n * ring / link_bytes_per_s
+        step += n * link_latency_s
+        notes.append(f"TP{tp} all-reduces over the stated link ({link_bytes_per_s / 1e9:g} GB/s,"
+                     f" {link_latency_s * 1e6:g} us): {n} a step, {n * link_latency_s * 1e3:.2f}"
+                     f" ms + {per_tok * 1e6:.1f} us a token")
+    return step, per_tok, notes
 
 
 @dataclass(frozen=True)
@@ -141,7 +180,8 @@ class Profile:
         p = self._p
         return (p.fixed_s + p.per_linear_unit_s * units.linear
                 + p.per_attention_unit_s * units.attention
-                + p.per_chunk_token_sq_s * units.tokens**2)
+                + p.per_chunk_token_sq_s * units.tokens**2
+                + self.server.gpu_per_token_s * units.tokens)
 
     def recompute_seconds(self, units: Units) -> float:
         """Marginal prefill seconds of ``units`` (a batch's fixed cost left out): the price of
@@ -155,17 +195,27 @@ class Profile:
     # --- the server's terms (ServerCoeffs): neutral unless a profile or calibration sets them
     @cached_property
     def _p(self) -> PrefillCoeffs:
-        """The prefill coefficients the server pays: the kernels' x ``prefill_scale``."""
-        k = self.server.prefill_scale
+        """The prefill coefficients the server pays: the kernels' x ``prefill_scale``, plus
+        ``gpu_step_s`` a batch (``gpu_per_token_s`` is in ``prefill_seconds``)."""
+        k, extra = self.server.prefill_scale, self.server.gpu_step_s
         p = self.prefill
-        return p if k == 1.0 else PrefillCoeffs(*(k * v for v in astuple(p)))
+        if k == 1.0 and not extra:
+            return p
+        q = PrefillCoeffs(*(k * v for v in astuple(p)))
+        return replace(q, fixed_s=q.fixed_s + extra) if extra else q
 
     @cached_property
     def _d(self) -> DecodeCoeffs:
-        """The decode coefficients the server pays: the kernels' x ``decode_scale``."""
-        k = self.server.decode_scale
+        """The decode coefficients the server pays: the kernels' x ``decode_scale``, plus
+        ``gpu_step_s`` a step and ``gpu_per_token_s`` a sequence (one token each)."""
+        srv = self.server
+        k = srv.decode_scale
         d = self.decode
-        return d if k == 1.0 else DecodeCoeffs(*(k * v for v in astuple(d)))
+        if k == 1.0 and not srv.gpu_step_s and not srv.gpu_per_token_s:
+            return d
+        q = DecodeCoeffs(*(k * v for v in astuple(d)))
+        return replace(q, fixed_s=q.fixed_s + srv.gpu_step_s,
+                       per_seq_s=q.per_seq_s + srv.gpu_per_token_s)
 
     def for_server(self, overlapped: bool) -> Profile:
         """This profile as a server that overlaps its CPU work with the GPU step (vLLM's async

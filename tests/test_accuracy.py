@@ -353,3 +353,54 @@ def test_kv_estimate_follows_the_measured_version(tmp_path, version, modelled):
     rule = memory_rule(spec, gpu, 1, 0.9, "vllm", 2048, 256, modelled, False)
     assert s.config.value("gpu_cache") == kv_cache_tokens(spec, gpu, 1, rule.fraction, 16,
                                                           rule.reserve_bytes).tokens
+
+
+# --- what the GPUs pay beyond the kernels (issue 53: LM head, TP all-reduce over the link) ---
+def test_gpu_terms_add_to_every_step_and_token():
+    """``gpu_step_s`` is paid by every prefill batch and decode step, ``gpu_per_token_s`` by
+    every token computed; neither is overlapped, and zero terms price to the float."""
+    from costmodel.units import Units
+
+    p = load_profile(BASE)
+    q = p.with_server(ServerCoeffs(gpu_step_s=0.002, gpu_per_token_s=1e-5), "test")
+    u = Units(linear=1e9, attention=2e8, tokens=1000)
+    assert q.prefill_seconds(u) == pytest.approx(p.prefill_seconds(u) + 0.002 + 1000 * 1e-5)
+    assert q.decode_step_seconds(64, 90_000) == pytest.approx(
+        p.decode_step_seconds(64, 90_000) + 0.002 + 64 * 1e-5)
+    assert q.for_server(True).decode_step_seconds(8, 100) == q.decode_step_seconds(8, 100)
+    z = p.with_server(ServerCoeffs(), "zero")
+    assert z.prefill_seconds(u) == p.prefill_seconds(u)
+
+
+def test_server_terms_price_the_lm_head_and_the_tp_link():
+    """The LM head at the profile's own weight-read rate; TP all-reduces (two a layer, ring)
+    over the stated link only where the replica has more than one GPU."""
+    from costmodel.profile import server_terms
+    from costmodel.specs import get_spec
+
+    one = load_profile("kernels-rtx_pro_6000_server-vllm-llama-3.1-8b")
+    spec = get_spec("llama-3.1-8b")
+    step, tok, notes = server_terms(one, 16e9, 20e-6)
+    rate = spec.active_params * 2 / one.decode.weights_s
+    assert step == pytest.approx(spec.vocab * spec.hidden * 2 / rate) and tok == 0.0
+    assert len(notes) == 1 and "LM head" in notes[0]
+    two = load_profile("kernels-rtx_pro_6000_server-vllm-qwen3-32b")
+    s32 = get_spec("qwen3-32b")
+    step2, tok2, notes2 = server_terms(two, 16e9, 20e-6)
+    assert tok2 == pytest.approx(2 * s32.layers * s32.hidden * 2 / 16e9)  # 2(tp-1)/tp = 1
+    lm2 = server_terms(two)[0]  # no link: the LM head alone
+    assert step2 == pytest.approx(lm2 + 2 * s32.layers * 20e-6)
+    assert "TP2 all-reduces" in notes2[1]
+
+
+def test_validate_prices_a_tp_replica_over_its_stated_link():
+    """The Qwen3-32B TP2 run: vLLM's kernel tables for the vLLM server, its config.json link
+    (16 GB/s, 20 us) under the all-reduces; the TP1 run pays the LM head only."""
+    m, = read_measurement(GT / "RTXPRO6000_Qwen3-32B")
+    assert (m.engine["link_gb_s"], m.engine["link_latency_s"]) == (16.0, pytest.approx(2e-5))
+    s = setup(m)
+    assert s.config.value("profile") == "kernels-rtx_pro_6000_server-vllm-qwen3-32b"
+    assert s.server.gpu_per_token_s > 0 and any("all-reduces" in n for n in s.notes)
+    m1, = read_measurement(GT / "RTXPRO6000_Llama-3.1-8B")
+    s1 = setup(m1)
+    assert s1.server.gpu_per_token_s == 0 and s1.server.gpu_step_s > 0

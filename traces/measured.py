@@ -303,6 +303,12 @@ def _engine_from_meta(meta: RecordReader, config: Path) -> dict[str, Any]:
             eng["gpu_memory_gb"] = mem.number("mem_size", None)
             if eng.get("gpu_memory_utilization") is None:
                 eng["gpu_memory_utilization"] = mem.number("mem_util", None)
+        # the link between the node's GPUs (GB/s one way, ns per transfer): what a TP
+        # group's all-reduces cross (sim/studies/validate.py prices them over it)
+        top = RecordReader(str(config), "<root>", _json(config))
+        bw, lat = top.number("link_bw", None), top.number("link_latency", None)
+        if bw is not None and bw > 0 and lat is not None and lat >= 0:
+            eng["link_gb_s"], eng["link_latency_s"] = bw, lat * 1e-9
     return {k: v for k, v in eng.items() if v is not None}
 
 

@@ -25,7 +25,14 @@ from typing import Any
 import numpy as np
 
 from costmodel.gpus import GPU, MIB, kv_cache_tokens, load_gpus, profile_for
-from costmodel.profile import default_profile_name, load_profile, shipped_profiles
+from costmodel.profile import (
+    NEUTRAL_SERVER,
+    ServerCoeffs,
+    default_profile_name,
+    load_profile,
+    server_terms,
+    shipped_profiles,
+)
 from costmodel.specs import all_model_names, get_spec
 from sim.config import DEFAULTS, ConfigError, RunConfig
 from sim.engines import StepObserver
@@ -45,6 +52,9 @@ class Setup:
     notes: list[str] = field(default_factory=list)
     # the server terms on top of the profile (calibration/measured.py ``Calibration.apply``)
     calibration: str = CALIBRATION
+    # what the GPUs pay beyond the profile's kernels, derived (costmodel/profile.py
+    # ``server_terms``: the LM head, TP all-reduces over the stated link); priced by ``replay``
+    server: ServerCoeffs = NEUTRAL_SERVER
 
 
 def catalog_model(name: str) -> str | None:
@@ -93,8 +103,8 @@ def _choose_profile(model: str, gpu_name: str | None, tp: int, dp: int, ep: int,
         return profile, f"{profile} (chosen with --profile for {shape} x {gpu_name or 'GPU'})"
     gpu = catalog_gpu(gpu_name) if gpu_name else None
     stand: list[str] = []
-    if gpu is not None:
-        choice = profile_for(gpu, model, tp)
+    if gpu is not None:  # the kernel tables of the engine simulated (vLLM's) where they exist
+        choice = profile_for(gpu, model, tp, "vllm")
         name = choice.name
         if not choice.exact:
             stand.append(choice.note)
@@ -224,7 +234,13 @@ def setup(m: MeasuredRun, *, model: str | None = None, gpu: str | None = None,
         notes.append(f"vLLM {version} modelled as 0.33 (same V1 scheduler and block pool)")
     flat["vllm_version"] = modelled
     cfg = RunConfig.from_flat("measurement", **flat).validate("measurement")
-    return Setup(cfg, label, notes)
+    link = float(eng["link_gb_s"]) * 1e9 if eng.get("link_gb_s") else None
+    step, per_tok, why = server_terms(load_profile(name, model), link,
+                                      float(eng.get("link_latency_s", 0.0)))
+    if tp > 1 and link is None:
+        why.append(f"TP{tp} all-reduces: the kernel tables' only (the source states no link)")
+    srv = dataclasses.replace(NEUTRAL_SERVER, gpu_step_s=step, gpu_per_token_s=per_tok)
+    return Setup(cfg, label, notes + [f"beyond the kernels: {w}" for w in why], server=srv)
 
 
 def value_text(metric: str, v: float | None) -> str:
@@ -293,7 +309,20 @@ def replay(m: MeasuredRun, s: Setup, on_reply: Callable[[], None] | None = None)
 
     obs = _Series()
     t0 = time.perf_counter()
-    res = run(s.config, trace=m.trace, on_reply=on_reply, steps=obs)
+    if s.server.neutral:
+        res = run(s.config, trace=m.trace, on_reply=on_reply, steps=obs)
+    else:  # the profile with the derived terms, as a file (what every --profile reads)
+        import tempfile
+        from pathlib import Path
+
+        cfg = s.config
+        name, model = cfg.value("profile"), cfg.value("model")
+        prof = load_profile(name, model).with_server(s.server, "kvsim validate: derived")
+        with tempfile.TemporaryDirectory() as d:
+            path = Path(d) / f"{Path(str(name)).name.removesuffix('.yaml')}-server.yaml"
+            prof.dump(path)
+            res = run(cfg.with_fields(profile=str(path)), trace=m.trace, on_reply=on_reply,
+                      steps=obs)
     df = res.requests
     ok = ~(df["dropped"].to_numpy(bool) | df["aborted"].to_numpy(bool))
     d = df[ok]
