@@ -44,7 +44,7 @@ from policies.scheduling import SchedulePolicy, get_scheduler
 from sim.config import RunConfig, SGLangKnobs
 from sim.context import parse_context
 from sim.engines.recorder import RunRecorder
-from sim.kvcache import Node, RadixKVCache, Tier
+from sim.kvcache import RadixKVCache, Tier
 
 from .base import EngineBase, steps_fitting
 from .request import Req
@@ -57,7 +57,7 @@ class Admission:
     tokens it takes in this pass, and what its match found (for its record)."""
 
     req: Req
-    node: Node
+    node: Any  # the match's node to lock (a Node; the hybrid tree's own: sglang_hybrid.py)
     ranges: list[tuple[int, int]]
     take: int
     chunked: bool
@@ -92,8 +92,18 @@ class SGLangServer(EngineBase):
     prealloc_before_prefill = True
 
     @classmethod
+    def unsupported(cls, cfg: RunConfig, policy: EvictionPolicy) -> tuple[str, str] | None:
+        from .sglang_hybrid import hybrid_unsupported  # (it subclasses this one)
+
+        return hybrid_unsupported(cfg, policy)
+
+    @classmethod
     def build(cls, env: simpy.Environment, cfg: RunConfig, spec: ModelSpec, profile: Profile,
               policy: EvictionPolicy, recorder: RunRecorder) -> SGLangServer:
+        from .sglang_hybrid import SGLangHybridServer, hybrid_tree_kind
+
+        if hybrid_tree_kind(spec) is not None:  # SGLang's hybrid radix tree (issue 54)
+            return SGLangHybridServer.build(env, cfg, spec, profile, policy, recorder)
         tiers: dict[str, Any] = {}
         c = cfg.cache
         if c.cpu_cache:
@@ -106,10 +116,12 @@ class SGLangServer(EngineBase):
         return cls(env, cfg, spec, profile, cache, get_scheduler(cfg.policy.scheduler), recorder)
 
     def __init__(self, env: simpy.Environment, cfg: RunConfig, spec: ModelSpec,
-                 profile: Profile, cache: RadixKVCache, scheduler: SchedulePolicy,
+                 profile: Profile, cache: Any, scheduler: SchedulePolicy,
                  recorder: RunRecorder) -> None:
-        # The base holds ``cache`` untyped (vLLM's is a block pool); methods here read it
-        # into a local typed ``RadixKVCache``, so the compiled core calls it directly.
+        # The base holds ``cache`` untyped (vLLM's is a block pool; a hybrid model's is
+        # SGLang's hybrid tree, whose engine overrides every method that reads it typed);
+        # methods here read it into a local typed ``RadixKVCache``, so the compiled core
+        # calls it directly.
         super().__init__(env, cfg, spec, profile, cache, cache.policy, recorder)
         # SGLang's default overlap schedule prepares batch n+1 on the CPU while n runs
         self.profile = profile.for_server(True)

@@ -11,7 +11,7 @@ program-fcfs: no match, sorted by the session's first arrival (Continuum).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Final
+from typing import Any, Final
 
 from policies.scheduling import LPM_QUEUE_LIMIT, Candidate, SchedulePolicy
 from sim.kvcache import RadixKVCache, split_match
@@ -30,7 +30,7 @@ IN_BATCH_PREFIX_TOKENS: Final = 32
 class WaitingOrder:
     """Orders an SGLang server's waiting queue before each scheduling pass."""
 
-    def __init__(self, scheduler: SchedulePolicy, cache: RadixKVCache, block_size: int,
+    def __init__(self, scheduler: SchedulePolicy, cache: RadixKVCache | Any, block_size: int,
                  usable_blocks: Callable[[Req], int]) -> None:
         self.scheduler = scheduler
         self.cache = cache

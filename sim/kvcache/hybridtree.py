@@ -36,6 +36,7 @@ slots); `window` is in tokens, as SGLang's `sliding_window_size`.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections.abc import Sequence
@@ -44,12 +45,17 @@ from typing import Any
 
 import numpy as np
 
+from .refill import refill_plan
+
+# Where the full-KV eviction starts in the victim's history (DESIGN.md, Eviction)
+STARTS = ("tail", "leaf-head", "private-head")
+
 
 class HybridNode:
     """A tree node: block ids, locks per component, SWA KV and state presence."""
 
-    __slots__ = ("children", "full_lock", "ids", "mamba_lock", "parent", "serial", "state",
-                 "swa", "swa_lock", "time", "uuid")
+    __slots__ = ("children", "full_lock", "hole", "ids", "mamba_lock", "parent", "serial",
+                 "state", "swa", "swa_lock", "time", "uuid")
 
     def __init__(self, ids: np.ndarray, parent: HybridNode | None, time: float,
                  serial: int) -> None:
@@ -61,6 +67,7 @@ class HybridNode:
         self.mamba_lock = 0
         self.swa = False
         self.state = False
+        self.hole = False  # every group's KV freed (a hole: penelope's deletions)
         self.uuid: int | None = None  # SWA lock segment boundary stamp
         self.time = time
         self.serial = serial
@@ -70,6 +77,7 @@ class HybridNode:
 
     def __repr__(self) -> str:
         return (f"HybridNode({self.ids.tolist()}, swa={self.swa}, state={self.state}, "
+                f"hole={self.hole}, "
                 f"locks={self.full_lock}/{self.swa_lock}/{self.mamba_lock})")
 
 
@@ -125,6 +133,10 @@ class HybridRequest:
     evicted: int = 0
     owned: int = 0
     state: bool = False
+    # holes on the hit path (penelope): the hole nodes the phantom refills (pages taken by
+    # ``fill``) and the phantom's block ranges (refill.py's plan: holes and their run-up)
+    fill: list[HybridNode] = field(default_factory=list)
+    refill: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         self.protected = self.hit
@@ -151,7 +163,9 @@ class HybridRadixCache:
 
     def __init__(self, full_blocks: int, swa_blocks: int = 0, window: int | None = None,
                  block_size: int = 64, state_slots: int | None = None,
-                 grid: int = 1) -> None:
+                 grid: int = 1, start: str = "tail", block: bool = False) -> None:
+        if start not in STARTS:
+            raise ValueError(f"start must be one of {', '.join(STARTS)}, got {start!r}")
         if window is not None and window <= 0:
             raise ValueError("window must be positive")
         if (window is None) == (state_slots is None):
@@ -186,10 +200,21 @@ class HybridRadixCache:
         self.tombstoned_blocks = 0
         self.recovered_blocks = 0
         self.dropped_states = 0
+        # The full-KV eviction (policy): SGLang's is tail + node; ``block`` frees exactly the
+        # shortfall (a leaf is split), ``private-head`` / ``leaf-head`` free the front of the
+        # victim's history first and leave holes (docs/hybrid.md, Penelope on the hybrid tree)
+        self.start = start
+        self.block = block
+        self.deleted_blocks = 0  # full blocks an eviction freed (leaves deleted, holes made)
+        self.hole_blocks = 0  # of them, left as holes
+        self._events: Any = None  # a KVEventQueue once a consumer enables events
+        self._survivor: HybridNode | None = None  # the node a deletion's pruning ended at
+        self.last_fill: list[HybridNode] = []  # the last match's holes before its hit
+        self.last_refill: tuple[tuple[int, int], ...] = ()  # and its phantom ranges
 
     @classmethod
     def for_capacity(cls, name: str, groups: Sequence[Any], capacity: Any,
-                     block_size: int = 64) -> HybridRadixCache:
+                     block_size: int = 64, **kw: Any) -> HybridRadixCache:
         """The cache of model `name` with KV cache `groups` (costmodel.specs.KVGroup: kind,
         window) in SGLang's pools `capacity` (costmodel.gpus.kv_capacity(..., "sglang"):
         full_tokens, swa_tokens, mamba_slots). ValueError naming the model where SGLang's
@@ -198,9 +223,10 @@ class HybridRadixCache:
         windows = {g.window for g in groups if str(g.kind) == "sliding"}
         full = capacity.full_tokens // block_size
         if kinds == {"full", "sliding"} and len(windows) == 1:
-            return cls(full, capacity.swa_tokens // block_size, windows.pop(), block_size)
+            return cls(full, capacity.swa_tokens // block_size, windows.pop(), block_size,
+                       **kw)
         if kinds == {"full", "linear"}:
-            return cls(full, block_size=block_size, state_slots=capacity.mamba_slots)
+            return cls(full, block_size=block_size, state_slots=capacity.mamba_slots, **kw)
         raise ValueError(f"{name}: groups {sorted(kinds)} have no SGLang hybrid tree here "
                          "(full + one sliding window, or full + linear)")
 
@@ -231,7 +257,70 @@ class HybridRadixCache:
 
     def _is_leaf(self, node: HybridNode) -> bool:
         return (node is not self.root and node.full_lock == 0 and node.swa_lock == 0
-                and node.mamba_lock == 0 and not node.children)
+                and node.mamba_lock == 0 and not node.children and not node.hole)
+
+    # -- what the engine reads (sim/engines/sglang_hybrid.py) ---------------------------------
+    @property
+    def capacity_blocks(self) -> int:
+        return self.full_capacity
+
+    @property
+    def free_blocks(self) -> int:
+        return self.full_capacity - self.full_used
+
+    @property
+    def evictable_blocks(self) -> int:
+        return self.full_evictable
+
+    def gpu_prefix_blocks(self, ids: np.ndarray) -> int:
+        """The hit a match of ``ids`` would give now, read only (no split, no touch): the
+        deepest node end every component can serve, before any hole."""
+        ids = np.asarray(ids, np.int64)
+        node, depth, best, run = self.root, 0, 0, math.inf
+        while depth < len(ids):
+            child = node.children.get(int(ids[depth]))
+            if child is None or child.hole:
+                break
+            plen = _common(child.ids, ids[depth:])
+            depth += plen
+            ok = True
+            if self.has_swa:
+                if child.swa:
+                    run += plen * self.bs
+                    ok = run >= self.window
+                else:
+                    run, ok = 0, False
+            if self.has_mamba and (not child.state or plen < len(child)):
+                ok = False
+            if ok:
+                best = depth
+            if plen < len(child):
+                break
+            node = child
+        return best
+
+    def enable_events(self, clock: Any = None, kinds: Any = None) -> None:
+        """Report KV events of the full KV from now on (``BlockPool.enable_events``): a node
+        whose full KV became resident is stored, one whose full KV left is removed."""
+        from .events import EVENT_KINDS, KVEventQueue
+
+        if self._events is None:
+            self._events = KVEventQueue(clock, kinds)
+        else:
+            self._events.want(EVENT_KINDS if kinds is None else kinds)
+
+    def take_events(self) -> list:
+        return self._events.take() if self._events is not None else []
+
+    def _stored(self, node: HybridNode) -> None:
+        if self._events is not None:
+            p = node.parent
+            self._events.stored(node.ids, -1 if p is None or p is self.root
+                                else int(p.ids[-1]))
+
+    def _removed(self, node: HybridNode) -> None:
+        if self._events is not None:
+            self._events.removed(node.ids)
 
     def _update_leaf(self, node: HybridNode) -> None:
         if self._is_leaf(node):
@@ -281,6 +370,7 @@ class HybridRadixCache:
         new.full_lock = child.full_lock
         new.swa_lock = child.swa_lock
         new.swa = child.swa
+        new.hole = child.hole
         new.uuid, child.uuid = child.uuid, None  # the segment boundary is the older edge
         child.parent = new
         child.ids = child.ids[k:]
@@ -299,12 +389,15 @@ class HybridRadixCache:
         where it reaches past the hit, else None)."""
         ids = np.asarray(ids, np.int64)
         n = len(ids)
+        self.last_fill, self.last_refill = [], ()
         if n == 0:
             return 0, self.root, None, None
         node = self.root
         best, best_len = self.root, 0
         depth = 0
         run = math.inf  # SWA tokens since the last tombstone on the path
+        path: list[HybridNode] = []  # the matched nodes, kept for a path with holes
+        holes = False
         while depth < n:
             child = node.children.get(int(ids[depth]))
             if child is None:
@@ -315,6 +408,8 @@ class HybridRadixCache:
                 child = self._split(child, plen)
             node = child
             depth += plen
+            path.append(node)
+            holes = holes or node.hole
             ok = True
             if self.has_swa:
                 if node.swa:
@@ -329,6 +424,8 @@ class HybridRadixCache:
                 best, best_len = node, depth
             if partial:
                 break
+        if holes:  # only penelope makes holes: the hit is refill.py's (a restart point)
+            best, best_len = self._hole_hit(path, depth)
         if self.has_swa:
             self._refresh_window(best)
         if self.has_mamba and best.state:
@@ -344,13 +441,49 @@ class HybridRadixCache:
         mamba_branch = grid if self.has_mamba and grid > best_len else None
         return best_len, best, swa_branch, mamba_branch
 
+    def _hole_hit(self, path: list[HybridNode], depth: int) -> tuple[HybridNode, int]:
+        """The hit of a matched path with holes (``refill.refill_plan`` in blocks: the holes,
+        the live SWA KV, the states at node ends): the node it ends at (split there) and its
+        length. The phantom's ranges and the holes it refills are left in ``last_refill``
+        and ``last_fill``."""
+        holes: list[tuple[int, int]] = []
+        live: list[tuple[int, int]] = []
+        states: list[int] = []
+        ends: list[int] = []
+        pos = 0
+        for x in path:
+            end = pos + len(x)
+            if x.hole:
+                holes.append((pos, end))
+            if x.swa:
+                if live and live[-1][1] == pos:
+                    live[-1] = (live[-1][0], end)
+                else:
+                    live.append((pos, end))
+            if x.state:
+                states.append(end)
+            ends.append(end)
+            pos = end
+        windows = [(-(-self.window // self.bs), live)] if self.has_swa else []
+        plan = refill_plan(depth, holes, windows, states if self.has_mamba else None)
+        h = plan.hit
+        self.last_refill = plan.ranges
+        if h == 0:
+            return self.root, 0
+        i = bisect.bisect_left(ends, h)
+        node = path[i]
+        if ends[i] > h:  # a restart point inside the node: the hit ends there
+            node = self._split(node, len(node) - (ends[i] - h))
+        self.last_fill = [x for x in path[:i] if x.hole] + ([node] if node.hole else [])
+        return node, h
+
     # -- locks ---------------------------------------------------------------------------------
     def lock(self, node: HybridNode) -> int | None:
         """inc_lock_ref: full KV to the root, SWA over the window, the node's state; the
         receipt's SWA boundary uuid."""
         cur = node
         while cur is not self.root:
-            if cur.full_lock == 0:
+            if cur.full_lock == 0 and not cur.hole:
                 self.full_evictable -= len(cur)
                 self.full_protected += len(cur)
             cur.full_lock += 1
@@ -411,7 +544,7 @@ class HybridRadixCache:
         cur = node
         while cur is not self.root:
             assert cur.full_lock > 0, "full unlock below zero"
-            if cur.full_lock == 1:
+            if cur.full_lock == 1 and not cur.hole:
                 self.full_evictable += len(cur)
                 self.full_protected -= len(cur)
             cur.full_lock -= 1
@@ -419,7 +552,10 @@ class HybridRadixCache:
                 self._update_leaf(cur)
             assert cur.parent is not None
             cur = cur.parent
-        self._update_leaf(node)
+        if node.hole and not node.children and node.full_lock == 0:
+            self._prune(node)
+        else:
+            self._update_leaf(node)
 
     # -- requests ------------------------------------------------------------------------------
     def _take_state(self, pin: HybridNode | None, freed: Freed) -> None:
@@ -440,12 +576,82 @@ class HybridRadixCache:
         own state slot (copy on write)."""
         hit, node, branching, mamba_branching = self.match(prompt)
         req = HybridRequest(np.asarray(ids, np.int64), node, None, hit, branching,
-                            mamba_branching)
+                            mamba_branching, fill=self.last_fill, refill=self.last_refill)
         if self.has_mamba and node.state:
             self._take_state(node, freed if freed is not None else Freed())
             req.state = True
         req.receipt = self.lock(node)
         return req
+
+    def fill_blocks(self, req: HybridRequest) -> int:
+        """Pages the holes before ``req``'s hit still need (the phantom's fresh full KV)."""
+        return sum(len(x) for x in req.fill if x.hole)
+
+    def fill(self, req: HybridRequest, freed: Freed) -> bool:
+        """Take full pages for the holes before ``req``'s hit (its lock holds them) and
+        give the holes their KV back: the phantom recomputes them in the request's first
+        chunks (``req.refill``). Their SWA KV is not kept (tombstones: the request frees
+        what lies out of its window as it runs) nor their states. False when the full pool
+        cannot hold them."""
+        n = self.fill_blocks(req)
+        if n:
+            if n - self.full_free > self.full_evictable:
+                return False
+            if n > self.full_free:
+                self.evict(n - self.full_free, 0, freed)
+            if n > self.full_free:
+                return False
+            self.full_used += n
+            for x in req.fill:
+                if x.hole:
+                    self._fill_hole(x)
+        req.fill = []
+        return True
+
+    def _fill_hole(self, node: HybridNode) -> None:
+        """A hole's full KV is resident again (pages already counted in ``full_used``)."""
+        node.hole = False
+        if node.full_lock > 0:
+            self.full_protected += len(node)
+        else:
+            self.full_evictable += len(node)
+        self._stored(node)
+        self._update_leaf(node)
+
+    def _make_hole(self, node: HybridNode, freed: Freed) -> None:
+        """Free every group's KV of an unlocked node that keeps its children: a hole."""
+        n = len(node)
+        freed.full.append(node.ids)
+        self.full_used -= n
+        self.full_evictable -= n
+        if node.swa:
+            freed.swa.append(node.ids)
+            self.swa_used -= n
+            self.swa_evictable -= n
+            self.swa_lru.remove(node)
+            node.swa = False
+        if node.state:
+            freed.states += 1
+            self.state_used -= 1
+            self.state_evictable -= 1
+            self.mamba_lru.remove(node)
+            node.state = False
+        node.hole = True
+        self.deleted_blocks += n
+        self.hole_blocks += n
+        self._removed(node)
+        self._update_leaf(node)
+
+    def _prune(self, node: HybridNode) -> HybridNode:
+        """Holes left without children (nothing after them to refill for) leave the tree."""
+        while (node is not self.root and node.hole and not node.children
+               and node.full_lock == 0):
+            parent = node.parent
+            assert parent is not None
+            del parent.children[int(node.ids[0])]
+            node = parent
+        self._update_leaf(node)
+        return node
 
     def can_allocate(self, req: HybridRequest, n: int) -> bool:
         """Whether evicting the shortfalls can give `n` pages in each pool (and a state)."""
@@ -477,7 +683,7 @@ class HybridRadixCache:
         self.full_used += n
         if self.has_swa:
             self.swa_used += n
-        req.owned = req.hit + n
+        req.owned += n  # (a request may allocate several times: chunks, decode runs)
         if req.owned > len(req.ids):  # pages past the full blocks (a partial block): id -1
             req.ids = np.concatenate([req.ids, np.full(req.owned - len(req.ids), -1, np.int64)])
         return True
@@ -576,7 +782,18 @@ class HybridRadixCache:
                 child = self._split(child, plen)
             node = child
             consumed = plen
-            if self.has_swa and prev < total + plen and not node.swa:
+            if node.hole:  # past the request's own prefix: its fresh KV fills the hole
+                assert prev <= total, "a hole inside a request's own prefix"
+                self._fill_hole(node)  # (its pages become the node's full KV)
+                if self.has_swa:  # its SWA KV where the request still holds it
+                    live = max(total, ev)
+                    if live == total:
+                        self._set_swa(node)
+                    elif live < total + plen:
+                        freed.swa.append(key[live:total + plen])
+                        self.swa_used -= total + plen - live
+                consumed = 0
+            elif self.has_swa and prev < total + plen and not node.swa:
                 live = max(total, ev)
                 if live < total + plen:
                     if live > total:
@@ -605,6 +822,7 @@ class HybridRadixCache:
             leaf = self._node(key[total:].copy(), node)
             node.children[int(key[total])] = leaf
             self.full_evictable += len(leaf)
+            self._stored(leaf)
             self._update_leaf(leaf)
             self._update_leaf(node)
             target = leaf
@@ -654,10 +872,12 @@ class HybridRadixCache:
             leaf.state = False
             states = 1
         self.leaves.discard(leaf)
+        self.deleted_blocks += n
+        self._removed(leaf)
         parent = leaf.parent
         assert parent is not None
         del parent.children[int(leaf.ids[0])]
-        self._update_leaf(parent)
+        self._survivor = self._prune(parent)
         return n, swa, states
 
     def evict(self, full_blocks: int, swa_blocks: int, freed: Freed, states: int = 0) -> None:
@@ -668,7 +888,9 @@ class HybridRadixCache:
         done = [0, 0, 0]  # full blocks, SWA blocks, states evicted
         swa_target = self.swa_free + swa_blocks  # the targets are taken before the walks
         state_target = self.state_free + states
-        if full_blocks > 0:
+        if full_blocks > 0 and (self.start != "tail" or self.block):
+            self._evict_policy(self.full_free + full_blocks, done, freed)
+        elif full_blocks > 0:
             target = self.full_free + full_blocks
             quota = max(full_blocks, self.full_evictable)
             heap = [(x.time, x.serial, x) for x in self.leaves]
@@ -696,6 +918,111 @@ class HybridRadixCache:
             self._walk(self.swa_lru, "swa_lock", 1, swa_blocks, swa_target, done, freed)
         if states > 0 and self.has_mamba:
             self._walk(self.mamba_lru, "mamba_lock", 2, states, state_target, done, freed)
+
+    def _evict_policy(self, target: int, done: list[int], freed: Freed) -> None:
+        """The full walk of another policy than SGLang's (lru victims, ``start``,
+        ``block``): the least recently used leaf's history is freed from its start until
+        the full pool has ``target`` blocks free."""
+        heap = [(x.time, x.serial, x) for x in self.leaves]
+        heapq.heapify(heap)
+        while self.full_free < target and heap:
+            x = heapq.heappop(heap)[2]
+            if x not in self.leaves:
+                continue
+            self._survivor = None
+            self._free_history(x, target - self.full_free, done, freed)
+            if x in self.leaves:  # a hole before it, or a split: still the oldest leaf
+                heapq.heappush(heap, (x.time, x.serial, x))
+            elif self._survivor in self.leaves:
+                p = self._survivor
+                heapq.heappush(heap, (p.time, p.serial, p))
+
+    def _free_history(self, leaf: HybridNode, need: int, done: list[int],
+                      freed: Freed) -> None:
+        """Free ``need`` blocks (whole nodes without ``block``) of the history ending at
+        ``leaf``: from its end (tail), or from the start of the leaf (leaf-head) or of the
+        private history (private-head: up to a root, shared, locked or hole parent) moved
+        to its first restart point (``_restart_offset``), leaving holes."""
+        if self.start == "tail":
+            if self.block and need < len(leaf):
+                self._split(leaf, len(leaf) - need)  # the leaf keeps its last `need` blocks
+            for i, k in enumerate(self._delete_leaf(leaf, freed)):
+                done[i] += k
+            return
+        s = leaf
+        if self.start == "private-head":
+            while True:
+                p = s.parent
+                assert p is not None
+                if p is self.root or len(p.children) > 1 or p.full_lock > 0 or p.hole:
+                    break
+                s = p
+        chain = [leaf]
+        while chain[-1] is not s:
+            up = chain[-1].parent
+            assert up is not None
+            chain.append(up)
+        chain.reverse()
+        skip = self._restart_offset(chain)
+        left = need
+        for node in chain:
+            if left <= 0:
+                break
+            if skip >= len(node):
+                skip -= len(node)
+                continue
+            if skip > 0:
+                self._split(node, skip)  # the kept part before the restart point
+                skip = 0
+            if self.block and left < len(node):
+                self._make_hole(self._split(node, left), freed)
+                done[0] += left
+                break
+            if node is leaf:
+                for i, k in enumerate(self._delete_leaf(node, freed)):
+                    done[i] += k
+                break
+            self._make_hole(node, freed)
+            done[0] += len(node)
+            left -= len(node)
+
+    def _restart_offset(self, chain: list[HybridNode]) -> int:
+        """Blocks from the start of ``chain`` (a history's private part) to its first restart
+        point before its end: where every group can resume a pass (SWA: the window before
+        it live; Mamba: a state there). A hole that starts there is refilled without a
+        run-up (refill.py). 0 when there is none (the refill pays its run-up)."""
+        total = sum(len(x) for x in chain)
+        parent = chain[0].parent
+        assert parent is not None
+        if self.has_mamba:
+            if parent is self.root or parent.state:
+                return 0
+            pos = 0
+            for x in chain:
+                pos += len(x)
+                if x.state and pos < total:
+                    return pos
+            return 0
+        wb = -(-self.window // self.bs)
+        run: float = 0
+        cur = parent
+        while cur is not self.root and cur.swa:
+            run += len(cur)
+            assert cur.parent is not None
+            cur = cur.parent
+        if cur is self.root or run >= wb:
+            return 0
+        pos = 0
+        for x in chain:
+            if x.swa:
+                q = pos + max(1, wb - int(run))
+                if q <= pos + len(x) and q < total:
+                    return q
+                run += len(x)
+            else:
+                run = 0
+            pos += len(x)
+        return 0
 
     def _free_of(self, which: int) -> int:
         return self.swa_free if which == 1 else self.state_free
@@ -754,8 +1081,12 @@ class HybridRadixCache:
             assert min(node.full_lock, node.swa_lock, node.mamba_lock) >= 0
             assert parent is self.root or parent.full_lock >= node.full_lock
             n = len(node)
-            full[node.full_lock > 0] += n
-            tree[0] += n
+            if node.hole:  # no KV in any group; kept for what follows it (or a lock)
+                assert not node.swa and not node.state, "a hole holds KV"
+                assert node.children or node.full_lock > 0, "a hole at the end"
+            else:
+                full[node.full_lock > 0] += n
+                tree[0] += n
             if node.swa:
                 swa[node.swa_lock > 0] += n
                 tree[1] += n
@@ -796,7 +1127,8 @@ class HybridRadixCache:
         stack = list(self.root.children.values())
         while stack:
             node = stack.pop()
-            full.append(node.ids)
+            if not node.hole:
+                full.append(node.ids)
             if node.swa:
                 swa.append(node.ids)
             if node.state:

@@ -1,0 +1,256 @@
+"""The SGLang engine on hybrid models (sim/engines/sglang_hybrid.py, issue 54): SGLang's hybrid
+radix tree (sim/kvcache/hybridtree.py) wired into the engine, and the eviction policies on it,
+Penelope's holes included (docs/hybrid.md, "The SGLang engine on hybrid models").
+
+- the tree under every start position and granularity: every counter recounted after every op
+  of random agent streams (sessions that grow, a shared prefix, chunked prefills, decode),
+  nothing held at the end (hypothesis);
+- a hit on a path with holes against a brute force over every refill start and hit point
+  (tests/test_hybrid_refill.py's, position by position on the path the tree keeps);
+- Penelope's holes start at restart points: their refill has no run-up;
+- the engine: which cache each model gets, runs of every preset alone, in a fleet and with PD
+  (the tree recounted after every op: --debug-cache), and one-line refusals.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim.kvcache.hybridtree import STARTS, Freed, HybridRadixCache, HybridRequest
+from tests.test_hybrid_refill import brute
+
+
+# --- the tree alone: random agent streams --------------------------------------------------
+@dataclass
+class Live:
+    h: HybridRequest
+    prompt: np.ndarray
+    final: np.ndarray
+    done: int  # blocks computed (pages held) so far
+    stage: int = 0  # 0: prefill, 1: decoded
+
+
+@dataclass
+class Stream:
+    tree: HybridRadixCache
+    chunk: int
+    sessions: list[np.ndarray] = field(default_factory=list)
+    live: dict[int, Live] = field(default_factory=dict)
+    next_id: int = 1000
+    rid: int = 0
+
+    def new_ids(self, n: int) -> np.ndarray:
+        out = np.arange(self.next_id, self.next_id + n, dtype=np.int64)
+        self.next_id += n
+        return out
+
+    def check_hit(self, h: HybridRequest, prompt: np.ndarray) -> None:
+        """The hit and the phantom's ranges against the brute force, read off the path."""
+        t = self.tree
+        holes, live, states, pos = [], [], [], 0
+        node = t.root
+        while pos < len(prompt):
+            child = node.children.get(int(prompt[pos]))
+            if child is None:
+                break
+            n = min(len(child), len(prompt) - pos)
+            if not np.array_equal(child.ids[:n], prompt[pos:pos + n]):
+                break
+            if child.hole:
+                holes.append((pos, pos + n))
+            if child.swa:
+                live.append((pos, pos + n))
+            if child.state and n == len(child):
+                states.append(pos + n)
+            pos += n
+            node = child
+            if n < len(child):
+                break
+        if not holes or pos > 9:
+            return
+        windows = [(-(-t.window // t.bs), live)] if t.has_swa else []
+        best = brute(pos, holes, windows, states if t.has_mamba else None)
+        computed = {p for a, b in h.refill for p in range(a, b)} | set(range(h.hit, pos))
+        assert frozenset(computed) in best, (h.hit, h.refill, holes, live, states)
+
+    def admit(self, prompt: np.ndarray, final: np.ndarray) -> None:
+        t = self.tree
+        freed = Freed()
+        h = t.admit(prompt[:max(0, len(prompt) - 1)], prompt, freed)
+        assert all(b <= h.hit for _, b in h.refill)
+        self.check_hit(h, prompt[:max(0, len(prompt) - 1)])
+        if not t.fill(h, freed):
+            t.release(h, freed)
+            return
+        self.rid += 1
+        self.live[self.rid] = Live(h, prompt, final, h.hit)
+
+    def step(self, rid: int) -> None:
+        t, x = self.tree, self.live[rid]
+        freed = Freed()
+        if x.stage == 0:
+            n = min(self.chunk, len(x.prompt) - x.done)
+            if n <= 0 or not t.allocate(x.h, n, freed):
+                t.release(x.h, freed)
+                del self.live[rid]
+                return
+            x.done += n
+            if x.done < len(x.prompt):
+                t.checkpoint(x.h, x.done, False, freed)
+            else:
+                x.stage = 1
+            return
+        n = len(x.final) - x.done
+        if n > 0 and not t.allocate(x.h, n, freed):
+            t.release(x.h, freed)
+            del self.live[rid]
+            return
+        x.h.ids = x.final
+        t.decode_to(x.h, len(x.final) * t.bs, freed)
+        t.checkpoint(x.h, len(x.final), True, freed)
+        t.release(x.h, freed)
+        del self.live[rid]
+        self.sessions.append(x.final)
+
+
+@st.composite
+def streams(draw: st.DrawFn) -> tuple:
+    mamba = draw(st.booleans())
+    start = draw(st.sampled_from(STARTS))
+    block = draw(st.booleans())
+    bs = 1
+    full = draw(st.integers(12, 40))
+    if mamba:
+        tree = HybridRadixCache(full, block_size=bs, state_slots=draw(st.integers(4, 12)),
+                                start=start, block=block)
+    else:
+        tree = HybridRadixCache(full, draw(st.integers(8, full)), draw(st.integers(1, 4)), bs,
+                                start=start, block=block)
+    ops = draw(st.lists(st.tuples(st.integers(0, 9), st.integers(1, 4), st.integers(1, 3)),
+                        min_size=5, max_size=60))
+    return tree, draw(st.integers(2, 5)), ops
+
+
+@settings(max_examples=120, deadline=None)
+@given(case=streams())
+def test_tree_policies_keep_their_invariants(case: tuple) -> None:
+    """Every start position and granularity on SWA and Mamba trees: the counters, LRU lists
+    and leaves recounted after every op, every hit on a path with holes the brute force's,
+    nothing held once every request is done."""
+    tree, chunk, ops = case
+    s = Stream(tree, chunk)
+    shared = s.new_ids(3)
+    for kind, grow, out in ops:
+        cap = (tree.state_capacity - 1) // 2 if tree.has_mamba else 1 << 30  # (the engine's)
+        if (kind < 4 and len(s.live) < cap) or not s.live:  # a session grows, or one starts
+            grown = s.sessions and kind % 2
+            base = s.sessions.pop(kind % len(s.sessions)) if grown else shared
+            prompt = np.concatenate([base, s.new_ids(grow)])
+            s.admit(prompt, np.concatenate([prompt, s.new_ids(out)]))
+        else:
+            s.step(sorted(s.live)[kind % len(s.live)])
+        tree.check()
+    for rid in list(s.live):
+        x = s.live.pop(rid)
+        tree.release(x.h, Freed())
+    tree.check()
+    assert tree.idle()
+
+
+def _history(tree: HybridRadixCache, ids: np.ndarray, upto: list[int]) -> None:
+    """One request computes ``ids`` with chunk checkpoints at ``upto`` and finishes."""
+    freed = Freed()
+    h = tree.admit(ids[:0], ids, freed)
+    assert tree.allocate(h, len(ids), freed)
+    for u in upto:
+        tree.checkpoint(h, u, False, freed)
+    tree.decode_to(h, len(ids) * tree.bs, freed)
+    tree.checkpoint(h, len(ids), True, freed)
+    tree.release(h, freed)
+
+
+@pytest.mark.parametrize(("mamba", "hole"), [(False, (5, 8)), (True, (6, 9))])
+def test_penelope_holes_start_at_restart_points(mamba: bool, hole: tuple[int, int]) -> None:
+    """A private history (13 blocks, a chunk checkpoint at 6) after a 3-block shared prefix
+    that ends without a window or a state: Penelope's hole starts at the history's first
+    restart point, where the window before it is live (SWA, 2 tokens: block 5) or a state
+    sits (Mamba: the checkpoint at 6), so the phantom refills exactly the hole (no run-up)
+    and the next turn still hits the whole history."""
+    kw = dict(state_slots=8) if mamba else dict(swa_blocks=40, window=2)
+    tree = HybridRadixCache(40, block_size=1, start="private-head", block=True,
+                            **kw)  # type: ignore[arg-type]
+    shared = np.arange(1, 4, dtype=np.int64)
+    a = np.concatenate([shared, np.arange(10, 20, dtype=np.int64)])
+    b = np.concatenate([shared, np.arange(30, 33, dtype=np.int64)])
+    _history(tree, a, [6])
+    _history(tree, b, [])
+    freed = Freed()
+    tree.evict(3, 0, freed)  # the least recently used leaf: a's history
+    assert tree.hole_blocks == 3
+    tree.check()
+    turn = np.concatenate([a, [100, 101]])
+    h = tree.admit(turn[:-1], turn, freed)
+    assert h.refill == (hole,)
+    assert h.hit == len(a)
+    assert tree.fill_blocks(h) == 3 and tree.fill(h, freed)
+    tree.check()
+    tree.release(h, freed)
+    tree.check()
+    assert tree.idle()
+
+
+# --- the engine -----------------------------------------------------------------------------
+TRACE = dict(trace="synthetic:claude-code?sessions=4", max_context=32768, gaps="tool",
+             sessions=2, gpu_cache=65536, debug_cache=True)
+
+
+def _config(model: str, preset: str, **kw):
+    from sim.config import RunConfig
+
+    return RunConfig.from_flat(model=model, engine="sglang", **TRACE, **kw).with_preset(preset)
+
+
+def test_each_model_gets_its_cache() -> None:
+    from costmodel.specs import get_spec
+    from sim.engines.sglang_hybrid import hybrid_tree_kind
+
+    assert hybrid_tree_kind(get_spec("gpt-oss-120b")) == "swa"
+    assert hybrid_tree_kind(get_spec("qwen3-next-80b-a3b")) == "mamba"
+    for name in ("qwen3-8b", "deepseek-v3.2", "deepseek-v3"):
+        assert hybrid_tree_kind(get_spec(name)) is None
+
+
+SHAPES = {"single": {}, "fleet": dict(replicas=2, router="dynamo-kv"),
+          "pd": dict(prefill_replicas=1, decode_replicas=1)}
+
+
+@pytest.mark.pure_path("the engine is an interpreted subclass")
+@pytest.mark.parametrize("model", ["gpt-oss-120b", "qwen3-next-80b-a3b"])
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_hybrid_runs_every_preset(model: str, shape: str) -> None:
+    """sglang, vllm and penelope on the hybrid tree alone, in a fleet and disaggregated: every
+    request served, the tree recounted after every op, Penelope's holes refilled."""
+    from sim.run.driver import run
+
+    for preset in ("sglang", "vllm", "penelope"):
+        res = run(_config(model, preset, **SHAPES[shape]))
+        s = res.summary
+        assert s["requests"] > 0 and s["dropped_requests"] == 0, (preset, s)
+        assert 0 < s["hit_rate"] <= 1 and s["ttft_mean_s"] > 0
+
+
+@pytest.mark.parametrize(("kw", "field"), [
+    (dict(cpu_cache=65536), "cpu_cache"),
+    (dict(context="trim:4"), "context"),
+])
+def test_hybrid_tree_refuses_in_one_line(kw: dict, field: str) -> None:
+    from sim.config import ConfigError
+    from sim.run.check import check
+
+    with pytest.raises(ConfigError, match=f"field '{field}'.*hybrid radix tree"):
+        check(_config("gpt-oss-120b", "sglang", **kw))
