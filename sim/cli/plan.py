@@ -9,6 +9,7 @@ import click
 from sim.config import PD_FIELDS
 
 from .common import SLO_TEXT, config_options, console, emit_json, stderr
+from .run_checks import option_spelling
 from .trace import trace_options
 
 
@@ -27,10 +28,6 @@ def _list(text: str | None, option: str, kind=str) -> list:
                                  f"{kind.__name__}", param_hint=option) from None
 
 
-# plan's list-valued axes and the RunConfig field each searches (the rest are named alike)
-PLAN_FIELDS = {"routers": "router", "policies": "policy", "gpus": "gpu"}
-
-
 @click.command("plan")
 @click.argument("trace")
 @trace_options
@@ -40,16 +37,16 @@ PLAN_FIELDS = {"routers": "router", "policies": "policy", "gpus": "gpu"}
                    "serve --goodput; docs/engine.md, Metrics.")
 @config_options("cache", only=("model",))
 @config_options("engine", only=("engine",))  # the server every replica runs
-@click.option("--gpus", default="H100", show_default=True,
+@click.option("--gpus", "gpu", default="H100", show_default=True,
               help="GPU kinds to search (comma-separated; costmodel/data/gpus.yaml).")
 @click.option("--tp", default="1", show_default=True, help="TP sizes to search, e.g. 1,2.")
 @click.option("--mem-fraction", default=None, metavar="F,...",
               help="Shares of each GPU's memory for weights and KV to search (default 0.9).")
 @click.option("--replicas", default="1..8", show_default=True, metavar="LO..HI",
               help="Replica counts to search.")
-@click.option("--routers", default="least-load", show_default=True,
+@click.option("--routers", "router", default="least-load", show_default=True,
               help="Routers to compare (comma-separated).")
-@click.option("--policies", default="sglang", show_default=True,
+@click.option("--policies", "policy", default="sglang", show_default=True,
               help="Eviction policies to compare (presets or registered names).")
 @click.option("--sessions", "-n", default="4", show_default=True,
               help="Load: sessions at once (closed loop); a list compares loads.")
@@ -76,7 +73,7 @@ PLAN_FIELDS = {"routers": "router", "policies": "policy", "gpus": "gpu"}
               show_default=True, help="Where points run: a local process pool or Ray tasks.")
 @click.option("--address", default=None, help="Ray: the cluster to join.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON document.")
-def plan_cmd(gpus, tp, mem_fraction, replicas, routers, policies, sessions, time_scale, search,
+def plan_cmd(gpu, tp, mem_fraction, replicas, router, policy, sessions, time_scale, search,
              pd, prices, out, jobs, executor, address, as_json, **fields) -> None:
     """Find the smallest and cheapest deployments (replicas x GPU x router x policy) whose
     runs of TRACE meet the SLOs, with repeats and 95% intervals (docs/sweeps.md, Plan)."""
@@ -92,7 +89,8 @@ def plan_cmd(gpus, tp, mem_fraction, replicas, routers, policies, sessions, time
     if fields["replay"] is None:
         fields["replay"] = default_replay(fields["trace"], fields["trace_format"])
     ctx = click.get_current_context()
-    given = frozenset(PLAN_FIELDS.get(name, name) for name in ctx.params
+    # each parameter is named as the RunConfig field it sets or searches (--gpus: gpu)
+    given = frozenset(name for name in ctx.params
                       if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE)
     # the --pd options given without --pd are refused below as doing nothing
     base = {k: v for k, v in fields.items() if pd or k not in PD_FIELDS or k in given}
@@ -106,12 +104,12 @@ def plan_cmd(gpus, tp, mem_fraction, replicas, routers, policies, sessions, time
         loads = [{"time_scale": x} for x in _list(time_scale or "1.0", "--time-scale", float)]
     else:
         loads = [{"sessions": n} for n in _list(sessions, "--sessions", int)]
-    spec = PlanSpec(base=base, gpus=[g.upper() for g in _list(gpus, "--gpus")],
-                    tps=_list(tp, "--tp", int), routers=_list(routers, "--routers"),
-                    policies=_list(policies, "--policies"), loads=loads,
+    spec = PlanSpec(base=base, gpus=[g.upper() for g in _list(gpu, "--gpus")],
+                    tps=_list(tp, "--tp", int), routers=_list(router, "--routers"),
+                    policies=_list(policy, "--policies"), loads=loads,
                     replicas=parse_range(replicas), search=search, pd=parse_pd(pd),
                     prices=load_gpus(prices) if prices else None, mem_fractions=fractions,
-                    given=given)
+                    given=given, spell=option_spelling(ctx))
     check_spec(spec)  # every config checked before anything runs
     check_out_dir(out)
     stderr.print(spec.slo.describe(), markup=False, highlight=False)  # how --slo was read

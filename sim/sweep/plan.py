@@ -74,6 +74,8 @@ class PlanSpec:
     # the options the user gave, as RunConfig fields (plus replicas, search): checked for
     # doing nothing in every point (check_spec)
     given: frozenset[str] = frozenset()
+    # a field as the user's command line spells it (kvsim plan: its option); None: --NAME
+    spell: Callable[[str], str] | None = None
 
     @property
     def slo(self) -> SLO:
@@ -400,15 +402,6 @@ def _row(o: Outcome, prices: dict[str, GPU]) -> dict[str, Any]:
             **{k: s.get(k) for k in SHOWN}, **targets}
 
 
-# RunConfig fields under the name of the plan option that sets them (for idle options)
-PLAN_OPTIONS = {"router": "--routers", "policy": "--policies", "gpu": "--gpus",
-                "replicas": "--replicas", "prefill_replicas": "--pd", "decode_replicas": "--pd"}
-
-
-def plan_option(field: str) -> str:
-    return PLAN_OPTIONS.get(field, "--" + field.replace("_", "-"))
-
-
 def check_spec(spec: PlanSpec) -> None:
     """Everything ``kvsim run`` would refuse in any point, before anything runs: the SLO,
     every point's config (the first and last replica count, or every P:D shape: what varies
@@ -417,6 +410,7 @@ def check_spec(spec: PlanSpec) -> None:
     from sim.config import idle_fields, spell_fields
     from sim.deploy import check_tp
 
+    plan_option = spec.spell or (lambda f: "--" + f.replace("_", "-"))
     if "slo" not in spec.base or not spec.base["slo"]:
         raise PlanError("--slo is required: the plan finds deployments that meet it")
     slo = spec.slo
