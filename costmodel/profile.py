@@ -79,10 +79,13 @@ class ServerCoeffs:
     - ``prefill_scale`` / ``decode_scale``: the server's kernels against the profile's (the
       launch gaps, norms and sampler the kernel tables leave out), multiplying every prefill
       and decode term.
-    - ``gpu_step_s`` / ``gpu_per_token_s``: GPU seconds every step and every token it computes
-      pay beyond the profile's kernels, never overlapped: the LM head's weight read and the
-      tensor-parallel all-reduces over the replica's real link (``server_terms``; derived
-      from the model and the link, not fitted).
+    - ``gpu_step_s`` / ``gpu_per_token_s`` / ``gpu_per_seq_s``: GPU seconds every step,
+      every token it computes and every decode row pay beyond the profile's kernels, never
+      overlapped: the LM head's weight read, the tensor-parallel all-reduces over the
+      replica's real link, sampling (``server_terms``: derived, not fitted).
+    - ``mixed_decode_rows``: the share of a mixed step's decode rows' own reads (KV and per
+      row: the decode step less its fixed and weight terms) added to the prefill chunks'
+      time before the max above (1: the rows' attention kernels run beside the GEMMs).
 
     ``kvsim calibrate --from-measurements`` fits them (calibration/measured.py); the
     profile's ``details["server"]`` says from which runs."""
@@ -95,6 +98,8 @@ class ServerCoeffs:
     decode_scale: float = 1.0
     gpu_step_s: float = 0.0
     gpu_per_token_s: float = 0.0
+    gpu_per_seq_s: float = 0.0
+    mixed_decode_rows: float = 0.0
     overlapped: bool = field(default=False, compare=False)  # the server's, not the file's
 
     @property
@@ -110,23 +115,37 @@ class ServerCoeffs:
 
 
 NEUTRAL_SERVER = ServerCoeffs()
-DERIVED_TERMS = ("gpu_step_s", "gpu_per_token_s")  # from the model and the link, not fitted
+DERIVED_TERMS = ("gpu_step_s", "gpu_per_token_s", "gpu_per_seq_s", "mixed_decode_rows")
+# what a decode row costs a step beyond its weights and KV (sampling, per-row work): the figure
+# the datasheet profiles state (costmodel/derive.py DECODE_PER_SEQ_S), which kernel tables lack
+SAMPLING_PER_SEQ_S = 2e-5
 
 
 def server_terms(prof: Profile, link_bytes_per_s: float | None = None,
-                 link_latency_s: float = 0.0) -> tuple[float, float, list[str]]:
-    """(``gpu_step_s``, ``gpu_per_token_s``, what each is) of a server priced by ``prof``:
-    what its GPUs pay beyond the kernels a profile composes (calibration/kernels/compose.py
-    leaves out the LM head; its all-reduces are the tables' on their own test link):
+                 link_latency_s: float = 0.0,
+                 table_allreduce: tuple[float, float] | None = None,
+                 ) -> tuple[dict[str, float], list[str]]:
+    """The ``DERIVED_TERMS`` of a vLLM server priced by ``prof`` and what each is: what its
+    GPUs pay beyond the kernels a profile composes (calibration/kernels/compose.py leaves out
+    the LM head and sampling; its all-reduces are the tables' on their own test link):
 
-    - the LM head's weights (vocab x hidden, split over the TP group), read once a step: at
-      the rate the profile reads the other weights (``decode.weights_s`` over the per-GPU
-      bytes of ``active_params``), so kernel tables and rooflines each price it as their own
-      weights;
-    - with ``prof.gpus`` > 1 and a link stated (``link_bytes_per_s`` one way, latency per
-      transfer): two all-reduces per layer (after attention and after the MLP), ring
-      algorithm: ``2 (tp-1)/tp x hidden x dtype bytes`` a token over the link, plus the
-      latency per all-reduce a step."""
+    - ``gpu_step_s``: the LM head's weights (vocab x hidden, split over the TP group), read
+      once a step, at the rate the profile reads the other weights (``decode.weights_s`` over
+      the per-GPU bytes of ``active_params``), so tables and rooflines each price it as their
+      own weights; plus, with a link stated, the latency of each all-reduce;
+    - ``gpu_per_token_s``: with ``prof.gpus`` > 1 and a link stated (``link_bytes_per_s`` one
+      way, latency per transfer), two all-reduces per layer (after attention and after the
+      MLP), ring algorithm: ``2 (tp-1)/tp x hidden x dtype bytes`` a token over the link, in
+      place of the all-reduces the profile holds: a roofline's over the catalog's link
+      (its details), a kernel-table profile's measured ones (``table_allreduce``: seconds per
+      all-reduce and per element, calibration/kernels/compose.py ``allreduce_line``; without
+      it they are added, and the note says so);
+    - ``gpu_per_seq_s``: sampling and per-row work a decode row pays (``SAMPLING_PER_SEQ_S``),
+      for profiles that do not state it (a datasheet profile's ``decode.per_seq_s`` has it);
+    - ``mixed_decode_rows`` 1: a vLLM step mixing prefill chunks and decode rows is one forward
+      pass whose GEMMs read the weights once for every token, while the decode rows' attention
+      reads their KV in kernels of its own: the rows' reads add to the prefill's time
+      (``mixed_seconds``)."""
     spec, tp = prof.spec, prof.gpus
     weights = spec.active_params * spec.dtype_bytes / tp
     lm = spec.vocab * spec.hidden * spec.dtype_bytes / tp
@@ -137,12 +156,29 @@ def server_terms(prof: Profile, link_bytes_per_s: float | None = None,
     if tp > 1 and link_bytes_per_s:
         ring = 2 * (tp - 1) / tp * spec.hidden * spec.dtype_bytes
         n = 2 * spec.layers
-        per_tok = n * ring / link_bytes_per_s
-        step += n * link_latency_s
+        roof = prof.details.get("tensor_parallel", {}).get("allreduce_s_per_token_per_layer")
+        if roof is not None:
+            own_tok, own_step, held = spec.layers * float(roof), 0.0, "the roofline's"
+        elif table_allreduce is not None:
+            own_step = n * table_allreduce[0]
+            own_tok = n * table_allreduce[1] * spec.hidden
+            held = "the kernel tables'"
+        else:
+            own_tok, own_step, held = 0.0, 0.0, ""
+        per_tok = max(0.0, n * ring / link_bytes_per_s - own_tok)
+        step += max(0.0, n * link_latency_s - own_step)
         notes.append(f"TP{tp} all-reduces over the stated link ({link_bytes_per_s / 1e9:g} GB/s,"
-                     f" {link_latency_s * 1e6:g} us): {n} a step, {n * link_latency_s * 1e3:.2f}"
-                     f" ms + {per_tok * 1e6:.1f} us a token")
-    return step, per_tok, notes
+                     f" {link_latency_s * 1e6:g} us), {n} a step: "
+                     + (f"in place of {held} ({own_tok * 1e6:.1f} us a token, "
+                        f"{own_step * 1e3:.2f} ms a step)" if held else
+                        "added to the profile's own (not known to subtract)")
+                     + f": net {per_tok * 1e6:.1f} us a token")
+    per_seq = 0.0 if "derived_by" in prof.details else SAMPLING_PER_SEQ_S
+    if per_seq:
+        notes.append(f"sampling and per-row work: {per_seq * 1e6:g} us a decode row")
+    notes.append("mixed steps: the decode rows' KV reads add to the prefill chunks' GEMMs")
+    return {"gpu_step_s": step, "gpu_per_token_s": per_tok, "gpu_per_seq_s": per_seq,
+            "mixed_decode_rows": 1.0}, notes
 
 
 @dataclass(frozen=True)
@@ -211,11 +247,12 @@ class Profile:
         srv = self.server
         k = srv.decode_scale
         d = self.decode
-        if k == 1.0 and not srv.gpu_step_s and not srv.gpu_per_token_s:
+        if k == 1.0 and not srv.gpu_step_s and not srv.gpu_per_token_s \
+                and not srv.gpu_per_seq_s:
             return d
         q = DecodeCoeffs(*(k * v for v in astuple(d)))
         return replace(q, fixed_s=q.fixed_s + srv.gpu_step_s,
-                       per_seq_s=q.per_seq_s + srv.gpu_per_token_s)
+                       per_seq_s=q.per_seq_s + srv.gpu_per_token_s + srv.gpu_per_seq_s)
 
     def for_server(self, overlapped: bool) -> Profile:
         """This profile as a server that overlaps its CPU work with the GPU step (vLLM's async
@@ -244,7 +281,10 @@ class Profile:
         """Kernel seconds of a step mixing prefill chunks (``prefill_s`` alone) and decode rows
         (``decode_s``, ``decode_kernel_seconds``): the larger, plus ``mixed_interference`` of
         the smaller."""
-        x = self.server.mixed_interference
+        x, rows = self.server.mixed_interference, self.server.mixed_decode_rows
+        if rows:  # the decode rows' own reads (KV, per row) beside the prefill's GEMMs
+            d = self._d
+            prefill_s += rows * max(0.0, decode_s - d.fixed_s - d.weights_s)
         hi, lo = (prefill_s, decode_s) if prefill_s >= decode_s else (decode_s, prefill_s)
         return hi + x * lo if x else hi
 
@@ -434,9 +474,10 @@ def server_from_dict(raw: Any, path: str, section: str) -> ServerCoeffs:
         raise ProfileError(path, f"{section}.overlapped",
                            "unknown field (the engine's scheduling decides it)")
     srv = _coeffs(ServerCoeffs, raw, path, section)
-    if srv.mixed_interference > 1:
-        raise ProfileError(path, f"{section}.mixed_interference",
-                           f"must be in [0, 1], got {srv.mixed_interference!r}")
+    for name in ("mixed_interference", "mixed_decode_rows"):
+        if getattr(srv, name) > 1:
+            raise ProfileError(path, f"{section}.{name}",
+                               f"must be in [0, 1], got {getattr(srv, name)!r}")
     for name in ("prefill_scale", "decode_scale"):
         if getattr(srv, name) <= 0:
             raise ProfileError(path, f"{section}.{name}", "must be > 0")

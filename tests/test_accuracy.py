@@ -374,23 +374,44 @@ def test_gpu_terms_add_to_every_step_and_token():
 
 def test_server_terms_price_the_lm_head_and_the_tp_link():
     """The LM head at the profile's own weight-read rate; TP all-reduces (two a layer, ring)
-    over the stated link only where the replica has more than one GPU."""
-    from costmodel.profile import server_terms
+    over the stated link in place of those the profile holds, only where the replica has
+    more than one GPU; sampling per decode row where the profile does not state it."""
+    from costmodel.profile import SAMPLING_PER_SEQ_S, server_terms
     from costmodel.specs import get_spec
 
     one = load_profile("kernels-rtx_pro_6000_server-vllm-llama-3.1-8b")
     spec = get_spec("llama-3.1-8b")
-    step, tok, notes = server_terms(one, 16e9, 20e-6)
+    t, notes = server_terms(one, 16e9, 20e-6)
     rate = spec.active_params * 2 / one.decode.weights_s
-    assert step == pytest.approx(spec.vocab * spec.hidden * 2 / rate) and tok == 0.0
-    assert len(notes) == 1 and "LM head" in notes[0]
+    assert t["gpu_step_s"] == pytest.approx(spec.vocab * spec.hidden * 2 / rate)
+    assert t["gpu_per_token_s"] == 0.0 and t["gpu_per_seq_s"] == SAMPLING_PER_SEQ_S
+    assert t["mixed_decode_rows"] == 1.0 and "LM head" in notes[0]
     two = load_profile("kernels-rtx_pro_6000_server-vllm-qwen3-32b")
     s32 = get_spec("qwen3-32b")
-    step2, tok2, notes2 = server_terms(two, 16e9, 20e-6)
-    assert tok2 == pytest.approx(2 * s32.layers * s32.hidden * 2 / 16e9)  # 2(tp-1)/tp = 1
-    lm2 = server_terms(two)[0]  # no link: the LM head alone
-    assert step2 == pytest.approx(lm2 + 2 * s32.layers * 20e-6)
-    assert "TP2 all-reduces" in notes2[1]
+    added, _ = server_terms(two, 16e9, 20e-6)
+    lm2 = server_terms(two)[0]["gpu_step_s"]  # no link: the LM head alone
+    n = 2 * s32.layers
+    assert added["gpu_per_token_s"] == pytest.approx(n * s32.hidden * 2 / 16e9)  # 2(tp-1)/tp=1
+    assert added["gpu_step_s"] == pytest.approx(lm2 + n * 20e-6)
+    # in place of the tables' own: 2 us an all-reduce, 50 ps an element
+    net, why = server_terms(two, 16e9, 20e-6, (2e-6, 5e-11))
+    assert net["gpu_per_token_s"] == pytest.approx(n * (s32.hidden * 2 / 16e9
+                                                        - 5e-11 * s32.hidden))
+    assert net["gpu_step_s"] == pytest.approx(lm2 + n * 18e-6)
+    assert any("in place of the kernel tables'" in w for w in why)
+    roof = load_profile("roofline-rtx4090-llama-3.1-8b")
+    assert server_terms(roof)[0]["gpu_per_seq_s"] == 0.0  # the roofline states its own
+
+
+def test_mixed_decode_rows_add_the_rows_reads_to_the_prefill():
+    """A mixed step with ``mixed_decode_rows`` 1 costs the prefill plus the decode rows' own
+    reads (the decode step less its fixed and weight terms); 0 keeps the max."""
+    p = load_profile(BASE)
+    q = p.with_server(ServerCoeffs(mixed_decode_rows=1.0), "test")
+    d = p.decode_kernel_seconds(64, 64_000)
+    rows = d - p.decode.fixed_s - p.decode.weights_s
+    assert q.mixed_seconds(0.05, d) == pytest.approx(max(0.05 + rows, d))
+    assert p.mixed_seconds(0.05, d) == max(0.05, d)
 
 
 def test_validate_prices_a_tp_replica_over_its_stated_link():
@@ -401,6 +422,7 @@ def test_validate_prices_a_tp_replica_over_its_stated_link():
     s = setup(m)
     assert s.config.value("profile") == "kernels-rtx_pro_6000_server-vllm-qwen3-32b"
     assert s.server.gpu_per_token_s > 0 and any("all-reduces" in n for n in s.notes)
+    assert s.server.mixed_decode_rows == 1.0
     m1, = read_measurement(GT / "RTXPRO6000_Llama-3.1-8B")
     s1 = setup(m1)
     assert s1.server.gpu_per_token_s == 0 and s1.server.gpu_step_s > 0

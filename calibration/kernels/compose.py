@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from costmodel.specs import ModelSpec
 
 from .attention import ContextAttention, GenerationAttention, Shape
@@ -227,3 +229,21 @@ class KernelModel:
                               "mem_bw_empirical_scaling_factor) + constant latency, from "
                               f"{Path(self.desc.path).name} (not measured)")
         return out
+
+
+def allreduce_line(root: Path, system: str, framework: str, gpus: int, hidden: int,
+                   max_tokens: int = 2048) -> tuple[float, float]:
+    """(seconds per all-reduce, seconds per element) of the measured CUDA-graph all-reduce of
+    ``gpus`` GPUs on ``system`` (the table a composed decode step reads), least squares over
+    its message sizes from one token to ``max_tokens`` tokens of ``hidden`` elements: what
+    the kernel-table profiles already hold of a TP step's all-reduces, so that pricing them
+    over another link replaces them (costmodel/profile.py ``server_terms``)."""
+    backend = None if framework == "trtllm" else f"{framework}_graph"
+    table = _newest(root, system, "comm", framework, "custom_allreduce_perf",
+                    lambda p, v: AllReduceTable(p, v, gpus, backend))
+    x = table.series.x
+    sizes = x[(x >= hidden) & (x <= max_tokens * hidden)]
+    if len(sizes) < 2:  # too few measured sizes in range: the piecewise-linear series there
+        sizes = np.geomspace(hidden, max_tokens * hidden, 24)
+    slope, icpt = np.polyfit(sizes, np.asarray(table(sizes), np.float64), 1)
+    return max(0.0, float(icpt)), max(0.0, float(slope))

@@ -16,6 +16,7 @@ requests and KV usage at every second of the run (``peak_*``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 from collections.abc import Callable
@@ -26,6 +27,7 @@ import numpy as np
 
 from costmodel.gpus import GPU, MIB, kv_cache_tokens, load_gpus, profile_for
 from costmodel.profile import (
+    DERIVED_TERMS,
     NEUTRAL_SERVER,
     ServerCoeffs,
     default_profile_name,
@@ -175,6 +177,30 @@ def _kv_tokens(m: MeasuredRun, model: str, tp: int, bs: int, gpu_name: str | Non
     return size.tokens
 
 
+def _table_allreduce(prof: Any) -> tuple[float, float] | None:
+    """(seconds per all-reduce, seconds per element) of the measured all-reduce a TP
+    kernel-table profile composed (calibration/kernels/compose.py ``allreduce_line``); None
+    for one GPU, another kind of profile, or without the tables installed."""
+    d = prof.details
+    if prof.gpus < 2 or not {"system", "framework"} <= set(d):
+        return None
+    return _allreduce_line(str(d["system"]), str(d["framework"]), prof.gpus, prof.spec.hidden)
+
+
+@functools.cache
+def _allreduce_line(system: str, framework: str, gpus: int, hidden: int
+                    ) -> tuple[float, float] | None:
+    from calibration.errors import CalibrationError
+    from calibration.kernels.compose import allreduce_line
+    from calibration.kernels.run import locate
+    from calibration.kernels.tables import KernelTableError
+
+    try:
+        return allreduce_line(locate(None)[0], system, framework, gpus, hidden)
+    except (CalibrationError, KernelTableError, OSError):  # not installed, no rows: added
+        return None
+
+
 def setup(m: MeasuredRun, *, model: str | None = None, gpu: str | None = None,
           profile: str | None = None, max_num_seqs: int | None = None,
           max_num_batched_tokens: int | None = None, gpu_cache: int | None = None,
@@ -235,11 +261,12 @@ def setup(m: MeasuredRun, *, model: str | None = None, gpu: str | None = None,
     flat["vllm_version"] = modelled
     cfg = RunConfig.from_flat("measurement", **flat).validate("measurement")
     link = float(eng["link_gb_s"]) * 1e9 if eng.get("link_gb_s") else None
-    step, per_tok, why = server_terms(load_profile(name, model), link,
-                                      float(eng.get("link_latency_s", 0.0)))
+    prof = load_profile(name, model)
+    terms, why = server_terms(prof, link, float(eng.get("link_latency_s", 0.0)),
+                              _table_allreduce(prof) if link else None)
     if tp > 1 and link is None:
-        why.append(f"TP{tp} all-reduces: the kernel tables' only (the source states no link)")
-    srv = dataclasses.replace(NEUTRAL_SERVER, gpu_step_s=step, gpu_per_token_s=per_tok)
+        why.append(f"TP{tp} all-reduces: the profile's own only (the source states no link)")
+    srv = dataclasses.replace(NEUTRAL_SERVER, **terms)
     return Setup(cfg, label, notes + [f"beyond the kernels: {w}" for w in why], server=srv)
 
 
@@ -317,7 +344,9 @@ def replay(m: MeasuredRun, s: Setup, on_reply: Callable[[], None] | None = None)
 
         cfg = s.config
         name, model = cfg.value("profile"), cfg.value("model")
-        prof = load_profile(name, model).with_server(s.server, "kvsim validate: derived")
+        prof = load_profile(name, model)  # its own server terms kept, the derived ones set
+        prof = prof.with_server(dataclasses.replace(prof.server, **{
+            k: getattr(s.server, k) for k in DERIVED_TERMS}), "kvsim validate: derived")
         with tempfile.TemporaryDirectory() as d:
             path = Path(d) / f"{Path(str(name)).name.removesuffix('.yaml')}-server.yaml"
             prof.dump(path)
