@@ -108,11 +108,11 @@ PINNED = [
 ]
 
 
-# config.json fields added since the digests were pinned (vLLM 0.34, issue 51; kv_dtype,
-# issue 54): left out of the digest, so the pin proves every other field is as before; their
-# values are checked apart
+# config.json fields added since the digests were pinned (vLLM 0.34, issue 51; kv_dtype and
+# hybrid_swa_memory, issue 54): left out of the digest, so the pin proves every other field is
+# as before; their values are checked apart
 ADDED = {"vllm_version": "0.34", "vllm_cache_aware_window": 0,
-         "vllm_cache_aware_threshold": 0.5, "kv_dtype": "bf16"}
+         "vllm_cache_aware_threshold": 0.5, "kv_dtype": "bf16", "hybrid_swa_memory": True}
 
 
 def _config_digest(cfg: RunConfig) -> str:

@@ -188,7 +188,7 @@ def test_sweep_grid_over_context_keeps_full_point_ids() -> None:
                   "pool_evict_fraction", "vllm_async", "gpu", "tp", "mem_fraction",
                   "gpu_cache_bytes", "trace_seed", "repeats", "slo", "max_concurrency",
                   "vllm_version", "vllm_cache_aware_window", "vllm_cache_aware_threshold",
-                  "kv_dtype"):
+                  "kv_dtype", "hybrid_swa_memory"):
         d.pop(later)
     old = hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
     assert point_id(cfg) == old
@@ -215,7 +215,7 @@ def test_each_strategy_on_the_shared_traces(context: str) -> None:
                             "--max-context", "64k", "--shared-prefix", "15.6k",
                             "--gaps", "tool", "--model", "gpt-oss-120b", "--gpu-cache", "96k",
                             "-n", "3", "--preset", "sglang,penelope", "--context", context,
-                            "--json")
+                            "--hybrid-swa-memory", "off", "--json")  # the study's one pool
     assert code == 0, err
     runs = json.loads(out)["runs"]
     assert [r["policy"] for r in runs] == ["sglang", "penelope"]
@@ -223,6 +223,26 @@ def test_each_strategy_on_the_shared_traces(context: str) -> None:
         s = r["summary"]
         assert s["requests"] > 0
         assert ("context" in s) == (context != "full")
+
+
+@pytest.mark.pure_path("the hybrid engine is an interpreted subclass")
+@pytest.mark.parametrize("context", ["trim:4", "summarize:16k:512"])
+def test_text_strategies_run_on_the_hybrid_tree(context: str) -> None:
+    """trim and summarize change only the tokens a turn sends: gpt-oss-120b runs them on
+    SGLang's hybrid radix tree (sim/engines/sglang_hybrid.py), the tree recounted after every
+    op, with the strategy's re-prefill and working peak counted as on one pool."""
+    from sim.engines import SGLangHybridServer, engine_class
+
+    for preset in ("sglang", "penelope"):
+        cfg = RunConfig.from_flat(**{**SYN, "model": "gpt-oss-120b", "profile": None,
+                                     "max_context": 32768, "gpu_cache": 49152},
+                                  context=context, debug_cache=True).with_preset(preset)
+        assert engine_class(cfg) is SGLangHybridServer
+        s = run(cfg).summary
+        assert s["requests"] > 0 and s["dropped_requests"] == 0, s
+        assert s["context"] == parse_context(context).label
+        assert s["reprefill_tokens"] > 0  # a text edit changed the keys after it
+        assert 0 < s["kv_working_peak_tokens"] <= 49152
 
 
 # --- the experiment -----------------------------------------------------------------------------
@@ -239,6 +259,12 @@ def test_reproduce_cache_engineering_quick_json_rows() -> None:
     assert {r["strategy"] for r in doc["rows"]} == {
         "full", "trim", "summarize", "drop", "drop+repos", "splice", "budget"}
     assert {r["eviction"] for r in doc["rows"]} == {"sglang", "penelope"}
+    # every strategy on one layout: SGLang's one pool of every layer (the study's docstring)
+    from sim.studies.cache_engineering import configs
+    from sim.studies.study import StudySetup
+
+    assert {c.value("hybrid_swa_memory") for _, c in configs(StudySetup(
+        trace="synthetic:claude-code?sessions=4", quick=True))} == {False}
     assert doc["prices_usd_per_million"]["gpt-oss-120b"]["cache_miss"] == 0.15
     assert [r["method"] for r in doc["akv_table2"]][:3] == ["Standard", "Text Engineering",
                                                             "AKV"]

@@ -511,7 +511,7 @@ def test_sweep_point_ids_move_only_for_async_vllm_points() -> None:
                   "pool_watermark", "pool_evict_fraction", "max_concurrency", "gpu", "tp",
                   "mem_fraction", "gpu_cache_bytes", "trace_seed", "repeats", "slo",
                   "vllm_version", "vllm_cache_aware_window", "vllm_cache_aware_threshold",
-                  "kv_dtype"):
+                  "kv_dtype", "hybrid_swa_memory"):
             d.pop(k, None)
         return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 

@@ -217,12 +217,20 @@ def _config(model: str, preset: str, **kw):
 
 def test_each_model_gets_its_cache() -> None:
     from costmodel.specs import get_spec
-    from sim.engines.sglang_hybrid import hybrid_tree_kind
+    from sim.engines import SGLangHybridServer, SGLangServer, engine_class
+    from sim.engines.sglang import hybrid_tree_kind
 
     assert hybrid_tree_kind(get_spec("gpt-oss-120b")) == "swa"
     assert hybrid_tree_kind(get_spec("qwen3-next-80b-a3b")) == "mamba"
     for name in ("qwen3-8b", "deepseek-v3.2", "deepseek-v3"):
         assert hybrid_tree_kind(get_spec(name)) is None
+    assert engine_class(_config("gpt-oss-120b", "sglang")) is SGLangHybridServer
+    assert engine_class(_config("qwen3-8b", "sglang")) is SGLangServer
+    # --hybrid-swa-memory off (SGLang's --disable-hybrid-swa-memory): one pool of every layer;
+    # SGLang has no such switch for its mamba pool
+    off = dict(hybrid_swa_memory=False)
+    assert engine_class(_config("gpt-oss-120b", "sglang", **off)) is SGLangServer
+    assert engine_class(_config("qwen3-next-80b-a3b", "sglang", **off)) is SGLangHybridServer
 
 
 SHAPES = {"single": {}, "fleet": dict(replicas=2, router="dynamo-kv"),
@@ -246,7 +254,10 @@ def test_hybrid_runs_every_preset(model: str, shape: str) -> None:
 
 @pytest.mark.parametrize(("kw", "field"), [
     (dict(cpu_cache=65536), "cpu_cache"),
-    (dict(context="trim:4"), "context"),
+    (dict(context="drop:4"), "context"),
+    (dict(context="drop:4+repos"), "context"),
+    (dict(context="splice:4"), "context"),
+    (dict(context="budget:16k"), "context"),
 ])
 def test_hybrid_tree_refuses_in_one_line(kw: dict, field: str) -> None:
     from sim.config import ConfigError
@@ -254,3 +265,15 @@ def test_hybrid_tree_refuses_in_one_line(kw: dict, field: str) -> None:
 
     with pytest.raises(ConfigError, match=f"field '{field}'.*hybrid radix tree"):
         check(_config("gpt-oss-120b", "sglang", **kw))
+    if field == "context":  # one pool takes every strategy
+        check(_config("gpt-oss-120b", "sglang", hybrid_swa_memory=False, **kw))
+
+
+def test_one_pool_is_sized_in_tokens_only() -> None:
+    """--hybrid-swa-memory off with a size in bytes: one line naming gpu_cache (the
+    byte sizing of one pool of every layer is not derived)."""
+    from tests.clikit import invoke
+
+    code, _, err = invoke("run", "--trace", TRACE["trace"], "--model", "gpt-oss-120b",
+                          "--gpu-cache", "40GiB", "--hybrid-swa-memory", "off")
+    assert code == 2 and "gpu_cache" in err and "in tokens" in err, err

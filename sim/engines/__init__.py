@@ -9,11 +9,13 @@ whose ``build`` ``sim.run.build`` calls for each replica.
 """
 
 from costmodel.registry import Registry
-from sim.config import VllmKnobs
+from costmodel.specs import get_spec
+from sim.config import SGLangKnobs, VllmKnobs
 
 from .base import EngineBase, StepObserver
 from .request import Req
-from .sglang import SGLangServer
+from .sglang import SGLangServer, hybrid_tree_kind
+from .sglang_hybrid import SGLangHybridServer
 from .vllm import VllmServer
 from .vllm_patch import VLLM_PATCHES
 
@@ -24,13 +26,16 @@ ENGINES.register("vllm", VllmServer)
 
 def engine_class(cfg) -> type[EngineBase]:
     """The class that serves a ``sim.config.RunConfig``: a named vLLM patch's (each
-    subclasses ``VllmServer``; only ``VllmKnobs`` has a patch), else
-    its engine's."""
+    subclasses ``VllmServer``; only ``VllmKnobs`` has a patch), SGLang's over its hybrid
+    radix tree for a model SGLang keeps in one (``sglang_hybrid.py``), else its engine's."""
     knobs = cfg.engine
     if isinstance(knobs, VllmKnobs) and knobs.vllm_patch != "none":
         return VLLM_PATCHES[knobs.vllm_patch]
+    if isinstance(knobs, SGLangKnobs) and hybrid_tree_kind(
+            get_spec(cfg.cache.model, cfg.cache.kv_dtype), knobs) is not None:
+        return SGLangHybridServer
     return ENGINES[knobs.name]
 
 
-__all__ = ["ENGINES", "VLLM_PATCHES", "EngineBase", "Req", "SGLangServer", "StepObserver",
-           "VllmServer", "engine_class"]
+__all__ = ["ENGINES", "VLLM_PATCHES", "EngineBase", "Req", "SGLangHybridServer", "SGLangServer",
+           "StepObserver", "VllmServer", "engine_class"]

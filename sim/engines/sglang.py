@@ -45,10 +45,64 @@ from sim.config import RunConfig, SGLangKnobs
 from sim.context import parse_context
 from sim.engines.recorder import RunRecorder
 from sim.kvcache import RadixKVCache, Tier
+from sim.kvcache.hybridtree import STARTS
 
 from .base import EngineBase, steps_fitting
 from .request import Req
 from .sglang_queue import WaitingOrder
+
+
+def hybrid_tree_kind(spec: ModelSpec, knobs: SGLangKnobs | None = None) -> str | None:
+    """``"swa"`` or ``"mamba"`` where SGLang keeps ``spec`` in a hybrid radix tree (full
+    beside one sliding window, or full beside linear attention), else None: one pool of every
+    layer, as for an SWA hybrid under ``--hybrid-swa-memory off`` (SGLang's
+    ``--disable-hybrid-swa-memory``; ``knobs``: the run's)."""
+    kinds = {str(g.kind) for g in spec.groups}
+    windows = {g.window for g in spec.groups if str(g.kind) == "sliding"}
+    if kinds == {"full", "sliding"} and len(windows) == 1:
+        return "swa" if knobs is None or knobs.hybrid_swa_memory else None
+    if kinds == {"full", "linear"}:
+        return "mamba"
+    return None
+
+
+def hybrid_unsupported(cfg: RunConfig, policy: EvictionPolicy) -> tuple[str, str] | None:
+    """What the SGLang engine on a hybrid tree does not model (None for every other model)."""
+    from costmodel.specs import get_spec
+    from policies.eviction import EvictionPolicy as Base
+
+    try:
+        spec = get_spec(cfg.cache.model, cfg.cache.kv_dtype)
+    except (KeyError, ValueError):
+        return None  # the run reports the model itself
+    knobs = cast(SGLangKnobs, cfg.engine)
+    model = cfg.cache.model
+    if hybrid_tree_kind(spec) == "swa" and not knobs.hybrid_swa_memory and (
+            cfg.cache.gpu is not None or cfg.cache.gpu_cache_bytes is not None):
+        return ("gpu_cache", f"{model} with --hybrid-swa-memory off: one pool of every "
+                "layer is sized from tokens only; give --gpu-cache in tokens")
+    if hybrid_tree_kind(spec, knobs) is None:
+        return None
+    head = f"{model} runs on SGLang's hybrid radix tree (docs/hybrid.md)"
+    why = None
+    if type(policy).key is not Base.key or policy.order != "lru":
+        why = "victim orders other than lru are not modelled on it"
+    elif policy.pins:
+        why = "pins are not modelled on it"
+    elif policy.start.name not in STARTS or policy.granularity.name not in ("node", "block"):
+        why = f"start {policy.start.name!r} / granularity {policy.granularity.name!r} are not"
+    if why is not None:
+        return (cfg.policy_field, f"{head}: {why}; use --preset sglang, vllm or penelope")
+    if cfg.cache.cpu_cache:
+        return ("cpu_cache", f"{head}: a CPU tier is not modelled on it; drop --cpu-cache")
+    strategy = parse_context(cfg.context.strategy)
+    if strategy.edits_kv:  # trim and summarize only change the tokens a turn sends
+        off = " or --hybrid-swa-memory off (one pool)" if hybrid_tree_kind(spec) == "swa" else ""
+        return ("context", f"{head}: {strategy.label} edits cached KV, which is not modelled "
+                f"on it; use full, trim or summarize{off}")
+    if cfg.pool.size:
+        return ("pool", f"{head}: a fleet's shared KV pool is not modelled on it")
+    return None
 
 
 @dataclass(eq=False)
@@ -93,17 +147,11 @@ class SGLangServer(EngineBase):
 
     @classmethod
     def unsupported(cls, cfg: RunConfig, policy: EvictionPolicy) -> tuple[str, str] | None:
-        from .sglang_hybrid import hybrid_unsupported  # (it subclasses this one)
-
         return hybrid_unsupported(cfg, policy)
 
     @classmethod
     def build(cls, env: simpy.Environment, cfg: RunConfig, spec: ModelSpec, profile: Profile,
               policy: EvictionPolicy, recorder: RunRecorder) -> SGLangServer:
-        from .sglang_hybrid import SGLangHybridServer, hybrid_tree_kind
-
-        if hybrid_tree_kind(spec) is not None:  # SGLang's hybrid radix tree (issue 54)
-            return SGLangHybridServer.build(env, cfg, spec, profile, policy, recorder)
         tiers: dict[str, Any] = {}
         c = cfg.cache
         if c.cpu_cache:

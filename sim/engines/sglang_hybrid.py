@@ -19,8 +19,11 @@ Eviction policies: SGLang's own (lru, tail, node), and lru with ``tail``, ``leaf
 ``private-head`` at node or block granularity (the tree's ``start``/``block``). Penelope's
 private-head leaves holes; the phantom request recomputes what ``sim.kvcache.refill`` plans
 (each hole from its latest restart point), and the tree starts its holes at restart points.
-Not modelled on a hybrid (refused in one line): two tiers, context strategies, other victim
-orders or pins, a fleet's shared pool.
+Context strategies that only change the tokens a turn sends (trim, summarize) run here; not
+modelled on a hybrid (refused in one line: ``sglang.hybrid_unsupported``): two tiers, context
+strategies that edit cached KV (drop, splice, budget), other victim orders or pins, a fleet's
+shared pool. ``--hybrid-swa-memory off`` keeps an SWA hybrid in one pool instead (SGLang's
+``--disable-hybrid-swa-memory``); ``sim.engines.engine_class`` picks this class.
 """
 
 from __future__ import annotations
@@ -36,56 +39,20 @@ from policies import EvictionPolicy
 from policies.scheduling import SchedulePolicy, get_scheduler
 from sim.config import RunConfig
 from sim.kvcache import Tier
-from sim.kvcache.hybridtree import STARTS, Freed, HybridRadixCache, HybridRequest
+from sim.kvcache.hybridtree import Freed, HybridRadixCache, HybridRequest
 from sim.kvcache.results import Match
 
 from .recorder import RunRecorder
 from .request import Req
-from .sglang import NO_TOKEN, OTHER, RETRACT_DECODE_STEPS, Admission, SGLangServer
+from .sglang import (
+    NO_TOKEN,
+    OTHER,
+    RETRACT_DECODE_STEPS,
+    Admission,
+    SGLangServer,
+    hybrid_tree_kind,
+)
 from .sglang_queue import WaitingOrder
-
-
-def hybrid_tree_kind(spec: ModelSpec) -> str | None:
-    """``"swa"`` or ``"mamba"`` where SGLang keeps ``spec`` in a hybrid radix tree (full
-    beside one sliding window, or full beside linear attention), else None (one pool)."""
-    kinds = {str(g.kind) for g in spec.groups}
-    windows = {g.window for g in spec.groups if str(g.kind) == "sliding"}
-    if kinds == {"full", "sliding"} and len(windows) == 1:
-        return "swa"
-    if kinds == {"full", "linear"}:
-        return "mamba"
-    return None
-
-
-def hybrid_unsupported(cfg: RunConfig, policy: EvictionPolicy) -> tuple[str, str] | None:
-    """What the SGLang engine on a hybrid tree does not model (None for every other model)."""
-    from costmodel.specs import get_spec
-    from policies.eviction import EvictionPolicy as Base
-
-    try:
-        spec = get_spec(cfg.cache.model, cfg.cache.kv_dtype)
-    except (KeyError, ValueError):
-        return None  # the run reports the model itself
-    if hybrid_tree_kind(spec) is None:
-        return None
-    model = cfg.cache.model
-    head = f"{model} runs on SGLang's hybrid radix tree (docs/hybrid.md)"
-    why = None
-    if type(policy).key is not Base.key or policy.order != "lru":
-        why = "victim orders other than lru are not modelled on it"
-    elif policy.pins:
-        why = "pins are not modelled on it"
-    elif policy.start.name not in STARTS or policy.granularity.name not in ("node", "block"):
-        why = f"start {policy.start.name!r} / granularity {policy.granularity.name!r} are not"
-    if why is not None:
-        return (cfg.policy_field, f"{head}: {why}; use --preset sglang, vllm or penelope")
-    if cfg.cache.cpu_cache:
-        return ("cpu_cache", f"{head}: a CPU tier is not modelled on it; drop --cpu-cache")
-    if cfg.context.strategy != "full":
-        return ("context", f"{head}: context strategies are not modelled on it; use full")
-    if cfg.pool.size:
-        return ("pool", f"{head}: a fleet's shared KV pool is not modelled on it")
-    return None
 
 
 def sglang_tree(cfg: RunConfig, spec: ModelSpec, policy: EvictionPolicy) -> HybridRadixCache:
@@ -305,13 +272,9 @@ class SGLangHybridServer(SGLangServer):
         h = t.admit(req.ids[:usable], req.ids, freed)  # match + lock (a state hit: a slot)
         self._sync()
         bs = self.bs
-        fill = self._fill_tokens(req)
-        ranges = [(a * bs, b * bs) for a, b in h.refill]
-        phantom = sum(b - a for a, b in ranges)
-        if ranges and ranges[-1][1] == h.hit * bs:
-            ranges[-1] = (ranges[-1][0], fill)
-        else:
-            ranges.append((h.hit * bs, fill))
+        segments = _segments(h.hit, h.refill)
+        # the phantom's ranges, then the tail (a context strategy's view counts its re-prefill)
+        ranges, reused, phantom, _ = self._prefill_ranges(req, segments)
         extend = sum(b - a for a, b in ranges)
         need = extend + self._decode_reserve(req) + bs
         short = t.has_mamba and not h.state and t.state_free + t.state_evictable < 1
@@ -331,9 +294,8 @@ class SGLangHybridServer(SGLangServer):
             self._swa_offset += self._swa_tokens(self._ceil_page(take), req, None)
         self._h[req.rid] = h
         self._front[req.rid] = h.hit * bs
-        segments = _segments(h.hit, h.refill)
         return Admission(req=req, node=h.node, ranges=ranges, take=take, chunked=chunked,
-                         reused=h.hit * bs - phantom, holes=phantom, loaded=0,
+                         reused=reused, holes=phantom, loaded=0,
                          segments=segments, found=segments)
 
     def _unlock_all(self, req: Req) -> None:
@@ -528,4 +490,4 @@ class SGLangHybridServer(SGLangServer):
             self._sync()
 
 
-__all__ = ["SGLangHybridServer", "hybrid_tree_kind", "hybrid_unsupported", "sglang_tree"]
+__all__ = ["SGLangHybridServer", "sglang_tree"]

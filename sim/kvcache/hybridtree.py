@@ -47,7 +47,7 @@ import numpy as np
 
 from .refill import refill_plan
 
-# Where the full-KV eviction starts in the victim's history (DESIGN.md, Eviction)
+# Where the full-KV eviction starts in the victim's history (policies/eviction.py, starts)
 STARTS = ("tail", "leaf-head", "private-head")
 
 
@@ -195,6 +195,8 @@ class HybridRadixCache:
         self.swa_protected = 0
         self.state_evictable = 0
         self.state_protected = 0
+        # most full blocks running requests held at once (locked paths and own pages)
+        self.working_peak_blocks = 0
         # SWA KV freed from nodes that keep their full KV, and taken back by an insert;
         # states dropped from nodes that keep their full KV
         self.tombstoned_blocks = 0
@@ -242,6 +244,12 @@ class HybridRadixCache:
         self.tick()
         self._serial += 1
         return HybridNode(ids, parent, t, self._serial)
+
+    def _working(self) -> None:
+        """Sample the full blocks running requests hold: the used ones the tree may not evict
+        (``RadixTree.working_peak_blocks``, the context summary's ``kv_working_peak_tokens``)."""
+        self.working_peak_blocks = max(self.working_peak_blocks,
+                                       self.full_used - self.full_evictable)
 
     @property
     def full_free(self) -> int:
@@ -490,6 +498,7 @@ class HybridRadixCache:
             self.leaves.discard(cur)
             assert cur.parent is not None
             cur = cur.parent
+        self._working()
         uuid = None
         if self.has_swa:
             cur, covered = node, 0
@@ -683,6 +692,7 @@ class HybridRadixCache:
         self.full_used += n
         if self.has_swa:
             self.swa_used += n
+        self._working()
         req.owned += n  # (a request may allocate several times: chunks, decode runs)
         if req.owned > len(req.ids):  # pages past the full blocks (a partial block): id -1
             req.ids = np.concatenate([req.ids, np.full(req.owned - len(req.ids), -1, np.int64)])

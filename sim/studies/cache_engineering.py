@@ -8,6 +8,11 @@ tasks), a 15.6K shared prefix, the recorded tool waits. Rows report what a servi
 AKV's Table 2 (GPT-OSS-120B, 8 A800s, their own agent traffic) is printed beside them for the
 direction of each change, not for equality.
 
+Every row keeps GPT-OSS-120B's KV in SGLang's one pool of every layer (``hybrid_swa_memory``
+off: SGLang's ``--disable-hybrid-swa-memory``), the sliding windows priced in the cost
+formula: drop, repos, splice and budget edit cached KV, which kvsim does not model on SGLang's
+hybrid radix tree (docs/hybrid.md), and the strategies are compared on one cache layout.
+
 kvsim prices serving only: it does not model what trimming, summarizing, dropping or pruning
 does to the agent's task accuracy (AKV's Table 1 scores), and every output says so.
 
@@ -141,7 +146,9 @@ def configs(ctx: StudySetup) -> list[tuple[dict[str, Any], RunConfig]]:
     out = []
     for model in models:
         for n in ns:
-            base = ctx.base(model, n).with_fields(gpu_cache=MODELS[model])
+            # one layout for every strategy (module docstring)
+            base = ctx.base(model, n).with_fields(gpu_cache=MODELS[model],
+                                                  hybrid_swa_memory=False)
             if not ctx.is_synthetic:
                 base = base.with_fields(select=SELECT)
             if ctx.quick:
