@@ -100,12 +100,16 @@ def test_truncated_trace_cache_entry_is_rebuilt_with_a_notice(tmp_path, cc2x4) -
     cache = tmp_path / "cache"
     args = ["trace", "stats", str(cc2x4), "--cache-dir", str(cache), "--json"]
     want = json.loads(ok(args).stdout)
-    (npz,) = cache.glob("parsed-*.npz")
-    _truncate(npz)
+    files = sorted(cache.glob("*.npz"))  # the parse and the Trace built from it
+    assert [f.name.split("-")[0] for f in files] == ["built", "parsed"]
+    for npz in files:
+        _truncate(npz)
     res = ok(args)
     assert json.loads(res.stdout) == want
     notices = [ln for ln in res.stderr.splitlines() if "notice" in ln]
-    assert len(notices) == 1 and str(npz) in notices[0] and "rebuilding" in notices[0]
+    assert len(notices) == 2
+    for npz, line in zip(files, notices, strict=True):
+        assert str(npz) in line and "rebuilding" in line
     assert "notice" not in ok(args).stderr  # rebuilt: loads again
 
 

@@ -4,6 +4,8 @@ from the cache is identical, array for array, to one parsed afresh."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import yaml
@@ -14,6 +16,7 @@ from sim.cli.main import cli
 from tests.conftest import SHARED_DATA, needs_cc_traces
 from tests.enginekit import write_cc_traces
 from traces import load_trace
+from traces.cache import CACHE_VERSION
 
 OPTIONS = [{}, {"select": "top-requests:2", "max_context": 20_000},
            {"shared_prefix": 1024, "max_context": 60_000, "select": "first:1"},
@@ -65,7 +68,8 @@ def test_shared_traces_from_the_cache_equal_a_fresh_parse(spec, extra, tmp_path)
                {"max_context": 65536, "select": "top-requests:8"}]
     for o in options:
         fresh = load_trace(path, cache_dir=None, **extra, **o)
-        assert_same(load_trace(path, cache_dir=str(tmp_path), **extra, **o), fresh)
+        for _ in range(2):  # built from the cached parse, then the built copy
+            assert_same(load_trace(path, cache_dir=str(tmp_path), **extra, **o), fresh)
 
 
 def test_a_sweep_over_select_parses_the_files_once(cc4x5, tmp_path, monkeypatch) -> None:
@@ -84,3 +88,82 @@ def test_a_sweep_over_select_parses_the_files_once(cc4x5, tmp_path, monkeypatch)
     res = CliRunner().invoke(cli, ["sweep", str(cfg), "--out", str(tmp_path / "out")])
     assert res.exit_code == 0, res.stderr
     assert len(parses) == 1, parses
+
+
+def test_the_built_trace_is_kept_and_reloads_the_same(cc4x5, tmp_path, monkeypatch,
+                                                     capsys) -> None:
+    """A repeated load with the same options reads the Trace it built (no build: a Mooncake
+    trace builds 4,000 sessions), equal to a fresh load; a damaged copy is built again, with
+    a notice."""
+    from traces.builder import TraceBuilder
+
+    cache = str(tmp_path / "kc")
+    builds = []
+    real = TraceBuilder.build
+    monkeypatch.setattr(TraceBuilder, "build",
+                        lambda self, **k: (builds.append(k), real(self, **k))[1])
+    for o in OPTIONS:
+        fresh = load_trace(cc4x5, cache_dir=None, **o)
+        builds.clear()
+        assert_same(load_trace(cc4x5, cache_dir=cache, **o), fresh)
+        assert_same(again := load_trace(cc4x5, cache_dir=cache, **o), fresh)
+        assert len(builds) == 1  # the first load built, the second read the copy
+        assert not again._pool.flags.writeable
+    built = sorted((tmp_path / "kc").glob("built-*.npz"))
+    assert len(built) == len(OPTIONS)
+    for f in built:
+        f.write_bytes(b"not an npz")
+    builds.clear()
+    capsys.readouterr()
+    assert_same(load_trace(cc4x5, cache_dir=cache, **OPTIONS[1]),
+                load_trace(cc4x5, cache_dir=None, **OPTIONS[1]))
+    err = capsys.readouterr().err
+    assert "built-" in err and "does not load" in err and "rebuilding" in err
+    assert len(builds) == 2  # the damaged copy was built again (and the fresh load built)
+    builds.clear()
+    load_trace(cc4x5, cache_dir=cache, **OPTIONS[1])
+    assert not builds  # and written back whole
+
+
+def test_a_changed_source_file_is_loaded_afresh(cc4x5, tmp_path) -> None:
+    """Both cached copies (the parse and the built Trace) are keyed by the files' size and
+    times: rewritten files are parsed and built again, never served from the old copies."""
+    cache = str(tmp_path / "kc")
+    before = load_trace(cc4x5, cache_dir=cache)
+    load_trace(cc4x5, cache_dir=cache)
+    write_cc_traces(cc4x5, sessions=4, turns=3, seed=1)
+    after = load_trace(cc4x5, cache_dir=cache)
+    assert len(after) == 4 * 3 != len(before)
+    assert_same(after, load_trace(cc4x5, cache_dir=None))
+
+
+UNPICKLED: list[str] = []
+
+
+def _unpickled(what: str) -> str:
+    UNPICKLED.append(what)
+    return what
+
+
+class _Trap:
+    """Calls ``_unpickled`` if anything ever unpickles it."""
+
+    def __reduce__(self):
+        return (_unpickled, ("trap",))
+
+
+def test_cache_files_are_never_unpickled(cc4x5, tmp_path) -> None:
+    """A cache file holding pickled objects (npz writes object arrays as pickles) is
+    treated as damaged: rebuilt from the source, its pickle never loaded."""
+    cache = tmp_path / "kc"
+    fresh = load_trace(cc4x5, cache_dir=str(cache))
+    files = sorted(cache.glob("*.npz"))
+    assert {f.name.split("-")[0] for f in files} == {"parsed", "built"}
+    trap = np.empty(1, dtype=object)
+    trap[0] = _Trap()
+    for f in files:
+        with open(f, "wb") as out:
+            np.savez(out, meta=np.frombuffer(json.dumps({"v": CACHE_VERSION}).encode(),
+                                             np.uint8), session=trap, req_ptr=trap)
+    assert_same(load_trace(cc4x5, cache_dir=str(cache)), fresh)
+    assert UNPICKLED == []

@@ -4,7 +4,9 @@ What is cached is the parse: the ``TraceBuilder`` a loader filled from the files
 ``max_context``, ``select`` and ``shared_prefix`` are applied (``TraceBuilder.storage``).
 Those options are applied after every load by the same ``build`` as after a parse, so one
 cached parse serves every combination of them, and a trace loaded from the cache is identical
-to one parsed afresh (tests/test_trace_cache.py).
+to one parsed afresh (tests/test_trace_cache.py). The Trace each option set built is kept
+too (``built-*.npz``, keyed by the parse's key and the options): a repeated load reads its
+arrays instead of building again (``cached_load``).
 
 The key hashes the source files' absolute paths, sizes, modification and change times, the
 format, the block size, ``lenient``, the loader's extra options (``rebuild_sessions``),
@@ -20,6 +22,7 @@ Where: ``resolve_cache_dir`` (the CLI and ``sim.run`` use it): an explicit folde
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import json
@@ -33,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from .builder import TraceBuilder
+from .model import Session, Trace
 
 CACHE_VERSION = 4  # 4: the parsed builder (any build options); older files are never served
 _ARRAYS = ("req_ptr", "new_ptr", "new_ids", "reg_ptr", "reg_vals", "reg_counts", "prompt",
@@ -41,6 +45,7 @@ _ARRAYS = ("req_ptr", "new_ptr", "new_ids", "reg_ptr", "reg_vals", "reg_counts",
 
 
 CACHE_OFF = "off"
+_SESSION_FIELDS = [f.name for f in dataclasses.fields(Session)]
 
 
 def resolve_cache_dir(cache_dir: str | None) -> str | None:
@@ -80,6 +85,11 @@ def save_parsed(builder: TraceBuilder, path: Path) -> None:
     arrays, meta = builder.storage()
     arrays["meta"] = np.frombuffer(json.dumps({"v": CACHE_VERSION, **meta}).encode(),
                                    dtype=np.uint8)
+    _write_npz(arrays, path)
+
+
+def _write_npz(arrays: dict[str, np.ndarray], path: Path) -> None:
+    """``arrays`` to ``path`` atomically (a reader never sees half a file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -105,18 +115,95 @@ def read_parsed(path: Path) -> TraceBuilder | None:
         return None
 
 
+def _say_damaged(path: Path) -> None:
+    print(f"kvsim: notice: trace cache {path}: does not load (truncated or damaged): "
+          "rebuilding it", file=sys.stderr)
+
+
 def cached_parse(specs: list[str], fmt: str, block_size: int, lenient: bool, cache_dir: str,
-                 extra: dict, parse: Callable[[], TraceBuilder]) -> TraceBuilder:
-    """The parse from the cache folder, else ``parse()`` (then cached)."""
-    key = cache_key(specs, fmt, block_size, lenient, extra)
+                 extra: dict, parse: Callable[[], TraceBuilder], key: str | None = None
+                 ) -> TraceBuilder:
+    """The parse from the cache folder, else ``parse()`` (then cached); ``key``: the
+    ``cache_key`` of the arguments when the caller has it."""
+    key = key or cache_key(specs, fmt, block_size, lenient, extra)
     path = Path(cache_dir) / f"parsed-{key[:24]}.npz"
     builder = read_parsed(path) if path.is_file() else None
     if builder is None and path.is_file():
-        print(f"kvsim: notice: trace cache {path}: does not load (truncated or damaged): "
-              "rebuilding it", file=sys.stderr)
+        _say_damaged(path)
     if builder is None:
         builder = parse()
         # A read-only or full cache folder costs the next load its speed, nothing else.
         with contextlib.suppress(OSError):
             save_parsed(builder, path)
     return builder
+
+
+# -- the built trace: a second copy per build option set ---------------------------------------
+# ``build`` costs Python work per session (a Mooncake trace is one session per request: 0.1 s
+# for 4,000), so the Trace it made is kept too, keyed by the parse's key and the options:
+# reloading it is a few array reads. Arrays are the Trace's own; everything else is JSON.
+
+
+def _trace_fields() -> list[str]:
+    return [f.name for f in dataclasses.fields(Trace) if f.init]
+
+
+def save_built(trace: Trace, path: Path) -> None:
+    """Write ``trace`` to ``path`` (npz); one that would not read back identical (an object
+    array, which npz would pickle; a field JSON changes, such as a tuple) is not written
+    (``TypeError``, which the caller ignores)."""
+    arrays: dict[str, np.ndarray] = {}
+    meta: dict = {"v": CACHE_VERSION}
+    for k in _trace_fields():
+        v = getattr(trace, k)
+        if k == "sessions":
+            meta[k] = [[getattr(s, f) for f in _SESSION_FIELDS] for s in v]
+        elif isinstance(v, np.ndarray):
+            if v.dtype.hasobject:
+                raise TypeError(f"{k}: an object array")
+            arrays[k] = v
+        else:
+            meta[k] = v
+    text = json.dumps(meta)
+    if json.loads(text) != meta:
+        raise TypeError("a field does not survive JSON")
+    arrays["meta"] = np.frombuffer(text.encode(), dtype=np.uint8)
+    _write_npz(arrays, path)
+
+
+def read_built(path: Path) -> Trace | None:
+    """The cached Trace, or None when the file is missing or unusable."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            meta = json.loads(bytes(z["meta"]).decode())
+            if meta.pop("v", None) != CACHE_VERSION:
+                return None
+            kw = {k: z[k] for k in z.files if k != "meta"}
+        kw["sessions"] = [Session(*row) for row in meta.pop("sessions")]
+        kw.update(meta)
+        for k in ("_pool", "_pool_region"):  # read-only, as ``build`` leaves them
+            if isinstance(kw.get(k), np.ndarray):
+                kw[k].setflags(write=False)
+        return Trace(**kw)
+    except (OSError, EOFError, ValueError, KeyError, TypeError, IndexError, AttributeError,
+            zipfile.BadZipFile, json.JSONDecodeError, UnicodeDecodeError):
+        return None
+
+
+def cached_load(specs: list[str], fmt: str, block_size: int, lenient: bool, cache_dir: str,
+                extra: dict, build: dict, parse: Callable[[], TraceBuilder],
+                make: Callable[[TraceBuilder], Trace]) -> Trace:
+    """The Trace ``make(parse())`` gives under the build options ``build``, from the cache
+    folder when a copy is there (else made, from the cached parse, and kept)."""
+    key = cache_key(specs, fmt, block_size, lenient, extra)
+    built = hashlib.sha256(json.dumps([key, build], sort_keys=True, default=str).encode())
+    path = Path(cache_dir) / f"built-{built.hexdigest()[:24]}.npz"
+    trace = read_built(path) if path.is_file() else None
+    if trace is not None:
+        return trace
+    if path.is_file():
+        _say_damaged(path)
+    trace = make(cached_parse(specs, fmt, block_size, lenient, cache_dir, extra, parse, key))
+    with contextlib.suppress(OSError, TypeError):
+        save_built(trace, path)
+    return trace

@@ -28,7 +28,8 @@ def load_trace(spec: str | list[str], format: str | None = None, block_size: int
     select: "top-requests:K" (the K sessions with most requests after the cut) or "first:K".
     seed: synthetic generators only. lenient: skip bad records, count them in trace.skipped.
     cache_dir: reuse/write an npz copy of the parsed files there (see traces.cache): one
-    copy serves every max_context, select and shared_prefix.
+    copy serves every max_context, select and shared_prefix; the Trace each of them built
+    is kept beside it.
     rebuild_sessions: Mooncake only: chain requests into sessions by prefix continuation.
     """
     specs = [spec] if isinstance(spec, str | Path) else list(spec)
@@ -61,13 +62,12 @@ def load_trace(spec: str | list[str], format: str | None = None, block_size: int
         raise READERS.unknown(fmt)
     _check_rebuild_sessions(rebuild_sessions, fmt, specs)
     if cache_dir is not None:
-        from .cache import cached_parse
+        from .cache import cached_load
 
-        b = cached_parse(specs, fmt, block_size, lenient, cache_dir, extra,
-                         lambda: _parse(specs, fmt, block_size, lenient, extra))
-    else:
-        b = _parse(specs, fmt, block_size, lenient, extra)
-    return _build(b, build, specs)
+        return cached_load(specs, fmt, block_size, lenient, cache_dir, extra, build,
+                           lambda: _parse(specs, fmt, block_size, lenient, extra),
+                           lambda b: _build(b, build, specs))
+    return _build(_parse(specs, fmt, block_size, lenient, extra), build, specs)
 
 
 def _check_rebuild_sessions(rebuild_sessions: bool, fmt: str, specs: list[str]) -> None:
