@@ -119,6 +119,10 @@ def _with(rows, i, **kw):
     (_with(MC, 2, input_length=_DEL), "line 3", "'input_length': missing"),
     (_with(MC, 3, output_length=-1), "line 4", "non-negative"),
     (_with(MC, 4, hash_ids=[1, 2]), "line 5", "'hash_ids': 2 ids for"),
+    # ids that are not integers, whichever JSON parser reads the line
+    (_with(MC, 1, hash_ids=[*MC[1]["hash_ids"][:-1], 1.5]), "line 2", "list of integers"),
+    (_with(MC, 1, hash_ids=[[1], *MC[1]["hash_ids"][1:]]), "line 2", "integers"),
+    (_with(MC, 1, hash_ids=[2**70, *MC[1]["hash_ids"][1:]]), "line 2", "integers"),
     (_with(MC, 5, timestamp=0), "line 6", "'timestamp': time goes backwards"),
     ([*MC[:2], "{not json", *MC[3:]], "line 3", "malformed JSON"),
 ])
