@@ -107,18 +107,39 @@ def test_one_replica_equals_single_server_for_every_router(engine):
 
 
 
-def test_one_result_assembly_for_every_kind():
+def test_one_result_assembly_for_every_kind(monkeypatch):
     """The kinds differ in how they serve, not in how their results are built (issue 52 item
-    4): each says what it served (``served``: recorder, requests, its fields and tables) and
-    sim/run/summary.py ``summarize`` alone builds every kind's result from that."""
+    4): each serves the trace and says what it served (sim/run/summary.py ``Served``:
+    recorder, requests, its fields and tables, whether it drew from the seed), and
+    ``summarize`` alone builds every kind's result from that, once per run."""
     import inspect
 
+    import sim.fleet.pd_run
+    import sim.fleet.results
+    import sim.run.driver as driver
     import sim.run.kinds as kinds
+    from sim.run.summary import Served, summarize
 
-    for kind in (kinds.Server, kinds.FleetRun, kinds.PDRun):
-        assert hasattr(kind, "served") and not hasattr(kind, "result"), kind
-    source = inspect.getsource(kinds)
-    assert "RunResult(" not in source and "summarize(" not in source
+    for module in (kinds, sim.fleet.results, sim.fleet.pd_run):
+        source = inspect.getsource(module)
+        assert "RunResult(" not in source and "summarize(" not in source, module
+    built = []
+
+    def once(kind, served):
+        assert isinstance(served, Served) and not built
+        built.append(summarize(kind, served))
+        return built[-1]
+
+    monkeypatch.setattr(driver, "summarize", once)
+    small = BASE.with_fields(trace="synthetic:claude-code?sessions=2", sessions=2)
+    for cfg, kind in ((small, kinds.Server), (small.with_fields(replicas=2), kinds.FleetRun),
+                      (small.with_fields(prefill_replicas=1, decode_replicas=1), kinds.PDRun)):
+        assert kinds.kind_of(cfg) is kind
+        built.clear()
+        assert run(cfg) is built[0], kind
+    # ``--replicas 1`` without a router or pool is the plain run's kind itself
+    assert kinds.kind_of(small.with_fields(replicas=1)) is kinds.Server
+
 
 # --- every request once; fleet totals are the sum of the replicas' -----------------------
 @pytest.mark.parametrize("router", [*sorted(ROUTERS), f"{EXAMPLE}:PrefixOrLeastLoad"])

@@ -80,11 +80,16 @@ def routed_ideal_rate(table: pd.DataFrame) -> float:
     return _share(float(ok["routed_ideal_hit_tokens"].sum()), float(ok["prompt_tokens"].sum()))
 
 
-def fleet_metrics(fleet, engines: list, tables: list[pd.DataFrame], sessions: RunRecorder,
-                  sim_end: float, block_size: int, table: pd.DataFrame
-                  ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def fleet_metrics(trace, fleet, engines: list, tables: list[pd.DataFrame],
+                  sessions: RunRecorder, sim_end: float, block_size: int, table: pd.DataFrame
+                  ) -> tuple[RunRecorder, dict[str, Any], list[dict[str, Any]]]:
+    """The fleet's recorder (``merge_recorders``), its metrics (module docstring) and each
+    replica's summary, from the replicas' requests (``tables``) and all of them (``table``)."""
     import pandas as pd  # (not at import: issue 55 start-up)
 
+    routed = [routed_ideal_rate(t) for t in tables]
+    fleet_routed = routed_ideal_rate(table)
+    merged = merge_recorders(trace, [e.rec for e in engines], sessions)
     d = fleet.decisions
     n = len(engines)
     dec = pd.DataFrame({
@@ -118,7 +123,7 @@ def fleet_metrics(fleet, engines: list, tables: list[pd.DataFrame], sessions: Ru
             rec.adopt_sessions(sessions, mine)
             s = rec.summary(sim_end, block_size, t)  # (reads its columns by name)
             s = {k: v for k, v in s.items() if not isinstance(v, dict | list)}
-            s["routed_ideal_hit_rate"] = routed_ideal_rate(t)
+            s["routed_ideal_hit_rate"] = routed[i]
             if not len(t) and not mine and idle is None:
                 idle = (dict(rec.counters), rec.hist.copy(), dict(s))
         s["replica"] = i
@@ -133,7 +138,7 @@ def fleet_metrics(fleet, engines: list, tables: list[pd.DataFrame], sessions: Ru
         "reuse_available": _share(ok["best"].sum(), prompt),
         "reuse_captured": _share(ok["true"].sum(), prompt),
         "reuse_delivered": _share(served["hit_gpu_tokens"].sum(), prompt),
-        "routed_ideal_hit_rate": routed_ideal_rate(table),
+        "routed_ideal_hit_rate": fleet_routed,
         "affinity": _share(float(follow["same"].sum()), len(follow)),
         "follow_ups": len(follow),
         "load_cv_busy": cv(busy),
@@ -143,4 +148,4 @@ def fleet_metrics(fleet, engines: list, tables: list[pd.DataFrame], sessions: Ru
         "belief_bias_mean_tokens": float(err.mean()) if has_view else math.nan,
         "belief_wrong_share": float((err != 0).mean()) if has_view else math.nan,
     }
-    return metrics, per_replica
+    return merged, metrics, per_replica

@@ -1,12 +1,14 @@
-"""What a fleet run adds to a run (sim/run/kinds.py's ``FleetRun`` assembles it): the
-fleet's size check, the router's RNG stream, the shared pool built from the run's cost model,
-the fleet's columns of the requests table (``ideal_columns``, ``pool_columns``), its tables
-(``load_table``, ``routing_table``, ``pool_table``) and the pool's fields and notes.
+"""What a fleet run adds to a run: the fleet's size check, the router's RNG stream, the shared
+pool built from the run's cost model, and what the fleet served (``fleet_served``, which
+sim/run/kinds.py's ``FleetRun`` hands to the run's one result assembly): the fleet's columns of
+the requests table (``ideal_columns``, ``pool_columns``), its tables (``load_table``,
+``routing_table``, ``pool_table``), the fleet metrics (sim/fleet/metrics.py) and the pool's
+fields and notes.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import simpy
@@ -14,11 +16,14 @@ import simpy
 from costmodel.units import ranges_units
 
 from .fleet import Fleet
+from .metrics import fleet_metrics
 from .pool import SharedPool
 from .pooltier import FleetPool
 
 if TYPE_CHECKING:  # pandas where a table is made: none before a run's first request (issue 55)
     import pandas as pd
+
+    from sim.engines.recorder import RunRecorder
 
 # The router's RNG stream: seeded by the run's seed, apart from every policy's.
 ROUTER_STREAM = 0x524F55544552  # "ROUTER"
@@ -41,6 +46,57 @@ def check_fleet_size(cfg, trace) -> None:
             raise FleetSizeError(f"{flag} {n:,}: the trace has {len(trace):,} requests, so "
                                  f"{n - len(trace):,} replicas or more could never serve one; "
                                  f"use at most {len(trace):,}")
+
+
+def router_drew(router, seed: int) -> bool:
+    """Whether ``router`` drew from its stream of the run's ``seed`` (``ROUTER_STREAM``): its
+    generator moved from where the seed starts it (a router that keeps its own: assume so)."""
+    rng = getattr(router, "rng", None)
+    if not isinstance(rng, np.random.Generator):
+        return True
+    start = np.random.default_rng([seed, ROUTER_STREAM]).bit_generator
+    return (rng.bit_generator.state != start.state
+            or rng.bit_generator.seed_seq.n_children_spawned != 0)
+
+
+def fleet_served(fleet: Fleet, engines: list, trace, sessions, pool: FleetPool | None,
+                 now: float, cfg, timeline=None
+                 ) -> tuple[RunRecorder, pd.DataFrame, dict[str, Any], dict[str, pd.DataFrame]]:
+    """What a fleet run served: the recorder of its summary (the replicas' merged), every
+    replica's requests in one table with a ``replica`` column, its summary fields (the fleet
+    metrics with each replica's summary, the pool's fields and notes) and tables (``load``:
+    each replica's queues at every decision, ``routing``: belief beside truth; the pool's)."""
+    import pandas as pd  # (not at import: issue 55 start-up)
+
+    bs = cfg.cache.block_size
+    tables = []
+    for i, e in enumerate(engines):
+        t = ideal_columns(e.rec.table(), fleet, bs)
+        t.insert(0, "replica", np.full(len(t), i, dtype=np.int64))
+        tables.append(t)
+    served = [t for t in tables if len(t)] or tables[:1]  # idle replicas add no rows
+    table = pd.concat(served, ignore_index=True) if len(served) > 1 else served[0]
+    table = table.sort_values(["send_s", "request"], kind="stable").reset_index(drop=True)
+    out = {"load": load_table(fleet), "routing": routing_table(fleet)}
+    pooled: dict = {}
+    if pool is not None:  # (the summary reads the requests' columns by name)
+        table = pool_columns(table, pool, bs)
+        notes = pool_notes(pool, table)
+        out["pool"] = pool_table(pool)
+        out["pool_transfers"] = pd.DataFrame(
+            np.asarray(pool.transfers, dtype=float).reshape(-1, 3),
+            columns=["start_s", "end_s", "bytes"])
+        pooled = pool_summary(pool, table, now, cfg) | {"pool_notes": notes}
+        if timeline is not None:
+            timeline.pool_fetches(pool.transfers, pool.transfer_replicas, cfg.fleet.replicas)
+    merged, summary, per_replica = fleet_metrics(trace, fleet, engines, tables, sessions, now,
+                                                 bs, table)
+    patch = cfg.value("vllm_patch")
+    if patch != "none":  # as a single run's summary: the patch and its counters
+        summary["vllm_patch"] = patch
+        for replica_summary, e in zip(per_replica, engines, strict=True):
+            replica_summary.update(e.patch_summary())
+    return merged, table, summary | {"replica_summaries": per_replica} | pooled, out
 
 
 def ideal_columns(table: pd.DataFrame, fleet: Fleet, bs: int) -> pd.DataFrame:

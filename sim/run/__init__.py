@@ -3,13 +3,12 @@ disaggregated fleet, and the files of its result.
 
 - ``check``: every check of a config before it runs (its own fields, then its engine's,
   context strategy's and fleet's); config -> config or ConfigError.
-- ``driver``: ``run``: check, price, load, build, replay, assemble;
+- ``driver``: ``run``: check, price, load, build the kind, let it serve, assemble;
   in -> out: (trace, config, seed) -> ``RunResult``.
-- ``kinds``: the kinds of run (one server, a fleet, a disaggregated fleet): their front and
-  their result; replicas -> requests table, summary.
-- ``build``: the replicas (engine, bound policy, recorder, timeline track) and the replay;
-  config -> engines, trace -> replies.
-- ``summary``: the fields every run's summary starts with; recorder, table -> fields.
+- ``kinds``: the kinds of run (one server, a fleet, a disaggregated fleet): their front, the
+  replay, what they served (``Served``); replicas, trace -> requests table, own fields.
+- ``build``: the replicas (engine, bound policy, recorder, timeline track); config -> engines.
+- ``summary``: the one result assembly of every kind (``summarize``); Served -> RunResult.
 - ``repeats``: repeats of a run, their means and 95% intervals; RunResults -> one RunResult.
 - ``trace``: the trace a config replays, loaded once per process; config -> Trace.
 - ``result``: ``RunResult``, ``write_result``, ``clear_run_outputs``; RunResult -> run folder.

@@ -1,16 +1,11 @@
-"""The replicas of a run and its replay, the same code for every kind of run: one server, a
-fleet, the two pools of a disaggregated fleet.
-
-``build_replicas`` makes each replica (a fresh policy bound to the run, a recorder of the
-trace's sessions, the engine ``sim.engines.engine_class`` builds, a timeline track); ``replay``
-sends the trace to the run's front (the engine itself, a ``sim.fleet.Fleet`` or a
-``sim.fleet.pd.PDFleet``) until the last reply.
-"""
+"""The replicas of a run, the same code for every kind of run: one server, a fleet, the two
+pools of a disaggregated fleet. ``build_replicas`` makes each replica (a fresh policy bound to
+the run, a recorder of the trace's sessions, the engine ``sim.engines.engine_class`` builds, a
+timeline track)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import simpy
 
@@ -20,7 +15,6 @@ from sim.config import RunConfig
 from sim.engines import EngineBase, engine_class
 from sim.engines.recorder import RecordListener
 from sim.fleet.metrics import recorder_for
-from sim.replay import Replay
 
 
 def session_infos(sessions) -> tuple[SessionInfo, ...]:
@@ -64,17 +58,3 @@ def build_replicas(env: simpy.Environment, cfg: RunConfig, spec, profile, trace,
         policies.append(policy)
     return engines, policies
 
-
-def replay(env: simpy.Environment, cfg: RunConfig, trace, front, context=None,
-           on_reply: Callable[[], None] | None = None) -> dict[str, Any]:
-    """Send ``trace`` to ``front`` as ``cfg.replay`` says and run the clock until the last
-    reply (both loops end with it). ``context``: a ``sim.context.ContextRun`` (None under
-    ``full``); ``on_reply``: called once per trace request answered (an observer only).
-    Returns the replay's own summary fields (what a concurrency cap held back)."""
-    t = cfg.traffic
-    driver = Replay(env, trace, front, trace.gaps(t.gaps), trace.start_offsets(t.gaps),
-                    t.sessions, t.time_scale, context, on_reply=on_reply,
-                    max_concurrency=t.max_concurrency)
-    env.run(until=env.process(driver.closed_loop() if t.replay == "closed"
-                              else driver.open_loop()))
-    return driver.throttle_fields()

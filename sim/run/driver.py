@@ -2,7 +2,8 @@
 
 Every kind of run (sim/run/kinds.py: one server, a fleet, a disaggregated fleet) goes the
 same way: check the config, price the model, load the trace, build the replicas and the
-front on one clock, replay the trace to the last reply, close, assemble the result. A run is
+front on one clock; the kind serves the trace (replays it to the last reply, closes, says
+what it served) and one assembly (sim/run/summary.py ``summarize``) makes the result. A run is
 a pure function of (trace, config, seed); the same inputs give byte-identical outputs.
 """
 
@@ -16,10 +17,9 @@ from sim.config import ConfigError, RunConfig
 from sim.engines import StepObserver
 from sim.engines.clock import Clock
 
-from .build import replay
 from .check import check
 from .kinds import kind_of
-from .repeats import drew_from_seed, run_repeats
+from .repeats import run_repeats
 from .result import RunResult
 from .summary import summarize
 from .trace import load_run_trace
@@ -55,9 +55,4 @@ def run(cfg: RunConfig, trace=None, timeline=None,
     if steps is not None:
         for engine in built.engines:
             engine.watch(steps)
-    replay_fields = replay(env, cfg, trace, built.front, built.context, on_reply)
-    built.close()
-    result = summarize(built, *built.served())
-    result.summary.update(replay_fields)
-    result.seed_drawn = drew_from_seed(cfg, built)
-    return result
+    return summarize(built, built.serve(on_reply))

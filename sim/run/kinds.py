@@ -2,13 +2,17 @@
 
 Each builds its replicas with ``sim.run.build.build_replicas`` on the run's clock and a front
 the replay sends to (the engine itself, a ``sim.fleet.Fleet``, a ``sim.fleet.pd.PDFleet``);
-after the replay its ``served`` says what it served, as data: the recorder its summary is
-computed from, the requests table, its own summary fields and its tables; one assembly,
-``sim.run.summary.summarize``, makes every kind's result from them (a single server adds no
-fleet field). ``kind_of`` says which a config runs.
+its ``serve`` replays the trace to the last reply (``replay``), closes, and says what it
+served, as data (``sim.run.summary.Served``): the recorder its summary is computed from, the
+requests table, its own summary fields (the replay's last) and tables, whether its front drew
+from the decision seed; one assembly, ``sim.run.summary.summarize``, makes every kind's result
+from them (a single server adds no fleet field). ``kind_of`` says which a config runs.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import simpy
@@ -19,23 +23,29 @@ from sim.config import RunConfig
 from sim.context import ContextRun, context_summary, parse_context
 from sim.deploy import gpus_per_replica
 from sim.fleet.fleet import Fleet, ReplicaSignals
-from sim.fleet.metrics import fleet_metrics, merge_recorders, recorder_for
+from sim.fleet.metrics import merge_recorders, recorder_for
 from sim.fleet.pd import PDFleet
 from sim.fleet.pd_run import PD_STREAM, pd_summary, pd_table
-from sim.fleet.results import (
-    ROUTER_STREAM,
-    build_pool,
-    check_fleet_size,
-    ideal_columns,
-    load_table,
-    pool_columns,
-    pool_notes,
-    pool_summary,
-    pool_table,
-    routing_table,
-)
+from sim.fleet.results import ROUTER_STREAM, build_pool, check_fleet_size, fleet_served, router_drew
+from sim.replay import Replay
 
 from .build import build_replicas
+from .summary import Served
+
+
+def replay(env: simpy.Environment, cfg: RunConfig, trace, front, context=None,
+           on_reply: Callable[[], None] | None = None) -> dict[str, Any]:
+    """Send ``trace`` to ``front`` as ``cfg.replay`` says and run the clock until the last
+    reply (both loops end with it). ``context``: a ``sim.context.ContextRun`` (None under
+    ``full``); ``on_reply``: called once per trace request answered (an observer only).
+    Returns the replay's own summary fields (what a concurrency cap held back)."""
+    t = cfg.traffic
+    driver = Replay(env, trace, front, trace.gaps(t.gaps), trace.start_offsets(t.gaps),
+                    t.sessions, t.time_scale, context, on_reply=on_reply,
+                    max_concurrency=t.max_concurrency)
+    env.run(until=env.process(driver.closed_loop() if t.replay == "closed"
+                              else driver.open_loop()))
+    return driver.throttle_fields()
 
 
 class Server:
@@ -50,13 +60,11 @@ class Server:
         self.engines, self.policies = build_replicas(env, cfg, spec, profile, trace, [None],
                                                      timeline)
         self.engine = self.engines[0]
-        self.front = self.engine
 
-    def close(self) -> None:
-        self.engine.close()
-
-    def served(self) -> tuple:
+    def serve(self, on_reply: Callable[[], None] | None = None) -> Served:
         cfg, server = self.cfg, self.engine
+        replayed = replay(self.env, cfg, self.trace, server, self.context, on_reply)
+        server.close()
         rec = server.rec
         table = rec.table()
         fields = {}
@@ -67,21 +75,13 @@ class Server:
             fields.update(context_summary(self.strategy, table, rec.counters, self.env.now,
                                           server.cache.working_peak_blocks * cfg.cache.block_size,
                                           cfg.cache.block_size))
-        return rec, table, fields, {}
+        return Served(rec, table, fields | replayed, {}, False)  # one server: no router
 
 
 class FleetRun:
-    """N replicas behind a router, with a shared pool when ``cfg.pool`` (sim/fleet).
-
-    Results: the requests of every replica in one table with a ``replica`` column; the
-    summary is computed over all of them with the same code as a single server's (so fleet
-    totals are the sums of the replicas'), plus the fleet metrics (``sim.fleet.metrics``)
-    and, under ``replica_summaries``, each replica's own summary; ``tables["load"]`` holds
-    each replica's waiting and running requests at every routing decision (``kvsim plot``
-    draws it), and ``tables["routing"]`` every decision with the router's belief beside the
-    truth."""
-
-    context = None
+    """N replicas behind a router, with a shared pool when ``cfg.pool`` (sim/fleet). What it
+    served: ``sim.fleet.results.fleet_served`` (the summary is a single server's over every
+    replica's requests, so fleet totals are the replicas' sums, plus the fleet's fields)."""
 
     def __init__(self, env: simpy.Environment, cfg: RunConfig, spec, profile, trace,
                  timeline=None) -> None:
@@ -98,52 +98,20 @@ class FleetRun:
                            np.random.default_rng([cfg.seed, ROUTER_STREAM]), self.pool,
                            signals)
 
-    def close(self) -> None:
+    def serve(self, on_reply: Callable[[], None] | None = None) -> Served:
+        replayed = replay(self.env, self.cfg, self.trace, self.front, None, on_reply)
         self.front.close()
-
-    def served(self) -> tuple:
-        import pandas as pd  # (not at import: issue 55 start-up)
-
-        cfg, fleet, engines, pool = self.cfg, self.front, self.engines, self.pool
-        now, trace = self.env.now, self.trace
-        tables = []
-        for i, e in enumerate(engines):
-            t = ideal_columns(e.rec.table(), fleet, cfg.cache.block_size)
-            t.insert(0, "replica", np.full(len(t), i, dtype=np.int64))
-            tables.append(t)
-        served = [t for t in tables if len(t)] or tables[:1]  # idle replicas add no rows
-        table = pd.concat(served, ignore_index=True) if len(served) > 1 else served[0]
-        table = table.sort_values(["send_s", "request"], kind="stable").reset_index(drop=True)
-        merged = merge_recorders(trace, [e.rec for e in engines], self.sessions)
-        summary, per_replica = fleet_metrics(fleet, engines, tables, self.sessions, now,
-                                             cfg.cache.block_size, table)
-        patch = cfg.value("vllm_patch")
-        if patch != "none":  # as a single run's summary: the patch and its counters
-            summary["vllm_patch"] = patch
-            for replica_summary, e in zip(per_replica, engines, strict=True):
-                replica_summary.update(e.patch_summary())
-        summary["replica_summaries"] = per_replica
-        out = {"load": load_table(fleet), "routing": routing_table(fleet)}
-        if pool is not None:  # (the summary reads the requests' columns by name)
-            table = pool_columns(table, pool, cfg.cache.block_size)
-            summary.update(pool_summary(pool, table, now, cfg))
-            summary["pool_notes"] = pool_notes(pool, table)
-            out["pool"] = pool_table(pool)
-            if self.timeline is not None:
-                self.timeline.pool_fetches(pool.transfers, pool.transfer_replicas,
-                                           cfg.fleet.replicas)
-            out["pool_transfers"] = pd.DataFrame(
-                np.asarray(pool.transfers, dtype=float).reshape(-1, 3),
-                columns=["start_s", "end_s", "bytes"])
-        return merged, table, summary, out
+        rec, table, fields, tables = fleet_served(self.front, self.engines, self.trace,
+                                                  self.sessions, self.pool, self.env.now,
+                                                  self.cfg, self.timeline)
+        return Served(rec, table, fields | replayed, tables,
+                      router_drew(self.front.router, self.cfg.seed))
 
 
 class PDRun:
     """A prefill pool behind the router and a decode pool, paired by the PD rule over the
     links (sim/fleet/pd.py, docs/pd.md). Results: ``sim.fleet.pd_run.pd_table`` (one row per
     request) and, after the common fields, ``pd_summary``; ``tables["pd_transfers"]``."""
-
-    context = None
 
     def __init__(self, env: simpy.Environment, cfg: RunConfig, spec, profile, trace,
                  timeline=None) -> None:
@@ -169,16 +137,14 @@ class PDRun:
                              self.sessions, spec.kv_bytes_per_token, spec.layers, profile,
                              gpus_per_replica(cfg, profile))
 
-    def close(self) -> None:
-        self.front.close()
-
-    def served(self) -> tuple:
+    def serve(self, on_reply: Callable[[], None] | None = None) -> Served:
         import pandas as pd  # (not at import: issue 55 start-up)
 
         cfg, fleet, prefill, decode = self.cfg, self.front, self.prefill, self.decode
-        now, trace = self.env.now, self.trace
-        table = pd_table(fleet, prefill, decode, trace, cfg.cache.block_size)
-        merged = merge_recorders(trace, [e.rec for e in prefill + decode], self.sessions)
+        replayed = replay(self.env, cfg, self.trace, fleet, None, on_reply)
+        fleet.close()
+        table = pd_table(fleet, prefill, decode, self.trace, cfg.cache.block_size)
+        fields = pd_summary(fleet, prefill, decode, table, self.env.now, cfg) | replayed
         links = sorted(fleet.queues.items(), key=lambda kv: str(kv[0]))
         if self.timeline is not None:
             from sim.timeline import link_name
@@ -188,7 +154,8 @@ class PDRun:
         transfers = [(str(key), *t) for key, q in links for t in q.transfers]
         tables = {"pd_transfers": pd.DataFrame(transfers, columns=["link", "start_s", "end_s",
                                                                     "bytes"])}
-        return merged, table, pd_summary(fleet, prefill, decode, table, now, cfg), tables
+        merged = merge_recorders(self.trace, [e.rec for e in prefill + decode], self.sessions)
+        return Served(merged, table, fields, tables, True)  # its router and rule draw
 
 
 def kind_of(cfg: RunConfig) -> type[Server | FleetRun | PDRun]:

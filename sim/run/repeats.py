@@ -20,6 +20,7 @@ from typing import Any
 from costmodel.detmath import ndtri
 
 from .result import RunResult
+from .summary import reads_seed
 from .trace import load_run_trace
 
 # t(0.975, df) for df = 1..30 (any statistics table); beyond, the Cornish-Fisher series
@@ -85,37 +86,9 @@ def seed_users(cfg) -> list[str]:
         users.append("the PD router and rule")
     elif cfg.is_fleet and cfg.fleet.replicas > 1:
         users.append("the router")
-    if _reads_seed(type(cfg.make_policy())):
+    if reads_seed(type(cfg.make_policy())):
         users.append(f"policy {cfg.policy_label}")
     return users
-
-
-def _reads_seed(policy: type) -> bool:
-    """A policy that may read the decision seed: one that says so, or a user's file."""
-    return policy.uses_seed or not policy.__module__.startswith("policies.")
-
-
-def drew_from_seed(cfg, built) -> bool:
-    """Whether a finished run of ``cfg`` (``built``: its replicas and front, sim/run/kinds.py)
-    drew from its decision seed: a policy that may read it (``seed_users``), a PD fleet (its
-    router and rule), or a router whose seeded stream moved from where the seed starts it.
-    Where none did, a run with another seed is the same run step for step (it could differ
-    only from a first draw, which never comes), so ``run_repeats`` reuses it."""
-    import numpy as np
-
-    from sim.fleet.results import ROUTER_STREAM
-
-    # the run's own policies (another made here would be one more instance of a user's class)
-    if cfg.is_pd or any(_reads_seed(type(p)) for p in built.policies):
-        return True
-    if not hasattr(built.front, "router"):  # one server: no router
-        return False
-    rng = getattr(built.front.router, "rng", None)
-    if not isinstance(rng, np.random.Generator):  # a router that keeps its own: assume so
-        return True
-    start = np.random.default_rng([cfg.seed, ROUTER_STREAM]).bit_generator
-    return (rng.bit_generator.state != start.state
-            or rng.bit_generator.seed_seq.n_children_spawned != 0)
 
 
 def run_repeats(cfg, trace, run_one: Callable[[Any, Any, int], RunResult],

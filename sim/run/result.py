@@ -22,8 +22,8 @@ class RunResult:
     requests: pd.DataFrame
     summary: dict[str, Any]
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)  # more: NAME.parquet
-    # whether anything in the run drew from its decision seed (sim/run/repeats.py
-    # ``drew_from_seed``): where nothing did, a repeat with another seed is this run again
+    # whether anything in the run drew from its decision seed (sim/run/summary.py ``summarize``):
+    # where nothing did, a repeat with another seed is this run again
     seed_drawn: bool = True
 
 

@@ -1,10 +1,11 @@
 """The result of every run, whatever its kind (``summarize``: one assembly for one server, a
 fleet and PD pools): the recorder's metrics over the run's requests table, the configuration
 fields beside them (``run_fields``), the answers in GPUs and SLOs (``answer_fields``), then
-the fields the kind adds (sim/run/kinds.py ``served``)."""
+the fields the kind adds (sim/run/kinds.py ``serve``)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from policies import EvictionPolicy
@@ -18,6 +19,23 @@ from .result import RunResult
 
 if TYPE_CHECKING:  # pandas where a table is made: none before a run's first request (issue 55)
     import pandas as pd
+
+
+@dataclass
+class Served:
+    """What a kind of run served (sim/run/kinds.py ``serve``), all ``summarize`` reads of it;
+    ``seed_drawn``: whether its front (a router, a PD rule) drew from the decision seed."""
+
+    rec: RunRecorder
+    table: pd.DataFrame
+    fields: dict[str, Any]
+    tables: dict[str, pd.DataFrame]
+    seed_drawn: bool
+
+
+def reads_seed(policy: type) -> bool:
+    """A policy that may read the decision seed: one that says so, or a user's file."""
+    return policy.uses_seed or not policy.__module__.startswith("policies.")
 
 
 def run_fields(cfg: RunConfig, policy: EvictionPolicy, profile, spec, trace,
@@ -78,12 +96,12 @@ def recompute_by_group(spec, ranges: list[tuple[int, int]]) -> list[dict[str, An
     return out
 
 
-def summarize(built, rec: RunRecorder, table: pd.DataFrame, fields: dict[str, Any],
-              tables: dict[str, pd.DataFrame]) -> RunResult:
-    """The result of ``built`` (a kind of run, sim/run/kinds.py) from what its ``served``
-    says: ``rec``'s summary over ``table`` (the run's requests; a fleet's merged recorder),
-    the configuration fields, the answers, then the kind's own ``fields``; its ``tables``."""
+def summarize(built, served: Served) -> RunResult:
+    """The result of ``built`` (a kind of run, sim/run/kinds.py) from what it ``served``: the
+    recorder's summary over the run's requests, the configuration fields, the answers, then
+    the kind's own fields; its tables."""
     cfg, spec, trace = built.cfg, built.spec, built.trace
+    rec, table = served.rec, served.table
     summary = rec.summary(built.env.now, cfg.cache.block_size, table)
     # recompute per KV cache group, each by its own formula (``spec``: the run's pricing spec,
     # each kind at its rate; issue 54 item 5)
@@ -91,5 +109,7 @@ def summarize(built, rec: RunRecorder, table: pd.DataFrame, fields: dict[str, An
     summary.update(run_fields(cfg, built.policies[0], built.profile, spec, trace, table))
     summary.update(answer_fields(cfg, built.profile, table, summary, set(rec.session_end),
                                  [s.parent for s in trace.sessions]))
-    summary.update(fields)
-    return RunResult(cfg, table, summary, tables)
+    summary.update(served.fields)
+    # the run's own policies (another made here would be one more instance of a user's class)
+    drew = served.seed_drawn or any(reads_seed(type(p)) for p in built.policies)
+    return RunResult(cfg, table, summary, served.tables, drew)
