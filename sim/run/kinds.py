@@ -101,11 +101,11 @@ class FleetRun:
     def serve(self, on_reply: Callable[[], None] | None = None) -> Served:
         replayed = replay(self.env, self.cfg, self.trace, self.front, None, on_reply)
         self.front.close()
+        drew = router_drew(self.front.router, self.cfg.seed)
         rec, table, fields, tables = fleet_served(self.front, self.engines, self.trace,
                                                   self.sessions, self.pool, self.env.now,
                                                   self.cfg, self.timeline)
-        return Served(rec, table, fields | replayed, tables,
-                      router_drew(self.front.router, self.cfg.seed))
+        return Served(rec, table, fields | replayed, tables, drew)
 
 
 class PDRun:
