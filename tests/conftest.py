@@ -43,6 +43,16 @@ def _trace_cache_in_tmp(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def ray_local():
+    """One local Ray (2 CPUs) for a test module (tests/test_sweep_ray.py,
+    tests/test_fleet_ray.py)."""
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
 def trace(tmp_path_factory) -> Path:
     """A cc-traces folder of 3 sessions x 5 requests (tests/enginekit.py write_cc_traces)."""
     from tests.enginekit import write_cc_traces

@@ -30,13 +30,6 @@ grid:
 """
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
-    yield
-    ray.shutdown()
-
-
 def test_router_sweep_on_ray_equals_the_local_pool(tmp_path, ray_local) -> None:
     write_cc_traces(tmp_path / "cc", sessions=4, turns=6)
     cfg = tmp_path / "sweep.yaml"

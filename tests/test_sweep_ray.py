@@ -37,13 +37,6 @@ baseline: {{preset: sglang}}
 
 
 @pytest.fixture(scope="module")
-def ray_local():
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def setup(tmp_path_factory, ray_local) -> dict:
     """The sweep config and its table from the local pool (-j 2): the reference."""
     root = tmp_path_factory.mktemp("ray")
