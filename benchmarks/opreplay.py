@@ -1,7 +1,8 @@
 """Replayers of cache op streams (benchmarks/opstream.py): the same stream through SGLang's
 RadixCache (``SglangSide``) or kvsim's cache (``OursSide``), op by op with the state after
 each op (``replay``, for differential tests) or timing only the cache calls (``timed_replay``,
-for benchmarks).
+for benchmarks). ``replay`` also runs the CHUNK ops of the UnifiedRadixCache sides and the
+hybrid sides of benchmarks/sglang_unified_ops.py.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from benchmarks.opstream import ALLOC, ARRIVE, FINISH, OpStream, Request
+from benchmarks.opstream import ALLOC, ARRIVE, CHUNK, FINISH, OpStream, Request
 
 
 class CacheSide(Protocol):
@@ -27,11 +28,15 @@ class CacheSide(Protocol):
     def finish(self, rid: int, inp: Any) -> np.ndarray: ...
     def touch(self, inp: Any) -> None: ...
     def observe(self) -> dict[str, Any]: ...
+    # Sides of SGLang 0.5.23 (benchmarks/sglang_unified_ops.py) also take CHUNK ops
+    # (``chunk(rid)``, its freed ids), and a hybrid side's ``arrive`` returns (hit, branching
+    # point) and its ``take()`` the (full, SWA) ids an op freed (freed states as -1s).
 
 
 @dataclass
 class Observation:
-    """What one op did, and (when observed) the cache state after it."""
+    """What one op did, and (when observed) the cache state after it. ``branching`` and
+    ``swa``: a hybrid tree's branching point (blocks) and what its second pool freed."""
 
     index: int
     op: int
@@ -40,6 +45,8 @@ class Observation:
     ok: bool = True
     freed: np.ndarray | None = None
     state: dict[str, Any] | None = None
+    branching: int | None = None
+    swa: np.ndarray | None = None
 
 
 _EMPTY = np.empty(0, np.int64)
@@ -53,6 +60,19 @@ def kvsim_state(c: Any) -> dict[str, Any]:
         "protected": c.protected_blocks,
         "reserved": c.reserved_blocks,
         "resident": np.sort(np.asarray(c.resident_block_ids(), np.int64)),
+    }
+
+
+def sglang_state(ref: Any, reserved: int) -> dict[str, Any]:
+    """``kvsim_state``'s fields of an SGLang tree (benchmarks/sglang_ref.py ``SglangRef`` or
+    benchmarks/sglang_unified_ref.py ``UnifiedRef``) whose requests hold ``reserved`` blocks
+    outside it."""
+    return {
+        "tree_blocks": ref.tree_blocks,
+        "evictable": ref.evictable_blocks,
+        "protected": ref.protected_blocks,
+        "reserved": reserved,
+        "resident": ref.resident_block_ids(),
     }
 
 
@@ -134,14 +154,7 @@ class SglangSide:
         self.ref.touch(inp[0])
 
     def observe(self) -> dict[str, Any]:
-        ref = self.ref
-        return {
-            "tree_blocks": ref.tree_blocks,
-            "evictable": ref.evictable_blocks,
-            "protected": ref.protected_blocks,
-            "reserved": self.reserved,
-            "resident": ref.resident_block_ids(),
-        }
+        return sglang_state(self.ref, self.reserved)
 
 
 class OursSide:
@@ -212,19 +225,25 @@ class OursSide:
 def replay(stream: OpStream, side: CacheSide, observe: bool = True) -> Iterator[Observation]:
     """Run `stream` through `side`, yielding one Observation per op (state only if `observe`)."""
     live: dict[int, tuple[Request, Any]] = {}  # running requests and their prepared inputs
+    take = getattr(side, "take", None)
     for i, (op, rid) in enumerate(stream.ops):
         ob = Observation(i, op, rid)
         if op == ARRIVE:
             req = stream.request(rid)
             inp = side.prepare(req)
             live[rid] = (req, inp)
-            ob.hit = side.arrive(rid, inp)
+            hit = side.arrive(rid, inp)
+            ob.hit, ob.branching = hit if isinstance(hit, tuple) else (hit, None)
         elif op == ALLOC:
             ob.ok, ob.freed = side.alloc(rid, live[rid][0].need_blocks)
+        elif op == CHUNK:
+            ob.freed = side.chunk(rid)
         elif op == FINISH:
             ob.freed = side.finish(rid, live.pop(rid)[1])
         else:
             side.touch(live[rid][1] if rid in live else side.prepare(stream.request(rid)))
+        if take is not None:
+            ob.freed, ob.swa = take()
         if observe:
             ob.state = side.observe()
         yield ob

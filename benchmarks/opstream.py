@@ -14,6 +14,9 @@ FINISH r   insert the full blocks of the first in+out-1 tokens (cache_finished_r
            request's own copies of blocks someone else inserted since its arrival (duplicates:
            blocks [hit, already-present)), unlock the arrival node, release the allocation.
 TOUCH r    fcfs periodic refresh: match r's prompt without locking (splits and stamps only).
+CHUNK r    (SGLang 0.5.23's chunked prefill, ``with_chunks``; benchmarks/sglang_unified_ops.py)
+           the next prefill chunk of r finished: its computed prefix is checkpointed into the
+           tree. A boundary at or past the prompt's end is no chunk: the op does nothing.
 
 Capacity is counted in blocks: free = capacity - blocks in the tree - blocks held by running
 requests. Block ids are chained (an id implies its prefix), int64, non-negative, < 2**56.
@@ -27,14 +30,14 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
-ARRIVE, ALLOC, FINISH, TOUCH = 0, 1, 2, 3
+ARRIVE, ALLOC, FINISH, TOUCH, CHUNK = 0, 1, 2, 3, 4
 _RESENT = ("match_ids", "finish_ids", "need_blocks", "in_tokens", "out_tokens")
-OP_NAMES = ("ARRIVE", "ALLOC", "FINISH", "TOUCH")
+OP_NAMES = ("ARRIVE", "ALLOC", "FINISH", "TOUCH", "CHUNK")
 
 
 @dataclass(frozen=True)
@@ -348,3 +351,31 @@ def trace_stream(
     return OpStream(
         name, block_size, capacity_blocks, ops, len(session_of), source, sessions_rids
     )
+
+
+def with_chunks(stream: OpStream, chunk_tokens: int, seed: int = 0) -> OpStream:
+    """`stream` with CHUNK ops for every request: as many as its prompt could need (hit 0),
+    each placed at a random point after its ALLOC and before its FINISH, in order."""
+    if chunk_tokens < 1:
+        raise ValueError("chunk_tokens must be >= 1")
+    rng = np.random.default_rng(seed)
+    alloc_at: dict[int, int] = {}
+    finish_at: dict[int, int] = {}
+    for i, (op, rid) in enumerate(stream.ops):
+        if op == ALLOC:
+            alloc_at[rid] = i
+        elif op == FINISH:
+            finish_at[rid] = i
+    inserts: dict[int, list[tuple[int, int]]] = {}  # op index -> CHUNK ops placed after it
+    for rid, a in alloc_at.items():
+        n = -(-stream.request(rid).in_tokens // chunk_tokens) - 1
+        if n <= 0:
+            continue
+        spots = np.sort(rng.integers(a, finish_at[rid], size=n))
+        for s in spots.tolist():
+            inserts.setdefault(s, []).append((CHUNK, rid))
+    ops: list[tuple[int, int]] = []
+    for i, op in enumerate(stream.ops):
+        ops.append(op)
+        ops.extend(inserts.get(i, ()))
+    return replace(stream, name=f"{stream.name}-chunk{chunk_tokens}", ops=ops)

@@ -11,31 +11,22 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from benchmarks.opstream import ALLOC, ARRIVE, FINISH, OpStream, random_stream
-from benchmarks.sglang_swa_ops import KvsimMambaSide, KvsimSwaSide
-from benchmarks.sglang_unified_ops import CHUNK, with_chunks
+from benchmarks.opreplay import replay
+from benchmarks.opstream import ARRIVE, FINISH, OpStream, random_stream, with_chunks
+from benchmarks.sglang_unified_ops import KvsimHybridSide
 from sim.kvcache.hybridtree import HybridRadixCache
 
 
 def run_checked(stream: OpStream, side: Any) -> None:
-    live = {}
+    live = set()
     cache: HybridRadixCache = side.cache
-    for op, rid in stream.ops:
-        if op == ARRIVE:
-            live[rid] = stream.request(rid)
-            side.arrive(rid, live[rid])
-        elif op == ALLOC:
-            side.alloc(rid, live[rid].need_blocks)
-        elif op == CHUNK:
-            side.chunk(rid)
-        elif op == FINISH:
-            live.pop(rid)
-            side.finish(rid)
-        else:
-            side.touch(live.get(rid) or stream.request(rid))
-        side.take()
+    for ob in replay(stream, side, observe=False):
+        if ob.op == ARRIVE:
+            live.add(ob.rid)
+        elif ob.op == FINISH:
+            live.discard(ob.rid)
         cache.check()
-    for rid in list(live):
+    for rid in live:
         side.finish(rid)
     cache.check()
     assert cache.idle()
@@ -47,8 +38,8 @@ def run_checked(stream: OpStream, side: Any) -> None:
 def test_hybrid_tree_swa_invariants(seed: int, window: int, ratio: float, capacity: int) -> None:
     chunk = (40, 100, 192)[seed % 3]
     stream = with_chunks(random_stream(seed, n_ops=200, capacity_blocks=capacity), chunk, seed)
-    run_checked(stream, KvsimSwaSide(capacity, max(4, int(capacity * ratio)), window, 64,
-                                     chunk))
+    run_checked(stream, KvsimHybridSide(capacity, 64, chunk, window=window,
+                                        swa_blocks=max(4, int(capacity * ratio))))
 
 
 @settings(max_examples=25, deadline=None)
@@ -57,7 +48,8 @@ def test_hybrid_tree_swa_invariants(seed: int, window: int, ratio: float, capaci
 def test_hybrid_tree_mamba_invariants(seed: int, slots: int, capacity: int) -> None:
     chunk = (5, 7, 13)[seed % 3]
     stream = random_stream(seed, n_ops=200, capacity_blocks=capacity, block_size=1)
-    run_checked(with_chunks(stream, chunk, seed), KvsimMambaSide(capacity, slots, chunk))
+    run_checked(with_chunks(stream, chunk, seed), KvsimHybridSide(capacity, 1, chunk,
+                                                                   mamba_slots=slots))
 
 
 def test_hybrid_tree_refuses_what_sglang_has_no_tree_for() -> None:

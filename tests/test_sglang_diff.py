@@ -26,7 +26,6 @@ from benchmarks.opstream import (
     ALLOC,
     ARRIVE,
     FINISH,
-    OP_NAMES,
     TOUCH,
     OpStream,
     closed_loop_ops,
@@ -34,8 +33,9 @@ from benchmarks.opstream import (
     random_stream,
     trace_stream,
 )
-from benchmarks.sglang_ref import SglangRef, block_tokens, torch_single_thread
+from benchmarks.sglang_ref import SglangRef, block_tokens
 from tests.chained import ids
+from tests.diffkit import sglang_lockstep
 
 BS = 64
 
@@ -182,36 +182,11 @@ def test_random_stream_is_well_formed_and_deterministic() -> None:
 
 
 def radix_lockstep(stream: OpStream, preset: str = "sglang") -> Counter:
-    """Replay `stream` through SGLang and our cache together; fail at the first difference."""
-    with torch_single_thread():
-        return _lockstep(stream, preset)
-
-
-def _lockstep(stream: OpStream, preset: str) -> Counter:
-    theirs = replay(stream, SglangSide(stream.capacity_blocks, stream.block_size))
-    ours = replay(stream, OursSide(stream.capacity_blocks, preset, debug=True))
-    seen: Counter = Counter()
-    for a, b in zip(theirs, ours, strict=True):
-        where = f"{stream.name} op {a.index} {OP_NAMES[a.op]} r{a.rid}"
-        assert a.hit == b.hit, f"{where}: hit {a.hit} (SGLang) != {b.hit} (ours)"
-        assert a.ok == b.ok, f"{where}: alloc ok {a.ok} (SGLang) != {b.ok} (ours)"
-        fa = [] if a.freed is None else a.freed.tolist()
-        fb = [] if b.freed is None else b.freed.tolist()
-        assert fa == fb, f"{where}: freed {fa} (SGLang) != {fb} (ours)"
-        for k in ("tree_blocks", "reserved", "evictable", "protected"):
-            assert a.state[k] == b.state[k], f"{where}: {k} {a.state[k]} != {b.state[k]}"
-        ra, rb = a.state["resident"], b.state["resident"]
-        assert np.array_equal(ra, rb), (
-            f"{where}: resident differ: only SGLang {np.setdiff1d(ra, rb)[:8]}, "
-            f"only ours {np.setdiff1d(rb, ra)[:8]}"
-        )
-        assert a.state["tree_blocks"] + a.state["reserved"] <= stream.capacity_blocks
-        seen[OP_NAMES[a.op]] += 1
-        seen["freed"] += len(fa)
-        seen["duplicates_freed"] += len(fa) if a.op == FINISH else 0
-        seen["hit"] += max(a.hit, 0)
-        seen["aborted"] += not a.ok
-    return seen
+    """Replay `stream` through SGLang and our cache together; fail at the first difference
+    (tests/diffkit.py)."""
+    cap = stream.capacity_blocks
+    return sglang_lockstep(stream, SglangSide(cap, stream.block_size),
+                           OursSide(cap, preset, debug=True), {("tree_blocks", "reserved"): cap})
 
 
 @pytest.mark.parametrize("seed", range(24))

@@ -1,9 +1,9 @@
 """Differential test: kvsim's SGLang cache for a sliding-window hybrid (sim/kvcache/hybridtree.py)
 against SGLang 0.5.23's DEFAULT cache with its SWA component, the real `UnifiedRadixCache`
 with `tree_components=(FULL, SWA)` and its pure-Python tree core
-(benchmarks/sglang_swa_ref.py), issue 54 item 3.
+(benchmarks/sglang_unified_ref.py HybridRef), issue 54 item 3.
 
-The protocol is the scheduler's (benchmarks/sglang_swa_ops.py): match + lock at admission,
+The protocol is the scheduler's (benchmarks/sglang_unified_ops.py): match + lock at admission,
 both pools' shortfalls evicted by one evict_for_alloc, chunk checkpoints (which free the
 request's out-of-window SWA KV), the decode steps' out-of-window free, the finish checkpoint
 and the row's release. After EVERY op both must agree on the hit, the SWA branching point,
@@ -19,24 +19,14 @@ import numpy as np
 import pytest
 from conftest import CC_TRACES, needs_cc_traces
 
-from benchmarks.opstream import ALLOC, OpStream, random_stream, trace_stream
-from benchmarks.sglang_ref import torch_single_thread
-from benchmarks.sglang_swa_ops import (
-    KvsimMambaSide,
-    KvsimSwaSide,
-    RealMambaSide,
-    RealSwaSide,
-    replay_swa,
-)
-from benchmarks.sglang_swa_ref import SwaRef
-from benchmarks.sglang_unified_ops import CHUNK_OP_NAMES, with_chunks
+from benchmarks.opstream import OpStream, random_stream, trace_stream, with_chunks
+from benchmarks.sglang_unified_ops import KvsimHybridSide, RealHybridSide
+from benchmarks.sglang_unified_ref import HybridRef
 from sim.kvcache.hybridtree import Freed, HybridRadixCache
+from tests.chained import ids
+from tests.diffkit import sglang_lockstep
 
 BS = 64
-
-
-def ids(*xs: int) -> np.ndarray:
-    return np.array(xs, np.int64)
 
 
 # ---- SGLang's own behaviour, pinned -------------------------------------------------------------
@@ -46,11 +36,9 @@ def test_sglang_hybrid_pins_windowed_retention_and_tombstones() -> None:
     """A 10-block request (window 128 tokens = 2 blocks): its first chunk frees its SWA KV
     older than the window, the finish keeps SWA only for the last window, leaves are capped at
     one window, a match needs a window of SWA before its end, SWA eviction tombstones."""
-    ref = SwaRef(40, 20, 128, BS)
-    hit, node, branching = ref.match(ids(1, 2, 3, 4, 5, 6, 7, 8))
-    assert (hit, branching) == (0, None)
-    ref.admit(0, node, hit, branching)
-    ref.set_row(0, np.arange(1, 11), 0, 10)
+    ref = HybridRef(40, BS, swa_blocks=20, window=128)
+    assert ref.admit(0, ids(1, 2, 3, 4, 5, 6, 7, 8)) == (0, None)
+    assert ref.allocate(0, np.arange(1, 11), 10)
     ref.checkpoint(0, 4, finished=False)  # a chunk of 4 blocks
     full, swa = ref.allocator.take_freed()
     assert (full.tolist(), swa.tolist()) == ([], [1])  # block 1 left the window
@@ -94,44 +82,17 @@ def test_sglang_hybrid_kvsim_pins_the_same() -> None:
 
 
 def lockstep(stream: OpStream, chunk: int, window: int, ratio: float,
-             kvsim_side: type = KvsimSwaSide) -> Counter:
+             kvsim_side: type = KvsimHybridSide) -> Counter:
+    """FULL + SWA in lockstep (tests/diffkit.py), an SWA pool of ``ratio`` x the full pool;
+    kvsim's SWA tombstones and their refills counted."""
     cap, bs = stream.capacity_blocks, stream.block_size
-    swa_cap = max(4, int(cap * ratio))
-    seen: Counter = Counter()
-    with torch_single_thread():
-        ours_side = kvsim_side(cap, swa_cap, window, bs, chunk)
-        theirs = replay_swa(stream, RealSwaSide(cap, swa_cap, window, bs, chunk))
-        ours = replay_swa(stream, ours_side)
-        for a, b in zip(theirs, ours, strict=True):
-            where = f"{stream.name} w{window} op {a.index} {CHUNK_OP_NAMES[a.op]} r{a.rid}"
-            assert (a.hit, a.branching, a.ok) == (b.hit, b.branching, b.ok), (
-                f"{where}: hit/branching/ok {(a.hit, a.branching, a.ok)} (SGLang) != "
-                f"{(b.hit, b.branching, b.ok)} (kvsim)")
-            assert a.full.tolist() == b.full.tolist(), (
-                f"{where}: full freed {a.full.tolist()} != {b.full.tolist()}")
-            assert a.swa.tolist() == b.swa.tolist(), (
-                f"{where}: SWA freed {a.swa.tolist()} != {b.swa.tolist()}")
-            assert a.state is not None and b.state is not None
-            for k, va in a.state.items():
-                vb = b.state[k]
-                if isinstance(va, np.ndarray):
-                    assert np.array_equal(va, vb), (
-                        f"{where}: resident {k} differ: only SGLang {np.setdiff1d(va, vb)[:8]}, "
-                        f"only kvsim {np.setdiff1d(vb, va)[:8]}")
-                else:
-                    assert va == vb, f"{where}: {k} {va} (SGLang) != {vb} (kvsim)"
-            assert a.state["full_used"] <= cap and a.state["swa_used"] <= swa_cap
-            seen["ops"] += 1
-            seen[CHUNK_OP_NAMES[a.op]] += 1
-            seen["hit"] += max(a.hit, 0)
-            seen["branching"] += a.branching is not None
-            seen["aborted"] += not a.ok
-            seen["full_freed"] += len(a.full)
-            seen["swa_freed"] += len(a.swa)
-            if a.op == ALLOC:
-                seen["swa_only_freed"] += len(a.swa) - len(a.full)
-    seen["tombstoned"] = ours_side.cache.tombstoned_blocks
-    seen["recovered"] = ours_side.cache.recovered_blocks
+    tree = {"swa_blocks": max(4, int(cap * ratio)), "window": window}
+    ours = kvsim_side(cap, bs, chunk, **tree)
+    seen = sglang_lockstep(stream, RealHybridSide(cap, bs, chunk, **tree), ours,
+                           {("full_used",): cap, ("swa_used",): tree["swa_blocks"]},
+                           f" w{window}")
+    seen["tombstoned"] = ours.cache.tombstoned_blocks
+    seen["recovered"] = ours.cache.recovered_blocks
     return seen
 
 
@@ -159,14 +120,14 @@ def test_sglang_hybrid_streams_exercise_every_path() -> None:
     assert total["hit"] > 100 and total["CHUNK"] > 50 and total["aborted"] > 0
     assert total["branching"] > 0  # full KV past the last window: the branch insert
     assert total["tombstoned"] > 0 and total["recovered"] > 0  # SWA tombstones, refilled
-    assert total["swa_only_freed"] > 0 and total["full_freed"] > 100
+    assert total["swa_only_freed"] > 0 and total["freed"] > 100
 
 
-class _NoPageSlack(KvsimSwaSide):
+class _NoPageSlack(KvsimHybridSide):
     """A wrong model: the SWA LRU refresh spans the window alone (SGLang's: window + page)."""
 
-    def __init__(self, *args: int) -> None:
-        super().__init__(*args)
+    def __init__(self, *args: int, **tree: int) -> None:
+        super().__init__(*args, **tree)
         cache = self.cache
 
         def refresh(node: object, c: HybridRadixCache = cache) -> None:
@@ -208,7 +169,7 @@ def test_sglang_hybrid_cc_traces(window: int, ratio: float) -> None:
                           max_requests_per_session=30, max_context=49152)
     stream = with_chunks(stream, 8192, 0)
     seen = lockstep(stream, 8192, window, ratio)
-    assert seen["ARRIVE"] == stream.n_requests and seen["full_freed"] > 0
+    assert seen["ARRIVE"] == stream.n_requests and seen["freed"] > 0
     assert seen["branching"] > 0 and seen["swa_freed"] > 0
 
 
@@ -216,41 +177,15 @@ def test_sglang_hybrid_cc_traces(window: int, ratio: float) -> None:
 
 
 def lockstep_mamba(stream: OpStream, chunk: int, slots: int,
-                   kvsim_side: type = KvsimMambaSide) -> Counter:
-    """FULL + MAMBA without the extra buffer (page = token): the state slots freed are
-    compared as a count, the states in the tree by the last token of their nodes."""
+                   kvsim_side: type = KvsimHybridSide) -> Counter:
+    """FULL + MAMBA without the extra buffer (page = token) in lockstep (tests/diffkit.py):
+    the state slots freed are compared as a count, the states in the tree by the last token
+    of their nodes."""
     cap = stream.capacity_blocks
-    seen: Counter = Counter()
-    with torch_single_thread():
-        ours_side = kvsim_side(cap, slots, chunk)
-        theirs = replay_swa(stream, RealMambaSide(cap, slots, chunk))
-        ours = replay_swa(stream, ours_side)
-        for a, b in zip(theirs, ours, strict=True):
-            where = f"{stream.name} mamba op {a.index} {CHUNK_OP_NAMES[a.op]} r{a.rid}"
-            assert (a.hit, a.branching, a.ok) == (b.hit, b.branching, b.ok), (
-                f"{where}: hit/branching/ok {(a.hit, a.branching, a.ok)} (SGLang) != "
-                f"{(b.hit, b.branching, b.ok)} (kvsim)")
-            assert a.full.tolist() == b.full.tolist(), (
-                f"{where}: full freed {a.full.tolist()} != {b.full.tolist()}")
-            assert len(a.swa) == len(b.swa), f"{where}: states freed {len(a.swa)} != {len(b.swa)}"
-            assert a.state is not None and b.state is not None
-            for k, va in a.state.items():
-                vb = b.state[k]
-                if isinstance(va, np.ndarray):
-                    assert np.array_equal(va, vb), (
-                        f"{where}: resident {k} differ: only SGLang {np.setdiff1d(va, vb)[:8]}, "
-                        f"only kvsim {np.setdiff1d(vb, va)[:8]}")
-                else:
-                    assert va == vb, f"{where}: {k} {va} (SGLang) != {vb} (kvsim)"
-            assert a.state["full_used"] <= cap and a.state["state_used"] <= slots
-            seen["ops"] += 1
-            seen[CHUNK_OP_NAMES[a.op]] += 1
-            seen["hit"] += max(a.hit, 0)
-            seen["branching"] += a.branching is not None
-            seen["aborted"] += not a.ok
-            seen["full_freed"] += len(a.full)
-            seen["states_freed"] += len(a.swa)
-    seen["dropped_states"] = ours_side.cache.dropped_states
+    ours = kvsim_side(cap, 1, chunk, mamba_slots=slots)
+    seen = sglang_lockstep(stream, RealHybridSide(cap, 1, chunk, mamba_slots=slots), ours,
+                           {("full_used",): cap, ("state_used",): slots}, " mamba")
+    seen["dropped_states"] = ours.cache.dropped_states
     return seen
 
 
@@ -273,14 +208,14 @@ def test_sglang_hybrid_mamba_streams_exercise_every_path() -> None:
         total += lockstep_mamba(with_chunks(stream, chunk, seed), chunk, 10)
     assert total["hit"] > 100 and total["CHUNK"] > 50 and total["aborted"] > 0
     assert total["states_freed"] > 100 and total["dropped_states"] > 0
-    assert total["full_freed"] > 100
+    assert total["freed"] > 100
 
 
-class _StaleStates(KvsimMambaSide):
+class _StaleStates(KvsimHybridSide):
     """A wrong model: a reused state is never moved to the Mamba LRU's front."""
 
-    def __init__(self, *args: int) -> None:
-        super().__init__(*args)
+    def __init__(self, *args: int, **tree: int) -> None:
+        super().__init__(*args, **tree)
         self.cache.mamba_lru.to_front = lambda node: None  # type: ignore[method-assign]
 
 
@@ -300,7 +235,7 @@ def test_sglang_hybrid_mamba_cc_traces() -> None:
     stream = trace_stream(CC_TRACES, sessions=12, active=4, in_flight=2, capacity_blocks=65536,
                           block_size=1, max_requests_per_session=30, max_context=32768)
     seen = lockstep_mamba(with_chunks(stream, 8192, 0), 8192, 12)
-    assert seen["ARRIVE"] == stream.n_requests and seen["full_freed"] > 0
+    assert seen["ARRIVE"] == stream.n_requests and seen["freed"] > 0
     assert seen["hit"] > 0 and seen["states_freed"] > 0 and seen["branching"] > 0
 
 

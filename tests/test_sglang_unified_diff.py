@@ -15,22 +15,14 @@ from __future__ import annotations
 
 from collections import Counter
 
-import numpy as np
 import pytest
 from conftest import CC_TRACES, needs_cc_traces
 
-from benchmarks.opstream import FINISH, OpStream, random_stream, trace_stream
-from benchmarks.sglang_ref import torch_single_thread
-from benchmarks.sglang_unified_ops import (
-    CHUNK,
-    CHUNK_OP_NAMES,
-    KvsimChunkSide,
-    UnifiedSide,
-    replay_chunked,
-    with_chunks,
-)
+from benchmarks.opstream import OpStream, random_stream, trace_stream, with_chunks
+from benchmarks.sglang_unified_ops import KvsimChunkSide, UnifiedSide
 from benchmarks.sglang_unified_ref import UnifiedRef
 from tests.chained import ids
+from tests.diffkit import sglang_lockstep
 
 BS = 64
 
@@ -61,33 +53,10 @@ def test_sglang_diff_unified_pins_split_and_whole_leaf_eviction() -> None:
 
 
 def unified_lockstep(stream: OpStream, chunk: int) -> Counter:
+    """SGLang's UnifiedRadixCache and kvsim's ``sglang`` preset in lockstep (tests/diffkit.py)."""
     cap, bs = stream.capacity_blocks, stream.block_size
-    with torch_single_thread():
-        theirs = replay_chunked(stream, UnifiedSide(cap, bs, chunk))
-        ours = replay_chunked(stream, KvsimChunkSide(cap, bs, chunk))
-        seen: Counter = Counter()
-        for a, b in zip(theirs, ours, strict=True):
-            where = f"{stream.name} op {a.index} {CHUNK_OP_NAMES[a.op]} r{a.rid}"
-            assert a.hit == b.hit, f"{where}: hit {a.hit} (SGLang) != {b.hit} (kvsim)"
-            assert a.ok == b.ok, f"{where}: alloc ok {a.ok} (SGLang) != {b.ok} (kvsim)"
-            fa = [] if a.freed is None else a.freed.tolist()
-            fb = [] if b.freed is None else b.freed.tolist()
-            assert fa == fb, f"{where}: freed {fa} (SGLang) != {fb} (kvsim)"
-            for k in ("tree_blocks", "reserved", "evictable", "protected"):
-                assert a.state[k] == b.state[k], f"{where}: {k} {a.state[k]} != {b.state[k]}"
-            ra, rb = a.state["resident"], b.state["resident"]
-            assert np.array_equal(ra, rb), (
-                f"{where}: resident differ: only SGLang {np.setdiff1d(ra, rb)[:8]}, "
-                f"only kvsim {np.setdiff1d(rb, ra)[:8]}"
-            )
-            assert a.state["tree_blocks"] + a.state["reserved"] <= stream.capacity_blocks
-            seen["ops"] += 1
-            seen[CHUNK_OP_NAMES[a.op]] += 1
-            seen["freed"] += len(fa)
-            seen["duplicates_freed"] += len(fa) if a.op in (CHUNK, FINISH) else 0
-            seen["hit"] += max(a.hit, 0)
-            seen["aborted"] += not a.ok
-    return seen
+    return sglang_lockstep(stream, UnifiedSide(cap, bs, chunk), KvsimChunkSide(cap, bs, chunk),
+                           {("tree_blocks", "reserved"): cap})
 
 
 @pytest.mark.parametrize("seed", range(16))
