@@ -12,7 +12,9 @@ block and every group's block table (null blocks as 0).
 
 from __future__ import annotations
 
+import types
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -33,47 +35,31 @@ class VllmHybridRef(VllmRef):
         version: str | None = None,
     ) -> None:
         mods = load_vllm_core(version)
-        import torch
-
-        iface, hashing, utils = mods["interface"], mods["hashing"], mods["utils"]
+        iface, single = mods["interface"], mods["single"]
         registry = mods["registry"].KVCacheSpecRegistry
-        registry.register(iface.SlidingWindowSpec, mods["single"].SlidingWindowManager,
+        registry.register(iface.SlidingWindowSpec, single.SlidingWindowManager,
                           uniform_type_base_spec=iface.SlidingWindowSpec)
-        registry.register(iface.MambaSpec, mods["single"].MambaManager,
+        registry.register(iface.MambaSpec, single.MambaManager,
                           uniform_type_base_spec=iface.MambaSpec)
-        self._mods = mods
-        self.block_size = block_size
-        self.capacity_blocks = capacity_blocks
-        self.full_sequence_must_fit = full_sequence_must_fit
+        self.groups = list(groups)
+        super().__init__(capacity_blocks, block_size, full_sequence_must_fit, version,
+                         max_in_flight_tokens)
+        assert type(self.manager.coordinator).__name__ == "HybridKVCacheCoordinator"
+
+    def _group_specs(self, iface: types.ModuleType, torch: Any) -> list[Any]:
+        """One group per ``HybridGroup``, one layer each."""
         specs = []
-        for i, g in enumerate(groups):
-            kw = dict(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float16)
+        for i, g in enumerate(self.groups):
+            kw = dict(block_size=self.block_size, num_kv_heads=1, head_size=1,
+                      dtype=torch.float16)
             if g.kind == MAMBA:  # prefix caching: align mode, a state per block edge
-                spec = iface.MambaSpec(block_size=block_size, shapes=((1,),),
+                spec = iface.MambaSpec(block_size=self.block_size, shapes=((1,),),
                                        dtypes=(torch.float16,), mamba_cache_mode="align")
             else:
                 spec = (iface.FullAttentionSpec(**kw) if g.kind == FULL
                         else iface.SlidingWindowSpec(sliding_window=g.window, **kw))
             specs.append(iface.KVCacheGroupSpec([f"layers.{i}"], spec))
-        config = iface.KVCacheConfig(num_blocks=capacity_blocks + 1, kv_cache_tensors=[],
-                                     kv_cache_groups=specs)
-        self.manager = mods["manager"].KVCacheManager(
-            config,
-            max_model_len=1 << 40,
-            scheduler_block_size=block_size,
-            hash_block_size=block_size,
-            max_in_flight_tokens=max_in_flight_tokens,
-            enable_caching=True,
-        )
-        assert type(self.manager.coordinator).__name__ == "HybridKVCacheCoordinator"
-        self.pool = self.manager.block_pool
-        utils.init_none_hash(hashing.sha256)
-        self._hasher = utils.get_request_block_hasher(block_size, hashing.sha256)
-        self._status = mods["request"].RequestStatus
-        self._reqs = {}
-        self._ids = {}
-        self._mapped = {}
-        self._hash_to_id = {}
+        return specs
 
     def new_step(self) -> None:
         """A scheduler step starts (``KVCacheManager.new_step_starts``)."""
@@ -84,11 +70,6 @@ class VllmHybridRef(VllmRef):
         get = self._mods["utils"].get_group_id
         return np.array([-1 if b.block_hash is None else get(b.block_hash)
                          for b in self.pool.blocks[1:]], np.int64)
-
-    def tables(self, rid: int) -> list[np.ndarray]:
-        """Per group: the physical blocks request ``rid`` holds by position (null: 0)."""
-        return [np.array([b.block_id for b in blocks], np.int64)
-                for blocks in self.manager.coordinator.get_blocks(str(rid))]
 
     def extend(self, rid: int, num_new_tokens: int, known: int | None = None,
                in_flight: int = 0) -> bool:

@@ -55,7 +55,9 @@ class VllmSide(Protocol):
 
 
 class ModelSide:
-    """kvsim's vLLM model (sim.kvcache.blockpool.BlockPool)."""
+    """kvsim's vLLM model: sim.kvcache.blockpool.BlockPool, or with ``groups`` the hybrid
+    pool (sim.kvcache.hybridpool.HybridPool, ``in_flight``: its admission cap
+    ``max_in_flight_tokens``)."""
 
     def __init__(
         self,
@@ -64,11 +66,21 @@ class ModelSide:
         free_order: str = "vllm",
         full_sequence_must_fit: bool = True,
         debug: bool = False,
+        groups: Sequence[Any] | None = None,
+        in_flight: int | None = None,
     ) -> None:
-        from sim.kvcache.blockpool import BlockPool
+        if groups is None:
+            from sim.kvcache.blockpool import BlockPool
 
-        self.name = f"kvsim blockpool ({free_order})"
-        self.pool = BlockPool(capacity_blocks, block_size, free_order, debug=debug)
+            self.name = f"kvsim blockpool ({free_order})"
+            self.pool: Any = BlockPool(capacity_blocks, block_size, free_order, debug=debug)
+        else:
+            from sim.kvcache.hybridpool import HybridPool
+
+            self.name = "kvsim hybridpool"
+            self.pool = HybridPool(capacity_blocks, block_size, list(groups),
+                                   max_in_flight_tokens=in_flight, debug=debug)
+        self.hybrid = groups is not None
         self.full = full_sequence_must_fit
 
     def lookup(self, rid: int, ids: np.ndarray, num_tokens: int) -> int:
@@ -86,27 +98,49 @@ class ModelSide:
     def sample(self, rid: int) -> None:
         """Sampled tokens only matter to the cache once computed (extend)."""
 
+    def new_step(self) -> None:
+        if self.hybrid:  # the Mamba manager's new_step_starts
+            self.pool.new_step()
+
     def observe(self) -> dict[str, Any]:
+        """The state a differential test compares: the kvsim id cached in each physical
+        block (hybrid: and its group), each block's ref count, the free queue front to back
+        and every running request's block table per group (null blocks 0)."""
         p = self.pool
-        return {
-            "block_ids": p.block_ids(),
-            "refs": p.ref_counts(),
-            "free_queue": p.free_queue(),
-            "tables": {r: p.table(r) for r in p.running()},
-        }
+        state = {"block_ids": p.block_ids(), "refs": p.ref_counts(),
+                 "free_queue": p.free_queue(),
+                 "tables": {r: p.tables(r) if self.hybrid else [p.table(r)]
+                            for r in p.running()}}
+        if self.hybrid:
+            state["groups"] = p.block_groups()
+        return state
 
 
 class RealSide:
     """The real vLLM KVCacheManager (benchmarks/vllm_ref.py: the pinned install ``use_vllm``
-    chose)."""
+    chose), with ``groups`` over a hybrid KV cache config (benchmarks/vllm_hybrid_ref.py:
+    vLLM's HybridKVCacheCoordinator)."""
 
     def __init__(
-        self, capacity_blocks: int, block_size: int, full_sequence_must_fit: bool = True
+        self,
+        capacity_blocks: int,
+        block_size: int,
+        full_sequence_must_fit: bool = True,
+        groups: Sequence[Any] | None = None,
+        in_flight: int | None = None,
     ) -> None:
-        from benchmarks.vllm_ref import VllmRef
+        if groups is None:
+            from benchmarks.vllm_ref import VllmRef
 
-        self.name = "vLLM KVCacheManager"
-        self.ref = VllmRef(capacity_blocks, block_size, full_sequence_must_fit)
+            self.name = "vLLM KVCacheManager"
+            self.ref: Any = VllmRef(capacity_blocks, block_size, full_sequence_must_fit)
+        else:
+            from benchmarks.vllm_hybrid_ref import VllmHybridRef
+
+            self.name = "vLLM HybridKVCacheCoordinator"
+            self.ref = VllmHybridRef(capacity_blocks, block_size, groups,
+                                     full_sequence_must_fit, in_flight)
+        self.hybrid = groups is not None
         self._known: set[int] = set()
 
     def _ensure(self, rid: int, ids: np.ndarray, num_tokens: int) -> None:
@@ -136,16 +170,20 @@ class RealSide:
     def sample(self, rid: int) -> None:
         self.ref.sample(rid)
 
+    def new_step(self) -> None:
+        if self.hybrid:
+            self.ref.new_step()
+
     def observe(self) -> dict[str, Any]:
+        """``ModelSide.observe``'s state, of the real manager."""
         r = self.ref
-        state = r.blocks()
-        queue = r.free_queue()
-        return {
-            "block_ids": state[:, 0],
-            "refs": state[:, 1],
-            "free_queue": np.array([p for p, _ in queue], np.int64),
-            "tables": {rid: np.array(r.table(rid), np.int64) for rid in r.running()},
-        }
+        blocks = r.blocks()
+        state = {"block_ids": blocks[:, 0], "refs": blocks[:, 1],
+                 "free_queue": np.array([p for p, _ in r.free_queue()], np.int64),
+                 "tables": {rid: r.tables(rid) for rid in r.running()}}
+        if self.hybrid:
+            state["groups"] = r.block_groups()
+        return state
 
 
 @dataclass

@@ -276,6 +276,7 @@ class VllmRef:
         block_size: int = 64,
         full_sequence_must_fit: bool = True,
         version: str | None = None,
+        max_in_flight_tokens: int | None = None,
     ) -> None:
         mods = load_vllm_core(version)
         import torch
@@ -285,19 +286,17 @@ class VllmRef:
         self.block_size = block_size
         self.capacity_blocks = capacity_blocks
         self.full_sequence_must_fit = full_sequence_must_fit
-        spec = iface.FullAttentionSpec(
-            block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float16
-        )
         config = iface.KVCacheConfig(
             num_blocks=capacity_blocks + 1,
             kv_cache_tensors=[],
-            kv_cache_groups=[iface.KVCacheGroupSpec(["layers.0"], spec)],
+            kv_cache_groups=self._group_specs(iface, torch),
         )
         self.manager = mods["manager"].KVCacheManager(
             config,
             max_model_len=1 << 40,
             scheduler_block_size=block_size,
             hash_block_size=block_size,
+            max_in_flight_tokens=max_in_flight_tokens,  # None: vLLM's default, max_model_len
             enable_caching=True,
         )
         self.pool = self.manager.block_pool
@@ -308,6 +307,13 @@ class VllmRef:
         self._ids: dict[int, np.ndarray] = {}
         self._mapped: dict[int, int] = {}  # rid -> block hashes already mapped to ids
         self._hash_to_id: dict[Any, int] = {}
+
+    def _group_specs(self, iface: types.ModuleType, torch: Any) -> list[Any]:
+        """The KV cache groups: one full-attention group of one layer."""
+        spec = iface.FullAttentionSpec(
+            block_size=self.block_size, num_kv_heads=1, head_size=1, dtype=torch.float16
+        )
+        return [iface.KVCacheGroupSpec(["layers.0"], spec)]
 
     # -- requests -----------------------------------------------------------------------------
     def _map_hashes(self, rid: int) -> None:
@@ -435,6 +441,12 @@ class VllmRef:
     def table(self, rid: int) -> list[int]:
         """Physical blocks held by request `rid`, in position order."""
         return [b.block_id for b in self.manager.coordinator.get_blocks(str(rid))[0]]
+
+    def tables(self, rid: int) -> list[np.ndarray]:
+        """Per KV cache group: the physical blocks request ``rid`` holds by position (a
+        hybrid's null blocks: 0)."""
+        return [np.array([b.block_id for b in blocks], np.int64)
+                for blocks in self.manager.coordinator.get_blocks(str(rid))]
 
     @property
     def free_blocks(self) -> int:

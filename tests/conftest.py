@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.vllm_ref import VLLM_VERSIONS
+
 REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = REPO.parent / "shared" / "data"
 CC_TRACES = SHARED_DATA / "cc-traces"
@@ -40,6 +42,16 @@ def _trace_cache_in_tmp(tmp_path_factory):
         os.environ.pop("KVSIM_CACHE_DIR", None)
     else:
         os.environ["KVSIM_CACHE_DIR"] = old
+
+
+@pytest.fixture(params=VLLM_VERSIONS)
+def vllm(request) -> str:
+    """The pinned vLLM a test runs against, each in turn (benchmarks/vllm_ref.py
+    VLLM_VERSIONS): ``use_vllm`` makes it the one ``VllmRef`` loads. The vLLM differential
+    modules ask for it for every test (``pytestmark = pytest.mark.usefixtures("vllm")``)."""
+    from benchmarks.vllm_ref import use_vllm
+
+    return use_vllm(request.param)
 
 
 @pytest.fixture(scope="module")

@@ -16,71 +16,17 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from typing import ClassVar
 
-import numpy as np
 import pytest
 from conftest import CC_TRACES, needs_cc_traces
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from benchmarks.opstream import OpStream, random_stream, trace_stream
-from benchmarks.vllm_ops import (
-    ADMIT,
-    VOP_NAMES,
-    DriverConfig,
-    ModelSide,
-    RealSide,
-    drive,
-)
-from benchmarks.vllm_ref import VLLM_VERSIONS, use_vllm
+from benchmarks.vllm_ops import DriverConfig
+from tests.diffkit import engine_lockstep, vllm_lockstep
 
-
-@pytest.fixture(params=VLLM_VERSIONS, autouse=True)
-def vllm(request) -> str:
-    """Every test here runs against each pinned vLLM (the one ``VllmRef`` loads)."""
-    return use_vllm(request.param)
-
-
-def pool_lockstep(stream: OpStream, config: DriverConfig) -> Counter:
-    """Drive `stream` through the real manager and the model together; fail at the first
-    difference. Returns what happened (ops by kind, evictions, duplicates, lazy hits)."""
-    full = config.full_sequence_must_fit
-    real = RealSide(stream.capacity_blocks, stream.block_size, full)
-    model = ModelSide(stream.capacity_blocks, stream.block_size, "vllm", full, debug=True)
-    seen: Counter = Counter()
-    prev: dict = {"state": model.observe()}
-
-    def on_op(kind: int, rid: int, k: int, results: list) -> None:
-        where = f"{stream.name} op {seen['ops']} {VOP_NAMES[kind]} r{rid} k={k}"
-        a, b = results
-        assert a == b, f"{where}: vLLM {a} != kvsim {b}"
-        ra, rb = real.observe(), model.observe()
-        for key in ("block_ids", "refs", "free_queue"):
-            assert np.array_equal(ra[key], rb[key]), (
-                f"{where}: {key} differ\n vLLM  {ra[key].tolist()}\n kvsim {rb[key].tolist()}"
-            )
-        assert ra["tables"].keys() == rb["tables"].keys(), f"{where}: running requests differ"
-        for r, t in ra["tables"].items():
-            assert np.array_equal(t, rb["tables"][r]), f"{where}: table of r{r} differs"
-        before = prev["state"]
-        seen["ops"] += 1
-        seen[VOP_NAMES[kind]] += 1
-        evicted = (before["block_ids"] >= 0) & (rb["block_ids"] != before["block_ids"])
-        seen["evicted"] += int(evicted.sum())
-        ids = rb["block_ids"][rb["block_ids"] >= 0]
-        seen["duplicates"] = max(seen["duplicates"], len(ids) - len(np.unique(ids)))
-        if kind == ADMIT:
-            if a is None:
-                seen["refused"] += 1
-            elif a:
-                hit_blocks = rb["tables"][rid][:a] - 1
-                seen["hit"] += a
-                seen["lazy_hits"] += int(np.count_nonzero(before["refs"][hit_blocks] == 0))
-        prev["state"] = rb
-
-    drive(stream, [real, model], config, on_op)
-    return seen
+pytestmark = pytest.mark.usefixtures("vllm")  # each pinned vLLM (tests/conftest.py)
 
 
 def random_pool_case(seed: int) -> tuple[OpStream, DriverConfig]:
@@ -105,7 +51,7 @@ def random_pool_case(seed: int) -> tuple[OpStream, DriverConfig]:
 
 @pytest.mark.parametrize("seed", range(32))
 def test_vllm_diff_random_stream(seed: int) -> None:
-    seen = pool_lockstep(*random_pool_case(seed))
+    seen = vllm_lockstep(*random_pool_case(seed))
     print(f"random-{seed}: {seen['ops']} ops compared")
     assert seen["LOOKUP"] and seen["FREE"]
 
@@ -115,7 +61,7 @@ def test_vllm_diff_random_streams_exercise_every_rule() -> None:
     (lazy eviction), keep duplicates, refuse admissions and preempt."""
     total: Counter = Counter()
     for seed in (3, 6, 9, 12, 15, 18):
-        total += pool_lockstep(*random_pool_case(seed))
+        total += vllm_lockstep(*random_pool_case(seed))
     print(f"exercise: {total['ops']} ops compared")
     assert total["evicted"] > 50 and total["hit"] > 50 and total["lazy_hits"] > 10
     assert total["duplicates"] > 0 and total["refused"] > 0 and total["PREEMPT"] > 0
@@ -144,7 +90,7 @@ def test_vllm_diff_any_shape(
         resend=0.2,
     )
     config = DriverConfig(running, 3, chunk, decode, seed % 1000, full)
-    pool_lockstep(stream, config)
+    vllm_lockstep(stream, config)
 
 
 @needs_cc_traces
@@ -168,97 +114,13 @@ def test_vllm_diff_cc_traces(
         max_context=32768,
     )
     config = DriverConfig(max_running=running, active=4, chunk=2048, decode=64, seed=1)
-    seen = pool_lockstep(stream, config)
+    seen = vllm_lockstep(stream, config)
     print(f"{stream.name} bs={bs}: {seen['ops']} ops compared")
     assert seen["ADMIT"] >= stream.n_requests
     assert seen["hit"] > 0 and seen["evicted"] > 0
 
 
-# --- the vLLM ENGINE against the real manager -------------------------------------------------
-class ShadowPool:
-    """kvsim's block pool with the real vLLM KVCacheManager beside it: every call the vLLM
-    engine (sim/engines/vllm.py) makes is applied to both, and their results and whole states
-    (block ids, ref counts, free queue, block tables) must be identical after every call.
-    So the engine's protocol (admission with the budget, chunk and decode allocations,
-    decode runs allocated at once, preemption and finish frees in schedule order) is what
-    the real manager accepts, op for op."""
-
-    made: ClassVar[list[ShadowPool]] = []
-
-    def __init__(self, capacity_blocks: int, block_size: int, free_order: str, *,
-                 debug: bool = False) -> None:
-        from benchmarks.vllm_ref import VllmRef
-        from sim.kvcache.blockpool import BlockPool
-
-        assert free_order == "vllm", "only vLLM's own order exists in the real code"
-        self.model = BlockPool(capacity_blocks, block_size, free_order, debug=True)
-        self.real = VllmRef(capacity_blocks, block_size)
-        self.known: set[int] = set()
-        self.ops: Counter = Counter()
-        ShadowPool.made.append(self)
-
-    def __getattr__(self, name: str):  # counters and observations: the model's
-        return getattr(self.model, name)
-
-    def admit(self, rid: int, ids: np.ndarray, num_tokens: int, k: int) -> int | None:
-        if rid not in self.known:
-            self.real.new_request(rid, ids, num_tokens)
-            self.known.add(rid)
-        else:  # resumed after preemption: its sampled tokens so far, as vLLM keeps them
-            for _ in range(num_tokens - self.real.num_tokens(rid)):
-                self.real.sample(rid)
-        got = self.model.admit(rid, ids, num_tokens, k)
-        ok, hit = self.real.admit(rid, k)
-        assert (got is not None) == ok and (not ok or got == hit), (rid, got, ok, hit)
-        self._compare("ADMIT", rid)
-        self.ops["refused" if got is None else "hit"] += 0 if got is None else got
-        return got
-
-    def extend(self, rid: int, k: int, known: int | None = None) -> bool:
-        got = self.model.extend(rid, k, known=known)
-        assert got == self.real.extend(rid, k, known=known), (rid, k, got)
-        self._compare("EXTEND", rid)
-        return got
-
-    def cache_known(self, rid: int, tokens: int) -> None:
-        self.model.cache_known(rid, tokens)
-        self.real.cache_known(rid, tokens)
-        self._compare("CACHE", rid)
-
-    def free(self, rid: int) -> None:
-        self.model.free(rid)
-        self.real.preempt(rid)  # the manager frees alike for finish and preemption
-        self._compare("FREE", rid)
-
-    def _compare(self, op: str, rid: int) -> None:
-        self.ops[op] += 1
-        self.ops["ops"] += 1
-        m, r = self.model, self.real
-        where = f"op {self.ops['ops']} {op} r{rid}"
-        state = r.blocks()
-        assert np.array_equal(m.block_ids(), state[:, 0]), f"{where}: cached ids differ"
-        assert np.array_equal(m.ref_counts(), state[:, 1]), f"{where}: ref counts differ"
-        queue = np.array([p for p, _ in r.free_queue()], np.int64)
-        assert np.array_equal(m.free_queue(), queue), f"{where}: free queues differ"
-        assert sorted(m.running()) == sorted(r.running()), f"{where}: running requests differ"
-        for x in m.running():
-            assert np.array_equal(m.table(x), np.array(r.table(x))), f"{where}: table r{x}"
-
-
-def engine_pool_lockstep(monkeypatch, cfg, trace) -> Counter:
-    import sim.engines.vllm as vllm_engine
-    from sim.run import run
-
-    ShadowPool.made = []
-    monkeypatch.setattr(vllm_engine, "BlockPool", ShadowPool)
-    res = run(cfg, trace)
-    ops = sum((p.ops for p in ShadowPool.made), Counter())
-    ops["requests"] = res.summary["requests"]
-    ops["retractions"] = res.summary["retractions"]
-    ops["evicted"] = res.summary["evicted_tokens"]
-    return ops
-
-
+# --- the vLLM ENGINE against the real manager (tests/diffkit.py ShadowPool) ----------------
 def test_vllm_diff_engine_kit_trace(monkeypatch, vllm: str) -> None:
     """Tight memory: chunked prefills, mixed steps, decode runs, preemptions, lazy hits."""
     from sim.config import RunConfig
@@ -271,10 +133,10 @@ def test_vllm_diff_engine_kit_trace(monkeypatch, vllm: str) -> None:
         cfg = RunConfig.from_flat(engine="vllm", gpu_cache=cache, sessions=3, chunk_size=budget,
                                   profile="derived-h100-qwen3-8b", vllm_version=vllm[:4],
                                   vllm_async=asynchronous).with_preset("vllm")
-        ops = engine_pool_lockstep(monkeypatch, cfg, trace)
+        ops, summary = engine_lockstep(monkeypatch, cfg, trace)
         print(f"engine kit {cache}/{budget} async {asynchronous}: {ops['ops']} ops compared")
-        assert ops["requests"] == len(trace) and ops["retractions"] > 0 and ops["evicted"] > 0
-        assert ops["hit"] > 0
+        assert summary["requests"] == len(trace) and summary["retractions"] > 0
+        assert summary["evicted_tokens"] > 0 and ops["hit"] > 0
 
 
 def test_vllm_diff_engine_synthetic(monkeypatch, vllm: str) -> None:
@@ -284,9 +146,9 @@ def test_vllm_diff_engine_synthetic(monkeypatch, vllm: str) -> None:
     cfg = RunConfig.from_flat(engine="vllm", trace="synthetic:claude-code?sessions=6",
                               max_context=32768, vllm_version=vllm[:4],
                               gpu_cache=49152, sessions=4, gaps="tool").with_preset("vllm")
-    ops = engine_pool_lockstep(monkeypatch, cfg, None)
+    ops, summary = engine_lockstep(monkeypatch, cfg, None)
     print(f"engine synthetic: {ops['ops']} ops compared")
-    assert ops["evicted"] > 0 and ops["hit"] > 0
+    assert summary["evicted_tokens"] > 0 and ops["hit"] > 0
 
 
 @needs_cc_traces
@@ -305,6 +167,6 @@ def test_vllm_diff_engine_cc_traces(monkeypatch, vllm: str, decode_runs: bool,
                               shared_prefix=15974, max_context=32768, gpu_cache=65536 // 6 * select,
                               sessions=min(4, select), gaps="cap:10", vllm_version=vllm[:4],
                               chunk_size=4096).with_preset("vllm")
-    ops = engine_pool_lockstep(monkeypatch, cfg, None)
+    ops, summary = engine_lockstep(monkeypatch, cfg, None)
     print(f"engine cc-traces ({'runs' if decode_runs else 'steps'}): {ops['ops']} ops compared")
-    assert ops["evicted"] > 0 and ops["hit"] > 0
+    assert summary["evicted_tokens"] > 0 and ops["hit"] > 0

@@ -15,15 +15,13 @@ block table in every group (null blocks where a window dropped them).
 from __future__ import annotations
 
 from collections import Counter
-from typing import ClassVar
 
-import numpy as np
 import pytest
 
 from benchmarks.opstream import OpStream, make_request, random_stream
-from benchmarks.vllm_ops import ADMIT, VOP_NAMES, DriverConfig, drive
-from benchmarks.vllm_ref import VLLM_VERSIONS, use_vllm
-from sim.kvcache.hybridpool import FULL, MAMBA, SLIDING, HybridGroup, HybridPool
+from benchmarks.vllm_ops import DriverConfig
+from sim.kvcache.hybridpool import FULL, MAMBA, SLIDING, HybridGroup
+from tests.diffkit import engine_lockstep, vllm_lockstep
 
 SW, FA, MB = SLIDING, FULL, MAMBA
 # group layouts: gpt-oss (sliding first, as its layer 0), full first, two windows (the
@@ -40,133 +38,11 @@ LAYOUTS = {
 }
 
 
-@pytest.fixture(params=VLLM_VERSIONS, autouse=True)
-def vllm(request) -> str:
-    return use_vllm(request.param)
+pytestmark = pytest.mark.usefixtures("vllm")  # each pinned vLLM (tests/conftest.py)
 
 
 def groups_of(layout: list[tuple[str, int]]) -> list[HybridGroup]:
     return [HybridGroup(k, w) for k, w in layout]
-
-
-class ModelSide:
-    def __init__(self, cap: int, bs: int, groups: list[HybridGroup], full: bool,
-                 in_flight: int | None) -> None:
-        self.name = "kvsim hybridpool"
-        self.pool = HybridPool(cap, bs, groups, max_in_flight_tokens=in_flight, debug=True)
-        self.full = full
-
-    def lookup(self, rid: int, ids: np.ndarray, num_tokens: int) -> int:
-        return self.pool.lookup(ids, num_tokens)
-
-    def admit(self, rid: int, ids: np.ndarray, num_tokens: int, k: int) -> int | None:
-        return self.pool.admit(rid, ids, num_tokens, k, full_sequence_must_fit=self.full)
-
-    def extend(self, rid: int, k: int) -> bool:
-        return self.pool.extend(rid, k)
-
-    def free(self, rid: int, preempted: bool) -> None:
-        self.pool.free(rid)
-
-    def sample(self, rid: int) -> None:
-        """Only computed tokens matter to the cache."""
-
-    def new_step(self) -> None:
-        self.pool.new_step()
-
-    def observe(self) -> dict:
-        p = self.pool
-        return {"block_ids": p.block_ids(), "groups": p.block_groups(),
-                "refs": p.ref_counts(), "free_queue": p.free_queue(),
-                "tables": {r: p.tables(r) for r in p.running()}}
-
-
-class RealSide:
-    def __init__(self, cap: int, bs: int, groups: list[HybridGroup], full: bool,
-                 in_flight: int | None) -> None:
-        from benchmarks.vllm_hybrid_ref import VllmHybridRef
-
-        self.name = "vLLM HybridKVCacheCoordinator"
-        self.ref = VllmHybridRef(cap, bs, groups, full, in_flight)
-        self._known: set[int] = set()
-
-    def lookup(self, rid: int, ids: np.ndarray, num_tokens: int) -> int:
-        if rid not in self._known:
-            self.ref.new_request(rid, ids, num_tokens)
-            self._known.add(rid)
-        return self.ref.lookup(rid)
-
-    def admit(self, rid: int, ids: np.ndarray, num_tokens: int, k: int) -> int | None:
-        self.lookup(rid, ids, num_tokens)
-        ok, hit = self.ref.admit(rid, k)
-        return hit if ok else None
-
-    def extend(self, rid: int, k: int) -> bool:
-        return self.ref.extend(rid, k)
-
-    def free(self, rid: int, preempted: bool) -> None:
-        if preempted:
-            self.ref.preempt(rid)
-        else:
-            self.ref.free(rid)
-            self._known.discard(rid)
-
-    def sample(self, rid: int) -> None:
-        self.ref.sample(rid)
-
-    def new_step(self) -> None:
-        self.ref.new_step()
-
-    def observe(self) -> dict:
-        r = self.ref
-        state = r.blocks()
-        return {"block_ids": state[:, 0], "groups": r.block_groups(), "refs": state[:, 1],
-                "free_queue": np.array([p for p, _ in r.free_queue()], np.int64),
-                "tables": {rid: r.tables(rid) for rid in r.running()}}
-
-
-def lockstep(stream: OpStream, config: DriverConfig, model_groups: list[HybridGroup],
-             real_groups: list[HybridGroup] | None = None,
-             in_flight: int | None = None, pool_blocks: int | None = None) -> Counter:
-    """Drive ``stream`` through the real coordinator and kvsim's together; fail at the first
-    difference. ``real_groups``: the real side's layout when it must differ (controls). The
-    pool holds the stream's capacity per group (the driver drops what one group cannot hold)
-    unless ``pool_blocks`` says otherwise."""
-    full = config.full_sequence_must_fit
-    cap = pool_blocks or stream.capacity_blocks * len(model_groups)
-    bs = stream.block_size
-    real = RealSide(cap, bs, real_groups or model_groups, full, in_flight)
-    model = ModelSide(cap, bs, model_groups, full, in_flight)
-    seen: Counter = Counter()
-    prev = {"state": model.observe()}
-
-    def on_op(kind: int, rid: int, k: int, results: list) -> None:
-        where = f"{stream.name} op {seen['ops']} {VOP_NAMES[kind]} r{rid} k={k}"
-        a, b = results
-        assert a == b, f"{where}: vLLM {a} != kvsim {b}"
-        ra, rb = real.observe(), model.observe()
-        for key in ("block_ids", "groups", "refs", "free_queue"):
-            assert np.array_equal(ra[key], rb[key]), (
-                f"{where}: {key} differ\n vLLM  {ra[key].tolist()}\n kvsim {rb[key].tolist()}")
-        assert ra["tables"].keys() == rb["tables"].keys(), f"{where}: running requests differ"
-        for r, ts in ra["tables"].items():
-            for g, (x, y) in enumerate(zip(ts, rb["tables"][r], strict=True)):
-                assert np.array_equal(x, y), f"{where}: r{r} group {g}: {x} != {y}"
-        before = prev["state"]
-        seen["ops"] += 1
-        seen[VOP_NAMES[kind]] += 1
-        seen["evicted"] += int(((before["block_ids"] >= 0)
-                                & (rb["block_ids"] != before["block_ids"])).sum())
-        seen["nulls"] += sum(int((t == 0).sum()) for ts in rb["tables"].values() for t in ts)
-        if kind == ADMIT:
-            if a is None:
-                seen["refused"] += 1
-            elif a:
-                seen["hit"] += a
-        prev["state"] = rb
-
-    drive(stream, [real, model], config, on_op)
-    return seen
 
 
 def random_case(seed: int) -> tuple[OpStream, DriverConfig]:
@@ -184,8 +60,8 @@ def random_case(seed: int) -> tuple[OpStream, DriverConfig]:
 @pytest.mark.parametrize("seed", range(8))
 def test_hybrid_diff_random_stream(layout: str, seed: int) -> None:
     stream, config = random_case(seed)
-    seen = lockstep(stream, config, groups_of(LAYOUTS[layout]),
-                    in_flight=(None, 64, 256)[seed % 3])
+    seen = vllm_lockstep(stream, config, groups_of(LAYOUTS[layout]),
+                         in_flight=(None, 64, 256)[seed % 3])
     print(f"{layout} random-{seed}: {seen['ops']} ops compared")
     assert seen["LOOKUP"] and seen["FREE"]
 
@@ -196,7 +72,7 @@ def test_hybrid_diff_random_streams_exercise_every_rule() -> None:
     for seed in (1, 3, 5, 6, 10):
         for layout in ("sw-full", "two-windows"):
             stream, config = random_case(seed)
-            total += lockstep(stream, config, groups_of(LAYOUTS[layout]))
+            total += vllm_lockstep(stream, config, groups_of(LAYOUTS[layout]))
     print(f"exercise: {total['ops']} ops compared")
     assert total["nulls"] > 100 and total["hit"] > 50 and total["evicted"] > 50
     assert total["refused"] > 0
@@ -216,8 +92,8 @@ def test_hybrid_diff_tight_pool_preempts(layout: str, seed: int, full: bool) -> 
                            resend=0.15)
     config = DriverConfig(max_running=4, active=6, chunk=chunk, decode=bs, seed=seed,
                           full_sequence_must_fit=full)
-    seen = lockstep(stream, config, groups, in_flight=chunk,
-                    pool_blocks=tight_pool(groups, cap, chunk, bs))
+    seen = vllm_lockstep(stream, config, groups, in_flight=chunk,
+                         pool_blocks=tight_pool(groups, cap, chunk, bs))
     print(f"{layout} tight-{seed}: {seen['ops']} ops compared, {seen['PREEMPT']} preempted")
     assert seen["PREEMPT"] > 0 and seen["refused"] > 0 and seen["evicted"] > 0
 
@@ -262,8 +138,8 @@ def test_hybrid_diff_agent_sessions_evict(layout: str) -> None:
     stream = synthetic_stream(6, capacity_blocks=cap, block_size=64, max_context=32768,
                               per_session=6)
     config = DriverConfig(max_running=3, active=4, chunk=2048, decode=64, seed=1)
-    seen = lockstep(stream, config, groups, in_flight=2048,
-                    pool_blocks=tight_pool(groups, cap, 2048, 64))
+    seen = vllm_lockstep(stream, config, groups, in_flight=2048,
+                         pool_blocks=tight_pool(groups, cap, 2048, 64))
     print(f"{stream.name} {layout}: {seen['ops']} ops compared")
     assert seen["hit"] > 0 and seen["evicted"] > 0 and seen["nulls"] > 0
 
@@ -273,16 +149,16 @@ def test_hybrid_diff_catches_a_wrong_window(model: int, real: int) -> None:
     """Negative control: kvsim with another window than the real one must diverge."""
     stream, config = random_case(3)
     with pytest.raises(AssertionError, match=r"differ|!="):
-        lockstep(stream, config, [HybridGroup(SW, model), HybridGroup(FA)],
-                 [HybridGroup(SW, real), HybridGroup(FA)])
+        vllm_lockstep(stream, config, [HybridGroup(SW, model), HybridGroup(FA)],
+                      [HybridGroup(SW, real), HybridGroup(FA)])
 
 
 def test_hybrid_diff_catches_a_window_for_a_state() -> None:
     """Negative control: a Mamba group modelled as a sliding window must diverge."""
     stream, config = random_case(2)
     with pytest.raises(AssertionError, match=r"differ|!="):
-        lockstep(stream, config, [HybridGroup(SW, 32), HybridGroup(FA)],
-                 [HybridGroup(MB), HybridGroup(FA)])
+        vllm_lockstep(stream, config, [HybridGroup(SW, 32), HybridGroup(FA)],
+                      [HybridGroup(MB), HybridGroup(FA)])
 
 
 def test_hybrid_diff_catches_a_wrong_group_order() -> None:
@@ -290,118 +166,11 @@ def test_hybrid_diff_catches_a_wrong_group_order() -> None:
     first; kvsim with the groups swapped must diverge."""
     stream, config = random_case(1)
     with pytest.raises(AssertionError, match=r"differ|!="):
-        lockstep(stream, config, [HybridGroup(FA), HybridGroup(SW, 64)],
-                 [HybridGroup(SW, 64), HybridGroup(FA)])
+        vllm_lockstep(stream, config, [HybridGroup(FA), HybridGroup(SW, 64)],
+                      [HybridGroup(SW, 64), HybridGroup(FA)])
 
 
-# --- the vLLM ENGINE on a hybrid model against the real coordinator ---------------------------
-class ShadowHybrid:
-    """kvsim's hybrid pool with the real coordinator beside it: every call the vLLM engine
-    makes is applied to both (a decode run as its V1 steps, one token per request per step,
-    in schedule order) and the whole states must be identical after every call."""
-
-    made: ClassVar[list[ShadowHybrid]] = []
-
-    def __init__(self, capacity_blocks: int, block_size: int, groups: list[HybridGroup], *,
-                 max_in_flight_tokens: int | None = None, debug: bool = False) -> None:
-        from benchmarks.vllm_hybrid_ref import VllmHybridRef
-
-        self.model = HybridPool(capacity_blocks, block_size, groups,
-                                max_in_flight_tokens=max_in_flight_tokens, debug=True)
-        self.real = VllmHybridRef(capacity_blocks, block_size, groups,
-                                  max_in_flight_tokens=max_in_flight_tokens)
-        self.known: set[int] = set()
-        self.ops: Counter = Counter()
-        ShadowHybrid.made.append(self)
-
-    def __getattr__(self, name: str):  # counters and read-only queries: the model's
-        return getattr(self.model, name)
-
-    def admit(self, rid: int, ids: np.ndarray, num_tokens: int, k: int) -> int | None:
-        if rid not in self.known:
-            self.real.new_request(rid, ids, num_tokens)
-            self.known.add(rid)
-        else:  # resumed after preemption: its sampled tokens so far
-            for _ in range(num_tokens - self.real.num_tokens(rid)):
-                self.real.sample(rid)
-        got = self.model.admit(rid, ids, num_tokens, k)
-        ok, hit = self.real.admit(rid, k)
-        assert (got is not None) == ok and (not ok or got == hit), (rid, got, ok, hit)
-        self._compare("ADMIT", rid)
-        self.ops["hit"] += got or 0
-        return got
-
-    def admit_remote(self, rid: int, ids: np.ndarray, num_tokens: int,
-                     reserved: int = 0) -> int | None:
-        assert rid not in self.known, "a remote request is new to its decode worker"
-        self.real.new_request(rid, ids, num_tokens)
-        self.known.add(rid)
-        got = self.model.admit_remote(rid, ids, num_tokens, reserved)
-        ok, hit = self.real.admit_remote(rid, reserved)
-        assert (got is not None) == ok and (not ok or got == hit), (rid, got, ok, hit)
-        self._compare("REMOTE", rid)
-        self.ops["remote"] += ok
-        if not ok:  # vLLM's request waits as it is; the next try looks up again
-            self.known.discard(rid)
-            self.real._reqs.pop(rid)
-        return got
-
-    def extend(self, rid: int, k: int, known: int | None = None, in_flight: int = 0) -> bool:
-        got = self.model.extend(rid, k, known=known, in_flight=in_flight)
-        assert got == self.real.extend(rid, k, known=known, in_flight=in_flight), (rid, k)
-        self._compare("EXTEND", rid)
-        return got
-
-    def decode_run(self, rids: list[int], steps: int, in_flight: int = 0, lag: int = 0) -> None:
-        self.model.decode_run(rids, steps, in_flight, lag)
-        for _ in range(steps):
-            for rid in rids:
-                c = self.real._reqs[rid].num_computed_tokens
-                assert self.real.extend(rid, 1, known=c + 1 - lag, in_flight=in_flight)
-        self.ops["run_steps"] += steps
-        self._compare("RUN", rids[0])
-
-    def cache_known(self, rid: int, tokens: int) -> None:
-        self.model.cache_known(rid, tokens)
-        self.real.cache_known(rid, tokens)
-        self._compare("CACHE", rid)
-
-    def forget_free(self) -> None:
-        raise AssertionError("not in vLLM: the lockstep runs keep the decode worker's cache")
-
-    def free(self, rid: int) -> None:
-        self.model.free(rid)
-        self.real.preempt(rid)  # the manager frees alike for finish and preemption
-        self._compare("FREE", rid)
-
-    def _compare(self, op: str, rid: int) -> None:
-        self.ops[op] += 1
-        self.ops["ops"] += 1
-        m, r = self.model, self.real
-        where = f"op {self.ops['ops']} {op} r{rid}"
-        state = r.blocks()
-        assert np.array_equal(m.block_ids(), state[:, 0]), f"{where}: cached ids differ"
-        assert np.array_equal(m.block_groups(), r.block_groups()), f"{where}: groups differ"
-        assert np.array_equal(m.ref_counts(), state[:, 1]), f"{where}: ref counts differ"
-        queue = np.array([p for p, _ in r.free_queue()], np.int64)
-        assert np.array_equal(m.free_queue(), queue), f"{where}: free queues differ"
-        assert sorted(m.running()) == sorted(r.running()), f"{where}: running requests differ"
-        for x in m.running():
-            for a, b in zip(m.tables(x), r.tables(x), strict=True):
-                assert np.array_equal(a, b), f"{where}: table r{x}"
-
-
-def engine_lockstep(monkeypatch, cfg, trace) -> tuple[Counter, dict]:
-    import sim.engines.vllm as vllm_engine
-    from sim.run import run
-
-    ShadowHybrid.made = []
-    monkeypatch.setattr(vllm_engine, "HybridPool", ShadowHybrid)
-    res = run(cfg, trace)
-    assert ShadowHybrid.made, "the engine built no hybrid pool"
-    return sum((p.ops for p in ShadowHybrid.made), Counter()), res.summary
-
-
+# --- the vLLM ENGINE on a hybrid model against the real coordinator (diffkit ShadowHybrid) ---
 @pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
 def test_hybrid_diff_engine_kit_trace(monkeypatch, asynchronous: bool) -> None:
     """gpt-oss-120b (window 128 + full) on the vLLM engine in tight memory: chunked prefills,
@@ -416,7 +185,7 @@ def test_hybrid_diff_engine_kit_trace(monkeypatch, asynchronous: bool) -> None:
         cfg = RunConfig.from_flat(engine="vllm", model="gpt-oss-120b", gpu_cache=cache,
                                   sessions=3, chunk_size=budget, vllm_async=asynchronous,
                                   profile="derived-h100-gpt-oss-120b").with_preset("vllm")
-        ops, summary = engine_lockstep(monkeypatch, cfg, trace)
+        ops, summary = engine_lockstep(monkeypatch, cfg, trace, hybrid=True)
         print(f"engine kit {cache}/{budget}: {ops['ops']} ops compared, {ops['run_steps']} run "
               f"steps, {summary['retractions']} retractions")
         assert summary["requests"] == len(trace) and ops["hit"] > 0 and ops["run_steps"] > 0
@@ -436,7 +205,7 @@ def test_hybrid_diff_engine_pd(monkeypatch, asynchronous: bool) -> None:
                               gpu_cache=40960, sessions=4, gaps="tool", chunk_size=2048,
                               prefill_replicas=1, decode_replicas=1,
                               vllm_async=asynchronous).with_preset("vllm")
-    ops, summary = engine_lockstep(monkeypatch, cfg, None)
+    ops, summary = engine_lockstep(monkeypatch, cfg, None, hybrid=True)
     print(f"engine pd: {ops['ops']} ops compared, {ops['remote']} remote loads")
     assert ops["remote"] > 0 and summary["requests"] > 0
 
@@ -450,6 +219,6 @@ def test_hybrid_diff_engine_synthetic(monkeypatch, asynchronous: bool) -> None:
                               trace="synthetic:claude-code?sessions=6", max_context=32768,
                               gpu_cache=40960, sessions=4, gaps="tool", chunk_size=2048,
                               vllm_async=asynchronous).with_preset("vllm")
-    ops, summary = engine_lockstep(monkeypatch, cfg, None)
+    ops, summary = engine_lockstep(monkeypatch, cfg, None, hybrid=True)
     print(f"engine synthetic: {ops['ops']} ops compared, {ops['run_steps']} run steps")
     assert ops["hit"] > 0 and ops["run_steps"] > 0 and summary["evicted_tokens"] > 0

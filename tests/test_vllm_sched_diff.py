@@ -24,7 +24,7 @@ import copy
 
 import pytest
 
-from benchmarks.vllm_ref import VLLM_VERSIONS, since, use_vllm
+from benchmarks.vllm_ref import since
 from benchmarks.vllm_sched_ref import KvsimScheduler, drive, workload
 from sim.engines import VllmServer
 from sim.kvcache.blockpool import BlockPool
@@ -32,10 +32,8 @@ from sim.kvcache.blockpool import BlockPool
 BS = 16
 
 
-@pytest.fixture(params=VLLM_VERSIONS, autouse=True)
-def vllm(request) -> str:
-    """Every test here runs against each pinned vLLM (``drive``'s default version)."""
-    return use_vllm(request.param)
+# every test here runs against each pinned vLLM (``drive``'s default version: tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("vllm")
 
 # (name, workload arguments, drive arguments)
 WORKLOADS = [
