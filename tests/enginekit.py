@@ -1,9 +1,11 @@
 """A tiny hand-built trace with the ``traces.Trace`` interface, for engine tests whose
-expected numbers are computed by hand from the cost model."""
+expected numbers are computed by hand from the cost model; and what those tests share: the
+cc-traces writer, summary equality, the instances a run builds (``instances``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -153,3 +155,20 @@ def same_summary(a: dict, b: dict) -> bool:
         return json.dumps(d, sort_keys=True, default=str)
 
     return text(a) == text(b)
+
+
+T = TypeVar("T")
+
+
+def instances(monkeypatch: Any, cls: type[T]) -> list[T]:
+    """Every ``cls`` (or subclass) made while ``monkeypatch`` holds, in order: a run's servers
+    or pools, to look at after the run (``cls.__init__`` spied)."""
+    made: list[T] = []
+    init = cls.__init__
+
+    def spy(self: T, *args: Any, **kw: Any) -> None:
+        init(self, *args, **kw)
+        made.append(self)
+
+    monkeypatch.setattr(cls, "__init__", spy)
+    return made

@@ -13,6 +13,7 @@ from sim.config import RunConfig
 from sim.fleet.pool import SharedPool
 from sim.fleet.pooltier import FleetPool
 from sim.run import run
+from tests.enginekit import instances
 
 BASE = RunConfig.from_flat(trace="synthetic:claude-code?sessions=8", max_context=32768, gaps="tool",
                  gpu_cache=40960, sessions=4, replicas=2, router="round-robin", pool=1 << 20)
@@ -21,15 +22,7 @@ BASE = RunConfig.from_flat(trace="synthetic:claude-code?sessions=8", max_context
 @pytest.fixture
 def pools(monkeypatch) -> list[FleetPool]:
     """Every FleetPool a run builds (its replicas are the run's engines)."""
-    made: list[FleetPool] = []
-    init = FleetPool.__init__
-
-    def spy(self, *a, **kw):
-        init(self, *a, **kw)
-        made.append(self)
-
-    monkeypatch.setattr(FleetPool, "__init__", spy)
-    return made
+    return instances(monkeypatch, FleetPool)
 
 
 @pytest.fixture

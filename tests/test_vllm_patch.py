@@ -33,7 +33,7 @@ from sim.config import ConfigError, RunConfig
 from sim.engines import VllmServer
 from sim.kvcache.blockpool import BlockPool, HolePool, computed_ranges, reused_runs, span
 from sim.run import run
-from tests.enginekit import PROF, KitTrace, prefill, row
+from tests.enginekit import PROF, KitTrace, instances, prefill, row
 from tests.test_vllm_blockpool import BS as BS4
 from tests.test_vllm_blockpool import BruteForce
 
@@ -60,15 +60,7 @@ def hole_trace(extra: list | None = None) -> KitTrace:
 
 @pytest.fixture
 def vllm_servers(monkeypatch) -> list[VllmServer]:
-    made: list[VllmServer] = []
-    init = VllmServer.__init__
-
-    def spy(self, *args, **kw):
-        init(self, *args, **kw)
-        made.append(self)
-
-    monkeypatch.setattr(VllmServer, "__init__", spy)
-    return made
+    return instances(monkeypatch, VllmServer)
 
 
 # --- the engine: hand-computed timelines ---------------------------------------------------
