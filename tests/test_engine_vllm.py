@@ -20,7 +20,7 @@ from sim.config import ConfigError, RunConfig, VllmKnobs
 from sim.engines import VllmServer
 from sim.engines.vllm import VLLM_MAX_NUM_SEQS, free_order_name, steps_fitting
 from sim.run import check, run
-from tests.enginekit import PROF, KitTrace, prefill, row
+from tests.enginekit import PROF, KitTrace, instances, prefill, row
 
 BS = 64
 
@@ -50,16 +50,7 @@ def steps_done(batch: int, ctx: int, elapsed: float) -> int:
 @pytest.fixture
 def servers(monkeypatch) -> list[VllmServer]:
     """The engines the runs of a test build (to look at the block pool afterwards)."""
-    made: list[VllmServer] = []
-    build = VllmServer.build.__func__
-
-    def spy(cls, *args, **kw):
-        server = build(cls, *args, **kw)
-        made.append(server)
-        return server
-
-    monkeypatch.setattr(VllmServer, "build", classmethod(spy))
-    return made
+    return instances(monkeypatch, VllmServer)
 
 
 # --- memory semantics -----------------------------------------------------------------------
