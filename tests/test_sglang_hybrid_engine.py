@@ -43,6 +43,7 @@ class Stream:
     live: dict[int, Live] = field(default_factory=dict)
     next_id: int = 1000
     rid: int = 0
+    refills: int = 0  # admissions whose hit went through holes
 
     def new_ids(self, n: int) -> np.ndarray:
         out = np.arange(self.next_id, self.next_id + n, dtype=np.int64)
@@ -71,7 +72,7 @@ class Stream:
             node = child
             if n < len(child):
                 break
-        if not holes or pos > 9:
+        if not holes or pos > 9:  # (the brute force is exponential in the hit position)
             return
         windows = [(-(-t.window // t.bs), live)] if t.has_swa else []
         best = brute(pos, holes, windows, states if t.has_mamba else None)
@@ -83,6 +84,7 @@ class Stream:
         freed = Freed()
         h = t.admit(prompt[:max(0, len(prompt) - 1)], prompt, freed)
         assert all(b <= h.hit for _, b in h.refill)
+        self.refills += bool(h.refill)
         self.check_hit(h, prompt[:max(0, len(prompt) - 1)])
         if not t.fill(h, freed):
             t.release(h, freed)
@@ -118,36 +120,15 @@ class Stream:
         self.sessions.append(x.final)
 
 
-@st.composite
-def streams(draw: st.DrawFn) -> tuple:
-    mamba = draw(st.booleans())
-    start = draw(st.sampled_from(STARTS))
-    block = draw(st.booleans())
-    bs = 1
-    full = draw(st.integers(12, 40))
-    if mamba:
-        tree = HybridRadixCache(full, block_size=bs, state_slots=draw(st.integers(4, 12)),
-                                start=start, block=block)
-    else:
-        tree = HybridRadixCache(full, draw(st.integers(8, full)), draw(st.integers(1, 4)), bs,
-                                start=start, block=block)
-    ops = draw(st.lists(st.tuples(st.integers(0, 9), st.integers(1, 4), st.integers(1, 3)),
-                        min_size=5, max_size=60))
-    return tree, draw(st.integers(2, 5)), ops
-
-
-@settings(max_examples=120, deadline=None)
-@given(case=streams())
-def test_tree_policies_keep_their_invariants(case: tuple) -> None:
-    """Every start position and granularity on SWA and Mamba trees: the counters, LRU lists
-    and leaves recounted after every op, every hit on a path with holes the brute force's,
-    nothing held once every request is done."""
-    tree, chunk, ops = case
+def drive(tree: HybridRadixCache, chunk: int, ops: list[tuple[int, int, int]]) -> Stream:
+    """Run ``ops`` (kind, prompt growth, output blocks) on ``tree``: a new turn (a session
+    grows, or a new one starts over the shared prefix) or the next step of a live request;
+    the tree recounted after every op, nothing held once every request is done."""
     s = Stream(tree, chunk)
-    shared = s.new_ids(3)
+    shared = s.new_ids(2)
+    cap = (tree.state_capacity - 1) // 2 if tree.has_mamba else 1 << 30  # (the engine's)
     for kind, grow, out in ops:
-        cap = (tree.state_capacity - 1) // 2 if tree.has_mamba else 1 << 30  # (the engine's)
-        if (kind < 4 and len(s.live) < cap) or not s.live:  # a session grows, or one starts
+        if (kind < 4 and len(s.live) < cap) or not s.live:
             grown = s.sessions and kind % 2
             base = s.sessions.pop(kind % len(s.sessions)) if grown else shared
             prompt = np.concatenate([base, s.new_ids(grow)])
@@ -156,10 +137,52 @@ def test_tree_policies_keep_their_invariants(case: tuple) -> None:
             s.step(sorted(s.live)[kind % len(s.live)])
         tree.check()
     for rid in list(s.live):
-        x = s.live.pop(rid)
-        tree.release(x.h, Freed())
+        tree.release(s.live.pop(rid).h, Freed())
     tree.check()
     assert tree.idle()
+    return s
+
+
+def _tree(mamba: bool, full: int, swa: int, window: int, slots: int, start: str,
+          block: bool) -> HybridRadixCache:
+    if mamba:
+        return HybridRadixCache(full, block_size=1, state_slots=slots, start=start, block=block)
+    return HybridRadixCache(full, min(swa, full), window, 1, start=start, block=block)
+
+
+@settings(max_examples=120, deadline=None)
+@given(mamba=st.booleans(), start=st.sampled_from(STARTS), block=st.booleans(),
+       full=st.integers(10, 30), swa=st.integers(6, 16), window=st.integers(1, 4),
+       slots=st.integers(4, 12), chunk=st.integers(2, 5),
+       ops=st.lists(st.tuples(st.integers(0, 9), st.integers(1, 3), st.integers(1, 2)),
+                    min_size=5, max_size=80))
+def test_tree_policies_keep_their_invariants(mamba: bool, start: str, block: bool, full: int,
+                                             swa: int, window: int, slots: int, chunk: int,
+                                             ops: list[tuple[int, int, int]]) -> None:
+    """Every start position and granularity on SWA and Mamba trees (``drive``), every hit on
+    a path with holes the brute force's."""
+    drive(_tree(mamba, full, swa, window, slots, start, block), chunk, ops)
+
+
+def test_hits_through_holes_are_the_brute_forces(monkeypatch: pytest.MonkeyPatch) -> None:
+    """200 seeded streams under pressure: Penelope's holes are refilled and each hit through
+    them is checked against the brute force (more than 50 times)."""
+    import random
+
+    import tests.test_hybrid_refill as ref
+
+    calls = []
+    monkeypatch.setattr(__import__(__name__, fromlist=["brute"]), "brute",
+                        lambda *a: calls.append(1) or ref.brute(*a))
+    refills = 0
+    for seed in range(200):
+        rng = random.Random(seed)
+        tree = _tree(seed % 2 == 0, rng.randint(10, 24), rng.randint(6, 12), rng.randint(1, 3),
+                     rng.randint(4, 10), STARTS[seed % 3], bool(seed % 5))
+        ops = [(rng.randint(0, 9), rng.randint(1, 3), rng.randint(1, 2)) for _ in range(80)]
+        s = drive(tree, rng.randint(2, 5), ops)
+        refills += s.refills
+    assert len(calls) > 50 and refills > 50
 
 
 def _history(tree: HybridRadixCache, ids: np.ndarray, upto: list[int]) -> None:

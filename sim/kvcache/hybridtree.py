@@ -137,6 +137,7 @@ class HybridRequest:
     # ``fill``) and the phantom's block ranges (refill.py's plan: holes and their run-up)
     fill: list[HybridNode] = field(default_factory=list)
     refill: tuple[tuple[int, int], ...] = ()
+    pins: list[tuple[HybridNode, int | None]] = field(default_factory=list)  # and receipts
 
     def __post_init__(self) -> None:
         self.protected = self.hit
@@ -211,7 +212,8 @@ class HybridRadixCache:
         self.hole_blocks = 0  # of them, left as holes
         self._events: Any = None  # a KVEventQueue once a consumer enables events
         self._survivor: HybridNode | None = None  # the node a deletion's pruning ended at
-        self.last_fill: list[HybridNode] = []  # the last match's holes before its hit
+        self.last_fill: list[HybridNode] = []
+        self.last_pins: list[HybridNode] = []  # the last match's holes before its hit
         self.last_refill: tuple[tuple[int, int], ...] = ()  # and its phantom ranges
 
     @classmethod
@@ -397,7 +399,7 @@ class HybridRadixCache:
         where it reaches past the hit, else None)."""
         ids = np.asarray(ids, np.int64)
         n = len(ids)
-        self.last_fill, self.last_refill = [], ()
+        self.last_fill, self.last_refill, self.last_pins = [], (), []
         if n == 0:
             return 0, self.root, None, None
         node = self.root
@@ -476,14 +478,26 @@ class HybridRadixCache:
         plan = refill_plan(depth, holes, windows, states if self.has_mamba else None)
         h = plan.hit
         self.last_refill = plan.ranges
+        # the refill passes start at restart points: the admission pins them (their window,
+        # their state) until the request is done, so no eviction takes them first
+        self.last_pins = [self._node_ending(path, ends, a) for a, _ in plan.ranges if a > 0]
         if h == 0:
             return self.root, 0
+        node = self._node_ending(path, ends, h)
         i = bisect.bisect_left(ends, h)
-        node = path[i]
-        if ends[i] > h:  # a restart point inside the node: the hit ends there
-            node = self._split(node, len(node) - (ends[i] - h))
-        self.last_fill = [x for x in path[:i] if x.hole] + ([node] if node.hole else [])
+        self.last_fill = [x for x in path[:i + 1] if x.hole]
         return node, h
+
+    def _node_ending(self, path: list[HybridNode], ends: list[int], x: int) -> HybridNode:
+        """The node of ``path`` (``ends``: where each ends) that ends at ``x``, split there
+        when ``x`` falls inside one (both lists kept in step)."""
+        i = bisect.bisect_left(ends, x)
+        node = path[i]
+        if ends[i] > x:
+            node = self._split(node, len(node) - (ends[i] - x))
+            path.insert(i, node)
+            ends.insert(i, x)
+        return node
 
     # -- locks ---------------------------------------------------------------------------------
     def lock(self, node: HybridNode) -> int | None:
@@ -567,16 +581,25 @@ class HybridRadixCache:
             self._update_leaf(node)
 
     # -- requests ------------------------------------------------------------------------------
-    def _take_state(self, pin: HybridNode | None, freed: Freed) -> None:
-        """A state slot, evicting one state first when none is free (pinning `pin`)."""
+    def _take_state(self, pin: HybridNode | None, freed: Freed, strict: bool = True) -> bool:
+        """A state slot, evicting one state first when none is free (pinning `pin`); False
+        (not `strict`) when none can be freed."""
         if self.state_free <= 0:
             receipt = self.lock(pin) if pin is not None else None
             self.evict(0, 0, freed, states=1)
             if pin is not None:
                 self.unlock(pin, receipt)
             if self.state_free <= 0:
+                if not strict:
+                    return False
                 raise RuntimeError("no Mamba state slot to allocate")
         self.state_used += 1
+        return True
+
+    def _unpin(self, req: HybridRequest) -> None:
+        for x, receipt in req.pins:
+            self.unlock(x, receipt)
+        req.pins = []
 
     def admit(self, prompt: np.ndarray, ids: np.ndarray, freed: Freed | None = None
               ) -> HybridRequest:
@@ -586,6 +609,7 @@ class HybridRadixCache:
         hit, node, branching, mamba_branching = self.match(prompt)
         req = HybridRequest(np.asarray(ids, np.int64), node, None, hit, branching,
                             mamba_branching, fill=self.last_fill, refill=self.last_refill)
+        req.pins = [(x, self.lock(x)) for x in self.last_pins]
         if self.has_mamba and node.state:
             self._take_state(node, freed if freed is not None else Freed())
             req.state = True
@@ -730,18 +754,22 @@ class HybridRadixCache:
             eff = branching = req.branching
         if not finished:
             self._free_out_of_window(req, eff * self.bs - 1, freed)
+        self._unpin(req)  # the phantom's passes ran before any checkpoint past the hit
         if eff <= 0:
             return
+        took = True
         if self.has_mamba and not finished:
-            self._take_state(None, freed)  # the checkpoint's own slot, the state copied in
-        node, inserted_branch, state_new = self._insert(req, eff, branching, freed)
+            # the checkpoint's own slot, the state copied in (none where every slot is
+            # pinned: only holes' restart points pin more than SGLang does)
+            took = self._take_state(None, freed, strict=False)
+        node, inserted_branch, state_new = self._insert(req, eff, branching, freed, took)
         if self.has_mamba:
             if finished:  # the request's slot becomes the node's state, or is freed
                 if not state_new:
                     self.state_used -= 1
                     freed.states += 1
                 req.state = False
-            elif not state_new:
+            elif took and not state_new:
                 self.state_used -= 1
                 freed.states += 1
         self.unlock(req.node, req.receipt)
@@ -768,6 +796,7 @@ class HybridRadixCache:
 
     def drop(self, req: HybridRequest, freed: Freed) -> None:
         """Unlock (an admission that got no pages ends here); a state slot still held goes."""
+        self._unpin(req)
         if req.state:
             self.state_used -= 1
             freed.states += 1
@@ -776,7 +805,7 @@ class HybridRadixCache:
 
     # -- insert --------------------------------------------------------------------------------
     def _insert(self, req: HybridRequest, n: int, branching: int | None,
-                freed: Freed) -> tuple[HybridNode, bool, bool]:
+                freed: Freed, state: bool = True) -> tuple[HybridNode, bool, bool]:
         key = req.ids[:n]
         prev, ev = req.protected, req.evicted
         self.root.time = self.tick()
@@ -847,7 +876,7 @@ class HybridRadixCache:
                     self._set_swa(capped)
                 self._set_swa(leaf)
         state_new = False
-        if self.has_mamba:
+        if self.has_mamba and (state or target.state):
             if new_leaf or not target.state:
                 self._set_state(target)
                 state_new = True
