@@ -273,6 +273,10 @@ def test_hybrid_runs_every_preset(model: str, shape: str) -> None:
         s = res.summary
         assert s["requests"] > 0 and s["dropped_requests"] == 0, (preset, s)
         assert 0 < s["hit_rate"] <= 1 and s["ttft_mean_s"] > 0
+        # every recomputed range is a request's (a PD decode side recomputes none of what
+        # landed: the by-group ranges, which count both pools, add up to the requests')
+        assert [g["tokens"] for g in s["recompute_by_group"]] == (
+            [s["recomputed_tokens"]] * len(s["recompute_by_group"])), preset
 
 
 @pytest.mark.parametrize(("kw", "field"), [

@@ -438,19 +438,26 @@ class SGLangHybridServer(SGLangServer):
 
     def _land(self, h: HybridRequest, size: int) -> None:
         """KV computed elsewhere fills ``h``'s pages: inserted as a finished request's (its
-        SWA KV out of the window freed), the row released."""
+        SWA KV out of the window freed), the row released. Where the insert stops at the SWA
+        branching point (a computed request's insert does), the rest follows: every block
+        landed, so the tree holds all of it."""
         t = self.tree
         freed = Freed()
         if size:
             t.decode_to(h, size * self.bs, freed)
             t.checkpoint(h, size, True, freed)
+            if h.protected < size:
+                t.checkpoint(h, size, True, freed)
         t.release(h, freed)
         self._sync()
 
     def land_remote(self, req: Req) -> None:
         h, _blocks = self.receiving.pop(req.rid)
         assert isinstance(h, HybridRequest)
-        size = int(req.ids.size)
+        # The landing enters the tree up to where the admission's match ends (a token short
+        # of the prompt): its window's SWA KV and its state sit there, so the decode side
+        # hits all it received and recomputes none of it.
+        size = min(int(req.ids.size), self._usable_blocks(req))
         self._land(h, size)
         if size:  # locked until its admission, as the transfer queue hands it over
             node = h.node
