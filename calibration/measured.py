@@ -208,10 +208,17 @@ class Case:
 
     run: Any  # traces.measured.MeasuredRun
     setup: Any  # sim.studies.validate.Setup
+    # the measured run this case replays under another profile (a training twin, named
+    # apart): leave-one-out never trains on a twin of the run it scores
+    of: str = ""
 
     @property
     def name(self) -> str:
         return self.run.name
+
+    @property
+    def measured(self) -> str:
+        return self.of or self.run.name
 
 
 _CASES: list[Case] = []  # the worker processes' view (fork inherits it)
@@ -400,7 +407,8 @@ def leave_one_out(replays: Replays, names: Sequence[str], scored: Sequence[str] 
     folds = []
     fits: dict[tuple[str, ...], Calibration] = {}
     for s in (scored if scored is not None else names):
-        others = tuple(n for n in names if n != s)
+        others = tuple(n for n in names
+                       if replays.cases[replays.index[n]].measured != s and n != s)
         if not others:
             raise ConfigError("option", "RUN", "leave-one-out needs at least two runs")
         kind = kind_of(replays, s)

@@ -196,6 +196,23 @@ def test_leave_one_out_never_reads_the_scored_run(tmp_path):
         assert corrupt[n].calibration.scales != honest[n].calibration.scales
 
 
+def test_a_twin_never_trains_the_fold_of_the_run_it_replays(tmp_path):
+    """A training twin (the same measurement under another profile, ``Case.of``;
+    sim/studies/accuracy.py ``roofline_twins``) is the scored run's own data: its fold must
+    not fit on it, the other folds may."""
+    cases = _synthetic(tmp_path, ((1, 4), (2, 16)))
+    a, b = (c.name for c in cases)
+    twin = Case(dataclasses.replace(cases[0].run, name=f"{a} [twin]"), cases[0].setup, of=a)
+    rp = Replays([*cases, twin])
+    try:
+        folds = {f.scored: f for f in leave_one_out(rp, [a, b, twin.name], [a, b],
+                                                    ("decode_scale",), iterations=1)}
+    finally:
+        rp.close()
+    assert folds[a].calibration.fitted_on == (b,)
+    assert folds[b].calibration.fitted_on == (a, twin.name)
+
+
 def test_calibration_file_round_trips_and_bad_files_are_one_line(tmp_path):
     cal = Calibration({"mixed_interference": 0.3}, ("a", "b"),
                       {"kernel tables": {"decode_scale": 1.2}}, training_rms=0.01,

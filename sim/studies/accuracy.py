@@ -74,10 +74,12 @@ def evaluate(paths: list[Path], quick: bool = False, workers: int | None = None,
     measured = [m for p in paths for m in read_measurement(p)]
     cases = [Case(m, setup(m)) for m in measured]
     dense = [c.name for c in cases if is_dense(c)]
-    replays = Replays(cases, workers or default_workers(), progress)
+    twins = roofline_twins(cases, dense)
+    replays = Replays(cases + twins, workers or default_workers(), progress)
     try:
         neutral = replays.metrics([(c.name, {}) for c in cases])
-        folds = leave_one_out(replays, dense, [c.name for c in cases], DEFAULT_TERMS,
+        folds = leave_one_out(replays, dense + [t.name for t in twins],
+                              [c.name for c in cases], DEFAULT_TERMS,
                               iterations=QUICK_ITERATIONS if quick else ITERATIONS)
     finally:
         replays.close()
@@ -105,6 +107,35 @@ def evaluate(paths: list[Path], quick: bool = False, workers: int | None = None,
     return {"rows": out_rows, "runs": runs, "folds": fold_docs,
             "acceptance": acceptance(out_rows, dense),
             "replays": replays.count, "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def roofline_twins(cases: list[Any], dense: list[str]) -> list[Any]:
+    """Training twins for a dense run priced by a datasheet roofline (the RTX 4090): every
+    other dense run priced by its own GPU's roofline (``costmodel/derive.py`` ``roofline``),
+    so that its leave-one-out fit learns the roofline's stated efficiencies against real
+    servers on other GPUs (a scale is a ratio to its profile kind's prices; calibration/
+    measured.py). Twins are fitted on, never scored, and never train their own run's fold.
+    None when no dense run is priced by a roofline."""
+    import dataclasses
+
+    from calibration.measured import Case
+    from costmodel.gpus import roofline_profile_name
+
+    from .validate import catalog_gpu, setup
+
+    if not any(_kind(c) == "datasheet" for c in cases if c.name in dense):
+        return []
+    out = []
+    for c in cases:
+        m = c.run
+        gpu = catalog_gpu(str(m.engine.get("gpu") or ""))
+        if c.name not in dense or _kind(c) == "datasheet" or gpu is None:
+            continue
+        name = roofline_profile_name(gpu.name, c.setup.config.value("model"),
+                                     int(m.engine.get("tp", 1)))
+        out.append(Case(dataclasses.replace(m, name=f"{m.name} [roofline]"),
+                        setup(m, profile=name), of=m.name))
+    return out
 
 
 def _kind(c: Any) -> str:
