@@ -54,6 +54,10 @@ class DecodeCoeffs:
     weights_s: float
     per_seq_s: float
     per_context_token_s: float
+    # MoE: seconds to read every expert this GPU holds once. A step pays the share its tokens
+    # route to (``Profile.expert_share``), which saturates long before the batch is large;
+    # ``weights_s`` then holds the weights every step reads whole. 0 for a dense model.
+    experts_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -131,8 +135,9 @@ def server_terms(prof: Profile, link_bytes_per_s: float | None = None,
 
     - ``gpu_step_s``: the LM head's weights (vocab x hidden, split over the TP group), read
       once a step, at the rate the profile reads the other weights (``decode.weights_s`` over
-      the per-GPU bytes of ``active_params``), so tables and rooflines each price it as their
-      own weights; plus, with a link stated, the latency of each all-reduce;
+      the per-GPU bytes of ``active_params``, the routed experts left out where
+      ``decode.experts_s`` holds them), so tables and rooflines each price it as their own
+      weights; plus, with a link stated, the latency of each all-reduce;
     - ``gpu_per_token_s``: with ``prof.gpus`` > 1 and a link stated (``link_bytes_per_s`` one
       way, latency per transfer), two all-reduces per layer (after attention and after the
       MLP), ring algorithm: ``2 (tp-1)/tp x hidden x dtype bytes`` a token over the link, in
@@ -147,7 +152,11 @@ def server_terms(prof: Profile, link_bytes_per_s: float | None = None,
       reads their KV in kernels of its own: the rows' reads add to the prefill's time
       (``mixed_seconds``)."""
     spec, tp = prof.spec, prof.gpus
-    weights = spec.active_params * spec.dtype_bytes / tp
+    read_whole = spec.active_params  # what ``decode.weights_s`` reads; an experts_s holds
+    if prof.decode.experts_s:  # the routed experts apart
+        read_whole -= (3 * spec.hidden * spec.expert_ffn * spec.active_experts
+                       * (spec.layers - spec.dense_layers))
+    weights = read_whole * spec.dtype_bytes / tp
     lm = spec.vocab * spec.hidden * spec.dtype_bytes / tp
     step = prof.decode.weights_s * lm / weights if weights > 0 and spec.vocab else 0.0
     notes = [f"LM head read: {step * 1e3:.2f} ms a step ({lm / 1e9:.2f} GB per GPU at the "
@@ -179,6 +188,17 @@ def server_terms(prof: Profile, link_bytes_per_s: float | None = None,
     notes.append("mixed steps: the decode rows' KV reads add to the prefill chunks' GEMMs")
     return {"gpu_step_s": step, "gpu_per_token_s": per_tok, "gpu_per_seq_s": per_seq,
             "mixed_decode_rows": 1.0}, notes
+
+
+def expert_share(spec: ModelSpec, batch: int, group: int = 1) -> float:
+    """The expected share of a GPU's experts that a decode step of ``batch`` sequences on
+    each of ``group`` expert-parallel ranks reads (compose.py: the fused MoE runs the group's
+    tokens): each token routes to ``k`` of the ``E`` experts, uniformly as in the kernel
+    tables' balanced distribution, so an expert is missed by all of them with probability
+    ``(1 - k/E)^(batch x group)``. 0 for a dense model."""
+    if not spec.experts or batch <= 0:
+        return 0.0
+    return 1.0 - (1.0 - spec.active_experts / spec.experts) ** (batch * group)
 
 
 @dataclass(frozen=True)
@@ -283,22 +303,26 @@ class Profile:
         the smaller."""
         x, rows = self.server.mixed_interference, self.server.mixed_decode_rows
         if rows:  # the decode rows' own reads (KV, per row) beside the prefill's GEMMs
-            d = self._d
-            prefill_s += rows * max(0.0, decode_s - d.fixed_s - d.weights_s)
+            d = self._d  # (a prefill chunk's tokens already read every expert)
+            prefill_s += rows * max(0.0, decode_s - d.fixed_s - d.weights_s - d.experts_s)
         hi, lo = (prefill_s, decode_s) if prefill_s >= decode_s else (decode_s, prefill_s)
         return hi + x * lo if x else hi
+
+    def expert_share(self, batch: int) -> float:
+        """The share of this GPU's experts a decode step of ``batch`` sequences reads
+        (:func:`expert_share`; the group is ``details["expert_parallel"]`` ranks)."""
+        return expert_share(self.spec, batch, int(self.details.get("expert_parallel", 1)))
 
     def decode_kernel_seconds(self, batch: int, context_tokens: int) -> float:
         """Kernel seconds of one decode step (no CPU term)."""
         d = self._d
         return (d.fixed_s + d.weights_s + d.per_seq_s * batch
-                + d.per_context_token_s * context_tokens)
+                + d.per_context_token_s * context_tokens
+                + (d.experts_s * self.expert_share(batch) if d.experts_s else 0.0))
 
     def decode_step_seconds(self, batch: int, context_tokens: int) -> float:
         """Seconds of one decode step of ``batch`` sequences holding ``context_tokens`` in all."""
-        d = self._d
-        gpu = (d.fixed_s + d.weights_s + d.per_seq_s * batch
-               + d.per_context_token_s * context_tokens)
+        gpu = self.decode_kernel_seconds(batch, context_tokens)
         return self.step_seconds(gpu, batch, batch) if self.server.has_cpu else gpu
 
     def decode_step_series(self, batch: int, context_tokens: int) -> tuple[float, float]:
@@ -372,7 +396,8 @@ class Profile:
             "gpus": self.gpus,
             "provenance": self.provenance,
             "prefill": asdict(self.prefill),
-            "decode": asdict(self.decode),
+            "decode": {k: v for k, v in asdict(self.decode).items()
+                       if k != "experts_s" or v},
             "transfer": asdict(self.transfer),
             "details": self.details,
         } | ({} if self.server.neutral else {"server": {

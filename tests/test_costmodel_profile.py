@@ -143,3 +143,46 @@ def test_the_fast_loader_reads_every_shipped_yaml_as_safe_load_does() -> None:
     for f in files:
         text = f.read_text()
         assert yaml.load(text, Loader=SAFE_LOADER) == yaml.safe_load(text), f.name
+
+
+def test_an_moe_decode_step_reads_the_experts_its_tokens_route_to(tmp_path: Path) -> None:
+    """An MoE decode step reads the share of a GPU's experts its tokens route to (each token
+    picks k of E), which saturates long before the batch is large; the kernel-table MoE
+    profiles hold that curve (``decode.experts_s``; calibration/kernels/run.py), so they
+    follow their own tables where a line in the batch missed them by up to 44% in median."""
+    from costmodel.profile import expert_share
+    from costmodel.specs import get_spec
+
+    moe = get_spec("qwen3-30b-a3b")  # 128 experts, 8 a token
+    assert expert_share(moe, 1) == pytest.approx(8 / 128)
+    assert expert_share(moe, 32) == pytest.approx(1 - (120 / 128) ** 32)
+    assert expert_share(moe, 16, group=2) == expert_share(moe, 32)
+    assert expert_share(get_spec("qwen3-32b"), 64) == 0.0
+
+    p = load_profile("kernels-rtx_pro_6000_server-vllm-qwen3-30b-a3b-dp2ep2")
+    d = p.decode
+    assert d.experts_s > 0 and p.expert_share(16) == expert_share(moe, 16, group=2)
+    for b in (1, 8, 64):
+        assert p.decode_kernel_seconds(b, 1000 * b) == pytest.approx(
+            d.weights_s + d.per_seq_s * b + d.per_context_token_s * 1000 * b
+            + d.experts_s * p.expert_share(b))
+    # a mixed step's prefill chunk already reads every expert: its decode rows add their KV
+    from costmodel.profile import ServerCoeffs
+
+    q = p.with_server(ServerCoeffs(mixed_decode_rows=1.0), "test")
+    dk = q.decode_kernel_seconds(64, 64_000)
+    assert q.mixed_seconds(0.2, dk) == pytest.approx(0.2 + dk - d.weights_s - d.experts_s)
+    assert q.mixed_seconds(0.2, q.decode_kernel_seconds(2, 2000)) == 0.2  # not below 0
+    out = tmp_path / "moe.yaml"
+    p.dump(out)
+    assert load_profile(str(out)).decode == d
+    assert "experts_s" not in load_profile("kernels-h100_sxm-qwen3-8b").to_dict()["decode"]
+
+    moe_kernels = [n for n in shipped_profiles() if n.startswith("kernels-")
+                   and get_spec(load_profile(n).model).experts]
+    assert len(moe_kernels) > 50
+    for name in moe_kernels:
+        prof = load_profile(name)
+        fit = prof.details["fit"]["decode"]
+        assert prof.decode.experts_s > 0, name
+        assert fit["median_abs_rel_error"] < 0.25, name

@@ -12,7 +12,14 @@ qwen3-8b/H100 doubles to ~6% and the large batches' error to 9%).
 
     prefill  t = fixed_s + per_linear_unit_s * linear + per_attention_unit_s * attention
     decode   t = weights_s + per_seq_s * batch + per_context_token_s * batch * context
+                 [+ experts_s * share(batch)]    (MoE)
     transfer   = the system description's PCIe bandwidth per GPU (x gpus) and p2p latency
+An MoE decode step reads the experts its tokens route to: a share of them that saturates
+long before the batch is large (``costmodel/profile.py`` ``expert_share``: each token picks
+``k`` of ``E``, so at 32 sequences Qwen3-30B-A3B's 128 experts are 87% read). The fused-MoE
+tables follow that curve (on rtx_pro_6000_server, 2 ms of expert kernels a step at batch 1,
+40 at 64 and beyond), which no line in the batch holds (a line alone misses that
+profile's decode by 41% in median, with the share by 11%); ``experts_s`` is its height.
 
 ``per_chunk_token_sq_s`` is 0: with it the fit gains a little inside 16K and loses much more
 beyond (at 128K it pulls Figure 1's speedup from 2.9 to 2.5, since a 40K-token batch pays
@@ -36,7 +43,7 @@ from calibration.errors import CalibrationError
 from calibration.run import plain_types
 from costmodel.derive import GPUS
 from costmodel.figure1 import APPEND, CONTEXTS_K, DELETE_FRACTION, FRONT_START
-from costmodel.profile import DecodeCoeffs, PrefillCoeffs, Profile, TransferCoeffs
+from costmodel.profile import DecodeCoeffs, PrefillCoeffs, Profile, TransferCoeffs, expert_share
 from costmodel.specs import ModelSpec, get_spec
 from costmodel.units import ranges_units
 
@@ -177,13 +184,18 @@ def calibrate_from_kernels(system: str, model: str, framework: str = "sglang",
     dextra = np.array([km.decode_extrapolated(b, c) for b, c, _ in dgrid])
     dhold = np.array([h for _, _, h in dgrid])
     da = fitmod.decode_design([b for b, _, _ in dgrid], [c for _, c, _ in dgrid])
-    dec = fitmod.fit(fitmod.DECODE_TERMS, da[~dextra], dt[~dextra], dhold[~dextra])
+    dterms = fitmod.DECODE_TERMS
+    if spec.experts:  # the experts read: the share a step's tokens route to (module docstring)
+        share = [expert_share(spec, b, ep) for b, _, _ in dgrid]
+        da, dterms = np.column_stack([da, share]), (*dterms, "experts_s")
+    dec = fitmod.fit(dterms, da[~dextra], dt[~dextra], dhold[~dextra])
     drel = (da @ dec.coeffs) / dt - 1
 
     d = km.desc
     prefill = PrefillCoeffs(*(pre.coeff(t) for t in terms), per_chunk_token_sq_s=0.0)
     decode = DecodeCoeffs(0.0, dec.coeff("intercept_s"), dec.coeff("per_seq_s"),
-                          dec.coeff("per_context_token_s"))
+                          dec.coeff("per_context_token_s"),
+                          dec.coeff("experts_s") if spec.experts else 0.0)
     transfer = TransferCoeffs(gpus * d.pcie_bw, gpus * d.pcie_bw, d.p2p_latency_s)
 
     fit_doc: dict[str, Any] = {
