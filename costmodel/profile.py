@@ -128,6 +128,7 @@ SAMPLING_PER_SEQ_S = 2e-5
 def server_terms(prof: Profile, link_bytes_per_s: float | None = None,
                  link_latency_s: float = 0.0,
                  table_allreduce: tuple[float, float] | None = None,
+                 table_dispatch: tuple[float, float] | None = None,
                  ) -> tuple[dict[str, float], list[str]]:
     """The ``DERIVED_TERMS`` of a vLLM server priced by ``prof`` and what each is: what its
     GPUs pay beyond the kernels a profile composes (calibration/kernels/compose.py leaves out
@@ -144,7 +145,12 @@ def server_terms(prof: Profile, link_bytes_per_s: float | None = None,
       place of the all-reduces the profile holds: a roofline's over the catalog's link
       (its details), a kernel-table profile's measured ones (``table_allreduce``: seconds per
       all-reduce and per element, calibration/kernels/compose.py ``allreduce_line``; without
-      it they are added, and the note says so);
+      it they are added, and the note says so); likewise, for one GPU of a DP x EP group
+      (``details["expert_parallel"]`` ranks, compose.py), the all-gather and reduce-scatter
+      of the group's tokens around the experts, a layer each: a rank receives and sends the
+      ``ep - 1`` other ranks' share, ``(ep-1) x hidden x dtype bytes`` per token of its own
+      each way, in place of the tables' NCCL ones (``table_dispatch``: seconds per layer and
+      per element, compose.py ``dispatch_line``);
     - ``gpu_per_seq_s``: sampling and per-row work a decode row pays (``SAMPLING_PER_SEQ_S``),
       for profiles that do not state it (a datasheet profile's ``decode.per_seq_s`` has it);
     - ``mixed_decode_rows`` 1: a vLLM step mixing prefill chunks and decode rows is one forward
@@ -182,6 +188,22 @@ def server_terms(prof: Profile, link_bytes_per_s: float | None = None,
                         f"{own_step * 1e3:.2f} ms a step)" if held else
                         "added to the profile's own (not known to subtract)")
                      + f": net {per_tok * 1e6:.1f} us a token")
+    ep = int(prof.details.get("expert_parallel", 1))
+    if ep > 1 and link_bytes_per_s:
+        own_tok, own_step = 0.0, 0.0
+        if table_dispatch is not None:
+            own_step = spec.layers * table_dispatch[0]
+            own_tok = spec.layers * table_dispatch[1] * ep * spec.hidden
+        tok = max(0.0, 2 * spec.layers * (ep - 1) * spec.hidden * spec.dtype_bytes
+                  / link_bytes_per_s - own_tok)
+        per_tok += tok
+        step += max(0.0, 2 * spec.layers * link_latency_s - own_step)
+        notes.append(f"EP{ep} dispatch over the stated link ({link_bytes_per_s / 1e9:g} GB/s, "
+                     f"{link_latency_s * 1e6:g} us), {2 * spec.layers} collectives a step: "
+                     + (f"in place of the kernel tables' ({own_tok * 1e6:.1f} us a token, "
+                        f"{own_step * 1e3:.2f} ms a step)" if table_dispatch is not None else
+                        "added to the profile's own (not known to subtract)")
+                     + f": net {tok * 1e6:.1f} us a token")
     per_seq = 0.0 if "derived_by" in prof.details else SAMPLING_PER_SEQ_S
     if per_seq:
         notes.append(f"sampling and per-row work: {per_seq * 1e6:g} us a decode row")

@@ -443,3 +443,43 @@ def test_validate_prices_a_tp_replica_over_its_stated_link():
     m1, = read_measurement(GT / "RTXPRO6000_Llama-3.1-8B")
     s1 = setup(m1)
     assert s1.server.gpu_per_token_s == 0 and s1.server.gpu_step_s > 0
+
+
+def test_server_terms_price_an_ep_rank_s_dispatch_over_the_link():
+    """One GPU of a DP2 x EP2 group: the all-gather and reduce-scatter of the group's tokens
+    (a layer each; a rank sends and receives the other rank's share, ``hidden`` x 2 bytes per
+    token of its own each way) over the stated link, in place of the tables' NCCL ones; the
+    LM head at the rate ``weights_s`` reads what it holds (the routed experts apart)."""
+    from costmodel.profile import server_terms
+    from costmodel.specs import get_spec
+
+    rank = load_profile("kernels-rtx_pro_6000_server-vllm-qwen3-30b-a3b-dp2ep2")
+    spec = get_spec("qwen3-30b-a3b")
+    lm = server_terms(rank)[0]["gpu_step_s"]  # no link: the LM head alone
+    routed = 3 * spec.hidden * spec.expert_ffn * spec.active_experts * spec.layers
+    rate = (spec.active_params - routed) * 2 / rank.decode.weights_s
+    assert lm == pytest.approx(spec.vocab * spec.hidden * 2 / rate)
+    n = 2 * spec.layers
+    added, _ = server_terms(rank, 16e9, 20e-6)
+    assert added["gpu_per_token_s"] == pytest.approx(n * spec.hidden * 2 / 16e9)
+    assert added["gpu_step_s"] == pytest.approx(lm + n * 20e-6)
+    # in place of the tables': 15 us a layer for both, 30 ps an element of the group's
+    net, why = server_terms(rank, 16e9, 20e-6, table_dispatch=(15e-6, 3e-11))
+    assert net["gpu_per_token_s"] == pytest.approx(
+        n * spec.hidden * 2 / 16e9 - spec.layers * 3e-11 * 2 * spec.hidden)
+    assert net["gpu_step_s"] == pytest.approx(lm + n * 20e-6 - spec.layers * 15e-6)
+    assert any("EP2 dispatch" in w and "in place of" in w for w in why)
+    lone = load_profile("kernels-rtx_pro_6000_server-vllm-qwen3-30b-a3b")
+    assert server_terms(lone, 16e9, 20e-6)[0]["gpu_per_token_s"] == 0.0
+
+
+def test_validate_prices_the_moe_run_as_ranks_of_its_expert_parallel_group():
+    """The Qwen3-30B-A3B DP2 x EP2 run: two replicas, each one GPU of the group (its
+    ``-dp2ep2`` profile: half the experts, the share both ranks' tokens read), its dispatch
+    over the config.json link."""
+    m, = read_measurement(GT / "RTXPRO6000_Qwen3-30B-A3B-Instruct-2507")
+    s = setup(m)
+    assert s.config.value("profile") == "kernels-rtx_pro_6000_server-vllm-qwen3-30b-a3b-dp2ep2"
+    assert s.config.fleet.replicas == 2 and "each one GPU of the expert-parallel group" in \
+        s.profile
+    assert s.server.gpu_per_token_s > 0 and any("EP2 dispatch" in n for n in s.notes)

@@ -141,8 +141,10 @@ def test_a_gpu_without_a_profile_is_priced_as_a_named_stand_in():
         priced = s.profile.split()[0]
         if "h100" in priced or "derived" in priced:  # not an RTX profile: said in the label
             assert "[" in s.profile and ("RTX" in s.profile or "RTX" in s.profile.upper())
-        if name.endswith("A3B-Instruct-2507"):  # DP2 x EP2: said how it is modelled
+        if name.endswith("A3B-Instruct-2507"):  # DP2 x EP2: one GPU of the group, said so
             assert "DP2 x EP2" in s.profile and s.config.fleet.replicas == 2
+            assert priced == "kernels-rtx_pro_6000_server-vllm-qwen3-30b-a3b-dp2ep2"
+            assert "not priced" not in s.profile
 
 
 # --- vllm bench serve --------------------------------------------------------------------------

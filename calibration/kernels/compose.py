@@ -247,3 +247,20 @@ def allreduce_line(root: Path, system: str, framework: str, gpus: int, hidden: i
         sizes = np.geomspace(hidden, max_tokens * hidden, 24)
     slope, icpt = np.polyfit(sizes, np.asarray(table(sizes), np.float64), 1)
     return max(0.0, float(icpt)), max(0.0, float(slope))
+
+
+def dispatch_line(root: Path, system: str, ep: int, hidden: int,
+                  max_tokens: int = 2048) -> tuple[float, float]:
+    """(seconds per layer, seconds per element) of the measured NCCL all-gather and
+    reduce-scatter one layer of a DP x EP ``ep`` rank runs (``KernelModel._dense``: the
+    group's tokens x ``hidden`` elements each), summed, least squares over the group's
+    message sizes from one token to ``max_tokens`` tokens: what a ``-dp<ep>ep<ep>`` profile
+    already holds of its dispatch, so that pricing it over another link replaces it
+    (costmodel/profile.py ``server_terms``)."""
+    out = np.zeros(2)
+    for op in ("all_gather", "reduce_scatter"):
+        table = _newest(root, system, "comm", "nccl", "nccl_perf",
+                        lambda p, v, o=op: NcclTable(p, v, ep, o))
+        sizes = np.geomspace(ep * hidden, ep * max_tokens * hidden, 24)
+        out += np.polyfit(sizes, np.asarray(table(sizes), np.float64), 1)[::-1]
+    return max(0.0, float(out[0])), max(0.0, float(out[1]))

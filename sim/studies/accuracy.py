@@ -8,8 +8,8 @@ Rows: the ``kvsim validate --json`` rows, once per calibration (``calibration``:
 ``leave-one-out: fitted on A, B``). Beside them: ``runs`` (what each replay was),
 ``folds`` (each scored run's fitted terms and what they were fitted on) and ``acceptance``
 (issue 53's checks, each with its numbers). The fit trains on the dense runs only: the MoE
-run's expert all-to-all and DP front are not priced (its label says so), so its error is not
-what the server terms model; it is scored with the fit on every dense run. ``--quick`` takes
+run's DP front and expert routing are shapes no dense run has, so its error is not what the
+server terms model; it is scored with the fit on every dense run. ``--quick`` takes
 one fit iteration instead of three. The study replays its own runs (no trace is read; the
 ``trace`` of ``kvsim reproduce`` is not used).
 """

@@ -106,7 +106,7 @@ def _choose_profile(model: str, gpu_name: str | None, tp: int, dp: int, ep: int,
     gpu = catalog_gpu(gpu_name) if gpu_name else None
     stand: list[str] = []
     if gpu is not None:  # the kernel tables of the engine simulated (vLLM's) where they exist
-        choice = profile_for(gpu, model, tp, "vllm")
+        choice = profile_for(gpu, model, tp, "vllm", ep)
         name = choice.name
         if not choice.exact:
             stand.append(choice.note)
@@ -118,9 +118,11 @@ def _choose_profile(model: str, gpu_name: str | None, tp: int, dp: int, ep: int,
                      "which costmodel/data/gpus.yaml lacks")
     if gpu is None and (measured_on := load_profile(name, model).gpus) != tp:
         stand.append(f"measured on {measured_on} GPU(s), the run is TP{tp}")
-    if dp > 1 or ep > 1:
-        stand.append(f"DP{dp} x EP{ep} as {dp} replicas behind least-load, expert all-to-all "
-                     "not priced")
+    if dp > 1 or ep > 1:  # a -dp<ep>ep<ep> profile prices one GPU of the group (compose.py)
+        whole = ep > 1 and gpu is not None and name.endswith(f"-dp{ep}ep{ep}")
+        stand.append(f"DP{dp} x EP{ep} as {dp} replicas behind least-load" + (
+            ", each one GPU of the expert-parallel group (its experts, the group's tokens "
+            "and dispatch)" if whole else ", expert all-to-all not priced"))
     return name, name + (f" [{'; '.join(stand)}]" if stand else "")
 
 
@@ -184,19 +186,31 @@ def _table_allreduce(prof: Any) -> tuple[float, float] | None:
     d = prof.details
     if prof.gpus < 2 or not {"system", "framework"} <= set(d):
         return None
-    return _allreduce_line(str(d["system"]), str(d["framework"]), prof.gpus, prof.spec.hidden)
+    return _table_line("allreduce_line", str(d["system"]), str(d["framework"]), prof.gpus,
+                       prof.spec.hidden)
+
+
+def _table_dispatch(prof: Any) -> tuple[float, float] | None:
+    """(seconds per layer, seconds per element) of the NCCL dispatch a DP x EP kernel-table
+    profile composed (calibration/kernels/compose.py ``dispatch_line``); None for any other
+    profile, or without the tables installed."""
+    d = prof.details
+    ep = int(d.get("expert_parallel", 1))
+    if ep < 2 or "system" not in d:
+        return None
+    return _table_line("dispatch_line", str(d["system"]), ep, prof.spec.hidden)
 
 
 @functools.cache
-def _allreduce_line(system: str, framework: str, gpus: int, hidden: int
-                    ) -> tuple[float, float] | None:
+def _table_line(name: str, *args: Any) -> tuple[float, float] | None:
+    """compose.py's ``name`` line on the installed tables; None where there are none."""
     from calibration.errors import CalibrationError
-    from calibration.kernels.compose import allreduce_line
+    from calibration.kernels import compose
     from calibration.kernels.run import locate
     from calibration.kernels.tables import KernelTableError
 
     try:
-        return allreduce_line(locate(None)[0], system, framework, gpus, hidden)
+        return getattr(compose, name)(locate(None)[0], *args)
     except (CalibrationError, KernelTableError, OSError):  # not installed, no rows: added
         return None
 
@@ -263,7 +277,8 @@ def setup(m: MeasuredRun, *, model: str | None = None, gpu: str | None = None,
     link = float(eng["link_gb_s"]) * 1e9 if eng.get("link_gb_s") else None
     prof = load_profile(name, model)
     terms, why = server_terms(prof, link, float(eng.get("link_latency_s", 0.0)),
-                              _table_allreduce(prof) if link else None)
+                              _table_allreduce(prof) if link else None,
+                              _table_dispatch(prof) if link else None)
     if tp > 1 and link is None:
         why.append(f"TP{tp} all-reduces: the profile's own only (the source states no link)")
     srv = dataclasses.replace(NEUTRAL_SERVER, **terms)
