@@ -57,9 +57,12 @@ def point_done(out: str | Path, pid: str) -> bool:
     return True
 
 
-def run_point(cfg: RunConfig, out: str, get_trace: Callable[[], Any]) -> dict[str, Any]:
+def run_point(cfg: RunConfig, out: str, get_trace: Callable[[], Any],
+              write: Callable[[RunConfig, Any, Path], None] | None = None) -> dict[str, Any]:
     """Run one point into ``out/points/<id>`` (any executor calls this). A user error in the
-    point (a bad trace file, ...) comes back as ``error`` instead of stopping the others."""
+    point (a bad trace file, ...) comes back as ``error`` instead of stopping the others.
+    ``write(cfg, trace, folder)`` runs it and writes its folder in place of ``run`` and
+    ``write_result`` (kvsim plan's early stops: sim/sweep/early_stop.py)."""
     from sim.run import run, write_result
 
     from .executors import worker_trace_loads
@@ -73,7 +76,10 @@ def run_point(cfg: RunConfig, out: str, get_trace: Callable[[], Any]) -> dict[st
 
         check_shared_prefix(trace, cfg.traffic.shared_prefix)  # a typo such as 10m for 10k
         info["trace_loads"] = worker_trace_loads()
-        write_result(run(cfg, trace), Path(out) / "points" / pid)
+        if write is None:
+            write_result(run(cfg, trace), Path(out) / "points" / pid)
+        else:
+            write(cfg, trace, Path(out) / "points" / pid)
     except Exception as e:
         code = getattr(e, "exit_code", None)
         if not isinstance(code, int):
@@ -83,17 +89,20 @@ def run_point(cfg: RunConfig, out: str, get_trace: Callable[[], Any]) -> dict[st
 
 
 def run_sweep(sweep: Sweep, out: str | Path, executor: Executor,
-              progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:
+              progress: Callable[[int, int], None] | None = None,
+              job: Callable[..., dict[str, Any]] = run_point) -> pd.DataFrame:
     """Run the unfinished points, then write results.parquet/.csv (all points in grid order).
-    Raises ``SweepError`` after the others finish if any point failed."""
+    Raises ``SweepError`` after the others finish if any point failed. ``job``: what runs a
+    point (``run_point`` or one with its ``write``)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     with folder_lock(out, "kvsim sweep"):  # one sweep per folder: a second one is refused
-        return _run_locked(sweep, out, executor, progress)
+        return _run_locked(sweep, out, executor, progress, job)
 
 
 def _run_locked(sweep: Sweep, out: Path, executor: Executor,
-                progress: Callable[[int, int], None] | None) -> pd.DataFrame:
+                progress: Callable[[int, int], None] | None,
+                job: Callable[..., dict[str, Any]]) -> pd.DataFrame:
     remove_stale_tmp(out)  # a killed writer's leftovers; no writer runs in ``out`` now
     refs = sweep.refs or [None] * len(sweep.points)
     atomic_write_text(out / "sweep.json", dumps({
@@ -111,7 +120,7 @@ def _run_locked(sweep: Sweep, out: Path, executor: Executor,
         progress(done, len(seen))
     failed: list[dict[str, Any]] = []
     try:
-        for _i, info in executor.map(run_point, [(p.cfg, str(out)) for p in todo]):
+        for _i, info in executor.map(job, [(p.cfg, str(out)) for p in todo]):
             done += 1
             if info["error"]:
                 failed.append(info)
