@@ -57,7 +57,7 @@ def test_plan_finds_the_smallest_fleet_and_one_gpu_fewer_misses(tmp_path) -> Non
     assert chosen["usd_per_h"] == pytest.approx(3 * 2.99)
     # the same verdicts from runs made here, at the interval's pessimistic end
     assert pessimistic_p90(3) <= TARGET < pessimistic_p90(2)
-    assert doc["points_run"] == 3  # bisection: 4, then 2, then 3
+    assert doc["points_run"] == 3  # up: 1 and 2 stopped early, 3 whole; 2 again whole
     assert (tmp_path / "plan" / "plan.png").stat().st_size > 0
     # rerun: every point is done, nothing runs again, the same plan
     again = CliRunner().invoke(cli, plan_args(tmp_path / "plan"))
@@ -133,7 +133,7 @@ def fake_plan(tmp_path, monkeypatch, curves: dict[str, dict[int, float]], slo: s
 
     asked: dict[str, list[int]] = {r: [] for r in curves}
 
-    def evaluate(self, wanted) -> None:
+    def evaluate(self, wanted, stop: bool = False) -> None:
         for q, n in wanted:
             if (q, n) in self.outcomes:
                 continue
@@ -405,7 +405,7 @@ def test_plan_reusing_identical_repeats_is_the_plan_running_them(tmp_path, monke
     """Issue 55 item 4: a point whose first repeat drew nothing from its seed (session-affinity
     here) does not run its other repeats; the plan (answers, pick, every row) is the one that
     runs them all, with fewer runs."""
-    from sim.run import driver
+    from sim.run import driver, repeats
 
     real = driver.run_repeats
     runs: dict[bool, int] = {True: 0, False: 0}
@@ -421,6 +421,7 @@ def test_plan_reusing_identical_repeats_is_the_plan_running_them(tmp_path, monke
     docs = {}
     for reuse in (True, False):
         monkeypatch.setattr(driver, "run_repeats", counted(reuse))
+        monkeypatch.setattr(repeats, "run_repeats", counted(reuse))  # (early stops' runs)
         res = CliRunner().invoke(cli, [*SMALL, "--routers", "session-affinity,least-load",
                                        "--replicas", "1..3", "--repeats", "2", "--json",
                                        "--out", str(tmp_path / str(reuse))])

@@ -129,7 +129,8 @@ def _shown_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
 def plan_notes(doc: dict[str, Any]) -> list[str]:
     """What the tables cannot say: requests above the model's context (as ``kvsim run``
     warns), points priced with another GPU's profile (``*``), identical repeats (``n/a``),
-    and questions whose curve was not monotone (bisection fell back to every size)."""
+    runs stopped early (``-``), and questions whose curve was not monotone (bisection fell
+    back to every size)."""
     lines = []
     over = doc.get("over_context_requests") or 0
     if over:
@@ -149,6 +150,11 @@ def plan_notes(doc: dict[str, Any]) -> list[str]:
         lines.append(f"n/a: the repeats vary decision seeds only, and {', '.join(same)} drew "
                      "nothing from them (deterministic): the repeats were identical, so there "
                      "is no interval and the pessimistic end is the run itself")
+    stopped = [f"{r['router']} {r['policy']} at {r['size']}: {r['stopped_early']}"
+               for r in _shown_rows(doc) if r.get("stopped_early")]
+    if stopped:  # (sim/sweep/early_stop.py)
+        lines.append("-: stopped once it could no longer meet, so no numbers: "
+                     + "; ".join(stopped))
     why = {"not monotone": "more replicas did worse somewhere among the sizes bisection ran",
            "the largest size misses": "the largest size missed (bisection assumes it meets)"}
     for a in doc["answers"]:

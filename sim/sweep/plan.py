@@ -4,13 +4,23 @@ A question is one curve: a GPU kind and TP, a router, an eviction policy and a l
 at once, or an open loop's time scale). Its answer is the fewest replicas (or, with ``pd``
 shapes, the smallest prefill:decode pools) whose run **meets** the SLO: every run-level target
 and the attainment hold at the pessimistic end of the repeats' 95% intervals (sim/run/repeats.py
-``pessimistic``). The search bisects each question's replica range (``search="bisect"``:
-the largest size first, then halves), which assumes more replicas never hurt; where the sizes
-it ran contradict that (``Planner.monotone``) or the largest misses, it runs every size below
-its answer, so it answers as ``search="full"`` (every size) would whenever the sizes run show
-the curve. The rounds go through the sweep machinery (sim/sweep: every point in
-``out/points/<id>``, so a rerun resumes, on a local pool or Ray). Before any runs,
-``check_spec`` checks every point as ``kvsim run`` would. Then:
+``pessimistic``). Searches (``PlanSpec.search``):
+
+- ``up`` (the default): every size from the smallest up, one round per size, until a size
+  meets; a run that can no longer meet stops early (sim/sweep/early_stop.py: its summary says
+  ``stopped_early`` instead of metrics, and the verdict is the whole run's). A miss then costs
+  a fraction of a run and only the answer runs whole, where bisection runs every size it
+  tries whole, the largest first; it assumes nothing of the curve and answers as ``full``
+  does (issue 55 item 4).
+- ``bisect``: the largest size first, then halves, which assumes more replicas never hurt;
+  where the sizes it ran contradict that (``Planner.monotone``) or the largest misses, it runs
+  every size below its answer, so it answers as ``full`` would whenever the sizes run show the
+  curve. Every run whole.
+- ``full``: every size, whole (the whole goodput curve).
+
+The rounds go through the sweep machinery (sim/sweep: every point in ``out/points/<id>``, so a
+rerun resumes, on a local pool or Ray). Before any runs, ``check_spec`` checks every point as
+``kvsim run`` would. Then:
 
 - the cheapest answers by price per hour (``costmodel/data/gpus.yaml`` or a price file of the
   same shape, which must price every GPU searched) and GPU count, at one price the most
@@ -18,7 +28,9 @@ the curve. The rounds go through the sweep machinery (sim/sweep: every point in
 - per question the knee of goodput against GPUs over the sizes run (the size farthest above
   the chord from the smallest to the largest, both normalized: where more GPUs stop paying);
 - what each choice buys: every router and policy at the cheapest answer's GPU, TP, size and
-  load (one more round), against that answer.
+  load (one more round), against that answer. That round also runs whole what the report
+  shows and a search stopped early: the chosen answer's size one smaller and, for a question
+  no size meets, its largest size (the nearest shown is among the sizes run whole).
 
 Disaggregated pools: with ``pd`` shapes ``P:D`` the sizes are runs of ``P`` prefill and ``D``
 decode workers (docs/pd.md; their ``gpus`` count both pools), taken smallest GPU count
@@ -67,7 +79,7 @@ class PlanSpec:
     policies: list[str]
     loads: list[dict[str, Any]]
     replicas: tuple[int, int]  # smallest, largest
-    search: str = "bisect"
+    search: str = "up"  # up | bisect | full (module docstring)
     pd: list[tuple[int, int]] = field(default_factory=list)
     prices: dict[str, GPU] | None = None
     mem_fractions: list[float | None] = field(default_factory=lambda: [None])
@@ -159,6 +171,11 @@ class Outcome:
     def gpus(self) -> int:
         return int(self.summary["gpus"])
 
+    @property
+    def stopped(self) -> str:
+        """Why its run stopped early (a decided miss without metrics), or empty."""
+        return self.summary.get("stopped_early") or ""
+
 
 def pessimistic_values(summary: dict[str, Any], slo: SLO) -> dict[str, float]:
     from sim.run.repeats import pessimistic
@@ -179,16 +196,28 @@ class Planner:
         # questions where bisection fell back to every size below its answer, and why
         self.full_search: dict[Question, str] = {}
 
-    def _evaluate(self, wanted: list[tuple[Question, Any]]) -> None:
+    def _evaluate(self, wanted: list[tuple[Question, Any]], stop: bool = False) -> None:
+        """Run the points of ``wanted`` not run yet (one round); with ``stop`` a run ends
+        once it can no longer meet (sim/sweep/early_stop.py), without it a point that did
+        stop runs again whole."""
         import json
+        from functools import partial
 
-        from sim.sweep import Sweep, run_sweep, summary_path
+        from sim.sweep import Sweep, run_point, run_sweep, summary_path
         from sim.sweep.executors import ExecutorSpec
 
-        todo = [(q, s) for q, s in wanted if (q, s) not in self.outcomes]
+        from .early_stop import run_or_stop
+
+        todo = [(q, s) for q, s in wanted if (q, s) not in self.outcomes
+                or (not stop and self.outcomes[(q, s)].stopped)]
         if not todo:
             return
         points = [make_point(self.spec, q, s) for q, s in todo]
+        if not stop:  # a point stopped early (here or by an earlier plan) runs again whole
+            for p in points:
+                path = summary_path(self.out, p.id)
+                if path.exists() and json.loads(path.read_text()).get("stopped_early"):
+                    path.unlink()
         self.rounds += 1
         sweep = Sweep(f"kvsim plan round {self.rounds}", points, None, None, ExecutorSpec(),
                       has_grid=True)
@@ -197,7 +226,8 @@ class Planner:
             if self.report is not None:
                 self.report(f"round {self.rounds}", done, total)
 
-        run_sweep(sweep, self.out, self.executor, progress)
+        job = partial(run_point, write=run_or_stop) if stop else run_point
+        run_sweep(sweep, self.out, self.executor, progress, job=job)
         for (q, s), p in zip(todo, points, strict=True):
             summary = json.loads(summary_path(self.out, p.id).read_text())
             ok = meets(self.slo, pessimistic_values(summary, self.slo))
@@ -213,6 +243,15 @@ class Planner:
             return {q: next((self.outcomes[(q, s)] for s in shapes
                              if self.outcomes[(q, s)].meets), None) for q in questions}
         lo, hi = spec.replicas
+        if spec.search == "up":
+            found: dict[Question, int] = {}
+            for n in range(lo, hi + 1):
+                open_ = [q for q in questions if q not in found]
+                if not open_:
+                    break
+                self._evaluate([(q, n) for q in open_], stop=True)
+                found.update({q: n for q in open_ if self.outcomes[(q, n)].meets})
+            return {q: self.outcomes[(q, found[q])] if q in found else None for q in questions}
         if spec.search == "full":
             self._evaluate([(q, n) for q in questions for n in range(lo, hi + 1)])
             return {q: next((self.outcomes[(q, n)] for n in range(lo, hi + 1)
@@ -262,12 +301,23 @@ class Planner:
                     return False
         return True
 
-    def buys(self, chosen: Outcome) -> list[Outcome]:
-        """Every router and policy at the chosen answer's GPU, TP, size and load."""
+    def buys(self, chosen: Outcome | None,
+             answers: dict[Question, Outcome | None]) -> list[Outcome]:
+        """Every router and policy at the chosen answer's GPU, TP, size and load (a point
+        the search stopped early stays so: a decided miss, labelled). Before them, whole,
+        what the report shows of points a search may have stopped: the chosen answer's size
+        one smaller, and the largest size run of a question no size meets (``_best``)."""
+        whole = [(q, max(s for qq, s in self.outcomes if qq == q))
+                 for q, o in answers.items() if o is None]
+        if chosen is not None and isinstance(chosen.size, int):
+            whole.append((chosen.question, chosen.size - 1))
+        self._evaluate([k for k in whole if k in self.outcomes and self.outcomes[k].stopped])
+        if chosen is None:
+            return []
         q0 = chosen.question
         others = [replace(q0, router=r, policy=p) for r in self.spec.routers
                   for p in self.spec.policies]
-        self._evaluate([(q, chosen.size) for q in others])
+        self._evaluate([(q, chosen.size) for q in others], stop=self.spec.search == "up")
         return [self.outcomes[(q, chosen.size)] for q in others]
 
 
@@ -306,7 +356,7 @@ def plan(spec: PlanSpec, out: str | Path, executor,
     # checked to cover every GPU (check_spec), so no key is NaN (D11: NaN sorts anywhere).
     met.sort(key=lambda o: (price_per_hour(o, prices), o.gpus, -margin(o.summary, spec.slo),
                             o.question.label))
-    buys = planner.buys(met[0]) if met else []
+    buys = planner.buys(met[0] if met else None, answers)
     rows = []
     for _key, o in sorted(planner.outcomes.items(), key=lambda kv: (kv[0][0].label,
                                                                         str(kv[0][1]))):
@@ -314,8 +364,8 @@ def plan(spec: PlanSpec, out: str | Path, executor,
     table = pd.DataFrame(rows)
     curves = {}
     for q in spec.questions():
-        pts = [(o.gpus, o.summary.get("goodput_rps", math.nan))
-               for (qq, _s), o in planner.outcomes.items() if qq == q]
+        pts = [(o.gpus, o.summary.get("goodput_rps", math.nan))  # (a stopped run has none)
+               for (qq, _s), o in planner.outcomes.items() if qq == q and not o.stopped]
         curves[q.label] = {"points": sorted(pts), "knee_gpus": (k := knee(pts)) and k[0]}
     chosen = met[0] if met else None
     summaries = [o.summary for o in planner.outcomes.values()]
@@ -324,8 +374,11 @@ def plan(spec: PlanSpec, out: str | Path, executor,
         "questions": len(answers),
         "rounds": planner.rounds,
         "points_run": len(planner.outcomes),
+        # points whose run stopped once it could no longer meet (no metrics: plan.csv says why)
+        "points_stopped": sum(bool(o.stopped) for o in planner.outcomes.values()),
         "answers": [{"question": q.label,
                      "search": "full" if spec.search == "full" or spec.pd else
+                     "up" if spec.search == "up" else
                      f"bisect, then every size below ({planner.full_search[q]})" if q in
                      planner.full_search else "bisect",
                      **(_row(o, prices) if o is not None else
@@ -364,9 +417,9 @@ def margin(summary: dict[str, Any], slo: SLO) -> float:
 
 
 def _best(planner: Planner, q: Question) -> dict[str, Any] | None:
-    """The size of ``q`` nearest to meeting (most margin) among those run, for the hint
-    when none meets."""
-    runs = [o for (qq, _s), o in planner.outcomes.items() if qq == q]
+    """The size of ``q`` nearest to meeting (most margin) among those run whole, for the
+    hint when none meets."""
+    runs = [o for (qq, _s), o in planner.outcomes.items() if qq == q and not o.stopped]
     if not runs:
         return None
     o = max(runs, key=lambda o: (margin(o.summary, planner.slo), -o.gpus))
@@ -399,7 +452,9 @@ def _row(o: Outcome, prices: dict[str, GPU]) -> dict[str, Any]:
             "repeats": s.get("repeats", 1),
             "repeats_identical": bool(s.get("repeats", 1) > 1 and all(
                 s.get(f"{k}_ci95") == 0 for k in slo.targets or ("ttft_p90_s",))),
-            **{k: s.get(k) for k in SHOWN}, **targets}
+            **{k: s.get(k) for k in SHOWN}, **targets,
+            # a decided miss whose run stopped early (search "up"): why; it has no metrics
+            "stopped_early": o.stopped}
 
 
 def check_spec(spec: PlanSpec) -> None:
