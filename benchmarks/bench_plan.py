@@ -9,12 +9,14 @@ The workload of issue 55 (item 4) and of the new-user review (Part A, task 10)::
 It runs in a child process into a fresh folder (nothing resumed); CPU seconds are the
 child's and its pool workers' (``RUSAGE_CHILDREN``), so they hold on a loaded machine where
 wall does not: the load average before and after is printed beside them. Not run in tests.
-``python -m benchmarks.bench_plan [--files N] [--jobs J] [--executor ray] [--json]``
+``python -m benchmarks.bench_plan [--files N] [--jobs J] [--executor ray] [--search S] [--json]``
 (``--files N``: the first N trace files only, for a quick look).
 
-Measured (docs/sweeps.md, Plan): on a shared 2-core machine at load 13-15, Python path, 797
-CPU-s before issue 55's changes (8cbd1d9), 756 after; the same pick (5 x H100,
-sglang-cache-aware + penelope), 41 points in 7 rounds.
+Measured (docs/sweeps.md, Plan): on a shared 2-core machine, Python path, 756 CPU-s with
+``--search bisect`` (load 13-15; 41 points in 7 rounds), 232 with ``--search up`` (load 6-16;
+37 points, 29 stopped early); the same pick (5 x H100, sglang-cache-aware + penelope).
+``--search bisect`` times the search before issue 55 item 4 (run it beside the default, at
+the same load, for a ratio).
 """
 
 from __future__ import annotations
@@ -34,21 +36,21 @@ DATA = ROOT.parent / "shared" / "data" / "cc-traces"
 ROUTERS = "session-affinity,sglang-cache-aware,dynamo-kv"
 
 
-def plan_args(trace: str, out: str, jobs: int, executor: str) -> list[str]:
-    return ["plan", trace, "--max-context", "128k", "--gaps", "tool", "--sessions", "32",
-            "--replicas", "1..16", "--routers", ROUTERS, "--policies", "sglang,penelope",
-            "--slo", "ttft_p90=2s,ttft=5s", "--repeats", "2", "-j", str(jobs),
+def plan_args(trace: str, out: str, jobs: int, executor: str, search: str) -> list[str]:
+    return ["plan", trace, "--search", search, "--max-context", "128k", "--gaps", "tool",
+            "--sessions", "32", "--replicas", "1..16", "--routers", ROUTERS, "--policies",
+            "sglang,penelope", "--slo", "ttft_p90=2s,ttft=5s", "--repeats", "2", "-j", str(jobs),
             "--executor", executor, "--out", out, "--json"]
 
 
-def measure(trace: str, jobs: int = 2, executor: str = "local") -> dict:
+def measure(trace: str, jobs: int = 2, executor: str = "local", search: str = "up") -> dict:
     """One plan in a child process: wall, CPU seconds (child and workers), the pick."""
     with tempfile.TemporaryDirectory(prefix="bench-plan-") as tmp:
         before = os.getloadavg()
         cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
         res = subprocess.run([sys.executable, "-c", "from sim.cli.main import main; main()",
-                              *plan_args(trace, f"{tmp}/plan", jobs, executor)],
+                              *plan_args(trace, f"{tmp}/plan", jobs, executor, search)],
                              capture_output=True, text=True, cwd=ROOT)
         wall = time.perf_counter() - t0
         cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -60,8 +62,9 @@ def measure(trace: str, jobs: int = 2, executor: str = "local") -> dict:
             "cpu_s": round(cpu1.ru_utime - cpu0.ru_utime + cpu1.ru_stime - cpu0.ru_stime, 2),
             "load_before": [round(x, 2) for x in before],
             "load_after": [round(x, 2) for x in os.getloadavg()],
-            "cpus": os.cpu_count(), "jobs": jobs, "executor": executor,
-            "points_run": doc["points_run"], "rounds": doc["rounds"],
+            "cpus": os.cpu_count(), "jobs": jobs, "executor": executor, "search": search,
+            "points_run": doc["points_run"], "points_stopped": doc.get("points_stopped", 0),
+            "rounds": doc["rounds"],
             "pick": {k: chosen.get(k) for k in ("router", "policy", "size", "gpus",
                                                 "usd_per_h", "ttft_p90_s", "margin")},
             "answers": {a["question"]: a.get("size") for a in doc["answers"]}}
@@ -72,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--files", type=int, default=0, help="only the first N trace files")
     ap.add_argument("--jobs", "-j", type=int, default=2)
     ap.add_argument("--executor", choices=["local", "ray"], default="local")
+    ap.add_argument("--search", choices=["up", "bisect", "full"], default="up",
+                    help="kvsim plan --search (bisect: the default before issue 55 item 4)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     if not DATA.is_dir():
@@ -79,15 +84,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     files = sorted(DATA.glob("*.json.gz"))
     trace = ",".join(map(str, files[:args.files])) if args.files else str(DATA)
-    r = measure(trace, args.jobs, args.executor)
+    r = measure(trace, args.jobs, args.executor, args.search)
     if args.json:
         print(json.dumps(r))
         return 0
     p = r["pick"]
-    print(f"kvsim plan on {args.files or len(files)} cc-traces sessions ({r['executor']}, "
+    print(f"kvsim plan --search {r['search']} on {args.files or len(files)} cc-traces sessions "
+          f"({r['executor']}, "
           f"-j {r['jobs']}, {r['cpus']} CPUs): wall {r['wall_s']:.1f} s, CPU {r['cpu_s']:.1f} "
           f"s; load {r['load_before'][0]:.1f} -> {r['load_after'][0]:.1f}")
-    print(f"{r['points_run']} points, {r['rounds']} rounds; pick: {p['size']} x "
+    print(f"{r['points_run']} points ({r['points_stopped']} stopped early), {r['rounds']} "
+          f"rounds; pick: {p['size']} x "
           f"{p['router']} {p['policy']} ({p['gpus']} GPUs, ${p['usd_per_h']}/h, TTFT p90 "
           f"{p['ttft_p90_s']}, margin {p['margin']})")
     return 0
