@@ -87,6 +87,9 @@ class ServerCoeffs:
       every token it computes and every decode row pay beyond the profile's kernels, never
       overlapped: the LM head's weight read, the tensor-parallel all-reduces over the
       replica's real link, sampling (``server_terms``: derived, not fitted).
+    - ``fixed_on_host``: the share of the profile's fixed step terms that is host time
+      (scheduling, launches), not GPU time: taken off every GPU step and paid as CPU time,
+      the decode step's a step (so an overlapped server hides it behind its kernels).
     - ``mixed_decode_rows``: the share of a mixed step's decode rows' own reads (KV and per
       row: the decode step less its fixed and weight terms) added to the prefill chunks'
       time before the max above (1: the rows' attention kernels run beside the GEMMs).
@@ -104,6 +107,7 @@ class ServerCoeffs:
     gpu_per_token_s: float = 0.0
     gpu_per_seq_s: float = 0.0
     mixed_decode_rows: float = 0.0
+    fixed_on_host: float = 0.0
     overlapped: bool = field(default=False, compare=False)  # the server's, not the file's
 
     @property
@@ -112,14 +116,16 @@ class ServerCoeffs:
 
     @property
     def has_cpu(self) -> bool:
-        return bool(self.cpu_step_s or self.cpu_per_seq_s or self.cpu_per_token_s)
+        return bool(self.cpu_step_s or self.cpu_per_seq_s or self.cpu_per_token_s
+                    or self.fixed_on_host)
 
     def cpu_seconds(self, seqs: int, tokens: int) -> float:
         return self.cpu_step_s + self.cpu_per_seq_s * seqs + self.cpu_per_token_s * tokens
 
 
 NEUTRAL_SERVER = ServerCoeffs()
-DERIVED_TERMS = ("gpu_step_s", "gpu_per_token_s", "gpu_per_seq_s", "mixed_decode_rows")
+DERIVED_TERMS = ("gpu_step_s", "gpu_per_token_s", "gpu_per_seq_s", "mixed_decode_rows",
+                 "fixed_on_host")
 # what a decode row costs a step beyond its weights and KV (sampling, per-row work): the figure
 # the datasheet profiles state (costmodel/derive.py DECODE_PER_SEQ_S), which kernel tables lack
 SAMPLING_PER_SEQ_S = 2e-5
@@ -156,7 +162,11 @@ def server_terms(prof: Profile, link_bytes_per_s: float | None = None,
     - ``mixed_decode_rows`` 1: a vLLM step mixing prefill chunks and decode rows is one forward
       pass whose GEMMs read the weights once for every token, while the decode rows' attention
       reads their KV in kernels of its own: the rows' reads add to the prefill's time
-      (``mixed_seconds``)."""
+      (``mixed_seconds``);
+    - ``fixed_on_host`` 1 for a datasheet profile: its stated fixed step terms are
+      scheduling, launches and sampling (costmodel/derive.py ``DECODE_FIXED_S``,
+      ``PREFILL_FIXED_S``): host time, which the kernel tables (GPU kernels timed alone)
+      hold none of; paid beside the GPU step."""
     spec, tp = prof.spec, prof.gpus
     read_whole = spec.active_params  # what ``decode.weights_s`` reads; an experts_s holds
     if prof.decode.experts_s:  # the routed experts apart
@@ -204,12 +214,18 @@ def server_terms(prof: Profile, link_bytes_per_s: float | None = None,
                         f"{own_step * 1e3:.2f} ms a step)" if table_dispatch is not None else
                         "added to the profile's own (not known to subtract)")
                      + f": net {tok * 1e6:.1f} us a token")
-    per_seq = 0.0 if "derived_by" in prof.details else SAMPLING_PER_SEQ_S
+    datasheet = "derived_by" in prof.details
+    per_seq = 0.0 if datasheet else SAMPLING_PER_SEQ_S
     if per_seq:
         notes.append(f"sampling and per-row work: {per_seq * 1e6:g} us a decode row")
+    if datasheet and (prof.decode.fixed_s or prof.prefill.fixed_s):
+        notes.append(f"the datasheet profile's fixed step terms ({prof.decode.fixed_s * 1e3:g} ms "
+                     f"a decode step, {prof.prefill.fixed_s * 1e3:g} ms a prefill batch) are "
+                     "host time (scheduling, launches): paid beside the GPU step, "
+                     f"{prof.decode.fixed_s * 1e3:g} ms a step, which async scheduling overlaps")
     notes.append("mixed steps: the decode rows' KV reads add to the prefill chunks' GEMMs")
     return {"gpu_step_s": step, "gpu_per_token_s": per_tok, "gpu_per_seq_s": per_seq,
-            "mixed_decode_rows": 1.0}, notes
+            "mixed_decode_rows": 1.0, "fixed_on_host": 1.0 if datasheet else 0.0}, notes
 
 
 def expert_share(spec: ModelSpec, batch: int, group: int = 1) -> float:
@@ -273,27 +289,30 @@ class Profile:
     # --- the server's terms (ServerCoeffs): neutral unless a profile or calibration sets them
     @cached_property
     def _p(self) -> PrefillCoeffs:
-        """The prefill coefficients the server pays: the kernels' x ``prefill_scale``, plus
-        ``gpu_step_s`` a batch (``gpu_per_token_s`` is in ``prefill_seconds``)."""
-        k, extra = self.server.prefill_scale, self.server.gpu_step_s
+        """The prefill coefficients the server pays: the kernels' x ``prefill_scale``, the
+        fixed term less its host share (``fixed_on_host``), plus ``gpu_step_s`` a batch
+        (``gpu_per_token_s`` is in ``prefill_seconds``)."""
+        srv = self.server
+        k, extra, host = srv.prefill_scale, srv.gpu_step_s, srv.fixed_on_host
         p = self.prefill
-        if k == 1.0 and not extra:
+        if k == 1.0 and not extra and not host:
             return p
         q = PrefillCoeffs(*(k * v for v in astuple(p)))
-        return replace(q, fixed_s=q.fixed_s + extra) if extra else q
+        return replace(q, fixed_s=q.fixed_s * (1 - host) + extra) if extra or host else q
 
     @cached_property
     def _d(self) -> DecodeCoeffs:
-        """The decode coefficients the server pays: the kernels' x ``decode_scale``, plus
-        ``gpu_step_s`` a step and ``gpu_per_token_s`` a sequence (one token each)."""
+        """The decode coefficients the server pays: the kernels' x ``decode_scale``, the
+        fixed term less its host share (``fixed_on_host``), plus ``gpu_step_s`` a step and
+        ``gpu_per_token_s`` a sequence (one token each)."""
         srv = self.server
         k = srv.decode_scale
         d = self.decode
         if k == 1.0 and not srv.gpu_step_s and not srv.gpu_per_token_s \
-                and not srv.gpu_per_seq_s:
+                and not srv.gpu_per_seq_s and not srv.fixed_on_host:
             return d
         q = DecodeCoeffs(*(k * v for v in astuple(d)))
-        return replace(q, fixed_s=q.fixed_s + srv.gpu_step_s,
+        return replace(q, fixed_s=q.fixed_s * (1 - srv.fixed_on_host) + srv.gpu_step_s,
                        per_seq_s=q.per_seq_s + srv.gpu_per_token_s + srv.gpu_per_seq_s)
 
     def for_server(self, overlapped: bool) -> Profile:
@@ -316,8 +335,14 @@ class Profile:
         srv = self.server
         if not srv.has_cpu:
             return gpu_s
-        cpu = srv.cpu_seconds(seqs, tokens)
+        cpu = srv.cpu_seconds(seqs, tokens) + self._host_s
         return max(gpu_s, cpu) if srv.overlapped else gpu_s + cpu
+
+    @cached_property
+    def _host_s(self) -> float:
+        """Host seconds a step pays out of the profile's fixed terms (``fixed_on_host`` of
+        the decode step's)."""
+        return self.server.fixed_on_host * self.decode.fixed_s
 
     def mixed_seconds(self, prefill_s: float, decode_s: float) -> float:
         """Kernel seconds of a step mixing prefill chunks (``prefill_s`` alone) and decode rows
@@ -367,7 +392,7 @@ class Profile:
             first = self.decode_step_seconds(batch, context_tokens)
             return steps * first + inc * steps * (steps - 1) / 2
         g0 = self.decode_kernel_seconds(batch, context_tokens)
-        cpu = srv.cpu_seconds(batch, batch)
+        cpu = srv.cpu_seconds(batch, batch) + self._host_s
         # the first n steps wait for the CPU: step k's kernels g0 + k inc < cpu
         n = (min(steps, max(0, math.ceil((cpu - g0) / inc))) if inc > 0
              else steps if g0 < cpu else 0)

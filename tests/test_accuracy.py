@@ -483,3 +483,32 @@ def test_validate_prices_the_moe_run_as_ranks_of_its_expert_parallel_group():
     assert s.config.fleet.replicas == 2 and "each one GPU of the expert-parallel group" in \
         s.profile
     assert s.server.gpu_per_token_s > 0 and any("EP2 dispatch" in n for n in s.notes)
+
+
+def test_a_datasheet_profile_s_fixed_step_time_is_host_time():
+    """A datasheet profile's fixed step terms (scheduling, launches, sampling) are host time
+    (``fixed_on_host``): off the GPU step, paid after it by a synchronous server and hidden
+    behind its kernels by an overlapped one; kernel tables hold no such term."""
+    from costmodel.profile import server_terms
+    from costmodel.units import Units
+
+    roof = load_profile("roofline-rtx4090-llama-3.1-8b")
+    fixed = roof.decode.fixed_s
+    assert fixed > 0 and server_terms(roof)[0]["fixed_on_host"] == 1.0
+    assert server_terms(load_profile(BASE))[0]["fixed_on_host"] == 0.0
+    host = roof.with_server(ServerCoeffs(fixed_on_host=1.0), "test")
+    assert host.decode_kernel_seconds(16, 20_000) == pytest.approx(
+        roof.decode_kernel_seconds(16, 20_000) - fixed)
+    u = Units(linear=1e9, attention=2e8, tokens=1000)
+    assert host.prefill_seconds(u) == pytest.approx(roof.prefill_seconds(u)
+                                                    - roof.prefill.fixed_s)
+    sync, over = host.for_server(False), host.for_server(True)
+    assert sync.decode_step_seconds(16, 20_000) == pytest.approx(
+        roof.decode_step_seconds(16, 20_000))
+    gpu = host.decode_kernel_seconds(16, 20_000)
+    assert over.decode_step_seconds(16, 20_000) == pytest.approx(max(gpu, fixed))
+    steps = [over.decode_step_seconds(16, 20_000 + 16 * k) for k in range(5)]
+    assert over.decode_run_seconds(16, 20_000, 5) == pytest.approx(sum(steps))
+    m, = read_measurement(GT / "RTX4090_Llama-3.1-8B")  # priced by its roofline, async vLLM
+    s = setup(m)
+    assert s.server.fixed_on_host == 1.0 and any("host time" in n for n in s.notes)
