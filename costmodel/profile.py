@@ -156,7 +156,9 @@ def server_terms(prof: Profile, link_bytes_per_s: float | None = None,
       of the group's tokens around the experts, a layer each: a rank receives and sends the
       ``ep - 1`` other ranks' share, ``(ep-1) x hidden x dtype bytes`` per token of its own
       each way, in place of the tables' NCCL ones (``table_dispatch``: seconds per layer and
-      per element, compose.py ``dispatch_line``);
+      per element, compose.py ``dispatch_line``); and with TP, the vocabulary-split logits
+      gathered to the sampler each step (``(tp-1)/tp x vocab x dtype bytes`` a decode row,
+      in ``gpu_per_seq_s``, and one latency a step);
     - ``gpu_per_seq_s``: sampling and per-row work a decode row pays (``SAMPLING_PER_SEQ_S``),
       for profiles that do not state it (a datasheet profile's ``decode.per_seq_s`` has it);
     - ``mixed_decode_rows`` 1: a vLLM step mixing prefill chunks and decode rows is one forward
@@ -177,7 +179,7 @@ def server_terms(prof: Profile, link_bytes_per_s: float | None = None,
     step = prof.decode.weights_s * lm / weights if weights > 0 and spec.vocab else 0.0
     notes = [f"LM head read: {step * 1e3:.2f} ms a step ({lm / 1e9:.2f} GB per GPU at the "
              "profile's own weight-read rate)"] if step else []
-    per_tok = 0.0
+    per_tok = gather = 0.0
     if tp > 1 and link_bytes_per_s:
         ring = 2 * (tp - 1) / tp * spec.hidden * spec.dtype_bytes
         n = 2 * spec.layers
@@ -198,6 +200,12 @@ def server_terms(prof: Profile, link_bytes_per_s: float | None = None,
                         f"{own_step * 1e3:.2f} ms a step)" if held else
                         "added to the profile's own (not known to subtract)")
                      + f": net {per_tok * 1e6:.1f} us a token")
+        # the LM head is split over the vocabulary: each step its logits are gathered to
+        # the sampler (vLLM's LogitsProcessor), (tp-1)/tp of a row's vocab x dtype bytes
+        gather = (tp - 1) / tp * spec.vocab * spec.dtype_bytes / link_bytes_per_s
+        step += link_latency_s
+        notes.append(f"TP{tp} logits gathered to the sampler over the stated link: "
+                     f"{gather * 1e6:.1f} us a decode row, {link_latency_s * 1e6:g} us a step")
     ep = int(prof.details.get("expert_parallel", 1))
     if ep > 1 and link_bytes_per_s:
         own_tok, own_step = 0.0, 0.0
@@ -215,9 +223,9 @@ def server_terms(prof: Profile, link_bytes_per_s: float | None = None,
                         "added to the profile's own (not known to subtract)")
                      + f": net {tok * 1e6:.1f} us a token")
     datasheet = "derived_by" in prof.details
-    per_seq = 0.0 if datasheet else SAMPLING_PER_SEQ_S
-    if per_seq:
-        notes.append(f"sampling and per-row work: {per_seq * 1e6:g} us a decode row")
+    per_seq = (0.0 if datasheet else SAMPLING_PER_SEQ_S) + gather
+    if not datasheet:
+        notes.append(f"sampling and per-row work: {SAMPLING_PER_SEQ_S * 1e6:g} us a decode row")
     if datasheet and (prof.decode.fixed_s or prof.prefill.fixed_s):
         notes.append(f"the datasheet profile's fixed step terms ({prof.decode.fixed_s * 1e3:g} ms "
                      f"a decode step, {prof.prefill.fixed_s * 1e3:g} ms a prefill batch) are "

@@ -391,8 +391,9 @@ def test_gpu_terms_add_to_every_step_and_token():
 
 def test_server_terms_price_the_lm_head_and_the_tp_link():
     """The LM head at the profile's own weight-read rate; TP all-reduces (two a layer, ring)
-    over the stated link in place of those the profile holds, only where the replica has
-    more than one GPU; sampling per decode row where the profile does not state it."""
+    over the stated link in place of those the profile holds, and the split logits gathered
+    to the sampler, only where the replica has more than one GPU; sampling per decode row
+    where the profile does not state it."""
     from costmodel.profile import SAMPLING_PER_SEQ_S, server_terms
     from costmodel.specs import get_spec
 
@@ -409,12 +410,15 @@ def test_server_terms_price_the_lm_head_and_the_tp_link():
     lm2 = server_terms(two)[0]["gpu_step_s"]  # no link: the LM head alone
     n = 2 * s32.layers
     assert added["gpu_per_token_s"] == pytest.approx(n * s32.hidden * 2 / 16e9)  # 2(tp-1)/tp=1
-    assert added["gpu_step_s"] == pytest.approx(lm2 + n * 20e-6)
+    # and the vocabulary-split logits gathered to the sampler: half a row's, one latency
+    assert added["gpu_step_s"] == pytest.approx(lm2 + n * 20e-6 + 20e-6)
+    assert added["gpu_per_seq_s"] == pytest.approx(SAMPLING_PER_SEQ_S
+                                                   + s32.vocab * 2 / 2 / 16e9)
     # in place of the tables' own: 2 us an all-reduce, 50 ps an element
     net, why = server_terms(two, 16e9, 20e-6, (2e-6, 5e-11))
     assert net["gpu_per_token_s"] == pytest.approx(n * (s32.hidden * 2 / 16e9
                                                         - 5e-11 * s32.hidden))
-    assert net["gpu_step_s"] == pytest.approx(lm2 + n * 18e-6)
+    assert net["gpu_step_s"] == pytest.approx(lm2 + n * 18e-6 + 20e-6)
     assert any("in place of the kernel tables'" in w for w in why)
     roof = load_profile("roofline-rtx4090-llama-3.1-8b")
     assert server_terms(roof)[0]["gpu_per_seq_s"] == 0.0  # the roofline states its own
