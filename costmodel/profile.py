@@ -268,14 +268,18 @@ class Profile:
     def spec(self) -> ModelSpec:
         return get_spec(self.model)
 
-    def pricing_spec(self, spec: ModelSpec) -> ModelSpec:
-        """``spec`` with each kind's attention units weighted by its rate over the profile's
-        one rate (``ModelSpec.attention_weights``), so a hybrid's prefill is priced group by
-        group; ``spec`` itself for a profile without per-kind rates."""
+    @property
+    def attention_weights(self) -> dict[str, float]:
+        """Each kind's rate over the profile's one rate (``ModelSpec.attention_weights``), so a
+        hybrid's prefill is priced group by group; empty without per-kind rates."""
         base = self.prefill.per_attention_unit_s
-        if not self.attention_rates or base <= 0:
-            return spec
-        return spec.with_attention_weights({k: r / base for k, r in self.attention_rates})
+        return {k: r / base for k, r in self.attention_rates} if base > 0 else {}
+
+    def pricing_spec(self, spec: ModelSpec) -> ModelSpec:
+        """``spec`` priced by this profile (``attention_weights``); ``spec`` itself without
+        per-kind rates."""
+        w = self.attention_weights
+        return spec.with_attention_weights(w) if w else spec
 
     def prefill_seconds(self, units: Units) -> float:
         """Seconds of one prefill batch doing ``units`` of work over ``units.tokens`` tokens."""

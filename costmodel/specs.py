@@ -500,12 +500,16 @@ _FILE_SPECS: dict[str, ModelSpec] = {}
 _DTYPE_SPECS: dict[str, ModelSpec] = {}  # (name, kv_dtype): built once, its caches kept
 
 
-def get_spec(name: str, kv_dtype: str | None = None) -> ModelSpec:
+def get_spec(name: str, kv_dtype: str | None = None,
+             weights: dict[str, float] | None = None) -> ModelSpec:
     """The one resolution of a ``--model``/``model`` value: a catalog name, or a Hugging Face
     config.json path read by ``costmodel/hfconfig.py`` (once per process; an unreadable file or
     one asking for what kvsim does not model is one ``ModelConfigError`` line, a ``KeyError``
     as an unknown name is); with its KV in ``kv_dtype`` when given (a ValueError names an
-    unknown one)."""
+    unknown one); priced with a profile's ``weights`` when given
+    (costmodel/profile.py ``Profile.attention_weights``)."""
+    if weights:
+        return get_spec(name, kv_dtype).with_attention_weights(weights)
     if kv_dtype is not None:
         key = f"{name}\0{kv_dtype}"
         spec = _DTYPE_SPECS.get(key)

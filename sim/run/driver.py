@@ -40,14 +40,13 @@ def run(cfg: RunConfig, trace=None, timeline=None,
                                                            on_reply, steps),
                            reuse=steps is None)
     check(cfg)
-    try:
-        spec = get_spec(cfg.cache.model, cfg.cache.kv_dtype)
+    profile = load_profile(cfg.cache.profile, cfg.cache.model)
+    try:  # the model as the profile prices it: each kind's attention at its own rate
+        spec = get_spec(cfg.cache.model, cfg.cache.kv_dtype, profile.attention_weights)
     except KeyError as e:
         raise ConfigError("config", "model", str(e.args[0])) from None
     except ValueError as e:  # an unknown kv_dtype
         raise ConfigError("config", "kv_dtype", str(e)) from None
-    profile = load_profile(cfg.cache.profile, cfg.cache.model)
-    spec = profile.pricing_spec(spec)  # each kind's attention at its own rate, if it has one
     if trace is None:
         trace = load_run_trace(cfg)
     env = Clock()
