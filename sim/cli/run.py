@@ -110,7 +110,7 @@ def warn_quiet_surprises(res: RunResult, spec_context: int) -> None:
 
 
 def warn_pool_notes(res: RunResult) -> None:
-    """A fleet's pool notes (sim/fleet/results.py ``pool_notes``), said out loud."""
+    """A fleet's pool notes (sim/fleet/pooltier.py ``pool_notes``), said out loud."""
     for note in res.summary.get("pool_notes", ()):
         stderr.print(f"[yellow]warning:[/yellow] {res.config.policy_label}: {note}")
 

@@ -16,9 +16,9 @@
 - ``fleet``: routes each request, keeps the beliefs, measures belief against truth; reads the
   replicas only through public queries (``gpu_prefix_blocks``), drained events and their
   recorders' listener (``ReplicaSignals``: first admissions, first tokens).
-- ``results``: what a fleet run adds to a run's result (its columns, tables, pool fields);
-  ``sim.run`` builds the replicas and assembles the result. ``checks``: what a fleet config
-  must hold before it runs (``fleet_problem``).
+- ``results``: what a fleet run adds to a run's result (its columns, tables, metrics; the
+  pool's from ``pooltier``); ``sim.run`` builds the replicas and assembles the result.
+  ``checks``: what a fleet config must hold before it runs (``fleet_problem``).
 - ``pd``: a disaggregated fleet (``PDFleet``): a prefill pool (a ``Fleet`` of prefill-only
   engines behind the router), a decode pool, the links between them (FIFO queues) and the PD
   rule (``policies.pd_rules``) that pairs them; ``pd_run``: a disaggregated run's table and

@@ -44,15 +44,20 @@ point outside a running request (nor a chain written per insert).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import simpy
 
+from costmodel.units import ranges_units
 from sim.kvcache.events import BlocksDropped, ChainWritten, KVEvent
 from sim.kvcache.node import Tier
 
 from .kvevents import KVEventFeed
 from .pool import SharedPool
+
+if TYPE_CHECKING:  # pandas where a table is made: none before a run's first request (issue 55)
+    import pandas as pd
 
 _GPU, _CPU = Tier.GPU, Tier.CPU
 
@@ -265,3 +270,97 @@ class FleetPool:
             # against every replica's link at full bandwidth for the whole run
             "pool_bandwidth_utilization": rate / (self.bandwidth * replicas),
         }
+
+
+def build_pool(env: simpy.Environment, cfg, spec, profile, engines) -> FleetPool:
+    """The shared pool of a fleet run, priced by the run's cost model."""
+    def recompute_seconds(ranges: list[tuple[int, int]]) -> float:
+        return profile.recompute_seconds(ranges_units(spec, ranges))
+
+    pool, bs = cfg.pool, cfg.cache.block_size
+    return FleetPool(env, SharedPool(pool.size // bs, pool.pool_watermark,
+                                     pool.pool_evict_fraction),
+                     engines, bs, spec.kv_bytes_per_token * bs, pool.pool_bandwidth * 1e9,
+                     pool.pool_latency_us * 1e-6, pool.pool_write, recompute_seconds)
+
+
+def pool_served(pool: FleetPool, table: pd.DataFrame, now: float, cfg, timeline=None
+                ) -> tuple[pd.DataFrame, dict[str, Any], dict[str, pd.DataFrame]]:
+    """What the pool adds to a fleet run's result (sim/fleet/results.py ``fleet_served``): the
+    requests' pool columns (``pool_columns``), its summary fields with its notes, its tables
+    (occupancy, transfers); a ``timeline`` (sim/timeline.py) gets its fetches."""
+    import pandas as pd  # (not at import: issue 55 start-up)
+
+    table = pool_columns(table, pool, cfg.cache.block_size)
+    notes = pool_notes(pool, table)
+    tables = {"pool": pool_table(pool), "pool_transfers": pd.DataFrame(
+        np.asarray(pool.transfers, dtype=float).reshape(-1, 3),
+        columns=["start_s", "end_s", "bytes"])}
+    if timeline is not None:
+        timeline.pool_fetches(pool.transfers, pool.transfer_replicas, cfg.fleet.replicas)
+    return table, pool_summary(pool, table, now, cfg) | {"pool_notes": notes}, tables
+
+
+def pool_columns(table: pd.DataFrame, pool: FleetPool, bs: int) -> pd.DataFrame:
+    """Where each reused token came from: ``pool_tokens`` (fetched from the pool; they land on
+    the replica's GPU, so ``hit_gpu_tokens`` counts them too: the blocks the request's fetch
+    landed that its admission reused; landed blocks evicted before admission are not
+    counted), ``local_gpu_tokens`` (the rest of the GPU hit), ``loaded_cpu_tokens`` (the
+    replica's CPU tier, as before); ``fetch_s`` the seconds the request waited for its fetch
+    (0: none)."""
+    rec = pool.record
+    rid = table["request"].to_numpy()
+    table = table.copy()
+    table["pool_tokens"] = np.asarray([rec.reused.get(int(r), 0) for r in rid],
+                                      dtype=np.int64) * bs
+    table["local_gpu_tokens"] = table["hit_gpu_tokens"].to_numpy() - table["pool_tokens"]
+    table["fetch_s"] = np.asarray([rec.fetch_s.get(int(r), 0.0) for r in rid], dtype=float)
+    return table
+
+
+def pool_summary(pool: FleetPool, table: pd.DataFrame, duration_s: float, cfg) -> dict:
+    prompt = int(table["prompt_tokens"].sum()) if len(table) else 0
+    fields = pool.summary(duration_s, cfg.fleet.replicas)
+    for k, col in (("reused_gpu_tokens", "local_gpu_tokens"),
+                   ("reused_cpu_tokens", "loaded_cpu_tokens"),
+                   ("reused_pool_tokens", "pool_tokens")):
+        fields[k] = int(table[col].sum()) if len(table) else 0
+    fields["pool_hit_rate"] = fields["reused_pool_tokens"] / prompt if prompt else 0.0
+    fields["pool_fetch_s"] = float(table["fetch_s"].sum()) if len(table) else 0.0
+    fields["pool_write"] = cfg.pool.pool_write
+    fields["pool_bandwidth_gb_s"] = cfg.pool.pool_bandwidth
+    fields["pool_latency_us"] = cfg.pool.pool_latency_us
+    return fields
+
+
+def pool_notes(pool: FleetPool, table: pd.DataFrame) -> list[str]:
+    """What a user of this pool should know (``kvsim run`` prints them as warnings): prompts
+    the pool cannot hold whole, and lookups that stopped behind a CPU-resident prefix."""
+    notes = []
+    size = pool.pool.capacity * pool.bs
+    prompts = table["prompt_tokens"].to_numpy()
+    over = int((prompts > size).sum())
+    if over:
+        notes.append(f"the pool ({size:,} tokens) is smaller than {over:,} of {prompts.size:,} "
+                     f"prompts (the longest: {int(prompts.max()):,} tokens): it cannot hold "
+                     "such a prompt whole, and a lookup stops at the first block it lacks")
+    if pool.behind_cpu:
+        notes.append(f"{pool.behind_cpu:,} of {pool.lookups:,} pool lookups that found blocks "
+                     "stopped behind a prefix held partly in the replica's CPU tier "
+                     f"({pool.behind_cpu_blocks * pool.bs:,} pooled tokens not fetched): "
+                     "kvsim lands pool blocks only behind a GPU prefix, so those requests "
+                     "loaded the CPU part and computed the rest")
+    return notes
+
+
+def pool_table(pool: FleetPool) -> pd.DataFrame:
+    """Pool occupancy at every routing decision and landing (``kvsim plot`` draws it with
+    the bytes moved per second)."""
+    import pandas as pd  # (not at import: issue 55 start-up)
+
+    return pd.DataFrame({
+        "time_s": np.asarray(pool.occ_time, dtype=float),
+        "blocks": np.asarray(pool.occ_blocks, dtype=np.int64),
+        "leased_blocks": np.asarray(pool.occ_leased, dtype=np.int64),
+        "tokens": np.asarray(pool.occ_blocks, dtype=np.int64) * pool.bs,
+    })

@@ -1,29 +1,56 @@
-"""What a fleet run adds to a run: the fleet's size check, the router's RNG stream, the shared
-pool built from the run's cost model, and what the fleet served (``fleet_served``, which
-sim/run/kinds.py's ``FleetRun`` hands to the run's one result assembly): the fleet's columns of
-the requests table (``ideal_columns``, ``pool_columns``), its tables (``load_table``,
-``routing_table``, ``pool_table``), the fleet metrics (sim/fleet/metrics.py) and the pool's
-fields and notes.
+"""What a fleet run adds to a run: the fleet's size check, the router's RNG stream, the
+replicas' recorders (``recorder_for``, ``merge_recorders``) and what the fleet served
+(``fleet_served``, which sim/run/kinds.py's ``FleetRun`` hands to the run's one result
+assembly): the fleet's columns of the requests table (``ideal_columns``), its tables
+(``load_table``, ``routing_table``), the fleet metrics (``fleet_metrics``, below) and the
+shared pool's columns, fields and tables (sim/fleet/pooltier.py ``pool_served``).
+
+Fleet metrics, beside each replica's own summary.
+
+Ideal, two numbers (fractions of the served prompt tokens): ``ideal_hit_rate`` (the run
+summary's own field) is the hit of an unlimited cache shared by the fleet, at each request's
+admission: the trace's ideal, the same under every router; ``routed_ideal_hit_rate`` is the
+hit of each replica's own unlimited cache (what the routing left; a replica counts its
+``recomputed_tokens`` against it). ``hit_rate <= routed_ideal_hit_rate <= ideal_hit_rate``.
+
+Reuse, three numbers (fractions of the prompt tokens of the requests served, i.e. not
+dropped), measured against the TRUE caches at each routing decision:
+
+    reuse_available  the longest GPU-resident prefix of the prompt on ANY replica
+    reuse_captured   the GPU-resident prefix on the replica the router chose
+    reuse_delivered  what that replica's engine reused when it admitted the request (its
+                     hit_gpu_tokens; later than the decision, so evictions in between and
+                     prefixes stored meanwhile count here)
+
+``affinity``: of the requests whose session sent one before (follow-ups), the share routed to
+the replica of the session's previous request. Load balance, across replicas (coefficient of
+variation = population std / mean; 0 is perfectly even): ``load_cv_busy`` of busy time
+(prefill + decode seconds), ``load_cv_queue`` of the mean waiting queue sampled at every
+decision, ``load_cv_requests`` of requests served. Router belief on the chosen replica at
+decision time (NaN for a router without a cache view): ``belief_error_mean_tokens`` (mean
+|believed - true| cached prefix), ``belief_bias_mean_tokens`` (mean believed - true: positive
+= over-prediction), ``belief_wrong_share`` (share of decisions where they differ).
+``idle_replicas``: replicas the router sent no request to (the fleet is smaller than it looks;
+the commands warn).
+
+A replica's summary counts a session's job time (JCT) at the replica that served the
+session's first request (its home).
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import simpy
 
-from costmodel.units import ranges_units
+from sim.engines.recorder import RecordListener, RunRecorder
 
 from .fleet import Fleet
-from .metrics import fleet_metrics
-from .pool import SharedPool
-from .pooltier import FleetPool
+from .pooltier import FleetPool, pool_served
 
 if TYPE_CHECKING:  # pandas where a table is made: none before a run's first request (issue 55)
     import pandas as pd
-
-    from sim.engines.recorder import RunRecorder
 
 # The router's RNG stream: seeded by the run's seed, apart from every policy's.
 ROUTER_STREAM = 0x524F55544552  # "ROUTER"
@@ -78,17 +105,6 @@ def fleet_served(fleet: Fleet, engines: list, trace, sessions, pool: FleetPool |
     table = pd.concat(served, ignore_index=True) if len(served) > 1 else served[0]
     table = table.sort_values(["send_s", "request"], kind="stable").reset_index(drop=True)
     out = {"load": load_table(fleet), "routing": routing_table(fleet)}
-    pooled: dict = {}
-    if pool is not None:  # (the summary reads the requests' columns by name)
-        table = pool_columns(table, pool, bs)
-        notes = pool_notes(pool, table)
-        out["pool"] = pool_table(pool)
-        out["pool_transfers"] = pd.DataFrame(
-            np.asarray(pool.transfers, dtype=float).reshape(-1, 3),
-            columns=["start_s", "end_s", "bytes"])
-        pooled = pool_summary(pool, table, now, cfg) | {"pool_notes": notes}
-        if timeline is not None:
-            timeline.pool_fetches(pool.transfers, pool.transfer_replicas, cfg.fleet.replicas)
     merged, summary, per_replica = fleet_metrics(trace, fleet, engines, tables, sessions, now,
                                                  bs, table)
     patch = cfg.value("vllm_patch")
@@ -96,6 +112,10 @@ def fleet_served(fleet: Fleet, engines: list, trace, sessions, pool: FleetPool |
         summary["vllm_patch"] = patch
         for replica_summary, e in zip(per_replica, engines, strict=True):
             replica_summary.update(e.patch_summary())
+    pooled: dict = {}
+    if pool is not None:  # (its columns are the pool's alone: the metrics read none of them)
+        table, pooled, pool_tables = pool_served(pool, table, now, cfg, timeline)
+        out.update(pool_tables)
     return merged, table, summary | {"replica_summaries": per_replica} | pooled, out
 
 
@@ -113,83 +133,6 @@ def ideal_columns(table: pd.DataFrame, fleet: Fleet, bs: int) -> pd.DataFrame:
                                        dtype=np.int64) * bs
     t.insert(at + 1, "routed_ideal_hit_tokens", routed)
     return t
-
-
-def build_pool(env: simpy.Environment, cfg, spec, profile, engines) -> FleetPool:
-    """The shared pool of a fleet run, priced by the run's cost model."""
-    def recompute_seconds(ranges: list[tuple[int, int]]) -> float:
-        return profile.recompute_seconds(ranges_units(spec, ranges))
-
-    pool, bs = cfg.pool, cfg.cache.block_size
-    return FleetPool(env, SharedPool(pool.size // bs, pool.pool_watermark,
-                                     pool.pool_evict_fraction),
-                     engines, bs, spec.kv_bytes_per_token * bs, pool.pool_bandwidth * 1e9,
-                     pool.pool_latency_us * 1e-6, pool.pool_write, recompute_seconds)
-
-
-def pool_columns(table: pd.DataFrame, pool: FleetPool, bs: int) -> pd.DataFrame:
-    """Where each reused token came from: ``pool_tokens`` (fetched from the pool; they land on
-    the replica's GPU, so ``hit_gpu_tokens`` counts them too: the blocks the request's fetch
-    landed that its admission reused; landed blocks evicted before admission are not
-    counted), ``local_gpu_tokens`` (the rest of the GPU hit), ``loaded_cpu_tokens`` (the
-    replica's CPU tier, as before); ``fetch_s`` the seconds the request waited for its fetch
-    (0: none)."""
-    rec = pool.record
-    rid = table["request"].to_numpy()
-    table = table.copy()
-    table["pool_tokens"] = np.asarray([rec.reused.get(int(r), 0) for r in rid],
-                                      dtype=np.int64) * bs
-    table["local_gpu_tokens"] = table["hit_gpu_tokens"].to_numpy() - table["pool_tokens"]
-    table["fetch_s"] = np.asarray([rec.fetch_s.get(int(r), 0.0) for r in rid], dtype=float)
-    return table
-
-
-def pool_summary(pool: FleetPool, table: pd.DataFrame, duration_s: float, cfg) -> dict:
-    prompt = int(table["prompt_tokens"].sum()) if len(table) else 0
-    fields = pool.summary(duration_s, cfg.fleet.replicas)
-    for k, col in (("reused_gpu_tokens", "local_gpu_tokens"),
-                   ("reused_cpu_tokens", "loaded_cpu_tokens"),
-                   ("reused_pool_tokens", "pool_tokens")):
-        fields[k] = int(table[col].sum()) if len(table) else 0
-    fields["pool_hit_rate"] = fields["reused_pool_tokens"] / prompt if prompt else 0.0
-    fields["pool_fetch_s"] = float(table["fetch_s"].sum()) if len(table) else 0.0
-    fields["pool_write"] = cfg.pool.pool_write
-    fields["pool_bandwidth_gb_s"] = cfg.pool.pool_bandwidth
-    fields["pool_latency_us"] = cfg.pool.pool_latency_us
-    return fields
-
-
-def pool_notes(pool: FleetPool, table: pd.DataFrame) -> list[str]:
-    """What a user of this pool should know (``kvsim run`` prints them as warnings): prompts
-    the pool cannot hold whole, and lookups that stopped behind a CPU-resident prefix."""
-    notes = []
-    size = pool.pool.capacity * pool.bs
-    prompts = table["prompt_tokens"].to_numpy()
-    over = int((prompts > size).sum())
-    if over:
-        notes.append(f"the pool ({size:,} tokens) is smaller than {over:,} of {prompts.size:,} "
-                     f"prompts (the longest: {int(prompts.max()):,} tokens): it cannot hold "
-                     "such a prompt whole, and a lookup stops at the first block it lacks")
-    if pool.behind_cpu:
-        notes.append(f"{pool.behind_cpu:,} of {pool.lookups:,} pool lookups that found blocks "
-                     "stopped behind a prefix held partly in the replica's CPU tier "
-                     f"({pool.behind_cpu_blocks * pool.bs:,} pooled tokens not fetched): "
-                     "kvsim lands pool blocks only behind a GPU prefix, so those requests "
-                     "loaded the CPU part and computed the rest")
-    return notes
-
-
-def pool_table(pool: FleetPool) -> pd.DataFrame:
-    """Pool occupancy at every routing decision and landing (``kvsim plot`` draws it with
-    the bytes moved per second)."""
-    import pandas as pd  # (not at import: issue 55 start-up)
-
-    return pd.DataFrame({
-        "time_s": np.asarray(pool.occ_time, dtype=float),
-        "blocks": np.asarray(pool.occ_blocks, dtype=np.int64),
-        "leased_blocks": np.asarray(pool.occ_leased, dtype=np.int64),
-        "tokens": np.asarray(pool.occ_blocks, dtype=np.int64) * pool.bs,
-    })
 
 
 def routing_table(fleet: Fleet) -> pd.DataFrame:
@@ -225,3 +168,111 @@ def load_table(fleet: Fleet) -> pd.DataFrame:
         "running": np.concatenate([np.asarray(w, dtype=np.int64)
                                    for w in fleet.load_running]) if n else [],
     })
+
+
+def recorder_for(trace, listener: RecordListener | None = None) -> RunRecorder:
+    """A recorder for ``trace``'s sessions (each replica of a run has one:
+    sim/run/build.py), telling ``listener`` (when given) what it records."""
+    sessions = trace.sessions
+    return RunRecorder([s.id for s in sessions], [s.first for s in sessions],
+                       [s.parent >= 0 for s in sessions],
+                       [s.shared_prefix_blocks for s in sessions], listener)
+
+
+def merge_recorders(trace, recs: list[RunRecorder], sessions: RunRecorder) -> RunRecorder:
+    """One recorder whose counters and histogram are the replicas' sums and whose sessions
+    are the fleet's (its ``summary`` then gives the fleet totals)."""
+    merged = recorder_for(trace)
+    for rec in recs:
+        merged.absorb(rec)
+    merged.adopt_sessions(sessions)
+    return merged
+
+
+def cv(values) -> float:
+    """Coefficient of variation (population std / mean); NaN for an empty or zero mean."""
+    a = np.asarray(values, dtype=float)
+    if not a.size or not a.mean():
+        return math.nan
+    return float(a.std() / a.mean())
+
+
+def _share(num: float, den: float) -> float:
+    return float(num / den) if den else math.nan
+
+
+def routed_ideal_rate(table: pd.DataFrame) -> float:
+    """The replicas' own unlimited caches' hit over the served requests' prompt tokens."""
+    ok = table[~table["dropped"].astype(bool)]
+    return _share(float(ok["routed_ideal_hit_tokens"].sum()), float(ok["prompt_tokens"].sum()))
+
+
+def fleet_metrics(trace, fleet, engines: list, tables: list[pd.DataFrame],
+                  sessions: RunRecorder, sim_end: float, block_size: int, table: pd.DataFrame
+                  ) -> tuple[RunRecorder, dict[str, Any], list[dict[str, Any]]]:
+    """The fleet's recorder (``merge_recorders``), its metrics (module docstring) and each
+    replica's summary, from the replicas' requests (``tables``) and all of them (``table``)."""
+    import pandas as pd  # (not at import: issue 55 start-up)
+
+    routed = [routed_ideal_rate(t) for t in tables]
+    fleet_routed = routed_ideal_rate(table)
+    merged = merge_recorders(trace, [e.rec for e in engines], sessions)
+    d = fleet.decisions
+    n = len(engines)
+    dec = pd.DataFrame({
+        "rid": d.rid, "replica": d.replica, "prompt": d.prompt_tokens,
+        "believed": d.believed_tokens, "true": d.true_tokens, "best": d.best_tokens,
+        "follow_up": d.follow_up, "same": d.same_replica})
+    served = table.loc[~table["dropped"].astype(bool), ["request", "hit_gpu_tokens"]]
+    ok = dec[dec["rid"].isin(served["request"])]
+    prompt = float(ok["prompt"].sum())
+    believed = dec["believed"].to_numpy(dtype=float)
+    err = believed - dec["true"].to_numpy(dtype=float)
+    has_view = fleet.belief is not None and len(dec)
+    follow = dec[dec["follow_up"]]
+
+    home: dict[int, int] = {}  # session -> replica of its first request
+    for s, r in zip(d.session, d.replica, strict=True):
+        home.setdefault(s, r)
+    per_replica = []
+    busy, queue = [], []
+    homes: dict[int, list[int]] = {}
+    for s, r in home.items():
+        homes.setdefault(r, []).append(s)
+    idle: tuple | None = None  # (counters, summary) of the first replica that served nothing
+    for i, (e, t) in enumerate(zip(engines, tables, strict=True)):
+        rec = e.rec
+        if not len(t) and idle is not None and rec.counters == idle[0] \
+                and np.array_equal(rec.hist, idle[1]):
+            s = dict(idle[2])  # an idle replica's summary is every idle replica's
+        else:
+            mine = homes.get(i, [])
+            rec.adopt_sessions(sessions, mine)
+            s = rec.summary(sim_end, block_size, t)  # (reads its columns by name)
+            s = {k: v for k, v in s.items() if not isinstance(v, dict | list)}
+            s["routed_ideal_hit_rate"] = routed[i]
+            if not len(t) and not mine and idle is None:
+                idle = (dict(rec.counters), rec.hist.copy(), dict(s))
+        s["replica"] = i
+        per_replica.append(s)
+        busy.append(s["prefill_busy_s"] + s["decode_busy_s"])
+        w = fleet.load_waiting[i]
+        queue.append(float(np.mean(w)) if w else 0.0)
+    metrics = {
+        "replicas": n,
+        "router": fleet.router.label,
+        "idle_replicas": sum(1 for k in fleet.inflight.routed if k == 0),
+        "reuse_available": _share(ok["best"].sum(), prompt),
+        "reuse_captured": _share(ok["true"].sum(), prompt),
+        "reuse_delivered": _share(served["hit_gpu_tokens"].sum(), prompt),
+        "routed_ideal_hit_rate": fleet_routed,
+        "affinity": _share(float(follow["same"].sum()), len(follow)),
+        "follow_ups": len(follow),
+        "load_cv_busy": cv(busy),
+        "load_cv_queue": cv(queue),
+        "load_cv_requests": cv([s["requests"] for s in per_replica]),
+        "belief_error_mean_tokens": float(np.abs(err).mean()) if has_view else math.nan,
+        "belief_bias_mean_tokens": float(err.mean()) if has_view else math.nan,
+        "belief_wrong_share": float((err != 0).mean()) if has_view else math.nan,
+    }
+    return merged, metrics, per_replica

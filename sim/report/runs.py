@@ -58,7 +58,7 @@ CONTEXT_ROWS = ("request_latency_mean_s", "request_latency_p95_s", "input_tokens
                 "output_tokens_per_s", "kv_peak_tokens", "context_dropped_tokens",
                 "reprefill_tokens", "rerotated_tokens", "summary_calls",
                 "context_edits_blocked")
-# Rows of fleet runs (--replicas/--router; sim/fleet/metrics.py defines them).
+# Rows of fleet runs (--replicas/--router; sim/fleet/results.py fleet_metrics defines them).
 FLEET_ROWS = ("reuse_available", "reuse_captured", "reuse_delivered", "affinity",
               "load_cv_busy", "load_cv_queue", "belief_error_mean_tokens", "idle_replicas")
 # Rows of disaggregated runs (--prefill-replicas/--decode-replicas; sim/fleet/pd_run.py
@@ -69,7 +69,7 @@ PD_ROWS = ("pd_gpus", "prefilled_locally_share", "prealloc_wait_s_mean", "preall
            "first_decode_s_mean", "transfer_bytes", "link_busy_share_max",
            "prefill_pool_busy_share", "decode_pool_busy_share", "decode_retractions",
            "recomputed_output_tokens_share", "idle_replicas")
-# Rows of runs with a shared pool (--pool; sim/fleet/results.py pool_summary).
+# Rows of runs with a shared pool (--pool; sim/fleet/pooltier.py pool_summary).
 POOL_ROWS = ("pool_hit_rate", "pool_fetched_tokens", "pool_refused_fetches", "pool_fetch_s",
              "pool_bandwidth_utilization")
 

@@ -14,7 +14,7 @@ from policies import EvictionPolicy, PolicyContext, SessionInfo
 from sim.config import RunConfig
 from sim.engines import EngineBase, engine_class
 from sim.engines.recorder import RecordListener
-from sim.fleet.metrics import recorder_for
+from sim.fleet.results import recorder_for
 
 
 def session_infos(sessions) -> tuple[SessionInfo, ...]:

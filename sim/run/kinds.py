@@ -23,10 +23,17 @@ from sim.config import RunConfig
 from sim.context import ContextRun, context_summary, parse_context
 from sim.deploy import gpus_per_replica
 from sim.fleet.fleet import Fleet, ReplicaSignals
-from sim.fleet.metrics import merge_recorders, recorder_for
 from sim.fleet.pd import PDFleet
 from sim.fleet.pd_run import PD_STREAM, pd_summary, pd_table
-from sim.fleet.results import ROUTER_STREAM, build_pool, check_fleet_size, fleet_served, router_drew
+from sim.fleet.pooltier import build_pool
+from sim.fleet.results import (
+    ROUTER_STREAM,
+    check_fleet_size,
+    fleet_served,
+    merge_recorders,
+    recorder_for,
+    router_drew,
+)
 from sim.replay import Replay
 
 from .build import build_replicas
