@@ -246,12 +246,14 @@ class FleetPool:
         self.occ_leased.append(len(self._pool.leases))
 
     # --- results ----------------------------------------------------------------------------
-    def summary(self, duration_s: float, replicas: int) -> dict:
+    def summary(self, duration_s: float, table: pd.DataFrame, cfg) -> dict:
+        """The pool's summary fields over a fleet run of ``duration_s`` seconds whose requests
+        (``table``) carry the pool's columns (``pool_columns``)."""
         self.feed.deliver()
         moved = self.fetched_blocks + self.wasted_blocks
         moved_bytes = moved * self.block_bytes
         rate = moved_bytes / duration_s if duration_s > 0 else 0.0
-        return {
+        fields = {
             "pool_size_tokens": self._pool.capacity * self.bs,
             "pool_fetches": self.fetches,
             "pool_refused_fetches": self.refusals,
@@ -268,8 +270,19 @@ class FleetPool:
             "pool_bytes_moved": moved_bytes,
             "pool_bytes_per_s": rate,
             # against every replica's link at full bandwidth for the whole run
-            "pool_bandwidth_utilization": rate / (self.bandwidth * replicas),
+            "pool_bandwidth_utilization": rate / (self.bandwidth * cfg.fleet.replicas),
         }
+        for k, col in (("reused_gpu_tokens", "local_gpu_tokens"),
+                       ("reused_cpu_tokens", "loaded_cpu_tokens"),
+                       ("reused_pool_tokens", "pool_tokens")):
+            fields[k] = int(table[col].sum()) if len(table) else 0
+        prompt = int(table["prompt_tokens"].sum()) if len(table) else 0
+        fields["pool_hit_rate"] = fields["reused_pool_tokens"] / prompt if prompt else 0.0
+        fields["pool_fetch_s"] = float(table["fetch_s"].sum()) if len(table) else 0.0
+        fields["pool_write"] = cfg.pool.pool_write
+        fields["pool_bandwidth_gb_s"] = cfg.pool.pool_bandwidth
+        fields["pool_latency_us"] = cfg.pool.pool_latency_us
+        return fields
 
 
 def build_pool(env: simpy.Environment, cfg, spec, profile, engines) -> FleetPool:
@@ -286,9 +299,8 @@ def build_pool(env: simpy.Environment, cfg, spec, profile, engines) -> FleetPool
 
 def pool_served(pool: FleetPool, table: pd.DataFrame, now: float, cfg, timeline=None
                 ) -> tuple[pd.DataFrame, dict[str, Any], dict[str, pd.DataFrame]]:
-    """What the pool adds to a fleet run's result (sim/fleet/results.py ``fleet_served``): the
-    requests' pool columns (``pool_columns``), its summary fields with its notes, its tables
-    (occupancy, transfers); a ``timeline`` (sim/timeline.py) gets its fetches."""
+    """What the pool adds to a fleet run's result (results.py ``fleet_served``): the requests'
+    pool columns, its fields and notes, its tables; a ``timeline`` gets its fetches."""
     import pandas as pd  # (not at import: issue 55 start-up)
 
     table = pool_columns(table, pool, cfg.cache.block_size)
@@ -298,7 +310,7 @@ def pool_served(pool: FleetPool, table: pd.DataFrame, now: float, cfg, timeline=
         columns=["start_s", "end_s", "bytes"])}
     if timeline is not None:
         timeline.pool_fetches(pool.transfers, pool.transfer_replicas, cfg.fleet.replicas)
-    return table, pool_summary(pool, table, now, cfg) | {"pool_notes": notes}, tables
+    return table, pool.summary(now, table, cfg) | {"pool_notes": notes}, tables
 
 
 def pool_columns(table: pd.DataFrame, pool: FleetPool, bs: int) -> pd.DataFrame:
@@ -316,21 +328,6 @@ def pool_columns(table: pd.DataFrame, pool: FleetPool, bs: int) -> pd.DataFrame:
     table["local_gpu_tokens"] = table["hit_gpu_tokens"].to_numpy() - table["pool_tokens"]
     table["fetch_s"] = np.asarray([rec.fetch_s.get(int(r), 0.0) for r in rid], dtype=float)
     return table
-
-
-def pool_summary(pool: FleetPool, table: pd.DataFrame, duration_s: float, cfg) -> dict:
-    prompt = int(table["prompt_tokens"].sum()) if len(table) else 0
-    fields = pool.summary(duration_s, cfg.fleet.replicas)
-    for k, col in (("reused_gpu_tokens", "local_gpu_tokens"),
-                   ("reused_cpu_tokens", "loaded_cpu_tokens"),
-                   ("reused_pool_tokens", "pool_tokens")):
-        fields[k] = int(table[col].sum()) if len(table) else 0
-    fields["pool_hit_rate"] = fields["reused_pool_tokens"] / prompt if prompt else 0.0
-    fields["pool_fetch_s"] = float(table["fetch_s"].sum()) if len(table) else 0.0
-    fields["pool_write"] = cfg.pool.pool_write
-    fields["pool_bandwidth_gb_s"] = cfg.pool.pool_bandwidth
-    fields["pool_latency_us"] = cfg.pool.pool_latency_us
-    return fields
 
 
 def pool_notes(pool: FleetPool, table: pd.DataFrame) -> list[str]:

@@ -1,11 +1,7 @@
 """What a fleet run adds to a run: the fleet's size check, the router's RNG stream, the
-replicas' recorders (``recorder_for``, ``merge_recorders``) and what the fleet served
-(``fleet_served``, which sim/run/kinds.py's ``FleetRun`` hands to the run's one result
-assembly): the fleet's columns of the requests table (``ideal_columns``), its tables
-(``load_table``, ``routing_table``), the fleet metrics (``fleet_metrics``, below) and the
-shared pool's columns, fields and tables (sim/fleet/pooltier.py ``pool_served``).
-
-Fleet metrics, beside each replica's own summary.
+replicas' recorders and what the fleet served (``fleet_served``, for sim/run/summary.py's one
+result assembly): its columns (``ideal_columns``), tables (``load_table``, ``routing_table``),
+metrics beside each replica's summary (``fleet_metrics``) and the pool's (pooltier.py).
 
 Ideal, two numbers (fractions of the served prompt tokens): ``ideal_hit_rate`` (the run
 summary's own field) is the hit of an unlimited cache shared by the fleet, at each request's

@@ -69,7 +69,7 @@ PD_ROWS = ("pd_gpus", "prefilled_locally_share", "prealloc_wait_s_mean", "preall
            "first_decode_s_mean", "transfer_bytes", "link_busy_share_max",
            "prefill_pool_busy_share", "decode_pool_busy_share", "decode_retractions",
            "recomputed_output_tokens_share", "idle_replicas")
-# Rows of runs with a shared pool (--pool; sim/fleet/pooltier.py pool_summary).
+# Rows of runs with a shared pool (--pool; sim/fleet/pooltier.py FleetPool.summary).
 POOL_ROWS = ("pool_hit_rate", "pool_fetched_tokens", "pool_refused_fetches", "pool_fetch_s",
              "pool_bandwidth_utilization")
 
