@@ -17,15 +17,10 @@ from sim.engines.recorder import RecordListener
 from sim.fleet.results import recorder_for
 
 
-def session_infos(sessions) -> tuple[SessionInfo, ...]:
-    """What a policy may know of a trace's sessions (one tuple serves every replica)."""
-    return tuple(SessionInfo(s.id, s.parent, s.agent_type) for s in sessions)
-
-
 def bind_policy(env: simpy.Environment, cfg: RunConfig, spec, profile, policy: EvictionPolicy,
                 sessions: tuple[SessionInfo, ...]) -> None:
     """Give a policy its run context: the simulated clock, the recompute price of a token
-    range at its positions, and the trace's sessions (``session_infos``, read only)."""
+    range at its positions, and the trace's sessions (read only)."""
     def recompute_seconds(a: int, b: int) -> float:
         """Marginal prefill seconds of tokens [a, b) at their positions."""
         return profile.recompute_seconds(range_units(spec, a, b))
@@ -43,7 +38,8 @@ def build_replicas(env: simpy.Environment, cfg: RunConfig, spec, profile, trace,
     ``first_track + i`` (named ``POOL i`` when ``pool`` is given: a disaggregated fleet's
     prefill and decode workers)."""
     engines, policies = [], []
-    infos = session_infos(trace.sessions)
+    # what a policy may know of the trace's sessions (one tuple serves every replica)
+    infos = tuple(SessionInfo(s.id, s.parent, s.agent_type) for s in trace.sessions)
     for i, listener in enumerate(listeners):
         policy = cfg.make_policy()
         bind_policy(env, cfg, spec, profile, policy, infos)
