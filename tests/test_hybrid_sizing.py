@@ -124,6 +124,22 @@ def test_kind_rates_are_the_fits_of_the_installed_tables() -> None:
     assert fits["mla"].seconds_per_unit == pytest.approx(4.944e-10, rel=1e-3)
 
 
+def test_a_run_resolves_its_model_as_its_profile_prices_it() -> None:
+    """sim/run/driver.py loads the profile first and asks ``get_spec`` once for the priced
+    spec: the same spec as weighting the resolved one afterwards (``Profile.pricing_spec``)."""
+    from costmodel.derive import derive
+
+    nxt = derive("qwen3-next-80b-a3b")
+    assert nxt.attention_weights == {"linear": pytest.approx(
+        dict(nxt.attention_rates)["linear"] / nxt.prefill.per_attention_unit_s)}
+    for dtype in (None, "fp8"):
+        priced = get_spec(nxt.model, dtype, nxt.attention_weights)
+        assert priced == nxt.pricing_spec(get_spec(nxt.model, dtype)) != get_spec(nxt.model, dtype)
+    plain = derive("qwen3-8b")
+    assert plain.attention_weights == {}
+    assert get_spec("qwen3-8b", "bf16", plain.attention_weights) is get_spec("qwen3-8b", "bf16")
+
+
 def test_derived_profiles_price_each_kind_at_its_rate() -> None:
     from costmodel.derive import KIND_FLOPS_H100, derive, roofline
     from costmodel.units import range_units
