@@ -276,10 +276,8 @@ class Profile:
         return {k: r / base for k, r in self.attention_rates} if base > 0 else {}
 
     def pricing_spec(self, spec: ModelSpec) -> ModelSpec:
-        """``spec`` priced by this profile (``attention_weights``); ``spec`` itself without
-        per-kind rates."""
-        w = self.attention_weights
-        return spec.with_attention_weights(w) if w else spec
+        """``spec`` priced by this profile (``attention_weights``; itself without rates)."""
+        return spec.with_attention_weights(w) if (w := self.attention_weights) else spec
 
     def prefill_seconds(self, units: Units) -> float:
         """Seconds of one prefill batch doing ``units`` of work over ``units.tokens`` tokens."""

@@ -506,8 +506,7 @@ def get_spec(name: str, kv_dtype: str | None = None,
     config.json path read by ``costmodel/hfconfig.py`` (once per process; an unreadable file or
     one asking for what kvsim does not model is one ``ModelConfigError`` line, a ``KeyError``
     as an unknown name is); with its KV in ``kv_dtype`` when given (a ValueError names an
-    unknown one); priced with a profile's ``weights`` when given
-    (costmodel/profile.py ``Profile.attention_weights``)."""
+    unknown one); priced by a profile's ``weights`` (``Profile.attention_weights``) if any."""
     if weights:
         return get_spec(name, kv_dtype).with_attention_weights(weights)
     if kv_dtype is not None:
