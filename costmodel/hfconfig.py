@@ -262,7 +262,7 @@ def spec_fields(raw: Any, where: str) -> dict[str, Any]:
         layers=layers, hidden=hidden, q_heads=heads, kv_heads=kv_heads, head_dim=head_dim,
         vocab=_int(raw, "vocab_size", where),
         max_context=_int(raw, "max_position_embeddings", where), tied_embeddings=tied,
-        **_attention_fields(raw, layers, where))
+        architecture=arch[0], **_attention_fields(raw, layers, where))
     count_key = next((k for k in ("num_local_experts", "num_experts", "n_routed_experts")
                       if raw.get(k) is not None), None)
     experts = 0 if count_key is None else _int(raw, count_key, where, minimum=0)

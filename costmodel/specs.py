@@ -143,6 +143,10 @@ class ModelSpec:
     linear_conv_kernel: int = 0
     attn_output_gate: bool = False  # Qwen3-Next: q_proj also gives a per-head output gate
     source: str = ""
+    # config.json ``architectures[0]`` of ``source``: engines that treat an architecture apart
+    # read it (SGLang keeps Gemma 2/3 in one pool, sim/engines/sglang.py); "": not stated, the
+    # engines go by the layer kinds alone
+    architecture: str = ""
     notes: str = field(default="", compare=False)
     config_sha256: str = ""  # a spec read from a config.json file: the sha256 of its bytes
     # (kind, weight): a kind's attention units counted at its kernel's time per unit over the
@@ -465,28 +469,32 @@ def register(spec: ModelSpec) -> ModelSpec:
 
 
 register(ModelSpec("qwen3-8b", layers=36, hidden=4096, q_heads=32, kv_heads=8, head_dim=128,
-                   ffn=12288, vocab=151936, max_context=131072, source="Qwen/Qwen3-8B"))
+                   ffn=12288, vocab=151936, max_context=131072, source="Qwen/Qwen3-8B",
+                   architecture="Qwen3ForCausalLM"))
 register(ModelSpec("qwen3-32b", layers=64, hidden=5120, q_heads=64, kv_heads=8, head_dim=128,
-                   ffn=25600, vocab=151936, max_context=131072, source="Qwen/Qwen3-32B"))
+                   ffn=25600, vocab=151936, max_context=131072, source="Qwen/Qwen3-32B",
+                   architecture="Qwen3ForCausalLM"))
 register(ModelSpec("qwen3-235b-a22b", layers=94, hidden=4096, q_heads=64, kv_heads=4,
                    head_dim=128, experts=128, active_experts=8, expert_ffn=1536, vocab=151936,
-                   max_context=262144, source="Qwen/Qwen3-235B-A22B(-Instruct-2507)"))
+                   max_context=262144, source="Qwen/Qwen3-235B-A22B(-Instruct-2507)",
+                   architecture="Qwen3MoeForCausalLM"))
 register(ModelSpec("llama-3.1-8b", layers=32, hidden=4096, q_heads=32, kv_heads=8,
                    head_dim=128, ffn=14336, vocab=128256, max_context=131072,
-                   source="meta-llama/Llama-3.1-8B"))
+                   architecture="LlamaForCausalLM", source="meta-llama/Llama-3.1-8B"))
 register(ModelSpec("llama-3.1-70b", layers=80, hidden=8192, q_heads=64, kv_heads=8,
                    head_dim=128, ffn=28672, vocab=128256, max_context=131072,
-                   source="meta-llama/Llama-3.1-70B"))
+                   architecture="LlamaForCausalLM", source="meta-llama/Llama-3.1-70B"))
 # gpt-oss-120b: layers alternate sliding (window 128) and full attention, sliding first.
 register(ModelSpec("gpt-oss-120b", layers=36, hidden=2880, q_heads=64, kv_heads=8,
                    head_dim=64, experts=128, active_experts=4, expert_ffn=2880, vocab=201088,
                    max_context=131072, layer_windows=_alternating(36, 128, 2, 1),
-                   source="openai/gpt-oss-120b",
+                   source="openai/gpt-oss-120b", architecture="GptOssForCausalLM",
                    notes="attention sinks and biases ignored; weights MXFP4 in practice"))
 # gemma-3-27b: five local layers (window 1024) then one global layer.
 register(ModelSpec("gemma-3-27b", layers=62, hidden=5376, q_heads=32, kv_heads=16,
                    head_dim=128, ffn=21504, vocab=262208, max_context=131072,
-                   layer_windows=_alternating(62, 1024, 6, 5), source="google/gemma-3-27b-it"))
+                   layer_windows=_alternating(62, 1024, 6, 5), source="google/gemma-3-27b-it",
+                   architecture="Gemma3ForConditionalGeneration"))
 
 
 # The models above have shipped time profiles (kernels-*, derived-h100-*); the catalog of

@@ -289,8 +289,8 @@ def test_reader_gives_the_hand_written_windowed_specs(raw: dict, name: str,
     spec, mine = load_spec(_write_config(tmp_path, raw)), get_spec(name)
     assert spec.groups == mine.groups
     assert spec.W == mine.W
-    assert replace(spec, name=name, source=mine.source, config_sha256="",
-                   vocab=mine.vocab, tied_embeddings=mine.tied_embeddings) == mine
+    assert replace(spec, name=name, source=mine.source, config_sha256="", vocab=mine.vocab,
+                   tied_embeddings=mine.tied_embeddings, architecture=mine.architecture) == mine
 
 
 def test_qwen3_next_layer_types_and_interval_agree() -> None:
