@@ -3,9 +3,10 @@
 ``resolve_gpu_fields`` turns the fields a user wrote (command line or sweep point) into the
 ones a ``RunConfig`` holds: ``gpu_cache`` in tokens, whether it was given as tokens, as bytes
 of KV per GPU (``40GiB``: through the model's KV cache groups on one of ``tp`` ranks at its
-``kv_dtype``, as the engine allocates them: ``costmodel/gpus.py`` ``kv_capacity``) or
-derived from the GPU (``costmodel/gpus.py`` ``kv_cache_tokens``, at the engine's own memory
-rule: ``memory_rule``), and the profile measured for that GPU and TP (``profile_for``; where
+``kv_dtype``, as the engine allocates them: ``costmodel/gpus.py`` ``kv_capacity``, SGLang's
+one pool of every layer as ``sim/engines`` ``sizing_spec`` says) or derived from the
+GPU (``costmodel/gpus.py`` ``kv_cache_tokens``, at the engine's own memory rule:
+``memory_rule``), and the profile measured for that GPU and TP (``profile_for``; where
 none is, the run says what it used). A replica's TP is ``tp`` when given, else the GPU count of
 the profile it is priced with (``default_tp``); the KV bytes, the GPU count and the per-GPU
 rates all use that one number (``replica_tp``). Refused: a TP the engines refuse for the
@@ -175,6 +176,10 @@ def resolve_gpu_fields(point: dict[str, Any], where: str,
         raise ConfigError(where, "model", str(e.args[0])) from None
     except ValueError as e:  # an unknown kv_dtype
         raise ConfigError(where, "kv_dtype", str(e)) from None
+    from sim.engines import sizing_spec
+
+    spec = sizing_spec(spec, out.get("engine"),  # its pools as the engine lays them out
+                       out.get("hybrid_swa_memory", True) not in (False, "off"))
     gpu: GPU | None = None
     if gpu_name is not None:
         try:

@@ -256,6 +256,36 @@ def test_each_model_gets_its_cache() -> None:
     assert engine_class(_config("qwen3-next-80b-a3b", "sglang", **off)) is SGLangHybridServer
 
 
+def test_gemma3_is_one_pool_on_sglang(tmp_path) -> None:
+    """SGLang 0.5.23 never gives Gemma 2/3 its hybrid pools (its overrides set
+    disable_hybrid_swa_memory; is_hybrid_swa_model does not list them): gemma-3-27b and a
+    Gemma 3 config.json get the one-pool server whatever --hybrid-swa-memory says; the same
+    layers under another architecture (or none stated) keep the hybrid tree."""
+    import json
+    from dataclasses import replace
+
+    from costmodel.hfconfig import load_spec
+    from costmodel.specs import get_spec
+    from sim.engines import SGLangHybridServer, SGLangServer, engine_class
+    from sim.engines.sglang import hybrid_tree_kind
+    from tests.test_hybrid_models import GEMMA3
+
+    gemma = get_spec("gemma-3-27b")
+    assert gemma.architecture == "Gemma3ForConditionalGeneration"
+    assert hybrid_tree_kind(gemma) is None
+    for hsm in (True, False):
+        assert engine_class(_config("gemma-3-27b", "sglang",
+                                    hybrid_swa_memory=hsm)) is SGLangServer
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(GEMMA3))
+    read = load_spec(str(path))
+    assert read.architecture == "Gemma3ForCausalLM" and hybrid_tree_kind(read) is None
+    for arch in ("", "Gemma4ForCausalLM"):
+        assert hybrid_tree_kind(replace(gemma, architecture=arch)) == "swa"
+    assert get_spec("gpt-oss-120b").architecture == "GptOssForCausalLM"
+    assert engine_class(_config("gpt-oss-120b", "penelope")) is SGLangHybridServer
+
+
 SHAPES = {"single": {}, "fleet": dict(replicas=2, router="dynamo-kv"),
           "pd": dict(prefill_replicas=1, decode_replicas=1)}
 
@@ -296,11 +326,34 @@ def test_hybrid_tree_refuses_in_one_line(kw: dict, field: str) -> None:
         check(_config("gpt-oss-120b", "sglang", hybrid_swa_memory=False, **kw))
 
 
-def test_one_pool_is_sized_in_tokens_only() -> None:
-    """--hybrid-swa-memory off with a size in bytes: one line naming gpu_cache (the
-    byte sizing of one pool of every layer is not derived)."""
-    from tests.clikit import invoke
+@pytest.mark.parametrize(("model", "fields"), [
+    ("gpt-oss-120b", dict(hybrid_swa_memory=False)),
+    ("gemma-3-27b", {}),
+    ("gemma-3-27b", dict(hybrid_swa_memory=False)),
+])
+def test_one_pool_is_sized_from_bytes(model: str, fields: dict) -> None:
+    """One pool of every layer holds every token in every layer, window layers included: a
+    byte budget (--gpu-cache 40GiB, or --gpu) holds it at the full-attention bytes of all
+    layers; vLLM keeps its sliding-window groups."""
+    from costmodel.specs import get_spec
+    from sim.config import RunConfig
+    from sim.deploy import resolve_gpu_fields
+    from sim.run.check import check
 
-    code, _, err = invoke("run", "--trace", TRACE["trace"], "--model", "gpt-oss-120b",
-                          "--gpu-cache", "40GiB", "--hybrid-swa-memory", "off")
-    assert code == 2 and "gpu_cache" in err and "in tokens" in err, err
+    spec = get_spec(model)
+    cell = spec.layers * 2 * spec.kv_heads * spec.head_dim * 2  # bf16 K and V, every layer
+    point = dict(model=model, engine="sglang", **fields)
+    out = resolve_gpu_fields({**point, "gpu_cache": "40GiB"}, "t")
+    assert out["gpu_cache"] == 40 * 2**30 // cell // 64 * 64
+    check(RunConfig.from_flat(**{**TRACE, **out}).with_preset("sglang"))
+    gpu = resolve_gpu_fields({**point, "gpu": "H100", "tp": 4}, "t")["gpu_cache"]
+    hybrid = resolve_gpu_fields({"model": model, "engine": "sglang", "gpu": "H100", "tp": 4,
+                                 "hybrid_swa_memory": True}, "t")["gpu_cache"]
+    assert (gpu == hybrid) == model.startswith("gemma")  # gemma: one pool either way
+    vllm = resolve_gpu_fields({**point, "engine": "vllm", "gpu_cache": "40GiB"}, "t")
+    assert vllm["gpu_cache"] > out["gpu_cache"]
+    if not fields:  # kvsim capacity --cache 40GiB sizes the same pool (no such flag there)
+        from sim.cli.capacity import ByteSizes, bytes_to_tokens
+
+        assert bytes_to_tokens(ByteSizes([40 * 2**30]), model, "bf16", "sglang", 64) == [
+            out["gpu_cache"]]

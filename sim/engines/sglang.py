@@ -29,7 +29,7 @@ scheduler's one-iteration delay in freeing KV is not modelled.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final, cast
 
 import numpy as np
@@ -51,19 +51,48 @@ from .base import EngineBase, steps_fitting
 from .request import Req
 from .sglang_queue import WaitingOrder
 
+# Architectures SGLang 0.5.23 keeps in one pool of every layer whatever the flags: their model
+# overrides set disable_hybrid_swa_memory (sglang/srt/arg_groups/model_overrides/
+# gemma2_gemma3.py, olmo2.py; exaone.py where the config has a sliding_window_pattern), and
+# configs/model_config.py is_hybrid_swa_model lists none of them (Gemma 4 and gpt-oss it does)
+ONE_POOL_ARCHS: Final = frozenset({
+    "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration",
+    "Gemma3nForCausalLM", "Gemma3nForConditionalGeneration", "Olmo2ForCausalLM",
+    "Exaone4ForCausalLM", "ExaoneMoEForCausalLM", "ExaoneMoeForCausalLM"})
+
+
+def _is_swa(spec: ModelSpec) -> bool:
+    """Full layers beside sliding-window layers of one window."""
+    kinds = {str(g.kind) for g in spec.groups}
+    return kinds == {"full", "sliding"} and len(
+        {g.window for g in spec.groups if str(g.kind) == "sliding"}) == 1
+
+
+def swa_one_pool(spec: ModelSpec, hybrid_swa_memory: bool = True) -> bool:
+    """An SWA hybrid that SGLang keeps in one pool of every layer: its architecture's
+    (``ONE_POOL_ARCHS``), or any under ``--hybrid-swa-memory off``."""
+    return _is_swa(spec) and (not hybrid_swa_memory or spec.architecture in ONE_POOL_ARCHS)
+
 
 def hybrid_tree_kind(spec: ModelSpec, knobs: SGLangKnobs | None = None) -> str | None:
     """``"swa"`` or ``"mamba"`` where SGLang keeps ``spec`` in a hybrid radix tree (full
     beside one sliding window, or full beside linear attention), else None: one pool of every
-    layer, as for an SWA hybrid under ``--hybrid-swa-memory off`` (SGLang's
-    ``--disable-hybrid-swa-memory``; ``knobs``: the run's)."""
-    kinds = {str(g.kind) for g in spec.groups}
-    windows = {g.window for g in spec.groups if str(g.kind) == "sliding"}
-    if kinds == {"full", "sliding"} and len(windows) == 1:
-        return "swa" if knobs is None or knobs.hybrid_swa_memory else None
-    if kinds == {"full", "linear"}:
+    layer (``swa_one_pool``; ``knobs``: the run's, None: the default flags)."""
+    if _is_swa(spec):
+        return None if swa_one_pool(spec, knobs is None or knobs.hybrid_swa_memory) else "swa"
+    if {str(g.kind) for g in spec.groups} == {"full", "linear"}:
         return "mamba"
     return None
+
+
+def pool_spec(spec: ModelSpec, hybrid_swa_memory: bool = True) -> ModelSpec:
+    """``spec`` as SGLang's KV pools store it, for sizing them: in one pool of every layer
+    (``swa_one_pool``) every layer, window layers included, keeps the KV of every token, so
+    its bytes per token are full attention's over all layers (the pricing keeps the
+    windows)."""
+    if swa_one_pool(spec, hybrid_swa_memory):
+        return replace(spec, layer_windows=(), layer_kinds=())
+    return spec
 
 
 def hybrid_unsupported(cfg: RunConfig, policy: EvictionPolicy) -> tuple[str, str] | None:
@@ -77,10 +106,6 @@ def hybrid_unsupported(cfg: RunConfig, policy: EvictionPolicy) -> tuple[str, str
         return None  # the run reports the model itself
     knobs = cast(SGLangKnobs, cfg.engine)
     model = cfg.cache.model
-    if hybrid_tree_kind(spec) == "swa" and not knobs.hybrid_swa_memory and (
-            cfg.cache.gpu is not None or cfg.cache.gpu_cache_bytes is not None):
-        return ("gpu_cache", f"{model} with --hybrid-swa-memory off: one pool of every "
-                "layer is sized from tokens only; give --gpu-cache in tokens")
     if hybrid_tree_kind(spec, knobs) is None:
         return None
     head = f"{model} runs on SGLang's hybrid radix tree (docs/hybrid.md)"
