@@ -283,8 +283,8 @@ class SGLangKnobs(EngineKnobs):
     hybrid_swa_memory: bool = option(True, "A model of full and sliding-window layers (gpt-oss-"
                                      "120b): on keeps it in SGLang's hybrid radix tree (full and "
                                      "SWA pools); off in one pool of every layer (SGLang's "
-                                     "--disable-hybrid-swa-memory; --gpu-cache in tokens). See "
-                                     "docs/hybrid.md.", words=ON_OFF)
+                                     "--disable-hybrid-swa-memory, what it always does for "
+                                     "Gemma 3). See docs/hybrid.md.", words=ON_OFF)
     clip_max_new_tokens: int = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
     new_token_ratio: float = 0.7
     new_token_ratio_min: float = 0.098
