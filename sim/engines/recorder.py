@@ -495,7 +495,7 @@ class RunRecorder:
                        ) -> None:
         """Replace this recorder's session times with ``source``'s for ``sessions`` (all of
         them when None): a fleet's replay times the sessions once, for every replica's
-        summary (sim/fleet/metrics.py)."""
+        summary (sim/fleet/results.py)."""
         if sessions is None:
             self.session_start = dict(source.session_start)
             self.session_end = dict(source.session_end)

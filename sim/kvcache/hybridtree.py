@@ -5,8 +5,8 @@ SGLang 0.5.23's default `UnifiedRadixCache` with components (FULL, SWA) for a sl
 hybrid (gpt-oss, Gemma 3) or (FULL, MAMBA) for a linear-attention one (Qwen3-Next), kept in
 blocks (page = block) (mem_cache/unified_cache/components/swa.py, mamba.py, full.py,
 unified_tree_core.py). Proven equal op by op to the real code by
-tests/test_sglang_hybrid_diff.py through benchmarks/sglang_swa_ref.py. docs/hybrid.md, "SGLang's
-hybrid cache in kvsim", says what it keeps and why.
+tests/test_sglang_hybrid_diff.py through benchmarks/sglang_unified_ref.py (HybridRef).
+docs/hybrid.md, "SGLang's hybrid cache in kvsim", says what it keeps and why.
 
 Every node holds full KV (a node without it leaves the tree). With SWA it may hold SWA KV; a
 node whose SWA KV was freed while its full KV stays is a *tombstone*. With Mamba it may hold a
