@@ -7,6 +7,20 @@ is pyproject.toml's.
     python setup.py build_ext --inplace      # rebuild in a checkout (make core)
     python setup.py status                   # which path this checkout imports, and why
 
+mypyc compiles a copy of our packages, ``build/native-src`` (``_native_tree``), the same
+modules under the same names, in which each keyword-only dataclass of a compiled module (the
+hot records: sim/engines/request.py ``Req``, sim/engines/sglang.py ``Admission``,
+sim/engines/recorder.py ``RequestRecord``, sim/kvcache/results.py ``EvictResult`` and
+``LoadResult``) has its ``__init__`` written out from its fields (``native_init``: keyword-only,
+the fields' defaults, a fresh value per ``default_factory``, on a blank line of the class, so
+no line moves). mypyc would hand such a class to the dataclasses module, whose ``__init__``
+runs interpreted, about ten times slower per object; written in the class, it is native and
+a compiled call to it is resolved at compile time. The decorator stays, so ``fields()``,
+``repr`` and ``eq`` are the dataclass's; the sources declare each field once and the Python
+path runs them as they are. tests/test_native_inits.py holds the generated ``__init__`` to
+the dataclass's contract. Frozen dataclasses, positional ones and those with an ``__init__``
+of their own are compiled as written.
+
 Without mypyc or a C compiler it says so once and leaves the Python path: everything runs,
 with the same results, slower (the install still succeeds). The extensions are built in
 ``build/`` and renamed into place (a process that has the old ones loaded keeps its mapping;
@@ -125,6 +139,145 @@ def _remove_strays() -> None:
             so.unlink()
 
 
+# The copy of our packages that mypyc compiles (under the checkout): the same modules, with
+# each keyword-only dataclass of a compiled module given a written-out ``__init__``.
+NATIVE_SRC = Path("build") / "native-src"
+
+
+def _named(node: ast.expr, name: str) -> bool:
+    """``node`` is ``name`` or ``something.name``."""
+    return ((isinstance(node, ast.Name) and node.id == name)
+            or (isinstance(node, ast.Attribute) and node.attr == name))
+
+
+def _dataclass_options(node: ast.ClassDef) -> dict[str, object] | None:
+    """The keywords of ``node``'s ``@dataclass(...)`` decorator ({} bare), None if it has none."""
+    for dec in node.decorator_list:
+        call = dec if isinstance(dec, ast.Call) else None
+        if _named(call.func if call else dec, "dataclass"):
+            return {k.arg: ast.literal_eval(k.value) for k in (call.keywords if call else ())}
+    return None
+
+
+def _made(factory: ast.expr) -> str:
+    """The expression that calls a ``default_factory`` (a lambda's body, written inline)."""
+    if isinstance(factory, ast.Lambda) and not factory.args.args:
+        return ast.unparse(factory.body)
+    return f"{ast.unparse(factory)}()" if isinstance(factory, ast.Name | ast.Attribute) \
+        else f"({ast.unparse(factory)})()"
+
+
+def _fields(node: ast.ClassDef, where: str) -> list[tuple[str, str, str | None, str | None, bool]]:
+    """A dataclass's own fields as the dataclasses module reads them: (name, annotation,
+    default, the factory's call, set by ``__init__``'s arguments?)."""
+    out = []
+    for stmt in node.body:
+        if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
+            continue
+        ann = ast.unparse(stmt.annotation)
+        kind = ann.split("[")[0].rsplit(".", 1)[-1]
+        if kind in ("ClassVar", "KW_ONLY"):
+            continue
+        if kind == "InitVar":
+            raise SystemExit(f"{where}: an InitVar has no generated native __init__")
+        default = factory = None
+        init, value = True, stmt.value
+        if isinstance(value, ast.Call) and _named(value.func, "field"):
+            kw = {k.arg: k.value for k in value.keywords}
+            default = ast.unparse(kw["default"]) if "default" in kw else None
+            factory = _made(kw["default_factory"]) if "default_factory" in kw else None
+            init = ast.literal_eval(kw["init"]) if "init" in kw else True
+            if factory is not None and init and ("None" in ann or "Optional" in ann):
+                raise SystemExit(f"{where}.{stmt.target.id}: a default_factory field that "
+                                 "may be None (the generated __init__ marks 'not given' "
+                                 "with None)")
+        elif value is not None:
+            default = ast.unparse(value)
+        out.append((stmt.target.id, ann, default, factory, init))
+    return out
+
+
+def native_init(node: ast.ClassDef, where: str) -> str | None:
+    """The ``__init__`` a keyword-only dataclass gets in the compiled copy, on one line: the
+    dataclass's own contract (its fields in order, keyword-only, their defaults, a fresh
+    value of each factory, ``__post_init__``) written out, so that mypyc compiles it (it
+    hands a dataclass to the dataclasses module, whose ``__init__`` runs interpreted, about
+    ten times slower). None for any other class: not a dataclass, not ``kw_only=True``,
+    frozen (its ``__init__`` must bypass ``__setattr__``), or with an ``__init__`` of its
+    own."""
+    options = _dataclass_options(node)
+    if (options is None or not options.get("kw_only") or options.get("frozen")
+            or options.get("init") is False):
+        return None
+    methods = {s.name for s in node.body if isinstance(s, ast.FunctionDef)}
+    if "__init__" in methods:
+        return None
+    if node.bases:  # (inherited fields would need the base's annotations here)
+        raise SystemExit(f"{where}: a keyword-only dataclass with a base class has no "
+                         "generated native __init__")
+    params, body = [], []
+    for name, ann, default, factory, init in _fields(node, where):
+        if not init:
+            if default is not None or factory is not None:
+                body.append(f"self.{name} = {default if factory is None else factory}")
+        elif factory is not None:
+            params.append(f"{name}: {ann} | None = None")
+            body.append(f"self.{name} = {factory} if {name} is None else {name}")
+        else:
+            params.append(f"{name}: {ann}{'' if default is None else ' = ' + default}")
+            body.append(f"self.{name} = {name}")
+    if "__post_init__" in methods:
+        body.append("self.__post_init__()")
+    star = "*, " if params else ""
+    return f"def __init__(self, {star}{', '.join(params)}) -> None: {'; '.join(body) or 'pass'}"
+
+
+def native_source(module: str) -> str:
+    """``module``'s source as mypyc compiles it: each class ``native_init`` gives an
+    ``__init__`` gets it on a blank line of its body (no line moves, so a compiled
+    traceback's line is the source's), or on a new last line of its body where it has none."""
+    text = source(module).read_text()
+    lines = text.splitlines(keepends=True)
+    tree = ast.parse(text)
+    edits = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ClassDef):
+            continue
+        init = native_init(node, f"{module}.{node.name}")
+        if init is None:
+            continue
+        indent = " " * node.body[0].col_offset
+        covered = set()
+        for stmt in node.body:
+            first = min([stmt.lineno, *(d.lineno for d in getattr(stmt, "decorator_list", ()))])
+            covered.update(range(first, (stmt.end_lineno or stmt.lineno) + 1))
+        blank = [n for n in range(node.body[0].lineno, (node.end_lineno or 0) + 1)
+                 if n not in covered and not lines[n - 1].strip()]
+        edits.append((blank[0], True, f"{indent}{init}\n") if blank
+                     else (node.end_lineno or 0, False, f"{indent}{init}\n"))
+    for line, blank_line, code in sorted(edits, reverse=True):
+        if blank_line:
+            lines[line - 1] = code
+        else:
+            lines.insert(line, code)
+    return "".join(lines)
+
+
+def _native_tree() -> Path:
+    """A fresh copy of our packages under ``NATIVE_SRC``, the compiled modules as
+    ``native_source`` writes them; the manifest still hashes the real sources."""
+    tree = ROOT / NATIVE_SRC
+    shutil.rmtree(tree, ignore_errors=True)
+    for package in OURS:
+        for py in (ROOT / package).rglob("*.py"):
+            dst = tree / py.relative_to(ROOT)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(py, dst)
+    for module in COMPILED:
+        (tree / source(module).relative_to(ROOT)).write_text(native_source(module))
+    return tree
+
+
 def _extensions(tree: Path | None) -> list:
     """mypyc's extensions of ``COMPILED``: C generated under build/ (mypy type-checks first),
     or none where mypyc or a C compiler is missing (``_unavailable``)."""
@@ -135,12 +288,16 @@ def _extensions(tree: Path | None) -> list:
     if _compiler() is None:
         return _unavailable(tree, "no C compiler on PATH")
     paths = [str(source(m).relative_to(ROOT)) for m in COMPILED]
-    os.chdir(ROOT)  # mypyc and setuptools name modules by their paths from the root
     try:
+        # mypyc names modules by their paths from the copy's root; its C goes to build/
+        os.chdir(_native_tree())
         exts = mypycify(["--ignore-missing-imports", "--follow-imports=silent", *paths],
-                        opt_level="3", separate=[(paths, GROUP)])
+                        opt_level="3", separate=[(paths, GROUP)],
+                        target_dir=str(ROOT / "build"))
     except (SystemExit, Exception) as e:  # a failed type check: the Python path still works
         return _unavailable(tree, f"the build failed: {e}")
+    finally:
+        os.chdir(ROOT)  # setuptools places the extensions by their paths from the root
     for ext in exts:
         # No fused multiply-add contraction: the last bit of a float must not depend on
         # the CPU (GCC contracts by default where the target has FMA).

@@ -143,7 +143,8 @@ def test_the_position_histogram_counts_each_position_in_its_bin(ranges) -> None:
 def test_a_records_values_are_its_columns_in_order():
     """``RequestRecord.values`` (written out for the compiled core) is every field but ``row``,
     in the order of ``COLUMNS``: a field added to the record must be added there too."""
-    rec = RequestRecord(7, "s", 1, 2, True, 0.5)
+    rec = RequestRecord(request=7, session="s", session_index=1, turn=2, subagent=True,
+                        send_s=0.5)
     for k, name in enumerate(COLUMNS):  # a distinct value per field, of the field's type
         kind = type(getattr(rec, name))
         setattr(rec, name, f"v{k}" if kind is str else bool(k % 2) if kind is bool

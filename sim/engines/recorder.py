@@ -40,7 +40,7 @@ HIST_BINS: Final = 64  # up to 512K positions; the last bin collects the rest
 LOST_THRESHOLD: Final = 0.9
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RequestRecord:
     request: int
     session: str

@@ -15,7 +15,7 @@ from sim.kvcache.paths import WalkHint
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
-@dataclass(eq=False)
+@dataclass(eq=False, kw_only=True)
 class Req:
     """One request in flight. Token positions are absolute; blocks are ``block_size`` tokens."""
 

@@ -130,7 +130,7 @@ def hybrid_unsupported(cfg: RunConfig, policy: EvictionPolicy) -> tuple[str, str
     return None
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, kw_only=True)
 class Admission:
     """A request the adder loop admitted: its locked match, the ranges it computes and the
     tokens it takes in this pass, and what its match found (for its record)."""

@@ -63,6 +63,7 @@ class Match(NamedTuple):
         return self.blocks_in(Tier.NONE)
 
 
+@dataclass(eq=False, kw_only=True)
 class EvictResult:
     """Result of ``evict``/``make_room``.
 
@@ -79,17 +80,13 @@ class EvictResult:
       the tree).
     """
 
-    # Its fields, declared here only: an eviction's result is made about ten times per
-    # request, and a dataclass's generated ``__init__`` runs interpreted under the compiled
-    # core (mypyc hands the class to the dataclasses module); this one is native.
-    def __init__(self, ok: bool) -> None:
-        self.ok = ok
-        self.freed_blocks = 0
-        self.freed: list[np.ndarray] = []
-        self.holes_made = 0
-        self.deleted_blocks = 0
-        self.demoted_blocks = 0
-        self.demoted: list[np.ndarray] = []
+    ok: bool
+    freed_blocks: int = 0
+    freed: list[np.ndarray] = field(default_factory=list)
+    holes_made: int = 0
+    deleted_blocks: int = 0
+    demoted_blocks: int = 0
+    demoted: list[np.ndarray] = field(default_factory=list)
 
     def freed_ids(self) -> np.ndarray:
         """All freed ids, concatenated in the order freed."""
@@ -114,7 +111,7 @@ class InsertResult(NamedTuple):
         return self.new_blocks + self.filled_blocks
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class LoadResult:
     """Result of ``RadixKVCache.load`` (sizes in blocks).
 
