@@ -288,3 +288,34 @@ print(native.current()[0], sorted(set(res.requests["replica"])))
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True,
                          text=True, check=True).stdout.split(maxsplit=1)
     assert out == ["True", "[0, 1]\n"] or out == ["True", "[0, 1]"]
+
+
+def test_mypyc_compiles_a_copy_in_which_the_records_inits_are_written_out(
+        tmp_path, monkeypatch) -> None:
+    """The build hands mypyc the copy under build/native-src (setup.py ``native_source``),
+    from the copy's root, with its C under the checkout's build/; the sources stay as written
+    and the manifest hashes them (sim/native.py)."""
+    _fake_checkout(tmp_path, monkeypatch)
+    monkeypatch.chdir(REPO)  # (the build changes directory; restored after the test)
+    record = native.source("sim.engines.request")
+    written = ("from dataclasses import dataclass\n\n\n@dataclass(kw_only=True)\nclass R:\n"
+               "    a: int\n\n    b: int = 0\n")
+    record.write_text(written)
+    seen: dict = {}
+
+    def mypycify(args, **kw):
+        seen.update(cwd=os.getcwd(), target=kw["target_dir"],
+                    text=(tmp_path / corebuild.NATIVE_SRC / "sim/engines/request.py").read_text())
+        return []
+
+    mypyc_build = types.ModuleType("mypyc.build")
+    mypyc_build.mypycify = mypycify
+    monkeypatch.setitem(sys.modules, "mypyc", types.ModuleType("mypyc"))
+    monkeypatch.setitem(sys.modules, "mypyc.build", mypyc_build)
+    monkeypatch.setattr(corebuild, "_compiler", lambda: "cc")
+    assert corebuild._extensions(tmp_path) == []
+    assert seen["cwd"] == str(tmp_path / corebuild.NATIVE_SRC)
+    assert seen["target"] == str(tmp_path / "build")
+    assert seen["text"].splitlines()[6] == (
+        "    def __init__(self, *, a: int, b: int = 0) -> None: self.a = a; self.b = b")
+    assert record.read_text() == written and os.getcwd() == str(tmp_path)
