@@ -57,10 +57,11 @@ def _list(text: str | None, option: str, kind=str) -> list:
               help="Repeats per point (decision seeds): a size meets at the interval's "
                    "pessimistic end.")
 @click.option("--search", type=click.Choice(["up", "bisect", "full"]), default="up",
-              show_default=True, help="up: every size from the smallest until one meets, a "
-                                      "run stopped once it can no longer meet; bisect the "
-                                      "replica range; or run every size whole (the whole "
-                                      "goodput curve). docs/sweeps.md, Plan.")
+              show_default=True, help="up: each size from the smallest until one meets, a "
+                                      "run stopped once it can no longer meet (full's "
+                                      "answers); bisect: the largest first, then halves; "
+                                      "full: every size whole (the whole goodput curve). "
+                                      "docs/sweeps.md, Plan.")
 @click.option("--pd", default=None, metavar="P:D,...",
               help="Prefill:decode pool shapes to search instead of replicas (needs the "
                    "disaggregated fleet).")
