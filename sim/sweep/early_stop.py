@@ -1,8 +1,8 @@
 """Early stops for ``kvsim plan`` (issue 55 item 4): a point's run ends as soon as its SLO
 verdict is decided as a **miss** at the repeats' interval's pessimistic end.
 
-A plan runs many sizes only to learn that they miss; their numbers are never reported when
-the point ran only for the search (sim/sweep/plan.py decides which). ``StopRule`` watches the
+A plan runs many sizes only to learn that they miss (sim/sweep/plan.py runs again whole
+those whose numbers its report shows). ``StopRule`` watches the
 first tokens of a run (a ``sim.engines.StepObserver``: it observes, changes nothing) and
 raises ``Decided`` once the run can no longer meet; ``run_or_stop`` then writes a summary
 that says so (``stopped_early``) instead of the run's metrics.
@@ -21,8 +21,8 @@ token, or only grows, when a retraction makes the first token come again):
 - ``ttft <= L`` with ``attain=a`` (per request): the attainment is at most ``(N - m)/N`` with m
   requests over L; the run misses once that is below ``a`` (``sim.slo.met_mask``: a dropped or
   aborted request never meets, so it only lowers the attainment further).
-- A request counted over L that is later aborted leaves the percentile, but an aborted request
-  makes the run miss anyway (``sim.slo.meets``). Every comparison keeps a relative margin
+- A request counted over L that is later aborted or dropped leaves the percentile, but such a
+  request makes the run miss anyway (``sim.slo.meets``). Every comparison keeps a relative margin
   ``EPS`` so no float rounding can turn a counted miss into a met target.
 - Repeats: a target's pessimistic end, mean + t(0.975, n-1) sd / sqrt(n) (sim/run/repeats.py),
   is at least the largest repeat's value when t(0.975, n-1) >= n - 1 (Samuelson: max - mean
