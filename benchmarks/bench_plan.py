@@ -12,9 +12,10 @@ wall does not: the load average before and after is printed beside them. Not run
 ``python -m benchmarks.bench_plan [--files N] [--jobs J] [--executor ray] [--search S] [--json]``
 (``--files N``: the first N trace files only, for a quick look).
 
-Measured (docs/sweeps.md, Plan): on a shared 2-core machine, Python path, 756 CPU-s with
-``--search bisect`` (load 13-15; 41 points in 7 rounds), 232 with ``--search up`` (load 6-16;
-37 points, 29 stopped early); the same pick (5 x H100, sglang-cache-aware + penelope).
+Measured (docs/sweeps.md, Plan): on a shared 2-core machine, Python path, both started
+together at load 2-9: 646 CPU-s with ``--search bisect`` (41 points in 7 rounds), 202 with
+``--search up`` (37 points, 29 stopped early); the same pick (5 x H100, sglang-cache-aware +
+penelope) and answers.
 ``--search bisect`` times the search before issue 55 item 4 (run it beside the default, at
 the same load, for a ratio).
 """
