@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import struct
 
-__all__ = ["NORMAL_BITS", "exp", "exp2", "log", "ndtri", "normal_from_bits"]
+__all__ = ["NORMAL_BITS", "exp", "exp2", "log", "ndtri", "normal_from_bits", "powi"]
 
 _INF = math.inf
 
@@ -95,6 +95,20 @@ def exp2(x: float) -> float:
         return 0.0
     n = math.floor(x)
     return math.ldexp(exp((x - n) * _LN2_HI + (x - n) * _LN2_LO), n)
+
+
+def powi(x: float, n: int) -> float:
+    """``x ** n`` for an integer ``n >= 0`` by repeated squaring: multiplications only, each
+    exactly rounded, where ``float ** int`` calls the C library's ``pow``."""
+    if n < 0:
+        raise ValueError("powi: negative exponent")
+    out, base = 1.0, float(x)
+    while n:
+        if n & 1:
+            out *= base
+        base *= base
+        n >>= 1
+    return out
 
 
 def log(x: float) -> float:

@@ -30,6 +30,7 @@ from typing import Any
 
 import yaml
 
+from .detmath import powi
 from .errors import ProfileError
 from .hfconfig import is_config_path
 from .registry import Registry
@@ -244,7 +245,7 @@ def expert_share(spec: ModelSpec, batch: int, group: int = 1) -> float:
     ``(1 - k/E)^(batch x group)``. 0 for a dense model."""
     if not spec.experts or batch <= 0:
         return 0.0
-    return 1.0 - (1.0 - spec.active_experts / spec.experts) ** (batch * group)
+    return 1.0 - powi(1.0 - spec.active_experts / spec.experts, int(batch) * int(group))
 
 
 @dataclass(frozen=True)

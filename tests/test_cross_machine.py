@@ -161,6 +161,20 @@ def test_exp_and_log_are_within_one_ulp_of_correctly_rounded(seed: int) -> None:
         assert _ulps(detmath.exp2(x), ref) <= 2.0
 
 
+def test_powi_is_multiplications_only_and_close_to_the_exact_power() -> None:
+    """``detmath.powi`` (the MoE expert share's ``(1 - k/E)^n``, costmodel/profile.py): exactly
+    the repeated squaring's product: relative error grows with n (each squaring doubles it),
+    within 2n ulps of the exact power."""
+    rng = np.random.default_rng(3)
+    for x, n in zip(rng.uniform(0.5, 1.0, 300).tolist(), rng.integers(0, 4096, 300).tolist(),
+                    strict=True):
+        exact = float(Context(prec=60).power(Decimal(x), int(n)))
+        assert _ulps(detmath.powi(x, int(n)), exact) <= max(2.0, 2.0 * int(n))
+    assert detmath.powi(0.75, 0) == 1.0 and detmath.powi(0.75, 3) == 0.75 * 0.75 * 0.75
+    with pytest.raises(ValueError):
+        detmath.powi(0.5, -1)
+
+
 def test_ndtri_is_cephes_ndtri() -> None:
     from scipy.special import ndtri  # the reference only: product code may not call it
 
