@@ -270,7 +270,9 @@ def deep_streams(draw):
         if draw(st.booleans()):
             out.append((r, True, p[a:], p[a - 1] if a else -1))
         else:
-            out.append((r, False, p[a:a + draw(st.integers(1, 3))], None))
+            gone = p[a:a + draw(st.integers(1, 6))]
+            # vLLM evicts a freed request tail first: its removals go back up the chain
+            out.append((r, False, gone[::-1] if draw(st.booleans()) else gone, None))
     return out
 
 
@@ -305,6 +307,20 @@ def test_span_buckets_change_no_answer(stream, bits, shift, floor):
     finally:
         eventindex.SPAN_BITS = saved
     assert isinstance(belief.index, ChainIndex)
+
+
+@pytest.mark.pure_path("counts the cuts of a Python ChainIndex")
+def test_a_removal_going_back_up_a_chain_cuts_once(monkeypatch):
+    # vLLM's pool evicts a freed request tail first, so its removal events list a chain
+    # backwards: one cut at the shallowest id, not one per block (issue 55 item 1)
+    belief = EventBelief(N, KVEvents(lag_s=0.0, drop_orphans=True))
+    ids = np.arange(1000, 1300, dtype=np.int64)
+    belief.stored(0, ids, 0.0, -1)
+    cuts = []
+    cut = ChainIndex._cut
+    monkeypatch.setattr(ChainIndex, "_cut", lambda self, *a: (cuts.append(a), cut(self, *a)))
+    belief.removed(0, ids[100:][::-1].copy(), 0.0)
+    assert len(cuts) == 1 and belief.sizes() == [100, 0, 0, 0]
 
 
 def test_a_removal_leaves_the_link_a_later_load_without_parent_follows():

@@ -461,6 +461,14 @@ class ChainIndex(BlockIndex):
             off = run.offset(b)
             at = run.start + off
             m = run.agree(off, buf, i, min(n - i, len(run.ids) - off))
+            if m == 1:
+                # ids going back up the run (vLLM frees a request tail first and evicts in
+                # that order): ids[i:i + m] lie at depths at, at - 1, ..., at - m + 1; their
+                # cuts one by one leave what one cut at the shallowest leaves
+                rids = run.ids
+                while i + m < n and off >= m and ids.item(i + m) == rids[off - m]:
+                    m += 1
+                at -= m - 1
             # ids[i:i + m] lie at depths [at, at + m) of run: r holds the first of them
             # or none (its blocks of a run are a prefix)
             if depth.get(run, 0) > at:

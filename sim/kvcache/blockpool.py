@@ -467,9 +467,9 @@ class BlockPool:
         self._dropped += len(ps)
         self._lost += self._ids.drop(ps, xs)
         if self._events is not None:
-            gone = [x for x in xs.tolist() if not self._ids.is_cached(x)]
-            if gone:
-                self._events.removed(np.asarray(gone, dtype=np.int64))
+            gone = xs[self._ids.firsts(xs, True) < 0]  # the ids whose last copy went
+            if len(gone):
+                self._events.removed(gone)
 
     def _cache(self, seq: _Seq) -> None:
         """Hash the request's blocks that became full: [cached, computed // bs)."""
