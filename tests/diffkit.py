@@ -248,17 +248,47 @@ class ShadowHybrid(ShadowPool):
         self._compare("RUN", rids[0])
 
 
+class _Own:
+    """A block pool's own (``BlockPool``'s) methods and properties on ``pool``, past a
+    subclass's overrides: the model half of ``shadow_block_pool``'s pair."""
+
+    def __init__(self, pool: Any) -> None:
+        self._pool = pool
+
+    def __getattr__(self, name: str) -> Any:
+        from sim.kvcache.blockpool import BlockPool
+
+        return getattr(BlockPool, name).__get__(self._pool)
+
+
+def shadow_block_pool() -> type:
+    """``ShadowPool`` as a ``BlockPool`` subclass: the engine's typed (compiled) code takes
+    only a block pool, built as ``VllmServer.pool_class``; the shadow is its own model."""
+    from benchmarks.vllm_ref import VllmRef
+    from sim.kvcache.blockpool import BlockPool
+
+    class ShadowBlockPool(ShadowPool, BlockPool):
+        def __init__(self, capacity_blocks: int, block_size: int, free_order: str, *,
+                     debug: bool = False) -> None:
+            assert free_order == "vllm", "only vLLM's own order exists in the real code"
+            BlockPool.__init__(self, capacity_blocks, block_size, free_order, debug=True)
+            self._pair(_Own(self), VllmRef(capacity_blocks, block_size))
+
+    return ShadowBlockPool
+
+
 def engine_lockstep(monkeypatch: Any, cfg: Any, trace: Any,
                     hybrid: bool = False) -> tuple[Counter, dict]:
     """Run ``cfg`` (on ``trace``) with the vLLM engine's pools shadowed by the real manager
-    (``ShadowPool`` for the block pool, ``ShadowHybrid`` for a hybrid model's pool: which
-    one every pool must be, ``hybrid`` says). Returns the ops compared and the run's
-    summary."""
+    (``ShadowPool`` for the block pool, as the engine's ``pool_class``; ``ShadowHybrid`` for
+    a hybrid model's pool: which one every pool must be, ``hybrid`` says). Returns the ops
+    compared and the run's summary."""
     import sim.engines.vllm as vllm_engine
     from sim.run import run
 
     ShadowPool.made = []
-    monkeypatch.setattr(vllm_engine, "BlockPool", ShadowPool)
+    if not hybrid:  # a pool class of its own keeps an engine off the hybrid pool
+        monkeypatch.setattr(vllm_engine.VllmServer, "pool_class", shadow_block_pool())
     monkeypatch.setattr(vllm_engine, "HybridPool", ShadowHybrid)
     res = run(cfg, trace)
     assert ShadowPool.made, "the engine built no pool"

@@ -134,7 +134,7 @@ def test_a_dependency_of_the_compiled_modules_is_hashed_too(tmp_path, monkeypatc
     assert not active and why.startswith(str(config.relative_to(tmp_path)))
     config.unlink()
     assert native.decide()[0] is False
-    manifest["compiled"] = [*native.COMPILED, "sim.engines.vllm"]  # another build's list
+    manifest["compiled"] = [*native.COMPILED, "sim.kvcache.hybridpool"]  # another build's list
     native.MANIFEST.write_text(json.dumps(manifest))
     assert "built for other modules" in native.decide()[1]
 
@@ -143,7 +143,7 @@ def test_no_extension_but_the_current_builds_is_ever_imported(tmp_path) -> None:
     """A checkout in a built tree (a branch switch, ``git bisect``) leaves extensions the
     current build does not list: the finder loads their modules from source (D12)."""
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
-    stray = tmp_path / "sim" / "engines" / "vllm.py"
+    stray = tmp_path / "sim" / "engines" / "vllm_patch.py"
     stray.parent.mkdir(parents=True)
     stray.write_text("X = 1\n")
     stray.with_suffix(suffix).write_bytes(b"not a library")
@@ -154,7 +154,7 @@ def test_no_extension_but_the_current_builds_is_ever_imported(tmp_path) -> None:
     everything = frozenset(native.COMPILED)
     # a stray extension is refused on either path; its source runs
     for allowed in (frozenset(), everything):
-        assert native.refused("sim.engines.vllm", allowed, tmp_path) == stray
+        assert native.refused("sim.engines.vllm_patch", allowed, tmp_path) == stray
     # the current build's extensions load on the compiled path only
     assert native.refused(native.COMPILED[0], everything, tmp_path) is None
     assert native.refused(native.COMPILED[0], frozenset(), tmp_path) == compiled
@@ -163,7 +163,7 @@ def test_no_extension_but_the_current_builds_is_ever_imported(tmp_path) -> None:
     assert native.refused("policies.zoo", frozenset(), tmp_path) is None
     stray.unlink()  # an extension whose source is gone cannot be imported at all
     with pytest.raises(ModuleNotFoundError, match="no source"):
-        native.refused("sim.engines.vllm", everything, tmp_path)
+        native.refused("sim.engines.vllm_patch", everything, tmp_path)
 
 
 def test_a_stray_extension_under_sim_is_not_imported_in_a_process() -> None:
@@ -221,7 +221,7 @@ def test_the_build_removes_extensions_of_modules_it_no_longer_compiles(tmp_path,
     other module would be imported before its source."""
     _fake_checkout(tmp_path, monkeypatch)
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
-    stray = tmp_path / "sim" / "engines" / f"vllm{suffix}"
+    stray = tmp_path / "sim" / "engines" / f"vllm_patch{suffix}"
     group = tmp_path.joinpath(*f"{native.GROUP}__mypyc".split(".")).with_suffix(suffix)
     for path in (stray, group):
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -13,6 +13,7 @@ hand on a decode worker running a local (conditionally disaggregated) chunked pr
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from benchmarks.vllm_sched_ref import KvsimScheduler, Request
 from sim.kvcache.blockpool import BlockPool
@@ -80,6 +81,8 @@ def test_a_remote_load_waits_for_the_blocks_a_local_chunked_prefill_still_needs(
     assert granted == [1] and server.pool.free_blocks == 20 - 6
 
 
+@pytest.mark.pure_path("replaces VllmServer._inflight_prefill_blocks, which compiled callers "
+                       "do not look up")
 def test_without_the_reservation_the_load_would_take_the_prefills_blocks(monkeypatch) -> None:
     """The same state with nothing reserved (kvsim before): the load is allocated at once,
     and the local prefill, 12 blocks short with 10 free, is preempted by recompute at its

@@ -118,6 +118,8 @@ def test_vllm_sched_diff_cache_aware_admission(vllm: str, asynchronous: bool,
               f": {2 * len(WORKLOADS_CACHE_AWARE)} workloads, {steps} steps, 0 divergences")
 
 
+@pytest.mark.pure_path("replaces VllmServer._reorder_waiting, which compiled callers do not "
+                       "look up")
 def test_sched_diff_sees_fcfs_where_vllm_reorders(monkeypatch, vllm: str) -> None:
     # The cache-aware comparison has teeth: kvsim serving FCFS beside vLLM 0.34 with the
     # window on diverges (the waiting order is compared after every step).
@@ -130,6 +132,7 @@ def test_sched_diff_sees_fcfs_where_vllm_reorders(monkeypatch, vllm: str) -> Non
     assert res.divergences
 
 
+@pytest.mark.pure_path("replaces VllmServer._preempt, which compiled callers do not look up")
 def test_sched_diff_sees_a_misplaced_preempted_request(monkeypatch) -> None:
     # The comparison has teeth: a preempted request put at the BACK of the waiting queue
     # (vLLM prepends it) diverges.
@@ -156,6 +159,7 @@ def test_sched_diff_sees_decode_blocks_cached_too_early(monkeypatch) -> None:
     assert res.divergences
 
 
+@pytest.mark.pure_path("admits on a deep copy of the block pool; a compiled pool is not copied")
 def test_no_admission_in_a_step_that_preempted() -> None:
     # vLLM 0.33 schedules waiting requests only when the running loop preempted nobody.
     # Under async scheduling the victim (now the head of the queue) can fit again in the

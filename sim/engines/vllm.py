@@ -60,12 +60,13 @@ Defaults for an online server on one H100 (vllm/engine/arg_utils.py ``get_batch_
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, Final, cast
 
 import numpy as np
 import simpy
+from mypy_extensions import mypyc_attr
 
 from costmodel.profile import Profile
 from costmodel.specs import ModelSpec
@@ -81,11 +82,14 @@ from sim.kvcache.hybridpool import FULL, SLIDING, HybridGroup, HybridPool
 from .base import EngineBase, steps_fitting
 from .request import Req
 
+_new_units: Final = tuple.__new__  # a Units from its three fields (base.py's shortcut)
 
-@dataclass(eq=False)
+
 class VllmReq(Req):
     """A request on the vLLM engine (``VllmServer.request_class``): the sequence state its
-    block pool and V1 scheduler keep per request."""
+    block pool and V1 scheduler keep per request. Made as a ``Req`` is (its keyword
+    ``__init__``, native in the compiled core: setup.py ``native_init``); the state below
+    starts at its class defaults."""
 
     # ids of every full block the sequence will have (prompt + output - 1 tokens), tokens
     # with KV since the last (re)admission, and whether its prefill is done
@@ -184,21 +188,23 @@ class Step:
     end: float = math.nan
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class VllmServer(EngineBase):
     """vLLM 0.33's V1 scheduling and memory semantics over one ``BlockPool``."""
 
-    default_presets = ("vllm", "penelope")
-    request_class = VllmReq
+    default_presets: ClassVar[tuple[str, ...]] = ("vllm", "penelope")
+    request_class: ClassVar[type[Req]] = VllmReq
     # A disaggregated decode worker (sim/fleet/pd.py) allocates the prompt's blocks when the
     # prefill has ended (vLLM's proxy sends the request to decode with the prefill's
     # kv_transfer_params), then its KV connector loads them (WAITING_FOR_REMOTE_KVS).
-    lands_remote_kv = True
+    lands_remote_kv: ClassVar[bool] = True
     # False: every V1 step is its own event (slow; tests prove runs change nothing)
-    decode_runs: bool = True
+    decode_runs: ClassVar[bool] = True
 
     @classmethod
     def summary_fields(cls, cfg: RunConfig) -> dict[str, bool]:
-        return {"vllm_async": cfg.engine.vllm_async}
+        knobs: Any = cfg.engine
+        return {"vllm_async": knobs.vllm_async}
 
     @classmethod
     def unsupported(cls, cfg: RunConfig, policy: EvictionPolicy) -> tuple[str, str] | None:
@@ -215,9 +221,10 @@ class VllmServer(EngineBase):
                     f"(its priority policy needs request priorities); {cfg.policy.scheduler!r} is "
                     "SGLang's: use --engine sglang (vLLM 0.34's own reordering: "
                     "--vllm-cache-aware-window)")
-        if cfg.engine.vllm_cache_aware_window and cfg.engine.vllm_patch != "none":
+        knobs: Any = cfg.engine
+        if knobs.vllm_cache_aware_window and knobs.vllm_patch != "none":
             return ("vllm_cache_aware_window", "cache-aware admission is modelled on stock vLLM "
-                    f"0.34 only: --vllm-patch {cfg.engine.vllm_patch} changes the lookup or the "
+                    f"0.34 only: --vllm-patch {knobs.vllm_patch} changes the lookup or the "
                     "queue order it reads; use --vllm-patch none")
         hybrid = cls._hybrid_unsupported(cfg, policy)
         if hybrid is not None:
@@ -242,9 +249,10 @@ class VllmServer(EngineBase):
                     f"KV cache): a release order other than vLLM's own is not modelled for "
                     f"several groups yet (issue 54 item 4); use --policy vllm, or --engine "
                     f"sglang")
-        if cfg.engine.vllm_patch != "none":
+        knobs: Any = cfg.engine
+        if knobs.vllm_patch != "none":
             return ("vllm_patch", f"{model} has {len(groups)} KV cache groups (vLLM's hybrid "
-                    f"KV cache): --vllm-patch {cfg.engine.vllm_patch} is modelled on one "
+                    f"KV cache): --vllm-patch {knobs.vllm_patch} is modelled on one "
                     "full-attention group only; use --vllm-patch none")
         return None
 
@@ -263,14 +271,15 @@ class VllmServer(EngineBase):
             return ("pd_return", "vLLM's block pool caches blocks only through a request's "
                     "allocation: no connector pushes a finished output's KV into an idle "
                     "prefill worker's prefix cache; use --pd-return none, or --engine sglang")
-        if cfg.engine.vllm_patch not in ("none", "penelope"):
-            return ("vllm_patch", f"--vllm-patch {cfg.engine.vllm_patch} pins and orders requests "
+        knobs: Any = cfg.engine
+        if knobs.vllm_patch not in ("none", "penelope"):
+            return ("vllm_patch", f"--vllm-patch {knobs.vllm_patch} pins and orders requests "
                     "by session on one server; on a decode worker its pins would hold a "
                     "session whose next turn the prefill pool serves: not modelled for "
                     "disaggregated pools (use none or penelope)")
         return None
 
-    pool_class: type[BlockPool] | None = None  # a patch's own pool; None: BlockPool
+    pool_class: ClassVar[type[BlockPool] | None] = None  # a patch's own pool; None: BlockPool
 
     @classmethod
     def build(cls, env: simpy.Environment, cfg: RunConfig, spec: ModelSpec, profile: Profile,
@@ -280,23 +289,25 @@ class VllmServer(EngineBase):
         if groups is not None:  # one pool of gpu_cache // bs blocks shared by every group
             # recycling-aware admission cap: VllmConfig.max_in_flight_tokens, one batch per
             # concurrent step (2 under async scheduling)
-            in_flight = (2 if cfg.engine.vllm_async else 1) * cfg.engine.chunk_size
-            pool = HybridPool(cfg.cache.gpu_cache // bs, bs, groups,
-                              max_in_flight_tokens=in_flight, debug=cfg.debug_cache)
-            return cls(env, cfg, spec, profile, pool, policy, recorder)  # type: ignore[arg-type]
+            knobs: Any = cfg.engine
+            in_flight = (2 if knobs.vllm_async else 1) * knobs.chunk_size
+            hybrid = HybridPool(cfg.cache.gpu_cache // bs, bs, groups,
+                                max_in_flight_tokens=in_flight, debug=cfg.debug_cache)
+            return cls(env, cfg, spec, profile, hybrid, policy, recorder)
         pool = (cls.pool_class or BlockPool)(cfg.cache.gpu_cache // bs, bs,
                                              free_order_name(policy), debug=cfg.debug_cache)
         return cls(env, cfg, spec, profile, pool, policy, recorder)
 
     def __init__(self, env: simpy.Environment, cfg: RunConfig, spec: ModelSpec,
-                 profile: Profile, pool: BlockPool, policy: EvictionPolicy,
+                 profile: Profile, pool: BlockPool | HybridPool, policy: EvictionPolicy,
                  recorder: RunRecorder) -> None:
         super().__init__(env, cfg, spec, profile, pool, policy, recorder)
-        self.pool = pool
+        # a BlockPool, or vLLM's hybrid KV cache (several groups): the same protocol
+        self.pool: Any = pool
         # vLLM's hybrid KV cache (several groups): window frees read the in-flight tokens,
         # decode runs are applied block edge by block edge
         self._hybrid = isinstance(pool, HybridPool)
-        self.knobs: VllmKnobs = cfg.engine  # type: ignore[assignment]  # engine_class's choice
+        self.knobs: VllmKnobs = cast(VllmKnobs, cfg.engine)  # engine_class's choice
         self.token_budget = self.knobs.chunk_size  # max_num_batched_tokens
         self.max_seqs = self.knobs.max_running or VLLM_MAX_NUM_SEQS
         # vLLM 0.33's default for an online server (AsyncScheduler, batch queue of 2)
@@ -317,7 +328,7 @@ class VllmServer(EngineBase):
     def busy(self) -> bool:
         return bool(self.waiting or self.running or self.holding)
 
-    def _never_fits(self, req: VllmReq) -> bool:
+    def _never_fits(self, req: Req) -> bool:
         # A sequence holds KV for prompt + output - 1 tokens at its end; more blocks than the
         # pool has can never run to completion (vLLM refuses to start such a model length).
         kv = req.prompt_tokens + req.output_tokens - 1
@@ -334,7 +345,8 @@ class VllmServer(EngineBase):
         rows: list[tuple[VllmReq, int, int]] = []
         decode: list[bool] = []
         preempted: list[VllmReq] = []
-        running = self.running
+        running = cast("list[VllmReq]", self.running)
+        waiting = cast("list[VllmReq]", self.waiting)
         i = 0
         while i < len(running) and budget > 0:
             r = running[i]
@@ -378,8 +390,8 @@ class VllmServer(EngineBase):
             budget -= cost
             # its record: the landed prompt is reused up to its last full block
             VllmServer._admitted(self, r, (r.prompt_tokens - 1) // self.bs)
-        while self.waiting and budget > 0 and len(running) < self.max_seqs:
-            r = self.waiting[0]
+        while waiting and budget > 0 and len(running) < self.max_seqs:
+            r = waiting[0]
             if r.seq_ids is None:
                 r.seq_ids = r.prompt.finish
             if r.remote_granted is not None:  # its KV comes from a prefill worker
@@ -390,7 +402,7 @@ class VllmServer(EngineBase):
             h = self.pool.admit(r.rid, r.seq_ids, num_tokens, budget)
             if h is None:
                 break
-            self.waiting.pop(0)
+            waiting.pop(0)
             running.append(r)
             start = h * self.bs
             n, cost = self._chunk(r, start, num_tokens, budget)
@@ -411,7 +423,7 @@ class VllmServer(EngineBase):
         computed (never admitted: a preempted request keeps its slot) are put in their slots
         deepest cached prefix first (the read-only lookup, ``get_num_cached_tokens``),
         arrival order breaking ties."""
-        waiting = self.waiting
+        waiting = cast("list[VllmReq]", self.waiting)
         pool = self.pool
         if len(waiting) < 2 or 1 - pool.free_blocks / pool.capacity_blocks < (
                 self.cache_aware_threshold):
@@ -453,7 +465,8 @@ class VllmServer(EngineBase):
         granted, req.remote_granted = req.remote_granted, None
         self.receiving[req.rid] = req
         self._record_evictions()
-        granted()
+        if granted is not None:  # the scheduler reaches only requests that wait for it
+            granted()
         return True
 
     def _inflight_prefill_blocks(self) -> int:
@@ -464,7 +477,7 @@ class VllmServer(EngineBase):
         prompt, so it reserves nothing more (no speculative decoding)."""
         pool = self.pool
         return sum(pool.blocks_to_grow(r.rid, r.prompt_tokens + r.generated)
-                   for r in self.running if not r.decoding)
+                   for r in cast("list[VllmReq]", self.running) if not r.decoding)
 
     def land_remote(self, req: VllmReq) -> None:
         """The connector finished receiving (``_update_waiting_for_remote_kv``): the
@@ -517,7 +530,7 @@ class VllmServer(EngineBase):
         if self.observers:
             if preempted:
                 for o in self.observers:
-                    o.retracted(self, preempted)
+                    o.retracted(self, cast("list[Req]", preempted))
             batch = _ranges_of(rows)
             for o in self.observers:
                 o.scheduled(self, batch)
@@ -610,7 +623,7 @@ class VllmServer(EngineBase):
         """Blocks the pool just cached join ``ever`` (what an unlimited cache holds)."""
         cached = self.pool.cached_of(req.rid)
         if cached > req.known_blocks:
-            self.remember(req.seq_ids[req.known_blocks:cached])
+            self.remember(cast(np.ndarray, req.seq_ids)[req.known_blocks:cached])
             req.known_blocks = cached
 
     def _record_evictions(self) -> None:
@@ -646,13 +659,19 @@ class VllmServer(EngineBase):
                 ctx += start
         if n_dec == len(rows):
             return self.profile.decode_step_seconds(n_dec, ctx)
-        units = Units()
+        # the rows' units summed field by field in Units.__add__'s order (the same numbers),
+        # without a Units per partial sum
+        lin: Any = 0.0
+        att: Any = 0
+        tok: Any = 0
         for (r, start, n), dec in zip(rows, step.decode, strict=True):
-            u = self._row_units(r, start, n)
-            units = units + u
+            u: Any = self._row_units(r, start, n)  # as Python numbers, whatever their type
+            l_, a_, t_ = u
+            lin, att, tok = lin + l_, att + a_, tok + t_
             if not dec:
-                self.rec.prefill_units(r, u.total, u.attention)
+                self.rec.prefill_units(r, l_ + a_, a_)  # Units.total, Units.attention
                 self._count_redone(r, start, start + n)
+        units = _new_units(Units, (lin, att, tok))
         prof = self.profile
         seconds = prof.prefill_seconds(units)
         if n_dec:  # a mixed step (ServerCoeffs.mixed_interference; neutral: the max)
@@ -672,10 +691,10 @@ class VllmServer(EngineBase):
                            sum(n for _r, _s, n in step.rows))
         return seconds
 
-    def _decode_run(self, step: Step):
+    def _decode_run(self, step: Step) -> Generator[Any, Any, None]:
         """The decode-only step just scheduled, repeated while nothing changes (module doc)."""
         bs = self.bs
-        running = self.running
+        running = cast("list[VllmReq]", self.running)
         rows = step.rows
         batch = len(rows)
         ctx = sum(start for _r, start, _n in rows)
@@ -707,7 +726,7 @@ class VllmServer(EngineBase):
             self._record_evictions()
         self.update(step, steps, (start + first, first + inc, inc))
 
-    def _loop(self):
+    def _loop(self) -> Generator[Any, Any, None]:
         if self.async_scheduling:
             yield from self._loop_async()
             return
@@ -734,7 +753,7 @@ class VllmServer(EngineBase):
                 yield env.timeout(seconds)
             self.update(step)
 
-    def _loop_async(self):
+    def _loop_async(self) -> Generator[Any, Any, None]:
         """``EngineCore.step_with_batch_queue`` with a batch queue of 2: the next step is
         scheduled while the one in flight executes, before its output is processed, and
         runs on the GPU right after it."""
@@ -771,7 +790,7 @@ class VllmServer(EngineBase):
         threshold and the reordered head may fit where the refused one did not."""
         return self.decode_runs and not (self.cache_aware_window and self.waiting)
 
-    def _async_decode_run(self, step: Step):
+    def _async_decode_run(self, step: Step) -> Generator[Any, Any, Step]:
         """The pipeline of decode-only steps while nothing changes, in one event: ``step``
         (every running request decoding) is in flight, its predecessor processed. Each next
         iteration would schedule the same step one position further and process the one in
@@ -782,7 +801,7 @@ class VllmServer(EngineBase):
         flight completes). Returns the step left in flight."""
         env = self.env
         bs = self.bs
-        running = self.running
+        running = cast("list[VllmReq]", self.running)
         batch = len(step.rows)
         ctx = sum(start for _r, start, _n in step.rows) + batch  # the first extra step's
         x = min(r.output_tokens - r.generated - r.placeholders for r in running)

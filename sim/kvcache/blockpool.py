@@ -69,9 +69,10 @@ applied in bulk then.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
+from mypy_extensions import mypyc_attr
 
 from policies.eviction import ReleaseOrder, get_free_order
 
@@ -101,6 +102,7 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # patches' pools (sim/engines/vllm_*.py)
 class BlockPool:
     """vLLM 0.33's KV block pool with automatic prefix caching (see the module doc)."""
 
@@ -577,6 +579,7 @@ def computed_ranges(reused: Runs, bs: int, start: int, stop: int) -> Runs:
     return out
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class HolePool(BlockPool):
     """``BlockPool`` whose lookup reuses every cached block of a request's chain."""
 
@@ -657,17 +660,18 @@ class HolePool(BlockPool):
     def span(self, rid: int, start: int, end: int, budget: int) -> tuple[int, int]:
         """(positions, tokens to compute) of running request ``rid``'s next chunk from
         ``start`` within ``budget`` (module ``span``)."""
-        seq = self._seqs[rid]
+        seq = cast(_PatchedSeq, self._seqs[rid])
         return span(seq.reused, self.block_size, start, end, budget)
 
     def computed_ranges(self, rid: int, start: int, stop: int) -> Runs:
         """Token ranges of ``[start, stop)`` that request ``rid`` computes (not reused)."""
-        return computed_ranges(self._seqs[rid].reused, self.block_size, start, stop)
+        seq = cast(_PatchedSeq, self._seqs[rid])
+        return computed_ranges(seq.reused, self.block_size, start, stop)
 
     def reuse_of(self, rid: int) -> tuple[int, Runs]:
         """(prefix hit, reused runs) of running request ``rid`` at its admission, in
         blocks."""
-        seq = self._seqs[rid]
+        seq = cast(_PatchedSeq, self._seqs[rid])
         return seq.prefix, list(seq.reused)
 
     def _unhashed(self, seq: _Seq, a: int, b: int) -> Runs:

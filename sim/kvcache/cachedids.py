@@ -19,6 +19,9 @@ import numpy as np
 
 MAX_ID = 1 << 40  # ids index arrays: anything larger is a caller bug (use dense ids)
 SMALL = 8
+# ``a.max()`` without ndarray.max's Python-level wrapper (numpy/_core/_methods.py): every
+# admission and every fleet lookup asks for the largest id of a prompt
+_umax = np.maximum.reduce
 
 
 class CachedIds:
@@ -47,7 +50,7 @@ class CachedIds:
         if not len(ids):
             return
         # One reduction: as unsigned, a negative id is larger than any valid one.
-        top = int(ids.view(np.uint64).max())
+        top = int(_umax(ids.view(np.uint64)))
         if top >= MAX_ID:
             raise ValueError(f"block ids must be in [0, {MAX_ID}): got {ids.min()}..{ids.max()}")
         n = len(self._first)
@@ -61,12 +64,12 @@ class CachedIds:
 
     # ------------------------------------------------------------------ queries
     def is_cached(self, x: int) -> bool:
-        return 0 <= x < len(self._first) and self._first[x] >= 0
+        return 0 <= x < len(self._first) and bool(self._first[x] >= 0)
 
     def firsts(self, ids: np.ndarray, grown: bool = False) -> np.ndarray:
         """First cached copy of each id (-1: not cached). ``grown``: ids known in range."""
         n = len(self._first)
-        if not grown and len(ids) and int(ids.view(np.uint64).max()) >= n:
+        if not grown and len(ids) and int(_umax(ids.view(np.uint64))) >= n:
             x = np.where((ids >= 0) & (ids < n), ids, n)
             return np.concatenate([self._first, [-1]])[x]
         return self._first[ids]

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
+_NONE = np.empty(0, np.int64)  # no unhashed blocks popped (never written: empty)
+
 
 class FreeQueue:
     """Free physical blocks in vLLM's eviction order (front = reused first)."""
@@ -43,7 +45,7 @@ class FreeQueue:
         """Take ``n`` blocks from the front: (unhashed ones, hashed ones), each in pop order
         (unhashed come first). The caller drops the hashed ones' hashes (lazy eviction)."""
         k = min(n, self._nu)
-        unhashed = self._stack[self._nu - k : self._nu][::-1].copy()
+        unhashed = self._stack[self._nu - k : self._nu][::-1].copy() if k else _NONE
         self._nu -= k
         need = n - k
         if need == 0:
