@@ -68,12 +68,12 @@ demo: $(STAMP) $(CORE_STAMP)
 	$(BIN)/kvsim plot out/demo
 
 # The suite runs what users run, the compiled core; then a Python-path job beside it: the
-# goldens and the engines' tests and differentials against the real SGLang, plus the tests
-# marked pure_path (spies on compiled classes; tests/conftest.py). The core's own
+# goldens and the engines' tests and differentials against the real SGLang and vLLM, plus the
+# tests marked pure_path (spies on compiled classes; tests/conftest.py). The core's own
 # differential (tests/test_native_core.py) runs both paths in the first job.
 PURE_TESTS := tests/test_refactor_goldens.py tests/test_eviction_golden.py \
 	tests/test_zoo_golden.py tests/test_engine.py tests/test_engine_sglang.py \
-	tests/test_sglang_diff.py
+	tests/test_sglang_diff.py tests/test_engine_vllm.py tests/test_vllm_diff.py
 
 test: $(TEST_STAMP) $(CORE_STAMP)
 	$(BIN)/ruff check .
