@@ -355,21 +355,28 @@ class Profile:
         the decode step's)."""
         return self.server.fixed_on_host * self.decode.fixed_s
 
-    def mixed_seconds(self, prefill_s: float, decode_s: float) -> float:
-        """Kernel seconds of a step mixing prefill chunks (``prefill_s`` alone) and decode rows
-        (``decode_s``, ``decode_kernel_seconds``): the larger, plus ``mixed_interference`` of
-        the smaller."""
+    def mixed_seconds(self, prefill_s: float, decode_s: float, batch: int) -> float:
+        """Kernel seconds of a step mixing prefill chunks (``prefill_s`` alone) and ``batch``
+        decode rows (``decode_s``, ``decode_kernel_seconds``): the larger, plus
+        ``mixed_interference`` of the smaller."""
         x, rows = self.server.mixed_interference, self.server.mixed_decode_rows
         if rows:  # the decode rows' own reads (KV, per row) beside the prefill's GEMMs
-            d = self._d  # (a prefill chunk's tokens already read every expert)
-            prefill_s += rows * max(0.0, decode_s - d.fixed_s - d.weights_s - d.experts_s)
+            d = self._d  # (a prefill chunk's tokens already read every expert the rows read)
+            experts = d.experts_s * self.expert_share(batch) if d.experts_s else 0.0
+            prefill_s += rows * max(0.0, decode_s - d.fixed_s - d.weights_s - experts)
         hi, lo = (prefill_s, decode_s) if prefill_s >= decode_s else (decode_s, prefill_s)
         return hi + x * lo if x else hi
 
     def expert_share(self, batch: int) -> float:
         """The share of this GPU's experts a decode step of ``batch`` sequences reads
         (:func:`expert_share`; the group is ``details["expert_parallel"]`` ranks)."""
-        return expert_share(self.spec, batch, int(self.details.get("expert_parallel", 1)))
+        spec, group = self._expert_group
+        return expert_share(spec, batch, group)
+
+    @cached_property
+    def _expert_group(self) -> tuple[ModelSpec, int]:
+        """The model and its expert-parallel group, looked up once, not per decode step."""
+        return self.spec, int(self.details.get("expert_parallel", 1))
 
     def decode_kernel_seconds(self, batch: int, context_tokens: int) -> float:
         """Kernel seconds of one decode step (no CPU term)."""

@@ -91,8 +91,8 @@ def test_mixed_interference_and_scales():
     p = load_profile(BASE).with_server(ServerCoeffs(mixed_interference=0.25, decode_scale=2.0,
                                                     prefill_scale=1.5), "t")
     k = load_profile(BASE)
-    assert p.mixed_seconds(0.04, 0.01) == pytest.approx(0.0425)
-    assert k.mixed_seconds(0.04, 0.01) == 0.04
+    assert p.mixed_seconds(0.04, 0.01, 1) == pytest.approx(0.0425)
+    assert k.mixed_seconds(0.04, 0.01, 1) == 0.04
     assert p.decode_step_seconds(16, 5000) == pytest.approx(2 * k.decode_step_seconds(16, 5000))
     from costmodel.units import range_units
 
@@ -431,8 +431,8 @@ def test_mixed_decode_rows_add_the_rows_reads_to_the_prefill():
     q = p.with_server(ServerCoeffs(mixed_decode_rows=1.0), "test")
     d = p.decode_kernel_seconds(64, 64_000)
     rows = d - p.decode.fixed_s - p.decode.weights_s
-    assert q.mixed_seconds(0.05, d) == pytest.approx(max(0.05 + rows, d))
-    assert p.mixed_seconds(0.05, d) == max(0.05, d)
+    assert q.mixed_seconds(0.05, d, 64) == pytest.approx(max(0.05 + rows, d))
+    assert p.mixed_seconds(0.05, d, 64) == max(0.05, d)
 
 
 def test_validate_prices_a_tp_replica_over_its_stated_link():

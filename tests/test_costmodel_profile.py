@@ -166,13 +166,16 @@ def test_an_moe_decode_step_reads_the_experts_its_tokens_route_to(tmp_path: Path
         assert p.decode_kernel_seconds(b, 1000 * b) == pytest.approx(
             d.weights_s + d.per_seq_s * b + d.per_context_token_s * 1000 * b
             + d.experts_s * p.expert_share(b))
-    # a mixed step's prefill chunk already reads every expert: its decode rows add their KV
+    # a mixed step's prefill chunk already reads every expert its decode rows read: the rows
+    # add their own reads (per row, KV), never less than those at any batch
     from costmodel.profile import ServerCoeffs
 
     q = p.with_server(ServerCoeffs(mixed_decode_rows=1.0), "test")
-    dk = q.decode_kernel_seconds(64, 64_000)
-    assert q.mixed_seconds(0.2, dk) == pytest.approx(0.2 + dk - d.weights_s - d.experts_s)
-    assert q.mixed_seconds(0.2, q.decode_kernel_seconds(2, 2000)) == 0.2  # not below 0
+    for b in (1, 2, 64):
+        own = d.per_seq_s * b + d.per_context_token_s * 1000 * b
+        assert own > 0
+        assert q.mixed_seconds(0.2, q.decode_kernel_seconds(b, 1000 * b), b) == \
+            pytest.approx(0.2 + own)
     out = tmp_path / "moe.yaml"
     p.dump(out)
     assert load_profile(str(out)).decode == d

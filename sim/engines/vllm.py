@@ -675,7 +675,7 @@ class VllmServer(EngineBase):
         prof = self.profile
         seconds = prof.prefill_seconds(units)
         if n_dec:  # a mixed step (ServerCoeffs.mixed_interference; neutral: the max)
-            seconds = prof.mixed_seconds(seconds, prof.decode_kernel_seconds(n_dec, ctx))
+            seconds = prof.mixed_seconds(seconds, prof.decode_kernel_seconds(n_dec, ctx), n_dec)
         # the server's CPU time for the step (neutral: none; costmodel/profile.py ServerCoeffs)
         return prof.step_seconds(seconds, len(rows), units.tokens)
 
