@@ -62,7 +62,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
-from typing import Any, ClassVar, Final, cast
+from typing import Any, ClassVar, cast
 
 import numpy as np
 import simpy
@@ -79,10 +79,8 @@ from sim.kvcache import Tier
 from sim.kvcache.blockpool import BlockPool
 from sim.kvcache.hybridpool import FULL, SLIDING, HybridGroup, HybridPool
 
-from .base import EngineBase, steps_fitting
+from .base import EngineBase, _new_units, steps_fitting
 from .request import Req
-
-_new_units: Final = tuple.__new__  # a Units from its three fields (base.py's shortcut)
 
 
 class VllmReq(Req):
