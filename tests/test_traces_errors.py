@@ -122,6 +122,11 @@ def _with(rows, i, **kw):
     # ids that are not integers, whichever JSON parser reads the line
     (_with(MC, 1, hash_ids=[*MC[1]["hash_ids"][:-1], 1.5]), "line 2", "list of integers"),
     (_with(MC, 1, hash_ids=[[1], *MC[1]["hash_ids"][1:]]), "line 2", "integers"),
+    # numpy alone would read true as 1 and a fraction between integers as its floor
+    (_with(MC, 1, hash_ids=[True, *MC[1]["hash_ids"][1:]]), "line 2", "integers (got bool)"),
+    (_with(MC, 1, hash_ids=[*MC[1]["hash_ids"][:-1], False]), "line 2", "integers (got bool)"),
+    (_with(MC, 1, hash_ids=[MC[1]["hash_ids"][0], 2.5, *MC[1]["hash_ids"][2:]]), "line 2",
+     "integers (got float)"),
     (_with(MC, 1, hash_ids=[2**70, *MC[1]["hash_ids"][1:]]), "line 2", "integers"),
     (_with(MC, 5, timestamp=0), "line 6", "'timestamp': time goes backwards"),
     ([*MC[:2], "{not json", *MC[3:]], "line 3", "malformed JSON"),

@@ -95,25 +95,22 @@ def id_array(rec: RecordReader, field: str, table: list[np.ndarray] | None = Non
     v: Any = rec.id_list(field)
     if not v:
         return np.zeros(0, np.int64)
-    if type(v[0]) is int and type(v[-1]) is int:  # the common case: fast typed conversion
+    # numpy reads true as 1 and truncates 1.5 to 1, so the element types are checked first
+    # (one C-level pass); integer strings are ids too
+    kinds = set(map(type, v))
+    if kinds == {int}:
         try:
             return np.array(v, dtype=np.int64)
-        except (ValueError, TypeError, OverflowError):
-            pass
-    try:
-        a = np.asarray(v)
-    except (ValueError, TypeError, OverflowError):
-        raise rec.fail(field, "expected a list of integers") from None
-    if a.ndim != 1:
-        raise rec.fail(field, "expected a flat list of integers")
-    if a.dtype.kind in "iu":
-        return a.astype(np.int64, copy=False)
-    if a.dtype.kind == "U":
+        except OverflowError:
+            raise rec.fail(field, "expected a list of integers that fit in 64 bits") from None
+    if kinds <= {int, str}:
         try:
-            return a.astype(np.int64)
+            return np.array([str(x) for x in v] if int in kinds else v).astype(np.int64)
         except (ValueError, OverflowError):
             pass
-    raise rec.fail(field, "expected a list of integers")
+    odd = sorted(k.__name__ for k in kinds - {int, str})
+    raise rec.fail(field, "expected a list of integers"
+                   + (f" (got {', '.join(odd)})" if odd else ""))
 
 
 class UniqueIds:
