@@ -167,3 +167,67 @@ def test_cache_files_are_never_unpickled(cc4x5, tmp_path) -> None:
                                              np.uint8), session=trap, req_ptr=trap)
     assert_same(load_trace(cc4x5, cache_dir=str(cache)), fresh)
     assert UNPICKLED == []
+
+
+def _aged(folder, ages: dict[str, int]) -> None:
+    """Files of 1,000 bytes each, ``ages`` seconds old."""
+    import os
+    import time
+
+    now = time.time_ns()
+    for name, age in ages.items():
+        f = folder / name
+        f.write_bytes(b"x" * 1000)
+        os.utime(f, ns=(now - age * 10**9, now - age * 10**9))
+
+
+def test_prune_removes_least_recently_used_first(tmp_path) -> None:
+    """Against a brute force: the oldest cache files go until the rest fit, the file just
+    written stays whatever its age, other files and fresh temporary files are untouched, a
+    temporary file an hour older than the newest cache file is a crash's and goes."""
+    from itertools import permutations
+
+    from traces.cache import prune
+
+    names = ["parsed-a.npz", "built-b.npz", "parsed-c.npz", "built-d.npz"]
+    for order in permutations(range(4)):
+        for limit in (0, 999, 1000, 2500, 4000):
+            for keep in names:
+                d = tmp_path / f"{''.join(map(str, order))}-{limit}-{keep}"
+                d.mkdir()
+                ages = {n: 10 * (o + 1) for n, o in zip(names, order, strict=True)}
+                _aged(d, {**ages, "other.npz": 999, ".x.npz.1.tmp": 5,
+                          ".y.npz.2.tmp": 3700})
+                prune(d, d / keep, limit)
+                want, total = set(names), 4000
+                for n in sorted(names, key=lambda n: -ages[n]):  # oldest first
+                    if total > limit and n != keep:
+                        want.discard(n)
+                        total -= 1000
+                left = {f.name for f in d.iterdir()}
+                assert left == want | {"other.npz", ".x.npz.1.tmp"}, (order, limit, keep)
+
+
+def test_the_cache_folder_stays_under_its_limit_and_a_hit_renews(cc4x5, tmp_path,
+                                                                 monkeypatch) -> None:
+    """Loads under a limit that holds about one parse and its built trace: the folder never
+    grows past it; the copy a load just hit is the last to go."""
+    from traces.cache import max_cache_bytes, resolve_cache_dir
+    from traces.errors import OptionError
+
+    cache = tmp_path / "kc"
+    load_trace(cc4x5, cache_dir=str(cache))
+    one = sum(f.stat().st_size for f in cache.iterdir())
+    monkeypatch.setenv("KVSIM_CACHE_MAX_MIB", "1")
+    assert max_cache_bytes() == 1 << 20
+    monkeypatch.setenv("KVSIM_CACHE_MAX_MIB", "lots")  # refused before any work
+    with pytest.raises(OptionError, match="KVSIM_CACHE_MAX_MIB: expected a whole number"):
+        resolve_cache_dir(str(cache))
+    assert resolve_cache_dir("off") is None
+    monkeypatch.setattr("traces.cache.max_cache_bytes", lambda: one + 1)
+    for o in OPTIONS[1:]:
+        load_trace(cc4x5, cache_dir=str(cache), **o)
+        assert sum(f.stat().st_size for f in cache.iterdir()) <= one + 1
+    parsed = next(cache.glob("parsed-*.npz"))  # the parse every build read survives
+    assert parsed.exists()
+

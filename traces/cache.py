@@ -17,6 +17,10 @@ version) is ignored and rewritten; a cache folder that cannot be written only co
 
 Where: ``resolve_cache_dir`` (the CLI and ``sim.run`` use it): an explicit folder, else
 ``$KVSIM_CACHE_DIR``, else ``~/.cache/kvsim``; ``off`` (option or variable) disables it.
+
+Size: every key a changed file, option or loader makes is a new file, so after each write the
+folder's cache files are pruned least recently used first (a hit renews a file's time) to
+``$KVSIM_CACHE_MAX_MIB`` mebibytes (default ``DEFAULT_MAX_MIB``); the newest file always stays.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from .builder import TraceBuilder
+from .errors import OptionError
 from .model import Session, Trace
 
 CACHE_VERSION = 4  # 4: the parsed builder (any build options); older files are never served
@@ -45,6 +50,9 @@ _ARRAYS = ("req_ptr", "new_ptr", "new_ids", "reg_ptr", "reg_vals", "reg_counts",
 
 
 CACHE_OFF = "off"
+DEFAULT_MAX_MIB = 2048
+_CACHE_GLOBS = ("parsed-*.npz", "built-*.npz")
+_STALE_TMP_S = 3600  # a writer's temporary file older than this was left by a crash
 _SESSION_FIELDS = [f.name for f in dataclasses.fields(Session)]
 
 
@@ -52,7 +60,10 @@ def resolve_cache_dir(cache_dir: str | None) -> str | None:
     """The npz cache folder to use, or None for no cache (see the module docstring)."""
     if cache_dir is None:
         cache_dir = os.environ.get("KVSIM_CACHE_DIR") or str(Path("~/.cache/kvsim").expanduser())
-    return None if cache_dir.strip().lower() == CACHE_OFF else cache_dir
+    if cache_dir.strip().lower() == CACHE_OFF:
+        return None
+    max_cache_bytes()  # a bad limit is refused before any work
+    return cache_dir
 
 
 @functools.cache
@@ -101,6 +112,57 @@ def _write_npz(arrays: dict[str, np.ndarray], path: Path) -> None:
         raise
 
 
+def max_cache_bytes() -> int:
+    """The folder's size limit (module docstring); a value that is not a non-negative
+    integer is an error naming the variable."""
+    text = os.environ.get("KVSIM_CACHE_MAX_MIB", "").strip()
+    if not text:
+        return DEFAULT_MAX_MIB << 20
+    if not text.isdigit():
+        raise OptionError(f"KVSIM_CACHE_MAX_MIB: expected a whole number of MiB, got {text!r}")
+    return int(text) << 20
+
+
+def prune(folder: Path, keep: Path, limit: int) -> None:
+    """Delete the least recently used cache files of ``folder`` (never ``keep``, the one just
+    written) until the rest fit in ``limit`` bytes, and temporary files a crashed writer left.
+    Files another process removes meanwhile are skipped."""
+    files = []
+    for pattern in _CACHE_GLOBS:
+        for f in folder.glob(pattern):
+            with contextlib.suppress(OSError):
+                st = f.stat()
+                files.append((st.st_mtime_ns, f.name, st.st_size, f))
+    now = max((m for m, *_ in files), default=0)
+    for f in folder.glob(".*.tmp"):
+        with contextlib.suppress(OSError):
+            if now - f.stat().st_mtime_ns > _STALE_TMP_S * 10**9:
+                f.unlink()
+    total = sum(size for _, _, size, _ in files)
+    for _, _, size, f in sorted(files):  # oldest first; the name breaks ties
+        if total <= limit:
+            break
+        if f == keep:
+            continue
+        with contextlib.suppress(OSError):
+            f.unlink()
+            total -= size
+
+
+def _renew(path: Path) -> None:
+    """A hit: ``path`` becomes the most recently used (``prune``)."""
+    with contextlib.suppress(OSError):
+        os.utime(path)
+
+
+def _keep(write: Callable[[], None], path: Path) -> None:
+    """``write()`` the cache file ``path``, then prune its folder. A read-only or full
+    folder costs the next load its speed, nothing else."""
+    with contextlib.suppress(OSError):
+        write()
+        prune(path.parent, path, max_cache_bytes())
+
+
 def read_parsed(path: Path) -> TraceBuilder | None:
     """The cached parse, or None when the file is missing or unusable."""
     try:
@@ -131,10 +193,10 @@ def cached_parse(specs: list[str], fmt: str, block_size: int, lenient: bool, cac
     if builder is None and path.is_file():
         _say_damaged(path)
     if builder is None:
-        builder = parse()
-        # A read-only or full cache folder costs the next load its speed, nothing else.
-        with contextlib.suppress(OSError):
-            save_parsed(builder, path)
+        built = builder = parse()
+        _keep(lambda: save_parsed(built, path), path)
+    else:
+        _renew(path)
     return builder
 
 
@@ -200,10 +262,11 @@ def cached_load(specs: list[str], fmt: str, block_size: int, lenient: bool, cach
     path = Path(cache_dir) / f"built-{built.hexdigest()[:24]}.npz"
     trace = read_built(path) if path.is_file() else None
     if trace is not None:
+        _renew(path)
         return trace
     if path.is_file():
         _say_damaged(path)
-    trace = make(cached_parse(specs, fmt, block_size, lenient, cache_dir, extra, parse, key))
-    with contextlib.suppress(OSError, TypeError):
-        save_built(trace, path)
-    return trace
+    made = make(cached_parse(specs, fmt, block_size, lenient, cache_dir, extra, parse, key))
+    with contextlib.suppress(TypeError):  # a trace npz cannot hold is rebuilt each time
+        _keep(lambda: save_built(made, path), path)
+    return made
