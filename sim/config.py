@@ -361,7 +361,7 @@ class FleetConfig:
 
     # 1 without a router: one server (no fleet layer at all)
     replicas: int = option(1, "Replicas of the engine behind a router, on one clock "
-                           "(docs/fleet.md).")
+                           "(docs/fleet.md).", "positive")
     router: str | None = option(None, "Router of a fleet: round-robin (default with --replicas "
                                 "> 1), random, least-load, power-of-two, session-affinity, the "
                                 "field's routers, or FILE.py:CLASS (your own Router subclass).")

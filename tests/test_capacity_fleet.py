@@ -147,7 +147,9 @@ def test_a_router_that_needs_a_clock_is_refused_in_one_line(tmp_path):
 
 
 def test_unknown_router_and_bad_pool_fail_in_one_line():
-    for args, words in ((["--router", "nope"], "unknown router"), (["--pool", "0"], "--pool")):
+    for args, words in ((["--router", "nope"], "unknown router"),
+                        (["--pool", "-4k"], "--pool must be >= 0"),
+                        (["--pool", "lots"], "--pool: expected a size in tokens")):
         res = CliRunner().invoke(cli, ["capacity", SPEC, *args, "--cache-dir", "off"])
         assert res.exit_code == 2, res.output
         assert words in res.output and "Traceback" not in res.output

@@ -152,16 +152,8 @@ def warn_idle_replicas(rows: list) -> None:
 @click.option("--policy", "policies", multiple=True, default=("vllm",), show_default=True,
               help="Eviction policy (repeatable): any that needs no clock (vllm = LRU "
                    "block by block from the tail, sglang, penelope, a spec, FILE.py:CLASS).")
-@click.option("--replicas", default=1, show_default=True, type=click.IntRange(min=1),
-              help="Replicas behind --router, each with a cache of every --cache size.")
-@click.option("--router", default=None,
-              help="Router of the fleet view (a registered name or FILE.py:CLASS): every "
-                   "replica idle, cache views exact; one that prices time is refused. "
-                   "[default: round-robin with --replicas > 1]")
-@click.option("--pool", "pool", default=None, metavar="SIZE",
-              help="A KV pool of SIZE tokens shared by the replicas, below their caches "
-                   "(write-through, watermark eviction).")
-@config_options("pool", only=("pool_write",))
+@config_options("fleet", only=("replicas", "router"))
+@config_options("pool", only=("pool", "pool_write"))
 @click.option("--in-flight-s", "in_flight_s", default=None, callback=_hold, metavar="SECONDS",
               help="The fleet's load model: each request counts as in flight on its replica "
                    "for SECONDS of the trace's time after it arrives (about a request's "
@@ -172,8 +164,7 @@ def warn_idle_replicas(rows: list) -> None:
                    "replica, one GPU): the model (repeatable) whose KV cache groups size "
                    "them into tokens, so curves of models compare at equal memory. "
                    "[default: qwen3-8b]")
-@click.option("--kv-dtype", type=click.Choice(["bf16", "fp8", "fp4"]), default=None,
-              help="With --cache in bytes: the KV element type. [default: bf16]")
+@config_options("cache", only=("kv_dtype",))
 @click.option("--engine", "size_engine", type=click.Choice(tuple(KNOBS)), default=None,
               help="With --cache in bytes: whose allocation of the KV cache groups sizes them "
                    "(docs/hybrid.md, Capacity in bytes). [default: the first --policy when it "
@@ -182,8 +173,8 @@ def warn_idle_replicas(rows: list) -> None:
               help="Folder for capacity.json and capacity.png.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document (the rows).")
 def capacity_cmd(paths: tuple[str, ...], caches: list[int] | None, policies: tuple[str, ...],
-                 replicas: int, router: str | None, pool: str | None, pool_write: str,
-                 in_flight_s: float | None, models: tuple[str, ...], kv_dtype: str | None,
+                 replicas: int, router: str | None, pool: int, pool_write: str,
+                 in_flight_s: float | None, models: tuple[str, ...], kv_dtype: str,
                  size_engine: str | None, out: str | None, as_json: bool, gaps: str,
                  **opts: Any) -> None:
     """Hit rate against cache size for PATH (files, a folder or synthetic:NAME), without
@@ -204,13 +195,14 @@ def capacity_cmd(paths: tuple[str, ...], caches: list[int] | None, policies: tup
     for p in policies:
         clockless_policy(p)  # refused before the trace loads
     in_bytes = isinstance(caches, ByteSizes)
-    for given, name in ((models, "--model"), (kv_dtype, "--kv-dtype"),
+    dtype_given = ctx.get_parameter_source("kv_dtype") is not click.core.ParameterSource.DEFAULT
+    for given, name in ((models, "--model"), (dtype_given, "--kv-dtype"),
                         (size_engine, "--engine")):
         if given and not in_bytes:
             raise click.BadParameter("sizes --cache given in bytes (10GiB,40GiB): give "
                                      "--cache in bytes", param_hint=name)
     engine = size_engine or (policies[0] if policies[0] in KNOBS else "sglang")
-    fleet = replicas > 1 or router is not None or pool is not None
+    fleet = replicas > 1 or router is not None or pool > 0
     if in_flight_s is not None and replicas < 2:
         raise click.BadParameter("a load model for a router choosing among replicas: give "
                                  "--replicas N (N >= 2)", param_hint="--in-flight-s")
@@ -220,9 +212,6 @@ def capacity_cmd(paths: tuple[str, ...], caches: list[int] | None, policies: tup
 
         router = router or "round-robin"
         clockless_router(router, None, hold, replicas)
-    pool_tokens = parse_size(pool, "--pool") if pool is not None else 0
-    if pool is not None and pool_tokens <= 0:
-        raise click.BadParameter(f"a pool size > 0, got {pool!r}", param_hint="--pool")
     if out is not None:
         if not out.strip():
             raise click.BadParameter("an empty folder name", param_hint="--out")
@@ -232,15 +221,15 @@ def capacity_cmd(paths: tuple[str, ...], caches: list[int] | None, policies: tup
     curves: list[tuple[str | None, list[int], list[int]]] = []
     if in_bytes:
         for m in models or ("qwen3-8b",):
-            tokens = bytes_to_tokens(cast(ByteSizes, caches), m, kv_dtype or "bf16", engine,
+            tokens = bytes_to_tokens(cast(ByteSizes, caches), m, kv_dtype, engine,
                                      trace.block_size)
             curves.append((m, list(cast(ByteSizes, caches)), tokens))
-            stderr.print(f"[dim]{m} ({kv_dtype or 'bf16'} KV, {engine} groups): "
-                         f"{size_echo(tokens, pool_tokens, fleet)}[/dim]")
+            stderr.print(f"[dim]{m} ({kv_dtype} KV, {engine} groups): "
+                         f"{size_echo(tokens, pool, fleet)}[/dim]")
     else:
         caches = caches or _default_caches(trace)
         curves.append((None, [], caches))
-        stderr.print(f"[dim]{size_echo(caches, pool_tokens, fleet)}[/dim]")
+        stderr.print(f"[dim]{size_echo(caches, pool, fleet)}[/dim]")
     # one replay of an unlimited cache for the ideal, which gives every size of the vllm
     # preset too (one LRU stack); one replay per (size, policy) for every other policy
     per_size = len(policies) if fleet else sum(not one_pass(p) for p in policies)
@@ -252,7 +241,7 @@ def capacity_cmd(paths: tuple[str, ...], caches: list[int] | None, policies: tup
             bar.describe("unlimited cache" if fleet or per_size == len(policies) else
                          f"unlimited cache (LRU: all {len(unique)} sizes from its stack)")
             if fleet:
-                rows = fleet_capacity_curve(trace, unique, replicas, router, pool_tokens,
+                rows = fleet_capacity_curve(trace, unique, replicas, router, pool,
                                             policies, pool_write=pool_write,
                                             in_flight_s=hold)
             else:

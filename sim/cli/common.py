@@ -145,12 +145,16 @@ _CALLBACKS = {"prefix": _shared_prefix, "gaps": _gap_model}
 
 
 def config_options(section: str | None = None, only: tuple[str, ...] = (),
-                   loader: bool = False) -> Callable[[F], F]:
+                   loader: bool = False, required: tuple[str, ...] = (),
+                   defaults: dict[str, Any] | None = None) -> Callable[[F], F]:
     """One option per flat field (sim/config.py ``FIELDS``) of the config section ``section``
     (``engine``: the engine's name and every engine's knobs; ``run``: RunConfig's own fields;
     None: all) that declares one (``option``), in ``FLAT``'s order: the command's parameter is
     named as the flat name, so ``RunConfig.from_flat`` takes it as is. ``only``: just those
-    flat names; ``loader``: just the trace-loading ones (``trace_options``)."""
+    flat names; ``loader``: just the trace-loading ones (``trace_options``). A command that
+    needs a field where a run does not (``required``), or another default (``defaults``:
+    the field's type, e.g. ``kvsim plan``'s repeats), says so here, the option staying the
+    field's."""
     from dataclasses import MISSING
 
     from sim.config import FIELDS
@@ -182,8 +186,11 @@ def config_options(section: str | None = None, only: tuple[str, ...] = (),
         elif kind is None:
             ptype = {"int": int, "float": float}.get(str(f.type).split(" |")[0])
         names = ["--" + (spec["name"] or flat).replace("_", "-"), *filter(None, [spec["short"]])]
+        if defaults and flat in defaults:
+            default = defaults[flat]
         given = ({"multiple": True} if kind == "many"
                  else {"is_flag": True} if f.type == "bool" and words is None
+                 else {"required": True} if flat in required
                  else {"default": None} if spec["derived"]
                  else {"default": default, "show_default": True})
         opts.append(click.option(*names, flat, type=ptype, callback=callback,

@@ -8,7 +8,7 @@ import click
 
 from sim.config import PD_FIELDS
 
-from .common import SLO_TEXT, config_options, console, emit_json, stderr
+from .common import config_options, console, emit_json, stderr
 from .run_checks import option_spelling
 from .trace import trace_options
 
@@ -31,10 +31,7 @@ def _list(text: str | None, option: str, kind=str) -> list:
 @click.command("plan")
 @click.argument("trace")
 @trace_options
-@click.option("--slo", type=SLO_TEXT, required=True, metavar="KEY=VALUE,...",
-              help="The SLOs to meet: ttft=2s,tpot=50ms (per request, with attain=0.9) "
-                   "and/or ttft_p90=1s (per run); a bare number is ms, as in vllm bench "
-                   "serve --goodput; docs/engine.md, Metrics.")
+@config_options("run", only=("slo",), required=("slo",))
 @config_options("cache", only=("model",))
 @config_options("engine", only=("engine",))  # the server every replica runs
 @click.option("--gpus", "gpu", default="H100", show_default=True,
@@ -53,9 +50,7 @@ def _list(text: str | None, option: str, kind=str) -> list:
 @config_options("traffic", only=("replay",))
 @click.option("--time-scale", default=None,
               help="Open loop load: send-time multipliers to compare (0.5 = twice the rate).")
-@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
-              help="Repeats per point (decision seeds): a size meets at the interval's "
-                   "pessimistic end.")
+@config_options("run", only=("repeats",), defaults={"repeats": 3})
 @click.option("--search", type=click.Choice(["up", "bisect", "full"]), default="up",
               show_default=True, help="up: each size from the smallest until one meets, a "
                                       "run stopped once it can no longer meet (full's "
@@ -79,7 +74,8 @@ def _list(text: str | None, option: str, kind=str) -> list:
 def plan_cmd(gpu, tp, mem_fraction, replicas, router, policy, sessions, time_scale, search,
              pd, prices, out, jobs, executor, address, as_json, **fields) -> None:
     """Find the smallest and cheapest deployments (replicas x GPU x router x policy) whose
-    runs of TRACE meet the SLOs, with repeats and 95% intervals (docs/sweeps.md, Plan)."""
+    runs of TRACE meet the SLOs (--slo), with --repeats decision seeds per point: a size
+    meets at its 95% interval's pessimistic end (docs/sweeps.md, Plan)."""
     from costmodel.gpus import load_gpus
     from sim.config import default_replay
     from sim.io import check_out_dir
