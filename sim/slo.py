@@ -208,3 +208,24 @@ def meets(slo: SLO, values: dict[str, Any]) -> bool:
         holds.append(values.get("slo_attainment", math.nan) >= slo.attain)
     holds.append(not values.get("dropped_requests") and not values.get("aborted"))
     return bool(all(holds))
+
+
+def worst_end(summary: dict[str, Any], key: str, sign: float = 1.0) -> float:
+    """``key`` of a summary with repeats at its 95% interval's worse end: ``sign`` +1 where
+    higher is worse (latencies), -1 where lower is (attainment); the value itself where it has
+    no interval, NaN where the summary lacks it (sim/run/repeats.py)."""
+    v = summary.get(key)
+    if v is None:
+        return math.nan
+    ci = summary.get(f"{key}_ci95")
+    return v + (0.0 if ci is None or ci != ci or not sign else sign * ci)
+
+
+def pessimistic(summary: dict[str, Any], slo: SLO) -> dict[str, float]:
+    """The values ``meets`` reads, each at its interval's worse end: latencies high,
+    attainment low, drops and aborts high (a plan's verdict; sim/sweep/plan.py)."""
+    values = {k: worst_end(summary, k) for k in slo.targets}
+    values["slo_attainment"] = worst_end(summary, "slo_attainment", -1)
+    values["dropped_requests"] = worst_end(summary, "dropped_requests")
+    values["aborted"] = worst_end(summary, "aborted")
+    return values

@@ -142,7 +142,7 @@ def fake_plan(tmp_path, monkeypatch, curves: dict[str, dict[int, float]], slo: s
                  "repeats": 1, "dropped_requests": 0, "aborted": 0, **(extra or {})}
             self.outcomes[(q, n)] = planmod.Outcome(
                 q, n, f"{q.router}-{n}", s,
-                planmod.meets(self.slo, planmod.pessimistic_values(s, self.slo)))
+                planmod.meets(self.slo, planmod.pessimistic(s, self.slo)))
         self.rounds += 1
 
     monkeypatch.setattr(planmod.Planner, "_evaluate", evaluate)

@@ -20,6 +20,7 @@ matplotlib.use("Agg")  # files only; no display
 import matplotlib.pyplot as plt
 
 from sim.io import atomic_save_figure
+from sim.slo import worst_end
 
 from .tables import Col, narrow_table
 
@@ -292,8 +293,5 @@ def plan_figure(doc: dict[str, Any], rows: list[dict[str, Any]]) -> Any:
 
 
 def _pessimistic(row: dict[str, Any], key: str) -> float:
-    v = row.get(key)
-    ci = row.get(f"{key}_ci95")
-    if v is None:
-        return float("nan")
-    return v + (ci if ci is not None and ci == ci and key != "goodput_rps" else 0.0)
+    """A panel's value: a latency at its interval's top, goodput at its mean."""
+    return worst_end(row, key, 0.0 if key == "goodput_rps" else 1.0)

@@ -100,7 +100,7 @@ def run_repeats(cfg, trace, run_one: Callable[[Any, Any, int], RunResult],
     session-affinity points in half the time; issue 55)."""
     import pandas as pd  # (not at import: issue 55 start-up)
 
-    from sim.slo import meets, parse_slo
+    from sim.slo import meets, parse_slo, pessimistic
 
     one = cfg.with_fields(repeats=1, trace_seed=cfg.trace_draw_seed)
     if trace is None:
@@ -123,16 +123,3 @@ def run_repeats(cfg, trace, run_one: Callable[[Any, Any, int], RunResult],
         t.insert(0, "repeat", k)
         tables.append(t)
     return RunResult(cfg, pd.concat(tables, ignore_index=True), summary, results[0].tables)
-
-
-def pessimistic(summary: dict[str, Any], slo) -> dict[str, float]:
-    """The SLO's fields at their interval's worse end: latencies high, attainment low."""
-    def end(k: str, sign: float) -> float:
-        ci = summary.get(f"{k}_ci95", math.nan)
-        return summary.get(k, math.nan) + sign * (0.0 if ci != ci else ci)
-
-    values = {k: end(k, +1) for k in slo.targets}
-    values["slo_attainment"] = end("slo_attainment", -1)
-    values["dropped_requests"] = end("dropped_requests", +1)
-    values["aborted"] = end("aborted", +1)
-    return values

@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from costmodel.gpus import GPU, load_gpus
-from sim.slo import SLO, meets, parse_slo
+from sim.slo import SLO, meets, parse_slo, pessimistic
 
 
 class PlanError(ValueError):
@@ -177,12 +177,6 @@ class Outcome:
         return self.summary.get("stopped_early") or ""
 
 
-def pessimistic_values(summary: dict[str, Any], slo: SLO) -> dict[str, float]:
-    from sim.run.repeats import pessimistic
-
-    return pessimistic(summary, slo)
-
-
 class Planner:
     """Runs the search of ``spec`` into ``out`` through ``executor`` (module docstring)."""
 
@@ -230,7 +224,7 @@ class Planner:
         run_sweep(sweep, self.out, self.executor, progress, job=job)
         for (q, s), p in zip(todo, points, strict=True):
             summary = json.loads(summary_path(self.out, p.id).read_text())
-            ok = meets(self.slo, pessimistic_values(summary, self.slo))
+            ok = meets(self.slo, pessimistic(summary, self.slo))
             self.outcomes[(q, s)] = Outcome(q, s, p.id, summary, ok)
 
     def search(self) -> dict[Question, Outcome | None]:
@@ -291,7 +285,7 @@ class Planner:
         """Whether ``q``'s sizes run so far improve with size: every SLO value at its
         interval's pessimistic end no worse at a larger size (latencies no higher,
         attainment no lower)."""
-        runs = sorted((s, pessimistic_values(o.summary, self.slo))
+        runs = sorted((s, pessimistic(o.summary, self.slo))
                       for (qq, s), o in self.outcomes.items() if qq == q)
         keys = [*self.slo.targets, *(["slo_attainment"] if self.slo.thresholds else [])]
         for (_a, va), (_b, vb) in pairwise(runs):
@@ -408,7 +402,7 @@ def margin(summary: dict[str, Any], slo: SLO) -> float:
     """How far a run is inside ``slo`` at its intervals' pessimistic ends: the smallest
     relative slack of a run-level target ((target - value) / target) or of the attainment
     ((value - attain) / attain); negative where it misses."""
-    v = pessimistic_values(summary, slo)
+    v = pessimistic(summary, slo)
     slack = [(t - v[k]) / t for k, t in slo.targets.items() if t > 0]
     if slo.thresholds and slo.attain > 0:
         slack.append((v["slo_attainment"] - slo.attain) / slo.attain)
@@ -423,7 +417,7 @@ def _best(planner: Planner, q: Question) -> dict[str, Any] | None:
     if not runs:
         return None
     o = max(runs, key=lambda o: (margin(o.summary, planner.slo), -o.gpus))
-    values = pessimistic_values(o.summary, planner.slo)
+    values = pessimistic(o.summary, planner.slo)
     keys = [*planner.slo.targets, *(["slo_attainment"] if planner.slo.thresholds else [])]
     return {"size": o.size if isinstance(o.size, int) else f"{o.size[0]}:{o.size[1]}",
             "gpus": o.gpus, "margin": margin(o.summary, planner.slo),
