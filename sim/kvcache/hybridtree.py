@@ -804,13 +804,33 @@ class HybridRadixCache:
         self.unlock(req.node, req.receipt)
 
     # -- insert --------------------------------------------------------------------------------
+    def _owned_path(self, req: HybridRequest, n: int) -> tuple[HybridNode, int]:
+        """Where an insert of ``n`` blocks of ``req`` leaves the prefix the tree already owns
+        for it (``req.node``, ``req.protected`` blocks down, locked by the request), with every
+        node of root..there stamped in walk order, as SGLang's walk from the root does: that
+        walk only stamps them (no split, hole or duplicate can lie inside a locked prefix), so
+        their keys need no comparing. The root, unstamped, where the path does not cover
+        exactly that prefix or the insert ends inside it."""
+        chain: list[HybridNode] = []
+        blocks = 0
+        if 0 < req.protected <= n:
+            nd: HybridNode | None = req.node
+            while nd is not None and nd is not self.root:
+                chain.append(nd)
+                blocks += len(nd.ids)
+                nd = nd.parent
+            if nd is None or blocks != req.protected:
+                chain, blocks = [], 0
+        self.root.time = self.tick()
+        for nd in reversed(chain):
+            nd.time = self.tick()
+        return (chain[0] if chain else self.root), blocks
+
     def _insert(self, req: HybridRequest, n: int, branching: int | None,
                 freed: Freed, state: bool = True) -> tuple[HybridNode, bool, bool]:
         key = req.ids[:n]
         prev, ev = req.protected, req.evicted
-        self.root.time = self.tick()
-        node = self.root
-        total = 0
+        node, total = self._owned_path(req, n)
         while total < n:
             child = node.children.get(int(key[total]))
             if child is None:
