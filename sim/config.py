@@ -44,6 +44,10 @@ class ConfigError(ValueError):
 
 # the vLLM releases the vllm engine models (VllmKnobs.vllm_version; the newest is the default)
 VLLM_VERSIONS = ("0.33", "0.34")
+# sim.engines.vllm_patch.VLLM_PATCHES's names (this module may not import the engines;
+# tests/test_registry.py holds the two equal)
+VLLM_PATCH_NAMES = ("none", "penelope", "continuum", "continuum-fixed", "continuum-pins",
+                    "continuum-fcfs")
 TIERINGS = ("unified", "hicache")
 REPLAYS = ("closed", "open")
 PD_LINK_SCOPES = ("nic", "pair")
@@ -81,14 +85,6 @@ def _trace_formats() -> tuple[str, ...]:
     from traces import FORMATS
 
     return tuple(FORMATS)
-
-
-def _vllm_patches() -> tuple[str, ...]:
-    """The registered vLLM patches (sim/engines/vllm_patch.py ``VLLM_PATCHES``), read when
-    asked: the engines import this module."""
-    from sim.engines.vllm_patch import VLLM_PATCHES
-
-    return VLLM_PATCHES.names()
 
 
 def _kv_dtypes() -> tuple[str, ...]:
@@ -311,7 +307,7 @@ class VllmKnobs(EngineKnobs):
                              "Continuum's TTL pins (learned TTL) and program-level FCFS; "
                              "continuum-fixed: the same with its public code's 2 s threshold; "
                              "continuum-pins / continuum-fcfs: either change alone "
-                             "(docs/policies.md).", choices=_vllm_patches)
+                             "(docs/policies.md).", choices=VLLM_PATCH_NAMES)
     vllm_version: str = option("0.34", "--engine vllm: the release modelled. Its scheduler and "
                                "block pool are the same in both; the deployed defaults differ "
                                "(0.34: 64-token blocks, KV sized with gpu_memory_utilization "
@@ -337,8 +333,8 @@ class VllmKnobs(EngineKnobs):
         return self.name if self.vllm_patch == "none" else f"{self.name}+{self.vllm_patch}-patch"
 
     def validate(self, bad: Callable[[str, str], ConfigError]) -> None:
-        if not isinstance(self.vllm_patch, str) or self.vllm_patch not in _vllm_patches():
-            raise bad("vllm_patch", unknown("vLLM patch", self.vllm_patch, _vllm_patches()))
+        if not isinstance(self.vllm_patch, str) or self.vllm_patch not in VLLM_PATCH_NAMES:
+            raise bad("vllm_patch", unknown("vLLM patch", self.vllm_patch, VLLM_PATCH_NAMES))
         if not isinstance(self.vllm_async, bool):
             raise bad("vllm_async", f"must be on or off (true or false), got "
                       f"{self.vllm_async!r}")
