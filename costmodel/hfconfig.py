@@ -56,7 +56,7 @@ ARCHITECTURES = (
     "LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "Qwen2ForCausalLM",
     "Qwen3ForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "Glm4MoeForCausalLM",
     "GptOssForCausalLM", "Gemma3ForCausalLM", "Qwen3NextForCausalLM", "DeepseekV3ForCausalLM",
-    "DeepseekV32ForCausalLM",
+    "DeepseekV32ForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
 )
 
 # Fields whose presence (not null) asks for something kvsim does not model, and why.

@@ -47,10 +47,13 @@ TINY = ["--trace", "synthetic:claude-code?sessions=4", "--max-context", "32k", "
 def test_kv_bytes_at_128k_agree_with_the_public_catalog(name: str, dtype: str, key: str) -> None:
     """Every model both catalogs have: KV bytes per token at 128K within 1% (all agree
     exactly: the same layers, KV heads and head dims, MLA's kv_lora_rank + rope and DSA's
-    indexer key per layer)."""
-    ours = get_spec(name, dtype).kv_bytes_per_token_at(CTX)
+    indexer key per layer), and the Gated DeltaNet state per request where it gives one."""
+    spec = get_spec(name, dtype)
+    ours = spec.kv_bytes_per_token_at(CTX)
     theirs = PUBLIC["catalog"][name][key]
     assert abs(ours / theirs - 1) <= 0.01, (name, ours, theirs)
+    assert ours == theirs, (name, ours, theirs)
+    assert spec.state_bytes_per_request == PUBLIC["catalog"][name].get("state", 0), name
 
 
 def _shape_spec(fields: dict[str, Any]) -> ModelSpec:
@@ -124,6 +127,21 @@ GROUPS = {
                      "state_bytes_per_request": 0}],
     "kimi-k2": [{"kind": "mla", "layers": 61, "kv_bytes_per_token": 61 * 576 * 2,
                  "state_bytes_per_request": 0}],
+    # Qwen3.5/3.6: 48 (27B) or 45 (397B) Gated DeltaNet layers beside every 4th full layer
+    "qwen3.5-27b": [
+        {"kind": "linear", "layers": 48, "kv_bytes_per_token": 0,
+         "state_bytes_per_request": 48 * (3 * (2 * 16 * 128 + 48 * 128) * 2
+                                          + 48 * 128 * 128 * 4)},
+        {"kind": "full", "layers": 16, "kv_bytes_per_token": 16 * 2 * 4 * 256 * 2,
+         "state_bytes_per_request": 0}],
+    "qwen3.5-397b-a17b": [
+        {"kind": "linear", "layers": 45, "kv_bytes_per_token": 0,
+         "state_bytes_per_request": 45 * (3 * (2 * 16 * 128 + 64 * 128) * 2
+                                          + 64 * 128 * 128 * 4)},
+        {"kind": "full", "layers": 15, "kv_bytes_per_token": 15 * 2 * 2 * 256 * 2,
+         "state_bytes_per_request": 0}],
+    "kimi-k2.5": [{"kind": "mla", "layers": 61, "kv_bytes_per_token": 61 * 576 * 2,
+                   "state_bytes_per_request": 0}],
     "deepseek-v3.2": [{"kind": "dsa", "layers": 61, "kv_bytes_per_token": 61 * (576 + 128) * 2,
                        "state_bytes_per_request": 0, "indexer_bytes_per_token": 61 * 128 * 2}],
 }
@@ -389,6 +407,11 @@ def test_models_json_schema() -> None:
             assert {"kind", "layers", "kv_bytes_per_token", "state_bytes_per_request"} <= set(g)
             assert ("window" in g) == (g["kind"] in ("sliding", "chunked")), (name, g)
     assert models["qwen3-8b"]["groups"] == GROUPS["qwen3-8b"]
+    for name, groups in GROUPS.items():
+        assert models[name]["groups"] == groups, name
+    assert models["qwen3.5-397b-a17b"]["architecture"] == "Qwen3_5MoeForCausalLM"
+    assert models["gemma-3-27b"]["architecture"] == "Gemma3ForConditionalGeneration"
+    assert all(isinstance(m["architecture"], str) for m in models.values())
     assert models["gpt-oss-120b"]["kv_bytes_per_token_at_128k"] == 36900
     fp8 = CliRunner().invoke(cli, ["models", "--json", "--kv-dtype", "fp8"])
     m8 = {m["name"]: m for m in json.loads(fp8.stdout)["models"]}

@@ -47,13 +47,16 @@ def ffn_shape(s: dict) -> str:
 @click.option("--kv-dtype", type=click.Choice(list(KV_DTYPE_BITS)), default="bf16",
               show_default=True, help="KV cache element type the bytes are counted in.")
 def models_cmd(as_json: bool, kv_dtype: str) -> None:
-    """Model specs: shapes, W (Section 2.2), KV cache groups (docs/hybrid.md) and KV bytes per
-    token: what one token writes over every group, and per token of a 128K-token request
-    (windowed groups hold only their window; linear-attention state left out)."""
+    """Model specs: architecture, shapes, W (Section 2.2), KV cache groups (docs/hybrid.md)
+    and KV bytes per token: what one token writes over every group, and per token of a
+    128K-token request (windowed groups hold only their window; linear-attention state left
+    out)."""
     rows = []
     profiles = set(shipped_profiles())
     for name in all_model_names():
-        s = get_spec(name).with_kv_dtype(kv_dtype).summary()
+        spec = get_spec(name).with_kv_dtype(kv_dtype)
+        s = spec.summary()
+        s["architecture"] = spec.architecture  # config.json architectures[0] ("": not stated)
         p = default_profile_name(name)
         s["default_profile"] = p if p in profiles else DERIVED_PREFIX + name  # derived
         rows.append(s)
