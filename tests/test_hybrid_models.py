@@ -416,3 +416,37 @@ def test_models_json_schema() -> None:
     fp8 = CliRunner().invoke(cli, ["models", "--json", "--kv-dtype", "fp8"])
     m8 = {m["name"]: m for m in json.loads(fp8.stdout)["models"]}
     assert m8["qwen3-8b"]["kv_bytes_per_token"] == 73728 and m8["qwen3-8b"]["kv_dtype"] == "fp8"
+
+
+# --- the agentic catalog runs on both engines ------------------------------------------------
+# issue 54's catalog models (and the hybrids beside them) with what each engine does with them:
+# None runs, a string is the start of the one-line reason the run is refused with
+SEVERAL_GROUPS = "a release order other than vLLM's own is not modelled for several groups"
+AGENTIC = {
+    "gpt-oss-120b": {"sglang": None, "vllm": SEVERAL_GROUPS},
+    "qwen3-next-80b-a3b": {"sglang": None, "vllm": None},
+    "qwen3.5-27b": {"sglang": None, "vllm": None},
+    "qwen3.6-27b": {"sglang": None, "vllm": None},
+    "qwen3.5-397b-a17b": {"sglang": None, "vllm": None},
+    "deepseek-v3.2": {"sglang": None, "vllm": None},
+    "kimi-k2.5": {"sglang": None, "vllm": None},
+}
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+@pytest.mark.parametrize("name", sorted(AGENTIC))
+def test_agentic_catalog_runs_or_is_refused_by_reason(name: str, engine: str) -> None:
+    """Each model runs its engine's preset and penelope under cache pressure (requests
+    simulated, some cache hits), or is refused with one line saying why."""
+    res = CliRunner().invoke(cli, ["run", *TINY, "--gpu-cache", "20k", "--model", name,
+                                   "--engine", engine, "--preset", f"{engine},penelope",
+                                   "--json"])
+    reason = AGENTIC[name][engine]
+    if reason is not None:
+        assert res.exit_code == 2, res.output
+        line = res.stderr.strip().splitlines()[-1]
+        assert reason in line, line
+        return
+    assert res.exit_code == 0, res.output
+    for run in json.loads(res.stdout)["runs"]:
+        assert run["summary"]["requests"] > 0, (name, engine, run["policy"])
