@@ -164,8 +164,9 @@ TOKEN_KINDS = (AttentionKind.FULL, AttentionKind.MLA, AttentionKind.DSA)  # hold
 class GroupBytes:
     """One KV cache group (``ModelSpec.groups``) on one of ``tp`` ranks as the engine stores
     it: ``layer_token`` bytes per token in one layer (GQA: its share of the KV heads; MLA and
-    DSA: the whole latent, which every rank holds; DSA adds the indexer key in fp8 with an
-    fp32 scale per 128 elements, as both engines store it), ``layer_state`` bytes of one
+    DSA: the whole latent, which every rank holds), ``indexer_token`` bytes per token of the
+    DSA indexer keys over the group's layers that have an indexer (``KVGroup.indexer_layers``;
+    fp8 with an fp32 scale per 128 elements, as both engines store it), ``layer_state`` bytes of one
     request's state in one layer (linear: the convolution window in bf16 and the recurrent
     state in fp32 (SGLang) or the model's bf16 (vLLM's ``--mamba-ssm-cache-dtype auto``),
     heads split over the ranks)."""
@@ -175,10 +176,11 @@ class GroupBytes:
     window: int | None
     layer_token: int
     layer_state: int = 0
+    indexer_token: int = 0
 
     @property
     def token_bytes(self) -> int:
-        return self.layers * self.layer_token
+        return self.layers * self.layer_token + self.indexer_token
 
     @property
     def state_bytes(self) -> int:
@@ -190,11 +192,12 @@ def group_bytes(spec: ModelSpec, tp: int, engine: str | None = None) -> tuple[Gr
     bits = KV_DTYPE_BITS[spec.kv_dtype]
     out = []
     for g in spec.groups:
-        token = state = 0
+        token = state = indexer = 0
         if g.kind in (AttentionKind.MLA, AttentionKind.DSA):
             token = (spec.kv_lora_rank + spec.qk_rope_head_dim) * bits // 8
             if g.kind is AttentionKind.DSA:
-                token += spec.index_head_dim + spec.index_head_dim // 128 * 4
+                indexer = g.indexer_layers * (spec.index_head_dim
+                                              + spec.index_head_dim // 128 * 4)
         elif g.kind is AttentionKind.LINEAR:
             conv = ((spec.linear_conv_kernel - 1)
                     * (2 * spec.linear_key_heads * spec.linear_key_dim
@@ -205,7 +208,7 @@ def group_bytes(spec: ModelSpec, tp: int, engine: str | None = None) -> tuple[Gr
                 2 if engine_lane(engine) == "vllm" else RECURRENT_STATE_BYTES)
         else:
             token = 2 * kv_heads_per_rank(spec, tp) * spec.head_dim * bits // 8
-        out.append(GroupBytes(g.kind, g.layers, g.window, token, state))
+        out.append(GroupBytes(g.kind, g.layers, g.window, token, state, indexer))
     return tuple(out)
 
 
@@ -278,10 +281,13 @@ def _vllm_capacity(groups: tuple[GroupBytes, ...], budget: int, bs: int) -> KVCa
         align = max(VLLM_KERNEL_BLOCK, bs)
         block = max(bs, align * -(-layer_state // (align * layer_token)))
     page = block * layer_token if layer_token else layer_state
-    num_blocks = max(0, budget) // (group_size * page)
+    # DSA's indexer caches share the MLA layers' block table (one group of uniform type,
+    # UniformTypeKVCacheSpecs): their bytes join each block
+    block_bytes = group_size * page + block * sum(g.indexer_token for g in groups)
+    num_blocks = max(0, budget) // block_bytes
     return KVCapacity("vllm", budget, block, num_blocks * block // bs * bs, groups,
                       group_size, tuple(-(-n // group_size) for n in sizes), num_blocks,
-                      group_size * page)
+                      block_bytes)
 
 
 def _sglang_capacity(groups: tuple[GroupBytes, ...], budget: int, bs: int) -> KVCapacity:

@@ -21,7 +21,9 @@ DeltaNet), ``sliding_window_pattern`` (Gemma 3: every n-th layer global, the oth
 a bare ``sliding_window`` (every layer); windows from ``sliding_window`` and
 ``attention_chunk_size``; the Gated DeltaNet shapes from ``linear_*``; ``kv_lora_rank`` makes
 the attention layers MLA (``q_lora_rank``, ``qk_nope_head_dim``, ``qk_rope_head_dim``,
-``v_head_dim``) and ``index_topk`` makes them DSA (``index_n_heads``, ``index_head_dim``).
+``v_head_dim``) and ``index_topk`` makes them DSA (``index_n_heads``, ``index_head_dim``;
+layers sharing an earlier indexer's top-k from ``index_topk_freq``, ``index_skip_topk_offset``,
+``index_topk_pattern`` and ``indexer_types``).
 
 What kvsim does not model is refused by the field that asks for it (:data:`REFUSED`):
 state-space (Mamba) layers, other linear attentions (Kimi's KDA, MiniMax's lightning),
@@ -57,6 +59,7 @@ ARCHITECTURES = (
     "Qwen3ForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "Glm4MoeForCausalLM",
     "GptOssForCausalLM", "Gemma3ForCausalLM", "Qwen3NextForCausalLM", "DeepseekV3ForCausalLM",
     "DeepseekV32ForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
+    "GlmMoeDsaForCausalLM",
 )
 
 # Fields whose presence (not null) asks for something kvsim does not model, and why.
@@ -144,6 +147,42 @@ def _layer_types(raw: dict[str, Any], layers: int, where: str) -> list[str] | No
     return types
 
 
+SHARED_INDEXER = ("index_topk_freq", "index_skip_topk_offset", "index_topk_pattern",
+                  "indexer_types")
+
+
+def _shared_indexer_layers(raw: dict[str, Any], layers: int, where: str) -> tuple[int, ...]:
+    """The DSA layers that reuse an earlier layer's top-k and build no indexer (IndexCache),
+    by the rule vLLM (``deepseek_v2.py``) and SGLang (``configs/model_config.py``) apply:
+    ``index_topk_pattern`` (``S``: shared) if given, else layer ``i`` is shared iff
+    ``max(i - index_skip_topk_offset + 1, 0) % index_topk_freq != 0`` (offset 2 when absent);
+    ``indexer_types`` (``full``/``shared``), where given, must say the same."""
+    pattern = raw.get("index_topk_pattern")
+    if pattern is not None:
+        if not (isinstance(pattern, str) and set(pattern) <= {"S", "F"}):
+            raise ModelConfigError(where, "index_topk_pattern", "must be a string of S "
+                                   "(shared) and F (full) per layer")
+        shared = [i < len(pattern) and pattern[i] == "S" for i in range(layers)]
+    else:
+        freq = _int(raw, "index_topk_freq", where, 1)
+        offset = _int(raw, "index_skip_topk_offset", where, 2)
+        shared = [max(i - offset + 1, 0) % freq != 0 for i in range(layers)]
+    if shared and shared[0]:
+        raise ModelConfigError(where, "index_topk_pattern" if pattern is not None
+                               else "index_skip_topk_offset", "layer 0 would reuse a top-k "
+                               "no earlier layer computed")
+    types = raw.get("indexer_types")
+    if types is not None:
+        if not (isinstance(types, list) and len(types) == layers
+                and all(t in ("full", "shared") for t in types)):
+            raise ModelConfigError(where, "indexer_types", f"must list full or shared for "
+                                   f"each of the {layers} layers")
+        if [t == "shared" for t in types] != shared:
+            raise ModelConfigError(where, "indexer_types", "disagrees with index_topk_freq "
+                                   "and index_skip_topk_offset (or index_topk_pattern)")
+    return tuple(i for i, s in enumerate(shared) if s)
+
+
 def _attention_fields(raw: dict[str, Any], layers: int, where: str) -> dict[str, Any]:
     """``ModelSpec`` fields of the layer kinds (module docstring): ``layer_kinds``,
     ``layer_windows`` and the shapes of the MLA, DSA and linear-attention layers."""
@@ -161,9 +200,17 @@ def _attention_fields(raw: dict[str, Any], layers: int, where: str) -> dict[str,
             out.update(index_topk=_int(raw, "index_topk", where),
                        index_n_heads=_int(raw, "index_n_heads", where),
                        index_head_dim=_int(raw, "index_head_dim", where))
+            shared = _shared_indexer_layers(raw, layers, where)
+            if shared:
+                out["shared_indexer_layers"] = shared
     elif raw.get("index_topk") is not None:
         raise ModelConfigError(where, "index_topk", "a DSA indexer needs MLA layers "
                                "(kv_lora_rank)")
+    if full != "dsa":
+        stray = next((k for k in SHARED_INDEXER if raw.get(k) is not None), None)
+        if stray is not None:
+            raise ModelConfigError(where, stray, "a shared indexer needs DSA layers "
+                                   "(index_topk)")
     types = _layer_types(raw, layers, where)
     if types is None or "linear_attention" not in types:
         stray = next((k for k in _LINEAR if raw.get(k) is not None), None)

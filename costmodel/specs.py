@@ -59,7 +59,8 @@ class KVGroup:
     sliding group, the chunk of a chunked one). ``kv_bytes_per_token``: what one token's KV
     takes in all its layers (0 for linear attention); ``state_bytes_per_request``: the fixed
     state one request holds (linear attention); ``indexer_bytes_per_token``: of
-    ``kv_bytes_per_token``, the DSA indexer's keys."""
+    ``kv_bytes_per_token``, the DSA indexer's keys, which ``indexer_layers`` of the layers
+    compute and cache (the others reuse an earlier layer's top-k: ``shared_indexer_layers``)."""
 
     kind: AttentionKind
     layers: int
@@ -67,6 +68,7 @@ class KVGroup:
     kv_bytes_per_token: int
     state_bytes_per_request: int = 0
     indexer_bytes_per_token: int = 0
+    indexer_layers: int = 0
 
     def kv_bytes(self, tokens: int) -> int:
         """Bytes one request of ``tokens`` context holds in this group: every token (full,
@@ -89,6 +91,7 @@ class KVGroup:
         d["state_bytes_per_request"] = self.state_bytes_per_request
         if self.kind is AttentionKind.DSA:
             d["indexer_bytes_per_token"] = self.indexer_bytes_per_token
+            d["indexer_layers"] = self.indexer_layers
         return d
 
 
@@ -134,6 +137,9 @@ class ModelSpec:
     index_topk: int = 0
     index_n_heads: int = 0
     index_head_dim: int = 0
+    # DSA layers that reuse the top-k of the indexer before them and have no indexer (GLM-5.2's
+    # IndexCache: config.json index_topk_freq, index_skip_topk_offset, index_topk_pattern)
+    shared_indexer_layers: tuple[int, ...] = ()
     # linear-attention (Gated DeltaNet) layers: config.json linear_num_key_heads,
     # linear_key_head_dim, linear_num_value_heads, linear_value_head_dim, linear_conv_kernel_dim
     linear_key_heads: int = 0
@@ -185,6 +191,12 @@ class ModelSpec:
             for f in need.get(AttentionKind(k), ()):
                 if getattr(self, f) < 1:
                     raise ValueError(f"{self.name}: {k} layers need {f} >= 1")
+        shared = self.shared_indexer_layers
+        if shared:
+            dsa = [i for i, k in enumerate(self.layer_kinds) if k == AttentionKind.DSA]
+            if list(shared) != sorted(set(shared)) or not set(shared) <= set(dsa[1:]):
+                raise ValueError(f"{self.name}: shared_indexer_layers must be sorted DSA layers "
+                                 "after the first (an earlier indexer's top-k is reused)")
 
     # --- Section 2.2 -------------------------------------------------------------------
     @property
@@ -220,10 +232,8 @@ class ModelSpec:
             kv_b = self.kv_lora_rank * h * (self.qk_nope_head_dim + self.v_head_dim)
             o = h * self.v_head_dim * self.hidden
             macs = q + kv_a + kv_b + o
-            if kind is AttentionKind.DSA:  # indexer: wq_b, wk, weights_proj
-                q_in = self.q_lora_rank or self.hidden
-                macs += (q_in * self.index_n_heads * self.index_head_dim
-                         + self.hidden * self.index_head_dim + self.hidden * self.index_n_heads)
+            if kind is AttentionKind.DSA:
+                macs += self.indexer_projection_macs
             return macs
         if kind is AttentionKind.LINEAR:  # in_proj_qkvz, in_proj_ba, conv1d, out_proj
             qk = 2 * self.linear_key_heads * self.linear_key_dim
@@ -231,6 +241,14 @@ class ModelSpec:
             return (self.hidden * (qk + 2 * v) + self.hidden * 2 * self.linear_value_heads
                     + self.linear_conv_kernel * (qk + v) + v * self.hidden)
         return self.attention_macs_per_token
+
+    @property
+    def indexer_projection_macs(self) -> int:
+        """Per-token MACs of one DSA indexer's projections (wq_b, wk, weights_proj); a layer
+        in ``shared_indexer_layers`` has none."""
+        q_in = self.q_lora_rank or self.hidden
+        return (q_in * self.index_n_heads * self.index_head_dim
+                + self.hidden * self.index_head_dim + self.hidden * self.index_n_heads)
 
     @property
     def state_update_macs(self) -> int:
@@ -254,13 +272,14 @@ class ModelSpec:
 
     @property
     def _projection_macs_all_layers(self) -> int:
-        return sum(n * self.projection_macs(k) for k, n in self.kind_counts().items())
+        return (sum(n * self.projection_macs(k) for k, n in self.kind_counts().items())
+                - len(self.shared_indexer_layers) * self.indexer_projection_macs)
 
     @property
     def _uniform(self) -> bool:
         """Every layer has the same projections and FFN."""
-        return not self.dense_layers and len({self.projection_macs(k)
-                                              for k in self.kind_counts()}) == 1
+        return (not self.dense_layers and not self.shared_indexer_layers
+                and len({self.projection_macs(k) for k in self.kind_counts()}) == 1)
 
     @property
     def linear_macs_all_layers(self) -> int:
@@ -297,12 +316,14 @@ class ModelSpec:
     def attention_kinds(self) -> list[AttentionKind]:
         return list(self.kinds)
 
-    def _weighted(self, g: KVGroup) -> int | float:
-        """The layers of ``g`` as pricing counts them: at its kind's weight, if it has one."""
+    def _weighted(self, g: KVGroup, layers: int | None = None) -> int | float:
+        """The layers of ``g`` (or ``layers`` of them) as pricing counts them: at its kind's
+        weight, if it has one."""
+        n = g.layers if layers is None else layers
         for kind, w in self.attention_weights:
             if kind == g.kind:
-                return g.layers * w
-        return g.layers
+                return n * w
+        return n
 
     def with_attention_weights(self, weights: dict[str, float]) -> ModelSpec:
         """This spec with its kinds' attention units weighted (``attention_weights``)."""
@@ -325,11 +346,12 @@ class ModelSpec:
         bits = KV_DTYPE_BITS[self.kv_dtype]
         out = []
         for (k, w), n in counts.items():
-            state = indexer = 0
+            state = indexer = indexer_layers = 0
             if k in (AttentionKind.MLA, AttentionKind.DSA):
                 kv = n * (self.kv_lora_rank + self.qk_rope_head_dim) * bits // 8
                 if k is AttentionKind.DSA:
-                    indexer = n * self.index_head_dim * bits // 8
+                    indexer_layers = n - len(self.shared_indexer_layers)
+                    indexer = indexer_layers * self.index_head_dim * bits // 8
                     kv += indexer
             elif k is AttentionKind.LINEAR:
                 kv = 0
@@ -340,7 +362,7 @@ class ModelSpec:
                 state = n * (conv * CONV_STATE_BYTES + rec * RECURRENT_STATE_BYTES)
             else:
                 kv = n * 2 * self.kv_heads * self.head_dim * bits // 8
-            out.append(KVGroup(k, n, w, kv, state, indexer))
+            out.append(KVGroup(k, n, w, kv, state, indexer, indexer_layers))
         return tuple(out)
 
     def kv_bytes(self, tokens: int, state: bool = True) -> int:
@@ -371,8 +393,9 @@ class ModelSpec:
                 terms.append((self._weighted(g), g.kind, g.window or 1))
             elif g.kind is AttentionKind.LINEAR:
                 terms.append((self._weighted(g), g.kind, self.state_update_macs))
-            elif g.kind is AttentionKind.DSA:
-                terms.append((self._weighted(g), g.kind, self.indexer_macs_per_key))
+            elif g.kind is AttentionKind.DSA:  # only the layers with an indexer score keys
+                terms.append((self._weighted(g, g.indexer_layers), g.kind,
+                              self.indexer_macs_per_key))
         return tuple(terms)
 
     def window_groups(self) -> dict[int | None, int]:

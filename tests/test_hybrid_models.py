@@ -23,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from costmodel.errors import ModelConfigError
-from costmodel.hfconfig import load_spec, spec_fields
+from costmodel.hfconfig import load_spec, safe_load, spec_fields
 from costmodel.specs import (
     KV_DTYPE_BITS,
     AttentionKind,
@@ -60,45 +60,21 @@ def _shape_spec(fields: dict[str, Any]) -> ModelSpec:
     """A spec with a public-catalog hybrid's KV fields (the rest of the shape is filler:
     bytes do not read it)."""
     layers = fields["num_hidden_layers"]
-    if "linear_attention_layers" in fields:  # Qwen3.5: every 4th layer full
-        every = layers // fields["full_attention_layers"]
-        kinds = tuple("full" if (i + 1) % every == 0 else "linear" for i in range(layers))
-        return ModelSpec("x", layers=layers, hidden=1024, q_heads=fields["num_attention_heads"],
-                         kv_heads=fields["num_key_value_heads"], head_dim=fields["head_dim"],
-                         layer_kinds=kinds,
-                         linear_key_heads=fields["linear_num_key_heads"],
-                         linear_key_dim=fields["linear_key_head_dim"],
-                         linear_value_heads=fields["linear_num_value_heads"],
-                         linear_value_dim=fields["linear_value_head_dim"],
-                         linear_conv_kernel=fields["linear_conv_kernel_dim"])
-    if "sliding_window" in fields:  # one window, every n-th layer full
-        every = fields["sliding_window_pattern"]
-        windows = tuple(None if (i + 1) % every == 0 else fields["sliding_window"]
-                        for i in range(layers))
-        return ModelSpec("x", layers=layers, hidden=1024, q_heads=fields["num_attention_heads"],
-                         kv_heads=fields["num_key_value_heads"], head_dim=fields["head_dim"],
-                         layer_windows=windows)
-    return ModelSpec("x", layers=layers, hidden=1024, q_heads=16, kv_heads=16, head_dim=64,
-                     layer_kinds=("dsa",) * layers, kv_lora_rank=fields["kv_lora_rank"],
-                     qk_nope_head_dim=fields["qk_nope_head_dim"],
-                     qk_rope_head_dim=fields["qk_rope_head_dim"],
-                     v_head_dim=fields["v_head_dim"], index_topk=fields["index_topk"],
-                     index_n_heads=fields["index_n_heads"],
-                     index_head_dim=fields["index_head_dim"])
+    every = fields["sliding_window_pattern"]  # one window, every n-th layer full
+    windows = tuple(None if (i + 1) % every == 0 else fields["sliding_window"]
+                    for i in range(layers))
+    return ModelSpec("x", layers=layers, hidden=1024, q_heads=fields["num_attention_heads"],
+                     kv_heads=fields["num_key_value_heads"], head_dim=fields["head_dim"],
+                     layer_windows=windows)
 
 
 @pytest.mark.parametrize("name", sorted(PUBLIC["shapes"]))
 def test_group_formulas_agree_with_the_public_formulas(name: str) -> None:
-    """Hybrids kvsim's catalog lacks, built from the public catalog's KV fields: windows and
-    Gated DeltaNet state agree exactly; GLM-5.2 differs by its shared indexer (docs/hybrid.md,
-    The public check)."""
+    """Hybrids kvsim's catalog lacks, built from the public catalog's KV fields: the windows
+    agree exactly."""
     entry = PUBLIC["shapes"][name]
     spec = _shape_spec(entry["fields"])
     ours = spec.kv_bytes_per_token_at(CTX)
-    if name == "glm-5.2":  # 21 layers compute the indexer keys, 57 reuse them: we count 78
-        f = entry["fields"]
-        assert ours - entry["bf16"] == f["indexer_shared_layers"] * f["index_head_dim"] * 2
-        return
     assert ours == entry["bf16"]
     assert spec.state_bytes_per_request == entry.get("state", 0)
 
@@ -143,7 +119,12 @@ GROUPS = {
     "kimi-k2.5": [{"kind": "mla", "layers": 61, "kv_bytes_per_token": 61 * 576 * 2,
                    "state_bytes_per_request": 0}],
     "deepseek-v3.2": [{"kind": "dsa", "layers": 61, "kv_bytes_per_token": 61 * (576 + 128) * 2,
-                       "state_bytes_per_request": 0, "indexer_bytes_per_token": 61 * 128 * 2}],
+                       "state_bytes_per_request": 0, "indexer_bytes_per_token": 61 * 128 * 2,
+                       "indexer_layers": 61}],
+    # GLM-5.2: layers 0, 1, 2, 6, 10, ..., 74 build an indexer, the other 57 reuse its top-k
+    "glm-5.2": [{"kind": "dsa", "layers": 78, "kv_bytes_per_token": (78 * 576 + 21 * 128) * 2,
+                 "state_bytes_per_request": 0, "indexer_bytes_per_token": 21 * 128 * 2,
+                 "indexer_layers": 21}],
 }
 
 
@@ -194,7 +175,8 @@ def test_full_attention_models_keep_one_full_group_and_their_numbers() -> None:
 
 # --- the cost formula per group: closed form == brute force ----------------------------------
 def _spec(kind: str, layers: int = 3, window: int = 7, topk: int = 5) -> ModelSpec:
-    """A tiny model of one kind, or ``mixed``: one layer of each."""
+    """A tiny model of one kind, or ``mixed``: one layer of each; ``dsa-shared``: DSA whose
+    middle layer reuses the first one's top-k (no indexer of its own)."""
     common: dict[str, Any] = dict(hidden=64, q_heads=4, kv_heads=2, head_dim=16,
                                   kv_lora_rank=32, q_lora_rank=24, qk_nope_head_dim=16,
                                   qk_rope_head_dim=8, v_head_dim=16, index_topk=topk,
@@ -207,6 +189,9 @@ def _spec(kind: str, layers: int = 3, window: int = 7, topk: int = 5) -> ModelSp
     else:
         kinds = (kind,) * layers
         windows = tuple(window if kind in ("sliding", "chunked") else None for _ in kinds)
+    if kind == "dsa-shared":
+        return ModelSpec("t", layers=layers, layer_kinds=("dsa",) * layers,
+                         shared_indexer_layers=(1,), **common)
     if kind in ("mla", "dsa"):
         return ModelSpec("t", layers=layers, layer_kinds=kinds, **common)
     return ModelSpec("t", layers=len(kinds), layer_kinds=kinds,
@@ -218,7 +203,7 @@ def _brute_units(spec: ModelSpec, a: int, b: int) -> int:
     """Per token, per layer: the position term of its kind, summed; the MAC-priced terms
     (linear state update, DSA indexer) summed exactly and floored once."""
     whole, macs = 0, Fraction(0)
-    for kind, w in zip(spec.kinds, spec.windows(), strict=True):
+    for i, (kind, w) in enumerate(zip(spec.kinds, spec.windows(), strict=True)):
         for p in range(a, b):
             if kind in (AttentionKind.FULL, AttentionKind.MLA):
                 whole += p
@@ -228,13 +213,14 @@ def _brute_units(spec: ModelSpec, a: int, b: int) -> int:
                 whole += p % w
             elif kind is AttentionKind.LINEAR:
                 macs += spec.state_update_macs
-            else:  # DSA: the top-k keys, and the indexer scores all p earlier tokens
+            else:  # DSA: the top-k keys, and its indexer (if not shared) scores all p
                 whole += min(p, spec.index_topk - 1)
-                macs += p * spec.indexer_macs_per_key
+                if i not in spec.shared_indexer_layers:
+                    macs += p * spec.indexer_macs_per_key
     return whole + math.floor(macs / spec.macs_per_unit)
 
 
-KINDS = ["full", "sliding", "chunked", "linear", "mla", "dsa", "mixed"]
+KINDS = ["full", "sliding", "chunked", "linear", "mla", "dsa", "dsa-shared", "mixed"]
 
 
 @settings(max_examples=150, deadline=None)
@@ -264,6 +250,10 @@ def test_w_of_hybrid_layers_is_the_mean_of_their_projections() -> None:
     assert spec.W == pytest.approx((sum(per_layer) / 4 + spec._ffn_macs) / spec.macs_per_unit)
     mla = get_spec("deepseek-v3")
     assert mla.macs_per_unit == 128 * (128 + 64 + 128)
+    # a layer sharing an earlier indexer's top-k runs no indexer projections
+    shared, own = _spec("dsa-shared"), _spec("dsa")
+    assert shared.W * 3 * shared.macs_per_unit == pytest.approx(
+        own.W * 3 * own.macs_per_unit - own.indexer_projection_macs)
 
 
 def test_deletion_position_speedup_per_kind() -> None:
@@ -314,8 +304,6 @@ def test_reader_gives_the_hand_written_windowed_specs(raw: dict, name: str,
 def test_qwen3_next_layer_types_and_interval_agree() -> None:
     """full_attention_interval 4: layers 3, 7, ... attend in full, the others are Gated
     DeltaNet; the same layer_types read alike, other ones are refused naming the interval."""
-    from costmodel.hfconfig import safe_load
-
     doc = safe_load((HERE.parent / "costmodel" / "data" / "models.yaml").read_text())
     raw = doc["models"]["qwen3-next-80b-a3b"]["config"]
     fields = spec_fields(raw, "x")
@@ -325,6 +313,29 @@ def test_qwen3_next_layer_types_and_interval_agree() -> None:
     assert spec_fields({**raw, "layer_types": types * 12}, "x") == fields
     with pytest.raises(ModelConfigError, match="field 'full_attention_interval': disagrees"):
         spec_fields({**raw, "layer_types": types[::-1] * 12}, "x")
+
+
+GLM52 = {**safe_load((HERE.parent / "costmodel" / "data" / "models.yaml").read_text())
+         ["models"]["glm-5.2"]["config"]}
+# GLM-5.2's config.json lists which layers build an indexer (as vLLM's and SGLang's rule gives)
+GLM52_TYPES = ["full" if i < 3 or (i - 2) % 4 == 0 else "shared" for i in range(78)]
+
+
+def test_shared_indexer_layers_read_as_the_engines_pick_them() -> None:
+    """index_topk_freq 4, index_skip_topk_offset 3: layers 0, 1, 2, 6, ..., 74 build an
+    indexer (21), as GLM-5.2's indexer_types lists; index_topk_pattern (S: shared) says the
+    same; without these fields every DSA layer has its own indexer (DeepSeek-V3.2)."""
+    fields = spec_fields(GLM52, "x")
+    shared = fields["shared_indexer_layers"]
+    assert len(shared) == 57 and shared[:4] == (3, 4, 5, 7) and 74 not in shared
+    assert spec_fields({**GLM52, "indexer_types": GLM52_TYPES}, "x") == fields
+    pattern = "".join("S" if t == "shared" else "F" for t in GLM52_TYPES)
+    assert spec_fields({**GLM52, "index_topk_pattern": pattern}, "x") == fields
+    # offset absent: 2, as vLLM (deepseek_v2.py) and SGLang (max(layer - 1, 0) % freq) read it
+    no_offset = {k: v for k, v in GLM52.items() if k != "index_skip_topk_offset"}
+    assert spec_fields(no_offset, "x")["shared_indexer_layers"][:3] == (2, 3, 4)
+    assert "shared_indexer_layers" not in spec_fields(
+        {**GLM52, "index_topk_freq": 1}, "x")
 
 
 def _hybrid(**change: Any) -> dict:
@@ -351,6 +362,12 @@ LLAMA = json.loads((HERE / "fixtures" / "hf" / "llama-3.1-8b.json").read_text())
     ({**LLAMA, "layer_types": ["full_attention"] * 32, "sliding_window": 4096}, "sliding_window"),
     ({**LLAMA, "kv_lora_rank": 512}, "qk_nope_head_dim"),
     ({**LLAMA, "index_topk": 2048}, "index_topk"),
+    ({**GLM52, "indexer_types": GLM52_TYPES[::-1]}, "indexer_types"),
+    ({**GLM52, "indexer_types": GLM52_TYPES[:77]}, "indexer_types"),
+    ({**GLM52, "index_topk_freq": 0}, "index_topk_freq"),
+    ({**GLM52, "index_topk_pattern": "S" * 78}, "index_topk_pattern"),
+    ({**GLM52, "index_topk_pattern": "FSX"}, "index_topk_pattern"),
+    ({**{k: v for k, v in GLM52.items() if k != "index_topk"}}, "index_topk_freq"),
     ({**LLAMA, "linear_num_value_heads": 32}, "linear_num_value_heads"),
     ({**LLAMA, "full_attention_interval": 0}, "full_attention_interval"),
     ({**LLAMA, "attention_chunk_size": 8192}, "attention_chunk_size"),
@@ -450,3 +467,11 @@ def test_agentic_catalog_runs_or_is_refused_by_reason(name: str, engine: str) ->
     assert res.exit_code == 0, res.output
     for run in json.loads(res.stdout)["runs"]:
         assert run["summary"]["requests"] > 0, (name, engine, run["policy"])
+
+
+def test_shared_indexer_layers_must_follow_an_indexer() -> None:
+    for shared in [(0,), (2, 1), (1, 1)]:
+        with pytest.raises(ValueError, match="shared_indexer_layers must be sorted DSA"):
+            replace(_spec("dsa"), shared_indexer_layers=shared)
+    with pytest.raises(ValueError, match="shared_indexer_layers"):
+        replace(_spec("mla"), shared_indexer_layers=(1,))
