@@ -207,7 +207,10 @@ def group_bytes(spec: ModelSpec, tp: int, engine: str | None = None) -> tuple[Gr
             state = conv * CONV_STATE_BYTES + rec * (
                 2 if engine_lane(engine) == "vllm" else RECURRENT_STATE_BYTES)
         else:
-            token = 2 * kv_heads_per_rank(spec, tp) * spec.head_dim * bits // 8
+            heads, dim = spec.kv_shape(g.kind)
+            token = 2 * kv_heads_per_rank(spec, tp) * dim * bits // 8
+            if heads != spec.kv_heads:  # Gemma 4's global layers: their own KV heads
+                token = 2 * max(1, heads // tp) * dim * bits // 8
         out.append(GroupBytes(g.kind, g.layers, g.window, token, state, indexer))
     return tuple(out)
 

@@ -25,10 +25,15 @@ the attention layers MLA (``q_lora_rank``, ``qk_nope_head_dim``, ``qk_rope_head_
 layers sharing an earlier indexer's top-k from ``index_topk_freq``, ``index_skip_topk_offset``,
 ``index_topk_pattern`` and ``indexer_types``).
 
-What kvsim does not model is refused by the field that asks for it (:data:`REFUSED`):
-state-space (Mamba) layers, other linear attentions (Kimi's KDA, MiniMax's lightning),
-compressed attention, quantized weights, multimodal wrappers. ``rope_scaling`` changes no shape
-and is not read (``max_position_embeddings`` already states the context).
+Gemma 4's full-attention layers have their own KV heads and head dim
+(``num_global_key_value_heads``, ``global_head_dim``).
+
+What kvsim does not model is refused by the field that asks for it (:data:`REFUSED`,
+:data:`REFUSED_VALUES`): state-space (Mamba) layers, other linear attentions (Kimi's KDA,
+MiniMax's lightning), compressed attention (DeepSeek-V4), sliding layers with an attention
+shape of their own (MiMo-V2.5's ``swa_*``), KV-shared layers and per-layer embeddings (Gemma 4
+E models), Gemma 4's MoE block, quantized weights, multimodal wrappers. ``rope_scaling``
+changes no shape and is not read (``max_position_embeddings`` already states the context).
 
 A config.json is untrusted input: JSON only, at most :data:`MAX_BYTES`, every field checked;
 each error is one :class:`~costmodel.errors.ModelConfigError` line naming the file and field.
@@ -59,7 +64,7 @@ ARCHITECTURES = (
     "Qwen3ForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "Glm4MoeForCausalLM",
     "GptOssForCausalLM", "Gemma3ForCausalLM", "Qwen3NextForCausalLM", "DeepseekV3ForCausalLM",
     "DeepseekV32ForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
-    "GlmMoeDsaForCausalLM",
+    "GlmMoeDsaForCausalLM", "Gemma4ForCausalLM",
 )
 
 # Fields whose presence (not null) asks for something kvsim does not model, and why.
@@ -74,6 +79,15 @@ REFUSED = {
     "text_config": "a multimodal model (give its language model's config.json)",
 }
 REFUSED_PREFIXES = ("mamba", "ssm_")  # state-space layers (Mamba, Jamba, Nemotron-H, ...)
+# Fields refused when set to other than their plain value (0, false), and why
+REFUSED_VALUES = {
+    "num_kv_shared_layers": "layers reading an earlier layer's KV (Gemma 4 KV sharing)",
+    "hidden_size_per_layer_input": "per-layer input embeddings (Gemma 4 E models)",
+    "enable_moe_block": "an MoE block beside the dense MLP (Gemma 4 26B-A4B)",
+}
+# sliding layers with their own attention shape (MiMo-V2.5: swa_num_key_value_heads,
+# swa_head_dim, swa_v_head_dim)
+REFUSED_SWA_PREFIX = "swa_"
 DTYPES = ("bfloat16", "float16", "float32")  # served in 16 bits (vLLM's dtype=auto)
 HINT = "not modelled (docs/models.md, Models from config.json)"
 
@@ -83,9 +97,15 @@ def _refuse(raw: dict[str, Any], where: str) -> None:
     for key, what in REFUSED.items():
         if raw.get(key) is not None:
             raise ModelConfigError(where, key, f"{what}: {HINT}")
+    for key, what in REFUSED_VALUES.items():
+        if raw.get(key) not in (None, 0, False):
+            raise ModelConfigError(where, key, f"{what}: {HINT}")
     for key in sorted(raw):
         if key.startswith(REFUSED_PREFIXES) and raw[key] is not None:
             raise ModelConfigError(where, key, f"state-space (Mamba) layers: {HINT}")
+        if key.startswith(REFUSED_SWA_PREFIX) and raw[key] is not None:
+            raise ModelConfigError(where, key, f"sliding layers with their own attention "
+                                   f"shape: {HINT}")
     if raw.get("use_sliding_window") is True and raw.get("max_window_layers") is not None:
         raise ModelConfigError(where, "max_window_layers",
                                f"sliding windows on some layers by max_window_layers: {HINT}")
@@ -220,6 +240,7 @@ def _attention_fields(raw: dict[str, Any], layers: int, where: str) -> dict[str,
     if types is None:
         if full != "full":
             out["layer_kinds"] = (full,) * layers
+        _full_shape(raw, [], where)  # refuses a full-attention shape with no sliding beside
         return out
     kinds = [full if t == "full_attention" else LAYER_TYPES[t] for t in types]
     if full != "full" and ("sliding" in kinds or "chunked" in kinds):
@@ -242,8 +263,28 @@ def _attention_fields(raw: dict[str, Any], layers: int, where: str) -> dict[str,
         out["attn_output_gate"] = gate
     if not set(kinds) <= {"full", "sliding"}:  # full and sliding layers: the windows say it
         out["layer_kinds"] = tuple(kinds)
+    out.update(_full_shape(raw, kinds, where))
     if any(w is not None for w in windows):
         out["layer_windows"] = tuple(windows)
+    return out
+
+
+def _full_shape(raw: dict[str, Any], kinds: list[str], where: str) -> dict[str, int]:
+    """Full-attention layers' own KV heads and head dim beside sliding layers (Gemma 4:
+    ``num_global_key_value_heads``, ``global_head_dim``); their cache keeps K and V even where
+    ``attention_k_eq_v`` makes V a copy of K (vLLM ``gemma4.py`` loads K into both)."""
+    keys = {"num_global_key_value_heads": "full_kv_heads", "global_head_dim": "full_head_dim"}
+    given = [k for k in keys if raw.get(k) is not None]
+    if not given:
+        return {}
+    if not ("full" in kinds and "sliding" in kinds):
+        raise ModelConfigError(where, given[0], "a full-attention shape of its own, but the "
+                               "layers are not full beside sliding (layer_types)")
+    out = {f: _int(raw, k, where) for k, f in keys.items() if raw.get(k) is not None}
+    heads = raw.get("num_attention_heads")
+    if isinstance(heads, int) and out.get("full_kv_heads") and heads % out["full_kv_heads"]:
+        raise ModelConfigError(where, "num_global_key_value_heads", f"{out['full_kv_heads']} "
+                               f"does not divide num_attention_heads {heads}")
     return out
 
 

@@ -148,6 +148,10 @@ class ModelSpec:
     linear_value_dim: int = 0
     linear_conv_kernel: int = 0
     attn_output_gate: bool = False  # Qwen3-Next: q_proj also gives a per-head output gate
+    # GQA full-attention layers with their own KV heads and head dim beside sliding ones
+    # (Gemma 4: config.json num_global_key_value_heads, global_head_dim); 0: kv_heads, head_dim
+    full_kv_heads: int = 0
+    full_head_dim: int = 0
     source: str = ""
     # config.json ``architectures[0]`` of ``source``: engines that treat an architecture apart
     # read it (SGLang keeps Gemma 2/3 in one pool, sim/engines/sglang.py); "": not stated, the
@@ -191,6 +195,12 @@ class ModelSpec:
             for f in need.get(AttentionKind(k), ()):
                 if getattr(self, f) < 1:
                     raise ValueError(f"{self.name}: {k} layers need {f} >= 1")
+        for f in ("full_kv_heads", "full_head_dim"):
+            if getattr(self, f) < 0:
+                raise ValueError(f"{self.name}: {f} must be >= 0")
+        if self.full_kv_heads and self.q_heads % self.full_kv_heads:
+            raise ValueError(f"{self.name}: full_kv_heads {self.full_kv_heads} does not divide "
+                             f"q_heads {self.q_heads}")
         shared = self.shared_indexer_layers
         if shared:
             dsa = [i for i, k in enumerate(self.layer_kinds) if k == AttentionKind.DSA]
@@ -216,10 +226,28 @@ class ModelSpec:
     def attention_macs_per_token(self) -> int:
         """Per-token, per-layer MACs of the Q, K, V and O projections of a GQA/MHA layer
         (full, sliding or chunked); with an output gate, q_proj is twice as wide."""
-        q = self.hidden * self.q_heads * self.head_dim * (2 if self.attn_output_gate else 1)
-        kv = 2 * self.hidden * self.kv_heads * self.head_dim
-        o = self.q_heads * self.head_dim * self.hidden
+        return self._gqa_macs(self.kv_heads, self.head_dim)
+
+    def _gqa_macs(self, kv_heads: int, head_dim: int) -> int:
+        q = self.hidden * self.q_heads * head_dim * (2 if self.attn_output_gate else 1)
+        kv = 2 * self.hidden * kv_heads * head_dim
+        o = self.q_heads * head_dim * self.hidden
         return q + kv + o
+
+    def kv_shape(self, kind: AttentionKind) -> tuple[int, int]:
+        """KV heads and head dim of a GQA layer of ``kind``: full layers' own where the model
+        gives them (``full_kv_heads``, ``full_head_dim``), else the model's."""
+        if kind is AttentionKind.FULL:
+            return self.full_kv_heads or self.kv_heads, self.full_head_dim or self.head_dim
+        return self.kv_heads, self.head_dim
+
+    def unit_ratio(self, kind: AttentionKind) -> int | float:
+        """One query-key pair of a ``kind`` layer in the model's units: full layers with a
+        wider head (``full_head_dim``) do that many times the MACs (QK and PV over it)."""
+        if kind is not AttentionKind.FULL or not self.full_head_dim or self.is_mla:
+            return 1
+        ratio = self.full_head_dim / self.head_dim
+        return int(ratio) if ratio.is_integer() else ratio
 
     def projection_macs(self, kind: AttentionKind) -> int:
         """Per-token MACs of one ``kind`` layer's projections (modelling code of vLLM/SGLang:
@@ -240,7 +268,7 @@ class ModelSpec:
             v = self.linear_value_heads * self.linear_value_dim
             return (self.hidden * (qk + 2 * v) + self.hidden * 2 * self.linear_value_heads
                     + self.linear_conv_kernel * (qk + v) + v * self.hidden)
-        return self.attention_macs_per_token
+        return self._gqa_macs(*self.kv_shape(kind))
 
     @property
     def indexer_projection_macs(self) -> int:
@@ -319,7 +347,7 @@ class ModelSpec:
     def _weighted(self, g: KVGroup, layers: int | None = None) -> int | float:
         """The layers of ``g`` (or ``layers`` of them) as pricing counts them: at its kind's
         weight, if it has one."""
-        n = g.layers if layers is None else layers
+        n = (g.layers if layers is None else layers) * self.unit_ratio(g.kind)
         for kind, w in self.attention_weights:
             if kind == g.kind:
                 return n * w
@@ -361,7 +389,8 @@ class ModelSpec:
                 rec = self.linear_value_heads * self.linear_key_dim * self.linear_value_dim
                 state = n * (conv * CONV_STATE_BYTES + rec * RECURRENT_STATE_BYTES)
             else:
-                kv = n * 2 * self.kv_heads * self.head_dim * bits // 8
+                heads, dim = self.kv_shape(k)
+                kv = n * 2 * heads * dim * bits // 8
             out.append(KVGroup(k, n, w, kv, state, indexer, indexer_layers))
         return tuple(out)
 

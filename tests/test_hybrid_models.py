@@ -103,6 +103,12 @@ GROUPS = {
                      "state_bytes_per_request": 0}],
     "kimi-k2": [{"kind": "mla", "layers": 61, "kv_bytes_per_token": 61 * 576 * 2,
                  "state_bytes_per_request": 0}],
+    # Gemma 4 31B: the global layers' own 4 KV heads of 512, K and V cached
+    "gemma-4-31b": [
+        {"kind": "sliding", "layers": 50, "window": 1024,
+         "kv_bytes_per_token": 50 * 2 * 16 * 256 * 2, "state_bytes_per_request": 0},
+        {"kind": "full", "layers": 10, "kv_bytes_per_token": 10 * 2 * 4 * 512 * 2,
+         "state_bytes_per_request": 0}],
     # Qwen3.5/3.6: 48 (27B) or 45 (397B) Gated DeltaNet layers beside every 4th full layer
     "qwen3.5-27b": [
         {"kind": "linear", "layers": 48, "kv_bytes_per_token": 0,
@@ -176,7 +182,8 @@ def test_full_attention_models_keep_one_full_group_and_their_numbers() -> None:
 # --- the cost formula per group: closed form == brute force ----------------------------------
 def _spec(kind: str, layers: int = 3, window: int = 7, topk: int = 5) -> ModelSpec:
     """A tiny model of one kind, or ``mixed``: one layer of each; ``dsa-shared``: DSA whose
-    middle layer reuses the first one's top-k (no indexer of its own)."""
+    middle layer reuses the first one's top-k (no indexer of its own); ``wide-full``: sliding
+    layers beside a full one of twice their head dim and its own KV heads (Gemma 4)."""
     common: dict[str, Any] = dict(hidden=64, q_heads=4, kv_heads=2, head_dim=16,
                                   kv_lora_rank=32, q_lora_rank=24, qk_nope_head_dim=16,
                                   qk_rope_head_dim=8, v_head_dim=16, index_topk=topk,
@@ -189,6 +196,9 @@ def _spec(kind: str, layers: int = 3, window: int = 7, topk: int = 5) -> ModelSp
     else:
         kinds = (kind,) * layers
         windows = tuple(window if kind in ("sliding", "chunked") else None for _ in kinds)
+    if kind == "wide-full":
+        return ModelSpec("t", layers=3, layer_windows=(window, None, window),
+                         full_kv_heads=1, full_head_dim=32, **{**common, "kv_lora_rank": 0})
     if kind == "dsa-shared":
         return ModelSpec("t", layers=layers, layer_kinds=("dsa",) * layers,
                          shared_indexer_layers=(1,), **common)
@@ -205,8 +215,8 @@ def _brute_units(spec: ModelSpec, a: int, b: int) -> int:
     whole, macs = 0, Fraction(0)
     for i, (kind, w) in enumerate(zip(spec.kinds, spec.windows(), strict=True)):
         for p in range(a, b):
-            if kind in (AttentionKind.FULL, AttentionKind.MLA):
-                whole += p
+            if kind in (AttentionKind.FULL, AttentionKind.MLA):  # wider heads: more MACs a pair
+                whole += p * (spec.full_head_dim or spec.head_dim) // spec.head_dim
             elif kind is AttentionKind.SLIDING:
                 whole += min(p, w - 1)
             elif kind is AttentionKind.CHUNKED:
@@ -220,7 +230,8 @@ def _brute_units(spec: ModelSpec, a: int, b: int) -> int:
     return whole + math.floor(macs / spec.macs_per_unit)
 
 
-KINDS = ["full", "sliding", "chunked", "linear", "mla", "dsa", "dsa-shared", "mixed"]
+KINDS = ["full", "sliding", "chunked", "linear", "mla", "dsa", "dsa-shared", "wide-full",
+         "mixed"]
 
 
 @settings(max_examples=150, deadline=None)
@@ -250,6 +261,10 @@ def test_w_of_hybrid_layers_is_the_mean_of_their_projections() -> None:
     assert spec.W == pytest.approx((sum(per_layer) / 4 + spec._ffn_macs) / spec.macs_per_unit)
     mla = get_spec("deepseek-v3")
     assert mla.macs_per_unit == 128 * (128 + 64 + 128)
+    # Gemma 4's global layers project to their own KV heads and head dim
+    wide = _spec("wide-full")
+    assert wide.projection_macs(AttentionKind.FULL) == 64 * 4 * 32 + 2 * 64 * 1 * 32 + 4 * 32 * 64
+    assert wide.projection_macs(AttentionKind.SLIDING) == wide.attention_macs_per_token
     # a layer sharing an earlier indexer's top-k runs no indexer projections
     shared, own = _spec("dsa-shared"), _spec("dsa")
     assert shared.W * 3 * shared.macs_per_unit == pytest.approx(
@@ -315,8 +330,9 @@ def test_qwen3_next_layer_types_and_interval_agree() -> None:
         spec_fields({**raw, "layer_types": types[::-1] * 12}, "x")
 
 
-GLM52 = {**safe_load((HERE.parent / "costmodel" / "data" / "models.yaml").read_text())
-         ["models"]["glm-5.2"]["config"]}
+CATALOG = safe_load((HERE.parent / "costmodel" / "data" / "models.yaml").read_text())["models"]
+GLM52 = CATALOG["glm-5.2"]["config"]
+GEMMA4 = CATALOG["gemma-4-31b"]["config"]
 # GLM-5.2's config.json lists which layers build an indexer (as vLLM's and SGLang's rule gives)
 GLM52_TYPES = ["full" if i < 3 or (i - 2) % 4 == 0 else "shared" for i in range(78)]
 
@@ -362,6 +378,15 @@ LLAMA = json.loads((HERE / "fixtures" / "hf" / "llama-3.1-8b.json").read_text())
     ({**LLAMA, "layer_types": ["full_attention"] * 32, "sliding_window": 4096}, "sliding_window"),
     ({**LLAMA, "kv_lora_rank": 512}, "qk_nope_head_dim"),
     ({**LLAMA, "index_topk": 2048}, "index_topk"),
+    ({**LLAMA, "num_global_key_value_heads": 4}, "num_global_key_value_heads"),
+    ({**GEMMA4, "layer_types": ["full_attention"] * 60, "sliding_window": None},
+     "num_global_key_value_heads"),
+    ({**GEMMA4, "num_global_key_value_heads": 5}, "num_global_key_value_heads"),
+    ({**GEMMA4, "global_head_dim": 0}, "global_head_dim"),
+    ({**GEMMA4, "num_kv_shared_layers": 20}, "num_kv_shared_layers"),
+    ({**GEMMA4, "hidden_size_per_layer_input": 256}, "hidden_size_per_layer_input"),
+    ({**GEMMA4, "enable_moe_block": True}, "enable_moe_block"),
+    ({**GPT_OSS, "swa_num_key_value_heads": 8}, "swa_num_key_value_heads"),
     ({**GLM52, "indexer_types": GLM52_TYPES[::-1]}, "indexer_types"),
     ({**GLM52, "indexer_types": GLM52_TYPES[:77]}, "indexer_types"),
     ({**GLM52, "index_topk_freq": 0}, "index_topk_freq"),
@@ -447,6 +472,8 @@ AGENTIC = {
     "qwen3.5-397b-a17b": {"sglang": None, "vllm": None},
     "deepseek-v3.2": {"sglang": None, "vllm": None},
     "kimi-k2.5": {"sglang": None, "vllm": None},
+    "glm-5.2": {"sglang": None, "vllm": None},
+    "gemma-4-31b": {"sglang": None, "vllm": SEVERAL_GROUPS},
 }
 
 
