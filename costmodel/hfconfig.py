@@ -26,13 +26,15 @@ layers sharing an earlier indexer's top-k from ``index_topk_freq``, ``index_skip
 ``index_topk_pattern`` and ``indexer_types``).
 
 Gemma 4's full-attention layers have their own KV heads and head dim
-(``num_global_key_value_heads``, ``global_head_dim``).
+(``num_global_key_value_heads``, ``global_head_dim``); its MoE block (``enable_moe_block``,
+``num_experts``, ``top_k_experts``, ``moe_intermediate_size``) runs beside the dense MLP
+(``intermediate_size``), which is priced as a shared expert.
 
 What kvsim does not model is refused by the field that asks for it (:data:`REFUSED`,
 :data:`REFUSED_VALUES`): state-space (Mamba) layers, other linear attentions (Kimi's KDA,
 MiniMax's lightning), compressed attention (DeepSeek-V4), sliding layers with an attention
 shape of their own (MiMo-V2.5's ``swa_*``), KV-shared layers and per-layer embeddings (Gemma 4
-E models), Gemma 4's MoE block, quantized weights, multimodal wrappers. ``rope_scaling``
+E models), quantized weights, multimodal wrappers. ``rope_scaling``
 changes no shape and is not read (``max_position_embeddings`` already states the context).
 
 A config.json is untrusted input: JSON only, at most :data:`MAX_BYTES`, every field checked;
@@ -83,7 +85,6 @@ REFUSED_PREFIXES = ("mamba", "ssm_")  # state-space layers (Mamba, Jamba, Nemotr
 REFUSED_VALUES = {
     "num_kv_shared_layers": "layers reading an earlier layer's KV (Gemma 4 KV sharing)",
     "hidden_size_per_layer_input": "per-layer input embeddings (Gemma 4 E models)",
-    "enable_moe_block": "an MoE block beside the dense MLP (Gemma 4 26B-A4B)",
 }
 # sliding layers with their own attention shape (MiMo-V2.5: swa_num_key_value_heads,
 # swa_head_dim, swa_v_head_dim)
@@ -354,16 +355,22 @@ def spec_fields(raw: Any, where: str) -> dict[str, Any]:
     count_key = next((k for k in ("num_local_experts", "num_experts", "n_routed_experts")
                       if raw.get(k) is not None), None)
     experts = 0 if count_key is None else _int(raw, count_key, where, minimum=0)
+    block = raw.get("enable_moe_block")  # Gemma 4: experts beside the dense MLP
+    if block is not None and block is not bool(experts):
+        raise ModelConfigError(where, "enable_moe_block", f"is {block!r}, but the config has "
+                               f"{experts} experts")
     if experts == 0:
         return {**fields, "ffn": _int(raw, "intermediate_size", where)}
-    active = _int(raw, "num_experts_per_tok", where)
+    active_key = "top_k_experts" if block else "num_experts_per_tok"
+    active = _int(raw, active_key, where)
     if active > experts:
-        raise ModelConfigError(where, "num_experts_per_tok",
-                               f"{active} is more than {count_key} {experts}")
+        raise ModelConfigError(where, active_key, f"{active} is more than {count_key} {experts}")
     width_key = ("moe_intermediate_size" if raw.get("moe_intermediate_size") is not None
                  else "intermediate_size")
     expert_ffn = _int(raw, width_key, where)
-    if raw.get("shared_expert_intermediate_size") is not None:
+    if block:  # every token runs the dense MLP too, as a shared expert (vLLM gemma4.py)
+        shared = _int(raw, "intermediate_size", where)
+    elif raw.get("shared_expert_intermediate_size") is not None:
         shared = _int(raw, "shared_expert_intermediate_size", where, minimum=0)
     else:
         shared = _int(raw, "n_shared_experts", where, 0, minimum=0) * expert_ffn

@@ -109,6 +109,11 @@ GROUPS = {
          "kv_bytes_per_token": 50 * 2 * 16 * 256 * 2, "state_bytes_per_request": 0},
         {"kind": "full", "layers": 10, "kv_bytes_per_token": 10 * 2 * 4 * 512 * 2,
          "state_bytes_per_request": 0}],
+    "gemma-4-26b-a4b": [
+        {"kind": "sliding", "layers": 25, "window": 1024,
+         "kv_bytes_per_token": 25 * 2 * 8 * 256 * 2, "state_bytes_per_request": 0},
+        {"kind": "full", "layers": 5, "kv_bytes_per_token": 5 * 2 * 2 * 512 * 2,
+         "state_bytes_per_request": 0}],
     # Qwen3.5/3.6: 48 (27B) or 45 (397B) Gated DeltaNet layers beside every 4th full layer
     "qwen3.5-27b": [
         {"kind": "linear", "layers": 48, "kv_bytes_per_token": 0,
@@ -333,8 +338,20 @@ def test_qwen3_next_layer_types_and_interval_agree() -> None:
 CATALOG = safe_load((HERE.parent / "costmodel" / "data" / "models.yaml").read_text())["models"]
 GLM52 = CATALOG["glm-5.2"]["config"]
 GEMMA4 = CATALOG["gemma-4-31b"]["config"]
+GEMMA4_MOE = CATALOG["gemma-4-26b-a4b"]["config"]
 # GLM-5.2's config.json lists which layers build an indexer (as vLLM's and SGLang's rule gives)
 GLM52_TYPES = ["full" if i < 3 or (i - 2) % 4 == 0 else "shared" for i in range(78)]
+
+
+def test_gemma4_moe_block_runs_beside_the_dense_mlp() -> None:
+    """Gemma 4 26B-A4B: 128 experts of 704 (top 8) beside every layer's dense MLP of 2,112,
+    which every token runs as a shared expert (vLLM gemma4.py); about 25B parameters without
+    the vision tower, 3.1B active without the embeddings."""
+    spec = get_spec("gemma-4-26b-a4b")
+    assert (spec.ffn, spec.experts, spec.active_experts, spec.expert_ffn, spec.dense_layers) \
+        == (2112, 128, 8, 704, 0)
+    assert round(spec.total_params / 1e9, 1) == 25.2
+    assert round(spec.active_params / 1e9, 1) == 3.1
 
 
 def test_shared_indexer_layers_read_as_the_engines_pick_them() -> None:
@@ -386,6 +403,8 @@ LLAMA = json.loads((HERE / "fixtures" / "hf" / "llama-3.1-8b.json").read_text())
     ({**GEMMA4, "num_kv_shared_layers": 20}, "num_kv_shared_layers"),
     ({**GEMMA4, "hidden_size_per_layer_input": 256}, "hidden_size_per_layer_input"),
     ({**GEMMA4, "enable_moe_block": True}, "enable_moe_block"),
+    ({**GEMMA4_MOE, "enable_moe_block": False}, "enable_moe_block"),
+    ({**GEMMA4_MOE, "top_k_experts": 129}, "top_k_experts"),
     ({**GPT_OSS, "swa_num_key_value_heads": 8}, "swa_num_key_value_heads"),
     ({**GLM52, "indexer_types": GLM52_TYPES[::-1]}, "indexer_types"),
     ({**GLM52, "indexer_types": GLM52_TYPES[:77]}, "indexer_types"),
@@ -474,6 +493,7 @@ AGENTIC = {
     "kimi-k2.5": {"sglang": None, "vllm": None},
     "glm-5.2": {"sglang": None, "vllm": None},
     "gemma-4-31b": {"sglang": None, "vllm": SEVERAL_GROUPS},
+    "gemma-4-26b-a4b": {"sglang": None, "vllm": SEVERAL_GROUPS},
 }
 
 
@@ -502,3 +522,19 @@ def test_shared_indexer_layers_must_follow_an_indexer() -> None:
             replace(_spec("dsa"), shared_indexer_layers=shared)
     with pytest.raises(ValueError, match="shared_indexer_layers"):
         replace(_spec("mla"), shared_indexer_layers=(1,))
+
+
+@pytest.mark.parametrize("name,total_b,active_b", [
+    ("qwen3.5-27b", 26.9, 24.4), ("qwen3.6-27b", 26.9, 24.4),
+    ("qwen3.5-397b-a17b", 396.2, 15.2), ("kimi-k2.5", 1026.2, 30.3),
+    ("glm-5.2", 743.3, 39.2), ("gemma-4-31b", 30.8, 29.4), ("gemma-4-26b-a4b", 25.2, 3.1),
+])
+def test_catalog_shapes_weigh_what_the_models_are_published_at(name: str, total_b: float,
+                                                               active_b: float) -> None:
+    """Parameters from the catalog shapes (linear layers, every expert, embeddings; no vision
+    tower or MTP layer): within a few percent of each model's published size (27B, 397B-A17B,
+    Kimi K2's 1T-A32B, GLM-5's 744B-A40B, Gemma 4 31B and 26B-A4B), so no shape is off by a
+    factor; active excludes the embeddings."""
+    spec = get_spec(name)
+    assert round(spec.total_params / 1e9, 1) == total_b
+    assert round(spec.active_params / 1e9, 1) == active_b
