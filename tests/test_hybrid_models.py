@@ -538,3 +538,17 @@ def test_catalog_shapes_weigh_what_the_models_are_published_at(name: str, total_
     spec = get_spec(name)
     assert round(spec.total_params / 1e9, 1) == total_b
     assert round(spec.active_params / 1e9, 1) == active_b
+
+
+def test_deepseek_v4_is_refused_by_name(tmp_path: Path) -> None:
+    """DeepSeek-V4's compressed attention (a sliding window of 128 beside KV compressed 4x or
+    128x per layer, compress_ratios; its KV fields as the public catalog gives them) is not
+    modelled: a run is refused with one line naming the field, not approximated."""
+    ratios = [0, 0] + [4, 128] * 20 + [4, 0, 0, 0]
+    raw = {"architectures": ["DeepseekV4ForCausalLM"], "num_hidden_layers": 43, "head_dim": 512,
+           "num_key_value_heads": 1, "sliding_window": 128, "index_head_dim": 128,
+           "index_topk": 512, "compress_ratios": ratios}
+    res = CliRunner().invoke(cli, ["run", *TINY, "--model", _write_config(tmp_path, raw)])
+    assert res.exit_code == 2, res.output
+    line = res.stderr.strip().splitlines()[-1]
+    assert "'compress_ratios'" in line and "compressed sparse attention" in line, line
