@@ -143,6 +143,7 @@ class _NoPageSlack(KvsimHybridSide):
         cache._refresh_window = refresh  # type: ignore[method-assign]
 
 
+@pytest.mark.pure_path("it replaces a method of the compiled tree")
 def test_sglang_hybrid_negative_control() -> None:
     """The test sees a one-page difference in the SWA LRU refresh (it diverges)."""
     found = False
@@ -219,6 +220,7 @@ class _StaleStates(KvsimHybridSide):
         self.cache.mamba_lru.to_front = lambda node: None  # type: ignore[method-assign]
 
 
+@pytest.mark.pure_path("it replaces a method of the compiled tree's LRU")
 def test_sglang_hybrid_mamba_negative_control() -> None:
     """The Mamba test sees a missing LRU refresh of reused states (it diverges)."""
     stream = random_stream(0, n_ops=300, capacity_blocks=48, block_size=1)

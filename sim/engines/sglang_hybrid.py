@@ -80,7 +80,8 @@ def sglang_tree(cfg: RunConfig, spec: ModelSpec, policy: EvictionPolicy) -> Hybr
         state = sum(g.state_bytes for g in groups)
         rest = full * sum(g.token_bytes for g in groups if g.kind in TOKEN_KINDS)
         slots = max(1, int((rest * MAMBA_FULL_MEMORY_RATIO - state) // state)) if state else 0
-    kw = dict(start=policy.start.name, block=policy.granularity.name == "block")
+    kw = dict(start=policy.start.name, block=policy.granularity.name == "block",
+              policy=policy)
     if hybrid_tree_kind(spec) == "swa":
         window = next(g.window for g in spec.groups if str(g.kind) == "sliding")
         return HybridRadixCache(full // bs, swa // bs, window, bs, **kw)  # type: ignore[arg-type]
@@ -124,9 +125,8 @@ class SGLangHybridServer(SGLangServer):
     @classmethod
     def build(cls, env: simpy.Environment, cfg: RunConfig, spec: ModelSpec, profile: Profile,
               policy: EvictionPolicy, recorder: RunRecorder) -> SGLangHybridServer:
-        tree = sglang_tree(cfg, spec, policy)
-        tree.policy = policy  # type: ignore[attr-defined]  # (EngineBase reads cache.policy)
-        return cls(env, cfg, spec, profile, tree, get_scheduler(cfg.policy.scheduler), recorder)
+        return cls(env, cfg, spec, profile, sglang_tree(cfg, spec, policy),
+                   get_scheduler(cfg.policy.scheduler), recorder)
 
     def __init__(self, env: simpy.Environment, cfg: RunConfig, spec: ModelSpec,
                  profile: Profile, cache: Any, scheduler: SchedulePolicy,

@@ -160,11 +160,14 @@ class Freed:
 class HybridRadixCache:
     """SGLang 0.5.23's UnifiedRadixCache with FULL and SWA or MAMBA components (module
     docstring). `window` (tokens) enables SWA with a pool of `swa_blocks`; `state_slots`
-    enables Mamba with that many state slots and checkpoints on a `grid`-block grid."""
+    enables Mamba with that many state slots and checkpoints on a `grid`-block grid; `policy`
+    the engine's eviction policy (sim/engines/sglang_hybrid.py), `start` and `block` what it
+    frees."""
 
     def __init__(self, full_blocks: int, swa_blocks: int = 0, window: int | None = None,
                  block_size: int = 64, state_slots: int | None = None,
-                 grid: int = 1, start: str = "tail", block: bool = False) -> None:
+                 grid: int = 1, start: str = "tail", block: bool = False,
+                 policy: Any = None) -> None:
         if start not in STARTS:
             raise ValueError(f"start must be one of {', '.join(STARTS)}, got {start!r}")
         if window is not None and window <= 0:
@@ -208,6 +211,7 @@ class HybridRadixCache:
         # victim's history first and leave holes (docs/hybrid.md, Penelope on the hybrid tree)
         self.start = start
         self.block = block
+        self.policy = policy  # the eviction policy whose start and granularity these are
         self.deleted_blocks = 0  # full blocks an eviction freed (leaves deleted, holes made)
         self.hole_blocks = 0  # of them, left as holes
         self._events: Any = None  # a KVEventQueue once a consumer enables events
@@ -299,7 +303,7 @@ class HybridRadixCache:
                     run += plen * self.bs
                     ok = run >= self.window
                 else:
-                    run, ok = 0, False
+                    run, ok = 0.0, False
             if self.has_mamba and (not child.state or plen < len(child)):
                 ok = False
             if ok:
@@ -426,7 +430,7 @@ class HybridRadixCache:
                     run += plen * self.bs
                     ok = run >= self.window
                 else:
-                    run = 0
+                    run = 0.0
                     ok = False
             if self.has_mamba and not node.state:
                 ok = False
@@ -988,13 +992,19 @@ class HybridRadixCache:
             x = heapq.heappop(heap)[2]
             if x not in self.leaves:
                 continue
-            self._survivor = None
+            self._take_survivor()
             self._free_history(x, target - self.full_free, done, freed)
+            p = self._take_survivor()
             if x in self.leaves:  # a hole before it, or a split: still the oldest leaf
                 heapq.heappush(heap, (x.time, x.serial, x))
-            elif self._survivor in self.leaves:
-                p = self._survivor
+            elif p is not None and p in self.leaves:
                 heapq.heappush(heap, (p.time, p.serial, p))
+
+    def _take_survivor(self) -> HybridNode | None:
+        """The node the last deletion's pruning ended at, forgotten once read (a method, so
+        that no caller's type narrowing outlives the deletions that set it)."""
+        p, self._survivor = self._survivor, None
+        return p
 
     def _free_history(self, leaf: HybridNode, need: int, done: list[int],
                       freed: Freed) -> None:
@@ -1063,7 +1073,7 @@ class HybridRadixCache:
                     return pos
             return 0
         wb = -(-self.window // self.bs)
-        run: float = 0
+        run: float = 0.0
         cur = parent
         while cur is not self.root and cur.swa:
             run += len(cur)
@@ -1079,7 +1089,7 @@ class HybridRadixCache:
                     return q
                 run += len(x)
             else:
-                run = 0
+                run = 0.0
             pos += len(x)
         return 0
 
