@@ -46,6 +46,23 @@ def test_acceptance_json_on_h100_qwen3_8b() -> None:
     assert pv["tables"]["context_attention"]["full"]["kernel_source"] == "fa3"
 
 
+def test_moe_profile_prints_its_experts_term() -> None:
+    """An MoE profile's routed experts (``decode.experts_s``) are printed beside the decode
+    terms, with the value the profile holds; a dense model's line has no such term."""
+    prof, _ = calibrate_from_kernels("h100_sxm", "qwen3-30b-a3b")
+    assert prof.decode.experts_s > 0
+    r = CliRunner().invoke(cli, ["calibrate", "--from-kernels", "h100_sxm", "--model",
+                                 "qwen3-30b-a3b"])
+    assert r.exit_code == 0, r.output
+    line = next(x for x in r.stdout.splitlines() if x.startswith("decode: weights"))
+    assert f"experts {prof.decode.experts_s:.3g} s" in line
+    r = CliRunner().invoke(cli, ["calibrate", "--from-kernels", "h100_sxm", "--model",
+                                 "qwen3-8b"])
+    assert r.exit_code == 0, r.output
+    assert "experts" not in next(x for x in r.stdout.splitlines()
+                                 if x.startswith("decode: weights"))
+
+
 def test_composition_reads_the_tables_it_names() -> None:
     """A differential check against pandas: the 16K-token prefill's attention is the measured
     row, and one GEMM at a measured (m, n, k) is its row."""

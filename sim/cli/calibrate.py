@@ -324,8 +324,11 @@ def _print_kernels(prof: Profile, report: dict, out: str | None) -> None:
     p, d, tr = prof.prefill, prof.decode, prof.transfer
     con.print(f"prefill: fixed {p.fixed_s:.3g} s, {p.per_linear_unit_s:.3g} s/linear unit, "
               f"{p.per_attention_unit_s:.3g} s/attention unit")
+    # an MoE profile's routed experts are a term of their own (calibration/kernels/run.py)
+    experts = (f", experts {d.experts_s:.3g} s x the share of experts a step's tokens read"
+               if d.experts_s else "")
     con.print(f"decode: weights {d.weights_s:.3g} s, {d.per_seq_s:.3g} s/seq, "
-              f"{d.per_context_token_s:.3g} s/context token")
+              f"{d.per_context_token_s:.3g} s/context token{experts}")
     con.print(f"transfer: {tr.h2d_bytes_per_s / 1e9:.0f} GB/s each way, latency "
               f"{tr.latency_s:.3g} s ({pv['derived']['transfer']})")
     src = " ".join(str(v) for v in pv["kernel_data"].values())
