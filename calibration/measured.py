@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 import os
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -246,9 +246,25 @@ class Replays:
         self.progress = progress
         self.tmp = tempfile.TemporaryDirectory(prefix="kvsim-calibrate-")
         self.count = 0
+        self._pool: Any = None  # forked once, on the first batch that can use it
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
         self.tmp.cleanup()
+
+    def _workers(self) -> Any:
+        """The process pool, forked once with the cases (``_CASES``) and kept for every
+        later batch."""
+        if self._pool is None:
+            import multiprocessing as mp
+            from concurrent.futures import ProcessPoolExecutor
+
+            global _CASES
+            _CASES = list(self.cases)  # a copy: a serial Replays refills _CASES in place
+            self._pool = ProcessPoolExecutor(self.workers, mp.get_context("fork"))
+        return self._pool
 
     @staticmethod
     def key(terms: dict[str, float]) -> tuple[tuple[str, float], ...]:
@@ -269,14 +285,7 @@ class Replays:
                 self.progress(f"{len(todo)} replays ({self.count} in all)")
             jobs = [(self.index[n], t, self.tmp.name) for n, t in todo]
             if self.workers > 1 and len(jobs) > 1:
-                import multiprocessing as mp
-                from concurrent.futures import ProcessPoolExecutor
-
-                global _CASES
-                _CASES = self.cases
-                with ProcessPoolExecutor(min(self.workers, len(jobs)),
-                                         mp.get_context("fork")) as ex:
-                    done = list(ex.map(_replay_one, *zip(*jobs, strict=True)))
+                done = list(self._workers().map(_replay_one, *zip(*jobs, strict=True)))
             else:
                 _CASES[:] = self.cases
                 done = [_replay_one(*j) for j in jobs]
@@ -295,11 +304,64 @@ def kind_of(replays: Replays, name: str) -> str:
     return profile_kind(replays.cases[replays.index[name]].setup.config.value("profile"))
 
 
+# --- replays asked for in rounds ----------------------------------------------------------------
+# A computation that needs replays is a generator: it yields the (run name, terms) it wants
+# and is sent their metrics, in order; ``drive`` answers it from a ``Replays``. ``together``
+# runs several in lockstep, so that every round's replays of all of them are one batch for
+# the process pool (the leave-one-out folds' fits are independent) while each sees exactly
+# the answers it would see alone.
+Wanted = list[tuple[str, dict[str, float]]]
+Steps = Generator[Wanted, list[dict[str, float]], Any]
+
+
+def drive(replays: Replays, steps: Steps) -> Any:
+    """Run ``steps``, answering each round from ``replays``; what it returns."""
+    try:
+        wanted = next(steps)
+        while True:
+            wanted = steps.send(replays.metrics(wanted))
+    except StopIteration as done:
+        return done.value
+
+
+def together(all_steps: Sequence[Steps]) -> Steps:
+    """The computations ``all_steps`` in lockstep: each round asks for what every one not yet
+    finished wants (in their order); returns their results, in their order."""
+    results: list[Any] = [None] * len(all_steps)
+    pending: dict[int, Wanted] = {}
+    for i, st in enumerate(all_steps):
+        try:
+            pending[i] = next(st)
+        except StopIteration as done:
+            results[i] = done.value
+    while pending:
+        got = iter((yield [w for i in sorted(pending) for w in pending[i]]))
+        answered, pending = pending, {}
+        for i in sorted(answered):
+            mine = [next(got) for _ in answered[i]]
+            try:
+                pending[i] = all_steps[i].send(mine)
+            except StopIteration as done:
+                results[i] = done.value
+    return results
+
+
+def metrics_of(wanted: Wanted) -> Steps:
+    """The replays ``wanted``, as one round (to run beside others with ``together``)."""
+    return (yield wanted)
+
+
 def fit(replays: Replays, names: Sequence[str], terms: Sequence[str] = DEFAULT_TERMS,
         targets: Sequence[str] = TARGETS, iterations: int = ITERATIONS) -> FitResult:
     """The terms that best replay the runs ``names`` (and only them: no other run's
     measurement is read), from the neutral terms (module docstring). A scale term is one
     parameter per profile kind among the runs (each run moves only its own kind's)."""
+    return drive(replays, fit_steps(replays, names, terms, targets, iterations))
+
+
+def fit_steps(replays: Replays, names: Sequence[str], terms: Sequence[str] = DEFAULT_TERMS,
+              targets: Sequence[str] = TARGETS, iterations: int = ITERATIONS) -> Steps:
+    """``fit``, asking for its replays in rounds (``drive``)."""
     for t in terms:
         if t not in TERMS:
             raise ConfigError("option", "--terms", f"unknown term {t!r}; known: "
@@ -320,10 +382,10 @@ def fit(replays: Replays, names: Sequence[str], terms: Sequence[str] = DEFAULT_T
         return {t: s.from_z(float(v)) for (t, k), s, v in zip(params, spec, z, strict=True)
                 if k is None or k == kinds[name]}
 
-    def residuals(zs: list[np.ndarray]) -> list[np.ndarray]:
-        """log(kvsim / measured) per run and target, at each point (one batch of replays)."""
+    def residuals(zs: list[np.ndarray]) -> Steps:
+        """log(kvsim / measured) per run and target, at each point (one round of replays)."""
         evaluations[0] += len(zs) * len(names)
-        got = iter(replays.metrics([(n, run_terms(z, n)) for z in zs for n in names]))
+        got = iter((yield [(n, run_terms(z, n)) for z in zs for n in names]))
         out = []
         for _z in zs:
             r = []
@@ -350,7 +412,7 @@ def fit(replays: Replays, names: Sequence[str], terms: Sequence[str] = DEFAULT_T
 
     z = z0.copy()
     pts = probes(z)
-    res = residuals(pts)
+    res = yield from residuals(pts)
     r, c = res[0], cost(res[0], z)
     history = [c]
     mu = 1e-3
@@ -364,7 +426,7 @@ def fit(replays: Replays, names: Sequence[str], terms: Sequence[str] = DEFAULT_T
             if np.allclose(zn, z, atol=1e-6):
                 break
             pts = probes(zn)
-            res = residuals(pts)
+            res = yield from residuals(pts)
             cn = cost(res[0], zn)
             if cn < c:
                 z, r, c, improved = zn, res[0], cn, True
@@ -404,22 +466,35 @@ def leave_one_out(replays: Replays, names: Sequence[str], scored: Sequence[str] 
     where there are any (another kind's run informs only the shared terms, at the price of
     fitting its own scales), else all of them (and it is priced without scales). A run of
     ``scored`` outside ``names`` is scored with the same rule over all of ``names``."""
-    folds = []
-    fits: dict[tuple[str, ...], Calibration] = {}
+    return drive(replays, leave_one_out_steps(replays, names, scored, terms, targets,
+                                              iterations))
+
+
+def leave_one_out_steps(replays: Replays, names: Sequence[str],
+                        scored: Sequence[str] | None = None,
+                        terms: Sequence[str] = DEFAULT_TERMS, targets: Sequence[str] = TARGETS,
+                        iterations: int = ITERATIONS) -> Steps:
+    """``leave_one_out``, asking for its replays in rounds (``drive``): the folds' distinct
+    fits in lockstep, then every scored run's replay in one round."""
+    trains: list[tuple[str, str, tuple[str, ...]]] = []  # (scored, its kind, fitted on)
     for s in (scored if scored is not None else names):
         others = tuple(n for n in names
                        if replays.cases[replays.index[n]].measured != s and n != s)
         if not others:
             raise ConfigError("option", "RUN", "leave-one-out needs at least two runs")
         kind = kind_of(replays, s)
-        train = tuple(n for n in others if kind_of(replays, n) == kind) or others
-        if train not in fits:
-            fits[train] = fit(replays, train, terms, targets, iterations).calibration
-        cal = fits[train]
-        srv, _left = cal.server(kind)
-        applied = {t: getattr(srv, t) for t in TERMS}
-        folds.append(Fold(s, cal, replays.metrics([(s, applied)])[0]))
-    return folds
+        trains.append((s, kind, tuple(n for n in others if kind_of(replays, n) == kind)
+                       or others))
+    distinct = list(dict.fromkeys(train for _s, _k, train in trains))
+    results = yield from together([fit_steps(replays, train, terms, targets, iterations)
+                                   for train in distinct])
+    fits = {train: r.calibration for train, r in zip(distinct, results, strict=True)}
+    applied = []
+    for s, kind, train in trains:
+        srv, _left = fits[train].server(kind)
+        applied.append((s, {t: getattr(srv, t) for t in TERMS}))
+    got = yield applied
+    return [Fold(s, fits[train], m) for (s, _k, train), m in zip(trains, got, strict=True)]
 
 
 def default_workers() -> int:
@@ -432,5 +507,6 @@ def default_workers() -> int:
 
 
 __all__ = ["DEFAULT_TERMS", "TARGETS", "TERMS", "Calibration", "Case", "Fold", "Replays",
-           "default_workers", "fit", "leave_one_out", "load_calibration", "priced",
-           "profile_kind"]
+           "default_workers", "drive", "fit", "fit_steps", "leave_one_out",
+           "leave_one_out_steps", "load_calibration", "metrics_of", "priced", "profile_kind",
+           "together"]

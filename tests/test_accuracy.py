@@ -23,9 +23,13 @@ from calibration.measured import (
     Calibration,
     Case,
     Replays,
+    drive,
     fit,
+    fit_steps,
     leave_one_out,
     load_calibration,
+    metrics_of,
+    together,
 )
 from costmodel.errors import ProfileError
 from costmodel.profile import NEUTRAL_SERVER, ServerCoeffs, load_profile, profile_from_dict
@@ -211,6 +215,62 @@ def test_a_twin_never_trains_the_fold_of_the_run_it_replays(tmp_path):
         rp.close()
     assert folds[a].calibration.fitted_on == (b,)
     assert folds[b].calibration.fitted_on == (a, twin.name)
+
+
+class _Counted(Replays):
+    """Replays that count the rounds (``metrics`` calls) asked of them."""
+
+    rounds = 0
+
+    def metrics(self, wanted):
+        self.rounds += 1
+        return super().metrics(wanted)
+
+
+def test_folds_fit_in_lockstep_exactly_as_each_fits_alone(tmp_path):
+    """``leave_one_out`` runs its folds' fits in lockstep (one batch of replays a round, for
+    the process pool): each fold's calibration and replay are what its fit gives alone, in
+    the rounds of one fit (plus the scored replays), not of every fold one after another."""
+    cases = _synthetic(tmp_path, ((1, 4), (2, 16), (3, 8)))
+    names = [c.name for c in cases]
+    rp = _Counted(cases)
+    try:
+        folds = leave_one_out(rp, names, None, ("decode_scale",), iterations=2)
+    finally:
+        rp.close()
+    alone = _Counted(cases)
+    try:
+        for f in folds:
+            train = [n for n in names if n != f.scored]
+            before = alone.rounds
+            cal = fit(alone, train, ("decode_scale",), iterations=2).calibration
+            one_fit = alone.rounds - before
+            assert cal == f.calibration
+            assert alone.metrics([(f.scored, cal.scales["kernel tables"])])[0] == f.metrics
+    finally:
+        alone.close()
+    assert rp.rounds == one_fit + 1 < len(folds) * one_fit
+
+
+def test_rounds_together_are_answered_in_order_and_pooled_alike(tmp_path):
+    """``together`` hands each computation its own answers; a pool of workers replays
+    exactly what one process does."""
+    cases = _synthetic(tmp_path, ((1, 4), (2, 16)))
+    a, b = (c.name for c in cases)
+    wanted = [(a, {"decode_scale": 1.2}), (b, {}), (a, {})]
+    serial, pooled = Replays(cases), Replays(cases, workers=2)
+    try:
+        one = drive(serial, metrics_of(wanted))
+        got = drive(pooled, together([metrics_of(wanted[:1]), metrics_of([]),
+                                      metrics_of(wanted[1:]),
+                                      fit_steps(pooled, [a], ("decode_scale",), iterations=1)]))
+        assert got[:3] == [one[:1], [], one[1:]]
+        assert got[3].calibration == fit(serial, [a], ("decode_scale",),
+                                         iterations=1).calibration
+        assert pooled.count == serial.count
+    finally:
+        serial.close()
+        pooled.close()
 
 
 def test_calibration_file_round_trips_and_bad_files_are_one_line(tmp_path):

@@ -165,8 +165,11 @@ def _from_measurements(paths: tuple[str, ...], terms: str | None, gpu: str | Non
         Case,
         Replays,
         default_workers,
-        fit,
-        leave_one_out,
+        drive,
+        fit_steps,
+        leave_one_out_steps,
+        metrics_of,
+        together,
     )
     from sim.studies.validate import setup, value_text
     from traces.measured import read_measurement
@@ -184,11 +187,12 @@ def _from_measurements(paths: tuple[str, ...], terms: str | None, gpu: str | Non
         print(f"kvsim calibrate: {msg}", file=sys.stderr, flush=True)
 
     replays = Replays(cases, default_workers(), progress)
-    try:
-        neutral = replays.metrics([(n, {}) for n in names])
-        result = fit(replays, names, chosen, TARGETS, iterations)
-        folds = leave_one_out(replays, names, None, chosen, TARGETS, iterations) \
-            if len(names) > 1 else []
+    try:  # the fit on every run and the leave-one-out folds in lockstep (one batch a round)
+        neutral, result, folds = drive(replays, together([
+            metrics_of([(n, {}) for n in names]),
+            fit_steps(replays, names, chosen, TARGETS, iterations),
+            leave_one_out_steps(replays, names, None, chosen, TARGETS, iterations)
+            if len(names) > 1 else metrics_of([])]))
     finally:
         replays.close()
     cal = result.calibration

@@ -63,7 +63,10 @@ def evaluate(paths: list[Path], quick: bool = False, workers: int | None = None,
         Case,
         Replays,
         default_workers,
-        leave_one_out,
+        drive,
+        leave_one_out_steps,
+        metrics_of,
+        together,
     )
     from traces.measured import read_measurement
 
@@ -76,11 +79,12 @@ def evaluate(paths: list[Path], quick: bool = False, workers: int | None = None,
     dense = [c.name for c in cases if is_dense(c)]
     twins = roofline_twins(cases, dense)
     replays = Replays(cases + twins, workers or default_workers(), progress)
-    try:
-        neutral = replays.metrics([(c.name, {}) for c in cases])
-        folds = leave_one_out(replays, dense + [t.name for t in twins],
-                              [c.name for c in cases], DEFAULT_TERMS,
-                              iterations=QUICK_ITERATIONS if quick else ITERATIONS)
+    try:  # the uncalibrated replays in the folds' first round (the fits start there too)
+        neutral, folds = drive(replays, together([
+            metrics_of([(c.name, {}) for c in cases]),
+            leave_one_out_steps(replays, dense + [t.name for t in twins],
+                                [c.name for c in cases], DEFAULT_TERMS,
+                                iterations=QUICK_ITERATIONS if quick else ITERATIONS)]))
     finally:
         replays.close()
     out_rows: list[dict[str, Any]] = []
