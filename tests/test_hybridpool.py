@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.kvcache.hybridpool import FULL, SLIDING, HybridGroup, HybridPool
+from sim.kvcache.hybridpool import FULL, MAMBA, SLIDING, HybridGroup, HybridPool
 
 
 def _pool(seed: int, bs: int, groups: list[HybridGroup], cap: int) -> tuple[HybridPool, list]:
@@ -25,6 +25,7 @@ def _pool(seed: int, bs: int, groups: list[HybridGroup], cap: int) -> tuple[Hybr
             ids[:3] = np.arange(3)  # a shared prefix: blocks held twice
         if pool.admit(rid, ids, n, n) is not None:
             rids.append(rid)
+        pool.new_step()  # a Mamba state cached by one admission is hit by the next's
     return pool, rids
 
 
@@ -37,6 +38,28 @@ def test_decode_run_is_its_steps(seed: int, bs: int, w: int, w2: int, three: boo
     groups = [HybridGroup(SLIDING, w), HybridGroup(FULL)]
     if three:
         groups.append(HybridGroup(SLIDING, w2))
+    _check_decode_run(seed, bs, groups, cap, steps, asynchronous)
+
+
+@settings(max_examples=80, deadline=None)
+@given(seed=st.integers(0, 10**6), bs=st.sampled_from([4, 8, 16]),
+       layout=st.sampled_from(["mamba-full", "full-mamba-mamba", "mamba-sw-full"]),
+       w=st.integers(1, 70), cap=st.integers(12, 90), steps=st.integers(1, 160),
+       asynchronous=st.booleans())
+def test_mamba_decode_run_is_its_steps(seed: int, bs: int, layout: str, w: int, cap: int,
+                                       steps: int, asynchronous: bool) -> None:
+    """A decode run over Mamba groups (a state block per block edge, the one before retired
+    a step later: ``_remove_skipped``) equals its steps one token at a time, and
+    ``decode_fit`` counts the states it frees (shared states freed by their last holder)."""
+    groups = {"mamba-full": [HybridGroup(MAMBA), HybridGroup(FULL)],
+              "full-mamba-mamba": [HybridGroup(FULL), HybridGroup(MAMBA), HybridGroup(MAMBA)],
+              "mamba-sw-full": [HybridGroup(MAMBA), HybridGroup(SLIDING, w),
+                                HybridGroup(FULL)]}[layout]
+    _check_decode_run(seed, bs, groups, cap, steps, asynchronous)
+
+
+def _check_decode_run(seed: int, bs: int, groups: list[HybridGroup], cap: int, steps: int,
+                      asynchronous: bool) -> None:
     in_flight = lag = int(asynchronous)
     run, rids = _pool(seed, bs, groups, cap)
     if not rids:

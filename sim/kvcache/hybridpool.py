@@ -426,8 +426,8 @@ class HybridPool:
     # tokens (``in_flight`` fewer than computed), one slot, and the blocks known full cached
     # (``lag`` tokens behind the computed ones: async scheduling learns a token a step after
     # computing it). Only the steps where a request crosses a block edge change the pool (a
-    # block to allocate, one leaving a window, one to cache), so only those are applied,
-    # in step and schedule order: per block, not per token.
+    # block to allocate, one leaving a window, a Mamba state retired, one to cache), so only
+    # those are applied, in step and schedule order: per block, not per token.
     def _edges(self, rids: list[int], steps: int, in_flight: int,
                lag: int) -> list[tuple[int, int]]:
         """(step, request index) of every step 1..``steps`` that changes the pool, sorted."""
@@ -441,15 +441,16 @@ class HybridPool:
             ts.update(range((lag - c0) % bs or bs, steps + 1, bs))  # c0 + t - lag = 0 mod bs
             for w in windows:  # processed c0 + t - 1 - in_flight - w + 1 = 0 mod bs
                 ts.update(range((w + in_flight - c0) % bs or bs, steps + 1, bs))
+            if self._mamba:  # processed c0 + t - 1 - in_flight = 1 mod bs: states retire
+                ts.update(range((2 + in_flight - c0) % bs or bs, steps + 1, bs))
             out.extend((t, i) for t in ts if t <= steps)
         out.sort()
         return out
 
     def decode_fit(self, rids: list[int], steps: int, in_flight: int = 0) -> int:
         """The most steps (<= ``steps``) of a decode run of ``rids`` whose allocations all
-        succeed (read-only: free blocks counted, window frees included)."""
-        if self._mamba:
-            raise NotImplementedError("decode runs over a Mamba group are not modelled yet")
+        succeed (read-only: free blocks counted, window and retired Mamba state frees
+        included; a block several requests hold is free after its last holder's)."""
         if steps <= 0:
             return 0
         bs, free, ngroups = self.block_size, len(self._queue), len(self.groups)
@@ -459,10 +460,26 @@ class HybridPool:
         for rid in rids:
             seq = self._seqs[rid]
             done = {g: seq.nulls[g] for g in sliding}
-            state.append([seq, len(seq.tables[0]), done])
+            state.append([seq, len(seq.tables[0]), done, self._live_states(seq)])
         for t, i in self._edges(rids, steps, in_flight, 0):
-            seq, length, done = state[i]
+            seq, length, done, states = state[i]
             c = seq.computed + t - 1
+            for live in states:  # Mamba: ``_remove_skipped``'s frees, counted
+                n = min(max(0, c - in_flight - 1) // bs, length)
+                gone = [j for j in live[0] if j < n]
+                last = live[1]
+                if last is not None and last < _cdiv(c - in_flight, bs) - 1 and (
+                        last in live[0]) and last >= n:
+                    gone.append(last)
+                for j in gone:
+                    p = live[0].pop(j)
+                    if p < 0:  # allocated during the run: held by this one only
+                        free += 1
+                        continue
+                    d = pending.get(p, 0) + 1
+                    pending[p] = d
+                    if self._ref[p] == d:
+                        free += 1
             for g in sliding:
                 n = min(self._skipped_blocks(g, c - in_flight), length)
                 table = seq.tables[g]
@@ -481,7 +498,22 @@ class HybridPool:
                     return t - 1
                 free -= ngroups
                 state[i][1] = length + 1
+                for live in states:  # the new state at the end; the one before is "last"
+                    live[1] = length - 1
+                    live[0][length] = -1
         return steps
+
+    def _live_states(self, seq: _HSeq) -> list[list[Any]]:
+        """Per Mamba group of ``seq``: [{position: physical block} of its held states past
+        the retired ones, ``last_state``] (``decode_fit``'s model of ``_remove_skipped``)."""
+        out = []
+        for g in self._mamba:
+            t = seq.tables[g]
+            lo = seq.retired.get(g, 0)
+            pos = lo + np.flatnonzero(t[lo:])
+            held = dict(zip(pos.tolist(), t[pos].tolist(), strict=True))
+            out.append([held, seq.last_state.get(g)])
+        return out
 
     def decode_run(self, rids: list[int], steps: int, in_flight: int = 0,
                    lag: int = 0) -> None:
