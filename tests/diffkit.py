@@ -238,9 +238,15 @@ class ShadowHybrid(ShadowPool):
             self.real._reqs.pop(rid)
         return got
 
+    def new_step(self) -> None:
+        self.model.new_step()
+        self.real.new_step()
+
     def decode_run(self, rids: list[int], steps: int, in_flight: int = 0, lag: int = 0) -> None:
         self.model.decode_run(rids, steps, in_flight, lag)
-        for _ in range(steps):
+        for step in range(steps):
+            if step:  # each V1 step starts one (the run's first: the engine's schedule)
+                self.real.new_step()
             for rid in rids:
                 c = self.real._reqs[rid].num_computed_tokens
                 assert self.real.extend(rid, 1, known=c + 1 - lag, in_flight=in_flight)

@@ -105,7 +105,10 @@ def test_vllm_groups_of_the_catalog() -> None:
                                                         HybridGroup(FULL)]
     assert vllm_kv_groups(get_spec("gemma-3-27b")) == [HybridGroup(SLIDING, 1024)] * 6 + [
         HybridGroup(FULL)]
-    for name in ("qwen3-8b", "deepseek-v3.2", "qwen3-next-80b-a3b"):
+    # Qwen3-Next: 36 Gated DeltaNet layers, 12 full: three Mamba groups of 12 and a full one
+    assert vllm_kv_groups(get_spec("qwen3-next-80b-a3b")) == [HybridGroup(MAMBA)] * 3 + [
+        HybridGroup(FULL)]
+    for name in ("qwen3-8b", "deepseek-v3.2"):
         assert vllm_kv_groups(get_spec(name)) is None
 
 
@@ -133,14 +136,19 @@ def test_a_hybrid_run_uses_the_hybrid_pool(monkeypatch) -> None:
     assert res.summary["requests"] > 0
 
 
-@pytest.mark.parametrize(("flags", "field"), [
-    (["--preset", "penelope"], "preset"),
-    (["--preset", "vllm", "--vllm-patch", "continuum"], "vllm_patch"),
+@pytest.mark.parametrize(("model", "flags", "field"), [
+    ("gpt-oss-120b", ["--preset", "penelope"], "preset"),
+    ("gpt-oss-120b", ["--preset", "vllm", "--vllm-patch", "continuum"], "vllm_patch"),
+    ("qwen3-next-80b-a3b", ["--preset", "penelope"], "preset"),
+    ("qwen3-next-80b-a3b", ["--preset", "vllm", "--vllm-patch", "penelope"], "vllm_patch"),
+    ("qwen3-next-80b-a3b", ["--preset", "vllm", "--prefill-replicas", "1",
+                            "--decode-replicas", "1"], "decode_replicas"),
 ])
-def test_what_the_hybrid_pool_does_not_model_is_refused(flags: list[str], field: str) -> None:
+def test_what_the_hybrid_pool_does_not_model_is_refused(model: str, flags: list[str],
+                                                        field: str) -> None:
     from tests.clikit import invoke
 
-    code, _out, err = invoke("run", "--engine", "vllm", "--model", "gpt-oss-120b", "--trace",
+    code, _out, err = invoke("run", "--engine", "vllm", "--model", model, "--trace",
                              "synthetic:claude-code?sessions=2", *flags)
     assert code == 2 and "KV cache groups" in err and field in err
     assert len(err.strip().splitlines()) == 1, err

@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from benchmarks.opstream import OpStream, make_request, random_stream
 from benchmarks.vllm_ops import DriverConfig
@@ -222,3 +224,91 @@ def test_hybrid_diff_engine_synthetic(monkeypatch, asynchronous: bool) -> None:
     ops, summary = engine_lockstep(monkeypatch, cfg, None, hybrid=True)
     print(f"engine synthetic: {ops['ops']} ops compared, {ops['run_steps']} run steps")
     assert ops["hit"] > 0 and ops["run_steps"] > 0 and summary["evicted_tokens"] > 0
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_hybrid_diff_engine_mamba_sessions(monkeypatch, asynchronous: bool) -> None:
+    """Qwen3-Next-80B-A3B (three Mamba groups of Gated DeltaNet state, one full group; vLLM's
+    block raised to hold a state page, the run's ids every fifth) on the vLLM engine: agent
+    sessions in a cache that evicts, prefill chunks split at block edges (align mode), state
+    hits, decode runs retiring states; the real coordinator takes the same calls."""
+    from sim.config import RunConfig
+    from sim.kvcache.hybridpool import WideBlocks
+
+    made: list = []
+    import sim.engines.vllm as vllm_engine
+
+    class Spy(WideBlocks):
+        def __init__(self, *a, **k) -> None:
+            super().__init__(*a, **k)
+            made.append(self)
+
+    monkeypatch.setattr(vllm_engine, "WideBlocks", Spy)
+    cfg = RunConfig.from_flat(engine="vllm", model="qwen3-next-80b-a3b",
+                              trace="synthetic:claude-code?sessions=6", max_context=32768,
+                              gpu_cache=49152, sessions=4, gaps="tool", chunk_size=2048,
+                              vllm_async=asynchronous).with_preset("vllm")
+    ops, summary = engine_lockstep(monkeypatch, cfg, None, hybrid=True)
+    print(f"engine mamba: {ops['ops']} ops compared, {ops['run_steps']} run steps, "
+          f"{summary['evicted_tokens']} evicted tokens")
+    assert [g.kind for g in made[0].groups] == [MB, MB, MB, FA] and made[0].ratio > 1
+    assert ops["hit"] > 0 and ops["run_steps"] > 0 and summary["evicted_tokens"] > 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(block=st.sampled_from([16, 64, 320, 1024]), prompt=st.integers(1, 5000),
+       generated=st.integers(0, 60), start=st.integers(0, 5100), n=st.integers(1, 9000),
+       budget=st.sampled_from([256, 512, 2048, 8192]))
+def test_mamba_aligned_chunk_is_vllms_split(block: int, prompt: int, generated: int,
+                                            start: int, n: int, budget: int) -> None:
+    """The engine's prefill chunk in align mode (``VllmServer._mamba_aligned_chunk``) equals
+    the real ``Scheduler._mamba_block_aligned_split`` of the pinned vLLM (its defaults: no
+    EAGLE, hash block = block, no backend prefill checkpoints, no long-prefill threshold)."""
+    from types import SimpleNamespace
+
+    from benchmarks.vllm_sched_ref import load_vllm_scheduler
+    from sim.engines.vllm import VllmServer
+
+    num_tokens = prompt + generated
+    start = min(start, num_tokens - 1)
+    n = min(n, budget, num_tokens - start)
+    real = SimpleNamespace(
+        cache_config=SimpleNamespace(block_size=block), block_size=block, hash_block_size=block,
+        mamba_partial_cache_hit=False, use_eagle_block_drop=False,
+        num_hash_lookahead_tokens=0, mamba_has_prefill_checkpoint_blocks=False,
+        mamba_prefill_checkpoint_alignment=None, max_num_scheduled_tokens=budget,
+        scheduler_config=SimpleNamespace(long_prefill_token_threshold=0),
+        mamba_shared_prefix_checkpoint=False)
+    request = SimpleNamespace(num_computed_tokens=start, num_prompt_tokens=prompt,
+                              num_tokens=num_tokens, shared_prefix_boundary=0)
+    split = load_vllm_scheduler()["Scheduler"]._mamba_block_aligned_split
+    ours = SimpleNamespace(_state_block=block, token_budget=budget)
+    req = SimpleNamespace(prompt_tokens=prompt, generated=generated)
+    assert VllmServer._mamba_aligned_chunk(ours, req, start, n) == split(real, request, n)
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+def test_vllm_block_of_qwen3_next_is_the_real_pages(tp: int) -> None:
+    """vLLM's block for Qwen3-Next (``Platform._align_hybrid_block_size``: the least multiple
+    of the kernel alignment, max(16, --block-size) = 64, whose attention page holds a Mamba
+    page) from the pinned vLLM's own ``MambaSpec`` and ``FullAttentionSpec`` page bytes of
+    one layer, with Gated DeltaNet's state shapes (``MambaStateShapeCalculator.
+    gated_delta_net_state_shape``; bf16: ``--mamba-ssm-cache-dtype auto``)."""
+    import torch
+
+    from benchmarks.vllm_ref import load_vllm_core
+    from costmodel.specs import get_spec
+    from sim.engines.vllm import vllm_block_size
+
+    iface = load_vllm_core()["interface"]
+    s = get_spec("qwen3-next-80b-a3b")
+    conv_dim = s.linear_key_dim * s.linear_key_heads * 2 + s.linear_value_dim * (
+        s.linear_value_heads)
+    mamba = iface.MambaSpec(block_size=1, shapes=(
+        (conv_dim // tp, s.linear_conv_kernel - 1),
+        (s.linear_value_heads // tp, s.linear_value_dim, s.linear_key_dim)),
+        dtypes=(torch.bfloat16, torch.bfloat16), mamba_cache_mode="align").page_size_bytes
+    attn = iface.FullAttentionSpec(block_size=1, num_kv_heads=max(1, s.kv_heads // tp),
+                                   head_size=s.head_dim, dtype=torch.bfloat16).page_size_bytes
+    align = 64
+    assert vllm_block_size(s, tp, 64) == align * -(-mamba // (align * attn))

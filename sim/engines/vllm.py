@@ -77,7 +77,7 @@ from sim.config import RunConfig, VllmKnobs
 from sim.engines.recorder import RunRecorder
 from sim.kvcache import Tier
 from sim.kvcache.blockpool import BlockPool
-from sim.kvcache.hybridpool import FULL, SLIDING, HybridGroup, HybridPool
+from sim.kvcache.hybridpool import FULL, MAMBA, SLIDING, HybridGroup, HybridPool, WideBlocks
 
 from .base import EngineBase, _new_units, steps_fitting
 from .request import Req
@@ -108,19 +108,32 @@ class VllmReq(Req):
 def vllm_kv_groups(spec: ModelSpec) -> list[HybridGroup] | None:
     """vLLM's KV cache groups of ``spec`` (``kv_cache_planning.py``: a bucket of layers per
     spec, split into groups of ``group_size`` layers; ``costmodel.gpus.kv_capacity``) when it
-    has several, each full attention (MLA too: vLLM's full-attention manager) or a sliding
-    window: the hybrid pool's groups (sim/kvcache/hybridpool.py). None for one group, and for
-    kinds the hybrid pool does not model yet (linear/Mamba, chunked local, DSA): those run on
-    ``BlockPool`` as one full-attention group (docs/hybrid.md)."""
+    has several, each full attention (MLA too: vLLM's full-attention manager), a sliding
+    window or linear attention / Gated DeltaNet (vLLM's ``MambaManager``, in the
+    ``mamba_cache_mode="align"`` prefix caching sets: vllm/model_executor/models/config.py
+    ``MambaModelConfig``): the hybrid pool's groups (sim/kvcache/hybridpool.py). None for one
+    group, and for kinds the hybrid pool does not model yet (chunked local, DSA): those run
+    on ``BlockPool`` as one full-attention group (docs/hybrid.md)."""
     from costmodel.gpus import kv_capacity
     from costmodel.specs import AttentionKind
 
-    kinds = {AttentionKind.FULL: FULL, AttentionKind.MLA: FULL, AttentionKind.SLIDING: SLIDING}
+    kinds = {AttentionKind.FULL: FULL, AttentionKind.MLA: FULL, AttentionKind.SLIDING: SLIDING,
+             AttentionKind.LINEAR: MAMBA}
     if len(spec.groups) < 2 or any(g.kind not in kinds for g in spec.groups):
         return None
     counts = kv_capacity(spec, 0, engine="vllm").vllm_groups
     return [HybridGroup(kinds[g.kind], g.window or 0)
             for g, n in zip(spec.groups, counts, strict=True) for _ in range(n)]
+
+
+def vllm_block_size(spec: ModelSpec, tp: int, block_size: int) -> int:
+    """vLLM's block in tokens for ``spec`` on ``tp`` ranks at ``--block-size block_size``: the
+    run's block, raised for a Mamba hybrid until an attention page holds a state page
+    (``Platform._align_hybrid_block_size``, vllm/platforms/interface.py; a multiple of the
+    run's block: ``costmodel.gpus._vllm_capacity``)."""
+    from costmodel.gpus import kv_capacity
+
+    return kv_capacity(spec, 0, tp, "vllm", block_size).block_size
 
 
 # vllm/engine/arg_utils.py get_batch_defaults: OPENAI_API_SERVER, H100/H200 tier.
@@ -252,6 +265,11 @@ class VllmServer(EngineBase):
             return ("vllm_patch", f"{model} has {len(groups)} KV cache groups (vLLM's hybrid "
                     f"KV cache): --vllm-patch {knobs.vllm_patch} is modelled on one "
                     "full-attention group only; use --vllm-patch none")
+        if cfg.is_pd and any(g.kind == MAMBA for g in groups):
+            return ("decode_replicas", f"{model} has {len(groups)} KV cache groups (vLLM's "
+                    "hybrid KV cache) with Mamba state: a KV connector's load into a Mamba "
+                    "group is not modelled; run it without --prefill-replicas/"
+                    "--decode-replicas, or --engine sglang")
         return None
 
     @staticmethod
@@ -284,13 +302,20 @@ class VllmServer(EngineBase):
               policy: EvictionPolicy, recorder: RunRecorder) -> VllmServer:
         bs = cfg.cache.block_size
         groups = vllm_kv_groups(spec) if cls.pool_class is None else None
-        if groups is not None:  # one pool of gpu_cache // bs blocks shared by every group
+        if groups is not None:  # one pool of gpu_cache // block blocks shared by every group
             # recycling-aware admission cap: VllmConfig.max_in_flight_tokens, one batch per
             # concurrent step (2 under async scheduling)
             knobs: Any = cfg.engine
             in_flight = (2 if knobs.vllm_async else 1) * knobs.chunk_size
-            hybrid = HybridPool(cfg.cache.gpu_cache // bs, bs, groups,
-                                max_in_flight_tokens=in_flight, debug=cfg.debug_cache)
+            block = bs
+            if any(g.kind == MAMBA for g in groups):  # a state page per block
+                from sim.deploy import replica_tp
+
+                block = vllm_block_size(spec, replica_tp(cfg, profile), bs)
+            hybrid: Any = HybridPool(cfg.cache.gpu_cache // block, block, groups,
+                                     max_in_flight_tokens=in_flight, debug=cfg.debug_cache)
+            if block != bs:
+                hybrid = WideBlocks(hybrid, block // bs)
             return cls(env, cfg, spec, profile, hybrid, policy, recorder)
         pool = (cls.pool_class or BlockPool)(cfg.cache.gpu_cache // bs, bs,
                                              free_order_name(policy), debug=cfg.debug_cache)
@@ -304,7 +329,11 @@ class VllmServer(EngineBase):
         self.pool: Any = pool
         # vLLM's hybrid KV cache (several groups): window frees read the in-flight tokens,
         # decode runs are applied block edge by block edge
-        self._hybrid = isinstance(pool, HybridPool)
+        self._hybrid = isinstance(pool, HybridPool | WideBlocks)
+        # a Mamba group in align mode: prefill chunks end at the pool's block edges (the
+        # state is kept only there: ``_mamba_aligned_chunk``); 0: no Mamba group
+        self._state_block = (pool.block_size if self._hybrid and any(
+            g.kind == MAMBA for g in pool.groups) else 0)
         self.knobs: VllmKnobs = cast(VllmKnobs, cfg.engine)  # engine_class's choice
         self.token_budget = self.knobs.chunk_size  # max_num_batched_tokens
         self.max_seqs = self.knobs.max_running or VLLM_MAX_NUM_SEQS
@@ -345,6 +374,8 @@ class VllmServer(EngineBase):
         preempted: list[VllmReq] = []
         running = cast("list[VllmReq]", self.running)
         waiting = cast("list[VllmReq]", self.waiting)
+        if self._state_block:  # new_step_starts: states cached last step may be hit now
+            self.pool.new_step()
         i = 0
         while i < len(running) and budget > 0:
             r = running[i]
@@ -354,6 +385,11 @@ class VllmServer(EngineBase):
                 i += 1  # async: its last token is in flight, nothing more to schedule
                 continue
             n, cost = self._chunk(r, r.computed, end + r.placeholders, budget)
+            if self._state_block:
+                n = cost = self._mamba_aligned_chunk(r, r.computed, n)
+                if not n:  # no budget for a block-aligned chunk: the next request
+                    i += 1
+                    continue
             ok = (self.pool.extend(r.rid, n, known=end) if not self._hybrid
                   else self.pool.extend(r.rid, n, known=end, in_flight=r.in_flight))
             while not ok:
@@ -397,13 +433,19 @@ class VllmServer(EngineBase):
                     break
                 continue
             num_tokens = r.prompt_tokens + r.generated
-            h = self.pool.admit(r.rid, r.seq_ids, num_tokens, budget)
+            chunk = budget
+            if self._state_block:  # the chunk past the hit ends at a block edge
+                hit = self.pool.lookup(r.seq_ids, num_tokens) * self.bs
+                chunk = self._mamba_aligned_chunk(r, hit, min(budget, num_tokens - hit))
+                if not chunk:
+                    break
+            h = self.pool.admit(r.rid, r.seq_ids, num_tokens, chunk)
             if h is None:
                 break
             waiting.pop(0)
             running.append(r)
             start = h * self.bs
-            n, cost = self._chunk(r, start, num_tokens, budget)
+            n, cost = self._chunk(r, start, num_tokens, chunk)
             r.computed, r.decoding = start + n, False
             rows.append((r, start, n))
             decode.append(False)
@@ -412,6 +454,32 @@ class VllmServer(EngineBase):
             self._note_cached(r)
         self._record_evictions()
         return self._scheduled(rows, decode, preempted, bool(self.waiting or self.holding))
+
+    def _mamba_aligned_chunk(self, req: VllmReq, start: int, n: int) -> int:
+        """vLLM's ``Scheduler._mamba_block_aligned_split`` (vllm/v1/core/sched/scheduler.py)
+        for a prefill row of ``n`` tokens from ``start``: align mode keeps a Mamba state only
+        at the pool's block edges, so a chunk that does not reach the prefill's end (the
+        prompt, or a resumed request's tokens but the last) ends at a block edge, or
+        schedules nothing when the budget holds none past ``start``; no chunk runs past the
+        last block edge before the sequence's last token, or, starting inside a block, past
+        that block's end. Decode rows are untouched. As the scheduler runs it without EAGLE,
+        partial hash hits or a backend exporting prefill checkpoints (FlashInfer's GDN
+        prefill on Hopper adds one checkpoint block per request: not modelled)."""
+        num_tokens = req.prompt_tokens + req.generated
+        prefill_end = max(req.prompt_tokens, num_tokens - 1)
+        if start >= prefill_end:
+            return n
+        block = self._state_block
+        end = start + n
+        if end < prefill_end:
+            aligned = end // block * block
+            if aligned > start or block <= self.token_budget:
+                end = aligned
+        last_cache = (num_tokens - 1) // block * block
+        for stop in ((start // block + 1) * block if start % block else end, last_cache):
+            if start < stop < end:
+                end = stop
+        return max(end - start, 0)
 
     def _reorder_waiting(self) -> None:
         """vLLM 0.34's cache-aware admission (``Scheduler._reorder_waiting_by_cached_prefix``,

@@ -209,9 +209,12 @@ class HybridPool:
 
     def blocks_for(self, tokens: int) -> int:
         """Blocks one request of ``tokens`` tokens may hold at once over every group: all of
-        its blocks in a full group, at most the admission cap in a sliding one."""
+        its blocks in a full group, at most the admission cap in a sliding one, two in a
+        Mamba one (its state and the previous step's: ``MambaSpec.max_memory_usage_bytes``
+        in align mode)."""
         n = _cdiv(tokens, self.block_size)
-        return sum(n if cap is None else min(n, cap) for cap in self._cap)
+        return sum(min(n, 2) if g.kind == MAMBA else n if cap is None else min(n, cap)
+                   for g, cap in zip(self.groups, self._cap, strict=True))
 
     def computed_tokens(self, rid: int) -> int:
         return self._seqs[rid].computed
@@ -843,3 +846,82 @@ class HybridPool:
                 if self._events is not None and g == self._event_group:
                     self._events.stored(xs, parent)
             cached[g] = full
+
+
+class WideBlocks:
+    """A hybrid pool whose block holds ``ratio`` of the run's blocks, driven in the run's.
+
+    vLLM raises a Mamba hybrid's block until an attention page holds a state page
+    (``Platform._align_hybrid_block_size``, vllm/platforms/interface.py; ``costmodel.gpus``
+    ``_vllm_capacity``): Qwen3-Next's block is hundreds of tokens where the run's trace ids
+    are per ``--block-size`` tokens. A run id identifies the whole prefix up to its block's
+    last token (traces/blocks.py), so the pool's block ``k`` is the run's block ``(k + 1) x
+    ratio - 1``: the pool gets every ``ratio``-th id and its answers in blocks (hits, cached
+    blocks, evictions) come back times ``ratio``. KV events report the run's ids of each of
+    the pool's blocks (a prefix router hashes the run's blocks). Every other call, in tokens
+    or about the pool's own blocks, passes through."""
+
+    def __init__(self, pool: Any, ratio: int) -> None:
+        if ratio < 2:
+            raise ValueError(f"a wide block holds two or more run blocks, got {ratio}")
+        self.pool = pool
+        self.ratio = ratio
+        # the run's ids of each of the pool's blocks, kept only while KV events are on
+        self._members: dict[int, np.ndarray] | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.pool, name)
+
+    def _wide(self, ids: np.ndarray) -> np.ndarray:
+        ids = np.asarray(ids, np.int64)
+        m = self.ratio
+        wide = ids[m - 1::m]
+        if self._members is not None:
+            members = self._members
+            for k, x in enumerate(wide.tolist()):
+                if x not in members:
+                    members[x] = ids[k * m:(k + 1) * m]
+        return wide
+
+    def admit(self, rid: int, ids: np.ndarray, num_tokens: int, num_new_tokens: int,
+              **kw: Any) -> int | None:
+        h = self.pool.admit(rid, self._wide(ids), num_tokens, num_new_tokens, **kw)
+        return None if h is None else h * self.ratio
+
+    def lookup(self, ids: np.ndarray, num_tokens: int) -> int:
+        return self.pool.lookup(self._wide(ids), num_tokens) * self.ratio
+
+    def gpu_prefix_blocks(self, ids: np.ndarray) -> int:
+        return self.pool.gpu_prefix_blocks(self._wide(ids)) * self.ratio
+
+    def resident_prefix_blocks(self, ids: np.ndarray) -> int:
+        return self.gpu_prefix_blocks(ids)
+
+    def cached_of(self, rid: int) -> int:
+        return self.pool.cached_of(rid) * self.ratio
+
+    @property
+    def evicted_blocks(self) -> int:
+        return self.pool.evicted_blocks * self.ratio
+
+    @property
+    def lost_blocks(self) -> int:
+        return self.pool.lost_blocks * self.ratio
+
+    def enable_events(self, clock: Callable[[], Any] | None = None,
+                      kinds: Iterable[type] | None = None) -> None:
+        if self._members is None:
+            self._members = {}
+        self.pool.enable_events(clock, kinds)
+
+    def take_events(self) -> list[tuple[Any, KVEvent]]:
+        """The pool's events, each of its blocks as the run's ids it holds (a stored chain's
+        parent, the last run id of the pool's block before it, is that block's own id)."""
+        members = self._members or {}
+        out = []
+        for stamp, ev in self.pool.take_events():
+            ids = ev.ids
+            if len(ids):
+                ids = np.concatenate([members[x] for x in ids.tolist()])
+            out.append((stamp, ev._replace(ids=ids)))
+        return out
