@@ -1,0 +1,78 @@
+"""A Gated DeltaNet hybrid (Qwen3-Next-80B-A3B) on the vLLM engine: its Mamba groups in vLLM's
+hybrid KV cache (sim/engines/vllm.py ``vllm_kv_groups``, sim/kvcache/hybridpool.py), pinned by
+a golden of a small run under pressure, the run's ids over vLLM's wider block
+(``WideBlocks``), and fleets behind the prefix routers. The equality with the real vLLM
+coordinator and scheduler is tests/test_vllm_hybrid_diff.py; the decode run's closed form
+against one token at a time tests/test_hybridpool.py."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sim.config import RunConfig
+from sim.kvcache.events import BlockRemoved, BlockStored
+from sim.kvcache.hybridpool import FULL, MAMBA, HybridGroup, HybridPool, WideBlocks
+from sim.run import run
+
+GOLDEN = Path(__file__).parent / "goldens" / "vllm_mamba.json"
+# the fields the golden pins (a run summary gains fields over time; these must not move)
+PINNED = ("requests", "dropped_requests", "hit_rate", "ttft_mean_s", "ttft_p99_s",
+          "jct_mean_s", "evicted_tokens", "evictions", "retractions", "recomputed_tokens",
+          "prompt_tokens", "decode_steps", "preempted_recompute_tokens")
+SMALL = dict(engine="vllm", model="qwen3-next-80b-a3b", trace="synthetic:claude-code?sessions=6",
+             max_context=32768, gpu_cache=40960, sessions=4, gaps="tool", chunk_size=2048)
+
+
+def test_a_pressured_mamba_run_is_its_golden() -> None:
+    """Sync and async: hits on state checkpoints, evictions and preemption pinned as saved
+    (``KVSIM_REGEN_GOLDENS=1`` rewrites it; tests/goldens/CHANGES.md says why)."""
+    got = {}
+    for mode in ("sync", "async"):
+        s = run(RunConfig.from_flat(**SMALL, vllm_async=mode == "async").with_preset(
+            "vllm")).summary
+        got[mode] = {k: s[k] for k in PINNED}
+    if os.environ.get("KVSIM_REGEN_GOLDENS") == "1":
+        GOLDEN.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
+    want = json.loads(GOLDEN.read_text())
+    assert got == want
+    for s in got.values():  # under pressure: it evicts, and still hits
+        assert s["evicted_tokens"] > 0 and 0 < s["hit_rate"] < 1 and s["dropped_requests"] == 0
+
+
+def test_wide_blocks_speak_the_runs_ids() -> None:
+    """A pool block of 5 run blocks is keyed by the run id of its last one; hits and cached
+    blocks come back in run blocks, and KV events name every run id of a pool block."""
+    ids = np.arange(100, 140)  # 40 run blocks of 16 tokens: 8 pool blocks of 80
+    pool = WideBlocks(HybridPool(12, 80, [HybridGroup(MAMBA), HybridGroup(FULL)]), 5)
+    pool.enable_events()
+    assert pool.admit(0, ids, 16 * 40, 16 * 40) == 0
+    assert pool.cached_of(0) == 40
+    stored = [e for _s, e in pool.take_events() if isinstance(e, BlockStored)]
+    assert np.array_equal(np.concatenate([e.ids for e in stored]), ids)
+    pool.new_step()
+    # the state is kept at the prompt's end only: a longer prompt hits all of it, the same
+    # prompt (a token left to compute) nothing
+    assert pool.lookup(np.arange(100, 150), 16 * 50) == 40
+    assert pool.lookup(ids, 16 * 40) == 0
+    pool.free(0)
+    pool.admit(1, np.arange(500, 540), 16 * 40, 16 * 40)  # evicts the first request's blocks
+    removed = [e for _s, e in pool.take_events() if isinstance(e, BlockRemoved)]
+    gone = np.concatenate([e.ids for e in removed])
+    assert len(gone) and len(gone) % 5 == 0 and set(gone.tolist()) <= set(ids.tolist())
+    assert pool.evicted_blocks % 5 == 0 and pool.evicted_blocks > 0
+
+
+@pytest.mark.parametrize("router", ["dynamo-kv", "sglang-cache-aware", "llm-d"])
+def test_a_mamba_fleet_behind_each_prefix_router(router: str) -> None:
+    """Two vLLM replicas of Qwen3-Next behind a prefix-aware router: every request served,
+    and the router's view of the cache (KV events, or the replicas' prefix lookups) finds the
+    sessions' histories again (hits)."""
+    cfg = RunConfig.from_flat(**dict(SMALL, gpu_cache=65536), replicas=2,
+                              router=router).with_preset("vllm")
+    s = run(cfg).summary
+    assert s["requests"] > 0 and s["dropped_requests"] == 0 and s["hit_rate"] > 0.5
