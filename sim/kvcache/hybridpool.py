@@ -91,7 +91,7 @@ class _HSeq:
     blocks its window left), its computed and known tokens."""
 
     __slots__ = ("allocated", "cached", "computed", "ids", "known", "last_state", "nulls",
-                 "retired", "tables")
+                 "pruned", "retired", "tables")
 
     def __init__(self, ids: np.ndarray, tables: list[np.ndarray], computed: int,
                  cached: list[int], nulls: list[int]) -> None:
@@ -107,6 +107,9 @@ class _HSeq:
         self.allocated = False
         self.retired: dict[int, int] = {}
         self.last_state: dict[int, int] = {}
+        # the block of the last processed token when Mamba states were last retired: until
+        # it moves, retiring finds nothing (``_remove_skipped``)
+        self.pruned = -1
 
 
 class HybridPool:
@@ -734,8 +737,16 @@ class HybridPool:
         """``remove_skipped_blocks`` per group in order: a sliding group frees, from the last
         skipped block back to the first null, the blocks wholly before the window of
         ``processed``; a Mamba group every state but the last token's (nulls skipped), and
-        the previous step's state block once a newer one holds the state."""
+        the previous step's state block once a newer one holds the state. Both depend on
+        ``processed`` only through ``(processed - 1) // block_size`` (an allocation in the
+        same block leaves its previous state block at or past it), so a Mamba group is
+        skipped until that moves."""
+        due = self._mamba and (processed - 1) // self.block_size != seq.pruned
+        if due:
+            seq.pruned = (processed - 1) // self.block_size
         for g in self._pruned:
+            if not due and self.groups[g].kind == MAMBA:
+                continue
             t = seq.tables[g]
             n = min(self._skipped_blocks(g, processed), len(t))
             if self.groups[g].kind == SLIDING:
