@@ -309,9 +309,9 @@ class VllmServer(EngineBase):
             in_flight = (2 if knobs.vllm_async else 1) * knobs.chunk_size
             block = bs
             if any(g.kind == MAMBA for g in groups):  # a state page per block
-                from sim.deploy import replica_tp
-
-                block = vllm_block_size(spec, replica_tp(cfg, profile), bs)
+                # the replica's TP ranks, as sim/deploy.py replica_tp (which imports engines)
+                tp = int(cfg.cache.tp) if cfg.cache.tp is not None else int(profile.gpus)
+                block = vllm_block_size(spec, tp, bs)
             hybrid: Any = HybridPool(cfg.cache.gpu_cache // block, block, groups,
                                      max_in_flight_tokens=in_flight, debug=cfg.debug_cache)
             if block != bs:

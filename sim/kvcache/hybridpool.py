@@ -953,5 +953,5 @@ class WideBlocks:
             ids = ev.ids
             if len(ids):
                 ids = np.concatenate([members[x] for x in ids.tolist()])
-            out.append((stamp, ev._replace(ids=ids)))
+            out.append((stamp, type(ev)(ids, *ev[1:])))  # every kind: ids first
         return out
