@@ -694,6 +694,9 @@ class HybridPool:
                 assert np.all(self._grp[t[pos]] == g), "cached for another group"
         refs[0] = 0
         assert np.array_equal(refs, self._ref), "ref counts != block tables"
+        for seq in self._seqs.values():
+            masks = [seq.tables[g] > 0 for g in self._mamba]
+            assert all(np.array_equal(m, masks[0]) for m in masks), "Mamba tables' nulls differ"
         assert np.count_nonzero(self._bid >= 0) == self._cached, "cached counter"
         for g, m in enumerate(self._maps):
             m.check(np.where(self._grp == g, self._bid, -1))
@@ -843,14 +846,18 @@ class HybridPool:
         if full <= min(cached):
             return
         self._version += 1
+        states: tuple[int, np.ndarray, np.ndarray] | None = None  # (from, positions, ids)
         for g, t in enumerate(seq.tables):
             a = cached[g]
             if full <= a:
                 continue
             if self.groups[g].kind == MAMBA:  # states only where a block holds one
-                pos = a + np.flatnonzero(t[a:full])
+                if states is None or states[0] != a:  # Mamba tables share their nulls
+                    pos = a + np.flatnonzero(t[a:full])
+                    states = (a, pos, seq.ids[pos])
+                pos, xs = states[1], states[2]
                 if len(pos):
-                    ps, xs = t[pos], seq.ids[pos]
+                    ps = t[pos]
                     self._bid[ps] = xs
                     self._grp[ps] = g
                     self._cached += len(pos)
