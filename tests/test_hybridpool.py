@@ -45,31 +45,35 @@ def test_decode_run_is_its_steps(seed: int, bs: int, w: int, w2: int, three: boo
 @given(seed=st.integers(0, 10**6), bs=st.sampled_from([4, 8, 16]),
        layout=st.sampled_from(["mamba-full", "full-mamba-mamba", "mamba-sw-full"]),
        w=st.integers(1, 70), cap=st.integers(12, 90), steps=st.integers(1, 160),
-       asynchronous=st.booleans())
+       asynchronous=st.booleans(), blocked=st.booleans())
 def test_mamba_decode_run_is_its_steps(seed: int, bs: int, layout: str, w: int, cap: int,
-                                       steps: int, asynchronous: bool) -> None:
+                                       steps: int, asynchronous: bool, blocked: bool) -> None:
     """A decode run over Mamba groups (a state block per block edge, the one before retired
     a step later: ``_remove_skipped``) equals its steps one token at a time, and
-    ``decode_fit`` counts the states it frees (shared states freed by their last holder)."""
+    ``decode_fit`` counts the states it frees (shared states freed by their last holder);
+    ``blocked``: a refused request waits, so the run ends before the first step after which
+    more blocks are free than now (the ``ceiling``)."""
     groups = {"mamba-full": [HybridGroup(MAMBA), HybridGroup(FULL)],
               "full-mamba-mamba": [HybridGroup(FULL), HybridGroup(MAMBA), HybridGroup(MAMBA)],
               "mamba-sw-full": [HybridGroup(MAMBA), HybridGroup(SLIDING, w),
                                 HybridGroup(FULL)]}[layout]
-    _check_decode_run(seed, bs, groups, cap, steps, asynchronous)
+    _check_decode_run(seed, bs, groups, cap, steps, asynchronous, blocked)
 
 
 def _check_decode_run(seed: int, bs: int, groups: list[HybridGroup], cap: int, steps: int,
-                      asynchronous: bool) -> None:
+                      asynchronous: bool, blocked: bool = False) -> None:
     in_flight = lag = int(asynchronous)
     run, rids = _pool(seed, bs, groups, cap)
     if not rids:
         return
     stepped, _ = _pool(seed, bs, groups, cap)
-    fit = run.decode_fit(rids, steps, in_flight)
+    ceiling = run.free_blocks if blocked else None
+    fit = run.decode_fit(rids, steps, in_flight, ceiling)
     done = 0
     while done < steps and all(
             stepped.extend(r, 1, known=stepped.computed_tokens(r) + 1 - lag,
-                           in_flight=in_flight) for r in rids):
+                           in_flight=in_flight) for r in rids) and (
+            ceiling is None or stepped.free_blocks <= ceiling):
         done += 1
     assert fit == done
     run, _ = _pool(seed, bs, groups, cap)

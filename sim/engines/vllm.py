@@ -766,7 +766,8 @@ class VllmServer(EngineBase):
         ctx = sum(start for _r, start, _n in rows)
         cap = min(r.output_tokens - r.generated for r in running)
         if cap > 1 and self._hybrid:
-            cap = 1 + self.pool.decode_fit([r.rid for r in running], cap - 1)
+            cap = 1 + self.pool.decode_fit([r.rid for r in running], cap - 1,
+                                           ceiling=self._refused_at())
         elif cap > 1:
             starts = [-(-r.computed // bs) * bs - r.computed + 1 for r in running]
             cap = 1 + steps_fitting(starts, bs, self.pool.free_blocks, cap - 1)
@@ -872,7 +873,8 @@ class VllmServer(EngineBase):
         ctx = sum(start for _r, start, _n in step.rows) + batch  # the first extra step's
         x = min(r.output_tokens - r.generated - r.placeholders for r in running)
         if x > 0 and self._hybrid:  # each step scheduled while the one before is in flight
-            x = self.pool.decode_fit([r.rid for r, _s, _n in step.rows], x, in_flight=1)
+            x = self.pool.decode_fit([r.rid for r, _s, _n in step.rows], x, in_flight=1,
+                                     ceiling=self._refused_at())
         elif x > 0:
             starts = [-(-r.computed // bs) * bs - r.computed + 1 for r in running]
             x = steps_fitting(starts, bs, self.pool.free_blocks, x)
@@ -891,6 +893,15 @@ class VllmServer(EngineBase):
         if x > 1:
             x = 1 + (yield from self._timed_decode(batch, ctx, x - 1, interruptible))
         return self._apply_async_run(step, x, ctx)
+
+    def _refused_at(self) -> int | None:
+        """A Mamba hybrid's decode run with requests waiting (refused, or cut off by
+        ``max_num_seqs``): the free blocks their last refusal saw. Running requests free
+        states inside a run (the previous step's, a step after a block edge), and vLLM
+        retries the waiting head after every step's running rows, so the run ends before
+        a step after which more blocks are free (``HybridPool.decode_fit``'s ceiling).
+        None otherwise (windows keep gpt-oss's runs as they were)."""
+        return self.pool.free_blocks if self._state_block and self.waiting else None
 
     def _apply_async_run(self, step: Step, x: int, ctx: int) -> Step:
         """State after x pipeline iterations of a decode run (``_async_decode_run``): x more

@@ -464,13 +464,18 @@ class HybridPool:
         out.sort()
         return out
 
-    def decode_fit(self, rids: list[int], steps: int, in_flight: int = 0) -> int:
+    def decode_fit(self, rids: list[int], steps: int, in_flight: int = 0,
+                   ceiling: int | None = None) -> int:
         """The most steps (<= ``steps``) of a decode run of ``rids`` whose allocations all
         succeed (read-only: free blocks counted, window and retired Mamba state frees
-        included; a block several requests hold is free after its last holder's)."""
+        included; a block several requests hold is free after its last holder's) and, with
+        a ``ceiling``, after each of which at most ``ceiling`` blocks are free (a refused
+        waiting request is retried after each step's running rows: more free blocks than
+        its refusal saw may admit it, which only a step of its own can tell)."""
         if steps <= 0:
             return 0
         bs, free, ngroups = self.block_size, len(self._queue), len(self.groups)
+        step = 0  # the step whose edges are being counted
         pending: dict[int, int] = {}  # block -> holds the run has released
         sliding = self._sliding
         state = []
@@ -479,6 +484,10 @@ class HybridPool:
             done = {g: seq.nulls[g] for g in sliding}
             state.append([seq, len(seq.tables[0]), done, self._live_states(seq)])
         for t, i in self._edges(rids, steps, in_flight, 0):
+            if t != step:
+                if ceiling is not None and free > ceiling:
+                    return max(step - 1, 0)
+                step = t
             seq, length, done, states = state[i]
             c = seq.computed + t - 1
             for live in states:  # Mamba: ``_remove_skipped``'s frees, counted
@@ -518,6 +527,8 @@ class HybridPool:
                 for live in states:  # the new state at the end; the one before is "last"
                     live[1] = length - 1
                     live[0][length] = -1
+        if ceiling is not None and free > ceiling:
+            return max(step - 1, 0)
         return steps
 
     def _live_states(self, seq: _HSeq) -> list[list[Any]]:
