@@ -485,10 +485,10 @@ def test_models_json_schema() -> None:
 SEVERAL_GROUPS = "a release order other than vLLM's own is not modelled for several groups"
 AGENTIC = {
     "gpt-oss-120b": {"sglang": None, "vllm": SEVERAL_GROUPS},
-    "qwen3-next-80b-a3b": {"sglang": None, "vllm": None},
-    "qwen3.5-27b": {"sglang": None, "vllm": None},
-    "qwen3.6-27b": {"sglang": None, "vllm": None},
-    "qwen3.5-397b-a17b": {"sglang": None, "vllm": None},
+    "qwen3-next-80b-a3b": {"sglang": None, "vllm": SEVERAL_GROUPS},
+    "qwen3.5-27b": {"sglang": None, "vllm": SEVERAL_GROUPS},
+    "qwen3.6-27b": {"sglang": None, "vllm": SEVERAL_GROUPS},
+    "qwen3.5-397b-a17b": {"sglang": None, "vllm": SEVERAL_GROUPS},
     "deepseek-v3.2": {"sglang": None, "vllm": None},
     "kimi-k2.5": {"sglang": None, "vllm": None},
     "glm-5.2": {"sglang": None, "vllm": None},
