@@ -284,6 +284,15 @@ def test_matches_brute_force(data, order: str, cap: int) -> None:
         assert pool.block_ids().tolist() == ref.bid[1:]
         assert pool.ref_counts().tolist() == ref.ref[1:]
         assert pool.free_queue().tolist() == ref.queue
+        # read-only lookups of any chain: known ids, ids never admitted (beyond the arrays),
+        # a negative one; a first block missing or not
+        probe = data.draw(st.lists(st.sampled_from([*universe.values(), 10**6, -1]),
+                                   max_size=6))
+        if probe:
+            n = data.draw(st.integers(1, len(probe) * BS + 1))
+            assert pool.lookup(np.array(probe, np.int64), n) == ref.lookup(probe, n)
+        assert pool.gpu_prefix_blocks(np.array(probe, np.int64)) == ref.lookup(
+            probe, len(probe) * BS + 1)
 
 
 @settings(max_examples=80, deadline=None)

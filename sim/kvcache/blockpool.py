@@ -198,7 +198,9 @@ class BlockPool:
     ) -> tuple[int, np.ndarray]:
         """(hit blocks, first copies of the hit blocks); ``grown``: ids known in range."""
         cap = min(len(ids), (num_tokens - 1) // self.block_size)
-        if cap <= 0:
+        if cap <= 0 or not self._ids.is_cached(ids.item(0)):
+            # most prompts miss at their first block (every fleet routing decision asks each
+            # replica): one scalar read instead of a gather and a scan
             return 0, ids[:0]
         f = self._ids.firsts(ids[:cap], grown)
         miss = f < 0
@@ -231,9 +233,9 @@ class BlockPool:
         hit_tokens = h * bs
         new = min(num_new_tokens, num_tokens - hit_tokens)
         self._check_ids(rid, hit_tokens + new, ids)
-        refs = self._ref[hits]
-        idle = refs == 0
-        evictable = int(np.count_nonzero(idle))
+        refs = self._ref[hits] if h else hits  # (no hit, the common case: no numpy call)
+        idle = refs == 0 if h else hits
+        evictable = int(np.count_nonzero(idle)) if h else 0
         free = len(self._queue)
         if full_sequence_must_fit and max(_cdiv(num_tokens, bs) - h, 0) + evictable > free:
             return None
@@ -242,10 +244,11 @@ class BlockPool:
             return None
         if evictable:  # touch: out of the free queue
             self._queue.remove(hits[idle])
-        self._ref[hits] = refs + 1  # distinct blocks: one request's chain
-        fresh = self._pop(n_new)
+        if h:
+            self._ref[hits] = refs + 1  # distinct blocks: one request's chain
+        fresh = self._pop(n_new)  # a fresh array (n_new >= 1 without a hit)
         self._ref[fresh] = 1
-        seq = _Seq(ids, np.concatenate([hits, fresh]), hit_tokens + new, h)
+        seq = _Seq(ids, np.concatenate([hits, fresh]) if h else fresh, hit_tokens + new, h)
         self._seqs[rid] = seq
         self._cache(seq)
         if self.debug:

@@ -64,7 +64,7 @@ class CachedIds:
 
     # ------------------------------------------------------------------ queries
     def is_cached(self, x: int) -> bool:
-        return 0 <= x < len(self._first) and bool(self._first[x] >= 0)
+        return 0 <= x < len(self._first) and self._first.item(x) >= 0
 
     def firsts(self, ids: np.ndarray, grown: bool = False) -> np.ndarray:
         """First cached copy of each id (-1: not cached). ``grown``: ids known in range."""
