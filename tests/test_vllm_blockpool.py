@@ -356,3 +356,23 @@ def test_bench_vllm_cache_small_run_json(capsys: pytest.CaptureFixture[str]) -> 
     assert rows["kvsim radix (sglang)"]["vs_radix"] == 1.0
     assert rows["kvsim blockpool (vllm)"]["hit_blocks"] > 0
     assert "blockpool (vllm) / radix (sglang)" in bench_vllm_cache.format_table(summary)
+
+
+@pytest.mark.parametrize("children", [False, True])
+def test_cached_ids_grow_keeps_copies_and_marks_new_ids_uncached(children: bool) -> None:
+    from sim.kvcache.cachedids import CachedIds
+
+    m = CachedIds(children=children)
+    m.grow(np.array([5], np.int64))
+    m.add(np.array([1, 2], np.int64), np.array([5, 6], np.int64), -1)
+    for top in (1500, 5000, 70_000):  # past each doubling and past twice the size
+        m.grow(np.array([top], np.int64))
+        assert len(m) > top
+        assert m.firsts(np.array([5, 6, 7, top], np.int64), True).tolist() == [1, 2, -1, -1]
+    m.add(np.array([3], np.int64), np.array([70_000], np.int64), 6)
+    assert m.firsts(np.array([70_000], np.int64)).tolist() == [3]
+    if children:
+        assert m.children(np.array([5, 6, 70_000], np.int64)).tolist() == [1, 1, 0]
+    else:  # not kept: asking is a caller's mistake, not a silent zero
+        with pytest.raises(ValueError, match="children=True"):
+            m.children(np.array([5], np.int64))

@@ -470,11 +470,13 @@ class BlockPool:
         self._bid[ps] = -1
         self._cached -= len(ps)
         self._dropped += len(ps)
-        self._lost += self._ids.drop(ps, xs)
-        if self._events is not None:
-            gone = xs[self._ids.firsts(xs, True) < 0]  # the ids whose last copy went
-            if len(gone):
-                self._events.removed(gone)
+        lost = self._ids.drop(ps, xs)
+        self._lost += lost
+        if self._events is not None and lost:
+            # the ids whose last copy went: all of them when each was (an id popped twice
+            # has one copy that was not its last), else those no copy is left of
+            gone = xs if lost == len(xs) else xs[self._ids.firsts(xs, True) < 0]
+            self._events.removed(gone)
 
     def _cache(self, seq: _Seq) -> None:
         """Hash the request's blocks that became full: [cached, computed // bs)."""

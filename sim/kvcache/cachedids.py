@@ -24,6 +24,16 @@ SMALL = 8
 _umax = np.maximum.reduce
 
 
+def _grown(a: np.ndarray, m: int, fill: int) -> np.ndarray:
+    """``a`` extended to ``m`` entries with ``fill`` (one new array: the arrays grow to the
+    largest id seen, hundreds of thousands on a long trace)."""
+    out = np.empty(m, a.dtype)
+    n = len(a)
+    out[:n] = a
+    out[n:] = fill
+    return out
+
+
 class CachedIds:
     """Cached copies per id (vLLM's hash map), with child counts when ``children`` is on."""
 
@@ -57,10 +67,11 @@ class CachedIds:
         if top < n:
             return
         m = max(top + 1, 2 * n, 1024)
-        self._first = np.concatenate([self._first, np.full(m - n, -1, np.int64)])
-        self._ncopy = np.concatenate([self._ncopy, np.zeros(m - n, np.int32)])
-        self._parent = np.concatenate([self._parent, np.full(m - n, -1, np.int64)])
-        self._nchild = np.concatenate([self._nchild, np.zeros(m - n, np.int32)])
+        self._first = _grown(self._first, m, -1)
+        self._ncopy = _grown(self._ncopy, m, 0)
+        if self.tracks_children:  # read by nothing else: a pool without them never grows them
+            self._parent = _grown(self._parent, m, -1)
+            self._nchild = _grown(self._nchild, m, 0)
 
     # ------------------------------------------------------------------ queries
     def is_cached(self, x: int) -> bool:
@@ -75,7 +86,9 @@ class CachedIds:
         return self._first[ids]
 
     def children(self, ids: np.ndarray) -> np.ndarray:
-        """Distinct cached ids whose parent is each of ``ids``."""
+        """Distinct cached ids whose parent is each of ``ids`` (``children`` on)."""
+        if not self.tracks_children:
+            raise ValueError("child counts are kept only with children=True")
         self._count_children()
         return self._nchild[ids]
 
