@@ -261,13 +261,13 @@ def test_hybrid_diff_engine_mamba_sessions(monkeypatch, asynchronous: bool) -> N
        budget=st.sampled_from([256, 512, 2048, 8192]))
 def test_mamba_aligned_chunk_is_vllms_split(block: int, prompt: int, generated: int,
                                             start: int, n: int, budget: int) -> None:
-    """The engine's prefill chunk in align mode (``VllmServer._mamba_aligned_chunk``) equals
+    """The engine's prefill chunk in align mode (sim/engines/vllm.py ``mamba_aligned_chunk``) equals
     the real ``Scheduler._mamba_block_aligned_split`` of the pinned vLLM (its defaults: no
     EAGLE, hash block = block, no backend prefill checkpoints, no long-prefill threshold)."""
     from types import SimpleNamespace
 
     from benchmarks.vllm_sched_ref import load_vllm_scheduler
-    from sim.engines.vllm import VllmServer
+    from sim.engines.vllm import mamba_aligned_chunk
 
     num_tokens = prompt + generated
     start = min(start, num_tokens - 1)
@@ -282,9 +282,8 @@ def test_mamba_aligned_chunk_is_vllms_split(block: int, prompt: int, generated: 
     request = SimpleNamespace(num_computed_tokens=start, num_prompt_tokens=prompt,
                               num_tokens=num_tokens, shared_prefix_boundary=0)
     split = load_vllm_scheduler()["Scheduler"]._mamba_block_aligned_split
-    ours = SimpleNamespace(_state_block=block, token_budget=budget)
-    req = SimpleNamespace(prompt_tokens=prompt, generated=generated)
-    assert VllmServer._mamba_aligned_chunk(ours, req, start, n) == split(real, request, n)
+    assert mamba_aligned_chunk(block, budget, prompt, generated, start, n) == split(real,
+                                                                                 request, n)
 
 
 @pytest.mark.parametrize("tp", [1, 2, 4, 8])

@@ -136,6 +136,34 @@ def vllm_block_size(spec: ModelSpec, tp: int, block_size: int) -> int:
     return kv_capacity(spec, 0, tp, "vllm", block_size).block_size
 
 
+def mamba_aligned_chunk(block: int, token_budget: int, prompt_tokens: int, generated: int,
+                        start: int, n: int) -> int:
+    """vLLM's ``Scheduler._mamba_block_aligned_split`` (vllm/v1/core/sched/scheduler.py)
+    for a prefill row of ``n`` tokens from ``start`` of a request with ``prompt_tokens`` and
+    ``generated`` tokens, on a pool of ``block``-token blocks with a ``token_budget`` step:
+    align mode keeps a Mamba state only at the pool's block edges, so a chunk that does not
+    reach the prefill's end (the prompt, or a resumed request's tokens but the last) ends at a
+    block edge, or schedules nothing when the budget holds none past ``start``; no chunk runs
+    past the last block edge before the sequence's last token, or, starting inside a block,
+    past that block's end. Decode rows are untouched. As the scheduler runs it without EAGLE,
+    partial hash hits or a backend exporting prefill checkpoints (FlashInfer's GDN prefill on
+    Hopper adds one checkpoint block per request: not modelled)."""
+    num_tokens = prompt_tokens + generated
+    prefill_end = max(prompt_tokens, num_tokens - 1)
+    if start >= prefill_end:
+        return n
+    end = start + n
+    if end < prefill_end:
+        aligned = end // block * block
+        if aligned > start or block <= token_budget:
+            end = aligned
+    last_cache = (num_tokens - 1) // block * block
+    for stop in ((start // block + 1) * block if start % block else end, last_cache):
+        if start < stop < end:
+            end = stop
+    return max(end - start, 0)
+
+
 # vllm/engine/arg_utils.py get_batch_defaults: OPENAI_API_SERVER, H100/H200 tier.
 VLLM_MAX_NUM_SEQS = 1024
 VLLM_MAX_NUM_BATCHED_TOKENS = 8192
@@ -331,9 +359,12 @@ class VllmServer(EngineBase):
         # decode runs are applied block edge by block edge
         self._hybrid = isinstance(pool, HybridPool | WideBlocks)
         # a Mamba group in align mode: prefill chunks end at the pool's block edges (the
-        # state is kept only there: ``_mamba_aligned_chunk``); 0: no Mamba group
-        self._state_block = (pool.block_size if self._hybrid and any(
-            g.kind == MAMBA for g in pool.groups) else 0)
+        # state is kept only there: ``mamba_aligned_chunk``); 0: no Mamba group
+        state_block = 0
+        if isinstance(pool, HybridPool | WideBlocks) and any(g.kind == MAMBA
+                                                             for g in pool.groups):
+            state_block = pool.block_size
+        self._state_block = state_block
         self.knobs: VllmKnobs = cast(VllmKnobs, cfg.engine)  # engine_class's choice
         self.token_budget = self.knobs.chunk_size  # max_num_batched_tokens
         self.max_seqs = self.knobs.max_running or VLLM_MAX_NUM_SEQS
@@ -386,7 +417,8 @@ class VllmServer(EngineBase):
                 continue
             n, cost = self._chunk(r, r.computed, end + r.placeholders, budget)
             if self._state_block:
-                n = cost = self._mamba_aligned_chunk(r, r.computed, n)
+                n = cost = mamba_aligned_chunk(self._state_block, self.token_budget,
+                                                   r.prompt_tokens, r.generated, r.computed, n)
                 if not n:  # no budget for a block-aligned chunk: the next request
                     i += 1
                     continue
@@ -436,7 +468,9 @@ class VllmServer(EngineBase):
             chunk = budget
             if self._state_block:  # the chunk past the hit ends at a block edge
                 hit = self.pool.lookup(r.seq_ids, num_tokens) * self.bs
-                chunk = self._mamba_aligned_chunk(r, hit, min(budget, num_tokens - hit))
+                chunk = mamba_aligned_chunk(self._state_block, self.token_budget,
+                                            r.prompt_tokens, r.generated, hit,
+                                            min(budget, num_tokens - hit))
                 if not chunk:
                     break
             h = self.pool.admit(r.rid, r.seq_ids, num_tokens, chunk)
@@ -454,32 +488,6 @@ class VllmServer(EngineBase):
             self._note_cached(r)
         self._record_evictions()
         return self._scheduled(rows, decode, preempted, bool(self.waiting or self.holding))
-
-    def _mamba_aligned_chunk(self, req: VllmReq, start: int, n: int) -> int:
-        """vLLM's ``Scheduler._mamba_block_aligned_split`` (vllm/v1/core/sched/scheduler.py)
-        for a prefill row of ``n`` tokens from ``start``: align mode keeps a Mamba state only
-        at the pool's block edges, so a chunk that does not reach the prefill's end (the
-        prompt, or a resumed request's tokens but the last) ends at a block edge, or
-        schedules nothing when the budget holds none past ``start``; no chunk runs past the
-        last block edge before the sequence's last token, or, starting inside a block, past
-        that block's end. Decode rows are untouched. As the scheduler runs it without EAGLE,
-        partial hash hits or a backend exporting prefill checkpoints (FlashInfer's GDN
-        prefill on Hopper adds one checkpoint block per request: not modelled)."""
-        num_tokens = req.prompt_tokens + req.generated
-        prefill_end = max(req.prompt_tokens, num_tokens - 1)
-        if start >= prefill_end:
-            return n
-        block = self._state_block
-        end = start + n
-        if end < prefill_end:
-            aligned = end // block * block
-            if aligned > start or block <= self.token_budget:
-                end = aligned
-        last_cache = (num_tokens - 1) // block * block
-        for stop in ((start // block + 1) * block if start % block else end, last_cache):
-            if start < stop < end:
-                end = stop
-        return max(end - start, 0)
 
     def _reorder_waiting(self) -> None:
         """vLLM 0.34's cache-aware admission (``Scheduler._reorder_waiting_by_cached_prefix``,
