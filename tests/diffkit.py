@@ -214,10 +214,12 @@ class ShadowHybrid(ShadowPool):
     order), a disaggregated decode worker's remote admission alike."""
 
     def __init__(self, capacity_blocks: int, block_size: int, groups: list, *,
-                 max_in_flight_tokens: int | None = None, debug: bool = False) -> None:
+                 max_in_flight_tokens: int | None = None, free_order: str = "vllm",
+                 debug: bool = False) -> None:
         from benchmarks.vllm_hybrid_ref import VllmHybridRef
         from sim.kvcache.hybridpool import HybridPool
 
+        assert free_order == "vllm", "only vLLM's own order exists in the real code"
         self._pair(HybridPool(capacity_blocks, block_size, groups,
                               max_in_flight_tokens=max_in_flight_tokens, debug=True),
                    VllmHybridRef(capacity_blocks, block_size, groups,

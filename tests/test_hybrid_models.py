@@ -482,27 +482,23 @@ def test_models_json_schema() -> None:
 # --- the agentic catalog runs on both engines ------------------------------------------------
 # issue 54's catalog models (and the hybrids beside them) with what each engine does with them:
 # None runs, a string is the start of the one-line reason the run is refused with
-SEVERAL_GROUPS = "a release order other than vLLM's own is not modelled for several groups"
-AGENTIC = {
-    "gpt-oss-120b": {"sglang": None, "vllm": SEVERAL_GROUPS},
-    "qwen3-next-80b-a3b": {"sglang": None, "vllm": SEVERAL_GROUPS},
-    "qwen3.5-27b": {"sglang": None, "vllm": SEVERAL_GROUPS},
-    "qwen3.6-27b": {"sglang": None, "vllm": SEVERAL_GROUPS},
-    "qwen3.5-397b-a17b": {"sglang": None, "vllm": SEVERAL_GROUPS},
-    "deepseek-v3.2": {"sglang": None, "vllm": None},
-    "kimi-k2.5": {"sglang": None, "vllm": None},
-    "glm-5.2": {"sglang": None, "vllm": None},
-    "gemma-4-31b": {"sglang": None, "vllm": SEVERAL_GROUPS},
-    "gemma-4-26b-a4b": {"sglang": None, "vllm": SEVERAL_GROUPS},
-}
+AGENTIC = {name: {"sglang": None, "vllm": None} for name in (
+    "gpt-oss-120b", "qwen3-next-80b-a3b", "qwen3.5-27b", "qwen3.6-27b", "qwen3.5-397b-a17b",
+    "deepseek-v3.2", "kimi-k2.5", "glm-5.2", "gemma-4-31b", "gemma-4-26b-a4b")}
 
 
 @pytest.mark.parametrize("engine", ["sglang", "vllm"])
 @pytest.mark.parametrize("name", sorted(AGENTIC))
 def test_agentic_catalog_runs_or_is_refused_by_reason(name: str, engine: str) -> None:
     """Each model runs its engine's preset and penelope under cache pressure (requests
-    simulated, some cache hits), or is refused with one line saying why."""
-    res = CliRunner().invoke(cli, ["run", *TINY, "--gpu-cache", "20k", "--model", name,
+    simulated, some cache hits), or is refused with one line saying why. vLLM's hybrid pool
+    shares its blocks between the model's KV cache groups (sim/engines/vllm.py
+    ``vllm_kv_groups``): it gets 20k tokens per group, the pressure one group has at 20k."""
+    from sim.engines.vllm import vllm_kv_groups
+
+    groups = vllm_kv_groups(get_spec(name)) if engine == "vllm" else None
+    cache = f"{20 * len(groups or [None])}k"
+    res = CliRunner().invoke(cli, ["run", *TINY, "--gpu-cache", cache, "--model", name,
                                    "--engine", engine, "--preset", f"{engine},penelope",
                                    "--json"])
     reason = AGENTIC[name][engine]

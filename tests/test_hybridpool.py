@@ -141,9 +141,8 @@ def test_a_hybrid_run_uses_the_hybrid_pool(monkeypatch) -> None:
 
 
 @pytest.mark.parametrize(("model", "flags", "field"), [
-    ("gpt-oss-120b", ["--preset", "penelope"], "preset"),
     ("gpt-oss-120b", ["--preset", "vllm", "--vllm-patch", "continuum"], "vllm_patch"),
-    ("qwen3-next-80b-a3b", ["--preset", "penelope"], "preset"),
+    ("gpt-oss-120b", ["--preset", "vllm", "--vllm-patch", "penelope"], "vllm_patch"),
     ("qwen3-next-80b-a3b", ["--preset", "vllm", "--vllm-patch", "penelope"], "vllm_patch"),
     ("qwen3-next-80b-a3b", ["--preset", "vllm", "--prefill-replicas", "1",
                             "--decode-replicas", "1"], "decode_replicas"),

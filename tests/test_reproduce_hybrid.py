@@ -120,10 +120,9 @@ SHAPES = {"single": {}, "fleet": {"replicas": 2, "router": "dynamo-kv"},
 PRESETS = {"sglang": ("sglang", "vllm", "penelope"), "vllm": ("vllm", "penelope")}
 # refused in one line naming the field (vLLM's hybrid KV cache: sim/engines/vllm.py
 # _hybrid_unsupported): (model, engine, shape, preset) -> field
-REFUSED = {(model, "vllm", shape, "penelope"): "preset"
-           for model in ("gpt-oss-120b", "qwen3-next-80b-a3b") for shape in SHAPES}
-# a KV connector's load into a Mamba group is not modelled
-REFUSED[("qwen3-next-80b-a3b", "vllm", "pd", "vllm")] = "decode_replicas"
+# a KV connector's load into a Mamba group is not modelled (whatever the release order)
+REFUSED = {("qwen3-next-80b-a3b", "vllm", "pd", preset): "decode_replicas"
+           for preset in PRESETS["vllm"]}
 CASES = [(m, e, s, p) for m in HYBRIDS for e in PRESETS for s in SHAPES for p in PRESETS[e]]
 
 

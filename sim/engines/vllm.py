@@ -273,7 +273,8 @@ class VllmServer(EngineBase):
     @staticmethod
     def _hybrid_unsupported(cfg: RunConfig, policy: EvictionPolicy) -> tuple[str, str] | None:
         """What vLLM's hybrid KV cache (several groups: ``vllm_kv_groups``) is not modelled
-        with yet: another release order than vLLM's, a patch's pool."""
+        with yet: a patch's pool, a KV connector's load into a Mamba group. Every release
+        order is (``HybridPool.free``: by position, every group's block of one together)."""
         from costmodel.specs import get_spec
 
         try:
@@ -283,11 +284,6 @@ class VllmServer(EngineBase):
         if groups is None:
             return None
         model = cfg.cache.model
-        if release_order(policy).name != "vllm":
-            return (cfg.policy_field, f"{model} has {len(groups)} KV cache groups (vLLM's hybrid "
-                    f"KV cache): a release order other than vLLM's own is not modelled for "
-                    f"several groups yet (issue 54 item 4); use --policy vllm, or --engine "
-                    f"sglang")
         knobs: Any = cfg.engine
         if knobs.vllm_patch != "none":
             return ("vllm_patch", f"{model} has {len(groups)} KV cache groups (vLLM's hybrid "
@@ -341,7 +337,9 @@ class VllmServer(EngineBase):
                 tp = int(cfg.cache.tp) if cfg.cache.tp is not None else int(profile.gpus)
                 block = vllm_block_size(spec, tp, bs)
             hybrid: Any = HybridPool(cfg.cache.gpu_cache // block, block, groups,
-                                     max_in_flight_tokens=in_flight, debug=cfg.debug_cache)
+                                     max_in_flight_tokens=in_flight,
+                                     free_order=free_order_name(policy),
+                                     debug=cfg.debug_cache)
             if block != bs:
                 hybrid = WideBlocks(hybrid, block // bs)
             return cls(env, cfg, spec, profile, hybrid, policy, recorder)

@@ -43,6 +43,14 @@ scheduler block size, no EAGLE, no KV connector, dense retention):
             allocation is then refused), then capacity, then blocks per group, then caching.
 ``free``    per group in order: its blocks (leading nulls dropped) freed tail first.
 
+Another release order (``free_order``, policies/eviction.py ``ReleaseOrder``; ``penelope``:
+the front of the private history first) frees by POSITION: the order ranks the request's block
+positions (``shared`` marks those up to the deepest block of the first full-attention group
+with two or more cached continuations or another holder, as ``blockpool.BlockPool``), and the
+blocks of one position leave together, in group order (nulls skipped), so an eviction opens a
+position range missing in every group: a hole (docs/hybrid.md "Penelope on vLLM's hybrid
+pool"). vLLM's own order stays group by group, as the real coordinator frees.
+
 Speed: each operation is a handful of numpy calls per group on the request's blocks (the
 sliding lookup is one windowed sum over the bounded prefix).
 """
@@ -54,6 +62,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from policies.eviction import ReleaseOrder, get_free_order
 
 from .cachedids import CachedIds
 from .events import EVENT_KINDS, KVEvent, KVEventQueue
@@ -122,6 +132,7 @@ class HybridPool:
         groups: Sequence[HybridGroup],
         *,
         max_in_flight_tokens: int | None = None,
+        free_order: str | ReleaseOrder = "vllm",
         debug: bool = False,
     ) -> None:
         if capacity_blocks < 1 or block_size < 1:
@@ -139,7 +150,16 @@ class HybridPool:
         self._grp = np.full(n, -1, np.int8)
         self._ref = np.zeros(n, np.int32)
         self._queue = FreeQueue(self.capacity_blocks)
-        self._maps = [CachedIds(children=False) for _ in self.groups]
+        self.free_order = get_free_order(free_order)
+        fulls = [g for g, grp in enumerate(self.groups) if grp.kind == FULL]
+        if self.free_order.reads_shared and not fulls:
+            raise ValueError(f"free order {self.free_order.name!r} reads a full-attention "
+                             "group's shared prefix: these KV cache groups have none")
+        # KV events and the shared prefix read the first full-attention group: the history
+        # itself (a window group's blocks leave with the window anyway)
+        self._event_group = fulls[0] if fulls else 0
+        self._maps = [CachedIds(children=self.free_order.reads_shared
+                                and g == self._event_group) for g in range(len(self.groups))]
         # the last ``_find`` (its ids, bound, the maps' version, its answer): a scheduler's
         # lookup and the admission after it ask the same of the same maps
         self._version = 0
@@ -167,11 +187,7 @@ class HybridPool:
         self._cached = 0
         self._dropped = 0
         self._lost = 0
-        # KV events report the first full-attention group's blocks: the history a prefix
-        # router indexes (a window group's blocks leave with the window anyway)
         self._events: KVEventQueue | None = None
-        fulls = [g for g, grp in enumerate(self.groups) if grp.kind == FULL]
-        self._event_group = fulls[0] if fulls else 0
 
     # ------------------------------------------------------------------ KV events
     def enable_events(self, clock: Callable[[], Any] | None = None,
@@ -645,15 +661,41 @@ class HybridPool:
             ids.clear()
 
     def free(self, rid: int) -> None:
-        """Release request ``rid`` (finished or preempted): per group in order, its blocks
-        after the leading nulls, tail first (``SingleTypeKVCacheManager.free``)."""
+        """Release request ``rid`` (finished or preempted): with vLLM's order, per group in
+        order, its blocks after the leading nulls, tail first
+        (``SingleTypeKVCacheManager.free``); with another, position by position in that
+        order, every group's block of a position together (module doc)."""
         seq = self._seqs.pop(rid)
-        for t in seq.tables:
-            live = t[t > 0]  # vLLM drops the null head; free_blocks skips any other null
-            if len(live):
-                self._free_blocks(live[::-1])
+        order = self.free_order
+        if order.name == "vllm":
+            for t in seq.tables:
+                live = t[t > 0]  # vLLM drops the null head; free_blocks skips any other null
+                if len(live):
+                    self._free_blocks(live[::-1])
+        else:
+            tables = np.stack(seq.tables)  # every table has one length
+            shared = (self._shared(seq) if order.reads_shared
+                      else np.zeros(tables.shape[1], bool))
+            ordered = tables[:, order(shared)].T.ravel()
+            ordered = ordered[ordered > 0]
+            if len(ordered):
+                self._free_blocks(ordered)
         if self.debug:
             self.check()
+
+    def _shared(self, seq: _HSeq) -> np.ndarray:
+        """Positions up to the deepest block the request cached in the first full-attention
+        group with two or more cached continuations there or another holder
+        (``BlockPool._shared``)."""
+        g = self._event_group
+        shared = np.zeros(len(seq.tables[g]), bool)
+        c = seq.cached[g]
+        if c:
+            marks = ((self._maps[g].children(seq.ids[:c]) >= 2)
+                     | (self._ref[seq.tables[g][:c]] >= 2))
+            if marks.any():
+                shared[: int(np.flatnonzero(marks)[-1]) + 1] = True
+        return shared
 
     # ------------------------------------------------------------------ observation
     def free_queue(self) -> np.ndarray:
