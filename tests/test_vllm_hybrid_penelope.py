@@ -15,7 +15,10 @@ agree after every op on the op's result and the whole state, the free queue incl
 
 from __future__ import annotations
 
+import json
+import os
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -154,3 +157,39 @@ def test_vllms_own_order_is_told_apart() -> None:
 
     with pytest.raises(AssertionError, match=r"free_queue|block_ids|refs|table"):
         drive(stream, [real, model], config, on_op)
+
+
+# ---- goldens of small pressured runs ---------------------------------------------------------
+GOLDEN = Path(__file__).parent / "goldens" / "vllm_hybrid_penelope.json"
+PINNED = ("requests", "dropped_requests", "hit_rate", "ttft_mean_s", "ttft_p99_s",
+          "jct_mean_s", "evicted_tokens", "evictions", "retractions", "recomputed_tokens",
+          "prompt_tokens", "decode_steps", "preempted_recompute_tokens")
+PRESSED = {"gpt-oss-120b": 40960, "qwen3-next-80b-a3b": 65536}
+
+
+def test_pressured_hybrid_runs_are_their_golden() -> None:
+    """gpt-oss-120b (a sliding and a full group) and Qwen3-Next (three Mamba groups and a full
+    one) on the vllm engine with vLLM's order and Penelope's, sync and async, in caches that
+    evict, pinned as saved (``KVSIM_REGEN_GOLDENS=1`` rewrites it); vLLM's order is pinned
+    beside Penelope's so a change to the shared paths shows in both."""
+    from sim.config import RunConfig
+    from sim.run import run
+
+    got: dict[str, dict] = {}
+    for model, cache in PRESSED.items():
+        for preset in ("vllm", "penelope"):
+            for mode in ("sync", "async"):
+                cfg = RunConfig.from_flat(
+                    engine="vllm", model=model, trace="synthetic:claude-code?sessions=6",
+                    max_context=32768, gpu_cache=cache, sessions=4, gaps="tool",
+                    chunk_size=2048, vllm_async=mode == "async").with_preset(preset)
+                s = run(cfg).summary
+                got[f"{model}/{preset}/{mode}"] = {k: s[k] for k in PINNED}
+    if os.environ.get("KVSIM_REGEN_GOLDENS") == "1":
+        GOLDEN.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
+    assert got == json.loads(GOLDEN.read_text())
+    for key, s in got.items():  # under pressure: every run evicts and still hits
+        assert s["evicted_tokens"] > 0 and 0 < s["hit_rate"] < 1, key
+    for model in PRESSED:  # the release order took effect: other blocks were evicted
+        assert any(got[f"{model}/penelope/{m}"]["evicted_tokens"]
+                   != got[f"{model}/vllm/{m}"]["evicted_tokens"] for m in ("sync", "async"))
