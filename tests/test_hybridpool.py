@@ -144,8 +144,6 @@ def test_a_hybrid_run_uses_the_hybrid_pool(monkeypatch) -> None:
     ("gpt-oss-120b", ["--preset", "vllm", "--vllm-patch", "continuum"], "vllm_patch"),
     ("gpt-oss-120b", ["--preset", "vllm", "--vllm-patch", "penelope"], "vllm_patch"),
     ("qwen3-next-80b-a3b", ["--preset", "vllm", "--vllm-patch", "penelope"], "vllm_patch"),
-    ("qwen3-next-80b-a3b", ["--preset", "vllm", "--prefill-replicas", "1",
-                            "--decode-replicas", "1"], "decode_replicas"),
 ])
 def test_what_the_hybrid_pool_does_not_model_is_refused(model: str, flags: list[str],
                                                         field: str) -> None:

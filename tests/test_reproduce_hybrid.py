@@ -120,9 +120,9 @@ SHAPES = {"single": {}, "fleet": {"replicas": 2, "router": "dynamo-kv"},
 PRESETS = {"sglang": ("sglang", "vllm", "penelope"), "vllm": ("vllm", "penelope")}
 # refused in one line naming the field (vLLM's hybrid KV cache: sim/engines/vllm.py
 # _hybrid_unsupported): (model, engine, shape, preset) -> field
-# a KV connector's load into a Mamba group is not modelled (whatever the release order)
-REFUSED = {("qwen3-next-80b-a3b", "vllm", "pd", preset): "decode_replicas"
-           for preset in PRESETS["vllm"]}
+# every combination runs now (vLLM's hybrid pool: Penelope's release order, connector loads
+# into Mamba groups); a refusal would be listed here as (model, engine, shape, preset) -> field
+REFUSED: dict[tuple[str, str, str, str], str] = {}
 CASES = [(m, e, s, p) for m in HYBRIDS for e in PRESETS for s in SHAPES for p in PRESETS[e]]
 
 

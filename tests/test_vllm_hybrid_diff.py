@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -172,6 +173,62 @@ def test_hybrid_diff_catches_a_wrong_group_order() -> None:
                       [HybridGroup(SW, 64), HybridGroup(FA)])
 
 
+# --- KV connector loads (a disaggregated decode worker) on the pool, against the real one ---
+def _branch_ids(family: int, branch: int, shared: int, blocks: int) -> np.ndarray:
+    """Block ids of a sequence: ``shared`` blocks of its family's prefix, then its own (an id
+    names the whole prefix before it, so ids after a divergence are the branch's)."""
+    j = np.arange(blocks, dtype=np.int64)
+    return np.where(j < shared, family * 100_000 + j, family * 100_000 + branch * 1000 + j)
+
+
+@settings(max_examples=60, deadline=None)
+@given(layout=st.sampled_from(["mamba-full", "full-mamba-mamba", "mamba-sw-full", "sw-full"]),
+       seed=st.integers(0, 2**31 - 1))
+def test_hybrid_diff_remote_loads(layout: str, seed: int) -> None:
+    """Connector loads (``admit_remote``: ``allocate_slots`` with external tokens and
+    ``delay_cache_blocks``; ``cache_known`` when the load ends) mixed with local prefills,
+    decode steps, step starts and frees, on prompts sharing prefixes (local hits beside the
+    load, Mamba states cached this step) in a small pool that evicts and refuses: after every
+    op the pool equals the real coordinator (``ShadowHybrid``), Mamba groups included."""
+    from tests.diffkit import ShadowHybrid
+
+    rng = np.random.default_rng(seed)
+    bs, cap = 4, int(rng.integers(12, 40))
+    pool = ShadowHybrid(cap, bs, groups_of(LAYOUTS[layout]), max_in_flight_tokens=16)
+    loading: dict[int, int] = {}  # rid -> prompt tokens, blocks held, not landed
+    running: dict[int, int] = {}  # rid -> computed tokens
+    ids_of: dict[int, np.ndarray] = {}
+    for rid in range(60):
+        pool.new_step()
+        op = rng.integers(5)
+        if op <= 1:  # a new request: its prompt loaded remotely or prefilled here
+            prompt = int(rng.integers(1, 13 * bs))
+            ids = _branch_ids(int(rng.integers(3)), rid, int(rng.integers(0, 14)),
+                              prompt // bs + 8)
+            ids_of[rid] = ids
+            if op == 0 and pool.admit_remote(rid, ids, prompt, int(rng.integers(0, 3))) \
+                    is not None:
+                loading[rid] = prompt
+            elif op == 1 and pool.admit(rid, ids, prompt, prompt) is not None:
+                running[rid] = prompt
+        elif op == 2 and loading:  # a load ends: its blocks are cached
+            r = sorted(loading)[int(rng.integers(len(loading)))]
+            pool.cache_known(r, loading[r])
+            running[r] = loading.pop(r)
+        elif op == 3 and running:  # one decode step of a running request
+            r = sorted(running)[int(rng.integers(len(running)))]
+            if running[r] // bs + 1 < len(ids_of[r]) and pool.extend(
+                    r, 1, known=running[r] + 1):
+                running[r] += 1
+        elif running or loading:  # a finish (or a cancelled load)
+            held = sorted([*running, *loading])
+            r = held[int(rng.integers(len(held)))]
+            pool.free(r)
+            running.pop(r, None)
+            loading.pop(r, None)
+    assert pool.ops["ops"] > 0
+
+
 # --- the vLLM ENGINE on a hybrid model against the real coordinator (diffkit ShadowHybrid) ---
 @pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
 def test_hybrid_diff_engine_kit_trace(monkeypatch, asynchronous: bool) -> None:
@@ -210,6 +267,25 @@ def test_hybrid_diff_engine_pd(monkeypatch, asynchronous: bool) -> None:
     ops, summary = engine_lockstep(monkeypatch, cfg, None, hybrid=True)
     print(f"engine pd: {ops['ops']} ops compared, {ops['remote']} remote loads")
     assert ops["remote"] > 0 and summary["requests"] > 0
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_hybrid_diff_engine_pd_mamba(monkeypatch, asynchronous: bool) -> None:
+    """Qwen3-Next-80B-A3B disaggregated on vLLM: each decode worker allocates a landed
+    prompt's blocks beside its local hits (every Mamba group nulls and one block for the
+    loaded state, the full group every block), caches them when the load ends, then decodes,
+    retiring states as its own prefills do; the real coordinator takes the same calls."""
+    from sim.config import RunConfig
+
+    cfg = RunConfig.from_flat(engine="vllm", model="qwen3-next-80b-a3b",
+                              trace="synthetic:claude-code?sessions=6", max_context=32768,
+                              gpu_cache=49152, sessions=4, gaps="tool", chunk_size=2048,
+                              prefill_replicas=1, decode_replicas=1,
+                              vllm_async=asynchronous).with_preset("vllm")
+    ops, summary = engine_lockstep(monkeypatch, cfg, None, hybrid=True)
+    print(f"engine pd mamba: {ops['ops']} ops compared, {ops['remote']} remote loads, "
+          f"{ops['hit']} hit blocks, {ops['run_steps']} run steps")
+    assert ops["remote"] > 0 and ops["run_steps"] > 0 and summary["requests"] > 0
 
 
 @pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])

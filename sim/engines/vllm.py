@@ -289,11 +289,6 @@ class VllmServer(EngineBase):
             return ("vllm_patch", f"{model} has {len(groups)} KV cache groups (vLLM's hybrid "
                     f"KV cache): --vllm-patch {knobs.vllm_patch} is modelled on one "
                     "full-attention group only; use --vllm-patch none")
-        if cfg.is_pd and any(g.kind == MAMBA for g in groups):
-            return ("decode_replicas", f"{model} has {len(groups)} KV cache groups (vLLM's "
-                    "hybrid KV cache) with Mamba state: a KV connector's load into a Mamba "
-                    "group is not modelled; run it without --prefill-replicas/"
-                    "--decode-replicas, or --engine sglang")
         return None
 
     @staticmethod

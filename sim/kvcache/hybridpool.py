@@ -590,15 +590,17 @@ class HybridPool:
         connector loads (``num_external_computed_tokens``, ``delay_cache_blocks``;
         ``BlockPool.admit_remote``): every group's local hit past its window is touched, then
         each group in order allocates for the loaded tokens: a sliding group only its window's
-        blocks (``allocate_external_computed_blocks``), nulls before. Nothing is cached until
-        ``cache_known``. Fits when the free blocks less ``reserved`` hold it; returns the local
-        hit in blocks, or None (nothing changed)."""
+        blocks (``allocate_external_computed_blocks``), nulls before. A Mamba group keeps only
+        the last token's state (``get_num_skipped_tokens``: every local hit block is skipped,
+        none touched): nulls, then one block for the loaded state at the prompt's last block,
+        which its next new block makes ``last_state``; a local state hit cached this step
+        refuses it, as ``admit``. Nothing is cached until ``cache_known``. Fits when the free
+        blocks less ``reserved`` hold it; returns the local hit in blocks, or None (nothing
+        changed)."""
         if rid in self._seqs:
             raise ValueError(f"request {rid} is already running")
         if num_tokens < 1:
             raise ValueError(f"request {rid}: num_tokens must be >= 1")
-        if self._mamba:
-            raise NotImplementedError("KV connector loads into a Mamba group are not modelled")
         ids = np.asarray(ids, np.int64)
         self._grow(ids)
         bs = self.block_size
@@ -975,6 +977,11 @@ class WideBlocks:
     def admit(self, rid: int, ids: np.ndarray, num_tokens: int, num_new_tokens: int,
               **kw: Any) -> int | None:
         h = self.pool.admit(rid, self._wide(ids), num_tokens, num_new_tokens, **kw)
+        return None if h is None else h * self.ratio
+
+    def admit_remote(self, rid: int, ids: np.ndarray, num_tokens: int,
+                     reserved: int = 0) -> int | None:
+        h = self.pool.admit_remote(rid, self._wide(ids), num_tokens, reserved)
         return None if h is None else h * self.ratio
 
     def lookup(self, ids: np.ndarray, num_tokens: int) -> int:
