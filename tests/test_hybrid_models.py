@@ -548,3 +548,40 @@ def test_deepseek_v4_is_refused_by_name(tmp_path: Path) -> None:
     assert res.exit_code == 2, res.output
     line = res.stderr.strip().splitlines()[-1]
     assert "'compress_ratios'" in line and "compressed sparse attention" in line, line
+
+
+# --- a Gated DeltaNet hybrid disaggregated: the state crosses the link once, not per token ---
+# Qwen3-Next's 36 Gated DeltaNet layers: one request's state per layer on one GPU, as each
+# engine stores it (the convolution window in bf16 beside the recurrent state: bf16 on vLLM,
+# the page tests/test_vllm_hybrid_diff.py checks against vLLM's MambaSpec; fp32 on SGLang)
+NEXT_STATE_PER_LAYER = {"vllm": 1_097_728, "sglang": 2_146_304}
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_pd_ships_a_linear_models_state_once_beside_its_tokens(engine: str, tp: int) -> None:
+    """``kvsim run --model qwen3-next-80b-a3b --prefill-replicas 1 --decode-replicas 1`` on
+    both engines: every prefilled remote request moves its prompt's full-attention KV per
+    token plus the 36 layers' state once (all TP ranks together); each rank ships its share
+    (the state's heads split over the ranks), so the link is busy for that rank's bytes."""
+    from costmodel.links import get_link
+    from sim.config import RunConfig
+    from sim.run import run
+
+    model = "qwen3-next-80b-a3b"
+    cfg = RunConfig.from_flat(trace="synthetic:claude-code?sessions=4", max_context=32768,
+                              gaps="tool", sessions=2, gpu_cache=65536, model=model,
+                              engine=engine, tp=tp, prefill_replicas=1,
+                              decode_replicas=1).with_preset(engine)
+    res = run(cfg)
+    t = res.requests
+    sent = t[t["prefill_s"].notna() & ~t["prefilled_locally"]]
+    assert len(sent) > 0 and res.summary["dropped_requests"] == 0
+    kvb = get_spec(model).kv_bytes_per_token  # the 12 full layers; the linear ones hold none
+    state = 36 * NEXT_STATE_PER_LAYER[engine]
+    assert (sent["transfer_bytes"] == sent["prompt_tokens"] * kvb + state).all()
+    link = get_link(cfg.pd.pd_link)
+    share = 1 / tp  # Qwen3-Next's 2 KV heads, one per rank at TP 2
+    for prompt, seconds in zip(sent["prompt_tokens"], sent["transfer_s"], strict=True):
+        busy = link.busy_seconds(prompt * kvb * share + state / tp)
+        assert seconds == pytest.approx(busy + link.latency_s, rel=1e-12)

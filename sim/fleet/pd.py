@@ -13,7 +13,9 @@ server (``submit``, ``busy``, ``close``, ``rec``), like ``Fleet``::
                   -> [vllm] d allocates the prompt's blocks (``reserve_remote``) once the
                      prefill has ended
                   -> link (FIFO): prompt tokens x KV bytes per token, whole prompt (cached
-                     prefix included, as real systems ship it)
+                     prefix included, as real systems ship it), and a linear-attention
+                     (Gated DeltaNet) model's state at the prompt's end once: its bytes, not
+                     per token (``costmodel.gpus.group_bytes`` as the engine stores it)
                   -> decode worker d: the prompt lands in the room it pre-allocated
                      (``land_remote``) and the request joins d's queue holding it: its first
                      forward computes what is left (SGLang: the last, partial block; vLLM:
@@ -62,7 +64,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
-from costmodel.gpus import kv_heads_per_rank
+from costmodel.gpus import group_bytes, kv_heads_per_rank
 from costmodel.links import Link
 from costmodel.specs import get_spec
 from policies.pd_rules import DecodeWorker, PDRequest, PDRule
@@ -132,6 +134,10 @@ class PDFleet:
         spec = get_spec(cfg.cache.model)
         self.rank_share = kv_heads_per_rank(spec, gpus_per_replica) \
             / spec.kv_heads
+        # A linear group's request state (its heads split over the ranks) goes once, at the
+        # prompt's end: one rank's bytes as its engine stores them, and all ranks' in total.
+        self.state_rank_bytes = sum(g.state_bytes for g in group_bytes(
+            spec, gpus_per_replica, cfg.engine.name))
         self.bs = cfg.cache.block_size
         self.threshold = cfg.pd.pd_local_threshold
         self.decode_cache = cfg.pd.decode_cache == "on"
@@ -261,7 +267,11 @@ class PDFleet:
         now = self.env.now
         rec = self.records[req.rid]
         nbytes = req.prompt_tokens * self.kv_bytes
-        busy = self.link.busy_seconds(nbytes * self.rank_share)
+        rank_bytes = nbytes * self.rank_share
+        if self.state_rank_bytes:
+            nbytes += self.state_rank_bytes * self.gpus_per_replica
+            rank_bytes += self.state_rank_bytes
+        busy = self.link.busy_seconds(rank_bytes)
         q = self._queue(self._link_key(rec.prefill_worker, rec.decode_worker))
         if self.streaming:  # layer by layer from the prefill's start
             start, end = q.book(r.admit_s, busy, now + busy / self.layers)
