@@ -269,15 +269,17 @@ def test_hybrid_diff_engine_pd(monkeypatch, asynchronous: bool) -> None:
     assert ops["remote"] > 0 and summary["requests"] > 0
 
 
-@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
-def test_hybrid_diff_engine_pd_mamba(monkeypatch, asynchronous: bool) -> None:
-    """Qwen3-Next-80B-A3B disaggregated on vLLM: each decode worker allocates a landed
-    prompt's blocks beside its local hits (every Mamba group nulls and one block for the
-    loaded state, the full group every block), caches them when the load ends, then decodes,
-    retiring states as its own prefills do; the real coordinator takes the same calls."""
+@pytest.mark.parametrize(("model", "asynchronous"), [
+    ("qwen3-next-80b-a3b", False), ("qwen3-next-80b-a3b", True), ("qwen3.5-27b", False)])
+def test_hybrid_diff_engine_pd_mamba(monkeypatch, model: str, asynchronous: bool) -> None:
+    """A Gated DeltaNet hybrid (Qwen3-Next-80B-A3B, Qwen3.5-27B) disaggregated on vLLM: each
+    decode worker allocates a landed prompt's blocks beside its local hits (every Mamba group
+    nulls and one block for the loaded state, the full group every block), caches them when
+    the load ends, then decodes, retiring states as its own prefills do; the real coordinator
+    takes the same calls."""
     from sim.config import RunConfig
 
-    cfg = RunConfig.from_flat(engine="vllm", model="qwen3-next-80b-a3b",
+    cfg = RunConfig.from_flat(engine="vllm", model=model,
                               trace="synthetic:claude-code?sessions=6", max_context=32768,
                               gpu_cache=49152, sessions=4, gaps="tool", chunk_size=2048,
                               prefill_replicas=1, decode_replicas=1,
