@@ -22,7 +22,7 @@ State::
                  window), its cached count (vLLM's ``num_cached_block``), computed tokens
 
 Protocol, as vLLM's ``KVCacheManager`` runs it for a hybrid model (hash block = block size =
-scheduler block size, no EAGLE, no KV connector, dense retention):
+scheduler block size, no EAGLE, dense retention):
 
 ``lookup``  ``find_longest_cache_hit``: the groups of one spec are looked up together (a
             block hits only if cached in each); full attention first (the longest run of
@@ -41,6 +41,10 @@ scheduler block size, no EAGLE, no KV connector, dense retention):
             blocks wholly outside the window of the tokens computed so far (from the last
             one back to the first null: ``remove_skipped_blocks``; this happens even when the
             allocation is then refused), then capacity, then blocks per group, then caching.
+``admit_remote``  a KV connector's load (a disaggregated decode worker): ``allocate_slots``
+            with the tokens past the local hit external and caching delayed to
+            ``cache_known``; each group allocates only what it keeps of the loaded tokens (a
+            sliding group its window, a Mamba group one block for the last token's state).
 ``free``    per group in order: its blocks (leading nulls dropped) freed tail first.
 
 Another release order (``free_order``, policies/eviction.py ``ReleaseOrder``; ``penelope``:
