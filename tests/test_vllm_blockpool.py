@@ -295,17 +295,21 @@ def test_matches_brute_force(data, order: str, cap: int) -> None:
             probe, len(probe) * BS + 1)
 
 
-@settings(max_examples=80, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["pop", "remove", "append", "prepend"]),
-                          st.integers(0, 6)), max_size=60))
-def test_free_queue_matches_a_list(steps) -> None:
-    """FreeQueue (stack + log with live flags, compaction) against vLLM's list semantics."""
+@settings(max_examples=120, deadline=None)
+@given(st.sampled_from([10, 300]),
+       st.lists(st.tuples(st.sampled_from(["pop", "pop", "remove", "append", "prepend"]),
+                          st.integers(0, 6), st.integers(0, 40)), max_size=80))
+def test_free_queue_matches_a_list(cap: int, steps) -> None:
+    """FreeQueue (stack + log of hashed blocks with dead entries, compaction) against vLLM's
+    list semantics; with 300 blocks, batches of up to 280 blocks and hits anywhere in the
+    hashed part, so pops run into dead entries, scan past them and the log compacts."""
     from sim.kvcache.freequeue import FreeQueue
 
-    cap = 10
     q, ref = FreeQueue(cap), list(range(1, cap + 1))
     hashed: set[int] = set()
-    for op, k in steps:
+    for op, k, skip in steps:
+        if cap > 10:
+            k, skip = k * 40 + skip, skip * 7
         held = [b for b in range(1, cap + 1) if b not in ref]
         if op == "pop":
             k = min(k, len(ref))
@@ -313,12 +317,54 @@ def test_free_queue_matches_a_list(steps) -> None:
             assert unhashed.tolist() + popped.tolist() == ref[:k]
             del ref[:k]
             hashed -= set(popped.tolist())
-        elif op == "remove":
-            free_hashed = [b for b in ref if b in hashed][:k]
+        elif op == "remove":  # a hit on free cached blocks, not necessarily at the front
+            free_hashed = [b for b in ref if b in hashed][skip : skip + k]
             q.remove(np.array(free_hashed, np.int64))
             ref = [b for b in ref if b not in free_hashed]
         else:
-            blocks = held[:k]
+            blocks = held[skip : skip + k]
+            if op == "append":
+                hashed |= set(blocks)
+                q.append(np.array(blocks, np.int64))
+                ref = ref + blocks
+            else:
+                blocks = [b for b in blocks if b not in hashed]
+                q.prepend(np.array(blocks, np.int64))
+                ref = blocks + ref
+        q.check()
+        assert q.blocks().tolist() == ref and len(q) == len(ref)
+        assert q.hashed == len([b for b in ref if b in hashed])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_free_queue_long_walk_matches_a_list(seed: int) -> None:
+    """A long random walk (seeded) on a 200-block FreeQueue against the list: many times the
+    log's length appended, so it compacts, and hits scattered over the hashed part, so pops
+    scan past dead entries and find the next one."""
+    from sim.kvcache.freequeue import FreeQueue
+
+    rng = np.random.default_rng(seed)
+    cap = 200
+    q, ref = FreeQueue(cap), list(range(1, cap + 1))
+    hashed: set[int] = set()
+    for _ in range(600):
+        op = rng.choice(["pop", "remove", "append", "prepend"], p=[0.35, 0.15, 0.35, 0.15])
+        k = int(rng.integers(0, 60))
+        if op == "pop":
+            k = min(k, len(ref))
+            unhashed, popped = q.pop(k)
+            assert unhashed.tolist() + popped.tolist() == ref[:k]
+            del ref[:k]
+            hashed -= set(popped.tolist())
+        elif op == "remove":
+            free_hashed = [b for b in ref if b in hashed]
+            pick = rng.permutation(len(free_hashed))[: k // 4]
+            chosen = [free_hashed[i] for i in sorted(pick)]
+            q.remove(np.array(chosen, np.int64))
+            ref = [b for b in ref if b not in set(chosen)]
+        else:
+            held = [b for b in range(1, cap + 1) if b not in set(ref)]
+            blocks = [held[i] for i in rng.permutation(len(held))[:k]]
             if op == "append":
                 hashed |= set(blocks)
                 q.append(np.array(blocks, np.int64))
@@ -376,3 +422,60 @@ def test_cached_ids_grow_keeps_copies_and_marks_new_ids_uncached(children: bool)
     else:  # not kept: asking is a caller's mistake, not a silent zero
         with pytest.raises(ValueError, match="children=True"):
             m.children(np.array([5], np.int64))
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), children=st.booleans())
+def test_cached_ids_match_a_dict_of_copies(seed: int, children: bool) -> None:
+    """CachedIds against dicts (id -> copies in insertion order; id -> parent) with batches
+    past SMALL, duplicate copies, one id dropped twice in one batch, and child counts read
+    after any mix of queued changes: firsts, children and copy lists equal after every op."""
+    from sim.kvcache.cachedids import SMALL, CachedIds
+
+    rng = np.random.default_rng(seed)
+    n_ids, n_blocks = 60, 90
+    parent = [-1 if i < 3 else int(rng.integers(-1, i)) for i in range(n_ids)]
+
+    def path(v: int) -> list[int]:
+        out = []
+        while v >= 0:
+            out.append(v)
+            v = parent[v]
+        return out[::-1]
+
+    m = CachedIds(children=children)
+    m.grow(np.array([n_ids - 1], np.int64))
+    copies: dict[int, list[int]] = {}
+    bid = np.full(n_blocks + 1, -1, np.int64)
+    for _ in range(120):
+        free = np.flatnonzero(bid[1:] < 0) + 1
+        if rng.random() < 0.55 and len(free):
+            chain = path(int(rng.integers(0, n_ids)))
+            a = int(rng.integers(0, len(chain)))
+            b = min(len(chain), a + int(rng.integers(1, 3 * SMALL)), a + len(free))
+            xs = chain[a:b]
+            ps = rng.permutation(free)[: len(xs)].tolist()
+            m.add(np.array(ps, np.int64), np.array(xs, np.int64), chain[a - 1] if a else -1)
+            for p, x in zip(ps, xs, strict=True):
+                copies.setdefault(x, []).append(p)
+                bid[p] = x
+        else:
+            held = np.flatnonzero(bid[1:] >= 0) + 1
+            ps = rng.permutation(held)[: int(rng.integers(0, 3 * SMALL))].tolist()
+            xs = [int(bid[p]) for p in ps]
+            lost = m.drop(np.array(ps, np.int64), np.array(xs, np.int64))
+            expect = 0
+            for p, x in zip(ps, xs, strict=True):
+                copies[x].remove(p)
+                bid[p] = -1
+                if not copies[x]:
+                    del copies[x]
+                    expect += 1
+            assert lost == expect
+        every = np.arange(n_ids, dtype=np.int64)
+        assert m.firsts(every).tolist() == [copies[x][0] if x in copies else -1
+                                            for x in range(n_ids)]
+        if children and rng.random() < 0.5:  # read the counts only sometimes: changes queue
+            kids = [len({c for c in copies if parent[c] == x}) for x in range(n_ids)]
+            assert m.children(every).tolist() == kids
+        m.check(bid)
