@@ -76,3 +76,35 @@ def test_a_mamba_fleet_behind_each_prefix_router(router: str) -> None:
                               router=router).with_preset("vllm")
     s = run(cfg).summary
     assert s["requests"] > 0 and s["dropped_requests"] == 0 and s["hit_rate"] > 0.5
+
+
+def _engine(**kw):
+    """One vLLM replica of ``SMALL`` (with ``kw``) as a run builds it."""
+    import simpy
+
+    from costmodel.profile import load_profile
+    from costmodel.specs import get_spec
+    from sim.run.build import build_replicas
+    from sim.run.trace import load_run_trace
+
+    cfg = RunConfig.from_flat(**{**SMALL, **kw}).with_preset("vllm")
+    profile = load_profile(cfg.cache.profile, cfg.cache.model)
+    spec = get_spec(cfg.cache.model, cfg.cache.kv_dtype, profile.attention_weights)
+    engines, _ = build_replicas(simpy.Environment(), cfg, spec, profile, load_run_trace(cfg),
+                                [None])
+    return cfg, engines[0]
+
+
+def test_a_replicas_size_in_run_blocks_counts_the_wide_blocks() -> None:
+    """What a router's index of a replica holds (llm-d's PodLRU sized by the engine's report:
+    sim/fleet/fleet.py) is counted in the run's blocks: on vLLM's wider block of a Mamba
+    hybrid each of the pool's blocks is ``ratio`` of them, so the size is the pool's tokens,
+    not 1/ratio of them; a full-attention model's pool is in the run's blocks already."""
+    cfg, e = _engine()
+    pool = e.pool
+    assert isinstance(pool, WideBlocks) and pool.ratio > 1
+    assert e.capacity_run_blocks() == pool.capacity_blocks * pool.ratio
+    assert e.capacity_run_blocks() * cfg.cache.block_size <= cfg.cache.gpu_cache
+    assert e.capacity_run_blocks() > cfg.cache.gpu_cache // cfg.cache.block_size // 2
+    _cfg, full = _engine(model="qwen3-32b")
+    assert full.capacity_run_blocks() == full.pool.capacity_blocks

@@ -155,6 +155,11 @@ class EngineBase:
         """Requests still in the server (waiting, running or mid-prefill)."""
         return bool(self.waiting or self.running)
 
+    def capacity_run_blocks(self) -> int:
+        """The cache's size in the run's blocks (``--block-size``): what a router's index
+        of this replica holds (sim/fleet/fleet.py)."""
+        return self.cache.capacity_blocks
+
     def _never_fits(self, req: Req) -> bool:
         raise NotImplementedError
 

@@ -273,8 +273,8 @@ class VllmServer(EngineBase):
     @staticmethod
     def _hybrid_unsupported(cfg: RunConfig, policy: EvictionPolicy) -> tuple[str, str] | None:
         """What vLLM's hybrid KV cache (several groups: ``vllm_kv_groups``) is not modelled
-        with yet: a patch's pool, a KV connector's load into a Mamba group. Every release
-        order is (``HybridPool.free``: by position, every group's block of one together)."""
+        with yet: a patch's pool. Every release order is (``HybridPool.free``: by position,
+        every group's block of one together), and so are a KV connector's loads."""
         from costmodel.specs import get_spec
 
         try:
@@ -481,6 +481,14 @@ class VllmServer(EngineBase):
             self._note_cached(r)
         self._record_evictions()
         return self._scheduled(rows, decode, preempted, bool(self.waiting or self.holding))
+
+    def capacity_run_blocks(self) -> int:
+        """On vLLM's wider block of a Mamba hybrid (``WideBlocks``) each of the pool's
+        blocks is ``ratio`` of the run's."""
+        pool = self.pool
+        if isinstance(pool, WideBlocks):
+            return pool.capacity_blocks * pool.ratio
+        return pool.capacity_blocks
 
     def _reorder_waiting(self) -> None:
         """vLLM 0.34's cache-aware admission (``Scheduler._reorder_waiting_by_cached_prefix``,

@@ -151,7 +151,7 @@ class Fleet:
         router.bind_prefill_model(PrefillEstimate(first.spec, first.profile,
                                                   first.cfg.engine.chunk_size))
         self.belief = build_belief(router.cache_view, n,
-                                   [e.cache.capacity_blocks for e in replicas])
+                                   [e.capacity_run_blocks() for e in replicas])
         # the replicas' KV events: the pool's feed when there is a pool (one drain for both)
         self.feed: KVEventFeed | None = pool.feed if pool is not None else None
         if self.belief is not None and self.belief.wants_events:
