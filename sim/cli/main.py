@@ -17,7 +17,8 @@ from .common import KvsimGroup
 # ``kvsim --help`` shows, cut to the terminal's width as click cuts the command's own)
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "models": ("models", "models_cmd",
-               "Model specs: shapes, W (Section 2.2), KV cache groups (docs/hybrid.md) and KV "
+               "Model specs: architecture, shapes, W (Section 2.2), KV cache groups "
+               "(docs/hybrid.md) and KV "
                "bytes per token: what one token writes over every group, and per token of a "
                "128K-token request (windowed groups hold only their window; linear-attention "
                "state left out)."),

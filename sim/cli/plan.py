@@ -74,8 +74,10 @@ def _list(text: str | None, option: str, kind=str) -> list:
 def plan_cmd(gpu, tp, mem_fraction, replicas, router, policy, sessions, time_scale, search,
              pd, prices, out, jobs, executor, address, as_json, **fields) -> None:
     """Find the smallest and cheapest deployments (replicas x GPU x router x policy) whose
-    runs of TRACE meet the SLOs (--slo), with --repeats decision seeds per point: a size
-    meets at its 95% interval's pessimistic end (docs/sweeps.md, Plan)."""
+    runs of TRACE meet the SLOs, with repeats and 95% intervals (docs/sweeps.md, Plan).
+
+    Each point runs --repeats decision seeds, and a size meets the --slo at its interval's
+    pessimistic end."""
     from costmodel.gpus import load_gpus
     from sim.config import default_replay
     from sim.io import check_out_dir
