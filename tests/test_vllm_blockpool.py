@@ -295,6 +295,32 @@ def test_matches_brute_force(data, order: str, cap: int) -> None:
             probe, len(probe) * BS + 1)
 
 
+def _free_queue_step(q, ref: list[int], hashed: set[int], op: str, k: int,
+                     blocks: list[int]) -> list[int]:
+    """One op on FreeQueue ``q`` and on its reference list ``ref`` (vLLM's semantics): pop
+    ``k``, remove ``blocks`` (free hashed ones), append ``blocks`` (they become hashed) or
+    prepend the unhashed of ``blocks``; ``hashed`` follows; the new list."""
+    if op == "pop":
+        k = min(k, len(ref))
+        unhashed, popped = q.pop(k)
+        assert unhashed.tolist() + popped.tolist() == ref[:k]
+        hashed -= set(popped.tolist())
+        ref = ref[k:]
+    elif op == "remove":
+        q.remove(np.array(blocks, np.int64))
+        ref = [b for b in ref if b not in set(blocks)]
+    elif op == "append":
+        hashed |= set(blocks)
+        q.append(np.array(blocks, np.int64))
+        ref = ref + blocks
+    else:
+        blocks = [b for b in blocks if b not in hashed]
+        q.prepend(np.array(blocks, np.int64))
+        ref = blocks + ref
+    q.check()
+    return ref
+
+
 @settings(max_examples=120, deadline=None)
 @given(st.sampled_from([10, 300]),
        st.lists(st.tuples(st.sampled_from(["pop", "pop", "remove", "append", "prepend"]),
@@ -311,27 +337,11 @@ def test_free_queue_matches_a_list(cap: int, steps) -> None:
         if cap > 10:
             k, skip = k * 40 + skip, skip * 7
         held = [b for b in range(1, cap + 1) if b not in ref]
-        if op == "pop":
-            k = min(k, len(ref))
-            unhashed, popped = q.pop(k)
-            assert unhashed.tolist() + popped.tolist() == ref[:k]
-            del ref[:k]
-            hashed -= set(popped.tolist())
-        elif op == "remove":  # a hit on free cached blocks, not necessarily at the front
-            free_hashed = [b for b in ref if b in hashed][skip : skip + k]
-            q.remove(np.array(free_hashed, np.int64))
-            ref = [b for b in ref if b not in free_hashed]
+        if op == "remove":  # a hit on free cached blocks, not necessarily at the front
+            blocks = [b for b in ref if b in hashed][skip : skip + k]
         else:
             blocks = held[skip : skip + k]
-            if op == "append":
-                hashed |= set(blocks)
-                q.append(np.array(blocks, np.int64))
-                ref = ref + blocks
-            else:
-                blocks = [b for b in blocks if b not in hashed]
-                q.prepend(np.array(blocks, np.int64))
-                ref = blocks + ref
-        q.check()
+        ref = _free_queue_step(q, ref, hashed, op, k, blocks)
         assert q.blocks().tolist() == ref and len(q) == len(ref)
         assert q.hashed == len([b for b in ref if b in hashed])
 
@@ -350,30 +360,15 @@ def test_free_queue_long_walk_matches_a_list(seed: int) -> None:
     for _ in range(600):
         op = rng.choice(["pop", "remove", "append", "prepend"], p=[0.35, 0.15, 0.35, 0.15])
         k = int(rng.integers(0, 60))
-        if op == "pop":
-            k = min(k, len(ref))
-            unhashed, popped = q.pop(k)
-            assert unhashed.tolist() + popped.tolist() == ref[:k]
-            del ref[:k]
-            hashed -= set(popped.tolist())
-        elif op == "remove":
+        blocks: list[int] = []
+        if op == "remove":
             free_hashed = [b for b in ref if b in hashed]
             pick = rng.permutation(len(free_hashed))[: k // 4]
-            chosen = [free_hashed[i] for i in sorted(pick)]
-            q.remove(np.array(chosen, np.int64))
-            ref = [b for b in ref if b not in set(chosen)]
-        else:
+            blocks = [free_hashed[i] for i in sorted(pick)]
+        elif op != "pop":
             held = [b for b in range(1, cap + 1) if b not in set(ref)]
             blocks = [held[i] for i in rng.permutation(len(held))[:k]]
-            if op == "append":
-                hashed |= set(blocks)
-                q.append(np.array(blocks, np.int64))
-                ref = ref + blocks
-            else:
-                blocks = [b for b in blocks if b not in hashed]
-                q.prepend(np.array(blocks, np.int64))
-                ref = blocks + ref
-        q.check()
+        ref = _free_queue_step(q, ref, hashed, op, k, blocks)
         assert q.blocks().tolist() == ref and len(q) == len(ref)
 
 
