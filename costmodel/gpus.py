@@ -157,7 +157,8 @@ MAMBA_FULL_MEMORY_RATIO = 0.9  # --mamba-full-memory-ratio: mamba state memory /
 # vLLM 0.33 aligns a hybrid Mamba model's attention block to this kernel block (FlashAttention
 # and FlashInfer: multiples of 16; platforms/interface.py ``_align_hybrid_block_size``)
 VLLM_KERNEL_BLOCK = 16
-TOKEN_KINDS = (AttentionKind.FULL, AttentionKind.MLA, AttentionKind.DSA)  # hold every token
+TOKEN_KINDS = (AttentionKind.FULL, AttentionKind.MLA, AttentionKind.DSA,  # hold every token
+               AttentionKind.COMPRESSED)  # (one entry per ratio tokens)
 
 
 @dataclass(frozen=True)
@@ -193,7 +194,14 @@ def group_bytes(spec: ModelSpec, tp: int, engine: str | None = None) -> tuple[Gr
     out = []
     for g in spec.groups:
         token = state = indexer = 0
-        if g.kind in (AttentionKind.MLA, AttentionKind.DSA):
+        if spec.compress_ratios:  # DeepSeek-V4: one entry serves as K and V, on every rank
+            ratio = g.compress_ratio or 1
+            token = spec.kv_heads * spec.head_dim * bits // 8 // ratio
+            if g.indexer_layers:  # MXFP4 keys with a scale byte per 32 (SGLang
+                # deepseek_v4_memory_pool.py get_dsv4_indexer_bytes_per_token, force_fp4)
+                indexer = g.indexer_layers * (spec.index_head_dim // 2
+                                              + spec.index_head_dim // 32) // ratio
+        elif g.kind in (AttentionKind.MLA, AttentionKind.DSA):
             token = (spec.kv_lora_rank + spec.qk_rope_head_dim) * bits // 8
             if g.kind is AttentionKind.DSA:
                 indexer = g.indexer_layers * (spec.index_head_dim

@@ -23,7 +23,12 @@ a bare ``sliding_window`` (every layer); windows from ``sliding_window`` and
 the attention layers MLA (``q_lora_rank``, ``qk_nope_head_dim``, ``qk_rope_head_dim``,
 ``v_head_dim``) and ``index_topk`` makes them DSA (``index_n_heads``, ``index_head_dim``;
 layers sharing an earlier indexer's top-k from ``index_topk_freq``, ``index_skip_topk_offset``,
-``index_topk_pattern`` and ``indexer_types``).
+``index_topk_pattern`` and ``indexer_types``). ``compress_ratios`` (DeepSeek-V4; or
+``compress_rates`` by ``layer_types``, as transformers writes it) makes each layer a sliding
+window of ``sliding_window`` tokens (ratio 0) or compressed with that ratio beside its window
+(one entry of ``head_dim`` per KV head serving as K and V; ratio-4 layers with an indexer:
+``index_topk``, ``index_n_heads``, ``index_head_dim``; ``q_lora_rank``, ``o_lora_rank``,
+``o_groups``); entries past ``num_hidden_layers`` are the MTP layers' and are not read.
 
 Gemma 4's full-attention layers have their own KV heads and head dim
 (``num_global_key_value_heads``, ``global_head_dim``); its MoE block (``enable_moe_block``,
@@ -32,7 +37,8 @@ Gemma 4's full-attention layers have their own KV heads and head dim
 
 What kvsim does not model is refused by the field that asks for it (:data:`REFUSED`,
 :data:`REFUSED_VALUES`): state-space (Mamba) layers, other linear attentions (Kimi's KDA,
-MiniMax's lightning), compressed attention (DeepSeek-V4), sliding layers with an attention
+MiniMax's lightning), DeepSeek-V4.1's KV and indexer shared across layers and its Engram
+and vision layers, sliding layers with an attention
 shape of their own (MiMo-V2.5's ``swa_*``), KV-shared layers and per-layer embeddings (Gemma 4
 E models), quantized weights, multimodal wrappers. ``rope_scaling``
 changes no shape and is not read (``max_position_embeddings`` already states the context).
@@ -66,14 +72,17 @@ ARCHITECTURES = (
     "Qwen3ForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "Glm4MoeForCausalLM",
     "GptOssForCausalLM", "Gemma3ForCausalLM", "Qwen3NextForCausalLM", "DeepseekV3ForCausalLM",
     "DeepseekV32ForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
-    "GlmMoeDsaForCausalLM", "Gemma4ForCausalLM",
+    "GlmMoeDsaForCausalLM", "Gemma4ForCausalLM", "DeepseekV4ForCausalLM",
 )
 
 # Fields whose presence (not null) asks for something kvsim does not model, and why.
 REFUSED = {
     "linear_attn_config": "Kimi Delta Attention (KDA) layers",
     "attn_type_list": "MiniMax lightning (linear) attention layers",
-    "compress_ratios": "compressed sparse attention layers",
+    "kv_source_layer_ids": "compressed KV shared across layers (DeepSeek-V4.1)",
+    "index_source_layer_ids": "indexer keys shared across layers (DeepSeek-V4.1)",
+    "candidate_source_layer_id": "candidate blocks shared across layers (DeepSeek-V4.1)",
+    "engram_layer_ids": "Engram memory layers (DeepSeek-V4.1)",
     "layers_block_type": "hybrid attention/state-space layers",
     "hybrid_override_pattern": "hybrid attention/state-space layers",
     "attn_layer_period": "hybrid attention/state-space layers",
@@ -83,6 +92,7 @@ REFUSED = {
 REFUSED_PREFIXES = ("mamba", "ssm_")  # state-space layers (Mamba, Jamba, Nemotron-H, ...)
 # Fields refused when set to other than their plain value (0, false), and why
 REFUSED_VALUES = {
+    "vision_n_layers": "vision layers (give the language model's config.json)",
     "num_kv_shared_layers": "layers reading an earlier layer's KV (Gemma 4 KV sharing)",
     "hidden_size_per_layer_input": "per-layer input embeddings (Gemma 4 E models)",
 }
@@ -204,9 +214,84 @@ def _shared_indexer_layers(raw: dict[str, Any], layers: int, where: str) -> tupl
     return tuple(i for i, s in enumerate(shared) if s)
 
 
+# DeepSeek-V4's indexer keys are kept in MXFP4 (its reference inference code and the public
+# kvcache-simulator catalog; vLLM's --attention-config indexer_kv_dtype=mxfp4, fp8 its default)
+COMPRESSED_INDEXER_KV_DTYPE = "fp4"
+# fields of other layer layouts that cannot stand beside compress_ratios
+NOT_WITH_COMPRESSED = ("kv_lora_rank", "full_attention_interval", "sliding_window_pattern",
+                       "attention_chunk_size", "num_global_key_value_heads", *SHARED_INDEXER)
+
+
+def _compress_ratios(raw: dict[str, Any], layers: int, where: str) -> list[int]:
+    """Each layer's compress ratio: ``compress_ratios`` (the MTP layers' entries after the
+    ``num_hidden_layers`` dropped), or ``compress_rates`` looked up by ``layer_types`` (0
+    where a type has none), as vLLM's ``get_compress_ratios`` reads either."""
+    mtp = _int(raw, "num_nextn_predict_layers", where, 0, minimum=0)
+    ratios = raw.get("compress_ratios")
+    if ratios is None:
+        rates, types = raw.get("compress_rates"), raw.get("layer_types")
+        if not (isinstance(rates, dict) and all(isinstance(k, str) for k in rates)):
+            raise ModelConfigError(where, "compress_rates", "must map layer types to ratios")
+        if not (isinstance(types, list) and len(types) == layers
+                and all(isinstance(t, str) for t in types)):
+            raise ModelConfigError(where, "layer_types", f"must name each of the {layers} "
+                                   "layers' type (compress_rates reads it)")
+        ratios, key = [rates.get(t, 0) for t in types], "compress_rates"
+    else:
+        key = "compress_ratios"
+        if not (isinstance(ratios, list) and len(ratios) in (layers, layers + mtp)):
+            raise ModelConfigError(where, key, f"must list a ratio for each of the {layers} "
+                                   f"layers (and the {mtp} num_nextn_predict_layers)")
+        ratios = ratios[:layers]
+    for r in ratios:
+        if isinstance(r, bool) or not isinstance(r, int) or r < 0 or r == 1:
+            raise ModelConfigError(where, key, f"ratios must be 0 (sliding window only) or "
+                                   f"integers >= 2, got {r!r}")
+    return ratios
+
+
+def _compressed_fields(raw: dict[str, Any], layers: int, where: str) -> dict[str, Any]:
+    """``ModelSpec`` fields of a compressed-attention model (module docstring)."""
+    stray = next((k for k in NOT_WITH_COMPRESSED if raw.get(k) is not None), None)
+    if stray is not None:
+        raise ModelConfigError(where, stray, f"beside compressed attention (compress_ratios): "
+                               f"{HINT}")
+    ratios = _compress_ratios(raw, layers, where)
+    if raw.get("head_dim") is None:
+        raise ModelConfigError(where, "head_dim", "missing (the compressed KV entry's width)")
+    window = _int(raw, "sliding_window", where)
+    out: dict[str, Any] = dict(
+        layer_kinds=tuple("compressed" if r else "sliding" for r in ratios),
+        layer_windows=(window,) * layers, compress_ratios=tuple(ratios),
+        q_lora_rank=_int(raw, "q_lora_rank", where, 0, minimum=0),
+        o_lora_rank=_int(raw, "o_lora_rank", where, 0, minimum=0),
+        o_groups=_int(raw, "o_groups", where, 1))
+    heads = raw.get("num_attention_heads")
+    if isinstance(heads, int) and heads % out["o_groups"]:
+        raise ModelConfigError(where, "o_groups", f"{out['o_groups']} does not divide "
+                               f"num_attention_heads {heads}")
+    if 4 in ratios:  # SPARSE_COMPRESS_RATIO: those layers have an indexer
+        out.update(index_topk=_int(raw, "index_topk", where),
+                   index_n_heads=_int(raw, "index_n_heads", where),
+                   index_head_dim=_int(raw, "index_head_dim", where),
+                   indexer_kv_dtype=COMPRESSED_INDEXER_KV_DTYPE)
+    head_dim, kv_heads = raw["head_dim"], raw.get("num_key_value_heads", heads)
+    key_bytes = out.get("index_head_dim", 2) // 2
+    if isinstance(head_dim, int) and isinstance(kv_heads, int):
+        bad = next((r for r in ratios if r and (kv_heads * head_dim // 2 % r
+                                                 or (r == 4 and key_bytes % r))), None)
+        if bad is not None:
+            raise ModelConfigError(where, "compress_ratios", f"ratio {bad} does not divide a KV "
+                                   "entry's (or an indexer key's) fp4 bytes: " + HINT)
+    return out
+
+
 def _attention_fields(raw: dict[str, Any], layers: int, where: str) -> dict[str, Any]:
     """``ModelSpec`` fields of the layer kinds (module docstring): ``layer_kinds``,
-    ``layer_windows`` and the shapes of the MLA, DSA and linear-attention layers."""
+    ``layer_windows`` and the shapes of the MLA, DSA, compressed and linear-attention
+    layers."""
+    if raw.get("compress_ratios") is not None or raw.get("compress_rates") is not None:
+        return _compressed_fields(raw, layers, where)
     out: dict[str, Any] = {}
     full = "full"
     if raw.get("kv_lora_rank") is not None:

@@ -16,8 +16,10 @@ form a *KV cache group* (:class:`KVGroup`) with its own bytes per token or per r
 own position term (``costmodel/units.py``; docs/hybrid.md): full ``p``; sliding window ``w``
 (a token sees at most ``w`` tokens including itself) ``min(p, w - 1)``; chunked local (chunk
 ``c``) ``p mod c``; linear / Gated DeltaNet a constant state update; MLA ``p``; DSA
-``min(p, k - 1)`` over the top-k keys plus the indexer scoring all ``p``. All shapes are from
-the models' public ``config.json`` files.
+``min(p, k - 1)`` over the top-k keys plus the indexer scoring all ``p``; compressed (ratio
+``r``, DeepSeek-V4) ``floor(p / r)`` compressed entries, or ``min(floor(p / r), k)`` where an
+indexer picks the top-k of them (and scores all ``floor(p / r)``), beside its sliding window.
+All shapes are from the models' public ``config.json`` files.
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ class AttentionKind(StrEnum):
     LINEAR = "linear"  # linear attention / Gated DeltaNet: a fixed state per request
     MLA = "mla"  # multi-head latent attention: one latent (kv_lora_rank + rope) per token
     DSA = "dsa"  # MLA whose queries read the top-k keys an indexer picks (indexer cache)
+    # DeepSeek-V4: one entry per ``r`` tokens (``compress_ratios``) beside the layer's sliding
+    # window; ratio-4 layers' queries read the top-k entries an indexer picks
+    COMPRESSED = "compressed"
 
 
 # bits per KV element (``--kv-dtype``); fp4's block scales are not counted (as the public
@@ -51,6 +56,13 @@ CONV_STATE_BYTES = 2
 RECURRENT_STATE_BYTES = 4
 # bounded kinds: a request holds at most ``window`` tokens of them
 BOUNDED = (AttentionKind.SLIDING, AttentionKind.CHUNKED)
+# kinds whose layers have a ``window``: the bounded ones, and compressed layers (their window
+# of recent tokens beside the compressed entries)
+WINDOWED = (*BOUNDED, AttentionKind.COMPRESSED)
+# DeepSeek-V4: only the layers compressed 4x have an indexer and read its top-k (vLLM
+# vllm/models/deepseek_v4/attention.py: "Only C4A uses sparse attention and hence has
+# indexer"; SGLang sglang/srt/models/deepseek_v4.py); the others attend to every entry
+SPARSE_COMPRESS_RATIO = 4
 
 
 @dataclass(frozen=True)
@@ -60,7 +72,11 @@ class KVGroup:
     takes in all its layers (0 for linear attention); ``state_bytes_per_request``: the fixed
     state one request holds (linear attention); ``indexer_bytes_per_token``: of
     ``kv_bytes_per_token``, the DSA indexer's keys, which ``indexer_layers`` of the layers
-    compute and cache (the others reuse an earlier layer's top-k: ``shared_indexer_layers``)."""
+    compute and cache (the others reuse an earlier layer's top-k: ``shared_indexer_layers``).
+    A compressed group keeps one entry per ``compress_ratio`` tokens: ``kv_bytes_per_token``
+    is an entry's bytes (and its indexer key's) over its layers divided by the ratio, and a
+    request of ``p`` tokens holds ``floor(p / r)`` entries; its layers' windows are the
+    model's sliding group, which every layer of a compressed model has."""
 
     kind: AttentionKind
     layers: int
@@ -69,6 +85,7 @@ class KVGroup:
     state_bytes_per_request: int = 0
     indexer_bytes_per_token: int = 0
     indexer_layers: int = 0
+    compress_ratio: int = 0
 
     def kv_bytes(self, tokens: int) -> int:
         """Bytes one request of ``tokens`` context holds in this group: every token (full,
@@ -81,15 +98,19 @@ class KVGroup:
             held = min(tokens, self.window or tokens)
         elif self.kind is AttentionKind.CHUNKED:
             held = (tokens - 1) % (self.window or tokens) + 1
+        elif self.kind is AttentionKind.COMPRESSED:  # whole entries only
+            held = tokens // self.compress_ratio * self.compress_ratio
         return held * self.kv_bytes_per_token + self.state_bytes_per_request
 
     def to_dict(self) -> dict[str, object]:
         d: dict[str, object] = {"kind": str(self.kind), "layers": self.layers}
         if self.window is not None:
             d["window"] = self.window
+        if self.kind is AttentionKind.COMPRESSED:
+            d["compress_ratio"] = self.compress_ratio
         d["kv_bytes_per_token"] = self.kv_bytes_per_token
         d["state_bytes_per_request"] = self.state_bytes_per_request
-        if self.kind is AttentionKind.DSA:
+        if self.indexer_layers or self.kind is AttentionKind.DSA:
             d["indexer_bytes_per_token"] = self.indexer_bytes_per_token
             d["indexer_layers"] = self.indexer_layers
         return d
@@ -152,6 +173,15 @@ class ModelSpec:
     # (Gemma 4: config.json num_global_key_value_heads, global_head_dim); 0: kv_heads, head_dim
     full_kv_heads: int = 0
     full_head_dim: int = 0
+    # compressed attention (DeepSeek-V4, config.json compress_ratios): each layer's ratio (0:
+    # its sliding window only, layer kind sliding; else kind compressed); every layer's KV is
+    # one entry of ``head_dim`` per KV head that serves as K and V; queries through
+    # ``q_lora_rank``, the output through ``o_groups`` groups of ``o_lora_rank`` (config.json
+    # o_groups, o_lora_rank); the indexer's keys kept in ``indexer_kv_dtype`` ("": kv_dtype)
+    compress_ratios: tuple[int, ...] = ()
+    o_lora_rank: int = 0
+    o_groups: int = 0
+    indexer_kv_dtype: str = ""
     source: str = ""
     # config.json ``architectures[0]`` of ``source``: engines that treat an architecture apart
     # read it (SGLang keeps Gemma 2/3 in one pool, sim/engines/sglang.py); "": not stated, the
@@ -189,9 +219,9 @@ class ModelSpec:
             if k not in known:
                 raise ValueError(f"{self.name}: layer {i}: unknown attention kind {k!r}")
             w = self.layer_windows[i] if self.layer_windows else None
-            if (k in BOUNDED) != (w is not None):
+            if (k in WINDOWED) != (w is not None):
                 raise ValueError(f"{self.name}: layer {i} ({k}): a window is given exactly "
-                                 "for sliding and chunked layers")
+                                 "for sliding, chunked and compressed layers")
             for f in need.get(AttentionKind(k), ()):
                 if getattr(self, f) < 1:
                     raise ValueError(f"{self.name}: {k} layers need {f} >= 1")
@@ -201,12 +231,38 @@ class ModelSpec:
         if self.full_kv_heads and self.q_heads % self.full_kv_heads:
             raise ValueError(f"{self.name}: full_kv_heads {self.full_kv_heads} does not divide "
                              f"q_heads {self.q_heads}")
+        self._check_compressed()
         shared = self.shared_indexer_layers
         if shared:
             dsa = [i for i, k in enumerate(self.layer_kinds) if k == AttentionKind.DSA]
             if list(shared) != sorted(set(shared)) or not set(shared) <= set(dsa[1:]):
                 raise ValueError(f"{self.name}: shared_indexer_layers must be sorted DSA layers "
                                  "after the first (an earlier indexer's top-k is reused)")
+
+    def _check_compressed(self) -> None:
+        """Compressed layers exactly where ``compress_ratios`` is positive, and every entry
+        (and indexer key) a whole number of bytes per token at any KV dtype."""
+        if self.indexer_kv_dtype not in ("", *KV_DTYPE_BITS):
+            raise ValueError(f"{self.name}: indexer_kv_dtype {self.indexer_kv_dtype!r}: one of "
+                             f"{', '.join(KV_DTYPE_BITS)}")
+        ratios = self.compress_ratios
+        if not ratios:
+            if AttentionKind.COMPRESSED in self.layer_kinds:
+                raise ValueError(f"{self.name}: compressed layers need compress_ratios")
+            return
+        if len(ratios) != self.layers or len(self.layer_kinds) != self.layers:
+            raise ValueError(f"{self.name}: compress_ratios and layer_kinds need one entry "
+                             "per layer")
+        fp4_entry = self.kv_heads * self.head_dim * KV_DTYPE_BITS["fp4"] // 8
+        fp4_key = self.index_head_dim * KV_DTYPE_BITS["fp4"] // 8
+        for i, (k, r) in enumerate(zip(self.layer_kinds, ratios, strict=True)):
+            if (k == AttentionKind.COMPRESSED) != (r > 0) or (r == 0 and k != "sliding"):
+                raise ValueError(f"{self.name}: layer {i} ({k}): compressed exactly where its "
+                                 f"compress ratio is positive, sliding elsewhere, got {r}")
+            if r and (r < 2 or fp4_entry % r
+                      or (r == SPARSE_COMPRESS_RATIO and (self.index_topk < 1 or fp4_key % r))):
+                raise ValueError(f"{self.name}: layer {i}: compress ratio {r} must be >= 2 and "
+                                 "divide a KV entry's (and an indexer key's) bytes")
 
     # --- Section 2.2 -------------------------------------------------------------------
     @property
@@ -251,7 +307,12 @@ class ModelSpec:
 
     def projection_macs(self, kind: AttentionKind) -> int:
         """Per-token MACs of one ``kind`` layer's projections (modelling code of vLLM/SGLang:
-        ``deepseek_v2.py`` MLA and its DSA ``Indexer``, ``qwen3_next.py`` Gated DeltaNet)."""
+        ``deepseek_v2.py`` MLA and its DSA ``Indexer``, ``qwen3_next.py`` Gated DeltaNet); a
+        compressed model's layers by their ratio (``compressed_layer_macs``)."""
+        if self.compress_ratios:
+            ratio = next(r for k, r in zip(self.kinds, self.compress_ratios, strict=True)
+                         if k is kind)
+            return self.compressed_layer_macs(ratio)
         if kind in (AttentionKind.MLA, AttentionKind.DSA):
             h, qk = self.q_heads, self.qk_nope_head_dim + self.qk_rope_head_dim
             q = (self.hidden * self.q_lora_rank + self.q_lora_rank * h * qk if self.q_lora_rank
@@ -269,6 +330,29 @@ class ModelSpec:
             return (self.hidden * (qk + 2 * v) + self.hidden * 2 * self.linear_value_heads
                     + self.linear_conv_kernel * (qk + v) + v * self.hidden)
         return self._gqa_macs(*self.kv_shape(kind))
+
+    def compressed_layer_macs(self, ratio: int) -> int:
+        """Per-token MACs of one layer of a compressed model (vLLM
+        vllm/models/deepseek_v4/attention.py, compressor.py): wq_a and wq_b through
+        ``q_lora_rank``, the one KV entry, wo_a per output group and wo_b; a compressed layer's
+        compressor (KV and gate projections of ``coff`` entries, two where ratio 4 overlaps
+        its windows); a ratio-4 layer's indexer (wq_b, weights_proj, and its own compressor
+        of ``index_head_dim`` keys)."""
+        h, d = self.q_heads, self.head_dim
+        q = (self.hidden * self.q_lora_rank + self.q_lora_rank * h * d if self.q_lora_rank
+             else self.hidden * h * d)
+        o = (h * d * self.o_lora_rank + self.o_groups * self.o_lora_rank * self.hidden
+             if self.o_lora_rank else h * d * self.hidden)
+        macs = q + self.hidden * self.kv_heads * d + o
+        if ratio:
+            coff = 2 if ratio == SPARSE_COMPRESS_RATIO else 1
+            macs += 2 * self.hidden * coff * d
+        if ratio == SPARSE_COMPRESS_RATIO:
+            q_in = self.q_lora_rank or self.hidden
+            macs += (q_in * self.index_n_heads * self.index_head_dim
+                     + self.hidden * self.index_n_heads
+                     + 2 * self.hidden * 2 * self.index_head_dim)
+        return macs
 
     @property
     def indexer_projection_macs(self) -> int:
@@ -300,6 +384,8 @@ class ModelSpec:
 
     @property
     def _projection_macs_all_layers(self) -> int:
+        if self.compress_ratios:
+            return sum(self.compressed_layer_macs(r) for r in self.compress_ratios)
         return (sum(n * self.projection_macs(k) for k, n in self.kind_counts().items())
                 - len(self.shared_indexer_layers) * self.indexer_projection_macs)
 
@@ -307,6 +393,7 @@ class ModelSpec:
     def _uniform(self) -> bool:
         """Every layer has the same projections and FFN."""
         return (not self.dense_layers and not self.shared_indexer_layers
+                and len(set(self.compress_ratios)) < 2
                 and len({self.projection_macs(k) for k in self.kind_counts()}) == 1)
 
     @property
@@ -367,14 +454,33 @@ class ModelSpec:
     @cached_property
     def groups(self) -> tuple[KVGroup, ...]:
         """The KV cache groups: the layers of one kind and window, in order of their first
-        layer, with their bytes at ``kv_dtype`` (docs/hybrid.md, Bytes)."""
+        layer, with their bytes at ``kv_dtype`` (docs/hybrid.md, Bytes). A compressed model's
+        sliding group holds every layer's window (compressed layers keep one too), and its
+        compressed groups are keyed by their ratio."""
         counts: dict[tuple[AttentionKind, int | None], int] = {}
-        for k, w in zip(self.kinds, self.windows(), strict=True):
+        ratios = self.compress_ratios or (0,) * self.layers
+        for k, w, r in zip(self.kinds, self.windows(), ratios, strict=True):
+            if k is AttentionKind.COMPRESSED:
+                counts[(AttentionKind.SLIDING, w)] = counts.get((AttentionKind.SLIDING, w), 0) + 1
+                w = r
             counts[(k, w)] = counts.get((k, w), 0) + 1
         bits = KV_DTYPE_BITS[self.kv_dtype]
         out = []
         for (k, w), n in counts.items():
             state = indexer = indexer_layers = 0
+            if self.compress_ratios:  # one entry per KV head serves as K and V
+                entry = n * self.kv_heads * self.head_dim * bits // 8
+                if k is AttentionKind.SLIDING:
+                    out.append(KVGroup(k, n, w, entry))
+                    continue
+                ratio = w or 1
+                if ratio == SPARSE_COMPRESS_RATIO:
+                    indexer_layers = n
+                    ibits = KV_DTYPE_BITS[self.indexer_kv_dtype or self.kv_dtype]
+                    indexer = n * self.index_head_dim * ibits // 8 // ratio
+                out.append(KVGroup(k, n, None, entry // ratio + indexer, 0, indexer,
+                                   indexer_layers, ratio))
+                continue
             if k in (AttentionKind.MLA, AttentionKind.DSA):
                 kv = n * (self.kv_lora_rank + self.qk_rope_head_dim) * bits // 8
                 if k is AttentionKind.DSA:
@@ -411,20 +517,28 @@ class ModelSpec:
         return sum(g.state_bytes_per_request for g in self.groups)
 
     @cached_property
-    def extra_terms(self) -> tuple[tuple[int | float, AttentionKind, int], ...]:
+    def extra_terms(self) -> tuple[tuple[int | float, AttentionKind, int, int], ...]:
         """The position terms beyond ``window_caps``' ``min(p, cap)``, per group (layer count,
-        kind, parameter): chunked (chunk), linear (state-update MACs per token), the DSA
-        indexer (MACs per scored key). Empty for full and sliding models, so their pricing
-        pays nothing for it (``costmodel/units.py``)."""
+        kind, parameter, tokens per key): chunked (chunk), linear (state-update MACs per
+        token), the DSA indexer (MACs per scored key, every token a key; a compressed group's
+        indexer: one key per ``r`` tokens), compressed (its cap: ``index_topk`` where an
+        indexer picks the entries, 0 for none; one entry per ``r`` tokens). Empty for full and
+        sliding models, so their pricing pays nothing for it (``costmodel/units.py``)."""
         terms = []
         for g in self.groups:
             if g.kind is AttentionKind.CHUNKED:
-                terms.append((self._weighted(g), g.kind, g.window or 1))
+                terms.append((self._weighted(g), g.kind, g.window or 1, 1))
             elif g.kind is AttentionKind.LINEAR:
-                terms.append((self._weighted(g), g.kind, self.state_update_macs))
+                terms.append((self._weighted(g), g.kind, self.state_update_macs, 1))
             elif g.kind is AttentionKind.DSA:  # only the layers with an indexer score keys
                 terms.append((self._weighted(g, g.indexer_layers), g.kind,
-                              self.indexer_macs_per_key))
+                              self.indexer_macs_per_key, 1))
+            elif g.kind is AttentionKind.COMPRESSED:
+                cap = self.index_topk if g.indexer_layers else 0
+                terms.append((self._weighted(g), g.kind, cap, g.compress_ratio))
+                if g.indexer_layers:
+                    terms.append((self._weighted(g, g.indexer_layers), AttentionKind.DSA,
+                                  self.indexer_macs_per_key, g.compress_ratio))
         return tuple(terms)
 
     def window_groups(self) -> dict[int | None, int]:

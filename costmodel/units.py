@@ -11,12 +11,15 @@ window and ``index_topk - 1`` for DSA's top-k keys; per group, weighted by its l
 (``ModelSpec.window_caps``). Hybrid groups add (``ModelSpec.extra_terms``, docs/hybrid.md)::
 
     chunked (chunk c)   sum_{p=a}^{b-1} (p mod c)
+    compressed (r)      sum_{p=a}^{b-1} floor(p / r), or min(floor(p / r), k) with an indexer
     linear              (b - a) * state_update_macs / macs_per_unit
     DSA indexer         sum_{p=a}^{b-1} p * indexer_macs_per_key / macs_per_unit
+    compressed indexer  sum_{p=a}^{b-1} floor(p / r) * indexer_macs_per_key / macs_per_unit
 
-the last two summed in MACs over the groups and floored to whole units once per range. A
-profile with a rate per kind (``Profile.pricing_spec``) weights each group's layers by its
-kind's rate over the profile's one rate, and the range's units are floored once.
+the last three summed in MACs over the groups and floored to whole units once per range (a
+compressed layer's window is a sliding term). A profile with a rate per kind
+(``Profile.pricing_spec``) weights each group's layers by its kind's rate over the profile's
+one rate, and the range's units are floored once.
 A batch of ranges (a phantom request's hole plus the real request's new tokens) is priced as
 the sum of its ranges: positions are kept, so the hole costs what it originally cost.
 
@@ -83,17 +86,36 @@ def chunk_position_sum(a: int, b: int, chunk: int) -> int:
     return upto(b) - upto(a)
 
 
+def compressed_position_sum(a: int, b: int, ratio: int, cap: int = 0) -> int:
+    """``sum(min(p // ratio, cap) for p in range(a, b))`` in closed form (``cap=0``: no cap):
+    the compressed entries (one per ``ratio`` earlier tokens) the tokens at ``[a, b)`` read."""
+    if b <= a:
+        return 0
+
+    def upto(n: int) -> int:  # sum over [0, n)
+        if cap and n > cap * ratio:
+            return upto(cap * ratio) + (n - cap * ratio) * cap
+        q, r = divmod(n, ratio)
+        return ratio * (q * (q - 1) // 2) + r * q
+
+    return upto(b) - upto(a)
+
+
 def extra_units(spec: ModelSpec, a: int, b: int) -> int:
-    """Attention units of ``[a, b)`` in the chunked, linear and DSA-indexer terms
+    """Attention units of ``[a, b)`` in the chunked, compressed, linear and indexer terms
     (``ModelSpec.extra_terms``); 0 for full and sliding models."""
     chunked = macs = 0
-    for count, kind, param in spec.extra_terms:
+    for count, kind, param, ratio in spec.extra_terms:
         if kind is AttentionKind.CHUNKED:
             chunked += count * chunk_position_sum(a, b, param)
+        elif kind is AttentionKind.COMPRESSED:
+            chunked += count * compressed_position_sum(a, b, ratio, param)
         elif kind is AttentionKind.LINEAR:
             macs += count * (b - a) * param
-        else:  # DSA: the indexer scores every earlier token
+        elif ratio == 1:  # DSA: the indexer scores every earlier token
             macs += count * position_sum(a, b) * param
+        else:  # a compressed group's indexer scores every earlier entry
+            macs += count * compressed_position_sum(a, b, ratio) * param
     return chunked + macs // spec.macs_per_unit
 
 

@@ -112,7 +112,7 @@ def test_dense_layers_mixed_into_an_moe(tmp_path: Path) -> None:
     ("layers_block_type", ["attention", "mamba"]), ("hybrid_override_pattern", "M-M*"),
     ("attn_layer_period", 8), ("attention_chunk_size", 8192), ("mamba_d_state", 128),
     ("ssm_state_size", 128), ("quantization_config", {"quant_method": "fp8"}),
-    ("text_config", {"hidden_size": 8}), ("compress_ratios", [4, 128]),
+    ("text_config", {"hidden_size": 8}), ("kv_source_layer_ids", [2, 8]),
 ])
 def test_hybrid_markers_refused_by_name(field: str, value: object, tmp_path: Path) -> None:
     path = write(tmp_path, {**fixture("llama-3.1-8b"), field: value})

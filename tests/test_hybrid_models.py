@@ -47,7 +47,8 @@ TINY = ["--trace", "synthetic:claude-code?sessions=4", "--max-context", "32k", "
 def test_kv_bytes_at_128k_agree_with_the_public_catalog(name: str, dtype: str, key: str) -> None:
     """Every model both catalogs have: KV bytes per token at 128K within 1% (all agree
     exactly: the same layers, KV heads and head dims, MLA's kv_lora_rank + rope and DSA's
-    indexer key per layer), and the Gated DeltaNet state per request where it gives one."""
+    indexer key per layer; DeepSeek-V4's windows, compressed entries and fp4 indexer keys),
+    and the Gated DeltaNet state per request where it gives one."""
     spec = get_spec(name, dtype)
     ours = spec.kv_bytes_per_token_at(CTX)
     theirs = PUBLIC["catalog"][name][key]
@@ -58,8 +59,14 @@ def test_kv_bytes_at_128k_agree_with_the_public_catalog(name: str, dtype: str, k
 
 def _shape_spec(fields: dict[str, Any]) -> ModelSpec:
     """A spec with a public-catalog hybrid's KV fields (the rest of the shape is filler:
-    bytes do not read it)."""
+    bytes do not read it); a compressed model's through the config.json reader."""
     layers = fields["num_hidden_layers"]
+    if "compress_ratios" in fields:
+        raw = {**fields, "architectures": ["DeepseekV4ForCausalLM"], "hidden_size": 1024,
+               "num_attention_heads": 64, "intermediate_size": 2048, "index_n_heads": 64,
+               "num_nextn_predict_layers": len(fields["compress_ratios"]) - layers,
+               "vocab_size": 1024, "max_position_embeddings": 1 << 20}
+        return ModelSpec("x", **spec_fields(raw, "x"))
     every = fields["sliding_window_pattern"]  # one window, every n-th layer full
     windows = tuple(None if (i + 1) % every == 0 else fields["sliding_window"]
                     for i in range(layers))
@@ -76,6 +83,8 @@ def test_group_formulas_agree_with_the_public_formulas(name: str) -> None:
     spec = _shape_spec(entry["fields"])
     ours = spec.kv_bytes_per_token_at(CTX)
     assert ours == entry["bf16"]
+    if "fp8" in entry:
+        assert spec.with_kv_dtype("fp8").kv_bytes_per_token_at(CTX) == entry["fp8"]
     assert spec.state_bytes_per_request == entry.get("state", 0)
 
 
@@ -136,6 +145,16 @@ GROUPS = {
     "glm-5.2": [{"kind": "dsa", "layers": 78, "kv_bytes_per_token": (78 * 576 + 21 * 128) * 2,
                  "state_bytes_per_request": 0, "indexer_bytes_per_token": 21 * 128 * 2,
                  "indexer_layers": 21}],
+    # DeepSeek-V4-Flash: every layer's window of one 512-wide entry (K = V); 21 layers one
+    # entry per 4 tokens and an fp4 indexer key of 128; 20 layers one entry per 128 tokens
+    "deepseek-v4-flash": [
+        {"kind": "sliding", "layers": 43, "window": 128, "kv_bytes_per_token": 43 * 512 * 2,
+         "state_bytes_per_request": 0},
+        {"kind": "compressed", "layers": 21, "compress_ratio": 4,
+         "kv_bytes_per_token": 21 * 512 * 2 // 4 + 21 * 64 // 4, "state_bytes_per_request": 0,
+         "indexer_bytes_per_token": 21 * 64 // 4, "indexer_layers": 21},
+        {"kind": "compressed", "layers": 20, "compress_ratio": 128,
+         "kv_bytes_per_token": 20 * 512 * 2 // 128, "state_bytes_per_request": 0}],
 }
 
 
@@ -188,7 +207,9 @@ def test_full_attention_models_keep_one_full_group_and_their_numbers() -> None:
 def _spec(kind: str, layers: int = 3, window: int = 7, topk: int = 5) -> ModelSpec:
     """A tiny model of one kind, or ``mixed``: one layer of each; ``dsa-shared``: DSA whose
     middle layer reuses the first one's top-k (no indexer of its own); ``wide-full``: sliding
-    layers beside a full one of twice their head dim and its own KV heads (Gemma 4)."""
+    layers beside a full one of twice their head dim and its own KV heads (Gemma 4);
+    ``compressed``: a sliding layer, one compressed 4x with an indexer, one compressed 2x
+    (DeepSeek-V4's kinds)."""
     common: dict[str, Any] = dict(hidden=64, q_heads=4, kv_heads=2, head_dim=16,
                                   kv_lora_rank=32, q_lora_rank=24, qk_nope_head_dim=16,
                                   qk_rope_head_dim=8, v_head_dim=16, index_topk=topk,
@@ -204,6 +225,10 @@ def _spec(kind: str, layers: int = 3, window: int = 7, topk: int = 5) -> ModelSp
     if kind == "wide-full":
         return ModelSpec("t", layers=3, layer_windows=(window, None, window),
                          full_kv_heads=1, full_head_dim=32, **{**common, "kv_lora_rank": 0})
+    if kind == "compressed":
+        return ModelSpec("t", layers=3, layer_kinds=("sliding", "compressed", "compressed"),
+                         layer_windows=(window,) * 3, compress_ratios=(0, 4, 2), o_lora_rank=8,
+                         o_groups=2, indexer_kv_dtype="fp4", **{**common, "kv_lora_rank": 0})
     if kind == "dsa-shared":
         return ModelSpec("t", layers=layers, layer_kinds=("dsa",) * layers,
                          shared_indexer_layers=(1,), **common)
@@ -220,7 +245,15 @@ def _brute_units(spec: ModelSpec, a: int, b: int) -> int:
     whole, macs = 0, Fraction(0)
     for i, (kind, w) in enumerate(zip(spec.kinds, spec.windows(), strict=True)):
         for p in range(a, b):
-            if kind in (AttentionKind.FULL, AttentionKind.MLA):  # wider heads: more MACs a pair
+            if kind is AttentionKind.COMPRESSED:  # its window, and the entries before p
+                r = spec.compress_ratios[i]
+                whole += min(p, w - 1)
+                if r == 4:  # the indexer scores every entry, attention reads its top-k
+                    whole += min(p // r, spec.index_topk)
+                    macs += p // r * spec.indexer_macs_per_key
+                else:
+                    whole += p // r
+            elif kind in (AttentionKind.FULL, AttentionKind.MLA):  # wider heads: more MACs a pair
                 whole += p * (spec.full_head_dim or spec.head_dim) // spec.head_dim
             elif kind is AttentionKind.SLIDING:
                 whole += min(p, w - 1)
@@ -236,7 +269,7 @@ def _brute_units(spec: ModelSpec, a: int, b: int) -> int:
 
 
 KINDS = ["full", "sliding", "chunked", "linear", "mla", "dsa", "dsa-shared", "wide-full",
-         "mixed"]
+         "compressed", "mixed"]
 
 
 @settings(max_examples=150, deadline=None)
@@ -461,12 +494,14 @@ def test_models_json_schema() -> None:
     models = {m["name"]: m for m in json.loads(res.stdout)["models"]}
     assert {"gpt-oss-120b", "gemma-3-27b", "qwen3-next-80b-a3b", "deepseek-v3.2",
             "kimi-k2", "glm-4.5"} <= set(models)
-    for name, m in models.items():
-        assert sum(g["layers"] for g in m["groups"]) == m["layers"], name
+    for name, m in models.items():  # a compressed layer is in the sliding group too
+        assert sum(g["layers"] for g in m["groups"] if g["kind"] != "compressed") \
+            == m["layers"], name
         assert m["kv_bytes_per_token"] == sum(g["kv_bytes_per_token"] for g in m["groups"])
         for g in m["groups"]:
             assert {"kind", "layers", "kv_bytes_per_token", "state_bytes_per_request"} <= set(g)
             assert ("window" in g) == (g["kind"] in ("sliding", "chunked")), (name, g)
+            assert ("compress_ratio" in g) == (g["kind"] == "compressed"), (name, g)
     assert models["qwen3-8b"]["groups"] == GROUPS["qwen3-8b"]
     for name, groups in GROUPS.items():
         assert models[name]["groups"] == groups, name
@@ -484,7 +519,8 @@ def test_models_json_schema() -> None:
 # None runs, a string is the start of the one-line reason the run is refused with
 AGENTIC = {name: {"sglang": None, "vllm": None} for name in (
     "gpt-oss-120b", "qwen3-next-80b-a3b", "qwen3.5-27b", "qwen3.6-27b", "qwen3.5-397b-a17b",
-    "deepseek-v3.2", "kimi-k2.5", "glm-5.2", "gemma-4-31b", "gemma-4-26b-a4b")}
+    "deepseek-v3.2", "kimi-k2.5", "glm-5.2", "gemma-4-31b", "gemma-4-26b-a4b",
+    "deepseek-v4-flash")}
 
 
 @pytest.mark.parametrize("engine", ["sglang", "vllm"])
@@ -536,18 +572,89 @@ def test_catalog_shapes_weigh_what_the_models_are_published_at(name: str, total_
     assert round(spec.active_params / 1e9, 1) == active_b
 
 
-def test_deepseek_v4_is_refused_by_name(tmp_path: Path) -> None:
-    """DeepSeek-V4's compressed attention (a sliding window of 128 beside KV compressed 4x or
-    128x per layer, compress_ratios; its KV fields as the public catalog gives them) is not
-    modelled: a run is refused with one line naming the field, not approximated."""
-    ratios = [0, 0] + [4, 128] * 20 + [4, 0, 0, 0]
-    raw = {"architectures": ["DeepseekV4ForCausalLM"], "num_hidden_layers": 43, "head_dim": 512,
-           "num_key_value_heads": 1, "sliding_window": 128, "index_head_dim": 128,
-           "index_topk": 512, "compress_ratios": ratios}
-    res = CliRunner().invoke(cli, ["run", *TINY, "--model", _write_config(tmp_path, raw)])
-    assert res.exit_code == 2, res.output
-    line = res.stderr.strip().splitlines()[-1]
-    assert "'compress_ratios'" in line and "compressed sparse attention" in line, line
+V4_FLASH = CATALOG["deepseek-v4-flash"]["config"]
+
+
+def test_deepseek_v4_reads_its_compress_ratios_or_compress_rates(tmp_path: Path) -> None:
+    """DeepSeek-V4-Flash's config.json as a file reads as the catalog entry; its MTP layer's
+    ratio (the 44th) is not read; transformers' form (``layer_types`` with ``compress_rates``,
+    MTP layers dropped) reads the same, as vLLM's ``get_compress_ratios`` reads either."""
+    spec = load_spec(_write_config(tmp_path, V4_FLASH))
+    mine = get_spec("deepseek-v4-flash")
+    assert spec.groups == mine.groups and spec.W == mine.W
+    assert spec.compress_ratios == tuple(V4_FLASH["compress_ratios"][:43])
+    names = {0: "sliding_attention", 4: "compressed_sparse_attention",
+             128: "heavily_compressed_attention"}
+    rates = {k: v for k, v in V4_FLASH.items() if k != "compress_ratios"}
+    rates.update(layer_types=[names[r] for r in spec.compress_ratios],
+                 compress_rates={"compressed_sparse_attention": 4,
+                                 "heavily_compressed_attention": 128})
+    assert spec_fields(rates, "x") == spec_fields(V4_FLASH, "x")
+    assert spec.kinds.count(AttentionKind.SLIDING) == 2
+    assert mine.indexer_kv_dtype == "fp4" and mine.window_caps == ((43, 127),)
+    assert mine.extra_terms == ((21, AttentionKind.COMPRESSED, 512, 4),
+                                (21, AttentionKind.DSA, 64 * 128 // 2, 4),
+                                (20, AttentionKind.COMPRESSED, 0, 128))
+
+
+@pytest.mark.parametrize("change,field", [
+    ({"compress_ratios": [0, 4] * 20}, "compress_ratios"),
+    ({"compress_ratios": [1] * 44}, "compress_ratios"),
+    ({"compress_ratios": [0, 0] + [3, 128] * 20 + [4, 0]}, "compress_ratios"),
+    ({"compress_ratios": None, "compress_rates": [4, 128]}, "compress_rates"),
+    ({"compress_ratios": None, "compress_rates": {"a": 4}, "layer_types": ["a"]},
+     "layer_types"),
+    ({"sliding_window": None}, "sliding_window"),
+    ({"head_dim": None}, "head_dim"),
+    ({"index_topk": None}, "index_topk"),
+    ({"o_groups": 7}, "o_groups"),
+    ({"kv_lora_rank": 512}, "kv_lora_rank"),
+    ({"index_topk_freq": 4}, "index_topk_freq"),
+    ({"kv_source_layer_ids": [2, 8]}, "kv_source_layer_ids"),
+    ({"index_source_layer_ids": [2, 8]}, "index_source_layer_ids"),
+    ({"engram_layer_ids": [2]}, "engram_layer_ids"),
+    ({"vision_n_layers": 24}, "vision_n_layers"),
+])
+def test_compressed_configs_kvsim_cannot_read_are_one_line(change: dict, field: str,
+                                                           tmp_path: Path) -> None:
+    """A compressed model's bad or unmodelled fields (DeepSeek-V4.1's KV and indexer shared
+    across layers, its Engram and vision layers) are refused with one line naming the field."""
+    raw = {k: v for k, v in {**V4_FLASH, **change}.items() if v is not None}
+    path = _write_config(tmp_path, raw)
+    with pytest.raises(ModelConfigError) as e:
+        load_spec(path)
+    assert str(e.value).startswith(f"{path}: field {field!r}: "), str(e.value)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("kv_dtype", ["bf16", "fp8"])
+def test_compressed_bytes_are_vllms_pages(kv_dtype: str) -> None:
+    """The pinned vLLM's own cache specs of DeepSeek-V4 (vllm/models/deepseek_v4/
+    attention.py): a compressed layer's ``MLAAttentionSpec`` with ``tokens_per_state`` r
+    keeps a block's tokens in ``block / r`` entries, the window's ``SlidingWindowMLASpec``
+    one entry a token, the ratio-4 indexer's MXFP4 keys (``head_dim / 2`` bytes plus a scale
+    byte per 32) one per 4 tokens; per token, one layer: what kvsim's groups store (plain
+    rows: vLLM's fp8_ds_mla layout adds its scales, 584 bytes an entry, not modelled)."""
+    import torch
+
+    from benchmarks.vllm_ref import load_vllm_core
+    from costmodel.gpus import group_bytes
+
+    iface = load_vllm_core()["interface"]
+    spec = get_spec("deepseek-v4-flash", kv_dtype)
+    dtype = torch.bfloat16 if kv_dtype == "bf16" else torch.float8_e4m3fn
+    block = 256
+    window, c4, c128 = group_bytes(spec, 1, "vllm")
+    swa = iface.SlidingWindowMLASpec(block_size=block, num_kv_heads=1, head_size=512,
+                                     dtype=dtype, sliding_window=128)
+    assert window.layer_token == swa.page_size_bytes // block
+    for g, ratio in ((c4, 4), (c128, 128)):
+        page = iface.MLAAttentionSpec(block_size=block, num_kv_heads=1, head_size=512,
+                                      dtype=dtype, tokens_per_state=ratio)
+        assert g.layer_token == page.page_size_bytes // block
+    key = iface.MLAAttentionSpec(block_size=block, num_kv_heads=1, head_size=128 // 2 + 128 // 32,
+                                 dtype=torch.uint8, tokens_per_state=4)
+    assert c4.indexer_token == 21 * key.page_size_bytes // block and c128.indexer_token == 0
 
 
 # --- a Gated DeltaNet hybrid disaggregated: the state crosses the link once, not per token ---

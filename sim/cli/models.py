@@ -19,11 +19,14 @@ COLUMNS = [Col("model", "name"), Col("q/kv\nheads", "heads", "text"),
 
 
 def groups_text(s: dict) -> str:
-    """One line per KV cache group: ``layers kind(window)``, the state per request of a
-    linear group, ``+indexer N`` (bytes per token) for DSA."""
+    """One line per KV cache group: ``layers kind(window)`` (``kind/r``: compressed, one
+    entry per ``r`` tokens), the state per request of a linear group, ``+indexer N`` (bytes
+    per token) for DSA and compressed groups with an indexer."""
     lines = []
     for g in s["groups"]:
         text = f"{g['layers']} {g['kind']}" + (f"({g['window']})" if "window" in g else "")
+        if "compress_ratio" in g:
+            text += f"/{g['compress_ratio']}"
         if g["state_bytes_per_request"]:
             text += f" {g['state_bytes_per_request'] / 2**20:.1f}MiB/req"
         if g.get("indexer_bytes_per_token"):
