@@ -548,6 +548,22 @@ def test_agentic_catalog_runs_or_is_refused_by_reason(name: str, engine: str) ->
         assert run["summary"]["requests"] > 0, (name, engine, run["policy"])
 
 
+@pytest.mark.parametrize("shape", [["--replicas", "2", "--router", "dynamo-kv"],
+                                   ["--prefill-replicas", "1", "--decode-replicas", "1"]])
+def test_deepseek_v4_runs_in_fleets_and_disaggregated_on_vllm(shape: list[str]) -> None:
+    """DeepSeek-V4 on vLLM (one full-attention pool: docs/hybrid.md, DeepSeek-V4 on both
+    engines) in a routed fleet and with PD: every request served, both presets. (SGLang's
+    hybrid tree runs it in both shapes in tests/test_sglang_hybrid_engine.py.)"""
+    res = CliRunner().invoke(cli, ["run", *TINY, "--gpu-cache", "40k", "--model",
+                                   "deepseek-v4-flash", "--engine", "vllm", "--preset",
+                                   "vllm,penelope", *shape, "--json"])
+    assert res.exit_code == 0, res.output
+    for run in json.loads(res.stdout)["runs"]:
+        s = run["summary"]
+        assert s["requests"] > 0 and s["dropped_requests"] == 0, run["policy"]
+        assert 0 < s["hit_rate"] <= 1
+
+
 def test_shared_indexer_layers_must_follow_an_indexer() -> None:
     for shared in [(0,), (2, 1), (1, 1)]:
         with pytest.raises(ValueError, match="shared_indexer_layers must be sorted DSA"):

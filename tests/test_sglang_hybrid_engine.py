@@ -254,6 +254,12 @@ def test_each_model_gets_its_cache() -> None:
     off = dict(hybrid_swa_memory=False)
     assert engine_class(_config("gpt-oss-120b", "sglang", **off)) is SGLangServer
     assert engine_class(_config("qwen3-next-80b-a3b", "sglang", **off)) is SGLangHybridServer
+    # DeepSeek-V4: its compressed entries in the full pool (indexed by token), every layer's
+    # window in the SWA pool (DeepSeekV4TokenToKVPool is a BaseSWAKVPool); no one-pool form
+    assert hybrid_tree_kind(get_spec("deepseek-v4-flash")) == "swa"
+    for hsm in (True, False):
+        assert engine_class(_config("deepseek-v4-flash", "sglang",
+                                    hybrid_swa_memory=hsm)) is SGLangHybridServer
 
 
 def test_gemma3_is_one_pool_on_sglang(tmp_path) -> None:
@@ -291,7 +297,7 @@ SHAPES = {"single": {}, "fleet": dict(replicas=2, router="dynamo-kv"),
 
 
 @pytest.mark.pure_path("the engine is an interpreted subclass")
-@pytest.mark.parametrize("model", ["gpt-oss-120b", "qwen3-next-80b-a3b"])
+@pytest.mark.parametrize("model", ["gpt-oss-120b", "qwen3-next-80b-a3b", "deepseek-v4-flash"])
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_hybrid_runs_every_preset(model: str, shape: str) -> None:
     """sglang, vllm and penelope on the hybrid tree alone, in a fleet and disaggregated: every

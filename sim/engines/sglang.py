@@ -62,16 +62,21 @@ ONE_POOL_ARCHS: Final = frozenset({
 
 
 def _is_swa(spec: ModelSpec) -> bool:
-    """Full layers beside sliding-window layers of one window."""
+    """Full layers beside sliding-window layers of one window; or compressed layers beside
+    every layer's window (DeepSeek-V4: SGLang's ``DeepSeekV4TokenToKVPool`` is a
+    ``BaseSWAKVPool``, its full pool indexed by token holding the compressed entries,
+    sglang/srt/mem_cache/deepseek_v4_memory_pool.py)."""
     kinds = {str(g.kind) for g in spec.groups}
-    return kinds == {"full", "sliding"} and len(
+    return kinds in ({"full", "sliding"}, {"compressed", "sliding"}) and len(
         {g.window for g in spec.groups if str(g.kind) == "sliding"}) == 1
 
 
 def swa_one_pool(spec: ModelSpec, hybrid_swa_memory: bool = True) -> bool:
     """An SWA hybrid that SGLang keeps in one pool of every layer: its architecture's
-    (``ONE_POOL_ARCHS``), or any under ``--hybrid-swa-memory off``."""
-    return _is_swa(spec) and (not hybrid_swa_memory or spec.architecture in ONE_POOL_ARCHS)
+    (``ONE_POOL_ARCHS``), or any under ``--hybrid-swa-memory off``; never a compressed model
+    (DeepSeek-V4's pool has no one-pool form)."""
+    return _is_swa(spec) and not spec.compress_ratios and (
+        not hybrid_swa_memory or spec.architecture in ONE_POOL_ARCHS)
 
 
 def hybrid_tree_kind(spec: ModelSpec, knobs: SGLangKnobs | None = None) -> str | None:
