@@ -307,8 +307,9 @@ class ModelSpec:
 
     def projection_macs(self, kind: AttentionKind) -> int:
         """Per-token MACs of one ``kind`` layer's projections (modelling code of vLLM/SGLang:
-        ``deepseek_v2.py`` MLA and its DSA ``Indexer``, ``qwen3_next.py`` Gated DeltaNet); a
-        compressed model's layers by their ratio (``compressed_layer_macs``)."""
+        ``deepseek_v2.py`` MLA and its DSA ``Indexer``, ``qwen3_next.py`` Gated DeltaNet); in
+        a compressed model, those of the first ``kind`` layer's ratio (layers of one kind
+        differ by ratio there: ``compressed_layer_macs`` gives each, and W sums them)."""
         if self.compress_ratios:
             ratio = next(r for k, r in zip(self.kinds, self.compress_ratios, strict=True)
                          if k is kind)

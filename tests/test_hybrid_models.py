@@ -643,6 +643,33 @@ def test_compressed_configs_kvsim_cannot_read_are_one_line(change: dict, field: 
     assert "\n" not in str(e.value)
 
 
+@settings(max_examples=100, deadline=None)
+@given(ratios=st.lists(st.sampled_from([0, 2, 4, 8, 16]), min_size=1, max_size=8),
+       window=st.integers(1, 40), tokens=st.integers(0, 300),
+       dtype=st.sampled_from(list(KV_DTYPE_BITS)))
+def test_compressed_bytes_equal_brute_force(ratios: list[int], window: int, tokens: int,
+                                            dtype: str) -> None:
+    """A request's bytes in a compressed model, counted entry by entry: every layer's window
+    of its last ``window`` tokens, a compressed layer's entry each time ``r`` tokens
+    complete, a ratio-4 layer's fp4 indexer key beside each of its entries."""
+    spec = ModelSpec("t", layers=len(ratios), hidden=64, q_heads=4, kv_heads=1, head_dim=32,
+                     layer_kinds=tuple("compressed" if r else "sliding" for r in ratios),
+                     layer_windows=(window,) * len(ratios), compress_ratios=tuple(ratios),
+                     index_topk=3, index_n_heads=2, index_head_dim=8, indexer_kv_dtype="fp4",
+                     kv_dtype=dtype)
+    entry = 32 * KV_DTYPE_BITS[dtype] // 8
+    brute = 0
+    for r in ratios:
+        for p in range(tokens):
+            brute += entry if p >= tokens - window else 0
+            if r and (p + 1) % r == 0:
+                brute += entry + (8 * 4 // 8 if r == 4 else 0)
+    assert spec.kv_bytes(tokens) == brute
+    assert sum(g.layers for g in spec.groups if g.kind is AttentionKind.SLIDING) == len(ratios)
+    assert [g.compress_ratio for g in spec.groups if g.kind is AttentionKind.COMPRESSED] \
+        == list(dict.fromkeys(r for r in ratios if r))
+
+
 @pytest.mark.parametrize("kv_dtype", ["bf16", "fp8"])
 def test_compressed_bytes_are_vllms_pages(kv_dtype: str) -> None:
     """The pinned vLLM's own cache specs of DeepSeek-V4 (vllm/models/deepseek_v4/
