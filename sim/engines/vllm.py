@@ -112,8 +112,8 @@ def vllm_kv_groups(spec: ModelSpec) -> list[HybridGroup] | None:
     window or linear attention / Gated DeltaNet (vLLM's ``MambaManager``, in the
     ``mamba_cache_mode="align"`` prefix caching sets: vllm/model_executor/models/config.py
     ``MambaModelConfig``): the hybrid pool's groups (sim/kvcache/hybridpool.py). None for one
-    group, and for kinds the hybrid pool does not model yet (chunked local, DSA): those run
-    on ``BlockPool`` as one full-attention group (docs/hybrid.md)."""
+    group, and for kinds the hybrid pool does not model yet (chunked local, DSA, compressed):
+    those run on ``BlockPool`` as one full-attention group (docs/hybrid.md)."""
     from costmodel.gpus import kv_capacity
     from costmodel.specs import AttentionKind
 
