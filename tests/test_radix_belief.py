@@ -3,9 +3,15 @@ hand from crates/kv_index string_tree.rs as the module docstring states them).""
 
 from __future__ import annotations
 
+import heapq
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from policies.routing import ApproxRadix
+from sim.fleet import radix
 from sim.fleet.radix import RadixBelief
-from tests.chained import ids
+from tests.chained import Universe, ids
 
 
 def test_overlaps_split_and_one_budget_for_all_workers():
@@ -47,3 +53,82 @@ def test_a_match_refreshes_its_node_once_every_eight_epochs():
     b.overlaps(ids(1), 0.0)  # epoch 8: node 1 now stamped 8, newer than node 2's 2
     b.routed(ids(3), 0, 0.0)  # 3 blocks > 2
     assert b.overlaps(ids(1), 100.0) == [1] and b.overlaps(ids(2), 100.0) == [0]
+
+
+def leaf_for(nd, r) -> bool:
+    return r in nd.stamps and all(r not in c.stamps for c in nd.children.values())
+
+
+def leaf_pairs(b: RadixBelief) -> list:
+    """Every (node, worker) below the root where no child holds the worker, by a walk."""
+    out, stack = [], list(b.root.children.values())
+    while stack:
+        nd = stack.pop()
+        stack.extend(nd.children.values())
+        out += [(nd, r) for r in nd.stamps if leaf_for(nd, r)]
+    return out
+
+
+class RuleByRule(RadixBelief):
+    """The eviction as the module docstring says it, spelled out: the candidates found by
+    walking the whole tree, each checked one child at a time."""
+
+    def _evict(self) -> None:
+        heap = [(nd.stamps[r], r, nd.serial, nd) for nd, r in leaf_pairs(self)]
+        heapq.heapify(heap)
+        while self.total > self.max_blocks and heap:
+            _, r, _, nd = heapq.heappop(heap)
+            if not leaf_for(nd, r):
+                continue
+            del nd.stamps[r]
+            self.count[r] -= nd.ids.size
+            self.total -= nd.ids.size
+            parent = nd.parent
+            if not nd.children and not nd.stamps and parent is not None:
+                del parent.children[int(nd.ids[0])]
+            if parent is not None and parent is not self.root and leaf_for(parent, r):
+                heapq.heappush(heap, (parent.stamps[r], r, parent.serial, parent))
+
+
+def test_shared_counts_the_equal_leading_positions_of_chained_runs():
+    u = Universe()
+    prompts = [u.prompt(c) for c in ([1, 2, 3, 4], [1, 2, 5], [1, 2, 3, 4, 6], [7], [1])]
+    for a in prompts:
+        for b in prompts:
+            m = min(a.size, b.size)
+            naive = next((i for i in range(m) if a[i] != b[i]), m)
+            assert radix._shared(a, b) == naive
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_tree_equals_the_rule_by_rule_eviction_on_random_streams(data):
+    """Matches, inserts and evictions over random chained prompts of 3 workers under a small
+    budget: every overlap, size and the surviving stamps agree with ``RuleByRule``, and the
+    eviction candidates the tree keeps are the walk's."""
+    spec = ApproxRadix(max_blocks=data.draw(st.integers(0, 12)), eviction_interval_s=1.0,
+                       refresh_every=data.draw(st.sampled_from([1, 2, 8])))
+    fast, slow = RadixBelief(3, spec), RuleByRule(3, spec)
+    u, now = Universe(), 0.0
+    for _ in range(data.draw(st.integers(1, 30))):
+        choices = data.draw(st.lists(st.integers(0, 3), min_size=1, max_size=6))
+        prompt = u.prompt(choices)
+        now += data.draw(st.sampled_from([0.0, 0.5, 1.0]))
+        if data.draw(st.booleans()):
+            r = data.draw(st.integers(0, 2))
+            fast.routed(prompt, r, now)
+            slow.routed(prompt, r, now)
+        else:
+            assert fast.overlaps(prompt, now) == slow.overlaps(prompt, now)
+        assert fast.sizes() == slow.sizes() and fast.total == slow.total
+        assert sorted(fast.leaves) == sorted((nd.serial, r) for nd, r in leaf_pairs(fast))
+
+    def stamps(b):
+        out, stack = [], [((), b.root)]
+        while stack:
+            path, nd = stack.pop()
+            out.append((path, sorted(nd.stamps.items())))
+            stack += [((*path, *map(int, c.ids)), c) for c in nd.children.values()]
+        return sorted(out)
+
+    assert stamps(fast) == stamps(slow)

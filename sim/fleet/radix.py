@@ -33,6 +33,7 @@ import heapq
 import math
 
 import numpy as np
+from mypy_extensions import mypyc_attr
 
 from policies.routing import ApproxRadix
 
@@ -52,10 +53,17 @@ class _Node:
 
 
 def _shared(a: np.ndarray, b: np.ndarray) -> int:
+    """Equal leading positions of two chained runs: equal positions are a prefix, so equal
+    last positions mean all agree (most edges a prompt walks), unequal first ones none."""
     m = min(a.size, b.size)
+    if a[m - 1] == b[m - 1]:
+        return m
+    if a[0] != b[0]:
+        return 0
     return int(np.count_nonzero(a[:m] == b[:m]))
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # compiled (sim/native.py)
 class RadixBelief(CacheBelief):
     """SMG 1.13's tree over ``n`` workers (see the module docstring)."""
 
@@ -71,6 +79,10 @@ class RadixBelief(CacheBelief):
         self.root = _Node(np.empty(0, dtype=np.int64), None, self._next_serial())
         self.count = [0] * n
         self.total = 0
+        # (node serial, worker) -> node, for every node below the root that holds the worker
+        # where no child does: eviction's candidates, kept as the tree changes so that an
+        # eviction need not walk the whole tree to find them
+        self.leaves: dict[tuple[int, int], _Node] = {}
         self.epoch = 0
         for r in range(n):  # the gateway's registration inserts ""
             self.root.stamps[r] = self._tick()
@@ -134,13 +146,17 @@ class RadixBelief(CacheBelief):
                 leaf.stamps[r] = self._tick()
                 node.children[first] = leaf
                 self._add(r, leaf.ids.size)
+                self.leaves.pop((node.serial, r), None)
+                self.leaves[(leaf.serial, r)] = leaf
                 return
             k = _shared(ids[pos:], child.ids)
             if k < child.ids.size:
                 child = self._split(node, child, k)
-            if r not in child.stamps:
+            if r not in child.stamps:  # nothing below holds r either: a leaf for it
                 child.stamps[r] = 0
                 self._add(r, child.ids.size)
+                self.leaves[(child.serial, r)] = child
+            self.leaves.pop((node.serial, r), None)
             pos += k
             node = child
         node.stamps[r] = self._tick()
@@ -168,23 +184,12 @@ class RadixBelief(CacheBelief):
         if self.total > self.max_blocks:
             self._evict()
 
-    @staticmethod
-    def _leaf_for(node: _Node, r: int) -> bool:
-        return r in node.stamps and not any(r in c.stamps for c in node.children.values())
-
     def _evict(self) -> None:
-        heap: list[tuple[int, int, int, _Node]] = []
-        stack = list(self.root.children.values())
-        while stack:
-            nd = stack.pop()
-            stack.extend(nd.children.values())
-            for r, s in nd.stamps.items():
-                if self._leaf_for(nd, r):
-                    heap.append((s, r, nd.serial, nd))
+        heap = [(nd.stamps[r], r, serial, nd) for (serial, r), nd in self.leaves.items()]
         heapq.heapify(heap)
         while self.total > self.max_blocks and heap:
-            _, r, _, nd = heapq.heappop(heap)
-            if not self._leaf_for(nd, r):
+            _, r, serial, nd = heapq.heappop(heap)
+            if self.leaves.pop((serial, r), None) is None:
                 continue
             del nd.stamps[r]
             self.count[r] -= nd.ids.size
@@ -192,5 +197,7 @@ class RadixBelief(CacheBelief):
             parent = nd.parent
             if not nd.children and not nd.stamps and parent is not None:
                 del parent.children[int(nd.ids[0])]
-            if parent is not None and parent is not self.root and self._leaf_for(parent, r):
+            if (parent is not None and parent is not self.root and r in parent.stamps
+                    and not any(r in c.stamps for c in parent.children.values())):
+                self.leaves[(parent.serial, r)] = parent
                 heapq.heappush(heap, (parent.stamps[r], r, parent.serial, parent))
