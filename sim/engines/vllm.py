@@ -904,13 +904,13 @@ class VllmServer(EngineBase):
         return self._apply_async_run(step, x, ctx)
 
     def _refused_at(self) -> int | None:
-        """A Mamba hybrid's decode run with requests waiting (refused, or cut off by
+        """A hybrid's decode run with requests waiting (refused, or cut off by
         ``max_num_seqs``): the free blocks their last refusal saw. Running requests free
-        states inside a run (the previous step's, a step after a block edge), and vLLM
-        retries the waiting head after every step's running rows, so the run ends before
-        a step after which more blocks are free (``HybridPool.decode_fit``'s ceiling).
-        None otherwise (windows keep gpt-oss's runs as they were)."""
-        return self.pool.free_blocks if self._state_block and self.waiting else None
+        blocks inside a run (a sliding group's blocks leaving the window, a Mamba group's
+        previous state), and vLLM retries the waiting head after every step's running rows,
+        so the run ends before a step after which more blocks are free
+        (``HybridPool.decode_fit``'s ceiling). None when nobody waits."""
+        return self.pool.free_blocks if self._hybrid and self.waiting else None
 
     def _apply_async_run(self, step: Step, x: int, ctx: int) -> Step:
         """State after x pipeline iterations of a decode run (``_async_decode_run``): x more
