@@ -137,13 +137,36 @@ def tp_refusal(spec: ModelSpec, tp: int) -> str | None:
             f"{', '.join(map(str, fits))}")
 
 
-def kv_heads_per_rank(spec: ModelSpec, tp: int) -> int:
-    """KV heads each of ``tp`` ranks stores: an even share, or one replicated head when ``tp``
-    exceeds them (a TP that ``tp_refusal`` refuses raises ValueError: no share is right)."""
+def kv_heads_per_rank(spec: ModelSpec, tp: int, kind: AttentionKind | None = None) -> int:
+    """KV heads each of ``tp`` ranks stores in a layer of ``kind`` (its own heads,
+    ``ModelSpec.kv_shape``: Gemma 4's global layers have fewer; None: the model's
+    ``kv_heads``): an even share, or one replicated head when ``tp`` exceeds them (a TP that
+    ``tp_refusal`` refuses raises ValueError: no share is right)."""
     why = tp_refusal(spec, tp)
     if why is not None:
         raise ValueError(why)
-    return max(1, spec.kv_heads // tp)
+    heads = spec.kv_heads if kind is None else spec.kv_shape(kind)[0]
+    return max(1, heads // tp)
+
+
+def rank_kv_share(spec: ModelSpec, tp: int) -> float:
+    """The share of a token's KV bytes (``ModelSpec.kv_bytes_per_token``) one of ``tp`` ranks
+    holds, group by group: a GQA group its ``kv_heads_per_rank`` of its own heads (replicated
+    heads count on every rank), an MLA or DSA group its whole latent (every rank holds it, and
+    a disaggregated decode rank pulls it whole from one prefill rank: SGLang's
+    ``disaggregation/common/conn.py``). A PD link moves one rank's share of the bytes
+    (sim/fleet/pd.py). 0 when a token has no KV bytes (linear layers only)."""
+    total = spec.kv_bytes_per_token
+    if not total:
+        return 0.0
+    rank = 0
+    for g in spec.groups:
+        if g.kind in (AttentionKind.MLA, AttentionKind.DSA):
+            rank += g.kv_bytes_per_token
+        elif g.kv_bytes_per_token:  # K and V per head: an exact share of the group's bytes
+            heads = spec.kv_shape(g.kind)[0]
+            rank += g.kv_bytes_per_token * kv_heads_per_rank(spec, tp, g.kind) // heads
+    return rank / total
 
 
 def weight_bytes(spec: ModelSpec) -> int:
@@ -215,10 +238,8 @@ def group_bytes(spec: ModelSpec, tp: int, engine: str | None = None) -> tuple[Gr
             state = conv * CONV_STATE_BYTES + rec * (
                 2 if engine_lane(engine) == "vllm" else RECURRENT_STATE_BYTES)
         else:
-            heads, dim = spec.kv_shape(g.kind)
-            token = 2 * kv_heads_per_rank(spec, tp) * dim * bits // 8
-            if heads != spec.kv_heads:  # Gemma 4's global layers: their own KV heads
-                token = 2 * max(1, heads // tp) * dim * bits // 8
+            dim = spec.kv_shape(g.kind)[1]
+            token = 2 * kv_heads_per_rank(spec, tp, g.kind) * dim * bits // 8
         out.append(GroupBytes(g.kind, g.layers, g.window, token, state, indexer))
     return tuple(out)
 

@@ -372,3 +372,32 @@ def test_a_pd_runs_text_table_shows_its_pd_rows_within_100_columns():
     assert set(PD_ROWS) <= rows
     assert {"prealloc_wait_s_mean", "transfer_s_mean", "link_busy_share_max"} <= rows
     assert max(map(len, text.splitlines())) <= 100
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+def test_each_kv_group_ships_its_own_heads_share(tp):
+    """Gemma 4 31B (models.yaml: five sliding layers of 16 KV heads x 256, then one global
+    layer of its own 4 heads x 512, ten times): a rank holds, layer by layer, max(1, heads //
+    tp) of that layer's heads, so at TP 8 every rank holds one of the 4 global heads (the
+    model's 16 // 8 = 2 of 16 undercounted the global layers' share 2x). The link moves one
+    rank's bytes, counted here layer by layer; an MLA model's latent is whole on every rank."""
+    from costmodel.gpus import rank_kv_share
+    from costmodel.specs import AttentionKind, get_spec
+
+    spec = get_spec("gemma-4-31b")
+    layers = [AttentionKind.SLIDING] * 5 + [AttentionKind.FULL]
+    assert list(spec.kinds) == layers * 10
+    shape = {AttentionKind.SLIDING: (16, 256), AttentionKind.FULL: (4, 512)}
+    every = sum(2 * shape[k][0] * shape[k][1] * 2 for k in spec.kinds)  # bf16 K and V
+    rank = sum(2 * max(1, shape[k][0] // tp) * shape[k][1] * 2 for k in spec.kinds)
+    assert spec.kv_bytes_per_token == every
+    assert rank_kv_share(spec, tp) * every == pytest.approx(rank, rel=1e-15)
+    kimi = get_spec("kimi-k2.5")
+    assert rank_kv_share(kimi, tp) == 1.0
+    if tp == 8:  # the run: one prompt over the H100's 400 Gb/s NIC per rank
+        cfg = RunConfig.from_flat(trace="kit", sessions=1, prefill_replicas=1,
+                                  decode_replicas=1, preset="sglang", gpu="H100", tp=tp,
+                                  model="gemma-4-31b")
+        row = run(cfg, KitTrace([[(1000, 5, 0.0)]])).requests.iloc[0]
+        assert row["transfer_bytes"] == 1000 * every
+        assert row["transfer_s"] == pytest.approx(1000 * rank / 50e9 + 5e-6, rel=1e-12)

@@ -64,7 +64,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
-from costmodel.gpus import group_bytes, kv_heads_per_rank
+from costmodel.gpus import group_bytes, rank_kv_share
 from costmodel.links import Link
 from costmodel.specs import get_spec
 from policies.pd_rules import DecodeWorker, PDRequest, PDRule
@@ -130,10 +130,10 @@ class PDFleet:
         self.gpus_per_replica = gpus_per_replica  # (sim/deploy.py's one definition)
         # With TP t each rank holds its share of the KV heads and ships it through its own
         # NIC (links.yaml: one NIC per GPU), all t at once: a worker's link moves its
-        # rank's share of the bytes in the time (1/t when the KV heads divide by t).
+        # rank's share of the bytes in the time (1/t when every group's KV heads divide by
+        # t; a group with fewer heads than t replicates them, MLA's latent is whole).
         spec = get_spec(cfg.cache.model)
-        self.rank_share = kv_heads_per_rank(spec, gpus_per_replica) \
-            / spec.kv_heads
+        self.rank_share = rank_kv_share(spec, gpus_per_replica)
         # A linear group's request state (its heads split over the ranks) goes once, at the
         # prompt's end: one rank's bytes as its engine stores them, and all ranks' in total.
         self.state_rank_bytes = sum(g.state_bytes for g in group_bytes(
