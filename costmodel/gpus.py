@@ -28,7 +28,7 @@ overstates models that tie their embeddings (gemma-3) or ship 4-bit experts (gpt
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -346,16 +346,48 @@ def _sglang_capacity(groups: tuple[GroupBytes, ...], budget: int, bs: int) -> KV
                       swa_tokens=swa_tokens, mamba_slots=slots)
 
 
+# Architectures SGLang 0.5.23 keeps in one pool of every layer whatever the flags: their model
+# overrides set disable_hybrid_swa_memory (sglang/srt/arg_groups/model_overrides/
+# gemma2_gemma3.py, olmo2.py; exaone.py where the config has a sliding_window_pattern), and
+# configs/model_config.py is_hybrid_swa_model lists none of them (Gemma 4 and gpt-oss it does)
+SGLANG_ONE_POOL_ARCHS = frozenset({
+    "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration",
+    "Gemma3nForCausalLM", "Gemma3nForConditionalGeneration", "Olmo2ForCausalLM",
+    "Exaone4ForCausalLM", "ExaoneMoEForCausalLM", "ExaoneMoeForCausalLM"})
+
+
+def sglang_one_pool(spec: ModelSpec, hybrid_swa_memory: bool = True) -> bool:
+    """Whether SGLang keeps an SWA hybrid (full layers beside sliding layers of one window)
+    in one pool of every layer: its architecture's (``SGLANG_ONE_POOL_ARCHS``), or any under
+    ``--hybrid-swa-memory off`` (SGLang's ``--disable-hybrid-swa-memory``)."""
+    kinds = {g.kind for g in spec.groups}
+    windows = {g.window for g in spec.groups if g.kind is AttentionKind.SLIDING}
+    return (kinds == {AttentionKind.FULL, AttentionKind.SLIDING} and len(windows) == 1
+            and (not hybrid_swa_memory or spec.architecture in SGLANG_ONE_POOL_ARCHS))
+
+
+def sglang_pool_spec(spec: ModelSpec, hybrid_swa_memory: bool = True) -> ModelSpec:
+    """``spec`` as SGLang's KV pools store it: in one pool of every layer
+    (``sglang_one_pool``) every layer, window layers included, keeps the KV of every token,
+    so its bytes per token are full attention's over all layers (the pricing keeps the
+    windows)."""
+    if sglang_one_pool(spec, hybrid_swa_memory):
+        return replace(spec, layer_windows=(), layer_kinds=())
+    return spec
+
+
 def kv_capacity(spec: ModelSpec, budget: int, tp: int = 1, engine: str | None = None,
-                block_size: int = 64) -> KVCapacity:
+                block_size: int = 64, hybrid_swa_memory: bool = True) -> KVCapacity:
     """What ``budget`` bytes of KV memory on each of ``tp`` ranks hold of ``spec`` (at its
     ``kv_dtype``) under ``engine`` (vLLM, else SGLang), per KV cache group in the engine's
     own terms (``KVCapacity``; docs/hybrid.md, Capacity in bytes). A model of one group
     (full attention, MLA, DSA, every layer sliding) gets ``budget // (bytes per token) //
-    block_size x block_size`` tokens under both engines."""
-    groups = group_bytes(spec, tp, engine)
+    block_size x block_size`` tokens under both engines, and so does an SWA hybrid that
+    SGLang keeps in one pool of every layer (``sglang_pool_spec``: Gemma 2/3, or
+    ``hybrid_swa_memory`` off) at the full-attention bytes of every layer."""
     if engine_lane(engine) == "vllm":
-        return _vllm_capacity(groups, budget, block_size)
+        return _vllm_capacity(group_bytes(spec, tp, engine), budget, block_size)
+    groups = group_bytes(sglang_pool_spec(spec, hybrid_swa_memory), tp, engine)
     return _sglang_capacity(groups, budget, block_size)
 
 

@@ -55,6 +55,31 @@ def test_gpt_oss_120b_groups_by_hand() -> None:
     assert BUDGET // 73_728 // 64 * 64 == 582_528 < s.tokens < v.tokens
 
 
+def test_sglang_one_pool_models_by_hand() -> None:
+    """``kv_capacity(..., "sglang")`` called alone sizes the pools SGLang 0.5.23 allocates:
+    Gemma 2/3 in one pool of every layer (their model override sets
+    disable_hybrid_swa_memory and ``is_hybrid_swa_model`` does not list them), each layer
+    keeping every token; gpt-oss in one pool only under ``hybrid_swa_memory`` off; Gemma 4
+    (listed) in a full pool beside an SWA pool. vLLM keeps every model's window groups."""
+    from costmodel.specs import AttentionKind
+
+    gemma3 = get_spec("gemma-3-27b")
+    cell = 62 * 2 * 16 * 128 * 2  # 62 layers, K and V, 16 KV heads x 128 dims, bf16
+    s = kv_capacity(gemma3, BUDGET, 1, "sglang", 64)
+    assert (s.tokens, s.full_tokens, s.swa_tokens) == (BUDGET // cell // 64 * 64,
+                                                       BUDGET // cell // 64 * 64, 0)
+    assert [(g.kind, g.layers, g.window) for g in s.groups] == [(AttentionKind.FULL, 62, None)]
+    for hsm in (True, False):  # whatever the flag says
+        assert kv_capacity(gemma3, BUDGET, 1, "sglang", 64, hybrid_swa_memory=hsm) == s
+    assert kv_capacity(gemma3, BUDGET, 1, "vllm", 64).tokens > s.tokens  # its window groups
+    gpt = get_spec("gpt-oss-120b")
+    one = kv_capacity(gpt, BUDGET, 1, "sglang", 64, hybrid_swa_memory=False)
+    assert (one.tokens, one.swa_tokens) == (BUDGET // 73_728 // 64 * 64, 0) == (582_528, 0)
+    assert kv_capacity(gpt, BUDGET, 1, "sglang", 64).swa_tokens == 517_760
+    gemma4 = kv_capacity(get_spec("gemma-4-31b"), BUDGET, 1, "sglang", 64)
+    assert 0 < gemma4.swa_tokens < gemma4.full_tokens
+
+
 def test_deepseek_v3_latent_by_hand() -> None:
     """MLA: (kv_lora_rank 512 + qk_rope 64) x 2 B x 61 layers = 70,272 B per token, the whole
     latent on every rank (not split by TP, not 2 x 128 KV heads x 128 dims)."""

@@ -29,13 +29,14 @@ scheduler's one-iteration delay in freeing KV is not modelled.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Final, cast
 
 import numpy as np
 import simpy
 from mypy_extensions import mypyc_attr
 
+from costmodel.gpus import sglang_one_pool
 from costmodel.profile import Profile
 from costmodel.specs import ModelSpec
 from costmodel.units import Units
@@ -51,15 +52,6 @@ from .base import EngineBase, steps_fitting
 from .request import Req
 from .sglang_queue import WaitingOrder
 
-# Architectures SGLang 0.5.23 keeps in one pool of every layer whatever the flags: their model
-# overrides set disable_hybrid_swa_memory (sglang/srt/arg_groups/model_overrides/
-# gemma2_gemma3.py, olmo2.py; exaone.py where the config has a sliding_window_pattern), and
-# configs/model_config.py is_hybrid_swa_model lists none of them (Gemma 4 and gpt-oss it does)
-ONE_POOL_ARCHS: Final = frozenset({
-    "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration",
-    "Gemma3nForCausalLM", "Gemma3nForConditionalGeneration", "Olmo2ForCausalLM",
-    "Exaone4ForCausalLM", "ExaoneMoEForCausalLM", "ExaoneMoeForCausalLM"})
-
 
 def _is_swa(spec: ModelSpec) -> bool:
     """Full layers beside sliding-window layers of one window; or compressed layers beside
@@ -71,33 +63,16 @@ def _is_swa(spec: ModelSpec) -> bool:
         {g.window for g in spec.groups if str(g.kind) == "sliding"}) == 1
 
 
-def swa_one_pool(spec: ModelSpec, hybrid_swa_memory: bool = True) -> bool:
-    """An SWA hybrid that SGLang keeps in one pool of every layer: its architecture's
-    (``ONE_POOL_ARCHS``), or any under ``--hybrid-swa-memory off``; never a compressed model
-    (DeepSeek-V4's pool has no one-pool form)."""
-    return _is_swa(spec) and not spec.compress_ratios and (
-        not hybrid_swa_memory or spec.architecture in ONE_POOL_ARCHS)
-
-
 def hybrid_tree_kind(spec: ModelSpec, knobs: SGLangKnobs | None = None) -> str | None:
     """``"swa"`` or ``"mamba"`` where SGLang keeps ``spec`` in a hybrid radix tree (full
     beside one sliding window, or full beside linear attention), else None: one pool of every
-    layer (``swa_one_pool``; ``knobs``: the run's, None: the default flags)."""
+    layer (costmodel/gpus.py ``sglang_one_pool``; ``knobs``: the run's, None: the default
+    flags)."""
     if _is_swa(spec):
-        return None if swa_one_pool(spec, knobs is None or knobs.hybrid_swa_memory) else "swa"
+        return None if sglang_one_pool(spec, knobs is None or knobs.hybrid_swa_memory) else "swa"
     if {str(g.kind) for g in spec.groups} == {"full", "linear"}:
         return "mamba"
     return None
-
-
-def pool_spec(spec: ModelSpec, hybrid_swa_memory: bool = True) -> ModelSpec:
-    """``spec`` as SGLang's KV pools store it, for sizing them: in one pool of every layer
-    (``swa_one_pool``) every layer, window layers included, keeps the KV of every token, so
-    its bytes per token are full attention's over all layers (the pricing keeps the
-    windows)."""
-    if swa_one_pool(spec, hybrid_swa_memory):
-        return replace(spec, layer_windows=(), layer_kinds=())
-    return spec
 
 
 def hybrid_unsupported(cfg: RunConfig, policy: EvictionPolicy) -> tuple[str, str] | None:
