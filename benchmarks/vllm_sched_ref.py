@@ -38,6 +38,7 @@ import importlib.machinery
 import sys
 import types
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,7 @@ from benchmarks.vllm_ref import (
     request_tokens,
     since,
 )
+from sim.kvcache.hybridpool import FULL, HybridGroup, HybridPool
 
 # vllm.* modules imported for real by the scheduler (with the KV-cache core of vllm_ref).
 _REAL_PREFIXES = ("vllm.v1.core", "vllm.v1.request", "vllm.v1.kv_cache_interface",
@@ -174,9 +176,12 @@ def load_vllm_scheduler(version: str | None = None) -> dict[str, Any]:
 
 def vllm_config(num_blocks: int, max_num_batched_tokens: int, max_num_seqs: int,
                 max_model_len: int, version: str = VLLM_VERSIONS[-1],
-                cache_aware: tuple[int, float] = (0, 0.5)) -> types.SimpleNamespace:
+                cache_aware: tuple[int, float] = (0, 0.5),
+                max_in_flight_tokens: int | None = None) -> types.SimpleNamespace:
     """A VllmConfig namespace: vLLM's online-server defaults (module doc) as pinned
-    ``version`` reads them; ``cache_aware``: 0.34's (window, threshold)."""
+    ``version`` reads them; ``cache_aware``: 0.34's (window, threshold);
+    ``max_in_flight_tokens``: ``VllmConfig.max_in_flight_tokens`` (a batch per concurrent
+    step; it caps a sliding-window group's admission)."""
     ns = types.SimpleNamespace
     v034 = since(version, "0.34")
     if cache_aware[0] and not v034:
@@ -213,7 +218,7 @@ def vllm_config(num_blocks: int, max_num_batched_tokens: int, max_num_seqs: int,
         ec_manager_config=ns(get_encoder_cache_manager_obj=lambda: None),
         speculative_config=None, num_speculative_tokens=0, num_lookahead_tokens=0,
         num_prefill_lookahead_tokens=0,
-        num_hash_lookahead_tokens=0, max_in_flight_tokens=None,
+        num_hash_lookahead_tokens=0, max_in_flight_tokens=max_in_flight_tokens,
         aux_output_config=ns(enabled=False), **runner,
     )
 
@@ -231,23 +236,37 @@ class Request:
 
 
 class RealScheduler:
-    """vLLM's real Scheduler (``asynchronous``: AsyncScheduler) with a stub model runner."""
+    """vLLM's real Scheduler (``asynchronous``: AsyncScheduler) with a stub model runner;
+    ``groups``: a hybrid KV cache of one group per ``HybridGroup`` (full or sliding window,
+    one layer each: vLLM's ``HybridKVCacheCoordinator``), else one full-attention group."""
 
     def __init__(self, capacity_blocks: int, block_size: int, budget: int, max_seqs: int,
                  asynchronous: bool, version: str | None = None,
-                 cache_aware: tuple[int, float] = (0, 0.5)) -> None:
+                 cache_aware: tuple[int, float] = (0, 0.5),
+                 groups: Sequence[HybridGroup] | None = None) -> None:
         m = load_vllm_scheduler(version)
         import torch
 
         iface, utils, hashing = m["interface"], m["utils"], m["hashing"]
-        spec = iface.FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1,
-                                       dtype=torch.float16)
+        kw = dict(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float16)
+        if groups is None:
+            specs = [iface.FullAttentionSpec(**kw)]
+        else:  # as register_all_kvcache_specs registers the sliding manager
+            m["registry"].KVCacheSpecRegistry.register(
+                iface.SlidingWindowSpec, m["single"].SlidingWindowManager,
+                uniform_type_base_spec=iface.SlidingWindowSpec)
+            specs = [iface.FullAttentionSpec(**kw) if g.kind == FULL
+                     else iface.SlidingWindowSpec(sliding_window=g.window, **kw)
+                     for g in groups]
         kv = iface.KVCacheConfig(num_blocks=capacity_blocks + 1, kv_cache_tensors=[],
-                                 kv_cache_groups=[iface.KVCacheGroupSpec(["layers.0"], spec)])
+                                 kv_cache_groups=[iface.KVCacheGroupSpec([f"layers.{i}"], spec)
+                                                  for i, spec in enumerate(specs)])
         cls = m["AsyncScheduler"] if asynchronous else m["Scheduler"]
+        in_flight = (2 if asynchronous else 1) * budget if groups is not None else None
         self.sched = cls(vllm_config(capacity_blocks + 1, budget, max_seqs, 1 << 30,
-                                     m["version"], cache_aware), kv,
+                                     m["version"], cache_aware, in_flight), kv,
                          _StructuredOutputManager(), block_size)
+        self.hybrid = groups is not None
         self.version = m["version"]
         utils.init_none_hash(hashing.sha256)
         self._hasher = utils.get_request_block_hasher(block_size, hashing.sha256)
@@ -322,10 +341,15 @@ class RealScheduler:
             "free": mgr.block_pool.get_num_free_blocks(),
             "running": [self._rid[r.request_id] for r in s.running],
             "waiting": [self._rid[r.request_id] for r in s.waiting],
-            "tables": {self._rid[r.request_id]: [b.block_id for b in
-                                                mgr.coordinator.get_blocks(r.request_id)[0]]
+            "tables": {self._rid[r.request_id]: self._tables(mgr, r.request_id)
                        for r in s.running},
         }
+
+
+    def _tables(self, mgr: Any, rid: str) -> list:
+        """A request's block table (hybrid: one per group, null blocks as 0)."""
+        tables = [[b.block_id for b in blocks] for blocks in mgr.coordinator.get_blocks(rid)]
+        return tables if self.hybrid else tables[0]
 
 
 class KvsimScheduler:
@@ -334,7 +358,8 @@ class KvsimScheduler:
     def __init__(self, capacity_blocks: int, block_size: int, budget: int, max_seqs: int,
                  asynchronous: bool, finish_ids: dict[int, np.ndarray],
                  version: str = VLLM_VERSIONS[-1],
-                 cache_aware: tuple[int, float] = (0, 0.5)) -> None:
+                 cache_aware: tuple[int, float] = (0, 0.5),
+                 groups: Sequence[HybridGroup] | None = None) -> None:
         from costmodel.profile import load_profile
         from costmodel.specs import get_spec
         from sim.config import RunConfig
@@ -352,7 +377,13 @@ class KvsimScheduler:
                                   debug_cache=True).with_preset("vllm")
         policy = cfg.make_policy()
         self.rec = RunRecorder(["s"], [0], [False], [0])
-        pool = BlockPool(capacity_blocks, block_size, "vllm", debug=True)
+        # the engine's pool for the groups (VllmServer.build; the spec only prices)
+        pool: Any = BlockPool(capacity_blocks, block_size, "vllm", debug=True)
+        if groups is not None:
+            pool = HybridPool(capacity_blocks, block_size, groups,
+                              max_in_flight_tokens=(2 if asynchronous else 1) * budget,
+                              debug=True)
+        self.hybrid = groups is not None
         self.server = VllmServer(self.env, cfg, get_spec("qwen3-8b"),
                                  load_profile("derived-h100-qwen3-8b"), pool, policy, self.rec)
         self._finish = finish_ids
@@ -384,6 +415,17 @@ class KvsimScheduler:
         rows = [(r.rid, start, n) for r, start, n in step.rows]
         return step, rows, sorted(r.rid for r in step.preempted)
 
+    def run_promise(self, step: Any) -> tuple[int, list[int]] | None:
+        """The steps (``step`` included) a decode run taken from ``step`` covers while
+        requests wait (``VllmServer.decode_run_steps``: they cannot cut it, an arrival queues
+        behind the refused head) and the requests each of them decodes; None where the
+        engine takes no such run (the step preempted, prefills, or nobody waits)."""
+        s = self.server
+        if (step.preempted or not all(step.decode) or len(step.rows) != len(s.running)
+                or not s.waiting):
+            return None
+        return s.decode_run_steps(), [r.rid for r, _start, _n in step.rows]
+
     def update(self, step: Any) -> list[int]:
         before = {rid for rid, r in self._reqs.items() if r.done.triggered}
         self.server.update(step)
@@ -395,7 +437,8 @@ class KvsimScheduler:
             "free": s.pool.free_blocks,
             "running": [r.rid for r in s.running],
             "waiting": [r.rid for r in s.waiting],
-            "tables": {r.rid: s.pool.table(r.rid).tolist() for r in s.running},
+            "tables": {r.rid: ([t.tolist() for t in s.pool.tables(r.rid)] if self.hybrid
+                               else s.pool.table(r.rid).tolist()) for r in s.running},
         }
 
 
@@ -404,26 +447,33 @@ class DiffResult:
     steps: int = 0
     updates: int = 0
     preemptions: int = 0
+    run_steps: int = 0  # steps inside decode runs checked (``drive``'s ``runs``)
     divergences: list[str] = field(default_factory=list)
 
 
 def drive(requests: list[Request], capacity_blocks: int, block_size: int, budget: int,
           asynchronous: bool, max_seqs: int = 1024, stop_after: int = 1,
-          version: str | None = None, cache_aware: tuple[int, float] = (0, 0.5)) -> DiffResult:
+          version: str | None = None, cache_aware: tuple[int, float] = (0, 0.5),
+          groups: Sequence[HybridGroup] | None = None, runs: bool = False) -> DiffResult:
     """Run ``requests`` through both schedulers in lock step; collect divergences (stop
     after ``stop_after`` of them). ``version``: vLLM's pinned install (default
     ``vllm_ref.use_vllm``'s), modelled by kvsim as ``vllm_version``; ``cache_aware``: 0.34's
-    cache-aware admission (window, threshold) on both sides."""
+    cache-aware admission (window, threshold) on both sides; ``groups``: a hybrid KV cache
+    (``RealScheduler``) on both sides; ``runs`` (sync): where kvsim's engine would take a
+    decode run while requests wait, every step of it must be vLLM's too (the same requests,
+    one token each, nobody admitted or preempted)."""
     version = pinned(version or active_version())
     # vLLM refuses to start with a max_model_len its cache cannot hold; kvsim drops such a
     # request at submission: neither side sees it
+    blocks_for = (HybridPool(capacity_blocks, block_size, groups).blocks_for
+                  if groups is not None else lambda n: -(-n // block_size))
     requests = [r for r in requests
-                if -(-(r.prompt_tokens + r.output_tokens - 1) // block_size) <= capacity_blocks]
+                if blocks_for(r.prompt_tokens + r.output_tokens - 1) <= capacity_blocks]
     finish_ids = {r.rid: r.ids for r in requests}
     real = RealScheduler(capacity_blocks, block_size, budget, max_seqs, asynchronous, version,
-                         cache_aware)
+                         cache_aware, groups)
     sim = KvsimScheduler(capacity_blocks, block_size, budget, max_seqs, asynchronous,
-                         finish_ids, version, cache_aware)
+                         finish_ids, version, cache_aware, groups)
     res = DiffResult()
     pending = sorted(requests, key=lambda r: (r.arrive, r.rid))
     queue: deque = deque()  # (real output, sampling, kvsim step), newest first
@@ -443,6 +493,7 @@ def drive(requests: list[Request], capacity_blocks: int, block_size: int, budget
         return check("finished", fa, fb) and check("state", real.state(), sim.state())
 
     size = 2 if asynchronous else 1
+    promised: tuple[int, list[int]] | None = None  # (steps left, rids) of a decode run
     while pending or queue or real.has_requests():
         while pending and pending[0].arrive <= calls:
             r = pending.pop(0)
@@ -459,6 +510,18 @@ def drive(requests: list[Request], capacity_blocks: int, block_size: int, budget
             res.preemptions += len(pre)
             if not (check("rows", rows, rows_b) and check("preempted", pre, pre_b)):
                 break
+            if runs and not asynchronous:
+                if promised is not None:  # inside a run: vLLM's step must be the run's
+                    left, rids = promised
+                    res.run_steps += 1
+                    if not check(f"decode run step ({left} left): rows, preempted",
+                                 ([(r, n) for r, _s, n in rows], pre),
+                                 ([(r, 1) for r in rids], [])):
+                        break
+                    promised = (left - 1, rids) if left > 1 else None
+                if promised is None:
+                    p = sim.run_promise(step)
+                    promised = (p[0] - 1, p[1]) if p is not None and p[0] > 1 else None
             queue.appendleft((out, sampling, step if rows_b else None))
             if len(queue) < size and (rows or real.has_requests()):
                 continue

@@ -389,3 +389,54 @@ def test_vllm_block_of_qwen3_next_is_the_real_pages(tp: int) -> None:
                                    head_size=s.head_dim, dtype=torch.bfloat16).page_size_bytes
     align = 64
     assert vllm_block_size(s, tp, 64) == align * -(-mamba // (align * attn))
+
+
+# --- the vLLM ENGINE's steps on a hybrid cache against the REAL Scheduler ---------------------
+# (benchmarks/vllm_sched_ref.py with a KVCacheConfig of several groups: vLLM's own scheduler
+# over its HybridKVCacheCoordinator; compared after every schedule() and every update)
+SCHED_LAYOUTS = {"sw-full": [(SW, 128), (FA, 0)],
+                 "sw-sw-full": [(SW, 40), (FA, 0), (SW, 200)]}
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("layout", list(SCHED_LAYOUTS))
+def test_hybrid_sched_diff_steps(layout: str, asynchronous: bool) -> None:
+    """Multi-turn sessions under preemption, chunked prefill, a max_num_seqs cap: kvsim's
+    step logic on its hybrid pool schedules the same rows, preempts and frees the same
+    requests, and holds the same block tables in every group as vLLM's Scheduler and
+    AsyncScheduler on a window group beside a full one."""
+    from benchmarks.vllm_sched_ref import drive, workload
+    from tests.test_vllm_sched_diff import WORKLOADS
+
+    steps = preemptions = 0
+    for name, w, d in [WORKLOADS[i] for i in (0, 3, 5, 8)]:
+        res = drive(workload(block_size=16, **w), block_size=16, asynchronous=asynchronous,
+                    groups=groups_of(SCHED_LAYOUTS[layout]), **d)
+        assert not res.divergences, f"{name}: {res.divergences[0]}"
+        steps += res.steps
+        preemptions += res.preemptions
+    assert steps > 500 and preemptions > 0
+
+
+@pytest.mark.parametrize("layout", list(SCHED_LAYOUTS))
+def test_hybrid_sched_diff_decode_runs(layout: str) -> None:
+    """Where kvsim's engine takes a decode run while a refused request waits
+    (``VllmServer.decode_run_steps``), vLLM's Scheduler schedules every step of it the same
+    way: the same requests, one token each, nobody admitted. Blocks leaving a window free
+    room inside a run and vLLM retries the waiting head after every step's running rows, so
+    the run ends before the step after which more blocks are free than its refusal saw.
+    One-turn sessions sharing a prefix: a waiting request's hit cannot grow while others
+    decode (a follow-up whose prompt holds a running request's output could)."""
+    from benchmarks.vllm_sched_ref import drive, workload
+
+    run_steps = 0
+    for seed in range(4):
+        for cap in (40, 64):
+            w = dict(seed=40 + seed, sessions=14, turns=1, prompt=400, output=300,
+                     shared_blocks=2, spread=30)
+            res = drive(workload(block_size=16, **w), capacity_blocks=cap, block_size=16,
+                        budget=8192, asynchronous=False, groups=groups_of(
+                            SCHED_LAYOUTS[layout]), runs=True)
+            assert not res.divergences, f"seed {seed} cap {cap}: {res.divergences[0]}"
+            run_steps += res.run_steps
+    assert run_steps > 500

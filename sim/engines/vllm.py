@@ -768,18 +768,11 @@ class VllmServer(EngineBase):
 
     def _decode_run(self, step: Step) -> Generator[Any, Any, None]:
         """The decode-only step just scheduled, repeated while nothing changes (module doc)."""
-        bs = self.bs
         running = cast("list[VllmReq]", self.running)
         rows = step.rows
         batch = len(rows)
         ctx = sum(start for _r, start, _n in rows)
-        cap = min(r.output_tokens - r.generated for r in running)
-        if cap > 1 and self._hybrid:
-            cap = 1 + self.pool.decode_fit([r.rid for r in running], cap - 1,
-                                           ceiling=self._refused_at())
-        elif cap > 1:
-            starts = [-(-r.computed // bs) * bs - r.computed + 1 for r in running]
-            cap = 1 + steps_fitting(starts, bs, self.pool.free_blocks, cap - 1)
+        cap = self.decode_run_steps()
         start = self.env.now
         # a landing (``land_remote``) is admitted at the next step, like an arrival
         steps = yield from self._timed_decode(batch, ctx, cap, (not step.blocked or bool(
@@ -801,6 +794,22 @@ class VllmServer(EngineBase):
                 self._note_cached(r)
             self._record_evictions()
         self.update(step, steps, (start + first, first + inc, inc))
+
+    def decode_run_steps(self) -> int:
+        """The most V1 steps a decode run from the decode-only step just scheduled may take
+        (it included): until a request's last token, while every allocation fits, and, with
+        requests waiting, before more blocks are free than their refusal saw
+        (``_refused_at``)."""
+        bs = self.bs
+        running = cast("list[VllmReq]", self.running)
+        cap = min(r.output_tokens - r.generated for r in running)
+        if cap > 1 and self._hybrid:
+            cap = 1 + self.pool.decode_fit([r.rid for r in running], cap - 1,
+                                           ceiling=self._refused_at())
+        elif cap > 1:
+            starts = [-(-r.computed // bs) * bs - r.computed + 1 for r in running]
+            cap = 1 + steps_fitting(starts, bs, self.pool.free_blocks, cap - 1)
+        return cap
 
     def _loop(self) -> Generator[Any, Any, None]:
         if self.async_scheduling:
