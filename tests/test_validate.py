@@ -315,3 +315,22 @@ def test_vllm_bench_without_send_times_draws_them_and_caps_concurrency(tmp_path)
     assert (gaps >= 0).all() and 0.15 < gaps.mean() < 0.35  # 4 req/s
     s = setup_run(r, gpu="H100")
     assert s.config.traffic.max_concurrency == 4
+
+
+def test_a_vllm_measurements_kv_is_sized_as_vllm_allocates_it():
+    """A vLLM measurement without a block count: its KV tokens are vLLM's memory rule sized
+    in vLLM's KV cache groups (one pool of uniform blocks, gpt-oss-120b's window group
+    beside its full one), not SGLang's full and SWA pools (the engine-less default lane)."""
+    from costmodel.gpus import get_gpu, kv_cache_tokens
+    from costmodel.specs import get_spec
+    from sim.deploy import memory_rule
+    from sim.studies.validate import _kv_tokens
+    from traces.measured import MeasuredRun
+
+    m = MeasuredRun("m", "vllm-bench", "m.json", None, {}, {})  # type: ignore[arg-type]
+    spec, gpu = get_spec("gpt-oss-120b"), get_gpu("H200")
+    got = _kv_tokens(m, "gpt-oss-120b", 4, 16, "H200", 8192, 1024, "0.33", [])
+    rule = memory_rule(spec, gpu, 4, None, "vllm", 8192, 1024, "0.33", False)
+    by = {lane: kv_cache_tokens(spec, gpu, 4, rule.fraction, 16, rule.reserve_bytes,
+                                lane).tokens for lane in ("vllm", "sglang")}
+    assert got == by["vllm"] != by["sglang"]

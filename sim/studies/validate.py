@@ -171,7 +171,7 @@ def _kv_tokens(m: MeasuredRun, model: str, tp: int, bs: int, gpu_name: str | Non
     util = eng.get("gpu_memory_utilization")
     rule = memory_rule(spec, gpu, tp, util, "vllm", chunk, seqs, version, False)
     try:
-        size = kv_cache_tokens(spec, gpu, tp, rule.fraction, bs, rule.reserve_bytes)
+        size = kv_cache_tokens(spec, gpu, tp, rule.fraction, bs, rule.reserve_bytes, "vllm")
     except ValueError as e:
         raise ConfigError("measurement", "gpu_memory", str(e)) from None
     notes.append(f"KV: {size.tokens:,} tokens estimated ({gpu.memory_mib:,} MiB x "
