@@ -28,7 +28,7 @@ overstates models that tie their embeddings (gemma-3) or ship 4-bit experts (gpt
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -322,11 +322,13 @@ def _vllm_capacity(groups: tuple[GroupBytes, ...], budget: int, bs: int) -> KVCa
                       block_bytes)
 
 
-def _sglang_capacity(groups: tuple[GroupBytes, ...], budget: int, bs: int) -> KVCapacity:
+def _sglang_capacity(groups: tuple[GroupBytes, ...], budget: int, bs: int,
+                     one_pool: bool = False) -> KVCapacity:
     """SGLang 0.5.23: a mamba pool first (``kv_cache_configurator.py``
     ``_handle_max_mamba_cache``: ``ratio / (1 + ratio)`` of the memory, less one padding
     slot), then the full pool beside an SWA pool of ``swa_full_tokens_ratio`` as many tokens
-    (``pool_configurator.py`` ``HybridSWAPoolConfigurator``), else one pool of every layer."""
+    (``pool_configurator.py`` ``HybridSWAPoolConfigurator``), else one pool of every layer
+    (``one_pool``: window layers too, each keeping every token at its own shape)."""
     rest = max(0, budget)
     state = sum(g.state_bytes for g in groups)
     slots = 0
@@ -336,6 +338,8 @@ def _sglang_capacity(groups: tuple[GroupBytes, ...], budget: int, bs: int) -> KV
         rest = max(0, rest - (slots + 1) * state)
     full = sum(g.token_bytes for g in groups if g.kind in TOKEN_KINDS)
     swa = sum(g.token_bytes for g in groups if g.kind in BOUNDED)
+    if one_pool:
+        full, swa = full + swa, 0
     if full and swa:
         full_tokens = int(rest // (full + SWA_FULL_TOKENS_RATIO * swa)) // bs * bs
         swa_tokens = int(full_tokens * SWA_FULL_TOKENS_RATIO) // bs * bs
@@ -366,16 +370,6 @@ def sglang_one_pool(spec: ModelSpec, hybrid_swa_memory: bool = True) -> bool:
             and (not hybrid_swa_memory or spec.architecture in SGLANG_ONE_POOL_ARCHS))
 
 
-def sglang_pool_spec(spec: ModelSpec, hybrid_swa_memory: bool = True) -> ModelSpec:
-    """``spec`` as SGLang's KV pools store it: in one pool of every layer
-    (``sglang_one_pool``) every layer, window layers included, keeps the KV of every token,
-    so its bytes per token are full attention's over all layers (the pricing keeps the
-    windows)."""
-    if sglang_one_pool(spec, hybrid_swa_memory):
-        return replace(spec, layer_windows=(), layer_kinds=())
-    return spec
-
-
 def kv_capacity(spec: ModelSpec, budget: int, tp: int = 1, engine: str | None = None,
                 block_size: int = 64, hybrid_swa_memory: bool = True) -> KVCapacity:
     """What ``budget`` bytes of KV memory on each of ``tp`` ranks hold of ``spec`` (at its
@@ -383,12 +377,15 @@ def kv_capacity(spec: ModelSpec, budget: int, tp: int = 1, engine: str | None = 
     own terms (``KVCapacity``; docs/hybrid.md, Capacity in bytes). A model of one group
     (full attention, MLA, DSA, every layer sliding) gets ``budget // (bytes per token) //
     block_size x block_size`` tokens under both engines, and so does an SWA hybrid that
-    SGLang keeps in one pool of every layer (``sglang_pool_spec``: Gemma 2/3, or
-    ``hybrid_swa_memory`` off) at the full-attention bytes of every layer."""
+    SGLang keeps in one pool of every layer (``sglang_one_pool``: Gemma 2/3, or
+    ``hybrid_swa_memory`` off: SGLang's ``--disable-hybrid-swa-memory``) at every layer's
+    bytes of a token, window layers at their own KV shape (Gemma 4's differ from its global
+    layers'); the groups stay the model's."""
+    groups = group_bytes(spec, tp, engine)
     if engine_lane(engine) == "vllm":
-        return _vllm_capacity(group_bytes(spec, tp, engine), budget, block_size)
-    groups = group_bytes(sglang_pool_spec(spec, hybrid_swa_memory), tp, engine)
-    return _sglang_capacity(groups, budget, block_size)
+        return _vllm_capacity(groups, budget, block_size)
+    return _sglang_capacity(groups, budget, block_size,
+                            sglang_one_pool(spec, hybrid_swa_memory))
 
 
 @dataclass(frozen=True)
@@ -412,7 +409,7 @@ class KVSizing:
 
 def kv_cache_tokens(spec: ModelSpec, gpu: GPU, tp: int = 1, mem_fraction: float = 0.9,
                     block_size: int = 64, reserve_bytes: int = 0,
-                    engine: str | None = None) -> KVSizing:
+                    engine: str | None = None, hybrid_swa_memory: bool = True) -> KVSizing:
     """The KV tokens one replica of ``spec`` on ``tp`` x ``gpu`` holds (module docstring),
     under ``engine``'s allocation of its KV cache groups (``kv_capacity``). Raises
     ValueError when the weights leave no room for one block."""
@@ -422,7 +419,7 @@ def kv_cache_tokens(spec: ModelSpec, gpu: GPU, tp: int = 1, mem_fraction: float 
         raise ValueError(f"the memory fraction must be in (0, 1], got {mem_fraction}")
     per_rank_weights = -(-weight_bytes(spec) // tp)
     budget = int(gpu.memory_bytes * mem_fraction) - per_rank_weights - reserve_bytes
-    cap = kv_capacity(spec, budget, tp, engine, block_size)
+    cap = kv_capacity(spec, budget, tp, engine, block_size, hybrid_swa_memory)
     cell = sum(g.token_bytes for g in cap.groups)
     tokens = cap.tokens
     if tokens < block_size:

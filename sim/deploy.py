@@ -4,7 +4,7 @@
 ones a ``RunConfig`` holds: ``gpu_cache`` in tokens, whether it was given as tokens, as bytes
 of KV per GPU (``40GiB``: through the model's KV cache groups on one of ``tp`` ranks at its
 ``kv_dtype``, as the engine allocates them: ``costmodel/gpus.py`` ``kv_capacity``, SGLang's
-one pool of every layer as ``sim/engines`` ``sizing_spec`` says) or derived from the
+its one pool of every layer for Gemma 2/3 or ``hybrid_swa_memory`` off) or derived from the
 GPU (``costmodel/gpus.py`` ``kv_cache_tokens``, at the engine's own memory rule:
 ``memory_rule``), and the profile measured for that GPU and TP (``profile_for``; where
 none is, the run says what it used). A replica's TP is ``tp`` when given, else the GPU count of
@@ -63,10 +63,10 @@ def cell_bytes(spec: ModelSpec, tp: int, engine: str | None = None) -> int:
 
 
 def tokens_from_bytes(spec: ModelSpec, nbytes: int, tp: int, block_size: int,
-                      engine: str | None = None) -> int:
+                      engine: str | None = None, hybrid_swa_memory: bool = True) -> int:
     """The run's tokens (``gpu_cache``) of ``nbytes`` of KV per GPU under ``engine``'s
     allocation of the KV cache groups (``costmodel.gpus.kv_capacity``)."""
-    return kv_capacity(spec, nbytes, tp, engine, block_size).tokens
+    return kv_capacity(spec, nbytes, tp, engine, block_size, hybrid_swa_memory).tokens
 
 
 def check_tp(model: str, tp: Any, where: str, spell=lambda f: f) -> None:
@@ -176,10 +176,8 @@ def resolve_gpu_fields(point: dict[str, Any], where: str,
         raise ConfigError(where, "model", str(e.args[0])) from None
     except ValueError as e:  # an unknown kv_dtype
         raise ConfigError(where, "kv_dtype", str(e)) from None
-    from sim.engines import sizing_spec
-
-    spec = sizing_spec(spec, out.get("engine"),  # its pools as the engine lays them out
-                       out.get("hybrid_swa_memory", True) not in (False, "off"))
+    # SGLang's SWA pool, or its one pool of every layer (--hybrid-swa-memory off)
+    swa_memory = out.get("hybrid_swa_memory", True) not in (False, "off")
     gpu: GPU | None = None
     if gpu_name is not None:
         try:
@@ -192,7 +190,8 @@ def resolve_gpu_fields(point: dict[str, Any], where: str,
     bs = out.get("block_size", 64)
     if nbytes is not None:
         out["gpu_cache_bytes"] = nbytes
-        out["gpu_cache"] = tokens_from_bytes(spec, nbytes, tp, bs, out.get("engine"))
+        out["gpu_cache"] = tokens_from_bytes(spec, nbytes, tp, bs, out.get("engine"),
+                                             swa_memory)
         if out["gpu_cache"] < 4 * bs:
             raise ConfigError(where, "gpu_cache", f"{point['gpu_cache']} holds "
                               f"{out['gpu_cache']} tokens of {model} per replica: fewer "
@@ -206,7 +205,7 @@ def resolve_gpu_fields(point: dict[str, Any], where: str,
         rule = rule_for_point(out, spec, gpu, tp)
         try:
             sized = kv_cache_tokens(spec, gpu, tp, rule.fraction, bs, rule.reserve_bytes,
-                                    out.get("engine"))
+                                    out.get("engine"), swa_memory)
         except ValueError as e:
             raise ConfigError(where, "gpu", str(e)) from None
         given = out.get("gpu_cache")

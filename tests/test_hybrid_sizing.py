@@ -68,7 +68,6 @@ def test_sglang_one_pool_models_by_hand() -> None:
     s = kv_capacity(gemma3, BUDGET, 1, "sglang", 64)
     assert (s.tokens, s.full_tokens, s.swa_tokens) == (BUDGET // cell // 64 * 64,
                                                        BUDGET // cell // 64 * 64, 0)
-    assert [(g.kind, g.layers, g.window) for g in s.groups] == [(AttentionKind.FULL, 62, None)]
     for hsm in (True, False):  # whatever the flag says
         assert kv_capacity(gemma3, BUDGET, 1, "sglang", 64, hybrid_swa_memory=hsm) == s
     assert kv_capacity(gemma3, BUDGET, 1, "vllm", 64).tokens > s.tokens  # its window groups
@@ -76,8 +75,20 @@ def test_sglang_one_pool_models_by_hand() -> None:
     one = kv_capacity(gpt, BUDGET, 1, "sglang", 64, hybrid_swa_memory=False)
     assert (one.tokens, one.swa_tokens) == (BUDGET // 73_728 // 64 * 64, 0) == (582_528, 0)
     assert kv_capacity(gpt, BUDGET, 1, "sglang", 64).swa_tokens == 517_760
-    gemma4 = kv_capacity(get_spec("gemma-4-31b"), BUDGET, 1, "sglang", 64)
-    assert 0 < gemma4.swa_tokens < gemma4.full_tokens
+    gemma4 = get_spec("gemma-4-31b")
+    hybrid = kv_capacity(gemma4, BUDGET, 1, "sglang", 64)
+    assert 0 < hybrid.swa_tokens < hybrid.full_tokens
+    # one pool (--hybrid-swa-memory off): each layer every token at its own shape, counted
+    # layer by layer (50 sliding layers of 16 KV heads x 256, 10 global of 4 x 512)
+    shape = {AttentionKind.SLIDING: (16, 256), AttentionKind.FULL: (4, 512)}
+    cell4 = sum(2 * shape[k][0] * shape[k][1] * 2 for k in gemma4.kinds)
+    assert cell4 == 901_120
+    one4 = kv_capacity(gemma4, BUDGET, 1, "sglang", 64, hybrid_swa_memory=False)
+    assert (one4.tokens, one4.swa_tokens) == (BUDGET // cell4 // 64 * 64, 0)
+    from sim.deploy import resolve_gpu_fields
+
+    point = {"model": "gemma-4-31b", "engine": "sglang", "hybrid_swa_memory": False}
+    assert resolve_gpu_fields({**point, "gpu_cache": "40GiB"}, "t")["gpu_cache"] == one4.tokens
 
 
 def test_deepseek_v3_latent_by_hand() -> None:

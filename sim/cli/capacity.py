@@ -90,9 +90,6 @@ def bytes_to_tokens(sizes: ByteSizes, model: str, kv_dtype: str, engine: str,
         spec = get_spec(model, kv_dtype)
     except KeyError as e:
         raise click.BadParameter(str(e.args[0]), param_hint="--model") from None
-    from sim.engines import sizing_spec
-
-    spec = sizing_spec(spec, engine)  # its pools as the engine lays them out
     tokens = [kv_capacity(spec, b, 1, engine, block_size).tokens for b in sizes]
     for b, t in zip(sizes, tokens, strict=True):
         if t < block_size:

@@ -8,9 +8,8 @@ engine says which it can express (``EngineBase.check``). ``ENGINES`` names them 
 whose ``build`` ``sim.run.build`` calls for each replica.
 """
 
-from costmodel.gpus import engine_lane, sglang_pool_spec
 from costmodel.registry import Registry
-from costmodel.specs import ModelSpec, get_spec
+from costmodel.specs import get_spec
 from sim.config import SGLangKnobs, VllmKnobs
 
 from .base import EngineBase, StepObserver
@@ -38,15 +37,5 @@ def engine_class(cfg) -> type[EngineBase]:
     return ENGINES[knobs.name]
 
 
-def sizing_spec(spec: ModelSpec, engine: str | None,
-                hybrid_swa_memory: bool = True) -> ModelSpec:
-    """``spec`` as ``engine`` (None: SGLang) stores its KV, for sizing its pools from bytes:
-    SGLang's one pool of every layer as costmodel/gpus.py ``sglang_pool_spec`` says (which
-    ``kv_capacity`` applies itself at the default flags), vLLM's groups as ``spec`` has
-    them."""
-    return (sglang_pool_spec(spec, hybrid_swa_memory) if engine_lane(engine) == "sglang"
-            else spec)
-
-
 __all__ = ["ENGINES", "VLLM_PATCHES", "EngineBase", "Req", "SGLangHybridServer", "SGLangServer",
-           "StepObserver", "VllmServer", "engine_class", "sizing_spec"]
+           "StepObserver", "VllmServer", "engine_class"]
