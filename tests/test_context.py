@@ -225,7 +225,6 @@ def test_each_strategy_on_the_shared_traces(context: str) -> None:
         assert ("context" in s) == (context != "full")
 
 
-@pytest.mark.pure_path("the hybrid engine is an interpreted subclass")
 @pytest.mark.parametrize("context", ["trim:4", "summarize:16k:512"])
 def test_text_strategies_run_on_the_hybrid_tree(context: str) -> None:
     """trim and summarize change only the tokens a turn sends: gpt-oss-120b runs them on

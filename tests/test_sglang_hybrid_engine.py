@@ -296,7 +296,6 @@ SHAPES = {"single": {}, "fleet": dict(replicas=2, router="dynamo-kv"),
           "pd": dict(prefill_replicas=1, decode_replicas=1)}
 
 
-@pytest.mark.pure_path("the engine is an interpreted subclass")
 @pytest.mark.parametrize("model", ["gpt-oss-120b", "qwen3-next-80b-a3b", "deepseek-v4-flash"])
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_hybrid_runs_every_preset(model: str, shape: str) -> None:

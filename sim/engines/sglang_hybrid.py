@@ -28,7 +28,7 @@ shared pool. ``--hybrid-swa-memory off`` keeps an SWA hybrid in one pool instead
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import simpy
@@ -39,7 +39,7 @@ from policies import EvictionPolicy
 from policies.scheduling import SchedulePolicy, get_scheduler
 from sim.config import RunConfig
 from sim.kvcache import Tier
-from sim.kvcache.hybridtree import Freed, HybridRadixCache, HybridRequest
+from sim.kvcache.hybridtree import Freed, HybridNode, HybridRadixCache, HybridRequest
 from sim.kvcache.results import Match
 
 from .recorder import RunRecorder
@@ -473,7 +473,7 @@ class SGLangHybridServer(SGLangServer):
 
     def _release_landing(self, req: Req) -> None:
         if req.landed is not None:
-            node, receipt = req.landed  # type: ignore[misc]
+            node, receipt = cast(tuple[HybridNode, int | None], req.landed)
             self.tree.unlock(node, receipt)
             req.landed = None
 
