@@ -57,3 +57,22 @@ def test_hybrid_tree_refuses_what_sglang_has_no_tree_for() -> None:
         HybridRadixCache(10, 8, 128, state_slots=4)
     with pytest.raises(ValueError, match="window must be positive"):
         HybridRadixCache(10, 8, 0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(a=st.lists(st.integers(-1, 3), max_size=12), b=st.lists(st.integers(-1, 3), max_size=12),
+       dtype=st.sampled_from(["int64", "int32"]))
+def test_common_prefix_is_the_brute_forces(a: list[int], b: list[int], dtype: str) -> None:
+    """The walks' node compare (``_common``, a byte compare in the common case) is the length
+    of the common prefix, element by element, for arrays of one dtype or two."""
+    import numpy as np
+
+    from sim.kvcache.hybridtree import _common
+
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    x, y = np.array(a, np.int64), np.array(b, dtype)
+    assert _common(x, y) == n
+    assert _common(y, x) == n
+    assert _common(x, x) == len(a)

@@ -723,7 +723,9 @@ class HybridRadixCache:
         self._working()
         req.owned += n  # (a request may allocate several times: chunks, decode runs)
         if req.owned > len(req.ids):  # pages past the full blocks (a partial block): id -1
-            req.ids = np.concatenate([req.ids, np.full(req.owned - len(req.ids), -1, np.int64)])
+            pad = np.empty(req.owned - len(req.ids), np.int64)  # (np.full is Python-level)
+            pad.fill(-1)
+            req.ids = np.concatenate((req.ids, pad))
         return True
 
     def _free_out_of_window(self, req: HybridRequest, pre_len: int, freed: Freed) -> None:
@@ -1211,10 +1213,14 @@ def _common(a: np.ndarray, b: np.ndarray) -> int:
     m = min(len(a), len(b))
     if m == 0:
         return 0
-    eq = a[:m] == b[:m]
-    if eq.all():  # the common case: the whole node matches
+    x, y = a[:m], b[:m]
+    # the common case, the whole node matches, as one byte compare (equal int64 arrays are
+    # equal bytes): no ufunc reduction and its Python wrapper per node of a walk
+    if x.tobytes() == y.tobytes():
         return m
-    return int(eq.argmin())
+    eq = x == y  # (equal values of two dtypes: unequal bytes, the whole prefix)
+    i = int(eq.argmin())
+    return m if eq[i] else i
 
 
 def sorted_cat(parts: list[np.ndarray]) -> np.ndarray:
