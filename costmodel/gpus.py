@@ -149,24 +149,26 @@ def kv_heads_per_rank(spec: ModelSpec, tp: int, kind: AttentionKind | None = Non
     return max(1, heads // tp)
 
 
-def rank_kv_share(spec: ModelSpec, tp: int) -> float:
-    """The share of a token's KV bytes (``ModelSpec.kv_bytes_per_token``) one of ``tp`` ranks
-    holds, group by group: a GQA group its ``kv_heads_per_rank`` of its own heads (replicated
-    heads count on every rank), an MLA or DSA group its whole latent (every rank holds it, and
-    a disaggregated decode rank pulls it whole from one prefill rank: SGLang's
-    ``disaggregation/common/conn.py``). A PD link moves one rank's share of the bytes
-    (sim/fleet/pd.py). 0 when a token has no KV bytes (linear layers only)."""
-    total = spec.kv_bytes_per_token
-    if not total:
-        return 0.0
-    rank = 0
+def shipped_kv_bytes(spec: ModelSpec, tp: int, tokens: int) -> tuple[int, int]:
+    """The KV a request of ``tokens`` context holds, over all ``tp`` ranks and on one rank:
+    each group what it keeps (``KVGroup.kv_bytes``: every token, a window's last tokens, a
+    compressed group's entries; the linear state, which goes apart, left out), a rank a GQA
+    group's ``kv_heads_per_rank`` of its own heads (replicated heads count on every rank) and
+    an MLA or DSA group's whole latent (every rank holds it, and a disaggregated decode rank
+    pulls it whole from one prefill rank: SGLang's ``disaggregation/common/conn.py``). A PD
+    link moves one rank's bytes (sim/fleet/pd.py)."""
+    total = rank = 0
+    if tokens <= 0:
+        return 0, 0
     for g in spec.groups:
+        held = g.kv_bytes(tokens) - g.state_bytes_per_request
+        total += held
         if g.kind in (AttentionKind.MLA, AttentionKind.DSA):
-            rank += g.kv_bytes_per_token
-        elif g.kv_bytes_per_token:  # K and V per head: an exact share of the group's bytes
+            rank += held
+        elif held:  # K and V per head: an exact share of the group's bytes
             heads = spec.kv_shape(g.kind)[0]
-            rank += g.kv_bytes_per_token * kv_heads_per_rank(spec, tp, g.kind) // heads
-    return rank / total
+            rank += held * kv_heads_per_rank(spec, tp, g.kind) // heads
+    return total, rank
 
 
 def weight_bytes(spec: ModelSpec) -> int:

@@ -381,7 +381,7 @@ def test_each_kv_group_ships_its_own_heads_share(tp):
     tp) of that layer's heads, so at TP 8 every rank holds one of the 4 global heads (the
     model's 16 // 8 = 2 of 16 undercounted the global layers' share 2x). The link moves one
     rank's bytes, counted here layer by layer; an MLA model's latent is whole on every rank."""
-    from costmodel.gpus import rank_kv_share
+    from costmodel.gpus import shipped_kv_bytes
     from costmodel.specs import AttentionKind, get_spec
 
     spec = get_spec("gemma-4-31b")
@@ -391,9 +391,9 @@ def test_each_kv_group_ships_its_own_heads_share(tp):
     every = sum(2 * shape[k][0] * shape[k][1] * 2 for k in spec.kinds)  # bf16 K and V
     rank = sum(2 * max(1, shape[k][0] // tp) * shape[k][1] * 2 for k in spec.kinds)
     assert spec.kv_bytes_per_token == every
-    assert rank_kv_share(spec, tp) * every == pytest.approx(rank, rel=1e-15)
+    assert shipped_kv_bytes(spec, tp, 1) == (every, rank)
     kimi = get_spec("kimi-k2.5")
-    assert rank_kv_share(kimi, tp) == 1.0
+    assert shipped_kv_bytes(kimi, tp, 1000)[1] == shipped_kv_bytes(kimi, tp, 1000)[0]
     if tp == 8:  # the run: one prompt over the H100's 400 Gb/s NIC per rank
         cfg = RunConfig.from_flat(trace="kit", sessions=1, prefill_replicas=1,
                                   decode_replicas=1, preset="sglang", gpu="H100", tp=tp,
@@ -401,3 +401,26 @@ def test_each_kv_group_ships_its_own_heads_share(tp):
         row = run(cfg, KitTrace([[(1000, 5, 0.0)]])).requests.iloc[0]
         assert row["transfer_bytes"] == 1000 * every
         assert row["transfer_s"] == pytest.approx(1000 * rank / 50e9 + 5e-6, rel=1e-12)
+
+
+@pytest.mark.parametrize("model", ["gpt-oss-120b", "deepseek-v4-flash", "gemma-4-31b"])
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_a_window_model_ships_what_its_groups_hold(model, engine):
+    """A disaggregated prompt moves what the request holds in each KV group
+    (``ModelSpec.kv_bytes``, held to an entry-by-entry count in tests/test_hybrid_models.py):
+    a sliding group's last window, a compressed group's entries, every token of a full one;
+    not every layer's KV for every token (gpt-oss-120b's 18 sliding layers keep 128 tokens,
+    DeepSeek-V4's every layer its 128-token window beside the compressed entries)."""
+    from costmodel.specs import get_spec
+
+    spec = get_spec(model)
+    prompt, output = 6000, 2
+    cfg = RunConfig.from_flat(trace="kit", sessions=1, prefill_replicas=1, decode_replicas=1,
+                              engine=engine, preset=engine, gpu_cache=65536, model=model,
+                              pd_link="rdma-100")
+    row = run(cfg, KitTrace([[(prompt, output, 0.0)]])).requests.iloc[0]
+    held = spec.kv_bytes(prompt, state=False)
+    assert row["transfer_bytes"] == held < prompt * spec.kv_bytes_per_token
+    link = get_link("rdma-100")
+    assert row["transfer_s"] == pytest.approx(link.busy_seconds(held) + link.latency_s,
+                                              rel=1e-12)

@@ -64,9 +64,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
-from costmodel.gpus import group_bytes, rank_kv_share
+from costmodel.gpus import group_bytes, shipped_kv_bytes
 from costmodel.links import Link
-from costmodel.specs import get_spec
+from costmodel.specs import ModelSpec
 from policies.pd_rules import DecodeWorker, PDRequest, PDRule
 from sim.context import PrefillOnlyPrompt
 from sim.engines.recorder import RunRecorder
@@ -117,23 +117,22 @@ class LinkQueue:
 class PDFleet:
     """``prefill``: a ``Fleet`` over the prefill engines (its router picks the worker);
     ``decode``: the decode engines; ``rule``: a bound ``PDRule``; ``rec``: the recorder the
-    replay reports sessions to; ``kv_bytes``: KV bytes per token; ``layers``: the model's
-    layers (streaming's last-layer share)."""
+    replay reports sessions to; ``spec``: the model as the run prices it (its KV groups' bytes
+    go on the link; its layers give streaming's last-layer share)."""
 
     def __init__(self, env: simpy.Environment, cfg, trace, prefill: Fleet, decode: list,
-                 rule: PDRule, link: Link, rec: RunRecorder, kv_bytes: int, layers: int,
-                 profile, gpus_per_replica: int) -> None:
+                 rule: PDRule, link: Link, rec: RunRecorder, spec: ModelSpec, profile,
+                 gpus_per_replica: int) -> None:
         self.env, self.cfg, self.trace = env, cfg, trace
         self.prefill, self.decode, self.rule, self.link = prefill, decode, rule, link
         self.rec = rec
-        self.kv_bytes, self.layers, self.profile = kv_bytes, layers, profile
+        self.spec, self.layers, self.profile = spec, spec.layers, profile
         self.gpus_per_replica = gpus_per_replica  # (sim/deploy.py's one definition)
         # With TP t each rank holds its share of the KV heads and ships it through its own
         # NIC (links.yaml: one NIC per GPU), all t at once: a worker's link moves its
         # rank's share of the bytes in the time (1/t when every group's KV heads divide by
-        # t; a group with fewer heads than t replicates them, MLA's latent is whole).
-        spec = get_spec(cfg.cache.model)
-        self.rank_share = rank_kv_share(spec, gpus_per_replica)
+        # t; a group with fewer heads than t replicates them, MLA's latent is whole), and
+        # of each group what a request holds there (a window's last tokens only).
         # A linear group's request state (its heads split over the ranks) goes once, at the
         # prompt's end: one rank's bytes as its engine stores them, and all ranks' in total.
         self.state_rank_bytes = sum(g.state_bytes for g in group_bytes(
@@ -266,8 +265,8 @@ class PDFleet:
         """Book the prompt's KV on the link (``r``: the prefill's record)."""
         now = self.env.now
         rec = self.records[req.rid]
-        nbytes = req.prompt_tokens * self.kv_bytes
-        rank_bytes = nbytes * self.rank_share
+        nbytes, rank_bytes = shipped_kv_bytes(self.spec, self.gpus_per_replica,
+                                              req.prompt_tokens)
         if self.state_rank_bytes:
             nbytes += self.state_rank_bytes * self.gpus_per_replica
             rank_bytes += self.state_rank_bytes
@@ -320,9 +319,10 @@ class PDFleet:
         extra = int(final.size) - int(req.ids.size)
         if extra <= 0:
             return
-        nbytes = extra * self.bs * self.kv_bytes
+        # the output's KV: of a window group, the output's part of the final window
+        nbytes, rank_bytes = shipped_kv_bytes(self.spec, self.gpus_per_replica, extra * self.bs)
         q = self._queue(self._link_key(rec.prefill_worker, rec.decode_worker, back=True))
-        start, end = q.book(self.env.now, self.link.busy_seconds(nbytes * self.rank_share))
+        start, end = q.book(self.env.now, self.link.busy_seconds(rank_bytes))
         q.transfers.append((start, end, nbytes))
         rec.returned_bytes = nbytes
         self.env.process(self._return_after(rec.prefill_worker, final, req.ids.size,

@@ -141,8 +141,7 @@ class PDRun:
                        None, psignals)
         rule = make_rule(cfg.pd.pd_rule, np.random.default_rng([cfg.seed, PD_STREAM]))
         self.front = PDFleet(env, cfg, trace, pfleet, self.decode, rule, get_link(cfg.pd.pd_link),
-                             self.sessions, spec.kv_bytes_per_token, spec.layers, profile,
-                             gpus_per_replica(cfg, profile))
+                             self.sessions, spec, profile, gpus_per_replica(cfg, profile))
 
     def serve(self, on_reply: Callable[[], None] | None = None) -> Served:
         import pandas as pd  # (not at import: issue 55 start-up)
