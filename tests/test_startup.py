@@ -126,3 +126,42 @@ def test_a_run_loads_no_table_library_before_its_first_request():
     *doc, seen = res.stdout.strip().splitlines()
     assert json.loads("\n".join(doc))  # the run's JSON document, made with pandas after the replay
     assert json.loads(seen) == [[]]
+
+
+def _script(args: list[str], cwd: str | None = None) -> subprocess.CompletedProcess:
+    """``args`` through what the ``kvsim`` script runs (``sim.cli.main.main``), with an exit
+    handler that reports whether the collector was frozen by then."""
+    code = ("import atexit, gc, sys\n"
+            "atexit.register(lambda: print(f'FROZEN {gc.get_freeze_count() > 0}', "
+            "file=sys.stderr))\n"
+            "sys.argv[0] = 'kvsim'\nfrom sim.cli.main import main\nmain()\n")
+    return subprocess.run([sys.executable, "-W", "ignore", "-c", code, *args],
+                          capture_output=True, text=True, cwd=cwd, check=False)
+
+
+@pytest.mark.parametrize(("args", "status"), [(["--version"], 0),
+                                              (["run", "--no-such-option"], 2)])
+def test_the_script_exits_with_the_commands_status_and_the_collector_frozen(args, status):
+    """The interpreter's exit skips collecting what the command left (sim/cli/main.py
+    ``main``): the exit status is the command's, and exit handlers still run after it."""
+    res = _script(args)
+    assert res.returncode == status, res.stderr
+    assert res.stderr.strip().splitlines()[-1] == "FROZEN True"
+
+
+def test_a_run_with_the_collector_frozen_at_exit_leaves_its_files_whole(tmp_path):
+    """Every result file is renamed into place before the command returns: each reads back."""
+    import pandas as pd
+
+    out = tmp_path / "out"
+    res = _script(["run", "--trace", "synthetic:claude-code?sessions=4", "--max-context",
+                   "32k", "--gaps", "tool", "--sessions", "2", "--gpu-cache", "64k",
+                   "--preset", "sglang", "--out", str(out)], cwd=str(tmp_path))
+    assert res.returncode == 0, res.stderr
+    assert res.stderr.strip().splitlines()[-1] == "FROZEN True"
+    runs = json.loads((out / "runs.json").read_text())["runs"]
+    summary = json.loads((out / "sglang" / "summary.json").read_text())
+    assert [r["policy"] for r in runs] == ["sglang"]
+    assert len(pd.read_parquet(out / "sglang" / "requests.parquet")) == summary["requests"]
+    assert sorted(p.name for p in out.rglob("*") if p.is_file()) == sorted(
+        ["runs.json", "config.json", "summary.json", "requests.parquet"])
