@@ -165,3 +165,37 @@ def test_a_run_with_the_collector_frozen_at_exit_leaves_its_files_whole(tmp_path
     assert len(pd.read_parquet(out / "sglang" / "requests.parquet")) == summary["requests"]
     assert sorted(p.name for p in out.rglob("*") if p.is_file()) == sorted(
         ["runs.json", "config.json", "summary.json", "requests.parquet"])
+
+
+def _tiny_mooncake(path) -> None:
+    """40 Mooncake records (512-token hash ids, ms timestamps): four prompts shared in turn."""
+    with open(path, "w") as f:
+        for i in range(40):
+            ids = [*range(8 * (i % 4), 8 * (i % 4) + 8), 1000 + i]
+            f.write(json.dumps({"timestamp": 250 * i, "input_length": 512 * len(ids) - 100,
+                                "output_length": 20, "hash_ids": ids}) + "\n")
+
+
+@pytest.mark.parametrize("router", ["round-robin", "dynamo-kv"])
+def test_kvsim_run_on_a_mooncake_trace_loads_no_table_library(tmp_path, router):
+    """``kvsim run`` with the default table output reads only its runs' summaries: the
+    requests table stays columns (sim/engines/columns.py) and pandas and pyarrow are never imported,
+    nor plots or fits (a fleet of the vLLM engine, as benchmarks/bench_dynamo.py runs it)."""
+    trace = tmp_path / "trace.jsonl"
+    _tiny_mooncake(trace)
+    code = ("import atexit, json, sys\n"
+            "atexit.register(lambda: print('LOADED ' + json.dumps(sorted({m.split('.')[0] "
+            "for m in sys.modules} & "
+            "{'pandas', 'pyarrow', 'matplotlib', 'scipy'})), "
+            "file=sys.stderr))\n"
+            "sys.argv[0] = 'kvsim'\nfrom sim.cli.main import main\nmain()\n")
+    res = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", code, "run", "-t", str(trace), "--format",
+         "mooncake", "--engine", "vllm", "--preset", "vllm", "--replicas", "2", "--router",
+         router, "--gpu-cache", "64k", "--max-running", "16", "--chunk-size", "4096"],
+        capture_output=True, text=True, cwd=tmp_path, check=False,
+        env={**os.environ, "KVSIM_CACHE_DIR": str(tmp_path / "cache")})
+    assert res.returncode == 0, res.stderr
+    assert "requests" in res.stdout and "hit_rate" in res.stdout  # the table was printed
+    loaded = res.stderr.strip().splitlines()[-1]
+    assert loaded == "LOADED []", loaded

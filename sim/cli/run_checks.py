@@ -117,7 +117,7 @@ def warn_saturation(res: RunResult) -> None:
 
     if res.config.traffic.replay != "open":
         return
-    sat = open_loop_saturation(res.requests)
+    sat = open_loop_saturation(res.request_columns())
     if sat is not None:
         stderr.print(f"[yellow]warning:[/yellow] {res.config.policy_label}: {sat.message()}")
 

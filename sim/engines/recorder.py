@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, cast
 
 import numpy as np
 
+from sim.engines.columns import ColumnTable
 from sim.engines.latency import TokenGaps
 
 # Typed, not imported: pandas where a table is made (no pandas before a run's first
@@ -533,9 +534,10 @@ class RunRecorder:
         return list(zip(ends[0::2], ends[1::2], strict=True))
 
     # --- results ------------------------------------------------------------------------
-    def table(self) -> pd.DataFrame:
+    def columns(self) -> ColumnTable:
+        """Its requests as columns (``COLUMNS``), sorted by send time, then request."""
         if not self._n:  # a fleet replica that served nothing: no rows, the same dtypes
-            return empty_table()
+            return ColumnTable({name: _Columns._typed(name, 0) for name in COLUMNS}, _STR_COLUMNS)
         self._cols.flush()
         n = self._n
         self._cols.reserve(n)
@@ -547,24 +549,25 @@ class RunRecorder:
         by = dict(zip(COLUMNS, cols, strict=True))
         # sort_values(["send_s", "request"], kind="stable"): a stable lexsort, ties in order
         order = np.lexsort((by["request"], by["send_s"]))
-        import pandas as pd
+        return ColumnTable({k: v[order] for k, v in by.items()}, _STR_COLUMNS)
 
-        # copy=False: the sorted columns become the frame's (one copy of the rows, not two)
-        return pd.DataFrame({k: v[order] for k, v in by.items()}, copy=False)
+    def table(self) -> pd.DataFrame:
+        """Its requests table (``columns`` as a DataFrame)."""
+        return self.columns().frame() if self._n else empty_table()
 
-    def summary(self, sim_end: float, block_size: int, df: pd.DataFrame | None = None
-                ) -> dict[str, Any]:
-        df = self.table() if df is None else df
+    def summary(self, sim_end: float, block_size: int,
+                df: ColumnTable | pd.DataFrame | None = None) -> dict[str, Any]:
+        t = self.columns() if df is None else ColumnTable.of(df)
         # One row per request is the one source of truth for what happened to it (a PD
         # request's drop on both workers is one row): ``ok`` were admitted (the work they
         # made the server do counts), ``served`` also got their whole reply (vllm bench
         # serve's successful requests: what latency, requests and output count).
-        dropped = df["dropped"].to_numpy(dtype=bool)
-        ok = df[~dropped] if len(df) else df
-        aborted = ok["aborted"].to_numpy(dtype=bool)
-        served = ok[~aborted] if len(ok) else ok
-        reasons = df["drop_reason"].to_numpy()[dropped]
-        ttft = served["ttft_s"].to_numpy(dtype=float) if len(served) else np.array([])
+        dropped = t["dropped"].astype(bool)
+        ok = t.rows(~dropped)
+        aborted = ok["aborted"].astype(bool)
+        served = ok.rows(~aborted)
+        reasons = t["drop_reason"][dropped]
+        ttft = served["ttft_s"].astype(float)
         ttft = ttft[np.isfinite(ttft)]
         done = [s for s in sorted(self.session_end) if s in self.session_start]
         # A job is a top-level session; its sub-agents run inside it (own fields below).
@@ -573,9 +576,9 @@ class RunRecorder:
         sub_jct = np.array([self.session_end[s] - self.session_start[s]
                             for s in done if self.is_sub[s]])
         prompt = float(ok["prompt_tokens"].sum()) if len(ok) else 0.0
-        recomputed = ok["recomputed_tokens"].to_numpy(dtype=float) if len(ok) else np.array([])
-        lost = ok["private_lost"].to_numpy(dtype=float) if len(ok) else np.array([])
-        rec_units = ok["recompute_units"].to_numpy(dtype=float) if len(ok) else np.array([])
+        recomputed = ok["recomputed_tokens"].astype(float)
+        lost = ok["private_lost"].astype(float)
+        rec_units = ok["recompute_units"].astype(float)
 
         def pct(q: float) -> float:
             return float(np.percentile(ttft, q)) if ttft.size else math.nan
@@ -598,8 +601,7 @@ class RunRecorder:
             "jct_mean_s": float(jct.mean()) if jct.size else math.nan,
             "subagents_completed": len(sub_jct),
             "subagent_jct_mean_s": float(sub_jct.mean()) if sub_jct.size else math.nan,
-            "queue_wait_mean_s": (float(served["queue_wait_s"].mean()) if len(served)
-                                  else math.nan),
+            "queue_wait_mean_s": _mean(served["queue_wait_s"]),
             "hit_rate": float(ok["hit_gpu_tokens"].sum() / prompt) if prompt else math.nan,
             "ideal_hit_rate": float(ok["ideal_hit_tokens"].sum() / prompt) if prompt else math.nan,
             "prompt_tokens": int(prompt),
@@ -607,7 +609,7 @@ class RunRecorder:
             "hole_tokens": int(ok["hole_tokens"].sum()) if len(ok) else 0,
             "new_tokens": int(ok["new_tokens"].sum()) if len(ok) else 0,
             "recompute_units": float(rec_units.sum()),
-            "prefill_units": float(ok["prefill_units"].sum()) if len(ok) else 0.0,
+            "prefill_units": _total(ok["prefill_units"]),
             "decoded_tokens": int(ok["decoded_tokens"].sum()) if len(ok) else 0,
             "loaded_cpu_tokens": int(ok["loaded_cpu_tokens"].sum()) if len(ok) else 0,
             "recompute_share_lost90_tokens": share_tokens,
@@ -619,8 +621,7 @@ class RunRecorder:
             "retractions": int(c["retractions"]),
             "preempted_recompute_tokens": (int(ok["preempted_recompute_tokens"].sum())
                                            if len(ok) else 0),
-            "preempted_recompute_units": (float(ok["preempted_recompute_units"].sum())
-                                          if len(ok) else 0.0),
+            "preempted_recompute_units": _total(ok["preempted_recompute_units"]),
             "aborted": int(aborted.sum()),
             "bytes_h2d": int(c["bytes_h2d"]),
             "bytes_d2h": int(c["bytes_d2h"]),
@@ -641,6 +642,19 @@ class RunRecorder:
         }
 
 
+def _total(values: np.ndarray) -> float:
+    """A float column's sum, NaN skipped (pandas' ``Series.sum``: NaN made 0, then summed)."""
+    return float(np.nansum(values)) if len(values) else 0.0
+
+
+def _mean(values: np.ndarray) -> float:
+    """A column's mean, NaN skipped (pandas' ``Series.mean``: the sum with NaN made 0, over
+    the count of the others); NaN when none is left."""
+    a = values.astype(float)
+    count = len(a) - int(np.isnan(a).sum())
+    return float(np.nansum(a) / count) if count else math.nan
+
+
 def _percentiles(values: np.ndarray, name: str) -> dict[str, float]:
     v = values[np.isfinite(values)]
     if not v.size:
@@ -650,13 +664,13 @@ def _percentiles(values: np.ndarray, name: str) -> dict[str, float]:
             f"{name}_p90_s": float(p90), f"{name}_p99_s": float(p99)}
 
 
-def latency_fields(ok: pd.DataFrame, gaps: TokenGaps, sim_end: float) -> dict[str, Any]:
+def latency_fields(ok: ColumnTable, gaps: TokenGaps, sim_end: float) -> dict[str, Any]:
     """TPOT, inter-token latency, end-to-end latency and token rates of the served requests
     ``ok`` (docs/engine.md, Metrics). Rates are over the run's duration (0 to its end)."""
     if len(ok):
-        tpot = ok["tpot_s"].to_numpy(dtype=float)
-        e2e = (ok["end_s"] - ok["send_s"]).to_numpy(dtype=float)
-        first = np.isfinite(ok["first_token_s"].to_numpy(dtype=float))
+        tpot = ok["tpot_s"].astype(float)
+        e2e = (ok["end_s"] - ok["send_s"]).astype(float)
+        first = np.isfinite(ok["first_token_s"].astype(float))
         output = int(ok["decoded_tokens"].sum()) + int(first.sum())
         prompt = int(ok["prompt_tokens"].sum())
     else:

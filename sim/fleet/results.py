@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from sim.engines.columns import ColumnTable
 from sim.engines.recorder import RecordListener, RunRecorder
 
 from .fleet import Fleet
@@ -84,23 +85,24 @@ def router_drew(router, seed: int) -> bool:
 
 def fleet_served(fleet: Fleet, engines: list, trace, sessions, pool: FleetPool | None,
                  now: float, cfg, timeline=None
-                 ) -> tuple[RunRecorder, pd.DataFrame, dict[str, Any], dict[str, pd.DataFrame]]:
+                 ) -> tuple[RunRecorder, ColumnTable | pd.DataFrame, dict[str, Any],
+                            dict[str, ColumnTable | pd.DataFrame]]:
     """What a fleet run served: the recorder of its summary (the replicas' merged), every
     replica's requests in one table with a ``replica`` column, its summary fields (the fleet
     metrics with each replica's summary, the pool's fields and notes) and tables (``load``:
-    each replica's queues at every decision, ``routing``: belief beside truth; the pool's)."""
-    import pandas as pd  # (not at import: issue 55 start-up)
-
+    each replica's queues at every decision, ``routing``: belief beside truth; the pool's).
+    Tables are columns (sim/engines/columns.py), DataFrames where the pool's assembly made them."""
     bs = cfg.cache.block_size
     tables = []
     for i, e in enumerate(engines):
-        t = ideal_columns(e.rec.table(), fleet, bs)
-        t.insert(0, "replica", np.full(len(t), i, dtype=np.int64))
-        tables.append(t)
+        t = ideal_columns(e.rec.columns(), fleet, bs)
+        tables.append(t.with_column("replica", np.full(len(t), i, dtype=np.int64), at=0))
     served = [t for t in tables if len(t)] or tables[:1]  # idle replicas add no rows
-    table = pd.concat(served, ignore_index=True) if len(served) > 1 else served[0]
-    table = table.sort_values(["send_s", "request"], kind="stable").reset_index(drop=True)
-    out = {"load": load_table(fleet), "routing": routing_table(fleet)}
+    table = ColumnTable.concat(served)
+    # sort_values(["send_s", "request"], kind="stable"): a stable lexsort, ties in order
+    table = table.rows(np.lexsort((table["request"], table["send_s"])))
+    out: dict[str, ColumnTable | pd.DataFrame] = {"load": load_table(fleet),
+                                              "routing": routing_table(fleet)}
     merged, summary, per_replica = fleet_metrics(trace, fleet, engines, tables, sessions, now,
                                                  bs, table)
     patch = cfg.value("vllm_patch")
@@ -110,34 +112,32 @@ def fleet_served(fleet: Fleet, engines: list, trace, sessions, pool: FleetPool |
             replica_summary.update(e.patch_summary())
     pooled: dict = {}
     if pool is not None:  # (its columns are the pool's alone: the metrics read none of them)
-        table, pooled, pool_tables = pool_served(pool, table, now, cfg, timeline)
+        frame, pooled, pool_tables = pool_served(pool, table.frame(), now, cfg, timeline)
         out.update(pool_tables)
-    return merged, table, summary | {"replica_summaries": per_replica} | pooled, out
+        return merged, frame, summary | {"replica_summaries": per_replica} | pooled, out
+    return merged, table, summary | {"replica_summaries": per_replica}, out
 
 
-def ideal_columns(table: pd.DataFrame, fleet: Fleet, bs: int) -> pd.DataFrame:
+def ideal_columns(table: ColumnTable, fleet: Fleet, bs: int) -> ColumnTable:
     """A replica's requests with the fleet's ideal: ``ideal_hit_tokens`` becomes the prefix an
     unlimited cache shared by the fleet held at the request's admission (the trace's own
     ideal, whatever the router), ``routed_ideal_hit_tokens`` the replica's own unlimited
     cache's (what the routing left it; the engine's ideal, against which it counts
     ``recomputed_tokens``). A dropped request has neither (0)."""
-    t = table.copy()
-    at = t.columns.get_loc("ideal_hit_tokens")
-    routed = t["ideal_hit_tokens"].to_numpy()
+    at = table.names.index("ideal_hit_tokens")
+    routed = table["ideal_hit_tokens"]
     ideal = fleet.ideal_blocks
-    t["ideal_hit_tokens"] = np.asarray([ideal.get(r, 0) for r in t["request"].to_numpy().tolist()],
-                                       dtype=np.int64) * bs
-    t.insert(at + 1, "routed_ideal_hit_tokens", routed)
-    return t
+    shared = np.asarray([ideal.get(r, 0) for r in table["request"].tolist()],
+                        dtype=np.int64) * bs
+    return (table.with_column("ideal_hit_tokens", shared)
+            .with_column("routed_ideal_hit_tokens", routed, at=at + 1))
 
 
-def routing_table(fleet: Fleet) -> pd.DataFrame:
+def routing_table(fleet: Fleet) -> ColumnTable:
     """One row per routing decision, in decision order: what the router believed about the
     chosen replica beside the truth (tokens; ``believed`` NaN without a cache view)."""
-    import pandas as pd  # (not at import: issue 55 start-up)
-
     d = fleet.decisions
-    return pd.DataFrame({
+    return ColumnTable({
         "time_s": np.asarray(d.time, dtype=float),
         "request": np.asarray(d.rid, dtype=np.int64),
         "session": np.asarray(d.session, dtype=np.int64),
@@ -151,12 +151,10 @@ def routing_table(fleet: Fleet) -> pd.DataFrame:
     })
 
 
-def load_table(fleet: Fleet) -> pd.DataFrame:
-    import pandas as pd  # (not at import: issue 55 start-up)
-
+def load_table(fleet: Fleet) -> ColumnTable:
     n = len(fleet.replicas)
     times = np.asarray(fleet.load_time, dtype=float)
-    return pd.DataFrame({
+    return ColumnTable({
         "time_s": np.tile(times, n),
         "replica": np.repeat(np.arange(n, dtype=np.int64), len(times)),
         "waiting": np.concatenate([np.asarray(w, dtype=np.int64)
@@ -197,35 +195,32 @@ def _share(num: float, den: float) -> float:
     return float(num / den) if den else math.nan
 
 
-def routed_ideal_rate(table: pd.DataFrame) -> float:
+def routed_ideal_rate(table: ColumnTable) -> float:
     """The replicas' own unlimited caches' hit over the served requests' prompt tokens."""
-    ok = table[~table["dropped"].astype(bool)]
-    return _share(float(ok["routed_ideal_hit_tokens"].sum()), float(ok["prompt_tokens"].sum()))
+    ok = ~table["dropped"].astype(bool)
+    return _share(float(table["routed_ideal_hit_tokens"][ok].sum()),
+                  float(table["prompt_tokens"][ok].sum()))
 
 
-def fleet_metrics(trace, fleet, engines: list, tables: list[pd.DataFrame],
-                  sessions: RunRecorder, sim_end: float, block_size: int, table: pd.DataFrame
+def fleet_metrics(trace, fleet, engines: list, tables: list[ColumnTable],
+                  sessions: RunRecorder, sim_end: float, block_size: int, table: ColumnTable
                   ) -> tuple[RunRecorder, dict[str, Any], list[dict[str, Any]]]:
     """The fleet's recorder (``merge_recorders``), its metrics (module docstring) and each
     replica's summary, from the replicas' requests (``tables``) and all of them (``table``)."""
-    import pandas as pd  # (not at import: issue 55 start-up)
-
     routed = [routed_ideal_rate(t) for t in tables]
     fleet_routed = routed_ideal_rate(table)
     merged = merge_recorders(trace, [e.rec for e in engines], sessions)
     d = fleet.decisions
     n = len(engines)
-    dec = pd.DataFrame({
-        "rid": d.rid, "replica": d.replica, "prompt": d.prompt_tokens,
-        "believed": d.believed_tokens, "true": d.true_tokens, "best": d.best_tokens,
-        "follow_up": d.follow_up, "same": d.same_replica})
-    served = table.loc[~table["dropped"].astype(bool), ["request", "hit_gpu_tokens"]]
-    ok = dec[dec["rid"].isin(served["request"])]
-    prompt = float(ok["prompt"].sum())
-    believed = dec["believed"].to_numpy(dtype=float)
-    err = believed - dec["true"].to_numpy(dtype=float)
+    dec = routing_table(fleet)
+    kept = ~table["dropped"].astype(bool)
+    served_hits = table["hit_gpu_tokens"][kept]
+    ok = dec.rows(np.isin(dec["request"], table["request"][kept]))
+    prompt = float(ok["prompt_tokens"].sum())
+    believed = dec["believed_tokens"]
+    err = believed - dec["true_tokens"].astype(float)
     has_view = fleet.belief is not None and len(dec)
-    follow = dec[dec["follow_up"]]
+    follow = dec.rows(dec["follow_up"])
 
     home: dict[int, int] = {}  # session -> replica of its first request
     for s, r in zip(d.session, d.replica, strict=True):
@@ -258,11 +253,11 @@ def fleet_metrics(trace, fleet, engines: list, tables: list[pd.DataFrame],
         "replicas": n,
         "router": fleet.router.label,
         "idle_replicas": sum(1 for k in fleet.inflight.routed if k == 0),
-        "reuse_available": _share(ok["best"].sum(), prompt),
-        "reuse_captured": _share(ok["true"].sum(), prompt),
-        "reuse_delivered": _share(served["hit_gpu_tokens"].sum(), prompt),
+        "reuse_available": _share(ok["best_tokens"].sum(), prompt),
+        "reuse_captured": _share(ok["true_tokens"].sum(), prompt),
+        "reuse_delivered": _share(served_hits.sum(), prompt),
         "routed_ideal_hit_rate": fleet_routed,
-        "affinity": _share(float(follow["same"].sum()), len(follow)),
+        "affinity": _share(float(follow["same_replica"].sum()), len(follow)),
         "follow_ups": len(follow),
         "load_cv_busy": cv(busy),
         "load_cv_queue": cv(queue),

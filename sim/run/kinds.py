@@ -73,13 +73,14 @@ class Server:
         replayed = replay(self.env, cfg, self.trace, server, self.context, on_reply)
         server.close()
         rec = server.rec
-        table = rec.table()
+        table = rec.columns()
         fields = {}
         patch = cfg.value("vllm_patch")
         if patch != "none":  # only then: unpatched summaries stay as they were
             fields = {"vllm_patch": patch, **server.patch_summary()}
         if self.context is not None:  # only then: results under ``full`` stay as they were
-            fields.update(context_summary(self.strategy, table, rec.counters, self.env.now,
+            fields.update(context_summary(self.strategy, table.frame(), rec.counters,
+                                          self.env.now,
                                           server.cache.working_peak_blocks * cfg.cache.block_size,
                                           cfg.cache.block_size))
         return Served(rec, table, fields | replayed, {}, False)  # one server: no router

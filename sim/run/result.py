@@ -5,26 +5,56 @@ folder of a previous run's)."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sim.config import RunConfig
+from sim.engines.columns import ColumnTable
 from sim.io import atomic_write_parquet, atomic_write_text, dumps, is_tmp_name
 
 if TYPE_CHECKING:  # pandas where a table is made: none before a run's first request (issue 55)
     import pandas as pd
 
 
-@dataclass
 class RunResult:
-    config: RunConfig
-    requests: pd.DataFrame
-    summary: dict[str, Any]
-    tables: dict[str, pd.DataFrame] = field(default_factory=dict)  # more: NAME.parquet
-    # whether anything in the run drew from its decision seed (sim/run/summary.py ``summarize``):
-    # where nothing did, a repeat with another seed is this run again
-    seed_drawn: bool = True
+    """One run's result: its config, summary, requests table (``requests``, one row per
+    request) and more tables (``tables``: NAME.parquet each); ``seed_drawn``: whether anything
+    in the run drew from its decision seed (sim/run/summary.py ``summarize``): where nothing
+    did, a repeat with another seed is this run again. The tables may be given as columns
+    (sim/engines/columns.py): each is made a DataFrame where it is first read, so a caller
+    that reads only the summary (``kvsim run``) never imports pandas."""
+
+    def __init__(self, config: RunConfig, requests: ColumnTable | pd.DataFrame,
+                 summary: dict[str, Any],
+                 tables: dict[str, ColumnTable | pd.DataFrame] | None = None,
+                 seed_drawn: bool = True) -> None:
+        self.config = config
+        self.summary = summary
+        self.seed_drawn = seed_drawn
+        self._requests = requests
+        self._tables = dict(tables or {})
+
+    @property
+    def requests(self) -> pd.DataFrame:
+        if isinstance(self._requests, ColumnTable):
+            self._requests = self._requests.frame()
+        return self._requests
+
+    @property
+    def tables(self) -> dict[str, pd.DataFrame]:
+        for name, table in self._tables.items():
+            if isinstance(table, ColumnTable):
+                self._tables[name] = table.frame()
+        return self._tables
+
+    def request_columns(self) -> ColumnTable:
+        """The requests table as columns (without pandas where the run made it so)."""
+        return ColumnTable.of(self._requests)
+
+    def __repr__(self) -> str:
+        return (f"RunResult(config={self.config!r}, requests={len(self._requests)} rows, "
+                f"summary={self.summary!r}, tables={sorted(self._tables)}, "
+                f"seed_drawn={self.seed_drawn})")
 
 
 RESULT_FILES = ("requests.parquet", "config.json", "summary.json", "load.parquet",

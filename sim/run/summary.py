@@ -8,10 +8,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from policies import EvictionPolicy
 from sim.config import RunConfig
 from sim.deploy import deployment_fields
 from sim.engines import ENGINES
+from sim.engines.columns import ColumnTable, frame
 from sim.engines.recorder import RunRecorder
 from sim.slo import slo_fields
 
@@ -27,9 +30,9 @@ class Served:
     ``seed_drawn``: whether its front (a router, a PD rule) drew from the decision seed."""
 
     rec: RunRecorder
-    table: pd.DataFrame
+    table: ColumnTable | pd.DataFrame
     fields: dict[str, Any]
-    tables: dict[str, pd.DataFrame]
+    tables: dict[str, ColumnTable | pd.DataFrame]
     seed_drawn: bool
 
 
@@ -39,7 +42,7 @@ def reads_seed(policy: type) -> bool:
 
 
 def run_fields(cfg: RunConfig, policy: EvictionPolicy, profile, spec, trace,
-               table: pd.DataFrame) -> dict[str, Any]:
+               table: ColumnTable | pd.DataFrame) -> dict[str, Any]:
     """The configuration fields a run summary carries beside its metrics."""
     return {
         "policy": policy.label, "model": cfg.cache.model, "profile": profile.name,
@@ -52,14 +55,15 @@ def run_fields(cfg: RunConfig, policy: EvictionPolicy, profile, spec, trace,
         "trace_skipped_records": int(trace.skipped),
         "trace_skipped_files": int(trace.options.get("skipped_files", 0)),
         # replayed although a real server would refuse them (cut with --max-context)
-        "over_context_requests": int(((table["prompt_tokens"] > spec.max_context)
-                                      & ~table["dropped"].astype(bool)).sum())
+        "over_context_requests": int(((np.asarray(table["prompt_tokens"]) > spec.max_context)
+                                      & ~np.asarray(table["dropped"]).astype(bool)).sum())
         if len(table) else 0,
     } | ({"model_config_sha256": spec.config_sha256} if spec.config_sha256 else {}) \
         | ENGINES[cfg.engine.name].summary_fields(cfg)
 
 
-def answer_fields(cfg: RunConfig, profile, table: pd.DataFrame, summary: dict[str, Any],
+def answer_fields(cfg: RunConfig, profile, table: ColumnTable | pd.DataFrame,
+                  summary: dict[str, Any],
                   completed_sessions: set[int], parents: list[int]) -> dict[str, Any]:
     """GPUs used, rates per GPU and, with an SLO, goodput (sim/deploy.py, sim/slo.py);
     ``parents``: each session's parent session (-1: a job), as the trace says."""
@@ -68,7 +72,8 @@ def answer_fields(cfg: RunConfig, profile, table: pd.DataFrame, summary: dict[st
     out["output_tokens_per_s_per_gpu"] = summary["output_tokens_per_s"] / gpus
     out["total_tokens_per_s_per_gpu"] = summary["total_tokens_per_s"] / gpus
     if cfg.slo is not None:
-        out.update(slo_fields(cfg.slo, table, summary, completed_sessions, gpus, parents))
+        out.update(slo_fields(cfg.slo, frame(table), summary, completed_sessions, gpus,
+                              parents))
     return out
 
 

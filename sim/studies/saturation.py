@@ -13,9 +13,16 @@ long). Read from the per-request table only.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import pandas as pd
+import numpy as np
+
+from sim.engines.columns import ColumnTable
+
+if TYPE_CHECKING:  # a run's table may come as columns: no pandas for this check (issue 55)
+    import pandas as pd
 
 DRAIN_SHARE = 0.1
 MIN_REQUESTS = 8
@@ -50,19 +57,31 @@ def _secs(x: float) -> str:
     return f"{x:,.0f} s" if x >= 1000 else f"{x:.3g} s"
 
 
-def open_loop_saturation(table: pd.DataFrame) -> Saturation | None:
+def _median(values: np.ndarray) -> float:
+    """The median with NaN skipped (pandas' ``Series.median``); NaN when none is left."""
+    v = values.astype(float)
+    v = v[~np.isnan(v)]
+    return float(np.median(v)) if v.size else math.nan
+
+
+def open_loop_saturation(table: ColumnTable | pd.DataFrame) -> Saturation | None:
     """The saturation of an open-loop run from its request table, or None when it kept up."""
-    t = table[~table["dropped"].astype(bool)] if "dropped" in table else table
+    t = ColumnTable.of(table)
+    if "dropped" in t:
+        t = t.rows(~t["dropped"].astype(bool))
     if len(t) < MIN_REQUESTS:
         return None
-    t = t.sort_values(["send_s", "request"], kind="stable")
-    first, last = float(t["send_s"].iloc[0]), float(t["send_s"].iloc[-1])
+    t = t.rows(np.lexsort((t["request"], t["send_s"])))  # stable: ties in table order
+    send = t["send_s"].astype(float)
+    first, last = float(send[0]), float(send[-1])
     span = last - first
-    end = float(t["end_s"].max())
+    ends = t["end_s"].astype(float)
+    ends = ends[~np.isnan(ends)]  # (pandas' ``max`` skips NaN too)
+    end = float(ends.max()) if ends.size else math.nan
     drain = end - last
     q = max(1, len(t) // 4)
-    wait_first = float(t["queue_wait_s"].iloc[:q].median())
-    wait_last = float(t["queue_wait_s"].iloc[-q:].median())
+    wait = t["queue_wait_s"]
+    wait_first, wait_last = _median(wait[:q]), _median(wait[-q:])
     if span <= 0 or drain <= DRAIN_SHARE * span or wait_last - wait_first < GROWTH_SHARE * span:
         return None
     return Saturation(requests=len(t), span_s=span, drain_s=drain,
