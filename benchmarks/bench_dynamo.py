@@ -22,9 +22,11 @@ request; the header says which path kvsim ran (the compiled core, or the Python 
 (``os.getloadavg``) before and after: on a shared machine, compare the ratios of one run.
 kvsim's simulation times are the run with the trace loaded (``run``); Dynamo's are its whole
 ``dynamo.replay.run_trace_replay`` call, which parses the (decompressed) trace itself.
-``process`` is each side's whole interpreter, start to exit, as the parent timed it (imports
+``process`` is each side's whole interpreter, start to exit, as the parent timed it (wall,
+and CPU: user + system of the child, the steadier figure on a shared machine; imports
 and kvsim's trace load included; ``kvsim run`` also writes result files, which this child
-does not). The Dynamo side runs in ``--peer-python`` (default: this interpreter); without an
+does not), exiting as the ``kvsim`` script does (the collector frozen: sim/cli/main.py
+``main``). The Dynamo side runs in ``--peer-python`` (default: this interpreter); without an
 importable ``dynamo.replay`` there it is skipped with one line (``make bench`` installs
 ai-dynamo and ai-dynamo-runtime 1.6.1 into .venv). ``--baseline`` times another checkout's
 kvsim (its own core, e.g. main's) interleaved with this one, as the ``base-`` rows.
@@ -36,6 +38,7 @@ import argparse
 import gzip
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -82,6 +85,8 @@ res = run(cfg, tr)
 print(json.dumps({"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
                   "requests": res.summary["requests"],
                   "core": "compiled" if native.current()[0] else "python"}))
+import gc
+gc.freeze()  # the exit the kvsim script makes (sim/cli/main.py main)
 """
 
 _DYNAMO = """
@@ -101,11 +106,14 @@ print(json.dumps({"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time
 
 def _child(python: str, code: str, *args: object, cwd: Path = REPO) -> dict:
     """One fresh interpreter running ``code`` in ``cwd`` (whose ``sim`` it imports first)."""
-    t0 = time.perf_counter()
+    c0, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
     out = subprocess.run([python, "-c", code, *map(str, args)], capture_output=True, text=True,
                          cwd=cwd, check=True)
     wall = time.perf_counter() - t0
-    return {**json.loads(out.stdout.strip().splitlines()[-1]), "process_s": wall}
+    c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = c1.ru_utime + c1.ru_stime - c0.ru_utime - c0.ru_stime
+    return {**json.loads(out.stdout.strip().splitlines()[-1]), "process_s": wall,
+            "process_cpu_s": cpu}
 
 
 def peer_available(python: str) -> bool:
@@ -163,7 +171,9 @@ def measure(trace: str, repeat: int, peer: str | None,
                 wall = statistics.median(r["wall_s"] for r in rs)
                 cpu = statistics.median(r["cpu_s"] for r in rs)
                 proc = statistics.median(r["process_s"] for r in rs)
+                proc_cpu = statistics.median(r["process_cpu_s"] for r in rs)
                 row[side] = {"wall_s": wall, "cpu_s": cpu, "process_s": proc,
+                             "process_cpu_s": proc_cpu,
                              "runs_wall_s": [r["wall_s"] for r in rs],
                              "runs_cpu_s": [r["cpu_s"] for r in rs],
                              "runs_process_s": [r["process_s"] for r in rs],
@@ -176,6 +186,8 @@ def measure(trace: str, repeat: int, peer: str | None,
                     row[f"{tag}wall_ratio_{k}"] = ours_k["wall_s"] / theirs_k["wall_s"]
                     row[f"{tag}cpu_ratio_{k}"] = ours_k["cpu_s"] / theirs_k["cpu_s"]
                     row[f"{tag}process_ratio_{k}"] = ours_k["process_s"] / theirs_k["process_s"]
+                    row[f"{tag}process_cpu_ratio_{k}"] = (ours_k["process_cpu_s"]
+                                                          / theirs_k["process_cpu_s"])
         rows.append(row)
     return rows
 
@@ -236,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{r['router']:>12} {who} ({engine}) / dynamo at {b}-token blocks: "
                           f"simulation wall {r[f'{tag}wall_ratio_{k}']:.2f}x, CPU "
                           f"{r[f'{tag}cpu_ratio_{k}']:.2f}x, whole process "
-                          f"{r[f'{tag}process_ratio_{k}']:.2f}x")
+                          f"{r[f'{tag}process_ratio_{k}']:.2f}x (CPU "
+                          f"{r[f'{tag}process_cpu_ratio_{k}']:.2f}x)")
     return 0
 
 
