@@ -105,8 +105,9 @@ def test_every_registry_lists_the_same_names_alone_as_with_everything_loaded():
 
 
 def test_a_run_loads_no_table_library_before_its_first_request():
-    """pandas (and pyarrow with it) is taken where a result's table is made: a small run's
-    clock starts without them (``simpy.Environment.run`` is the replay's start)."""
+    """pandas (and pyarrow with it) is taken where a result's table is read as a DataFrame:
+    a small run's clock starts without them (``simpy.Environment.run`` is the replay's
+    start)."""
     code = (
         "import sys, json, simpy\nseen = []\nrun = simpy.Environment.run\n"
         "def first(self, *a, **k):\n"
@@ -124,7 +125,7 @@ def test_a_run_loads_no_table_library_before_its_first_request():
     res = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True,
                          text=True, check=True)
     *doc, seen = res.stdout.strip().splitlines()
-    assert json.loads("\n".join(doc))  # the run's JSON document, made with pandas after the replay
+    assert json.loads("\n".join(doc))  # the run's JSON document
     assert json.loads(seen) == [[]]
 
 

@@ -46,7 +46,7 @@ from sim.engines.recorder import RecordListener, RunRecorder
 from .fleet import Fleet
 from .pooltier import FleetPool, pool_served
 
-if TYPE_CHECKING:  # pandas where a table is made: none before a run's first request (issue 55)
+if TYPE_CHECKING:  # pandas where a table is read as a DataFrame, never by a run (issue 55)
     import pandas as pd
 
 # The router's RNG stream: seeded by the run's seed, apart from every policy's.

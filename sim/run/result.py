@@ -12,7 +12,7 @@ from sim.config import RunConfig
 from sim.engines.columns import ColumnTable
 from sim.io import atomic_write_parquet, atomic_write_text, dumps, is_tmp_name
 
-if TYPE_CHECKING:  # pandas where a table is made: none before a run's first request (issue 55)
+if TYPE_CHECKING:  # pandas where a table is read as a DataFrame, never by a run (issue 55)
     import pandas as pd
 
 

@@ -20,7 +20,7 @@ from sim.slo import slo_fields
 
 from .result import RunResult
 
-if TYPE_CHECKING:  # pandas where a table is made: none before a run's first request (issue 55)
+if TYPE_CHECKING:  # pandas where a table is read as a DataFrame, never by a run (issue 55)
     import pandas as pd
 
 
