@@ -221,6 +221,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--against-profile", default=None,
                     help="profile name at REV (profiles were renamed over time)")
     args = ap.parse_args(argv)
+    # the children run in other folders (--against: a worktree of REV); a path given relative
+    # to where the benchmark was started means that folder
+    if Path(args.trace).exists():
+        args.trace = str(Path(args.trace).resolve())
     unknown = [c for c in args.cases.split(",") if c not in CASES]
     if unknown:
         ap.error(f"--cases: unknown {', '.join(unknown)}; expected some of {', '.join(CASES)}")
