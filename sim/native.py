@@ -34,10 +34,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # The cache (radix nodes and tree, the eviction planner, the tiers, the facade the engines
 # call), the SGLang engine (its base, requests, ever-inserted blocks, waiting order and
-# scheduler), the vLLM engine (its V1 scheduler, block pool, free queue and hash map; its
-# patches and the hybrid pool subclass or sit beside it, interpreted), the prompt's pricing,
-# the fleet routers' cache index (beliefs, SMG's approximate tree), and SGLang's hybrid radix
-# tree with its engine (a native subclass of the SGLang engine).
+# scheduler), the vLLM engine (its V1 scheduler, block pool, free queue, hash map and hybrid
+# pool; its patches subclass the block pool, interpreted), the prompt's pricing, the fleet
+# routers' cache index (beliefs, SMG's approximate tree), and SGLang's hybrid radix tree with
+# its engine (a native subclass of the SGLang engine).
 COMPILED = ("sim.kvcache.node", "sim.kvcache.tree", "sim.kvcache.planner",
             "sim.kvcache.tiering", "sim.kvcache.cache", "sim.engines.request",
             "sim.engines.known", "sim.engines.base", "sim.engines.sglang_queue",
@@ -47,7 +47,8 @@ COMPILED = ("sim.kvcache.node", "sim.kvcache.tree", "sim.kvcache.planner",
             "sim.fleet.kvevents", "sim.fleet.load", "sim.fleet.eventindex",
             "sim.engines.clock", "sim.fleet.active", "sim.kvcache.freequeue",
             "sim.kvcache.cachedids", "sim.kvcache.blockpool", "sim.engines.vllm",
-            "sim.kvcache.hybridtree", "sim.fleet.radix", "sim.engines.sglang_hybrid")
+            "sim.kvcache.hybridtree", "sim.fleet.radix", "sim.engines.sglang_hybrid",
+            "sim.kvcache.hybridpool")
 # The shared library of the compiled modules, sim/core__mypyc.*.so: outside their package,
 # whose attribute lookups fail while its __init__ runs.
 GROUP = "sim.core"

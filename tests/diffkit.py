@@ -240,6 +240,10 @@ class ShadowHybrid(ShadowPool):
             self.real._reqs.pop(rid)
         return got
 
+    def extend(self, rid: int, k: int, known: int | None = None, in_flight: int = 0) -> bool:
+        # compiled ``WideBlocks`` passes every argument by position
+        return super().extend(rid, k, known=known, in_flight=in_flight)
+
     def new_step(self) -> None:
         self.model.new_step()
         self.real.new_step()
@@ -257,16 +261,16 @@ class ShadowHybrid(ShadowPool):
 
 
 class _Own:
-    """A block pool's own (``BlockPool``'s) methods and properties on ``pool``, past a
-    subclass's overrides: the model half of ``shadow_block_pool``'s pair."""
+    """A pool's own (``base``'s) methods and properties on ``pool``, past a subclass's
+    overrides: the model half of ``shadow_block_pool``'s and ``shadow_hybrid_pool``'s
+    pairs."""
 
-    def __init__(self, pool: Any) -> None:
+    def __init__(self, pool: Any, base: type) -> None:
         self._pool = pool
+        self._base = base
 
     def __getattr__(self, name: str) -> Any:
-        from sim.kvcache.blockpool import BlockPool
-
-        return getattr(BlockPool, name).__get__(self._pool)
+        return getattr(self._base, name).__get__(self._pool)
 
 
 def shadow_block_pool() -> type:
@@ -280,24 +284,45 @@ def shadow_block_pool() -> type:
                      debug: bool = False) -> None:
             assert free_order == "vllm", "only vLLM's own order exists in the real code"
             BlockPool.__init__(self, capacity_blocks, block_size, free_order, debug=True)
-            self._pair(_Own(self), VllmRef(capacity_blocks, block_size))
+            self._pair(_Own(self, BlockPool), VllmRef(capacity_blocks, block_size))
 
     return ShadowBlockPool
+
+
+def shadow_hybrid_pool() -> type:
+    """``ShadowHybrid`` as a ``HybridPool`` subclass: the engine's compiled code takes only a
+    hybrid pool (as such, or under ``WideBlocks``), built as ``VllmServer.hybrid_pool_class``;
+    the shadow is its own model."""
+    from benchmarks.vllm_hybrid_ref import VllmHybridRef
+    from sim.kvcache.hybridpool import HybridPool
+
+    class ShadowHybridPool(ShadowHybrid, HybridPool):
+        def __init__(self, capacity_blocks: int, block_size: int, groups: list, *,
+                     max_in_flight_tokens: int | None = None, free_order: str = "vllm",
+                     debug: bool = False) -> None:
+            assert free_order == "vllm", "only vLLM's own order exists in the real code"
+            HybridPool.__init__(self, capacity_blocks, block_size, groups,
+                                max_in_flight_tokens=max_in_flight_tokens, debug=True)
+            self._pair(_Own(self, HybridPool),
+                       VllmHybridRef(capacity_blocks, block_size, groups,
+                                     max_in_flight_tokens=max_in_flight_tokens))
+
+    return ShadowHybridPool
 
 
 def engine_lockstep(monkeypatch: Any, cfg: Any, trace: Any,
                     hybrid: bool = False) -> tuple[Counter, dict]:
     """Run ``cfg`` (on ``trace``) with the vLLM engine's pools shadowed by the real manager
     (``ShadowPool`` for the block pool, as the engine's ``pool_class``; ``ShadowHybrid`` for
-    a hybrid model's pool: which one every pool must be, ``hybrid`` says). Returns the ops
-    compared and the run's summary."""
+    a hybrid model's pool, as its ``hybrid_pool_class``: which one every pool must be,
+    ``hybrid`` says). Returns the ops compared and the run's summary."""
     import sim.engines.vllm as vllm_engine
     from sim.run import run
 
     ShadowPool.made = []
     if not hybrid:  # a pool class of its own keeps an engine off the hybrid pool
         monkeypatch.setattr(vllm_engine.VllmServer, "pool_class", shadow_block_pool())
-    monkeypatch.setattr(vllm_engine, "HybridPool", ShadowHybrid)
+    monkeypatch.setattr(vllm_engine.VllmServer, "hybrid_pool_class", shadow_hybrid_pool())
     res = run(cfg, trace)
     assert ShadowPool.made, "the engine built no pool"
     assert all(isinstance(p, ShadowHybrid) == hybrid for p in ShadowPool.made), (

@@ -131,7 +131,7 @@ def test_a_hybrid_run_uses_the_hybrid_pool(monkeypatch) -> None:
             super().__init__(*a, **k)
             made.append(self)
 
-    monkeypatch.setattr(vllm_engine, "HybridPool", Spy)
+    monkeypatch.setattr(vllm_engine.VllmServer, "hybrid_pool_class", Spy)
     cfg = RunConfig.from_flat(engine="vllm", model="gpt-oss-120b",
                               trace="synthetic:claude-code?sessions=4", max_context=32768,
                               gpu_cache=49152, sessions=2, gaps="tool").with_preset("vllm")

@@ -311,17 +311,8 @@ def test_hybrid_diff_engine_mamba_sessions(monkeypatch, asynchronous: bool) -> N
     sessions in a cache that evicts, prefill chunks split at block edges (align mode), state
     hits, decode runs retiring states; the real coordinator takes the same calls."""
     from sim.config import RunConfig
-    from sim.kvcache.hybridpool import WideBlocks
+    from tests.diffkit import ShadowPool
 
-    made: list = []
-    import sim.engines.vllm as vllm_engine
-
-    class Spy(WideBlocks):
-        def __init__(self, *a, **k) -> None:
-            super().__init__(*a, **k)
-            made.append(self)
-
-    monkeypatch.setattr(vllm_engine, "WideBlocks", Spy)
     cfg = RunConfig.from_flat(engine="vllm", model="qwen3-next-80b-a3b",
                               trace="synthetic:claude-code?sessions=6", max_context=32768,
                               gpu_cache=49152, sessions=4, gaps="tool", chunk_size=2048,
@@ -329,7 +320,9 @@ def test_hybrid_diff_engine_mamba_sessions(monkeypatch, asynchronous: bool) -> N
     ops, summary = engine_lockstep(monkeypatch, cfg, None, hybrid=True)
     print(f"engine mamba: {ops['ops']} ops compared, {ops['run_steps']} run steps, "
           f"{summary['evicted_tokens']} evicted tokens")
-    assert [g.kind for g in made[0].groups] == [MB, MB, MB, FA] and made[0].ratio > 1
+    pool = ShadowPool.made[0]  # its block wider than the run's: the engine wraps it
+    assert [g.kind for g in pool.groups] == [MB, MB, MB, FA]
+    assert pool.block_size > cfg.cache.block_size
     assert ops["hit"] > 0 and ops["run_steps"] > 0 and summary["evicted_tokens"] > 0
 
 

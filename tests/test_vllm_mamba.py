@@ -67,6 +67,29 @@ def test_wide_blocks_speak_the_runs_ids() -> None:
     assert pool.evicted_blocks % 5 == 0 and pool.evicted_blocks > 0
 
 
+def test_wide_blocks_spell_out_every_call_of_the_pool() -> None:
+    """``WideBlocks`` answers every public call of ``HybridPool`` itself (no ``__getattr__``
+    forwarding: both are compiled, and the engine makes these calls every step); those in
+    tokens or about the pool's own blocks answer as the pool does."""
+    public = {n for n in dir(HybridPool) if not n.startswith("_")}
+    assert public <= set(dir(WideBlocks)), sorted(public - set(dir(WideBlocks)))
+    assert "__getattr__" not in vars(WideBlocks)
+    pool = HybridPool(12, 80, [HybridGroup(MAMBA), HybridGroup(FULL)])
+    wide = WideBlocks(pool, 5)
+    assert wide.admit(0, np.arange(100, 140), 16 * 40, 16 * 30) == 0
+    assert (wide.capacity_blocks, wide.block_size, wide.groups) == (12, 80, pool.groups)
+    assert wide.extend(0, 16 * 10, known=16 * 40) and wide.computed_tokens(0) == 16 * 40
+    assert (wide.free_blocks, wide.used_blocks, wide.cached_blocks) == (
+        pool.free_blocks, pool.used_blocks, pool.cached_blocks) == (2, 10, 10)
+    assert wide.running() == [0] and wide.blocks_to_grow(0, 16 * 50) == 4
+    assert wide.decode_fit([0], 100) == pool.decode_fit([0], 100) > 0
+    assert [t.tolist() for t in wide.tables(0)] == [t.tolist() for t in pool.tables(0)]
+    assert np.array_equal(wide.block_ids(), pool.block_ids())
+    wide.free(0)
+    assert wide.free_blocks == 12 and np.array_equal(wide.free_queue(), pool.free_queue())
+    wide.check()
+
+
 @pytest.mark.parametrize("router", ["dynamo-kv", "sglang-cache-aware", "llm-d"])
 def test_a_mamba_fleet_behind_each_prefix_router(router: str) -> None:
     """Two vLLM replicas of Qwen3-Next behind a prefix-aware router: every request served,

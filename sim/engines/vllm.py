@@ -315,6 +315,8 @@ class VllmServer(EngineBase):
         return None
 
     pool_class: ClassVar[type[BlockPool] | None] = None  # a patch's own pool; None: BlockPool
+    # a hybrid model's pool (None: HybridPool); tests/diffkit.py puts its shadow here
+    hybrid_pool_class: ClassVar[type[HybridPool] | None] = None
 
     @classmethod
     def build(cls, env: simpy.Environment, cfg: RunConfig, spec: ModelSpec, profile: Profile,
@@ -331,10 +333,9 @@ class VllmServer(EngineBase):
                 # the replica's TP ranks, as sim/deploy.py replica_tp (which imports engines)
                 tp = int(cfg.cache.tp) if cfg.cache.tp is not None else int(profile.gpus)
                 block = vllm_block_size(spec, tp, bs)
-            hybrid: Any = HybridPool(cfg.cache.gpu_cache // block, block, groups,
-                                     max_in_flight_tokens=in_flight,
-                                     free_order=free_order_name(policy),
-                                     debug=cfg.debug_cache)
+            hybrid: Any = (cls.hybrid_pool_class or HybridPool)(
+                cfg.cache.gpu_cache // block, block, groups, max_in_flight_tokens=in_flight,
+                free_order=free_order_name(policy), debug=cfg.debug_cache)
             if block != bs:
                 hybrid = WideBlocks(hybrid, block // bs)
             return cls(env, cfg, spec, profile, hybrid, policy, recorder)
@@ -343,7 +344,8 @@ class VllmServer(EngineBase):
         return cls(env, cfg, spec, profile, pool, policy, recorder)
 
     def __init__(self, env: simpy.Environment, cfg: RunConfig, spec: ModelSpec,
-                 profile: Profile, pool: BlockPool | HybridPool, policy: EvictionPolicy,
+                 profile: Profile, pool: BlockPool | HybridPool | WideBlocks,
+                 policy: EvictionPolicy,
                  recorder: RunRecorder) -> None:
         super().__init__(env, cfg, spec, profile, pool, policy, recorder)
         # a BlockPool, or vLLM's hybrid KV cache (several groups): the same protocol

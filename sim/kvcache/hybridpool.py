@@ -63,9 +63,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
+from mypy_extensions import mypyc_attr
 
 from policies.eviction import ReleaseOrder, get_free_order
 
@@ -73,7 +74,7 @@ from .cachedids import CachedIds
 from .events import EVENT_KINDS, KVEvent, KVEventQueue
 from .freequeue import FreeQueue
 
-__all__ = ["FULL", "MAMBA", "SLIDING", "HybridGroup", "HybridPool"]
+__all__ = ["FULL", "MAMBA", "SLIDING", "HybridGroup", "HybridPool", "WideBlocks"]
 
 FULL = "full"
 SLIDING = "sliding"
@@ -105,7 +106,7 @@ class _HSeq:
     blocks its window left), its computed and known tokens."""
 
     __slots__ = ("allocated", "cached", "computed", "ids", "known", "last_state", "nulls",
-                 "pruned", "retired", "tables")
+                 "pruned", "retired", "states", "tables")
 
     def __init__(self, ids: np.ndarray, tables: list[np.ndarray], computed: int,
                  cached: list[int], nulls: list[int]) -> None:
@@ -124,8 +125,35 @@ class _HSeq:
         # the block of the last processed token when Mamba states were last retired: until
         # it moves, retiring finds nothing (``_remove_skipped``)
         self.pruned = -1
+        # the Mamba groups' held states past the retired ones (``HybridPool._live_states``):
+        # their positions and per position each Mamba group's block; None once a Mamba
+        # table changed
+        self.states: tuple[list[int], list[list[int]]] | None = None
 
 
+class _Fit:
+    """One request of a decode run being fitted (``HybridPool.decode_fit``): its computed
+    tokens and table length, its Mamba states still held ({position: block per Mamba
+    group}, -1 for one allocated in the run) and the position of the previous step's state
+    (-1: none), per sliding group the first position its window still holds and the blocks
+    it may leave (``window_blocks[k][j - window_base[k]]`` at position ``j``), and the holds
+    on each of these blocks before the run."""
+
+    __slots__ = ("computed", "done", "held", "last", "length", "refs", "window_base",
+                 "window_blocks")
+
+    def __init__(self, computed: int, length: int) -> None:
+        self.computed = computed
+        self.length = length
+        self.held: dict[int, list[int]] = {}
+        self.last = -1
+        self.done: list[int] = []
+        self.window_base: list[int] = []
+        self.window_blocks: list[list[int]] = []
+        self.refs: dict[int, int] = {}
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)  # tests/diffkit.py shadows it
 class HybridPool:
     """vLLM's hybrid KV cache: several groups over one block pool (module doc)."""
 
@@ -183,6 +211,7 @@ class HybridPool:
             specs.setdefault(g, []).append(i)
         self._specs = sorted(specs.items(), key=lambda s: s[0].kind != FULL)
         self._sliding = [g for g, grp in enumerate(self.groups) if grp.kind == SLIDING]
+        self._sliding_windows = [self.groups[g].window for g in self._sliding]
         self._mamba = [g for g, grp in enumerate(self.groups) if grp.kind == MAMBA]
         self._pruned = [g for g, grp in enumerate(self.groups) if grp.kind != FULL]
         # Mamba: ids a request cached this step; a hit on one waits a step (new_step)
@@ -282,13 +311,13 @@ class HybridPool:
                     continue
                 if spec.kind == FULL:
                     f = self._firsts(gids, ids[: min(len(ids), curr // bs)])
-                    ok = (f >= 0).all(axis=0)
+                    ok = cast(np.ndarray, (f >= 0).all(axis=0))
                     n = int(ok.argmin()) if not ok.all() else len(ok)
                     blocks = f[:, :n]
                 elif spec.kind == MAMBA:  # the rightmost cached state: nulls before it
                     f = self._firsts(gids, ids[: min(len(ids), curr // bs)])
-                    ok = np.flatnonzero((f >= 0).all(axis=0))
-                    n = int(ok[-1]) + 1 if len(ok) else 0
+                    held: np.ndarray = np.flatnonzero((f >= 0).all(axis=0))
+                    n = int(held[-1]) + 1 if len(held) else 0
                     blocks = np.zeros((len(gids), n), np.int64)
                     if n:
                         blocks[:, -1] = f[:, n - 1]
@@ -321,7 +350,7 @@ class HybridPool:
         if max_blocks <= 0:
             return np.zeros((len(gids), 0), np.int64), 0
         f = self._firsts(gids, ids[:max_blocks])
-        ok = (f >= 0).all(axis=0)
+        ok = cast(np.ndarray, (f >= 0).all(axis=0))
         need = max(need, 1)  # a one-token window: vLLM matches at the first cached block
         if ok.sum() >= need:
             c = np.concatenate([[0], np.cumsum(ok)])
@@ -370,8 +399,9 @@ class HybridPool:
                 return self.capacity_blocks + 2
             new = need - len(hit)
             return min(new, 1) + int(np.count_nonzero((hit > 0) & (self._ref[hit] == 0)))
-        if cap and self._cap[g] is not None:
-            need = min(need, self._cap[g])
+        most = self._cap[g]
+        if cap and most is not None:
+            need = min(need, most)
         skipped = self._skipped_blocks(g, computed)
         new = max(need - max(skipped, len(hit)), 0)
         rest = hit[skipped:]
@@ -469,7 +499,7 @@ class HybridPool:
                lag: int) -> list[tuple[int, int]]:
         """(step, request index) of every step 1..``steps`` that changes the pool, sorted."""
         bs = self.block_size
-        windows = {g.window for g in self.groups if g.kind == SLIDING}
+        windows = set(self._sliding_windows)
         out: list[tuple[int, int]] = []
         for i, rid in enumerate(rids):
             c0 = self._seqs[rid].computed  # step t allocates token c0 + t - 1
@@ -495,73 +525,104 @@ class HybridPool:
         if steps <= 0:
             return 0
         bs, free, ngroups = self.block_size, len(self._queue), len(self.groups)
+        nmamba = len(self._mamba)
         step = 0  # the step whose edges are being counted
         pending: dict[int, int] = {}  # block -> holds the run has released
-        sliding = self._sliding
-        state = []
-        for rid in rids:
-            seq = self._seqs[rid]
-            done = {g: seq.nulls[g] for g in sliding}
-            state.append([seq, len(seq.tables[0]), done, self._live_states(seq)])
+        fits = [self._fit(self._seqs[rid], steps, in_flight) for rid in rids]
         for t, i in self._edges(rids, steps, in_flight, 0):
             if t != step:
                 if ceiling is not None and free > ceiling:
                     return max(step - 1, 0)
                 step = t
-            seq, length, done, states = state[i]
-            c = seq.computed + t - 1
-            for live in states:  # Mamba: ``_remove_skipped``'s frees, counted
-                n = min(max(0, c - in_flight - 1) // bs, length)
-                gone = [j for j in live[0] if j < n]
-                last = live[1]
-                if last is not None and last < _cdiv(c - in_flight, bs) - 1 and (
-                        last in live[0]) and last >= n:
+            fit = fits[i]
+            length = fit.length
+            c = fit.computed + t - 1
+            processed = c - in_flight
+            if nmamba:  # ``_remove_skipped``'s state frees, counted
+                held = fit.held
+                n = min(max(0, processed - 1) // bs, length)
+                gone = [j for j in held if j < n]
+                last = fit.last
+                if last >= n and last < _cdiv(processed, bs) - 1 and last in held:
                     gone.append(last)
                 for j in gone:
-                    p = live[0].pop(j)
-                    if p < 0:  # allocated during the run: held by this one only
+                    for p in held.pop(j):
+                        if p < 0:  # allocated during the run: held by this one only
+                            free += 1
+                            continue
+                        d = pending.get(p, 0) + 1
+                        pending[p] = d
+                        if fit.refs[p] == d:
+                            free += 1
+            for k, window in enumerate(self._sliding_windows):
+                n = min(max(0, processed - window + 1) // bs, length)
+                done = fit.done[k]
+                if n <= done:
+                    continue
+                blocks, base = fit.window_blocks[k], fit.window_base[k]
+                for j in range(done, n):
+                    if j - base >= len(blocks):  # allocated during the run: this one's only
                         free += 1
                         continue
+                    p = blocks[j - base]
                     d = pending.get(p, 0) + 1
                     pending[p] = d
-                    if self._ref[p] == d:
+                    if fit.refs[p] == d:
                         free += 1
-            for g in sliding:
-                n = min(self._skipped_blocks(g, c - in_flight), length)
-                table = seq.tables[g]
-                for j in range(done[g], n):
-                    if j >= len(table):  # allocated during the run: held by this one only
-                        free += 1
-                        continue
-                    p = int(table[j])
-                    d = pending.get(p, 0) + 1
-                    pending[p] = d
-                    if self._ref[p] == d:
-                        free += 1
-                done[g] = max(done[g], n)
+                fit.done[k] = n
             if c % bs == 0:  # one block per group
                 if free < ngroups:
                     return t - 1
                 free -= ngroups
-                state[i][1] = length + 1
-                for live in states:  # the new state at the end; the one before is "last"
-                    live[1] = length - 1
-                    live[0][length] = -1
+                fit.length = length + 1
+                if nmamba:  # the new state at the end; the one before is "last"
+                    fit.last = length - 1
+                    fit.held[length] = [-1] * nmamba
         if ceiling is not None and free > ceiling:
             return max(step - 1, 0)
         return steps
 
-    def _live_states(self, seq: _HSeq) -> list[list[Any]]:
-        """Per Mamba group of ``seq``: [{position: physical block} of its held states past
-        the retired ones, ``last_state``] (``decode_fit``'s model of ``_remove_skipped``)."""
-        out = []
-        for g in self._mamba:
-            t = seq.tables[g]
-            lo = seq.retired.get(g, 0)
-            pos = lo + np.flatnonzero(t[lo:])
-            held = dict(zip(pos.tolist(), t[pos].tolist(), strict=True))
-            out.append([held, seq.last_state.get(g)])
-        return out
+    def _fit(self, seq: _HSeq, steps: int, in_flight: int) -> _Fit:
+        """``decode_fit``'s view of ``seq`` at the start of a run of ``steps``: its Mamba
+        states held past the retired ones, per sliding group the blocks its window may
+        leave in the run, and the holds on each of them now."""
+        fit = _Fit(seq.computed, len(seq.tables[0]))
+        mine: list[int] = []
+        if self._mamba:
+            positions, states = self._live_states(seq)
+            fit.held = dict(zip(positions, states, strict=True))
+            last = seq.last_state.get(self._mamba[0])
+            fit.last = -1 if last is None else last
+            for state in states:
+                mine.extend(state)
+        processed = seq.computed + steps - 1 - in_flight  # the run's last
+        for g, window in zip(self._sliding, self._sliding_windows, strict=True):
+            base = seq.nulls[g]
+            table = seq.tables[g]
+            hi = min(max(0, processed - window + 1) // self.block_size, len(table))
+            blocks: list[int] = table[base:hi].tolist() if hi > base else []
+            fit.done.append(base)
+            fit.window_base.append(base)
+            fit.window_blocks.append(blocks)
+            mine.extend(blocks)
+        if mine:
+            fit.refs = dict(zip(mine, self._ref[mine].tolist(), strict=True))
+        return fit
+
+    def _live_states(self, seq: _HSeq) -> tuple[list[int], list[list[int]]]:
+        """``seq``'s held Mamba states past the retired ones (``decode_fit``'s model of
+        ``_remove_skipped``): their positions and per position each Mamba group's block.
+        The Mamba tables share their nulls and retire together, so the positions are the
+        first one's; kept until a Mamba table changes (``seq.states``)."""
+        states = seq.states
+        if states is None:
+            first = seq.tables[self._mamba[0]]
+            lo = seq.retired.get(self._mamba[0], 0)
+            pos = lo + np.flatnonzero(first[lo:])
+            per_group = [seq.tables[g][pos].tolist() for g in self._mamba]
+            states = (pos.tolist(), [list(b) for b in zip(*per_group, strict=True)])
+            seq.states = states
+        return states
 
     def decode_run(self, rids: list[int], steps: int, in_flight: int = 0,
                    lag: int = 0) -> None:
@@ -794,6 +855,7 @@ class HybridPool:
             return
         fresh = self._pop(self._grow_blocks(n))
         self._ref[fresh] = 1
+        seq.states = None
         at = 0
         for g, t in enumerate(tables):
             if self.groups[g].kind == MAMBA:
@@ -837,12 +899,14 @@ class HybridPool:
                 freed = span[span > 0].copy()
                 t[lo:n] = 0
                 seq.retired[g] = n
+                seq.states = None
                 if len(freed):
                     self._free_blocks(freed)
             last = seq.last_state.get(g)
             if last is not None and last < _cdiv(processed, self.block_size) - 1 and t[last]:
                 self._free_blocks(t[last:last + 1].copy())
                 t[last] = 0
+                seq.states = None
 
     def _free_blocks(self, ordered: np.ndarray) -> None:
         """``BlockPool.free_blocks``: one hold less each; unheld hashed blocks join the tail in
@@ -949,19 +1013,20 @@ class WideBlocks:
     ratio - 1``: the pool gets every ``ratio``-th id and its answers in blocks (hits, cached
     blocks, evictions) come back times ``ratio``. KV events report the run's ids of each of
     the pool's blocks (a prefix router hashes the run's blocks). Every other call, in tokens
-    or about the pool's own blocks, passes through."""
+    or about the pool's own blocks, passes through (each spelled out: the engine calls them
+    on every step)."""
 
-    def __init__(self, pool: Any, ratio: int) -> None:
+    def __init__(self, pool: HybridPool, ratio: int) -> None:
         if ratio < 2:
             raise ValueError(f"a wide block holds two or more run blocks, got {ratio}")
         self.pool = pool
         self.ratio = ratio
+        self.capacity_blocks = pool.capacity_blocks
+        self.block_size = pool.block_size
+        self.groups = pool.groups
         # the run's ids of each of the pool's blocks, kept only while KV events are on
         self._members: dict[int, np.ndarray] | None = None
         self._last: tuple[Any, np.ndarray] = (None, np.zeros(0, np.int64))
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.pool, name)
 
     def _wide(self, ids: np.ndarray) -> np.ndarray:
         if ids is self._last[0]:  # a lookup and the admission after it: one view
@@ -1026,3 +1091,84 @@ class WideBlocks:
                 ids = np.concatenate([members[x] for x in ids.tolist()])
             out.append((stamp, type(ev)(ids, *ev[1:])))  # every kind: ids first
         return out
+
+    # ------------------------------------------------------------------ pass-through
+    @property
+    def free_blocks(self) -> int:
+        return self.pool.free_blocks
+
+    @property
+    def cached_blocks(self) -> int:
+        return self.pool.cached_blocks
+
+    @property
+    def used_blocks(self) -> int:
+        return self.pool.used_blocks
+
+    @property
+    def debug(self) -> bool:
+        return self.pool.debug
+
+    @property
+    def free_order(self) -> ReleaseOrder:
+        return self.pool.free_order
+
+    def running(self) -> list[int]:
+        return self.pool.running()
+
+    def blocks_for(self, tokens: int) -> int:
+        return self.pool.blocks_for(tokens)
+
+    def computed_tokens(self, rid: int) -> int:
+        return self.pool.computed_tokens(rid)
+
+    def blocks_to_grow(self, rid: int, num_tokens: int) -> int:
+        return self.pool.blocks_to_grow(rid, num_tokens)
+
+    def extend(self, rid: int, num_new_tokens: int, known: int | None = None,
+               in_flight: int = 0) -> bool:
+        return self.pool.extend(rid, num_new_tokens, known=known, in_flight=in_flight)
+
+    def decode_fit(self, rids: list[int], steps: int, in_flight: int = 0,
+                   ceiling: int | None = None) -> int:
+        return self.pool.decode_fit(rids, steps, in_flight, ceiling)
+
+    def decode_run(self, rids: list[int], steps: int, in_flight: int = 0,
+                   lag: int = 0) -> None:
+        self.pool.decode_run(rids, steps, in_flight, lag)
+
+    def cache_known(self, rid: int, tokens: int) -> None:
+        self.pool.cache_known(rid, tokens)
+
+    def new_step(self) -> None:
+        self.pool.new_step()
+
+    def free(self, rid: int) -> None:
+        self.pool.free(rid)
+
+    def forget_free(self) -> None:
+        self.pool.forget_free()
+
+    def free_queue(self) -> np.ndarray:
+        return self.pool.free_queue()
+
+    def block_ids(self) -> np.ndarray:
+        return self.pool.block_ids()
+
+    def block_groups(self) -> np.ndarray:
+        return self.pool.block_groups()
+
+    def ref_counts(self) -> np.ndarray:
+        return self.pool.ref_counts()
+
+    def tables(self, rid: int) -> list[np.ndarray]:
+        return self.pool.tables(rid)
+
+    def table(self, rid: int) -> np.ndarray:
+        return self.pool.table(rid)
+
+    def is_cached(self, block_id: int) -> bool:
+        return self.pool.is_cached(block_id)
+
+    def check(self) -> None:
+        self.pool.check()
