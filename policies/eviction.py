@@ -83,6 +83,18 @@ class ReleaseOrder(ABC):
         order, as vLLM's manager hands ``free_blocks`` its ordered blocks."""
         return table[self(np.zeros(len(table), bool) if shared is None else shared)]
 
+    def release_groups(self, tables: list[np.ndarray],
+                       shared: np.ndarray | None) -> list[np.ndarray]:
+        """A hybrid pool's request (sim/kvcache/hybridpool.py: per KV cache group its physical
+        blocks by position, 0 a null, every table one length) as the batches the pool frees
+        in turn, nulls dropped: by position in this order, every group's block of a position
+        together, so an eviction opens the same positions in every group (docs/hybrid.md
+        "Penelope on vLLM's hybrid pool")."""
+        stacked = np.stack(tables)
+        n = stacked.shape[1]
+        ordered = stacked[:, self(np.zeros(n, bool) if shared is None else shared)].T.ravel()
+        return [ordered[ordered > 0]]
+
     def __repr__(self) -> str:
         return self.name
 
@@ -97,6 +109,12 @@ class TailFirst(ReleaseOrder):
 
     def release(self, table: np.ndarray, shared: np.ndarray | None) -> np.ndarray:
         return table[::-1]  # vLLM's reversed(req_blocks)
+
+    def release_groups(self, tables: list[np.ndarray],
+                       shared: np.ndarray | None) -> list[np.ndarray]:
+        """vLLM's coordinator frees manager by manager (``SingleTypeKVCacheManager.free``):
+        per group in order its blocks, tail first, the null head dropped."""
+        return [t[t > 0][::-1] for t in tables]
 
 
 class PrivateFrontFirst(ReleaseOrder):

@@ -216,3 +216,35 @@ def test_forget_free_drops_every_unheld_hash() -> None:
     assert pool.lookup(ids, 21) == 5
     pool.forget_free()
     assert pool.lookup(ids, 21) == 0 and pool.cached_blocks == 0 and pool.free_blocks == 16
+
+
+@pytest.mark.parametrize("reads_shared", [False, True])
+def test_the_release_order_says_how_the_pool_frees(reads_shared: bool) -> None:
+    """The pool frees in the batches its release order gives (policies/eviction.py
+    ``ReleaseOrder.release_groups``), whatever the order's name: vLLM's tail-first order
+    under another name still frees group by group, as vLLM's coordinator does; an order of
+    its own (here the same ranks) frees position by position, every group's block of a
+    position together."""
+    from policies.eviction import ReleaseOrder, TailFirst
+
+    class Renamed(TailFirst):
+        name = "tail-first"
+
+    class ByPosition(ReleaseOrder):
+        name = "by-position"
+
+        def __call__(self, shared: np.ndarray) -> np.ndarray:
+            return np.arange(len(shared) - 1, -1, -1, dtype=np.int64)
+
+    ByPosition.reads_shared = reads_shared
+    groups = [HybridGroup(SLIDING, 64), HybridGroup(FULL)]
+    queues = []
+    for order in ("vllm", Renamed(), ByPosition()):
+        pool = HybridPool(16, 16, groups, free_order=order, debug=True)
+        pool.admit(1, np.arange(10, 14), 64, 64)  # 4 blocks in each group, no nulls
+        tables = pool.tables(1)
+        pool.free(1)
+        queues.append(pool.free_queue()[-8:].tolist())
+    per_group = tables[0][::-1].tolist() + tables[1][::-1].tolist()
+    by_position = np.stack(tables)[:, ::-1].T.ravel().tolist()
+    assert queues == [per_group, per_group, by_position] and per_group != by_position

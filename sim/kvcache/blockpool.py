@@ -80,7 +80,8 @@ from .cachedids import MAX_ID, CachedIds
 from .events import EVENT_KINDS, KVEvent, KVEventQueue
 from .freequeue import FreeQueue
 
-__all__ = ["MAX_ID", "BlockPool", "HolePool", "computed_ranges", "reused_runs", "span"]
+__all__ = ["MAX_ID", "BlockPool", "HolePool", "computed_ranges", "reused_runs",
+           "shared_positions", "span"]
 
 
 class _Seq:
@@ -379,15 +380,7 @@ class BlockPool:
         self._queue.prepend(zero[~hashed])
 
     def _shared(self, seq: _Seq) -> np.ndarray:
-        """Positions up to the deepest cached block with two or more cached continuations or
-        another holder (the request's own hold included in ref, hence >= 2)."""
-        shared = np.zeros(len(seq.table), bool)
-        c = seq.cached
-        if c:
-            marks = (self._ids.children(seq.ids[:c]) >= 2) | (self._ref[seq.table[:c]] >= 2)
-            if marks.any():
-                shared[: int(np.flatnonzero(marks)[-1]) + 1] = True
-        return shared
+        return shared_positions(self._ids, self._ref, seq.ids, seq.table, seq.cached)
 
     # ------------------------------------------------------------------ observation
     def is_cached(self, block_id: int) -> bool:
@@ -534,6 +527,21 @@ class _PatchedSeq(_Seq):
         super().__init__(ids, table, computed, cached)
         self.prefix = cached
         self.reused = reused  # block ranges, sorted, after ``prefix``
+
+
+def shared_positions(ids: CachedIds, ref: np.ndarray, seq_ids: np.ndarray, table: np.ndarray,
+                     cached: int) -> np.ndarray:
+    """The shared mask a release order reads (policies/eviction.py ``ReleaseOrder``): the
+    positions of a request's ``table`` up to the deepest of its first ``cached`` blocks with
+    two or more cached continuations (``ids``' child counts) or another holder (``ref``
+    counts the request's own hold, hence >= 2). ``BlockPool`` and the hybrid pool's first
+    full-attention group (sim/kvcache/hybridpool.py) alike."""
+    shared = np.zeros(len(table), bool)
+    if cached:
+        marks = (ids.children(seq_ids[:cached]) >= 2) | (ref[table[:cached]] >= 2)
+        if marks.any():
+            shared[: int(np.flatnonzero(marks)[-1]) + 1] = True
+    return shared
 
 
 def reused_runs(hit: np.ndarray) -> Runs:

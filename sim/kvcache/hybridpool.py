@@ -53,7 +53,8 @@ positions (``shared`` marks those up to the deepest block of the first full-atte
 with two or more cached continuations or another holder, as ``blockpool.BlockPool``), and the
 blocks of one position leave together, in group order (nulls skipped), so an eviction opens a
 position range missing in every group: a hole (docs/hybrid.md "Penelope on vLLM's hybrid
-pool"). vLLM's own order stays group by group, as the real coordinator frees.
+pool"). vLLM's own order stays group by group, as the real coordinator frees: the order says
+which (policies/eviction.py ``ReleaseOrder.release_groups``).
 
 Speed: each operation is a handful of numpy calls per group on the request's blocks (the
 sliding lookup is one windowed sum over the bounded prefix).
@@ -70,6 +71,7 @@ from mypy_extensions import mypyc_attr
 
 from policies.eviction import ReleaseOrder, get_free_order
 
+from .blockpool import shared_positions
 from .cachedids import CachedIds
 from .events import EVENT_KINDS, KVEvent, KVEventQueue
 from .freequeue import FreeQueue
@@ -728,41 +730,23 @@ class HybridPool:
             ids.clear()
 
     def free(self, rid: int) -> None:
-        """Release request ``rid`` (finished or preempted): with vLLM's order, per group in
-        order, its blocks after the leading nulls, tail first
-        (``SingleTypeKVCacheManager.free``); with another, position by position in that
-        order, every group's block of a position together (module doc)."""
+        """Release request ``rid`` (finished or preempted) in the batches its release order
+        gives (``ReleaseOrder.release_groups``): vLLM's, per group in order its blocks after
+        the leading nulls, tail first (``SingleTypeKVCacheManager.free``); another, position
+        by position in that order, every group's block of a position together (module
+        doc)."""
         seq = self._seqs.pop(rid)
         order = self.free_order
-        if order.name == "vllm":
-            for t in seq.tables:
-                live = t[t > 0]  # vLLM drops the null head; free_blocks skips any other null
-                if len(live):
-                    self._free_blocks(live[::-1])
-        else:
-            tables = np.stack(seq.tables)  # every table has one length
-            shared = (self._shared(seq) if order.reads_shared
-                      else np.zeros(tables.shape[1], bool))
-            ordered = tables[:, order(shared)].T.ravel()
-            ordered = ordered[ordered > 0]
+        shared: np.ndarray | None = None
+        if order.reads_shared:  # read in the first full-attention group: the history itself
+            g = self._event_group
+            shared = shared_positions(self._maps[g], self._ref, seq.ids, seq.tables[g],
+                                      seq.cached[g])
+        for ordered in order.release_groups(seq.tables, shared):
             if len(ordered):
                 self._free_blocks(ordered)
         if self.debug:
             self.check()
-
-    def _shared(self, seq: _HSeq) -> np.ndarray:
-        """Positions up to the deepest block the request cached in the first full-attention
-        group with two or more cached continuations there or another holder
-        (``BlockPool._shared``)."""
-        g = self._event_group
-        shared = np.zeros(len(seq.tables[g]), bool)
-        c = seq.cached[g]
-        if c:
-            marks = ((self._maps[g].children(seq.ids[:c]) >= 2)
-                     | (self._ref[seq.tables[g][:c]] >= 2))
-            if marks.any():
-                shared[: int(np.flatnonzero(marks)[-1]) + 1] = True
-        return shared
 
     # ------------------------------------------------------------------ observation
     def free_queue(self) -> np.ndarray:
