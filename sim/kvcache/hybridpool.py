@@ -290,6 +290,8 @@ class HybridPool:
     # ------------------------------------------------------------------ lookup
     def _firsts(self, gids: list[int], ids: np.ndarray) -> np.ndarray:
         """Per group of ``gids`` (rows): each id's first cached copy (-1: none)."""
+        if len(gids) == 1:  # np.stack's Python-level wrapper costs more than the gather
+            return self._maps[gids[0]].firsts(ids).reshape(1, -1)
         return np.stack([self._maps[g].firsts(ids) for g in gids])
 
     def _find(self, ids: np.ndarray, max_len: int) -> tuple[list[np.ndarray], int]:
@@ -392,6 +394,14 @@ class HybridPool:
             return max(0, tokens - 1) // self.block_size
         return 0
 
+    def _leading_nulls(self, g: int, table: np.ndarray) -> int:
+        """The nulls at the head of group ``g``'s new ``table`` (a full-attention group's hit
+        is cached blocks from the first: none)."""
+        if self.groups[g].kind == FULL:
+            return 0
+        nz = np.flatnonzero(table)
+        return int(nz[0]) if len(nz) else len(table)
+
     def _to_allocate(self, g: int, num_tokens: int, hit: np.ndarray, computed: int,
                      cap: bool) -> int:
         """``get_num_blocks_to_allocate`` of group ``g`` for a waiting request."""
@@ -450,8 +460,7 @@ class HybridPool:
             self._touch(rest)
             tables.append(np.concatenate([np.zeros(skipped, np.int64), rest])
                           if skipped else rest.copy())
-            nz = np.flatnonzero(tables[-1])
-            nulls.append(int(nz[0]) if len(nz) else len(tables[-1]))
+            nulls.append(self._leading_nulls(g, tables[-1]))
         cached = [len(t) for t in tables]
         seq = _HSeq(ids, tables, end, cached, nulls)
         self._seqs[rid] = seq
@@ -685,8 +694,7 @@ class HybridPool:
             rest = hits[g][skipped:]
             self._touch(rest)
             tables.append(np.concatenate([np.zeros(skipped, np.int64), rest]))
-            nz = np.flatnonzero(tables[-1])
-            nulls.append(int(nz[0]) if len(nz) else len(tables[-1]))
+            nulls.append(self._leading_nulls(g, tables[-1]))
         seq = _HSeq(ids, tables, num_tokens, [len(t) for t in tables], nulls)
         seq.known = hit_tokens
         need = _cdiv(num_tokens, bs)
