@@ -172,3 +172,29 @@ def instances(monkeypatch: Any, cls: type[T]) -> list[T]:
 
     monkeypatch.setattr(cls, "__init__", spy)
     return made
+
+
+# a vLLM run whose decode runs cut by memory and arrivals are exercised: 4 sessions of 6
+# growing turns over a shared prefix
+DECODE_RUN_TRACE = [[(1500 + 700 * k, 400 + 150 * k, 1.0 + 0.3 * k) for k in range(6)]
+                    for _ in range(4)]
+
+
+def assert_decode_runs_are_steps(monkeypatch: Any, cfg: RunConfig, trace: Any,
+                                 columns: tuple[str, ...]) -> None:
+    """A vLLM run taking its decode runs in one event equals the run taking one event per
+    V1 step (``VllmServer.decode_runs`` off) in ``columns`` of every request, with times
+    equal to rounding; the run must evict and retract, and the runs must save events."""
+    from sim.engines import VllmServer
+    from sim.run import run
+
+    fast = run(cfg, trace)
+    monkeypatch.setattr(VllmServer, "decode_runs", False)
+    slow = run(cfg, trace)
+    monkeypatch.undo()
+    assert fast.summary["retractions"] > 0 and fast.summary["evicted_tokens"] > 0
+    assert fast.summary["decode_events"] < slow.summary["decode_events"] / 10
+    for col in columns:
+        assert fast.requests[col].tolist() == slow.requests[col].tolist(), col
+    for col in ("ttft_s", "end_s", "admit_s"):
+        np.testing.assert_allclose(fast.requests[col], slow.requests[col], rtol=1e-9)

@@ -20,7 +20,15 @@ from sim.config import ConfigError, RunConfig, VllmKnobs
 from sim.engines import VllmServer
 from sim.engines.vllm import VLLM_MAX_NUM_SEQS, free_order_name, steps_fitting
 from sim.run import check, run
-from tests.enginekit import PROF, KitTrace, instances, prefill, row
+from tests.enginekit import (
+    DECODE_RUN_TRACE,
+    PROF,
+    KitTrace,
+    assert_decode_runs_are_steps,
+    instances,
+    prefill,
+    row,
+)
 
 BS = 64
 
@@ -282,22 +290,13 @@ def test_decode_runs_take_one_event() -> None:
 def test_decode_runs_change_nothing(monkeypatch) -> None:
     # Taking a decode run in one event (cut by memory and arrivals) gives the same run as
     # one event per V1 step: same hits, admissions, preemptions; times equal to rounding.
-    trace = KitTrace([[(1500 + 700 * k, 400 + 150 * k, 1.0 + 0.3 * k) for k in range(6)]
-                      for _ in range(4)], shared_blocks=12)
+    trace = KitTrace(DECODE_RUN_TRACE, shared_blocks=12)
     for preset in ("vllm", "penelope"):
         # no invariant recount after every op here: one event per step makes thousands
         c = vllm_cfg(preset, gpu_cache=9000, sessions=3).with_fields(debug_cache=False)
-        fast = run(c, trace)
-        monkeypatch.setattr(VllmServer, "decode_runs", False)
-        slow = run(c, trace)
-        monkeypatch.undo()
-        assert fast.summary["retractions"] > 0 and fast.summary["evicted_tokens"] > 0
-        assert fast.summary["decode_events"] < slow.summary["decode_events"] / 10
-        for col in ("hit_gpu_tokens", "recomputed_tokens", "retractions", "decoded_tokens",
-                    "ideal_hit_tokens"):
-            assert fast.requests[col].tolist() == slow.requests[col].tolist(), col
-        for col in ("ttft_s", "end_s", "admit_s"):
-            np.testing.assert_allclose(fast.requests[col], slow.requests[col], rtol=1e-9)
+        assert_decode_runs_are_steps(monkeypatch, c, trace, (
+            "hit_gpu_tokens", "recomputed_tokens", "retractions", "decoded_tokens",
+            "ideal_hit_tokens"))
 
 
 # --- policies -------------------------------------------------------------------------------

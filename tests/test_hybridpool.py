@@ -148,28 +148,17 @@ def test_a_window_models_decode_runs_are_its_steps(monkeypatch, asynchronous: bo
     rows, so a run with requests waiting ends before the step after which more blocks are
     free than its refusal saw (``VllmServer._refused_at``, ``HybridPool.decode_fit``)."""
     from sim.config import RunConfig
-    from sim.engines import VllmServer
-    from sim.run import run
-    from tests.enginekit import KitTrace
+    from tests.enginekit import DECODE_RUN_TRACE, KitTrace, assert_decode_runs_are_steps
 
-    trace = KitTrace([[(1500 + 700 * k, 400 + 150 * k, 1.0 + 0.3 * k) for k in range(6)]
-                      for _ in range(4)], shared_blocks=12)
+    trace = KitTrace(DECODE_RUN_TRACE, shared_blocks=12)
     for preset, cache, budget in (("vllm", 13000, 8192), ("vllm", 10500, 2048),
                                   ("penelope", 10500, 2048)):
         cfg = RunConfig.from_flat(engine="vllm", model="gpt-oss-120b", gpu_cache=cache,
                                   sessions=3, chunk_size=budget, vllm_async=asynchronous,
                                   profile="derived-h100-gpt-oss-120b").with_preset(preset)
-        fast = run(cfg, trace)
-        monkeypatch.setattr(VllmServer, "decode_runs", False)
-        slow = run(cfg, trace)
-        monkeypatch.undo()
-        assert fast.summary["evicted_tokens"] > 0 and fast.summary["retractions"] > 0
-        assert fast.summary["decode_events"] < slow.summary["decode_events"] / 10
-        for col in ("hit_gpu_tokens", "recomputed_tokens", "retractions", "decoded_tokens",
-                    "preempted_recompute_tokens"):
-            assert fast.requests[col].tolist() == slow.requests[col].tolist(), col
-        for col in ("admit_s", "ttft_s", "end_s"):
-            np.testing.assert_allclose(fast.requests[col], slow.requests[col], rtol=1e-9)
+        assert_decode_runs_are_steps(monkeypatch, cfg, trace, (
+            "hit_gpu_tokens", "recomputed_tokens", "retractions", "decoded_tokens",
+            "preempted_recompute_tokens"))
 
 
 @pytest.mark.parametrize(("model", "flags", "field"), [
