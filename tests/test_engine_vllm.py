@@ -451,22 +451,13 @@ def test_async_a_finish_frees_its_blocks_one_step_later() -> None:
 def test_async_decode_runs_change_nothing(monkeypatch) -> None:
     # The async pipeline's decode runs (one event for many steps, cut by a last token,
     # memory and arrivals) give the same run as one event per step.
-    trace = KitTrace([[(1500 + 700 * k, 400 + 150 * k, 1.0 + 0.3 * k) for k in range(6)]
-                      for _ in range(4)], shared_blocks=12)
+    trace = KitTrace(DECODE_RUN_TRACE, shared_blocks=12)
     for preset in ("vllm", "penelope"):
         c = vllm_cfg(preset, gpu_cache=9000, sessions=3,
                      vllm_async=True).with_fields(debug_cache=False)
-        fast = run(c, trace)
-        monkeypatch.setattr(VllmServer, "decode_runs", False)
-        slow = run(c, trace)
-        monkeypatch.undo()
-        assert fast.summary["retractions"] > 0 and fast.summary["evicted_tokens"] > 0
-        assert fast.summary["decode_events"] < slow.summary["decode_events"] / 10
-        for col in ("hit_gpu_tokens", "recomputed_tokens", "retractions", "decoded_tokens",
-                    "ideal_hit_tokens", "preempted_recompute_tokens"):
-            assert fast.requests[col].tolist() == slow.requests[col].tolist(), col
-        for col in ("ttft_s", "end_s", "admit_s"):
-            np.testing.assert_allclose(fast.requests[col], slow.requests[col], rtol=1e-9)
+        assert_decode_runs_are_steps(monkeypatch, c, trace, (
+            "hit_gpu_tokens", "recomputed_tokens", "retractions", "decoded_tokens",
+            "ideal_hit_tokens", "preempted_recompute_tokens"))
 
 
 def test_vllm_async_option_and_sweep_key(tmp_path) -> None:
