@@ -352,24 +352,35 @@ def _sglang_capacity(groups: tuple[GroupBytes, ...], budget: int, bs: int,
                       swa_tokens=swa_tokens, mamba_slots=slots)
 
 
-# Architectures SGLang 0.5.23 keeps in one pool of every layer whatever the flags: their model
-# overrides set disable_hybrid_swa_memory (sglang/srt/arg_groups/model_overrides/
-# gemma2_gemma3.py, olmo2.py; exaone.py where the config has a sliding_window_pattern), and
-# configs/model_config.py is_hybrid_swa_model lists none of them (Gemma 4 and gpt-oss it does)
-SGLANG_ONE_POOL_ARCHS = frozenset({
-    "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration",
-    "Gemma3nForCausalLM", "Gemma3nForConditionalGeneration", "Olmo2ForCausalLM",
-    "Exaone4ForCausalLM", "ExaoneMoEForCausalLM", "ExaoneMoeForCausalLM"})
+# The architectures SGLang 0.5.23 gives an SWA pool beside the full one
+# (sglang/srt/configs/model_config.py ``is_hybrid_swa_model``: its allow-list with
+# ``SWA_SINK_ARCHS`` and ``MIMO_V2_MODEL_ARCHS``); any other model with sliding layers keeps
+# every layer in one pool (Gemma 2/3, whose model overrides also set
+# disable_hybrid_swa_memory, or a Qwen3 config.json with sliding ``layer_types``).
+SGLANG_SWA_POOL_ARCHS = frozenset({
+    "BeamForCausalLM", "Llama4ForConditionalGeneration", "DeepseekV4ForCausalLM",
+    "DeepseekV4ForCausalLMNextN", "DeepseekV4ForCausalLMDSpark", "GptOssForCausalLM",
+    "GraniteSWAForCausalLM", "GraniteMoeSWAForCausalLM", "IQuestQ1ForCausalLM", "IQuestQ1MTP",
+    "MiMoV2ForCausalLM", "MiMoV2FlashForCausalLM", "MiMoV2MTP", "Step3p5ForCausalLM",
+    "Step3p5MTP", "Step3p7ForConditionalGeneration", "Gemma4ForCausalLM",
+    "Gemma4ForConditionalGeneration", "EmbeddingGemma2Model",
+    "Gemma4UnifiedForConditionalGeneration", "DiffusionGemmaForBlockDiffusion",
+    "LagunaForCausalLM", "MellumForCausalLM", "MuseGlimmerForCausalLM",
+    "MuseGlimmerForConditionalGeneration", "InklingForConditionalGeneration",
+    "InklingForConditionalGenerationMTP", "UnlimitedOCRForCausalLM"})
 
 
 def sglang_one_pool(spec: ModelSpec, hybrid_swa_memory: bool = True) -> bool:
     """Whether SGLang keeps an SWA hybrid (full layers beside sliding layers of one window)
-    in one pool of every layer: its architecture's (``SGLANG_ONE_POOL_ARCHS``), or any under
-    ``--hybrid-swa-memory off`` (SGLang's ``--disable-hybrid-swa-memory``)."""
+    in one pool of every layer: any architecture SGLang does not list for an SWA pool
+    (``SGLANG_SWA_POOL_ARCHS``), or any under ``--hybrid-swa-memory off`` (SGLang's
+    ``--disable-hybrid-swa-memory``). A spec without an architecture goes by its layer
+    kinds (the SWA pool)."""
     kinds = {g.kind for g in spec.groups}
     windows = {g.window for g in spec.groups if g.kind is AttentionKind.SLIDING}
     return (kinds == {AttentionKind.FULL, AttentionKind.SLIDING} and len(windows) == 1
-            and (not hybrid_swa_memory or spec.architecture in SGLANG_ONE_POOL_ARCHS))
+            and (not hybrid_swa_memory
+                 or spec.architecture not in SGLANG_SWA_POOL_ARCHS | {""}))
 
 
 def kv_capacity(spec: ModelSpec, budget: int, tp: int = 1, engine: str | None = None,

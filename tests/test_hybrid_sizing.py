@@ -258,3 +258,46 @@ def test_capacity_bytes_refusals_name_the_option(args: list[str], words: str) ->
     res = CliRunner().invoke(cli, [*CAP, *args])
     assert res.exit_code == 2, res.output
     assert words in res.output and "Traceback" not in res.output
+
+
+def test_sglangs_swa_pool_list_is_its_own() -> None:
+    """``SGLANG_SWA_POOL_ARCHS`` is SGLang 0.5.23's ``is_hybrid_swa_model`` allow-list: the
+    real function (compiled from the installed source) says yes to each name and, for every
+    architecture kvsim reads, what membership says."""
+    import importlib.util
+    from pathlib import Path
+
+    from benchmarks.stubbing import real_definitions
+    from costmodel.gpus import SGLANG_SWA_POOL_ARCHS
+    from costmodel.hfconfig import ARCHITECTURES
+
+    found = importlib.util.find_spec("sglang")
+    assert found is not None and found.submodule_search_locations
+    source = Path(found.submodule_search_locations[0]) / "srt" / "configs" / "model_config.py"
+    real = real_definitions(source, ("is_hybrid_swa_model", "SWA_SINK_ARCHS",
+                                     "MIMO_V2_MODEL_ARCHS"))
+    is_hybrid_swa = real["is_hybrid_swa_model"]
+    is_hybrid_swa.__globals__.update(real)
+    assert all(is_hybrid_swa([arch]) for arch in SGLANG_SWA_POOL_ARCHS)
+    for arch in ARCHITECTURES:
+        assert is_hybrid_swa([arch]) == (arch in SGLANG_SWA_POOL_ARCHS), arch
+
+
+def test_an_unlisted_architecture_with_sliding_layers_keeps_one_sglang_pool(tmp_path) -> None:
+    """A Qwen3 config.json whose ``layer_types`` mix sliding and full layers: SGLang does not
+    list Qwen3 for an SWA pool, so every layer keeps every token in one pool; vLLM keeps the
+    window group apart."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({
+        "architectures": ["Qwen3ForCausalLM"], "hidden_size": 4096, "num_hidden_layers": 4,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+        "intermediate_size": 12288, "vocab_size": 151936, "max_position_embeddings": 40960,
+        "torch_dtype": "bfloat16", "sliding_window": 4096,
+        "layer_types": ["sliding_attention", "full_attention"] * 2}))
+    from costmodel.hfconfig import load_spec
+
+    spec = load_spec(str(path))
+    cell = 4 * 2 * 8 * 128 * 2  # every layer's K and V, bf16
+    s = kv_capacity(spec, BUDGET, 1, "sglang", 64)
+    assert (s.tokens, s.full_tokens, s.swa_tokens) == (BUDGET // cell // 64 * 64,) * 2 + (0,)
+    assert kv_capacity(spec, BUDGET, 1, "vllm", 64).tokens > s.tokens
