@@ -16,6 +16,7 @@ from tests import tracefixtures as F
 from traces import REGION_NAMES, load_trace
 from traces.builder import TraceBuilder, common_prefix
 from traces.cache import read_parsed, save_parsed
+from traces.errors import OptionError
 from traces.load import read_trace_files
 from traces.regions import RESENT, Layout, first_input_region, input_region
 from traces.stats import region_stats
@@ -354,3 +355,70 @@ def test_region_stats_equal_brute_force_and_the_cli(hand):
     line = next(x for x in r.stdout.splitlines() if "region tool_result" in x)
     share = s["prompt_share"]["tool_result"], s["distinct_share"]["tool_result"]
     assert f"{share[0]:.3f} / {share[1]:.3f}" in line
+
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 4), st.integers(0, 3), st.sampled_from([None, 8, 16, 1000]), st.data())
+def test_sub_agents_and_a_cut_keep_first_regions_and_one_id_per_scope(n_tops, n_subs, cut,
+                                                                       data):
+    """Sub-agents share their parent's scope but follow every top-level session in the pool,
+    so a scope's ids lie in several ranges of it; a context cut keeps a session's requests
+    before its first prompt over the cut. Brute force: each kept block takes the region its
+    id was first added with (pool order: top-level sessions, then sub-agents), and equal ids
+    of one scope, and only those, share one global id."""
+    bs = 4
+    b = TraceBuilder("t", "test", "mem", bs)
+    sessions = []  # (scope, parent, [(ids, modelled block regions, prompt)])
+    for s in range(n_tops + n_subs):
+        parent = -1 if s < n_tops else data.draw(st.integers(0, n_tops - 1))
+        scope = s if parent < 0 else parent
+        prefix = ((TOOLS, data.draw(st.integers(0, 8))), (SYS, data.draw(st.integers(0, 8))))
+        h = b.open_session(f"s{s}", scope=scope, parent=parent,
+                           after_local=-1 if parent < 0 else 0, prefix_regions=prefix)
+        ref = TokenModel(prefix)
+        rows: list[tuple[list[int], list[int], int]] = []
+        prev: list[int] = []
+        for _ in range(data.draw(st.integers(1, 4))):
+            keep = prev[:data.draw(st.integers(0, len(prev)))]
+            ids = keep + [data.draw(st.integers(0, 5)) for _ in range(data.draw(st.integers(0, 4)))]
+            p = len(ids) * bs + data.draw(st.integers(0, bs - 1))
+            o = data.draw(st.integers(0, 6))
+            region = data.draw(regions_st)
+            arr = np.array(ids, np.int64)
+            k = common_prefix(np.array(prev, np.int64), arr) if rows else 0
+            b.add(h, prompt=p, output=o, ids=arr, send_time_s=0.0, gap_s=0.0, gap_kind=1,
+                  input_region=region)
+            rows.append((ids, majority(ref.advance(p, o, k, bs, region), bs).tolist(), p))
+            prev = ids
+        b.close(h)
+        sessions.append((scope, parent, rows))
+    kept = [len(rows) if cut is None else next((j for j, r in enumerate(rows) if r[2] > cut),
+                                               len(rows)) for _, _, rows in sessions]
+    if not any(kept[:n_tops]):  # every first prompt over the cut: refused, by name
+        with pytest.raises(OptionError, match="no request is left"):
+            b.build(max_context=cut)
+        return
+    t = b.build(max_context=cut)
+    alive = [kept[s] > 0 and (par < 0 or kept[par] > 0)
+             for s, (_, par, _) in enumerate(sessions)]
+    order = [s for s in range(n_tops) if alive[s]] + \
+        [s for s in range(n_tops, len(sessions)) if alive[s]]
+    first: dict[tuple[int, int], int] = {}
+    for s in order:  # pool order; a request's new ids are those after its common prefix
+        prev = []
+        for ids, regions, _p in sessions[s][2][:kept[s]]:
+            k = common_prefix(np.array(prev, np.int64), np.array(ids, np.int64))
+            for bid, reg in zip(ids[k:], regions[k:], strict=True):
+                first.setdefault((sessions[s][0], bid), reg)
+            prev = ids
+    assert [x.id for x in t.sessions] == [f"s{s}" for s in order]
+    by_global: dict[int, tuple[int, int]] = {}
+    for j, s in enumerate(order):
+        scope, _, rows = sessions[s]
+        for r, (ids, _regions, _p) in zip(range(t.sessions[j].first, t.sessions[j].first
+                                                + t.sessions[j].count), rows, strict=False):
+            assert t.block_regions(r).tolist() == [first[(scope, i)] for i in ids]
+            for g, i in zip(t.block_ids(r).tolist(), ids, strict=True):
+                assert by_global.setdefault(g, (scope, i)) == (scope, i)
+    assert len(set(by_global.values())) == len(by_global)

@@ -364,62 +364,62 @@ class TraceBuilder:
                                       "a number of tokens")
                 want[i] = min(n_tok // bs, s.prompt[0] // bs)
         s_max = max(want.values(), default=0)
-        # session -> its new ids, concatenated, global: a view of the pool (in ``order``),
-        # filled in place (a million-request trace holds no second copy of its ids)
-        mapped: dict[int, np.ndarray] = {}
-        sizes = [sum(a.shape[0] for a in ss[i].new[:keep_n[i]]) for i in order]
-        at = dict(zip(order, np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).tolist(),
-                      strict=False))
-        pool = np.empty(sum(sizes), np.int64) if order else _EMPTY
-        regs: dict[int, np.ndarray] = {}  # session -> the regions of those ids
+        # every kept new id in ``order``, made global in place: the pool (a million-request
+        # trace holds no second copy of its ids); each scope's ids are numbered apart
+        counts = [keep_n[i] for i in order]
+        firsts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
+        R = int(firsts[-1])
+        new_len = np.asarray([a.shape[0] for i in order for a in ss[i].new[:keep_n[i]]],
+                             np.int64)
+        new_end = np.concatenate([[0], np.cumsum(new_len)]).astype(np.int64)
+        at = new_end[firsts]  # where each session's ids start in the pool
+        sizes = np.diff(at)
+        parts = [a for i in order for a in ss[i].new[:keep_n[i]]]
+        pool = np.concatenate(parts).astype(np.int64, copy=False) if parts else _EMPTY.copy()
+        region = _kept_regions([ss[i] for i in order], sizes)
         offset = s_max
         by_scope: dict[int, list[int]] = {}
         for i in order:
             by_scope.setdefault(ss[i].scope, []).append(i)
-        for _scope, members in by_scope.items():
-            cat = {i: (np.concatenate(ss[i].new[:keep_n[i]]) if keep_n[i] else _EMPTY)
-                   for i in members}
-            every = np.concatenate(list(cat.values())) if cat else _EMPTY
+        column = {i: j for j, i in enumerate(order)}
+        for members in by_scope.values():
+            where = _positions([(int(at[column[i]]), int(at[column[i] + 1]))
+                                for i in members])
+            every = pool[where]
             uniq = sorted_unique(every)
-            for i in members:
-                regs[i] = ss[i].regions(cat[i].shape[0])
-            canon = (_first_regions(every, uniq, np.concatenate([regs[i] for i in members]))
-                     if uniq.shape[0] < every.shape[0] else None)
+            g = np.searchsorted(uniq, every)
+            if uniq.shape[0] < every.shape[0]:  # an id seen twice takes its first region
+                region[where] = _first_regions(g, region[where])[g]
             keys = [ss[i].new[0][:want[i]] for i in members if want.get(i, 0) > 0]
+            g += offset
             if keys:
                 kv = np.concatenate(keys)
                 kpos = np.concatenate([np.arange(k.shape[0], dtype=np.int64) for k in keys])
                 kv, first = np.unique(kv, return_index=True)
                 kpos = kpos[first]
-            for i in members:
-                a = cat[i]
-                g = np.searchsorted(uniq, a)
-                if canon is not None:
-                    regs[i] = canon[g]
-                g += offset
-                if keys:
-                    j = np.searchsorted(kv, a)
-                    j[j >= kv.shape[0]] = 0
-                    hit = kv[j] == a if kv.shape[0] else np.zeros(a.shape, bool)
-                    g = np.where(hit, kpos[j], g)
-                mapped[i] = pool[at[i]:at[i] + g.shape[0]]
-                mapped[i][:] = g
+                j = np.searchsorted(kv, every)
+                j[j >= kv.shape[0]] = 0
+                hit = kv[j] == every if kv.shape[0] else np.zeros(every.shape, bool)
+                g = np.where(hit, kpos[j], g)
+            pool[where] = g
             offset += int(uniq.shape[0])
         if s_max:
-            _shared_regions(tops, want, s_max, mapped, regs)
+            _shared_regions(tops, want, s_max, pool, region,
+                            {i: int(at[column[i]]) for i in tops})
         hash_refs, hash_distinct = (0, 0) if self._without_hash_ids else \
             _hash_id_counts(ss, by_scope, keep_n)
 
         # 4. columns, sessions and the compact id store
-        counts = [keep_n[i] for i in order]
-        firsts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
-        R = int(firsts[-1])
+        cut = any(keep_n[i] < len(ss[i].prompt) for i in order)
 
         def col(name: str, dtype: type) -> np.ndarray:
-            out = np.empty(R, dtype)
-            for j, i in enumerate(order):
-                out[firsts[j]:firsts[j + 1]] = getattr(ss[i], name)[:keep_n[i]]
-            return out
+            typed = [getattr(ss[i], name) for i in order]
+            if cut:
+                typed = [a[:keep_n[i]] for a, i in zip(typed, order, strict=True)]
+            if not typed:
+                return np.empty(0, dtype)
+            return np.frombuffer(b"".join([a.tobytes() for a in typed]),
+                                 typed[0].typecode).astype(dtype)
 
         prompt = col("prompt", np.int64)
         prefix = col("prefix", np.int32)
@@ -435,12 +435,8 @@ class TraceBuilder:
                 after_request=after, start_offset_s=s.start_offset_s,
                 shared_prefix_blocks=want.get(i, 0), agent_type=s.agent_type,
                 prefix_hint_tokens=s.prefix_hint_tokens))
-        new_len = np.empty(R, np.int64)
-        for j, i in enumerate(order):
-            new_len[firsts[j]:firsts[j + 1]] = [a.shape[0] for a in ss[i].new[:keep_n[i]]]
         pool.setflags(write=False)
-        pool_region = (np.concatenate([regs[i] for i in order]) if order
-                       else np.zeros(0, np.uint8))
+        pool_region = region
         pool_region.setflags(write=False)
         new_start = np.concatenate([[0], np.cumsum(new_len)])[:-1] if R else _EMPTY
         seg_ptr, seg_start, seg_len = _segments(firsts, prefix, new_start, new_len)
@@ -516,30 +512,60 @@ def _segments(firsts: np.ndarray, prefix: np.ndarray, new_start: np.ndarray,
             np.asarray(lens, np.int64))
 
 
-def _first_regions(every: np.ndarray, uniq: np.ndarray, region: np.ndarray) -> np.ndarray:
-    """Per distinct id (``uniq``, sorted), the region at its first position in ``every``."""
-    pos = np.searchsorted(uniq, every)
+def _kept_regions(sessions: list[_Open], sizes: np.ndarray) -> np.ndarray:
+    """uint8 regions of each session's first ``sizes[j]`` new ids, concatenated (each
+    session's run-length regions expanded, cut where its kept ids end)."""
+    if not sessions:
+        return np.zeros(0, np.uint8)
+    vals = np.frombuffer(b"".join([s.reg_vals.tobytes() for s in sessions]), np.int64)
+    counts = np.frombuffer(b"".join([s.reg_counts.tobytes() for s in sessions]), np.int64)
+    full = np.repeat(vals.astype(np.uint8), counts)
+    runs = np.concatenate([[0], np.cumsum([len(s.reg_counts) for s in sessions])])
+    ends = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    lengths = np.diff(ends[runs])  # each session's expanded regions
+    if np.array_equal(lengths, sizes):
+        return full
+    starts = ends[runs[:-1]]
+    kept = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    take = np.arange(int(kept[-1]), dtype=np.int64) + np.repeat(starts - kept[:-1], sizes)
+    return full[take]
+
+
+def _positions(ranges: list[tuple[int, int]]) -> slice | np.ndarray:
+    """The pool positions of ``[start, end)`` ranges in order: a slice where they join into
+    one (a view, no copy), else their indices."""
+    merged: list[list[int]] = []
+    for lo, hi in ranges:
+        if merged and merged[-1][1] == lo:
+            merged[-1][1] = hi
+        elif hi > lo:
+            merged.append([lo, hi])
+    if len(merged) <= 1:
+        return slice(*merged[0]) if merged else slice(0, 0)
+    return np.concatenate([np.arange(lo, hi, dtype=np.int64) for lo, hi in merged])
+
+
+def _first_regions(pos: np.ndarray, region: np.ndarray) -> np.ndarray:
+    """Per distinct id, the region at its first position (``pos``: each position's index
+    among the sorted distinct ids)."""
     order = np.argsort(pos, kind="stable")
     head = np.ones(order.shape[0], bool)
     np.not_equal(pos[order][1:], pos[order][:-1], out=head[1:])
     return region[order[head]]
 
 
-def _shared_regions(tops: list[int], want: dict[int, int], s_max: int,
-                    mapped: dict[int, np.ndarray], regs: dict[int, np.ndarray]) -> None:
+def _shared_regions(tops: list[int], want: dict[int, int], s_max: int, pool: np.ndarray,
+                    region: np.ndarray, at: dict[int, int]) -> None:
     """Shared-prefix block j takes its region from the first top-level session holding it
-    (its first prompt's block j), as tools or system: the shared prefix stands for them."""
+    (its first prompt's block j, from ``at[i]`` in the pool), as tools or system: the shared
+    prefix stands for them. ``region`` is changed in place."""
     shared = np.full(s_max, REGION_UNKNOWN, np.uint8)
     filled = 0
     for i in tops:
         w = want.get(i, 0)
         if w > filled:
-            shared[filled:w] = regs[i][filled:w]
+            shared[filled:w] = region[at[i] + filled:at[i] + w]
             filled = w
     shared[(shared != REGION_TOOLS) & (shared != REGION_SYSTEM)] = REGION_SYSTEM
-    for i, g in mapped.items():
-        hit = g < s_max
-        if hit.any():
-            r = regs[i].copy()
-            r[hit] = shared[g[hit]]
-            regs[i] = r
+    hit = pool < s_max
+    region[hit] = shared[pool[hit]]

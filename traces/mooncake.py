@@ -29,6 +29,7 @@ def load_mooncake(paths: list[str], b: TraceBuilder, lenient: bool,
                   rebuild_sessions: bool = False) -> None:
     check_block_sizes(MOONCAKE_BLOCK, b.block_size, "a Mooncake trace")
     unique = UniqueIds()
+    text = kinds_mask(["text"])
     for scope, path in enumerate(list_files(paths, (".jsonl",))):
         skipped = [0]
         prev_ts: float | None = None
@@ -36,6 +37,7 @@ def load_mooncake(paths: list[str], b: TraceBuilder, lenient: bool,
         branching = _branching_ids(path) if rebuild_sessions else set()
         last_send: dict[int, float] = {}
         n = 0
+        name = path.name
         # plain json: a Mooncake record's few dozen ids parse faster as Python ints than
         # through blocks.parse_json_with_id_lists (made for cc-traces' long lists)
         for line, obj in iter_jsonl(path, lenient, skipped):
@@ -68,11 +70,11 @@ def load_mooncake(paths: list[str], b: TraceBuilder, lenient: bool,
                         del tails[(full[j], j + 1)]
                         break
             if h < 0:
-                h = b.open_session(f"{path.name}#{n}", scope=scope)
+                h = b.open_session(f"{name}#{n}", scope=scope)
                 n += 1
             gap = send - last_send.get(h, send)
             b.add(h, prompt=p, output=o, ids=cache_ids, send_time_s=send, gap_s=gap,
-                  gap_kind=GAP_HUMAN, model="", kinds=kinds_mask(["text"]), hash_ids=ids)
+                  gap_kind=GAP_HUMAN, model="", kinds=text, hash_ids=ids)
             last_send[h] = send
             if rebuild_sessions and full and full[-1] not in branching:
                 tails[(full[-1], len(full))] = h
