@@ -176,6 +176,11 @@ class CacheConfig:
                            "(transfers, --gpu and --gpu-cache in bytes sizing, kvsim models "
                            "--kv-dtype; docs/hybrid.md).", choices=_kv_dtypes)
 
+    def replica_tp(self, profile_gpus: int) -> int:
+        """The TP ranks of one replica priced by a profile of ``profile_gpus`` GPUs: ``tp``
+        when given, else the profile's (sim/deploy.py ``replica_tp``)."""
+        return int(self.tp) if self.tp is not None else int(profile_gpus)
+
 
 @dataclass(frozen=True)
 class PolicyConfig:

@@ -231,10 +231,10 @@ def _check_budget(spec: ModelSpec, gpu: GPU, tp: int, nbytes: int, where: str, s
 def replica_tp(cfg, profile=None) -> int:
     """The GPUs (TP ranks) one replica runs on: ``tp`` when given, else ``default_tp`` (the
     GPU count of the profile the run is priced with: ``profile`` when the caller holds it)."""
+    if profile is not None:
+        return cfg.cache.replica_tp(profile.gpus)
     if cfg.cache.tp is not None:
         return int(cfg.cache.tp)
-    if profile is not None:
-        return int(profile.gpus)
     gpu = get_gpu(cfg.cache.gpu) if cfg.cache.gpu is not None else None
     return default_tp(cfg.cache.profile, gpu, cfg.cache.model, cfg.engine.name)
 

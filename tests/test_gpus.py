@@ -143,3 +143,43 @@ def test_vllm_reserve_estimates() -> None:
     assert vllm_graph_bytes(1024, get_gpu("H100")) == 512 * 2 * 2**20
     assert vllm_graph_bytes(8, get_gpu("H100")) == 16 * 2 * 2**20
     assert vllm_graph_bytes(1024, get_gpu("B200")) == 1024 * 2 * 2**20
+
+
+def test_copied_kv_bytes_count_every_ranks_share_by_hand() -> None:
+    """A copy to host memory or a pool moves each rank's share: a GQA model's KV heads split
+    over the ranks (replicated ones counted on every rank), an MLA latent whole on each."""
+    from costmodel.gpus import copied_kv_bytes_per_token
+
+    qwen8, llama70 = get_spec("qwen3-8b"), get_spec("llama-3.1-70b")
+    qwen235, deepseek = get_spec("qwen3-235b-a22b"), get_spec("deepseek-v3")
+    assert copied_kv_bytes_per_token(qwen8, 1, 1) == qwen8.kv_bytes_per_token == 147_456
+    # 8 KV heads over 8 ranks, one link each: the whole token, as on one GPU
+    assert copied_kv_bytes_per_token(llama70, 8, 8) == llama70.kv_bytes_per_token == 327_680
+    # 4 KV heads over 8 ranks: each rank keeps one (every head twice)
+    assert copied_kv_bytes_per_token(qwen235, 8, 8) == 2 * qwen235.kv_bytes_per_token
+    # MLA: 61 layers x (512 + 64) x 2 bytes on every rank
+    assert deepseek.kv_bytes_per_token == 61 * 576 * 2 == 70_272
+    assert copied_kv_bytes_per_token(deepseek, 8, 8) == 8 * 70_272
+    # ranks beyond the links take turns: 8 ranks on one pool link copy 8 latents one by one
+    assert copied_kv_bytes_per_token(deepseek, 8, 1) == 8 * 70_272
+    assert copied_kv_bytes_per_token(llama70, 2, 1) == llama70.kv_bytes_per_token
+
+
+def test_a_tiered_mla_run_copies_the_latent_of_every_rank() -> None:
+    """deepseek-v3 on 8 x B200 with a CPU tier: every rank loads its own copy of a block's
+    latent, so the bytes moved (and priced over the profile's 8 PCIe links) are 8 latents a
+    token, not one."""
+    import json
+
+    from click.testing import CliRunner
+
+    from sim.cli.main import cli
+
+    res = CliRunner().invoke(cli, [
+        "run", "--trace", "synthetic:claude-code?sessions=6", "--gaps", "tool",
+        "--sessions", "6", "--model", "deepseek-v3", "--gpu", "B200", "--tp", "8",
+        "--cpu-cache", "200k", "--preset", "sglang", "--json"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout)["runs"][0]["summary"]
+    assert summary["loaded_cpu_tokens"] > 0
+    assert summary["bytes_h2d"] == summary["loaded_cpu_tokens"] * 8 * 70_272
