@@ -155,6 +155,9 @@ class StartPosition(ABC):
     # This start on a block pool (vLLM), or None: no release order expresses it there (a
     # pool has no nodes to start from, nor victims to report or keep).
     release_order: ClassVar[ReleaseOrder | None] = None
+    # Declared: every chain is the victim leaf alone, so the planner builds it without the
+    # call (sim/kvcache/planner.py). A subclass whose chain says otherwise declares False.
+    leaf_only: ClassVar[bool] = False
 
     @abstractmethod
     def chain(self, leaf: CacheNode, view: TreeView) -> Sequence[CacheNode]: ...
@@ -165,6 +168,7 @@ class StartPosition(ABC):
 
 class Tail(StartPosition):
     name, from_head, makes_holes, reads_node_boundaries = "tail", False, False, False
+    leaf_only = True
     release_order = vllm_free_order
 
     def chain(self, leaf: CacheNode, view: TreeView) -> Sequence[CacheNode]:
@@ -173,6 +177,7 @@ class Tail(StartPosition):
 
 class LeafHead(StartPosition):
     name, from_head, makes_holes, reads_node_boundaries = "leaf-head", True, True, True
+    leaf_only = True
 
     def chain(self, leaf: CacheNode, view: TreeView) -> Sequence[CacheNode]:
         return (leaf,)
@@ -256,12 +261,13 @@ class ObservedStart(WrappedStart):
 
 # ---------------------------------------------------------------------- granularities
 class Granularity(ABC):
-    """How much of a node one step frees. ``exact``: ``take`` is ``min(blocks, need)``, which
-    the planner then computes without calling it."""
+    """How much of a node one step frees. ``exact``: ``take`` is ``min(blocks, need)``;
+    ``whole``: ``take`` is ``blocks``; the planner then computes it without calling it."""
 
     name: ClassVar[str]
     reads_node_boundaries: ClassVar[bool]
     exact: ClassVar[bool] = False
+    whole: ClassVar[bool] = False
 
     @abstractmethod
     def take(self, blocks: int, need: int) -> int:
@@ -272,7 +278,7 @@ class Granularity(ABC):
 
 
 class WholeNodes(Granularity):
-    name, reads_node_boundaries = "node", True
+    name, reads_node_boundaries, whole = "node", True, True
 
     def take(self, blocks: int, need: int) -> int:
         return blocks

@@ -9,7 +9,8 @@ here changes the tree.
 
 Each part is asked through its one method, built-in or the user's alike; a part that
 declares a capability is served without the call: a granularity's ``exact`` (``min(blocks,
-need)``), a policy's ``by_recency`` (LRU's entries from the node fields).
+need)``) or ``whole`` (``blocks``), a start's ``leaf_only`` (the chain is the victim leaf:
+tail, leaf-head), a policy's ``by_recency`` (LRU's entries from the node fields).
 
 While planning, the view tracks what the steps planned so far WILL do (``TreeView``): freed
 nodes become holes or leave the tree, parents lose children and become victims themselves, so
@@ -192,8 +193,11 @@ def plan(
     entries = None if policy.by_recency else policy.entries
     start = start or policy.start
     granularity = granularity or policy.granularity
-    chain_of = start.chain
-    take = None if granularity.exact else granularity.take  # exact: min(size, need), no call
+    # Declared parts are served without their calls: a leaf-only start's chain is the leaf,
+    # a whole-node granularity takes the node's size, an exact one min(size, need).
+    whole: bool = granularity.whole
+    chain_of = None if start.leaf_only else start.chain
+    take = None if granularity.exact or whole else granularity.take
     head: bool = start.from_head
     # The whole-tree view, where planning runs on it, is called directly (not through a
     # bound method of either view).
@@ -210,7 +214,8 @@ def plan(
     left: int = _UNBOUNDED if room is None else room
     while need > 0 and left > 0 and heap:
         leaf: Node = _heappop(heap)[-1]
-        chain: Sequence[Node] = chain_of(leaf, view)  # type: ignore[arg-type,assignment]
+        chain: Sequence[Node] = (leaf,) if chain_of is None \
+            else chain_of(leaf, view)  # type: ignore[assignment,arg-type]
         if debug:
             _check_chain(chain, leaf, view)
         survivor: Node | None = None
@@ -220,8 +225,13 @@ def plan(
             size = len(nd.ids)
             if counts is None or counts(nd):
                 # (a granularity's take may answer a numpy integer: index() takes any int)
-                k: int = (size if size < need else need) if take is None \
-                    else index(take(size, need))
+                k: int
+                if whole:
+                    k = size
+                elif take is None:
+                    k = size if size < need else need
+                else:
+                    k = index(take(size, need))
                 if k > left:
                     k = left
                 if k <= 0:
