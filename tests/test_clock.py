@@ -36,6 +36,20 @@ def test_advance_moves_the_clock_only_past_nothing_due() -> None:
     assert not clock.advance(0.0)
 
 
+def test_advance_reads_the_queue_as_peek_does(monkeypatch) -> None:
+    """``advance`` reads SimPy's queue in place (no ``peek`` call per server pass) and
+    answers as ``peek`` would: infinity when nothing is scheduled."""
+    def never(_self):
+        raise AssertionError("advance reads the queue without calling peek")
+
+    monkeypatch.setattr(simpy.Environment, "peek", never)
+    clock = Clock()
+    assert not clock.advance(math.inf) and clock.now == 0  # inf <= inf: the wait is a timeout
+    assert clock.advance(1.0) and clock.now == 1.0
+    clock.timeout(2.0)
+    assert not clock.advance(2.0) and clock.advance(1.5) and clock.now == 2.5
+
+
 def _log(env: simpy.Environment, plan: list[list[float]], server: list[float]) -> list:
     """Processes waiting out ``plan``'s delays and a server that lets ``server``'s delays
     pass through ``advance`` where it can (on a ``Clock``); each logs its wake-ups. One

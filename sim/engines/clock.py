@@ -11,10 +11,13 @@ Compiled with the core (sim/native.py): every server pass asks it.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 import simpy
+from simpy.core import Infinity
 from simpy.events import Event, Timeout
+
+_INFINITY: Final = Infinity  # what an empty queue's ``peek`` answers
 
 
 class Clock(simpy.Environment):
@@ -39,7 +42,10 @@ class Clock(simpy.Environment):
         if not delay >= 0:
             return False  # negative (SimPy's timeout raises) or NaN
         at = self._now + delay  # SimPy's own clock (``now`` reads it; no public setter)
-        if self.peek() <= at:  # (peek: the next event's time, infinity when none)
+        # ``peek()`` read in place (the next event's time, infinity when none; SimPy's queue
+        # of (time, priority, id, event)): no interpreted call per server pass.
+        queue = self._queue
+        if (queue[0][0] if queue else _INFINITY) <= at:
             return False
         self._now = at
         return True
