@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import sim.run.build
+from costmodel.profile import Profile, ServerCoeffs, load_profile
 from costmodel.specs import get_spec
 from costmodel.units import Units
 from policies import BLOCK, LEAF_HEAD, NODE, PRIVATE_HEAD, TAIL, EvictionPolicy
@@ -136,6 +137,30 @@ class _Profile:
     def prefill_seconds(self, units: Units) -> float:
         self.seen = units
         return 0.0
+
+
+def test_step_cpu_is_priced_only_where_the_server_has_it(tmp_path, monkeypatch) -> None:
+    """A prefill batch's server CPU time (``Profile.step_seconds``) is asked only of a profile
+    whose server has CPU terms (a neutral one answers the kernels' seconds unchanged), and
+    such a server still pays it: SGLang overlaps it, so a batch takes the larger of the two."""
+    calls: list[int] = []
+    plain = Profile.step_seconds
+
+    def counted(self, gpu_s, seqs, tokens):
+        calls.append(seqs)
+        return plain(self, gpu_s, seqs, tokens)
+
+    monkeypatch.setattr(Profile, "step_seconds", counted)
+    trace = _kit([[(900, 40, 0.0), (300, 20, 1.0)], [(700, 30, 0.0)]])
+    cfg = RunConfig.from_flat(gpu_cache=16 * 1024, sessions=2, chunk_size=256).with_preset("sglang")
+    neutral = run(cfg, trace).summary
+    assert not calls and neutral["prefill_batches"] > 0
+    path = tmp_path / "cpu.yaml"
+    load_profile(cfg.cache.profile, cfg.cache.model).with_server(
+        ServerCoeffs(cpu_step_s=1.0), "t").dump(path)
+    paid = run(cfg.with_fields(profile=str(path)), trace).summary
+    assert calls and min(calls) >= 1  # asked for every batch, each of one request or more
+    assert paid["ttft_mean_s"] >= 1.0 > neutral["ttft_mean_s"]
 
 
 RANGES = st.lists(st.lists(st.tuples(st.integers(0, 200_000), st.integers(0, 9000)),

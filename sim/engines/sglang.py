@@ -178,6 +178,9 @@ class SGLangServer(EngineBase):
         super().__init__(env, cfg, spec, profile, cache, cache.policy, recorder)
         # SGLang's default overlap schedule prepares batch n+1 on the CPU while n runs
         self.profile = profile.for_server(True)
+        # Whether a step pays server CPU time (``Profile.step_seconds``; frozen, so fixed for
+        # the run): without it a prefill batch's seconds are its kernels', with no call.
+        self._step_cpu = self.profile.server.has_cpu
         self.scheduler = scheduler
         self.chunked: Req | None = None
         self.knobs: SGLangKnobs = cfg.engine  # type: ignore[assignment]  # engine_class's choice
@@ -767,7 +770,8 @@ class SGLangServer(EngineBase):
         now = self.env.now
         for i, (req, _ranges) in enumerate(batch):
             units = per_req[i]  # (``_prefill_seconds`` prices each request of the batch)
-            self.rec.prefill_units(req, units.total, units.attention)
+            # units.total's sum read in place (an interpreted property: one call per chunk)
+            self.rec.prefill_units(req, units.linear + units.attention, units.attention)
             if req.ranges:  # chunk of an unfinished prompt: checkpoint what is contiguous
                 # SGLang leaves the chunked request out of the batch it merges into the
                 # running batch: the batch shrank, which clears batch_is_full.
@@ -827,7 +831,8 @@ class SGLangServer(EngineBase):
                     for a, b in ranges:
                         tokens += b - a
                 # the server's CPU time for the batch (neutral: none; ServerCoeffs)
-                seconds = self.profile.step_seconds(seconds, len(batch), tokens)
+                if self._step_cpu:
+                    seconds = self.profile.step_seconds(seconds, len(batch), tokens)
                 if self.tiered:  # (without a CPU tier nothing is ever pending)
                     seconds += self._transfer_seconds()
                 self.rec.batch(seconds, len(batch), tokens=tokens)
