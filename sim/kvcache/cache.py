@@ -71,8 +71,10 @@ _INT64: Final = np.dtype(np.int64)
 
 def as_block_ids(ids: np.ndarray | list[int]) -> np.ndarray:
     """A 1-D int64 array (no copy when it already is one)."""
-    if type(ids) is np.ndarray and ids.dtype == _INT64 and ids.ndim == 1:
-        return ids  # what np.asarray would return: the array itself
+    if type(ids) is np.ndarray and ids.ndim == 1:
+        dtype = ids.dtype  # numpy's own int64 descriptor, as a rule: no comparison call
+        if dtype is _INT64 or dtype == _INT64:
+            return ids  # what np.asarray would return: the array itself
     arr = np.asarray(ids, dtype=np.int64)
     if arr.ndim != 1:
         raise ValueError(f"block ids must be 1-D, got shape {arr.shape}")
