@@ -76,6 +76,9 @@ from .cachedids import CachedIds
 from .events import EVENT_KINDS, KVEvent, KVEventQueue
 from .freequeue import FreeQueue
 
+# ``a.max()`` without ndarray.max's Python-level wrapper
+_umax = np.maximum.reduce
+
 __all__ = ["FULL", "MAMBA", "SLIDING", "HybridGroup", "HybridPool", "WideBlocks"]
 
 FULL = "full"
@@ -289,10 +292,11 @@ class HybridPool:
 
     # ------------------------------------------------------------------ lookup
     def _firsts(self, gids: list[int], ids: np.ndarray) -> np.ndarray:
-        """Per group of ``gids`` (rows): each id's first cached copy (-1: none)."""
+        """Per group of ``gids`` (rows): each id's first cached copy (-1: none). ``ids``
+        were grown (``_grow``: every lookup grows its ids first), so no map checks them."""
         if len(gids) == 1:  # np.stack's Python-level wrapper costs more than the gather
-            return self._maps[gids[0]].firsts(ids).reshape(1, -1)
-        return np.stack([self._maps[g].firsts(ids) for g in gids])
+            return self._maps[gids[0]].firsts(ids, True).reshape(1, -1)
+        return np.stack([self._maps[g].firsts(ids, True) for g in gids])
 
     def _find(self, ids: np.ndarray, max_len: int) -> tuple[list[np.ndarray], int]:
         """``find_longest_cache_hit``: per group its hit blocks (0 = null), the hit tokens.
@@ -750,9 +754,7 @@ class HybridPool:
             g = self._event_group
             shared = shared_positions(self._maps[g], self._ref, seq.ids, seq.tables[g],
                                       seq.cached[g])
-        for ordered in order.release_groups(seq.tables, shared):
-            if len(ordered):
-                self._free_blocks(ordered)
+        self._free_batches(order.release_groups(seq.tables, shared))
         if self.debug:
             self.check()
 
@@ -815,8 +817,12 @@ class HybridPool:
 
     # ------------------------------------------------------------------ mechanism
     def _grow(self, ids: np.ndarray) -> None:
-        for m in self._maps:
-            m.grow(ids)
+        """Make room for ``ids`` in every map. The maps always grow together (the same ids,
+        the same rule), so one has the length of all: one reduction decides for every
+        group (a negative id, as unsigned, is past it, and ``CachedIds.grow`` refuses it)."""
+        if len(ids) and int(_umax(ids.view(np.uint64))) >= len(self._maps[0]):
+            for m in self._maps:
+                m.grow(ids)
 
     def _touch(self, blocks: np.ndarray) -> None:
         """``BlockPool.touch``: hit blocks (nulls skipped) gain a hold, leaving the queue."""
@@ -849,11 +855,14 @@ class HybridPool:
         self._ref[fresh] = 1
         seq.states = None
         at = 0
+        pad: np.ndarray | None = None  # a Mamba group's nulls before its state: one for all
         for g, t in enumerate(tables):
             if self.groups[g].kind == MAMBA:
                 if seq.allocated or len(t):
                     seq.last_state[g] = len(t) - 1
-                tables[g] = np.concatenate([t, np.zeros(n - 1, np.int64), fresh[at:at + 1]])
+                if pad is None:
+                    pad = np.zeros(n - 1, np.int64)
+                tables[g] = np.concatenate([t, pad, fresh[at:at + 1]])
                 at += 1
             else:
                 tables[g] = np.concatenate([t, fresh[at:at + n]])
@@ -871,44 +880,76 @@ class HybridPool:
         due = self._mamba and (processed - 1) // self.block_size != seq.pruned
         if due:
             seq.pruned = (processed - 1) // self.block_size
+        batches: list[np.ndarray] = []  # freed together at the end (``_free_batches``)
+        live: np.ndarray | None = None  # the retired span's states (Mamba tables share nulls)
         for g in self._pruned:
-            if not due and self.groups[g].kind == MAMBA:
+            kind = self.groups[g].kind
+            if not due and kind == MAMBA:
                 continue
             t = seq.tables[g]
             n = min(self._skipped_blocks(g, processed), len(t))
-            if self.groups[g].kind == SLIDING:
+            if kind == SLIDING:
                 lo = seq.nulls[g]
                 if n <= lo:
                     continue
-                freed = t[lo:n][::-1].copy()
+                batches.append(t[lo:n][::-1].copy() if n > lo + 1 else t[lo:n].copy())
                 t[lo:n] = 0
                 seq.nulls[g] = n
-                self._free_blocks(freed)
                 continue
             lo = seq.retired.get(g, 0)
             if lo < n:
-                span = t[lo:n][::-1]
-                freed = span[span > 0].copy()
-                t[lo:n] = 0
+                if live is None:
+                    live = lo + np.flatnonzero(t[lo:n])[::-1]
+                if len(live):
+                    batches.append(t[live])
+                    t[live] = 0
                 seq.retired[g] = n
                 seq.states = None
-                if len(freed):
-                    self._free_blocks(freed)
             last = seq.last_state.get(g)
-            if last is not None and last < _cdiv(processed, self.block_size) - 1 and t[last]:
-                self._free_blocks(t[last:last + 1].copy())
-                t[last] = 0
-                seq.states = None
+            if last is not None and last < _cdiv(processed, self.block_size) - 1:
+                p = int(t.item(last))
+                if p:
+                    batches.append(t[last:last + 1].copy())
+                    t[last] = 0
+                    seq.states = None
+        if batches:
+            self._free_batches(batches)
+
+    def _free_batches(self, batches: list[np.ndarray]) -> None:
+        """``_free_blocks`` of each batch in turn (their blocks distinct, as a request's
+        blocks of different groups are), in one pass: the unheld hashed blocks join the
+        tail in order; the unheld unhashed ones the front, so a later batch's come before
+        an earlier one's (each ``prepend`` goes in front of the last)."""
+        if len(batches) == 1:
+            if len(batches[0]):
+                self._free_blocks(batches[0])
+            return
+        sizes = [len(b) for b in batches]
+        if not any(sizes):
+            return
+        ordered = np.concatenate(batches)
+        refs = self._ref[ordered] - 1
+        self._ref[ordered] = refs
+        zero = refs == 0
+        hashed = self._bid[ordered] >= 0
+        unhashed = zero & ~hashed
+        front = ordered[unhashed]
+        if len(front) > 1:
+            batch = np.repeat(np.arange(len(batches)), sizes)[unhashed]
+            if batch[0] != batch[-1]:  # several batches' unhashed blocks: last batch first
+                front = front[np.argsort(-batch, kind="stable")]
+        self._queue.prepend(front)
+        self._queue.append(ordered[zero & hashed])
 
     def _free_blocks(self, ordered: np.ndarray) -> None:
         """``BlockPool.free_blocks``: one hold less each; unheld hashed blocks join the tail in
         order, unheld unhashed ones the front."""
         if len(ordered) == 1:  # a window's block: numpy's per-call cost dominates
-            p = int(ordered[0])
-            r = int(self._ref[p]) - 1
+            p = int(ordered.item(0))
+            r = int(self._ref.item(p)) - 1
             self._ref[p] = r
             if r == 0:
-                if self._bid[p] >= 0:
+                if int(self._bid.item(p)) >= 0:
                     self._queue.append(ordered)
                 else:
                     self._queue.prepend(ordered)
@@ -930,23 +971,31 @@ class HybridPool:
     def _evict(self, hashed: np.ndarray) -> None:
         """Drop the hashes of blocks ``hashed`` (lazy eviction, at their reuse)."""
         self._version += 1
-        xs, gs = self._bid[hashed], self._grp[hashed]
-        g0 = int(gs[0])
-        if len(gs) == 1 or (gs == g0).all():  # one group's blocks: the common case
+        xs = self._bid[hashed]
+        gs: list[int] = self._grp[hashed].tolist()
+        g0 = gs[0]
+        if gs.count(g0) == len(gs):  # one group's blocks: the common case
             lost = self._maps[g0].drop(hashed, xs)
             if self.groups[g0].kind == FULL:
                 self._lost += lost
-        else:
-            for g, m in enumerate(self._maps):
-                sel = gs == g
-                if sel.any():
-                    lost = m.drop(hashed[sel], xs[sel])
-                    if self.groups[g].kind == FULL:
-                        self._lost += lost
+        else:  # each group's blocks, in pop order: one pass over them
+            where: dict[int, list[int]] = {}
+            for i, g in enumerate(gs):
+                at = where.get(g)
+                if at is None:
+                    where[g] = [i]
+                else:
+                    at.append(i)
+            for g in sorted(where):
+                sel = where[g]
+                lost = self._maps[g].drop(hashed[sel], xs[sel])
+                if self.groups[g].kind == FULL:
+                    self._lost += lost
         if self._events is not None:
             eg = self._event_group
             m = self._maps[eg]
-            gone = [x for x in xs[gs == eg].tolist() if not m.is_cached(x)]
+            gone = [x for x, g in zip(xs.tolist(), gs, strict=True)
+                    if g == eg and not m.is_cached(x)]
             if gone:
                 self._events.removed(np.asarray(gone, dtype=np.int64))
         self._bid[hashed] = -1
