@@ -237,3 +237,65 @@ def test_the_release_order_says_how_the_pool_frees(reads_shared: bool) -> None:
     per_group = tables[0][::-1].tolist() + tables[1][::-1].tolist()
     by_position = np.stack(tables)[:, ::-1].T.ravel().tolist()
     assert queues == [per_group, per_group, by_position] and per_group != by_position
+
+
+class _FreedInTurn(HybridPool):
+    """``HybridPool._free_batches`` by its definition: each batch freed in turn."""
+
+    def _free_batches(self, batches: list[np.ndarray]) -> None:
+        for batch in batches:
+            if len(batch):
+                self._free_blocks(batch)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10**6), bs=st.sampled_from([4, 8]),
+       layout=st.sampled_from(["sw-full", "mamba-mamba-full", "mamba-sw-full"]),
+       w=st.integers(1, 40), cap=st.integers(16, 80), order=st.sampled_from(["vllm", "penelope"]))
+def test_batched_frees_are_the_batches_freed_in_turn(seed: int, bs: int, layout: str, w: int,
+                                                     cap: int, order: str) -> None:
+    """A release, and a window's or a Mamba state's retirement, free every group's blocks in
+    one pass (``_free_batches``: the unhashed ones of a later group before an earlier's at
+    the front); the same ops freeing group by group leave the same queue, holds, hashes
+    and tables. Requests share prefixes and stop inside blocks, so releases free hashed and
+    unhashed blocks of several groups at once."""
+    groups = {"sw-full": [HybridGroup(SLIDING, w), HybridGroup(FULL)],
+              "mamba-mamba-full": [HybridGroup(MAMBA), HybridGroup(MAMBA), HybridGroup(FULL)],
+              "mamba-sw-full": [HybridGroup(MAMBA), HybridGroup(SLIDING, w),
+                                HybridGroup(FULL)]}[layout]
+    pools = [kind(cap, bs, groups, max_in_flight_tokens=2 * bs, free_order=order, debug=True)
+             for kind in (HybridPool, _FreedInTurn)]
+    rng = np.random.default_rng(seed)
+    running: list[int] = []
+    for rid in range(60):
+        for p in pools:
+            p.new_step()  # a Mamba state cached by one op may be hit by the next
+        op = int(rng.integers(3))
+        if op == 0 or not running:
+            ids = np.arange(rid * 100, rid * 100 + 40)
+            shared = int(rng.integers(0, 6))
+            ids[:shared] = np.arange(shared)  # a prefix other requests hold or cached
+            n = int(rng.integers(1, 10 * bs))
+            got = [p.admit(rid, ids, n, n) for p in pools]
+            assert got[0] == got[1]
+            if got[0] is not None:
+                running.append(rid)
+        elif op == 1:
+            r = running[int(rng.integers(len(running)))]
+            n = int(rng.integers(1, 2 * bs))
+            c = pools[0].computed_tokens(r)
+            if (c + n) // bs > 40:
+                continue
+            known = c + n - int(rng.integers(0, 2))  # the last token may not be known yet
+            in_flight = int(rng.integers(0, 2))
+            ok = [p.extend(r, n, known=known, in_flight=in_flight) for p in pools]
+            assert ok[0] == ok[1]
+        else:
+            r = running.pop(int(rng.integers(len(running))))
+            for p in pools:
+                p.free(r)
+        for name in ("block_ids", "block_groups", "ref_counts", "free_queue"):
+            assert np.array_equal(getattr(pools[0], name)(), getattr(pools[1], name)()), name
+        for r in running:
+            for a, b in zip(pools[0].tables(r), pools[1].tables(r), strict=True):
+                assert np.array_equal(a, b)
