@@ -406,22 +406,36 @@ class HybridPool:
         nz = np.flatnonzero(table)
         return int(nz[0]) if len(nz) else len(table)
 
-    def _to_allocate(self, g: int, num_tokens: int, hit: np.ndarray, computed: int,
-                     cap: bool) -> int:
-        """``get_num_blocks_to_allocate`` of group ``g`` for a waiting request."""
+    def _hit_taken(self, g: int, hit: np.ndarray, computed: int) -> int:
+        """Of group ``g``'s hit past the blocks skipped at ``computed`` tokens, the blocks a
+        touch takes out of the free queue (``get_num_blocks_to_allocate``'s evictable hit
+        blocks); -1 for a Mamba group whose hit state was cached this step (the hit waits a
+        step). What ``_to_allocate`` reads of the pool, read once for its calls."""
+        if self.groups[g].kind == MAMBA:  # a Mamba hit is nulls, then its state
+            last = int(hit.item(len(hit) - 1)) if len(hit) else 0
+            if not last:
+                return 0
+            if int(self._bid.item(last)) in self._this_step[g]:
+                return -1
+            return 1 if int(self._ref.item(last)) == 0 else 0
+        rest = hit[self._skipped_blocks(g, computed):]
+        return int(np.count_nonzero((rest > 0) & (self._ref[rest] == 0)))
+
+    def _to_allocate(self, g: int, num_tokens: int, hit_blocks: int, computed: int,
+                     cap: bool, taken: int) -> int:
+        """``get_num_blocks_to_allocate`` of group ``g`` for a waiting request whose hit in
+        that group is ``hit_blocks`` long, of which ``taken`` leave the free queue
+        (``_hit_taken``)."""
         need = _cdiv(num_tokens, self.block_size)
         if self.groups[g].kind == MAMBA:  # one state block a step; a fresh hit waits a step
-            if len(hit) and hit[-1] > 0 and int(self._bid[hit[-1]]) in self._this_step[g]:
+            if taken < 0:
                 return self.capacity_blocks + 2
-            new = need - len(hit)
-            return min(new, 1) + int(np.count_nonzero((hit > 0) & (self._ref[hit] == 0)))
+            return min(need - hit_blocks, 1) + taken
         most = self._cap[g]
         if cap and most is not None:
             need = min(need, most)
         skipped = self._skipped_blocks(g, computed)
-        new = max(need - max(skipped, len(hit)), 0)
-        rest = hit[skipped:]
-        return new + int(np.count_nonzero((rest > 0) & (self._ref[rest] == 0)))
+        return max(need - max(skipped, hit_blocks), 0) + taken
 
     def admit(
         self,
@@ -450,11 +464,13 @@ class HybridPool:
                              f"{len(ids)} blocks")
         free = len(self._queue)
         groups = range(len(self.groups))
+        taken = [self._hit_taken(g, hits[g], hit_tokens) for g in groups]
         if full_sequence_must_fit and sum(
-                self._to_allocate(g, num_tokens, hits[g], hit_tokens, True)
+                self._to_allocate(g, num_tokens, len(hits[g]), hit_tokens, True, taken[g])
                 for g in groups) > free:
             return None
-        if sum(self._to_allocate(g, end, hits[g], hit_tokens, False) for g in groups) > free:
+        if sum(self._to_allocate(g, end, len(hits[g]), hit_tokens, False, taken[g])
+               for g in groups) > free:
             return None
         tables = []
         nulls = []
@@ -689,7 +705,8 @@ class HybridPool:
                              f"{len(ids)} blocks")
         hits, hit_tokens = self._find(ids, num_tokens - 1)
         groups = range(len(self.groups))
-        if sum(self._to_allocate(g, num_tokens, hits[g], num_tokens, False)
+        if sum(self._to_allocate(g, num_tokens, len(hits[g]), num_tokens, False,
+                                 self._hit_taken(g, hits[g], num_tokens))
                for g in groups) > len(self._queue) - reserved:
             return None
         tables, nulls = [], []
@@ -1010,33 +1027,42 @@ class HybridPool:
         if full <= min(cached):
             return
         self._version += 1
-        states: tuple[int, np.ndarray, np.ndarray] | None = None  # (from, positions, ids)
+        ids = seq.ids
+        # what the groups share, read once: Mamba tables share their nulls, so one Mamba
+        # group's (from, states' positions, their ids as an array and a list, the parent)
+        # is every one's; the other groups' (from, ids, parent) while they start alike
+        states: tuple[int, np.ndarray, np.ndarray, list[int], int] | None = None
+        chain: tuple[int, np.ndarray, int] | None = None
         for g, t in enumerate(seq.tables):
             a = cached[g]
             if full <= a:
                 continue
             if self.groups[g].kind == MAMBA:  # states only where a block holds one
-                if states is None or states[0] != a:  # Mamba tables share their nulls
+                if states is None or states[0] != a:
                     pos = a + np.flatnonzero(t[a:full])
-                    states = (a, pos, seq.ids[pos])
+                    xs = ids[pos]
+                    first = int(pos.item(0)) if len(pos) else 0
+                    states = (a, pos, xs, xs.tolist(),
+                              int(ids.item(first - 1)) if first else -1)
                 pos, xs = states[1], states[2]
                 if len(pos):
                     ps = t[pos]
                     self._bid[ps] = xs
                     self._grp[ps] = g
                     self._cached += len(pos)
-                    self._maps[g].add(ps, xs, int(seq.ids[pos[0] - 1]) if pos[0] else -1)
-                    self._this_step[g].update(xs.tolist())
+                    self._maps[g].add(ps, xs, states[4])
+                    self._this_step[g].update(states[3])
                 cached[g] = full
                 continue
             # nulls are the table's head: past it, every block is a real one
             start = max(a, seq.nulls[g])
             if start < full:
-                ps, xs = t[start:full], seq.ids[start:full]
+                if chain is None or chain[0] != start:
+                    chain = (start, ids[start:full], int(ids.item(start - 1)) if start else -1)
+                ps, xs, parent = t[start:full], chain[1], chain[2]
                 self._bid[ps] = xs
                 self._grp[ps] = g
                 self._cached += full - start
-                parent = int(seq.ids[start - 1]) if start else -1
                 self._maps[g].add(ps, xs, parent)
                 if self._events is not None and g == self._event_group:
                     self._events.stored(xs, parent)
