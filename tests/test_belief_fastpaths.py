@@ -323,6 +323,28 @@ def test_a_removal_going_back_up_a_chain_cuts_once(monkeypatch):
     assert len(cuts) == 1 and belief.sizes() == [100, 0, 0, 0]
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, N - 1), st.integers(0, 119), st.integers(1, 60),
+                          st.integers(0, 3)), min_size=1, max_size=8),
+       st.sampled_from([False, True]))
+def test_removals_walking_back_up_long_runs(removals, dense):
+    # A removal lists ids going back up a run for many blocks (vLLM frees a request's tail
+    # first), then leaves it: at the run's start (into its parent run, split off by a branch),
+    # at another run, or at an id the replica no longer holds; the runs are consecutive ids
+    # or not (ChainIndex's two kinds). Every answer after every event is the model's.
+    ids = list(range(1000, 1120)) if dense else [7 * b + 3 for b in range(120)]
+    branch = [ids[k] + 100_000 for k in range(40)]
+    stream = [(r, True, ids, -1) for r in range(N)]
+    stream += [(r, True, branch, ids[59]) for r in range(N)]  # splits the chain after 60
+    for r, at, length, jump in removals:
+        gone = ids[max(0, at - length + 1):at + 1][::-1]
+        gone += [branch[5 * jump], ids[(at + 17 * jump) % 120]][:jump]
+        stream.append((r, False, gone, None))
+        stream.append((r, True, ids[:at + 1], -1))  # stored again (what it lacks returns)
+    belief = check_event_index(stream, True, every_event=True)
+    assert isinstance(belief.index, ChainIndex)
+
+
 def test_a_removal_leaves_the_link_a_later_load_without_parent_follows():
     # Replica 0 stores the chain 1 -> 2 -> 3 and loses 2 (and so 3): the block-by-block
     # index keeps 1's link to 2. A CPU load restores 2 with no parent named (no new link),

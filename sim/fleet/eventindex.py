@@ -266,6 +266,17 @@ class Run:
         return lo
 
 
+def _back_up(raw: bytes, off: int, ids: np.ndarray, i: int) -> int:
+    """How many ids from ``ids[i]`` on are those of a run (``raw``: its int64 bytes) read
+    backwards from its id at ``off`` (``ids[i]`` is that id): compared in one array
+    operation, however long the removal walks back up the run."""
+    span = min(len(ids) - i, off + 1)
+    back = np.frombuffer(raw, np.int64, span, 8 * (off + 1 - span))[::-1]
+    same = ids[i:i + span] == back
+    k = int(same.argmin())  # the first id off the run (0 when there is none: ids[i] is on it)
+    return k if k else span
+
+
 def _int64(ids: np.ndarray) -> np.ndarray:
     return ids if ids.dtype == np.int64 else ids.astype(np.int64)
 
@@ -461,13 +472,11 @@ class ChainIndex(BlockIndex):
             off = run.offset(b)
             at = run.start + off
             m = run.agree(off, buf, i, min(n - i, len(run.ids) - off))
-            if m == 1:
+            if m == 1 and i + 1 < n and off and ids.item(i + 1) == run.ids[off - 1]:
                 # ids going back up the run (vLLM frees a request tail first and evicts in
                 # that order): ids[i:i + m] lie at depths at, at - 1, ..., at - m + 1; their
                 # cuts one by one leave what one cut at the shallowest leaves
-                rids = run.ids
-                while i + m < n and off >= m and ids.item(i + m) == rids[off - m]:
-                    m += 1
+                m = _back_up(run.raw, off, ids, i)
                 at -= m - 1
             # ids[i:i + m] lie at depths [at, at + m) of run: r holds the first of them
             # or none (its blocks of a run are a prefix)
