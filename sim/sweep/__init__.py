@@ -19,6 +19,8 @@ executors.py  where jobs run: this process, a local pool,     (cfg, arg) jobs ->
 table.py      the tidy table in grid order, ``*_change``      folders -> DataFrame
 plan.py       ``kvsim plan``: rounds of points searched for   trace + SLO -> answers, curves
               the smallest deployment that meets SLOs
+plan_runner   a plan's points, each started once proven      requests -> points/<id>/
+              needed, on one executor for the whole plan
 ============  ==============================================  ===============================
 
 May import: ``sim.config``, ``sim.io``, ``sim.checks``, ``sim.run`` (a point is one run),

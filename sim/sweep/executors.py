@@ -215,6 +215,66 @@ class LocalPoolExecutor:
         if pool is not None:
             pool.shutdown()
 
+    def stream(self, fn: JobFn) -> PoolStream:
+        """Jobs handed in one at a time while others run, on the kept pool (``PoolStream``):
+        a caller that learns its next jobs from earlier results keeps every worker busy."""
+        return PoolStream(self, fn)
+
+    def _abandon(self) -> None:
+        """Interrupted: end the kept pool's workers now (``_stop_workers``)."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            _stop_workers([pool])
+
+
+class PoolStream:
+    """``fn`` over jobs submitted while others run on a ``LocalPoolExecutor``'s kept pool.
+    ``slots`` jobs in flight keep every worker busy; a caller that holds the rest back
+    chooses, when a worker frees, which job runs next. A job whose pool broke runs again
+    through ``LocalPoolExecutor.map`` (its retries: only a job whose own worker died is
+    charged)."""
+
+    def __init__(self, executor: LocalPoolExecutor, fn: JobFn) -> None:
+        self._executor, self._fn = executor, fn
+        self.slots = executor.workers
+        self._running: dict[Any, tuple[Any, Job]] = {}  # future -> (key, job)
+
+    def __len__(self) -> int:
+        return len(self._running)
+
+    def submit(self, key: Any, job: Job) -> None:
+        pool = self._executor._shared_pool(self.slots)
+        self._running[pool.submit(_local_call, self._fn, *job)] = (key, job)
+
+    def wait(self) -> list[tuple[Any, Any]]:
+        """``(key, result)`` of at least one finished job (blocks; none when none runs)."""
+        if not self._running:
+            return []
+        try:
+            done, _ = wait(set(self._running), return_when=FIRST_COMPLETED)
+            results, lost = [], []
+            for f in done:
+                key, job = self._running.pop(f)
+                try:
+                    results.append((key, f.result()))
+                except BrokenProcessPool:
+                    lost.append((key, job))
+            if lost:  # the pool broke: every job still in it is lost too
+                for f in list(self._running):
+                    key, job = self._running.pop(f)
+                    try:
+                        results.append((key, f.result()))
+                    except BrokenProcessPool:
+                        lost.append((key, job))
+                self._executor.close()
+                for i, res in self._executor.map(self._fn, [job for _, job in lost]):
+                    results.append((lost[i][0], res))
+            return results
+        except BaseException:  # Ctrl-C, or a job's own error: end the workers now
+            self._running = {}
+            self._executor._abandon()
+            raise
+
 
 def _collect(futs: dict, lost: list[int]) -> Iterator[tuple[int, Any]]:
     """``(index, result)`` of each future as it completes (ties in index order); the index

@@ -18,9 +18,12 @@ and the attainment hold at the pessimistic end of the repeats' 95% intervals (si
   curve. Every run whole.
 - ``full``: every size, whole (the whole goodput curve).
 
-The rounds go through the sweep machinery (sim/sweep: every point in ``out/points/<id>``, so a
-rerun resumes, on a local pool or Ray). Before any runs, ``check_spec`` checks every point as
-``kvsim run`` would. Then:
+The rounds' points run on one executor for the whole plan (sim/sweep/plan_runner.py: every
+point in ``out/points/<id>`` as a sweep's, so a rerun resumes, on a local pool or Ray). The
+rounds decide; a point starts as soon as the results so far prove a round will ask for it
+(``Planner._follow``: with ``up``, a question's next size once its size misses), so no worker
+waits for a round's last point, and the set of points run and every answer are the rounds'.
+Before any runs, ``check_spec`` checks every point as ``kvsim run`` would. Then:
 
 - the cheapest answers by price per hour (``costmodel/data/gpus.yaml`` or a price file of the
   same shape, which must price every GPU searched) and GPU count, at one price the most
@@ -181,51 +184,153 @@ class Planner:
     """Runs the search of ``spec`` into ``out`` through ``executor`` (module docstring)."""
 
     def __init__(self, spec: PlanSpec, out: str | Path, executor,
-                 report: Callable[[str, int, int], None] | None = None) -> None:
+                 report: Callable[[str, int, int], None] | None = None,
+                 prices: dict[str, GPU] | None = None) -> None:
+        from .plan_runner import PointRunner
+
         self.spec, self.out, self.executor = spec, Path(out), executor
         self.report = report
         self.slo = spec.slo
+        self.prices = prices or spec.prices or load_gpus()
         self.outcomes: dict[tuple[Question, Any], Outcome] = {}
         self.rounds = 0
         # questions where bisection fell back to every size below its answer, and why
         self.full_search: dict[Question, str] = {}
+        self.runner = PointRunner(out, executor)
+        self.runner.on_settled = self._follow
+        self.asked: dict[str, list[tuple[Question, Any]]] = {}  # point id -> what asked it
+        self.pids: dict[tuple[Question, Any], str] = {}  # (question, size) -> point id
+        # what the results so far prove the rounds of ``up`` will ask for (``_follow``): per
+        # question the size it runs next, the size that met, or that none does
+        self.chain: dict[Question, int] = {}
+        self.chain_met: dict[Question, int] = {}
+        self.chain_none: set[Question] = set()
+        self.chosen_followed = False
+
+    def _ask(self, q: Question, size: Any, whole: bool) -> str:
+        """Ask the runner for ``q`` at ``size`` (stop mode, or ``whole``); its point id."""
+        pid = self.pids.get((q, size))
+        point = None
+        if pid is None:
+            point = make_point(self.spec, q, size)
+            pid = self.pids[(q, size)] = point.id
+            self.asked.setdefault(pid, []).append((q, size))
+        else:
+            point = self.runner.states[pid].point
+        self.runner.request(point, whole, self._rank(q, size, whole))
+        return pid
+
+    def _rank(self, q: Question, size: Any, whole: bool) -> tuple[float, float]:
+        """Which waiting point runs first when a worker frees, smallest first (no result
+        depends on it). ``up``: its search's points before whole runs again of stopped
+        points (a search point may let its question's next size start, a run again lets
+        nothing start); smaller sizes first, as rounds would (no question falls behind);
+        at one size the one expected to take longest first (what the question's size one
+        smaller cost), so that it does not start last. A round of the other searches has
+        every point at once: the largest sizes first (more replicas, longer runs)."""
+        n = size if isinstance(size, int) else sum(size)
+        if self.spec.search != "up" or self.spec.pd:
+            return (-n, 0.0)
+        if whole:
+            return (math.inf, -n)
+        last = self.runner.states.get(self.pids.get((q, n - 1), ""))
+        return (n, -last.cpu_s if last is not None else 0.0)
+
+    def _follow(self, pid: str) -> None:
+        """A point's result is in (``PointRunner.on_settled``): ask now for what the rounds
+        of ``up`` will ask for because of it, so that no worker waits for a round's last
+        point. Only what is proven needed: a question's next size once this one misses
+        (the rounds ask each question every size up to the first that meets), its largest
+        size whole once none meets, and the chosen answer's size one smaller whole once no
+        open question can be chosen instead (``_chosen_if_decided``), as ``buys`` shows
+        them. The rounds still decide, from the same results: this changes when points run,
+        never which, nor what they give."""
+        if self.spec.search != "up" or self.spec.pd:
+            return
+        summary = self.runner.result(pid, False)  # what a stop-mode round reads
+        if summary is None:  # failed: the round that asked for it says so
+            return
+        lo, hi = self.spec.replicas
+        for q, n in list(self.asked.get(pid, [])):
+            if self.chain.get(q, lo) != n or q in self.chain_met or q in self.chain_none:
+                continue
+            if meets(self.slo, pessimistic(summary, self.slo)):
+                self.chain_met[q] = n
+            elif n < hi:
+                self.chain[q] = n + 1
+                self._ask(q, n + 1, whole=False)
+            else:
+                self.chain_none.add(q)
+                if summary.get("stopped_early"):
+                    self._ask(q, n, whole=True)
+        if not self.chosen_followed and (chosen := self._chosen_if_decided()) is not None:
+            self.chosen_followed = True
+            q, n = chosen
+            below = self.pids.get((q, n - 1))
+            if below is not None and (self.runner.result(below, False) or {}).get(
+                    "stopped_early"):
+                self._ask(q, n - 1, whole=True)
+
+    def _chosen_if_decided(self) -> tuple[Question, int] | None:
+        """The answer ``plan`` will choose, once the results so far prove it: the first in
+        ``plan``'s order of those that met, where every open question's next size already
+        costs more (price, then GPUs; both grow with the size, ``gpus`` being the replicas
+        times a question's GPUs per replica); None while not proven."""
+        met = []
+        for q, n in self.chain_met.items():
+            s = self.runner.result(self.pids[(q, n)], False)
+            met.append(((s["gpus"] * self.prices[q.gpu].price_usd_h, s["gpus"],
+                         -margin(s, self.slo), q.label), (q, n)))
+        if not met:
+            return None
+        best_key, best = min(met)
+        lo = self.spec.replicas[0]
+        for q in self.spec.questions():
+            if q in self.chain_met or q in self.chain_none:
+                continue
+            n = self.chain.get(q, lo)
+            last = self.pids.get((q, n - 1))
+            s = self.runner.result(last, False) if last is not None else None
+            if s is None:
+                return None
+            gpus = s["gpus"] // (n - 1) * n  # its GPUs at its next size
+            if (gpus * self.prices[q.gpu].price_usd_h, gpus) <= best_key[:2]:
+                return None
+        return best
 
     def _evaluate(self, wanted: list[tuple[Question, Any]], stop: bool = False) -> None:
         """Run the points of ``wanted`` not run yet (one round); with ``stop`` a run ends
         once it can no longer meet (sim/sweep/early_stop.py), without it a point that did
-        stop runs again whole."""
-        import json
-        from functools import partial
-
-        from sim.sweep import Sweep, run_point, run_sweep, summary_path
-        from sim.sweep.executors import ExecutorSpec
-
-        from .early_stop import run_or_stop
+        stop runs again whole. Points asked for earlier (``_follow``) may be in already."""
+        from sim.sweep import SweepError
 
         todo = [(q, s) for q, s in wanted if (q, s) not in self.outcomes
                 or (not stop and self.outcomes[(q, s)].stopped)]
         if not todo:
             return
-        points = [make_point(self.spec, q, s) for q, s in todo]
-        if not stop:  # a point stopped early (here or by an earlier plan) runs again whole
-            for p in points:
-                path = summary_path(self.out, p.id)
-                if path.exists() and json.loads(path.read_text()).get("stopped_early"):
-                    path.unlink()
         self.rounds += 1
-        sweep = Sweep(f"kvsim plan round {self.rounds}", points, None, None, ExecutorSpec(),
-                      has_grid=True)
+        pids = [self._ask(q, s, whole=not stop) for q, s in todo]
 
         def progress(done: int, total: int) -> None:
             if self.report is not None:
                 self.report(f"round {self.rounds}", done, total)
 
-        job = partial(run_point, write=run_or_stop) if stop else run_point
-        run_sweep(sweep, self.out, self.executor, progress, job=job)
-        for (q, s), p in zip(todo, points, strict=True):
-            summary = json.loads(summary_path(self.out, p.id).read_text())
+        self.runner.settle([(pid, not stop) for pid in pids], progress)
+        results = {pid: self.runner.result(pid, not stop) for pid in pids}
+        failed = [self.runner.error(pid) for pid, r in results.items() if r is None]
+        if failed:  # as a sweep says it (sim/sweep/resume.py run_sweep)
+            first = failed[0]
+            if len(failed) == len(results) and len({(f["error"], f["exit_code"])
+                                                    for f in failed}) == 1:
+                raise SweepError(first["error"], first["exit_code"])
+            raise SweepError(f"{len(failed)} of {len(results)} points failed (first: point "
+                             f"{first['point']}: {first['error']}); the others are in "
+                             f"{self.out}/points: fix the cause and rerun to finish",
+                             max(f["exit_code"] for f in failed))
+        for (q, s), pid in zip(todo, pids, strict=True):
+            summary = results[pid]
             ok = meets(self.slo, pessimistic(summary, self.slo))
-            self.outcomes[(q, s)] = Outcome(q, s, p.id, summary, ok)
+            self.outcomes[(q, s)] = Outcome(q, s, pid, summary, ok)
 
     def search(self) -> dict[Question, Outcome | None]:
         """Per question its smallest size that meets, or None within the range."""
@@ -340,17 +445,26 @@ def plan(spec: PlanSpec, out: str | Path, executor,
     import pandas as pd
 
     from costmodel.specs import get_spec
-    from sim.io import atomic_write_parquet, atomic_write_text, dumps
+    from sim.io import atomic_write_parquet, atomic_write_text, dumps, folder_lock, remove_stale_tmp
 
     prices = spec.prices or load_gpus()
-    planner = Planner(spec, out, executor, report)
-    answers = planner.search()
-    met = [o for o in answers.values() if o is not None]
-    # cheapest first; at one price the most margin to the SLO first (issue 51). Prices are
-    # checked to cover every GPU (check_spec), so no key is NaN (D11: NaN sorts anywhere).
-    met.sort(key=lambda o: (price_per_hour(o, prices), o.gpus, -margin(o.summary, spec.slo),
-                            o.question.label))
-    buys = planner.buys(met[0] if met else None, answers)
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    with folder_lock(folder, "kvsim plan"):  # one writer per folder
+        remove_stale_tmp(folder)  # a killed writer's leftovers; no writer runs here now
+        planner = Planner(spec, folder, executor, report, prices)
+        try:
+            answers = planner.search()
+            met = [o for o in answers.values() if o is not None]
+            # cheapest first; at one price the most margin to the SLO first (issue 51).
+            # Prices are checked to cover every GPU (check_spec), so no key is NaN (D11:
+            # NaN sorts anywhere).
+            met.sort(key=lambda o: (price_per_hour(o, prices), o.gpus,
+                                    -margin(o.summary, spec.slo), o.question.label))
+            buys = planner.buys(met[0] if met else None, answers)
+        finally:
+            planner.runner.drain()  # (after a failure: what runs still finishes, to resume)
+            remove_stale_tmp(folder)
     rows = []
     for _key, o in sorted(planner.outcomes.items(), key=lambda kv: (kv[0][0].label,
                                                                         str(kv[0][1]))):
