@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sim.cli.main import cli
 from sim.io import dumps
@@ -27,8 +29,9 @@ class FakePoint:
     def __init__(self, q: planmod.Question, size: int) -> None:
         # one replica routes nothing: every router's point is one point (as make_point's)
         router = q.router if size > 1 else "-"
-        self.id = f"{router}-{q.policy}-{size}"
-        self.cfg = (router, q.policy, size)
+        gpu = "" if q.gpu == "H100" else f"-{q.gpu}"
+        self.id = f"{router}-{q.policy}-{size}{gpu}"
+        self.cfg = (router, q.policy, size, q.gpu)
 
 
 class FakePool:
@@ -44,10 +47,10 @@ class FakePool:
         self.log: list[tuple[float, float, str, bool]] = []  # (start, end, point, whole)
 
     def _run(self, cfg, arg) -> tuple[float, dict]:
-        (router, policy, size), (out, whole) = cfg, arg
+        (router, policy, size, gpu), (out, whole) = cfg, arg
         key = router if router != "-" else next(iter(self.curves))
-        p90 = self.curves[key][size]
-        pid = f"{router}-{policy}-{size}"
+        p90 = self.curves[key][size] * (1.0 if gpu == "H100" else 1.5)  # an A100 is slower
+        pid = f"{router}-{policy}-{size}" + ("" if gpu == "H100" else f"-{gpu}")
         summary = {"slo": SLO, "gpus": size, "repeats": 1, "dropped_requests": 0,
                    "aborted": 0}
         missed = p90 > 3.0
@@ -113,7 +116,8 @@ class FakeStream:
 
 
 def fake_plan(tmp_path, monkeypatch, curves, costs, search: str = "up", stream: bool = True,
-              replicas: tuple[int, int] = (1, 8), rounds: bool = False):
+              replicas: tuple[int, int] = (1, 8), rounds: bool = False,
+              gpus: tuple[str, ...] = ("H100",), policies: tuple[str, ...] = ("sglang",)):
     """``plan`` over fake points on a ``FakePool``; the document, the pool, the runner.
     ``stream=False``: the pool has no stream (batches through ``map``); ``rounds``: nothing
     asked before its round asks (no ``Planner._follow``), as before pipelining."""
@@ -132,8 +136,8 @@ def fake_plan(tmp_path, monkeypatch, curves, costs, search: str = "up", stream: 
             m.setattr(FakePool, "stream", None)
         if rounds:
             m.setattr(planmod.Planner, "_follow", lambda self, pid: None)
-        spec = planmod.PlanSpec(base={"slo": SLO, "model": "qwen3-8b"}, gpus=["H100"],
-                                tps=[1], routers=list(curves), policies=["sglang"],
+        spec = planmod.PlanSpec(base={"slo": SLO, "model": "qwen3-8b"}, gpus=list(gpus),
+                                tps=[1], routers=list(curves), policies=list(policies),
                                 loads=[{"sessions": 24}], replicas=replicas, search=search)
         doc = planmod.plan(spec, tmp_path, pool)
     return doc, pool, runners[0]
@@ -163,6 +167,46 @@ def test_pipelined_plan_is_the_round_by_round_plan(tmp_path, monkeypatch) -> Non
     assert prun.runs == rrun.runs == len(jobs)
     # whole: the chosen answer's size one smaller, and the largest size of "never"
     assert sorted(p for p, w in jobs if w) == ["fast-sglang-2", "never-sglang-8"]
+
+
+TTFTS = st.sampled_from([1.0, 2.0, 2.9, 3.0, 3.1, 4.0, 9.0])  # against a 3 s target
+
+
+@st.composite
+def plans(draw):
+    hi = draw(st.integers(1, 6))
+    routers = draw(st.lists(st.sampled_from(["a", "b", "c"]), min_size=1, max_size=3,
+                            unique=True))
+    curves = {r: {n: draw(TTFTS) for n in range(1, hi + 1)} for r in routers}
+    cost = {(r, n, w): draw(st.integers(1, 30)) for r in ["-", *routers]
+            for n in range(1, hi + 1) for w in (False, True)}
+    gpus = draw(st.sampled_from([("H100",), ("A100",), ("H100", "A100")]))
+    policies = draw(st.sampled_from([("sglang",), ("sglang", "penelope")]))
+    return curves, cost, hi, gpus, policies
+
+
+@settings(max_examples=60, deadline=None)
+@given(plans())
+def test_pipelined_plans_are_round_by_round_plans(case) -> None:
+    """Any curves (meeting, missing, bumpy, ties), costs, GPUs at two prices and two
+    policies: the pipelined plan is the round-by-round plan, document and jobs; a point
+    asked for ahead of its round is always one the rounds ask for."""
+    import tempfile
+
+    from _pytest.monkeypatch import MonkeyPatch
+
+    curves, cost, hi, gpus, policies = case
+    docs, jobs = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, (stream, rounds) in enumerate([(True, False), (False, True), (False, False)]):
+            doc, pool, runner = fake_plan(
+                Path(tmp) / str(i), MonkeyPatch(), curves, lambda r, n, w: cost[(r, n, w)],
+                stream=stream, rounds=rounds, replicas=(1, hi), gpus=gpus, policies=policies)
+            docs.append(doc)
+            jobs.append(sorted((p, w) for _, _, p, w in pool.log))
+            assert runner.runs == len(pool.log)
+    assert docs[0] == docs[1] == docs[2]
+    assert jobs[0] == jobs[1] == jobs[2]
 
 
 def test_no_worker_waits_for_a_rounds_last_point(tmp_path, monkeypatch) -> None:
