@@ -40,6 +40,8 @@ class FakePool:
     seconds. ``stream`` hands jobs to free workers as they come; ``map`` (what an executor
     without a stream offers) runs a batch and returns when all of it is done."""
 
+    interrupt_at: int | None = None  # Ctrl-C once that many jobs started
+
     def __init__(self, curves, costs, workers: int = 2) -> None:
         self.curves, self.costs, self.workers = curves, costs, workers
         self.now = 0.0
@@ -109,7 +111,12 @@ class FakeStream:
         self.seq += 1
         heapq.heappush(self.running, (start + cost, self.seq, key, info))
 
+    def stop(self) -> None:
+        self.running = []
+
     def wait(self):
+        if self.pool.interrupt_at is not None and len(self.pool.log) >= self.pool.interrupt_at:
+            raise KeyboardInterrupt
         end, _, key, info = heapq.heappop(self.running)
         self.pool.now = max(self.pool.now, end)
         return [(key, info)]
@@ -352,3 +359,19 @@ def test_a_pool_stream_runs_the_jobs_of_a_broken_pool_again(tmp_path) -> None:
         ex.close()
     assert got == {"a": "a", "kill": "kill", "b": "b"}
     assert Path(marker).exists()
+
+
+def test_ctrl_c_ends_the_running_points_at_once(tmp_path, monkeypatch) -> None:
+    """Interrupted, the plan ends its workers' jobs (``PoolStream.stop``) instead of waiting
+    for them; a rerun runs what did not finish and gives the plan."""
+    stops = []
+    real = FakeStream.stop
+    monkeypatch.setattr(FakeStream, "stop", lambda self: (stops.append(len(self)), real(self)))
+    monkeypatch.setattr(FakePool, "interrupt_at", 5)
+    with pytest.raises(KeyboardInterrupt):
+        fake_plan(tmp_path, monkeypatch, CURVES, costs)
+    assert stops and stops[0] > 0  # it had jobs running, and ended them
+    monkeypatch.setattr(FakePool, "interrupt_at", None)
+    done, _, _ = fake_plan(tmp_path, monkeypatch, CURVES, costs)
+    whole, _, _ = fake_plan(tmp_path / "fresh", monkeypatch, CURVES, costs)
+    assert done == whole

@@ -246,6 +246,11 @@ class PoolStream:
         pool = self._executor._shared_pool(self.slots)
         self._running[pool.submit(_local_call, self._fn, *job)] = (key, job)
 
+    def stop(self) -> None:
+        """Interrupted: drop the jobs in flight and end the workers now."""
+        self._running = {}
+        self._executor._abandon()
+
     def wait(self) -> list[tuple[Any, Any]]:
         """``(key, result)`` of at least one finished job (blocks; none when none runs)."""
         if not self._running:
@@ -271,8 +276,7 @@ class PoolStream:
                     results.append((lost[i][0], res))
             return results
         except BaseException:  # Ctrl-C, or a job's own error: end the workers now
-            self._running = {}
-            self._executor._abandon()
+            self.stop()
             raise
 
 

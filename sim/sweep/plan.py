@@ -462,8 +462,14 @@ def plan(spec: PlanSpec, out: str | Path, executor,
             met.sort(key=lambda o: (price_per_hour(o, prices), o.gpus,
                                     -margin(o.summary, spec.slo), o.question.label))
             buys = planner.buys(met[0] if met else None, answers)
+            planner.runner.drain()  # (nothing runs here: every point asked for was needed)
+        except Exception:  # a point failed: what runs finishes (a rerun resumes it)
+            planner.runner.drain()
+            raise
+        except BaseException:  # Ctrl-C: end the workers now
+            planner.runner.stop()
+            raise
         finally:
-            planner.runner.drain()  # (after a failure: what runs still finishes, to resume)
             remove_stale_tmp(folder)
     rows = []
     for _key, o in sorted(planner.outcomes.items(), key=lambda kv: (kv[0][0].label,

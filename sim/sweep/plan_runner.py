@@ -64,6 +64,9 @@ class BatchStream:
     def submit(self, key: Any, job) -> None:
         self._queued.append((key, job))
 
+    def stop(self) -> None:
+        self._queued = []
+
     def wait(self) -> list[tuple[Any, Any]]:
         batch, self._queued = self._queued, []
         return [(batch[i][0], res) for i, res in self._executor.map(
@@ -172,6 +175,13 @@ class PointRunner:
         """Wait for every job in flight (nothing is left running behind the plan)."""
         while len(self._stream):
             self._collect()
+
+    def stop(self) -> None:
+        """Interrupted: end the jobs in flight now (their points are unfinished: a rerun
+        runs them)."""
+        self._stream.stop()
+        for state in self.states.values():
+            state.running = ""
 
     def _announce(self) -> None:
         while self._settled:
