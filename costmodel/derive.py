@@ -96,10 +96,12 @@ def roofline(gpu_name: str, model: str, tp: int | None = None) -> Profile:
     stated efficiencies and fixed terms, on ``tp`` GPUs (default: the model's ``GPUS``). In
     place of ``EFF_TP``, tensor parallelism pays its two all-reduces per layer over the GPU's
     own link (ring: ``2 (tp-1)/tp x tokens x hidden x 2 bytes`` each, one direction of NVLink
-    where the GPU has it, else PCIe), per token in prefill and per sequence in decode. Named
+    where the GPU has it, else PCIe), per token in prefill and per sequence in decode; a decode
+    step reads each rank's share of the KV from that rank's memory (``kv_bytes_through``: an
+    MLA or DSA latent whole on every rank, KV heads replicated past TP on each). Named
     ``roofline-<gpu>-MODEL[-tpN]`` and labelled "datasheet roofline" in its device and
     provenance: every output that names the profile says it was not measured."""
-    from .gpus import get_gpu, roofline_profile_name
+    from .gpus import get_gpu, kv_bytes_through, roofline_profile_name
 
     gpu, spec = get_gpu(gpu_name), get_spec(model)
     gpus = tp or GPUS.get(model, 1)
@@ -121,7 +123,8 @@ def roofline(gpu_name: str, model: str, tp: int | None = None) -> Profile:
         prefill=PrefillCoeffs(PREFILL_FIXED_S, lin + allreduce / spec.W, attn, 0.0),
         decode=DecodeCoeffs(DECODE_FIXED_S, spec.active_params * spec.dtype_bytes / hbm,
                             DECODE_PER_SEQ_S + allreduce * spec.layers,
-                            spec.kv_bytes_per_token / hbm),
+                            # each rank reads its share: a latent whole on every rank
+                            kv_bytes_through(spec, gpus, gpus) / hbm),
         transfer=TransferCoeffs(pcie, pcie, TRANSFER_LATENCY_S),
         details={
             "derived_by": "costmodel/derive.py roofline",

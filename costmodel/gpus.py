@@ -171,14 +171,15 @@ def shipped_kv_bytes(spec: ModelSpec, tp: int, tokens: int) -> tuple[int, int]:
     return total, rank
 
 
-def copied_kv_bytes_per_token(spec: ModelSpec, tp: int, links: int) -> int:
-    """Bytes a token's KV costs to copy between a replica of ``tp`` ranks and host memory or
-    a shared pool, priced at the summed bandwidth of ``links`` links (a profile's PCIe
-    bandwidth is its GPUs'; a pool's link is the replica's one): each rank copies its own
-    share (``shipped_kv_bytes``: an MLA or DSA latent and replicated KV heads on every rank),
-    the ranks side by side over the links, so a copy takes ``ceil(tp / links)`` ranks' bytes
-    over one link: that many times ``links`` ranks' bytes over the sum."""
-    return -(-tp // links) * links * shipped_kv_bytes(spec, tp, 1)[1]
+def kv_bytes_through(spec: ModelSpec, tp: int, channels: int) -> int:
+    """Bytes a token's KV costs to move through ``channels`` like channels whose summed
+    bandwidth prices the move, on a replica of ``tp`` ranks: copies to host memory or a pool
+    (a profile's PCIe bandwidth is its GPUs'; a pool's link is the replica's one) and a
+    decode step's reads (HBM, the GPUs'). Each rank moves its own share (``shipped_kv_bytes``:
+    an MLA or DSA latent and replicated KV heads on every rank), the ranks side by side, so a
+    move takes ``ceil(tp / channels)`` ranks' bytes through one channel: that many times
+    ``channels`` ranks' bytes through the sum."""
+    return -(-tp // channels) * channels * shipped_kv_bytes(spec, tp, 1)[1]
 
 
 def weight_bytes(spec: ModelSpec) -> int:

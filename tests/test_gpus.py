@@ -148,21 +148,21 @@ def test_vllm_reserve_estimates() -> None:
 def test_copied_kv_bytes_count_every_ranks_share_by_hand() -> None:
     """A copy to host memory or a pool moves each rank's share: a GQA model's KV heads split
     over the ranks (replicated ones counted on every rank), an MLA latent whole on each."""
-    from costmodel.gpus import copied_kv_bytes_per_token
+    from costmodel.gpus import kv_bytes_through
 
     qwen8, llama70 = get_spec("qwen3-8b"), get_spec("llama-3.1-70b")
     qwen235, deepseek = get_spec("qwen3-235b-a22b"), get_spec("deepseek-v3")
-    assert copied_kv_bytes_per_token(qwen8, 1, 1) == qwen8.kv_bytes_per_token == 147_456
+    assert kv_bytes_through(qwen8, 1, 1) == qwen8.kv_bytes_per_token == 147_456
     # 8 KV heads over 8 ranks, one link each: the whole token, as on one GPU
-    assert copied_kv_bytes_per_token(llama70, 8, 8) == llama70.kv_bytes_per_token == 327_680
+    assert kv_bytes_through(llama70, 8, 8) == llama70.kv_bytes_per_token == 327_680
     # 4 KV heads over 8 ranks: each rank keeps one (every head twice)
-    assert copied_kv_bytes_per_token(qwen235, 8, 8) == 2 * qwen235.kv_bytes_per_token
+    assert kv_bytes_through(qwen235, 8, 8) == 2 * qwen235.kv_bytes_per_token
     # MLA: 61 layers x (512 + 64) x 2 bytes on every rank
     assert deepseek.kv_bytes_per_token == 61 * 576 * 2 == 70_272
-    assert copied_kv_bytes_per_token(deepseek, 8, 8) == 8 * 70_272
+    assert kv_bytes_through(deepseek, 8, 8) == 8 * 70_272
     # ranks beyond the links take turns: 8 ranks on one pool link copy 8 latents one by one
-    assert copied_kv_bytes_per_token(deepseek, 8, 1) == 8 * 70_272
-    assert copied_kv_bytes_per_token(llama70, 2, 1) == llama70.kv_bytes_per_token
+    assert kv_bytes_through(deepseek, 8, 1) == 8 * 70_272
+    assert kv_bytes_through(llama70, 2, 1) == llama70.kv_bytes_per_token
 
 
 def test_a_tiered_mla_run_copies_the_latent_of_every_rank() -> None:
@@ -183,3 +183,18 @@ def test_a_tiered_mla_run_copies_the_latent_of_every_rank() -> None:
     summary = json.loads(res.stdout)["runs"][0]["summary"]
     assert summary["loaded_cpu_tokens"] > 0
     assert summary["bytes_h2d"] == summary["loaded_cpu_tokens"] * 8 * 70_272
+
+
+def test_a_roofline_decode_reads_each_ranks_share() -> None:
+    """The datasheet roofline's decode KV read: a GQA model's heads split over the ranks
+    (the whole token over the GPUs' summed bandwidth), an MLA latent read whole by each of
+    the 8 ranks (8 x its bytes over the sum: one latent at one GPU's bandwidth)."""
+    from costmodel.derive import EFF_HBM, roofline
+
+    hbm1 = get_gpu("H200").hbm_tb_s * 1e12 * EFF_HBM
+    llama = roofline("H200", "llama-3.1-70b", 8)
+    assert llama.decode.per_context_token_s == pytest.approx(327_680 / (8 * hbm1), rel=1e-12)
+    deepseek = roofline("H200", "deepseek-v3", 8)
+    assert deepseek.decode.per_context_token_s == pytest.approx(70_272 / hbm1, rel=1e-12)
+    one = roofline("H200", "deepseek-v3", 1)
+    assert one.decode.per_context_token_s == pytest.approx(70_272 / hbm1, rel=1e-12)

@@ -23,7 +23,7 @@ import numpy as np
 import simpy
 from mypy_extensions import mypyc_attr
 
-from costmodel.gpus import copied_kv_bytes_per_token
+from costmodel.gpus import kv_bytes_through
 from costmodel.profile import Profile
 from costmodel.specs import ModelSpec
 from costmodel.units import Units
@@ -127,7 +127,7 @@ class EngineBase:
         self._clock: Clock | None = env if isinstance(env, Clock) else None
         self._seq = 0
         # each rank's share over its GPU's PCIe link (the profile's bandwidth is its GPUs')
-        self.kv_bytes = copied_kv_bytes_per_token(spec, cfg.cache.replica_tp(profile.gpus),
+        self.kv_bytes = kv_bytes_through(spec, cfg.cache.replica_tp(profile.gpus),
                                                   profile.gpus)
         self.tiered = cfg.cache.cpu_cache > 0
         # Copies to the host are charged to the waiting batch when they sit on its critical

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import simpy
 
-from costmodel.gpus import copied_kv_bytes_per_token
+from costmodel.gpus import kv_bytes_through
 from costmodel.units import ranges_units
 from sim.kvcache.events import BlocksDropped, ChainWritten, KVEvent
 from sim.kvcache.node import Tier
@@ -295,7 +295,7 @@ def build_pool(env: simpy.Environment, cfg, spec, profile, engines) -> FleetPool
     return FleetPool(env, SharedPool(pool.size // bs, pool.pool_watermark,
                                      pool.pool_evict_fraction),
                      engines, bs,  # every rank's share over the replica's one link
-                     copied_kv_bytes_per_token(spec, cfg.cache.replica_tp(profile.gpus), 1) * bs,
+                     kv_bytes_through(spec, cfg.cache.replica_tp(profile.gpus), 1) * bs,
                      pool.pool_bandwidth * 1e9,
                      pool.pool_latency_us * 1e-6, pool.pool_write, recompute_seconds)
 
