@@ -264,16 +264,17 @@ def test_sglangs_swa_pool_list_is_its_own() -> None:
     """``SGLANG_SWA_POOL_ARCHS`` is SGLang 0.5.23's ``is_hybrid_swa_model`` allow-list: the
     real function (compiled from the installed source) says yes to each name and, for every
     architecture kvsim reads, what membership says."""
-    import importlib.util
+    from importlib import metadata
     from pathlib import Path
 
     from benchmarks.stubbing import real_definitions
     from costmodel.gpus import SGLANG_SWA_POOL_ARCHS
     from costmodel.hfconfig import ARCHITECTURES
 
-    found = importlib.util.find_spec("sglang")
-    assert found is not None and found.submodule_search_locations
-    source = Path(found.submodule_search_locations[0]) / "srt" / "configs" / "model_config.py"
+    # the installed wheel's file (other tests may register a bare ``sglang`` package)
+    source = Path(str(metadata.distribution("sglang").locate_file(
+        "sglang/srt/configs/model_config.py")))
+    assert source.is_file(), source
     real = real_definitions(source, ("is_hybrid_swa_model", "SWA_SINK_ARCHS",
                                      "MIMO_V2_MODEL_ARCHS"))
     is_hybrid_swa = real["is_hybrid_swa_model"]
