@@ -390,8 +390,8 @@ def sglang_one_pool(spec: ModelSpec, hybrid_swa_memory: bool = True) -> bool:
     kinds = {g.kind for g in spec.groups}
     windows = {g.window for g in spec.groups if g.kind is AttentionKind.SLIDING}
     return (kinds == {AttentionKind.FULL, AttentionKind.SLIDING} and len(windows) == 1
-            and (not hybrid_swa_memory
-                 or spec.architecture not in SGLANG_SWA_POOL_ARCHS | {""}))
+            and (not hybrid_swa_memory or (spec.architecture != ""
+                                           and spec.architecture not in SGLANG_SWA_POOL_ARCHS)))
 
 
 def kv_capacity(spec: ModelSpec, budget: int, tp: int = 1, engine: str | None = None,

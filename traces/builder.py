@@ -69,11 +69,6 @@ class _Open:
     src_new: list[np.ndarray] = field(default_factory=list)
     src_last: np.ndarray | None = None
 
-    def regions(self, n: int) -> np.ndarray:
-        """uint8 regions of the first ``n`` new ids (in request order)."""
-        return np.repeat(np.asarray(self.reg_vals, np.uint8),
-                         np.asarray(self.reg_counts, np.int64))[:n]
-
 
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     """Length of the common prefix of two id arrays (vectorized)."""
@@ -368,7 +363,6 @@ class TraceBuilder:
         # trace holds no second copy of its ids); each scope's ids are numbered apart
         counts = [keep_n[i] for i in order]
         firsts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
-        R = int(firsts[-1])
         new_len = np.asarray([a.shape[0] for i in order for a in ss[i].new[:keep_n[i]]],
                              np.int64)
         new_end = np.concatenate([[0], np.cumsum(new_len)]).astype(np.int64)
@@ -438,7 +432,7 @@ class TraceBuilder:
         pool.setflags(write=False)
         pool_region = region
         pool_region.setflags(write=False)
-        new_start = np.concatenate([[0], np.cumsum(new_len)])[:-1] if R else _EMPTY
+        new_start = new_end[:-1]
         seg_ptr, seg_start, seg_len = _segments(firsts, prefix, new_start, new_len)
         output = col("output", np.int64)
         n_p = prompt // bs

@@ -128,7 +128,7 @@ class EngineBase:
         self._seq = 0
         # each rank's share over its GPU's PCIe link (the profile's bandwidth is its GPUs')
         self.kv_bytes = kv_bytes_through(spec, cfg.cache.replica_tp(profile.gpus),
-                                                  profile.gpus)
+                                         profile.gpus)
         self.tiered = cfg.cache.cpu_cache > 0
         # Copies to the host are charged to the waiting batch when they sit on its critical
         # path (unified demotions, HiCache write-back); HiCache write-through backs up in the
