@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .gpus import decode_read_bytes
 from .profile import DecodeCoeffs, PrefillCoeffs, Profile, TransferCoeffs
 from .specs import ModelSpec, get_spec, model_names
 
@@ -67,14 +68,15 @@ def derive(model: str) -> Profile:
     attn = flops_per_unit / (gpus * H100_BF16_DENSE_FLOPS * EFF_ATTENTION * tp)
     hbm = gpus * H100_HBM_BYTES_PER_S * EFF_HBM * tp
     weights_s = spec.active_params * spec.dtype_bytes / hbm
-    per_ctx = spec.kv_bytes_per_token / hbm
+    per_ctx, per_seq = decode_read_bytes(spec, gpus, gpus)
     pcie = gpus * PCIE5_X16_BYTES_PER_S * EFF_PCIE
     return Profile(
         name=f"derived-h100-{model}", model=model, gpus=gpus,
         device=f"NVIDIA H100 80GB SXM x{gpus} (datasheet)",
         provenance="derived, not measured",
         prefill=PrefillCoeffs(PREFILL_FIXED_S, lin, attn, 0.0),
-        decode=DecodeCoeffs(DECODE_FIXED_S, weights_s, DECODE_PER_SEQ_S, per_ctx),
+        decode=DecodeCoeffs(DECODE_FIXED_S, weights_s, DECODE_PER_SEQ_S + per_seq / hbm,
+                            per_ctx / hbm),
         transfer=TransferCoeffs(pcie, pcie, TRANSFER_LATENCY_S),
         details={
             "derived_by": "costmodel/derive.py",
@@ -97,11 +99,11 @@ def roofline(gpu_name: str, model: str, tp: int | None = None) -> Profile:
     place of ``EFF_TP``, tensor parallelism pays its two all-reduces per layer over the GPU's
     own link (ring: ``2 (tp-1)/tp x tokens x hidden x 2 bytes`` each, one direction of NVLink
     where the GPU has it, else PCIe), per token in prefill and per sequence in decode; a decode
-    step reads each rank's share of the KV from that rank's memory (``kv_bytes_through``: an
-    MLA or DSA latent whole on every rank, KV heads replicated past TP on each). Named
+    step reads what each group's attention reads, each rank its share from its own memory
+    (``decode_read_bytes``), as :func:`derive`'s does. Named
     ``roofline-<gpu>-MODEL[-tpN]`` and labelled "datasheet roofline" in its device and
     provenance: every output that names the profile says it was not measured."""
-    from .gpus import get_gpu, kv_bytes_through, roofline_profile_name
+    from .gpus import get_gpu, roofline_profile_name
 
     gpu, spec = get_gpu(gpu_name), get_spec(model)
     gpus = tp or GPUS.get(model, 1)
@@ -114,6 +116,7 @@ def roofline(gpu_name: str, model: str, tp: int | None = None) -> Profile:
     # all-reduce seconds per token per layer; a linear unit is W per token per layer
     allreduce = 2 * (2 * (gpus - 1) / gpus) * spec.hidden * spec.dtype_bytes / link
     pcie = gpus * gpu.pcie_gb_s * 1e9 * EFF_PCIE
+    per_ctx, per_seq = decode_read_bytes(spec, gpus, gpus)
     link_kind = "NVLink" if gpu.nvlink_gb_s > 0 else "PCIe"
     rates = kind_rates(spec, gpus * peak / H100_BF16_DENSE_FLOPS)
     return Profile(
@@ -122,9 +125,8 @@ def roofline(gpu_name: str, model: str, tp: int | None = None) -> Profile:
         provenance=f"datasheet roofline, not measured: {gpu.source}",
         prefill=PrefillCoeffs(PREFILL_FIXED_S, lin + allreduce / spec.W, attn, 0.0),
         decode=DecodeCoeffs(DECODE_FIXED_S, spec.active_params * spec.dtype_bytes / hbm,
-                            DECODE_PER_SEQ_S + allreduce * spec.layers,
-                            # each rank reads its share: a latent whole on every rank
-                            kv_bytes_through(spec, gpus, gpus) / hbm),
+                            DECODE_PER_SEQ_S + allreduce * spec.layers + per_seq / hbm,
+                            per_ctx / hbm),
         transfer=TransferCoeffs(pcie, pcie, TRANSFER_LATENCY_S),
         details={
             "derived_by": "costmodel/derive.py roofline",

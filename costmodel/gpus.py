@@ -149,37 +149,81 @@ def kv_heads_per_rank(spec: ModelSpec, tp: int, kind: AttentionKind | None = Non
     return max(1, heads // tp)
 
 
+def _rank_share(spec: ModelSpec, tp: int, kind: AttentionKind, nbytes: int) -> int:
+    """One of ``tp`` ranks' share of ``nbytes`` of a ``kind`` group's KV: an MLA or DSA
+    latent whole (every rank holds it), a GQA group's ``kv_heads_per_rank`` of its own heads
+    (replicated heads count on every rank)."""
+    if kind in (AttentionKind.MLA, AttentionKind.DSA) or not nbytes:
+        return nbytes
+    heads = spec.kv_shape(kind)[0]
+    return nbytes * kv_heads_per_rank(spec, tp, kind) // heads
+
+
 def shipped_kv_bytes(spec: ModelSpec, tp: int, tokens: int) -> tuple[int, int]:
     """The KV a request of ``tokens`` context holds, over all ``tp`` ranks and on one rank:
     each group what it keeps (``KVGroup.kv_bytes``: every token, a window's last tokens, a
-    compressed group's entries; the linear state, which goes apart, left out), a rank a GQA
-    group's ``kv_heads_per_rank`` of its own heads (replicated heads count on every rank) and
-    an MLA or DSA group's whole latent (every rank holds it, and a disaggregated decode rank
-    pulls it whole from one prefill rank: SGLang's ``disaggregation/common/conn.py``). A PD
-    link moves one rank's bytes (sim/fleet/pd.py)."""
+    compressed group's entries; the linear state, which goes apart, left out), a rank its
+    ``_rank_share`` (a disaggregated decode rank pulls an MLA or DSA latent whole from one
+    prefill rank: SGLang's ``disaggregation/common/conn.py``). A PD link moves one rank's
+    bytes (sim/fleet/pd.py)."""
     total = rank = 0
     if tokens <= 0:
         return 0, 0
     for g in spec.groups:
         held = g.kv_bytes(tokens) - g.state_bytes_per_request
         total += held
-        if g.kind in (AttentionKind.MLA, AttentionKind.DSA):
-            rank += held
-        elif held:  # K and V per head: an exact share of the group's bytes
-            heads = spec.kv_shape(g.kind)[0]
-            rank += held * kv_heads_per_rank(spec, tp, g.kind) // heads
+        rank += _rank_share(spec, tp, g.kind, held)
     return total, rank
 
 
+def _through(tp: int, channels: int, rank_bytes: int) -> int:
+    """Bytes that price a move of ``rank_bytes`` on each of ``tp`` ranks, the ranks side by
+    side, through ``channels`` like channels whose summed bandwidth prices it: a move takes
+    ``ceil(tp / channels)`` ranks' bytes through one channel, that many times ``channels``
+    ranks' bytes through the sum."""
+    return -(-tp // channels) * channels * rank_bytes
+
+
 def kv_bytes_through(spec: ModelSpec, tp: int, channels: int) -> int:
-    """Bytes a token's KV costs to move through ``channels`` like channels whose summed
-    bandwidth prices the move, on a replica of ``tp`` ranks: copies to host memory or a pool
-    (a profile's PCIe bandwidth is its GPUs'; a pool's link is the replica's one) and a
-    decode step's reads (HBM, the GPUs'). Each rank moves its own share (``shipped_kv_bytes``:
-    an MLA or DSA latent and replicated KV heads on every rank), the ranks side by side, so a
-    move takes ``ceil(tp / channels)`` ranks' bytes through one channel: that many times
-    ``channels`` ranks' bytes through the sum."""
-    return -(-tp // channels) * channels * shipped_kv_bytes(spec, tp, 1)[1]
+    """Bytes a token's KV costs to copy through ``channels`` (``_through``) on a replica of
+    ``tp`` ranks: to host memory or a pool (a profile's PCIe bandwidth is its GPUs'; a pool's
+    link is the replica's one). Each rank copies its ``_rank_share`` of every group's bytes
+    per token (``KVGroup.kv_bytes_per_token``: a compressed group's entry spread over the
+    tokens it stands for)."""
+    return _through(tp, channels, sum(_rank_share(spec, tp, g.kind, g.kv_bytes_per_token)
+                                      for g in spec.groups))
+
+
+def decode_read_bytes(spec: ModelSpec, tp: int, channels: int) -> tuple[int, int]:
+    """Bytes one decode step reads for one sequence, per token of its context and per
+    sequence, through ``channels`` (``_through``: HBM, each rank its ``_rank_share``). Each
+    group reads what its attention reads at the new token (docs/hybrid.md, Decode):
+    full and MLA layers every token; a sliding layer its window; a chunked layer its current
+    chunk, half a chunk on average; a DSA layer the ``index_topk`` latent entries its indexer
+    picks and every token's indexer key; a compressed layer its entries, the ``index_topk``
+    picked ones where it has an indexer (and every indexer key); a linear layer its state,
+    read and written. Capped reads are priced at the cap: a context shorter than the window
+    or the top-k is over-priced by at most the cap's bytes a step (at 100K-token agent
+    contexts every sequence is past it)."""
+    per_token = per_seq = 0
+    for g in spec.groups:
+        nbytes, indexer = g.kv_bytes_per_token, g.indexer_bytes_per_token
+        if g.kind is AttentionKind.LINEAR:
+            per_seq += 2 * -(-g.state_bytes_per_request // tp)
+        elif g.kind is AttentionKind.SLIDING:
+            per_seq += _rank_share(spec, tp, g.kind, (g.window or 1) * nbytes)
+        elif g.kind is AttentionKind.CHUNKED:
+            per_seq += _rank_share(spec, tp, g.kind, ((g.window or 1) + 1) // 2 * nbytes)
+        elif g.kind is AttentionKind.DSA:
+            per_token += indexer
+            per_seq += spec.index_topk * (nbytes - indexer)
+        elif g.kind is AttentionKind.COMPRESSED and g.indexer_layers:
+            per_token += _rank_share(spec, tp, g.kind, indexer)
+            per_seq += _rank_share(spec, tp, g.kind,
+                                   spec.index_topk * (nbytes - indexer) * g.compress_ratio)
+        else:  # full, MLA, compressed without an indexer: every token (entry)
+            per_token += _rank_share(spec, tp, g.kind, nbytes)
+    return _through(tp, channels, per_token), _through(tp, channels, per_seq)
 
 
 def weight_bytes(spec: ModelSpec) -> int:

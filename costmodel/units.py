@@ -221,10 +221,14 @@ def rerotation_bytes(spec: ModelSpec, tokens: int) -> int:
 
 def rerotation_seconds(spec: ModelSpec, profile: Profile, tokens: int) -> float:
     """A bandwidth-bound pass over the moved keys: ``rerotation_bytes`` over the profile's
-    memory bandwidth, taken from its decode KV-read coefficient (``kv_bytes_per_token /
-    decode.per_context_token_s``: the bandwidth decode steps already read KV at)."""
+    memory bandwidth, taken from its decode KV-read coefficient (the bytes a decode step reads
+    per context token, ``costmodel/gpus.py`` ``decode_read_bytes``, over
+    ``decode.per_context_token_s``: the bandwidth decode steps already read KV at)."""
+    from .gpus import decode_read_bytes
+
     per_token = profile.decode.per_context_token_s
-    if tokens <= 0 or per_token <= 0:
+    read = decode_read_bytes(spec, profile.gpus, profile.gpus)[0]
+    if tokens <= 0 or per_token <= 0 or read <= 0:
         return 0.0
-    bandwidth = spec.kv_bytes_per_token / per_token
+    bandwidth = read / per_token
     return rerotation_bytes(spec, tokens) / bandwidth

@@ -165,6 +165,77 @@ def test_copied_kv_bytes_count_every_ranks_share_by_hand() -> None:
     assert kv_bytes_through(llama70, 2, 1) == llama70.kv_bytes_per_token
 
 
+def test_copied_kv_bytes_keep_every_groups_bytes() -> None:
+    """A copied token carries every group's bytes: DeepSeek-V4's compressed entries (one per
+    4 or 128 tokens, spread over the tokens) beside its sliding layers' K/V."""
+    from costmodel.gpus import kv_bytes_through
+
+    v4 = get_spec("deepseek-v4-flash")
+    compressed = sum(g.kv_bytes_per_token for g in v4.groups if g.kind == "compressed")
+    assert compressed > 0
+    assert kv_bytes_through(v4, 1, 1) == v4.kv_bytes_per_token
+
+
+def _brute_decode_read(spec, context: int) -> int:
+    """What one decode step of a sequence of ``context`` tokens reads on one GPU, group by
+    group from what its attention sees: every held token of a full, MLA or sliding group
+    (a window group holds exactly what it reads), the top-k latent entries and every indexer
+    key of a DSA group, the picked entries and every indexer key of a compressed group with an
+    indexer, a linear group's state read and written."""
+    total = 0
+    for g in spec.groups:
+        if g.kind == "linear":
+            total += 2 * g.state_bytes_per_request
+        elif g.kind == "dsa":
+            latent = g.kv_bytes_per_token - g.indexer_bytes_per_token
+            total += min(context, spec.index_topk) * latent + context * g.indexer_bytes_per_token
+        elif g.kind == "compressed" and g.indexer_layers:
+            r = g.compress_ratio
+            entry = (g.kv_bytes_per_token - g.indexer_bytes_per_token) * r
+            total += min(context // r, spec.index_topk) * entry \
+                + context // r * g.indexer_bytes_per_token * r
+        else:
+            total += g.kv_bytes(context) - g.state_bytes_per_request
+    return total
+
+
+@pytest.mark.parametrize("model", ["qwen3-32b", "gpt-oss-120b", "gemma-4-31b", "deepseek-v3",
+                                   "deepseek-v3.2", "glm-5.2", "deepseek-v4-flash",
+                                   "qwen3-next-80b-a3b", "qwen3.5-27b"])
+def test_decode_reads_what_each_groups_attention_reads(model: str) -> None:
+    """Past every cap (window, top-k), a decode step's priced read equals the group-by-group
+    count at any context; a compressed group's entries are counted whole, so the closed form
+    (entries spread over their tokens) is within one entry per compressed group."""
+    from costmodel.gpus import decode_read_bytes
+
+    spec = get_spec(model)
+    per_token, per_seq = decode_read_bytes(spec, 1, 1)
+    slack = sum(g.kv_bytes_per_token * g.compress_ratio for g in spec.groups
+                if g.kind == "compressed")
+    cap = max([g.window or 0 for g in spec.groups] + [spec.index_topk * 128])
+    for context in (cap, cap + 1, 3 * cap + 77, 100_000 + cap, 1_000_003):
+        assert abs(per_token * context + per_seq - _brute_decode_read(spec, context)) <= slack, \
+            context
+
+
+def test_decode_reads_under_tp_by_hand() -> None:
+    """Each rank reads its share at its own bandwidth: qwen3-235b's 4 KV heads on 8 ranks are
+    read twice over; an MLA latent whole on every rank; DSA reads top-k latents per sequence."""
+    from costmodel.derive import H100_HBM_BYTES_PER_S, derive
+    from costmodel.gpus import decode_read_bytes
+
+    qwen235, dsv32 = get_spec("qwen3-235b-a22b"), get_spec("deepseek-v3.2")
+    assert decode_read_bytes(qwen235, 8, 8) == (2 * qwen235.kv_bytes_per_token, 0)
+    assert decode_read_bytes(get_spec("deepseek-v3"), 8, 8) == (8 * 70_272, 0)
+    # 61 layers: latent (512 + 64) x 2 bytes, top-2048 of them; indexer keys every token
+    assert decode_read_bytes(dsv32, 1, 1) == (dsv32.groups[0].indexer_bytes_per_token,
+                                              2048 * 61 * 576 * 2)
+    # the derived H100 profile reads at one GPU's bandwidth (x efficiencies) per rank
+    prof = derive("qwen3-235b-a22b")
+    hbm = 8 * H100_HBM_BYTES_PER_S * 0.80 * 0.85
+    assert prof.decode.per_context_token_s == pytest.approx(2 * qwen235.kv_bytes_per_token / hbm)
+
+
 def test_a_tiered_mla_run_copies_the_latent_of_every_rank() -> None:
     """deepseek-v3 on 8 x B200 with a CPU tier: every rank loads its own copy of a block's
     latent, so the bytes moved (and priced over the profile's 8 PCIe links) are 8 latents a
