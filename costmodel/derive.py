@@ -67,7 +67,7 @@ def derive(model: str) -> Profile:
     lin = flops_per_unit / (gpus * H100_BF16_DENSE_FLOPS * EFF_LINEAR * tp)
     attn = flops_per_unit / (gpus * H100_BF16_DENSE_FLOPS * EFF_ATTENTION * tp)
     hbm = gpus * H100_HBM_BYTES_PER_S * EFF_HBM * tp
-    weights_s = spec.active_params * spec.dtype_bytes / hbm
+    weights_s = spec.weight_read_bytes() / hbm
     per_ctx, per_seq = decode_read_bytes(spec, gpus, gpus)
     pcie = gpus * PCIE5_X16_BYTES_PER_S * EFF_PCIE
     return Profile(
@@ -124,7 +124,7 @@ def roofline(gpu_name: str, model: str, tp: int | None = None) -> Profile:
         device=f"{gpu.name} x{gpus} (datasheet roofline)",
         provenance=f"datasheet roofline, not measured: {gpu.source}",
         prefill=PrefillCoeffs(PREFILL_FIXED_S, lin + allreduce / spec.W, attn, 0.0),
-        decode=DecodeCoeffs(DECODE_FIXED_S, spec.active_params * spec.dtype_bytes / hbm,
+        decode=DecodeCoeffs(DECODE_FIXED_S, spec.weight_read_bytes() / hbm,
                             DECODE_PER_SEQ_S + allreduce * spec.layers + per_seq / hbm,
                             per_ctx / hbm),
         transfer=TransferCoeffs(pcie, pcie, TRANSFER_LATENCY_S),

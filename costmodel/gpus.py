@@ -20,9 +20,9 @@ MLA's latent on every rank; docs/hybrid.md, Capacity in bytes).
 the estimated activation peak and CUDA graphs) are chosen in ``sim/deploy.py``
 ``memory_rule``; ``kv_cache_tokens``' 0.9 default is a plain number, neither engine's.
 
-``weight_bytes`` is ``ModelSpec.total_params * dtype_bytes`` (every expert, an untied head): it
-overstates models that tie their embeddings (gemma-3) or ship 4-bit experts (gpt-oss), which
-``notes`` say. The catalog (``costmodel/data/gpus.yaml``) is data with its sources.
+``weight_bytes`` is ``ModelSpec.weight_bytes``: every parameter (every expert, an untied
+head) as the checkpoint stores it (fp8 linear layers, MXFP4 experts: its quantization_config).
+The catalog (``costmodel/data/gpus.yaml``) is data with its sources.
 """
 
 from __future__ import annotations
@@ -227,7 +227,7 @@ def decode_read_bytes(spec: ModelSpec, tp: int, channels: int) -> tuple[int, int
 
 
 def weight_bytes(spec: ModelSpec) -> int:
-    return spec.total_params * spec.dtype_bytes
+    return spec.weight_bytes
 
 
 # --- KV capacity per KV cache group, in each engine's own terms (docs/hybrid.md, Capacity in

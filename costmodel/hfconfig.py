@@ -86,7 +86,6 @@ REFUSED = {
     "layers_block_type": "hybrid attention/state-space layers",
     "hybrid_override_pattern": "hybrid attention/state-space layers",
     "attn_layer_period": "hybrid attention/state-space layers",
-    "quantization_config": "quantized weights",
     "text_config": "a multimodal model (give its language model's config.json)",
 }
 REFUSED_PREFIXES = ("mamba", "ssm_")  # state-space layers (Mamba, Jamba, Nemotron-H, ...)
@@ -100,6 +99,10 @@ REFUSED_VALUES = {
 # swa_head_dim, swa_v_head_dim)
 REFUSED_SWA_PREFIX = "swa_"
 DTYPES = ("bfloat16", "float16", "float32")  # served in 16 bits (vLLM's dtype=auto)
+# quantization_config.quant_method -> the weights it stores quantized (ModelSpec fields):
+# fp8 every linear layer, experts too, in 128 x 128 blocks (DeepSeek-V3/V3.2, Kimi-K2); mxfp4
+# the routed experts, attention, router, embeddings and head left in bf16 (gpt-oss)
+QUANT_METHODS = {"fp8": {"weight_dtype": "fp8"}, "mxfp4": {"expert_weight_dtype": "mxfp4"}}
 HINT = "not modelled (docs/models.md, Models from config.json)"
 
 
@@ -120,6 +123,20 @@ def _refuse(raw: dict[str, Any], where: str) -> None:
     if raw.get("use_sliding_window") is True and raw.get("max_window_layers") is not None:
         raise ModelConfigError(where, "max_window_layers",
                                f"sliding windows on some layers by max_window_layers: {HINT}")
+
+
+def _weight_fields(raw: dict[str, Any], where: str) -> dict[str, str]:
+    """The stored weights' dtypes from ``quantization_config`` (``QUANT_METHODS``); other
+    methods refused by name."""
+    quant = raw.get("quantization_config")
+    if quant is None:
+        return {}
+    method = quant.get("quant_method") if isinstance(quant, dict) else None
+    if method not in QUANT_METHODS:
+        raise ModelConfigError(where, "quantization_config", f"quant_method {method!r}: "
+                               f"weights quantized other than {', '.join(QUANT_METHODS)}: "
+                               f"{HINT}")
+    return dict(QUANT_METHODS[method])
 
 
 # config.json layer_types values -> the kind of that layer ("full_attention" is the model's
@@ -436,7 +453,8 @@ def spec_fields(raw: Any, where: str) -> dict[str, Any]:
         layers=layers, hidden=hidden, q_heads=heads, kv_heads=kv_heads, head_dim=head_dim,
         vocab=_int(raw, "vocab_size", where),
         max_context=_int(raw, "max_position_embeddings", where), tied_embeddings=tied,
-        architecture=arch[0], **_attention_fields(raw, layers, where))
+        architecture=arch[0], **_attention_fields(raw, layers, where),
+        **_weight_fields(raw, where))
     count_key = next((k for k in ("num_local_experts", "num_experts", "n_routed_experts")
                       if raw.get(k) is not None), None)
     experts = 0 if count_key is None else _int(raw, count_key, where, minimum=0)

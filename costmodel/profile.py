@@ -171,11 +171,8 @@ def server_terms(prof: Profile, link_bytes_per_s: float | None = None,
       ``PREFILL_FIXED_S``): host time, which the kernel tables (GPU kernels timed alone)
       hold none of; paid beside the GPU step."""
     spec, tp = prof.spec, prof.gpus
-    read_whole = spec.active_params  # what ``decode.weights_s`` reads; an experts_s holds
-    if prof.decode.experts_s:  # the routed experts apart
-        read_whole -= (3 * spec.hidden * spec.expert_ffn * spec.active_experts
-                       * (spec.layers - spec.dense_layers))
-    weights = read_whole * spec.dtype_bytes / tp
+    # what ``decode.weights_s`` reads; an experts_s holds the routed experts apart
+    weights = spec.weight_read_bytes(routed=not prof.decode.experts_s) / tp
     lm = spec.vocab * spec.hidden * spec.dtype_bytes / tp
     step = prof.decode.weights_s * lm / weights if weights > 0 and spec.vocab else 0.0
     notes = [f"LM head read: {step * 1e3:.2f} ms a step ({lm / 1e9:.2f} GB per GPU at the "

@@ -50,6 +50,10 @@ class AttentionKind(StrEnum):
 # bits per KV element (``--kv-dtype``); fp4's block scales are not counted (as the public
 # kvcache-simulator catalog counts it: 0.5 bytes per element)
 KV_DTYPE_BITS = {"bf16": 16, "fp8": 8, "fp4": 4}
+# Stored weight bytes per parameter (numerator, denominator) of a quantized checkpoint
+# (config.json quantization_config): fp8 (DeepSeek's 128 x 128 blocks, one fp32 scale per
+# 16,384 weights, not counted), MXFP4 (gpt-oss's experts: 4 bits and one 8-bit scale per 32)
+WEIGHT_DTYPE_BYTES = {"bf16": (2, 1), "fp8": (1, 1), "mxfp4": (17, 32)}
 # Gated DeltaNet state as SGLang 0.5.23 keeps it (and the public catalog counts it): the
 # convolution window in bf16, the recurrent state in fp32 (SGLANG_MAMBA_SSM_DTYPE)
 CONV_STATE_BYTES = 2
@@ -139,6 +143,11 @@ class ModelSpec:
     max_context: int = 131072
     vocab: int = 0
     dtype_bytes: int = 2  # bf16 weights (the KV: kv_dtype; gpus.py's KV cells still read this)
+    # a quantized checkpoint's weights (``WEIGHT_DTYPE_BYTES``; "": ``dtype_bytes``): the
+    # linear layers' (projections, dense and shared FFNs) and the routed experts' ("": the
+    # linear layers'); embeddings and the LM head stay at ``dtype_bytes``
+    weight_dtype: str = ""
+    expert_weight_dtype: str = ""
     layer_windows: tuple[int | None, ...] = ()
     # Mixed dense/MoE models (config.json first_k_dense_replace, decoder_sparse_step,
     # mlp_only_layers): ``dense_layers`` of the ``layers`` run a dense FFN of width
@@ -204,6 +213,10 @@ class ModelSpec:
         if self.kv_dtype not in KV_DTYPE_BITS:
             raise ValueError(f"{self.name}: kv_dtype {self.kv_dtype!r}: one of "
                              f"{', '.join(KV_DTYPE_BITS)}")
+        for f in ("weight_dtype", "expert_weight_dtype"):
+            if getattr(self, f) not in ("", *WEIGHT_DTYPE_BYTES):
+                raise ValueError(f"{self.name}: {f} {getattr(self, f)!r}: one of "
+                                 f"{', '.join(WEIGHT_DTYPE_BYTES)}")
         if self.layer_kinds and len(self.layer_kinds) != self.layers:
             raise ValueError(f"{self.name}: layer_kinds has {len(self.layer_kinds)} entries")
         known = set(AttentionKind)
@@ -583,6 +596,38 @@ class ModelSpec:
         return self.linear_macs_all_layers
 
     @property
+    def _routed_expert_params(self) -> int:
+        """Parameters of one routed expert over every MoE layer (gate, up, down)."""
+        return 3 * self.hidden * self.expert_ffn * (self.layers - self.dense_layers)
+
+    def _stored_bytes(self, params: int, dtype: str) -> int:
+        if not dtype:
+            return params * self.dtype_bytes
+        num, den = WEIGHT_DTYPE_BYTES[dtype]
+        return -(-params * num // den)
+
+    def _weights(self, routed: int, linear: int) -> int:
+        return (self._stored_bytes(routed, self.expert_weight_dtype or self.weight_dtype)
+                + self._stored_bytes(linear, self.weight_dtype))
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of every weight as the checkpoint stores them (``total_params``: routed
+        experts at ``expert_weight_dtype``, the other linear layers at ``weight_dtype``, the
+        embeddings and the head at ``dtype_bytes``): what the GPUs hold."""
+        routed = self._routed_expert_params * self.experts
+        embeddings = (1 if self.tied_embeddings else 2) * self.vocab * self.hidden
+        return (self._weights(routed, self.total_params - embeddings - routed)
+                + embeddings * self.dtype_bytes)
+
+    def weight_read_bytes(self, routed: bool = True) -> int:
+        """Bytes of ``active_params`` as stored: what a decode step reads of the weights
+        (``routed=False``: the routed experts left out, for a profile that prices them
+        apart)."""
+        active_routed = self._routed_expert_params * self.active_experts
+        return self._weights(active_routed if routed else 0, self.active_params - active_routed)
+
+    @property
     def total_params(self) -> int:
         """Linear-layer parameters incl. every expert, plus the embeddings and the LM head
         (counted once when tied)."""
@@ -619,6 +664,10 @@ class ModelSpec:
             "windows": sorted({w for w in self.windows() if w is not None}),
             "max_context": self.max_context,
             "total_params": self.total_params,
+            "weight_dtype": self.weight_dtype or f"{8 * self.dtype_bytes}-bit",
+            "expert_weight_dtype": (self.expert_weight_dtype or self.weight_dtype
+                                    or f"{8 * self.dtype_bytes}-bit") if self.experts else None,
+            "weight_bytes": self.weight_bytes,
             "source": self.source,
         }
 
@@ -656,7 +705,8 @@ register(ModelSpec("gpt-oss-120b", layers=36, hidden=2880, q_heads=64, kv_heads=
                    head_dim=64, experts=128, active_experts=4, expert_ffn=2880, vocab=201088,
                    max_context=131072, layer_windows=_alternating(36, 128, 2, 1),
                    source="openai/gpt-oss-120b", architecture="GptOssForCausalLM",
-                   notes="attention sinks and biases ignored; weights MXFP4 in practice"))
+                   expert_weight_dtype="mxfp4",  # config.json quantization_config
+                   notes="attention sinks and biases ignored"))
 # gemma-3-27b: five local layers (window 1024) then one global layer.
 register(ModelSpec("gemma-3-27b", layers=62, hidden=5376, q_heads=32, kv_heads=16,
                    head_dim=128, ffn=21504, vocab=262208, max_context=131072,

@@ -249,7 +249,7 @@ def test_a_tiered_mla_run_copies_the_latent_of_every_rank() -> None:
     res = CliRunner().invoke(cli, [
         "run", "--trace", "synthetic:claude-code?sessions=6", "--gaps", "tool",
         "--sessions", "6", "--model", "deepseek-v3", "--gpu", "B200", "--tp", "8",
-        "--cpu-cache", "200k", "--preset", "sglang", "--json"])
+        "--gpu-cache", "2GiB", "--cpu-cache", "200k", "--preset", "sglang", "--json"])
     assert res.exit_code == 0, res.output
     summary = json.loads(res.stdout)["runs"][0]["summary"]
     assert summary["loaded_cpu_tokens"] > 0
@@ -269,3 +269,26 @@ def test_a_roofline_decode_reads_each_ranks_share() -> None:
     assert deepseek.decode.per_context_token_s == pytest.approx(70_272 / hbm1, rel=1e-12)
     one = roofline("H200", "deepseek-v3", 1)
     assert one.decode.per_context_token_s == pytest.approx(70_272 / hbm1, rel=1e-12)
+
+
+def test_quantized_weights_by_hand() -> None:
+    """Weights as the checkpoint stores them: gpt-oss-120b's routed experts in MXFP4 (4 bits
+    and an 8-bit scale per 32: 17/32 byte a weight), the rest in bf16; DeepSeek-V3's linear
+    layers in fp8, its embeddings and head in bf16. On one H100 gpt-oss-120b leaves room for a
+    KV cache, as it is served; on 8 x H200 DeepSeek-V3 too."""
+    oss, ds = get_spec("gpt-oss-120b"), get_spec("deepseek-v3")
+    experts = 36 * 128 * 3 * 2880 * 2880
+    embeddings = 2 * 201088 * 2880
+    assert oss.weight_bytes == -(-experts * 17 // 32) + (oss.total_params - experts) * 2
+    assert 64e9 < oss.weight_bytes < 66e9  # the published checkpoint: about 65 GB
+    active = 36 * 4 * 3 * 2880 * 2880
+    assert oss.weight_read_bytes() == -(-active * 17 // 32) + (oss.active_params - active) * 2
+    assert oss.weight_read_bytes(routed=False) == (oss.active_params - active) * 2
+    ds_embeddings = 2 * 129280 * 7168
+    assert ds.weight_bytes == ds.total_params - ds_embeddings + 2 * ds_embeddings
+    assert ds.weight_read_bytes() == ds.active_params
+    assert embeddings and kv_cache_tokens(oss, get_gpu("H100"), tp=1, mem_fraction=0.9).tokens > 0
+    assert kv_cache_tokens(ds, get_gpu("H200"), tp=8, mem_fraction=0.9).tokens > 0
+    qwen = get_spec("qwen3-32b")  # unquantized: dtype_bytes, as ever
+    assert qwen.weight_bytes == qwen.total_params * 2
+    assert qwen.weight_read_bytes() == qwen.active_params * 2

@@ -20,7 +20,7 @@ from click.testing import CliRunner
 from costmodel.errors import ModelConfigError
 from costmodel.hfconfig import MAX_BYTES, catalog_entries, load_spec, spec_fields
 from costmodel.profile import load_profile
-from costmodel.specs import SPECS, get_spec
+from costmodel.specs import SPECS, ModelSpec, get_spec
 from sim.cli.main import cli
 
 HF = Path(__file__).parent / "fixtures" / "hf"
@@ -111,7 +111,8 @@ def test_dense_layers_mixed_into_an_moe(tmp_path: Path) -> None:
     ("linear_attn_config", {"kda_layers": [1]}), ("attn_type_list", [0, 1]),
     ("layers_block_type", ["attention", "mamba"]), ("hybrid_override_pattern", "M-M*"),
     ("attn_layer_period", 8), ("attention_chunk_size", 8192), ("mamba_d_state", 128),
-    ("ssm_state_size", 128), ("quantization_config", {"quant_method": "fp8"}),
+    ("ssm_state_size", 128), ("quantization_config", {"quant_method": "awq"}),
+    ("quantization_config", "fp8"),
     ("text_config", {"hidden_size": 8}), ("kv_source_layer_ids", [2, 8]),
 ])
 def test_hybrid_markers_refused_by_name(field: str, value: object, tmp_path: Path) -> None:
@@ -120,6 +121,24 @@ def test_hybrid_markers_refused_by_name(field: str, value: object, tmp_path: Pat
         load_spec(path)
     assert str(e.value).startswith(f"{path}: field {field!r}: ")
     assert "not modelled" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("quant,fields", [
+    ({"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]},
+     {"weight_dtype": "fp8"}),
+    ({"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn"]},
+     {"expert_weight_dtype": "mxfp4"}),
+])
+def test_quantized_weights_are_read(quant: dict, fields: dict) -> None:
+    """fp8 (DeepSeek's blocks) stores every linear layer in a byte; MXFP4 (gpt-oss) the
+    routed experts in 17/32 of one: the weights the GPUs hold shrink, nothing else moves."""
+    raw = fixture("qwen1.5-moe-a2.7b")
+    plain = ModelSpec("m", **spec_fields(raw, "x"))
+    got = spec_fields({**raw, "quantization_config": quant}, "x")
+    assert {k: got[k] for k in fields} == fields
+    spec = ModelSpec("m", **got)
+    assert spec.groups == plain.groups and spec.total_params == plain.total_params
+    assert spec.weight_bytes < plain.weight_bytes == plain.total_params * 2
 
 
 def test_markers_that_ask_for_nothing_are_read() -> None:
