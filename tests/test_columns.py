@@ -70,21 +70,6 @@ def test_an_empty_request_table_is_the_recorders_empty_table():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.data())
-def test_joined_tables_are_pandas_concat(data):
-    """Replicas' tables one after the other: ``pd.concat(ignore_index=True)`` of their frames,
-    a column of mixed kinds widened as pandas widens it (int and float to float, bool and a
-    number to objects)."""
-    width = data.draw(st.integers(1, 4))
-    parts = []
-    for _ in range(data.draw(st.integers(1, 4))):
-        kinds = tuple(data.draw(st.sampled_from(("int", "float", "bool"))) for _ in range(width))
-        parts.append(data.draw(tables(n=data.draw(st.integers(1, 12)), kinds=kinds))[1])
-    _equal(ColumnTable.concat(parts).frame(),
-           pd.concat([p.frame() for p in parts], ignore_index=True))
-
-
-@settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from([0.0, 0.5, 1.0, 2.5]), st.integers(0, 5)),
                 max_size=40))
 def test_rows_in_send_order_are_pandas_stable_sort(rows):

@@ -104,6 +104,13 @@ def test_one_replica_equals_single_server_for_every_router(engine):
             single.requests), router
         assert fleet.summary["replicas"] == 1 and fleet.summary["affinity"] == 1.0
         assert fleet.summary["routed_ideal_hit_rate"] == single.summary["ideal_hit_rate"]
+        # the one replica's own summary is the server's too, field for field in its order
+        (own,) = fleet.summary["replica_summaries"]
+        scalars = [k for k, v in single.summary.items() if k in own]
+        assert scalars == [k for k in own if k not in ("routed_ideal_hit_rate", "replica")]
+        for k in scalars:
+            v = single.summary[k]
+            assert own[k] == v or (v != v and own[k] != own[k]), (router, k)
 
 
 

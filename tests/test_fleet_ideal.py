@@ -1,4 +1,4 @@
-"""A fleet's two ideals (sim/fleet/fleet.py, sim/fleet/results.py ``ideal_columns``):
+"""A fleet's two ideals (sim/fleet/fleet.py, sim/fleet/results.py ``fleet_columns``):
 ``ideal_hit_tokens`` / ``ideal_hit_rate``, the prefix an unlimited cache shared by every replica
 holds at each admission (the trace's own, whatever the router), and
 ``routed_ideal_hit_tokens`` / ``routed_ideal_hit_rate``, each replica's own unlimited cache

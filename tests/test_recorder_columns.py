@@ -122,6 +122,49 @@ def test_absorb_joins_rows_in_order():
     assert math.isfinite(a.table()["end_s"].iloc[0])
 
 
+def _session_times() -> RunRecorder:
+    """A fleet's own recorder: the replay times its sessions (sim/fleet/results.py)."""
+    sessions = _recorder()
+    sessions.session_started(0, 0.0)
+    sessions.session_ended(0, 9.0)
+    sessions.session_started(1, 2.0)
+    sessions.session_ended(1, 5.5)
+    return sessions
+
+
+@settings(max_examples=25, deadline=None)
+@given(sizes=st.lists(st.sampled_from([0, 0, 5, 12]), min_size=1, max_size=5),
+       home=st.lists(st.integers(0, 4), min_size=2, max_size=2))
+def test_parts_summaries_and_merge_are_each_parts_own(sizes, home):
+    """``RunRecorder.summaries``: each part's summary as it alone gives it after adopting its
+    home sessions (an empty part's computed once and copied: no field differs), and
+    ``RunRecorder.merged``: the parts absorbed one after another under the fleet's sessions
+    (the table a fleet run's result is built from)."""
+    sessions = _session_times()
+    homes = [[s for s in (0, 1) if home[s] % len(sizes) == i] for i in range(len(sizes))]
+    parts, alone = [], []
+    for n in sizes:
+        for copy in (parts, alone):
+            copy.append(_recorder())
+            if n:
+                _record_run(copy[-1], n=n, leave_open=1)
+    got = RunRecorder.summaries(parts, sessions, homes, 50.0, 16)
+    for part, mine, s in zip(alone, homes, got, strict=True):
+        part.adopt_sessions(sessions, mine)
+        expect = {k: v for k, v in part.summary(50.0, 16).items()
+                  if not isinstance(v, dict | list)}
+        assert list(s) == list(expect)
+        assert all(s[k] == v or (v != v and s[k] != s[k]) for k, v in expect.items())
+    merged = RunRecorder.merged(parts, sessions)
+    one = _recorder()
+    for part in parts:
+        one.absorb(part)
+    pd.testing.assert_frame_equal(merged.table(), one.table())
+    assert merged.counters == one.counters and merged.hist.tolist() == one.hist.tolist()
+    assert (merged.session_start, merged.session_end) == (sessions.session_start,
+                                                          sessions.session_end)
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(st.integers(-10, 700_000), st.integers(-10, 300_000)), max_size=6))
 def test_the_position_histogram_counts_each_position_in_its_bin(ranges) -> None:

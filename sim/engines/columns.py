@@ -73,21 +73,6 @@ class ColumnTable:
             cols.insert(len(cols) if at is None else at, (name, values))
         return ColumnTable(dict(cols), self._strings)
 
-    @classmethod
-    def concat(cls, parts: list[ColumnTable]) -> ColumnTable:
-        """``parts``' rows one after the other: ``pd.concat(..., ignore_index=True)`` of their
-        frames. Where a column's parts differ in dtype (a record field that took another
-        type's values), pandas joins them as it always did (its rules depend on the order)."""
-        if len(parts) == 1:
-            return parts[0]
-        if any(len({p[name].dtype for p in parts}) > 1 for name in parts[0].names):
-            import pandas as pd
-
-            joined = pd.concat([p.frame() for p in parts], ignore_index=True)
-            return cls.of(joined)
-        return cls({name: np.concatenate([p[name] for p in parts]) for name in parts[0].names},
-                   parts[0]._strings)
-
     def frame(self) -> pd.DataFrame:
         """The DataFrame of these columns (pandas is imported here)."""
         import pandas as pd

@@ -506,6 +506,37 @@ class RunRecorder:
                               if s in source.session_start}
         self.session_end = {s: source.session_end[s] for s in ids if s in source.session_end}
 
+    @classmethod
+    def merged(cls, parts: list[RunRecorder], sessions: RunRecorder) -> RunRecorder:
+        """One recorder of ``parts``' requests, counters, histogram and token gaps together,
+        its session times ``sessions``' (a fleet's or PD pools' totals, in one summary)."""
+        out = cls(sessions.names, sessions.turn0, sessions.is_sub, sessions.shared_blocks)
+        for part in parts:
+            out.absorb(part)
+        out.adopt_sessions(sessions)
+        return out
+
+    @staticmethod
+    def summaries(parts: list[RunRecorder], sessions: RunRecorder, homes: list[list[int]],
+                  sim_end: float, block_size: int) -> list[dict[str, Any]]:
+        """Each of ``parts``' summary over its own requests, its session times ``sessions``'
+        for its ``homes`` (a fleet replica's: the sessions whose first request it served),
+        without the fields that are tables (a dict or a list)."""
+        out = []
+        idle: tuple | None = None  # (counters, histogram, summary) of the first empty part
+        for part, mine in zip(parts, homes, strict=True):
+            if not part._n and not mine and idle is not None and part.counters == idle[0] \
+                    and part._hist == idle[1]:
+                out.append(dict(idle[2]))  # an empty part's summary is every such part's
+                continue
+            part.adopt_sessions(sessions, mine)
+            s = part.summary(sim_end, block_size)
+            s = {k: v for k, v in s.items() if not isinstance(v, (dict, list))}
+            if not part._n and not mine and idle is None:
+                idle = (dict(part.counters), list(part._hist), dict(s))
+            out.append(s)
+        return out
+
     def absorb(self, other: RunRecorder) -> None:
         """Add ``other``'s requests, prompt histogram, token gaps and counters to this
         recorder's (a fleet's totals from its replicas')."""

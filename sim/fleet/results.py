@@ -1,6 +1,7 @@
 """What a fleet run adds to a run: the fleet's size check, the router's RNG stream, the
 replicas' recorders and what the fleet served (``fleet_served``, for sim/run/summary.py's one
-result assembly): its columns (``ideal_columns``), tables (``load_table``, ``routing_table``),
+result assembly): the replicas' requests as one table from their merged recorder, with the
+fleet's columns (``fleet_columns``), its tables (``load_columns``, ``routing_columns``), its
 metrics beside each replica's summary (``fleet_metrics``) and the pool's (pooltier.py).
 
 Ideal, two numbers (fractions of the served prompt tokens): ``ideal_hit_rate`` (the run
@@ -83,61 +84,69 @@ def router_drew(router, seed: int) -> bool:
             or rng.bit_generator.seed_seq.n_children_spawned != 0)
 
 
-def fleet_served(fleet: Fleet, engines: list, trace, sessions, pool: FleetPool | None,
-                 now: float, cfg, timeline=None
+def fleet_served(fleet: Fleet, engines: list, trace, sessions: RunRecorder,
+                 pool: FleetPool | None, now: float, cfg, timeline=None
                  ) -> tuple[RunRecorder, ColumnTable | pd.DataFrame, dict[str, Any],
                             dict[str, ColumnTable | pd.DataFrame]]:
-    """What a fleet run served: the recorder of its summary (the replicas' merged), every
-    replica's requests in one table with a ``replica`` column, its summary fields (the fleet
-    metrics with each replica's summary, the pool's fields and notes) and tables (``load``:
-    each replica's queues at every decision, ``routing``: belief beside truth; the pool's).
-    Tables are columns (sim/engines/columns.py), DataFrames where the pool's assembly made them."""
+    """What a fleet run served: the recorder of its summary (the replicas' merged: its
+    columns are every replica's requests), those requests with the fleet's columns
+    (``fleet_columns``), its summary fields (``fleet_metrics``, each replica's summary, the
+    pool's fields and notes) and tables (``load``: each replica's queues at every decision,
+    ``routing``: belief beside truth; the pool's). The fleet's own records are read first,
+    then the recorders once; tables are columns (sim/engines/columns.py), DataFrames where
+    the pool's assembly made them."""
     bs = cfg.cache.block_size
-    tables = []
-    for i, e in enumerate(engines):
-        t = ideal_columns(e.rec.columns(), fleet, bs)
-        tables.append(t.with_column("replica", np.full(len(t), i, dtype=np.int64), at=0))
-    served = [t for t in tables if len(t)] or tables[:1]  # idle replicas add no rows
-    table = ColumnTable.concat(served)
-    # sort_values(["send_s", "request"], kind="stable"): a stable lexsort, ties in order
-    table = table.rows(np.lexsort((table["request"], table["send_s"])))
-    out: dict[str, ColumnTable | pd.DataFrame] = {"load": load_table(fleet),
-                                              "routing": routing_table(fleet)}
-    merged, summary, per_replica = fleet_metrics(trace, fleet, engines, tables, sessions, now,
-                                                 bs, table)
+    routing, load = routing_columns(fleet), load_columns(fleet)
+    homes = session_homes(fleet, len(engines))
+    recs = [e.rec for e in engines]
+    per_replica = RunRecorder.summaries(recs, sessions, homes, now, bs)
+    merged = RunRecorder.merged(recs, sessions)
+    requests = merged.columns()
+    own = fleet_columns(requests, fleet, bs)
+    summary = fleet_metrics(fleet, routing, requests, own, per_replica)
     patch = cfg.value("vllm_patch")
     if patch != "none":  # as a single run's summary: the patch and its counters
         summary["vllm_patch"] = patch
         for replica_summary, e in zip(per_replica, engines, strict=True):
             replica_summary.update(e.patch_summary())
-    pooled: dict = {}
-    if pool is not None:  # (its columns are the pool's alone: the metrics read none of them)
-        frame, pooled, pool_tables = pool_served(pool, table.frame(), now, cfg, timeline)
-        out.update(pool_tables)
-        return merged, frame, summary | {"replica_summaries": per_replica} | pooled, out
-    return merged, table, summary | {"replica_summaries": per_replica}, out
+    summary["replica_summaries"] = per_replica
+    at = requests.names.index("ideal_hit_tokens")
+    table = (requests.with_column("ideal_hit_tokens", own["ideal_hit_tokens"])
+             .with_column("routed_ideal_hit_tokens", own["routed_ideal_hit_tokens"], at=at + 1)
+             .with_column("replica", own["replica"], at=0))
+    tables: dict[str, ColumnTable | pd.DataFrame] = {"load": ColumnTable(load),
+                                                     "routing": ColumnTable(routing)}
+    if pool is None:
+        return merged, table, summary, tables
+    # the pool's assembly reads a DataFrame; its columns are the pool's alone (the metrics
+    # read none of them)
+    frame = table.frame()
+    frame, pooled, pool_tables = pool_served(pool, frame, now, cfg, timeline)
+    return merged, frame, summary | pooled, tables | pool_tables
 
 
-def ideal_columns(table: ColumnTable, fleet: Fleet, bs: int) -> ColumnTable:
-    """A replica's requests with the fleet's ideal: ``ideal_hit_tokens`` becomes the prefix an
-    unlimited cache shared by the fleet held at the request's admission (the trace's own
-    ideal, whatever the router), ``routed_ideal_hit_tokens`` the replica's own unlimited
-    cache's (what the routing left it; the engine's ideal, against which it counts
-    ``recomputed_tokens``). A dropped request has neither (0)."""
-    at = table.names.index("ideal_hit_tokens")
-    routed = table["ideal_hit_tokens"]
+def fleet_columns(requests: ColumnTable, fleet: Fleet, bs: int) -> dict[str, np.ndarray]:
+    """What the fleet adds to its ``requests``: the ``replica`` each was routed to and the
+    fleet's ideal: ``ideal_hit_tokens`` becomes the prefix an unlimited cache shared by the
+    fleet held at the request's admission (the trace's own ideal, whatever the router),
+    ``routed_ideal_hit_tokens`` is the replica's own unlimited cache's (what the routing left
+    it; the engine's ideal, against which it counts ``recomputed_tokens``). A dropped request
+    has neither (0)."""
+    d = fleet.decisions  # every request was routed once
+    routed_to = np.zeros(max(d.rid, default=-1) + 1, dtype=np.int64)
+    routed_to[d.rid] = d.replica
+    rid = requests["request"]
     ideal = fleet.ideal_blocks
-    shared = np.asarray([ideal.get(r, 0) for r in table["request"].tolist()],
-                        dtype=np.int64) * bs
-    return (table.with_column("ideal_hit_tokens", shared)
-            .with_column("routed_ideal_hit_tokens", routed, at=at + 1))
+    shared = np.asarray([ideal.get(r, 0) for r in rid.tolist()], dtype=np.int64) * bs
+    return {"replica": routed_to[rid], "ideal_hit_tokens": shared,
+            "routed_ideal_hit_tokens": requests["ideal_hit_tokens"]}
 
 
-def routing_table(fleet: Fleet) -> ColumnTable:
+def routing_columns(fleet: Fleet) -> dict[str, np.ndarray]:
     """One row per routing decision, in decision order: what the router believed about the
     chosen replica beside the truth (tokens; ``believed`` NaN without a cache view)."""
     d = fleet.decisions
-    return ColumnTable({
+    return {
         "time_s": np.asarray(d.time, dtype=float),
         "request": np.asarray(d.rid, dtype=np.int64),
         "session": np.asarray(d.session, dtype=np.int64),
@@ -148,20 +157,34 @@ def routing_table(fleet: Fleet) -> ColumnTable:
         "best_tokens": np.asarray(d.best_tokens, dtype=np.int64),
         "follow_up": np.asarray(d.follow_up, dtype=bool),
         "same_replica": np.asarray(d.same_replica, dtype=bool),
-    })
+    }
 
 
-def load_table(fleet: Fleet) -> ColumnTable:
+def session_homes(fleet: Fleet, n: int) -> list[list[int]]:
+    """Per replica, the sessions whose first request it served (their job time counts
+    there), in the order they began."""
+    home: dict[int, int] = {}  # session -> replica of its first request
+    d = fleet.decisions
+    for s, r in zip(d.session, d.replica, strict=True):
+        home.setdefault(s, r)
+    homes: list[list[int]] = [[] for _ in range(n)]
+    for s, r in home.items():
+        homes[r].append(s)
+    return homes
+
+
+def load_columns(fleet: Fleet) -> dict[str, np.ndarray]:
+    """Each replica's waiting and running requests at every routing decision."""
     n = len(fleet.replicas)
     times = np.asarray(fleet.load_time, dtype=float)
-    return ColumnTable({
+    return {
         "time_s": np.tile(times, n),
         "replica": np.repeat(np.arange(n, dtype=np.int64), len(times)),
-        "waiting": np.concatenate([np.asarray(w, dtype=np.int64)
-                                   for w in fleet.load_waiting]) if n else [],
-        "running": np.concatenate([np.asarray(w, dtype=np.int64)
-                                   for w in fleet.load_running]) if n else [],
-    })
+        "waiting": np.concatenate([np.asarray(w, dtype=np.int64) for w in fleet.load_waiting])
+        if n else np.zeros(0, dtype=np.int64),
+        "running": np.concatenate([np.asarray(w, dtype=np.int64) for w in fleet.load_running])
+        if n else np.zeros(0, dtype=np.int64),
+    }
 
 
 def recorder_for(trace, listener: RecordListener | None = None) -> RunRecorder:
@@ -171,16 +194,6 @@ def recorder_for(trace, listener: RecordListener | None = None) -> RunRecorder:
     return RunRecorder([s.id for s in sessions], [s.first for s in sessions],
                        [s.parent >= 0 for s in sessions],
                        [s.shared_prefix_blocks for s in sessions], listener)
-
-
-def merge_recorders(trace, recs: list[RunRecorder], sessions: RunRecorder) -> RunRecorder:
-    """One recorder whose counters and histogram are the replicas' sums and whose sessions
-    are the fleet's (its ``summary`` then gives the fleet totals)."""
-    merged = recorder_for(trace)
-    for rec in recs:
-        merged.absorb(rec)
-    merged.adopt_sessions(sessions)
-    return merged
 
 
 def cv(values) -> float:
@@ -195,70 +208,41 @@ def _share(num: float, den: float) -> float:
     return float(num / den) if den else math.nan
 
 
-def routed_ideal_rate(table: ColumnTable) -> float:
-    """The replicas' own unlimited caches' hit over the served requests' prompt tokens."""
-    ok = ~table["dropped"].astype(bool)
-    return _share(float(table["routed_ideal_hit_tokens"][ok].sum()),
-                  float(table["prompt_tokens"][ok].sum()))
-
-
-def fleet_metrics(trace, fleet, engines: list, tables: list[ColumnTable],
-                  sessions: RunRecorder, sim_end: float, block_size: int, table: ColumnTable
-                  ) -> tuple[RunRecorder, dict[str, Any], list[dict[str, Any]]]:
-    """The fleet's recorder (``merge_recorders``), its metrics (module docstring) and each
-    replica's summary, from the replicas' requests (``tables``) and all of them (``table``)."""
-    routed = [routed_ideal_rate(t) for t in tables]
-    fleet_routed = routed_ideal_rate(table)
-    merged = merge_recorders(trace, [e.rec for e in engines], sessions)
-    d = fleet.decisions
-    n = len(engines)
-    dec = routing_table(fleet)
-    kept = ~table["dropped"].astype(bool)
-    served_hits = table["hit_gpu_tokens"][kept]
-    ok = dec.rows(np.isin(dec["request"], table["request"][kept]))
-    prompt = float(ok["prompt_tokens"].sum())
-    believed = dec["believed_tokens"]
-    err = believed - dec["true_tokens"].astype(float)
-    has_view = fleet.belief is not None and len(dec)
-    follow = dec.rows(dec["follow_up"])
-
-    home: dict[int, int] = {}  # session -> replica of its first request
-    for s, r in zip(d.session, d.replica, strict=True):
-        home.setdefault(s, r)
-    per_replica = []
-    busy, queue = [], []
-    homes: dict[int, list[int]] = {}
-    for s, r in home.items():
-        homes.setdefault(r, []).append(s)
-    idle: tuple | None = None  # (counters, summary) of the first replica that served nothing
-    for i, (e, t) in enumerate(zip(engines, tables, strict=True)):
-        rec = e.rec
-        if not len(t) and idle is not None and rec.counters == idle[0] \
-                and np.array_equal(rec.hist, idle[1]):
-            s = dict(idle[2])  # an idle replica's summary is every idle replica's
-        else:
-            mine = homes.get(i, [])
-            rec.adopt_sessions(sessions, mine)
-            s = rec.summary(sim_end, block_size, t)  # (reads its columns by name)
-            s = {k: v for k, v in s.items() if not isinstance(v, dict | list)}
-            s["routed_ideal_hit_rate"] = routed[i]
-            if not len(t) and not mine and idle is None:
-                idle = (dict(rec.counters), rec.hist.copy(), dict(s))
+def fleet_metrics(fleet: Fleet, routing: dict[str, np.ndarray], requests: ColumnTable,
+                  own: dict[str, np.ndarray], per_replica: list[dict[str, Any]]
+                  ) -> dict[str, Any]:
+    """The fleet's metrics (module docstring) from its decisions (``routing``), every
+    replica's ``requests`` and the fleet's columns of them (``own``); each replica's summary
+    (``per_replica``, over its own requests) gets the fleet's ideal as its
+    ``ideal_hit_rate``, its own as ``routed_ideal_hit_rate``, and its number."""
+    kept = ~requests["dropped"].astype(bool)
+    prompts = requests["prompt_tokens"][kept]
+    where = own["replica"][kept]
+    # per replica, as a summary sums its admitted requests (integers: the float sums exact)
+    shared = np.bincount(where, own["ideal_hit_tokens"][kept], minlength=len(per_replica))
+    replica_prompts = np.bincount(where, prompts, minlength=len(per_replica))
+    for i, s in enumerate(per_replica):
+        s["routed_ideal_hit_rate"] = s["ideal_hit_rate"]
+        s["ideal_hit_rate"] = _share(shared[i], replica_prompts[i])
         s["replica"] = i
-        per_replica.append(s)
-        busy.append(s["prefill_busy_s"] + s["decode_busy_s"])
-        w = fleet.load_waiting[i]
-        queue.append(float(np.mean(w)) if w else 0.0)
-    metrics = {
-        "replicas": n,
+    ok = np.isin(routing["request"], requests["request"][kept])
+    prompt = float(routing["prompt_tokens"][ok].sum())
+    err = routing["believed_tokens"] - routing["true_tokens"].astype(float)
+    has_view = fleet.belief is not None and len(err)
+    follow = routing["follow_up"]
+    busy = [s["prefill_busy_s"] + s["decode_busy_s"] for s in per_replica]
+    queue = [float(np.mean(w)) if w else 0.0 for w in fleet.load_waiting]
+    return {
+        "replicas": len(per_replica),
         "router": fleet.router.label,
         "idle_replicas": sum(1 for k in fleet.inflight.routed if k == 0),
-        "reuse_available": _share(ok["best_tokens"].sum(), prompt),
-        "reuse_captured": _share(ok["true_tokens"].sum(), prompt),
-        "reuse_delivered": _share(served_hits.sum(), prompt),
-        "routed_ideal_hit_rate": fleet_routed,
-        "affinity": _share(float(follow["same_replica"].sum()), len(follow)),
-        "follow_ups": len(follow),
+        "reuse_available": _share(routing["best_tokens"][ok].sum(), prompt),
+        "reuse_captured": _share(routing["true_tokens"][ok].sum(), prompt),
+        "reuse_delivered": _share(requests["hit_gpu_tokens"][kept].sum(), prompt),
+        "routed_ideal_hit_rate": _share(float(own["routed_ideal_hit_tokens"][kept].sum()),
+                                        float(prompts.sum())),
+        "affinity": _share(float(routing["same_replica"][follow].sum()), int(follow.sum())),
+        "follow_ups": int(follow.sum()),
         "load_cv_busy": cv(busy),
         "load_cv_queue": cv(queue),
         "load_cv_requests": cv([s["requests"] for s in per_replica]),
@@ -266,4 +250,3 @@ def fleet_metrics(trace, fleet, engines: list, tables: list[ColumnTable],
         "belief_bias_mean_tokens": float(err.mean()) if has_view else math.nan,
         "belief_wrong_share": float((err != 0).mean()) if has_view else math.nan,
     }
-    return merged, metrics, per_replica

@@ -22,6 +22,7 @@ from policies.pd_rules import make_rule
 from sim.config import RunConfig
 from sim.context import ContextRun, context_summary, parse_context
 from sim.deploy import gpus_per_replica
+from sim.engines.recorder import RunRecorder
 from sim.fleet.fleet import Fleet, ReplicaSignals
 from sim.fleet.pd import PDFleet
 from sim.fleet.pd_run import PD_STREAM, pd_summary, pd_table
@@ -30,7 +31,6 @@ from sim.fleet.results import (
     ROUTER_STREAM,
     check_fleet_size,
     fleet_served,
-    merge_recorders,
     recorder_for,
     router_drew,
 )
@@ -161,7 +161,7 @@ class PDRun:
         transfers = [(str(key), *t) for key, q in links for t in q.transfers]
         tables = {"pd_transfers": pd.DataFrame(transfers, columns=["link", "start_s", "end_s",
                                                                     "bytes"])}
-        merged = merge_recorders(self.trace, [e.rec for e in prefill + decode], self.sessions)
+        merged = RunRecorder.merged([e.rec for e in prefill + decode], self.sessions)
         return Served(merged, table, fields, tables, True)  # its router and rule draw
 
 
