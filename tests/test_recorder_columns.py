@@ -111,6 +111,26 @@ def test_a_column_takes_the_dtype_pandas_infers(value, dtype):
     assert len(reqs) > 0
 
 
+@pytest.mark.pure_path("a compiled RequestRecord's int field refuses a float or a bool: "
+                       "only the Python path can hold one")
+@pytest.mark.parametrize("value", [2.5, True])
+def test_merged_parts_join_as_pandas_joins_their_tables(value):
+    """A fleet's requests are its replicas' merged (sim/fleet/results.py): where one part's
+    column took another type's values, the joined column is what ``pd.concat`` of the parts'
+    tables makes of it, rows in send order."""
+    parts = [_recorder(), _recorder(), _recorder()]
+    for k, part in enumerate(parts[:2]):
+        _record_run(part, n=10 + 5 * k, leave_open=1)
+    r = _engine_req(99, 0, 0.25)
+    r.record = parts[1].open(r, 1.0, reused=0, holes=0, ideal=16, recomputed=[],
+                             recompute_units=0.0, segments=(), bs=16)
+    r.record.hole_tokens = value
+    parts[1].close(r, 2.0)
+    expect = pd.concat([p.table() for p in parts[:2]], ignore_index=True)
+    expect = expect.sort_values(["send_s", "request"], kind="stable").reset_index(drop=True)
+    pd.testing.assert_frame_equal(RunRecorder.merged(parts, _session_times()).table(), expect)
+
+
 def test_absorb_joins_rows_in_order():
     a, b = _recorder(), _recorder()
     _record_run(a, n=20)
