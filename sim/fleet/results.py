@@ -84,7 +84,7 @@ def router_drew(router, seed: int) -> bool:
             or rng.bit_generator.seed_seq.n_children_spawned != 0)
 
 
-def fleet_served(fleet: Fleet, engines: list, trace, sessions: RunRecorder,
+def fleet_served(fleet: Fleet, engines: list, sessions: RunRecorder,
                  pool: FleetPool | None, now: float, cfg, timeline=None
                  ) -> tuple[RunRecorder, ColumnTable | pd.DataFrame, dict[str, Any],
                             dict[str, ColumnTable | pd.DataFrame]]:

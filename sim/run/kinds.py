@@ -110,9 +110,9 @@ class FleetRun:
         replayed = replay(self.env, self.cfg, self.trace, self.front, None, on_reply)
         self.front.close()
         drew = router_drew(self.front.router, self.cfg.seed)
-        rec, table, fields, tables = fleet_served(self.front, self.engines, self.trace,
-                                                  self.sessions, self.pool, self.env.now,
-                                                  self.cfg, self.timeline)
+        rec, table, fields, tables = fleet_served(self.front, self.engines, self.sessions,
+                                                  self.pool, self.env.now, self.cfg,
+                                                  self.timeline)
         return Served(rec, table, fields | replayed, tables, drew)
 
 
