@@ -137,13 +137,13 @@ def test_a_request_not_admitted_touches_nothing(monkeypatch) -> None:
     from sim.kvcache.blockpool import BlockPool
 
     seen: dict[int, list[bool]] = {}
-    admit = BlockPool.admit
 
-    def spy(self, rid, ids, *args, **kw):  # the pool just before it admits rid
-        seen[rid] = [self.is_cached(int(x)) for x in trace.block_ids(2)]
-        return admit(self, rid, ids, *args, **kw)
+    class Spy(BlockPool):  # the pool just before it admits rid (a patch's pool: its class)
+        def admit(self, rid, ids, *args, **kw):
+            seen[rid] = [self.is_cached(int(x)) for x in trace.block_ids(2)]
+            return super().admit(rid, ids, *args, **kw)
 
-    monkeypatch.setattr(BlockPool, "admit", spy)
+    monkeypatch.setattr(VllmServer, "pool_class", Spy)
     res = run(c, trace)
     b_cached = seen[1]  # when A2 is finally admitted, it hits 1 block: A lost 9, B none
     assert row(res, "s0", 1).hit_gpu_tokens == 1 * BS

@@ -27,6 +27,7 @@ import pytest
 from benchmarks.vllm_ref import since
 from benchmarks.vllm_sched_ref import KvsimScheduler, drive, workload
 from sim.engines import VllmServer
+from sim.kvcache import blockpool
 from sim.kvcache.blockpool import BlockPool
 
 BS = 16
@@ -151,9 +152,11 @@ def test_sched_diff_sees_a_misplaced_preempted_request(monkeypatch) -> None:
 def test_sched_diff_sees_decode_blocks_cached_too_early(monkeypatch) -> None:
     # Async: a decode block is cached only once the output that completes it is processed;
     # caching it as soon as it is computed (as under the sync scheduler) diverges.
-    extend = BlockPool.extend
-    monkeypatch.setattr(BlockPool, "extend",
-                        lambda self, rid, n, known=None: extend(self, rid, n))
+    class EarlyCaching(BlockPool):  # built by the kvsim side as sim.kvcache.blockpool's
+        def extend(self, rid, n, known=None):
+            return super().extend(rid, n)
+
+    monkeypatch.setattr(blockpool, "BlockPool", EarlyCaching)
     _name, w, d = WORKLOADS[-1]
     res = drive(workload(block_size=BS, **w), block_size=BS, asynchronous=True, **d)
     assert res.divergences

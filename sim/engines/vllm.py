@@ -211,7 +211,7 @@ def release_order(policy: EvictionPolicy) -> ReleaseOrder:
                       f"first), or --engine sglang{pins}")
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, kw_only=True)  # keyword-only: native __init__ in the core (setup.py)
 class Step:
     """One V1 step as scheduled: ``rows`` (request, first position, tokens) in schedule
     order; per row whether it is a decode row (its request had finished its prefill) and
@@ -353,6 +353,11 @@ class VllmServer(EngineBase):
         # vLLM's hybrid KV cache (several groups): window frees read the in-flight tokens,
         # decode runs are applied block edge by block edge
         self._hybrid = isinstance(pool, HybridPool | WideBlocks)
+        # stock vLLM's block pool, typed (None for a patch's pool or a hybrid one): the
+        # compiled core calls its methods natively, without a Python attribute lookup and
+        # argument parsing per call; the others are called as Python objects (their methods
+        # may take other arguments)
+        self._stock_pool: BlockPool | None = pool if type(pool) is BlockPool else None
         # a Mamba group in align mode: prefill chunks end at the pool's block edges (the
         # state is kept only there: ``mamba_aligned_chunk``); 0: no Mamba group
         state_block = 0
@@ -400,6 +405,7 @@ class VllmServer(EngineBase):
         preempted: list[VllmReq] = []
         running = cast("list[VllmReq]", self.running)
         waiting = cast("list[VllmReq]", self.waiting)
+        blocks = self._stock_pool
         if self._state_block:  # new_step_starts: states cached last step may be hit now
             self.pool.new_step()
         i = 0
@@ -417,16 +423,14 @@ class VllmServer(EngineBase):
                 if not n:  # no budget for a block-aligned chunk: the next request
                     i += 1
                     continue
-            ok = (self.pool.extend(r.rid, n, known=end) if not self._hybrid
-                  else self.pool.extend(r.rid, n, known=end, in_flight=r.in_flight))
+            ok = self._extend(r, n, end)
             while not ok:
                 victim = running.pop()
                 self._preempt(victim)
                 preempted.append(victim)
                 if victim is r:
                     break
-                ok = (self.pool.extend(r.rid, n, known=end) if not self._hybrid
-                      else self.pool.extend(r.rid, n, known=end, in_flight=r.in_flight))
+                ok = self._extend(r, n, end)
             if not ok:
                 break
             rows.append((r, r.computed, n))
@@ -468,7 +472,8 @@ class VllmServer(EngineBase):
                                             min(budget, num_tokens - hit))
                 if not chunk:
                     break
-            h = self.pool.admit(r.rid, r.seq_ids, num_tokens, chunk)
+            h = (blocks.admit(r.rid, r.seq_ids, num_tokens, chunk) if blocks is not None
+                 else self.pool.admit(r.rid, r.seq_ids, num_tokens, chunk))
             if h is None:
                 break
             waiting.pop(0)
@@ -611,7 +616,8 @@ class VllmServer(EngineBase):
             batch = _ranges_of(rows)
             for o in self.observers:
                 o.scheduled(self, batch)
-        return Step(rows, decode, samples, preempted, blocked)
+        return Step(rows=rows, decode=decode, samples=samples, preempted=preempted,
+                    blocked=blocked)
 
     def update(self, step: Step, steps: int = 1,
                run: tuple[float, float, float] | None = None) -> bool:
@@ -642,7 +648,11 @@ class VllmServer(EngineBase):
             if placeholder and not stale:
                 r.placeholders -= 1
                 # the blocks its now-known tokens filled are cached (vLLM: cache_blocks)
-                self.pool.cache_known(r.rid, r.computed - r.in_flight)
+                blocks = self._stock_pool
+                if blocks is not None:
+                    blocks.cache_known(r.rid, r.computed - r.in_flight)
+                else:
+                    self.pool.cache_known(r.rid, r.computed - r.in_flight)
                 self._note_cached(r)
             if r.generated >= r.output_tokens:
                 self._finish(r)
@@ -696,9 +706,21 @@ class VllmServer(EngineBase):
         req.record = self.open_record(req, now, reused=hit_blocks * self.bs, holes=0,
                                       ideal=ideal, segments=((0, hit_blocks, Tier.GPU),))
 
+    def _extend(self, req: VllmReq, n: int, known: int) -> bool:
+        """``pool.extend`` for ``n`` more tokens of running ``req`` (``known``: its tokens
+        whose ids are final); a hybrid pool also reads the tokens in flight."""
+        blocks = self._stock_pool
+        if blocks is not None:
+            return blocks.extend(req.rid, n, known)
+        if self._hybrid:
+            return self.pool.extend(req.rid, n, known=known, in_flight=req.in_flight)
+        return self.pool.extend(req.rid, n, known=known)
+
     def _note_cached(self, req: VllmReq) -> None:
         """Blocks the pool just cached join ``ever`` (what an unlimited cache holds)."""
-        cached = self.pool.cached_of(req.rid)
+        blocks = self._stock_pool
+        cached = (blocks.cached_of(req.rid) if blocks is not None
+                  else self.pool.cached_of(req.rid))
         if cached > req.known_blocks:
             self.remember(cast(np.ndarray, req.seq_ids)[req.known_blocks:cached])
             req.known_blocks = cached
@@ -707,7 +729,8 @@ class VllmServer(EngineBase):
         """What the allocations since the last call evicted (lazily, at pop): counted once
         per step or decode run that evicted (``evictions``), last copies as
         ``evicted_tokens``."""
-        evicted = self.pool.evicted_blocks
+        blocks = self._stock_pool
+        evicted = blocks.evicted_blocks if blocks is not None else self.pool.evicted_blocks
         seen, lost = self._seen_evicted
         if evicted != seen:
             now_lost = self.pool.lost_blocks
@@ -789,8 +812,10 @@ class VllmServer(EngineBase):
                 self._note_cached(r)
             self._record_evictions()
         elif steps > 1:
+            blocks = self._stock_pool
             for r in running:
-                ok = self.pool.extend(r.rid, steps - 1)
+                ok = (blocks.extend(r.rid, steps - 1) if blocks is not None
+                      else self.pool.extend(r.rid, steps - 1))
                 assert ok, f"decode run promised {steps} steps to request {r.rid}"
                 r.computed += steps - 1
                 self._note_cached(r)
@@ -933,14 +958,19 @@ class VllmServer(EngineBase):
         rows = []
         if self._hybrid:  # x steps, each scheduled with one in flight, known a step later
             self.pool.decode_run([r.rid for r, _s, _n in step.rows], x, in_flight=1, lag=1)
+        blocks = self._stock_pool
         for r, start, _n in step.rows:
             # known when the last one was scheduled: x - 1 outputs processed since
-            ok = self._hybrid or self.pool.extend(r.rid, x,
-                                                  known=r.prompt_tokens + r.generated + x - 1)
+            known = r.prompt_tokens + r.generated + x - 1
+            ok = (blocks.extend(r.rid, x, known) if blocks is not None
+                  else self._hybrid or self.pool.extend(r.rid, x, known=known))
             assert ok, f"decode run promised {x} steps to request {r.rid}"
             r.computed += x
             r.generated += x
-            self.pool.cache_known(r.rid, r.computed - r.in_flight)
+            if blocks is not None:
+                blocks.cache_known(r.rid, r.computed - r.in_flight)
+            else:
+                self.pool.cache_known(r.rid, r.computed - r.in_flight)
             self._note_cached(r)
             rows.append((r, start + x, 1))
         self._record_evictions()
@@ -949,5 +979,5 @@ class VllmServer(EngineBase):
         self.rec.decode(seconds, x, step.end, batch)
         for o in self.observers:
             o.decoded(self, x)
-        return Step(rows, [True] * batch, [True] * batch, [], step.blocked,
-                    step.end + seconds)
+        return Step(rows=rows, decode=[True] * batch, samples=[True] * batch, preempted=[],
+                    blocked=step.blocked, end=step.end + seconds)
