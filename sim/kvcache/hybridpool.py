@@ -78,6 +78,9 @@ from .freequeue import FreeQueue
 
 # ``a.max()`` without ndarray.max's Python-level wrapper
 _umax = np.maximum.reduce
+# blocks a block edge moves at most (one per group): handled one by one, where numpy's
+# per-call cost is more than the work
+_FEW = 8
 
 __all__ = ["FULL", "MAMBA", "SLIDING", "HybridGroup", "HybridPool", "WideBlocks"]
 
@@ -989,36 +992,41 @@ class HybridPool:
         """Drop the hashes of blocks ``hashed`` (lazy eviction, at their reuse)."""
         self._version += 1
         xs = self._bid[hashed]
-        gs: list[int] = self._grp[hashed].tolist()
-        g0 = gs[0]
-        if gs.count(g0) == len(gs):  # one group's blocks: the common case
-            lost = self._maps[g0].drop(hashed, xs)
-            if self.groups[g0].kind == FULL:
-                self._lost += lost
-        else:  # each group's blocks, in pop order: one pass over them
-            where: dict[int, list[int]] = {}
-            for i, g in enumerate(gs):
-                at = where.get(g)
-                if at is None:
-                    where[g] = [i]
-                else:
-                    at.append(i)
-            for g in sorted(where):
-                sel = where[g]
-                lost = self._maps[g].drop(hashed[sel], xs[sel])
-                if self.groups[g].kind == FULL:
-                    self._lost += lost
+        grp = self._grp[hashed]
+        g0 = int(grp.item(0))
+        lost = 0
+        if len(hashed) <= _FEW:  # a block edge's blocks: per block, no masks
+            gs: list[int] = grp.tolist()
+            if gs.count(g0) == len(gs):
+                lost = self._drop(g0, hashed, xs)
+            else:  # each group's blocks in pop order, groups in order
+                for g in sorted(set(gs)):
+                    sel = [i for i, h in enumerate(gs) if h == g]
+                    lost += self._drop(g, hashed[sel], xs[sel])
+        elif not (grp != g0).any():  # one group's blocks: the common case
+            lost = self._drop(g0, hashed, xs)
+        else:  # a window's blocks popped with a full group's: one mask per group
+            for g in range(len(self.groups)):
+                mask = grp == g
+                if mask.any():
+                    lost += self._drop(g, hashed[mask], xs[mask])
+        self._lost += lost
         if self._events is not None:
             eg = self._event_group
-            m = self._maps[eg]
-            gone = [x for x, g in zip(xs.tolist(), gs, strict=True)
-                    if g == eg and not m.is_cached(x)]
-            if gone:
-                self._events.removed(np.asarray(gone, dtype=np.int64))
+            mine = xs[grp == eg]
+            gone = mine[self._maps[eg].firsts(mine, True) < 0]
+            if len(gone):
+                self._events.removed(gone)
         self._bid[hashed] = -1
         self._grp[hashed] = -1
         self._cached -= len(hashed)
         self._dropped += len(hashed)
+
+    def _drop(self, g: int, hashed: np.ndarray, xs: np.ndarray) -> int:
+        """Group ``g``'s map forgets ``hashed`` (caching ``xs``); the last copies of ids
+        it lost that count as lost history (a full-attention group's)."""
+        lost = self._maps[g].drop(hashed, xs)
+        return lost if self.groups[g].kind == FULL else 0
 
     def _cache(self, seq: _HSeq) -> None:
         """``cache_blocks`` per group: hash the blocks full now (nulls skipped)."""
