@@ -240,12 +240,27 @@ def test_the_release_order_says_how_the_pool_frees(reads_shared: bool) -> None:
 
 
 class _FreedInTurn(HybridPool):
-    """``HybridPool._free_batches`` by its definition: each batch freed in turn."""
+    """``HybridPool``'s frees by their definition: each batch freed in turn as vLLM's
+    ``free_blocks`` does (one hold less each, then the unheld hashed blocks join the tail in
+    order and the unheld unhashed ones the front, the first of them first), whether the pool
+    frees it as arrays (``_free_batches``, ``_free_blocks``) or block by block
+    (``_free_few``, a block edge's)."""
 
-    def _free_batches(self, batches: list[np.ndarray]) -> None:
+    def _free_batches(self, batches) -> None:
         for batch in batches:
-            if len(batch):
-                self._free_blocks(batch)
+            self._free_blocks(np.asarray(batch, np.int64))
+
+    def _free_few(self, batches) -> None:
+        self._free_batches(batches)
+
+    def _free_blocks(self, ordered: np.ndarray) -> None:
+        blocks = ordered.tolist()
+        for p in blocks:
+            self._ref[p] -= 1
+        unheld = [p for p in blocks if self._ref[p] == 0]
+        cached = self.block_ids()  # per block 1..capacity
+        self._queue.prepend(np.array([p for p in unheld if cached[p - 1] < 0], np.int64))
+        self._queue.append(np.array([p for p in unheld if cached[p - 1] >= 0], np.int64))
 
 
 @settings(max_examples=60, deadline=None)
@@ -256,8 +271,9 @@ def test_batched_frees_are_the_batches_freed_in_turn(seed: int, bs: int, layout:
                                                      cap: int, order: str) -> None:
     """A release, and a window's or a Mamba state's retirement, free every group's blocks in
     one pass (``_free_batches``: the unhashed ones of a later group before an earlier's at
-    the front); the same ops freeing group by group leave the same queue, holds, hashes
-    and tables. Requests share prefixes and stop inside blocks, so releases free hashed and
+    the front; a block edge's few one by one, ``_free_few``); the same ops freeing group by
+    group, each batch as vLLM's ``free_blocks``, leave the same queue, holds, hashes and
+    tables. Requests share prefixes and stop inside blocks, so releases free hashed and
     unhashed blocks of several groups at once."""
     groups = {"sw-full": [HybridGroup(SLIDING, w), HybridGroup(FULL)],
               "mamba-mamba-full": [HybridGroup(MAMBA), HybridGroup(MAMBA), HybridGroup(FULL)],

@@ -72,6 +72,30 @@ class FreeQueue:
         self._nq -= need
         return unhashed, hashed
 
+    def pop_list(self, n: int) -> tuple[list[int], list[int]]:
+        """``pop`` as lists: a few blocks at a block edge (a decode step's new blocks), where
+        two arrays and their copies cost more than the blocks they hold."""
+        top = self._top
+        k = min(n, len(self._stack) - top)
+        unhashed: list[int] = self._stack[top : top + k].tolist() if k else []
+        self._top = top + k
+        need = n - k
+        if need == 0:
+            return unhashed, []
+        if need > self._nq:
+            raise AssertionError(f"pop({n}) from a queue of {len(self) + k}")
+        h = self._head
+        if h + need <= self._dead:  # every entry before the first dead one is live
+            hashed: list[int] = self._log[h : h + need].tolist()
+            self._head = h + need
+        else:
+            hashed = self._pop_past_dead(h, need).tolist()
+        pos = self._pos
+        for p in hashed:
+            pos[p] = -1
+        self._nq -= need
+        return unhashed, hashed
+
     def _pop_past_dead(self, h: int, need: int) -> np.ndarray:
         """The first ``need`` live log entries from ``h`` (some are dead): scanned in windows
         that double; the head moves past them and the first dead entry is found again."""
@@ -129,6 +153,25 @@ class FreeQueue:
         self._pos[hashed] = np.arange(t, t + m)
         self._tail = t + m
         self._nq += m
+
+    def append_one(self, block: int) -> None:
+        """``append`` of one hashed block (a window's block leaving, freed on its own)."""
+        t = self._tail
+        if t == len(self._log):
+            self._compact(1)
+            t = self._tail
+        self._log[t] = block
+        self._pos[block] = t
+        self._tail = t + 1
+        self._nq += 1
+
+    def prepend_list(self, unhashed: list[int]) -> None:
+        """``prepend`` of a few blocks given as a list (``unhashed[0]`` ends up first)."""
+        top = self._top
+        stack = self._stack
+        for i, p in enumerate(unhashed, top - len(unhashed)):
+            stack[i] = p
+        self._top = top - len(unhashed)
 
     def prepend(self, unhashed: np.ndarray) -> None:
         """Unhashed blocks join the front, in order (``unhashed[0]`` ends up first)."""

@@ -111,18 +111,30 @@ def _cdiv(a: int, b: int) -> int:
 class _HSeq:
     """One request: ids of every full block it will have, per group its table, cached count
     and leading nulls (a table's nulls are always its head: a hit's skipped blocks, then the
-    blocks its window left), its computed and known tokens."""
+    blocks its window left), its computed and known tokens.
 
-    __slots__ = ("allocated", "cached", "computed", "ids", "known", "last_state", "nulls",
-                 "pruned", "retired", "states", "tables")
+    The tables are one length (``length``; a KV connector's load evens them out before it
+    returns) and live at the head of per-group buffers sized for every block the request
+    can have, zero past ``length``: a block edge writes a block in place instead of
+    building a new table, and a Mamba group's nulls before its new state are there
+    already."""
+
+    __slots__ = ("allocated", "cached", "computed", "ids", "known", "last_state", "length",
+                 "nulls", "pruned", "retired", "states", "tables")
 
     def __init__(self, ids: np.ndarray, tables: list[np.ndarray], computed: int,
-                 cached: list[int], nulls: list[int]) -> None:
+                 nulls: list[int]) -> None:
+        size = len(ids) + 1  # a request's tokens end within its ids' blocks and one more
         self.ids = ids
-        self.tables = tables
+        self.tables: list[np.ndarray] = []
+        for t in tables:
+            buf = np.zeros(max(size, len(t)), np.int64)
+            buf[: len(t)] = t
+            self.tables.append(buf)
+        self.length = max((len(t) for t in tables), default=0)
         self.computed = computed
         self.known = computed
-        self.cached = cached
+        self.cached = [len(t) for t in tables]
         self.nulls = nulls
         # Mamba groups (MambaManager, align): allocated once (_allocated_block_reqs), blocks
         # before this retired (_num_retired_blocks), the previous step's state block
@@ -137,6 +149,21 @@ class _HSeq:
         # their positions and per position each Mamba group's block; None once a Mamba
         # table changed
         self.states: tuple[list[int], list[list[int]]] | None = None
+
+    def reserve(self, length: int) -> None:
+        """Room for tables of ``length`` blocks (past the ids' blocks only if a caller
+        computes more tokens than the ids cover, which the pool refuses first)."""
+        if length > len(self.tables[0]):
+            grown = []
+            for t in self.tables:
+                buf = np.zeros(2 * length, np.int64)
+                buf[: len(t)] = t
+                grown.append(buf)
+            self.tables = grown
+
+    def table(self, g: int) -> np.ndarray:
+        """Group ``g``'s table (a view of its buffer)."""
+        return self.tables[g][: self.length]
 
 
 class _Fit:
@@ -291,7 +318,7 @@ class HybridPool:
         """Blocks request ``rid`` must still allocate, over all groups, to hold ``num_tokens``
         tokens (``get_num_blocks_to_allocate`` for a running request)."""
         need = _cdiv(num_tokens, self.block_size)
-        return sum(max(need - len(t), 0) for t in self._seqs[rid].tables)
+        return max(need - self._seqs[rid].length, 0) * len(self.groups)
 
     # ------------------------------------------------------------------ lookup
     def _firsts(self, gids: list[int], ids: np.ndarray) -> np.ndarray:
@@ -401,13 +428,13 @@ class HybridPool:
             return max(0, tokens - 1) // self.block_size
         return 0
 
-    def _leading_nulls(self, g: int, table: np.ndarray) -> int:
-        """The nulls at the head of group ``g``'s new ``table`` (a full-attention group's hit
-        is cached blocks from the first: none)."""
+    def _leading_nulls(self, g: int, blocks: np.ndarray) -> int:
+        """The nulls at the head of group ``g``'s hit ``blocks`` past its skipped ones (a
+        full-attention group's hit is cached blocks from the first: none)."""
         if self.groups[g].kind == FULL:
             return 0
-        nz = np.flatnonzero(table)
-        return int(nz[0]) if len(nz) else len(table)
+        nz = np.flatnonzero(blocks)
+        return int(nz[0]) if len(nz) else len(blocks)
 
     def _hit_taken(self, g: int, hit: np.ndarray, computed: int) -> int:
         """Of group ``g``'s hit past the blocks skipped at ``computed`` tokens, the blocks a
@@ -482,10 +509,9 @@ class HybridPool:
             rest = hits[g][skipped:]
             self._touch(rest)
             tables.append(np.concatenate([np.zeros(skipped, np.int64), rest])
-                          if skipped else rest.copy())
-            nulls.append(self._leading_nulls(g, tables[-1]))
-        cached = [len(t) for t in tables]
-        seq = _HSeq(ids, tables, end, cached, nulls)
+                          if skipped else rest)
+            nulls.append(skipped + self._leading_nulls(g, rest))
+        seq = _HSeq(ids, tables, end, nulls)
         self._seqs[rid] = seq
         self._allocate(seq, end)
         self._cache(seq)
@@ -508,7 +534,7 @@ class HybridPool:
         if computed // self.block_size > len(seq.ids):
             raise ValueError(f"request {rid}: {computed} tokens computed but ids cover only "
                              f"{len(seq.ids)} blocks")
-        need = _cdiv(computed, self.block_size) - len(seq.tables[0])  # tables: one length
+        need = _cdiv(computed, self.block_size) - seq.length
         if need > 0 and self._grow_blocks(need) > len(self._queue):
             if self.debug:
                 self.check()
@@ -620,7 +646,7 @@ class HybridPool:
         """``decode_fit``'s view of ``seq`` at the start of a run of ``steps``: its Mamba
         states held past the retired ones, per sliding group the blocks its window may
         leave in the run, and the holds on each of them now."""
-        fit = _Fit(seq.computed, len(seq.tables[0]))
+        fit = _Fit(seq.computed, seq.length)
         mine: list[int] = []
         if self._mamba:
             positions, states = self._live_states(seq)
@@ -633,7 +659,7 @@ class HybridPool:
         for g, window in zip(self._sliding, self._sliding_windows, strict=True):
             base = seq.nulls[g]
             table = seq.tables[g]
-            hi = min(max(0, processed - window + 1) // self.block_size, len(table))
+            hi = min(max(0, processed - window + 1) // self.block_size, seq.length)
             blocks: list[int] = table[base:hi].tolist() if hi > base else []
             fit.done.append(base)
             fit.window_base.append(base)
@@ -652,7 +678,7 @@ class HybridPool:
         if states is None:
             first = seq.tables[self._mamba[0]]
             lo = seq.retired.get(self._mamba[0], 0)
-            pos = lo + np.flatnonzero(first[lo:])
+            pos = lo + np.flatnonzero(first[lo : seq.length])
             per_group = [seq.tables[g][pos].tolist() for g in self._mamba]
             states = (pos.tolist(), [list(b) for b in zip(*per_group, strict=True)])
             seq.states = states
@@ -670,8 +696,8 @@ class HybridPool:
             c = c0[i] + t - 1
             self._remove_skipped(seq, c - in_flight)
             need = _cdiv(c + 1, self.block_size)
-            if any(len(tb) < need for tb in seq.tables):
-                if sum(need - len(tb) for tb in seq.tables) > len(self._queue):
+            if seq.length < need:
+                if (need - seq.length) * len(self.groups) > len(self._queue):
                     raise AssertionError(f"decode run: request {rids[i]} step {t} does not fit")
                 self._allocate(seq, c + 1)
             seq.computed = c + 1
@@ -718,16 +744,18 @@ class HybridPool:
             rest = hits[g][skipped:]
             self._touch(rest)
             tables.append(np.concatenate([np.zeros(skipped, np.int64), rest]))
-            nulls.append(self._leading_nulls(g, tables[-1]))
-        seq = _HSeq(ids, tables, num_tokens, [len(t) for t in tables], nulls)
-        seq.known = hit_tokens
+            nulls.append(skipped + self._leading_nulls(g, rest))
+        cached = [len(t) for t in tables]
         need = _cdiv(num_tokens, bs)
-        for g, t in enumerate(tables):
+        for g, t in enumerate(tables):  # each group to the prompt's last block
             n = need - len(t)
             if n > 0:
                 fresh = self._pop(n)
                 self._ref[fresh] = 1
                 tables[g] = np.concatenate([t, fresh])
+        seq = _HSeq(ids, tables, num_tokens, nulls)
+        seq.cached = cached
+        seq.known = hit_tokens
         self._seqs[rid] = seq
         if self.debug:
             self.check()
@@ -769,12 +797,13 @@ class HybridPool:
         doc)."""
         seq = self._seqs.pop(rid)
         order = self.free_order
+        tables = [seq.table(g) for g in range(len(self.groups))]
         shared: np.ndarray | None = None
         if order.reads_shared:  # read in the first full-attention group: the history itself
             g = self._event_group
-            shared = shared_positions(self._maps[g], self._ref, seq.ids, seq.tables[g],
+            shared = shared_positions(self._maps[g], self._ref, seq.ids, tables[g],
                                       seq.cached[g])
-        self._free_batches(order.release_groups(seq.tables, shared))
+        self._free_batches(order.release_groups(tables, shared))
         if self.debug:
             self.check()
 
@@ -795,11 +824,13 @@ class HybridPool:
 
     def tables(self, rid: int) -> list[np.ndarray]:
         """Per group: the physical blocks of running request ``rid`` by position (0: null)."""
-        return [t.copy() for t in self._seqs[rid].tables]
+        seq = self._seqs[rid]
+        return [seq.table(g).copy() for g in range(len(self.groups))]
 
     def table(self, rid: int) -> np.ndarray:
         """The non-null physical blocks of ``rid`` over all groups, in group order."""
-        return np.concatenate([t[t > 0] for t in self._seqs[rid].tables])
+        tables = self.tables(rid)
+        return np.concatenate([t[t > 0] for t in tables])
 
     def is_cached(self, block_id: int) -> bool:
         """Whether every group caches ``block_id``."""
@@ -819,7 +850,9 @@ class HybridPool:
         assert np.array_equal(self._bid >= 0, self._grp >= 0), "hash without group"
         refs = np.zeros(cap + 1, np.int64)
         for seq in self._seqs.values():
-            for g, t in enumerate(seq.tables):
+            for g in range(len(self.groups)):
+                t = seq.table(g)
+                assert not seq.tables[g][seq.length:].any(), "a table's buffer past its end"
                 live = t[t > 0]
                 np.add.at(refs, live, 1)
                 c = seq.cached[g]
@@ -829,7 +862,7 @@ class HybridPool:
         refs[0] = 0
         assert np.array_equal(refs, self._ref), "ref counts != block tables"
         for seq in self._seqs.values():
-            masks = [seq.tables[g] > 0 for g in self._mamba]
+            masks = [seq.table(g) > 0 for g in self._mamba]
             assert all(np.array_equal(m, masks[0]) for m in masks), "Mamba tables' nulls differ"
         assert np.count_nonzero(self._bid >= 0) == self._cached, "cached counter"
         for g, m in enumerate(self._maps):
@@ -866,27 +899,41 @@ class HybridPool:
         groups' blocks, dealt out in group order, is the groups' pops one after the other.
         A Mamba group (align) pads nulls and takes one block for the state at the end; the
         block before it held the previous state (``last_state``)."""
-        tables = seq.tables
-        n = _cdiv(tokens, self.block_size) - len(tables[0])
+        length = seq.length
+        n = _cdiv(tokens, self.block_size) - length
         if n <= 0:
             seq.allocated = True
             return
-        fresh = self._pop(self._grow_blocks(n))
-        self._ref[fresh] = 1
+        seq.reserve(length + n)
+        tables = seq.tables
         seq.states = None
+        m = self._grow_blocks(n)
         at = 0
-        pad: np.ndarray | None = None  # a Mamba group's nulls before its state: one for all
-        for g, t in enumerate(tables):
-            if self.groups[g].kind == MAMBA:
-                if seq.allocated or len(t):
-                    seq.last_state[g] = len(t) - 1
-                if pad is None:
-                    pad = np.zeros(n - 1, np.int64)
-                tables[g] = np.concatenate([t, pad, fresh[at:at + 1]])
-                at += 1
-            else:
-                tables[g] = np.concatenate([t, fresh[at:at + n]])
-                at += n
+        if m <= _FEW:  # a block edge: a few blocks, written one by one
+            few = self._pop_few(m)
+            for g, t in enumerate(tables):
+                if self.groups[g].kind == MAMBA:
+                    if seq.allocated or length:
+                        seq.last_state[g] = length - 1
+                    t[length + n - 1] = few[at]  # the nulls before it are the buffer's
+                    at += 1
+                else:
+                    for j in range(n):
+                        t[length + j] = few[at + j]
+                    at += n
+        else:
+            fresh = self._pop(m)
+            self._ref[fresh] = 1
+            for g, t in enumerate(tables):
+                if self.groups[g].kind == MAMBA:
+                    if seq.allocated or length:
+                        seq.last_state[g] = length - 1
+                    t[length + n - 1] = fresh[at]
+                    at += 1
+                else:
+                    t[length : length + n] = fresh[at : at + n]
+                    at += n
+        seq.length = length + n
         seq.allocated = True
 
     def _remove_skipped(self, seq: _HSeq, processed: int) -> None:
@@ -896,31 +943,47 @@ class HybridPool:
         the previous step's state block once a newer one holds the state. Both depend on
         ``processed`` only through ``(processed - 1) // block_size`` (an allocation in the
         same block leaves its previous state block at or past it), so a Mamba group is
-        skipped until that moves."""
+        skipped until that moves. A few blocks (a block edge's) are read and freed one by
+        one; more (what a prefill's window leaves) as arrays."""
         due = self._mamba and (processed - 1) // self.block_size != seq.pruned
         if due:
             seq.pruned = (processed - 1) // self.block_size
-        batches: list[np.ndarray] = []  # freed together at the end (``_free_batches``)
-        live: np.ndarray | None = None  # the retired span's states (Mamba tables share nulls)
+        batches: list[list[int] | np.ndarray] = []  # freed together at the end, in order
+        live: list[int] | np.ndarray | None = None  # the retired span's states (Mamba
+        # tables share their nulls), last first
         for g in self._pruned:
             kind = self.groups[g].kind
             if not due and kind == MAMBA:
                 continue
             t = seq.tables[g]
-            n = min(self._skipped_blocks(g, processed), len(t))
+            n = min(self._skipped_blocks(g, processed), seq.length)
             if kind == SLIDING:
                 lo = seq.nulls[g]
                 if n <= lo:
                     continue
-                batches.append(t[lo:n][::-1].copy() if n > lo + 1 else t[lo:n].copy())
-                t[lo:n] = 0
+                if n - lo <= _FEW:
+                    leaving: list[int] = []
+                    for j in range(n - 1, lo - 1, -1):
+                        leaving.append(int(t.item(j)))
+                        t[j] = 0
+                    batches.append(leaving)
+                else:
+                    batches.append(t[lo:n][::-1].copy())
+                    t[lo:n] = 0
                 seq.nulls[g] = n
                 continue
             lo = seq.retired.get(g, 0)
             if lo < n:
                 if live is None:
-                    live = lo + np.flatnonzero(t[lo:n])[::-1]
-                if len(live):
+                    live = ([j for j in range(n - 1, lo - 1, -1) if t.item(j)]
+                            if n - lo <= _FEW else lo + np.flatnonzero(t[lo:n])[::-1])
+                if isinstance(live, list):
+                    states = [int(t.item(j)) for j in live]
+                    for j in live:
+                        t[j] = 0
+                    if states:
+                        batches.append(states)
+                elif len(live):
                     batches.append(t[live])
                     t[live] = 0
                 seq.retired[g] = n
@@ -929,11 +992,34 @@ class HybridPool:
             if last is not None and last < _cdiv(processed, self.block_size) - 1:
                 p = int(t.item(last))
                 if p:
-                    batches.append(t[last:last + 1].copy())
+                    batches.append([p])
                     t[last] = 0
                     seq.states = None
-        if batches:
-            self._free_batches(batches)
+        if not batches:
+            return
+        few = [b for b in batches if isinstance(b, list)]
+        if len(few) == len(batches):
+            self._free_few(few)
+        else:
+            self._free_batches([np.asarray(b, np.int64) for b in batches])
+
+    def _free_few(self, batches: list[list[int]]) -> None:
+        """``_free_batches`` of a few blocks given as lists, one by one: each batch's unheld
+        hashed blocks join the tail in order, its unheld unhashed ones the front (in front
+        of an earlier batch's)."""
+        ref, bid, queue = self._ref, self._bid, self._queue
+        for batch in batches:
+            front: list[int] = []
+            for p in batch:
+                r = int(ref.item(p)) - 1
+                ref[p] = r
+                if r == 0:
+                    if int(bid.item(p)) >= 0:
+                        queue.append_one(p)
+                    else:
+                        front.append(p)
+            if front:
+                queue.prepend_list(front)
 
     def _free_batches(self, batches: list[np.ndarray]) -> None:
         """``_free_blocks`` of each batch in turn (their blocks distinct, as a request's
@@ -964,15 +1050,8 @@ class HybridPool:
     def _free_blocks(self, ordered: np.ndarray) -> None:
         """``BlockPool.free_blocks``: one hold less each; unheld hashed blocks join the tail in
         order, unheld unhashed ones the front."""
-        if len(ordered) == 1:  # a window's block: numpy's per-call cost dominates
-            p = int(ordered.item(0))
-            r = int(self._ref.item(p)) - 1
-            self._ref[p] = r
-            if r == 0:
-                if int(self._bid.item(p)) >= 0:
-                    self._queue.append(ordered)
-                else:
-                    self._queue.prepend(ordered)
+        if len(ordered) <= _FEW:  # numpy's per-call cost dominates
+            self._free_few([ordered.tolist()])
             return
         refs = self._ref[ordered] - 1
         self._ref[ordered] = refs
@@ -987,6 +1066,17 @@ class HybridPool:
             return unhashed
         self._evict(hashed)
         return np.concatenate([unhashed, hashed]) if len(unhashed) else hashed
+
+    def _pop_few(self, n: int) -> list[int]:
+        """``_pop`` of a few blocks (a block edge's), held once each, as a list."""
+        unhashed, hashed = self._queue.pop_list(n)
+        if hashed:
+            self._evict(np.array(hashed, np.int64))
+            unhashed += hashed
+        ref = self._ref
+        for p in unhashed:
+            ref[p] = 1
+        return unhashed
 
     def _evict(self, hashed: np.ndarray) -> None:
         """Drop the hashes of blocks ``hashed`` (lazy eviction, at their reuse)."""
@@ -1068,8 +1158,15 @@ class HybridPool:
                 if chain is None or chain[0] != start:
                     chain = (start, ids[start:full], int(ids.item(start - 1)) if start else -1)
                 ps, xs, parent = t[start:full], chain[1], chain[2]
-                self._bid[ps] = xs
-                self._grp[ps] = g
+                if full - start <= _FEW:  # a block edge's: written one by one
+                    bid, grp = self._bid, self._grp
+                    for j in range(start, full):
+                        p = int(t.item(j))
+                        bid[p] = ids.item(j)
+                        grp[p] = g
+                else:
+                    self._bid[ps] = xs
+                    self._grp[ps] = g
                 self._cached += full - start
                 self._maps[g].add(ps, xs, parent)
                 if self._events is not None and g == self._event_group:
