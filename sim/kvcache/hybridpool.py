@@ -57,7 +57,9 @@ pool"). vLLM's own order stays group by group, as the real coordinator frees: th
 which (policies/eviction.py ``ReleaseOrder.release_groups``).
 
 Speed: each operation is a handful of numpy calls per group on the request's blocks (the
-sliding lookup is one windowed sum over the bounded prefix).
+sliding lookup is one windowed sum over the bounded prefix); a block edge's few blocks (a
+decode step's new block per group, the one its window leaves) are written, hashed and freed
+one by one in the tables' buffers, where a numpy call would cost more than the work.
 """
 
 from __future__ import annotations
