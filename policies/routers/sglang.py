@@ -228,14 +228,20 @@ class SGLangCacheAware(Router):
         return ApproxTree(max_blocks=blocks, eviction_interval_s=self.eviction_interval_s)
 
     @property
+    def protects(self) -> bool:
+        """Whether overload protection runs (1.13 only): it reads scraped engine metrics."""
+        return self.version == V113 and self.overload_protection
+
+    @property
     def load_view(self) -> ScrapedMetrics | None:
-        if self.version == V113 and self.overload_protection:
+        if self.protects:
             return ScrapedMetrics(scrape_s=self.load_monitor_interval_s)
         return None
 
     def eligible(self, view: RouterView) -> list[int] | None:
-        """The workers overload protection leaves in (None: every one)."""
-        if self.load_view is None:
+        """The workers overload protection leaves in (None: every one). Asked once per
+        request: it tests ``protects``, not ``load_view``, which builds and checks a spec."""
+        if not self.protects:
             return None
         return [r.index for r in view.replicas
                 if r.queue is None or (r.queue < self.overload_waiting_requests
