@@ -100,6 +100,25 @@ def test_shared_counts_the_equal_leading_positions_of_chained_runs():
             assert radix._shared(a, b) == naive
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_shared_at_counts_the_equal_leading_positions_from_an_offset(data):
+    """The walks' edge compare (``_shared_at``: no slice, the edge's last id as an int)
+    equals the equal leading positions of the prompt from ``pos`` and the edge, counted one
+    by one: a prompt longer or shorter than the edge, diverging anywhere or not at all."""
+    u = Universe()
+    prompt = u.prompt(data.draw(st.lists(st.integers(0, 2), min_size=1, max_size=8)))
+    edge_path = data.draw(st.lists(st.integers(0, 2), min_size=1, max_size=8))
+    pos = data.draw(st.integers(0, prompt.size - 1))
+    whole = u.prompt(edge_path)
+    start = data.draw(st.integers(0, whole.size - 1))
+    node = radix._Node(whole[start:].copy(), None, 1)
+    a, b = prompt[pos:], node.ids
+    m = min(a.size, b.size)
+    naive = next((i for i in range(m) if a[i] != b[i]), m)
+    assert radix._shared_at(prompt, prompt.size, pos, node) == naive
+
+
 @settings(max_examples=150, deadline=None)
 @given(st.data())
 def test_tree_equals_the_rule_by_rule_eviction_on_random_streams(data):

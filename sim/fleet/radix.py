@@ -41,10 +41,12 @@ from .beliefs import CacheBelief
 
 
 class _Node:
-    __slots__ = ("children", "ids", "last", "parent", "serial", "stamps")
+    __slots__ = ("children", "ids", "last", "parent", "serial", "stamps", "tail")
 
     def __init__(self, ids: np.ndarray, parent: _Node | None, serial: int) -> None:
         self.ids = ids
+        # its last id as a Python int: a walk's whole-edge test reads it without numpy
+        self.tail: int = ids.item(ids.size - 1) if ids.size else -1
         self.parent = parent
         self.children: dict[int, _Node] = {}
         self.stamps: dict[int, int] = {}
@@ -61,6 +63,25 @@ def _shared(a: np.ndarray, b: np.ndarray) -> int:
     if a[0] != b[0]:
         return 0
     return int(np.count_nonzero(a[:m] == b[:m]))
+
+
+def _shared_at(ids: np.ndarray, size: int, pos: int, node: _Node) -> int:
+    """``_shared(ids[pos:], node.ids)`` without the slice or numpy scalars (a walk does it
+    once per edge, and a session's prompt walks one edge per earlier turn): ``size`` is
+    ``ids.size``; where the prompt covers the edge its last id decides alone."""
+    edge = node.ids
+    n = edge.size
+    if size - pos >= n:
+        if ids.item(pos + n - 1) == node.tail:
+            return n
+        m = n
+    else:
+        m = size - pos
+        if ids.item(size - 1) == edge.item(m - 1):
+            return m
+    if ids.item(pos) != edge.item(0):
+        return 0
+    return int(np.count_nonzero(ids[pos:pos + m] == edge[:m]))
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # compiled (sim/native.py)
@@ -105,11 +126,12 @@ class RadixBelief(CacheBelief):
         out = [0] * self.n
         node, pos = self.root, 0
         deepest = self.root
-        while pos < ids.size:
-            child = node.children.get(int(ids[pos]))
+        size: int = ids.size
+        while pos < size:
+            child = node.children.get(ids.item(pos))
             if child is None:
                 break
-            k = _shared(ids[pos:], child.ids)
+            k = _shared_at(ids, size, pos, child)
             pos += k
             for r in child.stamps:
                 out[r] = pos
@@ -137,8 +159,9 @@ class RadixBelief(CacheBelief):
     def routed(self, ids: np.ndarray, replica: int, now: float) -> None:
         self._evict_due(now)
         r, node, pos = replica, self.root, 0
-        while pos < ids.size:
-            first = int(ids[pos])
+        size: int = ids.size
+        while pos < size:
+            first: int = ids.item(pos)
             child = node.children.get(first)
             if child is None:
                 leaf = _Node(ids[pos:].copy(), node, self._next_serial())
@@ -149,7 +172,7 @@ class RadixBelief(CacheBelief):
                 self.leaves.pop((node.serial, r), None)
                 self.leaves[(leaf.serial, r)] = leaf
                 return
-            k = _shared(ids[pos:], child.ids)
+            k = _shared_at(ids, size, pos, child)
             if k < child.ids.size:
                 child = self._split(node, child, k)
             if r not in child.stamps:  # nothing below holds r either: a leaf for it
