@@ -20,7 +20,7 @@ MLA's latent on every rank; docs/hybrid.md, Capacity in bytes).
 the estimated activation peak and CUDA graphs) are chosen in ``sim/deploy.py``
 ``memory_rule``; ``kv_cache_tokens``' 0.9 default is a plain number, neither engine's.
 
-``weight_bytes`` is ``ModelSpec.weight_bytes``: every parameter (every expert, an untied
+The weights are ``ModelSpec.weight_bytes``: every parameter (every expert, an untied
 head) as the checkpoint stores it (fp8 linear layers, MXFP4 experts: its quantization_config).
 The catalog (``costmodel/data/gpus.yaml``) is data with its sources.
 """
@@ -224,10 +224,6 @@ def decode_read_bytes(spec: ModelSpec, tp: int, channels: int) -> tuple[int, int
         else:  # full, MLA, compressed without an indexer: every token (entry)
             per_token += _rank_share(spec, tp, g.kind, nbytes)
     return _through(tp, channels, per_token), _through(tp, channels, per_seq)
-
-
-def weight_bytes(spec: ModelSpec) -> int:
-    return spec.weight_bytes
 
 
 # --- KV capacity per KV cache group, in each engine's own terms (docs/hybrid.md, Capacity in
@@ -485,7 +481,7 @@ def kv_cache_tokens(spec: ModelSpec, gpu: GPU, tp: int = 1, mem_fraction: float 
         raise ValueError(f"tp must be >= 1, got {tp}")
     if not 0 < mem_fraction <= 1:
         raise ValueError(f"the memory fraction must be in (0, 1], got {mem_fraction}")
-    per_rank_weights = -(-weight_bytes(spec) // tp)
+    per_rank_weights = -(-spec.weight_bytes // tp)
     budget = int(gpu.memory_bytes * mem_fraction) - per_rank_weights - reserve_bytes
     cap = kv_capacity(spec, budget, tp, engine, block_size, hybrid_swa_memory)
     cell = sum(g.token_bytes for g in cap.groups)

@@ -34,7 +34,6 @@ from costmodel.gpus import (
     vllm_activation_peak_bytes,
     vllm_graph_bytes,
 )
-from costmodel.gpus import weight_bytes as model_weight_bytes
 from costmodel.specs import ModelSpec, get_spec
 from sim.config import KNOBS, ConfigError, SGLangKnobs
 
@@ -221,7 +220,7 @@ def resolve_gpu_fields(point: dict[str, Any], where: str,
 
 
 def _check_budget(spec: ModelSpec, gpu: GPU, tp: int, nbytes: int, where: str, spell) -> None:
-    room = gpu.memory_bytes - -(-model_weight_bytes(spec) // tp)
+    room = gpu.memory_bytes - -(-spec.weight_bytes // tp)
     if nbytes > room:
         raise ConfigError(where, "gpu_cache", f"{nbytes / 2**30:.1f} GiB of KV per GPU does "
                           f"not fit {spell('gpu')} {gpu.name} x{tp}: {room / 2**30:.1f} GiB "

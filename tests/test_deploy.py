@@ -96,14 +96,13 @@ def test_the_gpu_derived_tokens_equal_the_explicit_ones() -> None:
 def test_a_sweep_grid_of_gpus_derives_each_points_tokens(tmp_path) -> None:
     import yaml
 
-    from costmodel.gpus import weight_bytes
     from costmodel.specs import get_spec
 
     spec = get_spec("qwen3-32b")
     cell = 2 * 4 * 128 * 64 * 2  # 4 KV heads per rank at TP 2
     # SGLang's fraction on an H200 at TP 2: round((143771 - (512 + 12288 + 256 + 976)) /
     # 143771, 3) = 0.902 (graphs: 256 x 2 + 58 prefill sizes x 8 MiB; no 10 GiB floor here)
-    h200 = (int(143771 * 2**20 * 0.902) - weight_bytes(spec) // 2) // cell // 64 * 64
+    h200 = (int(143771 * 2**20 * 0.902) - spec.weight_bytes // 2) // cell // 64 * 64
     cfg = {"base": {"trace": "synthetic:claude-code?sessions=4", "max_context": "32k",
                     "gaps": "tool", "sessions": 2, "preset": "sglang", "model": "qwen3-32b",
                     "tp": 2},

@@ -32,7 +32,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from costmodel.gpus import tp_refusal, weight_bytes
+from costmodel.gpus import tp_refusal
 from costmodel.profile import Profile, load_profile
 from costmodel.specs import get_spec, model_names
 
@@ -66,7 +66,7 @@ def matrix(data_dir: str | Path | None = None) -> list[tuple[str, str, str, int]
             for model in MATRIX_MODELS:
                 spec = get_spec(model)
                 for tp in TPS:
-                    if tp_refusal(spec, tp) is None and weight_bytes(spec) / tp < 0.9 * memory \
+                    if tp_refusal(spec, tp) is None and spec.weight_bytes / tp < 0.9 * memory \
                             and profile_name(system, lane, model, tp) not in paper:
                         out.append((system, lane, model, tp))
     return out
@@ -84,7 +84,7 @@ def ep_matrix(data_dir: str | Path | None = None) -> list[tuple[str, str, str, i
             for model in MATRIX_MODELS:
                 spec = get_spec(model)
                 for ep in EPS if spec.experts else ():
-                    if weight_bytes(spec) / ep < 0.9 * memory:
+                    if spec.weight_bytes / ep < 0.9 * memory:
                         out.append((system, lane, model, ep))
     return out
 
